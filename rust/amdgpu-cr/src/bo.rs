@@ -1,0 +1,61 @@
+//! KFD buffer-object flags and the per-BO facts the rest of the core needs.
+//!
+//! The flag values are the `KFD_IOC_ALLOC_MEM_FLAGS_*` bits of the KFD uapi;
+//! CHECKPOINT hands back their low 32 bits in `alloc_flags`.
+
+/// VRAM BO (contents saved in the pages file).
+pub const ALLOC_VRAM: u32 = 1 << 0;
+/// GTT (system memory, GPU mapped) BO (contents saved in the pages file).
+pub const ALLOC_GTT: u32 = 1 << 1;
+/// Userptr BO: its pages are ordinary process memory that CRIU dumps.
+pub const ALLOC_USERPTR: u32 = 1 << 2;
+/// Doorbell slice; no contents, only its mapping is remapped.
+pub const ALLOC_DOORBELL: u32 = 1 << 3;
+/// MMIO remap page; no contents, only its mapping is remapped.
+pub const ALLOC_MMIO_REMAP: u32 = 1 << 4;
+/// Host-visible VRAM (large BAR).
+pub const ALLOC_PUBLIC: u32 = 1 << 29;
+/// The CPU may write the BO.
+pub const ALLOC_WRITABLE: u32 = 1 << 31;
+
+/// `dmabuf_fd` value meaning "no dmabuf was exported for this bucket".
+pub const KFD_INVALID_FD: u32 = 0xffff_ffff;
+
+/// Page size assumed by the image format and by KFD (BO sizes are multiples).
+pub const PAGE_SIZE: u64 = 4096;
+
+/// Whether the pages file holds this BO's bytes (VRAM and GTT BOs only).
+pub fn has_contents(alloc_flags: u32) -> bool {
+    alloc_flags & (ALLOC_VRAM | ALLOC_GTT) != 0
+}
+
+/// Whether a CPU mapping of this BO must be pointed at a new mmap offset after
+/// restore: every BO whose mapping lives on a device node.
+pub fn needs_vma_fixup(alloc_flags: u32) -> bool {
+    alloc_flags & (ALLOC_VRAM | ALLOC_GTT | ALLOC_DOORBELL | ALLOC_MMIO_REMAP) != 0
+}
+
+/// Whether the CPU can map the BO directly (GTT, or VRAM inside the BAR).
+pub fn host_visible(alloc_flags: u32) -> bool {
+    alloc_flags & ALLOC_GTT != 0
+        || alloc_flags & (ALLOC_VRAM | ALLOC_PUBLIC) == (ALLOC_VRAM | ALLOC_PUBLIC)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn content_and_fixup_classes() {
+        assert!(has_contents(ALLOC_VRAM | ALLOC_WRITABLE));
+        assert!(has_contents(ALLOC_GTT));
+        assert!(!has_contents(ALLOC_USERPTR));
+        assert!(!has_contents(ALLOC_DOORBELL));
+        assert!(needs_vma_fixup(ALLOC_MMIO_REMAP));
+        assert!(needs_vma_fixup(ALLOC_DOORBELL));
+        assert!(!needs_vma_fixup(ALLOC_USERPTR));
+        assert!(host_visible(ALLOC_GTT));
+        assert!(host_visible(ALLOC_VRAM | ALLOC_PUBLIC));
+        assert!(!host_visible(ALLOC_VRAM));
+    }
+}

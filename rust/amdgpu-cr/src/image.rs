@@ -1,0 +1,1031 @@
+//! The GPU image files: names, the 8-byte size framing, bounded and validated
+//! decoding of the protobuf files, and the per-GPU pages files.
+//!
+//! Layout (see Documentation/image-format.md):
+//! * `amdgpu-kfd-<id>.img`: `u64 LE size` + `criu_kfd` message of that size;
+//! * `amdgpu-renderD-<id>.img`: `u64 LE size` + `criu_render_node` message;
+//! * `amdgpu-pages-<id>-<gpu_id %04x>.img`: `u64 LE total` + the full bytes
+//!   of every VRAM/GTT BO of that GPU, in bucket order, `total` = Σ sizes.
+//!
+//! Everything read from an image is untrusted: sizes are checked against the
+//! file length and a cap before anything is allocated, and the decoded
+//! messages are checked for internal consistency before use.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::fs::{File, OpenOptions};
+use std::io::{self, BufWriter, Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use prost::Message;
+
+use crate::bo;
+use crate::ids::GpuId;
+use crate::proto::{CriuKfd, CriuRenderNode, KfdBoEntry};
+
+/// Largest protobuf payload we accept.  The biggest legitimate part is the
+/// kernel's private blob (≈ 272 B per BO plus MQDs); 512 MiB is far beyond
+/// any real process and keeps a corrupt size word from driving allocation.
+pub const MAX_MESSAGE_SIZE: u64 = 512 << 20;
+
+/// Version of our optional extensions written in `criu_kfd`
+/// (`criu_rocm_ext_version`).  1 = per-BO `content_xxh3`.
+pub const EXT_VERSION: u32 = 1;
+
+/// CRIU's id of a dumped file (the `id` of its `files.img` entry).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FileId(pub u32);
+
+impl fmt::Display for FileId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Upstream prints the id with `%d` of an int; do the same so that
+        // file names agree for every id value.
+        write!(f, "{}", self.0 as i32)
+    }
+}
+
+/// Name of the KFD image of file `id`.
+pub fn kfd_image_name(id: FileId) -> String {
+    format!("amdgpu-kfd-{id}.img")
+}
+
+/// Name of the pages file of file `id` for the GPU with *user* id `gpu`.
+pub fn pages_image_name(id: FileId, gpu: GpuId) -> String {
+    format!("amdgpu-pages-{id}-{:04x}.img", gpu.0)
+}
+
+/// Name of the render-node image of file `id`.
+pub fn render_image_name(id: FileId) -> String {
+    format!("amdgpu-renderD-{id}.img")
+}
+
+/// Errors reading or writing GPU images.  Every variant names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum ImageError {
+    #[error("{file}: {op}: {source}")]
+    Io {
+        file: String,
+        op: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{file}: {field} is {size} bytes, more than the limit of {limit}")]
+    TooLarge {
+        file: String,
+        field: &'static str,
+        size: u64,
+        limit: u64,
+    },
+    #[error("{file}: truncated: {field} needs {expected} bytes, only {got} present")]
+    Truncated {
+        file: String,
+        field: &'static str,
+        expected: u64,
+        got: u64,
+    },
+    #[error("{file}: {extra} unexpected bytes after {field}")]
+    TrailingData {
+        file: String,
+        field: &'static str,
+        extra: u64,
+    },
+    #[error("{file}: cannot decode {message}: {source}")]
+    Decode {
+        file: String,
+        message: &'static str,
+        #[source]
+        source: prost::DecodeError,
+    },
+    #[error("{file}: {field}: {reason}")]
+    Invalid {
+        file: String,
+        field: String,
+        reason: String,
+    },
+    #[error("{file}: header says {header} bytes of BO contents but the image's BOs for GPU {gpu} add up to {expected}")]
+    PagesSizeMismatch {
+        file: String,
+        gpu: GpuId,
+        header: u64,
+        expected: u64,
+    },
+}
+
+impl ImageError {
+    fn invalid(file: &str, field: impl Into<String>, reason: impl Into<String>) -> Self {
+        ImageError::Invalid {
+            file: file.to_owned(),
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+
+    fn io(file: &str, op: &'static str, source: io::Error) -> Self {
+        ImageError::Io {
+            file: file.to_owned(),
+            op,
+            source,
+        }
+    }
+
+    /// The OS error number behind this error, if any (for the C boundary).
+    pub fn raw_os_error(&self) -> Option<i32> {
+        match self {
+            ImageError::Io { source, .. } => source.raw_os_error(),
+            _ => None,
+        }
+    }
+}
+
+/// Prefixes `payload` with its size (u64 little endian).
+pub fn frame(payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(8 + payload.len());
+    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+/// Splits a whole framed file into its payload, checking the size word
+/// against the data present, `cap`, and for trailing garbage.
+pub fn unframe<'a>(
+    file: &str,
+    field: &'static str,
+    bytes: &'a [u8],
+    cap: u64,
+) -> Result<&'a [u8], ImageError> {
+    let Some((head, rest)) = bytes.split_first_chunk::<8>() else {
+        return Err(ImageError::Truncated {
+            file: file.to_owned(),
+            field: "size header",
+            expected: 8,
+            got: bytes.len() as u64,
+        });
+    };
+    let size = u64::from_le_bytes(*head);
+    if size > cap {
+        return Err(ImageError::TooLarge {
+            file: file.to_owned(),
+            field,
+            size,
+            limit: cap,
+        });
+    }
+    let present = rest.len() as u64;
+    if size > present {
+        return Err(ImageError::Truncated {
+            file: file.to_owned(),
+            field,
+            expected: size,
+            got: present,
+        });
+    }
+    if size < present {
+        return Err(ImageError::TrailingData {
+            file: file.to_owned(),
+            field,
+            extra: present - size,
+        });
+    }
+    Ok(rest)
+}
+
+/// Reads a whole small image file, refusing files larger than `8 + cap`
+/// before reading them.
+pub fn read_bounded(path: &Path, cap: u64) -> Result<Vec<u8>, ImageError> {
+    let file = path.display().to_string();
+    let f = File::open(path).map_err(|e| ImageError::io(&file, "open", e))?;
+    let len = f
+        .metadata()
+        .map_err(|e| ImageError::io(&file, "fstat", e))?
+        .len();
+    let limit = cap.saturating_add(8);
+    if len > limit {
+        return Err(ImageError::TooLarge {
+            file,
+            field: "file",
+            size: len,
+            limit,
+        });
+    }
+    let mut buf = Vec::new();
+    buf.try_reserve_exact(len as usize)
+        .map_err(|_| ImageError::io(&file, "allocate", io::ErrorKind::OutOfMemory.into()))?;
+    // `take` keeps a file that grows while we read from exceeding the bound.
+    f.take(limit + 1)
+        .read_to_end(&mut buf)
+        .map_err(|e| ImageError::io(&file, "read", e))?;
+    if buf.len() as u64 > limit {
+        return Err(ImageError::TooLarge {
+            file,
+            field: "file",
+            size: buf.len() as u64,
+            limit,
+        });
+    }
+    Ok(buf)
+}
+
+/// Writes a framed file (mode 0600, truncating an old file of that name).
+pub fn write_framed(path: &Path, payload: &[u8]) -> Result<(), ImageError> {
+    let file = path.display().to_string();
+    let mut f = create_image(path).map_err(|e| ImageError::io(&file, "create", e))?;
+    f.write_all(&frame(payload))
+        .map_err(|e| ImageError::io(&file, "write", e))?;
+    Ok(())
+}
+
+fn create_image(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(path)
+}
+
+/// A decoded `amdgpu-kfd-<id>.img` whose contents passed validation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KfdImage {
+    pub msg: CriuKfd,
+}
+
+impl KfdImage {
+    /// Decodes and validates the payload of a KFD image (`bytes` = whole file).
+    pub fn decode(file: &str, bytes: &[u8]) -> Result<Self, ImageError> {
+        let payload = unframe(file, "criu_kfd message", bytes, MAX_MESSAGE_SIZE)?;
+        let msg = CriuKfd::decode(payload).map_err(|source| ImageError::Decode {
+            file: file.to_owned(),
+            message: "criu_kfd",
+            source,
+        })?;
+        Self::validate(file, msg)
+    }
+
+    /// Reads `amdgpu-kfd-<id>.img` from `dir`.
+    pub fn read(dir: &Path, id: FileId) -> Result<Self, ImageError> {
+        let path = dir.join(kfd_image_name(id));
+        let bytes = read_bounded(&path, MAX_MESSAGE_SIZE)?;
+        Self::decode(&path.display().to_string(), &bytes)
+    }
+
+    /// Checks the message for consistency; `file` names it in errors.
+    pub fn validate(file: &str, msg: CriuKfd) -> Result<Self, ImageError> {
+        let gpus: Vec<_> = msg
+            .device_entries
+            .iter()
+            .filter(|d| d.gpu_id != 0)
+            .collect();
+        let cpus = msg.device_entries.len() - gpus.len();
+        if gpus.len() as u64 != u64::from(msg.num_of_gpus) {
+            return Err(ImageError::invalid(
+                file,
+                "num_of_gpus",
+                format!(
+                    "is {} but device_entries holds {} GPU entries",
+                    msg.num_of_gpus,
+                    gpus.len()
+                ),
+            ));
+        }
+        if cpus as u64 != u64::from(msg.num_of_cpus) {
+            return Err(ImageError::invalid(
+                file,
+                "num_of_cpus",
+                format!(
+                    "is {} but device_entries holds {cpus} CPU entries",
+                    msg.num_of_cpus
+                ),
+            ));
+        }
+        if gpus.is_empty() {
+            return Err(ImageError::invalid(
+                file,
+                "device_entries",
+                "no GPU entry (KFD cannot restore a process without GPUs)",
+            ));
+        }
+        let mut node_ids = BTreeSet::new();
+        let mut gpu_ids = BTreeSet::new();
+        for (i, d) in msg.device_entries.iter().enumerate() {
+            if !node_ids.insert(d.node_id) {
+                return Err(ImageError::invalid(
+                    file,
+                    format!("device_entries[{i}].node_id"),
+                    format!("node {} appears twice", d.node_id),
+                ));
+            }
+            if d.gpu_id != 0 && !gpu_ids.insert(d.gpu_id) {
+                return Err(ImageError::invalid(
+                    file,
+                    format!("device_entries[{i}].gpu_id"),
+                    format!("GPU {} appears twice", GpuId(d.gpu_id)),
+                ));
+            }
+        }
+        if msg.num_of_bos != msg.bo_entries.len() as u64 {
+            return Err(ImageError::invalid(
+                file,
+                "num_of_bos",
+                format!(
+                    "is {} but bo_entries holds {} entries",
+                    msg.num_of_bos,
+                    msg.bo_entries.len()
+                ),
+            ));
+        }
+        for (i, b) in msg.bo_entries.iter().enumerate() {
+            if !gpu_ids.contains(&b.gpu_id) {
+                return Err(ImageError::invalid(
+                    file,
+                    format!("bo_entries[{i}].gpu_id"),
+                    format!("GPU {} is not among the image's devices", GpuId(b.gpu_id)),
+                ));
+            }
+            if b.size == 0 {
+                return Err(ImageError::invalid(
+                    file,
+                    format!("bo_entries[{i}].size"),
+                    "is 0",
+                ));
+            }
+            if b.addr.checked_add(b.size).is_none() {
+                return Err(ImageError::invalid(
+                    file,
+                    format!("bo_entries[{i}]"),
+                    format!("addr {:#x} + size {:#x} overflows", b.addr, b.size),
+                ));
+            }
+        }
+        if msg.priv_data.is_empty() {
+            return Err(ImageError::invalid(file, "priv_data", "is empty"));
+        }
+        for gpu in &gpu_ids {
+            // Computing the totals here catches overflowing sizes early.
+            pages_total(file, &msg.bo_entries, GpuId(*gpu))?;
+        }
+        Ok(KfdImage { msg })
+    }
+
+    /// Encodes the framed file contents.
+    pub fn encode(&self) -> Vec<u8> {
+        frame(&self.msg.encode_to_vec())
+    }
+
+    /// Writes `amdgpu-kfd-<id>.img` into `dir`.
+    pub fn write(&self, dir: &Path, id: FileId) -> Result<(), ImageError> {
+        write_framed(&dir.join(kfd_image_name(id)), &self.msg.encode_to_vec())
+    }
+
+    /// User gpu_ids of the GPU entries, in image order.
+    pub fn gpu_ids(&self) -> Vec<GpuId> {
+        self.msg
+            .device_entries
+            .iter()
+            .filter(|d| d.gpu_id != 0)
+            .map(|d| GpuId(d.gpu_id))
+            .collect()
+    }
+}
+
+/// A decoded `amdgpu-renderD-<id>.img`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RenderImage {
+    pub msg: CriuRenderNode,
+}
+
+impl RenderImage {
+    /// Decodes a render-node image (`bytes` = whole file).
+    pub fn decode(file: &str, bytes: &[u8]) -> Result<Self, ImageError> {
+        // A render image holds one id (plus criu-dev's DRM BO list).
+        let payload = unframe(file, "criu_render_node message", bytes, MAX_MESSAGE_SIZE)?;
+        let msg = CriuRenderNode::decode(payload).map_err(|source| ImageError::Decode {
+            file: file.to_owned(),
+            message: "criu_render_node",
+            source,
+        })?;
+        if msg.gpu_id == 0 {
+            return Err(ImageError::invalid(file, "gpu_id", "is 0 (a CPU id)"));
+        }
+        if let Some(n) = msg.num_of_bos {
+            if n != msg.bo_entries.len() as u64 {
+                return Err(ImageError::invalid(
+                    file,
+                    "num_of_bos",
+                    format!(
+                        "is {n} but bo_entries holds {} entries",
+                        msg.bo_entries.len()
+                    ),
+                ));
+            }
+        }
+        Ok(RenderImage { msg })
+    }
+
+    /// Reads `amdgpu-renderD-<id>.img` from `dir`.
+    pub fn read(dir: &Path, id: FileId) -> Result<Self, ImageError> {
+        let path = dir.join(render_image_name(id));
+        let bytes = read_bounded(&path, MAX_MESSAGE_SIZE)?;
+        Self::decode(&path.display().to_string(), &bytes)
+    }
+
+    /// Writes `amdgpu-renderD-<id>.img` into `dir`.
+    pub fn write(&self, dir: &Path, id: FileId) -> Result<(), ImageError> {
+        write_framed(&dir.join(render_image_name(id)), &self.msg.encode_to_vec())
+    }
+
+    /// The user gpu_id this render node belongs to.
+    pub fn gpu_id(&self) -> GpuId {
+        GpuId(self.msg.gpu_id)
+    }
+}
+
+/// Σ sizes of the BOs of `gpu` whose contents the pages file holds.
+pub fn pages_total(file: &str, bos: &[KfdBoEntry], gpu: GpuId) -> Result<u64, ImageError> {
+    let mut total: u64 = 0;
+    for (i, b) in bos.iter().enumerate() {
+        if b.gpu_id == gpu.0 && bo::has_contents(b.alloc_flags) {
+            total = total.checked_add(b.size).ok_or_else(|| {
+                ImageError::invalid(
+                    file,
+                    format!("bo_entries[{i}].size"),
+                    format!("sum of BO sizes of GPU {gpu} overflows"),
+                )
+            })?;
+        }
+    }
+    Ok(total)
+}
+
+/// Writes one GPU's pages file: header first, then exactly `total` bytes.
+pub struct PagesWriter {
+    file: String,
+    out: BufWriter<File>,
+    total: u64,
+    written: u64,
+}
+
+impl PagesWriter {
+    /// Creates `amdgpu-pages-<id>-<gpu>.img` in `dir` for `total` bytes.
+    pub fn create(dir: &Path, id: FileId, gpu: GpuId, total: u64) -> Result<Self, ImageError> {
+        let path = dir.join(pages_image_name(id, gpu));
+        let file = path.display().to_string();
+        let f = create_image(&path).map_err(|e| ImageError::io(&file, "create", e))?;
+        let mut out = BufWriter::with_capacity(1 << 20, f);
+        out.write_all(&total.to_le_bytes())
+            .map_err(|e| ImageError::io(&file, "write header", e))?;
+        Ok(PagesWriter {
+            file,
+            out,
+            total,
+            written: 0,
+        })
+    }
+
+    /// The file's path, for messages.
+    pub fn file(&self) -> &str {
+        &self.file
+    }
+
+    /// Checks that exactly the announced bytes were written and flushes.
+    pub fn finish(mut self) -> Result<u64, ImageError> {
+        if self.written != self.total {
+            return Err(ImageError::invalid(
+                &self.file,
+                "contents",
+                format!(
+                    "{} bytes written, header announced {}",
+                    self.written, self.total
+                ),
+            ));
+        }
+        self.out
+            .flush()
+            .map_err(|e| ImageError::io(&self.file, "flush", e))?;
+        Ok(self.written)
+    }
+}
+
+impl Write for PagesWriter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let room = self.total - self.written;
+        if buf.len() as u64 > room {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{}: write past the {} bytes announced in the header",
+                    self.file, self.total
+                ),
+            ));
+        }
+        let n = self.out.write(buf)?;
+        self.written += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.out.flush()
+    }
+}
+
+/// Reads one GPU's pages file, checking its header against the BO sizes.
+pub struct PagesReader<R> {
+    file: String,
+    input: R,
+    total: u64,
+    consumed: u64,
+}
+
+impl PagesReader<File> {
+    /// Opens `amdgpu-pages-<id>-<gpu>.img` in `dir`; `expected` is the Σ of
+    /// the sizes of that GPU's content BOs in the KFD image.
+    pub fn open(dir: &Path, id: FileId, gpu: GpuId, expected: u64) -> Result<Self, ImageError> {
+        let path: PathBuf = dir.join(pages_image_name(id, gpu));
+        let file = path.display().to_string();
+        let f = File::open(&path).map_err(|e| ImageError::io(&file, "open", e))?;
+        let len = f
+            .metadata()
+            .map_err(|e| ImageError::io(&file, "fstat", e))?
+            .len();
+        let reader = PagesReader::new(file.clone(), f, gpu, expected)?;
+        let want = expected.saturating_add(8);
+        if len < want {
+            return Err(ImageError::Truncated {
+                file,
+                field: "BO contents",
+                expected,
+                got: len.saturating_sub(8),
+            });
+        }
+        if len > want {
+            return Err(ImageError::TrailingData {
+                file,
+                field: "BO contents",
+                extra: len - want,
+            });
+        }
+        Ok(reader)
+    }
+}
+
+impl<R: Read> PagesReader<R> {
+    /// Wraps a stream positioned at the header (e.g. from an image streamer).
+    pub fn new(file: String, mut input: R, gpu: GpuId, expected: u64) -> Result<Self, ImageError> {
+        let mut head = [0u8; 8];
+        read_exact_or_truncated(&mut input, &mut head, &file, "size header")?;
+        let header = u64::from_le_bytes(head);
+        if header != expected {
+            return Err(ImageError::PagesSizeMismatch {
+                file,
+                gpu,
+                header,
+                expected,
+            });
+        }
+        Ok(PagesReader {
+            file,
+            input,
+            total: header,
+            consumed: 0,
+        })
+    }
+
+    /// The file's path, for messages.
+    pub fn file(&self) -> &str {
+        &self.file
+    }
+
+    /// Checks that every announced byte was consumed.
+    pub fn finish(self) -> Result<u64, ImageError> {
+        if self.consumed != self.total {
+            return Err(ImageError::invalid(
+                &self.file,
+                "contents",
+                format!(
+                    "{} of {} bytes consumed by the restore",
+                    self.consumed, self.total
+                ),
+            ));
+        }
+        Ok(self.consumed)
+    }
+}
+
+impl<R: Read> Read for PagesReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let room = self.total - self.consumed;
+        let want = (buf.len() as u64).min(room) as usize;
+        if want == 0 {
+            return Ok(0);
+        }
+        let n = self.input.read(&mut buf[..want])?;
+        self.consumed += n as u64;
+        Ok(n)
+    }
+}
+
+fn read_exact_or_truncated(
+    r: &mut impl Read,
+    buf: &mut [u8],
+    file: &str,
+    field: &'static str,
+) -> Result<(), ImageError> {
+    let mut got = 0;
+    while got < buf.len() {
+        match r.read(&mut buf[got..]) {
+            Ok(0) => {
+                return Err(ImageError::Truncated {
+                    file: file.to_owned(),
+                    field,
+                    expected: buf.len() as u64,
+                    got: got as u64,
+                })
+            }
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(ImageError::io(file, "read", e)),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::proto::{DevIolink, KfdDeviceEntry};
+
+    pub(crate) fn gpu_entry(node_id: u32, gpu_id: u32) -> KfdDeviceEntry {
+        KfdDeviceEntry {
+            node_id,
+            gpu_id,
+            simd_count: 256,
+            mem_banks_count: 1,
+            vendor_id: 0x1002,
+            device_id: 0x740f,
+            vram_size: 64 << 30,
+            iolinks: vec![DevIolink {
+                r#type: 2,
+                node_to_id: 0,
+            }],
+            ..Default::default()
+        }
+    }
+
+    pub(crate) fn sample_kfd() -> CriuKfd {
+        let cpu = KfdDeviceEntry {
+            node_id: 0,
+            cpu_cores_count: 16,
+            ..Default::default()
+        };
+        CriuKfd {
+            pid: 42,
+            num_of_gpus: 2,
+            num_of_cpus: 1,
+            device_entries: vec![cpu, gpu_entry(1, 0x1a2b), gpu_entry(2, 0x5c3d)],
+            num_of_bos: 3,
+            bo_entries: vec![
+                KfdBoEntry {
+                    addr: 0x7000_0000_0000,
+                    size: 0x20_0000,
+                    offset: 0x1_0000_0000,
+                    alloc_flags: bo::ALLOC_VRAM | bo::ALLOC_WRITABLE,
+                    gpu_id: 0x1a2b,
+                    handle: None,
+                    content_xxh3: Some(7),
+                },
+                KfdBoEntry {
+                    addr: 0x7000_0100_0000,
+                    size: 0x2000,
+                    offset: 0xc000_0000_0000_0000,
+                    alloc_flags: bo::ALLOC_DOORBELL,
+                    gpu_id: 0x1a2b,
+                    handle: None,
+                    content_xxh3: None,
+                },
+                KfdBoEntry {
+                    addr: 0x7000_0200_0000,
+                    size: 0x1000,
+                    offset: 0x1_0020_0000,
+                    alloc_flags: bo::ALLOC_GTT,
+                    gpu_id: 0x5c3d,
+                    handle: None,
+                    content_xxh3: None,
+                },
+            ],
+            num_of_objects: 0,
+            shared_mem_size: 0,
+            shared_mem_magic: 0,
+            priv_data: vec![1, 0, 0, 0, 0, 0, 0, 0],
+            criu_rocm_ext_version: Some(EXT_VERSION),
+        }
+    }
+
+    /// Top-level field numbers present in an encoded message, and the
+    /// payloads of its length-delimited fields; a scanner written from the
+    /// protobuf wire format so the test does not trust prost.
+    pub(crate) fn scan_fields(mut b: &[u8]) -> Vec<(u64, Option<Vec<u8>>)> {
+        fn varint(b: &mut &[u8]) -> u64 {
+            let mut v = 0u64;
+            let mut shift = 0;
+            loop {
+                let (byte, rest) = b.split_first().expect("varint in bounds");
+                *b = rest;
+                v |= u64::from(byte & 0x7f) << shift;
+                if byte & 0x80 == 0 {
+                    return v;
+                }
+                shift += 7;
+            }
+        }
+        let mut out = Vec::new();
+        while !b.is_empty() {
+            let key = varint(&mut b);
+            let (field, wire) = (key >> 3, key & 7);
+            match wire {
+                0 => {
+                    varint(&mut b);
+                    out.push((field, None));
+                }
+                1 => {
+                    b = &b[8..];
+                    out.push((field, None));
+                }
+                5 => {
+                    b = &b[4..];
+                    out.push((field, None));
+                }
+                2 => {
+                    let len = varint(&mut b) as usize;
+                    out.push((field, Some(b[..len].to_vec())));
+                    b = &b[len..];
+                }
+                w => panic!("unexpected wire type {w}"),
+            }
+        }
+        out
+    }
+
+    fn assert_has(
+        fields: &[(u64, Option<Vec<u8>>)],
+        required: std::ops::RangeInclusive<u64>,
+        what: &str,
+    ) {
+        for tag in required {
+            assert!(
+                fields.iter().any(|(f, _)| *f == tag),
+                "{what}: required field {tag} missing"
+            );
+        }
+    }
+
+    #[test]
+    fn names_follow_upstream_patterns() {
+        assert_eq!(kfd_image_name(FileId(7)), "amdgpu-kfd-7.img");
+        assert_eq!(render_image_name(FileId(12)), "amdgpu-renderD-12.img");
+        assert_eq!(
+            pages_image_name(FileId(7), GpuId(0x1a2)),
+            "amdgpu-pages-7-01a2.img"
+        );
+        assert_eq!(
+            pages_image_name(FileId(7), GpuId(0x1a2b3)),
+            "amdgpu-pages-7-1a2b3.img"
+        );
+        assert_eq!(kfd_image_name(FileId(u32::MAX)), "amdgpu-kfd--1.img");
+    }
+
+    #[test]
+    fn required_fields_are_emitted_even_when_zero() {
+        let mut msg = sample_kfd();
+        // All-zero scalars are the case a proto3-style encoder would drop.
+        msg.pid = 0;
+        msg.num_of_objects = 0;
+        let bytes = msg.encode_to_vec();
+        let top = scan_fields(&bytes);
+        assert_has(&top, 1..=3, "criu_kfd");
+        assert_has(&top, 5..=5, "criu_kfd");
+        assert_has(&top, 7..=10, "criu_kfd");
+        let devices: Vec<_> = top.iter().filter(|(f, _)| *f == 4).collect();
+        assert_eq!(devices.len(), 3);
+        for (_, payload) in devices {
+            let dev = scan_fields(payload.as_ref().unwrap());
+            assert_has(&dev, 1..=31, "kfd_device_entry");
+            for (f, link) in &dev {
+                if *f == 32 {
+                    assert_has(&scan_fields(link.as_ref().unwrap()), 1..=2, "dev_iolink");
+                }
+            }
+        }
+        for (_, payload) in top.iter().filter(|(f, _)| *f == 6) {
+            let bo = scan_fields(payload.as_ref().unwrap());
+            assert_has(&bo, 1..=5, "kfd_bo_entry");
+            assert!(!bo.iter().any(|(f, _)| *f == 6), "criu-dev handle emitted");
+        }
+        let rn = CriuRenderNode {
+            gpu_id: 0x1a2b,
+            ..Default::default()
+        }
+        .encode_to_vec();
+        assert_has(&scan_fields(&rn), 1..=1, "criu_render_node");
+    }
+
+    /// protoc's C++ parser enforces `required` like protobuf-c does; when it
+    /// is installed, let it decode our bytes with the schema.
+    #[test]
+    fn protoc_accepts_our_encoding() {
+        let protoc = std::env::var_os("PROTOC").unwrap_or_else(|| "/usr/bin/protoc".into());
+        if !Path::new(&protoc).exists() {
+            eprintln!("protoc not installed; skipping the cross-check");
+            return;
+        }
+        let proto_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../proto");
+        let mut msg = sample_kfd();
+        msg.pid = 0;
+        let run = |ty: &str, bytes: Vec<u8>| {
+            let mut child = std::process::Command::new(&protoc)
+                .arg(format!("--decode=criu_amdgpu.{ty}"))
+                .arg(format!("-I{}", proto_dir.display()))
+                .arg("criu-amdgpu.proto")
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("spawn protoc");
+            child.stdin.take().unwrap().write_all(&bytes).unwrap();
+            let out = child.wait_with_output().unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            // protoc decodes partial messages but warns about them.
+            let complete = out.status.success() && !stderr.contains("missing required");
+            (complete, String::from_utf8_lossy(&out.stdout).into_owned())
+        };
+        let (ok, text) = run("criu_kfd", msg.encode_to_vec());
+        assert!(ok, "protoc found our criu_kfd incomplete");
+        assert!(text.contains("pid: 0"), "{text}");
+        assert!(text.contains("gds_size_in_kb: 0"), "{text}");
+        // Sanity of the check itself: a message missing a required field
+        // must be rejected by protoc.
+        let (ok, _) = run("dev_iolink", vec![0x08, 0x02]);
+        assert!(!ok, "protoc accepted a dev_iolink without node_to_id");
+        let (ok, _) = run(
+            "criu_render_node",
+            CriuRenderNode {
+                gpu_id: 0,
+                ..Default::default()
+            }
+            .encode_to_vec(),
+        );
+        assert!(ok, "protoc found our criu_render_node incomplete");
+    }
+
+    #[test]
+    fn roundtrip_through_files() {
+        let dir = tempdir();
+        let img = KfdImage::validate("t", sample_kfd()).unwrap();
+        img.write(&dir, FileId(5)).unwrap();
+        let back = KfdImage::read(&dir, FileId(5)).unwrap();
+        assert_eq!(back, img);
+        let rn = RenderImage {
+            msg: CriuRenderNode {
+                gpu_id: 0x5c3d,
+                ..Default::default()
+            },
+        };
+        rn.write(&dir, FileId(6)).unwrap();
+        assert_eq!(
+            RenderImage::read(&dir, FileId(6)).unwrap().gpu_id(),
+            GpuId(0x5c3d)
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn framing_errors_name_file_and_field() {
+        let good = KfdImage::validate("t", sample_kfd()).unwrap().encode();
+        let e = KfdImage::decode("f.img", &good[..5])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("f.img") && e.contains("size header"), "{e}");
+        let e = KfdImage::decode("f.img", &good[..good.len() - 1])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("truncated") && e.contains("criu_kfd message"),
+            "{e}"
+        );
+        let mut long = good.clone();
+        long.push(0);
+        let e = KfdImage::decode("f.img", &long).unwrap_err().to_string();
+        assert!(e.contains("1 unexpected bytes"), "{e}");
+        let mut huge = good.clone();
+        huge[..8].copy_from_slice(&u64::MAX.to_le_bytes());
+        let e = KfdImage::decode("f.img", &huge).unwrap_err().to_string();
+        assert!(e.contains("more than the limit"), "{e}");
+        let mut garbage = frame(&[0xff; 16]);
+        garbage.truncate(24);
+        assert!(matches!(
+            KfdImage::decode("f.img", &garbage),
+            Err(ImageError::Decode { .. })
+        ));
+    }
+
+    #[test]
+    fn semantic_errors_are_caught() {
+        let check = |edit: &dyn Fn(&mut CriuKfd), want: &str| {
+            let mut m = sample_kfd();
+            edit(&mut m);
+            let e = KfdImage::validate("x.img", m).unwrap_err().to_string();
+            assert!(e.contains(want) && e.contains("x.img"), "{e} lacks {want}");
+        };
+        check(&|m| m.num_of_bos = 9, "num_of_bos");
+        check(&|m| m.num_of_gpus = 3, "num_of_gpus");
+        check(&|m| m.num_of_cpus = 0, "num_of_cpus");
+        check(&|m| m.device_entries[2].gpu_id = 0x1a2b, "appears twice");
+        check(&|m| m.device_entries[2].node_id = 1, "node 1 appears twice");
+        check(&|m| m.bo_entries[1].gpu_id = 0x9999, "bo_entries[1].gpu_id");
+        check(&|m| m.bo_entries[0].size = 0, "bo_entries[0].size");
+        check(&|m| m.bo_entries[0].addr = u64::MAX, "overflows");
+        check(&|m| m.priv_data.clear(), "priv_data");
+        check(
+            &|m| {
+                m.bo_entries[2].gpu_id = 0x1a2b;
+                m.bo_entries[2].size = u64::MAX - 0x1000;
+                m.bo_entries[2].addr = 0;
+            },
+            "overflows",
+        );
+        check(
+            &|m| {
+                m.device_entries.retain(|d| d.gpu_id == 0);
+                m.num_of_gpus = 0;
+            },
+            "no GPU entry",
+        );
+    }
+
+    #[test]
+    fn pages_file_roundtrip_and_checks() {
+        let dir = tempdir();
+        let gpu = GpuId(0x1a2b);
+        let mut w = PagesWriter::create(&dir, FileId(3), gpu, 10).unwrap();
+        w.write_all(b"0123456789").unwrap();
+        assert!(w.write_all(b"x").is_err());
+        w.finish().unwrap();
+
+        let mut r = PagesReader::open(&dir, FileId(3), gpu, 10).unwrap();
+        let mut s = String::new();
+        r.read_to_string(&mut s).unwrap();
+        assert_eq!(s, "0123456789");
+        r.finish().unwrap();
+
+        let e = PagesReader::open(&dir, FileId(3), gpu, 11).err().unwrap();
+        assert!(matches!(
+            e,
+            ImageError::PagesSizeMismatch {
+                header: 10,
+                expected: 11,
+                ..
+            }
+        ));
+
+        let short = PagesWriter::create(&dir, FileId(4), gpu, 10).unwrap();
+        assert!(short
+            .finish()
+            .unwrap_err()
+            .to_string()
+            .contains("0 bytes written"));
+
+        // A header that agrees with the image but a file cut short.
+        let path = dir.join(pages_image_name(FileId(3), gpu));
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes.truncate(12);
+        std::fs::write(&path, &bytes).unwrap();
+        let e = PagesReader::open(&dir, FileId(3), gpu, 10).err().unwrap();
+        assert!(e.to_string().contains("truncated"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn pages_total_counts_only_content_bos() {
+        let m = sample_kfd();
+        assert_eq!(
+            pages_total("t", &m.bo_entries, GpuId(0x1a2b)).unwrap(),
+            0x20_0000
+        );
+        assert_eq!(
+            pages_total("t", &m.bo_entries, GpuId(0x5c3d)).unwrap(),
+            0x1000
+        );
+    }
+
+    pub(crate) fn tempdir() -> PathBuf {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static N: AtomicU32 = AtomicU32::new(0);
+        let p = std::env::temp_dir().join(format!(
+            "amdgpu-cr-test-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&p).unwrap();
+        p
+    }
+}
