@@ -15,6 +15,9 @@
 //!   recognition.
 
 pub mod bo;
+pub mod env;
 pub mod ids;
 pub mod image;
+pub mod matcher;
 pub mod proto;
+pub mod topology;

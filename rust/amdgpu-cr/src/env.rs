@@ -1,0 +1,312 @@
+//! Environment knobs.
+//!
+//! The names and syntax of the upstream knobs are kept so that existing
+//! deployments behave the same: the seven `KFD_*_CHECK` booleans (restore),
+//! `KFD_MAX_BUFFER_SIZE` (dump and restore).  Ours: `CRIU_ROCM_COPY_ENGINE`.
+//!
+//! Every parser takes a lookup function so tests do not touch the process
+//! environment; `from_env` variants read the real one.
+
+use crate::bo::PAGE_SIZE;
+
+/// Errors in an environment variable; they name the variable.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum EnvError {
+    #[error("{var}={value:?}: {reason}")]
+    Invalid {
+        var: &'static str,
+        value: String,
+        reason: String,
+    },
+}
+
+fn invalid(var: &'static str, value: &str, reason: impl Into<String>) -> EnvError {
+    EnvError::Invalid {
+        var,
+        value: value.to_owned(),
+        reason: reason.into(),
+    }
+}
+
+/// Parses a boolean knob: `0`/`NO` → false, `1`/`YES` → true (any case).
+pub fn parse_bool(var: &'static str, value: &str) -> Result<bool, EnvError> {
+    match value.trim().to_ascii_uppercase().as_str() {
+        "0" | "NO" => Ok(false),
+        "1" | "YES" => Ok(true),
+        _ => Err(invalid(var, value, "expected 0, 1, NO or YES")),
+    }
+}
+
+/// Which compatibility checks the matcher applies besides the properties
+/// that must always be equal.  All enabled by default.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Checks {
+    /// `KFD_FW_VER_CHECK`: source fw_version ≤ host fw_version.
+    pub fw_version: bool,
+    /// `KFD_SDMA_FW_VER_CHECK`: source sdma_fw_version ≤ host.
+    pub sdma_fw_version: bool,
+    /// `KFD_CACHES_COUNT_CHECK`: source caches_count ≤ host.
+    pub caches_count: bool,
+    /// `KFD_NUM_GWS_CHECK`: source num_gws ≤ host.
+    pub num_gws: bool,
+    /// `KFD_VRAM_SIZE_CHECK`: source vram_size ≤ host.
+    pub vram_size: bool,
+    /// `KFD_NUMA_CHECK`: GPUs sharing a CPU node keep sharing one.
+    pub numa: bool,
+    /// `KFD_CAPABILITY_CHECK`: capability words equal.
+    pub capability: bool,
+}
+
+impl Default for Checks {
+    fn default() -> Self {
+        Checks {
+            fw_version: true,
+            sdma_fw_version: true,
+            caches_count: true,
+            num_gws: true,
+            vram_size: true,
+            numa: true,
+            capability: true,
+        }
+    }
+}
+
+impl Checks {
+    /// Reads the knobs from the process environment.
+    pub fn from_env() -> Result<Self, EnvError> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// Reads the knobs through `get` (unset → enabled).
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, EnvError> {
+        let mut c = Checks::default();
+        let knobs: [(&'static str, &mut bool); 7] = [
+            ("KFD_FW_VER_CHECK", &mut c.fw_version),
+            ("KFD_SDMA_FW_VER_CHECK", &mut c.sdma_fw_version),
+            ("KFD_CACHES_COUNT_CHECK", &mut c.caches_count),
+            ("KFD_NUM_GWS_CHECK", &mut c.num_gws),
+            ("KFD_VRAM_SIZE_CHECK", &mut c.vram_size),
+            ("KFD_NUMA_CHECK", &mut c.numa),
+            ("KFD_CAPABILITY_CHECK", &mut c.capability),
+        ];
+        for (var, slot) in knobs {
+            if let Some(v) = get(var) {
+                *slot = parse_bool(var, &v)?;
+            }
+        }
+        Ok(c)
+    }
+}
+
+/// `KFD_MAX_BUFFER_SIZE`: the cap on the staging memory of one GPU worker.
+pub const MAX_BUFFER_SIZE_VAR: &str = "KFD_MAX_BUFFER_SIZE";
+
+/// Parses a size with C `strtoul(s, 0)` number syntax (decimal, `0x` hex,
+/// leading-`0` octal, optional leading `+`) and an optional `K`/`k`, `M` or
+/// `G` binary suffix.  Unlike upstream, anything else (sign `-`, junk after
+/// the number, overflow) is an error rather than silently ignored.
+pub fn parse_size(var: &'static str, value: &str) -> Result<u64, EnvError> {
+    let s = value.trim_start();
+    let s = s.strip_prefix('+').unwrap_or(s);
+    if s.starts_with('-') {
+        return Err(invalid(var, value, "negative size"));
+    }
+    let (radix, digits) = if let Some(rest) = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X"))
+    {
+        (16, rest)
+    } else if s.len() > 1 && s.starts_with('0') && s.as_bytes()[1].is_ascii_digit() {
+        (8, &s[1..])
+    } else {
+        (10, s)
+    };
+    let end = digits
+        .find(|c: char| !c.is_digit(radix))
+        .unwrap_or(digits.len());
+    let (num, suffix) = digits.split_at(end);
+    if num.is_empty() {
+        return Err(invalid(var, value, "no number"));
+    }
+    let n = u64::from_str_radix(num, radix).map_err(|_| invalid(var, value, "number too large"))?;
+    let shift = match suffix {
+        "" => 0,
+        "k" | "K" => 10,
+        "M" => 20,
+        "G" => 30,
+        other => {
+            return Err(invalid(
+                var,
+                value,
+                format!("unknown suffix {other:?} (use K, M or G)"),
+            ))
+        }
+    };
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| invalid(var, value, "size overflows 64 bits"))
+}
+
+/// Parses `KFD_MAX_BUFFER_SIZE`: `None` = no cap (unset or 0).  The value
+/// must be page aligned: the SDMA path registers the staging buffer as a
+/// userptr BO, which the kernel requires to be page aligned.
+pub fn parse_max_buffer_size(value: Option<&str>) -> Result<Option<u64>, EnvError> {
+    let Some(value) = value else {
+        return Ok(None);
+    };
+    let n = parse_size(MAX_BUFFER_SIZE_VAR, value)?;
+    if n == 0 {
+        return Ok(None);
+    }
+    if n % PAGE_SIZE != 0 {
+        return Err(invalid(
+            MAX_BUFFER_SIZE_VAR,
+            value,
+            format!("{n} is not a multiple of the page size {PAGE_SIZE}"),
+        ));
+    }
+    Ok(Some(n))
+}
+
+/// Reads `KFD_MAX_BUFFER_SIZE` from the process environment.
+pub fn max_buffer_size_from_env() -> Result<Option<u64>, EnvError> {
+    parse_max_buffer_size(std::env::var(MAX_BUFFER_SIZE_VAR).ok().as_deref())
+}
+
+/// Staging window used when `KFD_MAX_BUFFER_SIZE` sets no cap.  Upstream
+/// stages a whole BO (so a 16 GiB BO costs 16 GiB of RAM per GPU); copying
+/// in 64 MiB windows is as fast and keeps memory bounded.
+pub const DEFAULT_STAGING: u64 = 64 << 20;
+
+/// Staging size for one GPU worker: the largest BO it copies, capped by
+/// `cap` (or [`DEFAULT_STAGING`]), rounded up to a page, at least a page.
+pub fn staging_size(cap: Option<u64>, largest_bo: u64) -> u64 {
+    let cap = cap.unwrap_or(DEFAULT_STAGING).max(PAGE_SIZE);
+    let want = largest_bo.min(cap).max(1);
+    want.div_ceil(PAGE_SIZE) * PAGE_SIZE
+}
+
+/// `CRIU_ROCM_COPY_ENGINE`: how BO contents are moved.
+pub const COPY_ENGINE_VAR: &str = "CRIU_ROCM_COPY_ENGINE";
+
+/// Copy engine choice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum EnginePolicy {
+    /// SDMA when the kernel gave a dmabuf fd, else the CPU mapping.
+    #[default]
+    Auto,
+    /// Always map the BO through the render node and copy with the CPU.
+    Cpu,
+    /// Always SDMA; BOs without a dmabuf fd are an error.
+    Sdma,
+}
+
+/// Parses `CRIU_ROCM_COPY_ENGINE` (`auto`, `cpu`, `sdma`, any case).
+pub fn parse_engine_policy(value: Option<&str>) -> Result<EnginePolicy, EnvError> {
+    match value.map(|v| v.trim().to_ascii_lowercase()) {
+        None => Ok(EnginePolicy::Auto),
+        Some(v) => match v.as_str() {
+            "" | "auto" => Ok(EnginePolicy::Auto),
+            "cpu" => Ok(EnginePolicy::Cpu),
+            "sdma" => Ok(EnginePolicy::Sdma),
+            _ => Err(invalid(
+                COPY_ENGINE_VAR,
+                value.unwrap_or_default(),
+                "expected cpu, sdma or auto",
+            )),
+        },
+    }
+}
+
+/// Reads `CRIU_ROCM_COPY_ENGINE` from the process environment.
+pub fn engine_policy_from_env() -> Result<EnginePolicy, EnvError> {
+    parse_engine_policy(std::env::var(COPY_ENGINE_VAR).ok().as_deref())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    #[test]
+    fn booleans() {
+        for (v, want) in [
+            ("0", false),
+            ("no", false),
+            ("No", false),
+            ("1", true),
+            ("YES", true),
+            ("yes", true),
+        ] {
+            assert_eq!(parse_bool("X", v), Ok(want), "{v}");
+        }
+        let e = parse_bool("KFD_NUMA_CHECK", "true")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("KFD_NUMA_CHECK"), "{e}");
+    }
+
+    #[test]
+    fn checks_from_lookup() {
+        let env: HashMap<&str, &str> =
+            HashMap::from([("KFD_VRAM_SIZE_CHECK", "0"), ("KFD_FW_VER_CHECK", "no")]);
+        let c = Checks::from_lookup(|k| env.get(k).map(|v| v.to_string())).unwrap();
+        assert!(!c.vram_size && !c.fw_version);
+        assert!(c.sdma_fw_version && c.numa && c.capability && c.caches_count && c.num_gws);
+        let e =
+            Checks::from_lookup(|k| (k == "KFD_CAPABILITY_CHECK").then(|| "2".into())).unwrap_err();
+        assert!(e.to_string().contains("KFD_CAPABILITY_CHECK"));
+        assert_eq!(Checks::from_lookup(|_| None).unwrap(), Checks::default());
+    }
+
+    #[test]
+    fn sizes_follow_strtoul_base_0() {
+        let p = |s| parse_size("V", s);
+        assert_eq!(p("4096"), Ok(4096));
+        assert_eq!(p("0x1000"), Ok(4096));
+        assert_eq!(p("0X1000"), Ok(4096));
+        assert_eq!(p("010000"), Ok(4096));
+        assert_eq!(p("0"), Ok(0));
+        assert_eq!(p("  +8K"), Ok(8192));
+        assert_eq!(p("4k"), Ok(4096));
+        assert_eq!(p("2M"), Ok(2 << 20));
+        assert_eq!(p("0x10M"), Ok(16 << 20));
+        assert_eq!(p("1G"), Ok(1 << 30));
+        assert!(p("").is_err());
+        assert!(p("-1").is_err());
+        assert!(p("12T").is_err());
+        assert!(p("09").is_err(), "9 is not an octal digit");
+        assert!(p("0x").is_err());
+        assert!(p("18446744073709551616").is_err());
+        assert!(p("17179869184G").is_err());
+        let e = p("1m").unwrap_err().to_string();
+        assert!(e.contains("V=\"1m\"") && e.contains("suffix"), "{e}");
+    }
+
+    #[test]
+    fn max_buffer_size() {
+        assert_eq!(parse_max_buffer_size(None), Ok(None));
+        assert_eq!(parse_max_buffer_size(Some("0")), Ok(None));
+        assert_eq!(parse_max_buffer_size(Some("1M")), Ok(Some(1 << 20)));
+        let e = parse_max_buffer_size(Some("5000")).unwrap_err().to_string();
+        assert!(
+            e.contains("KFD_MAX_BUFFER_SIZE") && e.contains("page size"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn staging_policy() {
+        assert_eq!(staging_size(None, 100), 4096);
+        assert_eq!(staging_size(None, 1 << 40), DEFAULT_STAGING);
+        assert_eq!(staging_size(Some(1 << 20), 1 << 40), 1 << 20);
+        assert_eq!(staging_size(Some(1 << 30), 8192), 8192);
+        assert_eq!(staging_size(Some(4096), 0), 4096);
+    }
+
+    #[test]
+    fn engine_policy() {
+        assert_eq!(parse_engine_policy(None), Ok(EnginePolicy::Auto));
+        assert_eq!(parse_engine_policy(Some("CPU")), Ok(EnginePolicy::Cpu));
+        assert_eq!(parse_engine_policy(Some("sdma")), Ok(EnginePolicy::Sdma));
+        let e = parse_engine_policy(Some("gpu")).unwrap_err().to_string();
+        assert!(e.contains(COPY_ENGINE_VAR), "{e}");
+    }
+}
