@@ -19,5 +19,6 @@ pub mod env;
 pub mod ids;
 pub mod image;
 pub mod matcher;
+pub mod plan;
 pub mod proto;
 pub mod topology;

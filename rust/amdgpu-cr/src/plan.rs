@@ -1,0 +1,849 @@
+//! Dump and restore plans (pure data transformations between the KFD CRIU
+//! buckets, the topology and the image), the VMA fix-up table, and device
+//! recognition.
+//!
+//! Id spaces: KFD's CHECKPOINT reports each device's *user* gpu_id (what
+//! the application first saw) and *actual* gpu_id (the GPU it runs on);
+//! BO buckets carry the user id.  Images store user ids only.  Pages files
+//! are named and filtered by user id on both sides (upstream mixes actual
+//! and user ids at dump, which breaks re-checkpointing a migrated process).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::CString;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use crate::bo;
+use crate::ids::{GpuId, GpuVa, MmapOffset, RenderMinor};
+use crate::image::{FileId, KfdImage, RenderImage, EXT_VERSION};
+use crate::matcher::GpuMap;
+use crate::proto::{CriuKfd, CriuRenderNode, KfdBoEntry};
+use crate::topology::{Topology, TopologyError};
+
+/// Errors building a plan; they name the GPU or BO involved.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error("CHECKPOINT device bucket {index}: {what}")]
+    BadDevice { index: usize, what: String },
+    #[error("BO {index} (addr {addr}, GPU {gpu}): {what}")]
+    BadBo {
+        index: usize,
+        addr: GpuVa,
+        gpu: GpuId,
+        what: String,
+    },
+    #[error("GPU {gpu}: {what}")]
+    Gpu { gpu: GpuId, what: String },
+    #[error("render node {minor}: {what}")]
+    Render { minor: RenderMinor, what: String },
+    #[error(transparent)]
+    Topology(#[from] TopologyError),
+    #[error(transparent)]
+    Image(#[from] crate::image::ImageError),
+}
+
+/// A device bucket of CHECKPOINT (and, with a render fd, of RESTORE).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceBucket {
+    pub user: GpuId,
+    pub actual: GpuId,
+}
+
+/// A BO bucket of CHECKPOINT / RESTORE.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BoBucket {
+    pub addr: GpuVa,
+    pub size: u64,
+    /// mmap offset at checkpoint.
+    pub offset: MmapOffset,
+    /// mmap offset after RESTORE (output of RESTORE).
+    pub restored_offset: MmapOffset,
+    /// *User* gpu_id.
+    pub gpu_id: GpuId,
+    pub alloc_flags: u32,
+    /// dmabuf fd the kernel installed in our fd table, or
+    /// [`bo::KFD_INVALID_FD`].
+    pub dmabuf_fd: u32,
+}
+
+impl BoBucket {
+    /// The dmabuf fd, if the kernel exported one.
+    pub fn dmabuf(&self) -> Option<i32> {
+        (self.dmabuf_fd != bo::KFD_INVALID_FD)
+            .then_some(self.dmabuf_fd)
+            .and_then(|fd| i32::try_from(fd).ok())
+    }
+}
+
+/// What CHECKPOINT returned for one process.
+#[derive(Clone, Debug, Default)]
+pub struct CheckpointData {
+    /// Virtual pid (PROCESS_INFO).
+    pub pid: u32,
+    pub devices: Vec<DeviceBucket>,
+    pub bos: Vec<BoBucket>,
+    pub num_objects: u32,
+    pub priv_data: Vec<u8>,
+}
+
+/// `/dev/shm/hsakmt_shared_mem` facts recorded at dump (size, first word).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SharedMem {
+    pub size: u64,
+    pub magic: u32,
+}
+
+/// The content work of one GPU: which BOs go to (or come from) its pages
+/// file, in bucket order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GpuWork {
+    /// Names the pages file.
+    pub user: GpuId,
+    /// The GPU the copy runs on (checkpoint: where the BOs are; restore:
+    /// the new host GPU).
+    pub actual: GpuId,
+    pub render_minor: RenderMinor,
+    /// Bucket indices of the VRAM/GTT BOs of this GPU.
+    pub bos: Vec<usize>,
+    /// Σ sizes (the pages file header).
+    pub total: u64,
+    pub largest: u64,
+}
+
+/// Everything the dump of one KFD fd writes.
+#[derive(Clone, Debug)]
+pub struct DumpPlan {
+    /// actual gpu_id → user gpu_id of this process.
+    pub actual_to_user: BTreeMap<GpuId, GpuId>,
+    /// The image message, without content hashes yet.
+    pub image: CriuKfd,
+    pub gpus: Vec<GpuWork>,
+}
+
+fn check_devices(devices: &[DeviceBucket]) -> Result<(), PlanError> {
+    let (mut users, mut actuals) = (BTreeSet::new(), BTreeSet::new());
+    for (index, d) in devices.iter().enumerate() {
+        let bad = |what: String| Err(PlanError::BadDevice { index, what });
+        if d.user.0 == 0 || d.actual.0 == 0 {
+            return bad(format!("gpu_id 0 (user {}, actual {})", d.user, d.actual));
+        }
+        if !users.insert(d.user) {
+            return bad(format!("user gpu_id {} appears twice", d.user));
+        }
+        if !actuals.insert(d.actual) {
+            return bad(format!("actual gpu_id {} appears twice", d.actual));
+        }
+    }
+    if devices.is_empty() {
+        return Err(PlanError::BadDevice {
+            index: 0,
+            what: "the process has no GPU".into(),
+        });
+    }
+    Ok(())
+}
+
+fn check_bos(bos: &[BoBucket], users: &BTreeSet<GpuId>) -> Result<(), PlanError> {
+    for (index, b) in bos.iter().enumerate() {
+        let bad = |what: &str| {
+            Err(PlanError::BadBo {
+                index,
+                addr: b.addr,
+                gpu: b.gpu_id,
+                what: what.into(),
+            })
+        };
+        if !users.contains(&b.gpu_id) {
+            return bad("gpu_id is not one of the process' GPUs");
+        }
+        if b.size == 0 {
+            return bad("size 0");
+        }
+        if b.addr.0.checked_add(b.size).is_none() {
+            return bad("address range overflows");
+        }
+    }
+    Ok(())
+}
+
+fn gpu_work(
+    bos: &[BoBucket],
+    user: GpuId,
+    actual: GpuId,
+    render_minor: RenderMinor,
+) -> Result<GpuWork, PlanError> {
+    let mut w = GpuWork {
+        user,
+        actual,
+        render_minor,
+        bos: Vec::new(),
+        total: 0,
+        largest: 0,
+    };
+    for (i, b) in bos.iter().enumerate() {
+        if b.gpu_id == user && bo::has_contents(b.alloc_flags) {
+            w.bos.push(i);
+            w.total = w.total.checked_add(b.size).ok_or_else(|| PlanError::Gpu {
+                gpu: user,
+                what: "sum of BO sizes overflows".into(),
+            })?;
+            w.largest = w.largest.max(b.size);
+        }
+    }
+    Ok(w)
+}
+
+/// Builds the dump of one process from CHECKPOINT's output and the host
+/// topology.
+pub fn plan_dump(
+    topology: &Topology,
+    ckpt: &CheckpointData,
+    shared_mem: SharedMem,
+) -> Result<DumpPlan, PlanError> {
+    check_devices(&ckpt.devices)?;
+    let users: BTreeSet<GpuId> = ckpt.devices.iter().map(|d| d.user).collect();
+    check_bos(&ckpt.bos, &users)?;
+    let actual_to_user: BTreeMap<GpuId, GpuId> =
+        ckpt.devices.iter().map(|d| (d.actual, d.user)).collect();
+    let device_entries = topology.to_image_entries(&actual_to_user)?;
+    let num_of_cpus = device_entries.iter().filter(|e| e.gpu_id == 0).count();
+    let mut gpus = Vec::new();
+    for d in &ckpt.devices {
+        let node = topology.gpu(d.actual).ok_or_else(|| PlanError::Gpu {
+            gpu: d.actual,
+            what: "not in the host topology".into(),
+        })?;
+        gpus.push(gpu_work(&ckpt.bos, d.user, d.actual, node.render_minor())?);
+    }
+    let image = CriuKfd {
+        pid: ckpt.pid,
+        num_of_gpus: ckpt.devices.len() as u32,
+        num_of_cpus: num_of_cpus as u32,
+        device_entries,
+        num_of_bos: ckpt.bos.len() as u64,
+        bo_entries: ckpt
+            .bos
+            .iter()
+            .map(|b| KfdBoEntry {
+                addr: b.addr.0,
+                size: b.size,
+                offset: b.offset.0,
+                alloc_flags: b.alloc_flags,
+                gpu_id: b.gpu_id.0,
+                handle: None,
+                content_xxh3: None,
+            })
+            .collect(),
+        num_of_objects: ckpt.num_objects,
+        shared_mem_size: shared_mem.size,
+        shared_mem_magic: shared_mem.magic,
+        priv_data: ckpt.priv_data.clone(),
+        criu_rocm_ext_version: Some(EXT_VERSION),
+    };
+    Ok(DumpPlan {
+        actual_to_user,
+        image,
+        gpus,
+    })
+}
+
+impl DumpPlan {
+    /// The validated image, with the content hashes the workers computed
+    /// (bucket index → XXH3-64).
+    pub fn finish_image(&self, hashes: &BTreeMap<usize, u64>) -> Result<KfdImage, PlanError> {
+        let mut msg = self.image.clone();
+        for (&i, &h) in hashes {
+            if let Some(e) = msg.bo_entries.get_mut(i) {
+                e.content_xxh3 = Some(h);
+            }
+        }
+        Ok(KfdImage::validate("(new kfd image)", msg)?)
+    }
+}
+
+/// The render-node image of a render fd with minor `minor`.  The gpu_id is
+/// translated to the user id when the process' KFD fd was dumped first;
+/// otherwise (no KFD fd, or a GPU outside the KFD process) the actual id is
+/// recorded, which equals the user id unless the process migrated.
+///
+/// criu-dev's required fields `id`, `drm_render_minor` and `num_of_bos`
+/// are filled (no render-node BOs are saved) so criu-dev can read it too.
+pub fn render_image(
+    topology: &Topology,
+    actual_to_user: &BTreeMap<GpuId, GpuId>,
+    minor: RenderMinor,
+    id: FileId,
+) -> Result<RenderImage, PlanError> {
+    let node = topology
+        .gpu_by_render_minor(minor)
+        .ok_or_else(|| PlanError::Render {
+            minor,
+            what: "no GPU with this render minor in the topology".into(),
+        })?;
+    let actual = node.gpu_id.expect("gpu node");
+    let user = actual_to_user.get(&actual).copied().unwrap_or(actual);
+    Ok(RenderImage {
+        msg: CriuRenderNode {
+            gpu_id: user.0,
+            id: Some(id.0),
+            drm_render_minor: Some(minor.0),
+            num_of_bos: Some(0),
+            bo_entries: Vec::new(),
+        },
+    })
+}
+
+/// One device of the restore: the user id KFD keeps showing the process,
+/// the host GPU it now runs on, and that GPU's render node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RestoreDevice {
+    pub user: GpuId,
+    pub actual: GpuId,
+    pub render_minor: RenderMinor,
+}
+
+/// Inputs of RESTORE and the content work, from an image and a GPU map.
+#[derive(Clone, Debug)]
+pub struct RestorePlan {
+    pub devices: Vec<RestoreDevice>,
+    /// RESTORE's BO buckets (user gpu_ids, old offsets).
+    pub bos: Vec<BoBucket>,
+    pub gpus: Vec<GpuWork>,
+    /// Old render minor of each user gpu_id (from the image), to recognise
+    /// the mappings of the dump host's render nodes.
+    pub old_minors: BTreeMap<GpuId, RenderMinor>,
+}
+
+/// Plans RESTORE of `image` onto `host` with `map` (user → host gpu_id).
+pub fn plan_restore(
+    image: &KfdImage,
+    host: &Topology,
+    map: &GpuMap,
+) -> Result<RestorePlan, PlanError> {
+    let mut devices = Vec::new();
+    let mut old_minors = BTreeMap::new();
+    for e in image.msg.device_entries.iter().filter(|e| e.gpu_id != 0) {
+        let user = GpuId(e.gpu_id);
+        let actual = map.get(user).ok_or_else(|| PlanError::Gpu {
+            gpu: user,
+            what: "no host GPU was chosen for it".into(),
+        })?;
+        let node = host.gpu(actual).ok_or_else(|| PlanError::Gpu {
+            gpu: actual,
+            what: "the chosen host GPU is not in the host topology".into(),
+        })?;
+        devices.push(RestoreDevice {
+            user,
+            actual,
+            render_minor: node.render_minor(),
+        });
+        old_minors.insert(user, RenderMinor(e.drm_render_minor));
+    }
+    let bos: Vec<BoBucket> = image
+        .msg
+        .bo_entries
+        .iter()
+        .map(|b| BoBucket {
+            addr: GpuVa(b.addr),
+            size: b.size,
+            offset: MmapOffset(b.offset),
+            restored_offset: MmapOffset(0),
+            gpu_id: GpuId(b.gpu_id),
+            alloc_flags: b.alloc_flags,
+            dmabuf_fd: bo::KFD_INVALID_FD,
+        })
+        .collect();
+    let mut gpus = Vec::new();
+    for d in &devices {
+        gpus.push(gpu_work(&bos, d.user, d.actual, d.render_minor)?);
+    }
+    Ok(RestorePlan {
+        devices,
+        bos,
+        gpus,
+        old_minors,
+    })
+}
+
+/// The device a mapping is on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum DeviceKind {
+    Kfd,
+    Render(RenderMinor),
+}
+
+impl DeviceKind {
+    /// Recognises `/dev/kfd` and `/dev/dri/renderD<N>` paths as CRIU records
+    /// them (a leading `//` is collapsed).
+    pub fn from_path(path: &str) -> Option<Self> {
+        let trimmed = path.trim_start_matches('/');
+        if trimmed == "dev/kfd" {
+            return Some(DeviceKind::Kfd);
+        }
+        let minor = trimmed.strip_prefix("dev/dri/renderD")?;
+        if minor.is_empty() || !minor.bytes().all(|c| c.is_ascii_digit()) {
+            return None;
+        }
+        minor
+            .parse()
+            .ok()
+            .map(|m| DeviceKind::Render(RenderMinor(m)))
+    }
+}
+
+/// One restored BO mapping: where it was, where it is now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VmaFixup {
+    pub bo_index: usize,
+    pub addr: GpuVa,
+    pub size: u64,
+    /// The device the mapping was on at dump, and its offset there.
+    pub old_device: DeviceKind,
+    pub old_offset: MmapOffset,
+    /// The device to map now, and the offset there.
+    pub new_device: DeviceKind,
+    pub new_offset: MmapOffset,
+}
+
+/// The answer for one VMA: map `device` at `offset`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VmaRemap {
+    pub bo_index: usize,
+    pub device: DeviceKind,
+    pub offset: MmapOffset,
+}
+
+/// Restored BO mappings, looked up by the VMAs CRIU restores.
+#[derive(Clone, Debug, Default)]
+pub struct VmaFixups {
+    entries: Vec<VmaFixup>,
+}
+
+impl VmaFixups {
+    /// Builds the table from RESTORE's output buckets (with
+    /// `restored_offset`s).  Only BOs whose mapping lives on a device node
+    /// get an entry; USERPTR memory is ordinary process memory.
+    pub fn from_restored(plan: &RestorePlan, restored: &[BoBucket]) -> Result<Self, PlanError> {
+        let mut entries = Vec::new();
+        for (i, b) in restored.iter().enumerate() {
+            if !bo::needs_vma_fixup(b.alloc_flags) {
+                continue;
+            }
+            let dev = plan
+                .devices
+                .iter()
+                .find(|d| d.user == b.gpu_id)
+                .ok_or_else(|| PlanError::BadBo {
+                    index: i,
+                    addr: b.addr,
+                    gpu: b.gpu_id,
+                    what: "restored BO of a GPU that is not in the plan".into(),
+                })?;
+            let (old_device, new_device) = if bo::has_contents(b.alloc_flags) {
+                (
+                    DeviceKind::Render(plan.old_minors[&b.gpu_id]),
+                    DeviceKind::Render(dev.render_minor),
+                )
+            } else {
+                (DeviceKind::Kfd, DeviceKind::Kfd)
+            };
+            entries.push(VmaFixup {
+                bo_index: i,
+                addr: b.addr,
+                size: b.size,
+                old_device,
+                old_offset: b.offset,
+                new_device,
+                new_offset: b.restored_offset,
+            });
+        }
+        Ok(VmaFixups { entries })
+    }
+
+    pub fn entries(&self) -> &[VmaFixup] {
+        &self.entries
+    }
+
+    /// Finds the new device and offset of a VMA `[start, end)` mapping
+    /// `device` at byte offset `pgoff`.  The VMA may cover any part of a
+    /// BO (split by mprotect, partial mapping) at any address: it matches
+    /// the BO whose old offset range on that device contains
+    /// `[pgoff, pgoff + (end - start))`, and keeps its offset within the BO.
+    /// Device offset ranges of distinct BOs do not overlap, so the match
+    /// is unique.  `None`: not a restored BO (e.g. the KFD events page).
+    pub fn lookup(&self, device: DeviceKind, start: u64, end: u64, pgoff: u64) -> Option<VmaRemap> {
+        let len = end.checked_sub(start)?;
+        self.entries.iter().find_map(|e| {
+            if e.old_device != device {
+                return None;
+            }
+            let delta = pgoff.checked_sub(e.old_offset.0)?;
+            if delta >= e.size || len > e.size - delta {
+                return None;
+            }
+            Some(VmaRemap {
+                bo_index: e.bo_index,
+                device: e.new_device,
+                offset: MmapOffset(e.new_offset.0.checked_add(delta)?),
+            })
+        })
+    }
+}
+
+/// File identity: character devices compare by device number (a real
+/// `/dev/kfd` may be reached through other nodes with the same rdev);
+/// other files (the emulator's nodes on FUSE) by device and inode.
+fn same_file(a: &libc::stat, b: &libc::stat) -> bool {
+    let chr = |s: &libc::stat| s.st_mode & libc::S_IFMT == libc::S_IFCHR;
+    match (chr(a), chr(b)) {
+        (true, true) => a.st_rdev == b.st_rdev,
+        (false, false) => a.st_dev == b.st_dev && a.st_ino == b.st_ino,
+        _ => false,
+    }
+}
+
+/// Decides whether a file (an fd or a mapping's file, as `stat`) is
+/// `/dev/kfd`, one of the render nodes, or none of ours.  The one place
+/// that recognises GPU device files.
+pub fn classify_device(
+    st: &libc::stat,
+    kfd: Option<&libc::stat>,
+    render_nodes: &[(RenderMinor, libc::stat)],
+) -> Option<DeviceKind> {
+    if kfd.is_some_and(|k| same_file(st, k)) {
+        return Some(DeviceKind::Kfd);
+    }
+    render_nodes
+        .iter()
+        .find(|(_, r)| same_file(st, r))
+        .map(|(m, _)| DeviceKind::Render(*m))
+}
+
+/// `stat(2)` of a path, keeping errno.
+pub fn stat_path(path: &Path) -> io::Result<libc::stat> {
+    let c = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: `c` is a NUL-terminated path and `st` points to writable
+    // memory of the size stat(2) fills.
+    let r = unsafe { libc::stat(c.as_ptr(), st.as_mut_ptr()) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: stat returned 0, so it initialised the whole struct.
+    Ok(unsafe { st.assume_init() })
+}
+
+/// `fstat(2)` of an fd, keeping errno.
+pub fn stat_fd(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<libc::stat> {
+    use std::os::fd::AsRawFd;
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: the fd is valid for the borrow and `st` is writable memory of
+    // the size fstat(2) fills.
+    let r = unsafe { libc::fstat(fd.as_raw_fd(), st.as_mut_ptr()) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fstat returned 0, so it initialised the whole struct.
+    Ok(unsafe { st.assume_init() })
+}
+
+/// The identities of this host's (or namespace's) GPU device files:
+/// `<dev>/kfd` and every `<dev>/dri/renderD<N>`.  Missing files are simply
+/// absent (a host without AMD GPUs has none, and nothing is "ours").
+#[derive(Clone, Default)]
+pub struct DeviceIdentities {
+    pub kfd: Option<libc::stat>,
+    pub render_nodes: Vec<(RenderMinor, libc::stat)>,
+}
+
+impl DeviceIdentities {
+    /// Stats the device files below `dev` (the product passes `/dev`).
+    pub fn probe(dev: &Path) -> Self {
+        let kfd = stat_path(&dev.join("kfd")).ok();
+        let mut render_nodes = Vec::new();
+        if let Ok(rd) = std::fs::read_dir(dev.join("dri")) {
+            for ent in rd.flatten() {
+                let name = ent.file_name();
+                let Some(minor) = name
+                    .to_str()
+                    .and_then(|n| n.strip_prefix("renderD"))
+                    .and_then(|m| m.parse::<u32>().ok())
+                else {
+                    continue;
+                };
+                if let Ok(st) = stat_path(&ent.path()) {
+                    render_nodes.push((RenderMinor(minor), st));
+                }
+            }
+        }
+        render_nodes.sort_by_key(|(m, _)| *m);
+        DeviceIdentities { kfd, render_nodes }
+    }
+
+    /// See [`classify_device`].
+    pub fn classify(&self, st: &libc::stat) -> Option<DeviceKind> {
+        classify_device(st, self.kfd.as_ref(), &self.render_nodes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::env::Checks;
+    use crate::image::tests::tempdir;
+    use crate::matcher::match_gpus;
+    use crate::topology::tests::{cpu, gpu};
+    use crate::topology::IOLINK_PCIE as P;
+
+    fn host() -> Topology {
+        Topology::new(vec![
+            cpu(0, &[(P, 1), (P, 2), (P, 3)]),
+            gpu(1, 0x1111, &[(P, 0)]),
+            gpu(2, 0x2222, &[(P, 0)]),
+            gpu(3, 0x3333, &[(P, 0)]),
+        ])
+    }
+
+    fn ckpt() -> CheckpointData {
+        // A process restored before: user ids differ from actual ids, and it
+        // only has two of the three GPUs.
+        let vram = bo::ALLOC_VRAM | bo::ALLOC_WRITABLE;
+        let bucket = |addr: u64, size, offset, gpu, flags| BoBucket {
+            addr: GpuVa(addr),
+            size,
+            offset: MmapOffset(offset),
+            restored_offset: MmapOffset(0),
+            gpu_id: GpuId(gpu),
+            alloc_flags: flags,
+            dmabuf_fd: bo::KFD_INVALID_FD,
+        };
+        CheckpointData {
+            pid: 77,
+            devices: vec![
+                DeviceBucket {
+                    user: GpuId(0xaaaa),
+                    actual: GpuId(0x2222),
+                },
+                DeviceBucket {
+                    user: GpuId(0xbbbb),
+                    actual: GpuId(0x3333),
+                },
+            ],
+            bos: vec![
+                bucket(0x10_0000, 0x4000, 0x1_0000_0000, 0xaaaa, vram),
+                bucket(
+                    0x20_0000,
+                    0x2000,
+                    0xc000_0000_0000_0000,
+                    0xaaaa,
+                    bo::ALLOC_DOORBELL,
+                ),
+                bucket(0x30_0000, 0x1000, 0x1_0001_0000, 0xbbbb, bo::ALLOC_GTT),
+                bucket(0x40_0000, 0x8000, 0x1_0002_0000, 0xaaaa, vram),
+                bucket(0x50_0000, 0x1000, 0x7fff_0000, 0xbbbb, bo::ALLOC_USERPTR),
+            ],
+            num_objects: 3,
+            priv_data: vec![1; 64],
+        }
+    }
+
+    #[test]
+    fn dump_plan_uses_user_ids_and_skips_foreign_gpus() {
+        let p = plan_dump(&host(), &ckpt(), SharedMem::default()).unwrap();
+        assert_eq!(p.image.num_of_gpus, 2);
+        assert_eq!(p.image.num_of_cpus, 1);
+        let gpu_ids: Vec<u32> = p.image.device_entries.iter().map(|e| e.gpu_id).collect();
+        assert_eq!(gpu_ids, vec![0, 0xaaaa, 0xbbbb]);
+        assert_eq!(p.gpus.len(), 2);
+        let a = &p.gpus[0];
+        assert_eq!(
+            (a.user, a.actual, a.render_minor),
+            (GpuId(0xaaaa), GpuId(0x2222), RenderMinor(130))
+        );
+        assert_eq!(a.bos, vec![0, 3]);
+        assert_eq!((a.total, a.largest), (0xc000, 0x8000));
+        assert_eq!(p.gpus[1].bos, vec![2]);
+        let hashes = BTreeMap::from([(0, 11u64), (3, 33)]);
+        let img = p.finish_image(&hashes).unwrap();
+        assert_eq!(img.msg.bo_entries[3].content_xxh3, Some(33));
+        assert_eq!(img.msg.bo_entries[1].content_xxh3, None);
+    }
+
+    #[test]
+    fn dump_plan_rejects_inconsistent_buckets() {
+        let mut c = ckpt();
+        c.bos[2].gpu_id = GpuId(0x1111);
+        let e = plan_dump(&host(), &c, SharedMem::default())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("BO 2") && e.contains("0x1111"), "{e}");
+        let mut c = ckpt();
+        c.devices[1].actual = GpuId(0x2222);
+        let e = plan_dump(&host(), &c, SharedMem::default())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("appears twice"), "{e}");
+        let mut c = ckpt();
+        c.devices[1].actual = GpuId(0x4444);
+        let e = plan_dump(&host(), &c, SharedMem::default())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("0x4444"), "{e}");
+    }
+
+    #[test]
+    fn render_image_translates_to_user_ids() {
+        let p = plan_dump(&host(), &ckpt(), SharedMem::default()).unwrap();
+        let r = render_image(&host(), &p.actual_to_user, RenderMinor(131), FileId(9)).unwrap();
+        assert_eq!(r.gpu_id(), GpuId(0xbbbb));
+        assert_eq!(r.msg.id, Some(9));
+        let r = render_image(&host(), &p.actual_to_user, RenderMinor(129), FileId(9)).unwrap();
+        assert_eq!(
+            r.gpu_id(),
+            GpuId(0x1111),
+            "GPU outside the KFD process keeps its id"
+        );
+        assert!(render_image(&host(), &p.actual_to_user, RenderMinor(140), FileId(9)).is_err());
+    }
+
+    fn restore_setup() -> (RestorePlan, Vec<BoBucket>) {
+        let p = plan_dump(&host(), &ckpt(), SharedMem::default()).unwrap();
+        let img = p.finish_image(&BTreeMap::new()).unwrap();
+        let image_topo = Topology::from_image_entries(&img.msg.device_entries).unwrap();
+        // The new host has two GPUs with new ids and render minors.
+        let new_host = Topology::new(vec![
+            cpu(0, &[(P, 5), (P, 6)]),
+            gpu(5, 0x5555, &[(P, 0)]),
+            gpu(6, 0x6666, &[(P, 0)]),
+        ]);
+        let map = match_gpus(&image_topo, &new_host, &Checks::default()).unwrap();
+        let plan = plan_restore(&img, &new_host, &map).unwrap();
+        let mut restored = plan.bos.clone();
+        for (i, b) in restored.iter_mut().enumerate() {
+            b.restored_offset = MmapOffset(0x9_0000_0000 + (i as u64) * 0x10_0000);
+        }
+        (plan, restored)
+    }
+
+    #[test]
+    fn restore_plan_and_vma_fixups() {
+        let (plan, restored) = restore_setup();
+        assert_eq!(plan.devices.len(), 2);
+        let a = plan
+            .devices
+            .iter()
+            .find(|d| d.user == GpuId(0xaaaa))
+            .unwrap();
+        assert!(matches!(
+            a.render_minor,
+            RenderMinor(133) | RenderMinor(134)
+        ));
+        assert_eq!(plan.old_minors[&GpuId(0xaaaa)], RenderMinor(130));
+        let g = plan.gpus.iter().find(|g| g.user == GpuId(0xaaaa)).unwrap();
+        assert_eq!(g.bos, vec![0, 3]);
+
+        let fx = VmaFixups::from_restored(&plan, &restored).unwrap();
+        assert_eq!(fx.entries().len(), 4, "userptr BO has no fix-up");
+        let old = DeviceKind::Render(RenderMinor(130));
+        // Whole BO, at its GPU VA.
+        let r = fx.lookup(old, 0x10_0000, 0x10_4000, 0x1_0000_0000).unwrap();
+        assert_eq!(r.offset, MmapOffset(0x9_0000_0000));
+        assert_eq!(r.device, DeviceKind::Render(a.render_minor));
+        // Tail of BO 3 after an mprotect split, mapped at another address.
+        let r = fx
+            .lookup(old, 0x7000_0000, 0x7000_2000, 0x1_0002_6000)
+            .unwrap();
+        assert_eq!((r.bo_index, r.offset), (3, MmapOffset(0x9_0030_6000)));
+        // Past the end of the BO: no match.
+        assert!(fx
+            .lookup(old, 0x7000_0000, 0x7000_4000, 0x1_0002_6000)
+            .is_none());
+        // Same offset on another device: no match.
+        assert!(fx
+            .lookup(
+                DeviceKind::Render(RenderMinor(131)),
+                0x10_0000,
+                0x10_4000,
+                0x1_0000_0000
+            )
+            .is_none());
+        // Doorbell on /dev/kfd.
+        let r = fx
+            .lookup(DeviceKind::Kfd, 0x20_0000, 0x20_2000, 0xc000_0000_0000_0000)
+            .unwrap();
+        assert_eq!(
+            (r.device, r.offset),
+            (DeviceKind::Kfd, MmapOffset(0x9_0010_0000))
+        );
+        // Events page: not ours.
+        assert!(fx
+            .lookup(DeviceKind::Kfd, 0x60_0000, 0x60_1000, 0x8000_0000_0000_0000)
+            .is_none());
+    }
+
+    #[test]
+    fn device_paths() {
+        assert_eq!(DeviceKind::from_path("/dev/kfd"), Some(DeviceKind::Kfd));
+        assert_eq!(DeviceKind::from_path("//dev/kfd"), Some(DeviceKind::Kfd));
+        assert_eq!(
+            DeviceKind::from_path("/dev/dri/renderD129"),
+            Some(DeviceKind::Render(RenderMinor(129)))
+        );
+        assert_eq!(DeviceKind::from_path("/dev/dri/card0"), None);
+        assert_eq!(DeviceKind::from_path("/dev/dri/renderD"), None);
+        assert_eq!(DeviceKind::from_path("/dev/dri/renderD12x"), None);
+        assert_eq!(DeviceKind::from_path("/dev/kfd2"), None);
+    }
+
+    #[test]
+    fn classify_by_file_identity() {
+        let dir = tempdir();
+        std::fs::create_dir_all(dir.join("dri")).unwrap();
+        std::fs::write(dir.join("kfd"), b"").unwrap();
+        std::fs::write(dir.join("dri/renderD128"), b"").unwrap();
+        std::fs::write(dir.join("dri/renderD129"), b"").unwrap();
+        std::fs::write(dir.join("dri/card0"), b"").unwrap();
+        std::fs::write(dir.join("other"), b"").unwrap();
+        let ids = DeviceIdentities::probe(&dir);
+        assert_eq!(ids.render_nodes.len(), 2);
+        let f = std::fs::File::open(dir.join("dri/renderD129")).unwrap();
+        use std::os::fd::AsFd;
+        let st = stat_fd(f.as_fd()).unwrap();
+        assert_eq!(
+            ids.classify(&st),
+            Some(DeviceKind::Render(RenderMinor(129)))
+        );
+        assert_eq!(
+            ids.classify(&stat_path(&dir.join("kfd")).unwrap()),
+            Some(DeviceKind::Kfd)
+        );
+        assert_eq!(ids.classify(&stat_path(&dir.join("other")).unwrap()), None);
+        // A hard link is the same file.
+        std::fs::hard_link(dir.join("kfd"), dir.join("kfd-link")).unwrap();
+        assert_eq!(
+            ids.classify(&stat_path(&dir.join("kfd-link")).unwrap()),
+            Some(DeviceKind::Kfd)
+        );
+        // Character devices compare by rdev: /dev/null is not /dev/zero, and a
+        // regular file never equals a character device.
+        let null = stat_path(Path::new("/dev/null")).unwrap();
+        let zero = stat_path(Path::new("/dev/zero")).unwrap();
+        assert_eq!(
+            classify_device(&null, Some(&null), &[]),
+            Some(DeviceKind::Kfd)
+        );
+        assert_eq!(classify_device(&zero, Some(&null), &[]), None);
+        assert_eq!(
+            classify_device(&null, ids.kfd.as_ref(), &ids.render_nodes),
+            None
+        );
+        // No /dev/kfd at all: nothing is ours.
+        assert_eq!(
+            DeviceIdentities::probe(&dir.join("nope")).classify(&null),
+            None
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
