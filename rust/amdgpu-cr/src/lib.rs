@@ -15,6 +15,7 @@
 //!   recognition.
 
 pub mod bo;
+pub mod copy;
 pub mod env;
 pub mod ids;
 pub mod image;

@@ -1,0 +1,238 @@
+//! CPU copy engine: map the BO through a device fd, window by window, and
+//! copy with the CPU between the mapping and the pages file.
+//!
+//! Extra memory per worker is one mapping window (at most the staging size,
+//! see `env::staging_size`) whatever the BO size: the bytes go straight
+//! from the mapping into the file writer (and back), with no intermediate
+//! buffer.
+
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::ptr::NonNull;
+
+use super::{drain_to, fill_from, BoRef, CopyEngine, CopyError};
+use crate::bo::PAGE_SIZE;
+use crate::ids::MmapOffset;
+
+/// A `MAP_SHARED` mapping of part of a device file, unmapped on drop.
+pub struct Mapping {
+    ptr: NonNull<u8>,
+    len: usize,
+    writable: bool,
+}
+
+// SAFETY: the mapping is plain shared memory owned by this value; moving it
+// to another thread moves the only handle to it.
+unsafe impl Send for Mapping {}
+
+impl Mapping {
+    /// Maps `len` bytes of `fd` at byte `offset` (page aligned).
+    pub fn new(fd: BorrowedFd<'_>, offset: u64, len: usize, writable: bool) -> io::Result<Self> {
+        if len == 0 || !offset.is_multiple_of(PAGE_SIZE) {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        let off = libc::off_t::try_from(offset)
+            .map_err(|_| io::Error::from_raw_os_error(libc::EOVERFLOW))?;
+        let prot = if writable {
+            libc::PROT_READ | libc::PROT_WRITE
+        } else {
+            libc::PROT_READ
+        };
+        // SAFETY: a fresh mapping chosen by the kernel (addr NULL) cannot
+        // alias existing Rust objects; fd is valid for the borrow.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                prot,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                off,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let ptr = NonNull::new(p.cast::<u8>())
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))?;
+        Ok(Mapping { ptr, len, writable })
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: ptr..ptr+len is a live readable mapping owned by self.
+        // Device memory may change under us (the GPU is paused during C/R,
+        // so it does not); we only copy bytes out.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        assert!(self.writable, "mapping is read-only");
+        // SAFETY: ptr..ptr+len is a live writable mapping owned exclusively
+        // by self (borrowed mutably here).
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: ptr/len describe exactly the mapping created in `new`, and
+        // no slice borrowed from it outlives self.
+        let r = unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+        if r != 0 {
+            log::warn!(
+                "munmap of a BO window failed: {}",
+                io::Error::last_os_error()
+            );
+        }
+    }
+}
+
+/// The CPU engine; `window` bounds each mapping.
+#[derive(Debug)]
+pub struct CpuEngine {
+    window: u64,
+    /// Mappings made so far (for statistics and tests).
+    pub windows_mapped: u64,
+}
+
+impl CpuEngine {
+    /// `window` is rounded up to a page.
+    pub fn new(window: u64) -> Self {
+        CpuEngine {
+            window: window.max(1).div_ceil(PAGE_SIZE) * PAGE_SIZE,
+            windows_mapped: 0,
+        }
+    }
+
+    fn each_window(
+        &mut self,
+        bo: &BoRef<'_>,
+        writable: bool,
+        mut f: impl FnMut(&mut Mapping) -> Result<(), CopyError>,
+    ) -> Result<(), CopyError> {
+        let (fd, base) = bo.cpu_map.ok_or_else(|| CopyError::NoEngine {
+            gpu: bo.gpu,
+            bo: bo.index,
+            why: "the CPU engine needs a mappable fd".into(),
+        })?;
+        let mut done = 0u64;
+        while done < bo.size {
+            let len = (bo.size - done).min(self.window);
+            let offset = base.0.checked_add(done).ok_or_else(|| CopyError::Map {
+                gpu: bo.gpu,
+                bo: bo.index,
+                offset: base,
+                len,
+                source: io::Error::from_raw_os_error(libc::EOVERFLOW),
+            })?;
+            let mut map = Mapping::new(fd, offset, len as usize, writable).map_err(|source| {
+                CopyError::Map {
+                    gpu: bo.gpu,
+                    bo: bo.index,
+                    offset: MmapOffset(offset),
+                    len,
+                    source,
+                }
+            })?;
+            self.windows_mapped += 1;
+            f(&mut map)?;
+            done += len;
+        }
+        Ok(())
+    }
+}
+
+impl CopyEngine for CpuEngine {
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn read_bo(&mut self, bo: &BoRef<'_>, sink: &mut dyn Write) -> Result<(), CopyError> {
+        self.each_window(bo, false, |map| drain_to(sink, map.as_slice(), bo))
+    }
+
+    fn write_bo(&mut self, bo: &BoRef<'_>, src: &mut dyn Read) -> Result<(), CopyError> {
+        self.each_window(bo, true, |map| fill_from(src, map.as_mut_slice(), bo))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bo;
+    use crate::ids::{GpuId, GpuVa};
+    use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+
+    /// A memfd standing in for a render node: BOs live at byte offsets.
+    fn device(size: u64) -> std::fs::File {
+        // SAFETY: the name is a valid C string; memfd_create has no other
+        // preconditions.
+        let fd = unsafe { libc::memfd_create(c"amdgpu-cr-test".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0);
+        // SAFETY: fd was just returned by memfd_create and is owned by no one else.
+        let f = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+        f.set_len(size).unwrap();
+        f
+    }
+
+    fn pattern(len: usize, seed: u8) -> Vec<u8> {
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+            .collect()
+    }
+
+    #[test]
+    fn copies_in_bounded_windows() {
+        let dev = device(1 << 20);
+        let size = 5 * PAGE_SIZE;
+        let data = pattern(size as usize, 7);
+        use std::os::unix::fs::FileExt;
+        dev.write_all_at(&data, 0x4000).unwrap();
+        let bo = BoRef {
+            index: 0,
+            gpu: GpuId(1),
+            addr: GpuVa(0x10000),
+            size,
+            alloc_flags: bo::ALLOC_VRAM,
+            cpu_map: Some((dev.as_fd(), MmapOffset(0x4000))),
+            dmabuf: None,
+        };
+        let mut e = CpuEngine::new(2 * PAGE_SIZE);
+        let mut out = Vec::new();
+        e.read_bo(&bo, &mut out).unwrap();
+        assert_eq!(out, data);
+        assert_eq!(e.windows_mapped, 3, "5 pages in windows of 2");
+
+        let new = pattern(size as usize, 99);
+        e.write_bo(&bo, &mut &new[..]).unwrap();
+        let mut back = vec![0; size as usize];
+        dev.read_exact_at(&mut back, 0x4000).unwrap();
+        assert_eq!(back, new);
+        // Neighbours untouched.
+        let mut before = [1u8; 16];
+        dev.read_exact_at(&mut before, 0x4000 - 16).unwrap();
+        assert_eq!(before, [0; 16]);
+    }
+
+    #[test]
+    fn short_source_and_bad_offset_are_errors() {
+        let dev = device(1 << 16);
+        let mut bo = BoRef {
+            index: 3,
+            gpu: GpuId(0x1a2b),
+            addr: GpuVa(0),
+            size: 2 * PAGE_SIZE,
+            alloc_flags: bo::ALLOC_GTT,
+            cpu_map: Some((dev.as_fd(), MmapOffset(0))),
+            dmabuf: None,
+        };
+        let mut e = CpuEngine::new(1 << 20);
+        let short = [0u8; 100];
+        let err = e.write_bo(&bo, &mut &short[..]).unwrap_err().to_string();
+        assert!(err.contains("BO 3") && err.contains("read"), "{err}");
+        bo.cpu_map = Some((dev.as_fd(), MmapOffset(123)));
+        let err = e.read_bo(&bo, &mut Vec::new()).unwrap_err();
+        assert!(matches!(err, CopyError::Map { .. }));
+        assert_eq!(err.raw_os_error(), Some(libc::EINVAL));
+    }
+}

@@ -1,0 +1,627 @@
+//! Moving BO contents between GPU memory and the pages files.
+//!
+//! Two engines implement [`CopyEngine`]:
+//! * [`cpu::CpuEngine`] maps the BO through a device fd (the render node at
+//!   the BO's mmap offset, or a dmabuf) in windows of at most the staging
+//!   size and copies with the CPU.  It works on the emulator and on GPUs
+//!   whose VRAM is host visible (large BAR), and for GTT BOs.
+//! * [`sdma::SdmaEngine`] imports the BO's dmabuf into a render node and
+//!   copies with the GPU's SDMA engine to and from a userptr staging buffer.
+//!   It is the path for VRAM outside the BAR.  It needs real hardware and
+//!   is only tested against a packet-interpreting model here.
+//!
+//! [`dump_contents`] and [`restore_contents`] run one worker per GPU in
+//! parallel, each with its own engines and staging memory, streaming that
+//! GPU's BOs in bucket order into (or out of) its pages file, and hashing
+//! the contents (XXH3-64) on the way.
+
+pub mod cpu;
+pub mod sdma;
+
+use std::collections::BTreeMap;
+use std::io::{self, Read, Write};
+use std::os::fd::BorrowedFd;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use xxhash_rust::xxh3::Xxh3;
+
+use crate::bo;
+use crate::env::EnginePolicy;
+use crate::ids::{GpuId, GpuVa, MmapOffset};
+use crate::image::{FileId, ImageError, PagesReader, PagesWriter};
+
+/// Errors moving BO contents; each names the GPU (user id) and the BO.
+#[derive(Debug, thiserror::Error)]
+pub enum CopyError {
+    #[error("GPU {gpu}, BO {bo}: mmap of {len:#x} bytes at offset {offset}: {source}")]
+    Map {
+        gpu: GpuId,
+        bo: usize,
+        offset: MmapOffset,
+        len: u64,
+        #[source]
+        source: io::Error,
+    },
+    #[error("GPU {gpu}, BO {bo}: {op}: {source}")]
+    Device {
+        gpu: GpuId,
+        bo: usize,
+        op: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error("GPU {gpu}, BO {bo}: {file}: {op}: {source}")]
+    Stream {
+        gpu: GpuId,
+        bo: usize,
+        file: String,
+        op: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error("GPU {gpu}, BO {bo}: SDMA copy did not finish within {timeout:?}")]
+    Timeout {
+        gpu: GpuId,
+        bo: usize,
+        timeout: Duration,
+    },
+    #[error("GPU {gpu}, BO {bo}: no copy engine: {why}")]
+    NoEngine { gpu: GpuId, bo: usize, why: String },
+    #[error("GPU {gpu}, BO {bo} (addr {addr}): contents hash {got:#018x} differs from the image's {expected:#018x}")]
+    HashMismatch {
+        gpu: GpuId,
+        bo: usize,
+        addr: GpuVa,
+        expected: u64,
+        got: u64,
+    },
+    #[error("GPU {gpu}: {what}")]
+    Setup { gpu: GpuId, what: String },
+    #[error("GPU {gpu}: copy worker panicked")]
+    Panicked { gpu: GpuId },
+    #[error(transparent)]
+    Image(#[from] ImageError),
+}
+
+impl CopyError {
+    /// The OS error number behind this error, if any (for the C boundary).
+    pub fn raw_os_error(&self) -> Option<i32> {
+        match self {
+            CopyError::Map { source, .. }
+            | CopyError::Device { source, .. }
+            | CopyError::Stream { source, .. } => source.raw_os_error(),
+            CopyError::Image(e) => e.raw_os_error(),
+            CopyError::Timeout { .. } => Some(libc::ETIMEDOUT),
+            _ => None,
+        }
+    }
+}
+
+/// One BO to copy, and the handles through which it can be reached.
+#[derive(Clone, Copy, Debug)]
+pub struct BoRef<'a> {
+    /// Bucket index (names the BO in errors and keys the hashes).
+    pub index: usize,
+    /// User gpu_id.
+    pub gpu: GpuId,
+    pub addr: GpuVa,
+    pub size: u64,
+    pub alloc_flags: u32,
+    /// An fd and offset through which the CPU can map the whole BO: the
+    /// render node (same `drm_file` as the BO) at its mmap offset, or a
+    /// dmabuf at offset 0.
+    pub cpu_map: Option<(BorrowedFd<'a>, MmapOffset)>,
+    /// The dmabuf fd KFD exported for the BO (CHECKPOINT/RESTORE output).
+    pub dmabuf: Option<BorrowedFd<'a>>,
+}
+
+/// Copies one BO's bytes out to a sink, or in from a source, all `size`
+/// bytes in order.
+pub trait CopyEngine: Send {
+    /// Short name for logs and statistics.
+    fn name(&self) -> &'static str;
+    /// Streams the BO's contents into `sink`.
+    fn read_bo(&mut self, bo: &BoRef<'_>, sink: &mut dyn Write) -> Result<(), CopyError>;
+    /// Fills the BO from `src` (exactly `bo.size` bytes).
+    fn write_bo(&mut self, bo: &BoRef<'_>, src: &mut dyn Read) -> Result<(), CopyError>;
+}
+
+/// Which engine handles a BO under `policy`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EngineKind {
+    Cpu,
+    Sdma,
+}
+
+/// Engine selection.  `auto`: the CPU when the BO is host visible or has
+/// no dmabuf (the emulator, and KFD for BOs it does not export), SDMA
+/// otherwise.  Forced choices fail when their engine cannot reach the BO.
+pub fn choose_engine(
+    policy: EnginePolicy,
+    bo: &BoRef<'_>,
+    sdma_available: bool,
+) -> Result<EngineKind, CopyError> {
+    let no = |why: &str| CopyError::NoEngine {
+        gpu: bo.gpu,
+        bo: bo.index,
+        why: why.into(),
+    };
+    let can_cpu = bo.cpu_map.is_some();
+    let can_sdma = sdma_available && bo.dmabuf.is_some();
+    match policy {
+        EnginePolicy::Cpu if can_cpu => Ok(EngineKind::Cpu),
+        EnginePolicy::Cpu => Err(no(
+            "CRIU_ROCM_COPY_ENGINE=cpu but the BO has no CPU mapping",
+        )),
+        EnginePolicy::Sdma if can_sdma => Ok(EngineKind::Sdma),
+        EnginePolicy::Sdma => Err(no(
+            "CRIU_ROCM_COPY_ENGINE=sdma but the BO has no dmabuf or the GPU no SDMA path",
+        )),
+        EnginePolicy::Auto => {
+            if can_cpu && (bo.dmabuf.is_none() || bo::host_visible(bo.alloc_flags)) {
+                Ok(EngineKind::Cpu)
+            } else if can_sdma {
+                Ok(EngineKind::Sdma)
+            } else if can_cpu {
+                Ok(EngineKind::Cpu)
+            } else {
+                Err(no("neither a CPU mapping nor a dmabuf with SDMA"))
+            }
+        }
+    }
+}
+
+/// The engines of one GPU worker.
+pub struct Engines<'a> {
+    pub policy: EnginePolicy,
+    pub cpu: Option<cpu::CpuEngine>,
+    pub sdma: Option<Box<dyn CopyEngine + 'a>>,
+}
+
+impl<'a> Engines<'a> {
+    fn pick(&mut self, bo: &BoRef<'_>) -> Result<(EngineKind, &mut dyn CopyEngine), CopyError> {
+        let kind = choose_engine(self.policy, bo, self.sdma.is_some())?;
+        let missing = |what: &str| CopyError::NoEngine {
+            gpu: bo.gpu,
+            bo: bo.index,
+            why: format!("{what} engine not set up"),
+        };
+        Ok(match kind {
+            EngineKind::Cpu => (kind, self.cpu.as_mut().ok_or_else(|| missing("CPU"))?),
+            EngineKind::Sdma => (
+                kind,
+                self.sdma.as_deref_mut().ok_or_else(|| missing("SDMA"))?,
+            ),
+        })
+    }
+}
+
+/// One GPU's share of a dump or restore.
+pub struct GpuJob<'a> {
+    /// User gpu_id: names the pages file.
+    pub user: GpuId,
+    /// Host gpu_id the copies run on (for statistics).
+    pub actual: GpuId,
+    /// The GPU's content BOs in bucket order.
+    pub bos: Vec<BoRef<'a>>,
+    pub engines: Engines<'a>,
+}
+
+/// What one GPU worker did, for the caller to log.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GpuStats {
+    pub user: GpuId,
+    pub actual: GpuId,
+    pub bos: usize,
+    pub bytes: u64,
+    pub cpu_bos: usize,
+    pub sdma_bos: usize,
+    pub elapsed: Duration,
+}
+
+impl GpuStats {
+    /// Throughput in MB/s (10^6 bytes), 0 for an empty or instant copy.
+    pub fn mb_per_s(&self) -> f64 {
+        let secs = self.elapsed.as_secs_f64();
+        if secs == 0.0 {
+            0.0
+        } else {
+            self.bytes as f64 / 1e6 / secs
+        }
+    }
+}
+
+/// Result of a dump: per-GPU statistics and per-BO content hashes.
+#[derive(Clone, Debug, Default)]
+pub struct DumpOutcome {
+    pub stats: Vec<GpuStats>,
+    /// Bucket index → XXH3-64 of the BO's bytes.
+    pub hashes: BTreeMap<usize, u64>,
+}
+
+struct HashingWriter<'w> {
+    inner: &'w mut dyn Write,
+    hasher: Xxh3,
+}
+
+impl Write for HashingWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hasher.update(&buf[..n]);
+        Ok(n)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+struct HashingReader<'r> {
+    inner: &'r mut dyn Read,
+    hasher: Xxh3,
+}
+
+impl Read for HashingReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hasher.update(&buf[..n]);
+        Ok(n)
+    }
+}
+
+fn run_parallel<'a, T: Send>(
+    jobs: Vec<GpuJob<'a>>,
+    work: impl Fn(GpuJob<'a>) -> Result<T, CopyError> + Sync,
+) -> Result<Vec<T>, CopyError> {
+    let gpus: Vec<GpuId> = jobs.iter().map(|j| j.user).collect();
+    let results: Vec<std::thread::Result<Result<T, CopyError>>> = std::thread::scope(|s| {
+        let handles: Vec<_> = jobs
+            .into_iter()
+            .map(|job| {
+                let work = &work;
+                s.spawn(move || work(job))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join()).collect()
+    });
+    let mut out = Vec::with_capacity(results.len());
+    let mut first_err = None;
+    for (gpu, r) in gpus.into_iter().zip(results) {
+        match r {
+            Ok(Ok(v)) => out.push(v),
+            Ok(Err(e)) => {
+                log::error!("{e}");
+                first_err.get_or_insert(e);
+            }
+            Err(_) => {
+                first_err.get_or_insert(CopyError::Panicked { gpu });
+            }
+        }
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(out),
+    }
+}
+
+/// Dumps every job's BOs into `amdgpu-pages-<id>-<user gpu_id>.img` in
+/// `dir`, one thread per GPU.  All workers run to completion; the first
+/// error is returned.
+pub fn dump_contents(
+    dir: &Path,
+    id: FileId,
+    jobs: Vec<GpuJob<'_>>,
+) -> Result<DumpOutcome, CopyError> {
+    let per_gpu = run_parallel(jobs, |mut job| {
+        let start = Instant::now();
+        let total = job.bos.iter().try_fold(0u64, |t, b| t.checked_add(b.size));
+        let total = total.ok_or_else(|| CopyError::Setup {
+            gpu: job.user,
+            what: "sum of BO sizes overflows".into(),
+        })?;
+        let mut out = PagesWriter::create(dir, id, job.user, total)?;
+        let mut stats = GpuStats {
+            user: job.user,
+            actual: job.actual,
+            bos: 0,
+            bytes: 0,
+            cpu_bos: 0,
+            sdma_bos: 0,
+            elapsed: Duration::ZERO,
+        };
+        let mut hashes = Vec::with_capacity(job.bos.len());
+        for bo in &job.bos {
+            let (kind, engine) = job.engines.pick(bo)?;
+            let mut sink = HashingWriter {
+                inner: &mut out,
+                hasher: Xxh3::new(),
+            };
+            engine.read_bo(bo, &mut sink)?;
+            hashes.push((bo.index, sink.hasher.digest()));
+            count(&mut stats, kind, bo.size);
+        }
+        out.finish()?;
+        stats.elapsed = start.elapsed();
+        Ok((stats, hashes))
+    })?;
+    let mut outcome = DumpOutcome::default();
+    for (stats, hashes) in per_gpu {
+        outcome.stats.push(stats);
+        outcome.hashes.extend(hashes);
+    }
+    Ok(outcome)
+}
+
+fn count(stats: &mut GpuStats, kind: EngineKind, size: u64) {
+    stats.bos += 1;
+    stats.bytes += size;
+    match kind {
+        EngineKind::Cpu => stats.cpu_bos += 1,
+        EngineKind::Sdma => stats.sdma_bos += 1,
+    }
+}
+
+/// Restores every job's BOs from its pages file in `dir`, one thread per
+/// GPU.  `hashes` (bucket index → XXH3-64, from the image's optional
+/// field) are verified when present.
+pub fn restore_contents(
+    dir: &Path,
+    id: FileId,
+    jobs: Vec<GpuJob<'_>>,
+    hashes: &BTreeMap<usize, u64>,
+) -> Result<Vec<GpuStats>, CopyError> {
+    run_parallel(jobs, |mut job| {
+        let start = Instant::now();
+        let total = job.bos.iter().try_fold(0u64, |t, b| t.checked_add(b.size));
+        let total = total.ok_or_else(|| CopyError::Setup {
+            gpu: job.user,
+            what: "sum of BO sizes overflows".into(),
+        })?;
+        let mut input = PagesReader::open(dir, id, job.user, total)?;
+        let mut stats = GpuStats {
+            user: job.user,
+            actual: job.actual,
+            bos: 0,
+            bytes: 0,
+            cpu_bos: 0,
+            sdma_bos: 0,
+            elapsed: Duration::ZERO,
+        };
+        for bo in &job.bos {
+            let (kind, engine) = job.engines.pick(bo)?;
+            let mut src = HashingReader {
+                inner: &mut input,
+                hasher: Xxh3::new(),
+            };
+            engine.write_bo(bo, &mut src)?;
+            let got = src.hasher.digest();
+            if let Some(&expected) = hashes.get(&bo.index) {
+                if expected != got {
+                    return Err(CopyError::HashMismatch {
+                        gpu: bo.gpu,
+                        bo: bo.index,
+                        addr: bo.addr,
+                        expected,
+                        got,
+                    });
+                }
+            }
+            count(&mut stats, kind, bo.size);
+        }
+        input.finish()?;
+        stats.elapsed = start.elapsed();
+        Ok(stats)
+    })
+}
+
+/// Reads exactly `buf.len()` bytes, naming the BO and file on failure.
+pub(crate) fn fill_from(
+    src: &mut dyn Read,
+    buf: &mut [u8],
+    bo: &BoRef<'_>,
+) -> Result<(), CopyError> {
+    src.read_exact(buf).map_err(|source| CopyError::Stream {
+        gpu: bo.gpu,
+        bo: bo.index,
+        file: "pages file".into(),
+        op: "read",
+        source,
+    })
+}
+
+/// Writes all of `buf`, naming the BO and file on failure.
+pub(crate) fn drain_to(sink: &mut dyn Write, buf: &[u8], bo: &BoRef<'_>) -> Result<(), CopyError> {
+    sink.write_all(buf).map_err(|source| CopyError::Stream {
+        gpu: bo.gpu,
+        bo: bo.index,
+        file: "pages file".into(),
+        op: "write",
+        source,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    fn bo_ref<'a>(
+        cpu: Option<BorrowedFd<'a>>,
+        dmabuf: Option<BorrowedFd<'a>>,
+        flags: u32,
+    ) -> BoRef<'a> {
+        BoRef {
+            index: 4,
+            gpu: GpuId(0x1a2b),
+            addr: GpuVa(0x1000),
+            size: 4096,
+            alloc_flags: flags,
+            cpu_map: cpu.map(|fd| (fd, MmapOffset(0))),
+            dmabuf,
+        }
+    }
+
+    #[test]
+    fn engine_selection() {
+        let f = std::fs::File::open("/dev/null").unwrap();
+        let fd = f.as_fd();
+        let vram = bo::ALLOC_VRAM;
+        use EngineKind::*;
+        use EnginePolicy as P;
+        // Emulator: no dmabuf → CPU.
+        assert_eq!(
+            choose_engine(P::Auto, &bo_ref(Some(fd), None, vram), true).unwrap(),
+            Cpu
+        );
+        // Hardware, VRAM outside the BAR → SDMA.
+        assert_eq!(
+            choose_engine(P::Auto, &bo_ref(Some(fd), Some(fd), vram), true).unwrap(),
+            Sdma
+        );
+        // Host visible → CPU even with a dmabuf.
+        assert_eq!(
+            choose_engine(P::Auto, &bo_ref(Some(fd), Some(fd), bo::ALLOC_GTT), true).unwrap(),
+            Cpu
+        );
+        // No SDMA on this device → CPU fallback.
+        assert_eq!(
+            choose_engine(P::Auto, &bo_ref(Some(fd), Some(fd), vram), false).unwrap(),
+            Cpu
+        );
+        assert!(choose_engine(P::Auto, &bo_ref(None, None, vram), true).is_err());
+        assert_eq!(
+            choose_engine(P::Cpu, &bo_ref(Some(fd), Some(fd), vram), true).unwrap(),
+            Cpu
+        );
+        let e = choose_engine(P::Sdma, &bo_ref(Some(fd), None, vram), true).unwrap_err();
+        assert!(
+            e.to_string().contains("CRIU_ROCM_COPY_ENGINE=sdma") && e.to_string().contains("BO 4")
+        );
+        assert!(choose_engine(P::Cpu, &bo_ref(None, Some(fd), vram), true).is_err());
+    }
+
+    #[test]
+    fn stats_throughput() {
+        let s = GpuStats {
+            user: GpuId(1),
+            actual: GpuId(2),
+            bos: 1,
+            bytes: 2_000_000,
+            cpu_bos: 1,
+            sdma_bos: 0,
+            elapsed: Duration::from_millis(500),
+        };
+        assert!((s.mb_per_s() - 4.0).abs() < 1e-9);
+    }
+
+    /// Two GPUs, each a memfd "render node" holding its BOs; dump both in
+    /// parallel, wipe the memory, restore, compare; then corrupt a pages
+    /// file and see the hash check fail.
+    #[test]
+    fn parallel_dump_and_restore_with_hashes() {
+        use crate::image::pages_image_name;
+        use crate::image::tests::tempdir;
+        use std::os::fd::{FromRawFd, OwnedFd};
+        use std::os::unix::fs::FileExt;
+
+        let memfd = || {
+            // SAFETY: valid C string; no other preconditions.
+            let fd = unsafe { libc::memfd_create(c"gpu".as_ptr(), libc::MFD_CLOEXEC) };
+            assert!(fd >= 0);
+            // SAFETY: fresh fd owned by nobody else.
+            let f = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+            f.set_len(64 << 20).unwrap();
+            f
+        };
+        let devs = [memfd(), memfd()];
+        let gpus = [GpuId(0x1a2b), GpuId(0x5c3d)];
+        // (gpu index, offset, size, bucket index)
+        let layout = [
+            (0, 0x10_0000u64, 3 * 4096u64, 0usize),
+            (1, 0x20_0000, 5 << 20, 1),
+            (0, 0x80_0000, 4096, 2),
+        ];
+        let fill = |seed: u8| {
+            for &(g, off, size, i) in &layout {
+                let data: Vec<u8> = (0..size)
+                    .map(|x| (x as u8) ^ seed ^ (i as u8 * 17))
+                    .collect();
+                devs[g].write_all_at(&data, off).unwrap();
+            }
+        };
+        let jobs = |policy| -> Vec<GpuJob<'_>> {
+            (0..2)
+                .map(|g| GpuJob {
+                    user: gpus[g],
+                    actual: GpuId(0x100 + g as u32),
+                    bos: layout
+                        .iter()
+                        .filter(|l| l.0 == g)
+                        .map(|&(_, off, size, i)| BoRef {
+                            index: i,
+                            gpu: gpus[g],
+                            addr: GpuVa(off),
+                            size,
+                            alloc_flags: bo::ALLOC_VRAM,
+                            cpu_map: Some((devs[g].as_fd(), MmapOffset(off))),
+                            dmabuf: None,
+                        })
+                        .collect(),
+                    engines: Engines {
+                        policy,
+                        cpu: Some(cpu::CpuEngine::new(1 << 20)),
+                        sdma: None,
+                    },
+                })
+                .collect()
+        };
+        let dir = tempdir();
+        fill(0x3c);
+        let out = dump_contents(&dir, FileId(8), jobs(EnginePolicy::Auto)).unwrap();
+        assert_eq!(out.hashes.len(), 3);
+        assert_eq!(out.stats.len(), 2);
+        assert_eq!(
+            (out.stats[0].bos, out.stats[0].bytes, out.stats[0].cpu_bos),
+            (2, 4 * 4096, 2)
+        );
+        assert_eq!(out.stats[1].bytes, 5 << 20);
+        let pages = std::fs::read(dir.join(pages_image_name(FileId(8), gpus[0]))).unwrap();
+        assert_eq!(u64::from_le_bytes(pages[..8].try_into().unwrap()), 4 * 4096);
+        let mut bo2 = vec![0; 4096];
+        devs[0].read_exact_at(&mut bo2, 0x80_0000).unwrap();
+        assert_eq!(
+            &pages[8 + 3 * 4096..],
+            &bo2[..],
+            "bucket order within the file"
+        );
+
+        fill(0);
+        let stats =
+            restore_contents(&dir, FileId(8), jobs(EnginePolicy::Auto), &out.hashes).unwrap();
+        assert_eq!(stats.len(), 2);
+        let again = dump_contents(&tempdir(), FileId(8), jobs(EnginePolicy::Cpu)).unwrap();
+        assert_eq!(again.hashes, out.hashes);
+
+        // Flip one byte of BO 1's saved contents.
+        let path = dir.join(pages_image_name(FileId(8), gpus[1]));
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[8 + 12345] ^= 1;
+        std::fs::write(&path, &bytes).unwrap();
+        let e =
+            restore_contents(&dir, FileId(8), jobs(EnginePolicy::Auto), &out.hashes).unwrap_err();
+        assert!(matches!(e, CopyError::HashMismatch { bo: 1, .. }), "{e}");
+        // Forcing SDMA without an SDMA engine is an error naming the knob.
+        let e = dump_contents(&dir, FileId(9), jobs(EnginePolicy::Sdma)).unwrap_err();
+        assert!(e.to_string().contains("CRIU_ROCM_COPY_ENGINE"), "{e}");
+        // A missing pages file names the file.
+        std::fs::remove_file(&path).unwrap();
+        let e =
+            restore_contents(&dir, FileId(8), jobs(EnginePolicy::Auto), &out.hashes).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains(&pages_image_name(FileId(8), gpus[1])),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
