@@ -420,6 +420,12 @@ impl RenderImage {
                 ));
             }
         }
+        if !msg.bo_entries.is_empty() {
+            log::warn!(
+                "{file}: {} render-node BOs saved by criu-dev are not restored",
+                msg.bo_entries.len()
+            );
+        }
         Ok(RenderImage { msg })
     }
 

@@ -11,10 +11,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::CString;
 use std::io;
+use std::os::fd::BorrowedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use crate::bo;
+use crate::copy::BoRef;
 use crate::ids::{GpuId, GpuVa, MmapOffset, RenderMinor};
 use crate::image::{FileId, KfdImage, RenderImage, EXT_VERSION};
 use crate::matcher::GpuMap;
@@ -109,6 +111,46 @@ pub struct GpuWork {
     /// Σ sizes (the pages file header).
     pub total: u64,
     pub largest: u64,
+}
+
+impl GpuWork {
+    /// The copy requests of this GPU's content BOs, in bucket order.
+    ///
+    /// * `render_fd`: an fd of this GPU's render node whose `drm_file` owns
+    ///   the BOs' mmap offsets (the emulator accepts any of its render fds),
+    ///   or `None` when the CPU cannot map them;
+    /// * `dmabufs[i]`: the dmabuf fd of bucket `i`, if the kernel gave one;
+    /// * `restored`: map at `restored_offset` (restore) instead of `offset`.
+    pub fn bo_refs<'a>(
+        &self,
+        buckets: &[BoBucket],
+        render_fd: Option<BorrowedFd<'a>>,
+        dmabufs: &[Option<BorrowedFd<'a>>],
+        restored: bool,
+    ) -> Vec<BoRef<'a>> {
+        self.bos
+            .iter()
+            .filter_map(|&i| buckets.get(i).map(|b| (i, b)))
+            .map(|(i, b)| BoRef {
+                index: i,
+                gpu: b.gpu_id,
+                addr: b.addr,
+                size: b.size,
+                alloc_flags: b.alloc_flags,
+                cpu_map: render_fd.map(|fd| {
+                    (
+                        fd,
+                        if restored {
+                            b.restored_offset
+                        } else {
+                            b.offset
+                        },
+                    )
+                }),
+                dmabuf: dmabufs.get(i).copied().flatten(),
+            })
+            .collect()
+    }
 }
 
 /// Everything the dump of one KFD fd writes.
@@ -743,6 +785,25 @@ mod tests {
         assert_eq!(plan.old_minors[&GpuId(0xaaaa)], RenderMinor(130));
         let g = plan.gpus.iter().find(|g| g.user == GpuId(0xaaaa)).unwrap();
         assert_eq!(g.bos, vec![0, 3]);
+
+        let dev = std::fs::File::open("/dev/null").unwrap();
+        use std::os::fd::AsFd;
+        let refs = g.bo_refs(
+            &restored,
+            Some(dev.as_fd()),
+            &[None, None, None, Some(dev.as_fd())],
+            true,
+        );
+        assert_eq!(refs.len(), 2);
+        assert_eq!(refs[1].index, 3);
+        assert_eq!(refs[1].cpu_map.unwrap().1, MmapOffset(0x9_0030_0000));
+        assert!(refs[0].dmabuf.is_none() && refs[1].dmabuf.is_some());
+        assert_eq!(
+            g.bo_refs(&restored, None, &[], false)[0]
+                .cpu_map
+                .map(|m| m.1),
+            None
+        );
 
         let fx = VmaFixups::from_restored(&plan, &restored).unwrap();
         assert_eq!(fx.entries().len(), 4, "userptr BO has no fix-up");
