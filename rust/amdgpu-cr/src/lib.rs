@@ -17,9 +17,90 @@
 pub mod bo;
 pub mod copy;
 pub mod env;
+pub mod error;
 pub mod ids;
 pub mod image;
 pub mod matcher;
 pub mod plan;
 pub mod proto;
 pub mod topology;
+
+pub use error::Error;
+
+use std::path::Path;
+
+/// Restore step "which host GPU takes over which image GPU": rebuilds the
+/// image's topology, parses the host's below `sysfs_nodes` (the product
+/// passes [`topology::SYSFS_NODES`]) and matches them under `checks`
+/// (normally [`env::Checks::from_env`]).  Returns the map and the host
+/// topology (for render minors).
+pub fn match_image_to_host(
+    image: &image::KfdImage,
+    sysfs_nodes: &Path,
+    checks: &env::Checks,
+) -> Result<(matcher::GpuMap, topology::Topology), Error> {
+    let src = topology::Topology::from_image_entries(&image.msg.device_entries)?;
+    let host = topology::Topology::parse_sysfs(sysfs_nodes)?;
+    let map = matcher::match_gpus(&src, &host, checks)?;
+    Ok((map, host))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::GpuId;
+    use crate::topology::tests::{write_tree, FakeNode};
+    use crate::topology::IOLINK_PCIE;
+
+    /// Dump on one sysfs tree, restore on another whose GPU has a new id.
+    #[test]
+    fn image_from_one_host_matches_another() {
+        let props =
+            "simd_count 120\nvendor_id 4098\ndevice_id 29631\nfw_version 2\ndrm_render_minor 128\n";
+        let dump_root = image::tests::tempdir();
+        let nodes = |gpu_id| {
+            [
+                FakeNode {
+                    id: 0,
+                    gpu_id: 0,
+                    props: "cpu_cores_count 8\n",
+                    vram: None,
+                    links: &[(IOLINK_PCIE, 1)],
+                },
+                FakeNode {
+                    id: 1,
+                    gpu_id,
+                    props,
+                    vram: Some((1, 16 << 30)),
+                    links: &[(IOLINK_PCIE, 0)],
+                },
+            ]
+        };
+        write_tree(&dump_root, &nodes(0x1a2b));
+        let restore_root = image::tests::tempdir();
+        write_tree(&restore_root, &nodes(0x5c3d));
+
+        let dump_host = topology::Topology::parse_sysfs(&dump_root).unwrap();
+        let ckpt = plan::CheckpointData {
+            pid: 1,
+            devices: vec![plan::DeviceBucket {
+                user: GpuId(0x1a2b),
+                actual: GpuId(0x1a2b),
+            }],
+            bos: vec![],
+            num_objects: 0,
+            priv_data: vec![1; 8],
+        };
+        let p = plan::plan_dump(&dump_host, &ckpt, plan::SharedMem::default()).unwrap();
+        let img = p.finish_image(&Default::default()).unwrap();
+        let (map, host) =
+            match_image_to_host(&img, &restore_root, &env::Checks::default()).unwrap();
+        assert_eq!(map.get(GpuId(0x1a2b)), Some(GpuId(0x5c3d)));
+        assert_eq!(host.gpus().count(), 1);
+        let e = match_image_to_host(&img, &restore_root.join("missing"), &env::Checks::default())
+            .unwrap_err();
+        assert!(e.to_string().contains("missing"), "{e}");
+        std::fs::remove_dir_all(&dump_root).unwrap();
+        std::fs::remove_dir_all(&restore_root).unwrap();
+    }
+}

@@ -21,9 +21,6 @@
 //!   container cannot see) is not compared; the links themselves are;
 //! * GPU↔GPU links are checked too (upstream skips PCIe peer links), since
 //!   an application may rely on peer access it had;
-//! * the host may have more GPUs than the image (the kernel then insists
-//!   that the restored process sees exactly as many GPUs, which the device
-//!   cgroup decides; see [`match_gpus`]);
 //! * NUMA choices are backtracked instead of taking the first host CPU.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -70,6 +67,8 @@ impl GpuMap {
 pub enum MatchError {
     #[error("the image has {image} GPUs but this host shows only {host}")]
     TooFewGpus { image: usize, host: usize },
+    #[error("the image has {image} GPUs but this host shows {host}: KFD restores a process only onto as many GPUs as it had (limit the visible GPUs, e.g. with a device cgroup)")]
+    TooManyGpus { image: usize, host: usize },
     #[error("GPU {gpu} (node {node}): no host GPU matches: {detail}")]
     NoCandidate {
         gpu: GpuId,
@@ -145,7 +144,10 @@ pub fn property_mismatches(src: &NodeProps, dst: &NodeProps, checks: &Checks) ->
 }
 
 /// Finds a host GPU for every image GPU.  `image` carries user gpu_ids,
-/// `host` actual ones.
+/// `host` actual ones.  The counts must be equal: KFD's RESTORE requires
+/// the restoring process to have exactly as many GPUs as the image, and it
+/// gets one for every GPU the host topology lets it see (GPUs a device
+/// cgroup denies are unreadable in sysfs and absent from `host`).
 pub fn match_gpus(
     image: &Topology,
     host: &Topology,
@@ -153,6 +155,12 @@ pub fn match_gpus(
 ) -> Result<GpuMap, MatchError> {
     let src_gpus: Vec<&Node> = image.gpus().collect();
     let dst_gpus: Vec<&Node> = host.gpus().collect();
+    if src_gpus.len() < dst_gpus.len() {
+        return Err(MatchError::TooManyGpus {
+            image: src_gpus.len(),
+            host: dst_gpus.len(),
+        });
+    }
     if src_gpus.len() > dst_gpus.len() {
         return Err(MatchError::TooFewGpus {
             image: src_gpus.len(),
@@ -855,17 +863,21 @@ mod tests {
     }
 
     #[test]
-    fn dangling_image_links_are_ignored_and_extra_host_gpus_allowed() {
+    fn dangling_image_links_are_ignored_but_extra_host_gpus_are_not() {
         // A link to a node the image does not hold is invalid → ignored.
         let image = Topology::new(vec![cpu(0, &[(P, 1)]), gpu(1, 0x1, &[(P, 0), (X, 9)])]);
-        let host = Topology::new(vec![
+        let host = Topology::new(vec![cpu(0, &[(P, 1)]), gpu(1, 0xa, &[(P, 0)])]);
+        assert_eq!(
+            match_gpus(&image, &host, &Checks::default()).unwrap(),
+            m(&[(0x1, 0xa)])
+        );
+        let bigger = Topology::new(vec![
             cpu(0, &[(P, 1), (P, 2)]),
             gpu(1, 0xa, &[(P, 0)]),
             gpu(2, 0xb, &[(P, 0)]),
         ]);
-        assert_eq!(
-            match_gpus(&image, &host, &Checks::default()).unwrap().len(),
-            1
-        );
+        let e = match_gpus(&image, &bigger, &Checks::default()).unwrap_err();
+        assert_eq!(e, MatchError::TooManyGpus { image: 1, host: 2 });
+        assert!(e.to_string().contains("device cgroup"));
     }
 }
