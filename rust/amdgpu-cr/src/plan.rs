@@ -96,6 +96,84 @@ pub struct SharedMem {
     pub magic: u32,
 }
 
+/// Where the thunk (libhsakmt) keeps its shared bookkeeping.
+pub const HSAKMT_SHM: &str = "/dev/shm/hsakmt_shared_mem";
+
+impl SharedMem {
+    /// Records the size and first 32-bit word (little endian) of the
+    /// thunk's shared memory file; size 0 when it does not exist.
+    pub fn probe(path: &Path) -> io::Result<Self> {
+        use std::io::Read;
+        let mut f = match std::fs::File::open(path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(SharedMem::default()),
+            Err(e) => return Err(e),
+        };
+        let size = f.metadata()?.len();
+        let mut word = [0u8; 4];
+        let mut got = 0;
+        while got < 4 {
+            match f.read(&mut word[got..])? {
+                0 => break,
+                n => got += n,
+            }
+        }
+        Ok(SharedMem {
+            size,
+            magic: u32::from_le_bytes(word),
+        })
+    }
+
+    /// Recreates the file (mode 0666) with the recorded size and magic when
+    /// it is missing in the restored task's mount namespace; the rest of
+    /// its contents (thunk counters) is not saved, as upstream.  An existing
+    /// file is left alone.  Returns whether it was created.
+    pub fn recreate(&self, path: &Path) -> io::Result<bool> {
+        use std::io::Write;
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        if self.size == 0 {
+            return Ok(false);
+        }
+        let mut f = match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o666)
+            .open(path)
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        // The umask must not narrow what other thunk users need.
+        f.set_permissions(std::fs::Permissions::from_mode(0o666))?;
+        f.set_len(self.size)?;
+        let n = self.size.min(4) as usize;
+        f.write_all(&self.magic.to_le_bytes()[..n])?;
+        Ok(true)
+    }
+}
+
+/// Name of the thunk's POSIX semaphore guarding its shared memory.
+pub const HSAKMT_SEMAPHORE: &std::ffi::CStr = c"/hsakmt_semaphore";
+
+/// Makes sure the named POSIX semaphore exists (created with value 1,
+/// mode 0666, as the thunk expects), without changing an existing one.
+pub fn ensure_semaphore(name: &std::ffi::CStr) -> io::Result<()> {
+    let mode: libc::c_uint = 0o666;
+    let value: libc::c_uint = 1;
+    // SAFETY: `name` is NUL-terminated; with O_CREAT sem_open reads the two
+    // variadic arguments mode and value, passed with their C types.
+    let sem = unsafe { libc::sem_open(name.as_ptr(), libc::O_CREAT, mode, value) };
+    if sem == libc::SEM_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `sem` is the live handle sem_open just returned.
+    if unsafe { libc::sem_close(sem) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// The content work of one GPU: which BOs go to (or come from) its pages
 /// file, in bucket order.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -842,6 +920,30 @@ mod tests {
         assert!(fx
             .lookup(DeviceKind::Kfd, 0x60_0000, 0x60_1000, 0x8000_0000_0000_0000)
             .is_none());
+    }
+
+    #[test]
+    fn hsakmt_shared_mem_probe_and_recreate() {
+        let dir = tempdir();
+        let path = dir.join("hsakmt_shared_mem");
+        assert_eq!(SharedMem::probe(&path).unwrap(), SharedMem::default());
+        let sm = SharedMem {
+            size: 8192,
+            magic: 0x1234_5678,
+        };
+        assert!(sm.recreate(&path).unwrap());
+        assert!(!sm.recreate(&path).unwrap(), "existing file left alone");
+        assert_eq!(SharedMem::probe(&path).unwrap(), sm);
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o666);
+        assert!(!SharedMem::default().recreate(&dir.join("none")).unwrap());
+        let name = CString::new(format!("/amdgpu-cr-test-{}", std::process::id())).unwrap();
+        ensure_semaphore(&name).unwrap();
+        ensure_semaphore(&name).unwrap();
+        // SAFETY: NUL-terminated name of the semaphore this test created.
+        assert_eq!(unsafe { libc::sem_unlink(name.as_ptr()) }, 0);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
