@@ -378,6 +378,17 @@ impl KfdImage {
         write_framed(&dir.join(kfd_image_name(id)), &self.msg.encode_to_vec())
     }
 
+    /// Layout of the kernel blob (which BO record size wrote it), for
+    /// explaining a RESTORE that the kernel refuses.
+    pub fn priv_layout(&self) -> Result<crate::privdata::PrivLayout, crate::privdata::PrivError> {
+        crate::privdata::detect(
+            &self.msg.priv_data,
+            self.msg.num_of_gpus,
+            self.msg.num_of_bos,
+            self.msg.num_of_objects,
+        )
+    }
+
     /// User gpu_ids of the GPU entries, in image order.
     pub fn gpu_ids(&self) -> Vec<GpuId> {
         self.msg
@@ -724,6 +735,7 @@ pub(crate) mod tests {
             shared_mem_magic: 0,
             priv_data: vec![1, 0, 0, 0, 0, 0, 0, 0],
             criu_rocm_ext_version: Some(EXT_VERSION),
+            priv_bo_record_size: None,
         }
     }
 

@@ -22,6 +22,7 @@ pub mod ids;
 pub mod image;
 pub mod matcher;
 pub mod plan;
+pub mod privdata;
 pub mod proto;
 pub mod topology;
 

@@ -360,6 +360,18 @@ pub fn plan_dump(
         shared_mem_magic: shared_mem.magic,
         priv_data: ckpt.priv_data.clone(),
         criu_rocm_ext_version: Some(EXT_VERSION),
+        priv_bo_record_size: match crate::privdata::detect(
+            &ckpt.priv_data,
+            ckpt.devices.len() as u32,
+            ckpt.bos.len() as u64,
+            ckpt.num_objects,
+        ) {
+            Ok(l) => Some(l.bo_record_size as u32),
+            Err(e) => {
+                log::warn!("pid {}: kernel CRIU data: {e}", ckpt.pid);
+                None
+            }
+        },
     };
     Ok(DumpPlan {
         actual_to_user,
@@ -785,10 +797,32 @@ mod tests {
         assert_eq!(a.bos, vec![0, 3]);
         assert_eq!((a.total, a.largest), (0xc000, 0x8000));
         assert_eq!(p.gpus[1].bos, vec![2]);
+        assert_eq!(
+            p.image.priv_bo_record_size, None,
+            "the test blob is not a kernel blob"
+        );
         let hashes = BTreeMap::from([(0, 11u64), (3, 33)]);
         let img = p.finish_image(&hashes).unwrap();
         assert_eq!(img.msg.bo_entries[3].content_xxh3, Some(33));
         assert_eq!(img.msg.bo_entries[1].content_xxh3, None);
+    }
+
+    #[test]
+    fn dump_plan_records_the_kernel_bo_record_size() {
+        let mut c = ckpt();
+        // process + 2 devices + 5 BOs of 272 bytes, 3 events.
+        let mut blob = vec![0u8; 8 + 2 * 8 + 5 * 272];
+        blob[0] = 1;
+        for _ in 0..3 {
+            let mut ev = vec![0u8; 64];
+            ev[0] = 1;
+            blob.extend_from_slice(&ev);
+        }
+        c.priv_data = blob;
+        let p = plan_dump(&host(), &c, SharedMem::default()).unwrap();
+        assert_eq!(p.image.priv_bo_record_size, Some(272));
+        let img = p.finish_image(&BTreeMap::new()).unwrap();
+        assert_eq!(img.priv_layout().unwrap().events, 3);
     }
 
     #[test]

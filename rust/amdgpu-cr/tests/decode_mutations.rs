@@ -87,6 +87,7 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         shared_mem_magic: 0,
         priv_data: vec![1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
         criu_rocm_ext_version: Some(1),
+        priv_bo_record_size: None,
     };
     let hives = CriuKfd {
         pid: 99,
@@ -112,6 +113,7 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         shared_mem_magic: 0xcafe,
         priv_data: vec![1; 40],
         criu_rocm_ext_version: Some(1),
+        priv_bo_record_size: None,
     };
     let render = CriuRenderNode {
         gpu_id: 0x1a2b,

@@ -1,0 +1,234 @@
+//! Read-only inspection of KFD's private CRIU blob (`criu_kfd.priv_data`).
+//!
+//! The blob is the kernel's business and is stored verbatim.  Its layout
+//! has one trap: the per-BO record holds `MAX_GPU_INSTANCE` gpu_ids, and
+//! kernels changed that constant from 16 to 64 without changing the blob
+//! version, so BO records are 80 or 272 bytes.  A restore on a kernel with
+//! the other size fails with a bare EINVAL.  Walking the blob with each
+//! candidate record size tells which kernel family wrote the image, so the
+//! failure can be explained (and the dump can record it).
+//!
+//! Layout (little endian, packed back to back): process record (8 bytes:
+//! version, xnack mode), one 8-byte record per device, one record per BO,
+//! then `num_objects` objects, each starting with a u32 type: 0 = queue
+//! (120-byte header whose u32 at 108 is the control stack size and at 112
+//! the MQD size, followed by those bytes), 1 = event (64 bytes), 2 = SVM
+//! range (24 bytes + 8 per attribute, 4 + one per device).
+
+/// The BO record sizes kernels have used (`MAX_GPU_INSTANCE` 16 and 64).
+pub const BO_RECORD_SIZES: [u64; 2] = [80, 272];
+
+const PROCESS_RECORD: u64 = 8;
+const DEVICE_RECORD: u64 = 8;
+const QUEUE_HEADER: u64 = 120;
+const EVENT_RECORD: u64 = 64;
+const SVM_HEADER: u64 = 24;
+const SVM_ATTR: u64 = 8;
+
+/// What a successful walk found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PrivLayout {
+    pub version: u32,
+    pub bo_record_size: u64,
+    pub queues: u32,
+    pub events: u32,
+    pub svm_ranges: u32,
+}
+
+/// Why the blob does not parse with any known BO record size.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PrivError {
+    #[error("priv_data of {size} bytes is too short for the process and device records")]
+    TooShort { size: u64 },
+    #[error("priv_data does not parse with BO records of 80 or 272 bytes (last attempt: {last})")]
+    NoLayout { last: String },
+    #[error("priv_data parses with several BO record sizes: {0:?}")]
+    Ambiguous(Vec<u64>),
+}
+
+fn u32_at(b: &[u8], off: u64) -> Option<u32> {
+    let off = usize::try_from(off).ok()?;
+    let bytes = b.get(off..off.checked_add(4)?)?;
+    Some(u32::from_le_bytes(bytes.try_into().ok()?))
+}
+
+/// Walks the blob assuming BO records of `bo_record_size` bytes.
+pub fn walk(
+    blob: &[u8],
+    num_devices: u32,
+    num_bos: u64,
+    num_objects: u32,
+    bo_record_size: u64,
+) -> Result<PrivLayout, String> {
+    let len = blob.len() as u64;
+    let version = u32_at(blob, 0).ok_or("no process record")?;
+    let mut off = PROCESS_RECORD + DEVICE_RECORD * u64::from(num_devices);
+    off = num_bos
+        .checked_mul(bo_record_size)
+        .and_then(|b| b.checked_add(off))
+        .ok_or("BO records overflow")?;
+    if off > len {
+        return Err(format!(
+            "BO records end at {off}, past the blob's {len} bytes"
+        ));
+    }
+    let mut out = PrivLayout {
+        version,
+        bo_record_size,
+        queues: 0,
+        events: 0,
+        svm_ranges: 0,
+    };
+    for i in 0..num_objects {
+        let ty = u32_at(blob, off).ok_or_else(|| format!("object {i} starts past the end"))?;
+        let size = match ty {
+            0 => {
+                let ctl = u32_at(blob, off + 108).ok_or_else(|| format!("queue {i} truncated"))?;
+                let mqd = u32_at(blob, off + 112).ok_or_else(|| format!("queue {i} truncated"))?;
+                out.queues += 1;
+                QUEUE_HEADER + u64::from(ctl) + u64::from(mqd)
+            }
+            1 => {
+                out.events += 1;
+                EVENT_RECORD
+            }
+            2 => {
+                out.svm_ranges += 1;
+                SVM_HEADER + SVM_ATTR * (4 + u64::from(num_devices))
+            }
+            t => return Err(format!("object {i} at offset {off} has unknown type {t}")),
+        };
+        off += size;
+        if off > len {
+            return Err(format!(
+                "object {i} ends at {off}, past the blob's {len} bytes"
+            ));
+        }
+    }
+    if off != len {
+        return Err(format!("{} bytes left after the last object", len - off));
+    }
+    Ok(out)
+}
+
+/// Finds the BO record size the blob was written with.
+pub fn detect(
+    blob: &[u8],
+    num_devices: u32,
+    num_bos: u64,
+    num_objects: u32,
+) -> Result<PrivLayout, PrivError> {
+    let fixed = PROCESS_RECORD + DEVICE_RECORD * u64::from(num_devices);
+    if (blob.len() as u64) < fixed {
+        return Err(PrivError::TooShort {
+            size: blob.len() as u64,
+        });
+    }
+    let mut found = Vec::new();
+    let mut last = String::new();
+    for size in BO_RECORD_SIZES {
+        match walk(blob, num_devices, num_bos, num_objects, size) {
+            Ok(l) => found.push(l),
+            Err(e) => last = format!("{size}-byte records: {e}"),
+        }
+    }
+    match found.len() {
+        1 => Ok(found[0]),
+        0 => Err(PrivError::NoLayout { last }),
+        _ => Err(PrivError::Ambiguous(
+            found.iter().map(|l| l.bo_record_size).collect(),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Builds a blob the way the kernel lays it out.
+    fn blob(
+        devices: u32,
+        bos: u64,
+        stride: u64,
+        queues: &[(u32, u32)],
+        events: u32,
+        svm: u32,
+    ) -> Vec<u8> {
+        let mut b = Vec::new();
+        b.extend_from_slice(&1u32.to_le_bytes());
+        b.extend_from_slice(&0u32.to_le_bytes());
+        b.resize(b.len() + 8 * devices as usize + (stride * bos) as usize, 0);
+        for &(ctl, mqd) in queues {
+            let mut q = vec![0u8; 120];
+            q[0..4].copy_from_slice(&0u32.to_le_bytes());
+            q[108..112].copy_from_slice(&ctl.to_le_bytes());
+            q[112..116].copy_from_slice(&mqd.to_le_bytes());
+            b.extend_from_slice(&q);
+            b.resize(b.len() + (ctl + mqd) as usize, 0xaa);
+        }
+        for _ in 0..events {
+            let mut e = vec![0u8; 64];
+            e[0..4].copy_from_slice(&1u32.to_le_bytes());
+            b.extend_from_slice(&e);
+        }
+        for _ in 0..svm {
+            let mut s = vec![0u8; 24 + 8 * (4 + devices as usize)];
+            s[0..4].copy_from_slice(&2u32.to_le_bytes());
+            b.extend_from_slice(&s);
+        }
+        b
+    }
+
+    #[test]
+    fn detects_both_record_sizes() {
+        for stride in BO_RECORD_SIZES {
+            let b = blob(2, 5, stride, &[(4096, 2048), (0, 512)], 3, 1);
+            let l = detect(&b, 2, 5, 6).unwrap();
+            assert_eq!(
+                l,
+                PrivLayout {
+                    version: 1,
+                    bo_record_size: stride,
+                    queues: 2,
+                    events: 3,
+                    svm_ranges: 1
+                }
+            );
+        }
+    }
+
+    #[test]
+    fn rejects_damaged_blobs() {
+        let b = blob(1, 3, 80, &[(16, 16)], 1, 0);
+        // Wrong object count, truncation, trailing bytes, unknown type.
+        assert!(detect(&b, 1, 3, 3).is_err());
+        assert!(detect(&b[..b.len() - 1], 1, 3, 2).is_err());
+        let mut long = b.clone();
+        long.extend_from_slice(&[0; 8]);
+        assert!(matches!(
+            detect(&long, 1, 3, 2),
+            Err(PrivError::NoLayout { .. })
+        ));
+        let mut bad = b.clone();
+        let first_obj = 8 + 8 + 3 * 80;
+        bad[first_obj] = 7;
+        let e = detect(&bad, 1, 3, 2).unwrap_err().to_string();
+        assert!(e.contains("unknown type 7") || e.contains("records"), "{e}");
+        assert_eq!(
+            detect(&[0; 4], 2, 0, 0),
+            Err(PrivError::TooShort { size: 4 })
+        );
+        // Huge counts must not overflow or allocate.
+        assert!(detect(&b, 1, u64::MAX, 2).is_err());
+        assert!(walk(&b, u32::MAX, 3, 2, 80).is_err());
+    }
+
+    #[test]
+    fn no_bos_is_ambiguous() {
+        let b = blob(1, 0, 80, &[], 1, 0);
+        assert_eq!(
+            detect(&b, 1, 0, 1),
+            Err(PrivError::Ambiguous(vec![80, 272]))
+        );
+    }
+}
