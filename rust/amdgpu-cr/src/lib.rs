@@ -8,11 +8,13 @@
 //! * [`topology`]: the KFD sysfs topology model and parser, and its
 //!   conversion to and from image device entries;
 //! * [`matcher`]: user gpu_id → host gpu_id mapping at restore;
-//! * [`env`]: the environment knobs;
+//! * [`env`](mod@env): the environment knobs;
 //! * [`copy`]: BO content copy engines (CPU mapping, SDMA) and the per-GPU
 //!   parallel workers;
 //! * [`plan`]: dump and restore plans, the VMA fix-up table, device
-//!   recognition.
+//!   recognition, the thunk's shared memory;
+//! * [`privdata`]: read-only checks of the kernel's CRIU blob;
+//! * [`error`]: the crate error and its errno.
 
 pub mod bo;
 pub mod copy;
