@@ -597,15 +597,18 @@ impl VmaFixups {
         &self.entries
     }
 
-    /// Finds the new device and offset of a VMA `[start, end)` mapping
-    /// `device` at byte offset `pgoff`.  The VMA may cover any part of a
-    /// BO (split by mprotect, partial mapping) at any address: it matches
-    /// the BO whose old offset range on that device contains
-    /// `[pgoff, pgoff + (end - start))`, and keeps its offset within the BO.
-    /// Device offset ranges of distinct BOs do not overlap, so the match
-    /// is unique.  `None`: not a restored BO (e.g. the KFD events page).
-    pub fn lookup(&self, device: DeviceKind, start: u64, end: u64, pgoff: u64) -> Option<VmaRemap> {
-        let len = end.checked_sub(start)?;
+    /// Finds the new device and offset of a mapping of `len` bytes of
+    /// `device` at byte offset `pgoff` (`len` 0 = unknown, only `pgoff` is
+    /// checked).  The VMA may cover any part of a BO (split by mprotect, a
+    /// partial mapping) at any CPU address: it matches the BO whose old
+    /// offset range on that device contains `[pgoff, pgoff + len)`, and
+    /// keeps its offset within the BO.  This includes upstream's exact
+    /// `(addr, offset)` match and the address-range rule (a VMA at
+    /// `addr + delta` with `pgoff = offset + delta`).  Offset ranges of
+    /// distinct BOs on one device do not overlap (DRM fake offsets are
+    /// unique per device; KFD offsets encode type and GPU), so the match is
+    /// unique.  `None`: not a restored BO (e.g. the KFD events page).
+    pub fn lookup(&self, device: DeviceKind, pgoff: u64, len: u64) -> Option<VmaRemap> {
         self.entries.iter().find_map(|e| {
             if e.old_device != device {
                 return None;
@@ -921,38 +924,46 @@ mod tests {
         assert_eq!(fx.entries().len(), 4, "userptr BO has no fix-up");
         let old = DeviceKind::Render(RenderMinor(130));
         // Whole BO, at its GPU VA.
-        let r = fx.lookup(old, 0x10_0000, 0x10_4000, 0x1_0000_0000).unwrap();
+        let r = fx
+            .lookup(old, 0x1_0000_0000, 0x10_4000 - 0x10_0000)
+            .unwrap();
         assert_eq!(r.offset, MmapOffset(0x9_0000_0000));
         assert_eq!(r.device, DeviceKind::Render(a.render_minor));
         // Tail of BO 3 after an mprotect split, mapped at another address.
         let r = fx
-            .lookup(old, 0x7000_0000, 0x7000_2000, 0x1_0002_6000)
+            .lookup(old, 0x1_0002_6000, 0x7000_2000 - 0x7000_0000)
             .unwrap();
         assert_eq!((r.bo_index, r.offset), (3, MmapOffset(0x9_0030_6000)));
         // Past the end of the BO: no match.
         assert!(fx
-            .lookup(old, 0x7000_0000, 0x7000_4000, 0x1_0002_6000)
+            .lookup(old, 0x1_0002_6000, 0x7000_4000 - 0x7000_0000)
             .is_none());
         // Same offset on another device: no match.
         assert!(fx
-            .lookup(
-                DeviceKind::Render(RenderMinor(131)),
-                0x10_0000,
-                0x10_4000,
-                0x1_0000_0000
-            )
+            .lookup(DeviceKind::Render(RenderMinor(131)), 0x1_0000_0000, 0x4000)
             .is_none());
         // Doorbell on /dev/kfd.
         let r = fx
-            .lookup(DeviceKind::Kfd, 0x20_0000, 0x20_2000, 0xc000_0000_0000_0000)
+            .lookup(
+                DeviceKind::Kfd,
+                0xc000_0000_0000_0000,
+                0x20_2000 - 0x20_0000,
+            )
             .unwrap();
         assert_eq!(
             (r.device, r.offset),
             (DeviceKind::Kfd, MmapOffset(0x9_0010_0000))
         );
+        // Length unknown (0): the offset alone decides.
+        assert_eq!(fx.lookup(old, 0x1_0002_7000, 0).unwrap().bo_index, 3);
+        assert!(fx.lookup(old, 0x1_0002_8000, 0).is_none());
         // Events page: not ours.
         assert!(fx
-            .lookup(DeviceKind::Kfd, 0x60_0000, 0x60_1000, 0x8000_0000_0000_0000)
+            .lookup(
+                DeviceKind::Kfd,
+                0x8000_0000_0000_0000,
+                0x60_1000 - 0x60_0000
+            )
             .is_none());
     }
 
