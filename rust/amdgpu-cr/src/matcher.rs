@@ -33,6 +33,9 @@ use crate::topology::{IoLink, Node, NodeProps, Topology, IOLINK_XGMI};
 /// Steps after which the search gives up (a pathological topology).
 const STEP_BUDGET: u64 = 2_000_000;
 
+/// Distinct failure reasons quoted in a [`MatchError::NoPlacement`].
+const MAX_REASONS: usize = 8;
+
 /// The result: user gpu_id (image) → actual gpu_id (host).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct GpuMap {
@@ -245,16 +248,21 @@ pub fn match_gpus(
         steps: 0,
         deepest: 0,
         reasons: Vec::new(),
+        more_reasons: 0,
     };
     match search.place(0) {
         Ok(true) => {}
         Ok(false) => {
             let node = order[search.deepest];
             let s = image.node(node).expect("ordered node exists");
+            let mut detail = search.reasons.join("; ");
+            if search.more_reasons > 0 {
+                let _ = write!(detail, "; and {} more", search.more_reasons);
+            }
             return Err(MatchError::NoPlacement {
                 gpu: gpu_of(s),
                 node,
-                detail: search.reasons.join("; "),
+                detail,
             });
         }
         Err(e) => return Err(e),
@@ -290,16 +298,24 @@ struct Search<'a> {
     steps: u64,
     deepest: usize,
     reasons: Vec<String>,
+    more_reasons: usize,
 }
 
 impl Search<'_> {
+    /// Keeps the distinct reasons why candidates failed at the deepest
+    /// level the search reached (the GPU that could not be placed).
     fn note(&mut self, depth: usize, reason: String) {
         if depth > self.deepest {
             self.deepest = depth;
             self.reasons.clear();
+            self.more_reasons = 0;
         }
-        if depth == self.deepest {
-            self.reasons.push(reason);
+        if depth == self.deepest && !self.reasons.contains(&reason) {
+            if self.reasons.len() < MAX_REASONS {
+                self.reasons.push(reason);
+            } else {
+                self.more_reasons += 1;
+            }
         }
     }
 
@@ -879,5 +895,54 @@ mod tests {
         let e = match_gpus(&image, &bigger, &Checks::default()).unwrap_err();
         assert_eq!(e, MatchError::TooManyGpus { image: 1, host: 2 });
         assert!(e.to_string().contains("device cgroup"));
+    }
+
+    /// 8 GPUs in one fully connected XGMI hive, four per CPU.
+    fn mi300(ids: [u32; 8], cpu_of: impl Fn(u32) -> u32) -> Topology {
+        let mut nodes = vec![cpu(0, &[]), cpu(1, &[])];
+        for (i, id) in ids.iter().enumerate() {
+            let n = i as u32 + 2;
+            let mut links = vec![(P, cpu_of(n))];
+            links.extend((2..10).filter(|&o| o != n).map(|o| (X, o)));
+            nodes.push(gpu(n, *id, &links));
+        }
+        for c in 0..2 {
+            let n = &mut nodes[c as usize];
+            n.links = (2..10)
+                .filter(|&g| cpu_of(g) == c)
+                .map(|g| IoLink {
+                    kind: P,
+                    node_to: g,
+                })
+                .collect();
+        }
+        Topology::new(nodes)
+    }
+
+    #[test]
+    fn eight_gpu_hive_scales() {
+        let image = mi300([1, 2, 3, 4, 5, 6, 7, 8], |n| (n - 2) / 4);
+        // The host attaches GPUs to CPUs alternately.
+        let host = mi300([11, 12, 13, 14, 15, 16, 17, 18], |n| n % 2);
+        let t = std::time::Instant::now();
+        let map = match_gpus(&image, &host, &Checks::default()).unwrap();
+        assert_eq!(map.len(), 8);
+        assert_hives_kept(&image, &host, &map);
+        // An impossible NUMA layout (5 + 3) must fail within the budget.
+        let lopsided = mi300([11, 12, 13, 14, 15, 16, 17, 18], |n| u32::from(n >= 7));
+        let e = match_gpus(&image, &lopsided, &Checks::default()).unwrap_err();
+        assert!(e.to_string().len() < 2000, "{e}");
+        assert!(
+            matches!(
+                e,
+                MatchError::NoPlacement { .. } | MatchError::SearchLimit(_)
+            ),
+            "{e}"
+        );
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(20),
+            "{:?}",
+            t.elapsed()
+        );
     }
 }
