@@ -180,6 +180,16 @@ pub struct Engines<'a> {
 }
 
 impl<'a> Engines<'a> {
+    /// A CPU engine with a `staging`-byte window, plus the SDMA engine if
+    /// the device has one.
+    pub fn new(policy: EnginePolicy, staging: u64, sdma: Option<Box<dyn CopyEngine + 'a>>) -> Self {
+        Engines {
+            policy,
+            cpu: Some(cpu::CpuEngine::new(staging)),
+            sdma,
+        }
+    }
+
     fn pick(&mut self, bo: &BoRef<'_>) -> Result<(EngineKind, &mut dyn CopyEngine), CopyError> {
         let kind = choose_engine(self.policy, bo, self.sdma.is_some())?;
         let missing = |what: &str| CopyError::NoEngine {

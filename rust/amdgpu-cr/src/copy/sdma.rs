@@ -226,6 +226,22 @@ pub struct VaWindow {
 pub const VA_ALIGN: u64 = 1 << 21;
 
 impl VaWindow {
+    /// A window for an engine with this staging size and largest BO inside
+    /// the device's usable VA range `[lo, hi)` that overlaps none of the
+    /// `busy` `(addr, size)` ranges (at restore: every BO of the image,
+    /// because the copies run in the restored process' own VM).
+    pub fn pick(
+        lo: u64,
+        hi: u64,
+        busy: &[(u64, u64)],
+        staging: u64,
+        family: u32,
+        largest_bo: u64,
+    ) -> Option<Self> {
+        let len = Self::needed(staging, family, largest_bo);
+        pick_va_window(lo, hi, busy, len, VA_ALIGN).map(|start| VaWindow { start, len })
+    }
+
     /// Bytes of VA an engine with this staging size and largest BO needs.
     pub fn needed(staging: u64, family: u32, largest_bo: u64) -> u64 {
         let round = |x: u64| x.div_ceil(VA_ALIGN) * VA_ALIGN;
@@ -585,6 +601,15 @@ mod tests {
         assert!(ib[21..].iter().all(|&d| d == SDMA_OP_NOP));
         // 8 packets = 56 dwords, already aligned.
         assert_eq!(ib_dwords(AMDGPU_FAMILY_AI, 8 * MAX_CHUNK), 56);
+    }
+
+    #[test]
+    fn engine_window_avoids_the_image_bos() {
+        let busy = [(0, 0x40_0000), (0x60_0000, 0x1000)];
+        let w = VaWindow::pick(0, 1 << 47, &busy, PAGE_SIZE, AMDGPU_FAMILY_AI, 0x3000).unwrap();
+        assert_eq!(w.start, 0x80_0000);
+        assert_eq!(w.len, 3 * VA_ALIGN);
+        assert!(VaWindow::pick(0, 0x100_0000, &busy, 1 << 30, AMDGPU_FAMILY_AI, 1 << 30).is_none());
     }
 
     #[test]
