@@ -389,6 +389,17 @@ impl KfdImage {
         )
     }
 
+    /// The optional per-BO content hashes (bucket index → XXH3-64), for
+    /// `copy::restore_contents`.  Empty for images written by upstream.
+    pub fn content_hashes(&self) -> std::collections::BTreeMap<usize, u64> {
+        self.msg
+            .bo_entries
+            .iter()
+            .enumerate()
+            .filter_map(|(i, b)| b.content_xxh3.map(|h| (i, h)))
+            .collect()
+    }
+
     /// User gpu_ids of the GPU entries, in image order.
     pub fn gpu_ids(&self) -> Vec<GpuId> {
         self.msg
@@ -902,6 +913,11 @@ pub(crate) mod tests {
         img.write(&dir, FileId(5)).unwrap();
         let back = KfdImage::read(&dir, FileId(5)).unwrap();
         assert_eq!(back, img);
+        assert_eq!(
+            back.content_hashes(),
+            std::collections::BTreeMap::from([(0, 7)])
+        );
+        assert_eq!(back.gpu_ids(), vec![GpuId(0x1a2b), GpuId(0x5c3d)]);
         let rn = RenderImage {
             msg: CriuRenderNode {
                 gpu_id: 0x5c3d,
