@@ -78,7 +78,7 @@ fn checkpoint_then_restore_on_other_gpus() {
     // --- dump -------------------------------------------------------------
     let old_nodes = [memfd(), memfd()];
     let vram = bo::ALLOC_VRAM | bo::ALLOC_WRITABLE;
-    let buckets = vec![
+    let buckets = [
         (0x10_0000u64, 3 * 4096u64, 0x1000_0000u64, 0x1111u32, vram),
         (
             0x20_0000,
