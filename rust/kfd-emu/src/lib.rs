@@ -1,1 +1,11 @@
-//! kfd-emu
+//! kfd-emu: a userspace emulator of AMD's `/dev/kfd` and
+//! `/dev/dri/renderD*` for testing criu-rocm without a GPU.
+//!
+//! * [`profile`]: machine profiles (which GPUs, their properties);
+//! * [`topology`]: the sysfs topology tree a profile describes;
+//! * `fuse`: the hand-written FUSE transport serving the device nodes;
+//! * `runner`: `kfd-emu run`, the private mount namespace around a command;
+//! * `device`: the device state machine behind the transport.
+
+pub mod profile;
+pub mod topology;

@@ -1,0 +1,475 @@
+//! Machine profiles: which GPUs and CPU nodes the emulator presents.
+//!
+//! A profile is a TOML document.  The built-in ones (in `profiles/`) are
+//! embedded in the binary; `--profile-file` either supplies a complete
+//! profile or a partial one that is merged over `--profile`, so a restore
+//! can be tried on "another machine" (other gpu_ids, minors, order, less
+//! VRAM, older firmware) without writing a profile from scratch.
+//!
+//! Layout of a profile document:
+//! * top-level scalars (`name`, `description`, `generation_id`, platform ids);
+//! * `[gpu_defaults]`: fields shared by every GPU;
+//! * `[[gpus]]`: one table per GPU, merged over `gpu_defaults`;
+//! * `[[cpus]]`: one table per CPU (NUMA) node;
+//! * optional `gpu_count`: keep only the first N GPUs (for overrides).
+//!
+//! Merging an override: tables merge key by key, arrays of tables merge
+//! element by element (extra elements are appended), anything else is
+//! replaced.  A GPU resolves as base `gpu_defaults` ← override
+//! `gpu_defaults` ← base `gpus[i]` ← override `gpus[i]`, which is why the
+//! built-in profiles keep only identity fields (ids, minors, PCI location,
+//! NUMA node, hive) in their per-GPU tables.
+
+use std::fmt;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use toml::{Table, Value};
+
+/// The built-in profiles, by name.
+const BUILTIN: &[(&str, &str)] = &[
+    ("mi100", include_str!("../../profiles/mi100.toml")),
+    ("mi100x2", include_str!("../../profiles/mi100x2.toml")),
+    ("mi210x4", include_str!("../../profiles/mi210x4.toml")),
+    ("mi250x8", include_str!("../../profiles/mi250x8.toml")),
+    ("mi300x8", include_str!("../../profiles/mi300x8.toml")),
+];
+
+/// A KFD gpu_id (the id user space sees in topology and ioctls).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct GpuId(pub u32);
+
+impl fmt::Display for GpuId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:#x}", self.0)
+    }
+}
+
+/// A DRM render minor (`/dev/dri/renderD<minor>`, 128..=255).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct RenderMinor(pub u32);
+
+impl fmt::Display for RenderMinor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// One level of a GPU's cache hierarchy, instantiated `count` times in
+/// `nodes/N/caches/`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CacheLevel {
+    pub level: u32,
+    /// KiB.
+    pub size: u32,
+    pub cache_line_size: u32,
+    pub cache_lines_per_tag: u32,
+    pub association: u32,
+    pub latency: u32,
+    /// KFD cache type bits (1 data, 2 instruction, 4 CPU, 8 HSA CU).
+    #[serde(rename = "type")]
+    pub kind: u32,
+    /// How many CUs share one instance.
+    pub cus_per_instance: u32,
+    pub count: u32,
+}
+
+/// One emulated GPU (a KFD topology node with a gpu_id).  Field names are
+/// the sysfs property names where one exists.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Gpu {
+    pub gpu_id: GpuId,
+    /// The node's `name` file, the gfx target (`gfx90a`).
+    pub name: String,
+    pub marketing_name: String,
+    pub gfx_target_version: u32,
+    pub vendor_id: u32,
+    pub device_id: u32,
+    pub domain: u32,
+    /// PCI bus/device/function: `bus << 8 | dev << 3 | fn`.
+    pub location_id: u32,
+    pub drm_render_minor: RenderMinor,
+    /// Index into [`Profile::cpus`] of the NUMA node the GPU hangs off.
+    pub numa_node: u32,
+    /// XGMI hive; 0 when the GPU is in no hive.  GPUs with equal non-zero
+    /// hive ids get XGMI links to each other.
+    pub hive_id: u64,
+    pub unique_id: u64,
+    /// Bytes of VRAM (`mem_banks/0/properties: size_in_bytes`).
+    pub vram_size: u64,
+    /// Whether VRAM is all CPU-visible (heap_type 1) or not (heap_type 2).
+    pub vram_public: bool,
+    pub vram_width: u32,
+    pub vram_clk_max: u32,
+    /// Active compute units; `simd_count = cu_count * simd_per_cu`.
+    pub cu_count: u32,
+    pub array_count: u32,
+    pub simd_arrays_per_engine: u32,
+    pub cu_per_simd_array: u32,
+    pub simd_per_cu: u32,
+    pub max_waves_per_simd: u32,
+    pub lds_size_in_kb: u32,
+    pub gds_size_in_kb: u32,
+    pub num_gws: u32,
+    pub wave_front_size: u32,
+    pub max_slots_scratch_cu: u32,
+    pub num_xcc: u32,
+    pub num_sdma_engines: u32,
+    pub num_sdma_xgmi_engines: u32,
+    pub num_sdma_queues_per_engine: u32,
+    pub num_cp_queues: u32,
+    pub fw_version: u32,
+    pub sdma_fw_version: u32,
+    pub capability: u32,
+    pub debug_prop: u32,
+    pub max_engine_clk_fcompute: u32,
+    pub max_engine_clk_ccompute: u32,
+    pub caches: Vec<CacheLevel>,
+}
+
+impl Gpu {
+    pub fn simd_count(&self) -> u32 {
+        self.cu_count * self.simd_per_cu
+    }
+
+    pub fn caches_count(&self) -> u32 {
+        self.caches.iter().map(|c| c.count).sum()
+    }
+
+    /// `mem_banks` heap type of the VRAM bank.
+    pub fn vram_heap_type(&self) -> u32 {
+        if self.vram_public {
+            1
+        } else {
+            2
+        }
+    }
+}
+
+/// One CPU (NUMA) node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cpu {
+    pub name: String,
+    pub cpu_cores_count: u32,
+    pub cpu_core_id_base: u32,
+    /// Bytes of system memory on this node.
+    pub mem_size: u64,
+    pub max_engine_clk_ccompute: u32,
+}
+
+/// A resolved machine profile.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Profile {
+    pub name: String,
+    pub description: String,
+    pub generation_id: u32,
+    pub platform_oem: u64,
+    pub platform_id: u64,
+    pub platform_rev: u64,
+    pub cpus: Vec<Cpu>,
+    pub gpus: Vec<Gpu>,
+}
+
+/// Errors loading a profile.  Each names the profile or file and field.
+#[derive(Debug)]
+pub enum ProfileError {
+    UnknownName(String),
+    Read { path: String, err: std::io::Error },
+    Parse { source: String, err: String },
+    Invalid { profile: String, what: String },
+}
+
+impl fmt::Display for ProfileError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ProfileError::UnknownName(n) => write!(
+                f,
+                "unknown profile {n:?} (known: {})",
+                builtin_names().collect::<Vec<_>>().join(", ")
+            ),
+            ProfileError::Read { path, err } => write!(f, "{path}: {err}"),
+            ProfileError::Parse { source, err } => write!(f, "{source}: {err}"),
+            ProfileError::Invalid { profile, what } => write!(f, "profile {profile}: {what}"),
+        }
+    }
+}
+
+impl std::error::Error for ProfileError {}
+
+/// Names of the built-in profiles.
+pub fn builtin_names() -> impl Iterator<Item = &'static str> {
+    BUILTIN.iter().map(|(n, _)| *n)
+}
+
+fn builtin_text(name: &str) -> Result<&'static str, ProfileError> {
+    BUILTIN
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, t)| *t)
+        .ok_or_else(|| ProfileError::UnknownName(name.to_owned()))
+}
+
+fn parse_doc(source: &str, text: &str) -> Result<Table, ProfileError> {
+    text.parse::<Table>().map_err(|e| ProfileError::Parse {
+        source: source.to_owned(),
+        err: e.to_string(),
+    })
+}
+
+/// Merges `over` into `base`: tables key by key, arrays of tables element by
+/// element, everything else replaced.
+fn merge(base: &mut Value, over: Value) {
+    match (base, over) {
+        (Value::Table(b), Value::Table(o)) => {
+            for (k, v) in o {
+                match b.get_mut(&k) {
+                    Some(bv) => merge(bv, v),
+                    None => {
+                        b.insert(k, v);
+                    }
+                }
+            }
+        }
+        (Value::Array(b), Value::Array(o))
+            if o.iter().all(Value::is_table) && b.iter().all(Value::is_table) =>
+        {
+            for (i, v) in o.into_iter().enumerate() {
+                match b.get_mut(i) {
+                    Some(bv) => merge(bv, v),
+                    None => b.push(v),
+                }
+            }
+        }
+        (b, o) => *b = o,
+    }
+}
+
+/// Splits a document into (gpu_defaults, gpus, rest).
+fn take_gpu_parts(
+    source: &str,
+    doc: &mut Table,
+) -> Result<(Value, Vec<Value>, Option<i64>), ProfileError> {
+    let defaults = doc
+        .remove("gpu_defaults")
+        .unwrap_or_else(|| Value::Table(Table::new()));
+    if !defaults.is_table() {
+        return Err(ProfileError::Parse {
+            source: source.to_owned(),
+            err: "gpu_defaults must be a table".into(),
+        });
+    }
+    let gpus = match doc.remove("gpus") {
+        None => Vec::new(),
+        Some(Value::Array(a)) if a.iter().all(Value::is_table) => a,
+        Some(_) => {
+            return Err(ProfileError::Parse {
+                source: source.to_owned(),
+                err: "gpus must be an array of tables ([[gpus]])".into(),
+            })
+        }
+    };
+    let count = match doc.remove("gpu_count") {
+        None => None,
+        Some(Value::Integer(n)) if n >= 0 => Some(n),
+        Some(v) => {
+            return Err(ProfileError::Parse {
+                source: source.to_owned(),
+                err: format!("gpu_count must be a non-negative integer, not {v}"),
+            })
+        }
+    };
+    Ok((defaults, gpus, count))
+}
+
+/// Resolves a base document and optional override into a profile.
+fn resolve(
+    base_src: &str,
+    base: &str,
+    over: Option<(&str, &str)>,
+) -> Result<Profile, ProfileError> {
+    let mut base_doc = parse_doc(base_src, base)?;
+    let (mut defaults, base_gpus, mut count) = take_gpu_parts(base_src, &mut base_doc)?;
+    let mut over_gpus = Vec::new();
+    let mut rest = Value::Table(base_doc);
+    let mut source = base_src.to_owned();
+    if let Some((over_src, over_text)) = over {
+        let mut over_doc = parse_doc(over_src, over_text)?;
+        let (od, og, oc) = take_gpu_parts(over_src, &mut over_doc)?;
+        merge(&mut defaults, od);
+        over_gpus = og;
+        count = oc.or(count);
+        merge(&mut rest, Value::Table(over_doc));
+        source = format!("{base_src} + {over_src}");
+    }
+    let n = base_gpus.len().max(over_gpus.len());
+    let mut base_gpus = base_gpus.into_iter();
+    let mut over_gpus = over_gpus.into_iter();
+    let mut gpus = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut g = defaults.clone();
+        if let Some(b) = base_gpus.next() {
+            merge(&mut g, b);
+        }
+        if let Some(o) = over_gpus.next() {
+            merge(&mut g, o);
+        }
+        gpus.push(g);
+    }
+    if let Some(c) = count {
+        gpus.truncate(c as usize);
+    }
+    let Value::Table(mut doc) = rest else {
+        unreachable!("rest starts as a table and merges keep it one")
+    };
+    doc.insert("gpus".into(), Value::Array(gpus));
+    let profile: Profile =
+        Value::Table(doc)
+            .try_into()
+            .map_err(|e: toml::de::Error| ProfileError::Parse {
+                source: source.clone(),
+                err: e.to_string(),
+            })?;
+    profile.validate()?;
+    Ok(profile)
+}
+
+impl Profile {
+    /// A built-in profile by name.
+    pub fn builtin(name: &str) -> Result<Profile, ProfileError> {
+        resolve(&format!("profile {name}"), builtin_text(name)?, None)
+    }
+
+    /// Loads `--profile NAME` and/or `--profile-file F`: with both, the file
+    /// is a partial override of the named profile; with only the file, it
+    /// must be complete.
+    pub fn load(name: Option<&str>, file: Option<&Path>) -> Result<Profile, ProfileError> {
+        let file_text = match file {
+            Some(p) => Some((
+                p.display().to_string(),
+                std::fs::read_to_string(p).map_err(|err| ProfileError::Read {
+                    path: p.display().to_string(),
+                    err,
+                })?,
+            )),
+            None => None,
+        };
+        match (name, &file_text) {
+            (Some(n), None) => Profile::builtin(n),
+            (Some(n), Some((src, text))) => Profile::with_override(n, src, text),
+            (None, Some((src, text))) => resolve(src, text, None),
+            (None, None) => Err(ProfileError::Invalid {
+                profile: "<none>".into(),
+                what: "give --profile NAME and/or --profile-file FILE".into(),
+            }),
+        }
+    }
+
+    /// Built-in profile `name` with the partial profile `text` merged over it.
+    pub fn with_override(name: &str, source: &str, text: &str) -> Result<Profile, ProfileError> {
+        resolve(
+            &format!("profile {name}"),
+            builtin_text(name)?,
+            Some((source, text)),
+        )
+    }
+
+    /// Parses a complete profile document.
+    pub fn from_toml(source: &str, text: &str) -> Result<Profile, ProfileError> {
+        resolve(source, text, None)
+    }
+
+    /// The profile as a complete TOML document (loadable with
+    /// [`Profile::from_toml`]).
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).expect("a profile always serialises")
+    }
+
+    /// The GPUs, in topology order.
+    pub fn gpus(&self) -> &[Gpu] {
+        &self.gpus
+    }
+
+    pub fn gpu(&self, id: GpuId) -> Option<&Gpu> {
+        self.gpus.iter().find(|g| g.gpu_id == id)
+    }
+
+    /// Topology node id of CPU node `i` / GPU `i`: CPUs first, as KFD does.
+    pub fn cpu_node_id(&self, i: usize) -> u32 {
+        i as u32
+    }
+
+    pub fn gpu_node_id(&self, i: usize) -> u32 {
+        (self.cpus.len() + i) as u32
+    }
+
+    fn invalid(&self, what: String) -> ProfileError {
+        ProfileError::Invalid {
+            profile: self.name.clone(),
+            what,
+        }
+    }
+
+    /// Checks the cross-field rules the kernel guarantees on real hardware.
+    pub fn validate(&self) -> Result<(), ProfileError> {
+        if self.cpus.is_empty() {
+            return Err(self.invalid("needs at least one [[cpus]] node".into()));
+        }
+        for (i, c) in self.cpus.iter().enumerate() {
+            if c.cpu_cores_count == 0 {
+                return Err(self.invalid(format!("cpus[{i}].cpu_cores_count is 0")));
+            }
+        }
+        let mut ids = std::collections::BTreeSet::new();
+        let mut minors = std::collections::BTreeSet::new();
+        for (i, g) in self.gpus.iter().enumerate() {
+            let at = format!("gpus[{i}] (gpu_id {})", g.gpu_id);
+            if g.gpu_id.0 == 0 {
+                return Err(self.invalid(format!("{at}: gpu_id 0 denotes a CPU node")));
+            }
+            if !ids.insert(g.gpu_id) {
+                return Err(self.invalid(format!("{at}: duplicate gpu_id")));
+            }
+            if !(128..=255).contains(&g.drm_render_minor.0) {
+                return Err(self.invalid(format!(
+                    "{at}: drm_render_minor {} is outside 128..=255",
+                    g.drm_render_minor
+                )));
+            }
+            if !minors.insert(g.drm_render_minor) {
+                return Err(self.invalid(format!(
+                    "{at}: duplicate drm_render_minor {}",
+                    g.drm_render_minor
+                )));
+            }
+            if g.numa_node as usize >= self.cpus.len() {
+                return Err(self.invalid(format!(
+                    "{at}: numa_node {} but only {} cpu node(s)",
+                    g.numa_node,
+                    self.cpus.len()
+                )));
+            }
+            if g.vram_size == 0 {
+                return Err(self.invalid(format!("{at}: vram_size is 0")));
+            }
+            if g.cu_count == 0 || g.simd_per_cu == 0 {
+                return Err(self.invalid(format!("{at}: cu_count and simd_per_cu must be > 0")));
+            }
+            if g.cu_count > g.array_count * g.simd_arrays_per_engine * g.cu_per_simd_array {
+                return Err(self.invalid(format!(
+                    "{at}: cu_count {} exceeds array_count*simd_arrays_per_engine*cu_per_simd_array",
+                    g.cu_count
+                )));
+            }
+            if g.num_sdma_engines == 0 || g.num_sdma_queues_per_engine == 0 {
+                return Err(self.invalid(format!("{at}: needs SDMA engines and queues")));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,324 @@
+//! The KFD sysfs topology tree a profile describes
+//! (`/sys/class/kfd/kfd/topology`): `generation_id`, `system_properties`
+//! and `nodes/N/{gpu_id,name,properties,mem_banks,caches,io_links}`.
+//!
+//! Node order follows KFD: CPU nodes first, then GPUs in profile order.
+//! Links: every GPU has a PCIe link (type 2) to its CPU node and the CPU a
+//! link back; GPUs sharing a non-zero hive id have XGMI links (type 11) to
+//! each other; CPU nodes are linked to each other by HyperTransport (type
+//! 1), which checkpoint tools ignore.
+
+use std::fmt::Write as _;
+use std::io;
+use std::path::Path;
+
+use crate::profile::Profile;
+
+/// io_link types.
+pub const IOLINK_HYPERTRANSPORT: u32 = 1;
+pub const IOLINK_PCIE: u32 = 2;
+pub const IOLINK_XGMI: u32 = 11;
+
+/// Base of the SIMD id space KFD gives GPU nodes (`simd_id_base`).
+const GPU_SIMD_ID_BASE: u32 = 0x8000_1000;
+
+/// One file of the tree, path relative to the topology root.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TreeFile {
+    pub path: String,
+    pub contents: String,
+}
+
+/// A directed io_link.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Link {
+    pub kind: u32,
+    pub from: u32,
+    pub to: u32,
+    pub weight: u32,
+    pub min_bw: u32,
+    pub max_bw: u32,
+}
+
+/// The links of node `node_id`, in sysfs order.
+pub fn links_of(p: &Profile, node_id: u32) -> Vec<Link> {
+    let ncpu = p.cpus.len() as u32;
+    let mut out = Vec::new();
+    if node_id < ncpu {
+        for (i, g) in p.gpus.iter().enumerate() {
+            if g.numa_node == node_id {
+                out.push(pcie(node_id, p.gpu_node_id(i)));
+            }
+        }
+        for other in 0..ncpu {
+            if other != node_id {
+                out.push(Link {
+                    kind: IOLINK_HYPERTRANSPORT,
+                    from: node_id,
+                    to: other,
+                    weight: 32,
+                    min_bw: 0,
+                    max_bw: 0,
+                });
+            }
+        }
+    } else {
+        let gi = (node_id - ncpu) as usize;
+        let g = &p.gpus[gi];
+        out.push(pcie(node_id, g.numa_node));
+        if g.hive_id != 0 {
+            for (j, peer) in p.gpus.iter().enumerate() {
+                if j != gi && peer.hive_id == g.hive_id {
+                    out.push(Link {
+                        kind: IOLINK_XGMI,
+                        from: node_id,
+                        to: p.gpu_node_id(j),
+                        weight: 15,
+                        min_bw: 50_000,
+                        max_bw: 100_000,
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+fn pcie(from: u32, to: u32) -> Link {
+    Link {
+        kind: IOLINK_PCIE,
+        from,
+        to,
+        weight: 20,
+        min_bw: 312,
+        max_bw: 64_000,
+    }
+}
+
+fn props(lines: &[(&str, u64)]) -> String {
+    let mut s = String::new();
+    for (k, v) in lines {
+        let _ = writeln!(s, "{k} {v}");
+    }
+    s
+}
+
+fn link_props(l: &Link) -> String {
+    props(&[
+        ("type", l.kind.into()),
+        ("version_major", 0),
+        ("version_minor", 0),
+        ("node_from", l.from.into()),
+        ("node_to", l.to.into()),
+        ("weight", l.weight.into()),
+        ("min_latency", 0),
+        ("max_latency", 0),
+        ("min_bandwidth", l.min_bw.into()),
+        ("max_bandwidth", l.max_bw.into()),
+        ("recommended_transfer_size", 0),
+        ("recommended_sdma_engine_id_mask", 0),
+        ("flags", 3),
+    ])
+}
+
+/// Generates the whole tree (files only; directories are implied).
+pub fn generate(p: &Profile) -> Vec<TreeFile> {
+    let mut files = Vec::new();
+    let mut add = |path: String, contents: String| files.push(TreeFile { path, contents });
+    add("generation_id".into(), format!("{}\n", p.generation_id));
+    add(
+        "system_properties".into(),
+        props(&[
+            ("platform_oem", p.platform_oem),
+            ("platform_id", p.platform_id),
+            ("platform_rev", p.platform_rev),
+        ]),
+    );
+    for (i, c) in p.cpus.iter().enumerate() {
+        let id = p.cpu_node_id(i);
+        let dir = format!("nodes/{id}");
+        let links = links_of(p, id);
+        add(format!("{dir}/gpu_id"), "0\n".into());
+        add(format!("{dir}/name"), format!("{}\n", c.name));
+        add(
+            format!("{dir}/properties"),
+            props(&[
+                ("cpu_cores_count", c.cpu_cores_count.into()),
+                ("simd_count", 0),
+                ("mem_banks_count", 1),
+                ("caches_count", 0),
+                ("io_links_count", links.len() as u64),
+                ("p2p_links_count", 0),
+                ("cpu_core_id_base", c.cpu_core_id_base.into()),
+                ("simd_id_base", 0),
+                ("max_waves_per_simd", 0),
+                ("lds_size_in_kb", 0),
+                ("gds_size_in_kb", 0),
+                ("num_gws", 0),
+                ("wave_front_size", 0),
+                ("array_count", 0),
+                ("simd_arrays_per_engine", 0),
+                ("cu_per_simd_array", 0),
+                ("simd_per_cu", 0),
+                ("max_slots_scratch_cu", 0),
+                ("gfx_target_version", 0),
+                ("vendor_id", 0),
+                ("device_id", 0),
+                ("location_id", 0),
+                ("domain", 0),
+                ("drm_render_minor", 0),
+                ("hive_id", 0),
+                ("num_sdma_engines", 0),
+                ("num_sdma_xgmi_engines", 0),
+                ("num_sdma_queues_per_engine", 0),
+                ("num_cp_queues", 0),
+                ("max_engine_clk_ccompute", c.max_engine_clk_ccompute.into()),
+            ]),
+        );
+        add(
+            format!("{dir}/mem_banks/0/properties"),
+            props(&[
+                ("heap_type", 0),
+                ("size_in_bytes", c.mem_size),
+                ("flags", 0),
+                ("width", 72),
+                ("mem_clk_max", 3200),
+            ]),
+        );
+        for (l, link) in links.iter().enumerate() {
+            add(format!("{dir}/io_links/{l}/properties"), link_props(link));
+        }
+    }
+    for (i, g) in p.gpus.iter().enumerate() {
+        let id = p.gpu_node_id(i);
+        let dir = format!("nodes/{id}");
+        let links = links_of(p, id);
+        add(format!("{dir}/gpu_id"), format!("{}\n", g.gpu_id.0));
+        add(format!("{dir}/name"), format!("{}\n", g.name));
+        add(
+            format!("{dir}/properties"),
+            props(&[
+                ("cpu_cores_count", 0),
+                ("simd_count", g.simd_count().into()),
+                ("mem_banks_count", 1),
+                ("caches_count", g.caches_count().into()),
+                ("io_links_count", links.len() as u64),
+                ("p2p_links_count", 0),
+                ("cpu_core_id_base", 0),
+                (
+                    "simd_id_base",
+                    u64::from(GPU_SIMD_ID_BASE) + (i as u64) * 0x1000,
+                ),
+                ("max_waves_per_simd", g.max_waves_per_simd.into()),
+                ("lds_size_in_kb", g.lds_size_in_kb.into()),
+                ("gds_size_in_kb", g.gds_size_in_kb.into()),
+                ("num_gws", g.num_gws.into()),
+                ("wave_front_size", g.wave_front_size.into()),
+                ("array_count", g.array_count.into()),
+                ("simd_arrays_per_engine", g.simd_arrays_per_engine.into()),
+                ("cu_per_simd_array", g.cu_per_simd_array.into()),
+                ("simd_per_cu", g.simd_per_cu.into()),
+                ("max_slots_scratch_cu", g.max_slots_scratch_cu.into()),
+                ("gfx_target_version", g.gfx_target_version.into()),
+                ("vendor_id", g.vendor_id.into()),
+                ("device_id", g.device_id.into()),
+                ("location_id", g.location_id.into()),
+                ("domain", g.domain.into()),
+                ("drm_render_minor", g.drm_render_minor.0.into()),
+                ("hive_id", g.hive_id),
+                ("num_sdma_engines", g.num_sdma_engines.into()),
+                ("num_sdma_xgmi_engines", g.num_sdma_xgmi_engines.into()),
+                (
+                    "num_sdma_queues_per_engine",
+                    g.num_sdma_queues_per_engine.into(),
+                ),
+                ("num_cp_queues", g.num_cp_queues.into()),
+                ("max_engine_clk_fcompute", g.max_engine_clk_fcompute.into()),
+                ("local_mem_size", 0),
+                ("fw_version", g.fw_version.into()),
+                ("capability", g.capability.into()),
+                ("debug_prop", g.debug_prop.into()),
+                ("sdma_fw_version", g.sdma_fw_version.into()),
+                ("unique_id", g.unique_id),
+                ("num_xcc", g.num_xcc.into()),
+                ("max_engine_clk_ccompute", g.max_engine_clk_ccompute.into()),
+            ]),
+        );
+        add(
+            format!("{dir}/mem_banks/0/properties"),
+            props(&[
+                ("heap_type", g.vram_heap_type().into()),
+                ("size_in_bytes", g.vram_size),
+                ("flags", 0),
+                ("width", g.vram_width.into()),
+                ("mem_clk_max", g.vram_clk_max.into()),
+            ]),
+        );
+        let simd_base = GPU_SIMD_ID_BASE + (i as u32) * 0x1000;
+        let mut m = 0;
+        for c in &g.caches {
+            for inst in 0..c.count {
+                let first_cu = inst * c.cus_per_instance;
+                let sib: Vec<&str> = (0..g.cu_count)
+                    .map(|cu| {
+                        if cu >= first_cu && cu < first_cu + c.cus_per_instance {
+                            "1"
+                        } else {
+                            "0"
+                        }
+                    })
+                    .collect();
+                let mut s = props(&[
+                    ("processor_id_low", simd_base.into()),
+                    ("level", c.level.into()),
+                    ("size", c.size.into()),
+                    ("cache_line_size", c.cache_line_size.into()),
+                    ("cache_lines_per_tag", c.cache_lines_per_tag.into()),
+                    ("association", c.association.into()),
+                    ("latency", c.latency.into()),
+                    ("type", c.kind.into()),
+                ]);
+                let _ = writeln!(s, "sibling_map {}", sib.join(","));
+                add(format!("{dir}/caches/{m}/properties"), s);
+                m += 1;
+            }
+        }
+        for (l, link) in links.iter().enumerate() {
+            add(format!("{dir}/io_links/{l}/properties"), link_props(link));
+        }
+    }
+    files
+}
+
+/// Writes the tree below `root` (created if missing), files 0444.
+pub fn write_tree(p: &Profile, root: &Path) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(root)?;
+    // Empty directories that real sysfs always has.
+    for i in 0..p.cpus.len() + p.gpus.len() {
+        for sub in ["mem_banks", "caches", "io_links", "p2p_links"] {
+            std::fs::create_dir_all(root.join(format!("nodes/{i}/{sub}")))?;
+        }
+    }
+    for f in generate(p) {
+        let path = root.join(&f.path);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(&path, f.contents.as_bytes())
+            .map_err(|e| io::Error::new(e.kind(), format!("writing {}: {e}", path.display())))?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o444))?;
+    }
+    Ok(())
+}
+
+/// The tree as text, one `== path ==` header per file (for
+/// `kfd-emu topology`).
+pub fn render(p: &Profile) -> String {
+    let mut s = String::new();
+    for f in generate(p) {
+        let _ = writeln!(s, "== {} ==", f.path);
+        s.push_str(&f.contents);
+    }
+    s
+}
