@@ -7,5 +7,6 @@
 //! * `runner`: `kfd-emu run`, the private mount namespace around a command;
 //! * `device`: the device state machine behind the transport.
 
+pub mod fuse;
 pub mod profile;
 pub mod topology;

@@ -1,0 +1,327 @@
+//! The FUSE transport through the real /dev/fuse path, with a device
+//! double.  Needs root (mount, passthrough registration); each test body
+//! runs in a child process in a private mount namespace.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read};
+use std::os::fd::{AsFd, AsRawFd};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use kfd_emu::fuse;
+
+fn serve(dir: &Path, double: Arc<Double>) -> (fuse::Mount, std::os::fd::OwnedFd) {
+    let target = dir.join("kfd");
+    std::fs::write(&target, b"").unwrap();
+    let backing = memfd(1 << 30);
+    let m = fuse::serve_file("test", &target, backing.as_fd(), double, 2).unwrap();
+    (m, backing)
+}
+
+fn open_rw(p: &Path) -> std::fs::File {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(p)
+        .unwrap()
+}
+
+#[test]
+fn ioctl_round_trip_and_passthrough() {
+    if role().is_none() {
+        return run_in_ns("ioctl_round_trip_and_passthrough", "body");
+    }
+    let dir = scratch_dir("rt");
+    let double = Arc::new(Double::default());
+    let (m, backing) = serve(&dir, double.clone());
+    let f = open_rw(m.target());
+
+    // The node looks like the FUSE file we promised, not the memfd.
+    let md = f.metadata().unwrap();
+    assert!(md.file_type().is_file() && !md.file_type().is_char_device());
+    assert_eq!(md.len(), 0);
+
+    let mut buf = [0u8; 16];
+    buf[8..].copy_from_slice(&41u64.to_ne_bytes());
+    raw_ioctl(f.as_raw_fd(), ECHO, &mut buf).unwrap();
+    let tgid = u32::from_ne_bytes(buf[0..4].try_into().unwrap());
+    let tid = u32::from_ne_bytes(buf[4..8].try_into().unwrap());
+    assert_eq!(tgid, std::process::id(), "caller tgid resolved");
+    // SAFETY: gettid has no preconditions.
+    assert_eq!(tid, unsafe { libc::gettid() } as u32);
+    assert_eq!(u64::from_ne_bytes(buf[8..].try_into().unwrap()), 42);
+
+    // From another thread: same tgid, other tid.
+    let fd = f.as_raw_fd();
+    let (t2, tid2) = std::thread::spawn(move || {
+        let mut b = [0u8; 16];
+        raw_ioctl(fd, ECHO, &mut b).unwrap();
+        // SAFETY: gettid has no preconditions.
+        (
+            u32::from_ne_bytes(b[0..4].try_into().unwrap()),
+            (
+                u32::from_ne_bytes(b[4..8].try_into().unwrap()),
+                unsafe { libc::gettid() } as u32,
+            ),
+        )
+    })
+    .join()
+    .unwrap();
+    assert_eq!(t2, std::process::id());
+    assert_eq!(tid2.0, tid2.1);
+
+    let mut junk = [0u8; 8];
+    assert_eq!(
+        raw_ioctl(f.as_raw_fd(), common::ioc(3, 0xee, 8), &mut junk),
+        Err(libc::ENOTTY)
+    );
+
+    // A parked WAIT answered by a POST from another open.
+    let g = open_rw(m.target());
+    let fd = f.as_raw_fd();
+    let waiter = std::thread::spawn(move || {
+        let mut b = [0u8; 8];
+        raw_ioctl(fd, WAIT, &mut b).map(|_| u64::from_ne_bytes(b))
+    });
+    assert!(wait_for(5, || m.parked() == 1), "WAIT never parked");
+    let mut post = 0x5eedu64.to_ne_bytes();
+    raw_ioctl(g.as_raw_fd(), POST, &mut post).unwrap();
+    assert_eq!(waiter.join().unwrap(), Ok(0x5eed));
+    assert_eq!(m.parked(), 0);
+
+    // Passthrough mmap: coherent with the backing memfd, shown as our path.
+    let len = 2 << 20;
+    let off = 1 << 29;
+    // SAFETY: a fresh shared mapping of our FUSE file; checked below.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            off,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+    // SAFETY: `p` maps `len` writable bytes.
+    unsafe { *(p as *mut u64).add(1) = 0xdead_beef_0001 };
+    let mut back = [0u8; 8];
+    // SAFETY: pread into a local buffer from the memfd we own.
+    let n = unsafe { libc::pread(backing.as_raw_fd(), back.as_mut_ptr().cast(), 8, off + 8) };
+    assert_eq!(n, 8);
+    assert_eq!(u64::from_ne_bytes(back), 0xdead_beef_0001);
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let line = maps
+        .lines()
+        .find(|l| l.starts_with(&format!("{:x}-", p as usize)))
+        .unwrap();
+    assert!(
+        line.ends_with(m.target().to_str().unwrap()),
+        "maps shows {line:?}"
+    );
+    // SAFETY: unmapping our own mapping.
+    unsafe { libc::munmap(p, len) };
+
+    drop(f);
+    drop(g);
+    assert!(wait_for(5, || double.released.lock().unwrap().len() == 2));
+    m.unmount().unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Writes a line straight to fd 1: the harness may buffer or capture
+/// `println!` even with --nocapture.
+fn say(line: &str) {
+    let l = format!("{line}\n");
+    // SAFETY: writing a live buffer to stdout.
+    unsafe { libc::write(1, l.as_ptr().cast(), l.len()) };
+}
+
+/// Child role: blocks in WAIT on $KFD_EMU_TEST_PATH, reports its errno.
+#[test]
+fn waiter() {
+    if role().as_deref() != Some("waiter") {
+        return;
+    }
+    let f = open_rw(Path::new(&std::env::var("KFD_EMU_TEST_PATH").unwrap()));
+    // SAFETY: gettid has no preconditions.
+    say(&format!("waiting tid={}", unsafe { libc::gettid() }));
+    let mut b = [0u8; 8];
+    match raw_ioctl(f.as_raw_fd(), WAIT, &mut b) {
+        Ok(()) => say("result=ok"),
+        Err(e) => say(&format!("result=errno{e}")),
+    }
+}
+
+struct Waiter {
+    child: std::process::Child,
+    out: BufReader<std::process::ChildStdout>,
+    /// The thread blocked in the ioctl.
+    tid: u32,
+}
+
+fn spawn_waiter(path: &Path) -> Waiter {
+    let mut child = helper(
+        "waiter",
+        "waiter",
+        &[("KFD_EMU_TEST_PATH", path.display().to_string())],
+        false,
+    )
+    .stdout(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    let tid = loop {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "waiter exited early");
+        // The harness's "test waiter ... " precedes it on the same line.
+        if let Some((_, t)) = line.trim().split_once("waiting tid=") {
+            break t.parse().unwrap();
+        }
+    };
+    Waiter { child, out, tid }
+}
+
+fn finish_waiter(mut w: Waiter) -> String {
+    let mut s = String::new();
+    w.out.read_to_string(&mut s).unwrap();
+    assert!(w.child.wait().unwrap().success());
+    s
+}
+
+#[test]
+fn parked_wait_is_interruptible() {
+    if role().is_none() {
+        return run_in_ns("parked_wait_is_interruptible", "body");
+    }
+    let dir = scratch_dir("intr");
+    let double = Arc::new(Double::default());
+    let (m, _backing) = serve(&dir, double);
+
+    // SIGSTOP: the task must stop (T), not hang in D.
+    let w = spawn_waiter(m.target());
+    let (pid, tid) = (w.child.id(), w.tid);
+    assert!(wait_for(10, || m.parked() == 1), "WAIT never parked");
+    assert_eq!(proc_state(tid), Some('S'), "blocked interruptibly");
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
+    assert!(
+        wait_for(5, || proc_state(tid) == Some('T')),
+        "task did not stop: state {:?}",
+        proc_state(tid)
+    );
+    assert_eq!(m.parked(), 0, "interrupt answered the parked request");
+    // SAFETY: as above.
+    unsafe { libc::kill(pid as i32, libc::SIGCONT) };
+    let out = finish_waiter(w);
+    assert!(
+        out.contains(&format!("result=errno{}", libc::EINTR)),
+        "{out}"
+    );
+
+    // PTRACE_SEIZE + PTRACE_INTERRUPT of the blocked thread, as CRIU does
+    // for every thread.
+    let w = spawn_waiter(m.target());
+    let tid = w.tid as i32;
+    assert!(wait_for(10, || m.parked() == 1), "WAIT never parked");
+    // SAFETY: ptrace requests on our own child's thread, null arguments.
+    unsafe {
+        assert_eq!(libc::ptrace(libc::PTRACE_SEIZE, tid, 0, 0), 0);
+        assert_eq!(libc::ptrace(libc::PTRACE_INTERRUPT, tid, 0, 0), 0);
+    }
+    let mut status = 0;
+    // SAFETY: waitpid on our own tracee into a local.
+    let r = unsafe { libc::waitpid(tid, &mut status, libc::__WALL) };
+    assert_eq!(r, tid);
+    assert!(libc::WIFSTOPPED(status), "status {status:#x}");
+    assert_eq!(proc_state(tid as u32), Some('t'));
+    assert_eq!(m.parked(), 0, "interrupt answered the parked request");
+    // SAFETY: detaching our tracee.
+    unsafe { libc::ptrace(libc::PTRACE_DETACH, tid, 0, 0) };
+    let out = finish_waiter(w);
+    assert!(
+        out.contains(&format!("result=errno{}", libc::EINTR)),
+        "{out}"
+    );
+
+    m.unmount().unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Child role: serves $KFD_EMU_TEST_PATH until killed.
+#[test]
+fn daemon() {
+    if role().as_deref() != Some("daemon") {
+        return;
+    }
+    let target = std::path::PathBuf::from(std::env::var("KFD_EMU_TEST_PATH").unwrap());
+    let backing = memfd(1 << 20);
+    let _m = fuse::serve_file(
+        "daemon",
+        &target,
+        backing.as_fd(),
+        Arc::new(Double::default()),
+        2,
+    )
+    .unwrap();
+    say("ready");
+    loop {
+        std::thread::sleep(Duration::from_secs(60));
+    }
+}
+
+#[test]
+fn daemon_death_gives_econnaborted() {
+    if role().is_none() {
+        return run_in_ns("daemon_death_gives_econnaborted", "body");
+    }
+    let dir = scratch_dir("death");
+    let target = dir.join("kfd");
+    std::fs::write(&target, b"").unwrap();
+    let mut d = helper(
+        "daemon",
+        "daemon",
+        &[("KFD_EMU_TEST_PATH", target.display().to_string())],
+        false,
+    )
+    .stdout(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut lines = BufReader::new(d.stdout.take().unwrap()).lines();
+    assert!(
+        lines.any(|l| l.unwrap().ends_with("ready")),
+        "daemon never ready"
+    );
+
+    let f = open_rw(&target);
+    let fd = f.as_raw_fd();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut b = [0u8; 8];
+        tx.send(raw_ioctl(fd, WAIT, &mut b)).unwrap();
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        rx.try_recv().is_err(),
+        "WAIT returned before the daemon died"
+    );
+    d.kill().unwrap();
+    d.wait().unwrap();
+    let r = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("blocked ioctl hung after daemon death");
+    assert_eq!(r, Err(libc::ECONNABORTED));
+    drop(f);
+    // SAFETY: detaching the dead mount by path.
+    let c = std::ffi::CString::new(target.to_str().unwrap()).unwrap();
+    unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    std::fs::remove_dir_all(&dir).unwrap();
+}
