@@ -110,8 +110,9 @@ fn ioctl_round_trip_and_passthrough() {
         )
     };
     assert_ne!(p, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
-    // SAFETY: `p` maps `len` writable bytes.
-    unsafe { *(p as *mut u64).add(1) = 0xdead_beef_0001 };
+    let word = (p as *mut u64).wrapping_add(1);
+    // SAFETY: `word` lies inside the `len` writable bytes `p` maps.
+    unsafe { word.write(0xdead_beef_0001) };
     let mut back = [0u8; 8];
     // SAFETY: pread into a local buffer from the memfd we own.
     let n = unsafe { libc::pread(backing.as_raw_fd(), back.as_mut_ptr().cast(), 8, off + 8) };
@@ -232,11 +233,11 @@ fn parked_wait_is_interruptible() {
     let w = spawn_waiter(m.target());
     let tid = w.tid as i32;
     assert!(wait_for(10, || m.parked() == 1), "WAIT never parked");
-    // SAFETY: ptrace requests on our own child's thread, null arguments.
-    unsafe {
-        assert_eq!(libc::ptrace(libc::PTRACE_SEIZE, tid, 0, 0), 0);
-        assert_eq!(libc::ptrace(libc::PTRACE_INTERRUPT, tid, 0, 0), 0);
-    }
+    // SAFETY: ptrace request on our own child's thread, null arguments.
+    assert_eq!(unsafe { libc::ptrace(libc::PTRACE_SEIZE, tid, 0, 0) }, 0);
+    // SAFETY: as above.
+    let r = unsafe { libc::ptrace(libc::PTRACE_INTERRUPT, tid, 0, 0) };
+    assert_eq!(r, 0);
     let mut status = 0;
     // SAFETY: waitpid on our own tracee into a local.
     let r = unsafe { libc::waitpid(tid, &mut status, libc::__WALL) };
@@ -320,8 +321,8 @@ fn daemon_death_gives_econnaborted() {
         .expect("blocked ioctl hung after daemon death");
     assert_eq!(r, Err(libc::ECONNABORTED));
     drop(f);
-    // SAFETY: detaching the dead mount by path.
     let c = std::ffi::CString::new(target.to_str().unwrap()).unwrap();
+    // SAFETY: detaching the dead mount by a valid path.
     unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -31,23 +31,29 @@ pub fn helper(test: &str, role: &str, env: &[(&str, String)], unshare: bool) -> 
         cmd.env(k, v);
     }
     if unshare {
-        // SAFETY: only async-signal-safe syscalls between fork and exec.
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::unshare(libc::CLONE_NEWNS) != 0
-                    || libc::mount(
-                        std::ptr::null(),
-                        c"/".as_ptr(),
-                        std::ptr::null(),
-                        libc::MS_REC | libc::MS_PRIVATE,
-                        std::ptr::null(),
-                    ) != 0
-                {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            })
+        let hook = || {
+            // SAFETY: unshare has no memory preconditions.
+            if unsafe { libc::unshare(libc::CLONE_NEWNS) } != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // SAFETY: constant NUL-terminated path, null optional strings.
+            let r = unsafe {
+                libc::mount(
+                    std::ptr::null(),
+                    c"/".as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_REC | libc::MS_PRIVATE,
+                    std::ptr::null(),
+                )
+            };
+            if r != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
         };
+        // SAFETY: the hook only makes async-signal-safe syscalls between
+        // fork and exec.
+        unsafe { cmd.pre_exec(hook) };
     }
     cmd
 }
@@ -148,8 +154,8 @@ pub fn memfd(len: u64) -> std::os::fd::OwnedFd {
     assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
     // SAFETY: a fresh fd nobody else owns.
     let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
-    // SAFETY: ftruncate on an fd we own.
     assert_eq!(
+        // SAFETY: ftruncate on an fd we own.
         unsafe { libc::ftruncate(std::os::fd::AsRawFd::as_raw_fd(&fd), len as i64) },
         0
     );
