@@ -9,4 +9,5 @@
 
 pub mod fuse;
 pub mod profile;
+pub mod runner;
 pub mod topology;

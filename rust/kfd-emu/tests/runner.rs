@@ -1,0 +1,246 @@
+//! `runner::run` end to end with the device double: the namespace view,
+//! exit status, cleanup of mounts and processes, side-by-side instances.
+//! Needs root.  Has its own `main` (see Cargo.toml).
+
+mod common;
+
+use std::os::fd::AsFd;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{memfd, Double, ROLE_ENV};
+use kfd_emu::profile::Profile;
+use kfd_emu::runner::{self, Devices, NodeSpec, RunOptions};
+
+const CMD_ENV: &str = "KFD_EMU_TEST_CMD";
+const PROFILE_ENV: &str = "KFD_EMU_TEST_PROFILE";
+
+/// Role "run": `kfd-emu run` with the double behind every node.
+fn run_role() -> ! {
+    let profile = Profile::builtin(&std::env::var(PROFILE_ENV).unwrap()).unwrap();
+    let cmd = std::env::var(CMD_ENV).unwrap();
+    let opts = RunOptions {
+        profile,
+        state_dir: None,
+        cmd: cmd.split('\x1f').map(Into::into).collect(),
+        threads: 2,
+    };
+    let code = runner::run(opts, |p| {
+        let mut nodes = Vec::new();
+        let mut paths = vec!["/dev/kfd".to_string()];
+        for g in p.gpus() {
+            paths.push(format!("/dev/dri/renderD{}", g.drm_render_minor));
+        }
+        for path in paths {
+            nodes.push(NodeSpec {
+                path: path.into(),
+                backing: memfd(1 << 20).as_fd().try_clone_to_owned()?,
+                ops: Arc::new(Double::default()),
+            });
+        }
+        Ok(Devices {
+            nodes,
+            shutdown: Box::new(|| {}),
+        })
+    })
+    .unwrap_or_else(|e| {
+        eprintln!("run: {e}");
+        99
+    });
+    std::process::exit(code)
+}
+
+fn runner_cmd(profile: &str, argv: &[&str]) -> Command {
+    let mut c = Command::new(std::env::current_exe().unwrap());
+    c.env(ROLE_ENV, "run")
+        .env(PROFILE_ENV, profile)
+        .env(CMD_ENV, argv.join("\x1f"));
+    c
+}
+
+fn mountinfo() -> String {
+    std::fs::read_to_string("/proc/self/mountinfo").unwrap()
+}
+
+fn check(cond: bool, what: &str) -> Result<(), String> {
+    if cond {
+        Ok(())
+    } else {
+        Err(what.to_owned())
+    }
+}
+
+fn run_true_leaves_nothing() -> Result<(), String> {
+    let before = mountinfo();
+    let out = runner_cmd("mi100x2", &["true"]).output().unwrap();
+    check(
+        out.status.code() == Some(0),
+        &format!(
+            "exit {:?}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )?;
+    check(before == mountinfo(), "host mountinfo changed")?;
+    let out = runner_cmd("mi100", &["sh", "-c", "exit 7"])
+        .output()
+        .unwrap();
+    check(
+        out.status.code() == Some(7),
+        &format!("exit status not forwarded: {:?}", out.status),
+    )
+}
+
+const VIEW_SCRIPT: &str = r#"
+set -e
+test "$(cat /sys/class/kfd/kfd/topology/nodes/1/gpu_id)" = 16172
+test "$(cat /sys/class/kfd/kfd/topology/nodes/2/gpu_id)" = 55729
+grep -q '^drm_render_minor 129$' /sys/class/kfd/kfd/topology/nodes/2/properties
+test "$(stat -c %F /dev/kfd)" = "regular empty file"
+test "$(stat -c %F /dev/dri/renderD128)" = "regular empty file"
+test -e /dev/dri/renderD129
+test ! -e /dev/dri/renderD130
+grep -q ' /dev/kfd .* fuse.kfd-emu ' /proc/self/mountinfo
+echo x > /dev/null
+test -c /dev/fuse
+test -d /dev/pts
+test -e /sys/class/net/lo
+test "$KFD_EMU_PROFILE" = mi100x2
+test -f "$KFD_EMU_STATE_DIR/profile.toml"
+if touch /sys/class/kfd/x 2>/dev/null; then echo sysfs-writable; exit 1; fi
+echo view-ok
+"#;
+
+fn namespace_view() -> Result<(), String> {
+    let out = runner_cmd("mi100x2", &["sh", "-c", VIEW_SCRIPT])
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    check(
+        out.status.success() && text.contains("view-ok"),
+        &format!("namespace view wrong ({:?}):\n{text}", out.status),
+    )
+}
+
+fn side_by_side() -> Result<(), String> {
+    let before = mountinfo();
+    let script = "cat /sys/class/kfd/kfd/topology/nodes/1/gpu_id; sleep 1; \
+                  cat /sys/class/kfd/kfd/topology/nodes/1/gpu_id";
+    let a = runner_cmd("mi100", &["sh", "-c", script])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let b = runner_cmd("mi100x2", &["sh", "-c", script])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let a = a.wait_with_output().unwrap();
+    let b = b.wait_with_output().unwrap();
+    check(
+        a.status.success() && b.status.success(),
+        "an instance failed",
+    )?;
+    check(
+        String::from_utf8_lossy(&a.stdout) == "41443\n41443\n",
+        &format!("instance a saw {:?}", String::from_utf8_lossy(&a.stdout)),
+    )?;
+    check(
+        String::from_utf8_lossy(&b.stdout) == "16172\n16172\n",
+        &format!("instance b saw {:?}", String::from_utf8_lossy(&b.stdout)),
+    )?;
+    check(before == mountinfo(), "host mountinfo changed")
+}
+
+fn pids_with_arg(marker: &str) -> Vec<u32> {
+    let mut v = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        if let Ok(c) = std::fs::read(format!("/proc/{pid}/cmdline")) {
+            if c.split(|b| *b == 0).any(|a| a == marker.as_bytes()) {
+                v.push(pid);
+            }
+        }
+    }
+    v
+}
+
+fn sigterm_cleans_up() -> Result<(), String> {
+    let before = mountinfo();
+    // A background job, a setsid escapee and a foreground sleeper.
+    let mut r = runner_cmd(
+        "mi100",
+        &[
+            "sh",
+            "-c",
+            "sleep 1001.25 & setsid sleep 1001.25 & sleep 1001.25",
+        ],
+    )
+    .spawn()
+    .unwrap();
+    let t0 = Instant::now();
+    while pids_with_arg("1001.25").len() < 3 && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    check(
+        pids_with_arg("1001.25").len() == 3,
+        "sleepers did not start",
+    )?;
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(r.id() as i32, libc::SIGTERM) };
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = r.try_wait().unwrap() {
+            break s;
+        }
+        if t0.elapsed() > Duration::from_secs(10) {
+            let _ = r.kill();
+            return Err("runner did not exit after SIGTERM".into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    check(
+        status.code() == Some(128 + libc::SIGTERM),
+        &format!("status {status:?}"),
+    )?;
+    check(pids_with_arg("1001.25").is_empty(), "processes left behind")?;
+    check(before == mountinfo(), "host mountinfo changed")
+}
+
+fn main() {
+    if std::env::var(ROLE_ENV).as_deref() == Ok("run") {
+        run_role();
+    }
+    let filter: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let cases: [(&str, fn() -> Result<(), String>); 4] = [
+        ("run_true_leaves_nothing", run_true_leaves_nothing),
+        ("namespace_view", namespace_view),
+        ("side_by_side", side_by_side),
+        ("sigterm_cleans_up", sigterm_cleans_up),
+    ];
+    let mut failed = 0;
+    for (name, f) in cases {
+        if !filter.is_empty() && !filter.iter().any(|p| name.contains(p.as_str())) {
+            continue;
+        }
+        match f() {
+            Ok(()) => println!("test {name} ... ok"),
+            Err(e) => {
+                println!("test {name} ... FAILED\n{e}");
+                failed += 1;
+            }
+        }
+    }
+    if failed > 0 {
+        std::process::exit(1);
+    }
+}
