@@ -201,6 +201,7 @@ fn sigterm_cleans_up() -> Result<(), String> {
         }
         if t0.elapsed() > Duration::from_secs(10) {
             let _ = r.kill();
+            let _ = r.wait();
             return Err("runner did not exit after SIGTERM".into());
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -221,7 +222,8 @@ fn main() {
         .skip(1)
         .filter(|a| !a.starts_with('-'))
         .collect();
-    let cases: [(&str, fn() -> Result<(), String>); 4] = [
+    type Case = (&'static str, fn() -> Result<(), String>);
+    let cases: [Case; 4] = [
         ("run_true_leaves_nothing", run_true_leaves_nothing),
         ("namespace_view", namespace_view),
         ("side_by_side", side_by_side),
