@@ -1,55 +1,235 @@
 //! `kfd-emu` command line.
 
+use std::ffi::OsString;
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Instant;
 
 use kfd_emu::profile::{self, Profile};
 
-fn usage() -> ExitCode {
-    eprintln!(
-        "usage: kfd-emu profiles\n\
-         \x20      kfd-emu topology (--profile NAME | --profile-file F)...\n\
-         \x20      kfd-emu run (--profile NAME | --profile-file F)... [--state-dir D] -- CMD [ARG...]"
+const USAGE: &str = "\
+usage: kfd-emu profiles
+       kfd-emu topology --profile NAME [--profile-file F]
+       kfd-emu run --profile NAME [--profile-file F] [--state-dir D] [--threads N] -- CMD [ARG...]
+       kfd-emu bench-ioctl [--device PATH] [--count N] [--cmd HEX]
+
+--profile-file F alone is a complete profile; with --profile it is a partial
+override merged over the named one.  `run` sets KFD_EMU_PROFILE and
+KFD_EMU_STATE_DIR for CMD.  Log level: KFD_EMU_LOG=error|warn|info|debug.";
+
+/// AMDKFD_IOC_GET_VERSION: cheap, answered by every KFD.
+const DEFAULT_BENCH_CMD: u32 = 0x8008_4b01;
+
+struct StderrLog(log::LevelFilter);
+
+impl log::Log for StderrLog {
+    fn enabled(&self, m: &log::Metadata<'_>) -> bool {
+        m.level() <= self.0
+    }
+    fn log(&self, r: &log::Record<'_>) {
+        if self.enabled(r.metadata()) {
+            eprintln!(
+                "kfd-emu[{}]: {}: {}",
+                std::process::id(),
+                r.level(),
+                r.args()
+            );
+        }
+    }
+    fn flush(&self) {}
+}
+
+fn init_log() {
+    let level = match std::env::var("KFD_EMU_LOG").as_deref() {
+        Ok("error") => log::LevelFilter::Error,
+        Ok("info") => log::LevelFilter::Info,
+        Ok("debug") => log::LevelFilter::Debug,
+        Ok("trace") => log::LevelFilter::Trace,
+        _ => log::LevelFilter::Warn,
+    };
+    let logger: &'static StderrLog = Box::leak(Box::new(StderrLog(level)));
+    if log::set_logger(logger).is_ok() {
+        log::set_max_level(level);
+    }
+}
+
+#[derive(Default)]
+struct Args {
+    profile: Option<String>,
+    profile_file: Option<PathBuf>,
+    state_dir: Option<PathBuf>,
+    threads: Option<usize>,
+    device: Option<PathBuf>,
+    count: Option<usize>,
+    cmd_hex: Option<u32>,
+    rest: Vec<OsString>,
+}
+
+fn parse(args: &[OsString]) -> Result<Args, String> {
+    let mut a = Args::default();
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        let s = arg.to_string_lossy();
+        let mut val = |name: &str| {
+            it.next()
+                .cloned()
+                .ok_or_else(|| format!("{name} needs a value"))
+        };
+        match s.as_ref() {
+            "--profile" => a.profile = Some(val("--profile")?.to_string_lossy().into_owned()),
+            "--profile-file" => a.profile_file = Some(val("--profile-file")?.into()),
+            "--state-dir" => a.state_dir = Some(val("--state-dir")?.into()),
+            "--device" => a.device = Some(val("--device")?.into()),
+            "--threads" | "--count" => {
+                let v = val(&s)?;
+                let n: usize = v
+                    .to_string_lossy()
+                    .parse()
+                    .map_err(|_| format!("{s}: {v:?} is not a number"))?;
+                if s == "--threads" {
+                    a.threads = Some(n);
+                } else {
+                    a.count = Some(n);
+                }
+            }
+            "--cmd" => {
+                let v = val("--cmd")?.to_string_lossy().into_owned();
+                a.cmd_hex = Some(
+                    u32::from_str_radix(v.trim_start_matches("0x"), 16)
+                        .map_err(|_| format!("--cmd: {v:?} is not a hex ioctl number"))?,
+                );
+            }
+            "--" => {
+                a.rest = it.cloned().collect();
+                break;
+            }
+            _ => return Err(format!("unknown argument {s:?}")),
+        }
+    }
+    Ok(a)
+}
+
+fn load_profile(a: &Args) -> Result<Profile, String> {
+    Profile::load(a.profile.as_deref(), a.profile_file.as_deref()).map_err(|e| e.to_string())
+}
+
+fn cmd_profiles() -> Result<i32, String> {
+    for n in profile::builtin_names() {
+        let p = Profile::builtin(n).map_err(|e| e.to_string())?;
+        let gpus: Vec<String> = p
+            .gpus()
+            .iter()
+            .map(|g| format!("{}@renderD{}", g.gpu_id, g.drm_render_minor))
+            .collect();
+        println!(
+            "{n:10} {}\n{:10} gpus: {}",
+            p.description,
+            "",
+            gpus.join(" ")
+        );
+    }
+    Ok(0)
+}
+
+fn cmd_run(a: Args) -> Result<i32, String> {
+    let _profile = load_profile(&a)?;
+    Err("the device model is not integrated into this build yet".into())
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i]
+}
+
+fn cmd_bench(a: Args) -> Result<i32, String> {
+    let dev = a.device.unwrap_or_else(|| PathBuf::from("/dev/kfd"));
+    let count = a.count.unwrap_or(20_000).max(1);
+    let cmd = a.cmd_hex.unwrap_or(DEFAULT_BENCH_CMD);
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&dev)
+        .map_err(|e| format!("{}: {e}", dev.display()))?;
+    let size = ((cmd >> 16) & 0x3fff) as usize;
+    let mut buf = vec![0u8; size.max(8)];
+    let call = |buf: &mut [u8]| -> Result<(), String> {
+        // SAFETY: `buf` is live and at least `_IOC_SIZE(cmd)` bytes long.
+        let r = unsafe { libc::ioctl(f.as_raw_fd(), cmd as _, buf.as_mut_ptr()) };
+        if r < 0 {
+            return Err(format!(
+                "{}: ioctl {cmd:#x}: {}",
+                dev.display(),
+                std::io::Error::last_os_error()
+            ));
+        }
+        Ok(())
+    };
+    for _ in 0..count.min(1000) {
+        call(&mut buf)?;
+    }
+    let mut us = Vec::with_capacity(count);
+    for _ in 0..count {
+        let t = Instant::now();
+        call(&mut buf)?;
+        us.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    let mean = us.iter().sum::<f64>() / us.len() as f64;
+    us.sort_by(f64::total_cmp);
+    println!(
+        "{} ioctl {cmd:#010x} x{count}: p50 {:.1} us  p90 {:.1} us  p99 {:.1} us  min {:.1} us  max {:.1} us  mean {:.1} us",
+        dev.display(),
+        percentile(&us, 0.5),
+        percentile(&us, 0.9),
+        percentile(&us, 0.99),
+        us[0],
+        us[us.len() - 1],
+        mean
     );
-    ExitCode::from(2)
+    if cmd == DEFAULT_BENCH_CMD {
+        let major = u32::from_ne_bytes(buf[0..4].try_into().expect("8 bytes"));
+        let minor = u32::from_ne_bytes(buf[4..8].try_into().expect("8 bytes"));
+        println!("KFD version {major}.{minor}");
+    }
+    Ok(0)
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let Some(cmd) = args.first() else {
-        return usage();
+    init_log();
+    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    let Some(sub) = args.first().map(|s| s.to_string_lossy().into_owned()) else {
+        eprintln!("{USAGE}");
+        return ExitCode::from(2);
     };
-    match cmd.as_str() {
-        "profiles" => {
-            for n in profile::builtin_names() {
-                match Profile::builtin(n) {
-                    Ok(p) => println!("{n:10} {}", p.description),
-                    Err(e) => println!("{n:10} BROKEN: {e}"),
-                }
-            }
-            ExitCode::SUCCESS
+    let parsed = match parse(&args[1..]) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("kfd-emu {sub}: {e}\n{USAGE}");
+            return ExitCode::from(2);
         }
-        "topology" => {
-            let mut name = None;
-            let mut file = None;
-            let mut it = args[1..].iter();
-            while let Some(a) = it.next() {
-                match a.as_str() {
-                    "--profile" => name = it.next().cloned(),
-                    "--profile-file" => file = it.next().map(std::path::PathBuf::from),
-                    _ => return usage(),
-                }
-            }
-            match Profile::load(name.as_deref(), file.as_deref()) {
-                Ok(p) => {
-                    print!("{}", kfd_emu::topology::render(&p));
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("kfd-emu: {e}");
-                    ExitCode::FAILURE
-                }
-            }
+    };
+    let r = match sub.as_str() {
+        "profiles" => cmd_profiles(),
+        "topology" => load_profile(&parsed).map(|p| {
+            print!("{}", kfd_emu::topology::render(&p));
+            0
+        }),
+        "run" => cmd_run(parsed),
+        "bench-ioctl" => cmd_bench(parsed),
+        "-h" | "--help" | "help" => {
+            println!("{USAGE}");
+            Ok(0)
         }
-        _ => usage(),
+        _ => {
+            eprintln!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match r {
+        Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+        Err(e) => {
+            eprintln!("kfd-emu {sub}: {e}");
+            ExitCode::FAILURE
+        }
     }
 }
