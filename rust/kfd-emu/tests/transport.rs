@@ -257,6 +257,41 @@ fn parked_wait_is_interruptible() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+#[test]
+fn interrupt_during_the_call() {
+    if role().is_none() {
+        return run_in_ns("interrupt_during_the_call", "body");
+    }
+    let dir = scratch_dir("incall");
+    let (m, _backing) = serve(&dir, Arc::new(Double::default()));
+    let f = open_rw(m.target());
+    // SAFETY: an empty handler, so SIGUSR1 interrupts without killing.
+    unsafe { libc::signal(libc::SIGUSR1, on_usr1 as *const () as libc::sighandler_t) };
+    extern "C" fn on_usr1(_: i32) {}
+
+    for (cmd, want) in [(SLOW, Ok(1u64)), (SLOW_PARK, Err(libc::EINTR))] {
+        let fd = f.as_raw_fd();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let t = std::thread::spawn(move || {
+            // SAFETY: gettid has no preconditions.
+            tx.send(unsafe { libc::gettid() }).unwrap();
+            let mut b = [0u8; 8];
+            raw_ioctl(fd, cmd, &mut b).map(|_| u64::from_ne_bytes(b))
+        });
+        let tid = rx.recv().unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        // SAFETY: signalling a thread of this process.
+        unsafe { libc::syscall(libc::SYS_tgkill, std::process::id(), tid, libc::SIGUSR1) };
+        // A request the device completes in the call is not disturbed; one
+        // it parks is answered EINTR as soon as the call returns.
+        assert_eq!(t.join().unwrap(), want, "cmd {cmd:#x}");
+        assert_eq!(m.parked(), 0);
+    }
+    drop(f);
+    m.unmount().unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// Child role: serves $KFD_EMU_TEST_PATH until killed.
 #[test]
 fn daemon() {

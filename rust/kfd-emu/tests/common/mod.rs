@@ -84,6 +84,11 @@ pub const WAIT: u32 = ioc(3, 0xa1, 8);
 /// Answers every parked WAIT with the posted value.
 pub const POST: u32 = ioc(1, 0xa2, 8);
 
+/// Works 300 ms inside the call, then answers `{1}`.
+pub const SLOW: u32 = ioc(3, 0xa3, 8);
+/// Works 300 ms inside the call, then parks until POST.
+pub const SLOW_PARK: u32 = ioc(3, 0xa4, 8);
+
 /// A device double: numbered opens, an echo ioctl, a parkable wait.
 #[derive(Default)]
 pub struct Double {
@@ -127,6 +132,14 @@ impl FileOps for Double {
                 reply.reply(Ok(out));
             }
             WAIT => self.parked.lock().unwrap().push(reply),
+            SLOW => {
+                std::thread::sleep(std::time::Duration::from_millis(300));
+                reply.reply(Ok(1u64.to_ne_bytes().to_vec()));
+            }
+            SLOW_PARK => {
+                std::thread::sleep(std::time::Duration::from_millis(300));
+                self.parked.lock().unwrap().push(reply);
+            }
             POST => {
                 for r in self.parked.lock().unwrap().drain(..) {
                     r.reply(Ok(input.to_vec()));
