@@ -246,10 +246,12 @@ fn runner_sigset() -> libc::sigset_t {
     set
 }
 
-/// The stdio fds that are character devices or regular files: they were
-/// opened in the host's mount namespace, and CRIU cannot dump a task
-/// holding a file whose mount is not in the task's namespace.  The child
-/// reopens them by path inside the new namespace.
+/// The stdio fds to reopen by path inside the new namespace: they were
+/// opened in the caller's mount namespace, and CRIU cannot dump a task
+/// holding a file whose mount is not in the task's namespace.  Character
+/// devices (/dev/null, terminals) and append-mode regular files qualify;
+/// other regular files keep their fd, because a second open file
+/// description would not share the caller's file offset.
 fn stdio_to_reopen() -> Vec<(i32, CString, i32)> {
     let mut v = Vec::new();
     for fd in 0..3 {
@@ -259,12 +261,13 @@ fn stdio_to_reopen() -> Vec<(i32, CString, i32)> {
         let Ok(md) = std::fs::metadata(&path) else {
             continue;
         };
-        if !(md.file_type().is_char_device() || md.file_type().is_file()) {
-            continue;
-        }
         // SAFETY: F_GETFL on a possibly-closed fd just fails.
         let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
         if fl < 0 {
+            continue;
+        }
+        let append = fl & libc::O_APPEND != 0;
+        if !(md.file_type().is_char_device() || (md.file_type().is_file() && append)) {
             continue;
         }
         let Ok(c) = cstr(&path) else { continue };

@@ -24,7 +24,7 @@ fn run_role() -> ! {
         profile,
         state_dir: None,
         cmd: cmd.split('\x1f').map(Into::into).collect(),
-        threads: 2,
+        threads: std::env::var("KFD_EMU_TEST_THREADS").map_or(2, |t| t.parse().unwrap()),
     };
     let code = runner::run(opts, |p| {
         let mut nodes = Vec::new();
