@@ -109,6 +109,9 @@ test -e /sys/class/net/lo
 test "$KFD_EMU_PROFILE" = mi100x2
 test -f "$KFD_EMU_STATE_DIR/profile.toml"
 if touch /sys/class/kfd/x 2>/dev/null; then echo sysfs-writable; exit 1; fi
+# stdin is the caller's /dev/null: reopened on a mount of this namespace.
+m=$(awk '/^mnt_id:/ {print $2}' /proc/self/fdinfo/0)
+awk -v m="$m" '$1 == m {found = 1} END {exit !found}' /proc/self/mountinfo
 echo view-ok
 "#;
 
