@@ -76,6 +76,19 @@ fn ioctl_round_trip_and_passthrough() {
     assert_eq!(t2, std::process::id());
     assert_eq!(tid2.0, tid2.1);
 
+    // fd arguments: pull the fd from the process, ask the transport its fh.
+    let pulled = fuse::pull_fd(std::process::id(), f.as_raw_fd()).unwrap();
+    let fh = fuse::fh_of(pulled.as_fd()).unwrap();
+    let opens = double.opens.lock().unwrap().clone();
+    assert_eq!(opens.len(), 1);
+    assert!(opens.contains_key(&fh), "fh {fh} not among {opens:?}");
+    drop(pulled);
+    let other = std::fs::File::open("/proc/self/status").unwrap();
+    assert_eq!(
+        fuse::fh_of(other.as_fd()).unwrap_err().raw_os_error(),
+        Some(libc::ENOTTY)
+    );
+
     let mut junk = [0u8; 8];
     assert_eq!(
         raw_ioctl(f.as_raw_fd(), common::ioc(3, 0xee, 8), &mut junk),

@@ -34,6 +34,45 @@ const READ_BUF: usize = MAX_WRITE as usize + 64 * 1024;
 /// The largest errno a FUSE reply may carry.
 const MAX_ERRNO: i32 = 511;
 
+/// `_IOR(0xfe, 0x01, u64)`: answered by the transport itself on every
+/// node with the open file description's `fh`.  Lets the device model find
+/// which emulated open an fd argument (`ACQUIRE_VM.drm_fd`, a CRIU device
+/// bucket's `drm_fd`) refers to: pull the fd with [`pull_fd`], then ask
+/// [`fh_of`].  Type 0xfe is used by neither KFD ('K') nor DRM ('d').
+pub const FH_QUERY: u32 = (2 << 30) | (8 << 16) | (0xfe << 8) | 0x01;
+
+/// Duplicates fd `fd` of process `tgid` into this process
+/// (`pidfd_open` + `pidfd_getfd`; needs ptrace access to the process).
+pub fn pull_fd(tgid: u32, fd: i32) -> io::Result<OwnedFd> {
+    // SAFETY: pidfd_open with integer arguments.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, tgid as libc::pid_t, 0) };
+    if pidfd < 0 {
+        return Err(os_err(format!("pidfd_open({tgid})")));
+    }
+    // SAFETY: a fresh fd nobody else owns.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd as i32) };
+    // SAFETY: pidfd_getfd with a valid pidfd and integer arguments.
+    let r = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
+    if r < 0 {
+        return Err(os_err(format!("pidfd_getfd(pid {tgid}, fd {fd})")));
+    }
+    // SAFETY: a fresh fd nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(r as i32) })
+}
+
+/// The `fh` of an open of an emulated node (ENOTTY for any other file).
+/// Another worker answers, so this must not run on the only worker of a
+/// connection; every connection has at least two.
+pub fn fh_of(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    let mut fh = 0u64;
+    // SAFETY: FH_QUERY writes 8 bytes to the pointer, a live local u64.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), FH_QUERY as _, &mut fh as *mut u64) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fh)
+}
+
 /// The thread (and its process) that made a request.  Ids are in the
 /// daemon's pid namespace.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -284,6 +323,11 @@ impl Conn {
         if io.flags & abi::FUSE_IOCTL_COMPAT != 0 {
             // 32-bit callers would need their own struct layouts.
             self.send(h.unique, libc::ENOTTY, &[]);
+            return;
+        }
+        if io.cmd == FH_QUERY {
+            let out = abi::IoctlOut::default();
+            self.send(h.unique, 0, &[abi::bytes(&out), &io.fh.to_ne_bytes()]);
             return;
         }
         let data = &body[size_of::<abi::IoctlIn>()..];
