@@ -133,8 +133,20 @@ fn cmd_profiles() -> Result<i32, String> {
 }
 
 fn cmd_run(a: Args) -> Result<i32, String> {
-    let _profile = load_profile(&a)?;
-    Err("the device model is not integrated into this build yet".into())
+    let profile = load_profile(&a)?;
+    let opts = kfd_emu::runner::RunOptions {
+        profile,
+        state_dir: a.state_dir,
+        cmd: a.rest,
+        threads: a.threads.unwrap_or(2),
+    };
+    #[cfg(kfd_emu_device)]
+    return kfd_emu::runner::run(opts, kfd_emu::fuse::emulator::devices).map_err(|e| e.to_string());
+    #[cfg(not(kfd_emu_device))]
+    {
+        let _ = opts;
+        Err("this build has no device model (rust/kfd-emu/src/device)".into())
+    }
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {

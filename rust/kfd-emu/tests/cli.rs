@@ -1,0 +1,88 @@
+//! The `kfd-emu` binary with the real device model: `run` leaves nothing
+//! behind, two instances run side by side, GET_VERSION answers through
+//! the namespace's /dev/kfd.  Needs root.  Built once the device model
+//! is in the crate (see build.rs).
+
+#![cfg(kfd_emu_device)]
+
+use std::process::{Command, Stdio};
+
+fn kfd_emu() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_kfd-emu"))
+}
+
+fn mountinfo() -> String {
+    std::fs::read_to_string("/proc/self/mountinfo").unwrap()
+}
+
+#[test]
+fn run_true_leaves_no_mounts() {
+    let before = mountinfo();
+    let st = kfd_emu()
+        .args(["run", "--profile", "mi100", "--", "true"])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    assert_eq!(before, mountinfo());
+}
+
+#[test]
+fn two_instances_side_by_side() {
+    let before = mountinfo();
+    let a = kfd_emu()
+        .args([
+            "run",
+            "--profile",
+            "mi100",
+            "--",
+            "sh",
+            "-c",
+            "cat /sys/class/kfd/kfd/topology/nodes/1/gpu_id; sleep 1",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let b = kfd_emu()
+        .args([
+            "run",
+            "--profile",
+            "mi300x8",
+            "--",
+            "sh",
+            "-c",
+            "cat /sys/class/kfd/kfd/topology/nodes/2/gpu_id; sleep 1",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let a = a.wait_with_output().unwrap();
+    let b = b.wait_with_output().unwrap();
+    assert!(a.status.success() && b.status.success());
+    assert_eq!(String::from_utf8_lossy(&a.stdout), "41443\n");
+    assert_eq!(String::from_utf8_lossy(&b.stdout), format!("{}\n", 0x6f3e));
+    assert_eq!(before, mountinfo());
+}
+
+#[test]
+fn get_version_through_the_namespace() {
+    let out = kfd_emu()
+        .args([
+            "run",
+            "--profile",
+            "mi100x2",
+            "--",
+            env!("CARGO_BIN_EXE_kfd-emu"),
+            "bench-ioctl",
+            "--count",
+            "2000",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("KFD version 1."), "{text}");
+}
