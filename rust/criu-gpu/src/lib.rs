@@ -1,1 +1,69 @@
-//! criu-gpu
+//! `criu-gpu`: the C boundary between criu-rocm's patched CRIU and the Rust GPU code.
+//!
+//! Every `extern "C"` entry point follows the same contract: it never unwinds into C (panics
+//! are caught and turned into `-EIO`), it returns `0` or a negative errno, and `-ENOTSUP`
+//! means "not a GPU object, let CRIU handle it". The C declarations live in
+//! `criu/include/criu-gpu.h`, generated from this crate and checked for drift by the tests.
+
+use std::ffi::{c_char, c_int};
+use std::panic::{catch_unwind, UnwindSafe};
+
+pub mod logging;
+
+/// The criu-rocm release, shown by `criu-rocm --version`.
+pub const CRIU_ROCM_VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "\0");
+
+/// Runs `f` behind a panic boundary: a panic is logged and reported as `-EIO`.
+pub fn ffi_boundary<F>(entry: &'static str, f: F) -> c_int
+where
+    F: FnOnce() -> c_int + UnwindSafe,
+{
+    match catch_unwind(f) {
+        Ok(ret) => ret,
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".to_owned());
+            log::error!("{entry}: internal error: {what}");
+            -libc::EIO
+        }
+    }
+}
+
+/// Returns the criu-rocm version as a NUL-terminated static string.
+#[no_mangle]
+pub extern "C" fn criu_gpu_version() -> *const c_char {
+    CRIU_ROCM_VERSION.as_ptr().cast()
+}
+
+/// Called once by CRIU after its log is set up: routes Rust `log` records into CRIU's log.
+///
+/// `loglevel` is CRIU's verbosity (`-v` level, 0..4); records above it are dropped early.
+#[no_mangle]
+pub extern "C" fn criu_gpu_init(loglevel: c_int) -> c_int {
+    ffi_boundary("criu_gpu_init", || {
+        logging::install(loglevel);
+        0
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::CStr;
+
+    #[test]
+    fn version_is_the_crate_version() {
+        // SAFETY: criu_gpu_version returns a pointer to a static NUL-terminated string.
+        let v = unsafe { CStr::from_ptr(criu_gpu_version()) };
+        assert_eq!(v.to_str().unwrap(), env!("CARGO_PKG_VERSION"));
+    }
+
+    #[test]
+    fn panics_become_eio() {
+        assert_eq!(ffi_boundary("t", || panic!("boom")), -libc::EIO);
+        assert_eq!(ffi_boundary("t", || -libc::ENOTSUP), -libc::ENOTSUP);
+    }
+}

@@ -1,0 +1,118 @@
+//! Routes Rust `log` records into CRIU's own log through its `print_on_level()`.
+//!
+//! Every line carries one prefix, `amdgpu: `, so GPU messages are easy to find in
+//! `dump.log` / `restore.log`, and Rust levels map onto CRIU's: error → LOG_ERROR,
+//! warn → LOG_WARN, info → LOG_INFO, debug/trace → LOG_DEBUG.
+
+use std::ffi::{c_int, c_uint};
+use std::sync::OnceLock;
+
+/// CRIU's log levels (criu/include/log.h).
+const LOG_ERROR: c_uint = 1;
+const LOG_WARN: c_uint = 2;
+const LOG_INFO: c_uint = 3;
+const LOG_DEBUG: c_uint = 4;
+
+/// The prefix of every GPU line in CRIU's log.
+pub const PREFIX: &str = "amdgpu: ";
+
+/// Where formatted lines go: CRIU's printer in the product, a capture in tests.
+pub type Sink = fn(c_uint, &str);
+
+#[cfg(not(test))]
+fn criu_sink(level: c_uint, line: &str) {
+    use std::ffi::{c_char, CString};
+    extern "C" {
+        fn print_on_level(loglevel: c_uint, format: *const c_char, ...);
+    }
+    let Ok(line) = CString::new(line.replace('\0', "\\0")) else {
+        return;
+    };
+    // SAFETY: the format is a static "%s\n" consuming exactly one C-string argument, and `line`
+    // is a valid NUL-terminated string alive for the duration of the call.
+    unsafe { print_on_level(level, c"%s\n".as_ptr(), line.as_ptr()) };
+}
+
+#[cfg(test)]
+fn criu_sink(level: c_uint, line: &str) {
+    tests::capture(level, line);
+}
+
+struct CriuLogger {
+    sink: Sink,
+}
+
+/// Maps a Rust level to CRIU's.
+pub fn criu_level(level: log::Level) -> c_uint {
+    match level {
+        log::Level::Error => LOG_ERROR,
+        log::Level::Warn => LOG_WARN,
+        log::Level::Info => LOG_INFO,
+        log::Level::Debug | log::Level::Trace => LOG_DEBUG,
+    }
+}
+
+fn filter_for(criu_loglevel: c_int) -> log::LevelFilter {
+    match criu_loglevel {
+        i32::MIN..=0 => log::LevelFilter::Off,
+        1 => log::LevelFilter::Error,
+        2 => log::LevelFilter::Warn,
+        3 => log::LevelFilter::Info,
+        _ => log::LevelFilter::Debug,
+    }
+}
+
+impl log::Log for CriuLogger {
+    fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
+        metadata.level() <= log::max_level()
+    }
+
+    fn log(&self, record: &log::Record<'_>) {
+        if self.enabled(record.metadata()) {
+            (self.sink)(
+                criu_level(record.level()),
+                &format!("{PREFIX}{}", record.args()),
+            );
+        }
+    }
+
+    fn flush(&self) {}
+}
+
+static LOGGER: OnceLock<CriuLogger> = OnceLock::new();
+
+/// Installs the bridge (idempotent) and sets the level from CRIU's verbosity.
+pub fn install(criu_loglevel: c_int) {
+    let logger = LOGGER.get_or_init(|| CriuLogger { sink: criu_sink });
+    // A second call (or another logger set first) only updates the level.
+    let _ = log::set_logger(logger);
+    log::set_max_level(filter_for(criu_loglevel));
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    static LINES: Mutex<Vec<(c_uint, String)>> = Mutex::new(Vec::new());
+
+    pub(crate) fn capture(level: c_uint, line: &str) {
+        LINES.lock().unwrap().push((level, line.to_owned()));
+    }
+
+    #[test]
+    fn records_reach_criu_with_prefix_and_mapped_level() {
+        install(4);
+        log::error!("gpu 0x{:04x} failed", 0x1a2b);
+        log::debug!("detail");
+        install(2);
+        log::info!("dropped at -v2");
+        let lines = LINES.lock().unwrap().clone();
+        assert!(lines.contains(&(LOG_ERROR, "amdgpu: gpu 0x1a2b failed".into())));
+        assert!(lines.contains(&(LOG_DEBUG, "amdgpu: detail".into())));
+        assert!(!lines.iter().any(|(_, l)| l.contains("dropped")));
+        assert_eq!(criu_level(log::Level::Warn), LOG_WARN);
+        assert_eq!(criu_level(log::Level::Trace), LOG_DEBUG);
+        assert_eq!(criu_level(log::Level::Info), LOG_INFO);
+    }
+}
