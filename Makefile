@@ -1,0 +1,103 @@
+# criu-rocm: the user's door to the build. meson.build is the packager's door over the
+# same targets (it calls this file), so there is one build graph.
+#
+#   make              build build/criu-rocm
+#   make test         everything CI runs (as root)
+#   make install      PREFIX=/usr/local DESTDIR=
+
+PREFIX		?= /usr/local
+SBINDIR		?= $(PREFIX)/sbin
+MANDIR		?= $(PREFIX)/share/man
+DESTDIR		?=
+JOBS		?= 2
+
+TOP		:= $(CURDIR)
+BUILD		:= $(TOP)/build
+include criu/upstream.lock
+CRIU_TREE	:= $(BUILD)/criu-$(CRIU_VERSION)
+TARBALL		:= $(if $(CRIU_TARBALL),$(CRIU_TARBALL),$(BUILD)/cache/$(CRIU_TARBALL_NAME))
+CARGO		?= cargo
+CARGO_TARGET	:= $(TOP)/rust/target
+GPU_LIB		:= $(CARGO_TARGET)/release/libcriu_gpu.a
+GITREV		:= $(shell git -C $(TOP) describe --always --dirty 2>/dev/null || echo unknown)
+PYTHON		:= /usr/bin/python3
+
+CRIU_INPUTS	:= criu/upstream.lock criu/patches/series $(wildcard criu/patches/*.patch) \
+		   $(wildcard criu/*.c) $(wildcard criu/include/*.h) scripts/prepare-criu.sh
+
+all: $(BUILD)/criu-rocm
+.PHONY: all deps criu-rocm rust-lib test test-rust test-smoke test-zdtm test-install \
+	zdtm-compare install clean FORCE
+
+deps:
+	scripts/install-deps.sh
+
+criu-rocm: $(BUILD)/criu-rocm
+
+# The pinned upstream tarball (cached; re-verified by fetch-criu.sh when missing).
+$(BUILD)/cache/$(CRIU_TARBALL_NAME): criu/upstream.lock
+	scripts/fetch-criu.sh >/dev/null
+
+# A pristine extraction with our patch series; redone whenever an input changes.
+$(CRIU_TREE)/.prepared: $(TARBALL) $(CRIU_INPUTS)
+	scripts/prepare-criu.sh $(TARBALL) $(CRIU_TREE)
+	touch $@
+
+rust-lib: FORCE
+	cd rust && $(CARGO) build --release --locked -p criu-gpu -q
+
+$(GPU_LIB): rust-lib
+
+# The git revision is compiled into criu-rocm.o; rebuild it when the revision moves.
+$(BUILD)/gitrev: FORCE
+	@mkdir -p $(BUILD)
+	@echo '$(GITREV)' | cmp -s - $@ || echo '$(GITREV)' >$@
+
+$(BUILD)/criu-rocm: $(CRIU_TREE)/.prepared $(GPU_LIB) $(BUILD)/gitrev
+	@if [ $(BUILD)/gitrev -nt $(CRIU_TREE)/criu/criu-rocm.o ]; then rm -f $(CRIU_TREE)/criu/criu-rocm.o; fi
+	$(MAKE) -C $(CRIU_TREE) -j$(JOBS) criu CRIU_GPU_LIB=$(GPU_LIB) CRIU_ROCM_GITREV=$(GITREV) \
+		>$(BUILD)/criu-build.log 2>&1 || { tail -n 40 $(BUILD)/criu-build.log; exit 1; }
+	cp $(CRIU_TREE)/criu/criu $@.tmp && mv $@.tmp $@
+	@echo "built $@"
+
+# Stock CRIU from the same tarball, unpatched: the reference for zdtm-compare.
+$(BUILD)/stock/.prepared: $(TARBALL) scripts/prepare-criu.sh
+	scripts/prepare-criu.sh $(TARBALL) $(BUILD)/stock --no-patches
+	touch $@
+
+$(BUILD)/stock/criu/criu: $(BUILD)/stock/.prepared
+	$(MAKE) -C $(BUILD)/stock -j$(JOBS) criu >$(BUILD)/stock-build.log 2>&1 || \
+		{ tail -n 40 $(BUILD)/stock-build.log; exit 1; }
+
+$(BUILD)/criu-rocm.8: Documentation/criu-rocm.8.adoc
+	asciidoctor -b manpage -o $@ $<
+
+test: test-rust test-smoke test-zdtm test-install
+	@echo "make test: all suites passed"
+
+test-rust:
+	cd rust && $(CARGO) fmt --all -- --check
+	cd rust && $(CARGO) clippy --locked --workspace --all-targets -q -- -D warnings
+	cd rust && $(CARGO) test --locked --workspace -q
+
+test-smoke: $(BUILD)/criu-rocm
+	test/smoke/run.sh $(BUILD)/criu-rocm
+
+test-zdtm: $(BUILD)/criu-rocm
+	scripts/zdtm.sh --criu-bin $(BUILD)/criu-rocm --tree $(CRIU_TREE) --list test/zdtm-regression.list
+
+zdtm-compare: $(BUILD)/criu-rocm $(BUILD)/stock/criu/criu
+	scripts/zdtm-compare.sh $(BUILD)/stock/criu/criu $(BUILD)/criu-rocm $(CRIU_TREE) test/zdtm-regression.list
+
+test-install: $(BUILD)/criu-rocm
+	test/install/run.sh
+
+install: $(BUILD)/criu-rocm $(BUILD)/criu-rocm.8
+	install -D -m 0755 $(BUILD)/criu-rocm $(DESTDIR)$(SBINDIR)/criu-rocm
+	install -D -m 0644 $(BUILD)/criu-rocm.8 $(DESTDIR)$(MANDIR)/man8/criu-rocm.8
+
+clean:
+	rm -rf $(CRIU_TREE) $(BUILD)/stock $(BUILD)/criu-rocm $(BUILD)/gitrev
+	cd rust && $(CARGO) clean
+
+FORCE:

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Puts the pinned upstream CRIU tarball into the build cache and prints its path.
+#
+# Source: $CRIU_TARBALL if set (offline builds), else the distribution's source package named
+# in criu/upstream.lock, fetched with apt-get through a private apt state directory whose
+# deb-src entry is derived from the machine's configured Debian sources. The system's apt
+# configuration is never changed. A tarball whose sha256 differs from the lock is refused.
+set -euo pipefail
+
+top=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=../criu/upstream.lock
+. "$top/criu/upstream.lock"
+cache=${CRIU_CACHE_DIR:-$top/build/cache}
+dest=$cache/$CRIU_TARBALL_NAME
+
+die() { echo "fetch-criu: $*" >&2; exit 1; }
+
+verify() {
+	local sum
+	sum=$(sha256sum "$1" | cut -d' ' -f1)
+	[ "$sum" = "$CRIU_TARBALL_SHA256" ] && return 0
+	echo "fetch-criu: $1: sha256 $sum does not match the pinned $CRIU_TARBALL_SHA256 (criu/upstream.lock)" >&2
+	return 1
+}
+
+mkdir -p "$cache"
+
+if [ -n "${CRIU_TARBALL:-}" ]; then
+	[ -r "$CRIU_TARBALL" ] || die "CRIU_TARBALL=$CRIU_TARBALL: no such readable file"
+	verify "$CRIU_TARBALL" || die "refusing CRIU_TARBALL=$CRIU_TARBALL"
+	echo "$CRIU_TARBALL"
+	exit 0
+fi
+
+if [ -f "$dest" ]; then
+	if verify "$dest"; then
+		echo "$dest"
+		exit 0
+	fi
+	echo "fetch-criu: discarding the cached copy and fetching again" >&2
+	rm -f "$dest"
+fi
+
+# The deb-src entry: the URIs of the machine's Debian archive (not the security archive),
+# with the suites that carry CRIU $CRIU_VERSION.
+uris=$(sed -n 's/^URIs:[[:space:]]*//p' /etc/apt/sources.list.d/*.sources 2>/dev/null |
+	tr ' ' '\n' | grep -v -e security -e '^$' | grep -i debian | head -n1 || true)
+if [ -z "$uris" ] && [ -f /etc/apt/sources.list ]; then
+	uris=$(awk '$1 == "deb" && $0 !~ /security/ { for (i = 2; i <= NF; i++) if ($i ~ /^[a-z]+:\/\//) { print $i; exit } }' /etc/apt/sources.list)
+fi
+[ -n "$uris" ] || die "no Debian archive found in the machine's apt sources; set CRIU_TARBALL=/path/to/$CRIU_TARBALL_NAME"
+
+apt_dir=$cache/apt
+rm -rf "$apt_dir"
+mkdir -p "$apt_dir/lists/partial" "$apt_dir/archives/partial" "$apt_dir/sources.list.d" "$apt_dir/dl"
+cat >"$apt_dir/sources.list.d/criu-src.sources" <<SRC
+Types: deb-src
+URIs: $uris
+Suites: trixie sid
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SRC
+apt_opts=(-o "Dir::State=$apt_dir" -o "Dir::State::Lists=$apt_dir/lists"
+	-o "Dir::Cache=$apt_dir" -o "Dir::Etc::SourceList=/dev/null"
+	-o "Dir::Etc::SourceParts=$apt_dir/sources.list.d"
+	-o "Dir::State::status=/var/lib/dpkg/status" -o "Debug::NoLocking=1")
+
+echo "fetch-criu: fetching source package $CRIU_SOURCE_PACKAGE=$CRIU_SOURCE_VERSION" >&2
+if ! apt-get "${apt_opts[@]}" -qq update >"$apt_dir/update.log" 2>&1; then
+	sed 's/^/  /' "$apt_dir/update.log" >&2
+	die "could not read the source package index for '$CRIU_SOURCE_PACKAGE' (no network or registry?); set CRIU_TARBALL=/path/to/$CRIU_TARBALL_NAME to build offline"
+fi
+# Only the upstream tarball is needed; the packaging files may be missing on a mirror, so
+# apt-get's exit status is not the verdict: the tarball and its checksum are.
+(cd "$apt_dir/dl" && apt-get "${apt_opts[@]}" -qq source --download-only \
+	"$CRIU_SOURCE_PACKAGE=$CRIU_SOURCE_VERSION" >"$apt_dir/source.log" 2>&1) || true
+got=$apt_dir/dl/$CRIU_TARBALL_NAME
+if [ ! -s "$got" ]; then
+	sed 's/^/  /' "$apt_dir/source.log" >&2
+	die "could not get $CRIU_TARBALL_NAME from source package '$CRIU_SOURCE_PACKAGE' $CRIU_SOURCE_VERSION; set CRIU_TARBALL=/path/to/$CRIU_TARBALL_NAME to build offline"
+fi
+verify "$got" || die "the downloaded $CRIU_TARBALL_NAME is corrupt or not the pinned release"
+mv "$got" "$dest"
+rm -rf "$apt_dir"
+echo "$dest"
