@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Installs what building and testing criu-rocm needs on Debian bookworm, as root.
+# Idempotent and quiet: nothing is installed (and apt is not even updated) when all is present.
+set -euo pipefail
+
+top=$(cd "$(dirname "$0")/.." && pwd)
+
+# CRIU's build (protobuf, netlink, libnet, capabilities, nftables, gnutls, bsd), zdtm's runner
+# (Debian's python3 with protobuf and yaml, iproute2, iptables), the Rust side (libclang for
+# bindgen, libdrm headers, protoc for prost), meson/ninja (packager door), the man page, and
+# the tools the tests use.
+packages=(
+	build-essential pkg-config git xz-utils patch
+	libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler
+	libnl-3-dev libnet1-dev libcap-dev libbsd-dev libaio-dev libgnutls28-dev
+	libnftables-dev uuid-dev
+	python3 python3-protobuf python3-yaml python3-future
+	iproute2 iptables kmod procps psmisc
+	libclang-dev clang libdrm-dev
+	meson ninja-build asciidoctor
+)
+
+missing=()
+for p in "${packages[@]}"; do
+	st=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)
+	[ "$st" = installed ] || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+	echo "install-deps: installing ${missing[*]}"
+	export DEBIAN_FRONTEND=noninteractive
+	if ! apt-get update -qq >/tmp/criu-rocm-apt.log 2>&1 ||
+		! apt-get install -y -qq --no-install-recommends "${missing[@]}" >>/tmp/criu-rocm-apt.log 2>&1; then
+		tail -n 20 /tmp/criu-rocm-apt.log >&2
+		echo "install-deps: could not install: ${missing[*]} (see /tmp/criu-rocm-apt.log)" >&2
+		exit 1
+	fi
+fi
+
+# The pinned Rust toolchain with rustfmt and clippy (rust/rust-toolchain.toml).
+if ! command -v rustup >/dev/null 2>&1 && ! command -v cargo >/dev/null 2>&1; then
+	echo "install-deps: no Rust toolchain (cargo/rustup) on PATH" >&2
+	exit 1
+fi
+if command -v rustup >/dev/null 2>&1; then
+	chan=$(sed -n 's/^channel *= *"\(.*\)"/\1/p' "$top/rust/rust-toolchain.toml")
+	if ! rustup toolchain list | grep -q "^$chan"; then
+		echo "install-deps: installing Rust $chan"
+		rustup toolchain install "$chan" --profile minimal -c rustfmt -c clippy >/dev/null
+	fi
+	for c in rustfmt clippy; do
+		if ! rustup component list --toolchain "$chan" --installed 2>/dev/null | grep -q "^$c"; then
+			echo "install-deps: adding Rust component $c"
+			rustup component add --toolchain "$chan" "$c" >/dev/null
+		fi
+	done
+fi
+
+# zdtm imports these from Debian's interpreter; check them rather than trusting the packages.
+if ! /usr/bin/python3 -c 'import google.protobuf, yaml' 2>/dev/null; then
+	echo "install-deps: /usr/bin/python3 lacks protobuf or yaml even after installing python3-protobuf python3-yaml" >&2
+	exit 1
+fi
