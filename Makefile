@@ -83,10 +83,16 @@ test-rust:
 test-smoke: $(BUILD)/criu-rocm
 	test/smoke/run.sh $(BUILD)/criu-rocm
 
-test-zdtm: $(BUILD)/criu-rocm
+# CRIU's lib/ (pycriu for zdtm.py) from the same patched tree.
+$(CRIU_TREE)/.lib-built: $(BUILD)/criu-rocm
+	$(MAKE) -C $(CRIU_TREE) -j$(JOBS) lib CRIU_GPU_LIB=$(GPU_LIB) CRIU_ROCM_GITREV=$(GITREV) \
+		>$(BUILD)/criu-lib.log 2>&1 || { tail -n 40 $(BUILD)/criu-lib.log; exit 1; }
+	touch $@
+
+test-zdtm: $(BUILD)/criu-rocm $(CRIU_TREE)/.lib-built
 	scripts/zdtm.sh --criu-bin $(BUILD)/criu-rocm --tree $(CRIU_TREE) --list test/zdtm-regression.list
 
-zdtm-compare: $(BUILD)/criu-rocm $(BUILD)/stock/criu/criu
+zdtm-compare: $(BUILD)/criu-rocm $(CRIU_TREE)/.lib-built $(BUILD)/stock/criu/criu
 	scripts/zdtm-compare.sh $(BUILD)/stock/criu/criu $(BUILD)/criu-rocm $(CRIU_TREE) test/zdtm-regression.list
 
 test-install: $(BUILD)/criu-rocm

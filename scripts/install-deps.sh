@@ -12,7 +12,7 @@ top=$(cd "$(dirname "$0")/.." && pwd)
 packages=(
 	build-essential pkg-config git xz-utils patch
 	libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler
-	libnl-3-dev libnet1-dev libcap-dev libbsd-dev libaio-dev libgnutls28-dev
+	libnl-3-dev libnl-route-3-dev libnet1-dev libcap-dev libbsd-dev libaio-dev libgnutls28-dev
 	libnftables-dev uuid-dev
 	python3 python3-protobuf python3-yaml python3-future
 	iproute2 iptables kmod procps psmisc
