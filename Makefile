@@ -12,7 +12,7 @@ DESTDIR		?=
 JOBS		?= 2
 
 TOP		:= $(CURDIR)
-BUILD		:= $(TOP)/build
+BUILD		:= build
 include criu/upstream.lock
 CRIU_TREE	:= $(BUILD)/criu-$(CRIU_VERSION)
 TARBALL		:= $(if $(CRIU_TARBALL),$(CRIU_TARBALL),$(BUILD)/cache/$(CRIU_TARBALL_NAME))
