@@ -29,14 +29,24 @@ fail() {
 cc -O2 -Wall -Werror -o "$work/workload" "$here/workload.c"
 mkdir "$work/img"
 
-for round in 1 2; do
+for round in 1 2 3; do
 	rm -f "$work/ready" "$work/result" "$work/img"/*
 	"$work/workload" "$work/data" "$work/ready" "$work/result" </dev/null >/dev/null 2>&1 &
 	for _ in $(seq 100); do [ -e "$work/ready" ] && break; sleep 0.1; done
 	[ -e "$work/ready" ] || fail "workload did not start"
 	pid=$(cat "$work/ready")
 
-	if [ $round = 2 ]; then
+	if [ $round = 3 ]; then
+		# A stray upstream amdgpu plugin is refused, and the refused dump leaves the tree be.
+		mkdir -p "$work/plugins" && : >"$work/plugins/amdgpu_plugin.so"
+		if "$criu" dump -t "$pid" -D "$work/img" -v4 -o dump.log --libdir "$work/plugins"; then
+			fail "dump with upstream's amdgpu_plugin.so in --libdir succeeded"
+		fi
+		grep -q "amdgpu_plugin.so: criu-rocm has AMD GPU checkpoint/restore built in" "$work/img/dump.log" ||
+			fail "refusing amdgpu_plugin.so did not say why"
+		kill -0 "$pid" || fail "the refused dump killed the tree"
+		kill -TERM "$pid"
+	elif [ $round = 2 ]; then
 		# --leave-running: the tree keeps running and is still intact afterwards.
 		"$criu" dump -t "$pid" -D "$work/img" -v4 -o dump.log --leave-running || fail "dump --leave-running"
 		kill -0 "$pid" || fail "--leave-running killed the tree"
@@ -52,6 +62,6 @@ for round in 1 2; do
 	[ -s "$work/result" ] || fail "round $round: no verdict from the restored tree"
 	grep -qx PASS "$work/result" || fail "round $round: $(cat "$work/result")"
 	pid=
-	echo "smoke: round $round ($([ $round = 1 ] && echo dump, kill, restore || echo dump --leave-running)): PASS"
+	echo "smoke: round $round ($(case $round in 1) echo dump, kill, restore ;; 2) echo dump --leave-running ;; 3) echo upstream plugin refused ;; esac)): PASS"
 done
-echo "smoke: 2 passed, 0 failed"
+echo "smoke: 3 passed, 0 failed"
