@@ -1,0 +1,167 @@
+//! Backends: the sparse memfds behind the device nodes, the daemon's own
+//! mappings of them, and the caller's memory (`process_vm_readv/writev`).
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, AsFd};
+
+/// One sparse memfd backing all opens of one device node.
+pub struct Memfd {
+    fd: OwnedFd,
+    size: u64,
+}
+
+impl Memfd {
+    pub fn new(name: &str, size: u64) -> io::Result<Memfd> {
+        let cname = CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        // SAFETY: memfd_create reads a valid NUL-terminated string.
+        let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a fresh fd nobody else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: ftruncate on an fd we own.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), size as libc::off_t) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Memfd { fd, size })
+    }
+
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// Maps `[off, off+len)` shared into the daemon.
+    pub fn map(&self, off: u64, len: u64) -> Result<Mapping, i32> {
+        if len == 0 || off.checked_add(len).is_none_or(|e| e > self.size) {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: a fresh shared mapping of our own memfd; no Rust object
+        // aliases the new address range.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                self.fd.as_raw_fd(),
+                off as libc::off_t,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(libc::ENOMEM);
+        }
+        Ok(Mapping { ptr: p as *mut u8, len: len as usize })
+    }
+
+    /// Gives the pages of `[off, off+len)` back (freed BOs read as zero).
+    pub fn punch(&self, off: u64, len: u64) {
+        // SAFETY: fallocate on an fd we own with integer arguments.
+        unsafe {
+            libc::fallocate(
+                self.fd.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                off as libc::off_t,
+                len as libc::off_t,
+            )
+        };
+    }
+}
+
+/// The daemon's shared mapping of a range of a memfd; the memory is shared
+/// with the emulated processes, so it is only accessed by copies.
+pub struct Mapping {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain shared memory owned by this value; all
+// accesses are bounds-checked raw copies, never references.
+unsafe impl Send for Mapping {}
+// SAFETY: as above: no interior references are handed out.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    pub fn len(&self) -> u64 {
+        self.len as u64
+    }
+
+    fn range(&self, off: u64, n: usize) -> Option<usize> {
+        let end = off.checked_add(n as u64)?;
+        (end <= self.len as u64).then_some(off as usize)
+    }
+
+    pub fn read(&self, off: u64, buf: &mut [u8]) -> bool {
+        let Some(o) = self.range(off, buf.len()) else { return false };
+        // SAFETY: o <= len, so the pointer stays inside the live mapping.
+        let src = unsafe { self.ptr.add(o) };
+        // SAFETY: [o, o+n) lies inside the live mapping; buf is a distinct
+        // Rust buffer of n bytes.
+        unsafe { std::ptr::copy_nonoverlapping(src, buf.as_mut_ptr(), buf.len()) };
+        true
+    }
+
+    pub fn write(&self, off: u64, data: &[u8]) -> bool {
+        let Some(o) = self.range(off, data.len()) else { return false };
+        // SAFETY: o <= len, so the pointer stays inside the live mapping.
+        let dst = unsafe { self.ptr.add(o) };
+        // SAFETY: [o, o+n) lies inside the live mapping; data is a distinct
+        // Rust buffer of n bytes.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
+        true
+    }
+
+    pub fn read_u64(&self, off: u64) -> Option<u64> {
+        let mut b = [0u8; 8];
+        self.read(off, &mut b).then(|| u64::from_le_bytes(b))
+    }
+
+    pub fn write_u64(&self, off: u64, v: u64) -> bool {
+        self.write(off, &v.to_le_bytes())
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: unmapping the range this value mapped and owns.
+        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+    }
+}
+
+/// Reads `buf.len()` bytes at `addr` of thread `tid` (EFAULT on failure).
+pub fn user_read(tid: u32, addr: u64, buf: &mut [u8]) -> Result<(), i32> {
+    if buf.is_empty() {
+        return Ok(());
+    }
+    if addr == 0 {
+        return Err(libc::EFAULT);
+    }
+    let local = libc::iovec { iov_base: buf.as_mut_ptr() as *mut libc::c_void, iov_len: buf.len() };
+    let remote = libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: buf.len() };
+    // SAFETY: the local iovec covers `buf`, which lives across the call;
+    // the remote one is only interpreted by the kernel.
+    let n = unsafe { libc::process_vm_readv(tid as libc::pid_t, &local, 1, &remote, 1, 0) };
+    if n != buf.len() as isize {
+        return Err(libc::EFAULT);
+    }
+    Ok(())
+}
+
+/// Writes `data` at `addr` of thread `tid` (EFAULT on failure).
+pub fn user_write(tid: u32, addr: u64, data: &[u8]) -> Result<(), i32> {
+    if data.is_empty() {
+        return Ok(());
+    }
+    if addr == 0 {
+        return Err(libc::EFAULT);
+    }
+    let local = libc::iovec { iov_base: data.as_ptr() as *mut libc::c_void, iov_len: data.len() };
+    let remote = libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: data.len() };
+    // SAFETY: the local iovec covers `data` (only read by the kernel).
+    let n = unsafe { libc::process_vm_writev(tid as libc::pid_t, &local, 1, &remote, 1, 0) };
+    if n != data.len() as isize {
+        return Err(libc::EFAULT);
+    }
+    Ok(())
+}

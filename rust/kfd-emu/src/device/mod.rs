@@ -1,0 +1,401 @@
+//! The device model behind the FUSE transport: an emulated KFD
+//! (`/dev/kfd`) and one amdgpu render node per GPU of the profile.
+//!
+//! * [`uapi`]: ioctl numbers, struct layouts, the mmap offset encoding;
+//! * `state`: the state machine (processes, BOs, queues, events);
+//! * `kfd`, `criu`, `render`: ioctl decode and the operations;
+//! * `sdma`: the engine executing SDMA packets;
+//! * `mem`: memfd, mapping and caller-memory backends.
+//!
+//! All opens of a node share one sparse memfd (FUSE passthrough backing):
+//! VRAM/GTT BOs live at their mmap offset in the render node's memfd,
+//! doorbells, signal pages and MMIO pages at the offsets of
+//! [`uapi::kfd_off`] in the /dev/kfd memfd.
+
+mod criu;
+mod kfd;
+mod mem;
+mod render;
+mod sdma;
+mod state;
+pub mod uapi;
+
+use std::os::fd::BorrowedFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use state::{Devices, Done, Gpu, Open, State};
+use uapi::{kfd as nr, Args};
+
+/// A device node the emulator serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum NodeKind {
+    Kfd,
+    Render { minor: u32 },
+}
+
+/// The thread issuing a request, in the daemon's pid namespace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Caller {
+    pub tid: u32,
+    pub tgid: u32,
+}
+
+/// The answer to one ioctl: `Ok(out bytes)` (at most `out_size`) or
+/// `Err(positive errno)`.
+pub trait Replier: Send {
+    fn reply(self: Box<Self>, r: Result<Vec<u8>, i32>);
+}
+
+/// Maps an fd of a process to the emulated open (`fh`) it refers to.
+pub trait FdResolver: Send + Sync {
+    fn open_of(&self, tgid: u32, fd: i32) -> Result<u64, i32>;
+}
+
+/// Resolution through the FUSE transport: pull the fd with pidfd_getfd,
+/// ask the transport for its fh.
+struct FuseResolver;
+
+impl FdResolver for FuseResolver {
+    fn open_of(&self, tgid: u32, fd: i32) -> Result<u64, i32> {
+        let pulled = crate::fuse::pull_fd(tgid, fd).map_err(|_| libc::EBADF)?;
+        crate::fuse::fh_of(std::os::fd::AsFd::as_fd(&pulled)).map_err(|e| match e.raw_os_error() {
+            // Not one of our nodes: the kernel's "not a DRM file".
+            Some(libc::ENOTTY) => libc::EINVAL,
+            Some(e) => e,
+            None => libc::EINVAL,
+        })
+    }
+}
+
+/// Fds resolved before taking the state lock (resolution talks to the
+/// transport, and an fd drop may release an open).
+struct Resolved(Vec<(i32, Result<u64, i32>)>);
+
+impl FdResolver for Resolved {
+    fn open_of(&self, _tgid: u32, fd: i32) -> Result<u64, i32> {
+        self.0.iter().find(|(f, _)| *f == fd).map_or(Err(libc::EBADF), |(_, r)| *r)
+    }
+}
+
+struct Shared {
+    st: Mutex<State>,
+    wake: Condvar,
+    stop: AtomicBool,
+    resolver: Box<dyn FdResolver>,
+    devs: Arc<Devices>,
+}
+
+/// The emulated devices; shared by all transport threads.
+pub struct Emulator {
+    shared: Arc<Shared>,
+    engine: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// Poll periods of the engine: short while rings move, backing off to
+/// `IDLE_POLL` while SDMA queues exist but are idle, `NO_QUEUE_POLL` when
+/// there is nothing to poll (only wait timeouts to serve).
+const BUSY_POLL: Duration = Duration::from_micros(50);
+const IDLE_POLL: Duration = Duration::from_millis(2);
+const NO_QUEUE_POLL: Duration = Duration::from_millis(20);
+
+fn send(done: Done) {
+    for (r, v) in done {
+        r.reply(v);
+    }
+}
+
+fn status_field(pid: u32, key: &str) -> Option<String> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    s.lines().find_map(|l| l.strip_prefix(key).map(|v| v.trim().to_owned()))
+}
+
+/// CAP_CHECKPOINT_RESTORE (40) or CAP_SYS_ADMIN (21) in the effective set.
+fn may_checkpoint(tid: u32) -> bool {
+    status_field(tid, "CapEff:")
+        .and_then(|v| u64::from_str_radix(&v, 16).ok())
+        .is_some_and(|c| c & (1 << 40 | 1 << 21) != 0)
+}
+
+fn tracer_of(pid: u32) -> Option<u32> {
+    status_field(pid, "TracerPid:").and_then(|v| v.parse().ok())
+}
+
+impl Emulator {
+    pub fn new(profile: &crate::profile::Profile) -> std::io::Result<Emulator> {
+        Self::with_resolver(profile, Box::new(FuseResolver))
+    }
+
+    /// As [`Emulator::new`] with another way to resolve fd arguments
+    /// (in-process tests have no FUSE mount to ask).
+    pub fn with_resolver(profile: &crate::profile::Profile, resolver: Box<dyn FdResolver>) -> std::io::Result<Emulator> {
+        let mut gpus = Vec::new();
+        for g in profile.gpus() {
+            gpus.push(Gpu {
+                id: g.gpu_id.0,
+                minor: g.drm_render_minor.0,
+                vram_size: g.vram_size,
+                vram_public: g.vram_public,
+                max_sdma_queues: (g.num_sdma_engines + g.num_sdma_xgmi_engines) * g.num_sdma_queues_per_engine,
+                max_cp_queues: g.num_cp_queues,
+                device_id: g.device_id,
+                gfx_target_version: g.gfx_target_version,
+                max_engine_clk: g.max_engine_clk_fcompute,
+                vram_width: g.vram_width,
+                cu_count: g.cu_count,
+                mem: mem::Memfd::new(&format!("kfd-emu-renderD{}", g.drm_render_minor.0), uapi::RENDER_MEMFD_SIZE)?,
+            });
+        }
+        let devs = Arc::new(Devices { gpus, kfd: mem::Memfd::new("kfd-emu-kfd", uapi::kfd_off::MEMFD_SIZE)? });
+        let shared = Arc::new(Shared {
+            st: Mutex::new(State::new(devs.clone())),
+            wake: Condvar::new(),
+            stop: AtomicBool::new(false),
+            resolver,
+            devs,
+        });
+        let s2 = shared.clone();
+        let engine = std::thread::Builder::new().name("kfd-emu-engine".into()).spawn(move || engine_loop(&s2))?;
+        Ok(Emulator { shared, engine: Mutex::new(Some(engine)) })
+    }
+
+    pub fn nodes(&self) -> Vec<NodeKind> {
+        let mut v = vec![NodeKind::Kfd];
+        v.extend(self.shared.devs.gpus.iter().map(|g| NodeKind::Render { minor: g.minor }));
+        v
+    }
+
+    /// The memfd backing `node`.  Panics for a node [`Emulator::nodes`]
+    /// did not list (a transport bug).
+    pub fn backing_fd(&self, node: &NodeKind) -> BorrowedFd<'_> {
+        match node {
+            NodeKind::Kfd => self.shared.devs.kfd.fd(),
+            NodeKind::Render { minor } => self
+                .shared
+                .devs
+                .gpus
+                .iter()
+                .find(|g| g.minor == *minor)
+                .unwrap_or_else(|| panic!("kfd-emu: no GPU has render minor {minor}"))
+                .mem
+                .fd(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.shared.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn open(&self, node: &NodeKind, caller: &Caller) -> Result<u64, i32> {
+        let mut st = self.lock();
+        match node {
+            NodeKind::Kfd => st.open_kfd(caller.tgid),
+            NodeKind::Render { minor } => {
+                let gpu = self.shared.devs.gpus.iter().position(|g| g.minor == *minor).ok_or(libc::ENODEV)?;
+                Ok(st.open_render(gpu))
+            }
+        }
+    }
+
+    pub fn release(&self, fh: u64) {
+        let done = self.lock().release(fh);
+        send(done);
+    }
+
+    /// Handles one ioctl; answers through `reply` now or later (a parked
+    /// WAIT_EVENTS).
+    #[allow(clippy::too_many_arguments)]
+    pub fn ioctl(&self, fh: u64, caller: &Caller, cmd: u32, arg: u64, input: &[u8], out_size: u32, reply: Box<dyn Replier>) {
+        let _ = arg;
+        let kind = self.lock().opens.get(&fh).copied();
+        let r = match kind {
+            None => Err(libc::EBADF),
+            Some(Open::Render { gpu }) => self.render_ioctl(gpu, caller, cmd, input, out_size),
+            Some(Open::Kfd { lead }) => match self.kfd_ioctl(lead, caller, cmd, input, out_size as usize, reply) {
+                Some((reply, r)) => {
+                    reply.reply(r);
+                    return;
+                }
+                None => return,
+            },
+        };
+        reply.reply(r);
+    }
+
+    fn render_ioctl(&self, gpu: usize, caller: &Caller, cmd: u32, input: &[u8], out_size: u32) -> Result<Vec<u8>, i32> {
+        let gpus = &self.shared.devs.gpus;
+        let mut a;
+        match cmd & 0xff {
+            uapi::drm::VERSION => {
+                a = Args::new(input, render::DRM_VERSION_SIZE);
+                render::version(caller, &mut a)?;
+            }
+            uapi::drm::AMDGPU_INFO => {
+                a = Args::new(input, render::AMDGPU_INFO_SIZE);
+                render::info(&gpus[gpu], caller, &a)?;
+            }
+            0x40..=0x5f => return Err(libc::EOPNOTSUPP),
+            _ => return Err(libc::EINVAL),
+        }
+        a.0.truncate(out_size as usize);
+        Ok(a.0)
+    }
+
+    fn pre_resolve(&self, caller: &Caller, n: u32, a: &Args) -> Resolved {
+        let mut fds = Vec::new();
+        match n {
+            nr::ACQUIRE_VM => fds.push(a.u32(0) as i32),
+            nr::CRIU_OP if a.u32(48) == uapi::criu_op::RESTORE => {
+                let cnt = a.u32(32).min(64) as usize;
+                let mut b = vec![0u8; cnt * uapi::priv_blob::DEVICE_BUCKET];
+                if mem::user_read(caller.tid, a.u64(0), &mut b).is_ok() {
+                    for i in 0..cnt {
+                        fds.push(uapi::get_u32(&b, i * 16 + 8) as i32);
+                    }
+                }
+            }
+            _ => {}
+        }
+        Resolved(fds.into_iter().map(|fd| (fd, self.shared.resolver.open_of(caller.tgid, fd))).collect())
+    }
+
+    fn kfd_ioctl(
+        &self,
+        lead: u32,
+        caller: &Caller,
+        cmd: u32,
+        input: &[u8],
+        out_size: usize,
+        reply: Box<dyn Replier>,
+    ) -> Option<state::Answer> {
+        let n = cmd & 0xff;
+        let Some(size) = nr::arg_size(n).filter(|_| n < nr::COMMAND_END) else {
+            return Some((reply, Err(libc::EINVAL)));
+        };
+        if caller.tgid != lead && !(n == nr::CRIU_OP && tracer_of(lead) == Some(caller.tid)) {
+            return Some((reply, Err(libc::EBADF)));
+        }
+        if n == nr::CRIU_OP && !may_checkpoint(caller.tid) {
+            return Some((reply, Err(libc::EACCES)));
+        }
+        let mut a = Args::new(input, size);
+        let resolved = self.pre_resolve(caller, n, &a);
+        let mut done = Done::new();
+        let r = {
+            let mut st = self.lock();
+            if n == nr::WAIT_EVENTS {
+                let r = kfd::wait_events(&mut st, lead, caller, a, out_size, reply);
+                if r.is_none() {
+                    self.shared.wake.notify_all();
+                }
+                return r;
+            }
+            // A new ioctl from a thread means its parked wait is gone.
+            if let Some(p) = st.procs.get_mut(&lead) {
+                p.waiters.retain(|w| w.tid != caller.tid);
+            }
+            let st = &mut *st;
+            match n {
+                nr::GET_VERSION => kfd::get_version(&mut a),
+                nr::GET_PROCESS_APERTURES_NEW => kfd::apertures_new(st, lead, caller, &mut a),
+                nr::ACQUIRE_VM => kfd::acquire_vm(st, lead, caller, &resolved, &mut a),
+                nr::ALLOC_MEMORY_OF_GPU => kfd::alloc_memory(st, lead, caller, &mut a),
+                nr::FREE_MEMORY_OF_GPU => kfd::free_memory(st, lead, &mut a),
+                nr::MAP_MEMORY_TO_GPU => kfd::map_memory(st, lead, caller, &mut a, true),
+                nr::UNMAP_MEMORY_FROM_GPU => kfd::map_memory(st, lead, caller, &mut a, false),
+                nr::CREATE_QUEUE => kfd::create_queue(st, lead, &mut a),
+                nr::DESTROY_QUEUE => kfd::destroy_queue(st, lead, &mut a),
+                nr::UPDATE_QUEUE => kfd::update_queue(st, lead, &mut a),
+                nr::CREATE_EVENT => kfd::create_event(st, lead, &mut a),
+                nr::DESTROY_EVENT => kfd::destroy_event(st, lead, &mut a, &mut done),
+                nr::SET_EVENT => kfd::set_event(st, lead, &mut a, &mut done),
+                nr::RESET_EVENT => kfd::reset_event(st, lead, &mut a),
+                nr::AVAILABLE_MEMORY => kfd::available_memory(st, lead, &mut a),
+                nr::SET_XNACK_MODE => kfd::set_xnack(st, lead, &mut a),
+                nr::SET_MEMORY_POLICY => kfd::set_memory_policy(st, lead, &mut a),
+                nr::GET_CLOCK_COUNTERS => kfd::clock_counters(st, lead, &mut a),
+                nr::CRIU_OP => match a.u32(48) {
+                    uapi::criu_op::PROCESS_INFO => criu::process_info(st, lead, &mut a),
+                    uapi::criu_op::CHECKPOINT => criu::checkpoint(st, lead, caller, &mut a),
+                    uapi::criu_op::UNPAUSE => criu::unpause(st, lead),
+                    uapi::criu_op::RESTORE => criu::restore(st, lead, caller, &resolved, &mut a),
+                    uapi::criu_op::RESUME => criu::resume(st, &a, &mut done),
+                    _ => Err(libc::EINVAL),
+                },
+                // Known to KFD 1.11 but not emulated (old apertures, SVM,
+                // dmabuf import, debugger, ...).
+                _ => Err(libc::EOPNOTSUPP),
+            }
+        };
+        if matches!(n, nr::CREATE_QUEUE | nr::CRIU_OP) {
+            self.shared.wake.notify_all();
+        }
+        send(done);
+        Some((
+            reply,
+            r.map(|()| {
+                let mut v = a.0;
+                v.truncate(out_size);
+                v
+            }),
+        ))
+    }
+
+    pub fn shutdown(&self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        self.shared.wake.notify_all();
+        if let Some(h) = self.engine.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = h.join();
+        }
+        let mut st = self.lock();
+        let mut done = Done::new();
+        for p in st.procs.values_mut() {
+            for w in p.waiters.drain(..) {
+                done.push((w.reply, Err(libc::EINTR)));
+            }
+        }
+        drop(st);
+        send(done);
+    }
+}
+
+impl Drop for Emulator {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn engine_loop(sh: &Shared) {
+    let mut idle = BUSY_POLL;
+    loop {
+        let mut st = sh.st.lock().unwrap_or_else(|e| e.into_inner());
+        if sh.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        let mut done = Done::new();
+        let now = Instant::now();
+        let mut worked = false;
+        let mut next: Option<Instant> = None;
+        let mut any_sdma = false;
+        for p in st.procs.values_mut() {
+            worked |= sdma::run(p, &mut done);
+            any_sdma |= !p.evicted() && p.queues.values().any(|q| q.is_sdma() && !q.halted);
+            if let Some(d) = p.expire_waiters(now, &mut done) {
+                next = Some(next.map_or(d, |n| n.min(d)));
+            }
+        }
+        idle = if worked { BUSY_POLL } else { (idle * 2).min(IDLE_POLL) };
+        let mut sleep = if any_sdma { idle } else { NO_QUEUE_POLL };
+        if let Some(d) = next {
+            sleep = sleep.min(d.saturating_duration_since(now));
+        }
+        if done.is_empty() {
+            let _unused = sh.wake.wait_timeout(st, sleep);
+        } else {
+            drop(st);
+            send(done);
+        }
+    }
+}

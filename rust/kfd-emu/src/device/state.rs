@@ -1,0 +1,458 @@
+//! The device state machine: processes (KFD contexts), their per-GPU data,
+//! BOs, queues, events and parked waits.  Pure state plus the memfd
+//! backends; no knowledge of FUSE or of ioctl encodings.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::mem::{Mapping, Memfd};
+use super::uapi::{self, alloc, kfd_off, queue_type, Args};
+use super::Replier;
+
+/// A GPU as the emulator serves it (immutable after start).
+pub struct Gpu {
+    pub id: u32,
+    pub minor: u32,
+    pub vram_size: u64,
+    pub vram_public: bool,
+    pub max_sdma_queues: u32,
+    pub max_cp_queues: u32,
+    pub device_id: u32,
+    pub gfx_target_version: u32,
+    pub max_engine_clk: u32,
+    pub vram_width: u32,
+    pub cu_count: u32,
+    pub mem: Memfd,
+}
+
+pub struct Devices {
+    pub gpus: Vec<Gpu>,
+    pub kfd: Memfd,
+}
+
+impl Devices {
+    pub fn index_of(&self, gpu_id: u32) -> Option<usize> {
+        self.gpus.iter().position(|g| g.id == gpu_id)
+    }
+}
+
+/// What an emulated open is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Open {
+    /// A /dev/kfd open bound to the context of process `lead`.
+    Kfd { lead: u32 },
+    /// A render node open of GPU index `gpu`.
+    Render { gpu: usize },
+}
+
+/// A reply and the answer to give it.
+pub type Answer = (Box<dyn Replier>, Result<Vec<u8>, i32>);
+
+/// Replies to send once the state lock is released.
+pub type Done = Vec<Answer>;
+
+pub type R<T> = Result<T, i32>;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct BoKey {
+    pub gpu: usize,
+    pub idr: u32,
+}
+
+pub struct Bo {
+    pub va: u64,
+    pub size: u64,
+    pub flags: u32,
+    /// mmap offset: render memfd range (VRAM/GTT), kfd memfd offset
+    /// (DOORBELL/MMIO), the CPU address (USERPTR).
+    pub offset: u64,
+    pub user_addr: u64,
+    /// The daemon's view of VRAM/GTT contents.
+    pub map: Option<Arc<Mapping>>,
+    /// GPU indices this BO is mapped on.
+    pub mapped: BTreeSet<usize>,
+}
+
+impl Bo {
+    pub fn mem_type(&self) -> u32 {
+        self.flags & alloc::TYPE_MASK
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Queue {
+    pub gpu: usize,
+    pub qtype: u32,
+    pub ring_base: u64,
+    pub ring_size: u32,
+    pub rptr_addr: u64,
+    pub wptr_addr: u64,
+    pub percent: u32,
+    pub priority: u32,
+    pub eop_addr: u64,
+    pub eop_size: u64,
+    pub ctx_addr: u64,
+    pub ctx_size: u32,
+    pub ctl_stack_size: u32,
+    /// Byte offset of this queue's doorbell inside its pdd's doorbell slice.
+    pub doorbell_index: u32,
+    pub sdma_id: u32,
+    /// Emulated read pointer (bytes, monotonic like the hardware's).
+    pub rptr: u64,
+    /// Set when the engine met a packet it cannot execute.
+    pub halted: bool,
+}
+
+impl Queue {
+    pub fn is_sdma(&self) -> bool {
+        self.qtype == queue_type::SDMA || self.qtype == queue_type::SDMA_XGMI
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Event {
+    pub etype: u32,
+    pub auto_reset: bool,
+    pub signaled: bool,
+    pub node_id: u32,
+    pub trigger_data: u32,
+    /// Saved exception data (opaque to the emulator).
+    pub data: [u8; 32],
+}
+
+pub struct SignalPage {
+    pub map: Arc<Mapping>,
+    /// BO handle when user space supplied the page (dGPU flow).
+    pub handle: Option<u64>,
+}
+
+pub struct Waiter {
+    pub tid: u32,
+    pub events: Vec<(u32, bool)>,
+    pub all: bool,
+    pub deadline: Option<Instant>,
+    pub reply: Box<dyn Replier>,
+    pub args: Args,
+    pub out_size: usize,
+}
+
+impl Waiter {
+    fn satisfied(&self) -> bool {
+        if self.all {
+            self.events.iter().all(|e| e.1)
+        } else {
+            self.events.iter().any(|e| e.1)
+        }
+    }
+    pub fn finish(mut self, result: u32) -> Answer {
+        self.args.set_u32(20, result);
+        let mut out = self.args.0;
+        out.truncate(self.out_size);
+        (self.reply, Ok(out))
+    }
+}
+
+pub struct Pdd {
+    pub user_id: u32,
+    /// The render-node open whose VM this pdd adopted.
+    pub vm: Option<u64>,
+    pub next_idr: u32,
+    pub doorbells: Option<Mapping>,
+}
+
+pub struct Proc {
+    pub lead: u32,
+    pub slot: u32,
+    pub kfd_opens: usize,
+    pub pdds: Vec<Pdd>,
+    pub bos: BTreeMap<BoKey, Bo>,
+    pub queues: BTreeMap<u32, Queue>,
+    pub events: BTreeMap<u32, Event>,
+    pub signal_page: Option<SignalPage>,
+    pub waiters: Vec<Waiter>,
+    /// Queues evicted for a checkpoint (PROCESS_INFO .. UNPAUSE).
+    pub paused: bool,
+    /// CRIU-restored and not yet resumed: queues stay evicted.
+    pub restore_pending: bool,
+    pub xnack: bool,
+}
+
+impl Proc {
+    pub fn evicted(&self) -> bool {
+        self.paused || self.restore_pending
+    }
+
+    pub fn pdd_by_user_id(&self, id: u32) -> Option<usize> {
+        self.pdds.iter().position(|p| p.user_id == id)
+    }
+
+    pub fn handle(&self, key: BoKey) -> u64 {
+        ((self.pdds[key.gpu].user_id as u64) << 32) | key.idr as u64
+    }
+
+    pub fn key_of_handle(&self, handle: u64) -> R<BoKey> {
+        let gpu = self.pdd_by_user_id((handle >> 32) as u32).ok_or(libc::EINVAL)?;
+        let key = BoKey { gpu, idr: handle as u32 };
+        if !self.bos.contains_key(&key) {
+            return Err(libc::EINVAL);
+        }
+        Ok(key)
+    }
+
+    /// The BO covering GPU VA `[va, va+len)`.
+    pub fn bo_at(&self, va: u64, len: u64) -> Option<&Bo> {
+        let end = va.checked_add(len)?;
+        self.bos.values().find(|b| b.va <= va && end <= b.va + b.size && b.va != 0)
+    }
+
+    pub fn read_va(&self, va: u64, buf: &mut [u8]) -> bool {
+        let Some(bo) = self.bo_at(va, buf.len() as u64) else { return false };
+        match (&bo.map, bo.mem_type()) {
+            (Some(m), _) => m.read(va - bo.va, buf),
+            (None, alloc::USERPTR) => {
+                super::mem::user_read(self.lead, bo.user_addr + (va - bo.va), buf).is_ok()
+            }
+            _ => false,
+        }
+    }
+
+    pub fn write_va(&self, va: u64, data: &[u8]) -> bool {
+        let Some(bo) = self.bo_at(va, data.len() as u64) else { return false };
+        match (&bo.map, bo.mem_type()) {
+            (Some(m), _) => m.write(va - bo.va, data),
+            (None, alloc::USERPTR) => {
+                super::mem::user_write(self.lead, bo.user_addr + (va - bo.va), data).is_ok()
+            }
+            _ => false,
+        }
+    }
+
+    /// Signals event `id` (SET_EVENT, or the interrupt path).
+    pub fn signal(&mut self, id: u32, done: &mut Done) {
+        let Some(ev) = self.events.get_mut(&id) else { return };
+        let mut had_waiters = false;
+        for w in &mut self.waiters {
+            for e in &mut w.events {
+                if e.0 == id {
+                    e.1 = true;
+                    had_waiters = true;
+                }
+            }
+        }
+        ev.signaled = !ev.auto_reset || !had_waiters;
+        self.complete_waiters(done);
+    }
+
+    fn complete_waiters(&mut self, done: &mut Done) {
+        let mut i = 0;
+        while i < self.waiters.len() {
+            if self.waiters[i].satisfied() {
+                done.push(self.waiters.swap_remove(i).finish(uapi::WAIT_COMPLETE));
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Answers waits whose timeout passed; returns the next deadline.
+    pub fn expire_waiters(&mut self, now: Instant, done: &mut Done) -> Option<Instant> {
+        let mut next: Option<Instant> = None;
+        let mut i = 0;
+        while i < self.waiters.len() {
+            match self.waiters[i].deadline {
+                Some(d) if d <= now => {
+                    done.push(self.waiters.swap_remove(i).finish(uapi::WAIT_TIMEOUT));
+                    continue;
+                }
+                Some(d) => next = Some(next.map_or(d, |n| n.min(d))),
+                None => {}
+            }
+            i += 1;
+        }
+        next
+    }
+
+    /// The TRAP interrupt: every signal event whose slot was written is
+    /// signalled and its slot re-armed, as KFD's interrupt handler does.
+    pub fn trap(&mut self, ctx_id: u32, done: &mut Done) {
+        let mut hit: Vec<u32> = Vec::new();
+        if let Some(page) = &self.signal_page {
+            for (&id, ev) in &self.events {
+                if ev.etype != uapi::event_type::SIGNAL && ev.etype != uapi::event_type::DEBUG {
+                    continue;
+                }
+                let off = id as u64 * 8;
+                if page.map.read_u64(off).is_some_and(|v| v != uapi::UNSIGNALED_SLOT) {
+                    page.map.write_u64(off, uapi::UNSIGNALED_SLOT);
+                    hit.push(id);
+                }
+            }
+        }
+        if ctx_id != 0 && self.events.contains_key(&ctx_id) && !hit.contains(&ctx_id) {
+            hit.push(ctx_id);
+        }
+        for id in hit {
+            self.signal(id, done);
+        }
+    }
+
+    pub fn doorbell_offset(&self, gpu: usize, index: u32) -> u64 {
+        kfd_off::encode(kfd_off::DOORBELL, self.slot, gpu, index as u64 * 8)
+    }
+}
+
+pub struct GpuAlloc {
+    pub vram_used: u64,
+    pub next_offset: u64,
+}
+
+pub struct State {
+    pub devs: Arc<Devices>,
+    pub opens: HashMap<u64, Open>,
+    pub next_fh: u64,
+    pub procs: HashMap<u32, Proc>,
+    pub gpu_alloc: Vec<GpuAlloc>,
+}
+
+pub fn page_align(v: u64) -> Option<u64> {
+    v.checked_add(uapi::PAGE - 1).map(|x| x & !(uapi::PAGE - 1))
+}
+
+impl State {
+    pub fn new(devs: Arc<Devices>) -> State {
+        let gpu_alloc = devs
+            .gpus
+            .iter()
+            .map(|_| GpuAlloc { vram_used: 0, next_offset: uapi::RENDER_OFFSET_BASE })
+            .collect();
+        State { devs, opens: HashMap::new(), next_fh: 1, procs: HashMap::new(), gpu_alloc }
+    }
+
+    fn free_slot(&self) -> R<u32> {
+        let used: BTreeSet<u32> = self.procs.values().map(|p| p.slot).collect();
+        (1..=0xffff).find(|s| !used.contains(s)).ok_or(libc::ENOMEM)
+    }
+
+    pub fn open_kfd(&mut self, tgid: u32) -> R<u64> {
+        if !self.procs.contains_key(&tgid) {
+            let slot = self.free_slot()?;
+            let pdds = self
+                .devs
+                .gpus
+                .iter()
+                .map(|g| Pdd { user_id: g.id, vm: None, next_idr: 1, doorbells: None })
+                .collect();
+            self.procs.insert(
+                tgid,
+                Proc {
+                    lead: tgid,
+                    slot,
+                    kfd_opens: 0,
+                    pdds,
+                    bos: BTreeMap::new(),
+                    queues: BTreeMap::new(),
+                    events: BTreeMap::new(),
+                    signal_page: None,
+                    waiters: Vec::new(),
+                    paused: false,
+                    restore_pending: false,
+                    xnack: false,
+                },
+            );
+        }
+        self.procs.get_mut(&tgid).unwrap().kfd_opens += 1;
+        Ok(self.new_fh(Open::Kfd { lead: tgid }))
+    }
+
+    pub fn open_render(&mut self, gpu: usize) -> u64 {
+        self.new_fh(Open::Render { gpu })
+    }
+
+    fn new_fh(&mut self, o: Open) -> u64 {
+        let fh = self.next_fh;
+        self.next_fh += 1;
+        self.opens.insert(fh, o);
+        fh
+    }
+
+    /// Drops an open; the last /dev/kfd open of a process frees its
+    /// context, VRAM and queues.
+    pub fn release(&mut self, fh: u64) -> Done {
+        let mut done = Done::new();
+        match self.opens.remove(&fh) {
+            Some(Open::Kfd { lead }) => {
+                let last = self.procs.get_mut(&lead).map(|p| {
+                    p.kfd_opens -= 1;
+                    p.kfd_opens == 0
+                });
+                if last == Some(true) {
+                    let p = self.procs.remove(&lead).unwrap();
+                    for w in p.waiters {
+                        done.push((w.reply, Err(libc::EINTR)));
+                    }
+                    for (k, bo) in &p.bos {
+                        self.free_bo_memory(k.gpu, bo);
+                    }
+                }
+            }
+            Some(Open::Render { .. }) => {
+                // A VM whose render file is gone cannot be used again; the
+                // kernel keeps the drm_file alive through the pdd instead.
+            }
+            None => {}
+        }
+        done
+    }
+
+    pub fn free_bo_memory(&mut self, gpu: usize, bo: &Bo) {
+        let t = bo.mem_type();
+        if t == alloc::VRAM {
+            self.gpu_alloc[gpu].vram_used -= bo.size;
+        }
+        if t == alloc::VRAM || t == alloc::GTT {
+            self.devs.gpus[gpu].mem.punch(bo.offset, bo.size);
+        }
+    }
+
+    /// Reserves a render-memfd range (and VRAM budget) for a VRAM/GTT BO.
+    pub fn reserve(&mut self, gpu: usize, mem_type: u32, size: u64) -> R<(u64, Arc<Mapping>)> {
+        let g = &self.devs.gpus[gpu];
+        let a = &self.gpu_alloc[gpu];
+        if mem_type == alloc::VRAM && a.vram_used.checked_add(size).is_none_or(|u| u > g.vram_size) {
+            return Err(libc::ENOMEM);
+        }
+        let off = a.next_offset;
+        if off.checked_add(size).is_none_or(|e| e > uapi::RENDER_MEMFD_SIZE) {
+            return Err(libc::ENOMEM);
+        }
+        let map = g.mem.map(off, size)?;
+        let a = &mut self.gpu_alloc[gpu];
+        a.next_offset = off + size;
+        if mem_type == alloc::VRAM {
+            a.vram_used += size;
+        }
+        Ok((off, Arc::new(map)))
+    }
+
+    /// Queues of type class `sdma` on GPU `gpu` across all processes.
+    pub fn queues_on(&self, gpu: usize, sdma: bool) -> u32 {
+        self.procs
+            .values()
+            .flat_map(|p| p.queues.values())
+            .filter(|q| q.gpu == gpu && q.is_sdma() == sdma)
+            .count() as u32
+    }
+
+    /// The doorbell slice mapping of a pdd, created on first use.
+    pub fn doorbells(&mut self, lead: u32, gpu: usize) -> R<()> {
+        let devs = self.devs.clone();
+        let p = self.procs.get_mut(&lead).ok_or(libc::ESRCH)?;
+        if p.pdds[gpu].doorbells.is_none() {
+            let off = kfd_off::encode(kfd_off::DOORBELL, p.slot, gpu, 0);
+            let m = devs.kfd.map(off, uapi::DOORBELL_SLICE)?;
+            p.pdds[gpu].doorbells = Some(m);
+        }
+        Ok(())
+    }
+}
