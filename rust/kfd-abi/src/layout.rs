@@ -1,0 +1,223 @@
+//! Kernel layouts that `linux/kfd_ioctl.h` does not carry, and compile-time checks of the
+//! ones it does.
+//!
+//! The CRIU private-data blob is opaque to user space, but an emulator must produce and
+//! consume it and a checker must be able to walk it; its sections follow each other with no
+//! padding, little endian, in this order: process, devices, BOs, then `num_objects` objects
+//! (queues, events, SVM ranges) each starting with a `u32` object type.
+
+#![allow(non_camel_case_types)]
+
+use crate::sys;
+use core::mem::{offset_of, size_of};
+
+/// `KFD_CRIU_PRIV_VERSION`: the only blob version kernels have produced.
+pub const KFD_CRIU_PRIV_VERSION: u32 = 1;
+/// "No dmabuf fd" in a BO bucket.
+pub const KFD_INVALID_FD: u32 = 0xffff_ffff;
+
+/// `kfd_criu_op` values.
+pub mod criu_op {
+    pub const PROCESS_INFO: u32 = 0;
+    pub const CHECKPOINT: u32 = 1;
+    pub const UNPAUSE: u32 = 2;
+    pub const RESTORE: u32 = 3;
+    pub const RESUME: u32 = 4;
+}
+
+/// Object types at the head of each object record in the blob.
+pub mod object_type {
+    pub const QUEUE: u32 = 0;
+    pub const EVENT: u32 = 1;
+    pub const SVM_RANGE: u32 = 2;
+}
+
+/// `AMDKFD_IOC_EXPORT_DMABUF` arguments (KFD 1.12, Linux 6.3; newer than bookworm's header).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct kfd_ioctl_export_dmabuf_args {
+    pub handle: u64,
+    pub flags: u32,
+    pub dmabuf_fd: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct kfd_criu_process_priv_data {
+    pub version: u32,
+    pub xnack_mode: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct kfd_criu_device_priv_data {
+    pub reserved: u64,
+}
+
+/// A BO record; `N` is the kernel's `MAX_GPU_INSTANCE`: 16 on older kernels (80 bytes),
+/// 64 since the MI300 multi-partition change (272 bytes). The blob carries no marker of which.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct kfd_criu_bo_priv_data<const N: usize> {
+    pub user_addr: u64,
+    pub idr_handle: u32,
+    pub mapped_gpuids: [u32; N],
+}
+
+impl<const N: usize> Default for kfd_criu_bo_priv_data<N> {
+    fn default() -> Self {
+        Self {
+            user_addr: 0,
+            idr_handle: 0,
+            mapped_gpuids: [0; N],
+        }
+    }
+}
+
+pub type kfd_criu_bo_priv_data16 = kfd_criu_bo_priv_data<16>;
+pub type kfd_criu_bo_priv_data64 = kfd_criu_bo_priv_data<64>;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct kfd_criu_queue_priv_data {
+    pub object_type: u32,
+    pub pad0: u32,
+    pub q_address: u64,
+    pub q_size: u64,
+    pub read_ptr_addr: u64,
+    pub write_ptr_addr: u64,
+    pub doorbell_off: u64,
+    pub eop_ring_buffer_address: u64,
+    pub ctx_save_restore_area_address: u64,
+    pub gpu_id: u32,
+    pub type_: u32,
+    pub format: u32,
+    pub q_id: u32,
+    pub priority: u32,
+    pub q_percent: u32,
+    pub doorbell_id: u32,
+    pub gws: u32,
+    pub sdma_id: u32,
+    pub eop_ring_buffer_size: u32,
+    pub ctx_save_restore_area_size: u32,
+    pub ctl_stack_size: u32,
+    pub mqd_size: u32,
+    pub pad1: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct kfd_criu_event_priv_data {
+    pub object_type: u32,
+    pub pad0: u32,
+    pub user_handle: u64,
+    pub event_id: u32,
+    pub auto_reset: u32,
+    pub type_: u32,
+    pub signaled: u32,
+    /// `kfd_hsa_memory_exception_data` or `kfd_hsa_hw_exception_data`.
+    pub exception_data: [u8; 32],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct kfd_criu_svm_range_priv_data {
+    pub object_type: u32,
+    pub pad0: u32,
+    pub start_addr: u64,
+    pub size: u64,
+}
+
+/// The kernel's encoding of `/dev/kfd` mmap offsets: type in bits 63..62, gpu_id in 61..46.
+/// Real KFD hands these out; an emulator on a regular file cannot (offsets ≥ 2^63 fail with
+/// EOVERFLOW there) and uses its own, so product code must only ever use returned offsets.
+pub mod kfd_mmap {
+    pub const TYPE_SHIFT: u32 = 62;
+    pub const TYPE_MMIO: u64 = 0;
+    pub const TYPE_RESERVED_MEM: u64 = 1 << TYPE_SHIFT;
+    pub const TYPE_EVENTS: u64 = 2 << TYPE_SHIFT;
+    pub const TYPE_DOORBELL: u64 = 3 << TYPE_SHIFT;
+    pub const TYPE_MASK: u64 = 3 << TYPE_SHIFT;
+    pub const GPU_ID_SHIFT: u32 = 46;
+    pub const GPU_ID_MASK: u64 = 0xffff << GPU_ID_SHIFT;
+
+    pub const fn gpu_id(id: u32) -> u64 {
+        ((id as u64) << GPU_ID_SHIFT) & GPU_ID_MASK
+    }
+    pub const fn get_gpu_id(offset: u64) -> u32 {
+        ((offset & GPU_ID_MASK) >> GPU_ID_SHIFT) as u32
+    }
+}
+
+macro_rules! layout {
+    ($ty:ty, $size:expr $(, $field:ident @ $off:expr)*) => {
+        const _: () = assert!(size_of::<$ty>() == $size, concat!("size of ", stringify!($ty)));
+        $(const _: () = assert!(offset_of!($ty, $field) == $off,
+            concat!(stringify!($ty), ".", stringify!($field)));)*
+    };
+}
+
+// The CRIU uapi (unchanged since KFD 1.7).
+layout!(sys::kfd_ioctl_criu_args, 56, devices @ 0, bos @ 8, priv_data @ 16, priv_data_size @ 24,
+    num_devices @ 32, num_bos @ 36, num_objects @ 40, pid @ 44, op @ 48);
+layout!(sys::kfd_criu_device_bucket, 16, user_gpu_id @ 0, actual_gpu_id @ 4, drm_fd @ 8);
+layout!(sys::kfd_criu_bo_bucket, 48, addr @ 0, size @ 8, offset @ 16, restored_offset @ 24,
+    gpu_id @ 32, alloc_flags @ 36, dmabuf_fd @ 40);
+// The ioctls a process uses.
+layout!(sys::kfd_ioctl_get_version_args, 8, major_version @ 0, minor_version @ 4);
+layout!(sys::kfd_ioctl_acquire_vm_args, 8, drm_fd @ 0, gpu_id @ 4);
+layout!(sys::kfd_ioctl_alloc_memory_of_gpu_args, 40, va_addr @ 0, size @ 8, handle @ 16,
+    mmap_offset @ 24, gpu_id @ 32, flags @ 36);
+layout!(sys::kfd_ioctl_free_memory_of_gpu_args, 8, handle @ 0);
+layout!(sys::kfd_ioctl_map_memory_to_gpu_args, 24, handle @ 0, device_ids_array_ptr @ 8,
+    n_devices @ 16, n_success @ 20);
+layout!(sys::kfd_ioctl_unmap_memory_from_gpu_args, 24, handle @ 0, device_ids_array_ptr @ 8,
+    n_devices @ 16, n_success @ 20);
+layout!(sys::kfd_ioctl_create_queue_args, 88, ring_base_address @ 0, write_pointer_address @ 8,
+    read_pointer_address @ 16, doorbell_offset @ 24, ring_size @ 32, gpu_id @ 36, queue_type @ 40,
+    queue_percentage @ 44, queue_priority @ 48, queue_id @ 52, eop_buffer_address @ 56,
+    eop_buffer_size @ 64, ctx_save_restore_address @ 72, ctx_save_restore_size @ 80,
+    ctl_stack_size @ 84);
+layout!(sys::kfd_ioctl_create_event_args, 32, event_page_offset @ 0, event_trigger_data @ 8,
+    event_type @ 12, auto_reset @ 16, node_id @ 20, event_id @ 24, event_slot_index @ 28);
+layout!(sys::kfd_ioctl_wait_events_args, 24, events_ptr @ 0, num_events @ 8, wait_for_all @ 12,
+    timeout @ 16, wait_result @ 20);
+layout!(sys::kfd_ioctl_get_process_apertures_new_args, 16, kfd_process_device_apertures_ptr @ 0,
+    num_of_nodes @ 8);
+layout!(sys::kfd_ioctl_get_available_memory_args, 16, available @ 0, gpu_id @ 8);
+layout!(kfd_ioctl_export_dmabuf_args, 16, handle @ 0, flags @ 8, dmabuf_fd @ 12);
+// The private-data blob.
+layout!(kfd_criu_process_priv_data, 8, version @ 0, xnack_mode @ 4);
+layout!(kfd_criu_device_priv_data, 8);
+layout!(kfd_criu_bo_priv_data16, 80, user_addr @ 0, idr_handle @ 8, mapped_gpuids @ 12);
+layout!(kfd_criu_bo_priv_data64, 272, user_addr @ 0, idr_handle @ 8, mapped_gpuids @ 12);
+layout!(kfd_criu_queue_priv_data, 120, object_type @ 0, q_address @ 8, q_size @ 16,
+    read_ptr_addr @ 24, write_ptr_addr @ 32, doorbell_off @ 40, eop_ring_buffer_address @ 48,
+    ctx_save_restore_area_address @ 56, gpu_id @ 64, type_ @ 68, format @ 72, q_id @ 76,
+    priority @ 80, q_percent @ 84, doorbell_id @ 88, gws @ 92, sdma_id @ 96,
+    eop_ring_buffer_size @ 100, ctx_save_restore_area_size @ 104, ctl_stack_size @ 108,
+    mqd_size @ 112);
+layout!(kfd_criu_event_priv_data, 64, object_type @ 0, user_handle @ 8, event_id @ 16,
+    auto_reset @ 20, type_ @ 24, signaled @ 28, exception_data @ 32);
+layout!(kfd_criu_svm_range_priv_data, 24, object_type @ 0, start_addr @ 8, size @ 16);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kfd_mmap_encoding() {
+        let off = kfd_mmap::TYPE_DOORBELL | kfd_mmap::gpu_id(0x1a2b) | 0x1000;
+        assert_eq!(off & kfd_mmap::TYPE_MASK, kfd_mmap::TYPE_DOORBELL);
+        assert_eq!(kfd_mmap::get_gpu_id(off), 0x1a2b);
+        assert_eq!(off & ((1 << kfd_mmap::GPU_ID_SHIFT) - 1), 0x1000);
+    }
+
+    #[test]
+    fn header_constants_are_the_kernels() {
+        assert_eq!(sys::KFD_IOC_ALLOC_MEM_FLAGS_VRAM, 1);
+        assert_eq!(sys::KFD_IOC_ALLOC_MEM_FLAGS_USERPTR, 1 << 2);
+        assert_eq!(sys::KFD_IOC_ALLOC_MEM_FLAGS_WRITABLE, 1 << 31);
+        assert_eq!(sys::KFD_IOCTL_MAJOR_VERSION, 1);
+    }
+}
