@@ -15,7 +15,7 @@ TOP		:= $(CURDIR)
 BUILD		:= build
 include criu/upstream.lock
 CRIU_TREE	:= $(BUILD)/criu-$(CRIU_VERSION)
-TARBALL		:= $(if $(CRIU_TARBALL),$(CRIU_TARBALL),$(BUILD)/cache/$(CRIU_TARBALL_NAME))
+TARBALL		:= $(BUILD)/cache/$(CRIU_TARBALL_NAME)
 CARGO		?= cargo
 CARGO_TARGET	:= $(TOP)/rust/target
 GPU_LIB		:= $(CARGO_TARGET)/release/libcriu_gpu.a
@@ -34,13 +34,15 @@ deps:
 
 criu-rocm: $(BUILD)/criu-rocm
 
-# The pinned upstream tarball (cached; re-verified by fetch-criu.sh when missing).
-$(BUILD)/cache/$(CRIU_TARBALL_NAME): criu/upstream.lock
+# The pinned upstream tarball, cached under build/cache (from CRIU_TARBALL when set, else
+# the Debian source package). fetch-criu.sh checks the sha256 again before every extraction,
+# so a damaged cache is fetched anew rather than unpacked.
+$(TARBALL): criu/upstream.lock
 	scripts/fetch-criu.sh >/dev/null
 
 # A pristine extraction with our patch series; redone whenever an input changes.
 $(CRIU_TREE)/.prepared: $(TARBALL) $(CRIU_INPUTS)
-	scripts/prepare-criu.sh $(TARBALL) $(CRIU_TREE)
+	tarball=$$(scripts/fetch-criu.sh) && scripts/prepare-criu.sh "$$tarball" $(CRIU_TREE)
 	touch $@
 
 rust-lib: FORCE
@@ -62,7 +64,7 @@ $(BUILD)/criu-rocm: $(CRIU_TREE)/.prepared $(GPU_LIB) $(BUILD)/gitrev
 
 # Stock CRIU from the same tarball, unpatched: the reference for zdtm-compare.
 $(BUILD)/stock/.prepared: $(TARBALL) scripts/prepare-criu.sh
-	scripts/prepare-criu.sh $(TARBALL) $(BUILD)/stock --no-patches
+	tarball=$$(scripts/fetch-criu.sh) && scripts/prepare-criu.sh "$$tarball" $(BUILD)/stock --no-patches
 	touch $@
 
 $(BUILD)/stock/criu/criu: $(BUILD)/stock/.prepared

@@ -24,11 +24,16 @@ verify() {
 }
 
 mkdir -p "$cache"
+rm -f "$dest".tmp.*
 
 if [ -n "${CRIU_TARBALL:-}" ]; then
 	[ -r "$CRIU_TARBALL" ] || die "CRIU_TARBALL=$CRIU_TARBALL: no such readable file"
 	verify "$CRIU_TARBALL" || die "refusing CRIU_TARBALL=$CRIU_TARBALL"
-	echo "$CRIU_TARBALL"
+	# Cached like a download, so later builds need neither the variable nor the network.
+	if ! cmp -s "$CRIU_TARBALL" "$dest"; then
+		cp "$CRIU_TARBALL" "$dest.tmp.$$" && mv "$dest.tmp.$$" "$dest"
+	fi
+	echo "$dest"
 	exit 0
 fi
 
