@@ -1,0 +1,589 @@
+//! The safe layer: one handle type per fd kind, one method per ioctl, all of one shape.
+//!
+//! Each method fills the kernel struct, issues the ioctl through [`ioctl_mut`] (the one
+//! place that touches the raw syscall) and turns failure into an [`Error`] that keeps the
+//! ioctl's name and errno. Nothing here retries: callers decide what EINTR means.
+
+use crate::ids::{BoHandle, EventId, GpuId, GpuVa, MmapOffset, QueueId, RenderMinor};
+use crate::ioctl::*;
+use crate::layout::{criu_op, kfd_ioctl_export_dmabuf_args};
+use crate::sys;
+use std::ffi::CStr;
+use std::fmt;
+use std::fs::OpenOptions;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::ptr::NonNull;
+
+/// A failed ioctl (or open/mmap): which one, and the errno the kernel gave.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Error {
+    pub op: &'static str,
+    pub errno: i32,
+}
+
+impl Error {
+    pub fn errno(&self) -> i32 {
+        self.errno
+    }
+
+    pub fn is_eintr(&self) -> bool {
+        self.errno == libc::EINTR
+    }
+
+    fn last(op: &'static str) -> Self {
+        Self { op, errno: std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO) }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let msg = std::io::Error::from_raw_os_error(self.errno);
+        // io::Error's Display appends " (os error N)"; say it our way.
+        let text = msg.to_string();
+        let text = text.split(" (os error").next().unwrap_or(&text);
+        write!(f, "{}: {} (errno {})", self.op, text, self.errno)
+    }
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<Error> for std::io::Error {
+    fn from(e: Error) -> Self {
+        std::io::Error::from_raw_os_error(e.errno)
+    }
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Issues `cmd` on `fd` with `arg` as the in/out struct.
+fn ioctl_mut<T>(fd: BorrowedFd<'_>, cmd: u32, name: &'static str, arg: &mut T) -> Result<i32> {
+    // SAFETY: `arg` is a live, exclusively borrowed `T`, and every caller pairs `cmd` with the
+    // `T` whose size is encoded in it, so the kernel reads and writes only within `*arg`.
+    // Pointers nested inside `T` are set by the callers from live slices of the stated length.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), cmd as libc::c_ulong, arg as *mut T) };
+    if r < 0 {
+        Err(Error::last(name))
+    } else {
+        Ok(r)
+    }
+}
+
+fn open_device(path: &str, op: &'static str) -> Result<OwnedFd> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(path)
+        .map(OwnedFd::from)
+        .map_err(|e| Error { op, errno: e.raw_os_error().unwrap_or(libc::EIO) })
+}
+
+/// Counts KFD reports after PROCESS_INFO.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcessInfo {
+    pub num_devices: u32,
+    pub num_bos: u32,
+    pub num_objects: u32,
+    pub priv_data_size: u64,
+    /// The process's pid in its own pid namespace.
+    pub pid: u32,
+}
+
+/// A `/dev/kfd` file descriptor: owned, or borrowed (e.g. a fd CRIU drained from a task).
+#[derive(Debug)]
+pub struct Kfd<F: AsFd = OwnedFd> {
+    fd: F,
+}
+
+impl Kfd<OwnedFd> {
+    pub const PATH: &'static str = "/dev/kfd";
+
+    /// Opens `/dev/kfd`, which creates (or joins) this process's KFD context.
+    pub fn open() -> Result<Self> {
+        open_device(Self::PATH, "open(/dev/kfd)").map(|fd| Self { fd })
+    }
+}
+
+impl<F: AsFd> Kfd<F> {
+    /// Wraps a descriptor already known to be a KFD fd.
+    pub fn from_fd(fd: F) -> Self {
+        Self { fd }
+    }
+
+    pub fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    fn io<T>(&self, cmd: u32, arg: &mut T) -> Result<i32> {
+        ioctl_mut(self.fd.as_fd(), cmd, kfd_ioctl_name(cmd), arg)
+    }
+
+    /// (major, minor) of the KFD uapi.
+    pub fn get_version(&self) -> Result<(u32, u32)> {
+        let mut a = sys::kfd_ioctl_get_version_args::default();
+        self.io(AMDKFD_IOC_GET_VERSION, &mut a)?;
+        Ok((a.major_version, a.minor_version))
+    }
+
+    /// Apertures of every GPU the process can use (up to `max` GPUs).
+    pub fn get_process_apertures_new(
+        &self,
+        max: usize,
+    ) -> Result<Vec<sys::kfd_process_device_apertures>> {
+        let mut v = vec![sys::kfd_process_device_apertures::default(); max];
+        let mut a = sys::kfd_ioctl_get_process_apertures_new_args {
+            kfd_process_device_apertures_ptr: v.as_mut_ptr() as u64,
+            num_of_nodes: max as u32,
+            ..Default::default()
+        };
+        self.io(AMDKFD_IOC_GET_PROCESS_APERTURES_NEW, &mut a)?;
+        v.truncate(a.num_of_nodes as usize);
+        Ok(v)
+    }
+
+    /// Binds the GPU's per-process VM to a render-node file of this process.
+    pub fn acquire_vm(&self, gpu: GpuId, drm: BorrowedFd<'_>) -> Result<()> {
+        let mut a = sys::kfd_ioctl_acquire_vm_args { drm_fd: drm.as_raw_fd() as u32, gpu_id: gpu.0 };
+        self.io(AMDKFD_IOC_ACQUIRE_VM, &mut a).map(drop)
+    }
+
+    /// Allocates a BO at `va`. `mmap_offset_in` is the CPU address for USERPTR BOs, else 0.
+    pub fn alloc_memory_of_gpu(
+        &self,
+        gpu: GpuId,
+        va: GpuVa,
+        size: u64,
+        flags: u32,
+        mmap_offset_in: u64,
+    ) -> Result<(BoHandle, MmapOffset)> {
+        let mut a = sys::kfd_ioctl_alloc_memory_of_gpu_args {
+            va_addr: va.0,
+            size,
+            mmap_offset: mmap_offset_in,
+            gpu_id: gpu.0,
+            flags,
+            ..Default::default()
+        };
+        self.io(AMDKFD_IOC_ALLOC_MEMORY_OF_GPU, &mut a)?;
+        Ok((BoHandle(a.handle), MmapOffset(a.mmap_offset)))
+    }
+
+    pub fn free_memory_of_gpu(&self, bo: BoHandle) -> Result<()> {
+        let mut a = sys::kfd_ioctl_free_memory_of_gpu_args { handle: bo.0 };
+        self.io(AMDKFD_IOC_FREE_MEMORY_OF_GPU, &mut a).map(drop)
+    }
+
+    /// Maps `bo` into the GPU VMs of `gpus`; returns how many succeeded.
+    pub fn map_memory_to_gpu(&self, bo: BoHandle, gpus: &[GpuId]) -> Result<u32> {
+        let ids: Vec<u32> = gpus.iter().map(|g| g.0).collect();
+        let mut a = sys::kfd_ioctl_map_memory_to_gpu_args {
+            handle: bo.0,
+            device_ids_array_ptr: ids.as_ptr() as u64,
+            n_devices: ids.len() as u32,
+            n_success: 0,
+        };
+        self.io(AMDKFD_IOC_MAP_MEMORY_TO_GPU, &mut a)?;
+        Ok(a.n_success)
+    }
+
+    pub fn unmap_memory_from_gpu(&self, bo: BoHandle, gpus: &[GpuId]) -> Result<u32> {
+        let ids: Vec<u32> = gpus.iter().map(|g| g.0).collect();
+        let mut a = sys::kfd_ioctl_unmap_memory_from_gpu_args {
+            handle: bo.0,
+            device_ids_array_ptr: ids.as_ptr() as u64,
+            n_devices: ids.len() as u32,
+            n_success: 0,
+        };
+        self.io(AMDKFD_IOC_UNMAP_MEMORY_FROM_GPU, &mut a)?;
+        Ok(a.n_success)
+    }
+
+    /// Creates a queue; KFD fills `queue_id` and `doorbell_offset` in `args`.
+    pub fn create_queue(&self, args: &mut sys::kfd_ioctl_create_queue_args) -> Result<QueueId> {
+        self.io(AMDKFD_IOC_CREATE_QUEUE, args)?;
+        Ok(QueueId(args.queue_id))
+    }
+
+    pub fn destroy_queue(&self, q: QueueId) -> Result<()> {
+        let mut a = sys::kfd_ioctl_destroy_queue_args { queue_id: q.0, pad: 0 };
+        self.io(AMDKFD_IOC_DESTROY_QUEUE, &mut a).map(drop)
+    }
+
+    pub fn update_queue(&self, args: &mut sys::kfd_ioctl_update_queue_args) -> Result<()> {
+        self.io(AMDKFD_IOC_UPDATE_QUEUE, args).map(drop)
+    }
+
+    /// Creates an event; KFD fills the id, slot and page offset in `args`.
+    pub fn create_event(&self, args: &mut sys::kfd_ioctl_create_event_args) -> Result<EventId> {
+        self.io(AMDKFD_IOC_CREATE_EVENT, args)?;
+        Ok(EventId(args.event_id))
+    }
+
+    pub fn destroy_event(&self, e: EventId) -> Result<()> {
+        let mut a = sys::kfd_ioctl_destroy_event_args { event_id: e.0, pad: 0 };
+        self.io(AMDKFD_IOC_DESTROY_EVENT, &mut a).map(drop)
+    }
+
+    pub fn set_event(&self, e: EventId) -> Result<()> {
+        let mut a = sys::kfd_ioctl_set_event_args { event_id: e.0, pad: 0 };
+        self.io(AMDKFD_IOC_SET_EVENT, &mut a).map(drop)
+    }
+
+    pub fn reset_event(&self, e: EventId) -> Result<()> {
+        let mut a = sys::kfd_ioctl_reset_event_args { event_id: e.0, pad: 0 };
+        self.io(AMDKFD_IOC_RESET_EVENT, &mut a).map(drop)
+    }
+
+    /// Waits for `events` (all or any) up to `timeout_ms`; returns KFD's wait result
+    /// (`KFD_IOC_WAIT_RESULT_*`). An interrupted wait is an EINTR error.
+    pub fn wait_events(
+        &self,
+        events: &mut [sys::kfd_event_data],
+        wait_for_all: bool,
+        timeout_ms: u32,
+    ) -> Result<u32> {
+        let mut a = sys::kfd_ioctl_wait_events_args {
+            events_ptr: events.as_mut_ptr() as u64,
+            num_events: events.len() as u32,
+            wait_for_all: wait_for_all as u32,
+            timeout: timeout_ms,
+            wait_result: 0,
+        };
+        self.io(AMDKFD_IOC_WAIT_EVENTS, &mut a)?;
+        Ok(a.wait_result)
+    }
+
+    pub fn available_memory(&self, gpu: GpuId) -> Result<u64> {
+        let mut a = sys::kfd_ioctl_get_available_memory_args { gpu_id: gpu.0, ..Default::default() };
+        self.io(AMDKFD_IOC_AVAILABLE_MEMORY, &mut a)?;
+        Ok(a.available)
+    }
+
+    pub fn set_xnack_mode(&self, mode: i32) -> Result<i32> {
+        let mut a = sys::kfd_ioctl_set_xnack_mode_args { xnack_enabled: mode };
+        self.io(AMDKFD_IOC_SET_XNACK_MODE, &mut a)?;
+        Ok(a.xnack_enabled)
+    }
+
+    /// Exports a BO as a dmabuf (KFD 1.12+); returns the new fd.
+    pub fn export_dmabuf(&self, bo: BoHandle, flags: u32) -> Result<OwnedFd> {
+        let mut a = kfd_ioctl_export_dmabuf_args { handle: bo.0, flags, dmabuf_fd: 0 };
+        self.io(AMDKFD_IOC_EXPORT_DMABUF, &mut a)?;
+        // SAFETY: on success the kernel installed a new fd in our table and handed its
+        // ownership to us through `dmabuf_fd`.
+        Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(a.dmabuf_fd as i32) })
+    }
+
+    fn criu(&self, op: u32, a: &mut sys::kfd_ioctl_criu_args) -> Result<()> {
+        a.op = op;
+        ioctl_mut(self.fd.as_fd(), AMDKFD_IOC_CRIU_OP, criu_op_name(op), a).map(drop)
+    }
+
+    /// Evicts the process's queues and reports what CHECKPOINT will need.
+    pub fn criu_process_info(&self) -> Result<ProcessInfo> {
+        let mut a = sys::kfd_ioctl_criu_args::default();
+        self.criu(criu_op::PROCESS_INFO, &mut a)?;
+        Ok(ProcessInfo {
+            num_devices: a.num_devices,
+            num_bos: a.num_bos,
+            num_objects: a.num_objects,
+            priv_data_size: a.priv_data_size,
+            pid: a.pid,
+        })
+    }
+
+    /// Fills the three buffers, sized from [`Kfd::criu_process_info`].
+    pub fn criu_checkpoint(
+        &self,
+        num_objects: u32,
+        devices: &mut [sys::kfd_criu_device_bucket],
+        bos: &mut [sys::kfd_criu_bo_bucket],
+        priv_data: &mut [u8],
+    ) -> Result<()> {
+        let mut a = criu_buffers(num_objects, devices, bos, priv_data);
+        self.criu(criu_op::CHECKPOINT, &mut a)
+    }
+
+    pub fn criu_unpause(&self) -> Result<()> {
+        self.criu(criu_op::UNPAUSE, &mut sys::kfd_ioctl_criu_args::default())
+    }
+
+    /// Recreates the checkpointed state in the calling process; KFD fills each bucket's
+    /// `restored_offset` and `dmabuf_fd`.
+    pub fn criu_restore(
+        &self,
+        num_objects: u32,
+        devices: &mut [sys::kfd_criu_device_bucket],
+        bos: &mut [sys::kfd_criu_bo_bucket],
+        priv_data: &mut [u8],
+    ) -> Result<()> {
+        let mut a = criu_buffers(num_objects, devices, bos, priv_data);
+        self.criu(criu_op::RESTORE, &mut a)
+    }
+
+    /// Restarts the queues of the restored process `pid` (a pid in the caller's namespace).
+    pub fn criu_resume(&self, pid: u32) -> Result<()> {
+        let mut a = sys::kfd_ioctl_criu_args { pid, ..Default::default() };
+        self.criu(criu_op::RESUME, &mut a)
+    }
+}
+
+fn criu_buffers(
+    num_objects: u32,
+    devices: &mut [sys::kfd_criu_device_bucket],
+    bos: &mut [sys::kfd_criu_bo_bucket],
+    priv_data: &mut [u8],
+) -> sys::kfd_ioctl_criu_args {
+    sys::kfd_ioctl_criu_args {
+        devices: devices.as_mut_ptr() as u64,
+        bos: bos.as_mut_ptr() as u64,
+        priv_data: priv_data.as_mut_ptr() as u64,
+        priv_data_size: priv_data.len() as u64,
+        num_devices: devices.len() as u32,
+        num_bos: bos.len() as u32,
+        num_objects,
+        ..Default::default()
+    }
+}
+
+fn criu_op_name(op: u32) -> &'static str {
+    match op {
+        criu_op::PROCESS_INFO => "AMDKFD_IOC_CRIU_OP(PROCESS_INFO)",
+        criu_op::CHECKPOINT => "AMDKFD_IOC_CRIU_OP(CHECKPOINT)",
+        criu_op::UNPAUSE => "AMDKFD_IOC_CRIU_OP(UNPAUSE)",
+        criu_op::RESTORE => "AMDKFD_IOC_CRIU_OP(RESTORE)",
+        criu_op::RESUME => "AMDKFD_IOC_CRIU_OP(RESUME)",
+        _ => "AMDKFD_IOC_CRIU_OP(?)",
+    }
+}
+
+/// The GPU facts the copy engines need from `AMDGPU_INFO_DEV_INFO`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DevInfo {
+    pub family: u32,
+    pub virtual_address_offset: u64,
+    pub virtual_address_max: u64,
+}
+
+/// A `/dev/dri/renderD<minor>` file descriptor.
+#[derive(Debug)]
+pub struct RenderNode<F: AsFd = OwnedFd> {
+    fd: F,
+}
+
+impl RenderNode<OwnedFd> {
+    pub fn open(minor: RenderMinor) -> Result<Self> {
+        open_device(&minor.path(), "open(/dev/dri/renderD*)").map(|fd| Self { fd })
+    }
+}
+
+impl<F: AsFd> RenderNode<F> {
+    pub fn from_fd(fd: F) -> Self {
+        Self { fd }
+    }
+
+    pub fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    fn io<T>(&self, cmd: u32, arg: &mut T) -> Result<i32> {
+        ioctl_mut(self.fd.as_fd(), cmd, drm_ioctl_name(cmd), arg)
+    }
+
+    /// The kernel driver's name ("amdgpu").
+    pub fn drm_version(&self) -> Result<String> {
+        let mut name = [0u8; 64];
+        let mut a = sys::drm_version {
+            name_len: name.len(),
+            name: name.as_mut_ptr().cast(),
+            ..Default::default()
+        };
+        self.io(DRM_IOCTL_VERSION, &mut a)?;
+        let len = a.name_len.min(name.len() - 1);
+        name[len] = 0;
+        Ok(CStr::from_bytes_until_nul(&name)
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default())
+    }
+
+    pub fn amdgpu_info_dev_info(&self) -> Result<DevInfo> {
+        let mut info = sys::drm_amdgpu_info_device::default();
+        let mut a = sys::drm_amdgpu_info {
+            return_pointer: &mut info as *mut _ as u64,
+            return_size: std::mem::size_of_val(&info) as u32,
+            query: sys::AMDGPU_INFO_DEV_INFO,
+            ..Default::default()
+        };
+        self.io(DRM_IOCTL_AMDGPU_INFO, &mut a)?;
+        Ok(DevInfo {
+            family: info.family,
+            virtual_address_offset: info.virtual_address_offset,
+            virtual_address_max: info.virtual_address_max,
+        })
+    }
+
+    /// The fake mmap offset of a GEM handle on this file.
+    pub fn gem_mmap(&self, handle: u32) -> Result<MmapOffset> {
+        let mut a = sys::drm_amdgpu_gem_mmap::default();
+        a.in_.handle = handle;
+        self.io(DRM_IOCTL_AMDGPU_GEM_MMAP, &mut a)?;
+        // SAFETY: after a successful GEM_MMAP the kernel wrote the `out` member of the union.
+        Ok(MmapOffset(unsafe { a.out.addr_ptr }))
+    }
+
+    pub fn gem_close(&self, handle: u32) -> Result<()> {
+        let mut a = sys::drm_gem_close { handle, pad: 0 };
+        self.io(DRM_IOCTL_GEM_CLOSE, &mut a).map(drop)
+    }
+
+    pub fn prime_fd_to_handle(&self, dmabuf: BorrowedFd<'_>) -> Result<u32> {
+        let mut a = sys::drm_prime_handle { fd: dmabuf.as_raw_fd(), ..Default::default() };
+        self.io(DRM_IOCTL_PRIME_FD_TO_HANDLE, &mut a)?;
+        Ok(a.handle)
+    }
+
+    pub fn gem_create(&self, args: &mut sys::drm_amdgpu_gem_create) -> Result<()> {
+        self.io(DRM_IOCTL_AMDGPU_GEM_CREATE, args).map(drop)
+    }
+
+    pub fn gem_userptr(&self, args: &mut sys::drm_amdgpu_gem_userptr) -> Result<()> {
+        self.io(DRM_IOCTL_AMDGPU_GEM_USERPTR, args).map(drop)
+    }
+
+    pub fn gem_va(&self, args: &mut sys::drm_amdgpu_gem_va) -> Result<()> {
+        self.io(DRM_IOCTL_AMDGPU_GEM_VA, args).map(drop)
+    }
+
+    pub fn ctx(&self, args: &mut sys::drm_amdgpu_ctx) -> Result<()> {
+        self.io(DRM_IOCTL_AMDGPU_CTX, args).map(drop)
+    }
+
+    pub fn bo_list(&self, args: &mut sys::drm_amdgpu_bo_list) -> Result<()> {
+        self.io(DRM_IOCTL_AMDGPU_BO_LIST, args).map(drop)
+    }
+
+    pub fn cs(&self, args: &mut sys::drm_amdgpu_cs) -> Result<()> {
+        self.io(DRM_IOCTL_AMDGPU_CS, args).map(drop)
+    }
+
+    pub fn wait_cs(&self, args: &mut sys::drm_amdgpu_wait_cs) -> Result<()> {
+        self.io(DRM_IOCTL_AMDGPU_WAIT_CS, args).map(drop)
+    }
+}
+
+/// A shared mapping of a device (or any) fd, unmapped on drop.
+#[derive(Debug)]
+pub struct Mapping {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain shared memory owned by this value; moving it between threads
+// moves that ownership, and access goes through &self/&mut self.
+unsafe impl Send for Mapping {}
+
+impl Mapping {
+    /// Maps `len` bytes of `fd` at `offset`, MAP_SHARED, read/write.
+    pub fn shared(fd: BorrowedFd<'_>, offset: MmapOffset, len: usize) -> Result<Self> {
+        // SAFETY: a fresh mapping chosen by the kernel (no MAP_FIXED) cannot alias memory Rust
+        // already owns; the result is checked before use.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                offset.0 as libc::off_t,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(Error::last("mmap"));
+        }
+        let ptr = NonNull::new(p.cast()).ok_or(Error { op: "mmap", errno: libc::EFAULT })?;
+        Ok(Self { ptr, len })
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: the mapping is `len` readable bytes, alive as long as `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: the mapping is `len` writable bytes, alive and exclusively borrowed.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/`len` describe a mapping this value created and nobody else unmaps.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs::File;
+
+    #[test]
+    fn errors_keep_errno_and_name() {
+        let null = File::open("/dev/null").unwrap();
+        let kfd = Kfd::from_fd(null.as_fd());
+        let e = kfd.get_version().unwrap_err();
+        assert_eq!(e.errno(), libc::ENOTTY);
+        assert_eq!(e.op, "AMDKFD_IOC_GET_VERSION");
+        assert_eq!(
+            e.to_string(),
+            "AMDKFD_IOC_GET_VERSION: Inappropriate ioctl for device (errno 25)"
+        );
+        let e = kfd.criu_process_info().unwrap_err();
+        assert_eq!(e.op, "AMDKFD_IOC_CRIU_OP(PROCESS_INFO)");
+        let r = RenderNode::from_fd(null.as_fd());
+        assert_eq!(r.drm_version().unwrap_err().op, "DRM_IOCTL_VERSION");
+        assert!(!e.is_eintr());
+    }
+
+    #[test]
+    fn missing_device_is_a_named_error() {
+        let e = RenderNode::open(RenderMinor(255)).unwrap_err();
+        assert_eq!(e.op, "open(/dev/dri/renderD*)");
+        assert_eq!(e.errno(), libc::ENOENT);
+    }
+
+    #[test]
+    fn mapping_round_trip_on_a_memfd() {
+        // SAFETY: memfd_create with a static NUL-terminated name; the result is checked.
+        let raw = unsafe { libc::memfd_create(c"kfd-abi-test".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(raw >= 0);
+        // SAFETY: `raw` is a fresh fd we own.
+        let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) };
+        let file = File::from(fd);
+        file.set_len(2 * 4096).unwrap();
+        let mut a = Mapping::shared(file.as_fd(), MmapOffset(4096), 4096).unwrap();
+        a.as_mut_slice()[..4].copy_from_slice(b"kfd!");
+        let b = Mapping::shared(file.as_fd(), MmapOffset(4096), 4096).unwrap();
+        assert_eq!(&b.as_slice()[..4], b"kfd!");
+        assert_eq!(b.len(), 4096);
+    }
+}
