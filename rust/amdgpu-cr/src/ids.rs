@@ -1,10 +1,14 @@
 //! Newtypes for the id spaces the core handles, so a user gpu_id cannot be
 //! passed where a GPU VA or an mmap offset is expected.
 //!
-//! These mirror the newtypes of the ABI crate; once `kfd-abi` exports them
-//! this module re-exports those instead.
+//! GPU VAs, mmap offsets and render minors are the ABI crate's types.  The
+//! gpu_id keeps a core type whose `Display` is hexadecimal (`0x1a2b`), the
+//! way CRIU's logs, the pages file names and users quote gpu_ids; it
+//! converts to and from `kfd_abi::ids::GpuId` (decimal, as in sysfs).
 
 use std::fmt;
+
+pub use kfd_abi::ids::{GpuVa, MmapOffset, RenderMinor};
 
 /// A KFD gpu_id (16-bit hash shown in sysfs, carried in a u32).  Whether it
 /// is a *user* id (what the application saw first) or an *actual* id (the GPU
@@ -12,17 +16,17 @@ use std::fmt;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct GpuId(pub u32);
 
-/// A GPU virtual address.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub struct GpuVa(pub u64);
+impl From<kfd_abi::ids::GpuId> for GpuId {
+    fn from(g: kfd_abi::ids::GpuId) -> Self {
+        GpuId(g.0)
+    }
+}
 
-/// A byte offset to pass to `mmap` on a device fd.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub struct MmapOffset(pub u64);
-
-/// The minor number of a DRM render node (`/dev/dri/renderD<minor>`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub struct RenderMinor(pub u32);
+impl From<GpuId> for kfd_abi::ids::GpuId {
+    fn from(g: GpuId) -> Self {
+        kfd_abi::ids::GpuId(g.0)
+    }
+}
 
 impl fmt::Display for GpuId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -30,20 +34,14 @@ impl fmt::Display for GpuId {
     }
 }
 
-impl fmt::Display for GpuVa {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:#x}", self.0)
-    }
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-impl fmt::Display for MmapOffset {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:#x}", self.0)
-    }
-}
-
-impl fmt::Display for RenderMinor {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "renderD{}", self.0)
+    #[test]
+    fn gpu_id_converts_and_prints_hex() {
+        let abi: kfd_abi::ids::GpuId = GpuId(0x1a2b).into();
+        assert_eq!(abi.0, 0x1a2b);
+        assert_eq!(GpuId::from(abi).to_string(), "0x1a2b");
     }
 }

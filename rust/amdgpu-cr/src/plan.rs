@@ -37,7 +37,7 @@ pub enum PlanError {
     },
     #[error("GPU {gpu}: {what}")]
     Gpu { gpu: GpuId, what: String },
-    #[error("render node {minor}: {what}")]
+    #[error("render node renderD{minor}: {what}")]
     Render { minor: RenderMinor, what: String },
     #[error(transparent)]
     Topology(#[from] TopologyError),
