@@ -2,6 +2,10 @@
 //! GPU user (process_vm_* on our own pid), fd arguments are resolved by a
 //! table instead of the FUSE transport.
 
+// The tests poke shared mappings of the emulator's memfds; one SAFETY note
+// per block covers all accesses to the same live mapping.
+#![allow(clippy::multiple_unsafe_ops_per_block)]
+
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
 use std::sync::mpsc::{channel, Receiver, Sender};
@@ -24,6 +28,28 @@ struct Table(Arc<Mutex<HashMap<i32, u64>>>);
 impl FdResolver for Table {
     fn open_of(&self, _tgid: u32, fd: i32) -> Result<u64, i32> {
         self.0.lock().unwrap().get(&fd).copied().ok_or(libc::EBADF)
+    }
+}
+
+/// Another thread of this process, parked forever: the caller of waits the
+/// test leaves pending while it goes on issuing ioctls (a thread is in one
+/// ioctl at a time, and the device model relies on that).
+fn waiter() -> Caller {
+    static TID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    let tid = *TID.get_or_init(|| {
+        let (tx, rx) = channel();
+        std::thread::spawn(move || {
+            // SAFETY: gettid has no preconditions.
+            tx.send(unsafe { libc::gettid() } as u32).unwrap();
+            loop {
+                std::thread::park();
+            }
+        });
+        rx.recv().unwrap()
+    });
+    Caller {
+        tid,
+        tgid: std::process::id(),
     }
 }
 
@@ -188,11 +214,11 @@ fn u32_at(b: &[u8], off: usize) -> u32 {
 // least off+4/8 bytes.
 unsafe fn wr32(p: *mut u8, off: usize, v: u32) {
     // SAFETY: see above.
-    unsafe { std::ptr::write_volatile(p.add(off) as *mut u32, v) }
+    unsafe { std::ptr::write_volatile(p.wrapping_add(off) as *mut u32, v) }
 }
 unsafe fn rd32(p: *mut u8, off: usize) -> u32 {
     // SAFETY: see above.
-    unsafe { std::ptr::read_volatile(p.add(off) as *const u32) }
+    unsafe { std::ptr::read_volatile(p.wrapping_add(off) as *const u32) }
 }
 
 #[test]
@@ -287,7 +313,7 @@ fn memory_alloc_map_free_and_vram_exhaustion() {
         .alloc(0x1000_0000, 32 << 20, alloc::VRAM | alloc::PUBLIC, 0)
         .unwrap();
     assert_eq!(h1 >> 32, d.gpu_id as u64);
-    assert!(off1 >= 4 << 30 && off1 < 1 << 63 && off1 % 4096 == 0);
+    assert!((4 << 30..1 << 62).contains(&off1) && off1 % 4096 == 0);
     let (_h2, off2) = d.alloc(0x2000_0000, 32 << 20, alloc::VRAM, 0).unwrap();
     assert!(off2 >= off1 + (32 << 20));
     // Full.
@@ -375,4 +401,636 @@ fn memory_alloc_map_free_and_vram_exhaustion() {
         .call(nr::AVAILABLE_MEMORY, &args(&[(8, d.gpu_id as u64)], 16))
         .unwrap();
     assert_eq!(u64_at(&avail, 0), 64 << 20);
+}
+
+const RING_VA: u64 = 0x1000_0000;
+const CTL_VA: u64 = 0x1001_0000;
+const SRC_VA: u64 = 0x2000_0000;
+const DST_VA: u64 = 0x3000_0000;
+const SIG_VA: u64 = 0x4000_0000;
+const RING_SIZE: u64 = 4096;
+
+/// An SDMA queue with its ring, control words, two VRAM buffers and a
+/// signal page, all mapped like a client maps them.
+struct Rig {
+    ring: *mut u8,
+    ctl: *mut u8,
+    src: *mut u8,
+    dst: *mut u8,
+    sig: *mut u8,
+    doorbell: *mut u8,
+    wptr: u64,
+    event: u32,
+    handles: Vec<(u64, u64)>,
+}
+
+impl Rig {
+    fn new(d: &Dev) -> Rig {
+        let mut handles = Vec::new();
+        let mut m = |va, size, flags| {
+            let (h, off) = d.alloc(va, size, flags, 0).unwrap();
+            handles.push((h, off));
+            d.map_node(NodeKind::Render { minor: d.minor }, off, size as usize)
+        };
+        let ring = m(RING_VA, RING_SIZE, alloc::GTT);
+        let ctl = m(CTL_VA, 4096, alloc::GTT);
+        let src = m(SRC_VA, 65536, alloc::VRAM);
+        let dst = m(DST_VA, 65536, alloc::VRAM);
+        let sig = m(SIG_VA, 32768, alloc::GTT);
+        let sig_handle = handles[4].0;
+        let ev = d
+            .call(nr::CREATE_EVENT, &args(&[(0, sig_handle), (16, 1)], 32))
+            .unwrap();
+        let event = u32_at(&ev, 24);
+        assert_eq!(u32_at(&ev, 28), event);
+        let q = d
+            .call(
+                nr::CREATE_QUEUE,
+                &args(
+                    &[
+                        (0, RING_VA),
+                        (8, CTL_VA + 8),
+                        (16, CTL_VA),
+                        (32, RING_SIZE),
+                        (36, d.gpu_id as u64),
+                        (40, queue_type::SDMA as u64),
+                        (44, 100),
+                        (48, 7),
+                    ],
+                    88,
+                ),
+            )
+            .unwrap();
+        let dbo = u64_at(&q, 24);
+        assert!(dbo < 1 << 63);
+        let base = d.map_node(NodeKind::Kfd, dbo & !8191, 8192);
+        // SAFETY: the doorbell lies inside the 8 KiB slice just mapped.
+        let doorbell = unsafe { base.add((dbo & 8191) as usize) };
+        Rig {
+            ring,
+            ctl,
+            src,
+            dst,
+            sig,
+            doorbell,
+            wptr: 0,
+            event,
+            handles,
+        }
+    }
+
+    fn push(&mut self, dws: &[u32]) {
+        for &dw in dws {
+            // SAFETY: the ring mapping is RING_SIZE bytes.
+            unsafe { wr32(self.ring, (self.wptr % RING_SIZE) as usize, dw) };
+            self.wptr += 4;
+        }
+    }
+
+    fn kick(&self) {
+        // SAFETY: doorbell points at an 8-byte slot of a live mapping.
+        unsafe { std::ptr::write_volatile(self.doorbell as *mut u64, self.wptr) };
+    }
+
+    fn rptr(&self) -> u64 {
+        // SAFETY: ctl maps 4096 bytes; rptr is its first u64.
+        unsafe { std::ptr::read_volatile(self.ctl as *const u64) }
+    }
+
+    fn wait_rptr(&self, want: u64) -> bool {
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(3) {
+            if self.rptr() == want {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        false
+    }
+}
+
+fn lo(v: u64) -> u32 {
+    v as u32
+}
+fn hi(v: u64) -> u32 {
+    (v >> 32) as u32
+}
+
+fn wait_args(ids: &[u32], all: bool, timeout: u32) -> (Vec<u8>, Vec<u8>) {
+    let mut evs = vec![0u8; 48 * ids.len()];
+    for (i, id) in ids.iter().enumerate() {
+        evs[i * 48 + 40..i * 48 + 44].copy_from_slice(&id.to_le_bytes());
+    }
+    let mut a = vec![0u8; 24];
+    a[0..8].copy_from_slice(&(evs.as_ptr() as u64).to_le_bytes());
+    a[8..12].copy_from_slice(&(ids.len() as u32).to_le_bytes());
+    a[12..16].copy_from_slice(&(all as u32).to_le_bytes());
+    a[16..20].copy_from_slice(&timeout.to_le_bytes());
+    (a, evs)
+}
+
+#[test]
+fn sdma_packets_events_and_waits() {
+    let d = Dev::new("");
+    d.setup();
+    let mut r = Rig::new(&d);
+    for i in 0..1024 {
+        // SAFETY: src maps 65536 bytes.
+        unsafe { wr32(r.src, i * 4, 0x1000_0000 + i as u32) };
+    }
+    // Park a wait on the event before the GPU signals it.
+    let (wa, _evs) = wait_args(&[r.event], false, u32::MAX);
+    let waiting = d.start(&waiter(), nr::WAIT_EVENTS, &wa);
+    assert!(
+        waiting.recv_timeout(Duration::from_millis(100)).is_err(),
+        "wait answered early"
+    );
+
+    r.push(&[
+        1,
+        4096 - 1,
+        0,
+        lo(SRC_VA),
+        hi(SRC_VA),
+        lo(DST_VA),
+        hi(DST_VA),
+    ]);
+    r.push(&[
+        11 | 2 << 30,
+        lo(DST_VA + 8192),
+        hi(DST_VA + 8192),
+        0xdead_beef,
+        256 - 1,
+    ]);
+    r.push(&[2, lo(DST_VA + 16384), hi(DST_VA + 16384), 3 - 1, 7, 8, 9]);
+    r.push(&[2 << 16, 0x55, 0x66]);
+    r.push(&[5, lo(CTL_VA + 16), hi(CTL_VA + 16), 0x1234]);
+    let slot = SIG_VA + r.event as u64 * 8;
+    r.push(&[5, lo(slot), hi(slot), 1]);
+    r.push(&[6, 0]);
+    r.kick();
+    assert!(
+        r.wait_rptr(r.wptr),
+        "rptr {:#x} != wptr {:#x}",
+        r.rptr(),
+        r.wptr
+    );
+    // SAFETY: offsets inside the mapped BOs.
+    unsafe {
+        assert_eq!(rd32(r.dst, 0), 0x1000_0000);
+        assert_eq!(rd32(r.dst, 4092), 0x1000_0000 + 1023);
+        assert_eq!(rd32(r.dst, 4096), 0);
+        assert_eq!(rd32(r.dst, 8192), 0xdead_beef);
+        assert_eq!(rd32(r.dst, 8192 + 252), 0xdead_beef);
+        assert_eq!(rd32(r.dst, 8192 + 256), 0);
+        assert_eq!(
+            (rd32(r.dst, 16384), rd32(r.dst, 16388), rd32(r.dst, 16392)),
+            (7, 8, 9)
+        );
+        assert_eq!(rd32(r.ctl, 16), 0x1234);
+        // The interrupt path re-armed the slot.
+        assert_eq!(
+            std::ptr::read_volatile(r.sig.add(r.event as usize * 8) as *const u64),
+            u64::MAX
+        );
+    }
+    let out = waiting
+        .recv_timeout(Duration::from_secs(2))
+        .expect("TRAP did not wake the wait")
+        .unwrap();
+    assert_eq!(u32_at(&out, 20), 0);
+    // Auto-reset: consumed by the waiter.
+    let (wa, _e) = wait_args(&[r.event], false, 20);
+    let t = Instant::now();
+    let out = d.call(nr::WAIT_EVENTS, &wa).unwrap();
+    assert_eq!(u32_at(&out, 20), 1);
+    assert!(t.elapsed() >= Duration::from_millis(20));
+    // SET_EVENT with nobody waiting stays signalled until one wait.
+    d.call(nr::SET_EVENT, &r.event.to_le_bytes()).unwrap();
+    assert_eq!(u32_at(&d.call(nr::WAIT_EVENTS, &wa).unwrap(), 20), 0);
+    assert_eq!(u32_at(&d.call(nr::WAIT_EVENTS, &wa).unwrap(), 20), 1);
+    // Manual-reset event and wait-all.
+    let ev2 = u32_at(
+        &d.call(nr::CREATE_EVENT, &args(&[(16, 0)], 32)).unwrap(),
+        24,
+    );
+    let (wall, _e2) = wait_args(&[r.event, ev2], true, u32::MAX);
+    let w = d.start(&waiter(), nr::WAIT_EVENTS, &wall);
+    d.call(nr::SET_EVENT, &ev2.to_le_bytes()).unwrap();
+    assert!(
+        w.recv_timeout(Duration::from_millis(50)).is_err(),
+        "wait-all answered with one event"
+    );
+    d.call(nr::SET_EVENT, &r.event.to_le_bytes()).unwrap();
+    assert_eq!(
+        u32_at(
+            &w.recv_timeout(Duration::from_secs(2)).unwrap().unwrap(),
+            20
+        ),
+        0
+    );
+    // ev2 is manual-reset: still signalled; RESET clears it.
+    let (w2, _e3) = wait_args(&[ev2], false, 0);
+    assert_eq!(u32_at(&d.call(nr::WAIT_EVENTS, &w2).unwrap(), 20), 0);
+    d.call(nr::RESET_EVENT, &ev2.to_le_bytes()).unwrap();
+    assert_eq!(u32_at(&d.call(nr::WAIT_EVENTS, &w2).unwrap(), 20), 1);
+    // Bad ids and pointers.
+    assert_eq!(
+        d.call(nr::SET_EVENT, &777u32.to_le_bytes()),
+        Err(libc::EINVAL)
+    );
+    let (wb, _e4) = wait_args(&[777], false, 0);
+    assert_eq!(d.call(nr::WAIT_EVENTS, &wb), Err(libc::EINVAL));
+    let mut wp = w2.clone();
+    wp[0..8].copy_from_slice(&16u64.to_le_bytes());
+    assert_eq!(d.call(nr::WAIT_EVENTS, &wp), Err(libc::EFAULT));
+    d.call(nr::DESTROY_EVENT, &ev2.to_le_bytes()).unwrap();
+    assert_eq!(
+        d.call(nr::DESTROY_EVENT, &ev2.to_le_bytes()),
+        Err(libc::EINVAL)
+    );
+
+    // An unknown packet halts the queue; nothing after it runs.
+    let before = r.rptr();
+    r.push(&[0x7f]);
+    r.push(&[5, lo(CTL_VA + 24), hi(CTL_VA + 24), 0x99]);
+    r.kick();
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(r.rptr(), before);
+    // SAFETY: inside ctl.
+    assert_eq!(unsafe { rd32(r.ctl, 24) }, 0);
+}
+
+#[test]
+fn queue_limits_and_bad_queue_args() {
+    let d = Dev::new("[[gpus]]\nnum_sdma_engines = 1\nnum_sdma_xgmi_engines = 0\nnum_sdma_queues_per_engine = 1\n");
+    d.setup();
+    let q = |t: u64| {
+        args(
+            &[
+                (0, RING_VA),
+                (8, CTL_VA + 8),
+                (16, CTL_VA),
+                (32, 4096),
+                (36, d.gpu_id as u64),
+                (40, t),
+                (44, 100),
+                (48, 7),
+            ],
+            88,
+        )
+    };
+    let first = d
+        .call(nr::CREATE_QUEUE, &q(queue_type::SDMA as u64))
+        .unwrap();
+    assert_eq!(
+        d.call(nr::CREATE_QUEUE, &q(queue_type::SDMA as u64)),
+        Err(libc::ENOMEM)
+    );
+    let c = d
+        .call(nr::CREATE_QUEUE, &q(queue_type::COMPUTE_AQL as u64))
+        .unwrap();
+    assert_ne!(u32_at(&c, 52), u32_at(&first, 52));
+    assert_ne!(u64_at(&c, 24), u64_at(&first, 24));
+    assert_eq!(d.call(nr::CREATE_QUEUE, &q(9)), Err(libc::EINVAL));
+    let mut bad = q(0);
+    bad[32..36].copy_from_slice(&3000u32.to_le_bytes());
+    assert_eq!(d.call(nr::CREATE_QUEUE, &bad), Err(libc::EINVAL));
+    let mut bad = q(0);
+    bad[36..40].copy_from_slice(&1u32.to_le_bytes());
+    assert_eq!(d.call(nr::CREATE_QUEUE, &bad), Err(libc::EINVAL));
+    let upd = args(
+        &[
+            (0, RING_VA),
+            (8, u32_at(&c, 52) as u64),
+            (12, 8192),
+            (16, 50),
+            (20, 3),
+        ],
+        24,
+    );
+    d.call(nr::UPDATE_QUEUE, &upd).unwrap();
+    let mut upd_bad = upd.clone();
+    upd_bad[8..12].copy_from_slice(&999u32.to_le_bytes());
+    assert_eq!(d.call(nr::UPDATE_QUEUE, &upd_bad), Err(libc::EINVAL));
+    d.call(
+        nr::DESTROY_QUEUE,
+        &first[52..56]
+            .iter()
+            .copied()
+            .chain([0; 4])
+            .collect::<Vec<_>>(),
+    )
+    .unwrap();
+    assert_eq!(
+        d.call(
+            nr::DESTROY_QUEUE,
+            &first[52..56]
+                .iter()
+                .copied()
+                .chain([0; 4])
+                .collect::<Vec<_>>()
+        ),
+        Err(libc::EINVAL)
+    );
+    d.call(nr::CREATE_QUEUE, &q(queue_type::SDMA as u64))
+        .unwrap();
+}
+
+#[allow(clippy::too_many_arguments)]
+fn criu(
+    op: u32,
+    devs: u64,
+    bos: u64,
+    privp: u64,
+    priv_size: u64,
+    nd: u32,
+    nb: u32,
+    no: u32,
+    pid: u32,
+) -> Vec<u8> {
+    let mut a = vec![0u8; 56];
+    a[0..8].copy_from_slice(&devs.to_le_bytes());
+    a[8..16].copy_from_slice(&bos.to_le_bytes());
+    a[16..24].copy_from_slice(&privp.to_le_bytes());
+    a[24..32].copy_from_slice(&priv_size.to_le_bytes());
+    a[32..36].copy_from_slice(&nd.to_le_bytes());
+    a[36..40].copy_from_slice(&nb.to_le_bytes());
+    a[40..44].copy_from_slice(&no.to_le_bytes());
+    a[44..48].copy_from_slice(&pid.to_le_bytes());
+    a[48..52].copy_from_slice(&op.to_le_bytes());
+    a
+}
+
+#[test]
+fn criu_checkpoint_unpause_restore_resume() {
+    let d = Dev::new("");
+    let (kfd, _render) = d.setup();
+    let mut r = Rig::new(&d);
+    r.push(&[5, lo(CTL_VA + 16), hi(CTL_VA + 16), 1]);
+    r.kick();
+    assert!(r.wait_rptr(r.wptr));
+
+    assert_eq!(
+        d.call(nr::CRIU_OP, &criu(criu_op::UNPAUSE, 0, 0, 0, 0, 0, 0, 0, 0)),
+        Err(libc::EINVAL)
+    );
+    let info = d
+        .call(
+            nr::CRIU_OP,
+            &criu(criu_op::PROCESS_INFO, 0, 0, 0, 0, 0, 0, 0, 0),
+        )
+        .unwrap();
+    let (psize, nd, nb, no) = (
+        u64_at(&info, 24),
+        u32_at(&info, 32),
+        u32_at(&info, 36),
+        u32_at(&info, 40),
+    );
+    assert_eq!((nd, nb, no), (1, 5, 2));
+    assert_eq!(psize, 8 + 8 + 5 * 272 + (120 + 64) + 64);
+    assert_ne!(u32_at(&info, 44), 0);
+
+    // Paused: the ring does not move.
+    r.push(&[5, lo(CTL_VA + 16), hi(CTL_VA + 16), 2]);
+    r.kick();
+    std::thread::sleep(Duration::from_millis(50));
+    // SAFETY: inside ctl.
+    assert_eq!(unsafe { rd32(r.ctl, 16) }, 1);
+
+    let mut devs = vec![0u8; 16];
+    let mut bos = vec![0u8; 48 * nb as usize];
+    let mut blob = vec![0u8; psize as usize];
+    let (dp, bp, pp) = (
+        devs.as_mut_ptr() as u64,
+        bos.as_mut_ptr() as u64,
+        blob.as_mut_ptr() as u64,
+    );
+    assert_eq!(
+        d.call(
+            nr::CRIU_OP,
+            &criu(criu_op::CHECKPOINT, dp, bp, 0, psize, nd, nb, no, 0)
+        ),
+        Err(libc::EINVAL)
+    );
+    assert_eq!(
+        d.call(
+            nr::CRIU_OP,
+            &criu(criu_op::CHECKPOINT, dp, bp, pp, psize, nd, nb - 1, no, 0)
+        ),
+        Err(libc::EINVAL)
+    );
+    d.call(
+        nr::CRIU_OP,
+        &criu(criu_op::CHECKPOINT, dp, bp, pp, psize, nd, nb, no, 0),
+    )
+    .unwrap();
+    assert_eq!((u32_at(&devs, 0), u32_at(&devs, 4)), (d.gpu_id, d.gpu_id));
+    for (i, (h, off)) in r.handles.iter().enumerate() {
+        let b = &bos[i * 48..(i + 1) * 48];
+        assert_eq!(u64_at(b, 16), *off);
+        assert_eq!(u32_at(b, 32), d.gpu_id);
+        assert_eq!(u32_at(b, 40), 0xffff_ffff);
+        // BO priv: idr_handle matches the handle's low bits.
+        assert_eq!(u32_at(&blob, 16 + i * 272 + 8), *h as u32);
+    }
+    d.call(nr::CRIU_OP, &criu(criu_op::UNPAUSE, 0, 0, 0, 0, 0, 0, 0, 0))
+        .unwrap();
+    assert!(r.wait_rptr(r.wptr), "queue did not continue after UNPAUSE");
+    assert_eq!(
+        d.call(
+            nr::CRIU_OP,
+            &criu(criu_op::CHECKPOINT, dp, bp, pp, psize, nd, nb, no, 0)
+        ),
+        Err(libc::EINVAL)
+    );
+
+    // Checkpoint again for the restore, then the process "dies".
+    let info = d
+        .call(
+            nr::CRIU_OP,
+            &criu(criu_op::PROCESS_INFO, 0, 0, 0, 0, 0, 0, 0, 0),
+        )
+        .unwrap();
+    let psize = u64_at(&info, 24);
+    d.call(
+        nr::CRIU_OP,
+        &criu(criu_op::CHECKPOINT, dp, bp, pp, psize, nd, nb, no, 0),
+    )
+    .unwrap();
+    let ring_copy: Vec<u8> = (0..RING_SIZE as usize)
+        .map(|i| unsafe_byte(r.ring, i))
+        .collect();
+    let old_offsets: Vec<u64> = r.handles.iter().map(|h| h.1).collect();
+    d.emu.release(kfd);
+
+    // The restored process: fresh kfd and render opens.
+    let kfd2 = d.emu.open(&NodeKind::Kfd, &me()).unwrap();
+    KFD_FH.with(|f| f.set(kfd2));
+    let render2 = d
+        .emu
+        .open(&NodeKind::Render { minor: d.minor }, &me())
+        .unwrap();
+    d.fds.0.lock().unwrap().insert(950, render2);
+    devs[8..12].copy_from_slice(&950u32.to_le_bytes());
+    let restore = |blob: &[u8], size: u64, nd: u32, nb: u32| {
+        d.call(
+            nr::CRIU_OP,
+            &criu(
+                criu_op::RESTORE,
+                dp,
+                bp,
+                blob.as_ptr() as u64,
+                size,
+                nd,
+                nb,
+                no,
+                0,
+            ),
+        )
+    };
+    // Corruptions are refused without leaving state behind.
+    let mut bad = blob.clone();
+    bad[0] = 2;
+    assert_eq!(restore(&bad, psize, nd, nb), Err(libc::EINVAL));
+    let mut longer = blob.clone();
+    longer.extend_from_slice(&[0; 8]);
+    assert_eq!(restore(&longer, psize + 8, nd, nb), Err(libc::EINVAL));
+    assert_eq!(restore(&blob, psize - 4, nd, nb), Err(libc::EINVAL));
+    assert_eq!(restore(&blob, psize, nd, 0), Err(libc::EINVAL));
+    assert_eq!(restore(&blob, psize, 2, nb), Err(libc::EINVAL));
+    let mut bad = blob.clone();
+    let mqd = 16 + 5 * 272 + 120;
+    bad[mqd] ^= 0xff;
+    assert_eq!(restore(&bad, psize, nd, nb), Err(libc::EINVAL));
+    let mut bad = blob.clone();
+    bad[16 + 272 + 8..16 + 272 + 12].copy_from_slice(&(r.handles[0].0 as u32).to_le_bytes());
+    assert_eq!(
+        restore(&bad, psize, nd, nb),
+        Err(libc::ENOMEM),
+        "duplicate IDR id"
+    );
+    let avail = d
+        .call(nr::AVAILABLE_MEMORY, &args(&[(8, d.gpu_id as u64)], 16))
+        .unwrap();
+    assert_eq!(
+        u64_at(&avail, 0),
+        32 << 30,
+        "a refused restore left VRAM allocated"
+    );
+
+    restore(&blob, psize, nd, nb).unwrap();
+    assert_eq!(
+        restore(&blob, psize, nd, nb),
+        Err(libc::EINVAL),
+        "second RESTORE"
+    );
+    let mut new_maps = Vec::new();
+    for (i, old) in old_offsets.iter().enumerate() {
+        let b = &bos[i * 48..(i + 1) * 48];
+        let ro = u64_at(b, 24);
+        assert!(ro >= 4 << 30 && ro != *old, "restored_offset {ro:#x}");
+        assert_eq!(u32_at(b, 40), 0xffff_ffff);
+        new_maps.push(d.map_node(
+            NodeKind::Render { minor: d.minor },
+            ro,
+            u64_at(b, 8) as usize,
+        ));
+    }
+    // Same handles: freeing the restored ctl... no: map it by the old handle.
+    let ids = [d.gpu_id];
+    let mut m = vec![0u8; 24];
+    m[0..8].copy_from_slice(&r.handles[3].0.to_le_bytes());
+    m[8..16].copy_from_slice(&(ids.as_ptr() as u64).to_le_bytes());
+    m[16..20].copy_from_slice(&1u32.to_le_bytes());
+    d.call(nr::MAP_MEMORY_TO_GPU, &m).unwrap();
+    // The checkpointer writes BO contents back through the render node.
+    for (i, b) in ring_copy.iter().enumerate() {
+        // SAFETY: the new ring mapping is RING_SIZE bytes.
+        unsafe { *new_maps[0].add(i) = *b };
+    }
+    r.ring = new_maps[0];
+    r.ctl = new_maps[1];
+    // The doorbell moved with the process slot: find it again.
+    let q = blob_queue_doorbell(&d, &blob);
+    r.doorbell = q;
+    // SAFETY: the doorbell slot of the restored queue.
+    assert_eq!(
+        unsafe { std::ptr::read_volatile(r.doorbell as *const u64) },
+        r.wptr,
+        "MQD wptr restored"
+    );
+    r.push(&[5, lo(CTL_VA + 32), hi(CTL_VA + 32), 0x77]);
+    r.kick();
+    std::thread::sleep(Duration::from_millis(50));
+    // SAFETY: inside ctl.
+    assert_eq!(unsafe { rd32(r.ctl, 32) }, 0, "ran before RESUME");
+    assert_eq!(
+        d.call(
+            nr::CRIU_OP,
+            &criu(criu_op::RESUME, 0, 0, 0, 0, 0, 0, 0, 999_999)
+        ),
+        Err(libc::ESRCH)
+    );
+    d.call(
+        nr::CRIU_OP,
+        &criu(criu_op::RESUME, 0, 0, 0, 0, 0, 0, 0, std::process::id()),
+    )
+    .unwrap();
+    let t = Instant::now();
+    // SAFETY: inside ctl.
+    while unsafe { rd32(r.ctl, 32) } != 0x77 && t.elapsed() < Duration::from_secs(3) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // SAFETY: inside ctl.
+    assert_eq!(
+        unsafe { rd32(r.ctl, 32) },
+        0x77,
+        "queue did not run after RESUME"
+    );
+    assert_eq!(
+        d.call(
+            nr::CRIU_OP,
+            &criu(criu_op::RESUME, 0, 0, 0, 0, 0, 0, 0, std::process::id())
+        ),
+        Err(libc::EINVAL)
+    );
+    // The restored event still works with the restored signal page.
+    let (wa, _e) = wait_args(&[r.event], false, 0);
+    d.call(nr::SET_EVENT, &r.event.to_le_bytes()).unwrap();
+    assert_eq!(u32_at(&d.call(nr::WAIT_EVENTS, &wa).unwrap(), 20), 0);
+}
+
+fn unsafe_byte(p: *mut u8, i: usize) -> u8 {
+    // SAFETY: callers pass an index inside the mapping.
+    unsafe { *p.add(i) }
+}
+
+/// The restored queue's doorbell: same queue id, the new process' slice.
+fn blob_queue_doorbell(d: &Dev, blob: &[u8]) -> *mut u8 {
+    let q = 16 + 5 * 272;
+    let qid = u32_at(blob, q + 76);
+    // A fresh queue in the restored process tells us the doorbell slice.
+    let probe = d
+        .call(
+            nr::CREATE_QUEUE,
+            &args(
+                &[
+                    (0, RING_VA),
+                    (8, CTL_VA + 8),
+                    (16, CTL_VA),
+                    (32, RING_SIZE),
+                    (36, d.gpu_id as u64),
+                    (40, queue_type::COMPUTE as u64),
+                    (44, 100),
+                    (48, 7),
+                ],
+                88,
+            ),
+        )
+        .unwrap();
+    let dbo = u64_at(&probe, 24);
+    let base = d.map_node(NodeKind::Kfd, dbo & !8191, 8192);
+    // SAFETY: qid * 8 < 8192.
+    unsafe { base.add(qid as usize * 8) }
 }

@@ -109,7 +109,11 @@ pub fn checkpoint(st: &mut State, lead: u32, caller: &Caller, a: &mut Args) -> R
         return Err(libc::EINVAL);
     }
     let c = counts(p);
-    if a.u32(32) != c.devices || a.u32(36) != c.bos || a.u32(40) != c.objects || a.u64(24) != c.priv_size {
+    if a.u32(32) != c.devices
+        || a.u32(36) != c.bos
+        || a.u32(40) != c.objects
+        || a.u64(24) != c.priv_size
+    {
         return Err(libc::EINVAL);
     }
     let mut blob = Vec::with_capacity(c.priv_size as usize);
@@ -141,7 +145,11 @@ pub fn checkpoint(st: &mut State, lead: u32, caller: &Caller, a: &mut Args) -> R
         blob.extend_from_slice(&r);
     }
     for (&id, q) in &p.queues {
-        let wptr = p.pdds[q.gpu].doorbells.as_ref().and_then(|d| d.read_u64(q.doorbell_index as u64 * 8)).unwrap_or(0);
+        let wptr = p.pdds[q.gpu]
+            .doorbells
+            .as_ref()
+            .and_then(|d| d.read_u64(q.doorbell_index as u64 * 8))
+            .unwrap_or(0);
         let mut r = [0u8; pb::QUEUE];
         put_u32(&mut r, 0, pb::OBJ_QUEUE);
         put_u64(&mut r, 8, q.ring_base);
@@ -170,7 +178,11 @@ pub fn checkpoint(st: &mut State, lead: u32, caller: &Caller, a: &mut Args) -> R
         let mut r = [0u8; pb::EVENT];
         put_u32(&mut r, 0, pb::OBJ_EVENT);
         if first {
-            put_u64(&mut r, 8, p.signal_page.as_ref().and_then(|s| s.handle).unwrap_or(0));
+            put_u64(
+                &mut r,
+                8,
+                p.signal_page.as_ref().and_then(|s| s.handle).unwrap_or(0),
+            );
             first = false;
         }
         put_u32(&mut r, 16, id);
@@ -222,7 +234,13 @@ impl<'a> Cursor<'a> {
     }
 }
 
-fn plan_restore(st: &State, lead: u32, caller: &Caller, res: &dyn FdResolver, a: &Args) -> R<(Plan, Vec<u8>)> {
+fn plan_restore(
+    st: &State,
+    lead: u32,
+    caller: &Caller,
+    res: &dyn FdResolver,
+    a: &Args,
+) -> R<(Plan, Vec<u8>)> {
     let (dev_ptr, bo_ptr, priv_ptr, priv_size) = (a.u64(0), a.u64(8), a.u64(16), a.u64(24));
     let (n_dev, n_bo, n_obj) = (a.u32(32) as usize, a.u32(36) as usize, a.u32(40) as usize);
     if dev_ptr == 0 || bo_ptr == 0 || priv_ptr == 0 || priv_size == 0 || n_dev == 0 || n_bo == 0 {
@@ -259,7 +277,10 @@ fn plan_restore(st: &State, lead: u32, caller: &Caller, res: &dyn FdResolver, a:
         let actual = get_u32(&devb, i * 16 + 4);
         let fd = get_u32(&devb, i * 16 + 8);
         let gpu = st.devs.index_of(actual).ok_or(libc::EINVAL)?;
-        if user == 0 || user_to_gpu.insert(user, gpu).is_some() || devices.iter().any(|d: &(usize, u32, u64)| d.0 == gpu) {
+        if user == 0
+            || user_to_gpu.insert(user, gpu).is_some()
+            || devices.iter().any(|d: &(usize, u32, u64)| d.0 == gpu)
+        {
             return Err(libc::EINVAL);
         }
         let fh = res.open_of(caller.tgid, fd as i32)?;
@@ -285,7 +306,13 @@ fn plan_restore(st: &State, lead: u32, caller: &Caller, res: &dyn FdResolver, a:
             alloc::MMIO_REMAP => size == uapi::PAGE,
             _ => false,
         };
-        if !size_ok || va < uapi::GPUVM_BASE || va % uapi::PAGE != 0 || va.checked_add(size).is_none_or(|e| e - 1 > uapi::GPUVM_LIMIT) {
+        if !size_ok
+            || va < uapi::GPUVM_BASE
+            || va % uapi::PAGE != 0
+            || va
+                .checked_add(size)
+                .is_none_or(|e| e - 1 > uapi::GPUVM_LIMIT)
+        {
             return Err(libc::EINVAL);
         }
         if ranges.iter().any(|&(s, l)| s < va + size && va < s + l) {
@@ -310,7 +337,15 @@ fn plan_restore(st: &State, lead: u32, caller: &Caller, res: &dyn FdResolver, a:
         if t == alloc::USERPTR && (user_addr == 0 || !user_addr.is_multiple_of(uapi::PAGE)) {
             return Err(libc::EINVAL);
         }
-        bos.push(PlanBo { gpu, idr, va, size, flags, user_addr, mapped });
+        bos.push(PlanBo {
+            gpu,
+            idr,
+            va,
+            size,
+            flags,
+            user_addr,
+            mapped,
+        });
     }
     for (g, need) in vram.iter().enumerate() {
         if st.gpu_alloc[g].vram_used + need > st.devs.gpus[g].vram_size {
@@ -371,7 +406,11 @@ fn plan_restore(st: &State, lead: u32, caller: &Caller, res: &dyn FdResolver, a:
                 let cnt = per_gpu.entry((gpu, q.is_sdma())).or_insert(0);
                 *cnt += 1;
                 let g = &st.devs.gpus[gpu];
-                let max = if q.is_sdma() { g.max_sdma_queues } else { g.max_cp_queues };
+                let max = if q.is_sdma() {
+                    g.max_sdma_queues
+                } else {
+                    g.max_cp_queues
+                };
                 if st.queues_on(gpu, q.is_sdma()) + *cnt > max {
                     return Err(libc::ENOMEM);
                 }
@@ -396,8 +435,13 @@ fn plan_restore(st: &State, lead: u32, caller: &Caller, res: &dyn FdResolver, a:
                         return Err(libc::EINVAL);
                     }
                     let ok = bos.iter().any(|b| {
-                        let uid = devices.iter().find(|d| d.0 == b.gpu).map(|d| d.1).unwrap_or(0);
-                        ((uid as u64) << 32 | b.idr as u64) == h && matches!(b.flags & alloc::TYPE_MASK, alloc::VRAM | alloc::GTT)
+                        let uid = devices
+                            .iter()
+                            .find(|d| d.0 == b.gpu)
+                            .map(|d| d.1)
+                            .unwrap_or(0);
+                        ((uid as u64) << 32 | b.idr as u64) == h
+                            && matches!(b.flags & alloc::TYPE_MASK, alloc::VRAM | alloc::GTT)
                     });
                     if !ok {
                         return Err(libc::EINVAL);
@@ -408,7 +452,14 @@ fn plan_restore(st: &State, lead: u32, caller: &Caller, res: &dyn FdResolver, a:
                 data.copy_from_slice(&r[32..64]);
                 events.push((
                     id,
-                    Event { etype, auto_reset: get_u32(r, 20) != 0, signaled: get_u32(r, 28) != 0, node_id: 0, trigger_data: 0, data },
+                    Event {
+                        etype,
+                        auto_reset: get_u32(r, 20) != 0,
+                        signaled: get_u32(r, 28) != 0,
+                        node_id: 0,
+                        trigger_data: 0,
+                        data,
+                    },
                 ));
             }
             // SVM ranges are not emulated: no blob of ours carries them.
@@ -418,12 +469,28 @@ fn plan_restore(st: &State, lead: u32, caller: &Caller, res: &dyn FdResolver, a:
     if cur.off as u64 != priv_size {
         return Err(libc::EINVAL);
     }
-    Ok((Plan { xnack, devices, bos, queues, events, signal_handle }, bob))
+    Ok((
+        Plan {
+            xnack,
+            devices,
+            bos,
+            queues,
+            events,
+            signal_handle,
+        },
+        bob,
+    ))
 }
 
 /// RESTORE: validate everything, then apply; an error while applying
 /// (only memory exhaustion can happen then) undoes what was applied.
-pub fn restore(st: &mut State, lead: u32, caller: &Caller, res: &dyn FdResolver, a: &mut Args) -> R<()> {
+pub fn restore(
+    st: &mut State,
+    lead: u32,
+    caller: &Caller,
+    res: &dyn FdResolver,
+    a: &mut Args,
+) -> R<()> {
     let (plan, mut buckets) = plan_restore(st, lead, caller, res, a)?;
     let saved_ids: Vec<u32> = st.procs[&lead].pdds.iter().map(|d| d.user_id).collect();
     let r = apply(st, lead, &plan, &mut buckets);
@@ -459,21 +526,51 @@ fn apply(st: &mut State, lead: u32, plan: &Plan, buckets: &mut [u8]) -> R<()> {
         }
     }
     for (i, b) in plan.bos.iter().enumerate() {
-        let (key, offset) = kfd::create_bo(st, lead, b.gpu, b.va, b.size, b.flags, b.user_addr, Some(b.idr))?;
+        let (key, offset) = kfd::create_bo(
+            st,
+            lead,
+            b.gpu,
+            b.va,
+            b.size,
+            b.flags,
+            b.user_addr,
+            Some(b.idr),
+        )?;
         let p = st.procs.get_mut(&lead).unwrap();
         p.bos.get_mut(&key).unwrap().mapped = b.mapped.clone();
         let bk = &mut buckets[i * pb::BO_BUCKET..(i + 1) * pb::BO_BUCKET];
-        put_u64(bk, 24, if b.flags & alloc::TYPE_MASK == alloc::USERPTR { 0 } else { offset });
+        put_u64(
+            bk,
+            24,
+            if b.flags & alloc::TYPE_MASK == alloc::USERPTR {
+                0
+            } else {
+                offset
+            },
+        );
         put_u32(bk, 40, uapi::KFD_INVALID_FD);
-        debug_assert_eq!(key, BoKey { gpu: b.gpu, idr: b.idr });
+        debug_assert_eq!(
+            key,
+            BoKey {
+                gpu: b.gpu,
+                idr: b.idr
+            }
+        );
     }
     for (id, q, wptr) in &plan.queues {
         let (gpu, idx) = (q.gpu, q.doorbell_index);
         kfd::add_queue(st, lead, *id, q.clone())?;
         let p = st.procs.get_mut(&lead).unwrap();
-        p.pdds[gpu].doorbells.as_ref().unwrap().write_u64(idx as u64 * 8, *wptr);
+        p.pdds[gpu]
+            .doorbells
+            .as_ref()
+            .unwrap()
+            .write_u64(idx as u64 * 8, *wptr);
     }
-    let need_page = plan.events.iter().any(|(_, e)| e.etype == uapi::event_type::SIGNAL || e.etype == uapi::event_type::DEBUG);
+    let need_page = plan
+        .events
+        .iter()
+        .any(|(_, e)| e.etype == uapi::event_type::SIGNAL || e.etype == uapi::event_type::DEBUG);
     if need_page || plan.signal_handle != 0 {
         kfd::attach_signal_page(st, lead, plan.signal_handle)?;
     }

@@ -64,7 +64,13 @@ pub fn bind_vm(st: &mut State, lead: u32, gpu: usize, fh: u64) -> R<()> {
     }
 }
 
-pub fn acquire_vm(st: &mut State, lead: u32, caller: &Caller, res: &dyn FdResolver, a: &mut Args) -> R<()> {
+pub fn acquire_vm(
+    st: &mut State,
+    lead: u32,
+    caller: &Caller,
+    res: &dyn FdResolver,
+    a: &mut Args,
+) -> R<()> {
     let p = proc_mut(st, lead)?;
     let gpu = p.pdd_by_user_id(a.u32(4)).ok_or(libc::EINVAL)?;
     let fh = res.open_of(caller.tgid, a.u32(0) as i32)?;
@@ -98,11 +104,19 @@ pub fn create_bo(
         return Err(libc::EINVAL);
     }
     let size = super::state::page_align(size).ok_or(libc::EINVAL)?;
-    if !va.is_multiple_of(uapi::PAGE) || va < uapi::GPUVM_BASE || va.checked_add(size).is_none_or(|e| e - 1 > uapi::GPUVM_LIMIT) {
+    if !va.is_multiple_of(uapi::PAGE)
+        || va < uapi::GPUVM_BASE
+        || va
+            .checked_add(size)
+            .is_none_or(|e| e - 1 > uapi::GPUVM_LIMIT)
+    {
         return Err(libc::EINVAL);
     }
     let p = proc_mut(st, lead)?;
-    if p.bos.values().any(|b| b.va < va + size && va < b.va + b.size) {
+    if p.bos
+        .values()
+        .any(|b| b.va < va + size && va < b.va + b.size)
+    {
         return Err(libc::EINVAL);
     }
     let idr = match idr {
@@ -119,7 +133,10 @@ pub fn create_bo(
     let slot = p.slot;
     let (offset, map) = match mem_type {
         alloc::VRAM | alloc::GTT => {
-            if mem_type == alloc::VRAM && flags & alloc::PUBLIC != 0 && !st.devs.gpus[gpu].vram_public {
+            if mem_type == alloc::VRAM
+                && flags & alloc::PUBLIC != 0
+                && !st.devs.gpus[gpu].vram_public
+            {
                 // Host-visible VRAM is refused on small-BAR boards.
                 return Err(libc::EINVAL);
             }
@@ -150,7 +167,19 @@ pub fn create_bo(
     let key = BoKey { gpu, idr };
     p.bos.insert(
         key,
-        Bo { va, size, flags, offset, user_addr: if mem_type == alloc::USERPTR { user_addr } else { 0 }, map, mapped: BTreeSet::new() },
+        Bo {
+            va,
+            size,
+            flags,
+            offset,
+            user_addr: if mem_type == alloc::USERPTR {
+                user_addr
+            } else {
+                0
+            },
+            map,
+            mapped: BTreeSet::new(),
+        },
     );
     p.pdds[gpu].next_idr = p.pdds[gpu].next_idr.max(idr + 1);
     Ok((key, offset))
@@ -207,7 +236,11 @@ pub fn map_memory(st: &mut State, lead: u32, caller: &Caller, a: &mut Args, map:
             return Err(libc::EINVAL);
         }
         let bo = p.bos.get_mut(&key).unwrap();
-        let changed = if map { bo.mapped.insert(gpu) } else { bo.mapped.remove(&gpu) };
+        let changed = if map {
+            bo.mapped.insert(gpu)
+        } else {
+            bo.mapped.remove(&gpu)
+        };
         if !changed && !map {
             return Err(libc::EINVAL);
         }
@@ -265,7 +298,10 @@ pub fn create_queue(st: &mut State, lead: u32, a: &mut Args) -> R<()> {
     let gpu = bound_pdd(st, lead, a.u32(36))?;
     let qtype = a.u32(40);
     let ring_size = a.u32(32);
-    if !matches!(qtype, queue_type::COMPUTE | queue_type::SDMA | queue_type::COMPUTE_AQL | queue_type::SDMA_XGMI) {
+    if !matches!(
+        qtype,
+        queue_type::COMPUTE | queue_type::SDMA | queue_type::COMPUTE_AQL | queue_type::SDMA_XGMI
+    ) {
         return Err(libc::EINVAL);
     }
     if a.u32(44) > 100 || a.u32(48) > 15 {
@@ -275,7 +311,9 @@ pub fn create_queue(st: &mut State, lead: u32, a: &mut Args) -> R<()> {
         return Err(libc::EINVAL);
     }
     let p = proc_mut(st, lead)?;
-    let id = (0..uapi::MAX_QUEUES_PER_PROCESS).find(|i| !p.queues.contains_key(i)).ok_or(libc::ENOSPC)?;
+    let id = (0..uapi::MAX_QUEUES_PER_PROCESS)
+        .find(|i| !p.queues.contains_key(i))
+        .ok_or(libc::ENOSPC)?;
     let sdma = qtype == queue_type::SDMA || qtype == queue_type::SDMA_XGMI;
     let q = Queue {
         gpu,
@@ -299,7 +337,11 @@ pub fn create_queue(st: &mut State, lead: u32, a: &mut Args) -> R<()> {
     add_queue(st, lead, id, q)?;
     let p = proc_mut(st, lead)?;
     // Fresh doorbell: wptr 0, so nothing runs before the first ring.
-    p.pdds[gpu].doorbells.as_ref().unwrap().write_u64(id as u64 * 8, 0);
+    p.pdds[gpu]
+        .doorbells
+        .as_ref()
+        .unwrap()
+        .write_u64(id as u64 * 8, 0);
     a.set_u32(52, id);
     a.set_u64(24, p.doorbell_offset(gpu, id));
     Ok(())
@@ -344,10 +386,16 @@ pub fn attach_signal_page(st: &mut State, lead: u32, handle: u64) -> R<()> {
         if map.len() < uapi::PAGE {
             return Err(libc::EINVAL);
         }
-        SignalPage { map, handle: Some(handle) }
+        SignalPage {
+            map,
+            handle: Some(handle),
+        }
     } else {
         let off = kfd_off::encode(kfd_off::EVENTS, p.slot, 0, 0);
-        SignalPage { map: Arc::new(devs.kfd.map(off, uapi::SIGNAL_PAGE_SIZE)?), handle: None }
+        SignalPage {
+            map: Arc::new(devs.kfd.map(off, uapi::SIGNAL_PAGE_SIZE)?),
+            handle: None,
+        }
     };
     let slots = (page.map.len() / 8).min(uapi::SIGNAL_EVENT_LIMIT as u64);
     for i in 0..slots {
@@ -358,7 +406,9 @@ pub fn attach_signal_page(st: &mut State, lead: u32, handle: u64) -> R<()> {
 }
 
 pub fn signal_slots(p: &super::state::Proc) -> u32 {
-    p.signal_page.as_ref().map_or(0, |s| (s.map.len() / 8).min(uapi::SIGNAL_EVENT_LIMIT as u64) as u32)
+    p.signal_page.as_ref().map_or(0, |s| {
+        (s.map.len() / 8).min(uapi::SIGNAL_EVENT_LIMIT as u64) as u32
+    })
 }
 
 /// CREATE_EVENT {event_page_offset@0, event_trigger_data@8, event_type@12,
@@ -379,13 +429,24 @@ pub fn create_event(st: &mut State, lead: u32, a: &mut Args) -> R<()> {
     let p = proc_mut(st, lead)?;
     let id = if signal {
         let n = signal_slots(p);
-        (0..n).find(|i| !p.events.contains_key(i)).ok_or(libc::ENOSPC)?
+        (0..n)
+            .find(|i| !p.events.contains_key(i))
+            .ok_or(libc::ENOSPC)?
     } else {
-        (uapi::FIRST_NONSIGNAL_EVENT_ID..=u32::MAX).find(|i| !p.events.contains_key(i)).ok_or(libc::ENOSPC)?
+        (uapi::FIRST_NONSIGNAL_EVENT_ID..=u32::MAX)
+            .find(|i| !p.events.contains_key(i))
+            .ok_or(libc::ENOSPC)?
     };
     p.events.insert(
         id,
-        Event { etype, auto_reset: a.u32(16) != 0, signaled: false, node_id: a.u32(20), trigger_data: a.u32(8), data: [0; 32] },
+        Event {
+            etype,
+            auto_reset: a.u32(16) != 0,
+            signaled: false,
+            node_id: a.u32(20),
+            trigger_data: a.u32(8),
+            data: [0; 32],
+        },
     );
     a.set_u32(24, id);
     if signal {
@@ -450,7 +511,9 @@ pub fn wait_events(
     if let Err(e) = user_read(caller.tid, a.u64(0), &mut raw) {
         return Some((reply, Err(e)));
     }
-    let Ok(p) = proc_mut(st, lead) else { return Some((reply, Err(libc::ESRCH))) };
+    let Ok(p) = proc_mut(st, lead) else {
+        return Some((reply, Err(libc::ESRCH)));
+    };
     let ids: Vec<u32> = (0..n).map(|i| uapi::get_u32(&raw, i * 48 + 40)).collect();
     if ids.iter().any(|id| !p.events.contains_key(id)) {
         return Some((reply, Err(libc::EINVAL)));
@@ -463,9 +526,22 @@ pub fn wait_events(
         events.push((id, active));
     }
     let timeout = a.u32(16);
-    let deadline = (timeout != uapi::TIMEOUT_INFINITE).then(|| Instant::now() + Duration::from_millis(timeout as u64));
-    let w = Waiter { tid: caller.tid, events, all: a.u32(12) != 0, deadline, reply, args: a, out_size };
-    let ready = if w.all { w.events.iter().all(|e| e.1) } else { w.events.iter().any(|e| e.1) };
+    let deadline = (timeout != uapi::TIMEOUT_INFINITE)
+        .then(|| Instant::now() + Duration::from_millis(timeout as u64));
+    let w = Waiter {
+        tid: caller.tid,
+        events,
+        all: a.u32(12) != 0,
+        deadline,
+        reply,
+        args: a,
+        out_size,
+    };
+    let ready = if w.all {
+        w.events.iter().all(|e| e.1)
+    } else {
+        w.events.iter().any(|e| e.1)
+    };
     if ready {
         return Some(w.finish(uapi::WAIT_COMPLETE));
     }
@@ -497,7 +573,10 @@ pub fn clock_counters(st: &mut State, lead: u32, a: &mut Args) -> R<()> {
     let p = proc_mut(st, lead)?;
     p.pdd_by_user_id(a.u32(32)).ok_or(libc::EINVAL)?;
     let now = |clk| {
-        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
         // SAFETY: clock_gettime writes the local timespec.
         unsafe { libc::clock_gettime(clk, &mut ts) };
         ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64

@@ -3,7 +3,7 @@
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, AsFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 /// One sparse memfd backing all opens of one device node.
 pub struct Memfd {
@@ -52,7 +52,10 @@ impl Memfd {
         if p == libc::MAP_FAILED {
             return Err(libc::ENOMEM);
         }
-        Ok(Mapping { ptr: p as *mut u8, len: len as usize })
+        Ok(Mapping {
+            ptr: p as *mut u8,
+            len: len as usize,
+        })
     }
 
     /// Gives the pages of `[off, off+len)` back (freed BOs read as zero).
@@ -93,7 +96,9 @@ impl Mapping {
     }
 
     pub fn read(&self, off: u64, buf: &mut [u8]) -> bool {
-        let Some(o) = self.range(off, buf.len()) else { return false };
+        let Some(o) = self.range(off, buf.len()) else {
+            return false;
+        };
         // SAFETY: o <= len, so the pointer stays inside the live mapping.
         let src = unsafe { self.ptr.add(o) };
         // SAFETY: [o, o+n) lies inside the live mapping; buf is a distinct
@@ -103,7 +108,9 @@ impl Mapping {
     }
 
     pub fn write(&self, off: u64, data: &[u8]) -> bool {
-        let Some(o) = self.range(off, data.len()) else { return false };
+        let Some(o) = self.range(off, data.len()) else {
+            return false;
+        };
         // SAFETY: o <= len, so the pointer stays inside the live mapping.
         let dst = unsafe { self.ptr.add(o) };
         // SAFETY: [o, o+n) lies inside the live mapping; data is a distinct
@@ -137,8 +144,14 @@ pub fn user_read(tid: u32, addr: u64, buf: &mut [u8]) -> Result<(), i32> {
     if addr == 0 {
         return Err(libc::EFAULT);
     }
-    let local = libc::iovec { iov_base: buf.as_mut_ptr() as *mut libc::c_void, iov_len: buf.len() };
-    let remote = libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: buf.len() };
+    let local = libc::iovec {
+        iov_base: buf.as_mut_ptr() as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    let remote = libc::iovec {
+        iov_base: addr as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
     // SAFETY: the local iovec covers `buf`, which lives across the call;
     // the remote one is only interpreted by the kernel.
     let n = unsafe { libc::process_vm_readv(tid as libc::pid_t, &local, 1, &remote, 1, 0) };
@@ -156,8 +169,14 @@ pub fn user_write(tid: u32, addr: u64, data: &[u8]) -> Result<(), i32> {
     if addr == 0 {
         return Err(libc::EFAULT);
     }
-    let local = libc::iovec { iov_base: data.as_ptr() as *mut libc::c_void, iov_len: data.len() };
-    let remote = libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: data.len() };
+    let local = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    let remote = libc::iovec {
+        iov_base: addr as *mut libc::c_void,
+        iov_len: data.len(),
+    };
     // SAFETY: the local iovec covers `data` (only read by the kernel).
     let n = unsafe { libc::process_vm_writev(tid as libc::pid_t, &local, 1, &remote, 1, 0) };
     if n != data.len() as isize {

@@ -76,7 +76,10 @@ struct Resolved(Vec<(i32, Result<u64, i32>)>);
 
 impl FdResolver for Resolved {
     fn open_of(&self, _tgid: u32, fd: i32) -> Result<u64, i32> {
-        self.0.iter().find(|(f, _)| *f == fd).map_or(Err(libc::EBADF), |(_, r)| *r)
+        self.0
+            .iter()
+            .find(|(f, _)| *f == fd)
+            .map_or(Err(libc::EBADF), |(_, r)| *r)
     }
 }
 
@@ -109,7 +112,8 @@ fn send(done: Done) {
 
 fn status_field(pid: u32, key: &str) -> Option<String> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    s.lines().find_map(|l| l.strip_prefix(key).map(|v| v.trim().to_owned()))
+    s.lines()
+        .find_map(|l| l.strip_prefix(key).map(|v| v.trim().to_owned()))
 }
 
 /// CAP_CHECKPOINT_RESTORE (40) or CAP_SYS_ADMIN (21) in the effective set.
@@ -130,7 +134,10 @@ impl Emulator {
 
     /// As [`Emulator::new`] with another way to resolve fd arguments
     /// (in-process tests have no FUSE mount to ask).
-    pub fn with_resolver(profile: &crate::profile::Profile, resolver: Box<dyn FdResolver>) -> std::io::Result<Emulator> {
+    pub fn with_resolver(
+        profile: &crate::profile::Profile,
+        resolver: Box<dyn FdResolver>,
+    ) -> std::io::Result<Emulator> {
         let mut gpus = Vec::new();
         for g in profile.gpus() {
             gpus.push(Gpu {
@@ -138,17 +145,24 @@ impl Emulator {
                 minor: g.drm_render_minor.0,
                 vram_size: g.vram_size,
                 vram_public: g.vram_public,
-                max_sdma_queues: (g.num_sdma_engines + g.num_sdma_xgmi_engines) * g.num_sdma_queues_per_engine,
+                max_sdma_queues: (g.num_sdma_engines + g.num_sdma_xgmi_engines)
+                    * g.num_sdma_queues_per_engine,
                 max_cp_queues: g.num_cp_queues,
                 device_id: g.device_id,
                 gfx_target_version: g.gfx_target_version,
                 max_engine_clk: g.max_engine_clk_fcompute,
                 vram_width: g.vram_width,
                 cu_count: g.cu_count,
-                mem: mem::Memfd::new(&format!("kfd-emu-renderD{}", g.drm_render_minor.0), uapi::RENDER_MEMFD_SIZE)?,
+                mem: mem::Memfd::new(
+                    &format!("kfd-emu-renderD{}", g.drm_render_minor.0),
+                    uapi::RENDER_MEMFD_SIZE,
+                )?,
             });
         }
-        let devs = Arc::new(Devices { gpus, kfd: mem::Memfd::new("kfd-emu-kfd", uapi::kfd_off::MEMFD_SIZE)? });
+        let devs = Arc::new(Devices {
+            gpus,
+            kfd: mem::Memfd::new("kfd-emu-kfd", uapi::kfd_off::MEMFD_SIZE)?,
+        });
         let shared = Arc::new(Shared {
             st: Mutex::new(State::new(devs.clone())),
             wake: Condvar::new(),
@@ -157,13 +171,24 @@ impl Emulator {
             devs,
         });
         let s2 = shared.clone();
-        let engine = std::thread::Builder::new().name("kfd-emu-engine".into()).spawn(move || engine_loop(&s2))?;
-        Ok(Emulator { shared, engine: Mutex::new(Some(engine)) })
+        let engine = std::thread::Builder::new()
+            .name("kfd-emu-engine".into())
+            .spawn(move || engine_loop(&s2))?;
+        Ok(Emulator {
+            shared,
+            engine: Mutex::new(Some(engine)),
+        })
     }
 
     pub fn nodes(&self) -> Vec<NodeKind> {
         let mut v = vec![NodeKind::Kfd];
-        v.extend(self.shared.devs.gpus.iter().map(|g| NodeKind::Render { minor: g.minor }));
+        v.extend(
+            self.shared
+                .devs
+                .gpus
+                .iter()
+                .map(|g| NodeKind::Render { minor: g.minor }),
+        );
         v
     }
 
@@ -193,7 +218,13 @@ impl Emulator {
         match node {
             NodeKind::Kfd => st.open_kfd(caller.tgid),
             NodeKind::Render { minor } => {
-                let gpu = self.shared.devs.gpus.iter().position(|g| g.minor == *minor).ok_or(libc::ENODEV)?;
+                let gpu = self
+                    .shared
+                    .devs
+                    .gpus
+                    .iter()
+                    .position(|g| g.minor == *minor)
+                    .ok_or(libc::ENODEV)?;
                 Ok(st.open_render(gpu))
             }
         }
@@ -207,24 +238,42 @@ impl Emulator {
     /// Handles one ioctl; answers through `reply` now or later (a parked
     /// WAIT_EVENTS).
     #[allow(clippy::too_many_arguments)]
-    pub fn ioctl(&self, fh: u64, caller: &Caller, cmd: u32, arg: u64, input: &[u8], out_size: u32, reply: Box<dyn Replier>) {
+    pub fn ioctl(
+        &self,
+        fh: u64,
+        caller: &Caller,
+        cmd: u32,
+        arg: u64,
+        input: &[u8],
+        out_size: u32,
+        reply: Box<dyn Replier>,
+    ) {
         let _ = arg;
         let kind = self.lock().opens.get(&fh).copied();
         let r = match kind {
             None => Err(libc::EBADF),
             Some(Open::Render { gpu }) => self.render_ioctl(gpu, caller, cmd, input, out_size),
-            Some(Open::Kfd { lead }) => match self.kfd_ioctl(lead, caller, cmd, input, out_size as usize, reply) {
-                Some((reply, r)) => {
-                    reply.reply(r);
-                    return;
+            Some(Open::Kfd { lead }) => {
+                match self.kfd_ioctl(lead, caller, cmd, input, out_size as usize, reply) {
+                    Some((reply, r)) => {
+                        reply.reply(r);
+                        return;
+                    }
+                    None => return,
                 }
-                None => return,
-            },
+            }
         };
         reply.reply(r);
     }
 
-    fn render_ioctl(&self, gpu: usize, caller: &Caller, cmd: u32, input: &[u8], out_size: u32) -> Result<Vec<u8>, i32> {
+    fn render_ioctl(
+        &self,
+        gpu: usize,
+        caller: &Caller,
+        cmd: u32,
+        input: &[u8],
+        out_size: u32,
+    ) -> Result<Vec<u8>, i32> {
         let gpus = &self.shared.devs.gpus;
         let mut a;
         match cmd & 0xff {
@@ -258,7 +307,11 @@ impl Emulator {
             }
             _ => {}
         }
-        Resolved(fds.into_iter().map(|fd| (fd, self.shared.resolver.open_of(caller.tgid, fd))).collect())
+        Resolved(
+            fds.into_iter()
+                .map(|fd| (fd, self.shared.resolver.open_of(caller.tgid, fd)))
+                .collect(),
+        )
     }
 
     fn kfd_ioctl(
@@ -386,7 +439,11 @@ fn engine_loop(sh: &Shared) {
                 next = Some(next.map_or(d, |n| n.min(d)));
             }
         }
-        idle = if worked { BUSY_POLL } else { (idle * 2).min(IDLE_POLL) };
+        idle = if worked {
+            BUSY_POLL
+        } else {
+            (idle * 2).min(IDLE_POLL)
+        };
         let mut sleep = if any_sdma { idle } else { NO_QUEUE_POLL };
         if let Some(d) = next {
             sleep = sleep.min(d.saturating_duration_since(now));

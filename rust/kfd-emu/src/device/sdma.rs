@@ -24,7 +24,8 @@ const BUDGET: usize = 64;
 fn ring_dword(p: &Proc, q: &Queue, pos: u64) -> Option<u32> {
     let off = pos % q.ring_size as u64;
     let mut b = [0u8; 4];
-    p.read_va(q.ring_base + off, &mut b).then(|| u32::from_le_bytes(b))
+    p.read_va(q.ring_base + off, &mut b)
+        .then(|| u32::from_le_bytes(b))
 }
 
 fn addr(lo: u32, hi: u32) -> u64 {
@@ -41,7 +42,9 @@ enum Step {
 }
 
 fn exec(p: &Proc, q: &Queue, rptr: u64, avail_dw: u64, traps: &mut Vec<u32>) -> Step {
-    let Some(h) = ring_dword(p, q, rptr) else { return Step::Fault("ring not readable") };
+    let Some(h) = ring_dword(p, q, rptr) else {
+        return Step::Fault("ring not readable");
+    };
     let (op, sub) = (h & 0xff, (h >> 8) & 0xff);
     let len = match (op, sub) {
         (OP_NOP, _) => 1 + ((h >> 16) & 0x3fff) as u64,
@@ -50,7 +53,9 @@ fn exec(p: &Proc, q: &Queue, rptr: u64, avail_dw: u64, traps: &mut Vec<u32>) -> 
             if avail_dw < 4 {
                 return Step::Incomplete;
             }
-            let Some(c) = ring_dword(p, q, rptr + 12) else { return Step::Fault("ring not readable") };
+            let Some(c) = ring_dword(p, q, rptr + 12) else {
+                return Step::Fault("ring not readable");
+            };
             4 + (c & 0xfffff) as u64 + 1
         }
         (OP_FENCE, _) => 4,
@@ -112,10 +117,21 @@ pub fn run(p: &mut Proc, done: &mut Done) -> bool {
         return false;
     }
     let mut worked = false;
-    let ids: Vec<u32> = p.queues.iter().filter(|(_, q)| q.is_sdma() && !q.halted && q.ring_size >= 16 && q.percent > 0).map(|(&i, _)| i).collect();
+    let ids: Vec<u32> = p
+        .queues
+        .iter()
+        .filter(|(_, q)| q.is_sdma() && !q.halted && q.ring_size >= 16 && q.percent > 0)
+        .map(|(&i, _)| i)
+        .collect();
     for id in ids {
         let q = p.queues[&id].clone();
-        let Some(wptr) = p.pdds[q.gpu].doorbells.as_ref().and_then(|d| d.read_u64(q.doorbell_index as u64 * 8)) else { continue };
+        let Some(wptr) = p.pdds[q.gpu]
+            .doorbells
+            .as_ref()
+            .and_then(|d| d.read_u64(q.doorbell_index as u64 * 8))
+        else {
+            continue;
+        };
         let mut rptr = q.rptr;
         let mut traps = Vec::new();
         let mut halted = None;
@@ -138,7 +154,10 @@ pub fn run(p: &mut Proc, done: &mut Done) -> bool {
         let qm = p.queues.get_mut(&id).unwrap();
         qm.rptr = rptr;
         if let Some(why) = halted {
-            log::warn!("kfd-emu: process {} SDMA queue {id}: {why} at rptr {rptr:#x}; queue halted", p.lead);
+            log::warn!(
+                "kfd-emu: process {} SDMA queue {id}: {why} at rptr {rptr:#x}; queue halted",
+                p.lead
+            );
             p.queues.get_mut(&id).unwrap().halted = true;
         }
         for t in traps {

@@ -192,8 +192,13 @@ impl Proc {
     }
 
     pub fn key_of_handle(&self, handle: u64) -> R<BoKey> {
-        let gpu = self.pdd_by_user_id((handle >> 32) as u32).ok_or(libc::EINVAL)?;
-        let key = BoKey { gpu, idr: handle as u32 };
+        let gpu = self
+            .pdd_by_user_id((handle >> 32) as u32)
+            .ok_or(libc::EINVAL)?;
+        let key = BoKey {
+            gpu,
+            idr: handle as u32,
+        };
         if !self.bos.contains_key(&key) {
             return Err(libc::EINVAL);
         }
@@ -203,11 +208,15 @@ impl Proc {
     /// The BO covering GPU VA `[va, va+len)`.
     pub fn bo_at(&self, va: u64, len: u64) -> Option<&Bo> {
         let end = va.checked_add(len)?;
-        self.bos.values().find(|b| b.va <= va && end <= b.va + b.size && b.va != 0)
+        self.bos
+            .values()
+            .find(|b| b.va <= va && end <= b.va + b.size && b.va != 0)
     }
 
     pub fn read_va(&self, va: u64, buf: &mut [u8]) -> bool {
-        let Some(bo) = self.bo_at(va, buf.len() as u64) else { return false };
+        let Some(bo) = self.bo_at(va, buf.len() as u64) else {
+            return false;
+        };
         match (&bo.map, bo.mem_type()) {
             (Some(m), _) => m.read(va - bo.va, buf),
             (None, alloc::USERPTR) => {
@@ -218,7 +227,9 @@ impl Proc {
     }
 
     pub fn write_va(&self, va: u64, data: &[u8]) -> bool {
-        let Some(bo) = self.bo_at(va, data.len() as u64) else { return false };
+        let Some(bo) = self.bo_at(va, data.len() as u64) else {
+            return false;
+        };
         match (&bo.map, bo.mem_type()) {
             (Some(m), _) => m.write(va - bo.va, data),
             (None, alloc::USERPTR) => {
@@ -230,7 +241,9 @@ impl Proc {
 
     /// Signals event `id` (SET_EVENT, or the interrupt path).
     pub fn signal(&mut self, id: u32, done: &mut Done) {
-        let Some(ev) = self.events.get_mut(&id) else { return };
+        let Some(ev) = self.events.get_mut(&id) else {
+            return;
+        };
         let mut had_waiters = false;
         for w in &mut self.waiters {
             for e in &mut w.events {
@@ -283,7 +296,11 @@ impl Proc {
                     continue;
                 }
                 let off = id as u64 * 8;
-                if page.map.read_u64(off).is_some_and(|v| v != uapi::UNSIGNALED_SLOT) {
+                if page
+                    .map
+                    .read_u64(off)
+                    .is_some_and(|v| v != uapi::UNSIGNALED_SLOT)
+                {
                     page.map.write_u64(off, uapi::UNSIGNALED_SLOT);
                     hit.push(id);
                 }
@@ -324,9 +341,18 @@ impl State {
         let gpu_alloc = devs
             .gpus
             .iter()
-            .map(|_| GpuAlloc { vram_used: 0, next_offset: uapi::RENDER_OFFSET_BASE })
+            .map(|_| GpuAlloc {
+                vram_used: 0,
+                next_offset: uapi::RENDER_OFFSET_BASE,
+            })
             .collect();
-        State { devs, opens: HashMap::new(), next_fh: 1, procs: HashMap::new(), gpu_alloc }
+        State {
+            devs,
+            opens: HashMap::new(),
+            next_fh: 1,
+            procs: HashMap::new(),
+            gpu_alloc,
+        }
     }
 
     fn free_slot(&self) -> R<u32> {
@@ -341,7 +367,12 @@ impl State {
                 .devs
                 .gpus
                 .iter()
-                .map(|g| Pdd { user_id: g.id, vm: None, next_idr: 1, doorbells: None })
+                .map(|g| Pdd {
+                    user_id: g.id,
+                    vm: None,
+                    next_idr: 1,
+                    doorbells: None,
+                })
                 .collect();
             self.procs.insert(
                 tgid,
@@ -419,11 +450,18 @@ impl State {
     pub fn reserve(&mut self, gpu: usize, mem_type: u32, size: u64) -> R<(u64, Arc<Mapping>)> {
         let g = &self.devs.gpus[gpu];
         let a = &self.gpu_alloc[gpu];
-        if mem_type == alloc::VRAM && a.vram_used.checked_add(size).is_none_or(|u| u > g.vram_size) {
+        if mem_type == alloc::VRAM
+            && a.vram_used
+                .checked_add(size)
+                .is_none_or(|u| u > g.vram_size)
+        {
             return Err(libc::ENOMEM);
         }
         let off = a.next_offset;
-        if off.checked_add(size).is_none_or(|e| e > uapi::RENDER_MEMFD_SIZE) {
+        if off
+            .checked_add(size)
+            .is_none_or(|e| e > uapi::RENDER_MEMFD_SIZE)
+        {
             return Err(libc::ENOMEM);
         }
         let map = g.mem.map(off, size)?;

@@ -116,13 +116,15 @@ pub const GPUVM_LIMIT: u64 = (1 << 47) - 1;
 pub const LDS_BASE: u64 = 1 << 48;
 pub const SCRATCH_BASE: u64 = 2 << 48;
 
-/// CRIU private blob (B.5): version 1, MAX_GPU_INSTANCE = 64.
+/// CRIU private blob (B.5): version 1, MAX_GPU_INSTANCE = 64, so a BO
+/// record is the 272-byte form (the C struct is 8-aligned: 12 + 4*64 = 268
+/// rounded up); criu-rocm detects the stride from the size equation.
 pub mod priv_blob {
     pub const VERSION: u32 = 1;
     pub const PROCESS: usize = 8;
     pub const DEVICE: usize = 8;
     pub const MAX_GPU_INSTANCE: usize = 64;
-    pub const BO: usize = 12 + 4 * MAX_GPU_INSTANCE;
+    pub const BO: usize = (12 + 4 * MAX_GPU_INSTANCE + 7) & !7;
     pub const QUEUE: usize = 120;
     pub const EVENT: usize = 64;
     pub const OBJ_QUEUE: u32 = 0;
