@@ -955,11 +955,8 @@ fn criu_checkpoint_unpause_restore_resume() {
     let q = blob_queue_doorbell(&d, &blob);
     r.doorbell = q;
     // SAFETY: the doorbell slot of the restored queue.
-    assert_eq!(
-        unsafe { std::ptr::read_volatile(r.doorbell as *const u64) },
-        r.wptr,
-        "MQD wptr restored"
-    );
+    let db = unsafe { std::ptr::read_volatile(r.doorbell as *const u64) };
+    assert_eq!(db, r.wptr, "MQD wptr restored");
     r.push(&[5, lo(CTL_VA + 32), hi(CTL_VA + 32), 0x77]);
     r.kick();
     std::thread::sleep(Duration::from_millis(50));
@@ -983,11 +980,8 @@ fn criu_checkpoint_unpause_restore_resume() {
         std::thread::sleep(Duration::from_millis(1));
     }
     // SAFETY: inside ctl.
-    assert_eq!(
-        unsafe { rd32(r.ctl, 32) },
-        0x77,
-        "queue did not run after RESUME"
-    );
+    let v = unsafe { rd32(r.ctl, 32) };
+    assert_eq!(v, 0x77, "queue did not run after RESUME");
     assert_eq!(
         d.call(
             nr::CRIU_OP,
