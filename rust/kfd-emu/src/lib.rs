@@ -7,9 +7,7 @@
 //! * `runner`: `kfd-emu run`, the private mount namespace around a command;
 //! * `device`: the device state machine behind the transport.
 
-// rustfmt::skip: rustfmt resolves modules regardless of cfg; see build.rs.
 #[cfg(kfd_emu_device)]
-#[rustfmt::skip]
 pub mod device;
 pub mod fuse;
 pub mod profile;
