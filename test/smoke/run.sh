@@ -22,6 +22,7 @@ cleanup() {
 trap cleanup EXIT
 fail() {
 	echo "smoke: FAIL: $*" >&2
+	ps -e -o pid,ppid,stat,wchan:24,args >&2 || true
 	for log in "$work"/img/*.log; do [ -f "$log" ] && { echo "--- $log"; grep -E "Error|Warn" "$log" | tail -n 20; }; done >&2
 	exit 1
 }

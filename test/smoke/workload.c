@@ -43,13 +43,18 @@ static int check(const uint64_t *m, uint64_t seed)
 	return 0;
 }
 
+/*
+ * SIGTERM stays blocked outside sigsuspend(): a signal arriving between the
+ * test of 'stop' and the call would otherwise be taken early and then wait
+ * forever for a second one.
+ */
 static void wait_for_term(void)
 {
-	sigset_t none;
+	sigset_t open;
 
-	sigemptyset(&none);
+	sigemptyset(&open);
 	while (!stop)
-		sigsuspend(&none);
+		sigsuspend(&open);
 }
 
 static int child(int rfd)
@@ -98,6 +103,7 @@ int main(int argc, char **argv)
 	char buf[4096];
 	int p[2], fd, status;
 	uint64_t *m;
+	sigset_t term;
 	pid_t pid;
 
 	if (argc != 4) {
@@ -108,6 +114,9 @@ int main(int argc, char **argv)
 	ready = argv[2];
 	result = argv[3];
 	signal(SIGTERM, on_term);
+	sigemptyset(&term);
+	sigaddset(&term, SIGTERM);
+	sigprocmask(SIG_BLOCK, &term, NULL);
 	/* Whatever the caller leaked to us (fds from other mount namespaces) is not ours to dump. */
 	close_range(3, ~0U, 0);
 	/* A session of its own, so CRIU needs no --shell-job. */
