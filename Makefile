@@ -26,7 +26,7 @@ CRIU_INPUTS	:= criu/upstream.lock criu/patches/series $(wildcard criu/patches/*.
 		   $(wildcard criu/*.c) $(wildcard criu/include/*.h) scripts/prepare-criu.sh
 
 all: $(BUILD)/criu-rocm
-.PHONY: all deps criu-rocm rust-lib test test-rust test-smoke test-zdtm test-install \
+.PHONY: all deps criu-rocm rust-lib test print-test-suites test-rust test-smoke test-zdtm test-install \
 	zdtm-compare install clean FORCE
 
 deps:
@@ -74,8 +74,14 @@ $(BUILD)/stock/criu/criu: $(BUILD)/stock/.prepared
 $(BUILD)/criu-rocm.8: Documentation/criu-rocm.8.adoc
 	asciidoctor -b manpage -o $@ $<
 
-test: test-rust test-smoke test-zdtm test-install
+# The suites `make test` runs, in order; .ci/run runs and counts them one by one.
+TEST_SUITES	:= test-rust test-smoke test-zdtm test-install
+
+test: $(TEST_SUITES)
 	@echo "make test: all suites passed"
+
+print-test-suites:
+	@echo $(TEST_SUITES)
 
 test-rust:
 	cd rust && $(CARGO) fmt --all -- --check
