@@ -2,6 +2,8 @@
 # Makes DEST a pristine extraction of TARBALL with criu-rocm's patch series applied and our
 # own C files copied in. Work happens in a scratch directory that replaces DEST only when
 # every patch applied, so an interrupted or failed run never leaves a half-patched tree.
+# Patches must apply exactly (--fuzz=0): on a newer CRIU a hunk placed by guesswork is worse
+# than a build that stops and names the patch to refresh.
 #   usage: prepare-criu.sh TARBALL DEST [--no-patches]
 set -euo pipefail
 
@@ -23,7 +25,7 @@ if [ "$mode" != "--no-patches" ]; then
 			echo "prepare-criu: criu/patches/series names $p, which does not exist" >&2
 			exit 1
 		fi
-		if ! out=$(patch -d "$scratch" -p1 --forward --batch --no-backup-if-mismatch <"$top/criu/patches/$p" 2>&1); then
+		if ! out=$(patch -d "$scratch" -p1 --forward --batch --fuzz=0 --no-backup-if-mismatch <"$top/criu/patches/$p" 2>&1); then
 			echo "$out" | sed 's/^/  /' >&2
 			echo "prepare-criu: patch criu/patches/$p does not apply to $(basename "$tarball")" >&2
 			exit 1
