@@ -13,8 +13,8 @@ out=$(mktemp -d /tmp/zdtm-compare.XXXXXX)
 outcome() { sed -n 's/^zdtm: \(zdtm\/[^ ]*\) *[^ ]* *\(PASS\|FAIL\).*/\1 \2/p' "$1"; }
 outcome "$out/stock.txt" >"$out/stock.sum"
 outcome "$out/rocm.txt" >"$out/rocm.sum"
-echo "stock CRIU: $(tail -n1 "$out/stock.txt" | grep -o '[0-9]* passed, [0-9]* failed' || true)"
-echo "criu-rocm:  $(tail -n1 "$out/rocm.txt" | grep -o '[0-9]* passed, [0-9]* failed' || true)"
+echo "stock CRIU: $(grep -o '[0-9]* passed, [0-9]* failed in [0-9]* s' "$out/stock.txt" | tail -n1)"
+echo "criu-rocm:  $(grep -o '[0-9]* passed, [0-9]* failed in [0-9]* s' "$out/rocm.txt" | tail -n1)"
 if diff -u "$out/stock.sum" "$out/rocm.sum"; then
 	echo "zdtm-compare: same outcome for all $(wc -l <"$out/rocm.sum") tests"
 	rm -rf "$out"

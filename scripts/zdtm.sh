@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Runs upstream's zdtm suite from the patched CRIU tree against a CRIU binary.
-#   usage: scripts/zdtm.sh --criu-bin BIN --tree CRIU_TREE --list FILE [--report DIR] [-- extra zdtm.py args]
+#   usage: scripts/zdtm.sh --criu-bin BIN --tree CRIU_TREE --list FILE [--report DIR]
+#                          [--flavours F] [-- extra zdtm.py args]
 #
 # The list holds one test per line, `zdtm/static/NAME [FLAVOURS]` (default flavours "h,ns").
+# --flavours F runs only flavour F ("h", "ns", ...) of the tests that have it (to time one).
 #
 # Root only: this machine lacks CAP_SYS_RESOURCE, so CRIU cannot prlimit a task of another
 # uid, and zdtm by default drops non-suid tests to a test uid. ZDTM_AS_ROOT=1 (our zdtm
@@ -11,13 +13,14 @@
 # PATH too.
 set -euo pipefail
 
-criu= tree= list= report=
+criu= tree= list= report= only=
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--criu-bin) criu=$(realpath "$2"); shift 2 ;;
 	--tree) tree=$(realpath "$2"); shift 2 ;;
 	--list) list=$(realpath "$2"); shift 2 ;;
 	--report) report=$2; shift 2 ;;
+	--flavours) only=$2; shift 2 ;;
 	--) shift; break ;;
 	*) echo "zdtm.sh: unknown argument $1" >&2; exit 2 ;;
 	esac
@@ -34,10 +37,13 @@ cd "$tree"
 [ -f lib/pycriu/rpc_pb2.py ] || { echo "zdtm.sh: $tree/lib/pycriu is not built (make -C $tree lib)" >&2; exit 1; }
 make -s -j2 -C test/zdtm >"$tree/zdtm-build.log" 2>&1 || { tail -n 30 "$tree/zdtm-build.log" >&2; exit 1; }
 
-pass=0 fail=0 failed=()
+pass=0 fail=0 failed=() t_all=$(date +%s)
 while read -r test flavours _; do
 	case "$test" in '' | '#'*) continue ;; esac
 	flavours=${flavours:-h,ns}
+	if [ -n "$only" ]; then
+		case ",$flavours," in *",$only,"*) flavours=$only ;; *) continue ;; esac
+	fi
 	start=$(date +%s%N)
 	if (cd test && /usr/bin/python3 zdtm.py run -t "$test" -f "$flavours" --criu-bin "$criu" \
 		--keep-going "$@" >"$tree/zdtm-last.log" 2>&1); then
@@ -53,5 +59,5 @@ while read -r test flavours _; do
 	fi
 done <"$list"
 
-echo "zdtm: $pass passed, $fail failed"
+echo "zdtm: $pass passed, $fail failed in $(($(date +%s) - t_all)) s"
 [ $fail = 0 ] || { echo "zdtm: failed: ${failed[*]}"; exit 1; }
