@@ -66,8 +66,9 @@ fn idle_sdma_queue_costs_little_cpu() {
     // at 1 and the kfd open comes first.
     let emu = Emulator::with_resolver(&p, Box::new(One(2))).unwrap();
     // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::gettid() } as u32;
     let me = Caller {
-        tid: unsafe { libc::gettid() } as u32,
+        tid,
         tgid: std::process::id(),
     };
     let kfd = emu.open(&NodeKind::Kfd, &me).unwrap();
