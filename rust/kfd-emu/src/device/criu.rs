@@ -1,27 +1,44 @@
 //! CRIU_OP: PROCESS_INFO, CHECKPOINT, UNPAUSE, RESTORE, RESUME, and the
 //! private blob (B.5 layout, version 1, MAX_GPU_INSTANCE 64).
 //!
-//! The MQD part of a queue record is the emulator's own (MQD_SIZE bytes):
-//!
-//! ```text
-//!  @0  u32 magic "KEMQ"   @4  u32 version 1
-//!  @8  u64 read pointer (bytes)    @16 u64 write pointer (doorbell value)
-//!  @24 u64 ring base       @32 u32 ring size   @36 u32 halted
-//!  @40 u32 control stack size given at CREATE_QUEUE
-//! ```
-//!
-//! No control stack bytes follow (no waves ever run), so the record's
+//! The MQD part of a queue record is the emulator's own ([`Mqd`]).  No
+//! control stack bytes follow (no waves ever run), so the record's
 //! `ctl_stack_size` is 0.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::mem::{offset_of, size_of};
 
 use super::kfd;
 use super::mem::{user_read, user_write};
 use super::state::{BoKey, Done, Event, Queue, State, R};
-use super::uapi::{self, alloc, get_u32, get_u64, priv_blob as pb, put_u32, put_u64, Args};
+use super::uapi::{self, alloc, layout, priv_blob as pb, sys, AsBytes, FromBytes};
 use super::{Caller, FdResolver};
 
-pub const MQD_SIZE: usize = 64;
+/// The emulator's MQD: the queue state the hardware would keep.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct Mqd {
+    magic: u32,
+    version: u32,
+    /// Read pointer in bytes (monotonic).
+    rptr: u64,
+    /// Write pointer (the doorbell's value).
+    wptr: u64,
+    ring_base: u64,
+    ring_size: u32,
+    halted: u32,
+    /// Control stack size given at CREATE_QUEUE.
+    ctl_stack_size: u32,
+    pad: [u32; 5],
+}
+
+// SAFETY: integers only; the fields cover all 64 bytes (asserted below).
+unsafe impl FromBytes for Mqd {}
+// SAFETY: as above, no implicit padding.
+unsafe impl AsBytes for Mqd {}
+
+pub const MQD_SIZE: usize = size_of::<Mqd>();
+const _: () = assert!(MQD_SIZE == 64 && offset_of!(Mqd, pad) == 44);
 const MQD_MAGIC: u32 = u32::from_le_bytes(*b"KEMQ");
 /// Upper bound for blobs we are asked to read (protects the daemon).
 const MAX_PRIV: u64 = 256 << 20;
@@ -59,18 +76,36 @@ fn ns_pid(lead: u32) -> u32 {
         .unwrap_or(lead)
 }
 
-pub fn process_info(st: &mut State, lead: u32, a: &mut Args) -> R<()> {
+/// The CRIU_OP answer: the caller's bytes with every field of `a` written
+/// back (the struct has tail padding, so it is not encoded whole).
+pub fn answer(a: &sys::kfd_ioctl_criu_args, input: &[u8], out_size: usize) -> Vec<u8> {
+    type A = sys::kfd_ioctl_criu_args;
+    let mut o = input.to_vec();
+    o.resize(out_size, 0);
+    uapi::put(&mut o, offset_of!(A, devices), &a.devices);
+    uapi::put(&mut o, offset_of!(A, bos), &a.bos);
+    uapi::put(&mut o, offset_of!(A, priv_data), &a.priv_data);
+    uapi::put(&mut o, offset_of!(A, priv_data_size), &a.priv_data_size);
+    uapi::put(&mut o, offset_of!(A, num_devices), &a.num_devices);
+    uapi::put(&mut o, offset_of!(A, num_bos), &a.num_bos);
+    uapi::put(&mut o, offset_of!(A, num_objects), &a.num_objects);
+    uapi::put(&mut o, offset_of!(A, pid), &a.pid);
+    uapi::put(&mut o, offset_of!(A, op), &a.op);
+    o
+}
+
+pub fn process_info(st: &mut State, lead: u32, a: &mut sys::kfd_ioctl_criu_args) -> R<()> {
     let p = st.procs.get_mut(&lead).ok_or(libc::ESRCH)?;
     if p.pdds.is_empty() {
         return Err(libc::ENODEV);
     }
     p.paused = true;
     let c = counts(p);
-    a.set_u64(24, c.priv_size);
-    a.set_u32(32, c.devices);
-    a.set_u32(36, c.bos);
-    a.set_u32(40, c.objects);
-    a.set_u32(44, ns_pid(lead));
+    a.priv_data_size = c.priv_size;
+    a.num_devices = c.devices;
+    a.num_bos = c.bos;
+    a.num_objects = c.objects;
+    a.pid = ns_pid(lead);
     Ok(())
 }
 
@@ -83,21 +118,40 @@ pub fn unpause(st: &mut State, lead: u32) -> R<()> {
     Ok(())
 }
 
-fn encode_mqd(q: &Queue, wptr: u64) -> [u8; MQD_SIZE] {
-    let mut m = [0u8; MQD_SIZE];
-    put_u32(&mut m, 0, MQD_MAGIC);
-    put_u32(&mut m, 4, 1);
-    put_u64(&mut m, 8, q.rptr);
-    put_u64(&mut m, 16, wptr);
-    put_u64(&mut m, 24, q.ring_base);
-    put_u32(&mut m, 32, q.ring_size);
-    put_u32(&mut m, 36, q.halted as u32);
-    put_u32(&mut m, 40, q.ctl_stack_size);
-    m
+fn encode_mqd(q: &Queue, wptr: u64) -> Mqd {
+    Mqd {
+        magic: MQD_MAGIC,
+        version: 1,
+        rptr: q.rptr,
+        wptr,
+        ring_base: q.ring_base,
+        ring_size: q.ring_size,
+        halted: q.halted as u32,
+        ctl_stack_size: q.ctl_stack_size,
+        pad: [0; 5],
+    }
 }
 
-pub fn checkpoint(st: &mut State, lead: u32, caller: &Caller, a: &mut Args) -> R<()> {
-    let (dev_ptr, bo_ptr, priv_ptr) = (a.u64(0), a.u64(8), a.u64(16));
+/// Appends a BO priv record.  The struct has tail padding, so it is
+/// written field by field into zeroed bytes.
+fn push_bo_priv(blob: &mut Vec<u8>, user_addr: u64, idr: u32, mapped: &[u32]) {
+    let mut r = [0u8; pb::BO];
+    uapi::put(&mut r, offset_of!(pb::BoPriv, user_addr), &user_addr);
+    uapi::put(&mut r, offset_of!(pb::BoPriv, idr_handle), &idr);
+    let at = offset_of!(pb::BoPriv, mapped_gpuids);
+    for (j, id) in mapped.iter().take(pb::MAX_GPU_INSTANCE).enumerate() {
+        uapi::put(&mut r, at + 4 * j, id);
+    }
+    blob.extend_from_slice(&r);
+}
+
+pub fn checkpoint(
+    st: &mut State,
+    lead: u32,
+    caller: &Caller,
+    a: &sys::kfd_ioctl_criu_args,
+) -> R<()> {
+    let (dev_ptr, bo_ptr, priv_ptr) = (a.devices, a.bos, a.priv_data);
     if dev_ptr == 0 || bo_ptr == 0 || priv_ptr == 0 {
         return Err(libc::EINVAL);
     }
@@ -109,40 +163,48 @@ pub fn checkpoint(st: &mut State, lead: u32, caller: &Caller, a: &mut Args) -> R
         return Err(libc::EINVAL);
     }
     let c = counts(p);
-    if a.u32(32) != c.devices
-        || a.u32(36) != c.bos
-        || a.u32(40) != c.objects
-        || a.u64(24) != c.priv_size
+    if a.num_devices != c.devices
+        || a.num_bos != c.bos
+        || a.num_objects != c.objects
+        || a.priv_data_size != c.priv_size
     {
         return Err(libc::EINVAL);
     }
     let mut blob = Vec::with_capacity(c.priv_size as usize);
-    let mut rec = [0u8; pb::PROCESS];
-    put_u32(&mut rec, 0, pb::VERSION);
-    put_u32(&mut rec, 4, p.xnack as u32);
-    blob.extend_from_slice(&rec);
-    let mut devs = vec![0u8; pb::DEVICE_BUCKET * p.pdds.len()];
+    let rec = layout::kfd_criu_process_priv_data {
+        version: pb::VERSION,
+        xnack_mode: p.xnack as u32,
+    };
+    uapi::push(&mut blob, &rec);
+    let mut devs = Vec::with_capacity(pb::DEVICE_BUCKET * p.pdds.len());
     for (i, pdd) in p.pdds.iter().enumerate() {
-        blob.extend_from_slice(&[0u8; pb::DEVICE]);
-        put_u32(&mut devs, i * 16, pdd.user_id);
-        put_u32(&mut devs, i * 16 + 4, st.devs.gpus[i].id);
+        uapi::push(
+            &mut blob,
+            &layout::kfd_criu_device_priv_data { reserved: 0 },
+        );
+        let d = sys::kfd_criu_device_bucket {
+            user_gpu_id: pdd.user_id,
+            actual_gpu_id: st.devs.gpus[i].id,
+            drm_fd: 0,
+            pad: 0,
+        };
+        uapi::push(&mut devs, &d);
     }
-    let mut buckets = vec![0u8; pb::BO_BUCKET * p.bos.len()];
-    for (i, (key, bo)) in p.bos.iter().enumerate() {
-        let b = &mut buckets[i * pb::BO_BUCKET..(i + 1) * pb::BO_BUCKET];
-        put_u64(b, 0, bo.va);
-        put_u64(b, 8, bo.size);
-        put_u64(b, 16, bo.offset);
-        put_u32(b, 32, p.pdds[key.gpu].user_id);
-        put_u32(b, 36, bo.flags);
-        put_u32(b, 40, uapi::KFD_INVALID_FD);
-        let mut r = [0u8; pb::BO];
-        put_u64(&mut r, 0, bo.user_addr);
-        put_u32(&mut r, 8, key.idr);
-        for (j, g) in bo.mapped.iter().enumerate() {
-            put_u32(&mut r, 12 + 4 * j, p.pdds[*g].user_id);
-        }
-        blob.extend_from_slice(&r);
+    let mut buckets = Vec::with_capacity(pb::BO_BUCKET * p.bos.len());
+    for (key, bo) in &p.bos {
+        let b = sys::kfd_criu_bo_bucket {
+            addr: bo.va,
+            size: bo.size,
+            offset: bo.offset,
+            restored_offset: 0,
+            gpu_id: p.pdds[key.gpu].user_id,
+            alloc_flags: bo.flags,
+            dmabuf_fd: uapi::KFD_INVALID_FD,
+            pad: 0,
+        };
+        uapi::push(&mut buckets, &b);
+        let mapped: Vec<u32> = bo.mapped.iter().map(|g| p.pdds[*g].user_id).collect();
+        push_bo_priv(&mut blob, bo.user_addr, key.idr, &mapped);
     }
     for (&id, q) in &p.queues {
         let wptr = p.pdds[q.gpu]
@@ -150,47 +212,51 @@ pub fn checkpoint(st: &mut State, lead: u32, caller: &Caller, a: &mut Args) -> R
             .as_ref()
             .and_then(|d| d.read_u64(q.doorbell_index as u64 * 8))
             .unwrap_or(0);
-        let mut r = [0u8; pb::QUEUE];
-        put_u32(&mut r, 0, pb::OBJ_QUEUE);
-        put_u64(&mut r, 8, q.ring_base);
-        put_u64(&mut r, 16, q.ring_size as u64);
-        put_u64(&mut r, 24, q.rptr_addr);
-        put_u64(&mut r, 32, q.wptr_addr);
-        put_u64(&mut r, 40, p.doorbell_offset(q.gpu, q.doorbell_index));
-        put_u64(&mut r, 48, q.eop_addr);
-        put_u64(&mut r, 56, q.ctx_addr);
-        put_u32(&mut r, 64, p.pdds[q.gpu].user_id);
-        put_u32(&mut r, 68, q.qtype);
-        put_u32(&mut r, 76, id);
-        put_u32(&mut r, 80, q.priority);
-        put_u32(&mut r, 84, q.percent);
-        put_u32(&mut r, 88, q.doorbell_index);
-        put_u32(&mut r, 96, q.sdma_id);
-        put_u32(&mut r, 100, q.eop_size as u32);
-        put_u32(&mut r, 104, q.ctx_size);
-        put_u32(&mut r, 108, 0);
-        put_u32(&mut r, 112, MQD_SIZE as u32);
-        blob.extend_from_slice(&r);
-        blob.extend_from_slice(&encode_mqd(q, wptr));
+        let r = layout::kfd_criu_queue_priv_data {
+            object_type: pb::OBJ_QUEUE,
+            q_address: q.ring_base,
+            q_size: q.ring_size as u64,
+            read_ptr_addr: q.rptr_addr,
+            write_ptr_addr: q.wptr_addr,
+            doorbell_off: p.doorbell_offset(q.gpu, q.doorbell_index),
+            eop_ring_buffer_address: q.eop_addr,
+            ctx_save_restore_area_address: q.ctx_addr,
+            gpu_id: p.pdds[q.gpu].user_id,
+            type_: q.qtype,
+            q_id: id,
+            priority: q.priority,
+            q_percent: q.percent,
+            doorbell_id: q.doorbell_index,
+            sdma_id: q.sdma_id,
+            eop_ring_buffer_size: q.eop_size as u32,
+            ctx_save_restore_area_size: q.ctx_size,
+            ctl_stack_size: 0,
+            mqd_size: MQD_SIZE as u32,
+            ..Default::default()
+        };
+        uapi::push(&mut blob, &r);
+        uapi::push(&mut blob, &encode_mqd(q, wptr));
     }
     let mut first = true;
     for (&id, ev) in &p.events {
-        let mut r = [0u8; pb::EVENT];
-        put_u32(&mut r, 0, pb::OBJ_EVENT);
-        if first {
-            put_u64(
-                &mut r,
-                8,
-                p.signal_page.as_ref().and_then(|s| s.handle).unwrap_or(0),
-            );
-            first = false;
-        }
-        put_u32(&mut r, 16, id);
-        put_u32(&mut r, 20, ev.auto_reset as u32);
-        put_u32(&mut r, 24, ev.etype);
-        put_u32(&mut r, 28, ev.signaled as u32);
-        r[32..64].copy_from_slice(&ev.data);
-        blob.extend_from_slice(&r);
+        // Only the first event record names the signal page BO.
+        let user_handle = if first {
+            p.signal_page.as_ref().and_then(|s| s.handle).unwrap_or(0)
+        } else {
+            0
+        };
+        first = false;
+        let r = layout::kfd_criu_event_priv_data {
+            object_type: pb::OBJ_EVENT,
+            pad0: 0,
+            user_handle,
+            event_id: id,
+            auto_reset: ev.auto_reset as u32,
+            type_: ev.etype,
+            signaled: ev.signaled as u32,
+            exception_data: ev.data,
+        };
+        uapi::push(&mut blob, &r);
     }
     debug_assert_eq!(blob.len() as u64, c.priv_size);
     user_write(caller.tid, priv_ptr, &blob)?;
@@ -232,6 +298,10 @@ impl<'a> Cursor<'a> {
         self.off = end;
         Ok(s)
     }
+
+    fn rec<T: FromBytes>(&mut self) -> R<T> {
+        self.take(size_of::<T>()).map(uapi::decode)
+    }
 }
 
 fn plan_restore(
@@ -239,10 +309,14 @@ fn plan_restore(
     lead: u32,
     caller: &Caller,
     res: &dyn FdResolver,
-    a: &Args,
-) -> R<(Plan, Vec<u8>)> {
-    let (dev_ptr, bo_ptr, priv_ptr, priv_size) = (a.u64(0), a.u64(8), a.u64(16), a.u64(24));
-    let (n_dev, n_bo, n_obj) = (a.u32(32) as usize, a.u32(36) as usize, a.u32(40) as usize);
+    a: &sys::kfd_ioctl_criu_args,
+) -> R<(Plan, Vec<sys::kfd_criu_bo_bucket>)> {
+    let (dev_ptr, bo_ptr, priv_ptr, priv_size) = (a.devices, a.bos, a.priv_data, a.priv_data_size);
+    let (n_dev, n_bo, n_obj) = (
+        a.num_devices as usize,
+        a.num_bos as usize,
+        a.num_objects as usize,
+    );
     if dev_ptr == 0 || bo_ptr == 0 || priv_ptr == 0 || priv_size == 0 || n_dev == 0 || n_bo == 0 {
         return Err(libc::EINVAL);
     }
@@ -259,13 +333,14 @@ fn plan_restore(
     user_read(caller.tid, dev_ptr, &mut devb)?;
     let mut bob = vec![0u8; n_bo * pb::BO_BUCKET];
     user_read(caller.tid, bo_ptr, &mut bob)?;
+    let bob: Vec<sys::kfd_criu_bo_bucket> = (0..n_bo).map(|i| uapi::nth(&bob, i)).collect();
 
     let mut cur = Cursor { b: &blob, off: 0 };
-    let pr = cur.take(pb::PROCESS)?;
-    if get_u32(pr, 0) != pb::VERSION {
+    let pr: layout::kfd_criu_process_priv_data = cur.rec()?;
+    if pr.version != pb::VERSION {
         return Err(libc::EINVAL);
     }
-    let xnack = get_u32(pr, 4) != 0;
+    let xnack = pr.xnack_mode != 0;
     if n_dev != p.pdds.len() {
         return Err(libc::EINVAL);
     }
@@ -273,9 +348,8 @@ fn plan_restore(
     let mut user_to_gpu: BTreeMap<u32, usize> = BTreeMap::new();
     for i in 0..n_dev {
         cur.take(pb::DEVICE)?;
-        let user = get_u32(&devb, i * 16);
-        let actual = get_u32(&devb, i * 16 + 4);
-        let fd = get_u32(&devb, i * 16 + 8);
+        let d: sys::kfd_criu_device_bucket = uapi::nth(&devb, i);
+        let (user, actual, fd) = (d.user_gpu_id, d.actual_gpu_id, d.drm_fd);
         let gpu = st.devs.index_of(actual).ok_or(libc::EINVAL)?;
         if user == 0
             || user_to_gpu.insert(user, gpu).is_some()
@@ -293,12 +367,11 @@ fn plan_restore(
     let mut vram = vec![0u64; st.devs.gpus.len()];
     let mut ranges: Vec<(u64, u64)> = Vec::new();
     let mut idrs = BTreeSet::new();
-    for i in 0..n_bo {
-        let r = cur.take(pb::BO)?;
-        let b = &bob[i * pb::BO_BUCKET..(i + 1) * pb::BO_BUCKET];
-        let gpu = *user_to_gpu.get(&get_u32(b, 32)).ok_or(libc::ENODEV)?;
-        let (va, size, flags) = (get_u64(b, 0), get_u64(b, 8), get_u32(b, 36));
-        let idr = get_u32(r, 8);
+    for b in &bob {
+        let r: pb::BoPriv = cur.rec()?;
+        let gpu = *user_to_gpu.get(&b.gpu_id).ok_or(libc::ENODEV)?;
+        let (va, size, flags) = (b.addr, b.size, b.alloc_flags);
+        let idr = r.idr_handle;
         let t = flags & alloc::TYPE_MASK;
         let size_ok = match t {
             alloc::VRAM | alloc::GTT | alloc::USERPTR => size > 0 && size % uapi::PAGE == 0,
@@ -326,14 +399,13 @@ fn plan_restore(
             vram[gpu] += size;
         }
         let mut mapped = BTreeSet::new();
-        for j in 0..pb::MAX_GPU_INSTANCE {
-            let id = get_u32(r, 12 + 4 * j);
+        for &id in &r.mapped_gpuids {
             if id == 0 {
                 break;
             }
             mapped.insert(*user_to_gpu.get(&id).ok_or(libc::EINVAL)?);
         }
-        let user_addr = get_u64(r, 0);
+        let user_addr = r.user_addr;
         if t == alloc::USERPTR && (user_addr == 0 || !user_addr.is_multiple_of(uapi::PAGE)) {
             return Err(libc::EINVAL);
         }
@@ -358,50 +430,49 @@ fn plan_restore(
     let mut per_gpu: BTreeMap<(usize, bool), u32> = BTreeMap::new();
     for _ in 0..n_obj {
         let at = cur.off;
-        let ty = get_u32(cur.take(4)?, 0);
+        let ty: u32 = cur.rec()?;
         cur.off = at;
         match ty {
             pb::OBJ_QUEUE => {
-                let r = cur.take(pb::QUEUE)?;
-                let (ctl, mqd_size) = (get_u32(r, 108) as usize, get_u32(r, 112) as usize);
-                if mqd_size != MQD_SIZE || ctl != 0 {
+                let r: layout::kfd_criu_queue_priv_data = cur.rec()?;
+                if r.mqd_size as usize != MQD_SIZE || r.ctl_stack_size != 0 {
                     return Err(libc::EINVAL);
                 }
-                let m = cur.take(mqd_size)?;
-                if get_u32(m, 0) != MQD_MAGIC || get_u32(m, 4) != 1 {
+                let m: Mqd = cur.rec()?;
+                if m.magic != MQD_MAGIC || m.version != 1 {
                     return Err(libc::EINVAL);
                 }
-                let gpu = *user_to_gpu.get(&get_u32(r, 64)).ok_or(libc::EINVAL)?;
-                let qtype = get_u32(r, 68);
-                let id = get_u32(r, 76);
-                let ring_size = get_u64(r, 16);
+                let gpu = *user_to_gpu.get(&r.gpu_id).ok_or(libc::EINVAL)?;
+                let qtype = r.type_;
+                let id = r.q_id;
+                let ring_size = r.q_size;
                 if qtype > uapi::queue_type::SDMA_XGMI
                     || id >= uapi::MAX_QUEUES_PER_PROCESS
                     || queues.iter().any(|q: &(u32, Queue, u64)| q.0 == id)
                     || ring_size > u32::MAX as u64
                     || (ring_size != 0 && !ring_size.is_power_of_two())
-                    || get_u64(m, 24) != get_u64(r, 8)
+                    || m.ring_base != r.q_address
                 {
                     return Err(libc::EINVAL);
                 }
                 let q = Queue {
                     gpu,
                     qtype,
-                    ring_base: get_u64(r, 8),
+                    ring_base: r.q_address,
                     ring_size: ring_size as u32,
-                    rptr_addr: get_u64(r, 24),
-                    wptr_addr: get_u64(r, 32),
-                    percent: get_u32(r, 84),
-                    priority: get_u32(r, 80),
-                    eop_addr: get_u64(r, 48),
-                    eop_size: get_u32(r, 100) as u64,
-                    ctx_addr: get_u64(r, 56),
-                    ctx_size: get_u32(r, 104),
-                    ctl_stack_size: get_u32(m, 40),
+                    rptr_addr: r.read_ptr_addr,
+                    wptr_addr: r.write_ptr_addr,
+                    percent: r.q_percent,
+                    priority: r.priority,
+                    eop_addr: r.eop_ring_buffer_address,
+                    eop_size: r.eop_ring_buffer_size as u64,
+                    ctx_addr: r.ctx_save_restore_area_address,
+                    ctx_size: r.ctx_save_restore_area_size,
+                    ctl_stack_size: m.ctl_stack_size,
                     doorbell_index: id,
-                    sdma_id: get_u32(r, 96),
-                    rptr: get_u64(m, 8),
-                    halted: get_u32(m, 36) != 0,
+                    sdma_id: r.sdma_id,
+                    rptr: m.rptr,
+                    halted: m.halted != 0,
                 };
                 let cnt = per_gpu.entry((gpu, q.is_sdma())).or_insert(0);
                 *cnt += 1;
@@ -414,14 +485,14 @@ fn plan_restore(
                 if st.queues_on(gpu, q.is_sdma()) + *cnt > max {
                     return Err(libc::ENOMEM);
                 }
-                queues.push((id, q, get_u64(m, 16)));
+                queues.push((id, q, m.wptr));
             }
             pb::OBJ_EVENT => {
-                let r = cur.take(pb::EVENT)?;
-                let id = get_u32(r, 16);
-                let etype = get_u32(r, 24);
+                let r: layout::kfd_criu_event_priv_data = cur.rec()?;
+                let id = r.event_id;
+                let etype = r.type_;
                 let signal = etype == uapi::event_type::SIGNAL || etype == uapi::event_type::DEBUG;
-                if etype > 8
+                if etype > uapi::event_type::LAST
                     || p.events.contains_key(&id)
                     || events.iter().any(|e: &(u32, Event)| e.0 == id)
                     || (signal && id >= uapi::SIGNAL_EVENT_LIMIT)
@@ -429,7 +500,7 @@ fn plan_restore(
                 {
                     return Err(libc::EINVAL);
                 }
-                let h = get_u64(r, 8);
+                let h = r.user_handle;
                 if h != 0 {
                     if signal_handle != 0 || !events.is_empty() {
                         return Err(libc::EINVAL);
@@ -448,17 +519,15 @@ fn plan_restore(
                     }
                     signal_handle = h;
                 }
-                let mut data = [0u8; 32];
-                data.copy_from_slice(&r[32..64]);
                 events.push((
                     id,
                     Event {
                         etype,
-                        auto_reset: get_u32(r, 20) != 0,
-                        signaled: get_u32(r, 28) != 0,
+                        auto_reset: r.auto_reset != 0,
+                        signaled: r.signaled != 0,
                         node_id: 0,
                         trigger_data: 0,
-                        data,
+                        data: r.exception_data,
                     },
                 ));
             }
@@ -489,7 +558,7 @@ pub fn restore(
     lead: u32,
     caller: &Caller,
     res: &dyn FdResolver,
-    a: &mut Args,
+    a: &sys::kfd_ioctl_criu_args,
 ) -> R<()> {
     let (plan, mut buckets) = plan_restore(st, lead, caller, res, a)?;
     let saved_ids: Vec<u32> = st.procs[&lead].pdds.iter().map(|d| d.user_id).collect();
@@ -512,10 +581,14 @@ pub fn restore(
         }
         return Err(e);
     }
-    user_write(caller.tid, a.u64(8), &buckets)
+    let mut out = Vec::with_capacity(buckets.len() * pb::BO_BUCKET);
+    for b in &buckets {
+        uapi::push(&mut out, b);
+    }
+    user_write(caller.tid, a.bos, &out)
 }
 
-fn apply(st: &mut State, lead: u32, plan: &Plan, buckets: &mut [u8]) -> R<()> {
+fn apply(st: &mut State, lead: u32, plan: &Plan, buckets: &mut [sys::kfd_criu_bo_bucket]) -> R<()> {
     {
         let p = st.procs.get_mut(&lead).unwrap();
         p.xnack = plan.xnack;
@@ -538,17 +611,13 @@ fn apply(st: &mut State, lead: u32, plan: &Plan, buckets: &mut [u8]) -> R<()> {
         )?;
         let p = st.procs.get_mut(&lead).unwrap();
         p.bos.get_mut(&key).unwrap().mapped = b.mapped.clone();
-        let bk = &mut buckets[i * pb::BO_BUCKET..(i + 1) * pb::BO_BUCKET];
-        put_u64(
-            bk,
-            24,
-            if b.flags & alloc::TYPE_MASK == alloc::USERPTR {
-                0
-            } else {
-                offset
-            },
-        );
-        put_u32(bk, 40, uapi::KFD_INVALID_FD);
+        let bk = &mut buckets[i];
+        bk.restored_offset = if b.flags & alloc::TYPE_MASK == alloc::USERPTR {
+            0
+        } else {
+            offset
+        };
+        bk.dmabuf_fd = uapi::KFD_INVALID_FD;
         debug_assert_eq!(
             key,
             BoKey {
@@ -581,8 +650,7 @@ fn apply(st: &mut State, lead: u32, plan: &Plan, buckets: &mut [u8]) -> R<()> {
     Ok(())
 }
 
-pub fn resume(st: &mut State, a: &Args, done: &mut Done) -> R<()> {
-    let pid = a.u32(44);
+pub fn resume(st: &mut State, pid: u32, done: &mut Done) -> R<()> {
     let p = st.procs.get_mut(&pid).ok_or(libc::ESRCH)?;
     if !p.restore_pending {
         return Err(libc::EINVAL);

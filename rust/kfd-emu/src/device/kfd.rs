@@ -2,47 +2,54 @@
 //! struct, act on the fd's process, encode the answer.
 
 use std::collections::BTreeSet;
+use std::mem::size_of;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::mem::{user_read, user_write};
 use super::state::{Answer, Bo, BoKey, Done, Event, Queue, SignalPage, State, Waiter, R};
-use super::uapi::{self, alloc, event_type, kfd_off, queue_type, Args};
+use super::uapi::{self, alloc, event_type, kfd_off, queue_type, sys};
 use super::{Caller, FdResolver, Replier};
 
 fn proc_mut(st: &mut State, lead: u32) -> R<&mut super::state::Proc> {
     st.procs.get_mut(&lead).ok_or(libc::ESRCH)
 }
 
-pub fn get_version(a: &mut Args) -> R<()> {
-    a.set_u32(0, uapi::KFD_MAJOR);
-    a.set_u32(4, uapi::KFD_MINOR);
+pub fn get_version(a: &mut sys::kfd_ioctl_get_version_args) -> R<()> {
+    a.major_version = uapi::KFD_MAJOR;
+    a.minor_version = uapi::KFD_MINOR;
     Ok(())
 }
 
-/// `kfd_process_device_apertures` is 56 bytes: lds, scratch, gpuvm
-/// base/limit pairs, gpu_id, pad.
-pub fn apertures_new(st: &mut State, lead: u32, caller: &Caller, a: &mut Args) -> R<()> {
+pub fn apertures_new(
+    st: &mut State,
+    lead: u32,
+    caller: &Caller,
+    a: &mut sys::kfd_ioctl_get_process_apertures_new_args,
+) -> R<()> {
     let p = proc_mut(st, lead)?;
-    let n = a.u32(8);
+    let n = a.num_of_nodes;
     if n == 0 {
-        a.set_u32(8, p.pdds.len() as u32);
+        a.num_of_nodes = p.pdds.len() as u32;
         return Ok(());
     }
     let n = (n as usize).min(p.pdds.len());
-    let mut out = vec![0u8; n * 56];
-    for (i, pdd) in p.pdds.iter().take(n).enumerate() {
-        let r = &mut out[i * 56..(i + 1) * 56];
-        uapi::put_u64(r, 0, uapi::LDS_BASE);
-        uapi::put_u64(r, 8, uapi::LDS_BASE | 0xffff_ffff);
-        uapi::put_u64(r, 16, uapi::SCRATCH_BASE);
-        uapi::put_u64(r, 24, uapi::SCRATCH_BASE | 0xffff_ffff);
-        uapi::put_u64(r, 32, uapi::GPUVM_BASE);
-        uapi::put_u64(r, 40, uapi::GPUVM_LIMIT);
-        uapi::put_u32(r, 48, pdd.user_id);
+    let mut out = Vec::new();
+    for pdd in p.pdds.iter().take(n) {
+        let ap = sys::kfd_process_device_apertures {
+            lds_base: uapi::LDS_BASE,
+            lds_limit: uapi::LDS_BASE | 0xffff_ffff,
+            scratch_base: uapi::SCRATCH_BASE,
+            scratch_limit: uapi::SCRATCH_BASE | 0xffff_ffff,
+            gpuvm_base: uapi::GPUVM_BASE,
+            gpuvm_limit: uapi::GPUVM_LIMIT,
+            gpu_id: pdd.user_id,
+            pad: 0,
+        };
+        uapi::push(&mut out, &ap);
     }
-    user_write(caller.tid, a.u64(0), &out)?;
-    a.set_u32(8, n as u32);
+    user_write(caller.tid, a.kfd_process_device_apertures_ptr, &out)?;
+    a.num_of_nodes = n as u32;
     Ok(())
 }
 
@@ -69,11 +76,11 @@ pub fn acquire_vm(
     lead: u32,
     caller: &Caller,
     res: &dyn FdResolver,
-    a: &mut Args,
+    a: &mut sys::kfd_ioctl_acquire_vm_args,
 ) -> R<()> {
     let p = proc_mut(st, lead)?;
-    let gpu = p.pdd_by_user_id(a.u32(4)).ok_or(libc::EINVAL)?;
-    let fh = res.open_of(caller.tgid, a.u32(0) as i32)?;
+    let gpu = p.pdd_by_user_id(a.gpu_id).ok_or(libc::EINVAL)?;
+    let fh = res.open_of(caller.tgid, a.drm_fd as i32)?;
     bind_vm(st, lead, gpu, fh)
 }
 
@@ -187,27 +194,36 @@ pub fn create_bo(
 
 /// ALLOC_MEMORY_OF_GPU {va_addr@0, size@8, handle@16, mmap_offset@24,
 /// gpu_id@32, flags@36}.
-pub fn alloc_memory(st: &mut State, lead: u32, caller: &Caller, a: &mut Args) -> R<()> {
-    let gpu = bound_pdd(st, lead, a.u32(32))?;
-    let flags = a.u32(36);
-    let user_addr = a.u64(24);
+pub fn alloc_memory(
+    st: &mut State,
+    lead: u32,
+    caller: &Caller,
+    a: &mut sys::kfd_ioctl_alloc_memory_of_gpu_args,
+) -> R<()> {
+    let gpu = bound_pdd(st, lead, a.gpu_id)?;
+    let flags = a.flags;
+    let user_addr = a.mmap_offset;
     if flags & alloc::TYPE_MASK == alloc::USERPTR {
         // The kernel pins (faults in) user pages at allocation time.
         let mut b = [0u8; 1];
         user_read(caller.tid, user_addr, &mut b)?;
     }
-    let (key, offset) = create_bo(st, lead, gpu, a.u64(0), a.u64(8), flags, user_addr, None)?;
+    let (key, offset) = create_bo(st, lead, gpu, a.va_addr, a.size, flags, user_addr, None)?;
     let p = proc_mut(st, lead)?;
-    a.set_u64(16, p.handle(key));
-    a.set_u64(24, offset);
+    a.handle = p.handle(key);
+    a.mmap_offset = offset;
     Ok(())
 }
 
-pub fn free_memory(st: &mut State, lead: u32, a: &mut Args) -> R<()> {
+pub fn free_memory(
+    st: &mut State,
+    lead: u32,
+    a: &mut sys::kfd_ioctl_free_memory_of_gpu_args,
+) -> R<()> {
     let p = proc_mut(st, lead)?;
-    let key = p.key_of_handle(a.u64(0))?;
+    let key = p.key_of_handle(a.handle)?;
     if let Some(sp) = &p.signal_page {
-        if sp.handle == Some(a.u64(0)) {
+        if sp.handle == Some(a.handle) {
             // KFD keeps the signal page BO until the process goes.
             return Err(libc::EBUSY);
         }
@@ -219,18 +235,24 @@ pub fn free_memory(st: &mut State, lead: u32, a: &mut Args) -> R<()> {
 
 /// MAP/UNMAP_MEMORY_TO_GPU {handle@0, device_ids_array_ptr@8,
 /// n_devices@16, n_success@20}.
-pub fn map_memory(st: &mut State, lead: u32, caller: &Caller, a: &mut Args, map: bool) -> R<()> {
-    let n = a.u32(16);
-    let start = a.u32(20);
+pub fn map_memory(
+    st: &mut State,
+    lead: u32,
+    caller: &Caller,
+    a: &mut sys::kfd_ioctl_map_memory_to_gpu_args,
+    map: bool,
+) -> R<()> {
+    let n = a.n_devices;
+    let start = a.n_success;
     if n == 0 || start > n || n > 1024 {
         return Err(libc::EINVAL);
     }
     let mut raw = vec![0u8; n as usize * 4];
-    user_read(caller.tid, a.u64(8), &mut raw)?;
+    user_read(caller.tid, a.device_ids_array_ptr, &mut raw)?;
     let p = proc_mut(st, lead)?;
-    let key = p.key_of_handle(a.u64(0))?;
+    let key = p.key_of_handle(a.handle)?;
     for i in start..n {
-        let id = uapi::get_u32(&raw, i as usize * 4);
+        let id: u32 = uapi::nth(&raw, i as usize);
         let gpu = p.pdd_by_user_id(id).ok_or(libc::EINVAL)?;
         if p.pdds[gpu].vm.is_none() {
             return Err(libc::EINVAL);
@@ -244,24 +266,28 @@ pub fn map_memory(st: &mut State, lead: u32, caller: &Caller, a: &mut Args, map:
         if !changed && !map {
             return Err(libc::EINVAL);
         }
-        a.set_u32(20, i + 1);
+        a.n_success = i + 1;
     }
     Ok(())
 }
 
-pub fn available_memory(st: &mut State, lead: u32, a: &mut Args) -> R<()> {
+pub fn available_memory(
+    st: &mut State,
+    lead: u32,
+    a: &mut sys::kfd_ioctl_get_available_memory_args,
+) -> R<()> {
     let p = proc_mut(st, lead)?;
-    let gpu = p.pdd_by_user_id(a.u32(8)).ok_or(libc::EINVAL)?;
+    let gpu = p.pdd_by_user_id(a.gpu_id).ok_or(libc::EINVAL)?;
     let g = &st.devs.gpus[gpu];
-    a.set_u64(0, g.vram_size - st.gpu_alloc[gpu].vram_used);
+    a.available = g.vram_size - st.gpu_alloc[gpu].vram_used;
     Ok(())
 }
 
-pub fn set_xnack(st: &mut State, lead: u32, a: &mut Args) -> R<()> {
+pub fn set_xnack(st: &mut State, lead: u32, a: &mut sys::kfd_ioctl_set_xnack_mode_args) -> R<()> {
     let p = proc_mut(st, lead)?;
-    let v = a.u32(0) as i32;
+    let v = a.xnack_enabled;
     if v < 0 {
-        a.set_u32(0, p.xnack as u32);
+        a.xnack_enabled = p.xnack as i32;
         return Ok(());
     }
     if !p.queues.is_empty() {
@@ -294,20 +320,20 @@ pub fn add_queue(st: &mut State, lead: u32, id: u32, q: Queue) -> R<()> {
 }
 
 /// CREATE_QUEUE (88 bytes, 1.11 layout).
-pub fn create_queue(st: &mut State, lead: u32, a: &mut Args) -> R<()> {
-    let gpu = bound_pdd(st, lead, a.u32(36))?;
-    let qtype = a.u32(40);
-    let ring_size = a.u32(32);
+pub fn create_queue(st: &mut State, lead: u32, a: &mut sys::kfd_ioctl_create_queue_args) -> R<()> {
+    let gpu = bound_pdd(st, lead, a.gpu_id)?;
+    let qtype = a.queue_type;
+    let ring_size = a.ring_size;
     if !matches!(
         qtype,
         queue_type::COMPUTE | queue_type::SDMA | queue_type::COMPUTE_AQL | queue_type::SDMA_XGMI
     ) {
         return Err(libc::EINVAL);
     }
-    if a.u32(44) > 100 || a.u32(48) > 15 {
+    if a.queue_percentage > 100 || a.queue_priority > 15 {
         return Err(libc::EINVAL);
     }
-    if ring_size != 0 && !ring_size.is_power_of_two() || !a.u64(0).is_multiple_of(4) {
+    if ring_size != 0 && !ring_size.is_power_of_two() || !a.ring_base_address.is_multiple_of(4) {
         return Err(libc::EINVAL);
     }
     let p = proc_mut(st, lead)?;
@@ -318,17 +344,17 @@ pub fn create_queue(st: &mut State, lead: u32, a: &mut Args) -> R<()> {
     let q = Queue {
         gpu,
         qtype,
-        ring_base: a.u64(0),
+        ring_base: a.ring_base_address,
         ring_size,
-        wptr_addr: a.u64(8),
-        rptr_addr: a.u64(16),
-        percent: a.u32(44),
-        priority: a.u32(48),
-        eop_addr: a.u64(56),
-        eop_size: a.u64(64),
-        ctx_addr: a.u64(72),
-        ctx_size: a.u32(80),
-        ctl_stack_size: a.u32(84),
+        wptr_addr: a.write_pointer_address,
+        rptr_addr: a.read_pointer_address,
+        percent: a.queue_percentage,
+        priority: a.queue_priority,
+        eop_addr: a.eop_buffer_address,
+        eop_size: a.eop_buffer_size,
+        ctx_addr: a.ctx_save_restore_address,
+        ctx_size: a.ctx_save_restore_size,
+        ctl_stack_size: a.ctl_stack_size,
         doorbell_index: id,
         sdma_id: if sdma { st.queues_on(gpu, true) } else { 0 },
         rptr: 0,
@@ -342,32 +368,36 @@ pub fn create_queue(st: &mut State, lead: u32, a: &mut Args) -> R<()> {
         .as_ref()
         .unwrap()
         .write_u64(id as u64 * 8, 0);
-    a.set_u32(52, id);
-    a.set_u64(24, p.doorbell_offset(gpu, id));
+    a.queue_id = id;
+    a.doorbell_offset = p.doorbell_offset(gpu, id);
     Ok(())
 }
 
-pub fn destroy_queue(st: &mut State, lead: u32, a: &mut Args) -> R<()> {
+pub fn destroy_queue(
+    st: &mut State,
+    lead: u32,
+    a: &mut sys::kfd_ioctl_destroy_queue_args,
+) -> R<()> {
     let p = proc_mut(st, lead)?;
-    p.queues.remove(&a.u32(0)).map(|_| ()).ok_or(libc::EINVAL)
+    p.queues.remove(&a.queue_id).map(|_| ()).ok_or(libc::EINVAL)
 }
 
 /// UPDATE_QUEUE {ring_base_address@0, queue_id@8, ring_size@12,
 /// queue_percentage@16, queue_priority@20}.
-pub fn update_queue(st: &mut State, lead: u32, a: &mut Args) -> R<()> {
+pub fn update_queue(st: &mut State, lead: u32, a: &mut sys::kfd_ioctl_update_queue_args) -> R<()> {
     let p = proc_mut(st, lead)?;
-    if a.u32(16) > 100 || a.u32(20) > 15 {
+    if a.queue_percentage > 100 || a.queue_priority > 15 {
         return Err(libc::EINVAL);
     }
-    let rs = a.u32(12);
-    if rs != 0 && !rs.is_power_of_two() || !a.u64(0).is_multiple_of(4) {
+    let rs = a.ring_size;
+    if rs != 0 && !rs.is_power_of_two() || !a.ring_base_address.is_multiple_of(4) {
         return Err(libc::EINVAL);
     }
-    let q = p.queues.get_mut(&a.u32(8)).ok_or(libc::EINVAL)?;
-    q.ring_base = a.u64(0);
+    let q = p.queues.get_mut(&a.queue_id).ok_or(libc::EINVAL)?;
+    q.ring_base = a.ring_base_address;
     q.ring_size = rs;
-    q.percent = a.u32(16);
-    q.priority = a.u32(20);
+    q.percent = a.queue_percentage;
+    q.priority = a.queue_priority;
     Ok(())
 }
 
@@ -413,14 +443,14 @@ pub fn signal_slots(p: &super::state::Proc) -> u32 {
 
 /// CREATE_EVENT {event_page_offset@0, event_trigger_data@8, event_type@12,
 /// auto_reset@16, node_id@20, event_id@24, event_slot_index@28}.
-pub fn create_event(st: &mut State, lead: u32, a: &mut Args) -> R<()> {
-    let etype = a.u32(12);
-    if etype > 8 {
+pub fn create_event(st: &mut State, lead: u32, a: &mut sys::kfd_ioctl_create_event_args) -> R<()> {
+    let etype = a.event_type;
+    if etype > event_type::LAST {
         return Err(libc::EINVAL);
     }
     let signal = etype == event_type::SIGNAL || etype == event_type::DEBUG;
     if signal {
-        let h = a.u64(0);
+        let h = a.event_page_offset;
         let has = proc_mut(st, lead)?.signal_page.is_some();
         if !has {
             attach_signal_page(st, lead, h)?;
@@ -441,24 +471,23 @@ pub fn create_event(st: &mut State, lead: u32, a: &mut Args) -> R<()> {
         id,
         Event {
             etype,
-            auto_reset: a.u32(16) != 0,
+            auto_reset: a.auto_reset != 0,
             signaled: false,
-            node_id: a.u32(20),
-            trigger_data: a.u32(8),
+            node_id: a.node_id,
+            trigger_data: a.event_trigger_data,
             data: [0; 32],
         },
     );
-    a.set_u32(24, id);
+    a.event_id = id;
     if signal {
-        a.set_u32(28, id);
-        a.set_u64(0, kfd_off::encode(kfd_off::EVENTS, p.slot, 0, 0));
+        a.event_slot_index = id;
+        a.event_page_offset = kfd_off::encode(kfd_off::EVENTS, p.slot, 0, 0);
     }
     Ok(())
 }
 
-pub fn destroy_event(st: &mut State, lead: u32, a: &mut Args, done: &mut Done) -> R<()> {
+pub fn destroy_event(st: &mut State, lead: u32, id: u32, done: &mut Done) -> R<()> {
     let p = proc_mut(st, lead)?;
-    let id = a.u32(0);
     p.events.remove(&id).ok_or(libc::EINVAL)?;
     // Waiters on a destroyed event are woken with failure by KFD; we
     // answer them EINVAL-free with a completed wait only if others fire.
@@ -474,9 +503,8 @@ pub fn destroy_event(st: &mut State, lead: u32, a: &mut Args, done: &mut Done) -
     Ok(())
 }
 
-pub fn set_event(st: &mut State, lead: u32, a: &mut Args, done: &mut Done) -> R<()> {
+pub fn set_event(st: &mut State, lead: u32, id: u32, done: &mut Done) -> R<()> {
     let p = proc_mut(st, lead)?;
-    let id = a.u32(0);
     match p.events.get(&id) {
         Some(e) if e.etype == event_type::SIGNAL => {}
         _ => return Err(libc::EINVAL),
@@ -485,36 +513,38 @@ pub fn set_event(st: &mut State, lead: u32, a: &mut Args, done: &mut Done) -> R<
     Ok(())
 }
 
-pub fn reset_event(st: &mut State, lead: u32, a: &mut Args) -> R<()> {
+pub fn reset_event(st: &mut State, lead: u32, id: u32) -> R<()> {
     let p = proc_mut(st, lead)?;
-    let ev = p.events.get_mut(&a.u32(0)).ok_or(libc::EINVAL)?;
+    let ev = p.events.get_mut(&id).ok_or(libc::EINVAL)?;
     ev.signaled = false;
     Ok(())
 }
 
 /// WAIT_EVENTS {events_ptr@0, num_events@8, wait_for_all@12, timeout@16,
-/// wait_result@20}; `kfd_event_data` is 48 bytes with event_id@40.
+/// wait_result@20} over an array of `kfd_event_data`.
 /// Answers now, or parks `reply` and returns None.
 pub fn wait_events(
     st: &mut State,
     lead: u32,
     caller: &Caller,
-    a: Args,
+    a: sys::kfd_ioctl_wait_events_args,
     out_size: usize,
     reply: Box<dyn Replier>,
 ) -> Option<Answer> {
-    let n = a.u32(8) as usize;
+    let n = a.num_events as usize;
     if n == 0 || n > uapi::SIGNAL_EVENT_LIMIT as usize * 2 {
         return Some((reply, Err(libc::EINVAL)));
     }
-    let mut raw = vec![0u8; n * 48];
-    if let Err(e) = user_read(caller.tid, a.u64(0), &mut raw) {
+    let mut raw = vec![0u8; n * size_of::<sys::kfd_event_data>()];
+    if let Err(e) = user_read(caller.tid, a.events_ptr, &mut raw) {
         return Some((reply, Err(e)));
     }
     let Ok(p) = proc_mut(st, lead) else {
         return Some((reply, Err(libc::ESRCH)));
     };
-    let ids: Vec<u32> = (0..n).map(|i| uapi::get_u32(&raw, i * 48 + 40)).collect();
+    let ids: Vec<u32> = (0..n)
+        .map(|i| uapi::nth::<sys::kfd_event_data>(&raw, i).event_id)
+        .collect();
     if ids.iter().any(|id| !p.events.contains_key(id)) {
         return Some((reply, Err(libc::EINVAL)));
     }
@@ -525,13 +555,13 @@ pub fn wait_events(
         ev.signaled = ev.signaled && !ev.auto_reset;
         events.push((id, active));
     }
-    let timeout = a.u32(16);
+    let timeout = a.timeout;
     let deadline = (timeout != uapi::TIMEOUT_INFINITE)
         .then(|| Instant::now() + Duration::from_millis(timeout as u64));
     let w = Waiter {
         tid: caller.tid,
         events,
-        all: a.u32(12) != 0,
+        all: a.wait_for_all != 0,
         deadline,
         reply,
         args: a,
@@ -558,10 +588,14 @@ pub fn wait_events(
 /// SET_MEMORY_POLICY {alternate_aperture_base@0, size@8, gpu_id@16,
 /// default_policy@20, alternate_policy@24}: cache policies have no effect
 /// on the emulated GPU, but the arguments are checked like KFD does.
-pub fn set_memory_policy(st: &mut State, lead: u32, a: &mut Args) -> R<()> {
+pub fn set_memory_policy(
+    st: &mut State,
+    lead: u32,
+    a: &mut sys::kfd_ioctl_set_memory_policy_args,
+) -> R<()> {
     let p = proc_mut(st, lead)?;
-    p.pdd_by_user_id(a.u32(16)).ok_or(libc::EINVAL)?;
-    if a.u32(20) > 1 || a.u32(24) > 1 {
+    p.pdd_by_user_id(a.gpu_id).ok_or(libc::EINVAL)?;
+    if a.default_policy > 1 || a.alternate_policy > 1 {
         return Err(libc::EINVAL);
     }
     Ok(())
@@ -569,9 +603,13 @@ pub fn set_memory_policy(st: &mut State, lead: u32, a: &mut Args) -> R<()> {
 
 /// GET_CLOCK_COUNTERS {gpu@0, cpu@8, system@16, system_freq@24,
 /// gpu_id@32}: the emulated GPU clock is CLOCK_MONOTONIC_RAW in ns.
-pub fn clock_counters(st: &mut State, lead: u32, a: &mut Args) -> R<()> {
+pub fn clock_counters(
+    st: &mut State,
+    lead: u32,
+    a: &mut sys::kfd_ioctl_get_clock_counters_args,
+) -> R<()> {
     let p = proc_mut(st, lead)?;
-    p.pdd_by_user_id(a.u32(32)).ok_or(libc::EINVAL)?;
+    p.pdd_by_user_id(a.gpu_id).ok_or(libc::EINVAL)?;
     let now = |clk| {
         let mut ts = libc::timespec {
             tv_sec: 0,
@@ -582,9 +620,9 @@ pub fn clock_counters(st: &mut State, lead: u32, a: &mut Args) -> R<()> {
         ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
     };
     let raw = now(libc::CLOCK_MONOTONIC_RAW);
-    a.set_u64(0, raw);
-    a.set_u64(8, raw);
-    a.set_u64(16, now(libc::CLOCK_BOOTTIME));
-    a.set_u64(24, 1_000_000_000);
+    a.gpu_clock_counter = raw;
+    a.cpu_clock_counter = raw;
+    a.system_clock_counter = now(libc::CLOCK_BOOTTIME);
+    a.system_clock_freq = 1_000_000_000;
     Ok(())
 }

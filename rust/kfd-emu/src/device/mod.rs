@@ -27,7 +27,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use state::{Devices, Done, Gpu, Open, State};
-use uapi::{kfd as nr, Args};
+use uapi::{kfd as nr, sys, AsBytes};
 
 /// A device node the emulator serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -108,6 +108,18 @@ fn send(done: Done) {
     for (r, v) in done {
         r.reply(v);
     }
+}
+
+/// Decodes the argument as `T` (zero-extended or truncated like KFD),
+/// runs `f` on it and encodes the answer in `out_size` bytes.
+fn with<T: AsBytes>(
+    input: &[u8],
+    out_size: usize,
+    f: impl FnOnce(&mut T) -> state::R<()>,
+) -> state::R<Vec<u8>> {
+    let mut a = uapi::decode::<T>(input);
+    f(&mut a)?;
+    Ok(uapi::encode(&a, out_size))
 }
 
 fn status_field(pid: u32, key: &str) -> Option<String> {
@@ -275,33 +287,35 @@ impl Emulator {
         out_size: u32,
     ) -> Result<Vec<u8>, i32> {
         let gpus = &self.shared.devs.gpus;
-        let mut a;
         match cmd & 0xff {
-            uapi::drm::VERSION => {
-                a = Args::new(input, render::DRM_VERSION_SIZE);
-                render::version(caller, &mut a)?;
-            }
+            uapi::drm::VERSION => render::version(caller, input, out_size as usize),
             uapi::drm::AMDGPU_INFO => {
-                a = Args::new(input, render::AMDGPU_INFO_SIZE);
-                render::info(&gpus[gpu], caller, &a)?;
+                render::info(&gpus[gpu], caller, &uapi::decode(input))?;
+                Ok(vec![0; out_size as usize])
             }
-            0x40..=0x5f => return Err(libc::EOPNOTSUPP),
-            _ => return Err(libc::EINVAL),
+            0x40..=0x5f => Err(libc::EOPNOTSUPP),
+            _ => Err(libc::EINVAL),
         }
-        a.0.truncate(out_size as usize);
-        Ok(a.0)
     }
 
-    fn pre_resolve(&self, caller: &Caller, n: u32, a: &Args) -> Resolved {
+    /// Resolves the fd arguments of `n` (ACQUIRE_VM's drm_fd, RESTORE's
+    /// device buckets) before the state lock is taken.
+    fn pre_resolve(&self, caller: &Caller, n: u32, input: &[u8]) -> Resolved {
         let mut fds = Vec::new();
         match n {
-            nr::ACQUIRE_VM => fds.push(a.u32(0) as i32),
-            nr::CRIU_OP if a.u32(48) == uapi::criu_op::RESTORE => {
-                let cnt = a.u32(32).min(64) as usize;
-                let mut b = vec![0u8; cnt * uapi::priv_blob::DEVICE_BUCKET];
-                if mem::user_read(caller.tid, a.u64(0), &mut b).is_ok() {
-                    for i in 0..cnt {
-                        fds.push(uapi::get_u32(&b, i * 16 + 8) as i32);
+            nr::ACQUIRE_VM => {
+                fds.push(uapi::decode::<sys::kfd_ioctl_acquire_vm_args>(input).drm_fd as i32)
+            }
+            nr::CRIU_OP => {
+                let a = uapi::decode::<sys::kfd_ioctl_criu_args>(input);
+                if a.op == uapi::criu_op::RESTORE {
+                    let cnt = a.num_devices.min(64) as usize;
+                    let mut b = vec![0u8; cnt * uapi::priv_blob::DEVICE_BUCKET];
+                    if mem::user_read(caller.tid, a.devices, &mut b).is_ok() {
+                        for i in 0..cnt {
+                            let d: sys::kfd_criu_device_bucket = uapi::nth(&b, i);
+                            fds.push(d.drm_fd as i32);
+                        }
                     }
                 }
             }
@@ -324,22 +338,22 @@ impl Emulator {
         reply: Box<dyn Replier>,
     ) -> Option<state::Answer> {
         let n = cmd & 0xff;
-        let Some(size) = nr::arg_size(n).filter(|_| n < nr::COMMAND_END) else {
+        if nr::arg_size(n).filter(|_| n < nr::COMMAND_END).is_none() {
             return Some((reply, Err(libc::EINVAL)));
-        };
+        }
         if caller.tgid != lead && !(n == nr::CRIU_OP && tracer_of(lead) == Some(caller.tid)) {
             return Some((reply, Err(libc::EBADF)));
         }
         if n == nr::CRIU_OP && !may_checkpoint(caller.tid) {
             return Some((reply, Err(libc::EACCES)));
         }
-        let mut a = Args::new(input, size);
-        let resolved = self.pre_resolve(caller, n, &a);
+        let resolved = self.pre_resolve(caller, n, input);
         let mut done = Done::new();
         let r = {
             let mut st = self.lock();
             if n == nr::WAIT_EVENTS {
-                let r = kfd::wait_events(&mut st, lead, caller, a, out_size, reply);
+                let r =
+                    kfd::wait_events(&mut st, lead, caller, uapi::decode(input), out_size, reply);
                 if r.is_none() {
                     self.shared.wake.notify_all();
                 }
@@ -350,33 +364,49 @@ impl Emulator {
                 p.waiters.retain(|w| w.tid != caller.tid);
             }
             let st = &mut *st;
+            let (i, o) = (input, out_size);
             match n {
-                nr::GET_VERSION => kfd::get_version(&mut a),
-                nr::GET_PROCESS_APERTURES_NEW => kfd::apertures_new(st, lead, caller, &mut a),
-                nr::ACQUIRE_VM => kfd::acquire_vm(st, lead, caller, &resolved, &mut a),
-                nr::ALLOC_MEMORY_OF_GPU => kfd::alloc_memory(st, lead, caller, &mut a),
-                nr::FREE_MEMORY_OF_GPU => kfd::free_memory(st, lead, &mut a),
-                nr::MAP_MEMORY_TO_GPU => kfd::map_memory(st, lead, caller, &mut a, true),
-                nr::UNMAP_MEMORY_FROM_GPU => kfd::map_memory(st, lead, caller, &mut a, false),
-                nr::CREATE_QUEUE => kfd::create_queue(st, lead, &mut a),
-                nr::DESTROY_QUEUE => kfd::destroy_queue(st, lead, &mut a),
-                nr::UPDATE_QUEUE => kfd::update_queue(st, lead, &mut a),
-                nr::CREATE_EVENT => kfd::create_event(st, lead, &mut a),
-                nr::DESTROY_EVENT => kfd::destroy_event(st, lead, &mut a, &mut done),
-                nr::SET_EVENT => kfd::set_event(st, lead, &mut a, &mut done),
-                nr::RESET_EVENT => kfd::reset_event(st, lead, &mut a),
-                nr::AVAILABLE_MEMORY => kfd::available_memory(st, lead, &mut a),
-                nr::SET_XNACK_MODE => kfd::set_xnack(st, lead, &mut a),
-                nr::SET_MEMORY_POLICY => kfd::set_memory_policy(st, lead, &mut a),
-                nr::GET_CLOCK_COUNTERS => kfd::clock_counters(st, lead, &mut a),
-                nr::CRIU_OP => match a.u32(48) {
-                    uapi::criu_op::PROCESS_INFO => criu::process_info(st, lead, &mut a),
-                    uapi::criu_op::CHECKPOINT => criu::checkpoint(st, lead, caller, &mut a),
-                    uapi::criu_op::UNPAUSE => criu::unpause(st, lead),
-                    uapi::criu_op::RESTORE => criu::restore(st, lead, caller, &resolved, &mut a),
-                    uapi::criu_op::RESUME => criu::resume(st, &a, &mut done),
-                    _ => Err(libc::EINVAL),
-                },
+                nr::GET_VERSION => with(i, o, kfd::get_version),
+                nr::GET_PROCESS_APERTURES_NEW => {
+                    with(i, o, |a| kfd::apertures_new(st, lead, caller, a))
+                }
+                nr::ACQUIRE_VM => with(i, o, |a| kfd::acquire_vm(st, lead, caller, &resolved, a)),
+                nr::ALLOC_MEMORY_OF_GPU => with(i, o, |a| kfd::alloc_memory(st, lead, caller, a)),
+                nr::FREE_MEMORY_OF_GPU => with(i, o, |a| kfd::free_memory(st, lead, a)),
+                nr::MAP_MEMORY_TO_GPU => with(i, o, |a| kfd::map_memory(st, lead, caller, a, true)),
+                // UNMAP's struct is MAP's (kfd-abi asserts both layouts).
+                nr::UNMAP_MEMORY_FROM_GPU => {
+                    with(i, o, |a| kfd::map_memory(st, lead, caller, a, false))
+                }
+                nr::CREATE_QUEUE => with(i, o, |a| kfd::create_queue(st, lead, a)),
+                nr::DESTROY_QUEUE => with(i, o, |a| kfd::destroy_queue(st, lead, a)),
+                nr::UPDATE_QUEUE => with(i, o, |a| kfd::update_queue(st, lead, a)),
+                nr::CREATE_EVENT => with(i, o, |a| kfd::create_event(st, lead, a)),
+                nr::DESTROY_EVENT => with(i, o, |a: &mut sys::kfd_ioctl_destroy_event_args| {
+                    kfd::destroy_event(st, lead, a.event_id, &mut done)
+                }),
+                nr::SET_EVENT => with(i, o, |a: &mut sys::kfd_ioctl_set_event_args| {
+                    kfd::set_event(st, lead, a.event_id, &mut done)
+                }),
+                nr::RESET_EVENT => with(i, o, |a: &mut sys::kfd_ioctl_reset_event_args| {
+                    kfd::reset_event(st, lead, a.event_id)
+                }),
+                nr::AVAILABLE_MEMORY => with(i, o, |a| kfd::available_memory(st, lead, a)),
+                nr::SET_XNACK_MODE => with(i, o, |a| kfd::set_xnack(st, lead, a)),
+                nr::SET_MEMORY_POLICY => with(i, o, |a| kfd::set_memory_policy(st, lead, a)),
+                nr::GET_CLOCK_COUNTERS => with(i, o, |a| kfd::clock_counters(st, lead, a)),
+                nr::CRIU_OP => {
+                    let mut a = uapi::decode::<sys::kfd_ioctl_criu_args>(i);
+                    let r = match a.op {
+                        uapi::criu_op::PROCESS_INFO => criu::process_info(st, lead, &mut a),
+                        uapi::criu_op::CHECKPOINT => criu::checkpoint(st, lead, caller, &a),
+                        uapi::criu_op::UNPAUSE => criu::unpause(st, lead),
+                        uapi::criu_op::RESTORE => criu::restore(st, lead, caller, &resolved, &a),
+                        uapi::criu_op::RESUME => criu::resume(st, a.pid, &mut done),
+                        _ => Err(libc::EINVAL),
+                    };
+                    r.map(|()| criu::answer(&a, i, o))
+                }
                 // Known to KFD 1.11 but not emulated (old apertures, SVM,
                 // dmabuf import, debugger, ...).
                 _ => Err(libc::EOPNOTSUPP),
@@ -386,14 +416,7 @@ impl Emulator {
             self.shared.wake.notify_all();
         }
         send(done);
-        Some((
-            reply,
-            r.map(|()| {
-                let mut v = a.0;
-                v.truncate(out_size);
-                v
-            }),
-        ))
+        Some((reply, r))
     }
 
     pub fn shutdown(&self) {

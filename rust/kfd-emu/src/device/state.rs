@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::mem::{Mapping, Memfd};
-use super::uapi::{self, alloc, kfd_off, queue_type, Args};
+use super::uapi::{self, alloc, kfd_off, queue_type, sys};
 use super::Replier;
 
 /// A GPU as the emulator serves it (immutable after start).
@@ -133,7 +133,7 @@ pub struct Waiter {
     pub all: bool,
     pub deadline: Option<Instant>,
     pub reply: Box<dyn Replier>,
-    pub args: Args,
+    pub args: sys::kfd_ioctl_wait_events_args,
     pub out_size: usize,
 }
 
@@ -146,10 +146,8 @@ impl Waiter {
         }
     }
     pub fn finish(mut self, result: u32) -> Answer {
-        self.args.set_u32(20, result);
-        let mut out = self.args.0;
-        out.truncate(self.out_size);
-        (self.reply, Ok(out))
+        self.args.wait_result = result;
+        (self.reply, Ok(uapi::encode(&self.args, self.out_size)))
     }
 }
 

@@ -1,62 +1,77 @@
-//! Guest-visible ABI facts: ioctl numbers, struct sizes and field offsets
-//! (linux/kfd_ioctl.h 1.11 layouts, little endian), the emulator's mmap
-//! offset encoding and the SDMA v4 packet encodings.
-//!
-//! Field access goes through [`Args`], a byte buffer zero-extended to the
-//! kernel's struct size, so callers with shorter or longer structs are
-//! treated like KFD treats them (copy the minimum, zero-fill the rest).
+//! The guest-visible ABI as the device model uses it.  Struct layouts,
+//! request numbers and uapi constants all come from `kfd-abi` (bindgen
+//! over linux/kfd_ioctl.h and amdgpu_drm.h, plus its priv-blob layouts);
+//! this module only adds the byte-level decoding of argument buffers and
+//! what is the emulator's own: its mmap offset encoding, apertures and
+//! the SDMA v4 opcodes.
 
-/// KFD uapi version reported by GET_VERSION (the bookworm header's).
-pub const KFD_MAJOR: u32 = 1;
-pub const KFD_MINOR: u32 = 11;
+use kfd_abi::ioctl;
+pub use kfd_abi::layout;
+pub use kfd_abi::sys;
+
+/// KFD uapi version reported by GET_VERSION: the header's.
+pub const KFD_MAJOR: u32 = sys::KFD_IOCTL_MAJOR_VERSION;
+pub const KFD_MINOR: u32 = sys::KFD_IOCTL_MINOR_VERSION;
 
 /// KFD ioctl numbers (`_IOC_NR`) and the kernel's struct size for each.
 pub mod kfd {
-    pub const GET_VERSION: u32 = 0x01;
-    pub const CREATE_QUEUE: u32 = 0x02;
-    pub const DESTROY_QUEUE: u32 = 0x03;
+    use super::ioctl::{self, *};
+
+    const fn n(cmd: u32) -> u32 {
+        ioctl::nr(cmd) as u32
+    }
+
+    pub const GET_VERSION: u32 = n(AMDKFD_IOC_GET_VERSION);
+    pub const CREATE_QUEUE: u32 = n(AMDKFD_IOC_CREATE_QUEUE);
+    pub const DESTROY_QUEUE: u32 = n(AMDKFD_IOC_DESTROY_QUEUE);
     pub const SET_MEMORY_POLICY: u32 = 0x04;
     pub const GET_CLOCK_COUNTERS: u32 = 0x05;
-    pub const GET_PROCESS_APERTURES: u32 = 0x06;
-    pub const UPDATE_QUEUE: u32 = 0x07;
-    pub const CREATE_EVENT: u32 = 0x08;
-    pub const DESTROY_EVENT: u32 = 0x09;
-    pub const SET_EVENT: u32 = 0x0a;
-    pub const RESET_EVENT: u32 = 0x0b;
-    pub const WAIT_EVENTS: u32 = 0x0c;
-    pub const GET_PROCESS_APERTURES_NEW: u32 = 0x14;
-    pub const ACQUIRE_VM: u32 = 0x15;
-    pub const ALLOC_MEMORY_OF_GPU: u32 = 0x16;
-    pub const FREE_MEMORY_OF_GPU: u32 = 0x17;
-    pub const MAP_MEMORY_TO_GPU: u32 = 0x18;
-    pub const UNMAP_MEMORY_FROM_GPU: u32 = 0x19;
-    pub const SET_XNACK_MODE: u32 = 0x21;
-    pub const CRIU_OP: u32 = 0x22;
-    pub const AVAILABLE_MEMORY: u32 = 0x23;
+    pub const UPDATE_QUEUE: u32 = n(AMDKFD_IOC_UPDATE_QUEUE);
+    pub const CREATE_EVENT: u32 = n(AMDKFD_IOC_CREATE_EVENT);
+    pub const DESTROY_EVENT: u32 = n(AMDKFD_IOC_DESTROY_EVENT);
+    pub const SET_EVENT: u32 = n(AMDKFD_IOC_SET_EVENT);
+    pub const RESET_EVENT: u32 = n(AMDKFD_IOC_RESET_EVENT);
+    pub const WAIT_EVENTS: u32 = n(AMDKFD_IOC_WAIT_EVENTS);
+    pub const GET_PROCESS_APERTURES_NEW: u32 = n(AMDKFD_IOC_GET_PROCESS_APERTURES_NEW);
+    pub const ACQUIRE_VM: u32 = n(AMDKFD_IOC_ACQUIRE_VM);
+    pub const ALLOC_MEMORY_OF_GPU: u32 = n(AMDKFD_IOC_ALLOC_MEMORY_OF_GPU);
+    pub const FREE_MEMORY_OF_GPU: u32 = n(AMDKFD_IOC_FREE_MEMORY_OF_GPU);
+    pub const MAP_MEMORY_TO_GPU: u32 = n(AMDKFD_IOC_MAP_MEMORY_TO_GPU);
+    pub const UNMAP_MEMORY_FROM_GPU: u32 = n(AMDKFD_IOC_UNMAP_MEMORY_FROM_GPU);
+    pub const SET_XNACK_MODE: u32 = n(AMDKFD_IOC_SET_XNACK_MODE);
+    pub const CRIU_OP: u32 = n(AMDKFD_IOC_CRIU_OP);
+    pub const AVAILABLE_MEMORY: u32 = n(AMDKFD_IOC_AVAILABLE_MEMORY);
     /// First nr past the 1.11 table: the kernel answers EINVAL.
     pub const COMMAND_END: u32 = 0x24;
 
     /// The kernel's argument size for `nr` (None: no such ioctl in 1.11).
     pub fn arg_size(nr: u32) -> Option<usize> {
+        use super::sys;
+        use std::mem::size_of;
         Some(match nr {
-            GET_VERSION => 8,
-            CREATE_QUEUE => 88,
-            DESTROY_QUEUE => 8,
-            SET_MEMORY_POLICY => 32,
-            GET_CLOCK_COUNTERS => 40,
-            GET_PROCESS_APERTURES => 400,
-            UPDATE_QUEUE => 24,
-            CREATE_EVENT => 32,
-            DESTROY_EVENT | SET_EVENT | RESET_EVENT => 8,
-            WAIT_EVENTS => 24,
-            GET_PROCESS_APERTURES_NEW => 16,
-            ACQUIRE_VM => 8,
-            ALLOC_MEMORY_OF_GPU => 40,
-            FREE_MEMORY_OF_GPU => 8,
-            MAP_MEMORY_TO_GPU | UNMAP_MEMORY_FROM_GPU => 24,
-            SET_XNACK_MODE => 4,
-            CRIU_OP => 56,
-            AVAILABLE_MEMORY => 16,
+            GET_VERSION => size_of::<sys::kfd_ioctl_get_version_args>(),
+            CREATE_QUEUE => size_of::<sys::kfd_ioctl_create_queue_args>(),
+            DESTROY_QUEUE => size_of::<sys::kfd_ioctl_destroy_queue_args>(),
+            SET_MEMORY_POLICY => size_of::<sys::kfd_ioctl_set_memory_policy_args>(),
+            GET_CLOCK_COUNTERS => size_of::<sys::kfd_ioctl_get_clock_counters_args>(),
+            0x06 => size_of::<sys::kfd_ioctl_get_process_apertures_args>(),
+            UPDATE_QUEUE => size_of::<sys::kfd_ioctl_update_queue_args>(),
+            CREATE_EVENT => size_of::<sys::kfd_ioctl_create_event_args>(),
+            DESTROY_EVENT => size_of::<sys::kfd_ioctl_destroy_event_args>(),
+            SET_EVENT => size_of::<sys::kfd_ioctl_set_event_args>(),
+            RESET_EVENT => size_of::<sys::kfd_ioctl_reset_event_args>(),
+            WAIT_EVENTS => size_of::<sys::kfd_ioctl_wait_events_args>(),
+            GET_PROCESS_APERTURES_NEW => size_of::<sys::kfd_ioctl_get_process_apertures_new_args>(),
+            ACQUIRE_VM => size_of::<sys::kfd_ioctl_acquire_vm_args>(),
+            ALLOC_MEMORY_OF_GPU => size_of::<sys::kfd_ioctl_alloc_memory_of_gpu_args>(),
+            FREE_MEMORY_OF_GPU => size_of::<sys::kfd_ioctl_free_memory_of_gpu_args>(),
+            MAP_MEMORY_TO_GPU => size_of::<sys::kfd_ioctl_map_memory_to_gpu_args>(),
+            UNMAP_MEMORY_FROM_GPU => size_of::<sys::kfd_ioctl_unmap_memory_from_gpu_args>(),
+            SET_XNACK_MODE => size_of::<sys::kfd_ioctl_set_xnack_mode_args>(),
+            CRIU_OP => size_of::<sys::kfd_ioctl_criu_args>(),
+            AVAILABLE_MEMORY => size_of::<sys::kfd_ioctl_get_available_memory_args>(),
+            // Debugger, scratch, tile config, GWS, SVM, SMI, dmabuf import:
+            // known numbers the emulator does not model.
             0x0d..=0x13 | 0x1a..=0x20 => 0,
             _ => return None,
         })
@@ -65,41 +80,40 @@ pub mod kfd {
 
 /// ALLOC_MEMORY_OF_GPU flags.
 pub mod alloc {
-    pub const VRAM: u32 = 1 << 0;
-    pub const GTT: u32 = 1 << 1;
-    pub const USERPTR: u32 = 1 << 2;
-    pub const DOORBELL: u32 = 1 << 3;
-    pub const MMIO_REMAP: u32 = 1 << 4;
-    pub const TYPE_MASK: u32 = 0x1f;
-    pub const PUBLIC: u32 = 1 << 29;
+    use super::sys;
+    pub const VRAM: u32 = sys::KFD_IOC_ALLOC_MEM_FLAGS_VRAM;
+    pub const GTT: u32 = sys::KFD_IOC_ALLOC_MEM_FLAGS_GTT;
+    pub const USERPTR: u32 = sys::KFD_IOC_ALLOC_MEM_FLAGS_USERPTR;
+    pub const DOORBELL: u32 = sys::KFD_IOC_ALLOC_MEM_FLAGS_DOORBELL;
+    pub const MMIO_REMAP: u32 = sys::KFD_IOC_ALLOC_MEM_FLAGS_MMIO_REMAP;
+    pub const TYPE_MASK: u32 = VRAM | GTT | USERPTR | DOORBELL | MMIO_REMAP;
+    pub const PUBLIC: u32 = sys::KFD_IOC_ALLOC_MEM_FLAGS_PUBLIC;
 }
 
 pub mod queue_type {
-    pub const COMPUTE: u32 = 0;
-    pub const SDMA: u32 = 1;
-    pub const COMPUTE_AQL: u32 = 2;
-    pub const SDMA_XGMI: u32 = 3;
+    use super::sys;
+    pub const COMPUTE: u32 = sys::KFD_IOC_QUEUE_TYPE_COMPUTE;
+    pub const SDMA: u32 = sys::KFD_IOC_QUEUE_TYPE_SDMA;
+    pub const COMPUTE_AQL: u32 = sys::KFD_IOC_QUEUE_TYPE_COMPUTE_AQL;
+    pub const SDMA_XGMI: u32 = sys::KFD_IOC_QUEUE_TYPE_SDMA_XGMI;
 }
 
 pub mod event_type {
-    pub const SIGNAL: u32 = 0;
-    pub const DEBUG: u32 = 5;
+    use super::sys;
+    pub const SIGNAL: u32 = sys::KFD_IOC_EVENT_SIGNAL;
+    pub const DEBUG: u32 = sys::KFD_IOC_EVENT_DEBUG_EVENT;
+    pub const LAST: u32 = sys::KFD_IOC_EVENT_MEMORY;
 }
 
-pub mod criu_op {
-    pub const PROCESS_INFO: u32 = 0;
-    pub const CHECKPOINT: u32 = 1;
-    pub const UNPAUSE: u32 = 2;
-    pub const RESTORE: u32 = 3;
-    pub const RESUME: u32 = 4;
-}
+pub use kfd_abi::layout::criu_op;
 
-pub const KFD_INVALID_FD: u32 = 0xffff_ffff;
-pub const WAIT_COMPLETE: u32 = 0;
-pub const WAIT_TIMEOUT: u32 = 1;
+pub const KFD_INVALID_FD: u32 = layout::KFD_INVALID_FD;
+pub const WAIT_COMPLETE: u32 = sys::KFD_IOC_WAIT_RESULT_COMPLETE;
+pub const WAIT_TIMEOUT: u32 = sys::KFD_IOC_WAIT_RESULT_TIMEOUT;
+pub const WAIT_FAIL: u32 = sys::KFD_IOC_WAIT_RESULT_FAIL;
 pub const TIMEOUT_INFINITE: u32 = 0xffff_ffff;
 /// Signal event slots in a signal page, 8 bytes each.
-pub const SIGNAL_EVENT_LIMIT: u32 = 4096;
+pub const SIGNAL_EVENT_LIMIT: u32 = sys::KFD_SIGNAL_EVENT_LIMIT;
 pub const SIGNAL_PAGE_SIZE: u64 = SIGNAL_EVENT_LIMIT as u64 * 8;
 pub const UNSIGNALED_SLOT: u64 = u64::MAX;
 /// Non-signal event ids start here (KFD_FIRST_NONSIGNAL_EVENT_ID).
@@ -116,22 +130,24 @@ pub const GPUVM_LIMIT: u64 = (1 << 47) - 1;
 pub const LDS_BASE: u64 = 1 << 48;
 pub const SCRATCH_BASE: u64 = 2 << 48;
 
-/// CRIU private blob (B.5): version 1, MAX_GPU_INSTANCE = 64, so a BO
-/// record is the 272-byte form (the C struct is 8-aligned: 12 + 4*64 = 268
-/// rounded up); criu-rocm detects the stride from the size equation.
+/// CRIU private blob (B.5): version 1 with MAX_GPU_INSTANCE = 64, so BO
+/// records are the 272-byte form; criu-rocm detects the stride from the
+/// size equation.
 pub mod priv_blob {
-    pub const VERSION: u32 = 1;
-    pub const PROCESS: usize = 8;
-    pub const DEVICE: usize = 8;
+    use super::layout;
+    use std::mem::size_of;
+    pub type BoPriv = layout::kfd_criu_bo_priv_data64;
+    pub const VERSION: u32 = layout::KFD_CRIU_PRIV_VERSION;
+    pub const PROCESS: usize = size_of::<layout::kfd_criu_process_priv_data>();
+    pub const DEVICE: usize = size_of::<layout::kfd_criu_device_priv_data>();
     pub const MAX_GPU_INSTANCE: usize = 64;
-    pub const BO: usize = (12 + 4 * MAX_GPU_INSTANCE + 7) & !7;
-    pub const QUEUE: usize = 120;
-    pub const EVENT: usize = 64;
-    pub const OBJ_QUEUE: u32 = 0;
-    pub const OBJ_EVENT: u32 = 1;
-    pub const OBJ_SVM: u32 = 2;
-    pub const DEVICE_BUCKET: usize = 16;
-    pub const BO_BUCKET: usize = 48;
+    pub const BO: usize = size_of::<BoPriv>();
+    pub const QUEUE: usize = size_of::<layout::kfd_criu_queue_priv_data>();
+    pub const EVENT: usize = size_of::<layout::kfd_criu_event_priv_data>();
+    pub const OBJ_QUEUE: u32 = layout::object_type::QUEUE;
+    pub const OBJ_EVENT: u32 = layout::object_type::EVENT;
+    pub const DEVICE_BUCKET: usize = size_of::<super::sys::kfd_criu_device_bucket>();
+    pub const BO_BUCKET: usize = size_of::<super::sys::kfd_criu_bo_bucket>();
 }
 
 /// The emulator's /dev/kfd mmap offsets.  Real KFD puts the type in bits
@@ -166,14 +182,14 @@ pub const RENDER_MEMFD_SIZE: u64 = 1 << 46;
 
 /// DRM ioctls on the render node.
 pub mod drm {
-    pub const VERSION: u32 = 0x00;
-    pub const AMDGPU_INFO: u32 = 0x45;
-    pub const AMDGPU_INFO_DEV_INFO: u32 = 0x16;
-    pub const AMDGPU_FAMILY_AI: u32 = 141;
-    pub const AMDGPU_FAMILY_NV: u32 = 143;
+    use super::{ioctl, sys};
+    pub const VERSION: u32 = ioctl::nr(ioctl::DRM_IOCTL_VERSION) as u32;
+    pub const AMDGPU_INFO: u32 = ioctl::nr(ioctl::DRM_IOCTL_AMDGPU_INFO) as u32;
+    pub const AMDGPU_INFO_DEV_INFO: u32 = sys::AMDGPU_INFO_DEV_INFO;
+    pub const AMDGPU_FAMILY_AI: u32 = sys::AMDGPU_FAMILY_AI;
+    pub const AMDGPU_FAMILY_NV: u32 = sys::AMDGPU_FAMILY_NV;
+    /// GFX11 (newer than the installed amdgpu_drm.h).
     pub const AMDGPU_FAMILY_GC_11_0_0: u32 = 145;
-    /// Bytes of `drm_amdgpu_info_device` the emulator fills.
-    pub const DEV_INFO_SIZE: usize = 200;
 }
 
 /// SDMA v4 packet opcodes (dw0 bits 7..0, sub-op 15..8).
@@ -187,42 +203,127 @@ pub mod sdma {
     pub const SUBOP_LINEAR: u32 = 0;
 }
 
-/// An ioctl argument struct as bytes, at least the kernel's size.
-#[derive(Clone, Debug)]
-pub struct Args(pub Vec<u8>);
+/// Types for which every byte pattern is a value: `#[repr(C)]` structs of
+/// integers, arrays of them, unions of them or raw pointers.  Argument
+/// buffers are decoded into these.
+///
+/// # Safety
+///
+/// Implement only for such types (no references, bools, enums, niches).
+pub unsafe trait FromBytes: Copy + 'static {}
 
-impl Args {
-    pub fn new(input: &[u8], size: usize) -> Args {
-        let mut v = input.to_vec();
-        if v.len() < size {
-            v.resize(size, 0);
-        }
-        Args(v)
-    }
-    pub fn u32(&self, off: usize) -> u32 {
-        u32::from_le_bytes(self.0[off..off + 4].try_into().unwrap())
-    }
-    pub fn u64(&self, off: usize) -> u64 {
-        u64::from_le_bytes(self.0[off..off + 8].try_into().unwrap())
-    }
-    pub fn set_u32(&mut self, off: usize, v: u32) {
-        self.0[off..off + 4].copy_from_slice(&v.to_le_bytes());
-    }
-    pub fn set_u64(&mut self, off: usize, v: u64) {
-        self.0[off..off + 8].copy_from_slice(&v.to_le_bytes());
+/// [`FromBytes`] types without implicit padding, so their bytes can be
+/// read back.
+///
+/// # Safety
+///
+/// Implement only for `FromBytes` types whose fields (explicit `pad`
+/// members included) cover every byte.
+pub unsafe trait AsBytes: FromBytes {}
+
+macro_rules! pod {
+    ($($t:ty),* $(,)?) => {
+        // SAFETY: integers, or bindgen/kfd-abi structs whose members are
+        // integers, integer arrays and explicit pads covering every byte
+        // (kfd-abi asserts the sizes and offsets against the kernel's).
+        $(unsafe impl FromBytes for $t {} unsafe impl AsBytes for $t {})*
+    };
+}
+
+pod!(
+    u32,
+    u64,
+    sys::kfd_ioctl_get_version_args,
+    sys::kfd_ioctl_create_queue_args,
+    sys::kfd_ioctl_destroy_queue_args,
+    sys::kfd_ioctl_update_queue_args,
+    sys::kfd_ioctl_set_memory_policy_args,
+    sys::kfd_ioctl_get_clock_counters_args,
+    sys::kfd_process_device_apertures,
+    sys::kfd_ioctl_get_process_apertures_new_args,
+    sys::kfd_ioctl_create_event_args,
+    sys::kfd_ioctl_destroy_event_args,
+    sys::kfd_ioctl_set_event_args,
+    sys::kfd_ioctl_reset_event_args,
+    sys::kfd_ioctl_wait_events_args,
+    sys::kfd_ioctl_acquire_vm_args,
+    sys::kfd_ioctl_alloc_memory_of_gpu_args,
+    sys::kfd_ioctl_free_memory_of_gpu_args,
+    sys::kfd_ioctl_map_memory_to_gpu_args,
+    sys::kfd_ioctl_set_xnack_mode_args,
+    sys::kfd_criu_device_bucket,
+    sys::kfd_criu_bo_bucket,
+    sys::kfd_ioctl_get_available_memory_args,
+    sys::drm_amdgpu_info_device,
+    layout::kfd_criu_process_priv_data,
+    layout::kfd_criu_device_priv_data,
+    layout::kfd_criu_queue_priv_data,
+    layout::kfd_criu_event_priv_data,
+);
+
+macro_rules! from_bytes_only {
+    ($($t:ty),* $(,)?) => {
+        // SAFETY: integer, integer-array, union and raw-pointer members
+        // only; these have implicit padding (tail or between members), so
+        // they are decoded but written back field by field with `put`.
+        $(unsafe impl FromBytes for $t {})*
+    };
+}
+
+from_bytes_only!(
+    sys::kfd_ioctl_criu_args,
+    sys::kfd_event_data,
+    sys::drm_version,
+    sys::drm_amdgpu_info,
+    priv_blob::BoPriv,
+);
+
+/// Decodes `T` from the start of `b` like KFD copies arguments: the
+/// minimum of both sizes, the rest zero.
+pub fn decode<T: FromBytes>(b: &[u8]) -> T {
+    let mut v = std::mem::MaybeUninit::<T>::zeroed();
+    let n = b.len().min(size_of::<T>());
+    // SAFETY: `v` has size_of::<T>() writable bytes, n is at most that and
+    // at most b.len().
+    unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), v.as_mut_ptr().cast::<u8>(), n) };
+    // SAFETY: every byte is initialized (zeroed, then copied) and any byte
+    // pattern is a T (FromBytes).
+    unsafe { v.assume_init() }
+}
+
+/// The bytes of `v`.
+pub fn bytes<T: AsBytes>(v: &T) -> &[u8] {
+    // SAFETY: an AsBytes value is size_of::<T>() initialized bytes (no
+    // implicit padding), borrowed for the slice's lifetime.
+    unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), size_of::<T>()) }
+}
+
+/// Encodes `v` as an ioctl answer of `out_size` bytes: truncated, or
+/// zero-extended like KFD does for callers with larger structs.
+pub fn encode<T: AsBytes>(v: &T, out_size: usize) -> Vec<u8> {
+    let mut o = bytes(v).to_vec();
+    o.resize(out_size, 0);
+    o
+}
+
+/// Writes `v` at byte `off` of `buf` (offsets come from `offset_of!` on
+/// the kfd-abi types); silently clipped to `buf`, like a short struct.
+pub fn put<V: AsBytes>(buf: &mut [u8], off: usize, v: &V) {
+    let b = bytes(v);
+    if off < buf.len() {
+        let n = b.len().min(buf.len() - off);
+        buf[off..off + n].copy_from_slice(&b[..n]);
     }
 }
 
-/// Little-endian field access on a byte slice (priv blob records).
-pub fn get_u32(b: &[u8], off: usize) -> u32 {
-    u32::from_le_bytes(b[off..off + 4].try_into().unwrap())
+/// Decodes the `i`-th `T` of an array in `b` (the caller checked bounds).
+pub fn nth<T: FromBytes>(b: &[u8], i: usize) -> T {
+    decode(&b[i * size_of::<T>()..(i + 1) * size_of::<T>()])
 }
-pub fn get_u64(b: &[u8], off: usize) -> u64 {
-    u64::from_le_bytes(b[off..off + 8].try_into().unwrap())
+
+/// Appends the bytes of `v`.
+pub fn push<T: AsBytes>(out: &mut Vec<u8>, v: &T) {
+    out.extend_from_slice(bytes(v));
 }
-pub fn put_u32(b: &mut [u8], off: usize, v: u32) {
-    b[off..off + 4].copy_from_slice(&v.to_le_bytes());
-}
-pub fn put_u64(b: &mut [u8], off: usize, v: u64) {
-    b[off..off + 8].copy_from_slice(&v.to_le_bytes());
-}
+
+use std::mem::size_of;
