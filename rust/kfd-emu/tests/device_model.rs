@@ -1028,3 +1028,114 @@ fn blob_queue_doorbell(d: &Dev, blob: &[u8]) -> *mut u8 {
     // SAFETY: qid * 8 < 8192.
     unsafe { base.add(qid as usize * 8) }
 }
+
+/// Drops CAP_SYS_ADMIN and CAP_CHECKPOINT_RESTORE from the calling
+/// thread's effective set (capabilities are per thread).
+fn drop_cr_caps() {
+    #[repr(C)]
+    struct Hdr {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    let mut h = Hdr {
+        version: 0x2008_0522,
+        pid: 0,
+    };
+    let mut d = [Data::default(); 2];
+    // SAFETY: capget fills the two v3 data structs.
+    assert_eq!(
+        unsafe { libc::syscall(libc::SYS_capget, &mut h, d.as_mut_ptr()) },
+        0
+    );
+    d[0].effective &= !(1 << 21);
+    d[1].effective &= !(1 << (40 - 32));
+    // SAFETY: capset reads the header and two data structs.
+    assert_eq!(
+        unsafe { libc::syscall(libc::SYS_capset, &mut h, d.as_ptr()) },
+        0
+    );
+}
+
+#[test]
+fn criu_op_needs_ptrace_and_capabilities() {
+    let d = Dev::new("");
+    // SAFETY: the child only calls async-signal-safe pause() and _exit.
+    let child = unsafe { libc::fork() };
+    if child == 0 {
+        loop {
+            // SAFETY: pause has no preconditions.
+            unsafe { libc::pause() };
+        }
+    }
+    assert!(child > 0);
+    let victim = Caller {
+        tid: child as u32,
+        tgid: child as u32,
+    };
+    let fh = d.emu.open(&NodeKind::Kfd, &victim).unwrap();
+    let info = criu(criu_op::PROCESS_INFO, 0, 0, 0, 0, 0, 0, 0, 0);
+    // Not its tracer: the fd is not ours.
+    assert_eq!(d.call_fh(fh, &me(), nr::CRIU_OP, &info), Err(libc::EBADF));
+    assert_eq!(
+        d.call_fh(fh, &me(), nr::GET_VERSION, &[0; 8]),
+        Err(libc::EBADF)
+    );
+    // SAFETY: seizing a child we own, from this thread.
+    let r = unsafe { libc::ptrace(libc::PTRACE_SEIZE, child, 0, 0) };
+    assert_eq!(r, 0, "PTRACE_SEIZE: {}", std::io::Error::last_os_error());
+    let out = d.call_fh(fh, &me(), nr::CRIU_OP, &info).unwrap();
+    assert_eq!(u32_at(&out, 32), 1);
+    assert_eq!(u32_at(&out, 44), child as u32);
+    // Only CRIU_OP is open to the tracer.
+    assert_eq!(
+        d.call_fh(fh, &me(), nr::GET_VERSION, &[0; 8]),
+        Err(libc::EBADF)
+    );
+    // Another thread of the tracer process is not the tracer.
+    let other = waiter();
+    assert_eq!(d.call_fh(fh, &other, nr::CRIU_OP, &info), Err(libc::EBADF));
+    // The victim itself, without the capabilities: EACCES.
+    let own = d.emu.open(&NodeKind::Kfd, &me()).unwrap();
+    let emu = &d.emu;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            drop_cr_caps();
+            let (tx, rx) = channel();
+            let c = me();
+            emu.ioctl(
+                own,
+                &c,
+                iowr(nr::CRIU_OP, 56),
+                0,
+                &info,
+                56,
+                Box::new(Tx(Mutex::new(tx))),
+            );
+            assert_eq!(rx.recv().unwrap(), Err(libc::EACCES));
+            let (tx, rx) = channel();
+            emu.ioctl(
+                own,
+                &c,
+                iowr(nr::GET_VERSION, 8),
+                0,
+                &[0; 8],
+                8,
+                Box::new(Tx(Mutex::new(tx))),
+            );
+            assert!(rx.recv().unwrap().is_ok());
+        });
+    });
+    // SAFETY: killing and reaping our own child.
+    unsafe {
+        libc::kill(child, libc::SIGKILL);
+    }
+    // SAFETY: as above.
+    unsafe { libc::waitpid(child, std::ptr::null_mut(), 0) };
+}
