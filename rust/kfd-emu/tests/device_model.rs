@@ -1050,17 +1050,13 @@ fn drop_cr_caps() {
     };
     let mut d = [Data::default(); 2];
     // SAFETY: capget fills the two v3 data structs.
-    assert_eq!(
-        unsafe { libc::syscall(libc::SYS_capget, &mut h, d.as_mut_ptr()) },
-        0
-    );
+    let r = unsafe { libc::syscall(libc::SYS_capget, &mut h, d.as_mut_ptr()) };
+    assert_eq!(r, 0);
     d[0].effective &= !(1 << 21);
     d[1].effective &= !(1 << (40 - 32));
     // SAFETY: capset reads the header and two data structs.
-    assert_eq!(
-        unsafe { libc::syscall(libc::SYS_capset, &mut h, d.as_ptr()) },
-        0
-    );
+    let r = unsafe { libc::syscall(libc::SYS_capset, &mut h, d.as_ptr()) };
+    assert_eq!(r, 0);
 }
 
 #[test]
