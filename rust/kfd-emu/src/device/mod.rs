@@ -287,14 +287,18 @@ impl Emulator {
         out_size: u32,
     ) -> Result<Vec<u8>, i32> {
         let gpus = &self.shared.devs.gpus;
+        if (cmd >> 8) & 0xff != u32::from(uapi::drm::IOCTL_TYPE) {
+            return Err(libc::ENOTTY);
+        }
         match cmd & 0xff {
             uapi::drm::VERSION => render::version(caller, input, out_size as usize),
             uapi::drm::AMDGPU_INFO => {
                 render::info(&gpus[gpu], caller, &uapi::decode(input))?;
                 Ok(vec![0; out_size as usize])
             }
-            0x40..=0x5f => Err(libc::EOPNOTSUPP),
-            _ => Err(libc::EINVAL),
+            // GEM, CS, contexts, prime: GPU memory is managed through KFD
+            // only, so clients must not get a half-working DRM path.
+            _ => Err(libc::ENOTTY),
         }
     }
 

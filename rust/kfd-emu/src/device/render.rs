@@ -1,9 +1,7 @@
 //! Render-node ioctls.  Modelled: DRM_IOCTL_VERSION and AMDGPU_INFO with
 //! the DEV_INFO query (what a client needs to pick its copy engine).
-//! Other amdgpu driver ioctls (0x40..0x5f: GEM_CREATE, CS, ...) answer
-//! EOPNOTSUPP: the emulator's GPU memory is managed through KFD only.
-//! Other numbers answer EINVAL like the DRM dispatcher does for numbers it
-//! does not know.
+//! Every other request (core DRM, GEM_CREATE, CS, prime, ...) answers
+//! ENOTTY: the emulator's GPU memory is managed through KFD only.
 
 use std::mem::{offset_of, size_of};
 

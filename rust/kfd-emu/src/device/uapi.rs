@@ -183,6 +183,7 @@ pub const RENDER_MEMFD_SIZE: u64 = 1 << 46;
 /// DRM ioctls on the render node.
 pub mod drm {
     use super::{ioctl, sys};
+    pub const IOCTL_TYPE: u8 = ioctl::DRM_IOCTL_BASE;
     pub const VERSION: u32 = ioctl::nr(ioctl::DRM_IOCTL_VERSION) as u32;
     pub const AMDGPU_INFO: u32 = ioctl::nr(ioctl::DRM_IOCTL_AMDGPU_INFO) as u32;
     pub const AMDGPU_INFO_DEV_INFO: u32 = sys::AMDGPU_INFO_DEV_INFO;

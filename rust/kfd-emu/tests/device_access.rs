@@ -1,0 +1,350 @@
+//! In-process tests of the device model's access rules (capabilities,
+//! the ptracer exception), argument size tolerance and the render node.
+//! Arguments are built from kfd-abi's types, so these tests also pin the
+//! emulator to the same layouts product code uses.
+
+use std::collections::HashMap;
+use std::mem::size_of;
+use std::sync::mpsc::{channel, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kfd_abi::{ioctl, sys};
+use kfd_emu::device::uapi::{self, criu_op, AsBytes};
+use kfd_emu::device::{Caller, Emulator, FdResolver, NodeKind, Replier};
+use kfd_emu::profile::Profile;
+
+struct Tx(Mutex<Sender<Result<Vec<u8>, i32>>>);
+impl Replier for Tx {
+    fn reply(self: Box<Self>, r: Result<Vec<u8>, i32>) {
+        let _ = self.0.lock().unwrap().send(r);
+    }
+}
+
+#[derive(Clone, Default)]
+struct Table(Arc<Mutex<HashMap<i32, u64>>>);
+impl FdResolver for Table {
+    fn open_of(&self, _tgid: u32, fd: i32) -> Result<u64, i32> {
+        self.0.lock().unwrap().get(&fd).copied().ok_or(libc::EBADF)
+    }
+}
+
+fn me() -> Caller {
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::gettid() } as u32;
+    Caller {
+        tid,
+        tgid: std::process::id(),
+    }
+}
+
+fn emulator() -> (Emulator, Profile) {
+    let p = Profile::builtin("mi100").unwrap();
+    let emu = Emulator::with_resolver(&p, Box::new(Table::default())).unwrap();
+    (emu, p)
+}
+
+fn call(
+    emu: &Emulator,
+    fh: u64,
+    c: &Caller,
+    cmd: u32,
+    input: &[u8],
+    out: usize,
+) -> Result<Vec<u8>, i32> {
+    let (tx, rx) = channel();
+    emu.ioctl(
+        fh,
+        c,
+        cmd,
+        0,
+        input,
+        out as u32,
+        Box::new(Tx(Mutex::new(tx))),
+    );
+    rx.recv_timeout(Duration::from_secs(5)).expect("no reply")
+}
+
+/// An IOWR call with the kernel's struct size.
+fn iowr<T: AsBytes>(emu: &Emulator, fh: u64, c: &Caller, cmd: u32, a: &T) -> Result<T, i32> {
+    call(emu, fh, c, cmd, uapi::bytes(a), size_of::<T>()).map(|o| uapi::decode(&o))
+}
+
+fn process_info() -> Vec<u8> {
+    let mut a = vec![0u8; size_of::<sys::kfd_ioctl_criu_args>()];
+    a[std::mem::offset_of!(sys::kfd_ioctl_criu_args, op)..][..4]
+        .copy_from_slice(&criu_op::PROCESS_INFO.to_le_bytes());
+    a
+}
+
+fn cap_eff(tid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{tid}/status")).unwrap();
+    let v = s.lines().find_map(|l| l.strip_prefix("CapEff:")).unwrap();
+    u64::from_str_radix(v.trim(), 16).unwrap()
+}
+
+const CRIU_CAPS: u64 = 1 << 40 | 1 << 21;
+
+#[test]
+fn criu_op_needs_checkpoint_restore_or_sys_admin() {
+    let (emu, _) = emulator();
+    let emu = Arc::new(emu);
+    let kfd = emu.open(&NodeKind::Kfd, &me()).unwrap();
+    if cap_eff(me().tid) & CRIU_CAPS != 0 {
+        call(
+            &emu,
+            kfd,
+            &me(),
+            ioctl::AMDKFD_IOC_CRIU_OP,
+            &process_info(),
+            56,
+        )
+        .unwrap();
+    }
+    // Capabilities are per thread: drop both from this one thread's
+    // effective set and call from it.
+    let e = emu.clone();
+    let r = std::thread::spawn(move || {
+        let mut hdr = [0x2008_0522u32, 0]; // _LINUX_CAPABILITY_VERSION_3, this thread
+        let mut data = [0u32; 6]; // {effective, permitted, inheritable} x 2
+                                  // SAFETY: capget reads the header and fills the two data records.
+        let rc = unsafe { libc::syscall(libc::SYS_capget, hdr.as_mut_ptr(), data.as_mut_ptr()) };
+        assert_eq!(rc, 0);
+        data[0] &= !(1 << 21);
+        data[3] &= !(1 << (40 - 32));
+        // SAFETY: capset reads the header and the two data records.
+        let rc = unsafe { libc::syscall(libc::SYS_capset, hdr.as_mut_ptr(), data.as_ptr()) };
+        assert_eq!(rc, 0);
+        let c = me();
+        assert_eq!(cap_eff(c.tid) & CRIU_CAPS, 0);
+        let criu = call(&e, kfd, &c, ioctl::AMDKFD_IOC_CRIU_OP, &process_info(), 56);
+        let version = call(&e, kfd, &c, ioctl::AMDKFD_IOC_GET_VERSION, &[], 8);
+        (criu, version)
+    })
+    .join()
+    .unwrap();
+    assert_eq!(r.0, Err(libc::EACCES));
+    assert!(r.1.is_ok(), "GET_VERSION needs no capability");
+}
+
+#[test]
+fn criu_op_on_a_foreign_fd_only_from_the_ptracer_thread() {
+    let (emu, _) = emulator();
+    let emu = Arc::new(emu);
+    // SAFETY: the child only makes raw syscalls (async-signal-safe).
+    let child = unsafe { libc::fork() };
+    assert!(child >= 0);
+    if child == 0 {
+        // SAFETY: a raw syscall in the forked child.
+        unsafe { libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0) };
+        loop {
+            // SAFETY: as above; the child never returns.
+            unsafe { libc::pause() };
+        }
+    }
+    let child = child as u32;
+    let tracer = || {
+        let s = std::fs::read_to_string(format!("/proc/{child}/status")).unwrap();
+        s.lines()
+            .find_map(|l| l.strip_prefix("TracerPid:"))
+            .map(|v| v.trim().parse::<u32>().unwrap())
+    };
+    let t = Instant::now();
+    while tracer() != Some(me().tid) {
+        assert!(t.elapsed() < Duration::from_secs(5), "child never traced");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let theirs = Caller {
+        tid: child,
+        tgid: child,
+    };
+    let fh = emu.open(&NodeKind::Kfd, &theirs).unwrap();
+
+    // Only CRIU_OP, and only from the tracing thread.
+    assert_eq!(
+        call(&emu, fh, &me(), ioctl::AMDKFD_IOC_GET_VERSION, &[], 8),
+        Err(libc::EBADF)
+    );
+    let e = emu.clone();
+    let other = std::thread::spawn(move || {
+        call(
+            &e,
+            fh,
+            &me(),
+            ioctl::AMDKFD_IOC_CRIU_OP,
+            &process_info(),
+            56,
+        )
+    })
+    .join()
+    .unwrap();
+    assert_eq!(other, Err(libc::EBADF));
+    let info = call(
+        &emu,
+        fh,
+        &me(),
+        ioctl::AMDKFD_IOC_CRIU_OP,
+        &process_info(),
+        56,
+    );
+    let unpause = {
+        let mut a = process_info();
+        a[48..52].copy_from_slice(&criu_op::UNPAUSE.to_le_bytes());
+        call(&emu, fh, &me(), ioctl::AMDKFD_IOC_CRIU_OP, &a, 56)
+    };
+    // SAFETY: a plain syscall on our own child.
+    unsafe { libc::kill(child as i32, libc::SIGKILL) };
+    // SAFETY: reaps that child; no status is asked for.
+    unsafe { libc::waitpid(child as i32, std::ptr::null_mut(), 0) };
+    if cap_eff(me().tid) & CRIU_CAPS == 0 {
+        assert_eq!(info, Err(libc::EACCES));
+        return;
+    }
+    let a: sys::kfd_ioctl_criu_args = uapi::decode(&info.unwrap());
+    assert_eq!((a.pid, a.num_devices, a.num_bos), (child, 1, 0));
+    unpause.unwrap();
+    emu.release(fh);
+}
+
+#[test]
+fn argument_sizes_are_tolerated_like_the_kernel() {
+    let (emu, p) = emulator();
+    let kfd = emu.open(&NodeKind::Kfd, &me()).unwrap();
+    // A caller with a larger struct gets the rest zeroed.
+    let v = call(&emu, kfd, &me(), ioctl::AMDKFD_IOC_GET_VERSION, &[], 16).unwrap();
+    assert_eq!(v.len(), 16);
+    let g: sys::kfd_ioctl_get_version_args = uapi::decode(&v);
+    assert_eq!(
+        (g.major_version, g.minor_version),
+        (1, sys::KFD_IOCTL_MINOR_VERSION)
+    );
+    assert!(v[8..].iter().all(|b| *b == 0));
+    let gpu_id = p.gpus()[0].gpu_id.0;
+    let mut m = vec![0xffu8; 24];
+    m[..16].copy_from_slice(uapi::bytes(&sys::kfd_ioctl_get_available_memory_args {
+        available: 0,
+        gpu_id,
+        pad: 0,
+    }));
+    let out = call(&emu, kfd, &me(), ioctl::AMDKFD_IOC_AVAILABLE_MEMORY, &m, 24).unwrap();
+    let a: sys::kfd_ioctl_get_available_memory_args = uapi::decode(&out);
+    assert_eq!(a.available, p.gpus()[0].vram_size);
+    assert!(out[16..].iter().all(|b| *b == 0));
+    // A shorter one: missing fields read as zero (no gpu_id → EINVAL).
+    assert_eq!(
+        call(
+            &emu,
+            kfd,
+            &me(),
+            ioctl::AMDKFD_IOC_AVAILABLE_MEMORY,
+            &m[..8],
+            8
+        ),
+        Err(libc::EINVAL)
+    );
+    // Numbers past the table: EINVAL; known but not modelled: EOPNOTSUPP.
+    assert_eq!(
+        call(&emu, kfd, &me(), 0xc008_4b30, &[0; 8], 8),
+        Err(libc::EINVAL)
+    );
+    assert_eq!(
+        call(&emu, kfd, &me(), 0xc008_4b0d, &[0; 8], 8),
+        Err(libc::EOPNOTSUPP)
+    );
+    // An unknown fh.
+    assert_eq!(
+        call(
+            &emu,
+            kfd + 1000,
+            &me(),
+            ioctl::AMDKFD_IOC_GET_VERSION,
+            &[],
+            8
+        ),
+        Err(libc::EBADF)
+    );
+}
+
+#[test]
+fn render_node_version_and_dev_info() {
+    let (emu, p) = emulator();
+    let g = &p.gpus()[0];
+    let r = emu
+        .open(
+            &NodeKind::Render {
+                minor: g.drm_render_minor.0,
+            },
+            &me(),
+        )
+        .unwrap();
+    // DRM_IOCTL_VERSION: strings copied up to the caller's lengths, full
+    // lengths reported.
+    let mut name = [0u8; 3];
+    let mut date = [0u8; 32];
+    let mut desc = [0u8; 64];
+    let mut v = vec![0u8; size_of::<sys::drm_version>()];
+    for (field, len, ptr) in [
+        (16usize, name.len(), name.as_mut_ptr()),
+        (32, date.len(), date.as_mut_ptr()),
+        (48, desc.len(), desc.as_mut_ptr()),
+    ] {
+        v[field..field + 8].copy_from_slice(&(len as u64).to_le_bytes());
+        v[field + 8..field + 16].copy_from_slice(&(ptr as u64).to_le_bytes());
+    }
+    let out = call(&emu, r, &me(), ioctl::DRM_IOCTL_VERSION, &v, v.len()).unwrap();
+    let d: sys::drm_version = uapi::decode(&out);
+    assert_eq!(d.name_len, 6);
+    assert_eq!(&name, b"amd");
+    assert!(d.version_major >= 3);
+    assert_eq!(&date[..d.date_len as usize], b"20150101");
+
+    // AMDGPU_INFO(DEV_INFO) writes the device record to return_pointer.
+    let mut dev = vec![0u8; size_of::<sys::drm_amdgpu_info_device>()];
+    let mut q = [0u8; 32];
+    q[..8].copy_from_slice(&(dev.as_mut_ptr() as u64).to_le_bytes());
+    q[8..12].copy_from_slice(&(dev.len() as u32).to_le_bytes());
+    q[12..16].copy_from_slice(&sys::AMDGPU_INFO_DEV_INFO.to_le_bytes());
+    call(&emu, r, &me(), ioctl::DRM_IOCTL_AMDGPU_INFO, &q, 0).unwrap();
+    let info: sys::drm_amdgpu_info_device = uapi::decode(&dev);
+    assert_eq!(
+        info.family,
+        sys::AMDGPU_FAMILY_AI,
+        "gfx9 is family AI (141)"
+    );
+    assert_eq!(info.device_id, g.device_id);
+    assert_eq!(info.cu_active_number, g.cu_count);
+    assert!(info.virtual_address_offset < info.virtual_address_max);
+    // Other queries and other DRM ioctls are not modelled.
+    q[12..16].copy_from_slice(&0x19u32.to_le_bytes());
+    assert_eq!(
+        call(&emu, r, &me(), ioctl::DRM_IOCTL_AMDGPU_INFO, &q, 0),
+        Err(libc::EINVAL)
+    );
+    assert_eq!(
+        call(
+            &emu,
+            r,
+            &me(),
+            ioctl::DRM_IOCTL_AMDGPU_GEM_CREATE,
+            &[0; 32],
+            32
+        ),
+        Err(libc::ENOTTY)
+    );
+    assert_eq!(
+        call(&emu, r, &me(), ioctl::DRM_IOCTL_GEM_CLOSE, &[0; 8], 0),
+        Err(libc::ENOTTY)
+    );
+    // A render fh is not a KFD fh.
+    assert_eq!(
+        iowr(
+            &emu,
+            r,
+            &me(),
+            ioctl::AMDKFD_IOC_GET_VERSION,
+            &sys::kfd_ioctl_get_version_args::default()
+        )
+        .map(|_| ()),
+        Err(libc::ENOTTY)
+    );
+}
