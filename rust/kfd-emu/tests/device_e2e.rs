@@ -171,6 +171,51 @@ fn client() {
         assert_eq!(*b, (i % 251) as u8, "byte {i}");
     }
     println!("e2e: 1 MiB SDMA copy + trap wait in {:?}", t.elapsed());
+    interrupted_wait(k);
+}
+
+extern "C" fn on_usr1(_: libc::c_int) {}
+
+/// A signal ends a parked WAIT_EVENTS with EINTR (the transport answers
+/// the FUSE interrupt); the thread's next wait is served normally and a
+/// later SET_EVENT reaches it, not the abandoned wait.
+fn interrupted_wait(k: i32) {
+    // SAFETY: sigaction is plain data; all-zero is a valid value.
+    let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
+    sa.sa_sigaction = on_usr1 as extern "C" fn(libc::c_int) as usize;
+    // SAFETY: installing a no-op handler without SA_RESTART.
+    unsafe { libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut()) };
+    let mut ev = [0u8; 32];
+    put(&mut ev, 16, 1, 4);
+    kfd(k, 0x08, &mut ev).unwrap();
+    let event = get(&ev, 24, 4);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        // SAFETY: gettid has no preconditions.
+        tx.send(unsafe { libc::gettid() }).unwrap();
+        let mut evd = [0u8; 48];
+        put(&mut evd, 40, event, 4);
+        let mut w = [0u8; 24];
+        put(&mut w, 0, evd.as_ptr() as u64, 8);
+        put(&mut w, 8, 1, 4);
+        put(&mut w, 16, u32::MAX as u64, 4);
+        let first = kfd(k, 0x0c, &mut w);
+        let second = kfd(k, 0x0c, &mut w).map(|()| get(&w, 20, 4));
+        (first, second)
+    });
+    let tid = rx.recv().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let pid = std::process::id() as libc::pid_t;
+    // SAFETY: signalling a live thread of this process.
+    unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, libc::SIGUSR1) };
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let mut set = [0u8; 8];
+    put(&mut set, 0, event, 4);
+    ioctl(k, 1, 0x4b, 0x0a, &mut set).unwrap();
+    let (first, second) = waiter.join().unwrap();
+    assert_eq!(first, Err(libc::EINTR));
+    assert_eq!(second, Ok(0));
+    println!("e2e: interrupted wait answered EINTR, the next wait got the event");
 }
 
 #[test]
@@ -205,5 +250,7 @@ fn sdma_copy_and_trap_through_fuse() {
         out.status.success() && text.contains("e2e: 1 MiB"),
         "client failed:\n{text}"
     );
-    println!("{}", text.lines().find(|l| l.contains("e2e:")).unwrap());
+    for l in text.lines().filter(|l| l.contains("e2e:")) {
+        println!("{l}");
+    }
 }
