@@ -187,6 +187,12 @@ fn criu_op_on_a_foreign_fd_only_from_the_ptracer_thread() {
         &process_info(),
         56,
     );
+    // RESTORE must run inside the restored process, even for the tracer.
+    let restore = {
+        let mut a = process_info();
+        a[48..52].copy_from_slice(&criu_op::RESTORE.to_le_bytes());
+        call(&emu, fh, &me(), ioctl::AMDKFD_IOC_CRIU_OP, &a, 56)
+    };
     let unpause = {
         let mut a = process_info();
         a[48..52].copy_from_slice(&criu_op::UNPAUSE.to_le_bytes());
@@ -200,6 +206,7 @@ fn criu_op_on_a_foreign_fd_only_from_the_ptracer_thread() {
         assert_eq!(info, Err(libc::EACCES));
         return;
     }
+    assert_eq!(restore, Err(libc::EBADF));
     let a: sys::kfd_ioctl_criu_args = uapi::decode(&info.unwrap());
     assert_eq!((a.pid, a.num_devices, a.num_bos), (child, 1, 0));
     unpause.unwrap();

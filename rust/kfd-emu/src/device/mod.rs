@@ -351,6 +351,15 @@ impl Emulator {
         if n == nr::CRIU_OP && !may_checkpoint(caller.tid) {
             return Some((reply, Err(libc::EACCES)));
         }
+        // KFD would let the tracer restore into its tracee with the tracer's
+        // memory and fds; CRIU never does that, and allowing it here would
+        // hide a product bug (RESTORE must run inside the restored task).
+        if n == nr::CRIU_OP
+            && caller.tgid != lead
+            && uapi::decode::<sys::kfd_ioctl_criu_args>(input).op == uapi::criu_op::RESTORE
+        {
+            return Some((reply, Err(libc::EBADF)));
+        }
         let resolved = self.pre_resolve(caller, n, input);
         let mut done = Done::new();
         let r = {
