@@ -355,3 +355,40 @@ fn render_node_version_and_dev_info() {
         Err(libc::ENOTTY)
     );
 }
+
+#[test]
+fn teardown_gives_the_process_pages_of_dev_kfd_back() {
+    use std::os::fd::AsRawFd;
+    let (emu, _) = emulator();
+    let kfd = emu.open(&NodeKind::Kfd, &me()).unwrap();
+    let ev = sys::kfd_ioctl_create_event_args {
+        event_type: sys::KFD_IOC_EVENT_SIGNAL,
+        auto_reset: 1,
+        ..Default::default()
+    };
+    let ev = iowr(&emu, kfd, &me(), ioctl::AMDKFD_IOC_CREATE_EVENT, &ev).unwrap();
+    let off = ev.event_page_offset;
+    assert!(off < 1 << 62 && off % 4096 == 0, "events offset {off:#x}");
+    let fd = emu.backing_fd(&NodeKind::Kfd);
+    // SAFETY: a fresh shared read-only mapping of the emulator's memfd.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            off as i64,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED);
+    let slot = |i: usize| {
+        // SAFETY: i < 512, inside the 4096-byte mapping.
+        unsafe { std::ptr::read_volatile((p as *const u64).wrapping_add(i)) }
+    };
+    assert_eq!(slot(ev.event_slot_index as usize), u64::MAX, "unsignaled");
+    emu.release(kfd);
+    assert_eq!(slot(ev.event_slot_index as usize), 0, "page not punched");
+    // SAFETY: unmaps the mapping made above.
+    unsafe { libc::munmap(p, 4096) };
+}

@@ -192,8 +192,9 @@ pub fn create_bo(
     Ok((key, offset))
 }
 
-/// ALLOC_MEMORY_OF_GPU {va_addr@0, size@8, handle@16, mmap_offset@24,
-/// gpu_id@32, flags@36}.
+/// ALLOC_MEMORY_OF_GPU.  `mmap_offset` is the CPU address on input for
+/// USERPTR; on output the offset to mmap (see `uapi::kfd_off` and
+/// `uapi::RENDER_OFFSET_BASE`).
 pub fn alloc_memory(
     st: &mut State,
     lead: u32,
@@ -233,8 +234,8 @@ pub fn free_memory(
     Ok(())
 }
 
-/// MAP/UNMAP_MEMORY_TO_GPU {handle@0, device_ids_array_ptr@8,
-/// n_devices@16, n_success@20}.
+/// MAP/UNMAP_MEMORY_TO_GPU: resumes at `n_success`, which reports how
+/// far the device list got, as KFD does for partial failures.
 pub fn map_memory(
     st: &mut State,
     lead: u32,
@@ -319,7 +320,7 @@ pub fn add_queue(st: &mut State, lead: u32, id: u32, q: Queue) -> R<()> {
     Ok(())
 }
 
-/// CREATE_QUEUE (88 bytes, 1.11 layout).
+/// CREATE_QUEUE (1.11 layout).
 pub fn create_queue(st: &mut State, lead: u32, a: &mut sys::kfd_ioctl_create_queue_args) -> R<()> {
     let gpu = bound_pdd(st, lead, a.gpu_id)?;
     let qtype = a.queue_type;
@@ -382,8 +383,7 @@ pub fn destroy_queue(
     p.queues.remove(&a.queue_id).map(|_| ()).ok_or(libc::EINVAL)
 }
 
-/// UPDATE_QUEUE {ring_base_address@0, queue_id@8, ring_size@12,
-/// queue_percentage@16, queue_priority@20}.
+/// UPDATE_QUEUE.
 pub fn update_queue(st: &mut State, lead: u32, a: &mut sys::kfd_ioctl_update_queue_args) -> R<()> {
     let p = proc_mut(st, lead)?;
     if a.queue_percentage > 100 || a.queue_priority > 15 {
@@ -441,8 +441,9 @@ pub fn signal_slots(p: &super::state::Proc) -> u32 {
     })
 }
 
-/// CREATE_EVENT {event_page_offset@0, event_trigger_data@8, event_type@12,
-/// auto_reset@16, node_id@20, event_id@24, event_slot_index@28}.
+/// CREATE_EVENT.  For signal events `event_page_offset` carries the
+/// signal page BO handle on input (dGPU flow) and the events mmap offset
+/// on output.
 pub fn create_event(st: &mut State, lead: u32, a: &mut sys::kfd_ioctl_create_event_args) -> R<()> {
     let etype = a.event_type;
     if etype > event_type::LAST {
@@ -520,8 +521,7 @@ pub fn reset_event(st: &mut State, lead: u32, id: u32) -> R<()> {
     Ok(())
 }
 
-/// WAIT_EVENTS {events_ptr@0, num_events@8, wait_for_all@12, timeout@16,
-/// wait_result@20} over an array of `kfd_event_data`.
+/// WAIT_EVENTS over an array of `kfd_event_data`.
 /// Answers now, or parks `reply` and returns None.
 pub fn wait_events(
     st: &mut State,
@@ -585,8 +585,7 @@ pub fn wait_events(
     None
 }
 
-/// SET_MEMORY_POLICY {alternate_aperture_base@0, size@8, gpu_id@16,
-/// default_policy@20, alternate_policy@24}: cache policies have no effect
+/// SET_MEMORY_POLICY: cache policies have no effect
 /// on the emulated GPU, but the arguments are checked like KFD does.
 pub fn set_memory_policy(
     st: &mut State,
@@ -601,8 +600,7 @@ pub fn set_memory_policy(
     Ok(())
 }
 
-/// GET_CLOCK_COUNTERS {gpu@0, cpu@8, system@16, system_freq@24,
-/// gpu_id@32}: the emulated GPU clock is CLOCK_MONOTONIC_RAW in ns.
+/// GET_CLOCK_COUNTERS: the emulated GPU clock is CLOCK_MONOTONIC_RAW in ns.
 pub fn clock_counters(
     st: &mut State,
     lead: u32,

@@ -423,6 +423,12 @@ impl State {
                     for (k, bo) in &p.bos {
                         self.free_bo_memory(k.gpu, bo);
                     }
+                    // The slot is reused by a later process: give its
+                    // doorbell, signal and MMIO pages back now.
+                    for ty in [kfd_off::DOORBELL, kfd_off::EVENTS, kfd_off::MMIO] {
+                        let base = kfd_off::encode(ty, p.slot, 0, 0);
+                        self.devs.kfd.punch(base, kfd_off::SLOT_SPAN);
+                    }
                 }
             }
             Some(Open::Render { .. }) => {

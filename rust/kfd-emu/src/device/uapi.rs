@@ -168,6 +168,8 @@ pub mod kfd_off {
     pub const EVENTS: u64 = 2;
     pub const MMIO: u64 = 3;
     pub const MEMFD_SIZE: u64 = 1 << 62;
+    /// Bytes of one type's range that belong to one process slot.
+    pub const SLOT_SPAN: u64 = 1 << 44;
 
     pub fn encode(ty: u64, slot: u32, gpu_index: usize, value: u64) -> u64 {
         (ty << 60) | ((slot as u64 & 0xffff) << 44) | ((gpu_index as u64 & 0xff) << 36) | value
