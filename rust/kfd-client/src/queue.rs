@@ -1,0 +1,267 @@
+//! SDMA user-mode queues: a ring and its read/write pointers in GTT memory the GPU reaches,
+//! a doorbell page mapped from /dev/kfd at the offset CREATE_QUEUE returned, and packets from
+//! [`crate::sdma`].
+//!
+//! GFX9+ SDMA queues use 64-bit pointers that count bytes since the queue was created and
+//! never wrap; only the ring address is taken modulo the ring size. Writing the new write
+//! pointer to the doorbell tells the engine there is work.
+
+use std::sync::atomic::{fence, Ordering};
+use std::time::{Duration, Instant};
+
+use kfd_abi::handle::{Error as IoctlError, Mapping};
+use kfd_abi::ids::{GpuId, MmapOffset, QueueId};
+use kfd_abi::sys;
+
+use crate::sdma::{self, PacketError};
+use crate::{Bo, KfdClient, MemKind};
+
+/// Bytes of the per-process doorbell range of one GPU on GFX9+ (1024 64-bit doorbells).
+/// CREATE_QUEUE returns an offset inside it; the range is mapped from its aligned start.
+pub const DOORBELL_RANGE: u64 = 8192;
+
+/// Why a queue operation failed; every variant names the GPU.
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    /// Allocating the ring or pointer memory.
+    #[error(transparent)]
+    Client(#[from] crate::Error),
+    /// An ioctl or mmap of the queue.
+    #[error("GPU {gpu}: SDMA queue: {step}: {source}")]
+    Ioctl {
+        gpu: GpuId,
+        step: &'static str,
+        source: IoctlError,
+    },
+    /// A packet that cannot be encoded.
+    #[error("GPU {gpu}: {source}")]
+    Packet { gpu: GpuId, source: PacketError },
+    /// A submission larger than the ring.
+    #[error(
+        "GPU {gpu}: SDMA queue {queue}: {bytes} bytes of packets do not fit a {ring} byte ring"
+    )]
+    TooBig {
+        gpu: GpuId,
+        queue: QueueId,
+        bytes: u64,
+        ring: u64,
+    },
+    /// The engine did not reach the write pointer in time.
+    #[error("GPU {gpu}: SDMA queue {queue}: read pointer {rptr:#x} did not reach {target:#x} within {waited:?}")]
+    Timeout {
+        gpu: GpuId,
+        queue: QueueId,
+        rptr: u64,
+        target: u64,
+        waited: Duration,
+    },
+}
+
+/// Offsets inside the pointer BO: the engine writes the read pointer, we the write pointer.
+const RPTR_OFF: usize = 0;
+const WPTR_OFF: usize = 8;
+
+/// An SDMA queue on one GPU. Dropping it destroys the queue before its memory is freed.
+#[derive(Debug)]
+pub struct SdmaQueue<'c> {
+    client: &'c KfdClient,
+    gpu: GpuId,
+    id: QueueId,
+    ring: Bo<'c>,
+    ptrs: Bo<'c>,
+    doorbell: Mapping,
+    doorbell_at: usize,
+    /// Bytes submitted since creation (the 64-bit write pointer).
+    wptr: u64,
+    alive: bool,
+}
+
+impl<'c> SdmaQueue<'c> {
+    /// Creates an SDMA queue with a `ring_size`-byte ring (a power of two, at least a page).
+    pub fn create(client: &'c KfdClient, gpu: GpuId, ring_size: u64) -> Result<Self, QueueError> {
+        let ring = client.alloc(gpu, ring_size, MemKind::Gtt)?;
+        let ptrs = client.alloc(gpu, 4096, MemKind::Gtt)?;
+        let ioctl_err = |step, source| QueueError::Ioctl { gpu, step, source };
+        if !ring.size().is_power_of_two() {
+            return Err(ioctl_err(
+                "ring size",
+                IoctlError {
+                    op: "AMDKFD_IOC_CREATE_QUEUE",
+                    errno: libc::EINVAL,
+                },
+            ));
+        }
+        let mut args = sys::kfd_ioctl_create_queue_args {
+            ring_base_address: ring.va().0,
+            write_pointer_address: ptrs.va().0 + WPTR_OFF as u64,
+            read_pointer_address: ptrs.va().0 + RPTR_OFF as u64,
+            ring_size: ring.size() as u32,
+            gpu_id: gpu.0,
+            queue_type: sys::KFD_IOC_QUEUE_TYPE_SDMA,
+            queue_percentage: sys::KFD_MAX_QUEUE_PERCENTAGE,
+            queue_priority: 7,
+            ..Default::default()
+        };
+        let id = client
+            .kfd()
+            .create_queue(&mut args)
+            .map_err(|e| ioctl_err("AMDKFD_IOC_CREATE_QUEUE", e))?;
+        // From here the queue exists: build the value first so that drop destroys it.
+        let base = args.doorbell_offset & !(DOORBELL_RANGE - 1);
+        let doorbell_at = (args.doorbell_offset & (DOORBELL_RANGE - 1)) as usize;
+        let doorbell = match Mapping::shared(
+            client.kfd().as_fd(),
+            MmapOffset(base),
+            DOORBELL_RANGE as usize,
+        ) {
+            Ok(m) => m,
+            Err(e) => {
+                let _ = client.kfd().destroy_queue(id);
+                return Err(ioctl_err("mmap /dev/kfd doorbells", e));
+            }
+        };
+        Ok(Self {
+            client,
+            gpu,
+            id,
+            ring,
+            ptrs,
+            doorbell,
+            doorbell_at,
+            wptr: 0,
+            alive: true,
+        })
+    }
+
+    pub fn id(&self) -> QueueId {
+        self.id
+    }
+
+    pub fn gpu(&self) -> GpuId {
+        self.gpu
+    }
+
+    /// Bytes submitted so far (the write pointer).
+    pub fn submitted(&self) -> u64 {
+        self.wptr
+    }
+
+    /// The engine's read pointer, as it last wrote it.
+    pub fn rptr(&self) -> u64 {
+        let p = (self.ptrs.va().0 as usize + RPTR_OFF) as *const u64;
+        // SAFETY: `p` lies in the first page of `ptrs`, a live shared mapping that the GPU
+        // writes behind our back, hence the volatile read; it is 8-byte aligned.
+        unsafe { p.read_volatile() }
+    }
+
+    /// Encodes packets with `f` and submits them; returns the write pointer after them.
+    pub fn submit_with(
+        &mut self,
+        f: impl FnOnce(&mut Vec<u32>) -> Result<(), PacketError>,
+    ) -> Result<u64, QueueError> {
+        let mut v = Vec::new();
+        f(&mut v).map_err(|source| QueueError::Packet {
+            gpu: self.gpu,
+            source,
+        })?;
+        self.submit(&v, Duration::from_secs(10))
+    }
+
+    /// Copies `dwords` into the ring and rings the doorbell; waits up to `timeout` for space.
+    /// A run that would cross the end of the ring is moved to its start behind a NOP.
+    pub fn submit(&mut self, dwords: &[u32], timeout: Duration) -> Result<u64, QueueError> {
+        let ring = self.ring.size();
+        let bytes = dwords.len() as u64 * 4;
+        let pos = self.wptr % ring;
+        let pad = if pos + bytes > ring { ring - pos } else { 0 };
+        if bytes + pad > ring || bytes == 0 {
+            return Err(QueueError::TooBig {
+                gpu: self.gpu,
+                queue: self.id,
+                bytes,
+                ring,
+            });
+        }
+        // Space: everything up to wptr + pad + bytes - ring must have been consumed.
+        let need = (self.wptr + pad + bytes).saturating_sub(ring);
+        self.wait_rptr(need, timeout)?;
+        let mut staged = Vec::with_capacity(dwords.len() + pad as usize / 4);
+        if pad > 0 {
+            sdma::nop(&mut staged, pad as usize / 4).map_err(|source| QueueError::Packet {
+                gpu: self.gpu,
+                source,
+            })?;
+        }
+        staged.extend_from_slice(dwords);
+        let base = self.ring.va().0 as *mut u32;
+        let mut w = self.wptr;
+        for d in staged {
+            let at = (w % ring) / 4;
+            let slot = base.wrapping_add(at as usize);
+            // SAFETY: `at` < ring/4, so `slot` is inside the ring BO, a live writable
+            // mapping; volatile because the engine reads it concurrently.
+            unsafe { slot.write_volatile(d) };
+            w += 4;
+        }
+        self.wptr = w;
+        // The packets must be visible before the engine can see the new write pointer.
+        fence(Ordering::SeqCst);
+        let wp = (self.ptrs.va().0 as usize + WPTR_OFF) as *mut u64;
+        // SAFETY: inside the pointer BO's first page, aligned, live mapping.
+        unsafe { wp.write_volatile(w) };
+        let db = (self.doorbell.as_ptr() as usize + self.doorbell_at) as *mut u64;
+        // SAFETY: `doorbell_at` < DOORBELL_RANGE, the mapping's length, and is 8-aligned as
+        // KFD hands out doorbells on 8-byte boundaries.
+        unsafe { db.write_volatile(w) };
+        Ok(w)
+    }
+
+    fn wait_rptr(&self, target: u64, timeout: Duration) -> Result<(), QueueError> {
+        let start = Instant::now();
+        let mut nap = Duration::from_micros(20);
+        loop {
+            let r = self.rptr();
+            if r >= target {
+                return Ok(());
+            }
+            if start.elapsed() >= timeout {
+                return Err(QueueError::Timeout {
+                    gpu: self.gpu,
+                    queue: self.id,
+                    rptr: r,
+                    target,
+                    waited: start.elapsed(),
+                });
+            }
+            std::thread::sleep(nap);
+            nap = (nap * 2).min(Duration::from_millis(2));
+        }
+    }
+
+    /// Waits until the engine has consumed everything submitted.
+    pub fn wait_idle(&self, timeout: Duration) -> Result<(), QueueError> {
+        self.wait_rptr(self.wptr, timeout)
+    }
+
+    /// Destroys the queue and frees its memory, reporting errors.
+    pub fn destroy(mut self) -> Result<(), QueueError> {
+        self.alive = false;
+        self.client
+            .kfd()
+            .destroy_queue(self.id)
+            .map_err(|source| QueueError::Ioctl {
+                gpu: self.gpu,
+                step: "AMDKFD_IOC_DESTROY_QUEUE",
+                source,
+            })
+    }
+}
+
+impl Drop for SdmaQueue<'_> {
+    fn drop(&mut self) {
+        if self.alive {
+            // Errors cannot be reported from drop; `destroy` reports them.
+            let _ = self.client.kfd().destroy_queue(self.id);
+        }
+    }
+}
