@@ -392,3 +392,152 @@ fn teardown_gives_the_process_pages_of_dev_kfd_back() {
     // SAFETY: unmaps the mapping made above.
     unsafe { libc::munmap(p, 4096) };
 }
+
+/// CRIU_OP arguments over buffers the emulator may write (through
+/// process_vm_writev), hence the mutable borrows.
+fn criu_args(
+    op: u32,
+    devs: &mut [u8],
+    bos: &mut [u8],
+    blob: &mut [u8],
+    n: (u32, u32, u32),
+) -> Vec<u8> {
+    let mut a = process_info();
+    let size = blob.len() as u64;
+    for (off, v) in [
+        (0, devs.as_mut_ptr() as u64),
+        (8, bos.as_mut_ptr() as u64),
+        (16, blob.as_mut_ptr() as u64),
+        (24, size),
+    ] {
+        a[off..off + 8].copy_from_slice(&v.to_le_bytes());
+    }
+    for (off, v) in [(32, n.0), (36, n.1), (40, n.2), (48, op)] {
+        a[off..off + 4].copy_from_slice(&v.to_le_bytes());
+    }
+    a
+}
+
+/// CRIU's GPU remapping (spec D.4): a BO checkpointed on GPU 0 is restored
+/// onto GPU 1, and the process keeps addressing it by its old gpu_id.
+#[test]
+fn restore_onto_swapped_gpus_keeps_user_gpu_ids() {
+    let p = Profile::builtin("mi100x2").unwrap();
+    let fds = Table::default();
+    let emu = Emulator::with_resolver(&p, Box::new(fds.clone())).unwrap();
+    let (g0, g1) = (&p.gpus()[0], &p.gpus()[1]);
+    let (id0, id1) = (g0.gpu_id.0, g1.gpu_id.0);
+    let kfd = emu.open(&NodeKind::Kfd, &me()).unwrap();
+    for (fd, g) in [(900, g0), (901, g1)] {
+        let r = emu
+            .open(
+                &NodeKind::Render {
+                    minor: g.drm_render_minor.0,
+                },
+                &me(),
+            )
+            .unwrap();
+        fds.0.lock().unwrap().insert(fd, r);
+    }
+    for (fd, id) in [(900, id0), (901, id1)] {
+        let a = sys::kfd_ioctl_acquire_vm_args {
+            drm_fd: fd,
+            gpu_id: id,
+        };
+        call(
+            &emu,
+            kfd,
+            &me(),
+            ioctl::AMDKFD_IOC_ACQUIRE_VM,
+            uapi::bytes(&a),
+            0,
+        )
+        .unwrap();
+    }
+    let al = sys::kfd_ioctl_alloc_memory_of_gpu_args {
+        va_addr: 0x1000_0000,
+        size: 8192,
+        gpu_id: id0,
+        flags: sys::KFD_IOC_ALLOC_MEM_FLAGS_VRAM,
+        ..Default::default()
+    };
+    let al = iowr(&emu, kfd, &me(), ioctl::AMDKFD_IOC_ALLOC_MEMORY_OF_GPU, &al).unwrap();
+    assert_eq!(al.handle >> 32, id0 as u64);
+    let available = |gpu_id| {
+        let a = sys::kfd_ioctl_get_available_memory_args {
+            gpu_id,
+            ..Default::default()
+        };
+        let fh = KFD.with(|k| k.get());
+        iowr(&emu, fh, &me(), ioctl::AMDKFD_IOC_AVAILABLE_MEMORY, &a)
+            .unwrap()
+            .available
+    };
+    KFD.with(|k| k.set(kfd));
+    assert_eq!(available(id0), g0.vram_size - 8192);
+
+    let crit = CRIU_CAPS & cap_eff(me().tid) != 0;
+    if !crit {
+        return; // CRIU_OP needs privileges this run does not have.
+    }
+    let info = call(
+        &emu,
+        kfd,
+        &me(),
+        ioctl::AMDKFD_IOC_CRIU_OP,
+        &process_info(),
+        56,
+    )
+    .unwrap();
+    let info: sys::kfd_ioctl_criu_args = uapi::decode(&info);
+    let n = (info.num_devices, info.num_bos, info.num_objects);
+    assert_eq!(n, (2, 1, 0));
+    let mut devs = vec![0u8; 32];
+    let mut bos = vec![0u8; 48];
+    let mut blob = vec![0u8; info.priv_data_size as usize];
+    let ck = criu_args(criu_op::CHECKPOINT, &mut devs, &mut bos, &mut blob, n);
+    call(&emu, kfd, &me(), ioctl::AMDKFD_IOC_CRIU_OP, &ck, 56).unwrap();
+    emu.release(kfd);
+
+    // The restored process: GPU 0's work goes to GPU 1 and vice versa.
+    let kfd = emu.open(&NodeKind::Kfd, &me()).unwrap();
+    KFD.with(|k| k.set(kfd));
+    let swap = [(id0, id1, 901u32), (id1, id0, 900)];
+    for (i, (user, actual, fd)) in swap.into_iter().enumerate() {
+        let d = sys::kfd_criu_device_bucket {
+            user_gpu_id: user,
+            actual_gpu_id: actual,
+            drm_fd: fd,
+            pad: 0,
+        };
+        devs[i * 16..i * 16 + 16].copy_from_slice(uapi::bytes(&d));
+    }
+    let rs = criu_args(criu_op::RESTORE, &mut devs, &mut bos, &mut blob, n);
+    call(&emu, kfd, &me(), ioctl::AMDKFD_IOC_CRIU_OP, &rs, 56).unwrap();
+    let b: sys::kfd_criu_bo_bucket = uapi::decode(&bos);
+    // GPU 1's memfd had no BO yet, so its first range is the restored one.
+    assert_eq!(b.restored_offset, 4 << 30);
+    assert_eq!(b.gpu_id, id0);
+    // Addressed by user id 0, accounted on actual GPU 1.
+    assert_eq!(available(id0), g1.vram_size - 8192);
+    assert_eq!(available(id1), g0.vram_size);
+    let mut resume = process_info();
+    resume[44..48].copy_from_slice(&std::process::id().to_le_bytes());
+    resume[48..52].copy_from_slice(&criu_op::RESUME.to_le_bytes());
+    call(&emu, kfd, &me(), ioctl::AMDKFD_IOC_CRIU_OP, &resume, 56).unwrap();
+    let free = sys::kfd_ioctl_free_memory_of_gpu_args { handle: al.handle };
+    call(
+        &emu,
+        kfd,
+        &me(),
+        ioctl::AMDKFD_IOC_FREE_MEMORY_OF_GPU,
+        uapi::bytes(&free),
+        0,
+    )
+    .unwrap();
+    assert_eq!(available(id0), g1.vram_size);
+}
+
+thread_local! {
+    static KFD: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
