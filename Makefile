@@ -6,7 +6,7 @@
 #   make install      PREFIX=/usr/local DESTDIR=
 
 PREFIX		?= /usr/local
-SBINDIR		?= $(PREFIX)/sbin
+BINDIR		?= $(PREFIX)/bin
 MANDIR		?= $(PREFIX)/share/man
 DESTDIR		?=
 JOBS		?= 2
@@ -107,7 +107,7 @@ test-install: $(BUILD)/criu-rocm
 	test/install/run.sh
 
 install: $(BUILD)/criu-rocm $(BUILD)/criu-rocm.8
-	install -D -m 0755 $(BUILD)/criu-rocm $(DESTDIR)$(SBINDIR)/criu-rocm
+	install -D -m 0755 $(BUILD)/criu-rocm $(DESTDIR)$(BINDIR)/criu-rocm
 	install -D -m 0644 $(BUILD)/criu-rocm.8 $(DESTDIR)$(MANDIR)/man8/criu-rocm.8
 
 clean:

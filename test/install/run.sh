@@ -10,10 +10,10 @@ fail() { echo "install: FAIL: $*" >&2; exit 1; }
 
 check_tree() {
 	local root=$1 door=$2
-	[ -x "$root/sbin/criu-rocm" ] || fail "$door: no $root/sbin/criu-rocm"
+	[ -x "$root/bin/criu-rocm" ] || fail "$door: no $root/bin/criu-rocm"
 	[ -s "$root/share/man/man8/criu-rocm.8" ] || fail "$door: no man page under $root/share/man/man8"
-	"$root/sbin/criu-rocm" --version | grep -q '^criu-rocm: ' || fail "$door: installed binary does not print its criu-rocm version"
-	cmp -s "$root/sbin/criu-rocm" "$top/build/criu-rocm" || fail "$door: installed binary differs from build/criu-rocm"
+	"$root/bin/criu-rocm" --version | grep -q '^criu-rocm: ' || fail "$door: installed binary does not print its criu-rocm version"
+	cmp -s "$root/bin/criu-rocm" "$top/build/criu-rocm" || fail "$door: installed binary differs from build/criu-rocm"
 	echo "install: $door: PASS"
 }
 

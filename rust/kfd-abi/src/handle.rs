@@ -18,11 +18,18 @@ use std::ptr::NonNull;
 /// A failed ioctl (or open/mmap): which one, and the errno the kernel gave.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Error {
-    pub op: &'static str,
+    /// The ioctl (`AMDKFD_IOC_ALLOC_MEMORY_OF_GPU`) or syscall (`mmap`) that failed.
+    pub ioctl: &'static str,
+    /// The positive errno it returned.
     pub errno: i32,
 }
 
 impl Error {
+    /// An error for `ioctl` with the positive `errno`.
+    pub const fn new(ioctl: &'static str, errno: i32) -> Self {
+        Self { ioctl, errno }
+    }
+
     pub fn errno(&self) -> i32 {
         self.errno
     }
@@ -31,8 +38,13 @@ impl Error {
         self.errno == libc::EINTR
     }
 
-    fn last(op: &'static str) -> Self {
-        Self { op, errno: std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO) }
+    fn last(ioctl: &'static str) -> Self {
+        Self {
+            ioctl,
+            errno: std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO),
+        }
     }
 }
 
@@ -42,7 +54,7 @@ impl fmt::Display for Error {
         // io::Error's Display appends " (os error N)"; say it our way.
         let text = msg.to_string();
         let text = text.split(" (os error").next().unwrap_or(&text);
-        write!(f, "{}: {} (errno {})", self.op, text, self.errno)
+        write!(f, "{}: {} (errno {})", self.ioctl, text, self.errno)
     }
 }
 
@@ -82,7 +94,10 @@ fn open_device(path: &str, op: &'static str) -> Result<OwnedFd> {
         .custom_flags(libc::O_CLOEXEC)
         .open(path)
         .map(OwnedFd::from)
-        .map_err(|e| Error { op, errno: e.raw_os_error().unwrap_or(libc::EIO) })
+        .map_err(|e| Error {
+            ioctl: op,
+            errno: e.raw_os_error().unwrap_or(libc::EIO),
+        })
 }
 
 /// Counts KFD reports after PROCESS_INFO.
@@ -150,7 +165,10 @@ impl<F: AsFd> Kfd<F> {
 
     /// Binds the GPU's per-process VM to a render-node file of this process.
     pub fn acquire_vm(&self, gpu: GpuId, drm: BorrowedFd<'_>) -> Result<()> {
-        let mut a = sys::kfd_ioctl_acquire_vm_args { drm_fd: drm.as_raw_fd() as u32, gpu_id: gpu.0 };
+        let mut a = sys::kfd_ioctl_acquire_vm_args {
+            drm_fd: drm.as_raw_fd() as u32,
+            gpu_id: gpu.0,
+        };
         self.io(AMDKFD_IOC_ACQUIRE_VM, &mut a).map(drop)
     }
 
@@ -212,7 +230,10 @@ impl<F: AsFd> Kfd<F> {
     }
 
     pub fn destroy_queue(&self, q: QueueId) -> Result<()> {
-        let mut a = sys::kfd_ioctl_destroy_queue_args { queue_id: q.0, pad: 0 };
+        let mut a = sys::kfd_ioctl_destroy_queue_args {
+            queue_id: q.0,
+            pad: 0,
+        };
         self.io(AMDKFD_IOC_DESTROY_QUEUE, &mut a).map(drop)
     }
 
@@ -227,17 +248,26 @@ impl<F: AsFd> Kfd<F> {
     }
 
     pub fn destroy_event(&self, e: EventId) -> Result<()> {
-        let mut a = sys::kfd_ioctl_destroy_event_args { event_id: e.0, pad: 0 };
+        let mut a = sys::kfd_ioctl_destroy_event_args {
+            event_id: e.0,
+            pad: 0,
+        };
         self.io(AMDKFD_IOC_DESTROY_EVENT, &mut a).map(drop)
     }
 
     pub fn set_event(&self, e: EventId) -> Result<()> {
-        let mut a = sys::kfd_ioctl_set_event_args { event_id: e.0, pad: 0 };
+        let mut a = sys::kfd_ioctl_set_event_args {
+            event_id: e.0,
+            pad: 0,
+        };
         self.io(AMDKFD_IOC_SET_EVENT, &mut a).map(drop)
     }
 
     pub fn reset_event(&self, e: EventId) -> Result<()> {
-        let mut a = sys::kfd_ioctl_reset_event_args { event_id: e.0, pad: 0 };
+        let mut a = sys::kfd_ioctl_reset_event_args {
+            event_id: e.0,
+            pad: 0,
+        };
         self.io(AMDKFD_IOC_RESET_EVENT, &mut a).map(drop)
     }
 
@@ -261,20 +291,29 @@ impl<F: AsFd> Kfd<F> {
     }
 
     pub fn available_memory(&self, gpu: GpuId) -> Result<u64> {
-        let mut a = sys::kfd_ioctl_get_available_memory_args { gpu_id: gpu.0, ..Default::default() };
+        let mut a = sys::kfd_ioctl_get_available_memory_args {
+            gpu_id: gpu.0,
+            ..Default::default()
+        };
         self.io(AMDKFD_IOC_AVAILABLE_MEMORY, &mut a)?;
         Ok(a.available)
     }
 
     pub fn set_xnack_mode(&self, mode: i32) -> Result<i32> {
-        let mut a = sys::kfd_ioctl_set_xnack_mode_args { xnack_enabled: mode };
+        let mut a = sys::kfd_ioctl_set_xnack_mode_args {
+            xnack_enabled: mode,
+        };
         self.io(AMDKFD_IOC_SET_XNACK_MODE, &mut a)?;
         Ok(a.xnack_enabled)
     }
 
     /// Exports a BO as a dmabuf (KFD 1.12+); returns the new fd.
     pub fn export_dmabuf(&self, bo: BoHandle, flags: u32) -> Result<OwnedFd> {
-        let mut a = kfd_ioctl_export_dmabuf_args { handle: bo.0, flags, dmabuf_fd: 0 };
+        let mut a = kfd_ioctl_export_dmabuf_args {
+            handle: bo.0,
+            flags,
+            dmabuf_fd: 0,
+        };
         self.io(AMDKFD_IOC_EXPORT_DMABUF, &mut a)?;
         // SAFETY: on success the kernel installed a new fd in our table and handed its
         // ownership to us through `dmabuf_fd`.
@@ -330,7 +369,10 @@ impl<F: AsFd> Kfd<F> {
 
     /// Restarts the queues of the restored process `pid` (a pid in the caller's namespace).
     pub fn criu_resume(&self, pid: u32) -> Result<()> {
-        let mut a = sys::kfd_ioctl_criu_args { pid, ..Default::default() };
+        let mut a = sys::kfd_ioctl_criu_args {
+            pid,
+            ..Default::default()
+        };
         self.criu(criu_op::RESUME, &mut a)
     }
 }
@@ -401,12 +443,12 @@ impl<F: AsFd> RenderNode<F> {
     pub fn drm_version(&self) -> Result<String> {
         let mut name = [0u8; 64];
         let mut a = sys::drm_version {
-            name_len: name.len(),
+            name_len: name.len() as _,
             name: name.as_mut_ptr().cast(),
             ..Default::default()
         };
         self.io(DRM_IOCTL_VERSION, &mut a)?;
-        let len = a.name_len.min(name.len() - 1);
+        let len = (a.name_len as usize).min(name.len() - 1);
         name[len] = 0;
         Ok(CStr::from_bytes_until_nul(&name)
             .map(|s| s.to_string_lossy().into_owned())
@@ -444,7 +486,10 @@ impl<F: AsFd> RenderNode<F> {
     }
 
     pub fn prime_fd_to_handle(&self, dmabuf: BorrowedFd<'_>) -> Result<u32> {
-        let mut a = sys::drm_prime_handle { fd: dmabuf.as_raw_fd(), ..Default::default() };
+        let mut a = sys::drm_prime_handle {
+            fd: dmabuf.as_raw_fd(),
+            ..Default::default()
+        };
         self.io(DRM_IOCTL_PRIME_FD_TO_HANDLE, &mut a)?;
         Ok(a.handle)
     }
@@ -507,7 +552,7 @@ impl Mapping {
         if p == libc::MAP_FAILED {
             return Err(Error::last("mmap"));
         }
-        let ptr = NonNull::new(p.cast()).ok_or(Error { op: "mmap", errno: libc::EFAULT })?;
+        let ptr = NonNull::new(p.cast()).ok_or(Error::new("mmap", libc::EFAULT))?;
         Ok(Self { ptr, len })
     }
 
@@ -552,22 +597,22 @@ mod tests {
         let kfd = Kfd::from_fd(null.as_fd());
         let e = kfd.get_version().unwrap_err();
         assert_eq!(e.errno(), libc::ENOTTY);
-        assert_eq!(e.op, "AMDKFD_IOC_GET_VERSION");
+        assert_eq!(e.ioctl, "AMDKFD_IOC_GET_VERSION");
         assert_eq!(
             e.to_string(),
             "AMDKFD_IOC_GET_VERSION: Inappropriate ioctl for device (errno 25)"
         );
         let e = kfd.criu_process_info().unwrap_err();
-        assert_eq!(e.op, "AMDKFD_IOC_CRIU_OP(PROCESS_INFO)");
+        assert_eq!(e.ioctl, "AMDKFD_IOC_CRIU_OP(PROCESS_INFO)");
         let r = RenderNode::from_fd(null.as_fd());
-        assert_eq!(r.drm_version().unwrap_err().op, "DRM_IOCTL_VERSION");
+        assert_eq!(r.drm_version().unwrap_err().ioctl, "DRM_IOCTL_VERSION");
         assert!(!e.is_eintr());
     }
 
     #[test]
     fn missing_device_is_a_named_error() {
         let e = RenderNode::open(RenderMinor(255)).unwrap_err();
-        assert_eq!(e.op, "open(/dev/dri/renderD*)");
+        assert_eq!(e.ioctl, "open(/dev/dri/renderD*)");
         assert_eq!(e.errno(), libc::ENOENT);
     }
 

@@ -6,6 +6,7 @@
 //!   and size/offset assertions for every struct passed to the kernel.
 //! * [`ids`]: newtypes for each id and address space.
 
+pub mod handle;
 pub mod ids;
 pub mod ioctl;
 pub mod layout;

@@ -1,0 +1,496 @@
+//! The client proper: one /dev/kfd, one render node per GPU with its VM acquired, and BOs
+//! that live at the same address for the CPU and the GPU, as the ROCm thunk arranges them.
+
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use kfd_abi::handle::{Error as IoctlError, Kfd, RenderNode};
+use kfd_abi::ids::{BoHandle, GpuId, GpuVa, MmapOffset, RenderMinor};
+use kfd_abi::sys;
+
+use crate::error::{Error, Result};
+use crate::topology::{self, Node};
+
+/// Oldest KFD interface accepted: 1.8 is the first one whose CRIU op can checkpoint the BOs
+/// this client makes, and checkpointing them is what the client exists for.
+pub const MIN_KFD_MINOR: u32 = 8;
+
+/// One GPU as the process sees it.
+#[derive(Debug)]
+pub struct Gpu {
+    /// Topology node number.
+    pub node_id: u32,
+    pub gpu_id: GpuId,
+    pub minor: RenderMinor,
+    /// Lowest and highest GPU VA usable for BOs (from GET_PROCESS_APERTURES_NEW).
+    pub gpuvm_base: u64,
+    pub gpuvm_limit: u64,
+    render: RenderNode,
+}
+
+impl Gpu {
+    /// The render node whose VM this process' KFD context uses for the GPU. VRAM and GTT
+    /// BOs are CPU-mapped through it.
+    pub fn render(&self) -> &RenderNode {
+        &self.render
+    }
+
+    fn err(&self, source: IoctlError) -> Error {
+        Error::Gpu {
+            gpu: self.gpu_id,
+            minor: self.minor,
+            source,
+        }
+    }
+}
+
+/// An open KFD context with its GPUs ready for allocations.
+#[derive(Debug)]
+pub struct KfdClient {
+    kfd: Kfd,
+    gpus: Vec<Gpu>,
+    topology_root: PathBuf,
+}
+
+/// Where a BO's memory lives.
+#[derive(Debug, Copy, Clone, PartialEq, Eq)]
+pub enum MemKind {
+    /// Device memory, host-visible (needs a large BAR).
+    Vram,
+    /// System memory mapped through the GPU's GART.
+    Gtt,
+}
+
+impl MemKind {
+    /// The `KFD_IOC_ALLOC_MEM_FLAGS_*` the thunk would use for a CPU-accessible BO.
+    pub const fn alloc_flags(self) -> u32 {
+        let common =
+            sys::KFD_IOC_ALLOC_MEM_FLAGS_WRITABLE | sys::KFD_IOC_ALLOC_MEM_FLAGS_EXECUTABLE;
+        match self {
+            MemKind::Vram => {
+                common
+                    | sys::KFD_IOC_ALLOC_MEM_FLAGS_VRAM
+                    | sys::KFD_IOC_ALLOC_MEM_FLAGS_PUBLIC
+                    | sys::KFD_IOC_ALLOC_MEM_FLAGS_NO_SUBSTITUTE
+            }
+            MemKind::Gtt => common | sys::KFD_IOC_ALLOC_MEM_FLAGS_GTT,
+        }
+    }
+}
+
+fn page_size() -> u64 {
+    // SAFETY: sysconf only reads a system constant.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(p).unwrap_or(4096)
+}
+
+impl KfdClient {
+    /// Opens /dev/kfd and every GPU of the system topology.
+    pub fn open() -> Result<Self> {
+        Self::open_with_topology(Path::new(topology::DEFAULT_ROOT))
+    }
+
+    /// As [`open`](Self::open), reading the topology from `root` (a copy of
+    /// `/sys/class/kfd/kfd/topology`).
+    pub fn open_with_topology(root: &Path) -> Result<Self> {
+        let kfd = Kfd::open().map_err(Error::Kfd)?;
+        let (major, minor) = kfd.get_version().map_err(Error::Kfd)?;
+        if major != 1 || minor < MIN_KFD_MINOR {
+            return Err(Error::Version {
+                major,
+                minor,
+                min_minor: MIN_KFD_MINOR,
+            });
+        }
+        let nodes = topology::read_nodes(root)?;
+        let gpu_nodes: Vec<&Node> = nodes.iter().filter(|n| n.gpu_id.is_some()).collect();
+        if gpu_nodes.is_empty() {
+            return Err(Error::NoGpu {
+                path: root.join("nodes"),
+            });
+        }
+        let mut gpus = Vec::with_capacity(gpu_nodes.len());
+        for n in gpu_nodes {
+            // read_nodes guarantees both for GPU nodes.
+            let (Some(gpu_id), Some(minor)) = (n.gpu_id, n.render_minor()) else {
+                continue;
+            };
+            let render = RenderNode::open(minor).map_err(|source| Error::Gpu {
+                gpu: gpu_id,
+                minor,
+                source,
+            })?;
+            let gpu = Gpu {
+                node_id: n.node_id,
+                gpu_id,
+                minor,
+                gpuvm_base: 0,
+                gpuvm_limit: 0,
+                render,
+            };
+            kfd.acquire_vm(gpu_id, gpu.render.as_fd())
+                .map_err(|e| gpu.err(e))?;
+            gpus.push(gpu);
+        }
+        let apertures = kfd
+            .get_process_apertures_new(gpus.len())
+            .map_err(Error::Kfd)?;
+        for g in &mut gpus {
+            let ap = apertures
+                .iter()
+                .find(|a| a.gpu_id == g.gpu_id.0)
+                .ok_or_else(|| {
+                    g.err(IoctlError {
+                        ioctl: "AMDKFD_IOC_GET_PROCESS_APERTURES_NEW",
+                        errno: libc::ENODEV,
+                    })
+                })?;
+            g.gpuvm_base = ap.gpuvm_base;
+            g.gpuvm_limit = ap.gpuvm_limit;
+        }
+        Ok(Self {
+            kfd,
+            gpus,
+            topology_root: root.to_owned(),
+        })
+    }
+
+    /// The /dev/kfd handle, for ioctls this client does not wrap (queues, events, CRIU).
+    pub fn kfd(&self) -> &Kfd {
+        &self.kfd
+    }
+
+    /// The GPUs, in topology order.
+    pub fn gpus(&self) -> &[Gpu] {
+        &self.gpus
+    }
+
+    /// Where the topology was read from.
+    pub fn topology_root(&self) -> &Path {
+        &self.topology_root
+    }
+
+    /// A GPU by gpu_id.
+    pub fn gpu(&self, gpu_id: GpuId) -> Result<&Gpu> {
+        self.gpus
+            .iter()
+            .find(|g| g.gpu_id == gpu_id)
+            .ok_or(Error::UnknownGpu(gpu_id))
+    }
+
+    /// Allocates `size` bytes (rounded up to pages) of `kind` memory on `gpu`, maps it into
+    /// the GPU's VM and into this process at the same address.
+    pub fn alloc(&self, gpu_id: GpuId, size: u64, kind: MemKind) -> Result<Bo<'_>> {
+        self.alloc_with_flags(gpu_id, size, kind.alloc_flags())
+    }
+
+    /// As [`alloc`](Self::alloc) with explicit `KFD_IOC_ALLOC_MEM_FLAGS_*` (VRAM or GTT).
+    pub fn alloc_with_flags(&self, gpu_id: GpuId, size: u64, flags: u32) -> Result<Bo<'_>> {
+        let gpu = self.gpu(gpu_id)?;
+        let page = page_size();
+        let size = match size.checked_add(page - 1) {
+            Some(s) if size != 0 => s & !(page - 1),
+            _ => return Err(Error::BadSize { gpu: gpu_id, size }),
+        };
+        let len = usize::try_from(size).map_err(|_| Error::BadSize { gpu: gpu_id, size })?;
+        // The CPU address space decides the address: reserve it first, then make the GPU
+        // allocation there, so the BO needs no separate CPU and GPU addresses.
+        let reservation = Reservation::new(len).map_err(|source| Error::Bo {
+            gpu: gpu_id,
+            va: GpuVa(0),
+            size,
+            step: "reserve CPU address range",
+            source,
+        })?;
+        let va = GpuVa(reservation.addr);
+        if va.0 < gpu.gpuvm_base || va.0 + size - 1 > gpu.gpuvm_limit {
+            return Err(Error::Aperture {
+                gpu: gpu_id,
+                va,
+                size,
+                base: gpu.gpuvm_base,
+                limit: gpu.gpuvm_limit,
+            });
+        }
+        let bo_err = |step, source| Error::Bo {
+            gpu: gpu_id,
+            va,
+            size,
+            step,
+            source,
+        };
+        let (handle, offset) = self
+            .kfd
+            .alloc_memory_of_gpu(gpu_id, va, size, flags, 0)
+            .map_err(|e| bo_err("AMDKFD_IOC_ALLOC_MEMORY_OF_GPU", e))?;
+        let mut bo = Bo {
+            client: self,
+            gpu: gpu_id,
+            handle,
+            va,
+            size,
+            offset,
+            flags,
+            cpu: Some(reservation),
+            gpu_mapped: false,
+        };
+        // Errors from here on drop `bo`, which frees what was set up so far.
+        bo.cpu_map(gpu)
+            .map_err(|e| bo_err("mmap render node at the BO's offset", e))?;
+        let n = self
+            .kfd
+            .map_memory_to_gpu(handle, &[gpu_id])
+            .map_err(|e| bo_err("AMDKFD_IOC_MAP_MEMORY_TO_GPU", e))?;
+        if n != 1 {
+            return Err(bo_err(
+                "AMDKFD_IOC_MAP_MEMORY_TO_GPU",
+                IoctlError {
+                    ioctl: "AMDKFD_IOC_MAP_MEMORY_TO_GPU",
+                    errno: libc::EIO,
+                },
+            ));
+        }
+        bo.gpu_mapped = true;
+        Ok(bo)
+    }
+}
+
+/// An anonymous `PROT_NONE` range owned by this process, unmapped on drop. A BO's CPU
+/// mapping replaces it in place, so dropping it also removes the BO's CPU mapping.
+#[derive(Debug)]
+struct Reservation {
+    addr: u64,
+    len: usize,
+}
+
+impl Reservation {
+    fn new(len: usize) -> std::result::Result<Self, IoctlError> {
+        // SAFETY: a fresh anonymous mapping at a kernel-chosen address touches no memory Rust
+        // already owns; the result is checked.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(last_error("mmap(PROT_NONE)"));
+        }
+        Ok(Self {
+            addr: p as u64,
+            len,
+        })
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        // SAFETY: the range was mapped by `Reservation::new` (possibly replaced in place by the
+        // BO's MAP_FIXED mapping) and belongs only to this value.
+        unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len) };
+    }
+}
+
+fn last_error(ioctl: &'static str) -> IoctlError {
+    IoctlError {
+        ioctl,
+        errno: std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO),
+    }
+}
+
+/// A VRAM or GTT BO, GPU-mapped on its GPU and CPU-mapped at its GPU VA. Dropping it unmaps
+/// and frees it; [`free`](Bo::free) does the same and reports errors.
+#[derive(Debug)]
+pub struct Bo<'c> {
+    client: &'c KfdClient,
+    gpu: GpuId,
+    handle: BoHandle,
+    va: GpuVa,
+    size: u64,
+    offset: MmapOffset,
+    flags: u32,
+    cpu: Option<Reservation>,
+    gpu_mapped: bool,
+}
+
+impl Bo<'_> {
+    pub fn gpu(&self) -> GpuId {
+        self.gpu
+    }
+
+    pub fn handle(&self) -> BoHandle {
+        self.handle
+    }
+
+    /// The GPU VA, which is also the CPU address.
+    pub fn va(&self) -> GpuVa {
+        self.va
+    }
+
+    /// Size in bytes (page aligned).
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// The render-node offset ALLOC_MEMORY_OF_GPU returned, as mapped.
+    pub fn mmap_offset(&self) -> MmapOffset {
+        self.offset
+    }
+
+    /// The `KFD_IOC_ALLOC_MEM_FLAGS_*` of the allocation.
+    pub fn flags(&self) -> u32 {
+        self.flags
+    }
+
+    /// The BO's bytes through its CPU mapping.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: while `self` lives, `va..va+size` is a readable MAP_SHARED mapping of the
+        // BO (made in `alloc_with_flags`, removed only by `release`).
+        unsafe { std::slice::from_raw_parts(self.va.0 as *const u8, self.size as usize) }
+    }
+
+    /// The BO's bytes, writable.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as in `as_slice`; the mapping is writable and `&mut self` is exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.va.0 as *mut u8, self.size as usize) }
+    }
+
+    fn cpu_map(&mut self, gpu: &Gpu) -> std::result::Result<(), IoctlError> {
+        let off = libc::off_t::try_from(self.offset.0).map_err(|_| IoctlError {
+            ioctl: "mmap",
+            errno: libc::EOVERFLOW,
+        })?;
+        // SAFETY: MAP_FIXED replaces only our own PROT_NONE reservation of exactly this range
+        // (`self.cpu`), which nothing else uses; the render fd is open for the call.
+        let p = unsafe {
+            libc::mmap(
+                self.va.0 as *mut libc::c_void,
+                self.size as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_FIXED,
+                gpu.render.as_fd().as_raw_fd(),
+                off,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(last_error("mmap"));
+        }
+        Ok(())
+    }
+
+    fn release(&mut self) -> Result<()> {
+        let mut first = None;
+        let (gpu, va, size) = (self.gpu, self.va, self.size);
+        let bo_err = |step, source| Error::Bo {
+            gpu,
+            va,
+            size,
+            step,
+            source,
+        };
+        if std::mem::take(&mut self.gpu_mapped) {
+            if let Err(e) = self.client.kfd.unmap_memory_from_gpu(self.handle, &[gpu]) {
+                first.get_or_insert(bo_err("AMDKFD_IOC_UNMAP_MEMORY_FROM_GPU", e));
+            }
+        }
+        if let Some(cpu) = self.cpu.take() {
+            drop(cpu);
+            if let Err(e) = self.client.kfd.free_memory_of_gpu(self.handle) {
+                first.get_or_insert(bo_err("AMDKFD_IOC_FREE_MEMORY_OF_GPU", e));
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    /// Unmaps the BO from the GPU and the CPU and frees it.
+    pub fn free(mut self) -> Result<()> {
+        self.release()
+    }
+}
+
+impl Drop for Bo<'_> {
+    fn drop(&mut self) {
+        // Errors cannot be reported from drop; `free` reports them.
+        let _ = self.release();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mem_kinds_map_to_thunk_flags() {
+        let v = MemKind::Vram.alloc_flags();
+        assert_eq!(v & 0x1f, sys::KFD_IOC_ALLOC_MEM_FLAGS_VRAM);
+        assert_ne!(v & sys::KFD_IOC_ALLOC_MEM_FLAGS_PUBLIC, 0);
+        assert_ne!(v & sys::KFD_IOC_ALLOC_MEM_FLAGS_WRITABLE, 0);
+        let g = MemKind::Gtt.alloc_flags();
+        assert_eq!(g & 0x1f, sys::KFD_IOC_ALLOC_MEM_FLAGS_GTT);
+        assert_eq!(g & sys::KFD_IOC_ALLOC_MEM_FLAGS_PUBLIC, 0);
+    }
+
+    #[test]
+    fn reservation_is_inaccessible_and_released() {
+        let r = Reservation::new(8192).unwrap();
+        let addr = r.addr;
+        assert_eq!(addr % page_size(), 0);
+        let mut vec = [0u8; 2];
+        // SAFETY: mincore only inspects the page table for our own range.
+        let rc = unsafe { libc::mincore(addr as *mut libc::c_void, 8192, vec.as_mut_ptr()) };
+        assert_eq!(rc, 0);
+        drop(r);
+        // SAFETY: as above; after munmap the range is unmapped, so mincore fails with ENOMEM.
+        let rc = unsafe { libc::mincore(addr as *mut libc::c_void, 8192, vec.as_mut_ptr()) };
+        assert_eq!(rc, -1);
+        assert_eq!(
+            std::io::Error::last_os_error().raw_os_error(),
+            Some(libc::ENOMEM)
+        );
+    }
+
+    /// Runs only where a KFD exists (real GPU, or inside `kfd-emu run`).
+    #[test]
+    #[ignore = "needs /dev/kfd: run under `kfd-emu run -- <test binary> --ignored`"]
+    fn needs_kfd_alloc_write_read_free() {
+        let c = KfdClient::open().unwrap();
+        let gpu_nodes = topology::read_nodes(c.topology_root())
+            .unwrap()
+            .into_iter()
+            .filter(|n| n.gpu_id.is_some())
+            .count();
+        assert_eq!(c.gpus().len(), gpu_nodes);
+        for g in c.gpus() {
+            assert!(g.gpuvm_base < g.gpuvm_limit, "GPU {}", g.gpu_id);
+            for (i, kind) in [MemKind::Gtt, MemKind::Vram].into_iter().enumerate() {
+                let mut bo = c.alloc(g.gpu_id, 10_000, kind).unwrap();
+                assert_eq!(bo.size(), 12288);
+                assert_eq!(bo.handle().gpu_id(), g.gpu_id);
+                assert!(bo.va().0 >= g.gpuvm_base);
+                let tag = [b'k', b'f', b'd', i as u8];
+                bo.as_mut_slice()[..4].copy_from_slice(&tag);
+                bo.as_mut_slice()[8191] = 0xa5;
+                // A second mapping of the render node at the returned offset sees the
+                // same bytes: the CPU VA really is the BO, not private memory.
+                let view =
+                    kfd_abi::handle::Mapping::shared(g.render().as_fd(), bo.mmap_offset(), 12288)
+                        .unwrap();
+                assert_eq!(&view.as_slice()[..4], &tag);
+                assert_eq!(view.as_slice()[8191], 0xa5);
+                drop(view);
+                bo.free().unwrap();
+            }
+        }
+        // Freed BOs leave no CPU mapping behind and their GPU range can be reused.
+        let a = c.alloc(c.gpus()[0].gpu_id, 4096, MemKind::Gtt).unwrap();
+        let b = c.alloc(c.gpus()[0].gpu_id, 4096, MemKind::Gtt).unwrap();
+        assert_ne!(a.va(), b.va());
+        assert_ne!(a.handle(), b.handle());
+    }
+}

@@ -1,0 +1,82 @@
+//! Client errors: each names the GPU, BO or topology file involved and keeps the errno.
+
+use std::path::PathBuf;
+
+use kfd_abi::handle::Error as IoctlError;
+use kfd_abi::ids::{GpuId, GpuVa, RenderMinor};
+
+/// Why a client operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An ioctl on /dev/kfd not tied to one GPU.
+    #[error("/dev/kfd: {0}")]
+    Kfd(IoctlError),
+    /// An ioctl or open concerning one GPU.
+    #[error("GPU {gpu} (renderD{minor}): {source}")]
+    Gpu {
+        gpu: GpuId,
+        minor: RenderMinor,
+        source: IoctlError,
+    },
+    /// A step of allocating, mapping or freeing one BO.
+    #[error("GPU {gpu}, BO at {va} ({size} bytes): {step}: {source}")]
+    Bo {
+        gpu: GpuId,
+        va: GpuVa,
+        size: u64,
+        step: &'static str,
+        source: IoctlError,
+    },
+    /// A topology file that cannot be read.
+    #[error("{}: {source}", path.display())]
+    TopologyIo {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// A topology file with unexpected contents.
+    #[error("{}: {msg}", path.display())]
+    Topology { path: PathBuf, msg: String },
+    /// The KFD is older than this client supports.
+    #[error(
+        "/dev/kfd: KFD ioctl interface {major}.{minor} is too old (need 1.{min_minor} or newer)"
+    )]
+    Version {
+        major: u32,
+        minor: u32,
+        min_minor: u32,
+    },
+    /// A gpu_id that is not one of this client's GPUs.
+    #[error("no GPU with gpu_id {0} in the KFD topology")]
+    UnknownGpu(GpuId),
+    /// The topology lists no GPU.
+    #[error("{}: no GPU node (every gpu_id is 0)", path.display())]
+    NoGpu { path: PathBuf },
+    /// A CPU address reservation the GPU VM cannot use.
+    #[error("GPU {gpu}: CPU reservation {va} (+{size}) is outside the GPUVM aperture {base:#x}..={limit:#x}")]
+    Aperture {
+        gpu: GpuId,
+        va: GpuVa,
+        size: u64,
+        base: u64,
+        limit: u64,
+    },
+    /// A zero or overflowing allocation size.
+    #[error("GPU {gpu}: invalid BO size {size}")]
+    BadSize { gpu: GpuId, size: u64 },
+}
+
+impl Error {
+    /// The kernel's errno, when the failure came from a syscall.
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            Error::Kfd(e) | Error::Gpu { source: e, .. } | Error::Bo { source: e, .. } => {
+                Some(e.errno())
+            }
+            Error::TopologyIo { source, .. } => source.raw_os_error(),
+            _ => None,
+        }
+    }
+}
+
+/// Result of the client.
+pub type Result<T> = std::result::Result<T, Error>;
