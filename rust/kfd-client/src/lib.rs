@@ -8,6 +8,7 @@
 
 mod client;
 mod error;
+pub mod events;
 pub mod queue;
 pub mod sdma;
 pub mod topology;

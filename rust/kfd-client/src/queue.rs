@@ -86,7 +86,7 @@ impl<'c> SdmaQueue<'c> {
             return Err(ioctl_err(
                 "ring size",
                 IoctlError {
-                    op: "AMDKFD_IOC_CREATE_QUEUE",
+                    ioctl: "AMDKFD_IOC_CREATE_QUEUE",
                     errno: libc::EINVAL,
                 },
             ));
