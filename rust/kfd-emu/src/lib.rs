@@ -7,7 +7,6 @@
 //! * `runner`: `kfd-emu run`, the private mount namespace around a command;
 //! * `device`: the device state machine behind the transport.
 
-#[cfg(kfd_emu_device)]
 pub mod device;
 pub mod fuse;
 pub mod profile;

@@ -140,13 +140,7 @@ fn cmd_run(a: Args) -> Result<i32, String> {
         cmd: a.rest,
         threads: a.threads.unwrap_or(2),
     };
-    #[cfg(kfd_emu_device)]
-    return kfd_emu::runner::run(opts, kfd_emu::fuse::emulator::devices).map_err(|e| e.to_string());
-    #[cfg(not(kfd_emu_device))]
-    {
-        let _ = opts;
-        Err("this build has no device model (rust/kfd-emu/src/device)".into())
-    }
+    kfd_emu::runner::run(opts, kfd_emu::fuse::emulator::devices).map_err(|e| e.to_string())
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {

@@ -3,8 +3,6 @@
 //! the namespace's /dev/kfd.  Needs root.  Built once the device model
 //! is in the crate (see build.rs).
 
-#![cfg(kfd_emu_device)]
-
 use std::process::{Command, Stdio};
 
 fn kfd_emu() -> Command {

@@ -15,7 +15,6 @@
 //! here; the device's later answer is dropped.
 
 pub mod abi;
-#[cfg(kfd_emu_device)]
 pub mod emulator;
 
 use std::collections::HashMap;
