@@ -4,7 +4,7 @@
 //! place that touches the raw syscall) and turns failure into an [`Error`] that keeps the
 //! ioctl's name and errno. Nothing here retries: callers decide what EINTR means.
 
-use crate::ids::{BoHandle, EventId, GpuId, GpuVa, MmapOffset, QueueId, RenderMinor};
+use crate::ids::{BoHandle, CpuVa, EventId, GpuId, GpuVa, MmapOffset, QueueId, RenderMinor};
 use crate::ioctl::*;
 use crate::layout::{criu_op, kfd_ioctl_export_dmabuf_args};
 use crate::sys;
@@ -494,32 +494,171 @@ impl<F: AsFd> RenderNode<F> {
         Ok(a.handle)
     }
 
-    pub fn gem_create(&self, args: &mut sys::drm_amdgpu_gem_create) -> Result<()> {
-        self.io(DRM_IOCTL_AMDGPU_GEM_CREATE, args).map(drop)
+    /// Exports a GEM handle as a dmabuf fd with fd `flags` (`DRM_CLOEXEC | DRM_RDWR`).
+    pub fn prime_handle_to_fd(&self, handle: u32, flags: u32) -> Result<OwnedFd> {
+        let mut a = sys::drm_prime_handle {
+            handle,
+            flags,
+            fd: -1,
+        };
+        self.io(DRM_IOCTL_PRIME_HANDLE_TO_FD, &mut a)?;
+        // SAFETY: on success the kernel installed a new fd in our table and handed its
+        // ownership to us through `fd`.
+        Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(a.fd) })
     }
 
-    pub fn gem_userptr(&self, args: &mut sys::drm_amdgpu_gem_userptr) -> Result<()> {
-        self.io(DRM_IOCTL_AMDGPU_GEM_USERPTR, args).map(drop)
+    /// Creates a GEM BO in `domains` (`AMDGPU_GEM_DOMAIN_*`); returns its handle.
+    pub fn gem_create(
+        &self,
+        size: u64,
+        alignment: u64,
+        domains: u64,
+        domain_flags: u64,
+    ) -> Result<u32> {
+        let mut a = sys::drm_amdgpu_gem_create::default();
+        a.in_ = sys::drm_amdgpu_gem_create_in {
+            bo_size: size,
+            alignment,
+            domains,
+            domain_flags,
+        };
+        self.io(DRM_IOCTL_AMDGPU_GEM_CREATE, &mut a)?;
+        // SAFETY: after a successful GEM_CREATE the kernel wrote the `out` member.
+        Ok(unsafe { a.out.handle })
     }
 
-    pub fn gem_va(&self, args: &mut sys::drm_amdgpu_gem_va) -> Result<()> {
-        self.io(DRM_IOCTL_AMDGPU_GEM_VA, args).map(drop)
+    /// Wraps `size` bytes of this process' memory at `addr` in a GEM BO.
+    pub fn gem_userptr(&self, addr: CpuVa, size: u64, flags: u32) -> Result<u32> {
+        let mut a = sys::drm_amdgpu_gem_userptr {
+            addr: addr.0,
+            size,
+            flags,
+            handle: 0,
+        };
+        self.io(DRM_IOCTL_AMDGPU_GEM_USERPTR, &mut a)?;
+        Ok(a.handle)
     }
 
-    pub fn ctx(&self, args: &mut sys::drm_amdgpu_ctx) -> Result<()> {
-        self.io(DRM_IOCTL_AMDGPU_CTX, args).map(drop)
+    /// Maps, unmaps or replaces (`AMDGPU_VA_OP_*`) a GEM BO range in this file's GPU VM.
+    pub fn gem_va(
+        &self,
+        handle: u32,
+        operation: u32,
+        flags: u32,
+        va: GpuVa,
+        offset_in_bo: u64,
+        map_size: u64,
+    ) -> Result<()> {
+        let mut a = sys::drm_amdgpu_gem_va {
+            handle,
+            _pad: 0,
+            operation,
+            flags,
+            va_address: va.0,
+            offset_in_bo,
+            map_size,
+        };
+        self.io(DRM_IOCTL_AMDGPU_GEM_VA, &mut a).map(drop)
     }
 
-    pub fn bo_list(&self, args: &mut sys::drm_amdgpu_bo_list) -> Result<()> {
-        self.io(DRM_IOCTL_AMDGPU_BO_LIST, args).map(drop)
+    /// Allocates a submission context; returns its id.
+    pub fn ctx_alloc(&self, priority: i32) -> Result<u32> {
+        let mut a = sys::drm_amdgpu_ctx::default();
+        a.in_ = sys::drm_amdgpu_ctx_in {
+            op: sys::AMDGPU_CTX_OP_ALLOC_CTX,
+            flags: 0,
+            ctx_id: 0,
+            priority,
+        };
+        self.io(DRM_IOCTL_AMDGPU_CTX, &mut a)?;
+        // SAFETY: after a successful ALLOC_CTX the kernel wrote the `out` member...
+        let out = unsafe { a.out };
+        // SAFETY: ...and within it the `alloc` variant.
+        Ok(unsafe { out.alloc }.ctx_id)
     }
 
-    pub fn cs(&self, args: &mut sys::drm_amdgpu_cs) -> Result<()> {
-        self.io(DRM_IOCTL_AMDGPU_CS, args).map(drop)
+    pub fn ctx_free(&self, ctx_id: u32) -> Result<()> {
+        let mut a = sys::drm_amdgpu_ctx::default();
+        a.in_ = sys::drm_amdgpu_ctx_in {
+            op: sys::AMDGPU_CTX_OP_FREE_CTX,
+            flags: 0,
+            ctx_id,
+            priority: 0,
+        };
+        self.io(DRM_IOCTL_AMDGPU_CTX, &mut a).map(drop)
     }
 
-    pub fn wait_cs(&self, args: &mut sys::drm_amdgpu_wait_cs) -> Result<()> {
-        self.io(DRM_IOCTL_AMDGPU_WAIT_CS, args).map(drop)
+    /// Creates a BO list for command submission; returns its handle.
+    pub fn bo_list_create(&self, entries: &[sys::drm_amdgpu_bo_list_entry]) -> Result<u32> {
+        let mut a = sys::drm_amdgpu_bo_list::default();
+        a.in_ = sys::drm_amdgpu_bo_list_in {
+            operation: sys::AMDGPU_BO_LIST_OP_CREATE,
+            list_handle: 0,
+            bo_number: entries.len() as u32,
+            bo_info_size: std::mem::size_of::<sys::drm_amdgpu_bo_list_entry>() as u32,
+            bo_info_ptr: entries.as_ptr() as u64,
+        };
+        self.io(DRM_IOCTL_AMDGPU_BO_LIST, &mut a)?;
+        // SAFETY: after a successful OP_CREATE the kernel wrote the `out` member.
+        Ok(unsafe { a.out.list_handle })
+    }
+
+    pub fn bo_list_destroy(&self, list_handle: u32) -> Result<()> {
+        let mut a = sys::drm_amdgpu_bo_list::default();
+        a.in_ = sys::drm_amdgpu_bo_list_in {
+            operation: sys::AMDGPU_BO_LIST_OP_DESTROY,
+            list_handle,
+            ..Default::default()
+        };
+        self.io(DRM_IOCTL_AMDGPU_BO_LIST, &mut a).map(drop)
+    }
+
+    /// Submits `chunks` (whose `chunk_data` point at live chunk payloads) on `ctx_id`;
+    /// returns the submission's sequence number for [`wait_cs`](Self::wait_cs).
+    pub fn cs_submit(
+        &self,
+        ctx_id: u32,
+        bo_list_handle: u32,
+        chunks: &[sys::drm_amdgpu_cs_chunk],
+    ) -> Result<u64> {
+        // The kernel takes an array of pointers to chunks, not an array of chunks.
+        let ptrs: Vec<u64> = chunks.iter().map(|c| c as *const _ as u64).collect();
+        let mut a = sys::drm_amdgpu_cs::default();
+        a.in_ = sys::drm_amdgpu_cs_in {
+            ctx_id,
+            bo_list_handle,
+            num_chunks: chunks.len() as u32,
+            flags: 0,
+            chunks: ptrs.as_ptr() as u64,
+        };
+        self.io(DRM_IOCTL_AMDGPU_CS, &mut a)?;
+        // SAFETY: after a successful CS the kernel wrote the `out` member.
+        Ok(unsafe { a.out.handle })
+    }
+
+    /// Waits up to `timeout_ns` (absolute, CLOCK_MONOTONIC) for submission `seq`; returns
+    /// true when it completed, false when it is still busy.
+    pub fn wait_cs(
+        &self,
+        ctx_id: u32,
+        ip_type: u32,
+        ip_instance: u32,
+        ring: u32,
+        seq: u64,
+        timeout_ns: u64,
+    ) -> Result<bool> {
+        let mut a = sys::drm_amdgpu_wait_cs::default();
+        a.in_ = sys::drm_amdgpu_wait_cs_in {
+            handle: seq,
+            timeout: timeout_ns,
+            ip_type,
+            ip_instance,
+            ring,
+            ctx_id,
+        };
+        self.io(DRM_IOCTL_AMDGPU_WAIT_CS, &mut a)?;
+        // SAFETY: after a successful WAIT_CS the kernel wrote the `out` member.
+        Ok(unsafe { a.out.status } == 0)
     }
 }
 
@@ -607,6 +746,61 @@ mod tests {
         let r = RenderNode::from_fd(null.as_fd());
         assert_eq!(r.drm_version().unwrap_err().ioctl, "DRM_IOCTL_VERSION");
         assert!(!e.is_eintr());
+    }
+
+    #[test]
+    fn typed_render_ioctls_name_themselves() {
+        let null = File::open("/dev/null").unwrap();
+        let r = RenderNode::from_fd(null.as_fd());
+        let names = [
+            r.gem_create(4096, 4096, sys::AMDGPU_GEM_DOMAIN_GTT.into(), 0)
+                .unwrap_err(),
+            r.ctx_alloc(0).unwrap_err(),
+            r.ctx_free(1).unwrap_err(),
+            r.bo_list_create(&[]).unwrap_err(),
+            r.bo_list_destroy(1).unwrap_err(),
+            r.cs_submit(1, 0, &[]).unwrap_err(),
+            r.wait_cs(1, 0, 0, 0, 1, 0).unwrap_err(),
+            r.prime_handle_to_fd(1, 0).unwrap_err(),
+            r.gem_userptr(CpuVa(0x1000), 4096, 0).unwrap_err(),
+            r.gem_va(1, sys::AMDGPU_VA_OP_MAP, 0, GpuVa(0x10_0000), 0, 4096)
+                .unwrap_err(),
+        ];
+        let expect = [
+            "DRM_IOCTL_AMDGPU_GEM_CREATE",
+            "DRM_IOCTL_AMDGPU_CTX",
+            "DRM_IOCTL_AMDGPU_CTX",
+            "DRM_IOCTL_AMDGPU_BO_LIST",
+            "DRM_IOCTL_AMDGPU_BO_LIST",
+            "DRM_IOCTL_AMDGPU_CS",
+            "DRM_IOCTL_AMDGPU_WAIT_CS",
+            "DRM_IOCTL_PRIME_HANDLE_TO_FD",
+            "DRM_IOCTL_AMDGPU_GEM_USERPTR",
+            "DRM_IOCTL_AMDGPU_GEM_VA",
+        ];
+        for (e, name) in names.iter().zip(expect) {
+            assert_eq!(e.ioctl, name);
+            assert_eq!(e.errno(), libc::ENOTTY, "{e}");
+        }
+    }
+
+    /// Runs only where a KFD exists (real GPU, or inside `kfd-emu run`).
+    #[test]
+    #[ignore = "needs /dev/kfd and renderD128: run under `kfd-emu run -- <test binary> --ignored`"]
+    fn needs_kfd_version_apertures_and_render_info() {
+        let kfd = Kfd::open().unwrap();
+        let (major, minor) = kfd.get_version().unwrap();
+        assert_eq!(major, 1);
+        assert!(minor >= 8, "KFD 1.{minor}");
+        let r = RenderNode::open(RenderMinor(128)).unwrap();
+        assert_eq!(r.drm_version().unwrap(), "amdgpu");
+        let info = r.amdgpu_info_dev_info().unwrap();
+        assert!(info.virtual_address_max > info.virtual_address_offset);
+        let ap = kfd.get_process_apertures_new(64).unwrap();
+        assert!(!ap.is_empty());
+        assert!(ap
+            .iter()
+            .all(|a| a.gpu_id != 0 && a.gpuvm_base < a.gpuvm_limit));
     }
 
     #[test]
