@@ -9,6 +9,7 @@
 mod client;
 mod error;
 pub mod events;
+pub mod ffi;
 pub mod queue;
 pub mod sdma;
 pub mod topology;
