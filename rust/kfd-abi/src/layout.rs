@@ -186,6 +186,27 @@ layout!(sys::kfd_ioctl_get_process_apertures_new_args, 16, kfd_process_device_ap
     num_of_nodes @ 8);
 layout!(sys::kfd_ioctl_get_available_memory_args, 16, available @ 0, gpu_id @ 8);
 layout!(kfd_ioctl_export_dmabuf_args, 16, handle @ 0, flags @ 8, dmabuf_fd @ 12);
+// The render-node ioctls (sizes are also pinned by the request numbers; the offsets of
+// the structs whose fields are filled one by one are pinned here).
+layout!(sys::drm_version, 64, version_major @ 0, name_len @ 16, name @ 24, date_len @ 32,
+    desc_len @ 48);
+layout!(sys::drm_gem_close, 8, handle @ 0);
+layout!(sys::drm_prime_handle, 12, handle @ 0, flags @ 4, fd @ 8);
+layout!(sys::drm_amdgpu_gem_create_in, 32, bo_size @ 0, alignment @ 8, domains @ 16,
+    domain_flags @ 24);
+layout!(sys::drm_amdgpu_gem_userptr, 24, addr @ 0, size @ 8, flags @ 16, handle @ 20);
+layout!(sys::drm_amdgpu_gem_va, 40, handle @ 0, operation @ 8, flags @ 12, va_address @ 16,
+    offset_in_bo @ 24, map_size @ 32);
+layout!(sys::drm_amdgpu_ctx_in, 16, op @ 0, flags @ 4, ctx_id @ 8, priority @ 12);
+layout!(sys::drm_amdgpu_bo_list_in, 24, operation @ 0, list_handle @ 4, bo_number @ 8,
+    bo_info_size @ 12, bo_info_ptr @ 16);
+layout!(sys::drm_amdgpu_bo_list_entry, 8, bo_handle @ 0, bo_priority @ 4);
+layout!(sys::drm_amdgpu_cs_in, 24, ctx_id @ 0, bo_list_handle @ 4, num_chunks @ 8, flags @ 12,
+    chunks @ 16);
+layout!(sys::drm_amdgpu_cs_chunk, 16, chunk_id @ 0, length_dw @ 4, chunk_data @ 8);
+layout!(sys::drm_amdgpu_wait_cs_in, 32, handle @ 0, timeout @ 8, ip_type @ 16, ip_instance @ 20,
+    ring @ 24, ctx_id @ 28);
+layout!(sys::drm_amdgpu_info, 32, return_pointer @ 0, return_size @ 8, query @ 12);
 // The private-data blob.
 layout!(kfd_criu_process_priv_data, 8, version @ 0, xnack_mode @ 4);
 layout!(kfd_criu_device_priv_data, 8);
