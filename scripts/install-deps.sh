@@ -43,12 +43,15 @@ if ! command -v rustup >/dev/null 2>&1 && ! command -v cargo >/dev/null 2>&1; th
 fi
 if command -v rustup >/dev/null 2>&1; then
 	chan=$(sed -n 's/^channel *= *"\(.*\)"/\1/p' "$top/rust/rust-toolchain.toml")
-	if ! rustup toolchain list | grep -q "^$chan"; then
+	# Listings are captured before grep: `| grep -q` under pipefail can fail on SIGPIPE.
+	toolchains=$(rustup toolchain list)
+	if ! grep -q "^$chan" <<<"$toolchains"; then
 		echo "install-deps: installing Rust $chan"
 		rustup toolchain install "$chan" --profile minimal -c rustfmt -c clippy >/dev/null
 	fi
 	for c in rustfmt clippy; do
-		if ! rustup component list --toolchain "$chan" --installed 2>/dev/null | grep -q "^$c"; then
+		components=$(rustup component list --toolchain "$chan" --installed 2>/dev/null || true)
+		if ! grep -q "^$c" <<<"$components"; then
 			echo "install-deps: adding Rust component $c"
 			rustup component add --toolchain "$chan" "$c" >/dev/null
 		fi

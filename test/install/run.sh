@@ -12,7 +12,12 @@ check_tree() {
 	local root=$1 door=$2
 	[ -x "$root/bin/criu-rocm" ] || fail "$door: no $root/bin/criu-rocm"
 	[ -s "$root/share/man/man8/criu-rocm.8" ] || fail "$door: no man page under $root/share/man/man8"
-	"$root/bin/criu-rocm" --version | grep -q '^criu-rocm: ' || fail "$door: installed binary does not print its criu-rocm version"
+	# Captured first: `| grep -q` under pipefail fails when grep quits before the writer.
+	local version
+	version=$("$root/bin/criu-rocm" --version) || fail "$door: installed criu-rocm --version failed"
+	for line in '^Version: ' '^criu-rocm: ' '^criu-rocm GitID: '; do
+		grep -q "$line" <<<"$version" || fail "$door: installed criu-rocm --version lacks '$line': $version"
+	done
 	cmp -s "$root/bin/criu-rocm" "$top/build/criu-rocm" || fail "$door: installed binary differs from build/criu-rocm"
 	echo "install: $door: PASS"
 }
