@@ -1,0 +1,193 @@
+//! Eight clients at once against one kfd-emu daemon.
+//!
+//! The outer test starts `kfd-emu run --profile mi100x2 -- <this binary> --ignored --exact
+//! inner_stress_parent`; the parent then spawns eight `inner_stress_worker` processes at once,
+//! requires each to succeed, and afterwards allocates from a fresh client to show the daemon
+//! kept serving and took the workers' VRAM back. kfd-emu is found as in tests/emu.rs.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kfd_client::queue::SdmaQueue;
+use kfd_client::{sdma, KfdClient, MemKind};
+
+const PROFILE: &str = "mi100x2";
+const WORKERS: usize = 8;
+const BOS_PER_WORKER: usize = 64;
+
+fn kfd_emu() -> PathBuf {
+    if let Some(p) = std::env::var_os("KFD_EMU") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().expect("current_exe");
+    let p = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .map(|d| d.join("kfd-emu"));
+    match p {
+        Some(p) if p.is_file() => p,
+        _ => panic!(
+            "kfd-emu is not built next to {}: run `cargo build -p kfd-emu` (same \
+             CARGO_TARGET_DIR) or set KFD_EMU=/path/to/kfd-emu",
+            exe.display()
+        ),
+    }
+}
+
+fn self_args(name: &str) -> [&str; 5] {
+    [
+        "--ignored",
+        "--exact",
+        name,
+        "--nocapture",
+        "--test-threads=1",
+    ]
+}
+
+/// Deterministic per-worker pseudo-random numbers (xorshift64), so a failure reproduces.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+#[test]
+fn eight_processes_under_emulator() {
+    let t0 = Instant::now();
+    let out = Command::new(kfd_emu())
+        .args(["run", "--profile", PROFILE, "--"])
+        .arg(std::env::current_exe().unwrap())
+        .args(self_args("inner_stress_parent"))
+        .output()
+        .expect("spawn kfd-emu");
+    let text = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "stress under kfd-emu failed:\n{text}");
+    assert!(text.contains("1 passed"), "stress did not run:\n{text}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(60),
+        "stress took {:?}",
+        t0.elapsed()
+    );
+}
+
+#[test]
+#[ignore = "needs /dev/kfd (run through the outer test or `kfd-emu run`)"]
+fn inner_stress_parent() {
+    let exe = std::env::current_exe().unwrap();
+    let children: Vec<_> = (0..WORKERS)
+        .map(|i| {
+            Command::new(&exe)
+                .args(self_args("inner_stress_worker"))
+                .env("STRESS_WORKER", i.to_string())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn worker")
+        })
+        .collect();
+    let mut failed = Vec::new();
+    for (i, ch) in children.into_iter().enumerate() {
+        let out = ch.wait_with_output().expect("wait worker");
+        let text = format!(
+            "{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if !out.status.success() || !text.contains("1 passed") {
+            failed.push(format!("worker {i}: {}\n{text}", out.status));
+        }
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+
+    // The daemon still serves a new client, and the workers' VRAM came back: a large
+    // allocation on every GPU must succeed and hold data.
+    let c = KfdClient::open().unwrap();
+    for g in c.gpus() {
+        let mut bo = c.alloc(g.gpu_id, 256 << 20, MemKind::Vram).unwrap();
+        bo.as_mut_slice().fill(0x5a);
+        assert!(bo.as_slice().iter().all(|&b| b == 0x5a));
+        bo.free().unwrap();
+    }
+}
+
+#[test]
+#[ignore = "needs /dev/kfd (run through the outer test or `kfd-emu run`)"]
+fn inner_stress_worker() {
+    let id: u64 = std::env::var("STRESS_WORKER")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (id + 1).wrapping_mul(0x1000_0001));
+    let c = KfdClient::open().unwrap();
+    assert_eq!(c.gpus().len(), 2, "profile {PROFILE} has two GPUs");
+    let gpus: Vec<_> = c.gpus().iter().map(|g| g.gpu_id).collect();
+
+    let mut bos = Vec::new();
+    for n in 0..BOS_PER_WORKER {
+        let gpu = gpus[n % gpus.len()];
+        let kind = if rng.next().is_multiple_of(2) {
+            MemKind::Vram
+        } else {
+            MemKind::Gtt
+        };
+        let size = 4096u64 << (rng.next() % 7); // 4 KiB .. 256 KiB
+        let mut bo = c.alloc(gpu, size, kind).unwrap();
+        let seed = (id as u8).wrapping_mul(31).wrapping_add(n as u8);
+        for (i, b) in bo.as_mut_slice().iter_mut().enumerate() {
+            *b = seed ^ (i as u8).wrapping_mul(13);
+        }
+        bos.push((bo, seed));
+    }
+    for (n, (bo, seed)) in bos.iter().enumerate() {
+        let bad = bo
+            .as_slice()
+            .iter()
+            .enumerate()
+            .position(|(i, &b)| b != *seed ^ (i as u8).wrapping_mul(13));
+        assert_eq!(bad, None, "worker {id} BO {n} ({:?}) corrupted", bo.va());
+    }
+
+    // Per GPU: copy a 64 KiB VRAM source to GTT with SDMA a few times, fencing each round.
+    for &g in &gpus {
+        const SZ: u64 = 64 << 10;
+        let mut src = c.alloc(g, SZ, MemKind::Vram).unwrap();
+        let dst = c.alloc(g, SZ, MemKind::Gtt).unwrap();
+        let flag = c.alloc(g, 4096, MemKind::Gtt).unwrap();
+        for (i, b) in src.as_mut_slice().iter_mut().enumerate() {
+            *b = (i as u8) ^ (id as u8);
+        }
+        let mut q = SdmaQueue::create(&c, g, 4096).unwrap();
+        let (s, d, f) = (src.va().0, dst.va().0, flag.va().0);
+        for round in 1..=20u32 {
+            q.submit_with(|v| {
+                sdma::copy_linear_split(v, s, d, SZ)?;
+                sdma::fence(v, f, round)
+            })
+            .unwrap();
+        }
+        q.wait_idle(Duration::from_secs(20)).unwrap();
+        assert_eq!(dst.as_slice(), src.as_slice(), "worker {id} GPU {g:?} copy");
+        let fence = u32::from_le_bytes(flag.as_slice()[..4].try_into().unwrap());
+        assert_eq!(fence, 20, "worker {id} GPU {g:?} fence");
+        q.destroy().unwrap();
+        src.free().unwrap();
+        dst.free().unwrap();
+        flag.free().unwrap();
+    }
+
+    // Free in a shuffled order.
+    while !bos.is_empty() {
+        let i = (rng.next() % bos.len() as u64) as usize;
+        let (bo, _) = bos.swap_remove(i);
+        bo.free().unwrap();
+    }
+}
