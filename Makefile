@@ -27,7 +27,7 @@ CRIU_INPUTS	:= criu/upstream.lock criu/patches/series $(wildcard criu/patches/*.
 
 all: $(BUILD)/criu-rocm
 .PHONY: all deps criu-rocm rust-lib test print-test-suites test-rust test-smoke test-zdtm test-install \
-	zdtm-compare install clean FORCE
+	zdtm-compare install clean bench FORCE
 
 deps:
 	scripts/install-deps.sh
@@ -82,6 +82,11 @@ test: $(TEST_SUITES)
 
 print-test-suites:
 	@echo $(TEST_SUITES)
+
+bench:
+	cd rust && CARGO_TARGET_DIR=$(CARGO_TARGET) $(CARGO) build --release --locked -q -p kfd-emu -p kfd-client
+	$(CARGO_TARGET)/release/kfd-emu run --profile mi100 -- sh -c \
+		'$(CARGO_TARGET)/release/kfd-emu bench-ioctl && $(CARGO_TARGET)/release/emu-bench'
 
 test-rust:
 	cd rust && $(CARGO) fmt --all -- --check
