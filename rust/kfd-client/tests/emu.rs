@@ -6,8 +6,10 @@
 //! --workspace` does that; otherwise `cargo build -p kfd-emu`) or named by `KFD_EMU`; if it
 //! is missing the outer tests fail rather than pass vacuously.
 
+mod common;
+
+use common::{kfd_emu, self_args};
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -17,38 +19,12 @@ use kfd_client::{sdma, KfdClient, MemKind};
 
 const PROFILE: &str = "mi100x2";
 
-fn kfd_emu() -> PathBuf {
-    if let Some(p) = std::env::var_os("KFD_EMU") {
-        return PathBuf::from(p);
-    }
-    // <target>/<profile>/deps/emu-HASH -> <target>/<profile>/kfd-emu
-    let exe = std::env::current_exe().expect("current_exe");
-    let p = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .map(|d| d.join("kfd-emu"));
-    match p {
-        Some(p) if p.is_file() => p,
-        _ => panic!(
-            "kfd-emu is not built next to {}: run `cargo build -p kfd-emu` (same \
-             CARGO_TARGET_DIR) or set KFD_EMU=/path/to/kfd-emu",
-            exe.display()
-        ),
-    }
-}
-
 fn run_inner(name: &str) {
     let exe = std::env::current_exe().unwrap();
     let out = Command::new(kfd_emu())
         .args(["run", "--profile", PROFILE, "--"])
         .arg(&exe)
-        .args([
-            "--ignored",
-            "--exact",
-            name,
-            "--nocapture",
-            "--test-threads=1",
-        ])
+        .args(self_args(name))
         .output()
         .expect("spawn kfd-emu");
     let text = format!(

@@ -5,7 +5,9 @@
 //! requires each to succeed, and afterwards allocates from a fresh client to show the daemon
 //! kept serving and took the workers' VRAM back. kfd-emu is found as in tests/emu.rs.
 
-use std::path::PathBuf;
+mod common;
+
+use common::{kfd_emu, self_args};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -15,35 +17,6 @@ use kfd_client::{sdma, KfdClient, MemKind};
 const PROFILE: &str = "mi100x2";
 const WORKERS: usize = 8;
 const BOS_PER_WORKER: usize = 64;
-
-fn kfd_emu() -> PathBuf {
-    if let Some(p) = std::env::var_os("KFD_EMU") {
-        return PathBuf::from(p);
-    }
-    let exe = std::env::current_exe().expect("current_exe");
-    let p = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .map(|d| d.join("kfd-emu"));
-    match p {
-        Some(p) if p.is_file() => p,
-        _ => panic!(
-            "kfd-emu is not built next to {}: run `cargo build -p kfd-emu` (same \
-             CARGO_TARGET_DIR) or set KFD_EMU=/path/to/kfd-emu",
-            exe.display()
-        ),
-    }
-}
-
-fn self_args(name: &str) -> [&str; 5] {
-    [
-        "--ignored",
-        "--exact",
-        name,
-        "--nocapture",
-        "--test-threads=1",
-    ]
-}
 
 /// Deterministic per-worker pseudo-random numbers (xorshift64), so a failure reproduces.
 struct Rng(u64);
