@@ -26,6 +26,7 @@ pub mod matcher;
 pub mod plan;
 pub mod privdata;
 pub mod proto;
+pub mod session;
 pub mod topology;
 
 pub use error::Error;

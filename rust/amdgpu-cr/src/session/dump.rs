@@ -1,0 +1,507 @@
+//! The dump side, in criu main.
+//!
+//! Order of calls (criu-rocm's patched `cr_dump_tasks`):
+//! 1. [`DumpSession::pause_task`] for every task, right after the tree is
+//!    frozen and before any memory is read: each KFD file the task holds is
+//!    reached with `pidfd_getfd` (the same open file description, so the
+//!    CRIU op acts on the task), `PROCESS_INFO` evicts its queues and
+//!    `CHECKPOINT` takes the metadata at once, so the render-node files can
+//!    be dumped in any order relative to the KFD file.
+//! 2. [`DumpSession::dump_file`] when CRIU dumps a device fd: the KFD file
+//!    writes `amdgpu-kfd-<id>.img` and the pages files; a render node
+//!    writes `amdgpu-renderD-<id>.img`.
+//! 3. [`DumpSession::check_complete`] once all memory is dumped.
+//! 4. [`DumpSession::finish`] at the end: unpause unless the tree is about
+//!    to be killed after a successful dump.  Upstream 4.1.1 unpauses as soon
+//!    as the last device file is dumped, before the task's CPU memory; here
+//!    the queues stay evicted until CRIU has read everything.
+
+use std::collections::BTreeMap;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use kfd_abi::handle::{Kfd, ProcessInfo, RenderNode};
+use kfd_abi::sys;
+
+use super::sys::{pidfd_getfd, pidfd_open, same_open_file, task_fds};
+use super::{human_bytes, SessionError};
+use crate::bo;
+use crate::copy::{dump_contents, Engines, GpuJob};
+use crate::env::{self, EnginePolicy};
+use crate::ids::{GpuId, GpuVa, MmapOffset, RenderMinor};
+use crate::image::FileId;
+use crate::plan::{
+    plan_dump, render_image, stat_fd, stat_path, BoBucket, CheckpointData, DeviceBucket,
+    DeviceIdentities, DeviceKind, SharedMem, HSAKMT_SHM,
+};
+use crate::topology::{Topology, SYSFS_NODES};
+
+/// Where the dump looks for things, and how it copies.
+#[derive(Clone, Debug)]
+pub struct DumpOptions {
+    /// `/dev` (device identities).
+    pub dev_dir: PathBuf,
+    /// The KFD topology nodes directory.
+    pub sysfs_nodes: PathBuf,
+    /// `KFD_MAX_BUFFER_SIZE`.
+    pub staging_cap: Option<u64>,
+    /// `CRIU_ROCM_COPY_ENGINE`.
+    pub policy: EnginePolicy,
+}
+
+impl DumpOptions {
+    /// The product's paths and the environment's knobs.
+    pub fn from_env() -> Result<Self, crate::Error> {
+        Ok(DumpOptions {
+            dev_dir: PathBuf::from("/dev"),
+            sysfs_nodes: PathBuf::from(SYSFS_NODES),
+            staging_cap: env::max_buffer_size_from_env()?,
+            policy: env::engine_policy_from_env()?,
+        })
+    }
+}
+
+/// One KFD process of the tree, paused.
+struct PausedProc {
+    /// The task (real pid) that holds the file we reached it through.
+    task: i32,
+    /// The task's fd number, for messages.
+    task_fd: RawFd,
+    /// Our copy of the task's KFD fd (same open file description).
+    kfd: OwnedFd,
+    info: ProcessInfo,
+    ckpt: CheckpointData,
+    /// dmabuf fds CHECKPOINT installed in our fd table, by bucket.
+    dmabufs: Vec<Option<OwnedFd>>,
+    /// Queues evicted and not yet unpaused.
+    paused: bool,
+    /// Its KFD image was written.
+    dumped: bool,
+}
+
+/// What [`DumpSession::dump_file`] saved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dumped {
+    Kfd,
+    Render(RenderMinor),
+}
+
+/// The GPU state of one `criu dump`.
+pub struct DumpSession {
+    opts: DumpOptions,
+    devices: DeviceIdentities,
+    topology: Option<Topology>,
+    procs: Vec<PausedProc>,
+    /// Each task's render-node fds (our copies), for CPU access to its BOs
+    /// through the `drm_file` that owns them.
+    render_fds: BTreeMap<i32, Vec<(RenderMinor, OwnedFd)>>,
+}
+
+impl DumpSession {
+    pub fn new(opts: DumpOptions) -> Self {
+        let devices = DeviceIdentities::probe(&opts.dev_dir);
+        DumpSession {
+            opts,
+            devices,
+            topology: None,
+            procs: Vec::new(),
+            render_fds: BTreeMap::new(),
+        }
+    }
+
+    /// Whether a file (fd or mapping) is one of this host's GPU device
+    /// files.
+    pub fn classify(&self, st: &libc::stat) -> Option<DeviceKind> {
+        self.devices.classify(st)
+    }
+
+    fn topology(&mut self, pid: i32) -> Result<&Topology, SessionError> {
+        if self.topology.is_none() {
+            let t = Topology::parse_sysfs(&self.opts.sysfs_nodes)
+                .map_err(|e| SessionError::core(pid, "reading the KFD topology", e))?;
+            self.topology = Some(t);
+        }
+        Ok(self.topology.as_ref().expect("parsed above"))
+    }
+
+    /// Number of KFD processes paused so far.
+    pub fn paused(&self) -> usize {
+        self.procs.iter().filter(|p| p.paused).count()
+    }
+
+    /// Pauses the KFD process behind every KFD file task `pid` holds, and
+    /// takes its CHECKPOINT metadata.  Returns how many were new.
+    pub fn pause_task(&mut self, pid: i32) -> Result<usize, SessionError> {
+        if self.devices.kfd.is_none() && self.devices.render_nodes.is_empty() {
+            return Ok(0);
+        }
+        let os = |step: String| move |source| SessionError::Os { pid, step, source };
+        let fds = task_fds(pid).map_err(os("listing /proc/<pid>/fd".into()))?;
+        let mut pidfd = None;
+        let mut new = 0;
+        for fd in fds {
+            // The task is frozen: its fd table cannot change under us, but
+            // an fd CRIU cannot stat is not ours either.
+            let Ok(st) = stat_path(Path::new(&format!("/proc/{pid}/fd/{fd}"))) else {
+                continue;
+            };
+            let Some(kind) = self.devices.classify(&st) else {
+                continue;
+            };
+            if pidfd.is_none() {
+                pidfd = Some(pidfd_open(pid).map_err(os("pidfd_open".into()))?);
+            }
+            let pfd = pidfd.as_ref().expect("opened above").as_fd();
+            let copy = pidfd_getfd(pfd, fd).map_err(os(format!("pidfd_getfd of fd {fd}")))?;
+            match kind {
+                DeviceKind::Render(minor) => {
+                    self.render_fds.entry(pid).or_default().push((minor, copy));
+                }
+                DeviceKind::Kfd => {
+                    if self.pause_kfd(pid, fd, copy)? {
+                        new += 1;
+                    }
+                }
+            }
+        }
+        Ok(new)
+    }
+
+    /// PROCESS_INFO + CHECKPOINT on a task's KFD file; false when that open
+    /// file was reached before (an inherited or passed fd).
+    fn pause_kfd(&mut self, pid: i32, fd: RawFd, copy: OwnedFd) -> Result<bool, SessionError> {
+        for p in &self.procs {
+            let same =
+                same_open_file(p.kfd.as_fd(), copy.as_fd()).map_err(|source| SessionError::Os {
+                    pid,
+                    step: "kcmp of KFD files".into(),
+                    source,
+                })?;
+            if same {
+                log::debug!(
+                    "pid {pid}: fd {fd} is the KFD file of pid {} fd {} (already paused)",
+                    p.task,
+                    p.task_fd
+                );
+                return Ok(false);
+            }
+        }
+        if let Some(p) = self.procs.iter().find(|p| p.task == pid) {
+            // A second open of /dev/kfd by one process joins the same KFD
+            // process; a second PROCESS_INFO would evict its queues twice
+            // and one UNPAUSE would not bring them back.
+            return Err(SessionError::State {
+                pid,
+                what: format!(
+                    "fd {fd} is a second /dev/kfd file of the process (fd {} is the first); \
+                     checkpointing a process that opened /dev/kfd twice is not supported",
+                    p.task_fd
+                ),
+            });
+        }
+        let kfd = Kfd::from_fd(copy.as_fd());
+        let kfd_err = |step: &str| {
+            let step = format!("fd {fd} (/dev/kfd): {step}");
+            move |source| SessionError::Kfd { pid, step, source }
+        };
+        let info = kfd
+            .criu_process_info()
+            .map_err(kfd_err("pausing the GPU queues"))?;
+        log::info!(
+            "pid {pid}: GPU queues paused: {} GPU(s), {} BO(s), {} queue/event object(s), {} of kernel data",
+            info.num_devices,
+            info.num_bos,
+            info.num_objects,
+            human_bytes(info.priv_data_size)
+        );
+        // From here on the process is paused: record it first, so that
+        // every later failure unpauses it.
+        self.procs.push(PausedProc {
+            task: pid,
+            task_fd: fd,
+            kfd: copy,
+            info,
+            ckpt: CheckpointData::default(),
+            dmabufs: Vec::new(),
+            paused: true,
+            dumped: false,
+        });
+        let p = self.procs.last_mut().expect("pushed above");
+        let (ckpt, dmabufs) = checkpoint(&p.kfd, &info).map_err(kfd_err("CHECKPOINT"))?;
+        p.ckpt = ckpt;
+        p.dmabufs = dmabufs;
+        Ok(true)
+    }
+
+    /// Dumps a device file CRIU found in task `pid` (our copy `fd`, CRIU
+    /// file id `id`) into `dir`.  `None`: not a GPU file.
+    pub fn dump_file(
+        &mut self,
+        pid: i32,
+        fd: BorrowedFd<'_>,
+        id: FileId,
+        dir: &Path,
+    ) -> Result<Option<Dumped>, SessionError> {
+        let st = stat_fd(fd).map_err(|source| SessionError::Os {
+            pid,
+            step: "fstat of a file to dump".into(),
+            source,
+        })?;
+        match self.devices.classify(&st) {
+            None => Ok(None),
+            Some(DeviceKind::Kfd) => self.dump_kfd(pid, fd, id, dir).map(|_| Some(Dumped::Kfd)),
+            Some(DeviceKind::Render(minor)) => {
+                self.dump_render(pid, minor, id, dir)?;
+                Ok(Some(Dumped::Render(minor)))
+            }
+        }
+    }
+
+    fn find_proc(&self, pid: i32, fd: BorrowedFd<'_>) -> Result<usize, SessionError> {
+        for (i, p) in self.procs.iter().enumerate() {
+            let same = same_open_file(p.kfd.as_fd(), fd).map_err(|source| SessionError::Os {
+                pid,
+                step: "kcmp of KFD files".into(),
+                source,
+            })?;
+            if same {
+                return Ok(i);
+            }
+        }
+        Err(SessionError::State {
+            pid,
+            what: "a /dev/kfd file that was not seen when the tree was frozen \
+                   (its queues were never paused); refusing to save it"
+                .into(),
+        })
+    }
+
+    fn dump_kfd(
+        &mut self,
+        pid: i32,
+        fd: BorrowedFd<'_>,
+        id: FileId,
+        dir: &Path,
+    ) -> Result<(), SessionError> {
+        let i = self.find_proc(pid, fd)?;
+        let topology = self.topology(pid)?.clone();
+        let p = &self.procs[i];
+        let owner = p.task;
+        if p.dumped {
+            return Err(SessionError::State {
+                pid,
+                what: format!("the KFD file of pid {owner} was dumped twice"),
+            });
+        }
+        let start = Instant::now();
+        let shm = SharedMem::probe(Path::new(HSAKMT_SHM)).map_err(|source| SessionError::Os {
+            pid: owner,
+            step: format!("reading {HSAKMT_SHM}"),
+            source,
+        })?;
+        let plan = plan_dump(&topology, &p.ckpt, shm)
+            .map_err(|e| SessionError::core(owner, "planning the GPU dump", e))?;
+        // Our own render fds for GPUs the task has no render fd of (the
+        // emulator serves any fd of a node; on hardware the task's own fd
+        // owns the BOs' mmap offsets).
+        let task_render = self.render_fds.get(&owner);
+        let mut own: BTreeMap<RenderMinor, RenderNode> = BTreeMap::new();
+        for w in &plan.gpus {
+            let has = task_render.is_some_and(|v| v.iter().any(|(m, _)| *m == w.render_minor));
+            if !has && !w.bos.is_empty() {
+                let node =
+                    RenderNode::open(w.render_minor).map_err(|source| SessionError::Kfd {
+                        pid: owner,
+                        step: format!("GPU {}: opening {}", w.user, w.render_minor.path()),
+                        source,
+                    })?;
+                own.insert(w.render_minor, node);
+            }
+        }
+        let render_fd = |minor: RenderMinor| -> Option<BorrowedFd<'_>> {
+            task_render
+                .and_then(|v| v.iter().find(|(m, _)| *m == minor))
+                .map(|(_, f)| f.as_fd())
+                .or_else(|| own.get(&minor).map(|f| f.as_fd()))
+        };
+        let dmabufs: Vec<Option<BorrowedFd<'_>>> = p
+            .dmabufs
+            .iter()
+            .map(|d| d.as_ref().map(|f| f.as_fd()))
+            .collect();
+        let jobs: Vec<GpuJob<'_>> = plan
+            .gpus
+            .iter()
+            .map(|w| GpuJob {
+                user: w.user,
+                actual: w.actual,
+                bos: w.bo_refs(&p.ckpt.bos, render_fd(w.render_minor), &dmabufs, false),
+                engines: Engines::new(
+                    self.opts.policy,
+                    env::staging_size(self.opts.staging_cap, w.largest),
+                    None,
+                ),
+            })
+            .collect();
+        let out = dump_contents(dir, id, jobs)
+            .map_err(|e| SessionError::core(owner, "saving GPU memory", e))?;
+        let image = plan
+            .finish_image(&out.hashes)
+            .map_err(|e| SessionError::core(owner, "building the KFD image", e))?;
+        image
+            .write(dir, id)
+            .map_err(|e| SessionError::core(owner, "writing the KFD image", e))?;
+        for s in &out.stats {
+            log::info!(
+                "pid {owner}: GPU {} (host {}): saved {} BO(s), {} in {:.1} ms ({:.0} MB/s; {} by CPU, {} by SDMA)",
+                s.user,
+                s.actual,
+                s.bos,
+                human_bytes(s.bytes),
+                s.elapsed.as_secs_f64() * 1e3,
+                s.mb_per_s(),
+                s.cpu_bos,
+                s.sdma_bos
+            );
+        }
+        let total: u64 = out.stats.iter().map(|s| s.bytes).sum();
+        log::info!(
+            "pid {owner}: KFD file {id}: {} GPU(s), {} BO(s), {} of GPU memory, {} object(s) saved in {:.1} ms",
+            p.info.num_devices,
+            p.info.num_bos,
+            human_bytes(total),
+            p.info.num_objects,
+            start.elapsed().as_secs_f64() * 1e3
+        );
+        self.procs[i].dumped = true;
+        Ok(())
+    }
+
+    fn dump_render(
+        &mut self,
+        pid: i32,
+        minor: RenderMinor,
+        id: FileId,
+        dir: &Path,
+    ) -> Result<(), SessionError> {
+        let topology = self.topology(pid)?.clone();
+        // The user ids of the process holding the fd; a render fd without a
+        // KFD process keeps the host id.
+        let actual_to_user: BTreeMap<GpuId, GpuId> = self
+            .procs
+            .iter()
+            .filter(|p| p.task == pid)
+            .flat_map(|p| p.ckpt.devices.iter().map(|d| (d.actual, d.user)))
+            .collect();
+        let img = render_image(&topology, &actual_to_user, minor, id)
+            .map_err(|e| SessionError::core(pid, minor.path(), e))?;
+        img.write(dir, id)
+            .map_err(|e| SessionError::core(pid, "writing the render-node image", e))?;
+        log::info!(
+            "pid {pid}: render node {} saved as GPU {}",
+            minor.path(),
+            img.gpu_id()
+        );
+        Ok(())
+    }
+
+    /// After all memory is dumped: every paused KFD process must have been
+    /// saved.
+    pub fn check_complete(&self) -> Result<(), SessionError> {
+        match self.procs.iter().find(|p| !p.dumped) {
+            None => Ok(()),
+            Some(p) => Err(SessionError::State {
+                pid: p.task,
+                what: format!(
+                    "the KFD process behind fd {} was paused but its file was never dumped",
+                    p.task_fd
+                ),
+            }),
+        }
+    }
+
+    /// Ends the dump.  `resume`: the tree will run again (failure,
+    /// `--leave-running`, `--leave-stopped`), so every paused KFD process is
+    /// unpaused; otherwise they stay paused until CRIU kills them.  Returns
+    /// the number of processes that could not be unpaused (each logged).
+    pub fn finish(&mut self, resume: bool) -> usize {
+        let mut failed = 0;
+        for p in self.procs.iter_mut().filter(|p| p.paused) {
+            if !resume {
+                continue;
+            }
+            match Kfd::from_fd(p.kfd.as_fd()).criu_unpause() {
+                Ok(()) => {
+                    p.paused = false;
+                    log::info!("pid {}: GPU queues unpaused", p.task);
+                }
+                Err(e) => {
+                    failed += 1;
+                    log::error!(
+                        "pid {}: fd {} (/dev/kfd): unpausing the GPU queues: {e}; \
+                         its GPU work stays stopped",
+                        p.task,
+                        p.task_fd
+                    );
+                }
+            }
+        }
+        self.procs.clear();
+        self.render_fds.clear();
+        failed
+    }
+}
+
+/// CHECKPOINT with buffers sized from PROCESS_INFO.
+fn checkpoint(
+    kfd: &OwnedFd,
+    info: &ProcessInfo,
+) -> Result<(CheckpointData, Vec<Option<OwnedFd>>), kfd_abi::handle::Error> {
+    let mut devices = vec![sys::kfd_criu_device_bucket::default(); info.num_devices as usize];
+    let mut bos = vec![sys::kfd_criu_bo_bucket::default(); info.num_bos as usize];
+    let size = usize::try_from(info.priv_data_size)
+        .map_err(|_| kfd_abi::handle::Error::new("AMDKFD_IOC_CRIU_OP(CHECKPOINT)", libc::E2BIG))?;
+    let mut priv_data = vec![0u8; size];
+    Kfd::from_fd(kfd.as_fd()).criu_checkpoint(
+        info.num_objects,
+        &mut devices,
+        &mut bos,
+        &mut priv_data,
+    )?;
+    let dmabufs = bos
+        .iter()
+        .map(|b| {
+            (b.dmabuf_fd != bo::KFD_INVALID_FD).then(|| {
+                // SAFETY: KFD installed this fd in our table for us; nothing
+                // else owns it.
+                unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(b.dmabuf_fd as i32) }
+            })
+        })
+        .collect();
+    let ckpt = CheckpointData {
+        pid: info.pid,
+        devices: devices
+            .iter()
+            .map(|d| DeviceBucket {
+                user: GpuId(d.user_gpu_id),
+                actual: GpuId(d.actual_gpu_id),
+            })
+            .collect(),
+        bos: bos
+            .iter()
+            .map(|b| BoBucket {
+                addr: GpuVa(b.addr),
+                size: b.size,
+                offset: MmapOffset(b.offset),
+                restored_offset: MmapOffset(0),
+                gpu_id: GpuId(b.gpu_id),
+                alloc_flags: b.alloc_flags,
+                dmabuf_fd: bo::KFD_INVALID_FD,
+            })
+            .collect(),
+        num_objects: info.num_objects,
+        priv_data,
+    };
+    Ok((ckpt, dmabufs))
+}

@@ -1,0 +1,134 @@
+//! The GPU side of one CRIU run: what the hooks do, in the order CRIU calls
+//! them, with the state that has to live between two hooks.
+//!
+//! * [`dump::DumpSession`] lives in criu main during `criu dump`: it pauses
+//!   every KFD process of the frozen tree before CRIU reads memory, writes
+//!   the images when CRIU dumps the device files, checks that nothing paused
+//!   was left out, and unpauses on every path that lets the tree run again.
+//! * [`restore::RestoreSession`] lives in each restored task (it runs the
+//!   device-file and VMA hooks there), and [`restore::resume`] in criu main
+//!   restarts the queues once every task's mappings are in place.
+//!
+//! The C boundary (`criu-gpu`) only translates arguments into these calls.
+
+pub mod dump;
+pub mod restore;
+mod sys;
+
+use std::path::Path;
+
+use crate::image::FileId;
+
+/// Failures of a hook, with the process, GPU, file and step they concern.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// A KFD or render-node ioctl failed.
+    #[error("pid {pid}: {step}: {source}")]
+    Kfd {
+        pid: i32,
+        step: String,
+        source: kfd_abi::handle::Error,
+    },
+    /// A system call around the devices failed.
+    #[error("pid {pid}: {step}: {source}")]
+    Os {
+        pid: i32,
+        step: String,
+        source: std::io::Error,
+    },
+    /// The core refused (image, topology, match, plan or copy), for a
+    /// process.
+    #[error("pid {pid}: {step}: {source}")]
+    Core {
+        pid: i32,
+        step: String,
+        source: crate::Error,
+    },
+    /// Any other inconsistency, in words.
+    #[error("pid {pid}: {what}")]
+    State { pid: i32, what: String },
+}
+
+impl SessionError {
+    /// The positive errno for the C boundary.
+    pub fn errno(&self) -> i32 {
+        match self {
+            SessionError::Kfd { source, .. } => source.errno(),
+            SessionError::Os { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+            SessionError::Core { source, .. } => source.errno(),
+            SessionError::State { .. } => libc::EINVAL,
+        }
+    }
+
+    pub(crate) fn core(pid: i32, step: impl Into<String>, e: impl Into<crate::Error>) -> Self {
+        SessionError::Core {
+            pid,
+            step: step.into(),
+            source: e.into(),
+        }
+    }
+}
+
+/// Lists the KFD images (`amdgpu-kfd-<id>.img`) in an image directory, by
+/// file id, in id order.
+pub fn kfd_image_ids(dir: &Path) -> std::io::Result<Vec<FileId>> {
+    let mut ids = Vec::new();
+    for ent in std::fs::read_dir(dir)? {
+        let name = ent?.file_name();
+        let Some(id) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("amdgpu-kfd-"))
+            .and_then(|n| n.strip_suffix(".img"))
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        ids.push(FileId(id));
+    }
+    ids.sort_by_key(|i| i.0);
+    Ok(ids)
+}
+
+/// Formats bytes for the log: `512 KiB`, `1.5 GiB`.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_read_as_people_write_them() {
+        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(3 << 30), "3.0 GiB");
+    }
+
+    #[test]
+    fn kfd_images_are_found_by_id() {
+        let d = crate::image::tests::tempdir();
+        for n in [
+            "amdgpu-kfd-12.img",
+            "amdgpu-kfd-3.img",
+            "amdgpu-pages-3-4660.img",
+            "amdgpu-renderD-4.img",
+            "amdgpu-kfd-x.img",
+        ] {
+            std::fs::write(d.join(n), b"").unwrap();
+        }
+        assert_eq!(kfd_image_ids(&d).unwrap(), vec![FileId(3), FileId(12)]);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}

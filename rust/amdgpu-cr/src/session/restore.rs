@@ -1,0 +1,581 @@
+//! The restore side.
+//!
+//! * [`RestoreSession`] runs inside each restored task (CRIU restores its
+//!   files there): [`RestoreSession::restore_file`] recreates a KFD process
+//!   (`/dev/kfd` opened by the task, GPUs matched, render nodes opened,
+//!   `RESTORE`, BO contents written back) or hands out a render-node fd that
+//!   shares the VM's `drm_file`; [`RestoreSession::update_vma`] tells CRIU
+//!   where each device mapping now lives, matched by offset range.
+//! * [`ResumeSet`] runs in criu main after every task sits at its final
+//!   `rt_sigreturn`, i.e. after the restorer mapped every VMA: `RESUME`
+//!   restarts the queues, and a failure fails the restore (upstream only
+//!   logs it and the application hangs).
+//! * [`dry_run`] answers "can these images be restored here, and onto which
+//!   GPUs?" from the images and the topology, touching no device.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use kfd_abi::handle::{Kfd, RenderNode};
+use kfd_abi::sys;
+
+use super::sys::dup_at_least;
+use super::{human_bytes, kfd_image_ids, SessionError};
+use crate::bo;
+use crate::copy::{restore_contents, Engines, GpuJob};
+use crate::env::{self, Checks, EnginePolicy};
+use crate::ids::{GpuId, MmapOffset, RenderMinor};
+use crate::image::{pages_total, FileId, KfdImage, PagesReader, RenderImage};
+use crate::matcher::GpuMap;
+use crate::plan::{
+    ensure_semaphore, plan_restore, stat_path, BoBucket, DeviceKind, RestorePlan, SharedMem,
+    VmaFixups, HSAKMT_SEMAPHORE, HSAKMT_SHM,
+};
+use crate::topology::{Topology, SYSFS_NODES};
+
+/// Oldest KFD interface with the CRIU ops.
+const KFD_CRIU_MIN_VERSION: (u32, u32) = (1, 8);
+
+/// Where the restore looks for things, what it checks, and how it copies.
+#[derive(Clone, Debug)]
+pub struct RestoreOptions {
+    pub dev_dir: PathBuf,
+    pub sysfs_nodes: PathBuf,
+    pub staging_cap: Option<u64>,
+    pub policy: EnginePolicy,
+    /// The `KFD_*_CHECK` knobs.
+    pub checks: Checks,
+}
+
+impl RestoreOptions {
+    /// The product's paths and the environment's knobs (read once, in criu
+    /// main, so a bad value fails before any task is created).
+    pub fn from_env() -> Result<Self, crate::Error> {
+        Ok(RestoreOptions {
+            dev_dir: PathBuf::from("/dev"),
+            sysfs_nodes: PathBuf::from(SYSFS_NODES),
+            staging_cap: env::max_buffer_size_from_env()?,
+            policy: env::engine_policy_from_env()?,
+            checks: Checks::from_env()?,
+        })
+    }
+
+    fn render_path(&self, minor: RenderMinor) -> PathBuf {
+        self.dev_dir.join(format!("dri/renderD{}", minor.0))
+    }
+}
+
+/// A KFD process recreated in this task.
+struct RestoredKfd {
+    id: FileId,
+    /// Our fd of the task's new `/dev/kfd` (kept above CRIU's fd range);
+    /// dups of it go to CRIU for the file and for `/dev/kfd` mappings.
+    kfd: OwnedFd,
+    /// CRIU took the file already.
+    handed_out: bool,
+    /// user gpu_id → the render node now serving it.
+    user_minor: BTreeMap<GpuId, RenderMinor>,
+    /// The render fds given to RESTORE (they own the VM), by minor.
+    render: BTreeMap<RenderMinor, OwnedFd>,
+    fixups: VmaFixups,
+}
+
+/// The GPU state restored in one task.
+pub struct RestoreSession {
+    opts: RestoreOptions,
+    kfds: Vec<RestoredKfd>,
+}
+
+fn kfd_step(
+    pid: i32,
+    step: impl Into<String>,
+) -> impl FnOnce(kfd_abi::handle::Error) -> SessionError {
+    let step = step.into();
+    move |source| SessionError::Kfd { pid, step, source }
+}
+
+fn os_step(pid: i32, step: impl Into<String>) -> impl FnOnce(std::io::Error) -> SessionError {
+    let step = step.into();
+    move |source| SessionError::Os { pid, step, source }
+}
+
+/// Image GPU → host GPU, in words, for logs and the dry run.
+fn describe_map(plan: &RestorePlan) -> String {
+    let mut s = String::new();
+    for (i, d) in plan.devices.iter().enumerate() {
+        let old = plan.old_minors.get(&d.user).map(|m| m.0).unwrap_or(0);
+        let _ = write!(
+            s,
+            "{}GPU {} (renderD{old}) -> host GPU {} (renderD{})",
+            if i == 0 { "" } else { ", " },
+            d.user,
+            d.actual,
+            d.render_minor.0
+        );
+    }
+    s
+}
+
+impl RestoreSession {
+    pub fn new(opts: RestoreOptions) -> Self {
+        RestoreSession {
+            opts,
+            kfds: Vec::new(),
+        }
+    }
+
+    /// Restores CRIU file `id` of the task whose pid (in its namespace) is
+    /// `vpid`.  Fds this keeps are numbered `fd_floor` or above, clear of
+    /// every fd CRIU still has to restore in the task.  `None`: no GPU image
+    /// has this id.  The returned fd is CRIU's to place and close.
+    pub fn restore_file(
+        &mut self,
+        vpid: i32,
+        id: FileId,
+        fd_floor: RawFd,
+        dir: &Path,
+    ) -> Result<Option<OwnedFd>, SessionError> {
+        if let Some(k) = self.kfds.iter_mut().find(|k| k.id == id) {
+            // Restored early for a render node of the same process.
+            if k.handed_out {
+                return Err(SessionError::State {
+                    pid: vpid,
+                    what: format!("KFD file {id} restored twice"),
+                });
+            }
+            k.handed_out = true;
+            let fd = k
+                .kfd
+                .try_clone()
+                .map_err(os_step(vpid, "dup of /dev/kfd"))?;
+            return Ok(Some(fd));
+        }
+        if dir.join(crate::image::kfd_image_name(id)).exists() {
+            let k = self.restore_kfd(vpid, id, fd_floor, dir)?;
+            let fd = k
+                .kfd
+                .try_clone()
+                .map_err(os_step(vpid, "dup of /dev/kfd"))?;
+            k.handed_out = true;
+            return Ok(Some(fd));
+        }
+        if dir.join(crate::image::render_image_name(id)).exists() {
+            return self.restore_render(vpid, id, fd_floor, dir).map(Some);
+        }
+        Ok(None)
+    }
+
+    fn restore_kfd(
+        &mut self,
+        vpid: i32,
+        id: FileId,
+        fd_floor: RawFd,
+        dir: &Path,
+    ) -> Result<&mut RestoredKfd, SessionError> {
+        let start = Instant::now();
+        let image = KfdImage::read(dir, id)
+            .map_err(|e| SessionError::core(vpid, "reading the KFD image", e))?;
+        if image.msg.pid as i32 != vpid {
+            log::warn!(
+                "pid {vpid}: KFD image {id} was saved from pid {}; restoring it in pid {vpid}",
+                image.msg.pid
+            );
+        }
+        let (map, host) =
+            crate::match_image_to_host(&image, &self.opts.sysfs_nodes, &self.opts.checks).map_err(
+                |e| SessionError::core(vpid, "matching the image's GPUs to this host", e),
+            )?;
+        let plan = plan_restore(&image, &host, &map)
+            .map_err(|e| SessionError::core(vpid, "planning the GPU restore", e))?;
+        log::info!("pid {vpid}: {}", describe_map(&plan));
+
+        let kfd = Kfd::open().map_err(kfd_step(vpid, "opening /dev/kfd"))?;
+        let (major, minor) = kfd.get_version().map_err(kfd_step(vpid, "KFD version"))?;
+        if major != KFD_CRIU_MIN_VERSION.0 || minor < KFD_CRIU_MIN_VERSION.1 {
+            return Err(SessionError::State {
+                pid: vpid,
+                what: format!(
+                    "the KFD interface is {major}.{minor}; checkpoint/restore needs 1.{} or later",
+                    KFD_CRIU_MIN_VERSION.1
+                ),
+            });
+        }
+        let kfd = dup_at_least(kfd.as_fd(), fd_floor).map_err(os_step(vpid, "moving /dev/kfd"))?;
+        let mut render = BTreeMap::new();
+        for d in &plan.devices {
+            let path = self.opts.render_path(d.render_minor);
+            let node = RenderNode::open(d.render_minor).map_err(kfd_step(
+                vpid,
+                format!("GPU {}: opening {}", d.actual, path.display()),
+            ))?;
+            let fd = dup_at_least(node.as_fd(), fd_floor)
+                .map_err(os_step(vpid, format!("moving {}", path.display())))?;
+            render.insert(d.render_minor, fd);
+        }
+        let mut devices: Vec<sys::kfd_criu_device_bucket> = plan
+            .devices
+            .iter()
+            .map(|d| sys::kfd_criu_device_bucket {
+                user_gpu_id: d.user.0,
+                actual_gpu_id: d.actual.0,
+                drm_fd: render[&d.render_minor].as_raw_fd() as u32,
+                ..Default::default()
+            })
+            .collect();
+        let mut buckets: Vec<sys::kfd_criu_bo_bucket> = plan
+            .bos
+            .iter()
+            .map(|b| sys::kfd_criu_bo_bucket {
+                addr: b.addr.0,
+                size: b.size,
+                offset: b.offset.0,
+                restored_offset: 0,
+                gpu_id: b.gpu_id.0,
+                alloc_flags: b.alloc_flags,
+                dmabuf_fd: bo::KFD_INVALID_FD,
+                ..Default::default()
+            })
+            .collect();
+        let mut priv_data = image.msg.priv_data.clone();
+        if let Err(e) = Kfd::from_fd(kfd.as_fd()).criu_restore(
+            image.msg.num_of_objects,
+            &mut devices,
+            &mut buckets,
+            &mut priv_data,
+        ) {
+            let layout = match image.priv_layout() {
+                Ok(l) => format!("kernel data with {}-byte BO records", l.bo_record_size),
+                Err(why) => format!("kernel data not understood: {why}"),
+            };
+            return Err(SessionError::Kfd {
+                pid: vpid,
+                step: format!("RESTORE of KFD image {id} ({layout})"),
+                source: e,
+            });
+        }
+        // The dmabufs KFD installed in our table, owned from here on.
+        let dmabufs: Vec<Option<OwnedFd>> = buckets
+            .iter()
+            .map(|b| {
+                (b.dmabuf_fd != bo::KFD_INVALID_FD).then(|| {
+                    // SAFETY: KFD installed this fd for us; nothing else owns it.
+                    unsafe { OwnedFd::from_raw_fd(b.dmabuf_fd as RawFd) }
+                })
+            })
+            .collect();
+        let restored: Vec<BoBucket> = plan
+            .bos
+            .iter()
+            .zip(&buckets)
+            .map(|(b, k)| BoBucket {
+                restored_offset: MmapOffset(k.restored_offset),
+                ..*b
+            })
+            .collect();
+        {
+            let borrowed: Vec<Option<BorrowedFd<'_>>> = dmabufs
+                .iter()
+                .map(|d| d.as_ref().map(|f| f.as_fd()))
+                .collect();
+            let jobs: Vec<GpuJob<'_>> = plan
+                .gpus
+                .iter()
+                .map(|w| GpuJob {
+                    user: w.user,
+                    actual: w.actual,
+                    bos: w.bo_refs(
+                        &restored,
+                        render.get(&w.render_minor).map(|f| f.as_fd()),
+                        &borrowed,
+                        true,
+                    ),
+                    engines: Engines::new(
+                        self.opts.policy,
+                        env::staging_size(self.opts.staging_cap, w.largest),
+                        None,
+                    ),
+                })
+                .collect();
+            let stats = restore_contents(dir, id, jobs, &image.content_hashes())
+                .map_err(|e| SessionError::core(vpid, "writing GPU memory back", e))?;
+            for s in &stats {
+                log::info!(
+                    "pid {vpid}: GPU {} (host {}): restored {} BO(s), {} in {:.1} ms ({:.0} MB/s; {} by CPU, {} by SDMA)",
+                    s.user,
+                    s.actual,
+                    s.bos,
+                    human_bytes(s.bytes),
+                    s.elapsed.as_secs_f64() * 1e3,
+                    s.mb_per_s(),
+                    s.cpu_bos,
+                    s.sdma_bos
+                );
+            }
+        }
+        drop(dmabufs);
+        let fixups = VmaFixups::from_restored(&plan, &restored)
+            .map_err(|e| SessionError::core(vpid, "recording the new BO offsets", e))?;
+        let shm = SharedMem {
+            size: image.msg.shared_mem_size,
+            magic: image.msg.shared_mem_magic,
+        };
+        if shm.size > 0 {
+            if let Err(e) = shm.recreate(Path::new(HSAKMT_SHM)) {
+                log::warn!("pid {vpid}: recreating {HSAKMT_SHM}: {e}");
+            }
+            if let Err(e) = ensure_semaphore(HSAKMT_SEMAPHORE) {
+                log::warn!("pid {vpid}: creating the thunk's semaphore: {e}");
+            }
+        }
+        log::info!(
+            "pid {vpid}: KFD file {id} restored: {} GPU(s), {} BO(s), {} object(s) in {:.1} ms",
+            plan.devices.len(),
+            plan.bos.len(),
+            image.msg.num_of_objects,
+            start.elapsed().as_secs_f64() * 1e3
+        );
+        self.kfds.push(RestoredKfd {
+            id,
+            kfd,
+            handed_out: false,
+            user_minor: plan
+                .devices
+                .iter()
+                .map(|d| (d.user, d.render_minor))
+                .collect(),
+            render,
+            fixups,
+        });
+        Ok(self.kfds.last_mut().expect("pushed above"))
+    }
+
+    fn restore_render(
+        &mut self,
+        vpid: i32,
+        id: FileId,
+        fd_floor: RawFd,
+        dir: &Path,
+    ) -> Result<OwnedFd, SessionError> {
+        let img = RenderImage::read(dir, id)
+            .map_err(|e| SessionError::core(vpid, "reading the render-node image", e))?;
+        let user = img.gpu_id();
+        if self.render_fd_for(user).is_none() {
+            // The render fd comes before the KFD file in this task: restore
+            // this process' KFD image now, CRIU collects the file later.
+            let ids = kfd_image_ids(dir).map_err(os_step(vpid, "listing the image directory"))?;
+            for kid in ids {
+                if self.kfds.iter().any(|k| k.id == kid) {
+                    continue;
+                }
+                let image = KfdImage::read(dir, kid)
+                    .map_err(|e| SessionError::core(vpid, "reading a KFD image", e))?;
+                if image.msg.pid as i32 == vpid && image.gpu_ids().contains(&user) {
+                    self.restore_kfd(vpid, kid, fd_floor, dir)?;
+                    break;
+                }
+            }
+        }
+        if let Some(fd) = self.render_fd_for(user) {
+            // Same open file as the one RESTORE gave KFD: the application's
+            // render fd and its KFD VM share one drm_file, as before.
+            return dup_at_least(fd, fd_floor).map_err(os_step(vpid, "dup of a render node"));
+        }
+        // No KFD process: a bare render-node fd keeps its GPU when the host
+        // has it.
+        let host = Topology::parse_sysfs(&self.opts.sysfs_nodes)
+            .map_err(|e| SessionError::core(vpid, "reading the KFD topology", e))?;
+        let node = host.gpu(user).ok_or_else(|| SessionError::State {
+            pid: vpid,
+            what: format!(
+                "render-node file {id} was GPU {user}, the process has no KFD image that maps \
+                 it and this host has no GPU {user}"
+            ),
+        })?;
+        let minor = node.render_minor();
+        let n = RenderNode::open(minor).map_err(kfd_step(
+            vpid,
+            format!(
+                "GPU {user}: opening {}",
+                self.opts.render_path(minor).display()
+            ),
+        ))?;
+        dup_at_least(n.as_fd(), fd_floor).map_err(os_step(vpid, "moving a render node"))
+    }
+
+    fn render_fd_for(&self, user: GpuId) -> Option<BorrowedFd<'_>> {
+        self.kfds.iter().find_map(|k| {
+            k.user_minor
+                .get(&user)
+                .and_then(|m| k.render.get(m))
+                .map(|f| f.as_fd())
+        })
+    }
+
+    /// Where a device mapping of `len` bytes at `addr`, recorded at dump as
+    /// `path` at byte offset `pgoff`, is to be mapped now: the new offset
+    /// and an fd to map (CRIU's to close).  `None`: not a GPU mapping of
+    /// this task.
+    pub fn update_vma(
+        &self,
+        vpid: i32,
+        path: &str,
+        addr: u64,
+        pgoff: u64,
+        len: u64,
+    ) -> Result<Option<(u64, OwnedFd)>, SessionError> {
+        let Some(device) = DeviceKind::from_path(path) else {
+            return Ok(None);
+        };
+        for k in &self.kfds {
+            let Some(r) = k.fixups.lookup(device, pgoff, len) else {
+                continue;
+            };
+            let fd = match r.device {
+                DeviceKind::Kfd => k.kfd.as_fd(),
+                DeviceKind::Render(m) => match k.render.get(&m) {
+                    Some(f) => f.as_fd(),
+                    None => {
+                        return Err(SessionError::State {
+                            pid: vpid,
+                            what: format!("mapping at {addr:#x}: renderD{} was not opened", m.0),
+                        })
+                    }
+                },
+            };
+            let fd = fd
+                .try_clone_to_owned()
+                .map_err(os_step(vpid, "dup for a device mapping"))?;
+            log::debug!(
+                "pid {vpid}: mapping {addr:#x}+{len:#x} of {path} at {pgoff:#x} -> BO {} at {:#x}",
+                r.bo_index,
+                r.offset.0
+            );
+            return Ok(Some((r.offset.0, fd)));
+        }
+        match (device, self.kfds.first()) {
+            // /dev/kfd pages that are not BOs (the events page) keep their
+            // offset, mapped through the task's new KFD file.
+            (DeviceKind::Kfd, Some(k)) => {
+                let fd = k
+                    .kfd
+                    .try_clone()
+                    .map_err(os_step(vpid, "dup for a device mapping"))?;
+                Ok(Some((pgoff, fd)))
+            }
+            (DeviceKind::Kfd, None) => Ok(None),
+            (DeviceKind::Render(m), _) => Err(SessionError::State {
+                pid: vpid,
+                what: format!(
+                    "mapping at {addr:#x} of renderD{} at offset {pgoff:#x} ({len:#x} bytes) \
+                     belongs to no restored GPU buffer",
+                    m.0
+                ),
+            }),
+        }
+    }
+}
+
+/// The tasks (by pid in their namespace) whose images hold a KFD process:
+/// they must be resumed, and their RESUME must succeed.
+#[derive(Clone, Debug, Default)]
+pub struct ResumeSet {
+    vpids: BTreeSet<u32>,
+}
+
+impl ResumeSet {
+    pub fn load(dir: &Path) -> Result<Self, SessionError> {
+        let mut vpids = BTreeSet::new();
+        let ids = kfd_image_ids(dir).map_err(os_step(0, "listing the image directory"))?;
+        for id in ids {
+            let image = KfdImage::read(dir, id)
+                .map_err(|e| SessionError::core(0, "reading a KFD image", e))?;
+            vpids.insert(image.msg.pid);
+        }
+        Ok(ResumeSet { vpids })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.vpids.is_empty()
+    }
+
+    /// Restarts the GPU queues of the task `real_pid` (pid `vpid` in its
+    /// namespace) if it has a KFD process; `Ok(false)` if it has none.
+    pub fn resume(&self, real_pid: i32, vpid: i32) -> Result<bool, SessionError> {
+        if !self.vpids.contains(&(vpid as u32)) {
+            return Ok(false);
+        }
+        let kfd = Kfd::open().map_err(kfd_step(real_pid, "opening /dev/kfd for RESUME"))?;
+        kfd.criu_resume(real_pid as u32)
+            .map_err(kfd_step(real_pid, "RESUME (restarting the GPU queues)"))?;
+        log::info!("pid {real_pid}: GPU queues resumed");
+        Ok(true)
+    }
+}
+
+/// One KFD image's verdict in a dry run.
+#[derive(Clone, Debug)]
+pub struct DryRunEntry {
+    pub id: FileId,
+    pub pid: u32,
+    /// The GPU mapping, or why there is none.
+    pub verdict: Result<String, String>,
+}
+
+/// Checks every KFD image of `dir` against this host: images decode, pages
+/// files are whole, every GPU has a host GPU under the `KFD_*_CHECK` knobs,
+/// `/dev/kfd` and the chosen render nodes exist.  Reads files only.
+pub fn dry_run(dir: &Path, opts: &RestoreOptions) -> Result<Vec<DryRunEntry>, SessionError> {
+    let ids = kfd_image_ids(dir).map_err(os_step(0, format!("listing {}", dir.display())))?;
+    let mut out = Vec::new();
+    for id in ids {
+        let (pid, verdict) = match KfdImage::read(dir, id) {
+            Err(e) => (0, Err(e.to_string())),
+            Ok(image) => (image.msg.pid, check_one(dir, id, &image, opts)),
+        };
+        out.push(DryRunEntry { id, pid, verdict });
+    }
+    Ok(out)
+}
+
+fn check_one(
+    dir: &Path,
+    id: FileId,
+    image: &KfdImage,
+    opts: &RestoreOptions,
+) -> Result<String, String> {
+    for user in image.gpu_ids() {
+        let total = pages_total(
+            &crate::image::kfd_image_name(id),
+            &image.msg.bo_entries,
+            user,
+        )
+        .map_err(|e| e.to_string())?;
+        PagesReader::open(dir, id, user, total).map_err(|e| e.to_string())?;
+    }
+    let (map, host): (GpuMap, Topology) =
+        crate::match_image_to_host(image, &opts.sysfs_nodes, &opts.checks)
+            .map_err(|e| e.to_string())?;
+    let plan = plan_restore(image, &host, &map).map_err(|e| e.to_string())?;
+    let kfd = opts.dev_dir.join("kfd");
+    stat_path(&kfd).map_err(|e| format!("{}: {e}", kfd.display()))?;
+    for d in &plan.devices {
+        let p = opts.render_path(d.render_minor);
+        stat_path(&p).map_err(|e| format!("GPU {}: {}: {e}", d.actual, p.display()))?;
+    }
+    let bytes: u64 = image
+        .msg
+        .bo_entries
+        .iter()
+        .filter(|b| bo::has_contents(b.alloc_flags))
+        .map(|b| b.size)
+        .sum();
+    Ok(format!(
+        "{}; {} BO(s), {} of GPU memory",
+        describe_map(&plan),
+        image.msg.bo_entries.len(),
+        human_bytes(bytes)
+    ))
+}
