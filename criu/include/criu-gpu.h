@@ -24,4 +24,93 @@ const char *criu_gpu_version(void);
  */
 int criu_gpu_init(int loglevel);
 
+/*
+ What a `stat` describes: `0` not a GPU device file, `1` `/dev/kfd`,
+ `2` a render node of this host (emulated nodes: regular files compared
+ by device and inode; real ones: character devices compared by rdev).
+ */
+int criu_gpu_device_kind(uint32_t mode, uint64_t dev, uint64_t ino, uint64_t rdev);
+
+/*
+ Starts the GPU part of a dump (reads `KFD_MAX_BUFFER_SIZE` and
+ `CRIU_ROCM_COPY_ENGINE`; a bad value fails the dump before anything is
+ frozen).
+ */
+int criu_gpu_dump_init(void);
+
+/*
+ Pauses the GPU queues of task `pid` (real pid, frozen and seized by
+ the calling thread).  Returns the number of KFD processes paused.
+ */
+int criu_gpu_pause_task(int pid);
+
+/*
+ Dumps device file `fd` (CRIU's copy of task `pid`'s file `id`) into the
+ image directory `imgdir_fd`.  `1`: a KFD file, `2`: a render node,
+ `-ENOTSUP`: not a GPU file.
+ */
+int criu_gpu_dump_file(int pid, int fd, uint32_t id, int imgdir_fd);
+
+/*
+ After every task's memory is dumped: every paused KFD process must have
+ been saved.
+ */
+int criu_gpu_dump_late(void);
+
+/*
+ Ends the dump; `resume` non-zero when the tree will run again, so its
+ GPU queues are unpaused.  `-EIO` if any could not be.
+ */
+int criu_gpu_dump_finish(int resume);
+
+/*
+ Starts the GPU part of a restore in criu main (reads the `KFD_*_CHECK`,
+ `KFD_MAX_BUFFER_SIZE` and `CRIU_ROCM_COPY_ENGINE` knobs).
+ */
+int criu_gpu_restore_init(void);
+
+/*
+ In a restored task (pid `vpid` in its namespace): restores GPU file `id`
+ and returns its fd, or `-ENOTSUP` when `id` is no GPU file.  Fds kept
+ for later hooks are numbered `fd_floor` or above.
+ */
+int criu_gpu_restore_file(int vpid, uint32_t id, int fd_floor, int imgdir_fd);
+
+/*
+ In a restored task: the new offset (`*new_pgoff`, bytes) and an fd to
+ map from (`*map_fd`, CRIU's to close) for a device mapping recorded as
+ `path` at `pgoff`, `len` bytes at `addr`.  Returns `1` when the mapping
+ is a GPU one, `0` when it is not ours.
+
+ # Safety
+ `path` is a NUL-terminated string; `new_pgoff` and `map_fd` point to
+ writable memory.
+ */
+int criu_gpu_update_vma(int vpid,
+                        const char *path,
+                        uint64_t addr,
+                        uint64_t len,
+                        uint64_t pgoff,
+                        uint64_t *new_pgoff,
+                        int *map_fd);
+
+/*
+ In criu main, after every restored task stopped at its final sigreturn:
+ restarts the GPU queues of task `real_pid` (`vpid` in its namespace).
+ `1` resumed, `0` the task has no GPU state, `-errno` the restore must
+ fail.
+ */
+int criu_gpu_resume(int imgdir_fd, int real_pid, int vpid);
+
+/*
+ `criu-rocm gpu-check`: prints whether the images in `dir` can be
+ restored on this host and onto which GPUs, touching no device.  `0`:
+ they can; `-ENODEV`: some cannot (each reason printed); other `-errno`:
+ the directory could not be read.
+
+ # Safety
+ `dir` is a NUL-terminated path.
+ */
+int criu_gpu_dry_run(const char *dir);
+
 #endif  /* __CR_CRIU_GPU_H__ */

@@ -8,6 +8,7 @@
 use std::ffi::{c_char, c_int};
 use std::panic::{catch_unwind, UnwindSafe};
 
+pub mod hooks;
 pub mod logging;
 
 /// The criu-rocm release, shown by `criu-rocm --version`.

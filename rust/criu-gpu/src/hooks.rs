@@ -1,0 +1,315 @@
+//! The GPU hooks CRIU calls, one `extern "C"` entry each: arguments in,
+//! a call into `amdgpu_cr::session`, `0`/`-errno` out.  The session state
+//! lives in statics here; after `fork` every restored task has its own copy.
+
+use std::ffi::{c_char, c_int, CStr};
+use std::os::fd::{BorrowedFd, IntoRawFd};
+use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+use amdgpu_cr::image::FileId;
+use amdgpu_cr::plan::{DeviceIdentities, DeviceKind};
+use amdgpu_cr::session::dump::{DumpOptions, DumpSession, Dumped};
+use amdgpu_cr::session::restore::{self, RestoreOptions, RestoreSession, ResumeSet};
+use amdgpu_cr::session::SessionError;
+
+use crate::ffi_boundary;
+
+static DUMP: Mutex<Option<DumpSession>> = Mutex::new(None);
+static RESTORE: Mutex<Option<RestoreSession>> = Mutex::new(None);
+static RESUME: Mutex<Option<ResumeSet>> = Mutex::new(None);
+static DEVICES: OnceLock<DeviceIdentities> = OnceLock::new();
+
+/// A lock that a panic in an earlier hook did not make unusable.
+fn lock<T>(m: &'static Mutex<T>) -> MutexGuard<'static, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn fail(e: SessionError) -> c_int {
+    log::error!("{e}");
+    -e.errno()
+}
+
+/// The image directory CRIU holds open as `fd`.
+fn image_dir(fd: c_int) -> PathBuf {
+    PathBuf::from(format!("/proc/self/fd/{fd}"))
+}
+
+/// What a `stat` describes: `0` not a GPU device file, `1` `/dev/kfd`,
+/// `2` a render node of this host (emulated nodes: regular files compared
+/// by device and inode; real ones: character devices compared by rdev).
+#[no_mangle]
+pub extern "C" fn criu_gpu_device_kind(mode: u32, dev: u64, ino: u64, rdev: u64) -> c_int {
+    ffi_boundary("criu_gpu_device_kind", || {
+        // SAFETY: libc::stat is plain old data; all-zero is a valid value.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        st.st_mode = mode;
+        st.st_dev = dev;
+        st.st_ino = ino;
+        st.st_rdev = rdev;
+        let devices = DEVICES.get_or_init(|| DeviceIdentities::probe(std::path::Path::new("/dev")));
+        match devices.classify(&st) {
+            None => 0,
+            Some(DeviceKind::Kfd) => 1,
+            Some(DeviceKind::Render(_)) => 2,
+        }
+    })
+}
+
+/// Starts the GPU part of a dump (reads `KFD_MAX_BUFFER_SIZE` and
+/// `CRIU_ROCM_COPY_ENGINE`; a bad value fails the dump before anything is
+/// frozen).
+#[no_mangle]
+pub extern "C" fn criu_gpu_dump_init() -> c_int {
+    ffi_boundary("criu_gpu_dump_init", || match DumpOptions::from_env() {
+        Ok(o) => {
+            *lock(&DUMP) = Some(DumpSession::new(o));
+            0
+        }
+        Err(e) => {
+            log::error!("{e}");
+            -e.errno()
+        }
+    })
+}
+
+/// Pauses the GPU queues of task `pid` (real pid, frozen and seized by
+/// the calling thread).  Returns the number of KFD processes paused.
+#[no_mangle]
+pub extern "C" fn criu_gpu_pause_task(pid: c_int) -> c_int {
+    ffi_boundary("criu_gpu_pause_task", || {
+        let mut g = lock(&DUMP);
+        let Some(s) = g.as_mut() else { return 0 };
+        match s.pause_task(pid) {
+            Ok(n) => n as c_int,
+            Err(e) => fail(e),
+        }
+    })
+}
+
+/// Dumps device file `fd` (CRIU's copy of task `pid`'s file `id`) into the
+/// image directory `imgdir_fd`.  `1`: a KFD file, `2`: a render node,
+/// `-ENOTSUP`: not a GPU file.
+#[no_mangle]
+pub extern "C" fn criu_gpu_dump_file(pid: c_int, fd: c_int, id: u32, imgdir_fd: c_int) -> c_int {
+    ffi_boundary("criu_gpu_dump_file", || {
+        let mut g = lock(&DUMP);
+        let Some(s) = g.as_mut() else {
+            return -libc::ENOTSUP;
+        };
+        // SAFETY: CRIU keeps `fd` open for the duration of the hook.
+        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+        match s.dump_file(pid, fd, FileId(id), &image_dir(imgdir_fd)) {
+            Ok(None) => -libc::ENOTSUP,
+            Ok(Some(Dumped::Kfd)) => 1,
+            Ok(Some(Dumped::Render(_))) => 2,
+            Err(e) => fail(e),
+        }
+    })
+}
+
+/// After every task's memory is dumped: every paused KFD process must have
+/// been saved.
+#[no_mangle]
+pub extern "C" fn criu_gpu_dump_late() -> c_int {
+    ffi_boundary("criu_gpu_dump_late", || {
+        let g = lock(&DUMP);
+        match g.as_ref().map(|s| s.check_complete()) {
+            Some(Err(e)) => fail(e),
+            _ => 0,
+        }
+    })
+}
+
+/// Ends the dump; `resume` non-zero when the tree will run again, so its
+/// GPU queues are unpaused.  `-EIO` if any could not be.
+#[no_mangle]
+pub extern "C" fn criu_gpu_dump_finish(resume: c_int) -> c_int {
+    ffi_boundary("criu_gpu_dump_finish", || {
+        let Some(mut s) = lock(&DUMP).take() else {
+            return 0;
+        };
+        if s.finish(resume != 0) == 0 {
+            0
+        } else {
+            -libc::EIO
+        }
+    })
+}
+
+/// Starts the GPU part of a restore in criu main (reads the `KFD_*_CHECK`,
+/// `KFD_MAX_BUFFER_SIZE` and `CRIU_ROCM_COPY_ENGINE` knobs).
+#[no_mangle]
+pub extern "C" fn criu_gpu_restore_init() -> c_int {
+    ffi_boundary("criu_gpu_restore_init", || {
+        match RestoreOptions::from_env() {
+            Ok(o) => {
+                *lock(&RESTORE) = Some(RestoreSession::new(o));
+                *lock(&RESUME) = None;
+                0
+            }
+            Err(e) => {
+                log::error!("{e}");
+                -e.errno()
+            }
+        }
+    })
+}
+
+/// In a restored task (pid `vpid` in its namespace): restores GPU file `id`
+/// and returns its fd, or `-ENOTSUP` when `id` is no GPU file.  Fds kept
+/// for later hooks are numbered `fd_floor` or above.
+#[no_mangle]
+pub extern "C" fn criu_gpu_restore_file(
+    vpid: c_int,
+    id: u32,
+    fd_floor: c_int,
+    imgdir_fd: c_int,
+) -> c_int {
+    ffi_boundary("criu_gpu_restore_file", || {
+        let mut g = lock(&RESTORE);
+        let Some(s) = g.as_mut() else {
+            return -libc::ENOTSUP;
+        };
+        match s.restore_file(vpid, FileId(id), fd_floor, &image_dir(imgdir_fd)) {
+            Ok(Some(fd)) => fd.into_raw_fd(),
+            Ok(None) => -libc::ENOTSUP,
+            Err(e) => fail(e),
+        }
+    })
+}
+
+/// In a restored task: the new offset (`*new_pgoff`, bytes) and an fd to
+/// map from (`*map_fd`, CRIU's to close) for a device mapping recorded as
+/// `path` at `pgoff`, `len` bytes at `addr`.  Returns `1` when the mapping
+/// is a GPU one, `0` when it is not ours.
+///
+/// # Safety
+/// `path` is a NUL-terminated string; `new_pgoff` and `map_fd` point to
+/// writable memory.
+#[no_mangle]
+pub unsafe extern "C" fn criu_gpu_update_vma(
+    vpid: c_int,
+    path: *const c_char,
+    addr: u64,
+    len: u64,
+    pgoff: u64,
+    new_pgoff: *mut u64,
+    map_fd: *mut c_int,
+) -> c_int {
+    // SAFETY: the caller passes a valid C string (CRIU's reg-file name).
+    let path = unsafe { CStr::from_ptr(path) }
+        .to_string_lossy()
+        .into_owned();
+    let out_pgoff = new_pgoff as usize;
+    let out_fd = map_fd as usize;
+    ffi_boundary("criu_gpu_update_vma", move || {
+        let g = lock(&RESTORE);
+        let Some(s) = g.as_ref() else { return 0 };
+        match s.update_vma(vpid, &path, addr, pgoff, len) {
+            Ok(None) => 0,
+            Ok(Some((off, fd))) => {
+                // SAFETY: the caller gave writable out-params (see # Safety).
+                unsafe {
+                    *(out_pgoff as *mut u64) = off;
+                }
+                // SAFETY: as above.
+                unsafe {
+                    *(out_fd as *mut c_int) = fd.into_raw_fd();
+                }
+                1
+            }
+            Err(e) => fail(e),
+        }
+    })
+}
+
+/// In criu main, after every restored task stopped at its final sigreturn:
+/// restarts the GPU queues of task `real_pid` (`vpid` in its namespace).
+/// `1` resumed, `0` the task has no GPU state, `-errno` the restore must
+/// fail.
+#[no_mangle]
+pub extern "C" fn criu_gpu_resume(imgdir_fd: c_int, real_pid: c_int, vpid: c_int) -> c_int {
+    ffi_boundary("criu_gpu_resume", || {
+        let mut g = lock(&RESUME);
+        if g.is_none() {
+            match ResumeSet::load(&image_dir(imgdir_fd)) {
+                Ok(set) => *g = Some(set),
+                Err(e) => return fail(e),
+            }
+        }
+        match g.as_ref().expect("loaded above").resume(real_pid, vpid) {
+            Ok(true) => 1,
+            Ok(false) => 0,
+            Err(e) => fail(e),
+        }
+    })
+}
+
+/// `criu-rocm gpu-check`: prints whether the images in `dir` can be
+/// restored on this host and onto which GPUs, touching no device.  `0`:
+/// they can; `-ENODEV`: some cannot (each reason printed); other `-errno`:
+/// the directory could not be read.
+///
+/// # Safety
+/// `dir` is a NUL-terminated path.
+#[no_mangle]
+pub unsafe extern "C" fn criu_gpu_dry_run(dir: *const c_char) -> c_int {
+    // SAFETY: the caller passes a valid C string.
+    let dir = PathBuf::from(
+        unsafe { CStr::from_ptr(dir) }
+            .to_string_lossy()
+            .into_owned(),
+    );
+    ffi_boundary("criu_gpu_dry_run", move || {
+        let opts = match RestoreOptions::from_env() {
+            Ok(o) => o,
+            Err(e) => {
+                eprintln!("criu-rocm gpu-check: {e}");
+                return -e.errno();
+            }
+        };
+        let entries = match restore::dry_run(&dir, &opts) {
+            Ok(v) => v,
+            Err(e) => {
+                eprintln!("criu-rocm gpu-check: {}: {e}", dir.display());
+                return -e.errno();
+            }
+        };
+        if entries.is_empty() {
+            println!(
+                "{}: no GPU state in these images; nothing GPU-specific to check",
+                dir.display()
+            );
+            return 0;
+        }
+        let mut bad = 0;
+        for e in &entries {
+            match &e.verdict {
+                Ok(map) => println!("pid {} (KFD image {}): restorable: {map}", e.pid, e.id),
+                Err(why) => {
+                    bad += 1;
+                    println!(
+                        "pid {} (KFD image {}): NOT restorable here: {why}",
+                        e.pid, e.id
+                    );
+                }
+            }
+        }
+        if bad == 0 {
+            println!(
+                "{}: all {} GPU process(es) can be restored on this host",
+                dir.display(),
+                entries.len()
+            );
+            0
+        } else {
+            println!(
+                "{}: {bad} of {} GPU process(es) cannot be restored on this host",
+                dir.display(),
+                entries.len()
+            );
+            -libc::ENODEV
+        }
+    })
+}
