@@ -16,6 +16,7 @@
 //! the contents (XXH3-64) on the way.
 
 pub mod cpu;
+pub mod drm;
 pub mod sdma;
 
 use std::collections::BTreeMap;

@@ -25,9 +25,9 @@ use kfd_abi::handle::{Kfd, ProcessInfo, RenderNode};
 use kfd_abi::sys;
 
 use super::sys::{pidfd_getfd, pidfd_open, same_open_file, task_fds};
-use super::{human_bytes, SessionError};
+use super::{engines_for, human_bytes, SessionError};
 use crate::bo;
-use crate::copy::{dump_contents, Engines, GpuJob};
+use crate::copy::{dump_contents, GpuJob};
 use crate::env::{self, EnginePolicy};
 use crate::ids::{GpuId, GpuVa, MmapOffset, RenderMinor};
 use crate::image::FileId;
@@ -330,20 +330,23 @@ impl DumpSession {
             .iter()
             .map(|d| d.as_ref().map(|f| f.as_fd()))
             .collect();
-        let jobs: Vec<GpuJob<'_>> = plan
-            .gpus
-            .iter()
-            .map(|w| GpuJob {
+        let mut jobs: Vec<GpuJob<'_>> = Vec::with_capacity(plan.gpus.len());
+        for w in &plan.gpus {
+            let bos = w.bo_refs(&p.ckpt.bos, render_fd(w.render_minor), &dmabufs, false);
+            let has_dmabufs = bos.iter().any(|b| b.dmabuf.is_some());
+            jobs.push(GpuJob {
                 user: w.user,
                 actual: w.actual,
-                bos: w.bo_refs(&p.ckpt.bos, render_fd(w.render_minor), &dmabufs, false),
-                engines: Engines::new(
+                bos,
+                engines: engines_for(
+                    owner,
                     self.opts.policy,
-                    env::staging_size(self.opts.staging_cap, w.largest),
-                    None,
-                ),
-            })
-            .collect();
+                    self.opts.staging_cap,
+                    w,
+                    has_dmabufs,
+                )?,
+            });
+        }
         let out = dump_contents(dir, id, jobs)
             .map_err(|e| SessionError::core(owner, "saving GPU memory", e))?;
         let image = plan

@@ -17,7 +17,10 @@ mod sys;
 
 use std::path::Path;
 
+use crate::copy::{drm::sdma_for, Engines};
+use crate::env::{self, EnginePolicy};
 use crate::image::FileId;
+use crate::plan::GpuWork;
 
 /// Failures of a hook, with the process, GPU, file and step they concern.
 #[derive(Debug, thiserror::Error)]
@@ -87,6 +90,44 @@ pub fn kfd_image_ids(dir: &Path) -> std::io::Result<Vec<FileId>> {
     }
     ids.sort_by_key(|i| i.0);
     Ok(ids)
+}
+
+/// The copy engines of one GPU worker: always the CPU engine; an SDMA
+/// engine on a fresh render-node fd of that GPU when KFD exported dmabufs
+/// for its BOs (real hardware) and the policy allows it.  Under `auto` an
+/// SDMA set-up failure falls back to the CPU with a warning; under `sdma`
+/// it is the caller's error.
+pub(crate) fn engines_for<'a>(
+    pid: i32,
+    policy: EnginePolicy,
+    staging_cap: Option<u64>,
+    work: &GpuWork,
+    has_dmabufs: bool,
+) -> Result<Engines<'a>, SessionError> {
+    let staging = env::staging_size(staging_cap, work.largest);
+    let want_sdma = has_dmabufs && policy != EnginePolicy::Cpu;
+    let sdma = if want_sdma {
+        let made = kfd_abi::handle::RenderNode::open(work.render_minor)
+            .map_err(|e| crate::copy::CopyError::Setup {
+                gpu: work.actual,
+                what: format!("opening {}: {e}", work.render_minor.path()),
+            })
+            .and_then(|node| sdma_for(node.as_fd(), work.actual, staging, work.largest, &[]));
+        match made {
+            Ok(e) => Some(e),
+            Err(e) if policy == EnginePolicy::Auto => {
+                log::warn!(
+                    "pid {pid}: GPU {}: no SDMA engine ({e}); copying with the CPU",
+                    work.user
+                );
+                None
+            }
+            Err(e) => return Err(SessionError::core(pid, "setting up SDMA", e)),
+        }
+    } else {
+        None
+    };
+    Ok(Engines::new(policy, staging, sdma))
 }
 
 /// Formats bytes for the log: `512 KiB`, `1.5 GiB`.

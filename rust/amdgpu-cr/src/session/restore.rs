@@ -23,9 +23,9 @@ use kfd_abi::handle::{Kfd, RenderNode};
 use kfd_abi::sys;
 
 use super::sys::dup_at_least;
-use super::{human_bytes, kfd_image_ids, SessionError};
+use super::{engines_for, human_bytes, kfd_image_ids, SessionError};
 use crate::bo;
-use crate::copy::{restore_contents, Engines, GpuJob};
+use crate::copy::{restore_contents, GpuJob};
 use crate::env::{self, Checks, EnginePolicy};
 use crate::ids::{GpuId, MmapOffset, RenderMinor};
 use crate::image::{pages_total, FileId, KfdImage, PagesReader, RenderImage};
@@ -280,25 +280,28 @@ impl RestoreSession {
                 .iter()
                 .map(|d| d.as_ref().map(|f| f.as_fd()))
                 .collect();
-            let jobs: Vec<GpuJob<'_>> = plan
-                .gpus
-                .iter()
-                .map(|w| GpuJob {
+            let mut jobs: Vec<GpuJob<'_>> = Vec::with_capacity(plan.gpus.len());
+            for w in &plan.gpus {
+                let bos = w.bo_refs(
+                    &restored,
+                    render.get(&w.render_minor).map(|f| f.as_fd()),
+                    &borrowed,
+                    true,
+                );
+                let has_dmabufs = bos.iter().any(|b| b.dmabuf.is_some());
+                jobs.push(GpuJob {
                     user: w.user,
                     actual: w.actual,
-                    bos: w.bo_refs(
-                        &restored,
-                        render.get(&w.render_minor).map(|f| f.as_fd()),
-                        &borrowed,
-                        true,
-                    ),
-                    engines: Engines::new(
+                    bos,
+                    engines: engines_for(
+                        vpid,
                         self.opts.policy,
-                        env::staging_size(self.opts.staging_cap, w.largest),
-                        None,
-                    ),
-                })
-                .collect();
+                        self.opts.staging_cap,
+                        w,
+                        has_dmabufs,
+                    )?,
+                });
+            }
             let stats = restore_contents(dir, id, jobs, &image.content_hashes())
                 .map_err(|e| SessionError::core(vpid, "writing GPU memory back", e))?;
             for s in &stats {

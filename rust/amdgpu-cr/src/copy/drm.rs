@@ -1,0 +1,169 @@
+//! The SDMA engine's device on real hardware: a render node driven through
+//! the ABI crate's amdgpu ioctls (PRIME import, userptr, GEM_VA, CTX, CS,
+//! WAIT_CS).
+//!
+//! **Hardware only**, like the engine: the emulator hands out no dmabufs,
+//! so [`sdma_for`] is only reached when KFD exported one.  What can be
+//! checked without a GPU — the order and arguments of the calls — is
+//! covered by the engine's model tests; this file is the thin mapping of
+//! those calls onto ioctls.
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::ptr::NonNull;
+use std::time::Duration;
+
+use kfd_abi::handle::RenderNode;
+use kfd_abi::ids::{CpuVa, GpuVa};
+use kfd_abi::sys;
+
+use super::sdma::{GemHandle, SdmaDevice, SdmaEngine, VaWindow, AMDGPU_HW_IP_DMA};
+use super::{CopyEngine, CopyError};
+use crate::ids::GpuId;
+
+fn os(e: kfd_abi::handle::Error) -> io::Error {
+    io::Error::from_raw_os_error(e.errno())
+}
+
+/// A render node as an [`SdmaDevice`].
+pub struct DrmSdma {
+    node: RenderNode<OwnedFd>,
+    family: u32,
+}
+
+impl DrmSdma {
+    /// Wraps a render-node fd (its VM is where the engine maps buffers).
+    pub fn new(fd: OwnedFd) -> io::Result<(Self, kfd_abi::handle::DevInfo)> {
+        let node = RenderNode::from_fd(fd);
+        let info = node.amdgpu_info_dev_info().map_err(os)?;
+        Ok((
+            DrmSdma {
+                node,
+                family: info.family,
+            },
+            info,
+        ))
+    }
+}
+
+/// CLOCK_MONOTONIC now + `d`, in ns: amdgpu's WAIT_CS takes an absolute
+/// deadline.
+fn deadline(d: Duration) -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec into `ts`.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+        .saturating_add(d.as_nanos().min(u64::MAX as u128) as u64)
+}
+
+impl SdmaDevice for DrmSdma {
+    fn family(&self) -> u32 {
+        self.family
+    }
+
+    fn import_dmabuf(&mut self, dmabuf: BorrowedFd<'_>) -> io::Result<GemHandle> {
+        self.node.prime_fd_to_handle(dmabuf).map_err(os)
+    }
+
+    unsafe fn userptr(&mut self, addr: NonNull<u8>, size: u64) -> io::Result<GemHandle> {
+        let flags = sys::AMDGPU_GEM_USERPTR_ANONONLY
+            | sys::AMDGPU_GEM_USERPTR_VALIDATE
+            | sys::AMDGPU_GEM_USERPTR_REGISTER;
+        self.node
+            .gem_userptr(CpuVa(addr.as_ptr() as u64), size, flags)
+            .map_err(os)
+    }
+
+    fn va_map(&mut self, handle: GemHandle, va: u64, size: u64) -> io::Result<()> {
+        let flags = sys::AMDGPU_VM_PAGE_READABLE | sys::AMDGPU_VM_PAGE_WRITEABLE;
+        self.node
+            .gem_va(handle, sys::AMDGPU_VA_OP_MAP, flags, GpuVa(va), 0, size)
+            .map_err(os)
+    }
+
+    fn va_unmap(&mut self, handle: GemHandle, va: u64, size: u64) -> io::Result<()> {
+        self.node
+            .gem_va(handle, sys::AMDGPU_VA_OP_UNMAP, 0, GpuVa(va), 0, size)
+            .map_err(os)
+    }
+
+    fn ctx_create(&mut self) -> io::Result<u32> {
+        self.node.ctx_alloc(0).map_err(os)
+    }
+
+    fn ctx_free(&mut self, ctx: u32) -> io::Result<()> {
+        self.node.ctx_free(ctx).map_err(os)
+    }
+
+    fn submit(&mut self, ctx: u32, ib_va: u64, dwords: u32, bos: &[GemHandle]) -> io::Result<u64> {
+        let entries: Vec<sys::drm_amdgpu_bo_list_entry> = bos
+            .iter()
+            .map(|&bo_handle| sys::drm_amdgpu_bo_list_entry {
+                bo_handle,
+                bo_priority: 0,
+            })
+            .collect();
+        let list = self.node.bo_list_create(&entries).map_err(os)?;
+        let ib = sys::drm_amdgpu_cs_chunk_ib {
+            va_start: ib_va,
+            ib_bytes: dwords * 4,
+            ip_type: AMDGPU_HW_IP_DMA,
+            ..Default::default()
+        };
+        let chunk = sys::drm_amdgpu_cs_chunk {
+            chunk_id: sys::AMDGPU_CHUNK_ID_IB,
+            length_dw: (std::mem::size_of_val(&ib) / 4) as u32,
+            chunk_data: &ib as *const _ as u64,
+        };
+        let seq = self.node.cs_submit(ctx, list, &[chunk]).map_err(os);
+        let destroyed = self.node.bo_list_destroy(list).map_err(os);
+        let seq = seq?;
+        destroyed?;
+        Ok(seq)
+    }
+
+    fn wait(&mut self, ctx: u32, seq: u64, timeout: Duration) -> io::Result<bool> {
+        self.node
+            .wait_cs(ctx, AMDGPU_HW_IP_DMA, 0, 0, seq, deadline(timeout))
+            .map_err(os)
+    }
+
+    fn gem_close(&mut self, handle: GemHandle) -> io::Result<()> {
+        self.node.gem_close(handle).map_err(os)
+    }
+}
+
+/// An SDMA engine on the render node `fd` for GPU `gpu`, placing its
+/// buffers in a VA window clear of `busy` (the BOs of the VM, when the VM
+/// is the process' own), or why there is none.
+pub fn sdma_for<'a>(
+    fd: BorrowedFd<'_>,
+    gpu: GpuId,
+    staging: u64,
+    largest_bo: u64,
+    busy: &[(u64, u64)],
+) -> Result<Box<dyn CopyEngine + 'a>, CopyError> {
+    let setup = |what: String| CopyError::Setup { gpu, what };
+    let own = fd
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(|e| setup(format!("dup of the render node: {e}")))?;
+    let (dev, info) = DrmSdma::new(own).map_err(|e| setup(format!("AMDGPU_INFO_DEV_INFO: {e}")))?;
+    let va = VaWindow::pick(
+        info.virtual_address_offset,
+        info.virtual_address_max,
+        busy,
+        staging,
+        info.family,
+        largest_bo,
+    )
+    .ok_or_else(|| setup("no free GPU VA window for the SDMA staging buffers".into()))?;
+    Ok(Box::new(SdmaEngine::new(
+        dev, gpu, staging, largest_bo, va,
+    )?))
+}
