@@ -2,8 +2,9 @@
 //!
 //! The outer test starts `kfd-emu run --profile mi100x2 -- <this binary> --ignored --exact
 //! inner_stress_parent`; the parent then spawns eight `inner_stress_worker` processes at once,
-//! requires each to succeed, and afterwards allocates from a fresh client to show the daemon
-//! kept serving and took the workers' VRAM back. kfd-emu is found as in tests/emu.rs.
+//! requires each to succeed, and afterwards allocates all VRAM of every GPU from a fresh client
+//! to show the daemon kept serving and took every byte of the workers' VRAM back. kfd-emu is
+//! found as in tests/emu.rs.
 
 mod common;
 
@@ -12,7 +13,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use kfd_client::queue::SdmaQueue;
-use kfd_client::{sdma, KfdClient, MemKind};
+use kfd_client::{sdma, topology, KfdClient, MemKind};
 
 const PROFILE: &str = "mi100x2";
 const WORKERS: usize = 8;
@@ -81,15 +82,54 @@ fn inner_stress_parent() {
     }
     assert!(failed.is_empty(), "{}", failed.join("\n"));
 
-    // The daemon still serves a new client, and the workers' VRAM came back: a large
-    // allocation on every GPU must succeed and hold data.
+    // The daemon still serves a new client, and every byte of the workers' VRAM came back:
+    // each GPU's whole VRAM (the topology's size) is available and one BO of that size fits,
+    // so a single leaked VRAM BO fails here. Cheap: a BO is a sparse range of the daemon's
+    // memfd and only the pages touched below cost memory.
+    let t = Instant::now();
     let c = KfdClient::open().unwrap();
     for g in c.gpus() {
-        let mut bo = c.alloc(g.gpu_id, 256 << 20, MemKind::Vram).unwrap();
-        bo.as_mut_slice().fill(0x5a);
-        assert!(bo.as_slice().iter().all(|&b| b == 0x5a));
+        let vram = vram_size(&c, g.node_id);
+        assert!(
+            vram >= 1 << 30,
+            "GPU {:?}: VRAM {vram} from the topology",
+            g.gpu_id
+        );
+        let avail = c.kfd().available_memory(g.gpu_id).unwrap();
+        assert_eq!(
+            avail, vram,
+            "GPU {:?}: VRAM leaked by the workers",
+            g.gpu_id
+        );
+        let mut bo = c.alloc(g.gpu_id, vram, MemKind::Vram).unwrap();
+        assert_eq!(bo.size(), vram);
+        assert_eq!(c.kfd().available_memory(g.gpu_id).unwrap(), 0);
+        let e = c.alloc(g.gpu_id, 4096, MemKind::Vram).unwrap_err();
+        assert_eq!(e.errno(), Some(libc::ENOMEM), "{e}");
+        let s = bo.as_mut_slice();
+        let n = s.len();
+        s[..1 << 20].fill(0x5a);
+        s[n - (1 << 20)..].fill(0xa5);
+        assert!(s[..1 << 20].iter().all(|&b| b == 0x5a));
+        assert!(s[n - (1 << 20)..].iter().all(|&b| b == 0xa5));
         bo.free().unwrap();
+        assert_eq!(c.kfd().available_memory(g.gpu_id).unwrap(), vram);
     }
+    println!(
+        "full-VRAM check of {} GPUs: {:?}",
+        c.gpus().len(),
+        t.elapsed()
+    );
+}
+
+/// A GPU's VRAM size in bytes: `size_in_bytes` of its first memory bank in the topology.
+fn vram_size(c: &KfdClient, node_id: u32) -> u64 {
+    let path = c
+        .topology_root()
+        .join(format!("nodes/{node_id}/mem_banks/0/properties"));
+    let text = std::fs::read_to_string(&path).unwrap();
+    let props = topology::parse_properties(&path, &text).unwrap();
+    props["size_in_bytes"]
 }
 
 #[test]
