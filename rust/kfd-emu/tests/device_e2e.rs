@@ -218,12 +218,85 @@ fn interrupted_wait(k: i32) {
     println!("e2e: interrupted wait answered EINTR, the next wait got the event");
 }
 
-#[test]
-fn sdma_copy_and_trap_through_fuse() {
-    if std::env::var_os(ROLE).is_some() {
-        client();
-        return;
+/// The thread `tid` of this process is blocked in ioctl(2) (syscall 16
+/// on x86-64): its request reached the daemon.
+fn in_ioctl(tid: libc::pid_t) -> bool {
+    std::fs::read_to_string(format!("/proc/self/task/{tid}/syscall"))
+        .is_ok_and(|s| s.split_whitespace().next() == Some("16"))
+}
+
+/// The race of issue #3: a wait interrupted by a signal must leave the
+/// device model at once.  The thread takes its time before retrying (a
+/// signal handler, a CRIU dump in between); a SET_EVENT of the auto-reset
+/// event in that window must stay signalled for the retried wait instead
+/// of being consumed by the abandoned one.
+fn interrupted_wait_then_set_event_client() {
+    // SAFETY: sigaction is plain data; all-zero is a valid value.
+    let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
+    sa.sa_sigaction = on_usr1 as extern "C" fn(libc::c_int) as usize;
+    // SAFETY: installing a no-op handler without SA_RESTART.
+    unsafe { libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut()) };
+    let k = open("/dev/kfd");
+    let mut ev = [0u8; 32];
+    put(&mut ev, 16, 1, 4); // auto_reset, signal event, kfd events page
+    kfd(k, 0x08, &mut ev).unwrap();
+    let event = get(&ev, 24, 4);
+    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+    let (first_tx, first_rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let waiter = std::thread::spawn(move || {
+        // SAFETY: gettid has no preconditions.
+        tid_tx.send(unsafe { libc::gettid() }).unwrap();
+        let mut evd = [0u8; 48];
+        put(&mut evd, 40, event, 4);
+        let mut w = [0u8; 24];
+        put(&mut w, 0, evd.as_ptr() as u64, 8);
+        put(&mut w, 8, 1, 4);
+        put(&mut w, 16, u32::MAX as u64, 4);
+        first_tx.send(kfd(k, 0x0c, &mut w)).unwrap();
+        go_rx.recv().unwrap();
+        put(&mut w, 16, 5_000, 4);
+        let t = std::time::Instant::now();
+        let second = kfd(k, 0x0c, &mut w).map(|()| get(&w, 20, 4));
+        (second, t.elapsed())
+    });
+    let tid = tid_rx.recv().unwrap();
+    let t = std::time::Instant::now();
+    while !in_ioctl(tid) {
+        assert!(t.elapsed().as_secs() < 10, "the wait never blocked");
+        std::thread::sleep(std::time::Duration::from_millis(5));
     }
+    // Let the request settle in the daemon (parked) before interrupting.
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let pid = std::process::id() as libc::pid_t;
+    // SAFETY: signalling a live thread of this process.
+    unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, libc::SIGUSR1) };
+    let first = first_rx
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("the signal did not end the wait");
+    assert_eq!(first, Err(libc::EINTR));
+    // The waiter has not retried yet: signal the event now.
+    let mut set = [0u8; 8];
+    put(&mut set, 0, event, 4);
+    ioctl(k, 1, 0x4b, 0x0a, &mut set).unwrap();
+    go_tx.send(()).unwrap();
+    let (second, took) = waiter.join().unwrap();
+    assert_eq!(
+        second,
+        Ok(0),
+        "the retried wait did not see the SET_EVENT (wait_result 1 = timeout) after {took:?}"
+    );
+    assert!(
+        took < std::time::Duration::from_secs(1),
+        "retried wait took {took:?}"
+    );
+    println!("e2e: SET_EVENT between EINTR and the retry reached the retry in {took:?}");
+}
+
+/// Re-runs test `name` of this binary as a client inside
+/// `kfd-emu run --profile mi100`; returns its output, which must contain
+/// `marker`.
+fn run_client(name: &str, marker: &str) {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         eprintln!("skipped: needs root for FUSE mounts");
@@ -232,12 +305,7 @@ fn sdma_copy_and_trap_through_fuse() {
     let out = Command::new(env!("CARGO_BIN_EXE_kfd-emu"))
         .args(["run", "--profile", "mi100", "--"])
         .arg(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "sdma_copy_and_trap_through_fuse",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+        .args(["--exact", name, "--nocapture", "--test-threads=1"])
         .env(ROLE, "1")
         .output()
         .unwrap();
@@ -247,10 +315,31 @@ fn sdma_copy_and_trap_through_fuse() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(
-        out.status.success() && text.contains("e2e: 1 MiB"),
+        out.status.success() && text.contains(marker),
         "client failed:\n{text}"
     );
     for l in text.lines().filter(|l| l.contains("e2e:")) {
         println!("{l}");
     }
+}
+
+#[test]
+fn sdma_copy_and_trap_through_fuse() {
+    if std::env::var_os(ROLE).is_some() {
+        client();
+        return;
+    }
+    run_client("sdma_copy_and_trap_through_fuse", "e2e: 1 MiB");
+}
+
+#[test]
+fn interrupted_wait_leaves_a_later_set_event_to_the_retry() {
+    if std::env::var_os(ROLE).is_some() {
+        interrupted_wait_then_set_event_client();
+        return;
+    }
+    run_client(
+        "interrupted_wait_leaves_a_later_set_event_to_the_retry",
+        "e2e: SET_EVENT between EINTR",
+    );
 }

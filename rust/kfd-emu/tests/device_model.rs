@@ -661,6 +661,163 @@ fn sdma_packets_events_and_waits() {
     assert_eq!(unsafe { rd32(r.ctl, 24) }, 0);
 }
 
+/// A reply with the transport's request id, as FUSE replies have.
+struct TxId(Mutex<Sender<Result<Vec<u8>, i32>>>, u64);
+impl Replier for TxId {
+    fn reply(self: Box<Self>, r: Result<Vec<u8>, i32>) {
+        let _ = self.0.lock().unwrap().send(r);
+    }
+    fn request_id(&self) -> Option<u64> {
+        Some(self.1)
+    }
+}
+
+/// An interrupt (the transport's FUSE_INTERRUPT) takes a parked wait out
+/// of the model at once: a SET_EVENT of an auto-reset event before the
+/// thread retries stays signalled for the retry.
+#[test]
+fn interrupted_wait_leaves_the_model_at_once() {
+    let d = Dev::new("");
+    d.setup();
+    let ev = d
+        .call(nr::CREATE_EVENT, &args(&[(16, 1)], 32))
+        .expect("auto-reset signal event");
+    let event = u32_at(&ev, 24);
+    let (wa, _evs) = wait_args(&[event], false, u32::MAX);
+    let (tx, parked) = channel();
+    let w = waiter();
+    d.emu.ioctl(
+        d.fh_kfd(&me()),
+        &w,
+        iowr(nr::WAIT_EVENTS, wa.len()),
+        0,
+        &wa,
+        wa.len() as u32,
+        Box::new(TxId(Mutex::new(tx), 77)),
+    );
+    assert!(parked.recv_timeout(Duration::from_millis(50)).is_err());
+    assert!(d.emu.interrupt(&NodeKind::Kfd, 77));
+    assert_eq!(
+        parked.recv_timeout(Duration::from_millis(100)),
+        Ok(Err(libc::EINTR)),
+        "the interrupted wait is answered EINTR by the model"
+    );
+    d.call(nr::SET_EVENT, &event.to_le_bytes()).unwrap();
+    // The retry (same thread) finds the event signalled.
+    let (wa0, _e0) = wait_args(&[event], false, 0);
+    let retry = d.start(&w, nr::WAIT_EVENTS, &wa0);
+    let out = retry.recv_timeout(Duration::from_secs(2)).unwrap().unwrap();
+    assert_eq!(u32_at(&out, 20), 0, "the SET_EVENT was lost");
+    // Unknown id: a completed wait whose answer is on its way wins.
+    assert!(d.emu.interrupt(&NodeKind::Kfd, 78));
+    // Render nodes never park: the transport answers.
+    assert!(!d.emu.interrupt(&NodeKind::Render { minor: d.minor }, 77));
+}
+
+const BIG_SRC_VA: u64 = 0x1_0000_0000;
+const BIG_DST_VA: u64 = 0x2_0000_0000;
+const BIG: u64 = 4 << 20;
+const COPIES: u64 = 63;
+
+/// Queues `COPIES` linear copies of 4 MiB (the largest packet) from the
+/// big source into consecutive 4 MiB slices of the big destination, then a
+/// FENCE writing `fence` at CTL_VA + 32: 64 packets, one engine pass.
+fn push_big_job(r: &mut Rig, fence: u32) {
+    for i in 0..COPIES {
+        let dst = BIG_DST_VA + i * BIG;
+        r.push(&[
+            1,
+            (BIG - 1) as u32,
+            0,
+            lo(BIG_SRC_VA),
+            hi(BIG_SRC_VA),
+            lo(dst),
+            hi(dst),
+        ]);
+    }
+    r.push(&[5, lo(CTL_VA + 32), hi(CTL_VA + 32), fence]);
+    r.kick();
+}
+
+/// Waits until the engine has written the first destination word of a
+/// job (the copy is under way).
+fn wait_copy_started(dst: *mut u8, want: u32) {
+    let t = Instant::now();
+    // SAFETY: dst maps the big destination.
+    while unsafe { rd32(dst, 0) } != want {
+        assert!(t.elapsed() < Duration::from_secs(10), "copy never started");
+        std::hint::spin_loop();
+    }
+}
+
+/// The SDMA engine moves the bytes of a large copy without the global
+/// state lock: an ioctl of another process completes while the copy runs.
+/// Ioctls of the copying process that free its memory wait for the pass.
+#[test]
+fn large_sdma_copy_does_not_stall_other_processes() {
+    let d = Dev::new("");
+    d.setup();
+    let mut r = Rig::new(&d);
+    let render = NodeKind::Render { minor: d.minor };
+    let (_, src_off) = d.alloc(BIG_SRC_VA, BIG, alloc::VRAM, 0).unwrap();
+    let (dst_h, dst_off) = d.alloc(BIG_DST_VA, BIG * COPIES, alloc::VRAM, 0).unwrap();
+    let src = d.map_node(render, src_off, BIG as usize);
+    let dst = d.map_node(render, dst_off, (BIG * COPIES) as usize);
+    for i in 0..(BIG as usize / 4) {
+        // SAFETY: src maps BIG bytes.
+        unsafe { wr32(src, i * 4, 0x5000_0000 | i as u32) };
+    }
+    let fence = |r: &Rig| {
+        // SAFETY: ctl maps 4096 bytes.
+        unsafe { rd32(r.ctl, 32) }
+    };
+
+    // Another process, with its own KFD context.
+    let other = Caller {
+        tid: me().tid,
+        tgid: 0x7fff_0001,
+    };
+    let other_fh = d.emu.open(&NodeKind::Kfd, &other).unwrap();
+    let avail = args(&[(8, d.gpu_id as u64)], 16);
+
+    let t0 = Instant::now();
+    push_big_job(&mut r, 1);
+    wait_copy_started(dst, 0x5000_0000);
+    let started = t0.elapsed();
+    let t = Instant::now();
+    d.call_fh(other_fh, &other, nr::AVAILABLE_MEMORY, &avail)
+        .unwrap();
+    let ioctl = t.elapsed();
+    let fence_at_ioctl = fence(&r);
+    assert!(r.wait_rptr(r.wptr), "the job did not finish");
+    let job = t0.elapsed();
+    println!(
+        "copy of {} MiB: started after {started:?}, done after {job:?}; \
+         other process' ioctl took {ioctl:?}",
+        (COPIES * BIG) >> 20
+    );
+    assert_eq!(
+        fence_at_ioctl, 0,
+        "the other process' ioctl waited for the whole copy ({ioctl:?})"
+    );
+    assert_eq!(fence(&r), 1);
+    let last = ((COPIES - 1) * BIG) as usize;
+    for i in [0, 1, BIG as usize / 4 - 1] {
+        // SAFETY: inside the last 4 MiB slice of dst.
+        assert_eq!(unsafe { rd32(dst, last + i * 4) }, 0x5000_0000 | i as u32);
+    }
+
+    // Freeing memory the copy may use waits for the pass in flight.
+    // SAFETY: dst maps BIG * COPIES bytes.
+    unsafe { wr32(dst, 0, 0) };
+    push_big_job(&mut r, 2);
+    wait_copy_started(dst, 0x5000_0000);
+    d.call(nr::FREE_MEMORY_OF_GPU, &a64(&[(0, dst_h)], 8))
+        .unwrap();
+    assert_eq!(fence(&r), 2, "FREE_MEMORY ran while the pass used the BO");
+    d.emu.release(other_fh);
+}
+
 #[test]
 fn queue_limits_and_bad_queue_args() {
     let d = Dev::new("[[gpus]]\nnum_sdma_engines = 1\nnum_sdma_xgmi_engines = 0\nnum_sdma_queues_per_engine = 1\n");

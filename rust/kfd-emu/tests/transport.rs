@@ -305,6 +305,79 @@ fn interrupt_during_the_call() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// The transport hands an interrupt of a parked request to the device
+/// (`FileOps::interrupt`): a device that forgets the request answers it
+/// EINTR itself, both when the request was parked before the interrupt and
+/// when the interrupt came while the call was still running; a device that
+/// says its answer is on the way is trusted, and that answer reaches the
+/// caller.  (The device declining is `parked_wait_is_interruptible`.)
+#[test]
+fn interrupt_is_passed_to_the_device() {
+    if role().is_none() {
+        return run_in_ns("interrupt_is_passed_to_the_device", "body");
+    }
+    let dir = scratch_dir("intrdev");
+    let double = Arc::new(Double::default());
+    let (m, _backing) = serve(&dir, double.clone());
+    let f = open_rw(m.target());
+    let g = open_rw(m.target());
+    // SAFETY: an empty handler, so SIGUSR1 interrupts without killing.
+    unsafe { libc::signal(libc::SIGUSR1, on_usr1 as *const () as libc::sighandler_t) };
+    extern "C" fn on_usr1(_: i32) {}
+    let start = |cmd: u32| {
+        let fd = f.as_raw_fd();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let t = std::thread::spawn(move || {
+            // SAFETY: gettid has no preconditions.
+            tx.send(unsafe { libc::gettid() }).unwrap();
+            let mut b = [0u8; 8];
+            raw_ioctl(fd, cmd, &mut b).map(|_| u64::from_ne_bytes(b))
+        });
+        (t, rx.recv().unwrap())
+    };
+    let kick = |tid: i32| {
+        // SAFETY: signalling a thread of this process.
+        unsafe { libc::syscall(libc::SYS_tgkill, std::process::id(), tid, libc::SIGUSR1) };
+    };
+
+    *double.on_interrupt.lock().unwrap() = OnInterrupt::Cancel;
+    // Parked, then interrupted.
+    let (t, tid) = start(WAIT);
+    assert!(wait_for(5, || m.parked() == 1), "WAIT never parked");
+    kick(tid);
+    assert_eq!(t.join().unwrap(), Err(libc::EINTR));
+    assert_eq!(double.held(), 0, "the device forgot the request");
+    assert_eq!(double.interrupted.lock().unwrap().len(), 1);
+    // Interrupted inside the call, parked by it afterwards.
+    let (t, tid) = start(SLOW_PARK);
+    std::thread::sleep(Duration::from_millis(100));
+    kick(tid);
+    assert_eq!(t.join().unwrap(), Err(libc::EINTR));
+    assert_eq!(double.held(), 0, "the device forgot the request");
+    assert_eq!(double.interrupted.lock().unwrap().len(), 2);
+    assert_eq!(m.parked(), 0);
+
+    // The device's answer is on the way: the transport must not answer
+    // EINTR over it.
+    *double.on_interrupt.lock().unwrap() = OnInterrupt::Keep;
+    let (t, tid) = start(WAIT);
+    assert!(wait_for(5, || m.parked() == 1), "WAIT never parked");
+    kick(tid);
+    assert!(wait_for(5, || double.interrupted.lock().unwrap().len() == 3));
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(!t.is_finished(), "the transport answered over the device");
+    assert_eq!(m.parked(), 1);
+    let mut post = 7u64.to_ne_bytes();
+    raw_ioctl(g.as_raw_fd(), POST, &mut post).unwrap();
+    assert_eq!(t.join().unwrap(), Ok(7));
+    assert_eq!(m.parked(), 0);
+
+    drop(f);
+    drop(g);
+    m.unmount().unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// Child role: serves $KFD_EMU_TEST_PATH until killed.
 #[test]
 fn daemon() {

@@ -578,8 +578,11 @@ pub fn wait_events(
     if timeout == 0 {
         return Some(w.finish(uapi::WAIT_TIMEOUT));
     }
-    // A thread is in one ioctl at a time: an older parked wait of this
-    // thread was interrupted and answered by the transport.
+    // A thread is in one ioctl at a time, and an interrupted wait leaves
+    // at once (`Emulator::interrupt`): an older wait of this thread can
+    // only be one whose interrupt never reached the model.  Drop it (its
+    // reply answers EIO, unseen by the caller) rather than let it take a
+    // later event.
     p.waiters.retain(|o| o.tid != caller.tid);
     p.waiters.push(w);
     None

@@ -119,6 +119,23 @@ impl Mapping {
         true
     }
 
+    /// Copies `n` bytes at `src_off` of `src` to `off` of this mapping;
+    /// overlapping ranges (one mapping) copy like memmove.
+    pub fn copy_from(&self, off: u64, src: &Mapping, src_off: u64, n: usize) -> bool {
+        let (Some(d), Some(s)) = (self.range(off, n), src.range(src_off, n)) else {
+            return false;
+        };
+        // SAFETY: s <= src.len, so the pointer stays inside src's mapping.
+        let from = unsafe { src.ptr.add(s) };
+        // SAFETY: d <= self.len, so the pointer stays inside this mapping.
+        let to = unsafe { self.ptr.add(d) };
+        // SAFETY: [s, s+n) and [d, d+n) lie inside the two live mappings;
+        // ptr::copy allows them to overlap (one mapping).  No Rust
+        // reference aliases mapped memory.
+        unsafe { std::ptr::copy(from, to, n) };
+        true
+    }
+
     pub fn read_u64(&self, off: u64) -> Option<u64> {
         let mut b = [0u8; 8];
         self.read(off, &mut b).then(|| u64::from_le_bytes(b))

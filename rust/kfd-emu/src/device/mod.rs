@@ -47,6 +47,12 @@ pub struct Caller {
 /// `Err(positive errno)`.
 pub trait Replier: Send {
     fn reply(self: Box<Self>, r: Result<Vec<u8>, i32>);
+    /// The transport's id of the request (FUSE `unique`), by which
+    /// [`Emulator::interrupt`] finds a parked wait.  None: never
+    /// interrupted.
+    fn request_id(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// Maps an fd of a process to the emulated open (`fh`) it refers to.
@@ -85,7 +91,11 @@ impl FdResolver for Resolved {
 
 struct Shared {
     st: Mutex<State>,
+    /// Wakes the engine (new queue, new wait deadline, shutdown).
     wake: Condvar,
+    /// Signalled when the engine's out-of-lock SDMA execution ends
+    /// (`State::sdma_busy` back to None).
+    quiet: Condvar,
     stop: AtomicBool,
     resolver: Box<dyn FdResolver>,
     devs: Arc<Devices>,
@@ -178,6 +188,7 @@ impl Emulator {
         let shared = Arc::new(Shared {
             st: Mutex::new(State::new(devs.clone())),
             wake: Condvar::new(),
+            quiet: Condvar::new(),
             stop: AtomicBool::new(false),
             resolver,
             devs,
@@ -222,7 +233,16 @@ impl Emulator {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.shared.st.lock().unwrap_or_else(|e| e.into_inner())
+        self.shared.lock()
+    }
+
+    /// Waits (releasing the lock meanwhile) until the engine is not moving
+    /// bytes for any process of `leads` outside the lock.
+    fn quiesce<'a>(&self, st: MutexGuard<'a, State>, leads: &[u32]) -> MutexGuard<'a, State> {
+        self.shared
+            .quiet
+            .wait_while(st, |st| st.sdma_busy.is_some_and(|b| leads.contains(&b)))
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     pub fn open(&self, node: &NodeKind, caller: &Caller) -> Result<u64, i32> {
@@ -242,8 +262,41 @@ impl Emulator {
         }
     }
 
+    /// The caller of parked request `id` (see [`Replier::request_id`]) on
+    /// `node` got a signal.  A wait still parked leaves the model at once
+    /// and is answered EINTR, so an auto-reset event signalled before the
+    /// caller retries stays signalled for the retry.  A wait that is no
+    /// longer parked was completed and its answer is being sent: it wins
+    /// over the signal, as in KFD.  Returns whether the model answers
+    /// (always, for /dev/kfd: only its waits are ever parked).
+    pub fn interrupt(&self, node: &NodeKind, id: u64) -> bool {
+        if *node != NodeKind::Kfd {
+            return false;
+        }
+        let mut st = self.lock();
+        let waiter = st.procs.values_mut().find_map(|p| {
+            let i = p
+                .waiters
+                .iter()
+                .position(|w| w.reply.request_id() == Some(id))?;
+            Some(p.waiters.swap_remove(i))
+        });
+        drop(st);
+        if let Some(w) = waiter {
+            log::debug!("kfd-emu: wait of thread {} interrupted", w.tid);
+            w.reply.reply(Err(libc::EINTR));
+        }
+        true
+    }
+
     pub fn release(&self, fh: u64) {
-        let done = self.lock().release(fh);
+        let mut st = self.lock();
+        if let Some(&Open::Kfd { lead }) = st.opens.get(&fh) {
+            // The last close frees the BOs the engine may be copying.
+            st = self.quiesce(st, &[lead]);
+        }
+        let done = st.release(fh);
+        drop(st);
         send(done);
     }
 
@@ -372,9 +425,20 @@ impl Emulator {
                 }
                 return r;
             }
-            // A new ioctl from a thread means its parked wait is gone.
-            if let Some(p) = st.procs.get_mut(&lead) {
-                p.waiters.retain(|w| w.tid != caller.tid);
+            if matches!(
+                n,
+                nr::FREE_MEMORY_OF_GPU | nr::DESTROY_QUEUE | nr::UPDATE_QUEUE | nr::CRIU_OP
+            ) {
+                // These free memory or change queues the engine may be
+                // using, or need the queues quiet (checkpoint): wait for
+                // the process' SDMA pass in flight (RESUME names another
+                // process).
+                let other = if n == nr::CRIU_OP {
+                    uapi::decode::<sys::kfd_ioctl_criu_args>(input).pid
+                } else {
+                    lead
+                };
+                st = self.quiesce(st, &[lead, other]);
             }
             let st = &mut *st;
             let (i, o) = (input, out_size);
@@ -456,20 +520,72 @@ impl Drop for Emulator {
     }
 }
 
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Clears `State::sdma_busy` when an out-of-lock execution ends, even by
+/// a panic (an ioctl waiting in `quiesce` must not wait forever).
+struct Busy<'a>(&'a Shared);
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0.lock().sdma_busy = None;
+        self.0.quiet.notify_all();
+    }
+}
+
+/// One pass of the SDMA engine over every process: packets are planned
+/// under the state lock, their bytes moved without it, the results
+/// committed under it (see `sdma`).  Returns whether any packet ran.
+fn sdma_pass(sh: &Shared) -> bool {
+    let leads: Vec<u32> = sh.lock().procs.keys().copied().collect();
+    let mut worked = false;
+    for lead in leads {
+        if sh.stop.load(Ordering::SeqCst) {
+            break;
+        }
+        let mut st = sh.lock();
+        let Some(work) = st.procs.get(&lead).map(sdma::plan) else {
+            continue;
+        };
+        if work.is_empty() {
+            continue;
+        }
+        st.sdma_busy = Some(lead);
+        drop(st);
+        let busy = Busy(sh);
+        let result = sdma::execute(work);
+        let mut done = Done::new();
+        let mut st = sh.lock();
+        if let Some(p) = st.procs.get_mut(&lead) {
+            worked |= sdma::commit(p, result, &mut done);
+        }
+        drop(st);
+        drop(busy);
+        send(done);
+    }
+    worked
+}
+
 fn engine_loop(sh: &Shared) {
     let mut idle = BUSY_POLL;
     loop {
-        let mut st = sh.st.lock().unwrap_or_else(|e| e.into_inner());
+        if sh.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        let worked = sdma_pass(sh);
+        let mut st = sh.lock();
         if sh.stop.load(Ordering::SeqCst) {
             return;
         }
         let mut done = Done::new();
         let now = Instant::now();
-        let mut worked = false;
         let mut next: Option<Instant> = None;
         let mut any_sdma = false;
         for p in st.procs.values_mut() {
-            worked |= sdma::run(p, &mut done);
             any_sdma |= !p.evicted() && p.queues.values().any(|q| q.is_sdma() && !q.halted);
             if let Some(d) = p.expire_waiters(now, &mut done) {
                 next = Some(next.map_or(d, |n| n.min(d)));

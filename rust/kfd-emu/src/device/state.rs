@@ -151,6 +151,42 @@ impl Waiter {
     }
 }
 
+/// The start of a resolved GPU VA range: usable without the state lock
+/// (the `Arc` keeps a VRAM/GTT mapping alive; a USERPTR range is the
+/// process' memory, EFAULT once it is gone).
+pub enum Span {
+    /// Offset into a VRAM/GTT BO's daemon mapping.
+    Map(Arc<Mapping>, u64),
+    /// CPU address in process `pid` (USERPTR).
+    User(u32, u64),
+}
+
+impl Span {
+    pub fn read(&self, buf: &mut [u8]) -> bool {
+        match self {
+            Span::Map(m, off) => m.read(*off, buf),
+            Span::User(pid, addr) => super::mem::user_read(*pid, *addr, buf).is_ok(),
+        }
+    }
+
+    pub fn write(&self, data: &[u8]) -> bool {
+        match self {
+            Span::Map(m, off) => m.write(*off, data),
+            Span::User(pid, addr) => super::mem::user_write(*pid, *addr, data).is_ok(),
+        }
+    }
+
+    /// Copies `n` bytes from `src` to here, as if through a buffer
+    /// (overlapping ranges of one BO copy like memmove).
+    pub fn copy_from(&self, src: &Span, n: usize) -> bool {
+        if let (Span::Map(d, doff), Span::Map(s, soff)) = (self, src) {
+            return d.copy_from(*doff, s, *soff, n);
+        }
+        let mut buf = vec![0u8; n];
+        src.read(&mut buf) && self.write(&buf)
+    }
+}
+
 pub struct Pdd {
     pub user_id: u32,
     /// The render-node open whose VM this pdd adopted.
@@ -211,30 +247,25 @@ impl Proc {
             .find(|b| b.va <= va && end <= b.va + b.size && b.va != 0)
     }
 
-    pub fn read_va(&self, va: u64, buf: &mut [u8]) -> bool {
-        let Some(bo) = self.bo_at(va, buf.len() as u64) else {
-            return false;
-        };
+    /// Where the bytes of GPU VA `[va, va+len)` live, if one BO of the
+    /// process with CPU-reachable memory covers it.
+    pub fn span_at(&self, va: u64, len: u64) -> Option<Span> {
+        let bo = self.bo_at(va, len)?;
         match (&bo.map, bo.mem_type()) {
-            (Some(m), _) => m.read(va - bo.va, buf),
-            (None, alloc::USERPTR) => {
-                super::mem::user_read(self.lead, bo.user_addr + (va - bo.va), buf).is_ok()
-            }
-            _ => false,
+            (Some(m), _) => Some(Span::Map(m.clone(), va - bo.va)),
+            (None, alloc::USERPTR) => Some(Span::User(self.lead, bo.user_addr + (va - bo.va))),
+            _ => None,
         }
     }
 
+    pub fn read_va(&self, va: u64, buf: &mut [u8]) -> bool {
+        self.span_at(va, buf.len() as u64)
+            .is_some_and(|s| s.read(buf))
+    }
+
     pub fn write_va(&self, va: u64, data: &[u8]) -> bool {
-        let Some(bo) = self.bo_at(va, data.len() as u64) else {
-            return false;
-        };
-        match (&bo.map, bo.mem_type()) {
-            (Some(m), _) => m.write(va - bo.va, data),
-            (None, alloc::USERPTR) => {
-                super::mem::user_write(self.lead, bo.user_addr + (va - bo.va), data).is_ok()
-            }
-            _ => false,
-        }
+        self.span_at(va, data.len() as u64)
+            .is_some_and(|s| s.write(data))
     }
 
     /// Signals event `id` (SET_EVENT, or the interrupt path).
@@ -328,6 +359,10 @@ pub struct State {
     pub next_fh: u64,
     pub procs: HashMap<u32, Proc>,
     pub gpu_alloc: Vec<GpuAlloc>,
+    /// The process whose SDMA packets the engine is executing outside the
+    /// lock (see `sdma`).  Ioctls that would pull memory or queues from
+    /// under it wait until it is None again.
+    pub sdma_busy: Option<u32>,
 }
 
 pub fn page_align(v: u64) -> Option<u64> {
@@ -350,6 +385,7 @@ impl State {
             next_fh: 1,
             procs: HashMap::new(),
             gpu_alloc,
+            sdma_busy: None,
         }
     }
 

@@ -23,6 +23,10 @@ impl device::Replier for Reply {
     fn reply(self: Box<Self>, r: Result<Vec<u8>, i32>) {
         self.0.reply(r)
     }
+
+    fn request_id(&self) -> Option<u64> {
+        Some(self.0.unique())
+    }
 }
 
 fn device_caller(c: &Caller) -> device::Caller {
@@ -60,6 +64,10 @@ impl FileOps for NodeOps {
             out_size,
             Box::new(Reply(reply)),
         )
+    }
+
+    fn interrupt(&self, unique: u64) -> bool {
+        self.emu.interrupt(&self.node, unique)
     }
 }
 

@@ -11,8 +11,10 @@
 //! shows exactly the device path.  Opens are answered with
 //! FOPEN_PASSTHROUGH to the node's backing memfd (mmap never reaches us),
 //! ioctls are handed to a [`FileOps`], which may answer at once or park the
-//! [`IoctlReply`].  An INTERRUPT for a parked request answers it with EINTR
-//! here; the device's later answer is dropped.
+//! [`IoctlReply`].  An INTERRUPT for a parked request is passed to the
+//! device ([`FileOps::interrupt`]), which forgets the request and answers
+//! it EINTR itself; a device that does not know it leaves the EINTR answer
+//! to the transport, and its own later answer is then dropped.
 
 pub mod abi;
 pub mod emulator;
@@ -101,6 +103,17 @@ pub trait FileOps: Send + Sync + 'static {
         out_size: u32,
         reply: IoctlReply,
     );
+    /// The caller of the parked ioctl request `unique` got a signal
+    /// (FUSE_INTERRUPT).  A device that still holds the request must
+    /// forget it and answer it EINTR through its [`IoctlReply`] before
+    /// returning `true`; `true` also says "my answer is already on its
+    /// way" (a completion wins over a signal, as in KFD's waits).  `false`
+    /// (the default) lets the transport answer EINTR; the device's later
+    /// answer is then dropped.  Called without any transport lock held.
+    fn interrupt(&self, unique: u64) -> bool {
+        let _ = unique;
+        false
+    }
 }
 
 /// Whether an ioctl request is still inside `FileOps::ioctl` or parked.
@@ -352,9 +365,9 @@ impl Conn {
         let mut pending = self.pending.lock().unwrap();
         match pending.get(&h.unique) {
             Some(Pending::InCall { interrupted: true }) => {
-                pending.remove(&h.unique);
+                pending.insert(h.unique, Pending::Parked);
                 drop(pending);
-                self.send(h.unique, libc::EINTR, &[]);
+                self.cancel(h.unique);
             }
             Some(Pending::InCall { interrupted: false }) => {
                 pending.insert(h.unique, Pending::Parked);
@@ -370,10 +383,8 @@ impl Conn {
         let mut pending = self.pending.lock().unwrap();
         match pending.get_mut(&i.unique) {
             Some(Pending::Parked) => {
-                pending.remove(&i.unique);
                 drop(pending);
-                log::debug!("{}: request {} interrupted -> EINTR", self.name, i.unique);
-                self.send(i.unique, libc::EINTR, &[]);
+                self.cancel(i.unique);
             }
             Some(Pending::InCall { interrupted }) => {
                 // Answered when the call returns without an answer; a
@@ -386,6 +397,20 @@ impl Conn {
                 drop(pending);
                 self.send(h.unique, libc::EAGAIN, &[]);
             }
+        }
+    }
+
+    /// Ends the parked request `unique` after an interrupt: the device
+    /// drops it and answers EINTR (or its answer is on its way), else the
+    /// transport answers EINTR.
+    fn cancel(&self, unique: u64) {
+        if self.ops.interrupt(unique) {
+            log::debug!("{}: request {unique} interrupted (device)", self.name);
+            return;
+        }
+        if self.pending.lock().unwrap().remove(&unique).is_some() {
+            log::debug!("{}: request {unique} interrupted -> EINTR", self.name);
+            self.send(unique, libc::EINTR, &[]);
         }
     }
 

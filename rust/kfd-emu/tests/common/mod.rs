@@ -89,6 +89,18 @@ pub const SLOW: u32 = ioc(3, 0xa3, 8);
 /// Works 300 ms inside the call, then parks until POST.
 pub const SLOW_PARK: u32 = ioc(3, 0xa4, 8);
 
+/// What the double does with an interrupt of a parked request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnInterrupt {
+    /// Declines (the trait's default): the transport answers EINTR.
+    #[default]
+    Transport,
+    /// Forgets the request and answers it EINTR itself.
+    Cancel,
+    /// Keeps it and claims its answer is on the way (the next POST).
+    Keep,
+}
+
 /// A device double: numbered opens, an echo ioctl, a parkable wait.
 #[derive(Default)]
 pub struct Double {
@@ -96,6 +108,16 @@ pub struct Double {
     pub opens: Mutex<HashMap<u64, Caller>>,
     pub released: Mutex<Vec<u64>>,
     parked: Mutex<Vec<IoctlReply>>,
+    pub on_interrupt: Mutex<OnInterrupt>,
+    /// The requests `FileOps::interrupt` was called for.
+    pub interrupted: Mutex<Vec<u64>>,
+}
+
+impl Double {
+    /// Requests the double holds parked.
+    pub fn held(&self) -> usize {
+        self.parked.lock().unwrap().len()
+    }
 }
 
 impl FileOps for Double {
@@ -147,6 +169,23 @@ impl FileOps for Double {
                 reply.reply(Ok(Vec::new()));
             }
             _ => reply.reply(Err(libc::ENOTTY)),
+        }
+    }
+
+    fn interrupt(&self, unique: u64) -> bool {
+        self.interrupted.lock().unwrap().push(unique);
+        match *self.on_interrupt.lock().unwrap() {
+            OnInterrupt::Transport => false,
+            OnInterrupt::Keep => true,
+            OnInterrupt::Cancel => {
+                let mut parked = self.parked.lock().unwrap();
+                if let Some(i) = parked.iter().position(|r| r.unique() == unique) {
+                    let r = parked.swap_remove(i);
+                    drop(parked);
+                    r.reply(Err(libc::EINTR));
+                }
+                true
+            }
         }
     }
 }
