@@ -188,6 +188,11 @@ int criu_rocm_update_vma(const char *path, struct vma_area *vma, u64 *new_pgoff,
 	return ret;
 }
 
+int criu_rocm_restore_task_done(void)
+{
+	return criu_gpu_restore_task_done(vpid(current)) ? -1 : 0;
+}
+
 int criu_rocm_resume_devices(void)
 {
 	struct pstree_item *item;

@@ -95,6 +95,12 @@ int criu_gpu_update_vma(int vpid,
                         int *map_fd);
 
 /*
+ In a restored task, once CRIU opened all its mappings: closes the fds
+ the GPU hooks kept, so the task's fd table is as it was at dump.
+ */
+int criu_gpu_restore_task_done(int vpid);
+
+/*
  In criu main, after every restored task stopped at its final sigreturn:
  restarts the GPU queues of task `real_pid` (`vpid` in its namespace).
  `1` resumed, `0` the task has no GPU state, `-errno` the restore must

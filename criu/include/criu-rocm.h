@@ -62,6 +62,8 @@ extern int criu_rocm_restore_init(void);
 extern int criu_rocm_restore_file(u32 id);
 /* In the restored task: new offset and fd of a GPU mapping; 1 GPU, 0 not ours, <0 error. */
 extern int criu_rocm_update_vma(const char *path, struct vma_area *vma, u64 *new_pgoff, int *map_fd);
+/* In the restored task, after all its mappings are opened: drop the fds kept for the hooks. */
+extern int criu_rocm_restore_task_done(void);
 /* criu main, once every task sits at its final sigreturn: restart the GPU queues. */
 extern int criu_rocm_resume_devices(void);
 

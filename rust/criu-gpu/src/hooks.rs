@@ -224,6 +224,19 @@ pub unsafe extern "C" fn criu_gpu_update_vma(
     })
 }
 
+/// In a restored task, once CRIU opened all its mappings: closes the fds
+/// the GPU hooks kept, so the task's fd table is as it was at dump.
+#[no_mangle]
+pub extern "C" fn criu_gpu_restore_task_done(vpid: c_int) -> c_int {
+    ffi_boundary("criu_gpu_restore_task_done", || {
+        let mut g = lock(&RESTORE);
+        match g.as_mut().map(|s| s.task_done(vpid)) {
+            Some(Err(e)) => fail(e),
+            _ => 0,
+        }
+    })
+}
+
 /// In criu main, after every restored task stopped at its final sigreturn:
 /// restarts the GPU queues of task `real_pid` (`vpid` in its namespace).
 /// `1` resumed, `0` the task has no GPU state, `-errno` the restore must

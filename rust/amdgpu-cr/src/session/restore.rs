@@ -481,6 +481,37 @@ impl RestoreSession {
     }
 }
 
+impl RestoreSession {
+    /// After CRIU opened every mapping of the task: the fds kept for the
+    /// hooks are closed, so the task's fd table is what it was at dump (KFD
+    /// holds its own reference to each VM's render-node file, and CRIU maps
+    /// through the dups it was given).  A KFD image restored early for a
+    /// render fd must have been claimed by CRIU since.
+    pub fn task_done(&mut self, vpid: i32) -> Result<(), SessionError> {
+        let unclaimed: Vec<String> = self
+            .kfds
+            .iter()
+            .filter(|k| !k.handed_out)
+            .map(|k| k.id.to_string())
+            .collect();
+        let n = self.kfds.len();
+        self.kfds.clear();
+        if !unclaimed.is_empty() {
+            return Err(SessionError::State {
+                pid: vpid,
+                what: format!(
+                    "KFD image(s) {} were restored for a render node but the task has no such file",
+                    unclaimed.join(", ")
+                ),
+            });
+        }
+        if n > 0 {
+            log::debug!("pid {vpid}: closed the GPU hooks' own fds of {n} KFD process(es)");
+        }
+        Ok(())
+    }
+}
+
 /// The tasks (by pid in their namespace) whose images hold a KFD process:
 /// they must be resumed, and their RESUME must succeed.
 #[derive(Clone, Debug, Default)]
