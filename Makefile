@@ -27,7 +27,7 @@ CRIU_INPUTS	:= criu/upstream.lock criu/patches/series $(wildcard criu/patches/*.
 
 all: $(BUILD)/criu-rocm
 .PHONY: all deps criu-rocm rust-lib test print-test-suites test-rust test-smoke test-zdtm test-install \
-	zdtm-compare install clean bench FORCE
+	zdtm-compare install clean bench demo FORCE
 
 deps:
 	scripts/install-deps.sh
@@ -82,6 +82,11 @@ test: $(TEST_SUITES)
 
 print-test-suites:
 	@echo $(TEST_SUITES)
+
+# The main job: GPU checkpoint/restore on the emulator end to end (builds what is missing,
+# dumps gpu-workload on one emulated machine, restores it on another, prints a summary).
+demo:
+	@MAKE="$(MAKE)" CARGO="$(CARGO)" JOBS="$(JOBS)" scripts/demo.sh
 
 bench:
 	cd rust && CARGO_TARGET_DIR=$(CARGO_TARGET) $(CARGO) build --release --locked -q -p kfd-emu -p kfd-client

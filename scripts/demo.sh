@@ -1,0 +1,434 @@
+#!/usr/bin/env bash
+# make demo: GPU checkpoint/restore end to end on the emulator.
+#
+# Builds what is missing, runs gpu-workload on kfd-emu's four-GPU mi210x4 machine,
+# checkpoints it with criu-rocm (which kills it), restores it on a "different host" (the
+# same profile with other gpu_ids, other render minors and another GPU order,
+# test/demo/restore-host.toml), lets the workload verify its own GPU memory and SDMA
+# counters, and prints a summary. Exits non-zero, naming the step and the log, on any
+# failure. Everything it writes is under build/demo/, which each run starts afresh.
+#
+#   usage: scripts/demo.sh             (as root; `make demo` runs it)
+#   env:   DEMO_MIB=N   MiB of BOs per GPU (default 32)
+#          JOBS=N       build jobs (default 2)
+#          DEMO_TIME_LIMIT=S   seconds the dump and restore may take (default 600)
+#
+# The run happens in a pid namespace of its own, so the pid the workload had at the dump is
+# still free at the restore and nothing it started can outlive it. Inside, two kfd-emu
+# instances run this script again as their command: `_dump` on the dump host, `_restore`
+# on the restore host.
+set -euo pipefail
+export LC_ALL=C
+
+self=$(realpath "$0")
+top=$(cd "$(dirname "$self")/.." && pwd)
+demo=$top/build/demo
+img=$demo/img
+criu=$top/build/criu-rocm
+target=${CARGO_TARGET_DIR:-$top/rust/target}/release
+kfd_emu=$target/kfd-emu
+workload=$target/gpu-workload
+profile=mi210x4
+restore_override=$top/test/demo/restore-host.toml
+wl_log=$demo/workload.out
+wl_err=$demo/workload.err
+mib=${DEMO_MIB:-32}
+jobs=${JOBS:-2}
+cargo=${CARGO:-cargo}
+time_limit=${DEMO_TIME_LIMIT:-600}
+steps=6
+
+step() { echo "[$1/$steps] $2"; }
+rel() { echo "${1#"$top"/}"; } # a path as seen from the top of the tree
+note() { echo "      $*"; }
+die() {
+	echo "demo: FAIL: $*" >&2
+	exit 1
+}
+
+now_us() { echo "${EPOCHREALTIME/./}"; }
+# Microseconds as milliseconds or seconds, for people.
+duration() {
+	if [ "$1" -lt 1000000 ]; then
+		echo "$(($1 / 1000)) ms"
+	else
+		printf '%d.%02d s\n' $(($1 / 1000000)) $(($1 % 1000000 / 10000))
+	fi
+}
+human_bytes() {
+	local b=$1
+	if [ "$b" -ge $((1 << 20)) ]; then
+		printf '%d.%d MiB\n' $((b >> 20)) $(((b & 0xfffff) * 10 >> 20))
+	elif [ "$b" -ge 1024 ]; then
+		echo "$((b >> 10)) KiB"
+	else
+		echo "$b B"
+	fi
+}
+# Total size in bytes of the files matching a glob (0 when none).
+bytes_of() {
+	local f sum=0
+	for f in "$@"; do [ -f "$f" ] && sum=$((sum + $(stat -c %s "$f"))); done
+	echo "$sum"
+}
+count_of() {
+	local f n=0
+	for f in "$@"; do [ -f "$f" ] && n=$((n + 1)); done
+	echo "$n"
+}
+
+# The last lines of CRIU's log worth reading when it failed.
+criu_errors() {
+	[ -f "$1" ] || return 0
+	echo "--- last errors in $(rel "$1"):" >&2
+	grep -E 'Error|amdgpu:' "$1" | tail -n 15 >&2 || true
+}
+
+# ---------------------------------------------------------------------------------------
+# Inside kfd-emu (both hosts)
+
+# The GPU nodes of the KFD topology in topology order, one "gpu_id render_minor" line each
+# (gpu_id in hex), read from sysfs as any ROCm program would.
+gpu_nodes() {
+	local t=/sys/class/kfd/kfd/topology/nodes n id
+	for n in "$t"/*; do echo "${n##*/}"; done | sort -n | while read -r n; do
+		id=$(cat "$t/$n/gpu_id")
+		[ "$id" != 0 ] || continue
+		printf '0x%04x %s\n' "$id" "$(awk '$1 == "drm_render_minor" { print $2 }' "$t/$n/properties")"
+	done
+}
+
+# The marketing name of the emulated GPUs (kfd-emu's resolved profile is there for scripts).
+gpu_model() {
+	sed -n 's/^marketing_name = "\(.*\)"$/\1/p' "${KFD_EMU_STATE_DIR:-/nonexistent}/profile.toml" 2>/dev/null |
+		sort -u | paste -sd/
+}
+
+# "fd render_minor" for each render-node fd of process $1.
+render_fds() {
+	local f t
+	for f in /proc/"$1"/fd/*; do
+		t=$(readlink "$f") || continue
+		case $t in /dev/dri/renderD*) echo "${f##*/} ${t#/dev/dri/renderD}" ;; esac
+	done
+}
+
+alive() {
+	local s
+	s=$(cat /proc/"$1"/stat 2>/dev/null) || return 1
+	s=${s##*) }
+	[ "${s%% *}" != Z ] && [ "${s%% *}" != X ]
+}
+
+# Waits up to $3 seconds for line $1 of the workload's output and prints it; fails early
+# when the workload (pid $2) is gone without writing it.
+workload_line() {
+	local n=$1 pid=$2 secs=$3 i
+	for ((i = 0; i < secs * 10; i++)); do
+		if [ "$(wc -l <"$wl_log")" -ge "$n" ]; then
+			sed -n "${n}p" "$wl_log"
+			return 0
+		fi
+		alive "$pid" || break
+		sleep 0.1
+	done
+	[ "$(wc -l <"$wl_log")" -ge "$n" ] && { sed -n "${n}p" "$wl_log"; return 0; }
+	if alive "$pid"; then
+		echo "gpu-workload (pid $pid) wrote no line $n to $(rel "$wl_log") within $secs s" >&2
+	else
+		echo "gpu-workload (pid $pid) ended without writing line $n to $(rel "$wl_log")" >&2
+	fi
+	tail -n 5 "$wl_err" >&2 2>/dev/null || true
+	return 1
+}
+
+# A numeric field or the counters of one of gpu-workload's JSON lines. "errors", the only
+# field holding strings, comes last and is cut off first, so its text cannot match.
+json_num() { sed -nE "s/.*\"$2\":([0-9]+).*/\1/p" <<<"${1%%,\"errors\":*}"; }
+json_counters() { sed -nE 's/.*"counters":\[([0-9,]*)\].*/\1/p' <<<"${1%%,\"errors\":*}" | tr , ' '; }
+json_ok() { [[ $1 == '{"ok":true,'* ]]; }
+
+# A verification line must say ok; $2 names the moment.
+check_verified() {
+	json_ok "$1" || die "gpu-workload's verification $2 failed: $1 (log: $(rel "$wl_log"))"
+}
+
+# Every counter of line $2 must be greater than (gt) or at least (ge, $3) the one of $1.
+counters_moved() {
+	local a b i
+	read -r -a a <<<"$(json_counters "$1")"
+	read -r -a b <<<"$(json_counters "$2")"
+	[ "${#a[@]}" -gt 0 ] && [ "${#a[@]}" = "${#b[@]}" ] || return 1
+	for i in "${!a[@]}"; do
+		if [ "$3" = ge ]; then
+			((b[i] >= a[i])) || return 1
+		else
+			((b[i] > a[i])) || return 1
+		fi
+	done
+}
+
+save_env() {
+	local file=$1 kv
+	shift
+	for kv in "$@"; do printf '%s=%q\n' "${kv%%=*}" "${kv#*=}"; done >>"$file"
+}
+
+# The dump host: start the workload, let it run, checkpoint it.
+dump_side() {
+	local pid ready before t0 t1 status ngpus nkfd npages
+	gpu_nodes >"$demo/gpus-dump"
+	ngpus=$(wc -l <"$demo/gpus-dump")
+	[ "$ngpus" -gt 0 ] || die "kfd-emu shows no GPU in /sys/class/kfd/kfd/topology"
+	save_env "$demo/dump.env" "model=$(gpu_model)"
+
+	cd "$demo"
+	step 2 "starting gpu-workload on $ngpus emulated GPUs ($profile), $mib MiB of BOs each"
+	# Its own session and no terminal, so criu dumps it without --shell-job. The log exists
+	# before the workload starts, for workload_line.
+	: >"$wl_log"
+	setsid "$workload" --mib "$mib" </dev/null >"$wl_log" 2>"$wl_err" &
+	pid=$!
+	ready=$(workload_line 1 "$pid" 60) || die "gpu-workload did not start (log: $(rel "$wl_err"))"
+	[[ $ready == '{"ready":true,'* ]] || die "gpu-workload's first line is not ready: $ready"
+	[ "$(json_num "$ready" pid)" = "$pid" ] || die "gpu-workload reports pid $(json_num "$ready" pid), setsid started $pid"
+	note "pid $pid ready; SDMA counters running"
+	sleep 1
+	kill -USR1 "$pid"
+	before=$(workload_line 2 "$pid" 30) || die "gpu-workload did not answer SIGUSR1"
+	check_verified "$before" "before the dump"
+	note "verified before the dump: counters at $(json_counters "$before")"
+	render_fds "$pid" >"$demo/fds-dump"
+
+	step 3 "checkpointing: criu-rocm dump -t $pid (log: $(rel "$img")/dump.log)"
+	mkdir -p "$img"
+	t0=$(now_us)
+	# bash's own stderr off around the dump: its notice that the workload was "Killed" is
+	# expected, criu's messages still show (fd 3).
+	if ! { "$criu" dump -t "$pid" -D "$img" -o dump.log -v4 2>&3; } 3>&2 2>/dev/null; then
+		criu_errors "$img/dump.log"
+		die "criu-rocm dump failed (log: $(rel "$img")/dump.log)"
+	fi
+	t1=$(now_us)
+	status=0
+	wait "$pid" 2>/dev/null || status=$?
+	[ "$status" = 137 ] || die "after the dump, gpu-workload exited with status $status, not killed by criu (SIGKILL)"
+	nkfd=$(count_of "$img"/amdgpu-kfd-*.img)
+	npages=$(count_of "$img"/amdgpu-pages-*.img)
+	if [ "$nkfd" = 0 ]; then
+		die "criu-rocm dump succeeded but wrote no GPU image (amdgpu-kfd-*.img) into $(rel "$img"):" \
+			"this criu-rocm does not save GPU state (log: $(rel "$img")/dump.log)"
+	fi
+	[ "$npages" = "$ngpus" ] ||
+		die "the dump wrote $npages amdgpu-pages-*.img files for $ngpus GPUs (log: $(rel "$img")/dump.log)"
+	note "dumped in $(duration $((t1 - t0))), workload killed"
+	save_env "$demo/dump.env" "pid=$pid" "dump_us=$((t1 - t0))" "ngpus=$ngpus" \
+		"bos_per_gpu=$(json_num "$ready" bos_per_gpu)"
+}
+
+# Stops the restored workload (pid $1) with SIGTERM, upon which it verifies once more and
+# exits, and writes its exit status to $2. --restore-sibling made the workload a child of
+# the restore driver, but bash neither waits for a child it did not start nor keeps the
+# status of one it reaps, so this runs in Python exec'ed in bash's place (same process,
+# same children), before the workload can exit.
+read -r -d '' STOP_AND_REAP <<'EOF' || true
+import os, signal, sys, time
+pid, out = int(sys.argv[1]), sys.argv[2]
+try:
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 60
+    while (r := os.waitpid(pid, os.WNOHANG))[0] == 0:
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            sys.exit(f"demo: FAIL: gpu-workload (pid {pid}) still runs 60 s after SIGTERM")
+        time.sleep(0.05)
+except ProcessLookupError:
+    sys.exit(f"demo: FAIL: the restored gpu-workload (pid {pid}) ended before SIGTERM")
+except ChildProcessError:
+    sys.exit(f"demo: FAIL: the restored gpu-workload (pid {pid}) is not a child of the restore driver")
+with open(out, "w") as f:
+    f.write(f"{os.waitstatus_to_exitcode(r[1])}\n")
+EOF
+
+# The restore host: restore, verify while running, stop it (it verifies again).
+restore_side() {
+	local pid t0 t1 before after
+	# shellcheck source=/dev/null
+	. "$demo/dump.env"
+	gpu_nodes >"$demo/gpus-restore"
+	save_env "$demo/restore.env" "model=$(gpu_model)"
+
+	step 4 "restoring on another host: $profile with gpu_ids $(cut -d' ' -f1 "$demo/gpus-restore" | paste -sd' ')"
+	note "criu-rocm restore -D $(rel "$img") (log: $(rel "$img")/restore.log)"
+	t0=$(now_us)
+	# --restore-sibling: the workload becomes a child of this shell (criu's parent), which
+	# can then collect its exit status. No `timeout` in between for that reason.
+	if ! "$criu" restore -D "$img" -o restore.log -v4 -d --restore-sibling \
+		--pidfile "$demo/restored.pid"; then
+		criu_errors "$img/restore.log"
+		die "criu-rocm restore failed (log: $(rel "$img")/restore.log)"
+	fi
+	t1=$(now_us)
+	save_env "$demo/restore.env" "restore_us=$((t1 - t0))"
+	[ "$(cat "$demo/restored.pid")" = "$pid" ] ||
+		die "criu restored pid $(cat "$demo/restored.pid"), the dump had $pid"
+	alive "$pid" || die "the restored gpu-workload (pid $pid) is gone (log: $(rel "$wl_err"))"
+	render_fds "$pid" >"$demo/fds-restore"
+	note "restored pid $pid in $(duration $((t1 - t0)))"
+
+	step 5 "verifying: the restored workload checks its GPU memory and SDMA counters"
+	kill -USR1 "$pid"
+	after=$(workload_line 3 "$pid" 60) || die "the restored gpu-workload did not answer SIGUSR1"
+	check_verified "$after" "after the restore"
+	before=$(sed -n 2p "$wl_log")
+	[ "$(json_num "$after" bytes)" = "$(json_num "$before" bytes)" ] ||
+		die "verified $(json_num "$after" bytes) bytes after the restore, $(json_num "$before" bytes) before"
+	counters_moved "$before" "$after" ge ||
+		die "SDMA counters went back: $(json_counters "$before") before the dump, $(json_counters "$after") after the restore"
+	note "verified after the restore: counters at $(json_counters "$after")"
+	sleep 1
+	exec /usr/bin/python3 -c "$STOP_AND_REAP" "$pid" "$demo/exit-status"
+}
+
+# The pid namespace: the dump host, then the restore host. Their drivers say what failed.
+in_pidns() {
+	# Signals from outside reach a namespace's init only through a handler.
+	trap 'exit 130' INT TERM HUP
+	"$kfd_emu" run --profile "$profile" -- "$self" _dump || exit
+	"$kfd_emu" run --profile "$profile" --profile-file "$restore_override" -- "$self" _restore || exit
+}
+
+# ---------------------------------------------------------------------------------------
+# Outside: preflight, build, run, summary
+
+preflight() {
+	local c missing=()
+	[ "$(id -u)" = 0 ] || die "make demo needs root: kfd-emu mounts FUSE nodes in a private mount namespace and criu needs CAP_SYS_ADMIN"
+	for c in "$cargo" unshare setsid timeout /usr/bin/python3 "${MAKE:-make}"; do
+		command -v "$c" >/dev/null || missing+=("$c")
+	done
+	[ ${#missing[@]} = 0 ] || die "missing ${missing[*]}: run scripts/install-deps.sh once first"
+	[ -f "$restore_override" ] || die "$restore_override is missing"
+}
+
+# Runs a build command with its output in $1, saying every 30 s that it still runs (a first
+# build takes minutes); on failure shows the log's tail.
+build() {
+	local log=$1 what=$2 t0 ticker rc=0
+	shift 2
+	t0=$(now_us)
+	(for ((i = 1; ; i++)); do
+		sleep 1 && kill -0 $$ 2>/dev/null || exit 0
+		((i % 30)) || note "$what: still building ($(duration $(($(now_us) - t0))))"
+	done) &
+	ticker=$!
+	"$@" >"$log" 2>&1 || rc=$?
+	kill "$ticker" 2>/dev/null || true
+	if [ "$rc" != 0 ]; then
+		echo "--- last lines of $(rel "$log"):" >&2
+		tail -n 30 "$log" >&2
+		die "building $what failed (log: $(rel "$log"))"
+	fi
+	note "$what: ok ($(duration $(($(now_us) - t0))))"
+}
+
+# The end of step 5, after the restore host is gone: the workload's last verification (on
+# SIGTERM) and its exit status.
+verify_exit() {
+	local after final status
+	after=$(sed -n 3p "$wl_log")
+	final=$(sed -n 4p "$wl_log")
+	[ -n "$final" ] || die "the restored gpu-workload wrote no verification on SIGTERM (logs: $(rel "$wl_log"), $(rel "$wl_err"))"
+	check_verified "$final" "at exit"
+	counters_moved "$after" "$final" gt ||
+		die "SDMA counters did not advance after the restore: $(json_counters "$after") then $(json_counters "$final")"
+	status=$(cat "$demo/exit-status")
+	[ "$status" = 0 ] || die "the restored gpu-workload exited with status $status (logs: $(rel "$wl_log"), $(rel "$wl_err"))"
+	note "verified at exit: counters at $(json_counters "$final"), exit status 0"
+}
+
+summary() {
+	# Written by the hosts into dump.env and restore.env:
+	local pid='' model='' ngpus='' bos_per_gpu='' dump_us='' restore_us=''
+	local old_model old_minor new_minor fd old_id new_id map=() minors=()
+	local kfd pages render all cpu gpu_bytes npages before final
+	# shellcheck source=/dev/null
+	. "$demo/dump.env"
+	old_model=$model
+	# shellcheck source=/dev/null
+	. "$demo/restore.env"
+
+	while read -r fd old_minor; do
+		new_minor=$(awk -v fd="$fd" '$1 == fd { print $2 }' "$demo/fds-restore")
+		old_id=$(awk -v m="$old_minor" '$2 == m { print $1 }' "$demo/gpus-dump")
+		new_id=$(awk -v m="$new_minor" '$2 == m { print $1 }' "$demo/gpus-restore")
+		map+=("${old_id:-?}->${new_id:-?}")
+		minors+=("renderD$old_minor->renderD${new_minor:-?}")
+	done <"$demo/fds-dump"
+
+	kfd=$(bytes_of "$img"/amdgpu-kfd-*.img)
+	render=$(bytes_of "$img"/amdgpu-renderD-*.img)
+	pages=$(bytes_of "$img"/amdgpu-pages-*.img)
+	npages=$(count_of "$img"/amdgpu-pages-*.img)
+	all=$(bytes_of "$img"/*.img)
+	cpu=$((all - kfd - render - pages))
+	gpu_bytes=$((pages - 8 * npages)) # each pages file is a u64 size word and the BO bytes
+	before=$(sed -n 2p "$wl_log")
+	final=$(sed -n 4p "$wl_log")
+
+	step 6 "summary"
+	cat <<EOF
+
+  criu-rocm demo: PASS
+  GPUs        $ngpus x ${old_model:-?} ($profile), restored on $ngpus x ${model:-?} ($profile + $(rel "$restore_override"))
+  gpu_ids     ${map[*]}  (the workload keeps seeing the old ids)
+  render      ${minors[*]}
+  saved       $(human_bytes "$gpu_bytes") of GPU memory ($((ngpus * bos_per_gpu)) data BOs + queues and counters) in $npages pages files
+  image       $(human_bytes "$all") in $(rel "$img"): GPU pages $(human_bytes "$pages"), KFD $(human_bytes "$kfd"), render $(human_bytes "$render"), CPU side $(human_bytes "$cpu")
+  dump        $(duration "$dump_us") (workload frozen, saved, killed)
+  restore     $(duration "$restore_us") (on other gpu_ids, minors and GPU order)
+  verified    $(human_bytes "$(json_num "$final" bytes)") in $((ngpus * bos_per_gpu)) BOs intact; SDMA counters kept counting:
+              $(json_counters "$before") before the dump, $(json_counters "$final") at exit; exit status 0
+  logs        $(rel "$demo")/ (img/dump.log, img/restore.log, workload.out)
+EOF
+}
+
+main() {
+	local t0 rc
+	preflight
+	rm -rf "$demo"
+	mkdir -p "$demo"
+	t0=$(now_us)
+
+	step 1 "building what is missing (logs in $(rel "$demo")/)"
+	build "$demo/build-criu-rocm.log" "build/criu-rocm" "${MAKE:-make}" -C "$top" build/criu-rocm
+	build "$demo/build-rust.log" "kfd-emu and gpu-workload" \
+		env -C "$top/rust" "$cargo" build --release --locked -j "$jobs" -p kfd-emu -p kfd-client
+
+	# One time limit for everything from here on. If it expires, unshare is killed and
+	# --kill-child takes the namespace, with every process in it, down.
+	rc=0
+	timeout --foreground -k 10 "$time_limit" \
+		unshare --pid --fork --mount-proc --kill-child "$self" _pidns || rc=$?
+	case $rc in
+	0) ;;
+	130) die "interrupted; logs in $(rel "$demo")/" ;;
+	124 | 137) die "the demo did not finish within $time_limit s (the last step shown above hung); logs in $(rel "$demo")/" ;;
+	*)
+		echo "demo: FAILED (exit $rc); logs in $(rel "$demo")/" >&2
+		exit 1
+		;;
+	esac
+	verify_exit
+	summary
+	echo "  total       $(duration $(($(now_us) - t0)))"
+}
+
+case ${1:-} in
+_pidns) in_pidns ;;
+_dump) dump_side ;;
+_restore) restore_side ;;
+"") main ;;
+-h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' ;;
+*) die "unknown argument ${1}; usage: scripts/demo.sh" ;;
+esac
