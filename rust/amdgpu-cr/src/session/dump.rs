@@ -25,9 +25,9 @@ use kfd_abi::handle::{Kfd, ProcessInfo, RenderNode};
 use kfd_abi::sys;
 
 use super::sys::{pidfd_getfd, pidfd_open, same_open_file, task_fds};
-use super::{engines_for, human_bytes, SessionError};
+use super::{gpu_jobs, human_bytes, log_gpu_stats, owned_dmabufs, SessionError};
 use crate::bo;
-use crate::copy::{dump_contents, GpuJob};
+use crate::copy::dump_contents;
 use crate::env::{self, EnginePolicy};
 use crate::ids::{GpuId, GpuVa, MmapOffset, RenderMinor};
 use crate::image::FileId;
@@ -330,23 +330,16 @@ impl DumpSession {
             .iter()
             .map(|d| d.as_ref().map(|f| f.as_fd()))
             .collect();
-        let mut jobs: Vec<GpuJob<'_>> = Vec::with_capacity(plan.gpus.len());
-        for w in &plan.gpus {
-            let bos = w.bo_refs(&p.ckpt.bos, render_fd(w.render_minor), &dmabufs, false);
-            let has_dmabufs = bos.iter().any(|b| b.dmabuf.is_some());
-            jobs.push(GpuJob {
-                user: w.user,
-                actual: w.actual,
-                bos,
-                engines: engines_for(
-                    owner,
-                    self.opts.policy,
-                    self.opts.staging_cap,
-                    w,
-                    has_dmabufs,
-                )?,
-            });
-        }
+        let jobs = gpu_jobs(
+            owner,
+            self.opts.policy,
+            self.opts.staging_cap,
+            &plan.gpus,
+            &p.ckpt.bos,
+            render_fd,
+            &dmabufs,
+            false,
+        )?;
         let out = dump_contents(dir, id, jobs)
             .map_err(|e| SessionError::core(owner, "saving GPU memory", e))?;
         let image = plan
@@ -355,19 +348,7 @@ impl DumpSession {
         image
             .write(dir, id)
             .map_err(|e| SessionError::core(owner, "writing the KFD image", e))?;
-        for s in &out.stats {
-            log::info!(
-                "pid {owner}: GPU {} (host {}): saved {} BO(s), {} in {:.1} ms ({:.0} MB/s; {} by CPU, {} by SDMA)",
-                s.user,
-                s.actual,
-                s.bos,
-                human_bytes(s.bytes),
-                s.elapsed.as_secs_f64() * 1e3,
-                s.mb_per_s(),
-                s.cpu_bos,
-                s.sdma_bos
-            );
-        }
+        log_gpu_stats(owner, "saved", &out.stats);
         let total: u64 = out.stats.iter().map(|s| s.bytes).sum();
         log::info!(
             "pid {owner}: KFD file {id}: {} GPU(s), {} BO(s), {} of GPU memory, {} object(s) saved in {:.1} ms",
@@ -472,16 +453,7 @@ fn checkpoint(
         &mut bos,
         &mut priv_data,
     )?;
-    let dmabufs = bos
-        .iter()
-        .map(|b| {
-            (b.dmabuf_fd != bo::KFD_INVALID_FD).then(|| {
-                // SAFETY: KFD installed this fd in our table for us; nothing
-                // else owns it.
-                unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(b.dmabuf_fd as i32) }
-            })
-        })
-        .collect();
+    let dmabufs = owned_dmabufs(&bos);
     let ckpt = CheckpointData {
         pid: info.pid,
         devices: devices

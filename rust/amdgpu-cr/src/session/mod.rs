@@ -17,7 +17,7 @@ mod sys;
 
 use std::path::Path;
 
-use crate::copy::{drm::sdma_for, Engines};
+use crate::copy::{drm::sdma_for, Engines, GpuJob};
 use crate::env::{self, EnginePolicy};
 use crate::image::FileId;
 use crate::plan::GpuWork;
@@ -97,7 +97,7 @@ pub fn kfd_image_ids(dir: &Path) -> std::io::Result<Vec<FileId>> {
 /// for its BOs (real hardware) and the policy allows it.  Under `auto` an
 /// SDMA set-up failure falls back to the CPU with a warning; under `sdma`
 /// it is the caller's error.
-pub(crate) fn engines_for<'a>(
+fn engines_for<'a>(
     pid: i32,
     policy: EnginePolicy,
     staging_cap: Option<u64>,
@@ -128,6 +128,70 @@ pub(crate) fn engines_for<'a>(
         None
     };
     Ok(Engines::new(policy, staging, sdma))
+}
+
+/// The per-GPU copy jobs of a dump (`restored` false: BOs at their
+/// checkpoint offsets) or a restore (`restored` true: at their new ones).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gpu_jobs<'a>(
+    pid: i32,
+    policy: EnginePolicy,
+    staging_cap: Option<u64>,
+    gpus: &[GpuWork],
+    buckets: &[crate::plan::BoBucket],
+    render_fd: impl Fn(crate::ids::RenderMinor) -> Option<std::os::fd::BorrowedFd<'a>>,
+    dmabufs: &[Option<std::os::fd::BorrowedFd<'a>>],
+    restored: bool,
+) -> Result<Vec<GpuJob<'a>>, SessionError> {
+    let mut jobs = Vec::with_capacity(gpus.len());
+    for w in gpus {
+        let bos = w.bo_refs(buckets, render_fd(w.render_minor), dmabufs, restored);
+        let has_dmabufs = bos.iter().any(|b| b.dmabuf.is_some());
+        jobs.push(GpuJob {
+            user: w.user,
+            actual: w.actual,
+            bos,
+            engines: engines_for(pid, policy, staging_cap, w, has_dmabufs)?,
+        });
+    }
+    Ok(jobs)
+}
+
+/// Logs one line per GPU worker: `verb` is "saved" or "restored".
+pub(crate) fn log_gpu_stats(pid: i32, verb: &str, stats: &[crate::copy::GpuStats]) {
+    for s in stats {
+        log::info!(
+            "pid {pid}: GPU {} (host {}): {verb} {} BO(s), {} in {:.1} ms ({:.0} MB/s; {} by CPU, {} by SDMA)",
+            s.user,
+            s.actual,
+            s.bos,
+            human_bytes(s.bytes),
+            s.elapsed.as_secs_f64() * 1e3,
+            s.mb_per_s(),
+            s.cpu_bos,
+            s.sdma_bos
+        );
+    }
+}
+
+/// Takes ownership of the dmabuf fds KFD installed in our fd table for
+/// each bucket (CHECKPOINT and RESTORE output).
+pub(crate) fn owned_dmabufs(
+    buckets: &[kfd_abi::sys::kfd_criu_bo_bucket],
+) -> Vec<Option<std::os::fd::OwnedFd>> {
+    buckets
+        .iter()
+        .map(|b| {
+            (b.dmabuf_fd != crate::bo::KFD_INVALID_FD).then(|| {
+                // SAFETY: KFD installed this fd for us; nothing else owns it.
+                unsafe {
+                    <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(
+                        b.dmabuf_fd as i32,
+                    )
+                }
+            })
+        })
+        .collect()
 }
 
 /// Formats bytes for the log: `512 KiB`, `1.5 GiB`.

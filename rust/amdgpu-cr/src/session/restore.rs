@@ -15,7 +15,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -23,9 +23,9 @@ use kfd_abi::handle::{Kfd, RenderNode};
 use kfd_abi::sys;
 
 use super::sys::dup_at_least;
-use super::{engines_for, human_bytes, kfd_image_ids, SessionError};
+use super::{gpu_jobs, human_bytes, kfd_image_ids, log_gpu_stats, owned_dmabufs, SessionError};
 use crate::bo;
-use crate::copy::{restore_contents, GpuJob};
+use crate::copy::restore_contents;
 use crate::env::{self, Checks, EnginePolicy};
 use crate::ids::{GpuId, MmapOffset, RenderMinor};
 use crate::image::{pages_total, FileId, KfdImage, PagesReader, RenderImage};
@@ -257,15 +257,7 @@ impl RestoreSession {
             });
         }
         // The dmabufs KFD installed in our table, owned from here on.
-        let dmabufs: Vec<Option<OwnedFd>> = buckets
-            .iter()
-            .map(|b| {
-                (b.dmabuf_fd != bo::KFD_INVALID_FD).then(|| {
-                    // SAFETY: KFD installed this fd for us; nothing else owns it.
-                    unsafe { OwnedFd::from_raw_fd(b.dmabuf_fd as RawFd) }
-                })
-            })
-            .collect();
+        let dmabufs = owned_dmabufs(&buckets);
         let restored: Vec<BoBucket> = plan
             .bos
             .iter()
@@ -280,43 +272,19 @@ impl RestoreSession {
                 .iter()
                 .map(|d| d.as_ref().map(|f| f.as_fd()))
                 .collect();
-            let mut jobs: Vec<GpuJob<'_>> = Vec::with_capacity(plan.gpus.len());
-            for w in &plan.gpus {
-                let bos = w.bo_refs(
-                    &restored,
-                    render.get(&w.render_minor).map(|f| f.as_fd()),
-                    &borrowed,
-                    true,
-                );
-                let has_dmabufs = bos.iter().any(|b| b.dmabuf.is_some());
-                jobs.push(GpuJob {
-                    user: w.user,
-                    actual: w.actual,
-                    bos,
-                    engines: engines_for(
-                        vpid,
-                        self.opts.policy,
-                        self.opts.staging_cap,
-                        w,
-                        has_dmabufs,
-                    )?,
-                });
-            }
+            let jobs = gpu_jobs(
+                vpid,
+                self.opts.policy,
+                self.opts.staging_cap,
+                &plan.gpus,
+                &restored,
+                |m| render.get(&m).map(|f| f.as_fd()),
+                &borrowed,
+                true,
+            )?;
             let stats = restore_contents(dir, id, jobs, &image.content_hashes())
                 .map_err(|e| SessionError::core(vpid, "writing GPU memory back", e))?;
-            for s in &stats {
-                log::info!(
-                    "pid {vpid}: GPU {} (host {}): restored {} BO(s), {} in {:.1} ms ({:.0} MB/s; {} by CPU, {} by SDMA)",
-                    s.user,
-                    s.actual,
-                    s.bos,
-                    human_bytes(s.bytes),
-                    s.elapsed.as_secs_f64() * 1e3,
-                    s.mb_per_s(),
-                    s.cpu_bos,
-                    s.sdma_bos
-                );
-            }
+            log_gpu_stats(vpid, "restored", &stats);
         }
         drop(dmabufs);
         let fixups = VmaFixups::from_restored(&plan, &restored)
