@@ -650,8 +650,37 @@ fn apply(st: &mut State, lead: u32, plan: &Plan, buckets: &mut [sys::kfd_criu_bo
     Ok(())
 }
 
-pub fn resume(st: &mut State, pid: u32, done: &mut Done) -> R<()> {
-    let p = st.procs.get_mut(&pid).ok_or(libc::ESRCH)?;
+/// The `NSpid:` line of a task: its pid in every pid namespace from the
+/// daemon's down to its own.
+fn ns_pids(tid: u32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{tid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| l.strip_prefix("NSpid:")).map(|v| {
+                v.split_whitespace()
+                    .filter_map(|x| x.parse().ok())
+                    .collect()
+            })
+        })
+        .unwrap_or_default()
+}
+
+/// The KFD process whose lead thread has pid `pid` in the pid namespace of
+/// `caller` (KFD's `find_get_pid` runs in the caller's namespace: criu
+/// inside zdtm's or a container's pid namespace names the task by the pid
+/// it sees).  A process is visible at the caller's level when it lives in
+/// that namespace or below it.
+fn lead_seen_by(st: &State, caller: u32, pid: u32) -> Option<u32> {
+    let level = ns_pids(caller).len().max(1);
+    st.procs
+        .keys()
+        .copied()
+        .find(|&lead| ns_pids(lead).get(level - 1) == Some(&pid))
+}
+
+pub fn resume(st: &mut State, caller: u32, pid: u32, done: &mut Done) -> R<()> {
+    let lead = lead_seen_by(st, caller, pid).ok_or(libc::ESRCH)?;
+    let p = st.procs.get_mut(&lead).ok_or(libc::ESRCH)?;
     if !p.restore_pending {
         return Err(libc::EINVAL);
     }

@@ -479,7 +479,7 @@ impl Emulator {
                         uapi::criu_op::CHECKPOINT => criu::checkpoint(st, lead, caller, &a),
                         uapi::criu_op::UNPAUSE => criu::unpause(st, lead),
                         uapi::criu_op::RESTORE => criu::restore(st, lead, caller, &resolved, &a),
-                        uapi::criu_op::RESUME => criu::resume(st, a.pid, &mut done),
+                        uapi::criu_op::RESUME => criu::resume(st, caller.tid, a.pid, &mut done),
                         _ => Err(libc::EINVAL),
                     };
                     r.map(|()| criu::answer(&a, i, o))
