@@ -215,6 +215,12 @@ impl DumpSession {
             info.num_objects,
             human_bytes(info.priv_data_size)
         );
+        if info.num_bos == 0 {
+            log::warn!(
+                "pid {pid}: the process has opened /dev/kfd but holds no GPU buffer; \
+                 KFD cannot restore such a process (RESTORE needs at least one buffer)"
+            );
+        }
         // From here on the process is paused: record it first, so that
         // every later failure unpauses it.
         self.procs.push(PausedProc {

@@ -191,6 +191,12 @@ impl RestoreSession {
         let plan = plan_restore(&image, &host, &map)
             .map_err(|e| SessionError::core(vpid, "planning the GPU restore", e))?;
         log::info!("pid {vpid}: {}", describe_map(&plan));
+        if plan.bos.is_empty() {
+            return Err(SessionError::State {
+                pid: vpid,
+                what: no_bos_reason(id),
+            });
+        }
 
         let kfd = Kfd::open().map_err(kfd_step(vpid, "opening /dev/kfd"))?;
         let (major, minor) = kfd.get_version().map_err(kfd_step(vpid, "KFD version"))?;
@@ -517,6 +523,14 @@ impl ResumeSet {
     }
 }
 
+/// KFD's RESTORE rejects a process without buffers (`num_bos == 0`).
+fn no_bos_reason(id: FileId) -> String {
+    format!(
+        "KFD image {id} holds no GPU buffer, and the kernel's RESTORE refuses a process \
+         without buffers (it had opened /dev/kfd but allocated nothing)"
+    )
+}
+
 /// One KFD image's verdict in a dry run.
 #[derive(Clone, Debug)]
 pub struct DryRunEntry {
@@ -561,6 +575,9 @@ fn check_one(
         crate::match_image_to_host(image, &opts.sysfs_nodes, &opts.checks)
             .map_err(|e| e.to_string())?;
     let plan = plan_restore(image, &host, &map).map_err(|e| e.to_string())?;
+    if plan.bos.is_empty() {
+        return Err(no_bos_reason(id));
+    }
     let kfd = opts.dev_dir.join("kfd");
     stat_path(&kfd).map_err(|e| format!("{}: {e}", kfd.display()))?;
     for d in &plan.devices {
