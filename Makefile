@@ -75,7 +75,7 @@ $(BUILD)/criu-rocm.8: Documentation/criu-rocm.8.adoc
 	asciidoctor -b manpage -o $@ $<
 
 # The suites `make test` runs, in order; .ci/run runs and counts them one by one.
-TEST_SUITES	:= test-rust test-smoke test-zdtm test-install
+TEST_SUITES	:= test-rust test-smoke test-zdtm test-zdtm-gpu test-install
 
 test: $(TEST_SUITES)
 	@echo "make test: all suites passed"
@@ -109,6 +109,21 @@ $(CRIU_TREE)/.lib-built: $(BUILD)/criu-rocm
 
 test-zdtm: $(BUILD)/criu-rocm $(CRIU_TREE)/.lib-built
 	scripts/zdtm.sh --criu-bin $(BUILD)/criu-rocm --tree $(CRIU_TREE) --list test/zdtm-regression.list
+
+# The GPU zdtm tests (test/zdtm/static/gpu_*): each line of the list is one zdtm.py run inside
+# its own kfd-emu machine. kfd-emu serves the GPUs; the tests link kfd-client's static library.
+# First each test without C/R, intact (must pass) and with its GPU data damaged (must fail),
+# then the list with checkpoint/restore.
+.PHONY: kfd-tools test-zdtm-gpu
+kfd-tools: FORCE
+	cd rust && $(CARGO) build --release --locked -q -p kfd-emu -p kfd-client
+
+ZDTM_GPU	:= scripts/zdtm-gpu.sh --criu-bin $(BUILD)/criu-rocm --tree $(CRIU_TREE) \
+		   --list test/zdtm-gpu.list --kfd-emu $(CARGO_TARGET)/release/kfd-emu
+
+test-zdtm-gpu: $(BUILD)/criu-rocm $(CRIU_TREE)/.lib-built kfd-tools
+	$(ZDTM_GPU) --selftest
+	$(ZDTM_GPU)
 
 zdtm-compare: $(BUILD)/criu-rocm $(CRIU_TREE)/.lib-built $(BUILD)/stock/criu/criu
 	scripts/zdtm-compare.sh $(BUILD)/stock/criu/criu $(BUILD)/criu-rocm $(CRIU_TREE) test/zdtm-regression.list
