@@ -88,10 +88,13 @@ print-test-suites:
 demo:
 	@MAKE="$(MAKE)" CARGO="$(CARGO)" JOBS="$(JOBS)" scripts/demo.sh
 
-bench:
+# Emulator ioctl latency and VRAM map throughput, then GPU checkpoint/restore against CRIU's
+# own dump and restore of anonymous memory, and criu-rocm's dump RSS (scripts/bench-cr.sh).
+bench: $(BUILD)/criu-rocm
 	cd rust && CARGO_TARGET_DIR=$(CARGO_TARGET) $(CARGO) build --release --locked -q -p kfd-emu -p kfd-client
 	$(CARGO_TARGET)/release/kfd-emu run --profile mi100 -- sh -c \
 		'$(CARGO_TARGET)/release/kfd-emu bench-ioctl && $(CARGO_TARGET)/release/emu-bench'
+	CARGO_TARGET_DIR=$(CARGO_TARGET) scripts/bench-cr.sh
 
 test-rust:
 	cd rust && $(CARGO) fmt --all -- --check

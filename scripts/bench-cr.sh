@@ -1,0 +1,465 @@
+#!/usr/bin/env bash
+# make bench, part 2: GPU checkpoint/restore throughput and dump memory, on kfd-emu
+# (the benchmarks of issues #4 and #5).
+#
+# In one run on this machine, compares criu-rocm's dump and restore of GPU buffer objects
+# with CRIU's own dump and restore of the same number of bytes of anonymous memory, and
+# measures criu-rocm's peak RSS while it dumps 4x KFD_MAX_BUFFER_SIZE of VRAM. It prints a
+# table; it fails only when a step fails (or a process finds its memory changed by the
+# dump and restore), never on a slow result.
+#
+#   usage: scripts/bench-cr.sh        (as root, after `make`; `make bench` runs it)
+#   env:   BENCH_CR_MIB=N      MiB per process in the throughput runs (default 256)
+#          BENCH_CR_RUNS=N     counted runs; each figure is the best of them (default 5)
+#          BENCH_CR_STAGING=S  KFD_MAX_BUFFER_SIZE of the RSS runs (default 32M; the VRAM
+#                              dumped is 4x this)
+#          BENCH_CR_TIME_LIMIT=S  seconds the whole run may take (default 600)
+#          BENCH_CR_CRIU=PATH  the criu-rocm binary to measure (default build/criu-rocm)
+#
+# Processes, on one emulated MI100 (kfd-emu profile mi100), each dumped by criu-rocm with
+# the same flags (-v4 --display-stats) into the same image directory, build/bench-cr/img:
+#   gpu N    gpu-workload --mib N --bos 4: N MiB of BOs (half VRAM, half GTT), SDMA running
+#   gpu 0    gpu-workload --mib 1 --bos 4: the same program with 1 MiB of BOs
+#   anon N   bench-anon N (scripts/bench-anon.c): N MiB of touched private anonymous memory
+#   anon 0   bench-anon 0: the same program with none
+# Each is started, dumped (criu kills it), restored (-d), made to check every byte of its
+# memory, and killed. A run does the four one after the other; a first run warms up and is
+# not counted.
+#
+# Throughput, in MB/s (10^6 bytes/s), two ways:
+#   in-tool   bytes over the time the tool itself reports for moving them: for GPU BOs the
+#             "amdgpu: ... saved|restored N BO(s), ... in T ms" log line (all BO contents
+#             streamed between the GPU and the pages file, hashed on the way); for anonymous
+#             memory CRIU's counters (--display-stats: "Memory pages written" over "Memory
+#             dump time", which in a dump includes the writing). Dump only for anonymous
+#             memory: CRIU has no timer around its restore of memory (the restorer reads it).
+#   marginal  whole commands: (bytes(N) - bytes(0)) / (wall(N) - wall(0)), so that freezing,
+#             the parasite, the GPU ioctls, page-table work and restore forking are counted
+#             and a process' fixed cost is not.
+# Each time is the fastest of the counted runs (the other users of this machine can only
+# slow a run down); ratio = GPU BOs / anonymous memory, target >= 1.0.
+#
+# Peak RSS: every dump of that part runs with KFD_MAX_BUFFER_SIZE=$BENCH_CR_STAGING.
+# criu-rocm's peak RSS (wait4's ru_maxrss) while dumping gpu-workload --mib 4S --bos 1 (4x
+# the staging size of VRAM, in one BO, so the copy engine must window it) against the same
+# dump of bench-anon 0 (a process with no GPU memory; CRIU moves a process' CPU pages
+# through pipes, not through its own RSS, so the process' size does not matter). The bound
+# is KFD_MAX_BUFFER_SIZE + 8 MiB for one GPU worker; the 8 MiB is for what a worker holds
+# besides its window: the pages file's 1 MiB write buffer, its thread's stack and malloc
+# arena, the KFD image (a few hundred bytes per BO, so under 1 MiB for thousands of BOs)
+# and, on hardware, the SDMA engine's command buffers. Measured on the emulator, the extra
+# over the window is about 0.1 MiB.
+set -euo pipefail
+export LC_ALL=C
+
+self=$(realpath "$0")
+top=$(cd "$(dirname "$self")/.." && pwd)
+out=$top/build/bench-cr
+img=$out/img
+criu=${BENCH_CR_CRIU:-$top/build/criu-rocm}
+target=${CARGO_TARGET_DIR:-$top/rust/target}/release
+kfd_emu=$target/kfd-emu
+workload=$target/gpu-workload
+anon=$out/bench-anon
+profile=mi100
+mib=${BENCH_CR_MIB:-256}
+runs=${BENCH_CR_RUNS:-5}
+staging=${BENCH_CR_STAGING:-32M}
+time_limit=${BENCH_CR_TIME_LIMIT:-600}
+# The allowance over KFD_MAX_BUFFER_SIZE in the RSS bound (see the top).
+rss_const_mib=8
+
+progress= # set while a line of progress is open
+die() {
+	[ -z "$progress" ] || echo # end the progress line (stdout)
+	echo "bench-cr: FAIL: $*" >&2
+	exit 1
+}
+
+# Bytes of a size in KFD_MAX_BUFFER_SIZE syntax (number, optional K/k, M or G).
+size_bytes() {
+	local n=${1%[kKMG]} s=1
+	[[ $n =~ ^[0-9]+$ ]] || die "BENCH_CR_STAGING=$1: expected a number with an optional K, M or G"
+	case $1 in
+	*[kK]) s=$((1 << 10)) ;;
+	*M) s=$((1 << 20)) ;;
+	*G) s=$((1 << 30)) ;;
+	esac
+	echo $((n * s))
+}
+
+# Runs a command, writes "status wall_us maxrss_kib" of it to $1 (wait4's rusage: the
+# command's own peak RSS, or a descendant's it waited for if larger); its stdout goes to $2.
+# Timed here rather than around python's start-up.
+read -r -d '' TIMER <<'EOF' || true
+import os, sys, time
+res, stdout, argv = sys.argv[1], sys.argv[2], sys.argv[3:]
+fd = os.open(stdout, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+t0 = time.monotonic_ns()
+pid = os.fork()
+if pid == 0:
+    os.dup2(fd, 1)
+    try:
+        os.execv(argv[0], argv)
+    finally:
+        os._exit(127)
+_, status, ru = os.wait4(pid, 0)
+t1 = time.monotonic_ns()
+with open(res, "w") as f:
+    f.write(f"{os.waitstatus_to_exitcode(status)} {(t1 - t0) // 1000} {ru.ru_maxrss}\n")
+EOF
+timed() {
+	local res=$1 stdout=$2
+	shift 2
+	/usr/bin/python3 -c "$TIMER" "$res" "$stdout" "$@"
+}
+
+# A numeric field of a JSON line of gpu-workload or bench-anon.
+json_num() { sed -nE "s/.*\"$2\":([0-9]+).*/\1/p" <<<"$1"; }
+
+alive() {
+	local s
+	s=$(cat /proc/"$1"/stat 2>/dev/null) || return 1
+	s=${s##*) }
+	[ "${s%% *}" != Z ] && [ "${s%% *}" != X ]
+}
+
+# Waits up to $3 seconds for line $1 of log $4 of process $2 and prints it.
+log_line() {
+	local n=$1 pid=$2 secs=$3 log=$4 i
+	for ((i = 0; i < secs * 20; i++)); do
+		if [ "$(wc -l <"$log")" -ge "$n" ]; then
+			sed -n "${n}p" "$log"
+			return 0
+		fi
+		alive "$pid" || break
+		sleep 0.05
+	done
+	[ "$(wc -l <"$log")" -ge "$n" ] && { sed -n "${n}p" "$log"; return 0; }
+	echo "pid $pid wrote no line $n to $log within $secs s" >&2
+	tail -n 5 "${log%.out}.err" >&2 2>/dev/null || true
+	return 1
+}
+
+criu_errors() {
+	[ -f "$1" ] || return 0
+	echo "--- last errors in $1:" >&2
+	grep -E 'Error|amdgpu:' "$1" | tail -n 15 >&2 || true
+}
+
+# Sum of a "Name: N ..." line of criu's --display-stats output $1 (0 when absent).
+stat_of() { awk -v k="$2:" 'index($0, k) == 1 { split(substr($0, length(k) + 1), f, " "); v += f[1] } END { print v + 0 }' "$1"; }
+
+# Bytes of GPU memory in the image: each pages file is a u64 size word and the BO bytes.
+gpu_image_bytes() {
+	local f sum=0
+	for f in "$img"/amdgpu-pages-*.img; do
+		[ -f "$f" ] && sum=$((sum + $(stat -c %s "$f") - 8))
+	done
+	echo "$sum"
+}
+
+# The copy time in microseconds of the "amdgpu: ... saved|restored ... in T ms" lines of log
+# $1 (the slowest GPU: workers run in parallel; 0 when none).
+gpu_copy_us() {
+	sed -nE "s/.*amdgpu: pid [0-9]+: GPU .*: $2 [0-9]+ BO\(s\), .* in ([0-9.]+) ms .*/\1/p" "$1" |
+		awk '{ us = $1 * 1000; if (us > m) m = us } END { printf "%d\n", m }'
+}
+
+# ---------------------------------------------------------------------------------------
+# Inside kfd-emu
+
+# Starts a process of kind $1 ("gpu" or "anon") holding $2 MiB (gpu-workload: in $3 BOs,
+# default 4) as a child of this shell and sets PID once it is ready.
+PID=
+start_proc() {
+	local kind=$1 size=$2 bos=${3:-4} log=$out/proc.out pid line
+	: >"$log"
+	if [ "$kind" = gpu ]; then
+		setsid "$workload" --mib "$((size > 0 ? size : 1))" --bos "$bos" --interval-ms 10 \
+			</dev/null >"$log" 2>"$out/proc.err" &
+	else
+		setsid "$anon" "$size" </dev/null >"$log" 2>"$out/proc.err" &
+	fi
+	pid=$!
+	line=$(log_line 1 "$pid" 120 "$log") || die "$kind process ($size MiB) did not start"
+	if [[ $line != '{"ready":true,'* ]] || [ "$(json_num "$line" pid)" != "$pid" ]; then
+		die "$kind process (pid $pid): unexpected first line: $line"
+	fi
+	PID=$pid
+}
+
+# Dumps pid $1 into the image directory (emptied first), with extra environment $2...;
+# leaves "status wall_us maxrss_kib" in $out/dump.res and criu's stdout in $out/dump.stats.
+dump_proc() {
+	local pid=$1 status=0
+	shift
+	rm -rf "$img" && mkdir -p "$img"
+	# In braces with stderr to a file: bash reports the process criu kills ("Killed") there.
+	{
+		timed "$out/dump.res" "$out/dump.stats" /usr/bin/env "$@" "$criu" dump -t "$pid" -D "$img" \
+			-o dump.log -v4 --display-stats
+	} 2>"$out/dump.err"
+	read -r status _ <"$out/dump.res"
+	if [ "$status" != 0 ]; then
+		cat "$out/dump.err" >&2
+		criu_errors "$img/dump.log"
+		die "criu-rocm dump -t $pid failed (log: $img/dump.log)"
+	fi
+	status=0
+	wait "$pid" 2>/dev/null || status=$?
+	[ "$status" = 137 ] || die "after the dump, pid $pid exited with status $status, not killed by criu"
+}
+
+restore_proc() {
+	local pid=$1 status
+	timed "$out/restore.res" "$out/restore.stats" "$criu" restore -D "$img" -o restore.log -v4 -d \
+		--display-stats
+	read -r status _ <"$out/restore.res"
+	if [ "$status" != 0 ]; then
+		criu_errors "$img/restore.log"
+		die "criu-rocm restore of pid $pid failed (log: $img/restore.log)"
+	fi
+	alive "$pid" || die "the restored pid $pid is gone (log: $out/proc.err)"
+}
+
+# The restored process checks every byte; then it is killed (kfd-emu reaps it).
+check_and_kill() {
+	local pid=$1 kind=$2 line i
+	kill -USR1 "$pid"
+	line=$(log_line 2 "$pid" 120 "$out/proc.out") || die "restored $kind pid $pid did not answer SIGUSR1"
+	[[ $line == '{"ok":true,'* ]] || die "restored $kind pid $pid: verification failed: $line"
+	kill -KILL "$pid"
+	for ((i = 0; i < 200; i++)); do
+		[ -e /proc/"$pid" ] || return 0
+		sleep 0.05
+	done
+	die "pid $pid still exists 10 s after SIGKILL"
+}
+
+# One dump/restore cycle of kind $1 with $2 MiB; appends a result line to $out/tp.txt:
+#   kind size run dump_wall_us restore_wall_us bytes tool_us restore_tool_us
+tp_cycle() {
+	local kind=$1 size=$2 run=$3 pid dump_us restore_us bytes tool_us rtool_us
+	start_proc "$kind" "$size"
+	pid=$PID
+	dump_proc "$pid"
+	read -r _ dump_us _ <"$out/dump.res"
+	if [ "$kind" = gpu ]; then
+		bytes=$(gpu_image_bytes)
+		tool_us=$(gpu_copy_us "$img/dump.log" saved)
+		[ "$tool_us" -gt 0 ] || die "no 'amdgpu: ... saved' line in the dump log ($img/dump.log)"
+	else
+		bytes=$(($(stat_of "$out/dump.stats" "Memory pages written") * $(getconf PAGESIZE)))
+		# In a dump (not a pre-dump) CRIU writes the pages inside its memory dump timer, so
+		# "Memory dump time" is the whole of it ("Memory write time" is a part of it).
+		tool_us=$(stat_of "$out/dump.stats" "Memory dump time")
+		[ "$bytes" -gt 0 ] || die "criu --display-stats wrote no memory counters ($out/dump.stats)"
+	fi
+	restore_proc "$pid"
+	read -r _ restore_us _ <"$out/restore.res"
+	rtool_us=0
+	[ "$kind" = gpu ] && rtool_us=$(gpu_copy_us "$img/restore.log" restored)
+	check_and_kill "$pid" "$kind"
+	mkdir -p "$out/logs"
+	cp "$img/dump.log" "$out/logs/$kind$size-run$run-dump.log"
+	cp "$img/restore.log" "$out/logs/$kind$size-run$run-restore.log"
+	cp "$out/dump.stats" "$out/logs/$kind$size-run$run-dump.stats"
+	cp "$out/restore.stats" "$out/logs/$kind$size-run$run-restore.stats"
+	echo "$kind $size $run $dump_us $restore_us $bytes $tool_us $rtool_us" >>"$out/tp.txt"
+}
+
+# Peak RSS of criu-rocm dumping kind $1 with $2 MiB (gpu: in one BO) under
+# KFD_MAX_BUFFER_SIZE=$staging; appends "kind size run maxrss_kib bytes" to $out/rss.txt.
+rss_cycle() {
+	local kind=$1 size=$2 run=$3 pid rss bytes=0
+	start_proc "$kind" "$size" 1
+	pid=$PID
+	dump_proc "$pid" KFD_MAX_BUFFER_SIZE="$staging"
+	read -r _ _ rss <"$out/dump.res"
+	[ "$kind" = gpu ] && bytes=$(gpu_image_bytes)
+	mkdir -p "$out/logs"
+	cp "$img/dump.log" "$out/logs/rss-$kind$size-run$run-dump.log"
+	echo "$kind $size $run $rss $bytes" >>"$out/rss.txt"
+}
+
+in_emu() {
+	local run vram_mib
+	vram_mib=$((4 * $(size_bytes "$staging") >> 20))
+	: >"$out/tp.txt"
+	: >"$out/rss.txt"
+	# Run 0 warms up (the emulator, the page cache, the binaries) and is not counted.
+	printf '  runs (each: dump, restore and check of %s MiB of GPU BOs, of %s MiB of anonymous\n' "$mib" "$mib"
+	printf '  memory, of neither; peak RSS of two dumps with KFD_MAX_BUFFER_SIZE=%s): warm-up' "$staging"
+	progress=1
+	tp_cycle gpu "$mib" 0
+	tp_cycle anon "$mib" 0
+	for ((run = 1; run <= runs; run++)); do
+		printf ' %d' "$run"
+		tp_cycle gpu "$mib" "$run"
+		tp_cycle anon "$mib" "$run"
+		tp_cycle gpu 0 "$run"
+		tp_cycle anon 0 "$run"
+		rss_cycle gpu "$vram_mib" "$run"
+		rss_cycle anon 0 "$run"
+	done
+	echo
+	progress=
+}
+
+in_pidns() {
+	# Signals from outside reach a namespace's init only through a handler.
+	trap 'exit 130' INT TERM HUP
+	# A failure inside has said what failed.
+	"$kfd_emu" run --profile "$profile" -- "$self" _emu
+}
+
+# ---------------------------------------------------------------------------------------
+# Outside: preflight, the baseline program, run, table
+
+preflight() {
+	local c missing=()
+	[ "$(id -u)" = 0 ] || die "needs root: kfd-emu mounts FUSE nodes in a private mount namespace and criu needs CAP_SYS_ADMIN"
+	for c in "$criu" "$kfd_emu" "$workload"; do
+		[ -x "$c" ] || die "$c is missing: run make (and the cargo build of make bench) first"
+	done
+	for c in cc unshare setsid timeout getconf /usr/bin/python3; do
+		command -v "$c" >/dev/null || missing+=("$c")
+	done
+	[ ${#missing[@]} = 0 ] || die "missing ${missing[*]}: run scripts/install-deps.sh once first"
+	if ! [[ $mib =~ ^[0-9]+$ ]] || [ "$mib" -lt 16 ]; then
+		die "BENCH_CR_MIB=$mib: expected a number of MiB, at least 16"
+	fi
+	if ! [[ $runs =~ ^[0-9]+$ ]] || [ "$runs" -lt 1 ]; then
+		die "BENCH_CR_RUNS=$runs: expected a number, at least 1"
+	fi
+	if [ $(($(size_bytes "$staging") % $(getconf PAGESIZE))) != 0 ] || [ "$(size_bytes "$staging")" -lt $((1 << 20)) ]; then
+		die "BENCH_CR_STAGING=$staging: expected a multiple of the page size, at least 1M"
+	fi
+}
+
+# The table, from the result lines of all runs: for each quantity the best run (the fastest
+# time), since the other users of this machine can only ever slow a run down.
+read -r -d '' TABLE <<'EOF' || true
+import statistics, sys
+
+tp, rss, mib, runs, staging, stg, const = sys.argv[1:8]
+mib, runs, stg, const = int(mib), int(runs), int(stg), int(const)
+res = {}
+for line in open(tp):
+    k, size, run, dump_us, rest_us, nbytes, tool_us, rtool_us = line.split()
+    res[(k, int(size), int(run))] = dict(
+        dump=int(dump_us), rest=int(rest_us), bytes=int(nbytes), tool=int(tool_us), rtool=int(rtool_us)
+    )
+RUNS = range(1, runs + 1)
+
+
+def best(k, size, field):
+    """The shortest time in microseconds of `field` over the runs, and the bytes of that run."""
+    r = min(RUNS, key=lambda r: res[(k, size, r)][field])
+    return res[(k, size, r)][field], res[(k, size, r)]["bytes"]
+
+
+def mbps(b, us):
+    return b / us if b > 0 and us > 0 else None
+
+
+def in_tool(k, field):
+    us, b = best(k, mib, field)
+    return mbps(b, us)
+
+
+def marginal(k, field):
+    (n_us, n_b), (z_us, z_b) = best(k, mib, field), best(k, 0, field)
+    return mbps(n_b - z_b, n_us - z_us)
+
+
+def fmt(x, f="{:.0f}"):
+    return "n/a" if x is None else f.format(x)
+
+
+line = "  {:<18} {:>9} {:>12} {:>6}  {}"
+rows = []
+for name, g, a in (
+    ("dump, in-tool", in_tool("gpu", "tool"), in_tool("anon", "tool")),
+    ("dump, marginal", marginal("gpu", "dump"), marginal("anon", "dump")),
+    ("restore, in-tool", in_tool("gpu", "rtool"), "-"),
+    ("restore, marginal", marginal("gpu", "rest"), marginal("anon", "rest")),
+):
+    if a == "-":
+        rows.append((name, fmt(g), "-", "", "(CRIU has no timer around its restore of memory)"))
+        continue
+    ratio = g / a if g is not None and a is not None else None
+    verdict = "" if ratio is None else ("met" if ratio >= 1.0 else "NOT met")
+    rows.append((name, fmt(g), fmt(a), fmt(ratio, "{:.2f}"), verdict))
+
+
+def ms(k, size, field):
+    return best(k, size, field)[0] / 1000
+
+
+print(f"  throughput: {mib} MiB per process, 1 GPU (mi100), best of {runs} run(s);")
+print("  MB/s = 10^6 bytes/s; ratio = GPU BOs / anonymous memory, target >= 1.0")
+print(line.format("MB/s", "GPU BOs", "anon memory", "ratio", ""))
+for r in rows:
+    print(line.format(*r))
+for what, field in (("dump", "dump"), ("restore", "rest")):
+    print(line.format(
+        f"{what} ms N / 0",
+        f"{ms('gpu', mib, field):.0f} / {ms('gpu', 0, field):.0f}",
+        f"{ms('anon', mib, field):.0f} / {ms('anon', 0, field):.0f}",
+        "", "(whole command, N MiB / none)",
+    ))
+
+peak = {}
+for line_ in open(rss):
+    k, size, run, kib, _ = line_.split()
+    peak[(k, int(run))] = int(kib) * 1024
+gpu = [peak[("gpu", r)] for r in RUNS]
+base = [peak[("anon", r)] for r in RUNS]
+extra = [g - b for g, b in zip(gpu, base)]
+bound = stg + (const << 20)
+M = 1 << 20
+print()
+print(f"  peak RSS of criu-rocm dump (ru_maxrss), KFD_MAX_BUFFER_SIZE={staging}, median and worst of {runs} run(s)")
+print(f"  {'no GPU memory (bench-anon 0)':<42} {statistics.median(base) / M:6.1f} MiB")
+print(f"  {f'{4 * stg // M} MiB of VRAM in one BO (gpu-workload)':<42} {statistics.median(gpu) / M:6.1f} MiB")
+state = "within" if max(extra) <= bound else "EXCEEDED"
+print(f"  {'extra = peak - baseline':<42} {statistics.median(extra) / M:6.1f} MiB (worst run {max(extra) / M:.1f})")
+print(f"  {'bound = KFD_MAX_BUFFER_SIZE + ' + str(const) + ' MiB':<42} {bound / M:6.1f} MiB: {state}")
+EOF
+
+table() {
+	/usr/bin/python3 -c "$TABLE" "$out/tp.txt" "$out/rss.txt" "$mib" "$runs" "$staging" \
+		"$(size_bytes "$staging")" "$rss_const_mib"
+	echo "  raw numbers: ${out#"$top"/}/tp.txt and rss.txt; criu logs: ${out#"$top"/}/logs/"
+}
+
+main() {
+	local rc t0
+	preflight
+	rm -rf "$out"
+	mkdir -p "$out"
+	cc -O2 -Wall -Werror -o "$anon" "$top/scripts/bench-anon.c" || die "compiling scripts/bench-anon.c failed"
+	echo "checkpoint/restore bench: criu-rocm on kfd-emu ($profile), logs in ${out#"$top"/}/"
+	t0=${EPOCHREALTIME/./}
+	rc=0
+	timeout --foreground -k 10 "$time_limit" \
+		unshare --pid --fork --mount-proc --kill-child "$self" _pidns || rc=$?
+	case $rc in
+	0) ;;
+	124 | 137) die "the bench did not finish within $time_limit s; logs in ${out#"$top"/}/" ;;
+	*) die "the bench failed (exit $rc); logs in ${out#"$top"/}/" ;;
+	esac
+	echo
+	table
+	echo "  took $(((${EPOCHREALTIME/./} - t0) / 1000000)) s"
+}
+
+case ${1:-} in
+_pidns) in_pidns ;;
+_emu) in_emu ;;
+"") main ;;
+-h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' ;;
+*) die "unknown argument $1; usage: scripts/bench-cr.sh" ;;
+esac
