@@ -14,7 +14,7 @@
 use std::collections::BTreeSet;
 use std::fmt;
 use std::fs::{File, OpenOptions};
-use std::io::{self, BufWriter, Read, Write};
+use std::io::{self, BufWriter, Read, Seek, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
@@ -511,6 +511,48 @@ impl PagesWriter {
         })
     }
 
+    /// Creates the pages file for the sum of `lens` and returns one writer
+    /// per lane: lane `i` writes the `lens[i]` bytes that follow the lanes
+    /// before it, so lanes can run in parallel.
+    pub fn create_lanes(
+        dir: &Path,
+        id: FileId,
+        gpu: GpuId,
+        lens: &[u64],
+    ) -> Result<Vec<Self>, ImageError> {
+        let name = pages_image_name(id, gpu);
+        let total = lens
+            .iter()
+            .try_fold(0u64, |t, &l| t.checked_add(l))
+            .ok_or_else(|| ImageError::invalid(&name, "size", "lane sizes overflow"))?;
+        let mut first = Self::create(dir, id, gpu, total)?;
+        let Some((&len0, rest)) = lens.split_first() else {
+            return Ok(vec![first]);
+        };
+        first.total = len0;
+        let path = dir.join(name);
+        let mut out = vec![first];
+        let mut start = len0;
+        for &len in rest {
+            let file = out[0].file.clone();
+            let mut f = OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_CLOEXEC)
+                .open(&path)
+                .map_err(|e| ImageError::io(&file, "open", e))?;
+            f.seek(io::SeekFrom::Start(8 + start))
+                .map_err(|e| ImageError::io(&file, "seek", e))?;
+            out.push(PagesWriter {
+                file,
+                out: BufWriter::with_capacity(1 << 20, f),
+                total: len,
+                written: 0,
+            });
+            start += len;
+        }
+        Ok(out)
+    }
+
     /// The file's path, for messages.
     pub fn file(&self) -> &str {
         &self.file
@@ -594,6 +636,47 @@ impl PagesReader<File> {
             });
         }
         Ok(reader)
+    }
+}
+
+impl PagesReader<File> {
+    /// Opens the pages file (checked as by [`PagesReader::open`] against
+    /// the sum of `lens`) once per lane: lane `i` reads the `lens[i]` bytes
+    /// that follow the lanes before it.
+    pub fn open_lanes(
+        dir: &Path,
+        id: FileId,
+        gpu: GpuId,
+        lens: &[u64],
+    ) -> Result<Vec<Self>, ImageError> {
+        let total = lens
+            .iter()
+            .try_fold(0u64, |t, &l| t.checked_add(l))
+            .ok_or_else(|| {
+                ImageError::invalid(&pages_image_name(id, gpu), "size", "lane sizes overflow")
+            })?;
+        let mut first = Self::open(dir, id, gpu, total)?;
+        let Some((&len0, rest)) = lens.split_first() else {
+            return Ok(vec![first]);
+        };
+        first.total = len0;
+        let path = dir.join(pages_image_name(id, gpu));
+        let mut out = vec![first];
+        let mut start = len0;
+        for &len in rest {
+            let file = out[0].file.clone();
+            let mut f = File::open(&path).map_err(|e| ImageError::io(&file, "open", e))?;
+            f.seek(io::SeekFrom::Start(8 + start))
+                .map_err(|e| ImageError::io(&file, "seek", e))?;
+            out.push(PagesReader {
+                file,
+                input: f,
+                total: len,
+                consumed: 0,
+            });
+            start += len;
+        }
+        Ok(out)
     }
 }
 
@@ -682,6 +765,44 @@ fn read_exact_or_truncated(
 pub(crate) mod tests {
     use super::*;
     use crate::proto::{DevIolink, KfdDeviceEntry};
+
+    /// Lanes write and read disjoint ranges of one pages file; the result
+    /// is the file one stream would have written.
+    #[test]
+    fn pages_lanes_cover_the_file_in_order() {
+        let dir = tempdir();
+        let gpu = GpuId(0x42);
+        let lens = [3u64, 5, 2];
+        let mut ws = PagesWriter::create_lanes(&dir, FileId(1), gpu, &lens).unwrap();
+        // Write the lanes in reverse order.
+        for (i, w) in ws.iter_mut().enumerate().rev() {
+            w.write_all(&vec![b'a' + i as u8; lens[i] as usize])
+                .unwrap();
+        }
+        assert!(ws[1].write_all(b"x").is_err(), "a lane cannot overrun");
+        for w in ws {
+            w.finish().unwrap();
+        }
+        let bytes = std::fs::read(dir.join(pages_image_name(FileId(1), gpu))).unwrap();
+        assert_eq!(&bytes[..8], &10u64.to_le_bytes());
+        assert_eq!(&bytes[8..], b"aaabbbbbcc");
+        let rs = PagesReader::open_lanes(&dir, FileId(1), gpu, &[5, 5]).unwrap();
+        let got: Vec<Vec<u8>> = rs
+            .into_iter()
+            .map(|mut r| {
+                let mut v = Vec::new();
+                r.read_to_end(&mut v).unwrap();
+                r.finish().unwrap();
+                v
+            })
+            .collect();
+        assert_eq!(got, vec![b"aaabb".to_vec(), b"bbbcc".to_vec()]);
+        assert!(
+            PagesReader::open_lanes(&dir, FileId(1), gpu, &[5, 6]).is_err(),
+            "the lanes must add up to the header"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     pub(crate) fn gpu_entry(node_id: u32, gpu_id: u32) -> KfdDeviceEntry {
         KfdDeviceEntry {

@@ -116,6 +116,11 @@ impl CpuEngine {
         }
     }
 
+    /// The most bytes of a BO mapped at once.
+    pub fn window(&self) -> u64 {
+        self.window
+    }
+
     fn each_window(
         &mut self,
         bo: &BoRef<'_>,

@@ -280,17 +280,18 @@ impl Read for HashingReader<'_> {
     }
 }
 
-fn run_parallel<'a, T: Send>(
-    jobs: Vec<GpuJob<'a>>,
-    work: impl Fn(GpuJob<'a>) -> Result<T, CopyError> + Sync,
+fn run_parallel<I: Send, T: Send>(
+    items: Vec<I>,
+    gpu_of: impl Fn(&I) -> GpuId,
+    work: impl Fn(I) -> Result<T, CopyError> + Sync,
 ) -> Result<Vec<T>, CopyError> {
-    let gpus: Vec<GpuId> = jobs.iter().map(|j| j.user).collect();
+    let gpus: Vec<GpuId> = items.iter().map(gpu_of).collect();
     let results: Vec<std::thread::Result<Result<T, CopyError>>> = std::thread::scope(|s| {
-        let handles: Vec<_> = jobs
+        let handles: Vec<_> = items
             .into_iter()
-            .map(|job| {
+            .map(|item| {
                 let work = &work;
-                s.spawn(move || work(job))
+                s.spawn(move || work(item))
             })
             .collect();
         handles.into_iter().map(|h| h.join()).collect()
@@ -315,51 +316,179 @@ fn run_parallel<'a, T: Send>(
     }
 }
 
-/// Dumps every job's BOs into `amdgpu-pages-<id>-<user gpu_id>.img` in
-/// `dir`, one thread per GPU.  All workers run to completion; the first
-/// error is returned.
-pub fn dump_contents(
-    dir: &Path,
-    id: FileId,
-    jobs: Vec<GpuJob<'_>>,
-) -> Result<DumpOutcome, CopyError> {
-    let per_gpu = run_parallel(jobs, |mut job| {
-        let start = Instant::now();
-        let total = job.bos.iter().try_fold(0u64, |t, b| t.checked_add(b.size));
-        let total = total.ok_or_else(|| CopyError::Setup {
-            gpu: job.user,
-            what: "sum of BO sizes overflows".into(),
-        })?;
-        let mut out = PagesWriter::create(dir, id, job.user, total)?;
-        let mut stats = GpuStats {
-            user: job.user,
-            actual: job.actual,
+/// The BOs of one GPU that one thread copies: a contiguous run of the
+/// GPU's BOs in bucket order, so its bytes are one range of the pages file.
+struct Lane<'a> {
+    user: GpuId,
+    actual: GpuId,
+    bos: Vec<BoRef<'a>>,
+    engines: Engines<'a>,
+}
+
+impl Lane<'_> {
+    fn bytes(&self) -> Result<u64, CopyError> {
+        self.bos
+            .iter()
+            .try_fold(0u64, |t, b| t.checked_add(b.size))
+            .ok_or_else(|| CopyError::Setup {
+                gpu: self.user,
+                what: "sum of BO sizes overflows".into(),
+            })
+    }
+
+    fn stats(&self) -> GpuStats {
+        GpuStats {
+            user: self.user,
+            actual: self.actual,
             bos: 0,
             bytes: 0,
             cpu_bos: 0,
             sdma_bos: 0,
             elapsed: Duration::ZERO,
-        };
-        let mut hashes = Vec::with_capacity(job.bos.len());
-        for bo in &job.bos {
-            let (kind, engine) = job.engines.pick(bo)?;
-            let mut sink = HashingWriter {
-                inner: &mut out,
-                hasher: Xxh3::new(),
-            };
-            engine.read_bo(bo, &mut sink)?;
-            hashes.push((bo.index, sink.hasher.digest()));
-            count(&mut stats, kind, bo.size);
         }
-        out.finish()?;
-        stats.elapsed = start.elapsed();
-        Ok((stats, hashes))
-    })?;
+    }
+}
+
+/// A GPU's work is split into lanes only when each gets at least this much.
+pub const MIN_LANE_BYTES: u64 = 32 << 20;
+
+/// Threads per GPU: the CPU cores shared out among the GPUs.
+fn lanes_per_gpu(gpus: usize) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cores / gpus.max(1)).max(1)
+}
+
+/// Splits a GPU's job into at most `max` lanes of about equal bytes.  A
+/// job with an SDMA engine (one per GPU) stays whole; the CPU window is
+/// shared out among the lanes, so a GPU never maps more than the job's
+/// window at once.
+fn split_job(job: GpuJob<'_>, max: usize) -> Vec<Lane<'_>> {
+    let total: u64 = job.bos.iter().map(|b| b.size).fold(0, u64::saturating_add);
+    let n = (total / MIN_LANE_BYTES)
+        .min(max as u64)
+        .min(job.bos.len() as u64)
+        .max(1) as usize;
+    let GpuJob {
+        user,
+        actual,
+        bos,
+        mut engines,
+    } = job;
+    if n == 1 || engines.sdma.is_some() {
+        return vec![Lane {
+            user,
+            actual,
+            bos,
+            engines,
+        }];
+    }
+    let window = engines.cpu.as_ref().map_or(0, |c| c.window()) / n as u64;
+    let window = window.max(bo::PAGE_SIZE);
+    engines.cpu = Some(cpu::CpuEngine::new(window));
+    let mut lanes: Vec<Lane<'_>> = Vec::with_capacity(n);
+    let mut current = Vec::new();
+    let mut done = 0u64;
+    let mut engines = Some(engines);
+    for b in bos {
+        done = done.saturating_add(b.size);
+        current.push(b);
+        // Close lane k once the bytes so far reach k+1 n-ths of the total.
+        let k = lanes.len() as u64;
+        if (k + 1) < n as u64 && done.saturating_mul(n as u64) >= total.saturating_mul(k + 1) {
+            lanes.push(Lane {
+                user,
+                actual,
+                bos: std::mem::take(&mut current),
+                engines: engines.take().unwrap_or_else(|| cpu_only(window)),
+            });
+        }
+    }
+    if !current.is_empty() {
+        lanes.push(Lane {
+            user,
+            actual,
+            bos: current,
+            engines: engines.take().unwrap_or_else(|| cpu_only(window)),
+        });
+    }
+    lanes
+}
+
+fn cpu_only<'a>(window: u64) -> Engines<'a> {
+    Engines {
+        policy: EnginePolicy::Cpu,
+        cpu: Some(cpu::CpuEngine::new(window)),
+        sdma: None,
+    }
+}
+
+/// Adds up the lanes' statistics per GPU (elapsed: the slowest lane).
+fn merge_stats(lanes: Vec<GpuStats>) -> Vec<GpuStats> {
+    let mut out: Vec<GpuStats> = Vec::new();
+    for s in lanes {
+        match out.iter_mut().find(|o| o.user == s.user) {
+            Some(o) => {
+                o.bos += s.bos;
+                o.bytes += s.bytes;
+                o.cpu_bos += s.cpu_bos;
+                o.sdma_bos += s.sdma_bos;
+                o.elapsed = o.elapsed.max(s.elapsed);
+            }
+            None => out.push(s),
+        }
+    }
+    out
+}
+
+/// Dumps every job's BOs into `amdgpu-pages-<id>-<user gpu_id>.img` in
+/// `dir`: one worker per GPU, split into lanes over the spare CPU cores
+/// when the CPU does the copying (see [`MIN_LANE_BYTES`]).  All workers run
+/// to completion; the first error is returned.
+pub fn dump_contents(
+    dir: &Path,
+    id: FileId,
+    jobs: Vec<GpuJob<'_>>,
+) -> Result<DumpOutcome, CopyError> {
+    let per_gpu = lanes_per_gpu(jobs.len());
+    let mut lanes = Vec::new();
+    for job in jobs {
+        let split = split_job(job, per_gpu);
+        let lens = split
+            .iter()
+            .map(Lane::bytes)
+            .collect::<Result<Vec<_>, _>>()?;
+        let writers = PagesWriter::create_lanes(dir, id, split[0].user, &lens)?;
+        lanes.extend(split.into_iter().zip(writers));
+    }
+    let per_lane = run_parallel(
+        lanes,
+        |(l, _)| l.user,
+        |(mut lane, mut out)| {
+            let start = Instant::now();
+            let mut stats = lane.stats();
+            let mut hashes = Vec::with_capacity(lane.bos.len());
+            for bo in &lane.bos {
+                let (kind, engine) = lane.engines.pick(bo)?;
+                let mut sink = HashingWriter {
+                    inner: &mut out,
+                    hasher: Xxh3::new(),
+                };
+                engine.read_bo(bo, &mut sink)?;
+                hashes.push((bo.index, sink.hasher.digest()));
+                count(&mut stats, kind, bo.size);
+            }
+            out.finish()?;
+            stats.elapsed = start.elapsed();
+            Ok((stats, hashes))
+        },
+    )?;
     let mut outcome = DumpOutcome::default();
-    for (stats, hashes) in per_gpu {
-        outcome.stats.push(stats);
+    let mut stats = Vec::new();
+    for (s, hashes) in per_lane {
+        stats.push(s);
         outcome.hashes.extend(hashes);
     }
+    outcome.stats = merge_stats(stats);
     Ok(outcome)
 }
 
@@ -372,57 +501,59 @@ fn count(stats: &mut GpuStats, kind: EngineKind, size: u64) {
     }
 }
 
-/// Restores every job's BOs from its pages file in `dir`, one thread per
-/// GPU.  `hashes` (bucket index → XXH3-64, from the image's optional
-/// field) are verified when present.
+/// Restores every job's BOs from its pages file in `dir`, with the workers
+/// and lanes of [`dump_contents`].  `hashes` (bucket index → XXH3-64, from
+/// the image's optional field) are verified when present.
 pub fn restore_contents(
     dir: &Path,
     id: FileId,
     jobs: Vec<GpuJob<'_>>,
     hashes: &BTreeMap<usize, u64>,
 ) -> Result<Vec<GpuStats>, CopyError> {
-    run_parallel(jobs, |mut job| {
-        let start = Instant::now();
-        let total = job.bos.iter().try_fold(0u64, |t, b| t.checked_add(b.size));
-        let total = total.ok_or_else(|| CopyError::Setup {
-            gpu: job.user,
-            what: "sum of BO sizes overflows".into(),
-        })?;
-        let mut input = PagesReader::open(dir, id, job.user, total)?;
-        let mut stats = GpuStats {
-            user: job.user,
-            actual: job.actual,
-            bos: 0,
-            bytes: 0,
-            cpu_bos: 0,
-            sdma_bos: 0,
-            elapsed: Duration::ZERO,
-        };
-        for bo in &job.bos {
-            let (kind, engine) = job.engines.pick(bo)?;
-            let mut src = HashingReader {
-                inner: &mut input,
-                hasher: Xxh3::new(),
-            };
-            engine.write_bo(bo, &mut src)?;
-            let got = src.hasher.digest();
-            if let Some(&expected) = hashes.get(&bo.index) {
-                if expected != got {
-                    return Err(CopyError::HashMismatch {
-                        gpu: bo.gpu,
-                        bo: bo.index,
-                        addr: bo.addr,
-                        expected,
-                        got,
-                    });
+    let per_gpu = lanes_per_gpu(jobs.len());
+    let mut lanes = Vec::new();
+    for job in jobs {
+        let split = split_job(job, per_gpu);
+        let lens = split
+            .iter()
+            .map(Lane::bytes)
+            .collect::<Result<Vec<_>, _>>()?;
+        let readers = PagesReader::open_lanes(dir, id, split[0].user, &lens)?;
+        lanes.extend(split.into_iter().zip(readers));
+    }
+    let per_lane = run_parallel(
+        lanes,
+        |(l, _)| l.user,
+        |(mut lane, mut input)| {
+            let start = Instant::now();
+            let mut stats = lane.stats();
+            for bo in &lane.bos {
+                let (kind, engine) = lane.engines.pick(bo)?;
+                let mut src = HashingReader {
+                    inner: &mut input,
+                    hasher: Xxh3::new(),
+                };
+                engine.write_bo(bo, &mut src)?;
+                let got = src.hasher.digest();
+                if let Some(&expected) = hashes.get(&bo.index) {
+                    if expected != got {
+                        return Err(CopyError::HashMismatch {
+                            gpu: bo.gpu,
+                            bo: bo.index,
+                            addr: bo.addr,
+                            expected,
+                            got,
+                        });
+                    }
                 }
+                count(&mut stats, kind, bo.size);
             }
-            count(&mut stats, kind, bo.size);
-        }
-        input.finish()?;
-        stats.elapsed = start.elapsed();
-        Ok(stats)
-    })
+            input.finish()?;
+            stats.elapsed = start.elapsed();
+            Ok(stats)
+        },
+    )?;
+    Ok(merge_stats(per_lane))
 }
 
 /// Reads exactly `buf.len()` bytes, naming the BO and file on failure.
@@ -509,6 +640,50 @@ mod tests {
             e.to_string().contains("CRIU_ROCM_COPY_ENGINE=sdma") && e.to_string().contains("BO 4")
         );
         assert!(choose_engine(P::Cpu, &bo_ref(None, Some(fd), vram), true).is_err());
+    }
+
+    /// A GPU's BOs split into lanes: contiguous, in bucket order, about
+    /// equal in bytes, the CPU window shared out; small or SDMA jobs stay
+    /// whole.
+    #[test]
+    fn lanes_split_a_gpu_by_bytes() {
+        let f = std::fs::File::open("/dev/null").unwrap();
+        let mib = 1u64 << 20;
+        let bos: Vec<BoRef<'_>> = [40, 24, 40, 8]
+            .iter()
+            .enumerate()
+            .map(|(i, &m)| BoRef {
+                index: i,
+                size: m * mib,
+                ..bo_ref(Some(f.as_fd()), None, bo::ALLOC_VRAM)
+            })
+            .collect();
+        fn job(bos: Vec<BoRef<'_>>) -> GpuJob<'_> {
+            GpuJob {
+                user: GpuId(7),
+                actual: GpuId(8),
+                bos,
+                engines: Engines::new(EnginePolicy::Auto, 64 << 20, None),
+            }
+        }
+        let lanes = split_job(job(bos.clone()), 2);
+        let idx: Vec<Vec<usize>> = lanes
+            .iter()
+            .map(|l| l.bos.iter().map(|b| b.index).collect())
+            .collect();
+        assert_eq!(idx, vec![vec![0, 1], vec![2, 3]]);
+        for l in &lanes {
+            assert_eq!(l.engines.cpu.as_ref().unwrap().window(), 32 * mib);
+        }
+        assert_eq!(
+            split_job(job(bos.clone()), 8).len(),
+            3,
+            "at least 32 MiB a lane"
+        );
+        assert_eq!(split_job(job(bos[3..].to_vec()), 8).len(), 1, "small job");
+        let mut with_sdma = job(bos);
+        with_sdma.engines.sdma = Some(Box::new(cpu::CpuEngine::new(4096)));
+        assert_eq!(split_job(with_sdma, 4).len(), 1, "one SDMA engine per GPU");
     }
 
     #[test]
