@@ -868,6 +868,7 @@ pub(crate) mod tests {
             priv_data: vec![1, 0, 0, 0, 0, 0, 0, 0],
             criu_rocm_ext_version: Some(EXT_VERSION),
             priv_bo_record_size: None,
+            criu_rocm_reopen: None,
         }
     }
 

@@ -372,6 +372,7 @@ pub fn plan_dump(
                 None
             }
         },
+        criu_rocm_reopen: None,
     };
     Ok(DumpPlan {
         actual_to_user,

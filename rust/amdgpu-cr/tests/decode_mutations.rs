@@ -88,6 +88,7 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         priv_data: vec![1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
         criu_rocm_ext_version: Some(1),
         priv_bo_record_size: None,
+        criu_rocm_reopen: None,
     };
     let hives = CriuKfd {
         pid: 99,
@@ -114,6 +115,7 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         priv_data: vec![1; 40],
         criu_rocm_ext_version: Some(1),
         priv_bo_record_size: None,
+        criu_rocm_reopen: None,
     };
     let render = CriuRenderNode {
         gpu_id: 0x1a2b,

@@ -78,6 +78,9 @@ struct PausedProc {
     paused: bool,
     /// Its KFD image was written.
     dumped: bool,
+    /// Further opens of /dev/kfd by the same process (task fd, our copy):
+    /// one KFD process, paused once, saved once; these files only reopen.
+    reopens: Vec<(RawFd, OwnedFd)>,
 }
 
 /// What [`DumpSession::dump_file`] saved.
@@ -171,34 +174,31 @@ impl DumpSession {
     /// PROCESS_INFO + CHECKPOINT on a task's KFD file; false when that open
     /// file was reached before (an inherited or passed fd).
     fn pause_kfd(&mut self, pid: i32, fd: RawFd, copy: OwnedFd) -> Result<bool, SessionError> {
-        for p in &self.procs {
-            let same =
-                same_open_file(p.kfd.as_fd(), copy.as_fd()).map_err(|source| SessionError::Os {
-                    pid,
-                    step: "kcmp of KFD files".into(),
-                    source,
-                })?;
-            if same {
-                log::debug!(
-                    "pid {pid}: fd {fd} is the KFD file of pid {} fd {} (already paused)",
-                    p.task,
-                    p.task_fd
-                );
-                return Ok(false);
-            }
+        if let Some((i, _)) = self.locate(pid, copy.as_fd())? {
+            let p = &self.procs[i];
+            log::debug!(
+                "pid {pid}: fd {fd} is the KFD file of pid {} fd {} (already paused)",
+                p.task,
+                p.task_fd
+            );
+            return Ok(false);
         }
-        if let Some(p) = self.procs.iter().find(|p| p.task == pid) {
-            // A second open of /dev/kfd by one process joins the same KFD
-            // process; a second PROCESS_INFO would evict its queues twice
-            // and one UNPAUSE would not bring them back.
-            return Err(SessionError::State {
-                pid,
-                what: format!(
-                    "fd {fd} is a second /dev/kfd file of the process (fd {} is the first); \
-                     checkpointing a process that opened /dev/kfd twice is not supported",
-                    p.task_fd
-                ),
-            });
+        // A further open of /dev/kfd by a process joins its KFD process; a
+        // second PROCESS_INFO would evict its queues twice, and one UNPAUSE
+        // would not bring them back.  The task's own KFD process is the one
+        // whose PROCESS_INFO named the task itself.
+        let own = task_vpid(pid);
+        if let Some(p) = self
+            .procs
+            .iter_mut()
+            .find(|p| p.task == pid && Some(p.info.pid) == own)
+        {
+            log::info!(
+                "pid {pid}: fd {fd} is a further open of /dev/kfd (fd {} holds the state)",
+                p.task_fd
+            );
+            p.reopens.push((fd, copy));
+            return Ok(false);
         }
         let kfd = Kfd::from_fd(copy.as_fd());
         let kfd_err = |step: &str| {
@@ -232,6 +232,7 @@ impl DumpSession {
             dmabufs: Vec::new(),
             paused: true,
             dumped: false,
+            reopens: Vec::new(),
         });
         let p = self.procs.last_mut().expect("pushed above");
         let (ckpt, dmabufs) = checkpoint(&p.kfd, &info).map_err(kfd_err("CHECKPOINT"))?;
@@ -264,16 +265,33 @@ impl DumpSession {
         }
     }
 
-    fn find_proc(&self, pid: i32, fd: BorrowedFd<'_>) -> Result<usize, SessionError> {
-        for (i, p) in self.procs.iter().enumerate() {
-            let same = same_open_file(p.kfd.as_fd(), fd).map_err(|source| SessionError::Os {
+    /// The paused process behind a KFD file, and whether the file is one
+    /// of its further opens; `None` for a file not seen yet.
+    fn locate(&self, pid: i32, fd: BorrowedFd<'_>) -> Result<Option<(usize, bool)>, SessionError> {
+        let same = |a: BorrowedFd<'_>| {
+            same_open_file(a, fd).map_err(|source| SessionError::Os {
                 pid,
                 step: "kcmp of KFD files".into(),
                 source,
-            })?;
-            if same {
-                return Ok(i);
+            })
+        };
+        for (i, p) in self.procs.iter().enumerate() {
+            if same(p.kfd.as_fd())? {
+                return Ok(Some((i, false)));
             }
+            for (_, r) in &p.reopens {
+                if same(r.as_fd())? {
+                    return Ok(Some((i, true)));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// [`Self::locate`] for a file that must have been seen at the pause.
+    fn find_proc(&self, pid: i32, fd: BorrowedFd<'_>) -> Result<(usize, bool), SessionError> {
+        if let Some(found) = self.locate(pid, fd)? {
+            return Ok(found);
         }
         Err(SessionError::State {
             pid,
@@ -290,10 +308,25 @@ impl DumpSession {
         id: FileId,
         dir: &Path,
     ) -> Result<(), SessionError> {
-        let i = self.find_proc(pid, fd)?;
+        let (i, reopen) = self.find_proc(pid, fd)?;
         let topology = self.topology(pid)?.clone();
         let p = &self.procs[i];
         let owner = p.task;
+        if reopen {
+            // The state is saved with the process' first KFD file; this one
+            // records the process, to be reopened at restore.
+            let plan = plan_dump(&topology, &p.ckpt, SharedMem::default())
+                .map_err(|e| SessionError::core(owner, "planning the GPU dump", e))?;
+            let mut image = plan
+                .finish_image(&BTreeMap::new())
+                .map_err(|e| SessionError::core(owner, "building the KFD image", e))?;
+            image.msg.criu_rocm_reopen = Some(true);
+            image
+                .write(dir, id)
+                .map_err(|e| SessionError::core(owner, "writing the KFD image", e))?;
+            log::info!("pid {owner}: KFD file {id} saved as a further open of /dev/kfd");
+            return Ok(());
+        }
         if p.dumped {
             return Err(SessionError::State {
                 pid,
@@ -441,6 +474,19 @@ impl DumpSession {
         self.render_fds.clear();
         failed
     }
+}
+
+/// The pid of task `pid` in its own pid namespace (the last `NSpid:`
+/// entry), which is what KFD's PROCESS_INFO reports.
+fn task_vpid(pid: i32) -> Option<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))?
+        .split_whitespace()
+        .last()?
+        .parse()
+        .ok()
 }
 
 /// CHECKPOINT with buffers sized from PROCESS_INFO.

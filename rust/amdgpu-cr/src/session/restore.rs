@@ -71,6 +71,8 @@ impl RestoreOptions {
 /// A KFD process recreated in this task.
 struct RestoredKfd {
     id: FileId,
+    /// The process' pid at dump (the image's `pid`).
+    pid: u32,
     /// Our fd of the task's new `/dev/kfd` (kept above CRIU's fd range);
     /// dups of it go to CRIU for the file and for `/dev/kfd` mappings.
     kfd: OwnedFd,
@@ -154,6 +156,9 @@ impl RestoreSession {
             return Ok(Some(fd));
         }
         if dir.join(crate::image::kfd_image_name(id)).exists() {
+            if let Some(fd) = self.reopen_kfd(vpid, id, fd_floor, dir)? {
+                return Ok(Some(fd));
+            }
             let k = self.restore_kfd(vpid, id, fd_floor, dir)?;
             let fd = k
                 .kfd
@@ -166,6 +171,50 @@ impl RestoreSession {
             return self.restore_render(vpid, id, fd_floor, dir).map(Some);
         }
         Ok(None)
+    }
+
+    /// A KFD image that is a further open of a process' /dev/kfd: the
+    /// process' state comes from its first KFD image (restored now if CRIU
+    /// has not reached it yet); this file is a fresh open, which joins the
+    /// same KFD process.  `None`: `id` is a first KFD file.
+    fn reopen_kfd(
+        &mut self,
+        vpid: i32,
+        id: FileId,
+        fd_floor: RawFd,
+        dir: &Path,
+    ) -> Result<Option<OwnedFd>, SessionError> {
+        let image = KfdImage::read(dir, id)
+            .map_err(|e| SessionError::core(vpid, "reading the KFD image", e))?;
+        if image.msg.criu_rocm_reopen != Some(true) {
+            return Ok(None);
+        }
+        let pid = image.msg.pid;
+        if !self.kfds.iter().any(|k| k.pid == pid) {
+            let ids = kfd_image_ids(dir).map_err(os_step(vpid, "listing the image directory"))?;
+            let first = ids
+                .into_iter()
+                .filter(|&k| k != id)
+                .find(|&k| {
+                    KfdImage::read(dir, k)
+                        .is_ok_and(|i| i.msg.pid == pid && i.msg.criu_rocm_reopen != Some(true))
+                })
+                .ok_or_else(|| SessionError::State {
+                    pid: vpid,
+                    what: format!(
+                        "KFD file {id} reopens pid {pid}'s /dev/kfd, but no KFD image holds \
+                         that process' state"
+                    ),
+                })?;
+            self.restore_kfd(vpid, first, fd_floor, dir)?;
+        }
+        let kfd = Kfd::open().map_err(kfd_step(vpid, "reopening /dev/kfd"))?;
+        log::info!("pid {vpid}: KFD file {id} reopened (state restored with the first KFD file)");
+        Ok(Some(
+            kfd.as_fd()
+                .try_clone_to_owned()
+                .map_err(os_step(vpid, "dup of /dev/kfd"))?,
+        ))
     }
 
     fn restore_kfd(
@@ -316,6 +365,7 @@ impl RestoreSession {
         );
         self.kfds.push(RestoredKfd {
             id,
+            pid: image.msg.pid,
             kfd,
             handed_out: false,
             user_minor: plan
@@ -349,7 +399,10 @@ impl RestoreSession {
                 }
                 let image = KfdImage::read(dir, kid)
                     .map_err(|e| SessionError::core(vpid, "reading a KFD image", e))?;
-                if image.msg.pid as i32 == vpid && image.gpu_ids().contains(&user) {
+                if image.msg.pid as i32 == vpid
+                    && image.msg.criu_rocm_reopen != Some(true)
+                    && image.gpu_ids().contains(&user)
+                {
                     self.restore_kfd(vpid, kid, fd_floor, dir)?;
                     break;
                 }
@@ -549,6 +602,10 @@ pub fn dry_run(dir: &Path, opts: &RestoreOptions) -> Result<Vec<DryRunEntry>, Se
     for id in ids {
         let (pid, verdict) = match KfdImage::read(dir, id) {
             Err(e) => (0, Err(e.to_string())),
+            Ok(image) if image.msg.criu_rocm_reopen == Some(true) => (
+                image.msg.pid,
+                Ok("a further open of the process' /dev/kfd (no state of its own)".into()),
+            ),
             Ok(image) => (image.msg.pid, check_one(dir, id, &image, opts)),
         };
         out.push(DryRunEntry { id, pid, verdict });
