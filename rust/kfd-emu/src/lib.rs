@@ -5,9 +5,11 @@
 //! * [`topology`]: the sysfs topology tree a profile describes;
 //! * `fuse`: the hand-written FUSE transport serving the device nodes;
 //! * `runner`: `kfd-emu run`, the private mount namespace around a command;
-//! * `device`: the device state machine behind the transport.
+//! * `device`: the device state machine behind the transport;
+//! * [`fault`]: test knobs that make CRIU ops fail (`kfd-emu run --fail`).
 
 pub mod device;
+pub mod fault;
 pub mod fuse;
 pub mod profile;
 pub mod runner;

@@ -11,12 +11,17 @@ use kfd_emu::profile::{self, Profile};
 const USAGE: &str = "\
 usage: kfd-emu profiles
        kfd-emu topology --profile NAME [--profile-file F]
-       kfd-emu run --profile NAME [--profile-file F] [--state-dir D] [--threads N] -- CMD [ARG...]
+       kfd-emu run --profile NAME [--profile-file F] [--state-dir D] [--threads N]
+                   [--fail OP[:ERRNO[:SKIP[:COUNT]]]]... -- CMD [ARG...]
        kfd-emu bench-ioctl [--device PATH] [--count N] [--cmd HEX]
 
 --profile-file F alone is a complete profile; with --profile it is a partial
 override merged over the named one.  `run` sets KFD_EMU_PROFILE and
-KFD_EMU_STATE_DIR for CMD.  Log level: KFD_EMU_LOG=error|warn|info|debug.";
+KFD_EMU_STATE_DIR for CMD.  Log level: KFD_EMU_LOG=error|warn|info|debug.
+
+--fail (tests only) makes the CRIU op OP (PROCESS_INFO, CHECKPOINT, UNPAUSE,
+RESTORE, RESUME) fail with ERRNO (a name or number, default EIO): the first
+SKIP calls succeed, then COUNT calls fail (default: all later calls).";
 
 /// AMDKFD_IOC_GET_VERSION: cheap, answered by every KFD.
 const DEFAULT_BENCH_CMD: u32 = 0x8008_4b01;
@@ -63,6 +68,7 @@ struct Args {
     device: Option<PathBuf>,
     count: Option<usize>,
     cmd_hex: Option<u32>,
+    faults: Vec<kfd_emu::fault::Fault>,
     rest: Vec<OsString>,
 }
 
@@ -81,6 +87,9 @@ fn parse(args: &[OsString]) -> Result<Args, String> {
             "--profile-file" => a.profile_file = Some(val("--profile-file")?.into()),
             "--state-dir" => a.state_dir = Some(val("--state-dir")?.into()),
             "--device" => a.device = Some(val("--device")?.into()),
+            "--fail" => a.faults.push(kfd_emu::fault::Fault::parse(
+                &val("--fail")?.to_string_lossy(),
+            )?),
             "--threads" | "--count" => {
                 let v = val(&s)?;
                 let n: usize = v
@@ -134,6 +143,7 @@ fn cmd_profiles() -> Result<i32, String> {
 
 fn cmd_run(a: Args) -> Result<i32, String> {
     let profile = load_profile(&a)?;
+    kfd_emu::fault::install(a.faults);
     let opts = kfd_emu::runner::RunOptions {
         profile,
         state_dir: a.state_dir,

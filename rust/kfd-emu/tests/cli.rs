@@ -84,3 +84,48 @@ fn get_version_through_the_namespace() {
     );
     assert!(text.contains("KFD version 1."), "{text}");
 }
+
+#[test]
+fn fault_injection_specs_are_checked_before_running() {
+    let bad = kfd_emu()
+        .args([
+            "run",
+            "--profile",
+            "mi100",
+            "--fail",
+            "CHECKPOINT:EWHAT",
+            "--",
+            "true",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(err.contains("--fail \"CHECKPOINT:EWHAT\""), "{err}");
+    let good = kfd_emu()
+        .args([
+            "run",
+            "--profile",
+            "mi100",
+            "--fail",
+            "RESUME:EIO:1:2",
+            "--fail",
+            "unpause",
+            "--",
+            "true",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        good.status.success(),
+        "{}",
+        String::from_utf8_lossy(&good.stderr)
+    );
+    let err = String::from_utf8_lossy(&good.stderr);
+    assert!(
+        err.contains(
+            "fault injection: CRIU_OP RESUME fails with EIO after 1 good call(s), 2 time(s)"
+        ),
+        "{err}"
+    );
+}

@@ -1,5 +1,6 @@
 //! CRIU_OP: PROCESS_INFO, CHECKPOINT, UNPAUSE, RESTORE, RESUME, and the
-//! private blob (B.5 layout, version 1, MAX_GPU_INSTANCE 64).
+//! private blob (B.5 layout, version 1, MAX_GPU_INSTANCE 64).  Each op
+//! first asks [`crate::fault`] whether a test wants it to fail.
 //!
 //! The MQD part of a queue record is the emulator's own ([`Mqd`]).  No
 //! control stack bytes follow (no waves ever run), so the record's
@@ -95,6 +96,7 @@ pub fn answer(a: &sys::kfd_ioctl_criu_args, input: &[u8], out_size: usize) -> Ve
 }
 
 pub fn process_info(st: &mut State, lead: u32, a: &mut sys::kfd_ioctl_criu_args) -> R<()> {
+    crate::fault::check(uapi::criu_op::PROCESS_INFO)?;
     let p = st.procs.get_mut(&lead).ok_or(libc::ESRCH)?;
     if p.pdds.is_empty() {
         return Err(libc::ENODEV);
@@ -110,6 +112,7 @@ pub fn process_info(st: &mut State, lead: u32, a: &mut sys::kfd_ioctl_criu_args)
 }
 
 pub fn unpause(st: &mut State, lead: u32) -> R<()> {
+    crate::fault::check(uapi::criu_op::UNPAUSE)?;
     let p = st.procs.get_mut(&lead).ok_or(libc::ESRCH)?;
     if !p.paused {
         return Err(libc::EINVAL);
@@ -151,6 +154,7 @@ pub fn checkpoint(
     caller: &Caller,
     a: &sys::kfd_ioctl_criu_args,
 ) -> R<()> {
+    crate::fault::check(uapi::criu_op::CHECKPOINT)?;
     let (dev_ptr, bo_ptr, priv_ptr) = (a.devices, a.bos, a.priv_data);
     if dev_ptr == 0 || bo_ptr == 0 || priv_ptr == 0 {
         return Err(libc::EINVAL);
@@ -560,6 +564,7 @@ pub fn restore(
     res: &dyn FdResolver,
     a: &sys::kfd_ioctl_criu_args,
 ) -> R<()> {
+    crate::fault::check(uapi::criu_op::RESTORE)?;
     let (plan, mut buckets) = plan_restore(st, lead, caller, res, a)?;
     let saved_ids: Vec<u32> = st.procs[&lead].pdds.iter().map(|d| d.user_id).collect();
     let r = apply(st, lead, &plan, &mut buckets);
@@ -679,6 +684,7 @@ fn lead_seen_by(st: &State, caller: u32, pid: u32) -> Option<u32> {
 }
 
 pub fn resume(st: &mut State, caller: u32, pid: u32, done: &mut Done) -> R<()> {
+    crate::fault::check(uapi::criu_op::RESUME)?;
     let lead = lead_seen_by(st, caller, pid).ok_or(libc::ESRCH)?;
     let p = st.procs.get_mut(&lead).ok_or(libc::ESRCH)?;
     if !p.restore_pending {

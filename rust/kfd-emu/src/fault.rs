@@ -1,0 +1,204 @@
+//! Fault injection for tests: `kfd-emu run --fail OP[:ERRNO[:SKIP[:COUNT]]]`
+//! makes the emulated KFD answer a CRIU op with an error, so that the error
+//! paths of a checkpoint/restore tool can be tested end to end.
+//!
+//! * `OP` is a `kfd_criu_op` by name: `PROCESS_INFO`, `CHECKPOINT`,
+//!   `UNPAUSE`, `RESTORE` or `RESUME`.
+//! * `ERRNO` is the error returned, by name (`EIO`, `EACCES`, ...) or
+//!   number; default `EIO`.  `EACCES` is what KFD answers a caller without
+//!   `CAP_CHECKPOINT_RESTORE`/`CAP_SYS_ADMIN`.
+//! * The first `SKIP` calls of that op succeed (default 0), then `COUNT`
+//!   calls fail (default 0: every later call).
+//!
+//! The op fails before it changes any state, as KFD's argument checks do.
+//! The knob lives in the daemon (the runner process): commands run under
+//! `kfd-emu run` cannot see or change it, and product code never asks.
+
+use std::sync::Mutex;
+
+use kfd_abi::layout::criu_op;
+
+/// One `--fail` rule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fault {
+    pub op: u32,
+    pub errno: i32,
+    pub skip: u64,
+    /// 0: unlimited.
+    pub count: u64,
+    /// Calls of `op` seen so far.
+    seen: u64,
+}
+
+const OPS: [(&str, u32); 5] = [
+    ("PROCESS_INFO", criu_op::PROCESS_INFO),
+    ("CHECKPOINT", criu_op::CHECKPOINT),
+    ("UNPAUSE", criu_op::UNPAUSE),
+    ("RESTORE", criu_op::RESTORE),
+    ("RESUME", criu_op::RESUME),
+];
+
+const ERRNOS: [(&str, i32); 10] = [
+    ("EPERM", libc::EPERM),
+    ("ENOENT", libc::ENOENT),
+    ("ESRCH", libc::ESRCH),
+    ("EINTR", libc::EINTR),
+    ("EIO", libc::EIO),
+    ("EBADF", libc::EBADF),
+    ("EAGAIN", libc::EAGAIN),
+    ("ENOMEM", libc::ENOMEM),
+    ("EACCES", libc::EACCES),
+    ("EINVAL", libc::EINVAL),
+];
+
+/// The name of a CRIU op, for messages.
+pub fn op_name(op: u32) -> &'static str {
+    OPS.iter()
+        .find(|(_, v)| *v == op)
+        .map_or("unknown op", |(n, _)| n)
+}
+
+fn errno_name(e: i32) -> String {
+    ERRNOS
+        .iter()
+        .find(|(_, v)| *v == e)
+        .map_or_else(|| e.to_string(), |(n, _)| (*n).to_owned())
+}
+
+impl Fault {
+    /// Parses `OP[:ERRNO[:SKIP[:COUNT]]]`.
+    pub fn parse(spec: &str) -> Result<Fault, String> {
+        let bad = |why: String| format!("--fail {spec:?}: {why}");
+        let mut parts = spec.split(':');
+        let op_s = parts.next().unwrap_or_default();
+        let op = OPS
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(op_s))
+            .map(|(_, v)| *v)
+            .ok_or_else(|| {
+                let names: Vec<&str> = OPS.iter().map(|(n, _)| *n).collect();
+                bad(format!("the op is one of {}", names.join(", ")))
+            })?;
+        let errno = match parts.next() {
+            None | Some("") => libc::EIO,
+            Some(e) => match ERRNOS.iter().find(|(n, _)| n.eq_ignore_ascii_case(e)) {
+                Some((_, v)) => *v,
+                None => e
+                    .parse::<i32>()
+                    .ok()
+                    .filter(|n| (1..4096).contains(n))
+                    .ok_or_else(|| bad(format!("{e:?} is no errno name or number")))?,
+            },
+        };
+        let mut num = |what: &str| -> Result<u64, String> {
+            match parts.next() {
+                None | Some("") => Ok(0),
+                Some(v) => v
+                    .parse()
+                    .map_err(|_| bad(format!("{what} {v:?} is not a number"))),
+            }
+        };
+        let skip = num("SKIP")?;
+        let count = num("COUNT")?;
+        if parts.next().is_some() {
+            return Err(bad("too many fields".into()));
+        }
+        Ok(Fault {
+            op,
+            errno,
+            skip,
+            count,
+            seen: 0,
+        })
+    }
+
+    /// Whether the next call of its op fails; counts the call.
+    fn fires(&mut self) -> bool {
+        let n = self.seen;
+        self.seen += 1;
+        n >= self.skip && (self.count == 0 || n - self.skip < self.count)
+    }
+}
+
+impl std::fmt::Display for Fault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "CRIU_OP {} fails with {}",
+            op_name(self.op),
+            errno_name(self.errno)
+        )?;
+        if self.skip > 0 {
+            write!(f, " after {} good call(s)", self.skip)?;
+        }
+        if self.count > 0 {
+            write!(f, ", {} time(s)", self.count)?;
+        }
+        Ok(())
+    }
+}
+
+static FAULTS: Mutex<Vec<Fault>> = Mutex::new(Vec::new());
+
+/// Installs the rules (replacing earlier ones).
+pub fn install(rules: Vec<Fault>) {
+    for r in &rules {
+        log::warn!("fault injection: {r}");
+    }
+    *FAULTS.lock().unwrap_or_else(|p| p.into_inner()) = rules;
+}
+
+/// Called by each CRIU op before it does anything: `Err(errno)` when a
+/// rule makes this call fail.  Every rule for the op counts the call.
+pub fn check(op: u32) -> Result<(), i32> {
+    let mut rules = FAULTS.lock().unwrap_or_else(|p| p.into_inner());
+    let mut hit = None;
+    for r in rules.iter_mut().filter(|r| r.op == op) {
+        if r.fires() && hit.is_none() {
+            hit = Some(r.errno);
+            log::warn!("fault injection: {r}: failing this call");
+        }
+    }
+    hit.map_or(Ok(()), Err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_parse() {
+        let f = Fault::parse("CHECKPOINT").unwrap();
+        assert_eq!(
+            (f.op, f.errno, f.skip, f.count),
+            (criu_op::CHECKPOINT, libc::EIO, 0, 0)
+        );
+        let f = Fault::parse("resume:EACCES:2:1").unwrap();
+        assert_eq!(
+            (f.op, f.errno, f.skip, f.count),
+            (criu_op::RESUME, libc::EACCES, 2, 1)
+        );
+        let f = Fault::parse("RESTORE:12").unwrap();
+        assert_eq!(f.errno, libc::ENOMEM);
+        assert_eq!(f.to_string(), "CRIU_OP RESTORE fails with ENOMEM");
+        for bad in [
+            "",
+            "CHECK",
+            "UNPAUSE:EWHAT",
+            "UNPAUSE:EIO:x",
+            "UNPAUSE:EIO:1:2:3",
+            "RESUME:0",
+        ] {
+            assert!(Fault::parse(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn skip_then_count() {
+        let mut f = Fault::parse("UNPAUSE:EIO:1:2").unwrap();
+        let got: Vec<bool> = (0..5).map(|_| f.fires()).collect();
+        assert_eq!(got, [false, true, true, false, false]);
+        let mut f = Fault::parse("UNPAUSE").unwrap();
+        assert!((0..5).all(|_| f.fires()));
+    }
+}
