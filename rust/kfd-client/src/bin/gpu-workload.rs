@@ -1,20 +1,35 @@
 //! gpu-workload: keeps GPU memory and an SDMA job alive so that checkpoint/restore can be
 //! judged from inside the process.
 //!
-//! On every selected GPU it fills VRAM and GTT BOs with a pattern computed from (GPU index,
-//! BO index, offset), so verification needs no stored copy, and runs a counter on an SDMA
-//! queue: each step writes the next value with WRITE_LINEAR, then FENCE, and checks that
-//! the previous step landed before issuing the next. All verification state lives in this
-//! process's memory, so it survives a dump/restore with the process.
+//! On every selected GPU it fills VRAM and GTT BOs with a pattern computed from (process
+//! index, GPU index, BO index, offset), so verification needs no stored copy, and runs a
+//! counter on an SDMA queue: each step writes the next value with WRITE_LINEAR, then FENCE,
+//! and checks that the previous step landed before issuing the next. Each step also shifts
+//! a history of step numbers by one (two COPY_LINEARs through a scratch area) and puts its
+//! own number in front, so a step that ran twice or never (a replayed or lost packet) shows
+//! even though the values it writes are absolute.
+//! All verification state lives in this process's memory, so it survives a dump/restore
+//! with the process.
 //!
-//! Prints `{"ready":...}` once set up; SIGUSR1 prints a verification line and continues;
-//! SIGTERM verifies, prints and exits 0 (all good) or 1.
+//! Options add what a checkpoint must also carry: more and larger BOs, threads with SDMA
+//! counters of their own, child processes with KFD processes of their own, a signal event,
+//! and a check that new allocations and queues still work.
+//!
+//! Prints `{"ready":...}` once set up (with `--procs`, once every child is ready too);
+//! SIGUSR1 prints a verification line and continues; SIGTERM verifies, prints and exits 0
+//! (all good) or 1. Each process prints its own lines; the first one passes both signals on
+//! to its children and, on SIGTERM, counts their exit status in its own verdict.
 
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use kfd_abi::ids::GpuId;
+use kfd_client::events::{Event, Events, WaitResult};
 use kfd_client::queue::SdmaQueue;
 use kfd_client::sdma;
 use kfd_client::{Bo, KfdClient, MemKind};
@@ -31,17 +46,45 @@ extern "C" fn on_signal(sig: libc::c_int) {
     }
 }
 
-const USAGE: &str = "usage: gpu-workload [--mib N] [--bos N] [--gpus I,J,...] [--interval-ms N]
-  --mib N          MiB of BOs per GPU (default 8)
-  --bos N          BOs per GPU, alternately VRAM and GTT (default 4)
-  --gpus I,J       GPU indices in topology order (default: all)
-  --interval-ms N  pause between SDMA counter steps (default 2)";
+const USAGE: &str = "usage: gpu-workload [OPTIONS]
+  --mib N              MiB of BOs per GPU (default 8)
+  --bos N              BOs per GPU, alternately VRAM and GTT (default 4)
+  --gpus I,J           GPU indices in topology order (default: all)
+  --interval-ms N      pause between SDMA counter steps (default 2)
+  --small-bos N        N more 4 KiB BOs per GPU, alternately GTT and VRAM (default 0)
+  --big-bo-mib N       one more VRAM BO of N MiB per GPU (default 0: none)
+  --threads N          N more threads, each stepping an SDMA counter of its own (its own
+                       queue, counter and 64 KiB BO, on the GPUs in turn) (default 0)
+  --procs N            N processes: this one and N-1 children forked before /dev/kfd is
+                       opened, each a KFD process of its own with its own BOs (default 1)
+  --events             a signal event per process, checked at each verification: fired
+                       by SDMA (FENCE + TRAP) and by SET_EVENT, the latter left pending
+                       until the next verification
+  --fresh              each verification also allocates new BOs and a new SDMA queue on
+                       every GPU, copies between the BOs with SDMA, checks and frees them
+  --dump-expected DIR  writes the bytes each data BO must hold to
+                       DIR/<pid>-<gpu_id, %04x>-<address, %x>.bin";
 
 struct Options {
     mib: u64,
     bos: usize,
     gpus: Option<Vec<usize>>,
     interval: Duration,
+    small_bos: usize,
+    big_bo_mib: u64,
+    threads: usize,
+    procs: usize,
+    events: bool,
+    fresh: bool,
+    dump_expected: Option<PathBuf>,
+}
+
+/// Option `name`'s value `v` as a number.
+fn num<T: std::str::FromStr>(name: &str, v: String) -> Result<T, String>
+where
+    T::Err: std::fmt::Display,
+{
+    v.parse().map_err(|e| format!("{name}: {e}"))
 }
 
 fn parse_args() -> Result<Options, String> {
@@ -50,18 +93,26 @@ fn parse_args() -> Result<Options, String> {
         bos: 4,
         gpus: None,
         interval: Duration::from_millis(2),
+        small_bos: 0,
+        big_bo_mib: 0,
+        threads: 0,
+        procs: 1,
+        events: false,
+        fresh: false,
+        dump_expected: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut val = |name: &str| args.next().ok_or(format!("{name} needs a value"));
         match a.as_str() {
-            "--mib" => o.mib = val("--mib")?.parse().map_err(|e| format!("--mib: {e}"))?,
-            "--bos" => o.bos = val("--bos")?.parse().map_err(|e| format!("--bos: {e}"))?,
+            "--mib" => o.mib = num("--mib", val("--mib")?)?,
+            "--bos" => o.bos = num("--bos", val("--bos")?)?,
+            "--small-bos" => o.small_bos = num("--small-bos", val("--small-bos")?)?,
+            "--big-bo-mib" => o.big_bo_mib = num("--big-bo-mib", val("--big-bo-mib")?)?,
+            "--threads" => o.threads = num("--threads", val("--threads")?)?,
+            "--procs" => o.procs = num("--procs", val("--procs")?)?,
             "--interval-ms" => {
-                let ms: u64 = val("--interval-ms")?
-                    .parse()
-                    .map_err(|e| format!("--interval-ms: {e}"))?;
-                o.interval = Duration::from_millis(ms);
+                o.interval = Duration::from_millis(num("--interval-ms", val("--interval-ms")?)?)
             }
             "--gpus" => {
                 let list = val("--gpus")?
@@ -74,6 +125,9 @@ fn parse_args() -> Result<Options, String> {
                     .collect::<Result<Vec<_>, _>>()?;
                 o.gpus = Some(list);
             }
+            "--events" => o.events = true,
+            "--fresh" => o.fresh = true,
+            "--dump-expected" => o.dump_expected = Some(val("--dump-expected")?.into()),
             "-h" | "--help" => return Err(USAGE.to_owned()),
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }
@@ -81,33 +135,82 @@ fn parse_args() -> Result<Options, String> {
     if o.mib == 0 || o.bos == 0 {
         return Err("--mib and --bos must be at least 1".to_owned());
     }
+    if o.procs == 0 {
+        return Err("--procs must be at least 1".to_owned());
+    }
+    if o.bos + o.small_bos + 1 >= THREAD_BO_BASE {
+        return Err(format!(
+            "--bos plus --small-bos must stay below {}",
+            THREAD_BO_BASE - 1
+        ));
+    }
     Ok(o)
 }
 
-/// The dword expected at dword index `i` of BO `bo` of GPU `gpu`: distinct per GPU and BO,
-/// never constant along a BO, never zero-filled-looking.
-fn pattern(gpu: usize, bo: usize, i: u64) -> u32 {
-    let seed = ((gpu as u64) << 40) ^ ((bo as u64) << 24) ^ i;
+/// Pattern BO indices: data BOs count from 0 (then the small BOs, then the big one); a
+/// thread's BO is `THREAD_BO_BASE + thread`; a verification's fresh BO is `FRESH_BO`.
+const THREAD_BO_BASE: usize = 1 << 15;
+const FRESH_BO: usize = (1 << 16) - 1;
+const SMALL_BO_BYTES: u64 = 4096;
+const THREAD_BO_BYTES: u64 = 64 << 10;
+const FRESH_BO_BYTES: u64 = 1 << 20;
+/// How long a verification waits for the SDMA queues, and for an event to fire.
+const QUEUE_WAIT: Duration = Duration::from_secs(10);
+
+/// The dword expected at dword index `i` of BO `bo` of GPU `gpu` in process `proc`: distinct
+/// per process, GPU and BO, never constant along a BO, never zero-filled-looking.
+fn pattern(proc: usize, gpu: usize, bo: usize, i: u64) -> u32 {
+    let seed = ((proc as u64) << 56) ^ ((gpu as u64) << 40) ^ ((bo as u64) << 24) ^ i;
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0xa5a5_5a5a_c3c3_3c3c;
     x ^= x >> 29;
     x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
     (x ^ (x >> 32)) as u32
 }
 
-fn fill(bo: &mut Bo<'_>, gpu: usize, idx: usize) {
+/// Which pattern a BO holds.
+#[derive(Clone, Copy, Debug)]
+struct Seed {
+    proc: usize,
+    gpu: usize,
+    bo: usize,
+}
+
+impl Seed {
+    fn at(self, i: u64) -> u32 {
+        pattern(self.proc, self.gpu, self.bo, i)
+    }
+}
+
+fn fill(bo: &mut Bo<'_>, s: Seed) {
     for (i, d) in bo.as_mut_slice().chunks_exact_mut(4).enumerate() {
-        d.copy_from_slice(&pattern(gpu, idx, i as u64).to_le_bytes());
+        d.copy_from_slice(&s.at(i as u64).to_le_bytes());
     }
 }
 
 /// The first mismatching dword of a BO, if any.
-fn check(bo: &Bo<'_>, gpu: usize, idx: usize) -> Option<(u64, u32, u32)> {
+fn check(bo: &Bo<'_>, s: Seed) -> Option<(u64, u32, u32)> {
     bo.as_slice()
         .chunks_exact(4)
         .enumerate()
         .map(|(i, d)| (i as u64, u32::from_le_bytes([d[0], d[1], d[2], d[3]])))
-        .find(|&(i, v)| v != pattern(gpu, idx, i))
-        .map(|(i, v)| (i * 4, v, pattern(gpu, idx, i)))
+        .find(|&(i, v)| v != s.at(i))
+        .map(|(i, v)| (i * 4, v, s.at(i)))
+}
+
+/// Writes the bytes BO `bo` (at `va` on `gpu`) must hold to `dir`.
+fn write_expected(dir: &Path, gpu: GpuId, bo: &Bo<'_>, s: Seed) -> Result<(), String> {
+    let path = dir.join(format!(
+        "{}-{:04x}-{:x}.bin",
+        std::process::id(),
+        gpu.0,
+        bo.va().0
+    ));
+    let err = |e: std::io::Error| format!("--dump-expected: {}: {e}", path.display());
+    let mut w = BufWriter::new(File::create(&path).map_err(err)?);
+    for i in 0..bo.size() / 4 {
+        w.write_all(&s.at(i).to_le_bytes()).map_err(err)?;
+    }
+    w.flush().map_err(err)
 }
 
 fn read_u32(bo: &Bo<'_>, off: usize) -> u32 {
@@ -118,11 +221,19 @@ fn read_u32(bo: &Bo<'_>, off: usize) -> u32 {
     unsafe { p.read_volatile() }
 }
 
-/// Offsets in each GPU's counter BO.
+/// Offsets in each GPU's counter BO: the counter, its fence, the step history and its
+/// scratch area.  Step n copies the history to the scratch area, copies that back one
+/// dword further and writes n in front, so after step n the history reads n, n-1, n-2, ...
+/// A step run twice repeats a number; one skipped leaves a gap.
 const COUNTER_OFF: usize = 0;
 const FENCE_OFF: usize = 64;
+const HISTORY_OFF: usize = 1024;
+const SCRATCH_OFF: usize = 2048;
+const HISTORY_LEN: usize = 64;
 
+/// An SDMA counter on one GPU with the data BOs it guards.
 struct GpuWork<'c> {
+    proc: usize,
     index: usize,
     gpu: GpuId,
     bos: Vec<(usize, Bo<'c>)>,
@@ -135,7 +246,39 @@ struct GpuWork<'c> {
     errors: Vec<String>,
 }
 
-impl GpuWork<'_> {
+impl<'c> GpuWork<'c> {
+    fn new(
+        client: &'c KfdClient,
+        proc: usize,
+        index: usize,
+        gpu: GpuId,
+        bos: Vec<(usize, Bo<'c>)>,
+    ) -> Result<Self, String> {
+        let counter = client
+            .alloc(gpu, 4096, MemKind::Gtt)
+            .map_err(|e| e.to_string())?;
+        let queue = SdmaQueue::create(client, gpu, 64 * 1024).map_err(|e| e.to_string())?;
+        Ok(GpuWork {
+            proc,
+            index,
+            gpu,
+            bos,
+            counter,
+            queue,
+            done: 0,
+            inflight: 0,
+            errors: Vec::new(),
+        })
+    }
+
+    fn seed(&self, bo: usize) -> Seed {
+        Seed {
+            proc: self.proc,
+            gpu: self.index,
+            bo,
+        }
+    }
+
     /// One counter step: confirm the value in flight, then submit the next.
     fn step(&mut self) -> Result<(), String> {
         if self.inflight != 0 {
@@ -149,6 +292,7 @@ impl GpuWork<'_> {
                     self.gpu, self.inflight
                 ));
             }
+            self.check_history(self.inflight)?;
             self.done = self.inflight;
             self.inflight = 0;
         }
@@ -161,8 +305,14 @@ impl GpuWork<'_> {
         }
         let next = self.done.wrapping_add(1).max(1);
         let base = self.counter.va().0;
+        let hist = base + HISTORY_OFF as u64;
+        let scratch = base + SCRATCH_OFF as u64;
+        let shifted = (HISTORY_LEN as u64 - 1) * 4;
         self.queue
             .submit_with(|v| {
+                sdma::copy_linear(v, hist, scratch, shifted)?;
+                sdma::copy_linear(v, scratch, hist + 4, shifted)?;
+                sdma::write_linear(v, hist, &[next])?;
                 sdma::write_linear(v, base + COUNTER_OFF as u64, &[next])?;
                 sdma::fence(v, base + FENCE_OFF as u64, next)
             })
@@ -171,18 +321,54 @@ impl GpuWork<'_> {
         Ok(())
     }
 
-    /// Waits for the value in flight, then checks every BO.
-    fn verify(&mut self) -> (u64, Vec<String>) {
+    /// After step `n` landed, its history must read n, n-1, ... (down to 1).
+    fn check_history(&self, n: u32) -> Result<(), String> {
+        for i in 0..HISTORY_LEN.min(n as usize) {
+            let want = n - i as u32;
+            let got = read_u32(&self.counter, HISTORY_OFF + 4 * i);
+            if got != want {
+                return Err(format!(
+                    "GPU {}: after SDMA step {n}, the history holds {got} {i} step(s) back, \
+                     expected {want}: a step was lost or ran twice",
+                    self.gpu
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// A step whose first error is kept for the next verification.
+    fn step_recording(&mut self) {
+        if let Err(e) = self.step() {
+            // Keep running so a later verification reports it; record only the first.
+            if self.errors.is_empty() {
+                eprintln!("gpu-workload: {e}");
+                self.errors.push(e);
+            }
+        }
+    }
+
+    /// Waits (until `deadline` at most) for the value in flight, then checks every BO.
+    fn verify(&mut self, deadline: Instant) -> (u64, Vec<String>) {
         let mut errs = self.errors.clone();
-        if let Err(e) = self.queue.wait_idle(Duration::from_secs(20)) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if let Err(e) = self.queue.wait_idle(left) {
             errs.push(e.to_string());
+        } else if self.inflight != 0 && read_u32(&self.counter, FENCE_OFF) != self.inflight {
+            // The engine consumed every packet, yet the step's FENCE never landed.
+            errs.push(format!(
+                "GPU {}: the queue is idle but SDMA step {} never landed: a step was lost",
+                self.gpu, self.inflight
+            ));
         } else if let Err(e) = self.step() {
-            errs.push(e);
+            if !errs.contains(&e) {
+                errs.push(e);
+            }
         }
         let mut bytes = 0;
         for (idx, bo) in &self.bos {
             bytes += bo.size();
-            if let Some((off, got, want)) = check(bo, self.index, *idx) {
+            if let Some((off, got, want)) = check(bo, self.seed(*idx)) {
                 errs.push(format!(
                     "GPU {} BO {idx} at {}: offset {off:#x} holds {got:#010x}, expected {want:#010x}",
                     self.gpu,
@@ -192,6 +378,101 @@ impl GpuWork<'_> {
         }
         (bytes, errs)
     }
+}
+
+/// `--events`: one auto-reset signal event, fired through the first GPU's counter queue.
+struct EventCheck<'c> {
+    events: Events<'c>,
+    event: Event,
+    /// SET_EVENT was issued at the end of the last verification and not waited for.
+    pending: bool,
+    /// Waits that saw the event fire.
+    fired: u64,
+}
+
+impl EventCheck<'_> {
+    fn check(&mut self, queue: &mut SdmaQueue<'_>, errs: &mut Vec<String>) {
+        let e = self.event;
+        let mut expect =
+            |what: &str, timeout: Duration, want: WaitResult, fired: &mut u64| match self
+                .events
+                .wait(e, timeout)
+            {
+                Ok(WaitResult::Signaled) if want == WaitResult::Signaled => *fired += 1,
+                Ok(r) if r == want => {}
+                Ok(r) => errs.push(format!("event {}: {what}: {r:?}, expected {want:?}", e.id)),
+                Err(err) => errs.push(format!("event {}: {what}: {err}", e.id)),
+            };
+        let mut fired = 0;
+        // What the last verification left: signaled once, then reset by the wait.
+        if self.pending {
+            expect(
+                "SET_EVENT of the last verification",
+                QUEUE_WAIT,
+                WaitResult::Signaled,
+                &mut fired,
+            );
+        }
+        expect(
+            "no signal pending",
+            Duration::ZERO,
+            WaitResult::TimedOut,
+            &mut fired,
+        );
+        match queue.submit_with(|v| {
+            sdma::fence(v, e.slot_va.0, 0)?;
+            sdma::trap(v, e.id.0)
+        }) {
+            Ok(_) => {
+                expect(
+                    "SDMA FENCE + TRAP",
+                    QUEUE_WAIT,
+                    WaitResult::Signaled,
+                    &mut fired,
+                );
+            }
+            Err(err) => errs.push(format!("event {}: SDMA FENCE + TRAP: {err}", e.id)),
+        }
+        self.pending = match self.events.set(e) {
+            Ok(()) => true,
+            Err(err) => {
+                errs.push(format!("event {}: SET_EVENT: {err}", e.id));
+                false
+            }
+        };
+        self.fired += fired;
+    }
+}
+
+/// `--fresh`: new BOs and a new queue on `gpu`, an SDMA copy between them, checked.
+fn fresh_check(client: &KfdClient, proc: usize, index: usize, gpu: GpuId) -> Result<(), String> {
+    let seed = Seed {
+        proc,
+        gpu: index,
+        bo: FRESH_BO,
+    };
+    let e = |what: &str, err: &dyn std::fmt::Display| format!("GPU {gpu}: new {what}: {err}");
+    let mut src = client
+        .alloc(gpu, FRESH_BO_BYTES, MemKind::Vram)
+        .map_err(|x| e("VRAM BO", &x))?;
+    let mut dst = client
+        .alloc(gpu, FRESH_BO_BYTES, MemKind::Gtt)
+        .map_err(|x| e("GTT BO", &x))?;
+    fill(&mut src, seed);
+    dst.as_mut_slice().fill(0);
+    let mut q = SdmaQueue::create(client, gpu, 4096).map_err(|x| e("SDMA queue", &x))?;
+    let (s, d) = (src.va().0, dst.va().0);
+    q.submit_with(|v| sdma::copy_linear_split(v, s, d, FRESH_BO_BYTES))
+        .map_err(|x| e("SDMA copy", &x))?;
+    q.wait_idle(QUEUE_WAIT).map_err(|x| e("SDMA copy", &x))?;
+    if let Some((off, got, want)) = check(&dst, seed) {
+        return Err(format!(
+            "GPU {gpu}: SDMA copy between new BOs: offset {off:#x} holds {got:#010x}, expected {want:#010x}"
+        ));
+    }
+    q.destroy().map_err(|x| e("SDMA queue destroyed", &x))?;
+    src.free().map_err(|x| e("VRAM BO freed", &x))?;
+    dst.free().map_err(|x| e("GTT BO freed", &x))
 }
 
 fn json_str(s: &str) -> String {
@@ -209,26 +490,146 @@ fn json_str(s: &str) -> String {
     o
 }
 
-fn report(work: &mut [GpuWork<'_>]) -> bool {
-    let mut bytes = 0;
-    let mut errs = Vec::new();
-    let mut counters = Vec::new();
-    for w in work.iter_mut() {
-        let (b, e) = w.verify();
-        bytes += b;
-        errs.extend(e);
-        counters.push(w.done.to_string());
+fn lock<'a, T>(m: &'a Mutex<T>) -> MutexGuard<'a, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Everything one process checks.
+struct Proc<'c, 'w> {
+    client: &'c KfdClient,
+    index: usize,
+    /// One counter per selected GPU (stepped by the main thread), then one per thread.
+    works: &'w [Mutex<GpuWork<'c>>],
+    main_works: usize,
+    events: Option<EventCheck<'c>>,
+    fresh: Option<u64>,
+    children: Vec<libc::pid_t>,
+}
+
+impl Proc<'_, '_> {
+    /// Verifies and prints one line; `extra` are errors found by the caller.
+    fn report(&mut self, extra: Vec<String>) -> bool {
+        let mut bytes = 0;
+        let mut errs = Vec::new();
+        let mut counters = Vec::new();
+        // One time limit for all queues: a verification answers within it even when
+        // every queue hangs.
+        let deadline = Instant::now() + QUEUE_WAIT;
+        for w in self.works {
+            let mut w = lock(w);
+            let (b, e) = w.verify(deadline);
+            bytes += b;
+            errs.extend(e);
+            counters.push(w.done.to_string());
+        }
+        if let Some(ev) = self.events.as_mut() {
+            let mut w = lock(&self.works[0]);
+            ev.check(&mut w.queue, &mut errs);
+        }
+        if let Some(n) = self.fresh.as_mut() {
+            for w in &self.works[..self.main_works] {
+                let (index, gpu) = {
+                    let w = lock(w);
+                    (w.index, w.gpu)
+                };
+                match fresh_check(self.client, self.index, index, gpu) {
+                    Ok(()) => *n += 1,
+                    Err(e) => errs.push(e),
+                }
+            }
+        }
+        errs.extend(extra);
+        let ok = errs.is_empty();
+        let mut more = String::new();
+        if !self.children.is_empty() || self.index > 0 {
+            more += &format!(",\"proc\":{}", self.index);
+        }
+        if let Some(ev) = &self.events {
+            more += &format!(",\"events\":{}", ev.fired);
+        }
+        if let Some(n) = self.fresh {
+            more += &format!(",\"fresh\":{n}");
+        }
+        let errs: Vec<String> = errs.iter().map(|e| json_str(e)).collect();
+        println!(
+            "{{\"ok\":{ok},\"pid\":{},\"gpus\":{},\"bytes\":{bytes},\"counters\":[{}]{more},\"errors\":[{}]}}",
+            std::process::id(),
+            self.main_works,
+            counters.join(","),
+            errs.join(",")
+        );
+        ok
     }
-    let ok = errs.is_empty();
-    let errs: Vec<String> = errs.iter().map(|e| json_str(e)).collect();
-    println!(
-        "{{\"ok\":{ok},\"pid\":{},\"gpus\":{},\"bytes\":{bytes},\"counters\":[{}],\"errors\":[{}]}}",
-        std::process::id(),
-        work.len(),
-        counters.join(","),
-        errs.join(",")
-    );
-    ok
+
+    fn signal_children(&self, sig: libc::c_int) {
+        for &c in &self.children {
+            // SAFETY: kill with a pid and a signal number has no memory preconditions.
+            unsafe { libc::kill(c, sig) };
+        }
+    }
+
+    /// Children that ended although nobody told them to.
+    fn reap_early(&mut self) -> Vec<String> {
+        let mut errs = Vec::new();
+        self.children.retain(|&c| {
+            let mut st = 0;
+            // SAFETY: waitpid on our own child, status into a local.
+            let r = unsafe { libc::waitpid(c, &mut st, libc::WNOHANG) };
+            if r == c {
+                errs.push(format!("child {c} ended early ({})", describe_status(st)));
+                false
+            } else {
+                true
+            }
+        });
+        errs
+    }
+
+    /// SIGTERM: stops the children and collects their verdicts (exit status 0).
+    fn stop_children(&mut self) -> Vec<String> {
+        self.signal_children(libc::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut errs = Vec::new();
+        for &c in &self.children {
+            let mut st = 0;
+            loop {
+                // SAFETY: waitpid on our own child, status into a local.
+                let r = unsafe { libc::waitpid(c, &mut st, libc::WNOHANG) };
+                if r == c {
+                    if !(libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0) {
+                        errs.push(format!("child {c}: {}", describe_status(st)));
+                    }
+                    break;
+                }
+                if r < 0 {
+                    errs.push(format!(
+                        "child {c}: waitpid: {}",
+                        std::io::Error::last_os_error()
+                    ));
+                    break;
+                }
+                if Instant::now() > deadline {
+                    errs.push(format!("child {c} still runs 60 s after SIGTERM"));
+                    // SAFETY: as in signal_children.
+                    unsafe { libc::kill(c, libc::SIGKILL) };
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        self.children.clear();
+        errs
+    }
+}
+
+fn describe_status(st: libc::c_int) -> String {
+    if libc::WIFEXITED(st) {
+        format!("exit status {}", libc::WEXITSTATUS(st))
+    } else if libc::WIFSIGNALED(st) {
+        format!("killed by signal {}", libc::WTERMSIG(st))
+    } else {
+        format!("wait status {st:#x}")
+    }
 }
 
 fn install_handlers() -> Result<(), String> {
@@ -250,77 +651,226 @@ fn install_handlers() -> Result<(), String> {
     Ok(())
 }
 
+/// Forks the children of `--procs` before anything opens /dev/kfd.  Returns this
+/// process' index, its children and the pipe end it reports readiness on (children) or
+/// reads it from (the first process).
+fn fork_children(n: usize) -> Result<(usize, Vec<libc::pid_t>, Option<File>), String> {
+    if n <= 1 {
+        return Ok((0, Vec::new(), None));
+    }
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 writes two fds into the array.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(format!("pipe: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: pipe2 just created this fd; nothing else owns it.
+    let rd = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fds[0]) };
+    // SAFETY: as above.
+    let wr = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fds[1]) };
+    let mut children = Vec::new();
+    for k in 1..n {
+        // SAFETY: no other thread exists yet, so the child may go on running Rust code.
+        let pid = unsafe { libc::fork() };
+        if pid < 0 {
+            let e = std::io::Error::last_os_error();
+            for &c in &children {
+                // SAFETY: signalling our own child.
+                unsafe { libc::kill(c, libc::SIGKILL) };
+            }
+            return Err(format!("fork: {e}"));
+        }
+        if pid == 0 {
+            drop(rd);
+            return Ok((k, Vec::new(), Some(wr)));
+        }
+        children.push(pid);
+    }
+    drop(wr);
+    Ok((0, children, Some(rd)))
+}
+
 fn run(o: &Options) -> Result<bool, String> {
     install_handlers()?;
+    let (index, children, ready_pipe) = fork_children(o.procs)?;
+    let r = run_proc(o, index, children.clone(), ready_pipe);
+    if r.is_err() && !children.is_empty() {
+        for &c in &children {
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(c, libc::SIGKILL) };
+        }
+    }
+    r
+}
+
+fn run_proc(
+    o: &Options,
+    index: usize,
+    children: Vec<libc::pid_t>,
+    ready_pipe: Option<File>,
+) -> Result<bool, String> {
     let client = KfdClient::open().map_err(|e| e.to_string())?;
     let all = client.gpus();
     let chosen: Vec<usize> = match &o.gpus {
         Some(l) => l.clone(),
         None => (0..all.len()).collect(),
     };
-    let per_bo = (o.mib << 20).div_ceil(o.bos as u64);
-    let mut work = Vec::new();
-    for &gi in &chosen {
-        let g = all.get(gi).ok_or(format!(
+    let gpu_of = |gi: usize| {
+        all.get(gi).map(|g| g.gpu_id).ok_or(format!(
             "--gpus: index {gi}, but the topology has {} GPUs",
             all.len()
-        ))?;
-        let mut bos = Vec::new();
-        for bi in 0..o.bos {
+        ))
+    };
+    let per_bo = (o.mib << 20).div_ceil(o.bos as u64);
+    let mut sizes: Vec<(u64, MemKind)> = (0..o.bos)
+        .map(|bi| {
             let kind = if bi % 2 == 0 {
                 MemKind::Vram
             } else {
                 MemKind::Gtt
             };
-            let mut bo = client
-                .alloc(g.gpu_id, per_bo, kind)
-                .map_err(|e| e.to_string())?;
-            fill(&mut bo, gi, bi);
+            (per_bo, kind)
+        })
+        .collect();
+    sizes.extend((0..o.small_bos).map(|si| {
+        let kind = if si % 2 == 0 {
+            MemKind::Gtt
+        } else {
+            MemKind::Vram
+        };
+        (SMALL_BO_BYTES, kind)
+    }));
+    if o.big_bo_mib > 0 {
+        sizes.push((o.big_bo_mib << 20, MemKind::Vram));
+    }
+    let seed = |gpu, bo| Seed {
+        proc: index,
+        gpu,
+        bo,
+    };
+    let expect = |gpu: GpuId, bo: &Bo<'_>, s: Seed| match &o.dump_expected {
+        Some(dir) => write_expected(dir, gpu, bo, s),
+        None => Ok(()),
+    };
+    let mut works = Vec::new();
+    for &gi in &chosen {
+        let gpu = gpu_of(gi)?;
+        let mut bos = Vec::new();
+        for (bi, &(size, kind)) in sizes.iter().enumerate() {
+            let mut bo = client.alloc(gpu, size, kind).map_err(|e| e.to_string())?;
+            fill(&mut bo, seed(gi, bi));
+            expect(gpu, &bo, seed(gi, bi))?;
             bos.push((bi, bo));
         }
-        let counter = client
-            .alloc(g.gpu_id, 4096, MemKind::Gtt)
-            .map_err(|e| e.to_string())?;
-        let queue = SdmaQueue::create(&client, g.gpu_id, 64 * 1024).map_err(|e| e.to_string())?;
-        work.push(GpuWork {
-            index: gi,
-            gpu: g.gpu_id,
-            bos,
-            counter,
-            queue,
-            done: 0,
-            inflight: 0,
-            errors: Vec::new(),
-        });
+        works.push(GpuWork::new(&client, index, gi, gpu, bos)?);
     }
-    println!(
-        "{{\"ready\":true,\"pid\":{},\"gpus\":[{}],\"mib_per_gpu\":{},\"bos_per_gpu\":{}}}",
+    let main_works = works.len();
+    for t in 0..o.threads {
+        let gi = chosen[t % chosen.len()];
+        let gpu = gpu_of(gi)?;
+        let bi = THREAD_BO_BASE + t;
+        let mut bo = client
+            .alloc(gpu, THREAD_BO_BYTES, MemKind::Gtt)
+            .map_err(|e| e.to_string())?;
+        fill(&mut bo, seed(gi, bi));
+        expect(gpu, &bo, seed(gi, bi))?;
+        works.push(GpuWork::new(&client, index, gi, gpu, vec![(bi, bo)])?);
+    }
+    let events = if o.events {
+        let gpu = works
+            .first()
+            .map(|w| w.gpu)
+            .ok_or("--events needs a GPU (--gpus is empty)")?;
+        let mut events = Events::new(&client, gpu).map_err(|e| e.to_string())?;
+        let event = events.create().map_err(|e| e.to_string())?;
+        Some(EventCheck {
+            events,
+            event,
+            pending: false,
+            fired: 0,
+        })
+    } else {
+        None
+    };
+    let works: Vec<Mutex<GpuWork<'_>>> = works.into_iter().map(Mutex::new).collect();
+    let mut me = Proc {
+        client: &client,
+        index,
+        works: &works,
+        main_works,
+        events,
+        fresh: o.fresh.then_some(0),
+        children,
+    };
+    let ready = format!(
+        "{{\"ready\":true,\"pid\":{},\"gpus\":[{}],\"mib_per_gpu\":{},\"bos_per_gpu\":{}{}}}",
         std::process::id(),
-        work.iter()
-            .map(|w| w.gpu.to_string())
+        me.works[..main_works]
+            .iter()
+            .map(|w| lock(w).gpu.to_string())
             .collect::<Vec<_>>()
             .join(","),
         o.mib,
-        o.bos
+        o.bos,
+        if o.procs > 1 {
+            format!(
+                ",\"proc\":{index},\"children\":[{}]",
+                me.children
+                    .iter()
+                    .map(|c| c.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            )
+        } else {
+            String::new()
+        }
     );
-    loop {
-        if STOP.load(Ordering::SeqCst) {
-            return Ok(report(&mut work));
+    match ready_pipe {
+        Some(mut wr) if index > 0 => {
+            println!("{ready}");
+            wr.write_all(b"r")
+                .map_err(|e| format!("telling the first process: {e}"))?;
         }
-        if VERIFY.swap(false, Ordering::SeqCst) {
-            report(&mut work);
-        }
-        for w in work.iter_mut() {
-            if let Err(e) = w.step() {
-                // Keep running so a later verification reports it; record only the first.
-                if w.errors.is_empty() {
-                    eprintln!("gpu-workload: {e}");
-                    w.errors.push(e);
-                }
+        Some(mut rd) => {
+            let mut got = Vec::new();
+            std::io::Read::read_to_end(&mut rd, &mut got)
+                .map_err(|e| format!("waiting for the children: {e}"))?;
+            if got.len() != me.children.len() {
+                return Err(format!(
+                    "{} of {} children failed to start",
+                    me.children.len() - got.len(),
+                    me.children.len()
+                ));
             }
+            println!("{ready}");
         }
-        std::thread::sleep(o.interval);
+        None => println!("{ready}"),
     }
+    let interval = o.interval;
+    std::thread::scope(|s| {
+        for w in &works[main_works..] {
+            s.spawn(move || {
+                while !STOP.load(Ordering::SeqCst) {
+                    lock(w).step_recording();
+                    std::thread::sleep(interval);
+                }
+            });
+        }
+        loop {
+            if STOP.load(Ordering::SeqCst) {
+                let errs = me.stop_children();
+                return Ok(me.report(errs));
+            }
+            if VERIFY.swap(false, Ordering::SeqCst) {
+                me.signal_children(libc::SIGUSR1);
+                let errs = me.reap_early();
+                me.report(errs);
+            }
+            for w in &works[..main_works] {
+                lock(w).step_recording();
+            }
+            std::thread::sleep(interval);
+        }
+    })
 }
 
 fn main() -> ExitCode {
@@ -346,13 +896,14 @@ mod tests {
     use super::pattern;
 
     #[test]
-    fn pattern_differs_by_gpu_bo_and_offset() {
-        assert_ne!(pattern(0, 0, 0), pattern(1, 0, 0));
-        assert_ne!(pattern(0, 0, 0), pattern(0, 1, 0));
-        assert_ne!(pattern(0, 0, 0), pattern(0, 0, 1));
-        assert_eq!(pattern(3, 2, 77), pattern(3, 2, 77));
+    fn pattern_differs_by_process_gpu_bo_and_offset() {
+        assert_ne!(pattern(0, 0, 0, 0), pattern(0, 1, 0, 0));
+        assert_ne!(pattern(0, 0, 0, 0), pattern(0, 0, 1, 0));
+        assert_ne!(pattern(0, 0, 0, 0), pattern(0, 0, 0, 1));
+        assert_ne!(pattern(0, 0, 0, 0), pattern(1, 0, 0, 0));
+        assert_eq!(pattern(2, 3, 2, 77), pattern(2, 3, 2, 77));
         let distinct: std::collections::HashSet<u32> =
-            (0..4096).map(|i| pattern(0, 0, i)).collect();
+            (0..4096).map(|i| pattern(0, 0, 0, i)).collect();
         assert!(distinct.len() > 4000);
     }
 }
