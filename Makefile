@@ -75,7 +75,7 @@ $(BUILD)/criu-rocm.8: Documentation/criu-rocm.8.adoc
 	asciidoctor -b manpage -o $@ $<
 
 # The suites `make test` runs, in order; .ci/run runs and counts them one by one.
-TEST_SUITES	:= test-rust test-smoke test-zdtm test-zdtm-gpu test-install
+TEST_SUITES	:= test-rust test-smoke test-gpu test-zdtm test-zdtm-gpu test-install
 
 test: $(TEST_SUITES)
 	@echo "make test: all suites passed"
@@ -103,6 +103,12 @@ test-rust:
 
 test-smoke: $(BUILD)/criu-rocm
 	test/smoke/run.sh $(BUILD)/criu-rocm
+
+# GPU checkpoint/restore end to end on kfd-emu (test/gpu/run.sh: dumps, faults, restores on
+# other and incompatible hosts, damaged images, gpu-check).
+.PHONY: test-gpu
+test-gpu: $(BUILD)/criu-rocm kfd-tools
+	CARGO_TARGET_DIR=$(CARGO_TARGET) test/gpu/run.sh $(BUILD)/criu-rocm
 
 # CRIU's lib/ (pycriu for zdtm.py) from the same patched tree.
 $(CRIU_TREE)/.lib-built: $(BUILD)/criu-rocm

@@ -1,0 +1,1132 @@
+#!/usr/bin/env bash
+# End-to-end tests of criu-rocm's AMD GPU checkpoint/restore on kfd-emu (issues #4 and #5):
+# dumps and their images, faults during a dump, restores on the same and on other
+# (emulated) hosts, incompatible hosts, damaged images, faults during a restore, and
+# gpu-check's verdicts. The processes under test are gpu-workload's; they check their own
+# GPU memory, SDMA counters, events and new allocations after every step.
+#
+#   usage: test/gpu/run.sh CRIU_BINARY [CASE...]      (as root; `make test-gpu` runs it)
+#          test/gpu/run.sh --list
+#   env:   GPU_TEST_TIMEOUT=S   seconds one case may take (default 150)
+#          GPU_TEST_KEEP=1      keep the work directory even when everything passed
+#          CARGO_TARGET_DIR     where kfd-emu and gpu-workload were built (rust/target)
+#
+# Each case is a function `case_NAME` below; it prints PASS, FAIL (with the reason and
+# where its logs are), XFAIL or XPASS. A case marked with a known bug (`known_bug`, with
+# the failure that bug causes) that fails that way is an XFAIL and counts as passed;
+# failing otherwise is a FAIL. Passing is an XPASS, also counted as passed (the bug may
+# only show in some runs), with a reminder to drop the mark once the bug is fixed. The last
+# line is exactly "N passed, M failed"; the exit status is non-zero on any failure.
+#
+# Everything runs in a pid namespace of its own whose init is this script: pids the dumps
+# recorded stay free for the restores, nothing outlives the run, and the processes CRIU
+# kills are reaped (this machine's pid 1 does not reap orphans). A case runs its steps
+# inside one or more `kfd-emu run` instances (each an emulated host with its own device
+# state) by running this script again as their command, see `on` below.
+set -uo pipefail
+export LC_ALL=C
+
+self=$(realpath "$0")
+here=$(dirname "$self")
+top=$(cd "$here/../.." && pwd)
+
+# ---------------------------------------------------------------------------------------
+# Reporting, used everywhere
+
+# Records why the case fails and ends the current process (case or in-host step).
+fail() {
+	printf '%s\n' "$*" >>"$CASE_DIR/reason"
+	exit 1
+}
+
+note() { printf '%s\n' "$*" >>"$CASE_DIR/notes"; }
+
+# known_bug "BUG-N: DESCRIPTION" REGEX: the running case fails because of a known bug, and
+# its failure reason must match REGEX (a different failure is a real one).
+known_bug() { printf '%s\n%s\n' "$1" "$2" >"$CASE_DIR/known-bug"; }
+
+# ---------------------------------------------------------------------------------------
+# Emulated hosts
+
+# on PROFILE [--profile-file F] [--fail SPEC]... -- FUNCTION [ARG...]
+# Runs FUNCTION of this script inside a new kfd-emu instance (a host with PROFILE).
+on() {
+	local opts=() rc
+	while [ $# -gt 0 ] && [ "$1" != -- ]; do
+		opts+=("$1")
+		shift
+	done
+	shift
+	"$KFD_EMU" run --profile "${opts[@]}" -- "$self" __in "$@" 2>>"$CASE_DIR/kfd-emu.log"
+	rc=$?
+	if [ $rc != 0 ]; then
+		[ -s "$CASE_DIR/reason" ] || fail "kfd-emu run --profile ${opts[*]} -- $1: exit status $rc" \
+			"(see $CASE_DIR/kfd-emu.log)"
+		exit 1
+	fi
+}
+
+host_file() { echo "$here/hosts/$1.toml"; }
+
+# ---------------------------------------------------------------------------------------
+# Processes (inside a host)
+
+alive() {
+	local s
+	s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+	s=${s##*) }
+	case ${s%% *} in Z | X) return 1 ;; esac
+}
+
+# Waits up to $2 seconds (default 30) for process $1 to be gone.
+wait_gone() {
+	local i
+	for ((i = 0; i < ${2:-30} * 20; i++)); do
+		alive "$1" || return 0
+		sleep 0.05
+	done
+	return 1
+}
+
+# gpu-workload's and criu-rocm's live processes in this pid namespace, as "pid comm state"
+# (zombies are dead already; kfd-emu's runner reaps them).
+leftovers() {
+	local d comm s
+	for d in /proc/[0-9]*; do
+		comm=$(cat "$d/comm" 2>/dev/null) || continue
+		case $comm in gpu-workload | criu-rocm | criu) ;; *) continue ;; esac
+		s=$(cat "$d/stat" 2>/dev/null) || continue
+		s=${s##*) }
+		case ${s%% *} in Z | X) continue ;; esac
+		echo "${d#/proc/} $comm ${s%% *}"
+	done
+}
+
+no_leftovers() {
+	local l i
+	for ((i = 0; i < 50; i++)); do
+		l=$(leftovers)
+		[ -z "$l" ] && return 0
+		sleep 0.1
+	done
+	fail "$1: processes left behind: $(echo "$l" | paste -sd';')"
+}
+
+# wl_start NAME [gpu-workload ARG...]: starts gpu-workload in its own session (so CRIU
+# dumps it without --shell-job), output in $CASE_DIR/NAME.out; waits for its ready line.
+# Sets WL (its pid) and WL_OUT.
+wl_start() {
+	local name=$1 i
+	shift
+	WL_OUT=$CASE_DIR/$name.out
+	setsid "$WORKLOAD" "$@" </dev/null >"$WL_OUT" 2>"$CASE_DIR/$name.err" &
+	WL=$!
+	for ((i = 0; i < 1200; i++)); do
+		grep -q "^{\"ready\":true,\"pid\":$WL," "$WL_OUT" && break
+		alive "$WL" || break
+		sleep 0.05
+	done
+	grep -q "^{\"ready\":true,\"pid\":$WL," "$WL_OUT" ||
+		fail "gpu-workload $* did not get ready: $(tail -n 3 "$CASE_DIR/$name.err" | paste -sd' ')"
+	echo "$WL" >"$CASE_DIR/$name.pid"
+}
+
+# The pids of gpu-workload's children (--procs), from its ready line.
+wl_children() {
+	local l
+	l=$(grep -m1 "^{\"ready\":true,\"pid\":$1," "$WL_OUT")
+	[[ $l =~ \"children\":\[([0-9,]*)\] ]] && echo "${BASH_REMATCH[1]//,/ }"
+}
+
+# Verification lines of pid $1 so far.
+ok_count() { grep -c "^{\"ok\":[a-z]*,\"pid\":$1," "$WL_OUT"; }
+
+# Prints the $2-th verification line of pid $1, waiting up to $3 seconds for it.
+wl_line() {
+	local pid=$1 n=$2 secs=${3:-60} i
+	for ((i = 0; i < secs * 20; i++)); do
+		if [ "$(ok_count "$pid")" -ge "$n" ]; then
+			grep "^{\"ok\":[a-z]*,\"pid\":$pid," "$WL_OUT" | sed -n "${n}p"
+			return 0
+		fi
+		alive "$pid" || break
+		sleep 0.05
+	done
+	[ "$(ok_count "$pid")" -ge "$n" ] && {
+		grep "^{\"ok\":[a-z]*,\"pid\":$pid," "$WL_OUT" | sed -n "${n}p"
+		return 0
+	}
+	return 1
+}
+
+# wl_verify PID [MORE_PIDS...]: SIGUSR1 to PID (gpu-workload passes it on to its children);
+# waits for a new verification line from PID and each of MORE_PIDS; prints them, one per
+# line, in that order, and requires each to say ok.
+wl_verify() {
+	local p n=() line i=0
+	for p in "$@"; do n+=($(($(ok_count "$p") + 1))); done
+	kill -USR1 "$1" 2>/dev/null || fail "gpu-workload $1 is gone (SIGUSR1 failed)"
+	for p in "$@"; do
+		line=$(wl_line "$p" "${n[i]}" 60) || fail "gpu-workload $p gave no verification line after SIGUSR1" \
+			"($(alive "$p" && echo running || echo gone))"
+		json_ok "$line" || fail "gpu-workload $p: verification failed: $line"
+		echo "$line"
+		i=$((i + 1))
+	done
+}
+
+# wl_finish PID [MORE_PIDS...]: SIGTERM; every process' last verification must say ok and
+# the processes must end.
+wl_finish() {
+	local p n=() line i=0
+	for p in "$@"; do n+=($(($(ok_count "$p") + 1))); done
+	kill -TERM "$1" 2>/dev/null || fail "gpu-workload $1 is gone (SIGTERM failed)"
+	for p in "$@"; do
+		line=$(wl_line "$p" "${n[i]}" 90) || fail "gpu-workload $p gave no final verification line"
+		json_ok "$line" || fail "gpu-workload $p: final verification failed: $line"
+		i=$((i + 1))
+	done
+	for p in "$@"; do wait_gone "$p" || fail "gpu-workload $p still runs after its final verification"; done
+}
+
+json_ok() { [[ $1 == '{"ok":true,'* ]]; }
+# A numeric field of a gpu-workload line ("errors", the only one with strings, comes last
+# and is cut off first).
+json_num() {
+	local l=${1%%,\"errors\":*}
+	[[ $l =~ \"$2\":([0-9]+) ]] && echo "${BASH_REMATCH[1]}"
+}
+json_list() {
+	local l=${1%%,\"errors\":*}
+	[[ $l =~ \"$2\":\[([0-9,]*)\] ]] && echo "${BASH_REMATCH[1]//,/ }"
+}
+
+# counters_cmp OLD NEW ge|gt: every SDMA counter of line NEW >= (or >) the one of OLD.
+counters_cmp() {
+	local a b i
+	read -r -a a <<<"$(json_list "$1" counters)"
+	read -r -a b <<<"$(json_list "$2" counters)"
+	[ "${#a[@]}" -gt 0 ] && [ "${#a[@]}" = "${#b[@]}" ] || return 1
+	for i in "${!a[@]}"; do
+		if [ "$3" = gt ]; then ((b[i] > a[i])) || return 1; else ((b[i] >= a[i])) || return 1; fi
+	done
+}
+
+# running_on PID LINE0: after a failed dump the process must still run with its GPU work
+# unpaused: two more verifications, each ok, counters advancing.
+running_on() {
+	local pid=$1 v0=$2 v1 v2
+	alive "$pid" || fail "the failed dump did not leave gpu-workload $pid running"
+	v1=$(wl_verify "$pid") || exit 1
+	sleep 0.2
+	v2=$(wl_verify "$pid") || exit 1
+	counters_cmp "$v0" "$v1" ge && counters_cmp "$v1" "$v2" gt ||
+		fail "after the failed dump the SDMA counters of $pid do not advance:" \
+			"$(json_list "$v0" counters) | $(json_list "$v1" counters) | $(json_list "$v2" counters)"
+}
+
+# ---------------------------------------------------------------------------------------
+# criu-rocm (inside a host)
+
+# Error and GPU lines of a CRIU log, for reasons (CRIU's own rlimit complaint, which every
+# run on these machines logs, left out).
+log_errors() {
+	[ -f "$1" ] || return 0
+	grep -a -E 'Error|amdgpu:' "$1" | grep -v 'RLIMIT_NOFILE' | grep -a -E 'Error|rror|fail|FAIL' |
+		tail -n "${2:-4}" | sed 's/^([0-9. ]*) *//' | paste -sd'|'
+}
+
+# dump PID DIR [criu ARG...]: log DIR/dump.log unless -o is given.
+dump() {
+	local pid=$1 dir=$2
+	shift 2
+	mkdir -p "$dir"
+	"$CRIU" dump -t "$pid" -D "$dir" -o dump.log -v4 "$@" >>"$CASE_DIR/criu.out" 2>&1
+}
+
+# dump_ok PID DIR [ARG...]: the dump must succeed; without --leave-running the tree must
+# be gone (killed by CRIU) afterwards.
+dump_ok() {
+	local pid=$1 dir=$2 st=0
+	dump "$@" || fail "criu-rocm dump of $pid failed: $(log_errors "$dir/dump.log")"
+	case " $* " in
+	*" --leave-running "*) alive "$pid" || fail "dump --leave-running: $pid is gone" ;;
+	*)
+		wait "$pid" 2>/dev/null || st=$?
+		wait_gone "$pid" 5 || fail "$pid still runs after the dump"
+		# Reaped here when this shell started it (status 137: SIGKILL from CRIU).
+		[ "$st" = 0 ] && fail "gpu-workload $pid exited by itself during the dump" ;;
+	esac
+	ls "$dir"/amdgpu-kfd-*.img >/dev/null 2>&1 || fail "the dump wrote no amdgpu-kfd-*.img"
+}
+
+# restore DIR LOG [criu ARG...]
+restore() {
+	local dir=$1 log=$2
+	shift 2
+	"$CRIU" restore -D "$dir" -o "$log" -v4 -d "$@" >>"$CASE_DIR/criu.out" 2>&1
+}
+
+# restore_ok DIR PID [ARG...]: the restore must succeed and PID run again.
+restore_ok() {
+	local dir=$1 pid=$2 log
+	shift 2
+	log=$dir/restore-$(date +%s%N).log
+	restore "$dir" "$log" "$@" || fail "criu-rocm restore of $pid failed: $(log_errors "$log")"
+	alive "$pid" || fail "after the restore gpu-workload $pid does not run"
+	grep -aq "amdgpu: pid .*: GPU queues resumed" "$log" || fail "the restore log says no GPU queues were resumed ($log)"
+	LAST_RESTORE_LOG=$log
+}
+
+# restore_fails DIR PID WHAT: the restore must fail, before the process runs, leave no
+# process behind and keep the images as they were. Sets LAST_RESTORE_LOG.
+restore_fails() {
+	local dir=$1 pid=$2 what=$3 log before after
+	shift 3
+	log=$CASE_DIR/restore-fail-$(date +%s%N).log
+	before=$(img_sums "$dir")
+	if restore "$dir" "$log" "$@"; then
+		fail "$what: criu-rocm restore succeeded"
+	fi
+	LAST_RESTORE_LOG=$log
+	grep -aq "GPU queues resumed" "$log" && fail "$what: the failed restore had resumed GPU queues ($log)"
+	wait_gone "$pid" 5 || fail "$what: the failed restore left $pid running"
+	no_leftovers "$what"
+	after=$(img_sums "$dir")
+	[ "$before" = "$after" ] || fail "$what: the failed restore changed the images:" \
+		"$(diff <(echo "$before") <(echo "$after") | grep '^[<>]' | head -n 2 | paste -sd' ')"
+}
+
+# Checksums of the image files of a directory (logs and stats are not images).
+img_sums() { (cd "$1" && sha256sum -- *.img); }
+
+# The log must hold an error line matching each extended regex given.
+log_has() {
+	local log=$1 re
+	shift
+	for re in "$@"; do
+		grep -aqE -- "$re" "$log" || fail "$(basename "$log") lacks /$re/; its errors: $(log_errors "$log" 6)"
+	done
+}
+
+# gpu_check DIR: runs criu-rocm gpu-check; output in GC_OUT, status in GC_RC.
+gpu_check() {
+	GC_OUT=$("$CRIU" gpu-check -D "$1" 2>&1)
+	GC_RC=$?
+	printf '%s\n' "$GC_OUT" >>"$CASE_DIR/gpu-check.out"
+}
+
+# gpu_check_restorable DIR: gpu-check must say yes; prints the GPU mapping it found.
+gpu_check_restorable() {
+	gpu_check "$1"
+	[ "$GC_RC" = 0 ] && grep -q "restorable: " <<<"$GC_OUT" || fail "gpu-check says the images cannot be restored here (exit $GC_RC): $(paste -sd' ' <<<"$GC_OUT")"
+	sed -n 's/^pid [0-9]* (KFD image [0-9-]*): restorable: \(.*\); [0-9]* BO(s).*/\1/p' <<<"$GC_OUT"
+}
+
+# gpu_check_refuses DIR REGEX...: gpu-check must say no, for a reason matching each REGEX.
+gpu_check_refuses() {
+	local dir=$1 re
+	shift
+	gpu_check "$dir"
+	[ "$GC_RC" != 0 ] || fail "gpu-check accepted images it should refuse: $(paste -sd' ' <<<"$GC_OUT")"
+	for re in "$@"; do
+		grep -E -- "NOT restorable here: .*$re" <<<"$GC_OUT" >/dev/null ||
+			fail "gpu-check's verdict lacks /$re/: $(paste -sd' ' <<<"$GC_OUT")"
+	done
+}
+
+# The GPU mapping a restore logged ("GPU a (renderDx) -> host GPU b (renderDy), ...").
+restore_mapping() {
+	grep -a -m1 -o 'amdgpu: pid [0-9]*: GPU 0x.* -> host GPU .*' "$1" | sed 's/^amdgpu: pid [0-9]*: //'
+}
+
+# "fd minor" of each render-node fd of process $1.
+render_fds() {
+	local f t
+	for f in /proc/"$1"/fd/*; do
+		t=$(readlink "$f") || continue
+		case $t in /dev/dri/renderD*) echo "${f##*/} ${t#/dev/dri/renderD}" ;; esac
+	done
+}
+
+# The user gpu_ids a workload started with, as %04x, from its ready line.
+wl_gpus_hex() {
+	local id
+	for id in $(json_list "$(grep -m1 "^{\"ready\":true,\"pid\":$1," "$WL_OUT")" gpus); do
+		printf '%04x\n' "$id"
+	done
+}
+
+imgcheck() { /usr/bin/python3 "$here/imgcheck.py" "$@"; }
+# A check in Python read from stdin, with ARGs; its complaint goes to $CASE_DIR/py.err.
+pycheck() { /usr/bin/python3 - "$@" 2>"$CASE_DIR/py.err"; }
+decode() { imgcheck decode "$1" "$UPSTREAM_PROTO" "$top/proto/criu-amdgpu.proto"; }
+
+# ---------------------------------------------------------------------------------------
+# Cases: dump (#4)
+
+case_dump_images_decode() { on mi100x2 -- dump_images_decode; }
+dump_images_decode() {
+	local img=$CASE_DIR/img j gpus f
+	wl_start wl --mib 4 --bos 3 --events
+	dump_ok "$WL" "$img"
+	j=$(decode "$img") || fail "$(decode "$img" 2>&1 >/dev/null)"
+	echo "$j" >"$CASE_DIR/decoded.json"
+	gpus=$(json_list "$(grep -m1 '"ready"' "$WL_OUT")" gpus | tr ' ' '\n' | sort -n | paste -sd,)
+	pycheck "$j" "$WL" "$gpus" <<-'EOF' || fail "decoded images: $(tail -n1 "$CASE_DIR/py.err")"
+		import json, sys
+		d, pid, gpus = json.loads(sys.argv[1]), int(sys.argv[2]), sorted(map(int, sys.argv[3].split(",")))
+		def check(c, why):
+		    if not c:
+		        sys.exit(why)
+		check(len(d["kfd"]) == 1, f"{len(d['kfd'])} KFD images, expected 1")
+		k = next(iter(d["kfd"].values()))
+		check(k["pid"] == pid, f"KFD image pid {k['pid']}, the process is {pid}")
+		check(k["gpus"] == gpus, f"KFD image GPUs {k['gpus']}, the process uses {gpus}")
+		check(k["cpus"] == 1, f"{k['cpus']} CPU entries, mi100x2 has 1 CPU node")
+		# per GPU: 3 data BOs, counter, ring, ring pointers; plus the signal page
+		check(len(k["bos"]) == 2 * 6 + 1, f"{len(k['bos'])} BOs, expected 13")
+		check(k["objects"] == 3, f"{k['objects']} queue/event objects, expected 2 queues + 1 event")
+		check(sorted(d["render"].values()) == gpus, f"render images name GPUs {sorted(d['render'].values())}")
+	EOF
+	for f in "$img"/amdgpu-*.img; do
+		[ "$(stat -c %a "$f")" = 600 ] || fail "$(basename "$f") has mode $(stat -c %a "$f"), not 0600"
+	done
+	[ "$(ls "$img"/amdgpu-pages-*.img | wc -l)" = 2 ] || fail "expected 2 pages files: $(cd "$img" && echo amdgpu-pages-*)"
+	grep -aq amdgpu_plugin "$img/inventory.img" || fail "inventory.img does not name amdgpu_plugin"
+	# Observability: per GPU, what was saved, how fast.
+	[ "$(grep -acE "amdgpu: pid $WL: GPU 0x[0-9a-f]+ \(host 0x[0-9a-f]+\): saved [0-9]+ BO\(s\), [0-9.]+ [KMG]iB in [0-9.]+ ms \([0-9]+ MB/s" "$img/dump.log")" = 2 ] ||
+		fail "the dump log does not say per GPU what was saved (BOs, bytes, time, MB/s)"
+	note "KFD image: 2 GPUs, 13 BOs, 3 objects; decodes with upstream's and our schema"
+}
+
+case_dump_pages_hold_patterns() { on mi100x2 -- dump_pages_hold_patterns; }
+dump_pages_hold_patterns() {
+	local img=$CASE_DIR/img exp=$CASE_DIR/expected r
+	mkdir -p "$exp"
+	wl_start wl --mib 8 --bos 4 --small-bos 6 --dump-expected "$exp"
+	dump_ok "$WL" "$img"
+	r=$(imgcheck pages "$img" "$top/proto/criu-amdgpu.proto" "$exp" 2>&1) || fail "$r"
+	note "$r"
+}
+
+case_dump_leave_running() { on mi100x2 -- dump_leave_running; }
+dump_leave_running() {
+	local img=$CASE_DIR/img v0 v1 v2
+	wl_start wl --mib 4 --bos 2 --events --fresh
+	v0=$(wl_verify "$WL") || exit 1
+	dump_ok "$WL" "$img" --leave-running
+	decode "$img" >/dev/null || fail "images of the --leave-running dump do not decode"
+	log_has "$img/dump.log" "amdgpu: pid $WL: GPU queues unpaused"
+	# Paused before CRIU reads any memory, unpaused only after it read all of it.
+	pycheck "$img/dump.log" "$WL" <<-'EOF' || fail "GPU pause window in the dump log: $(tail -n1 "$CASE_DIR/py.err")"
+		import sys
+		lines = open(sys.argv[1], errors="replace").read().splitlines()
+		def at(s, last=False):
+		    hits = [i for i, l in enumerate(lines) if s in l]
+		    if not hits:
+		        sys.exit(f"no line with {s!r}")
+		    return hits[-1] if last else hits[0]
+		paused, unpaused = at(f"amdgpu: pid {sys.argv[2]}: GPU queues paused"), at("GPU queues unpaused")
+		first, last = at("Dumping pages ("), at("Transferring pages", last=True)
+		if not paused < first or not last < unpaused:
+		    sys.exit(f"paused at line {paused}, memory read from {first} to {last}, unpaused at {unpaused}")
+	EOF
+	v1=$(wl_verify "$WL") || exit 1
+	sleep 0.3
+	v2=$(wl_verify "$WL") || exit 1
+	counters_cmp "$v0" "$v1" ge && counters_cmp "$v1" "$v2" gt ||
+		fail "SDMA counters after --leave-running do not advance: $(json_list "$v1" counters) then $(json_list "$v2" counters)"
+	[ "$(json_num "$v2" events)" -gt "$(json_num "$v1" events)" ] || fail "events stopped firing: $v1 / $v2"
+	wl_finish "$WL"
+	note "counters $(json_list "$v0" counters) -> $(json_list "$v1" counters) -> $(json_list "$v2" counters)"
+}
+
+case_dump_no_gpu_state() { on mi100x2 -- dump_no_gpu_state; }
+dump_no_gpu_state() {
+	local img=$CASE_DIR/img n0 n1 pid
+	# A process with no GPU state, alive inside the emulated host: counts in a file (one
+	# process, no children, no file held open).
+	setsid /usr/bin/python3 -c '
+import os, sys, time
+n, path = 0, sys.argv[1]
+while True:
+    n += 1
+    with open(path + ".tmp", "w") as f:
+        f.write(f"{n}\n")
+    os.replace(path + ".tmp", path)
+    time.sleep(0.02)
+' "$CASE_DIR/count" </dev/null >/dev/null 2>&1 &
+	pid=$!
+	for ((n0 = 0; n0 < 100; n0++)); do [ -s "$CASE_DIR/count" ] && break; sleep 0.05; done
+	sleep 0.2
+	mkdir -p "$img"
+	dump "$pid" "$img" || fail "dump of a process without GPU state failed: $(log_errors "$img/dump.log")"
+	wait "$pid" 2>/dev/null
+	wait_gone "$pid" 5 || fail "$pid still runs after the dump"
+	n0=$(cat "$CASE_DIR/count")
+	compgen -G "$img/amdgpu-*" >/dev/null && fail "GPU image files for a process without GPU state: $(cd "$img" && echo amdgpu-*)"
+	grep -aq amdgpu_plugin "$img/inventory.img" && fail "inventory.img names amdgpu_plugin though nothing used a GPU"
+	grep -aqE 'amdgpu:|GPU queues' "$img/dump.log" && fail "the GPU code acted on a process without GPU state: $(grep -aE 'amdgpu:|GPU queues' "$img/dump.log" | head -n 1)"
+	gpu_check "$img"
+	[ "$GC_RC" = 0 ] && grep -q "no GPU state in these images" <<<"$GC_OUT" ||
+		fail "gpu-check on images without GPU state: exit $GC_RC: $(paste -sd' ' <<<"$GC_OUT")"
+	restore "$img" "$img/restore.log" || fail "restore of a process without GPU state failed: $(log_errors "$img/restore.log")"
+	alive "$pid" || fail "the restored process is gone"
+	sleep 0.3
+	n1=$(cat "$CASE_DIR/count")
+	[ "$n1" -gt "$n0" ] || fail "the restored process does not count on: $n0 then $n1"
+	kill -KILL "$pid"
+	note "counted $n0 at the dump, $n1 after the restore"
+}
+
+case_dump_8_gpus() { on mi300x8 -- dump_8_gpus; }
+dump_8_gpus() {
+	local img=$CASE_DIR/img v0 v1 n
+	wl_start wl --mib 2 --bos 2 --events
+	v0=$(wl_verify "$WL") || exit 1
+	[ "$(json_num "$v0" gpus)" = 8 ] || fail "gpu-workload uses $(json_num "$v0" gpus) GPUs on mi300x8"
+	dump_ok "$WL" "$img"
+	n=$(ls "$img"/amdgpu-pages-*.img | wc -l)
+	[ "$n" = 8 ] || fail "$n pages files for 8 GPUs"
+	[ "$(grep -ac "amdgpu: pid $WL: GPU 0x.*saved" "$img/dump.log")" = 8 ] || fail "the dump log does not report 8 GPUs saved"
+	decode "$img" >/dev/null || fail "8-GPU images do not decode"
+	restore_ok "$img" "$WL"
+	v1=$(wl_verify "$WL") || exit 1
+	counters_cmp "$v0" "$v1" ge || fail "counters went back: $(json_list "$v0" counters) then $(json_list "$v1" counters)"
+	wl_finish "$WL"
+}
+
+# Three processes (the first forks two before opening /dev/kfd), each with two more threads
+# that run SDMA counters of their own, on both GPUs.
+case_dump_multi_process_threads() { on mi100x2 -- dump_multi_process_threads; }
+dump_multi_process_threads() {
+	local img=$CASE_DIR/img exp=$CASE_DIR/expected kids j r p ncore
+	mkdir -p "$exp"
+	wl_start wl --procs 3 --threads 2 --mib 2 --bos 2 --dump-expected "$exp"
+	kids=$(wl_children "$WL")
+	[ "$(wc -w <<<"$kids")" = 2 ] || fail "gpu-workload --procs 3 reports children '$kids'"
+	# shellcheck disable=SC2086
+	wl_verify "$WL" $kids >/dev/null || exit 1
+	dump_ok "$WL" "$img"
+	for p in $kids; do wait_gone "$p" 5 || fail "child $p still runs after the dump"; done
+	j=$(decode "$img") || fail "$(decode "$img" 2>&1 >/dev/null)"
+	pycheck "$j" "$WL $kids" <<-'EOF' || fail "multi-process images: $(tail -n1 "$CASE_DIR/py.err")"
+		import json, sys
+		d, pids = json.loads(sys.argv[1]), sorted(map(int, sys.argv[2].split()))
+		got = sorted(k["pid"] for k in d["kfd"].values())
+		if got != pids:
+		    sys.exit(f"KFD images of pids {got}, the tree is {pids}")
+		for k in d["kfd"].values():
+		    # 2 GPU counters + 2 thread counters, each a queue
+		    if k["objects"] != 4 or len(k["gpus"]) != 2:
+		        sys.exit(f"pid {k['pid']}: {k['objects']} objects on {len(k['gpus'])} GPUs, expected 4 queues on 2")
+		if len(d["render"]) != 6:
+		    sys.exit(f"{len(d['render'])} render-node images, expected 2 per process")
+	EOF
+	r=$(imgcheck pages "$img" "$top/proto/criu-amdgpu.proto" "$exp" 2>&1) || fail "$r"
+	ncore=$(ls "$img"/core-*.img | wc -l)
+	[ "$ncore" -ge 9 ] || fail "$ncore core images: the threads (3 per process) were not all dumped"
+	note "$r; $ncore threads"
+}
+
+case_dump_1000_small_bos() { on mi100 -- dump_1000_small_bos; }
+dump_1000_small_bos() {
+	local img=$CASE_DIR/img exp=$CASE_DIR/expected v0 v1 r nbo
+	mkdir -p "$exp"
+	wl_start wl --mib 1 --bos 2 --small-bos 1024 --dump-expected "$exp"
+	v0=$(wl_verify "$WL") || exit 1
+	dump_ok "$WL" "$img"
+	nbo=$(decode "$img" | /usr/bin/python3 -c 'import json,sys; print(sum(len(k["bos"]) for k in json.load(sys.stdin)["kfd"].values()))') ||
+		fail "the images do not decode"
+	[ "$nbo" -ge 1026 ] || fail "the KFD image holds $nbo BOs, the process had 1026 data BOs"
+	r=$(imgcheck pages "$img" "$top/proto/criu-amdgpu.proto" "$exp" 2>&1) || fail "$r"
+	restore_ok "$img" "$WL"
+	v1=$(wl_verify "$WL") || exit 1
+	[ "$(json_num "$v1" bytes)" = "$(json_num "$v0" bytes)" ] || fail "verified $(json_num "$v1" bytes) bytes after the restore, $(json_num "$v0" bytes) before"
+	wl_finish "$WL"
+	note "$nbo BOs; $r"
+}
+
+case_dump_1gib_bo() { on mi100 -- dump_1gib_bo; }
+dump_1gib_bo() {
+	local img=$CASE_DIR/img v0 v1 size
+	wl_start wl --mib 1 --bos 1 --big-bo-mib 1024
+	v0=$(wl_verify "$WL") || exit 1
+	dump_ok "$WL" "$img"
+	size=$(stat -c %s "$img"/amdgpu-pages-*.img)
+	[ "$size" -gt $((1 << 30)) ] || fail "the pages file has $size bytes, less than the 1 GiB BO"
+	note "$(grep -a -m1 -o 'GPU 0x[0-9a-f]* (host [^)]*): saved .*' "$img/dump.log")"
+	restore_ok "$img" "$WL"
+	note "$(grep -a -m1 -o 'GPU 0x[0-9a-f]* (host [^)]*): restored .*' "$LAST_RESTORE_LOG")"
+	v1=$(wl_verify "$WL") || exit 1
+	[ "$(json_num "$v1" bytes)" = "$(json_num "$v0" bytes)" ] || fail "verified $(json_num "$v1" bytes) bytes after the restore, $(json_num "$v0" bytes) before"
+	wl_finish "$WL"
+	rm -rf "$img"
+}
+
+# ---------------------------------------------------------------------------------------
+# Cases: faults during a dump (#4). Each failed dump must leave the process running with
+# its GPU work going on, and say which process, GPU and step failed.
+
+case_fault_dump_dir_full() { on mi100x2 -- fault_dump_dir_full; }
+fault_dump_dir_full() {
+	local img=$CASE_DIR/img log=$CASE_DIR/dump.log v0
+	wl_start wl --mib 16 --bos 4
+	v0=$(wl_verify "$WL") || exit 1
+	mkdir -p "$img"
+	# 4 MiB: CRIU's own images fit, 16 MiB of GPU memory per GPU does not.
+	mount -t tmpfs -o size=4m gpu-test-full "$img" || fail "cannot mount a small tmpfs on $img"
+	dump "$WL" "$img" -o "$log" && fail "the dump into a full directory succeeded"
+	log_has "$log" "amdgpu: pid $WL: .*GPU 0x[0-9a-f]+.*No space left on device" \
+		"amdgpu: pid $WL: GPU queues unpaused"
+	running_on "$WL" "$v0"
+	umount "$img"
+	wl_finish "$WL"
+	note "$(grep -a -m1 -o "amdgpu: pid $WL: .*No space left on device.*" "$log")"
+}
+
+case_fault_dump_dir_readonly() { on mi100x2 -- fault_dump_dir_readonly; }
+fault_dump_dir_readonly() {
+	local img=$CASE_DIR/img log=$CASE_DIR/dump.log v0
+	wl_start wl --mib 4 --bos 2
+	v0=$(wl_verify "$WL") || exit 1
+	mkdir -p "$img"
+	mount --bind "$img" "$img" && mount -o remount,bind,ro "$img" || fail "cannot make $img read-only"
+	dump "$WL" "$img" -o "$log" && fail "the dump into a read-only directory succeeded"
+	log_has "$log" "Error .*Read-only file system"
+	if grep -aq "amdgpu: pid $WL: GPU queues paused" "$log"; then
+		log_has "$log" "amdgpu: pid $WL: GPU queues unpaused"
+	fi
+	[ -z "$(ls -A "$img")" ] || fail "files appeared in the read-only directory: $(ls -A "$img" | paste -sd' ')"
+	running_on "$WL" "$v0"
+	umount "$img"
+	wl_finish "$WL"
+	note "$(grep -a -m1 -o 'Error .*Read-only file system' "$log")"
+}
+
+# Only the GPU's image files cannot be written (read-only bind mounts of files with their
+# names): CRIU's part of the dump works, the GPU part must fail cleanly.
+case_fault_dump_gpu_files_readonly() { on mi100x2 -- fault_dump_gpu_files_readonly; }
+fault_dump_gpu_files_readonly() {
+	local probe=$CASE_DIR/probe img=$CASE_DIR/img log=$CASE_DIR/dump.log v0 f n=0
+	wl_start wl --mib 4 --bos 2
+	v0=$(wl_verify "$WL") || exit 1
+	# The names the GPU files will have (CRIU's file ids do not change between dumps).
+	dump_ok "$WL" "$probe" --leave-running
+	mkdir -p "$img"
+	for f in "$probe"/amdgpu-pages-*.img "$probe"/amdgpu-kfd-*.img; do
+		: >"$img/${f##*/}"
+		mount --bind "$img/${f##*/}" "$img/${f##*/}" && mount -o remount,bind,ro "$img/${f##*/}" ||
+			fail "cannot make $img/${f##*/} read-only"
+		n=$((n + 1))
+	done
+	dump "$WL" "$img" -o "$log" && fail "the dump succeeded although its $n GPU image files are read-only"
+	log_has "$log" "amdgpu: pid $WL: .*(amdgpu-pages|amdgpu-kfd).*Read-only file system" \
+		"amdgpu: pid $WL: GPU queues unpaused"
+	running_on "$WL" "$v0"
+	for f in "$img"/amdgpu-*.img; do umount "$f" 2>/dev/null; done
+	wl_finish "$WL"
+	note "$(grep -a -m1 -o "amdgpu: pid $WL: .*Read-only file system.*" "$log")"
+}
+
+# criu-rocm without CAP_SYS_ADMIN and CAP_CHECKPOINT_RESTORE; then KFD itself refusing the
+# CRIU op as it does for such a caller (EACCES).
+case_fault_dump_no_capability() {
+	on mi100x2 -- fault_dump_no_capability
+	on mi100x2 --fail PROCESS_INFO:EACCES -- fault_dump_kfd_eacces
+}
+fault_dump_no_capability() {
+	local img=$CASE_DIR/img log=$CASE_DIR/dump-nocap.log v0 out
+	wl_start wl --mib 4 --bos 2
+	v0=$(wl_verify "$WL") || exit 1
+	mkdir -p "$img"
+	out=$(setpriv --inh-caps=-sys_admin,-checkpoint_restore --bounding-set=-sys_admin,-checkpoint_restore \
+		"$CRIU" dump -t "$WL" -D "$img" -o "$log" -v4 2>&1) &&
+		fail "criu-rocm without CAP_SYS_ADMIN/CAP_CHECKPOINT_RESTORE dumped: $out"
+	grep -q "CAP_SYS_ADMIN or the CAP_CHECKPOINT_RESTORE" <<<"$out" ||
+		fail "criu-rocm without the capabilities did not say why it failed: $(paste -sd' ' <<<"$out")"
+	running_on "$WL" "$v0"
+	wl_finish "$WL"
+}
+fault_dump_kfd_eacces() {
+	local img=$CASE_DIR/img2 v0
+	wl_start wl2 --mib 4 --bos 2
+	v0=$(wl_verify "$WL") || exit 1
+	dump "$WL" "$img" && fail "the dump succeeded although KFD refused its CRIU op (EACCES)"
+	log_has "$img/dump.log" "amdgpu: pid $WL: fd [0-9]+ \(/dev/kfd\): pausing the GPU queues: .*Permission denied"
+	running_on "$WL" "$v0"
+	wl_finish "$WL"
+	note "$(grep -a -m1 -o "amdgpu: pid $WL: .*Permission denied.*" "$img/dump.log")"
+}
+
+# Two processes; KFD fails the second CHECKPOINT (the first process is paused and
+# checkpointed by then). Both must run on; a second dump then succeeds.
+case_fault_dump_checkpoint_ioctl() { on mi100x2 --fail CHECKPOINT:EIO:1:1 -- fault_dump_checkpoint_ioctl; }
+fault_dump_checkpoint_ioctl() {
+	local img=$CASE_DIR/img img2=$CASE_DIR/img2 kid v0 v1 v2 n
+	wl_start wl --procs 2 --mib 2 --bos 2
+	kid=$(wl_children "$WL")
+	v0=$(wl_verify "$WL" "$kid") || exit 1
+	dump "$WL" "$img" && fail "the dump succeeded although KFD failed a CHECKPOINT"
+	log_has "$img/dump.log" "amdgpu: pid [0-9]+: fd [0-9]+ \(/dev/kfd\): CHECKPOINT: .*Input/output error"
+	n=$(grep -acE "amdgpu: pid ($WL|$kid): GPU queues unpaused" "$img/dump.log")
+	[ "$n" = 2 ] || fail "$n of 2 processes were unpaused after the failed CHECKPOINT"
+	running_on "$WL" "$(sed -n 1p <<<"$v0")"
+	running_on "$kid" "$(sed -n 2p <<<"$v0")"
+	dump_ok "$WL" "$img2" --leave-running
+	[ "$(ls "$img2"/amdgpu-kfd-*.img | wc -l)" = 2 ] || fail "the second dump saved $(ls "$img2"/amdgpu-kfd-*.img | wc -l) KFD processes, not 2"
+	v1=$(wl_verify "$WL" "$kid") || exit 1
+	sleep 0.2
+	v2=$(wl_verify "$WL" "$kid") || exit 1
+	counters_cmp "$(sed -n 1p <<<"$v1")" "$(sed -n 1p <<<"$v2")" gt &&
+		counters_cmp "$(sed -n 2p <<<"$v1")" "$(sed -n 2p <<<"$v2")" gt ||
+		fail "counters stopped after the second dump"
+	wl_finish "$WL" "$kid"
+	note "$(grep -a -m1 -o 'amdgpu: pid [0-9]*: fd [0-9]* (/dev/kfd): CHECKPOINT: .*' "$img/dump.log")"
+}
+
+# UNPAUSE fails after a --leave-running dump: the dump must not report success.
+case_fault_dump_unpause_fails() { on mi100x2 --fail UNPAUSE -- fault_dump_unpause_fails; }
+fault_dump_unpause_fails() {
+	local img=$CASE_DIR/img
+	wl_start wl --mib 2 --bos 2
+	dump "$WL" "$img" --leave-running && fail "the dump reported success although the GPU could not be unpaused"
+	log_has "$img/dump.log" "amdgpu: pid $WL: fd [0-9]+ \(/dev/kfd\): unpausing the GPU queues: .*its GPU work stays stopped" \
+		"GPU work of the dumped tree could not be resumed"
+	alive "$WL" || fail "the process is gone after the dump"
+	kill -KILL "$WL"
+}
+
+# ---------------------------------------------------------------------------------------
+# Cases: restore (#5)
+
+# Dump, kill, restore on the same host: every BO byte, the counters (no lost or repeated
+# step: gpu-workload checks each step against the last), events, new BOs and queues,
+# threads with their own queues.
+case_restore_same_host() { on mi100x2 -- restore_same_host; }
+restore_same_host() {
+	local img=$CASE_DIR/img v0 v1 v2 map
+	wl_start wl --mib 8 --bos 4 --events --fresh --threads 2
+	v0=$(wl_verify "$WL") || exit 1
+	dump_ok "$WL" "$img"
+	map=$(gpu_check_restorable "$img") || exit 1
+	restore_ok "$img" "$WL"
+	[ "$map" = "$(restore_mapping "$LAST_RESTORE_LOG")" ] ||
+		fail "gpu-check predicted '$map', the restore did '$(restore_mapping "$LAST_RESTORE_LOG")'"
+	[ "$(render_fds "$WL" | wc -l)" = 2 ] || fail "the restored process has $(render_fds "$WL" | wc -l) render-node fds, not 2"
+	v1=$(wl_verify "$WL") || exit 1
+	[ "$(json_num "$v1" bytes)" = "$(json_num "$v0" bytes)" ] || fail "verified $(json_num "$v1" bytes) bytes after the restore, $(json_num "$v0" bytes) before"
+	counters_cmp "$v0" "$v1" ge || fail "counters went back: $(json_list "$v0" counters) then $(json_list "$v1" counters)"
+	# The SET_EVENT left pending at the dump, then a FENCE+TRAP from SDMA.
+	[ "$(json_num "$v1" events)" -ge $(($(json_num "$v0" events) + 2)) ] || fail "events did not fire after the restore: $v0 / $v1"
+	[ "$(json_num "$v1" fresh)" = $(($(json_num "$v0" fresh) + 2)) ] || fail "new BOs and queues failed after the restore: $v1"
+	sleep 0.3
+	v2=$(wl_verify "$WL") || exit 1
+	counters_cmp "$v1" "$v2" gt || fail "counters do not advance after the restore: $(json_list "$v1" counters) then $(json_list "$v2" counters)"
+	wl_finish "$WL"
+	note "counters $(json_list "$v0" counters) before, $(json_list "$v2" counters) after; $map"
+}
+
+# Dump on mi100x2, restore on another mi100x2 (other gpu_ids, minors and GPU order).
+case_restore_other_host() {
+	on mi100x2 -- dump_for_later wl --mib 4 --bos 2 --events
+	on mi100x2 --profile-file "$(host_file mi100x2-other)" -- restore_other_host
+}
+# dump_for_later NAME [gpu-workload ARG...]: starts a workload, verifies it, dumps it into
+# $CASE_DIR/img; the pid goes to $CASE_DIR/NAME.pid.
+dump_for_later() {
+	local name=$1
+	shift
+	wl_start "$name" "$@"
+	wl_verify "$WL" >/dev/null || exit 1
+	dump_ok "$WL" "$CASE_DIR/img"
+}
+restore_other_host() {
+	local img=$CASE_DIR/img pid map fds
+	WL_OUT=$CASE_DIR/wl.out
+	pid=$(cat "$CASE_DIR/wl.pid")
+	map=$(gpu_check_restorable "$img") || exit 1
+	restore_ok "$img" "$pid"
+	[ "$map" = "$(restore_mapping "$LAST_RESTORE_LOG")" ] ||
+		fail "gpu-check predicted '$map', the restore did '$(restore_mapping "$LAST_RESTORE_LOG")'"
+	grep -qE 'GPU 0x3f2c \(renderD128\) -> host GPU 0x(51e7|a0c4) \(renderD13[01]\)' <<<"$map" &&
+		grep -qE 'GPU 0xd9b1 \(renderD129\) -> host GPU 0x(51e7|a0c4) \(renderD13[01]\)' <<<"$map" ||
+		fail "unexpected GPU mapping on the other host: $map"
+	fds=$(render_fds "$pid" | awk '{print $2}' | sort | paste -sd' ')
+	[ "$fds" = "130 131" ] || fail "the restored process' render fds are on minors '$fds', not 130 131"
+	wl_verify "$pid" >/dev/null || exit 1
+	wl_finish "$pid"
+	note "$map"
+}
+
+# Two hives of four on mi250x8; restored where the hives are enumerated the other way
+# round with other ids: each image hive must land on one host hive, whole.
+case_restore_mi250x8_hives_swapped() {
+	on mi250x8 -- dump_for_later wl --mib 1 --bos 2
+	on mi250x8 --profile-file "$(host_file mi250x8-hives-swapped)" -- restore_hives_swapped
+}
+restore_hives_swapped() {
+	local img=$CASE_DIR/img pid map
+	WL_OUT=$CASE_DIR/wl.out
+	pid=$(cat "$CASE_DIR/wl.pid")
+	map=$(gpu_check_restorable "$img") || exit 1
+	restore_ok "$img" "$pid"
+	map=$(restore_mapping "$LAST_RESTORE_LOG")
+	pycheck "$map" <<-'EOF' || fail "hives or NUMA nodes split or mixed: $map"
+		import re, sys
+		pairs = re.findall(r"GPU 0x([0-9a-f]+) \(renderD\d+\) -> host GPU 0x([0-9a-f]+)", sys.argv[1])
+		if len(pairs) != 8 or len({n for _, n in pairs}) != 8:
+		    sys.exit(1)
+		# (hive, NUMA node) of each GPU on the dump host (mi250x8) and on this one
+		old = dict(zip("8f1d 1b62 4ce5 d07a 2a93 7e48 c5b6 3d0f".split(), "A0 A0 A1 A1 B2 B2 B3 B3".split()))
+		new = dict(zip("91a1 91a2 91a3 91a4 91b1 91b2 91b3 91b4".split(), "y2 y2 y3 y3 x0 x0 x1 x1".split()))
+		for part in (0, 1):  # hives, then NUMA nodes: each group lands whole on one group
+		    lands = {}
+		    for o, n in pairs:
+		        lands.setdefault(old[o][part], set()).add(new[n][part])
+		    if any(len(v) != 1 for v in lands.values()) or len(set.union(*lands.values())) != len(lands):
+		        sys.exit(1)
+	EOF
+	wl_verify "$pid" >/dev/null || exit 1
+	wl_finish "$pid"
+	note "$map"
+}
+
+# incompatible_host OVERRIDE CHECK_KNOB REGEX...: dump on mi100x2; on the OVERRIDE host
+# gpu-check and the restore must refuse for a reason matching each REGEX, leaving no
+# process and the images intact; with CHECK_KNOB=0 (if given) both must then succeed
+# there; otherwise a second attempt on a matching host must.
+incompatible_host() {
+	local override=$1 knob=$2
+	shift 2
+	on mi100x2 -- dump_for_later wl --mib 4 --bos 2
+	on mi100x2 --profile-file "$(host_file "$override")" -- restore_refused "$knob" "$@"
+	[ -n "$knob" ] || on mi100x2 -- restore_later
+}
+restore_refused() {
+	local img=$CASE_DIR/img knob=$1 pid re
+	shift
+	WL_OUT=$CASE_DIR/wl.out
+	pid=$(cat "$CASE_DIR/wl.pid")
+	gpu_check_refuses "$img" "$@"
+	restore_fails "$img" "$pid" "restore on an incompatible host"
+	log_has "$LAST_RESTORE_LOG" "amdgpu: pid $pid: matching the image's GPUs to this host: .*($(IFS='|'; echo "$*"))"
+	note "refused: $(grep -a -m1 -o "matching the image's GPUs to this host: .*" "$LAST_RESTORE_LOG" | cut -c1-200)"
+	[ -n "$knob" ] || return 0
+	export "$knob=0"
+	gpu_check_restorable "$img" >/dev/null
+	restore_ok "$img" "$pid"
+	wl_verify "$pid" >/dev/null || exit 1
+	wl_finish "$pid"
+	note "accepted with $knob=0"
+}
+restore_later() {
+	local pid
+	WL_OUT=$CASE_DIR/wl.out
+	pid=$(cat "$CASE_DIR/wl.pid")
+	gpu_check_restorable "$CASE_DIR/img" >/dev/null
+	restore_ok "$CASE_DIR/img" "$pid"
+	wl_verify "$pid" >/dev/null || exit 1
+	wl_finish "$pid"
+}
+
+case_restore_fewer_gpus() { incompatible_host mi100x2-one-gpu "" "the image has 2 GPUs but this host shows only 1"; }
+case_restore_smaller_vram() {
+	incompatible_host mi100x2-small-vram KFD_VRAM_SIZE_CHECK \
+		"GPU 0x(3f2c|d9b1) \(node [0-9]+\): no host GPU matches: .*vram_size 34359738368 > 17179869184"
+}
+case_restore_older_firmware() {
+	incompatible_host mi100x2-old-fw KFD_FW_VER_CHECK \
+		"GPU 0x(3f2c|d9b1) \(node [0-9]+\): no host GPU matches: .*fw_version 65 > 60"
+}
+
+# Damaged images: each fails before the process runs, without leftovers; then the intact
+# images restore.
+case_restore_damaged_images() {
+	on mi100x2 -- dump_for_later wl --mib 4 --bos 2
+	on mi100x2 -- restore_damaged_images
+}
+restore_damaged_images() {
+	local img=$CASE_DIR/img pid kfd pages v
+	WL_OUT=$CASE_DIR/wl.out
+	pid=$(cat "$CASE_DIR/wl.pid")
+	kfd=$(cd "$img" && ls amdgpu-kfd-*.img | head -n 1)
+	pages=$(cd "$img" && ls amdgpu-pages-*.img | head -n 1)
+	# name ~ file ~ corruption ~ what the restore log must say ~ gpu-check must refuse
+	while IFS='~' read -r name file how re dry; do
+		v=$CASE_DIR/$name
+		cp -a "$img" "$v"
+		# shellcheck disable=SC2086
+		imgcheck corrupt "$v/$file" $how "$top/proto/criu-amdgpu.proto" || fail "$name: could not damage $file"
+		restore_fails "$v" "$pid" "$name"
+		log_has "$LAST_RESTORE_LOG" "$re"
+		if [ "$dry" = yes ]; then gpu_check_refuses "$v" "$file"; fi
+		note "$name: $(grep -a -oE 'amdgpu: .*' "$LAST_RESTORE_LOG" | grep -v -- '-> host GPU' | tail -n 1 | cut -c1-200)"
+	done <<-EOF
+		short-pages~$pages~truncate 4096~amdgpu: .*$pages.*~yes
+		pages-size-word~$pages~size-word -4096~amdgpu: .*$pages.*~yes
+		pages-flipped-byte~$pages~flip -3000~amdgpu: .*GPU 0x[0-9a-f]+, BO [0-9]+ .*hash.*differs~no
+		kfd-flipped-tag~$kfd~flip 8~amdgpu: .*$kfd.*~yes
+		kfd-size-word~$kfd~size-word 1~amdgpu: .*$kfd.*~yes
+		kfd-truncated~$kfd~truncate 100~amdgpu: .*$kfd.*~yes
+		kfd-num-bos~$kfd~num-bos 1~amdgpu: .*$kfd.*num_of_bos.*~yes
+		kfd-num-bos-overflow~$kfd~num-bos =18446744073709551615~amdgpu: .*$kfd.*num_of_bos.*~yes
+	EOF
+	restore_ok "$img" "$pid"
+	wl_verify "$pid" >/dev/null || exit 1
+	wl_finish "$pid"
+}
+
+case_restore_missing_render_node() {
+	on mi100x2 -- dump_for_later wl --mib 4 --bos 2
+	on mi100x2 -- restore_missing_render_node
+	on mi100x2 -- restore_later
+}
+restore_missing_render_node() {
+	local img=$CASE_DIR/img pid
+	WL_OUT=$CASE_DIR/wl.out
+	pid=$(cat "$CASE_DIR/wl.pid")
+	umount /dev/dri/renderD129 && rm -f /dev/dri/renderD129 || fail "cannot remove /dev/dri/renderD129 in the emulated host"
+	gpu_check_refuses "$img" "/dev/dri/renderD129"
+	restore_fails "$img" "$pid" "restore without renderD129"
+	log_has "$LAST_RESTORE_LOG" "amdgpu: pid $pid: GPU 0xd9b1: opening /dev/dri/renderD129: .*No such file or directory"
+	note "$(grep -a -m1 -o "amdgpu: pid $pid: GPU 0xd9b1: opening .*" "$LAST_RESTORE_LOG")"
+}
+
+# KFD fails RESUME (criu's resume point after the restorer): the restore must fail and
+# leave nothing behind; then it works on a good host.
+case_restore_resume_fails() {
+	on mi100x2 -- dump_for_later wl --mib 4 --bos 2
+	on mi100x2 --fail RESUME -- restore_op_fails "Can't resume the GPU queues of [0-9]+" \
+		"amdgpu: pid [0-9]+: RESUME \(restarting the GPU queues\): .*Input/output error"
+	on mi100x2 -- restore_later
+}
+case_restore_restore_op_fails() {
+	on mi100x2 -- dump_for_later wl --mib 4 --bos 2
+	on mi100x2 --fail RESTORE:ENOMEM -- restore_op_fails "amdgpu: pid [0-9]+: RESTORE of KFD image [0-9-]+ .*Cannot allocate memory"
+	on mi100x2 -- restore_later
+}
+restore_op_fails() {
+	local pid
+	WL_OUT=$CASE_DIR/wl.out
+	pid=$(cat "$CASE_DIR/wl.pid")
+	restore_fails "$CASE_DIR/img" "$pid" "restore with a failing KFD op"
+	log_has "$LAST_RESTORE_LOG" "$@"
+	note "$(grep -a -m1 -oE "$1.*" "$LAST_RESTORE_LOG" | cut -c1-200)"
+}
+
+case_restore_multi_process() {
+	known_bug "BUG-2 (kfd-emu): the /dev/kfd mmap offsets of doorbells and the events page encode the\
+ process' slot, so a restored process that maps its recorded offsets reaches the doorbells of\
+ whichever process holds that slot now (real KFD picks the caller's process); only processes\
+ restored into their old slot keep working" \
+		"verification failed: .*(a step was lost|did not reach|expected Signaled)"
+	on mi100x2 -- restore_multi_process
+}
+restore_multi_process() {
+	local img=$CASE_DIR/img kids v0 v1 p i
+	wl_start wl --procs 3 --threads 2 --mib 2 --bos 2 --events
+	kids=$(wl_children "$WL")
+	# shellcheck disable=SC2086
+	v0=$(wl_verify "$WL" $kids) || exit 1
+	dump_ok "$WL" "$img"
+	restore_ok "$img" "$WL"
+	# shellcheck disable=SC2086
+	v1=$(wl_verify "$WL" $kids) || exit 1
+	for i in 1 2 3; do
+		counters_cmp "$(sed -n ${i}p <<<"$v0")" "$(sed -n ${i}p <<<"$v1")" ge || fail "counters went back in process $i"
+	done
+	# shellcheck disable=SC2086
+	wl_finish "$WL" $kids
+}
+
+# Five dump/restore cycles, alternating between two hosts with different gpu_ids: each
+# dump must keep naming the GPUs by the ids the process started with.
+case_restore_five_cycles() {
+	local i
+	on mi100x2 -- cycle_start
+	for i in 1 2 3 4 5; do
+		if [ $((i % 2)) = 1 ]; then
+			on mi100x2 --profile-file "$(host_file mi100x2-other)" -- cycle_step "$i"
+		else
+			on mi100x2 -- cycle_step "$i"
+		fi
+	done
+}
+cycle_start() {
+	wl_start wl --mib 4 --bos 2 --events --fresh --threads 1
+	wl_verify "$WL" >"$CASE_DIR/last.line" || exit 1
+	cycle_dump 1
+}
+cycle_dump() {
+	local img=$CASE_DIR/img$1 g
+	dump_ok "$WL" "$img"
+	for g in $(wl_gpus_hex "$WL"); do
+		ls "$img"/amdgpu-pages-*-"$g".img >/dev/null 2>&1 ||
+			fail "dump $1: no pages file for GPU $g (the id the process knows): $(cd "$img" && ls amdgpu-pages-* | paste -sd' ')"
+	done
+}
+cycle_step() {
+	local n=$1 v last
+	WL_OUT=$CASE_DIR/wl.out
+	WL=$(cat "$CASE_DIR/wl.pid")
+	last=$(cat "$CASE_DIR/last.line")
+	restore_ok "$CASE_DIR/img$n" "$WL"
+	v=$(wl_verify "$WL") || exit 1
+	counters_cmp "$last" "$v" ge || fail "cycle $n: counters went back: $(json_list "$last" counters) then $(json_list "$v" counters)"
+	[ "$(json_num "$v" events)" -gt "$(json_num "$last" events)" ] || fail "cycle $n: events stopped firing"
+	echo "$v" >"$CASE_DIR/last.line"
+	if [ "$n" = 5 ]; then
+		wl_finish "$WL"
+		note "counters after 5 cycles: $(json_list "$v" counters); events fired: $(json_num "$v" events)"
+	else
+		cycle_dump $((n + 1))
+	fi
+}
+
+# ---------------------------------------------------------------------------------------
+# The driver
+
+# Case order: as written in this file.
+ordered_cases() {
+	grep -o '^case_[a-z0-9_]*()' "$self" | sed 's/^case_//; s/()$//'
+}
+
+run_one() {
+	local name=$1 t0 rc status reason bug bug_re
+	CASE_DIR=$WORK/$name
+	rm -rf "$CASE_DIR"
+	mkdir -p "$CASE_DIR"
+	export CASE_DIR
+	t0=${EPOCHREALTIME/./}
+	timeout -k 10 "$CASE_TIMEOUT" "$self" __case "$name" >"$CASE_DIR/case.out" 2>&1
+	rc=$?
+	kill_leftovers
+	local secs
+	secs=$(((${EPOCHREALTIME/./} - t0) / 1000))
+	secs=$(printf '%d.%d s' $((secs / 1000)) $((secs % 1000 / 100)))
+	reason=$(cat "$CASE_DIR/reason" 2>/dev/null)
+	[ "$rc" = 124 ] || [ "$rc" = 137 ] && reason="timed out after ${CASE_TIMEOUT} s${reason:+; $reason}"
+	[ "$rc" != 0 ] && [ -z "$reason" ] && reason="exit status $rc (see $CASE_DIR/case.out)"
+	bug=$(sed -n 1p "$CASE_DIR/known-bug" 2>/dev/null)
+	bug_re=$(sed -n 2p "$CASE_DIR/known-bug" 2>/dev/null)
+	if [ "$rc" = 0 ] && [ -z "$bug" ]; then
+		status=PASS
+		PASSED=$((PASSED + 1))
+	elif [ "$rc" = 0 ]; then
+		status=XPASS
+		PASSED=$((PASSED + 1))
+	elif [ "$rc" != 0 ] && [ -n "$bug" ] && grep -qE -- "$bug_re" <<<"$reason"; then
+		status=XFAIL
+		PASSED=$((PASSED + 1))
+		XFAILS+=("$name")
+	else
+		status=FAIL
+		FAILED=$((FAILED + 1))
+	fi
+	case $status in
+	PASS) echo "PASS  $name ($secs)" ;;
+	XFAIL)
+		echo "XFAIL $name ($secs): known bug: $bug"
+		echo "      fails as expected: $(cut -c1-400 <<<"$reason" | head -n 1)"
+		;;
+	XPASS) echo "XPASS $name ($secs): passed although marked for ${bug%%:*}; once that is fixed, drop the mark" ;;
+	FAIL)
+		echo "FAIL  $name ($secs): $reason"
+		[ -n "$bug" ] && echo "      marked as failing for ${bug%%:*}, but it failed otherwise"
+		echo "      logs: $CASE_DIR"
+		;;
+	esac
+	[ -f "$CASE_DIR/notes" ] && [ "$status" = PASS ] && sed 's/^/      /' "$CASE_DIR/notes"
+	return 0
+}
+
+# Whatever a case left running in the namespace (kfd-emu kills its own descendants; this
+# catches the rest after a timeout).
+kill_leftovers() {
+	local d p
+	for d in /proc/[0-9]*; do
+		p=${d#/proc/}
+		[ "$p" = 1 ] || [ "$p" = $$ ] && continue
+		kill -KILL "$p" 2>/dev/null
+	done
+	wait 2>/dev/null
+}
+
+preflight() {
+	local c
+	[ "$(id -u)" = 0 ] || { echo "test/gpu/run.sh: needs root (kfd-emu mounts FUSE nodes, CRIU needs CAP_SYS_ADMIN)" >&2; exit 2; }
+	for c in "$CRIU" "$KFD_EMU" "$WORKLOAD"; do
+		[ -x "$c" ] || { echo "test/gpu/run.sh: $c is missing (make test-gpu builds it)" >&2; exit 2; }
+	done
+	for c in protoc setpriv unshare timeout sha256sum /usr/bin/python3; do
+		command -v "$c" >/dev/null || { echo "test/gpu/run.sh: $c is missing (scripts/install-deps.sh)" >&2; exit 2; }
+	done
+}
+
+upstream_proto() {
+	local tarball
+	CRIU_VERSION=$(sed -n 's/^CRIU_VERSION=//p' "$top/criu/upstream.lock")
+	CRIU_TARBALL_NAME=$(sed -n 's/^CRIU_TARBALL_NAME=//p' "$top/criu/upstream.lock")
+	tarball=$top/build/cache/$CRIU_TARBALL_NAME
+	if [ -f "$tarball" ] &&
+		tar -xJOf "$tarball" "criu-$CRIU_VERSION/plugins/amdgpu/criu-amdgpu.proto" >"$WORK/upstream/criu-amdgpu.proto" 2>/dev/null; then
+		return 0
+	fi
+	cp "$top/build/criu-$CRIU_VERSION/plugins/amdgpu/criu-amdgpu.proto" "$WORK/upstream/criu-amdgpu.proto" 2>/dev/null
+}
+
+main() {
+	local name t0 wanted=("$@") known=()
+	PASSED=0 FAILED=0 XFAILS=()
+	trap 'exit 130' INT TERM HUP
+	mapfile -t known < <(ordered_cases)
+	if [ ${#wanted[@]} = 0 ]; then wanted=("${known[@]}"); fi
+	for name in "${wanted[@]}"; do
+		declare -F "case_$name" >/dev/null || { echo "test/gpu/run.sh: no case $name (--list)" >&2; exit 2; }
+	done
+	WORK=$(mktemp -d /tmp/criu-rocm-gpu-test.XXXXXX)
+	mkdir -p "$WORK/upstream"
+	upstream_proto || { echo "test/gpu/run.sh: upstream's criu-amdgpu.proto not found (run make first)" >&2; exit 2; }
+	export WORK UPSTREAM_PROTO=$WORK/upstream/criu-amdgpu.proto
+	echo "GPU tests: ${#wanted[@]} case(s), criu-rocm $CRIU, work directory $WORK"
+	t0=${EPOCHREALTIME/./}
+	for name in "${wanted[@]}"; do run_one "$name"; done
+	echo "total $((( ${EPOCHREALTIME/./} - t0) / 1000000)) s${XFAILS[*]:+; expected failures (known bugs): ${XFAILS[*]}}"
+	if [ "$FAILED" = 0 ] && [ "${GPU_TEST_KEEP:-}" != 1 ]; then rm -rf "$WORK"; fi
+	echo "$PASSED passed, $FAILED failed"
+	[ "$FAILED" = 0 ]
+}
+
+case ${1:-} in
+__main)
+	shift
+	main "$@"
+	;;
+__case)
+	case_"$2"
+	;;
+__in)
+	shift
+	"$@"
+	;;
+--list)
+	ordered_cases
+	;;
+"" | -h | --help)
+	sed -n '2,/^set -uo/p' "$self" | sed '$d; s/^# \{0,1\}//'
+	exit 2
+	;;
+*)
+	CRIU=$(realpath "$1")
+	shift
+	target=${CARGO_TARGET_DIR:-$top/rust/target}/release
+	KFD_EMU=$target/kfd-emu
+	WORKLOAD=$target/gpu-workload
+	CASE_TIMEOUT=${GPU_TEST_TIMEOUT:-150}
+	export CRIU KFD_EMU WORKLOAD CASE_TIMEOUT
+	preflight
+	exec unshare --pid --fork --mount-proc --kill-child "$self" __main "$@"
+	;;
+esac
