@@ -69,14 +69,34 @@ impl log::Log for CriuLogger {
 
     fn log(&self, record: &log::Record<'_>) {
         if self.enabled(record.metadata()) {
-            (self.sink)(
-                criu_level(record.level()),
-                &format!("{PREFIX}{}", record.args()),
-            );
+            let line = format!("{PREFIX}{}", record.args());
+            (self.sink)(criu_level(record.level()), &readable_paths(&line));
         }
     }
 
     fn flush(&self) {}
+}
+
+/// The line with every `/proc/self/fd/<n>` path (how the GPU hooks reach
+/// CRIU's image directory, whose path may not resolve in a restored task)
+/// shown as the directory's own path, as the user named it.
+pub fn readable_paths(line: &str) -> String {
+    const FD_DIR: &str = "/proc/self/fd/";
+    let mut out = String::with_capacity(line.len());
+    let mut rest = line;
+    while let Some(at) = rest.find(FD_DIR) {
+        out.push_str(&rest[..at]);
+        let tail = &rest[at + FD_DIR.len()..];
+        let digits = tail.bytes().take_while(u8::is_ascii_digit).count();
+        let link = &rest[at..at + FD_DIR.len() + digits];
+        match std::fs::read_link(link) {
+            Ok(real) if digits > 0 => out.push_str(&real.to_string_lossy()),
+            _ => out.push_str(link),
+        }
+        rest = &tail[digits..];
+    }
+    out.push_str(rest);
+    out
 }
 
 static LOGGER: OnceLock<CriuLogger> = OnceLock::new();
@@ -114,5 +134,26 @@ pub(crate) mod tests {
         assert_eq!(criu_level(log::Level::Warn), LOG_WARN);
         assert_eq!(criu_level(log::Level::Trace), LOG_DEBUG);
         assert_eq!(criu_level(log::Level::Info), LOG_INFO);
+    }
+
+    #[test]
+    fn image_dir_paths_read_as_the_directory() {
+        use std::os::fd::AsRawFd;
+        let dir = std::env::temp_dir();
+        let f = std::fs::File::open(&dir).unwrap();
+        let msg = format!(
+            "pid 7: /proc/self/fd/{}/amdgpu-pages-3-1a2b.img: truncated",
+            f.as_raw_fd()
+        );
+        let real = std::fs::canonicalize(&dir).unwrap();
+        assert_eq!(
+            readable_paths(&msg),
+            format!(
+                "pid 7: {}/amdgpu-pages-3-1a2b.img: truncated",
+                real.display()
+            )
+        );
+        assert_eq!(readable_paths("no path here"), "no path here");
+        assert_eq!(readable_paths("/proc/self/fd/x"), "/proc/self/fd/x");
     }
 }

@@ -613,6 +613,49 @@ pub fn dry_run(dir: &Path, opts: &RestoreOptions) -> Result<Vec<DryRunEntry>, Se
     Ok(out)
 }
 
+/// Checks one GPU's pages file: its size against the image, and, when the
+/// image carries content hashes (criu-rocm's), every BO's bytes against
+/// its hash, so a damaged file is found before a restore is tried.
+fn verify_pages(dir: &Path, id: FileId, image: &KfdImage, user: GpuId) -> Result<(), String> {
+    use std::io::Read;
+    let name = crate::image::kfd_image_name(id);
+    let total = pages_total(&name, &image.msg.bo_entries, user).map_err(|e| e.to_string())?;
+    let mut pages = PagesReader::open(dir, id, user, total).map_err(|e| e.to_string())?;
+    let hashes = image.content_hashes();
+    if hashes.is_empty() {
+        return Ok(());
+    }
+    let mut buf = vec![0u8; 1 << 20];
+    let bos = image
+        .msg
+        .bo_entries
+        .iter()
+        .enumerate()
+        .filter(|(_, b)| b.gpu_id == user.0 && bo::has_contents(b.alloc_flags));
+    for (i, b) in bos {
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        let mut left = b.size;
+        while left > 0 {
+            let n = left.min(buf.len() as u64) as usize;
+            pages
+                .read_exact(&mut buf[..n])
+                .map_err(|e| format!("{}: BO {i}: {e}", pages.file()))?;
+            h.update(&buf[..n]);
+            left -= n as u64;
+        }
+        if hashes.get(&i).is_some_and(|&want| want != h.digest()) {
+            return Err(format!(
+                "{}: BO {i} (GPU {user}, address {:#x}, {} bytes) does not match the content \
+                 hash saved at dump: the pages file is damaged",
+                pages.file(),
+                b.addr,
+                b.size
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn check_one(
     dir: &Path,
     id: FileId,
@@ -620,13 +663,7 @@ fn check_one(
     opts: &RestoreOptions,
 ) -> Result<String, String> {
     for user in image.gpu_ids() {
-        let total = pages_total(
-            &crate::image::kfd_image_name(id),
-            &image.msg.bo_entries,
-            user,
-        )
-        .map_err(|e| e.to_string())?;
-        PagesReader::open(dir, id, user, total).map_err(|e| e.to_string())?;
+        verify_pages(dir, id, image, user)?;
     }
     let (map, host): (GpuMap, Topology) =
         crate::match_image_to_host(image, &opts.sysfs_nodes, &opts.checks)
