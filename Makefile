@@ -75,7 +75,7 @@ $(BUILD)/criu-rocm.8: Documentation/criu-rocm.8.adoc
 	asciidoctor -b manpage -o $@ $<
 
 # The suites `make test` runs, in order; .ci/run runs and counts them one by one.
-TEST_SUITES	:= test-rust test-smoke test-gpu test-zdtm test-zdtm-gpu test-install
+TEST_SUITES	:= test-rust test-smoke test-gpu test-zdtm test-zdtm-gpu test-demo test-install
 
 test: $(TEST_SUITES)
 	@echo "make test: all suites passed"
@@ -86,6 +86,12 @@ print-test-suites:
 # The main job: GPU checkpoint/restore on the emulator end to end (builds what is missing,
 # dumps gpu-workload on one emulated machine, restores it on another, prints a summary).
 demo:
+	@MAKE="$(MAKE)" CARGO="$(CARGO)" JOBS="$(JOBS)" scripts/demo.sh
+
+# The demo as a test: the script's own checks, then the demo itself (non-zero on any failure).
+.PHONY: test-demo
+test-demo: $(BUILD)/criu-rocm kfd-tools
+	test/demo/check.sh
 	@MAKE="$(MAKE)" CARGO="$(CARGO)" JOBS="$(JOBS)" scripts/demo.sh
 
 # Emulator ioctl latency and VRAM map throughput, then GPU checkpoint/restore against CRIU's

@@ -17,7 +17,7 @@ packages=(
 	python3 python3-protobuf python3-yaml python3-future
 	iproute2 iptables kmod procps psmisc
 	libclang-dev clang libdrm-dev
-	meson ninja-build asciidoctor
+	meson ninja-build asciidoctor shellcheck
 )
 
 missing=()
