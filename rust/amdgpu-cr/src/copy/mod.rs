@@ -422,6 +422,26 @@ fn cpu_only<'a>(window: u64) -> Engines<'a> {
     }
 }
 
+/// Every job split into lanes, each paired with its range of the GPU's
+/// pages file (`open` gives one writer or reader per lane length).
+fn into_lanes<'a, F>(
+    jobs: Vec<GpuJob<'a>>,
+    open: impl Fn(GpuId, &[u64]) -> Result<Vec<F>, ImageError>,
+) -> Result<Vec<(Lane<'a>, F)>, CopyError> {
+    let per_gpu = lanes_per_gpu(jobs.len());
+    let mut lanes = Vec::new();
+    for job in jobs {
+        let split = split_job(job, per_gpu);
+        let lens = split
+            .iter()
+            .map(Lane::bytes)
+            .collect::<Result<Vec<_>, _>>()?;
+        let files = open(split[0].user, &lens)?;
+        lanes.extend(split.into_iter().zip(files));
+    }
+    Ok(lanes)
+}
+
 /// Adds up the lanes' statistics per GPU (elapsed: the slowest lane).
 fn merge_stats(lanes: Vec<GpuStats>) -> Vec<GpuStats> {
     let mut out: Vec<GpuStats> = Vec::new();
@@ -449,17 +469,9 @@ pub fn dump_contents(
     id: FileId,
     jobs: Vec<GpuJob<'_>>,
 ) -> Result<DumpOutcome, CopyError> {
-    let per_gpu = lanes_per_gpu(jobs.len());
-    let mut lanes = Vec::new();
-    for job in jobs {
-        let split = split_job(job, per_gpu);
-        let lens = split
-            .iter()
-            .map(Lane::bytes)
-            .collect::<Result<Vec<_>, _>>()?;
-        let writers = PagesWriter::create_lanes(dir, id, split[0].user, &lens)?;
-        lanes.extend(split.into_iter().zip(writers));
-    }
+    let lanes = into_lanes(jobs, |gpu, lens| {
+        PagesWriter::create_lanes(dir, id, gpu, lens)
+    })?;
     let per_lane = run_parallel(
         lanes,
         |(l, _)| l.user,
@@ -510,17 +522,9 @@ pub fn restore_contents(
     jobs: Vec<GpuJob<'_>>,
     hashes: &BTreeMap<usize, u64>,
 ) -> Result<Vec<GpuStats>, CopyError> {
-    let per_gpu = lanes_per_gpu(jobs.len());
-    let mut lanes = Vec::new();
-    for job in jobs {
-        let split = split_job(job, per_gpu);
-        let lens = split
-            .iter()
-            .map(Lane::bytes)
-            .collect::<Result<Vec<_>, _>>()?;
-        let readers = PagesReader::open_lanes(dir, id, split[0].user, &lens)?;
-        lanes.extend(split.into_iter().zip(readers));
-    }
+    let lanes = into_lanes(jobs, |gpu, lens| {
+        PagesReader::open_lanes(dir, id, gpu, lens)
+    })?;
     let per_lane = run_parallel(
         lanes,
         |(l, _)| l.user,

@@ -140,37 +140,34 @@ impl RestoreSession {
         fd_floor: RawFd,
         dir: &Path,
     ) -> Result<Option<OwnedFd>, SessionError> {
-        if let Some(k) = self.kfds.iter_mut().find(|k| k.id == id) {
-            // Restored early for a render node of the same process.
-            if k.handed_out {
+        let index = match self.kfds.iter().position(|k| k.id == id) {
+            // Restored early, for a render node of the same process.
+            Some(i) if self.kfds[i].handed_out => {
                 return Err(SessionError::State {
                     pid: vpid,
                     what: format!("KFD file {id} restored twice"),
-                });
+                })
             }
-            k.handed_out = true;
-            let fd = k
-                .kfd
-                .try_clone()
-                .map_err(os_step(vpid, "dup of /dev/kfd"))?;
-            return Ok(Some(fd));
-        }
-        if dir.join(crate::image::kfd_image_name(id)).exists() {
-            if let Some(fd) = self.reopen_kfd(vpid, id, fd_floor, dir)? {
-                return Ok(Some(fd));
+            Some(i) => i,
+            None if dir.join(crate::image::kfd_image_name(id)).exists() => {
+                if let Some(fd) = self.reopen_kfd(vpid, id, fd_floor, dir)? {
+                    return Ok(Some(fd));
+                }
+                self.restore_kfd(vpid, id, fd_floor, dir)?;
+                self.kfds.len() - 1
             }
-            let k = self.restore_kfd(vpid, id, fd_floor, dir)?;
-            let fd = k
-                .kfd
-                .try_clone()
-                .map_err(os_step(vpid, "dup of /dev/kfd"))?;
-            k.handed_out = true;
-            return Ok(Some(fd));
-        }
-        if dir.join(crate::image::render_image_name(id)).exists() {
-            return self.restore_render(vpid, id, fd_floor, dir).map(Some);
-        }
-        Ok(None)
+            None if dir.join(crate::image::render_image_name(id)).exists() => {
+                return self.restore_render(vpid, id, fd_floor, dir).map(Some);
+            }
+            None => return Ok(None),
+        };
+        let k = &mut self.kfds[index];
+        k.handed_out = true;
+        let fd = k
+            .kfd
+            .try_clone()
+            .map_err(os_step(vpid, "dup of /dev/kfd"))?;
+        Ok(Some(fd))
     }
 
     /// A KFD image that is a further open of a process' /dev/kfd: the
@@ -223,7 +220,7 @@ impl RestoreSession {
         id: FileId,
         fd_floor: RawFd,
         dir: &Path,
-    ) -> Result<&mut RestoredKfd, SessionError> {
+    ) -> Result<(), SessionError> {
         let start = Instant::now();
         let image = KfdImage::read(dir, id)
             .map_err(|e| SessionError::core(vpid, "reading the KFD image", e))?;
@@ -376,7 +373,7 @@ impl RestoreSession {
             render,
             fixups,
         });
-        Ok(self.kfds.last_mut().expect("pushed above"))
+        Ok(())
     }
 
     fn restore_render(
