@@ -74,6 +74,25 @@ uint32_t gpu_id_of(struct kfd_client *c, uint32_t index)
 	return id;
 }
 
+uint32_t gpu_open_one(struct kfd_client **c, uint32_t *ngpus, uint32_t index)
+{
+	if (gpu_open(c, ngpus))
+		return 0;
+	return gpu_id_of(*c, index);
+}
+
+struct kfd_client_queue *gpu_queue(struct kfd_client *c, uint32_t gpu_id)
+{
+	struct kfd_client_queue *q;
+	int ret = kfd_client_sdma_queue_create(c, gpu_id, 64 << 10, &q);
+
+	if (ret) {
+		gpu_err(ret, "GPU %#x: cannot create an SDMA queue", gpu_id);
+		return NULL;
+	}
+	return q;
+}
+
 int gpu_bo_alloc(struct kfd_client *c, struct gpu_bo *b, const char *name, uint32_t gpu_id, uint32_t kind,
 		 uint64_t size)
 {

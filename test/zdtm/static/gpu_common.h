@@ -87,6 +87,12 @@ int gpu_open(struct kfd_client **c, uint32_t *ngpus);
 /* gpu_id of GPU `index`, or 0 (never a valid gpu_id) after a logged error. */
 uint32_t gpu_id_of(struct kfd_client *c, uint32_t index);
 
+/* gpu_open, then the gpu_id of GPU `index` (0 after pr_err). */
+uint32_t gpu_open_one(struct kfd_client **c, uint32_t *ngpus, uint32_t index);
+
+/* An SDMA queue with a 64 KiB ring on gpu_id, or NULL after pr_err. */
+struct kfd_client_queue *gpu_queue(struct kfd_client *c, uint32_t gpu_id);
+
 int gpu_bo_alloc(struct kfd_client *c, struct gpu_bo *b, const char *name, uint32_t gpu_id, uint32_t kind,
 		 uint64_t size);
 int gpu_bo_free(struct gpu_bo *b);

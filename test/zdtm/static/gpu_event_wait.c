@@ -88,9 +88,7 @@ int main(int argc, char **argv)
 
 	test_init(argc, argv);
 
-	if (gpu_open(&c, &n))
-		return 1;
-	gpu = gpu_id_of(c, 0);
+	gpu = gpu_open_one(&c, &n, 0);
 	if (!gpu)
 		return 1;
 	kfd = gpu_kfd_fd();
@@ -100,11 +98,9 @@ int main(int argc, char **argv)
 	    gpu_bo_alloc(c, &staging, "staging", gpu, KFD_CLIENT_MEM_GTT, 1 << 20))
 		return 1;
 	vram.seed = 0xe7;
-	ret = kfd_client_sdma_queue_create(c, gpu, 64 << 10, &q);
-	if (ret) {
-		gpu_err(ret, "GPU %#x: cannot create an SDMA queue", gpu);
+	q = gpu_queue(c, gpu);
+	if (!q)
 		return 1;
-	}
 	if (gpu_bo_fill_sdma(q, &vram, &staging))
 		return 1;
 	ret = gpu_event_create(kfd, &event);

@@ -44,9 +44,7 @@ int main(int argc, char **argv)
 
 	test_init(argc, argv);
 
-	if (gpu_open(&c, &n))
-		return 1;
-	gpu = gpu_id_of(c, 0);
+	gpu = gpu_open_one(&c, &n, 0);
 	if (!gpu)
 		return 1;
 	kfd = gpu_kfd_fd();
@@ -65,11 +63,9 @@ int main(int argc, char **argv)
 	if (gpu_bo_alloc(c, &staging, "staging", gpu, KFD_CLIENT_MEM_GTT, 1 << 20) ||
 	    gpu_bo_alloc(c, &bo, "vram-1M", gpu, KFD_CLIENT_MEM_VRAM, 1 << 20))
 		return 1;
-	ret = kfd_client_sdma_queue_create(c, gpu, 64 << 10, &q);
-	if (ret) {
-		gpu_err(ret, "GPU %#x: cannot create an SDMA queue", gpu);
+	q = gpu_queue(c, gpu);
+	if (!q)
 		return 1;
-	}
 	bo.seed = 0x4e0;
 	gpu_bo_fill_cpu(&bo, 0, bo.size);
 	ret = gpu_event_create(kfd, &event);

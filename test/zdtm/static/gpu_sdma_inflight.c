@@ -98,9 +98,7 @@ int main(int argc, char **argv)
 
 	test_init(argc, argv);
 
-	if (gpu_open(&c, &n))
-		return 1;
-	gpu = gpu_id_of(c, 0);
+	gpu = gpu_open_one(&c, &n, 0);
 	if (!gpu)
 		return 1;
 	if (gpu_bo_alloc(c, &x, "rot-x", gpu, KFD_CLIENT_MEM_VRAM, S) ||

@@ -62,6 +62,7 @@ int main(int argc, char **argv)
 
 	test_init(argc, argv);
 
+	/* The last GPU: userptr memory is not tied to the first one. */
 	if (gpu_open(&c, &n))
 		return 1;
 	gpu = gpu_id_of(c, n - 1);
@@ -89,11 +90,9 @@ int main(int argc, char **argv)
 	    gpu_bo_alloc(c, &staging, "staging", gpu, KFD_CLIENT_MEM_GTT, 1 << 20))
 		return 1;
 	vram.seed = UP_SEED;
-	ret = kfd_client_sdma_queue_create(c, gpu, 64 << 10, &q);
-	if (ret) {
-		gpu_err(ret, "GPU %#x: cannot create an SDMA queue", gpu);
+	q = gpu_queue(c, gpu);
+	if (!q)
 		return 1;
-	}
 	ret = kfd_client_sdma_copy(q, up_head.va, vram.va, up_head.size);
 	if (!ret)
 		ret = kfd_client_sdma_fill(q, up_tail.va, UP_FILL, UP_FILLED);

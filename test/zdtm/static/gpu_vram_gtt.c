@@ -42,18 +42,14 @@ int main(int argc, char **argv)
 
 	test_init(argc, argv);
 
-	if (gpu_open(&c, &n))
-		return 1;
-	gpu = gpu_id_of(c, 0);
+	gpu = gpu_open_one(&c, &n, 0);
 	if (!gpu)
 		return 1;
 	if (gpu_bo_alloc(c, &staging, "staging", gpu, KFD_CLIENT_MEM_GTT, 4 << 20))
 		return 1;
-	ret = kfd_client_sdma_queue_create(c, gpu, 64 << 10, &q);
-	if (ret) {
-		gpu_err(ret, "GPU %#x: cannot create an SDMA queue", gpu);
+	q = gpu_queue(c, gpu);
+	if (!q)
 		return 1;
-	}
 
 	for (i = 0; i < NR_BOS; i++) {
 		struct gpu_bo *b = &bos[i];
