@@ -1108,9 +1108,17 @@ fn criu_checkpoint_unpause_restore_resume() {
     }
     r.ring = new_maps[0];
     r.ctl = new_maps[1];
-    // The doorbell moved with the process slot: find it again.
+    // The process is back in the slot its blob recorded: the doorbell it
+    // had mapped is its queue's again, as a fresh queue's slice shows.
     let q = blob_queue_doorbell(&d, &blob);
-    r.doorbell = q;
+    // SAFETY: 8-byte doorbells inside two live mappings.
+    let (old, new) = unsafe {
+        (
+            std::ptr::read_volatile(r.doorbell as *const u64),
+            std::ptr::read_volatile(q as *const u64),
+        )
+    };
+    assert_eq!(old, new);
     // SAFETY: the doorbell slot of the restored queue.
     let db = unsafe { std::ptr::read_volatile(r.doorbell as *const u64) };
     assert_eq!(db, r.wptr, "MQD wptr restored");
@@ -1372,4 +1380,428 @@ fn misc_ioctls_and_xnack() {
     // Not emulated, but known to KFD 1.11 (SVM): refused, daemon still fine.
     assert!(d.call(0x20, &[0; 24]).is_err());
     assert!(d.call(nr::GET_VERSION, &[0; 8]).is_ok());
+}
+
+/// A GPU process of its own for the multi-process CRIU tests.  A `sleep`
+/// child lends its pid (RESUME finds a KFD process by pid); this thread
+/// issues the ioctls, so the memory they point at is ours.  The doorbell
+/// and events pages are mapped at the offsets CREATE_QUEUE and
+/// CREATE_EVENT gave, as a client maps them; after a restore the mappings
+/// are kept (CRIU restores such VMAs at their recorded offsets).
+struct GpuProc {
+    child: std::process::Child,
+    c: Caller,
+    kfd: u64,
+    /// The render fd number of the current open (in the `Table`).
+    fd: i32,
+    ring: *mut u8,
+    ctl: *mut u8,
+    doorbell_off: u64,
+    doorbell: *mut u8,
+    events_off: u64,
+    events: *mut u8,
+    event: u32,
+    wptr: u64,
+}
+
+impl Drop for GpuProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What CHECKPOINT wrote for one process.
+struct Image {
+    devs: Vec<u8>,
+    bos: Vec<u8>,
+    blob: Vec<u8>,
+    nb: u32,
+    no: u32,
+    /// The queue's write pointer at the checkpoint.
+    wptr: u64,
+}
+
+impl GpuProc {
+    /// Opens /dev/kfd and the render node (render fd number `fd`) as a new
+    /// process, acquires the VM.
+    fn spawn(d: &Dev, fd: i32) -> GpuProc {
+        let child = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
+        let c = Caller {
+            tid: me().tid,
+            tgid: child.id(),
+        };
+        let mut p = GpuProc {
+            child,
+            c,
+            kfd: 0,
+            fd,
+            ring: std::ptr::null_mut(),
+            ctl: std::ptr::null_mut(),
+            doorbell_off: 0,
+            doorbell: std::ptr::null_mut(),
+            events_off: 0,
+            events: std::ptr::null_mut(),
+            event: 0,
+            wptr: 0,
+        };
+        p.reopen(d, fd, true);
+        p
+    }
+
+    /// Fresh /dev/kfd and render opens of this process on `d` (the old
+    /// KFD context, if any, is gone); `acquire`: ACQUIRE_VM as well.
+    fn reopen(&mut self, d: &Dev, fd: i32, acquire: bool) {
+        self.kfd = d.emu.open(&NodeKind::Kfd, &self.c).unwrap();
+        let render = d
+            .emu
+            .open(&NodeKind::Render { minor: d.minor }, &self.c)
+            .unwrap();
+        d.fds.0.lock().unwrap().insert(fd, render);
+        self.fd = fd;
+        if acquire {
+            self.call(
+                d,
+                nr::ACQUIRE_VM,
+                &args(&[(0, fd as u64), (4, d.gpu_id as u64)], 8),
+            )
+            .unwrap();
+        }
+    }
+
+    fn call(&self, d: &Dev, n: u32, input: &[u8]) -> Result<Vec<u8>, i32> {
+        d.call_fh(self.kfd, &self.c, n, input)
+    }
+
+    fn alloc(&self, d: &Dev, va: u64, size: u64) -> u64 {
+        let a = args(
+            &[
+                (0, va),
+                (8, size),
+                (32, d.gpu_id as u64),
+                (36, alloc::GTT as u64),
+            ],
+            40,
+        );
+        u64_at(&self.call(d, nr::ALLOC_MEMORY_OF_GPU, &a).unwrap(), 24)
+    }
+
+    /// A signal event on the events page of /dev/kfd (no page BO, as on
+    /// an APU): returns (event id, events page offset).
+    fn signal_event(&self, d: &Dev) -> Result<(u32, u64), i32> {
+        let ev = self.call(d, nr::CREATE_EVENT, &args(&[(16, 1)], 32))?;
+        Ok((u32_at(&ev, 24), u64_at(&ev, 0)))
+    }
+
+    /// Ring, control words, an SDMA queue and a signal event.
+    fn setup_gpu(&mut self, d: &Dev) {
+        let render = NodeKind::Render { minor: d.minor };
+        let ring_off = self.alloc(d, RING_VA, RING_SIZE);
+        self.ring = d.map_node(render, ring_off, RING_SIZE as usize);
+        let ctl_off = self.alloc(d, CTL_VA, 4096);
+        self.ctl = d.map_node(render, ctl_off, 4096);
+        let (event, events_off) = self.signal_event(d).unwrap();
+        self.event = event;
+        self.events_off = events_off;
+        self.events = d.map_node(
+            NodeKind::Kfd,
+            events_off,
+            (kfd_emu::device::uapi::SIGNAL_PAGE_SIZE) as usize,
+        );
+        let q = self
+            .call(
+                d,
+                nr::CREATE_QUEUE,
+                &args(
+                    &[
+                        (0, RING_VA),
+                        (8, CTL_VA + 8),
+                        (16, CTL_VA),
+                        (32, RING_SIZE),
+                        (36, d.gpu_id as u64),
+                        (40, queue_type::SDMA as u64),
+                        (44, 100),
+                        (48, 7),
+                    ],
+                    88,
+                ),
+            )
+            .unwrap();
+        self.doorbell_off = u64_at(&q, 24);
+        self.doorbell = self.map_doorbell(d);
+    }
+
+    /// This process' doorbell, mapped from `d`'s /dev/kfd at the offset
+    /// CREATE_QUEUE gave.
+    fn map_doorbell(&self, d: &Dev) -> *mut u8 {
+        let base = d.map_node(NodeKind::Kfd, self.doorbell_off & !8191, 8192);
+        base.wrapping_add((self.doorbell_off & 8191) as usize)
+    }
+
+    /// The doorbell's value, read through the process' own mapping.
+    fn doorbell_value(&self) -> u64 {
+        // SAFETY: an 8-byte doorbell inside a live 8 KiB mapping.
+        unsafe { std::ptr::read_volatile(self.doorbell as *const u64) }
+    }
+
+    /// The event's slot on the events page, through the process' mapping.
+    fn event_slot(&self) -> *mut u64 {
+        self.events.wrapping_add(self.event as usize * 8) as *mut u64
+    }
+
+    /// One round of GPU work through the process' own mappings: the CPU
+    /// marks the event's slot, the queue writes `v` to the control words
+    /// and raises the TRAP interrupt; the event must fire.
+    fn run(&mut self, d: &Dev, v: u32) {
+        // SAFETY: the event's 8-byte slot inside the live events mapping.
+        unsafe { std::ptr::write_volatile(self.event_slot(), 1) };
+        for dw in [5, lo(CTL_VA + 16), hi(CTL_VA + 16), v, 6, 0] {
+            // SAFETY: the ring mapping is RING_SIZE bytes.
+            unsafe { wr32(self.ring, (self.wptr % RING_SIZE) as usize, dw) };
+            self.wptr += 4;
+        }
+        // SAFETY: as in `doorbell_value`.
+        unsafe { std::ptr::write_volatile(self.doorbell as *mut u64, self.wptr) };
+        let t = Instant::now();
+        // SAFETY: ctl maps 4096 bytes.
+        while unsafe { rd32(self.ctl, 16) } != v && t.elapsed() < Duration::from_secs(3) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // SAFETY: as above.
+        let got = unsafe { rd32(self.ctl, 16) };
+        assert_eq!(got, v, "process {}: the queue did not run", self.c.tgid);
+        let (wa, _e) = wait_args(&[self.event], false, 2000);
+        let out = self.call(d, nr::WAIT_EVENTS, &wa).unwrap();
+        assert_eq!(
+            u32_at(&out, 20),
+            0,
+            "process {}: the event did not fire",
+            self.c.tgid
+        );
+    }
+
+    fn checkpoint(&self, d: &Dev) -> Image {
+        let info = self
+            .call(
+                d,
+                nr::CRIU_OP,
+                &criu(criu_op::PROCESS_INFO, 0, 0, 0, 0, 0, 0, 0, 0),
+            )
+            .unwrap();
+        let (psize, nd, nb, no) = (
+            u64_at(&info, 24),
+            u32_at(&info, 32),
+            u32_at(&info, 36),
+            u32_at(&info, 40),
+        );
+        let mut img = Image {
+            devs: vec![0u8; 16 * nd as usize],
+            bos: vec![0u8; 48 * nb as usize],
+            blob: vec![0u8; psize as usize],
+            nb,
+            no,
+            wptr: self.wptr,
+        };
+        self.call(
+            d,
+            nr::CRIU_OP,
+            &criu(
+                criu_op::CHECKPOINT,
+                img.devs.as_mut_ptr() as u64,
+                img.bos.as_mut_ptr() as u64,
+                img.blob.as_mut_ptr() as u64,
+                psize,
+                nd,
+                nb,
+                no,
+                0,
+            ),
+        )
+        .unwrap();
+        img
+    }
+
+    /// RESTORE of `img` (with `blob` instead of its own, if given).
+    fn restore(&self, d: &Dev, img: &mut Image, blob: Option<&[u8]>) -> Result<(), i32> {
+        img.devs[8..12].copy_from_slice(&(self.fd as u32).to_le_bytes());
+        let blob = blob.unwrap_or(&img.blob);
+        self.call(
+            d,
+            nr::CRIU_OP,
+            &criu(
+                criu_op::RESTORE,
+                img.devs.as_mut_ptr() as u64,
+                img.bos.as_mut_ptr() as u64,
+                blob.as_ptr() as u64,
+                blob.len() as u64,
+                1,
+                img.nb,
+                img.no,
+                0,
+            ),
+        )
+        .map(|_| ())
+    }
+
+    /// After a RESTORE of `img`: maps the restored ring and control BOs
+    /// (their contents are not needed), RESUMEs, and checks what the
+    /// process sees through the /dev/kfd mappings it kept: its own
+    /// doorbell (the wptr of the checkpoint) and an unsignaled slot.
+    fn resume(&mut self, d: &Dev, img: &Image) {
+        let render = NodeKind::Render { minor: d.minor };
+        for b in img.bos.chunks(48) {
+            let (va, size, ro) = (u64_at(b, 0), u64_at(b, 8), u64_at(b, 24));
+            if va == RING_VA {
+                self.ring = d.map_node(render, ro, size as usize);
+            } else if va == CTL_VA {
+                self.ctl = d.map_node(render, ro, size as usize);
+            }
+        }
+        self.call(
+            d,
+            nr::CRIU_OP,
+            &criu(criu_op::RESUME, 0, 0, 0, 0, 0, 0, 0, self.c.tgid),
+        )
+        .unwrap();
+        assert_eq!(
+            self.doorbell_value(),
+            self.wptr,
+            "process {}: its doorbell mapping shows another queue",
+            self.c.tgid
+        );
+        // SAFETY: the event's slot inside the live events mapping.
+        let slot = unsafe { std::ptr::read_volatile(self.event_slot()) };
+        assert_eq!(slot, u64::MAX, "process {}: events page", self.c.tgid);
+    }
+}
+
+/// Two processes are restored in the other order than they opened
+/// /dev/kfd first, so their fresh opens get other slots than before.  The
+/// doorbell and events page offsets each one had before the checkpoint
+/// must still reach its own queue and events, as with KFD, which finds
+/// the process at mmap time.
+#[test]
+fn criu_restore_in_swapped_order_keeps_kfd_offsets() {
+    let d = Dev::new("");
+    let mut a = GpuProc::spawn(&d, 901);
+    let mut b = GpuProc::spawn(&d, 902);
+    a.setup_gpu(&d);
+    b.setup_gpu(&d);
+    assert_ne!(
+        a.doorbell_off & !8191,
+        b.doorbell_off & !8191,
+        "two processes share doorbells"
+    );
+    assert_ne!(a.events_off, b.events_off);
+    // Different doorbell values, so that a mix-up shows.
+    a.run(&d, 1);
+    b.run(&d, 2);
+    b.run(&d, 3);
+    let mut img_a = a.checkpoint(&d);
+    let mut img_b = b.checkpoint(&d);
+    d.emu.release(a.kfd);
+    d.emu.release(b.kfd);
+
+    // The blobs record the slots (the device record's reserved word):
+    // A opened first and got slot 1, B slot 2.
+    assert_eq!(
+        u64_at(&img_a.blob, 8),
+        u64::from_le_bytes(*b"\x01\0\0\0KESL")
+    );
+    assert_eq!(
+        u64_at(&img_b.blob, 8),
+        u64::from_le_bytes(*b"\x02\0\0\0KESL")
+    );
+
+    // B opens first (slot 3, the next one), A next (slot 4).
+    b.reopen(&d, 912, false);
+    a.reopen(&d, 911, false);
+
+    // Each takes its old slot back.
+    b.restore(&d, &mut img_b, None).unwrap();
+    a.restore(&d, &mut img_a, None).unwrap();
+    b.resume(&d, &img_b);
+    a.resume(&d, &img_a);
+    for i in 0..3 {
+        a.run(&d, 10 + i);
+        b.run(&d, 20 + i);
+    }
+    // New offsets name the same slots as before the checkpoint.
+    let (_, off) = a.signal_event(&d).unwrap();
+    assert_eq!(off, a.events_off);
+    let (_, off) = b.signal_event(&d).unwrap();
+    assert_eq!(off, b.events_off);
+    // A second checkpoint records the same slots.
+    assert_eq!(a.checkpoint(&d).blob[8..16], img_a.blob[8..16]);
+    assert_eq!(b.checkpoint(&d).blob[8..16], img_b.blob[8..16]);
+}
+
+/// A restore needs the slot its image recorded.  On another emulator (a
+/// restore on another host, where slots are numbered anew) a process
+/// that uses that slot (it handed out offsets of it) makes the restore
+/// fail with EBUSY, changing nothing; once the slot is free the restore
+/// works.  A process that has only opened /dev/kfd gives its slot up (the
+/// two swap).  A restoring process that already handed out offsets of its
+/// own slot cannot move.
+#[test]
+fn criu_restore_slot_in_use_is_ebusy() {
+    let d = Dev::new("");
+    let mut a = GpuProc::spawn(&d, 921);
+    a.setup_gpu(&d);
+    a.run(&d, 1);
+    let mut img = a.checkpoint(&d);
+    d.emu.release(a.kfd);
+
+    // Another host: X takes slot 1, A's, and uses it (an events page
+    // offset); A gets slot 2.
+    let d2 = Dev::new("");
+    let x = GpuProc::spawn(&d2, 922);
+    x.signal_event(&d2).unwrap();
+    a.reopen(&d2, 923, false);
+    // Not a slot word of ours: refused as a damaged blob.
+    let mut bad = img.blob.clone();
+    bad[8..16].copy_from_slice(&0x1234_5678_0000_0001u64.to_le_bytes());
+    assert_eq!(a.restore(&d2, &mut img, Some(&bad)), Err(libc::EINVAL));
+    assert_eq!(a.restore(&d2, &mut img, None), Err(libc::EBUSY));
+    assert_eq!(a.restore(&d2, &mut img, None), Err(libc::EBUSY));
+    // Slot 1 is free again: the refused restores left A as it was.
+    d2.emu.release(x.kfd);
+    a.restore(&d2, &mut img, None).unwrap();
+    // CRIU maps the recorded offsets on this host's /dev/kfd.
+    let remap = |a: &mut GpuProc, d: &Dev| {
+        a.doorbell = a.map_doorbell(d);
+        a.events = d.map_node(
+            NodeKind::Kfd,
+            a.events_off,
+            kfd_emu::device::uapi::SIGNAL_PAGE_SIZE as usize,
+        );
+    };
+    remap(&mut a, &d2);
+    a.resume(&d2, &img);
+    a.run(&d2, 2);
+
+    // A third host: Y has only opened /dev/kfd (slot 1); A opens next
+    // (slot 2) and at first hands out an events page offset of it.
+    let d3 = Dev::new("");
+    let y = GpuProc::spawn(&d3, 931);
+    a.reopen(&d3, 932, false);
+    let (e0, _) = a.signal_event(&d3).unwrap();
+    a.signal_event(&d3).unwrap();
+    a.call(&d3, nr::DESTROY_EVENT, &e0.to_le_bytes()).unwrap();
+    assert_eq!(a.restore(&d3, &mut img, None), Err(libc::EBUSY));
+    // A fresh context of A (slot 3) swaps with Y.  (The process is the
+    // image's again: its queue's write pointer too.)
+    d3.emu.release(a.kfd);
+    a.reopen(&d3, 933, false);
+    a.restore(&d3, &mut img, None).unwrap();
+    a.wptr = img.wptr;
+    remap(&mut a, &d3);
+    a.resume(&d3, &img);
+    a.run(&d3, 3);
+    // Y moved to slot 3.
+    let (_, y_events) = y.signal_event(&d3).unwrap();
+    assert_eq!(y_events - a.events_off, 2 << 44);
 }

@@ -5,6 +5,11 @@
 //! The MQD part of a queue record is the emulator's own ([`Mqd`]).  No
 //! control stack bytes follow (no waves ever run), so the record's
 //! `ctl_stack_size` is 0.
+//!
+//! The `reserved` word of each device record (KFD writes 0 there) holds
+//! the process' /dev/kfd slot ([`slot_word`]): RESTORE moves the restored
+//! process back to it, so the doorbell, MMIO and events offsets it mapped
+//! before the checkpoint stay its own (see `State::claim_slot`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::mem::{offset_of, size_of};
@@ -12,7 +17,7 @@ use std::mem::{offset_of, size_of};
 use super::kfd;
 use super::mem::{user_read, user_write};
 use super::state::{BoKey, Done, Event, Queue, State, R};
-use super::uapi::{self, alloc, layout, priv_blob as pb, sys, AsBytes, FromBytes};
+use super::uapi::{self, alloc, kfd_off, layout, priv_blob as pb, sys, AsBytes, FromBytes};
 use super::{Caller, FdResolver};
 
 /// The emulator's MQD: the queue state the hardware would keep.
@@ -43,6 +48,27 @@ const _: () = assert!(MQD_SIZE == 64 && offset_of!(Mqd, pad) == 44);
 const MQD_MAGIC: u32 = u32::from_le_bytes(*b"KEMQ");
 /// Upper bound for blobs we are asked to read (protects the daemon).
 const MAX_PRIV: u64 = 256 << 20;
+
+/// Marks a device record's `reserved` word as holding a slot (low half).
+const SLOT_TAG: u64 = (u32::from_le_bytes(*b"KESL") as u64) << 32;
+
+/// The device records' `reserved` word for a process in `slot`.
+fn slot_word(slot: u32) -> u64 {
+    SLOT_TAG | u64::from(slot)
+}
+
+/// The slot a device record's `reserved` word names: None for 0 (a blob
+/// without one, as KFD writes), EINVAL for anything else that is not ours.
+fn slot_of_word(w: u64) -> R<Option<u32>> {
+    if w == 0 {
+        return Ok(None);
+    }
+    let slot = w as u32;
+    if w & !0xffff_ffff != SLOT_TAG || slot == 0 || slot > kfd_off::MAX_SLOT {
+        return Err(libc::EINVAL);
+    }
+    Ok(Some(slot))
+}
 
 struct Counts {
     devices: u32,
@@ -184,7 +210,9 @@ pub fn checkpoint(
     for (i, pdd) in p.pdds.iter().enumerate() {
         uapi::push(
             &mut blob,
-            &layout::kfd_criu_device_priv_data { reserved: 0 },
+            &layout::kfd_criu_device_priv_data {
+                reserved: slot_word(p.slot),
+            },
         );
         let d = sys::kfd_criu_device_bucket {
             user_gpu_id: pdd.user_id,
@@ -278,6 +306,8 @@ struct Plan {
     queues: Vec<(u32, Queue, u64)>,
     events: Vec<(u32, Event)>,
     signal_handle: u64,
+    /// The /dev/kfd slot the process had at checkpoint, if recorded.
+    slot: Option<u32>,
 }
 
 struct PlanBo {
@@ -350,8 +380,16 @@ fn plan_restore(
     }
     let mut devices = Vec::new();
     let mut user_to_gpu: BTreeMap<u32, usize> = BTreeMap::new();
+    let mut slot = None;
     for i in 0..n_dev {
-        cur.take(pb::DEVICE)?;
+        let rec: layout::kfd_criu_device_priv_data = cur.rec()?;
+        // Every device record names the same slot.
+        let s = slot_of_word(rec.reserved)?;
+        if i == 0 {
+            slot = s;
+        } else if s != slot {
+            return Err(libc::EINVAL);
+        }
         let d: sys::kfd_criu_device_bucket = uapi::nth(&devb, i);
         let (user, actual, fd) = (d.user_gpu_id, d.actual_gpu_id, d.drm_fd);
         let gpu = st.devs.index_of(actual).ok_or(libc::EINVAL)?;
@@ -550,6 +588,7 @@ fn plan_restore(
             queues,
             events,
             signal_handle,
+            slot,
         },
         bob,
     ))
@@ -566,7 +605,13 @@ pub fn restore(
 ) -> R<()> {
     crate::fault::check(uapi::criu_op::RESTORE)?;
     let (plan, mut buckets) = plan_restore(st, lead, caller, res, a)?;
+    // Before anything that hands out offsets naming the slot.
+    let moved = match plan.slot {
+        Some(slot) => st.claim_slot(lead, slot)?,
+        None => None,
+    };
     let saved_ids: Vec<u32> = st.procs[&lead].pdds.iter().map(|d| d.user_id).collect();
+    let had_page = st.procs[&lead].signal_page.is_some();
     let r = apply(st, lead, &plan, &mut buckets);
     if let Err(e) = r {
         let p = st.procs.get_mut(&lead).unwrap();
@@ -575,7 +620,9 @@ pub fn restore(
         for (id, _) in &plan.events {
             p.events.remove(id);
         }
-        p.signal_page = None;
+        if !had_page {
+            p.signal_page = None;
+        }
         for (d, id) in p.pdds.iter_mut().zip(saved_ids) {
             d.vm = None;
             d.user_id = id;
@@ -584,8 +631,13 @@ pub fn restore(
         for (k, bo) in &bos {
             st.free_bo_memory(k.gpu, bo);
         }
+        if let Some(m) = moved {
+            st.undo_slot_move(m);
+        }
         return Err(e);
     }
+    // The restored process' old mappings name this slot now.
+    st.procs.get_mut(&lead).unwrap().slot_pinned = true;
     let mut out = Vec::with_capacity(buckets.len() * pb::BO_BUCKET);
     for b in &buckets {
         uapi::push(&mut out, b);

@@ -211,6 +211,13 @@ pub fn alloc_memory(
     }
     let (key, offset) = create_bo(st, lead, gpu, a.va_addr, a.size, flags, user_addr, None)?;
     let p = proc_mut(st, lead)?;
+    if matches!(
+        flags & alloc::TYPE_MASK,
+        alloc::DOORBELL | alloc::MMIO_REMAP
+    ) {
+        // The offset names the process' slot.
+        p.slot_pinned = true;
+    }
     a.handle = p.handle(key);
     a.mmap_offset = offset;
     Ok(())
@@ -371,6 +378,7 @@ pub fn create_queue(st: &mut State, lead: u32, a: &mut sys::kfd_ioctl_create_que
         .write_u64(id as u64 * 8, 0);
     a.queue_id = id;
     a.doorbell_offset = p.doorbell_offset(gpu, id);
+    p.slot_pinned = true;
     Ok(())
 }
 
@@ -483,6 +491,7 @@ pub fn create_event(st: &mut State, lead: u32, a: &mut sys::kfd_ioctl_create_eve
     if signal {
         a.event_slot_index = id;
         a.event_page_offset = kfd_off::encode(kfd_off::EVENTS, p.slot, 0, 0);
+        p.slot_pinned = true;
     }
     Ok(())
 }

@@ -197,7 +197,14 @@ pub struct Pdd {
 
 pub struct Proc {
     pub lead: u32,
+    /// Names the process in its /dev/kfd mmap offsets (see
+    /// `uapi::kfd_off`).
     pub slot: u32,
+    /// An offset naming `slot` went to user space (CREATE_QUEUE's
+    /// doorbell, a DOORBELL or MMIO BO, CREATE_EVENT's events page), or
+    /// the process was restored into it: the slot is the process' own for
+    /// good (see [`State::claim_slot`]).
+    pub slot_pinned: bool,
     pub kfd_opens: usize,
     pub pdds: Vec<Pdd>,
     pub bos: BTreeMap<BoKey, Bo>,
@@ -343,6 +350,21 @@ impl Proc {
         }
     }
 
+    /// Whether anything of the process depends on its slot: offsets user
+    /// space may have mapped, or daemon state in the slot's ranges.
+    pub fn slot_bound(&self) -> bool {
+        self.slot_pinned
+            || !self.queues.is_empty()
+            || self
+                .signal_page
+                .as_ref()
+                .is_some_and(|s| s.handle.is_none())
+            || self
+                .bos
+                .values()
+                .any(|b| matches!(b.mem_type(), alloc::DOORBELL | alloc::MMIO_REMAP))
+    }
+
     pub fn doorbell_offset(&self, gpu: usize, index: u32) -> u64 {
         kfd_off::encode(kfd_off::DOORBELL, self.slot, gpu, index as u64 * 8)
     }
@@ -363,6 +385,20 @@ pub struct State {
     /// lock (see `sdma`).  Ioctls that would pull memory or queues from
     /// under it wait until it is None again.
     pub sdma_busy: Option<u32>,
+    /// Where the search for a free slot starts (see `free_slot`).
+    next_slot: u32,
+}
+
+/// How [`State::claim_slot`] moved a process, for undoing it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotMove {
+    pub lead: u32,
+    /// The slot the process had.
+    pub from: u32,
+    /// The slot it has now.
+    pub to: u32,
+    /// The process that held `to` and got `from` in exchange.
+    pub swapped: Option<u32>,
 }
 
 pub fn page_align(v: u64) -> Option<u64> {
@@ -386,12 +422,22 @@ impl State {
             procs: HashMap::new(),
             gpu_alloc,
             sdma_busy: None,
+            next_slot: 1,
         }
     }
 
-    fn free_slot(&self) -> R<u32> {
+    /// A slot for a new process: the first free one from `next_slot` on,
+    /// round robin like pids.  A slot freed by a process that exits is not
+    /// handed out again soon, so it is still free when the process is
+    /// restored and claims it back (`claim_slot`).
+    fn free_slot(&mut self) -> R<u32> {
         let used: BTreeSet<u32> = self.procs.values().map(|p| p.slot).collect();
-        (1..=0xffff).find(|s| !used.contains(s)).ok_or(libc::ENOMEM)
+        let slot = (self.next_slot..=kfd_off::MAX_SLOT)
+            .chain(1..self.next_slot)
+            .find(|s| !used.contains(s))
+            .ok_or(libc::ENOMEM)?;
+        self.next_slot = slot % kfd_off::MAX_SLOT + 1;
+        Ok(slot)
     }
 
     pub fn open_kfd(&mut self, tgid: u32) -> R<u64> {
@@ -413,6 +459,7 @@ impl State {
                 Proc {
                     lead: tgid,
                     slot,
+                    slot_pinned: false,
                     kfd_opens: 0,
                     pdds,
                     bos: BTreeMap::new(),
@@ -461,10 +508,7 @@ impl State {
                     }
                     // The slot is reused by a later process: give its
                     // doorbell, signal and MMIO pages back now.
-                    for ty in [kfd_off::DOORBELL, kfd_off::EVENTS, kfd_off::MMIO] {
-                        let base = kfd_off::encode(ty, p.slot, 0, 0);
-                        self.devs.kfd.punch(base, kfd_off::SLOT_SPAN);
-                    }
+                    self.punch_slot(p.slot);
                 }
             }
             Some(Open::Render { .. }) => {
@@ -474,6 +518,95 @@ impl State {
             None => {}
         }
         done
+    }
+
+    /// Zeroes the doorbell, events and MMIO ranges of `slot`.
+    fn punch_slot(&self, slot: u32) {
+        for ty in [kfd_off::DOORBELL, kfd_off::EVENTS, kfd_off::MMIO] {
+            let base = kfd_off::encode(ty, slot, 0, 0);
+            self.devs.kfd.punch(base, kfd_off::SLOT_SPAN);
+        }
+    }
+
+    /// Gives process `lead` slot `slot` and drops its daemon mappings of
+    /// the old one (the doorbells are mapped again on first use).  Only for
+    /// processes of which nothing depends on their slot.
+    fn set_slot(&mut self, lead: u32, slot: u32) {
+        let p = self.procs.get_mut(&lead).unwrap();
+        debug_assert!(!p.slot_pinned && p.queues.is_empty());
+        p.slot = slot;
+        for d in &mut p.pdds {
+            d.doorbells = None;
+        }
+    }
+
+    /// CRIU RESTORE: moves process `lead` to `slot`, the one its image
+    /// recorded, so that the /dev/kfd offsets it had mapped before the
+    /// checkpoint name its own doorbells and events page again (KFD finds
+    /// the process at mmap time; the emulator can only keep the offsets
+    /// valid).  A free slot is taken.  A slot held by a process of which
+    /// nothing depends on it yet (typically another restore target that
+    /// has only opened /dev/kfd) is swapped with it.  Anything else is
+    /// EBUSY, logged, with no state changed; so is a restoring process
+    /// that already handed out offsets of its own slot.  Both slots start
+    /// zeroed, as a fresh one does.
+    pub fn claim_slot(&mut self, lead: u32, slot: u32) -> R<Option<SlotMove>> {
+        let p = self.procs.get(&lead).ok_or(libc::ESRCH)?;
+        let from = p.slot;
+        if from == slot {
+            return Ok(None);
+        }
+        if p.slot_bound() {
+            log::warn!(
+                "RESTORE of process {lead}: its image needs /dev/kfd slot {slot}, but \
+                 it already handed out mmap offsets of its slot {from}: EBUSY"
+            );
+            return Err(libc::EBUSY);
+        }
+        let holder = self
+            .procs
+            .values()
+            .find(|q| q.slot == slot)
+            .map(|q| (q.lead, q.slot_bound()));
+        if let Some((other, true)) = holder {
+            log::warn!(
+                "RESTORE of process {lead}: /dev/kfd slot {slot}, which its image \
+                 records (its doorbell and events mmap offsets name it), belongs to process \
+                 {other}, which uses it: EBUSY"
+            );
+            return Err(libc::EBUSY);
+        }
+        let swapped = holder.map(|h| h.0);
+        self.set_slot(lead, slot);
+        if let Some(other) = swapped {
+            self.set_slot(other, from);
+        }
+        self.punch_slot(slot);
+        self.punch_slot(from);
+        log::info!(
+            "RESTORE of process {lead}: moved from /dev/kfd slot {from} to its \
+             image's slot {slot}{}",
+            swapped.map_or(String::new(), |o| format!(
+                " (process {o} gets slot {from})"
+            ))
+        );
+        Ok(Some(SlotMove {
+            lead,
+            from,
+            to: slot,
+            swapped,
+        }))
+    }
+
+    /// Undoes [`State::claim_slot`] after a failed RESTORE (which left
+    /// nothing in the process that depends on the slot).
+    pub fn undo_slot_move(&mut self, m: SlotMove) {
+        self.set_slot(m.lead, m.from);
+        if let Some(other) = m.swapped {
+            self.set_slot(other, m.to);
+        }
+        self.punch_slot(m.to);
+        self.punch_slot(m.from);
     }
 
     pub fn free_bo_memory(&mut self, gpu: usize, bo: &Bo) {

@@ -163,6 +163,12 @@ pub mod priv_blob {
 /// ```
 ///
 /// All of them are byte ranges of the one /dev/kfd memfd (sized 2^62).
+///
+/// A process gets a free slot when it opens /dev/kfd (round robin, like
+/// pids).  Its CRIU blob records the slot, and RESTORE moves the restored
+/// process back to it (`State::claim_slot`), so the offsets it mapped
+/// before the checkpoint keep naming its own doorbells and events page,
+/// whatever order the processes of a tree are restored in.
 pub mod kfd_off {
     pub const DOORBELL: u64 = 1;
     pub const EVENTS: u64 = 2;
@@ -170,6 +176,8 @@ pub mod kfd_off {
     pub const MEMFD_SIZE: u64 = 1 << 62;
     /// Bytes of one type's range that belong to one process slot.
     pub const SLOT_SPAN: u64 = 1 << 44;
+    /// Slots are 1..=MAX_SLOT (0 is never handed out).
+    pub const MAX_SLOT: u32 = 0xffff;
 
     pub fn encode(ty: u64, slot: u32, gpu_index: usize, value: u64) -> u64 {
         (ty << 60) | ((slot as u64 & 0xffff) << 44) | ((gpu_index as u64 & 0xff) << 36) | value
