@@ -69,7 +69,9 @@ uintptr_t kfd_client_last_error(char *buf, uintptr_t len);
 int32_t kfd_client_open(struct kfd_client **out);
 
 /*
- Closes the client; -EBUSY (and nothing closed) while BOs or queues of it are alive.
+ Closes the client, freeing its doorbell and MMIO BOs; -EBUSY (and nothing closed) while
+ BOs or queues of it are alive. If freeing those BOs fails, the error is returned but the
+ client is closed all the same (`c` is gone).
 
  # Safety
 
@@ -99,6 +101,34 @@ int32_t kfd_client_gpu_info(const struct kfd_client *c,
                             uint32_t *render_minor);
 
 /*
+ The doorbell BO of GPU `gpu_id`: its address (GPU VA and CPU pointer of its /dev/kfd
+ mapping) and size. The GPU's first queue allocates it; it stays until the client closes.
+ -ENOENT before the first queue.
+
+ # Safety
+
+ `c` must be a live client; `va` and `size` NULL or writable.
+ */
+int32_t kfd_client_doorbell_bo(const struct kfd_client *c,
+                               uint32_t gpu_id,
+                               uint64_t *va,
+                               uint64_t *size);
+
+/*
+ The MMIO remap BO (one page, for HDP flushes) of GPU `gpu_id`: its address (GPU VA and
+ CPU pointer of its /dev/kfd mapping) and size. Allocated at open on GFX9 and newer GPUs;
+ -ENOENT, with the reason in `kfd_client_last_error`, when the GPU has none.
+
+ # Safety
+
+ `c` must be a live client; `va` and `size` NULL or writable.
+ */
+int32_t kfd_client_mmio_bo(const struct kfd_client *c,
+                           uint32_t gpu_id,
+                           uint64_t *va,
+                           uint64_t *size);
+
+/*
  Allocates `size` bytes of `kind` (`KFD_CLIENT_MEM_*`) memory on `gpu_id`, mapped on the
  GPU and in this process at the same address (`*va`). `*bo` is freed by
  `kfd_client_bo_free`.
@@ -124,7 +154,8 @@ int32_t kfd_client_bo_alloc(struct kfd_client *c,
 int32_t kfd_client_bo_free(struct kfd_client_bo *bo);
 
 /*
- Creates an SDMA queue with a `ring_size`-byte ring on `gpu_id`.
+ Creates an SDMA queue with a `ring_size`-byte ring on `gpu_id`. The GPU's first queue
+ also allocates its doorbell BO (see `kfd_client_doorbell_bo`).
 
  # Safety
 

@@ -1,19 +1,54 @@
 //! The client proper: one /dev/kfd, one render node per GPU with its VM acquired, and BOs
 //! that live at the same address for the CPU and the GPU, as the ROCm thunk arranges them.
+//!
+//! Like the thunk, the client also owns two BOs per GPU that the application never asks
+//! for, both mapped on /dev/kfd at their GPU VA and GPU-mapped:
+//!
+//! * the MMIO remap page (`KFD_IOC_ALLOC_MEM_FLAGS_MMIO_REMAP`, one page), allocated at open
+//!   on GFX9 and newer GPUs, through which the CPU flushes the GPU's HDP write buffer
+//!   ([`Gpu::hdp_flush`]);
+//! * the doorbell slice (`KFD_IOC_ALLOC_MEM_FLAGS_DOORBELL`, [`DOORBELL_RANGE`] bytes),
+//!   allocated with the GPU's first queue and holding the doorbells of all its queues.
+//!
+//! Both stay until the client is closed, and a checkpoint carries them like any other BO.
 
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{fence, AtomicU32, Ordering};
+use std::sync::{Mutex, MutexGuard};
 
 use kfd_abi::handle::{Error as IoctlError, Kfd, RenderNode};
 use kfd_abi::ids::{BoHandle, GpuId, GpuVa, MmapOffset, RenderMinor};
 use kfd_abi::sys;
 
 use crate::error::{Error, Result};
+use crate::queue::DOORBELL_RANGE;
 use crate::topology::{self, Node};
 
 /// Oldest KFD interface accepted: 1.8 is the first one whose CRIU op can checkpoint the BOs
 /// this client makes, and checkpointing them is what the client exists for.
 pub const MIN_KFD_MINOR: u32 = 8;
+
+/// `KFD_IOC_ALLOC_MEM_FLAGS_*` of the doorbell BO, as the thunk allocates it.
+pub const DOORBELL_ALLOC_FLAGS: u32 = sys::KFD_IOC_ALLOC_MEM_FLAGS_DOORBELL
+    | sys::KFD_IOC_ALLOC_MEM_FLAGS_WRITABLE
+    | sys::KFD_IOC_ALLOC_MEM_FLAGS_COHERENT;
+
+/// `KFD_IOC_ALLOC_MEM_FLAGS_*` of the MMIO remap BO, as the thunk allocates it.
+pub const MMIO_REMAP_ALLOC_FLAGS: u32 = sys::KFD_IOC_ALLOC_MEM_FLAGS_MMIO_REMAP
+    | sys::KFD_IOC_ALLOC_MEM_FLAGS_WRITABLE
+    | sys::KFD_IOC_ALLOC_MEM_FLAGS_COHERENT;
+
+/// Bytes of the MMIO remap BO: KFD accepts exactly one 4 KiB page.
+pub const MMIO_REMAP_SIZE: u64 = 4096;
+
+/// The thunk maps the MMIO remap page only on GPUs of GFX9 (Vega10, gfx_target_version
+/// 9.0.0) and newer; older ones have no remap page.
+const MMIO_MIN_GFX_VERSION: u64 = 90000;
+
+/// Byte offset of HDP_MEM_FLUSH_CNTL in the MMIO remap page
+/// (`KFD_MMIO_REMAP_HDP_MEM_FLUSH_CNTL`). Any write to it flushes the HDP.
+const HDP_MEM_FLUSH_CNTL: u64 = 0;
 
 /// One GPU as the process sees it.
 #[derive(Debug)]
@@ -26,6 +61,31 @@ pub struct Gpu {
     pub gpuvm_base: u64,
     pub gpuvm_limit: u64,
     render: RenderNode,
+    /// The MMIO remap page, or why the GPU has none.
+    mmio: std::result::Result<RawBo, String>,
+    /// The doorbell slice, once the GPU's first queue exists.
+    doorbell: Mutex<Option<RawBo>>,
+}
+
+/// A BO the client allocated by itself on one GPU (the doorbell slice or the MMIO remap
+/// page), as KFD knows it.
+#[derive(Debug, Copy, Clone, PartialEq, Eq)]
+pub struct DeviceBo {
+    pub handle: BoHandle,
+    /// The GPU VA, which is also the CPU address of its /dev/kfd mapping.
+    pub va: GpuVa,
+    /// Size in bytes.
+    pub size: u64,
+    /// The `KFD_IOC_ALLOC_MEM_FLAGS_*` of the allocation.
+    pub flags: u32,
+    /// The `mmap_offset` ALLOC_MEMORY_OF_GPU returned. For MMIO it is the /dev/kfd offset
+    /// of the page. For doorbells a real KFD returns no /dev/kfd offset here (it passes the
+    /// doorbells' bus address to the allocation), so, as the thunk, the client maps the
+    /// slice at the offset CREATE_QUEUE gave (`cpu_offset`).
+    pub alloc_offset: MmapOffset,
+    /// The /dev/kfd offset the CPU mapping was made at. A restore moves the mapping to the
+    /// restored process' offset; this value stays the original one.
+    pub cpu_offset: MmapOffset,
 }
 
 impl Gpu {
@@ -33,6 +93,43 @@ impl Gpu {
     /// BOs are CPU-mapped through it.
     pub fn render(&self) -> &RenderNode {
         &self.render
+    }
+
+    /// The MMIO remap page, allocated at open (None when the GPU has none; see
+    /// [`mmio_unavailable`](Self::mmio_unavailable)).
+    pub fn mmio_bo(&self) -> Option<DeviceBo> {
+        self.mmio.as_ref().ok().map(RawBo::info)
+    }
+
+    /// Why the GPU has no MMIO remap page: an older GPU, or KFD refused it (as the thunk,
+    /// the client goes on without; only HDP flushes are lost).
+    pub fn mmio_unavailable(&self) -> Option<&str> {
+        self.mmio.as_ref().err().map(String::as_str)
+    }
+
+    /// The doorbell slice, once the GPU's first queue was created (it stays until close).
+    pub fn doorbell_bo(&self) -> Option<DeviceBo> {
+        self.doorbells().as_ref().map(RawBo::info)
+    }
+
+    /// Makes the CPU's earlier writes to this GPU's VRAM visible to the GPU: writes the HDP
+    /// flush register through the MMIO remap page. Without that page it only orders the
+    /// writes.
+    pub fn hdp_flush(&self) {
+        fence(Ordering::SeqCst);
+        if let Ok(m) = &self.mmio {
+            let reg = (m.va.0 + HDP_MEM_FLUSH_CNTL) as *const AtomicU32;
+            // SAFETY: the MMIO page is mapped read/write at `va` (page aligned, so `reg` is
+            // 4-byte aligned) for as long as `self` lives: it is unmapped only when the
+            // client closes, which needs every borrow of its GPUs gone. An atomic store
+            // makes concurrent flushes from several threads well defined.
+            unsafe { (*reg).store(1, Ordering::Release) };
+        }
+    }
+
+    fn doorbells(&self) -> MutexGuard<'_, Option<RawBo>> {
+        // A panic while holding the lock cannot leave the Option half-written.
+        self.doorbell.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn err(&self, source: IoctlError) -> Error {
@@ -44,7 +141,8 @@ impl Gpu {
     }
 }
 
-/// An open KFD context with its GPUs ready for allocations.
+/// An open KFD context with its GPUs ready for allocations. Dropping it (or
+/// [`close`](Self::close)) frees the doorbell and MMIO BOs and closes the device files.
 #[derive(Debug)]
 pub struct KfdClient {
     kfd: Kfd,
@@ -110,6 +208,7 @@ impl KfdClient {
             });
         }
         let mut gpus = Vec::with_capacity(gpu_nodes.len());
+        let mut gfx_versions = Vec::with_capacity(gpu_nodes.len());
         for n in gpu_nodes {
             // read_nodes guarantees both for GPU nodes.
             let (Some(gpu_id), Some(minor)) = (n.gpu_id, n.render_minor()) else {
@@ -127,10 +226,13 @@ impl KfdClient {
                 gpuvm_base: 0,
                 gpuvm_limit: 0,
                 render,
+                mmio: Err("not allocated yet".to_owned()),
+                doorbell: Mutex::new(None),
             };
             kfd.acquire_vm(gpu_id, gpu.render.as_fd())
                 .map_err(|e| gpu.err(e))?;
             gpus.push(gpu);
+            gfx_versions.push(n.property("gfx_target_version"));
         }
         let apertures = kfd
             .get_process_apertures_new(gpus.len())
@@ -148,11 +250,31 @@ impl KfdClient {
             g.gpuvm_base = ap.gpuvm_base;
             g.gpuvm_limit = ap.gpuvm_limit;
         }
-        Ok(Self {
+        // The MMIO remap pages last, as the thunk does once the apertures are known. A GPU
+        // whose page KFD refuses keeps working without it (the thunk only logs that).
+        let mut client = Self {
             kfd,
             gpus,
             topology_root: root.to_owned(),
-        })
+        };
+        let Self { kfd, gpus, .. } = &mut client;
+        for (g, gfx) in gpus.iter_mut().zip(gfx_versions) {
+            g.mmio = match gfx {
+                Some(v) if v >= MMIO_MIN_GFX_VERSION => {
+                    alloc_raw(kfd, g, MMIO_REMAP_SIZE, MMIO_REMAP_ALLOC_FLAGS, CpuMap::Kfd)
+                        .map_err(|e| e.to_string())
+                }
+                Some(v) => Err(format!(
+                    "GPU {}: gfx_target_version {v} is older than GFX9: no MMIO remap page",
+                    g.gpu_id
+                )),
+                None => Err(format!(
+                    "GPU {}: the topology gives no gfx_target_version: no MMIO remap page",
+                    g.gpu_id
+                )),
+            };
+        }
+        Ok(client)
     }
 
     /// The /dev/kfd handle, for ioctls this client does not wrap (queues, events, CRIU).
@@ -187,71 +309,177 @@ impl KfdClient {
     /// As [`alloc`](Self::alloc) with explicit `KFD_IOC_ALLOC_MEM_FLAGS_*` (VRAM or GTT).
     pub fn alloc_with_flags(&self, gpu_id: GpuId, size: u64, flags: u32) -> Result<Bo<'_>> {
         let gpu = self.gpu(gpu_id)?;
-        let page = page_size();
-        let size = match size.checked_add(page - 1) {
-            Some(s) if size != 0 => s & !(page - 1),
-            _ => return Err(Error::BadSize { gpu: gpu_id, size }),
+        let raw = alloc_raw(&self.kfd, gpu, size, flags, CpuMap::Render)?;
+        Ok(Bo { client: self, raw })
+    }
+
+    /// The address of a queue's doorbell inside the doorbell slice of `gpu_id`, from the
+    /// `doorbell_offset` CREATE_QUEUE returned (the slice's /dev/kfd offset plus the
+    /// doorbell's byte offset in it, on GFX9+). The GPU's first queue allocates the slice
+    /// (DOORBELL BO), maps it on /dev/kfd at that offset and on the GPU, as the thunk does.
+    pub(crate) fn doorbell_address(&self, gpu_id: GpuId, doorbell_offset: u64) -> Result<u64> {
+        let gpu = self.gpu(gpu_id)?;
+        let mut slot = gpu.doorbells();
+        let va = match &*slot {
+            Some(bo) => bo.va,
+            None => {
+                let base = MmapOffset(doorbell_offset & !(DOORBELL_RANGE - 1));
+                let bo = alloc_raw(
+                    &self.kfd,
+                    gpu,
+                    DOORBELL_RANGE,
+                    DOORBELL_ALLOC_FLAGS,
+                    CpuMap::KfdAt(base),
+                )?;
+                slot.insert(bo).va
+            }
         };
-        let len = usize::try_from(size).map_err(|_| Error::BadSize { gpu: gpu_id, size })?;
-        // The CPU address space decides the address: reserve it first, then make the GPU
-        // allocation there, so the BO needs no separate CPU and GPU addresses.
-        let reservation = Reservation::new(len).map_err(|source| Error::Bo {
-            gpu: gpu_id,
-            va: GpuVa(0),
-            size,
-            step: "reserve CPU address range",
-            source,
-        })?;
-        let va = GpuVa(reservation.addr);
-        if va.0 < gpu.gpuvm_base || va.0 + size - 1 > gpu.gpuvm_limit {
-            return Err(Error::Aperture {
-                gpu: gpu_id,
-                va,
-                size,
-                base: gpu.gpuvm_base,
-                limit: gpu.gpuvm_limit,
-            });
+        Ok(va.0 + (doorbell_offset & (DOORBELL_RANGE - 1)))
+    }
+
+    /// Frees the doorbell and MMIO BOs, then closes /dev/kfd and the render nodes; reports
+    /// the first failure (dropping the client does the same without reporting).
+    pub fn close(mut self) -> Result<()> {
+        self.release_device_bos()
+    }
+
+    fn release_device_bos(&mut self) -> Result<()> {
+        let mut first = None;
+        for g in &mut self.gpus {
+            let doorbell = g
+                .doorbell
+                .get_mut()
+                .unwrap_or_else(|e| e.into_inner())
+                .take();
+            let mmio = std::mem::replace(&mut g.mmio, Err("freed".to_owned())).ok();
+            for mut bo in doorbell.into_iter().chain(mmio) {
+                if let Err(e) = bo.release(&self.kfd) {
+                    first.get_or_insert(e);
+                }
+            }
         }
-        let bo_err = |step, source| Error::Bo {
+        first.map_or(Ok(()), Err)
+    }
+}
+
+impl Drop for KfdClient {
+    fn drop(&mut self) {
+        // Before the fields close /dev/kfd. Errors cannot be reported from drop; `close`
+        // reports them.
+        let _ = self.release_device_bos();
+    }
+}
+
+/// Which file and offset a BO's CPU mapping comes from.
+#[derive(Debug, Copy, Clone)]
+enum CpuMap {
+    /// The render node, at the offset ALLOC_MEMORY_OF_GPU returned (VRAM, GTT).
+    Render,
+    /// /dev/kfd, at the offset ALLOC_MEMORY_OF_GPU returned (MMIO remap).
+    Kfd,
+    /// /dev/kfd, at this offset (doorbells: the slice's offset from CREATE_QUEUE).
+    KfdAt(MmapOffset),
+}
+
+impl CpuMap {
+    fn steps(self) -> (&'static str, &'static str) {
+        match self {
+            CpuMap::Render => (
+                "AMDKFD_IOC_ALLOC_MEMORY_OF_GPU",
+                "mmap render node at the BO's offset",
+            ),
+            CpuMap::Kfd => (
+                "AMDKFD_IOC_ALLOC_MEMORY_OF_GPU (MMIO remap page)",
+                "mmap /dev/kfd at the MMIO page's offset",
+            ),
+            CpuMap::KfdAt(_) => (
+                "AMDKFD_IOC_ALLOC_MEMORY_OF_GPU (doorbell slice)",
+                "mmap /dev/kfd at the doorbell slice's offset",
+            ),
+        }
+    }
+}
+
+/// Allocates `size` bytes (rounded up to pages) with `flags` on `gpu`, maps it into this
+/// process at the BO's GPU VA as `map` says, then into the GPU's VM. On failure whatever
+/// was set up is undone.
+fn alloc_raw(kfd: &Kfd, gpu: &Gpu, size: u64, flags: u32, map: CpuMap) -> Result<RawBo> {
+    let gpu_id = gpu.gpu_id;
+    let page = page_size();
+    let size = match size.checked_add(page - 1) {
+        Some(s) if size != 0 => s & !(page - 1),
+        _ => return Err(Error::BadSize { gpu: gpu_id, size }),
+    };
+    let len = usize::try_from(size).map_err(|_| Error::BadSize { gpu: gpu_id, size })?;
+    // The CPU address space decides the address: reserve it first, then make the GPU
+    // allocation there, so the BO needs no separate CPU and GPU addresses.
+    let reservation = Reservation::new(len).map_err(|source| Error::Bo {
+        gpu: gpu_id,
+        va: GpuVa(0),
+        size,
+        step: "reserve CPU address range",
+        source,
+    })?;
+    let va = GpuVa(reservation.addr);
+    if va.0 < gpu.gpuvm_base || va.0 + size - 1 > gpu.gpuvm_limit {
+        return Err(Error::Aperture {
             gpu: gpu_id,
             va,
             size,
-            step,
-            source,
-        };
-        let (handle, offset) = self
-            .kfd
-            .alloc_memory_of_gpu(gpu_id, va, size, flags, 0)
-            .map_err(|e| bo_err("AMDKFD_IOC_ALLOC_MEMORY_OF_GPU", e))?;
-        let mut bo = Bo {
-            client: self,
-            gpu: gpu_id,
-            handle,
-            va,
-            size,
-            offset,
-            flags,
-            cpu: Some(reservation),
-            gpu_mapped: false,
-        };
-        // Errors from here on drop `bo`, which frees what was set up so far.
-        bo.cpu_map(gpu)
-            .map_err(|e| bo_err("mmap render node at the BO's offset", e))?;
-        let n = self
-            .kfd
-            .map_memory_to_gpu(handle, &[gpu_id])
-            .map_err(|e| bo_err("AMDKFD_IOC_MAP_MEMORY_TO_GPU", e))?;
-        if n != 1 {
-            return Err(bo_err(
-                "AMDKFD_IOC_MAP_MEMORY_TO_GPU",
-                IoctlError {
+            base: gpu.gpuvm_base,
+            limit: gpu.gpuvm_limit,
+        });
+    }
+    let bo_err = |step, source| Error::Bo {
+        gpu: gpu_id,
+        va,
+        size,
+        step,
+        source,
+    };
+    let (alloc_step, mmap_step) = map.steps();
+    let (handle, offset) = kfd
+        .alloc_memory_of_gpu(gpu_id, va, size, flags, 0)
+        .map_err(|e| bo_err(alloc_step, e))?;
+    let (fd, cpu_offset) = match map {
+        CpuMap::Render => (gpu.render.as_fd(), offset),
+        CpuMap::Kfd => (kfd.as_fd(), offset),
+        CpuMap::KfdAt(o) => (kfd.as_fd(), o),
+    };
+    let mut bo = RawBo {
+        gpu: gpu_id,
+        handle,
+        va,
+        size,
+        offset,
+        cpu_offset,
+        flags,
+        cpu: Some(reservation),
+        gpu_mapped: false,
+    };
+    let mapped = bo
+        .cpu_map(fd)
+        .map_err(|e| bo_err(mmap_step, e))
+        .and_then(|()| {
+            match kfd.map_memory_to_gpu(handle, &[gpu_id]) {
+                Ok(1) => Ok(()),
+                Ok(_) => Err(IoctlError {
                     ioctl: "AMDKFD_IOC_MAP_MEMORY_TO_GPU",
                     errno: libc::EIO,
-                },
-            ));
+                }),
+                Err(e) => Err(e),
+            }
+            .map_err(|e| bo_err("AMDKFD_IOC_MAP_MEMORY_TO_GPU", e))
+        });
+    match mapped {
+        Ok(()) => {
+            bo.gpu_mapped = true;
+            Ok(bo)
         }
-        bo.gpu_mapped = true;
-        Ok(bo)
+        Err(e) => {
+            let _ = bo.release(kfd);
+            Err(e)
+        }
     }
 }
 
@@ -304,77 +532,51 @@ fn last_error(ioctl: &'static str) -> IoctlError {
     }
 }
 
-/// A VRAM or GTT BO, GPU-mapped on its GPU and CPU-mapped at its GPU VA. Dropping it unmaps
-/// and frees it; [`free`](Bo::free) does the same and reports errors.
+/// A BO as allocated, CPU-mapped and GPU-mapped, without a borrow of the client: what
+/// [`Bo`] wraps and what the client keeps for its doorbell and MMIO BOs. Freed only by
+/// [`release`](RawBo::release).
 #[derive(Debug)]
-pub struct Bo<'c> {
-    client: &'c KfdClient,
+struct RawBo {
     gpu: GpuId,
     handle: BoHandle,
     va: GpuVa,
     size: u64,
+    /// What ALLOC_MEMORY_OF_GPU returned in `mmap_offset`.
     offset: MmapOffset,
+    /// Where the CPU mapping was made.
+    cpu_offset: MmapOffset,
     flags: u32,
+    /// Present while the BO is allocated.
     cpu: Option<Reservation>,
     gpu_mapped: bool,
 }
 
-impl Bo<'_> {
-    pub fn gpu(&self) -> GpuId {
-        self.gpu
+impl RawBo {
+    fn info(&self) -> DeviceBo {
+        DeviceBo {
+            handle: self.handle,
+            va: self.va,
+            size: self.size,
+            flags: self.flags,
+            alloc_offset: self.offset,
+            cpu_offset: self.cpu_offset,
+        }
     }
 
-    pub fn handle(&self) -> BoHandle {
-        self.handle
-    }
-
-    /// The GPU VA, which is also the CPU address.
-    pub fn va(&self) -> GpuVa {
-        self.va
-    }
-
-    /// Size in bytes (page aligned).
-    pub fn size(&self) -> u64 {
-        self.size
-    }
-
-    /// The render-node offset ALLOC_MEMORY_OF_GPU returned, as mapped.
-    pub fn mmap_offset(&self) -> MmapOffset {
-        self.offset
-    }
-
-    /// The `KFD_IOC_ALLOC_MEM_FLAGS_*` of the allocation.
-    pub fn flags(&self) -> u32 {
-        self.flags
-    }
-
-    /// The BO's bytes through its CPU mapping.
-    pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: while `self` lives, `va..va+size` is a readable MAP_SHARED mapping of the
-        // BO (made in `alloc_with_flags`, removed only by `release`).
-        unsafe { std::slice::from_raw_parts(self.va.0 as *const u8, self.size as usize) }
-    }
-
-    /// The BO's bytes, writable.
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: as in `as_slice`; the mapping is writable and `&mut self` is exclusive.
-        unsafe { std::slice::from_raw_parts_mut(self.va.0 as *mut u8, self.size as usize) }
-    }
-
-    fn cpu_map(&mut self, gpu: &Gpu) -> std::result::Result<(), IoctlError> {
-        let off = libc::off_t::try_from(self.offset.0).map_err(|_| IoctlError {
+    fn cpu_map(&mut self, fd: BorrowedFd<'_>) -> std::result::Result<(), IoctlError> {
+        let off = libc::off_t::try_from(self.cpu_offset.0).map_err(|_| IoctlError {
             ioctl: "mmap",
             errno: libc::EOVERFLOW,
         })?;
         // SAFETY: MAP_FIXED replaces only our own PROT_NONE reservation of exactly this range
-        // (`self.cpu`), which nothing else uses; the render fd is open for the call.
+        // (`self.cpu`), which nothing else uses; the fd is open for the call.
         let p = unsafe {
             libc::mmap(
                 self.va.0 as *mut libc::c_void,
                 self.size as usize,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED | libc::MAP_FIXED,
-                gpu.render.as_fd().as_raw_fd(),
+                fd.as_raw_fd(),
                 off,
             )
         };
@@ -384,7 +586,8 @@ impl Bo<'_> {
         Ok(())
     }
 
-    fn release(&mut self) -> Result<()> {
+    /// Unmaps the BO from the GPU and the CPU and frees it; a second call does nothing.
+    fn release(&mut self, kfd: &Kfd) -> Result<()> {
         let mut first = None;
         let (gpu, va, size) = (self.gpu, self.va, self.size);
         let bo_err = |step, source| Error::Bo {
@@ -395,29 +598,80 @@ impl Bo<'_> {
             source,
         };
         if std::mem::take(&mut self.gpu_mapped) {
-            if let Err(e) = self.client.kfd.unmap_memory_from_gpu(self.handle, &[gpu]) {
+            if let Err(e) = kfd.unmap_memory_from_gpu(self.handle, &[gpu]) {
                 first.get_or_insert(bo_err("AMDKFD_IOC_UNMAP_MEMORY_FROM_GPU", e));
             }
         }
         if let Some(cpu) = self.cpu.take() {
             drop(cpu);
-            if let Err(e) = self.client.kfd.free_memory_of_gpu(self.handle) {
+            if let Err(e) = kfd.free_memory_of_gpu(self.handle) {
                 first.get_or_insert(bo_err("AMDKFD_IOC_FREE_MEMORY_OF_GPU", e));
             }
         }
         first.map_or(Ok(()), Err)
     }
+}
+
+/// A VRAM or GTT BO, GPU-mapped on its GPU and CPU-mapped at its GPU VA. Dropping it unmaps
+/// and frees it; [`free`](Bo::free) does the same and reports errors.
+#[derive(Debug)]
+pub struct Bo<'c> {
+    client: &'c KfdClient,
+    raw: RawBo,
+}
+
+impl Bo<'_> {
+    pub fn gpu(&self) -> GpuId {
+        self.raw.gpu
+    }
+
+    pub fn handle(&self) -> BoHandle {
+        self.raw.handle
+    }
+
+    /// The GPU VA, which is also the CPU address.
+    pub fn va(&self) -> GpuVa {
+        self.raw.va
+    }
+
+    /// Size in bytes (page aligned).
+    pub fn size(&self) -> u64 {
+        self.raw.size
+    }
+
+    /// The render-node offset ALLOC_MEMORY_OF_GPU returned, as mapped.
+    pub fn mmap_offset(&self) -> MmapOffset {
+        self.raw.offset
+    }
+
+    /// The `KFD_IOC_ALLOC_MEM_FLAGS_*` of the allocation.
+    pub fn flags(&self) -> u32 {
+        self.raw.flags
+    }
+
+    /// The BO's bytes through its CPU mapping.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: while `self` lives, `va..va+size` is a readable MAP_SHARED mapping of the
+        // BO (made in `alloc_raw`, removed only by `RawBo::release`).
+        unsafe { std::slice::from_raw_parts(self.raw.va.0 as *const u8, self.raw.size as usize) }
+    }
+
+    /// The BO's bytes, writable.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as in `as_slice`; the mapping is writable and `&mut self` is exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.raw.va.0 as *mut u8, self.raw.size as usize) }
+    }
 
     /// Unmaps the BO from the GPU and the CPU and frees it.
     pub fn free(mut self) -> Result<()> {
-        self.release()
+        self.raw.release(&self.client.kfd)
     }
 }
 
 impl Drop for Bo<'_> {
     fn drop(&mut self) {
         // Errors cannot be reported from drop; `free` reports them.
-        let _ = self.release();
+        let _ = self.raw.release(&self.client.kfd);
     }
 }
 

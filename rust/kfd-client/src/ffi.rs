@@ -121,7 +121,9 @@ pub unsafe extern "C" fn kfd_client_open(out: *mut *mut kfd_client) -> i32 {
     })
 }
 
-/// Closes the client; -EBUSY (and nothing closed) while BOs or queues of it are alive.
+/// Closes the client, freeing its doorbell and MMIO BOs; -EBUSY (and nothing closed) while
+/// BOs or queues of it are alive. If freeing those BOs fails, the error is returned but the
+/// client is closed all the same (`c` is gone).
 ///
 /// # Safety
 ///
@@ -141,8 +143,8 @@ pub unsafe extern "C" fn kfd_client_close(c: *mut kfd_client) -> i32 {
             );
         }
         // SAFETY: `c` came from Box::into_raw in kfd_client_open and nothing borrows it.
-        drop(unsafe { Box::from_raw(c) });
-        0
+        let b = unsafe { Box::from_raw(c) };
+        b.inner.close().map_or_else(client_err, |()| 0)
     })
 }
 
@@ -200,6 +202,99 @@ pub unsafe extern "C" fn kfd_client_gpu_info(
         unsafe { render_minor.write(g.minor.0) };
         0
     })
+}
+
+/// Which of a GPU's own BOs `device_bo` reports.
+#[derive(Clone, Copy)]
+enum DeviceBoKind {
+    Doorbell,
+    Mmio,
+}
+
+fn device_bo(
+    name: &str,
+    c: *const kfd_client,
+    gpu_id: u32,
+    kind: DeviceBoKind,
+    va: *mut u64,
+    size: *mut u64,
+) -> i32 {
+    guard(name, || {
+        if c.is_null() || va.is_null() || size.is_null() {
+            return null(name);
+        }
+        // SAFETY: the callers' contract makes `c` a live client.
+        let gpu = match unsafe { &*c }.inner.gpu(GpuId(gpu_id)) {
+            Ok(g) => g,
+            Err(e) => return client_err(e),
+        };
+        let bo = match kind {
+            DeviceBoKind::Doorbell => gpu.doorbell_bo().ok_or_else(|| {
+                format!("{name}: GPU {gpu_id:#x} has no queue yet, so no doorbell BO")
+            }),
+            DeviceBoKind::Mmio => gpu.mmio_bo().ok_or_else(|| {
+                format!("{name}: {}", gpu.mmio_unavailable().unwrap_or("no MMIO BO"))
+            }),
+        };
+        match bo {
+            Ok(b) => {
+                // SAFETY: both out-pointers are non-NULL and writable per the contract.
+                unsafe { va.write(b.va.0) };
+                // SAFETY: as above.
+                unsafe { size.write(b.size) };
+                0
+            }
+            Err(msg) => fail(libc::ENOENT, msg),
+        }
+    })
+}
+
+/// The doorbell BO of GPU `gpu_id`: its address (GPU VA and CPU pointer of its /dev/kfd
+/// mapping) and size. The GPU's first queue allocates it; it stays until the client closes.
+/// -ENOENT before the first queue.
+///
+/// # Safety
+///
+/// `c` must be a live client; `va` and `size` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn kfd_client_doorbell_bo(
+    c: *const kfd_client,
+    gpu_id: u32,
+    va: *mut u64,
+    size: *mut u64,
+) -> i32 {
+    device_bo(
+        "kfd_client_doorbell_bo",
+        c,
+        gpu_id,
+        DeviceBoKind::Doorbell,
+        va,
+        size,
+    )
+}
+
+/// The MMIO remap BO (one page, for HDP flushes) of GPU `gpu_id`: its address (GPU VA and
+/// CPU pointer of its /dev/kfd mapping) and size. Allocated at open on GFX9 and newer GPUs;
+/// -ENOENT, with the reason in `kfd_client_last_error`, when the GPU has none.
+///
+/// # Safety
+///
+/// `c` must be a live client; `va` and `size` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn kfd_client_mmio_bo(
+    c: *const kfd_client,
+    gpu_id: u32,
+    va: *mut u64,
+    size: *mut u64,
+) -> i32 {
+    device_bo(
+        "kfd_client_mmio_bo",
+        c,
+        gpu_id,
+        DeviceBoKind::Mmio,
+        va,
+        size,
+    )
 }
 
 /// Allocates `size` bytes of `kind` (`KFD_CLIENT_MEM_*`) memory on `gpu_id`, mapped on the
@@ -272,7 +367,8 @@ pub unsafe extern "C" fn kfd_client_bo_free(bo: *mut kfd_client_bo) -> i32 {
     })
 }
 
-/// Creates an SDMA queue with a `ring_size`-byte ring on `gpu_id`.
+/// Creates an SDMA queue with a `ring_size`-byte ring on `gpu_id`. The GPU's first queue
+/// also allocates its doorbell BO (see `kfd_client_doorbell_bo`).
 ///
 /// # Safety
 ///

@@ -4,7 +4,8 @@
 //! /dev/kfd, find the GPUs in the sysfs topology, open each GPU's render node and make KFD
 //! use its VM (ACQUIRE_VM), then allocate VRAM/GTT BOs that are mapped on the GPU and in
 //! the process at the same address (CPU VA == GPU VA). Every mmap offset used is the one
-//! the kernel returned, so the same code works on a real KFD and under kfd-emu.
+//! the kernel returned, so the same code works on a real KFD and under kfd-emu. As the thunk,
+//! it also keeps a doorbell BO (from the first queue on) and an MMIO remap BO per GPU.
 
 mod client;
 mod error;
@@ -14,5 +15,8 @@ pub mod queue;
 pub mod sdma;
 pub mod topology;
 
-pub use client::{Bo, Gpu, KfdClient, MemKind, MIN_KFD_MINOR};
+pub use client::{
+    Bo, DeviceBo, Gpu, KfdClient, MemKind, DOORBELL_ALLOC_FLAGS, MIN_KFD_MINOR,
+    MMIO_REMAP_ALLOC_FLAGS, MMIO_REMAP_SIZE,
+};
 pub use error::{Error, Result};

@@ -1,6 +1,10 @@
 //! SDMA user-mode queues: a ring and its read/write pointers in GTT memory the GPU reaches,
-//! a doorbell page mapped from /dev/kfd at the offset CREATE_QUEUE returned, and packets from
-//! [`crate::sdma`].
+//! a doorbell in the GPU's doorbell slice, and packets from [`crate::sdma`].
+//!
+//! As in the thunk, the doorbell slice is a DOORBELL BO that the GPU's first queue allocates
+//! and maps on /dev/kfd at the slice's offset; CREATE_QUEUE's `doorbell_offset` is that
+//! offset plus the queue's doorbell within the slice (GFX9+), so every queue's doorbell is
+//! an address in the one mapping (see `KfdClient::doorbell_address`).
 //!
 //! GFX9+ SDMA queues use 64-bit pointers that count bytes since the queue was created and
 //! never wrap; only the ring address is taken modulo the ring size. Writing the new write
@@ -9,15 +13,16 @@
 use std::sync::atomic::{fence, Ordering};
 use std::time::{Duration, Instant};
 
-use kfd_abi::handle::{Error as IoctlError, Mapping};
-use kfd_abi::ids::{GpuId, MmapOffset, QueueId};
+use kfd_abi::handle::Error as IoctlError;
+use kfd_abi::ids::{GpuId, GpuVa, QueueId};
 use kfd_abi::sys;
 
 use crate::sdma::{self, PacketError};
-use crate::{Bo, KfdClient, MemKind};
+use crate::{Bo, Gpu, KfdClient, MemKind};
 
-/// Bytes of the per-process doorbell range of one GPU on GFX9+ (1024 64-bit doorbells).
-/// CREATE_QUEUE returns an offset inside it; the range is mapped from its aligned start.
+/// Bytes of the per-process doorbell range of one GPU on GFX9+ (1024 64-bit doorbells): the
+/// size of the DOORBELL BO. CREATE_QUEUE returns an offset inside it; the BO is mapped from
+/// its aligned start.
 pub const DOORBELL_RANGE: u64 = 8192;
 
 /// Why a queue operation failed; every variant names the GPU.
@@ -66,11 +71,13 @@ const WPTR_OFF: usize = 8;
 pub struct SdmaQueue<'c> {
     client: &'c KfdClient,
     gpu: GpuId,
+    /// The GPU, for HDP flushes before ringing the doorbell.
+    gpu_ref: &'c Gpu,
     id: QueueId,
     ring: Bo<'c>,
     ptrs: Bo<'c>,
-    doorbell: Mapping,
-    doorbell_at: usize,
+    /// Address of the queue's doorbell, inside the GPU's doorbell BO.
+    doorbell: u64,
     /// Bytes submitted since creation (the 64-bit write pointer).
     wptr: u64,
     alive: bool,
@@ -79,6 +86,7 @@ pub struct SdmaQueue<'c> {
 impl<'c> SdmaQueue<'c> {
     /// Creates an SDMA queue with a `ring_size`-byte ring (a power of two, at least a page).
     pub fn create(client: &'c KfdClient, gpu: GpuId, ring_size: u64) -> Result<Self, QueueError> {
+        let gpu_ref = client.gpu(gpu)?;
         let ring = client.alloc(gpu, ring_size, MemKind::Gtt)?;
         let ptrs = client.alloc(gpu, 4096, MemKind::Gtt)?;
         let ioctl_err = |step, source| QueueError::Ioctl { gpu, step, source };
@@ -106,28 +114,24 @@ impl<'c> SdmaQueue<'c> {
             .kfd()
             .create_queue(&mut args)
             .map_err(|e| ioctl_err("AMDKFD_IOC_CREATE_QUEUE", e))?;
-        // From here the queue exists: build the value first so that drop destroys it.
-        let base = args.doorbell_offset & !(DOORBELL_RANGE - 1);
-        let doorbell_at = (args.doorbell_offset & (DOORBELL_RANGE - 1)) as usize;
-        let doorbell = match Mapping::shared(
-            client.kfd().as_fd(),
-            MmapOffset(base),
-            DOORBELL_RANGE as usize,
-        ) {
-            Ok(m) => m,
+        // From here the queue exists: a failure must destroy it. The GPU's first queue
+        // allocates the doorbell BO, after CREATE_QUEUE as in the thunk, because the offset
+        // to map it at comes from CREATE_QUEUE.
+        let doorbell = match client.doorbell_address(gpu, args.doorbell_offset) {
+            Ok(a) => a,
             Err(e) => {
                 let _ = client.kfd().destroy_queue(id);
-                return Err(ioctl_err("mmap /dev/kfd doorbells", e));
+                return Err(e.into());
             }
         };
         Ok(Self {
             client,
             gpu,
+            gpu_ref,
             id,
             ring,
             ptrs,
             doorbell,
-            doorbell_at,
             wptr: 0,
             alive: true,
         })
@@ -139,6 +143,12 @@ impl<'c> SdmaQueue<'c> {
 
     pub fn gpu(&self) -> GpuId {
         self.gpu
+    }
+
+    /// Address of the queue's doorbell (CPU address and GPU VA): inside the GPU's doorbell
+    /// BO ([`crate::Gpu::doorbell_bo`]).
+    pub fn doorbell_va(&self) -> GpuVa {
+        GpuVa(self.doorbell)
     }
 
     /// Bytes submitted so far (the write pointer).
@@ -168,7 +178,8 @@ impl<'c> SdmaQueue<'c> {
     }
 
     /// Copies `dwords` into the ring and rings the doorbell; waits up to `timeout` for space.
-    /// A run that would cross the end of the ring is moved to its start behind a NOP.
+    /// A run that would cross the end of the ring is moved to its start behind a NOP. The
+    /// HDP is flushed first, so the packets see what the CPU wrote to VRAM before.
     pub fn submit(&mut self, dwords: &[u32], timeout: Duration) -> Result<u64, QueueError> {
         let ring = self.ring.size();
         let bytes = dwords.len() as u64 * 4;
@@ -204,14 +215,17 @@ impl<'c> SdmaQueue<'c> {
             w += 4;
         }
         self.wptr = w;
-        // The packets must be visible before the engine can see the new write pointer.
+        // The packets (and the CPU's VRAM writes, through the HDP) must be visible before
+        // the engine can see the new write pointer; hdp_flush fences first.
+        self.gpu_ref.hdp_flush();
         fence(Ordering::SeqCst);
         let wp = (self.ptrs.va().0 as usize + WPTR_OFF) as *mut u64;
         // SAFETY: inside the pointer BO's first page, aligned, live mapping.
         unsafe { wp.write_volatile(w) };
-        let db = (self.doorbell.as_ptr() as usize + self.doorbell_at) as *mut u64;
-        // SAFETY: `doorbell_at` < DOORBELL_RANGE, the mapping's length, and is 8-aligned as
-        // KFD hands out doorbells on 8-byte boundaries.
+        let db = self.doorbell as *mut u64;
+        // SAFETY: `doorbell` lies in the GPU's doorbell BO, a writable /dev/kfd mapping that
+        // stays until the client (which `self` borrows) closes; it is 8-aligned as KFD hands
+        // out doorbells on 8-byte boundaries inside the page-aligned slice.
         unsafe { db.write_volatile(w) };
         Ok(w)
     }

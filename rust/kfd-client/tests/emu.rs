@@ -14,8 +14,11 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use kfd_client::events::{Events, WaitResult};
-use kfd_client::queue::SdmaQueue;
-use kfd_client::{sdma, KfdClient, MemKind};
+use kfd_client::queue::{SdmaQueue, DOORBELL_RANGE};
+use kfd_client::{
+    sdma, DeviceBo, KfdClient, MemKind, DOORBELL_ALLOC_FLAGS, MMIO_REMAP_ALLOC_FLAGS,
+    MMIO_REMAP_SIZE,
+};
 
 const PROFILE: &str = "mi100x2";
 
@@ -47,6 +50,125 @@ fn sdma_copy_fill_and_fence_under_emulator() {
 #[test]
 fn trap_signals_event_under_emulator() {
     run_inner("inner_trap_signals_event");
+}
+
+#[test]
+fn doorbell_and_mmio_bos_under_emulator() {
+    run_inner("inner_doorbell_and_mmio_bos");
+}
+
+/// The line of /proc/self/maps that starts at `va`: (end, offset, path).
+fn mapping_at(va: u64) -> Option<(u64, u64, String)> {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    maps.lines().find_map(|l| {
+        let mut f = l.split_whitespace();
+        let (start, end) = f.next()?.split_once('-')?;
+        if u64::from_str_radix(start, 16).ok()? != va {
+            return None;
+        }
+        let _perms = f.next()?;
+        let off = u64::from_str_radix(f.next()?, 16).ok()?;
+        let path = f.nth(2).unwrap_or("").to_owned();
+        Some((u64::from_str_radix(end, 16).ok()?, off, path))
+    })
+}
+
+/// A doorbell or MMIO BO is a /dev/kfd mapping of its whole size at its VA.
+fn assert_kfd_mapping(what: &str, b: &DeviceBo) {
+    let (end, off, path) =
+        mapping_at(b.va.0).unwrap_or_else(|| panic!("{what}: no mapping at {:?}", b.va));
+    assert_eq!(path, "/dev/kfd", "{what}");
+    assert_eq!(end - b.va.0, b.size, "{what}");
+    assert_eq!(off, b.cpu_offset.0, "{what}");
+}
+
+#[test]
+#[ignore = "needs /dev/kfd (run through the outer test or `kfd-emu run`)"]
+fn inner_doorbell_and_mmio_bos() {
+    let c = KfdClient::open().unwrap();
+    let n = c.gpus().len();
+    assert_eq!(n, 2, "profile {PROFILE} has two GPUs");
+    for g in c.gpus() {
+        // Every GPU of the profile is GFX9+: an MMIO remap page from open on.
+        let m = g
+            .mmio_bo()
+            .unwrap_or_else(|| panic!("GPU {}: {:?}", g.gpu_id, g.mmio_unavailable()));
+        assert_eq!(g.mmio_unavailable(), None);
+        assert_eq!((m.size, m.flags), (MMIO_REMAP_SIZE, MMIO_REMAP_ALLOC_FLAGS));
+        assert_eq!(m.handle.gpu_id(), g.gpu_id);
+        assert!(m.va.0 >= g.gpuvm_base && m.va.0 + m.size - 1 <= g.gpuvm_limit);
+        assert_eq!(
+            m.cpu_offset, m.alloc_offset,
+            "MMIO is mapped where KFD said"
+        );
+        assert_kfd_mapping("MMIO page", &m);
+        g.hdp_flush();
+        // SAFETY: the MMIO page is mapped readable at `va` while `c` lives.
+        let reg = unsafe { (m.va.0 as *const u32).read_volatile() };
+        assert_eq!(reg, 1, "HDP_MEM_FLUSH_CNTL written");
+        // No queue yet, so no doorbell BO.
+        assert_eq!(g.doorbell_bo(), None);
+    }
+    let (g0, g1) = (&c.gpus()[0], &c.gpus()[1]);
+    let mut q1 = SdmaQueue::create(&c, g0.gpu_id, 4096).unwrap();
+    let d = g0
+        .doorbell_bo()
+        .expect("the first queue allocates the doorbell BO");
+    assert_eq!((d.size, d.flags), (DOORBELL_RANGE, DOORBELL_ALLOC_FLAGS));
+    assert_eq!(d.handle.gpu_id(), g0.gpu_id);
+    // kfd-emu hands out the slice's /dev/kfd offset as the BO's offset (a real KFD gives
+    // no /dev/kfd offset there); the client maps CREATE_QUEUE's slice offset, the same one.
+    assert_eq!(d.cpu_offset, d.alloc_offset);
+    assert_kfd_mapping("doorbell slice", &d);
+    assert_eq!(g1.doorbell_bo(), None, "only the GPU with a queue has one");
+    let mut q2 = SdmaQueue::create(&c, g0.gpu_id, 4096).unwrap();
+    assert_eq!(
+        g0.doorbell_bo(),
+        Some(d),
+        "one doorbell BO for all queues of a GPU"
+    );
+    let inside = |q: &SdmaQueue<'_>| {
+        let a = q.doorbell_va().0;
+        assert!(
+            a >= d.va.0 && a + 8 <= d.va.0 + d.size && a.is_multiple_of(8),
+            "{a:#x}"
+        );
+        a
+    };
+    assert_ne!(inside(&q1), inside(&q2));
+    // Each queue runs through its own doorbell in the BO, which holds its write pointer.
+    let flag = c.alloc(g0.gpu_id, 4096, MemKind::Gtt).unwrap();
+    for (i, q) in [&mut q1, &mut q2].into_iter().enumerate() {
+        q.submit_with(|v| sdma::fence(v, flag.va().0 + 8 * i as u64, 40 + i as u32))
+            .unwrap();
+        q.wait_idle(Duration::from_secs(10)).unwrap();
+        // SAFETY: the doorbell lies in the doorbell BO, mapped while `c` lives.
+        let db = unsafe { (q.doorbell_va().0 as *const u64).read_volatile() };
+        assert_eq!(db, q.submitted());
+        let v = u32::from_le_bytes(flag.as_slice()[8 * i..8 * i + 4].try_into().unwrap());
+        assert_eq!(v, 40 + i as u32);
+    }
+    // KFD counts both kinds among the process' BOs: the ring and pointer BOs of two
+    // queues, the flag BO, the doorbell BO and one MMIO BO per GPU.
+    let info = c.kfd().criu_process_info().unwrap();
+    c.kfd().criu_unpause().unwrap();
+    assert_eq!(info.num_bos as usize, 2 * 2 + 1 + 1 + n);
+    // Destroying the queues keeps the doorbell BO; a new queue reuses it.
+    q1.destroy().unwrap();
+    q2.destroy().unwrap();
+    assert_eq!(g0.doorbell_bo(), Some(d));
+    let q3 = SdmaQueue::create(&c, g0.gpu_id, 4096).unwrap();
+    inside(&q3);
+    q3.destroy().unwrap();
+    flag.free().unwrap();
+    let mut own: Vec<DeviceBo> = c.gpus().iter().filter_map(|g| g.mmio_bo()).collect();
+    own.push(d);
+    // Closing frees them and removes their mappings.
+    c.close().unwrap();
+    for b in own {
+        let gone = mapping_at(b.va.0).is_none_or(|(_, _, path)| path != "/dev/kfd");
+        assert!(gone, "{b:?} still mapped");
+    }
 }
 
 #[test]

@@ -137,7 +137,9 @@ fn kfd_emu() -> PathBuf {
 }
 
 /// The C ABI end to end: BOs on every GPU, CPU writes through the returned address, an SDMA
-/// copy VRAM -> GTT, a fill and a fence, all checked from C, under kfd-emu.
+/// copy VRAM -> GTT, a fill and a fence, all checked from C, under kfd-emu; the MMIO page
+/// from open on (with the HDP flush register written by the submissions) and the doorbell
+/// BO from the first queue on.
 #[test]
 fn c_program_copies_through_sdma_under_emulator() {
     let out = std::env::temp_dir().join(format!("kfd-client-c-sdma-{}", std::process::id()));
@@ -162,10 +164,15 @@ int main(void)
 	for (i = 0; i < n; i++) {
 		struct kfd_client_bo *vb, *gb, *fb;
 		struct kfd_client_queue *q;
-		uint64_t v, g, f;
+		uint64_t v, g, f, mva, msz, dva, dsz;
 		uint32_t id, minor, *vp, *gp, *fp;
 
 		CHECK(kfd_client_gpu_info(c, i, &id, &minor));
+		CHECK(kfd_client_mmio_bo(c, id, &mva, &msz));
+		if (!mva || msz != 4096)
+			return 5;
+		if (kfd_client_doorbell_bo(c, id, &dva, &dsz) != -ENOENT)
+			return 6;
 		CHECK(kfd_client_bo_alloc(c, id, SZ, KFD_CLIENT_MEM_VRAM, &v, &vb));
 		CHECK(kfd_client_bo_alloc(c, id, SZ, KFD_CLIENT_MEM_GTT, &g, &gb));
 		CHECK(kfd_client_bo_alloc(c, id, 4096, KFD_CLIENT_MEM_GTT, &f, &fb));
@@ -175,6 +182,9 @@ int main(void)
 		for (j = 0; j < SZ / 4; j++)
 			vp[j] = j * 2654435761u + i;
 		CHECK(kfd_client_sdma_queue_create(c, id, 8192, &q));
+		CHECK(kfd_client_doorbell_bo(c, id, &dva, &dsz));
+		if (!dva || dsz != 8192)
+			return 7;
 		CHECK(kfd_client_sdma_copy(q, v, g, SZ - 4096));
 		CHECK(kfd_client_sdma_fill(q, g + SZ - 4096, 0x5a5a0000u | i, 4096));
 		CHECK(kfd_client_sdma_fence(q, f, 77));
@@ -188,6 +198,8 @@ int main(void)
 		}
 		if (fp[0] != 77)
 			return 3;
+		if (*(volatile uint32_t *)(uintptr_t)mva != 1)
+			return 8;
 		if (kfd_client_close(c) != -EBUSY)
 			return 4;
 		CHECK(kfd_client_sdma_queue_destroy(q));
