@@ -384,8 +384,13 @@ dump_images_decode() {
 		check(k["pid"] == pid, f"KFD image pid {k['pid']}, the process is {pid}")
 		check(k["gpus"] == gpus, f"KFD image GPUs {k['gpus']}, the process uses {gpus}")
 		check(k["cpus"] == 1, f"{k['cpus']} CPU entries, mi100x2 has 1 CPU node")
-		# per GPU: 3 data BOs, counter, ring, ring pointers; plus the signal page
-		check(len(k["bos"]) == 2 * 6 + 1, f"{len(k['bos'])} BOs, expected 13")
+		# per GPU: 3 data BOs, counter, ring, ring pointers, the doorbell slice and the
+		# MMIO remap page (as libhsakmt allocates them); plus the signal page
+		check(len(k["bos"]) == 2 * 8 + 1, f"{len(k['bos'])} BOs, expected 17")
+		for g in gpus:
+		    for flag, what in ((1 << 3, "DOORBELL"), (1 << 4, "MMIO_REMAP")):
+		        n = sum(1 for b in k["bos"] if b["gpu_id"] == g and b["flags"] & flag)
+		        check(n == 1, f"GPU {g:#x}: {n} {what} BOs, expected 1")
 		check(k["objects"] == 3, f"{k['objects']} queue/event objects, expected 2 queues + 1 event")
 		check(sorted(d["render"].values()) == gpus, f"render images name GPUs {sorted(d['render'].values())}")
 	EOF
@@ -397,7 +402,7 @@ dump_images_decode() {
 	# Observability: per GPU, what was saved, how fast.
 	[ "$(grep -acE "amdgpu: pid $WL: GPU 0x[0-9a-f]+ \(host 0x[0-9a-f]+\): saved [0-9]+ BO\(s\), [0-9.]+ [KMG]iB in [0-9.]+ ms \([0-9]+ MB/s" "$img/dump.log")" = 2 ] ||
 		fail "the dump log does not say per GPU what was saved (BOs, bytes, time, MB/s)"
-	note "KFD image: 2 GPUs, 13 BOs, 3 objects; decodes with upstream's and our schema"
+	note "KFD image: 2 GPUs, 17 BOs (a doorbell and an MMIO BO each), 3 objects; decodes with upstream's and our schema"
 }
 
 case_dump_pages_hold_patterns() { on mi100x2 -- dump_pages_hold_patterns; }
@@ -758,6 +763,29 @@ restore_other_host() {
 	wl_verify "$pid" >/dev/null || exit 1
 	wl_finish "$pid"
 	note "$map"
+}
+
+# The image's GPUs can only land crossed (firmware versions force it): the doorbell and
+# MMIO mappings on /dev/kfd must follow their GPU to the other position, or the queues
+# never run again and the workload's verification fails.
+case_restore_crossed_gpus() {
+	on mi100x2 --profile-file "$(host_file mi100x2-fw-first-older)" -- dump_for_later wl --mib 4 --bos 2 --events
+	on mi100x2 --profile-file "$(host_file mi100x2-fw-second-older)" -- restore_crossed
+}
+restore_crossed() {
+	local img=$CASE_DIR/img pid map
+	WL_OUT=$CASE_DIR/wl.out
+	pid=$(cat "$CASE_DIR/wl.pid")
+	map=$(gpu_check_restorable "$img") || exit 1
+	grep -qE 'GPU 0xd9b1 \(renderD129\) -> host GPU 0x51e7 \(renderD131\)' <<<"$map" &&
+		grep -qE 'GPU 0x3f2c \(renderD128\) -> host GPU 0xa0c4 \(renderD130\)' <<<"$map" ||
+		fail "the GPUs were not crossed: $map"
+	restore_ok "$img" "$pid"
+	grep -qE 'mapping .* of /dev/kfd at 0x[0-9a-f]+ -> BO [0-9]+ at 0x[0-9a-f]+' "$LAST_RESTORE_LOG" ||
+		fail "no /dev/kfd mapping (doorbell, MMIO) was moved in $LAST_RESTORE_LOG"
+	wl_verify "$pid" >/dev/null || exit 1
+	wl_finish "$pid"
+	note "$map; /dev/kfd mappings moved with their GPUs"
 }
 
 # Two hives of four on mi250x8; restored where the hives are enumerated the other way
