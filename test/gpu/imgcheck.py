@@ -14,6 +14,12 @@
       order, and that every BO whose expected bytes gpu-workload wrote
       (EXPECTED_DIR/<pid>-<gpu_id %04x>-<addr %x>.bin) holds exactly those bytes.
       Every expected file must be matched by a BO.
+  imgcheck.py upstream DIR UPSTREAM_PROTO
+      Rewrites every amdgpu-kfd-*.img and amdgpu-renderD-*.img of DIR the way
+      upstream CRIU 4.1.1's plugin writes them: decoded and re-encoded with
+      upstream's own message definitions, dropping every field those do not
+      know (criu-rocm's optional fields >= 1000 and criu-dev's render-node
+      fields). Prints how many fields were dropped.
   imgcheck.py corrupt FILE MODE ARG [OUR_PROTO]
       truncate N     drops the last N bytes
       flip OFF       inverts the byte at OFF (negative: from the end)
@@ -244,6 +250,25 @@ def cmd_corrupt(path, mode, arg, ours=None):
     os.replace(t.name, path)
 
 
+UNKNOWN = re.compile(r'^\s*\d+: ')
+
+
+def cmd_upstream(dir, upstream):
+    d = os.path.dirname(os.path.abspath(upstream))
+    args = [f"-I{d}", os.path.abspath(upstream)]
+    dropped = 0
+    for prefix, message in (("amdgpu-kfd-", "criu_kfd"), ("amdgpu-renderD-", "criu_render_node")):
+        for i in image_ids(dir, prefix):
+            path = os.path.join(dir, f"{prefix}{i}.img")
+            text = protoc([f"--decode={message}"] + args, unframe(path), path).decode()
+            kept = [l for l in text.splitlines() if not UNKNOWN.match(l)]
+            dropped += text.count("\n") - len(kept)
+            payload = protoc([f"--encode={message}"] + args, ("\n".join(kept) + "\n").encode(), path)
+            with open(path, "wb") as f:
+                f.write(struct.pack("<Q", len(payload)) + payload)
+    print(f"dropped {dropped} field(s) upstream 4.1.1 does not know")
+
+
 def main():
     a = sys.argv[1:]
     try:
@@ -251,6 +276,8 @@ def main():
             cmd_decode(*a[1:])
         elif a[:1] == ["pages"] and len(a) == 4:
             cmd_pages(*a[1:])
+        elif a[:1] == ["upstream"] and len(a) == 3:
+            cmd_upstream(*a[1:])
         elif a[:1] == ["corrupt"] and len(a) in (4, 5):
             cmd_corrupt(*a[1:])
         else:

@@ -765,6 +765,27 @@ restore_other_host() {
 	note "$map"
 }
 
+# Images laid out exactly as upstream CRIU 4.1.1's amdgpu plugin writes them (our optional
+# fields and criu-dev's render-node fields dropped, re-encoded with upstream's own schema)
+# restore too, without the content hash check they no longer carry.
+case_restore_upstream_layout() {
+	local r
+	on mi100x2 -- dump_for_later wl --mib 4 --bos 2 --events
+	r=$(imgcheck upstream "$CASE_DIR/img" "$UPSTREAM_PROTO" 2>&1) || fail "$r"
+	[[ $r == "dropped "[1-9]* ]] || fail "nothing to drop from criu-rocm's images: $r"
+	on mi100x2 --profile-file "$(host_file mi100x2-other)" -- restore_upstream_layout "$r"
+}
+restore_upstream_layout() {
+	local img=$CASE_DIR/img pid
+	WL_OUT=$CASE_DIR/wl.out
+	pid=$(cat "$CASE_DIR/wl.pid")
+	gpu_check_restorable "$img" >/dev/null || exit 1
+	restore_ok "$img" "$pid"
+	wl_verify "$pid" >/dev/null || exit 1
+	wl_finish "$pid"
+	note "$1; restored on other GPUs"
+}
+
 # The image's GPUs can only land crossed (firmware versions force it): the doorbell and
 # MMIO mappings on /dev/kfd must follow their GPU to the other position, or the queues
 # never run again and the workload's verification fails.
