@@ -127,6 +127,13 @@ int criu_rocm_pause_devices(void)
 	}
 	if (paused)
 		pr_info("GPU queues of %d process(es) paused before any memory is read\n", paused);
+	if (paused && opts.stream) {
+		/* The GPU images are files of their own, which the image streamer does not carry. */
+		pr_err("--stream cannot carry the GPU state of the %d paused process(es); dump to an "
+		       "image directory instead\n",
+		       paused);
+		return -1;
+	}
 	return 0;
 }
 
