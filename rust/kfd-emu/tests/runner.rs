@@ -178,25 +178,22 @@ fn pids_with_arg(marker: &str) -> Vec<u32> {
 #[allow(clippy::zombie_processes)]
 fn sigterm_cleans_up() -> Result<(), String> {
     let before = mountinfo();
+    // A marker of this run only: sleepers another run left behind (or runs
+    // side by side) must not count.
+    let marker = format!("1001.{}", std::process::id());
     // A background job, a setsid escapee and a foreground sleeper.
-    let mut r = runner_cmd(
-        "mi100",
-        &[
-            "sh",
-            "-c",
-            "sleep 1001.25 & setsid sleep 1001.25 & sleep 1001.25",
-        ],
-    )
-    .spawn()
-    .unwrap();
+    let script = format!("sleep {marker} & setsid sleep {marker} & sleep {marker}");
+    let mut r = runner_cmd("mi100", &["sh", "-c", &script]).spawn().unwrap();
     let t0 = Instant::now();
-    while pids_with_arg("1001.25").len() < 3 && t0.elapsed() < Duration::from_secs(10) {
+    while pids_with_arg(&marker).len() < 3 && t0.elapsed() < Duration::from_secs(10) {
         std::thread::sleep(Duration::from_millis(20));
     }
-    check(
-        pids_with_arg("1001.25").len() == 3,
-        "sleepers did not start",
-    )?;
+    let started = pids_with_arg(&marker).len();
+    if started != 3 {
+        let _ = r.kill();
+        let _ = r.wait();
+        return Err(format!("{started} of 3 sleepers started"));
+    }
     // SAFETY: signalling our own child.
     unsafe { libc::kill(r.id() as i32, libc::SIGTERM) };
     let t0 = Instant::now();
@@ -215,7 +212,7 @@ fn sigterm_cleans_up() -> Result<(), String> {
         status.code() == Some(128 + libc::SIGTERM),
         &format!("status {status:?}"),
     )?;
-    check(pids_with_arg("1001.25").is_empty(), "processes left behind")?;
+    check(pids_with_arg(&marker).is_empty(), "processes left behind")?;
     check(before == mountinfo(), "host mountinfo changed")
 }
 
