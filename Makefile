@@ -22,6 +22,11 @@ GPU_LIB		:= $(CARGO_TARGET)/release/libcriu_gpu.a
 GITREV		:= $(shell git -C $(TOP) describe --always --dirty 2>/dev/null || echo unknown)
 PYTHON		:= /usr/bin/python3
 
+# Builds in the CRIU tree (prepare, criu, lib, zdtm) take this lock, so two makes run at
+# once (make demo beside make test) wait for each other instead of corrupting the tree's
+# generated files.
+TREE_LOCK	:= flock $(BUILD)/.tree.lock
+
 CRIU_INPUTS	:= criu/upstream.lock criu/patches/series $(wildcard criu/patches/*.patch) \
 		   $(wildcard criu/*.c) $(wildcard criu/include/*.h) scripts/prepare-criu.sh
 
@@ -42,7 +47,7 @@ $(TARBALL): criu/upstream.lock
 
 # A pristine extraction with our patch series; redone whenever an input changes.
 $(CRIU_TREE)/.prepared: $(TARBALL) $(CRIU_INPUTS)
-	tarball=$$(scripts/fetch-criu.sh) && scripts/prepare-criu.sh "$$tarball" $(CRIU_TREE)
+	tarball=$$(scripts/fetch-criu.sh) && $(TREE_LOCK) scripts/prepare-criu.sh "$$tarball" $(CRIU_TREE)
 	touch $@
 
 rust-lib: FORCE
@@ -57,7 +62,7 @@ $(BUILD)/gitrev: FORCE
 
 $(BUILD)/criu-rocm: $(CRIU_TREE)/.prepared $(GPU_LIB) $(BUILD)/gitrev
 	@if [ $(BUILD)/gitrev -nt $(CRIU_TREE)/criu/criu-rocm.o ]; then rm -f $(CRIU_TREE)/criu/criu-rocm.o; fi
-	$(MAKE) -C $(CRIU_TREE) -j$(JOBS) criu CRIU_GPU_LIB=$(GPU_LIB) CRIU_ROCM_GITREV=$(GITREV) \
+	$(TREE_LOCK) $(MAKE) -C $(CRIU_TREE) -j$(JOBS) criu CRIU_GPU_LIB=$(GPU_LIB) CRIU_ROCM_GITREV=$(GITREV) \
 		>$(BUILD)/criu-build.log 2>&1 || { tail -n 40 $(BUILD)/criu-build.log; exit 1; }
 	cp $(CRIU_TREE)/criu/criu $@.tmp && mv $@.tmp $@
 	@echo "built $@"
@@ -118,7 +123,7 @@ test-gpu: $(BUILD)/criu-rocm kfd-tools
 
 # CRIU's lib/ (pycriu for zdtm.py) from the same patched tree.
 $(CRIU_TREE)/.lib-built: $(BUILD)/criu-rocm
-	$(MAKE) -C $(CRIU_TREE) -j$(JOBS) lib CRIU_GPU_LIB=$(GPU_LIB) CRIU_ROCM_GITREV=$(GITREV) \
+	$(TREE_LOCK) $(MAKE) -C $(CRIU_TREE) -j$(JOBS) lib CRIU_GPU_LIB=$(GPU_LIB) CRIU_ROCM_GITREV=$(GITREV) \
 		>$(BUILD)/criu-lib.log 2>&1 || { tail -n 40 $(BUILD)/criu-lib.log; exit 1; }
 	touch $@
 

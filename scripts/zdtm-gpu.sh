@@ -82,7 +82,10 @@ for f in "$top"/test/zdtm/static/*; do
 done
 mapfile -t names < <(printf '%s\n' "${lines[@]}" | awk '{ sub(".*/", "", $1); print $1 }' | sort -u)
 log=$tree/zdtm-gpu-build.log
-if ! { make -s -j2 -C "$tree/test/zdtm/lib" && make -s -j2 -C "$static" "${names[@]}"; } >"$log" 2>&1; then
+# The lock the Makefile takes for builds in this tree (see TREE_LOCK there).
+# shellcheck disable=SC2016 # expanded by the inner sh
+if ! flock "$(dirname "$tree")/.tree.lock" sh -c 'make -s -j2 -C "$1/test/zdtm/lib" && shift && make -s -j2 -C "$@"' \
+	sh "$tree" "$static" "${names[@]}" >"$log" 2>&1; then
 	tail -n 30 "$log" >&2
 	echo "zdtm-gpu.sh: building the GPU tests failed (log: $log)" >&2
 	exit 1

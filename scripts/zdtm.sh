@@ -35,7 +35,8 @@ cd "$tree"
 # zdtm needs pycriu's generated modules (the top Makefile builds CRIU's lib/) and its test
 # binaries.
 [ -f lib/pycriu/rpc_pb2.py ] || { echo "zdtm.sh: $tree/lib/pycriu is not built (make -C $tree lib)" >&2; exit 1; }
-make -s -j2 -C test/zdtm >"$tree/zdtm-build.log" 2>&1 || { tail -n 30 "$tree/zdtm-build.log" >&2; exit 1; }
+# The lock the Makefile takes for builds in this tree (see TREE_LOCK there).
+flock "$(dirname "$tree")/.tree.lock" make -s -j2 -C test/zdtm >"$tree/zdtm-build.log" 2>&1 || { tail -n 30 "$tree/zdtm-build.log" >&2; exit 1; }
 
 pass=0 fail=0 failed=() t_all=$(date +%s)
 while read -r test flavours _; do
