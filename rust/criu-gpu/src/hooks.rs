@@ -20,6 +20,12 @@ static RESTORE: Mutex<Option<RestoreSession>> = Mutex::new(None);
 static RESUME: Mutex<Option<ResumeSet>> = Mutex::new(None);
 static DEVICES: OnceLock<DeviceIdentities> = OnceLock::new();
 
+/// This host's GPU device files, probed once: the mappings CRIU classifies
+/// and the files the dump session pauses are recognised by the same set.
+fn devices() -> &'static DeviceIdentities {
+    DEVICES.get_or_init(|| DeviceIdentities::probe(std::path::Path::new("/dev")))
+}
+
 /// A lock that a panic in an earlier hook did not make unusable.
 fn lock<T>(m: &'static Mutex<T>) -> MutexGuard<'static, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -47,7 +53,7 @@ pub extern "C" fn criu_gpu_device_kind(mode: u32, dev: u64, ino: u64, rdev: u64)
         st.st_dev = dev;
         st.st_ino = ino;
         st.st_rdev = rdev;
-        let devices = DEVICES.get_or_init(|| DeviceIdentities::probe(std::path::Path::new("/dev")));
+        let devices = devices();
         match devices.classify(&st) {
             None => 0,
             Some(DeviceKind::Kfd) => 1,
@@ -63,7 +69,7 @@ pub extern "C" fn criu_gpu_device_kind(mode: u32, dev: u64, ino: u64, rdev: u64)
 pub extern "C" fn criu_gpu_dump_init() -> c_int {
     ffi_boundary("criu_gpu_dump_init", || match DumpOptions::from_env() {
         Ok(o) => {
-            *lock(&DUMP) = Some(DumpSession::new(o));
+            *lock(&DUMP) = Some(DumpSession::new(o, devices().clone()));
             0
         }
         Err(e) => {

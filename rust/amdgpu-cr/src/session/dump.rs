@@ -40,8 +40,6 @@ use crate::topology::{Topology, SYSFS_NODES};
 /// Where the dump looks for things, and how it copies.
 #[derive(Clone, Debug)]
 pub struct DumpOptions {
-    /// `/dev` (device identities).
-    pub dev_dir: PathBuf,
     /// The KFD topology nodes directory.
     pub sysfs_nodes: PathBuf,
     /// `KFD_MAX_BUFFER_SIZE`.
@@ -54,7 +52,6 @@ impl DumpOptions {
     /// The product's paths and the environment's knobs.
     pub fn from_env() -> Result<Self, crate::Error> {
         Ok(DumpOptions {
-            dev_dir: PathBuf::from("/dev"),
             sysfs_nodes: PathBuf::from(SYSFS_NODES),
             staging_cap: env::max_buffer_size_from_env()?,
             policy: env::engine_policy_from_env()?,
@@ -102,8 +99,9 @@ pub struct DumpSession {
 }
 
 impl DumpSession {
-    pub fn new(opts: DumpOptions) -> Self {
-        let devices = DeviceIdentities::probe(&opts.dev_dir);
+    /// A dump with `devices`, the identities the mappings were classified
+    /// with (one probe of `/dev` serves both).
+    pub fn new(opts: DumpOptions, devices: DeviceIdentities) -> Self {
         DumpSession {
             opts,
             devices,
@@ -113,12 +111,6 @@ impl DumpSession {
         }
     }
 
-    /// Whether a file (fd or mapping) is one of this host's GPU device
-    /// files.
-    pub fn classify(&self, st: &libc::stat) -> Option<DeviceKind> {
-        self.devices.classify(st)
-    }
-
     fn topology(&mut self, pid: i32) -> Result<&Topology, SessionError> {
         if self.topology.is_none() {
             let t = Topology::parse_sysfs(&self.opts.sysfs_nodes)
@@ -126,11 +118,6 @@ impl DumpSession {
             self.topology = Some(t);
         }
         Ok(self.topology.as_ref().expect("parsed above"))
-    }
-
-    /// Number of KFD processes paused so far.
-    pub fn paused(&self) -> usize {
-        self.procs.iter().filter(|p| p.paused).count()
     }
 
     /// Pauses the KFD process behind every KFD file task `pid` holds, and

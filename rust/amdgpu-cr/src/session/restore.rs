@@ -555,10 +555,6 @@ impl ResumeSet {
         Ok(ResumeSet { vpids })
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.vpids.is_empty()
-    }
-
     /// Restarts the GPU queues of the task `real_pid` (pid `vpid` in its
     /// namespace) if it has a KFD process; `Ok(false)` if it has none.
     pub fn resume(&self, real_pid: i32, vpid: i32) -> Result<bool, SessionError> {
