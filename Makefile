@@ -50,10 +50,12 @@ $(CRIU_TREE)/.prepared: $(TARBALL) $(CRIU_INPUTS)
 	tarball=$$(scripts/fetch-criu.sh) && $(TREE_LOCK) scripts/prepare-criu.sh "$$tarball" $(CRIU_TREE)
 	touch $@
 
-rust-lib: FORCE
-	cd rust && $(CARGO) build --release --locked -p criu-gpu -q
+rust-lib: $(GPU_LIB)
 
-$(GPU_LIB): rust-lib
+# Cargo decides what to rebuild; the recipe on the library itself makes make look at its
+# time again after cargo ran, so criu-rocm is relinked in the same make that rebuilt it.
+$(GPU_LIB): FORCE
+	cd rust && $(CARGO) build --release --locked -p criu-gpu -q
 
 # The git revision is compiled into criu-rocm.o; rebuild it when the revision moves.
 $(BUILD)/gitrev: FORCE
