@@ -385,33 +385,52 @@ fn split_job(job: GpuJob<'_>, max: usize) -> Vec<Lane<'_>> {
     let window = engines.cpu.as_ref().map_or(0, |c| c.window()) / n as u64;
     let window = window.max(bo::PAGE_SIZE);
     engines.cpu = Some(cpu::CpuEngine::new(window));
-    let mut lanes: Vec<Lane<'_>> = Vec::with_capacity(n);
-    let mut current = Vec::new();
-    let mut done = 0u64;
+    let sizes: Vec<u64> = bos.iter().map(|b| b.size).collect();
     let mut engines = Some(engines);
-    for b in bos {
-        done = done.saturating_add(b.size);
-        current.push(b);
-        // Close lane k once the bytes so far reach k+1 n-ths of the total.
-        let k = lanes.len() as u64;
-        if (k + 1) < n as u64 && done.saturating_mul(n as u64) >= total.saturating_mul(k + 1) {
-            lanes.push(Lane {
-                user,
-                actual,
-                bos: std::mem::take(&mut current),
-                engines: engines.take().unwrap_or_else(|| cpu_only(window)),
-            });
-        }
-    }
-    if !current.is_empty() {
+    let mut rest = bos;
+    let mut lanes: Vec<Lane<'_>> = Vec::with_capacity(n);
+    let mut start = 0;
+    for end in lane_ends(&sizes, n) {
+        let tail = rest.split_off(end - start);
         lanes.push(Lane {
             user,
             actual,
-            bos: current,
+            bos: std::mem::replace(&mut rest, tail),
             engines: engines.take().unwrap_or_else(|| cpu_only(window)),
         });
+        start = end;
     }
     lanes
+}
+
+/// Where `n` contiguous lanes over BOs of `sizes` end (exclusive indices,
+/// the last one `sizes.len()`): each boundary is the BO boundary nearest to
+/// its share of the bytes, every lane keeps at least one BO.  Nearest, not
+/// the first boundary past the share: four BOs of 64 MiB followed by a
+/// doorbell page go to two lanes two and two, not three and one (which made
+/// the slower lane take 1.5 times as long as an even split).
+fn lane_ends(sizes: &[u64], n: usize) -> Vec<usize> {
+    let m = sizes.len();
+    let n = n.clamp(1, m.max(1));
+    let mut prefix = Vec::with_capacity(m + 1);
+    prefix.push(0u128);
+    for &s in sizes {
+        prefix.push(prefix[prefix.len() - 1] + u128::from(s));
+    }
+    let total = prefix[m];
+    let mut ends = Vec::with_capacity(n);
+    let mut prev = 0;
+    for k in 1..n {
+        let ideal = total * k as u128 / n as u128;
+        // Leave at least one BO for each lane after this one.
+        let end = (prev + 1..=m - (n - k))
+            .min_by_key(|&i| prefix[i].abs_diff(ideal))
+            .unwrap_or(prev + 1);
+        ends.push(end);
+        prev = end;
+    }
+    ends.push(m);
+    ends
 }
 
 fn cpu_only<'a>(window: u64) -> Engines<'a> {
@@ -446,6 +465,13 @@ fn into_lanes<'a, F>(
 fn merge_stats(lanes: Vec<GpuStats>) -> Vec<GpuStats> {
     let mut out: Vec<GpuStats> = Vec::new();
     for s in lanes {
+        log::debug!(
+            "GPU {}: lane of {} BO(s), {} bytes in {:.1} ms",
+            s.actual,
+            s.bos,
+            s.bytes,
+            s.elapsed.as_secs_f64() * 1e3
+        );
         match out.iter_mut().find(|o| o.user == s.user) {
             Some(o) => {
                 o.bos += s.bos;
@@ -685,9 +711,34 @@ mod tests {
             "at least 32 MiB a lane"
         );
         assert_eq!(split_job(job(bos[3..].to_vec()), 8).len(), 1, "small job");
+        // Equal BOs and a few small ones: the boundary nearest to half the
+        // bytes, not the first BO boundary past it.
+        let even: Vec<BoRef<'_>> = [64 * mib, 64 * mib, 64 * mib, 64 * mib, 4096, 65536]
+            .iter()
+            .enumerate()
+            .map(|(i, &size)| BoRef {
+                index: i,
+                size,
+                ..bo_ref(Some(f.as_fd()), None, bo::ALLOC_VRAM)
+            })
+            .collect();
+        let lanes = split_job(job(even), 2);
+        let per_lane: Vec<u64> = lanes.iter().map(|l| l.bytes().unwrap()).collect();
+        assert_eq!(per_lane, vec![128 * mib, 128 * mib + 4096 + 65536]);
         let mut with_sdma = job(bos);
         with_sdma.engines.sdma = Some(Box::new(cpu::CpuEngine::new(4096)));
         assert_eq!(split_job(with_sdma, 4).len(), 1, "one SDMA engine per GPU");
+    }
+
+    #[test]
+    fn lane_ends_are_balanced_and_never_empty() {
+        assert_eq!(lane_ends(&[10, 10, 10, 10], 2), vec![2, 4]);
+        assert_eq!(lane_ends(&[10, 10, 10, 10, 1], 2), vec![2, 5]);
+        assert_eq!(lane_ends(&[100, 1, 1, 1], 2), vec![1, 4]);
+        assert_eq!(lane_ends(&[1, 1, 1, 100], 3), vec![2, 3, 4]);
+        assert_eq!(lane_ends(&[5, 5], 4), vec![1, 2], "no more lanes than BOs");
+        assert_eq!(lane_ends(&[7], 1), vec![1]);
+        assert_eq!(lane_ends(&[u64::MAX, u64::MAX, u64::MAX], 3), vec![1, 2, 3]);
     }
 
     #[test]
