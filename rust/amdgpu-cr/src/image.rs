@@ -30,8 +30,9 @@ use crate::proto::{CriuKfd, CriuRenderNode, KfdBoEntry};
 pub const MAX_MESSAGE_SIZE: u64 = 512 << 20;
 
 /// Version of our optional extensions written in `criu_kfd`
-/// (`criu_rocm_ext_version`).  1 = per-BO `content_xxh3`.
-pub const EXT_VERSION: u32 = 1;
+/// (`criu_rocm_ext_version`).  1 = per-BO `content_xxh3`; 2 = and
+/// `content_hash_extent` on BOs hashed in extents.
+pub const EXT_VERSION: u32 = 2;
 
 /// CRIU's id of a dumped file (the `id` of its `files.img` entry).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -357,6 +358,16 @@ impl KfdImage {
                     format!("addr {:#x} + size {:#x} overflows", b.addr, b.size),
                 ));
             }
+            // Pieces of a BO are mapped at extent offsets: whole pages.
+            if let Some(e) = b.content_hash_extent {
+                if e == 0 || !e.is_multiple_of(crate::bo::PAGE_SIZE) {
+                    return Err(ImageError::invalid(
+                        file,
+                        format!("bo_entries[{i}].content_hash_extent"),
+                        format!("is {e}, not a positive multiple of the page size"),
+                    ));
+                }
+            }
         }
         if msg.priv_data.is_empty() {
             return Err(ImageError::invalid(file, "priv_data", "is empty"));
@@ -389,14 +400,18 @@ impl KfdImage {
         )
     }
 
-    /// The optional per-BO content hashes (bucket index → XXH3-64), for
+    /// The optional per-BO content hashes (bucket index → hash), for
     /// `copy::restore_contents`.  Empty for images written by upstream.
-    pub fn content_hashes(&self) -> std::collections::BTreeMap<usize, u64> {
+    pub fn content_hashes(&self) -> std::collections::BTreeMap<usize, crate::copy::ContentHash> {
         self.msg
             .bo_entries
             .iter()
             .enumerate()
-            .filter_map(|(i, b)| b.content_xxh3.map(|h| (i, h)))
+            .filter_map(|(i, b)| {
+                let value = b.content_xxh3?;
+                let extent = b.content_hash_extent;
+                Some((i, crate::copy::ContentHash { value, extent }))
+            })
             .collect()
     }
 
@@ -842,6 +857,7 @@ pub(crate) mod tests {
                     gpu_id: 0x1a2b,
                     handle: None,
                     content_xxh3: Some(7),
+                    content_hash_extent: Some(0x10_0000),
                 },
                 KfdBoEntry {
                     addr: 0x7000_0100_0000,
@@ -851,6 +867,7 @@ pub(crate) mod tests {
                     gpu_id: 0x1a2b,
                     handle: None,
                     content_xxh3: None,
+                    content_hash_extent: None,
                 },
                 KfdBoEntry {
                     addr: 0x7000_0200_0000,
@@ -860,6 +877,7 @@ pub(crate) mod tests {
                     gpu_id: 0x5c3d,
                     handle: None,
                     content_xxh3: None,
+                    content_hash_extent: None,
                 },
             ],
             num_of_objects: 0,
@@ -1037,7 +1055,13 @@ pub(crate) mod tests {
         assert_eq!(back, img);
         assert_eq!(
             back.content_hashes(),
-            std::collections::BTreeMap::from([(0, 7)])
+            std::collections::BTreeMap::from([(
+                0,
+                crate::copy::ContentHash {
+                    value: 7,
+                    extent: Some(0x10_0000)
+                }
+            )])
         );
         assert_eq!(back.gpu_ids(), vec![GpuId(0x1a2b), GpuId(0x5c3d)]);
         let rn = RenderImage {
@@ -1100,6 +1124,12 @@ pub(crate) mod tests {
         check(&|m| m.bo_entries[1].gpu_id = 0x9999, "bo_entries[1].gpu_id");
         check(&|m| m.bo_entries[0].size = 0, "bo_entries[0].size");
         check(&|m| m.bo_entries[0].addr = u64::MAX, "overflows");
+        for bad in [0, 4097] {
+            check(
+                &|m| m.bo_entries[0].content_hash_extent = Some(bad),
+                "bo_entries[0].content_hash_extent",
+            );
+        }
         check(&|m| m.priv_data.clear(), "priv_data");
         check(
             &|m| {

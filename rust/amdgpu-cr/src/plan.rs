@@ -17,6 +17,7 @@ use std::path::Path;
 
 use crate::bo;
 use crate::copy::BoRef;
+use crate::copy::ContentHash;
 use crate::ids::{GpuId, GpuVa, MmapOffset, RenderMinor};
 use crate::image::{FileId, KfdImage, RenderImage, EXT_VERSION};
 use crate::matcher::GpuMap;
@@ -353,6 +354,7 @@ pub fn plan_dump(
                 gpu_id: b.gpu_id.0,
                 handle: None,
                 content_xxh3: None,
+                content_hash_extent: None,
             })
             .collect(),
         num_of_objects: ckpt.num_objects,
@@ -383,12 +385,18 @@ pub fn plan_dump(
 
 impl DumpPlan {
     /// The validated image, with the content hashes the workers computed
-    /// (bucket index → XXH3-64).
-    pub fn finish_image(&self, hashes: &BTreeMap<usize, u64>) -> Result<KfdImage, PlanError> {
+    /// (bucket index → hash).
+    pub fn finish_image(
+        &self,
+        hashes: &BTreeMap<usize, ContentHash>,
+    ) -> Result<KfdImage, PlanError> {
         let mut msg = self.image.clone();
-        for (&i, &h) in hashes {
+        for (&i, h) in hashes {
             if let Some(e) = msg.bo_entries.get_mut(i) {
-                e.content_xxh3 = Some(h);
+                e.content_xxh3 = Some(h.value);
+                // Said only where it matters: a BO of one extent has the
+                // plain hash of its bytes.
+                e.content_hash_extent = h.extent.filter(|&x| e.size > x);
             }
         }
         Ok(KfdImage::validate("(new kfd image)", msg)?)
@@ -805,10 +813,22 @@ mod tests {
             p.image.priv_bo_record_size, None,
             "the test blob is not a kernel blob"
         );
-        let hashes = BTreeMap::from([(0, 11u64), (3, 33)]);
+        let h = |value, extent| ContentHash { value, extent };
+        let hashes = BTreeMap::from([(0, h(11, Some(4096))), (3, h(33, None))]);
         let img = p.finish_image(&hashes).unwrap();
-        assert_eq!(img.msg.bo_entries[3].content_xxh3, Some(33));
-        assert_eq!(img.msg.bo_entries[1].content_xxh3, None);
+        let b = &img.msg.bo_entries;
+        assert_eq!(b[3].content_xxh3, Some(33));
+        assert_eq!(b[3].content_hash_extent, None);
+        assert_eq!(b[1].content_xxh3, None);
+        assert_eq!(b[0].content_xxh3, Some(11));
+        assert!(b[0].size > 4096, "the fixture's BO 0 spans several extents");
+        assert_eq!(b[0].content_hash_extent, Some(4096));
+        let hashes = BTreeMap::from([(0, h(11, Some(b[0].size)))]);
+        let img = p.finish_image(&hashes).unwrap();
+        assert_eq!(
+            img.msg.bo_entries[0].content_hash_extent, None,
+            "a BO of one extent has the plain hash, said without an extent"
+        );
     }
 
     #[test]

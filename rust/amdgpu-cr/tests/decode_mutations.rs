@@ -66,6 +66,7 @@ fn bo(addr: u64, size: u64, gpu_id: u32, flags: u32) -> KfdBoEntry {
         gpu_id,
         handle: None,
         content_xxh3: Some(addr ^ size),
+        content_hash_extent: None,
     }
 }
 

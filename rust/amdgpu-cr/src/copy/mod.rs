@@ -13,10 +13,13 @@
 //! [`dump_contents`] and [`restore_contents`] run one worker per GPU in
 //! parallel, each with its own engines and staging memory, streaming that
 //! GPU's BOs in bucket order into (or out of) its pages file, and hashing
-//! the contents (XXH3-64) on the way.
+//! the contents (XXH3-64, in extents: see [`hash`]) on the way.  When the
+//! CPU copies, a GPU's work is shared out among lanes (threads) over the
+//! spare cores, a BO larger than a hash extent in pieces of extents.
 
 pub mod cpu;
 pub mod drm;
+pub mod hash;
 pub mod sdma;
 
 use std::collections::BTreeMap;
@@ -25,7 +28,8 @@ use std::os::fd::BorrowedFd;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use xxhash_rust::xxh3::Xxh3;
+use hash::{compose, ExtentHasher};
+pub use hash::{ContentHash, HASH_EXTENT};
 
 use crate::bo;
 use crate::env::EnginePolicy;
@@ -247,13 +251,14 @@ impl GpuStats {
 #[derive(Clone, Debug, Default)]
 pub struct DumpOutcome {
     pub stats: Vec<GpuStats>,
-    /// Bucket index → XXH3-64 of the BO's bytes.
-    pub hashes: BTreeMap<usize, u64>,
+    /// Bucket index → hash of the BO's bytes (in extents of
+    /// [`HASH_EXTENT`]).
+    pub hashes: BTreeMap<usize, ContentHash>,
 }
 
 struct HashingWriter<'w> {
     inner: &'w mut dyn Write,
-    hasher: Xxh3,
+    hasher: ExtentHasher,
 }
 
 impl Write for HashingWriter<'_> {
@@ -269,7 +274,7 @@ impl Write for HashingWriter<'_> {
 
 struct HashingReader<'r> {
     inner: &'r mut dyn Read,
-    hasher: Xxh3,
+    hasher: ExtentHasher,
 }
 
 impl Read for HashingReader<'_> {
@@ -316,20 +321,89 @@ fn run_parallel<I: Send, T: Send>(
     }
 }
 
-/// The BOs of one GPU that one thread copies: a contiguous run of the
-/// GPU's BOs in bucket order, so its bytes are one range of the pages file.
+/// A part of a BO that one lane copies: the whole BO, or a run of its hash
+/// extents.
+#[derive(Clone, Copy, Debug)]
+struct Piece<'a> {
+    /// The part, as a BO of its own (address, size and mapping offset
+    /// moved to the part; no dmabuf, which would cover the whole BO).
+    bo: BoRef<'a>,
+    /// Where the part starts in the BO: 0 or a multiple of `extent`.
+    start: u64,
+    /// Extent of the BO's content hash (`None`: the BO is one extent).
+    extent: Option<u64>,
+}
+
+impl<'a> Piece<'a> {
+    fn whole(bo: BoRef<'a>, extent: Option<u64>) -> Self {
+        Piece {
+            bo,
+            start: 0,
+            extent,
+        }
+    }
+
+    /// `bo` cut at its hash extents when `split` and it has more than one
+    /// (and its addresses do not overflow), else whole.
+    fn of(bo: BoRef<'a>, extent: Option<u64>, split: bool) -> Vec<Self> {
+        let Some(e) = extent.filter(|&e| split && e > 0 && bo.size > e) else {
+            return vec![Piece::whole(bo, extent)];
+        };
+        let part = |start: u64| -> Option<Piece<'a>> {
+            let cpu_map = match bo.cpu_map {
+                Some((fd, off)) => Some((fd, MmapOffset(off.0.checked_add(start)?))),
+                None => None,
+            };
+            Some(Piece {
+                bo: BoRef {
+                    addr: GpuVa(bo.addr.0.checked_add(start)?),
+                    size: (bo.size - start).min(e),
+                    cpu_map,
+                    dmabuf: None,
+                    ..bo
+                },
+                start,
+                extent,
+            })
+        };
+        let parts: Option<Vec<_>> = (0..bo.size).step_by(e as usize).map(part).collect();
+        parts.unwrap_or_else(|| vec![Piece::whole(bo, extent)])
+    }
+}
+
+/// The digests of one piece: (bucket index, start in the BO, digests).
+type PieceDigests = (usize, u64, Vec<u64>);
+
+/// Each BO's hash from the digests of its pieces, whichever lanes had them.
+fn compose_pieces(parts: Vec<PieceDigests>) -> BTreeMap<usize, u64> {
+    let mut by_bo: BTreeMap<usize, Vec<(u64, Vec<u64>)>> = BTreeMap::new();
+    for (index, start, digests) in parts {
+        by_bo.entry(index).or_default().push((start, digests));
+    }
+    by_bo
+        .into_iter()
+        .map(|(index, mut parts)| {
+            parts.sort_by_key(|p| p.0);
+            let all: Vec<u64> = parts.into_iter().flat_map(|p| p.1).collect();
+            (index, compose(&all))
+        })
+        .collect()
+}
+
+/// The pieces of one GPU that one thread copies: a contiguous run in
+/// bucket order, so its bytes are one range of the pages file.
 struct Lane<'a> {
     user: GpuId,
     actual: GpuId,
-    bos: Vec<BoRef<'a>>,
+    pieces: Vec<Piece<'a>>,
     engines: Engines<'a>,
 }
 
 impl Lane<'_> {
     fn bytes(&self) -> Result<u64, CopyError> {
-        self.bos
+        self.pieces
             .iter()
-            .try_fold(0u64, |t, b| t.checked_add(b.size))
+            .try_fold(0u64, |t, p| t.checked_add(p.bo.size))
             .ok_or_else(|| CopyError::Setup {
                 gpu: self.user,
                 what: "sum of BO sizes overflows".into(),
@@ -358,36 +432,49 @@ fn lanes_per_gpu(gpus: usize) -> usize {
     (cores / gpus.max(1)).max(1)
 }
 
-/// Splits a GPU's job into at most `max` lanes of about equal bytes.  A
-/// job with an SDMA engine (one per GPU) stays whole; the CPU window is
-/// shared out among the lanes, so a GPU never maps more than the job's
-/// window at once.
-fn split_job(job: GpuJob<'_>, max: usize) -> Vec<Lane<'_>> {
-    let total: u64 = job.bos.iter().map(|b| b.size).fold(0, u64::saturating_add);
-    let n = (total / MIN_LANE_BYTES)
-        .min(max as u64)
-        .min(job.bos.len() as u64)
-        .max(1) as usize;
+/// Splits a GPU's job into at most `max` lanes of about equal bytes, BOs
+/// larger than their hash extent (`extent_of` a bucket index) in pieces of
+/// extents.  A job with an SDMA engine (one per GPU) stays whole, its BOs
+/// too; the CPU window is shared out among the lanes, so a GPU never maps
+/// more than the job's window at once.
+fn split_job<'a>(
+    job: GpuJob<'a>,
+    max: usize,
+    extent_of: &dyn Fn(usize) -> Option<u64>,
+) -> Vec<Lane<'a>> {
     let GpuJob {
         user,
         actual,
         bos,
         mut engines,
     } = job;
+    let split = engines.sdma.is_none() && max > 1;
+    let pieces: Vec<Piece<'a>> = bos
+        .into_iter()
+        .flat_map(|b| Piece::of(b, extent_of(b.index), split))
+        .collect();
+    let total: u64 = pieces
+        .iter()
+        .map(|p| p.bo.size)
+        .fold(0, u64::saturating_add);
+    let n = (total / MIN_LANE_BYTES)
+        .min(max as u64)
+        .min(pieces.len() as u64)
+        .max(1) as usize;
     if n == 1 || engines.sdma.is_some() {
         return vec![Lane {
             user,
             actual,
-            bos,
+            pieces,
             engines,
         }];
     }
     let window = engines.cpu.as_ref().map_or(0, |c| c.window()) / n as u64;
     let window = window.max(bo::PAGE_SIZE);
     engines.cpu = Some(cpu::CpuEngine::new(window));
-    let sizes: Vec<u64> = bos.iter().map(|b| b.size).collect();
+    let sizes: Vec<u64> = pieces.iter().map(|p| p.bo.size).collect();
     let mut engines = Some(engines);
-    let mut rest = bos;
+    let mut rest = pieces;
     let mut lanes: Vec<Lane<'_>> = Vec::with_capacity(n);
     let mut start = 0;
     for end in lane_ends(&sizes, n) {
@@ -395,7 +482,7 @@ fn split_job(job: GpuJob<'_>, max: usize) -> Vec<Lane<'_>> {
         lanes.push(Lane {
             user,
             actual,
-            bos: std::mem::replace(&mut rest, tail),
+            pieces: std::mem::replace(&mut rest, tail),
             engines: engines.take().unwrap_or_else(|| cpu_only(window)),
         });
         start = end;
@@ -403,9 +490,10 @@ fn split_job(job: GpuJob<'_>, max: usize) -> Vec<Lane<'_>> {
     lanes
 }
 
-/// Where `n` contiguous lanes over BOs of `sizes` end (exclusive indices,
-/// the last one `sizes.len()`): each boundary is the BO boundary nearest to
-/// its share of the bytes, every lane keeps at least one BO.  Nearest, not
+/// Where `n` contiguous lanes over pieces of `sizes` end (exclusive
+/// indices, the last one `sizes.len()`): each boundary is the piece
+/// boundary nearest to its share of the bytes, every lane keeps at least
+/// one piece.  Nearest, not
 /// the first boundary past the share: four BOs of 64 MiB followed by a
 /// doorbell page go to two lanes two and two, not three and one (which made
 /// the slower lane take 1.5 times as long as an even split).
@@ -445,12 +533,13 @@ fn cpu_only<'a>(window: u64) -> Engines<'a> {
 /// pages file (`open` gives one writer or reader per lane length).
 fn into_lanes<'a, F>(
     jobs: Vec<GpuJob<'a>>,
+    extent_of: &dyn Fn(usize) -> Option<u64>,
     open: impl Fn(GpuId, &[u64]) -> Result<Vec<F>, ImageError>,
 ) -> Result<Vec<(Lane<'a>, F)>, CopyError> {
     let per_gpu = lanes_per_gpu(jobs.len());
     let mut lanes = Vec::new();
     for job in jobs {
-        let split = split_job(job, per_gpu);
+        let split = split_job(job, per_gpu, extent_of);
         let lens = split
             .iter()
             .map(Lane::bytes)
@@ -466,7 +555,7 @@ fn merge_stats(lanes: Vec<GpuStats>) -> Vec<GpuStats> {
     let mut out: Vec<GpuStats> = Vec::new();
     for s in lanes {
         log::debug!(
-            "GPU {}: lane of {} BO(s), {} bytes in {:.1} ms",
+            "GPU {}: lane of {} BO(s) begun, {} bytes in {:.1} ms",
             s.actual,
             s.bos,
             s.bytes,
@@ -495,7 +584,7 @@ pub fn dump_contents(
     id: FileId,
     jobs: Vec<GpuJob<'_>>,
 ) -> Result<DumpOutcome, CopyError> {
-    let lanes = into_lanes(jobs, |gpu, lens| {
+    let lanes = into_lanes(jobs, &|_| Some(HASH_EXTENT), |gpu, lens| {
         PagesWriter::create_lanes(dir, id, gpu, lens)
     })?;
     let per_lane = run_parallel(
@@ -504,35 +593,45 @@ pub fn dump_contents(
         |(mut lane, mut out)| {
             let start = Instant::now();
             let mut stats = lane.stats();
-            let mut hashes = Vec::with_capacity(lane.bos.len());
-            for bo in &lane.bos {
-                let (kind, engine) = lane.engines.pick(bo)?;
+            let mut digests = Vec::with_capacity(lane.pieces.len());
+            for p in &lane.pieces {
+                let (kind, engine) = lane.engines.pick(&p.bo)?;
                 let mut sink = HashingWriter {
                     inner: &mut out,
-                    hasher: Xxh3::new(),
+                    hasher: ExtentHasher::new(p.extent),
                 };
-                engine.read_bo(bo, &mut sink)?;
-                hashes.push((bo.index, sink.hasher.digest()));
-                count(&mut stats, kind, bo.size);
+                engine.read_bo(&p.bo, &mut sink)?;
+                digests.push((p.bo.index, p.start, sink.hasher.digests()));
+                count(&mut stats, kind, p);
             }
             out.finish()?;
             stats.elapsed = start.elapsed();
-            Ok((stats, hashes))
+            Ok((stats, digests))
         },
     )?;
-    let mut outcome = DumpOutcome::default();
     let mut stats = Vec::new();
-    for (s, hashes) in per_lane {
+    let mut digests = Vec::new();
+    for (s, d) in per_lane {
         stats.push(s);
-        outcome.hashes.extend(hashes);
+        digests.extend(d);
     }
-    outcome.stats = merge_stats(stats);
-    Ok(outcome)
+    let extent = Some(HASH_EXTENT);
+    Ok(DumpOutcome {
+        stats: merge_stats(stats),
+        hashes: compose_pieces(digests)
+            .into_iter()
+            .map(|(i, value)| (i, ContentHash { value, extent }))
+            .collect(),
+    })
 }
 
-fn count(stats: &mut GpuStats, kind: EngineKind, size: u64) {
+/// Counts a piece: its bytes, and its BO once (with the piece at its start).
+fn count(stats: &mut GpuStats, kind: EngineKind, p: &Piece<'_>) {
+    stats.bytes += p.bo.size;
+    if p.start != 0 {
+        return;
+    }
     stats.bos += 1;
-    stats.bytes += size;
     match kind {
         EngineKind::Cpu => stats.cpu_bos += 1,
         EngineKind::Sdma => stats.sdma_bos += 1,
@@ -540,15 +639,22 @@ fn count(stats: &mut GpuStats, kind: EngineKind, size: u64) {
 }
 
 /// Restores every job's BOs from its pages file in `dir`, with the workers
-/// and lanes of [`dump_contents`].  `hashes` (bucket index → XXH3-64, from
-/// the image's optional field) are verified when present.
+/// and lanes of [`dump_contents`].  `hashes` (bucket index → hash, from the
+/// image's optional fields) are verified when present, once every lane is
+/// done; a BO hashed whole (an image from before extents) is copied by one
+/// lane.
 pub fn restore_contents(
     dir: &Path,
     id: FileId,
     jobs: Vec<GpuJob<'_>>,
-    hashes: &BTreeMap<usize, u64>,
+    hashes: &BTreeMap<usize, ContentHash>,
 ) -> Result<Vec<GpuStats>, CopyError> {
-    let lanes = into_lanes(jobs, |gpu, lens| {
+    let names: BTreeMap<usize, (GpuId, GpuVa)> = jobs
+        .iter()
+        .flat_map(|j| j.bos.iter().map(|b| (b.index, (b.gpu, b.addr))))
+        .collect();
+    let extent_of = |i: usize| hashes.get(&i).map_or(Some(HASH_EXTENT), |h| h.extent);
+    let lanes = into_lanes(jobs, &extent_of, |gpu, lens| {
         PagesReader::open_lanes(dir, id, gpu, lens)
     })?;
     let per_lane = run_parallel(
@@ -557,33 +663,43 @@ pub fn restore_contents(
         |(mut lane, mut input)| {
             let start = Instant::now();
             let mut stats = lane.stats();
-            for bo in &lane.bos {
-                let (kind, engine) = lane.engines.pick(bo)?;
+            let mut digests = Vec::with_capacity(lane.pieces.len());
+            for p in &lane.pieces {
+                let (kind, engine) = lane.engines.pick(&p.bo)?;
                 let mut src = HashingReader {
                     inner: &mut input,
-                    hasher: Xxh3::new(),
+                    hasher: ExtentHasher::new(p.extent),
                 };
-                engine.write_bo(bo, &mut src)?;
-                let got = src.hasher.digest();
-                if let Some(&expected) = hashes.get(&bo.index) {
-                    if expected != got {
-                        return Err(CopyError::HashMismatch {
-                            gpu: bo.gpu,
-                            bo: bo.index,
-                            addr: bo.addr,
-                            expected,
-                            got,
-                        });
-                    }
-                }
-                count(&mut stats, kind, bo.size);
+                engine.write_bo(&p.bo, &mut src)?;
+                digests.push((p.bo.index, p.start, src.hasher.digests()));
+                count(&mut stats, kind, p);
             }
             input.finish()?;
             stats.elapsed = start.elapsed();
-            Ok(stats)
+            Ok((stats, digests))
         },
     )?;
-    Ok(merge_stats(per_lane))
+    let mut stats = Vec::new();
+    let mut digests = Vec::new();
+    for (s, d) in per_lane {
+        stats.push(s);
+        digests.extend(d);
+    }
+    for (index, got) in compose_pieces(digests) {
+        let (Some(want), Some(&(gpu, addr))) = (hashes.get(&index), names.get(&index)) else {
+            continue;
+        };
+        if want.value != got {
+            return Err(CopyError::HashMismatch {
+                gpu,
+                bo: index,
+                addr,
+                expected: want.value,
+                got,
+            });
+        }
+    }
+    Ok(merge_stats(stats))
 }
 
 /// Reads exactly `buf.len()` bytes, naming the BO and file on failure.
@@ -696,21 +812,26 @@ mod tests {
                 engines: Engines::new(EnginePolicy::Auto, 64 << 20, None),
             }
         }
-        let lanes = split_job(job(bos.clone()), 2);
+        let whole = |_| None;
+        let lanes = split_job(job(bos.clone()), 2, &whole);
         let idx: Vec<Vec<usize>> = lanes
             .iter()
-            .map(|l| l.bos.iter().map(|b| b.index).collect())
+            .map(|l| l.pieces.iter().map(|p| p.bo.index).collect())
             .collect();
         assert_eq!(idx, vec![vec![0, 1], vec![2, 3]]);
         for l in &lanes {
             assert_eq!(l.engines.cpu.as_ref().unwrap().window(), 32 * mib);
         }
         assert_eq!(
-            split_job(job(bos.clone()), 8).len(),
+            split_job(job(bos.clone()), 8, &whole).len(),
             3,
             "at least 32 MiB a lane"
         );
-        assert_eq!(split_job(job(bos[3..].to_vec()), 8).len(), 1, "small job");
+        assert_eq!(
+            split_job(job(bos[3..].to_vec()), 8, &whole).len(),
+            1,
+            "small job"
+        );
         // Equal BOs and a few small ones: the boundary nearest to half the
         // bytes, not the first BO boundary past it.
         let even: Vec<BoRef<'_>> = [64 * mib, 64 * mib, 64 * mib, 64 * mib, 4096, 65536]
@@ -722,12 +843,91 @@ mod tests {
                 ..bo_ref(Some(f.as_fd()), None, bo::ALLOC_VRAM)
             })
             .collect();
-        let lanes = split_job(job(even), 2);
+        let lanes = split_job(job(even), 2, &whole);
         let per_lane: Vec<u64> = lanes.iter().map(|l| l.bytes().unwrap()).collect();
         assert_eq!(per_lane, vec![128 * mib, 128 * mib + 4096 + 65536]);
         let mut with_sdma = job(bos);
         with_sdma.engines.sdma = Some(Box::new(cpu::CpuEngine::new(4096)));
-        assert_eq!(split_job(with_sdma, 4).len(), 1, "one SDMA engine per GPU");
+        assert_eq!(
+            split_job(with_sdma, 4, &whole).len(),
+            1,
+            "one SDMA engine per GPU"
+        );
+    }
+
+    /// One BO larger than its hash extent goes to several lanes in pieces
+    /// of extents, each mapped at its own offset; with SDMA, or hashed
+    /// whole, it stays in one piece.
+    #[test]
+    fn a_large_bo_is_shared_out_in_extents() {
+        let f = std::fs::File::open("/dev/null").unwrap();
+        let mib = 1u64 << 20;
+        let big = BoRef {
+            index: 3,
+            size: 100 * mib,
+            addr: GpuVa(0x7000_0000_0000),
+            cpu_map: Some((f.as_fd(), MmapOffset(0x1_0000_0000))),
+            dmabuf: Some(f.as_fd()),
+            ..bo_ref(None, None, bo::ALLOC_VRAM)
+        };
+        let job = |sdma: bool| GpuJob {
+            user: GpuId(7),
+            actual: GpuId(8),
+            bos: vec![big],
+            engines: Engines::new(
+                EnginePolicy::Auto,
+                64 << 20,
+                sdma.then(|| Box::new(cpu::CpuEngine::new(4096)) as Box<dyn CopyEngine>),
+            ),
+        };
+        let extent = |_| Some(32 * mib);
+        let lanes = split_job(job(false), 4, &extent);
+        let pieces: Vec<Vec<(u64, u64, u64, u64)>> = lanes
+            .iter()
+            .map(|l| {
+                l.pieces
+                    .iter()
+                    .map(|p| (p.start, p.bo.size, p.bo.addr.0, p.bo.cpu_map.unwrap().1 .0))
+                    .collect()
+            })
+            .collect();
+        let (a, m) = (0x7000_0000_0000u64, 0x1_0000_0000u64);
+        assert_eq!(
+            pieces,
+            vec![
+                vec![(0, 32 * mib, a, m)],
+                vec![(32 * mib, 32 * mib, a + 32 * mib, m + 32 * mib)],
+                vec![
+                    (64 * mib, 32 * mib, a + 64 * mib, m + 64 * mib),
+                    (96 * mib, 4 * mib, a + 96 * mib, m + 96 * mib)
+                ],
+            ]
+        );
+        assert!(lanes
+            .iter()
+            .all(|l| l.pieces.iter().all(|p| p.bo.dmabuf.is_none())));
+        assert!(lanes
+            .iter()
+            .all(|l| l.pieces.iter().all(|p| p.bo.index == 3)));
+        let one = split_job(job(true), 4, &extent);
+        assert_eq!(
+            (one.len(), one[0].pieces.len()),
+            (1, 1),
+            "SDMA copies it whole"
+        );
+        assert_eq!(
+            one[0].pieces[0].extent,
+            Some(32 * mib),
+            "still hashed in extents"
+        );
+        let one = split_job(job(false), 4, &|_| None);
+        assert_eq!((one.len(), one[0].pieces.len()), (1, 1), "hashed whole");
+        let one = split_job(job(false), 1, &extent);
+        assert_eq!(
+            (one.len(), one[0].pieces.len()),
+            (1, 1),
+            "one core: not cut"
+        );
     }
 
     #[test]
@@ -753,6 +953,94 @@ mod tests {
             elapsed: Duration::from_millis(500),
         };
         assert!((s.mb_per_s() - 4.0).abs() < 1e-9);
+    }
+
+    /// A BO of three hash extents: dumped and restored (in pieces when
+    /// there are cores to spare), its hash composed from the extents'; an
+    /// image hashing it whole restores too; a flipped byte in its second
+    /// extent fails the restore.
+    #[test]
+    fn a_bo_of_several_extents_round_trips() {
+        use crate::image::pages_image_name;
+        use crate::image::tests::tempdir;
+        use std::os::fd::{FromRawFd, OwnedFd};
+        use std::os::unix::fs::FileExt;
+        use xxhash_rust::xxh3::xxh3_64;
+
+        // SAFETY: valid C string; no other preconditions.
+        let fd = unsafe { libc::memfd_create(c"gpu".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0);
+        // SAFETY: fresh fd owned by nobody else.
+        let dev = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+        let (off, size) = (1u64 << 20, 2 * HASH_EXTENT + (5 << 20));
+        dev.set_len(off + size).unwrap();
+        let data: Vec<u8> = (0..size)
+            .map(|x| (x % 251) as u8 ^ (x >> 20) as u8)
+            .collect();
+        dev.write_all_at(&data, off).unwrap();
+        let jobs = || {
+            vec![GpuJob {
+                user: GpuId(0x1a2b),
+                actual: GpuId(0x1a2b),
+                bos: vec![BoRef {
+                    index: 0,
+                    gpu: GpuId(0x1a2b),
+                    addr: GpuVa(0x7000_0000_0000),
+                    size,
+                    alloc_flags: bo::ALLOC_VRAM,
+                    cpu_map: Some((dev.as_fd(), MmapOffset(off))),
+                    dmabuf: None,
+                }],
+                engines: Engines::new(EnginePolicy::Auto, 64 << 20, None),
+            }]
+        };
+        let dir = tempdir();
+        let out = dump_contents(&dir, FileId(3), jobs()).unwrap();
+        let by_hand: Vec<u64> = data.chunks(HASH_EXTENT as usize).map(xxh3_64).collect();
+        assert_eq!(by_hand.len(), 3);
+        let want = ContentHash {
+            value: compose(&by_hand),
+            extent: Some(HASH_EXTENT),
+        };
+        assert_eq!(out.hashes, BTreeMap::from([(0, want)]));
+        assert_eq!((out.stats[0].bos, out.stats[0].bytes), (1, size));
+        let pages = std::fs::read(dir.join(pages_image_name(FileId(3), GpuId(0x1a2b)))).unwrap();
+        assert!(pages[8..] == data[..], "pages file holds the BO in order");
+
+        let wipe = || dev.write_all_at(&vec![0; size as usize], off).unwrap();
+        let back = || {
+            let mut b = vec![0; size as usize];
+            dev.read_exact_at(&mut b, off).unwrap();
+            b == data
+        };
+        wipe();
+        let stats = restore_contents(&dir, FileId(3), jobs(), &out.hashes).unwrap();
+        assert_eq!((stats[0].bos, stats[0].bytes), (1, size));
+        assert!(back());
+        // An image from before extents: the plain hash, the BO copied whole.
+        wipe();
+        let whole = ContentHash {
+            value: xxh3_64(&data),
+            extent: None,
+        };
+        restore_contents(&dir, FileId(3), jobs(), &BTreeMap::from([(0, whole)])).unwrap();
+        assert!(back());
+        // The composed hash read as a whole-BO one does not match.
+        let misread = ContentHash {
+            extent: None,
+            ..want
+        };
+        let e =
+            restore_contents(&dir, FileId(3), jobs(), &BTreeMap::from([(0, misread)])).unwrap_err();
+        assert!(matches!(e, CopyError::HashMismatch { bo: 0, .. }), "{e}");
+
+        let path = dir.join(pages_image_name(FileId(3), GpuId(0x1a2b)));
+        let mut bytes = pages;
+        bytes[8 + HASH_EXTENT as usize + 7] ^= 1;
+        std::fs::write(&path, &bytes).unwrap();
+        let e = restore_contents(&dir, FileId(3), jobs(), &out.hashes).unwrap_err();
+        assert!(matches!(e, CopyError::HashMismatch { bo: 0, .. }), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// Two GPUs, each a memfd "render node" holding its BOs; dump both in
@@ -837,8 +1125,8 @@ mod tests {
         );
 
         fill(0);
-        let stats =
-            restore_contents(&dir, FileId(8), jobs(EnginePolicy::Auto), &out.hashes).unwrap();
+        let hashes = out.hashes.clone();
+        let stats = restore_contents(&dir, FileId(8), jobs(EnginePolicy::Auto), &hashes).unwrap();
         assert_eq!(stats.len(), 2);
         let again = dump_contents(&tempdir(), FileId(8), jobs(EnginePolicy::Cpu)).unwrap();
         assert_eq!(again.hashes, out.hashes);
@@ -848,16 +1136,14 @@ mod tests {
         let mut bytes = std::fs::read(&path).unwrap();
         bytes[8 + 12345] ^= 1;
         std::fs::write(&path, &bytes).unwrap();
-        let e =
-            restore_contents(&dir, FileId(8), jobs(EnginePolicy::Auto), &out.hashes).unwrap_err();
+        let e = restore_contents(&dir, FileId(8), jobs(EnginePolicy::Auto), &hashes).unwrap_err();
         assert!(matches!(e, CopyError::HashMismatch { bo: 1, .. }), "{e}");
         // Forcing SDMA without an SDMA engine is an error naming the knob.
         let e = dump_contents(&dir, FileId(9), jobs(EnginePolicy::Sdma)).unwrap_err();
         assert!(e.to_string().contains("CRIU_ROCM_COPY_ENGINE"), "{e}");
         // A missing pages file names the file.
         std::fs::remove_file(&path).unwrap();
-        let e =
-            restore_contents(&dir, FileId(8), jobs(EnginePolicy::Auto), &out.hashes).unwrap_err();
+        let e = restore_contents(&dir, FileId(8), jobs(EnginePolicy::Auto), &hashes).unwrap_err();
         assert!(
             e.to_string()
                 .contains(&pages_image_name(FileId(8), gpus[1])),

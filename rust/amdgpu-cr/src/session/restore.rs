@@ -626,7 +626,8 @@ fn verify_pages(dir: &Path, id: FileId, image: &KfdImage, user: GpuId) -> Result
         .enumerate()
         .filter(|(_, b)| b.gpu_id == user.0 && bo::has_contents(b.alloc_flags));
     for (i, b) in bos {
-        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        let want = hashes.get(&i);
+        let mut h = crate::copy::hash::ExtentHasher::new(want.and_then(|w| w.extent));
         let mut left = b.size;
         while left > 0 {
             let n = left.min(buf.len() as u64) as usize;
@@ -636,7 +637,7 @@ fn verify_pages(dir: &Path, id: FileId, image: &KfdImage, user: GpuId) -> Result
             h.update(&buf[..n]);
             left -= n as u64;
         }
-        if hashes.get(&i).is_some_and(|&want| want != h.digest()) {
+        if want.is_some_and(|w| w.value != h.finish()) {
             return Err(format!(
                 "{}: BO {i} (GPU {user}, address {:#x}, {} bytes) does not match the content \
                  hash saved at dump: the pages file is damaged",

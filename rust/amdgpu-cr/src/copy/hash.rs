@@ -1,0 +1,140 @@
+//! Content hashes of BOs, in extents so that parts of one BO can be copied
+//! (and hashed) by different threads.
+//!
+//! A BO's bytes are cut into consecutive extents of `extent` bytes (the
+//! last may be shorter), each hashed with XXH3-64; the BO's hash is the
+//! XXH3-64 of those digests as little-endian u64s, or the one digest itself
+//! when the BO fits in a single extent.  So a BO of at most one extent has
+//! the plain XXH3-64 of its bytes, as in images written before extents (no
+//! `content_hash_extent` field), whose larger BOs are hashed whole: their
+//! extent is "unbounded" and they are copied by one thread.
+
+use xxhash_rust::xxh3::{xxh3_64, Xxh3};
+
+/// Extent size criu-rocm's dump hashes with, and the unit in which a large
+/// BO is shared out among copy threads.
+pub const HASH_EXTENT: u64 = 32 << 20;
+
+/// The hash an image records for a BO.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ContentHash {
+    pub value: u64,
+    /// Extent size; `None`: the whole BO is one extent.
+    pub extent: Option<u64>,
+}
+
+/// The BO hash from its extents' digests, in order.
+pub fn compose(digests: &[u64]) -> u64 {
+    match digests {
+        [one] => *one,
+        _ => {
+            let bytes: Vec<u8> = digests.iter().flat_map(|d| d.to_le_bytes()).collect();
+            xxh3_64(&bytes)
+        }
+    }
+}
+
+/// Hashes a stream that starts at an extent boundary of a BO, one digest
+/// per extent (or part of one at the end).
+pub struct ExtentHasher {
+    extent: u64,
+    /// Bytes fed into `cur`.
+    filled: u64,
+    cur: Xxh3,
+    digests: Vec<u64>,
+}
+
+impl ExtentHasher {
+    /// `extent`: `None` for one extent however long the stream.
+    pub fn new(extent: Option<u64>) -> Self {
+        ExtentHasher {
+            extent: extent.filter(|&e| e > 0).unwrap_or(u64::MAX),
+            filled: 0,
+            cur: Xxh3::new(),
+            digests: Vec::new(),
+        }
+    }
+
+    pub fn update(&mut self, mut buf: &[u8]) {
+        while !buf.is_empty() {
+            let room = self.extent - self.filled;
+            let n = usize::try_from(room).map_or(buf.len(), |r| r.min(buf.len()));
+            self.cur.update(&buf[..n]);
+            self.filled += n as u64;
+            buf = &buf[n..];
+            if self.filled == self.extent {
+                self.digests.push(self.cur.digest());
+                self.cur.reset();
+                self.filled = 0;
+            }
+        }
+    }
+
+    /// The digests of the extents seen (a last partial one included).  An
+    /// empty stream has the digest of no bytes.
+    pub fn digests(mut self) -> Vec<u64> {
+        if self.filled > 0 || self.digests.is_empty() {
+            self.digests.push(self.cur.digest());
+        }
+        self.digests
+    }
+
+    /// The hash of a whole BO streamed through this hasher.
+    pub fn finish(self) -> u64 {
+        compose(&self.digests())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(n: usize) -> Vec<u8> {
+        (0..n).map(|i| (i * 7 + i / 251) as u8).collect()
+    }
+
+    #[test]
+    fn one_extent_is_the_plain_hash() {
+        let d = data(10_000);
+        for extent in [None, Some(10_000), Some(1 << 20)] {
+            let mut h = ExtentHasher::new(extent);
+            h.update(&d[..3]);
+            h.update(&d[3..]);
+            assert_eq!(h.finish(), xxh3_64(&d), "{extent:?}");
+        }
+        assert_eq!(ExtentHasher::new(Some(4096)).finish(), xxh3_64(&[]));
+    }
+
+    /// Parts hashed separately (cut at extent boundaries) give the same
+    /// BO hash as the whole stream, whatever the write sizes.
+    #[test]
+    fn parts_compose_to_the_whole() {
+        let d = data(5 * 4096 + 100);
+        let mut whole = ExtentHasher::new(Some(4096));
+        for c in d.chunks(1000) {
+            whole.update(c);
+        }
+        let whole = whole.finish();
+        let mut digests = Vec::new();
+        for part in [&d[..2 * 4096], &d[2 * 4096..3 * 4096], &d[3 * 4096..]] {
+            let mut h = ExtentHasher::new(Some(4096));
+            h.update(part);
+            digests.extend(h.digests());
+        }
+        assert_eq!(digests.len(), 6);
+        assert_eq!(compose(&digests), whole);
+        let by_hand: Vec<u64> = d.chunks(4096).map(xxh3_64).collect();
+        assert_eq!(digests, by_hand);
+        assert_ne!(
+            whole,
+            xxh3_64(&d),
+            "a BO of several extents is not hashed whole"
+        );
+        // Any changed byte changes it.
+        let mut bad = d.clone();
+        bad[4096 * 4 + 5] ^= 0x80;
+        let mut h = ExtentHasher::new(Some(4096));
+        h.update(&bad);
+        assert_ne!(h.finish(), whole);
+    }
+}
