@@ -20,6 +20,8 @@
 # the same flags (-v4 --display-stats) into the same image directory, build/bench-cr/img:
 #   gpu N    gpu-workload --mib N --bos 4: N MiB of BOs (half VRAM, half GTT), SDMA running
 #   gpu 0    gpu-workload --mib 1 --bos 4: the same program with 1 MiB of BOs
+#   big N    gpu-workload --mib N --bos 1: N MiB in one BO (the copy threads share it out
+#            in pieces of hash extents); its rows use gpu 0 as the fixed cost
 #   anon N   bench-anon N (scripts/bench-anon.c): N MiB of touched private anonymous memory
 #   anon 0   bench-anon 0: the same program with none
 # Each is started, dumped (criu kills it), restored (-d), made to check every byte of its
@@ -35,7 +37,7 @@
 #             memory: CRIU has no timer around its restore of memory (the restorer reads it).
 #   marginal  whole commands: (bytes(N) - bytes(0)) / (wall(N) - wall(0)), so that freezing,
 #             the parasite, the GPU ioctls, page-table work and restore forking are counted
-#             and a process' fixed cost is not.
+#             and a process' fixed cost is not.  The "1 BO" rows are marginal too.
 # Each time is the fastest of the counted runs (the other users of this machine can only
 # slow a run down); ratio = GPU BOs / anonymous memory, target >= 1.0.
 #
@@ -175,7 +177,8 @@ PID=
 start_proc() {
 	local kind=$1 size=$2 bos=${3:-4} log=$out/proc.out pid line
 	: >"$log"
-	if [ "$kind" = gpu ]; then
+	[ "$kind" = big ] && bos=1
+	if [ "$kind" != anon ]; then
 		setsid "$workload" --mib "$((size > 0 ? size : 1))" --bos "$bos" --interval-ms 10 \
 			</dev/null >"$log" 2>"$out/proc.err" &
 	else
@@ -245,7 +248,7 @@ tp_cycle() {
 	pid=$PID
 	dump_proc "$pid"
 	read -r _ dump_us _ <"$out/dump.res"
-	if [ "$kind" = gpu ]; then
+	if [ "$kind" != anon ]; then
 		bytes=$(gpu_image_bytes)
 		tool_us=$(gpu_copy_us "$img/dump.log" saved)
 		[ "$tool_us" -gt 0 ] || die "no 'amdgpu: ... saved' line in the dump log ($img/dump.log)"
@@ -259,7 +262,7 @@ tp_cycle() {
 	restore_proc "$pid"
 	read -r _ restore_us _ <"$out/restore.res"
 	rtool_us=0
-	[ "$kind" = gpu ] && rtool_us=$(gpu_copy_us "$img/restore.log" restored)
+	[ "$kind" != anon ] && rtool_us=$(gpu_copy_us "$img/restore.log" restored)
 	check_and_kill "$pid" "$kind"
 	mkdir -p "$out/logs"
 	cp "$img/dump.log" "$out/logs/$kind$size-run$run-dump.log"
@@ -289,8 +292,9 @@ in_emu() {
 	: >"$out/tp.txt"
 	: >"$out/rss.txt"
 	# Run 0 warms up (the emulator, the page cache, the binaries) and is not counted.
-	printf '  runs (each: dump, restore and check of %s MiB of GPU BOs, of %s MiB of anonymous\n' "$mib" "$mib"
-	printf '  memory, of neither; peak RSS of two dumps with KFD_MAX_BUFFER_SIZE=%s): warm-up' "$staging"
+	printf '  runs (each: dump, restore and check of %s MiB of GPU BOs in 4 BOs and in 1, of %s MiB\n' "$mib" "$mib"
+	printf '  of anonymous memory, of neither; peak RSS of two dumps with KFD_MAX_BUFFER_SIZE=%s):\n' "$staging"
+	printf '  warm-up'
 	progress=1
 	tp_cycle gpu "$mib" 0
 	tp_cycle anon "$mib" 0
@@ -300,6 +304,7 @@ in_emu() {
 		tp_cycle anon "$mib" "$run"
 		tp_cycle gpu 0 "$run"
 		tp_cycle anon 0 "$run"
+		tp_cycle big "$mib" "$run"
 		rss_cycle gpu "$vram_mib" "$run"
 		rss_cycle anon 0 "$run"
 	done
@@ -369,8 +374,8 @@ def in_tool(k, field):
     return mbps(b, us)
 
 
-def marginal(k, field):
-    (n_us, n_b), (z_us, z_b) = best(k, mib, field), best(k, 0, field)
+def marginal(k, field, zero=None):
+    (n_us, n_b), (z_us, z_b) = best(k, mib, field), best(zero or k, 0, field)
     return mbps(n_b - z_b, n_us - z_us)
 
 
@@ -385,6 +390,8 @@ for name, g, a in (
     ("dump, marginal", marginal("gpu", "dump"), marginal("anon", "dump")),
     ("restore, in-tool", in_tool("gpu", "rtool"), "-"),
     ("restore, marginal", marginal("gpu", "rest"), marginal("anon", "rest")),
+    ("dump, 1 BO", marginal("big", "dump", "gpu"), marginal("anon", "dump")),
+    ("restore, 1 BO", marginal("big", "rest", "gpu"), marginal("anon", "rest")),
 ):
     if a == "-":
         rows.append((name, fmt(g), "-", "", "(CRIU has no timer around its restore of memory)"))
