@@ -3,9 +3,15 @@
 //! Every line carries one prefix, `amdgpu: `, so GPU messages are easy to find in
 //! `dump.log` / `restore.log`, and Rust levels map onto CRIU's: error → LOG_ERROR,
 //! warn → LOG_WARN, info → LOG_INFO, debug/trace → LOG_DEBUG.
+//!
+//! CRIU's printer is not thread safe, so only the thread that installed the bridge (CRIU's;
+//! a forked task's only thread inherits the mark) prints.  Lines from other threads (GPU
+//! copies running beside CRIU's restore) are held and printed, in order, before CRIU's
+//! thread's next line or by [`flush_held`].
 
+use std::cell::Cell;
 use std::ffi::{c_int, c_uint};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 /// CRIU's log levels (criu/include/log.h).
 const LOG_ERROR: c_uint = 1;
@@ -62,6 +68,26 @@ fn filter_for(criu_loglevel: c_int) -> log::LevelFilter {
     }
 }
 
+thread_local! {
+    /// Set on the thread that may call CRIU's printer.
+    static CRIU_THREAD: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Lines of other threads, waiting for CRIU's thread.
+static HELD: Mutex<Vec<(c_uint, String)>> = Mutex::new(Vec::new());
+
+fn take_held() -> Vec<(c_uint, String)> {
+    std::mem::take(&mut *HELD.lock().unwrap_or_else(|p| p.into_inner()))
+}
+
+impl CriuLogger {
+    fn print_held(&self) {
+        for (level, line) in take_held() {
+            (self.sink)(level, &line);
+        }
+    }
+}
+
 impl log::Log for CriuLogger {
     fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
         metadata.level() <= log::max_level()
@@ -69,12 +95,31 @@ impl log::Log for CriuLogger {
 
     fn log(&self, record: &log::Record<'_>) {
         if self.enabled(record.metadata()) {
-            let line = format!("{PREFIX}{}", record.args());
-            (self.sink)(criu_level(record.level()), &readable_paths(&line));
+            let line = readable_paths(&format!("{PREFIX}{}", record.args()));
+            let level = criu_level(record.level());
+            if CRIU_THREAD.get() {
+                self.print_held();
+                (self.sink)(level, &line);
+            } else {
+                HELD.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push((level, line));
+            }
         }
     }
 
-    fn flush(&self) {}
+    fn flush(&self) {
+        if CRIU_THREAD.get() {
+            self.print_held();
+        }
+    }
+}
+
+/// Prints the lines other threads logged (on CRIU's thread; elsewhere a no-op).
+pub fn flush_held() {
+    if let Some(l) = LOGGER.get() {
+        log::Log::flush(l);
+    }
 }
 
 /// The line with every `/proc/self/fd/<n>` path (how the GPU hooks reach
@@ -103,6 +148,7 @@ static LOGGER: OnceLock<CriuLogger> = OnceLock::new();
 
 /// Installs the bridge (idempotent) and sets the level from CRIU's verbosity.
 pub fn install(criu_loglevel: c_int) {
+    CRIU_THREAD.set(true);
     let logger = LOGGER.get_or_init(|| CriuLogger { sink: criu_sink });
     // A second call (or another logger set first) only updates the level.
     let _ = log::set_logger(logger);
@@ -115,6 +161,9 @@ pub(crate) mod tests {
     use std::sync::Mutex;
 
     static LINES: Mutex<Vec<(c_uint, String)>> = Mutex::new(Vec::new());
+    /// Tests that log from a thread marked as CRIU's take turns: such a
+    /// thread prints every held line.
+    static CRIU_THREAD_TESTS: Mutex<()> = Mutex::new(());
 
     pub(crate) fn capture(level: c_uint, line: &str) {
         LINES.lock().unwrap().push((level, line.to_owned()));
@@ -122,6 +171,7 @@ pub(crate) mod tests {
 
     #[test]
     fn records_reach_criu_with_prefix_and_mapped_level() {
+        let _turn = CRIU_THREAD_TESTS.lock().unwrap();
         install(4);
         log::error!("gpu 0x{:04x} failed", 0x1a2b);
         log::debug!("detail");
@@ -134,6 +184,37 @@ pub(crate) mod tests {
         assert_eq!(criu_level(log::Level::Warn), LOG_WARN);
         assert_eq!(criu_level(log::Level::Trace), LOG_DEBUG);
         assert_eq!(criu_level(log::Level::Info), LOG_INFO);
+    }
+
+    /// A line from another thread waits for CRIU's thread, then comes
+    /// before that thread's own line.
+    #[test]
+    fn other_threads_lines_are_printed_by_criu_thread() {
+        let _turn = CRIU_THREAD_TESTS.lock().unwrap();
+        install(4);
+        std::thread::spawn(|| log::warn!("from a copy thread"))
+            .join()
+            .unwrap();
+        let seen = |what: &str| {
+            LINES
+                .lock()
+                .unwrap()
+                .iter()
+                .position(|(_, l)| l.contains(what))
+        };
+        assert_eq!(
+            seen("from a copy thread"),
+            None,
+            "printed off CRIU's thread"
+        );
+        log::info!("from criu's thread");
+        let (held, own) = (seen("from a copy thread"), seen("from criu's thread"));
+        assert!(held.is_some() && held < own, "{held:?} {own:?}");
+        std::thread::spawn(|| log::warn!("second copy line"))
+            .join()
+            .unwrap();
+        flush_held();
+        assert!(seen("second copy line").is_some());
     }
 
     #[test]
