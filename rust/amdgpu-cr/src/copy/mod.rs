@@ -555,9 +555,8 @@ fn merge_stats(lanes: Vec<GpuStats>) -> Vec<GpuStats> {
     let mut out: Vec<GpuStats> = Vec::new();
     for s in lanes {
         log::debug!(
-            "GPU {}: lane of {} BO(s) begun, {} bytes in {:.1} ms",
+            "GPU {}: lane of {} bytes in {:.1} ms",
             s.actual,
-            s.bos,
             s.bytes,
             s.elapsed.as_secs_f64() * 1e3
         );
