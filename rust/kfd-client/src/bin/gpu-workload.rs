@@ -63,7 +63,10 @@ const USAGE: &str = "usage: gpu-workload [OPTIONS]
   --fresh              each verification also allocates new BOs and a new SDMA queue on
                        every GPU, copies between the BOs with SDMA, checks and frees them
   --dump-expected DIR  writes the bytes each data BO must hold to
-                       DIR/<pid>-<gpu_id, %04x>-<address, %x>.bin";
+                       DIR/<pid>-<gpu_id, %04x>-<address, %x>.bin
+  --host-mib N         N MiB of host memory per process (private, anonymous), filled
+                       with a pattern and checked at each verification, as the host
+                       tensors of a training job (default 0)";
 
 struct Options {
     mib: u64,
@@ -77,6 +80,7 @@ struct Options {
     events: bool,
     fresh: bool,
     dump_expected: Option<PathBuf>,
+    host_mib: u64,
 }
 
 /// Option `name`'s value `v` as a number.
@@ -100,6 +104,7 @@ fn parse_args() -> Result<Options, String> {
         events: false,
         fresh: false,
         dump_expected: None,
+        host_mib: 0,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -110,6 +115,7 @@ fn parse_args() -> Result<Options, String> {
             "--small-bos" => o.small_bos = num("--small-bos", val("--small-bos")?)?,
             "--big-bo-mib" => o.big_bo_mib = num("--big-bo-mib", val("--big-bo-mib")?)?,
             "--threads" => o.threads = num("--threads", val("--threads")?)?,
+            "--host-mib" => o.host_mib = num("--host-mib", val("--host-mib")?)?,
             "--procs" => o.procs = num("--procs", val("--procs")?)?,
             "--interval-ms" => {
                 o.interval = Duration::from_millis(num("--interval-ms", val("--interval-ms")?)?)
@@ -151,6 +157,8 @@ fn parse_args() -> Result<Options, String> {
 /// thread's BO is `THREAD_BO_BASE + thread`; a verification's fresh BO is `FRESH_BO`.
 const THREAD_BO_BASE: usize = 1 << 15;
 const FRESH_BO: usize = (1 << 16) - 1;
+/// The pattern "GPU" and "BO" of host memory (no GPU has this index).
+const HOST_GPU: usize = 0xffff;
 const SMALL_BO_BYTES: u64 = 4096;
 const THREAD_BO_BYTES: u64 = 64 << 10;
 const FRESH_BO_BYTES: u64 = 1 << 20;
@@ -504,6 +512,15 @@ struct Proc<'c, 'w> {
     events: Option<EventCheck<'c>>,
     fresh: Option<u64>,
     children: Vec<libc::pid_t>,
+    /// `--host-mib` of host memory.
+    host: Vec<u32>,
+}
+
+/// `mib` MiB of host memory holding process `proc`'s host pattern.
+fn host_memory(proc: usize, mib: u64) -> Vec<u32> {
+    (0..mib * (1 << 18))
+        .map(|i| pattern(proc, HOST_GPU, 0, i))
+        .collect()
 }
 
 impl Proc<'_, '_> {
@@ -538,6 +555,20 @@ impl Proc<'_, '_> {
                 }
             }
         }
+        let bad = self
+            .host
+            .iter()
+            .enumerate()
+            .filter(|&(i, &v)| v != pattern(self.index, HOST_GPU, 0, i as u64))
+            .map(|(i, _)| i)
+            .collect::<Vec<_>>();
+        if let Some(first) = bad.first() {
+            errs.push(format!(
+                "host memory: {} dword(s) differ, the first at byte {}",
+                bad.len(),
+                first * 4
+            ));
+        }
         errs.extend(extra);
         let ok = errs.is_empty();
         let mut more = String::new();
@@ -549,6 +580,9 @@ impl Proc<'_, '_> {
         }
         if let Some(n) = self.fresh {
             more += &format!(",\"fresh\":{n}");
+        }
+        if !self.host.is_empty() {
+            more += &format!(",\"host_bytes\":{}", self.host.len() * 4);
         }
         let errs: Vec<String> = errs.iter().map(|e| json_str(e)).collect();
         println!(
@@ -800,6 +834,7 @@ fn run_proc(
         events,
         fresh: o.fresh.then_some(0),
         children,
+        host: host_memory(index, o.host_mib),
     };
     let ready = format!(
         "{{\"ready\":true,\"pid\":{},\"gpus\":[{}],\"mib_per_gpu\":{},\"bos_per_gpu\":{}{}}}",
