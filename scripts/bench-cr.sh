@@ -22,6 +22,11 @@
 #   gpu 0    gpu-workload --mib 1 --bos 4: the same program with 1 MiB of BOs
 #   big N    gpu-workload --mib N --bos 1: N MiB in one BO (the copy threads share it out
 #            in pieces of hash extents); its rows use gpu 0 as the fixed cost
+#   both N   gpu-workload --mib N --bos 4 --host-mib N: N MiB of BOs and N MiB of host
+#            memory, as a training job holds both; its row divides the restores of gpu N
+#            and anon N by its own (marginal times): 1.0 when the two kinds of memory are
+#            restored one after the other, as now (the GPU memory at the task's files, the
+#            CPU memory later, by CRIU's restorer), above 1.0 when they overlap
 #   anon N   bench-anon N (scripts/bench-anon.c): N MiB of touched private anonymous memory
 #   anon 0   bench-anon 0: the same program with none
 # Each is started, dumped (criu kills it), restored (-d), made to check every byte of its
@@ -177,9 +182,11 @@ PID=
 start_proc() {
 	local kind=$1 size=$2 bos=${3:-4} log=$out/proc.out pid line
 	: >"$log"
+	local host=()
 	[ "$kind" = big ] && bos=1
+	[ "$kind" = both ] && host=(--host-mib "$size")
 	if [ "$kind" != anon ]; then
-		setsid "$workload" --mib "$((size > 0 ? size : 1))" --bos "$bos" --interval-ms 10 \
+		setsid "$workload" --mib "$((size > 0 ? size : 1))" --bos "$bos" --interval-ms 10 "${host[@]}" \
 			</dev/null >"$log" 2>"$out/proc.err" &
 	else
 		setsid "$anon" "$size" </dev/null >"$log" 2>"$out/proc.err" &
@@ -305,6 +312,7 @@ in_emu() {
 		tp_cycle gpu 0 "$run"
 		tp_cycle anon 0 "$run"
 		tp_cycle big "$mib" "$run"
+		tp_cycle both "$mib" "$run"
 		rss_cycle gpu "$vram_mib" "$run"
 		rss_cycle anon 0 "$run"
 	done
@@ -410,6 +418,17 @@ print("  MB/s = 10^6 bytes/s; ratio = GPU BOs / anonymous memory, target >= 1.0"
 print(line.format("MB/s", "GPU BOs", "anon memory", "ratio", ""))
 for r in rows:
     print(line.format(*r))
+# GPU and CPU memory in one process against the two apart: 1.0 when restored one after
+# the other.
+t_both = ms("both", mib, "rest") - ms("gpu", 0, "rest")
+t_apart = ms("gpu", mib, "rest") - ms("gpu", 0, "rest") + ms("anon", mib, "rest") - ms("anon", 0, "rest")
+print(line.format(
+    "restore, GPU + CPU",
+    f"{t_both:.0f} ms",
+    f"{t_apart:.0f} ms",
+    f"{t_apart / t_both:.2f}" if t_both > 0 else "n/a",
+    f"({mib} MiB of each in one process / the two apart, marginal)",
+))
 for what, field in (("dump", "dump"), ("restore", "rest")):
     print(line.format(
         f"{what} ms N / 0",
