@@ -182,20 +182,9 @@ impl CopyEngine for CpuEngine {
 mod tests {
     use super::*;
     use crate::bo;
+    use crate::copy::tests::device;
     use crate::ids::{GpuId, GpuVa};
-    use std::os::fd::{AsFd, FromRawFd, OwnedFd};
-
-    /// A memfd standing in for a render node: BOs live at byte offsets.
-    fn device(size: u64) -> std::fs::File {
-        // SAFETY: the name is a valid C string; memfd_create has no other
-        // preconditions.
-        let fd = unsafe { libc::memfd_create(c"amdgpu-cr-test".as_ptr(), libc::MFD_CLOEXEC) };
-        assert!(fd >= 0);
-        // SAFETY: fd was just returned by memfd_create and is owned by no one else.
-        let f = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
-        f.set_len(size).unwrap();
-        f
-    }
+    use std::os::fd::AsFd;
 
     fn pattern(len: usize, seed: u8) -> Vec<u8> {
         (0..len)

@@ -728,9 +728,22 @@ pub(crate) fn drain_to(sink: &mut dyn Write, buf: &[u8], bo: &BoRef<'_>) -> Resu
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
-    use std::os::fd::AsFd;
+    use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+
+    /// A memfd of `size` bytes standing in for a render node: BOs live at
+    /// byte offsets.
+    pub(crate) fn device(size: u64) -> std::fs::File {
+        // SAFETY: the name is a valid C string; memfd_create has no other
+        // preconditions.
+        let fd = unsafe { libc::memfd_create(c"amdgpu-cr-test".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0);
+        // SAFETY: fd was just returned by memfd_create and is owned by no one else.
+        let f = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+        f.set_len(size).unwrap();
+        f
+    }
 
     fn bo_ref<'a>(
         cpu: Option<BorrowedFd<'a>>,
@@ -962,17 +975,11 @@ mod tests {
     fn a_bo_of_several_extents_round_trips() {
         use crate::image::pages_image_name;
         use crate::image::tests::tempdir;
-        use std::os::fd::{FromRawFd, OwnedFd};
         use std::os::unix::fs::FileExt;
         use xxhash_rust::xxh3::xxh3_64;
 
-        // SAFETY: valid C string; no other preconditions.
-        let fd = unsafe { libc::memfd_create(c"gpu".as_ptr(), libc::MFD_CLOEXEC) };
-        assert!(fd >= 0);
-        // SAFETY: fresh fd owned by nobody else.
-        let dev = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
         let (off, size) = (1u64 << 20, 2 * HASH_EXTENT + (5 << 20));
-        dev.set_len(off + size).unwrap();
+        let dev = device(off + size);
         let data: Vec<u8> = (0..size)
             .map(|x| (x % 251) as u8 ^ (x >> 20) as u8)
             .collect();
@@ -1049,19 +1056,9 @@ mod tests {
     fn parallel_dump_and_restore_with_hashes() {
         use crate::image::pages_image_name;
         use crate::image::tests::tempdir;
-        use std::os::fd::{FromRawFd, OwnedFd};
         use std::os::unix::fs::FileExt;
 
-        let memfd = || {
-            // SAFETY: valid C string; no other preconditions.
-            let fd = unsafe { libc::memfd_create(c"gpu".as_ptr(), libc::MFD_CLOEXEC) };
-            assert!(fd >= 0);
-            // SAFETY: fresh fd owned by nobody else.
-            let f = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
-            f.set_len(64 << 20).unwrap();
-            f
-        };
-        let devs = [memfd(), memfd()];
+        let devs = [device(64 << 20), device(64 << 20)];
         let gpus = [GpuId(0x1a2b), GpuId(0x5c3d)];
         // (gpu index, offset, size, bucket index)
         let layout = [
