@@ -66,7 +66,8 @@ fn bo(addr: u64, size: u64, gpu_id: u32, flags: u32) -> KfdBoEntry {
         gpu_id,
         handle: None,
         content_xxh3: Some(addr ^ size),
-        content_hash_extent: None,
+        // Hashed in extents when larger than one (of 1 MiB here).
+        content_hash_extent: (size > 1 << 20).then_some(1 << 20),
     }
 }
 
