@@ -586,24 +586,51 @@ pub fn dump_contents(
     let lanes = into_lanes(jobs, &|_| Some(HASH_EXTENT), |gpu, lens| {
         PagesWriter::create_lanes(dir, id, gpu, lens)
     })?;
+    let (stats, hashes) = run_lanes(
+        lanes,
+        |engine, p, out| {
+            let mut sink = HashingWriter {
+                inner: out,
+                hasher: ExtentHasher::new(p.extent),
+            };
+            engine.read_bo(&p.bo, &mut sink)?;
+            Ok(sink.hasher.digests())
+        },
+        |out| out.finish().map(drop).map_err(CopyError::from),
+    )?;
+    let extent = Some(HASH_EXTENT);
+    Ok(DumpOutcome {
+        stats,
+        hashes: hashes
+            .into_iter()
+            .map(|(i, value)| (i, ContentHash { value, extent }))
+            .collect(),
+    })
+}
+
+/// Runs every lane on a thread of its own: `move_piece` moves a piece
+/// between its engine and the lane's range of the pages file (`F`), hashed
+/// on the way, and returns the piece's extent digests; `finish` closes the
+/// range.  All lanes run to completion; the first error is returned.  Gives
+/// the statistics per GPU and each BO's hash.
+fn run_lanes<'a, F: Send>(
+    lanes: Vec<(Lane<'a>, F)>,
+    move_piece: impl Fn(&mut dyn CopyEngine, &Piece<'a>, &mut F) -> Result<Vec<u64>, CopyError> + Sync,
+    finish: impl Fn(F) -> Result<(), CopyError> + Sync,
+) -> Result<(Vec<GpuStats>, BTreeMap<usize, u64>), CopyError> {
     let per_lane = run_parallel(
         lanes,
         |(l, _)| l.user,
-        |(mut lane, mut out)| {
+        |(mut lane, mut file)| {
             let start = Instant::now();
             let mut stats = lane.stats();
             let mut digests = Vec::with_capacity(lane.pieces.len());
             for p in &lane.pieces {
                 let (kind, engine) = lane.engines.pick(&p.bo)?;
-                let mut sink = HashingWriter {
-                    inner: &mut out,
-                    hasher: ExtentHasher::new(p.extent),
-                };
-                engine.read_bo(&p.bo, &mut sink)?;
-                digests.push((p.bo.index, p.start, sink.hasher.digests()));
+                digests.push((p.bo.index, p.start, move_piece(engine, p, &mut file)?));
                 count(&mut stats, kind, p);
             }
-            out.finish()?;
+            finish(file)?;
             stats.elapsed = start.elapsed();
             Ok((stats, digests))
         },
@@ -614,14 +641,7 @@ pub fn dump_contents(
         stats.push(s);
         digests.extend(d);
     }
-    let extent = Some(HASH_EXTENT);
-    Ok(DumpOutcome {
-        stats: merge_stats(stats),
-        hashes: compose_pieces(digests)
-            .into_iter()
-            .map(|(i, value)| (i, ContentHash { value, extent }))
-            .collect(),
-    })
+    Ok((merge_stats(stats), compose_pieces(digests)))
 }
 
 /// Counts a piece: its bytes, and its BO once (with the piece at its start).
@@ -656,35 +676,19 @@ pub fn restore_contents(
     let lanes = into_lanes(jobs, &extent_of, |gpu, lens| {
         PagesReader::open_lanes(dir, id, gpu, lens)
     })?;
-    let per_lane = run_parallel(
+    let (stats, got_hashes) = run_lanes(
         lanes,
-        |(l, _)| l.user,
-        |(mut lane, mut input)| {
-            let start = Instant::now();
-            let mut stats = lane.stats();
-            let mut digests = Vec::with_capacity(lane.pieces.len());
-            for p in &lane.pieces {
-                let (kind, engine) = lane.engines.pick(&p.bo)?;
-                let mut src = HashingReader {
-                    inner: &mut input,
-                    hasher: ExtentHasher::new(p.extent),
-                };
-                engine.write_bo(&p.bo, &mut src)?;
-                digests.push((p.bo.index, p.start, src.hasher.digests()));
-                count(&mut stats, kind, p);
-            }
-            input.finish()?;
-            stats.elapsed = start.elapsed();
-            Ok((stats, digests))
+        |engine, p, input| {
+            let mut src = HashingReader {
+                inner: input,
+                hasher: ExtentHasher::new(p.extent),
+            };
+            engine.write_bo(&p.bo, &mut src)?;
+            Ok(src.hasher.digests())
         },
+        |input| input.finish().map(drop).map_err(CopyError::from),
     )?;
-    let mut stats = Vec::new();
-    let mut digests = Vec::new();
-    for (s, d) in per_lane {
-        stats.push(s);
-        digests.extend(d);
-    }
-    for (index, got) in compose_pieces(digests) {
+    for (index, got) in got_hashes {
         let (Some(want), Some(&(gpu, addr))) = (hashes.get(&index), names.get(&index)) else {
             continue;
         };
@@ -698,7 +702,7 @@ pub fn restore_contents(
             });
         }
     }
-    Ok(merge_stats(stats))
+    Ok(stats)
 }
 
 /// Reads exactly `buf.len()` bytes, naming the BO and file on failure.
