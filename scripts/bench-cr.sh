@@ -62,6 +62,9 @@ export LC_ALL=C
 
 self=$(realpath "$0")
 top=$(cd "$(dirname "$self")/.." && pwd)
+# alive, file_line, json_num
+# shellcheck source=SCRIPTDIR/lib/workload.sh
+. "$top/scripts/lib/workload.sh"
 out=$top/build/bench-cr
 img=$out/img
 criu=${BENCH_CR_CRIU:-$top/build/criu-rocm}
@@ -122,30 +125,11 @@ timed() {
 	/usr/bin/python3 -c "$TIMER" "$res" "$stdout" "$@"
 }
 
-# A numeric field of a JSON line of gpu-workload or bench-anon.
-json_num() { sed -nE "s/.*\"$2\":([0-9]+).*/\1/p" <<<"$1"; }
-
-alive() {
-	local s
-	s=$(cat /proc/"$1"/stat 2>/dev/null) || return 1
-	s=${s##*) }
-	[ "${s%% *}" != Z ] && [ "${s%% *}" != X ]
-}
-
-# Waits up to $3 seconds for line $1 of log $4 of process $2 and prints it.
+# Waits up to $3 seconds for line $1 of log $4 (*.out) of process $2 and prints it; on
+# failure also shows the end of the process' stderr (*.err).
 log_line() {
-	local n=$1 pid=$2 secs=$3 log=$4 i
-	for ((i = 0; i < secs * 20; i++)); do
-		if [ "$(wc -l <"$log")" -ge "$n" ]; then
-			sed -n "${n}p" "$log"
-			return 0
-		fi
-		alive "$pid" || break
-		sleep 0.05
-	done
-	[ "$(wc -l <"$log")" -ge "$n" ] && { sed -n "${n}p" "$log"; return 0; }
-	echo "pid $pid wrote no line $n to $log within $secs s" >&2
-	tail -n 5 "${log%.out}.err" >&2 2>/dev/null || true
+	file_line "$@" && return 0
+	tail -n 5 "${4%.out}.err" >&2 2>/dev/null || true
 	return 1
 }
 

@@ -22,6 +22,9 @@ export LC_ALL=C
 
 self=$(realpath "$0")
 top=$(cd "$(dirname "$self")/.." && pwd)
+# alive, file_line, render_fds, json_ok/num/list
+# shellcheck source=SCRIPTDIR/lib/workload.sh
+. "$top/scripts/lib/workload.sh"
 demo=$top/build/demo
 img=$demo/img
 criu=$top/build/criu-rocm
@@ -104,49 +107,15 @@ gpu_model() {
 		sort -u | paste -sd/
 }
 
-# "fd render_minor" for each render-node fd of process $1.
-render_fds() {
-	local f t
-	for f in /proc/"$1"/fd/*; do
-		t=$(readlink "$f") || continue
-		case $t in /dev/dri/renderD*) echo "${f##*/} ${t#/dev/dri/renderD}" ;; esac
-	done
-}
-
-alive() {
-	local s
-	s=$(cat /proc/"$1"/stat 2>/dev/null) || return 1
-	s=${s##*) }
-	[ "${s%% *}" != Z ] && [ "${s%% *}" != X ]
-}
-
-# Waits up to $3 seconds for line $1 of the workload's output and prints it; fails early
-# when the workload (pid $2) is gone without writing it.
+# Waits up to $3 seconds for line $1 of the workload's output (pid $2) and prints it; on
+# failure also shows the end of its stderr.
 workload_line() {
-	local n=$1 pid=$2 secs=$3 i
-	for ((i = 0; i < secs * 10; i++)); do
-		if [ "$(wc -l <"$wl_log")" -ge "$n" ]; then
-			sed -n "${n}p" "$wl_log"
-			return 0
-		fi
-		alive "$pid" || break
-		sleep 0.1
-	done
-	[ "$(wc -l <"$wl_log")" -ge "$n" ] && { sed -n "${n}p" "$wl_log"; return 0; }
-	if alive "$pid"; then
-		echo "gpu-workload (pid $pid) wrote no line $n to $(rel "$wl_log") within $secs s" >&2
-	else
-		echo "gpu-workload (pid $pid) ended without writing line $n to $(rel "$wl_log")" >&2
-	fi
+	file_line "$1" "$2" "$3" "$wl_log" && return 0
 	tail -n 5 "$wl_err" >&2 2>/dev/null || true
 	return 1
 }
 
-# A numeric field or the counters of one of gpu-workload's JSON lines. "errors", the only
-# field holding strings, comes last and is cut off first, so its text cannot match.
-json_num() { sed -nE "s/.*\"$2\":([0-9]+).*/\1/p" <<<"${1%%,\"errors\":*}"; }
-json_counters() { sed -nE 's/.*"counters":\[([0-9,]*)\].*/\1/p' <<<"${1%%,\"errors\":*}" | tr , ' '; }
-json_ok() { [[ $1 == '{"ok":true,'* ]]; }
+json_counters() { json_list "$1" counters; }
 
 # A verification line must say ok; $2 names the moment.
 check_verified() {

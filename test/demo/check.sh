@@ -17,7 +17,7 @@ fail() {
 
 bash -n "$demo" || fail "scripts/demo.sh does not parse"
 if command -v shellcheck >/dev/null; then
-	shellcheck "$demo" "$0" || fail "shellcheck reports the above"
+	shellcheck -x "$demo" "$0" || fail "shellcheck reports the above"
 else
 	echo "demo check: shellcheck not installed, skipped"
 fi

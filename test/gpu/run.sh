@@ -29,6 +29,9 @@ export LC_ALL=C
 self=$(realpath "$0")
 here=$(dirname "$self")
 top=$(cd "$here/../.." && pwd)
+# alive, wait_gone, file_line, render_fds, json_ok/num/list
+# shellcheck source=SCRIPTDIR/../../scripts/lib/workload.sh
+. "$top/scripts/lib/workload.sh"
 
 # ---------------------------------------------------------------------------------------
 # Reporting, used everywhere
@@ -69,24 +72,7 @@ on() {
 host_file() { echo "$here/hosts/$1.toml"; }
 
 # ---------------------------------------------------------------------------------------
-# Processes (inside a host)
-
-alive() {
-	local s
-	s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
-	s=${s##*) }
-	case ${s%% *} in Z | X) return 1 ;; esac
-}
-
-# Waits up to $2 seconds (default 30) for process $1 to be gone.
-wait_gone() {
-	local i
-	for ((i = 0; i < ${2:-30} * 20; i++)); do
-		alive "$1" || return 0
-		sleep 0.05
-	done
-	return 1
-}
+# Processes (inside a host; alive and wait_gone come from scripts/lib/workload.sh)
 
 # gpu-workload's and criu-rocm's live processes in this pid namespace, as "pid comm state"
 # (zombies are dead already; kfd-emu's runner reaps them).
@@ -189,17 +175,6 @@ wl_finish() {
 	for p in "$@"; do wait_gone "$p" || fail "gpu-workload $p still runs after its final verification"; done
 }
 
-json_ok() { [[ $1 == '{"ok":true,'* ]]; }
-# A numeric field of a gpu-workload line ("errors", the only one with strings, comes last
-# and is cut off first).
-json_num() {
-	local l=${1%%,\"errors\":*}
-	[[ $l =~ \"$2\":([0-9]+) ]] && echo "${BASH_REMATCH[1]}"
-}
-json_list() {
-	local l=${1%%,\"errors\":*}
-	[[ $l =~ \"$2\":\[([0-9,]*)\] ]] && echo "${BASH_REMATCH[1]//,/ }"
-}
 
 # counters_cmp OLD NEW ge|gt: every SDMA counter of line NEW >= (or >) the one of OLD.
 counters_cmp() {
@@ -340,14 +315,6 @@ restore_mapping() {
 	grep -a -m1 -o 'amdgpu: pid [0-9]*: GPU 0x.* -> host GPU .*' "$1" | sed 's/^amdgpu: pid [0-9]*: //'
 }
 
-# "fd minor" of each render-node fd of process $1.
-render_fds() {
-	local f t
-	for f in /proc/"$1"/fd/*; do
-		t=$(readlink "$f") || continue
-		case $t in /dev/dri/renderD*) echo "${f##*/} ${t#/dev/dri/renderD}" ;; esac
-	done
-}
 
 # The user gpu_ids a workload started with, as %04x, from its ready line.
 wl_gpus_hex() {

@@ -1,0 +1,63 @@
+# shellcheck shell=bash
+# Shell helpers shared by scripts/demo.sh, scripts/bench-cr.sh and test/gpu/run.sh: the
+# state of a process and the JSON lines gpu-workload prints. Sourced, not run; bash only.
+
+# Whether process $1 exists and is neither a zombie nor dead.
+alive() {
+	local s
+	s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+	s=${s##*) }
+	case ${s%% *} in Z | X) return 1 ;; esac
+}
+
+# Waits up to $2 seconds (default 30) for process $1 to be gone.
+wait_gone() {
+	local i
+	for ((i = 0; i < ${2:-30} * 20; i++)); do
+		alive "$1" || return 0
+		sleep 0.05
+	done
+	return 1
+}
+
+# Waits up to $3 seconds for line $1 of file $4, which process $2 writes, and prints it.
+# Fails, saying why on stderr, when the time runs out or the process ends without it.
+file_line() {
+	local n=$1 pid=$2 secs=$3 file=$4 i
+	for ((i = 0; i < secs * 20; i++)); do
+		[ "$(wc -l <"$file")" -ge "$n" ] && break
+		alive "$pid" || break
+		sleep 0.05
+	done
+	if [ "$(wc -l <"$file")" -ge "$n" ]; then
+		sed -n "${n}p" "$file"
+	elif alive "$pid"; then
+		echo "pid $pid wrote no line $n to $file within $secs s" >&2
+		return 1
+	else
+		echo "pid $pid ended without writing line $n to $file" >&2
+		return 1
+	fi
+}
+
+# "fd minor" of each render-node fd of process $1.
+render_fds() {
+	local f t
+	for f in /proc/"$1"/fd/*; do
+		t=$(readlink "$f") || continue
+		case $t in /dev/dri/renderD*) echo "${f##*/} ${t#/dev/dri/renderD}" ;; esac
+	done
+}
+
+# Fields of one of gpu-workload's JSON lines: whether it says ok, a number, a list of
+# numbers (space separated). "errors", the only field holding strings, comes last and is
+# cut off first, so its text cannot match.
+json_ok() { [[ $1 == '{"ok":true,'* ]]; }
+json_num() {
+	local l=${1%%,\"errors\":*}
+	[[ $l =~ \"$2\":([0-9]+) ]] && echo "${BASH_REMATCH[1]}"
+}
+json_list() {
+	local l=${1%%,\"errors\":*}
+	[[ $l =~ \"$2\":\[([0-9,]*)\] ]] && echo "${BASH_REMATCH[1]//,/ }"
+}
