@@ -6,6 +6,9 @@
  * (pids, fds, the image directory) and pass it to the Rust library.
  */
 #include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <unistd.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -167,7 +170,23 @@ int criu_rocm_restore_init(void)
 	 * that CRIU does not ask for a plugin that is built in here.
 	 */
 	check_and_remove_inventory_plugin(AMDGPU_INVENTORY_NAME, strlen(AMDGPU_INVENTORY_NAME));
-	return criu_gpu_restore_init();
+	return criu_gpu_restore_init(image_dir_fd());
+}
+
+/* The calling task's pid in criu main's pid namespace (read the way CRIU does). */
+static int real_pid_of_current(void)
+{
+	char buf[16];
+	int fd, n;
+
+	fd = get_service_fd(CR_PROC_FD_OFF);
+	if (fd < 0)
+		return -1;
+	n = readlinkat(fd, "self", buf, sizeof(buf) - 1);
+	if (n <= 0)
+		return -1;
+	buf[n] = '\0';
+	return atoi(buf);
 }
 
 int criu_rocm_restore_file(u32 id)
@@ -178,7 +197,7 @@ int criu_rocm_restore_file(u32 id)
 	floor = find_unused_fd_pid(pid);
 	if (floor < 0)
 		return -1;
-	fd = criu_gpu_restore_file(pid, id, floor, image_dir_fd());
+	fd = criu_gpu_restore_file(pid, real_pid_of_current(), id, floor, image_dir_fd());
 	if (fd < 0 && fd != -ENOTSUP)
 		pr_err("Can't restore the GPU file %#x of %d\n", id, pid);
 	return fd;
@@ -204,6 +223,10 @@ int criu_rocm_resume_devices(void)
 {
 	struct pstree_item *item;
 
+	if (criu_gpu_restore_contents_wait()) {
+		pr_err("Can't write the GPU memory of the restored tasks back\n");
+		return -1;
+	}
 	for_each_pstree_item(item) {
 		if (!task_alive(item))
 			continue;

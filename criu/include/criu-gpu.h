@@ -65,16 +65,26 @@ int criu_gpu_dump_finish(int resume);
 
 /*
  Starts the GPU part of a restore in criu main (reads the `KFD_*_CHECK`,
- `KFD_MAX_BUFFER_SIZE` and `CRIU_ROCM_COPY_ENGINE` knobs).
+ `KFD_MAX_BUFFER_SIZE` and `CRIU_ROCM_COPY_ENGINE` knobs).  When the
+ images in `imgdir_fd` hold a KFD process, also starts the GPU memory
+ writer; without one (it could not start) the tasks copy by themselves.
  */
-int criu_gpu_restore_init(void);
+int criu_gpu_restore_init(int imgdir_fd);
 
 /*
- In a restored task (pid `vpid` in its namespace): restores GPU file `id`
- and returns its fd, or `-ENOTSUP` when `id` is no GPU file.  Fds kept
- for later hooks are numbered `fd_floor` or above.
+ In criu main, once every task sits at its final sigreturn and before
+ any GPU is resumed: waits until the GPU memory writer has written every
+ task's BO contents back, then stops it.  `-errno` when a copy failed.
  */
-int criu_gpu_restore_file(int vpid, uint32_t id, int fd_floor, int imgdir_fd);
+int criu_gpu_restore_contents_wait(void);
+
+/*
+ In a restored task (pid `vpid` in its namespace, `real_pid` in criu
+ main's): restores GPU file `id` and returns its fd, or `-ENOTSUP` when
+ `id` is no GPU file.  Fds kept for later hooks are numbered `fd_floor` or
+ above.
+ */
+int criu_gpu_restore_file(int vpid, int real_pid, uint32_t id, int fd_floor, int imgdir_fd);
 
 /*
  In a restored task: the new offset (`*new_pgoff`, bytes) and an fd to

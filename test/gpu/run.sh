@@ -687,6 +687,11 @@ restore_same_host() {
 	[ "$map" = "$(restore_mapping "$LAST_RESTORE_LOG")" ] ||
 		fail "gpu-check predicted '$map', the restore did '$(restore_mapping "$LAST_RESTORE_LOG")'"
 	[ "$(render_fds "$WL" | wc -l)" = 2 ] || fail "the restored process has $(render_fds "$WL" | wc -l) render-node fds, not 2"
+	# The BO contents went to criu main's GPU memory writer, which wrote them back beside
+	# the restorer, before the queues were resumed.
+	log_has "$LAST_RESTORE_LOG" "amdgpu: GPU memory writer started" \
+		"amdgpu: pid $WL: KFD file [0-9]+ restored: .*BO contents handed to the GPU memory writer" \
+		"amdgpu: pid $WL: GPU 0x[0-9a-f]+ \(host 0x[0-9a-f]+\): restored [0-9]+ BO\(s\)"
 	v1=$(wl_verify "$WL") || exit 1
 	[ "$(json_num "$v1" bytes)" = "$(json_num "$v0" bytes)" ] || fail "verified $(json_num "$v1" bytes) bytes after the restore, $(json_num "$v0" bytes) before"
 	counters_cmp "$v0" "$v1" ge || fail "counters went back: $(json_list "$v0" counters) then $(json_list "$v1" counters)"
@@ -938,13 +943,16 @@ restore_op_fails() {
 # at level info). Their queues must run and their events fire again.
 case_restore_multi_process() { KFD_EMU_LOG=info on mi100x2 -- restore_multi_process; }
 restore_multi_process() {
-	local img=$CASE_DIR/img kids v0 v1 i moves
+	local img=$CASE_DIR/img kids v0 v1 i moves handed
 	wl_start wl --procs 3 --threads 2 --mib 2 --bos 2 --events
 	kids=$(wl_children "$WL")
 	# shellcheck disable=SC2086
 	v0=$(wl_verify "$WL" $kids) || exit 1
 	dump_ok "$WL" "$img"
 	restore_ok "$img" "$WL"
+	# One writer for the tree: each process handed it its BO contents.
+	handed=$(grep -ac "BO contents handed to the GPU memory writer" "$LAST_RESTORE_LOG")
+	[ "$handed" = 3 ] || fail "$handed of 3 processes handed their BO contents to the writer ($LAST_RESTORE_LOG)"
 	# shellcheck disable=SC2086
 	v1=$(wl_verify "$WL" $kids) || exit 1
 	for i in 1 2 3; do

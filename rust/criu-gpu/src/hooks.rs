@@ -11,13 +11,16 @@ use amdgpu_cr::image::FileId;
 use amdgpu_cr::plan::{DeviceIdentities, DeviceKind};
 use amdgpu_cr::session::dump::{DumpOptions, DumpSession, Dumped};
 use amdgpu_cr::session::restore::{self, RestoreOptions, RestoreSession, ResumeSet};
-use amdgpu_cr::session::SessionError;
+use amdgpu_cr::session::writer::Writer;
+use amdgpu_cr::session::{kfd_image_ids, SessionError};
 
 use crate::ffi_boundary;
 
 static DUMP: Mutex<Option<DumpSession>> = Mutex::new(None);
 static RESTORE: Mutex<Option<RestoreSession>> = Mutex::new(None);
 static RESUME: Mutex<Option<ResumeSet>> = Mutex::new(None);
+/// criu main's GPU memory writer (a restore with GPU images only).
+static WRITER: Mutex<Option<Writer>> = Mutex::new(None);
 static DEVICES: OnceLock<DeviceIdentities> = OnceLock::new();
 
 /// This host's GPU device files, probed once: the mappings CRIU classifies
@@ -144,30 +147,66 @@ pub extern "C" fn criu_gpu_dump_finish(resume: c_int) -> c_int {
 }
 
 /// Starts the GPU part of a restore in criu main (reads the `KFD_*_CHECK`,
-/// `KFD_MAX_BUFFER_SIZE` and `CRIU_ROCM_COPY_ENGINE` knobs).
+/// `KFD_MAX_BUFFER_SIZE` and `CRIU_ROCM_COPY_ENGINE` knobs).  When the
+/// images in `imgdir_fd` hold a KFD process, also starts the GPU memory
+/// writer; without one (it could not start) the tasks copy by themselves.
 #[no_mangle]
-pub extern "C" fn criu_gpu_restore_init() -> c_int {
+pub extern "C" fn criu_gpu_restore_init(imgdir_fd: c_int) -> c_int {
     ffi_boundary("criu_gpu_restore_init", || {
-        match RestoreOptions::from_env() {
-            Ok(o) => {
-                *lock(&RESTORE) = Some(RestoreSession::new(o));
-                *lock(&RESUME) = None;
-                0
-            }
+        let o = match RestoreOptions::from_env() {
+            Ok(o) => o,
             Err(e) => {
                 log::error!("{e}");
-                -e.errno()
+                return -e.errno();
             }
+        };
+        let mut session = RestoreSession::new(o.clone());
+        let has_gpu = kfd_image_ids(&image_dir(imgdir_fd)).is_ok_and(|ids| !ids.is_empty());
+        let writer = if has_gpu {
+            match Writer::start(o.policy, o.staging_cap) {
+                Ok(w) => {
+                    session.use_writer(w.mailbox());
+                    Some(w)
+                }
+                Err(e) => {
+                    log::warn!("no GPU memory writer ({e}); each task copies its own");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        *lock(&WRITER) = writer;
+        *lock(&RESTORE) = Some(session);
+        *lock(&RESUME) = None;
+        0
+    })
+}
+
+/// In criu main, once every task sits at its final sigreturn and before
+/// any GPU is resumed: waits until the GPU memory writer has written every
+/// task's BO contents back, then stops it.  `-errno` when a copy failed.
+#[no_mangle]
+pub extern "C" fn criu_gpu_restore_contents_wait() -> c_int {
+    ffi_boundary("criu_gpu_restore_contents_wait", || {
+        let Some(w) = lock(&WRITER).take() else {
+            return 0;
+        };
+        match w.finish() {
+            Ok(()) => 0,
+            Err(e) => fail(e),
         }
     })
 }
 
-/// In a restored task (pid `vpid` in its namespace): restores GPU file `id`
-/// and returns its fd, or `-ENOTSUP` when `id` is no GPU file.  Fds kept
-/// for later hooks are numbered `fd_floor` or above.
+/// In a restored task (pid `vpid` in its namespace, `real_pid` in criu
+/// main's): restores GPU file `id` and returns its fd, or `-ENOTSUP` when
+/// `id` is no GPU file.  Fds kept for later hooks are numbered `fd_floor` or
+/// above.
 #[no_mangle]
 pub extern "C" fn criu_gpu_restore_file(
     vpid: c_int,
+    real_pid: c_int,
     id: u32,
     fd_floor: c_int,
     imgdir_fd: c_int,
@@ -177,6 +216,7 @@ pub extern "C" fn criu_gpu_restore_file(
         let Some(s) = g.as_mut() else {
             return -libc::ENOTSUP;
         };
+        s.set_task(real_pid, imgdir_fd);
         match s.restore_file(vpid, FileId(id), fd_floor, &image_dir(imgdir_fd)) {
             Ok(Some(fd)) => fd.into_raw_fd(),
             Ok(None) => -libc::ENOTSUP,

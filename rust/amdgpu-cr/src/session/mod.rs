@@ -14,6 +14,7 @@
 pub mod dump;
 pub mod restore;
 mod sys;
+pub mod writer;
 
 use std::path::Path;
 

@@ -5,7 +5,11 @@
 //!   (`/dev/kfd` opened by the task, GPUs matched, render nodes opened,
 //!   `RESTORE`, BO contents written back) or hands out a render-node fd that
 //!   shares the VM's `drm_file`; [`RestoreSession::update_vma`] tells CRIU
-//!   where each device mapping now lives, matched by offset range.
+//!   where each device mapping now lives, matched by offset range.  When
+//!   criu main started the GPU memory writer ([`super::writer`]), the BO
+//!   contents are handed to it and written back beside the rest of the
+//!   task's restore; [`RestoreSession::task_done`] waits only until the
+//!   writer holds the task's fds.
 //! * [`ResumeSet`] runs in criu main after every task sits at its final
 //!   `rt_sigreturn`, i.e. after the restorer mapped every VMA: `RESUME`
 //!   restarts the queues, and a failure fails the restore (upstream only
@@ -23,6 +27,7 @@ use kfd_abi::handle::{Kfd, RenderNode};
 use kfd_abi::sys;
 
 use super::sys::dup_at_least;
+use super::writer::{Job, Mailbox};
 use super::{gpu_jobs, human_bytes, kfd_image_ids, log_gpu_stats, owned_dmabufs, SessionError};
 use crate::bo;
 use crate::copy::restore_contents;
@@ -83,12 +88,27 @@ struct RestoredKfd {
     /// The render fds given to RESTORE (they own the VM), by minor.
     render: BTreeMap<RenderMinor, OwnedFd>,
     fixups: VmaFixups,
+    /// The BO contents, handed to the GPU memory writer.
+    posted: Option<Posted>,
+}
+
+/// A copy job on the writer's board, and the fds it names that only this
+/// task holds until the writer has taken them.
+struct Posted {
+    slot: usize,
+    _memfd: OwnedFd,
+    _dmabufs: Vec<Option<OwnedFd>>,
 }
 
 /// The GPU state restored in one task.
 pub struct RestoreSession {
     opts: RestoreOptions,
     kfds: Vec<RestoredKfd>,
+    /// The GPU memory writer's board, when criu main started one.
+    mailbox: Option<Mailbox>,
+    /// This task's pid in criu main's namespace and its fd of the image
+    /// directory, for a job posted to the writer.
+    task: Option<(i32, RawFd)>,
 }
 
 fn kfd_step(
@@ -126,7 +146,20 @@ impl RestoreSession {
         RestoreSession {
             opts,
             kfds: Vec::new(),
+            mailbox: None,
+            task: None,
         }
+    }
+
+    /// Hands BO contents to the writer behind `mailbox` from now on.
+    pub fn use_writer(&mut self, mailbox: Mailbox) {
+        self.mailbox = Some(mailbox);
+    }
+
+    /// In a restored task, before its files: its pid in criu main's
+    /// namespace and its fd of the image directory.
+    pub fn set_task(&mut self, real_pid: i32, imgdir_fd: RawFd) {
+        self.task = Some((real_pid, imgdir_fd));
     }
 
     /// Restores CRIU file `id` of the task whose pid (in its namespace) is
@@ -309,7 +342,7 @@ impl RestoreSession {
             });
         }
         // The dmabufs KFD installed in our table, owned from here on.
-        let dmabufs = owned_dmabufs(&buckets);
+        let mut dmabufs = owned_dmabufs(&buckets);
         let restored: Vec<BoBucket> = plan
             .bos
             .iter()
@@ -319,7 +352,50 @@ impl RestoreSession {
                 ..*b
             })
             .collect();
-        {
+        let posted = match (self.mailbox, self.task) {
+            (Some(mailbox), Some((real_pid, imgdir_fd))) => {
+                // Kept until the writer takes them: above CRIU's fds.
+                for d in dmabufs.iter_mut() {
+                    if let Some(fd) = d.take() {
+                        *d = Some(
+                            dup_at_least(fd.as_fd(), fd_floor)
+                                .map_err(os_step(vpid, "moving a BO's dmabuf"))?,
+                        );
+                    }
+                }
+                let job = Job {
+                    id,
+                    vpid,
+                    imgdir_fd,
+                    gpus: plan.gpus.clone(),
+                    restored: restored.clone(),
+                    render: render.iter().map(|(&m, f)| (m, f.as_raw_fd())).collect(),
+                    dmabufs: dmabufs
+                        .iter()
+                        .map(|d| d.as_ref().map(|f| f.as_raw_fd()))
+                        .collect(),
+                };
+                let memfd = job
+                    .to_memfd()
+                    .and_then(|f| dup_at_least(f.as_fd(), fd_floor))
+                    .map_err(os_step(vpid, "writing the GPU memory job"))?;
+                match mailbox.post(real_pid, vpid, memfd.as_raw_fd()) {
+                    Some(slot) => Some(Posted {
+                        slot,
+                        _memfd: memfd,
+                        _dmabufs: std::mem::take(&mut dmabufs),
+                    }),
+                    None => {
+                        log::info!(
+                            "pid {vpid}: the GPU memory writer's board is full; copying here"
+                        );
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
+        if posted.is_none() {
             let borrowed: Vec<Option<BorrowedFd<'_>>> = dmabufs
                 .iter()
                 .map(|d| d.as_ref().map(|f| f.as_fd()))
@@ -354,11 +430,16 @@ impl RestoreSession {
             }
         }
         log::info!(
-            "pid {vpid}: KFD file {id} restored: {} GPU(s), {} BO(s), {} object(s) in {:.1} ms",
+            "pid {vpid}: KFD file {id} restored: {} GPU(s), {} BO(s), {} object(s) in {:.1} ms{}",
             plan.devices.len(),
             plan.bos.len(),
             image.msg.num_of_objects,
-            start.elapsed().as_secs_f64() * 1e3
+            start.elapsed().as_secs_f64() * 1e3,
+            if posted.is_some() {
+                "; BO contents handed to the GPU memory writer"
+            } else {
+                ""
+            }
         );
         self.kfds.push(RestoredKfd {
             id,
@@ -372,6 +453,7 @@ impl RestoreSession {
                 .collect(),
             render,
             fixups,
+            posted,
         });
         Ok(())
     }
@@ -512,6 +594,12 @@ impl RestoreSession {
     /// through the dups it was given).  A KFD image restored early for a
     /// render fd must have been claimed by CRIU since.
     pub fn task_done(&mut self, vpid: i32) -> Result<(), SessionError> {
+        // The writer must hold the fds a job names before ours close.
+        if let Some(mailbox) = self.mailbox {
+            for p in self.kfds.iter().filter_map(|k| k.posted.as_ref()) {
+                mailbox.wait_taken(p.slot, vpid)?;
+            }
+        }
         let unclaimed: Vec<String> = self
             .kfds
             .iter()
