@@ -25,9 +25,9 @@
 #            in pieces of hash extents); its rows use gpu 0 as the fixed cost
 #   both N   gpu-workload --mib N --bos 4 --host-mib N: N MiB of BOs and N MiB of host
 #            memory, as a training job holds both; its row divides the restores of gpu N
-#            and anon N by its own (marginal times): 1.0 when the two kinds of memory are
-#            restored one after the other, as now (the GPU memory at the task's files, the
-#            CPU memory later, by CRIU's restorer), above 1.0 when they overlap
+#            and anon N by its own (marginal times): 1.0 if the two kinds of memory were
+#            restored one after the other, above 1.0 as criu-rocm's GPU memory writer
+#            copies while CRIU's restorer reads the CPU memory in
 #   anon N   bench-anon N (scripts/bench-anon.c): N MiB of touched private anonymous memory
 #   anon 0   bench-anon 0: the same program with none
 # Each is started, dumped (criu kills it), restored (-d), made to check every byte of its
