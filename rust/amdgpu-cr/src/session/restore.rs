@@ -27,10 +27,9 @@ use kfd_abi::handle::{Kfd, RenderNode};
 use kfd_abi::sys;
 
 use super::sys::dup_at_least;
-use super::writer::{Job, Mailbox};
-use super::{gpu_jobs, human_bytes, kfd_image_ids, log_gpu_stats, owned_dmabufs, SessionError};
+use super::writer::{write_back, Job, Mailbox};
+use super::{human_bytes, kfd_image_ids, log_gpu_stats, owned_dmabufs, SessionError};
 use crate::bo;
-use crate::copy::restore_contents;
 use crate::env::{self, Checks, EnginePolicy};
 use crate::ids::{GpuId, MmapOffset, RenderMinor};
 use crate::image::{pages_total, FileId, KfdImage, PagesReader, RenderImage};
@@ -352,29 +351,32 @@ impl RestoreSession {
                 ..*b
             })
             .collect();
-        let posted = match (self.mailbox, self.task) {
-            (Some(mailbox), Some((real_pid, imgdir_fd))) => {
-                // Kept until the writer takes them: above CRIU's fds.
-                for d in dmabufs.iter_mut() {
-                    if let Some(fd) = d.take() {
-                        *d = Some(
-                            dup_at_least(fd.as_fd(), fd_floor)
-                                .map_err(os_step(vpid, "moving a BO's dmabuf"))?,
-                        );
-                    }
+        let writer = self.mailbox.zip(self.task);
+        if writer.is_some() {
+            // Kept until the writer takes them: above CRIU's fds.
+            for d in dmabufs.iter_mut() {
+                if let Some(fd) = d.take() {
+                    *d = Some(
+                        dup_at_least(fd.as_fd(), fd_floor)
+                            .map_err(os_step(vpid, "moving a BO's dmabuf"))?,
+                    );
                 }
-                let job = Job {
-                    id,
-                    vpid,
-                    imgdir_fd,
-                    gpus: plan.gpus.clone(),
-                    restored: restored.clone(),
-                    render: render.iter().map(|(&m, f)| (m, f.as_raw_fd())).collect(),
-                    dmabufs: dmabufs
-                        .iter()
-                        .map(|d| d.as_ref().map(|f| f.as_raw_fd()))
-                        .collect(),
-                };
+            }
+        }
+        let job = Job {
+            id,
+            vpid,
+            imgdir_fd: writer.map_or(-1, |(_, (_, imgdir_fd))| imgdir_fd),
+            gpus: plan.gpus.clone(),
+            restored: restored.clone(),
+            render: render.iter().map(|(&m, f)| (m, f.as_raw_fd())).collect(),
+            dmabufs: dmabufs
+                .iter()
+                .map(|d| d.as_ref().map(|f| f.as_raw_fd()))
+                .collect(),
+        };
+        let posted = match writer {
+            Some((mailbox, (real_pid, _))) => {
                 let memfd = job
                     .to_memfd()
                     .and_then(|f| dup_at_least(f.as_fd(), fd_floor))
@@ -400,18 +402,14 @@ impl RestoreSession {
                 .iter()
                 .map(|d| d.as_ref().map(|f| f.as_fd()))
                 .collect();
-            let jobs = gpu_jobs(
-                vpid,
-                self.opts.policy,
-                self.opts.staging_cap,
-                &plan.gpus,
-                &restored,
+            let stats = write_back(
+                &job,
+                (self.opts.policy, self.opts.staging_cap),
                 |m| render.get(&m).map(|f| f.as_fd()),
                 &borrowed,
-                true,
+                dir,
+                &image.content_hashes(),
             )?;
-            let stats = restore_contents(dir, id, jobs, &image.content_hashes())
-                .map_err(|e| SessionError::core(vpid, "writing GPU memory back", e))?;
             log_gpu_stats(vpid, "restored", &stats);
         }
         drop(dmabufs);

@@ -24,14 +24,14 @@ use std::collections::BTreeMap;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
 use super::sys::{pidfd_getfd, pidfd_open};
 use super::{gpu_jobs, log_gpu_stats, SessionError};
-use crate::copy::{restore_contents, GpuStats};
+use crate::copy::{restore_contents, ContentHash, GpuStats};
 use crate::env::EnginePolicy;
 use crate::ids::{GpuId, GpuVa, MmapOffset, RenderMinor};
 use crate::image::{FileId, KfdImage};
@@ -479,19 +479,42 @@ impl Taken {
             .iter()
             .map(|d| d.as_ref().map(|f| f.as_fd()))
             .collect();
-        let jobs = gpu_jobs(
-            vpid,
-            policy,
-            staging_cap,
-            &self.job.gpus,
-            &self.job.restored,
+        write_back(
+            &self.job,
+            (policy, staging_cap),
             |m| self.render.get(&m).map(|f| f.as_fd()),
             &dmabufs,
-            true,
-        )?;
-        restore_contents(&dir, self.job.id, jobs, &image.content_hashes())
-            .map_err(|e| SessionError::core(vpid, "writing GPU memory back", e))
+            &dir,
+            &image.content_hashes(),
+        )
     }
+}
+
+/// Writes the BOs of `job` back from its pages files in `dir`, with the
+/// copy settings (engine policy, staging cap), each GPU's render fd (the
+/// VM's `drm_file`) and KFD's dmabuf of each bucket, checking `hashes`.
+/// The writer runs it with the fds it took, a task without a writer with
+/// its own.
+pub(super) fn write_back<'a>(
+    job: &Job,
+    (policy, staging_cap): (EnginePolicy, Option<u64>),
+    render_fd: impl Fn(RenderMinor) -> Option<BorrowedFd<'a>>,
+    dmabufs: &[Option<BorrowedFd<'a>>],
+    dir: &Path,
+    hashes: &BTreeMap<usize, ContentHash>,
+) -> Result<Vec<GpuStats>, SessionError> {
+    let jobs = gpu_jobs(
+        job.vpid,
+        policy,
+        staging_cap,
+        &job.gpus,
+        &job.restored,
+        render_fd,
+        dmabufs,
+        true,
+    )?;
+    restore_contents(dir, job.id, jobs, hashes)
+        .map_err(|e| SessionError::core(job.vpid, "writing GPU memory back", e))
 }
 
 /// criu main's handle on the writer.
