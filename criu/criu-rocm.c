@@ -6,7 +6,6 @@
  * (pids, fds, the image directory) and pass it to the Rust library.
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <stdlib.h>
 #include <unistd.h>
 #include <stdint.h>

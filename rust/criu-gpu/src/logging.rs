@@ -7,7 +7,7 @@
 //! CRIU's printer is not thread safe, so only the thread that installed the bridge (CRIU's;
 //! a forked task's only thread inherits the mark) prints.  Lines from other threads (GPU
 //! copies running beside CRIU's restore) are held and printed, in order, before CRIU's
-//! thread's next line or by [`flush_held`].
+//! thread's next line or by `log::logger().flush()` there.
 
 use std::cell::Cell;
 use std::ffi::{c_int, c_uint};
@@ -115,13 +115,6 @@ impl log::Log for CriuLogger {
     }
 }
 
-/// Prints the lines other threads logged (on CRIU's thread; elsewhere a no-op).
-pub fn flush_held() {
-    if let Some(l) = LOGGER.get() {
-        log::Log::flush(l);
-    }
-}
-
 /// The line with every `/proc/self/fd/<n>` path (how the GPU hooks reach
 /// CRIU's image directory, whose path may not resolve in a restored task)
 /// shown as the directory's own path, as the user named it.
@@ -213,7 +206,7 @@ pub(crate) mod tests {
         std::thread::spawn(|| log::warn!("second copy line"))
             .join()
             .unwrap();
-        flush_held();
+        log::logger().flush();
         assert!(seen("second copy line").is_some());
     }
 
