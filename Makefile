@@ -84,6 +84,18 @@ $(BUILD)/criu-rocm.8: Documentation/criu-rocm.8.adoc
 # The suites `make test` runs, in order; .ci/run runs and counts them one by one.
 TEST_SUITES	:= test-rust test-smoke test-gpu test-zdtm test-zdtm-gpu test-demo test-install
 
+# The user's entry points install what is missing first (scripts/install-deps.sh: quiet, and
+# a no-op when all is there), so they work on a fresh Debian machine. Plain `make` and the
+# file targets do not: a packager's build (meson, sbuild) must not run apt. The entry points
+# depend on deps, and when one of them is a goal, every recipe that builds something waits
+# for deps too (order-only), so `make -j` cannot start cargo or CRIU's build before it.
+DEPS_GOALS	:= test $(TEST_SUITES) demo bench zdtm-compare
+ifneq ($(filter $(DEPS_GOALS),$(MAKECMDGOALS)),)
+DEPS_FIRST	:= deps
+endif
+$(DEPS_GOALS): deps
+$(TARBALL) $(GPU_LIB) kfd-tools $(BUILD)/stock/.prepared: | $(DEPS_FIRST)
+
 test: $(TEST_SUITES)
 	@echo "make test: all suites passed"
 
