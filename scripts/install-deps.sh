@@ -7,8 +7,9 @@ top=$(cd "$(dirname "$0")/.." && pwd)
 
 # CRIU's build (protobuf, netlink, libnet, capabilities, nftables, gnutls, bsd), zdtm's runner
 # (Debian's python3 with protobuf and yaml, iproute2, iptables), the Rust side (libclang for
-# bindgen, libdrm headers, protoc for prost), meson/ninja (packager door), the man page, and
-# the tools the tests use.
+# bindgen, libdrm headers, protoc for prost), meson/ninja (packager door), the man page, the
+# tools the tests use, and Debian's ROCm 5.2 userspace that test-rocm runs unchanged on the
+# emulator (libhsakmt, ROCr and their headers, rocminfo).
 packages=(
 	build-essential pkg-config git xz-utils patch
 	libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler
@@ -18,6 +19,7 @@ packages=(
 	iproute2 iptables kmod procps psmisc
 	libclang-dev clang libdrm-dev
 	meson ninja-build asciidoctor shellcheck
+	libhsakmt-dev libhsa-runtime-dev rocminfo
 )
 
 missing=()
