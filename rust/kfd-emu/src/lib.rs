@@ -13,4 +13,5 @@ pub mod fault;
 pub mod fuse;
 pub mod profile;
 pub mod runner;
+pub mod sysfs;
 pub mod topology;

@@ -1,6 +1,6 @@
 //! `kfd-emu run`: a private mount namespace in which `/dev/kfd`,
-//! `/dev/dri/renderD<minor>` and `/sys/class/kfd/kfd/topology` are the
-//! emulated ones, and a command running in it.
+//! `/dev/dri/renderD<minor>` and the KFD and DRM sysfs entries
+//! ([`crate::sysfs`]) are the emulated ones, and a command running in it.
 //!
 //! Placement: the FUSE daemon is a set of threads in this (runner)
 //! process, which is the command's parent and so outside any tree CRIU is
@@ -26,9 +26,6 @@ use crate::profile::Profile;
 /// humans.  Product code must not look at them.
 pub const ENV_PROFILE: &str = "KFD_EMU_PROFILE";
 pub const ENV_STATE_DIR: &str = "KFD_EMU_STATE_DIR";
-
-/// Where the topology appears inside the namespace.
-pub const SYSFS_CLASS: &str = "/sys/class";
 
 /// One device node to serve.
 pub struct NodeSpec {
@@ -178,7 +175,35 @@ fn placeholder(path: &Path) -> io::Result<()> {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))
 }
 
-/// Builds the namespace's /dev and /sys/class and serves `nodes`.
+/// Adds one sysfs entry below an overlay's `root`, files 0444.
+fn add_entry(profile: &Profile, root: &Path, e: &crate::sysfs::Entry) -> io::Result<()> {
+    use crate::sysfs::Entry;
+    let parent_of = |p: &Path| -> io::Result<()> {
+        match p.parent() {
+            Some(d) => std::fs::create_dir_all(d),
+            None => Ok(()),
+        }
+    };
+    let ctx = |p: &Path, e: io::Error| io::Error::new(e.kind(), format!("{}: {e}", p.display()));
+    match e {
+        Entry::Dir(d) => std::fs::create_dir_all(root.join(d)),
+        Entry::File(f, text) => {
+            let p = root.join(f);
+            parent_of(&p)?;
+            std::fs::write(&p, text).map_err(|e| ctx(&p, e))?;
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o444))
+        }
+        Entry::Symlink(l, target) => {
+            let p = root.join(l);
+            parent_of(&p)?;
+            std::os::unix::fs::symlink(target, &p).map_err(|e| ctx(&p, e))
+        }
+        Entry::Topology(d) => crate::topology::write_tree(profile, &root.join(d)),
+    }
+}
+
+/// Builds the namespace's /dev and sysfs (see [`crate::sysfs`]) and serves
+/// `nodes`.
 fn build_namespace(
     profile: &Profile,
     nodes: Vec<NodeSpec>,
@@ -203,18 +228,25 @@ fn build_namespace(
         }
         Ok(())
     })?;
-    let class = Path::new(SYSFS_CLASS);
-    overlay_dir(class, &["kfd"], |root| {
-        crate::topology::write_tree(profile, &root.join("kfd/kfd/topology"))
-    })?;
-    // Read-only like sysfs; the bind mounts below keep their own flags.
-    mount(
-        None,
-        class,
-        None,
-        libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_NOSUID,
-        Some("mode=755"),
-    )?;
+    let host = crate::sysfs::Host::probe();
+    for o in crate::sysfs::overlays(profile, &host) {
+        let dir = Path::new(&o.dir);
+        let replace: Vec<&str> = o.replace.iter().map(String::as_str).collect();
+        overlay_dir(dir, &replace, |root| {
+            for e in &o.entries {
+                add_entry(profile, root, e)?;
+            }
+            Ok(())
+        })?;
+        // Read-only like sysfs; the bind mounts in it keep their own flags.
+        mount(
+            None,
+            dir,
+            None,
+            libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_NOSUID,
+            Some("mode=755"),
+        )?;
+    }
     let mut mounts = Vec::new();
     for n in nodes {
         let name = n

@@ -97,6 +97,19 @@ set -e
 test "$(cat /sys/class/kfd/kfd/topology/nodes/1/gpu_id)" = 16172
 test "$(cat /sys/class/kfd/kfd/topology/nodes/2/gpu_id)" = 55729
 grep -q '^drm_render_minor 129$' /sys/class/kfd/kfd/topology/nodes/2/properties
+# Where the kernel puts the topology (the only path libhsakmt reads), and the class link.
+test "$(readlink /sys/class/kfd/kfd)" = ../../devices/virtual/kfd/kfd
+test "$(cat /sys/devices/virtual/kfd/kfd/topology/nodes/1/gpu_id)" = 16172
+test -e /sys/devices/virtual/bdi
+# Render minors: class and char-dev links to a PCI function with the GPU's ids.
+test "$(cat /sys/class/drm/renderD129/dev)" = 226:129
+test "$(cat /sys/dev/char/226:128/device/vendor)" = 0x1002
+test "$(cat /sys/class/drm/renderD128/device/device)" = "$(printf '%#06x' "$(sed -n 's/^device_id //p' /sys/class/kfd/kfd/topology/nodes/1/properties)")"
+test "$(readlink -f /sys/class/drm/renderD128/subsystem)" = /sys/class/drm
+test -e /sys/dev/char/1:3
+test -d /sys/devices/system/cpu
+# One CPU node in the profile: the host's node directory as it is, not covered.
+if grep -q ' /sys/devices/system/node ' /proc/self/mountinfo; then echo node-covered; exit 1; fi
 test "$(stat -c %F /dev/kfd)" = "regular empty file"
 test "$(stat -c %F /dev/dri/renderD128)" = "regular empty file"
 test -e /dev/dri/renderD129
@@ -234,6 +247,38 @@ rm -rf "$d"
 echo criu-ok
 "#;
 
+/// A profile with two CPU nodes shows two NUMA nodes, each with host CPUs
+/// that have caches (libhsakmt reads `nodeN/cpu*/cache` for every CPU node).
+const NUMA_SCRIPT: &str = r#"
+set -e
+test "$(cat /sys/devices/system/node/possible)" = 0-1
+test "$(cat /sys/devices/system/node/online)" = 0-1
+for n in 0 1; do
+    ls -d /sys/devices/system/node/node$n/cpu[0-9]* >/dev/null
+    c=$(ls -d /sys/devices/system/node/node$n/cpu[0-9]* | head -n1)
+    test -d "$c/cache/index0"
+    grep -q "^Node $n MemTotal:" /sys/devices/system/node/node$n/meminfo
+done
+test "$(cat /sys/devices/system/node/node0/distance)" = "10 32"
+test "$(cat /sys/class/drm/renderD130/device/numa_node)" = 1
+echo numa-ok
+"#;
+
+fn numa_view() -> Result<(), String> {
+    let out = runner_cmd("mi210x4", &["sh", "-c", NUMA_SCRIPT])
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    check(
+        out.status.success() && text.contains("numa-ok"),
+        &format!("NUMA node view wrong ({:?}):\n{text}", out.status),
+    )
+}
+
 fn criu_dump_restore_inside() -> Result<(), String> {
     let Some(criu) = std::env::var_os("CRIU") else {
         println!("(criu_dump_restore_inside: skipped, set CRIU=/path/to/criu)");
@@ -267,10 +312,11 @@ fn main() {
         .filter(|a| !a.starts_with('-'))
         .collect();
     type Case = (&'static str, fn() -> Result<(), String>);
-    let cases: [Case; 5] = [
+    let cases: [Case; 6] = [
         ("criu_dump_restore_inside", criu_dump_restore_inside),
         ("run_true_leaves_nothing", run_true_leaves_nothing),
         ("namespace_view", namespace_view),
+        ("numa_view", numa_view),
         ("side_by_side", side_by_side),
         ("sigterm_cleans_up", sigterm_cleans_up),
     ];

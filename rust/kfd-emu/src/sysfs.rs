@@ -1,0 +1,367 @@
+//! The sysfs a host with the profile's GPUs shows, beside the KFD topology
+//! itself: where the kernel puts each piece, and the links to it.
+//!
+//! * `/sys/devices/virtual/kfd/kfd/topology`: the KFD topology (the only
+//!   place libhsakmt reads it), with `/sys/class/kfd/kfd` a link to
+//!   `/sys/devices/virtual/kfd/kfd` as the kernel's device class makes it.
+//! * One PCI function per GPU, `/sys/devices/pci<dom>:<bus>/<dom>:<bus>:<dev>.<fn>`
+//!   (ids, class, NUMA node, uevent), with its DRM render minor below it in
+//!   `drm/renderD<minor>`, linked from `/sys/class/drm/renderD<minor>` and
+//!   `/sys/dev/char/226:<minor>`.  Real GPUs sit behind PCIe bridges; here
+//!   each GPU's bus is a root bus of its own.
+//! * With more than one CPU node in the profile, `/sys/devices/system/node`
+//!   lists that many nodes (libhsakmt reads `nodeN/cpu*/cache` for every CPU
+//!   node of the topology; libnuma counts the `node*` directories).  The
+//!   host's CPUs are dealt out to them round robin; a node left with none
+//!   (more nodes than CPUs) gets CPU `N mod ncpus` as well.  The kernel
+//!   still has its own nodes only, so a memory policy naming an emulated
+//!   node the host lacks fails in `mbind` (EINVAL), as it would for any
+//!   node the kernel does not know.
+//!
+//! Everything here is data ([`overlays`] is pure); the runner mounts it.
+
+use std::fmt::Write as _;
+
+use crate::profile::{Gpu, Profile};
+
+/// DRM's character-device major.
+pub const DRM_MAJOR: u32 = 226;
+
+/// One entry an overlay adds, path relative to the overlay's directory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Entry {
+    Dir(String),
+    File(String, String),
+    Symlink(String, String),
+    /// The KFD topology tree of the profile, rooted here.
+    Topology(String),
+}
+
+/// A directory covered by a tmpfs that re-exposes the original's entries
+/// except `replace`, then adds `entries`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Overlay {
+    pub dir: String,
+    pub replace: Vec<String>,
+    pub entries: Vec<Entry>,
+}
+
+/// What the overlays need to know of the host.
+#[derive(Clone, Debug, Default)]
+pub struct Host {
+    /// Online CPU numbers (`/sys/devices/system/cpu/online`).
+    pub cpus: Vec<u32>,
+    /// Entries of `/sys/devices/system/node` (to hide the host's nodes).
+    pub node_entries: Vec<String>,
+}
+
+impl Host {
+    /// Reads what [`overlays`] needs from the running system.
+    pub fn probe() -> Host {
+        let cpus = std::fs::read_to_string("/sys/devices/system/cpu/online")
+            .map(|s| parse_cpu_list(s.trim()))
+            .unwrap_or_default();
+        let node_entries = std::fs::read_dir("/sys/devices/system/node")
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        Host {
+            cpus: if cpus.is_empty() { vec![0] } else { cpus },
+            node_entries,
+        }
+    }
+}
+
+/// Parses a kernel CPU list (`0-3,8,10-11`).
+pub fn parse_cpu_list(s: &str) -> Vec<u32> {
+    let mut v = Vec::new();
+    for part in s.split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                if let (Ok(a), Ok(b)) = (a.parse::<u32>(), b.parse::<u32>()) {
+                    v.extend(a..=b);
+                }
+            }
+            None => v.extend(part.parse::<u32>().ok()),
+        }
+    }
+    v
+}
+
+/// Formats CPU numbers as a kernel CPU list.
+fn cpu_list(cpus: &[u32]) -> String {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < cpus.len() {
+        let mut j = i;
+        while j + 1 < cpus.len() && cpus[j + 1] == cpus[j] + 1 {
+            j += 1;
+        }
+        out.push(if i == j {
+            cpus[i].to_string()
+        } else {
+            format!("{}-{}", cpus[i], cpus[j])
+        });
+        i = j + 1;
+    }
+    out.join(",")
+}
+
+/// Formats CPU numbers as a kernel cpumap (hex words of 32 bits, comma
+/// separated, most significant first).
+fn cpu_map(cpus: &[u32]) -> String {
+    let words = cpus.iter().max().map_or(1, |m| *m as usize / 32 + 1);
+    let mut w = vec![0u32; words];
+    for c in cpus {
+        w[*c as usize / 32] |= 1 << (c % 32);
+    }
+    w.iter()
+        .rev()
+        .map(|x| format!("{x:08x}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The PCI root bus directory and function name of a GPU.
+pub fn pci_names(g: &Gpu) -> (String, String) {
+    let bus = (g.location_id >> 8) & 0xff;
+    let dev = (g.location_id >> 3) & 0x1f;
+    let func = g.location_id & 7;
+    (
+        format!("pci{:04x}:{bus:02x}", g.domain),
+        format!("{:04x}:{bus:02x}:{dev:02x}.{func}", g.domain),
+    )
+}
+
+/// PCI class: MI300-class parts are processing accelerators, earlier
+/// Instinct parts display controllers of subclass "other".
+fn pci_class(g: &Gpu) -> u32 {
+    if g.gfx_target_version >= 90400 {
+        0x120000
+    } else {
+        0x038000
+    }
+}
+
+/// Path of a GPU's render minor below `/sys/devices`.
+pub fn render_dev_path(g: &Gpu) -> String {
+    let (root, func) = pci_names(g);
+    format!("{root}/{func}/drm/renderD{}", g.drm_render_minor)
+}
+
+fn pci_entries(g: &Gpu) -> Vec<Entry> {
+    let (root, func) = pci_names(g);
+    let dir = format!("{root}/{func}");
+    let minor = g.drm_render_minor.0;
+    let class = pci_class(g);
+    let mut uevent = String::new();
+    let _ = writeln!(uevent, "DRIVER=amdgpu");
+    let _ = writeln!(uevent, "PCI_CLASS={class:X}");
+    let _ = writeln!(uevent, "PCI_ID={:04X}:{:04X}", g.vendor_id, g.device_id);
+    let _ = writeln!(
+        uevent,
+        "PCI_SUBSYS_ID={:04X}:{:04X}",
+        g.vendor_id, g.device_id
+    );
+    let _ = writeln!(uevent, "PCI_SLOT_NAME={func}");
+    let rdir = format!("{dir}/drm/renderD{minor}");
+    vec![
+        Entry::File(format!("{dir}/vendor"), format!("{:#06x}\n", g.vendor_id)),
+        Entry::File(format!("{dir}/device"), format!("{:#06x}\n", g.device_id)),
+        Entry::File(
+            format!("{dir}/subsystem_vendor"),
+            format!("{:#06x}\n", g.vendor_id),
+        ),
+        Entry::File(
+            format!("{dir}/subsystem_device"),
+            format!("{:#06x}\n", g.device_id),
+        ),
+        Entry::File(format!("{dir}/revision"), "0x00\n".into()),
+        Entry::File(format!("{dir}/class"), format!("{class:#08x}\n")),
+        Entry::File(format!("{dir}/numa_node"), format!("{}\n", g.numa_node)),
+        Entry::File(format!("{dir}/uevent"), uevent),
+        Entry::File(format!("{rdir}/dev"), format!("{DRM_MAJOR}:{minor}\n")),
+        Entry::File(
+            format!("{rdir}/uevent"),
+            format!(
+                "MAJOR={DRM_MAJOR}\nMINOR={minor}\nDEVNAME=dri/renderD{minor}\nDEVTYPE=drm_minor\n"
+            ),
+        ),
+        Entry::Symlink(format!("{rdir}/device"), format!("../../../{func}")),
+        Entry::Symlink(
+            format!("{rdir}/subsystem"),
+            "../../../../../class/drm".into(),
+        ),
+    ]
+}
+
+/// The CPUs of emulated CPU node `n` of `count`.
+pub fn node_cpus(host_cpus: &[u32], n: usize, count: usize) -> Vec<u32> {
+    let mut v: Vec<u32> = host_cpus
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| i % count == n)
+        .map(|(_, c)| *c)
+        .collect();
+    if v.is_empty() && !host_cpus.is_empty() {
+        v.push(host_cpus[n % host_cpus.len()]);
+    }
+    v
+}
+
+fn node_entries(p: &Profile, host: &Host) -> Vec<Entry> {
+    let n = p.cpus.len();
+    let all = if n == 1 {
+        "0".to_owned()
+    } else {
+        format!("0-{}", n - 1)
+    };
+    let mut v: Vec<Entry> = [
+        "possible",
+        "online",
+        "has_cpu",
+        "has_memory",
+        "has_normal_memory",
+    ]
+    .iter()
+    .map(|f| Entry::File((*f).into(), format!("{all}\n")))
+    .collect();
+    for (i, cpu) in p.cpus.iter().enumerate() {
+        let dir = format!("node{i}");
+        let cpus = node_cpus(&host.cpus, i, n);
+        v.push(Entry::Dir(dir.clone()));
+        for c in &cpus {
+            v.push(Entry::Symlink(
+                format!("{dir}/cpu{c}"),
+                format!("../../cpu/cpu{c}"),
+            ));
+        }
+        v.push(Entry::File(
+            format!("{dir}/cpulist"),
+            format!("{}\n", cpu_list(&cpus)),
+        ));
+        v.push(Entry::File(
+            format!("{dir}/cpumap"),
+            format!("{}\n", cpu_map(&cpus)),
+        ));
+        let dist: Vec<String> = (0..n)
+            .map(|j| if i == j { "10" } else { "32" }.to_owned())
+            .collect();
+        v.push(Entry::File(
+            format!("{dir}/distance"),
+            format!("{}\n", dist.join(" ")),
+        ));
+        let kb = cpu.mem_size / 1024;
+        v.push(Entry::File(
+            format!("{dir}/meminfo"),
+            format!("Node {i} MemTotal:       {kb} kB\nNode {i} MemFree:        {kb} kB\nNode {i} MemUsed:        0 kB\n"),
+        ));
+    }
+    v
+}
+
+/// The overlays, parents before children (the runner mounts them in
+/// this order).
+pub fn overlays(p: &Profile, host: &Host) -> Vec<Overlay> {
+    let mut roots: Vec<String> = Vec::new();
+    let mut pci = Vec::new();
+    for g in &p.gpus {
+        let (root, _) = pci_names(g);
+        if !roots.contains(&root) {
+            roots.push(root);
+        }
+        pci.extend(pci_entries(g));
+    }
+    let mut out = vec![
+        Overlay {
+            dir: "/sys/devices".into(),
+            replace: roots,
+            entries: pci,
+        },
+        Overlay {
+            dir: "/sys/devices/virtual".into(),
+            replace: vec!["kfd".into()],
+            entries: vec![
+                Entry::Topology("kfd/kfd/topology".into()),
+                Entry::Symlink("kfd/kfd/subsystem".into(), "../../../../class/kfd".into()),
+            ],
+        },
+    ];
+    if p.cpus.len() > 1 {
+        let ours = [
+            "possible",
+            "online",
+            "has_cpu",
+            "has_memory",
+            "has_normal_memory",
+        ];
+        out.push(Overlay {
+            dir: "/sys/devices/system/node".into(),
+            replace: host
+                .node_entries
+                .iter()
+                .filter(|e| e.starts_with("node") || ours.contains(&e.as_str()))
+                .cloned()
+                .collect(),
+            entries: node_entries(p, host),
+        });
+    }
+    let mut class = vec![
+        Entry::Symlink("kfd/kfd".into(), "../../devices/virtual/kfd/kfd".into()),
+        Entry::File("drm/version".into(), "drm 1.1.0 20060810\n".into()),
+    ];
+    let mut chr = Vec::new();
+    for g in &p.gpus {
+        let minor = g.drm_render_minor.0;
+        let target = format!("devices/{}", render_dev_path(g));
+        class.push(Entry::Symlink(
+            format!("drm/renderD{minor}"),
+            format!("../../{target}"),
+        ));
+        chr.push(Entry::Symlink(
+            format!("{DRM_MAJOR}:{minor}"),
+            format!("../../{target}"),
+        ));
+    }
+    out.push(Overlay {
+        dir: "/sys/class".into(),
+        replace: vec!["kfd".into(), "drm".into()],
+        entries: class,
+    });
+    out.push(Overlay {
+        dir: "/sys/dev/char".into(),
+        replace: chr
+            .iter()
+            .map(|e| match e {
+                Entry::Symlink(n, _) => n.clone(),
+                _ => unreachable!("only links"),
+            })
+            .collect(),
+        entries: chr,
+    });
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_lists_round_trip() {
+        assert_eq!(parse_cpu_list("0-3,8,10-11"), vec![0, 1, 2, 3, 8, 10, 11]);
+        assert_eq!(cpu_list(&[0, 1, 2, 3, 8, 10, 11]), "0-3,8,10-11");
+        assert_eq!(cpu_map(&[0, 1]), "00000003");
+        assert_eq!(cpu_map(&[1, 33]), "00000002,00000002");
+    }
+
+    #[test]
+    fn nodes_share_out_host_cpus() {
+        assert_eq!(node_cpus(&[0, 1], 0, 2), vec![0]);
+        assert_eq!(node_cpus(&[0, 1], 1, 2), vec![1]);
+        assert_eq!(node_cpus(&[0, 1], 3, 4), vec![1]);
+        assert_eq!(node_cpus(&[0, 1, 2, 3], 0, 2), vec![0, 2]);
+    }
+}
