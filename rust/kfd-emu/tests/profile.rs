@@ -206,3 +206,85 @@ fn write_tree_produces_the_sysfs_layout() {
     assert!(dir.join("nodes/0/caches").is_dir());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// FNV-1a (64 bit): a digest that stays the same across Rust releases.
+fn fnv1a(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// The sysfs tree of every built-in profile and of every host override the
+/// GPU tests used before profiles could declare io_links, pinned byte for
+/// byte: a change to how the tree is made must not change what these
+/// machines show.  (To see what changed, diff `kfd-emu topology` output of
+/// the old and the new binary.)
+#[test]
+fn existing_profiles_render_byte_identical() {
+    let hosts = concat!(env!("CARGO_MANIFEST_DIR"), "/../../test/gpu/hosts");
+    // (profile, override in test/gpu/hosts, bytes, FNV-1a of the tree)
+    let pinned: &[(&str, Option<&str>, usize, u64)] = &[
+        ("mi100", None, 99533, 0xd93ffd5df86ca985),
+        ("mi100x2", None, 198225, 0x5d1ef6953e990f4c),
+        ("mi210x4", None, 321352, 0x0d79d3fe61078ffe),
+        ("mi250x8", None, 701923, 0x7040156e0a8855e9),
+        ("mi300x8", None, 3840704, 0x3b0d230afb0243d8),
+        (
+            "mi100x2",
+            Some("mi100x2-fw-first-older"),
+            198225,
+            0xca7f9f99a827b9fd,
+        ),
+        (
+            "mi100x2",
+            Some("mi100x2-fw-second-older"),
+            198225,
+            0xb23e1fd62a6f0da3,
+        ),
+        (
+            "mi100x2",
+            Some("mi100x2-old-fw"),
+            198225,
+            0xaf106072ddf2274e,
+        ),
+        (
+            "mi100x2",
+            Some("mi100x2-one-gpu"),
+            99533,
+            0xdf0e3de035ec6f38,
+        ),
+        ("mi100x2", Some("mi100x2-other"), 198225, 0xa8b494ffa21e68ca),
+        (
+            "mi100x2",
+            Some("mi100x2-small-vram"),
+            198225,
+            0x039dae5337ad564a,
+        ),
+        (
+            "mi250x8",
+            Some("mi250x8-hives-swapped"),
+            701924,
+            0x5b322ffc65bd2d10,
+        ),
+    ];
+    let mut wrong = Vec::new();
+    for &(base, over, len, hash) in pinned {
+        let p = match over {
+            None => Profile::builtin(base).unwrap(),
+            Some(f) => {
+                let path = format!("{hosts}/{f}.toml");
+                let text = std::fs::read_to_string(&path).unwrap();
+                Profile::with_override(base, &path, &text).unwrap()
+            }
+        };
+        let r = topology::render(&p);
+        if (r.len(), fnv1a(&r)) != (len, hash) {
+            wrong.push(format!(
+                "({base:?}, {over:?}, {}, {:#018x}),",
+                r.len(),
+                fnv1a(&r)
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "trees changed:\n{}", wrong.join("\n"));
+}
