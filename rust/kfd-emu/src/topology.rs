@@ -3,10 +3,14 @@
 //! and `nodes/N/{gpu_id,name,properties,mem_banks,caches,io_links}`.
 //!
 //! Node order follows KFD: CPU nodes first, then GPUs in profile order.
-//! Links: every GPU has a PCIe link (type 2) to its CPU node and the CPU a
-//! link back; GPUs sharing a non-zero hive id have XGMI links (type 11) to
-//! each other; CPU nodes are linked to each other by HyperTransport (type
-//! 1), which checkpoint tools ignore.
+//! Links, unless the profile sets `io_links_generated = false`: every GPU
+//! has a PCIe link (type 2) to its CPU node and the CPU a link back; GPUs
+//! sharing a non-zero hive id have XGMI links (type 11) to each other; CPU
+//! nodes are linked to each other by HyperTransport (type 1), which
+//! checkpoint tools ignore.  A node's links declared by the profile's
+//! `[[io_links]]` follow its generated ones, in declaration order (a
+//! `both` link appears in the `to` node's list where it is declared).
+//! `io_links_count` is the number of `io_links/L` directories.
 
 use std::fmt::Write as _;
 use std::io;
@@ -36,47 +40,91 @@ pub struct Link {
     pub from: u32,
     pub to: u32,
     pub weight: u32,
+    pub min_latency: u32,
+    pub max_latency: u32,
+    pub min_bw: u32,
+    pub max_bw: u32,
+    pub flags: u32,
+}
+
+impl Link {
+    /// The same link in the other direction.
+    pub fn reversed(&self) -> Link {
+        Link {
+            from: self.to,
+            to: self.from,
+            ..*self
+        }
+    }
+}
+
+/// The `flags` of every generated link (and default of declared ones):
+/// enabled (1) and non-coherent (2), as the emulator always wrote them.
+pub const LINK_FLAGS: u32 = 3;
+
+/// Weight and bandwidths of the generated links of a type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LinkDefaults {
+    pub weight: u32,
     pub min_bw: u32,
     pub max_bw: u32,
 }
 
-/// The links of node `node_id`, in sysfs order.
-pub fn links_of(p: &Profile, node_id: u32) -> Vec<Link> {
+/// The values generated links of type `kind` have (None: the generator
+/// makes no link of that type).
+pub fn link_defaults(kind: u32) -> Option<LinkDefaults> {
+    let (weight, min_bw, max_bw) = match kind {
+        IOLINK_HYPERTRANSPORT => (32, 0, 0),
+        IOLINK_PCIE => (20, 312, 64_000),
+        IOLINK_XGMI => (15, 50_000, 100_000),
+        _ => return None,
+    };
+    Some(LinkDefaults {
+        weight,
+        min_bw,
+        max_bw,
+    })
+}
+
+fn default_link(kind: u32, from: u32, to: u32) -> Link {
+    let d = link_defaults(kind).expect("a generated link type");
+    Link {
+        kind,
+        from,
+        to,
+        weight: d.weight,
+        min_latency: 0,
+        max_latency: 0,
+        min_bw: d.min_bw,
+        max_bw: d.max_bw,
+        flags: LINK_FLAGS,
+    }
+}
+
+/// The generated links of node `node_id` (whether or not the profile
+/// uses them), in sysfs order.
+pub fn generated_links_of(p: &Profile, node_id: u32) -> Vec<Link> {
     let ncpu = p.cpus.len() as u32;
     let mut out = Vec::new();
     if node_id < ncpu {
         for (i, g) in p.gpus.iter().enumerate() {
             if g.numa_node == node_id {
-                out.push(pcie(node_id, p.gpu_node_id(i)));
+                out.push(default_link(IOLINK_PCIE, node_id, p.gpu_node_id(i)));
             }
         }
         for other in 0..ncpu {
             if other != node_id {
-                out.push(Link {
-                    kind: IOLINK_HYPERTRANSPORT,
-                    from: node_id,
-                    to: other,
-                    weight: 32,
-                    min_bw: 0,
-                    max_bw: 0,
-                });
+                out.push(default_link(IOLINK_HYPERTRANSPORT, node_id, other));
             }
         }
     } else {
         let gi = (node_id - ncpu) as usize;
         let g = &p.gpus[gi];
-        out.push(pcie(node_id, g.numa_node));
+        out.push(default_link(IOLINK_PCIE, node_id, g.numa_node));
         if g.hive_id != 0 {
             for (j, peer) in p.gpus.iter().enumerate() {
                 if j != gi && peer.hive_id == g.hive_id {
-                    out.push(Link {
-                        kind: IOLINK_XGMI,
-                        from: node_id,
-                        to: p.gpu_node_id(j),
-                        weight: 15,
-                        min_bw: 50_000,
-                        max_bw: 100_000,
-                    });
+                    out.push(default_link(IOLINK_XGMI, node_id, p.gpu_node_id(j)));
                 }
             }
         }
@@ -84,15 +132,28 @@ pub fn links_of(p: &Profile, node_id: u32) -> Vec<Link> {
     out
 }
 
-fn pcie(from: u32, to: u32) -> Link {
-    Link {
-        kind: IOLINK_PCIE,
-        from,
-        to,
-        weight: 20,
-        min_bw: 312,
-        max_bw: 64_000,
+/// The links of node `node_id`, in sysfs order: the generated ones (if the
+/// profile wants them), then the declared ones.
+///
+/// Panics on a profile whose `[[io_links]]` do not validate (every loader
+/// validates).
+pub fn links_of(p: &Profile, node_id: u32) -> Vec<Link> {
+    let mut out = if p.io_links_generated {
+        generated_links_of(p, node_id)
+    } else {
+        Vec::new()
+    };
+    let declared = p
+        .declared_links()
+        .unwrap_or_else(|e| panic!("links of an unvalidated profile: {e}"));
+    for d in declared {
+        if d.link.from == node_id {
+            out.push(d.link);
+        } else if d.both && d.link.to == node_id {
+            out.push(d.link.reversed());
+        }
     }
+    out
 }
 
 fn props(lines: &[(&str, u64)]) -> String {
@@ -111,13 +172,13 @@ fn link_props(l: &Link) -> String {
         ("node_from", l.from.into()),
         ("node_to", l.to.into()),
         ("weight", l.weight.into()),
-        ("min_latency", 0),
-        ("max_latency", 0),
+        ("min_latency", l.min_latency.into()),
+        ("max_latency", l.max_latency.into()),
         ("min_bandwidth", l.min_bw.into()),
         ("max_bandwidth", l.max_bw.into()),
         ("recommended_transfer_size", 0),
         ("recommended_sdma_engine_id_mask", 0),
-        ("flags", 3),
+        ("flags", l.flags.into()),
     ])
 }
 

@@ -288,3 +288,246 @@ fn existing_profiles_render_byte_identical() {
     }
     assert!(wrong.is_empty(), "trees changed:\n{}", wrong.join("\n"));
 }
+
+/// (type, node_from, node_to, weight, min_latency, max_latency,
+/// min_bandwidth, max_bandwidth, flags) of each io_link of `node`, checking
+/// that io_links_count agrees with the directories.
+fn links(t: &BTreeMap<String, String>, node: u32) -> Vec<[u64; 9]> {
+    let n = prop(&t[&format!("nodes/{node}/properties")], "io_links_count");
+    assert!(
+        !t.contains_key(&format!("nodes/{node}/io_links/{n}/properties")),
+        "node {node}: more io_links than io_links_count {n}"
+    );
+    (0..n)
+        .map(|l| {
+            let lp = &t[&format!("nodes/{node}/io_links/{l}/properties")];
+            [
+                "type",
+                "node_from",
+                "node_to",
+                "weight",
+                "min_latency",
+                "max_latency",
+                "min_bandwidth",
+                "max_bandwidth",
+                "flags",
+            ]
+            .map(|k| prop(lp, k))
+        })
+        .collect()
+}
+
+#[test]
+fn declared_io_links_replace_the_generated_ones() {
+    // One-way links, a GPU-GPU PCIe link with its own numbers, a GPU named
+    // by gpu_id, and a CPU with no link at all to the second GPU.
+    let over = r#"
+        io_links_generated = false
+        [[io_links]]
+        type = "PCIe"
+        from = "gpu0"
+        to = "cpu0"
+        [[io_links]]
+        type = 2
+        from = 0xd9b1
+        to = "cpu0"
+        direction = "one-way"
+        [[io_links]]
+        type = "pcie"
+        from = "gpu1"
+        to = "gpu0"
+        weight = 40
+        min_latency = 5
+        max_latency = 9
+        min_bandwidth = 100
+        max_bandwidth = 32000
+        flags = 1
+    "#;
+    let p = Profile::with_override("mi100x2", "over.toml", over).unwrap();
+    let t = tree(&p);
+    let pcie = u64::from(IOLINK_PCIE);
+    assert_eq!(links(&t, 0), vec![[pcie, 0, 1, 20, 0, 0, 312, 64000, 3]]);
+    assert_eq!(
+        links(&t, 1),
+        vec![
+            [pcie, 1, 0, 20, 0, 0, 312, 64000, 3],
+            [pcie, 1, 2, 40, 5, 9, 100, 32000, 1],
+        ]
+    );
+    assert_eq!(
+        links(&t, 2),
+        vec![
+            [pcie, 2, 0, 20, 0, 0, 312, 64000, 3],
+            [pcie, 2, 1, 40, 5, 9, 100, 32000, 1],
+        ]
+    );
+    // No links at all is a topology too.
+    let p = Profile::with_override("mi210x4", "o", "io_links_generated = false").unwrap();
+    let t = tree(&p);
+    for n in 0..6 {
+        assert!(links(&t, n).is_empty(), "node {n}");
+    }
+}
+
+#[test]
+fn declared_io_links_follow_the_generated_ones() {
+    let over = r#"
+        [[io_links]]
+        type = "XGMI"
+        from = "gpu1"
+        to = 0x3f2c
+        max_bandwidth = 200000
+    "#;
+    let p = Profile::with_override("mi100x2", "over.toml", over).unwrap();
+    let t = tree(&p);
+    let (pcie, xgmi) = (u64::from(IOLINK_PCIE), u64::from(IOLINK_XGMI));
+    assert_eq!(
+        links(&t, 0),
+        vec![
+            [pcie, 0, 1, 20, 0, 0, 312, 64000, 3],
+            [pcie, 0, 2, 20, 0, 0, 312, 64000, 3]
+        ]
+    );
+    assert_eq!(
+        links(&t, 1),
+        vec![
+            [pcie, 1, 0, 20, 0, 0, 312, 64000, 3],
+            [xgmi, 1, 2, 15, 0, 0, 50000, 200000, 3]
+        ]
+    );
+    assert_eq!(
+        links(&t, 2),
+        vec![
+            [pcie, 2, 0, 20, 0, 0, 312, 64000, 3],
+            [xgmi, 2, 1, 15, 0, 0, 50000, 200000, 3]
+        ]
+    );
+    // The resolved profile (what KFD_EMU_STATE_DIR/profile.toml holds)
+    // round-trips, links and all.
+    let again = Profile::from_toml("dump", &p.to_toml()).unwrap();
+    assert_eq!(again, p);
+    assert_eq!(tree(&again), t);
+    let p = Profile::with_override(
+        "mi100x2",
+        "o",
+        "io_links_generated = false\nio_links = [{ type = \"PCIe\", from = \"gpu0\", to = \"gpu1\", direction = \"one-way\" }]",
+    )
+    .unwrap();
+    assert_eq!(Profile::from_toml("dump", &p.to_toml()).unwrap(), p);
+}
+
+#[test]
+fn gpu_count_drops_the_links_of_dropped_gpus() {
+    let over = r#"
+        gpu_count = 1
+        io_links_generated = false
+        io_links = [
+          { type = "PCIe", from = "gpu0", to = "cpu0" },
+          { type = "PCIe", from = "gpu1", to = "cpu0" },
+          { type = "PCIe", from = "gpu0", to = 0xd9b1 },
+        ]
+    "#;
+    let p = Profile::with_override("mi100x2", "o", over).unwrap();
+    assert_eq!(p.gpus().len(), 1);
+    assert_eq!(p.io_links.len(), 1);
+    let t = tree(&p);
+    assert_eq!(links(&t, 0).len(), 1);
+    assert_eq!(links(&t, 1).len(), 1);
+}
+
+#[test]
+fn bad_io_links_name_the_profile_link_and_field() {
+    let cases: &[(&str, &[&str])] = &[
+        (
+            "type = \"NVLink\"\nfrom = \"gpu0\"\nto = \"cpu0\"",
+            &[
+                "io_links[0].type",
+                "\"NVLink\" is not a KFD io_link type",
+                "XGMI (11)",
+            ],
+        ),
+        (
+            "type = 7\nfrom = \"gpu0\"\nto = \"cpu0\"",
+            &["io_links[0].type", "7 is not"],
+        ),
+        (
+            "type = \"PCIe\"\nfrom = \"gpu2\"\nto = \"cpu0\"",
+            &["io_links[0].from", "\"gpu2\"", "2 GPU node(s)"],
+        ),
+        (
+            "type = \"PCIe\"\nfrom = \"gpu0\"\nto = \"node0\"",
+            &["io_links[0].to", "\"node0\" names no node"],
+        ),
+        (
+            "type = \"PCIe\"\nfrom = \"gpu0\"\nto = \"cpux\"",
+            &["io_links[0].to", "decimal index"],
+        ),
+        (
+            "type = \"PCIe\"\nfrom = 0x1234\nto = \"cpu0\"",
+            &["io_links[0].from", "gpu_id 0x1234", "no GPU"],
+        ),
+        (
+            "type = \"PCIe\"\nfrom = \"gpu1\"\nto = 0xd9b1",
+            &["io_links[0]", "same node", "gpu1 (node 2)"],
+        ),
+        (
+            "type = \"PCIe\"\nfrom = \"gpu0\"\nto = \"gpu1\"\ndirection = \"oneway\"",
+            &["io_links[0].direction", "\"oneway\""],
+        ),
+        (
+            "type = \"InfiniBand\"\nfrom = \"gpu0\"\nto = \"gpu1\"",
+            &["io_links[0].weight", "required for type 9"],
+        ),
+        (
+            "type = \"PCIe\"\nfrom = \"gpu0\"\nto = \"gpu1\"\nmin_bandwidth = 9\nmax_bandwidth = 8",
+            &["io_links[0].min_bandwidth 9 exceeds max_bandwidth 8"],
+        ),
+        (
+            "type = \"PCIe\"\nfrom = \"gpu0\"\nto = \"gpu1\"\nmax_latency = 1\nmin_latency = 2",
+            &["io_links[0].min_latency 2 exceeds max_latency 1"],
+        ),
+        (
+            "type = \"PCIe\"\nfrom = \"cpu0\"\nto = \"gpu0\"\ndirection = \"one-way\"",
+            &[
+                "io_links[0]",
+                "link from cpu0 (node 0) to gpu0 (node 1) is already a generated link",
+                "io_links_generated = false",
+            ],
+        ),
+        (
+            "type = \"PCIe\"\nfrom = \"gpu0\"\nto = \"gpu1\"\nwieght = 3",
+            &["o.toml", "io_links[0]: unknown field `wieght`"],
+        ),
+        (
+            "type = \"PCIe\"\nfrom = \"gpu0\"",
+            &["o.toml", "io_links[0]: missing field `to`"],
+        ),
+    ];
+    for (link, want) in cases {
+        let text = format!("[[io_links]]\n{link}\n");
+        let e = Profile::with_override("mi100x2", "o.toml", &text)
+            .unwrap_err()
+            .to_string();
+        // Checks of the resolved profile name it and the file; shape checks
+        // of one file name that file.
+        assert!(
+            e.starts_with("profile mi100x2 (profile mi100x2 + o.toml): ")
+                || e.starts_with("o.toml: "),
+            "{e}"
+        );
+        for w in *want {
+            assert!(e.contains(w), "{link}: {e:?} lacks {w:?}");
+        }
+    }
+    // A both-ways link repeated by a one-way link the other way.
+    let text = "io_links_generated = false\n\
+        [[io_links]]\ntype = \"XGMI\"\nfrom = \"gpu0\"\nto = \"gpu1\"\n\
+        [[io_links]]\ntype = \"XGMI\"\nfrom = \"gpu1\"\nto = \"gpu0\"\ndirection = \"one-way\"\n";
+    let e = Profile::with_override("mi100x2", "o.toml", text)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("profile mi100x2 (profile mi100x2 + o.toml): io_links[1]: the type 11 link from gpu1 (node 2) to gpu0 (node 1) is already declared by io_links[0]"),
+        "{e}"
+    );
+}

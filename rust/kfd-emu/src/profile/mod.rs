@@ -11,20 +11,27 @@
 //! * `[gpu_defaults]`: fields shared by every GPU;
 //! * `[[gpus]]`: one table per GPU, merged over `gpu_defaults`;
 //! * `[[cpus]]`: one table per CPU (NUMA) node;
-//! * optional `gpu_count`: keep only the first N GPUs (for overrides).
+//! * optional `gpu_count`: keep only the first N GPUs (for overrides);
+//! * optional `io_links_generated` (default true) and `[[io_links]]`: the
+//!   topology's io_links (see [`IoLinkSpec`] and `topology.rs`).
 //!
 //! Merging an override: tables merge key by key, arrays of tables merge
 //! element by element (extra elements are appended), anything else is
 //! replaced.  A GPU resolves as base `gpu_defaults` ← override
 //! `gpu_defaults` ← base `gpus[i]` ← override `gpus[i]`, which is why the
 //! built-in profiles keep only identity fields (ids, minors, PCI location,
-//! NUMA node, hive) in their per-GPU tables.
+//! NUMA node, hive) in their per-GPU tables.  `io_links` is the exception:
+//! links have no index identity, so an override's `io_links` replaces the
+//! base's list whole (`io_links = []` removes it).  `gpu_count` drops the
+//! explicit links that name a dropped GPU along with it.
 
 use std::fmt;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use toml::{Table, Value};
+
+use crate::topology::{self, Link};
 
 /// The built-in profiles, by name.
 const BUILTIN: &[(&str, &str)] = &[
@@ -162,6 +169,108 @@ pub struct Cpu {
     pub max_engine_clk_ccompute: u32,
 }
 
+/// The io_link types KFD reports (`HSA_IOLINKTYPE`), by the names a
+/// profile may use for them (any case).
+pub const LINK_TYPES: &[(&str, u32)] = &[
+    ("HyperTransport", 1),
+    ("PCIe", 2),
+    ("AMBA", 3),
+    ("MIPI", 4),
+    ("QPI", 5),
+    ("RapidIO", 8),
+    ("InfiniBand", 9),
+    ("XGMI", 11),
+    ("XGOP", 12),
+    ("GZ", 13),
+    ("EthernetRDMA", 14),
+    ("RDMAOther", 15),
+    ("Other", 16),
+];
+
+/// A link type as a profile writes it: a name from [`LINK_TYPES`] or the
+/// number.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum LinkTypeSpec {
+    Number(u32),
+    Name(String),
+}
+
+/// A node as a link names it: `"cpuN"` / `"gpuN"` (index into `[[cpus]]`
+/// / `[[gpus]]`) or an integer, the gpu_id of a GPU.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum NodeRef {
+    GpuId(u32),
+    Name(String),
+}
+
+impl fmt::Display for NodeRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NodeRef::GpuId(id) => write!(f, "gpu_id {id:#x}"),
+            NodeRef::Name(n) => write!(f, "{n:?}"),
+        }
+    }
+}
+
+/// One declared io_link (`[[io_links]]`).  Omitted numbers take the values
+/// of the generated links of that type (see `topology.rs`); other types
+/// have no defaults for `weight`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IoLinkSpec {
+    #[serde(rename = "type")]
+    pub kind: LinkTypeSpec,
+    pub from: NodeRef,
+    pub to: NodeRef,
+    /// `"both"` (the default: `to` gets the same link back) or `"one-way"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub direction: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_latency: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_latency: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_bandwidth: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bandwidth: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flags: Option<u32>,
+}
+
+/// The keys an `[[io_links]]` table may have.
+const IO_LINK_KEYS: &[&str] = &[
+    "type",
+    "from",
+    "to",
+    "direction",
+    "weight",
+    "min_latency",
+    "max_latency",
+    "min_bandwidth",
+    "max_bandwidth",
+    "flags",
+];
+
+/// A declared link resolved to topology node ids, defaults applied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeclaredLink {
+    pub link: Link,
+    /// The `to` node has the same link back.
+    pub both: bool,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
+}
+
 /// A resolved machine profile.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -174,6 +283,13 @@ pub struct Profile {
     pub platform_rev: u64,
     pub cpus: Vec<Cpu>,
     pub gpus: Vec<Gpu>,
+    /// Whether the usual links are generated (PCIe between each GPU and
+    /// its CPU node, XGMI within a hive, HyperTransport between CPU nodes).
+    #[serde(default = "default_true", skip_serializing_if = "is_true")]
+    pub io_links_generated: bool,
+    /// Links declared by the profile, added after the generated ones.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub io_links: Vec<IoLinkSpec>,
 }
 
 /// Errors loading a profile.  Each names the profile or file and field.
@@ -287,6 +403,54 @@ fn take_gpu_parts(
     Ok((defaults, gpus, count))
 }
 
+/// Checks the shape of a document's `io_links` (an array of tables with
+/// known keys), so that a mistake names the link and field.
+fn check_io_links(source: &str, doc: &Table) -> Result<(), ProfileError> {
+    let bad = |err: String| ProfileError::Parse {
+        source: source.to_owned(),
+        err,
+    };
+    let Some(v) = doc.get("io_links") else {
+        return Ok(());
+    };
+    let Value::Array(links) = v else {
+        return Err(bad(
+            "io_links must be an array of tables ([[io_links]])".into()
+        ));
+    };
+    for (i, l) in links.iter().enumerate() {
+        let Value::Table(t) = l else {
+            return Err(bad(format!("io_links[{i}] must be a table, not {l}")));
+        };
+        for k in t.keys() {
+            if !IO_LINK_KEYS.contains(&k.as_str()) {
+                return Err(bad(format!(
+                    "io_links[{i}]: unknown field `{k}` (known: {})",
+                    IO_LINK_KEYS.join(", ")
+                )));
+            }
+        }
+        for k in ["type", "from", "to"] {
+            if !t.contains_key(k) {
+                return Err(bad(format!("io_links[{i}]: missing field `{k}`")));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether `r` names one of the GPUs `dropped` (index, gpu_id) that
+/// `gpu_count` removes.
+fn names_dropped(r: &NodeRef, dropped: &[(usize, Option<GpuId>)]) -> bool {
+    match r {
+        NodeRef::GpuId(id) => dropped.iter().any(|(_, g)| *g == Some(GpuId(*id))),
+        NodeRef::Name(n) => n
+            .strip_prefix("gpu")
+            .and_then(|i| i.parse::<usize>().ok())
+            .is_some_and(|i| dropped.iter().any(|(j, _)| *j == i)),
+    }
+}
+
 /// Resolves a base document and optional override into a profile.
 fn resolve(
     base_src: &str,
@@ -294,18 +458,28 @@ fn resolve(
     over: Option<(&str, &str)>,
 ) -> Result<Profile, ProfileError> {
     let mut base_doc = parse_doc(base_src, base)?;
+    check_io_links(base_src, &base_doc)?;
     let (mut defaults, base_gpus, mut count) = take_gpu_parts(base_src, &mut base_doc)?;
     let mut over_gpus = Vec::new();
-    let mut rest = Value::Table(base_doc);
     let mut source = base_src.to_owned();
+    let mut over_doc = None;
     if let Some((over_src, over_text)) = over {
-        let mut over_doc = parse_doc(over_src, over_text)?;
-        let (od, og, oc) = take_gpu_parts(over_src, &mut over_doc)?;
+        let mut doc = parse_doc(over_src, over_text)?;
+        check_io_links(over_src, &doc)?;
+        let (od, og, oc) = take_gpu_parts(over_src, &mut doc)?;
         merge(&mut defaults, od);
         over_gpus = og;
         count = oc.or(count);
-        merge(&mut rest, Value::Table(over_doc));
+        // Links have no index identity: the override's list replaces.
+        if doc.contains_key("io_links") {
+            base_doc.remove("io_links");
+        }
+        over_doc = Some(doc);
         source = format!("{base_src} + {over_src}");
+    }
+    let mut rest = Value::Table(base_doc);
+    if let Some(doc) = over_doc {
+        merge(&mut rest, Value::Table(doc));
     }
     let n = base_gpus.len().max(over_gpus.len());
     let mut base_gpus = base_gpus.into_iter();
@@ -321,21 +495,39 @@ fn resolve(
         }
         gpus.push(g);
     }
+    // GPUs beyond gpu_count go, and so do the links that name them.
+    let mut dropped = Vec::new();
     if let Some(c) = count {
-        gpus.truncate(c as usize);
+        let c = c as usize;
+        for (i, g) in gpus.iter().enumerate().skip(c) {
+            let id = g.get("gpu_id").and_then(Value::as_integer);
+            dropped.push((i, id.and_then(|v| u32::try_from(v).ok()).map(GpuId)));
+        }
+        gpus.truncate(c);
     }
     let Value::Table(mut doc) = rest else {
         unreachable!("rest starts as a table and merges keep it one")
     };
     doc.insert("gpus".into(), Value::Array(gpus));
-    let profile: Profile =
+    let mut profile: Profile =
         Value::Table(doc)
             .try_into()
             .map_err(|e: toml::de::Error| ProfileError::Parse {
                 source: source.clone(),
                 err: e.to_string(),
             })?;
-    profile.validate()?;
+    profile
+        .io_links
+        .retain(|l| !names_dropped(&l.from, &dropped) && !names_dropped(&l.to, &dropped));
+    profile.validate().map_err(|e| match e {
+        ProfileError::Invalid { profile, what } if source != format!("profile {profile}") => {
+            ProfileError::Invalid {
+                profile: format!("{profile} ({source})"),
+                what,
+            }
+        }
+        e => e,
+    })?;
     Ok(profile)
 }
 
@@ -470,6 +662,246 @@ impl Profile {
                 return Err(self.invalid(format!("{at}: needs SDMA engines and queues")));
             }
         }
-        Ok(())
+        self.declared_links().map(|_| ())
+    }
+
+    /// Topology node id of the node `r` names.
+    fn node_of(&self, r: &NodeRef) -> Result<u32, String> {
+        match r {
+            NodeRef::GpuId(id) => self
+                .gpus
+                .iter()
+                .position(|g| g.gpu_id.0 == *id)
+                .map(|i| self.gpu_node_id(i))
+                .ok_or_else(|| format!("{r}: no GPU has this gpu_id")),
+            NodeRef::Name(n) => {
+                let (what, count, first) = if let Some(i) = n.strip_prefix("cpu") {
+                    ("CPU", self.cpus.len(), i)
+                } else if let Some(i) = n.strip_prefix("gpu") {
+                    ("GPU", self.gpus.len(), i)
+                } else {
+                    return Err(format!(
+                        "{r} names no node (write \"cpuN\" or \"gpuN\", N an index into \
+                         [[cpus]] or [[gpus]], or a gpu_id as an integer)"
+                    ));
+                };
+                let i: usize = first
+                    .parse()
+                    .ok()
+                    .filter(|_| first.bytes().all(|b| b.is_ascii_digit()))
+                    .ok_or_else(|| {
+                        format!("{r}: expected a decimal index after \"{}\"", &n[..3])
+                    })?;
+                if i >= count {
+                    return Err(format!("{r}: the profile has {count} {what} node(s)"));
+                }
+                Ok(if what == "CPU" {
+                    self.cpu_node_id(i)
+                } else {
+                    self.gpu_node_id(i)
+                })
+            }
+        }
+    }
+
+    /// How a message names node `id`: `gpu1 (node 3)`.
+    fn node_desc(&self, id: u32) -> String {
+        let ncpu = self.cpus.len() as u32;
+        if id < ncpu {
+            format!("cpu{id} (node {id})")
+        } else {
+            format!("gpu{} (node {id})", id - ncpu)
+        }
+    }
+
+    /// The `[[io_links]]` resolved to node ids with defaults applied, in
+    /// declaration order.  Errors name the link and field.
+    pub fn declared_links(&self) -> Result<Vec<DeclaredLink>, ProfileError> {
+        let mut seen: std::collections::BTreeMap<(u32, u32, u32), String> =
+            std::collections::BTreeMap::new();
+        if self.io_links_generated {
+            for n in 0..(self.cpus.len() + self.gpus.len()) as u32 {
+                for l in topology::generated_links_of(self, n) {
+                    seen.insert((l.from, l.to, l.kind), "a generated link".into());
+                }
+            }
+        }
+        let mut out = Vec::with_capacity(self.io_links.len());
+        for (i, spec) in self.io_links.iter().enumerate() {
+            let at = format!("io_links[{i}]");
+            let kind = match &spec.kind {
+                LinkTypeSpec::Number(n) => LINK_TYPES
+                    .iter()
+                    .find(|(_, k)| k == n)
+                    .map(|(_, k)| *k)
+                    .ok_or_else(|| format!("{n} is not a KFD io_link type")),
+                LinkTypeSpec::Name(name) => LINK_TYPES
+                    .iter()
+                    .find(|(t, _)| t.eq_ignore_ascii_case(name))
+                    .map(|(_, k)| *k)
+                    .ok_or_else(|| format!("{name:?} is not a KFD io_link type")),
+            }
+            .map_err(|why| {
+                let known: Vec<String> = LINK_TYPES
+                    .iter()
+                    .map(|(t, k)| format!("{t} ({k})"))
+                    .collect();
+                self.invalid(format!("{at}.type: {why} (known: {})", known.join(", ")))
+            })?;
+            let from = self
+                .node_of(&spec.from)
+                .map_err(|why| self.invalid(format!("{at}.from: {why}")))?;
+            let to = self
+                .node_of(&spec.to)
+                .map_err(|why| self.invalid(format!("{at}.to: {why}")))?;
+            if from == to {
+                return Err(self.invalid(format!(
+                    "{at}: from and to are the same node, {}",
+                    self.node_desc(from)
+                )));
+            }
+            let both = match spec.direction.as_deref() {
+                None | Some("both") => true,
+                Some("one-way") => false,
+                Some(d) => {
+                    return Err(self.invalid(format!(
+                        "{at}.direction: {d:?}: expected \"both\" or \"one-way\""
+                    )))
+                }
+            };
+            let defaults = topology::link_defaults(kind);
+            let weight = match (spec.weight, defaults) {
+                (Some(w), _) => w,
+                (None, Some(d)) => d.weight,
+                (None, None) => {
+                    return Err(self.invalid(format!(
+                        "{at}.weight: required for type {kind} (only HyperTransport, PCIe and \
+                         XGMI links have defaults)"
+                    )))
+                }
+            };
+            let link = Link {
+                kind,
+                from,
+                to,
+                weight,
+                min_latency: spec.min_latency.unwrap_or(0),
+                max_latency: spec.max_latency.unwrap_or(0),
+                min_bw: spec
+                    .min_bandwidth
+                    .or(defaults.map(|d| d.min_bw))
+                    .unwrap_or(0),
+                max_bw: spec
+                    .max_bandwidth
+                    .or(defaults.map(|d| d.max_bw))
+                    .unwrap_or(0),
+                flags: spec.flags.unwrap_or(topology::LINK_FLAGS),
+            };
+            if link.min_latency > link.max_latency {
+                return Err(self.invalid(format!(
+                    "{at}.min_latency {} exceeds max_latency {}",
+                    link.min_latency, link.max_latency
+                )));
+            }
+            if link.min_bw > link.max_bw {
+                return Err(self.invalid(format!(
+                    "{at}.min_bandwidth {} exceeds max_bandwidth {}",
+                    link.min_bw, link.max_bw
+                )));
+            }
+            let mut directed = vec![(from, to)];
+            if both {
+                directed.push((to, from));
+            }
+            for (a, b) in directed {
+                if let Some(other) = seen.insert((a, b, kind), at.clone()) {
+                    let (by, hint) = if other.starts_with("io_links") {
+                        (format!("declared by {other}"), "")
+                    } else {
+                        (
+                            other,
+                            " (io_links_generated = false leaves every link to [[io_links]])",
+                        )
+                    };
+                    return Err(self.invalid(format!(
+                        "{at}: the type {kind} link from {} to {} is already {by}{hint}",
+                        self.node_desc(a),
+                        self.node_desc(b),
+                    )));
+                }
+            }
+            out.push(DeclaredLink { link, both });
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// mi100x2 with two declared links (top-level keys go before the
+    /// first table header).
+    fn base() -> String {
+        format!(
+            "io_links_generated = false\nio_links = [\n\
+             {{ type = \"PCIe\", from = \"gpu0\", to = \"cpu0\" }},\n\
+             {{ type = \"PCIe\", from = \"gpu1\", to = \"cpu0\", direction = \"one-way\" }},\n]\n{}",
+            builtin_text("mi100x2").unwrap()
+        )
+    }
+
+    #[test]
+    fn override_io_links_replace_the_base_list_whole() {
+        let kept = resolve(
+            "base",
+            &base(),
+            Some(("o", "[gpu_defaults]\nfw_version = 60\n")),
+        )
+        .unwrap();
+        assert_eq!(kept.io_links.len(), 2);
+        assert!(!kept.io_links_generated);
+
+        // One link in the override: the base's two are gone, not merged.
+        let over = "io_links = [{ type = \"XGMI\", from = \"gpu1\", to = \"gpu0\" }]\n";
+        let p = resolve("base", &base(), Some(("o", over))).unwrap();
+        assert_eq!(p.io_links.len(), 1);
+        assert_eq!(p.io_links[0].kind, LinkTypeSpec::Name("XGMI".into()));
+        assert_eq!(p.io_links[0].direction, None);
+        assert!(
+            !p.io_links_generated,
+            "the scalar still comes from the base"
+        );
+
+        let p = resolve(
+            "base",
+            &base(),
+            Some(("o", "io_links = []\nio_links_generated = true\n")),
+        )
+        .unwrap();
+        assert!(p.io_links.is_empty() && p.io_links_generated);
+        assert_eq!(
+            topology::render(&p),
+            topology::render(&Profile::builtin("mi100x2").unwrap())
+        );
+    }
+
+    #[test]
+    fn type_errors_in_links_name_the_field() {
+        let e = resolve(
+            "base",
+            &base(),
+            Some(("o", "io_links = [{ type = \"PCIe\", from = \"gpu0\", to = \"gpu1\", weight = \"x\" }]\n")),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("weight"), "{e}");
+        let e = resolve("base", &base(), Some(("o", "io_links = 3\n")))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("o: io_links must be an array of tables"),
+            "{e}"
+        );
     }
 }
