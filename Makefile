@@ -82,7 +82,7 @@ $(BUILD)/criu-rocm.8: Documentation/criu-rocm.8.adoc
 	asciidoctor -b manpage -o $@ $<
 
 # The suites `make test` runs, in order; .ci/run runs and counts them one by one.
-TEST_SUITES	:= test-rust test-smoke test-gpu test-zdtm test-zdtm-gpu test-demo test-install
+TEST_SUITES	:= test-rust test-smoke test-rocm test-gpu test-zdtm test-zdtm-gpu test-demo test-install
 
 # The user's entry points install what is missing first (scripts/install-deps.sh: quiet, and
 # a no-op when all is there), so they work on a fresh Debian machine. Plain `make` and the
@@ -128,6 +128,13 @@ test-rust:
 
 test-smoke: $(BUILD)/criu-rocm
 	test/smoke/run.sh $(BUILD)/criu-rocm
+
+# Debian's ROCm 5.2 userspace unchanged on kfd-emu under every profile (test/rocm/run.sh):
+# libhsakmt and ROCr test programs built against Debian's headers, rocminfo, and libdrm on
+# the render nodes (test/rocm/drm-check.sh).
+.PHONY: test-rocm
+test-rocm: kfd-tools
+	CARGO_TARGET_DIR=$(CARGO_TARGET) test/rocm/run.sh
 
 # GPU checkpoint/restore end to end on kfd-emu (test/gpu/run.sh: dumps, faults, restores on
 # other and incompatible hosts, damaged images, gpu-check).
