@@ -114,12 +114,20 @@ test-demo: $(BUILD)/criu-rocm kfd-tools
 	@MAKE="$(MAKE)" CARGO="$(CARGO)" JOBS="$(JOBS)" scripts/demo.sh
 
 # Emulator ioctl latency and VRAM map throughput, then GPU checkpoint/restore against CRIU's
-# own dump and restore of anonymous memory, and criu-rocm's dump RSS (scripts/bench-cr.sh).
-bench: $(BUILD)/criu-rocm
+# own dump and restore of anonymous memory, and criu-rocm's dump RSS (scripts/bench-cr.sh),
+# then ROCr's own hsa_amd_memory_async_copy (SDMA on the emulator) against memcpy.
+bench: $(BUILD)/criu-rocm $(BUILD)/hsa-bench
 	cd rust && CARGO_TARGET_DIR=$(CARGO_TARGET) $(CARGO) build --release --locked -q -p kfd-emu -p kfd-client
 	$(CARGO_TARGET)/release/kfd-emu run --profile mi100 -- sh -c \
 		'$(CARGO_TARGET)/release/kfd-emu bench-ioctl && $(CARGO_TARGET)/release/emu-bench'
 	CARGO_TARGET_DIR=$(CARGO_TARGET) scripts/bench-cr.sh
+	$(CARGO_TARGET)/release/kfd-emu run --profile mi100 -- $(BUILD)/hsa-bench --mib 64 --reps 5 || \
+		{ echo "make bench: ROCr's async copies failed on kfd-emu (the reason is above)" >&2; exit 1; }
+
+# Debian's ROCr 5.2, unchanged, timing its async copies (test/rocm/hsa-bench.c).
+$(BUILD)/hsa-bench: test/rocm/hsa-bench.c | $(DEPS_FIRST)
+	@mkdir -p $(BUILD)
+	cc -std=gnu11 -O2 -Wall -Wextra -Werror -o $@ $< -lhsa-runtime64
 
 test-rust:
 	cd rust && $(CARGO) fmt --all -- --check
