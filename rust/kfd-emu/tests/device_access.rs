@@ -249,14 +249,17 @@ fn argument_sizes_are_tolerated_like_the_kernel() {
         ),
         Err(libc::EINVAL)
     );
-    // Numbers past the table: EINVAL; known but not modelled: EOPNOTSUPP.
-    assert_eq!(
-        call(&emu, kfd, &me(), 0xc008_4b30, &[0; 8], 8),
-        Err(libc::EINVAL)
-    );
+    // Numbers outside the 1.11 table (0, 0x24 and up, ROCm's private
+    // 0x80..): ENOTTY; the deprecated debugger requests: EPERM.
+    for nr in [0x00, 0x24, 0x30, 0x82] {
+        assert_eq!(
+            call(&emu, kfd, &me(), 0xc008_4b00 | nr, &[0; 8], 8),
+            Err(libc::ENOTTY)
+        );
+    }
     assert_eq!(
         call(&emu, kfd, &me(), 0xc008_4b0d, &[0; 8], 8),
-        Err(libc::EOPNOTSUPP)
+        Err(libc::EPERM)
     );
     // An unknown fh.
     assert_eq!(

@@ -228,7 +228,7 @@ fn version_apertures_and_access_rules() {
     let v = d.call(nr::GET_VERSION, &[0; 8]).unwrap();
     assert_eq!((u32_at(&v, 0), u32_at(&v, 4)), (1, 11));
     // Unknown nr.
-    assert_eq!(d.call(0x70, &[0; 8]), Err(libc::EINVAL));
+    assert_eq!(d.call(0x70, &[0; 8]), Err(libc::ENOTTY));
     // Another process on our fd.
     let other = Caller {
         tid: me().tid,
@@ -294,12 +294,12 @@ fn acquire_vm_rules() {
 #[test]
 fn memory_alloc_map_free_and_vram_exhaustion() {
     let d = Dev::new("[[gpus]]\nvram_size = 67108864\n");
-    // Before ACQUIRE_VM, allocations fail.
+    // Before ACQUIRE_VM, allocations fail: the device cannot be bound.
     let kfd = d.emu.open(&NodeKind::Kfd, &me()).unwrap();
     KFD_FH.with(|f| f.set(kfd));
     assert_eq!(
         d.alloc(0x1000_0000, 4096, alloc::VRAM, 0),
-        Err(libc::EINVAL)
+        Err(libc::ENODEV)
     );
     let render = d
         .emu
@@ -378,6 +378,11 @@ fn memory_alloc_map_free_and_vram_exhaustion() {
     assert_eq!(u32_at(&out, 20), 1);
     let mut bad = m1.clone();
     bad[0..8].copy_from_slice(&(h1 + 77).to_le_bytes());
+    // No BO behind a handle of a known device: KFD's IDR miss, ENOMEM;
+    // a handle naming no device: EINVAL.
+    assert_eq!(d.call(nr::MAP_MEMORY_TO_GPU, &bad), Err(libc::ENOMEM));
+    assert_eq!(d.call(nr::UNMAP_MEMORY_FROM_GPU, &bad), Err(libc::ENOMEM));
+    bad[4..8].copy_from_slice(&0xdeadu32.to_le_bytes());
     assert_eq!(d.call(nr::MAP_MEMORY_TO_GPU, &bad), Err(libc::EINVAL));
     let mut badp = m1.clone();
     badp[8..16].copy_from_slice(&8u64.to_le_bytes());
@@ -849,7 +854,8 @@ fn queue_limits_and_bad_queue_args() {
         .unwrap();
     assert_ne!(u32_at(&c, 52), u32_at(&first, 52));
     assert_ne!(u64_at(&c, 24), u64_at(&first, 24));
-    assert_eq!(d.call(nr::CREATE_QUEUE, &q(9)), Err(libc::EINVAL));
+    // An unknown type: KFD lets the kernel-internal ENOTSUPP (524) out.
+    assert_eq!(d.call(nr::CREATE_QUEUE, &q(9)), Err(524));
     let mut bad = q(0);
     bad[32..36].copy_from_slice(&3000u32.to_le_bytes());
     assert_eq!(d.call(nr::CREATE_QUEUE, &bad), Err(libc::EINVAL));
@@ -869,7 +875,7 @@ fn queue_limits_and_bad_queue_args() {
     d.call(nr::UPDATE_QUEUE, &upd).unwrap();
     let mut upd_bad = upd.clone();
     upd_bad[8..12].copy_from_slice(&999u32.to_le_bytes());
-    assert_eq!(d.call(nr::UPDATE_QUEUE, &upd_bad), Err(libc::EINVAL));
+    assert_eq!(d.call(nr::UPDATE_QUEUE, &upd_bad), Err(libc::EFAULT));
     d.call(
         nr::DESTROY_QUEUE,
         &first[52..56]
@@ -1002,6 +1008,9 @@ fn criu_checkpoint_unpause_restore_resume() {
         Err(libc::EINVAL)
     );
 
+    // The queue holds the GPU's GWS: KFD's queue record says so.
+    d.call(nr::ALLOC_QUEUE_GWS, &args(&[(0, 0), (4, 1)], 16))
+        .unwrap();
     // Checkpoint again for the restore, then the process "dies".
     let info = d
         .call(
@@ -1015,6 +1024,7 @@ fn criu_checkpoint_unpause_restore_resume() {
         &criu(criu_op::CHECKPOINT, dp, bp, pp, psize, nd, nb, no, 0),
     )
     .unwrap();
+    assert_eq!(u32_at(&blob, 16 + 5 * 272 + 92), 1, "queue record's gws");
     let ring_copy: Vec<u8> = (0..RING_SIZE as usize)
         .map(|i| unsafe_byte(r.ring, i))
         .collect();
@@ -1050,6 +1060,10 @@ fn criu_checkpoint_unpause_restore_resume() {
     let mut bad = blob.clone();
     bad[0] = 2;
     assert_eq!(restore(&bad, psize, nd, nb), Err(libc::EINVAL));
+    // XNACK on cannot be restored on gfx908.
+    let mut bad = blob.clone();
+    bad[4] = 1;
+    assert_eq!(restore(&bad, psize, nd, nb), Err(libc::EPERM));
     let mut longer = blob.clone();
     longer.extend_from_slice(&[0; 8]);
     assert_eq!(restore(&longer, psize + 8, nd, nb), Err(libc::EINVAL));
@@ -1077,6 +1091,11 @@ fn criu_checkpoint_unpause_restore_resume() {
     );
 
     restore(&blob, psize, nd, nb).unwrap();
+    // The restored queue holds the GWS again.
+    assert_eq!(
+        d.call(nr::ALLOC_QUEUE_GWS, &args(&[(0, 0), (4, 1)], 16)),
+        Err(libc::EBUSY)
+    );
     assert_eq!(
         restore(&blob, psize, nd, nb),
         Err(libc::EINVAL),
@@ -1365,21 +1384,220 @@ fn misc_ioctls_and_xnack() {
     d.setup();
     let c = d.call(0x05, &args(&[(32, d.gpu_id as u64)], 40)).unwrap();
     assert!(u64_at(&c, 0) > 0 && u64_at(&c, 24) > 0);
-    assert_eq!(d.call(0x05, &args(&[(32, 0x1234)], 40)), Err(libc::EINVAL));
+    // A node without GPU (gpu_id 0 of a CPU node, or unknown): success
+    // with a GPU counter of 0, the CPU and system counters running.
+    for id in [0, 0x1234] {
+        let c = d.call(0x05, &args(&[(32, id)], 40)).unwrap();
+        assert_eq!(u64_at(&c, 0), 0);
+        assert!(u64_at(&c, 8) > 0 && u64_at(&c, 16) > 0);
+        assert_eq!(u64_at(&c, 24), 1_000_000_000);
+    }
     d.call(0x04, &args(&[(16, d.gpu_id as u64), (20, 1), (24, 0)], 32))
         .unwrap();
     assert_eq!(
         d.call(0x04, &args(&[(16, d.gpu_id as u64), (20, 7)], 32)),
         Err(libc::EINVAL)
     );
-    // XNACK: query (-1), set, query.
+    // XNACK on gfx908 (retry off at boot): off, and cannot be switched on.
     let q = (-1i32).to_le_bytes();
+    assert_eq!(u32_at(&d.call(nr::SET_XNACK_MODE, &q).unwrap(), 0), 0);
+    assert_eq!(
+        d.call(nr::SET_XNACK_MODE, &1i32.to_le_bytes()),
+        Err(libc::EPERM)
+    );
+    d.call(nr::SET_XNACK_MODE, &0i32.to_le_bytes()).unwrap();
+    // gfx90a switches per process: query (-1), set, query.
+    let d = Dev::new("[gpu_defaults]\ngfx_target_version = 90010\n");
+    d.setup();
     assert_eq!(u32_at(&d.call(nr::SET_XNACK_MODE, &q).unwrap(), 0), 0);
     d.call(nr::SET_XNACK_MODE, &1i32.to_le_bytes()).unwrap();
     assert_eq!(u32_at(&d.call(nr::SET_XNACK_MODE, &q).unwrap(), 0), 1);
-    // Not emulated, but known to KFD 1.11 (SVM): refused, daemon still fine.
-    assert!(d.call(0x20, &[0; 24]).is_err());
+    // SVM: KFD's argument checks first (the caller's size must hold the
+    // attributes, the range be page aligned and not empty).
+    let svm = |start: u64, size: u64, nattr: u64, len: usize| {
+        d.call(
+            nr::SVM,
+            &args(&[(0, start), (8, size), (16, 0), (20, nattr)], len),
+        )
+    };
+    assert_eq!(svm(0x10000, 0x1000, 2, 24 + 8), Err(libc::EINVAL));
+    assert_eq!(svm(0x10800, 0x1000, 0, 24), Err(libc::EINVAL));
+    assert_eq!(svm(0, 0x1000, 0, 24), Err(libc::EINVAL));
+    assert_eq!(svm(0x10000, 0, 0, 24), Err(libc::EINVAL));
+    // SVM ranges are not emulated: refused, the daemon still fine.
+    assert_eq!(svm(0x10000, 0x1000, 1, 32), Err(libc::EOPNOTSUPP));
     assert!(d.call(nr::GET_VERSION, &[0; 8]).is_ok());
+}
+
+#[test]
+fn per_device_state_ioctls_follow_kfd() {
+    let d = Dev::new("");
+    let kfd = d.emu.open(&NodeKind::Kfd, &me()).unwrap();
+    KFD_FH.with(|f| f.set(kfd));
+    let g = d.gpu_id as u64;
+    let scratch = |id: u64| {
+        d.call(
+            nr::SET_SCRATCH_BACKING_VA,
+            &args(&[(0, 0x7f00), (8, id)], 16),
+        )
+    };
+    let trap = |id: u64| {
+        d.call(
+            nr::SET_TRAP_HANDLER,
+            &a64(&[(0, 0x7000_0000), (8, 0x7000_1000), (16, id)], 24),
+        )
+    };
+    let policy = |id: u64, base: u64, size: u64| {
+        d.call(
+            nr::SET_MEMORY_POLICY,
+            &a64(&[(0, base), (8, size), (16, id)], 32),
+        )
+    };
+    // Unknown device: EINVAL; known but no VM acquired: the bind fails,
+    // reported as ENODEV by SET_SCRATCH_BACKING_VA, ESRCH by the others.
+    assert_eq!(scratch(0x1234), Err(libc::EINVAL));
+    assert_eq!(scratch(g), Err(libc::ENODEV));
+    assert_eq!(trap(0x1234), Err(libc::EINVAL));
+    assert_eq!(trap(g), Err(libc::ESRCH));
+    assert_eq!(policy(0x1234, 0, 0), Err(libc::EINVAL));
+    assert_eq!(policy(g, 0, 0), Err(libc::ESRCH));
+    d.emu.release(kfd);
+    d.setup();
+    scratch(g).unwrap();
+    trap(g).unwrap();
+    // Policies: 0 or 1 only, checked before the device.
+    let bad = args(&[(16, 0x1234), (20, 2)], 32);
+    assert_eq!(d.call(nr::SET_MEMORY_POLICY, &bad), Err(libc::EINVAL));
+    // APE1: 64 KiB granular, below 2^47; size 0 disables it.
+    policy(g, 0, 0).unwrap();
+    policy(g, 0x7fff_0000_0000, 0x1_0000_0000).unwrap();
+    assert_eq!(policy(g, 0x7fff_0000_1000, 0x1_0000), Err(libc::EINVAL));
+    assert_eq!(policy(g, 0x7fff_0000_0000, 0x1_8000), Err(libc::EINVAL));
+    assert_eq!(policy(g, 0x7fff_ffff_0000, 0x2_0000), Err(libc::EINVAL));
+
+    // GET_TILE_CONFIG: GFX9 has no tile tables; counts are clipped to
+    // amdgpu's 32 and 16 and that many zero words are copied out.
+    let mut tiles = vec![0xffu32; 40];
+    let mut macros = vec![0xffu32; 20];
+    let t = d
+        .call(
+            nr::GET_TILE_CONFIG,
+            &args(
+                &[
+                    (0, tiles.as_mut_ptr() as u64),
+                    (8, macros.as_mut_ptr() as u64),
+                    (16, 40),
+                    (20, 20),
+                    (24, g),
+                ],
+                40,
+            ),
+        )
+        .unwrap();
+    assert_eq!((u32_at(&t, 16), u32_at(&t, 20)), (32, 16));
+    assert_ne!(u32_at(&t, 28), 0, "gb_addr_config");
+    assert_eq!((u32_at(&t, 32), u32_at(&t, 36)), (0, 0));
+    assert!(tiles[..32].iter().all(|&v| v == 0) && tiles[32] == 0xff);
+    assert!(macros[..16].iter().all(|&v| v == 0) && macros[16] == 0xff);
+    let bad = args(&[(0, 8), (16, 1), (24, g)], 40);
+    let e = d.call(nr::GET_TILE_CONFIG, &bad);
+    assert_eq!(e, Err(libc::EFAULT));
+    assert_eq!(
+        d.call(nr::GET_TILE_CONFIG, &args(&[(24, 0x1234)], 40)),
+        Err(libc::EINVAL)
+    );
+
+    // The old apertures ioctl: one entry per device, the rest zero.
+    let ap = d.call(nr::GET_PROCESS_APERTURES, &[0u8; 400]).unwrap();
+    assert_eq!(u32_at(&ap, 392), 1);
+    assert_eq!(u32_at(&ap, 48), d.gpu_id);
+    assert!(ap[56..392].iter().all(|&b| b == 0));
+
+    // Queue extras on a compute queue.
+    let q = args(
+        &[
+            (0, RING_VA),
+            (8, CTL_VA + 8),
+            (16, CTL_VA),
+            (32, 256),
+            (36, g),
+            (40, queue_type::COMPUTE_AQL as u64),
+            (44, 100),
+            (48, 7),
+        ],
+        88,
+    );
+    let c = d.call(nr::CREATE_QUEUE, &q).unwrap();
+    // Rings below KFD_MIN_QUEUE_RING_SIZE are raised to it.
+    assert_eq!(u32_at(&c, 32), 1024);
+    let qid = u32_at(&c, 52) as u64;
+    // CU mask: a multiple of 32 bits, not 0; unknown queue: EFAULT.
+    let mask = [0xffff_ffffu32; 4];
+    let cu = |id: u64, n: u64, ptr: u64| {
+        d.call(nr::SET_CU_MASK, &args(&[(0, id), (4, n), (8, ptr)], 16))
+    };
+    cu(qid, 128, mask.as_ptr() as u64).unwrap();
+    assert_eq!(cu(qid, 100, mask.as_ptr() as u64), Err(libc::EINVAL));
+    assert_eq!(cu(qid, 0, mask.as_ptr() as u64), Err(libc::EINVAL));
+    assert_eq!(cu(qid, 64, 8), Err(libc::EFAULT));
+    assert_eq!(cu(77, 64, mask.as_ptr() as u64), Err(libc::EFAULT));
+    // Wave state: an active queue has none (EINVAL); suspended (0 %) it
+    // has an empty one; unknown queue: EFAULT.
+    let ws = |id: u64| {
+        d.call(
+            nr::GET_QUEUE_WAVE_STATE,
+            &args(&[(0, CTL_VA), (16, id)], 24),
+        )
+    };
+    assert_eq!(ws(qid), Err(libc::EINVAL));
+    assert_eq!(ws(77), Err(libc::EFAULT));
+    let upd = args(&[(0, RING_VA), (8, qid), (12, 4096), (16, 0), (20, 7)], 24);
+    d.call(nr::UPDATE_QUEUE, &upd).unwrap();
+    let w = ws(qid).unwrap();
+    assert_eq!((u32_at(&w, 8), u32_at(&w, 12)), (0, 0));
+    // GWS: one queue per process and GPU.
+    let gws = |id: u64, n: u64| d.call(nr::ALLOC_QUEUE_GWS, &args(&[(0, id), (4, n)], 16));
+    let c2 = d.call(nr::CREATE_QUEUE, &q).unwrap();
+    let qid2 = u32_at(&c2, 52) as u64;
+    assert_eq!(gws(77, 1), Err(libc::EINVAL));
+    assert_eq!(gws(qid, 0), Err(libc::EINVAL));
+    gws(qid, 1).unwrap();
+    assert_eq!(gws(qid2, 1), Err(libc::EBUSY));
+    gws(qid, 0).unwrap();
+    gws(qid2, 1).unwrap();
+    // Destroying the holder gives the GWS back.
+    d.call(nr::DESTROY_QUEUE, &args(&[(0, qid2)], 8)).unwrap();
+    gws(qid, 1).unwrap();
+
+    // dma-bufs: none is ever amdgpu's here: a closed fd is EBADF, any
+    // other file EINVAL.
+    d.fds.0.lock().unwrap().insert(950, kfd);
+    for n in [nr::GET_DMABUF_INFO, nr::IMPORT_DMABUF] {
+        let (fd_off, len) = if n == nr::GET_DMABUF_INFO {
+            (28, 32)
+        } else {
+            (20, 24)
+        };
+        assert_eq!(d.call(n, &args(&[(fd_off, 951)], len)), Err(libc::EBADF));
+        assert_eq!(d.call(n, &args(&[(fd_off, 950)], len)), Err(libc::EINVAL));
+    }
+    // SMI events: unknown GPU EINVAL; the anon fd itself is a known gap.
+    assert_eq!(
+        d.call(nr::SMI_EVENTS, &args(&[(0, 0x1234)], 8)),
+        Err(libc::EINVAL)
+    );
+    assert_eq!(
+        d.call(nr::SMI_EVENTS, &args(&[(0, g)], 8)),
+        Err(libc::EOPNOTSUPP)
+    );
+    // The signal page BO stays until the process goes (EPERM).
+    let (sh, _) = d.alloc(SIG_VA, 32768, alloc::GTT, 0).unwrap();
+    d.call(nr::CREATE_EVENT, &args(&[(0, sh), (16, 1)], 32))
+        .unwrap();
+    assert_eq!(
+        d.call(nr::FREE_MEMORY_OF_GPU, &sh.to_le_bytes()),
+        Err(libc::EPERM)
+    );
 }
 
 /// A GPU process of its own for the multi-process CRIU tests.  A `sleep`

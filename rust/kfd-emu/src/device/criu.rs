@@ -259,6 +259,7 @@ pub fn checkpoint(
             priority: q.priority,
             q_percent: q.percent,
             doorbell_id: q.doorbell_index,
+            gws: (p.pdds[q.gpu].gws_queue == Some(id)) as u32,
             sdma_id: q.sdma_id,
             eop_ring_buffer_size: q.eop_size as u32,
             ctx_save_restore_area_size: q.ctx_size,
@@ -303,7 +304,8 @@ struct Plan {
     /// Per bucket: (gpu index, user id, render fh).
     devices: Vec<(usize, u32, u64)>,
     bos: Vec<PlanBo>,
-    queues: Vec<(u32, Queue, u64)>,
+    /// (queue id, queue, write pointer, holds the GPU's GWS).
+    queues: Vec<(u32, Queue, u64, bool)>,
     events: Vec<(u32, Event)>,
     signal_handle: u64,
     /// The /dev/kfd slot the process had at checkpoint, if recorded.
@@ -375,6 +377,9 @@ fn plan_restore(
         return Err(libc::EINVAL);
     }
     let xnack = pr.xnack_mode != 0;
+    if xnack && !kfd::xnack_supported(&st.devs) {
+        return Err(libc::EPERM);
+    }
     if n_dev != p.pdds.len() {
         return Err(libc::EINVAL);
     }
@@ -469,7 +474,7 @@ fn plan_restore(
     let mut queues = Vec::new();
     let mut events = Vec::new();
     let mut signal_handle = 0;
-    let mut per_gpu: BTreeMap<(usize, bool), u32> = BTreeMap::new();
+    let mut per_gpu: BTreeMap<usize, u32> = BTreeMap::new();
     for _ in 0..n_obj {
         let at = cur.off;
         let ty: u32 = cur.rec()?;
@@ -490,7 +495,7 @@ fn plan_restore(
                 let ring_size = r.q_size;
                 if qtype > uapi::queue_type::SDMA_XGMI
                     || id >= uapi::MAX_QUEUES_PER_PROCESS
-                    || queues.iter().any(|q: &(u32, Queue, u64)| q.0 == id)
+                    || queues.iter().any(|q: &(u32, Queue, u64, bool)| q.0 == id)
                     || ring_size > u32::MAX as u64
                     || (ring_size != 0 && !ring_size.is_power_of_two())
                     || m.ring_base != r.q_address
@@ -515,19 +520,18 @@ fn plan_restore(
                     sdma_id: r.sdma_id,
                     rptr: m.rptr,
                     halted: m.halted != 0,
+                    cu_mask: Vec::new(),
                 };
-                let cnt = per_gpu.entry((gpu, q.is_sdma())).or_insert(0);
-                *cnt += 1;
-                let g = &st.devs.gpus[gpu];
-                let max = if q.is_sdma() {
-                    g.max_sdma_queues
-                } else {
-                    g.max_cp_queues
-                };
-                if st.queues_on(gpu, q.is_sdma()) + *cnt > max {
-                    return Err(libc::ENOMEM);
+                if q.is_sdma() {
+                    // SDMA queues need a free engine queue; the other
+                    // limits are checked as the queues are added.
+                    let cnt = per_gpu.entry(gpu).or_insert(0);
+                    *cnt += 1;
+                    if st.queues_on(gpu, true) + *cnt > st.devs.gpus[gpu].max_sdma_queues {
+                        return Err(libc::ENOMEM);
+                    }
                 }
-                queues.push((id, q, m.wptr));
+                queues.push((id, q, m.wptr, r.gws != 0));
             }
             pb::OBJ_EVENT => {
                 let r: layout::kfd_criu_event_priv_data = cur.rec()?;
@@ -626,6 +630,7 @@ pub fn restore(
         for (d, id) in p.pdds.iter_mut().zip(saved_ids) {
             d.vm = None;
             d.user_id = id;
+            d.gws_queue = None;
         }
         p.restore_pending = false;
         for (k, bo) in &bos {
@@ -683,10 +688,15 @@ fn apply(st: &mut State, lead: u32, plan: &Plan, buckets: &mut [sys::kfd_criu_bo
             }
         );
     }
-    for (id, q, wptr) in &plan.queues {
+    for (id, q, wptr, gws) in &plan.queues {
         let (gpu, idx) = (q.gpu, q.doorbell_index);
         kfd::add_queue(st, lead, *id, q.clone())?;
+        let has_gws = st.devs.gpus[gpu].num_gws != 0;
         let p = st.procs.get_mut(&lead).unwrap();
+        if *gws {
+            // pqm_set_gws with the GPU's GWS, or none: EINVAL then.
+            kfd::set_gws(p, *id, gpu, has_gws)?;
+        }
         p.pdds[gpu]
             .doorbells
             .as_ref()

@@ -36,17 +36,7 @@ pub fn apertures_new(
     let n = (n as usize).min(p.pdds.len());
     let mut out = Vec::new();
     for pdd in p.pdds.iter().take(n) {
-        let ap = sys::kfd_process_device_apertures {
-            lds_base: uapi::LDS_BASE,
-            lds_limit: uapi::LDS_BASE | 0xffff_ffff,
-            scratch_base: uapi::SCRATCH_BASE,
-            scratch_limit: uapi::SCRATCH_BASE | 0xffff_ffff,
-            gpuvm_base: uapi::GPUVM_BASE,
-            gpuvm_limit: uapi::GPUVM_LIMIT,
-            gpu_id: pdd.user_id,
-            pad: 0,
-        };
-        uapi::push(&mut out, &ap);
+        uapi::push(&mut out, &aperture(pdd.user_id));
     }
     user_write(caller.tid, a.kfd_process_device_apertures_ptr, &out)?;
     a.num_of_nodes = n as u32;
@@ -84,13 +74,34 @@ pub fn acquire_vm(
     bind_vm(st, lead, gpu, fh)
 }
 
-fn bound_pdd(st: &mut State, lead: u32, user_gpu: u32) -> R<usize> {
+/// The pdd of `user_gpu` as `kfd_bind_process_to_device` finds it: EINVAL
+/// when the process has no such device, `unbound` when no render node's VM
+/// was acquired for it (the ioctls differ: the bind itself fails with
+/// ENODEV, and some of them report any bind failure as ESRCH).
+fn bound_pdd(st: &mut State, lead: u32, user_gpu: u32, unbound: i32) -> R<usize> {
     let p = proc_mut(st, lead)?;
     let gpu = p.pdd_by_user_id(user_gpu).ok_or(libc::EINVAL)?;
     if p.pdds[gpu].vm.is_none() {
-        return Err(libc::EINVAL);
+        return Err(unbound);
     }
     Ok(gpu)
+}
+
+/// The BO of `handle` for MAP/UNMAP: EINVAL when the handle names no
+/// device of the process, ENOMEM when no BO (KFD's answer when the IDR
+/// lookup fails there).
+fn bo_of_handle(p: &super::state::Proc, handle: u64) -> R<BoKey> {
+    let gpu = p
+        .pdd_by_user_id((handle >> 32) as u32)
+        .ok_or(libc::EINVAL)?;
+    let key = BoKey {
+        gpu,
+        idr: handle as u32,
+    };
+    if !p.bos.contains_key(&key) {
+        return Err(libc::ENOMEM);
+    }
+    Ok(key)
 }
 
 /// Creates a BO with the given IDR id (fresh when None) and returns its key
@@ -201,8 +212,21 @@ pub fn alloc_memory(
     caller: &Caller,
     a: &mut sys::kfd_ioctl_alloc_memory_of_gpu_args,
 ) -> R<()> {
-    let gpu = bound_pdd(st, lead, a.gpu_id)?;
     let flags = a.flags;
+    if a.size == 0 {
+        return Err(libc::EINVAL);
+    }
+    {
+        let p = proc_mut(st, lead)?;
+        let gpu = p.pdd_by_user_id(a.gpu_id).ok_or(libc::EINVAL)?;
+        if flags & alloc::PUBLIC != 0 && flags & alloc::VRAM != 0 && !st.devs.gpus[gpu].vram_public
+        {
+            // Host-visible VRAM is refused on small-BAR boards, before
+            // the device is bound.
+            return Err(libc::EINVAL);
+        }
+    }
+    let gpu = bound_pdd(st, lead, a.gpu_id, libc::ENODEV)?;
     let user_addr = a.mmap_offset;
     if flags & alloc::TYPE_MASK == alloc::USERPTR {
         // The kernel pins (faults in) user pages at allocation time.
@@ -233,7 +257,7 @@ pub fn free_memory(
     if let Some(sp) = &p.signal_page {
         if sp.handle == Some(a.handle) {
             // KFD keeps the signal page BO until the process goes.
-            return Err(libc::EBUSY);
+            return Err(libc::EPERM);
         }
     }
     let bo = p.bos.remove(&key).unwrap();
@@ -258,12 +282,21 @@ pub fn map_memory(
     let mut raw = vec![0u8; n as usize * 4];
     user_read(caller.tid, a.device_ids_array_ptr, &mut raw)?;
     let p = proc_mut(st, lead)?;
-    let key = p.key_of_handle(a.handle)?;
+    if map {
+        // MAP binds the BO's own device first.
+        let own = p
+            .pdd_by_user_id((a.handle >> 32) as u32)
+            .ok_or(libc::EINVAL)?;
+        if p.pdds[own].vm.is_none() {
+            return Err(libc::ENODEV);
+        }
+    }
+    let key = bo_of_handle(p, a.handle)?;
     for i in start..n {
         let id: u32 = uapi::nth(&raw, i as usize);
         let gpu = p.pdd_by_user_id(id).ok_or(libc::EINVAL)?;
-        if p.pdds[gpu].vm.is_none() {
-            return Err(libc::EINVAL);
+        if map && p.pdds[gpu].vm.is_none() {
+            return Err(libc::ENODEV);
         }
         let bo = p.bos.get_mut(&key).unwrap();
         let changed = if map {
@@ -302,58 +335,99 @@ pub fn set_xnack(st: &mut State, lead: u32, a: &mut sys::kfd_ioctl_set_xnack_mod
         // The kernel refuses to switch while queues exist.
         return Err(libc::EBUSY);
     }
-    p.xnack = v != 0;
+    if p.xnack == (v != 0) && v <= 1 {
+        return Ok(());
+    }
+    if v != 0 && !xnack_supported(&st.devs) {
+        return Err(libc::EPERM);
+    }
+    proc_mut(st, lead)?.xnack = v != 0;
     Ok(())
 }
 
-/// Inserts a queue after checking the per-GPU limits; used by CREATE_QUEUE
-/// and CRIU RESTORE.
+/// `kfd_process_xnack_mode(p, true)`: whether every GPU can run the process
+/// with XNACK (page-fault retry) on.  GPUs with per-process XNACK (gfx90a,
+/// gfx94x) can; the others run with amdgpu's boot-time retry setting, whose
+/// default for every GFX9 GPU of the profiles is off (`noretry=1`).
+pub fn xnack_supported(devs: &super::state::Devices) -> bool {
+    devs.gpus.iter().all(|g| g.per_process_xnack)
+}
+
+/// Queues a process may have on one GPU (KFD's HWS limit; GC 9.4.3 has
+/// none, and KFD allows 255 there).
+fn max_queues_per_pdd(g: &super::state::Gpu) -> usize {
+    if g.gc_version() == (9, 4, 3) {
+        255
+    } else {
+        127
+    }
+}
+
+/// KFD's default `max_num_of_queues_per_device`.
+const MAX_QUEUES_PER_DEVICE: usize = 4096;
+
+/// Inserts a queue after checking the limits in KFD's order: the process'
+/// queues on the GPU (ENOSPC), the queue id, every process' queues on the
+/// GPU (EPERM), a free SDMA queue for SDMA queues (ENOMEM).  Compute
+/// queues have no hardware limit: the HWS over-subscribes its HQDs.  Used
+/// by CREATE_QUEUE and CRIU RESTORE.
 pub fn add_queue(st: &mut State, lead: u32, id: u32, q: Queue) -> R<()> {
     let g = &st.devs.gpus[q.gpu];
-    let (used, max) = if q.is_sdma() {
-        (st.queues_on(q.gpu, true), g.max_sdma_queues)
-    } else {
-        (st.queues_on(q.gpu, false), g.max_cp_queues)
-    };
-    if used >= max {
+    let p = st.procs.get(&lead).ok_or(libc::ESRCH)?;
+    if p.queues.values().filter(|x| x.gpu == q.gpu).count() >= max_queues_per_pdd(g) {
+        return Err(libc::ENOSPC);
+    }
+    if id >= uapi::MAX_QUEUES_PER_PROCESS || p.queues.contains_key(&id) {
+        return Err(libc::EINVAL);
+    }
+    let on_gpu = st.queues_on(q.gpu, true) + st.queues_on(q.gpu, false);
+    if on_gpu as usize >= MAX_QUEUES_PER_DEVICE {
+        return Err(libc::EPERM);
+    }
+    if q.is_sdma() && st.queues_on(q.gpu, true) >= g.max_sdma_queues {
         return Err(libc::ENOMEM);
     }
     st.doorbells(lead, q.gpu)?;
     let p = proc_mut(st, lead)?;
-    if id >= uapi::MAX_QUEUES_PER_PROCESS || p.queues.contains_key(&id) {
-        return Err(libc::EINVAL);
-    }
     p.queues.insert(id, q);
     Ok(())
 }
 
-/// CREATE_QUEUE (1.11 layout).
+/// KFD_MIN_QUEUE_RING_SIZE: smaller rings (0 included) are raised to it.
+const MIN_QUEUE_RING_SIZE: u32 = 1024;
+
+/// ENOTSUPP (524): the kernel-internal errno KFD lets escape for an
+/// unknown queue type.
+pub const ENOTSUPP: i32 = 524;
+
+/// CREATE_QUEUE (1.11 layout), checks in KFD's order.
 pub fn create_queue(st: &mut State, lead: u32, a: &mut sys::kfd_ioctl_create_queue_args) -> R<()> {
-    let gpu = bound_pdd(st, lead, a.gpu_id)?;
+    if a.queue_percentage > 100 || a.queue_priority > 15 {
+        return Err(libc::EINVAL);
+    }
+    if a.ring_size != 0 && !a.ring_size.is_power_of_two() || !a.ring_base_address.is_multiple_of(4)
+    {
+        return Err(libc::EINVAL);
+    }
+    a.ring_size = a.ring_size.max(MIN_QUEUE_RING_SIZE);
     let qtype = a.queue_type;
-    let ring_size = a.ring_size;
     if !matches!(
         qtype,
         queue_type::COMPUTE | queue_type::SDMA | queue_type::COMPUTE_AQL | queue_type::SDMA_XGMI
     ) {
-        return Err(libc::EINVAL);
+        return Err(ENOTSUPP);
     }
-    if a.queue_percentage > 100 || a.queue_priority > 15 {
-        return Err(libc::EINVAL);
-    }
-    if ring_size != 0 && !ring_size.is_power_of_two() || !a.ring_base_address.is_multiple_of(4) {
-        return Err(libc::EINVAL);
-    }
+    let gpu = bound_pdd(st, lead, a.gpu_id, libc::ESRCH)?;
     let p = proc_mut(st, lead)?;
     let id = (0..uapi::MAX_QUEUES_PER_PROCESS)
         .find(|i| !p.queues.contains_key(i))
-        .ok_or(libc::ENOSPC)?;
+        .ok_or(libc::ENOMEM)?;
     let sdma = qtype == queue_type::SDMA || qtype == queue_type::SDMA_XGMI;
     let q = Queue {
         gpu,
         qtype,
         ring_base: a.ring_base_address,
-        ring_size,
+        ring_size: a.ring_size,
         wptr_addr: a.write_pointer_address,
         rptr_addr: a.read_pointer_address,
         percent: a.queue_percentage,
@@ -367,6 +441,7 @@ pub fn create_queue(st: &mut State, lead: u32, a: &mut sys::kfd_ioctl_create_que
         sdma_id: if sdma { st.queues_on(gpu, true) } else { 0 },
         rptr: 0,
         halted: false,
+        cu_mask: Vec::new(),
     };
     add_queue(st, lead, id, q)?;
     let p = proc_mut(st, lead)?;
@@ -388,7 +463,13 @@ pub fn destroy_queue(
     a: &mut sys::kfd_ioctl_destroy_queue_args,
 ) -> R<()> {
     let p = proc_mut(st, lead)?;
-    p.queues.remove(&a.queue_id).map(|_| ()).ok_or(libc::EINVAL)
+    let q = p.queues.remove(&a.queue_id).ok_or(libc::EINVAL)?;
+    // A queue's GWS goes back to the GPU with it.
+    let pdd = &mut p.pdds[q.gpu];
+    if pdd.gws_queue == Some(a.queue_id) {
+        pdd.gws_queue = None;
+    }
+    Ok(())
 }
 
 /// UPDATE_QUEUE.
@@ -401,9 +482,10 @@ pub fn update_queue(st: &mut State, lead: u32, a: &mut sys::kfd_ioctl_update_que
     if rs != 0 && !rs.is_power_of_two() || !a.ring_base_address.is_multiple_of(4) {
         return Err(libc::EINVAL);
     }
-    let q = p.queues.get_mut(&a.queue_id).ok_or(libc::EINVAL)?;
+    // An unknown queue is EFAULT here (pqm_update_queue_properties).
+    let q = p.queues.get_mut(&a.queue_id).ok_or(libc::EFAULT)?;
     q.ring_base = a.ring_base_address;
-    q.ring_size = rs;
+    q.ring_size = rs.max(MIN_QUEUE_RING_SIZE);
     q.percent = a.queue_percentage;
     q.priority = a.queue_priority;
     Ok(())
@@ -597,29 +679,50 @@ pub fn wait_events(
     None
 }
 
-/// SET_MEMORY_POLICY: cache policies have no effect
-/// on the emulated GPU, but the arguments are checked like KFD does.
+/// SET_MEMORY_POLICY: KFD's checks, in its order; the policy is recorded
+/// on the pdd (cache policies have no effect on the emulated GPU).
 pub fn set_memory_policy(
     st: &mut State,
     lead: u32,
     a: &mut sys::kfd_ioctl_set_memory_policy_args,
 ) -> R<()> {
-    let p = proc_mut(st, lead)?;
-    p.pdd_by_user_id(a.gpu_id).ok_or(libc::EINVAL)?;
+    // KFD_IOC_CACHE_POLICY_COHERENT (0) or _NONCOHERENT (1).
     if a.default_policy > 1 || a.alternate_policy > 1 {
         return Err(libc::EINVAL);
     }
+    let gpu = bound_pdd(st, lead, a.gpu_id, libc::ESRCH)?;
+    // APE1: base and limit in 64 KiB units below 2^47 (its low 16 bits
+    // are 0000/FFFF in hardware); size 0 disables it (base > limit).
+    let (base, size) = (a.alternate_aperture_base, a.alternate_aperture_size);
+    const FIXED: u64 = 0xFFFF_8000_0000_FFFF;
+    let (ape1_base, ape1_limit) = if size == 0 {
+        (1, 0)
+    } else {
+        let limit = base.wrapping_add(size).wrapping_sub(1);
+        if limit <= base || base & FIXED != 0 || limit & FIXED != 0xFFFF {
+            return Err(libc::EINVAL);
+        }
+        (base >> 16, limit >> 16)
+    };
+    proc_mut(st, lead)?.pdds[gpu].mem_policy = Some(super::state::MemPolicy {
+        default: a.default_policy,
+        alternate: a.alternate_policy,
+        ape1_base,
+        ape1_limit,
+    });
     Ok(())
 }
 
 /// GET_CLOCK_COUNTERS: the emulated GPU clock is CLOCK_MONOTONIC_RAW in ns.
+/// A gpu_id the process has no device for (a CPU node's 0) gets a GPU
+/// counter of 0, as KFD answers for a node without GPU.
 pub fn clock_counters(
     st: &mut State,
     lead: u32,
     a: &mut sys::kfd_ioctl_get_clock_counters_args,
 ) -> R<()> {
     let p = proc_mut(st, lead)?;
-    p.pdd_by_user_id(a.gpu_id).ok_or(libc::EINVAL)?;
+    let gpu = p.pdd_by_user_id(a.gpu_id);
     let now = |clk| {
         let mut ts = libc::timespec {
             tv_sec: 0,
@@ -630,9 +733,236 @@ pub fn clock_counters(
         ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
     };
     let raw = now(libc::CLOCK_MONOTONIC_RAW);
-    a.gpu_clock_counter = raw;
+    a.gpu_clock_counter = if gpu.is_some() { raw } else { 0 };
     a.cpu_clock_counter = raw;
     a.system_clock_counter = now(libc::CLOCK_BOOTTIME);
     a.system_clock_freq = 1_000_000_000;
     Ok(())
+}
+
+/// GET_PROCESS_APERTURES (the old fixed-array form): at most
+/// NUM_OF_SUPPORTED_GPUS (7) devices.
+pub fn apertures_old(
+    st: &mut State,
+    lead: u32,
+    a: &mut sys::kfd_ioctl_get_process_apertures_args,
+) -> R<()> {
+    let p = proc_mut(st, lead)?;
+    a.num_of_nodes = 0;
+    for (slot, pdd) in a.process_apertures.iter_mut().zip(&p.pdds) {
+        *slot = aperture(pdd.user_id);
+        a.num_of_nodes += 1;
+    }
+    Ok(())
+}
+
+/// The apertures KFD gives a GFX9 dGPU process device.
+fn aperture(gpu_id: u32) -> sys::kfd_process_device_apertures {
+    sys::kfd_process_device_apertures {
+        lds_base: uapi::LDS_BASE,
+        lds_limit: uapi::LDS_BASE | 0xffff_ffff,
+        scratch_base: uapi::SCRATCH_BASE,
+        scratch_limit: uapi::SCRATCH_BASE | 0xffff_ffff,
+        gpuvm_base: uapi::GPUVM_BASE,
+        gpuvm_limit: uapi::GPUVM_LIMIT,
+        gpu_id,
+        pad: 0,
+    }
+}
+
+/// SET_SCRATCH_BACKING_VA: records SH_HIDDEN_PRIVATE_BASE on the pdd.  An
+/// unbound device fails the bind (ENODEV).
+pub fn set_scratch_backing_va(
+    st: &mut State,
+    lead: u32,
+    a: &mut sys::kfd_ioctl_set_scratch_backing_va_args,
+) -> R<()> {
+    let gpu = bound_pdd(st, lead, a.gpu_id, libc::ENODEV)?;
+    proc_mut(st, lead)?.pdds[gpu].scratch_va = Some(a.va_addr);
+    Ok(())
+}
+
+/// SET_TRAP_HANDLER: records the trap handler on the pdd.  KFD binds its
+/// own CWSR trap handler on dGPUs, so this is the second level it jumps
+/// to.  Any bind failure is ESRCH here.
+pub fn set_trap_handler(
+    st: &mut State,
+    lead: u32,
+    a: &mut sys::kfd_ioctl_set_trap_handler_args,
+) -> R<()> {
+    let gpu = bound_pdd(st, lead, a.gpu_id, libc::ESRCH)?;
+    proc_mut(st, lead)?.pdds[gpu].trap = Some((a.tba_addr, a.tma_addr));
+    Ok(())
+}
+
+/// GB_ADDR_CONFIG of a GPU: the value amdgpu programs on GFX9 parts
+/// (the register is not otherwise modelled).
+pub fn gb_addr_config(_g: &super::state::Gpu) -> u32 {
+    0x2201_4042
+}
+
+/// GET_TILE_CONFIG: GFX9 and later have no tile mode tables: amdgpu keeps
+/// 32 tile and 16 macro tile entries, all 0, and no bank/rank counts.
+/// Each table is copied up to the caller's count, which is clipped to it.
+pub fn get_tile_config(
+    st: &mut State,
+    lead: u32,
+    caller: &Caller,
+    a: &mut sys::kfd_ioctl_get_tile_config_args,
+) -> R<()> {
+    let p = proc_mut(st, lead)?;
+    let gpu = p.pdd_by_user_id(a.gpu_id).ok_or(libc::EINVAL)?;
+    a.gb_addr_config = gb_addr_config(&st.devs.gpus[gpu]);
+    a.num_banks = 0;
+    a.num_ranks = 0;
+    a.num_tile_configs = a.num_tile_configs.min(32);
+    let n = a.num_tile_configs as usize * 4;
+    if n > 0 && user_write(caller.tid, a.tile_config_ptr, &vec![0; n]).is_err() {
+        a.num_tile_configs = 0;
+        return Err(libc::EFAULT);
+    }
+    a.num_macro_tile_configs = a.num_macro_tile_configs.min(16);
+    let n = a.num_macro_tile_configs as usize * 4;
+    if n > 0 && user_write(caller.tid, a.macro_tile_config_ptr, &vec![0; n]).is_err() {
+        a.num_macro_tile_configs = 0;
+        return Err(libc::EFAULT);
+    }
+    Ok(())
+}
+
+/// Whether KFD counts queue `q` as active (mapped by the scheduler): a
+/// ring, a non-zero share and a process not evicted.
+fn queue_active(p: &super::state::Proc, q: &Queue) -> bool {
+    q.ring_size > 0 && q.ring_base != 0 && q.percent > 0 && !p.evicted()
+}
+
+/// SET_CU_MASK: KFD's checks; the mask is recorded on the queue.
+pub fn set_cu_mask(
+    st: &mut State,
+    lead: u32,
+    caller: &Caller,
+    a: &mut sys::kfd_ioctl_set_cu_mask_args,
+) -> R<()> {
+    let n = a.num_cu_mask;
+    if !n.is_multiple_of(32) || n == 0 {
+        return Err(libc::EINVAL);
+    }
+    // Bits past 1024 are dropped.
+    let n = n.min(1024);
+    let mut raw = vec![0u8; n as usize / 8];
+    user_read(caller.tid, a.cu_mask_ptr, &mut raw).map_err(|_| libc::EFAULT)?;
+    let mask: Vec<u32> = (0..raw.len() / 4).map(|i| uapi::nth(&raw, i)).collect();
+    let devs = st.devs.clone();
+    let p = proc_mut(st, lead)?;
+    let q = p.queues.get_mut(&a.queue_id).ok_or(libc::EFAULT)?;
+    if devs.gpus[q.gpu].gc_version().0 >= 10 {
+        // WGP parts: CUs are enabled in pairs.
+        for i in (0..n as usize).step_by(2) {
+            let pair = (mask[i / 32] >> (i % 32)) & 3;
+            if pair != 0 && pair != 3 {
+                return Err(libc::EINVAL);
+            }
+        }
+    }
+    q.cu_mask = mask;
+    Ok(())
+}
+
+/// GET_QUEUE_WAVE_STATE: only an inactive compute queue has a saved wave
+/// state; no wave ever runs on the emulated GPU, so it is empty.
+pub fn get_queue_wave_state(
+    st: &mut State,
+    lead: u32,
+    a: &mut sys::kfd_ioctl_get_queue_wave_state_args,
+) -> R<()> {
+    let p = proc_mut(st, lead)?;
+    let q = p.queues.get(&a.queue_id).ok_or(libc::EFAULT)?;
+    if q.is_sdma() || queue_active(p, q) {
+        return Err(libc::EINVAL);
+    }
+    a.ctl_stack_used_size = 0;
+    a.save_area_used_size = 0;
+    Ok(())
+}
+
+/// ALLOC_QUEUE_GWS: binds (num_gws != 0) or releases the GPU's global wave
+/// sync for a queue; one queue per process and GPU may hold it.
+pub fn alloc_queue_gws(
+    st: &mut State,
+    lead: u32,
+    a: &mut sys::kfd_ioctl_alloc_queue_gws_args,
+) -> R<()> {
+    let devs = st.devs.clone();
+    let p = proc_mut(st, lead)?;
+    let gpu = p.queues.get(&a.queue_id).ok_or(libc::EINVAL)?.gpu;
+    if devs.gpus[gpu].num_gws == 0 {
+        return Err(libc::ENODEV);
+    }
+    set_gws(p, a.queue_id, gpu, a.num_gws != 0)?;
+    a.first_gws = 0;
+    Ok(())
+}
+
+/// `pqm_set_gws`: shared by ALLOC_QUEUE_GWS and CRIU RESTORE.
+pub fn set_gws(p: &mut super::state::Proc, queue: u32, gpu: usize, on: bool) -> R<()> {
+    let pdd = &mut p.pdds[gpu];
+    match (on, pdd.gws_queue) {
+        (true, Some(_)) => Err(libc::EBUSY),
+        (false, None) => Err(libc::EINVAL),
+        (true, None) => {
+            pdd.gws_queue = Some(queue);
+            Ok(())
+        }
+        (false, Some(_)) => {
+            pdd.gws_queue = None;
+            Ok(())
+        }
+    }
+}
+
+/// GET_DMABUF_INFO and IMPORT_DMABUF: the emulator exports no dma-bufs,
+/// so an fd is never one of amdgpu's: EBADF for a closed fd (dma_buf_get),
+/// EINVAL for any other file, as KFD answers for a foreign file.
+pub fn dmabuf_fd(res: &dyn FdResolver, caller: &Caller, fd: u32) -> R<()> {
+    match res.open_of(caller.tgid, fd as i32) {
+        Err(libc::EBADF) => Err(libc::EBADF),
+        _ => Err(libc::EINVAL),
+    }
+}
+
+/// SMI_EVENTS: KFD answers a new anonymous fd, which an ioctl served over
+/// FUSE cannot install in the caller: a known gap (see README).  An
+/// unknown GPU is EINVAL as on KFD.
+pub fn smi_events(st: &mut State, lead: u32, a: &mut sys::kfd_ioctl_smi_events_args) -> R<()> {
+    let p = proc_mut(st, lead)?;
+    p.pdd_by_user_id(a.gpuid).ok_or(libc::EINVAL)?;
+    log::warn!(
+        "kfd-emu: AMDKFD_IOC_SMI_EVENTS from process {lead}: SMI event fds are not emulated"
+    );
+    Err(libc::EOPNOTSUPP)
+}
+
+/// SVM: the argument checks of KFD (the caller's size must hold `nattr`
+/// attributes, the range page aligned and non-empty); SVM ranges
+/// themselves are not emulated (see README).
+pub fn svm(lead: u32, input: &[u8]) -> R<()> {
+    // start_addr, size, op, nattr, then the attributes.
+    let start: u64 = uapi::decode(input);
+    let size: u64 = uapi::decode(input.get(8..).unwrap_or(&[]));
+    let nattr: u32 = uapi::decode(input.get(20..).unwrap_or(&[]));
+    let need = (nattr as usize)
+        .checked_mul(size_of::<sys::kfd_ioctl_svm_attribute>())
+        .and_then(|n| n.checked_add(size_of::<sys::kfd_ioctl_svm_args>()));
+    if need.is_none_or(|n| input.len() < n) {
+        return Err(libc::EINVAL);
+    }
+    if !start.is_multiple_of(uapi::PAGE)
+        || !size.is_multiple_of(uapi::PAGE)
+        || start == 0
+        || size == 0
+    {
+        return Err(libc::EINVAL);
+    }
+    log::warn!("kfd-emu: AMDKFD_IOC_SVM from process {lead}: SVM ranges are not emulated");
+    Err(libc::EOPNOTSUPP)
 }

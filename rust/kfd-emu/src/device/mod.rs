@@ -169,12 +169,13 @@ impl Emulator {
                 vram_public: g.vram_public,
                 max_sdma_queues: (g.num_sdma_engines + g.num_sdma_xgmi_engines)
                     * g.num_sdma_queues_per_engine,
-                max_cp_queues: g.num_cp_queues,
                 device_id: g.device_id,
                 gfx_target_version: g.gfx_target_version,
                 max_engine_clk: g.max_engine_clk_fcompute,
                 vram_width: g.vram_width,
                 cu_count: g.cu_count,
+                num_gws: g.num_gws,
+                per_process_xnack: matches!(g.gfx_target_version, 90010 | 90400..=90402),
                 mem: mem::Memfd::new(
                     &format!("kfd-emu-renderD{}", g.drm_render_minor.0),
                     uapi::RENDER_MEMFD_SIZE,
@@ -363,6 +364,11 @@ impl Emulator {
             nr::ACQUIRE_VM => {
                 fds.push(uapi::decode::<sys::kfd_ioctl_acquire_vm_args>(input).drm_fd as i32)
             }
+            nr::GET_DMABUF_INFO => fds
+                .push(uapi::decode::<sys::kfd_ioctl_get_dmabuf_info_args>(input).dmabuf_fd as i32),
+            nr::IMPORT_DMABUF => {
+                fds.push(uapi::decode::<sys::kfd_ioctl_import_dmabuf_args>(input).dmabuf_fd as i32)
+            }
             nr::CRIU_OP => {
                 let a = uapi::decode::<sys::kfd_ioctl_criu_args>(input);
                 if a.op == uapi::criu_op::RESTORE {
@@ -395,8 +401,9 @@ impl Emulator {
         reply: Box<dyn Replier>,
     ) -> Option<state::Answer> {
         let n = cmd & 0xff;
-        if nr::arg_size(n).filter(|_| n < nr::COMMAND_END).is_none() {
-            return Some((reply, Err(libc::EINVAL)));
+        if nr::arg_size(n).is_none() {
+            // Outside [AMDKFD_COMMAND_START, AMDKFD_COMMAND_END).
+            return Some((reply, Err(libc::ENOTTY)));
         }
         if caller.tgid != lead && !(n == nr::CRIU_OP && tracer_of(lead) == Some(caller.tid)) {
             return Some((reply, Err(libc::EBADF)));
@@ -472,6 +479,25 @@ impl Emulator {
                 nr::SET_XNACK_MODE => with(i, o, |a| kfd::set_xnack(st, lead, a)),
                 nr::SET_MEMORY_POLICY => with(i, o, |a| kfd::set_memory_policy(st, lead, a)),
                 nr::GET_CLOCK_COUNTERS => with(i, o, |a| kfd::clock_counters(st, lead, a)),
+                nr::GET_PROCESS_APERTURES => with(i, o, |a| kfd::apertures_old(st, lead, a)),
+                // The deprecated debugger interface is gone from KFD.
+                nr::DBG_FIRST..=nr::DBG_LAST => Err(libc::EPERM),
+                nr::SET_SCRATCH_BACKING_VA => {
+                    with(i, o, |a| kfd::set_scratch_backing_va(st, lead, a))
+                }
+                nr::GET_TILE_CONFIG => with(i, o, |a| kfd::get_tile_config(st, lead, caller, a)),
+                nr::SET_TRAP_HANDLER => with(i, o, |a| kfd::set_trap_handler(st, lead, a)),
+                nr::SET_CU_MASK => with(i, o, |a| kfd::set_cu_mask(st, lead, caller, a)),
+                nr::GET_QUEUE_WAVE_STATE => with(i, o, |a| kfd::get_queue_wave_state(st, lead, a)),
+                nr::GET_DMABUF_INFO => with(i, o, |a: &mut sys::kfd_ioctl_get_dmabuf_info_args| {
+                    kfd::dmabuf_fd(&resolved, caller, a.dmabuf_fd)
+                }),
+                nr::IMPORT_DMABUF => with(i, o, |a: &mut sys::kfd_ioctl_import_dmabuf_args| {
+                    kfd::dmabuf_fd(&resolved, caller, a.dmabuf_fd)
+                }),
+                nr::ALLOC_QUEUE_GWS => with(i, o, |a| kfd::alloc_queue_gws(st, lead, a)),
+                nr::SMI_EVENTS => with(i, o, |a| kfd::smi_events(st, lead, a)),
+                nr::SVM => kfd::svm(lead, i).map(|()| Vec::new()),
                 nr::CRIU_OP => {
                     let mut a = uapi::decode::<sys::kfd_ioctl_criu_args>(i);
                     let r = match a.op {
@@ -484,9 +510,8 @@ impl Emulator {
                     };
                     r.map(|()| criu::answer(&a, i, o))
                 }
-                // Known to KFD 1.11 but not emulated (old apertures, SVM,
-                // dmabuf import, debugger, ...).
-                _ => Err(libc::EOPNOTSUPP),
+                // A table entry without a function: KFD's answer.
+                _ => Err(libc::EINVAL),
             }
         };
         if matches!(n, nr::CREATE_QUEUE | nr::CRIU_OP) {

@@ -17,13 +17,30 @@ pub struct Gpu {
     pub vram_size: u64,
     pub vram_public: bool,
     pub max_sdma_queues: u32,
-    pub max_cp_queues: u32,
     pub device_id: u32,
     pub gfx_target_version: u32,
     pub max_engine_clk: u32,
     pub vram_width: u32,
     pub cu_count: u32,
+    /// Global wave sync entries (0: the GPU has none).
+    pub num_gws: u32,
+    /// XNACK can be switched per process (GC 9.4.2 and later GFX9).
+    pub per_process_xnack: bool,
     pub mem: Memfd,
+}
+
+impl Gpu {
+    /// The GC IP version (major, minor, stepping) of a gfx target version
+    /// (gfx90a is 9.0.10 as a target but GC 9.4.2).
+    pub fn gc_version(&self) -> (u32, u32, u32) {
+        let v = self.gfx_target_version;
+        match v {
+            90008 => (9, 4, 1),
+            90010 => (9, 4, 2),
+            90400..=90402 => (9, 4, 3),
+            _ => (v / 10000, v / 100 % 100, v % 100),
+        }
+    }
 }
 
 pub struct Devices {
@@ -102,6 +119,8 @@ pub struct Queue {
     pub rptr: u64,
     /// Set when the engine met a packet it cannot execute.
     pub halted: bool,
+    /// SET_CU_MASK's mask (empty: all CUs).
+    pub cu_mask: Vec<u32>,
 }
 
 impl Queue {
@@ -187,12 +206,38 @@ impl Span {
     }
 }
 
+/// SET_MEMORY_POLICY's arguments as KFD keeps them in the qpd: the cache
+/// policies (0 coherent, 1 non-coherent) and the APE1 aperture, in 64 KiB
+/// units (`base > limit`: no APE1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemPolicy {
+    pub default: u32,
+    pub alternate: u32,
+    pub ape1_base: u64,
+    pub ape1_limit: u64,
+}
+
+/// Per-process-device state (KFD's `kfd_process_device` and its `qpd`).
+///
+/// `scratch_va`, `trap` and `mem_policy` are what KFD keeps per pdd and
+/// programs into the queues' hardware state; KFD's CRIU checkpoint does not
+/// carry them (its device record is a reserved word), so neither does ours:
+/// a restored process has them unset until it sets them again, as on KFD.
 pub struct Pdd {
     pub user_id: u32,
     /// The render-node open whose VM this pdd adopted.
     pub vm: Option<u64>,
     pub next_idr: u32,
     pub doorbells: Option<Mapping>,
+    /// SET_SCRATCH_BACKING_VA: SH_HIDDEN_PRIVATE_BASE (the scratch backing
+    /// VA >> 16 as the caller passes it).
+    pub scratch_va: Option<u64>,
+    /// SET_TRAP_HANDLER: (TBA, TMA) of the second-level trap handler.
+    pub trap: Option<(u64, u64)>,
+    pub mem_policy: Option<MemPolicy>,
+    /// ALLOC_QUEUE_GWS: the queue the GPU's global wave sync is bound to
+    /// (one per process and GPU).
+    pub gws_queue: Option<u32>,
 }
 
 pub struct Proc {
@@ -452,6 +497,10 @@ impl State {
                     vm: None,
                     next_idr: 1,
                     doorbells: None,
+                    scratch_va: None,
+                    trap: None,
+                    mem_policy: None,
+                    gws_queue: None,
                 })
                 .collect();
             self.procs.insert(

@@ -26,25 +26,42 @@ pub mod kfd {
     pub const DESTROY_QUEUE: u32 = n(AMDKFD_IOC_DESTROY_QUEUE);
     pub const SET_MEMORY_POLICY: u32 = 0x04;
     pub const GET_CLOCK_COUNTERS: u32 = 0x05;
+    pub const GET_PROCESS_APERTURES: u32 = 0x06;
     pub const UPDATE_QUEUE: u32 = n(AMDKFD_IOC_UPDATE_QUEUE);
     pub const CREATE_EVENT: u32 = n(AMDKFD_IOC_CREATE_EVENT);
     pub const DESTROY_EVENT: u32 = n(AMDKFD_IOC_DESTROY_EVENT);
     pub const SET_EVENT: u32 = n(AMDKFD_IOC_SET_EVENT);
     pub const RESET_EVENT: u32 = n(AMDKFD_IOC_RESET_EVENT);
     pub const WAIT_EVENTS: u32 = n(AMDKFD_IOC_WAIT_EVENTS);
+    /// The four deprecated debugger requests (0x0d..=0x10).
+    pub const DBG_FIRST: u32 = 0x0d;
+    pub const DBG_LAST: u32 = 0x10;
+    pub const SET_SCRATCH_BACKING_VA: u32 = 0x11;
+    pub const GET_TILE_CONFIG: u32 = 0x12;
+    pub const SET_TRAP_HANDLER: u32 = 0x13;
     pub const GET_PROCESS_APERTURES_NEW: u32 = n(AMDKFD_IOC_GET_PROCESS_APERTURES_NEW);
     pub const ACQUIRE_VM: u32 = n(AMDKFD_IOC_ACQUIRE_VM);
     pub const ALLOC_MEMORY_OF_GPU: u32 = n(AMDKFD_IOC_ALLOC_MEMORY_OF_GPU);
     pub const FREE_MEMORY_OF_GPU: u32 = n(AMDKFD_IOC_FREE_MEMORY_OF_GPU);
     pub const MAP_MEMORY_TO_GPU: u32 = n(AMDKFD_IOC_MAP_MEMORY_TO_GPU);
     pub const UNMAP_MEMORY_FROM_GPU: u32 = n(AMDKFD_IOC_UNMAP_MEMORY_FROM_GPU);
+    pub const SET_CU_MASK: u32 = 0x1a;
+    pub const GET_QUEUE_WAVE_STATE: u32 = 0x1b;
+    pub const GET_DMABUF_INFO: u32 = 0x1c;
+    pub const IMPORT_DMABUF: u32 = 0x1d;
+    pub const ALLOC_QUEUE_GWS: u32 = 0x1e;
+    pub const SMI_EVENTS: u32 = 0x1f;
+    pub const SVM: u32 = 0x20;
     pub const SET_XNACK_MODE: u32 = n(AMDKFD_IOC_SET_XNACK_MODE);
     pub const CRIU_OP: u32 = n(AMDKFD_IOC_CRIU_OP);
     pub const AVAILABLE_MEMORY: u32 = n(AMDKFD_IOC_AVAILABLE_MEMORY);
-    /// First nr past the 1.11 table: the kernel answers EINVAL.
+    /// The first request number of the 1.11 table (AMDKFD_COMMAND_START).
+    pub const COMMAND_START: u32 = 0x01;
+    /// First nr past the 1.11 table (AMDKFD_COMMAND_END): the kernel
+    /// answers ENOTTY for it and everything above, and for nr 0.
     pub const COMMAND_END: u32 = 0x24;
 
-    /// The kernel's argument size for `nr` (None: no such ioctl in 1.11).
+    /// The kernel's argument size for `nr` (None: not in the 1.11 table).
     pub fn arg_size(nr: u32) -> Option<usize> {
         use super::sys;
         use std::mem::size_of;
@@ -54,25 +71,33 @@ pub mod kfd {
             DESTROY_QUEUE => size_of::<sys::kfd_ioctl_destroy_queue_args>(),
             SET_MEMORY_POLICY => size_of::<sys::kfd_ioctl_set_memory_policy_args>(),
             GET_CLOCK_COUNTERS => size_of::<sys::kfd_ioctl_get_clock_counters_args>(),
-            0x06 => size_of::<sys::kfd_ioctl_get_process_apertures_args>(),
+            GET_PROCESS_APERTURES => size_of::<sys::kfd_ioctl_get_process_apertures_args>(),
             UPDATE_QUEUE => size_of::<sys::kfd_ioctl_update_queue_args>(),
             CREATE_EVENT => size_of::<sys::kfd_ioctl_create_event_args>(),
             DESTROY_EVENT => size_of::<sys::kfd_ioctl_destroy_event_args>(),
             SET_EVENT => size_of::<sys::kfd_ioctl_set_event_args>(),
             RESET_EVENT => size_of::<sys::kfd_ioctl_reset_event_args>(),
             WAIT_EVENTS => size_of::<sys::kfd_ioctl_wait_events_args>(),
+            DBG_FIRST..=DBG_LAST => size_of::<sys::kfd_ioctl_dbg_register_args>(),
+            SET_SCRATCH_BACKING_VA => size_of::<sys::kfd_ioctl_set_scratch_backing_va_args>(),
+            GET_TILE_CONFIG => size_of::<sys::kfd_ioctl_get_tile_config_args>(),
+            SET_TRAP_HANDLER => size_of::<sys::kfd_ioctl_set_trap_handler_args>(),
             GET_PROCESS_APERTURES_NEW => size_of::<sys::kfd_ioctl_get_process_apertures_new_args>(),
             ACQUIRE_VM => size_of::<sys::kfd_ioctl_acquire_vm_args>(),
             ALLOC_MEMORY_OF_GPU => size_of::<sys::kfd_ioctl_alloc_memory_of_gpu_args>(),
             FREE_MEMORY_OF_GPU => size_of::<sys::kfd_ioctl_free_memory_of_gpu_args>(),
             MAP_MEMORY_TO_GPU => size_of::<sys::kfd_ioctl_map_memory_to_gpu_args>(),
             UNMAP_MEMORY_FROM_GPU => size_of::<sys::kfd_ioctl_unmap_memory_from_gpu_args>(),
+            SET_CU_MASK => size_of::<sys::kfd_ioctl_set_cu_mask_args>(),
+            GET_QUEUE_WAVE_STATE => size_of::<sys::kfd_ioctl_get_queue_wave_state_args>(),
+            GET_DMABUF_INFO => size_of::<sys::kfd_ioctl_get_dmabuf_info_args>(),
+            IMPORT_DMABUF => size_of::<sys::kfd_ioctl_import_dmabuf_args>(),
+            ALLOC_QUEUE_GWS => size_of::<sys::kfd_ioctl_alloc_queue_gws_args>(),
+            SMI_EVENTS => size_of::<sys::kfd_ioctl_smi_events_args>(),
+            SVM => size_of::<sys::kfd_ioctl_svm_args>(),
             SET_XNACK_MODE => size_of::<sys::kfd_ioctl_set_xnack_mode_args>(),
             CRIU_OP => size_of::<sys::kfd_ioctl_criu_args>(),
             AVAILABLE_MEMORY => size_of::<sys::kfd_ioctl_get_available_memory_args>(),
-            // Debugger, scratch, tile config, GWS, SVM, SMI, dmabuf import:
-            // known numbers the emulator does not model.
-            0x0d..=0x13 | 0x1a..=0x20 => 0,
             _ => return None,
         })
     }
@@ -265,6 +290,19 @@ pod!(
     sys::kfd_criu_device_bucket,
     sys::kfd_criu_bo_bucket,
     sys::kfd_ioctl_get_available_memory_args,
+    sys::kfd_ioctl_get_process_apertures_args,
+    sys::kfd_ioctl_dbg_register_args,
+    sys::kfd_ioctl_set_scratch_backing_va_args,
+    sys::kfd_ioctl_get_tile_config_args,
+    sys::kfd_ioctl_set_trap_handler_args,
+    sys::kfd_ioctl_set_cu_mask_args,
+    sys::kfd_ioctl_get_queue_wave_state_args,
+    sys::kfd_ioctl_get_dmabuf_info_args,
+    sys::kfd_ioctl_import_dmabuf_args,
+    sys::kfd_ioctl_alloc_queue_gws_args,
+    sys::kfd_ioctl_smi_events_args,
+    sys::kfd_hsa_memory_exception_data,
+    sys::kfd_hsa_hw_exception_data,
     sys::drm_amdgpu_info_device,
     layout::kfd_criu_process_priv_data,
     layout::kfd_criu_device_priv_data,
