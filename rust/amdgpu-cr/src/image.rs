@@ -887,6 +887,8 @@ pub(crate) mod tests {
             criu_rocm_ext_version: Some(EXT_VERSION),
             priv_bo_record_size: None,
             criu_rocm_reopen: None,
+            shared_mem_mode: None,
+            semaphore_mode: None,
         }
     }
 

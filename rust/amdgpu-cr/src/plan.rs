@@ -90,27 +90,65 @@ pub struct CheckpointData {
     pub priv_data: Vec<u8>,
 }
 
-/// `/dev/shm/hsakmt_shared_mem` facts recorded at dump (size, first word).
+/// Facts about the thunk's (libhsakmt's) shared bookkeeping recorded at
+/// dump: `/dev/shm/hsakmt_shared_mem` (size, first word, mode) and the
+/// mode of its semaphore `/dev/shm/sem.hsakmt_semaphore`.  Modes are
+/// permission bits, 0 when not recorded (images of upstream or of older
+/// criu-rocm).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SharedMem {
     pub size: u64,
     pub magic: u32,
+    pub mode: u32,
+    pub semaphore_mode: u32,
 }
 
 /// Where the thunk (libhsakmt) keeps its shared bookkeeping.
 pub const HSAKMT_SHM: &str = "/dev/shm/hsakmt_shared_mem";
 
+/// The file behind the thunk's semaphore (glibc keeps named semaphores in
+/// `/dev/shm/sem.<name>`).
+pub const HSAKMT_SEMAPHORE_FILE: &str = "/dev/shm/sem.hsakmt_semaphore";
+
+/// Mode the thunk asks for when it creates either file.
+const THUNK_MODE: u32 = 0o666;
+
+fn permission_bits(path: &Path) -> io::Result<u32> {
+    use std::os::unix::fs::PermissionsExt;
+    match std::fs::metadata(path) {
+        Ok(m) => Ok(m.permissions().mode() & 0o7777),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(0),
+        Err(e) => Err(e),
+    }
+}
+
+fn mode_or_default(mode: u32) -> u32 {
+    if mode == 0 {
+        THUNK_MODE
+    } else {
+        mode
+    }
+}
+
 impl SharedMem {
-    /// Records the size and first 32-bit word (little endian) of the
-    /// thunk's shared memory file; size 0 when it does not exist.
-    pub fn probe(path: &Path) -> io::Result<Self> {
+    /// Records the size, first 32-bit word (little endian) and mode of the
+    /// thunk's shared memory file `shm` and the mode of its semaphore file
+    /// `sem` (both read through the dumped task's root); size 0 when the
+    /// shared memory does not exist.
+    pub fn probe(shm: &Path, sem: &Path) -> io::Result<Self> {
         use std::io::Read;
-        let mut f = match std::fs::File::open(path) {
+        let semaphore_mode = permission_bits(sem)?;
+        let mut f = match std::fs::File::open(shm) {
             Ok(f) => f,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(SharedMem::default()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Ok(SharedMem {
+                    semaphore_mode,
+                    ..SharedMem::default()
+                })
+            }
             Err(e) => return Err(e),
         };
-        let size = f.metadata()?.len();
+        let md = f.metadata()?;
         let mut word = [0u8; 4];
         let mut got = 0;
         while got < 4 {
@@ -119,34 +157,40 @@ impl SharedMem {
                 n => got += n,
             }
         }
+        use std::os::unix::fs::PermissionsExt;
         Ok(SharedMem {
-            size,
+            size: md.len(),
             magic: u32::from_le_bytes(word),
+            mode: md.permissions().mode() & 0o7777,
+            semaphore_mode,
         })
     }
 
-    /// Recreates the file (mode 0666) with the recorded size and magic when
-    /// it is missing in the restored task's mount namespace; the rest of
-    /// its contents (thunk counters) is not saved, as upstream.  An existing
-    /// file is left alone.  Returns whether it was created.
+    /// Recreates the file with the recorded size, magic and mode (0666
+    /// when none was recorded) when it is missing in the restored task's
+    /// mount namespace; the rest of its contents (thunk counters) is not
+    /// saved, as upstream.  CRIU then finds the file as the process had it
+    /// mapped, mode included.  An existing file is left alone.  Returns
+    /// whether it was created.
     pub fn recreate(&self, path: &Path) -> io::Result<bool> {
         use std::io::Write;
         use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
         if self.size == 0 {
             return Ok(false);
         }
+        let mode = mode_or_default(self.mode);
         let mut f = match std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
-            .mode(0o666)
+            .mode(mode)
             .open(path)
         {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(false),
             Err(e) => return Err(e),
         };
-        // The umask must not narrow what other thunk users need.
-        f.set_permissions(std::fs::Permissions::from_mode(0o666))?;
+        // The restorer's umask is not the one the file was created under.
+        f.set_permissions(std::fs::Permissions::from_mode(mode))?;
         f.set_len(self.size)?;
         let n = self.size.min(4) as usize;
         f.write_all(&self.magic.to_le_bytes()[..n])?;
@@ -157,22 +201,38 @@ impl SharedMem {
 /// Name of the thunk's POSIX semaphore guarding its shared memory.
 pub const HSAKMT_SEMAPHORE: &std::ffi::CStr = c"/hsakmt_semaphore";
 
-/// Makes sure the named POSIX semaphore exists (created with value 1,
-/// mode 0666, as the thunk expects), without changing an existing one.
-pub fn ensure_semaphore(name: &std::ffi::CStr) -> io::Result<()> {
-    let mode: libc::c_uint = 0o666;
+/// Makes sure the named POSIX semaphore exists, created with value 1 (as
+/// the thunk creates it) and the permission bits `mode` (0666 when 0) on
+/// its file `file`, without changing an existing one.  Returns whether it
+/// was created.
+pub fn ensure_semaphore(name: &std::ffi::CStr, file: &Path, mode: u32) -> io::Result<bool> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = mode_or_default(mode);
     let value: libc::c_uint = 1;
     // SAFETY: `name` is NUL-terminated; with O_CREAT sem_open reads the two
     // variadic arguments mode and value, passed with their C types.
-    let sem = unsafe { libc::sem_open(name.as_ptr(), libc::O_CREAT, mode, value) };
+    let sem = unsafe {
+        libc::sem_open(
+            name.as_ptr(),
+            libc::O_CREAT | libc::O_EXCL,
+            mode as libc::c_uint,
+            value,
+        )
+    };
     if sem == libc::SEM_FAILED {
-        return Err(io::Error::last_os_error());
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::EEXIST) => Ok(false),
+            _ => Err(e),
+        };
     }
     // SAFETY: `sem` is the live handle sem_open just returned.
     if unsafe { libc::sem_close(sem) } != 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(())
+    // sem_open applied our umask.
+    std::fs::set_permissions(file, std::fs::Permissions::from_mode(mode))?;
+    Ok(true)
 }
 
 /// The content work of one GPU: which BOs go to (or come from) its pages
@@ -360,6 +420,8 @@ pub fn plan_dump(
         num_of_objects: ckpt.num_objects,
         shared_mem_size: shared_mem.size,
         shared_mem_magic: shared_mem.magic,
+        shared_mem_mode: (shared_mem.mode != 0).then_some(shared_mem.mode),
+        semaphore_mode: (shared_mem.semaphore_mode != 0).then_some(shared_mem.semaphore_mode),
         priv_data: ckpt.priv_data.clone(),
         criu_rocm_ext_version: Some(EXT_VERSION),
         priv_bo_record_size: match crate::privdata::detect(
@@ -990,23 +1052,45 @@ mod tests {
 
     #[test]
     fn hsakmt_shared_mem_probe_and_recreate() {
+        use std::os::unix::fs::PermissionsExt;
         let dir = tempdir();
         let path = dir.join("hsakmt_shared_mem");
-        assert_eq!(SharedMem::probe(&path).unwrap(), SharedMem::default());
+        let sem_file = dir.join("sem.test");
+        assert_eq!(
+            SharedMem::probe(&path, &sem_file).unwrap(),
+            SharedMem::default()
+        );
+        let mode_of = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        // Old images record no mode: the thunk's own 0666.
         let sm = SharedMem {
             size: 8192,
             magic: 0x1234_5678,
+            ..SharedMem::default()
         };
         assert!(sm.recreate(&path).unwrap());
         assert!(!sm.recreate(&path).unwrap(), "existing file left alone");
-        assert_eq!(SharedMem::probe(&path).unwrap(), sm);
-        use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
-        assert_eq!(mode & 0o777, 0o666);
+        assert_eq!(mode_of(&path), 0o666);
+        std::fs::remove_file(&path).unwrap();
+        // A recorded mode is restored whatever the umask.
+        let sm = SharedMem { mode: 0o640, ..sm };
+        assert!(sm.recreate(&path).unwrap());
+        assert_eq!(mode_of(&path), 0o640);
+        std::fs::write(&sem_file, b"x").unwrap();
+        std::fs::set_permissions(&sem_file, std::fs::Permissions::from_mode(0o604)).unwrap();
+        assert_eq!(
+            SharedMem::probe(&path, &sem_file).unwrap(),
+            SharedMem {
+                semaphore_mode: 0o604,
+                ..sm
+            }
+        );
         assert!(!SharedMem::default().recreate(&dir.join("none")).unwrap());
-        let name = CString::new(format!("/amdgpu-cr-test-{}", std::process::id())).unwrap();
-        ensure_semaphore(&name).unwrap();
-        ensure_semaphore(&name).unwrap();
+        let stem = format!("amdgpu-cr-test-{}", std::process::id());
+        let name = CString::new(format!("/{stem}")).unwrap();
+        let file = Path::new("/dev/shm").join(format!("sem.{stem}"));
+        assert!(ensure_semaphore(&name, &file, 0o602).unwrap());
+        assert!(!ensure_semaphore(&name, &file, 0o666).unwrap());
+        assert_eq!(mode_of(&file), 0o602);
         // SAFETY: NUL-terminated name of the semaphore this test created.
         assert_eq!(unsafe { libc::sem_unlink(name.as_ptr()) }, 0);
         std::fs::remove_dir_all(&dir).unwrap();

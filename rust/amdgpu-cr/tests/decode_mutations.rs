@@ -91,6 +91,8 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         criu_rocm_ext_version: Some(1),
         priv_bo_record_size: None,
         criu_rocm_reopen: None,
+        shared_mem_mode: None,
+        semaphore_mode: None,
     };
     let hives = CriuKfd {
         pid: 99,
@@ -118,6 +120,8 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         criu_rocm_ext_version: Some(1),
         priv_bo_record_size: None,
         criu_rocm_reopen: None,
+        shared_mem_mode: None,
+        semaphore_mode: None,
     };
     let render = CriuRenderNode {
         gpu_id: 0x1a2b,

@@ -33,7 +33,7 @@ use crate::ids::{GpuId, GpuVa, MmapOffset, RenderMinor};
 use crate::image::FileId;
 use crate::plan::{
     plan_dump, render_image, stat_fd, stat_path, BoBucket, CheckpointData, DeviceBucket,
-    DeviceIdentities, DeviceKind, SharedMem, HSAKMT_SHM,
+    DeviceIdentities, DeviceKind, SharedMem, HSAKMT_SEMAPHORE_FILE, HSAKMT_SHM,
 };
 use crate::topology::{Topology, SYSFS_NODES};
 
@@ -321,7 +321,13 @@ impl DumpSession {
             });
         }
         let start = Instant::now();
-        let shm = SharedMem::probe(Path::new(HSAKMT_SHM)).map_err(|source| SessionError::Os {
+        // The thunk's files as the task sees them (its mount namespace).
+        let root = format!("/proc/{owner}/root");
+        let shm = SharedMem::probe(
+            Path::new(&format!("{root}{HSAKMT_SHM}")),
+            Path::new(&format!("{root}{HSAKMT_SEMAPHORE_FILE}")),
+        )
+        .map_err(|source| SessionError::Os {
             pid: owner,
             step: format!("reading {HSAKMT_SHM}"),
             source,

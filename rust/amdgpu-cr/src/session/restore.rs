@@ -36,7 +36,7 @@ use crate::image::{pages_total, FileId, KfdImage, PagesReader, RenderImage};
 use crate::matcher::GpuMap;
 use crate::plan::{
     ensure_semaphore, plan_restore, stat_path, BoBucket, DeviceKind, RestorePlan, SharedMem,
-    VmaFixups, HSAKMT_SEMAPHORE, HSAKMT_SHM,
+    VmaFixups, HSAKMT_SEMAPHORE, HSAKMT_SEMAPHORE_FILE, HSAKMT_SHM,
 };
 use crate::topology::{Topology, SYSFS_NODES};
 
@@ -418,12 +418,18 @@ impl RestoreSession {
         let shm = SharedMem {
             size: image.msg.shared_mem_size,
             magic: image.msg.shared_mem_magic,
+            mode: image.msg.shared_mem_mode.unwrap_or(0),
+            semaphore_mode: image.msg.semaphore_mode.unwrap_or(0),
         };
         if shm.size > 0 {
             if let Err(e) = shm.recreate(Path::new(HSAKMT_SHM)) {
                 log::warn!("pid {vpid}: recreating {HSAKMT_SHM}: {e}");
             }
-            if let Err(e) = ensure_semaphore(HSAKMT_SEMAPHORE) {
+            if let Err(e) = ensure_semaphore(
+                HSAKMT_SEMAPHORE,
+                Path::new(HSAKMT_SEMAPHORE_FILE),
+                shm.semaphore_mode,
+            ) {
                 log::warn!("pid {vpid}: creating the thunk's semaphore: {e}");
             }
         }
