@@ -158,6 +158,7 @@ $(CRIU_TREE)/.lib-built: $(BUILD)/criu-rocm
 
 test-zdtm: $(BUILD)/criu-rocm $(CRIU_TREE)/.lib-built
 	scripts/zdtm.sh --criu-bin $(BUILD)/criu-rocm --tree $(CRIU_TREE) --list test/zdtm-regression.list
+	scripts/zdtm.sh --criu-bin $(BUILD)/criu-rocm --tree $(CRIU_TREE) --list test/zdtm-rocm.list
 
 # The GPU zdtm tests (test/zdtm/static/gpu_*): each line of the list is one zdtm.py run inside
 # its own kfd-emu machine. kfd-emu serves the GPUs; the tests link kfd-client's static library.
