@@ -14,6 +14,11 @@
 //! The search backtracks over all choices (including which host CPU an image
 //! CPU becomes), bounded by a step budget.
 //!
+//! A refusal names the property that fails.  It names a `KFD_*_CHECK` knob
+//! only when turning that knob off (alone, or with the others it names)
+//! lets this host take the image: the match is tried again without the
+//! checks that rejected a candidate during the search.
+//!
 //! Deviations from upstream 4.1.1, on purpose:
 //! * the hive size check is effective (upstream compares sizes that are
 //!   never set), and two image hives may share a larger host hive;
@@ -24,7 +29,7 @@
 //! * NUMA choices are backtracked instead of taking the first host CPU.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt::Write as _;
+use std::fmt::{self, Write as _};
 
 use crate::env::Checks;
 use crate::ids::GpuId;
@@ -94,13 +99,84 @@ pub enum MatchError {
     SearchLimit(u64),
 }
 
+/// A check that a `KFD_*_CHECK` variable turns off.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Knob {
+    FwVersion,
+    SdmaFwVersion,
+    CachesCount,
+    NumGws,
+    VramSize,
+    Numa,
+    Capability,
+}
+
+impl Knob {
+    /// The environment variable.
+    pub fn var(self) -> &'static str {
+        match self {
+            Knob::FwVersion => "KFD_FW_VER_CHECK",
+            Knob::SdmaFwVersion => "KFD_SDMA_FW_VER_CHECK",
+            Knob::CachesCount => "KFD_CACHES_COUNT_CHECK",
+            Knob::NumGws => "KFD_NUM_GWS_CHECK",
+            Knob::VramSize => "KFD_VRAM_SIZE_CHECK",
+            Knob::Numa => "KFD_NUMA_CHECK",
+            Knob::Capability => "KFD_CAPABILITY_CHECK",
+        }
+    }
+
+    /// What the check looks at.
+    fn what(self) -> &'static str {
+        match self {
+            Knob::FwVersion => "fw_version",
+            Knob::SdmaFwVersion => "sdma_fw_version",
+            Knob::CachesCount => "caches_count",
+            Knob::NumGws => "num_gws",
+            Knob::VramSize => "vram_size",
+            Knob::Numa => "NUMA",
+            Knob::Capability => "capability",
+        }
+    }
+
+    fn disable(self, c: &mut Checks) {
+        let slot = match self {
+            Knob::FwVersion => &mut c.fw_version,
+            Knob::SdmaFwVersion => &mut c.sdma_fw_version,
+            Knob::CachesCount => &mut c.caches_count,
+            Knob::NumGws => &mut c.num_gws,
+            Knob::VramSize => &mut c.vram_size,
+            Knob::Numa => &mut c.numa,
+            Knob::Capability => &mut c.capability,
+        };
+        *slot = false;
+    }
+}
+
+/// One property of an image GPU that a host GPU fails.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mismatch {
+    /// `fw_version 65 > 60`.
+    pub what: String,
+    /// The knob that turns this check off, if any.
+    pub knob: Option<Knob>,
+}
+
+impl fmt::Display for Mismatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.what)
+    }
+}
+
 /// Describes each property of `src` that `dst` fails; empty = compatible.
-pub fn property_mismatches(src: &NodeProps, dst: &NodeProps, checks: &Checks) -> Vec<String> {
+pub fn property_mismatches(src: &NodeProps, dst: &NodeProps, checks: &Checks) -> Vec<Mismatch> {
     let mut out = Vec::new();
     macro_rules! equal {
         ($($f:ident),*) => {$(
             if src.$f != dst.$f {
-                out.push(format!("{} {} != {}", stringify!($f), src.$f, dst.$f));
+                out.push(Mismatch {
+                    what: format!("{} {} != {}", stringify!($f), src.$f, dst.$f),
+                    knob: None,
+                });
             }
         )*};
     }
@@ -124,24 +200,27 @@ pub fn property_mismatches(src: &NodeProps, dst: &NodeProps, checks: &Checks) ->
         vram_public
     );
     macro_rules! at_most {
-        ($($f:ident, $knob:ident, $var:literal);*) => {$(
-            if checks.$knob && src.$f > dst.$f {
-                out.push(format!("{} {} > {} ({}=0 skips this check)", stringify!($f), src.$f, dst.$f, $var));
+        ($($f:ident, $check:ident, $knob:ident);*) => {$(
+            if checks.$check && src.$f > dst.$f {
+                out.push(Mismatch {
+                    what: format!("{} {} > {}", stringify!($f), src.$f, dst.$f),
+                    knob: Some(Knob::$knob),
+                });
             }
         )*};
     }
     at_most!(
-        fw_version, fw_version, "KFD_FW_VER_CHECK";
-        sdma_fw_version, sdma_fw_version, "KFD_SDMA_FW_VER_CHECK";
-        caches_count, caches_count, "KFD_CACHES_COUNT_CHECK";
-        num_gws, num_gws, "KFD_NUM_GWS_CHECK";
-        vram_size, vram_size, "KFD_VRAM_SIZE_CHECK"
+        fw_version, fw_version, FwVersion;
+        sdma_fw_version, sdma_fw_version, SdmaFwVersion;
+        caches_count, caches_count, CachesCount;
+        num_gws, num_gws, NumGws;
+        vram_size, vram_size, VramSize
     );
     if checks.capability && src.capability != dst.capability {
-        out.push(format!(
-            "capability {:#x} != {:#x} (KFD_CAPABILITY_CHECK=0 skips this check)",
-            src.capability, dst.capability
-        ));
+        out.push(Mismatch {
+            what: format!("capability {:#x} != {:#x}", src.capability, dst.capability),
+            knob: Some(Knob::Capability),
+        });
     }
     out
 }
@@ -155,6 +234,109 @@ pub fn match_gpus(
     image: &Topology,
     host: &Topology,
     checks: &Checks,
+) -> Result<GpuMap, MatchError> {
+    let mut fired = BTreeSet::new();
+    match match_with(image, host, checks, &mut fired) {
+        Ok(map) => Ok(map),
+        Err(e @ (MatchError::NoCandidate { .. } | MatchError::NoPlacement { .. })) => {
+            match knobs_that_help(image, host, checks, &fired) {
+                Some(knobs) => Err(e.with_hint(&knob_hint(&knobs))),
+                None => Err(e),
+            }
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// A minimal set of knobs whose turning off lets the match succeed,
+/// starting from `fired` (the checks that rejected some candidate); None
+/// when no set of knobs does.
+fn knobs_that_help(
+    image: &Topology,
+    host: &Topology,
+    checks: &Checks,
+    fired: &BTreeSet<Knob>,
+) -> Option<Vec<Knob>> {
+    if fired.is_empty() {
+        return None;
+    }
+    let succeeds = |off: &BTreeSet<Knob>| {
+        let mut c = *checks;
+        for k in off {
+            k.disable(&mut c);
+        }
+        match_with(image, host, &c, &mut BTreeSet::new()).is_ok()
+    };
+    // Turning a check off can let the search reach checks it never got to
+    // before: add the knobs that fire then, until it succeeds or no new
+    // knob fires.
+    let mut off = fired.clone();
+    loop {
+        let mut c = *checks;
+        for k in &off {
+            k.disable(&mut c);
+        }
+        let mut more = BTreeSet::new();
+        if match_with(image, host, &c, &mut more).is_ok() {
+            break;
+        }
+        let before = off.len();
+        off.extend(more);
+        if off.len() == before {
+            return None;
+        }
+    }
+    for k in off.clone() {
+        off.remove(&k);
+        if !succeeds(&off) {
+            off.insert(k);
+        }
+    }
+    Some(off.into_iter().collect())
+}
+
+fn knob_hint(knobs: &[Knob]) -> String {
+    let vars: Vec<String> = knobs.iter().map(|k| format!("{}=0", k.var())).collect();
+    let whats: Vec<&str> = knobs.iter().map(|k| k.what()).collect();
+    if knobs.len() == 1 {
+        format!(
+            "; with {} (which skips the {} check) this host would take the image",
+            vars[0], whats[0]
+        )
+    } else {
+        format!(
+            "; with {} together (which skip the {} checks) this host would take the image",
+            vars.join(" and "),
+            whats.join(" and ")
+        )
+    }
+}
+
+impl MatchError {
+    fn with_hint(self, hint: &str) -> Self {
+        match self {
+            MatchError::NoCandidate { gpu, node, detail } => MatchError::NoCandidate {
+                gpu,
+                node,
+                detail: detail + hint,
+            },
+            MatchError::NoPlacement { gpu, node, detail } => MatchError::NoPlacement {
+                gpu,
+                node,
+                detail: detail + hint,
+            },
+            e => e,
+        }
+    }
+}
+
+/// [`match_gpus`] without the knob hint; adds the knobs whose checks
+/// rejected a candidate to `fired`.
+fn match_with(
+    image: &Topology,
+    host: &Topology,
+    checks: &Checks,
+    fired: &mut BTreeSet<Knob>,
 ) -> Result<GpuMap, MatchError> {
     let src_gpus: Vec<&Node> = image.gpus().collect();
     let dst_gpus: Vec<&Node> = host.gpus().collect();
@@ -178,6 +360,7 @@ pub fn match_gpus(
         let mut detail = String::new();
         for d in &dst_gpus {
             let bad = property_mismatches(&s.props, &d.props, checks);
+            fired.extend(bad.iter().filter_map(|m| m.knob));
             if bad.is_empty() {
                 ok.push(d.node_id);
             } else {
@@ -189,7 +372,10 @@ pub fn match_gpus(
                     "host GPU {} (node {}): {}",
                     gpu_of(d),
                     d.node_id,
-                    bad.join(", ")
+                    bad.iter()
+                        .map(|m| m.what.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 );
             }
         }
@@ -249,6 +435,7 @@ pub fn match_gpus(
         deepest: 0,
         reasons: Vec::new(),
         more_reasons: 0,
+        fired,
     };
     match search.place(0) {
         Ok(true) => {}
@@ -299,6 +486,8 @@ struct Search<'a> {
     deepest: usize,
     reasons: Vec<String>,
     more_reasons: usize,
+    /// Knobs whose checks rejected a candidate.
+    fired: &'a mut BTreeSet<Knob>,
 }
 
 impl Search<'_> {
@@ -431,6 +620,29 @@ impl Search<'_> {
         !self.image.link_bidirectional(s_from, s) || self.host.link_bidirectional(d_from, d)
     }
 
+    /// The links host node `d` has to CPUs, for a refusal.
+    fn cpu_links_desc(&self, d: u32) -> String {
+        let node = self.host.node(d).expect("exists");
+        let links: Vec<String> = self
+            .host
+            .valid_links(node)
+            .filter(|h| !self.host.node(h.node_to).is_some_and(Node::is_gpu))
+            .map(|h| {
+                let dir = if self.host.link_bidirectional(d, h) {
+                    "bidirectional"
+                } else {
+                    "one-way"
+                };
+                format!("{dir} {} to CPU node {}", kind_name(h.kind), h.node_to)
+            })
+            .collect();
+        if links.is_empty() {
+            "it has no link to a CPU".into()
+        } else {
+            format!("its links to CPUs: {}", links.join(", "))
+        }
+    }
+
     fn place_cpu_links(
         &mut self,
         depth: usize,
@@ -449,27 +661,33 @@ impl Search<'_> {
             .filter(|h| self.link_match(s, l, d, h))
             .copied()
             .collect();
+        if options.is_empty() {
+            // No host CPU could stand in, NUMA or not.
+            self.note(
+                depth,
+                format!(
+                    "host GPU {} (node {d}): no {} link to a CPU ({})",
+                    gpu_of(host_d),
+                    link_desc(self.image, s, l),
+                    self.cpu_links_desc(d)
+                ),
+            );
+            return Ok(false);
+        }
         if !self.checks.numa {
-            if options.is_empty() {
-                self.note(
-                    depth,
-                    format!(
-                        "host GPU {} (node {d}): no {} link to a CPU",
-                        gpu_of(host_d),
-                        link_desc(self.image, s, l)
-                    ),
-                );
-                return Ok(false);
-            }
             return self.place_cpu_links(depth, s, d, rest);
         }
+        let cpus: Vec<String> = options.iter().map(|h| h.node_to.to_string()).collect();
         if let Some(&c) = self.cpu_map.get(&l.node_to) {
             if options.iter().any(|h| h.node_to == c) {
                 return self.place_cpu_links(depth, s, d, rest);
             }
+            self.fired.insert(Knob::Numa);
             self.note(depth, format!(
-                "host GPU {} (node {d}): not attached to host CPU node {c}, which image CPU node {} (NUMA node of an already placed GPU) maps to (KFD_NUMA_CHECK=0 skips this check)",
+                "host GPU {} (node {d}): NUMA: its {} link(s) to a CPU lead to host CPU node(s) {}, not to host CPU node {c}, which stands in for image CPU node {} (the NUMA node of an already placed GPU)",
                 gpu_of(host_d),
+                link_desc(self.image, s, l),
+                cpus.join(", "),
                 l.node_to
             ));
             return Ok(false);
@@ -481,10 +699,12 @@ impl Search<'_> {
             .filter(|c| !taken.contains(c))
             .collect();
         if free.is_empty() {
+            self.fired.insert(Knob::Numa);
             self.note(depth, format!(
-                "host GPU {} (node {d}): no {} link to a host CPU not already standing in for another image CPU (KFD_NUMA_CHECK=0 skips this check)",
+                "host GPU {} (node {d}): NUMA: its {} link(s) to a CPU lead only to host CPU node(s) {}, which already stand in for other image CPU nodes",
                 gpu_of(host_d),
-                link_desc(self.image, s, l)
+                link_desc(self.image, s, l),
+                cpus.join(", ")
             ));
             return Ok(false);
         }
@@ -499,12 +719,17 @@ impl Search<'_> {
     }
 }
 
-fn link_desc(t: &Topology, from: u32, l: &IoLink) -> String {
-    let kind = if l.kind == IOLINK_XGMI {
+fn kind_name(kind: u32) -> &'static str {
+    if kind == IOLINK_XGMI {
         "XGMI"
     } else {
         "PCIe"
-    };
+    }
+}
+
+/// What a host link must be to stand in for image link `l`.
+fn link_desc(t: &Topology, from: u32, l: &IoLink) -> String {
+    let kind = kind_name(l.kind);
     if t.link_bidirectional(from, l) {
         format!("bidirectional {kind}")
     } else {
@@ -944,5 +1169,379 @@ mod tests {
             "{:?}",
             t.elapsed()
         );
+    }
+
+    /// One host GPU whose only CPU link is one-way, for an image GPU whose
+    /// CPU link is bidirectional (issue 14).
+    #[test]
+    fn one_way_cpu_link_is_refused_for_that_reason_numa_or_not() {
+        let image = Topology::new(vec![
+            cpu(0, &[(P, 1), (P, 2)]),
+            gpu(1, 0x1, &[(P, 0)]),
+            gpu(2, 0x2, &[(P, 0)]),
+        ]);
+        // Host GPU 0xb has a link to CPU 0, but CPU 0 none back.
+        let host = Topology::new(vec![
+            cpu(0, &[(P, 1)]),
+            gpu(1, 0xa, &[(P, 0)]),
+            gpu(2, 0xb, &[(P, 0)]),
+        ]);
+        for numa in [true, false] {
+            let checks = Checks {
+                numa,
+                ..Checks::default()
+            };
+            let e = match_gpus(&image, &host, &checks).unwrap_err().to_string();
+            assert!(
+                e.contains("host GPU 0x000b (node 2): no bidirectional PCIe link to a CPU (its links to CPUs: one-way PCIe to CPU node 0)"),
+                "numa {numa}: {e}"
+            );
+            assert!(!e.contains("KFD_"), "numa {numa}: {e}");
+            assert!(!e.contains("NUMA"), "numa {numa}: {e}");
+        }
+        // No CPU link at all.
+        let host = Topology::new(vec![
+            cpu(0, &[(P, 1)]),
+            gpu(1, 0xa, &[(P, 0)]),
+            gpu(2, 0xb, &[]),
+        ]);
+        let e = match_gpus(&image, &host, &Checks::default())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("host GPU 0x000b (node 2): no bidirectional PCIe link to a CPU (it has no link to a CPU)"), "{e}");
+        assert!(!e.contains("KFD_"), "{e}");
+    }
+
+    #[test]
+    fn knobs_are_named_only_when_they_change_the_outcome() {
+        // Less VRAM only: the knob would let the restore proceed.
+        let image = single(0x1a2b);
+        let mut host = single(0x5c3d);
+        host.nodes[1].props.vram_size = 32 << 30;
+        let e = match_gpus(&image, &host, &Checks::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.ends_with("vram_size 68719476736 > 34359738368; with KFD_VRAM_SIZE_CHECK=0 (which skips the vram_size check) this host would take the image"),
+            "{e}"
+        );
+        // Less VRAM and another device: the knob would change nothing.
+        host.nodes[1].props.device_id = 0x7000;
+        let e = match_gpus(&image, &host, &Checks::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("device_id 29857 != 28672") && e.contains("vram_size"),
+            "{e}"
+        );
+        assert!(!e.contains("KFD_"), "{e}");
+        // Older firmware and less VRAM: both knobs, together.
+        let mut host = single(0x5c3d);
+        host.nodes[1].props.vram_size = 32 << 30;
+        host.nodes[1].props.fw_version = 100;
+        let e = match_gpus(&image, &host, &Checks::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.ends_with("; with KFD_FW_VER_CHECK=0 and KFD_VRAM_SIZE_CHECK=0 together (which skip the fw_version and vram_size checks) this host would take the image"),
+            "{e}"
+        );
+        // A knob reached only once another is off: image GPUs on CPUs 0
+        // and 1, host GPUs both on CPU 0 and one with less VRAM.
+        let image = Topology::new(vec![
+            cpu(0, &[(P, 2)]),
+            cpu(1, &[(P, 3)]),
+            gpu(2, 0x1, &[(P, 0)]),
+            gpu(3, 0x2, &[(P, 1)]),
+        ]);
+        let mut small = gpu(3, 0xb, &[(P, 0)]);
+        small.props.vram_size = 32 << 30;
+        let host = Topology::new(vec![
+            cpu(0, &[(P, 2), (P, 3)]),
+            cpu(1, &[]),
+            gpu(2, 0xa, &[(P, 0)]),
+            small,
+        ]);
+        let e = match_gpus(&image, &host, &Checks::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.ends_with("with KFD_VRAM_SIZE_CHECK=0 and KFD_NUMA_CHECK=0 together (which skip the vram_size and NUMA checks) this host would take the image"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn numa_refusal_names_numa_and_the_knob() {
+        // Image GPUs on CPUs 0 and 1; host GPUs both on CPU 0.
+        let image = Topology::new(vec![
+            cpu(0, &[(P, 2)]),
+            cpu(1, &[(P, 3)]),
+            gpu(2, 0x1, &[(P, 0)]),
+            gpu(3, 0x2, &[(P, 1)]),
+        ]);
+        let host = Topology::new(vec![
+            cpu(0, &[(P, 2), (P, 3)]),
+            cpu(1, &[]),
+            gpu(2, 0xa, &[(P, 0)]),
+            gpu(3, 0xb, &[(P, 0)]),
+        ]);
+        let e = match_gpus(&image, &host, &Checks::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("NUMA: its bidirectional PCIe link(s) to a CPU lead only to host CPU node(s) 0, which already stand in for other image CPU nodes")
+                && e.ends_with("with KFD_NUMA_CHECK=0 (which skips the NUMA check) this host would take the image"),
+            "{e}"
+        );
+    }
+
+    /// Upstream CRIU 4.1.1's topology-remap scenarios
+    /// (plugins/amdgpu/tests/test_topology_remap.c): the same nodes and
+    /// links, built here.  gpu_ids as upstream's: 0xA0HG / 0xB0HG (image /
+    /// host, hive H, GPU G).  test/gpu/hosts/topo-remap/ has them as
+    /// kfd-emu profiles for the end-to-end restore tests.
+    mod remap {
+        use super::*;
+
+        const D0: u32 = 0xd000;
+        const D1: u32 = 0xd001;
+
+        fn link(t: &mut [Node], from: u32, kind: u32, to: u32) {
+            let n = t.iter_mut().find(|n| n.node_id == from).unwrap();
+            n.links.push(IoLink { kind, node_to: to });
+        }
+
+        /// `ncpu` CPU nodes, then one GPU per device id, no links.
+        fn machine(ncpu: u32, prefix: u32, devices: &[u32]) -> Vec<Node> {
+            let mut t: Vec<Node> = (0..ncpu).map(|c| cpu(c, &[])).collect();
+            for (i, dev) in devices.iter().enumerate() {
+                let i = i as u32;
+                // 8-GPU machines number the second hive 0x..14-0x..17.
+                let id = prefix
+                    + if devices.len() == 8 && i >= 4 {
+                        0x10 + i
+                    } else {
+                        i
+                    };
+                let mut g = gpu(ncpu + i, id, &[]);
+                g.props.device_id = *dev;
+                t.push(g);
+            }
+            t
+        }
+
+        /// GPU `i` of an 8-GPU machine to CPU `i & 1`, and back if `both`.
+        fn to_cpu(t: &mut [Node], i: u32, both: bool) {
+            link(t, i + 2, P, i & 1);
+            if both {
+                link(t, i & 1, P, i + 2);
+            }
+        }
+
+        /// XGMI between every two of `nodes`.
+        fn hive(t: &mut [Node], nodes: std::ops::Range<u32>) {
+            for a in nodes.clone() {
+                for b in nodes.clone().filter(|&b| b != a) {
+                    link(t, a, X, b);
+                }
+            }
+        }
+
+        /// PCIe from each of `from` to each of `to` (not to itself).
+        fn pcie(t: &mut [Node], from: std::ops::Range<u32>, to: std::ops::Range<u32>) {
+            for a in from {
+                for b in to.clone().filter(|&b| b != a) {
+                    link(t, a, P, b);
+                }
+            }
+        }
+
+        fn two_hives(t: &mut [Node]) {
+            hive(t, 2..6);
+            hive(t, 6..10);
+        }
+
+        pub(super) fn scenario(n: u32) -> (Topology, Topology) {
+            let (a, b) = (0xa000, 0xb000);
+            let mixed = [D0, D0, D0, D0, D1, D1, D1, D1];
+            let swapped = [D1, D1, D1, D1, D0, D0, D0, D0];
+            let same = [D0; 8];
+            let build = |prefix: u32, devices: &[u32], add: &dyn Fn(&mut Vec<Node>)| {
+                let ncpu = if devices.len() == 8 { 2 } else { 1 };
+                let mut t = machine(ncpu, prefix, devices);
+                add(&mut t);
+                Topology::new(t)
+            };
+            // 0: two hives of different models, full P2P PCIe.
+            let full = |t: &mut Vec<Node>| {
+                (0..8).for_each(|i| to_cpu(t, i, true));
+                two_hives(t);
+                pcie(t, 2..6, 6..10);
+                pcie(t, 6..10, 2..6);
+            };
+            // 1, 2: GPUs 6 and 7 link to their CPU one way; hive 0 has
+            // peer links only to GPUs 4 and 5.
+            let partial = |t: &mut Vec<Node>| {
+                (0..8).for_each(|i| to_cpu(t, i, i < 6));
+                two_hives(t);
+                pcie(t, 2..6, 6..8);
+                pcie(t, 6..10, 2..6);
+            };
+            // 3, 4: every GPU links to its CPU one way; the CPUs link back
+            // to one GPU each (nodes given).
+            let one_back = |c0: u32, c1: u32| {
+                move |t: &mut Vec<Node>| {
+                    (0..8).for_each(|i| to_cpu(t, i, false));
+                    two_hives(t);
+                    link(t, 0, P, c0);
+                    link(t, 1, P, c1);
+                }
+            };
+            // 5: one hive and four GPUs on PCIe only, all peers linked.
+            let one_hive = |t: &mut Vec<Node>| {
+                (0..8).for_each(|i| to_cpu(t, i, true));
+                hive(t, 2..6);
+                pcie(t, 2..6, 6..10);
+                pcie(t, 6..10, 6..10);
+                pcie(t, 6..10, 2..6);
+            };
+            // 6, 8: five GPUs on one CPU; `peers[g]` = the nodes GPU node
+            // g + 1 has PCIe links to.
+            let five = |peers: [&'static [u32]; 5]| {
+                move |t: &mut Vec<Node>| {
+                    for g in 1..6 {
+                        link(t, g, P, 0);
+                        link(t, 0, P, g);
+                    }
+                    for (g, to) in peers.iter().enumerate() {
+                        for &p in *to {
+                            link(t, g as u32 + 1, P, p);
+                        }
+                    }
+                }
+            };
+            let peers4: [&'static [u32]; 5] = [
+                &[2, 3, 4],
+                &[1, 3, 4],
+                &[1, 2, 4],
+                &[1, 2, 3],
+                &[1, 2, 3, 4],
+            ];
+            // 7: a hive on one-way CPU links; four GPUs without any link,
+            // a second hive on the host.
+            let bare = |second_hive: bool| {
+                move |t: &mut Vec<Node>| {
+                    (0..4).for_each(|i| to_cpu(t, i, false));
+                    hive(t, 2..6);
+                    if second_hive {
+                        hive(t, 6..10);
+                    }
+                }
+            };
+            match n {
+                0 => (build(a, &mixed, &full), build(b, &swapped, &full)),
+                1 => (build(a, &same, &partial), build(b, &same, &partial)),
+                2 => (build(a, &mixed, &partial), build(b, &swapped, &partial)),
+                3 => (
+                    build(a, &mixed, &one_back(4, 9)),
+                    build(b, &mixed, &one_back(2, 7)),
+                ),
+                4 => (
+                    build(a, &mixed, &one_back(4, 9)),
+                    build(b, &mixed, &one_back(2, 6)),
+                ),
+                5 => (build(a, &same, &one_hive), build(b, &same, &one_hive)),
+                6 => (
+                    build(a, &[D0, D0, D1, D0, D1], &five(peers4)),
+                    build(b, &[D0, D1, D0, D0, D1], &five(peers4)),
+                ),
+                7 => (build(a, &same, &bare(false)), build(b, &same, &bare(true))),
+                8 => (
+                    build(
+                        a,
+                        &[D0; 5],
+                        &five([&[2, 3], &[1, 3], &[1, 2], &[1, 2, 3], &[1, 2, 3]]),
+                    ),
+                    build(b, &[D0; 5], &five(peers4)),
+                ),
+                _ => unreachable!(),
+            }
+        }
+    }
+
+    /// Which host GPUs each image GPU may land on, per upstream scenario
+    /// that is restorable: (image gpu_ids, host gpu_ids they go to, as a set).
+    fn remap_expected(n: u32) -> Vec<(Vec<u32>, Vec<u32>)> {
+        let r = |a: std::ops::RangeInclusive<u32>| a.collect::<Vec<u32>>();
+        match n {
+            // The hives swap places, so that the models match.
+            0 => vec![
+                (r(0xa000..=0xa003), r(0xb014..=0xb017)),
+                (r(0xa014..=0xa017), r(0xb000..=0xb003)),
+            ],
+            // The GPUs with one-way CPU links, and the peer links of
+            // hive 0, pin everything to its like.
+            1 => vec![
+                (r(0xa000..=0xa003), r(0xb000..=0xb003)),
+                (r(0xa014..=0xa015), r(0xb014..=0xb015)),
+                (r(0xa016..=0xa017), r(0xb016..=0xb017)),
+            ],
+            3 => vec![
+                (vec![0xa002], vec![0xb000]),
+                (vec![0xa017], vec![0xb015]),
+                (r(0xa000..=0xa003), r(0xb000..=0xb003)),
+                (r(0xa014..=0xa017), r(0xb014..=0xb017)),
+            ],
+            5 | 7 => vec![
+                (r(0xa000..=0xa003), r(0xb000..=0xb003)),
+                (r(0xa014..=0xa017), r(0xb014..=0xb017)),
+            ],
+            6 => vec![(vec![0xa002], vec![0xb001]), (vec![0xa004], vec![0xb004])],
+            // The three mutually linked GPUs need three of the host's four.
+            8 => vec![(r(0xa000..=0xa002), r(0xb000..=0xb003))],
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn upstream_remap_scenarios_that_restore() {
+        for n in [0, 1, 3, 5, 6, 7, 8] {
+            let (image, host) = remap::scenario(n);
+            let map = match_gpus(&image, &host, &Checks::default())
+                .unwrap_or_else(|e| panic!("scenario {n}: {e}"));
+            assert_eq!(map.len(), image.gpus().count(), "scenario {n}");
+            assert_hives_kept(&image, &host, &map);
+            for (from, to) in remap_expected(n) {
+                for f in from {
+                    let t = map.get(GpuId(f)).unwrap().0;
+                    assert!(to.contains(&t), "scenario {n}: {f:#x} -> {t:#x}: {map:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn upstream_remap_scenarios_that_are_refused_say_why() {
+        // 2: image hive 0 (all bidirectional CPU links) must go to the
+        // host hive of its model, where two GPUs link to their CPU one way.
+        // 4: no host GPU of the second model has a bidirectional CPU link.
+        for n in [2, 4] {
+            let (image, host) = remap::scenario(n);
+            for numa in [true, false] {
+                let checks = Checks {
+                    numa,
+                    ..Checks::default()
+                };
+                let e = match_gpus(&image, &host, &checks).unwrap_err();
+                assert!(matches!(e, MatchError::NoPlacement { .. }), "{n}: {e}");
+                let e = e.to_string();
+                assert!(
+                    e.contains("no bidirectional PCIe link to a CPU (its links to CPUs: one-way PCIe to CPU node"),
+                    "scenario {n}, numa {numa}: {e}"
+                );
+                assert!(!e.contains("KFD_"), "scenario {n}, numa {numa}: {e}");
+            }
+        }
     }
 }
