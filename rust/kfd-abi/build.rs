@@ -48,7 +48,7 @@ fn main() {
         .clang_arg(format!("-I{drm}"))
         .allowlist_type("kfd_.*")
         .allowlist_type("drm_amdgpu_.*")
-        .allowlist_type("drm_version|drm_prime_handle|drm_gem_close")
+        .allowlist_type("drm_version|drm_client|drm_prime_handle|drm_gem_close")
         .allowlist_var("KFD_.*|AMDGPU_.*|DRM_AMDGPU_.*")
         .derive_default(true)
         .derive_debug(true)

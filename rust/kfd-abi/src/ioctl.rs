@@ -107,6 +107,7 @@ macro_rules! drm_ioctls {
 
 drm_ioctls! {
     DRM_IOCTL_VERSION = iowr(0x00, sys::drm_version) => 0xc040_6400;
+    DRM_IOCTL_GET_CLIENT = iowr(0x05, sys::drm_client) => 0xc028_6405;
     DRM_IOCTL_GEM_CLOSE = iow(0x09, sys::drm_gem_close) => 0x4008_6409;
     DRM_IOCTL_PRIME_HANDLE_TO_FD = iowr(0x2d, sys::drm_prime_handle) => 0xc00c_642d;
     DRM_IOCTL_PRIME_FD_TO_HANDLE = iowr(0x2e, sys::drm_prime_handle) => 0xc00c_642e;

@@ -190,6 +190,7 @@ layout!(kfd_ioctl_export_dmabuf_args, 16, handle @ 0, flags @ 8, dmabuf_fd @ 12)
 // the structs whose fields are filled one by one are pinned here).
 layout!(sys::drm_version, 64, version_major @ 0, name_len @ 16, name @ 24, date_len @ 32,
     desc_len @ 48);
+layout!(sys::drm_client, 40, idx @ 0, auth @ 4, pid @ 8, uid @ 16, magic @ 24, iocs @ 32);
 layout!(sys::drm_gem_close, 8, handle @ 0);
 layout!(sys::drm_prime_handle, 12, handle @ 0, flags @ 4, fd @ 8);
 layout!(sys::drm_amdgpu_gem_create_in, 32, bo_size @ 0, alignment @ 8, domains @ 16,
