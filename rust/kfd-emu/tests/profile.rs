@@ -531,3 +531,31 @@ fn bad_io_links_name_the_profile_link_and_field() {
         "{e}"
     );
 }
+
+#[test]
+fn pci_revision_is_optional_and_set_in_the_builtins() {
+    // The built-ins carry the revision amdgpu.ids lists for their parts.
+    for (name, did, rev) in [
+        ("mi100", 0x738c, 0x01),
+        ("mi100x2", 0x738c, 0x01),
+        ("mi210x4", 0x740f, 0x02),
+        ("mi250x8", 0x740c, 0x01),
+        ("mi300x8", 0x74a1, 0x00),
+    ] {
+        for g in Profile::builtin(name).unwrap().gpus() {
+            assert_eq!((g.device_id, g.pci_revision), (did, rev), "{name}");
+        }
+    }
+    // A complete profile written before the field existed still loads.
+    let p = Profile::builtin("mi210x4").unwrap();
+    let old: String = p
+        .to_toml()
+        .lines()
+        .filter(|l| !l.starts_with("pci_revision"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert!(!old.contains("pci_revision"));
+    let q = Profile::from_toml("old.toml", &old).unwrap();
+    assert!(q.gpus().iter().all(|g| g.pci_revision == 0));
+    assert_eq!(q.gpus().len(), p.gpus().len());
+}

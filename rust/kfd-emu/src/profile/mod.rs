@@ -92,10 +92,17 @@ pub struct Gpu {
     pub gpu_id: GpuId,
     /// The node's `name` file, the gfx target (`gfx90a`).
     pub name: String,
+    /// The product name ROCm shows: what libdrm's amdgpu.ids table gives
+    /// for `device_id` and `pci_revision`.
     pub marketing_name: String,
     pub gfx_target_version: u32,
     pub vendor_id: u32,
     pub device_id: u32,
+    /// PCI revision id (sysfs `revision`).  With `device_id` it is the key
+    /// of libdrm's amdgpu.ids, which gives user space the marketing name.
+    /// Optional (0), for profiles written before it existed.
+    #[serde(default)]
+    pub pci_revision: u32,
     pub domain: u32,
     /// PCI bus/device/function: `bus << 8 | dev << 3 | fn`.
     pub location_id: u32,
