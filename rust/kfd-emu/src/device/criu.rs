@@ -405,7 +405,7 @@ fn plan_restore(
             return Err(libc::EINVAL);
         }
         let fh = res.open_of(caller.tgid, fd as i32)?;
-        if st.opens.get(&fh) != Some(&super::state::Open::Render { gpu }) {
+        if st.opens.get(&fh).and_then(super::state::Open::render_gpu) != Some(gpu) {
             return Err(libc::EINVAL);
         }
         devices.push((gpu, user, fh));

@@ -46,9 +46,8 @@ pub fn apertures_new(
 /// Binds pdd `gpu` to the render-node open `fh` (ACQUIRE_VM, and the
 /// equivalent step of CRIU RESTORE).
 pub fn bind_vm(st: &mut State, lead: u32, gpu: usize, fh: u64) -> R<()> {
-    match st.opens.get(&fh) {
-        Some(super::state::Open::Render { gpu: g }) if *g == gpu => {}
-        _ => return Err(libc::EINVAL),
+    if st.opens.get(&fh).and_then(super::state::Open::render_gpu) != Some(gpu) {
+        return Err(libc::EINVAL);
     }
     let p = proc_mut(st, lead)?;
     match p.pdds[gpu].vm {
@@ -795,10 +794,10 @@ pub fn set_trap_handler(
     Ok(())
 }
 
-/// GB_ADDR_CONFIG of a GPU: the value amdgpu programs on GFX9 parts
-/// (the register is not otherwise modelled).
-pub fn gb_addr_config(_g: &super::state::Gpu) -> u32 {
-    0x2201_4042
+/// GB_ADDR_CONFIG of a GPU: the value amdgpu programs (the one the
+/// render node's READ_MMR_REG reads too, see `asic`).
+pub fn gb_addr_config(g: &super::state::Gpu) -> u32 {
+    g.asic.gb_addr_config
 }
 
 /// GET_TILE_CONFIG: GFX9 and later have no tile mode tables: amdgpu keeps

@@ -4,6 +4,7 @@
 //! * [`uapi`]: ioctl numbers, struct layouts, the mmap offset encoding;
 //! * `state`: the state machine (processes, BOs, queues, events);
 //! * `kfd`, `criu`, `render`: ioctl decode and the operations;
+//! * `asic`: what amdgpu reports about each GPU (render-node queries);
 //! * `sdma`: the engine executing SDMA packets;
 //! * `mem`: memfd, mapping and caller-memory backends.
 //!
@@ -12,6 +13,7 @@
 //! doorbells, signal pages and MMIO pages at the offsets of
 //! [`uapi::kfd_off`] in the /dev/kfd memfd.
 
+mod asic;
 mod criu;
 mod kfd;
 mod mem;
@@ -138,11 +140,20 @@ fn status_field(pid: u32, key: &str) -> Option<String> {
         .find_map(|l| l.strip_prefix(key).map(|v| v.trim().to_owned()))
 }
 
-/// CAP_CHECKPOINT_RESTORE (40) or CAP_SYS_ADMIN (21) in the effective set.
-fn may_checkpoint(tid: u32) -> bool {
+fn effective_caps(tid: u32) -> u64 {
     status_field(tid, "CapEff:")
         .and_then(|v| u64::from_str_radix(&v, 16).ok())
-        .is_some_and(|c| c & (1 << 40 | 1 << 21) != 0)
+        .unwrap_or(0)
+}
+
+/// CAP_CHECKPOINT_RESTORE (40) or CAP_SYS_ADMIN (21) in the effective set.
+fn may_checkpoint(tid: u32) -> bool {
+    effective_caps(tid) & (1 << 40 | 1 << 21) != 0
+}
+
+/// CAP_SYS_ADMIN in the effective set.
+fn sys_admin(tid: u32) -> bool {
+    effective_caps(tid) & (1 << 21) != 0
 }
 
 fn tracer_of(pid: u32) -> Option<u32> {
@@ -161,6 +172,7 @@ impl Emulator {
         resolver: Box<dyn FdResolver>,
     ) -> std::io::Result<Emulator> {
         let mut gpus = Vec::new();
+        let system_mem = profile.cpus.iter().map(|c| c.mem_size).sum();
         for g in profile.gpus() {
             gpus.push(Gpu {
                 id: g.gpu_id.0,
@@ -169,13 +181,9 @@ impl Emulator {
                 vram_public: g.vram_public,
                 max_sdma_queues: (g.num_sdma_engines + g.num_sdma_xgmi_engines)
                     * g.num_sdma_queues_per_engine,
-                device_id: g.device_id,
-                gfx_target_version: g.gfx_target_version,
-                max_engine_clk: g.max_engine_clk_fcompute,
-                vram_width: g.vram_width,
-                cu_count: g.cu_count,
                 num_gws: g.num_gws,
                 per_process_xnack: matches!(g.gfx_target_version, 90010 | 90400..=90402),
+                asic: asic::Asic::new(g, system_mem),
                 mem: mem::Memfd::new(
                     &format!("kfd-emu-renderD{}", g.drm_render_minor.0),
                     uapi::RENDER_MEMFD_SIZE,
@@ -258,7 +266,7 @@ impl Emulator {
                     .iter()
                     .position(|g| g.minor == *minor)
                     .ok_or(libc::ENODEV)?;
-                Ok(st.open_render(gpu))
+                Ok(st.open_render(gpu, sys_admin(caller.tid)))
             }
         }
     }
@@ -318,7 +326,9 @@ impl Emulator {
         let kind = self.lock().opens.get(&fh).copied();
         let r = match kind {
             None => Err(libc::EBADF),
-            Some(Open::Render { gpu }) => self.render_ioctl(gpu, caller, cmd, input, out_size),
+            Some(Open::Render { gpu, authenticated }) => {
+                self.render_ioctl(gpu, authenticated, caller, cmd, input, out_size)
+            }
             Some(Open::Kfd { lead }) => {
                 match self.kfd_ioctl(lead, caller, cmd, input, out_size as usize, reply) {
                     Some((reply, r)) => {
@@ -335,23 +345,28 @@ impl Emulator {
     fn render_ioctl(
         &self,
         gpu: usize,
+        authenticated: bool,
         caller: &Caller,
         cmd: u32,
         input: &[u8],
         out_size: u32,
     ) -> Result<Vec<u8>, i32> {
-        let gpus = &self.shared.devs.gpus;
         if (cmd >> 8) & 0xff != u32::from(uapi::drm::IOCTL_TYPE) {
             return Err(libc::ENOTTY);
         }
+        let out_size = out_size as usize;
         match cmd & 0xff {
-            uapi::drm::VERSION => render::version(caller, input, out_size as usize),
+            uapi::drm::VERSION => render::version(caller, input, out_size),
+            uapi::drm::GET_CLIENT => render::get_client(caller, authenticated, input, out_size),
+            n if render::refused(n) => Err(libc::EACCES),
             uapi::drm::AMDGPU_INFO => {
-                render::info(&gpus[gpu], caller, &uapi::decode(input))?;
-                Ok(vec![0; out_size as usize])
+                let asic = &self.shared.devs.gpus[gpu].asic;
+                render::info(asic, caller, input, || self.lock().usage(gpu))?;
+                Ok(vec![0; out_size])
             }
-            // GEM, CS, contexts, prime: GPU memory is managed through KFD
-            // only, so clients must not get a half-working DRM path.
+            // GEM, CS, contexts, prime, syncobj, caps: GPU memory is
+            // managed through KFD only, so clients must not get a
+            // half-working DRM path.
             _ => Err(libc::ENOTTY),
         }
     }

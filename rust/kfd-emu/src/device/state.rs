@@ -17,29 +17,21 @@ pub struct Gpu {
     pub vram_size: u64,
     pub vram_public: bool,
     pub max_sdma_queues: u32,
-    pub device_id: u32,
-    pub gfx_target_version: u32,
-    pub max_engine_clk: u32,
-    pub vram_width: u32,
-    pub cu_count: u32,
     /// Global wave sync entries (0: the GPU has none).
     pub num_gws: u32,
     /// XNACK can be switched per process (GC 9.4.2 and later GFX9).
     pub per_process_xnack: bool,
+    /// What the render node reports (AMDGPU_INFO).
+    pub asic: super::asic::Asic,
     pub mem: Memfd,
 }
 
 impl Gpu {
-    /// The GC IP version (major, minor, stepping) of a gfx target version
-    /// (gfx90a is 9.0.10 as a target but GC 9.4.2).
+    /// The GC IP version (major, minor, stepping) of the GPU (gfx90a is
+    /// 9.0.10 as a target but GC 9.4.2).
     pub fn gc_version(&self) -> (u32, u32, u32) {
-        let v = self.gfx_target_version;
-        match v {
-            90008 => (9, 4, 1),
-            90010 => (9, 4, 2),
-            90400..=90402 => (9, 4, 3),
-            _ => (v / 10000, v / 100 % 100, v % 100),
-        }
+        let v = self.asic.gfx.hw;
+        (v.0, v.1, v.2)
     }
 }
 
@@ -59,8 +51,19 @@ impl Devices {
 pub enum Open {
     /// A /dev/kfd open bound to the context of process `lead`.
     Kfd { lead: u32 },
-    /// A render node open of GPU index `gpu`.
-    Render { gpu: usize },
+    /// A render node open of GPU index `gpu`; `authenticated` as the
+    /// kernel's drm_file (its opener had CAP_SYS_ADMIN).
+    Render { gpu: usize, authenticated: bool },
+}
+
+impl Open {
+    /// The GPU index of a render node open.
+    pub fn render_gpu(&self) -> Option<usize> {
+        match *self {
+            Open::Render { gpu, .. } => Some(gpu),
+            Open::Kfd { .. } => None,
+        }
+    }
 }
 
 /// A reply and the answer to give it.
@@ -526,8 +529,31 @@ impl State {
         Ok(self.new_fh(Open::Kfd { lead: tgid }))
     }
 
-    pub fn open_render(&mut self, gpu: usize) -> u64 {
-        self.new_fh(Open::Render { gpu })
+    pub fn open_render(&mut self, gpu: usize, authenticated: bool) -> u64 {
+        self.new_fh(Open::Render { gpu, authenticated })
+    }
+
+    /// VRAM, CPU-visible VRAM and GTT in use on `gpu`: VRAM BOs, and the
+    /// system memory BOs (GTT and userptr) its page tables map.
+    pub fn usage(&self, gpu: usize) -> super::render::Usage {
+        let vram = self.gpu_alloc[gpu].vram_used;
+        let gtt = self
+            .procs
+            .values()
+            .flat_map(|p| p.bos.iter())
+            .filter(|(k, bo)| k.gpu == gpu && bo.flags & (alloc::GTT | alloc::USERPTR) != 0)
+            .map(|(_, bo)| bo.size)
+            .sum();
+        super::render::Usage {
+            vram,
+            // Small-BAR boards refuse host-visible VRAM (ALLOC_MEMORY).
+            visible_vram: if self.devs.gpus[gpu].vram_public {
+                vram
+            } else {
+                0
+            },
+            gtt,
+        }
     }
 
     fn new_fh(&mut self, o: Open) -> u64 {

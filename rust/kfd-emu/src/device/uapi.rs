@@ -217,15 +217,26 @@ pub const RENDER_MEMFD_SIZE: u64 = 1 << 46;
 
 /// DRM ioctls on the render node.
 pub mod drm {
-    use super::{ioctl, sys};
+    use super::ioctl;
     pub const IOCTL_TYPE: u8 = ioctl::DRM_IOCTL_BASE;
     pub const VERSION: u32 = ioctl::nr(ioctl::DRM_IOCTL_VERSION) as u32;
+    pub const GET_CLIENT: u32 = ioctl::nr(ioctl::DRM_IOCTL_GET_CLIENT) as u32;
     pub const AMDGPU_INFO: u32 = ioctl::nr(ioctl::DRM_IOCTL_AMDGPU_INFO) as u32;
-    pub const AMDGPU_INFO_DEV_INFO: u32 = sys::AMDGPU_INFO_DEV_INFO;
-    pub const AMDGPU_FAMILY_AI: u32 = sys::AMDGPU_FAMILY_AI;
-    pub const AMDGPU_FAMILY_NV: u32 = sys::AMDGPU_FAMILY_NV;
-    /// GFX11 (newer than the installed amdgpu_drm.h).
-    pub const AMDGPU_FAMILY_GC_11_0_0: u32 = 145;
+    /// drm.h's numbers of core ioctls the model only refuses (their
+    /// arguments are never read).
+    pub const GET_UNIQUE: u32 = 0x01;
+    pub const GET_MAGIC: u32 = 0x02;
+    pub const GET_STATS: u32 = 0x06;
+    pub const SET_VERSION: u32 = 0x07;
+    pub const GEM_FLINK: u32 = 0x0a;
+    pub const GEM_OPEN: u32 = 0x0b;
+    pub const SET_CLIENT_CAP: u32 = 0x0d;
+    pub const SET_UNIQUE: u32 = 0x10;
+    pub const AUTH_MAGIC: u32 = 0x11;
+    pub const BLOCK: u32 = 0x12;
+    pub const UNBLOCK: u32 = 0x13;
+    pub const SET_MASTER: u32 = 0x1e;
+    pub const DROP_MASTER: u32 = 0x1f;
 }
 
 /// SDMA v4 packet opcodes (dw0 bits 7..0, sub-op 15..8).
@@ -304,6 +315,14 @@ pod!(
     sys::kfd_hsa_memory_exception_data,
     sys::kfd_hsa_hw_exception_data,
     sys::drm_amdgpu_info_device,
+    sys::drm_amdgpu_info_hw_ip,
+    sys::drm_amdgpu_info_firmware,
+    sys::drm_amdgpu_info_gds,
+    sys::drm_amdgpu_info_vram_gtt,
+    sys::drm_amdgpu_heap_info,
+    sys::drm_amdgpu_memory_info,
+    sys::drm_amdgpu_info_vce_clock_table,
+    sys::drm_client,
     layout::kfd_criu_process_priv_data,
     layout::kfd_criu_device_priv_data,
     layout::kfd_criu_queue_priv_data,
