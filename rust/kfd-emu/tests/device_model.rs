@@ -1600,6 +1600,153 @@ fn per_device_state_ioctls_follow_kfd() {
     );
 }
 
+// SAFETY (for the helpers below): p points into a live test mapping of at
+// least off+8 bytes.
+unsafe fn wr64(p: *mut u8, off: usize, v: u64) {
+    // SAFETY: see above.
+    unsafe { std::ptr::write_volatile(p.wrapping_add(off) as *mut u64, v) }
+}
+unsafe fn rd64(p: *mut u8, off: usize) -> u64 {
+    // SAFETY: see above.
+    unsafe { std::ptr::read_volatile(p.wrapping_add(off) as *const u64) }
+}
+
+/// An AQL compute queue the way ROCr lays it out: the ring, an
+/// `amd_queue_t` (write pointer at 56, read pointer at 128,
+/// `queue_inactive_signal` at 192) and `amd_signal_t`s (value at 8, event
+/// mailbox at 16, event id at 24) in GTT BOs, one interrupt event.
+#[test]
+fn aql_barriers_run_and_a_dispatch_stops_the_queue() {
+    const AQ_VA: u64 = 0x1001_0000;
+    const SIGS_VA: u64 = 0x1002_0000;
+    let d = Dev::new("");
+    d.setup();
+    let map = |va, size, flags| {
+        let (h, off) = d.alloc(va, size, flags, 0).unwrap();
+        (
+            h,
+            d.map_node(NodeKind::Render { minor: d.minor }, off, size as usize),
+        )
+    };
+    let (_, ring) = map(RING_VA, 4096, alloc::GTT);
+    let (_, aq) = map(AQ_VA, 4096, alloc::GTT);
+    let (_, sigs) = map(SIGS_VA, 4096, alloc::GTT);
+    let (sig_h, page) = map(SIG_VA, 32768, alloc::GTT);
+    let ev = d
+        .call(nr::CREATE_EVENT, &args(&[(0, sig_h), (16, 1)], 32))
+        .unwrap();
+    let event = u32_at(&ev, 24);
+    let mailbox = SIG_VA + u32_at(&ev, 28) as u64 * 8;
+    // Signals: 0 a dependency, 1 a completion, 2 the queue's inactive
+    // signal; 1 and 2 raise the event.
+    let sig = |i: u64| SIGS_VA + 64 * i;
+    // SAFETY: all offsets below lie inside the 4 KiB mappings.
+    unsafe {
+        for i in 0..4 {
+            wr64(sigs, 64 * i + 8, if i == 2 { 0 } else { 1 });
+        }
+        for i in [1, 2] {
+            wr64(sigs, 64 * i + 16, mailbox);
+            wr32(sigs, 64 * i + 24, event);
+        }
+        wr64(aq, 192, sig(2));
+        for i in 0..64 {
+            wr32(ring, i * 64, 1); // INVALID, as ROCr fills a new ring
+        }
+    }
+    let q = d
+        .call(
+            nr::CREATE_QUEUE,
+            &args(
+                &[
+                    (0, RING_VA),
+                    (8, AQ_VA + 56),
+                    (16, AQ_VA + 128),
+                    (32, 4096),
+                    (36, d.gpu_id as u64),
+                    (40, queue_type::COMPUTE_AQL as u64),
+                    (44, 100),
+                    (48, 7),
+                ],
+                88,
+            ),
+        )
+        .unwrap();
+    let dbo = u64_at(&q, 24);
+    let base = d.map_node(NodeKind::Kfd, dbo & !8191, 8192);
+    // SAFETY: the doorbell lies inside the 8 KiB slice just mapped.
+    let doorbell = unsafe { base.add((dbo & 8191) as usize) };
+    // Publishes packet `i` (its header last) and rings the doorbell.
+    let submit = |i: usize, header: u32, deps: &[u64], completion: u64| {
+        // SAFETY: packet i of the 64-packet ring; the aq and doorbell maps.
+        unsafe {
+            for (j, dep) in deps.iter().enumerate() {
+                wr64(ring, i * 64 + 8 + 8 * j, *dep);
+            }
+            wr64(ring, i * 64 + 56, completion);
+            wr64(aq, 56, i as u64 + 1);
+            wr32(ring, i * 64, header);
+            wr64(doorbell, 0, i as u64);
+        }
+    };
+    let wait = || {
+        let (wa, _evs) = wait_args(&[event], false, 3000);
+        u32_at(&d.call(nr::WAIT_EVENTS, &wa).unwrap(), 20)
+    };
+    let rptr = || {
+        // SAFETY: the read pointer inside the aq mapping.
+        unsafe { rd64(aq, 128) }
+    };
+
+    // BARRIER_AND on signal 0: waits while it is not 0.
+    submit(0, 3 | 1 << 8, &[0, sig(0)], sig(1));
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(rptr(), 0, "the barrier ran with its dependency pending");
+    // SAFETY: see above.
+    unsafe { wr64(sigs, 8, 0) };
+    assert_eq!(wait(), 0, "the completion signal's event");
+    // SAFETY: see above.
+    unsafe {
+        assert_eq!(rd64(sigs, 64 + 8), 0, "completion signal decremented");
+        assert_eq!(
+            rd64(page, (mailbox - SIG_VA) as usize),
+            u64::MAX,
+            "slot re-armed"
+        );
+        assert_eq!(rd32(ring, 0) & 0xff, 1, "the slot is INVALID again");
+    }
+    assert_eq!(rptr(), 1);
+    // BARRIER_OR with no dependency completes at once.
+    // SAFETY: see above.
+    unsafe { wr64(sigs, 64 + 8, 1) };
+    submit(1, 5, &[], sig(1));
+    assert_eq!(wait(), 0);
+    assert_eq!(rptr(), 2);
+
+    // A kernel dispatch needs the shader engines: the queue stops at it
+    // with the CP's "invalid packet format" error on its inactive signal.
+    submit(2, 2, &[], sig(3));
+    assert_eq!(wait(), 0, "the inactive signal's event");
+    // SAFETY: see above.
+    unsafe {
+        assert_eq!(rd64(sigs, 2 * 64 + 8), 0x20);
+        assert_eq!(
+            rd64(sigs, 3 * 64 + 8),
+            1,
+            "the dispatch's completion untouched"
+        );
+    }
+    assert_eq!(rptr(), 2, "the read pointer stays at the dispatch");
+    // Nothing after it runs.
+    // SAFETY: see above.
+    unsafe { wr64(sigs, 64 + 8, 1) };
+    submit(3, 5, &[], sig(1));
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(rptr(), 2);
+    // SAFETY: see above.
+    assert_eq!(unsafe { rd64(sigs, 64 + 8) }, 1);
+}
+
 /// A GPU process of its own for the multi-process CRIU tests.  A `sleep`
 /// child lends its pid (RESUME finds a KFD process by pid); this thread
 /// issues the ioctls, so the memory they point at is ours.  The doorbell

@@ -521,6 +521,7 @@ fn plan_restore(
                     rptr: m.rptr,
                     halted: m.halted != 0,
                     cu_mask: Vec::new(),
+                    aql: Default::default(),
                 };
                 if q.is_sdma() {
                     // SDMA queues need a free engine queue; the other

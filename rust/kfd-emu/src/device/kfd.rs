@@ -441,15 +441,24 @@ pub fn create_queue(st: &mut State, lead: u32, a: &mut sys::kfd_ioctl_create_que
         rptr: 0,
         halted: false,
         cu_mask: Vec::new(),
+        aql: Default::default(),
     };
     add_queue(st, lead, id, q)?;
     let p = proc_mut(st, lead)?;
-    // Fresh doorbell: wptr 0, so nothing runs before the first ring.
+    // Fresh doorbell: wptr 0, so nothing runs before the first ring.  An
+    // AQL queue's doorbell is written with the index of the packet just
+    // made ready, 0 the first time: it starts from a value it never takes,
+    // so the packet processor sees that first ring (see `aql`).
+    let fresh = if qtype == queue_type::COMPUTE_AQL {
+        u64::MAX
+    } else {
+        0
+    };
     p.pdds[gpu]
         .doorbells
         .as_ref()
         .unwrap()
-        .write_u64(id as u64 * 8, 0);
+        .write_u64(id as u64 * 8, fresh);
     a.queue_id = id;
     a.doorbell_offset = p.doorbell_offset(gpu, id);
     p.slot_pinned = true;

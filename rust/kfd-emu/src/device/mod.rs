@@ -6,6 +6,8 @@
 //! * `kfd`, `criu`, `render`: ioctl decode and the operations;
 //! * `asic`: what amdgpu reports about each GPU (render-node queries);
 //! * `sdma`: the engine executing SDMA packets;
+//! * `aql`: the AQL packet processor of compute queues (barriers; a packet
+//!   needing shader code stops the queue with the CP's queue error);
 //! * `mem`: memfd, mapping and caller-memory backends.
 //!
 //! All opens of a node share one sparse memfd (FUSE passthrough backing):
@@ -13,6 +15,7 @@
 //! doorbells, signal pages and MMIO pages at the offsets of
 //! [`uapi::kfd_off`] in the /dev/kfd memfd.
 
+mod aql;
 mod asic;
 mod criu;
 mod kfd;
@@ -625,8 +628,13 @@ fn engine_loop(sh: &Shared) {
         let now = Instant::now();
         let mut next: Option<Instant> = None;
         let mut any_sdma = false;
+        let mut worked = worked;
         for p in st.procs.values_mut() {
             any_sdma |= !p.evicted() && p.queues.values().any(|q| q.is_sdma() && !q.halted);
+            let a = aql::pass(p, &mut done);
+            worked |= a.worked;
+            // A queue waiting on a barrier or a header is polled like SDMA.
+            any_sdma |= a.waiting;
             if let Some(d) = p.expire_waiters(now, &mut done) {
                 next = Some(next.map_or(d, |n| n.min(d)));
             }

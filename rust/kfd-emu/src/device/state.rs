@@ -124,6 +124,8 @@ pub struct Queue {
     pub halted: bool,
     /// SET_CU_MASK's mask (empty: all CUs).
     pub cu_mask: Vec<u32>,
+    /// The AQL packet processor's view of a COMPUTE_AQL queue.
+    pub aql: super::aql::AqlState,
 }
 
 impl Queue {
