@@ -229,6 +229,8 @@ fn build_namespace(
         Ok(())
     })?;
     let host = crate::sysfs::Host::probe();
+    let backed = crate::sysfs::host_profile(profile, &host);
+    let profile = &backed;
     for o in crate::sysfs::overlays(profile, &host) {
         let dir = Path::new(&o.dir);
         let replace: Vec<&str> = o.replace.iter().map(String::as_str).collect();

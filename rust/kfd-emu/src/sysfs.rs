@@ -18,6 +18,10 @@
 //!   node the host lacks fails in `mbind` (EINVAL), as it would for any
 //!   node the kernel does not know.
 //!
+//! * Each CPU node's `cpu_core_id_base` is the APIC id of its first host
+//!   CPU ([`host_profile`]): libhsakmt names a CPU node after the
+//!   `/proc/cpuinfo` entry with that id.
+//!
 //! Everything here is data ([`overlays`] is pure); the runner mounts it.
 
 use std::fmt::Write as _;
@@ -53,6 +57,8 @@ pub struct Host {
     pub cpus: Vec<u32>,
     /// Entries of `/sys/devices/system/node` (to hide the host's nodes).
     pub node_entries: Vec<String>,
+    /// APIC id of each CPU number (`/proc/cpuinfo`), where known.
+    pub apicids: Vec<(u32, u32)>,
 }
 
 impl Host {
@@ -68,11 +74,58 @@ impl Host {
                     .collect()
             })
             .unwrap_or_default();
+        let apicids = std::fs::read_to_string("/proc/cpuinfo")
+            .map(|s| parse_apicids(&s))
+            .unwrap_or_default();
         Host {
             cpus: if cpus.is_empty() { vec![0] } else { cpus },
             node_entries,
+            apicids,
         }
     }
+}
+
+/// (processor, apicid) pairs of `/proc/cpuinfo` (x86; other
+/// architectures have no apicid lines and give none).
+pub fn parse_apicids(cpuinfo: &str) -> Vec<(u32, u32)> {
+    let mut out = Vec::new();
+    let mut proc = None;
+    for line in cpuinfo.lines() {
+        let Some((k, v)) = line.split_once(':') else {
+            continue;
+        };
+        match k.trim() {
+            "processor" => proc = v.trim().parse::<u32>().ok(),
+            "apicid" => {
+                if let (Some(p), Ok(a)) = (proc, v.trim().parse::<u32>()) {
+                    out.push((p, a));
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The profile as this host backs it: each CPU node's `cpu_core_id_base`
+/// is the APIC id of the first host CPU dealt to it (see [`node_cpus`]),
+/// as KFD fills it in from the CPUs of a NUMA node. libhsakmt looks the
+/// node's marketing name up in `/proc/cpuinfo` by that id.
+pub fn host_profile(p: &Profile, host: &Host) -> Profile {
+    let mut p = p.clone();
+    let n = p.cpus.len();
+    for (i, cpu) in p.cpus.iter_mut().enumerate() {
+        let first = node_cpus(&host.cpus, i, n).first().copied();
+        if let Some(apicid) = first.and_then(|c| {
+            host.apicids
+                .iter()
+                .find(|(proc, _)| *proc == c)
+                .map(|(_, a)| *a)
+        }) {
+            cpu.cpu_core_id_base = apicid;
+        }
+    }
+    p
 }
 
 /// Parses a kernel CPU list (`0-3,8,10-11`).
@@ -355,6 +408,22 @@ mod tests {
         assert_eq!(cpu_list(&[0, 1, 2, 3, 8, 10, 11]), "0-3,8,10-11");
         assert_eq!(cpu_map(&[0, 1]), "00000003");
         assert_eq!(cpu_map(&[1, 33]), "00000002,00000002");
+    }
+
+    #[test]
+    fn cpu_nodes_take_host_apic_ids() {
+        let info = "processor\t: 0\napicid\t\t: 0\n\nprocessor\t: 1\napicid\t\t: 8\n";
+        assert_eq!(parse_apicids(info), vec![(0, 0), (1, 8)]);
+        let p = Profile::builtin("mi210x4").unwrap();
+        let host = Host {
+            cpus: vec![0, 1],
+            node_entries: vec![],
+            apicids: parse_apicids(info),
+        };
+        let h = host_profile(&p, &host);
+        assert_eq!(h.cpus[0].cpu_core_id_base, 0);
+        assert_eq!(h.cpus[1].cpu_core_id_base, 8);
+        assert_eq!(h.gpus, p.gpus);
     }
 
     #[test]
