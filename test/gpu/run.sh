@@ -862,6 +862,131 @@ case_restore_older_firmware() {
 		"GPU 0x(3f2c|d9b1) \(node [0-9]+\): no host GPU matches: .*fw_version 65 > 60"
 }
 
+# ---------------------------------------------------------------------------------------
+# Cases: upstream CRIU 4.1.1's topology-remap scenarios (plugins/amdgpu/tests/
+# test_topology_remap.c: nine pairs of source and destination topologies, each with an
+# expected outcome), as kfd-emu hosts hosts/topo-remap/N-src.toml and N-dst.toml. Upstream
+# only asks its matcher for a mapping; here a process using every GPU is dumped on the
+# source host, then gpu-check and the restore run on the destination host. A restorable
+# scenario must land as upstream expects and the process verify its GPU memory; a refused
+# one must be refused by both, naming the failing property and no KFD_*_CHECK knob, and
+# stay refused for that reason with KFD_NUMA_CHECK=0.
+#
+# criu-rocm's outcome is upstream's expected one in all nine. Where upstream's own code
+# would differ on real sysfs: it requires equal io_links_count, which its unit test leaves
+# 0 everywhere; with the counts sysfs shows, scenarios 7 and 8 (whose restore host has
+# more links) would be refused. criu-rocm compares the links themselves, not their count
+# (the count also holds links to GPUs a container cannot see), so it restores them, as the
+# scenarios mean. It also checks GPU-GPU links, which upstream skips: in scenarios 1, 6
+# and 8 they narrow the mapping but leave one.
+
+remap_host() { echo "$here/hosts/topo-remap/$1-$2.toml"; }
+
+# remap N BASE restorable IMAGE_IDS=HOST_IDS...: each image GPU of IMAGE_IDS (hex,
+#   comma-separated) must land on one of HOST_IDS.
+# remap N BASE refused REGEX: gpu-check and the restore must refuse for REGEX.
+remap() {
+	local n=$1 base=$2
+	shift 2
+	on "$base" --profile-file "$(remap_host "$n" src)" -- dump_for_later wl --mib 1 --bos 2
+	on "$base" --profile-file "$(remap_host "$n" dst)" -- remap_restore "$@"
+}
+remap_restore() {
+	local what=$1 img=$CASE_DIR/img pid map n
+	shift
+	WL_OUT=$CASE_DIR/wl.out
+	pid=$(cat "$CASE_DIR/wl.pid")
+	if [ "$what" = refused ]; then
+		remap_refused "$img" "$pid" "$1"
+		return
+	fi
+	map=$(gpu_check_restorable "$img") || exit 1
+	restore_ok "$img" "$pid"
+	[ "$map" = "$(restore_mapping "$LAST_RESTORE_LOG")" ] ||
+		fail "gpu-check predicted '$map', the restore did '$(restore_mapping "$LAST_RESTORE_LOG")'"
+	n=$(wl_gpus_hex "$pid" | wc -l)
+	pycheck "$map" "$n" "$@" <<-'EOF' || fail "unexpected GPU mapping: $(tail -n1 "$CASE_DIR/py.err")"
+		import re, sys
+		pairs = dict(re.findall(r"GPU 0x([0-9a-f]+) \(renderD\d+\) -> host GPU 0x([0-9a-f]+)", sys.argv[1]))
+		if len(pairs) != int(sys.argv[2]) or len(set(pairs.values())) != len(pairs):
+		    sys.exit(f"{len(pairs)} GPUs mapped onto {len(set(pairs.values()))}, the process has {sys.argv[2]}: {pairs}")
+		for rule in sys.argv[3:]:
+		    image, host = (side.split(",") for side in rule.split("="))
+		    for g in image:
+		        if pairs.get(g) not in host:
+		            sys.exit(f"GPU 0x{g} went to 0x{pairs.get(g)}, not to one of {host}: {sys.argv[1]}")
+	EOF
+	wl_verify "$pid" >/dev/null || exit 1
+	wl_finish "$pid"
+	note "$map"
+}
+remap_refused() {
+	local img=$1 pid=$2 re=$3 numa why
+	for numa in 1 0; do
+		export KFD_NUMA_CHECK=$numa
+		gpu_check_refuses "$img" "$re"
+		grep -q "KFD_" <<<"$GC_OUT" &&
+			fail "KFD_NUMA_CHECK=$numa: gpu-check names a knob that would not change the outcome: $(paste -sd' ' <<<"$GC_OUT")"
+		restore_fails "$img" "$pid" "restore with KFD_NUMA_CHECK=$numa"
+		log_has "$LAST_RESTORE_LOG" "amdgpu: pid $pid: matching the image's GPUs to this host: .*$re"
+		why=$(grep -a -m1 -o "matching the image's GPUs to this host: .*" "$LAST_RESTORE_LOG")
+		grep -q "KFD_" <<<"$why" && fail "KFD_NUMA_CHECK=$numa: the restore names a knob that would not change the outcome: $why"
+	done
+	unset KFD_NUMA_CHECK
+	note "refused, with KFD_NUMA_CHECK=1 and 0: $(cut -c1-240 <<<"$why")"
+}
+
+# 0: two hives of two GPU models; the destination has the models the other way round.
+# Upstream: SUCCESS, the hives swap.
+case_restore_topo_remap_0() {
+	remap 0 mi300x8 restorable a000,a001,a002,a003=b014,b015,b016,b017 \
+		a014,a015,a016,a017=b000,b001,b002,b003
+}
+# 1: one model; GPUs 6 and 7 link to their CPU one way only, hive 0 has PCIe peers only
+# in GPUs 4 and 5. Same topology on both hosts. Upstream: SUCCESS.
+case_restore_topo_remap_1() {
+	remap 1 mi300x8 restorable a000,a001,a002,a003=b000,b001,b002,b003 a014,a015=b014,b015 \
+		a016,a017=b016,b017
+}
+# 2: scenario 1's links, but the hive whose GPUs all link to their CPU both ways is of the
+# model whose destination hive has two GPUs with one-way CPU links. Upstream: FAIL.
+case_restore_topo_remap_2() {
+	remap 2 mi300x8 refused "GPU 0xa00[0-3] \(node [0-9]+\): no host GPU keeps its links and hive: .*host GPU 0xb01[67] \(node [0-9]+\): no bidirectional PCIe link to a CPU \(its links to CPUs: one-way PCIe to CPU node [01]\)"
+}
+# 3: every GPU links to its CPU one way; one GPU per hive (0xa002, 0xa017) has its CPU link
+# back, other ones (0xb000, 0xb015) on the destination. Upstream: SUCCESS, onto those.
+case_restore_topo_remap_3() {
+	remap 3 mi300x8 restorable a002=b000 a017=b015 a000,a001,a003=b001,b002,b003 \
+		a014,a015,a016=b014,b016,b017
+}
+# 4: as 3, but the destination's only GPU of the second model that a CPU links to links to
+# another CPU: no bidirectional CPU link for 0xa017. Upstream: FAIL. This is issue 14's
+# case: the refusal blamed the NUMA check and named KFD_NUMA_CHECK=0, which changed nothing.
+case_restore_topo_remap_4() {
+	remap 4 mi300x8 refused "GPU 0xa017 \(node 9\): no host GPU keeps its links and hive: .*host GPU 0xb01[4-7] \(node [0-9]+\): no bidirectional PCIe link to a CPU \(its links to CPUs: one-way PCIe to CPU node [01]\)"
+}
+# 5: one hive and four GPUs without XGMI, all PCIe peers. Upstream: SUCCESS.
+case_restore_topo_remap_5() {
+	remap 5 mi300x8 restorable a000,a001,a002,a003=b000,b001,b002,b003 \
+		a014,a015,a016,a017=b014,b015,b016,b017
+}
+# 6: five GPUs, two models at other positions on the destination. Upstream: SUCCESS,
+# 0xa001 -> 0xb002 possible and 0xa002 -> 0xb001 needed.
+case_restore_topo_remap_6() {
+	remap 6 mi100x2 restorable a002=b001 a004=b004 a000,a001,a003=b000,b002,b003
+}
+# 7: four GPUs with no link at all; on the destination they form a hive. Upstream:
+# SUCCESS (a more capable host).
+case_restore_topo_remap_7() {
+	remap 7 mi300x8 restorable a000,a001,a002,a003=b000,b001,b002,b003 \
+		a014,a015,a016,a017=b014,b015,b016,b017
+}
+# 8: three mutual PCIe peers on the source, four on the destination. Upstream: SUCCESS
+# (a more capable host).
+case_restore_topo_remap_8() {
+	remap 8 mi100x2 restorable a000,a001,a002=b000,b001,b002,b003
+}
+
 # Damaged images: each fails before the process runs, without leftovers; then the intact
 # images restore.
 case_restore_damaged_images() {

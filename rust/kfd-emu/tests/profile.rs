@@ -559,3 +559,35 @@ fn pci_revision_is_optional_and_set_in_the_builtins() {
     assert!(q.gpus().iter().all(|g| g.pci_revision == 0));
     assert_eq!(q.gpus().len(), p.gpus().len());
 }
+
+/// The GPU tests' topology-remap hosts (upstream CRIU's scenarios) load
+/// over the profile their header names, and each node's io_links_count is
+/// its number of io_links.
+#[test]
+fn topo_remap_hosts_load() {
+    let dir = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../test/gpu/hosts/topo-remap"
+    );
+    let mut n = 0;
+    for e in std::fs::read_dir(dir).unwrap() {
+        let path = e.unwrap().path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let base = text
+            .split("an override of kfd-emu's ")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .unwrap_or_else(|| panic!("{}: names no base profile", path.display()));
+        let p = Profile::with_override(base, &path.display().to_string(), &text)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let t = tree(&p);
+        for node in 0..(p.cpus.len() + p.gpus().len()) as u32 {
+            links(&t, node);
+        }
+        n += 1;
+    }
+    assert_eq!(
+        n, 18,
+        "nine scenarios, a source and a destination host each"
+    );
+}
