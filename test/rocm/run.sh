@@ -69,11 +69,13 @@ reason_from() { # LOG RC
 	echo "exit $2: ${f:-no output}; log ${1#"$top"/}"
 }
 
-# The marketing name amdgpu.ids gives a device id and revision ("" when it has none).
+# The marketing name libdrm gives a device id and revision: its amdgpu.ids line, or
+# "AMD Radeon Graphics" (amdgpu_get_marketing_name's answer) when the table has none.
 marketing_name() { # DEVICE,REV
-	local ids=/usr/share/libdrm/amdgpu.ids
-	awk -F',[ \t]*' -v d="${1%,*}" -v r="${1#*,}" '
-		!/^#/ && NF >= 3 && toupper($1) == toupper(d) && toupper($2) == toupper(r) { print $3; exit }' "$ids"
+	local ids=/usr/share/libdrm/amdgpu.ids name
+	name=$(awk -F',[ \t]*' -v d="${1%,*}" -v r="${1#*,}" '
+		!/^#/ && NF >= 3 && toupper($1) == toupper(d) && toupper($2) == toupper(r) { print $3; exit }' "$ids")
+	echo "${name:-AMD Radeon Graphics}"
 }
 
 emu() { # PROFILE LOG CMD... : runs CMD on an emulated host, output to LOG; returns its status
@@ -215,8 +217,8 @@ run_rocminfo() {
 		END { if (n) print t "|" nm "|" mk }' "$log" | sed 's/ *|/|/g; s/ *$//')
 	bad=$(awk -F'|' -v g="${gfx[$p]}" -v m="$mkt" -v c="${cpus[$p]}" -v n="$want_gpus" '
 		$1 == "CPU" { nc++ }
-		$1 == "GPU" { ng++; if ($2 != g || $3 != m) { printf "GPU agent %s \"%s\" (want %s \"%s\"); ", $2, $3, g, m } }
-		END { if (nc != c || ng != n) printf "%d CPU and %d GPU agents, want %d and %d", nc, ng, c, n }' <<<"$summary")
+		$1 == "GPU" { ng++; if ($2 != g || $3 != m) { printf "%sGPU agent %d: %s \"%s\" (want %s \"%s\")", sep, ng, $2, $3, g, m; sep = "; " } }
+		END { if (nc != c || ng != n) printf "%s%d CPU and %d GPU agents, want %d and %d", sep, nc, ng, c, n }' <<<"$summary")
 	if [ -n "$bad" ]; then
 		result FAIL rocminfo "$p" "$bad; log ${log#"$top"/}"
 	elif [ "$want_gpus" = 0 ]; then
@@ -241,7 +243,7 @@ run_drm() {
 	if [ "$rc" != 0 ]; then
 		result FAIL drm-check "$p" "$(reason_from "$log" "$rc")"
 	else
-		result PASS drm-check "$p" "$(tail -n 1 "$log")"
+		result PASS drm-check "$p" "$(grep -m 1 '^PASS' "$log" | sed 's/^PASS *//')"
 	fi
 }
 
