@@ -510,6 +510,83 @@ struct link_want {
 	bool known;	/* type and weight known (a sysfs link), else only reachability */
 };
 
+/* The first sysfs io_link of a node (a GPU's: to its own CPU), or false. */
+static bool first_link(unsigned n, unsigned *to, unsigned *type, unsigned *weight)
+{
+	uint64_t c = 0, v;
+
+	if (!tfind(&c, "io_links_count", "nodes/%u/properties", n) || !c)
+		return false;
+	if (!tfind(&v, "node_to", "nodes/%u/io_links/0/properties", n))
+		return false;
+	*to = (unsigned)v;
+	tfind(&v, "type", "nodes/%u/io_links/0/properties", n);
+	*type = (unsigned)v;
+	tfind(&v, "weight", "nodes/%u/io_links/0/properties", n);
+	*weight = (unsigned)v;
+	return true;
+}
+
+/* The weight of CPU node a's sysfs io_link to node b, or 0 when there is none. */
+static unsigned cpu_link_weight(unsigned a, unsigned b)
+{
+	uint64_t c = 0, v;
+
+	tfind(&c, "io_links_count", "nodes/%u/properties", a);
+	for (uint64_t i = 0; i < c; i++)
+		if (tfind(&v, "node_to", "nodes/%u/io_links/%u/properties", a, (unsigned)i) && v == b &&
+		    tfind(&v, "weight", "nodes/%u/io_links/%u/properties", a, (unsigned)i))
+			return (unsigned)v;
+	return 0;
+}
+
+/*
+ * What a kernel that lists p2p_links adds for every GPU (kfd_create_indirect_link_prop):
+ * a link from the GPU to each CPU node other than its own, of its own CPU link's type and
+ * the weight of that link plus the weight of the CPU-CPU link, and, for a GPU with
+ * CPU-visible VRAM, the same link back from that CPU node to the GPU.
+ */
+static int check_indirect_links(unsigned n, const HsaIoLinkProperties *l, unsigned nl)
+{
+	int bad = 0;
+
+	for (unsigned g = 0; g < nnodes; g++) {
+		unsigned local, type, w, from, to;
+
+		if (!is_gpu[g] || !first_link(g, &local, &type, &w))
+			continue;
+		for (unsigned c = 0; c < nnodes; c++) {
+			const HsaIoLinkProperties *hit = NULL;
+			unsigned want_w;
+
+			if (is_gpu[c] || c == local)
+				continue;
+			if (g == n) {
+				from = g, to = c;
+			} else if (c == n && has_public_vram(g)) {
+				from = c, to = g;
+			} else {
+				continue;
+			}
+			want_w = w + cpu_link_weight(c, local);
+			for (unsigned i = 0; i < nl; i++)
+				if (l[i].NodeTo == to)
+					hit = &l[i];
+			if (!hit) {
+				fail("node %u: no link to node %u: a kernel with p2p_links links GPU %u with "
+				     "every CPU node beyond its own %u (through it)", from, to, g, local);
+				bad++;
+			} else if (hit->IoLinkType != type || hit->Weight != want_w) {
+				fail("node %u: link to node %u of type %u weight %u; the kernel's indirect "
+				     "link has type %u, weight %u + %u", from, to, hit->IoLinkType,
+				     hit->Weight, type, w, want_w - w);
+				bad++;
+			}
+		}
+	}
+	return bad;
+}
+
 static void check_io_links(unsigned n)
 {
 	uint64_t direct = tget("io_links_count", "nodes/%d/properties", (int)n, 0), p2p = 0;
@@ -591,6 +668,8 @@ static void check_io_links(unsigned n)
 			fail("node %u: %u links to node %u", n, seen[j], j);
 			bad++;
 		}
+	if (has_p2p)
+		bad += check_indirect_links(n, l, nl);
 	if (!bad)
 		pass("node %u: %u IO links (%" PRIu64 " io_links, %u %s), hive peers over XGMI", n, nl,
 		     direct, nl - (unsigned)direct, has_p2p ? "p2p_links" : "derived by libhsakmt");
