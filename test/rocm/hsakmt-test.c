@@ -6,10 +6,11 @@
  *
  *   hsakmt-test --topology FILE --cpus N --gpus M [--marketing NAME]
  *
- * FILE is `kfd-emu topology --profile P` (sections "== nodes/N/properties ==" and so on):
- * what KFD's sysfs says, against which libhsakmt's view is checked. --cpus and --gpus are
- * the machine the profile describes (counted independently of FILE). --marketing is the
- * name libdrm's amdgpu.ids gives the GPU (libhsakmt asks libdrm through the render node).
+ * libhsakmt's view is checked against KFD's sysfs tree at its real path, which is what
+ * libhsakmt reads, and that tree against FILE, `kfd-emu topology --profile P` (sections
+ * "== nodes/N/properties ==" and so on): the profile's topology. --cpus and --gpus are the
+ * machine the profile describes (counted independently of FILE). --marketing is the name
+ * libdrm gives the GPUs (libhsakmt asks libdrm through the render node).
  *
  * It opens KFD, checks the version, the topology of every node (properties, memory banks,
  * caches, IO links, including the indirect links libhsakmt derives), reads the clock
@@ -44,7 +45,8 @@
 #define CHUNK (1 * MiB)		/* bytes per COPY_LINEAR packet */
 #define RING_SIZE (16 * 1024)	/* SDMA ring, bytes */
 #define MAX_NODES 64
-#define KFD_SYSFS_NODES "/sys/devices/virtual/kfd/kfd/topology/nodes"
+#define KFD_SYSFS_TOPOLOGY "/sys/devices/virtual/kfd/kfd/topology"
+#define KFD_SYSFS_NODES KFD_SYSFS_TOPOLOGY "/nodes"
 
 static int passed, failed;
 
@@ -140,25 +142,48 @@ struct tentry {
 	uint64_t val;
 };
 
-static struct tentry *topo;
-static size_t ntopo;
+struct tree {
+	struct tentry *e;
+	size_t n, cap;
+};
 
-static bool load_topology(const char *file)
+/* live: KFD's sysfs as this process sees it (what libhsakmt reads); prof: the profile's. */
+static struct tree live, prof;
+#define topo (live.e)
+#define ntopo (live.n)
+
+static bool tree_add(struct tree *t, const char *path, const char *key, uint64_t v)
 {
-	char line[8192], sec[64] = "";
-	size_t cap = 0;
-	FILE *f = fopen(file, "r");
-
-	if (!f) {
-		fail("read topology file %s: %s", file, strerror(errno));
-		return false;
+	if (t->n == t->cap) {
+		t->cap = t->cap ? t->cap * 2 : 1024;
+		t->e = realloc(t->e, t->cap * sizeof(*t->e));
+		if (!t->e) {
+			fail("out of memory reading the topology");
+			return false;
+		}
 	}
+	snprintf(t->e[t->n].path, sizeof(t->e[t->n].path), "%s", path);
+	snprintf(t->e[t->n].key, sizeof(t->e[t->n].key), "%s", key);
+	t->e[t->n].val = v;
+	t->n++;
+	return true;
+}
+
+/*
+ * Numeric "key value" lines (a lone number is key "value"); with dump, "== PATH ==" lines
+ * name the file the following lines come from.
+ */
+static bool parse_lines(struct tree *t, FILE *f, const char *path, bool dump)
+{
+	char line[8192], sec[64];
+
+	snprintf(sec, sizeof(sec), "%s", path);
 	while (fgets(line, sizeof(line), f)) {
 		char key[48], rest[8192], *end;
 		uint64_t v;
 
 		line[strcspn(line, "\n")] = 0;
-		if (!strncmp(line, "== ", 3)) {
+		if (dump && !strncmp(line, "== ", 3)) {
 			char *e = strstr(line + 3, " ==");
 
 			if (e)
@@ -180,22 +205,157 @@ static bool load_topology(const char *file)
 		} else {
 			continue;
 		}
-		if (ntopo == cap) {
-			cap = cap ? cap * 2 : 1024;
-			topo = realloc(topo, cap * sizeof(*topo));
-			if (!topo) {
-				fail("out of memory reading %s", file);
-				fclose(f);
-				return false;
+		if (!tree_add(t, sec, key, v))
+			return false;
+	}
+	return true;
+}
+
+static bool load_dump(struct tree *t, const char *file)
+{
+	FILE *f = fopen(file, "r");
+	bool ok;
+
+	if (!f) {
+		fail("read topology file %s: %s", file, strerror(errno));
+		return false;
+	}
+	ok = parse_lines(t, f, "", true);
+	fclose(f);
+	return ok;
+}
+
+static bool load_sysfs_file(struct tree *t, const char *rel)
+{
+	char path[256];
+	FILE *f;
+	bool ok;
+
+	snprintf(path, sizeof(path), "%s/%s", KFD_SYSFS_TOPOLOGY, rel);
+	f = fopen(path, "r");
+	if (!f) {
+		fail("read %s: %s", path, strerror(errno));
+		return false;
+	}
+	ok = parse_lines(t, f, rel, false);
+	fclose(f);
+	return ok;
+}
+
+/* The subdirectories 0, 1, ... of a sysfs directory: their count. */
+static unsigned count_numbered(const char *rel)
+{
+	char path[256];
+	unsigned n = 0;
+
+	for (;;) {
+		snprintf(path, sizeof(path), "%s/%s/%u", KFD_SYSFS_TOPOLOGY, rel, n);
+		if (access(path, F_OK))
+			return n;
+		n++;
+	}
+}
+
+/* KFD's sysfs topology at its real path, in the dump's layout. */
+static bool load_sysfs(struct tree *t)
+{
+	static const char *const subs[] = { "mem_banks", "caches", "io_links", "p2p_links" };
+	unsigned nodes = count_numbered("nodes");
+	char rel[128];
+
+	if (!nodes) {
+		fail("%s/nodes has no node", KFD_SYSFS_TOPOLOGY);
+		return false;
+	}
+	if (!load_sysfs_file(t, "generation_id") || !load_sysfs_file(t, "system_properties"))
+		return false;
+	for (unsigned n = 0; n < nodes; n++) {
+		snprintf(rel, sizeof(rel), "nodes/%u/gpu_id", n);
+		if (!load_sysfs_file(t, rel))
+			return false;
+		snprintf(rel, sizeof(rel), "nodes/%u/properties", n);
+		if (!load_sysfs_file(t, rel))
+			return false;
+		for (unsigned s = 0; s < sizeof(subs) / sizeof(subs[0]); s++) {
+			char dir[64];
+			unsigned k;
+
+			snprintf(dir, sizeof(dir), "nodes/%u/%s", n, subs[s]);
+			k = count_numbered(dir);
+			for (unsigned i = 0; i < k; i++) {
+				snprintf(rel, sizeof(rel), "%s/%u/properties", dir, i);
+				if (!load_sysfs_file(t, rel))
+					return false;
 			}
 		}
-		snprintf(topo[ntopo].path, sizeof(topo[ntopo].path), "%s", sec);
-		snprintf(topo[ntopo].key, sizeof(topo[ntopo].key), "%s", key);
-		topo[ntopo].val = v;
-		ntopo++;
 	}
-	fclose(f);
 	return true;
+}
+
+static const struct tentry *tree_find(const struct tree *t, const char *path, const char *key)
+{
+	for (size_t i = 0; i < t->n; i++)
+		if (!strcmp(t->e[i].path, path) && !strcmp(t->e[i].key, key))
+			return &t->e[i];
+	return NULL;
+}
+
+static bool tfind(uint64_t *out, const char *key, const char *fmt, ...);
+
+static bool host_has_apicid(uint64_t id)
+{
+	char line[256];
+	unsigned v;
+	bool hit = false;
+	FILE *f = fopen("/proc/cpuinfo", "r");
+
+	while (f && !hit && fgets(line, sizeof(line), f))
+		hit = sscanf(line, "apicid : %u", &v) == 1 && v == id;
+	if (f)
+		fclose(f);
+	return hit;
+}
+
+/*
+ * The live tree must be the profile's, value for value, but for one thing the emulator
+ * does on purpose: a CPU node's cpu_core_id_base is the APIC id of the host CPU that backs
+ * it (libhsakmt names the node after that /proc/cpuinfo entry).
+ */
+static void compare_with_profile(void)
+{
+	int bad = 0, apic = 0;
+
+	for (size_t i = 0; i < prof.n && bad < 5; i++) {
+		const struct tentry *p = &prof.e[i], *l = tree_find(&live, p->path, p->key);
+		uint64_t gpu = 1;
+		unsigned node;
+
+		if (!l) {
+			fail("%s/%s has no %s, the profile's topology does", KFD_SYSFS_TOPOLOGY, p->path, p->key);
+			bad++;
+			continue;
+		}
+		if (l->val == p->val)
+			continue;
+		if (!strcmp(p->key, "cpu_core_id_base") && sscanf(p->path, "nodes/%u/", &node) == 1 &&
+		    tfind(&gpu, "value", "nodes/%u/gpu_id", node) && gpu == 0 && host_has_apicid(l->val)) {
+			apic++;
+			continue;
+		}
+		fail("%s/%s: %s %" PRIu64 ", the profile's topology says %" PRIu64, KFD_SYSFS_TOPOLOGY,
+		     p->path, p->key, l->val, p->val);
+		bad++;
+	}
+	for (size_t i = 0; i < live.n && bad < 5; i++)
+		if (!tree_find(&prof, live.e[i].path, live.e[i].key)) {
+			fail("%s/%s: %s is not in the profile's topology", KFD_SYSFS_TOPOLOGY,
+			     live.e[i].path, live.e[i].key);
+			bad++;
+		}
+	if (!bad)
+		pass("KFD's sysfs at %s is the profile's topology (%zu values; the host's APIC id "
+		     "as cpu_core_id_base of %d CPU node%s)", KFD_SYSFS_TOPOLOGY, live.n, apic,
+		     apic == 1 ? "" : "s");
 }
 
 static bool tfind(uint64_t *out, const char *key, const char *fmt, ...)
@@ -328,24 +488,9 @@ static void check_node(unsigned n, const char *marketing)
 		return;
 	is_gpu[n] = gpu_id != 0;
 	/*
-	 * libhsakmt 5.2 keeps the gpu_id to itself (it names the GPU in every ioctl, so the
-	 * allocations and queues below use it); read the file it reads, at KFD's real path.
+	 * libhsakmt 5.2 keeps the gpu_id to itself; it names the GPU in every ioctl, so the
+	 * allocations and queues below use it.
 	 */
-	{
-		char path[128];
-		unsigned long long id = ~0ull;
-		FILE *f;
-
-		snprintf(path, sizeof(path), "%s/%u/gpu_id", KFD_SYSFS_NODES, n);
-		f = fopen(path, "r");
-		if (!f || fscanf(f, "%llu", &id) != 1 || id != gpu_id) {
-			fail("node %u: %s %s%llu, expected gpu_id %" PRIu64, n, path,
-			     f ? "holds " : "cannot be read: ", f ? id : 0ull, gpu_id);
-			bad++;
-		}
-		if (f)
-			fclose(f);
-	}
 	CHECK_FIELD(n, NumCPUCores, "cpu_cores_count");
 	CHECK_FIELD(n, NumFComputeCores, "simd_count");
 	CHECK_FIELD(n, CComputeIdLo, "cpu_core_id_base");
@@ -1193,11 +1338,12 @@ int main(int argc, char **argv)
 		usage();
 	setvbuf(stdout, NULL, _IOLBF, 0);
 
-	if (!load_topology(topo_file))
+	if (!load_dump(&prof, topo_file) || !load_sysfs(&live))
 		return 1;
+	compare_with_profile();
 	sysfs_nodes = sysfs_node_count();
 	if (sysfs_nodes != (unsigned)(want_cpus + want_gpus)) {
-		fail("topology file has %u nodes, the profile %d CPU + %d GPU nodes", sysfs_nodes,
+		fail("KFD's sysfs has %u nodes, the profile %d CPU + %d GPU nodes", sysfs_nodes,
 		     want_cpus, want_gpus);
 		return 1;
 	}
