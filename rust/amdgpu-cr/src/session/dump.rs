@@ -15,15 +15,25 @@
 //!    to be killed after a successful dump.  Upstream 4.1.1 unpauses as soon
 //!    as the last device file is dumped, before the task's CPU memory; here
 //!    the queues stay evicted until CRIU has read everything.
+//!
+//! Should criu main end before step 4, nothing stays paused: before the
+//! first PROCESS_INFO the session starts the GPU guardian
+//! ([`super::guardian`]), which unpauses whatever criu main left paused
+//! when it dies (SIGKILL), and arms a handler ([`super::signals`]) that
+//! unpauses everything on SIGTERM, SIGINT, SIGHUP or SIGPIPE before criu
+//! main dies of it.  Every KFD process is handed to both before its
+//! PROCESS_INFO and taken back once it is unpaused.
 
 use std::collections::BTreeMap;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use kfd_abi::handle::{Kfd, ProcessInfo, RenderNode};
 use kfd_abi::sys;
 
+use super::guardian::Guardian;
+use super::signals;
 use super::sys::{pidfd_getfd, pidfd_open, same_open_file, task_fds};
 use super::{gpu_jobs, human_bytes, log_gpu_stats, owned_dmabufs, SessionError};
 use crate::bo;
@@ -46,6 +56,8 @@ pub struct DumpOptions {
     pub staging_cap: Option<u64>,
     /// `CRIU_ROCM_COPY_ENGINE`.
     pub policy: EnginePolicy,
+    /// CRIU's log fd, where the GPU guardian and the signal handler write.
+    pub log_fd: Option<RawFd>,
 }
 
 impl DumpOptions {
@@ -55,6 +67,7 @@ impl DumpOptions {
             sysfs_nodes: PathBuf::from(SYSFS_NODES),
             staging_cap: env::max_buffer_size_from_env()?,
             policy: env::engine_policy_from_env()?,
+            log_fd: None,
         })
     }
 }
@@ -78,6 +91,10 @@ struct PausedProc {
     /// Further opens of /dev/kfd by the same process (task fd, our copy):
     /// one KFD process, paused once, saved once; these files only reopen.
     reopens: Vec<(RawFd, OwnedFd)>,
+    /// The process' id with the guardian.
+    guard_id: u32,
+    /// Its slot in the signal handler's table (None: the table was full).
+    slot: Option<usize>,
 }
 
 /// What [`DumpSession::dump_file`] saved.
@@ -96,6 +113,8 @@ pub struct DumpSession {
     /// Each task's render-node fds (our copies), for CPU access to its BOs
     /// through the `drm_file` that owns them.
     render_fds: BTreeMap<i32, Vec<(RenderMinor, OwnedFd)>>,
+    /// Started before the first pause.
+    guardian: Option<Guardian>,
 }
 
 impl DumpSession {
@@ -108,7 +127,32 @@ impl DumpSession {
             topology: None,
             procs: Vec::new(),
             render_fds: BTreeMap::new(),
+            guardian: None,
         }
+    }
+
+    /// The guardian, started (and the signal handler armed) on first use:
+    /// before anything is paused.
+    fn guardian(&mut self, pid: i32) -> Result<&mut Guardian, SessionError> {
+        if self.guardian.is_none() {
+            let g = Guardian::start(self.opts.log_fd).map_err(|source| SessionError::Os {
+                pid,
+                step: "starting the GPU guardian (it unpauses the GPU queues should criu-rocm die)"
+                    .into(),
+                source,
+            })?;
+            log::info!(
+                "GPU guardian started (pid {}): it unpauses the GPU queues should criu-rocm die during the dump",
+                g.pid()
+            );
+            signals::arm(self.opts.log_fd, g.sock()).map_err(|source| SessionError::Os {
+                pid,
+                step: "installing the handler of SIGTERM, SIGINT, SIGHUP and SIGPIPE".into(),
+                source,
+            })?;
+            self.guardian = Some(g);
+        }
+        Ok(self.guardian.as_mut().expect("started above"))
     }
 
     fn topology(&mut self, pid: i32) -> Result<&Topology, SessionError> {
@@ -187,14 +231,48 @@ impl DumpSession {
             p.reopens.push((fd, copy));
             return Ok(false);
         }
-        let kfd = Kfd::from_fd(copy.as_fd());
         let kfd_err = |step: &str| {
             let step = format!("fd {fd} (/dev/kfd): {step}");
             move |source| SessionError::Kfd { pid, step, source }
         };
-        let info = kfd
-            .criu_process_info()
-            .map_err(kfd_err("pausing the GPU queues"))?;
+        // Whoever outlives a criu main that dies from here on unpauses the
+        // process: the guardian (a copy of the file goes to it first) and,
+        // for the signals a process can catch, criu's handler.
+        let guardian = self.guardian(pid)?;
+        let guard_id = guardian
+            .track(pid, copy.as_fd())
+            .map_err(|source| SessionError::Os {
+                pid,
+                step: format!("fd {fd} (/dev/kfd): handing the file to the GPU guardian"),
+                source,
+            })?;
+        let slot = signals::register(guard_id, pid, copy.as_raw_fd());
+        if slot.is_none() {
+            log::warn!(
+                "pid {pid}: more than {} KFD processes paused; should criu-rocm be stopped by a \
+                 signal, this one is left to the GPU guardian",
+                signals::SLOTS
+            );
+        }
+        let kfd = Kfd::from_fd(copy.as_fd());
+        let info = match kfd.criu_process_info() {
+            Ok(info) => info,
+            Err(e) => {
+                // KFD puts the queues back itself when PROCESS_INFO fails.
+                if let Some(slot) = slot {
+                    signals::unregister(slot);
+                }
+                let _ = guardian.untrack(guard_id);
+                return Err(kfd_err("pausing the GPU queues")(e));
+            }
+        };
+        if own != Some(info.pid) {
+            // A file inherited from another process of the tree: KFD takes
+            // the guardian's op only from the ptracer of the process' leader.
+            if let Some(owner) = real_pid_of(info.pid, pid) {
+                let _ = guardian.owner(guard_id, owner);
+            }
+        }
         log::info!(
             "pid {pid}: GPU queues paused: {} GPU(s), {} BO(s), {} queue/event object(s), {} of kernel data",
             info.num_devices,
@@ -220,6 +298,8 @@ impl DumpSession {
             paused: true,
             dumped: false,
             reopens: Vec::new(),
+            guard_id,
+            slot,
         });
         let p = self.procs.last_mut().expect("pushed above");
         let (ckpt, dmabufs) = checkpoint(&p.kfd, &info).map_err(kfd_err("CHECKPOINT"))?;
@@ -450,6 +530,12 @@ impl DumpSession {
             match Kfd::from_fd(p.kfd.as_fd()).criu_unpause() {
                 Ok(()) => {
                     p.paused = false;
+                    if let Some(slot) = p.slot.take() {
+                        signals::unregister(slot);
+                    }
+                    if let Some(g) = &self.guardian {
+                        let _ = g.untrack(p.guard_id);
+                    }
                     log::info!("pid {}: GPU queues unpaused", p.task);
                 }
                 Err(e) => {
@@ -463,9 +549,37 @@ impl DumpSession {
                 }
             }
         }
+        self.release(resume);
+        failed
+    }
+
+    /// Closes the files and ends the guardian: on `resume` criu unpaused
+    /// what it could (it reported the rest), so the guardian stops;
+    /// otherwise CRIU kills the tree next, and the guardian stays until the
+    /// processes are gone, in case criu main dies first.
+    fn release(&mut self, resume: bool) {
+        signals::disarm();
+        if let Some(g) = self.guardian.take() {
+            let pid = g.pid();
+            let r = if resume { g.stop() } else { g.leave_to_kill() };
+            if let Err(e) = r {
+                log::warn!(
+                    "the GPU guardian (pid {pid}) could not be told that the dump ended: {e}"
+                );
+            }
+        }
         self.procs.clear();
         self.render_fds.clear();
-        failed
+    }
+}
+
+impl Drop for DumpSession {
+    fn drop(&mut self) {
+        if self.guardian.is_some() {
+            // Never finished: the signal handler's fds are about to close;
+            // the guardian, told nothing, unpauses what is left.
+            signals::disarm();
+        }
     }
 }
 
@@ -480,6 +594,17 @@ fn task_vpid(pid: i32) -> Option<u32> {
         .last()?
         .parse()
         .ok()
+}
+
+/// Our pid of the process whose pid is `vpid` in the pid namespace of task
+/// `like` (a process of the same tree).
+fn real_pid_of(vpid: u32, like: i32) -> Option<i32> {
+    let ns = |p: i32| std::fs::read_link(format!("/proc/{p}/ns/pid")).ok();
+    let want = ns(like)?;
+    std::fs::read_dir("/proc").ok()?.find_map(|e| {
+        let p: i32 = e.ok()?.file_name().to_str()?.parse().ok()?;
+        (task_vpid(p) == Some(vpid) && ns(p).as_ref() == Some(&want)).then_some(p)
+    })
 }
 
 /// CHECKPOINT with buffers sized from PROCESS_INFO.

@@ -5,6 +5,9 @@
 //!   every KFD process of the frozen tree before CRIU reads memory, writes
 //!   the images when CRIU dumps the device files, checks that nothing paused
 //!   was left out, and unpauses on every path that lets the tree run again.
+//!   Should criu main die first, [`signals`] (SIGTERM, SIGINT, SIGHUP,
+//!   SIGPIPE) and the [`guardian`] process (anything else, SIGKILL
+//!   included) unpause what it left paused.
 //! * [`restore::RestoreSession`] lives in each restored task (it runs the
 //!   device-file and VMA hooks there), and [`restore::resume`] in criu main
 //!   restarts the queues once every task's mappings are in place.
@@ -12,7 +15,9 @@
 //! The C boundary (`criu-gpu`) only translates arguments into these calls.
 
 pub mod dump;
+pub mod guardian;
 pub mod restore;
+pub mod signals;
 mod sys;
 pub mod writer;
 
