@@ -1011,6 +1011,13 @@ fn criu_checkpoint_unpause_restore_resume() {
     // The queue holds the GPU's GWS: KFD's queue record says so.
     d.call(nr::ALLOC_QUEUE_GWS, &args(&[(0, 0), (4, 1)], 16))
         .unwrap();
+    // A CU mask: KFD's MQD holds it, ours too (MQD version 2).
+    let mask = [0xf0f0_f0f0u32, 0x0f0f_0f0f];
+    d.call(
+        nr::SET_CU_MASK,
+        &args(&[(0, 0), (4, 64), (8, mask.as_ptr() as u64)], 16),
+    )
+    .unwrap();
     // Checkpoint again for the restore, then the process "dies".
     let info = d
         .call(
@@ -1019,12 +1026,23 @@ fn criu_checkpoint_unpause_restore_resume() {
         )
         .unwrap();
     let psize = u64_at(&info, 24);
+    assert_eq!(psize, 8 + 8 + 5 * 272 + (120 + 64 + 136) + 64);
+    let mut blob = vec![0u8; psize as usize];
+    let pp = blob.as_mut_ptr() as u64;
     d.call(
         nr::CRIU_OP,
         &criu(criu_op::CHECKPOINT, dp, bp, pp, psize, nd, nb, no, 0),
     )
     .unwrap();
     assert_eq!(u32_at(&blob, 16 + 5 * 272 + 92), 1, "queue record's gws");
+    let mqd = 16 + 5 * 272 + 120;
+    assert_eq!(u32_at(&blob, 16 + 5 * 272 + 112), 64 + 136, "mqd_size");
+    assert_eq!(u32_at(&blob, mqd + 4), 2, "MQD version");
+    assert_eq!(
+        &blob[mqd + 64..mqd + 80],
+        &[2, 0, 0, 0, 0, 0, 0, 0, 0xf0, 0xf0, 0xf0, 0xf0, 0x0f, 0x0f, 0x0f, 0x0f]
+    );
+    let cu_section = blob[mqd + 64..mqd + 200].to_vec();
     let ring_copy: Vec<u8> = (0..RING_SIZE as usize)
         .map(|i| unsafe_byte(r.ring, i))
         .collect();
@@ -1177,6 +1195,34 @@ fn criu_checkpoint_unpause_restore_resume() {
     let (wa, _e) = wait_args(&[r.event], false, 0);
     d.call(nr::SET_EVENT, &r.event.to_le_bytes()).unwrap();
     assert_eq!(u32_at(&d.call(nr::WAIT_EVENTS, &wa).unwrap(), 20), 0);
+    // The restored queue kept its CU mask: a new checkpoint shows it.
+    let info = d
+        .call(
+            nr::CRIU_OP,
+            &criu(criu_op::PROCESS_INFO, 0, 0, 0, 0, 0, 0, 0, 0),
+        )
+        .unwrap();
+    let (psize, nb, no) = (u64_at(&info, 24), u32_at(&info, 36), u32_at(&info, 40));
+    let mut bos = vec![0u8; 48 * nb as usize];
+    let mut blob2 = vec![0u8; psize as usize];
+    d.call(
+        nr::CRIU_OP,
+        &criu(
+            criu_op::CHECKPOINT,
+            devs.as_mut_ptr() as u64,
+            bos.as_mut_ptr() as u64,
+            blob2.as_mut_ptr() as u64,
+            psize,
+            nd,
+            nb,
+            no,
+            0,
+        ),
+    )
+    .unwrap();
+    let q = 16 + nb as usize * 272;
+    assert_eq!(u32_at(&blob2, q + 76), 0, "queue 0 comes first");
+    assert_eq!(&blob2[q + 120 + 64..q + 120 + 200], &cu_section[..]);
 }
 
 fn unsafe_byte(p: *mut u8, i: usize) -> u8 {

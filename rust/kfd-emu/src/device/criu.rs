@@ -2,7 +2,9 @@
 //! private blob (B.5 layout, version 1, MAX_GPU_INSTANCE 64).  Each op
 //! first asks [`crate::fault`] whether a test wants it to fail.
 //!
-//! The MQD part of a queue record is the emulator's own ([`Mqd`]).  No
+//! The MQD part of a queue record is the emulator's own ([`Mqd`]); a
+//! queue with a SET_CU_MASK mask gets version 2, the 64 bytes of version 1
+//! followed by the mask ([`CuMask`]), as KFD's MQD holds the CU mask.  No
 //! control stack bytes follow (no waves ever run), so the record's
 //! `ctl_stack_size` is 0.
 //!
@@ -46,6 +48,33 @@ unsafe impl AsBytes for Mqd {}
 pub const MQD_SIZE: usize = size_of::<Mqd>();
 const _: () = assert!(MQD_SIZE == 64 && offset_of!(Mqd, pad) == 44);
 const MQD_MAGIC: u32 = u32::from_le_bytes(*b"KEMQ");
+
+/// What MQD version 2 adds: the CU mask (SET_CU_MASK's, at most 1024 bits).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct CuMask {
+    /// Mask words in use (1..=32).
+    words: u32,
+    pad: u32,
+    mask: [u32; 32],
+}
+
+// SAFETY: integers only; the fields cover all 136 bytes (asserted below).
+unsafe impl FromBytes for CuMask {}
+// SAFETY: as above, no implicit padding.
+unsafe impl AsBytes for CuMask {}
+
+const CU_MASK_SIZE: usize = size_of::<CuMask>();
+const _: () = assert!(CU_MASK_SIZE == 136);
+
+/// The MQD size of a queue's record.
+fn mqd_size(q: &Queue) -> usize {
+    if q.cu_mask.is_empty() {
+        MQD_SIZE
+    } else {
+        MQD_SIZE + CU_MASK_SIZE
+    }
+}
 /// Upper bound for blobs we are asked to read (protects the daemon).
 const MAX_PRIV: u64 = 256 << 20;
 
@@ -80,13 +109,15 @@ struct Counts {
 fn counts(p: &super::state::Proc) -> Counts {
     let bos = p.bos.len() as u32;
     let queues = p.queues.len() as u64;
+    let mqds: usize = p.queues.values().map(mqd_size).sum();
     let events = p.events.len() as u64;
     Counts {
         devices: p.pdds.len() as u32,
         bos,
         objects: (queues + events) as u32,
         priv_size: (pb::PROCESS + pb::DEVICE * p.pdds.len() + pb::BO * bos as usize) as u64
-            + queues * (pb::QUEUE + MQD_SIZE) as u64
+            + queues * pb::QUEUE as u64
+            + mqds as u64
             + events * pb::EVENT as u64,
     }
 }
@@ -150,7 +181,7 @@ pub fn unpause(st: &mut State, lead: u32) -> R<()> {
 fn encode_mqd(q: &Queue, wptr: u64) -> Mqd {
     Mqd {
         magic: MQD_MAGIC,
-        version: 1,
+        version: if q.cu_mask.is_empty() { 1 } else { 2 },
         rptr: q.rptr,
         wptr,
         ring_base: q.ring_base,
@@ -264,11 +295,21 @@ pub fn checkpoint(
             eop_ring_buffer_size: q.eop_size as u32,
             ctx_save_restore_area_size: q.ctx_size,
             ctl_stack_size: 0,
-            mqd_size: MQD_SIZE as u32,
+            mqd_size: mqd_size(q) as u32,
             ..Default::default()
         };
         uapi::push(&mut blob, &r);
         uapi::push(&mut blob, &encode_mqd(q, wptr));
+        if !q.cu_mask.is_empty() {
+            let mut mask = [0u32; 32];
+            mask[..q.cu_mask.len()].copy_from_slice(&q.cu_mask);
+            let m = CuMask {
+                words: q.cu_mask.len() as u32,
+                pad: 0,
+                mask,
+            };
+            uapi::push(&mut blob, &m);
+        }
     }
     let mut first = true;
     for (&id, ev) in &p.events {
@@ -482,13 +523,23 @@ fn plan_restore(
         match ty {
             pb::OBJ_QUEUE => {
                 let r: layout::kfd_criu_queue_priv_data = cur.rec()?;
-                if r.mqd_size as usize != MQD_SIZE || r.ctl_stack_size != 0 {
+                let v2 = r.mqd_size as usize == MQD_SIZE + CU_MASK_SIZE;
+                if !(r.mqd_size as usize == MQD_SIZE || v2) || r.ctl_stack_size != 0 {
                     return Err(libc::EINVAL);
                 }
                 let m: Mqd = cur.rec()?;
-                if m.magic != MQD_MAGIC || m.version != 1 {
+                if m.magic != MQD_MAGIC || m.version != if v2 { 2 } else { 1 } {
                     return Err(libc::EINVAL);
                 }
+                let cu_mask = if v2 {
+                    let c: CuMask = cur.rec()?;
+                    if c.words == 0 || c.words > 32 {
+                        return Err(libc::EINVAL);
+                    }
+                    c.mask[..c.words as usize].to_vec()
+                } else {
+                    Vec::new()
+                };
                 let gpu = *user_to_gpu.get(&r.gpu_id).ok_or(libc::EINVAL)?;
                 let qtype = r.type_;
                 let id = r.q_id;
@@ -520,7 +571,7 @@ fn plan_restore(
                     sdma_id: r.sdma_id,
                     rptr: m.rptr,
                     halted: m.halted != 0,
-                    cu_mask: Vec::new(),
+                    cu_mask,
                     aql: Default::default(),
                 };
                 if q.is_sdma() {
