@@ -20,6 +20,8 @@
 #include "pstree.h"
 #include "servicefd.h"
 #include "vma.h"
+#include "rst_info.h"
+#include "plugin.h"
 #include "criu-gpu.h"
 #include "criu-rocm.h"
 
@@ -70,6 +72,8 @@ bool criu_rocm_plugin_refused(const char *dir, const char *name)
 }
 
 static bool inventory_noted;
+/* The first RESUME_DEVICES_LATE of a restore waited for the GPU memory writer. */
+static bool contents_awaited;
 
 /* Images that hold GPU state name the upstream plugin, so that upstream CRIU restores them. */
 static int note_gpu_in_inventory(void)
@@ -92,84 +96,74 @@ bool criu_rocm_is_gpu_file(const struct stat *st)
 	return criu_gpu_device_kind(st->st_mode, st->st_dev, st->st_ino, st->st_rdev) > 0;
 }
 
-int criu_rocm_claim_vma(pid_t pid, struct vma_area *vma, const struct stat *st)
+/* --- the built-in plugin: CRIU's hook chain calls these first --- */
+
+static int gpu_init(int stage)
 {
-	if (!criu_rocm_is_gpu_file(st))
-		return 0;
-	pr_info("%d: %#" PRIx64 "-%#" PRIx64 " maps an AMD GPU device; its contents are saved with the GPU\n",
-		pid, vma->e->start, vma->e->end);
-	vma->e->status |= VMA_EXT_PLUGIN;
-	if (opts.mode == CR_DUMP && note_gpu_in_inventory())
-		return -1;
-	return 1;
-}
-
-int criu_rocm_dump_init(void)
-{
-	inventory_noted = false;
-	return criu_gpu_dump_init();
-}
-
-int criu_rocm_pause_devices(void)
-{
-	struct pstree_item *item;
-	int paused = 0;
-
-	for_each_pstree_item(item) {
-		int ret;
-
-		if (!task_alive(item))
-			continue;
-		ret = criu_gpu_pause_task(item->pid->real);
-		if (ret < 0) {
-			pr_err("Can't pause the GPU queues of %d\n", item->pid->real);
-			return -1;
-		}
-		paused += ret;
-	}
-	if (paused)
-		pr_info("GPU queues of %d process(es) paused before any memory is read\n", paused);
-	if (paused && opts.stream) {
-		/* The GPU images are files of their own, which the image streamer does not carry. */
-		pr_err("--stream cannot carry the GPU state of the %d paused process(es); dump to an "
-		       "image directory instead\n",
-		       paused);
-		return -1;
+	switch (stage) {
+	case CR_PLUGIN_STAGE__DUMP:
+		inventory_noted = false;
+		return criu_gpu_dump_init();
+	case CR_PLUGIN_STAGE__RESTORE:
+		/*
+		 * Claim the inventory's GPU entry the way upstream's plugin does, so
+		 * that CRIU does not ask for a plugin that is built in here.
+		 */
+		check_and_remove_inventory_plugin(AMDGPU_INVENTORY_NAME, strlen(AMDGPU_INVENTORY_NAME));
+		contents_awaited = false;
+		return criu_gpu_restore_init(image_dir_fd());
 	}
 	return 0;
 }
 
-int criu_rocm_dump_file(pid_t pid, int lfd, u32 id)
+static void gpu_exit(int stage, int ret)
 {
-	int ret = criu_gpu_dump_file(pid, lfd, id, image_dir_fd());
+	if (stage == CR_PLUGIN_STAGE__RESTORE)
+		criu_gpu_restore_fini();
+}
+
+/* HANDLE_DEVICE_VMA (criu main): a GPU mapping is metadata only, its contents go with the GPU. */
+static int gpu_handle_device_vma(int fd, const struct stat *st)
+{
+	if (!criu_rocm_is_gpu_file(st))
+		return -ENOTSUP;
+	if (opts.mode == CR_DUMP && note_gpu_in_inventory())
+		return -1;
+	return 0;
+}
+
+/* CHECKPOINT_DEVICES (criu main, tree frozen, before any memory is read): pause the GPU queues. */
+static int gpu_checkpoint_devices(int pid)
+{
+	int ret = criu_gpu_pause_task(pid);
+
+	if (ret < 0) {
+		pr_err("Can't pause the GPU queues of %d\n", pid);
+		return ret;
+	}
+	if (ret == 0)
+		return -ENOTSUP;
+	pr_info("GPU queues of %d paused before any memory is read\n", pid);
+	if (opts.stream) {
+		/* The GPU images are files of their own, which the image streamer does not carry. */
+		pr_err("--stream cannot carry the GPU state of %d; dump to an image directory instead\n", pid);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+/* DUMP_EXT_FILE (criu main): a GPU device fd of the tree. */
+static int gpu_dump_ext_file(int fd, int id)
+{
+	int ret = criu_gpu_dump_file(fd, id, image_dir_fd());
 
 	if (ret == -ENOTSUP)
 		return ret;
 	if (ret < 0) {
-		pr_err("Can't dump the GPU file %#x of %d\n", id, pid);
+		pr_err("Can't dump the GPU file %#x\n", id);
 		return ret;
 	}
 	return note_gpu_in_inventory();
-}
-
-int criu_rocm_dump_late(void)
-{
-	return criu_gpu_dump_late() ? -1 : 0;
-}
-
-int criu_rocm_dump_finish(bool resume)
-{
-	return criu_gpu_dump_finish(resume) ? -1 : 0;
-}
-
-int criu_rocm_restore_init(void)
-{
-	/*
-	 * Claim the inventory's GPU entry the way upstream's plugin does, so
-	 * that CRIU does not ask for a plugin that is built in here.
-	 */
-	check_and_remove_inventory_plugin(AMDGPU_INVENTORY_NAME, strlen(AMDGPU_INVENTORY_NAME));
-	return criu_gpu_restore_init(image_dir_fd());
 }
 
 /* The calling task's pid in criu main's pid namespace (read the way CRIU does). */
@@ -188,7 +182,8 @@ static int real_pid_of_current(void)
 	return atoi(buf);
 }
 
-int criu_rocm_restore_file(u32 id)
+/* RESTORE_EXT_FILE (the restored task): the fd of GPU file id. */
+static int gpu_restore_ext_file(int id)
 {
 	pid_t pid = vpid(current);
 	int floor, fd;
@@ -202,40 +197,80 @@ int criu_rocm_restore_file(u32 id)
 	return fd;
 }
 
-int criu_rocm_update_vma(const char *path, struct vma_area *vma, u64 *new_pgoff, int *map_fd)
+/* UPDATE_VMA_MAP (the restored task): the new offset and fd of a GPU mapping. */
+static int gpu_update_vma_map(const char *path, const uint64_t addr, const uint64_t old_pgoff, uint64_t *new_pgoff,
+			      int *plugin_fd)
 {
+	struct vma_area *vma;
 	int ret;
 
-	ret = criu_gpu_update_vma(vpid(current), path, vma->e->start, vma->e->end - vma->e->start, vma->e->pgoff,
-				  new_pgoff, map_fd);
-	if (ret < 0)
-		pr_err("Can't map the GPU memory at %#" PRIx64 " (%s)\n", vma->e->start, path);
-	return ret;
+	/* The mapping's length comes from the task's own list: GPU mappings are matched by range. */
+	list_for_each_entry(vma, &rsti(current)->vmas.h, list) {
+		if (vma->e->start != addr || vma->e->pgoff != old_pgoff)
+			continue;
+		ret = criu_gpu_update_vma(vpid(current), path, addr, vma->e->end - vma->e->start, old_pgoff, new_pgoff,
+					  plugin_fd);
+		if (ret < 0)
+			pr_err("Can't map the GPU memory at %#" PRIx64 " (%s)\n", addr, path);
+		return ret == 0 ? -ENOTSUP : ret;
+	}
+	return -ENOTSUP;
+}
+
+/* RESUME_DEVICES_LATE (criu main, every task at its final sigreturn): restart the GPU queues. */
+static int gpu_resume_devices_late(int pid)
+{
+	struct pstree_item *item = pstree_item_by_real(pid);
+	int ret;
+
+	if (!item)
+		return -ENOTSUP;
+	if (!contents_awaited) {
+		if (criu_gpu_restore_contents_wait()) {
+			pr_err("Can't write the GPU memory of the restored tasks back\n");
+			return -EIO;
+		}
+		contents_awaited = true;
+	}
+	ret = criu_gpu_resume(image_dir_fd(), pid, vpid(item));
+	if (ret < 0) {
+		pr_err("Can't resume the GPU queues of %d; the restore fails rather than leave it hung\n", pid);
+		return ret;
+	}
+	return ret ? 0 : -ENOTSUP;
+}
+
+cr_plugin_desc_t criu_rocm_plugin = {
+	.name = "criu-rocm-amdgpu",
+	.init = gpu_init,
+	.exit = gpu_exit,
+	.version = CRIU_PLUGIN_VERSION,
+	.max_hooks = CR_PLUGIN_HOOK__MAX,
+	.hooks = {
+		[CR_PLUGIN_HOOK__DUMP_EXT_FILE] = (void *)gpu_dump_ext_file,
+		[CR_PLUGIN_HOOK__RESTORE_EXT_FILE] = (void *)gpu_restore_ext_file,
+		[CR_PLUGIN_HOOK__HANDLE_DEVICE_VMA] = (void *)gpu_handle_device_vma,
+		[CR_PLUGIN_HOOK__UPDATE_VMA_MAP] = (void *)gpu_update_vma_map,
+		[CR_PLUGIN_HOOK__RESUME_DEVICES_LATE] = (void *)gpu_resume_devices_late,
+		[CR_PLUGIN_HOOK__CHECKPOINT_DEVICES] = (void *)gpu_checkpoint_devices,
+	},
+};
+
+/* --- call sites where CRIU has no plugin hook --- */
+
+int criu_rocm_dump_late(void)
+{
+	return criu_gpu_dump_late() ? -1 : 0;
+}
+
+int criu_rocm_dump_finish(bool resume)
+{
+	return criu_gpu_dump_finish(resume) ? -1 : 0;
 }
 
 int criu_rocm_restore_task_done(void)
 {
 	return criu_gpu_restore_task_done(vpid(current)) ? -1 : 0;
-}
-
-int criu_rocm_resume_devices(void)
-{
-	struct pstree_item *item;
-
-	if (criu_gpu_restore_contents_wait()) {
-		pr_err("Can't write the GPU memory of the restored tasks back\n");
-		return -1;
-	}
-	for_each_pstree_item(item) {
-		if (!task_alive(item))
-			continue;
-		if (criu_gpu_resume(image_dir_fd(), item->pid->real, vpid(item)) < 0) {
-			pr_err("Can't resume the GPU queues of %d; the restore fails rather than leave it hung\n",
-			       item->pid->real);
-			return -1;
-		}
-	}
-	return 0;
 }
 
 int criu_rocm_gpu_check(const char *dir)

@@ -45,11 +45,11 @@ int criu_gpu_dump_init(void);
 int criu_gpu_pause_task(int pid);
 
 /*
- Dumps device file `fd` (CRIU's copy of task `pid`'s file `id`) into the
- image directory `imgdir_fd`.  `1`: a KFD file, `2`: a render node,
- `-ENOTSUP`: not a GPU file.
+ Dumps device file `fd` (CRIU's copy of a task's file `id`) into the
+ image directory `imgdir_fd`; the task is found by the open file.  `1`: a
+ KFD file, `2`: a render node, `-ENOTSUP`: not a GPU file.
  */
-int criu_gpu_dump_file(int pid, int fd, uint32_t id, int imgdir_fd);
+int criu_gpu_dump_file(int fd, uint32_t id, int imgdir_fd);
 
 /*
  After every task's memory is dumped: every paused KFD process must have
@@ -77,6 +77,12 @@ int criu_gpu_restore_init(int imgdir_fd);
  task's BO contents back, then stops it.  `-errno` when a copy failed.
  */
 int criu_gpu_restore_contents_wait(void);
+
+/*
+ In criu main at the end of a restore: a GPU memory writer still running
+ (the restore failed before its copies were awaited) is killed and reaped.
+ */
+int criu_gpu_restore_fini(void);
 
 /*
  In a restored task (pid `vpid` in its namespace, `real_pid` in criu

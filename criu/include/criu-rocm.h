@@ -14,8 +14,7 @@
 
 #include "common/compiler.h"
 #include "int.h"
-
-struct vma_area;
+#include "criu-plugin.h"
 
 /* Brings up the GPU library; called once CRIU's log is open. */
 extern int criu_rocm_init(void);
@@ -36,36 +35,22 @@ extern bool criu_rocm_plugin_refused(const char *dir, const char *name);
  */
 extern bool criu_rocm_is_gpu_file(const struct stat *st);
 
-/* --- dump (criu main) --- */
-
 /*
- * A mapping of a GPU device file: marks it VMA_EXT_PLUGIN (metadata only,
- * contents saved with the GPU).  1 claimed, 0 not a GPU file, -1 error.
+ * criu-rocm's GPU handlers as a built-in plugin, chained before any loaded
+ * plugin: init/exit per stage, HANDLE_DEVICE_VMA, CHECKPOINT_DEVICES,
+ * DUMP_EXT_FILE, RESTORE_EXT_FILE, UPDATE_VMA_MAP, RESUME_DEVICES_LATE.
+ * Each returns -ENOTSUP for what is not a GPU object.
  */
-extern int criu_rocm_claim_vma(pid_t pid, struct vma_area *vma, const struct stat *st);
-/* Reads the GPU environment knobs at the start of a dump. */
-extern int criu_rocm_dump_init(void);
-/* Right after the tree is frozen, before any memory is read: pause every KFD process. */
-extern int criu_rocm_pause_devices(void);
-/* DUMP_EXT_FILE: a GPU device fd of task pid; -ENOTSUP when it is not one. */
-extern int criu_rocm_dump_file(pid_t pid, int lfd, u32 id);
-/* After all CPU memory is dumped: every paused GPU process was saved. */
+extern cr_plugin_desc_t criu_rocm_plugin;
+
+/* --- where CRIU has no plugin hook --- */
+
+/* Dump, after all CPU memory is dumped: every paused GPU process was saved. */
 extern int criu_rocm_dump_late(void);
-/* End of the dump: unpause the GPUs when the tree will run again. */
+/* End of the dump: unpause the GPUs when the tree will run again; -1 if that failed. */
 extern int criu_rocm_dump_finish(bool resume);
-
-/* --- restore --- */
-
-/* criu main, before any task is created. */
-extern int criu_rocm_restore_init(void);
-/* In the restored task: the fd of GPU file id, or -ENOTSUP. */
-extern int criu_rocm_restore_file(u32 id);
-/* In the restored task: new offset and fd of a GPU mapping; 1 GPU, 0 not ours, <0 error. */
-extern int criu_rocm_update_vma(const char *path, struct vma_area *vma, u64 *new_pgoff, int *map_fd);
 /* In the restored task, after all its mappings are opened: drop the fds kept for the hooks. */
 extern int criu_rocm_restore_task_done(void);
-/* criu main, once every task sits at its final sigreturn: restart the GPU queues. */
-extern int criu_rocm_resume_devices(void);
 
 /* `criu-rocm gpu-check -D DIR`: can these images be restored here, and how. */
 extern int criu_rocm_gpu_check(const char *dir);

@@ -96,11 +96,11 @@ pub extern "C" fn criu_gpu_pause_task(pid: c_int) -> c_int {
     })
 }
 
-/// Dumps device file `fd` (CRIU's copy of task `pid`'s file `id`) into the
-/// image directory `imgdir_fd`.  `1`: a KFD file, `2`: a render node,
-/// `-ENOTSUP`: not a GPU file.
+/// Dumps device file `fd` (CRIU's copy of a task's file `id`) into the
+/// image directory `imgdir_fd`; the task is found by the open file.  `1`: a
+/// KFD file, `2`: a render node, `-ENOTSUP`: not a GPU file.
 #[no_mangle]
-pub extern "C" fn criu_gpu_dump_file(pid: c_int, fd: c_int, id: u32, imgdir_fd: c_int) -> c_int {
+pub extern "C" fn criu_gpu_dump_file(fd: c_int, id: u32, imgdir_fd: c_int) -> c_int {
     ffi_boundary("criu_gpu_dump_file", || {
         let mut g = lock(&DUMP);
         let Some(s) = g.as_mut() else {
@@ -108,7 +108,7 @@ pub extern "C" fn criu_gpu_dump_file(pid: c_int, fd: c_int, id: u32, imgdir_fd: 
         };
         // SAFETY: CRIU keeps `fd` open for the duration of the hook.
         let fd = unsafe { BorrowedFd::borrow_raw(fd) };
-        match s.dump_file(pid, fd, FileId(id), &image_dir(imgdir_fd)) {
+        match s.dump_file(fd, FileId(id), &image_dir(imgdir_fd)) {
             Ok(None) => -libc::ENOTSUP,
             Ok(Some(Dumped::Kfd)) => 1,
             Ok(Some(Dumped::Render(_))) => 2,
@@ -196,6 +196,20 @@ pub extern "C" fn criu_gpu_restore_contents_wait() -> c_int {
             Ok(()) => 0,
             Err(e) => fail(e),
         }
+    })
+}
+
+/// In criu main at the end of a restore: a GPU memory writer still running
+/// (the restore failed before its copies were awaited) is killed and reaped.
+#[no_mangle]
+pub extern "C" fn criu_gpu_restore_fini() -> c_int {
+    ffi_boundary("criu_gpu_restore_fini", || {
+        if let Some(w) = lock(&WRITER).take() {
+            w.abort();
+        }
+        *lock(&RESTORE) = None;
+        *lock(&RESUME) = None;
+        0
     })
 }
 

@@ -308,28 +308,59 @@ impl DumpSession {
         Ok(true)
     }
 
-    /// Dumps a device file CRIU found in task `pid` (our copy `fd`, CRIU
-    /// file id `id`) into `dir`.  `None`: not a GPU file.
+    /// Dumps a device file CRIU found in the tree (our copy `fd`, CRIU file
+    /// id `id`) into `dir`.  `None`: not a GPU file.  The task holding it is
+    /// the one whose file, reached at the pause, is the same open file.
     pub fn dump_file(
         &mut self,
-        pid: i32,
         fd: BorrowedFd<'_>,
         id: FileId,
         dir: &Path,
     ) -> Result<Option<Dumped>, SessionError> {
         let st = stat_fd(fd).map_err(|source| SessionError::Os {
-            pid,
-            step: "fstat of a file to dump".into(),
+            pid: 0,
+            step: format!("fstat of file {id} to dump"),
             source,
         })?;
         match self.devices.classify(&st) {
             None => Ok(None),
-            Some(DeviceKind::Kfd) => self.dump_kfd(pid, fd, id, dir).map(|_| Some(Dumped::Kfd)),
+            Some(DeviceKind::Kfd) => self.dump_kfd(fd, id, dir).map(|_| Some(Dumped::Kfd)),
             Some(DeviceKind::Render(minor)) => {
+                let pid = self.render_owner(fd, id)?;
                 self.dump_render(pid, minor, id, dir)?;
                 Ok(Some(Dumped::Render(minor)))
             }
         }
+    }
+
+    /// The task whose render-node fd, reached at the pause, is the open file
+    /// `fd`: one with a KFD process if several share it (inherited fds).
+    fn render_owner(&self, fd: BorrowedFd<'_>, id: FileId) -> Result<i32, SessionError> {
+        let mut holders = Vec::new();
+        for (&pid, fds) in &self.render_fds {
+            for (_, f) in fds {
+                let same = same_open_file(f.as_fd(), fd).map_err(|source| SessionError::Os {
+                    pid,
+                    step: "kcmp of render-node files".into(),
+                    source,
+                })?;
+                if same {
+                    holders.push(pid);
+                    break;
+                }
+            }
+        }
+        holders
+            .iter()
+            .copied()
+            .find(|&pid| self.procs.iter().any(|p| p.task == pid))
+            .or_else(|| holders.first().copied())
+            .ok_or_else(|| SessionError::State {
+                pid: 0,
+                what: format!(
+                    "render-node file {id} was not open in any task when the tree was frozen"
+                ),
+            })
     }
 
     /// The paused process behind a KFD file, and whether the file is one
@@ -356,26 +387,22 @@ impl DumpSession {
     }
 
     /// [`Self::locate`] for a file that must have been seen at the pause.
-    fn find_proc(&self, pid: i32, fd: BorrowedFd<'_>) -> Result<(usize, bool), SessionError> {
-        if let Some(found) = self.locate(pid, fd)? {
+    fn find_proc(&self, fd: BorrowedFd<'_>, id: FileId) -> Result<(usize, bool), SessionError> {
+        if let Some(found) = self.locate(0, fd)? {
             return Ok(found);
         }
         Err(SessionError::State {
-            pid,
-            what: "a /dev/kfd file that was not seen when the tree was frozen \
-                   (its queues were never paused); refusing to save it"
-                .into(),
+            pid: 0,
+            what: format!(
+                "/dev/kfd file {id} was not open in any task when the tree was frozen \
+                 (its queues were never paused); refusing to save it"
+            ),
         })
     }
 
-    fn dump_kfd(
-        &mut self,
-        pid: i32,
-        fd: BorrowedFd<'_>,
-        id: FileId,
-        dir: &Path,
-    ) -> Result<(), SessionError> {
-        let (i, reopen) = self.find_proc(pid, fd)?;
+    fn dump_kfd(&mut self, fd: BorrowedFd<'_>, id: FileId, dir: &Path) -> Result<(), SessionError> {
+        let (i, reopen) = self.find_proc(fd, id)?;
+        let pid = self.procs[i].task;
         let topology = self.topology(pid)?.clone();
         let p = &self.procs[i];
         let owner = p.task;

@@ -631,6 +631,15 @@ impl Writer {
         })
     }
 
+    /// criu main, when the restore failed before [`Self::finish`]: the
+    /// writer is killed (its copies are for tasks that are gone) and reaped.
+    pub fn abort(self) {
+        // SAFETY: kill of our own child, which has not been reaped yet.
+        unsafe { libc::kill(self.pid, libc::SIGKILL) };
+        self.reap();
+        log::debug!("GPU memory writer stopped (pid {})", self.pid);
+    }
+
     fn exited(&self) -> bool {
         let mut st = 0;
         // SAFETY: waitpid on our own child, without blocking.
