@@ -1470,8 +1470,6 @@ fn misc_ioctls_and_xnack() {
     assert_eq!(svm(0x10800, 0x1000, 0, 24), Err(libc::EINVAL));
     assert_eq!(svm(0, 0x1000, 0, 24), Err(libc::EINVAL));
     assert_eq!(svm(0x10000, 0, 0, 24), Err(libc::EINVAL));
-    // SVM ranges are not emulated: refused, the daemon still fine.
-    assert_eq!(svm(0x10000, 0x1000, 1, 32), Err(libc::EOPNOTSUPP));
     assert!(d.call(nr::GET_VERSION, &[0; 8]).is_ok());
 }
 
@@ -1791,6 +1789,293 @@ fn aql_barriers_run_and_a_dispatch_stops_the_queue() {
     assert_eq!(rptr(), 2);
     // SAFETY: see above.
     assert_eq!(unsafe { rd64(sigs, 64 + 8) }, 1);
+}
+
+/// An SVM request on `pages` pages from `base`: op 0 SET_ATTR, 1 GET_ATTR.
+fn svm_args(base: u64, first: u64, pages: u64, op: u32, attrs: &[(u32, u32)]) -> Vec<u8> {
+    let mut a = a64(&[(0, base + first * 4096), (8, pages * 4096)], 24);
+    a[16..20].copy_from_slice(&op.to_le_bytes());
+    a[20..24].copy_from_slice(&(attrs.len() as u32).to_le_bytes());
+    for (t, v) in attrs {
+        a.extend_from_slice(&t.to_le_bytes());
+        a.extend_from_slice(&v.to_le_bytes());
+    }
+    a
+}
+
+fn svm_attrs(out: &[u8]) -> Vec<(u32, u32)> {
+    (24..out.len())
+        .step_by(8)
+        .map(|o| (u32_at(out, o), u32_at(out, o + 4)))
+        .collect()
+}
+
+// KFD_IOCTL_SVM_ATTR_* and locations.
+const PREFERRED: u32 = 0;
+const PREFETCH: u32 = 1;
+const ACCESS: u32 = 2;
+const IN_PLACE: u32 = 3;
+const NO_ACCESS: u32 = 4;
+const SET_FLAGS: u32 = 5;
+const CLR_FLAGS: u32 = 6;
+const GRANULARITY: u32 = 7;
+const UNDEFINED: u32 = u32::MAX;
+
+/// Anonymous memory of the test process, `pages` pages.
+fn anon(pages: usize) -> u64 {
+    // SAFETY: a fresh private anonymous mapping, never freed by the test
+    // except through munmap calls on parts of it.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            pages * 4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED);
+    p as u64
+}
+
+#[test]
+fn svm_attributes_split_merge_and_refuse_like_kfd() {
+    let d = Dev::new("");
+    d.setup();
+    let g = d.gpu_id;
+    let base = anon(16);
+    let set = |first, pages, attrs: &[(u32, u32)]| {
+        d.call(nr::SVM, &svm_args(base, first, pages, 0, attrs))
+    };
+    let get = |first, pages, attrs: &[(u32, u32)]| {
+        d.call(nr::SVM, &svm_args(base, first, pages, 1, attrs))
+            .map(|o| svm_attrs(&o))
+    };
+    let all = [
+        (PREFERRED, 0),
+        (PREFETCH, 0),
+        (ACCESS, g),
+        (SET_FLAGS, 0),
+        (CLR_FLAGS, 0),
+        (GRANULARITY, 0),
+    ];
+    // No range yet: the defaults (flags HOST_ACCESS | COHERENT, 2^9 pages,
+    // no access without XNACK).
+    assert_eq!(
+        get(0, 16, &all).unwrap(),
+        [
+            (PREFERRED, UNDEFINED),
+            (PREFETCH, UNDEFINED),
+            (NO_ACCESS, g),
+            (SET_FLAGS, 3),
+            (CLR_FLAGS, !3),
+            (GRANULARITY, 9)
+        ]
+    );
+    set(
+        0,
+        8,
+        &[
+            (PREFERRED, g),
+            (ACCESS, g),
+            (SET_FLAGS, 0x10),
+            (GRANULARITY, 0x50),
+        ],
+    )
+    .unwrap();
+    assert_eq!(
+        get(0, 8, &all).unwrap(),
+        [
+            (PREFERRED, g),
+            (PREFETCH, UNDEFINED),
+            (ACCESS, g),
+            (SET_FLAGS, 0x13),
+            (CLR_FLAGS, !0x13),
+            (GRANULARITY, 0x3f)
+        ]
+    );
+    // Pages without a range do not count.
+    assert_eq!(get(0, 16, &[(PREFERRED, 0)]).unwrap(), [(PREFERRED, g)]);
+    // A second range overlapping the first: it is split, the new part
+    // gets defaults plus the attributes; where they differ, GET answers
+    // undefined / the intersection.
+    set(4, 8, &[(PREFERRED, 0), (IN_PLACE, g), (CLR_FLAGS, 1)]).unwrap();
+    assert_eq!(
+        get(0, 4, &[(PREFERRED, 0), (ACCESS, g)]).unwrap(),
+        [(PREFERRED, g), (ACCESS, g)]
+    );
+    assert_eq!(
+        get(
+            4,
+            8,
+            &[(PREFERRED, 0), (ACCESS, g), (SET_FLAGS, 0), (CLR_FLAGS, 0)]
+        )
+        .unwrap(),
+        [
+            (PREFERRED, 0),
+            (IN_PLACE, g),
+            (SET_FLAGS, 2),
+            (CLR_FLAGS, !0x12)
+        ]
+    );
+    assert_eq!(
+        get(0, 12, &[(PREFERRED, 0), (ACCESS, g), (SET_FLAGS, 0)]).unwrap(),
+        [(PREFERRED, UNDEFINED), (NO_ACCESS, g), (SET_FLAGS, 2)]
+    );
+    // KFD's refusals: an unknown GPU or attribute (EINVAL); GET of a type
+    // it cannot answer; memory that is not mapped (EFAULT); memory a BO
+    // mapped to the GPU covers (EADDRINUSE); an unknown op.
+    assert_eq!(set(0, 1, &[(ACCESS, 0x1234)]), Err(libc::EINVAL));
+    assert_eq!(set(0, 1, &[(PREFETCH, UNDEFINED)]), Err(libc::EINVAL));
+    assert_eq!(set(0, 1, &[(9, 0)]), Err(libc::EINVAL));
+    assert_eq!(get(0, 1, &[(NO_ACCESS, g)]), Err(libc::EINVAL));
+    assert_eq!(get(0, 1, &[(ACCESS, 0x1234)]), Err(libc::EINVAL));
+    // A hole: page 11 of the test's own mapping goes.
+    // SAFETY: the pages are the test's own mapping, unused by Rust code.
+    let r = unsafe { libc::munmap((base + 11 * 4096) as *mut _, 4096) };
+    assert_eq!(r, 0);
+    assert_eq!(set(10, 3, &[(PREFERRED, 0)]), Err(libc::EFAULT));
+    let (h, _) = d
+        .alloc(base + 14 * 4096, 8192, alloc::USERPTR, base + 14 * 4096)
+        .unwrap();
+    let ids = [g];
+    let mut m = a64(&[(0, h), (8, ids.as_ptr() as u64)], 24);
+    m[16..20].copy_from_slice(&1u32.to_le_bytes());
+    d.call(nr::MAP_MEMORY_TO_GPU, &m).unwrap();
+    assert_eq!(set(12, 4, &[(PREFERRED, 0)]), Err(libc::EADDRINUSE));
+    assert_eq!(
+        d.call(nr::SVM, &svm_args(base, 0, 1, 7, &[])),
+        Err(libc::EINVAL)
+    );
+    // A BO cannot be allocated where an SVM range is.
+    assert_eq!(
+        d.alloc(base + 4096, 4096, alloc::USERPTR, base + 4096),
+        Err(libc::EADDRINUSE)
+    );
+    // Unmapping memory ends the ranges there, as KFD's notifier does.
+    // SAFETY: pages 2..11 of the test's own mapping, unused by Rust code.
+    let r = unsafe { libc::munmap((base + 2 * 4096) as *mut _, 9 * 4096) };
+    assert_eq!(r, 0);
+    assert_eq!(set(0, 4, &[(PREFERRED, 0)]), Err(libc::EFAULT));
+    d.alloc(base + 4096 * 4, 4096, alloc::GTT, 0).unwrap();
+    assert_eq!(get(0, 2, &[(PREFERRED, 0)]).unwrap(), [(PREFERRED, g)]);
+}
+
+#[test]
+fn svm_ranges_survive_checkpoint_and_resume() {
+    let d = Dev::new("");
+    let (kfd, _render) = d.setup();
+    let g = d.gpu_id;
+    let base = anon(8);
+    d.call(
+        nr::SVM,
+        &svm_args(
+            base,
+            2,
+            4,
+            0,
+            &[(PREFERRED, g), (IN_PLACE, g), (CLR_FLAGS, 2)],
+        ),
+    )
+    .unwrap();
+    let info = d
+        .call(
+            nr::CRIU_OP,
+            &criu(criu_op::PROCESS_INFO, 0, 0, 0, 0, 0, 0, 0, 0),
+        )
+        .unwrap();
+    let (psize, nd, nb, no) = (
+        u64_at(&info, 24),
+        u32_at(&info, 32),
+        u32_at(&info, 36),
+        u32_at(&info, 40),
+    );
+    assert_eq!((nd, nb, no), (1, 0, 1));
+    // Process and device records, then one SVM record: header and
+    // 4 + 1 attributes.
+    assert_eq!(psize, 8 + 8 + 24 + 5 * 8);
+    let mut devs = vec![0u8; 16];
+    let mut bos = vec![0u8; 48];
+    let mut blob = vec![0u8; psize as usize];
+    d.call(
+        nr::CRIU_OP,
+        &criu(
+            criu_op::CHECKPOINT,
+            devs.as_mut_ptr() as u64,
+            bos.as_mut_ptr() as u64,
+            blob.as_mut_ptr() as u64,
+            psize,
+            nd,
+            nb,
+            no,
+            0,
+        ),
+    )
+    .unwrap();
+    let r = &blob[16..];
+    assert_eq!(u32_at(r, 0), 2, "object type SVM range");
+    assert_eq!((u64_at(r, 8), u64_at(r, 16)), (base / 4096 + 2, 4), "pages");
+    let attrs: Vec<(u32, u32)> = (0..5)
+        .map(|i| (u32_at(r, 24 + 8 * i), u32_at(r, 28 + 8 * i)))
+        .collect();
+    assert_eq!(
+        attrs,
+        [
+            (PREFERRED, g),
+            (PREFETCH, UNDEFINED),
+            (SET_FLAGS, 1),
+            (GRANULARITY, 9),
+            (IN_PLACE, g)
+        ]
+    );
+    d.emu.release(kfd);
+
+    let kfd2 = d.emu.open(&NodeKind::Kfd, &me()).unwrap();
+    KFD_FH.with(|f| f.set(kfd2));
+    let render2 = d
+        .emu
+        .open(&NodeKind::Render { minor: d.minor }, &me())
+        .unwrap();
+    d.fds.0.lock().unwrap().insert(950, render2);
+    devs[8..12].copy_from_slice(&950u32.to_le_bytes());
+    d.call(
+        nr::CRIU_OP,
+        &criu(
+            criu_op::RESTORE,
+            devs.as_mut_ptr() as u64,
+            0,
+            blob.as_ptr() as u64,
+            psize,
+            nd,
+            0,
+            no,
+            0,
+        ),
+    )
+    .unwrap();
+    // Until RESUME the range is not there.
+    let q = [(PREFERRED, 0), (ACCESS, g), (SET_FLAGS, 0)];
+    let got = svm_attrs(&d.call(nr::SVM, &svm_args(base, 2, 4, 1, &q)).unwrap());
+    assert_eq!(
+        got,
+        [(PREFERRED, UNDEFINED), (NO_ACCESS, g), (SET_FLAGS, 3)]
+    );
+    d.call(
+        nr::CRIU_OP,
+        &criu(criu_op::RESUME, 0, 0, 0, 0, 0, 0, 0, std::process::id()),
+    )
+    .unwrap();
+    let got = svm_attrs(&d.call(nr::SVM, &svm_args(base, 2, 4, 1, &q)).unwrap());
+    assert_eq!(got, [(PREFERRED, g), (IN_PLACE, g), (SET_FLAGS, 1)]);
+    assert_eq!(
+        svm_attrs(
+            &d.call(nr::SVM, &svm_args(base, 0, 2, 1, &[(PREFERRED, 0)]))
+                .unwrap()
+        ),
+        [(PREFERRED, UNDEFINED)],
+        "the restored range has its own extent"
+    );
 }
 
 /// A GPU process of its own for the multi-process CRIU tests.  A `sleep`

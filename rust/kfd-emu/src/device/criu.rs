@@ -19,6 +19,7 @@ use std::mem::{offset_of, size_of};
 use super::kfd;
 use super::mem::{user_read, user_write};
 use super::state::{BoKey, Done, Event, Queue, State, R};
+use super::svm;
 use super::uapi::{self, alloc, kfd_off, layout, priv_blob as pb, sys, AsBytes, FromBytes};
 use super::{Caller, FdResolver};
 
@@ -111,14 +112,16 @@ fn counts(p: &super::state::Proc) -> Counts {
     let queues = p.queues.len() as u64;
     let mqds: usize = p.queues.values().map(mqd_size).sum();
     let events = p.events.len() as u64;
+    let svms = p.svm.ranges.len() as u64;
     Counts {
         devices: p.pdds.len() as u32,
         bos,
-        objects: (queues + events) as u32,
+        objects: (queues + events + svms) as u32,
         priv_size: (pb::PROCESS + pb::DEVICE * p.pdds.len() + pb::BO * bos as usize) as u64
             + queues * pb::QUEUE as u64
             + mqds as u64
-            + events * pb::EVENT as u64,
+            + events * pb::EVENT as u64
+            + svms * svm::record_size(p.pdds.len()) as u64,
     }
 }
 
@@ -159,6 +162,11 @@ pub fn process_info(st: &mut State, lead: u32, a: &mut sys::kfd_ioctl_criu_args)
         return Err(libc::ENODEV);
     }
     p.paused = true;
+    // SVM ranges the process unmapped are gone, as on KFD.
+    if !p.svm.ranges.is_empty() {
+        let vmas = svm::vmas(lead)?;
+        svm::trim(p, &vmas);
+    }
     let c = counts(p);
     a.priv_data_size = c.priv_size;
     a.num_devices = c.devices;
@@ -216,12 +224,16 @@ pub fn checkpoint(
     if dev_ptr == 0 || bo_ptr == 0 || priv_ptr == 0 {
         return Err(libc::EINVAL);
     }
-    let p = st.procs.get(&lead).ok_or(libc::ESRCH)?;
+    let p = st.procs.get_mut(&lead).ok_or(libc::ESRCH)?;
     if p.pdds.is_empty() {
         return Err(libc::ENODEV);
     }
     if !p.paused {
         return Err(libc::EINVAL);
+    }
+    if !p.svm.ranges.is_empty() {
+        let vmas = svm::vmas(lead)?;
+        svm::trim(p, &vmas);
     }
     let c = counts(p);
     if a.num_devices != c.devices
@@ -332,6 +344,7 @@ pub fn checkpoint(
         };
         uapi::push(&mut blob, &r);
     }
+    svm::checkpoint(p, &mut blob)?;
     debug_assert_eq!(blob.len() as u64, c.priv_size);
     user_write(caller.tid, priv_ptr, &blob)?;
     user_write(caller.tid, dev_ptr, &devs)?;
@@ -349,6 +362,8 @@ struct Plan {
     queues: Vec<(u32, Queue, u64, bool)>,
     events: Vec<(u32, Event)>,
     signal_handle: u64,
+    /// SVM range records, applied at RESUME.
+    svm: Vec<svm::Record>,
     /// The /dev/kfd slot the process had at checkpoint, if recorded.
     slot: Option<u32>,
 }
@@ -394,7 +409,7 @@ fn plan_restore(
         a.num_bos as usize,
         a.num_objects as usize,
     );
-    if dev_ptr == 0 || bo_ptr == 0 || priv_ptr == 0 || priv_size == 0 || n_dev == 0 || n_bo == 0 {
+    if (n_bo > 0 && bo_ptr == 0) || dev_ptr == 0 || priv_ptr == 0 || priv_size == 0 || n_dev == 0 {
         return Err(libc::EINVAL);
     }
     if priv_size > MAX_PRIV || n_bo > (MAX_PRIV as usize / pb::BO) {
@@ -515,6 +530,7 @@ fn plan_restore(
     let mut queues = Vec::new();
     let mut events = Vec::new();
     let mut signal_handle = 0;
+    let mut svm_records = Vec::new();
     let mut per_gpu: BTreeMap<usize, u32> = BTreeMap::new();
     for _ in 0..n_obj {
         let at = cur.off;
@@ -629,7 +645,11 @@ fn plan_restore(
                     },
                 ));
             }
-            // SVM ranges are not emulated: no blob of ours carries them.
+            pb::OBJ_SVM_RANGE => {
+                // Kept for RESUME unchecked, as KFD does.
+                let b = cur.take(svm::record_size(n_dev))?;
+                svm_records.push(svm::parse_record(b, n_dev));
+            }
             _ => return Err(libc::EINVAL),
         }
     }
@@ -644,6 +664,7 @@ fn plan_restore(
             queues,
             events,
             signal_handle,
+            svm: svm_records,
             slot,
         },
         bob,
@@ -685,6 +706,7 @@ pub fn restore(
             d.gws_queue = None;
         }
         p.restore_pending = false;
+        p.svm.pending.clear();
         for (k, bo) in &bos {
             st.free_bo_memory(k.gpu, bo);
         }
@@ -707,6 +729,7 @@ fn apply(st: &mut State, lead: u32, plan: &Plan, buckets: &mut [sys::kfd_criu_bo
         let p = st.procs.get_mut(&lead).unwrap();
         p.xnack = plan.xnack;
         p.restore_pending = true;
+        p.svm.pending = plan.svm.clone();
         for &(gpu, user, fh) in &plan.devices {
             p.pdds[gpu].user_id = user;
             p.pdds[gpu].vm = Some(fh);
@@ -804,6 +827,9 @@ pub fn resume(st: &mut State, caller: u32, pid: u32, done: &mut Done) -> R<()> {
     if !p.restore_pending {
         return Err(libc::EINVAL);
     }
+    // The restored SVM ranges first (kfd_criu_resume_svm); a failure
+    // leaves the process evicted, as KFD leaves it.
+    svm::resume(p)?;
     p.restore_pending = false;
     let _ = done;
     Ok(())

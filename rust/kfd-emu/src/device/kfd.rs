@@ -215,6 +215,18 @@ pub fn alloc_memory(
     if a.size == 0 {
         return Err(libc::EINVAL);
     }
+    // A VA an SVM range covers is taken (VRAM without a VA aside).
+    if !(a.va_addr == 0 && flags & alloc::VRAM != 0) {
+        let p = proc_mut(st, lead)?;
+        if super::svm::overlaps(p, a.va_addr, a.size) {
+            // Only a mapping can end a range: look again after trimming.
+            let vmas = super::svm::vmas(lead)?;
+            super::svm::trim(p, &vmas);
+            if super::svm::overlaps(p, a.va_addr, a.size) {
+                return Err(libc::EADDRINUSE);
+            }
+        }
+    }
     {
         let p = proc_mut(st, lead)?;
         let gpu = p.pdd_by_user_id(a.gpu_id).ok_or(libc::EINVAL)?;
@@ -947,30 +959,5 @@ pub fn smi_events(st: &mut State, lead: u32, a: &mut sys::kfd_ioctl_smi_events_a
     log::warn!(
         "kfd-emu: AMDKFD_IOC_SMI_EVENTS from process {lead}: SMI event fds are not emulated"
     );
-    Err(libc::EOPNOTSUPP)
-}
-
-/// SVM: the argument checks of KFD (the caller's size must hold `nattr`
-/// attributes, the range page aligned and non-empty); SVM ranges
-/// themselves are not emulated (see README).
-pub fn svm(lead: u32, input: &[u8]) -> R<()> {
-    // start_addr, size, op, nattr, then the attributes.
-    let start: u64 = uapi::decode(input);
-    let size: u64 = uapi::decode(input.get(8..).unwrap_or(&[]));
-    let nattr: u32 = uapi::decode(input.get(20..).unwrap_or(&[]));
-    let need = (nattr as usize)
-        .checked_mul(size_of::<sys::kfd_ioctl_svm_attribute>())
-        .and_then(|n| n.checked_add(size_of::<sys::kfd_ioctl_svm_args>()));
-    if need.is_none_or(|n| input.len() < n) {
-        return Err(libc::EINVAL);
-    }
-    if !start.is_multiple_of(uapi::PAGE)
-        || !size.is_multiple_of(uapi::PAGE)
-        || start == 0
-        || size == 0
-    {
-        return Err(libc::EINVAL);
-    }
-    log::warn!("kfd-emu: AMDKFD_IOC_SVM from process {lead}: SVM ranges are not emulated");
     Err(libc::EOPNOTSUPP)
 }

@@ -6,6 +6,7 @@
 //! * `kfd`, `criu`, `render`: ioctl decode and the operations;
 //! * `asic`: what amdgpu reports about each GPU (render-node queries);
 //! * `sdma`: the engine executing SDMA packets;
+//! * `svm`: SVM ranges and their attributes;
 //! * `aql`: the AQL packet processor of compute queues (barriers; a packet
 //!   needing shader code stops the queue with the CP's queue error);
 //! * `mem`: memfd, mapping and caller-memory backends.
@@ -23,6 +24,7 @@ mod mem;
 mod render;
 mod sdma;
 mod state;
+mod svm;
 pub mod uapi;
 
 use std::os::fd::BorrowedFd;
@@ -515,7 +517,10 @@ impl Emulator {
                 }),
                 nr::ALLOC_QUEUE_GWS => with(i, o, |a| kfd::alloc_queue_gws(st, lead, a)),
                 nr::SMI_EVENTS => with(i, o, |a| kfd::smi_events(st, lead, a)),
-                nr::SVM => kfd::svm(lead, i).map(|()| Vec::new()),
+                nr::SVM => match st.procs.get_mut(&lead) {
+                    Some(p) => svm::ioctl(p, i, o),
+                    None => Err(libc::ESRCH),
+                },
                 nr::CRIU_OP => {
                     let mut a = uapi::decode::<sys::kfd_ioctl_criu_args>(i);
                     let r = match a.op {

@@ -267,6 +267,8 @@ pub struct Proc {
     /// CRIU-restored and not yet resumed: queues stay evicted.
     pub restore_pending: bool,
     pub xnack: bool,
+    /// SVM ranges and their attributes (AMDKFD_IOC_SVM).
+    pub svm: super::svm::Svm,
 }
 
 impl Proc {
@@ -524,6 +526,7 @@ impl State {
                     paused: false,
                     restore_pending: false,
                     xnack: false,
+                    svm: Default::default(),
                 },
             );
         }

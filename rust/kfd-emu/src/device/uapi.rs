@@ -171,6 +171,7 @@ pub mod priv_blob {
     pub const EVENT: usize = size_of::<layout::kfd_criu_event_priv_data>();
     pub const OBJ_QUEUE: u32 = layout::object_type::QUEUE;
     pub const OBJ_EVENT: u32 = layout::object_type::EVENT;
+    pub const OBJ_SVM_RANGE: u32 = layout::object_type::SVM_RANGE;
     pub const DEVICE_BUCKET: usize = size_of::<super::sys::kfd_criu_device_bucket>();
     pub const BO_BUCKET: usize = size_of::<super::sys::kfd_criu_bo_bucket>();
 }
