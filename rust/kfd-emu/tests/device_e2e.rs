@@ -88,7 +88,15 @@ fn client() {
         put(&mut a, 32, gpu, 4);
         put(&mut a, 36, flags, 4);
         kfd(k, 0x16, &mut a).unwrap();
-        (get(&a, 16, 8), map(r, get(&a, 24, 8), size as usize))
+        let handle = get(&a, 16, 8);
+        // MAP_MEMORY_TO_GPU: the GPU's engines reach only mapped BOs.
+        let ids = [gpu as u32];
+        let mut m = [0u8; 24];
+        put(&mut m, 0, handle, 8);
+        put(&mut m, 8, ids.as_ptr() as u64, 8);
+        put(&mut m, 16, 1, 4);
+        kfd(k, 0x18, &mut m).unwrap();
+        (handle, map(r, get(&a, 24, 8), size as usize))
     };
     let (ring_va, ctl_va, src_va, dst_va, sig_va) = (
         0x1000_0000u64,

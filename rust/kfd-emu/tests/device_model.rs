@@ -158,6 +158,13 @@ impl Dev {
         Ok((u64_at(&out, 16), u64_at(&out, 24)))
     }
 
+    /// MAP_MEMORY_TO_GPU of BO `handle` on the GPU, as KFD needs before
+    /// the GPU (its SDMA engine) can reach the BO.
+    fn map_gpu(&self, handle: u64) {
+        self.call(nr::MAP_MEMORY_TO_GPU, &map_args(handle, &[self.gpu_id]))
+            .unwrap();
+    }
+
     fn map_node(&self, node: NodeKind, off: u64, len: usize) -> *mut u8 {
         let fd = self.emu.backing_fd(&node);
         // SAFETY: a fresh shared mapping of the emulator's memfd, used only
@@ -193,6 +200,20 @@ fn args(fields: &[(usize, u64)], size: usize) -> Vec<u8> {
         }
     }
     v
+}
+
+/// MAP/UNMAP_MEMORY_TO_GPU arguments for `handle` on `gpus`.  The id
+/// array is leaked: the model reads it from this process' memory.
+fn map_args(handle: u64, gpus: &[u32]) -> Vec<u8> {
+    let ids: &'static [u32] = Vec::leak(gpus.to_vec());
+    a64(
+        &[
+            (0, handle),
+            (8, ids.as_ptr() as u64),
+            (16, gpus.len() as u64),
+        ],
+        24,
+    )
 }
 
 fn a64(fields: &[(usize, u64)], size: usize) -> Vec<u8> {
@@ -434,6 +455,7 @@ impl Rig {
         let mut handles = Vec::new();
         let mut m = |va, size, flags| {
             let (h, off) = d.alloc(va, size, flags, 0).unwrap();
+            d.map_gpu(h);
             handles.push((h, off));
             d.map_node(NodeKind::Render { minor: d.minor }, off, size as usize)
         };
@@ -755,6 +777,112 @@ fn wait_copy_started(dst: *mut u8, want: u32) {
     }
 }
 
+/// Packet operands are GPU VAs reached through the queue's GPU VM: a
+/// range may span adjacent BOs and USERPTR memory, and only BOs mapped on
+/// the GPU count.  A packet touching anything else faults and halts the
+/// queue: nothing after it runs.
+#[test]
+fn sdma_operands_go_through_the_gpu_vm() {
+    const A: u64 = 0x5000_0000;
+    const U: u64 = 0x6000_0000;
+    const C: u64 = 0x7000_0000;
+    let d = Dev::new("");
+    d.setup();
+    let mut r = Rig::new(&d);
+    let render = NodeKind::Render { minor: d.minor };
+    // Two adjacent VRAM BOs, each mapped.
+    let (ha, offa) = d.alloc(A, 8192, alloc::VRAM, 0).unwrap();
+    let (hb, offb) = d.alloc(A + 8192, 8192, alloc::VRAM, 0).unwrap();
+    d.map_gpu(ha);
+    d.map_gpu(hb);
+    let (pa, pb) = (
+        d.map_node(render, offa, 8192),
+        d.map_node(render, offb, 8192),
+    );
+    for i in 0..2048 {
+        // SAFETY: both map 8192 bytes.
+        unsafe {
+            wr32(pa, i * 4, 0xa000_0000 | i as u32);
+            wr32(pb, i * 4, 0xb000_0000 | i as u32);
+        }
+    }
+    // USERPTR memory of this process, mapped.
+    // SAFETY: a fresh anonymous mapping.
+    let user = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            8192,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(user, libc::MAP_FAILED);
+    let user = user as *mut u8;
+    let (hu, _) = d.alloc(U, 8192, alloc::USERPTR, user as u64).unwrap();
+    d.map_gpu(hu);
+
+    // 8 KiB straddling the two BOs, to the destination; then 64 bytes of
+    // it into the USERPTR memory at an offset; then back from there.
+    r.push(&[
+        1,
+        8192 - 1,
+        0,
+        lo(A + 4096),
+        hi(A + 4096),
+        lo(DST_VA),
+        hi(DST_VA),
+    ]);
+    r.push(&[
+        1,
+        63,
+        0,
+        lo(DST_VA + 4092),
+        hi(DST_VA + 4092),
+        lo(U + 0x100),
+        hi(U + 0x100),
+    ]);
+    r.push(&[
+        1,
+        63,
+        0,
+        lo(U + 0x100),
+        hi(U + 0x100),
+        lo(DST_VA + 0x8000),
+        hi(DST_VA + 0x8000),
+    ]);
+    r.kick();
+    assert!(r.wait_rptr(r.wptr), "rptr {:#x} != {:#x}", r.rptr(), r.wptr);
+    // SAFETY: offsets inside dst (65536 bytes) and user (8192 bytes).
+    unsafe {
+        assert_eq!(rd32(r.dst, 0), 0xa000_0000 | 1024);
+        assert_eq!(rd32(r.dst, 4092), 0xa000_0000 | 2047);
+        assert_eq!(rd32(r.dst, 4096), 0xb000_0000);
+        assert_eq!(rd32(r.dst, 8188), 0xb000_0000 | 1023);
+        assert_eq!(rd32(user, 0x100), 0xa000_0000 | 2047);
+        assert_eq!(rd32(user, 0x104), 0xb000_0000);
+        assert_eq!(rd32(r.dst, 0x8000), 0xa000_0000 | 2047);
+        assert_eq!(rd32(r.dst, 0x8000 + 60), 0xb000_0000 | 14);
+    }
+
+    // A BO allocated but not mapped on the GPU, and one unmapped again,
+    // are not reachable: the copy faults, the queue halts before the FENCE.
+    let (hc, _) = d.alloc(C, 4096, alloc::VRAM, 0).unwrap();
+    d.map_gpu(hc);
+    d.call(nr::UNMAP_MEMORY_FROM_GPU, &map_args(hc, &[d.gpu_id]))
+        .unwrap();
+    let before = r.rptr();
+    r.push(&[1, 15, 0, lo(C), hi(C), lo(DST_VA), hi(DST_VA)]);
+    r.push(&[5, lo(CTL_VA + 24), hi(CTL_VA + 24), 0x77]);
+    r.kick();
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(r.rptr(), before, "the faulting packet completed");
+    // SAFETY: inside ctl.
+    let after = unsafe { rd32(r.ctl, 24) };
+    assert_eq!(after, 0, "a packet after the fault ran");
+}
+
 /// The SDMA engine moves the bytes of a large copy without the global
 /// state lock: an ioctl of another process completes while the copy runs.
 /// Ioctls of the copying process that free its memory wait for the pass.
@@ -764,8 +892,10 @@ fn large_sdma_copy_does_not_stall_other_processes() {
     d.setup();
     let mut r = Rig::new(&d);
     let render = NodeKind::Render { minor: d.minor };
-    let (_, src_off) = d.alloc(BIG_SRC_VA, BIG, alloc::VRAM, 0).unwrap();
+    let (src_h, src_off) = d.alloc(BIG_SRC_VA, BIG, alloc::VRAM, 0).unwrap();
     let (dst_h, dst_off) = d.alloc(BIG_DST_VA, BIG * COPIES, alloc::VRAM, 0).unwrap();
+    d.map_gpu(src_h);
+    d.map_gpu(dst_h);
     let src = d.map_node(render, src_off, BIG as usize);
     let dst = d.map_node(render, dst_off, (BIG * COPIES) as usize);
     for i in 0..(BIG as usize / 4) {
@@ -2182,7 +2312,14 @@ impl GpuProc {
             ],
             40,
         );
-        u64_at(&self.call(d, nr::ALLOC_MEMORY_OF_GPU, &a).unwrap(), 24)
+        let out = self.call(d, nr::ALLOC_MEMORY_OF_GPU, &a).unwrap();
+        self.call(
+            d,
+            nr::MAP_MEMORY_TO_GPU,
+            &map_args(u64_at(&out, 16), &[d.gpu_id]),
+        )
+        .unwrap();
+        u64_at(&out, 24)
     }
 
     /// A signal event on the events page of /dev/kfd (no page BO, as on

@@ -26,6 +26,7 @@ mod sdma;
 mod state;
 mod svm;
 pub mod uapi;
+mod vm;
 
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,7 +1,8 @@
-//! The emulated SDMA engine: executes SDMA v4 packets from user-mode ring
-//! buffers.  Ring, rptr write-back and packet operands are GPU VAs,
-//! resolved through the owning process' BOs (VRAM/GTT through the
-//! daemon's memfd mappings, USERPTR through `process_vm_*`).
+//! The emulated SDMA engine: executes SDMA v4 packets (the packet set of
+//! GFX9: gfx908, gfx90a, gfx942) from user-mode ring buffers.  Everything
+//! the engine touches, its ring and read pointer included, is a GPU VA
+//! reached through the VM of the queue's GPU (`vm`): a BO of the process
+//! mapped there, or a GPU page fault.
 //!
 //! Packet dword layouts (SDMA v4, little endian):
 //! * header: op bits 7..0, sub-op bits 15..8;
@@ -18,7 +19,7 @@
 //! The bytes move outside the global state lock, so a large copy does not
 //! stall the ioctls of other processes.  A pass over one process has three
 //! steps: [`plan`] (under the lock) reads the doorbells and rings and
-//! resolves every packet operand to a [`Span`], which keeps the memory
+//! resolves every packet operand to a [`GpuRange`], which keeps the memory
 //! alive; [`execute`] (lock released) runs the packets in ring order;
 //! [`commit`] (under the lock again) advances and writes back the read
 //! pointers, halts faulted queues and delivers the TRAPs.  While a
@@ -26,151 +27,236 @@
 //! that would free its memory, change its queues or checkpoint it wait for
 //! the end of the pass, as KFD waits for a queue to be preempted.
 
-use super::state::{Done, Proc, Queue, Span};
+use super::state::{Done, Proc, Queue};
 use super::uapi::sdma::*;
+use super::vm::{Fault, GpuRange};
 
 /// Packets one queue may run per engine pass.
 const BUDGET: usize = 64;
 
-const OPERAND_FAULT: &str = "packet operand not in a BO of the process";
+/// Ring bytes read at a time.
+const RING_CHUNK: u64 = 64 << 10;
 
-fn ring_dword(p: &Proc, q: &Queue, pos: u64) -> Option<u32> {
-    let off = pos % q.ring_size as u64;
-    let mut b = [0u8; 4];
-    p.read_va(q.ring_base + off, &mut b)
-        .then(|| u32::from_le_bytes(b))
+/// Why a queue stops for good: the engine hangs on the packet (real
+/// hardware would need a queue reset), and the log says why.
+#[derive(Debug)]
+enum Halt {
+    /// A packet the engine does not know or cannot execute as written.
+    Bad(String),
+    /// A memory access faulted (`what` names the operand).
+    Fault { what: &'static str, fault: Fault },
+}
+
+impl std::fmt::Display for Halt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Halt::Bad(s) => f.write_str(s),
+            Halt::Fault { what, fault } => write!(f, "{what}: {fault}"),
+        }
+    }
+}
+
+fn fault(what: &'static str) -> impl FnOnce(Fault) -> Halt {
+    move |fault| Halt::Fault { what, fault }
 }
 
 fn addr(lo: u32, hi: u32) -> u64 {
     lo as u64 | (hi as u64) << 32
 }
 
+/// Reads a queue's ring through the GPU's VM, a chunk at a time.
+struct Ring {
+    range: GpuRange,
+    size: u64,
+    /// Ring position (bytes, monotonic) of `buf[0]`.
+    base: u64,
+    buf: Vec<u32>,
+}
+
+impl Ring {
+    /// The dword at monotonic byte position `pos`; reads up to `limit`
+    /// (the write pointer) ahead.
+    fn dw(&mut self, pos: u64, limit: u64) -> Result<u32, Halt> {
+        let have = self.base + self.buf.len() as u64 * 4;
+        if pos < self.base || pos >= have {
+            self.base = pos;
+            self.buf.clear();
+            let bytes = match self.read(pos, (limit - pos).min(RING_CHUNK)) {
+                Ok(b) => b,
+                // The fault may lie past this dword: fetch it alone.
+                Err(_) => self.read(pos, 4)?,
+            };
+            self.buf = bytes
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+                .collect();
+        }
+        Ok(self.buf[((pos - self.base) / 4) as usize])
+    }
+
+    /// `n` bytes from monotonic position `pos`, wrapping at the end.
+    fn read(&self, pos: u64, n: u64) -> Result<Vec<u8>, Halt> {
+        let mut bytes = vec![0u8; n as usize];
+        let mut done = 0u64;
+        while done < n {
+            let off = (pos + done) % self.size;
+            let part = (n - done).min(self.size - off);
+            self.range
+                .read(off, &mut bytes[done as usize..(done + part) as usize])
+                .map_err(fault("ring"))?;
+            done += part;
+        }
+        Ok(bytes)
+    }
+}
+
 /// What one packet does, its operands resolved.
 enum Op {
     Nop,
     Copy {
-        src: Span,
-        dst: Span,
-        n: usize,
+        src: GpuRange,
+        dst: GpuRange,
     },
     Write {
-        dst: Span,
+        dst: GpuRange,
         data: Vec<u8>,
     },
     Fill {
-        dst: Span,
+        dst: GpuRange,
         pat: [u8; 4],
         bytewise: bool,
-        n: usize,
     },
     Trap(u32),
 }
 
+/// A decoded packet: its name (for the log), what it does and its size
+/// in bytes.
+struct Packet {
+    name: &'static str,
+    op: Op,
+    bytes: u64,
+}
+
+/// What a pass records while running a queue's packets.
+#[derive(Default)]
+struct Effects {
+    traps: Vec<u32>,
+}
+
 impl Op {
-    /// Moves the bytes; false on a fault (a USERPTR page gone).
-    fn run(self, traps: &mut Vec<u32>) -> bool {
+    fn run(&self, fx: &mut Effects) -> Result<(), Halt> {
         match self {
-            Op::Nop => true,
-            Op::Copy { src, dst, n } => dst.copy_from(&src, n),
-            Op::Write { dst, data } => dst.write(&data),
-            Op::Fill {
-                dst,
-                pat,
-                bytewise,
-                n,
-            } => {
-                let buf: Vec<u8> = if bytewise {
+            Op::Nop => Ok(()),
+            Op::Copy { src, dst } => dst.copy_from(0, src, 0, dst.len()).map_err(fault("copy")),
+            Op::Write { dst, data } => dst.write(0, data).map_err(fault("destination")),
+            Op::Fill { dst, pat, bytewise } => {
+                let n = dst.len() as usize;
+                let buf: Vec<u8> = if *bytewise {
                     vec![pat[0]; n]
                 } else {
                     (0..n).map(|i| pat[i % 4]).collect()
                 };
-                dst.write(&buf)
+                dst.write(0, &buf).map_err(fault("destination"))
             }
             Op::Trap(ctx) => {
-                traps.push(ctx);
-                true
+                fx.traps.push(*ctx);
+                Ok(())
             }
         }
     }
 }
 
 enum Step {
-    /// A whole packet of this many dwords.
-    Packet(Op, u64),
+    Packet(Packet),
     /// The packet is not completely written yet.
     Incomplete,
-    /// Unknown packet or a fault: the queue halts, like a hung engine.
-    Fault(&'static str),
+    /// Unknown packet or a fault reading the ring: the queue halts.
+    Halt(&'static str, Halt),
 }
 
-fn decode(p: &Proc, q: &Queue, rptr: u64, avail_dw: u64) -> Step {
-    let Some(h) = ring_dword(p, q, rptr) else {
-        return Step::Fault("ring not readable");
+/// Decodes the packet at ring position `rptr`; `wptr` bounds what is
+/// written.
+fn decode(p: &Proc, q: &Queue, ring: &mut Ring, rptr: u64, wptr: u64) -> Step {
+    let avail_dw = (wptr - rptr) / 4;
+    let h = match ring.dw(rptr, wptr) {
+        Ok(h) => h,
+        Err(e) => return Step::Halt("ring read", e),
     };
     let (op, sub) = (h & 0xff, (h >> 8) & 0xff);
-    let len = match (op, sub) {
-        (OP_NOP, _) => 1 + ((h >> 16) & 0x3fff) as u64,
-        (OP_COPY, SUBOP_LINEAR) => 7,
+    let (name, len) = match (op, sub) {
+        (OP_NOP, _) => ("NOP", 1 + ((h >> 16) & 0x3fff) as u64),
+        (OP_COPY, SUBOP_LINEAR) => ("COPY_LINEAR", 7),
         (OP_WRITE, SUBOP_LINEAR) => {
             if avail_dw < 4 {
                 return Step::Incomplete;
             }
-            let Some(c) = ring_dword(p, q, rptr + 12) else {
-                return Step::Fault("ring not readable");
-            };
-            4 + (c & 0xfffff) as u64 + 1
+            match ring.dw(rptr + 12, wptr) {
+                Ok(c) => ("WRITE_LINEAR", 4 + (c & 0xfffff) as u64 + 1),
+                Err(e) => return Step::Halt("WRITE_LINEAR", e),
+            }
         }
-        (OP_FENCE, _) => 4,
-        (OP_TRAP, _) => 2,
-        (OP_CONST_FILL, _) => 5,
-        _ => return Step::Fault("unsupported SDMA packet"),
+        (OP_FENCE, _) => ("FENCE", 4),
+        (OP_TRAP, _) => ("TRAP", 2),
+        (OP_CONST_FILL, _) => ("CONST_FILL", 5),
+        _ => {
+            return Step::Halt(
+                "packet",
+                Halt::Bad(format!(
+                    "unsupported SDMA packet: header {h:#010x} (op {op}, sub-op {sub})"
+                )),
+            )
+        }
     };
     if len > avail_dw {
         return Step::Incomplete;
     }
     if len * 4 > q.ring_size as u64 {
-        return Step::Fault("packet larger than the ring");
+        return Step::Halt(name, Halt::Bad("packet larger than the ring".into()));
     }
     let mut dw = Vec::with_capacity(len as usize);
     for i in 0..len {
-        match ring_dword(p, q, rptr + i * 4) {
-            Some(d) => dw.push(d),
-            None => return Step::Fault("ring not readable"),
+        match ring.dw(rptr + i * 4, wptr) {
+            Ok(d) => dw.push(d),
+            Err(e) => return Step::Halt(name, e),
         }
     }
-    let span = |lo, hi, n: usize| p.span_at(addr(lo, hi), n as u64);
+    let range = |lo, hi, n: u64| p.gpu_range(q.gpu, addr(lo, hi), n);
     let op = match op {
-        OP_NOP => Some(Op::Nop),
+        OP_NOP => Op::Nop,
         OP_COPY => {
-            let n = (dw[1] & 0x3f_ffff) as usize + 1;
-            span(dw[3], dw[4], n)
-                .zip(span(dw[5], dw[6], n))
-                .map(|(src, dst)| Op::Copy { src, dst, n })
+            let n = (dw[1] & 0x3f_ffff) as u64 + 1;
+            Op::Copy {
+                src: range(dw[3], dw[4], n),
+                dst: range(dw[5], dw[6], n),
+            }
         }
         OP_WRITE => {
             let data: Vec<u8> = dw[4..].iter().flat_map(|d| d.to_le_bytes()).collect();
-            span(dw[1], dw[2], data.len()).map(|dst| Op::Write { dst, data })
+            Op::Write {
+                dst: range(dw[1], dw[2], data.len() as u64),
+                data,
+            }
         }
-        OP_FENCE => span(dw[1], dw[2], 4).map(|dst| Op::Write {
-            dst,
+        OP_FENCE => Op::Write {
+            dst: range(dw[1], dw[2], 4),
             data: dw[3].to_le_bytes().to_vec(),
-        }),
-        OP_TRAP => Some(Op::Trap(dw[1] & 0x0fff_ffff)),
+        },
+        OP_TRAP => Op::Trap(dw[1] & 0x0fff_ffff),
         OP_CONST_FILL => {
-            let n = (dw[4] & 0x3f_ffff) as usize + 1;
-            span(dw[1], dw[2], n).map(|dst| Op::Fill {
-                dst,
+            let n = (dw[4] & 0x3f_ffff) as u64 + 1;
+            Op::Fill {
+                dst: range(dw[1], dw[2], n),
                 pat: dw[3].to_le_bytes(),
                 bytewise: h >> 30 == 0,
-                n,
-            })
+            }
         }
-        _ => None,
+        _ => unreachable!("length decoded above"),
     };
-    match op {
-        Some(op) => Step::Packet(op, len),
-        None => Step::Fault(OPERAND_FAULT),
-    }
+    Step::Packet(Packet {
+        name,
+        op,
+        bytes: len * 4,
+    })
 }
 
 /// The packets of one queue planned for a pass.
@@ -178,10 +264,10 @@ pub struct QueueWork {
     id: u32,
     /// The queue's read pointer when planned.
     start: u64,
-    /// Each packet with its size in bytes.
-    packets: Vec<(Op, u64)>,
-    /// Why the queue halts after these packets, if it does.
-    halt: Option<&'static str>,
+    packets: Vec<Packet>,
+    /// Why the queue halts after these packets, if it does: the packet's
+    /// name and the reason.
+    halt: Option<(&'static str, Halt)>,
 }
 
 /// What a pass did to one queue.
@@ -189,8 +275,8 @@ pub struct QueueDone {
     id: u32,
     start: u64,
     rptr: u64,
-    halt: Option<&'static str>,
-    traps: Vec<u32>,
+    halt: Option<(&'static str, Halt)>,
+    fx: Effects,
 }
 
 /// Reads the rings of the process' runnable SDMA queues and resolves
@@ -219,18 +305,30 @@ pub fn plan(p: &Proc) -> Vec<QueueWork> {
             packets: Vec::new(),
             halt: None,
         };
-        if wptr < q.rptr || wptr % 4 != 0 {
-            w.halt = Some("write pointer behind read pointer or unaligned");
+        if wptr < q.rptr || wptr % 4 != 0 || wptr - q.rptr > q.ring_size as u64 {
+            w.halt = Some((
+                "doorbell",
+                Halt::Bad(format!(
+                    "write pointer {wptr:#x} behind the read pointer, unaligned or more \
+                     than a ring ahead"
+                )),
+            ));
         }
+        let mut ring = Ring {
+            range: p.gpu_range(q.gpu, q.ring_base, q.ring_size as u64),
+            size: q.ring_size as u64,
+            base: 0,
+            buf: Vec::new(),
+        };
         let mut rptr = q.rptr;
         while w.halt.is_none() && rptr < wptr && w.packets.len() < BUDGET {
-            match decode(p, q, rptr, (wptr - rptr) / 4) {
-                Step::Packet(op, len) => {
-                    w.packets.push((op, len * 4));
-                    rptr += len * 4;
+            match decode(p, q, &mut ring, rptr, wptr) {
+                Step::Packet(pk) => {
+                    rptr += pk.bytes;
+                    w.packets.push(pk);
                 }
                 Step::Incomplete => break,
-                Step::Fault(why) => w.halt = Some(why),
+                Step::Halt(name, why) => w.halt = Some((name, why)),
             }
         }
         if !w.packets.is_empty() || w.halt.is_some() {
@@ -249,14 +347,14 @@ pub fn execute(work: Vec<QueueWork>) -> Vec<QueueDone> {
                 start: w.start,
                 rptr: w.start,
                 halt: None,
-                traps: Vec::new(),
+                fx: Effects::default(),
             };
-            for (op, bytes) in w.packets {
-                if !op.run(&mut d.traps) {
-                    d.halt = Some(OPERAND_FAULT);
+            for pk in &w.packets {
+                if let Err(e) = pk.op.run(&mut d.fx) {
+                    d.halt = Some((pk.name, e));
                     return d;
                 }
-                d.rptr += bytes;
+                d.rptr += pk.bytes;
             }
             d.halt = w.halt;
             d
@@ -268,8 +366,8 @@ pub fn execute(work: Vec<QueueWork>) -> Vec<QueueDone> {
 /// Returns whether any packet ran.
 pub fn commit(p: &mut Proc, done_queues: Vec<QueueDone>, done: &mut Done) -> bool {
     let mut worked = false;
-    for d in done_queues {
-        let Some(q) = p.queues.get_mut(&d.id) else {
+    for mut d in done_queues {
+        let Some(q) = p.queues.get(&d.id) else {
             continue;
         };
         if q.rptr != d.start {
@@ -277,22 +375,36 @@ pub fn commit(p: &mut Proc, done_queues: Vec<QueueDone>, done: &mut Done) -> boo
             // that touch queues wait for the pass).
             continue;
         }
+        let (gpu, rptr_addr) = (q.gpu, q.rptr_addr);
+        if d.rptr != d.start {
+            worked = true;
+            if let Err(f) = p
+                .gpu_range(gpu, rptr_addr, 8)
+                .write(0, &d.rptr.to_le_bytes())
+            {
+                d.halt.get_or_insert((
+                    "read pointer write-back",
+                    Halt::Fault {
+                        what: "read pointer",
+                        fault: f,
+                    },
+                ));
+            }
+        }
+        let q = p.queues.get_mut(&d.id).expect("looked up above");
         q.rptr = d.rptr;
-        let rptr_addr = q.rptr_addr;
-        if let Some(why) = d.halt {
+        if let Some((name, why)) = &d.halt {
             q.halted = true;
             log::warn!(
-                "kfd-emu: process {} SDMA queue {}: {why} at rptr {:#x}; queue halted",
+                "kfd-emu: process {} SDMA queue {} (GPU {}): {name} at rptr {:#x}: {why}; \
+                 queue halted",
                 p.lead,
                 d.id,
+                p.pdds[gpu].user_id,
                 d.rptr
             );
         }
-        if d.rptr != d.start {
-            worked = true;
-            p.write_va(rptr_addr, &d.rptr.to_le_bytes());
-        }
-        for t in d.traps {
+        for t in d.fx.traps {
             p.trap(t, done);
         }
     }

@@ -186,6 +186,14 @@ pub enum Span {
 }
 
 impl Span {
+    /// The span `off` bytes further.
+    pub fn at(&self, off: u64) -> Span {
+        match self {
+            Span::Map(m, o) => Span::Map(m.clone(), o + off),
+            Span::User(pid, a) => Span::User(*pid, a + off),
+        }
+    }
+
     pub fn read(&self, buf: &mut [u8]) -> bool {
         match self {
             Span::Map(m, off) => m.read(*off, buf),
@@ -198,16 +206,6 @@ impl Span {
             Span::Map(m, off) => m.write(*off, data),
             Span::User(pid, addr) => super::mem::user_write(*pid, *addr, data).is_ok(),
         }
-    }
-
-    /// Copies `n` bytes from `src` to here, as if through a buffer
-    /// (overlapping ranges of one BO copy like memmove).
-    pub fn copy_from(&self, src: &Span, n: usize) -> bool {
-        if let (Span::Map(d, doff), Span::Map(s, soff)) = (self, src) {
-            return d.copy_from(*doff, s, *soff, n);
-        }
-        let mut buf = vec![0u8; n];
-        src.read(&mut buf) && self.write(&buf)
     }
 }
 

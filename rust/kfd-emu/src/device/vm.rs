@@ -1,0 +1,247 @@
+//! A GPU's view of a process' memory: a GPU VA reaches memory only through
+//! a BO of the process that MAP_MEMORY_TO_GPU mapped on that GPU, as the
+//! GPU's page tables hold only mapped BOs.  The SDMA engine reads its ring,
+//! writes its read pointer and accesses packet operands through here.
+//!
+//! A [`GpuRange`] resolves a VA range once (under the state lock) into the
+//! pieces of the BOs that back it, holes included; bytes move later without
+//! the lock, and touching a hole is a GPU page fault at that address, as on
+//! the hardware, where a packet faults at the first unmapped page it
+//! touches (what it did before stays done).
+
+use super::state::{Bo, Proc, Span};
+use super::uapi::alloc;
+
+/// What backs one piece of a range.
+enum Backing {
+    Mem(Span),
+    /// No BO mapped on the GPU covers it.
+    Unmapped,
+    /// A mapped BO whose memory the model cannot reach (DOORBELL, MMIO).
+    Unmodelled(&'static str),
+}
+
+struct Piece {
+    va: u64,
+    len: u64,
+    backing: Backing,
+}
+
+/// Why an access through a [`GpuRange`] failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// The GPU VA is not in a BO mapped on the GPU: a GPU page fault.
+    Unmapped { va: u64 },
+    /// The VA is in a BO type the model does not back with memory.
+    Unmodelled { va: u64, what: &'static str },
+    /// USERPTR memory the process no longer has (KFD would still reach
+    /// the pages it pinned; the model reaches the process' address space).
+    UserMemory { va: u64, cpu: u64 },
+}
+
+impl std::fmt::Display for Fault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Fault::Unmapped { va } => write!(
+                f,
+                "GPU page fault at VA {va:#x}: no BO of the process mapped on this GPU covers it"
+            ),
+            Fault::Unmodelled { va, what } => write!(
+                f,
+                "VA {va:#x} is in a {what} BO, which the emulated engine cannot access"
+            ),
+            Fault::UserMemory { va, cpu } => write!(
+                f,
+                "VA {va:#x}: USERPTR memory at CPU address {cpu:#x} is no longer accessible \
+                 in the process"
+            ),
+        }
+    }
+}
+
+pub type Access<T> = Result<T, Fault>;
+
+/// GPU VA range `[va, va+len)` as one GPU of the process reaches it.
+/// Holds the VRAM/GTT mappings it covers alive.
+pub struct GpuRange {
+    va: u64,
+    len: u64,
+    pieces: Vec<Piece>,
+}
+
+fn backing(p: &Proc, bo: &Bo, va: u64) -> Backing {
+    match (&bo.map, bo.mem_type()) {
+        (Some(m), _) => Backing::Mem(Span::Map(m.clone(), va - bo.va)),
+        (None, alloc::USERPTR) => Backing::Mem(Span::User(p.lead, bo.user_addr + (va - bo.va))),
+        (None, alloc::DOORBELL) => Backing::Unmodelled("DOORBELL"),
+        (None, alloc::MMIO_REMAP) => Backing::Unmodelled("MMIO_REMAP"),
+        (None, _) => Backing::Unmodelled("memory-less"),
+    }
+}
+
+impl Proc {
+    /// Resolves `[va, va+len)` through the VM of GPU index `gpu`: the BOs
+    /// mapped there, and holes where none is.  Never fails; accesses to a
+    /// hole do.
+    pub fn gpu_range(&self, gpu: usize, va: u64, len: u64) -> GpuRange {
+        let Some(end) = va.checked_add(len) else {
+            // Past the top of the address space: no BO is there.
+            return GpuRange {
+                va,
+                len,
+                pieces: vec![Piece {
+                    va,
+                    len,
+                    backing: Backing::Unmapped,
+                }],
+            };
+        };
+        let mut bos: Vec<&Bo> = self
+            .bos
+            .values()
+            .filter(|b| b.mapped.contains(&gpu) && b.va < end && va < b.va + b.size)
+            .collect();
+        bos.sort_by_key(|b| b.va);
+        let mut pieces = Vec::with_capacity(bos.len() + 1);
+        let mut cur = va;
+        for b in bos {
+            if b.va > cur {
+                pieces.push(Piece {
+                    va: cur,
+                    len: b.va - cur,
+                    backing: Backing::Unmapped,
+                });
+                cur = b.va;
+            }
+            let stop = (b.va + b.size).min(end);
+            pieces.push(Piece {
+                va: cur,
+                len: stop - cur,
+                backing: backing(self, b, cur),
+            });
+            cur = stop;
+        }
+        if cur < end {
+            pieces.push(Piece {
+                va: cur,
+                len: end - cur,
+                backing: Backing::Unmapped,
+            });
+        }
+        GpuRange { va, len, pieces }
+    }
+}
+
+impl GpuRange {
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// The pieces covering `[off, off+n)` of the range, each as (piece,
+    /// offset into it, bytes), in order.  The caller checked the bounds.
+    fn walk(&self, off: u64, n: u64) -> impl Iterator<Item = (&Piece, u64, u64)> {
+        // Offsets are relative to the range, so a range at the top of the
+        // address space (one piece) does not overflow.
+        let start = off;
+        let end = off + n;
+        let first = self
+            .pieces
+            .partition_point(|p| p.va - self.va + p.len <= start);
+        self.pieces[first..]
+            .iter()
+            .take_while(move |p| p.va - self.va < end)
+            .map(move |p| {
+                let pstart = p.va - self.va;
+                let s = start.max(pstart);
+                let e = end.min(pstart + p.len);
+                (p, s - pstart, e - s)
+            })
+    }
+
+    fn check(&self, off: u64, n: u64) -> Access<()> {
+        if off.checked_add(n).is_none_or(|e| e > self.len) {
+            // A caller bug: ranges are resolved for what packets access.
+            return Err(Fault::Unmapped {
+                va: self.va.wrapping_add(off),
+            });
+        }
+        Ok(())
+    }
+
+    fn span(p: &Piece, at: u64) -> Access<&Span> {
+        let va = p.va.wrapping_add(at);
+        match &p.backing {
+            Backing::Mem(s) => Ok(s),
+            Backing::Unmapped => Err(Fault::Unmapped { va }),
+            Backing::Unmodelled(what) => Err(Fault::Unmodelled { va, what }),
+        }
+    }
+
+    fn user_fault(p: &Piece, at: u64, s: &Span) -> Fault {
+        let cpu = match s {
+            Span::User(_, a) => a + at,
+            Span::Map(..) => 0,
+        };
+        Fault::UserMemory {
+            va: p.va.wrapping_add(at),
+            cpu,
+        }
+    }
+
+    /// Reads `buf.len()` bytes at byte `off` of the range.
+    pub fn read(&self, off: u64, buf: &mut [u8]) -> Access<()> {
+        self.check(off, buf.len() as u64)?;
+        let mut done = 0usize;
+        for (p, at, n) in self.walk(off, buf.len() as u64) {
+            let s = Self::span(p, at)?;
+            let part = &mut buf[done..done + n as usize];
+            if !s.at(at).read(part) {
+                return Err(Self::user_fault(p, at, s));
+            }
+            done += n as usize;
+        }
+        Ok(())
+    }
+
+    /// Writes `data` at byte `off` of the range; the pieces before a fault
+    /// are written.
+    pub fn write(&self, off: u64, data: &[u8]) -> Access<()> {
+        self.check(off, data.len() as u64)?;
+        let mut done = 0usize;
+        for (p, at, n) in self.walk(off, data.len() as u64) {
+            let s = Self::span(p, at)?;
+            if !s.at(at).write(&data[done..done + n as usize]) {
+                return Err(Self::user_fault(p, at, s));
+            }
+            done += n as usize;
+        }
+        Ok(())
+    }
+
+    /// Copies `n` bytes from `src` at `soff` to here at `off`, as if
+    /// through a buffer (overlapping ranges copy like memmove).
+    pub fn copy_from(&self, off: u64, src: &GpuRange, soff: u64, n: u64) -> Access<()> {
+        self.check(off, n)?;
+        src.check(soff, n)?;
+        if n == 0 {
+            return Ok(());
+        }
+        // One VRAM/GTT piece on each side: a direct copy.
+        let mut d = self.walk(off, n);
+        let mut s = src.walk(soff, n);
+        if let (Some((dp, dat, dn)), Some((sp, sat, sn))) = (d.next(), s.next()) {
+            if dn == n && sn == n {
+                if let (Backing::Mem(Span::Map(dm, doff)), Backing::Mem(Span::Map(sm, so))) =
+                    (&dp.backing, &sp.backing)
+                {
+                    if dm.copy_from(doff + dat, sm, so + sat, n as usize) {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+        let mut buf = vec![0u8; n as usize];
+        src.read(soff, &mut buf)?;
+        self.write(off, &buf)
+    }
+}
