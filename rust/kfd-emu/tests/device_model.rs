@@ -165,6 +165,29 @@ impl Dev {
             .unwrap();
     }
 
+    /// `size` bytes of fresh anonymous memory of this process as a
+    /// USERPTR BO at GPU VA `va`, mapped on the GPU (ROCr's system memory).
+    fn user_mem(&self, va: u64, size: usize) -> *mut u8 {
+        // SAFETY: a fresh anonymous mapping, only used through raw
+        // pointers (and by the emulator through process_vm_*).
+        let user = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                size,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(user, libc::MAP_FAILED);
+        let (h, _) = self
+            .alloc(va, size as u64, alloc::USERPTR, user as u64)
+            .unwrap();
+        self.map_gpu(h);
+        user as *mut u8
+    }
+
     fn map_node(&self, node: NodeKind, off: u64, len: usize) -> *mut u8 {
         let fd = self.emu.backing_fd(&node);
         // SAFETY: a fresh shared mapping of the emulator's memfd, used only
@@ -806,22 +829,7 @@ fn sdma_operands_go_through_the_gpu_vm() {
             wr32(pb, i * 4, 0xb000_0000 | i as u32);
         }
     }
-    // USERPTR memory of this process, mapped.
-    // SAFETY: a fresh anonymous mapping.
-    let user = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            8192,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    assert_ne!(user, libc::MAP_FAILED);
-    let user = user as *mut u8;
-    let (hu, _) = d.alloc(U, 8192, alloc::USERPTR, user as u64).unwrap();
-    d.map_gpu(hu);
+    let user = d.user_mem(U, 8192);
 
     // 8 KiB straddling the two BOs, to the destination; then 64 bytes of
     // it into the USERPTR memory at an offset; then back from there.
@@ -881,6 +889,521 @@ fn sdma_operands_go_through_the_gpu_vm() {
     // SAFETY: inside ctl.
     let after = unsafe { rd32(r.ctl, 24) };
     assert_eq!(after, 0, "a packet after the fault ran");
+}
+
+/// SDMA 4.x packet encoders for the tests, written from the field
+/// definitions (offset, mask, shift) of the kernel's
+/// vega10_sdma_pkt_open.h, not from the emulator's decoder.
+mod pkt {
+    pub fn header(op: u32, sub_op: u32) -> u32 {
+        (op & 0xff) | (sub_op & 0xff) << 8
+    }
+
+    /// SDMA_PKT_POLL_REGMEM: HEADER hdp_flush (bit 26), func (30..28),
+    /// mem_poll (31); ADDR_LO/HI; VALUE; MASK; DW5 interval (15..0),
+    /// retry_count (27..16).
+    #[allow(clippy::too_many_arguments)]
+    pub fn poll_regmem(
+        mem_poll: bool,
+        hdp_flush: bool,
+        func: u32,
+        addr: u64,
+        value: u32,
+        mask: u32,
+        interval: u32,
+        retry_count: u32,
+    ) -> Vec<u32> {
+        vec![
+            header(8, 0) | (hdp_flush as u32) << 26 | (func & 7) << 28 | (mem_poll as u32) << 31,
+            addr as u32,
+            (addr >> 32) as u32,
+            value,
+            mask,
+            (interval & 0xffff) | (retry_count & 0xfff) << 16,
+        ]
+    }
+
+    /// SDMA_PKT_ATOMIC: HEADER loop (bit 16), atomic_op (31..25);
+    /// ADDR_LO/HI; SRC_DATA_LO/HI; CMP_DATA_LO/HI; LOOP_INTERVAL (12..0).
+    pub fn atomic(atomic_op: u32, looping: bool, addr: u64, src: u64, cmp: u64) -> Vec<u32> {
+        vec![
+            header(10, 0) | (looping as u32) << 16 | (atomic_op & 0x7f) << 25,
+            addr as u32,
+            (addr >> 32) as u32,
+            src as u32,
+            (src >> 32) as u32,
+            cmp as u32,
+            (cmp >> 32) as u32,
+            128,
+        ]
+    }
+
+    /// SDMA_PKT_TIMESTAMP_GET(_GLOBAL): WRITE_ADDR_LO write_addr_31_3
+    /// (mask 0x1FFFFFFF, shift 3), WRITE_ADDR_HI.
+    pub fn timestamp_get(sub_op: u32, addr: u64) -> Vec<u32> {
+        vec![
+            header(13, sub_op),
+            ((addr as u32 >> 3) & 0x1fff_ffff) << 3,
+            (addr >> 32) as u32,
+        ]
+    }
+
+    /// SDMA_PKT_TIMESTAMP_SET: INIT_DATA_LO/HI.
+    pub fn timestamp_set(v: u64) -> Vec<u32> {
+        vec![header(13, 0), v as u32, (v >> 32) as u32]
+    }
+
+    /// SDMA_PKT_CONSTANT_FILL: HEADER fillsize (31..30); DST_ADDR_LO/HI;
+    /// DATA; COUNT (21..0).
+    pub fn const_fill(fillsize: u32, dst: u64, data: u32, count: u32) -> Vec<u32> {
+        vec![
+            header(11, 0) | fillsize << 30,
+            dst as u32,
+            (dst >> 32) as u32,
+            data,
+            count & 0x3f_ffff,
+        ]
+    }
+
+    /// One side of SDMA_PKT_COPY_LINEAR_SUBWIN: base, x/y/z offsets,
+    /// pitch and slice pitch, in elements.
+    pub struct Side {
+        pub base: u64,
+        pub x: u32,
+        pub y: u32,
+        pub z: u32,
+        pub pitch: u32,
+        pub slice: u32,
+    }
+
+    /// SDMA_PKT_COPY_LINEAR_SUBWIN (sub-op 4): HEADER elementsize (31..29);
+    /// SRC_ADDR_LO/HI; DW_3 src_x (13..0), src_y (29..16); DW_4 src_z
+    /// (10..0), src_pitch (31..13); DW_5 src_slice_pitch (27..0); the
+    /// same for dst; DW_11 rect_x (13..0), rect_y (29..16); DW_12 rect_z
+    /// (10..0).  Pitches, slices and rect sizes are stored minus one (as
+    /// ROCr's BuildCopyRectCommand does).
+    pub fn copy_subwin(log2_elem: u32, src: &Side, dst: &Side, rect: (u32, u32, u32)) -> Vec<u32> {
+        let mut v = vec![header(1, 4) | log2_elem << 29];
+        for s in [src, dst] {
+            v.extend_from_slice(&[
+                s.base as u32,
+                (s.base >> 32) as u32,
+                s.x | s.y << 16,
+                s.z | (s.pitch - 1) << 13,
+                s.slice - 1,
+            ]);
+        }
+        v.push((rect.0 - 1) | (rect.1 - 1) << 16);
+        v.push(rect.2 - 1);
+        v
+    }
+
+    pub fn fence(addr: u64, data: u32) -> Vec<u32> {
+        vec![header(5, 0), addr as u32, (addr >> 32) as u32, data]
+    }
+
+    pub fn copy_linear(src: u64, dst: u64, bytes: u32) -> Vec<u32> {
+        vec![
+            header(1, 0),
+            bytes - 1,
+            0,
+            src as u32,
+            (src >> 32) as u32,
+            dst as u32,
+            (dst >> 32) as u32,
+        ]
+    }
+
+    pub fn trap(ctx: u32) -> Vec<u32> {
+        vec![header(6, 0), ctx & 0x0fff_ffff]
+    }
+}
+
+impl Rig {
+    /// The u32 at byte `off` of the control BO.
+    fn ctl32(&self, off: usize) -> u32 {
+        // SAFETY: ctl maps 4096 bytes; callers stay inside.
+        unsafe { rd32(self.ctl, off) }
+    }
+
+    fn set_ctl32(&self, off: usize, v: u32) {
+        // SAFETY: as in ctl32.
+        unsafe { wr32(self.ctl, off, v) }
+    }
+
+    /// Rings the doorbell and waits until the engine consumed everything.
+    fn run(&self) {
+        self.kick();
+        assert!(
+            self.wait_rptr(self.wptr),
+            "rptr {:#x} != wptr {:#x}",
+            self.rptr(),
+            self.wptr
+        );
+    }
+
+    /// Rings the doorbell; the engine must stop at ring position `at`.
+    fn run_stops_at(&self, at: u64) {
+        self.kick();
+        std::thread::sleep(Duration::from_millis(60));
+        assert_eq!(self.rptr(), at, "the queue did not stop where expected");
+    }
+}
+
+/// POLL_REGMEM on memory waits (each pass one retry) until the masked
+/// compare holds; a finite retry count runs out and the engine goes on;
+/// the HDP flush forms (the kernel's, ROCr's) complete at once; a poll of
+/// another register halts the queue.
+#[test]
+fn sdma_poll_regmem() {
+    let d = Dev::new("");
+    d.setup();
+    let mut r = Rig::new(&d);
+    const W: u64 = CTL_VA + 0x100;
+    // == 5 on the whole word, forever.
+    r.push(&pkt::poll_regmem(true, false, 3, W, 5, u32::MAX, 4, 0xfff));
+    r.push(&pkt::fence(CTL_VA + 0x104, 1));
+    let at = r.wptr - 4 * 4;
+    r.run_stops_at(at - 6 * 4);
+    assert_eq!(r.ctl32(0x104), 0);
+    r.set_ctl32(0x100, 4);
+    r.run_stops_at(at - 6 * 4);
+    r.set_ctl32(0x100, 5);
+    r.run();
+    assert_eq!(r.ctl32(0x104), 1);
+
+    // >= 3 on the low 16 bits: 0x1_0002 fails, 0x0_0007 passes.
+    r.set_ctl32(0x100, 0x1_0002);
+    r.push(&pkt::poll_regmem(true, false, 5, W, 3, 0xffff, 4, 0xfff));
+    r.push(&pkt::fence(CTL_VA + 0x104, 2));
+    r.run_stops_at(r.wptr - 10 * 4);
+    r.set_ctl32(0x100, 0x2_0007);
+    r.run();
+    assert_eq!(r.ctl32(0x104), 2);
+
+    // != 0 with 3 retries on a word that stays 0: the engine gives up and
+    // runs the fence.
+    r.set_ctl32(0x100, 0);
+    r.push(&pkt::poll_regmem(true, false, 4, W, 0, u32::MAX, 4, 3));
+    r.push(&pkt::fence(CTL_VA + 0x104, 3));
+    r.run();
+    assert_eq!(r.ctl32(0x104), 3);
+
+    // The kernel's HDP flush (sdma_v4_0_ring_emit_hdp_flush: register
+    // poll with hdp_flush, == on the flush-done bit) and ROCr's gfx9 HDP
+    // flush packet complete at once.
+    r.push(&pkt::poll_regmem(
+        false,
+        true,
+        3,
+        0x5106 << 2 | (0x5107u64 << 2) << 32,
+        1 << 2,
+        1 << 2,
+        10,
+        0xfff,
+    ));
+    r.push(&[0x8, 0x0, 0x8000_0000, 0x0, 0x0, 0x0]);
+    r.push(&pkt::fence(CTL_VA + 0x104, 4));
+    r.run();
+    assert_eq!(r.ctl32(0x104), 4);
+
+    // A poll of another register is not modelled: the queue halts there.
+    let at = r.wptr;
+    r.push(&pkt::poll_regmem(
+        false,
+        false,
+        3,
+        0x1234 << 2,
+        1,
+        1,
+        10,
+        0xfff,
+    ));
+    r.push(&pkt::fence(CTL_VA + 0x104, 5));
+    r.run_stops_at(at);
+    assert_eq!(r.ctl32(0x104), 4);
+}
+
+/// ATOMIC applies its TC_OP operation atomically, on VRAM/GTT and on
+/// USERPTR memory: ROCr's completion-signal decrement (ADD64 of -1), the
+/// plain (non-returning) forms, 32-bit compare-and-swap, signed and
+/// unsigned min/max, INC/DEC wrap rules; a looping CMPSWAP waits until
+/// the compare succeeds.
+#[test]
+fn sdma_atomics() {
+    const U: u64 = 0x6000_0000;
+    let d = Dev::new("");
+    d.setup();
+    let mut r = Rig::new(&d);
+    let user = d.user_mem(U, 4096);
+    let u64_at_user = |off: usize| {
+        // SAFETY: inside the 4096-byte USERPTR mapping.
+        unsafe { std::ptr::read_volatile(user.add(off) as *const u64) }
+    };
+    let set_user = |off: usize, v: u64| {
+        // SAFETY: as above.
+        unsafe { std::ptr::write_volatile(user.add(off) as *mut u64, v) }
+    };
+    let ctl64 = |r: &Rig, off: usize| r.ctl32(off) as u64 | (r.ctl32(off + 4) as u64) << 32;
+    let set_ctl64 = |r: &Rig, off: usize, v: u64| {
+        r.set_ctl32(off, v as u32);
+        r.set_ctl32(off + 4, (v >> 32) as u32);
+    };
+    // TC_OP codes (gfx9): ADD_RTN_64 0x2f, ADD_64 0x6f, CMPSWAP_RTN_32
+    // 0x08, SUB_32 0x50, SMIN_RTN_32 0x11, UMAX_RTN_64 0x34, INC_RTN_32
+    // 0x18, DEC_RTN_32 0x19, CMPSWAP_RTN_64 0x28.
+    set_user(0, 2);
+    set_ctl64(&r, 0x200, 10);
+    set_ctl64(&r, 0x208, 0x1111);
+    r.set_ctl32(0x210, 100);
+    r.set_ctl32(0x214, (-5i32) as u32);
+    set_ctl64(&r, 0x218, 7);
+    r.set_ctl32(0x220, 9);
+    r.set_ctl32(0x224, 0);
+    r.push(&pkt::atomic(0x2f, false, U, u64::MAX, 0));
+    r.push(&pkt::atomic(0x6f, false, CTL_VA + 0x200, 5, 0));
+    r.push(&pkt::atomic(0x08, false, CTL_VA + 0x208, 0x2222, 0x1111));
+    r.push(&pkt::atomic(0x08, false, CTL_VA + 0x20c, 0x3333, 0x1)); // compare fails
+    r.push(&pkt::atomic(0x50, false, CTL_VA + 0x210, 30, 0));
+    r.push(&pkt::atomic(
+        0x11,
+        false,
+        CTL_VA + 0x214,
+        (-7i32) as u32 as u64,
+        0,
+    ));
+    r.push(&pkt::atomic(0x34, false, CTL_VA + 0x218, 3, 0));
+    r.push(&pkt::atomic(0x18, false, CTL_VA + 0x220, 9, 0)); // 9 >= 9: wraps to 0
+    r.push(&pkt::atomic(0x19, false, CTL_VA + 0x224, 4, 0)); // 0: reloads 4
+    r.run();
+    assert_eq!(
+        u64_at_user(0),
+        1,
+        "ROCr's signal decrement on USERPTR memory"
+    );
+    assert_eq!(ctl64(&r, 0x200), 15);
+    assert_eq!(ctl64(&r, 0x208), 0x2222);
+    assert_eq!(r.ctl32(0x20c), 0, "a failed compare must not write");
+    assert_eq!(r.ctl32(0x210), 70);
+    assert_eq!(r.ctl32(0x214) as i32, -7);
+    assert_eq!(ctl64(&r, 0x218), 7);
+    assert_eq!((r.ctl32(0x220), r.ctl32(0x224)), (0, 4));
+
+    // Looping CMPSWAP64: waits until the word equals the compare value.
+    set_user(8, 1);
+    let at = r.wptr;
+    r.push(&pkt::atomic(0x28, true, U + 8, 0xabcd, 0x77));
+    r.push(&pkt::fence(CTL_VA + 0x230, 1));
+    r.run_stops_at(at);
+    set_user(8, 0x77);
+    r.run();
+    assert_eq!(u64_at_user(8), 0xabcd);
+    assert_eq!(r.ctl32(0x230), 1);
+
+    // A float atomic (FMIN_RTN_32, 0x02) is not modelled: the queue halts.
+    let at = r.wptr;
+    r.push(&pkt::atomic(0x02, false, CTL_VA + 0x240, 1, 0));
+    r.run_stops_at(at);
+}
+
+/// TIMESTAMP_GET_GLOBAL writes the GPU clock GET_CLOCK_COUNTERS reads,
+/// monotonic, at the 8-aligned address; TIMESTAMP_SET loads the engine's
+/// local counter that TIMESTAMP_GET then reads.
+#[test]
+fn sdma_timestamps() {
+    let d = Dev::new("");
+    d.setup();
+    let mut r = Rig::new(&d);
+    let clock = || {
+        let out = d
+            .call(nr::GET_CLOCK_COUNTERS, &args(&[(32, d.gpu_id as u64)], 40))
+            .unwrap();
+        u64_at(&out, 0)
+    };
+    let ctl64 = |r: &Rig, off: usize| r.ctl32(off) as u64 | (r.ctl32(off + 4) as u64) << 32;
+    let t0 = clock();
+    r.push(&pkt::timestamp_get(2, CTL_VA + 0x300));
+    // Bits 2..0 of the address dword are not part of the address.
+    r.push(&[
+        pkt::header(13, 2),
+        (CTL_VA + 0x328 + 4) as u32,
+        (CTL_VA >> 32) as u32,
+    ]);
+    r.push(&pkt::timestamp_set(1_000_000));
+    r.push(&pkt::timestamp_get(1, CTL_VA + 0x310));
+    r.run();
+    let t1 = clock();
+    let (a, b) = (ctl64(&r, 0x300), ctl64(&r, 0x328));
+    assert!(t0 <= a && a <= b && b <= t1, "{t0} {a} {b} {t1}");
+    assert_eq!(r.ctl32(0x330), 0, "written at the unaligned address");
+    let local = ctl64(&r, 0x310);
+    assert!(
+        (1_000_000..1_000_000 + (t1 - t0) + 1).contains(&local),
+        "local timestamp {local}"
+    );
+}
+
+/// CONST_FILL fills (count >> fillsize) + 1 elements: ROCr's dword
+/// fills store (dwords - 1) * 4, the kernel's byte fills bytes - 1.
+#[test]
+fn sdma_const_fill_counts() {
+    let d = Dev::new("");
+    d.setup();
+    let mut r = Rig::new(&d);
+    // SAFETY: dst maps 65536 bytes.
+    unsafe {
+        for i in 0..64 {
+            wr32(r.dst, i * 4, 0x5555_5555);
+        }
+    }
+    r.push(&pkt::const_fill(2, DST_VA, 0xcafe_f00d, (10 - 1) * 4));
+    r.push(&pkt::const_fill(0, DST_VA + 0x80, 0x1234_56ab, 6 - 1));
+    r.run();
+    // SAFETY: dst maps 65536 bytes.
+    unsafe {
+        assert_eq!(rd32(r.dst, 36), 0xcafe_f00d);
+        assert_eq!(rd32(r.dst, 40), 0x5555_5555, "fill ran past 10 dwords");
+        assert_eq!(rd32(r.dst, 0x80), 0xabab_abab);
+        assert_eq!(rd32(r.dst, 0x84), 0x5555_abab);
+    }
+}
+
+/// COPY_LINEAR_SUB_WIND copies a 3-D box of elements between pitched
+/// layouts (ROCr's hsa_amd_memory_async_copy_rect).
+#[test]
+fn sdma_copy_sub_window() {
+    let d = Dev::new("");
+    d.setup();
+    let mut r = Rig::new(&d);
+    // Source: 4-byte elements, pitch 16, slice 16 * 8; value = z<<16|y<<8|x.
+    for z in 0..3u32 {
+        for y in 0..8u32 {
+            for x in 0..16u32 {
+                let off = ((z * 128 + y * 16 + x) * 4) as usize;
+                // SAFETY: inside src (65536 bytes).
+                unsafe { wr32(r.src, off, z << 16 | y << 8 | x) };
+            }
+        }
+    }
+    let src = pkt::Side {
+        base: SRC_VA,
+        x: 1,
+        y: 2,
+        z: 1,
+        pitch: 16,
+        slice: 128,
+    };
+    let dst = pkt::Side {
+        base: DST_VA,
+        x: 2,
+        y: 0,
+        z: 0,
+        pitch: 8,
+        slice: 40,
+    };
+    r.push(&pkt::copy_subwin(2, &src, &dst, (3, 2, 2)));
+    r.run();
+    for z in 0..2u32 {
+        for y in 0..5u32 {
+            for x in 0..8u32 {
+                let off = ((z * 40 + y * 8 + x) * 4) as usize;
+                // SAFETY: inside dst.
+                let v = unsafe { rd32(r.dst, off) };
+                let inside = (2..5).contains(&x) && y < 2;
+                let want = if inside {
+                    (z + 1) << 16 | (y + 2) << 8 | (x - 2 + 1)
+                } else {
+                    0
+                };
+                assert_eq!(v, want, "dst element z={z} y={y} x={x}");
+            }
+        }
+    }
+}
+
+/// What ROCr 5.2's BlitSdma::SubmitCommand puts on the ring for an async
+/// copy with one dependency and an interrupt signal: two POLL_REGMEMs on
+/// the dependency (high, then low dword == 0), TIMESTAMP_GET_GLOBAL, the
+/// gfx9 HDP flush, COPY_LINEAR, TIMESTAMP_GET_GLOBAL, ATOMIC ADD64 -1 on
+/// the completion signal, FENCE of the event id into the event's mailbox
+/// slot, TRAP with the event id.  Signals live in USERPTR memory, as
+/// ROCr's system-pool allocations do.
+#[test]
+fn sdma_rocr_async_copy_sequence() {
+    const U: u64 = 0x6000_0000;
+    let d = Dev::new("");
+    d.setup();
+    let mut r = Rig::new(&d);
+    let user = d.user_mem(U, 4096);
+    let word = |off: usize| {
+        // SAFETY: inside the 4096-byte USERPTR mapping.
+        unsafe { std::ptr::read_volatile(user.add(off) as *const u64) }
+    };
+    let set = |off: usize, v: u64| {
+        // SAFETY: as above.
+        unsafe { std::ptr::write_volatile(user.add(off) as *mut u64, v) }
+    };
+    // SAFETY: src maps 65536 bytes.
+    unsafe { wr32(r.src, 0, 0x600d_c0de) };
+    set(0, 1); // dependency signal: not done yet
+    set(64, 1); // completion signal
+    let (wa, _evs) = wait_args(&[r.event], false, u32::MAX);
+    let waiting = d.start(&waiter(), nr::WAIT_EVENTS, &wa);
+    let slot = SIG_VA + r.event as u64 * 8;
+    r.push(&pkt::poll_regmem(
+        true,
+        false,
+        3,
+        U + 4,
+        0,
+        u32::MAX,
+        4,
+        0xfff,
+    ));
+    r.push(&pkt::poll_regmem(true, false, 3, U, 0, u32::MAX, 4, 0xfff));
+    r.push(&pkt::timestamp_get(2, U + 128));
+    r.push(&[0x8, 0x0, 0x8000_0000, 0x0, 0x0, 0x0]);
+    r.push(&pkt::copy_linear(SRC_VA, U + 256, 4));
+    r.push(&pkt::timestamp_get(2, U + 136));
+    r.push(&pkt::atomic(0x2f, false, U + 64, u64::MAX, 0));
+    r.push(&pkt::fence(slot, r.event));
+    r.push(&pkt::trap(r.event));
+    r.run_stops_at(6 * 4 * 2 - 6 * 4);
+    set(0, 0);
+    r.run();
+    assert_eq!(word(256) as u32, 0x600d_c0de);
+    assert_eq!(word(64), 0, "completion signal not decremented");
+    assert!(word(128) != 0 && word(128) <= word(136));
+    let out = waiting
+        .recv_timeout(Duration::from_secs(2))
+        .expect("the TRAP did not wake the wait")
+        .unwrap();
+    assert_eq!(u32_at(&out, 20), 0);
+}
+
+/// Packets the engine does not execute halt the queue at them: another
+/// opcode (SEM), another sub-op (COPY_TILED), byte swapping.
+#[test]
+fn sdma_unsupported_packets_halt() {
+    for bad in [
+        vec![pkt::header(7, 0), 0, 0, 0],
+        vec![pkt::header(1, 1), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        {
+            let mut c = pkt::copy_linear(SRC_VA, DST_VA, 4);
+            c[2] = 1 << 16;
+            c
+        },
+    ] {
+        let d = Dev::new("");
+        d.setup();
+        let mut r = Rig::new(&d);
+        r.push(&pkt::fence(CTL_VA + 0x100, 1));
+        let at = r.wptr;
+        r.push(&bad);
+        r.push(&pkt::fence(CTL_VA + 0x100, 2));
+        r.run_stops_at(at);
+        assert_eq!(r.ctl32(0x100), 1, "packet {:#x?}", bad);
+    }
 }
 
 /// The SDMA engine moves the bytes of a large copy without the global

@@ -589,6 +589,7 @@ fn plan_restore(
                     halted: m.halted != 0,
                     cu_mask,
                     aql: Default::default(),
+                    engine: Default::default(),
                 };
                 if q.is_sdma() {
                     // SDMA queues need a free engine queue; the other

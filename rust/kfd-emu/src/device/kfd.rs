@@ -454,6 +454,7 @@ pub fn create_queue(st: &mut State, lead: u32, a: &mut sys::kfd_ioctl_create_que
         halted: false,
         cu_mask: Vec::new(),
         aql: Default::default(),
+        engine: Default::default(),
     };
     add_queue(st, lead, id, q)?;
     let p = proc_mut(st, lead)?;
@@ -733,6 +734,22 @@ pub fn set_memory_policy(
     Ok(())
 }
 
+/// The emulated GPU clock counter: CLOCK_MONOTONIC_RAW in ns (also what
+/// the SDMA engine's TIMESTAMP packets write).
+pub fn gpu_clock_counter() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC_RAW)
+}
+
+fn clock_ns(clk: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the local timespec.
+    unsafe { libc::clock_gettime(clk, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 /// GET_CLOCK_COUNTERS: the emulated GPU clock is CLOCK_MONOTONIC_RAW in ns.
 /// A gpu_id the process has no device for (a CPU node's 0) gets a GPU
 /// counter of 0, as KFD answers for a node without GPU.
@@ -743,19 +760,10 @@ pub fn clock_counters(
 ) -> R<()> {
     let p = proc_mut(st, lead)?;
     let gpu = p.pdd_by_user_id(a.gpu_id);
-    let now = |clk| {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: clock_gettime writes the local timespec.
-        unsafe { libc::clock_gettime(clk, &mut ts) };
-        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-    };
-    let raw = now(libc::CLOCK_MONOTONIC_RAW);
+    let raw = gpu_clock_counter();
     a.gpu_clock_counter = if gpu.is_some() { raw } else { 0 };
     a.cpu_clock_counter = raw;
-    a.system_clock_counter = now(libc::CLOCK_BOOTTIME);
+    a.system_clock_counter = clock_ns(libc::CLOCK_BOOTTIME);
     a.system_clock_freq = 1_000_000_000;
     Ok(())
 }

@@ -3,7 +3,9 @@
 
 use std::ffi::CString;
 use std::io;
+use std::mem::size_of;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 /// One sparse memfd backing all opens of one device node.
 pub struct Memfd {
@@ -134,6 +136,43 @@ impl Mapping {
         // reference aliases mapped memory.
         unsafe { std::ptr::copy(from, to, n) };
         true
+    }
+
+    /// The naturally aligned `T` at `off`, for atomics.
+    fn aligned<T>(&self, off: u64) -> Option<*mut T> {
+        let o = self.range(off, size_of::<T>())?;
+        // SAFETY: o + size_of::<T>() <= len: inside the live mapping.
+        let p = unsafe { self.ptr.add(o) };
+        p.cast::<T>().is_aligned().then_some(p.cast())
+    }
+
+    /// Atomically replaces the 32-bit word at `off` by `f(old)` (unless
+    /// `f` returns None) and returns the old value; None when the word is
+    /// not naturally aligned or not inside the mapping.
+    pub fn atomic_u32(&self, off: u64, f: impl FnMut(u32) -> Option<u32>) -> Option<u32> {
+        let p = self.aligned::<u32>(off)?;
+        // SAFETY: p is aligned and inside the mapping, which outlives the
+        // reference (borrowed from self).  The memory is shared with other
+        // processes, whose accesses Rust's model does not see; the CPU's
+        // atomic RMW is coherent with their atomics on the same page.
+        let a = unsafe { AtomicU32::from_ptr(p) };
+        Some(
+            match a.fetch_update(Ordering::SeqCst, Ordering::SeqCst, f) {
+                Ok(v) | Err(v) => v,
+            },
+        )
+    }
+
+    /// As [`Mapping::atomic_u32`] for a 64-bit word.
+    pub fn atomic_u64(&self, off: u64, f: impl FnMut(u64) -> Option<u64>) -> Option<u64> {
+        let p = self.aligned::<u64>(off)?;
+        // SAFETY: as in atomic_u32.
+        let a = unsafe { AtomicU64::from_ptr(p) };
+        Some(
+            match a.fetch_update(Ordering::SeqCst, Ordering::SeqCst, f) {
+                Ok(v) | Err(v) => v,
+            },
+        )
     }
 
     pub fn read_u64(&self, off: u64) -> Option<u64> {

@@ -126,6 +126,20 @@ pub struct Queue {
     pub cu_mask: Vec<u32>,
     /// The AQL packet processor's view of a COMPUTE_AQL queue.
     pub aql: super::aql::AqlState,
+    /// What the SDMA engine keeps between passes (not checkpointed).
+    pub engine: EngineState,
+}
+
+/// An SDMA queue's engine state between passes.  A checkpoint does not carry
+/// it: a restored queue starts the packet at its read pointer afresh.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EngineState {
+    /// The packet at read pointer `.0` (a POLL_REGMEM, or an ATOMIC that
+    /// loops) found its condition false in `.1` passes so far.
+    pub waiting: Option<(u64, u32)>,
+    /// TIMESTAMP_SET: the engine's local counter minus the GPU clock
+    /// (wrapping).
+    pub local_ts: u64,
 }
 
 impl Queue {

@@ -240,15 +240,47 @@ pub mod drm {
     pub const DROP_MASTER: u32 = 0x1f;
 }
 
-/// SDMA v4 packet opcodes (dw0 bits 7..0, sub-op 15..8).
+/// SDMA v4 opcodes (dw0 bits 7..0) and sub-opcodes (bits 15..8), as in
+/// the kernel's vega10_sdma_pkt_open.h (SDMA 4.x: GFX9 and gfx942).
 pub mod sdma {
     pub const OP_NOP: u32 = 0;
     pub const OP_COPY: u32 = 1;
     pub const OP_WRITE: u32 = 2;
     pub const OP_FENCE: u32 = 5;
     pub const OP_TRAP: u32 = 6;
+    pub const OP_POLL_REGMEM: u32 = 8;
+    pub const OP_ATOMIC: u32 = 10;
     pub const OP_CONST_FILL: u32 = 11;
-    pub const SUBOP_LINEAR: u32 = 0;
+    pub const OP_TIMESTAMP: u32 = 13;
+    pub const SUBOP_COPY_LINEAR: u32 = 0;
+    pub const SUBOP_COPY_LINEAR_SUB_WIND: u32 = 4;
+    pub const SUBOP_WRITE_LINEAR: u32 = 0;
+    pub const SUBOP_TIMESTAMP_SET: u32 = 0;
+    pub const SUBOP_TIMESTAMP_GET: u32 = 1;
+    pub const SUBOP_TIMESTAMP_GET_GLOBAL: u32 = 2;
+    /// POLL_REGMEM's retry count meaning "forever".
+    pub const POLL_RETRY_FOREVER: u32 = 0xfff;
+
+    /// ATOMIC operations: the TC_OP encoding of the GFX9 texture cache.
+    /// Bit 5 selects 64 bits; the `_RTN` forms are 0x00..0x3f, the plain
+    /// forms the same plus 0x40.  These are the low 5 bits.
+    pub mod atomic {
+        pub const SWAP: u32 = 7;
+        pub const CMPSWAP: u32 = 8;
+        pub const ADD: u32 = 15;
+        pub const SUB: u32 = 16;
+        pub const SMIN: u32 = 17;
+        pub const UMIN: u32 = 18;
+        pub const SMAX: u32 = 19;
+        pub const UMAX: u32 = 20;
+        pub const AND: u32 = 21;
+        pub const OR: u32 = 22;
+        pub const XOR: u32 = 23;
+        pub const INC: u32 = 24;
+        pub const DEC: u32 = 25;
+        pub const BIT_64: u32 = 0x20;
+        pub const NO_RETURN: u32 = 0x40;
+    }
 }
 
 /// Types for which every byte pattern is a value: `#[repr(C)]` structs of

@@ -9,6 +9,7 @@
 //! the hardware, where a packet faults at the first unmapped page it
 //! touches (what it did before stays done).
 
+use super::mem::Mapping;
 use super::state::{Bo, Proc, Span};
 use super::uapi::alloc;
 
@@ -243,5 +244,69 @@ impl GpuRange {
         let mut buf = vec![0u8; n as usize];
         src.read(soff, &mut buf)?;
         self.write(off, &buf)
+    }
+
+    /// Applies `f` to the naturally aligned 32-bit word at `off`
+    /// atomically; `f` returns the new value, or None to leave the word.
+    /// Returns the old value.
+    pub fn atomic_u32(&self, off: u64, f: impl FnMut(u32) -> Option<u32>) -> Access<u32> {
+        self.rmw(off, f, |m, o, f| m.atomic_u32(o, f))
+    }
+
+    /// As [`GpuRange::atomic_u32`] for a 64-bit word.
+    pub fn atomic_u64(&self, off: u64, f: impl FnMut(u64) -> Option<u64>) -> Access<u64> {
+        self.rmw(off, f, |m, o, f| m.atomic_u64(o, f))
+    }
+
+    /// A read-modify-write of one word: a CPU atomic on VRAM/GTT (the
+    /// daemon's mapping shares the pages the process maps), a read and a
+    /// write through `process_vm_*` on USERPTR memory.  The latter is
+    /// atomic with respect to the engine (one thread) but not to the
+    /// process' own CPU writes of the same word in between.
+    fn rmw<const N: usize, T: Word<N>, F: FnMut(T) -> Option<T>>(
+        &self,
+        off: u64,
+        mut f: F,
+        on_map: impl FnOnce(&Mapping, u64, &mut F) -> Option<T>,
+    ) -> Access<T> {
+        self.check(off, N as u64)?;
+        let (p, at, n) = self.walk(off, N as u64).next().expect("checked range");
+        let s = Self::span(p, at)?;
+        if let (Span::Map(m, base), true) = (s, n == N as u64) {
+            if let Some(old) = on_map(m, base + at, &mut f) {
+                return Ok(old);
+            }
+        }
+        // USERPTR, or a word the caller failed to align.
+        let mut b = [0u8; N];
+        self.read(off, &mut b)?;
+        let old = T::from_bytes(b);
+        if let Some(new) = f(old) {
+            self.write(off, &new.to_bytes())?;
+        }
+        Ok(old)
+    }
+}
+
+trait Word<const N: usize>: Copy {
+    fn from_bytes(b: [u8; N]) -> Self;
+    fn to_bytes(self) -> [u8; N];
+}
+
+impl Word<4> for u32 {
+    fn from_bytes(b: [u8; 4]) -> Self {
+        u32::from_le_bytes(b)
+    }
+    fn to_bytes(self) -> [u8; 4] {
+        self.to_le_bytes()
+    }
+}
+
+impl Word<8> for u64 {
+    fn from_bytes(b: [u8; 8]) -> Self {
+        u64::from_le_bytes(b)
+    }
+    fn to_bytes(self) -> [u8; 8] {
+        self.to_le_bytes()
     }
 }
