@@ -1381,6 +1381,54 @@ fn sdma_rocr_async_copy_sequence() {
     assert_eq!(u32_at(&out, 20), 0);
 }
 
+/// A TRAP signals an event only through its mailbox, as KFD's interrupt
+/// handler does: the slot of the TRAP's context id written → that event
+/// alone; otherwise (no such slot written) every event whose slot was
+/// written; never an event whose slot nobody wrote.
+#[test]
+fn sdma_trap_needs_the_mailbox_write() {
+    let d = Dev::new("");
+    d.setup();
+    let mut r = Rig::new(&d);
+    let a = r.event;
+    let b = u32_at(
+        &d.call(nr::CREATE_EVENT, &args(&[(16, 1)], 32)).unwrap(),
+        24,
+    );
+    let slot = |e: u32| SIG_VA + e as u64 * 8;
+    let slot_value = |r: &Rig, e: u32| {
+        // SAFETY: inside the 32 KiB signal page mapping.
+        unsafe { std::ptr::read_volatile(r.sig.add(e as usize * 8) as *const u64) }
+    };
+    let fired = |e: u32| {
+        let (w, _evs) = wait_args(&[e], false, 0);
+        u32_at(&d.call(nr::WAIT_EVENTS, &w).unwrap(), 20) == 0
+    };
+    // No mailbox write: nothing fires.
+    r.push(&pkt::trap(a));
+    r.run();
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(
+        !fired(a),
+        "a TRAP without a mailbox write signalled its event"
+    );
+    // Both mailboxes written, TRAP names a: only a fires; b stays pending.
+    r.push(&pkt::fence(slot(a), a));
+    r.push(&pkt::fence(slot(b), b));
+    r.push(&pkt::trap(a));
+    r.run();
+    assert!(fired(a));
+    assert!(!fired(b), "the TRAP's own event was found: others wait");
+    assert_eq!(slot_value(&r, a), u64::MAX, "a's slot re-armed");
+    assert_ne!(slot_value(&r, b), u64::MAX);
+    // A context id whose slot was not written: b is found by the scan.
+    r.push(&pkt::trap(a));
+    r.run();
+    assert!(fired(b));
+    assert!(!fired(a));
+    assert_eq!(slot_value(&r, b), u64::MAX);
+}
+
 /// Packets the engine does not execute halt the queue at them: another
 /// opcode (SEM), another sub-op (COPY_TILED), byte swapping.
 #[test]

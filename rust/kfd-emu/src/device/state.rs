@@ -386,28 +386,44 @@ impl Proc {
         next
     }
 
-    /// The TRAP interrupt: every signal event whose slot was written is
-    /// signalled and its slot re-armed, as KFD's interrupt handler does.
-    pub fn trap(&mut self, ctx_id: u32, done: &mut Done) {
-        let mut hit: Vec<u32> = Vec::new();
-        if let Some(page) = &self.signal_page {
-            for (&id, ev) in &self.events {
-                if ev.etype != uapi::event_type::SIGNAL && ev.etype != uapi::event_type::DEBUG {
-                    continue;
-                }
-                let off = id as u64 * 8;
-                if page
+    /// The SDMA TRAP interrupt with context id `ctx`, as KFD handles it
+    /// (kfd_signal_event_interrupt with 28 valid id bits).  When the slot
+    /// of event `ctx` on the signal page was written (the mailbox write
+    /// before the TRAP), that event alone is signalled.  Otherwise the
+    /// context id is taken as invalid and every signal event whose slot
+    /// was written is.  Signalled events' slots are re-armed.  An event
+    /// whose slot nobody wrote is never signalled.
+    pub fn trap(&mut self, ctx: u32, done: &mut Done) {
+        let Some(page) = &self.signal_page else {
+            return;
+        };
+        let slots = (page.map.len() / 8).min(uapi::SIGNAL_EVENT_LIMIT as u64);
+        let written = |id: u32| {
+            (id as u64) < slots
+                && page
                     .map
-                    .read_u64(off)
+                    .read_u64(id as u64 * 8)
                     .is_some_and(|v| v != uapi::UNSIGNALED_SLOT)
-                {
-                    page.map.write_u64(off, uapi::UNSIGNALED_SLOT);
-                    hit.push(id);
+        };
+        let gpu_signalled =
+            |e: &Event| e.etype == uapi::event_type::SIGNAL || e.etype == uapi::event_type::DEBUG;
+        let hit: Vec<u32> = match self.events.get(&ctx) {
+            Some(e) if written(ctx) => {
+                if gpu_signalled(e) {
+                    vec![ctx]
+                } else {
+                    Vec::new()
                 }
             }
-        }
-        if ctx_id != 0 && self.events.contains_key(&ctx_id) && !hit.contains(&ctx_id) {
-            hit.push(ctx_id);
+            _ => self
+                .events
+                .iter()
+                .filter(|(&id, e)| gpu_signalled(e) && written(id))
+                .map(|(&id, _)| id)
+                .collect(),
+        };
+        for &id in &hit {
+            page.map.write_u64(id as u64 * 8, uapi::UNSIGNALED_SLOT);
         }
         for id in hit {
             self.signal(id, done);
