@@ -493,6 +493,7 @@ impl Rig {
             .unwrap();
         let event = u32_at(&ev, 24);
         assert_eq!(u32_at(&ev, 28), event);
+        assert_eq!(event, 1, "the first signal event (KFD keeps id 0)");
         let q = d
             .call(
                 nr::CREATE_QUEUE,

@@ -615,6 +615,10 @@ fn plan_restore(
                 {
                     return Err(libc::EINVAL);
                 }
+                if signal && id == 0 {
+                    // Id 0 is KFD's own (the IDR refuses it).
+                    return Err(libc::ENOSPC);
+                }
                 let h = r.user_handle;
                 if h != 0 {
                     if signal_handle != 0 || !events.is_empty() {

@@ -570,8 +570,10 @@ pub fn create_event(st: &mut State, lead: u32, a: &mut sys::kfd_ioctl_create_eve
     }
     let p = proc_mut(st, lead)?;
     let id = if signal {
+        // KFD keeps event id 0 (slot 0) for itself: the interrupt handler's
+        // fast path for interrupts without a context id.
         let n = signal_slots(p);
-        (0..n)
+        (1..n)
             .find(|i| !p.events.contains_key(i))
             .ok_or(libc::ENOSPC)?
     } else {
