@@ -475,6 +475,12 @@ struct Rig {
 
 impl Rig {
     fn new(d: &Dev) -> Rig {
+        Rig::build(d, true)
+    }
+
+    /// `give_page`: the first signal event hands KFD the rig's signal page
+    /// (false when the process already gave one).
+    fn build(d: &Dev, give_page: bool) -> Rig {
         let mut handles = Vec::new();
         let mut m = |va, size, flags| {
             let (h, off) = d.alloc(va, size, flags, 0).unwrap();
@@ -487,7 +493,7 @@ impl Rig {
         let src = m(SRC_VA, 65536, alloc::VRAM);
         let dst = m(DST_VA, 65536, alloc::VRAM);
         let sig = m(SIG_VA, 32768, alloc::GTT);
-        let sig_handle = handles[4].0;
+        let sig_handle = if give_page { handles[4].0 } else { 0 };
         let ev = d
             .call(nr::CREATE_EVENT, &args(&[(0, sig_handle), (16, 1)], 32))
             .unwrap();
@@ -1428,6 +1434,50 @@ fn sdma_trap_needs_the_mailbox_write() {
     assert!(fired(b));
     assert!(!fired(a));
     assert_eq!(slot_value(&r, b), u64::MAX);
+}
+
+/// The thunk hands KFD the dGPU signal page BO with its first
+/// CREATE_EVENT, whatever the event type: ROCr's first event is a memory
+/// exception event.  KFD takes the page then; the signal events created
+/// later live in it, so an SDMA FENCE to the slot address the thunk
+/// computes from the BO, then a TRAP, signals them.
+#[test]
+fn signal_page_from_a_non_signal_first_event() {
+    const PAGE_VA: u64 = 0x4800_0000;
+    let d = Dev::new("");
+    d.setup();
+    let (h, off) = d.alloc(PAGE_VA, 32768, alloc::GTT, 0).unwrap();
+    d.map_gpu(h);
+    let page = d.map_node(NodeKind::Render { minor: d.minor }, off, 32768);
+    // A memory exception event (type 8) carrying the page handle.
+    let mem_ev = d
+        .call(nr::CREATE_EVENT, &args(&[(0, h), (12, 8)], 32))
+        .unwrap();
+    assert!(u32_at(&mem_ev, 24) >= 0x8000_0000);
+    assert_eq!(
+        u64_at(&mem_ev, 0),
+        0,
+        "no events page offset for a non-signal event"
+    );
+    // SAFETY: page maps 32768 bytes.
+    let slot0 = unsafe { std::ptr::read_volatile(page as *const u64) };
+    assert_eq!(slot0, u64::MAX, "KFD sets every slot unsignaled");
+    // A second page is refused.
+    assert_eq!(
+        d.call(nr::CREATE_EVENT, &args(&[(0, h), (16, 1)], 32)),
+        Err(libc::EINVAL)
+    );
+    let mut r = Rig::build(&d, false);
+    let ev = r.event;
+    r.push(&pkt::fence(PAGE_VA + ev as u64 * 8, ev));
+    r.push(&pkt::trap(ev));
+    r.run();
+    let (w, _evs) = wait_args(&[ev], false, 1000);
+    assert_eq!(
+        u32_at(&d.call(nr::WAIT_EVENTS, &w).unwrap(), 20),
+        0,
+        "the TRAP did not find the mailbox in the thunk's page"
+    );
 }
 
 /// Packets the engine does not execute halt the queue at them: another

@@ -552,21 +552,27 @@ pub fn signal_slots(p: &super::state::Proc) -> u32 {
     })
 }
 
-/// CREATE_EVENT.  For signal events `event_page_offset` carries the
-/// signal page BO handle on input (dGPU flow) and the events mmap offset
-/// on output.
+/// CREATE_EVENT.  A non-zero `event_page_offset` on input is the handle
+/// of the dGPU signal page BO, which KFD takes whatever the event type
+/// (the thunk passes it with its first CREATE_EVENT, whichever event that
+/// is); a second page is EINVAL.  Signal events without one get the
+/// process' events range of /dev/kfd.  On output `event_page_offset` is
+/// the events mmap offset for signal events and 0 for others.
 pub fn create_event(st: &mut State, lead: u32, a: &mut sys::kfd_ioctl_create_event_args) -> R<()> {
     let etype = a.event_type;
+    if a.event_page_offset != 0 {
+        if proc_mut(st, lead)?.signal_page.is_some() {
+            // kfd_kmap_event_page: "Event page is already set".
+            return Err(libc::EINVAL);
+        }
+        attach_signal_page(st, lead, a.event_page_offset)?;
+    }
     if etype > event_type::LAST {
         return Err(libc::EINVAL);
     }
     let signal = etype == event_type::SIGNAL || etype == event_type::DEBUG;
-    if signal {
-        let h = a.event_page_offset;
-        let has = proc_mut(st, lead)?.signal_page.is_some();
-        if !has {
-            attach_signal_page(st, lead, h)?;
-        }
+    if signal && proc_mut(st, lead)?.signal_page.is_none() {
+        attach_signal_page(st, lead, 0)?;
     }
     let p = proc_mut(st, lead)?;
     let id = if signal {
@@ -593,6 +599,8 @@ pub fn create_event(st: &mut State, lead: u32, a: &mut sys::kfd_ioctl_create_eve
         },
     );
     a.event_id = id;
+    a.event_trigger_data = id;
+    a.event_page_offset = 0;
     if signal {
         a.event_slot_index = id;
         a.event_page_offset = kfd_off::encode(kfd_off::EVENTS, p.slot, 0, 0);
