@@ -16,8 +16,9 @@ use super::uapi::alloc;
 /// What backs one piece of a range.
 enum Backing {
     Mem(Span),
-    /// No BO mapped on the GPU covers it.
-    Unmapped,
+    /// No BO mapped on the GPU covers it; what is there instead (a BO
+    /// mapped elsewhere), for the log.
+    Unmapped(Option<String>),
     /// A mapped BO whose memory the model cannot reach (DOORBELL, MMIO).
     Unmodelled(&'static str),
 }
@@ -32,7 +33,9 @@ struct Piece {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Fault {
     /// The GPU VA is not in a BO mapped on the GPU: a GPU page fault.
-    Unmapped { va: u64 },
+    /// `note` describes a BO of the process there that is not mapped on
+    /// this GPU, if any.
+    Unmapped { va: u64, note: Option<String> },
     /// The VA is in a BO type the model does not back with memory.
     Unmodelled { va: u64, what: &'static str },
     /// USERPTR memory the process no longer has (KFD would still reach
@@ -43,10 +46,17 @@ pub enum Fault {
 impl std::fmt::Display for Fault {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Fault::Unmapped { va } => write!(
-                f,
-                "GPU page fault at VA {va:#x}: no BO of the process mapped on this GPU covers it"
-            ),
+            Fault::Unmapped { va, note } => {
+                write!(
+                    f,
+                    "GPU page fault at VA {va:#x}: no BO of the process mapped on this GPU \
+                     covers it"
+                )?;
+                match note {
+                    Some(n) => write!(f, " ({n})"),
+                    None => Ok(()),
+                }
+            }
             Fault::Unmodelled { va, what } => write!(
                 f,
                 "VA {va:#x} is in a {what} BO, which the emulated engine cannot access"
@@ -93,7 +103,7 @@ impl Proc {
                 pieces: vec![Piece {
                     va,
                     len,
-                    backing: Backing::Unmapped,
+                    backing: Backing::Unmapped(None),
                 }],
             };
         };
@@ -110,7 +120,7 @@ impl Proc {
                 pieces.push(Piece {
                     va: cur,
                     len: b.va - cur,
-                    backing: Backing::Unmapped,
+                    backing: Backing::Unmapped(self.unmapped_note(gpu, cur, b.va)),
                 });
                 cur = b.va;
             }
@@ -126,10 +136,33 @@ impl Proc {
             pieces.push(Piece {
                 va: cur,
                 len: end - cur,
-                backing: Backing::Unmapped,
+                backing: Backing::Unmapped(self.unmapped_note(gpu, cur, end)),
             });
         }
         GpuRange { va, len, pieces }
+    }
+}
+
+impl Proc {
+    /// What lies in `[va, end)` though not mapped on GPU `gpu`: the first
+    /// BO of the process there, with the GPUs it is mapped on.
+    fn unmapped_note(&self, gpu: usize, va: u64, end: u64) -> Option<String> {
+        let (k, b) = self
+            .bos
+            .iter()
+            .filter(|(_, b)| b.va < end && va < b.va + b.size)
+            .min_by_key(|(_, b)| b.va)?;
+        let ids = |g: usize| self.pdds.get(g).map_or(0, |d| d.user_id);
+        let mapped: Vec<String> = b.mapped.iter().map(|&g| ids(g).to_string()).collect();
+        Some(format!(
+            "BO [{:#x}, {:#x}) of type {:#x} of GPU {} is mapped on GPUs [{}], not on GPU {}",
+            b.va,
+            b.va + b.size,
+            b.mem_type(),
+            ids(k.gpu),
+            mapped.join(", "),
+            ids(gpu)
+        ))
     }
 }
 
@@ -164,6 +197,7 @@ impl GpuRange {
             // A caller bug: ranges are resolved for what packets access.
             return Err(Fault::Unmapped {
                 va: self.va.wrapping_add(off),
+                note: None,
             });
         }
         Ok(())
@@ -173,7 +207,10 @@ impl GpuRange {
         let va = p.va.wrapping_add(at);
         match &p.backing {
             Backing::Mem(s) => Ok(s),
-            Backing::Unmapped => Err(Fault::Unmapped { va }),
+            Backing::Unmapped(note) => Err(Fault::Unmapped {
+                va,
+                note: note.clone(),
+            }),
             Backing::Unmodelled(what) => Err(Fault::Unmodelled { va, what }),
         }
     }
