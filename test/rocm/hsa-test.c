@@ -385,6 +385,12 @@ int main(int argc, char **argv)
 		snprintf(what, sizeof(what), "VRAM of node %u -> VRAM of node %u", a->node, b->node);
 		if (!copy(dev2[j], b->a, dev[i], a->a, bytes, sig, what))
 			continue;
+		/* allow_access sets the GPUs a buffer is mapped on (the thunk unmaps the others):
+		 * the host buffer is still mapped only on the last GPU of the loop above, and
+		 * node b's SDMA engine writes it. */
+		if (!hsa_q(hsa_amd_agents_allow_access(2, (hsa_agent_t[]){ b->a, cpu->a }, NULL, host_dst),
+			   "allow node %u to host memory", b->node))
+			continue;
 		memset(host_dst, 0, bytes);
 		snprintf(what, sizeof(what), "VRAM of node %u (from node %u) -> host", b->node, a->node);
 		if (!copy(host_dst, cpu->a, dev2[j], b->a, bytes, sig, what))
