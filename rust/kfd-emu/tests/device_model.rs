@@ -1480,6 +1480,40 @@ fn signal_page_from_a_non_signal_first_event() {
     );
 }
 
+/// An SDMA access outside the GPU's VM is a GPU page fault: the queue
+/// halts and, as KFD reports faults, every memory event fires with the
+/// fault as exception data, which the wait copies to the caller's event
+/// array (ROCr prints "Memory access fault by GPU node-N ... Page not
+/// present" from it and aborts).
+#[test]
+fn sdma_page_fault_signals_memory_events() {
+    let d = Dev::new("");
+    d.setup();
+    let mut r = Rig::new(&d);
+    let mem_ev = u32_at(
+        &d.call(nr::CREATE_EVENT, &args(&[(12, 8)], 32)).unwrap(),
+        24,
+    );
+    let (wa, evs) = wait_args(&[mem_ev], false, u32::MAX);
+    let waiting = d.start(&waiter(), nr::WAIT_EVENTS, &wa);
+    let at = r.wptr;
+    r.push(&pkt::copy_linear(0x7000_1234, DST_VA, 64));
+    r.run_stops_at(at);
+    let out = waiting
+        .recv_timeout(Duration::from_secs(2))
+        .expect("the page fault did not signal the memory event")
+        .unwrap();
+    assert_eq!(u32_at(&out, 20), 0);
+    // SAFETY: evs is the 48-byte event array the model wrote into.
+    let data: Vec<u8> = (0..32)
+        .map(|i| unsafe { std::ptr::read_volatile(evs.as_ptr().add(i)) })
+        .collect();
+    assert_eq!(u32_at(&data, 0), 1, "NotPresent");
+    assert_eq!((u32_at(&data, 4), u32_at(&data, 8)), (0, 0));
+    assert_eq!(u64_at(&data, 16), 0x7000_1000, "the faulting page");
+    assert_eq!(u32_at(&data, 24), d.gpu_id);
+}
+
 /// Packets the engine does not execute halt the queue at them: another
 /// opcode (SEM), another sub-op (COPY_TILED), byte swapping.
 #[test]

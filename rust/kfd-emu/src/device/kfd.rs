@@ -695,7 +695,7 @@ pub fn wait_events(
         w.events.iter().any(|e| e.1)
     };
     if ready {
-        return Some(w.finish(uapi::WAIT_COMPLETE));
+        return Some(w.complete(&p.events));
     }
     if timeout == 0 {
         return Some(w.finish(uapi::WAIT_TIMEOUT));

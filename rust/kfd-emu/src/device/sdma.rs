@@ -824,6 +824,11 @@ pub fn commit(p: &mut Proc, done_queues: Vec<QueueDone>, done: &mut Done) -> boo
                 p.pdds[gpu].user_id,
                 d.rptr
             );
+            if let Halt::Fault { fault, .. } = why {
+                if let Some(va) = fault.page_fault_va() {
+                    p.vm_fault(gpu, va, done);
+                }
+            }
         }
         for t in d.fx.traps {
             p.trap(t, done);

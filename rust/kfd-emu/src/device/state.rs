@@ -187,6 +187,26 @@ impl Waiter {
         self.args.wait_result = result;
         (self.reply, Ok(uapi::encode(&self.args, self.out_size)))
     }
+
+    /// Completes the wait as KFD does: the exception data of each memory
+    /// event that fired goes to the caller's `kfd_event_data` array
+    /// (copy_signaled_event_data); EFAULT when it cannot be written.
+    pub fn complete(self, events: &BTreeMap<u32, Event>) -> Answer {
+        let stride = std::mem::size_of::<sys::kfd_event_data>() as u64;
+        for (i, (id, active)) in self.events.iter().enumerate() {
+            let Some(e) = events
+                .get(id)
+                .filter(|e| *active && e.etype == uapi::event_type::MEMORY)
+            else {
+                continue;
+            };
+            let at = self.args.events_ptr + i as u64 * stride;
+            if super::mem::user_write(self.tid, at, &e.data).is_err() {
+                return (self.reply, Err(libc::EFAULT));
+            }
+        }
+        self.finish(uapi::WAIT_COMPLETE)
+    }
 }
 
 /// The start of a resolved GPU VA range: usable without the state lock
@@ -361,7 +381,7 @@ impl Proc {
         let mut i = 0;
         while i < self.waiters.len() {
             if self.waiters[i].satisfied() {
-                done.push(self.waiters.swap_remove(i).finish(uapi::WAIT_COMPLETE));
+                done.push(self.waiters.swap_remove(i).complete(&self.events));
             } else {
                 i += 1;
             }
@@ -426,6 +446,37 @@ impl Proc {
             page.map.write_u64(id as u64 * 8, uapi::UNSIGNALED_SLOT);
         }
         for id in hit {
+            self.signal(id, done);
+        }
+    }
+
+    /// A GPU page fault of the process on GPU index `gpu` at `va` (an
+    /// engine access outside the GPU's VM), as KFD reports one
+    /// (kfd_signal_vm_fault_event): every memory event of the process gets
+    /// the fault as its exception data (page not present, the faulting
+    /// page, the GPU's id) and is signalled.  ROCr's handler prints "Memory
+    /// access fault by GPU node-N" and aborts.
+    pub fn vm_fault(&mut self, gpu: usize, va: u64, done: &mut Done) {
+        let data = sys::kfd_hsa_memory_exception_data {
+            failure: sys::kfd_memory_exception_failure {
+                NotPresent: 1,
+                ..Default::default()
+            },
+            va: va & !(uapi::PAGE - 1),
+            gpu_id: self.pdds[gpu].user_id,
+            ErrorType: 0,
+        };
+        let bytes: [u8; 32] = uapi::bytes(&data)
+            .try_into()
+            .expect("kfd_hsa_memory_exception_data is 32 bytes");
+        let ids: Vec<u32> = self
+            .events
+            .iter()
+            .filter(|(_, e)| e.etype == uapi::event_type::MEMORY)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in ids {
+            self.events.get_mut(&id).expect("listed above").data = bytes;
             self.signal(id, done);
         }
     }

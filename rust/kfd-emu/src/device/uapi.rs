@@ -127,6 +127,7 @@ pub mod event_type {
     use super::sys;
     pub const SIGNAL: u32 = sys::KFD_IOC_EVENT_SIGNAL;
     pub const DEBUG: u32 = sys::KFD_IOC_EVENT_DEBUG_EVENT;
+    pub const MEMORY: u32 = sys::KFD_IOC_EVENT_MEMORY;
     pub const LAST: u32 = sys::KFD_IOC_EVENT_MEMORY;
 }
 

@@ -43,6 +43,16 @@ pub enum Fault {
     UserMemory { va: u64, cpu: u64 },
 }
 
+impl Fault {
+    /// The VA of a GPU page fault (not of the model's own limits).
+    pub fn page_fault_va(&self) -> Option<u64> {
+        match self {
+            Fault::Unmapped { va, .. } => Some(*va),
+            _ => None,
+        }
+    }
+}
+
 impl std::fmt::Display for Fault {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
