@@ -2453,6 +2453,8 @@ fn aql_barriers_run_and_a_dispatch_stops_the_queue() {
     d.setup();
     let map = |va, size, flags| {
         let (h, off) = d.alloc(va, size, flags, 0).unwrap();
+        // The CP reaches only BOs mapped on its GPU.
+        d.map_gpu(h);
         (
             h,
             d.map_node(NodeKind::Render { minor: d.minor }, off, size as usize),

@@ -73,40 +73,47 @@ pub struct Pass {
     pub waiting: bool,
 }
 
-fn read_u64(p: &Proc, va: u64) -> Option<u64> {
+fn read_u64(p: &Proc, gpu: usize, va: u64) -> Option<u64> {
     let mut b = [0u8; 8];
-    p.read_va(va, &mut b).then(|| u64::from_le_bytes(b))
+    p.gpu_read(gpu, va, &mut b).then(|| u64::from_le_bytes(b))
 }
 
-fn write_u64(p: &Proc, va: u64, v: u64) -> bool {
-    p.write_va(va, &v.to_le_bytes())
+fn write_u64(p: &Proc, gpu: usize, va: u64, v: u64) -> bool {
+    p.gpu_write(gpu, va, &v.to_le_bytes())
 }
 
 /// Writes `value` to a signal (or adds -1 when `decrement`), then, like the
 /// CP's end-of-pipe write, its event id to its mailbox and the interrupt
 /// that makes KFD signal the event.
-fn signal(p: &mut Proc, handle: u64, value: i64, decrement: bool, done: &mut Done) -> bool {
+fn signal(
+    p: &mut Proc,
+    gpu: usize,
+    handle: u64,
+    value: i64,
+    decrement: bool,
+    done: &mut Done,
+) -> bool {
     let v = if decrement {
-        match read_u64(p, handle + SIGNAL_VALUE) {
+        match read_u64(p, gpu, handle + SIGNAL_VALUE) {
             Some(old) => (old as i64).wrapping_sub(1),
             None => return false,
         }
     } else {
         value
     };
-    if !write_u64(p, handle + SIGNAL_VALUE, v as u64) {
+    if !write_u64(p, gpu, handle + SIGNAL_VALUE, v as u64) {
         return false;
     }
-    let Some(mailbox) = read_u64(p, handle + SIGNAL_MAILBOX) else {
+    let Some(mailbox) = read_u64(p, gpu, handle + SIGNAL_MAILBOX) else {
         return false;
     };
     if mailbox != 0 {
         let mut id = [0u8; 4];
-        if !p.read_va(handle + SIGNAL_EVENT_ID, &mut id) {
+        if !p.gpu_read(gpu, handle + SIGNAL_EVENT_ID, &mut id) {
             return false;
         }
         let id = u32::from_le_bytes(id);
-        if !write_u64(p, mailbox, id as u64) {
+        if !write_u64(p, gpu, mailbox, id as u64) {
             return false;
         }
         p.trap(id, done);
@@ -125,17 +132,17 @@ fn type_name(t: u8) -> &'static str {
 
 /// Whether a barrier packet's dependencies are met: `None` when a signal
 /// cannot be read.
-fn barrier_ready(p: &Proc, slot: u64, and: bool) -> Option<bool> {
+fn barrier_ready(p: &Proc, gpu: usize, slot: u64, and: bool) -> Option<bool> {
     let mut any = false;
     let mut all = true;
     let mut deps = 0;
     for i in 0..5 {
-        let h = read_u64(p, slot + BARRIER_DEPS + 8 * i)?;
+        let h = read_u64(p, gpu, slot + BARRIER_DEPS + 8 * i)?;
         if h == 0 {
             continue;
         }
         deps += 1;
-        let zero = read_u64(p, h + SIGNAL_VALUE)? == 0;
+        let zero = read_u64(p, gpu, h + SIGNAL_VALUE)? == 0;
         any |= zero;
         all &= zero;
     }
@@ -156,9 +163,9 @@ fn fault(p: &mut Proc, id: u32, q: &Queue, gpu_id: u32, index: u64, what: &str, 
         qs.halted = true;
         qs.aql.waiting = false;
     }
-    match read_u64(p, q.rptr_addr + INACTIVE_SIGNAL_FROM_RPTR) {
+    match read_u64(p, q.gpu, q.rptr_addr + INACTIVE_SIGNAL_FROM_RPTR) {
         Some(h) if h != 0 => {
-            if !signal(p, h, ERROR_INVALID_PACKET_FORMAT, false, done) {
+            if !signal(p, q.gpu, h, ERROR_INVALID_PACKET_FORMAT, false, done) {
                 log::error!(
                     "kfd-emu: process {} AQL queue {id}: its queue_inactive_signal {h:#x} is not \
                      reachable through the GPU VM",
@@ -202,8 +209,10 @@ pub fn pass(p: &mut Proc, done: &mut Done) -> Pass {
         let gpu_id = p.pdds[q.gpu].user_id;
         let mut waiting = false;
         for _ in 0..BUDGET {
-            let (Some(wptr), Some(rptr)) = (read_u64(p, q.wptr_addr), read_u64(p, q.rptr_addr))
-            else {
+            let (Some(wptr), Some(rptr)) = (
+                read_u64(p, q.gpu, q.wptr_addr),
+                read_u64(p, q.gpu, q.rptr_addr),
+            ) else {
                 fault(
                     p,
                     id,
@@ -220,7 +229,7 @@ pub fn pass(p: &mut Proc, done: &mut Done) -> Pass {
             }
             let slot = q.ring_base + (rptr * PACKET) % q.ring_size as u64;
             let mut hdr = [0u8; 2];
-            if !p.read_va(slot, &mut hdr) {
+            if !p.gpu_read(q.gpu, slot, &mut hdr) {
                 fault(p, id, &q, gpu_id, rptr, "the ring is not reachable", done);
                 break;
             }
@@ -232,7 +241,7 @@ pub fn pass(p: &mut Proc, done: &mut Done) -> Pass {
                     break;
                 }
                 TYPE_BARRIER_AND | TYPE_BARRIER_OR => {
-                    barrier_ready(p, slot, ty == TYPE_BARRIER_AND)
+                    barrier_ready(p, q.gpu, slot, ty == TYPE_BARRIER_AND)
                 }
                 _ => {
                     let what = format!(
@@ -262,11 +271,11 @@ pub fn pass(p: &mut Proc, done: &mut Done) -> Pass {
                 }
                 Some(true) => {}
             }
-            let completion = read_u64(p, slot + COMPLETION_SIGNAL).unwrap_or(0);
+            let completion = read_u64(p, q.gpu, slot + COMPLETION_SIGNAL).unwrap_or(0);
             // The slot is free again, then the read pointer moves past it,
             // then the completion signal fires.
-            let freed = p.write_va(slot, &u16::from(TYPE_INVALID).to_le_bytes());
-            if !freed || !write_u64(p, q.rptr_addr, rptr + 1) {
+            let freed = p.gpu_write(q.gpu, slot, &u16::from(TYPE_INVALID).to_le_bytes());
+            if !freed || !write_u64(p, q.gpu, q.rptr_addr, rptr + 1) {
                 fault(
                     p,
                     id,
@@ -278,7 +287,7 @@ pub fn pass(p: &mut Proc, done: &mut Done) -> Pass {
                 );
                 break;
             }
-            if completion != 0 && !signal(p, completion, 0, true, done) {
+            if completion != 0 && !signal(p, q.gpu, completion, 0, true, done) {
                 fault(
                     p,
                     id,

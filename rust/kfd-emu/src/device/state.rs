@@ -330,35 +330,6 @@ impl Proc {
         Ok(key)
     }
 
-    /// The BO covering GPU VA `[va, va+len)`.
-    pub fn bo_at(&self, va: u64, len: u64) -> Option<&Bo> {
-        let end = va.checked_add(len)?;
-        self.bos
-            .values()
-            .find(|b| b.va <= va && end <= b.va + b.size && b.va != 0)
-    }
-
-    /// Where the bytes of GPU VA `[va, va+len)` live, if one BO of the
-    /// process with CPU-reachable memory covers it.
-    pub fn span_at(&self, va: u64, len: u64) -> Option<Span> {
-        let bo = self.bo_at(va, len)?;
-        match (&bo.map, bo.mem_type()) {
-            (Some(m), _) => Some(Span::Map(m.clone(), va - bo.va)),
-            (None, alloc::USERPTR) => Some(Span::User(self.lead, bo.user_addr + (va - bo.va))),
-            _ => None,
-        }
-    }
-
-    pub fn read_va(&self, va: u64, buf: &mut [u8]) -> bool {
-        self.span_at(va, buf.len() as u64)
-            .is_some_and(|s| s.read(buf))
-    }
-
-    pub fn write_va(&self, va: u64, data: &[u8]) -> bool {
-        self.span_at(va, data.len() as u64)
-            .is_some_and(|s| s.write(data))
-    }
-
     /// Signals event `id` (SET_EVENT, or the interrupt path).
     pub fn signal(&mut self, id: u32, done: &mut Done) {
         let Some(ev) = self.events.get_mut(&id) else {

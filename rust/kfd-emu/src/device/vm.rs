@@ -154,6 +154,21 @@ impl Proc {
 }
 
 impl Proc {
+    /// Reads `buf.len()` bytes at `va` as GPU index `gpu` does; false on a
+    /// fault.
+    pub fn gpu_read(&self, gpu: usize, va: u64, buf: &mut [u8]) -> bool {
+        self.gpu_range(gpu, va, buf.len() as u64)
+            .read(0, buf)
+            .is_ok()
+    }
+
+    /// Writes `data` at `va` as GPU index `gpu` does; false on a fault.
+    pub fn gpu_write(&self, gpu: usize, va: u64, data: &[u8]) -> bool {
+        self.gpu_range(gpu, va, data.len() as u64)
+            .write(0, data)
+            .is_ok()
+    }
+
     /// What lies in `[va, end)` though not mapped on GPU `gpu`: the first
     /// BO of the process there, with the GPUs it is mapped on.
     fn unmapped_note(&self, gpu: usize, va: u64, end: u64) -> Option<String> {
