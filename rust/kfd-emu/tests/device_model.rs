@@ -3296,3 +3296,41 @@ fn criu_restore_slot_in_use_is_ebusy() {
     let (_, y_events) = y.signal_event(&d3).unwrap();
     assert_eq!(y_events - a.events_off, 2 << 44);
 }
+
+/// SVM memory is in a GPU's VM where a range gives that GPU access (KFD
+/// maps such ranges on the GPUs of their access bitmaps); with XNACK on,
+/// all the process' memory is (a fault there makes KFD map it).  The SDMA
+/// engine reaches it in place; other memory faults.
+#[test]
+fn sdma_reaches_svm_memory() {
+    let d = Dev::new("");
+    d.setup();
+    let mut r = Rig::new(&d);
+    // SAFETY: src maps 65536 bytes.
+    unsafe { wr32(r.src, 0, 0x5151_0001) };
+    let mem = anon(2);
+    d.call(nr::SVM, &svm_args(mem, 0, 1, 0, &[(ACCESS, d.gpu_id)]))
+        .unwrap();
+    r.push(&pkt::copy_linear(SRC_VA, mem + 8, 4));
+    r.run();
+    // SAFETY: inside the 2-page anonymous mapping.
+    assert_eq!(unsafe { rd32(mem as *mut u8, 8) }, 0x5151_0001);
+    // The second page has no range: a fault.
+    let at = r.wptr;
+    r.push(&pkt::copy_linear(SRC_VA, mem + 4096, 4));
+    r.run_stops_at(at);
+
+    // XNACK on (gfx90a switches per process; before any queue): any
+    // mapped memory is reachable.
+    let d = Dev::new("[gpu_defaults]\ngfx_target_version = 90010\n");
+    d.setup();
+    d.call(nr::SET_XNACK_MODE, &1i32.to_le_bytes()).unwrap();
+    let mut r = Rig::new(&d);
+    // SAFETY: src maps 65536 bytes.
+    unsafe { wr32(r.src, 0, 0x5151_0002) };
+    let mem = anon(1);
+    r.push(&pkt::copy_linear(SRC_VA, mem + 16, 4));
+    r.run();
+    // SAFETY: inside the anonymous page.
+    assert_eq!(unsafe { rd32(mem as *mut u8, 16) }, 0x5151_0002);
+}

@@ -11,7 +11,8 @@
 
 use super::mem::Mapping;
 use super::state::{Bo, Proc, Span};
-use super::uapi::alloc;
+use super::svm;
+use super::uapi::{self, alloc};
 
 /// What backs one piece of a range.
 enum Backing {
@@ -124,14 +125,11 @@ impl Proc {
             .collect();
         bos.sort_by_key(|b| b.va);
         let mut pieces = Vec::with_capacity(bos.len() + 1);
+        let mut vmas = None;
         let mut cur = va;
         for b in bos {
             if b.va > cur {
-                pieces.push(Piece {
-                    va: cur,
-                    len: b.va - cur,
-                    backing: Backing::Unmapped(self.unmapped_note(gpu, cur, b.va)),
-                });
+                self.fill_hole(gpu, cur, b.va, &mut pieces, &mut vmas);
                 cur = b.va;
             }
             let stop = (b.va + b.size).min(end);
@@ -143,17 +141,90 @@ impl Proc {
             cur = stop;
         }
         if cur < end {
-            pieces.push(Piece {
-                va: cur,
-                len: end - cur,
-                backing: Backing::Unmapped(self.unmapped_note(gpu, cur, end)),
-            });
+            self.fill_hole(gpu, cur, end, &mut pieces, &mut vmas);
         }
         GpuRange { va, len, pieces }
     }
 }
 
 impl Proc {
+    /// The pieces of `[va, end)`, where no BO of the process is: the
+    /// process' own memory where an SVM range gives GPU `gpu` access (or
+    /// access in place), as KFD maps such ranges on the GPUs of their
+    /// access bitmaps; with XNACK on, also any other memory the process
+    /// has mapped (a fault there makes KFD create a range and map it); the
+    /// rest is unmapped.  `vmas` caches the process' mappings.
+    fn fill_hole(
+        &self,
+        gpu: usize,
+        va: u64,
+        end: u64,
+        pieces: &mut Vec<Piece>,
+        vmas: &mut Option<Vec<svm::Vma>>,
+    ) {
+        let page = uapi::PAGE;
+        let bit = 1u64.checked_shl(gpu as u32).unwrap_or(0);
+        let mut cur = va;
+        let mut gap = |pieces: &mut Vec<Piece>, a: u64, b: u64| {
+            if a >= b {
+                return;
+            }
+            if !self.xnack {
+                pieces.push(Piece {
+                    va: a,
+                    len: b - a,
+                    backing: Backing::Unmapped(self.unmapped_note(gpu, a, b)),
+                });
+                return;
+            }
+            let maps = vmas.get_or_insert_with(|| svm::vmas(self.lead).unwrap_or_default());
+            let mut at = a;
+            while at < b {
+                let v = maps
+                    .iter()
+                    .find(|v| !v.device && v.start * page <= at && at < v.end * page);
+                let stop = match v {
+                    Some(v) => (v.end * page).min(b),
+                    None => maps
+                        .iter()
+                        .filter(|v| !v.device && v.start * page > at)
+                        .map(|v| v.start * page)
+                        .min()
+                        .unwrap_or(b)
+                        .min(b),
+                };
+                pieces.push(Piece {
+                    va: at,
+                    len: stop - at,
+                    backing: match v {
+                        Some(_) => Backing::Mem(Span::User(self.lead, at)),
+                        None => Backing::Unmapped(self.unmapped_note(gpu, at, stop)),
+                    },
+                });
+                at = stop;
+            }
+        };
+        let (first, last) = (va / page, (end - 1) / page);
+        for (&s, r) in self.svm.ranges.range(..=last) {
+            if r.last < first || (r.access | r.in_place) & bit == 0 {
+                continue;
+            }
+            let rs = (s * page).max(cur);
+            let re = ((r.last + 1) * page).min(end);
+            if rs >= re {
+                continue;
+            }
+            gap(pieces, cur, rs);
+            pieces.push(Piece {
+                va: rs,
+                len: re - rs,
+                backing: Backing::Mem(Span::User(self.lead, rs)),
+            });
+            cur = re;
+        }
+        gap(pieces, cur, end);
+    }
+
     /// Reads `buf.len()` bytes at `va` as GPU index `gpu` does; false on a
     /// fault.
     pub fn gpu_read(&self, gpu: usize, va: u64, buf: &mut [u8]) -> bool {
