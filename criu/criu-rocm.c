@@ -103,7 +103,8 @@ static int gpu_init(int stage)
 	switch (stage) {
 	case CR_PLUGIN_STAGE__DUMP:
 		inventory_noted = false;
-		return criu_gpu_dump_init();
+		/* The GPU guardian and the signal handler write to CRIU's log should criu-rocm die. */
+		return criu_gpu_dump_init(log_get_fd());
 	case CR_PLUGIN_STAGE__RESTORE:
 		/*
 		 * Claim the inventory's GPU entry the way upstream's plugin does, so

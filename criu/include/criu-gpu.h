@@ -34,9 +34,10 @@ int criu_gpu_device_kind(uint32_t mode, uint64_t dev, uint64_t ino, uint64_t rde
 /*
  Starts the GPU part of a dump (reads `KFD_MAX_BUFFER_SIZE` and
  `CRIU_ROCM_COPY_ENGINE`; a bad value fails the dump before anything is
- frozen).
+ frozen).  `log_fd` is CRIU's log, where the GPU guardian and the signal
+ handler write should criu-rocm die.
  */
-int criu_gpu_dump_init(void);
+int criu_gpu_dump_init(int log_fd);
 
 /*
  Pauses the GPU queues of task `pid` (real pid, frozen and seized by

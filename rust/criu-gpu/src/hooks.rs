@@ -67,11 +67,13 @@ pub extern "C" fn criu_gpu_device_kind(mode: u32, dev: u64, ino: u64, rdev: u64)
 
 /// Starts the GPU part of a dump (reads `KFD_MAX_BUFFER_SIZE` and
 /// `CRIU_ROCM_COPY_ENGINE`; a bad value fails the dump before anything is
-/// frozen).
+/// frozen).  `log_fd` is CRIU's log, where the GPU guardian and the signal
+/// handler write should criu-rocm die.
 #[no_mangle]
-pub extern "C" fn criu_gpu_dump_init() -> c_int {
+pub extern "C" fn criu_gpu_dump_init(log_fd: c_int) -> c_int {
     ffi_boundary("criu_gpu_dump_init", || match DumpOptions::from_env() {
-        Ok(o) => {
+        Ok(mut o) => {
+            o.log_fd = (log_fd >= 0).then_some(log_fd);
             *lock(&DUMP) = Some(DumpSession::new(o, devices().clone()));
             0
         }
