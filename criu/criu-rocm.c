@@ -98,13 +98,28 @@ bool criu_rocm_is_gpu_file(const struct stat *st)
 
 /* --- the built-in plugin: CRIU's hook chain calls these first --- */
 
+/*
+ * The GPU part of a dump starts: read the GPU knobs and mark the image
+ * directory incomplete until criu_rocm_dump_complete() (streamed images have
+ * no directory).  CRIU's log fd goes along for the GPU guardian and the
+ * signal handler, which write there should criu-rocm die.
+ */
+static int gpu_dump_init(void)
+{
+	int ret;
+
+	inventory_noted = false;
+	ret = criu_gpu_dump_init(opts.stream ? -1 : image_dir_fd(), log_get_fd());
+	if (ret)
+		pr_err("Can't start the GPU part of the dump: %s\n", strerror(-ret));
+	return ret;
+}
+
 static int gpu_init(int stage)
 {
 	switch (stage) {
 	case CR_PLUGIN_STAGE__DUMP:
-		inventory_noted = false;
-		/* The GPU guardian and the signal handler write to CRIU's log should criu-rocm die. */
-		return criu_gpu_dump_init(log_get_fd());
+		return gpu_dump_init();
 	case CR_PLUGIN_STAGE__RESTORE:
 		/*
 		 * Claim the inventory's GPU entry the way upstream's plugin does, so
@@ -264,9 +279,21 @@ int criu_rocm_dump_late(void)
 	return criu_gpu_dump_late() ? -1 : 0;
 }
 
+int criu_rocm_dump_complete(void)
+{
+	if (opts.stream)
+		return 0;
+	return criu_gpu_dump_complete(image_dir_fd()) ? -1 : 0;
+}
+
 int criu_rocm_dump_finish(bool resume)
 {
 	return criu_gpu_dump_finish(resume) ? -1 : 0;
+}
+
+int criu_rocm_restore_check(void)
+{
+	return criu_gpu_restore_check(image_dir_fd()) ? -1 : 0;
 }
 
 int criu_rocm_restore_task_done(void)

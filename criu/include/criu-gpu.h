@@ -34,10 +34,18 @@ int criu_gpu_device_kind(uint32_t mode, uint64_t dev, uint64_t ino, uint64_t rde
 /*
  Starts the GPU part of a dump (reads `KFD_MAX_BUFFER_SIZE` and
  `CRIU_ROCM_COPY_ENGINE`; a bad value fails the dump before anything is
- frozen).  `log_fd` is CRIU's log, where the GPU guardian and the signal
- handler write should criu-rocm die.
+ frozen) and marks the image directory `imgdir_fd` as holding an
+ incomplete dump until [`criu_gpu_dump_complete`] (`-1`: no directory,
+ the images are streamed).  `log_fd` is CRIU's log, where the GPU
+ guardian and the signal handler write should criu-rocm die.
  */
-int criu_gpu_dump_init(int log_fd);
+int criu_gpu_dump_init(int imgdir_fd, int log_fd);
+
+/*
+ Every image of the dump is written (before CRIU's post-dump scripts):
+ the image directory `imgdir_fd` loses its incomplete-dump mark.
+ */
+int criu_gpu_dump_complete(int imgdir_fd);
 
 /*
  Pauses the GPU queues of task `pid` (real pid, frozen and seized by
@@ -63,6 +71,12 @@ int criu_gpu_dump_late(void);
  GPU queues are unpaused.  `-EIO` if any could not be.
  */
 int criu_gpu_dump_finish(int resume);
+
+/*
+ First thing of a restore: `-EINVAL` (and the reason logged) when the
+ image directory `imgdir_fd` holds a dump that did not complete.
+ */
+int criu_gpu_restore_check(int imgdir_fd);
 
 /*
  Starts the GPU part of a restore in criu main (reads the `KFD_*_CHECK`,

@@ -47,8 +47,15 @@ extern cr_plugin_desc_t criu_rocm_plugin;
 
 /* Dump, after all CPU memory is dumped: every paused GPU process was saved. */
 extern int criu_rocm_dump_late(void);
+/*
+ * Dump, every image written and flushed, before the post-dump scripts: the
+ * image directory loses the incomplete-dump mark criu-rocm set at the start.
+ */
+extern int criu_rocm_dump_complete(void);
 /* End of the dump: unpause the GPUs when the tree will run again; -1 if that failed. */
 extern int criu_rocm_dump_finish(bool resume);
+/* Restore, first thing: refuse an image directory left by a dump that did not complete. */
+extern int criu_rocm_restore_check(void);
 /* In the restored task, after all its mappings are opened: drop the fds kept for the hooks. */
 extern int criu_rocm_restore_task_done(void);
 

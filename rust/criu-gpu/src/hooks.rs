@@ -10,6 +10,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use amdgpu_cr::image::FileId;
 use amdgpu_cr::plan::{DeviceIdentities, DeviceKind};
 use amdgpu_cr::session::dump::{DumpOptions, DumpSession, Dumped};
+use amdgpu_cr::session::incomplete;
 use amdgpu_cr::session::restore::{self, RestoreOptions, RestoreSession, ResumeSet};
 use amdgpu_cr::session::writer::Writer;
 use amdgpu_cr::session::{kfd_image_ids, SessionError};
@@ -67,19 +68,49 @@ pub extern "C" fn criu_gpu_device_kind(mode: u32, dev: u64, ino: u64, rdev: u64)
 
 /// Starts the GPU part of a dump (reads `KFD_MAX_BUFFER_SIZE` and
 /// `CRIU_ROCM_COPY_ENGINE`; a bad value fails the dump before anything is
-/// frozen).  `log_fd` is CRIU's log, where the GPU guardian and the signal
-/// handler write should criu-rocm die.
+/// frozen) and marks the image directory `imgdir_fd` as holding an
+/// incomplete dump until [`criu_gpu_dump_complete`] (`-1`: no directory,
+/// the images are streamed).  `log_fd` is CRIU's log, where the GPU
+/// guardian and the signal handler write should criu-rocm die.
 #[no_mangle]
-pub extern "C" fn criu_gpu_dump_init(log_fd: c_int) -> c_int {
-    ffi_boundary("criu_gpu_dump_init", || match DumpOptions::from_env() {
-        Ok(mut o) => {
-            o.log_fd = (log_fd >= 0).then_some(log_fd);
-            *lock(&DUMP) = Some(DumpSession::new(o, devices().clone()));
-            0
+pub extern "C" fn criu_gpu_dump_init(imgdir_fd: c_int, log_fd: c_int) -> c_int {
+    ffi_boundary("criu_gpu_dump_init", || {
+        let mut o = match DumpOptions::from_env() {
+            Ok(o) => o,
+            Err(e) => {
+                log::error!("{e}");
+                return -e.errno();
+            }
+        };
+        o.log_fd = (log_fd >= 0).then_some(log_fd);
+        if imgdir_fd >= 0 {
+            let dir = image_dir(imgdir_fd);
+            if let Err(e) = incomplete::mark(&dir, std::process::id()) {
+                log::error!(
+                    "{}: {e} (writing {}, which marks the images incomplete until the dump completes)",
+                    dir.display(),
+                    incomplete::MARKER
+                );
+                return -e.raw_os_error().unwrap_or(libc::EIO);
+            }
         }
-        Err(e) => {
-            log::error!("{e}");
-            -e.errno()
+        *lock(&DUMP) = Some(DumpSession::new(o, devices().clone()));
+        0
+    })
+}
+
+/// Every image of the dump is written (before CRIU's post-dump scripts):
+/// the image directory `imgdir_fd` loses its incomplete-dump mark.
+#[no_mangle]
+pub extern "C" fn criu_gpu_dump_complete(imgdir_fd: c_int) -> c_int {
+    ffi_boundary("criu_gpu_dump_complete", || {
+        let dir = image_dir(imgdir_fd);
+        match incomplete::clear(&dir) {
+            Ok(()) => 0,
+            Err(e) => {
+                log::error!("{}: removing {}: {e}", dir.display(), incomplete::MARKER);
+                -e.raw_os_error().unwrap_or(libc::EIO)
+            }
         }
     })
 }
@@ -144,6 +175,21 @@ pub extern "C" fn criu_gpu_dump_finish(resume: c_int) -> c_int {
             0
         } else {
             -libc::EIO
+        }
+    })
+}
+
+/// First thing of a restore: `-EINVAL` (and the reason logged) when the
+/// image directory `imgdir_fd` holds a dump that did not complete.
+#[no_mangle]
+pub extern "C" fn criu_gpu_restore_check(imgdir_fd: c_int) -> c_int {
+    ffi_boundary("criu_gpu_restore_check", || {
+        match incomplete::check(&image_dir(imgdir_fd)) {
+            Ok(()) => 0,
+            Err(why) => {
+                log::error!("{why}");
+                -libc::EINVAL
+            }
         }
     })
 }
@@ -344,6 +390,10 @@ pub unsafe extern "C" fn criu_gpu_dry_run(dir: *const c_char) -> c_int {
                 return -e.errno();
             }
         };
+        if let Err(why) = incomplete::check(&dir) {
+            println!("{}: NOT restorable: {why}", dir.display());
+            return -libc::EINVAL;
+        }
         let entries = match restore::dry_run(&dir, &opts) {
             Ok(v) => v,
             Err(e) => {

@@ -16,6 +16,7 @@
 
 pub mod dump;
 pub mod guardian;
+pub mod incomplete;
 pub mod restore;
 pub mod signals;
 mod sys;
