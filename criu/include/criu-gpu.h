@@ -25,6 +25,16 @@ const char *criu_gpu_version(void);
 int criu_gpu_init(int loglevel);
 
 /*
+ For tests only (`CRIU_ROCM_TEST_STOP_ON_LOG`, see `amdgpu_cr::testhook`):
+ CRIU's printer calls this with every line it wrote; the process stops
+ itself after the first line holding the variable's text.
+
+ # Safety
+ `line` is a NUL-terminated string.
+ */
+void criu_gpu_test_log_line(const char *line);
+
+/*
  What a `stat` describes: `0` not a GPU device file, `1` `/dev/kfd`,
  `2` a render node of this host (emulated nodes: regular files compared
  by device and inode; real ones: character devices compared by rdev).

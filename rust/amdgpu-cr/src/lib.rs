@@ -14,7 +14,8 @@
 //! * [`plan`]: dump and restore plans, the VMA fix-up table, device
 //!   recognition, the thunk's shared memory;
 //! * [`privdata`]: read-only checks of the kernel's CRIU blob;
-//! * [`error`]: the crate error and its errno.
+//! * [`error`]: the crate error and its errno;
+//! * [`testhook`]: a stop at a named log line, for tests only.
 
 pub mod bo;
 pub mod copy;
@@ -27,6 +28,7 @@ pub mod plan;
 pub mod privdata;
 pub mod proto;
 pub mod session;
+pub mod testhook;
 pub mod topology;
 
 pub use error::Error;

@@ -45,9 +45,26 @@ pub extern "C" fn criu_gpu_version() -> *const c_char {
 #[no_mangle]
 pub extern "C" fn criu_gpu_init(loglevel: c_int) -> c_int {
     ffi_boundary("criu_gpu_init", || {
+        amdgpu_cr::testhook::init();
         logging::install(loglevel);
         0
     })
+}
+
+/// For tests only (`CRIU_ROCM_TEST_STOP_ON_LOG`, see `amdgpu_cr::testhook`):
+/// CRIU's printer calls this with every line it wrote; the process stops
+/// itself after the first line holding the variable's text.
+///
+/// # Safety
+/// `line` is a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn criu_gpu_test_log_line(line: *const c_char) {
+    if line.is_null() {
+        return;
+    }
+    // SAFETY: the caller passes a valid C string.
+    let line = unsafe { std::ffi::CStr::from_ptr(line) };
+    amdgpu_cr::testhook::on_log_line(line.to_bytes());
 }
 
 #[cfg(test)]

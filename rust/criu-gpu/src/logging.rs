@@ -101,6 +101,9 @@ impl log::Log for CriuLogger {
                 self.print_held();
                 (self.sink)(level, &line);
             } else {
+                // CRIU's printer checks its own lines; a held line is
+                // produced now, on this thread.
+                amdgpu_cr::testhook::on_log_line(line.as_bytes());
                 HELD.lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .push((level, line));

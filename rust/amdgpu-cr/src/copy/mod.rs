@@ -588,6 +588,7 @@ pub fn dump_contents(
     })?;
     let (stats, hashes) = run_lanes(
         lanes,
+        "copied to the pages file",
         |engine, p, out| {
             let mut sink = HashingWriter {
                 inner: out,
@@ -612,9 +613,11 @@ pub fn dump_contents(
 /// between its engine and the lane's range of the pages file (`F`), hashed
 /// on the way, and returns the piece's extent digests; `finish` closes the
 /// range.  All lanes run to completion; the first error is returned.  Gives
-/// the statistics per GPU and each BO's hash.
+/// the statistics per GPU and each BO's hash.  Each piece done is logged
+/// at debug level with `done` ("copied to the pages file").
 fn run_lanes<'a, F: Send>(
     lanes: Vec<(Lane<'a>, F)>,
+    done: &str,
     move_piece: impl Fn(&mut dyn CopyEngine, &Piece<'a>, &mut F) -> Result<Vec<u64>, CopyError> + Sync,
     finish: impl Fn(F) -> Result<(), CopyError> + Sync,
 ) -> Result<(Vec<GpuStats>, BTreeMap<usize, u64>), CopyError> {
@@ -629,6 +632,13 @@ fn run_lanes<'a, F: Send>(
                 let (kind, engine) = lane.engines.pick(&p.bo)?;
                 digests.push((p.bo.index, p.start, move_piece(engine, p, &mut file)?));
                 count(&mut stats, kind, p);
+                log::debug!(
+                    "GPU {}: BO {}, bytes {}..{}: {done}",
+                    lane.user,
+                    p.bo.index,
+                    p.start,
+                    p.start + p.bo.size
+                );
             }
             finish(file)?;
             stats.elapsed = start.elapsed();
@@ -678,6 +688,7 @@ pub fn restore_contents(
     })?;
     let (stats, got_hashes) = run_lanes(
         lanes,
+        "copied from the pages file",
         |engine, p, input| {
             let mut src = HashingReader {
                 inner: input,

@@ -506,6 +506,7 @@ fn guardian_main(
     keep: &[RawFd],
     log_fd: Option<RawFd>,
 ) -> i32 {
+    crate::testhook::disarm();
     detach_from_criu(keep, log_fd);
     // SAFETY: getpid has no preconditions.
     let me = unsafe { libc::getpid() };
