@@ -74,13 +74,13 @@ host_file() { echo "$here/hosts/$1.toml"; }
 # ---------------------------------------------------------------------------------------
 # Processes (inside a host; alive and wait_gone come from scripts/lib/workload.sh)
 
-# gpu-workload's and criu-rocm's live processes in this pid namespace, as "pid comm state"
-# (zombies are dead already; kfd-emu's runner reaps them).
+# gpu-workload's and criu-rocm's (and its GPU guardian's) live processes in this pid
+# namespace, as "pid comm state" (zombies are dead already; kfd-emu's runner reaps them).
 leftovers() {
 	local d comm s
 	for d in /proc/[0-9]*; do
 		comm=$(cat "$d/comm" 2>/dev/null) || continue
-		case $comm in gpu-workload | criu-rocm | criu) ;; *) continue ;; esac
+		case $comm in gpu-workload | criu-rocm | criu | criu-gpu-guard) ;; *) continue ;; esac
 		s=$(cat "$d/stat" 2>/dev/null) || continue
 		s=${s##*) }
 		case ${s%% *} in Z | X) continue ;; esac
@@ -233,6 +233,22 @@ dump_ok() {
 		[ "$st" = 0 ] && fail "gpu-workload $pid exited by itself during the dump" ;;
 	esac
 	ls "$dir"/amdgpu-kfd-*.img >/dev/null 2>&1 || fail "the dump wrote no amdgpu-kfd-*.img"
+	[ -e "$dir/$INCOMPLETE" ] && fail "the good dump left $INCOMPLETE in $dir"
+	guardian_gone "the good dump"
+}
+
+# The marker an unfinished dump leaves in its image directory.
+INCOMPLETE=criu-rocm-dump-incomplete
+
+# guardian_gone WHAT: no GPU guardian runs (waits up to 15 s: after a good dump it waits
+# for the killed tree to go, after a dead criu-rocm it unpauses first).
+guardian_gone() {
+	local i l
+	for ((i = 0; i < 300; i++)); do
+		l=$(leftovers | grep criu-gpu-guard) || return 0
+		sleep 0.05
+	done
+	fail "$1: the GPU guardian still runs: $l"
 }
 
 # restore DIR LOG [criu ARG...]
@@ -553,6 +569,12 @@ fault_dump_dir_full() {
 	log_has "$log" "amdgpu: pid $WL: .*GPU 0x[0-9a-f]+.*No space left on device" \
 		"amdgpu: pid $WL: GPU queues unpaused"
 	running_on "$WL" "$v0"
+	# What it wrote cannot pass for an image.
+	[ -f "$img/$INCOMPLETE" ] || fail "the failed dump's images are not marked incomplete: $(ls "$img" | paste -sd' ')"
+	gpu_check "$img"
+	[ "$GC_RC" != 0 ] && grep -q "incomplete dump" <<<"$GC_OUT" ||
+		fail "gpu-check does not refuse the failed dump's images: $(paste -sd' ' <<<"$GC_OUT")"
+	guardian_gone "the failed dump"
 	umount "$img"
 	wl_finish "$WL"
 	note "$(grep -a -m1 -o "amdgpu: pid $WL: .*No space left on device.*" "$log")"
@@ -669,6 +691,96 @@ fault_dump_unpause_fails() {
 	alive "$WL" || fail "the process is gone after the dump"
 	kill -KILL "$WL"
 }
+
+# ---------------------------------------------------------------------------------------
+# Cases: criu-rocm killed during a dump (#13). The dump stops itself at a named log line
+# (CRIU_ROCM_TEST_STOP_ON_LOG, a hook for tests only) and gets a signal there. Whatever the
+# signal, the process must run on with its GPU work going and its memory intact, the images
+# must say "incomplete dump" to restore and gpu-check, and no GPU guardian may stay.
+
+# The state letter of process $1 ("" when it is gone).
+proc_state() {
+	local s
+	s=$(cat "/proc/$1/stat" 2>/dev/null) || return 0
+	s=${s##*) }
+	echo "${s%% *}"
+}
+
+# dump_killed PID DIR TEXT SIG: a dump of PID that stops at the first log line holding
+# TEXT, then gets SIG (and SIGCONT); criu-rocm must end by that signal. The signals a
+# background job of this shell would ignore are reset (env --default-signal), as for a
+# dump run from a terminal.
+dump_killed() {
+	local pid=$1 dir=$2 text=$3 sig=$4 cpid i st=0 state=
+	mkdir -p "$dir"
+	CRIU_ROCM_TEST_STOP_ON_LOG=$text env --default-signal=HUP,INT,PIPE,TERM \
+		"$CRIU" dump -t "$pid" -D "$dir" -o dump.log -v4 >>"$CASE_DIR/criu.out" 2>&1 &
+	cpid=$!
+	for ((i = 0; i < 1200; i++)); do
+		state=$(proc_state "$cpid")
+		case $state in T | Z | "") break ;; esac
+		sleep 0.05
+	done
+	if [ "$state" != T ]; then
+		wait "$cpid" || st=$?
+		fail "SIG$sig at /$text/: criu-rocm never stopped there (state '$state', exit $st):" \
+			"$(log_errors "$dir/dump.log")"
+	fi
+	kill -"$sig" "$cpid"
+	[ "$sig" = KILL ] || kill -CONT "$cpid"
+	wait "$cpid" || st=$?
+	[ "$st" = $((128 + $(kill -l "$sig"))) ] ||
+		fail "SIG$sig at /$text/: criu-rocm ended with status $st, not by the signal ($(log_errors "$dir/dump.log"))"
+}
+
+# killed_at POINT TEXT SIG...: one process; for each signal a dump killed at TEXT.
+killed_at() {
+	local point=$1 text=$2 sig img v0 line= n=0 i
+	shift 2
+	wl_start wl --mib 8 --bos 4 --host-mib 32 --events
+	v0=$(wl_verify "$WL") || exit 1
+	text=${text//@PID@/$WL}
+	for sig in "$@"; do
+		n=$((n + 1))
+		img=$CASE_DIR/img-$n-$sig
+		dump_killed "$WL" "$img" "$text" "$sig"
+		if [ "$point" = freeze ]; then
+			# Nothing was paused yet, and the guardian starts only before a pause.
+			grep -aq "GPU queues paused\|GPU guardian started" "$img/dump.log" &&
+				fail "SIG$sig at $point: the GPU was touched before the point"
+		else
+			log_has "$img/dump.log" "amdgpu: pid $WL: GPU queues paused" "GPU guardian started \(pid [0-9]+\)"
+			case $sig in
+			KILL) line="amdgpu: pid $WL: GPU queues unpaused by the GPU guardian \(criu-rocm [0-9]+ ended during the dump\)" ;;
+			*) line="amdgpu: pid $WL: GPU queues unpaused \(criu-rocm got SIG$sig during the dump\)" ;;
+			esac
+			# The guardian writes once criu-rocm is gone: give it a moment.
+			for ((i = 0; i < 300; i++)); do
+				grep -aqE -- "$line" "$img/dump.log" && break
+				sleep 0.05
+			done
+			log_has "$img/dump.log" "$line"
+		fi
+		guardian_gone "SIG$sig at $point"
+		running_on "$WL" "$v0"
+		[ -f "$img/$INCOMPLETE" ] || fail "SIG$sig at $point: the images are not marked incomplete: $(ls "$img" | paste -sd' ')"
+		gpu_check "$img"
+		[ "$GC_RC" != 0 ] && grep -q "incomplete dump" <<<"$GC_OUT" ||
+			fail "SIG$sig at $point: gpu-check does not refuse the images as an incomplete dump: $(paste -sd' ' <<<"$GC_OUT")"
+		restore "$img" "$img/restore.log" && fail "SIG$sig at $point: the images of the killed dump were restored"
+		log_has "$img/restore.log" "amdgpu: incomplete dump: .*$INCOMPLETE"
+		alive "$WL" || fail "SIG$sig at $point: the refused restore took the process with it"
+		note "SIG$sig: $([ -n "$line" ] && grep -a -m1 -oE -- "$line" "$img/dump.log" || echo "nothing was paused");" \
+			"$(ls "$img" | grep -c '\.img$') image files, marked incomplete"
+	done
+	wl_finish "$WL"
+}
+
+case_fault_dump_killed_at_freeze() { on mi100x2 -- killed_at freeze "Collected @PID@ in" KILL TERM INT; }
+case_fault_dump_killed_at_pause() { on mi100x2 -- killed_at pause "amdgpu: pid @PID@: GPU queues paused" KILL TERM INT; }
+case_fault_dump_killed_at_bo_copy() { on mi100x2 -- killed_at bo-copy "copied to the pages file" KILL TERM INT HUP PIPE; }
+case_fault_dump_killed_at_cpu_pages() { on mi100x2 -- killed_at cpu-pages "Transferring pages" KILL TERM INT; }
+case_fault_dump_killed_at_image_write() { on mi100x2 -- killed_at image-write "Dumping pstree" KILL TERM INT; }
 
 # ---------------------------------------------------------------------------------------
 # Cases: restore (#5)
