@@ -19,7 +19,13 @@ TARBALL		:= $(BUILD)/cache/$(CRIU_TARBALL_NAME)
 CARGO		?= cargo
 CARGO_TARGET	:= $(TOP)/rust/target
 GPU_LIB		:= $(CARGO_TARGET)/release/libcriu_gpu.a
+# The git revision criu-rocm reports. A source tree without git (the Debian package's, a
+# release tarball) carries it in .gitrev, as CRIU's own tree carries .gitid.
+ifneq ($(wildcard $(TOP)/.gitrev),)
+GITREV		:= $(shell cat $(TOP)/.gitrev)
+else
 GITREV		:= $(shell git -C $(TOP) describe --always --dirty 2>/dev/null || echo unknown)
+endif
 PYTHON		:= /usr/bin/python3
 
 # Builds in the CRIU tree (prepare, criu, lib, zdtm) take this lock, so two makes run at
