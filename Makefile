@@ -162,6 +162,20 @@ $(CRIU_TREE)/.lib-built: $(BUILD)/criu-rocm
 		>$(BUILD)/criu-lib.log 2>&1 || { tail -n 40 $(BUILD)/criu-lib.log; exit 1; }
 	touch $@
 
+# crit, CRIU's image tool, from the same tree: its pycriu knows the GPU image files (patch
+# 0013). build/crit runs it with Debian's python3 (python3-protobuf).
+.PHONY: crit
+crit: $(BUILD)/crit
+
+$(BUILD)/crit: $(CRIU_TREE)/.lib-built
+	$(TREE_LOCK) $(MAKE) -C $(CRIU_TREE) crit CRIU_GPU_LIB=$(GPU_LIB) CRIU_ROCM_GITREV=$(GITREV) \
+		>$(BUILD)/criu-crit.log 2>&1 || { tail -n 40 $(BUILD)/criu-crit.log; exit 1; }
+	printf '%s\n' '#!/bin/sh' '# crit from $(TOP)/$(CRIU_TREE) (written by make crit)' \
+		'PYTHONPATH="$(TOP)/$(CRIU_TREE)/lib:$(TOP)/$(CRIU_TREE)/crit$${PYTHONPATH:+:$$PYTHONPATH}" exec $(PYTHON) -m crit "$$@"' \
+		>$@.tmp && chmod +x $@.tmp && mv $@.tmp $@
+	$@ --version >/dev/null
+	@echo "built $@"
+
 test-zdtm: $(BUILD)/criu-rocm $(CRIU_TREE)/.lib-built
 	scripts/zdtm.sh --criu-bin $(BUILD)/criu-rocm --tree $(CRIU_TREE) --list test/zdtm-regression.list
 	scripts/zdtm.sh --criu-bin $(BUILD)/criu-rocm --tree $(CRIU_TREE) --list test/zdtm-rocm.list
@@ -192,7 +206,7 @@ install: $(BUILD)/criu-rocm $(BUILD)/criu-rocm.8
 	install -D -m 0644 $(BUILD)/criu-rocm.8 $(DESTDIR)$(MANDIR)/man8/criu-rocm.8
 
 clean:
-	rm -rf $(CRIU_TREE) $(BUILD)/stock $(BUILD)/criu-rocm $(BUILD)/gitrev
+	rm -rf $(CRIU_TREE) $(BUILD)/stock $(BUILD)/criu-rocm $(BUILD)/crit $(BUILD)/gitrev
 	cd rust && $(CARGO) clean
 
 FORCE:

@@ -33,6 +33,8 @@ if [ "$mode" != "--no-patches" ]; then
 	done <"$top/criu/patches/series"
 	cp "$top"/criu/*.c "$scratch/criu/"
 	cp "$top"/criu/include/*.h "$scratch/criu/include/"
+	# The GPU image messages, for pycriu and crit (compiled there by patch 0013).
+	cp "$top/proto/criu-amdgpu.proto" "$scratch/lib/pycriu/images/"
 	# Our zdtm tests (GPU), listed in zdtm/static's Makefile by patch 0010.
 	cp "$top"/test/zdtm/static/* "$scratch/test/zdtm/static/"
 fi
