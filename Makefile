@@ -153,8 +153,8 @@ test-rocm: kfd-tools
 # GPU checkpoint/restore end to end on kfd-emu (test/gpu/run.sh: dumps, faults, restores on
 # other and incompatible hosts, damaged images, gpu-check).
 .PHONY: test-gpu
-test-gpu: $(BUILD)/criu-rocm kfd-tools
-	CARGO_TARGET_DIR=$(CARGO_TARGET) test/gpu/run.sh $(BUILD)/criu-rocm
+test-gpu: $(BUILD)/criu-rocm $(BUILD)/crit kfd-tools
+	CARGO_TARGET_DIR=$(CARGO_TARGET) CRIT=$(TOP)/$(BUILD)/crit test/gpu/run.sh $(BUILD)/criu-rocm
 
 # CRIU's lib/ (pycriu for zdtm.py) from the same patched tree.
 $(CRIU_TREE)/.lib-built: $(BUILD)/criu-rocm

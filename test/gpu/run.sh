@@ -10,6 +10,7 @@
 #   env:   GPU_TEST_TIMEOUT=S   seconds one case may take (default 150)
 #          GPU_TEST_KEEP=1      keep the work directory even when everything passed
 #          CARGO_TARGET_DIR     where kfd-emu and gpu-workload were built (rust/target)
+#          CRIT                 crit with the GPU image support (default build/crit; make crit)
 #
 # Each case is a function `case_NAME` below; it prints PASS, FAIL (with the reason and
 # where its logs are), XFAIL or XPASS. A case marked with a known bug (`known_bug`, with
@@ -396,6 +397,102 @@ dump_pages_hold_patterns() {
 	dump_ok "$WL" "$img"
 	r=$(imgcheck pages "$img" "$top/proto/criu-amdgpu.proto" "$exp" 2>&1) || fail "$r"
 	note "$r"
+}
+
+# crit (build/crit, CRIU's image tool with patch 0013) decodes every GPU image file of a
+# dump of two GPU processes, and what it shows agrees with what the dump logged: pids, GPU
+# ids, BO and object counts, pages sizes and BOs per GPU, render nodes. The KFD and render
+# images encode back to the same bytes.
+case_dump_images_crit() { on mi100x2 -- dump_images_crit; }
+dump_images_crit() {
+	local img=$CASE_DIR/img f b nfiles=0
+	[ -x "$CRIT" ] || fail "crit $CRIT is missing (make crit builds it)"
+	wl_start wl --mib 2 --bos 2 --small-bos 3 --events --procs 2
+	dump_ok "$WL" "$img"
+	mkdir -p "$CASE_DIR/crit"
+	for f in "$img"/amdgpu-*.img; do
+		b=$(basename "$f" .img)
+		"$CRIT" show "$f" >"$CASE_DIR/crit/$b.show" 2>"$CASE_DIR/crit/$b.err" ||
+			fail "crit show $b.img: $(tail -n 1 "$CASE_DIR/crit/$b.err")"
+		"$CRIT" decode -i "$f" -o "$CASE_DIR/crit/$b.json" 2>"$CASE_DIR/crit/$b.err" ||
+			fail "crit decode $b.img: $(tail -n 1 "$CASE_DIR/crit/$b.err")"
+		case $b in amdgpu-pages-*) ;; *)
+			"$CRIT" encode -i "$CASE_DIR/crit/$b.json" -o "$CASE_DIR/crit/$b.img" 2>"$CASE_DIR/crit/$b.err" ||
+				fail "crit encode $b: $(tail -n 1 "$CASE_DIR/crit/$b.err")"
+			cmp -s "$f" "$CASE_DIR/crit/$b.img" || fail "crit decode | crit encode of $b.img changed its bytes" ;;
+		esac
+		nfiles=$((nfiles + 1))
+	done
+	pycheck "$CASE_DIR/crit" "$img/dump.log" "$WL $(wl_children "$WL")" \
+		"$(json_list "$(grep -m1 '"ready"' "$WL_OUT")" gpus)" <<-'EOF' || fail "crit's view of the images: $(tail -n1 "$CASE_DIR/py.err")"
+		import glob, json, os, re, sys
+		d, log, pids, gpus = sys.argv[1], open(sys.argv[2], errors="replace").read(), \
+		    sorted(map(int, sys.argv[3].split())), sorted(map(int, sys.argv[4].split()))
+		def check(c, why):
+		    if not c:
+		        sys.exit(why)
+		def img(name):
+		    j = json.load(open(os.path.join(d, name + ".json")))
+		    check(len(j["entries"]) == 1, f"{name}: {len(j['entries'])} entries")
+		    s = open(os.path.join(d, name + ".show")).read()
+		    check(j["magic"] in s, f"crit show {name} does not name {j['magic']}")
+		    return j["magic"], j["entries"][0]
+		kfd_log = {int(m[1]): (int(m[0]), int(m[2]), int(m[3]))
+		           for m in re.findall(r"amdgpu: pid (\d+): KFD file (-?\d+): (\d+) GPU\(s\), (\d+) BO\(s\)", log)}
+		paused = {int(m[0]): int(m[1]) for m in
+		          re.findall(r"amdgpu: pid (\d+): GPU queues paused: \d+ GPU\(s\), \d+ BO\(s\), (\d+) queue/event", log)}
+		saved = {(int(m[0]), int(m[1], 16)): int(m[2]) for m in
+		         re.findall(r"amdgpu: pid (\d+): GPU 0x([0-9a-f]+) \(host 0x[0-9a-f]+\): saved (\d+) BO\(s\)", log)}
+		render_log = sorted(int(g, 16) for g in re.findall(r"amdgpu: pid \d+: render node \S+ saved as GPU 0x([0-9a-f]+)", log))
+		check(len(kfd_log) == len(pids), f"the dump log names {len(kfd_log)} KFD files for {len(pids)} processes")
+		kfd_pid, seen = {}, []
+		for path in sorted(glob.glob(os.path.join(d, "amdgpu-kfd-*.json"))):
+		    name = os.path.basename(path)[:-5]
+		    fid = int(name[len("amdgpu-kfd-"):])
+		    magic, k = img(name)
+		    check(magic == "AMDGPU_KFD", f"{name}: magic {magic}")
+		    check(fid in kfd_log, f"{name}: the dump log has no KFD file {fid}")
+		    pid, ngpus, nbos = kfd_log[fid]
+		    check(k["pid"] == pid, f"{name}: pid {k['pid']}, the log says {pid}")
+		    ids = sorted(e["gpu_id"] for e in k["device_entries"] if e["gpu_id"])
+		    check(ids == gpus and k["num_of_gpus"] == ngpus == len(gpus),
+		          f"{name}: GPUs {ids} ({k['num_of_gpus']}), the log says {ngpus}, the process uses {gpus}")
+		    check(k["num_of_bos"] == len(k["bo_entries"]) == nbos,
+		          f"{name}: {k['num_of_bos']} BOs ({len(k['bo_entries'])} entries), the log says {nbos}")
+		    check(k["num_of_objects"] == paused.get(pid), f"{name}: {k['num_of_objects']} objects, the log says {paused.get(pid)}")
+		    kfd_pid[fid] = pid
+		    seen.append(pid)
+		check(sorted(seen) == pids, f"KFD images of pids {sorted(seen)}, the processes are {pids}")
+		npages = 0
+		for path in sorted(glob.glob(os.path.join(d, "amdgpu-pages-*.json"))):
+		    name = os.path.basename(path)[:-5]
+		    fid, gpu = name[len("amdgpu-pages-"):].rsplit("-", 1)
+		    fid, gpu = int(fid), int(gpu, 16)
+		    magic, p = img(name)
+		    check(magic == "AMDGPU_PAGES", f"{name}: magic {magic}")
+		    bos = p.get("bos")
+		    check(isinstance(bos, list), f"{name}: no BO list ({bos})")
+		    check(p["size"] == p["payload_bytes"] == sum(b["size"] for b in bos),
+		          f"{name}: size word {p['size']}, {p['payload_bytes']} bytes, BOs of {sum(b['size'] for b in bos)}")
+		    n = saved.get((kfd_pid.get(fid), gpu))
+		    check(len(bos) == n, f"{name}: {len(bos)} BOs, the log says {n} saved")
+		    check(all(b["file_offset"] == sum(x["size"] for x in bos[:i]) for i, b in enumerate(bos)),
+		          f"{name}: BO offsets are not back to back")
+		    check(os.path.getsize(os.path.join(os.path.dirname(d), "img", name + ".img")) == 8 + p["size"],
+		          f"{name}: file size is not 8 + {p['size']}")
+		    npages += 1
+		check(npages == len(pids) * len(gpus), f"{npages} pages files for {len(pids)} processes on {len(gpus)} GPUs")
+		rg = []
+		for path in sorted(glob.glob(os.path.join(d, "amdgpu-renderD-*.json"))):
+		    name = os.path.basename(path)[:-5]
+		    magic, r = img(name)
+		    check(magic == "AMDGPU_RENDERD", f"{name}: magic {magic}")
+		    check(r.get("id") == int(name[len("amdgpu-renderD-"):]), f"{name}: id {r.get('id')}")
+		    rg.append(r["gpu_id"])
+		check(sorted(rg) == render_log and rg, f"render images of GPUs {sorted(rg)}, the log says {render_log}")
+		print(f"{len(seen)} KFD, {npages} pages and {len(rg)} render images")
+	EOF
+	note "crit decoded $nfiles GPU image files; pids, GPU ids, BO and object counts, pages sizes match the dump log"
 }
 
 case_dump_leave_running() { on mi100x2 -- dump_leave_running; }
@@ -1385,9 +1482,10 @@ __in)
 	shift
 	target=${CARGO_TARGET_DIR:-$top/rust/target}/release
 	KFD_EMU=$target/kfd-emu
+	CRIT=${CRIT:-$top/build/crit}
 	WORKLOAD=$target/gpu-workload
 	CASE_TIMEOUT=${GPU_TEST_TIMEOUT:-150}
-	export CRIU KFD_EMU WORKLOAD CASE_TIMEOUT
+	export CRIU KFD_EMU WORKLOAD CASE_TIMEOUT CRIT
 	preflight
 	exec unshare --pid --fork --mount-proc --kill-child "$self" __main "$@"
 	;;
