@@ -95,7 +95,7 @@ TEST_SUITES	:= test-rust test-smoke test-rocm test-gpu test-zdtm test-zdtm-gpu t
 # file targets do not: a packager's build (meson, sbuild) must not run apt. The entry points
 # depend on deps, and when one of them is a goal, every recipe that builds something waits
 # for deps too (order-only), so `make -j` cannot start cargo or CRIU's build before it.
-DEPS_GOALS	:= test $(TEST_SUITES) demo bench zdtm-compare
+DEPS_GOALS	:= test $(TEST_SUITES) demo bench zdtm-compare deb
 ifneq ($(filter $(DEPS_GOALS),$(MAKECMDGOALS)),)
 DEPS_FIRST	:= deps
 endif
@@ -201,12 +201,18 @@ zdtm-compare: $(BUILD)/criu-rocm $(CRIU_TREE)/.lib-built $(BUILD)/stock/criu/cri
 test-install: $(BUILD)/criu-rocm
 	test/install/run.sh
 
+# Debian packages in build/deb/ (criu-rocm, criu-rocm-as-criu), built from source by
+# dpkg-buildpackage in a scratch tree, offline, and linted (scripts/build-deb.sh).
+.PHONY: deb
+deb:
+	JOBS=$(JOBS) CARGO="$(CARGO)" scripts/build-deb.sh
+
 install: $(BUILD)/criu-rocm $(BUILD)/criu-rocm.8
 	install -D -m 0755 $(BUILD)/criu-rocm $(DESTDIR)$(BINDIR)/criu-rocm
 	install -D -m 0644 $(BUILD)/criu-rocm.8 $(DESTDIR)$(MANDIR)/man8/criu-rocm.8
 
 clean:
-	rm -rf $(CRIU_TREE) $(BUILD)/stock $(BUILD)/criu-rocm $(BUILD)/crit $(BUILD)/gitrev
+	rm -rf $(CRIU_TREE) $(BUILD)/stock $(BUILD)/criu-rocm $(BUILD)/crit $(BUILD)/gitrev $(BUILD)/deb
 	cd rust && $(CARGO) clean
 
 FORCE:

@@ -8,8 +8,9 @@ top=$(cd "$(dirname "$0")/.." && pwd)
 # CRIU's build (protobuf, netlink, libnet, capabilities, nftables, gnutls, bsd), zdtm's runner
 # (Debian's python3 with protobuf and yaml, iproute2, iptables), the Rust side (libclang for
 # bindgen, libdrm headers, protoc for prost), meson/ninja (packager door), the man page, the
-# tools the tests use, and Debian's ROCm 5.2 userspace that test-rocm runs unchanged on the
-# emulator (libhsakmt, ROCr and their headers, rocminfo).
+# tools the tests use, Debian's ROCm 5.2 userspace that test-rocm runs unchanged on the
+# emulator (libhsakmt, ROCr and their headers, rocminfo), and what `make deb` builds and
+# checks the Debian packages with (dpkg-dev, debhelper, lintian).
 packages=(
 	build-essential pkg-config git xz-utils patch
 	libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler
@@ -20,6 +21,7 @@ packages=(
 	libclang-dev clang libdrm-dev
 	meson ninja-build asciidoctor shellcheck
 	libhsakmt-dev libhsa-runtime-dev rocminfo
+	dpkg-dev debhelper lintian
 )
 
 missing=()
@@ -58,6 +60,13 @@ if command -v rustup >/dev/null 2>&1; then
 			rustup component add --toolchain "$chan" "$c" >/dev/null
 		fi
 	done
+fi
+
+# The crates rust/Cargo.lock pins, into cargo's registry cache, so that builds that must
+# not reach the network (`make deb`'s package build runs cargo offline) find them all.
+if ! (cd "$top/rust" && cargo fetch --locked --offline >/dev/null 2>&1); then
+	echo "install-deps: fetching the Rust crates of rust/Cargo.lock"
+	(cd "$top/rust" && cargo fetch --locked -q) || { echo "install-deps: cargo fetch failed" >&2; exit 1; }
 fi
 
 # zdtm imports these from Debian's interpreter; check them rather than trusting the packages.
