@@ -88,7 +88,8 @@ $(BUILD)/criu-rocm.8: Documentation/criu-rocm.8.adoc
 	asciidoctor -b manpage -o $@ $<
 
 # The suites `make test` runs, in order; .ci/run runs and counts them one by one.
-TEST_SUITES	:= test-rust test-smoke test-rocm test-gpu test-zdtm test-zdtm-gpu test-demo test-install
+TEST_SUITES	:= test-rust test-smoke test-rocm test-gpu test-zdtm test-zdtm-gpu test-demo test-install \
+		   test-package
 
 # The user's entry points install what is missing first (scripts/install-deps.sh: quiet, and
 # a no-op when all is there), so they work on a fresh Debian machine. Plain `make` and the
@@ -206,6 +207,13 @@ test-install: $(BUILD)/criu-rocm
 .PHONY: deb
 deb:
 	JOBS=$(JOBS) CARGO="$(CARGO)" scripts/build-deb.sh
+
+# The packages of `make deb` installed with apt on this machine, beside Debian's criu and
+# in its place, used (version, check, VERSION RPC, dump and restore) and purged
+# (test/package/run.sh; pycriu from the tree speaks the RPC).
+.PHONY: test-package
+test-package: deb $(CRIU_TREE)/.lib-built
+	test/package/run.sh
 
 install: $(BUILD)/criu-rocm $(BUILD)/criu-rocm.8
 	install -D -m 0755 $(BUILD)/criu-rocm $(DESTDIR)$(BINDIR)/criu-rocm

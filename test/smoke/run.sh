@@ -11,7 +11,7 @@ if [ "${SMOKE_IN_PIDNS:-}" != 1 ]; then
 	exec env SMOKE_IN_PIDNS=1 unshare --pid --fork --mount-proc "$0" "$@"
 fi
 
-criu=$(realpath "$1")
+criu=$(realpath -s "$1")
 here=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d /tmp/criu-rocm-smoke.XXXXXX)
 pid=
