@@ -5,12 +5,17 @@
 //! Node order follows KFD: CPU nodes first, then GPUs in profile order.
 //! Links, unless the profile sets `io_links_generated = false`: every GPU
 //! has a PCIe link (type 2) to its CPU node and the CPU a link back; GPUs
-//! sharing a non-zero hive id have XGMI links (type 11) to each other; CPU
-//! nodes are linked to each other by HyperTransport (type 1), which
-//! checkpoint tools ignore.  A node's links declared by the profile's
+//! sharing a non-zero hive id have XGMI links (type 11) to each other.
+//! Unless it sets `cpu_links_generated = false`, CPU nodes are linked to
+//! each other by HyperTransport (type 1, weight 32: the NUMA distance KFD's
+//! CRAT reports between two sockets), which checkpoint tools ignore.  A
+//! node's links declared by the profile's
 //! `[[io_links]]` follow its generated ones, in declaration order (a
 //! `both` link appears in the `to` node's list where it is declared).
-//! `io_links_count` is the number of `io_links/L` directories.
+//! `io_links_count` is the number of `io_links/L` directories.  Unless the
+//! profile sets `p2p_links_generated = false`, the indirect links KFD
+//! derives from those (see [`p2p_links`]) follow under `p2p_links/L`,
+//! counted by `p2p_links_count`.
 
 use std::fmt::Write as _;
 use std::io;
@@ -101,23 +106,28 @@ fn default_link(kind: u32, from: u32, to: u32) -> Link {
     }
 }
 
-/// The generated links of node `node_id` (whether or not the profile
-/// uses them), in sysfs order.
+/// The generated links of node `node_id`, in sysfs order: PCIe and XGMI
+/// unless `io_links_generated = false`, HyperTransport between CPU nodes
+/// unless `cpu_links_generated = false`.
 pub fn generated_links_of(p: &Profile, node_id: u32) -> Vec<Link> {
     let ncpu = p.cpus.len() as u32;
     let mut out = Vec::new();
     if node_id < ncpu {
-        for (i, g) in p.gpus.iter().enumerate() {
-            if g.numa_node == node_id {
-                out.push(default_link(IOLINK_PCIE, node_id, p.gpu_node_id(i)));
+        if p.io_links_generated {
+            for (i, g) in p.gpus.iter().enumerate() {
+                if g.numa_node == node_id {
+                    out.push(default_link(IOLINK_PCIE, node_id, p.gpu_node_id(i)));
+                }
             }
         }
-        for other in 0..ncpu {
-            if other != node_id {
-                out.push(default_link(IOLINK_HYPERTRANSPORT, node_id, other));
+        if p.cpu_links_generated {
+            for other in 0..ncpu {
+                if other != node_id {
+                    out.push(default_link(IOLINK_HYPERTRANSPORT, node_id, other));
+                }
             }
         }
-    } else {
+    } else if p.io_links_generated {
         let gi = (node_id - ncpu) as usize;
         let g = &p.gpus[gi];
         out.push(default_link(IOLINK_PCIE, node_id, g.numa_node));
@@ -132,17 +142,13 @@ pub fn generated_links_of(p: &Profile, node_id: u32) -> Vec<Link> {
     out
 }
 
-/// The links of node `node_id`, in sysfs order: the generated ones (if the
-/// profile wants them), then the declared ones.
+/// The links of node `node_id`, in sysfs order: the generated ones, then
+/// the declared ones.
 ///
 /// Panics on a profile whose `[[io_links]]` do not validate (every loader
 /// validates).
 pub fn links_of(p: &Profile, node_id: u32) -> Vec<Link> {
-    let mut out = if p.io_links_generated {
-        generated_links_of(p, node_id)
-    } else {
-        Vec::new()
-    };
+    let mut out = generated_links_of(p, node_id);
     let declared = p
         .declared_links()
         .unwrap_or_else(|e| panic!("links of an unvalidated profile: {e}"));
@@ -151,6 +157,69 @@ pub fn links_of(p: &Profile, node_id: u32) -> Vec<Link> {
             out.push(d.link);
         } else if d.both && d.link.to == node_id {
             out.push(d.link.reversed());
+        }
+    }
+    out
+}
+
+/// The indirect links KFD adds when GPU `gi` comes up
+/// (`kfd_create_indirect_link_prop`, Linux 5.19 and later), in the order it
+/// adds them: for each CPU node `c` other than the one the GPU's first
+/// io_link reaches, the link GPU -> `c` (a copy of that first link with
+/// the weights and latencies of it and of `c`'s io_link to the same node
+/// summed and the smaller bandwidths), and for a GPU whose VRAM is all
+/// CPU-visible (`kfd_dev_is_large_bar`) the same link back, `c` -> GPU.
+/// Returns (GPU's links, CPU nodes' links).  A GPU without io_links gets
+/// none; a CPU node with no io_link to that node ends the list, as the
+/// kernel's loop fails there.  Direct GPU <-> GPU peer links
+/// (`kfd_add_peer_prop`) exist only with `CONFIG_HSA_AMD_P2P`, which
+/// distribution kernels leave off, so none are made.
+fn indirect_links(p: &Profile, gi: usize, links: &[Vec<Link>]) -> (Vec<Link>, Vec<Link>) {
+    let node = p.gpu_node_id(gi);
+    let (mut to_cpu, mut from_cpu) = (Vec::new(), Vec::new());
+    let Some(first) = links[node as usize].first() else {
+        return (to_cpu, from_cpu);
+    };
+    for c in 0..p.cpus.len() as u32 {
+        if first.to == c {
+            continue;
+        }
+        let Some(cpu_link) = links[c as usize].iter().find(|l| l.to == first.to) else {
+            break;
+        };
+        let l = Link {
+            from: node,
+            to: c,
+            weight: first.weight + cpu_link.weight,
+            min_latency: first.min_latency + cpu_link.min_latency,
+            max_latency: first.max_latency + cpu_link.max_latency,
+            min_bw: first.min_bw.min(cpu_link.min_bw),
+            max_bw: first.max_bw.min(cpu_link.max_bw),
+            ..*first
+        };
+        to_cpu.push(l);
+        if p.gpus[gi].vram_public {
+            from_cpu.push(l.reversed());
+        }
+    }
+    (to_cpu, from_cpu)
+}
+
+/// The p2p_links of every node (index: node id), in sysfs order: KFD adds
+/// GPUs one by one, each appending to its own list and to its CPU nodes'.
+/// Empty when the profile sets `p2p_links_generated = false`.
+pub fn p2p_links(p: &Profile) -> Vec<Vec<Link>> {
+    let n = p.cpus.len() + p.gpus.len();
+    let mut out = vec![Vec::new(); n];
+    if !p.p2p_links_generated {
+        return out;
+    }
+    let links: Vec<Vec<Link>> = (0..n as u32).map(|i| links_of(p, i)).collect();
+    for gi in 0..p.gpus.len() {
+        let (to_cpu, from_cpu) = indirect_links(p, gi, &links);
+        out[p.gpu_node_id(gi) as usize].extend(to_cpu);
+        for l in from_cpu {
+            out[l.from as usize].push(l);
         }
     }
     out
@@ -184,6 +253,7 @@ fn link_props(l: &Link) -> String {
 
 /// Generates the whole tree (files only; directories are implied).
 pub fn generate(p: &Profile) -> Vec<TreeFile> {
+    let p2p = p2p_links(p);
     let mut files = Vec::new();
     let mut add = |path: String, contents: String| files.push(TreeFile { path, contents });
     add("generation_id".into(), format!("{}\n", p.generation_id));
@@ -209,7 +279,7 @@ pub fn generate(p: &Profile) -> Vec<TreeFile> {
                 ("mem_banks_count", 1),
                 ("caches_count", 0),
                 ("io_links_count", links.len() as u64),
-                ("p2p_links_count", 0),
+                ("p2p_links_count", p2p[id as usize].len() as u64),
                 ("cpu_core_id_base", c.cpu_core_id_base.into()),
                 ("simd_id_base", 0),
                 ("max_waves_per_simd", 0),
@@ -249,6 +319,9 @@ pub fn generate(p: &Profile) -> Vec<TreeFile> {
         for (l, link) in links.iter().enumerate() {
             add(format!("{dir}/io_links/{l}/properties"), link_props(link));
         }
+        for (l, link) in p2p[id as usize].iter().enumerate() {
+            add(format!("{dir}/p2p_links/{l}/properties"), link_props(link));
+        }
     }
     for (i, g) in p.gpus.iter().enumerate() {
         let id = p.gpu_node_id(i);
@@ -264,7 +337,7 @@ pub fn generate(p: &Profile) -> Vec<TreeFile> {
                 ("mem_banks_count", 1),
                 ("caches_count", g.caches_count().into()),
                 ("io_links_count", links.len() as u64),
-                ("p2p_links_count", 0),
+                ("p2p_links_count", p2p[id as usize].len() as u64),
                 ("cpu_core_id_base", 0),
                 (
                     "simd_id_base",
@@ -346,6 +419,9 @@ pub fn generate(p: &Profile) -> Vec<TreeFile> {
         }
         for (l, link) in links.iter().enumerate() {
             add(format!("{dir}/io_links/{l}/properties"), link_props(link));
+        }
+        for (l, link) in p2p[id as usize].iter().enumerate() {
+            add(format!("{dir}/p2p_links/{l}/properties"), link_props(link));
         }
     }
     files

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use kfd_emu::profile::{builtin_names, GpuId, Profile, RenderMinor};
-use kfd_emu::topology::{self, IOLINK_PCIE, IOLINK_XGMI};
+use kfd_emu::topology::{self, IOLINK_HYPERTRANSPORT, IOLINK_PCIE, IOLINK_XGMI};
 
 fn tree(p: &Profile) -> BTreeMap<String, String> {
     topology::generate(p)
@@ -218,7 +218,9 @@ fn fnv1a(text: &str) -> u64 {
 /// GPU tests used before profiles could declare io_links, pinned byte for
 /// byte: a change to how the tree is made must not change what these
 /// machines show.  (To see what changed, diff `kfd-emu topology` output of
-/// the old and the new binary.)
+/// the old and the new binary.)  The multi-CPU-node trees (mi210x4,
+/// mi250x8, mi300x8) changed once on purpose: they gained the p2p_links
+/// KFD derives on Linux 5.19 and later.
 #[test]
 fn existing_profiles_render_byte_identical() {
     let hosts = concat!(env!("CARGO_MANIFEST_DIR"), "/../../test/gpu/hosts");
@@ -226,9 +228,9 @@ fn existing_profiles_render_byte_identical() {
     let pinned: &[(&str, Option<&str>, usize, u64)] = &[
         ("mi100", None, 99533, 0xd93ffd5df86ca985),
         ("mi100x2", None, 198225, 0x5d1ef6953e990f4c),
-        ("mi210x4", None, 321352, 0x0d79d3fe61078ffe),
-        ("mi250x8", None, 701923, 0x7040156e0a8855e9),
-        ("mi300x8", None, 3840704, 0x3b0d230afb0243d8),
+        ("mi210x4", None, 323256, 0x900767a88b88e110),
+        ("mi250x8", None, 713365, 0x78e5abb13b4ea0c3),
+        ("mi300x8", None, 3844512, 0xb311cc4e688d340c),
         (
             "mi100x2",
             Some("mi100x2-fw-first-older"),
@@ -263,8 +265,8 @@ fn existing_profiles_render_byte_identical() {
         (
             "mi250x8",
             Some("mi250x8-hives-swapped"),
-            701924,
-            0x5b322ffc65bd2d10,
+            713366,
+            0x3b3bd171235b8dee,
         ),
     ];
     let mut wrong = Vec::new();
@@ -361,11 +363,106 @@ fn declared_io_links_replace_the_generated_ones() {
             [pcie, 2, 1, 40, 5, 9, 100, 32000, 1],
         ]
     );
-    // No links at all is a topology too.
+    // Without GPU links the CPU nodes keep theirs to each other, and no
+    // GPU gets p2p_links (KFD derives them from its first io_link).
     let p = Profile::with_override("mi210x4", "o", "io_links_generated = false").unwrap();
+    let t = tree(&p);
+    let ht = u64::from(IOLINK_HYPERTRANSPORT);
+    assert_eq!(links(&t, 0), vec![[ht, 0, 1, 32, 0, 0, 0, 0, 3]]);
+    assert_eq!(links(&t, 1), vec![[ht, 1, 0, 32, 0, 0, 0, 0, 3]]);
+    for n in 0..6 {
+        assert!(p2p_links(&t, n).is_empty(), "node {n}");
+        if n >= 2 {
+            assert!(links(&t, n).is_empty(), "node {n}");
+        }
+    }
+    // No links at all is a topology too.
+    let over = "io_links_generated = false\ncpu_links_generated = false\n";
+    let p = Profile::with_override("mi210x4", "o", over).unwrap();
     let t = tree(&p);
     for n in 0..6 {
         assert!(links(&t, n).is_empty(), "node {n}");
+        assert!(p2p_links(&t, n).is_empty(), "node {n}");
+    }
+}
+
+/// (type, node_from, node_to, weight, ..., flags) of each p2p_link of
+/// `node`, checking that p2p_links_count agrees with the directories.
+fn p2p_links(t: &BTreeMap<String, String>, node: u32) -> Vec<[u64; 9]> {
+    let n = prop(&t[&format!("nodes/{node}/properties")], "p2p_links_count");
+    assert!(
+        !t.contains_key(&format!("nodes/{node}/p2p_links/{n}/properties")),
+        "node {node}: more p2p_links than p2p_links_count {n}"
+    );
+    (0..n)
+        .map(|l| {
+            let lp = &t[&format!("nodes/{node}/p2p_links/{l}/properties")];
+            [
+                "type",
+                "node_from",
+                "node_to",
+                "weight",
+                "min_latency",
+                "max_latency",
+                "min_bandwidth",
+                "max_bandwidth",
+                "flags",
+            ]
+            .map(|k| prop(lp, k))
+        })
+        .collect()
+}
+
+/// KFD's indirect links (kfd_create_indirect_link_prop): each GPU to every
+/// CPU node beyond its own, through it, and back for large-BAR GPUs.
+#[test]
+fn p2p_links_are_the_indirect_links_kfd_derives() {
+    let p = Profile::builtin("mi210x4").unwrap();
+    let t = tree(&p);
+    let pcie = u64::from(IOLINK_PCIE);
+    // mi210x4: GPUs 2, 3 on CPU node 0, GPUs 4, 5 on CPU node 1, all
+    // with CPU-visible VRAM.
+    assert_eq!(p2p_links(&t, 2), vec![[pcie, 2, 1, 52, 0, 0, 0, 0, 3]]);
+    assert_eq!(p2p_links(&t, 4), vec![[pcie, 4, 0, 52, 0, 0, 0, 0, 3]]);
+    assert_eq!(
+        p2p_links(&t, 0),
+        vec![
+            [pcie, 0, 4, 52, 0, 0, 0, 0, 3],
+            [pcie, 0, 5, 52, 0, 0, 0, 0, 3]
+        ]
+    );
+    // Small BAR: no link from the other CPU node to the GPU.
+    let p = Profile::with_override("mi210x4", "o", "[[gpus]]\nvram_public = false\n").unwrap();
+    let t = tree(&p);
+    assert_eq!(p2p_links(&t, 2), vec![[pcie, 2, 1, 52, 0, 0, 0, 0, 3]]);
+    assert_eq!(p2p_links(&t, 1), vec![[pcie, 1, 3, 52, 0, 0, 0, 0, 3]]);
+    // Declared links: derived the same way, from the GPU's first link and
+    // the CPU-CPU link (latencies summed, smaller bandwidths).
+    let over = r#"
+        io_links_generated = false
+        io_links = [
+          { type = "PCIe", from = "gpu0", to = "cpu0", min_latency = 2, max_latency = 3 },
+          { type = "HyperTransport", from = "cpu1", to = "cpu0", direction = "one-way", weight = 21, min_latency = 4, max_latency = 5, min_bandwidth = 100, max_bandwidth = 1000 },
+        ]
+        cpu_links_generated = false
+    "#;
+    let p = Profile::with_override("mi210x4", "o", over).unwrap();
+    let t = tree(&p);
+    assert_eq!(p2p_links(&t, 2), vec![[pcie, 2, 1, 41, 6, 8, 100, 1000, 3]]);
+    assert_eq!(p2p_links(&t, 1), vec![[pcie, 1, 2, 41, 6, 8, 100, 1000, 3]]);
+    // No CPU-CPU link to go through: the kernel stops there.
+    let over = "io_links_generated = false\ncpu_links_generated = false\n\
+                io_links = [{ type = \"PCIe\", from = \"gpu0\", to = \"cpu0\" }]\n";
+    let p = Profile::with_override("mi210x4", "o", over).unwrap();
+    let t = tree(&p);
+    for n in 0..6 {
+        assert!(p2p_links(&t, n).is_empty(), "node {n}");
+    }
+    // And a profile can leave them out.
+    let p = Profile::with_override("mi210x4", "o", "p2p_links_generated = false\n").unwrap();
+    let t = tree(&p);
+    for n in 0..6 {
+        assert!(p2p_links(&t, n).is_empty(), "node {n}");
     }
 }
 

@@ -12,8 +12,10 @@
 //! * `[[gpus]]`: one table per GPU, merged over `gpu_defaults`;
 //! * `[[cpus]]`: one table per CPU (NUMA) node;
 //! * optional `gpu_count`: keep only the first N GPUs (for overrides);
-//! * optional `io_links_generated` (default true) and `[[io_links]]`: the
-//!   topology's io_links (see [`IoLinkSpec`] and `topology.rs`).
+//! * optional `io_links_generated`, `cpu_links_generated`,
+//!   `p2p_links_generated` (all default true) and `[[io_links]]`: the
+//!   topology's io_links and p2p_links (see [`IoLinkSpec`] and
+//!   `topology.rs`).
 //!
 //! Merging an override: tables merge key by key, arrays of tables merge
 //! element by element (extra elements are appended), anything else is
@@ -290,10 +292,19 @@ pub struct Profile {
     pub platform_rev: u64,
     pub cpus: Vec<Cpu>,
     pub gpus: Vec<Gpu>,
-    /// Whether the usual links are generated (PCIe between each GPU and
-    /// its CPU node, XGMI within a hive, HyperTransport between CPU nodes).
+    /// Whether the usual GPU links are generated (PCIe between each GPU
+    /// and its CPU node, XGMI within a hive).
     #[serde(default = "default_true", skip_serializing_if = "is_true")]
     pub io_links_generated: bool,
+    /// Whether CPU nodes get HyperTransport links to each other, as KFD's
+    /// CRAT gives a multi-socket AMD host (independent of
+    /// `io_links_generated`).
+    #[serde(default = "default_true", skip_serializing_if = "is_true")]
+    pub cpu_links_generated: bool,
+    /// Whether the `p2p_links` KFD derives (`kfd_create_indirect_link_prop`)
+    /// are listed.
+    #[serde(default = "default_true", skip_serializing_if = "is_true")]
+    pub p2p_links_generated: bool,
     /// Links declared by the profile, added after the generated ones.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub io_links: Vec<IoLinkSpec>,
@@ -726,11 +737,9 @@ impl Profile {
     pub fn declared_links(&self) -> Result<Vec<DeclaredLink>, ProfileError> {
         let mut seen: std::collections::BTreeMap<(u32, u32, u32), String> =
             std::collections::BTreeMap::new();
-        if self.io_links_generated {
-            for n in 0..(self.cpus.len() + self.gpus.len()) as u32 {
-                for l in topology::generated_links_of(self, n) {
-                    seen.insert((l.from, l.to, l.kind), "a generated link".into());
-                }
+        for n in 0..(self.cpus.len() + self.gpus.len()) as u32 {
+            for l in topology::generated_links_of(self, n) {
+                seen.insert((l.from, l.to, l.kind), "a generated link".into());
             }
         }
         let mut out = Vec::with_capacity(self.io_links.len());
@@ -824,10 +833,16 @@ impl Profile {
                 if let Some(other) = seen.insert((a, b, kind), at.clone()) {
                     let (by, hint) = if other.starts_with("io_links") {
                         (format!("declared by {other}"), "")
+                    } else if a < self.cpus.len() as u32 && b < self.cpus.len() as u32 {
+                        (
+                            other,
+                            " (cpu_links_generated = false leaves the CPU-CPU links to \
+                             [[io_links]])",
+                        )
                     } else {
                         (
                             other,
-                            " (io_links_generated = false leaves every link to [[io_links]])",
+                            " (io_links_generated = false leaves the GPU links to [[io_links]])",
                         )
                     };
                     return Err(self.invalid(format!(
