@@ -32,11 +32,14 @@ fail() {
 pass() { echo "package: $1: PASS"; passed=$((passed + 1)); }
 skip() { echo "package: $1: SKIPPED: $2"; skipped=$((skipped + 1)); skips+=("$1"); }
 
+# Another apt or dpkg on the machine (an unattended upgrade, a second test run) holds the
+# lock for a while at most: wait for it rather than fail.
+apt_get() { apt-get -o DPkg::Lock::Timeout=300 "$@"; }
 status() { dpkg-query -W -f='${db:Status-Status}' "$1" 2>/dev/null || true; }
 apt_do() {
 	local log=$work/apt.log
 	echo "+ apt-get $*" >>"$log"
-	apt-get -y -q --no-install-recommends "$@" >>"$log" 2>&1 || {
+	apt_get -y -q --no-install-recommends "$@" >>"$log" 2>&1 || {
 		tail -n 15 "$log" >&2
 		fail "apt-get $* failed (see $log)"
 	}
@@ -46,12 +49,12 @@ apt_do() {
 cleanup() {
 	local p=()
 	for x in criu-rocm-as-criu criu-rocm; do [ -n "$(status "$x")" ] && [ "$(status "$x")" != not-installed ] && p+=("$x"); done
-	[ ${#p[@]} = 0 ] || apt-get -y -q purge "${p[@]}" >>"$work/apt.log" 2>&1 || true
+	[ ${#p[@]} = 0 ] || apt_get -y -q purge "${p[@]}" >>"$work/apt.log" 2>&1 || true
 	if [ -n "$criu_before" ] && [ "$(status criu)" != installed ]; then
-		apt-get -y -q --no-install-recommends install "criu=$criu_before" >>"$work/apt.log" 2>&1 ||
+		apt_get -y -q --no-install-recommends install "criu=$criu_before" >>"$work/apt.log" 2>&1 ||
 			echo "package: could not reinstall Debian's criu $criu_before (see $work/apt.log)" >&2
 	elif [ -z "$criu_before" ] && [ "$(status criu)" = installed ]; then
-		apt-get -y -q purge criu >>"$work/apt.log" 2>&1 ||
+		apt_get -y -q purge criu >>"$work/apt.log" 2>&1 ||
 			echo "package: could not purge Debian's criu, which this test installed (see $work/apt.log)" >&2
 	fi
 }
@@ -123,7 +126,7 @@ elif [ -n "$criu_before" ]; then
 else
 	cand=$(apt-cache policy criu 2>/dev/null | sed -n 's/^ *Candidate: //p')
 	if [ -z "$cand" ] || [ "$cand" = "(none)" ]; then
-		apt-get update -qq >>"$work/apt.log" 2>&1 || true
+		apt_get update -qq >>"$work/apt.log" 2>&1 || true
 		cand=$(apt-cache policy criu 2>/dev/null | sed -n 's/^ *Candidate: //p')
 	fi
 	if [ -z "$cand" ] || [ "$cand" = "(none)" ]; then
