@@ -187,16 +187,18 @@ owned criu-rocm-as-criu >"$work/criu-rocm-as-criu.list"
 [ "$(readlink -f /usr/sbin/criu)" = /usr/sbin/criu-rocm ] || fail "/usr/sbin/criu -> $(readlink -f /usr/sbin/criu), not criu-rocm"
 man=$(zcat /usr/share/man/man8/criu.8.gz) || fail "cannot read criu.8.gz"
 grep -q '^\.TH "CRIU" "8"' <<<"$man" || fail "criu.8.gz is not CRIU's criu(8)"
-criu_path=$(PATH=/usr/sbin:/usr/bin:/sbin:/bin command -v criu) || fail "no criu on PATH"
-[ "$criu_path" = /usr/sbin/criu ] || fail "criu on PATH is $criu_path"
+# What an engine started with Debian's default PATH finds.
+std_path=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+criu_path=$(PATH=$std_path command -v criu) || fail "no criu on PATH ($std_path)"
+[ "$criu_path" = /usr/sbin/criu ] || fail "criu on PATH ($std_path) is $criu_path, not /usr/sbin/criu"
 pass "criu-rocm-as-criu replaces Debian's criu: /usr/sbin/criu -> criu-rocm, criu(8)"
 
-v=$(criu --version) || fail "criu --version failed"
+v=$(PATH=$std_path criu --version) || fail "criu --version failed"
 [ "$(head -n1 <<<"$v")" = "Version: $CRIU_VERSION" ] || fail "criu --version does not start with 'Version: $CRIU_VERSION': $v"
 # go-criu and libcriu read the VERSION RPC; with a git id go-criu would round the version
 # down to the next minor release.
 grep -q '^GitID: ' <<<"$v" && fail "criu --version reports a CRIU GitID, which engines read as a development version: $v"
-rpc=$(rpc_version "$top/build/criu-$CRIU_VERSION/lib" 2>&1) || fail "VERSION RPC: $rpc"
+rpc=$(PATH=$std_path rpc_version "$top/build/criu-$CRIU_VERSION/lib" 2>&1) || fail "VERSION RPC: $rpc"
 [ "$rpc" = "$CRIU_VERSION ($(IFS=. read -r a b c <<<"$CRIU_VERSION"; echo $((a * 10000 + b * 100 + c))) for go-criu)" ] ||
 	fail "the VERSION RPC reports $rpc, not CRIU $CRIU_VERSION"
 pass "criu --version and the VERSION RPC report CRIU $rpc"
