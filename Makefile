@@ -88,8 +88,8 @@ $(BUILD)/criu-rocm.8: Documentation/criu-rocm.8.adoc
 	asciidoctor -b manpage -o $@ $<
 
 # The suites `make test` runs, in order; .ci/run runs and counts them one by one.
-TEST_SUITES	:= test-rust test-smoke test-rocm test-gpu test-zdtm test-zdtm-gpu test-demo test-install \
-		   test-package
+TEST_SUITES	:= test-rust test-smoke test-rocm test-gpu test-rocm-cr test-zdtm test-zdtm-gpu test-demo \
+		   test-install test-package
 
 # The user's entry points install what is missing first (scripts/install-deps.sh: quiet, and
 # a no-op when all is there), so they work on a fresh Debian machine. Plain `make` and the
@@ -156,6 +156,13 @@ test-rocm: kfd-tools
 .PHONY: test-gpu
 test-gpu: $(BUILD)/criu-rocm $(BUILD)/crit kfd-tools
 	CARGO_TARGET_DIR=$(CARGO_TARGET) CRIT=$(TOP)/$(BUILD)/crit test/gpu/run.sh $(BUILD)/criu-rocm
+
+# Checkpoint/restore of programs on Debian's libhsakmt and ROCr 5.2 (test/rocm/cr.sh: the zdtm
+# tests gpu_hsakmt_* and gpu_rocr_* run on their own, dumped mid-work and restored on the same
+# host, on other hosts and across swapped hives, five cycles, a tree of two).
+.PHONY: test-rocm-cr
+test-rocm-cr: $(BUILD)/criu-rocm kfd-tools
+	CARGO_TARGET_DIR=$(CARGO_TARGET) test/rocm/cr.sh $(BUILD)/criu-rocm
 
 # CRIU's lib/ (pycriu for zdtm.py) from the same patched tree.
 $(CRIU_TREE)/.lib-built: $(BUILD)/criu-rocm

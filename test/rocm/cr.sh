@@ -1,0 +1,501 @@
+#!/usr/bin/env bash
+# Checkpoint/restore of real ROCm processes (issue 12): Debian's libhsakmt and ROCr 5.2,
+# unchanged, in programs checkpointed mid-work by criu-rocm with no extra options and
+# restored on the same emulated host, on hosts with other gpu_ids, render minors and GPU
+# order, and across swapped XGMI hives; five cycles in a row; a tree of two processes.
+#
+#   usage: test/rocm/cr.sh CRIU_BINARY [CASE...]      (as root; `make test-rocm-cr` runs it)
+#          test/rocm/cr.sh --list
+#   env:   CARGO_TARGET_DIR      where kfd-emu was built (default rust/target)
+#          ROCM_CR_TIMEOUT=S     seconds one case may take (default 300)
+#          ROCM_CR_KEEP=1        keep the work directory even when everything passed
+#
+# The programs are criu-rocm's zdtm tests on ROCm (test/zdtm/static/gpu_hsakmt_*,
+# gpu_rocr_*; the comment at the top of each says what it holds), built in the patched
+# CRIU tree with ZDTM_ROCM=1 and run here on their own (--pidfile, --outfile), which is
+# how zdtm.py starts them too. Besides zdtm's SIGTERM (check, then end) they answer
+# SIGUSR1 with a round: check everything, run new work (allocations, copies, frees),
+# write "round N: ok". A case:
+#   * starts the program on an emulated host (`kfd-emu run`) and lets it get going;
+#   * dumps it with `criu-rocm dump -t PID` (nothing else: no --link-remap, no
+#     --shell-job, no --ext-*), which kills it;
+#   * restores it (`criu-rocm restore -d`) on the same host or on another one; a host
+#     other than the dump host starts with an empty /dev/shm, as a machine where no ROCm
+#     process ran, so libhsakmt's shared memory and semaphore must be recreated;
+#   * asks for a round, and checks it said ok (in each process of a tree);
+#   * for several cycles, dumps again and restores on the next host;
+#   * at last sends SIGTERM: the program checks once more, runs new work, frees
+#     everything, shuts its runtime down, writes PASS and must exit with status 0.
+# Every host step runs in a private mount namespace with its own /dev/shm, so nothing
+# here touches the machine's /dev/shm (other ROCm programs may use it meanwhile).
+#
+# Each case prints PASS, FAIL (with the reason and its directory) or SKIP (with the
+# reason: ROCr 5.2 cannot run on the mi300x8 machine); the last line is exactly
+# "N passed, M failed" (", K skipped" when some were). Non-zero exit on any failure.
+set -uo pipefail
+export LC_ALL=C
+
+self=$(realpath "$0")
+here=$(dirname "$self")
+top=$(cd "$here/../.." && pwd)
+# alive, wait_gone
+# shellcheck source=SCRIPTDIR/../../scripts/lib/workload.sh
+. "$top/scripts/lib/workload.sh"
+
+HOSTS=$top/test/gpu/hosts
+ROCR_TESTS="gpu_rocr_idle gpu_rocr_buffers gpu_rocr_stream gpu_rocr_wait gpu_rocr_tree"
+HSAKMT_TESTS="gpu_hsakmt_idle gpu_hsakmt_buffers"
+# Same words as test/rocm/run.sh's reason for skipping ROCr there.
+MI300X8_ROCR="ROCr 5.2 cannot run on an MI300X machine: it asserts that a CPU node's memory fits in 1 TiB (amd_memory_region.cpp:153) and each of mi300x8's 2 CPU nodes has 1152 GiB; past that its ISA registry has no gfx942"
+
+# ---------------------------------------------------------------------------------------
+# Reporting
+
+fail() {
+	printf '%s\n' "$*" >>"$CASE_DIR/reason"
+	exit 1
+}
+note() { printf '%s\n' "$*" >>"$CASE_DIR/notes"; }
+skip() {
+	printf '%s\n' "$*" >"$CASE_DIR/skip"
+	exit 0
+}
+
+# ---------------------------------------------------------------------------------------
+# Emulated hosts
+
+# on PROFILE [--profile-file F] -- FUNCTION [ARG...]: FUNCTION of this script on a new
+# emulated host, in a private mount namespace with an empty /dev/shm of its own.
+on() {
+	local opts=() rc
+	while [ $# -gt 0 ] && [ "$1" != -- ]; do
+		opts+=("$1")
+		shift
+	done
+	shift
+	"$KFD_EMU" run --profile "${opts[@]}" -- unshare --mount --propagation private "$self" __in "$@" \
+		2>>"$CASE_DIR/kfd-emu.log"
+	rc=$?
+	if [ $rc != 0 ]; then
+		[ -s "$CASE_DIR/reason" ] || fail "kfd-emu run --profile ${opts[*]} -- $1: exit status $rc (see $CASE_DIR/kfd-emu.log)"
+		exit 1
+	fi
+}
+
+# The options of a host given as an override of the profile: a name in test/gpu/hosts, or
+# a path.
+other() {
+	case $1 in
+	*/*) echo "--profile-file $1" ;;
+	*) echo "--profile-file $HOSTS/$1.toml" ;;
+	esac
+}
+
+# ---------------------------------------------------------------------------------------
+# The program under test (inside a host)
+
+OUT() { echo "$CASE_DIR/t.out"; }
+# Its output so far (zdtm writes OUTFILE.inprogress until the program ends).
+out_now() { cat "$(OUT).inprogress" "$(OUT)" 2>/dev/null; }
+# Its FAIL and ERR lines, or its last lines, for a reason.
+out_reason() {
+	local l
+	l=$(out_now | grep -E ' (FAIL|ERR): ' | head -n 3 | sed 's/^[0-9:.]*: *[0-9]*: //' | cut -c1-300 | paste -sd'|')
+	[ -n "$l" ] || l=$(out_now | tail -n 3 | cut -c1-200 | paste -sd'|')
+	echo "${l:-no output}"
+}
+
+# t_start TEST: starts the program, as zdtm.py does (it daemonizes once its state is ready).
+t_start() {
+	local test=$1
+	echo "$test" >"$CASE_DIR/test"
+	"$STATIC/$test" --pidfile="$CASE_DIR/t.pid" --outfile="$(OUT)" >>"$CASE_DIR/start.log" 2>&1 ||
+		fail "$test did not get ready: $(out_reason)"
+	T_PID=$(cat "$CASE_DIR/t.pid")
+	alive "$T_PID" || fail "$test ($T_PID) is gone right after it got ready: $(out_reason)"
+}
+
+t_pid() { T_PID=$(cat "$CASE_DIR/t.pid"); }
+
+# Processes of the program (a tree has two).
+t_procs() { if grep -q 'and child [0-9]*:' <(out_now); then echo 2; else echo 1; fi; }
+
+# log_errors LOG: CRIU's error lines (its RLIMIT_NOFILE complaint, logged on every run
+# here, left out).
+log_errors() {
+	[ -f "$1" ] || return 0
+	grep -a -E 'Error|amdgpu:' "$1" | grep -v 'RLIMIT_NOFILE' | grep -a -E 'Error|rror|fail|FAIL' |
+		tail -n 4 | sed 's/^([0-9. ]*) *//' | cut -c1-300 | paste -sd'|'
+}
+
+# t_dump N: `criu-rocm dump -t PID` into img-N; the program must be gone afterwards.
+t_dump() {
+	local img=$CASE_DIR/img-$1 t0
+	mkdir -p "$img"
+	t0=${EPOCHREALTIME/./}
+	"$CRIU" dump -t "$T_PID" -D "$img" -o dump.log -v4 >>"$CASE_DIR/criu.out" 2>&1 ||
+		fail "dump $1 of $T_PID failed: $(log_errors "$img/dump.log")"
+	echo "dump $1: $(((${EPOCHREALTIME/./} - t0) / 1000)) ms" >>"$CASE_DIR/times"
+	wait_gone "$T_PID" 10 || fail "dump $1: $T_PID still runs after the dump"
+	ls "$img"/amdgpu-kfd-*.img >/dev/null 2>&1 || fail "dump $1 wrote no amdgpu-kfd-*.img"
+	pending_sdma "$img" >"$img/pending"
+}
+
+# t_restore N: `criu-rocm restore -d` of img-N; the program must run again. With
+# --restore-sibling it becomes a child of this shell, which collects its exit status.
+t_restore() {
+	local img=$CASE_DIR/img-$1 t0
+	t0=${EPOCHREALTIME/./}
+	"$CRIU" restore -D "$img" -o "restore.log" -v4 -d --restore-sibling >>"$CASE_DIR/criu.out" 2>&1 ||
+		fail "restore $1 of $T_PID failed: $(log_errors "$img/restore.log")"
+	echo "restore $1: $(((${EPOCHREALTIME/./} - t0) / 1000)) ms" >>"$CASE_DIR/times"
+	alive "$T_PID" || fail "restore $1: $T_PID does not run: $(out_reason)"
+	grep -aq "amdgpu: pid .*: GPU queues resumed" "$img/restore.log" ||
+		fail "restore $1: the log says no GPU queues were resumed"
+	grep -a -m1 -o 'amdgpu: pid [0-9]*: GPU 0x.* -> host GPU .*' "$img/restore.log" |
+		sed 's/^amdgpu: pid [0-9]*: //' >"$img/mapping"
+}
+
+# t_round N: SIGUSR1 to the program's process group; each process must say round N ok.
+t_round() {
+	local n=$1 procs i got bad
+	procs=$(t_procs)
+	kill -USR1 -- "-$T_PID" 2>/dev/null || fail "round $n: cannot signal $T_PID"
+	for ((i = 0; i < 1800; i++)); do
+		got=$(out_now | grep -cE ": round $n( \([a-z]+\))?: (ok|FAIL)$")
+		[ "$got" -ge "$procs" ] && break
+		alive "$T_PID" || break
+		sleep 0.1
+	done
+	bad=$(out_now | grep -cE ": round $n( \([a-z]+\))?: FAIL$")
+	[ "$got" -ge "$procs" ] || fail "round $n: $got of $procs process(es) answered in 180 s: $(out_reason)"
+	[ "$bad" = 0 ] || fail "round $n failed: $(out_reason)"
+}
+
+# Stops the restored program (pid $1, a child of this shell thanks to --restore-sibling)
+# with SIGTERM, upon which it checks once more and ends, and writes its exit status to $2.
+# Bash neither waits for a child it did not start nor keeps the status of one it reaps, so
+# this runs in Python exec'ed in bash's place (same process, same children).
+read -r -d '' STOP_AND_REAP <<'EOF' || true
+import os, signal, sys, time
+pid, out = int(sys.argv[1]), sys.argv[2]
+try:
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 180
+    while (r := os.waitpid(pid, os.WNOHANG))[0] == 0:
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            sys.exit(f"{pid} still runs 180 s after SIGTERM")
+        time.sleep(0.05)
+except ProcessLookupError:
+    sys.exit(f"{pid} ended before SIGTERM")
+except ChildProcessError:
+    sys.exit(f"{pid} is not a child of the restore driver")
+with open(out, "w") as f:
+    f.write(f"{os.waitstatus_to_exitcode(r[1])}\n")
+EOF
+
+# t_finish: SIGTERM, exit status into $CASE_DIR/exit-status. Ends the host step.
+t_finish() {
+	exec /usr/bin/python3 -c "$STOP_AND_REAP" "$T_PID" "$CASE_DIR/exit-status"
+}
+
+# After the last host step: the program passed, wrote no FAIL and exited with status 0.
+t_passed() {
+	local st
+	st=$(cat "$CASE_DIR/exit-status" 2>/dev/null) || fail "no exit status: $(cat "$CASE_DIR/reason" 2>/dev/null)"
+	[ -f "$(OUT)" ] || fail "the program did not finish its output (exit status $st): $(out_reason)"
+	if grep -qE ' (FAIL|ERR): ' "$(OUT)"; then
+		fail "the program failed after the last restore (exit status $st): $(out_reason)"
+	fi
+	tail -n 1 "$(OUT)" | grep -q ': PASS$' || fail "the program's last line is not PASS (exit status $st): $(out_reason)"
+	[ "$st" = 0 ] || fail "the program wrote PASS but exited with status $st"
+}
+
+# The SDMA queues of the images that held packets not yet executed at the dump, read from
+# kfd-emu's MQDs in KFD's private data ("KEMQ", version 1, read and write pointers): the
+# emulator's record of where each ring was. Prints "PENDING TOTAL".
+pending_sdma() {
+	/usr/bin/python3 - "$1" <<'EOF'
+import glob, struct, sys
+pending = total = 0
+for path in glob.glob(sys.argv[1] + "/amdgpu-kfd-*.img"):
+    data = open(path, "rb").read()
+    at = data.find(b"KEMQ")
+    while at >= 0:
+        if at + 24 <= len(data):
+            version, rptr, wptr = struct.unpack_from("<IQQ", data, at + 4)
+            if version == 1:
+                total += 1
+                pending += wptr > rptr
+        at = data.find(b"KEMQ", at + 4)
+print(pending, total)
+EOF
+}
+
+# ---------------------------------------------------------------------------------------
+# Case shapes
+
+# Starts TEST, lets it work for a while, dumps it.
+start_dump() { # TEST
+	t_start "$1"
+	sleep "${SETTLE:-1}"
+	t_dump 1
+}
+
+# Restores dump N, runs a round, and then either dumps N+1 or finishes.
+restore_round() { # N LAST(0/1)
+	t_pid
+	t_restore "$1"
+	t_round "$1"
+	if [ "$2" = 1 ]; then
+		t_finish
+	else
+		t_dump $(($1 + 1))
+	fi
+}
+
+# Same host: everything inside one emulated host (its /dev/shm stays).
+same_host() { # TEST
+	t_start "$1"
+	sleep "${SETTLE:-1}"
+	t_dump 1
+	restore_round 1 1
+}
+
+# cross PROFILE DUMP_OVERRIDE RESTORE_OVERRIDE TEST: dumped on one host, restored on another.
+cross() {
+	local prof=$1 from=$2 to=$3 test=$4
+	# shellcheck disable=SC2046 # the override is words
+	on "$prof" $([ -n "$from" ] && other "$from") -- start_dump "$test"
+	# shellcheck disable=SC2046
+	on "$prof" $([ -n "$to" ] && other "$to") -- restore_round 1 1
+	t_passed
+	describe
+}
+
+# cycles PROFILE A B N TEST: dumped on host A, restored on B, A, B, ... N times.
+cycles() {
+	local prof=$1 a=$2 b=$3 n=$4 test=$5 i host
+	# shellcheck disable=SC2046
+	on "$prof" $([ -n "$a" ] && other "$a") -- start_dump "$test"
+	for ((i = 1; i <= n; i++)); do
+		if [ $((i % 2)) = 1 ]; then host=$b; else host=$a; fi
+		# shellcheck disable=SC2046
+		on "$prof" $([ -n "$host" ] && other "$host") -- restore_round "$i" "$([ "$i" = "$n" ] && echo 1 || echo 0)"
+	done
+	t_passed
+	describe
+}
+
+same() { # PROFILE TEST
+	on "$1" -- same_host "$2"
+	t_passed
+	describe
+}
+
+# Notes for a passing case: rounds, dump/restore times, GPU mappings, pending SDMA work.
+describe() {
+	local d m p rounds
+	rounds=$(grep -cE ': round [0-9]+( \([a-z]+\))?: ok$' "$(OUT)")
+	note "$(sed -n 's/^[0-9:.]*: *[0-9]*: //p' "$(OUT)" | head -n 1)"
+	note "$rounds round(s) ok after restores; $(paste -sd' ' "$CASE_DIR/times" | sed 's/: /=/g; s/ ms/ms/g')"
+	for d in "$CASE_DIR"/img-*; do
+		m=$(cat "$d/mapping" 2>/dev/null)
+		p=$(cat "$d/pending" 2>/dev/null)
+		note "${d##*/}: SDMA queues with packets pending at the dump: ${p% *} of ${p#* }${m:+; restored $m}"
+	done
+}
+
+# The gated copies of gpu_rocr_wait must be in flight in every dump: each GPU's queue
+# holds its POLL_REGMEM and copy unexecuted.
+all_pending() {
+	local d p
+	for d in "$CASE_DIR"/img-*; do
+		p=$(cat "$d/pending")
+		[ "${p% *}" -ge "$1" ] || fail "${d##*/}: only ${p% *} of ${p#* } SDMA queues held pending packets at the dump, want $1 (the gated copies)"
+	done
+}
+
+rocr_skip() { # PROFILE
+	[ "$1" = mi300x8 ] && skip "$MI300X8_ROCR"
+}
+
+# ---------------------------------------------------------------------------------------
+# Cases: case_NAME() { ...; }, run in this order.
+
+# libhsakmt
+case_hsakmt_idle_same_host() { same mi100x2 gpu_hsakmt_idle; }
+case_hsakmt_idle_other_host() { cross mi100x2 "" mi100x2-other gpu_hsakmt_idle; }
+case_hsakmt_buffers_same_host() { same mi210x4 gpu_hsakmt_buffers; }
+case_hsakmt_buffers_other_host() { cross mi100x2 "" mi100x2-other gpu_hsakmt_buffers; }
+case_hsakmt_buffers_hives_swapped() { cross mi250x8 "" mi250x8-hives-swapped gpu_hsakmt_buffers; }
+case_hsakmt_buffers_mi300x8() { same mi300x8 gpu_hsakmt_buffers; }
+case_hsakmt_buffers_five_cycles() { cycles mi100x2 "" mi100x2-other 5 gpu_hsakmt_buffers; }
+
+# ROCr
+case_rocr_idle_same_host() { same mi100x2 gpu_rocr_idle; }
+case_rocr_idle_other_host() { cross mi100x2 "" mi100x2-other gpu_rocr_idle; }
+case_rocr_buffers_same_host() { same mi210x4 gpu_rocr_buffers; }
+case_rocr_buffers_other_host() { cross mi100x2 "" mi100x2-other gpu_rocr_buffers; }
+case_rocr_buffers_hives_swapped() { cross mi250x8 "" mi250x8-hives-swapped gpu_rocr_buffers; }
+case_rocr_stream_same_host() { same mi210x4 gpu_rocr_stream; }
+case_rocr_stream_other_host() { cross mi100x2 "" mi100x2-other gpu_rocr_stream; }
+case_rocr_stream_hives_swapped() { cross mi250x8 "" mi250x8-hives-swapped gpu_rocr_stream; }
+case_rocr_stream_five_cycles() { cycles mi100x2 "" mi100x2-other 5 gpu_rocr_stream; }
+case_rocr_wait_same_host() {
+	same mi100x2 gpu_rocr_wait
+	all_pending 2
+}
+case_rocr_wait_other_host() {
+	cross mi210x4 "" "$top/test/demo/restore-host.toml" gpu_rocr_wait
+	all_pending 4
+}
+case_rocr_wait_five_cycles() {
+	cycles mi100x2 "" mi100x2-other 5 gpu_rocr_wait
+	all_pending 2
+}
+case_rocr_tree_same_host() { same mi100x2 gpu_rocr_tree; }
+case_rocr_tree_other_host() { cross mi100x2 "" mi100x2-other gpu_rocr_tree; }
+case_rocr_mi300x8() {
+	rocr_skip mi300x8
+	same mi300x8 gpu_rocr_buffers
+}
+
+# ---------------------------------------------------------------------------------------
+# The driver
+
+ordered_cases() { grep -o '^case_[a-z0-9_]*()' "$self" | sed 's/^case_//; s/()$//'; }
+
+run_one() {
+	local name=$1 t0 rc secs reason
+	CASE_DIR=$WORK/$name
+	rm -rf "$CASE_DIR"
+	mkdir -p "$CASE_DIR"
+	export CASE_DIR
+	t0=${EPOCHREALTIME/./}
+	timeout -k 10 "$CASE_TIMEOUT" "$self" __case "$name" >"$CASE_DIR/case.out" 2>&1
+	rc=$?
+	kill_leftovers
+	secs=$(((${EPOCHREALTIME/./} - t0) / 100000))
+	secs="$((secs / 10)).$((secs % 10)) s"
+	reason=$(cat "$CASE_DIR/reason" 2>/dev/null)
+	[ "$rc" = 124 ] || [ "$rc" = 137 ] && reason="timed out after ${CASE_TIMEOUT} s${reason:+; $reason}"
+	[ "$rc" != 0 ] && [ -z "$reason" ] && reason="exit status $rc (see $CASE_DIR/case.out)"
+	if [ "$rc" = 0 ] && [ -f "$CASE_DIR/skip" ]; then
+		SKIPPED=$((SKIPPED + 1))
+		echo "SKIP  $name: $(cat "$CASE_DIR/skip")"
+	elif [ "$rc" = 0 ]; then
+		PASSED=$((PASSED + 1))
+		echo "PASS  $name ($secs)"
+		sed 's/^/      /' "$CASE_DIR/notes" 2>/dev/null
+	else
+		FAILED=$((FAILED + 1))
+		echo "FAIL  $name ($secs): $reason"
+		echo "      logs: $CASE_DIR"
+	fi
+}
+
+# Whatever a case left running in the namespace.
+kill_leftovers() {
+	local d p
+	for d in /proc/[0-9]*; do
+		p=${d#/proc/}
+		[ "$p" = 1 ] || [ "$p" = $$ ] && continue
+		kill -KILL "$p" 2>/dev/null
+	done
+	wait 2>/dev/null
+}
+
+# Builds the programs in the CRIU tree (zdtm's library first), from this checkout's sources.
+build_tests() {
+	local f log=$WORK/build.log
+	for f in "$top"/test/zdtm/static/*; do
+		cmp -s "$f" "$STATIC/$(basename "$f")" || cp "$f" "$STATIC/"
+	done
+	# shellcheck disable=SC2086,SC2016 # lists of names; expanded by the inner sh
+	if ! flock "$TREE/../.tree.lock" sh -c 'make -s -j2 -C "$1/test/zdtm/lib" && shift && ZDTM_ROCM=1 make -s -j2 -C "$@"' \
+		sh "$TREE" "$STATIC" $HSAKMT_TESTS $ROCR_TESTS >"$log" 2>&1; then
+		tail -n 20 "$log" >&2
+		echo "test/rocm/cr.sh: building the programs failed (log: $log)" >&2
+		exit 2
+	fi
+}
+
+preflight() {
+	local c
+	[ "$(id -u)" = 0 ] || { echo "test/rocm/cr.sh: needs root (kfd-emu mounts FUSE nodes, CRIU needs CAP_SYS_ADMIN)" >&2; exit 2; }
+	for c in "$CRIU" "$KFD_EMU"; do
+		[ -x "$c" ] || { echo "test/rocm/cr.sh: $c is missing (make test-rocm-cr builds it)" >&2; exit 2; }
+	done
+	for c in unshare timeout flock /usr/bin/python3; do
+		command -v "$c" >/dev/null || { echo "test/rocm/cr.sh: $c is missing (scripts/install-deps.sh)" >&2; exit 2; }
+	done
+	if [ ! -f /usr/include/hsakmt.h ] || [ ! -f /usr/include/hsa/hsa.h ]; then
+		echo "test/rocm/cr.sh: Debian's libhsakmt-dev and libhsa-runtime-dev are missing (scripts/install-deps.sh)" >&2
+		exit 2
+	fi
+	[ -f "$TREE/test/zdtm/static/Makefile" ] ||
+		{ echo "test/rocm/cr.sh: no patched CRIU tree at $TREE (run make)" >&2; exit 2; }
+}
+
+main() {
+	local name t0 wanted=("$@") known=()
+	PASSED=0 FAILED=0 SKIPPED=0
+	trap 'exit 130' INT TERM HUP
+	mapfile -t known < <(ordered_cases)
+	[ ${#wanted[@]} -gt 0 ] || wanted=("${known[@]}")
+	for name in "${wanted[@]}"; do
+		declare -F "case_$name" >/dev/null || { echo "test/rocm/cr.sh: no case $name (--list)" >&2; exit 2; }
+	done
+	WORK=$(mktemp -d /tmp/criu-rocm-rocm-cr.XXXXXX)
+	export WORK
+	build_tests
+	echo "ROCm C/R tests: ${#wanted[@]} case(s), criu-rocm $CRIU, libhsakmt $(dpkg-query -W -f='${Version}' libhsakmt1 2>/dev/null)," \
+		"ROCr $(dpkg-query -W -f='${Version}' libhsa-runtime64-1 2>/dev/null); work directory $WORK"
+	t0=${EPOCHREALTIME/./}
+	for name in "${wanted[@]}"; do run_one "$name"; done
+	echo "total $(((${EPOCHREALTIME/./} - t0) / 1000000)) s"
+	if [ "$FAILED" = 0 ] && [ "${ROCM_CR_KEEP:-}" != 1 ]; then rm -rf "$WORK"; fi
+	if [ "$SKIPPED" != 0 ]; then
+		echo "$PASSED passed, $FAILED failed, $SKIPPED skipped"
+	else
+		echo "$PASSED passed, $FAILED failed"
+	fi
+	[ "$FAILED" = 0 ]
+}
+
+case ${1:-} in
+__main)
+	shift
+	main "$@"
+	;;
+__case)
+	case_"$2"
+	;;
+__in)
+	shift
+	# A host of its own: an empty /dev/shm (this runs in a private mount namespace).
+	mount -t tmpfs -o mode=1777,size=64m rocm-cr-shm /dev/shm || fail "cannot mount a private /dev/shm"
+	"$@"
+	;;
+--list)
+	ordered_cases
+	;;
+"" | -h | --help)
+	sed -n '2,/^set -uo/p' "$self" | sed '$d; s/^# \{0,1\}//'
+	exit 2
+	;;
+*)
+	CRIU=$(realpath "$1")
+	shift
+	KFD_EMU=${CARGO_TARGET_DIR:-$top/rust/target}/release/kfd-emu
+	CASE_TIMEOUT=${ROCM_CR_TIMEOUT:-300}
+	CRIU_VERSION=$(sed -n 's/^CRIU_VERSION=//p' "$top/criu/upstream.lock")
+	TREE=$top/build/criu-$CRIU_VERSION
+	STATIC=$TREE/test/zdtm/static
+	export CRIU KFD_EMU CASE_TIMEOUT TREE STATIC
+	preflight
+	exec unshare --pid --fork --mount-proc --kill-child "$self" __main "$@"
+	;;
+esac
