@@ -9,7 +9,9 @@
 #
 # The list (test/zdtm-gpu.list) holds one zdtm.py run a line:
 #   zdtm/static/NAME FLAVOURS PROFILE [zdtm.py mode options...]
-# e.g. `zdtm/static/gpu_vram_gtt h mi100x2 --iters 3`.
+# e.g. `zdtm/static/gpu_vram_gtt h mi100x2 --iters 3`, or one that cannot run, with why:
+#   zdtm/static/NAME FLAVOURS PROFILE skip: REASON
+# which is reported as SKIP with its reason in every mode and never counted as passed.
 #
 #   --nocr      runs every line without checkpoint/restore (zdtm.py --nocr): the tests
 #               themselves must pass.
@@ -60,9 +62,10 @@ grep -q 'KFD_CLIENT_LIB' "$tree/test/zdtm/static/Makefile" ||
 
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin:$PATH
 export ZDTM_AS_ROOT=1
-# The Makefile of zdtm/static lists and builds the GPU tests only with these (patch 0010);
-# zdtm.py's `make NAME.pid` inherits them.
-export KFD_CLIENT_LIB=$lib KFD_CLIENT_INC=$client/include
+# The Makefile of zdtm/static lists and builds the GPU tests only with these (patch 0010),
+# and the tests on Debian's ROCm userspace (gpu_hsakmt_*, gpu_rocr_*) only with ZDTM_ROCM=1
+# (patch 0014); zdtm.py's `make NAME.pid` inherits them.
+export KFD_CLIENT_LIB=$lib KFD_CLIENT_INC=$client/include ZDTM_ROCM=1
 static=$tree/test/zdtm/static
 
 # The lines to run: "name flavours profile options...".
@@ -74,13 +77,18 @@ while read -r test flavours profile opts; do
 	lines+=("$test $flavours $profile $opts")
 done < <(sed 's/[[:space:]]*#.*//' "$list")
 [ ${#lines[@]} -gt 0 ] || { echo "zdtm-gpu.sh: nothing to run from $list" >&2; exit 2; }
+if printf '%s\n' "${lines[@]}" | grep -q '^zdtm/static/gpu_\(hsakmt\|rocr\)_' &&
+	{ [ ! -f /usr/include/hsakmt.h ] || [ ! -f /usr/include/hsa/hsa.h ]; }; then
+	echo "zdtm-gpu.sh: the list has tests on ROCm, but Debian's libhsakmt-dev or libhsa-runtime-dev is missing (scripts/install-deps.sh)" >&2
+	exit 1
+fi
 
 # Our test sources: prepare-criu.sh copies them when it makes the tree; a test edited since
 # is not a CRIU input (it must not rebuild CRIU), so refresh changed files here.
 for f in "$top"/test/zdtm/static/*; do
 	cmp -s "$f" "$static/$(basename "$f")" || cp "$f" "$static/"
 done
-mapfile -t names < <(printf '%s\n' "${lines[@]}" | awk '{ sub(".*/", "", $1); print $1 }' | sort -u)
+mapfile -t names < <(printf '%s\n' "${lines[@]}" | awk '$4 != "skip:" { sub(".*/", "", $1); print $1 }' | sort -u)
 log=$tree/zdtm-gpu-build.log
 # The lock the Makefile takes for builds in this tree (see TREE_LOCK there).
 # shellcheck disable=SC2016 # expanded by the inner sh
@@ -99,7 +107,19 @@ run_zdtm() {
 		/usr/bin/python3 zdtm.py run -t "$test" -f "$flavours" --criu-bin "$criu" --keep-going "$@")
 }
 
-pass=0 fail=0 failed=() t_all=$(date +%s)
+pass=0 fail=0 skipped=0 failed=() t_all=$(date +%s)
+# A line marked `skip: REASON`: reported, counted apart, never run.
+skipped_line() {
+	local what=$1 opts=$2
+	case $opts in
+	skip:*)
+		skipped=$((skipped + 1))
+		printf 'zdtm-gpu: %-62s SKIP: %s\n' "$what" "${opts#skip: }"
+		return 0
+		;;
+	esac
+	return 1
+}
 result() {
 	local ok=$1 what=$2 start=$3 ms
 	ms=$((($(date +%s%N) - start) / 1000000))
@@ -131,8 +151,9 @@ if [ "$mode" = selftest ]; then
 	# One emulator profile per test: the first line naming it.
 	declare -A seen=()
 	for l in "${lines[@]}"; do
-		read -r test flavours profile _ <<<"$l"
+		read -r test flavours profile opts <<<"$l"
 		name=$(basename "$test")
+		skipped_line "$name $flavours $profile" "$opts" && continue
 		[ -z "${seen[$name]:-}" ] || continue
 		seen[$name]=1
 		flav=${flavours%%,*}
@@ -162,6 +183,7 @@ else
 	for l in "${lines[@]}"; do
 		read -r test flavours profile opts <<<"$l"
 		name=$(basename "$test")
+		skipped_line "$name $flavours $profile" "$opts" && continue
 		extra=()
 		if [ "$mode" = nocr ]; then
 			# Without C/R the mode options change nothing: once per test and profile.
@@ -185,5 +207,9 @@ else
 	done
 fi
 
-echo "zdtm-gpu: $pass passed, $fail failed in $(($(date +%s) - t_all)) s"
+if [ "$skipped" != 0 ]; then
+	echo "zdtm-gpu: $pass passed, $fail failed, $skipped skipped in $(($(date +%s) - t_all)) s"
+else
+	echo "zdtm-gpu: $pass passed, $fail failed in $(($(date +%s) - t_all)) s"
+fi
 [ $fail = 0 ] || { printf 'zdtm-gpu: failed: %s\n' "${failed[@]}"; exit 1; }
