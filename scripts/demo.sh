@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
 # make demo: GPU checkpoint/restore end to end on the emulator.
 #
-# Builds what is missing, runs gpu-workload on kfd-emu's four-GPU mi210x4 machine,
-# checkpoints it with criu-rocm (which kills it), restores it on a "different host" (the
-# same profile with other gpu_ids, other render minors and another GPU order,
-# test/demo/restore-host.toml), lets the workload verify its own GPU memory and SDMA
-# counters, and prints a summary. Exits non-zero, naming the step and the log, on any
-# failure. Everything it writes is under build/demo/, which each run starts afresh.
+# Builds what is missing, runs two GPU programs on kfd-emu's four-GPU mi210x4 machine:
+# gpu-workload (our KFD client: BOs with patterns, SDMA counters) and rocr-workload (a
+# program on Debian's ROCr 5.2, test/demo/rocr-workload.c: VRAM on every GPU, async copies
+# streaming back from it, and one upload per GPU held in flight in the SDMA rings).
+# Checkpoints each with criu-rocm (which kills them), restores them on a "different host"
+# (the same profile with other gpu_ids, other render minors and another GPU order,
+# test/demo/restore-host.toml), lets them verify their GPU memory, counters and copies (the
+# in-flight uploads complete after the restore), and prints a summary. Exits non-zero,
+# naming the step and the log, on any failure. Everything it writes is under build/demo/,
+# which each run starts afresh.
 #
 #   usage: scripts/demo.sh             (as root; `make demo` runs it)
 #   env:   DEMO_MIB=N   MiB of BOs per GPU (default 32)
+#          DEMO_ROCR_MIB=N   MiB of VRAM per GPU for rocr-workload (default 16)
 #          JOBS=N       build jobs (default 2)
 #          DEMO_TIME_LIMIT=S   seconds the dump and restore may take (default 600)
 #
@@ -31,6 +36,11 @@ criu=$top/build/criu-rocm
 target=${CARGO_TARGET_DIR:-$top/rust/target}/release
 kfd_emu=$target/kfd-emu
 workload=$target/gpu-workload
+rocr_workload=$top/build/demo/rocr-workload
+rocr_log=$top/build/demo/rocr-workload.out
+rocr_err=$top/build/demo/rocr-workload.err
+rocr_img=$top/build/demo/img-rocr
+rocr_mib=${DEMO_ROCR_MIB:-16}
 profile=mi210x4
 restore_override=$top/test/demo/restore-host.toml
 wl_log=$demo/workload.out
@@ -115,6 +125,13 @@ workload_line() {
 	return 1
 }
 
+# The same for rocr-workload's output.
+rocr_line() {
+	file_line "$1" "$2" "$3" "$rocr_log" && return 0
+	tail -n 5 "$rocr_err" >&2 2>/dev/null || true
+	return 1
+}
+
 json_counters() { json_list "$1" counters; }
 
 # A verification line must say ok; $2 names the moment.
@@ -143,9 +160,49 @@ save_env() {
 	for kv in "$@"; do printf '%s=%q\n' "${kv%%=*}" "${kv#*=}"; done >>"$file"
 }
 
-# The dump host: start the workload, let it run, checkpoint it.
+# rocr-workload on the dump host: start it, check it, dump it into $rocr_img. Its pid and
+# numbers go to dump.env.
+rocr_start() {
+	local ngpus=$1 ready before
+	: >"$rocr_log"
+	setsid "$rocr_workload" --mib "$rocr_mib" </dev/null >"$rocr_log" 2>"$rocr_err" &
+	rpid=$!
+	ready=$(rocr_line 1 "$rpid" 120) || die "rocr-workload did not start (log: $(rel "$rocr_err"))"
+	[[ $ready == '{"ready":true,'* ]] || die "rocr-workload's first line is not ready: $ready"
+	[ "$(json_num "$ready" gpus)" = "$ngpus" ] ||
+		die "ROCr shows rocr-workload $(json_num "$ready" gpus) GPUs, the topology $ngpus: $ready"
+	sleep 1
+	kill -USR1 "$rpid"
+	before=$(rocr_line 2 "$rpid" 60) || die "rocr-workload did not answer SIGUSR1"
+	json_ok "$before" || die "rocr-workload's check before the dump failed: $before"
+	[ "$(json_num "$before" in_flight)" = "$ngpus" ] ||
+		die "rocr-workload holds $(json_num "$before" in_flight) uploads in flight, not one per GPU: $before"
+	note "rocr-workload (ROCr $(dpkg-query -W -f='${Version}' libhsa-runtime64-1 2>/dev/null)): pid $rpid," \
+		"$rocr_mib MiB of VRAM per GPU checked, copy loops at $(json_list "$before" loops)," \
+		"$ngpus uploads in flight"
+}
+
+rocr_dump() {
+	local t0 t1 status
+	mkdir -p "$rocr_img"
+	t0=$(now_us)
+	if ! { "$criu" dump -t "$rpid" -D "$rocr_img" -o dump.log -v4 2>&3; } 3>&2 2>/dev/null; then
+		criu_errors "$rocr_img/dump.log"
+		die "criu-rocm dump of rocr-workload failed (log: $(rel "$rocr_img")/dump.log)"
+	fi
+	t1=$(now_us)
+	status=0
+	wait "$rpid" 2>/dev/null || status=$?
+	[ "$status" = 137 ] || die "after the dump, rocr-workload exited with status $status, not killed by criu (SIGKILL)"
+	[ "$(count_of "$rocr_img"/amdgpu-kfd-*.img)" = 1 ] ||
+		die "the dump of rocr-workload wrote no amdgpu-kfd-*.img (log: $(rel "$rocr_img")/dump.log)"
+	note "rocr-workload (pid $rpid) dumped in $(duration $((t1 - t0))) with its copies in flight"
+	save_env "$demo/dump.env" "rpid=$rpid" "rocr_dump_us=$((t1 - t0))"
+}
+
+# The dump host: start the workloads, let them run, checkpoint them.
 dump_side() {
-	local pid ready before t0 t1 status ngpus nkfd npages
+	local pid ready before t0 t1 status ngpus nkfd npages rpid
 	gpu_nodes >"$demo/gpus-dump"
 	ngpus=$(wc -l <"$demo/gpus-dump")
 	[ "$ngpus" -gt 0 ] || die "kfd-emu shows no GPU in /sys/class/kfd/kfd/topology"
@@ -168,8 +225,9 @@ dump_side() {
 	check_verified "$before" "before the dump"
 	note "verified before the dump: counters at $(json_counters "$before")"
 	render_fds "$pid" >"$demo/fds-dump"
+	rocr_start "$ngpus"
 
-	step 3 "checkpointing: criu-rocm dump -t $pid (log: $(rel "$img")/dump.log)"
+	step 3 "checkpointing: criu-rocm dump -t $pid, then -t $rpid (logs: $(rel "$img")/dump.log, $(rel "$rocr_img")/dump.log)"
 	mkdir -p "$img"
 	t0=$(now_us)
 	# bash's own stderr off around the dump: its notice that the workload was "Killed" is
@@ -193,35 +251,80 @@ dump_side() {
 	note "dumped in $(duration $((t1 - t0))), workload killed"
 	save_env "$demo/dump.env" "pid=$pid" "dump_us=$((t1 - t0))" "ngpus=$ngpus" \
 		"bos_per_gpu=$(json_num "$ready" bos_per_gpu)"
+	rocr_dump
 }
 
-# Stops the restored workload (pid $1) with SIGTERM, upon which it verifies once more and
-# exits, and writes its exit status to $2. --restore-sibling made the workload a child of
-# the restore driver, but bash neither waits for a child it did not start nor keeps the
-# status of one it reaps, so this runs in Python exec'ed in bash's place (same process,
-# same children), before the workload can exit.
+# Stops the restored workloads (NAME PID OUT, for each) with SIGTERM, upon which each
+# verifies once more and exits, and writes each exit status to its OUT. --restore-sibling
+# made the workloads children of the restore driver, but bash neither waits for a child it
+# did not start nor keeps the status of one it reaps, so this runs in Python exec'ed in
+# bash's place (same process, same children), before the workloads can exit.
 read -r -d '' STOP_AND_REAP <<'EOF' || true
 import os, signal, sys, time
-pid, out = int(sys.argv[1]), sys.argv[2]
-try:
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + 60
-    while (r := os.waitpid(pid, os.WNOHANG))[0] == 0:
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            sys.exit(f"demo: FAIL: gpu-workload (pid {pid}) still runs 60 s after SIGTERM")
-        time.sleep(0.05)
-except ProcessLookupError:
-    sys.exit(f"demo: FAIL: the restored gpu-workload (pid {pid}) ended before SIGTERM")
-except ChildProcessError:
-    sys.exit(f"demo: FAIL: the restored gpu-workload (pid {pid}) is not a child of the restore driver")
-with open(out, "w") as f:
-    f.write(f"{os.waitstatus_to_exitcode(r[1])}\n")
+args = sys.argv[1:]
+for name, pid, out in zip(args[0::3], map(int, args[1::3]), args[2::3]):
+    try:
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        while (r := os.waitpid(pid, os.WNOHANG))[0] == 0:
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                sys.exit(f"demo: FAIL: {name} (pid {pid}) still runs 60 s after SIGTERM")
+            time.sleep(0.05)
+    except ProcessLookupError:
+        sys.exit(f"demo: FAIL: the restored {name} (pid {pid}) ended before SIGTERM")
+    except ChildProcessError:
+        sys.exit(f"demo: FAIL: the restored {name} (pid {pid}) is not a child of the restore driver")
+    with open(out, "w") as f:
+        f.write(f"{os.waitstatus_to_exitcode(r[1])}\n")
 EOF
 
-# The restore host: restore, verify while running, stop it (it verifies again).
+# rocr-workload on the restore host: restore it, then check that its uploads are still in
+# flight, that its copy loops went on, and that the uploads complete once it opens the gate.
+rocr_restore() {
+	local t0 t1
+	t0=$(now_us)
+	if ! "$criu" restore -D "$rocr_img" -o restore.log -v4 -d --restore-sibling \
+		--pidfile "$demo/rocr-restored.pid"; then
+		criu_errors "$rocr_img/restore.log"
+		die "criu-rocm restore of rocr-workload failed (log: $(rel "$rocr_img")/restore.log)"
+	fi
+	t1=$(now_us)
+	save_env "$demo/restore.env" "rocr_restore_us=$((t1 - t0))"
+	[ "$(cat "$demo/rocr-restored.pid")" = "$rpid" ] ||
+		die "criu restored rocr-workload as pid $(cat "$demo/rocr-restored.pid"), the dump had $rpid"
+	alive "$rpid" || die "the restored rocr-workload (pid $rpid) is gone (log: $(rel "$rocr_err"))"
+	note "restored rocr-workload (pid $rpid) in $(duration $((t1 - t0))) (log: $(rel "$rocr_img")/restore.log)"
+}
+
+rocr_verify() {
+	local before after released loops_before loops_after i
+	before=$(sed -n 2p "$rocr_log")
+	kill -USR1 "$rpid"
+	after=$(rocr_line 3 "$rpid" 60) || die "the restored rocr-workload did not answer SIGUSR1"
+	json_ok "$after" || die "rocr-workload's check after the restore failed: $after (log: $(rel "$rocr_log"))"
+	[ "$(json_num "$after" bytes)" = "$(json_num "$before" bytes)" ] ||
+		die "rocr-workload checked $(json_num "$after" bytes) bytes of VRAM after the restore, $(json_num "$before" bytes) before"
+	[ "$(json_num "$after" in_flight)" = "$ngpus" ] ||
+		die "after the restore, $(json_num "$after" in_flight) of rocr-workload's $ngpus uploads are still in flight: $after"
+	read -r -a loops_before <<<"$(json_list "$before" loops)"
+	read -r -a loops_after <<<"$(json_list "$after" loops)"
+	for i in "${!loops_before[@]}"; do
+		((${loops_after[i]:-0} > loops_before[i])) ||
+			die "rocr-workload's copy loops did not go on: ${loops_before[*]} before the dump, ${loops_after[*]} after the restore"
+	done
+	note "rocr-workload checked its VRAM after the restore; copy loops at ${loops_after[*]}; $ngpus uploads still in flight"
+	kill -USR2 "$rpid"
+	released=$(rocr_line 4 "$rpid" 60) || die "the restored rocr-workload did not answer SIGUSR2"
+	json_ok "$released" || die "rocr-workload's in-flight uploads failed after the restore: $released"
+	[ "$(json_num "$released" released)" = "$ngpus" ] ||
+		die "only $(json_num "$released" released) of $ngpus in-flight uploads completed: $released"
+	note "the $ngpus uploads in flight at the dump completed after the restore; $(human_bytes "$(json_num "$released" bytes)") they wrote checked"
+}
+
+# The restore host: restore, verify while running, stop them (they verify again).
 restore_side() {
-	local pid t0 t1 before after
+	local pid t0 t1 before after rpid ngpus
 	# shellcheck source=/dev/null
 	. "$demo/dump.env"
 	gpu_nodes >"$demo/gpus-restore"
@@ -244,8 +347,9 @@ restore_side() {
 	alive "$pid" || die "the restored gpu-workload (pid $pid) is gone (log: $(rel "$wl_err"))"
 	render_fds "$pid" >"$demo/fds-restore"
 	note "restored pid $pid in $(duration $((t1 - t0)))"
+	rocr_restore
 
-	step 5 "verifying: the restored workload checks its GPU memory and SDMA counters"
+	step 5 "verifying: the restored workloads check their GPU memory, SDMA counters and copies"
 	kill -USR1 "$pid"
 	after=$(workload_line 3 "$pid" 60) || die "the restored gpu-workload did not answer SIGUSR1"
 	check_verified "$after" "after the restore"
@@ -255,8 +359,10 @@ restore_side() {
 	counters_moved "$before" "$after" ge ||
 		die "SDMA counters went back: $(json_counters "$before") before the dump, $(json_counters "$after") after the restore"
 	note "verified after the restore: counters at $(json_counters "$after")"
+	rocr_verify
 	sleep 1
-	exec /usr/bin/python3 -c "$STOP_AND_REAP" "$pid" "$demo/exit-status"
+	exec /usr/bin/python3 -c "$STOP_AND_REAP" gpu-workload "$pid" "$demo/exit-status" \
+		rocr-workload "$rpid" "$demo/rocr-exit-status"
 }
 
 # The pid namespace: the dump host, then the restore host. Their drivers say what failed.
@@ -314,13 +420,23 @@ verify_exit() {
 	status=$(cat "$demo/exit-status")
 	[ "$status" = 0 ] || die "the restored gpu-workload exited with status $status (logs: $(rel "$wl_log"), $(rel "$wl_err"))"
 	note "verified at exit: counters at $(json_counters "$final"), exit status 0"
+
+	after=$(sed -n 3p "$rocr_log")
+	final=$(sed -n 5p "$rocr_log")
+	[ -n "$final" ] || die "the restored rocr-workload wrote no check on SIGTERM (logs: $(rel "$rocr_log"), $(rel "$rocr_err"))"
+	json_ok "$final" || die "rocr-workload's last check failed: $final"
+	status=$(cat "$demo/rocr-exit-status")
+	[ "$status" = 0 ] || die "the restored rocr-workload exited with status $status (logs: $(rel "$rocr_log"), $(rel "$rocr_err"))"
+	note "rocr-workload checked everything again at exit, freed it all, shut ROCr down: exit status 0"
 }
 
 summary() {
 	# Written by the hosts into dump.env and restore.env:
 	local pid='' model='' ngpus='' bos_per_gpu='' dump_us='' restore_us=''
+	local rpid='' rocr_dump_us='' rocr_restore_us=''
 	local old_model old_minor new_minor fd old_id new_id map=() minors=()
 	local kfd pages render all cpu gpu_bytes npages before final
+	local rocr_before rocr_final rocr_released rocr_all rocr_pages
 	# shellcheck source=/dev/null
 	. "$demo/dump.env"
 	old_model=$model
@@ -344,6 +460,11 @@ summary() {
 	gpu_bytes=$((pages - 8 * npages)) # each pages file is a u64 size word and the BO bytes
 	before=$(sed -n 2p "$wl_log")
 	final=$(sed -n 4p "$wl_log")
+	rocr_before=$(sed -n 2p "$rocr_log")
+	rocr_released=$(sed -n 4p "$rocr_log")
+	rocr_final=$(sed -n 5p "$rocr_log")
+	rocr_all=$(bytes_of "$rocr_img"/*.img)
+	rocr_pages=$(bytes_of "$rocr_img"/amdgpu-pages-*.img)
 
 	step 6 "summary"
 	cat <<EOF
@@ -358,7 +479,12 @@ summary() {
   restore     $(duration "$restore_us") (on other gpu_ids, minors and GPU order)
   verified    $(human_bytes "$(json_num "$final" bytes)") in $((ngpus * bos_per_gpu)) BOs intact; SDMA counters kept counting:
               $(json_counters "$before") before the dump, $(json_counters "$final") at exit; exit status 0
-  logs        $(rel "$demo")/ (img/dump.log, img/restore.log, workload.out)
+  ROCr        rocr-workload on Debian's ROCr $(dpkg-query -W -f='${Version}' libhsa-runtime64-1 2>/dev/null), same hosts: $rocr_mib MiB of VRAM per GPU, async copies
+              streaming on every GPU and $ngpus uploads in flight in the SDMA rings at the dump
+              image $(human_bytes "$rocr_all") in $(rel "$rocr_img") (GPU pages $(human_bytes "$rocr_pages")); dump $(duration "$rocr_dump_us"), restore $(duration "$rocr_restore_us")
+              after the restore: VRAM intact, the $(json_num "$rocr_released" released) in-flight uploads completed ($(human_bytes "$(json_num "$rocr_released" bytes)") checked),
+              copy loops $(json_list "$rocr_before" loops) before the dump, $(json_list "$rocr_final" loops) at exit; exit status 0
+  logs        $(rel "$demo")/ (img/dump.log, img/restore.log, workload.out, img-rocr/, rocr-workload.out)
 EOF
 }
 
@@ -373,6 +499,9 @@ main() {
 	build "$demo/build-criu-rocm.log" "build/criu-rocm" "${MAKE:-make}" -C "$top" build/criu-rocm
 	build "$demo/build-rust.log" "kfd-emu and gpu-workload" \
 		env -C "$top/rust" "$cargo" build --release --locked -j "$jobs" -p kfd-emu -p kfd-client
+	build "$demo/build-rocr-workload.log" "rocr-workload (Debian's ROCr)" \
+		cc -std=gnu11 -O2 -Wall -Wextra -Werror -o "$rocr_workload" "$top/test/demo/rocr-workload.c" \
+		-lhsa-runtime64 -lpthread
 
 	# One time limit for everything from here on. If it expires, unshare is killed and
 	# --kill-child takes the namespace, with every process in it, down.
