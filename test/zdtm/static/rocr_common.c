@@ -45,12 +45,15 @@ static int hsa_err(hsa_status_t s, const char *fmt, ...)
 	return -1;
 }
 
+/* The pool an agent's search wants: a GPU's coarse-grained or a CPU's fine-grained one. */
+struct pool_want {
+	bool gpu, found;
+	hsa_amd_memory_pool_t pool;
+};
+
 static hsa_status_t pool_cb(hsa_amd_memory_pool_t pool, void *data)
 {
-	struct {
-		bool gpu, found;
-		hsa_amd_memory_pool_t pool;
-	} *want = data;
+	struct pool_want *want = data;
 	hsa_amd_segment_t seg;
 	uint32_t flags = 0;
 	bool alloc = false;
@@ -76,10 +79,7 @@ static hsa_status_t agent_cb(hsa_agent_t a, void *data)
 {
 	struct rocr *r = data;
 	hsa_device_type_t type;
-	struct {
-		bool gpu, found;
-		hsa_amd_memory_pool_t pool;
-	} want = { 0 };
+	struct pool_want want = { 0 };
 	hsa_status_t s;
 
 	if (hsa_agent_get_info(a, HSA_AGENT_INFO_DEVICE, &type) != HSA_STATUS_SUCCESS)
