@@ -327,6 +327,8 @@ rocr_skip() { # PROFILE
 # libhsakmt
 case_hsakmt_idle_same_host() { same mi100x2 gpu_hsakmt_idle; }
 case_hsakmt_idle_other_host() { cross mi100x2 "" mi100x2-other gpu_hsakmt_idle; }
+case_hsakmt_idle_hives_swapped() { cross mi250x8 "" mi250x8-hives-swapped gpu_hsakmt_idle; }
+case_hsakmt_idle_mi300x8() { same mi300x8 gpu_hsakmt_idle; }
 case_hsakmt_buffers_same_host() { same mi210x4 gpu_hsakmt_buffers; }
 case_hsakmt_buffers_other_host() { cross mi100x2 "" mi100x2-other gpu_hsakmt_buffers; }
 case_hsakmt_buffers_hives_swapped() { cross mi250x8 "" mi250x8-hives-swapped gpu_hsakmt_buffers; }
@@ -336,6 +338,7 @@ case_hsakmt_buffers_five_cycles() { cycles mi100x2 "" mi100x2-other 5 gpu_hsakmt
 # ROCr
 case_rocr_idle_same_host() { same mi100x2 gpu_rocr_idle; }
 case_rocr_idle_other_host() { cross mi100x2 "" mi100x2-other gpu_rocr_idle; }
+case_rocr_idle_hives_swapped() { cross mi250x8 "" mi250x8-hives-swapped gpu_rocr_idle; }
 case_rocr_buffers_same_host() { same mi210x4 gpu_rocr_buffers; }
 case_rocr_buffers_other_host() { cross mi100x2 "" mi100x2-other gpu_rocr_buffers; }
 case_rocr_buffers_hives_swapped() { cross mi250x8 "" mi250x8-hives-swapped gpu_rocr_buffers; }
@@ -351,12 +354,18 @@ case_rocr_wait_other_host() {
 	cross mi210x4 "" "$top/test/demo/restore-host.toml" gpu_rocr_wait
 	all_pending 4
 }
+case_rocr_wait_hives_swapped() {
+	cross mi250x8 "" mi250x8-hives-swapped gpu_rocr_wait
+	all_pending 8
+}
 case_rocr_wait_five_cycles() {
 	cycles mi100x2 "" mi100x2-other 5 gpu_rocr_wait
 	all_pending 2
 }
 case_rocr_tree_same_host() { same mi100x2 gpu_rocr_tree; }
 case_rocr_tree_other_host() { cross mi100x2 "" mi100x2-other gpu_rocr_tree; }
+case_rocr_tree_hives_swapped() { cross mi250x8 "" mi250x8-hives-swapped gpu_rocr_tree; }
+case_rocr_tree_five_cycles() { cycles mi100x2 "" mi100x2-other 5 gpu_rocr_tree; }
 case_rocr_mi300x8() {
 	rocr_skip mi300x8
 	same mi300x8 gpu_rocr_buffers
