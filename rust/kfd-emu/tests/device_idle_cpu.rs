@@ -103,8 +103,12 @@ fn idle_sdma_queue_costs_little_cpu() {
         "idle SDMA queue: {cpu:?} CPU in {wall:?} ({:.2}% of a core)",
         share * 100.0
     );
+    // The engine wakes about once a millisecond: 1.4% of a core on a quiet
+    // machine, up to 5% measured with the other core saturated (each wake-up
+    // then costs more). A spinning engine takes a whole core: 10% tells the
+    // two apart without failing on a loaded machine.
     assert!(
-        share < 0.05,
+        share < 0.10,
         "engine uses {:.1}% of a core while idle",
         share * 100.0
     );
