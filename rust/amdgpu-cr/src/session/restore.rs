@@ -422,15 +422,26 @@ impl RestoreSession {
             semaphore_mode: image.msg.semaphore_mode.unwrap_or(0),
         };
         if shm.size > 0 {
-            if let Err(e) = shm.recreate(Path::new(HSAKMT_SHM)) {
-                log::warn!("pid {vpid}: recreating {HSAKMT_SHM}: {e}");
+            match shm.recreate(Path::new(HSAKMT_SHM)) {
+                Ok(true) => log::info!(
+                    "pid {vpid}: {HSAKMT_SHM} was missing: recreated ({} bytes, magic {:#x})",
+                    shm.size,
+                    shm.magic
+                ),
+                Ok(false) => {}
+                Err(e) => log::warn!("pid {vpid}: recreating {HSAKMT_SHM}: {e}"),
             }
-            if let Err(e) = ensure_semaphore(
+            match ensure_semaphore(
                 HSAKMT_SEMAPHORE,
                 Path::new(HSAKMT_SEMAPHORE_FILE),
                 shm.semaphore_mode,
             ) {
-                log::warn!("pid {vpid}: creating the thunk's semaphore: {e}");
+                Ok(true) => log::info!(
+                    "pid {vpid}: {HSAKMT_SEMAPHORE_FILE} was missing: recreated the thunk's \
+                     semaphore (value 1)"
+                ),
+                Ok(false) => {}
+                Err(e) => log::warn!("pid {vpid}: creating the thunk's semaphore: {e}"),
             }
         }
         log::info!(
