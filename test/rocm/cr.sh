@@ -243,10 +243,27 @@ start_dump() { # TEST
 	t_dump 1
 }
 
-# Restores dump N, runs a round, and then either dumps N+1 or finishes.
+# Restores dump N, runs a round, and then either dumps N+1 or finishes. On a host whose
+# /dev/shm lacks libhsakmt's files (any host but the dump host), the restore must recreate
+# both and say so; where they exist, it must leave them alone.
 restore_round() { # N LAST(0/1)
+	local fresh=0 log
 	t_pid
+	[ -e /dev/shm/hsakmt_shared_mem ] || fresh=1
 	t_restore "$1"
+	log=$CASE_DIR/img-$1/restore.log
+	if [ "$fresh" = 1 ]; then
+		if ! grep -aq 'hsakmt_shared_mem was missing: recreated' "$log" ||
+			! grep -aq 'sem.hsakmt_semaphore was missing: recreated' "$log"; then
+			fail "restore $1 on a host without libhsakmt's /dev/shm files did not say it recreated both"
+		fi
+		if [ ! -e /dev/shm/hsakmt_shared_mem ] || [ ! -e /dev/shm/sem.hsakmt_semaphore ]; then
+			fail "restore $1: libhsakmt's /dev/shm files are still missing"
+		fi
+		echo "restore $1" >>"$CASE_DIR/recreated"
+	elif grep -aq 'was missing: recreated' "$log"; then
+		fail "restore $1 recreated libhsakmt's /dev/shm files although they were there"
+	fi
 	t_round "$1"
 	if [ "$2" = 1 ]; then
 		t_finish
@@ -300,6 +317,8 @@ describe() {
 	rounds=$(grep -cE ': round [0-9]+( \([a-z]+\))?: ok$' "$(OUT)")
 	note "$(sed -n 's/^[0-9:.]*: *[0-9]*: //p' "$(OUT)" | head -n 1)"
 	note "$rounds round(s) ok after restores; $(paste -sd' ' "$CASE_DIR/times" | sed 's/: /=/g; s/ ms/ms/g')"
+	[ -f "$CASE_DIR/recreated" ] &&
+		note "libhsakmt's /dev/shm files recreated at: $(paste -sd, "$CASE_DIR/recreated" | sed 's/,/, /g')"
 	for d in "$CASE_DIR"/img-*; do
 		m=$(cat "$d/mapping" 2>/dev/null)
 		p=$(cat "$d/pending" 2>/dev/null)
