@@ -13,8 +13,16 @@
 //! The op fails before it changes any state, as KFD's argument checks do.
 //! The knob lives in the daemon (the runner process): commands run under
 //! `kfd-emu run` cannot see or change it, and product code never asks.
+//!
+//! `kfd-emu run --hold OP:PATH` makes the CRIU op `OP` wait, before it does
+//! anything, until the file `PATH` exists; as it starts waiting it writes
+//! `PATH.held` (the caller's pid).  A test can so stop a checkpoint/restore
+//! tool at a known point (a restored task inside its `RESTORE`), act, and
+//! let it go on by creating `PATH`.  Once `PATH` exists no call waits.
 
+use std::path::PathBuf;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use kfd_abi::layout::criu_op;
 
@@ -140,6 +148,83 @@ impl std::fmt::Display for Fault {
 
 static FAULTS: Mutex<Vec<Fault>> = Mutex::new(Vec::new());
 
+/// One `--hold` rule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Hold {
+    pub op: u32,
+    pub path: PathBuf,
+}
+
+impl Hold {
+    /// Parses `OP:PATH`.
+    pub fn parse(spec: &str) -> Result<Hold, String> {
+        let bad = |why: &str| format!("--hold {spec:?}: {why}");
+        let (op_s, path) = spec
+            .split_once(':')
+            .ok_or_else(|| bad("OP:PATH expected"))?;
+        let op = OPS
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(op_s))
+            .map(|(_, v)| *v)
+            .ok_or_else(|| bad("unknown op"))?;
+        if path.is_empty() {
+            return Err(bad("no PATH"));
+        }
+        Ok(Hold {
+            op,
+            path: PathBuf::from(path),
+        })
+    }
+
+    /// `PATH.held`, written while a call waits.
+    pub fn marker(&self) -> PathBuf {
+        let mut m = self.path.clone().into_os_string();
+        m.push(".held");
+        PathBuf::from(m)
+    }
+}
+
+static HOLDS: Mutex<Vec<Hold>> = Mutex::new(Vec::new());
+
+/// Installs the `--hold` rules (replacing earlier ones).
+pub fn install_holds(rules: Vec<Hold>) {
+    for r in &rules {
+        log::warn!(
+            "fault injection: CRIU_OP {} waits until {} exists",
+            op_name(r.op),
+            r.path.display()
+        );
+    }
+    *HOLDS.lock().unwrap_or_else(|p| p.into_inner()) = rules;
+}
+
+/// Called for each CRIU op of process `caller` before the op takes any
+/// lock or changes any state: waits while a `--hold` rule for the op has
+/// no file yet.
+pub fn hold(op: u32, caller: u32) {
+    let rule = HOLDS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .find(|r| r.op == op)
+        .cloned();
+    let Some(rule) = rule else { return };
+    if rule.path.exists() {
+        return;
+    }
+    log::warn!(
+        "fault injection: CRIU_OP {} of process {caller} waits for {}",
+        op_name(op),
+        rule.path.display()
+    );
+    if let Err(e) = std::fs::write(rule.marker(), format!("{caller}\n")) {
+        log::error!("fault injection: {}: {e}", rule.marker().display());
+    }
+    while !rule.path.exists() {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// Installs the rules (replacing earlier ones).
 pub fn install(rules: Vec<Fault>) {
     for r in &rules {
@@ -191,6 +276,40 @@ mod tests {
         ] {
             assert!(Fault::parse(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn holds_parse_and_wait_for_their_file() {
+        let h = Hold::parse("restore:/tmp/x/go").unwrap();
+        assert_eq!(
+            (h.op, h.marker()),
+            (criu_op::RESTORE, PathBuf::from("/tmp/x/go.held"))
+        );
+        for bad in ["RESTORE", "RESTORE:", "NOPE:/x"] {
+            assert!(Hold::parse(bad).is_err(), "{bad:?}");
+        }
+        let dir = std::env::temp_dir().join(format!("kfd-emu-hold-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let go = dir.join("go");
+        install_holds(vec![Hold {
+            op: criu_op::UNPAUSE,
+            path: go.clone(),
+        }]);
+        hold(criu_op::RESUME, 1);
+        let waiter = std::thread::spawn(|| hold(criu_op::UNPAUSE, 7));
+        let marker = dir.join("go.held");
+        for _ in 0..500 {
+            if marker.exists() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(std::fs::read_to_string(&marker).unwrap(), "7\n");
+        assert!(!waiter.is_finished(), "waits for its file");
+        std::fs::write(&go, "").unwrap();
+        waiter.join().unwrap();
+        install_holds(Vec::new());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -12,7 +12,8 @@ const USAGE: &str = "\
 usage: kfd-emu profiles
        kfd-emu topology --profile NAME [--profile-file F]
        kfd-emu run --profile NAME [--profile-file F] [--state-dir D] [--threads N]
-                   [--fail OP[:ERRNO[:SKIP[:COUNT]]]]... -- CMD [ARG...]
+                   [--fail OP[:ERRNO[:SKIP[:COUNT]]]]... [--hold OP:PATH]...
+                   -- CMD [ARG...]
        kfd-emu bench-ioctl [--device PATH] [--count N] [--cmd HEX]
 
 --profile-file F alone is a complete profile; with --profile it is a partial
@@ -21,7 +22,9 @@ KFD_EMU_STATE_DIR for CMD.  Log level: KFD_EMU_LOG=error|warn|info|debug.
 
 --fail (tests only) makes the CRIU op OP (PROCESS_INFO, CHECKPOINT, UNPAUSE,
 RESTORE, RESUME) fail with ERRNO (a name or number, default EIO): the first
-SKIP calls succeed, then COUNT calls fail (default: all later calls).";
+SKIP calls succeed, then COUNT calls fail (default: all later calls).
+--hold (tests only) makes the CRIU op OP wait, before it does anything, until
+the file PATH exists; while a call waits, PATH.held holds its caller's pid.";
 
 /// AMDKFD_IOC_GET_VERSION: cheap, answered by every KFD.
 const DEFAULT_BENCH_CMD: u32 = 0x8008_4b01;
@@ -69,6 +72,7 @@ struct Args {
     count: Option<usize>,
     cmd_hex: Option<u32>,
     faults: Vec<kfd_emu::fault::Fault>,
+    holds: Vec<kfd_emu::fault::Hold>,
     rest: Vec<OsString>,
 }
 
@@ -89,6 +93,9 @@ fn parse(args: &[OsString]) -> Result<Args, String> {
             "--device" => a.device = Some(val("--device")?.into()),
             "--fail" => a.faults.push(kfd_emu::fault::Fault::parse(
                 &val("--fail")?.to_string_lossy(),
+            )?),
+            "--hold" => a.holds.push(kfd_emu::fault::Hold::parse(
+                &val("--hold")?.to_string_lossy(),
             )?),
             "--threads" | "--count" => {
                 let v = val(&s)?;
@@ -144,6 +151,7 @@ fn cmd_profiles() -> Result<i32, String> {
 fn cmd_run(a: Args) -> Result<i32, String> {
     let profile = load_profile(&a)?;
     kfd_emu::fault::install(a.faults);
+    kfd_emu::fault::install_holds(a.holds);
     let opts = kfd_emu::runner::RunOptions {
         profile,
         state_dir: a.state_dir,

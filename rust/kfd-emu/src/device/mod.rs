@@ -441,6 +441,13 @@ impl Emulator {
         {
             return Some((reply, Err(libc::EBADF)));
         }
+        if n == nr::CRIU_OP {
+            // Tests only (kfd-emu run --hold): before any lock or state.
+            crate::fault::hold(
+                uapi::decode::<sys::kfd_ioctl_criu_args>(input).op,
+                caller.tgid,
+            );
+        }
         let resolved = self.pre_resolve(caller, n, input);
         let mut done = Done::new();
         let r = {
