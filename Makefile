@@ -34,7 +34,8 @@ PYTHON		:= /usr/bin/python3
 TREE_LOCK	:= flock $(BUILD)/.tree.lock
 
 CRIU_INPUTS	:= criu/upstream.lock criu/patches/series $(wildcard criu/patches/*.patch) \
-		   $(wildcard criu/*.c) $(wildcard criu/include/*.h) scripts/prepare-criu.sh
+		   $(wildcard criu/*.c) $(wildcard criu/pie/*.c) $(wildcard criu/include/*.h) \
+		   scripts/prepare-criu.sh
 
 all: $(BUILD)/criu-rocm
 .PHONY: all deps criu-rocm rust-lib test print-test-suites test-rust test-smoke test-zdtm test-install \

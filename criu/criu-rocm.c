@@ -22,6 +22,8 @@
 #include "vma.h"
 #include "rst_info.h"
 #include "plugin.h"
+#include "xmalloc.h"
+#include "gpu-gate.h"
 #include "criu-gpu.h"
 #include "criu-rocm.h"
 
@@ -72,8 +74,10 @@ bool criu_rocm_plugin_refused(const char *dir, const char *name)
 }
 
 static bool inventory_noted;
-/* The first RESUME_DEVICES_LATE of a restore waited for the GPU memory writer. */
-static bool contents_awaited;
+/* The images being restored hold GPU state (criu main; copied into every task). */
+static bool gpu_restore;
+/* In a restored task: what its restorer needs at its GPU gate. */
+static struct gpu_gate_args task_gate = { .chan = -1, .kfd = -1 };
 
 /* Images that hold GPU state name the upstream plugin, so that upstream CRIU restores them. */
 static int note_gpu_in_inventory(void)
@@ -117,6 +121,8 @@ static int gpu_dump_init(void)
 
 static int gpu_init(int stage)
 {
+	int ret;
+
 	switch (stage) {
 	case CR_PLUGIN_STAGE__DUMP:
 		return gpu_dump_init();
@@ -126,8 +132,11 @@ static int gpu_init(int stage)
 		 * that CRIU does not ask for a plugin that is built in here.
 		 */
 		check_and_remove_inventory_plugin(AMDGPU_INVENTORY_NAME, strlen(AMDGPU_INVENTORY_NAME));
-		contents_awaited = false;
-		return criu_gpu_restore_init(image_dir_fd());
+		ret = criu_gpu_restore_init(image_dir_fd());
+		if (ret < 0)
+			return ret;
+		gpu_restore = ret > 0;
+		return 0;
 	}
 	return 0;
 }
@@ -233,29 +242,6 @@ static int gpu_update_vma_map(const char *path, const uint64_t addr, const uint6
 	return -ENOTSUP;
 }
 
-/* RESUME_DEVICES_LATE (criu main, every task at its final sigreturn): restart the GPU queues. */
-static int gpu_resume_devices_late(int pid)
-{
-	struct pstree_item *item = pstree_item_by_real(pid);
-	int ret;
-
-	if (!item)
-		return -ENOTSUP;
-	if (!contents_awaited) {
-		if (criu_gpu_restore_contents_wait()) {
-			pr_err("Can't write the GPU memory of the restored tasks back\n");
-			return -EIO;
-		}
-		contents_awaited = true;
-	}
-	ret = criu_gpu_resume(image_dir_fd(), pid, vpid(item));
-	if (ret < 0) {
-		pr_err("Can't resume the GPU queues of %d; the restore fails rather than leave it hung\n", pid);
-		return ret;
-	}
-	return ret ? 0 : -ENOTSUP;
-}
-
 cr_plugin_desc_t criu_rocm_plugin = {
 	.name = "criu-rocm-amdgpu",
 	.init = gpu_init,
@@ -267,7 +253,6 @@ cr_plugin_desc_t criu_rocm_plugin = {
 		[CR_PLUGIN_HOOK__RESTORE_EXT_FILE] = (void *)gpu_restore_ext_file,
 		[CR_PLUGIN_HOOK__HANDLE_DEVICE_VMA] = (void *)gpu_handle_device_vma,
 		[CR_PLUGIN_HOOK__UPDATE_VMA_MAP] = (void *)gpu_update_vma_map,
-		[CR_PLUGIN_HOOK__RESUME_DEVICES_LATE] = (void *)gpu_resume_devices_late,
 		[CR_PLUGIN_HOOK__CHECKPOINT_DEVICES] = (void *)gpu_checkpoint_devices,
 	},
 };
@@ -298,7 +283,42 @@ int criu_rocm_restore_check(void)
 
 int criu_rocm_restore_task_done(void)
 {
-	return criu_gpu_restore_task_done(vpid(current)) ? -1 : 0;
+	return criu_gpu_restore_task_done(vpid(current), get_service_fd(CR_PROC_FD_OFF), &task_gate.chan,
+					  &task_gate.kfd, &task_gate.image) ?
+		       -1 :
+		       0;
+}
+
+void criu_rocm_restorer_gate(struct gpu_gate_args *gate)
+{
+	*gate = task_gate;
+	task_gate.chan = task_gate.kfd = -1;
+}
+
+int criu_rocm_restore_settle(void)
+{
+	struct pstree_item *item;
+	int *vpids, n = 0, ret;
+
+	if (!gpu_restore)
+		return 0;
+	for_each_pstree_item(item)
+		n++;
+	vpids = xmalloc(sizeof(*vpids) * (n ? n : 1));
+	if (!vpids)
+		return -1;
+	n = 0;
+	for_each_pstree_item(item)
+		if (task_alive(item))
+			vpids[n++] = vpid(item);
+	ret = criu_gpu_restore_settle(image_dir_fd(), vpids, n);
+	xfree(vpids);
+	if (ret < 0) {
+		pr_err("The GPU state of the restored tree is not whole; no task runs\n");
+		return -1;
+	}
+	pr_info("GPU memory confirmed and GPU queues resumed in %d process(es)\n", ret);
+	return 0;
 }
 
 int criu_rocm_gpu_check(const char *dir)

@@ -32,6 +32,7 @@ if [ "$mode" != "--no-patches" ]; then
 		fi
 	done <"$top/criu/patches/series"
 	cp "$top"/criu/*.c "$scratch/criu/"
+	cp "$top"/criu/pie/*.c "$scratch/criu/pie/"
 	cp "$top"/criu/include/*.h "$scratch/criu/include/"
 	# The GPU image messages, for pycriu and crit (compiled there by patch 0013).
 	cp "$top/proto/criu-amdgpu.proto" "$scratch/lib/pycriu/images/"

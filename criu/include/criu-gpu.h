@@ -92,20 +92,28 @@ int criu_gpu_restore_check(int imgdir_fd);
  Starts the GPU part of a restore in criu main (reads the `KFD_*_CHECK`,
  `KFD_MAX_BUFFER_SIZE` and `CRIU_ROCM_COPY_ENGINE` knobs).  When the
  images in `imgdir_fd` hold a KFD process, also starts the GPU memory
- writer; without one (it could not start) the tasks copy by themselves.
+ writer and returns `1`; `0`: no GPU state to restore.
  */
 int criu_gpu_restore_init(int imgdir_fd);
 
 /*
- In criu main, once every task sits at its final sigreturn and before
- any GPU is resumed: waits until the GPU memory writer has written every
- task's BO contents back, then stops it.  `-errno` when a copy failed.
+ In criu main, once every task passed its restorer's GPU gate (CRIU's
+ `CR_STATE_RESTORE` done) and before any task may run: collects every
+ job's outcome from the GPU memory writer, stops it, and checks that
+ every KFD image in `imgdir_fd` was restored exactly once, in the task
+ of its pid (`vpids`: the restore's live tasks, `n` of them), with its
+ memory confirmed and its queues resumed.  Returns how many processes
+ were; `-errno` when the restore must fail.
+
+ # Safety
+ `vpids` points to `n` readable ints.
  */
-int criu_gpu_restore_contents_wait(void);
+int criu_gpu_restore_settle(int imgdir_fd, const int *vpids, int n);
 
 /*
  In criu main at the end of a restore: a GPU memory writer still running
- (the restore failed before its copies were awaited) is killed and reaped.
+ (the restore failed before every task passed its gate) is killed and
+ reaped; one that died is reported with how it died.
  */
 int criu_gpu_restore_fini(void);
 
@@ -136,18 +144,22 @@ int criu_gpu_update_vma(int vpid,
                         int *map_fd);
 
 /*
- In a restored task, once CRIU opened all its mappings: closes the fds
- the GPU hooks kept, so the task's fd table is as it was at dump.
- */
-int criu_gpu_restore_task_done(int vpid);
+ In a restored task, once CRIU opened all its mappings: waits until the
+ GPU memory writer holds the task's job (watching it through criu's
+ `/proc`, `proc_fd`), then closes the fds the GPU hooks kept, so the
+ task's fd table is as it was at dump — except the gate's: `*gate_chan`
+ (the task's end of its channel to the writer) and `*gate_kfd` (its
+ `/dev/kfd`, for its own RESUME) are left for the task's restorer, with
+ the KFD image in `*gate_image`; `-1` when the task has no KFD process.
 
-/*
- In criu main, after every restored task stopped at its final sigreturn:
- restarts the GPU queues of task `real_pid` (`vpid` in its namespace).
- `1` resumed, `0` the task has no GPU state, `-errno` the restore must
- fail.
+ # Safety
+ The three pointers point to writable memory.
  */
-int criu_gpu_resume(int imgdir_fd, int real_pid, int vpid);
+int criu_gpu_restore_task_done(int vpid,
+                               int proc_fd,
+                               int *gate_chan,
+                               int *gate_kfd,
+                               uint32_t *gate_image);
 
 /*
  `criu-rocm gpu-check`: prints whether the images in `dir` can be

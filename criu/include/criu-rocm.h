@@ -38,7 +38,8 @@ extern bool criu_rocm_is_gpu_file(const struct stat *st);
 /*
  * criu-rocm's GPU handlers as a built-in plugin, chained before any loaded
  * plugin: init/exit per stage, HANDLE_DEVICE_VMA, CHECKPOINT_DEVICES,
- * DUMP_EXT_FILE, RESTORE_EXT_FILE, UPDATE_VMA_MAP, RESUME_DEVICES_LATE.
+ * DUMP_EXT_FILE, RESTORE_EXT_FILE, UPDATE_VMA_MAP.  (RESUME_DEVICES_LATE
+ * is not needed: each task resumes its own queues at its GPU gate.)
  * Each returns -ENOTSUP for what is not a GPU object.
  */
 extern cr_plugin_desc_t criu_rocm_plugin;
@@ -58,6 +59,20 @@ extern int criu_rocm_dump_finish(bool resume);
 extern int criu_rocm_restore_check(void);
 /* In the restored task, after all its mappings are opened: drop the fds kept for the hooks. */
 extern int criu_rocm_restore_task_done(void);
+
+/* --- the GPU gate (criu/include/gpu-gate.h) --- */
+
+struct gpu_gate_args;
+
+/* In the restored task, before it jumps to the restorer: its GPU gate's fds (-1: none). */
+extern void criu_rocm_restorer_gate(struct gpu_gate_args *gate);
+/*
+ * criu main, once every task finished CR_STATE_RESTORE (each passed its
+ * GPU gate) and before any may run: every KFD image was restored exactly
+ * once, in the task of its pid, its memory confirmed and its queues
+ * resumed; the GPU memory writer is stopped.  -1: the restore must fail.
+ */
+extern int criu_rocm_restore_settle(void);
 
 /* `criu-rocm gpu-check -D DIR`: can these images be restored here, and how. */
 extern int criu_rocm_gpu_check(const char *dir);

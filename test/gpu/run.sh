@@ -75,13 +75,14 @@ host_file() { echo "$here/hosts/$1.toml"; }
 # ---------------------------------------------------------------------------------------
 # Processes (inside a host; alive and wait_gone come from scripts/lib/workload.sh)
 
-# gpu-workload's and criu-rocm's (and its GPU guardian's) live processes in this pid
-# namespace, as "pid comm state" (zombies are dead already; kfd-emu's runner reaps them).
+# gpu-workload's and criu-rocm's live processes (criu, its GPU guardian and GPU memory
+# writer, tasks it has forked and not yet named) in this pid namespace, as "pid comm state"
+# (zombies are dead already; kfd-emu's runner reaps them).
 leftovers() {
 	local d comm s
 	for d in /proc/[0-9]*; do
 		comm=$(cat "$d/comm" 2>/dev/null) || continue
-		case $comm in gpu-workload | criu-rocm | criu | criu-gpu-guard) ;; *) continue ;; esac
+		case $comm in gpu-workload | criu-rocm | criu | criu-gpu-guard | criu-rocm-gpuwr) ;; *) continue ;; esac
 		s=$(cat "$d/stat" 2>/dev/null) || continue
 		s=${s##*) }
 		case ${s%% *} in Z | X) continue ;; esac
@@ -1249,12 +1250,13 @@ restore_missing_render_node() {
 	note "$(grep -a -m1 -o "amdgpu: pid $pid: GPU 0xd9b1: opening .*" "$LAST_RESTORE_LOG")"
 }
 
-# KFD fails RESUME (criu's resume point after the restorer): the restore must fail and
-# leave nothing behind; then it works on a good host.
+# KFD fails RESUME (the task's own, at its restorer's GPU gate): the task must not run, the
+# restore must fail and leave nothing behind; then it works on a good host.
 case_restore_resume_fails() {
 	on mi100x2 -- dump_for_later wl --mib 4 --bos 2
-	on mi100x2 --fail RESUME -- restore_op_fails "Can't resume the GPU queues of [0-9]+" \
-		"amdgpu: pid [0-9]+: RESUME \(restarting the GPU queues\): .*Input/output error"
+	on mi100x2 --fail RESUME -- restore_op_fails \
+		"amdgpu: pid [0-9]+: RESUME \(restarting the GPU queues of KFD image [0-9]+\) failed with errno 5; the task does not run" \
+		"amdgpu: pid [0-9]+: the GPU restore of KFD image [0-9]+ did not complete: RESUME .*Input/output error"
 	on mi100x2 -- restore_later
 }
 case_restore_restore_op_fails() {

@@ -11,15 +11,14 @@ use amdgpu_cr::image::FileId;
 use amdgpu_cr::plan::{DeviceIdentities, DeviceKind};
 use amdgpu_cr::session::dump::{DumpOptions, DumpSession, Dumped};
 use amdgpu_cr::session::incomplete;
-use amdgpu_cr::session::restore::{self, RestoreOptions, RestoreSession, ResumeSet};
-use amdgpu_cr::session::writer::Writer;
+use amdgpu_cr::session::restore::{self, RestoreOptions, RestoreSession};
+use amdgpu_cr::session::writer::{Writer, SLOTS};
 use amdgpu_cr::session::{kfd_image_ids, SessionError};
 
 use crate::ffi_boundary;
 
 static DUMP: Mutex<Option<DumpSession>> = Mutex::new(None);
 static RESTORE: Mutex<Option<RestoreSession>> = Mutex::new(None);
-static RESUME: Mutex<Option<ResumeSet>> = Mutex::new(None);
 /// criu main's GPU memory writer (a restore with GPU images only).
 static WRITER: Mutex<Option<Writer>> = Mutex::new(None);
 static DEVICES: OnceLock<DeviceIdentities> = OnceLock::new();
@@ -197,7 +196,7 @@ pub extern "C" fn criu_gpu_restore_check(imgdir_fd: c_int) -> c_int {
 /// Starts the GPU part of a restore in criu main (reads the `KFD_*_CHECK`,
 /// `KFD_MAX_BUFFER_SIZE` and `CRIU_ROCM_COPY_ENGINE` knobs).  When the
 /// images in `imgdir_fd` hold a KFD process, also starts the GPU memory
-/// writer; without one (it could not start) the tasks copy by themselves.
+/// writer and returns `1`; `0`: no GPU state to restore.
 #[no_mangle]
 pub extern "C" fn criu_gpu_restore_init(imgdir_fd: c_int) -> c_int {
     ffi_boundary("criu_gpu_restore_init", || {
@@ -209,46 +208,80 @@ pub extern "C" fn criu_gpu_restore_init(imgdir_fd: c_int) -> c_int {
             }
         };
         let mut session = RestoreSession::new(o.clone());
-        let has_gpu = kfd_image_ids(&image_dir(imgdir_fd)).is_ok_and(|ids| !ids.is_empty());
-        let writer = if has_gpu {
+        let kfd_images = match kfd_image_ids(&image_dir(imgdir_fd)) {
+            Ok(ids) => ids.len(),
+            Err(e) => {
+                log::error!("listing the image directory: {e}");
+                return -e.raw_os_error().unwrap_or(libc::EIO);
+            }
+        };
+        if kfd_images > SLOTS {
+            log::error!(
+                "the images hold {kfd_images} KFD files; one restore brings back at most {SLOTS}"
+            );
+            return -libc::E2BIG;
+        }
+        let writer = if kfd_images > 0 {
             match Writer::start(o.policy, o.staging_cap) {
                 Ok(w) => {
                     session.use_writer(w.mailbox());
                     Some(w)
                 }
                 Err(e) => {
-                    log::warn!("no GPU memory writer ({e}); each task copies its own");
-                    None
+                    log::error!("the GPU memory writer could not start: {e}");
+                    return -e.raw_os_error().unwrap_or(libc::EIO);
                 }
             }
         } else {
             None
         };
+        let has_gpu = writer.is_some();
         *lock(&WRITER) = writer;
         *lock(&RESTORE) = Some(session);
-        *lock(&RESUME) = None;
-        0
+        c_int::from(has_gpu)
     })
 }
 
-/// In criu main, once every task sits at its final sigreturn and before
-/// any GPU is resumed: waits until the GPU memory writer has written every
-/// task's BO contents back, then stops it.  `-errno` when a copy failed.
+/// In criu main, once every task passed its restorer's GPU gate (CRIU's
+/// `CR_STATE_RESTORE` done) and before any task may run: collects every
+/// job's outcome from the GPU memory writer, stops it, and checks that
+/// every KFD image in `imgdir_fd` was restored exactly once, in the task
+/// of its pid (`vpids`: the restore's live tasks, `n` of them), with its
+/// memory confirmed and its queues resumed.  Returns how many processes
+/// were; `-errno` when the restore must fail.
+///
+/// # Safety
+/// `vpids` points to `n` readable ints.
 #[no_mangle]
-pub extern "C" fn criu_gpu_restore_contents_wait() -> c_int {
-    ffi_boundary("criu_gpu_restore_contents_wait", || {
+pub unsafe extern "C" fn criu_gpu_restore_settle(
+    imgdir_fd: c_int,
+    vpids: *const c_int,
+    n: c_int,
+) -> c_int {
+    let tasks = if vpids.is_null() || n <= 0 {
+        Vec::new()
+    } else {
+        // SAFETY: the caller passes `n` ints at `vpids` (see # Safety).
+        unsafe { std::slice::from_raw_parts(vpids, n as usize) }.to_vec()
+    };
+    ffi_boundary("criu_gpu_restore_settle", move || {
         let Some(w) = lock(&WRITER).take() else {
             return 0;
         };
-        match w.finish() {
-            Ok(()) => 0,
+        let outcomes = match w.settle() {
+            Ok(o) => o,
+            Err(e) => return fail(e),
+        };
+        match restore::check_outcomes(&image_dir(imgdir_fd), &tasks, &outcomes) {
+            Ok(n) => n as c_int,
             Err(e) => fail(e),
         }
     })
 }
 
 /// In criu main at the end of a restore: a GPU memory writer still running
-/// (the restore failed before its copies were awaited) is killed and reaped.
+/// (the restore failed before every task passed its gate) is killed and
+/// reaped; one that died is reported with how it died.
 #[no_mangle]
 pub extern "C" fn criu_gpu_restore_fini() -> c_int {
     ffi_boundary("criu_gpu_restore_fini", || {
@@ -256,7 +289,6 @@ pub extern "C" fn criu_gpu_restore_fini() -> c_int {
             w.abort();
         }
         *lock(&RESTORE) = None;
-        *lock(&RESUME) = None;
         0
     })
 }
@@ -332,36 +364,48 @@ pub unsafe extern "C" fn criu_gpu_update_vma(
     })
 }
 
-/// In a restored task, once CRIU opened all its mappings: closes the fds
-/// the GPU hooks kept, so the task's fd table is as it was at dump.
+/// In a restored task, once CRIU opened all its mappings: waits until the
+/// GPU memory writer holds the task's job (watching it through criu's
+/// `/proc`, `proc_fd`), then closes the fds the GPU hooks kept, so the
+/// task's fd table is as it was at dump — except the gate's: `*gate_chan`
+/// (the task's end of its channel to the writer) and `*gate_kfd` (its
+/// `/dev/kfd`, for its own RESUME) are left for the task's restorer, with
+/// the KFD image in `*gate_image`; `-1` when the task has no KFD process.
+///
+/// # Safety
+/// The three pointers point to writable memory.
 #[no_mangle]
-pub extern "C" fn criu_gpu_restore_task_done(vpid: c_int) -> c_int {
-    ffi_boundary("criu_gpu_restore_task_done", || {
+pub unsafe extern "C" fn criu_gpu_restore_task_done(
+    vpid: c_int,
+    proc_fd: c_int,
+    gate_chan: *mut c_int,
+    gate_kfd: *mut c_int,
+    gate_image: *mut u32,
+) -> c_int {
+    let out = (gate_chan as usize, gate_kfd as usize, gate_image as usize);
+    ffi_boundary("criu_gpu_restore_task_done", move || {
+        let (chan, kfd, image) = out;
+        let put = |at: usize, v: c_int| {
+            // SAFETY: a writable out-param (see # Safety).
+            unsafe { *(at as *mut c_int) = v };
+        };
+        put(chan, -1);
+        put(kfd, -1);
+        let proc = (proc_fd >= 0).then(|| {
+            // SAFETY: CRIU's /proc service fd stays open for the hook.
+            unsafe { BorrowedFd::borrow_raw(proc_fd) }
+        });
         let mut g = lock(&RESTORE);
-        match g.as_mut().map(|s| s.task_done(vpid)) {
-            Some(Err(e)) => fail(e),
-            _ => 0,
-        }
-    })
-}
-
-/// In criu main, after every restored task stopped at its final sigreturn:
-/// restarts the GPU queues of task `real_pid` (`vpid` in its namespace).
-/// `1` resumed, `0` the task has no GPU state, `-errno` the restore must
-/// fail.
-#[no_mangle]
-pub extern "C" fn criu_gpu_resume(imgdir_fd: c_int, real_pid: c_int, vpid: c_int) -> c_int {
-    ffi_boundary("criu_gpu_resume", || {
-        let mut g = lock(&RESUME);
-        if g.is_none() {
-            match ResumeSet::load(&image_dir(imgdir_fd)) {
-                Ok(set) => *g = Some(set),
-                Err(e) => return fail(e),
+        let Some(s) = g.as_mut() else { return 0 };
+        match s.task_done(vpid, proc) {
+            Ok(Some(gate)) => {
+                put(chan, gate.chan);
+                put(kfd, gate.kfd);
+                // SAFETY: a writable out-param (see # Safety).
+                unsafe { *(image as *mut u32) = gate.image.0 };
+                0
             }
-        }
-        match g.as_ref().expect("loaded above").resume(real_pid, vpid) {
-            Ok(true) => 1,
-            Ok(false) => 0,
+            Ok(None) => 0,
             Err(e) => fail(e),
         }
     })

@@ -9,8 +9,10 @@
 //!   SIGPIPE) and the [`guardian`] process (anything else, SIGKILL
 //!   included) unpause what it left paused.
 //! * [`restore::RestoreSession`] lives in each restored task (it runs the
-//!   device-file and VMA hooks there), and [`restore::resume`] in criu main
-//!   restarts the queues once every task's mappings are in place.
+//!   device-file and VMA hooks there and hands the task's GPU memory to the
+//!   writer); the task resumes its own queues at its restorer's gate
+//!   ([`writer`]), and [`restore::check_outcomes`] in criu main checks every
+//!   task's outcome before any task may run.
 //!
 //! The C boundary (`criu-gpu`) only translates arguments into these calls.
 
@@ -57,6 +59,9 @@ pub enum SessionError {
     /// Any other inconsistency, in words.
     #[error("pid {pid}: {what}")]
     State { pid: i32, what: String },
+    /// The GPU memory writer (process `pid`) failed or died.
+    #[error("the GPU memory writer (pid {pid}) {what}")]
+    Writer { pid: i32, what: String },
 }
 
 impl SessionError {
@@ -67,6 +72,7 @@ impl SessionError {
             SessionError::Os { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
             SessionError::Core { source, .. } => source.errno(),
             SessionError::State { .. } => libc::EINVAL,
+            SessionError::Writer { .. } => libc::EIO,
         }
     }
 

@@ -5,21 +5,21 @@
 //!   (`/dev/kfd` opened by the task, GPUs matched, render nodes opened,
 //!   `RESTORE`, BO contents written back) or hands out a render-node fd that
 //!   shares the VM's `drm_file`; [`RestoreSession::update_vma`] tells CRIU
-//!   where each device mapping now lives, matched by offset range.  When
-//!   criu main started the GPU memory writer ([`super::writer`]), the BO
-//!   contents are handed to it and written back beside the rest of the
-//!   task's restore; [`RestoreSession::task_done`] waits only until the
-//!   writer holds the task's fds.
-//! * [`ResumeSet`] runs in criu main after every task sits at its final
-//!   `rt_sigreturn`, i.e. after the restorer mapped every VMA: `RESUME`
-//!   restarts the queues, and a failure fails the restore (upstream only
-//!   logs it and the application hangs).
+//!   where each device mapping now lives, matched by offset range.  The BO
+//!   contents are handed to the GPU memory writer ([`super::writer`]) and
+//!   written back beside the rest of the task's restore;
+//!   [`RestoreSession::task_done`] waits only until the writer holds the
+//!   task's fds, and gives CRIU the task's gate: the fds its restorer uses
+//!   to learn that its GPU memory is confirmed and to resume its own queues.
+//! * [`check_outcomes`] runs in criu main once every task passed its gate:
+//!   every KFD image must have been restored exactly once, in the task the
+//!   pstree has under the image's pid, and resumed there.
 //! * [`dry_run`] answers "can these images be restored here, and onto which
 //!   GPUs?" from the images and the topology, touching no device.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, IntoRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -27,8 +27,8 @@ use kfd_abi::handle::{Kfd, RenderNode};
 use kfd_abi::sys;
 
 use super::sys::dup_at_least;
-use super::writer::{write_back, Job, Mailbox};
-use super::{human_bytes, kfd_image_ids, log_gpu_stats, owned_dmabufs, SessionError};
+use super::writer::{gate_channel, Job, JobOutcome, Mailbox};
+use super::{human_bytes, kfd_image_ids, owned_dmabufs, SessionError};
 use crate::bo;
 use crate::env::{self, Checks, EnginePolicy};
 use crate::ids::{GpuId, MmapOffset, RenderMinor};
@@ -97,13 +97,30 @@ struct Posted {
     slot: usize,
     _memfd: OwnedFd,
     _dmabufs: Vec<Option<OwnedFd>>,
+    /// The writer's end of the gate channel (closed once the writer took
+    /// it: from then on its end-of-file is the writer's death).
+    _chan_writer: OwnedFd,
+    /// The task's end, for its restorer.
+    chan_task: OwnedFd,
+}
+
+/// What a task's restorer needs at its gate (criu/include/gpu-gate.h):
+/// its end of the channel to the writer, its `/dev/kfd` for its own
+/// `RESUME`, and the KFD image, for messages.  The fds are the restorer's
+/// to close.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Gate {
+    pub chan: RawFd,
+    pub kfd: RawFd,
+    pub image: FileId,
 }
 
 /// The GPU state restored in one task.
 pub struct RestoreSession {
     opts: RestoreOptions,
     kfds: Vec<RestoredKfd>,
-    /// The GPU memory writer's board, when criu main started one.
+    /// The GPU memory writer's board (criu main starts the writer when the
+    /// images hold a KFD process).
     mailbox: Option<Mailbox>,
     /// This task's pid in criu main's namespace and its fd of the image
     /// directory, for a job posted to the writer.
@@ -191,6 +208,16 @@ impl RestoreSession {
             None if dir.join(crate::image::render_image_name(id)).exists() => {
                 return self.restore_render(vpid, id, fd_floor, dir).map(Some);
             }
+            None if has_pages_of(dir, id) => {
+                return Err(SessionError::State {
+                    pid: vpid,
+                    what: format!(
+                        "{} is missing: the task holds that /dev/kfd file (its GPU memory \
+                         is in this directory), but its KFD image is not",
+                        crate::image::kfd_image_name(id)
+                    ),
+                })
+            }
             None => return Ok(None),
         };
         let k = &mut self.kfds[index];
@@ -257,11 +284,33 @@ impl RestoreSession {
         let image = KfdImage::read(dir, id)
             .map_err(|e| SessionError::core(vpid, "reading the KFD image", e))?;
         if image.msg.pid as i32 != vpid {
-            log::warn!(
-                "pid {vpid}: KFD image {id} was saved from pid {}; restoring it in pid {vpid}",
-                image.msg.pid
-            );
+            // A KFD process belongs to the task that opens /dev/kfd; in
+            // another task it would be another process' GPU state.
+            return Err(SessionError::State {
+                pid: vpid,
+                what: format!(
+                    "KFD image {id} was saved from pid {}, but the pstree gives its file to \
+                     pid {vpid}; refusing to restore one process' GPU state into another",
+                    image.msg.pid
+                ),
+            });
         }
+        if let Some(other) = self.kfds.iter().find(|k| k.id != id) {
+            return Err(SessionError::State {
+                pid: vpid,
+                what: format!(
+                    "KFD images {} and {id} both hold a KFD process for this task, which can \
+                     have one",
+                    other.id
+                ),
+            });
+        }
+        let Some((mailbox, (real_pid, imgdir_fd))) = self.mailbox.zip(self.task) else {
+            return Err(SessionError::State {
+                pid: vpid,
+                what: format!("KFD image {id}: no GPU memory writer to restore its GPU memory"),
+            });
+        };
         let (map, host) =
             crate::match_image_to_host(&image, &self.opts.sysfs_nodes, &self.opts.checks).map_err(
                 |e| SessionError::core(vpid, "matching the image's GPUs to this host", e),
@@ -351,22 +400,28 @@ impl RestoreSession {
                 ..*b
             })
             .collect();
-        let writer = self.mailbox.zip(self.task);
-        if writer.is_some() {
-            // Kept until the writer takes them: above CRIU's fds.
-            for d in dmabufs.iter_mut() {
-                if let Some(fd) = d.take() {
-                    *d = Some(
-                        dup_at_least(fd.as_fd(), fd_floor)
-                            .map_err(os_step(vpid, "moving a BO's dmabuf"))?,
-                    );
-                }
+        // Kept until the writer takes them: above CRIU's fds.
+        for d in dmabufs.iter_mut() {
+            if let Some(fd) = d.take() {
+                *d = Some(
+                    dup_at_least(fd.as_fd(), fd_floor)
+                        .map_err(os_step(vpid, "moving a BO's dmabuf"))?,
+                );
             }
         }
+        let (chan_task, chan_writer) = gate_channel()
+            .and_then(|(t, w)| {
+                Ok((
+                    dup_at_least(t.as_fd(), fd_floor)?,
+                    dup_at_least(w.as_fd(), fd_floor)?,
+                ))
+            })
+            .map_err(os_step(vpid, "creating the GPU gate channel"))?;
         let job = Job {
             id,
             vpid,
-            imgdir_fd: writer.map_or(-1, |(_, (_, imgdir_fd))| imgdir_fd),
+            imgdir_fd,
+            chan_fd: chan_writer.as_raw_fd(),
             gpus: plan.gpus.clone(),
             restored: restored.clone(),
             render: render.iter().map(|(&m, f)| (m, f.as_raw_fd())).collect(),
@@ -375,44 +430,26 @@ impl RestoreSession {
                 .map(|d| d.as_ref().map(|f| f.as_raw_fd()))
                 .collect(),
         };
-        let posted = match writer {
-            Some((mailbox, (real_pid, _))) => {
-                let memfd = job
-                    .to_memfd()
-                    .and_then(|f| dup_at_least(f.as_fd(), fd_floor))
-                    .map_err(os_step(vpid, "writing the GPU memory job"))?;
-                match mailbox.post(real_pid, vpid, memfd.as_raw_fd()) {
-                    Some(slot) => Some(Posted {
-                        slot,
-                        _memfd: memfd,
-                        _dmabufs: std::mem::take(&mut dmabufs),
-                    }),
-                    None => {
-                        log::info!(
-                            "pid {vpid}: the GPU memory writer's board is full; copying here"
-                        );
-                        None
-                    }
-                }
-            }
-            _ => None,
-        };
-        if posted.is_none() {
-            let borrowed: Vec<Option<BorrowedFd<'_>>> = dmabufs
-                .iter()
-                .map(|d| d.as_ref().map(|f| f.as_fd()))
-                .collect();
-            let stats = write_back(
-                &job,
-                (self.opts.policy, self.opts.staging_cap),
-                |m| render.get(&m).map(|f| f.as_fd()),
-                &borrowed,
-                dir,
-                &image.content_hashes(),
-            )?;
-            log_gpu_stats(vpid, "restored", &stats);
-        }
-        drop(dmabufs);
+        let memfd = job
+            .to_memfd()
+            .and_then(|f| dup_at_least(f.as_fd(), fd_floor))
+            .map_err(os_step(vpid, "writing the GPU memory job"))?;
+        let slot = mailbox
+            .post(real_pid, vpid, id, memfd.as_raw_fd())
+            .ok_or_else(|| SessionError::State {
+                pid: vpid,
+                what: format!(
+                    "KFD image {id}: the GPU memory writer's board is full ({} KFD processes)",
+                    super::writer::SLOTS
+                ),
+            })?;
+        let posted = Some(Posted {
+            slot,
+            _memfd: memfd,
+            _dmabufs: dmabufs,
+            _chan_writer: chan_writer,
+            chan_task,
+        });
         let fixups = VmaFixups::from_restored(&plan, &restored)
             .map_err(|e| SessionError::core(vpid, "recording the new BO offsets", e))?;
         let shm = SharedMem {
@@ -445,16 +482,12 @@ impl RestoreSession {
             }
         }
         log::info!(
-            "pid {vpid}: KFD file {id} restored: {} GPU(s), {} BO(s), {} object(s) in {:.1} ms{}",
+            "pid {vpid}: KFD file {id} restored: {} GPU(s), {} BO(s), {} object(s) in {:.1} ms; \
+             BO contents handed to the GPU memory writer",
             plan.devices.len(),
             plan.bos.len(),
             image.msg.num_of_objects,
-            start.elapsed().as_secs_f64() * 1e3,
-            if posted.is_some() {
-                "; BO contents handed to the GPU memory writer"
-            } else {
-                ""
-            }
+            start.elapsed().as_secs_f64() * 1e3
         );
         self.kfds.push(RestoredKfd {
             id,
@@ -606,13 +639,19 @@ impl RestoreSession {
     /// After CRIU opened every mapping of the task: the fds kept for the
     /// hooks are closed, so the task's fd table is what it was at dump (KFD
     /// holds its own reference to each VM's render-node file, and CRIU maps
-    /// through the dups it was given).  A KFD image restored early for a
-    /// render fd must have been claimed by CRIU since.
-    pub fn task_done(&mut self, vpid: i32) -> Result<(), SessionError> {
+    /// through the dups it was given) — except the gate's two, which the
+    /// task's restorer closes.  A KFD image restored early for a render fd
+    /// must have been claimed by CRIU since.  `proc` is criu's `/proc`,
+    /// through which the task sees the writer die while it waits.
+    pub fn task_done(
+        &mut self,
+        vpid: i32,
+        proc: Option<BorrowedFd<'_>>,
+    ) -> Result<Option<Gate>, SessionError> {
         // The writer must hold the fds a job names before ours close.
         if let Some(mailbox) = self.mailbox {
             for p in self.kfds.iter().filter_map(|k| k.posted.as_ref()) {
-                mailbox.wait_taken(p.slot, vpid)?;
+                mailbox.wait_taken(p.slot, vpid, proc)?;
             }
         }
         let unclaimed: Vec<String> = self
@@ -621,9 +660,8 @@ impl RestoreSession {
             .filter(|k| !k.handed_out)
             .map(|k| k.id.to_string())
             .collect();
-        let n = self.kfds.len();
-        self.kfds.clear();
         if !unclaimed.is_empty() {
+            self.kfds.clear();
             return Err(SessionError::State {
                 pid: vpid,
                 what: format!(
@@ -632,44 +670,107 @@ impl RestoreSession {
                 ),
             });
         }
+        let n = self.kfds.len();
+        let mut gate = None;
+        for k in self.kfds.drain(..) {
+            if let Some(p) = k.posted {
+                gate = Some(Gate {
+                    chan: p.chan_task.into_raw_fd(),
+                    kfd: k.kfd.into_raw_fd(),
+                    image: k.id,
+                });
+            }
+        }
         if n > 0 {
             log::debug!("pid {vpid}: closed the GPU hooks' own fds of {n} KFD process(es)");
         }
-        Ok(())
+        Ok(gate)
     }
 }
 
-/// The tasks (by pid in their namespace) whose images hold a KFD process:
-/// they must be resumed, and their RESUME must succeed.
-#[derive(Clone, Debug, Default)]
-pub struct ResumeSet {
-    vpids: BTreeSet<u32>,
+/// Whether `dir` holds pages files of KFD image `id` (`amdgpu-pages-<id>-*`).
+fn has_pages_of(dir: &Path, id: FileId) -> bool {
+    let prefix = format!("amdgpu-pages-{}-", id.0);
+    std::fs::read_dir(dir).is_ok_and(|d| {
+        d.filter_map(Result::ok).any(|e| {
+            e.file_name()
+                .to_str()
+                .is_some_and(|n| n.starts_with(&prefix))
+        })
+    })
 }
 
-impl ResumeSet {
-    pub fn load(dir: &Path) -> Result<Self, SessionError> {
-        let mut vpids = BTreeSet::new();
-        let ids = kfd_image_ids(dir).map_err(os_step(0, "listing the image directory"))?;
-        for id in ids {
-            let image = KfdImage::read(dir, id)
-                .map_err(|e| SessionError::core(0, "reading a KFD image", e))?;
-            vpids.insert(image.msg.pid);
+/// criu main, once every task passed its restorer's gate: every KFD image
+/// that holds a process' state must belong to a task of the restore
+/// (`tasks`: their pids in their namespaces), must have been restored
+/// exactly once, in that task, and its memory confirmed and queues resumed
+/// there (`outcomes`, from the writer's board).  Returns how many processes
+/// were; an error names the image and the task.
+pub fn check_outcomes(
+    dir: &Path,
+    tasks: &[i32],
+    outcomes: &[JobOutcome],
+) -> Result<usize, SessionError> {
+    let ids = kfd_image_ids(dir).map_err(os_step(0, "listing the image directory"))?;
+    let mut n = 0;
+    for id in ids {
+        let image =
+            KfdImage::read(dir, id).map_err(|e| SessionError::core(0, "reading a KFD image", e))?;
+        if image.msg.criu_rocm_reopen == Some(true) {
+            continue;
         }
-        Ok(ResumeSet { vpids })
-    }
-
-    /// Restarts the GPU queues of the task `real_pid` (pid `vpid` in its
-    /// namespace) if it has a KFD process; `Ok(false)` if it has none.
-    pub fn resume(&self, real_pid: i32, vpid: i32) -> Result<bool, SessionError> {
-        if !self.vpids.contains(&(vpid as u32)) {
-            return Ok(false);
+        let pid = image.msg.pid as i32;
+        if !tasks.contains(&pid) {
+            return Err(SessionError::State {
+                pid,
+                what: format!(
+                    "KFD image {id} was saved from pid {pid}, which is no task of this restore"
+                ),
+            });
         }
-        let kfd = Kfd::open().map_err(kfd_step(real_pid, "opening /dev/kfd for RESUME"))?;
-        kfd.criu_resume(real_pid as u32)
-            .map_err(kfd_step(real_pid, "RESUME (restarting the GPU queues)"))?;
-        log::info!("pid {real_pid}: GPU queues resumed");
-        Ok(true)
+        let jobs: Vec<&JobOutcome> = outcomes.iter().filter(|o| o.image == id).collect();
+        let job = match jobs.as_slice() {
+            [] => {
+                return Err(SessionError::State {
+                    pid,
+                    what: format!("KFD image {id} was restored in no task"),
+                })
+            }
+            [one] => one,
+            _ => {
+                return Err(SessionError::State {
+                    pid,
+                    what: format!("KFD image {id} was restored {} times", jobs.len()),
+                })
+            }
+        };
+        if job.vpid != pid {
+            return Err(SessionError::State {
+                pid: job.vpid,
+                what: format!(
+                    "KFD image {id} of pid {pid} was restored in pid {}",
+                    job.vpid
+                ),
+            });
+        }
+        if let Err(why) = &job.result {
+            return Err(SessionError::State {
+                pid,
+                what: format!("KFD image {id}: {why}"),
+            });
+        }
+        n += 1;
     }
+    if let Some(o) = outcomes
+        .iter()
+        .find(|o| !dir.join(crate::image::kfd_image_name(o.image)).exists())
+    {
+        return Err(SessionError::State {
+            pid: o.vpid,
+            what: format!("restored KFD image {}, which this directory lacks", o.image),
+        });
+    }
+    Ok(n)
 }
 
 /// KFD's RESTORE rejects a process without buffers (`num_bos == 0`).

@@ -1,5 +1,5 @@
-//! Writing restored BO contents back from a helper process, beside CRIU's
-//! restorer.
+//! Writing restored BO contents back from a helper process beside CRIU's
+//! restorer, and the gate each restored task passes before it may run.
 //!
 //! A restored task recreates its KFD process at its files, well before
 //! CRIU's restorer reads the task's CPU memory in.  A copy inside the task
@@ -8,19 +8,37 @@
 //! starts a helper process, the writer, when the restore begins; each task,
 //! right after RESTORE, posts a job on a board in shared memory: its real pid
 //! and the number of a memfd describing the copy (the BOs' new offsets, which
-//! of its fds reach which GPU, which hold dmabufs).  The writer takes those
-//! fds with `pidfd_getfd` and marks the job taken (the task keeps them open
-//! until then, then goes on to its restorer) and copies on a thread of its
-//! own.  criu main waits for every job before it resumes the GPUs; a failed
-//! copy fails the restore.
+//! of its fds reach which GPU, which hold dmabufs, and its end of a gate
+//! channel).  The writer takes those fds with `pidfd_getfd` and marks the
+//! job taken (the task keeps them open until then, then goes on to its
+//! restorer) and copies on a thread of its own.
+//!
+//! The gate.  Each task with a KFD process holds one end of a
+//! `SOCK_SEQPACKET` socket pair, the writer the other.  In CRIU's restorer,
+//! once the task's own memory is in place and before it can return to its
+//! code, the task (criu/pie/gpu-gate.c) waits on its end for the writer's
+//! verdict: "written and verified", or why not.  On "written" it resumes its
+//! own queues (KFD's `CRIU_OP` `RESUME` on its own `/dev/kfd`) and reports
+//! the result back; on anything else it exits.  The channel's end-of-file is
+//! the writer's death: the writer is the only holder of its end (the task
+//! closes its copy once the writer took it), so a writer killed, or dying
+//! with criu main (`PDEATHSIG`), is seen at once by every task at its gate.
+//! The task's reports land on the board, where criu main checks every
+//! task's outcome ([`Writer::settle`]) before it lets any task go.
+//!
+//! Before the gate, a task waiting for the writer to take its fds watches
+//! the writer through criu's `/proc`: a `/proc/<pid>` directory fd stops
+//! answering once that process is gone, whatever pid comes next.
 //!
 //! The writer is cloned without an exit signal, so CRIU's SIGCHLD handler
 //! (which aborts the restore on any child's exit) never hears of it: criu
-//! main reaps it explicitly, and it dies with criu main (`PDEATHSIG`).  It
-//! is a process rather than a thread of criu main because criu main must
-//! stay single threaded: it calls `setns(CLONE_NEWNS)` later on.
+//! main reaps it explicitly, before CRIU waits for its tasks at their final
+//! `rt_sigreturn` with `wait4(-1, __WALL)`.  It dies with criu main
+//! (`PDEATHSIG`).  It is a process rather than a thread of criu main because
+//! criu main must stay single threaded: it calls `setns(CLONE_NEWNS)` later.
 
 use std::collections::BTreeMap;
+use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::FileExt;
@@ -37,26 +55,83 @@ use crate::ids::{GpuId, GpuVa, MmapOffset, RenderMinor};
 use crate::image::{FileId, KfdImage};
 use crate::plan::{BoBucket, GpuWork};
 
-/// Jobs the board holds; a task finding it full copies by itself.
-const SLOTS: usize = 1024;
+/// Jobs the board holds: KFD processes one restore can bring back.
+pub const SLOTS: usize = 1024;
 /// How long a task waits for the writer to take its fds.
 const TAKE_TIMEOUT: Duration = Duration::from_secs(120);
 /// A job's first word.
-const MAGIC: u64 = u64::from_le_bytes(*b"CRGPUJB1");
+const MAGIC: u64 = u64::from_le_bytes(*b"CRGPUJB2");
 /// Word for "no fd" / "no limit".
 const NONE: u64 = u64::MAX;
+/// The writer's name in `/proc/<pid>/comm` (at most 15 bytes).
+pub const WRITER_COMM: &str = "criu-rocm-gpuwr";
 
-/// Slot states (a zeroed slot is free): posted, then taken (the writer
-/// holds the fds) or refused (it could not take them), then done or failed.
+/// Slot states (a zeroed slot is free).  A job is posted, then taken (the
+/// writer holds its fds) or refused (it could not take them); a taken job
+/// is written (contents verified, the task told) or failed (the task told
+/// why); a written job ends resumed (the task restarted its queues), or
+/// resume-failed or lost (the task said it could not, or ended silently).
 const POSTING: u32 = 1;
 const POSTED: u32 = 2;
 const TAKEN: u32 = 3;
-const DONE: u32 = 4;
-const FAILED: u32 = 5;
-const REFUSED: u32 = 6;
+const WRITTEN: u32 = 4;
+const RESUMED: u32 = 5;
+const FAILED: u32 = 6;
+const REFUSED: u32 = 7;
+const LOST: u32 = 8;
+const RESUME_FAILED: u32 = 9;
+
+/// Whether a slot's job has its outcome.
+fn settled(state: u32) -> bool {
+    matches!(state, RESUMED | FAILED | REFUSED | LOST | RESUME_FAILED)
+}
 
 /// Bytes of a failed job's error kept on the board for criu main.
 const WHY_LEN: usize = 240;
+
+/// The gate's records, as `criu/include/gpu-gate.h` lays them out: the
+/// writer's verdict (`struct gpu_gate_verdict`: magic, status (0 or a
+/// positive errno), why, NUL padded) and the task's report (`struct
+/// gpu_gate_report`: magic, status of its RESUME).
+pub mod gate {
+    /// `GPU_GATE_MAGIC`.
+    pub const MAGIC: u32 = 0x4154_4747;
+    /// `GPU_GATE_WHY_LEN`.
+    pub const WHY_LEN: usize = 240;
+    /// `sizeof(struct gpu_gate_verdict)`.
+    pub const VERDICT_LEN: usize = 8 + WHY_LEN;
+    /// `sizeof(struct gpu_gate_report)`.
+    pub const REPORT_LEN: usize = 8;
+
+    /// A verdict record: `status` 0 (written and verified) or an errno.
+    pub fn verdict(status: u32, why: &str) -> [u8; VERDICT_LEN] {
+        let mut b = [0u8; VERDICT_LEN];
+        b[..4].copy_from_slice(&MAGIC.to_le_bytes());
+        b[4..8].copy_from_slice(&status.to_le_bytes());
+        let mut n = why.len().min(WHY_LEN - 1);
+        while !why.is_char_boundary(n) {
+            n -= 1;
+        }
+        b[8..8 + n].copy_from_slice(&why.as_bytes()[..n]);
+        b
+    }
+
+    /// The status of a report record; `None` when it is not one.
+    pub fn report_status(b: &[u8]) -> Option<u32> {
+        if b.len() != REPORT_LEN || b[..4] != MAGIC.to_le_bytes() {
+            return None;
+        }
+        Some(u32::from_le_bytes(b[4..8].try_into().expect("4 bytes")))
+    }
+
+    /// A report record (what the restorer sends; for tests).
+    pub fn report(status: u32) -> [u8; REPORT_LEN] {
+        let mut b = [0u8; REPORT_LEN];
+        b[..4].copy_from_slice(&MAGIC.to_le_bytes());
+        b[4..].copy_from_slice(&status.to_le_bytes());
+        b
+    }
+}
 
 #[repr(C)]
 struct Slot {
@@ -64,21 +139,22 @@ struct Slot {
     real_pid: AtomicI32,
     vpid: AtomicI32,
     memfd: AtomicI32,
-    /// Why the job failed (UTF-8, NUL padded), written before `FAILED`.
+    /// The KFD image the job restores.
+    image: AtomicU32,
+    /// Why the job failed (UTF-8, NUL padded), written before its state.
     why: [AtomicU8; WHY_LEN],
 }
 
 impl Slot {
-    /// Records why the job failed and sets `state` (FAILED or REFUSED).
-    fn fail(&self, state: u32, e: &SessionError) {
-        let text = e.to_string();
-        let mut n = text.len().min(WHY_LEN);
-        while !text.is_char_boundary(n) {
+    /// Records why the job failed and sets `state`.
+    fn fail(&self, state: u32, why: &str) {
+        let mut n = why.len().min(WHY_LEN);
+        while !why.is_char_boundary(n) {
             n -= 1;
         }
         for (i, b) in self.why.iter().enumerate() {
             b.store(
-                text.as_bytes()
+                why.as_bytes()
                     .get(i)
                     .copied()
                     .filter(|_| i < n)
@@ -109,6 +185,12 @@ struct Board {
     gone: AtomicU32,
     /// Slots handed out so far.
     used: AtomicU32,
+    /// The writer's pid in criu main's pid namespace.
+    writer: AtomicI32,
+    /// criu main's pid (the writer's parent), in its own namespace.
+    criu: AtomicI32,
+    /// Set by the writer once it is named (tasks check its name).
+    ready: AtomicU32,
     slots: [Slot; SLOTS],
 }
 
@@ -133,6 +215,81 @@ fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
 fn futex_wake(word: &AtomicU32) {
     // SAFETY: wakes the waiters of a word of the board; no memory is touched.
     unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX) };
+}
+
+/// A process watched through a `/proc` directory fd: once the process is
+/// gone, reads through the fd fail (a new process with the same pid has a
+/// directory of its own).
+struct Watched {
+    dir: OwnedFd,
+}
+
+impl Watched {
+    /// Opens `<pid>` in `proc` (a `/proc` where `pid` is valid) and checks
+    /// that it is named `comm` and is a child of `parent`.
+    fn open(proc: BorrowedFd<'_>, pid: i32, comm: &str, parent: i32) -> io::Result<Watched> {
+        let name = CString::new(pid.to_string()).expect("no NUL in a number");
+        // SAFETY: openat of a NUL-terminated relative path under a valid
+        // directory fd; the result is a new fd or -1.
+        let fd = unsafe {
+            libc::openat(
+                proc.as_raw_fd(),
+                name.as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let w = Watched {
+            // SAFETY: a fresh fd nothing else owns.
+            dir: unsafe { OwnedFd::from_raw_fd(fd) },
+        };
+        let stat = w.stat()?;
+        let name = stat
+            .split_once(" (")
+            .and_then(|(_, r)| r.rsplit_once(") "))
+            .map(|(c, _)| c);
+        let ppid = stat
+            .rsplit_once(") ")
+            .and_then(|(_, r)| r.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<i32>().ok());
+        if name != Some(comm) || ppid != Some(parent) {
+            return Err(io::Error::from_raw_os_error(libc::ESRCH));
+        }
+        Ok(w)
+    }
+
+    fn stat(&self) -> io::Result<String> {
+        // SAFETY: openat of "stat" under our directory fd.
+        let fd = unsafe {
+            libc::openat(
+                self.dir.as_raw_fd(),
+                c"stat".as_ptr(),
+                libc::O_RDONLY | libc::O_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a fresh fd nothing else owns.
+        let f = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+        let mut buf = vec![0u8; 1024];
+        let n = f.read_at(&mut buf, 0)?;
+        buf.truncate(n);
+        Ok(String::from_utf8_lossy(&buf).into_owned())
+    }
+
+    /// Whether the process still runs (not gone, not a zombie).
+    fn alive(&self) -> bool {
+        match self.stat() {
+            Ok(s) => !matches!(
+                s.rsplit_once(") ").and_then(|(_, r)| r.chars().next()),
+                Some('Z' | 'X' | 'x') | None
+            ),
+            Err(_) => false,
+        }
+    }
 }
 
 /// The board, mapped shared in criu main before any task exists, so every
@@ -187,9 +344,10 @@ impl Mailbox {
         &b.slots[..(b.used.load(Ordering::Acquire) as usize).min(SLOTS)]
     }
 
-    /// In a restored task: posts a job (the task's real pid, its vpid and
-    /// the fd number of the job's memfd).  `None` when the board is full.
-    pub fn post(&self, real_pid: i32, vpid: i32, memfd: RawFd) -> Option<usize> {
+    /// In a restored task: posts a job (the task's real pid, its vpid, the
+    /// KFD image and the fd number of the job's memfd).  `None` when the
+    /// board is full.
+    pub fn post(&self, real_pid: i32, vpid: i32, image: FileId, memfd: RawFd) -> Option<usize> {
         let b = self.board();
         let i = b.used.fetch_add(1, Ordering::AcqRel) as usize;
         if i >= SLOTS {
@@ -199,6 +357,7 @@ impl Mailbox {
         s.state.store(POSTING, Ordering::Release);
         s.real_pid.store(real_pid, Ordering::Relaxed);
         s.vpid.store(vpid, Ordering::Relaxed);
+        s.image.store(image.0, Ordering::Relaxed);
         s.memfd.store(memfd, Ordering::Relaxed);
         s.state.store(POSTED, Ordering::Release);
         self.bump();
@@ -206,42 +365,64 @@ impl Mailbox {
     }
 
     /// In a restored task: waits until the writer holds the fds of job
-    /// `slot` (so the task may close its own).
-    pub fn wait_taken(&self, slot: usize, vpid: i32) -> Result<(), SessionError> {
+    /// `slot` (so the task may close its own).  `proc` is criu's `/proc`,
+    /// through which the task sees the writer die.
+    pub fn wait_taken(
+        &self,
+        slot: usize,
+        vpid: i32,
+        proc: Option<BorrowedFd<'_>>,
+    ) -> Result<(), SessionError> {
         let b = self.board();
         let s = &b.slots[slot];
+        let writer = b.writer.load(Ordering::Acquire);
+        let gone = |how: &str| SessionError::State {
+            pid: vpid,
+            what: format!(
+                "the GPU memory writer (pid {writer}) {how} before it took the task's GPU files"
+            ),
+        };
+        let watched = match proc {
+            Some(proc) => Some(
+                Watched::open(proc, writer, WRITER_COMM, b.criu.load(Ordering::Acquire))
+                    .map_err(|_| gone("is gone"))?,
+            ),
+            None => None,
+        };
         let start = Instant::now();
         loop {
             let seq = b.seq.load(Ordering::Acquire);
             match s.state.load(Ordering::Acquire) {
-                // A failed copy is criu main's to report.
-                TAKEN | DONE | FAILED => return Ok(()),
+                POSTING | POSTED => {}
                 REFUSED => {
                     return Err(SessionError::State {
                         pid: vpid,
-                        what: "the GPU memory writer could not take the task's GPU files (see its \
-                               error above)"
-                            .into(),
+                        what: format!(
+                            "the GPU memory writer could not take the task's GPU files: {}",
+                            s.why()
+                        ),
                     })
                 }
-                _ => {}
+                // A failed copy is the gate's and criu main's to report.
+                _ => return Ok(()),
             }
             if b.gone.load(Ordering::Acquire) != 0 {
-                return Err(SessionError::State {
-                    pid: vpid,
-                    what: "the GPU memory writer ended before it took the task's GPU files".into(),
-                });
+                return Err(gone("ended"));
+            }
+            if watched.as_ref().is_some_and(|w| !w.alive()) {
+                return Err(gone("died"));
             }
             if start.elapsed() > TAKE_TIMEOUT {
                 return Err(SessionError::State {
                     pid: vpid,
                     what: format!(
-                        "the GPU memory writer did not take the task's GPU files within {} s",
+                        "the GPU memory writer (pid {writer}) did not take the task's GPU files \
+                         within {} s",
                         TAKE_TIMEOUT.as_secs()
                     ),
                 });
             }
-            futex_wait(&b.seq, seq, Duration::from_millis(200));
+            futex_wait(&b.seq, seq, Duration::from_millis(100));
         }
     }
 }
@@ -253,6 +434,8 @@ pub struct Job {
     pub vpid: i32,
     /// The task's fd of the image directory.
     pub imgdir_fd: RawFd,
+    /// The task's fd of the writer's end of its gate channel.
+    pub chan_fd: RawFd,
     pub gpus: Vec<GpuWork>,
     /// RESTORE's buckets with their new offsets.
     pub restored: Vec<BoBucket>,
@@ -273,6 +456,7 @@ impl Job {
             u64::from(self.id.0),
             self.vpid as u64,
             self.imgdir_fd as u64,
+            self.chan_fd as u64,
             self.gpus.len() as u64,
         ];
         for g in &self.gpus {
@@ -326,6 +510,7 @@ impl Job {
         let id = FileId(u32_of(next()?)?);
         let vpid = i32::try_from(next()?).ok()?;
         let imgdir_fd = RawFd::try_from(next()?).ok()?;
+        let chan_fd = RawFd::try_from(next()?).ok()?;
         let ngpus = next()?;
         let mut gpus = Vec::new();
         let mut render = BTreeMap::new();
@@ -381,6 +566,7 @@ impl Job {
             id,
             vpid,
             imgdir_fd,
+            chan_fd,
             gpus,
             restored,
             render,
@@ -411,6 +597,8 @@ struct Taken {
     imgdir: OwnedFd,
     render: BTreeMap<RenderMinor, OwnedFd>,
     dmabufs: Vec<Option<OwnedFd>>,
+    /// The writer's end of the task's gate channel.
+    chan: OwnedFd,
 }
 
 impl Taken {
@@ -440,6 +628,7 @@ impl Taken {
             what: "GPU memory writer: the task's job is malformed".into(),
         })?;
         let imgdir = get(job.imgdir_fd)?;
+        let chan = get(job.chan_fd)?;
         let render = job
             .render
             .iter()
@@ -456,6 +645,7 @@ impl Taken {
             imgdir,
             render,
             dmabufs,
+            chan,
         })
     }
 
@@ -493,8 +683,6 @@ impl Taken {
 /// Writes the BOs of `job` back from its pages files in `dir`, with the
 /// copy settings (engine policy, staging cap), each GPU's render fd (the
 /// VM's `drm_file`) and KFD's dmabuf of each bucket, checking `hashes`.
-/// The writer runs it with the fds it took, a task without a writer with
-/// its own.
 pub(super) fn write_back<'a>(
     job: &Job,
     (policy, staging_cap): (EnginePolicy, Option<u64>),
@@ -517,6 +705,105 @@ pub(super) fn write_back<'a>(
         .map_err(|e| SessionError::core(job.vpid, "writing GPU memory back", e))
 }
 
+/// Sends one record on a gate channel (never raising SIGPIPE).
+fn send_record(chan: BorrowedFd<'_>, rec: &[u8]) -> io::Result<()> {
+    loop {
+        // SAFETY: send of our buffer on a socket fd we hold.
+        let n = unsafe {
+            libc::send(
+                chan.as_raw_fd(),
+                rec.as_ptr().cast(),
+                rec.len(),
+                libc::MSG_NOSIGNAL,
+            )
+        };
+        if n == rec.len() as isize {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if n < 0 && e.kind() == io::ErrorKind::Interrupted {
+            continue;
+        }
+        return Err(if n < 0 {
+            e
+        } else {
+            io::Error::from_raw_os_error(libc::EMSGSIZE)
+        });
+    }
+}
+
+/// Receives one record from a gate channel; `Ok(0)`: the peer is gone.
+fn recv_record(chan: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        // SAFETY: recv into our buffer from a socket fd we hold.
+        let n = unsafe { libc::recv(chan.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// A new gate channel: the task's end and the writer's end of a
+/// `SOCK_SEQPACKET` pair.
+pub fn gate_channel() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: socketpair fills two fds on success.
+    let r = unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh fd nothing else owns.
+    let task = unsafe { OwnedFd::from_raw_fd(fds[0]) };
+    // SAFETY: as above.
+    let writer = unsafe { OwnedFd::from_raw_fd(fds[1]) };
+    Ok((task, writer))
+}
+
+/// How a job ended, for criu main's check.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobOutcome {
+    pub image: FileId,
+    /// The task that restored it (pid in its namespace).
+    pub vpid: i32,
+    /// `Ok`: written, verified and resumed by the task; `Err`: why not.
+    pub result: Result<(), String>,
+}
+
+/// How a child ended, in words.
+fn describe_exit(status: i32) -> String {
+    if libc::WIFSIGNALED(status) {
+        let sig = libc::WTERMSIG(status);
+        let name = match sig {
+            libc::SIGKILL => " (SIGKILL)",
+            libc::SIGSEGV => " (SIGSEGV)",
+            libc::SIGABRT => " (SIGABRT)",
+            libc::SIGTERM => " (SIGTERM)",
+            libc::SIGBUS => " (SIGBUS)",
+            _ => "",
+        };
+        format!("was killed by signal {sig}{name}")
+    } else if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) != 0 {
+        format!("exited with status {}", libc::WEXITSTATUS(status))
+    } else {
+        "ended".into()
+    }
+}
+
+fn exited_well(status: i32) -> bool {
+    libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0
+}
+
 /// criu main's handle on the writer.
 #[derive(Debug)]
 pub struct Writer {
@@ -531,6 +818,7 @@ impl Writer {
         let mailbox = Mailbox::create()?;
         // SAFETY: getpid has no preconditions.
         let parent = unsafe { libc::getpid() };
+        mailbox.board().criu.store(parent, Ordering::Release);
         // SAFETY: a fork-like clone (no shared memory, no exit signal); the
         // caller (criu main at the start of the restore) is single threaded,
         // so the child's copy of every lock is free.  The child never
@@ -551,6 +839,11 @@ impl Writer {
         if pid == 0 {
             // SAFETY: prctl with integer arguments.
             unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
+            let name = CString::new(WRITER_COMM).expect("no NUL");
+            // SAFETY: PR_SET_NAME with a NUL-terminated name of 15 bytes.
+            unsafe { libc::prctl(libc::PR_SET_NAME, name.as_ptr()) };
+            mailbox.board().ready.store(1, Ordering::Release);
+            mailbox.bump();
             // SAFETY: getppid has no preconditions.
             let code = if unsafe { libc::getppid() } != parent {
                 1
@@ -565,115 +858,211 @@ impl Writer {
             // handlers a second time.
             unsafe { libc::_exit(code) };
         }
-        log::debug!("GPU memory writer started (pid {pid})");
-        Ok(Writer {
+        let w = Writer {
             mailbox,
             pid: pid as libc::pid_t,
-        })
+        };
+        let b = mailbox.board();
+        b.writer.store(w.pid, Ordering::Release);
+        // Tasks check the writer by its name: it must have it before any
+        // task exists.
+        loop {
+            let seq = b.seq.load(Ordering::Acquire);
+            if b.ready.load(Ordering::Acquire) != 0 {
+                break;
+            }
+            if let Some(st) = w.try_wait() {
+                return Err(io::Error::other(format!(
+                    "the GPU memory writer {} as it started",
+                    describe_exit(st)
+                )));
+            }
+            futex_wait(&b.seq, seq, Duration::from_millis(50));
+        }
+        log::debug!("GPU memory writer started (pid {})", w.pid);
+        Ok(w)
     }
 
     pub fn mailbox(&self) -> Mailbox {
         self.mailbox
     }
 
-    /// criu main, before RESUME (every task has posted by then): waits for
-    /// every job, stops and reaps the writer, and fails when a copy failed.
-    pub fn finish(self) -> Result<(), SessionError> {
+    pub fn pid(&self) -> libc::pid_t {
+        self.pid
+    }
+
+    /// criu main, once every task passed its restorer's gate (or failed
+    /// there): waits until every job has its outcome, stops and reaps the
+    /// writer, and returns the outcomes.  The writer's death before that,
+    /// or a writer that ended badly, is an error naming the writer.
+    pub fn settle(self) -> Result<Vec<JobOutcome>, SessionError> {
         let b = self.mailbox.board();
-        let mut gone = false;
+        let mut status = None;
         loop {
             let seq = b.seq.load(Ordering::Acquire);
             if self
                 .mailbox
                 .used()
                 .iter()
-                .all(|s| matches!(s.state.load(Ordering::Acquire), DONE | FAILED | REFUSED))
+                .all(|s| settled(s.state.load(Ordering::Acquire)))
             {
                 break;
             }
-            if self.exited() {
-                gone = true;
+            if let Some(st) = self.try_wait() {
+                status = Some(st);
                 break;
             }
             futex_wait(&b.seq, seq, Duration::from_millis(200));
         }
-        let failed: Vec<&Slot> = self
-            .mailbox
-            .used()
-            .iter()
-            .filter(|s| s.state.load(Ordering::Acquire) != DONE)
-            .collect();
         b.stop.store(1, Ordering::Release);
         self.mailbox.bump();
-        if !gone {
-            self.reap();
+        let died_early = status.is_some();
+        let status = status.unwrap_or_else(|| self.reap());
+        let outcomes = self.outcomes();
+        if died_early || !exited_well(status) {
+            let open = outcomes.iter().filter(|o| o.result.is_err()).count();
+            return Err(SessionError::Writer {
+                pid: self.pid,
+                what: format!(
+                    "{} before the GPU memory of {} restored process(es) was confirmed",
+                    describe_exit(status),
+                    open.max(1)
+                ),
+            });
         }
-        let Some(first) = failed.first() else {
-            return Ok(());
-        };
-        let pid = first.vpid.load(Ordering::Relaxed);
-        let why = first.why();
-        Err(SessionError::State {
-            pid,
-            what: if !why.is_empty() {
-                // The writer's error names the pid already.
-                let why = why
-                    .strip_prefix(&format!("pid {pid}: "))
-                    .unwrap_or(&why)
-                    .to_owned();
-                match failed.len() {
-                    1 => why,
-                    n => format!("{why} (and {} more task(s), see above)", n - 1),
+        Ok(outcomes)
+    }
+
+    fn outcomes(&self) -> Vec<JobOutcome> {
+        self.mailbox
+            .used()
+            .iter()
+            .map(|s| {
+                let state = s.state.load(Ordering::Acquire);
+                let vpid = s.vpid.load(Ordering::Relaxed);
+                let result = match state {
+                    RESUMED => Ok(()),
+                    FAILED | REFUSED | LOST | RESUME_FAILED => {
+                        let why = s.why();
+                        // The writer's errors name the pid already.
+                        Err(why
+                            .strip_prefix(&format!("pid {vpid}: "))
+                            .unwrap_or(&why)
+                            .to_owned())
+                    }
+                    TAKEN => Err("the GPU memory writer was still writing it".into()),
+                    WRITTEN => Err("written, but the task had not resumed its GPU queues".into()),
+                    _ => Err("posted, but the GPU memory writer had not taken it".into()),
+                };
+                JobOutcome {
+                    image: FileId(s.image.load(Ordering::Relaxed)),
+                    vpid,
+                    result,
                 }
-            } else {
-                "the GPU memory writer died before it wrote this task's GPU memory back".into()
-            },
-        })
+            })
+            .collect()
     }
 
-    /// criu main, when the restore failed before [`Self::finish`]: the
-    /// writer is killed (its copies are for tasks that are gone) and reaped.
+    /// criu main, when the restore failed before [`Self::settle`]: a writer
+    /// that died is reported with how it died; a running one is killed (its
+    /// copies are for tasks that are gone) and reaped.
     pub fn abort(self) {
-        // SAFETY: kill of our own child, which has not been reaped yet.
-        unsafe { libc::kill(self.pid, libc::SIGKILL) };
-        self.reap();
-        log::debug!("GPU memory writer stopped (pid {})", self.pid);
+        // A task that failed at its gate has reported, or closed its end,
+        // just before: let the writer note it (briefly; copies still going
+        // on are for tasks that are gone).
+        let b = self.mailbox.board();
+        let deadline = Instant::now() + Duration::from_millis(500);
+        let mut status = self.try_wait();
+        while status.is_none() && Instant::now() < deadline {
+            let seq = b.seq.load(Ordering::Acquire);
+            if !self
+                .mailbox
+                .used()
+                .iter()
+                .any(|s| s.state.load(Ordering::Acquire) == WRITTEN)
+            {
+                break;
+            }
+            futex_wait(&b.seq, seq, Duration::from_millis(50));
+            status = self.try_wait();
+        }
+        match status {
+            Some(st) if !exited_well(st) => log::error!(
+                "the GPU memory writer (pid {}) {} during the restore",
+                self.pid,
+                describe_exit(st)
+            ),
+            Some(_) => {}
+            None => {
+                // SAFETY: kill of our own child, which has not been reaped yet.
+                unsafe { libc::kill(self.pid, libc::SIGKILL) };
+                self.reap();
+                log::debug!("GPU memory writer stopped (pid {})", self.pid);
+            }
+        }
+        for o in self.outcomes() {
+            if let Err(why) = o.result {
+                log::warn!(
+                    "pid {}: the GPU restore of KFD image {} did not complete: {why}",
+                    o.vpid,
+                    o.image
+                );
+            }
+        }
     }
 
-    fn exited(&self) -> bool {
+    fn try_wait(&self) -> Option<i32> {
         let mut st = 0;
         // SAFETY: waitpid on our own child, without blocking.
         let r = unsafe { libc::waitpid(self.pid, &mut st, libc::WNOHANG | libc::__WALL) };
-        r == self.pid || r < 0
+        (r == self.pid || r < 0).then_some(st)
     }
 
-    fn reap(&self) {
+    fn reap(&self) -> i32 {
         let mut st = 0;
         // SAFETY: waitpid on our own child, which exits once it sees stop.
         unsafe { libc::waitpid(self.pid, &mut st, libc::__WALL) };
+        st
     }
 }
 
 /// The writer process: takes posted jobs as they come (a task waits for
-/// that) and copies them one by one on a thread of its own.
+/// that), copies them one by one on a thread of its own, tells each task its
+/// verdict and collects its report.
 fn serve(mailbox: Mailbox, policy: EnginePolicy, staging_cap: Option<u64>) -> i32 {
     let b = mailbox.board();
     let (tx, rx) = std::sync::mpsc::channel::<Taken>();
     let runner = std::thread::spawn(move || {
         for t in rx {
+            let i = t.slot;
+            let slot = &mailbox.board().slots[i];
             let vpid = t.job.vpid;
-            let slot = &mailbox.board().slots[t.slot];
-            match t.run(policy, staging_cap) {
+            let result = t.run(policy, staging_cap);
+            let Taken { chan, .. } = t;
+            match result {
                 Ok(stats) => {
                     log_gpu_stats(vpid, "restored", &stats);
-                    slot.state.store(DONE, Ordering::Release);
+                    match send_record(chan.as_fd(), &gate::verdict(0, "")) {
+                        Ok(()) => {
+                            slot.state.store(WRITTEN, Ordering::Release);
+                            collect_report(mailbox, i, chan);
+                        }
+                        Err(e) => slot.fail(
+                            LOST,
+                            &format!(
+                                "GPU memory written, but the task could not be told ({e}); \
+                                 it is gone"
+                            ),
+                        ),
+                    }
                 }
                 Err(e) => {
                     log::error!("{e}");
-                    slot.fail(FAILED, &e);
+                    let why = e.to_string();
+                    let _ = send_record(chan.as_fd(), &gate::verdict(e.errno() as u32, &why));
+                    slot.fail(FAILED, &why);
                 }
             }
-            drop(t);
             mailbox.bump();
         }
     });
@@ -685,20 +1074,21 @@ fn serve(mailbox: Mailbox, policy: EnginePolicy, staging_cap: Option<u64>) -> i3
             }
             match Taken::take(i, s) {
                 Ok(t) => {
+                    log::info!(
+                        "pid {}: GPU memory writer: writing KFD image {} back",
+                        t.job.vpid,
+                        t.job.id
+                    );
                     s.state.store(TAKEN, Ordering::Release);
-                    if tx.send(t).is_err() {
-                        s.fail(
-                            FAILED,
-                            &SessionError::State {
-                                pid: s.vpid.load(Ordering::Relaxed),
-                                what: "the GPU memory writer's copy thread is gone".into(),
-                            },
-                        );
+                    if let Err(std::sync::mpsc::SendError(t)) = tx.send(t) {
+                        let why = "the GPU memory writer's copy thread is gone";
+                        let _ = send_record(t.chan.as_fd(), &gate::verdict(libc::EIO as u32, why));
+                        s.fail(FAILED, why);
                     }
                 }
                 Err(e) => {
                     log::error!("{e}");
-                    s.fail(REFUSED, &e);
+                    s.fail(REFUSED, &e.to_string());
                 }
             }
             mailbox.bump();
@@ -716,6 +1106,34 @@ fn serve(mailbox: Mailbox, policy: EnginePolicy, staging_cap: Option<u64>) -> i3
     i32::from(!ok)
 }
 
+/// Waits, on a thread of its own, for the report of the task behind job
+/// `i`: its queues resumed, RESUME's error, or its end of the channel closed.
+fn collect_report(mailbox: Mailbox, i: usize, chan: OwnedFd) {
+    std::thread::spawn(move || {
+        let s = &mailbox.board().slots[i];
+        let mut buf = [0u8; 64];
+        match recv_record(chan.as_fd(), &mut buf) {
+            Ok(0) => s.fail(
+                LOST,
+                "the task ended before it reported its GPU queues resumed",
+            ),
+            Ok(n) => match gate::report_status(&buf[..n]) {
+                Some(0) => s.state.store(RESUMED, Ordering::Release),
+                Some(e) => s.fail(
+                    RESUME_FAILED,
+                    &format!(
+                        "RESUME (restarting the GPU queues) in the task's restorer: {}",
+                        io::Error::from_raw_os_error(e as i32)
+                    ),
+                ),
+                None => s.fail(LOST, "the task's gate report is malformed"),
+            },
+            Err(e) => s.fail(LOST, &format!("reading the task's gate report: {e}")),
+        }
+        mailbox.bump();
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -725,6 +1143,7 @@ mod tests {
             id: FileId(17),
             vpid: 4242,
             imgdir_fd: 1001,
+            chan_fd: 1004,
             gpus: vec![GpuWork {
                 user: GpuId(0x1a2b),
                 actual: GpuId(0x5c3d),
@@ -787,45 +1206,130 @@ mod tests {
     #[test]
     fn board_posts_and_fills_up() {
         let m = Mailbox::create().unwrap();
-        let slot = m.post(100, 7, 55).unwrap();
+        let slot = m.post(100, 7, FileId(23), 55).unwrap();
         let s = &m.used()[slot];
         assert_eq!(s.state.load(Ordering::Acquire), POSTED);
         assert_eq!(
             (
                 s.real_pid.load(Ordering::Relaxed),
                 s.vpid.load(Ordering::Relaxed),
+                s.image.load(Ordering::Relaxed),
                 s.memfd.load(Ordering::Relaxed)
             ),
-            (100, 7, 55)
+            (100, 7, 23, 55)
         );
-        let waiter = std::thread::spawn(move || m.wait_taken(slot, 7));
+        let waiter = std::thread::spawn(move || m.wait_taken(slot, 7, None));
         std::thread::sleep(Duration::from_millis(50));
         m.board().slots[slot].state.store(TAKEN, Ordering::Release);
         m.bump();
         waiter.join().unwrap().unwrap();
-        m.board().slots[slot].fail(
-            REFUSED,
-            &SessionError::State {
-                pid: 7,
-                what: "x".repeat(300),
-            },
-        );
+        m.board().slots[slot].fail(REFUSED, &"x".repeat(300));
         assert_eq!(
             m.board().slots[slot].why().len(),
             WHY_LEN,
             "cut to the board's room"
         );
-        let e = m.wait_taken(slot, 7).unwrap_err().to_string();
+        let e = m.wait_taken(slot, 7, None).unwrap_err().to_string();
         assert!(e.contains("pid 7") && e.contains("could not take"), "{e}");
         m.board().gone.store(1, Ordering::Release);
         let e = m
-            .wait_taken(m.post(1, 8, 1).unwrap(), 8)
+            .wait_taken(m.post(1, 8, FileId(1), 1).unwrap(), 8, None)
             .unwrap_err()
             .to_string();
         assert!(e.contains("pid 8") && e.contains("ended before"), "{e}");
         for _ in 2..SLOTS {
-            assert!(m.post(1, 1, 1).is_some());
+            assert!(m.post(1, 1, FileId(1), 1).is_some());
         }
-        assert_eq!(m.post(1, 1, 1), None, "full");
+        assert_eq!(m.post(1, 1, FileId(1), 1), None, "full");
+    }
+
+    /// Outcomes read off the board: resumed, failed with the writer's
+    /// reason (its "pid N: " dropped), and jobs left in the middle.
+    #[test]
+    fn outcomes_name_image_task_and_reason() {
+        let m = Mailbox::create().unwrap();
+        let w = Writer { mailbox: m, pid: 0 };
+        let a = m.post(10, 1, FileId(3), 5).unwrap();
+        let b = m.post(11, 2, FileId(4), 5).unwrap();
+        let c = m.post(12, 3, FileId(5), 5).unwrap();
+        m.board().slots[a].state.store(RESUMED, Ordering::Release);
+        m.board().slots[b].fail(FAILED, "pid 2: writing GPU memory back: hash differs");
+        m.board().slots[c].state.store(WRITTEN, Ordering::Release);
+        let o = w.outcomes();
+        assert_eq!(
+            o[0],
+            JobOutcome {
+                image: FileId(3),
+                vpid: 1,
+                result: Ok(())
+            }
+        );
+        assert_eq!(
+            o[1].result,
+            Err("writing GPU memory back: hash differs".to_owned())
+        );
+        assert!(o[2].result.as_ref().unwrap_err().contains("not resumed"));
+        assert!(settled(RESUMED) && settled(LOST) && !settled(WRITTEN) && !settled(TAKEN));
+    }
+
+    /// The gate's records, byte for byte as criu/include/gpu-gate.h has them.
+    #[test]
+    fn gate_records_match_the_c_layout() {
+        let v = gate::verdict(5, "pid 7: hash differs");
+        assert_eq!(v.len(), 248);
+        assert_eq!(&v[..4], &0x4154_4747u32.to_le_bytes());
+        assert_eq!(u32::from_le_bytes(v[4..8].try_into().unwrap()), 5);
+        assert_eq!(&v[8..27], b"pid 7: hash differs");
+        assert!(v[27..].iter().all(|&b| b == 0));
+        let long = gate::verdict(1, &"é".repeat(200));
+        assert_eq!(long[8 + gate::WHY_LEN - 1], 0, "NUL-terminated");
+        assert_eq!(gate::report_status(&gate::report(0)), Some(0));
+        assert_eq!(gate::report_status(&gate::report(22)), Some(22));
+        assert_eq!(gate::report_status(&[0; 8]), None);
+        assert_eq!(gate::report_status(&gate::report(0)[..7]), None);
+    }
+
+    /// A verdict goes through a gate channel as one record; the end closed
+    /// reads as end-of-file (the writer's or the task's death).
+    #[test]
+    fn gate_channel_carries_records_and_eof() {
+        let (task, writer) = gate_channel().unwrap();
+        send_record(writer.as_fd(), &gate::verdict(0, "")).unwrap();
+        let mut buf = [0u8; 512];
+        assert_eq!(
+            recv_record(task.as_fd(), &mut buf).unwrap(),
+            gate::VERDICT_LEN
+        );
+        send_record(task.as_fd(), &gate::report(0)).unwrap();
+        let n = recv_record(writer.as_fd(), &mut buf).unwrap();
+        assert_eq!(gate::report_status(&buf[..n]), Some(0));
+        drop(writer);
+        assert_eq!(recv_record(task.as_fd(), &mut buf).unwrap(), 0);
+        let e = send_record(task.as_fd(), &gate::report(0)).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EPIPE), "no SIGPIPE, EPIPE");
+    }
+
+    /// A watched process reads as alive until it exits, also as a zombie
+    /// and after its pid is reaped; a process of another name or parent is
+    /// refused.
+    #[test]
+    fn a_watched_process_is_seen_to_die() {
+        let proc = std::fs::File::open("/proc").unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        // SAFETY: getpid has no preconditions.
+        let me = unsafe { libc::getpid() };
+        let w = Watched::open(proc.as_fd(), pid, "sleep", me).unwrap();
+        assert!(w.alive());
+        assert!(Watched::open(proc.as_fd(), pid, WRITER_COMM, me).is_err());
+        assert!(Watched::open(proc.as_fd(), pid, "sleep", me + 1).is_err());
+        child.kill().unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(!w.alive(), "a zombie is not alive");
+        child.wait().unwrap();
+        assert!(!w.alive(), "reaped");
     }
 }

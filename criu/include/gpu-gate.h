@@ -1,0 +1,47 @@
+/* SPDX-License-Identifier: GPL-2.0-only */
+/*
+ * criu-rocm: the GPU gate a restored task passes in CRIU's restorer, after
+ * its own memory is in place and before it can return to its code.
+ *
+ * The task waits on its end of a SOCK_SEQPACKET channel for the GPU memory
+ * writer's verdict on its GPU memory; on "written and verified" it resumes
+ * its own GPU queues (KFD CRIU_OP RESUME on its own /dev/kfd) and reports
+ * back; on anything else, or end-of-file (the writer died, alone or with
+ * criu), it exits and never runs its own code.  The layouts below are also
+ * the Rust writer's (rust/amdgpu-cr/src/session/writer.rs, mod gate).
+ */
+#ifndef __CR_GPU_GATE_H__
+#define __CR_GPU_GATE_H__
+
+#include "int.h"
+
+/* What criu-rocm.c hands the restorer in struct task_restore_args. */
+struct gpu_gate_args {
+	int chan;  /* the task's end of its channel to the writer; -1: no GPU state */
+	int kfd;   /* the task's /dev/kfd, for its own RESUME */
+	u32 image; /* the KFD image, for messages */
+};
+
+#define GPU_GATE_MAGIC	 0x41544747
+#define GPU_GATE_WHY_LEN 240
+
+/* writer -> task: status 0, the memory is written and its hashes check; else an errno and why. */
+struct gpu_gate_verdict {
+	u32 magic;
+	u32 status;
+	char why[GPU_GATE_WHY_LEN];
+};
+
+/* task -> writer: status 0, its queues are resumed; else RESUME's errno. */
+struct gpu_gate_report {
+	u32 magic;
+	u32 status;
+};
+
+_Static_assert(sizeof(struct gpu_gate_verdict) == 248, "the writer's verdict is 248 bytes");
+_Static_assert(sizeof(struct gpu_gate_report) == 8, "the task's report is 8 bytes");
+
+/* In the restorer: 0 when the task may go on (no GPU state, or memory confirmed and queues resumed). */
+extern int gpu_gate_pass(struct gpu_gate_args *g);
+
+#endif /* __CR_GPU_GATE_H__ */

@@ -1,0 +1,105 @@
+// SPDX-License-Identifier: GPL-2.0-only
+/*
+ * criu-rocm: the GPU gate of a restored task, run by CRIU's restorer (no
+ * libc here) once the task's own mappings and memory are restored and
+ * before it can return to its code.  See gpu-gate.h and
+ * Documentation/gpu-checkpoint-restore.md.
+ */
+#include <errno.h>
+#include <stddef.h>
+#include <sys/socket.h>
+#include <linux/ioctl.h>
+
+#include "int.h"
+#include "types.h"
+#include "common/compiler.h"
+#include <compel/plugins/std/syscall.h>
+#include <compel/plugins/std/log.h>
+#include "criu-log.h"
+#include "gpu-gate.h"
+
+/* struct kfd_ioctl_criu_args of the kernel's uapi linux/kfd_ioctl.h (KFD ioctl 1.8 and later). */
+struct gpu_kfd_criu_args {
+	u64 devices;
+	u64 bos;
+	u64 priv_data;
+	u64 priv_data_size;
+	u32 num_devices;
+	u32 num_bos;
+	u32 num_objects;
+	u32 pid;
+	u32 op;
+};
+
+_Static_assert(sizeof(struct gpu_kfd_criu_args) == 56, "kfd_ioctl_criu_args is 56 bytes");
+
+/* AMDKFD_IOC_CRIU_OP and KFD_CRIU_OP_RESUME */
+#define GPU_AMDKFD_IOC_CRIU_OP	_IOWR('K', 0x22, struct gpu_kfd_criu_args)
+#define GPU_KFD_CRIU_OP_RESUME	4
+
+int gpu_gate_pass(struct gpu_gate_args *g)
+{
+	struct gpu_gate_verdict v;
+	struct gpu_gate_report r;
+	struct gpu_kfd_criu_args a = {};
+	long pid = sys_getpid();
+	long ret, sent;
+
+	if (g->chan < 0)
+		return 0;
+
+	/* The writer's end is only in the writer: end-of-file is its death, alone or with criu. */
+	do
+		ret = sys_recvfrom(g->chan, &v, sizeof(v), 0, NULL, NULL);
+	while (ret == -EINTR);
+	if (ret == 0) {
+		pr_err("amdgpu: pid %ld: the GPU memory writer died (criu or the writer was killed) before it "
+		       "confirmed the GPU memory of KFD image %u; the task does not run\n",
+		       pid, g->image);
+		goto fail;
+	}
+	if (ret != sizeof(v) || v.magic != GPU_GATE_MAGIC) {
+		pr_err("amdgpu: pid %ld: no valid verdict on the GPU memory of KFD image %u (%ld); the task does not run\n",
+		       pid, g->image, ret);
+		goto fail;
+	}
+	if (v.status) {
+		v.why[GPU_GATE_WHY_LEN - 1] = '\0';
+		pr_err("amdgpu: pid %ld: the GPU memory of KFD image %u was not restored: %s; the task does not run\n",
+		       pid, g->image, v.why);
+		goto fail;
+	}
+
+	/* KFD lets the process resume itself while it holds CRIU's privileges (before its own creds). */
+	a.op = GPU_KFD_CRIU_OP_RESUME;
+	a.pid = pid;
+	ret = sys_ioctl(g->kfd, GPU_AMDKFD_IOC_CRIU_OP, (unsigned long)&a);
+
+	r.magic = GPU_GATE_MAGIC;
+	r.status = ret < 0 ? -ret : 0;
+	do
+		sent = sys_sendto(g->chan, &r, sizeof(r), MSG_NOSIGNAL, NULL, 0);
+	while (sent == -EINTR);
+
+	if (ret < 0) {
+		pr_err("amdgpu: pid %ld: RESUME (restarting the GPU queues of KFD image %u) failed with errno %ld; "
+		       "the task does not run\n",
+		       pid, g->image, -ret);
+		goto fail;
+	}
+	if (sent != sizeof(r)) {
+		pr_err("amdgpu: pid %ld: the GPU memory writer died (criu or the writer was killed) before it "
+		       "heard that the GPU queues of KFD image %u were resumed; the task does not run\n",
+		       pid, g->image);
+		goto fail;
+	}
+	pr_info("amdgpu: pid %ld: GPU queues resumed (KFD image %u, its GPU memory confirmed)\n", pid, g->image);
+	sys_close(g->chan);
+	sys_close(g->kfd);
+	return 0;
+
+fail:
+	sys_close(g->chan);
+	sys_close(g->kfd);
+	return -1;
+}
