@@ -10,6 +10,8 @@
 #include <unistd.h>
 #include <stdint.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 
 #include "criu-log.h"
@@ -76,6 +78,8 @@ bool criu_rocm_plugin_refused(const char *dir, const char *name)
 static bool inventory_noted;
 /* The images being restored hold GPU state (criu main; copied into every task). */
 static bool gpu_restore;
+/* criu main's pid, in its own namespace: the parent of the root task. */
+static pid_t criu_pid;
 /* In a restored task: what its restorer needs at its GPU gate. */
 static struct gpu_gate_args task_gate = { .chan = -1, .kfd = -1 };
 
@@ -132,6 +136,7 @@ static int gpu_init(int stage)
 		 * that CRIU does not ask for a plugin that is built in here.
 		 */
 		check_and_remove_inventory_plugin(AMDGPU_INVENTORY_NAME, strlen(AMDGPU_INVENTORY_NAME));
+		criu_pid = getpid();
 		ret = criu_gpu_restore_init(image_dir_fd());
 		if (ret < 0)
 			return ret;
@@ -287,6 +292,32 @@ int criu_rocm_restore_task_done(void)
 					  &task_gate.kfd, &task_gate.image) ?
 		       -1 :
 		       0;
+}
+
+int criu_rocm_task_start(void)
+{
+	struct pstree_item *parent = current->parent;
+	pid_t ppid;
+
+	if (!gpu_restore)
+		return 0;
+	/*
+	 * A helper's children outlive it (it exits after CR_STATE_RESTORE), and
+	 * --restore-sibling gives the root task the caller of criu as parent.
+	 */
+	if (parent ? parent->pid->state == TASK_HELPER : opts.restore_sibling)
+		return 0;
+	if (prctl(PR_SET_PDEATHSIG, SIGKILL)) {
+		pr_perror("Can't tie task %d to its parent", vpid(current));
+		return -1;
+	}
+	/* A parent that died before the line above told nobody (0: the parent is in another pid namespace). */
+	ppid = getppid();
+	if (ppid != 0 && ppid != (parent ? vpid(parent) : criu_pid)) {
+		pr_err("The parent of task %d is gone; the restore is over\n", vpid(current));
+		return -1;
+	}
+	return 0;
 }
 
 void criu_rocm_restorer_gate(struct gpu_gate_args *gate)

@@ -64,6 +64,12 @@ extern int criu_rocm_restore_task_done(void);
 
 struct gpu_gate_args;
 
+/*
+ * In a task just forked for a restore with GPU state: it dies with its
+ * parent (root task: with criu) until its restorer sets its own
+ * parent-death signal, so that no half-restored task outlives criu.
+ */
+extern int criu_rocm_task_start(void);
 /* In the restored task, before it jumps to the restorer: its GPU gate's fds (-1: none). */
 extern void criu_rocm_restorer_gate(struct gpu_gate_args *gate);
 /*
