@@ -26,6 +26,7 @@
       size-word D    adds D to the leading u64 size word
       num-bos D      adds D to criu_kfd.num_of_bos, or sets it with =D (re-encoded
                      with protoc)
+      pid D          the same for criu_kfd.pid (the process the image was saved from)
 
 The image files are framed as a little-endian u64 size and that many bytes
 (Documentation/image-format.md).
@@ -233,13 +234,14 @@ def cmd_corrupt(path, mode, arg, ours=None):
     elif mode == "size-word":
         (size,) = struct.unpack_from("<Q", data)
         struct.pack_into("<Q", data, 0, size + int(arg))
-    elif mode == "num-bos":
+    elif mode in ("num-bos", "pid"):
+        field = {"num-bos": "num_of_bos", "pid": "pid"}[mode]
         d = os.path.dirname(os.path.abspath(ours))
         args = [f"-I{d}", os.path.abspath(ours)]
         text = protoc(["--decode=criu_amdgpu.criu_kfd"] + args, bytes(data[8:]), path).decode()
-        n = int(re.search(r"^num_of_bos: (\d+)$", text, re.M).group(1))
+        n = int(re.search(rf"^{field}: (\d+)$", text, re.M).group(1))
         n = int(arg[1:]) if arg.startswith("=") else n + int(arg)
-        text = re.sub(r"^num_of_bos: \d+$", f"num_of_bos: {n}", text, flags=re.M)
+        text = re.sub(rf"^{field}: \d+$", f"{field}: {n}", text, flags=re.M)
         payload = protoc(["--encode=criu_amdgpu.criu_kfd"] + args, text.encode(), path)
         data = bytearray(struct.pack("<Q", len(payload)) + payload)
     else:

@@ -1259,6 +1259,34 @@ case_restore_resume_fails() {
 		"amdgpu: pid [0-9]+: the GPU restore of KFD image [0-9]+ did not complete: RESUME .*Input/output error"
 	on mi100x2 -- restore_later
 }
+# A KFD image whose pid field no longer names the process that holds its file (N -> N+1,
+# N -> 1): gpu-check refuses it, and the restore fails before the process runs, naming the
+# image and the task; the intact images restore.
+case_restore_pid_changed() {
+	on mi100x2 -- dump_for_later wl --mib 4 --bos 2
+	on mi100x2 -- restore_pid_changed
+}
+restore_pid_changed() {
+	local img=$CASE_DIR/img pid kfd id v new
+	WL_OUT=$CASE_DIR/wl.out
+	pid=$(cat "$CASE_DIR/wl.pid")
+	kfd=$(cd "$img" && ls amdgpu-kfd-*.img | head -n 1)
+	id=${kfd#amdgpu-kfd-}
+	id=${id%.img}
+	for new in $((pid + 1)) 1; do
+		v=$CASE_DIR/pid-$new
+		cp -a "$img" "$v"
+		imgcheck corrupt "$v/$kfd" pid "=$new" "$top/proto/criu-amdgpu.proto" || fail "could not set the pid of $kfd to $new"
+		gpu_check_refuses "$v" "KFD image $id names pid $new, which is no process of these images"
+		restore_fails "$v" "$pid" "KFD image $id with pid $pid -> $new"
+		log_has "$LAST_RESTORE_LOG" "amdgpu: pid $pid: KFD image $id was saved from pid $new, but the pstree gives its file to pid $pid"
+		note "pid $pid -> $new: $(grep -a -m1 -oE "KFD image $id was saved from pid $new[^;]*" "$LAST_RESTORE_LOG")"
+	done
+	restore_ok "$img" "$pid"
+	wl_verify "$pid" >/dev/null || exit 1
+	wl_finish "$pid"
+}
+
 case_restore_restore_op_fails() {
 	on mi100x2 -- dump_for_later wl --mib 4 --bos 2
 	on mi100x2 --fail RESTORE:ENOMEM -- restore_op_fails "amdgpu: pid [0-9]+: RESTORE of KFD image [0-9-]+ .*Cannot allocate memory"

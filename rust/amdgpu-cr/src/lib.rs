@@ -19,6 +19,7 @@
 
 pub mod bo;
 pub mod copy;
+pub mod criu_images;
 pub mod env;
 pub mod error;
 pub mod ids;

@@ -795,15 +795,27 @@ pub struct DryRunEntry {
 /// `/dev/kfd` and the chosen render nodes exist.  Reads files only.
 pub fn dry_run(dir: &Path, opts: &RestoreOptions) -> Result<Vec<DryRunEntry>, SessionError> {
     let ids = kfd_image_ids(dir).map_err(os_step(0, format!("listing {}", dir.display())))?;
+    let procs = crate::criu_images::pstree_pids(dir);
     let mut out = Vec::new();
     for id in ids {
         let (pid, verdict) = match KfdImage::read(dir, id) {
             Err(e) => (0, Err(e.to_string())),
-            Ok(image) if image.msg.criu_rocm_reopen == Some(true) => (
-                image.msg.pid,
-                Ok("a further open of the process' /dev/kfd (no state of its own)".into()),
-            ),
-            Ok(image) => (image.msg.pid, check_one(dir, id, &image, opts)),
+            Ok(image) => {
+                let pid = image.msg.pid;
+                let verdict = match &procs {
+                    Err(why) => Err(why.clone()),
+                    // The restore gives a KFD process to the task of its pid.
+                    Ok(Some(p)) if !p.contains(&pid) => Err(format!(
+                        "KFD image {id} names pid {pid}, which is no process of these images \
+                         (pstree.img)"
+                    )),
+                    _ if image.msg.criu_rocm_reopen == Some(true) => {
+                        Ok("a further open of the process' /dev/kfd (no state of its own)".into())
+                    }
+                    _ => check_one(dir, id, &image, opts),
+                };
+                (pid, verdict)
+            }
         };
         out.push(DryRunEntry { id, pid, verdict });
     }
