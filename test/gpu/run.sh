@@ -1301,6 +1301,181 @@ restore_op_fails() {
 	note "$(grep -a -m1 -oE "$1.*" "$LAST_RESTORE_LOG" | cut -c1-200)"
 }
 
+# ---------------------------------------------------------------------------------------
+# Cases: restores killed half way (issue #13). The restore is killed with SIGKILL (criu
+# main, or separately the GPU memory writer) at four points, each on a fresh emulated host:
+# as the writer starts (before any task handed it its GPU memory); at the hand-off (the task
+# posted its GPU memory, the writer has not taken it); in the middle of the copy; at the
+# sigreturn barrier (every task stopped at its final rt_sigreturn, criu in its pre-resume
+# action script). Afterwards either the process runs and verifies all of its memory, or no
+# task of the tree is left (none in its own code, none hung); the images are unchanged and
+# the next restore works. Which one is due: the process runs only after a kill at the
+# barrier (every task passed its GPU gate; the writer is gone by then, criu stopped it once
+# every task had passed); everything else fails closed.
+#
+# criu-rocm has no hook for this. kfd-emu --hold RESTORE:FILE stops the restored task inside
+# its KFD RESTORE (the writer started, nothing handed over) until the test creates FILE; the
+# test freezes criu and the writer with SIGSTOP before a kill. The hand-off is the writer
+# stopped, then the task let go until the log says "BO contents handed to the GPU memory
+# writer"; mid-copy is the writer stopped once it has read 64 MiB of the 256 MiB of pages
+# (/proc/PID/io); the barrier is an --action-script that holds criu at pre-resume. A kill
+# that lands after its point (the copy already over) fails the case.
+case_restore_killed_criu() { restore_killed criu; }
+case_restore_killed_writer() { restore_killed writer; }
+restore_killed() {
+	local target=$1 point
+	on mi100x2 -- dump_for_later wl --mib 128 --bos 2
+	stat -c %s "$CASE_DIR/wl.out" "$CASE_DIR/wl.err" >"$CASE_DIR/wl.sizes"
+	for point in writer-start hand-off mid-copy sigreturn; do
+		on mi100x2 --hold "RESTORE:$CASE_DIR/go-$point" -- kill_restore_at "$point" "$target"
+	done
+}
+
+# The dumped process' output files back to their size at dump, which CRIU checks: the
+# process restored last wrote more.
+rewind_output() {
+	local sizes
+	read -r -d '' -a sizes <"$CASE_DIR/wl.sizes"
+	truncate -s "${sizes[0]}" "$CASE_DIR/wl.out"
+	truncate -s "${sizes[1]}" "$CASE_DIR/wl.err"
+}
+
+# wait_log LOG ERE [SECS]: waits for a line of LOG matching ERE and prints it.
+wait_log() {
+	local i
+	for ((i = 0; i < ${3:-30} * 100; i++)); do
+		grep -a -m1 -E -- "$2" "$1" 2>/dev/null && return 0
+		sleep 0.01
+	done
+	return 1
+}
+
+# wait_file FILE [SECS]: waits for FILE to exist.
+wait_file() {
+	local i
+	for ((i = 0; i < ${2:-30} * 100; i++)); do
+		[ -e "$1" ] && return 0
+		sleep 0.01
+	done
+	return 1
+}
+
+# Bytes process $1 has read so far.
+rchar() { sed -n 's/^rchar: //p' "/proc/$1/io" 2>/dev/null; }
+
+# kill_restore_at POINT TARGET (in a host started with --hold RESTORE:$CASE_DIR/go-POINT):
+# restores $CASE_DIR/img, kills TARGET (criu or writer) at POINT, checks what is left, then
+# restores the images again.
+kill_restore_at() {
+	local point=$1 target=$2 what="$2 killed at $1" img=$CASE_DIR/img pid log before cpid wpid
+	local go=$CASE_DIR/go-$1 hold=$CASE_DIR/hold.sh mark=$CASE_DIR/held-$2-$1 ran=no r0 line i
+	WL_OUT=$CASE_DIR/wl.out
+	pid=$(cat "$CASE_DIR/wl.pid")
+	before=$(img_sums "$img")
+	log=$CASE_DIR/restore-$target-$point.log
+	printf '#!/bin/sh\n[ "$CRTOOLS_SCRIPT_ACTION" = pre-resume ] || exit 0\necho $$ >"%s"\nexec sleep 60\n' \
+		"$mark" >"$hold"
+	chmod +x "$hold"
+	[ "$point" = sigreturn ] && touch "$go"
+	rewind_output
+	"$CRIU" restore -D "$img" -o "$log" -v4 -d --action-script "$hold" >>"$CASE_DIR/criu.out" 2>&1 &
+	cpid=$!
+	line=$(wait_log "$log" 'GPU memory writer started \(pid [0-9]+\)') ||
+		fail "$what: the restore log never said that the writer started ($log)"
+	wpid=$(sed -E 's/.*\(pid ([0-9]+)\).*/\1/' <<<"$line")
+	case $point in
+	writer-start)
+		wait_file "$go.held" || fail "$what: the task never reached its RESTORE ($log)"
+		kill -STOP "$cpid" "$wpid"
+		;;
+	hand-off)
+		wait_file "$go.held" || fail "$what: the task never reached its RESTORE ($log)"
+		kill -STOP "$wpid"
+		touch "$go"
+		wait_log "$log" 'BO contents handed to the GPU memory writer' >/dev/null ||
+			fail "$what: the task never handed its GPU memory over ($log)"
+		sleep 0.2
+		kill -STOP "$cpid"
+		;;
+	mid-copy)
+		wait_file "$go.held" || fail "$what: the task never reached its RESTORE ($log)"
+		r0=$(rchar "$wpid")
+		touch "$go"
+		for ((i = 0; i < 3000; i++)); do
+			[ $(($(rchar "$wpid") - r0)) -ge $((64 << 20)) ] && break
+			sleep 0.01
+		done
+		kill -STOP "$cpid" "$wpid"
+		;;
+	sigreturn)
+		for ((i = 0; i < 1200; i++)); do
+			[ -s "$mark" ] && break
+			alive "$cpid" || break
+			sleep 0.05
+		done
+		[ -s "$mark" ] || fail "$what: criu never ran its pre-resume script: $(log_errors "$log")"
+		kill -STOP "$cpid"
+		alive "$wpid" && fail "$what: the GPU memory writer ($wpid) still runs at the sigreturn barrier"
+		;;
+	esac
+	# The other one goes on only once the target is gone (the writer dies with criu).
+	case $target in
+	criu)
+		kill -KILL "$cpid"
+		wait "$cpid" 2>/dev/null
+		;;
+	writer)
+		kill -KILL "$wpid" 2>/dev/null
+		wait_gone "$wpid" 10 || fail "$what: the writer survives SIGKILL"
+		;;
+	esac
+	kill -CONT "$cpid" "$wpid" 2>/dev/null
+	touch "$go"
+	[ -s "$mark" ] && kill -KILL "$(cat "$mark")" 2>/dev/null
+	wait "$cpid" 2>/dev/null
+	case $point in
+	hand-off) ! grep -aq 'GPU memory writer: writing KFD image' "$log" ||
+		fail "$what: the writer had taken the job ($log)" ;;
+	mid-copy) ! grep -aqE 'restored [0-9]+ BO\(s\)|GPU queues resumed' "$log" ||
+		fail "$what: the kill landed after the copy had ended ($log)" ;;
+	esac
+	# Either the process runs with all of its memory, or it is gone.
+	wait_gone "$pid" 5 || ran=yes
+	if [ $ran = yes ]; then
+		wl_verify "$pid" >/dev/null || exit 1
+		kill -KILL "$pid"
+		wait_gone "$pid" 10 || fail "$what: gpu-workload $pid survives SIGKILL"
+	fi
+	no_leftovers "$what"
+	[ "$before" = "$(img_sums "$img")" ] || fail "$what: the images changed"
+	case $point in
+	sigreturn) [ $ran = yes ] || fail "$what: the process, past every check, did not run ($log)" ;;
+	*) [ $ran = no ] || fail "$what: the process ran ($log)" ;;
+	esac
+	# The writer is criu's child, not a restored task (CRIU used to say so of it).
+	! grep -aqE "Task $wpid is in unexpected state|$wpid (exited|killed by signal)" "$log" ||
+		fail "$what: CRIU took the writer for a restored task ($log)"
+	case $target/$point in
+	writer/writer-start | writer/hand-off)
+		log_has "$log" "amdgpu: pid $pid: the GPU memory writer \(pid $wpid\) died before it took the task's GPU files" \
+			"the GPU memory writer \(pid $wpid\) was killed by signal 9 \(SIGKILL\) during the restore" ;;
+	writer/mid-copy)
+		log_has "$log" "amdgpu: pid $pid: the GPU memory writer died \(criu or the writer was killed\) before it confirmed" \
+			"the GPU memory writer \(pid $wpid\) was killed by signal 9 \(SIGKILL\) during the restore" ;;
+	esac
+	if [ $ran = yes ]; then
+		note "$what: the process ran and verified"
+	else
+		line=
+		[ "$target" = writer ] && line="; $(grep -a -m1 -oE "the GPU memory writer \(pid $wpid\) [^;]*" "$log")"
+		note "$what: no task left$line"
+	fi
+	rewind_output
+	restore_ok "$img" "$pid"
+	wl_verify "$pid" >/dev/null || exit 1
+	wl_finish "$pid"
+}
+
 # A tree of three GPU processes. CRIU's restore often opens /dev/kfd in them in another
 # order than they first did (it varies from run to run); kfd-emu then moves each one back
 # to the /dev/kfd slot its recorded doorbell and events mmap offsets name (its log says so
