@@ -46,9 +46,28 @@ impl fmt::Display for FileId {
     }
 }
 
+impl FileId {
+    /// The id that `s` spells as upstream prints it (`%d` of an int), or
+    /// `None` when no id prints as exactly `s` ("+3", "03", "-0" and
+    /// numbers outside i32 spell none), so that reading a directory finds
+    /// exactly the files that writing names.
+    pub fn parse(s: &str) -> Option<FileId> {
+        let id = FileId(s.parse::<i32>().ok()? as u32);
+        (id.to_string() == s).then_some(id)
+    }
+}
+
 /// Name of the KFD image of file `id`.
 pub fn kfd_image_name(id: FileId) -> String {
     format!("amdgpu-kfd-{id}.img")
+}
+
+/// The file id of a KFD image's name (`amdgpu-kfd-<id>.img`, as
+/// [`kfd_image_name`] writes it), `None` for any other name.
+pub fn kfd_image_id(name: &str) -> Option<FileId> {
+    name.strip_prefix("amdgpu-kfd-")
+        .and_then(|n| n.strip_suffix(".img"))
+        .and_then(FileId::parse)
 }
 
 /// Name of the pages file of file `id` for the GPU with *user* id `gpu`.
@@ -963,6 +982,32 @@ pub(crate) mod tests {
             "amdgpu-pages-7-1a2b3.img"
         );
         assert_eq!(kfd_image_name(FileId(u32::MAX)), "amdgpu-kfd--1.img");
+        assert_eq!(
+            pages_image_name(FileId(1 << 31), GpuId(0x1a2b)),
+            "amdgpu-pages--2147483648-1a2b.img"
+        );
+    }
+
+    #[test]
+    fn file_ids_read_back_exactly_as_written() {
+        for id in [0, 1, 7, 0x7fff_ffff, 0x8000_0000, 0x8000_0005, u32::MAX] {
+            let name = kfd_image_name(FileId(id));
+            assert_eq!(kfd_image_id(&name), Some(FileId(id)), "{name}");
+            assert_eq!(FileId::parse(&FileId(id).to_string()), Some(FileId(id)));
+        }
+        // Spellings upstream's %d never prints name no image.
+        for name in [
+            "amdgpu-kfd-+3.img",
+            "amdgpu-kfd-03.img",
+            "amdgpu-kfd--0.img",
+            "amdgpu-kfd-2147483648.img",
+            "amdgpu-kfd-4294967295.img",
+            "amdgpu-kfd-.img",
+            "amdgpu-kfd-3.img.bak",
+            "amdgpu-renderD-3.img",
+        ] {
+            assert_eq!(kfd_image_id(name), None, "{name}");
+        }
     }
 
     #[test]

@@ -91,15 +91,10 @@ pub fn kfd_image_ids(dir: &Path) -> std::io::Result<Vec<FileId>> {
     let mut ids = Vec::new();
     for ent in std::fs::read_dir(dir)? {
         let name = ent?.file_name();
-        let Some(id) = name
-            .to_str()
-            .and_then(|n| n.strip_prefix("amdgpu-kfd-"))
-            .and_then(|n| n.strip_suffix(".img"))
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
+        let Some(id) = name.to_str().and_then(crate::image::kfd_image_id) else {
             continue;
         };
-        ids.push(FileId(id));
+        ids.push(id);
     }
     ids.sort_by_key(|i| i.0);
     Ok(ids)
@@ -247,6 +242,30 @@ mod tests {
             std::fs::write(d.join(n), b"").unwrap();
         }
         assert_eq!(kfd_image_ids(&d).unwrap(), vec![FileId(3), FileId(12)]);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// Upstream prints file ids with `%d`: an id ≥ 2^31 names a file with a
+    /// minus sign, which the listing must find (a decoded image, written
+    /// by the writer, listed by the restore).
+    #[test]
+    fn kfd_images_of_ids_past_i32_are_found() {
+        let d = crate::image::tests::tempdir();
+        let ids = [FileId(0x8000_0000), FileId(0xffff_fffe), FileId(5)];
+        let img = crate::image::KfdImage::validate("t", crate::image::tests::sample_kfd()).unwrap();
+        for id in ids {
+            img.write(&d, id).unwrap();
+        }
+        assert!(d.join("amdgpu-kfd--2147483648.img").exists());
+        assert!(d.join("amdgpu-kfd--2.img").exists());
+        let found = kfd_image_ids(&d).unwrap();
+        assert_eq!(
+            found,
+            vec![FileId(5), FileId(0x8000_0000), FileId(0xffff_fffe)]
+        );
+        for id in found {
+            assert_eq!(crate::image::KfdImage::read(&d, id).unwrap(), img);
+        }
         std::fs::remove_dir_all(&d).unwrap();
     }
 }

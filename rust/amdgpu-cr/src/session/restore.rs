@@ -690,7 +690,7 @@ impl RestoreSession {
 
 /// Whether `dir` holds pages files of KFD image `id` (`amdgpu-pages-<id>-*`).
 fn has_pages_of(dir: &Path, id: FileId) -> bool {
-    let prefix = format!("amdgpu-pages-{}-", id.0);
+    let prefix = format!("amdgpu-pages-{id}-");
     std::fs::read_dir(dir).is_ok_and(|d| {
         d.filter_map(Result::ok).any(|e| {
             e.file_name()
@@ -901,4 +901,23 @@ fn check_one(
         image.msg.bo_entries.len(),
         human_bytes(bytes)
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The pages files of an id ≥ 2^31 carry it as upstream's `%d` prints
+    /// it; the KFD image's fallback check must find them under that name.
+    #[test]
+    fn pages_of_ids_past_i32_are_found() {
+        let d = crate::image::tests::tempdir();
+        let id = FileId(0x8000_0001);
+        let name = crate::image::pages_image_name(id, crate::ids::GpuId(0x1a2b));
+        assert_eq!(name, "amdgpu-pages--2147483647-1a2b.img");
+        std::fs::write(d.join(&name), b"").unwrap();
+        assert!(has_pages_of(&d, id));
+        assert!(!has_pages_of(&d, FileId(0x7fff_ffff)));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
 }
