@@ -634,13 +634,28 @@ fn real_pid_of(vpid: u32, like: i32) -> Option<i32> {
     })
 }
 
+/// The BO buckets handed to CHECKPOINT.  KFD writes `dmabuf_fd` only in
+/// the buckets it fills (and kernels before KFD 1.8 only for VRAM/GTT BOs):
+/// every bucket starts with the invalid marker, as upstream's plugin's do,
+/// so a bucket left unwritten never names an fd of ours (0 would be criu's
+/// own stdin).
+fn checkpoint_buckets(n: usize) -> Vec<sys::kfd_criu_bo_bucket> {
+    vec![
+        sys::kfd_criu_bo_bucket {
+            dmabuf_fd: bo::KFD_INVALID_FD,
+            ..Default::default()
+        };
+        n
+    ]
+}
+
 /// CHECKPOINT with buffers sized from PROCESS_INFO.
 fn checkpoint(
     kfd: &OwnedFd,
     info: &ProcessInfo,
 ) -> Result<(CheckpointData, Vec<Option<OwnedFd>>), kfd_abi::handle::Error> {
     let mut devices = vec![sys::kfd_criu_device_bucket::default(); info.num_devices as usize];
-    let mut bos = vec![sys::kfd_criu_bo_bucket::default(); info.num_bos as usize];
+    let mut bos = checkpoint_buckets(info.num_bos as usize);
     let size = usize::try_from(info.priv_data_size)
         .map_err(|_| kfd_abi::handle::Error::new("AMDKFD_IOC_CRIU_OP(CHECKPOINT)", libc::E2BIG))?;
     let mut priv_data = vec![0u8; size];
@@ -676,4 +691,19 @@ fn checkpoint(
         priv_data,
     };
     Ok((ckpt, dmabufs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Buckets KFD leaves as they were hand no fd over, whatever flags.
+    #[test]
+    fn unwritten_checkpoint_buckets_own_no_fd() {
+        let mut bos = checkpoint_buckets(3);
+        assert!(bos.iter().all(|b| b.dmabuf_fd == bo::KFD_INVALID_FD));
+        bos[1].alloc_flags = bo::ALLOC_VRAM;
+        bos[2].alloc_flags = bo::ALLOC_GTT;
+        assert!(owned_dmabufs(&bos).iter().all(Option::is_none));
+    }
 }

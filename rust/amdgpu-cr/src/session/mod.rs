@@ -182,6 +182,17 @@ pub(crate) fn log_gpu_stats(pid: i32, verb: &str, stats: &[crate::copy::GpuStats
     }
 }
 
+/// Whether KFD installed `dmabuf_fd` in our fd table for this bucket
+/// (CHECKPOINT and RESTORE output): KFD exports a dmabuf only for VRAM and
+/// GTT BOs and writes the invalid marker, or nothing at all before KFD
+/// 1.8, for the others; so only a VRAM/GTT bucket holding a valid fd
+/// number carries an fd that is ours to close.
+fn kfd_wrote_dmabuf(b: &kfd_abi::sys::kfd_criu_bo_bucket) -> bool {
+    crate::bo::has_contents(b.alloc_flags)
+        && b.dmabuf_fd != crate::bo::KFD_INVALID_FD
+        && i32::try_from(b.dmabuf_fd).is_ok()
+}
+
 /// Takes ownership of the dmabuf fds KFD installed in our fd table for
 /// each bucket (CHECKPOINT and RESTORE output).
 pub(crate) fn owned_dmabufs(
@@ -190,7 +201,7 @@ pub(crate) fn owned_dmabufs(
     buckets
         .iter()
         .map(|b| {
-            (b.dmabuf_fd != crate::bo::KFD_INVALID_FD).then(|| {
+            kfd_wrote_dmabuf(b).then(|| {
                 // SAFETY: KFD installed this fd for us; nothing else owns it.
                 unsafe {
                     <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(
@@ -227,6 +238,40 @@ mod tests {
         assert_eq!(human_bytes(512), "512 B");
         assert_eq!(human_bytes(1536), "1.5 KiB");
         assert_eq!(human_bytes(3 << 30), "3.0 GiB");
+    }
+
+    /// Only the fds KFD wrote are taken (and so closed when dropped): a
+    /// bucket still holding the marker, a non-VRAM/GTT bucket a pre-1.8
+    /// kernel left at 0, or an fd number past i32 are not ours.
+    #[test]
+    fn only_dmabufs_kfd_wrote_are_owned() {
+        use crate::bo::{ALLOC_DOORBELL, ALLOC_GTT, ALLOC_USERPTR, ALLOC_VRAM, KFD_INVALID_FD};
+        use kfd_abi::sys::kfd_criu_bo_bucket;
+        use std::os::fd::IntoRawFd;
+        let exported = std::fs::File::open("/dev/null").unwrap().into_raw_fd();
+        let bucket = |alloc_flags, dmabuf_fd| kfd_criu_bo_bucket {
+            alloc_flags,
+            dmabuf_fd,
+            ..Default::default()
+        };
+        let buckets = [
+            bucket(ALLOC_VRAM, exported as u32),
+            bucket(ALLOC_VRAM, KFD_INVALID_FD),
+            bucket(ALLOC_GTT, 0x8000_0000),
+            bucket(ALLOC_USERPTR, 0),
+            bucket(ALLOC_DOORBELL, 0),
+            bucket(ALLOC_DOORBELL, KFD_INVALID_FD),
+        ];
+        let owned = owned_dmabufs(&buckets);
+        assert!(owned[1..].iter().all(Option::is_none), "{owned:?}");
+        let taken = owned
+            .into_iter()
+            .next()
+            .flatten()
+            .map(IntoRawFd::into_raw_fd);
+        assert_eq!(taken, Some(exported));
+        // SAFETY: `exported` is our /dev/null fd, handed back by into_raw_fd.
+        drop(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(exported) });
     }
 
     #[test]
