@@ -97,7 +97,7 @@ TEST_SUITES	:= test-rust test-smoke test-rocm test-gpu test-rocm-cr test-zdtm te
 # file targets do not: a packager's build (meson, sbuild) must not run apt. The entry points
 # depend on deps, and when one of them is a goal, every recipe that builds something waits
 # for deps too (order-only), so `make -j` cannot start cargo or CRIU's build before it.
-DEPS_GOALS	:= test $(TEST_SUITES) demo bench zdtm-compare deb
+DEPS_GOALS	:= test $(TEST_SUITES) test-integrity test-integrity-full demo bench zdtm-compare deb
 ifneq ($(filter $(DEPS_GOALS),$(MAKECMDGOALS)),)
 DEPS_FIRST	:= deps
 endif
@@ -157,6 +157,18 @@ test-rocm: kfd-tools
 .PHONY: test-gpu
 test-gpu: $(BUILD)/criu-rocm $(BUILD)/crit kfd-tools
 	CARGO_TARGET_DIR=$(CARGO_TARGET) CRIT=$(TOP)/$(BUILD)/crit test/gpu/run.sh $(BUILD)/criu-rocm
+
+# GPU image integrity (test/integrity/run.py): ~250 seeded mutants of one dump's GPU image
+# files, each refused by gpu-check and the restore for the same reason, or restored with every
+# byte verified by the process; no image modified. A suite of its own, not a test-gpu case:
+# one Python program with its own dump, its own table and a budget of its own (about a
+# minute), run and counted apart in CI.
+# Not yet in TEST_SUITES: it fails until gpu-check and the restore share one validation path
+# (issue 14); test-integrity-full runs it meanwhile.
+.PHONY: test-integrity test-integrity-full
+test-integrity: test-integrity-full
+test-integrity-full: $(BUILD)/criu-rocm kfd-tools
+	CARGO_TARGET_DIR=$(CARGO_TARGET) $(PYTHON) test/integrity/run.py $(BUILD)/criu-rocm
 
 # Checkpoint/restore of programs on Debian's libhsakmt and ROCr 5.2 (test/rocm/cr.sh: the zdtm
 # tests gpu_hsakmt_* and gpu_rocr_* run on their own, dumped mid-work and restored on the same

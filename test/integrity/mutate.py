@@ -1,0 +1,461 @@
+#!/usr/bin/python3
+"""Mutation corpus of one GPU image directory (test/integrity/run.py).
+
+  mutate.py gen IMG_DIR OUT_DIR [--seed N]
+      Writes OUT_DIR/<mutant>/ for every mutant of IMG_DIR's GPU image files
+      (amdgpu-kfd-*.img, amdgpu-renderD-*.img, amdgpu-pages-*.img) and
+      OUT_DIR/manifest.json: [{"name", "class", "file", "what"}] in order.
+      Files a mutant does not change are hard links to IMG_DIR's (the runner
+      hashes every image before and after each restore, so a write through a
+      link cannot pass unseen). The same seed and the same image layout give
+      the same mutants.
+  mutate.py list IMG_DIR [--seed N]
+      Prints the mutants (name, class, what) without writing them.
+
+Classes: flip (a byte inverted or xor-ed), bitflip (one bit), truncate, zero
+(a range set to zero), extend (bytes appended), size-prefix (the leading u64
+size word changed), field (a protobuf field of a KFD or render-node image
+edited, the file re-framed so its size word agrees), delete (files removed),
+swap (files exchanged). Field edits parse the wire format themselves (field
+numbers from proto/criu-amdgpu.proto), so they need no protobuf package.
+"""
+
+import json
+import os
+import random
+import re
+import shutil
+import struct
+import sys
+
+DEFAULT_SEED = 14
+
+# criu_kfd
+KFD_PID, KFD_NUM_GPUS, KFD_NUM_CPUS, KFD_DEVICES, KFD_NUM_BOS = 1, 2, 3, 4, 5
+KFD_BOS, KFD_NUM_OBJECTS, KFD_PRIV = 6, 7, 10
+KFD_EXT_VERSION = 1000
+# kfd_device_entry
+DEV_GPU_ID, DEV_RENDER_MINOR = 2, 21
+# kfd_bo_entry
+BO_ADDR, BO_SIZE, BO_OFFSET, BO_FLAGS, BO_GPU_ID, BO_XXH3 = 1, 2, 3, 4, 5, 1000
+# criu_render_node
+RN_GPU_ID, RN_ID, RN_MINOR = 1, 2, 3
+
+VRAM, GTT = 1, 2
+U32, U64 = (1 << 32) - 1, (1 << 64) - 1
+
+
+class Bad(Exception):
+    pass
+
+
+# ---------------------------------------------------------------------------
+# Protobuf wire format: a message is a list of [field, wiretype, value];
+# value is an int (varint, fixed64, fixed32) or bytes (length-delimited).
+
+def read_varint(b, i):
+    v = shift = 0
+    while True:
+        if i >= len(b):
+            raise Bad("truncated varint")
+        c = b[i]
+        i += 1
+        v |= (c & 0x7F) << shift
+        shift += 7
+        if not c & 0x80:
+            return v, i
+        if shift > 63:
+            raise Bad("varint too long")
+
+
+def varint(v):
+    out = bytearray()
+    v &= U64
+    while True:
+        c = v & 0x7F
+        v >>= 7
+        if v:
+            out.append(c | 0x80)
+        else:
+            out.append(c)
+            return bytes(out)
+
+
+def parse(b):
+    fields, i = [], 0
+    while i < len(b):
+        key, i = read_varint(b, i)
+        f, wt = key >> 3, key & 7
+        if wt == 0:
+            v, i = read_varint(b, i)
+        elif wt == 1:
+            v = struct.unpack_from("<Q", b, i)[0]
+            i += 8
+        elif wt == 5:
+            v = struct.unpack_from("<I", b, i)[0]
+            i += 4
+        elif wt == 2:
+            n, i = read_varint(b, i)
+            if i + n > len(b):
+                raise Bad("truncated field")
+            v = bytes(b[i:i + n])
+            i += n
+        else:
+            raise Bad(f"wire type {wt}")
+        fields.append([f, wt, v])
+    return fields
+
+
+def encode(fields):
+    out = bytearray()
+    for f, wt, v in fields:
+        out += varint(f << 3 | wt)
+        if wt == 0:
+            out += varint(v)
+        elif wt == 1:
+            out += struct.pack("<Q", v & U64)
+        elif wt == 5:
+            out += struct.pack("<I", v & U32)
+        else:
+            out += varint(len(v)) + v
+    return bytes(out)
+
+
+def get(fields, f, default=None):
+    for x in fields:
+        if x[0] == f:
+            return x[2]
+    return default
+
+
+def put(fields, f, v):
+    for x in fields:
+        if x[0] == f:
+            x[2] = v
+            return
+    raise Bad(f"no field {f}")
+
+
+def subs(fields, f):
+    """The embedded messages of repeated field f, parsed: [(index in fields, msg)]."""
+    return [(i, parse(x[2])) for i, x in enumerate(fields) if x[0] == f]
+
+
+def unframe(data):
+    if len(data) < 8:
+        raise Bad("no size word")
+    (n,) = struct.unpack_from("<Q", data)
+    if n != len(data) - 8:
+        raise Bad(f"size word {n}, {len(data) - 8} bytes follow")
+    return data[8:]
+
+
+def frame(payload):
+    return struct.pack("<Q", len(payload)) + payload
+
+
+# ---------------------------------------------------------------------------
+# The image directory
+
+class Images:
+    def __init__(self, dir):
+        self.dir = dir
+        names = sorted(os.listdir(dir))
+        self.kfd = [n for n in names if re.fullmatch(r"amdgpu-kfd--?\d+\.img", n)]
+        self.render = [n for n in names if re.fullmatch(r"amdgpu-renderD--?\d+\.img", n)]
+        self.pages = [n for n in names if re.fullmatch(r"amdgpu-pages--?\d+-[0-9a-f]+\.img", n)]
+        if not self.kfd or not self.pages:
+            raise Bad(f"{dir}: no KFD image or no pages file to mutate")
+        self.data = {n: open(os.path.join(dir, n), "rb").read()
+                     for n in self.kfd + self.render + self.pages}
+        self.msgs = {n: parse(unframe(self.data[n])) for n in self.kfd + self.render}
+
+    def gpu_files(self):
+        return self.kfd + self.render + self.pages
+
+
+class Mutant:
+    def __init__(self, name, cls, file, what, files=None, delete=(), swap=None):
+        self.name, self.cls, self.file, self.what = name, cls, file, what
+        self.files = files or {}       # name -> new bytes
+        self.delete = list(delete)     # names removed
+        self.swap = swap               # (a, b): contents exchanged
+
+
+def kind(name):
+    return name.split("-")[1]          # kfd, renderD, pages
+
+
+def short(name):
+    """amdgpu-pages-3-1a2b.img -> pages-3-1a2b"""
+    return name[len("amdgpu-"):-len(".img")]
+
+
+def mutants(img, seed):
+    rng = random.Random(seed)
+    out = []
+
+    def add(cls, file, what, **kw):
+        out.append(Mutant(f"{cls}:{short(file) if file else 'all'}:{len(out):03d}", cls, file,
+                          what, **kw))
+
+    # Raw damage to every GPU image file.
+    for f in img.gpu_files():
+        d = img.data[f]
+        n = len(d)
+        # Pages files: mostly the BO bytes, once the size word; the others
+        # anywhere, the size word included.
+        lo = 8 if kind(f) == "pages" else 0
+        offs = [rng.randrange(lo, n) for _ in range(7)] + [rng.randrange(0, 8)]
+        for off in offs:
+            mask = rng.randrange(1, 256)
+            b = bytearray(d)
+            b[off] ^= mask
+            add("flip", f, f"byte {off} ^= {mask:#04x}", files={f: bytes(b)})
+        for _ in range(4):
+            off = rng.randrange(lo, n)
+            bit = rng.randrange(8)
+            b = bytearray(d)
+            b[off] ^= 1 << bit
+            add("bitflip", f, f"bit {bit} of byte {off}", files={f: bytes(b)})
+        for keep in sorted({0, 4, 8, n - 1, rng.randrange(9, n - 1), rng.randrange(9, n - 1)}):
+            add("truncate", f, f"cut to {keep} of {n} bytes", files={f: d[:keep]})
+        zeros = [(0, n), (0, 8)]
+        for _ in range(2):
+            a = rng.randrange(lo, n - 1)
+            zeros.append((a, min(n, a + rng.choice([1, 16, 4096]))))
+        for a, e in zeros:
+            b = bytearray(d)
+            b[a:e] = bytes(e - a)
+            if b == d:  # already zero there: make the zeroing count
+                b[a] ^= 0xFF
+                add("zero", f, f"bytes {a}..{e} were zero already; byte {a} ^= 0xff",
+                    files={f: bytes(b)})
+            else:
+                add("zero", f, f"bytes {a}..{e} zeroed", files={f: bytes(b)})
+        junk = bytes(rng.randrange(256) for _ in range(8))
+        for tail, what in [(b"\0", "1 zero byte"), (junk, "8 random bytes"),
+                           (bytes(4096), "4096 zero bytes")]:
+            add("extend", f, f"{what} appended", files={f: d + tail})
+        (size,) = struct.unpack_from("<Q", d)
+        for new, what in [(size + 1, "+1"), (size - 1, "-1"), (0, "=0"), (1 << 63, "=2^63"),
+                          (U64, "=2^64-1"), (size + 4096, "+4096")]:
+            add("size-prefix", f, f"size word {size} -> {new & U64} ({what})",
+                files={f: struct.pack("<Q", new & U64) + d[8:]})
+
+    # Field edits, re-framed (a consistent file: only a cross-check or a
+    # digest can catch them).
+    for f in img.kfd:
+        base = img.msgs[f]
+
+        def edit(what, fn, f=f, base=base):
+            m = [list(x) for x in base]
+            fn(m)
+            add("field", f, what, files={f: frame(encode(m))})
+
+        pid = get(base, KFD_PID)
+        for new in [pid + 1, 0, 1, U32]:
+            edit(f"pid {pid} -> {new}", lambda m, v=new: put(m, KFD_PID, v))
+        nobj = get(base, KFD_NUM_OBJECTS)
+        for new in [nobj + 1, max(nobj - 1, 0) if nobj else 1, 0 if nobj else 2, U32]:
+            edit(f"num_of_objects {nobj} -> {new}", lambda m, v=new: put(m, KFD_NUM_OBJECTS, v))
+        nbos = get(base, KFD_NUM_BOS)
+        for new in [nbos + 1, nbos - 1]:
+            edit(f"num_of_bos {nbos} -> {new}", lambda m, v=new: put(m, KFD_NUM_BOS, v))
+        for fld, nm in [(KFD_NUM_GPUS, "num_of_gpus"), (KFD_NUM_CPUS, "num_of_cpus")]:
+            v = get(base, fld)
+            edit(f"{nm} {v} -> {v + 1}", lambda m, fld=fld, v=v: put(m, fld, v + 1))
+
+        devs = subs(base, KFD_DEVICES)
+        gpus = [get(d, DEV_GPU_ID) for _, d in devs if get(d, DEV_GPU_ID)]
+        bos = subs(base, KFD_BOS)
+
+        def edit_bo(idx, what, fn):
+            def apply(m):
+                i, bo = bos[idx]
+                bo = [list(x) for x in bo]
+                fn(bo)
+                m[i][2] = encode(bo)
+            edit(f"BO {idx}: {what}", apply)
+
+        data_bos = [k for k, (_, b) in enumerate(bos) if get(b, BO_FLAGS) & (VRAM | GTT)]
+        other_bos = [k for k, (_, b) in enumerate(bos) if not get(b, BO_FLAGS) & (VRAM | GTT)]
+        picked = sorted(set(rng.sample(data_bos, min(3, len(data_bos))) +
+                            rng.sample(other_bos, min(1, len(other_bos)))))
+        for k in picked:
+            b = bos[k][1]
+            addr, size, off = get(b, BO_ADDR), get(b, BO_SIZE), get(b, BO_OFFSET)
+            gpu = get(b, BO_GPU_ID)
+            bit = rng.randrange(12, 47)
+            edit_bo(k, f"addr {addr:#x} -> {addr ^ 1 << bit:#x} (bit {bit})",
+                    lambda bo, v=addr ^ 1 << bit: put(bo, BO_ADDR, v))
+            edit_bo(k, f"addr {addr:#x} + 4096",
+                    lambda bo, v=addr + 4096: put(bo, BO_ADDR, v))
+            edit_bo(k, f"size {size:#x} + 4096", lambda bo, v=size + 4096: put(bo, BO_SIZE, v))
+            if size > 4096:
+                edit_bo(k, f"size {size:#x} - 4096", lambda bo, v=size - 4096: put(bo, BO_SIZE, v))
+            edit_bo(k, f"size {size:#x} -> 0", lambda bo: put(bo, BO_SIZE, 0))
+            bit = rng.randrange(12, 47)
+            edit_bo(k, f"offset {off:#x} -> {off ^ 1 << bit:#x} (bit {bit})",
+                    lambda bo, v=off ^ 1 << bit: put(bo, BO_OFFSET, v))
+            edit_bo(k, f"offset {off:#x} + 4096", lambda bo, v=off + 4096: put(bo, BO_OFFSET, v))
+            others = [g for g in gpus if g != gpu]
+            if others:
+                edit_bo(k, f"gpu_id {gpu:#x} -> {others[0]:#x} (the other GPU)",
+                        lambda bo, v=others[0]: put(bo, BO_GPU_ID, v))
+            edit_bo(k, f"gpu_id {gpu:#x} -> {gpu ^ 0x8000:#x} (no such GPU)",
+                    lambda bo, v=gpu ^ 0x8000: put(bo, BO_GPU_ID, v))
+            fl = get(b, BO_FLAGS)
+            if fl & (VRAM | GTT):
+                edit_bo(k, f"alloc_flags {fl:#x} -> {fl ^ (VRAM | GTT):#x} (VRAM <-> GTT)",
+                        lambda bo, v=fl ^ (VRAM | GTT): put(bo, BO_FLAGS, v))
+            if get(b, BO_XXH3) is not None:
+                h = get(b, BO_XXH3)
+                edit_bo(k, "content_xxh3 ^= 1", lambda bo, v=h ^ 1: put(bo, BO_XXH3, v))
+                edit_bo(k, "content_xxh3 removed",
+                        lambda bo: bo.__setitem__(slice(None), [x for x in bo if x[0] != BO_XXH3]))
+
+        def strip_hashes(m):
+            for i, bo in subs(m, KFD_BOS):
+                m[i][2] = encode([x for x in bo if x[0] != BO_XXH3])
+
+        edit("content_xxh3 removed from every BO", strip_hashes)
+        # Hashes gone and the contents damaged too: only a digest (or the
+        # extension's rule that hashes are required) can refuse this one.
+        for p in img.pages:
+            m = [list(x) for x in base]
+            strip_hashes(m)
+            d = bytearray(img.data[p])
+            off = rng.randrange(8, len(d))
+            d[off] ^= 0x5A
+            add("field", f, f"content_xxh3 removed from every BO and byte {off} of {p} ^= 0x5a",
+                files={f: frame(encode(m)), p: bytes(d)})
+        ext = get(base, KFD_EXT_VERSION)
+        if ext is not None:
+            edit(f"criu_rocm_ext_version {ext} removed",
+                 lambda m: m.__setitem__(slice(None), [x for x in m if x[0] != KFD_EXT_VERSION]))
+            for new in [0, ext + 1]:
+                edit(f"criu_rocm_ext_version {ext} -> {new}",
+                     lambda m, v=new: put(m, KFD_EXT_VERSION, v))
+        for di, (i, dev) in enumerate(devs):
+            g = get(dev, DEV_GPU_ID)
+            if not g:
+                continue
+
+            def dev_edit(what, fn, i=i, dev=dev):
+                def apply(m):
+                    d2 = [list(x) for x in dev]
+                    fn(d2)
+                    m[i][2] = encode(d2)
+                edit(what, apply)
+
+            dev_edit(f"device {di}: gpu_id {g:#x} -> {g ^ 0x4000:#x}",
+                     lambda d2, v=g ^ 0x4000: put(d2, DEV_GPU_ID, v))
+            mn = get(dev, DEV_RENDER_MINOR)
+            dev_edit(f"device {di}: drm_render_minor {mn} -> {mn + 7}",
+                     lambda d2, v=mn + 7: put(d2, DEV_RENDER_MINOR, v))
+        priv = get(base, KFD_PRIV)
+        edit(f"priv_data cut by 1 of {len(priv)} bytes", lambda m: put(m, KFD_PRIV, priv[:-1]))
+        po = rng.randrange(len(priv))
+        pb = bytearray(priv)
+        pb[po] ^= 0xFF
+        edit(f"priv_data byte {po} ^= 0xff", lambda m, v=bytes(pb): put(m, KFD_PRIV, v))
+        if len(bos) >= 2:
+            i0, i1 = bos[0][0], bos[1][0]
+            edit("BO entries 0 and 1 swapped", lambda m: (m.__setitem__(i0, list(base[i1])),
+                                                         m.__setitem__(i1, list(base[i0]))))
+            edit(f"BO entry 0 dropped, num_of_bos {nbos} -> {nbos - 1}",
+                 lambda m: (m.pop(i0), put(m, KFD_NUM_BOS, nbos - 1)))
+            edit(f"BO entry 0 repeated, num_of_bos {nbos} -> {nbos + 1}",
+                 lambda m: (m.insert(i0, list(base[i0])), put(m, KFD_NUM_BOS, nbos + 1)))
+
+    for f in img.render:
+        base = img.msgs[f]
+
+        def edit(what, fn, f=f, base=base):
+            m = [list(x) for x in base]
+            fn(m)
+            add("field", f, what, files={f: frame(encode(m))})
+
+        g = get(base, RN_GPU_ID)
+        others = sorted({get(img.msgs[r], RN_GPU_ID) for r in img.render} - {g})
+        if others:
+            edit(f"gpu_id {g:#x} -> {others[0]:#x} (the other GPU)",
+                 lambda m, v=others[0]: put(m, RN_GPU_ID, v))
+        edit(f"gpu_id {g:#x} -> {g ^ 0x4000:#x} (no such GPU)",
+             lambda m, v=g ^ 0x4000: put(m, RN_GPU_ID, v))
+        edit(f"gpu_id {g:#x} -> 0", lambda m: put(m, RN_GPU_ID, 0))
+        mn = get(base, RN_MINOR)
+        if mn is not None:
+            edit(f"drm_render_minor {mn} -> {mn + 7}", lambda m, v=mn + 7: put(m, RN_MINOR, v))
+
+    # Whole files.
+    for f in img.gpu_files():
+        add("delete", f, f"{f} deleted", delete=[f])
+    add("delete", None, "every pages file deleted", delete=list(img.pages))
+    if img.render:
+        add("delete", None, "every render-node image deleted", delete=list(img.render))
+    for group in (img.render, img.pages):
+        if len(group) >= 2:
+            add("swap", group[0], f"{group[0]} and {group[1]} exchanged", swap=(group[0], group[1]))
+    if img.render:
+        add("swap", img.kfd[0], f"{img.kfd[0]} holds {img.render[0]}'s contents",
+            files={img.kfd[0]: img.data[img.render[0]]})
+        add("swap", img.render[0], f"{img.render[0]} holds {img.kfd[0]}'s contents",
+            files={img.render[0]: img.data[img.kfd[0]]})
+    if len(img.pages) >= 2:
+        p0, p1 = img.pages[0], img.pages[1]
+        add("swap", p0, f"{p0} holds {p1}'s contents", files={p0: img.data[p1]})
+    return out
+
+
+def write(img, m, dest):
+    os.makedirs(dest)
+    for n in sorted(os.listdir(img.dir)):
+        src = os.path.join(img.dir, n)
+        if not os.path.isfile(src) or n in m.delete or n in m.files:
+            continue
+        if m.swap and n in m.swap:
+            continue
+        os.link(src, os.path.join(dest, n))
+    for n, data in m.files.items():
+        with open(os.path.join(dest, n), "wb") as fh:
+            fh.write(data)
+    if m.swap:
+        a, b = m.swap
+        shutil.copyfile(os.path.join(img.dir, b), os.path.join(dest, a))
+        shutil.copyfile(os.path.join(img.dir, a), os.path.join(dest, b))
+
+
+def main(argv):
+    seed = DEFAULT_SEED
+    if "--seed" in argv:
+        i = argv.index("--seed")
+        seed = int(argv[i + 1])
+        del argv[i:i + 2]
+    if len(argv) == 3 and argv[0] == "gen":
+        img = Images(argv[1])
+        ms = mutants(img, seed)
+        os.makedirs(argv[2], exist_ok=True)
+        man = []
+        for k, m in enumerate(ms):
+            d = f"m{k:03d}"
+            write(img, m, os.path.join(argv[2], d))
+            man.append({"name": m.name, "dir": d, "class": m.cls, "file": m.file, "what": m.what})
+        with open(os.path.join(argv[2], "manifest.json"), "w") as fh:
+            json.dump(man, fh, indent=1)
+        print(f"{len(ms)} mutants (seed {seed}) in {argv[2]}")
+        return 0
+    if len(argv) == 2 and argv[0] == "list":
+        for m in mutants(Images(argv[1]), seed):
+            print(f"{m.name}\t{m.what}")
+        return 0
+    sys.stderr.write(__doc__)
+    return 2
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except Bad as e:
+        sys.exit(f"mutate.py: {e}")

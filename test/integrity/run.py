@@ -1,0 +1,458 @@
+#!/usr/bin/python3
+"""GPU image integrity on a mutation corpus (issue 14; `make test-integrity`).
+
+  usage: test/integrity/run.py CRIU_BINARY [--seed N] [--only REGEX]
+  env:   CARGO_TARGET_DIR       where kfd-emu and gpu-workload were built (rust/target)
+         INTEGRITY_KEEP=1       keep the work directory even when everything passed
+
+Dumps one gpu-workload (two GPUs, VRAM and GTT BOs, small BOs, an event) on an
+emulated mi100x2 host, writes >= 200 seeded mutants of its GPU image files
+(test/integrity/mutate.py: byte and bit flips, truncation, zeroing, extension,
+size-word changes, protobuf field edits, deleted and swapped files), and on a
+fresh mi100x2 host runs `criu-rocm gpu-check` and `criu-rocm restore` on
+every mutant (all of them: the ~250 restores take about a minute on 2 cores,
+well inside the suite's budget, so no refused mutant is left out). Each
+mutant must end as one of:
+
+  refused   gpu-check and the restore both refuse, and a reason gpu-check
+            printed ("NOT restorable...: REASON") appears word for word in the
+            restore's log; nothing runs afterwards;
+  verified  both accept: the restore succeeds and the process checks every
+            byte of its BOs, its SDMA counters and its event (gpu-workload's own
+            verification), then exits cleanly;
+
+and never modify an image file (every *.img is hashed before and after).
+Anything else fails the run, named: "disagree" (one refuses, the other not,
+or different reasons), "silent" (the restore succeeded but the process found
+damage, hung or died, or a refused restore left it running), "modified".
+The last lines are a table per class and "N passed, M failed"; the exit
+status is non-zero on any failure.
+"""
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.realpath(__file__))
+TOP = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+import mutate  # noqa: E402
+
+PROFILE = "mi100x2"
+WORKLOAD_ARGS = ["--mib", "2", "--bos", "3", "--small-bos", "2", "--events"]
+RESTORE_TIMEOUT = 120
+VERIFY_TIMEOUT = 60
+OUTCOMES = ["refused", "verified", "disagree", "silent", "modified"]
+FAILURES = {"disagree", "silent", "modified"}
+
+
+def log(msg):
+    print(msg, flush=True)
+
+
+class Fail(Exception):
+    pass
+
+
+# ---------------------------------------------------------------------------
+# Processes
+
+def alive(pid):
+    try:
+        st = open(f"/proc/{pid}/stat").read()
+    except OSError:
+        return False
+    return st.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def wait_gone(pid, secs):
+    end = time.time() + secs
+    while time.time() < end:
+        if not alive(pid):
+            return True
+        time.sleep(0.05)
+    return not alive(pid)
+
+
+def lines_of(path, pid):
+    pre = '{"ok":'
+    tag = f',"pid":{pid},'
+    try:
+        text = open(path, errors="replace").read()
+    except OSError:
+        return []
+    return [ln for ln in text.splitlines() if ln.startswith(pre) and tag in ln]
+
+
+def verify(out, pid, sig, secs):
+    """Sends sig to pid and waits for its next verification line: the line, or None."""
+    n = len(lines_of(out, pid))
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        return None
+    end = time.time() + secs
+    while time.time() < end:
+        ls = lines_of(out, pid)
+        if len(ls) > n:
+            return ls[n]
+        if not alive(pid):
+            ls = lines_of(out, pid)
+            return ls[n] if len(ls) > n else None
+        time.sleep(0.05)
+    return None
+
+
+def field(line, name):
+    m = re.search(rf'"{name}":(\d+)', line.split(',"errors":')[0])
+    return int(m.group(1)) if m else None
+
+
+def leftovers():
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            comm = open(f"/proc/{d}/comm").read().strip()
+        except OSError:
+            continue
+        if comm in ("gpu-workload", "criu-rocm", "criu", "criu-gpu-guard", "criu-rocm-gpuwr") \
+                and alive(int(d)):
+            out.append(f"{d} {comm}")
+    return out
+
+
+def img_hashes(d):
+    h = {}
+    for n in sorted(os.listdir(d)):
+        if n.endswith(".img"):
+            with open(os.path.join(d, n), "rb") as fh:
+                h[n] = hashlib.sha256(fh.read()).hexdigest()
+    return h
+
+
+# ---------------------------------------------------------------------------
+# Inside the dump host
+
+def in_dump(work):
+    criu = os.environ["CRIU"]
+    out = os.path.join(work, "wl.out")
+    # O_APPEND|O_WRONLY: CRIU does not pin the size of such a file, so every
+    # restore finds it however much earlier restores appended.
+    with open(out, "ab") as o, open(os.path.join(work, "wl.err"), "ab") as e:
+        wl = subprocess.Popen([os.environ["WORKLOAD"]] + WORKLOAD_ARGS, stdin=subprocess.DEVNULL,
+                              stdout=o, stderr=e, start_new_session=True)
+    end = time.time() + 60
+    ready = None
+    while time.time() < end and ready is None:
+        for ln in open(out, errors="replace").read().splitlines():
+            if ln.startswith(f'{{"ready":true,"pid":{wl.pid},'):
+                ready = ln
+        if wl.poll() is not None:
+            break
+        time.sleep(0.05)
+    if ready is None:
+        raise Fail(f"gpu-workload did not get ready: {open(os.path.join(work, 'wl.err')).read()[-300:]}")
+    base = verify(out, wl.pid, signal.SIGUSR1, VERIFY_TIMEOUT)
+    if base is None or not base.startswith('{"ok":true,'):
+        raise Fail(f"gpu-workload's verification before the dump: {base}")
+    img = os.path.join(work, "img")
+    os.makedirs(img)
+    r = subprocess.run([criu, "dump", "-t", str(wl.pid), "-D", img, "-o", "dump.log", "-v4"],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise Fail(f"criu-rocm dump failed (exit {r.returncode}); see {img}/dump.log")
+    wl.wait(timeout=10)
+    with open(os.path.join(work, "baseline.json"), "w") as fh:
+        json.dump({"pid": wl.pid, "line": base}, fh)
+
+
+# ---------------------------------------------------------------------------
+# Inside the check host
+
+def reasons_of(text, rc):
+    """The refusal reasons gpu-check printed (empty when it accepted)."""
+    if rc == 0:
+        return []
+    rs = []
+    for ln in text.splitlines():
+        m = re.search(r"NOT restorable(?: here)?: (.*)$", ln)
+        if m:
+            rs.append(m.group(1).strip())
+    if not rs:
+        for ln in text.splitlines():
+            m = re.match(r"criu-rocm gpu-check: (?:\S+: )?(.*)$", ln)
+            if m:
+                rs.append(m.group(1).strip())
+    return [r for r in rs if r]
+
+
+def restore_one(work, m, pid, baseline):
+    """Restores mutant m: (accepted, detail)."""
+    criu = os.environ["CRIU"]
+    d = os.path.join(work, "mutants", m["dir"])
+    logf = os.path.join(work, "logs", m["dir"] + ".restore.log")
+    out = os.path.join(work, "wl.out")
+    try:
+        r = subprocess.run([criu, "restore", "-D", d, "-o", logf, "-v4", "-d"],
+                           capture_output=True, text=True, timeout=RESTORE_TIMEOUT)
+        rc = r.returncode
+    except subprocess.TimeoutExpired:
+        rc = "timeout"
+    if rc != 0:
+        if not wait_gone(pid, 5):
+            os.kill(pid, signal.SIGKILL)
+            wait_gone(pid, 5)
+            return None, f"restore failed ({rc}) but pid {pid} runs"
+        return False, f"restore failed ({rc})"
+    if not alive(pid):
+        return None, "restore exit 0 but the process does not run"
+    v = verify(out, pid, signal.SIGUSR1, VERIFY_TIMEOUT)
+    bad = None
+    if v is None:
+        bad = "no verification line after SIGUSR1"
+    elif not v.startswith('{"ok":true,'):
+        bad = f"verification failed: {v[:300]}"
+    elif field(v, "bytes") != field(baseline, "bytes"):
+        bad = f"verified {field(v, 'bytes')} bytes, {field(baseline, 'bytes')} before the dump"
+    if bad is None:
+        fin = verify(out, pid, signal.SIGTERM, VERIFY_TIMEOUT)
+        if fin is None or not fin.startswith('{"ok":true,'):
+            bad = f"final verification: {(fin or 'none')[:300]}"
+        elif not wait_gone(pid, 15):
+            bad = "still runs after its final verification"
+    if alive(pid):
+        os.kill(pid, signal.SIGKILL)
+        wait_gone(pid, 5)
+    return (None, bad) if bad else (True, "restored, every byte verified")
+
+
+def in_check(work):
+    man = json.load(open(os.path.join(work, "mutants", "manifest.json")))
+    base = json.load(open(os.path.join(work, "baseline.json")))
+    pid, baseline = base["pid"], base["line"]
+    criu = os.environ["CRIU"]
+    os.makedirs(os.path.join(work, "logs"), exist_ok=True)
+    results = []
+    t0 = time.time()
+    for m in man:
+        d = os.path.join(work, "mutants", m["dir"])
+        before = img_hashes(d)
+        try:
+            r = subprocess.run([criu, "gpu-check", "-D", d], capture_output=True, text=True,
+                               timeout=RESTORE_TIMEOUT)
+            rc, text = r.returncode, (r.stdout + r.stderr).strip()
+        except subprocess.TimeoutExpired:
+            rc, text = "timeout", f"gpu-check did not finish within {RESTORE_TIMEOUT} s"
+        with open(os.path.join(work, "logs", m["dir"] + ".gpu-check"), "w") as fh:
+            fh.write(text + "\n")
+        results.append({"m": m, "gc_rc": rc, "gc": text, "reasons": reasons_of(text, rc),
+                        "before": before})
+    t_gc = time.time() - t0
+    t1 = time.time()
+    n_restores = 0
+    for x in results:
+        m = x["m"]
+        n_restores += 1
+        x["restored"], x["detail"] = restore_one(work, m, pid, baseline)
+        left = leftovers()
+        if left:
+            x["restored"], x["detail"] = None, f"left behind: {'; '.join(left)}"
+            for p in left:
+                try:
+                    os.kill(int(p.split()[0]), signal.SIGKILL)
+                except OSError:
+                    pass
+        after = img_hashes(os.path.join(work, "mutants", m["dir"]))
+        x["modified"] = sorted(n for n in set(x["before"]) | set(after)
+                               if x["before"].get(n) != after.get(n))
+        del x["before"]
+    t_restore = time.time() - t1
+    with open(os.path.join(work, "results.json"), "w") as fh:
+        json.dump({"results": results, "t_gc": t_gc, "t_restore": t_restore,
+                   "n_restores": n_restores}, fh)
+
+
+# ---------------------------------------------------------------------------
+# The verdicts
+
+def verdict(x, logs):
+    """(outcome, why) of one mutant."""
+    m = x["m"]
+    if x["modified"]:
+        return "modified", f"images changed: {', '.join(x['modified'])}"
+    gc_ok = x["gc_rc"] == 0
+    r = x["restored"]
+    if r is None:
+        return "silent", x["detail"]
+    if gc_ok and r:
+        return "verified", x["detail"]
+    if gc_ok and not r:
+        why = restore_reason(os.path.join(logs, m["dir"] + ".restore.log"))
+        return "disagree", f"gpu-check: {last_line(x['gc'])} | restore: {x['detail']}: {why}"
+    if not gc_ok and r:
+        return "disagree", f"gpu-check refused ({'; '.join(x['reasons']) or last_line(x['gc'])}) " \
+                           f"but the restore succeeded and the process verified"
+    text = open(os.path.join(logs, m["dir"] + ".restore.log"), errors="replace").read()
+    if not x["reasons"]:
+        return "disagree", f"gpu-check exit {x['gc_rc']} without a reason: {x['gc'][-200:]}"
+    for reason in x["reasons"]:
+        if reason in text:
+            return "refused", reason
+    return "disagree", f"gpu-check: {x['reasons'][0]} | restore: " \
+                       f"{restore_reason(os.path.join(logs, m['dir'] + '.restore.log'))}"
+
+
+def last_line(text):
+    ls = [ln for ln in text.splitlines() if ln.strip()]
+    return ls[-1] if ls else "(no output)"
+
+
+def restore_reason(path):
+    try:
+        ls = open(path, errors="replace").read().splitlines()
+    except OSError:
+        return "(no log)"
+    errs = [re.sub(r"^\([0-9. ]*\) *", "", ln) for ln in ls
+            if ("Error" in ln or "amdgpu:" in ln) and "RLIMIT_NOFILE" not in ln
+            and re.search(r"rror|fail|refus|FAIL", ln)]
+    return " | ".join(errs[:2]) if errs else "(no error line)"
+
+
+def report(work):
+    res = json.load(open(os.path.join(work, "results.json")))
+    logs = os.path.join(work, "logs")
+    table = {}
+    failed = []
+    for x in res["results"]:
+        out, why = verdict(x, logs)
+        m = x["m"]
+        table.setdefault(m["class"], {o: 0 for o in OUTCOMES})[out] += 1
+        if out in FAILURES:
+            failed.append((m, out, why))
+    for m, out, why in failed:
+        log(f"FAIL {m['name']} ({m['what']}): {out}: {why[:400]}")
+    w = max(len(c) for c in table) + 2
+    log("")
+    log("class".ljust(w) + "".join(f"{o:>10}" for o in OUTCOMES + ["all"]))
+    total = {o: 0 for o in OUTCOMES}
+    for cls in sorted(table) + ["total"]:
+        row = table.get(cls, total)
+        if cls != "total":
+            for o in OUTCOMES:
+                total[o] += row[o]
+        log(cls.ljust(w) + "".join(f"{row[o]:>10}" for o in OUTCOMES) + f"{sum(row.values()):>10}")
+    n = sum(total.values())
+    log(f"gpu-check on {n} mutants in {res['t_gc']:.0f} s; {res['n_restores']} restores "
+        f"(and verifications) in {res['t_restore']:.0f} s")
+    return n - len(failed), len(failed)
+
+
+# ---------------------------------------------------------------------------
+
+def on_host(work, *args):
+    kfd_emu = os.environ["KFD_EMU"]
+    with open(os.path.join(work, "kfd-emu.log"), "ab") as e:
+        r = subprocess.run([kfd_emu, "run", "--profile", PROFILE, "--", sys.executable,
+                            os.path.realpath(__file__)] + list(args), stderr=e)
+    if r.returncode != 0:
+        try:
+            why = open(os.path.join(work, "reason")).read().strip()
+        except OSError:
+            why = f"see {work}/kfd-emu.log"
+        raise Fail(f"kfd-emu run -- {args[0]}: exit {r.returncode}: {why}")
+
+
+def main(argv):
+    seed, only = mutate.DEFAULT_SEED, None
+    if "--seed" in argv:
+        seed = int(argv[argv.index("--seed") + 1])
+    if "--only" in argv:
+        only = re.compile(argv[argv.index("--only") + 1])
+    t0 = time.time()
+    work = tempfile.mkdtemp(prefix="criu-rocm-integrity.")
+    log(f"GPU image integrity: criu-rocm {os.environ['CRIU']}, seed {seed}, "
+        f"work directory {work}")
+    try:
+        on_host(work, "__dump", work)
+        img = mutate.Images(os.path.join(work, "img"))
+        ms = mutate.mutants(img, seed)
+        if only:
+            ms = [m for m in ms if only.search(m.name)]
+        man = []
+        for k, m in enumerate(ms):
+            d = f"m{k:03d}"
+            mutate.write(img, m, os.path.join(work, "mutants", d))
+            man.append({"name": m.name, "dir": d, "class": m.cls, "file": m.file, "what": m.what})
+        os.makedirs(os.path.join(work, "mutants"), exist_ok=True)
+        with open(os.path.join(work, "mutants", "manifest.json"), "w") as fh:
+            json.dump(man, fh, indent=1)
+        classes = {}
+        for m in ms:
+            classes[m.cls] = classes.get(m.cls, 0) + 1
+        log(f"{len(ms)} mutants of {len(img.gpu_files())} GPU image files: "
+            + ", ".join(f"{c} {n}" for c, n in sorted(classes.items())))
+        base = img_hashes(img.dir)
+        on_host(work, "__check", work)
+        passed, failed = report(work)
+        if img_hashes(img.dir) != base:
+            log("FAIL the dumped images changed (a restore wrote through a mutant's hard link)")
+            failed += 1
+    except Fail as e:
+        log(f"FAIL {e}")
+        passed, failed = 0, 1
+    log(f"total {time.time() - t0:.0f} s")
+    if failed == 0 and os.environ.get("INTEGRITY_KEEP") != "1":
+        shutil.rmtree(work, ignore_errors=True)
+    else:
+        log(f"work directory kept: {work}")
+    log(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+def preflight(argv):
+    if os.geteuid() != 0:
+        sys.exit("test/integrity/run.py: needs root (kfd-emu mounts FUSE nodes, CRIU needs "
+                 "CAP_SYS_ADMIN)")
+    if not argv or argv[0].startswith("-"):
+        sys.exit(__doc__)
+    target = os.path.join(os.environ.get("CARGO_TARGET_DIR", os.path.join(TOP, "rust/target")),
+                          "release")
+    env = {"CRIU": os.path.realpath(argv[0]), "KFD_EMU": os.path.join(target, "kfd-emu"),
+           "WORKLOAD": os.path.join(target, "gpu-workload")}
+    for p in env.values():
+        if not os.access(p, os.X_OK):
+            sys.exit(f"test/integrity/run.py: {p} is missing (make test-integrity builds it)")
+    if not shutil.which("unshare"):
+        sys.exit("test/integrity/run.py: unshare is missing (scripts/install-deps.sh)")
+    os.environ.update(env)
+    # A pid namespace of our own: the dumped pid stays free for every restore,
+    # and nothing outlives the run.
+    os.execvp("unshare", ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child",
+                          sys.executable, os.path.realpath(__file__), "__main"] + argv[1:])
+
+
+if __name__ == "__main__":
+    a = sys.argv[1:]
+    try:
+        if a[:1] == ["__main"]:
+            sys.exit(main(a[1:]))
+        if a[:1] == ["__dump"]:
+            in_dump(a[1])
+            sys.exit(0)
+        if a[:1] == ["__check"]:
+            in_check(a[1])
+            sys.exit(0)
+    except Fail as e:
+        with open(os.path.join(a[1], "reason"), "a") as fh:
+            fh.write(f"{e}\n")
+        sys.exit(1)
+    preflight(a)
