@@ -566,6 +566,32 @@ while True:
 	note "counted $n0 at the dump, $n1 after the restore"
 }
 
+# A process that opened /dev/kfd (GET_VERSION) but allocated nothing: KFD's RESTORE refuses
+# num_bos == 0, so the dump must refuse, naming the process and the file, and the process
+# must keep running (it is not killed for images no restore could use).
+case_dump_kfd_open_no_buffers() { on mi100x2 -- dump_kfd_open_no_buffers; }
+dump_kfd_open_no_buffers() {
+	local img=$CASE_DIR/img pid
+	setsid /usr/bin/python3 -c '
+import fcntl, os, sys, time
+fd = os.open("/dev/kfd", os.O_RDWR)
+buf = bytearray(8)
+fcntl.ioctl(fd, (2 << 30) | (8 << 16) | (ord("K") << 8) | 1, buf)  # AMDKFD_IOC_GET_VERSION
+open(sys.argv[1], "w").write("open\n")
+while True:
+    time.sleep(1)
+' "$CASE_DIR/ready" </dev/null >/dev/null 2>&1 &
+	pid=$!
+	for ((n = 0; n < 100; n++)); do [ -s "$CASE_DIR/ready" ] && break; sleep 0.05; done
+	[ -s "$CASE_DIR/ready" ] || fail "the KFD opener $pid did not start"
+	dump "$pid" "$img" && fail "the dump of a process holding /dev/kfd without GPU buffers succeeded"
+	log_has "$img/dump.log" "amdgpu: pid $pid: fd [0-9]+ \(/dev/kfd\): the process opened it but holds no GPU buffer"
+	alive "$pid" || fail "the refused dump killed $pid"
+	guardian_gone "the refused dump"
+	kill -KILL "$pid"
+	note "$(grep -a -m1 -o "amdgpu: pid $pid: fd [0-9]* (/dev/kfd): .*" "$img/dump.log")"
+}
+
 case_dump_8_gpus() { on mi300x8 -- dump_8_gpus; }
 dump_8_gpus() {
 	local img=$CASE_DIR/img v0 v1 n

@@ -280,12 +280,6 @@ impl DumpSession {
             info.num_objects,
             human_bytes(info.priv_data_size)
         );
-        if info.num_bos == 0 {
-            log::warn!(
-                "pid {pid}: the process has opened /dev/kfd but holds no GPU buffer; \
-                 KFD cannot restore such a process (RESTORE needs at least one buffer)"
-            );
-        }
         // From here on the process is paused: record it first, so that
         // every later failure unpauses it.
         self.procs.push(PausedProc {
@@ -301,6 +295,20 @@ impl DumpSession {
             guard_id,
             slot,
         });
+        if info.num_bos == 0 {
+            // KFD's RESTORE rejects `num_bos == 0` (criu_restore), so these
+            // images could never be restored: refuse now, while the process
+            // still runs (the failure path unpauses it), rather than kill it
+            // after a dump that restore must refuse.
+            return Err(SessionError::State {
+                pid,
+                what: format!(
+                    "fd {fd} (/dev/kfd): the process opened it but holds no GPU buffer, \
+                     and the kernel's CRIU RESTORE refuses a process without buffers; \
+                     not dumping what could not be restored"
+                ),
+            });
+        }
         let p = self.procs.last_mut().expect("pushed above");
         let (ckpt, dmabufs) = checkpoint(&p.kfd, &info).map_err(kfd_err("CHECKPOINT"))?;
         p.ckpt = ckpt;
