@@ -1,0 +1,365 @@
+//! The cargo-fuzz target `validate_dir` as a plain test, so it runs in
+//! `cargo test` without a nightly toolchain: the seed corpus
+//! (`fuzz/corpus/validate_dir`) and a few thousand seeded mutations of it
+//! go through the validation path of a restore (`gpu-check`'s) as whole
+//! image directories.  Every input must give verdicts without a panic, and
+//! no single allocation may exceed [`ALLOC_CAP`]: sizes read from an image
+//! (size words, BO sizes, counts) must never drive an allocation.
+//!
+//! `AMDGPU_CR_WRITE_SEEDS=1 cargo test -p amdgpu-cr --test validate_fuzz`
+//! rewrites the seed corpus.
+
+#[path = "../fuzz/harness.rs"]
+mod harness;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use amdgpu_cr::copy::hash::ExtentHasher;
+use amdgpu_cr::image::frame;
+use amdgpu_cr::proto::{CriuKfd, CriuRenderNode, KfdBoEntry};
+use amdgpu_cr::topology::Topology;
+use harness::{pack, validate_dir, Host, HOST_GPU};
+use prost::Message;
+
+/// The largest single allocation the validation may make for inputs of a
+/// few KiB: its fixed buffers (1 MiB for reading pages files) and the
+/// image itself, never a size taken from the bytes.
+const ALLOC_CAP: usize = 8 << 20;
+
+/// Counts the largest allocation request of the test process.
+struct Tracking;
+
+static LARGEST: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: forwards to the system allocator unchanged; only records sizes.
+unsafe impl GlobalAlloc for Tracking {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        LARGEST.fetch_max(l.size(), Ordering::Relaxed);
+        // SAFETY: the caller's contract is System's.
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
+        LARGEST.fetch_max(l.size(), Ordering::Relaxed);
+        // SAFETY: as above.
+        unsafe { System.alloc_zeroed(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        // SAFETY: as above.
+        unsafe { System.dealloc(p, l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
+        LARGEST.fetch_max(new, Ordering::Relaxed);
+        // SAFETY: as above.
+        unsafe { System.realloc(p, l, new) }
+    }
+}
+
+#[global_allocator]
+static ALLOC: Tracking = Tracking;
+
+const PID: u32 = 4242;
+const VRAM: u32 = 1;
+const GTT: u32 = 2;
+const DOORBELL: u32 = 1 << 3;
+const WRITABLE: u32 = 1 << 31;
+
+fn scratch(name: &str) -> PathBuf {
+    let p = std::env::temp_dir().join(format!("amdgpu-cr-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&p);
+    std::fs::create_dir_all(&p).unwrap();
+    p
+}
+
+/// CRIU's pstree.img with one process.
+fn pstree(pid: u32) -> Vec<u8> {
+    let mut out = Vec::new();
+    out.extend_from_slice(&0x5456_4319u32.to_le_bytes());
+    out.extend_from_slice(&0x5027_3030u32.to_le_bytes());
+    let entry = [0x08, pid as u8 | 0x80, (pid >> 7) as u8];
+    assert!(pid >> 14 == 0);
+    out.extend_from_slice(&(entry.len() as u32).to_le_bytes());
+    out.extend_from_slice(&entry);
+    out
+}
+
+/// A restorable image directory for `host` (KFD image, pages file,
+/// render-node image, pstree), as an input; `second` adds a second KFD
+/// process with file id -2 (2^32 - 2).
+fn seed(host: &Host, second: bool) -> Vec<u8> {
+    let topo = Topology::parse_sysfs(&host.opts.sysfs_nodes).unwrap();
+    let gpu = amdgpu_cr::ids::GpuId(HOST_GPU);
+    let entries = topo
+        .to_image_entries(&[(gpu, gpu)].into_iter().collect())
+        .unwrap();
+    let contents: Vec<Vec<u8>> = vec![
+        (0..8192u32).map(|i| (i * 7 + 3) as u8).collect(),
+        (0..4096u32).map(|i| (i ^ 0x5a) as u8).collect(),
+    ];
+    let hash = |b: &[u8]| {
+        let mut h = ExtentHasher::new(None);
+        h.update(b);
+        h.finish()
+    };
+    let bo = |addr: u64, flags: u32, data: Option<&Vec<u8>>| KfdBoEntry {
+        addr,
+        size: data.map_or(4096, |d| d.len() as u64),
+        offset: 0x1_0000_0000 + addr,
+        alloc_flags: flags,
+        gpu_id: HOST_GPU,
+        handle: None,
+        content_xxh3: data.map(|d| hash(d)),
+        content_hash_extent: None,
+    };
+    let kfd = CriuKfd {
+        pid: PID,
+        num_of_gpus: 1,
+        num_of_cpus: 1,
+        device_entries: entries,
+        num_of_bos: 3,
+        bo_entries: vec![
+            bo(0x7f00_0000_0000, VRAM | WRITABLE, Some(&contents[0])),
+            bo(0x7f00_0001_0000, GTT | WRITABLE, Some(&contents[1])),
+            bo(0x7f00_0002_0000, DOORBELL, None),
+        ],
+        num_of_objects: 1,
+        shared_mem_size: 0,
+        shared_mem_magic: 0,
+        priv_data: vec![1; 64],
+        criu_rocm_ext_version: Some(amdgpu_cr::image::EXT_VERSION),
+        priv_bo_record_size: None,
+        criu_rocm_reopen: None,
+        shared_mem_mode: None,
+        semaphore_mode: None,
+    };
+    let kfd = frame(&kfd.encode_to_vec());
+    let mut pages = ((8192 + 4096) as u64).to_le_bytes().to_vec();
+    pages.extend_from_slice(&contents[0]);
+    pages.extend_from_slice(&contents[1]);
+    let render = frame(
+        &CriuRenderNode {
+            gpu_id: HOST_GPU,
+            id: None,
+            drm_render_minor: Some(128),
+            num_of_bos: None,
+            bo_entries: vec![],
+        }
+        .encode_to_vec(),
+    );
+    let tree = pstree(PID);
+    let mut files: Vec<(u8, &[u8])> = vec![(0, &kfd), (1, &pages), (2, &render), (3, &tree)];
+    if second {
+        files.extend([(4, &kfd[..]), (5, &pages[..]), (6, &render[..])]);
+    }
+    pack(&files)
+}
+
+fn seeds(host: &Host) -> Vec<(&'static str, Vec<u8>)> {
+    vec![("one", seed(host, false)), ("two", seed(host, true))]
+}
+
+/// xorshift64*: deterministic, no dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
+
+/// The offsets of the entries of an input: (kind at, data start, data end).
+fn entries(b: &[u8]) -> Vec<(usize, usize, usize)> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at + 5 <= b.len() {
+        let len = u32::from_le_bytes(b[at + 1..at + 5].try_into().unwrap()) as usize;
+        let end = (at + 5).saturating_add(len).min(b.len());
+        out.push((at, at + 5, end));
+        at = end;
+    }
+    out
+}
+
+/// Damages one file of the input, or the archive's layout.
+fn mutate(rng: &mut Rng, input: &[u8]) -> Vec<u8> {
+    let mut b = input.to_vec();
+    let es = entries(&b);
+    if es.is_empty() {
+        return b;
+    }
+    let (k, s, e) = es[rng.below(es.len())];
+    // Aim at the first 64 bytes of a file half of the time: size words and
+    // the protobuf fields that come first.
+    let pick = |rng: &mut Rng| {
+        let span = if rng.below(2) == 0 {
+            (e - s).min(64)
+        } else {
+            e - s
+        };
+        s + rng.below(span)
+    };
+    match rng.below(9) {
+        0 if e > s => {
+            let i = pick(rng);
+            b[i] ^= 1 << rng.below(8);
+        }
+        1 if e > s => {
+            let i = pick(rng);
+            b[i] = rng.next() as u8;
+        }
+        2 if e >= s + 8 => {
+            // A file's size word: small and huge edits.
+            let v = u64::from_le_bytes(b[s..s + 8].try_into().unwrap());
+            let nv = [
+                v.wrapping_add(1),
+                v.wrapping_sub(1),
+                0,
+                u64::MAX,
+                1 << 40,
+                v << 1,
+            ][rng.below(6)];
+            b[s..s + 8].copy_from_slice(&nv.to_le_bytes());
+        }
+        3 => {
+            // Truncate a file (its length word follows).
+            let cut = rng.below(e - s + 1);
+            b.drain(s + cut..e);
+            b[k + 1..k + 5].copy_from_slice(&(cut as u32).to_le_bytes());
+        }
+        4 => {
+            // Delete a file.
+            b.drain(k..e);
+        }
+        5 => {
+            // Rename a file: another kind.
+            b[k] = rng.next() as u8;
+        }
+        6 if e > s + 8 => {
+            // Insert bytes inside a file, its own size word kept.
+            let at = s + 8 + rng.below(e - s - 8);
+            let n = 1 + rng.below(16);
+            let junk: Vec<u8> = (0..n).map(|_| rng.next() as u8).collect();
+            b.splice(at..at, junk);
+            let len = (e - s + n) as u32;
+            b[k + 1..k + 5].copy_from_slice(&len.to_le_bytes());
+        }
+        7 => {
+            // The archive's own length word.
+            let v = [0u32, 1, u32::MAX, rng.next() as u32][rng.below(4)];
+            b[k + 1..k + 5].copy_from_slice(&v.to_le_bytes());
+        }
+        _ => {
+            // Duplicate a file under another name.
+            let piece = b[k..e].to_vec();
+            b.extend_from_slice(&piece);
+            let last = b.len() - piece.len();
+            b[last] = rng.next() as u8;
+        }
+    }
+    b
+}
+
+fn corpus_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/validate_dir")
+}
+
+fn run(host: &Host, input: &[u8], dir: &Path) -> (usize, usize) {
+    let v = validate_dir(host, input, dir);
+    let ok = v.iter().filter(|e| e.verdict.is_ok()).count();
+    (ok, v.len() - ok)
+}
+
+#[test]
+fn validation_never_panics_and_allocates_within_bounds() {
+    let root = scratch("validate-host");
+    let host = Host::new(&root);
+    let dir = root.join("img");
+    // The seeds are restorable: the mutations start deep in the checks.
+    for (name, s) in seeds(&host) {
+        let v = validate_dir(&host, &s, &dir);
+        assert!(
+            !v.is_empty() && v.iter().all(|e| e.verdict.is_ok()),
+            "seed {name}: {:?}",
+            v.iter().map(|e| &e.verdict).collect::<Vec<_>>()
+        );
+    }
+    // Then whatever the corpus holds (inputs kept from fuzzing runs too).
+    let mut corpus: Vec<Vec<u8>> = Vec::new();
+    for e in std::fs::read_dir(corpus_dir()).unwrap() {
+        corpus.push(std::fs::read(e.unwrap().path()).unwrap());
+    }
+    corpus.sort();
+    assert!(
+        !corpus.is_empty(),
+        "no seed corpus in {}",
+        corpus_dir().display()
+    );
+    LARGEST.store(0, Ordering::Relaxed);
+    let mut rng = Rng(0x1405_0000_dead_beef);
+    let (mut accepted, mut refused, mut inputs) = (0, 0, 0);
+    for round in 0..3000 {
+        let base = &corpus[round % corpus.len()];
+        // Up to three rounds of damage on top of each other.
+        let mut m = mutate(&mut rng, base);
+        for _ in 0..rng.below(3) {
+            m = mutate(&mut rng, &m);
+        }
+        let (ok, bad) = run(&host, &m, &dir);
+        accepted += ok;
+        refused += bad;
+        inputs += 1;
+        let largest = LARGEST.load(Ordering::Relaxed);
+        assert!(
+            largest <= ALLOC_CAP,
+            "an allocation of {largest} bytes for an input of {} bytes",
+            m.len()
+        );
+    }
+    eprintln!(
+        "{inputs} inputs: {accepted} KFD image(s) accepted, {refused} refused, largest \
+         allocation {} bytes",
+        LARGEST.load(Ordering::Relaxed)
+    );
+    assert!(
+        LARGEST.load(Ordering::Relaxed) > 0,
+        "the allocator counted nothing"
+    );
+    assert!(
+        refused > 1000,
+        "only {refused} refusals: the mutations miss"
+    );
+    assert!(
+        accepted > 100,
+        "only {accepted} acceptances: the checks are not reached"
+    );
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+#[test]
+fn seed_corpus_is_current() {
+    let root = scratch("validate-seeds");
+    let host = Host::new(&root);
+    let write = std::env::var_os("AMDGPU_CR_WRITE_SEEDS").is_some();
+    for (name, bytes) in seeds(&host) {
+        let path = corpus_dir().join(format!("{name}.bin"));
+        if write {
+            std::fs::create_dir_all(corpus_dir()).unwrap();
+            std::fs::write(&path, &bytes).unwrap();
+        }
+        let on_disk = std::fs::read(&path).unwrap_or_else(|e| {
+            panic!(
+                "{}: {e} (AMDGPU_CR_WRITE_SEEDS=1 writes it)",
+                path.display()
+            )
+        });
+        assert_eq!(on_disk, bytes, "{} is stale", path.display());
+    }
+    std::fs::remove_dir_all(&root).unwrap();
+}
