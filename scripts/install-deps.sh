@@ -8,9 +8,10 @@ top=$(cd "$(dirname "$0")/.." && pwd)
 # CRIU's build (protobuf, netlink, libnet, capabilities, nftables, gnutls, bsd), zdtm's runner
 # (Debian's python3 with protobuf and yaml, iproute2, iptables), the Rust side (libclang for
 # bindgen, libdrm headers, protoc for prost), meson/ninja (packager door), the man page, the
-# tools the tests use, Debian's ROCm 5.2 userspace that test-rocm runs unchanged on the
-# emulator (libhsakmt, ROCr and their headers, rocminfo), and what `make deb` builds and
-# checks the Debian packages with (dpkg-dev, debhelper, lintian).
+# tools the tests use (libxxhash0: test/integrity's XXH3 digests), Debian's ROCm 5.2
+# userspace that test-rocm runs unchanged on the emulator (libhsakmt, ROCr and their
+# headers, rocminfo), and what `make deb` builds and checks the Debian packages with
+# (dpkg-dev, debhelper, lintian).
 packages=(
 	build-essential pkg-config git xz-utils patch
 	libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler
@@ -19,7 +20,7 @@ packages=(
 	python3 python3-protobuf python3-yaml python3-future
 	iproute2 iptables kmod procps psmisc
 	libclang-dev clang libdrm-dev
-	meson ninja-build asciidoctor shellcheck
+	meson ninja-build asciidoctor shellcheck libxxhash0
 	libhsakmt-dev libhsa-runtime-dev rocminfo
 	dpkg-dev debhelper lintian
 )

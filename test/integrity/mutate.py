@@ -15,11 +15,17 @@
 Classes: flip (a byte inverted or xor-ed), bitflip (one bit), truncate, zero
 (a range set to zero), extend (bytes appended), size-prefix (the leading u64
 size word changed), field (a protobuf field of a KFD or render-node image
-edited, the file re-framed so its size word agrees), delete (files removed),
-swap (files exchanged). Field edits parse the wire format themselves (field
-numbers from proto/criu-amdgpu.proto), so they need no protobuf package.
+edited, the file re-framed so its size word agrees), forged (the same edits
+with the file's line in amdgpu-digests.img rewritten to match, so that only
+the cross-checks behind the digests can refuse them; when the dump wrote
+that file), delete (files removed), swap (files exchanged). The digests
+file, when present, takes the raw damage classes too. Field edits parse the
+wire format themselves (field numbers from proto/criu-amdgpu.proto), so they
+need no protobuf package; digests are XXH3-64 from the system's libxxhash
+(libxxhash0) through ctypes.
 """
 
+import ctypes
 import json
 import os
 import random
@@ -47,6 +53,43 @@ U32, U64 = (1 << 32) - 1, (1 << 64) - 1
 
 class Bad(Exception):
     pass
+
+
+DIGESTS = "amdgpu-digests.img"
+DIGESTS_HEADER = "criu-rocm GPU image digests 1"
+_xxh = None
+
+
+def xxh3_64(data):
+    global _xxh
+    if _xxh is None:
+        try:
+            lib = ctypes.CDLL("libxxhash.so.0")
+        except OSError as e:
+            raise Bad(f"cannot load libxxhash.so.0 (Debian's libxxhash0; "
+                      f"scripts/install-deps.sh installs it): {e}")
+        lib.XXH3_64bits.restype = ctypes.c_uint64
+        lib.XXH3_64bits.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+        _xxh = lib.XXH3_64bits
+    return _xxh(bytes(data), len(data))
+
+
+def forge_digests(text, name, data):
+    """The digests file with the line of `name` saying `data`'s size and XXH3."""
+    lines = text.decode().split("\n")
+    if not lines or lines[0] != DIGESTS_HEADER:
+        raise Bad(f"{DIGESTS}: unknown header {lines[0][:60]!r}")
+    found = False
+    for i, ln in enumerate(lines):
+        w = ln.split()
+        if len(w) == 3 and w[0] == name:
+            if not w[2].startswith("xxh3:"):
+                raise Bad(f"{DIGESTS}: {name} has digest {w[2]!r}, not a whole-file xxh3")
+            lines[i] = f"{name} {len(data)} xxh3:{xxh3_64(data):016x}"
+            found = True
+    if not found:
+        raise Bad(f"{DIGESTS}: no line for {name}")
+    return "\n".join(lines).encode()
 
 
 # ---------------------------------------------------------------------------
@@ -164,14 +207,19 @@ class Images:
         self.kfd = [n for n in names if re.fullmatch(r"amdgpu-kfd--?\d+\.img", n)]
         self.render = [n for n in names if re.fullmatch(r"amdgpu-renderD--?\d+\.img", n)]
         self.pages = [n for n in names if re.fullmatch(r"amdgpu-pages--?\d+-[0-9a-f]+\.img", n)]
+        self.digests = [DIGESTS] if DIGESTS in names else []
         if not self.kfd or not self.pages:
             raise Bad(f"{dir}: no KFD image or no pages file to mutate")
-        self.data = {n: open(os.path.join(dir, n), "rb").read()
-                     for n in self.kfd + self.render + self.pages}
+        self.data = {n: open(os.path.join(dir, n), "rb").read() for n in self.gpu_files()}
         self.msgs = {n: parse(unframe(self.data[n])) for n in self.kfd + self.render}
+        if self.digests:
+            # Check the digests as the dump wrote them (and our XXH3).
+            for n in self.kfd + self.render:
+                if forge_digests(self.data[DIGESTS], n, self.data[n]) != self.data[DIGESTS]:
+                    raise Bad(f"{DIGESTS}: the line of {n} is not its size and XXH3-64")
 
     def gpu_files(self):
-        return self.kfd + self.render + self.pages
+        return self.kfd + self.render + self.pages + self.digests
 
 
 class Mutant:
@@ -183,7 +231,7 @@ class Mutant:
 
 
 def kind(name):
-    return name.split("-")[1]          # kfd, renderD, pages
+    return name.split("-")[1].split(".")[0]  # kfd, renderD, pages, digests
 
 
 def short(name):
@@ -406,6 +454,17 @@ def mutants(img, seed):
     if len(img.pages) >= 2:
         p0, p1 = img.pages[0], img.pages[1]
         add("swap", p0, f"{p0} holds {p1}'s contents", files={p0: img.data[p1]})
+    # The field edits again, as a forger would make them: the digests say
+    # the edited files are as dumped, so only the cross-checks can refuse.
+    if img.digests:
+        for m in [m for m in out if m.cls == "field"]:
+            files = dict(m.files)
+            d = img.data[DIGESTS]
+            for n, data in m.files.items():
+                if n in img.kfd or n in img.render:
+                    d = forge_digests(d, n, data)
+            files[DIGESTS] = d
+            add("forged", m.file, f"{m.what}; digests rewritten to match", files=files)
     return out
 
 
