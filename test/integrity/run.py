@@ -8,11 +8,12 @@
 Dumps one gpu-workload (two GPUs, VRAM and GTT BOs, small BOs, an event) on an
 emulated mi100x2 host, writes >= 200 seeded mutants of its GPU image files
 (test/integrity/mutate.py: byte and bit flips, truncation, zeroing, extension,
-size-word changes, protobuf field edits, deleted and swapped files), and on a
-fresh mi100x2 host runs `criu-rocm gpu-check` and `criu-rocm restore` on
-every mutant (all of them: the ~250 restores take about a minute on 2 cores,
-well inside the suite's budget, so no refused mutant is left out). Each
-mutant must end as one of:
+size-word changes, protobuf field edits, also with the digests file forged
+to match, deleted and swapped files), and on a fresh mi100x2 host runs
+`criu-rocm gpu-check` and `criu-rocm restore` on every mutant (all of them:
+the ~250-350 restores take about a minute on 2 cores, well inside the
+suite's budget, so no refused mutant is left out). Each mutant must end as
+one of:
 
   refused   gpu-check and the restore both refuse, and a reason gpu-check
             printed ("NOT restorable...: REASON") appears word for word in the
@@ -22,6 +23,7 @@ mutant must end as one of:
             verification), then exits cleanly;
 
 and never modify an image file (every *.img is hashed before and after).
+The intact images go first, as a control: they must end "verified".
 Anything else fails the run, named: "disagree" (one refuses, the other not,
 or different reasons), "silent" (the restore succeeded but the process found
 damage, hung or died, or a refused restore left it running), "modified".
@@ -336,7 +338,7 @@ def report(work):
         out, why = verdict(x, logs)
         m = x["m"]
         table.setdefault(m["class"], {o: 0 for o in OUTCOMES})[out] += 1
-        if out in FAILURES:
+        if out in FAILURES or (m["class"] == "intact" and out != "verified"):
             failed.append((m, out, why))
     for m, out, why in failed:
         log(f"FAIL {m['name']} ({m['what']}): {out}: {why[:400]}")
@@ -387,6 +389,11 @@ def main(argv):
         ms = mutate.mutants(img, seed)
         if only:
             ms = [m for m in ms if only.search(m.name)]
+        if not only and len(ms) < 200:
+            raise Fail(f"only {len(ms)} mutants of {img.dir}: fewer than the 200 this test needs")
+        # The control, first: the intact images must restore, verified, or
+        # every refusal below would prove nothing.
+        ms.insert(0, mutate.Mutant("intact", "intact", None, "the images as dumped"))
         man = []
         for k, m in enumerate(ms):
             d = f"m{k:03d}"
@@ -396,7 +403,7 @@ def main(argv):
         with open(os.path.join(work, "mutants", "manifest.json"), "w") as fh:
             json.dump(man, fh, indent=1)
         classes = {}
-        for m in ms:
+        for m in ms[1:]:
             classes[m.cls] = classes.get(m.cls, 0) + 1
         log(f"{len(ms)} mutants of {len(img.gpu_files())} GPU image files: "
             + ", ".join(f"{c} {n}" for c, n in sorted(classes.items())))
