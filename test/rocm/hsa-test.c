@@ -34,32 +34,7 @@
 #define MAX_AGENTS 64
 #define COPY_TIMEOUT_S 10
 
-static int passed, failed;
-
-static void pass(const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	fputs("ok   ", stdout);
-	vprintf(fmt, ap);
-	putchar('\n');
-	va_end(ap);
-	passed++;
-}
-
-static void fail(const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	fputs("FAIL ", stdout);
-	vprintf(fmt, ap);
-	putchar('\n');
-	va_end(ap);
-	fflush(stdout);
-	failed++;
-}
+#include "report.h"
 
 static const char *hsa_str(hsa_status_t s)
 {

@@ -48,32 +48,7 @@
 #define KFD_SYSFS_TOPOLOGY "/sys/devices/virtual/kfd/kfd/topology"
 #define KFD_SYSFS_NODES KFD_SYSFS_TOPOLOGY "/nodes"
 
-static int passed, failed;
-
-static void pass(const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	fputs("ok   ", stdout);
-	vprintf(fmt, ap);
-	putchar('\n');
-	va_end(ap);
-	passed++;
-}
-
-static void fail(const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	fputs("FAIL ", stdout);
-	vprintf(fmt, ap);
-	putchar('\n');
-	va_end(ap);
-	fflush(stdout);
-	failed++;
-}
+#include "report.h"
 
 static const char *status_name(HSAKMT_STATUS s)
 {
@@ -595,7 +570,7 @@ static void check_memory_banks(unsigned n)
 		     nb, sysfs_banks,
 		     mem[0].HeapType == HSA_HEAPTYPE_SYSTEM ? "system" :
 		     mem[0].HeapType == HSA_HEAPTYPE_FRAME_BUFFER_PUBLIC ? "public VRAM" : "private VRAM",
-		     (uint64_t)mem[0].SizeInBytes / MiB);
+		     (uint64_t)(mem[0].SizeInBytes / MiB));
 }
 
 static void check_caches(unsigned n)

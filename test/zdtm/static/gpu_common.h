@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "kfd_client.h"
+#include "gpu_pattern.h"
 
 /* A BO and what it must contain. */
 struct gpu_bo {
@@ -65,17 +66,6 @@ static inline void *gpu_ptr(uint64_t va)
 static inline const char *gpu_kind_name(uint32_t kind)
 {
 	return kind == KFD_CLIENT_MEM_VRAM ? "VRAM" : "GTT";
-}
-
-/* dword `index` of the pattern `seed`: a hash, so shifted data never matches. */
-static inline uint32_t gpu_pattern(uint32_t seed, uint64_t index)
-{
-	uint64_t x = (index + 1) * 0x9e3779b97f4a7c15ULL ^ ((uint64_t)seed << 32 | seed);
-
-	x ^= x >> 29;
-	x *= 0xbf58476d1ce4e5b9ULL;
-	x ^= x >> 32;
-	return (uint32_t)x;
 }
 
 /* What dword `index` of `b` must hold. */

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "zdtmtst.h"
+#include "gpu_pattern.h"
 #include "hsakmt_common.h"
 
 #define RING_BYTES (16 << 10)
@@ -301,36 +302,21 @@ int kmt_sdma_copy(struct kmt_sdma *q, uint64_t dst, uint64_t src, uint64_t bytes
 	return 0;
 }
 
-static uint32_t word(uint32_t seed, uint64_t i)
-{
-	uint64_t x = (i + 1) * 0x9e3779b97f4a7c15ULL ^ ((uint64_t)seed << 32 | seed);
-
-	x ^= x >> 29;
-	x *= 0xbf58476d1ce4e5b9ULL;
-	x ^= x >> 32;
-	return (uint32_t)x;
-}
-
 void kmt_fill(void *p, uint64_t bytes, uint32_t seed)
 {
-	uint32_t *w = p;
-
-	for (uint64_t i = 0; i < bytes / 4; i++)
-		w[i] = word(seed, i);
+	gpu_pattern_fill(p, bytes, seed);
 }
 
 int kmt_check(const void *p, uint64_t bytes, uint32_t seed, const char *what)
 {
-	const uint32_t *w = p;
+	uint64_t i = gpu_pattern_mismatch(p, bytes, seed);
 
-	for (uint64_t i = 0; i < bytes / 4; i++)
-		if (w[i] != word(seed, i)) {
-			errno = 0;
-			fail("%s: byte %lu of %lu holds %#x, not %#x", what, (unsigned long)(i * 4),
-			     (unsigned long)bytes, w[i], word(seed, i));
-			return -1;
-		}
-	return 0;
+	if (i == bytes / 4)
+		return 0;
+	errno = 0;
+	fail("%s: byte %llu of %llu holds %#x, not %#x", what, (unsigned long long)(i * 4),
+	     (unsigned long long)bytes, ((const uint32_t *)p)[i], gpu_pattern(seed, i));
+	return -1;
 }
 
 bool kmt_corrupt_requested(void)

@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "zdtmtst.h"
+#include "gpu_pattern.h"
 #include "rocr_common.h"
 
 /* Bytes of each buffer of rocr_new_work(): under 1 MiB, so a copy within one GPU is SDMA's. */
@@ -288,35 +289,21 @@ int rocr_copy(struct rocr *r, void *dst, hsa_agent_t dst_agent, const void *src,
 	return 0;
 }
 
-static uint32_t word(uint32_t seed, uint64_t i)
-{
-	uint64_t x = (i + 1) * 0x9e3779b97f4a7c15ULL ^ ((uint64_t)seed << 32 | seed);
-
-	x ^= x >> 29;
-	x *= 0xbf58476d1ce4e5b9ULL;
-	x ^= x >> 32;
-	return (uint32_t)x;
-}
-
 void rocr_fill(void *p, size_t bytes, uint32_t seed)
 {
-	uint32_t *w = p;
-
-	for (size_t i = 0; i < bytes / 4; i++)
-		w[i] = word(seed, i);
+	gpu_pattern_fill(p, bytes, seed);
 }
 
 int rocr_check(const void *p, size_t bytes, uint32_t seed, const char *what)
 {
-	const uint32_t *w = p;
+	uint64_t i = gpu_pattern_mismatch(p, bytes, seed);
 
-	for (size_t i = 0; i < bytes / 4; i++)
-		if (w[i] != word(seed, i)) {
-			errno = 0;
-			fail("%s: byte %zu of %zu holds %#x, not %#x", what, i * 4, bytes, w[i], word(seed, i));
-			return -1;
-		}
-	return 0;
+	if (i == bytes / 4)
+		return 0;
+	errno = 0;
+	fail("%s: byte %llu of %llu holds %#x, not %#x", what, (unsigned long long)(i * 4),
+	     (unsigned long long)bytes, ((const uint32_t *)p)[i], gpu_pattern(seed, i));
+	return -1;
 }
 
 int rocr_check_vram(struct rocr *r, unsigned int g, const void *dev, size_t bytes, uint32_t seed, void *bounce,
