@@ -6,12 +6,15 @@
 //! * `fuse`: the hand-written FUSE transport serving the device nodes;
 //! * `runner`: `kfd-emu run`, the private mount namespace around a command;
 //! * `device`: the device state machine behind the transport;
-//! * [`fault`]: test knobs that make CRIU ops fail (`kfd-emu run --fail`).
+//! * [`fault`]: test knobs that make CRIU ops fail (`kfd-emu run --fail`);
+//! * [`supervise`]: `kfd-emu supervise`, the seccomp listener through which
+//!   the emulator hands out file descriptors (dma-bufs).
 
 pub mod device;
 pub mod fault;
 pub mod fuse;
 pub mod profile;
 pub mod runner;
+pub mod supervise;
 pub mod sysfs;
 pub mod topology;

@@ -15,6 +15,7 @@ usage: kfd-emu profiles
                    [--fail OP[:ERRNO[:SKIP[:COUNT]]]]... [--hold OP:PATH]...
                    -- CMD [ARG...]
        kfd-emu bench-ioctl [--device PATH] [--count N] [--cmd HEX]
+       kfd-emu supervise -- CMD [ARG...]
 
 --profile-file F alone is a complete profile; with --profile it is a partial
 override merged over the named one.  `run` sets KFD_EMU_PROFILE and
@@ -24,7 +25,12 @@ KFD_EMU_STATE_DIR for CMD.  Log level: KFD_EMU_LOG=error|warn|info|debug.
 RESTORE, RESUME) fail with ERRNO (a name or number, default EIO): the first
 SKIP calls succeed, then COUNT calls fail (default: all later calls).
 --hold (tests only) makes the CRIU op OP wait, before it does anything, until
-the file PATH exists; while a call waits, PATH.held holds its caller's pid.";
+the file PATH exists; while a call waits, PATH.held holds its caller's pid.
+
+`supervise` (under `kfd-emu run`) runs CMD under a seccomp filter whose
+listener the emulator holds, so that the emulated KFD and render nodes can
+hand out file descriptors (dma-bufs of CRIU CHECKPOINT/RESTORE, PRIME
+HANDLE_TO_FD).  CMD and its children keep the filter.";
 
 /// AMDKFD_IOC_GET_VERSION: cheap, answered by every KFD.
 const DEFAULT_BENCH_CMD: u32 = 0x8008_4b01;
@@ -161,6 +167,16 @@ fn cmd_run(a: Args) -> Result<i32, String> {
     kfd_emu::runner::run(opts, kfd_emu::fuse::emulator::devices).map_err(|e| e.to_string())
 }
 
+fn cmd_supervise(a: Args) -> Result<i32, String> {
+    let dir = std::env::var_os(kfd_emu::runner::ENV_STATE_DIR).ok_or_else(|| {
+        format!(
+            "{} is not set: run me under `kfd-emu run`",
+            kfd_emu::runner::ENV_STATE_DIR
+        )
+    })?;
+    Err(kfd_emu::supervise::supervise(std::path::Path::new(&dir), &a.rest).to_string())
+}
+
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i]
@@ -240,6 +256,7 @@ fn main() -> ExitCode {
         }),
         "run" => cmd_run(parsed),
         "bench-ioctl" => cmd_bench(parsed),
+        "supervise" => cmd_supervise(parsed),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
             Ok(0)

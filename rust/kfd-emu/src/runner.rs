@@ -40,6 +40,9 @@ pub struct NodeSpec {
 pub struct Devices {
     pub nodes: Vec<NodeSpec>,
     pub shutdown: Box<dyn FnOnce()>,
+    /// What answers the calls `kfd-emu supervise` traps: listeners are
+    /// taken on `STATE_DIR/supervise.sock` when there is one.
+    pub supervisor: Option<Arc<dyn crate::supervise::Handler>>,
 }
 
 pub struct RunOptions {
@@ -389,6 +392,9 @@ pub fn run(
 
     let devices = make(&opts.profile)?;
     let mounts = build_namespace(&opts.profile, devices.nodes, opts.threads)?;
+    if let Some(h) = devices.supervisor {
+        crate::supervise::listen(&state_dir, h)?;
+    }
     log::info!(
         "profile {}: {} device node(s) served",
         opts.profile.name,

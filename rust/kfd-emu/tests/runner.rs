@@ -42,6 +42,7 @@ fn run_role() -> ! {
         Ok(Devices {
             nodes,
             shutdown: Box::new(|| {}),
+            supervisor: None,
         })
     })
     .unwrap_or_else(|e| {

@@ -19,11 +19,13 @@
 mod aql;
 mod asic;
 mod criu;
+mod dmabuf;
 mod kfd;
 mod mem;
 mod render;
 mod sdma;
 mod state;
+mod supervised;
 mod svm;
 pub mod uapi;
 mod vm;
@@ -35,6 +37,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use state::{Devices, Done, Gpu, Open, State};
+pub use supervised::FdInstaller;
 use uapi::{kfd as nr, sys, AsBytes};
 
 /// A device node the emulator serves.
@@ -113,6 +116,8 @@ struct Shared {
 pub struct Emulator {
     shared: Arc<Shared>,
     engine: Mutex<Option<JoinHandle<()>>>,
+    /// Supervised answers that did not reach their caller (`supervised`).
+    replays: supervised::Replays,
 }
 
 /// Poll periods of the engine: short while rings move, backing off to
@@ -199,6 +204,7 @@ impl Emulator {
         let devs = Arc::new(Devices {
             gpus,
             kfd: mem::Memfd::new("kfd-emu-kfd", uapi::kfd_off::MEMFD_SIZE)?,
+            dmabufs: Default::default(),
         });
         let shared = Arc::new(Shared {
             st: Mutex::new(State::new(devs.clone())),
@@ -215,6 +221,7 @@ impl Emulator {
         Ok(Emulator {
             shared,
             engine: Mutex::new(Some(engine)),
+            replays: Default::default(),
         })
     }
 

@@ -38,6 +38,8 @@ impl Gpu {
 pub struct Devices {
     pub gpus: Vec<Gpu>,
     pub kfd: Memfd,
+    /// The dmabufs handed out for VRAM/GTT BOs (`kfd-emu supervise`).
+    pub dmabufs: super::dmabuf::Registry,
 }
 
 impl Devices {
@@ -745,6 +747,7 @@ impl State {
             self.gpu_alloc[gpu].vram_used -= bo.size;
         }
         if t == alloc::VRAM || t == alloc::GTT {
+            self.devs.dmabufs.forget(gpu, bo.offset);
             self.devs.gpus[gpu].mem.punch(bo.offset, bo.size);
         }
     }

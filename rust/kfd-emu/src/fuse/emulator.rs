@@ -3,8 +3,9 @@
 //! [`device::Emulator`].
 
 use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crate::device::{self, Emulator, NodeKind};
 use crate::fuse::{Caller, FileOps, IoctlReply};
@@ -94,8 +95,79 @@ pub fn devices(profile: &Profile) -> io::Result<Devices> {
         });
     }
     let e = emu.clone();
+    let nodes_of = emu.nodes();
     Ok(Devices {
         nodes,
         shutdown: Box::new(move || e.shutdown()),
+        supervisor: Some(Arc::new(Supervised {
+            emu,
+            nodes: nodes_of,
+            ids: OnceLock::new(),
+        })),
     })
+}
+
+/// Answers the calls `kfd-emu supervise` traps (see `crate::supervise`).
+struct Supervised {
+    emu: Arc<Emulator>,
+    nodes: Vec<NodeKind>,
+    /// (st_dev, st_ino) of each node as mounted, taken on first use (the
+    /// nodes are mounted after the devices are made).
+    ids: OnceLock<Vec<(u64, u64)>>,
+}
+
+fn file_id(fd: BorrowedFd<'_>) -> Option<(u64, u64)> {
+    // SAFETY: an all-zero stat is valid; fstat fills it.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `fd` is live and `st` writable.
+    (unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } == 0).then_some((st.st_dev, st.st_ino))
+}
+
+impl crate::supervise::Handler for Supervised {
+    fn handle(&self, n: &crate::supervise::Notice<'_>) -> crate::supervise::Verdict {
+        use crate::supervise::Verdict;
+        let ids = self.ids.get_or_init(|| {
+            self.nodes
+                .iter()
+                .map(|k| {
+                    std::fs::metadata(node_path(k))
+                        .map(|m| {
+                            use std::os::unix::fs::MetadataExt;
+                            (m.dev(), m.ino())
+                        })
+                        .unwrap_or((u64::MAX, u64::MAX))
+                })
+                .collect()
+        });
+        // A bad fd: the kernel answers EBADF itself.
+        let Ok(file) = crate::fuse::pull_fd(n.tgid, n.fd) else {
+            return Verdict::Continue;
+        };
+        // The pulled file is the caller's only if the call is still live.
+        if !n.valid() {
+            return Verdict::Continue;
+        }
+        let ours = file_id(file.as_fd()).is_some_and(|id| ids.contains(&id));
+        if !ours {
+            return Verdict::Continue;
+        }
+        let Ok(fh) = crate::fuse::fh_of(file.as_fd()) else {
+            return Verdict::Continue;
+        };
+        let caller = device::Caller {
+            tid: n.tid,
+            tgid: n.tgid,
+        };
+        struct Install<'a, 'b>(&'a crate::supervise::Notice<'b>);
+        impl device::FdInstaller for Install<'_, '_> {
+            fn install(&self, file: BorrowedFd<'_>) -> Result<u32, i32> {
+                self.0.addfd(file)
+            }
+        }
+        match self.emu.fd_ioctl(fh, &caller, n.cmd, n.arg, &Install(n)) {
+            None => Verdict::Continue,
+            Some(Ok(())) => Verdict::Return(0),
+            Some(Err(e)) => Verdict::Error(e),
+        }
+    }
 }

@@ -1,0 +1,577 @@
+//! `kfd-emu supervise -- CMD`: runs CMD under a seccomp filter whose
+//! listener the emulator holds, so that the emulated devices can answer the
+//! ioctls whose result is a new file descriptor, which FUSE cannot.
+//!
+//! * The filter (`filter`) traps only `ioctl` with the request numbers
+//!   that return fds: AMDKFD_IOC_CRIU_OP (CHECKPOINT and RESTORE hand out
+//!   one dma-buf per VRAM/GTT BO) and DRM_IOCTL_PRIME_HANDLE_TO_FD.  Every
+//!   other system call, and these on any other architecture, are allowed
+//!   by the filter itself.  (AMDKFD_IOC_EXPORT_DMABUF is KFD 1.14; the
+//!   emulated KFD is 1.11 and answers it ENOTTY, so it is not trapped.)
+//! * `kfd-emu supervise` installs the filter with
+//!   SECCOMP_FILTER_FLAG_NEW_LISTENER, sends the listener over the unix
+//!   socket `$KFD_EMU_STATE_DIR/supervise.sock` to the `kfd-emu run` that
+//!   serves the devices, waits for its acknowledgement, closes its own
+//!   copy and execs CMD.  Children of CMD inherit the filter (CRIU's
+//!   restored tasks too): their trapped calls go to the same listener.
+//! * The daemon (`serve`) answers each notification on a thread of its
+//!   own, so no call waits behind another.  A call on a file that is not
+//!   one of the emulated device nodes, or one the handler does not take
+//!   (another CRIU op), is answered SECCOMP_USER_NOTIF_FLAG_CONTINUE: the
+//!   kernel runs it as if there were no filter.  No trapped call is ever
+//!   parked: the handler answers at once.
+//! * The target's memory and fds are reached with process_vm_readv/writev
+//!   and pidfd_getfd; SECCOMP_IOCTL_NOTIF_ID_VALID after those reads
+//!   proves the thread is still the one that made the call (not a reused
+//!   pid).  A notification whose caller got a signal is withdrawn and the
+//!   call restarts; the handler's answers are idempotent (`Notice::addfd`
+//!   fails then, and the device model replays its result to the restarted
+//!   call).
+//!
+//! One dump→restore pass works under a supervisor; see the README for
+//! what seccomp does not allow (CRIU under a filter cannot dump a process
+//! with one, and a dumped filter comes back without its listener).
+
+use std::ffi::OsString;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::sync::Arc;
+
+use kfd_abi::ioctl::{AMDKFD_IOC_CRIU_OP, DRM_IOCTL_PRIME_HANDLE_TO_FD};
+
+/// The socket in the state directory on which the daemon takes listeners.
+pub const SOCKET: &str = "supervise.sock";
+
+/// The request numbers the filter traps.
+pub const TRAPPED: [u32; 2] = [AMDKFD_IOC_CRIU_OP, DRM_IOCTL_PRIME_HANDLE_TO_FD];
+
+#[cfg(target_arch = "x86_64")]
+const AUDIT_ARCH: u32 = 0xc000_003e; // AUDIT_ARCH_X86_64
+#[cfg(target_arch = "aarch64")]
+const AUDIT_ARCH: u32 = 0xc000_00b7; // AUDIT_ARCH_AARCH64
+
+// Classic BPF opcodes (linux/filter.h, linux/bpf_common.h).
+/// BPF_LD (0x00) | BPF_W (0x00) | BPF_ABS (0x20).
+const BPF_LD_W_ABS: u16 = 0x20;
+/// BPF_JMP (0x05) | BPF_JEQ (0x10) | BPF_K (0x00).
+const BPF_JEQ_K: u16 = 0x15;
+/// BPF_RET (0x06) | BPF_K (0x00).
+const BPF_RET_K: u16 = 0x06;
+
+// struct seccomp_data: int nr; __u32 arch; __u64 instruction_pointer;
+// __u64 args[6].
+const DATA_NR: u32 = 0;
+const DATA_ARCH: u32 = 4;
+/// The low 32 bits of args[1] (the ioctl request, an `unsigned int` in
+/// the kernel) on a little-endian machine.
+const DATA_ARG1_LO: u32 = 16 + 8;
+
+fn insn(code: u16, jt: u8, jf: u8, k: u32) -> libc::sock_filter {
+    libc::sock_filter { code, jt, jf, k }
+}
+
+/// The filter: `ioctl` with a request in [`TRAPPED`] → USER_NOTIF,
+/// anything else → ALLOW.
+pub fn filter() -> Vec<libc::sock_filter> {
+    let n = TRAPPED.len() as u8;
+    let mut f = vec![
+        insn(BPF_LD_W_ABS, 0, 0, DATA_ARCH),
+        // Another architecture (a 32-bit compat call): allow.
+        insn(BPF_JEQ_K, 0, 3 + n, AUDIT_ARCH),
+        insn(BPF_LD_W_ABS, 0, 0, DATA_NR),
+        insn(BPF_JEQ_K, 0, 1 + n, libc::SYS_ioctl as u32),
+        insn(BPF_LD_W_ABS, 0, 0, DATA_ARG1_LO),
+    ];
+    for (i, &req) in TRAPPED.iter().enumerate() {
+        // Jump over the remaining compares and the ALLOW to USER_NOTIF.
+        f.push(insn(BPF_JEQ_K, n - i as u8, 0, req));
+    }
+    f.push(insn(BPF_RET_K, 0, 0, libc::SECCOMP_RET_ALLOW));
+    f.push(insn(BPF_RET_K, 0, 0, libc::SECCOMP_RET_USER_NOTIF));
+    f
+}
+
+/// Runs the filter over one system call (tests: the program's meaning).
+pub fn run_filter(prog: &[libc::sock_filter], data: &libc::seccomp_data) -> u32 {
+    let word = |off: u32| -> u32 {
+        match off {
+            DATA_NR => data.nr as u32,
+            DATA_ARCH => data.arch,
+            o if (16..64).contains(&o) => {
+                let a = data.args[(o as usize - 16) / 8];
+                if o % 8 == 0 {
+                    a as u32
+                } else {
+                    (a >> 32) as u32
+                }
+            }
+            _ => 0,
+        }
+    };
+    let (mut pc, mut acc) = (0usize, 0u32);
+    loop {
+        let i = &prog[pc];
+        match i.code {
+            BPF_LD_W_ABS => acc = word(i.k),
+            BPF_JEQ_K => {
+                pc += if acc == i.k { i.jt } else { i.jf } as usize;
+            }
+            BPF_RET_K => return i.k,
+            c => panic!("opcode {c:#x}"),
+        }
+        pc += 1;
+    }
+}
+
+fn os_err(what: impl std::fmt::Display) -> io::Error {
+    let e = io::Error::last_os_error();
+    io::Error::new(e.kind(), format!("{what}: {e}"))
+}
+
+fn has_sys_admin() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        })
+        .is_some_and(|c| c & (1 << 21) != 0)
+}
+
+/// Installs the filter on the calling thread (the process is
+/// single-threaded here) and returns its listener.
+fn install_filter() -> io::Result<OwnedFd> {
+    if !has_sys_admin() {
+        // seccomp() demands it of an unprivileged caller.
+        // SAFETY: prctl with integer arguments.
+        if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } < 0 {
+            return Err(os_err("PR_SET_NO_NEW_PRIVS"));
+        }
+    }
+    let prog = filter();
+    let fprog = libc::sock_fprog {
+        len: prog.len() as u16,
+        filter: prog.as_ptr() as *mut libc::sock_filter,
+    };
+    // SAFETY: seccomp reads `fprog` and the program it points to, both
+    // live across the call.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_seccomp,
+            libc::SECCOMP_SET_MODE_FILTER,
+            libc::SECCOMP_FILTER_FLAG_NEW_LISTENER,
+            &fprog as *const libc::sock_fprog,
+        )
+    };
+    if fd < 0 {
+        return Err(os_err("seccomp(SECCOMP_SET_MODE_FILTER, NEW_LISTENER)"));
+    }
+    // SAFETY: a fresh fd nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// A control message carrying one fd: `struct cmsghdr` and the fd, laid
+/// out as CMSG_LEN/CMSG_SPACE place them (the header's size is a
+/// multiple of the alignment on Linux, so the data follows it directly).
+#[repr(C)]
+struct FdCmsg {
+    hdr: libc::cmsghdr,
+    fd: RawFd,
+    pad: u32,
+}
+
+fn fd_cmsg(fd: RawFd) -> FdCmsg {
+    // SAFETY: an all-zero cmsghdr is valid (its private padding fields
+    // on some libcs cannot be named).
+    let mut hdr: libc::cmsghdr = unsafe { std::mem::zeroed() };
+    hdr.cmsg_level = libc::SOL_SOCKET;
+    hdr.cmsg_type = libc::SCM_RIGHTS;
+    hdr.cmsg_len = (std::mem::size_of::<libc::cmsghdr>() + std::mem::size_of::<RawFd>()) as _;
+    FdCmsg { hdr, fd, pad: 0 }
+}
+
+fn msghdr(iov: &mut libc::iovec, cm: &mut FdCmsg) -> libc::msghdr {
+    // SAFETY: an all-zero msghdr is valid; its pointers are set below.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = (cm as *mut FdCmsg).cast();
+    msg.msg_controllen = std::mem::size_of::<FdCmsg>() as _;
+    msg
+}
+
+/// Sends `fd` with one data byte over `sock` (SCM_RIGHTS).
+fn send_fd(sock: &UnixStream, fd: BorrowedFd<'_>) -> io::Result<()> {
+    let byte = [b'L'];
+    let mut iov = libc::iovec {
+        iov_base: byte.as_ptr() as *mut libc::c_void,
+        iov_len: 1,
+    };
+    let mut cm = fd_cmsg(fd.as_raw_fd());
+    let msg = msghdr(&mut iov, &mut cm);
+    // SAFETY: `msg` and everything it points to live across the call.
+    if unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, 0) } != 1 {
+        return Err(os_err("sending the seccomp listener"));
+    }
+    Ok(())
+}
+
+/// Receives one fd sent by [`send_fd`].
+fn recv_fd(sock: &UnixStream) -> io::Result<OwnedFd> {
+    let mut byte = [0u8];
+    let mut iov = libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    let mut cm = fd_cmsg(-1);
+    cm.hdr.cmsg_len = 0;
+    let mut msg = msghdr(&mut iov, &mut cm);
+    // SAFETY: `msg` and its buffers live across the call.
+    let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    let want = std::mem::size_of::<libc::cmsghdr>() + std::mem::size_of::<RawFd>();
+    let ok = n == 1
+        && msg.msg_controllen >= want
+        && cm.hdr.cmsg_level == libc::SOL_SOCKET
+        && cm.hdr.cmsg_type == libc::SCM_RIGHTS
+        && cm.hdr.cmsg_len == want
+        && cm.fd >= 0;
+    if !ok {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "no listener received",
+        ));
+    }
+    // SAFETY: the kernel installed this fd for us.
+    Ok(unsafe { OwnedFd::from_raw_fd(cm.fd) })
+}
+
+/// `kfd-emu supervise -- CMD`: installs the filter, hands the listener to
+/// the daemon of `state_dir` and execs CMD (returns only on failure).
+pub fn supervise(state_dir: &Path, cmd: &[OsString]) -> io::Error {
+    let Some(prog) = cmd.first() else {
+        return io::Error::new(io::ErrorKind::InvalidInput, "no command given after --");
+    };
+    let path = state_dir.join(SOCKET);
+    let sock = match UnixStream::connect(&path) {
+        Ok(s) => s,
+        Err(e) => {
+            return io::Error::new(
+                e.kind(),
+                format!(
+                    "{}: {e} (is this running under `kfd-emu run`?)",
+                    path.display()
+                ),
+            )
+        }
+    };
+    let listener = match install_filter() {
+        Ok(l) => l,
+        Err(e) => return e,
+    };
+    if let Err(e) = send_fd(&sock, listener.as_fd()) {
+        return e;
+    }
+    drop(listener);
+    let mut ack = [0u8];
+    if let Err(e) = (&sock).read_exact(&mut ack) {
+        return io::Error::new(e.kind(), format!("waiting for the emulator: {e}"));
+    }
+    if ack[0] != b'+' {
+        return io::Error::other("the emulator refused the listener (see its log)");
+    }
+    drop(sock);
+    std::process::Command::new(prog).args(&cmd[1..]).exec()
+}
+
+/// One trapped call.
+pub struct Notice<'a> {
+    listener: BorrowedFd<'a>,
+    pub id: u64,
+    /// The calling thread and its process, in the daemon's pid namespace.
+    pub tid: u32,
+    pub tgid: u32,
+    /// ioctl's arguments.
+    pub fd: i32,
+    pub cmd: u32,
+    pub arg: u64,
+}
+
+/// How the daemon answers a trapped call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Run the call as if there were no filter.
+    Continue,
+    /// The call returns this value.
+    Return(i64),
+    /// The call fails with this (positive) errno.
+    Error(i32),
+}
+
+/// What answers trapped calls (the device model).
+pub trait Handler: Send + Sync {
+    fn handle(&self, n: &Notice<'_>) -> Verdict;
+}
+
+impl Notice<'_> {
+    /// Whether the call is still waiting for this answer (the thread did
+    /// not die or get interrupted, and its pid names it still).
+    pub fn valid(&self) -> bool {
+        let id = self.id;
+        // SAFETY: ID_VALID reads one u64 from a live local.
+        unsafe {
+            libc::ioctl(
+                self.listener.as_raw_fd(),
+                libc::SECCOMP_IOCTL_NOTIF_ID_VALID as _,
+                &id as *const u64,
+            ) == 0
+        }
+    }
+
+    /// Installs a new fd of `file` in the caller's fd table (no
+    /// close-on-exec, as KFD's and PRIME's dma-buf fds) and returns its
+    /// number; fails (ENOENT) once the call is no longer waiting.
+    pub fn addfd(&self, file: BorrowedFd<'_>) -> Result<u32, i32> {
+        let a = libc::seccomp_notif_addfd {
+            id: self.id,
+            flags: 0,
+            srcfd: file.as_raw_fd() as u32,
+            newfd: 0,
+            newfd_flags: 0,
+        };
+        // SAFETY: ADDFD reads one seccomp_notif_addfd from a live local.
+        let r = unsafe {
+            libc::ioctl(
+                self.listener.as_raw_fd(),
+                libc::SECCOMP_IOCTL_NOTIF_ADDFD as _,
+                &a as *const libc::seccomp_notif_addfd,
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO));
+        }
+        Ok(r as u32)
+    }
+}
+
+fn tgid_of(tid: u32) -> Option<u32> {
+    std::fs::read_to_string(format!("/proc/{tid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+fn respond(listener: BorrowedFd<'_>, id: u64, v: Verdict) {
+    let (val, error, flags) = match v {
+        Verdict::Continue => (0, 0, libc::SECCOMP_USER_NOTIF_FLAG_CONTINUE as u32),
+        Verdict::Return(v) => (v, 0, 0),
+        Verdict::Error(e) => (0, -e, 0),
+    };
+    let mut r = libc::seccomp_notif_resp {
+        id,
+        val,
+        error,
+        flags,
+    };
+    // SAFETY: SEND reads one seccomp_notif_resp from a live local.
+    let rc = unsafe {
+        libc::ioctl(
+            listener.as_raw_fd(),
+            libc::SECCOMP_IOCTL_NOTIF_SEND as _,
+            &mut r as *mut libc::seccomp_notif_resp,
+        )
+    };
+    if rc < 0 {
+        // ENOENT: the caller was interrupted (its call restarts) or died.
+        log::debug!(
+            "supervise: answer to notification {id:#x}: {}",
+            io::Error::last_os_error()
+        );
+    }
+}
+
+/// Answers the notifications of `listener` until no task uses its filter.
+pub fn serve(listener: OwnedFd, handler: Arc<dyn Handler>) {
+    let listener = Arc::new(listener);
+    loop {
+        let mut pfd = libc::pollfd {
+            fd: listener.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: poll on one live pollfd.
+        let r = unsafe { libc::poll(&mut pfd, 1, -1) };
+        if r < 0 {
+            if io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            log::error!("supervise: poll: {}", io::Error::last_os_error());
+            return;
+        }
+        if pfd.revents & libc::POLLIN == 0 {
+            // POLLHUP: every task of the filter is gone.
+            return;
+        }
+        // SAFETY: RECV wants a zeroed seccomp_notif (all-zero is valid).
+        let mut n: libc::seccomp_notif = unsafe { std::mem::zeroed() };
+        // SAFETY: RECV writes one seccomp_notif into the live local.
+        let rc = unsafe {
+            libc::ioctl(
+                listener.as_raw_fd(),
+                libc::SECCOMP_IOCTL_NOTIF_RECV as _,
+                &mut n as *mut libc::seccomp_notif,
+            )
+        };
+        if rc < 0 {
+            match io::Error::last_os_error().raw_os_error() {
+                // The caller died or was interrupted before we read it.
+                Some(libc::ENOENT) | Some(libc::EINTR) => continue,
+                _ => {
+                    log::error!("supervise: NOTIF_RECV: {}", io::Error::last_os_error());
+                    return;
+                }
+            }
+        }
+        let (l, h) = (listener.clone(), handler.clone());
+        let spawned = std::thread::Builder::new()
+            .name("kfd-emu-notif".into())
+            .spawn(move || answer(l.as_fd(), &n, &*h));
+        if let Err(e) = spawned {
+            log::error!("supervise: no thread for a notification: {e}");
+            respond(listener.as_fd(), n.id, Verdict::Error(libc::EAGAIN));
+        }
+    }
+}
+
+fn answer(listener: BorrowedFd<'_>, n: &libc::seccomp_notif, h: &dyn Handler) {
+    let v = if n.data.nr != libc::SYS_ioctl as i32 || n.data.arch != AUDIT_ARCH {
+        Verdict::Continue
+    } else {
+        match tgid_of(n.pid) {
+            None => Verdict::Continue,
+            Some(tgid) => {
+                let notice = Notice {
+                    listener,
+                    id: n.id,
+                    tid: n.pid,
+                    tgid,
+                    fd: n.data.args[0] as i32,
+                    cmd: n.data.args[1] as u32,
+                    arg: n.data.args[2],
+                };
+                // The pid read from /proc is the caller's only while the
+                // notification is live.
+                if notice.valid() {
+                    h.handle(&notice)
+                } else {
+                    return;
+                }
+            }
+        }
+    };
+    respond(listener, n.id, v);
+}
+
+/// Takes listeners on `state_dir/supervise.sock` and serves each on a
+/// thread of its own.  The socket is the daemon's, root-only (0600).
+pub fn listen(state_dir: &Path, handler: Arc<dyn Handler>) -> io::Result<()> {
+    let path = state_dir.join(SOCKET);
+    let _ = std::fs::remove_file(&path);
+    let sock = UnixListener::bind(&path)
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+    std::thread::Builder::new()
+        .name("kfd-emu-supervise".into())
+        .spawn(move || {
+            for conn in sock.incoming() {
+                let Ok(mut conn) = conn else { continue };
+                let h = handler.clone();
+                let _ = std::thread::Builder::new()
+                    .name("kfd-emu-listener".into())
+                    .spawn(move || match recv_fd(&conn).and_then(check_listener) {
+                        Ok(l) => {
+                            let _ = conn.write_all(b"+");
+                            drop(conn);
+                            serve(l, h);
+                        }
+                        Err(e) => {
+                            log::error!("supervise: {e}");
+                            let _ = conn.write_all(b"-");
+                        }
+                    });
+            }
+        })?;
+    Ok(())
+}
+
+/// Accepts only a seccomp listener.
+fn check_listener(fd: OwnedFd) -> io::Result<OwnedFd> {
+    let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))?;
+    if link.as_os_str() != "anon_inode:seccomp notify" {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("the fd sent is {}, not a seccomp listener", link.display()),
+        ));
+    }
+    Ok(fd)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(nr: i64, arch: u32, req: u64) -> libc::seccomp_data {
+        libc::seccomp_data {
+            nr: nr as i32,
+            arch,
+            instruction_pointer: 0,
+            args: [3, req, 0x1000, 0, 0, 0],
+        }
+    }
+
+    #[test]
+    fn filter_traps_only_the_fd_returning_ioctls() {
+        let f = filter();
+        let run = |d| run_filter(&f, &d);
+        for req in TRAPPED {
+            assert_eq!(
+                run(call(libc::SYS_ioctl, AUDIT_ARCH, req as u64)),
+                libc::SECCOMP_RET_USER_NOTIF
+            );
+            // The kernel takes the request as an unsigned int.
+            assert_eq!(
+                run(call(
+                    libc::SYS_ioctl,
+                    AUDIT_ARCH,
+                    0xffff_ffff_0000_0000 | req as u64
+                )),
+                libc::SECCOMP_RET_USER_NOTIF
+            );
+            assert_eq!(
+                run(call(libc::SYS_ioctl, 0x4000_0003, req as u64)),
+                libc::SECCOMP_RET_ALLOW,
+                "another architecture"
+            );
+            assert_eq!(
+                run(call(libc::SYS_read, AUDIT_ARCH, req as u64)),
+                libc::SECCOMP_RET_ALLOW
+            );
+        }
+        for req in [
+            kfd_abi::ioctl::AMDKFD_IOC_GET_VERSION,
+            kfd_abi::ioctl::DRM_IOCTL_PRIME_FD_TO_HANDLE,
+            kfd_abi::ioctl::DRM_IOCTL_AMDGPU_CS,
+        ] {
+            assert_eq!(
+                run(call(libc::SYS_ioctl, AUDIT_ARCH, req as u64)),
+                libc::SECCOMP_RET_ALLOW
+            );
+        }
+    }
+}
