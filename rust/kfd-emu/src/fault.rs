@@ -3,7 +3,16 @@
 //! paths of a checkpoint/restore tool can be tested end to end.
 //!
 //! * `OP` is a `kfd_criu_op` by name: `PROCESS_INFO`, `CHECKPOINT`,
-//!   `UNPAUSE`, `RESTORE` or `RESUME`.
+//!   `UNPAUSE`, `RESTORE` or `RESUME`; or a render-node ioctl of the SDMA
+//!   path: `PRIME_FD_TO_HANDLE`, `PRIME_HANDLE_TO_FD`, `GEM_USERPTR`,
+//!   `GEM_VA`, `GEM_CLOSE`, `CTX`, `BO_LIST`, `CS` or `WAIT_CS`.  Two
+//!   errnos mean more than a refusal there: `CS:ECANCELED` is a GPU reset
+//!   blamed on the submitting context (it stays guilty: its later CS are
+//!   ECANCELED too, as amdgpu's), `WAIT_CS:ECANCELED` a reset while the
+//!   job ran (the fence fails with ECANCELED, the context is guilty), and
+//!   `WAIT_CS:ETIME` a wait that times out (answered at once, status 1).
+//!   Every other rule fails the call before it changes anything, so
+//!   EAGAIN and EINTR can be retried.
 //! * `ERRNO` is the error returned, by name (`EIO`, `EACCES`, ...) or
 //!   number; default `EIO`.  `EACCES` is what KFD answers a caller without
 //!   `CAP_CHECKPOINT_RESTORE`/`CAP_SYS_ADMIN`.
@@ -38,15 +47,32 @@ pub struct Fault {
     seen: u64,
 }
 
-const OPS: [(&str, u32); 5] = [
+/// Render-node ioctls are ops `DRM_OP | nr` (nr: the DRM request number).
+pub const DRM_OP: u32 = 0x100;
+
+/// The op of DRM request number `nr`.
+pub const fn drm_op(nr: u32) -> u32 {
+    DRM_OP | nr
+}
+
+const OPS: [(&str, u32); 14] = [
     ("PROCESS_INFO", criu_op::PROCESS_INFO),
     ("CHECKPOINT", criu_op::CHECKPOINT),
     ("UNPAUSE", criu_op::UNPAUSE),
     ("RESTORE", criu_op::RESTORE),
     ("RESUME", criu_op::RESUME),
+    ("GEM_CLOSE", drm_op(0x09)),
+    ("PRIME_HANDLE_TO_FD", drm_op(0x2d)),
+    ("PRIME_FD_TO_HANDLE", drm_op(0x2e)),
+    ("CTX", drm_op(0x42)),
+    ("BO_LIST", drm_op(0x43)),
+    ("CS", drm_op(0x44)),
+    ("GEM_VA", drm_op(0x48)),
+    ("WAIT_CS", drm_op(0x49)),
+    ("GEM_USERPTR", drm_op(0x51)),
 ];
 
-const ERRNOS: [(&str, i32); 10] = [
+const ERRNOS: [(&str, i32); 16] = [
     ("EPERM", libc::EPERM),
     ("ENOENT", libc::ENOENT),
     ("ESRCH", libc::ESRCH),
@@ -57,6 +83,12 @@ const ERRNOS: [(&str, i32); 10] = [
     ("ENOMEM", libc::ENOMEM),
     ("EACCES", libc::EACCES),
     ("EINVAL", libc::EINVAL),
+    ("EFAULT", libc::EFAULT),
+    ("EBUSY", libc::EBUSY),
+    ("ENODEV", libc::ENODEV),
+    ("ENOSPC", libc::ENOSPC),
+    ("ETIME", libc::ETIME),
+    ("ECANCELED", libc::ECANCELED),
 ];
 
 /// The name of a CRIU op, for messages.
@@ -130,9 +162,14 @@ impl Fault {
 
 impl std::fmt::Display for Fault {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = if self.op & DRM_OP != 0 {
+            "DRM ioctl"
+        } else {
+            "CRIU_OP"
+        };
         write!(
             f,
-            "CRIU_OP {} fails with {}",
+            "{kind} {} fails with {}",
             op_name(self.op),
             errno_name(self.errno)
         )?;
@@ -166,7 +203,8 @@ impl Hold {
             .iter()
             .find(|(n, _)| n.eq_ignore_ascii_case(op_s))
             .map(|(_, v)| *v)
-            .ok_or_else(|| bad("unknown op"))?;
+            .filter(|v| v & DRM_OP == 0)
+            .ok_or_else(|| bad("unknown op (only CRIU ops can be held)"))?;
         if path.is_empty() {
             return Err(bad("no PATH"));
         }
@@ -266,6 +304,13 @@ mod tests {
         let f = Fault::parse("RESTORE:12").unwrap();
         assert_eq!(f.errno, libc::ENOMEM);
         assert_eq!(f.to_string(), "CRIU_OP RESTORE fails with ENOMEM");
+        let f = Fault::parse("wait_cs:ETIME").unwrap();
+        assert_eq!((f.op, f.errno), (drm_op(0x49), libc::ETIME));
+        assert_eq!(f.to_string(), "DRM ioctl WAIT_CS fails with ETIME");
+        assert!(
+            Hold::parse("CS:/tmp/x").is_err(),
+            "render ioctls are not held"
+        );
         for bad in [
             "",
             "CHECK",

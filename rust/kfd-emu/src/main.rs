@@ -22,8 +22,11 @@ override merged over the named one.  `run` sets KFD_EMU_PROFILE and
 KFD_EMU_STATE_DIR for CMD.  Log level: KFD_EMU_LOG=error|warn|info|debug.
 
 --fail (tests only) makes the CRIU op OP (PROCESS_INFO, CHECKPOINT, UNPAUSE,
-RESTORE, RESUME) fail with ERRNO (a name or number, default EIO): the first
-SKIP calls succeed, then COUNT calls fail (default: all later calls).
+RESTORE, RESUME) or render-node ioctl OP (PRIME_FD_TO_HANDLE,
+PRIME_HANDLE_TO_FD, GEM_USERPTR, GEM_VA, GEM_CLOSE, CTX, BO_LIST, CS, WAIT_CS)
+fail with ERRNO (a name or number, default EIO): the first SKIP calls
+succeed, then COUNT calls fail (default: all later calls).  CS:ECANCELED and
+WAIT_CS:ECANCELED are GPU resets, WAIT_CS:ETIME a wait that times out.
 --hold (tests only) makes the CRIU op OP wait, before it does anything, until
 the file PATH exists; while a call waits, PATH.held holds its caller's pid.
 

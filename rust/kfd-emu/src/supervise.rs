@@ -331,16 +331,16 @@ impl Notice<'_> {
         }
     }
 
-    /// Installs a new fd of `file` in the caller's fd table (no
-    /// close-on-exec, as KFD's and PRIME's dma-buf fds) and returns its
-    /// number; fails (ENOENT) once the call is no longer waiting.
-    pub fn addfd(&self, file: BorrowedFd<'_>) -> Result<u32, i32> {
+    /// Installs a new fd of `file` in the caller's fd table (close-on-exec
+    /// only if asked: KFD's dma-buf fds are not) and returns its number;
+    /// fails (ENOENT) once the call is no longer waiting.
+    pub fn addfd(&self, file: BorrowedFd<'_>, cloexec: bool) -> Result<u32, i32> {
         let a = libc::seccomp_notif_addfd {
             id: self.id,
             flags: 0,
             srcfd: file.as_raw_fd() as u32,
             newfd: 0,
-            newfd_flags: 0,
+            newfd_flags: if cloexec { libc::O_CLOEXEC as u32 } else { 0 },
         };
         // SAFETY: ADDFD reads one seccomp_notif_addfd from a live local.
         let r = unsafe {

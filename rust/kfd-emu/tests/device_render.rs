@@ -583,10 +583,40 @@ fn core_drm_ioctls_on_a_render_node() {
             "core ioctl {nr:#x}"
         );
     }
-    // Render-allowed but not modelled: GET_CAP, GEM_CLOSE, prime, GEM_CREATE.
+    // The SDMA path's GEM ioctls: no handle 0; PRIME import of a file
+    // that is not one of the emulator's dma-bufs is dma_buf_get's EINVAL,
+    // of a closed fd EBADF.
+    assert_eq!(
+        call(&e.emu, e.fh, &me(), ioctl::DRM_IOCTL_GEM_CLOSE, &[0; 8]),
+        Err(libc::EINVAL)
+    );
+    let mut prime = [0u8; 12];
+    prime[8..].copy_from_slice(&0i32.to_le_bytes());
+    assert_eq!(
+        call(
+            &e.emu,
+            e.fh,
+            &me(),
+            ioctl::DRM_IOCTL_PRIME_FD_TO_HANDLE,
+            &prime
+        ),
+        Err(libc::EINVAL)
+    );
+    prime[8..].copy_from_slice(&999_999i32.to_le_bytes());
+    assert_eq!(
+        call(
+            &e.emu,
+            e.fh,
+            &me(),
+            ioctl::DRM_IOCTL_PRIME_FD_TO_HANDLE,
+            &prime
+        ),
+        Err(libc::EBADF)
+    );
+    // Render-allowed but not modelled: GET_CAP, GEM_CREATE; PRIME export
+    // returns an fd, which only `kfd-emu supervise` can hand out.
     for cmd in [
         drm(3, 0x0c, 16),
-        ioctl::DRM_IOCTL_GEM_CLOSE,
         ioctl::DRM_IOCTL_PRIME_HANDLE_TO_FD,
         ioctl::DRM_IOCTL_AMDGPU_GEM_CREATE,
     ] {

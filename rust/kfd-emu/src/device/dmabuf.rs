@@ -25,10 +25,6 @@ use super::mem::Mapping;
 
 /// What a dmabuf of the emulator refers to.
 pub struct Dmabuf {
-    /// GPU index of the BO.
-    pub gpu: usize,
-    /// The BO's render-memfd offset (its identity on that GPU).
-    pub offset: u64,
     pub size: u64,
     /// The BO's memory, as the daemon maps it.
     pub map: Arc<Mapping>,
@@ -99,8 +95,6 @@ impl Registry {
         let file = sealed_memfd(size)?;
         let id = file_id(file.as_fd())?;
         let d = Arc::new(Dmabuf {
-            gpu,
-            offset,
             size,
             map: map.clone(),
             id,
@@ -149,7 +143,7 @@ mod tests {
         let b = r.export(0, 0, 8192, &map).unwrap();
         assert_eq!(a.id, b.id, "one dmabuf per BO");
         let dup = a.file().try_clone_to_owned().unwrap();
-        assert_eq!(r.lookup(dup.as_fd()).unwrap().offset, 0);
+        assert_eq!(r.lookup(dup.as_fd()).unwrap().size, 8192);
         // SAFETY: lseek on a descriptor we own.
         let end = unsafe { libc::lseek(dup.as_raw_fd(), 0, libc::SEEK_END) };
         assert_eq!(end, 8192, "lseek gives the BO size, as libdrm reads it");

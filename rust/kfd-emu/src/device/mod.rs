@@ -20,6 +20,7 @@ mod aql;
 mod asic;
 mod criu;
 mod dmabuf;
+mod gem;
 mod kfd;
 mod mem;
 mod render;
@@ -340,7 +341,7 @@ impl Emulator {
         let r = match kind {
             None => Err(libc::EBADF),
             Some(Open::Render { gpu, authenticated }) => {
-                self.render_ioctl(gpu, authenticated, caller, cmd, input, out_size)
+                self.render_ioctl(fh, gpu, authenticated, caller, cmd, input, out_size)
             }
             Some(Open::Kfd { lead }) => {
                 match self.kfd_ioctl(lead, caller, cmd, input, out_size as usize, reply) {
@@ -355,8 +356,10 @@ impl Emulator {
         reply.reply(r);
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn render_ioctl(
         &self,
+        fh: u64,
         gpu: usize,
         authenticated: bool,
         caller: &Caller,
@@ -368,7 +371,8 @@ impl Emulator {
             return Err(libc::ENOTTY);
         }
         let out_size = out_size as usize;
-        match cmd & 0xff {
+        let n = cmd & 0xff;
+        match n {
             uapi::drm::VERSION => render::version(caller, input, out_size),
             uapi::drm::GET_CLIENT => render::get_client(caller, authenticated, input, out_size),
             n if render::refused(n) => Err(libc::EACCES),
@@ -377,10 +381,154 @@ impl Emulator {
                 render::info(asic, caller, input, || self.lock().usage(gpu))?;
                 Ok(vec![0; out_size])
             }
-            // GEM, CS, contexts, prime, syncobj, caps: GPU memory is
-            // managed through KFD only, so clients must not get a
-            // half-working DRM path.
+            uapi::drm::GEM_CLOSE
+            | uapi::drm::PRIME_FD_TO_HANDLE
+            | uapi::drm::AMDGPU_CTX
+            | uapi::drm::AMDGPU_BO_LIST
+            | uapi::drm::AMDGPU_CS
+            | uapi::drm::AMDGPU_GEM_VA
+            | uapi::drm::AMDGPU_WAIT_CS
+            | uapi::drm::AMDGPU_GEM_USERPTR => self.gem_ioctl(fh, gpu, caller, n, input, out_size),
+            // GEM creation and CPU mapping, syncobjs, caps, scheduling:
+            // BO memory is KFD's here; only what the SDMA copy path needs
+            // (imports, userptr, VM, contexts, lists, CS) is modelled.
             _ => Err(libc::ENOTTY),
+        }
+    }
+
+    /// The GEM/VM/CS ioctls of a render file (`gem`).  Fault injection
+    /// (`--fail CS:...`) comes first, as the kernel's argument checks.
+    fn gem_ioctl(
+        &self,
+        fh: u64,
+        gpu: usize,
+        caller: &Caller,
+        n: u32,
+        input: &[u8],
+        out_size: usize,
+    ) -> Result<Vec<u8>, i32> {
+        let op = crate::fault::drm_op(n);
+        let injected = crate::fault::check(op).err();
+        let g = &self.shared.devs.gpus[gpu];
+        let major = g.asic.sdma.hw.0;
+        let has_ip = |ip: u32| match ip {
+            gem::AMDGPU_HW_IP_GFX => g.asic.gfx_rings > 0,
+            gem::AMDGPU_HW_IP_COMPUTE => g.asic.compute_rings > 0,
+            gem::AMDGPU_HW_IP_DMA => g.asic.sdma_instances > 0,
+            _ => false,
+        };
+        match (n, injected) {
+            // A GPU reset blamed on the submitting context.
+            (uapi::drm::AMDGPU_CS, Some(libc::ECANCELED)) => {
+                let a: sys::drm_amdgpu_cs_in = uapi::decode(input);
+                let mut st = self.lock();
+                st.resets[gpu] += 1;
+                let f = st.render.get_mut(&fh).ok_or(libc::EBADF)?;
+                f.make_guilty(a.ctx_id);
+                log::warn!(
+                    "fault injection: GPU {gpu} reset; context {} guilty",
+                    a.ctx_id
+                );
+                return Err(libc::ECANCELED);
+            }
+            (uapi::drm::AMDGPU_WAIT_CS, Some(e @ (libc::ETIME | libc::ECANCELED))) => {
+                let a: sys::drm_amdgpu_wait_cs_in = uapi::decode(input);
+                let mut st = self.lock();
+                let f = st.render.get(&fh).ok_or(libc::EBADF)?;
+                f.wait_cs(&a, has_ip)?;
+                if e == libc::ETIME {
+                    // Timed out: status 1, no error.
+                    let mut o = vec![0u8; out_size];
+                    o[..8.min(out_size)].copy_from_slice(&1u64.to_le_bytes()[..8.min(out_size)]);
+                    return Ok(o);
+                }
+                st.resets[gpu] += 1;
+                let f = st.render.get_mut(&fh).ok_or(libc::EBADF)?;
+                f.fail(a.ctx_id, (a.ip_type, a.ring), a.handle, libc::ECANCELED);
+                return Err(libc::ECANCELED);
+            }
+            (_, Some(e)) => return Err(e),
+            _ => {}
+        }
+        let dmabuf = if n == uapi::drm::PRIME_FD_TO_HANDLE {
+            let a: sys::drm_prime_handle = uapi::decode(input);
+            let file = crate::fuse::pull_fd(caller.tgid, a.fd).map_err(|_| libc::EBADF)?;
+            // Not a dma-buf: dma_buf_get's EINVAL.
+            Some(
+                self.shared
+                    .devs
+                    .dmabufs
+                    .lookup(std::os::fd::AsFd::as_fd(&file))
+                    .ok_or(libc::EINVAL)?,
+            )
+        } else {
+            None
+        };
+        let mut st = self.lock();
+        let resets = st.resets[gpu];
+        let f = st.render.get_mut(&fh).ok_or(libc::EBADF)?;
+        let (i, o) = (input, out_size);
+        match n {
+            uapi::drm::GEM_CLOSE => with(i, o, |a: &mut sys::drm_gem_close| f.close(a.handle)),
+            uapi::drm::PRIME_FD_TO_HANDLE => with(i, o, |a: &mut sys::drm_prime_handle| {
+                a.handle = f.import(dmabuf.expect("resolved above"));
+                Ok(())
+            }),
+            uapi::drm::AMDGPU_GEM_USERPTR => with(i, o, |a| f.userptr(caller.tgid, a)),
+            uapi::drm::AMDGPU_GEM_VA => {
+                let top = asic::VM_SIZE - asic::VA_RESERVED_TOP;
+                f.gem_va(&uapi::decode(i), top)?;
+                Ok(i[..o.min(i.len())].to_vec())
+            }
+            uapi::drm::AMDGPU_CTX => {
+                let out = f.ctx(&uapi::decode(i), resets)?;
+                let mut v = out.to_vec();
+                v.resize(o, 0);
+                Ok(v)
+            }
+            uapi::drm::AMDGPU_BO_LIST => {
+                let h = f.bo_list(caller.tid, &uapi::decode(i))?;
+                let mut v = u64::from(h).to_le_bytes().to_vec();
+                v.resize(o, 0);
+                Ok(v)
+            }
+            uapi::drm::AMDGPU_WAIT_CS => {
+                let e = f.wait_cs(&uapi::decode(i), has_ip)?;
+                if e != 0 {
+                    return Err(e);
+                }
+                Ok(vec![0u8; o])
+            }
+            uapi::drm::AMDGPU_CS => {
+                let job = f.cs(caller.tid, &uapi::decode(i), major, has_ip)?;
+                drop(st);
+                // The bytes move without the state lock.
+                let mut hang = None;
+                for ib in job.ibs {
+                    if let Err(h) = sdma::run_ib(ib) {
+                        hang = Some(h);
+                        break;
+                    }
+                }
+                if let Some(h) = hang {
+                    log::warn!(
+                        "kfd-emu: GPU {} (render file {fh}): SDMA IB of context {} hung: {}; \
+                         the job times out and the GPU is reset (fence error ETIME)",
+                        self.shared.devs.gpus[gpu].id,
+                        job.ctx,
+                        h.what
+                    );
+                    let mut st = self.lock();
+                    st.resets[gpu] += 1;
+                    if let Some(f) = st.render.get_mut(&fh) {
+                        f.fail(job.ctx, job.entity, job.seq, libc::ETIME);
+                    }
+                }
+                let mut v = job.seq.to_le_bytes().to_vec();
+                v.resize(o, 0);
+                Ok(v)
+            }
+            _ => unreachable!("dispatched above"),
         }
     }
 
@@ -611,7 +759,8 @@ fn sdma_pass(sh: &Shared) -> bool {
             break;
         }
         let mut st = sh.lock();
-        let Some(work) = st.procs.get(&lead).map(sdma::plan) else {
+        let majors: Vec<u32> = sh.devs.gpus.iter().map(|g| g.asic.sdma.hw.0).collect();
+        let Some(work) = st.procs.get(&lead).map(|p| sdma::plan(p, &majors)) else {
             continue;
         };
         if work.is_empty() {

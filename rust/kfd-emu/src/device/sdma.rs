@@ -53,7 +53,7 @@
 //! passes; the engine then goes on with the next packet.
 
 use super::kfd::gpu_clock_counter;
-use super::state::{Done, EngineState, Proc, Queue};
+use super::state::{Done, EngineState, Proc};
 use super::uapi::sdma::*;
 use super::vm::{Fault, GpuRange};
 
@@ -443,9 +443,14 @@ fn shape(
     }))
 }
 
+/// How the engine reaches a GPU VA range: the queue's VM (a process' BOs
+/// mapped on the GPU) or a render file's GEM VM (an IB).
+type Vm<'a> = &'a dyn Fn(u64, u64) -> GpuRange;
+
 /// Decodes the packet at ring position `rptr`; `wptr` bounds what is
-/// written.
-fn decode(p: &Proc, q: &Queue, ring: &mut Ring, rptr: u64, wptr: u64) -> Step {
+/// written.  `ring_size` bounds a packet; `major` is the DMA IP's major
+/// version.
+fn decode(vm: Vm<'_>, ring_size: u64, major: u32, ring: &mut Ring, rptr: u64, wptr: u64) -> Step {
     let avail_dw = (wptr - rptr) / 4;
     let h = match ring.dw(rptr, wptr) {
         Ok(h) => h,
@@ -473,7 +478,7 @@ fn decode(p: &Proc, q: &Queue, ring: &mut Ring, rptr: u64, wptr: u64) -> Step {
     if len > avail_dw || (name == "WRITE_LINEAR" && len == 4) {
         return Step::Incomplete;
     }
-    if len * 4 > q.ring_size as u64 {
+    if len * 4 > ring_size {
         return Step::Halt(name, bad("packet larger than the ring"));
     }
     let mut dw = Vec::with_capacity(len as usize);
@@ -483,7 +488,7 @@ fn decode(p: &Proc, q: &Queue, ring: &mut Ring, rptr: u64, wptr: u64) -> Step {
             Err(e) => return Step::Halt(name, e),
         }
     }
-    match operands(p, q, name, &dw) {
+    match operands(vm, major, name, &dw) {
         Ok(op) => Step::Packet(Packet {
             name,
             op,
@@ -494,9 +499,9 @@ fn decode(p: &Proc, q: &Queue, ring: &mut Ring, rptr: u64, wptr: u64) -> Step {
 }
 
 /// Resolves the operands of packet `name` (dwords `dw`).
-fn operands(p: &Proc, q: &Queue, name: &'static str, dw: &[u32]) -> Result<Op, Halt> {
+fn operands(vm: Vm<'_>, major: u32, name: &'static str, dw: &[u32]) -> Result<Op, Halt> {
     let h = dw[0];
-    let range = |va: u64, n: u64| p.gpu_range(q.gpu, va, n);
+    let range = |va: u64, n: u64| vm(va, n);
     let aligned = |what: &str, va: u64, a: u64| {
         if va.is_multiple_of(a) {
             Ok(())
@@ -511,6 +516,7 @@ fn operands(p: &Proc, q: &Queue, name: &'static str, dw: &[u32]) -> Result<Op, H
                 return Err(bad("broadcast copy not modelled"));
             }
             no_tmz(h)?;
+            cache_policy(h, major)?;
             no_swap(dw[2], 16, 24)?;
             let n = (dw[1] & 0x3f_ffff) as u64 + 1;
             Op::Copy {
@@ -651,6 +657,19 @@ fn operands(p: &Proc, q: &Queue, name: &'static str, dw: &[u32]) -> Result<Op, H
     })
 }
 
+/// The header's CPV bit (19, "cache policy valid"): SDMA 5 and later
+/// (`sdma_v7_0_emit_copy_buffer` sets it) take the cache policies in the
+/// parameter dword (bits 20..18 and 28..26, which do not change where the
+/// bytes go); on SDMA 4.x the bit is reserved.
+fn cache_policy(h: u32, major: u32) -> Result<(), Halt> {
+    if (h >> 19) & 1 == 1 && major < 5 {
+        return Err(bad(format!(
+            "CPV bit (19) set in a COPY_LINEAR header: reserved on SDMA {major}.x"
+        )));
+    }
+    Ok(())
+}
+
 /// The header's TMZ bit (18): trusted memory is not modelled.
 fn no_tmz(h: u32) -> Result<(), Halt> {
     if (h >> 18) & 1 == 1 {
@@ -691,7 +710,7 @@ pub struct QueueDone {
 /// Reads the rings of the process' runnable SDMA queues and resolves
 /// their packets (under the state lock).  Empty when there is nothing to
 /// do.
-pub fn plan(p: &Proc) -> Vec<QueueWork> {
+pub fn plan(p: &Proc, majors: &[u32]) -> Vec<QueueWork> {
     if p.evicted() {
         return Vec::new();
     }
@@ -731,8 +750,10 @@ pub fn plan(p: &Proc) -> Vec<QueueWork> {
             buf: Vec::new(),
         };
         let mut rptr = q.rptr;
+        let vm = |va: u64, n: u64| p.gpu_range(q.gpu, va, n);
+        let major = majors.get(q.gpu).copied().unwrap_or(4);
         while w.halt.is_none() && rptr < wptr && w.packets.len() < BUDGET {
-            match decode(p, q, &mut ring, rptr, wptr) {
+            match decode(&vm, q.ring_size as u64, major, &mut ring, rptr, wptr) {
                 Step::Packet(pk) => {
                     rptr += pk.bytes;
                     w.packets.push(pk);
@@ -835,4 +856,95 @@ pub fn commit(p: &mut Proc, done_queues: Vec<QueueDone>, done: &mut Done) -> boo
         }
     }
     worked
+}
+
+/// The packets of one indirect buffer (an AMDGPU_CS IB on a DMA ring),
+/// resolved through the submitting file's GEM VM.
+pub struct IbWork {
+    packets: Vec<Packet>,
+    /// Why the IB stops after these packets, if it does.
+    halt: Option<(&'static str, Halt)>,
+}
+
+/// Why an IB did not complete: a hang the kernel would end with a job
+/// timeout and a GPU reset.
+#[derive(Debug)]
+pub struct IbHang {
+    pub what: String,
+}
+
+/// Decodes the IB of `bytes` bytes at `va` (under the state lock).
+pub fn plan_ib(vm: Vm<'_>, major: u32, va: u64, bytes: u64) -> IbWork {
+    let mut w = IbWork {
+        packets: Vec::new(),
+        halt: None,
+    };
+    let mut ring = Ring {
+        range: vm(va, bytes),
+        size: bytes,
+        base: 0,
+        buf: Vec::new(),
+    };
+    let mut pos = 0;
+    while pos < bytes {
+        match decode(vm, bytes, major, &mut ring, pos, bytes) {
+            Step::Packet(pk) => {
+                pos += pk.bytes;
+                w.packets.push(pk);
+            }
+            Step::Incomplete => {
+                w.halt = Some((
+                    "IB",
+                    bad(format!("the IB ends inside the packet at byte {pos:#x}")),
+                ));
+                break;
+            }
+            Step::Halt(name, why) => {
+                w.halt = Some((name, why));
+                break;
+            }
+        }
+    }
+    w
+}
+
+/// How long an IB packet may wait (POLL_REGMEM, a looping ATOMIC) before
+/// the job counts as hung: amdgpu's default `lockup_timeout` for
+/// non-compute rings.
+pub const IB_LOCKUP: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Runs a planned IB (without the state lock).
+pub fn run_ib(w: IbWork) -> Result<(), IbHang> {
+    let mut fx = Effects {
+        traps: Vec::new(),
+        engine: EngineState::default(),
+    };
+    let deadline = std::time::Instant::now() + IB_LOCKUP;
+    let hang = |name: &str, pos: u64, why: Halt| IbHang {
+        what: format!("{name} at IB byte {pos:#x}: {why}"),
+    };
+    let mut pos = 0u64;
+    for pk in &w.packets {
+        loop {
+            match pk.op.run(pos, &mut fx) {
+                Ok(Flow::Done) => break,
+                Ok(Flow::Wait) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_micros(50))
+                }
+                Ok(Flow::Wait) => {
+                    return Err(hang(
+                        pk.name,
+                        pos,
+                        bad("still waiting at the lockup timeout"),
+                    ))
+                }
+                Err(e) => return Err(hang(pk.name, pos, e)),
+            }
+        }
+        pos += pk.bytes;
+    }
+    match w.halt {
+        Some((name, why)) => Err(hang(name, pos, why)),
+        None => Ok(()),
+    }
 }

@@ -491,6 +491,10 @@ pub struct State {
     pub sdma_busy: Option<u32>,
     /// Where the search for a free slot starts (see `free_slot`).
     next_slot: u32,
+    /// What each render-node open holds (GEM objects, VM, contexts).
+    pub render: HashMap<u64, super::gem::RenderFile>,
+    /// GPU resets per GPU (hung IBs and injected resets).
+    pub resets: Vec<u64>,
 }
 
 /// How [`State::claim_slot`] moved a process, for undoing it.
@@ -511,6 +515,7 @@ pub fn page_align(v: u64) -> Option<u64> {
 
 impl State {
     pub fn new(devs: Arc<Devices>) -> State {
+        let gpus = devs.gpus.len();
         let gpu_alloc = devs
             .gpus
             .iter()
@@ -527,6 +532,8 @@ impl State {
             gpu_alloc,
             sdma_busy: None,
             next_slot: 1,
+            render: HashMap::new(),
+            resets: vec![0; gpus],
         }
     }
 
@@ -587,7 +594,9 @@ impl State {
     }
 
     pub fn open_render(&mut self, gpu: usize, authenticated: bool) -> u64 {
-        self.new_fh(Open::Render { gpu, authenticated })
+        let fh = self.new_fh(Open::Render { gpu, authenticated });
+        self.render.insert(fh, super::gem::RenderFile::new());
+        fh
     }
 
     /// VRAM, CPU-visible VRAM and GTT in use on `gpu`: VRAM BOs, and the
@@ -644,6 +653,8 @@ impl State {
                 }
             }
             Some(Open::Render { .. }) => {
+                // Its GEM handles, mappings, contexts and lists go.
+                self.render.remove(&fh);
                 // A VM whose render file is gone cannot be used again; the
                 // kernel keeps the drm_file alive through the pdd instead.
             }

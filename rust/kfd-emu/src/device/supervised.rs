@@ -1,7 +1,8 @@
 //! The ioctls whose answer is a new file descriptor, served through the
 //! seccomp listener of `kfd-emu supervise` (see `crate::supervise`):
 //! CRIU_OP CHECKPOINT and RESTORE with one dma-buf per VRAM/GTT bucket, as
-//! KFD's `criu_checkpoint_bos`/`criu_restore_bos` hand out.
+//! KFD's `criu_checkpoint_bos`/`criu_restore_bos` hand out, and
+//! DRM_IOCTL_PRIME_HANDLE_TO_FD of an imported dma-buf.
 //!
 //! The op runs in the device model exactly as through FUSE (same checks,
 //! errnos and fault injection); then each dma-buf is installed in the
@@ -24,7 +25,7 @@ use super::{Caller, Emulator, Replier};
 pub trait FdInstaller {
     /// Returns the new fd number, or the errno why not (ENOENT: the call
     /// is no longer waiting).
-    fn install(&self, file: BorrowedFd<'_>) -> Result<u32, i32>;
+    fn install(&self, file: BorrowedFd<'_>, cloexec: bool) -> Result<u32, i32>;
 }
 
 /// A finished op whose fds are still to be handed out.
@@ -107,8 +108,36 @@ impl Emulator {
                 }
                 Some(self.criu_with_fds(lead, caller, cmd, arg, input, key, inst))
             }
+            Open::Render { .. } if cmd == kfd_abi::ioctl::DRM_IOCTL_PRIME_HANDLE_TO_FD => {
+                if super::mem::user_read(caller.tid, arg, &mut input).is_err() {
+                    return Some(Err(libc::EFAULT));
+                }
+                Some(self.prime_handle_to_fd(fh, caller, arg, &input, inst))
+            }
             _ => None,
         }
+    }
+
+    /// PRIME_HANDLE_TO_FD (drm_prime_handle_to_fd_ioctl): a new fd of the
+    /// object's dma-buf (GEM objects here are imports of the emulator's
+    /// dma-bufs, or userptr, which amdgpu refuses to export: EPERM).
+    fn prime_handle_to_fd(
+        &self,
+        fh: u64,
+        caller: &Caller,
+        arg: u64,
+        input: &[u8],
+        inst: &dyn FdInstaller,
+    ) -> Result<(), i32> {
+        crate::fault::check(crate::fault::drm_op(uapi::drm::PRIME_HANDLE_TO_FD))?;
+        let mut a: sys::drm_prime_handle = uapi::decode(input);
+        let d = {
+            let st = self.lock();
+            st.render.get(&fh).ok_or(libc::EBADF)?.export(&a)?
+        };
+        let fd = inst.install(d.file(), a.flags & super::gem::DRM_CLOEXEC != 0)?;
+        a.fd = fd as i32;
+        super::mem::user_write(caller.tid, arg, uapi::bytes(&a))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -190,7 +219,7 @@ impl Emulator {
     ) -> Result<(), i32> {
         let off = std::mem::offset_of!(sys::kfd_criu_bo_bucket, dmabuf_fd);
         for (i, d) in &p.exports {
-            match inst.install(d.file()) {
+            match inst.install(d.file(), false) {
                 Ok(fd) => uapi::put(&mut p.buckets, i * pb::BO_BUCKET + off, &fd),
                 Err(e) => {
                     self.replays.keep(p);

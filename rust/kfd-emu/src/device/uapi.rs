@@ -224,6 +224,15 @@ pub mod drm {
     pub const VERSION: u32 = ioctl::nr(ioctl::DRM_IOCTL_VERSION) as u32;
     pub const GET_CLIENT: u32 = ioctl::nr(ioctl::DRM_IOCTL_GET_CLIENT) as u32;
     pub const AMDGPU_INFO: u32 = ioctl::nr(ioctl::DRM_IOCTL_AMDGPU_INFO) as u32;
+    pub const GEM_CLOSE: u32 = ioctl::nr(ioctl::DRM_IOCTL_GEM_CLOSE) as u32;
+    pub const PRIME_HANDLE_TO_FD: u32 = ioctl::nr(ioctl::DRM_IOCTL_PRIME_HANDLE_TO_FD) as u32;
+    pub const PRIME_FD_TO_HANDLE: u32 = ioctl::nr(ioctl::DRM_IOCTL_PRIME_FD_TO_HANDLE) as u32;
+    pub const AMDGPU_CTX: u32 = ioctl::nr(ioctl::DRM_IOCTL_AMDGPU_CTX) as u32;
+    pub const AMDGPU_BO_LIST: u32 = ioctl::nr(ioctl::DRM_IOCTL_AMDGPU_BO_LIST) as u32;
+    pub const AMDGPU_CS: u32 = ioctl::nr(ioctl::DRM_IOCTL_AMDGPU_CS) as u32;
+    pub const AMDGPU_GEM_VA: u32 = ioctl::nr(ioctl::DRM_IOCTL_AMDGPU_GEM_VA) as u32;
+    pub const AMDGPU_WAIT_CS: u32 = ioctl::nr(ioctl::DRM_IOCTL_AMDGPU_WAIT_CS) as u32;
+    pub const AMDGPU_GEM_USERPTR: u32 = ioctl::nr(ioctl::DRM_IOCTL_AMDGPU_GEM_USERPTR) as u32;
     /// drm.h's numbers of core ioctls the model only refuses (their
     /// arguments are never read).
     pub const GET_UNIQUE: u32 = 0x01;
@@ -357,6 +366,16 @@ pod!(
     sys::drm_amdgpu_memory_info,
     sys::drm_amdgpu_info_vce_clock_table,
     sys::drm_client,
+    sys::drm_gem_close,
+    sys::drm_prime_handle,
+    sys::drm_amdgpu_gem_userptr,
+    sys::drm_amdgpu_gem_va,
+    sys::drm_amdgpu_ctx_in,
+    sys::drm_amdgpu_bo_list_in,
+    sys::drm_amdgpu_cs_in,
+    sys::drm_amdgpu_cs_chunk,
+    sys::drm_amdgpu_cs_chunk_ib,
+    sys::drm_amdgpu_wait_cs_in,
     layout::kfd_criu_process_priv_data,
     layout::kfd_criu_device_priv_data,
     layout::kfd_criu_queue_priv_data,

@@ -263,6 +263,41 @@ impl Proc {
 }
 
 impl GpuRange {
+    /// `[va, va+len)` of a VM other than a process' KFD one (a render
+    /// file's GEM VM): `pieces` are `(va, len, memory)` in VA order, None
+    /// where nothing is mapped; gaps between them are unmapped too.
+    pub fn from_spans(va: u64, len: u64, spans: Vec<(u64, u64, Option<Span>)>) -> GpuRange {
+        let mut pieces = Vec::with_capacity(spans.len() + 1);
+        let mut cur = va;
+        let end = va.saturating_add(len);
+        for (a, n, m) in spans {
+            if a > cur {
+                pieces.push(Piece {
+                    va: cur,
+                    len: a - cur,
+                    backing: Backing::Unmapped(None),
+                });
+            }
+            pieces.push(Piece {
+                va: a,
+                len: n,
+                backing: match m {
+                    Some(s) => Backing::Mem(s),
+                    None => Backing::Unmapped(None),
+                },
+            });
+            cur = a + n;
+        }
+        if cur < end {
+            pieces.push(Piece {
+                va: cur,
+                len: end - cur,
+                backing: Backing::Unmapped(None),
+            });
+        }
+        GpuRange { va, len, pieces }
+    }
+
     pub fn len(&self) -> u64 {
         self.len
     }

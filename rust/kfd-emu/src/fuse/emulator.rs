@@ -160,8 +160,8 @@ impl crate::supervise::Handler for Supervised {
         };
         struct Install<'a, 'b>(&'a crate::supervise::Notice<'b>);
         impl device::FdInstaller for Install<'_, '_> {
-            fn install(&self, file: BorrowedFd<'_>) -> Result<u32, i32> {
-                self.0.addfd(file)
+            fn install(&self, file: BorrowedFd<'_>, cloexec: bool) -> Result<u32, i32> {
+                self.0.addfd(file, cloexec)
             }
         }
         match self.emu.fd_ioctl(fh, &caller, n.cmd, n.arg, &Install(n)) {
