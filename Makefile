@@ -89,7 +89,7 @@ $(BUILD)/criu-rocm.8: Documentation/criu-rocm.8.adoc
 	asciidoctor -b manpage -o $@ $<
 
 # The suites `make test` runs, in order; .ci/run runs and counts them one by one.
-TEST_SUITES	:= test-rust test-smoke test-rocm test-gpu test-rocm-cr test-zdtm test-zdtm-gpu test-demo \
+TEST_SUITES	:= test-rust test-smoke test-rocm test-gpu test-sdma test-rocm-cr test-zdtm test-zdtm-gpu test-demo \
 		   test-install test-package
 
 # The user's entry points install what is missing first (scripts/install-deps.sh: quiet, and
@@ -157,6 +157,14 @@ test-rocm: kfd-tools
 .PHONY: test-gpu
 test-gpu: $(BUILD)/criu-rocm $(BUILD)/crit kfd-tools
 	CARGO_TARGET_DIR=$(CARGO_TARGET) CRIT=$(TOP)/$(BUILD)/crit test/gpu/run.sh $(BUILD)/criu-rocm
+
+# The SDMA copy path end to end on kfd-emu (test/sdma/run.sh): KFD's dma-buf fds and the
+# render nodes' GEM/VM/CS served through `kfd-emu supervise`, criu-rocm with the SDMA engine
+# forced; one dump->restore pass per case (CRIU under a seccomp filter cannot dump a process
+# that has one), images identical to the CPU engine's, injected CS/WAIT_CS faults.
+.PHONY: test-sdma
+test-sdma: $(BUILD)/criu-rocm kfd-tools
+	CARGO_TARGET_DIR=$(CARGO_TARGET) test/sdma/run.sh $(BUILD)/criu-rocm
 
 # GPU image integrity (test/integrity/run.py): ~250 seeded mutants of one dump's GPU image
 # files, each refused by gpu-check and the restore for the same reason, or restored with every

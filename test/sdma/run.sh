@@ -1,0 +1,255 @@
+#!/usr/bin/env bash
+# The SDMA copy path of criu-rocm end to end on kfd-emu (issue #19): KFD hands out dma-buf
+# fds and the render nodes run GEM/VM/CS, served to criu-rocm through `kfd-emu supervise`
+# (a seccomp listener held by the emulator). criu-rocm runs with CRIU_ROCM_COPY_ENGINE=sdma.
+#
+#   usage: test/sdma/run.sh CRIU_BINARY [CASE...]      (as root; `make test-sdma` runs it)
+#          test/sdma/run.sh --list
+#   env:   CARGO_TARGET_DIR   where kfd-emu and gpu-workload were built (rust/target)
+#
+# Each case covers ONE dump -> restore pass: criu runs under a seccomp filter, and CRIU under
+# a filter cannot dump a process that has one (PTRACE_O_SUSPEND_SECCOMP is EPERM), while
+# every task a supervised `criu restore` restores inherits the filter. A second pass would
+# need a criu outside the supervisor, which then saves the filter without its listener.
+#
+# Cases print PASS or FAIL (with the reason and the case's directory). A case marked with a
+# known bug (`known_bug`: the issue, and a regex of the failure it causes) that fails that
+# way is an XFAIL, counted as passed; failing otherwise is a FAIL; passing is an XPASS (also
+# passed) with a reminder to drop the mark. The last line is exactly "N passed, M failed";
+# the exit status is non-zero on any failure.
+set -uo pipefail
+export LC_ALL=C
+
+self=$(realpath "$0")
+here=$(dirname "$self")
+top=$(cd "$here/../.." && pwd)
+# shellcheck source=SCRIPTDIR/../../scripts/lib/workload.sh
+. "$top/scripts/lib/workload.sh"
+
+fail() {
+	printf '%s\n' "$*" >>"$CASE_DIR/reason"
+	exit 1
+}
+
+# known_bug "ISSUE: DESCRIPTION" REGEX: the running case fails because of a known bug.
+known_bug() { printf '%s\n%s\n' "$1" "$2" >"$CASE_DIR/known-bug"; }
+
+# on PROFILE [kfd-emu run OPTION...] -- FUNCTION: FUNCTION inside a new emulated host.
+on() {
+	local opts=()
+	while [ "$1" != -- ]; do
+		opts+=("$1")
+		shift
+	done
+	shift
+	"$KFD_EMU" run --profile "${opts[@]}" -- "$self" __in "$@" 2>>"$CASE_DIR/kfd-emu.log" ||
+		{ [ -s "$CASE_DIR/reason" ] || fail "kfd-emu run ${opts[*]} -- $1 failed (see $CASE_DIR/kfd-emu.log)"; exit 1; }
+}
+
+# wl_start: gpu-workload in its own session; sets WL and WL_OUT.
+wl_start() {
+	local i
+	WL_OUT=$CASE_DIR/wl.out
+	setsid "$WORKLOAD" </dev/null >"$WL_OUT" 2>"$CASE_DIR/wl.err" &
+	WL=$!
+	for ((i = 0; i < 1200; i++)); do
+		grep -q "^{\"ready\":true,\"pid\":$WL," "$WL_OUT" && return 0
+		alive "$WL" || break
+		sleep 0.05
+	done
+	fail "gpu-workload did not get ready: $(tail -n 3 "$CASE_DIR/wl.err" | paste -sd' ')"
+}
+
+oks() { grep -c "^{\"ok\":[a-z]*,\"pid\":$WL," "$WL_OUT"; }
+
+# verify [SIGNAL]: one more verification line from $WL (SIGUSR1, or SIGTERM: the last), ok.
+verify() {
+	local n i line
+	n=$(($(oks) + 1))
+	kill "-${1:-USR1}" "$WL" 2>/dev/null || fail "gpu-workload $WL is gone"
+	for ((i = 0; i < 1200; i++)); do
+		[ "$(oks)" -ge "$n" ] && break
+		sleep 0.05
+	done
+	line=$(grep "^{\"ok\":[a-z]*,\"pid\":$WL," "$WL_OUT" | sed -n "${n}p")
+	[ -n "$line" ] || fail "gpu-workload $WL gave no verification line"
+	json_ok "$line" || fail "gpu-workload $WL: verification failed: $line"
+	echo "$line"
+}
+
+# sup criu ARG...: criu-rocm with the SDMA engine forced, under the emulator's supervisor.
+sup() {
+	CRIU_ROCM_COPY_ENGINE=sdma "$KFD_EMU" supervise -- "$CRIU" "$@" >>"$CASE_DIR/criu.out" 2>&1
+}
+
+log_errors() { grep -a -E 'Error|amdgpu:.*(fail|rror)' "$1" 2>/dev/null | grep -v RLIMIT | tail -n 3 | paste -sd'|'; }
+
+# all_by_sdma LOG VERB GPUS: every GPU line of LOG says VERB with 0 BOs by the CPU.
+all_by_sdma() {
+	local n
+	n=$(grep -a -c -E "amdgpu: pid [0-9]+: GPU .*: $2 [0-9]+ BO\(s\).*; 0 by CPU, [0-9]+ by SDMA\)" "$1")
+	[ "$n" = "$3" ] || fail "$(basename "$1"): $n of $3 GPU(s) $2 all BOs by SDMA: $(grep -a -E ": $2 [0-9]+ BO" "$1" | sed 's/^([0-9. ]*) *//' | paste -sd'|')"
+}
+
+# ---------------------------------------------------------------------------------------
+# Cases (run inside a host)
+
+# dump_restore GPUS: SDMA dump (the process is killed), SDMA restore, the process verifies.
+dump_restore() {
+	local d=$CASE_DIR/img
+	mkdir -p "$d"
+	wl_start
+	verify >/dev/null
+	sup dump -t "$WL" -D "$d" -o dump.log -v4 || fail "SDMA dump failed: $(log_errors "$d/dump.log")"
+	wait_gone "$WL" 10 || fail "gpu-workload $WL still runs after the dump"
+	all_by_sdma "$d/dump.log" saved "$1"
+	sup restore -D "$d" -o restore.log -v4 -d || fail "SDMA restore failed: $(log_errors "$d/restore.log")"
+	all_by_sdma "$d/restore.log" restored "$1"
+	alive "$WL" || fail "gpu-workload $WL does not run after the restore"
+	grep -q '^Seccomp:[[:space:]]*2' "/proc/$WL/status" ||
+		fail "the restored task has no seccomp filter: the restore did not run under the supervisor"
+	verify >/dev/null
+	verify TERM >/dev/null
+	wait_gone "$WL" 10 || fail "gpu-workload $WL did not exit after SIGTERM"
+}
+case_dump_restore_1_gpu() { on mi100 -- dump_restore 1; }
+case_dump_restore_2_gpus() { on mi100x2 -- dump_restore 2; }
+case_dump_restore_8_gpus() { on mi300x8 -- dump_restore 8; }
+
+# The same state dumped by the CPU engine and by SDMA: the GPU images must be byte for byte
+# the same. gpu-workload is stopped (SIGSTOP), so no SDMA step runs between the two dumps
+# (its queue drains); the first dump leaves it running (stopped), the second kills it.
+images_match() {
+	local a=$CASE_DIR/cpu b=$CASE_DIR/sdma f n=0
+	mkdir -p "$a" "$b"
+	wl_start
+	kill -STOP "$WL"
+	sleep 0.3
+	CRIU_ROCM_COPY_ENGINE=cpu "$CRIU" dump -t "$WL" -D "$a" -o dump.log -v4 --leave-running \
+		>>"$CASE_DIR/criu.out" 2>&1 || fail "CPU dump failed: $(log_errors "$a/dump.log")"
+	grep -a -q -E "; [0-9]+ by CPU, 0 by SDMA\)" "$a/dump.log" || fail "the CPU dump used SDMA"
+	sup dump -t "$WL" -D "$b" -o dump.log -v4 || fail "SDMA dump failed: $(log_errors "$b/dump.log")"
+	all_by_sdma "$b/dump.log" saved 2
+	for f in "$a"/amdgpu-*.img; do
+		cmp -s "$f" "$b/${f##*/}" || fail "${f##*/} differs between the CPU and the SDMA dump"
+		n=$((n + 1))
+	done
+	[ "$n" -ge 3 ] || fail "only $n amdgpu image files to compare"
+	wait_gone "$WL" 10 || fail "gpu-workload $WL still runs after the dump"
+}
+case_images_match_cpu_engine() { on mi100x2 -- images_match; }
+
+# dump_fails REGEX: the SDMA dump must fail with a reason matching REGEX, and leave the
+# process running with its GPU work unpaused (two verifications, SDMA counters advancing).
+dump_fails() {
+	local d=$CASE_DIR/img v1 v2
+	mkdir -p "$d"
+	wl_start
+	verify >/dev/null
+	sup dump -t "$WL" -D "$d" -o dump.log -v4 && fail "the SDMA dump succeeded despite the fault"
+	grep -a -q -E "$1" "$d/dump.log" || fail "dump.log lacks /$1/: $(log_errors "$d/dump.log")"
+	alive "$WL" || fail "the failed dump killed gpu-workload $WL"
+	v1=$(verify) || exit 1
+	sleep 0.2
+	v2=$(verify) || exit 1
+	[ "$(json_list "$v2" counters)" != "$(json_list "$v1" counters)" ] ||
+		fail "after the failed dump the SDMA counters do not advance: $(json_list "$v1" counters)"
+	verify TERM >/dev/null
+}
+case_fault_cs_refused() { on mi100x2 --fail CS:EINVAL -- dump_fails 'AMDGPU_CS.*Invalid argument'; }
+case_fault_wait_cs_timeout() {
+	on mi100x2 --fail WAIT_CS:ETIME -- dump_fails 'SDMA.*(did not finish|timed out|timeout)'
+}
+case_fault_gpu_reset_at_cs() {
+	on mi100x2 --fail CS:ECANCELED -- dump_fails 'AMDGPU_CS.*(Operation canceled|GPU reset)'
+}
+case_fault_gpu_reset_in_job() {
+	on mi100x2 --fail WAIT_CS:ECANCELED -- dump_fails 'WAIT_CS.*(Operation canceled|GPU reset)'
+}
+case_fault_gem_va_refused() { on mi100x2 --fail GEM_VA:ENOMEM -- dump_fails 'GEM_VA.*Cannot allocate memory'; }
+
+# retried ERRNO: one CS fails with ERRNO (EAGAIN, EINTR: the kernel's "try again"); libdrm
+# restarts such ioctls. The dump must then succeed by SDMA; a product that does not retry
+# must at least fail cleanly (reported as such, not as a pass of the retry).
+retried() {
+	local d=$CASE_DIR/img
+	mkdir -p "$d"
+	wl_start
+	verify >/dev/null
+	if sup dump -t "$WL" -D "$d" -o dump.log -v4; then
+		wait_gone "$WL" 10 || fail "gpu-workload $WL still runs after the dump"
+		all_by_sdma "$d/dump.log" saved 2
+		sup restore -D "$d" -o restore.log -v4 -d || fail "SDMA restore failed: $(log_errors "$d/restore.log")"
+		verify >/dev/null
+		verify TERM >/dev/null
+	else
+		fail "one CS answered $1 was not retried: the dump failed: $(log_errors "$d/dump.log")"
+	fi
+}
+case_retry_cs_eagain() {
+	known_bug "issue 18: criu-rocm does not restart DRM ioctls on EAGAIN/EINTR" "was not retried"
+	on mi100x2 --fail CS:EAGAIN:0:1 -- retried EAGAIN
+}
+case_retry_cs_eintr() {
+	known_bug "issue 18: criu-rocm does not restart DRM ioctls on EAGAIN/EINTR" "was not retried"
+	on mi100x2 --fail CS:EINTR:0:1 -- retried EINTR
+}
+
+# ---------------------------------------------------------------------------------------
+
+# Inside a host: run the function named by the arguments.
+if [ "${1:-}" = __in ]; then
+	shift
+	"$@"
+	exit
+fi
+
+cases=$(declare -F | sed -n 's/^declare -f case_//p')
+if [ "${1:-}" = --list ]; then
+	echo "$cases"
+	exit 0
+fi
+CRIU=$(realpath "${1:?usage: $0 CRIU_BINARY [CASE...]}")
+shift
+[ "$(id -u)" = 0 ] || { echo "test/sdma/run.sh: needs root" >&2; exit 2; }
+target=${CARGO_TARGET_DIR:-$top/rust/target}/release
+KFD_EMU=$target/kfd-emu
+WORKLOAD=$target/gpu-workload
+for b in "$CRIU" "$KFD_EMU" "$WORKLOAD"; do
+	[ -x "$b" ] || { echo "test/sdma/run.sh: $b is missing (make kfd-tools build/criu-rocm)" >&2; exit 2; }
+done
+export CRIU KFD_EMU WORKLOAD
+[ $# -gt 0 ] && cases=$*
+work=$(mktemp -d /tmp/criu-rocm-sdma.XXXXXX)
+pass=0 failed=0
+for c in $cases; do
+	export CASE_DIR=$work/$c
+	mkdir -p "$CASE_DIR"
+	ok=0
+	timeout 300 "$self" __in "case_$c" >/dev/null 2>>"$CASE_DIR/case.err" && [ ! -s "$CASE_DIR/reason" ] && ok=1
+	[ $ok = 1 ] || [ -s "$CASE_DIR/reason" ] ||
+		echo "the case ended without saying why (see $CASE_DIR/case.err)" >"$CASE_DIR/reason"
+	why=$(head -c 400 "$CASE_DIR/reason" 2>/dev/null | paste -sd' ')
+	if [ -s "$CASE_DIR/known-bug" ]; then
+		bug=$(sed -n 1p "$CASE_DIR/known-bug")
+		if [ $ok = 1 ]; then
+			echo "XPASS $c (marked with $bug: drop the mark)"
+			pass=$((pass + 1))
+		elif grep -qE -- "$(sed -n 2p "$CASE_DIR/known-bug")" "$CASE_DIR/reason"; then
+			echo "XFAIL $c ($bug): $why"
+			pass=$((pass + 1))
+		else
+			echo "FAIL $c (marked with $bug, but failing otherwise): $why ($CASE_DIR)"
+			failed=$((failed + 1))
+		fi
+	elif [ $ok = 1 ]; then
+		echo "PASS $c"
+		pass=$((pass + 1))
+	else
+		echo "FAIL $c: $why ($CASE_DIR)"
+		failed=$((failed + 1))
+	fi
+done
+[ "$failed" = 0 ] && rm -rf "$work"
+echo "$pass passed, $failed failed"
+[ "$failed" = 0 ]
