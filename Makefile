@@ -122,7 +122,8 @@ test-demo: $(BUILD)/criu-rocm kfd-tools
 	@MAKE="$(MAKE)" CARGO="$(CARGO)" JOBS="$(JOBS)" scripts/demo.sh
 
 # Emulator ioctl latency and VRAM map throughput, then GPU checkpoint/restore against CRIU's
-# own dump and restore of anonymous memory, and criu-rocm's dump RSS (scripts/bench-cr.sh),
+# own dump and restore of anonymous memory, the SDMA copy engine's against the CPU engine's
+# (on the emulator's SDMA, under kfd-emu supervise), and criu-rocm's dump RSS (scripts/bench-cr.sh),
 # then ROCr's own hsa_amd_memory_async_copy (SDMA on the emulator) against memcpy.
 bench: $(BUILD)/criu-rocm $(BUILD)/hsa-bench
 	cd rust && CARGO_TARGET_DIR=$(CARGO_TARGET) $(CARGO) build --release --locked -q -p kfd-emu -p kfd-client

@@ -28,6 +28,10 @@
 #            and anon N by its own (marginal times): 1.0 if the two kinds of memory were
 #            restored one after the other, above 1.0 as criu-rocm's GPU memory writer
 #            copies while CRIU's restorer reads the CPU memory in
+#   sdma N   as gpu N, dumped and restored with CRIU_ROCM_COPY_ENGINE=sdma under
+#            `kfd-emu supervise` (KFD hands out dma-bufs, the render nodes run the copies'
+#            CS): the emulator's SDMA engine, a daemon thread copying with the CPU; its row
+#            is the emulator's numbers, not a GPU's
 #   anon N   bench-anon N (scripts/bench-anon.c): N MiB of touched private anonymous memory
 #   anon 0   bench-anon 0: the same program with none
 # Each is started, dumped (criu kills it), restored (-d), made to check every byte of its
@@ -184,6 +188,10 @@ start_proc() {
 	PID=$pid
 }
 
+# The criu-rocm command line's prefix: empty, or the SDMA engine under the supervisor (set by
+# tp_cycle for kind sdma).
+WRAP=()
+
 # Dumps pid $1 into the image directory (emptied first), with extra environment $2...;
 # leaves "status wall_us maxrss_kib" in $out/dump.res and criu's stdout in $out/dump.stats.
 dump_proc() {
@@ -192,7 +200,7 @@ dump_proc() {
 	rm -rf "$img" && mkdir -p "$img"
 	# In braces with stderr to a file: bash reports the process criu kills ("Killed") there.
 	{
-		timed "$out/dump.res" "$out/dump.stats" /usr/bin/env "$@" "$criu" dump -t "$pid" -D "$img" \
+		timed "$out/dump.res" "$out/dump.stats" /usr/bin/env "$@" "${WRAP[@]}" "$criu" dump -t "$pid" -D "$img" \
 			-o dump.log -v4 --display-stats
 	} 2>"$out/dump.err"
 	read -r status _ <"$out/dump.res"
@@ -208,7 +216,7 @@ dump_proc() {
 
 restore_proc() {
 	local pid=$1 status
-	timed "$out/restore.res" "$out/restore.stats" "$criu" restore -D "$img" -o restore.log -v4 -d \
+	timed "$out/restore.res" "$out/restore.stats" /usr/bin/env "${WRAP[@]}" "$criu" restore -D "$img" -o restore.log -v4 -d \
 		--display-stats
 	read -r status _ <"$out/restore.res"
 	if [ "$status" != 0 ]; then
@@ -238,6 +246,8 @@ tp_cycle() {
 	local kind=$1 size=$2 run=$3 pid dump_us restore_us bytes tool_us rtool_us
 	start_proc "$kind" "$size"
 	pid=$PID
+	WRAP=()
+	[ "$kind" = sdma ] && WRAP=(CRIU_ROCM_COPY_ENGINE=sdma "$kfd_emu" supervise --)
 	dump_proc "$pid"
 	read -r _ dump_us _ <"$out/dump.res"
 	if [ "$kind" != anon ]; then
@@ -252,9 +262,16 @@ tp_cycle() {
 		[ "$bytes" -gt 0 ] || die "criu --display-stats wrote no memory counters ($out/dump.stats)"
 	fi
 	restore_proc "$pid"
+	WRAP=()
 	read -r _ restore_us _ <"$out/restore.res"
 	rtool_us=0
 	[ "$kind" != anon ] && rtool_us=$(gpu_copy_us "$img/restore.log" restored)
+	if [ "$kind" = sdma ]; then
+		if ! grep -qE "saved [0-9]+ BO\(s\).*; 0 by CPU, [1-9][0-9]* by SDMA\)" "$img/dump.log" ||
+			! grep -qE "restored [0-9]+ BO\(s\).*; 0 by CPU, [1-9][0-9]* by SDMA\)" "$img/restore.log"; then
+			die "the sdma run did not move every BO by SDMA (logs: $img/dump.log, restore.log)"
+		fi
+	fi
 	check_and_kill "$pid" "$kind"
 	mkdir -p "$out/logs"
 	cp "$img/dump.log" "$out/logs/$kind$size-run$run-dump.log"
@@ -285,7 +302,8 @@ in_emu() {
 	: >"$out/rss.txt"
 	# Run 0 warms up (the emulator, the page cache, the binaries) and is not counted.
 	printf '  runs (each: dump, restore and check of %s MiB of GPU BOs in 4 BOs and in 1, of %s MiB\n' "$mib" "$mib"
-	printf '  of anonymous memory, of neither; peak RSS of two dumps with KFD_MAX_BUFFER_SIZE=%s):\n' "$staging"
+	printf '  of anonymous memory, of neither, of the BOs by the SDMA engine; peak RSS of two dumps\n'
+	printf '  with KFD_MAX_BUFFER_SIZE=%s):\n' "$staging"
 	printf '  warm-up'
 	progress=1
 	tp_cycle gpu "$mib" 0
@@ -298,6 +316,7 @@ in_emu() {
 		tp_cycle anon 0 "$run"
 		tp_cycle big "$mib" "$run"
 		tp_cycle both "$mib" "$run"
+		tp_cycle sdma "$mib" "$run"
 		rss_cycle gpu "$vram_mib" "$run"
 		rss_cycle anon 0 "$run"
 	done
@@ -421,6 +440,15 @@ for what, field in (("dump", "dump"), ("restore", "rest")):
         f"{ms('anon', mib, field):.0f} / {ms('anon', 0, field):.0f}",
         "", "(whole command, N MiB / none)",
     ))
+
+print()
+print("  copy engines, GPU BOs in-tool MB/s: the CPU engine (maps the BOs) against the SDMA engine")
+print("  (dma-bufs, GEM_VA, CS; under kfd-emu supervise). The emulator's SDMA is a daemon thread")
+print("  copying with the CPU: these are the emulator's numbers, not a GPU's.")
+print(line.format("MB/s", "CPU eng.", "SDMA eng.", "SDMA/CPU", ""))
+for name, field in (("dump, in-tool", "tool"), ("restore, in-tool", "rtool")):
+    c, d = in_tool("gpu", field), in_tool("sdma", field)
+    print(line.format(name, fmt(c), fmt(d), fmt(d / c if c and d else None, "{:.2f}"), ""))
 
 peak = {}
 for line_ in open(rss):
