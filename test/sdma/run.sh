@@ -200,6 +200,32 @@ case_retry_cs_eintr() {
 	on mi100x2 --fail CS:EINTR:0:1 -- retried EINTR
 }
 
+# Debian's ROCr 5.2, unchanged, in criu-rocm's zdtm programs (gpu_rocr_buffers: buffers on
+# four GPUs; gpu_rocr_stream: copy loops between the GPUs), dumped mid-work and restored by
+# test/rocm/cr.sh with criu-rocm replaced by this wrapper: SDMA engine, under the supervisor.
+# Every BO of every GPU must move by SDMA, both ways.
+case_rocr_programs_4_gpus() {
+	local w=$CASE_DIR/criu-sdma out wd logs=0 l
+	printf '#!/bin/sh\nCRIU_ROCM_COPY_ENGINE=sdma exec %q supervise -- %q "$@"\n' "$KFD_EMU" "$CRIU" >"$w"
+	chmod +x "$w"
+	out=$(ROCM_CR_KEEP=1 CARGO_TARGET_DIR="${KFD_EMU%/release/kfd-emu}" "$top/test/rocm/cr.sh" "$w" \
+		rocr_buffers_same_host rocr_stream_same_host 2>&1)
+	printf '%s\n' "$out" >"$CASE_DIR/rocm-cr.out"
+	wd=$(sed -n 's/.*work directory \(\/tmp\/criu-rocm-rocm-cr\.[A-Za-z0-9]*\).*/\1/p' <<<"$out")
+	grep -q '^2 passed, 0 failed$' <<<"$out" ||
+		fail "test/rocm/cr.sh with the SDMA engine: $(grep -E '^FAIL' <<<"$out" | head -n 2 | cut -c1-300 | paste -sd' ') ($wd)"
+	for l in "$wd"/rocr_*/img-1/dump.log "$wd"/rocr_*/img-1/restore*.log; do
+		[ -f "$l" ] || continue
+		logs=$((logs + 1))
+		grep -a -q -E ': (saved|restored) [0-9]+ BO\(s\)' "$l" || fail "$l: no GPU copy line"
+		if grep -a -E ': (saved|restored) [0-9]+ BO\(s\)' "$l" | grep -v -q '; 0 by CPU, '; then
+			fail "$l: BOs moved by the CPU: $(grep -a -E ': (saved|restored) [0-9]+ BO' "$l" | grep -v '; 0 by CPU' | head -n 1)"
+		fi
+	done
+	[ "$logs" -ge 4 ] || fail "only $logs dump/restore logs in $wd"
+	rm -rf "$wd"
+}
+
 # ---------------------------------------------------------------------------------------
 
 # Inside a host: run the function named by the arguments.
