@@ -3334,3 +3334,127 @@ fn sdma_reaches_svm_memory() {
     // SAFETY: inside the anonymous page.
     assert_eq!(unsafe { rd32(mem as *mut u8, 16) }, 0x5151_0002);
 }
+
+/// `kfd-emu supervise`'s path without seccomp: the installer stands in
+/// for SECCOMP_IOCTL_NOTIF_ADDFD (it dups into this process).
+struct Install(std::cell::Cell<bool>);
+
+impl kfd_emu::device::FdInstaller for Install {
+    fn install(&self, file: std::os::fd::BorrowedFd<'_>, cloexec: bool) -> Result<u32, i32> {
+        if !self.0.get() {
+            // The caller was interrupted: ADDFD finds no notification.
+            return Err(libc::ENOENT);
+        }
+        assert!(!cloexec, "KFD's dma-buf fds are not close-on-exec");
+        // SAFETY: F_DUPFD on a live descriptor; the new fd is the test's.
+        let fd = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_DUPFD, 0) };
+        assert!(fd >= 0);
+        Ok(fd as u32)
+    }
+}
+
+#[test]
+fn supervised_checkpoint_hands_out_dmabufs_and_replays_an_interrupted_answer() {
+    let d = Dev::new("");
+    let (kfd, render) = d.setup();
+    let (_, vram_off) = d.alloc(0x1000_0000, 2 << 20, alloc::VRAM, 0).unwrap();
+    let user = d.user_mem(0x2000_0000, 4096);
+    assert!(!user.is_null());
+    let info = d
+        .call(
+            nr::CRIU_OP,
+            &criu(criu_op::PROCESS_INFO, 0, 0, 0, 0, 0, 0, 0, 0),
+        )
+        .unwrap();
+    let (psize, nd, nb, no) = (
+        u64_at(&info, 24),
+        u32_at(&info, 32),
+        u32_at(&info, 36),
+        u32_at(&info, 40),
+    );
+    assert_eq!(nb, 2);
+    let mut devs = vec![0u8; 16];
+    let mut bos = vec![0u8; 48 * nb as usize];
+    let mut blob = vec![0u8; psize as usize];
+    let args = criu(
+        criu_op::CHECKPOINT,
+        devs.as_mut_ptr() as u64,
+        bos.as_mut_ptr() as u64,
+        blob.as_mut_ptr() as u64,
+        psize,
+        nd,
+        nb,
+        no,
+        0,
+    );
+    let mut a = args.clone();
+    let cmd = kfd_abi::ioctl::AMDKFD_IOC_CRIU_OP;
+    let inst = Install(std::cell::Cell::new(false));
+    // The op runs, but the answer cannot be handed out.
+    assert_eq!(
+        d.emu
+            .fd_ioctl(kfd, &me(), cmd, a.as_mut_ptr() as u64, &inst),
+        Some(Err(libc::ENOENT))
+    );
+    // A CHECKPOINT now would be EINVAL (not paused): the restarted call
+    // gets the first one's answer instead.
+    d.call(nr::CRIU_OP, &criu(criu_op::UNPAUSE, 0, 0, 0, 0, 0, 0, 0, 0))
+        .unwrap();
+    inst.0.set(true);
+    assert_eq!(
+        d.emu
+            .fd_ioctl(kfd, &me(), cmd, a.as_mut_ptr() as u64, &inst),
+        Some(Ok(()))
+    );
+    assert_eq!(
+        d.emu
+            .fd_ioctl(kfd, &me(), cmd, a.as_mut_ptr() as u64, &inst),
+        Some(Err(libc::EINVAL)),
+        "replayed once"
+    );
+    let mut vram_fd = None;
+    for i in 0..nb as usize {
+        let b = &bos[i * 48..(i + 1) * 48];
+        let fd = u32_at(b, 40);
+        if u32_at(b, 36) & alloc::VRAM != 0 {
+            assert_eq!(u64_at(b, 16), vram_off);
+            // SAFETY: lseek on the fd installed for us.
+            let end = unsafe { libc::lseek(fd as i32, 0, libc::SEEK_END) };
+            assert_eq!(end, 2 << 20, "a dma-buf of the BO's size");
+            vram_fd = Some(fd as i32);
+        } else {
+            assert_eq!(fd, 0xffff_ffff, "no dma-buf for a USERPTR BO");
+        }
+    }
+    let vram_fd = vram_fd.expect("the VRAM bucket");
+    // Another CRIU op is the kernel's (through FUSE): not served here.
+    let mut p = criu(criu_op::PROCESS_INFO, 0, 0, 0, 0, 0, 0, 0, 0);
+    assert_eq!(
+        d.emu
+            .fd_ioctl(kfd, &me(), cmd, p.as_mut_ptr() as u64, &inst),
+        None
+    );
+    // The dma-buf imports into the render node, once per file.
+    let prime = |fd: i32| {
+        let mut b = vec![0u8; 12];
+        b[8..].copy_from_slice(&fd.to_le_bytes());
+        let (tx, rx) = channel();
+        d.emu.ioctl(
+            render,
+            &me(),
+            kfd_abi::ioctl::DRM_IOCTL_PRIME_FD_TO_HANDLE,
+            0,
+            &b,
+            12,
+            Box::new(Tx(Mutex::new(tx))),
+        );
+        rx.recv_timeout(Duration::from_secs(5))
+            .expect("no reply")
+            .map(|o| u32_at(&o, 0))
+    };
+    assert_eq!(prime(vram_fd), Ok(1));
+    assert_eq!(prime(vram_fd), Ok(1));
+    assert_eq!(prime(0), Err(libc::EINVAL), "not a dma-buf");
+    // SAFETY: closing the fd installed for us.
+    unsafe { libc::close(vram_fd) };
+}
