@@ -47,6 +47,11 @@ const VALID_VA_FLAGS: u32 = sys::AMDGPU_VM_DELAY_UPDATE
     | sys::AMDGPU_VM_MTYPE_MASK
     | VM_PAGE_NOALLOC;
 const PRT_FLAGS: u32 = sys::AMDGPU_VM_DELAY_UPDATE | sys::AMDGPU_VM_PAGE_PRT;
+/// What the daemon copies in for one CS chunk or BO list at most; the
+/// kernel's kvmalloc of a larger user array fails (ENOMEM) long before
+/// anything of that size would be sensible.
+const MAX_COPY_IN: u64 = 64 << 20;
+
 /// `DRM_CLOEXEC` and `DRM_RDWR` of PRIME_HANDLE_TO_FD.
 pub const DRM_CLOEXEC: u32 = libc::O_CLOEXEC as u32;
 pub const DRM_RDWR: u32 = libc::O_RDWR as u32;
@@ -489,12 +494,20 @@ impl RenderFile {
     /// their handles up (ENOENT for an unknown one).
     fn entries(&self, tid: u32, n: u32, size: u32, ptr: u64) -> R<Vec<Arc<GemObj>>> {
         let stride = size as u64;
+        let total = n as u64 * stride;
+        if total > MAX_COPY_IN {
+            return Err(libc::ENOMEM);
+        }
+        let mut raw = vec![0u8; total as usize];
+        super::mem::user_read(tid, ptr, &mut raw)?;
         let mut objs = Vec::with_capacity(n as usize);
-        for i in 0..n as u64 {
-            let mut b = [0u8; 8];
-            let take = (size as usize).min(8);
-            super::mem::user_read(tid, ptr + i * stride, &mut b[..take])?;
-            let h = u32::from_le_bytes(b[..4].try_into().expect("4 bytes"));
+        for i in 0..n as usize {
+            // An entry shorter than the uapi's is zero-extended.
+            let mut b = [0u8; 4];
+            let at = i * stride as usize;
+            let take = (stride as usize).min(4);
+            b[..take].copy_from_slice(&raw[at..at + take]);
+            let h = u32::from_le_bytes(b);
             objs.push(self.objects.get(&h).ok_or(libc::ENOENT)?.clone());
         }
         Ok(objs)
@@ -550,12 +563,18 @@ impl RenderFile {
         if a.num_chunks == 0 {
             return Err(libc::EINVAL);
         }
+        if a.num_chunks as u64 * 8 > MAX_COPY_IN {
+            return Err(libc::ENOMEM);
+        }
         let mut ibs = Vec::new();
         let mut in_cs_list: Option<Vec<Arc<GemObj>>> = None;
         for i in 0..a.num_chunks as u64 {
             let at: u64 = read_user(tid, a.chunks + i * 8)?;
             let ch: sys::drm_amdgpu_cs_chunk = read_user(tid, at)?;
             let size = ch.length_dw as usize * 4;
+            if size as u64 > MAX_COPY_IN {
+                return Err(libc::ENOMEM);
+            }
             let mut data = vec![0u8; size];
             super::mem::user_read(tid, ch.chunk_data, &mut data)?;
             match ch.chunk_id {
