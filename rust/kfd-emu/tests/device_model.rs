@@ -3452,9 +3452,41 @@ fn supervised_checkpoint_hands_out_dmabufs_and_replays_an_interrupted_answer() {
             .expect("no reply")
             .map(|o| u32_at(&o, 0))
     };
-    assert_eq!(prime(vram_fd), Ok(1));
-    assert_eq!(prime(vram_fd), Ok(1));
+    // That checkpoint is over (UNPAUSE): its dma-buf is no longer one.
+    assert_eq!(prime(vram_fd), Err(libc::EINVAL));
     assert_eq!(prime(0), Err(libc::EINVAL), "not a dma-buf");
     // SAFETY: closing the fd installed for us.
     unsafe { libc::close(vram_fd) };
+    // A new checkpoint: its dma-buf imports, once per file, and holds the
+    // BO's bytes (a snapshot) until UNPAUSE.
+    d.call(
+        nr::CRIU_OP,
+        &criu(criu_op::PROCESS_INFO, 0, 0, 0, 0, 0, 0, 0, 0),
+    )
+    .unwrap();
+    let vram = d.map_node(NodeKind::Render { minor: d.minor }, vram_off, 2 << 20);
+    // SAFETY: inside the BO's 2 MiB mapping.
+    unsafe { vram.add(4096).write_bytes(0x77, 4096) };
+    let mut a = args.clone();
+    assert_eq!(
+        d.emu
+            .fd_ioctl(kfd, &me(), cmd, a.as_mut_ptr() as u64, &inst),
+        Some(Ok(()))
+    );
+    let fd = (0..nb as usize)
+        .map(|i| &bos[i * 48..(i + 1) * 48])
+        .find(|b| u32_at(b, 36) & alloc::VRAM != 0)
+        .map(|b| u32_at(b, 40) as i32)
+        .unwrap();
+    assert_eq!(prime(fd), Ok(1));
+    assert_eq!(prime(fd), Ok(1));
+    let mut page = vec![0u8; 4096];
+    // SAFETY: reading the dma-buf's second page at its offset.
+    let n = unsafe { libc::pread(fd, page.as_mut_ptr().cast(), 4096, 4096) };
+    assert_eq!(n, 4096);
+    assert!(page.iter().all(|&b| b == 0x77), "the snapshot holds the BO");
+    d.call(nr::CRIU_OP, &criu(criu_op::UNPAUSE, 0, 0, 0, 0, 0, 0, 0, 0))
+        .unwrap();
+    // SAFETY: closing the fd installed for us.
+    unsafe { libc::close(fd) };
 }

@@ -183,6 +183,10 @@ pub fn unpause(st: &mut State, lead: u32) -> R<()> {
         return Err(libc::EINVAL);
     }
     p.paused = false;
+    // The checkpoint is over: its dma-bufs' snapshots go (see `dmabuf`).
+    for (k, bo) in &p.bos {
+        st.devs.dmabufs.drop_snapshot(k.gpu, bo.offset);
+    }
     Ok(())
 }
 
@@ -836,6 +840,11 @@ pub fn resume(st: &mut State, caller: u32, pid: u32, done: &mut Done) -> R<()> {
     // leaves the process evicted, as KFD leaves it.
     svm::resume(p)?;
     p.restore_pending = false;
+    // What a restoring tool wrote through the BOs' dma-bufs reaches the
+    // BOs before the queues run (see `dmabuf`).
+    for (k, bo) in &p.bos {
+        st.devs.dmabufs.fill_back(k.gpu, bo.offset);
+    }
     let _ = done;
     Ok(())
 }

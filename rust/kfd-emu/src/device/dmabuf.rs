@@ -1,27 +1,55 @@
 //! The emulator's stand-in for amdgpu's dma-bufs.
 //!
 //! A FUSE ioctl cannot hand out a file descriptor, and this kernel has no
-//! udmabuf or dma-heaps, so a "dmabuf" of a VRAM/GTT BO is a sealed memfd
-//! the emulator created and recognises by its inode (`kfd-emu
-//! supervise` installs it in the caller with SECCOMP_IOCTL_NOTIF_ADDFD).
-//! As KFD keeps one dma-buf per BO (`amdgpu_amdkfd_gpuvm_export_dmabuf`
-//! exports once and hands out new fds of it), every export of one BO is a
-//! new fd of the same memfd, so importing two of them into one render file
-//! gives one GEM handle, as PRIME does.
+//! udmabuf or dma-heaps, so a "dmabuf" of a VRAM/GTT BO is a memfd the
+//! emulator created and recognises by its inode (`kfd-emu supervise`
+//! installs it in the caller with SECCOMP_IOCTL_NOTIF_ADDFD).  As KFD keeps
+//! one dma-buf per BO (`amdgpu_amdkfd_gpuvm_export_dmabuf` exports once and
+//! hands out new fds of it), every export of one BO is a new fd of the same
+//! memfd, so importing two of them into one render file gives one GEM
+//! handle, as PRIME does.  Its size is the BO's (libdrm's
+//! `amdgpu_bo_import` takes the size with lseek).
 //!
-//! The memfd's size is the BO's (libdrm's `amdgpu_bo_import` takes the
-//! size with lseek); its contents are *not* the BO's: the emulated GPU
-//! reaches the BO through the registry, a CPU mapping of the memfd reads
-//! zeros, and it is sealed against writes (a shared writable mapping is
-//! EPERM), so nothing can mistake it for the BO's memory.
+//! The emulated GPU (an imported dma-buf in a render file's VM) reaches the
+//! BO's own memory.  A CPU mapping of the memfd cannot alias the BO's range
+//! of the render node's memfd, so its pages are a shadow of the BO, kept
+//! coherent at the points of KFD's CRIU flow where its dma-bufs are used:
+//! * CHECKPOINT (the process is paused and frozen) copies the BO into the
+//!   shadow, which is sealed against new writable mappings and writes (a
+//!   dump tool only reads); at UNPAUSE the dma-buf stops being one of the
+//!   emulator's (the snapshot would go stale; its memory goes with the last
+//!   fd of it, and importing it again is EINVAL);
+//! * RESTORE hands out an empty shadow; what the restoring tool writes
+//!   through its mapping is copied into the BO at RESUME, before the
+//!   process' queues run (only the pages written: BOs the GPU filled meanwhile
+//!   stay as the GPU left them), and the shadow's pages are given back.
+//!
+//! A mapping of a restore's dma-buf still held after RESUME reads zeros.
 
 use std::collections::HashMap;
-use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::{Arc, Mutex};
 
-use super::mem::Mapping;
+use super::mem::{Mapping, Memfd};
+
+/// What the shadow holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Shadow {
+    /// Nothing (given back, or never used).
+    Empty,
+    /// The BO as CHECKPOINT found it.
+    Snapshot,
+    /// What a restoring tool writes, for the BO at RESUME.
+    Filling,
+}
+
+/// Why a dma-buf is handed out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Purpose {
+    Checkpoint,
+    Restore,
+}
 
 /// What a dmabuf of the emulator refers to.
 pub struct Dmabuf {
@@ -31,7 +59,10 @@ pub struct Dmabuf {
     /// (st_dev, st_ino) of the memfd.
     pub id: (u64, u64),
     /// The memfd; the registry keeps it while the BO lives.
-    file: OwnedFd,
+    mem: Memfd,
+    /// The daemon's mapping of the memfd (made before any seal).
+    shadow: Mapping,
+    state: Mutex<Shadow>,
 }
 
 /// The dmabufs handed out, by BO and by inode.
@@ -47,7 +78,7 @@ struct Inner {
 }
 
 fn file_id(fd: BorrowedFd<'_>) -> io::Result<(u64, u64)> {
-    // SAFETY: fstat writes one stat struct into `st`.
+    // SAFETY: an all-zero stat is valid; fstat fills it.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: `fd` is a live descriptor; `st` is writable.
     if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } < 0 {
@@ -56,52 +87,112 @@ fn file_id(fd: BorrowedFd<'_>) -> io::Result<(u64, u64)> {
     Ok((st.st_dev, st.st_ino))
 }
 
-fn sealed_memfd(size: u64) -> io::Result<OwnedFd> {
-    let name = CString::new("kfd-emu-dmabuf").expect("no NUL");
-    // SAFETY: memfd_create reads a valid NUL-terminated string.
-    let fd =
-        unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a fresh fd nobody else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: ftruncate on an fd we own.
-    if unsafe { libc::ftruncate(fd.as_raw_fd(), size as libc::off_t) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE | libc::F_SEAL_SEAL;
-    // SAFETY: fcntl on an fd we own with integer arguments.
+fn add_seals(fd: BorrowedFd<'_>, seals: i32) -> io::Result<()> {
+    // SAFETY: fcntl on a live descriptor with integer arguments.
     if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(fd)
+    Ok(())
+}
+
+/// `lseek(fd, off, whence)`, None at ENXIO (no more data or hole).
+fn seek(fd: BorrowedFd<'_>, off: u64, whence: i32) -> Option<u64> {
+    // SAFETY: lseek on a live descriptor with integer arguments.
+    let r = unsafe { libc::lseek(fd.as_raw_fd(), off as libc::off_t, whence) };
+    (r >= 0).then_some(r as u64)
+}
+
+impl Dmabuf {
+    /// The memfd, to install into a process.
+    pub fn file(&self) -> BorrowedFd<'_> {
+        self.mem.fd()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Shadow> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// CHECKPOINT: the shadow becomes a copy of the BO.
+    fn snapshot(&self) -> io::Result<()> {
+        let mut st = self.lock();
+        if !self.shadow.copy_from(0, &self.map, 0, self.size as usize) {
+            return Err(io::Error::from_raw_os_error(libc::EFAULT));
+        }
+        if *st != Shadow::Snapshot {
+            // A dump tool only reads; a writable mapping would write
+            // nowhere.  (F_SEAL_FUTURE_WRITE spares the daemon's mapping.)
+            add_seals(self.mem.fd(), libc::F_SEAL_FUTURE_WRITE)?;
+        }
+        *st = Shadow::Snapshot;
+        Ok(())
+    }
+
+    /// RESUME: the pages written through the shadow go into the BO; the
+    /// shadow's pages are given back.
+    fn fill_back(&self) {
+        let mut st = self.lock();
+        if *st != Shadow::Filling {
+            return;
+        }
+        let fd = self.mem.fd();
+        let mut off = 0;
+        while let Some(data) = seek(fd, off, libc::SEEK_DATA).filter(|&d| d < self.size) {
+            let end = seek(fd, data, libc::SEEK_HOLE)
+                .unwrap_or(self.size)
+                .min(self.size);
+            self.map
+                .copy_from(data, &self.shadow, data, (end - data) as usize);
+            off = end;
+        }
+        self.mem.punch(0, self.size);
+        *st = Shadow::Empty;
+    }
 }
 
 impl Registry {
-    /// The dmabuf of the BO at render-memfd `offset` of GPU `gpu`: the
-    /// existing one, or a new one over `map`.
+    /// The dmabuf of the BO at render-memfd `offset` of GPU `gpu` (the
+    /// existing one, or a new one over `map`), its shadow made ready for
+    /// `purpose`.
     pub fn export(
         &self,
         gpu: usize,
         offset: u64,
         size: u64,
         map: &Arc<Mapping>,
+        purpose: Purpose,
     ) -> io::Result<Arc<Dmabuf>> {
-        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(d) = inner.by_bo.get(&(gpu, offset)) {
-            return Ok(d.clone());
+        let d = {
+            let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            match inner.by_bo.get(&(gpu, offset)) {
+                Some(d) => d.clone(),
+                None => {
+                    let mem = Memfd::with_flags("kfd-emu-dmabuf", size, libc::MFD_ALLOW_SEALING)?;
+                    add_seals(mem.fd(), libc::F_SEAL_SHRINK | libc::F_SEAL_GROW)?;
+                    let shadow = mem.map(0, size).map_err(io::Error::from_raw_os_error)?;
+                    let id = file_id(mem.fd())?;
+                    let d = Arc::new(Dmabuf {
+                        size,
+                        map: map.clone(),
+                        id,
+                        mem,
+                        shadow,
+                        state: Mutex::new(Shadow::Empty),
+                    });
+                    inner.by_bo.insert((gpu, offset), d.clone());
+                    inner.by_id.insert(id, d.clone());
+                    d
+                }
+            }
+        };
+        match purpose {
+            Purpose::Checkpoint => d.snapshot()?,
+            Purpose::Restore => {
+                let mut st = d.lock();
+                if *st == Shadow::Empty {
+                    *st = Shadow::Filling;
+                }
+            }
         }
-        let file = sealed_memfd(size)?;
-        let id = file_id(file.as_fd())?;
-        let d = Arc::new(Dmabuf {
-            size,
-            map: map.clone(),
-            id,
-            file,
-        });
-        inner.by_bo.insert((gpu, offset), d.clone());
-        inner.by_id.insert(id, d.clone());
         Ok(d)
     }
 
@@ -111,6 +202,29 @@ impl Registry {
         let id = file_id(fd).ok()?;
         let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         inner.by_id.get(&id).cloned()
+    }
+
+    fn get(&self, gpu: usize, offset: u64) -> Option<Arc<Dmabuf>> {
+        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        inner.by_bo.get(&(gpu, offset)).cloned()
+    }
+
+    /// RESUME of the BO's process (see the module comment).
+    pub fn fill_back(&self, gpu: usize, offset: u64) {
+        if let Some(d) = self.get(gpu, offset) {
+            d.fill_back();
+        }
+    }
+
+    /// UNPAUSE of the BO's process: a checkpoint's dma-buf is forgotten
+    /// (see the module comment).
+    pub fn drop_snapshot(&self, gpu: usize, offset: u64) {
+        if self
+            .get(gpu, offset)
+            .is_some_and(|d| *d.lock() == Shadow::Snapshot)
+        {
+            self.forget(gpu, offset);
+        }
     }
 
     /// The BO is freed: its dmabuf is no longer one of ours (fds of it
@@ -123,44 +237,80 @@ impl Registry {
     }
 }
 
-impl Dmabuf {
-    /// The memfd, to install into a process.
-    pub fn file(&self) -> BorrowedFd<'_> {
-        self.file.as_fd()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::AsFd;
+
+    fn map_fd(fd: BorrowedFd<'_>, prot: i32) -> *mut u8 {
+        // SAFETY: a fresh shared mapping of a live descriptor; used only
+        // through raw pointers in this test.
+        unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                8192,
+                prot,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        }
+        .cast()
+    }
 
     #[test]
-    fn one_memfd_per_bo_recognised_by_inode_and_sealed() {
-        let mem = super::super::mem::Memfd::new("t", 1 << 20).unwrap();
-        let map = Arc::new(mem.map(0, 8192).unwrap());
+    fn one_memfd_per_bo_whose_mapping_follows_checkpoint_and_restore() {
+        let mem = Memfd::new("t", 1 << 20).unwrap();
+        let bo = Arc::new(mem.map(0, 8192).unwrap());
+        bo.write(0, &[0xab; 8192]);
         let r = Registry::default();
-        let a = r.export(0, 0, 8192, &map).unwrap();
-        let b = r.export(0, 0, 8192, &map).unwrap();
+        let a = r.export(0, 0, 8192, &bo, Purpose::Checkpoint).unwrap();
+        let b = r.export(0, 0, 8192, &bo, Purpose::Checkpoint).unwrap();
         assert_eq!(a.id, b.id, "one dmabuf per BO");
         let dup = a.file().try_clone_to_owned().unwrap();
         assert_eq!(r.lookup(dup.as_fd()).unwrap().size, 8192);
+        assert!(r.lookup(mem.fd()).is_none(), "another file is not a dmabuf");
         // SAFETY: lseek on a descriptor we own.
         let end = unsafe { libc::lseek(dup.as_raw_fd(), 0, libc::SEEK_END) };
         assert_eq!(end, 8192, "lseek gives the BO size, as libdrm reads it");
-        // SAFETY: a shared writable mapping request; the seal refuses it.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                4096,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                dup.as_raw_fd(),
-                0,
-            )
-        };
-        assert_eq!(p, libc::MAP_FAILED);
-        assert!(r.lookup(mem.fd()).is_none(), "another file is not a dmabuf");
-        r.forget(0, 0);
-        assert!(r.lookup(dup.as_fd()).is_none());
+        // A checkpoint's dmabuf reads the BO; it cannot be mapped writable.
+        let p = map_fd(dup.as_fd(), libc::PROT_READ);
+        assert_ne!(p, libc::MAP_FAILED.cast());
+        let last = p.wrapping_add(8191);
+        // SAFETY: inside the 8 KiB mapping.
+        assert_eq!(unsafe { last.read_volatile() }, 0xab);
+        assert_eq!(
+            map_fd(dup.as_fd(), libc::PROT_READ | libc::PROT_WRITE),
+            libc::MAP_FAILED.cast()
+        );
+        r.drop_snapshot(0, 0);
+        assert!(r.lookup(dup.as_fd()).is_none(), "forgotten at UNPAUSE");
+        // SAFETY: unmapping our mapping.
+        unsafe { libc::munmap(p.cast(), 8192) };
+
+        // A restore's dmabuf: what is written through it reaches the BO at
+        // RESUME, and only that (the GPU wrote the first page meanwhile).
+        let bo2 = Arc::new(mem.map(8192, 8192).unwrap());
+        let c = r.export(0, 8192, 8192, &bo2, Purpose::Restore).unwrap();
+        let q = map_fd(c.file(), libc::PROT_READ | libc::PROT_WRITE);
+        assert_ne!(q, libc::MAP_FAILED.cast());
+        let second = q.wrapping_add(4096);
+        // SAFETY: the second page of the 8 KiB mapping.
+        unsafe { second.write_bytes(0x5a, 4096) };
+        bo2.write(0, &[0x11; 4096]);
+        let mut got = [0u8; 8192];
+        bo2.read(0, &mut got);
+        assert_eq!((got[0], got[4096]), (0x11, 0), "not before RESUME");
+        r.fill_back(0, 8192);
+        bo2.read(0, &mut got);
+        assert_eq!(
+            (got[0], got[4095], got[4096], got[8191]),
+            (0x11, 0x11, 0x5a, 0x5a)
+        );
+        // SAFETY: unmapping our mapping.
+        unsafe { libc::munmap(q.cast(), 8192) };
+        assert!(r.lookup(c.file()).is_some());
+        r.forget(0, 8192);
+        assert!(r.lookup(c.file()).is_none());
     }
 }

@@ -728,7 +728,9 @@ mod tests {
         let mem = Memfd::new("t", 1 << 20).unwrap();
         let map = Arc::new(mem.map(0, 8192).unwrap());
         map.write(0, &[0xab; 8192]);
-        let d = Registry::default().export(0, 0, 8192, &map).unwrap();
+        let d = Registry::default()
+            .export(0, 0, 8192, &map, crate::device::dmabuf::Purpose::Checkpoint)
+            .unwrap();
         let mut f = RenderFile::new();
         let bo = f.import(d.clone());
         assert_eq!(bo, 1);

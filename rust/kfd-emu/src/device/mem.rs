@@ -15,9 +15,15 @@ pub struct Memfd {
 
 impl Memfd {
     pub fn new(name: &str, size: u64) -> io::Result<Memfd> {
+        Self::with_flags(name, size, 0)
+    }
+
+    /// As [`Memfd::new`], with more `memfd_create` flags
+    /// (`MFD_ALLOW_SEALING`).
+    pub fn with_flags(name: &str, size: u64, flags: u32) -> io::Result<Memfd> {
         let cname = CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
         // SAFETY: memfd_create reads a valid NUL-terminated string.
-        let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
+        let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | flags) };
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }

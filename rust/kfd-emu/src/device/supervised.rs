@@ -16,7 +16,7 @@ use std::collections::VecDeque;
 use std::os::fd::BorrowedFd;
 use std::sync::{Arc, Mutex};
 
-use super::dmabuf::Dmabuf;
+use super::dmabuf::{Dmabuf, Purpose};
 use super::state::Open;
 use super::uapi::{self, alloc, priv_blob as pb, sys};
 use super::{Caller, Emulator, Replier};
@@ -189,10 +189,15 @@ impl Emulator {
                     .map(|(_, bo)| bo)
                     .ok_or(libc::EINVAL)?;
                 let map = bo.map.as_ref().ok_or(libc::EINVAL)?;
+                let purpose = if a.op == uapi::criu_op::CHECKPOINT {
+                    Purpose::Checkpoint
+                } else {
+                    Purpose::Restore
+                };
                 let d = st
                     .devs
                     .dmabufs
-                    .export(gpu, off, bo.size, map)
+                    .export(gpu, off, bo.size, map, purpose)
                     .map_err(|e| e.raw_os_error().unwrap_or(libc::ENOMEM))?;
                 exports.push((i, d));
             }
