@@ -82,9 +82,10 @@ verify() {
 	echo "$line"
 }
 
-# sup criu ARG...: criu-rocm with the SDMA engine forced, under the emulator's supervisor.
+# sup criu ARG...: criu-rocm with the SDMA engine forced (or the engine policy $ENGINE),
+# under the emulator's supervisor.
 sup() {
-	CRIU_ROCM_COPY_ENGINE=sdma "$KFD_EMU" supervise -- "$CRIU" "$@" >>"$CASE_DIR/criu.out" 2>&1
+	CRIU_ROCM_COPY_ENGINE=${ENGINE:-sdma} "$KFD_EMU" supervise -- "$CRIU" "$@" >>"$CASE_DIR/criu.out" 2>&1
 }
 
 log_errors() { grep -a -E 'Error|amdgpu:.*(fail|rror)' "$1" 2>/dev/null | grep -v RLIMIT | tail -n 3 | paste -sd'|'; }
@@ -117,6 +118,26 @@ dump_restore() {
 	verify TERM >/dev/null
 	wait_gone "$WL" 10 || fail "gpu-workload $WL did not exit after SIGTERM"
 }
+# engine POLICY: the same pass with CRIU_ROCM_COPY_ENGINE=POLICY under the supervisor, where
+# KFD hands out dma-bufs: the CPU engine may map BOs through them (their CPU mapping must
+# show the BO at the dump, and reach it by RESUME at the restore). The process verifies
+# every byte; which engine moved which BO is the product's choice.
+engine() {
+	local d=$CASE_DIR/img
+	mkdir -p "$d"
+	wl_start
+	verify >/dev/null
+	ENGINE=$1 sup dump -t "$WL" -D "$d" -o dump.log -v4 || fail "$1 dump failed: $(log_errors "$d/dump.log")"
+	wait_gone "$WL" 10 || fail "gpu-workload $WL still runs after the dump"
+	grep -a -q -E "amdgpu: pid [0-9]+: GPU .*: saved [0-9]+ BO" "$d/dump.log" || fail "no GPU copy in the dump log"
+	ENGINE=$1 sup restore -D "$d" -o restore.log -v4 -d || fail "$1 restore failed: $(log_errors "$d/restore.log")"
+	verify >/dev/null
+	verify TERM >/dev/null
+	wait_gone "$WL" 10 || fail "gpu-workload $WL did not exit after SIGTERM"
+}
+case_auto_engine_with_dmabufs() { on mi100x2 -- engine auto; }
+case_cpu_engine_with_dmabufs() { on mi100x2 -- engine cpu; }
+
 case_dump_restore_1_gpu() { on mi100 -- dump_restore 1; }
 case_dump_restore_2_gpus() { on mi100x2 -- dump_restore 2; }
 case_dump_restore_8_gpus() { on mi300x8 -- dump_restore 8; }
@@ -163,7 +184,7 @@ dump_fails() {
 }
 case_fault_cs_refused() { on mi100x2 --fail CS:EINVAL -- dump_fails 'AMDGPU_CS.*Invalid argument'; }
 case_fault_wait_cs_timeout() {
-	on mi100x2 --fail WAIT_CS:ETIME -- dump_fails 'SDMA.*(did not finish|timed out|timeout)'
+	on mi100x2 --fail WAIT_CS:ETIME -- dump_fails 'SDMA.*(did not finish|did not signal|timed out|timeout)'
 }
 case_fault_gpu_reset_at_cs() {
 	on mi100x2 --fail CS:ECANCELED -- dump_fails 'AMDGPU_CS.*(Operation canceled|GPU reset)'
