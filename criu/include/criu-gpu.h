@@ -35,6 +35,19 @@ int criu_gpu_init(int loglevel);
 void criu_gpu_test_log_line(const char *line);
 
 /*
+ CRIU's `--gpu-knob NAME=VALUE` option (command line or any CRIU
+ configuration file): sets a GPU knob (`KFD_*_CHECK`, `KFD_MAX_BUFFER_SIZE`,
+ `CRIU_ROCM_COPY_ENGINE`) for this criu, in place of the environment
+ variable of that name.  On `-EINVAL` (not NAME=VALUE, an unknown knob or a
+ value the knob does not take) the reason is written, NUL-terminated and
+ cut to fit, into `why` (`why_len` bytes).
+
+ # Safety
+ `arg` is a NUL-terminated string; `why` points to `why_len` writable bytes.
+ */
+int criu_gpu_set_knob(const char *arg, char *why, uintptr_t why_len);
+
+/*
  What a `stat` describes: `0` not a GPU device file, `1` `/dev/kfd`,
  `2` a render node of this host (emulated nodes: regular files compared
  by device and inode; real ones: character devices compared by rdev).

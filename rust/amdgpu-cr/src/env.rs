@@ -5,7 +5,14 @@
 //! `KFD_MAX_BUFFER_SIZE` (dump and restore).  Ours: `CRIU_ROCM_COPY_ENGINE`.
 //!
 //! Every parser takes a lookup function so tests do not touch the process
-//! environment; `from_env` variants read the real one.
+//! environment; `from_env` variants read the real one through [`knob`],
+//! where a value set with [`set_knob`] (CRIU's `--gpu-knob NAME=VALUE`
+//! option, from the command line or any CRIU configuration file, which is
+//! how a knob reaches a `criu swrk` that container engines start) replaces
+//! the environment's.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
 
 use crate::bo::PAGE_SIZE;
 
@@ -26,6 +33,93 @@ fn invalid(var: &'static str, value: &str, reason: impl Into<String>) -> EnvErro
         value: value.to_owned(),
         reason: reason.into(),
     }
+}
+
+/// Every knob criu-rocm reads, by its environment variable's name.
+pub const KNOBS: [&str; 9] = [
+    "KFD_FW_VER_CHECK",
+    "KFD_SDMA_FW_VER_CHECK",
+    "KFD_CACHES_COUNT_CHECK",
+    "KFD_NUM_GWS_CHECK",
+    "KFD_VRAM_SIZE_CHECK",
+    "KFD_NUMA_CHECK",
+    "KFD_CAPABILITY_CHECK",
+    MAX_BUFFER_SIZE_VAR,
+    COPY_ENGINE_VAR,
+];
+
+/// Knob values set by options; they replace the environment's.
+static OVERRIDES: Mutex<BTreeMap<&'static str, String>> = Mutex::new(BTreeMap::new());
+
+fn overrides() -> std::sync::MutexGuard<'static, BTreeMap<&'static str, String>> {
+    OVERRIDES.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Why `--gpu-knob` refused its argument.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum KnobError {
+    #[error("{0:?} is not NAME=VALUE")]
+    Syntax(String),
+    #[error("{name:?} is not a GPU knob (known: {known})", known = KNOBS.join(", "))]
+    Unknown { name: String },
+    #[error(transparent)]
+    Invalid(#[from] EnvError),
+}
+
+/// Validates `NAME=VALUE` (a knob of [`KNOBS`] and a value its parser
+/// takes) and makes VALUE the knob's value for this process, in place of
+/// the environment's.  A later call for the same knob replaces an earlier.
+pub fn set_knob(arg: &str) -> Result<(&'static str, String), KnobError> {
+    let (name, value) = arg
+        .split_once('=')
+        .ok_or_else(|| KnobError::Syntax(arg.to_owned()))?;
+    let name = *KNOBS
+        .iter()
+        .find(|k| **k == name)
+        .ok_or_else(|| KnobError::Unknown {
+            name: name.to_owned(),
+        })?;
+    match name {
+        MAX_BUFFER_SIZE_VAR => {
+            parse_max_buffer_size(Some(value))?;
+        }
+        COPY_ENGINE_VAR => {
+            parse_engine_policy(Some(value))?;
+        }
+        _ => {
+            parse_bool(name, value)?;
+        }
+    }
+    overrides().insert(name, value.to_owned());
+    Ok((name, value.to_owned()))
+}
+
+/// The value of knob `var`: set by an option, else from the environment.
+pub fn knob(var: &str) -> Option<String> {
+    if let Some(v) = overrides().get(var) {
+        return Some(v.clone());
+    }
+    std::env::var(var).ok()
+}
+
+/// The knobs that are set, each with its value and where it came from
+/// (`--gpu-knob`, or `environment`), for the log.
+pub fn knobs_in_effect() -> Vec<String> {
+    KNOBS
+        .iter()
+        .filter_map(|k| {
+            if let Some(v) = overrides().get(k) {
+                let env = std::env::var(k)
+                    .map(|e| format!(", replacing {k}={e} of the environment"))
+                    .unwrap_or_default();
+                Some(format!("{k}={v} (from --gpu-knob{env})"))
+            } else {
+                std::env::var(k)
+                    .ok()
+                    .map(|v| format!("{k}={v} (from the environment)"))
+            }
+        })
+        .collect()
 }
 
 /// Parses a boolean knob: `0`/`NO` → false, `1`/`YES` → true (any case).
@@ -74,7 +168,7 @@ impl Default for Checks {
 impl Checks {
     /// Reads the knobs from the process environment.
     pub fn from_env() -> Result<Self, EnvError> {
-        Self::from_lookup(|k| std::env::var(k).ok())
+        Self::from_lookup(knob)
     }
 
     /// Reads the knobs through `get` (unset → enabled).
@@ -167,7 +261,7 @@ pub fn parse_max_buffer_size(value: Option<&str>) -> Result<Option<u64>, EnvErro
 
 /// Reads `KFD_MAX_BUFFER_SIZE` from the process environment.
 pub fn max_buffer_size_from_env() -> Result<Option<u64>, EnvError> {
-    parse_max_buffer_size(std::env::var(MAX_BUFFER_SIZE_VAR).ok().as_deref())
+    parse_max_buffer_size(knob(MAX_BUFFER_SIZE_VAR).as_deref())
 }
 
 /// Staging window used when `KFD_MAX_BUFFER_SIZE` sets no cap.  Upstream
@@ -217,7 +311,7 @@ pub fn parse_engine_policy(value: Option<&str>) -> Result<EnginePolicy, EnvError
 
 /// Reads `CRIU_ROCM_COPY_ENGINE` from the process environment.
 pub fn engine_policy_from_env() -> Result<EnginePolicy, EnvError> {
-    parse_engine_policy(std::env::var(COPY_ENGINE_VAR).ok().as_deref())
+    parse_engine_policy(knob(COPY_ENGINE_VAR).as_deref())
 }
 
 #[cfg(test)]
@@ -299,6 +393,45 @@ mod tests {
         assert_eq!(staging_size(Some(1 << 20), 1 << 40), 1 << 20);
         assert_eq!(staging_size(Some(1 << 30), 8192), 8192);
         assert_eq!(staging_size(Some(4096), 0), 4096);
+    }
+
+    #[test]
+    fn knobs_set_by_option_replace_the_environment() {
+        // Knobs no other test reads, so the process-wide table stays private to this test.
+        assert_eq!(
+            set_knob("KFD_NUM_GWS_CHECK=0"),
+            Ok(("KFD_NUM_GWS_CHECK", "0".into()))
+        );
+        assert_eq!(knob("KFD_NUM_GWS_CHECK").as_deref(), Some("0"));
+        assert!(!Checks::from_env().unwrap().num_gws);
+        assert!(knobs_in_effect().contains(&"KFD_NUM_GWS_CHECK=0 (from --gpu-knob)".to_owned()));
+        set_knob("KFD_NUM_GWS_CHECK=yes").unwrap();
+        assert!(Checks::from_env().unwrap().num_gws);
+        assert!(matches!(
+            set_knob("KFD_NUM_GWS_CHECK"),
+            Err(KnobError::Syntax(_))
+        ));
+        let e = set_knob("KFD_NUMA=0").unwrap_err().to_string();
+        assert!(
+            e.contains("\"KFD_NUMA\" is not a GPU knob") && e.contains("KFD_NUMA_CHECK"),
+            "{e}"
+        );
+        let e = set_knob("KFD_CAPABILITY_CHECK=off")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("KFD_CAPABILITY_CHECK") && e.contains("expected 0"),
+            "{e}"
+        );
+        assert_eq!(
+            knob("KFD_CAPABILITY_CHECK"),
+            std::env::var("KFD_CAPABILITY_CHECK").ok()
+        );
+        let e = set_knob("KFD_MAX_BUFFER_SIZE=5000")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("page size"), "{e}");
+        assert!(set_knob("CRIU_ROCM_COPY_ENGINE=gpu").is_err());
     }
 
     #[test]

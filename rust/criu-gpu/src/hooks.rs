@@ -65,6 +65,13 @@ pub extern "C" fn criu_gpu_device_kind(mode: u32, dev: u64, ino: u64, rdev: u64)
     })
 }
 
+/// Says in the log which GPU knobs are set, and from where.
+fn log_knobs() {
+    for k in amdgpu_cr::env::knobs_in_effect() {
+        log::info!("GPU knob {k}");
+    }
+}
+
 /// Starts the GPU part of a dump (reads `KFD_MAX_BUFFER_SIZE` and
 /// `CRIU_ROCM_COPY_ENGINE`; a bad value fails the dump before anything is
 /// frozen) and marks the image directory `imgdir_fd` as holding an
@@ -74,6 +81,7 @@ pub extern "C" fn criu_gpu_device_kind(mode: u32, dev: u64, ino: u64, rdev: u64)
 #[no_mangle]
 pub extern "C" fn criu_gpu_dump_init(imgdir_fd: c_int, log_fd: c_int) -> c_int {
     ffi_boundary("criu_gpu_dump_init", || {
+        log_knobs();
         let mut o = match DumpOptions::from_env() {
             Ok(o) => o,
             Err(e) => {
@@ -200,6 +208,7 @@ pub extern "C" fn criu_gpu_restore_check(imgdir_fd: c_int) -> c_int {
 #[no_mangle]
 pub extern "C" fn criu_gpu_restore_init(imgdir_fd: c_int) -> c_int {
     ffi_boundary("criu_gpu_restore_init", || {
+        log_knobs();
         let o = match RestoreOptions::from_env() {
             Ok(o) => o,
             Err(e) => {

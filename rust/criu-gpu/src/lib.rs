@@ -67,10 +67,58 @@ pub unsafe extern "C" fn criu_gpu_test_log_line(line: *const c_char) {
     amdgpu_cr::testhook::on_log_line(line.to_bytes());
 }
 
+/// CRIU's `--gpu-knob NAME=VALUE` option (command line or any CRIU
+/// configuration file): sets a GPU knob (`KFD_*_CHECK`, `KFD_MAX_BUFFER_SIZE`,
+/// `CRIU_ROCM_COPY_ENGINE`) for this criu, in place of the environment
+/// variable of that name.  On `-EINVAL` (not NAME=VALUE, an unknown knob or a
+/// value the knob does not take) the reason is written, NUL-terminated and
+/// cut to fit, into `why` (`why_len` bytes).
+///
+/// # Safety
+/// `arg` is a NUL-terminated string; `why` points to `why_len` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn criu_gpu_set_knob(
+    arg: *const c_char,
+    why: *mut c_char,
+    why_len: usize,
+) -> c_int {
+    // SAFETY: the caller passes a valid C string.
+    let arg = unsafe { std::ffi::CStr::from_ptr(arg) }
+        .to_string_lossy()
+        .into_owned();
+    let err = match amdgpu_cr::env::set_knob(&arg) {
+        Ok(_) => return 0,
+        Err(e) => e.to_string(),
+    };
+    if !why.is_null() && why_len > 0 {
+        let n = err.len().min(why_len - 1);
+        // SAFETY: the caller gave why_len writable bytes at why; n + 1 <= why_len.
+        let out = unsafe { std::slice::from_raw_parts_mut(why.cast::<u8>(), n + 1) };
+        out[..n].copy_from_slice(&err.as_bytes()[..n]);
+        out[n] = 0;
+    }
+    -libc::EINVAL
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::ffi::CStr;
+
+    #[test]
+    fn set_knob_reports_why() {
+        let mut why = [0 as c_char; 24];
+        // SAFETY: a C string literal and a buffer of why.len() bytes.
+        let r = unsafe { criu_gpu_set_knob(c"KFD_BOGUS=1".as_ptr(), why.as_mut_ptr(), why.len()) };
+        assert_eq!(r, -libc::EINVAL);
+        // SAFETY: criu_gpu_set_knob NUL-terminated the buffer.
+        let w = unsafe { CStr::from_ptr(why.as_ptr()) }.to_str().unwrap();
+        assert_eq!(w, "\"KFD_BOGUS\" is not a GP"); // cut to 23 bytes and the NUL
+                                                    // SAFETY: a C string literal; no buffer.
+        let r =
+            unsafe { criu_gpu_set_knob(c"KFD_FW_VER_CHECK=1".as_ptr(), std::ptr::null_mut(), 0) };
+        assert_eq!(r, 0);
+    }
 
     #[test]
     fn version_is_the_crate_version() {
