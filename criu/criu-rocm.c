@@ -1,11 +1,14 @@
 // SPDX-License-Identifier: GPL-2.0-only
 /*
- * criu-rocm glue: version, start-up of the GPU library, the guard against a
- * second AMD GPU handler loaded as a plugin, and the GPU hooks CRIU's dump,
+ * criu-rocm glue: version, start-up of the GPU library, upstream's AMD GPU
+ * plugin (skipped), and the GPU hooks CRIU's dump,
  * restore and restorer paths call.  The hooks only gather CRIU's state
  * (pids, fds, the image directory) and pass it to the Rust library.
  */
+#include <dirent.h>
+#include <dlfcn.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <unistd.h>
 #include <stdint.h>
@@ -39,11 +42,6 @@
 #define CRIU_ROCM_GITREV "unknown"
 #endif
 
-/* File names of upstream's AMD GPU plugin. */
-static const char *const upstream_gpu_plugins[] = {
-	"amdgpu_plugin.so",
-};
-
 int criu_rocm_init(void)
 {
 	int ret = criu_gpu_init(log_get_loglevel());
@@ -59,20 +57,59 @@ void criu_rocm_print_version(void)
 	pr_msg("criu-rocm GitID: %s\n", CRIU_ROCM_GITREV);
 }
 
-bool criu_rocm_plugin_refused(const char *dir, const char *name)
+bool criu_rocm_plugin_skipped(const char *path, const cr_plugin_desc_t *d)
 {
-	size_t i;
+	if (!d->name || strcmp(d->name, AMDGPU_INVENTORY_NAME))
+		return false;
+	pr_warn("%s: skipped: it is upstream's AMD GPU plugin (\"%s\"), and criu-rocm has AMD GPU "
+		"checkpoint/restore built in\n",
+		path, d->name);
+	return true;
+}
 
-	for (i = 0; i < sizeof(upstream_gpu_plugins) / sizeof(upstream_gpu_plugins[0]); i++) {
-		if (strcmp(name, upstream_gpu_plugins[i]))
-			continue;
-		pr_err("%s/%s: criu-rocm has AMD GPU checkpoint/restore built in and will not load "
-		       "the upstream amdgpu plugin beside it; remove the file or point --libdir "
-		       "(CRIU_LIBS_DIR) at another directory\n",
-		       dir, name);
-		return true;
+int criu_rocm_check_plugins(void)
+{
+	const char *dir = opts.libdir;
+	char path[PATH_MAX];
+	struct dirent *de;
+	int found = 0;
+	DIR *d;
+
+	/* The directory cr_plugin_init() would scan. */
+	if (!dir)
+		dir = getenv("CRIU_LIBS_DIR");
+	if (!dir)
+		dir = CR_PLUGIN_DEFAULT;
+	d = opendir(dir);
+	if (!d) {
+		if (errno != ENOENT)
+			pr_pwarn("Can't read the plugin directory %s", dir);
+		return 0;
 	}
-	return false;
+	while ((de = readdir(d))) {
+		size_t len = strlen(de->d_name);
+		cr_plugin_desc_t *desc;
+		void *h;
+
+		if (len < 3 || strcmp(de->d_name + len - 3, ".so"))
+			continue;
+		if (snprintf(path, sizeof(path), "%s/%s", dir, de->d_name) >= sizeof(path))
+			continue;
+		h = dlopen(path, RTLD_LAZY);
+		if (!h) {
+			pr_warn("%s: can't be loaded (%s): dump and restore fail while it is in the plugin "
+				"directory\n",
+				path, dlerror());
+			found++;
+			continue;
+		}
+		desc = dlsym(h, "CR_PLUGIN_DESC");
+		if (desc && criu_rocm_plugin_skipped(path, desc))
+			found++;
+		dlclose(h);
+	}
+	closedir(d);
+	return found;
 }
 
 static bool inventory_noted;

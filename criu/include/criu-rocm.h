@@ -23,10 +23,20 @@ extern int criu_rocm_init(void);
 extern void criu_rocm_print_version(void);
 
 /*
- * Refuses a stray upstream AMD GPU plugin in the plugin directory: criu-rocm
- * handles those files itself and two handlers for one file cannot both win.
+ * Whether the plugin at path, whose descriptor (CR_PLUGIN_DESC) is d, is
+ * upstream's AMD GPU plugin, recognised by the name in its descriptor
+ * whatever its file is called.  criu-rocm handles /dev/kfd and render nodes
+ * itself, and two handlers for one file cannot both win: such a plugin is
+ * not loaded, with one warning naming the file.
  */
-extern bool criu_rocm_plugin_refused(const char *dir, const char *name);
+extern bool criu_rocm_plugin_skipped(const char *path, const cr_plugin_desc_t *d);
+
+/*
+ * `criu check`: warns about each plugin of the plugin directory that dump
+ * and restore skip (upstream's AMD GPU plugin) or cannot load.  Returns
+ * how many; never fails the check.
+ */
+extern int criu_rocm_check_plugins(void);
 
 /*
  * Whether a file (an fd or a mapping's file) is this host's /dev/kfd or one
