@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0-only
 /*
- * criu-rocm glue: version, start-up of the GPU library, upstream's AMD GPU
- * plugin (skipped), and the GPU hooks CRIU's dump,
+ * criu-rocm glue: version, start-up of the GPU library, the GPU knob option,
+ * upstream's AMD GPU plugin (skipped), and the GPU hooks CRIU's dump,
  * restore and restorer paths call.  The hooks only gather CRIU's state
  * (pids, fds, the image directory) and pass it to the Rust library.
  */
@@ -49,6 +49,17 @@ int criu_rocm_init(void)
 	if (ret)
 		pr_err("GPU library failed to start: %s\n", strerror(-ret));
 	return ret;
+}
+
+int criu_rocm_set_knob(const char *arg)
+{
+	char why[512];
+
+	if (criu_gpu_set_knob(arg, why, sizeof(why))) {
+		pr_err("--gpu-knob %s: %s\n", arg, why);
+		return -1;
+	}
+	return 0;
 }
 
 void criu_rocm_print_version(void)

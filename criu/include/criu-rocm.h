@@ -19,6 +19,14 @@
 /* Brings up the GPU library; called once CRIU's log is open. */
 extern int criu_rocm_init(void);
 
+/*
+ * --gpu-knob NAME=VALUE: a GPU knob (KFD_*_CHECK, KFD_MAX_BUFFER_SIZE,
+ * CRIU_ROCM_COPY_ENGINE) set from the command line or a configuration file,
+ * in place of the environment variable NAME.  -1 (said why): not a knob or
+ * not a value the knob takes.
+ */
+extern int criu_rocm_set_knob(const char *arg);
+
 /* Prints criu-rocm's version and git revision after CRIU's own (--version). */
 extern void criu_rocm_print_version(void);
 
