@@ -90,7 +90,7 @@ $(BUILD)/criu-rocm.8: Documentation/criu-rocm.8.adoc
 
 # The suites `make test` runs, in order; .ci/run runs and counts them one by one.
 TEST_SUITES	:= test-rust test-smoke test-rocm test-gpu test-sdma test-rocm-cr test-zdtm test-zdtm-gpu test-demo \
-		   test-install test-package
+		   test-install test-package test-rpc
 
 # The user's entry points install what is missing first (scripts/install-deps.sh: quiet, and
 # a no-op when all is there), so they work on a fresh Debian machine. Plain `make` and the
@@ -230,6 +230,24 @@ zdtm-compare: $(BUILD)/criu-rocm $(CRIU_TREE)/.lib-built $(BUILD)/stock/criu/cri
 
 test-install: $(BUILD)/criu-rocm
 	test/install/run.sh
+
+# Upstream's AMD GPU plugin, built from the pinned tarball's plugins/amdgpu (which our
+# patches leave untouched) in the same tree: test-rpc puts it in a plugin directory to
+# check that criu-rocm skips it, under its own file name and under another.
+UPSTREAM_PLUGIN	:= $(CRIU_TREE)/plugins/amdgpu/amdgpu_plugin.so
+$(UPSTREAM_PLUGIN): $(BUILD)/criu-rocm
+	$(TREE_LOCK) $(MAKE) -C $(CRIU_TREE) amdgpu_plugin CRIU_GPU_LIB=$(GPU_LIB) CRIU_ROCM_GITREV=$(GITREV) \
+		>$(BUILD)/criu-amdgpu-plugin.log 2>&1 || { tail -n 40 $(BUILD)/criu-amdgpu-plugin.log; exit 1; }
+	test -f $@
+
+# criu-rocm as container engines run it: `criu swrk` spoken to over CRIU's RPC (VERSION,
+# FEATURE_CHECK, DUMP and RESTORE of GPU processes), GPU knobs in configuration files
+# (--gpu-knob), gpu-check's verdict in the RPC answer, upstream's amdgpu plugin and another
+# plugin in the plugin directory (test/rpc/run.sh).
+.PHONY: test-rpc
+test-rpc: $(BUILD)/criu-rocm $(UPSTREAM_PLUGIN) kfd-tools
+	CARGO_TARGET_DIR=$(CARGO_TARGET) UPSTREAM_PLUGIN=$(TOP)/$(UPSTREAM_PLUGIN) CRIU_TREE=$(TOP)/$(CRIU_TREE) \
+		test/rpc/run.sh $(BUILD)/criu-rocm
 
 # Debian packages in build/deb/ (criu-rocm, criu-rocm-as-criu), built from source by
 # dpkg-buildpackage in a scratch tree, offline, and linted (scripts/build-deb.sh).
