@@ -15,7 +15,8 @@ use std::collections::BTreeSet;
 use std::fmt;
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufWriter, Read, Seek, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use prost::Message;
@@ -520,12 +521,45 @@ pub fn pages_total(file: &str, bos: &[KfdBoEntry], gpu: GpuId) -> Result<u64, Im
     Ok(total)
 }
 
-/// Writes one GPU's pages file: header first, then exactly `total` bytes.
+/// File blocks the pages writer leaves as holes when all their bytes are
+/// zero: the page size, which is the block size of the usual file systems
+/// (ext4, XFS, tmpfs); a larger block is still a hole when all of its
+/// pages are.
+pub const SPARSE_BLOCK: u64 = 4096;
+
+/// Whether every byte of `b` is zero.
+pub fn all_zero(b: &[u8]) -> bool {
+    // 64-byte chunks ORed together vectorize; stop at the first non-zero
+    // chunk (GPU data rarely starts with a long run of zeros unless all is).
+    let mut chunks = b.chunks_exact(64);
+    for c in &mut chunks {
+        if c.iter().fold(0u8, |a, &x| a | x) != 0 {
+            return false;
+        }
+    }
+    chunks.remainder().iter().all(|&x| x == 0)
+}
+
+/// Writes one GPU's pages file (or one lane's range of it): the size word,
+/// then the BO bytes, the whole file in upstream's layout.  The file is
+/// sized to its end when created, and every file block
+/// ([`SPARSE_BLOCK`]) whose bytes are all zero is seeked past rather than
+/// written, so it stays a hole: it costs no disk blocks and reads as zeros,
+/// to upstream's plugin as to us.
 pub struct PagesWriter {
     file: String,
     out: BufWriter<File>,
     total: u64,
     written: u64,
+    /// File offset of the next byte given to the writer.
+    off: u64,
+    /// The bytes of the current file block given so far (from the block's
+    /// start, or from the lane's start for a lane that starts mid-block).
+    partial: Vec<u8>,
+    /// Zero bytes held back: `out` is this far behind `off - partial`.
+    skip: u64,
+    /// Bytes left as holes (for statistics and tests).
+    pub zero_bytes: u64,
 }
 
 impl PagesWriter {
@@ -534,15 +568,23 @@ impl PagesWriter {
         let path = dir.join(pages_image_name(id, gpu));
         let file = path.display().to_string();
         let f = create_image(&path).map_err(|e| ImageError::io(&file, "create", e))?;
-        let mut out = BufWriter::with_capacity(1 << 20, f);
-        out.write_all(&total.to_le_bytes())
-            .map_err(|e| ImageError::io(&file, "write header", e))?;
-        Ok(PagesWriter {
+        // The whole file is a hole at first: what is never written reads
+        // as zeros.
+        f.set_len(total.saturating_add(8))
+            .map_err(|e| ImageError::io(&file, "ftruncate", e))?;
+        let mut w = PagesWriter {
             file,
-            out,
+            out: BufWriter::with_capacity(1 << 20, f),
             total,
             written: 0,
-        })
+            off: 0,
+            partial: Vec::with_capacity(SPARSE_BLOCK as usize),
+            skip: 0,
+            zero_bytes: 0,
+        };
+        w.put(&total.to_le_bytes())
+            .map_err(|e| ImageError::io(&w.file, "write header", e))?;
+        Ok(w)
     }
 
     /// Creates the pages file for the sum of `lens` and returns one writer
@@ -581,6 +623,10 @@ impl PagesWriter {
                 out: BufWriter::with_capacity(1 << 20, f),
                 total: len,
                 written: 0,
+                off: 8 + start,
+                partial: Vec::with_capacity(SPARSE_BLOCK as usize),
+                skip: 0,
+                zero_bytes: 0,
             });
             start += len;
         }
@@ -604,10 +650,77 @@ impl PagesWriter {
                 ),
             ));
         }
-        self.out
-            .flush()
+        // A zero tail is left as the hole the file was created with.
+        self.end_block()
+            .and_then(|()| self.out.flush())
             .map_err(|e| ImageError::io(&self.file, "flush", e))?;
         Ok(self.written)
+    }
+
+    /// Writes `data` at `off - partial - data.len()`, after seeking past
+    /// the zeros held back.
+    fn emit(&mut self, data: &[u8]) -> io::Result<()> {
+        if self.skip > 0 {
+            let skip = i64::try_from(self.skip)
+                .map_err(|_| io::Error::from_raw_os_error(libc::EOVERFLOW))?;
+            self.out.seek(io::SeekFrom::Current(skip))?;
+            self.skip = 0;
+        }
+        self.out.write_all(data)
+    }
+
+    /// Writes or skips the bytes of the current block.
+    fn end_block(&mut self) -> io::Result<()> {
+        if self.partial.is_empty() {
+            return Ok(());
+        }
+        let block = std::mem::take(&mut self.partial);
+        if all_zero(&block) {
+            self.skip += block.len() as u64;
+            self.zero_bytes += block.len() as u64;
+        } else {
+            self.emit(&block)?;
+        }
+        self.partial = block;
+        self.partial.clear();
+        Ok(())
+    }
+
+    /// Takes all of `buf` at `off`: whole zero blocks are skipped, the
+    /// rest written in runs; a block begun but not ended waits in
+    /// `partial`.
+    fn put(&mut self, mut buf: &[u8]) -> io::Result<()> {
+        let into_block = self.off % SPARSE_BLOCK;
+        if into_block != 0 || !self.partial.is_empty() {
+            let take = ((SPARSE_BLOCK - into_block) as usize).min(buf.len());
+            self.partial.extend_from_slice(&buf[..take]);
+            buf = &buf[take..];
+            self.off += take as u64;
+            if self.off.is_multiple_of(SPARSE_BLOCK) {
+                self.end_block()?;
+            }
+        }
+        let whole = buf.len() - buf.len() % SPARSE_BLOCK as usize;
+        let mut run = 0; // start of the run of data blocks not yet written
+        let mut at = 0;
+        while at < whole {
+            let next = at + SPARSE_BLOCK as usize;
+            if all_zero(&buf[at..next]) {
+                if run < at {
+                    self.emit(&buf[run..at])?;
+                }
+                self.skip += SPARSE_BLOCK;
+                self.zero_bytes += SPARSE_BLOCK;
+                run = next;
+            }
+            at = next;
+        }
+        if run < whole {
+            self.emit(&buf[run..whole])?;
+        }
+        self.partial.extend_from_slice(&buf[whole..]);
+        self.off += buf.len() as u64;
+        Ok(())
     }
 }
 
@@ -623,9 +736,9 @@ impl Write for PagesWriter {
                 ),
             ));
         }
-        let n = self.out.write(buf)?;
-        self.written += n as u64;
-        Ok(n)
+        self.put(buf)?;
+        self.written += buf.len() as u64;
+        Ok(buf.len())
     }
 
     fn flush(&mut self) -> io::Result<()> {
@@ -633,7 +746,100 @@ impl Write for PagesWriter {
     }
 }
 
-/// Reads one GPU's pages file, checking its header against the BO sizes.
+/// A pages file read from a position on, with its holes told apart from
+/// its data (`SEEK_DATA`/`SEEK_HOLE`): a hole is given as zeros without a
+/// read, data is read with `pread`.  On a file system that cannot tell,
+/// the whole file is data (the kernel's default answer), which reads the
+/// same bytes.
+#[derive(Debug)]
+pub struct SparseFile {
+    file: File,
+    /// The file's length when opened.
+    len: u64,
+    pos: u64,
+    /// `pos..data_end` is known to be data.
+    data_end: u64,
+    /// `pos..hole_end` is known to be a hole.
+    hole_end: u64,
+    /// Bytes given as zeros without reading (for statistics and tests).
+    pub hole_bytes: u64,
+}
+
+impl SparseFile {
+    /// Reads `file` from byte `pos`.
+    pub fn at(file: File, pos: u64) -> io::Result<Self> {
+        let len = file.metadata()?.len();
+        Ok(SparseFile {
+            file,
+            len,
+            pos,
+            data_end: pos,
+            hole_end: pos,
+            hole_bytes: 0,
+        })
+    }
+
+    fn lseek(&self, whence: libc::c_int) -> io::Result<Option<u64>> {
+        let off = libc::off_t::try_from(self.pos)
+            .map_err(|_| io::Error::from_raw_os_error(libc::EOVERFLOW))?;
+        // SAFETY: lseek on an fd this value owns; it only moves the file
+        // position, which this reader never relies on (it reads with pread).
+        let r = unsafe { libc::lseek(self.file.as_raw_fd(), off, whence) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            // ENXIO: no data (or no hole) at or after pos, i.e. pos is at
+            // or past the end.
+            return match e.raw_os_error() {
+                Some(libc::ENXIO) => Ok(None),
+                _ => Err(e),
+            };
+        }
+        Ok(Some(r as u64))
+    }
+
+    /// Learns what lies at `pos`: a hole up to `hole_end` or data up to
+    /// `data_end`.
+    fn probe(&mut self) -> io::Result<()> {
+        match self.lseek(libc::SEEK_DATA)? {
+            Some(d) if d > self.pos => self.hole_end = d,
+            Some(_) => {
+                // Data at pos; SEEK_HOLE always finds one (the end of file
+                // counts as a hole).
+                self.data_end = self.lseek(libc::SEEK_HOLE)?.unwrap_or(u64::MAX);
+            }
+            // Past the last data: a hole to the end of file, or pos at or
+            // past it (where read gives end of file).
+            None if self.pos < self.len => self.hole_end = self.len,
+            None => self.data_end = u64::MAX,
+        }
+        Ok(())
+    }
+}
+
+impl Read for SparseFile {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        if self.pos >= self.data_end && self.pos >= self.hole_end {
+            self.probe()?;
+        }
+        let n = if self.pos < self.hole_end {
+            let n = (self.hole_end - self.pos).min(buf.len() as u64) as usize;
+            buf[..n].fill(0);
+            self.hole_bytes += n as u64;
+            n
+        } else {
+            let n = (self.data_end - self.pos).min(buf.len() as u64) as usize;
+            self.file.read_at(&mut buf[..n], self.pos)?
+        };
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
+
+/// Reads one GPU's pages file, checking its header against the BO sizes
+/// (from a file, a [`SparseFile`]: its holes are not read).
 pub struct PagesReader<R> {
     file: String,
     input: R,
@@ -641,17 +847,15 @@ pub struct PagesReader<R> {
     consumed: u64,
 }
 
-impl PagesReader<File> {
+impl PagesReader<SparseFile> {
     /// Opens `amdgpu-pages-<id>-<gpu>.img` in `dir`; `expected` is the Σ of
     /// the sizes of that GPU's content BOs in the KFD image.
     pub fn open(dir: &Path, id: FileId, gpu: GpuId, expected: u64) -> Result<Self, ImageError> {
         let path: PathBuf = dir.join(pages_image_name(id, gpu));
         let file = path.display().to_string();
         let f = File::open(&path).map_err(|e| ImageError::io(&file, "open", e))?;
-        let len = f
-            .metadata()
-            .map_err(|e| ImageError::io(&file, "fstat", e))?
-            .len();
+        let f = SparseFile::at(f, 0).map_err(|e| ImageError::io(&file, "fstat", e))?;
+        let len = f.len;
         let reader = PagesReader::new(file.clone(), f, gpu, expected)?;
         let want = expected.saturating_add(8);
         if len < want {
@@ -673,7 +877,7 @@ impl PagesReader<File> {
     }
 }
 
-impl PagesReader<File> {
+impl PagesReader<SparseFile> {
     /// Opens the pages file (checked as by [`PagesReader::open`] against
     /// the sum of `lens`) once per lane: lane `i` reads the `lens[i]` bytes
     /// that follow the lanes before it.
@@ -699,12 +903,12 @@ impl PagesReader<File> {
         let mut start = len0;
         for &len in rest {
             let file = out[0].file.clone();
-            let mut f = File::open(&path).map_err(|e| ImageError::io(&file, "open", e))?;
-            f.seek(io::SeekFrom::Start(8 + start))
-                .map_err(|e| ImageError::io(&file, "seek", e))?;
+            let f = File::open(&path).map_err(|e| ImageError::io(&file, "open", e))?;
+            let input =
+                SparseFile::at(f, 8 + start).map_err(|e| ImageError::io(&file, "fstat", e))?;
             out.push(PagesReader {
                 file,
-                input: f,
+                input,
                 total: len,
                 consumed: 0,
             });
@@ -1236,6 +1440,98 @@ pub(crate) mod tests {
         std::fs::write(&path, &bytes).unwrap();
         let e = PagesReader::open(&dir, FileId(3), gpu, 10).err().unwrap();
         assert!(e.to_string().contains("truncated"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Zero blocks become holes whatever the write sizes and lane cuts;
+    /// the file reads back byte-exact (holes as zeros, not read), and an
+    /// all-zero BO costs a block or two of disk.
+    #[test]
+    fn pages_zero_blocks_are_holes() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempdir();
+        let gpu = GpuId(0x77);
+        let b = SPARSE_BLOCK as usize;
+        // Data, zeros over whole blocks, a lone non-zero byte, zeros to a
+        // zero tail that ends mid-block.
+        let mut data = vec![0u8; 20 * b + 123];
+        data[..b + 5].fill(0xa5);
+        data[9 * b + 7] = 1;
+        data[15 * b - 1] = 2;
+        for (n, (lens, chunk)) in [
+            (vec![data.len() as u64], 1 << 20),
+            (vec![data.len() as u64], 1000),
+            (
+                vec![3 * b as u64 + 1, 6 * b as u64, (11 * b + 122) as u64],
+                4096,
+            ),
+            (vec![1, data.len() as u64 - 1], 777),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let id = FileId(10 + n as u32);
+            let ws = PagesWriter::create_lanes(&dir, id, gpu, &lens).unwrap();
+            let mut start = 0usize;
+            let mut zeros = 0;
+            for (w, &len) in ws.into_iter().zip(&lens) {
+                let mut w = w;
+                for c in data[start..start + len as usize].chunks(chunk) {
+                    w.write_all(c).unwrap();
+                }
+                start += len as usize;
+                let z = w.zero_bytes;
+                w.finish().unwrap();
+                zeros += z;
+            }
+            assert!(
+                zeros >= 15 * SPARSE_BLOCK,
+                "case {n}: {zeros} bytes left as holes"
+            );
+            let path = dir.join(pages_image_name(id, gpu));
+            let bytes = std::fs::read(&path).unwrap();
+            assert_eq!(&bytes[..8], &(data.len() as u64).to_le_bytes(), "case {n}");
+            assert!(bytes[8..] == data[..], "case {n}: contents");
+            let blocks = std::fs::metadata(&path).unwrap().blocks() * 512;
+            assert!(
+                blocks <= 8 * SPARSE_BLOCK,
+                "case {n}: {blocks} bytes on disk"
+            );
+            let mut r = PagesReader::open(&dir, id, gpu, data.len() as u64).unwrap();
+            let mut back = Vec::new();
+            r.read_to_end(&mut back).unwrap();
+            assert!(back == data, "case {n}: read back");
+            assert!(
+                r.input.hole_bytes >= 10 * SPARSE_BLOCK,
+                "case {n}: holes not read"
+            );
+            r.finish().unwrap();
+        }
+
+        // An all-zero BO of 64 MiB: its file is a hole but for the header.
+        let big = 64u64 << 20;
+        let mut w = PagesWriter::create(&dir, FileId(20), gpu, big).unwrap();
+        let zero = vec![0u8; 1 << 20];
+        for _ in 0..64 {
+            w.write_all(&zero).unwrap();
+        }
+        w.finish().unwrap();
+        let path = dir.join(pages_image_name(FileId(20), gpu));
+        let meta = std::fs::metadata(&path).unwrap();
+        assert_eq!(meta.len(), big + 8);
+        assert!(
+            meta.blocks() * 512 <= SPARSE_BLOCK,
+            "{} bytes on disk",
+            meta.blocks() * 512
+        );
+        let mut r = PagesReader::open(&dir, FileId(20), gpu, big).unwrap();
+        let mut buf = vec![1u8; 1 << 20];
+        for _ in 0..64 {
+            r.read_exact(&mut buf).unwrap();
+            assert!(all_zero(&buf));
+        }
+        assert_eq!(r.input.hole_bytes, big - (SPARSE_BLOCK - 8));
+        r.finish().unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
