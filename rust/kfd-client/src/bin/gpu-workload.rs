@@ -53,6 +53,9 @@ const USAGE: &str = "usage: gpu-workload [OPTIONS]
   --interval-ms N      pause between SDMA counter steps (default 2)
   --small-bos N        N more 4 KiB BOs per GPU, alternately GTT and VRAM (default 0)
   --big-bo-mib N       one more VRAM BO of N MiB per GPU (default 0: none)
+  --big-bo-fill F      what the big BO holds: pattern (default), sparse (zeros but for
+                       one pattern dword per MiB, as fresh GPU memory partly used) or
+                       zero (for sparse pages files)
   --threads N          N more threads, each stepping an SDMA counter of its own (its own
                        queue, counter and 64 KiB BO, on the GPUs in turn) (default 0)
   --procs N            N processes: this one and N-1 children forked before /dev/kfd is
@@ -75,6 +78,7 @@ struct Options {
     interval: Duration,
     small_bos: usize,
     big_bo_mib: u64,
+    big_bo_fill: usize,
     threads: usize,
     procs: usize,
     events: bool,
@@ -99,6 +103,7 @@ fn parse_args() -> Result<Options, String> {
         interval: Duration::from_millis(2),
         small_bos: 0,
         big_bo_mib: 0,
+        big_bo_fill: 0,
         threads: 0,
         procs: 1,
         events: false,
@@ -114,6 +119,14 @@ fn parse_args() -> Result<Options, String> {
             "--bos" => o.bos = num("--bos", val("--bos")?)?,
             "--small-bos" => o.small_bos = num("--small-bos", val("--small-bos")?)?,
             "--big-bo-mib" => o.big_bo_mib = num("--big-bo-mib", val("--big-bo-mib")?)?,
+            "--big-bo-fill" => {
+                o.big_bo_fill = match val("--big-bo-fill")?.as_str() {
+                    "pattern" => 0,
+                    "sparse" => SPARSE_BO,
+                    "zero" => ZERO_BO,
+                    f => return Err(format!("--big-bo-fill {f:?}: pattern, sparse or zero")),
+                }
+            }
             "--threads" => o.threads = num("--threads", val("--threads")?)?,
             "--host-mib" => o.host_mib = num("--host-mib", val("--host-mib")?)?,
             "--procs" => o.procs = num("--procs", val("--procs")?)?,
@@ -157,6 +170,11 @@ fn parse_args() -> Result<Options, String> {
 /// thread's BO is `THREAD_BO_BASE + thread`; a verification's fresh BO is `FRESH_BO`.
 const THREAD_BO_BASE: usize = 1 << 15;
 const FRESH_BO: usize = (1 << 16) - 1;
+/// Set in a data BO index (below `THREAD_BO_BASE`) whose pattern is sparse:
+/// zero but for the dword at the start of each MiB.
+const SPARSE_BO: usize = 1 << 14;
+/// Set in a data BO index (below `THREAD_BO_BASE`) whose pattern is zero.
+const ZERO_BO: usize = 1 << 13;
 /// The pattern "GPU" and "BO" of host memory (no GPU has this index).
 const HOST_GPU: usize = 0xffff;
 const SMALL_BO_BYTES: u64 = 4096;
@@ -185,6 +203,11 @@ struct Seed {
 
 impl Seed {
     fn at(self, i: u64) -> u32 {
+        if self.bo < THREAD_BO_BASE
+            && (self.bo & ZERO_BO != 0 || (self.bo & SPARSE_BO != 0 && !i.is_multiple_of(1 << 18)))
+        {
+            return 0;
+        }
         pattern(self.proc, self.gpu, self.bo, i)
     }
 }
@@ -790,6 +813,11 @@ fn run_proc(
         let gpu = gpu_of(gi)?;
         let mut bos = Vec::new();
         for (bi, &(size, kind)) in sizes.iter().enumerate() {
+            let bi = if o.big_bo_mib > 0 && bi == sizes.len() - 1 {
+                bi | o.big_bo_fill
+            } else {
+                bi
+            };
             let mut bo = client.alloc(gpu, size, kind).map_err(|e| e.to_string())?;
             fill(&mut bo, seed(gi, bi));
             expect(gpu, &bo, seed(gi, bi))?;
