@@ -34,6 +34,9 @@
 #            is the emulator's numbers, not a GPU's
 #   anon N   bench-anon N (scripts/bench-anon.c): N MiB of touched private anonymous memory
 #   anon 0   bench-anon 0: the same program with none
+#   zero N   gpu-workload --mib 1 --bos 1 --big-bo-mib N --big-bo-fill zero (N = 1024, and
+#            0 for none), once after the runs: the disk blocks of its pages file
+#            (st_blocks*512), the zero BO's being the difference, target <= 1 MiB
 # Each is started, dumped (criu kills it), restored (-d), made to check every byte of its
 # memory, and killed. A run does the four one after the other; a first run warms up and is
 # not counted.
@@ -174,6 +177,11 @@ start_proc() {
 	local host=()
 	[ "$kind" = big ] && bos=1
 	[ "$kind" = both ] && host=(--host-mib "$size")
+	if [ "$kind" = zero ]; then
+		# 1 MiB of pattern in one BO, and a BO of $size MiB of zeros (none for 0).
+		size=1 bos=1
+		[ "$2" -gt 0 ] && host=(--big-bo-mib "$2" --big-bo-fill zero)
+	fi
 	if [ "$kind" != anon ]; then
 		setsid "$workload" --mib "$((size > 0 ? size : 1))" --bos "$bos" --interval-ms 10 "${host[@]}" \
 			</dev/null >"$log" 2>"$out/proc.err" &
@@ -295,11 +303,32 @@ rss_cycle() {
 	echo "$kind $size $run $rss $bytes" >>"$out/rss.txt"
 }
 
+# Disk use of a sparse pages file: dumps (and restores and checks) the same process with
+# and without a BO of $1 MiB of zeros; appends "size logical_bytes disk_bytes" of each
+# dump's pages files to $out/sparse.txt.
+sparse_cycle() {
+	local size pid f logical disk
+	for size in 0 "$1"; do
+		start_proc zero "$size"
+		pid=$PID
+		dump_proc "$pid"
+		logical=0 disk=0
+		for f in "$img"/amdgpu-pages-*.img; do
+			logical=$((logical + $(stat -c %s "$f")))
+			disk=$((disk + $(stat -c '%b * %B' "$f")))
+		done
+		restore_proc "$pid"
+		check_and_kill "$pid" zero
+		echo "$size $logical $disk" >>"$out/sparse.txt"
+	done
+}
+
 in_emu() {
 	local run vram_mib
 	vram_mib=$((4 * $(size_bytes "$staging") >> 20))
 	: >"$out/tp.txt"
 	: >"$out/rss.txt"
+	: >"$out/sparse.txt"
 	# Run 0 warms up (the emulator, the page cache, the binaries) and is not counted.
 	printf '  runs (each: dump, restore and check of %s MiB of GPU BOs in 4 BOs and in 1, of %s MiB\n' "$mib" "$mib"
 	printf '  of anonymous memory, of neither, of the BOs by the SDMA engine; peak RSS of two dumps\n'
@@ -320,6 +349,8 @@ in_emu() {
 		rss_cycle gpu "$vram_mib" "$run"
 		rss_cycle anon 0 "$run"
 	done
+	printf ' sparse'
+	sparse_cycle 1024
 	echo
 	progress=
 }
@@ -360,7 +391,7 @@ preflight() {
 read -r -d '' TABLE <<'EOF' || true
 import statistics, sys
 
-tp, rss, mib, runs, staging, stg, const = sys.argv[1:8]
+tp, rss, mib, runs, staging, stg, const, sparse = sys.argv[1:9]
 mib, runs, stg, const = int(mib), int(runs), int(stg), int(const)
 res = {}
 for line in open(tp):
@@ -466,11 +497,22 @@ print(f"  {f'{4 * stg // M} MiB of VRAM in one BO (gpu-workload)':<42} {statisti
 state = "within" if max(extra) <= bound else "EXCEEDED"
 print(f"  {'extra = peak - baseline':<42} {statistics.median(extra) / M:6.1f} MiB (worst run {max(extra) / M:.1f})")
 print(f"  {'bound = KFD_MAX_BUFFER_SIZE + ' + str(const) + ' MiB':<42} {bound / M:6.1f} MiB: {state}")
+
+sp = {int(a): (int(b), int(c)) for a, b, c in (l.split() for l in open(sparse))}
+(z_log, z_disk), (n_log, n_disk) = sp[0], max((k, v) for k, v in sp.items() if k > 0)[1]
+big = max(sp)
+extra = n_disk - z_disk
+print()
+print(f"  sparse pages file: a BO of {big} MiB of zeros beside 1 MiB of pattern (one run)")
+print(f"  {'pages file, logical size':<42} {n_log / M:8.1f} MiB (without the zero BO {z_log / M:.1f})")
+print(f"  {'pages file, disk blocks (st_blocks*512)':<42} {n_disk / 1024:8.0f} KiB (without the zero BO {z_disk / 1024:.0f})")
+print(f"  {f'disk blocks of the {big} MiB zero BO':<42} {extra / 1024:8.0f} KiB: target <= 1024 KiB "
+      + ("met" if extra <= M else "NOT met"))
 EOF
 
 table() {
 	/usr/bin/python3 -c "$TABLE" "$out/tp.txt" "$out/rss.txt" "$mib" "$runs" "$staging" \
-		"$(size_bytes "$staging")" "$rss_const_mib"
+		"$(size_bytes "$staging")" "$rss_const_mib" "$out/sparse.txt"
 	echo "  raw numbers: ${out#"$top"/}/tp.txt and rss.txt; criu logs: ${out#"$top"/}/logs/"
 }
 
