@@ -192,7 +192,9 @@ impl Checks {
     }
 }
 
-/// `KFD_MAX_BUFFER_SIZE`: the cap on the staging memory of one GPU worker.
+/// `KFD_MAX_BUFFER_SIZE`: the budget of the memory a dump (or restore) of a
+/// process spends on moving GPU memory, over all its GPUs and lanes:
+/// mapping windows, SDMA staging buffers and pages-file write buffers.
 pub const MAX_BUFFER_SIZE_VAR: &str = "KFD_MAX_BUFFER_SIZE";
 
 /// Parses a size with C `strtoul(s, 0)` number syntax (decimal, `0x` hex,
@@ -264,10 +266,31 @@ pub fn max_buffer_size_from_env() -> Result<Option<u64>, EnvError> {
     parse_max_buffer_size(knob(MAX_BUFFER_SIZE_VAR).as_deref())
 }
 
-/// Staging window used when `KFD_MAX_BUFFER_SIZE` sets no cap.  Upstream
-/// stages a whole BO (so a 16 GiB BO costs 16 GiB of RAM per GPU); copying
-/// in 64 MiB windows is as fast and keeps memory bounded.
+/// The memory budget when `KFD_MAX_BUFFER_SIZE` sets none.  Upstream
+/// stages a whole BO per GPU (so a 16 GiB BO costs 16 GiB of RAM per GPU);
+/// copying in windows of a few MiB is as fast and keeps memory bounded.
 pub const DEFAULT_STAGING: u64 = 64 << 20;
+
+/// The most bytes of a lane's budget spent on its pages-file write buffer.
+pub const MAX_WRITE_BUFFER: u64 = 1 << 20;
+
+/// One GPU's share of the budget of a whole dump or restore of a process
+/// (`cap`, or [`DEFAULT_STAGING`]) over `gpus` GPUs, page aligned, and at
+/// least two pages (a window and a write buffer): the budget's floor.
+pub fn gpu_share(cap: Option<u64>, gpus: usize) -> u64 {
+    let budget = cap.unwrap_or(DEFAULT_STAGING);
+    let share = budget / gpus.max(1) as u64 / PAGE_SIZE * PAGE_SIZE;
+    share.max(2 * PAGE_SIZE)
+}
+
+/// How a lane spends a `budget` of at least two pages: (CPU mapping
+/// window, pages-file write buffer).  The buffer takes an eighth, at least
+/// a page and at most [`MAX_WRITE_BUFFER`]; the window the rest.
+pub fn lane_split(budget: u64) -> (u64, u64) {
+    let budget = budget.max(2 * PAGE_SIZE) / PAGE_SIZE * PAGE_SIZE;
+    let buffer = (budget / 8 / PAGE_SIZE * PAGE_SIZE).clamp(PAGE_SIZE, MAX_WRITE_BUFFER);
+    (budget - buffer, buffer)
+}
 
 /// Staging size for one GPU worker: the largest BO it copies, capped by
 /// `cap` (or [`DEFAULT_STAGING`]), rounded up to a page, at least a page.
@@ -384,6 +407,21 @@ mod tests {
             e.contains("KFD_MAX_BUFFER_SIZE") && e.contains("page size"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn one_budget_over_gpus_and_lanes() {
+        assert_eq!(gpu_share(None, 1), DEFAULT_STAGING);
+        assert_eq!(gpu_share(None, 8), DEFAULT_STAGING / 8);
+        assert_eq!(gpu_share(Some(32 << 20), 3), 2730 * 4096);
+        assert_eq!(gpu_share(Some(4096), 8), 8192, "the floor");
+        assert_eq!(lane_split(32 << 20), (31 << 20, 1 << 20));
+        assert_eq!(lane_split(4 << 20), (3584 << 10, 512 << 10));
+        assert_eq!(lane_split(8192), (4096, 4096));
+        for b in [8192u64, 1 << 20, 5 << 20, 64 << 20, 1 << 30] {
+            let (w, buf) = lane_split(b);
+            assert!(w + buf <= b && w >= PAGE_SIZE && buf >= PAGE_SIZE, "{b}");
+        }
     }
 
     #[test]

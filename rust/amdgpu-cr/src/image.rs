@@ -527,6 +527,9 @@ pub fn pages_total(file: &str, bos: &[KfdBoEntry], gpu: GpuId) -> Result<u64, Im
 /// pages are.
 pub const SPARSE_BLOCK: u64 = 4096;
 
+/// A pages writer's buffer unless the memory budget gives it less.
+const WRITE_BUFFER: usize = 1 << 20;
+
 /// Whether every byte of `b` is zero.
 pub fn all_zero(b: &[u8]) -> bool {
     // 64-byte chunks ORed together vectorize; stop at the first non-zero
@@ -565,6 +568,16 @@ pub struct PagesWriter {
 impl PagesWriter {
     /// Creates `amdgpu-pages-<id>-<gpu>.img` in `dir` for `total` bytes.
     pub fn create(dir: &Path, id: FileId, gpu: GpuId, total: u64) -> Result<Self, ImageError> {
+        Self::create_with(dir, id, gpu, total, WRITE_BUFFER)
+    }
+
+    fn create_with(
+        dir: &Path,
+        id: FileId,
+        gpu: GpuId,
+        total: u64,
+        buffer: usize,
+    ) -> Result<Self, ImageError> {
         let path = dir.join(pages_image_name(id, gpu));
         let file = path.display().to_string();
         let f = create_image(&path).map_err(|e| ImageError::io(&file, "create", e))?;
@@ -574,7 +587,7 @@ impl PagesWriter {
             .map_err(|e| ImageError::io(&file, "ftruncate", e))?;
         let mut w = PagesWriter {
             file,
-            out: BufWriter::with_capacity(1 << 20, f),
+            out: BufWriter::with_capacity(buffer, f),
             total,
             written: 0,
             off: 0,
@@ -596,12 +609,24 @@ impl PagesWriter {
         gpu: GpuId,
         lens: &[u64],
     ) -> Result<Vec<Self>, ImageError> {
+        Self::create_lanes_buffered(dir, id, gpu, lens, WRITE_BUFFER)
+    }
+
+    /// [`PagesWriter::create_lanes`] with write buffers of `buffer` bytes
+    /// (part of the memory budget, see `env::lane_split`).
+    pub fn create_lanes_buffered(
+        dir: &Path,
+        id: FileId,
+        gpu: GpuId,
+        lens: &[u64],
+        buffer: usize,
+    ) -> Result<Vec<Self>, ImageError> {
         let name = pages_image_name(id, gpu);
         let total = lens
             .iter()
             .try_fold(0u64, |t, &l| t.checked_add(l))
             .ok_or_else(|| ImageError::invalid(&name, "size", "lane sizes overflow"))?;
-        let mut first = Self::create(dir, id, gpu, total)?;
+        let mut first = Self::create_with(dir, id, gpu, total, buffer)?;
         let Some((&len0, rest)) = lens.split_first() else {
             return Ok(vec![first]);
         };
@@ -620,7 +645,7 @@ impl PagesWriter {
                 .map_err(|e| ImageError::io(&file, "seek", e))?;
             out.push(PagesWriter {
                 file,
-                out: BufWriter::with_capacity(1 << 20, f),
+                out: BufWriter::with_capacity(buffer, f),
                 total: len,
                 written: 0,
                 off: 8 + start,

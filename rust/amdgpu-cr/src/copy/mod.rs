@@ -32,7 +32,7 @@ use hash::{compose, ExtentHasher};
 pub use hash::{ContentHash, HASH_EXTENT};
 
 use crate::bo;
-use crate::env::EnginePolicy;
+use crate::env::{self, EnginePolicy};
 use crate::ids::{GpuId, GpuVa, MmapOffset};
 use crate::image::{FileId, ImageError, PagesReader, PagesWriter};
 
@@ -177,22 +177,32 @@ pub fn choose_engine(
     }
 }
 
-/// The engines of one GPU worker.
+/// The engines of one GPU worker (or lane).
 pub struct Engines<'a> {
     pub policy: EnginePolicy,
     pub cpu: Option<cpu::CpuEngine>,
     pub sdma: Option<Box<dyn CopyEngine + 'a>>,
+    /// The bytes of the memory budget for the CPU window and the pages
+    /// file's write buffer (besides what an SDMA engine holds).
+    pub budget: u64,
 }
 
 impl<'a> Engines<'a> {
-    /// A CPU engine with a `staging`-byte window, plus the SDMA engine if
-    /// the device has one.
-    pub fn new(policy: EnginePolicy, staging: u64, sdma: Option<Box<dyn CopyEngine + 'a>>) -> Self {
+    /// A CPU engine and a pages-file write buffer within `budget` bytes
+    /// (see [`env::lane_split`]), plus the SDMA engine if the device has
+    /// one.
+    pub fn new(policy: EnginePolicy, budget: u64, sdma: Option<Box<dyn CopyEngine + 'a>>) -> Self {
         Engines {
             policy,
-            cpu: Some(cpu::CpuEngine::new(staging)),
+            cpu: Some(cpu::CpuEngine::new(env::lane_split(budget).0)),
             sdma,
+            budget,
         }
+    }
+
+    /// Bytes of the pages file's write buffer of a lane with these engines.
+    fn write_buffer(&self) -> usize {
+        env::lane_split(self.budget).1 as usize
     }
 
     fn pick(&mut self, bo: &BoRef<'_>) -> Result<(EngineKind, &mut dyn CopyEngine), CopyError> {
@@ -469,9 +479,9 @@ fn split_job<'a>(
             engines,
         }];
     }
-    let window = engines.cpu.as_ref().map_or(0, |c| c.window()) / n as u64;
-    let window = window.max(bo::PAGE_SIZE);
-    engines.cpu = Some(cpu::CpuEngine::new(window));
+    let budget = engines.budget / n as u64;
+    engines.cpu = Some(cpu::CpuEngine::new(env::lane_split(budget).0));
+    engines.budget = budget;
     let sizes: Vec<u64> = pieces.iter().map(|p| p.bo.size).collect();
     let mut engines = Some(engines);
     let mut rest = pieces;
@@ -483,7 +493,7 @@ fn split_job<'a>(
             user,
             actual,
             pieces: std::mem::replace(&mut rest, tail),
-            engines: engines.take().unwrap_or_else(|| cpu_only(window)),
+            engines: engines.take().unwrap_or_else(|| cpu_only(budget)),
         });
         start = end;
     }
@@ -521,20 +531,17 @@ fn lane_ends(sizes: &[u64], n: usize) -> Vec<usize> {
     ends
 }
 
-fn cpu_only<'a>(window: u64) -> Engines<'a> {
-    Engines {
-        policy: EnginePolicy::Cpu,
-        cpu: Some(cpu::CpuEngine::new(window)),
-        sdma: None,
-    }
+fn cpu_only<'a>(budget: u64) -> Engines<'a> {
+    Engines::new(EnginePolicy::Cpu, budget, None)
 }
 
 /// Every job split into lanes, each paired with its range of the GPU's
-/// pages file (`open` gives one writer or reader per lane length).
+/// pages file (`open` gives one writer or reader per lane length, with
+/// write buffers of the given bytes).
 fn into_lanes<'a, F>(
     jobs: Vec<GpuJob<'a>>,
     extent_of: &dyn Fn(usize) -> Option<u64>,
-    open: impl Fn(GpuId, &[u64]) -> Result<Vec<F>, ImageError>,
+    open: impl Fn(GpuId, &[u64], usize) -> Result<Vec<F>, ImageError>,
 ) -> Result<Vec<(Lane<'a>, F)>, CopyError> {
     let per_gpu = lanes_per_gpu(jobs.len());
     let mut lanes = Vec::new();
@@ -544,7 +551,7 @@ fn into_lanes<'a, F>(
             .iter()
             .map(Lane::bytes)
             .collect::<Result<Vec<_>, _>>()?;
-        let files = open(split[0].user, &lens)?;
+        let files = open(split[0].user, &lens, split[0].engines.write_buffer())?;
         lanes.extend(split.into_iter().zip(files));
     }
     Ok(lanes)
@@ -583,8 +590,8 @@ pub fn dump_contents(
     id: FileId,
     jobs: Vec<GpuJob<'_>>,
 ) -> Result<DumpOutcome, CopyError> {
-    let lanes = into_lanes(jobs, &|_| Some(HASH_EXTENT), |gpu, lens| {
-        PagesWriter::create_lanes(dir, id, gpu, lens)
+    let lanes = into_lanes(jobs, &|_| Some(HASH_EXTENT), |gpu, lens, buffer| {
+        PagesWriter::create_lanes_buffered(dir, id, gpu, lens, buffer)
     })?;
     let (stats, hashes) = run_lanes(
         lanes,
@@ -683,7 +690,7 @@ pub fn restore_contents(
         .flat_map(|j| j.bos.iter().map(|b| (b.index, (b.gpu, b.addr))))
         .collect();
     let extent_of = |i: usize| hashes.get(&i).map_or(Some(HASH_EXTENT), |h| h.extent);
-    let lanes = into_lanes(jobs, &extent_of, |gpu, lens| {
+    let lanes = into_lanes(jobs, &extent_of, |gpu, lens, _| {
         PagesReader::open_lanes(dir, id, gpu, lens)
     })?;
     let (stats, got_hashes) = run_lanes(
@@ -846,8 +853,12 @@ pub(crate) mod tests {
             .map(|l| l.pieces.iter().map(|p| p.bo.index).collect())
             .collect();
         assert_eq!(idx, vec![vec![0, 1], vec![2, 3]]);
+        // The GPU's budget is shared out: each lane maps at most 31 MiB
+        // and buffers 1 MiB of the pages file.
         for l in &lanes {
-            assert_eq!(l.engines.cpu.as_ref().unwrap().window(), 32 * mib);
+            assert_eq!(l.engines.budget, 32 * mib);
+            assert_eq!(l.engines.cpu.as_ref().unwrap().window(), 31 * mib);
+            assert_eq!(l.engines.write_buffer(), 1 << 20);
         }
         assert_eq!(
             split_job(job(bos.clone()), 8, &whole).len(),
@@ -1107,11 +1118,7 @@ pub(crate) mod tests {
                             dmabuf: None,
                         })
                         .collect(),
-                    engines: Engines {
-                        policy,
-                        cpu: Some(cpu::CpuEngine::new(1 << 20)),
-                        sdma: None,
-                    },
+                    engines: Engines::new(policy, 1 << 20, None),
                 })
                 .collect()
         };

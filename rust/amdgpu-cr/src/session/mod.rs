@@ -100,19 +100,20 @@ pub fn kfd_image_ids(dir: &Path) -> std::io::Result<Vec<FileId>> {
     Ok(ids)
 }
 
-/// The copy engines of one GPU worker: always the CPU engine; an SDMA
-/// engine on a fresh render-node fd of that GPU when KFD exported dmabufs
-/// for its BOs (real hardware) and the policy allows it.  Under `auto` an
-/// SDMA set-up failure falls back to the CPU with a warning; under `sdma`
-/// it is the caller's error.
+/// The copy engines of one GPU worker, within `share` bytes of the
+/// budget: always the CPU engine; an SDMA engine on a fresh render-node fd
+/// of that GPU when KFD exported dmabufs for its BOs (real hardware) and
+/// the policy allows it, its staging buffer taking up to half the share.
+/// Under `auto` an SDMA set-up failure falls back to the CPU with a
+/// warning; under `sdma` it is the caller's error.
 fn engines_for<'a>(
     pid: i32,
     policy: EnginePolicy,
-    staging_cap: Option<u64>,
+    share: u64,
     work: &GpuWork,
     has_dmabufs: bool,
 ) -> Result<Engines<'a>, SessionError> {
-    let staging = env::staging_size(staging_cap, work.largest);
+    let staging = env::staging_size(Some((share / 2).max(crate::bo::PAGE_SIZE)), work.largest);
     let want_sdma = has_dmabufs && policy != EnginePolicy::Cpu;
     let sdma = if want_sdma {
         let made = kfd_abi::handle::RenderNode::open(work.render_minor)
@@ -135,7 +136,12 @@ fn engines_for<'a>(
     } else {
         None
     };
-    Ok(Engines::new(policy, staging, sdma))
+    let rest = if sdma.is_some() {
+        share.saturating_sub(staging)
+    } else {
+        share
+    };
+    Ok(Engines::new(policy, rest, sdma))
 }
 
 /// The per-GPU copy jobs of a dump (`restored` false: BOs at their
@@ -152,6 +158,9 @@ pub(crate) fn gpu_jobs<'a>(
     restored: bool,
 ) -> Result<Vec<GpuJob<'a>>, SessionError> {
     let mut jobs = Vec::with_capacity(gpus.len());
+    // One budget (KFD_MAX_BUFFER_SIZE) for the whole process, shared out
+    // evenly among its GPUs (each share among the GPU's lanes).
+    let share = env::gpu_share(staging_cap, gpus.len());
     for w in gpus {
         let bos = w.bo_refs(buckets, render_fd(w.render_minor), dmabufs, restored);
         let has_dmabufs = bos.iter().any(|b| b.dmabuf.is_some());
@@ -159,7 +168,7 @@ pub(crate) fn gpu_jobs<'a>(
             user: w.user,
             actual: w.actual,
             bos,
-            engines: engines_for(pid, policy, staging_cap, w, has_dmabufs)?,
+            engines: engines_for(pid, policy, share, w, has_dmabufs)?,
         });
     }
     Ok(jobs)
