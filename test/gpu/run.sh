@@ -221,6 +221,26 @@ dump() {
 	"$CRIU" dump -t "$pid" -D "$dir" -o dump.log -v4 "$@" >>"$CASE_DIR/criu.out" 2>&1
 }
 
+# rss_of FUNC ARG...: runs FUNC (dump or dump_ok) with criu-rocm under a wait4 wrapper that
+# writes criu-rocm's peak RSS in bytes (ru_maxrss) to $CASE_DIR/rss; returns FUNC's status.
+rss_of() {
+	local f=$1 real=$CRIU rc=0
+	shift
+	: >"$CASE_DIR/rss"
+	CRIU=$CASE_DIR/criu-rss
+	printf '%s\n' '#!/bin/sh' "exec /usr/bin/python3 -c 'import os, sys
+pid = os.fork()
+if pid == 0:
+    os.execv(sys.argv[2], sys.argv[2:])
+_, st, ru = os.wait4(pid, 0)
+open(sys.argv[1], \"w\").write(str(ru.ru_maxrss * 1024))
+sys.exit(os.waitstatus_to_exitcode(st))' \"$CASE_DIR/rss\" \"$real\" \"\$@\"" >"$CRIU"
+	chmod +x "$CRIU"
+	"$f" "$@" || rc=$?
+	CRIU=$real
+	return "$rc"
+}
+
 # dump_ok PID DIR [ARG...]: the dump must succeed; without --leave-running the tree must
 # be gone (killed by CRIU) afterwards.
 dump_ok() {
@@ -611,6 +631,41 @@ dump_8_gpus() {
 
 # Three processes (the first forks two before opening /dev/kfd), each with two more threads
 # that run SDMA counters of their own, on both GPUs.
+# KFD_MAX_BUFFER_SIZE bounds the memory the whole dump spends moving GPU memory, over all
+# GPUs and lanes, not each GPU's: 8 GPUs with 64 MiB of BOs each (32 MiB BOs) dumped with a
+# 16 MiB budget. criu-rocm's peak RSS (wait4's ru_maxrss: its VmHWM, or a child's it
+# waited for if larger) minus the same for a dump of a process without GPU state must stay
+# within the budget and a 6 MiB margin for what is not moving memory: the 8 copy threads'
+# stacks and malloc arenas, the KFD image (a few hundred bytes a BO), topology and GPU
+# plugin state. Before the budget was shared out this was 8 x (16 MiB window + 1 MiB
+# write buffer) = 136 MiB.
+case_dump_memory_budget_8_gpus() { on mi300x8 -- dump_memory_budget_8_gpus; }
+dump_memory_budget_8_gpus() {
+	local img=$CASE_DIR/img base=$CASE_DIR/base pid rss0 rss1 extra budget=$((16 << 20)) margin=$((6 << 20)) v0 v1
+	setsid /usr/bin/python3 -c 'import time
+while True: time.sleep(1)' </dev/null >/dev/null 2>&1 &
+	pid=$!
+	sleep 0.3
+	KFD_MAX_BUFFER_SIZE=16M rss_of dump "$pid" "$base" || fail "dump of a process without GPU state failed: $(log_errors "$base/dump.log")"
+	rss0=$(cat "$CASE_DIR/rss")
+	wait "$pid" 2>/dev/null
+	wl_start wl --mib 64 --bos 2
+	v0=$(wl_verify "$WL") || exit 1
+	[ "$(json_num "$v0" gpus)" = 8 ] || fail "gpu-workload uses $(json_num "$v0" gpus) GPUs on mi300x8"
+	KFD_MAX_BUFFER_SIZE=16M rss_of dump_ok "$WL" "$img"
+	rss1=$(cat "$CASE_DIR/rss")
+	[ "$(grep -ac "amdgpu: pid $WL: GPU 0x.*saved" "$img/dump.log")" = 8 ] || fail "the dump log does not report 8 GPUs saved"
+	extra=$((rss1 - rss0))
+	[ "$extra" -le $((budget + margin)) ] ||
+		fail "peak RSS $((rss1 >> 10)) KiB, $((extra >> 10)) KiB over the dump without GPU state: more than the budget of $((budget >> 10)) KiB + $((margin >> 10)) KiB"
+	restore_ok "$img" "$WL"
+	v1=$(wl_verify "$WL") || exit 1
+	[ "$(json_num "$v1" bytes)" = "$(json_num "$v0" bytes)" ] || fail "verified $(json_num "$v1" bytes) bytes after the restore, $(json_num "$v0" bytes) before"
+	wl_finish "$WL"
+	note "512 MiB on 8 GPUs, KFD_MAX_BUFFER_SIZE=16M: peak RSS $((rss1 >> 10)) KiB, $((extra >> 10)) KiB over a dump without GPU state ($((rss0 >> 10)) KiB)"
+	rm -rf "$img"
+}
+
 case_dump_multi_process_threads() { on mi100x2 -- dump_multi_process_threads; }
 dump_multi_process_threads() {
 	local img=$CASE_DIR/img exp=$CASE_DIR/expected kids j r p ncore
