@@ -59,11 +59,14 @@
 # the staging size of VRAM, in one BO, so the copy engine must window it) against the same
 # dump of bench-anon 0 (a process with no GPU memory; CRIU moves a process' CPU pages
 # through pipes, not through its own RSS, so the process' size does not matter). The bound
-# is KFD_MAX_BUFFER_SIZE + 8 MiB for one GPU worker; the 8 MiB is for what a worker holds
-# besides its window: the pages file's 1 MiB write buffer, its thread's stack and malloc
-# arena, the KFD image (a few hundred bytes per BO, so under 1 MiB for thousands of BOs)
-# and, on hardware, the SDMA engine's command buffers. Measured on the emulator, the extra
-# over the window is about 0.1 MiB.
+# is KFD_MAX_BUFFER_SIZE + 8 MiB: the budget covers every GPU's and lane's mapping window,
+# SDMA staging and pages-file write buffer; the 8 MiB is for what the dump holds besides:
+# its threads' stacks and malloc arenas, the KFD image (a few hundred bytes per BO, so
+# under 1 MiB for thousands of BOs) and, on hardware, the SDMA engine's command buffers.
+# Measured on the emulator, the extra over the budget is about 0.1 MiB.
+# The same on 8 GPUs, once, in a second emulator (profile mi300x8): gpu-workload --mib 128
+# --bos 2 (1 GiB of BOs of 64 MiB) against bench-anon 0, KFD_MAX_BUFFER_SIZE unset (the
+# default budget, 64 MiB, for the whole dump: 8 MiB a GPU).
 set -euo pipefail
 export LC_ALL=C
 
@@ -355,11 +358,40 @@ in_emu() {
 	progress=
 }
 
+# On mi300x8: criu-rocm's peak RSS dumping gpu-workload --mib 128 --bos 2 on each of the 8
+# GPUs (1 GiB of BOs of 64 MiB) under the default budget, and dumping bench-anon 0; appends
+# "gpus kind maxrss_kib" of each to $out/rss8.txt.
+in_emu8() {
+	local pid rss
+	: >"$out/rss8.txt"
+	printf '  8 GPUs (mi300x8): peak RSS of a dump of 1 GiB of BOs'
+	progress=1
+	for kind in anon gpu; do
+		if [ "$kind" = gpu ]; then
+			setsid "$workload" --mib 128 --bos 2 --interval-ms 10 </dev/null >"$out/proc.out" 2>"$out/proc.err" &
+		else
+			setsid "$anon" 0 </dev/null >"$out/proc.out" 2>"$out/proc.err" &
+		fi
+		pid=$!
+		log_line 1 "$pid" 120 "$out/proc.out" >/dev/null || die "$kind process on mi300x8 did not start"
+		dump_proc "$pid" -u KFD_MAX_BUFFER_SIZE
+		read -r _ _ rss <"$out/dump.res"
+		[ "$kind" = gpu ] && [ "$(grep -ac 'amdgpu: pid .*: GPU 0x.*saved' "$img/dump.log")" != 8 ] &&
+			die "the 8-GPU dump did not save 8 GPUs ($img/dump.log)"
+		echo "8 $kind $rss" >>"$out/rss8.txt"
+		mkdir -p "$out/logs"
+		cp "$img/dump.log" "$out/logs/rss8-$kind-dump.log"
+	done
+	echo
+	progress=
+}
+
 in_pidns() {
 	# Signals from outside reach a namespace's init only through a handler.
 	trap 'exit 130' INT TERM HUP
 	# A failure inside has said what failed.
 	"$kfd_emu" run --profile "$profile" -- "$self" _emu
+	"$kfd_emu" run --profile mi300x8 -- "$self" _emu8
 }
 
 # ---------------------------------------------------------------------------------------
@@ -391,7 +423,7 @@ preflight() {
 read -r -d '' TABLE <<'EOF' || true
 import statistics, sys
 
-tp, rss, mib, runs, staging, stg, const, sparse = sys.argv[1:9]
+tp, rss, mib, runs, staging, stg, const, sparse, rss8 = sys.argv[1:10]
 mib, runs, stg, const = int(mib), int(runs), int(stg), int(const)
 res = {}
 for line in open(tp):
@@ -498,6 +530,16 @@ state = "within" if max(extra) <= bound else "EXCEEDED"
 print(f"  {'extra = peak - baseline':<42} {statistics.median(extra) / M:6.1f} MiB (worst run {max(extra) / M:.1f})")
 print(f"  {'bound = KFD_MAX_BUFFER_SIZE + ' + str(const) + ' MiB':<42} {bound / M:6.1f} MiB: {state}")
 
+p8 = {k: int(v) * 1024 for _, k, v in (l.split() for l in open(rss8))}
+extra8, budget8 = p8["gpu"] - p8["anon"], 64 * M
+print()
+print("  peak RSS of an 8-GPU dump (mi300x8, 1 GiB of BOs, KFD_MAX_BUFFER_SIZE unset: budget 64 MiB)")
+print(f"  {'no GPU memory (bench-anon 0)':<42} {p8['anon'] / M:6.1f} MiB")
+print(f"  {'8 x 128 MiB of BOs (gpu-workload)':<42} {p8['gpu'] / M:6.1f} MiB")
+print(f"  {'extra = peak - baseline':<42} {extra8 / M:6.1f} MiB: "
+      + ("within" if extra8 <= budget8 + const * M else "EXCEEDED")
+      + f" the budget + {const} MiB ({(budget8 + const * M) / M:.0f} MiB)")
+
 sp = {int(a): (int(b), int(c)) for a, b, c in (l.split() for l in open(sparse))}
 (z_log, z_disk), (n_log, n_disk) = sp[0], max((k, v) for k, v in sp.items() if k > 0)[1]
 big = max(sp)
@@ -512,7 +554,7 @@ EOF
 
 table() {
 	/usr/bin/python3 -c "$TABLE" "$out/tp.txt" "$out/rss.txt" "$mib" "$runs" "$staging" \
-		"$(size_bytes "$staging")" "$rss_const_mib" "$out/sparse.txt"
+		"$(size_bytes "$staging")" "$rss_const_mib" "$out/sparse.txt" "$out/rss8.txt"
 	echo "  raw numbers: ${out#"$top"/}/tp.txt and rss.txt; criu logs: ${out#"$top"/}/logs/"
 }
 
@@ -540,6 +582,7 @@ main() {
 case ${1:-} in
 _pidns) in_pidns ;;
 _emu) in_emu ;;
+_emu8) in_emu8 ;;
 "") main ;;
 -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' ;;
 *) die "unknown argument $1; usage: scripts/bench-cr.sh" ;;
