@@ -142,11 +142,12 @@ case_dump_restore_1_gpu() { on mi100 -- dump_restore 1; }
 case_dump_restore_2_gpus() { on mi100x2 -- dump_restore 2; }
 case_dump_restore_8_gpus() { on mi300x8 -- dump_restore 8; }
 
-# The same state dumped by the CPU engine and by SDMA: the GPU images must be byte for byte
-# the same. gpu-workload is stopped (SIGSTOP), so no SDMA step runs between the two dumps
-# (its queue drains); the first dump leaves it running (stopped), the second kills it.
+# The same state dumped by the CPU engine, by the CPU engine with KFD's dma-bufs handed out,
+# and by SDMA: the GPU images must be byte for byte the same. gpu-workload is stopped
+# (SIGSTOP), so no SDMA step runs between the dumps (its queue drains); the first two leave
+# it running (stopped), the last kills it.
 images_match() {
-	local a=$CASE_DIR/cpu b=$CASE_DIR/sdma f n=0
+	local a=$CASE_DIR/cpu b=$CASE_DIR/sdma c=$CASE_DIR/cpu-dmabuf f n=0
 	mkdir -p "$a" "$b"
 	wl_start
 	kill -STOP "$WL"
@@ -154,10 +155,15 @@ images_match() {
 	CRIU_ROCM_COPY_ENGINE=cpu "$CRIU" dump -t "$WL" -D "$a" -o dump.log -v4 --leave-running \
 		>>"$CASE_DIR/criu.out" 2>&1 || fail "CPU dump failed: $(log_errors "$a/dump.log")"
 	grep -a -q -E "; [0-9]+ by CPU, 0 by SDMA\)" "$a/dump.log" || fail "the CPU dump used SDMA"
+	# The CPU engine again, with KFD's dma-bufs handed out (it may map BOs through them).
+	mkdir -p "$c"
+	ENGINE=cpu sup dump -t "$WL" -D "$c" -o dump.log -v4 --leave-running ||
+		fail "CPU dump under the supervisor failed: $(log_errors "$c/dump.log")"
 	sup dump -t "$WL" -D "$b" -o dump.log -v4 || fail "SDMA dump failed: $(log_errors "$b/dump.log")"
 	all_by_sdma "$b/dump.log" saved 2
 	for f in "$a"/amdgpu-*.img; do
 		cmp -s "$f" "$b/${f##*/}" || fail "${f##*/} differs between the CPU and the SDMA dump"
+		cmp -s "$f" "$c/${f##*/}" || fail "${f##*/} differs between the CPU dumps without and with dma-bufs"
 		n=$((n + 1))
 	done
 	[ "$n" -ge 3 ] || fail "only $n amdgpu image files to compare"
