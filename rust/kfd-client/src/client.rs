@@ -147,6 +147,7 @@ impl Gpu {
 pub struct KfdClient {
     kfd: Kfd,
     gpus: Vec<Gpu>,
+    skipped: Vec<SkippedGpu>,
     topology_root: PathBuf,
 }
 
@@ -176,6 +177,25 @@ impl MemKind {
     }
 }
 
+/// A GPU of the topology this process cannot use because its render node cannot be opened
+/// (it is not in this container's /dev, or a device cgroup denies it): skipped, as the
+/// thunk skips it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SkippedGpu {
+    pub node_id: u32,
+    pub gpu_id: GpuId,
+    pub minor: RenderMinor,
+    /// ENOENT or EPERM.
+    pub errno: i32,
+}
+
+/// Whether a failed render-node open only hides the GPU from this process. The thunk
+/// (topology_sysfs_check_node_supported) leaves out a GPU whose render node open fails
+/// with ENOENT or EPERM and fails on any other errno.
+fn hides_gpu(errno: i32) -> bool {
+    errno == libc::ENOENT || errno == libc::EPERM
+}
+
 fn page_size() -> u64 {
     // SAFETY: sysconf only reads a system constant.
     let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
@@ -183,7 +203,8 @@ fn page_size() -> u64 {
 }
 
 impl KfdClient {
-    /// Opens /dev/kfd and every GPU of the system topology.
+    /// Opens /dev/kfd and every GPU of the system topology whose render node this process
+    /// can open; the others are skipped (see [`skipped_gpus`](Self::skipped_gpus)).
     pub fn open() -> Result<Self> {
         Self::open_with_topology(Path::new(topology::DEFAULT_ROOT))
     }
@@ -209,16 +230,31 @@ impl KfdClient {
         }
         let mut gpus = Vec::with_capacity(gpu_nodes.len());
         let mut gfx_versions = Vec::with_capacity(gpu_nodes.len());
+        let mut skipped = Vec::new();
         for n in gpu_nodes {
             // read_nodes guarantees both for GPU nodes.
             let (Some(gpu_id), Some(minor)) = (n.gpu_id, n.render_minor()) else {
                 continue;
             };
-            let render = RenderNode::open(minor).map_err(|source| Error::Gpu {
-                gpu: gpu_id,
-                minor,
-                source,
-            })?;
+            let render = match RenderNode::open(minor) {
+                Ok(r) => r,
+                Err(e) if hides_gpu(e.errno()) => {
+                    skipped.push(SkippedGpu {
+                        node_id: n.node_id,
+                        gpu_id,
+                        minor,
+                        errno: e.errno(),
+                    });
+                    continue;
+                }
+                Err(source) => {
+                    return Err(Error::Gpu {
+                        gpu: gpu_id,
+                        minor,
+                        source,
+                    })
+                }
+            };
             let gpu = Gpu {
                 node_id: n.node_id,
                 gpu_id,
@@ -234,8 +270,16 @@ impl KfdClient {
             gpus.push(gpu);
             gfx_versions.push(n.property("gfx_target_version"));
         }
+        if gpus.is_empty() {
+            return Err(Error::NoUsableGpu {
+                path: root.join("nodes"),
+                skipped: skipped.len(),
+            });
+        }
+        // Room for every node, as the thunk asks: KFD reports the process' devices in its
+        // own order, which may hold GPUs this process skipped.
         let apertures = kfd
-            .get_process_apertures_new(gpus.len())
+            .get_process_apertures_new(nodes.len())
             .map_err(Error::Kfd)?;
         for g in &mut gpus {
             let ap = apertures
@@ -255,6 +299,7 @@ impl KfdClient {
         let mut client = Self {
             kfd,
             gpus,
+            skipped,
             topology_root: root.to_owned(),
         };
         let Self { kfd, gpus, .. } = &mut client;
@@ -285,6 +330,11 @@ impl KfdClient {
     /// The GPUs, in topology order.
     pub fn gpus(&self) -> &[Gpu] {
         &self.gpus
+    }
+
+    /// The GPUs of the topology left out because their render node cannot be opened here.
+    pub fn skipped_gpus(&self) -> &[SkippedGpu] {
+        &self.skipped
     }
 
     /// Where the topology was read from.

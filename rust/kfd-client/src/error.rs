@@ -51,6 +51,9 @@ pub enum Error {
     /// The topology lists no GPU.
     #[error("{}: no GPU node (every gpu_id is 0)", path.display())]
     NoGpu { path: PathBuf },
+    /// Every GPU of the topology was skipped: none of their render nodes can be opened.
+    #[error("{}: none of the topology's {skipped} GPUs has a render node this process can open (ENOENT or EPERM on each /dev/dri/renderD*)", path.display())]
+    NoUsableGpu { path: PathBuf, skipped: usize },
     /// A CPU address reservation the GPU VM cannot use.
     #[error("GPU {gpu}: CPU reservation {va} (+{size}) is outside the GPUVM aperture {base:#x}..={limit:#x}")]
     Aperture {

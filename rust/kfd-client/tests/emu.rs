@@ -288,3 +288,56 @@ fn gpu_workload_verifies_under_emulator() {
     };
     assert!(counter(&lines[2]) > counter(&lines[1]), "{lines:#?}");
 }
+
+/// A container given two of mi210x4's four render nodes: the client skips the GPUs whose
+/// render node is not there (ENOENT), as libhsakmt does, and works on the other two.
+#[test]
+fn gpus_without_a_render_node_are_skipped() {
+    // /dev/dri as a container has it: a tmpfs with two of the emulator's nodes bound in
+    // (--rbind: each node is a mount of its own).
+    let script = format!(
+        "mkdir -p /run/dri-all && mount --rbind /dev/dri /run/dri-all && \
+         mount -t tmpfs dri /dev/dri && for m in 128 131; do touch /dev/dri/renderD$m && \
+         mount --bind /run/dri-all/renderD$m /dev/dri/renderD$m || exit 1; done; \
+         {wl} --mib 2 --bos 2 & p=$!; sleep 2; kill -TERM $p; wait $p",
+        wl = env!("CARGO_BIN_EXE_gpu-workload")
+    );
+    let out = Command::new(kfd_emu())
+        .args([
+            "run",
+            "--profile",
+            "mi210x4",
+            "--",
+            "unshare",
+            "-m",
+            "sh",
+            "-c",
+        ])
+        .arg(&script)
+        .output()
+        .expect("spawn kfd-emu");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "gpu-workload failed: {}\n{text}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    // mi210x4: 0x1e8f@renderD128 0x6c52@renderD129 0xb407@renderD130 0xf3a9@renderD131.
+    assert!(
+        lines[0].contains("\"gpus\":[7823,62377]")
+            && lines[0].contains(
+                "\"skipped_gpus\":[{\"gpu_id\":27730,\"render_minor\":129,\"errno\":2},\
+                 {\"gpu_id\":46087,\"render_minor\":130,\"errno\":2}]"
+            ),
+        "{}",
+        lines[0]
+    );
+    assert!(
+        lines[1].starts_with("{\"ok\":true") && lines[1].contains("\"gpus\":2"),
+        "{}",
+        lines[1]
+    );
+}

@@ -49,7 +49,8 @@ extern "C" fn on_signal(sig: libc::c_int) {
 const USAGE: &str = "usage: gpu-workload [OPTIONS]
   --mib N              MiB of BOs per GPU (default 8)
   --bos N              BOs per GPU, alternately VRAM and GTT (default 4)
-  --gpus I,J           GPU indices in topology order (default: all)
+  --gpus I,J           GPU indices in topology order, counting only the GPUs whose
+                       render node this process can open (default: all of those)
   --interval-ms N      pause between SDMA counter steps (default 2)
   --small-bos N        N more 4 KiB BOs per GPU, alternately GTT and VRAM (default 0)
   --big-bo-mib N       one more VRAM BO of N MiB per GPU (default 0: none)
@@ -759,6 +760,25 @@ fn run(o: &Options) -> Result<bool, String> {
     r
 }
 
+/// `,"skipped_gpus":[...]`: the topology's GPUs whose render node this process cannot
+/// open (a container given some of the host's GPUs), left out as libhsakmt leaves them.
+fn skipped_json(client: &KfdClient) -> String {
+    let s = client.skipped_gpus();
+    if s.is_empty() {
+        return String::new();
+    }
+    format!(
+        ",\"skipped_gpus\":[{}]",
+        s.iter()
+            .map(|g| format!(
+                "{{\"gpu_id\":{},\"render_minor\":{},\"errno\":{}}}",
+                g.gpu_id.0, g.minor.0, g.errno
+            ))
+            .collect::<Vec<_>>()
+            .join(",")
+    )
+}
+
 fn run_proc(
     o: &Options,
     index: usize,
@@ -773,7 +793,7 @@ fn run_proc(
     };
     let gpu_of = |gi: usize| {
         all.get(gi).map(|g| g.gpu_id).ok_or(format!(
-            "--gpus: index {gi}, but the topology has {} GPUs",
+            "--gpus: index {gi}, but this process can use {} GPUs of the topology",
             all.len()
         ))
     };
@@ -865,7 +885,7 @@ fn run_proc(
         host: host_memory(index, o.host_mib),
     };
     let ready = format!(
-        "{{\"ready\":true,\"pid\":{},\"gpus\":[{}],\"mib_per_gpu\":{},\"bos_per_gpu\":{}{}}}",
+        "{{\"ready\":true,\"pid\":{},\"gpus\":[{}],\"mib_per_gpu\":{},\"bos_per_gpu\":{}{}{}}}",
         std::process::id(),
         me.works[..main_works]
             .iter()
@@ -874,6 +894,7 @@ fn run_proc(
             .join(","),
         o.mib,
         o.bos,
+        skipped_json(&client),
         if o.procs > 1 {
             format!(
                 ",\"proc\":{index},\"children\":[{}]",
