@@ -15,7 +15,7 @@
 use std::path::Path;
 
 use amdgpu_cr::env::{Checks, EnginePolicy};
-use amdgpu_cr::session::restore::{self, DryRunEntry, RestoreOptions};
+use amdgpu_cr::session::restore::{self, DryRunEntry, HostRenderNodes, RestoreOptions};
 
 /// The host's GPU.
 pub const HOST_GPU: u32 = 0x1a2b;
@@ -87,6 +87,7 @@ impl Host {
                 staging_cap: None,
                 policy: EnginePolicy::Cpu,
                 checks: Checks::default(),
+                host_nodes: HostRenderNodes::probe(&root.join("dev")),
             },
         }
     }

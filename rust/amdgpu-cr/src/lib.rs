@@ -46,8 +46,21 @@ pub fn match_image_to_host(
     sysfs_nodes: &Path,
     checks: &env::Checks,
 ) -> Result<(matcher::GpuMap, topology::Topology), Error> {
+    match_image_to_usable(image, sysfs_nodes, checks, |_| true)
+}
+
+/// As [`match_image_to_host`], onto the host GPUs `usable` accepts only:
+/// the topology may list GPUs the restored process cannot reach (a
+/// container given some of the host's GPUs sees them all in sysfs).
+pub fn match_image_to_usable(
+    image: &image::KfdImage,
+    sysfs_nodes: &Path,
+    checks: &env::Checks,
+    usable: impl Fn(&topology::Node) -> bool,
+) -> Result<(matcher::GpuMap, topology::Topology), Error> {
     let src = topology::Topology::from_image_entries(&image.msg.device_entries)?;
-    let host = topology::Topology::parse_sysfs(sysfs_nodes)?;
+    let mut host = topology::Topology::parse_sysfs(sysfs_nodes)?;
+    host.retain_gpus(usable);
     let map = matcher::match_gpus(&src, &host, checks)?;
     Ok((map, host))
 }

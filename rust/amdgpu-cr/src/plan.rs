@@ -700,7 +700,10 @@ impl VmaFixups {
 /// File identity: character devices compare by device number (a real
 /// `/dev/kfd` may be reached through other nodes with the same rdev);
 /// other files (the emulator's nodes on FUSE) by device and inode.
-fn same_file(a: &libc::stat, b: &libc::stat) -> bool {
+/// Whether two `stat`s are the same device file: character devices by
+/// rdev (a container's own node of a device is another inode), anything
+/// else (an emulated node, a bind mount of one) by device and inode.
+pub fn same_file(a: &libc::stat, b: &libc::stat) -> bool {
     let chr = |s: &libc::stat| s.st_mode & libc::S_IFMT == libc::S_IFCHR;
     match (chr(a), chr(b)) {
         (true, true) => a.st_rdev == b.st_rdev,

@@ -291,6 +291,12 @@ impl Topology {
         Ok(out)
     }
 
+    /// Leaves out the GPU nodes `keep` rejects (CPU nodes stay); links to
+    /// them stay, as links to GPUs a device cgroup hides do.
+    pub fn retain_gpus(&mut self, keep: impl Fn(&Node) -> bool) {
+        self.nodes.retain(|n| !n.is_gpu() || keep(n));
+    }
+
     pub fn node(&self, node_id: u32) -> Option<&Node> {
         self.nodes.iter().find(|n| n.node_id == node_id)
     }

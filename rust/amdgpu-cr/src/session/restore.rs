@@ -35,8 +35,8 @@ use crate::ids::{GpuId, MmapOffset, RenderMinor};
 use crate::image::{pages_total, FileId, KfdImage, PagesReader, RenderImage};
 use crate::matcher::GpuMap;
 use crate::plan::{
-    ensure_semaphore, plan_restore, stat_path, BoBucket, DeviceKind, RestorePlan, SharedMem,
-    VmaFixups, HSAKMT_SEMAPHORE, HSAKMT_SEMAPHORE_FILE, HSAKMT_SHM,
+    ensure_semaphore, plan_restore, same_file, stat_path, BoBucket, DeviceIdentities, DeviceKind,
+    RestorePlan, SharedMem, VmaFixups, HSAKMT_SEMAPHORE, HSAKMT_SEMAPHORE_FILE, HSAKMT_SHM,
 };
 use crate::topology::{Topology, SYSFS_NODES};
 
@@ -52,6 +52,55 @@ pub struct RestoreOptions {
     pub policy: EnginePolicy,
     /// The `KFD_*_CHECK` knobs.
     pub checks: Checks,
+    /// The render nodes of criu main's `/dev` (the host's), probed there.
+    pub host_nodes: HostRenderNodes,
+}
+
+/// `/dev/dri/renderD<N>` as criu main sees them: a restored task finds
+/// each among its own nodes by identity, whatever its name there.
+#[derive(Clone, Default)]
+pub struct HostRenderNodes(pub Vec<(RenderMinor, libc::stat)>);
+
+impl std::fmt::Debug for HostRenderNodes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.0.iter().map(|(m, _)| m.0))
+            .finish()
+    }
+}
+
+impl HostRenderNodes {
+    /// The render nodes below `dev`.
+    pub fn probe(dev: &Path) -> Self {
+        HostRenderNodes(DeviceIdentities::probe(dev).render_nodes)
+    }
+
+    /// Where a task whose render nodes are `here` (name, stat) reaches each
+    /// host render node: the node of the same identity (rdev of a character
+    /// device, device and inode of an emulated node or a bind mount of
+    /// one).  A container keeps the mount points or device files of the
+    /// GPUs it was dumped with and is given its new GPUs under those names,
+    /// or under their own; a GPU it was not given is not reachable at all.
+    /// A node of `here` whose identity criu main does not know counts under
+    /// its own name when criu main has no node of that name.
+    pub fn reachable(
+        &self,
+        here: &[(RenderMinor, libc::stat)],
+    ) -> BTreeMap<RenderMinor, RenderMinor> {
+        let mut out = BTreeMap::new();
+        for (name, st) in here {
+            match self.0.iter().find(|(_, h)| same_file(st, h)) {
+                Some((host, _)) => {
+                    out.entry(*host).or_insert(*name);
+                }
+                None if !self.0.iter().any(|(m, _)| m == name) => {
+                    out.entry(*name).or_insert(*name);
+                }
+                None => {}
+            }
+        }
+        out
+    }
 }
 
 impl RestoreOptions {
@@ -64,11 +113,59 @@ impl RestoreOptions {
             staging_cap: env::max_buffer_size_from_env()?,
             policy: env::engine_policy_from_env()?,
             checks: Checks::from_env()?,
+            host_nodes: HostRenderNodes::probe(Path::new("/dev")),
         })
     }
 
     fn render_path(&self, minor: RenderMinor) -> PathBuf {
         self.dev_dir.join(format!("dri/renderD{}", minor.0))
+    }
+
+    /// In a restored task: host render minor → the name of its node in
+    /// this task's `dev_dir` (see [`HostRenderNodes::reachable`]).
+    fn reachable_nodes(&self) -> BTreeMap<RenderMinor, RenderMinor> {
+        let here = DeviceIdentities::probe(&self.dev_dir).render_nodes;
+        self.host_nodes.reachable(&here)
+    }
+}
+
+/// Opens the render node at `path`, read-write, close-on-exec.
+fn open_render(path: &Path) -> Result<RenderNode, kfd_abi::handle::Error> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(path)
+        .map(|f| RenderNode::from_fd(OwnedFd::from(f)))
+        .map_err(|e| kfd_abi::handle::Error {
+            ioctl: "open(/dev/dri/renderD*)",
+            errno: e.raw_os_error().unwrap_or(libc::EIO),
+        })
+}
+
+/// Logs the host GPUs this task cannot reach and the ones it reaches
+/// under another name.
+fn log_reach(vpid: i32, sysfs_nodes: &Path, reach: &BTreeMap<RenderMinor, RenderMinor>) {
+    let Ok(t) = Topology::parse_sysfs(sysfs_nodes) else {
+        return;
+    };
+    for n in t.nodes.iter().filter(|n| n.is_gpu()) {
+        let m = n.render_minor();
+        let gpu = n.gpu_id.map_or(0, |g| g.0);
+        match reach.get(&m) {
+            None => log::info!(
+                "pid {vpid}: host GPU {gpu:#x} (renderD{}) left out: this task has no render \
+                 node of it (a container not given that GPU), as libhsakmt leaves it out",
+                m.0
+            ),
+            Some(name) if *name != m => log::info!(
+                "pid {vpid}: host GPU {gpu:#x} (renderD{}) is renderD{} in this task's /dev/dri",
+                m.0,
+                name.0
+            ),
+            Some(_) => {}
+        }
     }
 }
 
@@ -311,10 +408,13 @@ impl RestoreSession {
                 what: format!("KFD image {id}: no GPU memory writer to restore its GPU memory"),
             });
         };
+        let reach = self.opts.reachable_nodes();
+        log_reach(vpid, &self.opts.sysfs_nodes, &reach);
         let (map, host) =
-            crate::match_image_to_host(&image, &self.opts.sysfs_nodes, &self.opts.checks).map_err(
-                |e| SessionError::core(vpid, "matching the image's GPUs to this host", e),
-            )?;
+            crate::match_image_to_usable(&image, &self.opts.sysfs_nodes, &self.opts.checks, |n| {
+                reach.contains_key(&n.render_minor())
+            })
+            .map_err(|e| SessionError::core(vpid, "matching the image's GPUs to this host", e))?;
         let plan = plan_restore(&image, &host, &map)
             .map_err(|e| SessionError::core(vpid, "planning the GPU restore", e))?;
         log::info!("pid {vpid}: {}", describe_map(&plan));
@@ -339,8 +439,12 @@ impl RestoreSession {
         let kfd = dup_at_least(kfd.as_fd(), fd_floor).map_err(os_step(vpid, "moving /dev/kfd"))?;
         let mut render = BTreeMap::new();
         for d in &plan.devices {
-            let path = self.opts.render_path(d.render_minor);
-            let node = RenderNode::open(d.render_minor).map_err(kfd_step(
+            let name = reach
+                .get(&d.render_minor)
+                .copied()
+                .unwrap_or(d.render_minor);
+            let path = self.opts.render_path(name);
+            let node = open_render(&path).map_err(kfd_step(
                 vpid,
                 format!("GPU {}: opening {}", d.actual, path.display()),
             ))?;
@@ -552,12 +656,11 @@ impl RestoreSession {
             ),
         })?;
         let minor = node.render_minor();
-        let n = RenderNode::open(minor).map_err(kfd_step(
+        let name = self.opts.reachable_nodes().get(&minor).copied();
+        let path = self.opts.render_path(name.unwrap_or(minor));
+        let n = open_render(&path).map_err(kfd_step(
             vpid,
-            format!(
-                "GPU {user}: opening {}",
-                self.opts.render_path(minor).display()
-            ),
+            format!("GPU {user}: opening {}", path.display()),
         ))?;
         dup_at_least(n.as_fd(), fd_floor).map_err(os_step(vpid, "moving a render node"))
     }
@@ -919,5 +1022,51 @@ mod tests {
         assert!(has_pages_of(&d, id));
         assert!(!has_pages_of(&d, FileId(0x7fff_ffff)));
         std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    fn node(chr: bool, dev: u64, ino: u64, rdev: u64) -> libc::stat {
+        // SAFETY: libc::stat is plain data; all-zero is a valid value.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        st.st_mode = if chr { libc::S_IFCHR } else { libc::S_IFREG } | 0o666;
+        st.st_dev = dev;
+        st.st_ino = ino;
+        st.st_rdev = rdev;
+        st
+    }
+
+    #[test]
+    fn a_container_reaches_host_nodes_by_identity_not_name() {
+        let m = RenderMinor;
+        // criu main: emulated nodes (files, by device and inode).
+        let host = HostRenderNodes(vec![
+            (m(130), node(false, 50, 1, 0)),
+            (m(131), node(false, 51, 1, 0)),
+            (m(132), node(false, 52, 1, 0)),
+        ]);
+        // The container keeps its dumped names 128 and 129, bound to the
+        // host's 131 and 130; it was not given 132.
+        let here = [
+            (m(128), node(false, 51, 1, 0)),
+            (m(129), node(false, 50, 1, 0)),
+        ];
+        let r = host.reachable(&here);
+        assert_eq!(r, BTreeMap::from([(m(130), m(129)), (m(131), m(128))]));
+
+        // Character devices by rdev, whatever the inode: a container's own
+        // device file of a host node.
+        let host = HostRenderNodes(vec![(m(128), node(true, 5, 7, 0xe280))]);
+        let here = [(m(128), node(true, 99, 3, 0xe280))];
+        assert_eq!(host.reachable(&here), BTreeMap::from([(m(128), m(128))]));
+
+        // A node of the task's that criu main does not have counts under its
+        // own name; one that criu main has under that name, as another
+        // device, does not.
+        let host = HostRenderNodes(vec![(m(128), node(true, 5, 7, 0xe280))]);
+        let here = [
+            (m(129), node(true, 5, 8, 0xe281)),
+            (m(128), node(true, 5, 9, 0xe283)),
+        ];
+        assert_eq!(host.reachable(&here), BTreeMap::from([(m(129), m(129))]));
+        assert!(HostRenderNodes::default().reachable(&[]).is_empty());
     }
 }
