@@ -113,15 +113,16 @@ fn counts(p: &super::state::Proc) -> Counts {
     let mqds: usize = p.queues.values().map(mqd_size).sum();
     let events = p.events.len() as u64;
     let svms = p.svm.ranges.len() as u64;
+    let n_pdds = p.n_pdds();
     Counts {
-        devices: p.pdds.len() as u32,
+        devices: n_pdds as u32,
         bos,
         objects: (queues + events + svms) as u32,
-        priv_size: (pb::PROCESS + pb::DEVICE * p.pdds.len() + pb::BO * bos as usize) as u64
+        priv_size: (pb::PROCESS + pb::DEVICE * n_pdds + pb::BO * bos as usize) as u64
             + queues * pb::QUEUE as u64
             + mqds as u64
             + events * pb::EVENT as u64
-            + svms * svm::record_size(p.pdds.len()) as u64,
+            + svms * svm::record_size(n_pdds) as u64,
     }
 }
 
@@ -158,7 +159,7 @@ pub fn answer(a: &sys::kfd_ioctl_criu_args, input: &[u8], out_size: usize) -> Ve
 pub fn process_info(st: &mut State, lead: u32, a: &mut sys::kfd_ioctl_criu_args) -> R<()> {
     crate::fault::check(uapi::criu_op::PROCESS_INFO)?;
     let p = st.procs.get_mut(&lead).ok_or(libc::ESRCH)?;
-    if p.pdds.is_empty() {
+    if p.n_pdds() == 0 {
         return Err(libc::ENODEV);
     }
     p.paused = true;
@@ -229,7 +230,7 @@ pub fn checkpoint(
         return Err(libc::EINVAL);
     }
     let p = st.procs.get_mut(&lead).ok_or(libc::ESRCH)?;
-    if p.pdds.is_empty() {
+    if p.n_pdds() == 0 {
         return Err(libc::ENODEV);
     }
     if !p.paused {
@@ -253,8 +254,8 @@ pub fn checkpoint(
         xnack_mode: p.xnack as u32,
     };
     uapi::push(&mut blob, &rec);
-    let mut devs = Vec::with_capacity(pb::DEVICE_BUCKET * p.pdds.len());
-    for (i, pdd) in p.pdds.iter().enumerate() {
+    let mut devs = Vec::with_capacity(pb::DEVICE_BUCKET * p.n_pdds());
+    for (i, pdd) in p.present() {
         uapi::push(
             &mut blob,
             &layout::kfd_criu_device_priv_data {
@@ -440,7 +441,7 @@ fn plan_restore(
     if xnack && !kfd::xnack_supported(&st.devs) {
         return Err(libc::EPERM);
     }
-    if n_dev != p.pdds.len() {
+    if n_dev != p.n_pdds() {
         return Err(libc::EINVAL);
     }
     let mut devices = Vec::new();
@@ -457,7 +458,12 @@ fn plan_restore(
         }
         let d: sys::kfd_criu_device_bucket = uapi::nth(&devb, i);
         let (user, actual, fd) = (d.user_gpu_id, d.actual_gpu_id, d.drm_fd);
-        let gpu = st.devs.index_of(actual).ok_or(libc::EINVAL)?;
+        // kfd_process_device_data_by_id: only a GPU the process has a pdd for.
+        let gpu = st
+            .devs
+            .index_of(actual)
+            .filter(|&g| !p.pdds[g].denied)
+            .ok_or(libc::EINVAL)?;
         if user == 0
             || user_to_gpu.insert(user, gpu).is_some()
             || devices.iter().any(|d: &(usize, u32, u64)| d.0 == gpu)

@@ -30,12 +30,12 @@ pub fn apertures_new(
     let p = proc_mut(st, lead)?;
     let n = a.num_of_nodes;
     if n == 0 {
-        a.num_of_nodes = p.pdds.len() as u32;
+        a.num_of_nodes = p.n_pdds() as u32;
         return Ok(());
     }
-    let n = (n as usize).min(p.pdds.len());
+    let n = (n as usize).min(p.n_pdds());
     let mut out = Vec::new();
-    for pdd in p.pdds.iter().take(n) {
+    for (_, pdd) in p.present().take(n) {
         uapi::push(&mut out, &aperture(pdd.user_id));
     }
     user_write(caller.tid, a.kfd_process_device_apertures_ptr, &out)?;

@@ -19,6 +19,7 @@
 mod aql;
 mod asic;
 mod criu;
+mod devcgroup;
 mod dmabuf;
 mod gem;
 mod kfd;

@@ -264,6 +264,11 @@ pub struct MemPolicy {
 /// a restored process has them unset until it sets them again, as on KFD.
 pub struct Pdd {
     pub user_id: u32,
+    /// KFD created no pdd for this GPU: the device cgroup of the process
+    /// that opened /dev/kfd denies the GPU's render node.  The entry only
+    /// keeps `pdds` indexed by GPU; no ioctl finds it, and CRIU's device
+    /// lists leave it out.
+    pub denied: bool,
     /// The render-node open whose VM this pdd adopted.
     pub vm: Option<u64>,
     pub next_idr: u32,
@@ -311,7 +316,17 @@ impl Proc {
     }
 
     pub fn pdd_by_user_id(&self, id: u32) -> Option<usize> {
-        self.pdds.iter().position(|p| p.user_id == id)
+        self.pdds.iter().position(|p| p.user_id == id && !p.denied)
+    }
+
+    /// The GPU indices this process has a pdd for, in GPU order.
+    pub fn present(&self) -> impl Iterator<Item = (usize, &Pdd)> + '_ {
+        self.pdds.iter().enumerate().filter(|(_, d)| !d.denied)
+    }
+
+    /// How many GPUs the process has a pdd for (KFD's `n_pdds`).
+    pub fn n_pdds(&self) -> usize {
+        self.present().count()
     }
 
     pub fn handle(&self, key: BoKey) -> u64 {
@@ -554,12 +569,18 @@ impl State {
     pub fn open_kfd(&mut self, tgid: u32) -> R<u64> {
         if !self.procs.contains_key(&tgid) {
             let slot = self.free_slot()?;
+            // kfd_init_apertures: a pdd for every GPU the opener's device
+            // cgroup lets it read and write the render node of.
+            let list = super::devcgroup::devices_list(tgid);
             let pdds = self
                 .devs
                 .gpus
                 .iter()
                 .map(|g| Pdd {
                     user_id: g.id,
+                    denied: list
+                        .as_deref()
+                        .is_some_and(|l| !super::devcgroup::list_allows(l, g.minor)),
                     vm: None,
                     next_idr: 1,
                     doorbells: None,

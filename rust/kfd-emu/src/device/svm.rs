@@ -72,11 +72,9 @@ pub struct Svm {
 
 /// Every GPU supports the SVM API (dGPUs with device memory).
 fn supported(p: &Proc) -> u64 {
-    if p.pdds.len() >= 64 {
-        u64::MAX
-    } else {
-        (1u64 << p.pdds.len()) - 1
-    }
+    p.present()
+        .filter(|(i, _)| *i < 64)
+        .fold(0, |m, (i, _)| m | 1u64 << i)
 }
 
 fn new_range(p: &Proc, last: u64) -> Range {
@@ -457,7 +455,7 @@ pub fn checkpoint(p: &mut Proc, blob: &mut Vec<u8>) -> R<()> {
             (ATTR_SET_FLAGS, 0),
             (ATTR_GRANULARITY, 0),
         ];
-        attrs.extend(p.pdds.iter().map(|d| (ATTR_ACCESS, d.user_id)));
+        attrs.extend(p.present().map(|(_, d)| (ATTR_ACCESS, d.user_id)));
         get_attr(p, &vmas, s, last - s + 1, &mut attrs)?;
         uapi::push(blob, &uapi::layout::object_type::SVM_RANGE);
         uapi::push(blob, &0u32);
