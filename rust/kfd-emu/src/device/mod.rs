@@ -281,6 +281,13 @@ impl Emulator {
                     .iter()
                     .position(|g| g.minor == *minor)
                     .ok_or(libc::ENODEV)?;
+                // The open of a character device the opener's device cgroup
+                // denies fails in the VFS (devcgroup_inode_permission).
+                if devcgroup::devices_list(caller.tgid)
+                    .is_some_and(|l| !devcgroup::list_allows(&l, *minor))
+                {
+                    return Err(libc::EPERM);
+                }
                 Ok(st.open_render(gpu, sys_admin(caller.tid)))
             }
         }
