@@ -145,14 +145,22 @@ fn open_render(path: &Path) -> Result<RenderNode, kfd_abi::handle::Error> {
 }
 
 /// Logs the host GPUs this task cannot reach and the ones it reaches
-/// under another name.
-fn log_reach(vpid: i32, sysfs_nodes: &Path, reach: &BTreeMap<RenderMinor, RenderMinor>) {
-    let Ok(t) = Topology::parse_sysfs(sysfs_nodes) else {
-        return;
+/// under another name; returns the paths of the nodes it lacks.
+fn log_reach(
+    vpid: i32,
+    opts: &RestoreOptions,
+    reach: &BTreeMap<RenderMinor, RenderMinor>,
+) -> Vec<String> {
+    let mut missing = Vec::new();
+    let Ok(t) = Topology::parse_sysfs(&opts.sysfs_nodes) else {
+        return missing;
     };
     for n in t.nodes.iter().filter(|n| n.is_gpu()) {
         let m = n.render_minor();
         let gpu = n.gpu_id.map_or(0, |g| g.0);
+        if !reach.contains_key(&m) {
+            missing.push(opts.render_path(m).display().to_string());
+        }
         match reach.get(&m) {
             None => log::info!(
                 "pid {vpid}: host GPU {gpu:#x} (renderD{}) left out: this task has no render \
@@ -167,6 +175,7 @@ fn log_reach(vpid: i32, sysfs_nodes: &Path, reach: &BTreeMap<RenderMinor, Render
             Some(_) => {}
         }
     }
+    missing
 }
 
 /// A KFD process recreated in this task.
@@ -409,12 +418,23 @@ impl RestoreSession {
             });
         };
         let reach = self.opts.reachable_nodes();
-        log_reach(vpid, &self.opts.sysfs_nodes, &reach);
+        let missing = log_reach(vpid, &self.opts, &reach);
         let (map, host) =
             crate::match_image_to_usable(&image, &self.opts.sysfs_nodes, &self.opts.checks, |n| {
                 reach.contains_key(&n.render_minor())
             })
-            .map_err(|e| SessionError::core(vpid, "matching the image's GPUs to this host", e))?;
+            .map_err(|e| {
+                let step = if missing.is_empty() {
+                    "matching the image's GPUs to this host".to_owned()
+                } else {
+                    format!(
+                        "matching the image's GPUs to the host GPUs this task has a render \
+                         node of (it has no {})",
+                        missing.join(", ")
+                    )
+                };
+                SessionError::core(vpid, step, e)
+            })?;
         let plan = plan_restore(&image, &host, &map)
             .map_err(|e| SessionError::core(vpid, "planning the GPU restore", e))?;
         log::info!("pid {vpid}: {}", describe_map(&plan));
