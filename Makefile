@@ -90,7 +90,7 @@ $(BUILD)/criu-rocm.8: Documentation/criu-rocm.8.adoc
 
 # The suites `make test` runs, in order; .ci/run runs and counts them one by one.
 TEST_SUITES	:= test-rust test-smoke test-rocm test-gpu test-sdma test-rocm-cr test-zdtm test-zdtm-gpu test-demo \
-		   test-install test-package test-rpc
+		   test-containers test-install test-package test-rpc
 
 # The user's entry points install what is missing first (scripts/install-deps.sh: quiet, and
 # a no-op when all is there), so they work on a fresh Debian machine. Plain `make` and the
@@ -185,6 +185,13 @@ test-integrity-full: $(BUILD)/criu-rocm kfd-tools
 .PHONY: test-rocm-cr
 test-rocm-cr: $(BUILD)/criu-rocm kfd-tools
 	CARGO_TARGET_DIR=$(CARGO_TARGET) test/rocm/cr.sh $(BUILD)/criu-rocm
+
+# GPU containers checkpointed and restored by runc (and crun, podman where they can) with
+# criu-rocm as the `criu` on PATH (test/containers/run.sh): on the same host, on another
+# host, and into a container given other GPUs of the host.
+.PHONY: test-containers
+test-containers: $(BUILD)/criu-rocm kfd-tools
+	CARGO_TARGET_DIR=$(CARGO_TARGET) test/containers/run.sh $(BUILD)/criu-rocm
 
 # CRIU's lib/ (pycriu for zdtm.py) from the same patched tree.
 $(CRIU_TREE)/.lib-built: $(BUILD)/criu-rocm

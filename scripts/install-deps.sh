@@ -10,8 +10,10 @@ top=$(cd "$(dirname "$0")/.." && pwd)
 # bindgen, libdrm headers, protoc for prost), meson/ninja (packager door), the man page, the
 # tools the tests use (libxxhash0: test/integrity's XXH3 digests), Debian's ROCm 5.2
 # userspace that test-rocm runs unchanged on the emulator (libhsakmt, ROCr and their
-# headers, rocminfo), and what `make deb` builds and checks the Debian packages with
-# (dpkg-dev, debhelper, lintian).
+# headers, rocminfo), what `make deb` builds and checks the Debian packages with
+# (dpkg-dev, debhelper, lintian), and the container engines test-containers runs GPU
+# containers under, with busybox for their rootfs (runc, crun, podman, busybox-static,
+# and zstd for podman's checkpoint archives).
 packages=(
 	build-essential pkg-config git xz-utils patch
 	libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler
@@ -23,6 +25,7 @@ packages=(
 	meson ninja-build asciidoctor shellcheck libxxhash0
 	libhsakmt-dev libhsa-runtime-dev rocminfo
 	dpkg-dev debhelper lintian
+	runc crun podman busybox-static zstd
 )
 
 missing=()

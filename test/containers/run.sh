@@ -1,0 +1,484 @@
+#!/usr/bin/env bash
+# GPU containers checkpointed and restored by container engines with criu-rocm as their
+# `criu` (issue 15), on kfd-emu hosts.
+#
+#   usage: test/containers/run.sh CRIU_BINARY [CASE...]   (as root; `make test-containers`)
+#          test/containers/run.sh --list
+#   env:   CARGO_TARGET_DIR    where kfd-emu and gpu-workload were built (default rust/target)
+#          CT_KEEP=1           keep the work directory even when everything passed
+#
+# criu-rocm is the `criu` the engines find: a directory holding a `criu` symlink to it comes
+# first on PATH, as package criu-rocm-as-criu makes /usr/sbin/criu. Engines pass no plugin
+# directory and no GPU option: the GPU path is criu-rocm's own.
+#
+# The container (test/containers/oci-config.py writes its config.json) runs gpu-workload
+# from a busybox rootfs built here from the host's binaries (no network, no image registry),
+# and is given /dev/kfd, some render nodes and the KFD topology of the emulated host, as a
+# Kubernetes device plugin gives GPUs: bind mounts from kfd-emu's namespace (its nodes are
+# FUSE files, not character devices) and device-cgroup rules for the render nodes. A case:
+#   * starts the container on an emulated host and has the workload verify itself once
+#     (SIGUSR1: every BO's pattern and the SDMA counters);
+#   * checkpoints it with the engine, restores it with the engine (on the same host, on
+#     another host, into a container given other GPUs), and has the workload verify again:
+#     its GPU memory must be intact and its SDMA counters must have moved on;
+#   * checks in criu-rocm's restore log which host GPUs the process got, and in the
+#     restored process which render nodes it holds (they must be inside its container);
+#   * stops it with SIGTERM (a last verification, exit status 0).
+#
+# Each case prints PASS, FAIL (with the reason and its directory) or SKIP (with the exact
+# reason); the last line is "N passed, M failed, K skipped". Non-zero exit on any failure.
+set -uo pipefail
+export LC_ALL=C
+
+self=$(realpath "$0")
+here=$(dirname "$self")
+top=$(cd "$here/../.." && pwd)
+# alive, wait_gone
+# shellcheck source=SCRIPTDIR/../../scripts/lib/workload.sh
+. "$top/scripts/lib/workload.sh"
+
+PY=/usr/bin/python3
+HOSTS=$top/test/gpu/hosts
+CASES="runc-same-host runc-other-host runc-gpu-subset crun-same-host podman-export-import"
+WL_ARGS="--mib 8 --bos 4 --interval-ms 2"
+
+# ---------------------------------------------------------------------------------------
+# Reporting
+
+fail() {
+	printf '%s\n' "$*" >>"$CASE_DIR/reason"
+	exit 1
+}
+skip() {
+	printf '%s\n' "$*" >"$CASE_DIR/skip"
+	exit 0
+}
+note() { printf '%s\n' "$*" >>"$CASE_DIR/notes"; }
+
+# on PROFILE [--profile-file F] -- FUNCTION [ARG...]: FUNCTION of this script on a new
+# emulated host.
+on() {
+	local opts=() rc
+	while [ $# -gt 0 ] && [ "$1" != -- ]; do
+		opts+=("$1")
+		shift
+	done
+	shift
+	"$KFD_EMU" run --profile "${opts[@]}" -- "$self" __in "$@" 2>>"$CASE_DIR/kfd-emu.log"
+	rc=$?
+	if [ $rc != 0 ]; then
+		[ -s "$CASE_DIR/reason" ] || fail "kfd-emu run --profile ${opts[*]} -- $1: exit status $rc (see $CASE_DIR/kfd-emu.log)"
+		exit 1
+	fi
+}
+
+# criu's error lines of a log (its RLIMIT_NOFILE complaint, logged on every run, left out).
+log_errors() {
+	[ -f "$1" ] || return 0
+	grep -a -E 'Error|amdgpu:' "$1" | grep -v 'RLIMIT_NOFILE' | grep -a -E 'Error|rror|fail|FAIL' |
+		tail -n 4 | sed 's/^([0-9. ]*) *//' | cut -c1-300 | paste -sd'|'
+}
+
+# ---------------------------------------------------------------------------------------
+# The container
+
+# rootfs DIR: busybox (static) and gpu-workload with the libraries it links.
+make_rootfs() {
+	local r=$1 l a
+	mkdir -p "$r/bin" "$r/proc" "$r/dev" "$r/sys" "$r/tmp"
+	cp /bin/busybox "$r/bin/" || return 1
+	for a in sh sleep cat kill ls; do ln -sf busybox "$r/bin/$a"; done
+	cp "$WORKLOAD" "$r/bin/gpu-workload" || return 1
+	for l in $(ldd "$WORKLOAD" | awk '$2 == "=>" { print $3 } $1 ~ /^\// { print $1 }'); do
+		cp --parents -L "$l" "$r/" || return 1
+	done
+}
+
+# bundle DIR MINORS [HOST_MINORS]: a bundle whose container has render nodes MINORS (bound
+# from the host's HOST_MINORS, default the same) and runs gpu-workload.
+bundle() {
+	local dir=$1 minors=$2 hostm=${3:-$2} extra=()
+	[ "$hostm" = "$minors" ] || extra=(--host-minors "$hostm")
+	mkdir -p "$dir"
+	"$PY" "$here/oci-config.py" "$dir/config.json" "$ROOTFS" "$minors" \
+		--cgroups-path "/criu-rocm-ct/$CASE-$$" "${extra[@]}" -- \
+		/bin/sh -c "exec /bin/gpu-workload $WL_ARGS </dev/null >/tmp/wl.out 2>&1" ||
+		fail "writing $dir/config.json failed"
+}
+
+# The workload's output, read through the container's root.
+wl_out() { cat "/proc/$1/root/tmp/wl.out" 2>/dev/null; }
+
+# wl_line PID N: waits for line N of the workload's output and prints it.
+wl_line() {
+	local pid=$1 n=$2 i
+	for ((i = 0; i < 600; i++)); do
+		[ "$(wl_out "$pid" | wc -l)" -ge "$n" ] && break
+		alive "$pid" || break
+		sleep 0.05
+	done
+	[ "$(wl_out "$pid" | wc -l)" -ge "$n" ] || {
+		echo "gpu-workload (pid $pid) wrote no line $n: $(wl_out "$pid" | tail -n 2 | paste -sd'|')" >&2
+		return 1
+	}
+	wl_out "$pid" | sed -n "${n}p"
+}
+
+# The first counter of a verification line.
+counter() { sed -n 's/.*"counters":\[\([0-9]*\).*/\1/p' <<<"$1"; }
+
+# verify PID N WHAT: a SIGUSR1 verification, line N, must be ok; prints it.
+verify() {
+	local pid=$1 n=$2 what=$3 l
+	kill -USR1 "$pid" || fail "$what: cannot signal the workload ($pid)"
+	l=$(wl_line "$pid" "$n" 2>&1) || fail "$what: $l"
+	case $l in
+	'{"ok":true'*'"errors":[]}') ;;
+	*) fail "$what: the workload's verification failed: ${l:0:400}" ;;
+	esac
+	echo "$l"
+}
+
+# engine_pid ENGINE ID: the container's init pid.
+engine_pid() {
+	"$ENGINE" --root "$WORK/$CASE/state" state "$1" 2>/dev/null |
+		"$PY" -c 'import json, sys; print(json.load(sys.stdin)["pid"])'
+}
+
+# E ARGS...: the engine with this case's state directory, its output in engine.log.
+E() {
+	echo "+ $ENGINE $*" >>"$CASE_DIR/engine.log"
+	"$ENGINE" --root "$WORK/$CASE/state" "$@" </dev/null >>"$CASE_DIR/engine.log" 2>&1
+}
+
+# ct_start ID BUNDLE: runs the container, waits for the workload's ready line and has it
+# verify once. Leaves the verification line in $CASE_DIR/before.
+ct_start() {
+	local id=$1 b=$2 pid l
+	E run -d --bundle "$b" "$id" || fail "$ENGINE run failed: $(tail -n 2 "$CASE_DIR/engine.log" | paste -sd'|')"
+	pid=$(engine_pid "$id") || fail "$ENGINE state $id: no pid"
+	l=$(wl_line "$pid" 1 2>&1) || fail "the workload did not start in the container: $l"
+	case $l in '{"ready":true'*) ;; *) fail "the workload did not get ready: ${l:0:300}" ;; esac
+	echo "$l" >"$CASE_DIR/ready"
+	verify "$pid" 2 "before the checkpoint" >"$CASE_DIR/before"
+}
+
+# ct_checkpoint ID: the engine's checkpoint into $CASE_DIR/img (the container stops).
+ct_checkpoint() {
+	local id=$1 pid t0
+	pid=$(engine_pid "$id")
+	rm -rf "$CASE_DIR/img"
+	mkdir -p "$CASE_DIR/img"
+	t0=${EPOCHREALTIME/./}
+	E checkpoint --image-path "$CASE_DIR/img" --work-path "$CASE_DIR/img" "$id" ||
+		fail "$ENGINE checkpoint failed: $(log_errors "$CASE_DIR/img/dump.log")$(tail -n 1 "$CASE_DIR/engine.log")"
+	echo "checkpoint: $(((${EPOCHREALTIME/./} - t0) / 1000)) ms" >>"$CASE_DIR/times"
+	wait_gone "$pid" 10 || fail "the workload ($pid) still runs after the checkpoint"
+	ls "$CASE_DIR/img"/amdgpu-kfd-*.img >/dev/null 2>&1 || fail "the checkpoint wrote no amdgpu-kfd-*.img"
+}
+
+# ct_restore ID BUNDLE: the engine's restore of $CASE_DIR/img as container ID; then a
+# verification (line 3) whose counters moved on from the one before the checkpoint.
+ct_restore() {
+	local id=$1 b=$2 pid l t0
+	t0=${EPOCHREALTIME/./}
+	E restore -d --image-path "$CASE_DIR/img" --work-path "$CASE_DIR/img" --bundle "$b" "$id" ||
+		fail "$ENGINE restore failed: $(log_errors "$CASE_DIR/img/restore.log")"
+	echo "restore: $(((${EPOCHREALTIME/./} - t0) / 1000)) ms" >>"$CASE_DIR/times"
+	pid=$(engine_pid "$id") || fail "$ENGINE state $id after the restore: no pid"
+	alive "$pid" || fail "the restored workload ($pid) is not running"
+	l=$(verify "$pid" 3 "after the restore")
+	[ "$(counter "$l")" -gt "$(counter "$(cat "$CASE_DIR/before")")" ] ||
+		fail "the SDMA counter did not move on after the restore: before $(cat "$CASE_DIR/before"), after $l"
+	echo "$l" >"$CASE_DIR/after"
+	echo "$pid" >"$CASE_DIR/pid"
+}
+
+# held_nodes PID: the render nodes the process holds open, as its fd links name them.
+held_nodes() {
+	local f
+	for f in /proc/"$1"/fd/*; do readlink "$f"; done 2>/dev/null | grep -o 'renderD[0-9]*' | sort -u | paste -sd' '
+}
+
+# check_nodes_inside PID: every render node the process holds exists in its container.
+check_nodes_inside() {
+	local pid=$1 n held
+	held=$(held_nodes "$pid")
+	[ -n "$held" ] || fail "the restored workload holds no render node"
+	for n in $held; do
+		[ -e "/proc/$pid/root/dev/dri/$n" ] || fail "the restored workload holds $n, which is not in its container"
+	done
+	note "render nodes held after the restore: $held"
+}
+
+# mapped_hosts: the host render minors criu-rocm's restore gave the image's GPUs.
+mapped_hosts() {
+	grep -a -o -- '-> host GPU 0x[0-9a-f]* (renderD[0-9]*)' "$CASE_DIR/img/restore.log" |
+		grep -o 'renderD[0-9]*' | sort -u | paste -sd' '
+}
+
+# ct_stop ID: SIGTERM; the workload's last verification must be ok and it must exit 0.
+ct_stop() {
+	local id=$1 pid l out st
+	pid=$(cat "$CASE_DIR/pid")
+	# Its output lives in the container's /tmp, gone with the container: keep it open.
+	exec {out}<"/proc/$pid/root/tmp/wl.out" || fail "cannot open the workload's output"
+	kill -TERM "$pid"
+	wait_gone "$pid" 10 || fail "the workload ($pid) did not exit on SIGTERM"
+	l=$(sed -n 4p <&"$out")
+	exec {out}<&-
+	case $l in
+	'{"ok":true'*'"errors":[]}') ;;
+	*) fail "the last verification failed: ${l:-no line 4}" ;;
+	esac
+	st=$("$ENGINE" --root "$WORK/$CASE/state" state "$id" 2>/dev/null | "$PY" -c 'import json, sys; print(json.load(sys.stdin)["status"])')
+	[ "$st" = stopped ] || fail "after the workload's exit the container is '$st', not stopped"
+	E delete -f "$id" || true
+}
+
+# ---------------------------------------------------------------------------------------
+# Cases (the functions named in_* run on an emulated host)
+
+in_same_host() {
+	bundle "$CASE_DIR/b1" "$1"
+	ct_start ct "$CASE_DIR/b1"
+	ct_checkpoint ct
+	ct_restore ct "$CASE_DIR/b1"
+	check_nodes_inside "$(cat "$CASE_DIR/pid")"
+	ct_stop ct
+}
+
+# in_dump_only MINORS [TOPOLOGY_GPUS]: start a container given render nodes MINORS and
+# checkpoint it. With TOPOLOGY_GPUS (the host's count), the workload must have left out
+# the GPUs it was not given (ENOENT on their nodes, as libhsakmt) and the dump must hold
+# a KFD process of exactly the container's GPUs (KFD gives a process only the GPUs its
+# device cgroup allows).
+in_dump_only() {
+	local n
+	bundle "$CASE_DIR/b1" "$1"
+	ct_start ct "$CASE_DIR/b1"
+	if [ -n "${2:-}" ]; then
+		n=$(tr ',' '\n' <<<"$1" | wc -l)
+		[ "$(grep -o '"errno":2}' "$CASE_DIR/ready" | wc -l)" = $(($2 - n)) ] ||
+			fail "the workload did not leave out the $(($2 - n)) GPUs the container was not given: $(cat "$CASE_DIR/ready")"
+	fi
+	ct_checkpoint ct
+	if [ -n "${2:-}" ]; then
+		grep -aq "GPU queues paused: $n GPU(s)" "$CASE_DIR/img/dump.log" ||
+			fail "the dump did not hold a KFD process of the container's $n GPUs: $(grep -a 'GPU queues paused' "$CASE_DIR/img/dump.log" | head -n 1)"
+		note "dumped a KFD process of $n GPUs; the workload left out $(($2 - n))"
+	fi
+}
+
+# in_restore_as MINORS HOST_MINORS: restore into a container whose nodes MINORS are the
+# host's HOST_MINORS; the restore must have given the image's GPUs exactly those.
+in_restore_as() {
+	local want got
+	bundle "$CASE_DIR/b2" "$1" "$2"
+	ct_restore ct "$CASE_DIR/b2"
+	want=$(tr ',' '\n' <<<"$2" | sed 's/^/renderD/' | sort -u | paste -sd' ')
+	got=$(mapped_hosts)
+	[ "$got" = "$want" ] || fail "the restore gave the image's GPUs host nodes '$got', the container was given '$want'"
+	note "restored onto host GPUs $got (container nodes renderD${1//,/ renderD})"
+	check_nodes_inside "$(cat "$CASE_DIR/pid")"
+	ct_stop ct
+}
+
+case_runc-same-host() {
+	export ENGINE=runc
+	on mi100x2 -- in_same_host 128,129
+}
+
+# mi100x2 → the same two MI100s seen by another machine: other gpu_ids, render minors
+# 131 and 130. The container keeps its mount points renderD128/129 (CRIU restores the
+# container's mount tree); the engine's restore config binds the new host's nodes there.
+case_runc-other-host() {
+	export ENGINE=runc
+	on mi100x2 -- in_dump_only 128,129
+	on mi100x2 --profile-file "$HOSTS/mi100x2-other.toml" -- in_restore_as 128,129 131,130
+}
+
+# mi250x8 (two XGMI hives of four): dumped in a container given GPUs 0 and 1 (renderD128,
+# renderD129), restored into one given GPUs 6 and 7 (renderD134, renderD135), as a device
+# plugin hands out two of eight GPUs. The topology shows all eight in both containers.
+case_runc-gpu-subset() {
+	export ENGINE=runc
+	on mi250x8 -- in_dump_only 128,129 8
+	on mi250x8 -- in_restore_as 128,129 134,135
+}
+
+case_crun-same-host() {
+	local out
+	out=$(crun checkpoint --help 2>&1)
+	case $out in
+	*"unknown command"*)
+		skip "crun $(crun --version | sed -n '1s/crun version //p') here is built without CRIU support ('crun checkpoint': ${out//$'\n'/ }; 'crun --version' lists no +CRIU), and Debian bookworm has no libcriu-dev to build one against"
+		;;
+	esac
+	export ENGINE=crun
+	on mi100x2 -- in_same_host 128,129
+}
+
+# podman with this case's own storage and state (vfs: no overlay mounts to leave behind),
+# cgroupfs (cgroup v1 here) and runc (Debian's crun cannot checkpoint); the rlimits runc
+# sets must not exceed this machine's (no CAP_SYS_RESOURCE: podman's default RLIMIT_NOFILE
+# of 1048576 cannot be set here).
+PODMAN_GLOBAL=(--storage-driver vfs --cgroup-manager cgroupfs --events-backend file --runtime runc)
+pod() {
+	podman --root "$WORK/podman/root" --runroot "$WORK/podman/runroot" --tmpdir "$WORK/podman/tmp" \
+		"${PODMAN_GLOBAL[@]}" "$@"
+}
+P() {
+	echo "+ podman $*" >>"$CASE_DIR/engine.log"
+	pod "$@" </dev/null >>"$CASE_DIR/engine.log" 2>&1
+}
+
+# podman's CRIU log of the last checkpoint or restore, from the archive or the container.
+podman_log() {
+	local f=$1 d
+	d=$(pod inspect -f '{{.StaticDir}}' gpuct 2>/dev/null)
+	if [ -n "$d" ] && [ -f "$d/$f" ]; then
+		cat "$d/$f"
+	elif [ -f "$CASE_DIR/ck.tar.zst" ]; then
+		tar -xOf "$CASE_DIR/ck.tar.zst" "$f" 2>/dev/null
+	fi
+}
+
+in_podman() {
+	local minors=$1 m d pid l pci args=()
+	tar -C "$ROOTFS" -c . | pod import - localhost/criu-rocm-gpu-ct:test >>"$CASE_DIR/engine.log" 2>&1 ||
+		fail "podman import of the rootfs failed: $(tail -n 1 "$CASE_DIR/engine.log")"
+	# shellcheck disable=SC2054 # commas inside the mount specifications
+	args=(--name gpuct -d --network none --ulimit nofile=1024:1024 --ulimit nproc=1024:1024
+		--mount type=tmpfs,destination=/sys --mount type=tmpfs,destination=/tmp
+		--mount type=bind,source=/dev/kfd,destination=/dev/kfd)
+	for m in ${minors//,/ }; do
+		args+=(--mount "type=bind,source=/dev/dri/renderD$m,destination=/dev/dri/renderD$m"
+			--device-cgroup-rule "c 226:$m rw")
+	done
+	pci=$(for d in /sys/class/drm/renderD*; do realpath "$d" | cut -d/ -f1-4; done | sort -u)
+	for d in /sys/devices/virtual/kfd /sys/class/kfd /sys/class/drm /sys/dev/char $pci; do
+		args+=(--mount "type=bind,source=$d,destination=$d,ro=true")
+	done
+	P run "${args[@]}" localhost/criu-rocm-gpu-ct:test \
+		/bin/sh -c "exec /bin/gpu-workload $WL_ARGS </dev/null >/tmp/wl.out 2>&1" ||
+		fail "podman run failed: $(tail -n 2 "$CASE_DIR/engine.log" | paste -sd'|')"
+	pid=$(pod inspect -f '{{.State.Pid}}' gpuct 2>/dev/null)
+	alive "${pid:-0}" || fail "the podman container is not running: $(pod logs gpuct 2>&1 | tail -n 2 | paste -sd'|')"
+	l=$(wl_line "$pid" 1 2>&1) || fail "the workload did not start in the container: $l"
+	verify "$pid" 2 "before the checkpoint" >"$CASE_DIR/before"
+	t0=${EPOCHREALTIME/./}
+	P container checkpoint --export "$CASE_DIR/ck.tar.zst" gpuct ||
+		fail "podman container checkpoint --export failed: $(log_errors <(podman_log dump.log)) $(tail -n 1 "$CASE_DIR/engine.log")"
+	echo "checkpoint --export: $(((${EPOCHREALTIME/./} - t0) / 1000)) ms" >>"$CASE_DIR/times"
+	wait_gone "$pid" 10 || fail "the workload ($pid) still runs after the checkpoint"
+	# Listed first: `| grep -q` under pipefail fails when tar gets SIGPIPE.
+	l=$(tar -tf "$CASE_DIR/ck.tar.zst" 2>&1)
+	grep -q 'checkpoint/amdgpu-kfd-.*\.img' <<<"$l" ||
+		fail "the exported archive holds no checkpoint/amdgpu-kfd-*.img"
+	P rm -f gpuct || fail "podman rm failed"
+	t0=${EPOCHREALTIME/./}
+	P container restore --import "$CASE_DIR/ck.tar.zst" ||
+		fail "podman container restore --import failed: $(log_errors <(podman_log restore.log)) $(tail -n 1 "$CASE_DIR/engine.log")"
+	echo "restore --import: $(((${EPOCHREALTIME/./} - t0) / 1000)) ms" >>"$CASE_DIR/times"
+	pid=$(pod inspect -f '{{.State.Pid}}' gpuct 2>/dev/null)
+	alive "${pid:-0}" || fail "the restored podman container is not running"
+	l=$(verify "$pid" 3 "after the restore")
+	[ "$(counter "$l")" -gt "$(counter "$(cat "$CASE_DIR/before")")" ] ||
+		fail "the SDMA counter did not move on after the restore: before $(cat "$CASE_DIR/before"), after $l"
+	check_nodes_inside "$pid"
+	exec {out}<"/proc/$pid/root/tmp/wl.out" || fail "cannot open the workload's output"
+	kill -TERM "$pid"
+	wait_gone "$pid" 10 || fail "the workload ($pid) did not exit on SIGTERM"
+	l=$(sed -n 4p <&"$out")
+	exec {out}<&-
+	case $l in
+	'{"ok":true'*'"errors":[]}') ;;
+	*) fail "the last verification failed: ${l:-no line 4}" ;;
+	esac
+	P rm -f gpuct || true
+}
+
+case_podman-export-import() {
+	on mi100x2 -- in_podman 128,129
+}
+
+# ---------------------------------------------------------------------------------------
+# Driver
+
+run_case() {
+	CASE=$1
+	CASE_DIR=$WORK/$CASE
+	mkdir -p "$CASE_DIR"
+	export CASE CASE_DIR
+	local t0=${EPOCHREALTIME/./} rc
+	("case_$CASE")
+	rc=$?
+	local ms=$(((${EPOCHREALTIME/./} - t0) / 1000))
+	if [ -s "$CASE_DIR/skip" ]; then
+		SKIPPED=$((SKIPPED + 1))
+		echo "SKIP $CASE: $(cat "$CASE_DIR/skip")"
+	elif [ $rc = 0 ] && [ ! -s "$CASE_DIR/reason" ]; then
+		PASSED=$((PASSED + 1))
+		echo "PASS $CASE ($((ms / 1000)).$((ms % 1000 / 100)) s; $(paste -sd';' "$CASE_DIR/times" 2>/dev/null)${CASE_DIR:+; }$(paste -sd';' "$CASE_DIR/notes" 2>/dev/null))"
+	else
+		FAILED=$((FAILED + 1))
+		echo "FAIL $CASE: $(head -c 1500 "$CASE_DIR/reason" 2>/dev/null || echo "exit status $rc") ($CASE_DIR)"
+	fi
+}
+
+main() {
+	case ${1:-} in
+	--list)
+		tr ' ' '\n' <<<"$CASES"
+		exit 0
+		;;
+	__in)
+		shift
+		"$@"
+		exit $?
+		;;
+	"" | -*)
+		echo "usage: $0 CRIU_BINARY [CASE...]" >&2
+		exit 2
+		;;
+	esac
+	[ "$(id -u)" = 0 ] || { echo "test/containers: must run as root" >&2; exit 2; }
+	CRIU=$(realpath "$1")
+	shift
+	local target=${CARGO_TARGET_DIR:-$top/rust/target} t missing=()
+	KFD_EMU=$target/release/kfd-emu
+	WORKLOAD=$target/release/gpu-workload
+	for t in "$CRIU" "$KFD_EMU" "$WORKLOAD"; do
+		[ -x "$t" ] || { echo "test/containers: $t is missing (build it first)" >&2; exit 2; }
+	done
+	# scripts/install-deps.sh installs them: missing is a failure, not a skip.
+	for t in runc crun podman busybox ldd; do
+		command -v "$t" >/dev/null || missing+=("$t")
+	done
+	[ ${#missing[@]} = 0 ] || { echo "test/containers: not installed: ${missing[*]} (run scripts/install-deps.sh)" >&2; exit 2; }
+	WORK=$(mktemp -d /tmp/criu-rocm-containers.XXXXXX)
+	mkdir -p "$WORK/bin"
+	ln -s "$CRIU" "$WORK/bin/criu"
+	PATH=$WORK/bin:$PATH
+	ROOTFS=$WORK/rootfs
+	make_rootfs "$ROOTFS" || { echo "test/containers: building the rootfs failed" >&2; exit 1; }
+	[ "$(command -v criu)" = "$WORK/bin/criu" ] || { echo "test/containers: criu on PATH is $(command -v criu)" >&2; exit 1; }
+	export PATH WORK ROOTFS KFD_EMU WORKLOAD CRIU
+	echo "test/containers: criu on PATH is criu-rocm ($(criu --version | head -n 1)); runc $(runc --version | sed -n '1s/runc version //p'), crun $(crun --version | sed -n '1s/crun version //p'), podman $(podman --version | sed 's/podman version //'); work in $WORK"
+	PASSED=0 FAILED=0 SKIPPED=0
+	local c list=("$@")
+	[ ${#list[@]} -gt 0 ] || read -ra list <<<"$CASES"
+	for c in "${list[@]}"; do
+		run_case "$c"
+	done
+	local tail=""
+	[ "$SKIPPED" = 0 ] || tail=", $SKIPPED skipped"
+	echo "$PASSED passed, $FAILED failed$tail"
+	if [ "$FAILED" = 0 ] && [ -z "${CT_KEEP:-}" ]; then
+		rm -rf "$WORK"
+	fi
+	[ "$FAILED" = 0 ] && [ "$PASSED" -gt 0 ]
+}
+
+main "$@"
