@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Writes the config.json of a GPU container for test/containers/run.sh.
 
-usage: oci-config.py OUT ROOTFS MINORS [--cgroups-path P] [--criu-config F] [--host-minors M] -- ARGS...
+usage: oci-config.py OUT ROOTFS MINORS [--cgroups-path P] [--criu-config F] [--host-minors M]
+                     [--cpu-topology yes] -- ARGS...
 
 The container gets, as a Kubernetes device plugin gives them: /dev/kfd, the render nodes
 /dev/dri/renderD<N> of MINORS (comma separated), and device-cgroup rules for them; and the
@@ -11,7 +12,8 @@ device directory a render node of the topology links to. /sys is a tmpfs holding
 those (kfd-emu's nodes are FUSE files, not character devices, so the device files are
 bind mounts). With --host-minors, container node renderD<MINORS[i]> is the host's
 renderD<HOST[i]> (the restore of a checkpoint made with other GPUs: the container keeps
-its mount points, the engine binds the new GPUs there).
+its mount points, the engine binds the new GPUs there). --cpu-topology yes also binds
+/sys/devices/system/node and /sys/devices/system/cpu, which libhsakmt reads.
 """
 import json
 import os
@@ -25,6 +27,7 @@ def main():
     opts, args = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
     out, rootfs, minors = opts[0], opts[1], [int(m) for m in opts[2].split(",") if m]
     cgroups_path = criu_config = None
+    cpu_topology = False
     host = minors
     rest = opts[3:]
     while rest:
@@ -33,6 +36,8 @@ def main():
             cgroups_path = v
         elif k == "--criu-config":
             criu_config = v
+        elif k == "--cpu-topology":
+            cpu_topology = v == "yes"
         elif k == "--host-minors":
             host = [int(m) for m in v.split(",")]
         else:
@@ -63,6 +68,14 @@ def main():
     for d in sysdirs + sorted(pci):
         mounts.append({"destination": d, "type": "bind", "source": d,
                        "options": ["bind", "ro", "nosuid", "noexec", "nodev"]})
+    # libhsakmt also reads every CPU node's caches (nodeN/cpu*/cache). kfd-emu lays out
+    # the nodes of a profile with several as a tmpfs over the host's directory, which
+    # re-exposes the host's own entries by bind mounts: bound without them (CRIU cannot
+    # dump a bind mount of sysfs whose source is outside the container).
+    if cpu_topology:
+        for d, how in (("/sys/devices/system/node", "bind"), ("/sys/devices/system/cpu", "rbind")):
+            mounts.append({"destination": d, "type": "bind", "source": d,
+                           "options": [how, "ro", "nosuid", "noexec", "nodev"]})
     mounts.append({"destination": "/dev/kfd", "type": "bind", "source": "/dev/kfd",
                    "options": ["bind", "nosuid", "noexec"]})
     for m, h in zip(minors, host):

@@ -39,8 +39,11 @@ top=$(cd "$here/../.." && pwd)
 
 PY=/usr/bin/python3
 HOSTS=$top/test/gpu/hosts
-CASES="runc-same-host runc-other-host runc-gpu-subset crun-same-host podman-export-import"
+CASES="runc-same-host runc-other-host runc-gpu-subset runc-rocr runc-rocr-gpu-subset crun-same-host podman-export-import"
 WL_ARGS="--mib 8 --bos 4 --interval-ms 2"
+# The container's program: gpu-workload, or rocr-workload (Debian's ROCr, test/demo).
+WL_CMD="exec /bin/gpu-workload $WL_ARGS </dev/null >/tmp/wl.out 2>&1"
+ROCR_CMD="exec /bin/rocr-workload --mib 4 </dev/null >/tmp/wl.out 2>/tmp/wl.err"
 
 # ---------------------------------------------------------------------------------------
 # Reporting
@@ -82,27 +85,36 @@ log_errors() {
 # ---------------------------------------------------------------------------------------
 # The container
 
-# rootfs DIR: busybox (static) and gpu-workload with the libraries it links.
+# rootfs DIR: busybox (static), gpu-workload and rocr-workload with the libraries they
+# link, and libdrm's table of marketing names.
 make_rootfs() {
-	local r=$1 l a
+	local r=$1 l a p
 	mkdir -p "$r/bin" "$r/proc" "$r/dev" "$r/sys" "$r/tmp"
 	cp /bin/busybox "$r/bin/" || return 1
 	for a in sh sleep cat kill ls; do ln -sf busybox "$r/bin/$a"; done
 	cp "$WORKLOAD" "$r/bin/gpu-workload" || return 1
-	for l in $(ldd "$WORKLOAD" | awk '$2 == "=>" { print $3 } $1 ~ /^\// { print $1 }'); do
-		cp --parents -L "$l" "$r/" || return 1
+	cc -std=gnu11 -O2 -Wall -Wextra -Werror -o "$r/bin/rocr-workload" "$top/test/demo/rocr-workload.c" \
+		-lhsa-runtime64 -lpthread || return 1
+	for p in "$WORKLOAD" "$r/bin/rocr-workload"; do
+		for l in $(ldd "$p" | awk '$2 == "=>" { print $3 } $1 ~ /^\// { print $1 }'); do
+			cp --parents -L "$l" "$r/" || return 1
+		done
 	done
+	if [ -f /usr/share/libdrm/amdgpu.ids ]; then
+		cp --parents /usr/share/libdrm/amdgpu.ids "$r/" || return 1
+	fi
 }
 
 # bundle DIR MINORS [HOST_MINORS]: a bundle whose container has render nodes MINORS (bound
-# from the host's HOST_MINORS, default the same) and runs gpu-workload.
+# from the host's HOST_MINORS, default the same) and runs $WL_CMD (with ROCr, the CPU
+# topology libhsakmt reads too).
 bundle() {
 	local dir=$1 minors=$2 hostm=${3:-$2} extra=()
 	[ "$hostm" = "$minors" ] || extra=(--host-minors "$hostm")
+	[ "$WL_CMD" != "$ROCR_CMD" ] || extra+=(--cpu-topology yes)
 	mkdir -p "$dir"
 	"$PY" "$here/oci-config.py" "$dir/config.json" "$ROOTFS" "$minors" \
-		--cgroups-path "/criu-rocm-ct/$CASE-$$" "${extra[@]}" -- \
-		/bin/sh -c "exec /bin/gpu-workload $WL_ARGS </dev/null >/tmp/wl.out 2>&1" ||
+		--cgroups-path "/criu-rocm-ct/$CASE-$$" "${extra[@]}" -- /bin/sh -c "$WL_CMD" ||
 		fail "writing $dir/config.json failed"
 }
 
@@ -124,8 +136,9 @@ wl_line() {
 	wl_out "$pid" | sed -n "${n}p"
 }
 
-# The first counter of a verification line.
-counter() { sed -n 's/.*"counters":\[\([0-9]*\).*/\1/p' <<<"$1"; }
+# The first counter of a verification line (gpu-workload's SDMA counters, rocr-workload's
+# copy loops).
+counter() { sed -n 's/.*"\(counters\|loops\)":\[\([0-9]*\).*/\2/p' <<<"$1"; }
 
 # verify PID N WHAT: a SIGUSR1 verification, line N, must be ok; prints it.
 verify() {
@@ -225,11 +238,11 @@ ct_stop() {
 	exec {out}<"/proc/$pid/root/tmp/wl.out" || fail "cannot open the workload's output"
 	kill -TERM "$pid"
 	wait_gone "$pid" 10 || fail "the workload ($pid) did not exit on SIGTERM"
-	l=$(sed -n 4p <&"$out")
+	l=$(tail -n 1 <&"$out")
 	exec {out}<&-
 	case $l in
 	'{"ok":true'*'"errors":[]}') ;;
-	*) fail "the last verification failed: ${l:-no line 4}" ;;
+	*) fail "the last verification failed: ${l:-no line}" ;;
 	esac
 	st=$("$ENGINE" --root "$WORK/$CASE/state" state "$id" 2>/dev/null | "$PY" -c 'import json, sys; print(json.load(sys.stdin)["status"])')
 	[ "$st" = stopped ] || fail "after the workload's exit the container is '$st', not stopped"
@@ -282,6 +295,71 @@ in_restore_as() {
 	note "restored onto host GPUs $got (container nodes renderD${1//,/ renderD})"
 	check_nodes_inside "$(cat "$CASE_DIR/pid")"
 	ct_stop ct
+}
+
+# rocr-workload (Debian's ROCr 5.2) in a runc container: VRAM on both GPUs, async copies
+# streaming and one gated upload per GPU held in the SDMA ring across the checkpoint.
+# After the restore: a check (line 3; the copy loops moved on), the gated copies released
+# and checked (line 4), and SIGTERM's last check.
+in_rocr() {
+	local pid l
+	WL_CMD=$ROCR_CMD
+	bundle "$CASE_DIR/b1" "$1"
+	ct_start ct "$CASE_DIR/b1"
+	ct_checkpoint ct
+	ct_restore ct "$CASE_DIR/b1"
+	pid=$(cat "$CASE_DIR/pid")
+	kill -USR2 "$pid"
+	l=$(wl_line "$pid" 4 2>&1) || fail "releasing the gated copies: $l"
+	case $l in
+	'{"ok":true'*'"released":'[1-9]*'"errors":[]}') ;;
+	*) fail "the gated copies held across the checkpoint failed: ${l:0:400}" ;;
+	esac
+	note "gated copies: ${l:0:80}"
+	check_nodes_inside "$pid"
+	ct_stop ct
+}
+
+case_runc-rocr() {
+	export ENGINE=runc
+	on mi100x2 -- in_rocr 128,129
+}
+
+# The same program from a container given 2 of mi250x8's 8 GPUs into one given 2 others:
+# libhsakmt leaves out the six GPUs without a node (ROCr sees 2 agents), the restore must
+# use exactly the new container's GPUs.
+in_rocr_dump() {
+	local l
+	WL_CMD=$ROCR_CMD
+	bundle "$CASE_DIR/b1" "$1"
+	ct_start ct "$CASE_DIR/b1"
+	l=$(cat "$CASE_DIR/ready")
+	case $l in *'"gpus":2,'*) ;; *) fail "ROCr did not see exactly the container's 2 GPUs: $l" ;; esac
+	ct_checkpoint ct
+}
+in_rocr_restore_as() {
+	local pid l want got
+	WL_CMD=$ROCR_CMD
+	bundle "$CASE_DIR/b2" "$1" "$2"
+	ct_restore ct "$CASE_DIR/b2"
+	want=$(tr ',' '\n' <<<"$2" | sed 's/^/renderD/' | sort -u | paste -sd' ')
+	got=$(mapped_hosts)
+	[ "$got" = "$want" ] || fail "the restore gave the image's GPUs host nodes '$got', the container was given '$want'"
+	note "restored onto host GPUs $got"
+	pid=$(cat "$CASE_DIR/pid")
+	kill -USR2 "$pid"
+	l=$(wl_line "$pid" 4 2>&1) || fail "releasing the gated copies: $l"
+	case $l in
+	'{"ok":true'*'"released":'[1-9]*'"errors":[]}') ;;
+	*) fail "the gated copies held across the checkpoint failed: ${l:0:400}" ;;
+	esac
+	check_nodes_inside "$pid"
+	ct_stop ct
+}
+case_runc-rocr-gpu-subset() {
+	export ENGINE=runc
+	on mi250x8 -- in_rocr_dump 128,129
+	on mi250x8 -- in_rocr_restore_as 128,129 134,135
 }
 
 case_runc-same-host() {
