@@ -129,3 +129,41 @@ fn fault_injection_specs_are_checked_before_running() {
         "{err}"
     );
 }
+
+#[test]
+fn supervise_runs_its_command_under_the_emulators_listener() {
+    // Outside `kfd-emu run` there is no emulator to hand the listener to.
+    let out = kfd_emu()
+        .args(["supervise", "--", "true"])
+        .env_remove("KFD_EMU_STATE_DIR")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("KFD_EMU_STATE_DIR"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Under it: the command runs with the filter, and a trapped request on
+    // a file that is not an emulated device is the kernel's to answer
+    // (CONTINUE: /dev/null says ENOTTY), not parked.
+    let script = "grep '^Seccomp:' /proc/self/status; /usr/bin/python3 -c \"\
+import errno, fcntl
+try:
+    fcntl.ioctl(open('/dev/null', 'rb'), 0xc00c642d, bytes(12))
+except OSError as e:
+    print(errno.errorcode[e.errno])\"";
+    let out = kfd_emu()
+        .args(["run", "--profile", "mi100", "--"])
+        .arg(env!("CARGO_BIN_EXE_kfd-emu"))
+        .args(["supervise", "--", "sh", "-c", script])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text, "Seccomp:\t2\nENOTTY\n");
+}
