@@ -15,10 +15,10 @@
 Classes: flip (a byte inverted or xor-ed), bitflip (one bit), truncate, zero
 (a range set to zero), extend (bytes appended), size-prefix (the leading u64
 size word changed), field (a protobuf field of a KFD or render-node image
-edited, the file re-framed so its size word agrees), forged (the same edits
-with the file's line in amdgpu-digests.img rewritten to match, so that only
-the cross-checks behind the digests can refuse them; when the dump wrote
-that file), delete (files removed), swap (files exchanged). The digests
+edited, the file re-framed so its size word agrees), forged (the same edits,
+but for bytes inside KFD's own blob, with the file's line in
+amdgpu-digests.img rewritten to match, so that only the cross-checks behind
+the digests can refuse them; when the dump wrote that file), delete (files removed), swap (files exchanged). The digests
 file, when present, takes the raw damage classes too. Field edits parse the
 wire format themselves (field numbers from proto/criu-amdgpu.proto), so they
 need no protobuf package; digests are XXH3-64 from the system's libxxhash
@@ -228,6 +228,7 @@ class Mutant:
         self.files = files or {}       # name -> new bytes
         self.delete = list(delete)     # names removed
         self.swap = swap               # (a, b): contents exchanged
+        self.opaque = False            # edits bytes only KFD interprets
 
 
 def kind(name):
@@ -408,6 +409,7 @@ def mutants(img, seed):
         pb = bytearray(priv)
         pb[po] ^= 0xFF
         edit(f"priv_data byte {po} ^= 0xff", lambda m, v=bytes(pb): put(m, KFD_PRIV, v))
+        out[-1].opaque = True
         if len(bos) >= 2:
             i0, i1 = bos[0][0], bos[1][0]
             edit("BO entries 0 and 1 swapped", lambda m: (m.__setitem__(i0, list(base[i1])),
@@ -456,8 +458,11 @@ def mutants(img, seed):
         add("swap", p0, f"{p0} holds {p1}'s contents", files={p0: img.data[p1]})
     # The field edits again, as a forger would make them: the digests say
     # the edited files are as dumped, so only the cross-checks can refuse.
+    # Not the bytes inside the kernel's blob: they are KFD's own (queue
+    # MQDs, control stacks), which only KFD's RESTORE judges; their framing
+    # (the cut blob) is forged like the rest.
     if img.digests:
-        for m in [m for m in out if m.cls == "field"]:
+        for m in [m for m in out if m.cls == "field" and not m.opaque]:
             files = dict(m.files)
             d = img.data[DIGESTS]
             for n, data in m.files.items():
