@@ -22,8 +22,10 @@ pub const HOST_GPU: u32 = 0x1a2b;
 
 /// File names an archive entry may take: KFD images with a positive and a
 /// negative (id >= 2^31) file id, their render-node images and pages files
-/// (of the host's GPU and of another), and CRIU's process tree.
-pub const NAMES: [&str; 8] = [
+/// (of the host's GPU and of another), CRIU's process tree, and the other
+/// files a restore's validation reads: the GPU image digests, CRIU's
+/// inventory and files images and the two processes' memory maps.
+pub const NAMES: [&str; 13] = [
     "amdgpu-kfd-1.img",
     "amdgpu-pages-1-1a2b.img",
     "amdgpu-renderD-3.img",
@@ -32,6 +34,11 @@ pub const NAMES: [&str; 8] = [
     "amdgpu-pages--2-1a2b.img",
     "amdgpu-renderD-4.img",
     "amdgpu-pages-1-5c3d.img",
+    "amdgpu-digests.img",
+    "inventory.img",
+    "files.img",
+    "mm-4242.img",
+    "mm-4243.img",
 ];
 
 /// The properties of the host's GPU node (an MI100-like part).
