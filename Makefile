@@ -263,11 +263,12 @@ deb:
 	JOBS=$(JOBS) CARGO="$(CARGO)" scripts/build-deb.sh
 
 # The packages of `make deb` installed with apt on this machine, beside Debian's criu and
-# in its place, used (version, check, VERSION RPC, dump and restore) and purged
+# in its place, used (version, check, VERSION RPC, dump and restore, crit on a GPU dump
+# made on kfd-emu) and purged
 # (test/package/run.sh; pycriu from the tree speaks the RPC).
 .PHONY: test-package
-test-package: deb $(CRIU_TREE)/.lib-built
-	test/package/run.sh
+test-package: deb $(CRIU_TREE)/.lib-built kfd-tools
+	CARGO_TARGET_DIR=$(CARGO_TARGET) test/package/run.sh
 
 install: $(BUILD)/criu-rocm $(BUILD)/criu-rocm.8
 	install -D -m 0755 $(BUILD)/criu-rocm $(DESTDIR)$(BINDIR)/criu-rocm

@@ -7,6 +7,9 @@
 #      CRIU's version numbers (--version and the VERSION RPC container engines gate on),
 #      and dumps and restores;
 #   3. purging both leaves nothing behind (every path dpkg -L listed is gone).
+# In 1 and 2, crit as installed (criu-rocm-crit, then crit on PATH) shows the KFD image of a
+# GPU process the installed criu-rocm dumped on kfd-emu (CARGO_TARGET_DIR: where kfd-emu
+# and gpu-workload were built, rust/target by default).
 # The machine is left as it was found: Debian's criu is reinstalled if it was installed,
 # and purged again if the test installed it.
 #
@@ -116,6 +119,34 @@ rpc_version() {
 	EOF
 }
 
+# A GPU process (gpu-workload on an emulated mi100) dumped by $1 into $work/gpu-img, once.
+target=${CARGO_TARGET_DIR:-$top/rust/target}/release
+gpu_dump() {
+	[ -d "$work/gpu-img" ] && return 0
+	for c in "$target/kfd-emu" "$target/gpu-workload"; do
+		[ -x "$c" ] || fail "$c is missing (make test-package builds it)"
+	done
+	mkdir -p "$work/gpu-img"
+	# shellcheck disable=SC2016 # the script's own $1..$3
+	"$target/kfd-emu" run --profile mi100 -- /bin/bash -c '
+		setsid "$1" --mib 1 --bos 2 </dev/null >"$2/wl.out" 2>&1 &
+		pid=$!
+		for i in $(seq 600); do grep -q "\"ready\":true" "$2/wl.out" && break; sleep 0.05; done
+		grep -q "\"ready\":true" "$2/wl.out" || { echo "gpu-workload did not get ready" >&2; exit 1; }
+		"$3" dump -t "$pid" -D "$2/gpu-img" -o dump.log -v4' \
+		_ "$target/gpu-workload" "$work" "$1" >"$work/gpu-dump.log" 2>&1 ||
+		fail "GPU dump through $1 on kfd-emu failed: $(tail -n 3 "$work/gpu-dump.log" | paste -sd' ') (see $work/gpu-img/dump.log)"
+}
+# crit_shows CRIT: CRIT shows the dump's KFD image, naming its magic and the dumped pid.
+crit_shows() {
+	local out kfd pid
+	kfd=$(ls "$work"/gpu-img/amdgpu-kfd-*.img) || fail "the GPU dump wrote no amdgpu-kfd-*.img"
+	pid=$(grep -o '"ready":true,"pid":[0-9]*' "$work/wl.out" | grep -o '[0-9]*$')
+	out=$("$1" show "$kfd" 2>&1) || fail "$1 show $(basename "$kfd"): $out"
+	grep -q '"magic": "AMDGPU_KFD"' <<<"$out" || fail "$1 show does not name AMDGPU_KFD: $(head -c 300 <<<"$out")"
+	grep -q "\"pid\": $pid," <<<"$out" || fail "$1 show does not show pid $pid: $(head -c 300 <<<"$out")"
+}
+
 # ---------------------------------------------------------------------------------------
 # 1. criu-rocm beside Debian's criu.
 with_criu=0
@@ -143,7 +174,9 @@ fi
 [ "$(status criu-rocm)" = installed ] || fail "criu-rocm is not installed after apt-get install"
 owned criu-rocm >"$work/criu-rocm.list"
 for f in /usr/sbin/criu-rocm /usr/share/man/man8/criu-rocm.8.gz /usr/share/doc/criu-rocm/copyright \
-	/usr/share/doc/criu-rocm/image-format.md.gz /usr/share/doc/criu-rocm/README.Debian; do
+	/usr/share/doc/criu-rocm/image-format.md.gz /usr/share/doc/criu-rocm/README.Debian \
+	/usr/bin/criu-rocm-crit /usr/share/man/man1/criu-rocm-crit.1.gz /usr/lib/criu-rocm/python3/crit/__main__.py \
+	/usr/lib/criu-rocm/python3/pycriu/images/criu_amdgpu_pb2.py; do
 	grep -qx "$f" "$work/criu-rocm.list" || fail "criu-rocm does not ship $f: $(paste -sd' ' "$work/criu-rocm.list")"
 done
 [ -x /usr/sbin/criu-rocm ] || fail "/usr/sbin/criu-rocm is not executable"
@@ -165,6 +198,12 @@ pass "criu-rocm --version ($(paste -sd' ' <<<"$v")) and check"
 "$top/test/smoke/run.sh" /usr/sbin/criu-rocm >"$work/smoke-criu-rocm.log" 2>&1 ||
 	{ tail -n 20 "$work/smoke-criu-rocm.log" >&2; fail "dump and restore through /usr/sbin/criu-rocm (see $work/smoke-criu-rocm.log)"; }
 pass "dump and restore of a process tree through /usr/sbin/criu-rocm"
+
+v=$(/usr/bin/criu-rocm-crit --version 2>&1) || fail "criu-rocm-crit --version: $v"
+[ "$v" = "$CRIU_VERSION" ] || fail "criu-rocm-crit --version says $v, not $CRIU_VERSION"
+gpu_dump /usr/sbin/criu-rocm
+crit_shows /usr/bin/criu-rocm-crit
+pass "criu-rocm-crit $v shows the KFD image of a GPU process /usr/sbin/criu-rocm dumped"
 
 if [ $with_criu = 1 ]; then
 	[ "$(status criu)" = installed ] || fail "Debian's criu is not installed beside criu-rocm"
@@ -203,6 +242,13 @@ rpc=$(PATH=$std_path rpc_version "$top/build/criu-$CRIU_VERSION/lib" 2>&1) || fa
 	fail "the VERSION RPC reports $rpc, not CRIU $CRIU_VERSION"
 pass "criu --version and the VERSION RPC report CRIU $rpc"
 
+crit_path=$(PATH=$std_path command -v crit) || fail "no crit on PATH ($std_path)"
+[ "$(readlink -f "$crit_path")" = /usr/bin/criu-rocm-crit ] || fail "crit on PATH is $crit_path -> $(readlink -f "$crit_path"), not criu-rocm-crit"
+crit_shows "$crit_path"
+man=$(zcat /usr/share/man/man1/crit.1.gz) || fail "cannot read crit.1.gz"
+grep -q '^\.TH "CRIT" "1"' <<<"$man" || fail "crit.1.gz is not CRIU's crit(1)"
+pass "crit on PATH is criu-rocm-crit and shows the GPU dump's KFD image"
+
 "$top/test/smoke/run.sh" "$criu_path" >"$work/smoke-criu.log" 2>&1 ||
 	{ tail -n 20 "$work/smoke-criu.log" >&2; fail "dump and restore through criu on PATH (see $work/smoke-criu.log)"; }
 pass "dump and restore of a process tree through criu on PATH"
@@ -221,7 +267,9 @@ for d in /usr/share/doc/criu-rocm /usr/share/doc/criu-rocm-as-criu; do
 	[ -e "$d" ] && fail "$d is left behind after purge"
 done
 left=$(find /usr/sbin /usr/share/man/man8 -maxdepth 1 -name 'criu*' 2>/dev/null)
-[ -z "$left" ] || fail "left behind in /usr/sbin or man8 after purge: $(paste -sd' ' <<<"$left")"
+left+=$(find /usr/bin /usr/share/man/man1 -maxdepth 1 \( -name 'crit*' -o -name 'criu-rocm*' \) 2>/dev/null)
+[ -z "$left" ] || fail "left behind in /usr/sbin, /usr/bin or the man pages after purge: $(paste -sd' ' <<<"$left")"
+[ -e /usr/lib/criu-rocm ] && fail "/usr/lib/criu-rocm is left behind after purge: $(find /usr/lib/criu-rocm | head -n 5 | paste -sd' ')"
 pass "purged: the $(cat "$work"/*.list | wc -l) files and links both packages installed are gone"
 
 cleanup
