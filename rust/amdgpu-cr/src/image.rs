@@ -683,13 +683,21 @@ impl PagesWriter {
     }
 
     /// Writes `data` at `off - partial - data.len()`, after seeking past
-    /// the zeros held back.
+    /// the zeros held back.  A run of at least a quarter of the buffer goes
+    /// to the file directly (after what the buffer holds): a run of blocks
+    /// is never a whole buffer long (the size word puts the BO bytes 8
+    /// bytes off the file's blocks), and copying it through the buffer
+    /// would cost a memcpy of every byte of GPU memory.
     fn emit(&mut self, data: &[u8]) -> io::Result<()> {
         if self.skip > 0 {
             let skip = i64::try_from(self.skip)
                 .map_err(|_| io::Error::from_raw_os_error(libc::EOVERFLOW))?;
             self.out.seek(io::SeekFrom::Current(skip))?;
             self.skip = 0;
+        }
+        if data.len() >= self.out.capacity() / 4 {
+            self.out.flush()?;
+            return self.out.get_mut().write_all(data);
         }
         self.out.write_all(data)
     }
