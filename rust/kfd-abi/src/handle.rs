@@ -2,7 +2,32 @@
 //!
 //! Each method fills the kernel struct, issues the ioctl through [`ioctl_mut`] (the one
 //! place that touches the raw syscall) and turns failure into an [`Error`] that keeps the
-//! ioctl's name and errno. Nothing here retries: callers decide what EINTR means.
+//! ioctl's name and errno.
+//!
+//! # Restarting after EINTR and EAGAIN
+//!
+//! The methods restart an ioctl the kernel answered EINTR or EAGAIN exactly where the
+//! kernel expects user space to do so, as the C libraries on top of these files do:
+//! libdrm's `drmIoctl` loops on both for every DRM ioctl, and libhsakmt's `kmtIoctl`
+//! (`libhsakmt.c`) loops on both for every KFD ioctl.  Concretely ([`restarting`]):
+//!
+//! * **Every render-node ioctl** ([`RenderNode`]).  `amdgpu_cs_ioctl` answers EAGAIN when
+//!   an MMU notifier invalidated a userptr BO of the submission while it was being set up
+//!   (`amdgpu_cs_parser_bos` / `amdgpu_cs_submit` check `mmu_interval_read_retry`) and
+//!   expects the caller to submit again; CS, GEM_VA, GEM_USERPTR and CTX take their locks
+//!   and wait for fences interruptibly, so a signal without `SA_RESTART` surfaces as EINTR
+//!   (`-ERESTARTSYS`); WAIT_CS (`amdgpu_cs_wait_ioctl`) takes an *absolute* CLOCK_MONOTONIC
+//!   deadline, so restarting it with the same argument keeps one deadline across retries.
+//! * **KFD's memory, queue and event ioctls** ([`Kfd`]): `kfd_ioctl_alloc_memory_of_gpu`,
+//!   `kfd_ioctl_map_memory_to_gpu` and their peers reserve BOs and VMs interruptibly
+//!   (`-ERESTARTSYS`) and a userptr BO's validation can ask for a retry (EAGAIN).
+//! * **Not restarted:** KFD's `WAIT_EVENTS` (its timeout is relative: the caller restarts
+//!   with what is left, see `kfd-client`'s event waits) and the CRIU ops (`CRIU_OP`):
+//!   CHECKPOINT installs dmabuf fds and RESTORE creates BOs as they go, so a repeated call
+//!   is not the same call; their callers see the EINTR and decide.
+//!
+//! EINTR is retried without bound (each one needs a new signal); EAGAIN up to
+//! [`EAGAIN_RETRIES`] times, yielding the CPU in between, then reported.
 
 use crate::ids::{BoHandle, CpuVa, EventId, GpuId, GpuVa, MmapOffset, QueueId, RenderMinor};
 use crate::ioctl::*;
@@ -74,7 +99,30 @@ impl From<Error> for std::io::Error {
 
 pub type Result<T> = std::result::Result<T, Error>;
 
-/// Issues `cmd` on `fd` with `arg` as the in/out struct.
+/// How many EAGAIN answers in a row [`restarting`] retries before it reports one.  The
+/// kernel answers EAGAIN while another thread keeps invalidating the pages of a userptr BO
+/// (NUMA balancing, THP collapse, compaction, swap); a few retries see it through, an
+/// endless stream is a real error worth reporting.
+pub const EAGAIN_RETRIES: u32 = 1000;
+
+/// Runs `call` until it returns something other than EINTR or EAGAIN (at most
+/// [`EAGAIN_RETRIES`] EAGAINs in a row): the restart libdrm's `drmIoctl` and libhsakmt's
+/// `kmtIoctl` do.  `call` must be idempotent: it is issued again with the same argument.
+pub fn restarting<T>(mut call: impl FnMut() -> Result<T>) -> Result<T> {
+    let mut eagain = 0;
+    loop {
+        match call() {
+            Err(e) if e.errno == libc::EINTR => {}
+            Err(e) if e.errno == libc::EAGAIN && eagain < EAGAIN_RETRIES => {
+                eagain += 1;
+                std::thread::yield_now();
+            }
+            r => return r,
+        }
+    }
+}
+
+/// Issues `cmd` on `fd` with `arg` as the in/out struct, once.
 fn ioctl_mut<T>(fd: BorrowedFd<'_>, cmd: u32, name: &'static str, arg: &mut T) -> Result<i32> {
     // SAFETY: `arg` is a live, exclusively borrowed `T`, and every caller pairs `cmd` with the
     // `T` whose size is encoded in it, so the kernel reads and writes only within `*arg`.
@@ -136,8 +184,14 @@ impl<F: AsFd> Kfd<F> {
         self.fd.as_fd()
     }
 
+    /// Issues `cmd`, restarted on EINTR/EAGAIN as `kmtIoctl` does (see the module docs),
+    /// except WAIT_EVENTS, whose relative timeout the caller must shorten first.
     fn io<T>(&self, cmd: u32, arg: &mut T) -> Result<i32> {
-        ioctl_mut(self.fd.as_fd(), cmd, kfd_ioctl_name(cmd), arg)
+        let name = kfd_ioctl_name(cmd);
+        if cmd == AMDKFD_IOC_WAIT_EVENTS {
+            return ioctl_mut(self.fd.as_fd(), cmd, name, arg);
+        }
+        restarting(|| ioctl_mut(self.fd.as_fd(), cmd, name, &mut *arg))
     }
 
     /// (major, minor) of the KFD uapi.
@@ -435,8 +489,11 @@ impl<F: AsFd> RenderNode<F> {
         self.fd.as_fd()
     }
 
+    /// Issues `cmd`, restarted on EINTR/EAGAIN as libdrm's `drmIoctl` does (see the module
+    /// docs).
     fn io<T>(&self, cmd: u32, arg: &mut T) -> Result<i32> {
-        ioctl_mut(self.fd.as_fd(), cmd, drm_ioctl_name(cmd), arg)
+        let name = drm_ioctl_name(cmd);
+        restarting(|| ioctl_mut(self.fd.as_fd(), cmd, name, &mut *arg))
     }
 
     /// The kernel driver's name ("amdgpu").
@@ -637,7 +694,8 @@ impl<F: AsFd> RenderNode<F> {
     }
 
     /// Waits up to `timeout_ns` (absolute, CLOCK_MONOTONIC) for submission `seq`; returns
-    /// true when it completed, false when it is still busy.
+    /// true when it completed, false when it is still busy.  An interrupted wait is issued
+    /// again with the same absolute deadline, so retries never extend it.
     pub fn wait_cs(
         &self,
         ctx_id: u32,
@@ -729,6 +787,74 @@ impl Drop for Mapping {
 mod tests {
     use super::*;
     use std::fs::File;
+
+    /// A call that fails with the given errnos in turn, then succeeds; records the
+    /// argument (a WAIT_CS deadline) it was issued with each time.
+    fn scripted<'a>(
+        errnos: &'a [i32],
+        arg: &sys::drm_amdgpu_wait_cs,
+        seen: &'a std::cell::RefCell<Vec<u64>>,
+    ) -> impl FnMut() -> Result<i32> + 'a {
+        let mut script = errnos.iter().copied();
+        // SAFETY: reading the `in_` member of a union the test initialised through it.
+        let deadline = unsafe { arg.in_ }.timeout;
+        move || {
+            seen.borrow_mut().push(deadline);
+            match script.next() {
+                Some(e) => Err(Error::new("DRM_IOCTL_AMDGPU_WAIT_CS", e)),
+                None => Ok(0),
+            }
+        }
+    }
+
+    #[test]
+    fn restarts_on_eintr_and_eagain_with_the_same_deadline() {
+        let mut a = sys::drm_amdgpu_wait_cs::default();
+        a.in_ = sys::drm_amdgpu_wait_cs_in {
+            handle: 7,
+            timeout: 123_456_789,
+            ..Default::default()
+        };
+        let seen = Default::default();
+        let r = restarting(scripted(
+            &[libc::EINTR, libc::EAGAIN, libc::EINTR, libc::EAGAIN],
+            &a,
+            &seen,
+        ));
+        assert_eq!(r, Ok(0));
+        assert_eq!(
+            *seen.borrow(),
+            vec![123_456_789; 5],
+            "one absolute deadline for all tries"
+        );
+    }
+
+    #[test]
+    fn other_errors_are_not_retried_and_eagain_is_bounded() {
+        let a = sys::drm_amdgpu_wait_cs::default();
+        let seen = Default::default();
+        let r = restarting(scripted(&[libc::ECANCELED, libc::EINTR], &a, &seen));
+        assert_eq!(r.unwrap_err().errno(), libc::ECANCELED);
+        assert_eq!(
+            seen.borrow().len(),
+            1,
+            "ECANCELED is an answer, not a reason to retry"
+        );
+
+        let seen = Default::default();
+        let forever = vec![libc::EAGAIN; EAGAIN_RETRIES as usize + 5];
+        let r = restarting(scripted(&forever, &a, &seen));
+        assert_eq!(r.unwrap_err().errno(), libc::EAGAIN);
+        assert_eq!(seen.borrow().len(), EAGAIN_RETRIES as usize + 1);
+
+        // EINTRs between EAGAINs do not use up the EAGAIN budget.
+        let mut mixed = Vec::new();
+        for _ in 0..EAGAIN_RETRIES {
+            mixed.extend([libc::EAGAIN, libc::EINTR]);
+        }
+        let seen = Default::default();
+        assert_eq!(restarting(scripted(&mixed, &a, &seen)), Ok(0));
+    }
 
     #[test]
     fn errors_keep_errno_and_name() {
