@@ -468,6 +468,20 @@ pub struct DevInfo {
     pub virtual_address_max: u64,
 }
 
+/// What `AMDGPU_INFO_HW_IP_INFO` reports about one IP type of a GPU.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HwIpInfo {
+    /// The IP block's version (for `AMDGPU_HW_IP_DMA` the SDMA generation: 2 CIK, 2.4/3 VI,
+    /// 4 GFX9, 5 GFX10, 6 GFX11, 7 GFX12).
+    pub version_major: u32,
+    pub version_minor: u32,
+    pub ib_start_alignment: u32,
+    pub ib_size_alignment: u32,
+    /// Rings that accept user submissions (`amdgpu_hw_ip_info` counts only rings whose
+    /// scheduler is ready and that are not `no_user_submission`).
+    pub available_rings: u32,
+}
+
 /// A `/dev/dri/renderD<minor>` file descriptor.
 #[derive(Debug)]
 pub struct RenderNode<F: AsFd = OwnedFd> {
@@ -525,6 +539,29 @@ impl<F: AsFd> RenderNode<F> {
             family: info.family,
             virtual_address_offset: info.virtual_address_offset,
             virtual_address_max: info.virtual_address_max,
+        })
+    }
+
+    /// `AMDGPU_INFO_HW_IP_INFO` for IP type `ip_type` (`AMDGPU_HW_IP_*`), instance 0.
+    pub fn amdgpu_info_hw_ip(&self, ip_type: u32) -> Result<HwIpInfo> {
+        let mut info = sys::drm_amdgpu_info_hw_ip::default();
+        let mut a = sys::drm_amdgpu_info {
+            return_pointer: &mut info as *mut _ as u64,
+            return_size: std::mem::size_of_val(&info) as u32,
+            query: sys::AMDGPU_INFO_HW_IP_INFO,
+            ..Default::default()
+        };
+        a.__bindgen_anon_1.query_hw_ip = sys::drm_amdgpu_info__bindgen_ty_1__bindgen_ty_2 {
+            type_: ip_type,
+            ip_instance: 0,
+        };
+        self.io(DRM_IOCTL_AMDGPU_INFO, &mut a)?;
+        Ok(HwIpInfo {
+            version_major: info.hw_ip_version_major,
+            version_minor: info.hw_ip_version_minor,
+            ib_start_alignment: info.ib_start_alignment,
+            ib_size_alignment: info.ib_size_alignment,
+            available_rings: info.available_rings,
         })
     }
 
