@@ -1,6 +1,9 @@
 //! The SDMA engine's device on real hardware: a render node driven through
 //! the ABI crate's amdgpu ioctls (PRIME import, userptr, GEM_VA, CTX, CS,
-//! WAIT_CS).
+//! WAIT_CS).  The node is a file the session opened for the copies, so the
+//! engine's mappings live in a GPU VM of its own, never the task's.  The
+//! ABI layer restarts each of these ioctls on EINTR/EAGAIN (libdrm's
+//! `drmIoctl` does the same), WAIT_CS with its one absolute deadline.
 //!
 //! **Hardware only**, like the engine: the emulator hands out no dmabufs,
 //! so [`sdma_for`] is only reached when KFD exported one.  What can be
@@ -17,8 +20,8 @@ use kfd_abi::handle::RenderNode;
 use kfd_abi::ids::{CpuVa, GpuVa};
 use kfd_abi::sys;
 
-use super::sdma::{GemHandle, SdmaDevice, SdmaEngine, VaWindow, AMDGPU_HW_IP_DMA};
-use super::{CopyEngine, CopyError};
+use super::sdma::{GemHandle, SdmaDevice, SdmaEngine, SdmaGen, VaWindow, AMDGPU_HW_IP_DMA};
+use super::{CopyError, GpuEngine};
 use crate::ids::GpuId;
 
 fn os(e: kfd_abi::handle::Error) -> io::Error {
@@ -28,21 +31,38 @@ fn os(e: kfd_abi::handle::Error) -> io::Error {
 /// A render node as an [`SdmaDevice`].
 pub struct DrmSdma {
     node: RenderNode<OwnedFd>,
-    family: u32,
+    gen: SdmaGen,
 }
 
 impl DrmSdma {
-    /// Wraps a render-node fd (its VM is where the engine maps buffers).
-    pub fn new(fd: OwnedFd) -> io::Result<(Self, kfd_abi::handle::DevInfo)> {
+    /// Wraps a render-node fd (its VM is where the engine maps buffers),
+    /// or says why its DMA ring cannot take our IBs: no DMA IP amdgpu has
+    /// an SDMA driver for, or no ring that accepts user submissions
+    /// (`amdgpu_hw_ip_info` leaves out rings that are not ready or are
+    /// `no_user_submission`, e.g. SDMA 7.1 by default or SDMA 6/7 with
+    /// `amdgpu.disable_kq=1`).
+    pub fn new(fd: OwnedFd) -> Result<(Self, kfd_abi::handle::DevInfo), String> {
         let node = RenderNode::from_fd(fd);
-        let info = node.amdgpu_info_dev_info().map_err(os)?;
-        Ok((
-            DrmSdma {
-                node,
-                family: info.family,
-            },
-            info,
-        ))
+        let info = node
+            .amdgpu_info_dev_info()
+            .map_err(|e| format!("AMDGPU_INFO_DEV_INFO: {e}"))?;
+        let dma = node
+            .amdgpu_info_hw_ip(AMDGPU_HW_IP_DMA)
+            .map_err(|e| format!("AMDGPU_INFO_HW_IP_INFO(DMA): {e}"))?;
+        let gen = SdmaGen::of_ip_version(dma.version_major).ok_or_else(|| {
+            format!(
+                "DMA IP {}.{} is not an SDMA generation this engine knows",
+                dma.version_major, dma.version_minor
+            )
+        })?;
+        if dma.available_rings == 0 {
+            return Err(format!(
+                "no DMA ring accepts user submissions (AMDGPU_INFO_HW_IP_INFO(DMA): SDMA {}.{}, \
+                 available_rings 0)",
+                dma.version_major, dma.version_minor
+            ));
+        }
+        Ok((DrmSdma { node, gen }, info))
     }
 }
 
@@ -62,8 +82,8 @@ fn deadline(d: Duration) -> u64 {
 }
 
 impl SdmaDevice for DrmSdma {
-    fn family(&self) -> u32 {
-        self.family
+    fn generation(&self) -> SdmaGen {
+        self.gen
     }
 
     fn import_dmabuf(&mut self, dmabuf: BorrowedFd<'_>) -> io::Result<GemHandle> {
@@ -79,8 +99,17 @@ impl SdmaDevice for DrmSdma {
             .map_err(os)
     }
 
-    fn va_map(&mut self, handle: GemHandle, va: u64, size: u64) -> io::Result<()> {
-        let flags = sys::AMDGPU_VM_PAGE_READABLE | sys::AMDGPU_VM_PAGE_WRITEABLE;
+    fn va_map(
+        &mut self,
+        handle: GemHandle,
+        va: u64,
+        size: u64,
+        executable: bool,
+    ) -> io::Result<()> {
+        let mut flags = sys::AMDGPU_VM_PAGE_READABLE | sys::AMDGPU_VM_PAGE_WRITEABLE;
+        if executable {
+            flags |= sys::AMDGPU_VM_PAGE_EXECUTABLE;
+        }
         self.node
             .gem_va(handle, sys::AMDGPU_VA_OP_MAP, flags, GpuVa(va), 0, size)
             .map_err(os)
@@ -138,28 +167,29 @@ impl SdmaDevice for DrmSdma {
     }
 }
 
-/// An SDMA engine on the render node `fd` for GPU `gpu`, placing its
-/// buffers in a VA window clear of `busy` (the BOs of the VM, when the VM
-/// is the process' own), or why there is none.
+/// An SDMA engine on the render node `fd` (a file the caller opened for
+/// the copies: its VM is the engine's alone) for GPU `gpu`, placing its
+/// buffers in a VA window clear of `busy`, probed with one NOP IB; or why
+/// there is none.
 pub fn sdma_for<'a>(
     fd: BorrowedFd<'_>,
     gpu: GpuId,
     staging: u64,
     largest_bo: u64,
     busy: &[(u64, u64)],
-) -> Result<Box<dyn CopyEngine + 'a>, CopyError> {
+) -> Result<Box<dyn GpuEngine + 'a>, CopyError> {
     let setup = |what: String| CopyError::Setup { gpu, what };
     let own = fd
         .as_fd()
         .try_clone_to_owned()
         .map_err(|e| setup(format!("dup of the render node: {e}")))?;
-    let (dev, info) = DrmSdma::new(own).map_err(|e| setup(format!("AMDGPU_INFO_DEV_INFO: {e}")))?;
+    let (dev, info) = DrmSdma::new(own).map_err(setup)?;
     let va = VaWindow::pick(
         info.virtual_address_offset,
         info.virtual_address_max,
         busy,
         staging,
-        info.family,
+        dev.generation(),
         largest_bo,
     )
     .ok_or_else(|| setup("no free GPU VA window for the SDMA staging buffers".into()))?;

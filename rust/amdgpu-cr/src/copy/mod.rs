@@ -1,14 +1,23 @@
 //! Moving BO contents between GPU memory and the pages files.
 //!
 //! Two engines implement [`CopyEngine`]:
-//! * [`cpu::CpuEngine`] maps the BO through a device fd (the render node at
-//!   the BO's mmap offset, or a dmabuf) in windows of at most the staging
-//!   size and copies with the CPU.  It works on the emulator and on GPUs
-//!   whose VRAM is host visible (large BAR), and for GTT BOs.
+//! * [`cpu::CpuEngine`] maps the BO through a device fd (its dmabuf when
+//!   KFD exported one, else the render-node file that owns it at its mmap
+//!   offset) in windows of at most the staging size and copies with the
+//!   CPU.  It works for GTT BOs and for VRAM BOs allocated with KFD's
+//!   PUBLIC flag (amdgpu refuses to map the others: they are
+//!   `AMDGPU_GEM_CREATE_NO_CPU_ACCESS`), and on the emulator.
 //! * [`sdma::SdmaEngine`] imports the BO's dmabuf into a render node and
 //!   copies with the GPU's SDMA engine to and from a userptr staging buffer.
-//!   It is the path for VRAM outside the BAR.  It needs real hardware and
-//!   is only tested against a packet-interpreting model here.
+//!   Under `auto` it moves every VRAM BO it can reach (BAR reads of
+//!   write-combined VRAM are far slower, and need HDP maintenance).  It
+//!   needs real hardware and is only tested against a packet-interpreting
+//!   model here.
+//!
+//! When the CPU touches VRAM on a GPU that has an SDMA engine, each piece
+//! is bracketed by [`GpuEngine::hdp_barrier`] (a NOP IB: amdgpu flushes
+//! HDP before an IB and invalidates it after), as the kernel's own CPU
+//! access to VRAM flushes and invalidates HDP.
 //!
 //! [`dump_contents`] and [`restore_contents`] run one worker per GPU in
 //! parallel, each with its own engines and staging memory, streaming that
@@ -65,6 +74,14 @@ pub enum CopyError {
         #[source]
         source: io::Error,
     },
+    #[error("GPU {gpu}, BO {bo}: GPU reset during copy: {op}: {source}")]
+    GpuReset {
+        gpu: GpuId,
+        bo: usize,
+        op: &'static str,
+        #[source]
+        source: io::Error,
+    },
     #[error("GPU {gpu}, BO {bo}: SDMA copy did not finish within {timeout:?}")]
     Timeout {
         gpu: GpuId,
@@ -95,6 +112,7 @@ impl CopyError {
         match self {
             CopyError::Map { source, .. }
             | CopyError::Device { source, .. }
+            | CopyError::GpuReset { source, .. }
             | CopyError::Stream { source, .. } => source.raw_os_error(),
             CopyError::Image(e) => e.raw_os_error(),
             CopyError::Timeout { .. } => Some(libc::ETIMEDOUT),
@@ -113,9 +131,10 @@ pub struct BoRef<'a> {
     pub addr: GpuVa,
     pub size: u64,
     pub alloc_flags: u32,
-    /// An fd and offset through which the CPU can map the whole BO: the
-    /// render node (same `drm_file` as the BO) at its mmap offset, or a
-    /// dmabuf at offset 0.
+    /// An fd and offset through which the CPU can map the whole BO: its
+    /// dmabuf at offset 0, or else the render-node file that owns it (the
+    /// one given to ACQUIRE_VM or RESTORE: `drm_gem_mmap` refuses any
+    /// other file with EACCES) at its mmap offset.
     pub cpu_map: Option<(BorrowedFd<'a>, MmapOffset)>,
     /// The dmabuf fd KFD exported for the BO (CHECKPOINT/RESTORE output).
     pub dmabuf: Option<BorrowedFd<'a>>,
@@ -132,6 +151,14 @@ pub trait CopyEngine: Send {
     fn write_bo(&mut self, bo: &BoRef<'_>, src: &mut dyn Read) -> Result<(), CopyError>;
 }
 
+/// An engine that submits work to the GPU, and so can make CPU access to
+/// VRAM coherent.
+pub trait GpuEngine: CopyEngine {
+    /// Flushes HDP (CPU writes through the BAR reach VRAM) and invalidates
+    /// it (later CPU reads see VRAM); errors name `bo`.
+    fn hdp_barrier(&mut self, bo: &BoRef<'_>) -> Result<(), CopyError>;
+}
+
 /// Which engine handles a BO under `policy`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EngineKind {
@@ -139,9 +166,10 @@ pub enum EngineKind {
     Sdma,
 }
 
-/// Engine selection.  `auto`: the CPU when the BO is host visible or has
-/// no dmabuf (the emulator, and KFD for BOs it does not export), SDMA
-/// otherwise.  Forced choices fail when their engine cannot reach the BO.
+/// Engine selection.  `auto`: SDMA for VRAM BOs when the GPU has a working
+/// SDMA engine and the BO a dmabuf (real hardware), the CPU for the rest
+/// (GTT, BOs KFD exported no dmabuf for, the emulator, a GPU whose DMA ring
+/// refused us).  Forced choices fail when their engine cannot reach the BO.
 pub fn choose_engine(
     policy: EnginePolicy,
     bo: &BoRef<'_>,
@@ -164,12 +192,12 @@ pub fn choose_engine(
             "CRIU_ROCM_COPY_ENGINE=sdma but the BO has no dmabuf or the GPU no SDMA path",
         )),
         EnginePolicy::Auto => {
-            if can_cpu && (bo.dmabuf.is_none() || bo::host_visible(bo.alloc_flags)) {
-                Ok(EngineKind::Cpu)
-            } else if can_sdma {
+            if can_sdma && bo.alloc_flags & bo::ALLOC_VRAM != 0 {
                 Ok(EngineKind::Sdma)
             } else if can_cpu {
                 Ok(EngineKind::Cpu)
+            } else if can_sdma {
+                Ok(EngineKind::Sdma)
             } else {
                 Err(no("neither a CPU mapping nor a dmabuf with SDMA"))
             }
@@ -181,7 +209,10 @@ pub fn choose_engine(
 pub struct Engines<'a> {
     pub policy: EnginePolicy,
     pub cpu: Option<cpu::CpuEngine>,
-    pub sdma: Option<Box<dyn CopyEngine + 'a>>,
+    pub sdma: Option<Box<dyn GpuEngine + 'a>>,
+    /// Whether the SDMA engine copies BOs (false under policy `cpu`, where
+    /// it is there for HDP barriers only).
+    pub sdma_copies: bool,
     /// The bytes of the memory budget for the CPU window and the pages
     /// file's write buffer (besides what an SDMA engine holds).
     pub budget: u64,
@@ -190,11 +221,12 @@ pub struct Engines<'a> {
 impl<'a> Engines<'a> {
     /// A CPU engine and a pages-file write buffer within `budget` bytes
     /// (see [`env::lane_split`]), plus the SDMA engine if the device has
-    /// one.
-    pub fn new(policy: EnginePolicy, budget: u64, sdma: Option<Box<dyn CopyEngine + 'a>>) -> Self {
+    /// one (under policy `cpu` it only issues HDP barriers).
+    pub fn new(policy: EnginePolicy, budget: u64, sdma: Option<Box<dyn GpuEngine + 'a>>) -> Self {
         Engines {
             policy,
             cpu: Some(cpu::CpuEngine::new(env::lane_split(budget).0)),
+            sdma_copies: policy != EnginePolicy::Cpu,
             sdma,
             budget,
         }
@@ -205,20 +237,42 @@ impl<'a> Engines<'a> {
         env::lane_split(self.budget).1 as usize
     }
 
-    fn pick(&mut self, bo: &BoRef<'_>) -> Result<(EngineKind, &mut dyn CopyEngine), CopyError> {
-        let kind = choose_engine(self.policy, bo, self.sdma.is_some())?;
+    /// Moves one piece with the engine `policy` picks for it (`f` does the
+    /// moving); CPU access to a VRAM BO is bracketed by HDP barriers when
+    /// the GPU has an engine that can issue them.
+    fn with_engine<T>(
+        &mut self,
+        bo: &BoRef<'_>,
+        f: impl FnOnce(&mut dyn CopyEngine) -> Result<T, CopyError>,
+    ) -> Result<(EngineKind, T), CopyError> {
+        let kind = choose_engine(self.policy, bo, self.sdma.is_some() && self.sdma_copies)?;
         let missing = |what: &str| CopyError::NoEngine {
             gpu: bo.gpu,
             bo: bo.index,
             why: format!("{what} engine not set up"),
         };
-        Ok(match kind {
-            EngineKind::Cpu => (kind, self.cpu.as_mut().ok_or_else(|| missing("CPU"))?),
-            EngineKind::Sdma => (
-                kind,
-                self.sdma.as_deref_mut().ok_or_else(|| missing("SDMA"))?,
-            ),
-        })
+        match kind {
+            EngineKind::Sdma => {
+                let sdma = self.sdma.as_deref_mut().ok_or_else(|| missing("SDMA"))?;
+                Ok((kind, f(sdma)?))
+            }
+            EngineKind::Cpu => {
+                let cpu = self.cpu.as_mut().ok_or_else(|| missing("CPU"))?;
+                let hdp = match self.sdma.as_deref_mut() {
+                    Some(g) if bo.alloc_flags & bo::ALLOC_VRAM != 0 => Some(g),
+                    _ => None,
+                };
+                match hdp {
+                    Some(g) => {
+                        g.hdp_barrier(bo)?;
+                        let r = f(cpu)?;
+                        g.hdp_barrier(bo)?;
+                        Ok((kind, r))
+                    }
+                    None => Ok((kind, f(cpu)?)),
+                }
+            }
+        }
     }
 }
 
@@ -636,8 +690,10 @@ fn run_lanes<'a, F: Send>(
             let mut stats = lane.stats();
             let mut digests = Vec::with_capacity(lane.pieces.len());
             for p in &lane.pieces {
-                let (kind, engine) = lane.engines.pick(&p.bo)?;
-                digests.push((p.bo.index, p.start, move_piece(engine, p, &mut file)?));
+                let (kind, d) = lane
+                    .engines
+                    .with_engine(&p.bo, |engine| move_piece(engine, p, &mut file))?;
+                digests.push((p.bo.index, p.start, d));
                 count(&mut stats, kind, p);
                 log::debug!(
                     "GPU {}: BO {}, bytes {}..{}: {done}",
@@ -753,6 +809,85 @@ pub(crate) fn drain_to(sink: &mut dyn Write, buf: &[u8], bo: &BoRef<'_>) -> Resu
 pub(crate) mod tests {
     use super::*;
     use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+    use std::sync::{Arc, Mutex};
+
+    /// A GPU engine that copies with the CPU and logs what it is asked to
+    /// do ("copy N", "hdp N" for BO N).
+    struct FakeGpu {
+        cpu: cpu::CpuEngine,
+        log: Arc<Mutex<Vec<String>>>,
+    }
+
+    impl FakeGpu {
+        fn new() -> (Self, Arc<Mutex<Vec<String>>>) {
+            let log = Arc::new(Mutex::new(Vec::new()));
+            (
+                FakeGpu {
+                    cpu: cpu::CpuEngine::new(4096),
+                    log: log.clone(),
+                },
+                log,
+            )
+        }
+    }
+
+    impl CopyEngine for FakeGpu {
+        fn name(&self) -> &'static str {
+            "fake-gpu"
+        }
+        fn read_bo(&mut self, bo: &BoRef<'_>, sink: &mut dyn Write) -> Result<(), CopyError> {
+            self.log.lock().unwrap().push(format!("copy {}", bo.index));
+            self.cpu.read_bo(bo, sink)
+        }
+        fn write_bo(&mut self, bo: &BoRef<'_>, src: &mut dyn Read) -> Result<(), CopyError> {
+            self.log.lock().unwrap().push(format!("copy {}", bo.index));
+            self.cpu.write_bo(bo, src)
+        }
+    }
+
+    impl GpuEngine for FakeGpu {
+        fn hdp_barrier(&mut self, bo: &BoRef<'_>) -> Result<(), CopyError> {
+            self.log.lock().unwrap().push(format!("hdp {}", bo.index));
+            Ok(())
+        }
+    }
+
+    /// Under `auto` VRAM goes by the GPU engine and GTT by the CPU; under
+    /// `cpu` the CPU copies VRAM between two HDP barriers, GTT without.
+    #[test]
+    fn vram_goes_by_sdma_and_cpu_access_to_vram_is_hdp_bracketed() {
+        let dev = device(1 << 20);
+        let bo = |index, flags| BoRef {
+            index,
+            gpu: GpuId(1),
+            addr: GpuVa(0x10000 * (index as u64 + 1)),
+            size: 4096,
+            alloc_flags: flags,
+            cpu_map: Some((dev.as_fd(), MmapOffset(4096 * index as u64))),
+            dmabuf: Some(dev.as_fd()),
+        };
+        let vram = bo(0, bo::ALLOC_VRAM | bo::ALLOC_PUBLIC);
+        let gtt = bo(1, bo::ALLOC_GTT);
+        for (policy, want) in [
+            (EnginePolicy::Auto, vec!["copy 0"]),
+            (EnginePolicy::Cpu, vec!["hdp 0", "hdp 0"]),
+        ] {
+            let (gpu, log) = FakeGpu::new();
+            let mut e = Engines::new(policy, 4096, Some(Box::new(gpu)));
+            for b in [&vram, &gtt] {
+                let (kind, ()) = e
+                    .with_engine(b, |eng| eng.read_bo(b, &mut io::sink()))
+                    .unwrap();
+                let expect = if b.index == 0 && policy == EnginePolicy::Auto {
+                    EngineKind::Sdma
+                } else {
+                    EngineKind::Cpu
+                };
+                assert_eq!(kind, expect, "{policy:?}, BO {}", b.index);
+            }
+            assert_eq!(*log.lock().unwrap(), want, "{policy:?}");
+        }
+    }
 
     /// A memfd of `size` bytes standing in for a render node: BOs live at
     /// byte offsets.
@@ -885,7 +1020,7 @@ pub(crate) mod tests {
         let per_lane: Vec<u64> = lanes.iter().map(|l| l.bytes().unwrap()).collect();
         assert_eq!(per_lane, vec![128 * mib, 128 * mib + 4096 + 65536]);
         let mut with_sdma = job(bos);
-        with_sdma.engines.sdma = Some(Box::new(cpu::CpuEngine::new(4096)));
+        with_sdma.engines.sdma = Some(Box::new(FakeGpu::new().0));
         assert_eq!(
             split_job(with_sdma, 4, &whole).len(),
             1,
@@ -915,7 +1050,7 @@ pub(crate) mod tests {
             engines: Engines::new(
                 EnginePolicy::Auto,
                 64 << 20,
-                sdma.then(|| Box::new(cpu::CpuEngine::new(4096)) as Box<dyn CopyEngine>),
+                sdma.then(|| Box::new(FakeGpu::new().0) as Box<dyn GpuEngine>),
             ),
         };
         let extent = |_| Some(32 * mib);

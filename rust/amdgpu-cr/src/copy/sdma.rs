@@ -4,40 +4,51 @@
 //! **Hardware only.**  No AMD GPU exists where this crate is developed and
 //! the emulator cannot hand out dmabuf fds, so this engine is exercised
 //! only against [`SdmaDevice`] models in the unit tests: packet encoding is
-//! checked dword by dword against the documented COPY_LINEAR layout, and
-//! the submission sequence against a model that executes the packets.
+//! checked dword by dword against encodings written from the kernel's
+//! packet headers for every generation, and the submission sequence
+//! against a model that executes the packets.
+//!
+//! The engine works in a VM of its own: the caller hands it a render-node
+//! file it opened for the copies (not the task's), so its staging, IB and
+//! BO mappings cannot collide with the process' GPU addresses.
 //!
 //! Corrections over upstream 4.1.1's `sdma_copy_bo`:
-//! * the COPY_LINEAR `count` is `bytes - 1` on family ≥ AI (GFX9+), `bytes`
-//!   before (upstream always writes `bytes`, copying one byte too many);
+//! * the packet follows the DMA IP's version (`AMDGPU_INFO_HW_IP_INFO` of
+//!   `AMDGPU_HW_IP_DMA`), not the family id: COPY_LINEAR's `count` is
+//!   `bytes` on SDMA 2.x/3.x (CIK, VI), `bytes - 1` from SDMA 4 (GFX9) on
+//!   (upstream always writes `bytes`, copying one byte too many), and SDMA 7
+//!   (GFX12) gets the CPV bit and an eighth dword as
+//!   `sdma_v7_0_emit_copy_buffer` writes them;
+//! * the DMA ring is probed at set-up (rings that take user submissions,
+//!   then one NOP IB), so `auto` can fall back to the CPU with a reason;
 //! * every error (import, VA map, submit, fence wait, timeout, short file
-//!   I/O) is returned; cleanup errors never hide a transfer error;
-//! * the IB is sized from the padded packet count;
+//!   I/O) is returned; cleanup errors never hide a transfer error; a fence
+//!   that fails with ETIME/ECANCELED is reported as a GPU reset;
+//! * the IB is sized from the padded packet count, and mapped executable;
 //! * one context and one staging/IB registration per worker, not per IB;
-//! * GPU VAs come from a window the caller chose away from the process'
-//!   own BOs (see [`pick_va_window`]), not from an allocator that does not
-//!   know about KFD's addresses.
+//! * GPU VAs come from a window the caller chose (see [`pick_va_window`]),
+//!   not from an allocator that does not know about other mappings.
 
 use std::io::{self, Read, Write};
 use std::os::fd::BorrowedFd;
 use std::ptr::NonNull;
 use std::time::Duration;
 
-use super::{drain_to, fill_from, BoRef, CopyEngine, CopyError};
+use super::{drain_to, fill_from, BoRef, CopyEngine, CopyError, GpuEngine};
 use crate::bo::PAGE_SIZE;
 use crate::ids::GpuId;
 
-/// First GPU family (Vega10/GFX9, "AI") whose SDMA encodes `count` as
-/// bytes − 1.
-pub const AMDGPU_FAMILY_AI: u32 = 141;
 /// SDMA opcode COPY.
 pub const SDMA_OP_COPY: u32 = 1;
 /// SDMA sub-opcode LINEAR (of COPY).
 pub const SDMA_SUBOP_COPY_LINEAR: u32 = 0;
 /// SDMA NOP (one dword).
 pub const SDMA_OP_NOP: u32 = 0;
-/// Dwords in one COPY_LINEAR packet.
-pub const COPY_LINEAR_DWORDS: usize = 7;
+/// The CPV bit of SDMA 7's COPY_LINEAR header
+/// (`SDMA_PKT_COPY_LINEAR_HEADER_cpv_shift` in `sdma_v7_0_0_pkt_open.h`).
+pub const SDMA7_COPY_LINEAR_CPV: u32 = 1 << 19;
+/// Dwords of the longest COPY_LINEAR packet (SDMA 7).
+pub const MAX_PACKET_DWORDS: usize = 8;
 /// IBs are padded with NOPs to a multiple of this many dwords.
 pub const IB_ALIGN_DWORDS: usize = 8;
 /// Largest copy of one packet: 2 MiB (safe on every SDMA generation).
@@ -48,36 +59,76 @@ pub const AMDGPU_HW_IP_DMA: u32 = 2;
 /// the staging size (64 MiB by default), milliseconds on any SDMA.
 pub const FENCE_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Largest byte count of one COPY_LINEAR packet for `family`: older SDMA
-/// encodes the byte count itself in a 21-bit field.
-pub fn max_chunk(family: u32) -> u64 {
-    if family >= AMDGPU_FAMILY_AI {
-        MAX_CHUNK
-    } else {
-        MAX_CHUNK - 1
+/// The COPY_LINEAR layouts amdgpu's SDMA generations take, chosen by the
+/// major version of the DMA IP block (`AMDGPU_INFO_HW_IP_INFO`,
+/// `hw_ip_version_major`).  Family ids are not in hardware order (GFX12's
+/// 152 is above GFX11's 145, but so is no rule), the IP version is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SdmaGen {
+    /// SDMA 2.x and 3.x (`cik_sdma.c`, `sdma_v2_4.c`, `sdma_v3_0.c`): 7
+    /// dwords, `count` is the byte count in 21 bits (at most 0x1fffff).
+    BytesCount,
+    /// SDMA 4 to 6 (`sdma_v4_0.c` .. `sdma_v6_0.c`): 7 dwords, `count` is
+    /// bytes − 1.
+    BytesMinusOne,
+    /// SDMA 7 (`sdma_v7_0.c`): the CPV bit set in the header and an eighth
+    /// dword (the DCC word, 0 for an uncompressed copy), `count` bytes − 1.
+    Cpv,
+}
+
+impl SdmaGen {
+    /// The generation of a DMA IP block of version `major`.x; `None` for
+    /// versions amdgpu has no SDMA driver of (SI's DMA is not SDMA).
+    pub fn of_ip_version(major: u32) -> Option<Self> {
+        match major {
+            2 | 3 => Some(SdmaGen::BytesCount),
+            4..=6 => Some(SdmaGen::BytesMinusOne),
+            7.. => Some(SdmaGen::Cpv),
+            _ => None,
+        }
+    }
+
+    /// Dwords of one COPY_LINEAR packet.
+    pub fn packet_dwords(self) -> usize {
+        match self {
+            SdmaGen::Cpv => 8,
+            _ => 7,
+        }
+    }
+
+    /// Largest byte count of one packet.  The 21-bit byte count of SDMA
+    /// 2/3 cannot say 2 MiB; its chunks are 2 MiB − 4 KiB, so every packet
+    /// after the first still starts page aligned.
+    pub fn max_chunk(self) -> u64 {
+        match self {
+            SdmaGen::BytesCount => MAX_CHUNK - PAGE_SIZE,
+            _ => MAX_CHUNK,
+        }
     }
 }
 
 /// One COPY_LINEAR packet copying `bytes` (1..=max_chunk) from GPU VA
-/// `src` to `dst`.
-pub fn copy_linear(family: u32, src: u64, dst: u64, bytes: u64) -> [u32; COPY_LINEAR_DWORDS] {
+/// `src` to `dst`; the first [`SdmaGen::packet_dwords`] dwords are the
+/// packet.
+pub fn copy_linear(gen: SdmaGen, src: u64, dst: u64, bytes: u64) -> [u32; MAX_PACKET_DWORDS] {
     assert!(
-        bytes > 0 && bytes <= max_chunk(family),
+        bytes > 0 && bytes <= gen.max_chunk(),
         "chunk of {bytes} bytes"
     );
-    let count = if family >= AMDGPU_FAMILY_AI {
-        bytes - 1
-    } else {
-        bytes
-    } as u32;
+    let (count, cpv) = match gen {
+        SdmaGen::BytesCount => (bytes, 0),
+        SdmaGen::BytesMinusOne => (bytes - 1, 0),
+        SdmaGen::Cpv => (bytes - 1, SDMA7_COPY_LINEAR_CPV),
+    };
     [
-        (SDMA_SUBOP_COPY_LINEAR << 8) | SDMA_OP_COPY,
-        count,
+        cpv | (SDMA_SUBOP_COPY_LINEAR << 8) | SDMA_OP_COPY,
+        count as u32,
         0, // no endian swap
         src as u32,
         (src >> 32) as u32,
         dst as u32,
         (dst >> 32) as u32,
+        0, // SDMA 7: no DCC (read decompressed / write compressed) parameters
     ]
 }
 
@@ -92,11 +143,12 @@ pub fn chunks(len: u64, max: u64) -> impl Iterator<Item = (u64, u64)> {
 }
 
 /// The IB copying `len` bytes from `src` to `dst`: COPY_LINEAR packets of
-/// at most [`max_chunk`] bytes, NOP-padded to a multiple of 8 dwords.
-pub fn build_ib(family: u32, src: u64, dst: u64, len: u64) -> Vec<u32> {
-    let mut ib = Vec::with_capacity(ib_dwords(family, len));
-    for (off, size) in chunks(len, max_chunk(family)) {
-        ib.extend_from_slice(&copy_linear(family, src + off, dst + off, size));
+/// at most [`SdmaGen::max_chunk`] bytes, NOP-padded to a multiple of 8
+/// dwords.
+pub fn build_ib(gen: SdmaGen, src: u64, dst: u64, len: u64) -> Vec<u32> {
+    let mut ib = Vec::with_capacity(ib_dwords(gen, len));
+    for (off, size) in chunks(len, gen.max_chunk()) {
+        ib.extend_from_slice(&copy_linear(gen, src + off, dst + off, size)[..gen.packet_dwords()]);
     }
     while ib.len() % IB_ALIGN_DWORDS != 0 {
         ib.push(SDMA_OP_NOP);
@@ -105,15 +157,21 @@ pub fn build_ib(family: u32, src: u64, dst: u64, len: u64) -> Vec<u32> {
 }
 
 /// Dwords of the IB [`build_ib`] makes for `len` bytes.
-pub fn ib_dwords(family: u32, len: u64) -> usize {
-    let packets = len.div_ceil(max_chunk(family)) as usize;
-    (packets * COPY_LINEAR_DWORDS).div_ceil(IB_ALIGN_DWORDS) * IB_ALIGN_DWORDS
+pub fn ib_dwords(gen: SdmaGen, len: u64) -> usize {
+    let packets = len.div_ceil(gen.max_chunk()) as usize;
+    (packets * gen.packet_dwords()).div_ceil(IB_ALIGN_DWORDS) * IB_ALIGN_DWORDS
+}
+
+/// The IB of one probe or HDP barrier: a padded run of NOPs.  amdgpu runs
+/// it like any IB (`amdgpu_ib_schedule`: HDP flush before, HDP invalidate
+/// after, on a dGPU), which is what [`SdmaEngine::hdp_barrier`] wants.
+pub fn nop_ib() -> [u32; IB_ALIGN_DWORDS] {
+    [SDMA_OP_NOP; IB_ALIGN_DWORDS]
 }
 
 /// Lowest `align`-aligned address in `[lo, hi)` where `need` bytes do not
-/// overlap any of the `busy` `(start, size)` ranges.  The restore runs the
-/// copies in the restored process' own GPU VM, so the caller passes every
-/// BO range of the image as busy.
+/// overlap any of the `busy` `(start, size)` ranges (none when the VM is
+/// the engine's own, as the session gives it).
 pub fn pick_va_window(lo: u64, hi: u64, busy: &[(u64, u64)], need: u64, align: u64) -> Option<u64> {
     let align_up = |x: u64| x.checked_add(align - 1).map(|v| v / align * align);
     let mut ranges: Vec<(u64, u64)> = busy
@@ -140,8 +198,9 @@ pub type GemHandle = u32;
 /// The DRM/amdgpu operations the SDMA path needs, in the shape of the ABI
 /// crate's `RenderNode` methods.  Every method keeps errno.
 pub trait SdmaDevice: Send {
-    /// GPU family (`AMDGPU_INFO_DEV_INFO.family`).
-    fn family(&self) -> u32;
+    /// The COPY_LINEAR layout of the GPU's DMA IP (from
+    /// `AMDGPU_INFO_HW_IP_INFO`).
+    fn generation(&self) -> SdmaGen;
     /// `PRIME_FD_TO_HANDLE`.
     fn import_dmabuf(&mut self, dmabuf: BorrowedFd<'_>) -> io::Result<GemHandle>;
     /// `AMDGPU_GEM_USERPTR` over `[addr, addr + size)`.
@@ -150,8 +209,10 @@ pub trait SdmaDevice: Send {
     /// The memory must stay mapped and not be used for anything else until
     /// the handle is closed: the GPU reads and writes it.
     unsafe fn userptr(&mut self, addr: NonNull<u8>, size: u64) -> io::Result<GemHandle>;
-    /// `AMDGPU_GEM_VA` map (read/write) of the whole object at `va`.
-    fn va_map(&mut self, handle: GemHandle, va: u64, size: u64) -> io::Result<()>;
+    /// `AMDGPU_GEM_VA` map (read/write, and executable for an IB) of the
+    /// whole object at `va`.
+    fn va_map(&mut self, handle: GemHandle, va: u64, size: u64, executable: bool)
+        -> io::Result<()>;
     /// `AMDGPU_GEM_VA` unmap.
     fn va_unmap(&mut self, handle: GemHandle, va: u64, size: u64) -> io::Result<()>;
     /// `AMDGPU_CTX` alloc.
@@ -228,36 +289,35 @@ pub const VA_ALIGN: u64 = 1 << 21;
 impl VaWindow {
     /// A window for an engine with this staging size and largest BO inside
     /// the device's usable VA range `[lo, hi)` that overlaps none of the
-    /// `busy` `(addr, size)` ranges (at restore: every BO of the image,
-    /// because the copies run in the restored process' own VM).
+    /// `busy` `(addr, size)` ranges (none in a VM of the engine's own).
     pub fn pick(
         lo: u64,
         hi: u64,
         busy: &[(u64, u64)],
         staging: u64,
-        family: u32,
+        gen: SdmaGen,
         largest_bo: u64,
     ) -> Option<Self> {
-        let len = Self::needed(staging, family, largest_bo);
+        let len = Self::needed(staging, gen, largest_bo);
         pick_va_window(lo, hi, busy, len, VA_ALIGN).map(|start| VaWindow { start, len })
     }
 
     /// Bytes of VA an engine with this staging size and largest BO needs.
-    pub fn needed(staging: u64, family: u32, largest_bo: u64) -> u64 {
+    pub fn needed(staging: u64, gen: SdmaGen, largest_bo: u64) -> u64 {
         let round = |x: u64| x.div_ceil(VA_ALIGN) * VA_ALIGN;
-        round(staging) + round(ib_bytes(family, staging)) + round(largest_bo)
+        round(staging) + round(ib_bytes(gen, staging)) + round(largest_bo)
     }
 }
 
-fn ib_bytes(family: u32, staging: u64) -> u64 {
-    ((ib_dwords(family, staging) * 4) as u64).div_ceil(PAGE_SIZE) * PAGE_SIZE
+fn ib_bytes(gen: SdmaGen, staging: u64) -> u64 {
+    ((ib_dwords(gen, staging) * 4) as u64).div_ceil(PAGE_SIZE) * PAGE_SIZE
 }
 
 /// The SDMA engine of one GPU worker.
 pub struct SdmaEngine<D: SdmaDevice> {
     dev: D,
     gpu: GpuId,
-    family: u32,
+    gen: SdmaGen,
     ctx: u32,
     staging: AnonBuf,
     staging_handle: GemHandle,
@@ -289,8 +349,8 @@ impl<D: SdmaDevice> SdmaEngine<D> {
                 "staging size {staging} is not a positive multiple of the page size"
             )));
         }
-        let family = dev.family();
-        let need = VaWindow::needed(staging, family, largest_bo);
+        let gen = dev.generation();
+        let need = VaWindow::needed(staging, gen, largest_bo);
         if !va.start.is_multiple_of(VA_ALIGN) || va.len < need {
             return Err(setup(format!(
                 "VA window {:#x}+{:#x} is unaligned or smaller than the {need:#x} bytes needed",
@@ -299,7 +359,7 @@ impl<D: SdmaDevice> SdmaEngine<D> {
         }
         let round = |x: u64| x.div_ceil(VA_ALIGN) * VA_ALIGN;
         let staging_va = va.start;
-        let ib_len = ib_bytes(family, staging);
+        let ib_len = ib_bytes(gen, staging);
         let ib_va = staging_va + round(staging);
         let bo_va = ib_va + round(ib_len);
         let dev_err = |op: &'static str| {
@@ -326,14 +386,15 @@ impl<D: SdmaDevice> SdmaEngine<D> {
             let staging_handle = unsafe { dev.userptr(staging_buf.ptr, staging) }
                 .map_err(dev_err("GEM_USERPTR staging"))?;
             undo.push(Undo::Close(staging_handle));
-            dev.va_map(staging_handle, staging_va, staging)
+            dev.va_map(staging_handle, staging_va, staging, false)
                 .map_err(dev_err("GEM_VA map staging"))?;
             undo.push(Undo::Unmap(staging_handle, staging_va, staging));
             // SAFETY: as for the staging buffer.
             let ib_handle =
                 unsafe { dev.userptr(ib.ptr, ib_len) }.map_err(dev_err("GEM_USERPTR IB"))?;
             undo.push(Undo::Close(ib_handle));
-            dev.va_map(ib_handle, ib_va, ib_len)
+            // Executable, as libdrm maps IBs: the engine fetches from it.
+            dev.va_map(ib_handle, ib_va, ib_len, true)
                 .map_err(dev_err("GEM_VA map IB"))?;
             undo.push(Undo::Unmap(ib_handle, ib_va, ib_len));
             let ctx = dev.ctx_create().map_err(dev_err("AMDGPU_CTX alloc"))?;
@@ -353,10 +414,10 @@ impl<D: SdmaDevice> SdmaEngine<D> {
                 // Touch the pages now so the userptr BOs validate quickly.
                 staging_buf.as_mut_slice()[0] = 0;
                 ib.as_mut_slice()[0] = 0;
-                Ok(SdmaEngine {
+                let mut engine = SdmaEngine {
                     dev,
                     gpu,
-                    family,
+                    gen,
                     ctx,
                     staging: staging_buf,
                     staging_handle,
@@ -368,10 +429,82 @@ impl<D: SdmaDevice> SdmaEngine<D> {
                     bo_va_len: round(largest_bo),
                     timeout: FENCE_TIMEOUT,
                     submissions: 0,
-                })
+                };
+                // The probe: a ring that takes no user submissions (no
+                // rings, or `no_user_submission`: `amdgpu_cs_p2_ib` answers
+                // EINVAL) or a GPU that cannot run one IB fails here, at
+                // set-up, where `auto` can still fall back to the CPU.
+                match engine.submit_ib(&nop_ib(), None, gpu, usize::MAX) {
+                    Ok(()) => Ok(engine),
+                    Err(e) => {
+                        let why = match e {
+                            CopyError::Device { op, source, .. }
+                            | CopyError::GpuReset { op, source, .. } => format!("{op}: {source}"),
+                            CopyError::Timeout { timeout, .. } => {
+                                format!("its fence did not signal within {timeout:?}")
+                            }
+                            e => e.to_string(),
+                        };
+                        Err(setup(format!("the DMA ring refused a NOP IB: {why}")))
+                    }
+                }
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// Writes `ib` into the IB buffer, submits it with `bo` (and the
+    /// staging and IB buffers) resident, and waits for its fence.  Errors
+    /// name GPU `gpu` and BO `index`.
+    fn submit_ib(
+        &mut self,
+        ib: &[u32],
+        bo: Option<GemHandle>,
+        gpu: GpuId,
+        index: usize,
+    ) -> Result<(), CopyError> {
+        let bytes = self.ib.as_mut_slice();
+        for (slot, dw) in bytes.chunks_exact_mut(4).zip(ib) {
+            slot.copy_from_slice(&dw.to_le_bytes());
+        }
+        let err = |op: &'static str| {
+            move |source: io::Error| match source.raw_os_error() {
+                // The fence's error after a GPU reset (`amdgpu_cs_wait_ioctl`
+                // returns it; a context that was running is then refused
+                // with ECANCELED by `amdgpu_cs_ioctl`).
+                Some(libc::ETIME | libc::ECANCELED) => CopyError::GpuReset {
+                    gpu,
+                    bo: index,
+                    op,
+                    source,
+                },
+                _ => CopyError::Device {
+                    gpu,
+                    bo: index,
+                    op,
+                    source,
+                },
+            }
+        };
+        let mut handles = vec![self.staging_handle, self.ib_handle];
+        handles.extend(bo);
+        let seq = self
+            .dev
+            .submit(self.ctx, self.ib_va, ib.len() as u32, &handles)
+            .map_err(err("AMDGPU_CS"))?;
+        self.submissions += 1;
+        if !self
+            .dev
+            .wait(self.ctx, seq, self.timeout)
+            .map_err(err("AMDGPU_WAIT_CS"))?
+        {
+            return Err(CopyError::Timeout {
+                gpu,
+                bo: index,
+                timeout: self.timeout,
+            });
+        }
+        Ok(())
     }
 
     /// Runs one IB copying `len` bytes `src` → `dst` and waits for it.
@@ -383,41 +516,8 @@ impl<D: SdmaDevice> SdmaEngine<D> {
         dst: u64,
         len: u64,
     ) -> Result<(), CopyError> {
-        let ib = build_ib(self.family, src, dst, len);
-        let bytes = self.ib.as_mut_slice();
-        for (slot, dw) in bytes.chunks_exact_mut(4).zip(&ib) {
-            slot.copy_from_slice(&dw.to_le_bytes());
-        }
-        let err = |op: &'static str| {
-            move |source| CopyError::Device {
-                gpu: bo.gpu,
-                bo: bo.index,
-                op,
-                source,
-            }
-        };
-        let seq = self
-            .dev
-            .submit(
-                self.ctx,
-                self.ib_va,
-                ib.len() as u32,
-                &[handle, self.staging_handle, self.ib_handle],
-            )
-            .map_err(err("AMDGPU_CS"))?;
-        self.submissions += 1;
-        if !self
-            .dev
-            .wait(self.ctx, seq, self.timeout)
-            .map_err(err("AMDGPU_WAIT_CS"))?
-        {
-            return Err(CopyError::Timeout {
-                gpu: bo.gpu,
-                bo: bo.index,
-                timeout: self.timeout,
-            });
-        }
-        Ok(())
+        let ib = build_ib(self.gen, src, dst, len);
+        self.submit_ib(&ib, Some(handle), bo.gpu, bo.index)
     }
 
     /// Imports and maps the BO, runs `body`, then unmaps and closes it;
@@ -455,7 +555,7 @@ impl<D: SdmaDevice> SdmaEngine<D> {
             .map_err(err("PRIME_FD_TO_HANDLE"))?;
         let mapped = self
             .dev
-            .va_map(handle, self.bo_va, bo.size)
+            .va_map(handle, self.bo_va, bo.size, false)
             .map_err(err("GEM_VA map BO"));
         let result = mapped.and_then(|()| {
             let r = body(self, handle);
@@ -498,6 +598,19 @@ impl<D: SdmaDevice> CopyEngine for SdmaEngine<D> {
     }
 }
 
+impl<D: SdmaDevice> GpuEngine for SdmaEngine<D> {
+    /// Runs a NOP IB and waits for it: amdgpu brackets every IB with an
+    /// HDP flush before it and an HDP invalidate after it on a dGPU
+    /// (`amdgpu_ib_schedule`), so CPU writes to VRAM through the BAR made
+    /// before this call have reached VRAM, and CPU reads after it see
+    /// VRAM, not stale HDP contents.  What the kernel's own CPU access to
+    /// VRAM does with `amdgpu_device_flush_hdp`/`_invalidate_hdp`
+    /// (`amdgpu_device_aper_access`).
+    fn hdp_barrier(&mut self, bo: &BoRef<'_>) -> Result<(), CopyError> {
+        self.submit_ib(&nop_ib(), None, bo.gpu, bo.index)
+    }
+}
+
 impl<D: SdmaDevice> Drop for SdmaEngine<D> {
     fn drop(&mut self) {
         // The userptr handles must be closed before the memory is unmapped
@@ -535,42 +648,116 @@ mod tests {
     use std::os::fd::{AsFd, AsRawFd};
     use std::sync::{Arc, Mutex};
 
-    #[test]
-    fn copy_linear_layout_gfx9() {
-        let p = copy_linear(
-            AMDGPU_FAMILY_AI,
-            0x1122_3344_5566_7788,
-            0x99aa_bbcc_ddee_ff00,
-            4096,
-        );
-        assert_eq!(
-            p,
-            [
-                0x0000_0001,
-                4095,
-                0,
-                0x5566_7788,
-                0x1122_3344,
-                0xddee_ff00,
-                0x99aa_bbcc
-            ]
-        );
-        let p = copy_linear(AMDGPU_FAMILY_AI, 0, 0x1000, MAX_CHUNK);
-        assert_eq!(p[1], (1 << 21) - 1);
+    // Expected packets below are written from the kernel's packet headers
+    // and emit functions, not from `copy_linear`:
+    //   dword 0: SDMA_PKT_HEADER_OP(SDMA_OP_COPY) = 1 in bits 7:0,
+    //            SDMA_PKT_HEADER_SUB_OP(SDMA_SUBOP_COPY_LINEAR) = 0 in 15:8
+    //            (cikd.h SDMA_PACKET(op, sub_op, e) for CIK, the
+    //            *_sdma_pkt_open.h headers from iceland on);
+    //   dword 1: the count (CIK/VI `byte_count`, SDMA 4+ `byte_count - 1`);
+    //   dword 2: endian swap 0; dwords 3-6: src lo/hi, dst lo/hi.
+    const SRC: u64 = 0x1122_3344_5566_7788;
+    const DST: u64 = 0x99aa_bbcc_ddee_ff00;
+
+    fn packet(gen: SdmaGen, src: u64, dst: u64, bytes: u64) -> Vec<u32> {
+        copy_linear(gen, src, dst, bytes)[..gen.packet_dwords()].to_vec()
     }
 
     #[test]
-    fn copy_linear_layout_pre_gfx9() {
-        // Polaris (family 130) counts bytes.
-        let p = copy_linear(130, 0x2000, 0x1_0000_3000, 4096);
-        assert_eq!(p, [1, 4096, 0, 0x2000, 0, 0x3000, 1]);
-        assert_eq!(max_chunk(130), (1 << 21) - 1);
+    fn ip_versions_pick_the_generation() {
+        // CIK is SDMA 2.0 (cik_sdma.c), Iceland 2.4, Tonga..Polaris 3.x,
+        // Vega..MI300 4.x, Navi 5.x, GFX11 6.0, GFX12 7.0.
+        for (major, gen) in [
+            (2, SdmaGen::BytesCount),
+            (3, SdmaGen::BytesCount),
+            (4, SdmaGen::BytesMinusOne),
+            (5, SdmaGen::BytesMinusOne),
+            (6, SdmaGen::BytesMinusOne),
+            (7, SdmaGen::Cpv),
+        ] {
+            assert_eq!(SdmaGen::of_ip_version(major), Some(gen), "SDMA {major}");
+        }
+        assert_eq!(SdmaGen::of_ip_version(1), None, "SI's DMA is not SDMA");
+        assert_eq!(SdmaGen::of_ip_version(0), None);
+    }
+
+    #[test]
+    fn cik_and_vi_count_bytes() {
+        // cik_sdma_emit_copy_buffer / sdma_v2_4_ and sdma_v3_0_emit_copy_buffer:
+        // SDMA_PACKET(SDMA_OPCODE_COPY, SDMA_COPY_SUB_OPCODE_LINEAR, 0),
+        // byte_count, 0, src lo, src hi, dst lo, dst hi; copy_max_bytes 0x1fffff.
+        let want = [
+            1,
+            4096,
+            0,
+            0x5566_7788,
+            0x1122_3344,
+            0xddee_ff00,
+            0x99aa_bbcc,
+        ];
+        assert_eq!(packet(SdmaGen::BytesCount, SRC, DST, 4096), want);
+        let p = packet(SdmaGen::BytesCount, 0x2000, 0x1_0000_3000, 0x1f_f000);
+        assert_eq!(p, [1, 0x1f_f000, 0, 0x2000, 0, 0x3000, 1]);
+        // Chunks stay page aligned: 2 MiB - 4 KiB, not 0x1fffff.
+        assert_eq!(SdmaGen::BytesCount.max_chunk(), 0x1f_f000);
+        assert!(SdmaGen::BytesCount.max_chunk() <= 0x1f_ffff);
+        let ib = build_ib(SdmaGen::BytesCount, 0x10_0000, 0x80_0000, 3 << 20);
+        assert_eq!(ib[7..10], [1, (3 << 20) - 0x1f_f000, 0]);
+        assert_eq!(
+            ib[10],
+            0x10_0000 + 0x1f_f000,
+            "second packet starts page aligned"
+        );
+    }
+
+    #[test]
+    fn gfx9_to_sdma6_count_bytes_minus_one() {
+        // sdma_v4_0 .. sdma_v6_0_emit_copy_buffer:
+        // SDMA_PKT_COPY_LINEAR_HEADER_OP(SDMA_OP_COPY) |
+        // SDMA_PKT_COPY_LINEAR_HEADER_SUB_OP(SDMA_SUBOP_COPY_LINEAR),
+        // byte_count - 1, 0, src lo, src hi, dst lo, dst hi.
+        let want = [
+            1,
+            4095,
+            0,
+            0x5566_7788,
+            0x1122_3344,
+            0xddee_ff00,
+            0x99aa_bbcc,
+        ];
+        assert_eq!(packet(SdmaGen::BytesMinusOne, SRC, DST, 4096), want);
+        let p = packet(SdmaGen::BytesMinusOne, 0, 0x1000, MAX_CHUNK);
+        assert_eq!(p[1], 0x1f_ffff);
+    }
+
+    #[test]
+    fn sdma7_sets_cpv_and_writes_eight_dwords() {
+        // sdma_v7_0_emit_copy_buffer: header | SDMA_PKT_COPY_LINEAR_HEADER_CPV(1)
+        // (cpv_shift 19 in sdma_v7_0_0_pkt_open.h) = 0x0008_0001,
+        // byte_count - 1, 0, src lo, src hi, dst lo, dst hi, then the DCC
+        // dword: 0 without READ_DECOMPRESSED/WRITE_COMPRESSED.
+        let want = [
+            0x0008_0001,
+            4095,
+            0,
+            0x5566_7788,
+            0x1122_3344,
+            0xddee_ff00,
+            0x99aa_bbcc,
+            0,
+        ];
+        assert_eq!(packet(SdmaGen::Cpv, SRC, DST, 4096), want);
+        // One packet fills an 8-dword IB exactly: no NOP padding.
+        let ib = build_ib(SdmaGen::Cpv, 0x10_0000, 0x20_0000, 4096);
+        assert_eq!(ib.len(), 8);
+        assert_eq!(ib[0], 0x0008_0001);
+        assert_eq!(ib_dwords(SdmaGen::Cpv, 3 * MAX_CHUNK), 24);
     }
 
     #[test]
     #[should_panic]
     fn oversized_chunk_is_a_bug() {
-        copy_linear(AMDGPU_FAMILY_AI, 0, 0, MAX_CHUNK + 1);
+        copy_linear(SdmaGen::BytesMinusOne, 0, 0, MAX_CHUNK + 1);
     }
 
     #[test]
@@ -585,31 +772,39 @@ mod tests {
             ]
         );
         assert_eq!(chunks(0, 7).count(), 0);
+        let g = SdmaGen::BytesMinusOne;
         // 1 packet = 7 dwords → padded to 8; 3 packets = 21 → 24.
-        let ib = build_ib(AMDGPU_FAMILY_AI, 0x10_0000, 0x20_0000, 4096);
+        let ib = build_ib(g, 0x10_0000, 0x20_0000, 4096);
         assert_eq!(ib.len(), 8);
         assert_eq!(ib[7], SDMA_OP_NOP);
-        let ib = build_ib(AMDGPU_FAMILY_AI, 0x10_0000, 0x80_0000, 5 * MAX_CHUNK / 2);
+        let ib = build_ib(g, 0x10_0000, 0x80_0000, 5 * MAX_CHUNK / 2);
         assert_eq!(ib.len(), 24);
-        assert_eq!(ib.len(), ib_dwords(AMDGPU_FAMILY_AI, 5 * MAX_CHUNK / 2));
+        assert_eq!(ib.len(), ib_dwords(g, 5 * MAX_CHUNK / 2));
         // Second packet: addresses advance by one chunk.
-        assert_eq!(
-            &ib[7..14],
-            &copy_linear(AMDGPU_FAMILY_AI, 0x30_0000, 0xa0_0000, MAX_CHUNK)
-        );
+        assert_eq!(&ib[7..14], &packet(g, 0x30_0000, 0xa0_0000, MAX_CHUNK)[..]);
         assert_eq!(ib[14 + 1], (MAX_CHUNK / 2 - 1) as u32);
         assert!(ib[21..].iter().all(|&d| d == SDMA_OP_NOP));
         // 8 packets = 56 dwords, already aligned.
-        assert_eq!(ib_dwords(AMDGPU_FAMILY_AI, 8 * MAX_CHUNK), 56);
+        assert_eq!(ib_dwords(g, 8 * MAX_CHUNK), 56);
+        assert_eq!(nop_ib(), [0; 8]);
     }
 
     #[test]
     fn engine_window_avoids_the_image_bos() {
         let busy = [(0, 0x40_0000), (0x60_0000, 0x1000)];
-        let w = VaWindow::pick(0, 1 << 47, &busy, PAGE_SIZE, AMDGPU_FAMILY_AI, 0x3000).unwrap();
+        let w =
+            VaWindow::pick(0, 1 << 47, &busy, PAGE_SIZE, SdmaGen::BytesMinusOne, 0x3000).unwrap();
         assert_eq!(w.start, 0x80_0000);
         assert_eq!(w.len, 3 * VA_ALIGN);
-        assert!(VaWindow::pick(0, 0x100_0000, &busy, 1 << 30, AMDGPU_FAMILY_AI, 1 << 30).is_none());
+        assert!(VaWindow::pick(
+            0,
+            0x100_0000,
+            &busy,
+            1 << 30,
+            SdmaGen::BytesMinusOne,
+            1 << 30
+        )
+        .is_none());
     }
 
     #[test]
@@ -638,7 +833,7 @@ mod tests {
     /// memory.  Copies must lie inside one mapping, as on hardware where
     /// anything else faults.
     struct Model {
-        family: u32,
+        gen: SdmaGen,
         next: u32,
         dmabufs: HashMap<i32, Arc<Mutex<Vec<u8>>>>,
         objects: HashMap<GemHandle, Obj>,
@@ -646,7 +841,15 @@ mod tests {
         ctxs: u32,
         seq: u64,
         fail_submit: Option<u64>,
+        /// Every submission answered with this errno (a ring that takes
+        /// no user submissions: EINVAL).
+        refuse: Option<i32>,
+        /// The fences of submissions after the first fail with this errno
+        /// (a GPU reset: ETIME or ECANCELED).
+        fence_err: Option<i32>,
         hang: bool,
+        /// Start addresses of the mappings made executable.
+        exec: Vec<u64>,
         calls: Arc<Mutex<Vec<String>>>,
     }
 
@@ -660,9 +863,9 @@ mod tests {
     unsafe impl Send for Model {}
 
     impl Model {
-        fn new(family: u32) -> Self {
+        fn new(gen: SdmaGen) -> Self {
             Model {
-                family,
+                gen,
                 next: 1,
                 dmabufs: HashMap::new(),
                 objects: HashMap::new(),
@@ -670,7 +873,10 @@ mod tests {
                 ctxs: 0,
                 seq: 0,
                 fail_submit: None,
+                refuse: None,
+                fence_err: None,
                 hang: false,
+                exec: Vec::new(),
                 calls: Arc::new(Mutex::new(Vec::new())),
             }
         }
@@ -719,8 +925,8 @@ mod tests {
     }
 
     impl SdmaDevice for Model {
-        fn family(&self) -> u32 {
-            self.family
+        fn generation(&self) -> SdmaGen {
+            self.gen
         }
         fn import_dmabuf(&mut self, fd: BorrowedFd<'_>) -> io::Result<GemHandle> {
             let mem = self
@@ -745,7 +951,7 @@ mod tests {
             self.log(format!("userptr {h}"));
             Ok(h)
         }
-        fn va_map(&mut self, h: GemHandle, va: u64, size: u64) -> io::Result<()> {
+        fn va_map(&mut self, h: GemHandle, va: u64, size: u64, exec: bool) -> io::Result<()> {
             let obj_size = match &self
                 .objects
                 .get(&h)
@@ -762,6 +968,9 @@ mod tests {
                 return Err(io::Error::from_raw_os_error(libc::EINVAL));
             }
             self.vas.push((va, size, h));
+            if exec {
+                self.exec.push(va);
+            }
             self.log(format!("map {h}"));
             Ok(())
         }
@@ -772,6 +981,7 @@ mod tests {
                 .position(|&e| e == (va, size, h))
                 .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
             self.vas.remove(i);
+            self.exec.retain(|&e| e != va);
             self.log(format!("unmap {h}"));
             Ok(())
         }
@@ -790,6 +1000,9 @@ mod tests {
             dwords: u32,
             bos: &[GemHandle],
         ) -> io::Result<u64> {
+            if let Some(e) = self.refuse {
+                return Err(io::Error::from_raw_os_error(e));
+            }
             if Some(self.seq + 1) == self.fail_submit {
                 return Err(io::Error::from_raw_os_error(libc::ENOMEM));
             }
@@ -797,6 +1010,10 @@ mod tests {
                 return Err(io::Error::from_raw_os_error(libc::EINVAL));
             }
             let (ibh, iboff) = self.resolve(ib_va, u64::from(dwords) * 4)?;
+            // The engine fetches the IB: its mapping must be executable.
+            if !self.exec.contains(&(ib_va - iboff)) {
+                return Err(io::Error::from_raw_os_error(libc::EFAULT));
+            }
             let raw = self.read(ibh, iboff, u64::from(dwords) * 4);
             let ib: Vec<u32> = raw
                 .chunks_exact(4)
@@ -807,11 +1024,17 @@ mod tests {
                 match ib[i] & 0xff {
                     0 => i += 1,
                     1 if (ib[i] >> 8) & 0xff == 0 => {
+                        // The packet as each generation's engine reads it:
+                        // CPV must be set on SDMA 7 (its eighth dword
+                        // follows) and is a reserved bit before.
+                        let cpv = ib[i] & SDMA7_COPY_LINEAR_CPV != 0;
+                        if cpv != (self.gen == SdmaGen::Cpv) {
+                            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+                        }
                         let count = u64::from(ib[i + 1] & 0x3f_ffff);
-                        let bytes = if self.family >= AMDGPU_FAMILY_AI {
-                            count + 1
-                        } else {
-                            count
+                        let bytes = match self.gen {
+                            SdmaGen::BytesCount => count,
+                            _ => count + 1,
                         };
                         let src = u64::from(ib[i + 3]) | u64::from(ib[i + 4]) << 32;
                         let dst = u64::from(ib[i + 5]) | u64::from(ib[i + 6]) << 32;
@@ -822,7 +1045,10 @@ mod tests {
                         }
                         let data = self.read(sh, so, bytes);
                         self.write(dh, doff, &data);
-                        i += COPY_LINEAR_DWORDS;
+                        if self.gen == SdmaGen::Cpv && ib[i + 7] != 0 {
+                            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+                        }
+                        i += self.gen.packet_dwords();
                     }
                     _ => return Err(io::Error::from_raw_os_error(libc::EINVAL)),
                 }
@@ -832,7 +1058,11 @@ mod tests {
             Ok(self.seq)
         }
         fn wait(&mut self, _ctx: u32, seq: u64, _t: Duration) -> io::Result<bool> {
-            Ok(!self.hang && seq <= self.seq)
+            if let Some(e) = self.fence_err.filter(|_| seq > 1) {
+                return Err(io::Error::from_raw_os_error(e));
+            }
+            // A hung ring still ran the set-up probe.
+            Ok(!(self.hang && seq > 1) && seq <= self.seq)
         }
         fn gem_close(&mut self, h: GemHandle) -> io::Result<()> {
             self.objects
@@ -861,7 +1091,7 @@ mod tests {
         }
     }
 
-    fn roundtrip(family: u32) {
+    fn roundtrip(gen: SdmaGen) {
         let size = 2 * MAX_CHUNK + 3 * PAGE_SIZE;
         let staging = MAX_CHUNK + MAX_CHUNK / 2;
         // Any open fd serves as the dmabuf's identity in the model.
@@ -869,19 +1099,23 @@ mod tests {
         // One byte of slack after the BO: a copy past the end would land
         // there only if the model's mapping allowed it, which it does not.
         let mem = Arc::new(Mutex::new(pattern(size as usize, 5)));
-        let mut model = Model::new(family);
+        let mut model = Model::new(gen);
         model.dmabufs.insert(fd.as_raw_fd(), mem.clone());
         let calls = model.calls.clone();
         let va = VaWindow {
             start: 0x100_0000_0000,
-            len: VaWindow::needed(staging, family, size),
+            len: VaWindow::needed(staging, gen, size),
         };
         let mut eng = SdmaEngine::new(model, GpuId(0x1a2b), staging, size, va).unwrap();
+        assert_eq!(eng.submissions, 1, "the set-up probe");
         let bo = bo_ref(fd.as_fd(), size);
         let mut out = Vec::new();
         eng.read_bo(&bo, &mut out).unwrap();
         assert_eq!(out, *mem.lock().unwrap());
-        assert_eq!(eng.submissions, 2, "two staging fills");
+        assert_eq!(eng.submissions, 3, "the probe and two staging fills");
+        // An HDP barrier is one more (NOP) IB.
+        eng.hdp_barrier(&bo).unwrap();
+        assert_eq!(eng.submissions, 4);
 
         let new = pattern(size as usize, 0xa5);
         eng.write_bo(&bo, &mut &new[..]).unwrap();
@@ -901,12 +1135,111 @@ mod tests {
 
     #[test]
     fn roundtrip_gfx9_through_model() {
-        roundtrip(AMDGPU_FAMILY_AI);
+        roundtrip(SdmaGen::BytesMinusOne);
     }
 
     #[test]
-    fn roundtrip_pre_gfx9_through_model() {
-        roundtrip(130);
+    fn roundtrip_cik_vi_through_model() {
+        roundtrip(SdmaGen::BytesCount);
+    }
+
+    #[test]
+    fn roundtrip_sdma7_through_model() {
+        roundtrip(SdmaGen::Cpv);
+    }
+
+    #[test]
+    fn sdma7_rejects_the_old_packet_and_vice_versa() {
+        // The 7-dword packet on an SDMA 7 engine (and the CPV packet on an
+        // older one) is refused by the model, as the CPV bit decides how
+        // the hardware reads the rest.
+        for (engine, written) in [
+            (SdmaGen::Cpv, SdmaGen::BytesMinusOne),
+            (SdmaGen::BytesMinusOne, SdmaGen::Cpv),
+        ] {
+            let mut model = Model::new(engine);
+            let fd = std::fs::File::open("/dev/null").unwrap();
+            model
+                .dmabufs
+                .insert(fd.as_raw_fd(), Arc::new(Mutex::new(vec![0; 4096])));
+            let h = model.import_dmabuf(fd.as_fd()).unwrap();
+            model.va_map(h, 0x10_0000, 4096, false).unwrap();
+            let mut ib_mem = AnonBuf::new(4096).unwrap();
+            let dst = AnonBuf::new(4096).unwrap();
+            // SAFETY: both buffers outlive the model's use in this test.
+            let ibh = unsafe { model.userptr(ib_mem.ptr, 4096) }.unwrap();
+            // SAFETY: as above.
+            let dh = unsafe { model.userptr(dst.ptr, 4096) }.unwrap();
+            model.va_map(ibh, 0x20_0000, 4096, true).unwrap();
+            model.va_map(dh, 0x30_0000, 4096, false).unwrap();
+            let ib = build_ib(written, 0x10_0000, 0x30_0000, 4096);
+            for (slot, dw) in ib_mem.as_mut_slice().chunks_exact_mut(4).zip(&ib) {
+                slot.copy_from_slice(&dw.to_le_bytes());
+            }
+            let e = model.submit(1, 0x20_0000, 8, &[h, ibh, dh]).unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "{engine:?}");
+            let ib = build_ib(engine, 0x10_0000, 0x30_0000, 4096);
+            for (slot, dw) in ib_mem.as_mut_slice().chunks_exact_mut(4).zip(&ib) {
+                slot.copy_from_slice(&dw.to_le_bytes());
+            }
+            model.submit(1, 0x20_0000, 8, &[h, ibh, dh]).unwrap();
+        }
+    }
+
+    #[test]
+    fn refused_ring_fails_set_up_and_releases_everything() {
+        let mut model = Model::new(SdmaGen::Cpv);
+        // amdgpu_cs_p2_ib on a no_user_submission ring.
+        model.refuse = Some(libc::EINVAL);
+        let calls = model.calls.clone();
+        let va = VaWindow {
+            start: 0,
+            len: VaWindow::needed(PAGE_SIZE, SdmaGen::Cpv, PAGE_SIZE),
+        };
+        let e = SdmaEngine::new(model, GpuId(0x1a2b), PAGE_SIZE, PAGE_SIZE, va)
+            .err()
+            .unwrap();
+        let text = e.to_string();
+        assert!(
+            matches!(e, CopyError::Setup { .. }) && text.contains("refused a NOP IB"),
+            "{text}"
+        );
+        assert!(text.contains("GPU 0x1a2b"), "{text}");
+        assert!(
+            text.contains("AMDGPU_CS") && !text.contains("BO "),
+            "{text}"
+        );
+        let log = calls.lock().unwrap();
+        assert!(log.contains(&"ctx_free".to_string()), "{log:?}");
+        assert_eq!(
+            log.iter().filter(|c| c.starts_with("close")).count(),
+            2,
+            "{log:?}"
+        );
+    }
+
+    #[test]
+    fn fence_errors_after_a_reset_say_so() {
+        for errno in [libc::ETIME, libc::ECANCELED] {
+            let size = 4 * PAGE_SIZE;
+            let fd = std::fs::File::open("/dev/null").unwrap();
+            let mut model = Model::new(SdmaGen::BytesMinusOne);
+            model
+                .dmabufs
+                .insert(fd.as_raw_fd(), Arc::new(Mutex::new(vec![0; size as usize])));
+            model.fence_err = Some(errno);
+            let va = VaWindow {
+                start: 0,
+                len: VaWindow::needed(PAGE_SIZE, SdmaGen::BytesMinusOne, size),
+            };
+            let mut eng = SdmaEngine::new(model, GpuId(0x1a2b), PAGE_SIZE, size, va).unwrap();
+            let e = eng
+                .read_bo(&bo_ref(fd.as_fd(), size), &mut Vec::new())
+                .unwrap_err();
+            assert!(matches!(e, CopyError::GpuReset { .. }), "{e}");
+            assert!(e.to_string().contains("GPU reset during copy"), "{e}");
+            assert_eq!(e.raw_os_error(), Some(errno));
+        }
     }
 
     #[test]
@@ -914,29 +1247,29 @@ mod tests {
         // The model interprets GFX9 counts as bytes−1; an IB built with the
         // pre-GFX9 encoding copies one byte too many and faults past the
         // end of the last mapping — the upstream defect.
-        let mut model = Model::new(AMDGPU_FAMILY_AI);
+        let mut model = Model::new(SdmaGen::BytesMinusOne);
         let fd = std::fs::File::open("/dev/null").unwrap();
         model
             .dmabufs
             .insert(fd.as_raw_fd(), Arc::new(Mutex::new(vec![0; 4096])));
         let h = model.import_dmabuf(fd.as_fd()).unwrap();
-        model.va_map(h, 0x10_0000, 4096).unwrap();
+        model.va_map(h, 0x10_0000, 4096, false).unwrap();
         let mut ib_mem = AnonBuf::new(4096).unwrap();
         let mut dst = AnonBuf::new(4096).unwrap();
         // SAFETY: both buffers outlive the model's use in this test.
         let ibh = unsafe { model.userptr(ib_mem.ptr, 4096) }.unwrap();
         // SAFETY: as above.
         let dh = unsafe { model.userptr(dst.ptr, 4096) }.unwrap();
-        model.va_map(ibh, 0x20_0000, 4096).unwrap();
-        model.va_map(dh, 0x30_0000, 4096).unwrap();
-        let mut ib = build_ib(130, 0x10_0000, 0x30_0000, 4096);
+        model.va_map(ibh, 0x20_0000, 4096, true).unwrap();
+        model.va_map(dh, 0x30_0000, 4096, false).unwrap();
+        let mut ib = build_ib(SdmaGen::BytesCount, 0x10_0000, 0x30_0000, 4096);
         ib[1] = 4096; // what upstream writes on GFX9
         for (slot, dw) in ib_mem.as_mut_slice().chunks_exact_mut(4).zip(&ib) {
             slot.copy_from_slice(&dw.to_le_bytes());
         }
         let e = model.submit(1, 0x20_0000, 8, &[h, ibh, dh]).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::EFAULT));
-        let good = build_ib(AMDGPU_FAMILY_AI, 0x10_0000, 0x30_0000, 4096);
+        let good = build_ib(SdmaGen::BytesMinusOne, 0x10_0000, 0x30_0000, 4096);
         for (slot, dw) in ib_mem.as_mut_slice().chunks_exact_mut(4).zip(&good) {
             slot.copy_from_slice(&dw.to_le_bytes());
         }
@@ -949,7 +1282,7 @@ mod tests {
         let size = 4 * PAGE_SIZE;
         let fd = std::fs::File::open("/dev/null").unwrap();
         let setup = |fail_submit: Option<u64>, hang: bool| {
-            let mut model = Model::new(AMDGPU_FAMILY_AI);
+            let mut model = Model::new(SdmaGen::BytesMinusOne);
             model
                 .dmabufs
                 .insert(fd.as_raw_fd(), Arc::new(Mutex::new(vec![0; size as usize])));
@@ -958,7 +1291,7 @@ mod tests {
             let calls = model.calls.clone();
             let va = VaWindow {
                 start: 0,
-                len: VaWindow::needed(PAGE_SIZE, AMDGPU_FAMILY_AI, size),
+                len: VaWindow::needed(PAGE_SIZE, SdmaGen::BytesMinusOne, size),
             };
             (
                 SdmaEngine::new(model, GpuId(0x1a2b), PAGE_SIZE, size, va).unwrap(),
@@ -1016,7 +1349,7 @@ mod tests {
             len: VA_ALIGN,
         };
         let e = SdmaEngine::new(
-            Model::new(AMDGPU_FAMILY_AI),
+            Model::new(SdmaGen::BytesMinusOne),
             GpuId(1),
             PAGE_SIZE,
             1 << 30,
@@ -1029,7 +1362,7 @@ mod tests {
             start: 0,
             len: 1 << 40,
         };
-        let e = SdmaEngine::new(Model::new(AMDGPU_FAMILY_AI), GpuId(1), 100, 4096, va)
+        let e = SdmaEngine::new(Model::new(SdmaGen::BytesMinusOne), GpuId(1), 100, 4096, va)
             .err()
             .unwrap();
         assert!(e.to_string().contains("staging size"), "{e}");

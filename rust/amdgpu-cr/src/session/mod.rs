@@ -102,19 +102,24 @@ pub fn kfd_image_ids(dir: &Path) -> std::io::Result<Vec<FileId>> {
 
 /// The copy engines of one GPU worker, within `share` bytes of the
 /// budget: always the CPU engine; an SDMA engine on a fresh render-node fd
-/// of that GPU when KFD exported dmabufs for its BOs (real hardware) and
-/// the policy allows it, its staging buffer taking up to half the share.
-/// Under `auto` an SDMA set-up failure falls back to the CPU with a
-/// warning; under `sdma` it is the caller's error.
+/// of that GPU (a VM of its own), its staging buffer taking up to half the
+/// share, when KFD exported dmabufs for its BOs (real hardware) and the
+/// policy copies by SDMA, or, under `cpu`, when VRAM BOs need its HDP
+/// barriers.  A set-up failure (no DMA ring taking user submissions, a
+/// refused NOP IB, ...) is logged with its reason and the CPU copies;
+/// under `sdma` it is the caller's error, naming the GPU and the reason.
 fn engines_for<'a>(
     pid: i32,
     policy: EnginePolicy,
     share: u64,
     work: &GpuWork,
     has_dmabufs: bool,
+    has_vram: bool,
 ) -> Result<Engines<'a>, SessionError> {
     let staging = env::staging_size(Some((share / 2).max(crate::bo::PAGE_SIZE)), work.largest);
-    let want_sdma = has_dmabufs && policy != EnginePolicy::Cpu;
+    // Under `cpu` the SDMA engine is still wanted for the HDP barriers
+    // around CPU access to VRAM (see `copy`).
+    let want_sdma = has_dmabufs && (policy != EnginePolicy::Cpu || has_vram);
     let sdma = if want_sdma {
         let made = kfd_abi::handle::RenderNode::open(work.render_minor)
             .map_err(|e| crate::copy::CopyError::Setup {
@@ -124,14 +129,29 @@ fn engines_for<'a>(
             .and_then(|node| sdma_for(node.as_fd(), work.actual, staging, work.largest, &[]));
         match made {
             Ok(e) => Some(e),
+            Err(e) if policy == EnginePolicy::Sdma => {
+                return Err(SessionError::core(pid, "setting up SDMA", e))
+            }
             Err(e) if policy == EnginePolicy::Auto => {
                 log::warn!(
-                    "pid {pid}: GPU {}: no SDMA engine ({e}); copying with the CPU",
+                    "pid {pid}: GPU {}: no SDMA engine ({e}); copying with the CPU{}",
+                    work.user,
+                    if has_vram {
+                        ", VRAM through the BAR without HDP flush/invalidate"
+                    } else {
+                        ""
+                    }
+                );
+                None
+            }
+            Err(e) => {
+                log::warn!(
+                    "pid {pid}: GPU {}: no DMA ring for HDP flush/invalidate ({e}); \
+                     the CPU copies VRAM through the BAR without them",
                     work.user
                 );
                 None
             }
-            Err(e) => return Err(SessionError::core(pid, "setting up SDMA", e)),
         }
     } else {
         None
@@ -164,11 +184,14 @@ pub(crate) fn gpu_jobs<'a>(
     for w in gpus {
         let bos = w.bo_refs(buckets, render_fd(w.render_minor), dmabufs, restored);
         let has_dmabufs = bos.iter().any(|b| b.dmabuf.is_some());
+        let has_vram = bos
+            .iter()
+            .any(|b| b.dmabuf.is_some() && b.alloc_flags & crate::bo::ALLOC_VRAM != 0);
         jobs.push(GpuJob {
             user: w.user,
             actual: w.actual,
             bos,
-            engines: engines_for(pid, policy, share, w, has_dmabufs)?,
+            engines: engines_for(pid, policy, share, w, has_dmabufs, has_vram)?,
         });
     }
     Ok(jobs)
