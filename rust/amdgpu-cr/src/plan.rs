@@ -255,10 +255,11 @@ pub struct GpuWork {
 impl GpuWork {
     /// The copy requests of this GPU's content BOs, in bucket order.
     ///
-    /// * `render_fd`: an fd of this GPU's render node whose `drm_file` owns
-    ///   the BOs' mmap offsets (the emulator accepts any of its render fds),
-    ///   or `None` when the CPU cannot map them;
+    /// * `render_fd`: the fd of this GPU's render node whose `drm_file` owns
+    ///   the BOs' mmap offsets (the file given to ACQUIRE_VM or RESTORE:
+    ///   `drm_gem_mmap` refuses any other with EACCES), or `None`;
     /// * `dmabufs[i]`: the dmabuf fd of bucket `i`, if the kernel gave one;
+    ///   the CPU then maps the BO through it, not through `render_fd`;
     /// * `restored`: map at `restored_offset` (restore) instead of `offset`.
     pub fn bo_refs<'a>(
         &self,
@@ -276,16 +277,22 @@ impl GpuWork {
                 addr: b.addr,
                 size: b.size,
                 alloc_flags: b.alloc_flags,
-                cpu_map: render_fd.map(|fd| {
-                    (
-                        fd,
-                        if restored {
-                            b.restored_offset
-                        } else {
-                            b.offset
-                        },
-                    )
-                }),
+                // Through the BO's own dmabuf when KFD exported one (no
+                // question which file owns it), else through the render-node
+                // file that owns it, at its mmap offset.
+                cpu_map: match dmabufs.get(i).copied().flatten() {
+                    Some(d) => Some((d, MmapOffset(0))),
+                    None => render_fd.map(|fd| {
+                        (
+                            fd,
+                            if restored {
+                                b.restored_offset
+                            } else {
+                                b.offset
+                            },
+                        )
+                    }),
+                },
                 dmabuf: dmabufs.get(i).copied().flatten(),
             })
             .collect()
@@ -997,8 +1004,13 @@ mod tests {
         );
         assert_eq!(refs.len(), 2);
         assert_eq!(refs[1].index, 3);
-        assert_eq!(refs[1].cpu_map.unwrap().1, MmapOffset(0x9_0030_0000));
+        // A BO with a dmabuf is mapped through it, at offset 0; one
+        // without through the owning render fd at its restored offset.
+        assert_eq!(refs[1].cpu_map.unwrap().1, MmapOffset(0));
+        assert_eq!(refs[0].cpu_map.unwrap().1, restored[0].restored_offset);
         assert!(refs[0].dmabuf.is_none() && refs[1].dmabuf.is_some());
+        let no_dmabuf = g.bo_refs(&restored, Some(dev.as_fd()), &[], true);
+        assert_eq!(no_dmabuf[1].cpu_map.unwrap().1, MmapOffset(0x9_0030_0000));
         assert_eq!(
             g.bo_refs(&restored, None, &[], false)[0]
                 .cpu_map

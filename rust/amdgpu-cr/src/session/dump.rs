@@ -29,7 +29,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use kfd_abi::handle::{Kfd, ProcessInfo, RenderNode};
+use kfd_abi::handle::{Kfd, ProcessInfo};
 use kfd_abi::sys;
 
 use super::guardian::Guardian;
@@ -449,29 +449,42 @@ impl DumpSession {
         })?;
         let plan = plan_dump(&topology, &p.ckpt, shm)
             .map_err(|e| SessionError::core(owner, "planning the GPU dump", e))?;
-        // Our own render fds for GPUs the task has no render fd of (the
-        // emulator serves any fd of a node; on hardware the task's own fd
-        // owns the BOs' mmap offsets).
+        // The CPU maps a BO through its dmabuf when KFD exported one, else
+        // through the render-node file that owns it: the file the task gave
+        // to ACQUIRE_VM (`drm_vma_node_allow` admits only that one;
+        // `drm_gem_mmap` answers EACCES for any other, so a file of our own
+        // would not do).  A task may hold several files of one node (Mesa,
+        // VA-API); the owner is the one whose mapping the kernel admits.
         let task_render = self.render_fds.get(&owner);
-        let mut own: BTreeMap<RenderMinor, RenderNode> = BTreeMap::new();
+        let mut owners: BTreeMap<RenderMinor, BorrowedFd<'_>> = BTreeMap::new();
         for w in &plan.gpus {
-            let has = task_render.is_some_and(|v| v.iter().any(|(m, _)| *m == w.render_minor));
-            if !has && !w.bos.is_empty() {
-                let node =
-                    RenderNode::open(w.render_minor).map_err(|source| SessionError::Kfd {
-                        pid: owner,
-                        step: format!("GPU {}: opening {}", w.user, w.render_minor.path()),
-                        source,
-                    })?;
-                own.insert(w.render_minor, node);
+            let probe = w
+                .bos
+                .iter()
+                .filter_map(|&i| p.ckpt.bos.get(i).map(|b| (i, b)))
+                .find(|(i, _)| p.dmabufs.get(*i).is_none_or(|d| d.is_none()));
+            let Some((_, b)) = probe else { continue };
+            let candidates = task_render
+                .into_iter()
+                .flatten()
+                .filter(|(m, _)| *m == w.render_minor)
+                .map(|(_, f)| f.as_fd());
+            match owning_file(candidates, b.offset) {
+                Some(fd) => {
+                    owners.insert(w.render_minor, fd);
+                }
+                None => log::warn!(
+                    "pid {owner}: GPU {}: no render-node file of the task owns its BOs \
+                     (none of its {} files admits a mapping of BO at offset {}); BOs \
+                     without a dmabuf cannot be copied by the CPU",
+                    w.user,
+                    w.render_minor.path(),
+                    b.offset
+                ),
             }
         }
-        let render_fd = |minor: RenderMinor| -> Option<BorrowedFd<'_>> {
-            task_render
-                .and_then(|v| v.iter().find(|(m, _)| *m == minor))
-                .map(|(_, f)| f.as_fd())
-                .or_else(|| own.get(&minor).map(|f| f.as_fd()))
-        };
+        let render_fd =
+            |minor: RenderMinor| -> Option<BorrowedFd<'_>> { owners.get(&minor).copied() };
         let dmabufs: Vec<Option<BorrowedFd<'_>>> = p
             .dmabufs
             .iter()
@@ -699,6 +712,41 @@ fn checkpoint(
         priv_data,
     };
     Ok((ckpt, dmabufs))
+}
+
+/// The first of `files` through which the kernel lets us map the page at
+/// `offset`, i.e. the render-node file that owns the BO there.  Only
+/// EACCES (`drm_gem_mmap`'s answer to a file the BO's `vma_node` does not
+/// admit) rules a file out: a refusal after that check (EPERM for a BO
+/// without CPU access) still names the owner.
+fn owning_file<'f>(
+    files: impl Iterator<Item = BorrowedFd<'f>>,
+    offset: MmapOffset,
+) -> Option<BorrowedFd<'f>> {
+    let off = libc::off_t::try_from(offset.0).ok()?;
+    for fd in files {
+        // SAFETY: a fresh read-only mapping at a kernel-chosen address,
+        // unmapped at once; nothing reads it.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                crate::bo::PAGE_SIZE as usize,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                off,
+            )
+        };
+        if p != libc::MAP_FAILED {
+            // SAFETY: exactly the mapping made above.
+            unsafe { libc::munmap(p, crate::bo::PAGE_SIZE as usize) };
+            return Some(fd);
+        }
+        if std::io::Error::last_os_error().raw_os_error() != Some(libc::EACCES) {
+            return Some(fd);
+        }
+    }
+    None
 }
 
 #[cfg(test)]
