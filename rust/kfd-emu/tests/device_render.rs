@@ -118,6 +118,8 @@ fn chip(gfx_target_version: u32) -> (u32, u32, u32, (u32, u32)) {
         90008 => (0x32, 0x090401, 0x040202, (4, 0)),
         90010 => (0x3c, 0x090402, 0x040400, (4, 0)),
         90402 => (0x46, 0x090403, 0x040402, (4, 4)),
+        // soc24.c: external_rev_id = rev_id + 0x50; SDMA 7.0.1 (sdma_v7_0).
+        120001 => (0x50, 0x0c0001, 0x070001, (7, 0)),
         t => panic!("no expectation for gfx target {t}"),
     }
 }
@@ -173,7 +175,12 @@ fn dev_info_describes_the_profile_gpu() {
         assert_eq!(d.device_id, g.device_id);
         assert_eq!(d.pci_rev, g.pci_revision);
         assert_eq!((d.chip_rev, d.external_rev), (0, ext_base));
-        assert_eq!(d.family, sys::AMDGPU_FAMILY_AI, "gfx9 is family AI");
+        let family = match g.gfx_target_version / 10000 {
+            9 => sys::AMDGPU_FAMILY_AI,
+            12 => 152, // AMDGPU_FAMILY_GC_12_0_0, newer than the header
+            t => panic!("no family expectation for gfx{t}"),
+        };
+        assert_eq!(d.family, family, "{}", g.name);
         let se = g.array_count / g.simd_arrays_per_engine / g.num_xcc;
         assert_eq!(d.num_shader_engines, se);
         assert_eq!(d.num_shader_arrays_per_engine, g.simd_arrays_per_engine);
@@ -190,7 +197,9 @@ fn dev_info_describes_the_profile_gpu() {
         );
         assert_eq!(d.max_memory_clock, u64::from(g.vram_clk_max) * 1000);
         assert_eq!(d.gpu_counter_freq, 1_000_000, "the counter counts ns");
-        assert_eq!((d.vram_type, d.vram_bit_width), (6, g.vram_width));
+        // HBM on the Instinct parts, GDDR6 on RDNA cards.
+        let vram_type = if g.gfx_target_version >= 100000 { 9 } else { 6 };
+        assert_eq!((d.vram_type, d.vram_bit_width), (vram_type, g.vram_width));
         assert_eq!(d.wave_front_size, g.wave_front_size);
         // 48-bit GPUVM around the hole: 64 KiB reserved at the bottom,
         // trap, seq64 and CSA areas at the top.
@@ -214,19 +223,20 @@ fn dev_info_describes_the_profile_gpu() {
 
 #[test]
 fn hw_ip_info_and_count() {
-    for name in ["mi100", "mi210x4", "mi250x8", "mi300x8"] {
+    for name in ["mi100", "mi210x4", "mi250x8", "mi300x8", "rx9070xt"] {
         let n = Node::new(name, 0);
         let g = n.gpu();
         let (_, gc, sdma, sdma_block) = chip(g.gfx_target_version);
+        let rdna = g.gfx_target_version >= 100000;
         let engines = g.num_sdma_engines + g.num_sdma_xgmi_engines;
         let ip = |t: u32, inst: u32| {
             n.info::<sys::drm_amdgpu_info_hw_ip>(sys::AMDGPU_INFO_HW_IP_INFO, [t, inst, 0, 0])
         };
-        // No graphics rings on CDNA; compute and SDMA rings up to the
-        // context entity limits (4 and 2).
+        // No graphics rings on CDNA, one on RDNA; compute and SDMA rings
+        // up to the context entity limits (4 and 2).
         let gfx = ip(sys::AMDGPU_HW_IP_GFX, 0).unwrap();
-        assert_eq!(gfx.available_rings, 0, "{name}");
-        assert_eq!(gfx.hw_ip_version_major, 9);
+        assert_eq!(gfx.available_rings, u32::from(rdna), "{name}");
+        assert_eq!(gfx.hw_ip_version_major, g.gfx_target_version / 10000);
         assert_eq!(gfx._pad, gc, "{name}: ip_discovery_version");
         assert_eq!((gfx.ib_start_alignment, gfx.ib_size_alignment), (32, 32));
         let comp = ip(sys::AMDGPU_HW_IP_COMPUTE, 0).unwrap();
@@ -266,6 +276,51 @@ fn hw_ip_info_and_count() {
             assert_eq!(count(t), Err(libc::EINVAL), "type {t}");
         }
     }
+}
+
+/// A GPU whose DMA rings are `no_user_submission` (amdgpu.disable_kq=1,
+/// or SDMA 7.1): HW_IP_INFO(DMA) counts no ring, as `amdgpu_hw_ip_info`
+/// does; the instances are still there.
+#[test]
+fn dma_rings_without_user_submission_are_not_counted() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../test/gpu/hosts/rx9070xt-no-user-sdma.toml"
+    );
+    let text = std::fs::read_to_string(path).unwrap();
+    let p = Profile::with_override("rx9070xt", path, &text).unwrap();
+    assert!(!p.gpus()[0].dma_user_submission);
+    let fds = Table::default();
+    let emu = Emulator::with_resolver(&p, Box::new(fds.clone())).unwrap();
+    let minor = p.gpus()[0].drm_render_minor.0;
+    let fh = emu.open(&NodeKind::Render { minor }, &me()).unwrap();
+    let n = Node {
+        emu,
+        fds,
+        p,
+        i: 0,
+        fh,
+    };
+    let dma: sys::drm_amdgpu_info_hw_ip = n
+        .info(
+            sys::AMDGPU_INFO_HW_IP_INFO,
+            [sys::AMDGPU_HW_IP_DMA, 0, 0, 0],
+        )
+        .unwrap();
+    assert_eq!(dma.available_rings, 0);
+    assert_eq!((dma.hw_ip_version_major, dma._pad), (7, 0x070001));
+    let count = n.info::<u32>(
+        sys::AMDGPU_INFO_HW_IP_COUNT,
+        [sys::AMDGPU_HW_IP_DMA, 0, 0, 0],
+    );
+    assert_eq!(count, Ok(2));
+    let comp: sys::drm_amdgpu_info_hw_ip = n
+        .info(
+            sys::AMDGPU_INFO_HW_IP_INFO,
+            [sys::AMDGPU_HW_IP_COMPUTE, 0, 0, 0],
+        )
+        .unwrap();
+    assert_eq!(comp.available_rings, 0xf, "only the DMA rings");
 }
 
 #[test]

@@ -24,7 +24,9 @@ fn prop(text: &str, name: &str) -> u64 {
 #[test]
 fn builtins_load_with_real_part_values() {
     let names: Vec<_> = builtin_names().collect();
-    for want in ["mi100", "mi100x2", "mi210x4", "mi250x8", "mi300x8"] {
+    for want in [
+        "mi100", "mi100x2", "mi210x4", "mi250x8", "mi300x8", "rx9070xt",
+    ] {
         assert!(names.contains(&want), "{want} missing");
     }
     let p = Profile::builtin("mi100").unwrap();
@@ -43,6 +45,21 @@ fn builtins_load_with_real_part_values() {
         .gpus()
         .iter()
         .all(|g| g.cu_count == 304 && g.vram_size == 192 << 30));
+    // RDNA4: the GPU whose DMA IP is SDMA 7.
+    let p = Profile::builtin("rx9070xt").unwrap();
+    let g = &p.gpus()[0];
+    assert_eq!(
+        (
+            g.device_id,
+            g.pci_revision,
+            g.gfx_target_version,
+            g.cu_count
+        ),
+        (0x7550, 0xc0, 120001, 64)
+    );
+    assert_eq!((g.wave_front_size, g.simd_per_cu), (32, 2));
+    assert!(g.dma_user_submission, "the default");
+    assert!(!p.to_toml().contains("dma_user_submission"));
     assert!(Profile::builtin("mi999")
         .unwrap_err()
         .to_string()
@@ -231,6 +248,13 @@ fn existing_profiles_render_byte_identical() {
         ("mi210x4", None, 323256, 0x900767a88b88e110),
         ("mi250x8", None, 713365, 0x78e5abb13b4ea0c3),
         ("mi300x8", None, 3844512, 0xb311cc4e688d340c),
+        ("rx9070xt", None, 40175, 0x05ca77fe88ff8bce),
+        (
+            "rx9070xt",
+            Some("rx9070xt-no-user-sdma"),
+            40175,
+            0x05ca77fe88ff8bce,
+        ),
         (
             "mi100x2",
             Some("mi100x2-fw-first-older"),
@@ -638,6 +662,7 @@ fn pci_revision_is_optional_and_set_in_the_builtins() {
         ("mi210x4", 0x740f, 0x02),
         ("mi250x8", 0x740c, 0x01),
         ("mi300x8", 0x74a1, 0x00),
+        ("rx9070xt", 0x7550, 0xc0),
     ] {
         for g in Profile::builtin(name).unwrap().gpus() {
             assert_eq!((g.device_id, g.pci_revision), (did, rev), "{name}");

@@ -4,8 +4,9 @@
 //! memory sizes, firmware.
 //!
 //! Known gfx targets get the kernel's values for their IP versions
-//! (soc15.c, gfx_v9_0.c, gfx_v9_4_3.c, sdma_v4_*.c); other targets get
-//! values derived from the gfx target version and the family.
+//! (soc15.c, gfx_v9_0.c, gfx_v9_4_3.c, sdma_v4_*.c; soc24.c and
+//! sdma_v7_0.c for gfx1201); other targets get values derived from the gfx
+//! target version and the family.
 
 use crate::profile;
 
@@ -54,6 +55,8 @@ pub const SMALL_BAR: u64 = 256 << 20;
 /// `AMDGPU_VRAM_TYPE_HBM`: every MI part (HBM2, HBM2e and HBM3 all read
 /// as HBM).
 pub const VRAM_TYPE_HBM: u32 = 6;
+/// `AMDGPU_VRAM_TYPE_GDDR6`: the Radeon parts from RDNA on.
+pub const VRAM_TYPE_GDDR6: u32 = 9;
 
 /// The kernel's `amdgpu_num_kcq` default: kernel compute queues per GPU.
 pub const KERNEL_COMPUTE_RINGS: u32 = 8;
@@ -74,6 +77,9 @@ pub struct Asic {
     /// Graphics rings (none on CDNA parts).
     pub gfx_rings: u32,
     pub compute_rings: u32,
+    /// Whether the DMA rings take user submissions (see
+    /// `profile::Gpu::dma_user_submission`).
+    pub dma_user_submission: bool,
     /// SDMA engines (`adev->sdma.num_instances`): the profile's PCIe and
     /// XGMI engines together.
     pub sdma_instances: u32,
@@ -180,6 +186,15 @@ fn chip(gfx_target_version: u32) -> Chip {
             gfx_rings: 0,
             ce_ram_size: 0,
         },
+        // gfx1201, Navi 48 (RX 9070 XT): GC 12.0.1, SDMA 7.0.1; soc24.c
+        // sets external_rev_id to rev_id + 0x50.
+        120001 => Chip {
+            gfx: block((12, 0), (12, 0, 1)),
+            sdma: block((7, 0), (7, 0, 1)),
+            external_rev_base: 0x50,
+            gfx_rings: 1,
+            ce_ram_size: 0,
+        },
         // Anything else: the GC version is the gfx target's, SDMA the
         // generation's first.
         _ => {
@@ -218,6 +233,7 @@ impl Asic {
             sdma: c.sdma,
             gfx_rings: c.gfx_rings,
             compute_rings: KERNEL_COMPUTE_RINGS,
+            dma_user_submission: g.dma_user_submission,
             sdma_instances: g.num_sdma_engines + g.num_sdma_xgmi_engines,
             shader_engines,
             sh_per_se,
@@ -234,7 +250,11 @@ impl Asic {
             max_engine_clock: u64::from(g.max_engine_clk_fcompute) * 1000,
             max_memory_clock: u64::from(g.vram_clk_max) * 1000,
             gpu_counter_freq: 1_000_000,
-            vram_type: VRAM_TYPE_HBM,
+            vram_type: if g.gfx_target_version >= 100000 {
+                VRAM_TYPE_GDDR6
+            } else {
+                VRAM_TYPE_HBM
+            },
             vram_bit_width: g.vram_width,
             vram_size: g.vram_size,
             visible_vram_size: if g.vram_public {

@@ -304,6 +304,9 @@ fn hw_ip_info(asic: &Asic, ip_type: u32, instance: u32) -> R<sys::drm_amdgpu_inf
         Block::Absent => return Ok(Default::default()),
         Block::Gfx if ip_type == sys::AMDGPU_HW_IP_GFX => (asic.gfx, asic.gfx_rings, 32, 32),
         Block::Gfx => (asic.gfx, asic.compute_rings, 32, 32),
+        // `amdgpu_hw_ip_info` counts only rings that take user
+        // submissions: none when they are all `no_user_submission`.
+        Block::Sdma if !asic.dma_user_submission => (asic.sdma, 0, 256, 4),
         Block::Sdma => (asic.sdma, asic.sdma_instances, 256, 4),
     };
     let rings = rings.min(ctx_entities(ip_type));

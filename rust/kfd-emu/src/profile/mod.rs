@@ -42,6 +42,7 @@ const BUILTIN: &[(&str, &str)] = &[
     ("mi210x4", include_str!("../../profiles/mi210x4.toml")),
     ("mi250x8", include_str!("../../profiles/mi250x8.toml")),
     ("mi300x8", include_str!("../../profiles/mi300x8.toml")),
+    ("rx9070xt", include_str!("../../profiles/rx9070xt.toml")),
 ];
 
 /// A KFD gpu_id (the id user space sees in topology and ioctls).
@@ -145,6 +146,14 @@ pub struct Gpu {
     pub max_engine_clk_fcompute: u32,
     pub max_engine_clk_ccompute: u32,
     pub caches: Vec<CacheLevel>,
+    /// Whether amdgpu's DMA rings take user submissions (AMDGPU_CS).
+    /// `false` models rings marked `no_user_submission` (SDMA 7.1 by
+    /// default, SDMA 6/7 with `amdgpu.disable_kq=1`): `amdgpu_hw_ip_info`
+    /// then counts no DMA ring (`available_rings` 0) and `amdgpu_cs_p2_ib`
+    /// refuses an IB for one with EINVAL.  KFD's own SDMA queues are not
+    /// affected.  Optional (true).
+    #[serde(default = "default_true", skip_serializing_if = "is_true")]
+    pub dma_user_submission: bool,
 }
 
 impl Gpu {
