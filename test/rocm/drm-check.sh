@@ -5,7 +5,9 @@
 # (checked against the KFD topology) and the marketing name ROCm shows, on every render
 # node.
 #
-#   usage: test/rocm/drm-check.sh [PROFILE...]    (as root; default: every built-in profile)
+#   usage: test/rocm/drm-check.sh [PROFILE[+OVERRIDE]...]    (as root; default: every built-in
+#          profile, then rx9070xt+test/gpu/hosts/rx9070xt-no-user-sdma.toml, whose DMA rings
+#          take no user submissions)
 #   env:   CARGO_TARGET_DIR  where kfd-emu was built (default rust/target); KFD_EMU names
 #                            the binary itself
 #          AMDGPU_IDS        libdrm's marketing-name table (/usr/share/libdrm/amdgpu.ids)
@@ -40,9 +42,9 @@ ids_name() {
 # the probe ($1) with them. Output: the probe's lines, notes, and on failure the reason.
 inside() {
 	local probe=$1 prof="$KFD_EMU_STATE_DIR/profile.toml" args=() n=0 bad=0
-	local minor did rev name want table err
+	local minor did rev dma name want table err
 	[ -r "$prof" ] || { echo "FAIL: no resolved profile at $prof"; return 1; }
-	while IFS=$'\t' read -r minor did rev name; do
+	while IFS=$'\t' read -r minor did rev dma name; do
 		n=$((n + 1))
 		table=$(ids_name "$did" "$rev")
 		if [ -z "$table" ]; then
@@ -57,15 +59,16 @@ inside() {
 		else
 			want=$name
 		fi
-		args+=("$minor:$rev:$want")
+		args+=("$minor:$rev:$dma:$want")
 	done < <(awk '
-		/^\[\[gpus\]\]$/ { if (g) out(); g = 1; minor = did = rev = name = ""; rev = 0; next }
+		/^\[\[gpus\]\]$/ { if (g) out(); g = 1; minor = did = rev = name = ""; rev = 0; dma = 1; next }
 		/^\[/ { if (g) out(); g = 0; next }
 		g && /^drm_render_minor = / { minor = $3 }
 		g && /^device_id = / { did = $3 }
 		g && /^pci_revision = / { rev = $3 }
+		g && /^dma_user_submission = false/ { dma = 0 }
 		g && /^marketing_name = / { name = $0; sub(/^[^"]*"/, "", name); sub(/"[^"]*$/, "", name) }
-		function out() { printf "%s\t%s\t%s\t%s\n", minor, did, rev, name }
+		function out() { printf "%s\t%s\t%s\t%s\t%s\n", minor, did, rev, dma, name }
 		END { if (g) out() }' "$prof")
 	[ "$n" -gt 0 ] || { echo "FAIL: the profile has no GPU"; return 1; }
 	err=$(mktemp)
@@ -102,11 +105,19 @@ if ! cc -std=gnu11 -Wall -Wextra -Werror -O2 -o "$work/drm-probe" "$here/drm-pro
 fi
 
 profiles=("$@")
-[ ${#profiles[@]} -gt 0 ] || mapfile -t profiles < <("$KFD_EMU" profiles | awk '/^[^[:space:]]/ { print $1 }')
+if [ ${#profiles[@]} = 0 ]; then
+	mapfile -t profiles < <("$KFD_EMU" profiles | awk '/^[^[:space:]]/ { print $1 }')
+	profiles+=("rx9070xt+$top/test/gpu/hosts/rx9070xt-no-user-sdma.toml")
+fi
 pass=0 failn=0
 for p in "${profiles[@]}"; do
+	run=(--profile "${p%%+*}")
+	if [ "$p" != "${p%%+*}" ]; then
+		run+=(--profile-file "${p#*+}")
+		p="${p%%+*}+$(basename "${p#*+}" .toml)"
+	fi
 	log=$work/$p.log
-	if timeout 120 "$KFD_EMU" run --profile "$p" -- "$self" __in "$work/drm-probe" >"$log" 2>&1; then
+	if timeout 120 "$KFD_EMU" run "${run[@]}" -- "$self" __in "$work/drm-probe" >"$log" 2>&1; then
 		echo "PASS drm $p ($(grep -c '^ok ' "$log") render nodes)"
 		grep '^note:' "$log" | sort -u | sed 's/^/  /'
 		pass=$((pass + 1))

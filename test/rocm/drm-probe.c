@@ -41,6 +41,8 @@ struct gpu {
 		sdma_fw_version, sdma_engines, vram;
 	/* From the command line. */
 	unsigned pci_rev;
+	/* Whether the profile's DMA rings take user submissions (amdgpu_hw_ip_info counts them). */
+	int dma_user_submission;
 	const char *name;
 	int expected;
 };
@@ -147,6 +149,7 @@ static int check_queries(amdgpu_device_handle h, int fd, const struct gpu *g)
 	struct drm_amdgpu_info_hw_ip ip;
 	struct drm_amdgpu_memory_info mem;
 	uint32_t u32, ver, feature, count;
+	unsigned gfx_major;
 	uint64_t u64;
 	drm_magic_t magic;
 	const char *name;
@@ -210,17 +213,24 @@ static int check_queries(amdgpu_device_handle h, int fd, const struct gpu *g)
 	CHECK(r == -EINVAL, "SDMA firmware of engine %" PRIu64 " (of %" PRIu64 "): %d, not -EINVAL",
 	      g->sdma_engines, g->sdma_engines, r);
 
-	/* IP blocks: SDMA engines as in the topology, compute rings, no graphics ring. */
+	/*
+	 * IP blocks: SDMA engines as in the topology (SDMA 4 on GFX9, 5 on GFX10, 6 on GFX11,
+	 * 7 on GFX12), compute rings, no graphics ring on the compute-only GFX9 parts and one on
+	 * RDNA.
+	 */
+	gfx_major = (unsigned)(g->gfx_target_version / 10000);
 	CHECK(!amdgpu_query_hw_ip_count(h, AMDGPU_HW_IP_DMA, &count) && count == g->sdma_engines,
 	      "%u SDMA instances, the topology says %" PRIu64, count, g->sdma_engines);
-	CHECK(!amdgpu_query_hw_ip_info(h, AMDGPU_HW_IP_DMA, 0, &ip) && ip.available_rings == 3 &&
-		      ip.hw_ip_version_major == 4,
+	CHECK(!amdgpu_query_hw_ip_info(h, AMDGPU_HW_IP_DMA, 0, &ip) &&
+		      ip.available_rings == (g->dma_user_submission ? 3u : 0u) &&
+		      ip.hw_ip_version_major == gfx_major - 5,
 	      "SDMA: rings %#x, version %u", ip.available_rings, ip.hw_ip_version_major);
 	CHECK(!amdgpu_query_hw_ip_info(h, AMDGPU_HW_IP_COMPUTE, 0, &ip) &&
-		      ip.available_rings == 0xf && ip.hw_ip_version_major == 9,
+		      ip.available_rings == 0xf && ip.hw_ip_version_major == gfx_major,
 	      "compute: rings %#x, version %u", ip.available_rings, ip.hw_ip_version_major);
-	CHECK(!amdgpu_query_hw_ip_info(h, AMDGPU_HW_IP_GFX, 0, &ip) && ip.available_rings == 0,
-	      "graphics rings %#x on a compute-only GPU", ip.available_rings);
+	CHECK(!amdgpu_query_hw_ip_info(h, AMDGPU_HW_IP_GFX, 0, &ip) &&
+		      ip.available_rings == (gfx_major >= 10 ? 1u : 0u),
+	      "graphics rings %#x on gfx%u", ip.available_rings, gfx_major);
 	CHECK(amdgpu_query_hw_ip_count(h, AMDGPU_HW_IP_VCE, &count) == -EINVAL,
 	      "HW_IP_COUNT(VCE) of a GPU without VCE is not -EINVAL");
 
@@ -266,11 +276,12 @@ int main(int argc, char **argv)
 	if (read_topology())
 		return 1;
 	for (a = 1; a < argc; a++) {
-		char *rev, *name;
+		char *rev, *dma, *name;
 		unsigned long minor = strtoul(argv[a], &rev, 10);
 
-		if (*rev != ':' || !(name = strchr(rev + 1, ':'))) {
-			fprintf(stderr, "usage: %s MINOR:PCI_REV:NAME...\n", argv[0]);
+		if (*rev != ':' || !(dma = strchr(rev + 1, ':')) || !(name = strchr(dma + 1, ':'))) {
+			fprintf(stderr, "usage: %s MINOR:PCI_REV:DMA_USER_SUBMISSION(0|1):NAME...\n",
+				argv[0]);
 			return 2;
 		}
 		for (i = 0; i < ngpus && gpus[i].minor != minor; i++)
@@ -281,6 +292,7 @@ int main(int argc, char **argv)
 			return 1;
 		}
 		gpus[i].pci_rev = (unsigned)strtoul(rev + 1, NULL, 0);
+		gpus[i].dma_user_submission = dma[1] == '1';
 		gpus[i].name = name + 1;
 		gpus[i].expected = 1;
 	}

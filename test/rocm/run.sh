@@ -29,21 +29,22 @@ logs=$out/logs
 target=${CARGO_TARGET_DIR:-$top/rust/target}/release
 kfd_emu=$target/kfd-emu
 timeout_s=${ROCM_TEST_TIMEOUT:-300}
-all_profiles=(mi100 mi100x2 mi210x4 mi250x8 mi300x8)
+all_profiles=(mi100 mi100x2 mi210x4 mi250x8 mi300x8 rx9070xt)
 
 # The machines the profiles describe, written down here independently of the emulator:
 # CPU nodes, GPUs, the GPUs' ISA, VRAM per GPU, and each GPU's PCI device id and revision
 # (the marketing name is what Debian's libdrm, /usr/share/libdrm/amdgpu.ids, calls that
 # device and revision: libhsakmt asks libdrm through the render node).
-declare -A cpus=([mi100]=1 [mi100x2]=1 [mi210x4]=2 [mi250x8]=4 [mi300x8]=2)
-declare -A gpus=([mi100]=1 [mi100x2]=2 [mi210x4]=4 [mi250x8]=8 [mi300x8]=8)
-declare -A gfx=([mi100]=gfx908 [mi100x2]=gfx908 [mi210x4]=gfx90a [mi250x8]=gfx90a [mi300x8]=gfx942)
-declare -A vram_gib=([mi100]=32 [mi100x2]=32 [mi210x4]=64 [mi250x8]=64 [mi300x8]=192)
-declare -A pci_id=([mi100]="738C,01" [mi100x2]="738C,01" [mi210x4]="740F,02" [mi250x8]="740C,01" [mi300x8]="74A1,00")
+declare -A cpus=([mi100]=1 [mi100x2]=1 [mi210x4]=2 [mi250x8]=4 [mi300x8]=2 [rx9070xt]=1)
+declare -A gpus=([mi100]=1 [mi100x2]=2 [mi210x4]=4 [mi250x8]=8 [mi300x8]=8 [rx9070xt]=1)
+declare -A gfx=([mi100]=gfx908 [mi100x2]=gfx908 [mi210x4]=gfx90a [mi250x8]=gfx90a [mi300x8]=gfx942 [rx9070xt]=gfx1201)
+declare -A vram_gib=([mi100]=32 [mi100x2]=32 [mi210x4]=64 [mi250x8]=64 [mi300x8]=192 [rx9070xt]=16)
+declare -A pci_id=([mi100]="738C,01" [mi100x2]="738C,01" [mi210x4]="740F,02" [mi250x8]="740C,01" [mi300x8]="74A1,00" [rx9070xt]="7550,C0")
 
 # What ROCr 5.2 cannot do, by profile: its hsa-test and rocminfo rows count as skipped, with
 # this reason (rocminfo still runs there, and must fail or list no GPU exactly this way).
 declare -A rocr_limit=(
+	[rx9070xt]="ROCr 5.2 has no gfx1201 (RDNA4) in its ISA registry (isa.cpp): GpuAgent's constructor (amd_gpu_agent.cpp:111) fails with \"The GPU node has an unrecognized id\" and ROCr creates no GPU agent; libhsakmt and libdrm run there"
 	[mi300x8]="ROCr 5.2 cannot run on an MI300X machine: it asserts that a CPU node's memory fits in 1 TiB (amd_memory_region.cpp:153, GetPhysicalSize() <= GetVirtualSize(): a non-APU node's system region is sized to the 1 TiB GPU VM) and each of the 2 CPU nodes has 1152 GiB; past that it would ignore all 8 GPUs, as its ISA registry (isa.cpp) has no gfx942"
 )
 rocr_limit_sign="GetPhysicalSize() <= GetVirtualSize()' failed"
@@ -228,18 +229,23 @@ run_rocminfo() {
 	fi
 }
 
+# Host overrides drm-check also runs on top of a profile: rx9070xt with its DMA rings
+# refusing user submissions (amdgpu.disable_kq=1), where HW_IP_INFO(DMA) counts no ring.
+declare -A drm_overrides=([rx9070xt]="rx9070xt+$top/test/gpu/hosts/rx9070xt-no-user-sdma.toml")
+
 run_drm() {
 	local p=$1
-	local log=$logs/drm-check-$p.log rc=0
+	local log=$logs/drm-check-$p.log rc=0 also=()
 	if [ ! -x "$here/drm-check.sh" ]; then
 		result FAIL drm-check "$p" "test/rocm/drm-check.sh is missing or not executable"
 		return
 	fi
-	CARGO_TARGET_DIR=${target%/release} "$here/drm-check.sh" "$p" >"$log" 2>&1 || rc=$?
+	[ -z "${drm_overrides[$p]:-}" ] || also=("${drm_overrides[$p]}")
+	CARGO_TARGET_DIR=${target%/release} "$here/drm-check.sh" "$p" "${also[@]}" >"$log" 2>&1 || rc=$?
 	if [ "$rc" != 0 ]; then
 		result FAIL drm-check "$p" "$(reason_from "$log" "$rc")"
 	else
-		result PASS drm-check "$p" "$(grep -m 1 '^PASS' "$log" | sed 's/^PASS *//')"
+		result PASS drm-check "$p" "$(grep '^PASS' "$log" | sed 's/^PASS *//' | paste -sd ';' | sed 's/;/; /g')"
 	fi
 }
 
