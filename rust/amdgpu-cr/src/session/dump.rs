@@ -752,6 +752,7 @@ fn owning_file<'f>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs::OpenOptions;
 
     /// Buckets KFD leaves as they were hand no fd over, whatever flags.
     #[test]
@@ -761,5 +762,30 @@ mod tests {
         bos[1].alloc_flags = bo::ALLOC_VRAM;
         bos[2].alloc_flags = bo::ALLOC_GTT;
         assert!(owned_dmabufs(&bos).iter().all(Option::is_none));
+    }
+
+    /// Only EACCES rules a file out: a write-only file refuses a read
+    /// mapping with EACCES (as `drm_gem_mmap` refuses a file the BO's
+    /// vma_node does not admit); a file mapping succeeds on, or one failing
+    /// otherwise (/dev/null: ENODEV, past the ownership check), is taken.
+    #[test]
+    fn the_owner_is_the_first_file_not_refused_with_eacces() {
+        let dir = crate::image::tests::tempdir();
+        let path = dir.join("bo");
+        std::fs::write(&path, vec![7u8; 2 * crate::bo::PAGE_SIZE as usize]).unwrap();
+        let wo = OpenOptions::new().write(true).open(&path).unwrap();
+        let rw = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
+        let null = std::fs::File::open("/dev/null").unwrap();
+        let off = MmapOffset(crate::bo::PAGE_SIZE);
+        let got = owning_file([wo.as_fd(), rw.as_fd()].into_iter(), off).unwrap();
+        assert_eq!(got.as_raw_fd(), rw.as_raw_fd());
+        let got = owning_file([wo.as_fd(), null.as_fd()].into_iter(), off).unwrap();
+        assert_eq!(got.as_raw_fd(), null.as_raw_fd());
+        assert!(owning_file([wo.as_fd()].into_iter(), off).is_none());
+        assert!(owning_file(std::iter::empty(), off).is_none());
     }
 }
