@@ -13,7 +13,9 @@ pub const ALLOC_USERPTR: u32 = 1 << 2;
 pub const ALLOC_DOORBELL: u32 = 1 << 3;
 /// MMIO remap page; no contents, only its mapping is remapped.
 pub const ALLOC_MMIO_REMAP: u32 = 1 << 4;
-/// Host-visible VRAM (large BAR).
+/// VRAM the CPU may map (KFD allocates it CPU_ACCESS_REQUIRED; without it
+/// amdgpu makes the BO NO_CPU_ACCESS and refuses every CPU mapping,
+/// whatever the BAR size).
 pub const ALLOC_PUBLIC: u32 = 1 << 29;
 /// The CPU may write the BO.
 pub const ALLOC_WRITABLE: u32 = 1 << 31;
@@ -35,7 +37,7 @@ pub fn needs_vma_fixup(alloc_flags: u32) -> bool {
     alloc_flags & (ALLOC_VRAM | ALLOC_GTT | ALLOC_DOORBELL | ALLOC_MMIO_REMAP) != 0
 }
 
-/// Whether the CPU can map the BO directly (GTT, or VRAM inside the BAR).
+/// Whether the CPU can map the BO (GTT, or VRAM allocated PUBLIC).
 pub fn host_visible(alloc_flags: u32) -> bool {
     alloc_flags & ALLOC_GTT != 0
         || alloc_flags & (ALLOC_VRAM | ALLOC_PUBLIC) == (ALLOC_VRAM | ALLOC_PUBLIC)

@@ -930,15 +930,24 @@ pub(crate) mod tests {
             choose_engine(P::Auto, &bo_ref(Some(fd), None, vram), true).unwrap(),
             Cpu
         );
-        // Hardware, VRAM outside the BAR → SDMA.
+        // Hardware (a dmabuf), VRAM → SDMA.
         assert_eq!(
             choose_engine(P::Auto, &bo_ref(Some(fd), Some(fd), vram), true).unwrap(),
             Sdma
         );
-        // Host visible → CPU even with a dmabuf.
+        // GTT → CPU even with a dmabuf; so is PUBLIC VRAM only without SDMA.
         assert_eq!(
             choose_engine(P::Auto, &bo_ref(Some(fd), Some(fd), bo::ALLOC_GTT), true).unwrap(),
             Cpu
+        );
+        assert_eq!(
+            choose_engine(
+                P::Auto,
+                &bo_ref(Some(fd), Some(fd), vram | bo::ALLOC_PUBLIC),
+                true
+            )
+            .unwrap(),
+            Sdma
         );
         // No SDMA on this device → CPU fallback.
         assert_eq!(
