@@ -1051,6 +1051,27 @@ restore_other_host() {
 	note "$map"
 }
 
+# The RDNA4 gfx1201 card (its DMA IP is SDMA 7), dumped there and restored on the same card
+# with its DMA rings refusing user submissions (amdgpu.disable_kq=1). kfd-emu hands out no
+# dmabufs, so on both the CPU copies, through the render file that owns the BOs (the one
+# given to ACQUIRE_VM at the dump, to RESTORE at the restore).
+case_restore_rdna4_sdma7() {
+	on rx9070xt -- dump_for_later wl --mib 4 --bos 2 --events
+	on rx9070xt --profile-file "$(host_file rx9070xt-no-user-sdma)" -- restore_rdna4_sdma7
+}
+restore_rdna4_sdma7() {
+	local img=$CASE_DIR/img pid
+	WL_OUT=$CASE_DIR/wl.out
+	pid=$(cat "$CASE_DIR/wl.pid")
+	log_has "$img/dump.log" "amdgpu: pid $pid: GPU 0x7b1d \\(host 0x7b1d\\): saved [1-9][0-9]* BO\\(s\\), .*; [1-9][0-9]* by CPU, 0 by SDMA\\)"
+	gpu_check_restorable "$img" >/dev/null || exit 1
+	restore_ok "$img" "$pid"
+	log_has "$LAST_RESTORE_LOG" "amdgpu: pid $pid: GPU 0x7b1d \\(host 0x7b1d\\): restored [1-9][0-9]* BO\\(s\\), .*; [1-9][0-9]* by CPU, 0 by SDMA\\)"
+	wl_verify "$pid" >/dev/null || exit 1
+	wl_finish "$pid"
+	note "gfx1201: saved and restored by the CPU through the owning render file"
+}
+
 # Images laid out exactly as upstream CRIU 4.1.1's amdgpu plugin writes them (our optional
 # fields and criu-dev's render-node fields dropped, re-encoded with upstream's own schema)
 # restore too, without the content hash check they no longer carry.
