@@ -259,7 +259,7 @@ impl GpuWork {
     ///   the BOs' mmap offsets (the file given to ACQUIRE_VM or RESTORE:
     ///   `drm_gem_mmap` refuses any other with EACCES), or `None`;
     /// * `dmabufs[i]`: the dmabuf fd of bucket `i`, if the kernel gave one;
-    ///   the CPU then maps the BO through it, not through `render_fd`;
+    ///   the CPU maps the BO through it when there is no `render_fd`;
     /// * `restored`: map at `restored_offset` (restore) instead of `offset`.
     pub fn bo_refs<'a>(
         &self,
@@ -277,21 +277,21 @@ impl GpuWork {
                 addr: b.addr,
                 size: b.size,
                 alloc_flags: b.alloc_flags,
-                // Through the BO's own dmabuf when KFD exported one (no
-                // question which file owns it), else through the render-node
-                // file that owns it, at its mmap offset.
-                cpu_map: match dmabufs.get(i).copied().flatten() {
-                    Some(d) => Some((d, MmapOffset(0))),
-                    None => render_fd.map(|fd| {
-                        (
-                            fd,
-                            if restored {
-                                b.restored_offset
-                            } else {
-                                b.offset
-                            },
-                        )
-                    }),
+                // Through the render-node file that owns the BO, at its mmap
+                // offset, or else through the BO's own dmabuf (offset 0):
+                // both reach the BO's pages (`drm_gem_mmap` and
+                // `drm_gem_prime_mmap` end in the same object mmap).
+                cpu_map: match (render_fd, dmabufs.get(i).copied().flatten()) {
+                    (Some(fd), _) => Some((
+                        fd,
+                        if restored {
+                            b.restored_offset
+                        } else {
+                            b.offset
+                        },
+                    )),
+                    (None, Some(d)) => Some((d, MmapOffset(0))),
+                    (None, None) => None,
                 },
                 dmabuf: dmabufs.get(i).copied().flatten(),
             })
@@ -1004,13 +1004,18 @@ mod tests {
         );
         assert_eq!(refs.len(), 2);
         assert_eq!(refs[1].index, 3);
-        // A BO with a dmabuf is mapped through it, at offset 0; one
-        // without through the owning render fd at its restored offset.
-        assert_eq!(refs[1].cpu_map.unwrap().1, MmapOffset(0));
-        assert_eq!(refs[0].cpu_map.unwrap().1, restored[0].restored_offset);
+        // Through the owning render fd at the restored offset; through the
+        // dmabuf, at offset 0, only without a render fd.
+        assert_eq!(refs[1].cpu_map.unwrap().1, MmapOffset(0x9_0030_0000));
         assert!(refs[0].dmabuf.is_none() && refs[1].dmabuf.is_some());
-        let no_dmabuf = g.bo_refs(&restored, Some(dev.as_fd()), &[], true);
-        assert_eq!(no_dmabuf[1].cpu_map.unwrap().1, MmapOffset(0x9_0030_0000));
+        let no_render = g.bo_refs(
+            &restored,
+            None,
+            &[None, None, None, Some(dev.as_fd())],
+            true,
+        );
+        assert_eq!(no_render[1].cpu_map.unwrap().1, MmapOffset(0));
+        assert!(no_render[0].cpu_map.is_none());
         assert_eq!(
             g.bo_refs(&restored, None, &[], false)[0]
                 .cpu_map

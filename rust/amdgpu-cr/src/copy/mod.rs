@@ -1,10 +1,9 @@
 //! Moving BO contents between GPU memory and the pages files.
 //!
 //! Two engines implement [`CopyEngine`]:
-//! * [`cpu::CpuEngine`] maps the BO through a device fd (its dmabuf when
-//!   KFD exported one, else the render-node file that owns it at its mmap
-//!   offset) in windows of at most the staging size and copies with the
-//!   CPU.  It works for GTT BOs and for VRAM BOs allocated with KFD's
+//! * [`cpu::CpuEngine`] maps the BO through a device fd (the render-node
+//!   file that owns it at its mmap offset, or else its dmabuf) in windows
+//!   of at most the staging size and copies with the CPU.  It works for GTT BOs and for VRAM BOs allocated with KFD's
 //!   PUBLIC flag (amdgpu refuses to map the others: they are
 //!   `AMDGPU_GEM_CREATE_NO_CPU_ACCESS`), and on the emulator.
 //! * [`sdma::SdmaEngine`] imports the BO's dmabuf into a render node and
@@ -131,10 +130,10 @@ pub struct BoRef<'a> {
     pub addr: GpuVa,
     pub size: u64,
     pub alloc_flags: u32,
-    /// An fd and offset through which the CPU can map the whole BO: its
-    /// dmabuf at offset 0, or else the render-node file that owns it (the
-    /// one given to ACQUIRE_VM or RESTORE: `drm_gem_mmap` refuses any
-    /// other file with EACCES) at its mmap offset.
+    /// An fd and offset through which the CPU can map the whole BO: the
+    /// render-node file that owns it (the one given to ACQUIRE_VM or
+    /// RESTORE: `drm_gem_mmap` refuses any other file with EACCES) at its
+    /// mmap offset, or else its dmabuf at offset 0.
     pub cpu_map: Option<(BorrowedFd<'a>, MmapOffset)>,
     /// The dmabuf fd KFD exported for the BO (CHECKPOINT/RESTORE output).
     pub dmabuf: Option<BorrowedFd<'a>>,

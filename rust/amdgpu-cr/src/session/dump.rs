@@ -449,21 +449,18 @@ impl DumpSession {
         })?;
         let plan = plan_dump(&topology, &p.ckpt, shm)
             .map_err(|e| SessionError::core(owner, "planning the GPU dump", e))?;
-        // The CPU maps a BO through its dmabuf when KFD exported one, else
-        // through the render-node file that owns it: the file the task gave
-        // to ACQUIRE_VM (`drm_vma_node_allow` admits only that one;
-        // `drm_gem_mmap` answers EACCES for any other, so a file of our own
-        // would not do).  A task may hold several files of one node (Mesa,
-        // VA-API); the owner is the one whose mapping the kernel admits.
+        // The CPU maps a BO through the render-node file that owns it: the
+        // file the task gave to ACQUIRE_VM (`drm_vma_node_allow` admits
+        // only that one; `drm_gem_mmap` answers EACCES for any other, so a
+        // file of our own would not do), or else through its dmabuf.  A task
+        // may hold several files of one node (Mesa, VA-API); the owner is
+        // the one whose mapping the kernel admits.
         let task_render = self.render_fds.get(&owner);
         let mut owners: BTreeMap<RenderMinor, BorrowedFd<'_>> = BTreeMap::new();
         for w in &plan.gpus {
-            let probe = w
-                .bos
-                .iter()
-                .filter_map(|&i| p.ckpt.bos.get(i).map(|b| (i, b)))
-                .find(|(i, _)| p.dmabufs.get(*i).is_none_or(|d| d.is_none()));
-            let Some((_, b)) = probe else { continue };
+            let Some(b) = w.bos.first().and_then(|&i| p.ckpt.bos.get(i)) else {
+                continue;
+            };
             let candidates = task_render
                 .into_iter()
                 .flatten()
@@ -475,8 +472,8 @@ impl DumpSession {
                 }
                 None => log::warn!(
                     "pid {owner}: GPU {}: no render-node file of the task owns its BOs \
-                     (none of its {} files admits a mapping of BO at offset {}); BOs \
-                     without a dmabuf cannot be copied by the CPU",
+                     (none of its {} files admits a mapping of BO at offset {}); the CPU \
+                     can copy only BOs with a dmabuf",
                     w.user,
                     w.render_minor.path(),
                     b.offset
