@@ -5,11 +5,10 @@
 //! ABI layer restarts each of these ioctls on EINTR/EAGAIN (libdrm's
 //! `drmIoctl` does the same), WAIT_CS with its one absolute deadline.
 //!
-//! **Hardware only**, like the engine: the emulator hands out no dmabufs,
-//! so [`sdma_for`] is only reached when KFD exported one.  What can be
-//! checked without a GPU — the order and arguments of the calls — is
-//! covered by the engine's model tests; this file is the thin mapping of
-//! those calls onto ioctls.
+//! [`sdma_for`] is reached when KFD exported dmabufs: on hardware, and on
+//! kfd-emu under `kfd-emu supervise` (`make test-sdma`), whose render nodes
+//! model these ioctls.  This file is the thin mapping of the engine's calls
+//! onto ioctls.
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};

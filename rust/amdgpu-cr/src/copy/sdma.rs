@@ -1,12 +1,12 @@
 //! SDMA copy engine: the GPU's DMA engine copies between the BO (imported
 //! from its dmabuf) and a userptr staging buffer in our memory.
 //!
-//! **Hardware only.**  No AMD GPU exists where this crate is developed and
-//! the emulator cannot hand out dmabuf fds, so this engine is exercised
-//! only against [`SdmaDevice`] models in the unit tests: packet encoding is
+//! No AMD GPU exists where this crate is developed: the engine runs end to
+//! end on kfd-emu under `kfd-emu supervise` (`make test-sdma`, SDMA 4
+//! GPUs), and here against [`SdmaDevice`] models: packet encoding is
 //! checked dword by dword against encodings written from the kernel's
 //! packet headers for every generation, and the submission sequence
-//! against a model that executes the packets.
+//! against a model that executes each generation's packets.
 //!
 //! The engine works in a VM of its own: the caller hands it a render-node
 //! file it opened for the copies (not the task's), so its staging, IB and
@@ -436,17 +436,17 @@ impl<D: SdmaDevice> SdmaEngine<D> {
                 // set-up, where `auto` can still fall back to the CPU.
                 match engine.submit_ib(&nop_ib(), None, gpu, usize::MAX) {
                     Ok(()) => Ok(engine),
-                    Err(e) => {
-                        let why = match e {
-                            CopyError::Device { op, source, .. }
-                            | CopyError::GpuReset { op, source, .. } => format!("{op}: {source}"),
-                            CopyError::Timeout { timeout, .. } => {
-                                format!("its fence did not signal within {timeout:?}")
-                            }
-                            e => e.to_string(),
-                        };
-                        Err(setup(format!("the DMA ring refused a NOP IB: {why}")))
-                    }
+                    Err(e) => Err(setup(match e {
+                        CopyError::Device { op, source, .. }
+                        | CopyError::GpuReset { op, source, .. } => {
+                            format!("the DMA ring refused a NOP IB: {op}: {source}")
+                        }
+                        CopyError::Timeout { timeout, .. } => format!(
+                            "a NOP IB on the DMA ring timed out: its fence did not signal \
+                             within {timeout:?}"
+                        ),
+                        e => format!("a NOP IB on the DMA ring failed: {e}"),
+                    })),
                 }
             }
             Err(e) => Err(e),
