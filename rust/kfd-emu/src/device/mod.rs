@@ -508,7 +508,11 @@ impl Emulator {
                 Ok(vec![0u8; o])
             }
             uapi::drm::AMDGPU_CS => {
-                let job = f.cs(caller.tid, &uapi::decode(i), major, has_ip)?;
+                // amdgpu_cs_p2_ib: a ring marked no_user_submission takes
+                // no IB from user space (EINVAL).
+                let dma_user = g.asic.dma_user_submission;
+                let may_submit = |ip: u32| has_ip(ip) && (ip != gem::AMDGPU_HW_IP_DMA || dma_user);
+                let job = f.cs(caller.tid, &uapi::decode(i), major, may_submit)?;
                 drop(st);
                 // The bytes move without the state lock.
                 let mut hang = None;

@@ -416,15 +416,19 @@ enum Step {
 }
 
 /// The packet's name and size in dwords from its header (and, for
-/// WRITE_LINEAR, its count dword); None for a packet the engine does not
-/// execute.
+/// WRITE_LINEAR, its count dword) on a DMA IP of version `major`; None for
+/// a packet the engine does not execute.  SDMA 7's COPY_LINEAR with the
+/// CPV bit (19) carries an eighth dword, the DCC parameters
+/// (`sdma_v7_0_emit_copy_buffer` always sets CPV and writes it).
 fn shape(
     h: u32,
+    major: u32,
     count: impl FnOnce() -> Result<Option<u32>, Halt>,
 ) -> Result<Option<(&'static str, u64)>, Halt> {
     let (op, sub) = (h & 0xff, (h >> 8) & 0xff);
     Ok(Some(match (op, sub) {
         (OP_NOP, 0) => ("NOP", 1 + ((h >> 16) & 0x3fff) as u64),
+        (OP_COPY, SUBOP_COPY_LINEAR) if major >= 7 && (h >> 19) & 1 == 1 => ("COPY_LINEAR", 8),
         (OP_COPY, SUBOP_COPY_LINEAR) => ("COPY_LINEAR", 7),
         (OP_COPY, SUBOP_COPY_LINEAR_SUB_WIND) => ("COPY_LINEAR_SUB_WIND", 13),
         (OP_WRITE, SUBOP_WRITE_LINEAR) => match count()? {
@@ -462,7 +466,7 @@ fn decode(vm: Vm<'_>, ring_size: u64, major: u32, ring: &mut Ring, rptr: u64, wp
         }
         ring.dw(rptr + 12, wptr).map(Some)
     };
-    let (name, len) = match shape(h, count) {
+    let (name, len) = match shape(h, major, count) {
         Ok(Some(s)) => s,
         Ok(None) => {
             let (op, sub) = (h & 0xff, (h >> 8) & 0xff);
@@ -518,6 +522,13 @@ fn operands(vm: Vm<'_>, major: u32, name: &'static str, dw: &[u32]) -> Result<Op
             no_tmz(h)?;
             cache_policy(h, major)?;
             no_swap(dw[2], 16, 24)?;
+            // SDMA 7's DCC dword: compression is not modelled.
+            if dw.len() == 8 && dw[7] != 0 {
+                return Err(bad(format!(
+                    "COPY_LINEAR with DCC parameters {:#x} (compression) not modelled",
+                    dw[7]
+                )));
+            }
             let n = (dw[1] & 0x3f_ffff) as u64 + 1;
             Op::Copy {
                 src: range(addr(dw[3], dw[4]), n),
@@ -946,5 +957,36 @@ pub fn run_ib(w: IbWork) -> Result<(), IbHang> {
     match w.halt {
         Some((name, why)) => Err(hang(name, pos, why)),
         None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// COPY_LINEAR is 7 dwords, 8 on SDMA 7 with the CPV bit (the header
+    /// `sdma_v7_0_emit_copy_buffer` writes: 0x0008_0001).
+    #[test]
+    fn copy_linear_length_follows_the_dma_ip() {
+        let none = || Ok(None);
+        assert_eq!(
+            shape(0x0008_0001, 7, none).unwrap(),
+            Some(("COPY_LINEAR", 8))
+        );
+        assert_eq!(
+            shape(0x0000_0001, 7, none).unwrap(),
+            Some(("COPY_LINEAR", 7))
+        );
+        assert_eq!(
+            shape(0x0000_0001, 4, none).unwrap(),
+            Some(("COPY_LINEAR", 7))
+        );
+        // CPV on SDMA 4 is a reserved bit: 7 dwords, refused by the decoder.
+        assert_eq!(
+            shape(0x0008_0001, 4, none).unwrap(),
+            Some(("COPY_LINEAR", 7))
+        );
+        assert!(cache_policy(0x0008_0001, 4).is_err());
+        assert!(cache_policy(0x0008_0001, 7).is_ok());
     }
 }
