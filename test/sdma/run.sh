@@ -142,6 +142,41 @@ case_dump_restore_1_gpu() { on mi100 -- dump_restore 1; }
 case_dump_restore_2_gpus() { on mi100x2 -- dump_restore 2; }
 case_dump_restore_8_gpus() { on mi300x8 -- dump_restore 8; }
 
+# The RDNA4 gfx1201 card: its DMA IP is SDMA 7, so criu-rocm writes the CPV bit and the
+# eighth COPY_LINEAR dword (sdma_v7_0_emit_copy_buffer's packet), which the emulator's engine
+# reads as SDMA 7 does.
+case_dump_restore_sdma7() { on rx9070xt -- dump_restore 1; }
+
+# The same card with its DMA rings refusing user submissions (amdgpu.disable_kq=1):
+# HW_IP_INFO(DMA) counts no ring. Forced SDMA fails, naming the GPU and why; under `auto`
+# criu-rocm says why and copies with the CPU (through the render file that owns the BOs:
+# the emulator's dma-bufs cannot be mapped for their pages), and the restore verifies.
+no_user_sdma() {
+	local d=$CASE_DIR/img
+	mkdir -p "$d"
+	wl_start
+	verify >/dev/null
+	CRIU_ROCM_COPY_ENGINE=auto "$KFD_EMU" supervise -- "$CRIU" dump -t "$WL" -D "$d" -o dump.log -v4 \
+		>>"$CASE_DIR/criu.out" 2>&1 || fail "auto dump failed: $(log_errors "$d/dump.log")"
+	grep -a -q -E "GPU 0x7b1d: no SDMA engine \(GPU 0x7b1d: no DMA ring accepts user submissions .*available_rings 0\)\); copying with the CPU" "$d/dump.log" ||
+		fail "dump.log does not say why the CPU copies: $(grep -a 'SDMA' "$d/dump.log" | tail -n 2 | paste -sd'|')"
+	grep -a -q -E "GPU 0x7b1d .*: saved [1-9][0-9]* BO\(s\).*; [1-9][0-9]* by CPU, 0 by SDMA\)" "$d/dump.log" ||
+		fail "the dump did not copy every BO by the CPU"
+	wait_gone "$WL" 10 || fail "gpu-workload $WL still runs after the dump"
+	CRIU_ROCM_COPY_ENGINE=auto "$KFD_EMU" supervise -- "$CRIU" restore -D "$d" -o restore.log -v4 -d \
+		>>"$CASE_DIR/criu.out" 2>&1 || fail "auto restore failed: $(log_errors "$d/restore.log")"
+	verify >/dev/null
+	verify TERM >/dev/null
+	wait_gone "$WL" 10 || fail "gpu-workload $WL did not exit after SIGTERM"
+}
+case_no_user_submission_auto_uses_cpu() {
+	on rx9070xt --profile-file "$here/../gpu/hosts/rx9070xt-no-user-sdma.toml" -- no_user_sdma
+}
+case_no_user_submission_forced_sdma_fails() {
+	on rx9070xt --profile-file "$here/../gpu/hosts/rx9070xt-no-user-sdma.toml" -- \
+		dump_fails 'setting up SDMA: GPU 0x7b1d: no DMA ring accepts user submissions'
+}
+
 # The same state dumped by the CPU engine, by the CPU engine with KFD's dma-bufs handed out,
 # and by SDMA: the GPU images must be byte for byte the same. gpu-workload is stopped
 # (SIGSTOP), so no SDMA step runs between the dumps (its queue drains); the first two leave
@@ -201,8 +236,8 @@ case_fault_gpu_reset_in_job() {
 case_fault_gem_va_refused() { on mi100x2 --fail GEM_VA:ENOMEM -- dump_fails 'GEM_VA.*Cannot allocate memory'; }
 
 # retried ERRNO: one CS fails with ERRNO (EAGAIN, EINTR: the kernel's "try again"); libdrm
-# restarts such ioctls. The dump must then succeed by SDMA; a product that does not retry
-# must at least fail cleanly (reported as such, not as a pass of the retry).
+# restarts such ioctls, and so does criu-rocm (kfd-abi's `restarting`). The dump must then
+# succeed by SDMA.
 retried() {
 	local d=$CASE_DIR/img
 	mkdir -p "$d"
@@ -218,14 +253,8 @@ retried() {
 		fail "one CS answered $1 was not retried: the dump failed: $(log_errors "$d/dump.log")"
 	fi
 }
-case_retry_cs_eagain() {
-	known_bug "issue 18: criu-rocm does not restart DRM ioctls on EAGAIN/EINTR" "was not retried"
-	on mi100x2 --fail CS:EAGAIN:0:1 -- retried EAGAIN
-}
-case_retry_cs_eintr() {
-	known_bug "issue 18: criu-rocm does not restart DRM ioctls on EAGAIN/EINTR" "was not retried"
-	on mi100x2 --fail CS:EINTR:0:1 -- retried EINTR
-}
+case_retry_cs_eagain() { on mi100x2 --fail CS:EAGAIN:0:1 -- retried EAGAIN; }
+case_retry_cs_eintr() { on mi100x2 --fail CS:EINTR:0:1 -- retried EINTR; }
 
 # Debian's ROCr 5.2, unchanged, in criu-rocm's zdtm programs (gpu_rocr_buffers: buffers on
 # four GPUs; gpu_rocr_stream: copy loops between the GPUs), dumped mid-work and restored by
