@@ -3,7 +3,7 @@
 //!
 //! No AMD GPU exists where this crate is developed: the engine runs end to
 //! end on kfd-emu under `kfd-emu supervise` (`make test-sdma`, SDMA 4
-//! GPUs), and here against [`SdmaDevice`] models: packet encoding is
+//! and 7 GPUs), and here against [`SdmaDevice`] models: packet encoding is
 //! checked dword by dword against encodings written from the kernel's
 //! packet headers for every generation, and the submission sequence
 //! against a model that executes each generation's packets.
