@@ -1042,11 +1042,13 @@ fn serve(mailbox: Mailbox, policy: EnginePolicy, staging_cap: Option<u64>) -> i3
             match result {
                 Ok(stats) => {
                     log_gpu_stats(vpid, "restored", &stats);
+                    // WRITTEN before the verdict goes out: the task may
+                    // resume (or fail RESUME) and criu main look at the slot
+                    // before this thread runs again, and it must then wait
+                    // for the task's report, not take the job as unwritten.
+                    slot.state.store(WRITTEN, Ordering::Release);
                     match send_record(chan.as_fd(), &gate::verdict(0, "")) {
-                        Ok(()) => {
-                            slot.state.store(WRITTEN, Ordering::Release);
-                            collect_report(mailbox, i, chan);
-                        }
+                        Ok(()) => collect_report(mailbox, i, chan),
                         Err(e) => slot.fail(
                             LOST,
                             &format!(
