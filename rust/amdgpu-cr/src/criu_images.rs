@@ -1,10 +1,14 @@
-//! The one CRIU image the GPU code reads besides its own: the process tree
-//! (`pstree.img`), so that a KFD image can be checked against the processes
-//! the images restore.  The format is CRIU's: a `u32` common magic, the
-//! image's `u32` magic, then entries, each a `u32` size and a protobuf
-//! `PstreeEntry` (`pid` is field 1), all little endian.
+//! The CRIU images the GPU code reads besides its own, so that the GPU
+//! images can be checked against the process they belong to: the process
+//! tree (`pstree.img`: which pids the images restore), the inventory (does
+//! it name the AMD GPU plugin), the files (`files.img`: which files a plugin
+//! saved, and the path of every mapped file) and a task's memory map
+//! (`mm-<pid>.img`: where the process mapped its GPU buffers).  The format is
+//! CRIU's: a `u32` common magic (not in `inventory.img`), the image's `u32`
+//! magic, then entries, each a `u32` size and a protobuf message, all little
+//! endian.  Only the fields used here are decoded.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use prost::Message;
@@ -13,8 +17,23 @@ use prost::Message;
 const IMG_COMMON_MAGIC: u32 = 0x5456_4319;
 /// `PSTREE_MAGIC` of CRIU's `magic.h`.
 const PSTREE_MAGIC: u32 = 0x5027_3030;
+/// `INVENTORY_MAGIC`, `FILES_MAGIC` and `MM_MAGIC` of CRIU's `magic.h`.
+const INVENTORY_MAGIC: u32 = 0x5831_3116;
+const FILES_MAGIC: u32 = 0x5630_3138;
+const MM_MAGIC: u32 = 0x5749_2820;
 /// A pstree entry is a few words per thread; a bigger one is damage.
 const ENTRY_MAX: usize = 1 << 20;
+/// Largest CRIU image read here (files and memory maps of a big process
+/// are a few MiB).
+const IMAGE_MAX: u64 = 256 << 20;
+/// `fd_types` of CRIU's `fdinfo.proto`: a regular file, a plugin's file.
+pub const FD_TYPE_REG: u32 = 1;
+pub const FD_TYPE_EXT: u32 = 16;
+/// `VMA_AREA_REGULAR` and `VMA_FILE_SHARED` of CRIU's `image.h`.
+const VMA_AREA_REGULAR: u32 = 1;
+const VMA_FILE_SHARED: u32 = 1 << 7;
+/// The name the AMD GPU plugin records in the inventory.
+pub const AMDGPU_PLUGIN: &str = "amdgpu_plugin";
 
 /// The part of CRIU's `PstreeEntry` read here.
 #[derive(Clone, PartialEq, Message)]
@@ -38,27 +57,314 @@ pub fn pstree_pids(dir: &Path) -> Result<Option<BTreeSet<u32>>, String> {
 }
 
 fn parse_pstree(data: &[u8]) -> Result<BTreeSet<u32>, String> {
+    let mut pids = BTreeSet::new();
+    for entry in entries(data, Some(IMG_COMMON_MAGIC), PSTREE_MAGIC, "process-tree")? {
+        let e = PstreeEntry::decode(entry).map_err(|e| format!("an entry: {e}"))?;
+        pids.insert(e.pid);
+    }
+    Ok(pids)
+}
+
+/// The entries of a CRIU image: `common` (absent in the inventory), then
+/// `magic`, then size-prefixed messages.  `what` names the image kind.
+fn entries<'a>(
+    data: &'a [u8],
+    common: Option<u32>,
+    magic: u32,
+    what: &str,
+) -> Result<Vec<&'a [u8]>, String> {
     let word = |at: usize| -> Option<u32> {
-        data.get(at..at + 4)
+        data.get(at..at.checked_add(4)?)
             .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
     };
-    if word(0) != Some(IMG_COMMON_MAGIC) || word(4) != Some(PSTREE_MAGIC) {
-        return Err("not a CRIU process-tree image (bad magic)".into());
+    let mut at = 0;
+    if let Some(c) = common {
+        if word(0) != Some(c) {
+            return Err(format!("not a CRIU {what} image (bad magic)"));
+        }
+        at = 4;
     }
-    let mut pids = BTreeSet::new();
-    let mut at = 8;
+    if word(at) != Some(magic) {
+        return Err(format!("not a CRIU {what} image (bad magic)"));
+    }
+    at += 4;
+    let mut out = Vec::new();
     while at < data.len() {
         let size = word(at).ok_or("a truncated entry size")? as usize;
         at += 4;
         if size > ENTRY_MAX {
             return Err(format!("an entry of {size} bytes"));
         }
-        let entry = data.get(at..at + size).ok_or("a truncated entry")?;
-        let e = PstreeEntry::decode(entry).map_err(|e| format!("an entry: {e}"))?;
-        pids.insert(e.pid);
+        let entry = data
+            .get(at..at.saturating_add(size))
+            .ok_or("a truncated entry")?;
+        out.push(entry);
         at += size;
     }
-    Ok(pids)
+    Ok(out)
+}
+
+/// Reads `name` in `dir` (bounded); `Ok(None)` when it does not exist.
+fn read_image(dir: &Path, name: &str) -> Result<Option<Vec<u8>>, String> {
+    let path = dir.join(name);
+    let f = match std::fs::File::open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    };
+    let mut data = Vec::new();
+    use std::io::Read;
+    f.take(IMAGE_MAX + 1)
+        .read_to_end(&mut data)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if data.len() as u64 > IMAGE_MAX {
+        return Err(format!("{}: larger than {IMAGE_MAX} bytes", path.display()));
+    }
+    Ok(Some(data))
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct PluginsEntry {
+    #[prost(string, repeated, tag = "12")]
+    plugins: Vec<String>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct InventoryEntry {
+    #[prost(message, optional, tag = "12")]
+    plugins_entry: Option<PluginsEntry>,
+}
+
+/// The plugins `inventory.img` in `dir` names; `Ok(None)` without one.
+pub fn inventory_plugins(dir: &Path) -> Result<Option<Vec<String>>, String> {
+    let Some(data) = read_image(dir, "inventory.img")? else {
+        return Ok(None);
+    };
+    let why = |w: String| format!("{}: {w}", dir.join("inventory.img").display());
+    let list = entries(&data, None, INVENTORY_MAGIC, "inventory").map_err(why)?;
+    let [one] = list.as_slice() else {
+        return Err(why(format!("{} entries, not one", list.len())));
+    };
+    let inv = InventoryEntry::decode(*one).map_err(|e| why(e.to_string()))?;
+    Ok(Some(
+        inv.plugins_entry.map(|p| p.plugins).unwrap_or_default(),
+    ))
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct RegFileEntry {
+    #[prost(string, tag = "6")]
+    name: String,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct FileEntry {
+    #[prost(uint32, tag = "1")]
+    r#type: u32,
+    #[prost(uint32, tag = "2")]
+    id: u32,
+    #[prost(message, optional, tag = "3")]
+    reg: Option<RegFileEntry>,
+}
+
+/// What `files.img` says about the files of a dump.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Files {
+    /// Ids of the files a plugin saved (`EXT`), in order.
+    pub ext: Vec<u32>,
+    /// Id → path of every regular file (mapped files included).
+    pub reg: BTreeMap<u32, String>,
+}
+
+/// Reads `files.img` in `dir`; `Ok(None)` without one.
+pub fn files(dir: &Path) -> Result<Option<Files>, String> {
+    let Some(data) = read_image(dir, "files.img")? else {
+        return Ok(None);
+    };
+    parse_files(&data)
+        .map(Some)
+        .map_err(|w| format!("{}: {w}", dir.join("files.img").display()))
+}
+
+fn parse_files(data: &[u8]) -> Result<Files, String> {
+    let mut out = Files::default();
+    for (i, entry) in entries(data, Some(IMG_COMMON_MAGIC), FILES_MAGIC, "files")?
+        .into_iter()
+        .enumerate()
+    {
+        let e = FileEntry::decode(entry).map_err(|e| format!("entry {i}: {e}"))?;
+        match e.r#type {
+            FD_TYPE_EXT => out.ext.push(e.id),
+            FD_TYPE_REG => {
+                if let Some(r) = e.reg {
+                    out.reg.insert(e.id, r.name);
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(out)
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct VmaEntry {
+    #[prost(uint64, tag = "1")]
+    start: u64,
+    #[prost(uint64, tag = "2")]
+    end: u64,
+    #[prost(uint64, tag = "3")]
+    pgoff: u64,
+    #[prost(uint64, tag = "4")]
+    shmid: u64,
+    #[prost(uint32, tag = "7")]
+    status: u32,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct MmEntry {
+    #[prost(message, repeated, tag = "14")]
+    vmas: Vec<VmaEntry>,
+}
+
+/// A shared mapping of a file, from a task's `mm-<pid>.img`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileMapping {
+    pub start: u64,
+    pub end: u64,
+    /// Byte offset in the file.
+    pub pgoff: u64,
+    /// The mapped file's id in `files.img`.
+    pub file: u32,
+}
+
+/// The shared file mappings of task `pid` (`mm-<pid>.img` in `dir`);
+/// `Ok(None)` without that image.
+pub fn shared_file_mappings(dir: &Path, pid: u32) -> Result<Option<Vec<FileMapping>>, String> {
+    let name = format!("mm-{pid}.img");
+    let Some(data) = read_image(dir, &name)? else {
+        return Ok(None);
+    };
+    parse_mm(&data)
+        .map(Some)
+        .map_err(|w| format!("{}: {w}", dir.join(&name).display()))
+}
+
+fn parse_mm(data: &[u8]) -> Result<Vec<FileMapping>, String> {
+    let list = entries(data, Some(IMG_COMMON_MAGIC), MM_MAGIC, "memory map")?;
+    let [one] = list.as_slice() else {
+        return Err(format!("{} entries, not one", list.len()));
+    };
+    let mm = MmEntry::decode(*one).map_err(|e| e.to_string())?;
+    Ok(mm
+        .vmas
+        .into_iter()
+        .filter(|v| {
+            v.status & VMA_AREA_REGULAR != 0 && v.status & VMA_FILE_SHARED != 0 && v.end > v.start
+        })
+        .filter_map(|v| {
+            Some(FileMapping {
+                start: v.start,
+                end: v.end,
+                pgoff: v.pgoff,
+                file: u32::try_from(v.shmid).ok()?,
+            })
+        })
+        .collect())
+}
+
+/// Writers of the CRIU images read here, for tests elsewhere in the crate.
+#[cfg(test)]
+pub(crate) mod fixtures {
+    use super::*;
+
+    fn image(common: Option<u32>, magic: u32, msgs: &[Vec<u8>]) -> Vec<u8> {
+        let mut out = Vec::new();
+        if let Some(c) = common {
+            out.extend_from_slice(&c.to_le_bytes());
+        }
+        out.extend_from_slice(&magic.to_le_bytes());
+        for m in msgs {
+            out.extend_from_slice(&(m.len() as u32).to_le_bytes());
+            out.extend_from_slice(m);
+        }
+        out
+    }
+
+    pub(crate) fn write_pstree(dir: &Path, pids: &[u32]) {
+        let msgs: Vec<Vec<u8>> = pids
+            .iter()
+            .map(|&pid| PstreeEntry { pid }.encode_to_vec())
+            .collect();
+        std::fs::write(
+            dir.join("pstree.img"),
+            image(Some(IMG_COMMON_MAGIC), PSTREE_MAGIC, &msgs),
+        )
+        .unwrap();
+    }
+
+    pub(crate) fn write_inventory(dir: &Path, plugins: &[&str]) {
+        let inv = InventoryEntry {
+            plugins_entry: Some(PluginsEntry {
+                plugins: plugins.iter().map(|p| p.to_string()).collect(),
+            }),
+        };
+        std::fs::write(
+            dir.join("inventory.img"),
+            image(None, INVENTORY_MAGIC, &[inv.encode_to_vec()]),
+        )
+        .unwrap();
+    }
+
+    /// `files.img` with plugin files `ext` and regular files `reg`.
+    pub(crate) fn write_files(dir: &Path, ext: &[u32], reg: &[(u32, &str)]) {
+        let mut msgs = Vec::new();
+        for &id in ext {
+            msgs.push(
+                FileEntry {
+                    r#type: FD_TYPE_EXT,
+                    id,
+                    reg: None,
+                }
+                .encode_to_vec(),
+            );
+        }
+        for &(id, name) in reg {
+            msgs.push(
+                FileEntry {
+                    r#type: FD_TYPE_REG,
+                    id,
+                    reg: Some(RegFileEntry { name: name.into() }),
+                }
+                .encode_to_vec(),
+            );
+        }
+        std::fs::write(
+            dir.join("files.img"),
+            image(Some(IMG_COMMON_MAGIC), FILES_MAGIC, &msgs),
+        )
+        .unwrap();
+    }
+
+    /// `mm-<pid>.img` with shared file mappings `maps`.
+    pub(crate) fn write_mm(dir: &Path, pid: u32, maps: &[FileMapping]) {
+        let mm = MmEntry {
+            vmas: maps
+                .iter()
+                .map(|m| VmaEntry {
+                    start: m.start,
+                    end: m.end,
+                    pgoff: m.pgoff,
+                    shmid: u64::from(m.file),
+                    status: VMA_AREA_REGULAR | VMA_FILE_SHARED,
+                })
+                .collect(),
+        };
+        std::fs::write(
+            dir.join(format!("mm-{pid}.img")),
+            image(Some(IMG_COMMON_MAGIC), MM_MAGIC, &[mm.encode_to_vec()]),
+        )
+        .unwrap();
+    }
 }
 
 #[cfg(test)]
@@ -86,6 +392,97 @@ mod tests {
         assert_eq!(pstree_pids(&d).unwrap(), None);
         std::fs::write(d.join("pstree.img"), ONE).unwrap();
         assert_eq!(pstree_pids(&d).unwrap(), Some(BTreeSet::from([33])));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    fn image(common: Option<u32>, magic: u32, msgs: &[Vec<u8>]) -> Vec<u8> {
+        let mut out = Vec::new();
+        if let Some(c) = common {
+            out.extend_from_slice(&c.to_le_bytes());
+        }
+        out.extend_from_slice(&magic.to_le_bytes());
+        for m in msgs {
+            out.extend_from_slice(&(m.len() as u32).to_le_bytes());
+            out.extend_from_slice(m);
+        }
+        out
+    }
+
+    #[test]
+    fn inventory_files_and_mm_read() {
+        let d = crate::image::tests::tempdir();
+        assert_eq!(inventory_plugins(&d).unwrap(), None);
+        assert_eq!(files(&d).unwrap(), None);
+        assert_eq!(shared_file_mappings(&d, 5).unwrap(), None);
+        let inv = InventoryEntry {
+            plugins_entry: Some(PluginsEntry {
+                plugins: vec![AMDGPU_PLUGIN.into()],
+            }),
+        };
+        std::fs::write(
+            d.join("inventory.img"),
+            image(None, INVENTORY_MAGIC, &[inv.encode_to_vec()]),
+        )
+        .unwrap();
+        assert_eq!(
+            inventory_plugins(&d).unwrap(),
+            Some(vec![AMDGPU_PLUGIN.to_string()])
+        );
+        let f = |t, id, name: Option<&str>| {
+            FileEntry {
+                r#type: t,
+                id,
+                reg: name.map(|n| RegFileEntry { name: n.into() }),
+            }
+            .encode_to_vec()
+        };
+        std::fs::write(
+            d.join("files.img"),
+            image(
+                Some(IMG_COMMON_MAGIC),
+                FILES_MAGIC,
+                &[
+                    f(FD_TYPE_REG, 3, Some("/dev/kfd")),
+                    f(FD_TYPE_EXT, 7, None),
+                    f(2, 8, None),
+                ],
+            ),
+        )
+        .unwrap();
+        let got = files(&d).unwrap().unwrap();
+        assert_eq!(got.ext, vec![7]);
+        assert_eq!(got.reg, BTreeMap::from([(3, "/dev/kfd".to_string())]));
+        let v = |start, pgoff, status| VmaEntry {
+            start,
+            end: start + 0x1000,
+            pgoff,
+            shmid: 3,
+            status,
+        };
+        let mm = MmEntry {
+            vmas: vec![
+                v(0x1000, 0x5000, VMA_AREA_REGULAR | VMA_FILE_SHARED),
+                v(0x2000, 0, VMA_AREA_REGULAR | (1 << 6)),
+            ],
+        };
+        std::fs::write(
+            d.join("mm-5.img"),
+            image(Some(IMG_COMMON_MAGIC), MM_MAGIC, &[mm.encode_to_vec()]),
+        )
+        .unwrap();
+        assert_eq!(
+            shared_file_mappings(&d, 5).unwrap().unwrap(),
+            vec![FileMapping {
+                start: 0x1000,
+                end: 0x2000,
+                pgoff: 0x5000,
+                file: 3
+            }]
+        );
+        std::fs::write(d.join("mm-6.img"), b"junk").unwrap();
+        assert!(shared_file_mappings(&d, 6)
+            .unwrap_err()
+            .contains("mm-6.img"));
         std::fs::remove_dir_all(&d).unwrap();
     }
 }
