@@ -66,7 +66,8 @@ int criu_gpu_dump_init(int imgdir_fd, int log_fd);
 
 /*
  Every image of the dump is written (before CRIU's post-dump scripts):
- the image directory `imgdir_fd` loses its incomplete-dump mark.
+ the digests of the GPU image files go into the image directory
+ `imgdir_fd`, which then loses its incomplete-dump mark.
  */
 int criu_gpu_dump_complete(int imgdir_fd);
 
@@ -103,9 +104,11 @@ int criu_gpu_restore_check(int imgdir_fd);
 
 /*
  Starts the GPU part of a restore in criu main (reads the `KFD_*_CHECK`,
- `KFD_MAX_BUFFER_SIZE` and `CRIU_ROCM_COPY_ENGINE` knobs).  When the
- images in `imgdir_fd` hold a KFD process, also starts the GPU memory
- writer and returns `1`; `0`: no GPU state to restore.
+ `KFD_MAX_BUFFER_SIZE` and `CRIU_ROCM_COPY_ENGINE` knobs) and validates
+ the images in `imgdir_fd` as `gpu-check` does, before any task exists:
+ `-EINVAL` with every refusal logged.  When the images hold a KFD
+ process, also starts the GPU memory writer and returns `1`; `0`: no GPU
+ state to restore.
  */
 int criu_gpu_restore_init(int imgdir_fd);
 
@@ -176,9 +179,10 @@ int criu_gpu_restore_task_done(int vpid,
 
 /*
  `criu-rocm gpu-check`: prints whether the images in `dir` can be
- restored on this host and onto which GPUs, touching no device.  `0`:
- they can; `-ENODEV`: some cannot (each reason printed); other `-errno`:
- the directory could not be read.
+ restored on this host and onto which GPUs, touching no device: the
+ restore's own validation (its refusals, its warning), then the host.
+ `0`: they can; `-ENODEV`: some cannot (each reason printed); other
+ `-errno`: the directory could not be read.
 
  # Safety
  `dir` is a NUL-terminated path.

@@ -19,7 +19,8 @@
       upstream CRIU 4.1.1's plugin writes them: decoded and re-encoded with
       upstream's own message definitions, dropping every field those do not
       know (criu-rocm's optional fields >= 1000 and criu-dev's render-node
-      fields). Prints how many fields were dropped.
+      fields), and removes amdgpu-digests.img, which upstream does not write.
+      Prints how many fields were dropped.
   imgcheck.py corrupt FILE MODE ARG [OUR_PROTO]
       truncate N     drops the last N bytes
       flip OFF       inverts the byte at OFF (negative: from the end)
@@ -268,6 +269,9 @@ def cmd_upstream(dir, upstream):
             payload = protoc([f"--encode={message}"] + args, ("\n".join(kept) + "\n").encode(), path)
             with open(path, "wb") as f:
                 f.write(struct.pack("<Q", len(payload)) + payload)
+    digests = os.path.join(dir, "amdgpu-digests.img")
+    if os.path.exists(digests):
+        os.unlink(digests)
     print(f"dropped {dropped} field(s) upstream 4.1.1 does not know")
 
 

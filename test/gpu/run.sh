@@ -433,6 +433,8 @@ dump_images_crit() {
 	mkdir -p "$CASE_DIR/crit"
 	for f in "$img"/amdgpu-*.img; do
 		b=$(basename "$f" .img)
+		# The digests are text (image-format.md), not for crit.
+		[ "$b" = amdgpu-digests ] && continue
 		"$CRIT" show "$f" >"$CASE_DIR/crit/$b.show" 2>"$CASE_DIR/crit/$b.err" ||
 			fail "crit show $b.img: $(tail -n 1 "$CASE_DIR/crit/$b.err")"
 		"$CRIT" decode -i "$f" -o "$CASE_DIR/crit/$b.json" 2>"$CASE_DIR/crit/$b.err" ||
@@ -1073,8 +1075,9 @@ restore_rdna4_sdma7() {
 }
 
 # Images laid out exactly as upstream CRIU 4.1.1's amdgpu plugin writes them (our optional
-# fields and criu-dev's render-node fields dropped, re-encoded with upstream's own schema)
-# restore too, without the content hash check they no longer carry.
+# fields and criu-dev's render-node fields dropped, re-encoded with upstream's own schema, no
+# amdgpu-digests.img) restore too, without the checks they no longer carry: gpu-check and the
+# restore each say so in one warning line.
 case_restore_upstream_layout() {
 	local r
 	on mi100x2 -- dump_for_later wl --mib 4 --bos 2 --events
@@ -1083,11 +1086,14 @@ case_restore_upstream_layout() {
 	on mi100x2 --profile-file "$(host_file mi100x2-other)" -- restore_upstream_layout "$r"
 }
 restore_upstream_layout() {
-	local img=$CASE_DIR/img pid
+	local img=$CASE_DIR/img pid w
 	WL_OUT=$CASE_DIR/wl.out
 	pid=$(cat "$CASE_DIR/wl.pid")
 	gpu_check_restorable "$img" >/dev/null || exit 1
+	w="these GPU images carry no integrity data (upstream's layout: no amdgpu-digests.img, no BO content hashes)"
+	[ "$(grep -cF -- "$w" <<<"$GC_OUT")" = 1 ] || fail "gpu-check does not warn once that the images carry no integrity data: $(paste -sd' ' <<<"$GC_OUT")"
 	restore_ok "$img" "$pid"
+	[ "$(grep -acF -- "$w" "$LAST_RESTORE_LOG")" = 1 ] || fail "the restore log does not warn once that the images carry no integrity data ($LAST_RESTORE_LOG)"
 	wl_verify "$pid" >/dev/null || exit 1
 	wl_finish "$pid"
 	note "$1; restored on other GPUs"
@@ -1347,7 +1353,7 @@ restore_damaged_images() {
 	done <<-EOF
 		short-pages~$pages~truncate 4096~amdgpu: .*$pages.*~yes
 		pages-size-word~$pages~size-word -4096~amdgpu: .*$pages.*~yes
-		pages-flipped-byte~$pages~flip -3000~amdgpu: .*GPU 0x[0-9a-f]+, BO [0-9]+ .*hash.*differs~no
+		pages-flipped-byte~$pages~flip -3000~amdgpu: .*$pages: GPU 0x[0-9a-f]+: bo_entries\[[0-9]+\]\.content_xxh3: the BO at 0x[0-9a-f]+ \([0-9]+ bytes\) hashes to~yes
 		kfd-flipped-tag~$kfd~flip 8~amdgpu: .*$kfd.*~yes
 		kfd-size-word~$kfd~size-word 1~amdgpu: .*$kfd.*~yes
 		kfd-truncated~$kfd~truncate 100~amdgpu: .*$kfd.*~yes
@@ -1389,8 +1395,8 @@ case_restore_resume_fails() {
 	on mi100x2 -- restore_later
 }
 # A KFD image whose pid field no longer names the process that holds its file (N -> N+1,
-# N -> 1): gpu-check refuses it, and the restore fails before the process runs, naming the
-# image and the task; the intact images restore.
+# N -> 1): gpu-check refuses it, and the restore fails with the same words before it creates
+# any task, naming the image and the field; the intact images restore.
 case_restore_pid_changed() {
 	on mi100x2 -- dump_for_later wl --mib 4 --bos 2
 	on mi100x2 -- restore_pid_changed
@@ -1406,10 +1412,10 @@ restore_pid_changed() {
 		v=$CASE_DIR/pid-$new
 		cp -a "$img" "$v"
 		imgcheck corrupt "$v/$kfd" pid "=$new" "$top/proto/criu-amdgpu.proto" || fail "could not set the pid of $kfd to $new"
-		gpu_check_refuses "$v" "KFD image $id names pid $new, which is no process of these images"
+		gpu_check_refuses "$v" "$kfd: pid: is $new, which is no process of these images \(pstree.img\)"
 		restore_fails "$v" "$pid" "KFD image $id with pid $pid -> $new"
-		log_has "$LAST_RESTORE_LOG" "amdgpu: pid $pid: KFD image $id was saved from pid $new, but the pstree gives its file to pid $pid"
-		note "pid $pid -> $new: $(grep -a -m1 -oE "KFD image $id was saved from pid $new[^;]*" "$LAST_RESTORE_LOG")"
+		log_has "$LAST_RESTORE_LOG" "amdgpu: $kfd: pid: is $new, which is no process of these images \(pstree.img\)"
+		note "pid $pid -> $new: $(grep -a -m1 -oE "$kfd: pid: is $new[^;]*" "$LAST_RESTORE_LOG")"
 	done
 	restore_ok "$img" "$pid"
 	wl_verify "$pid" >/dev/null || exit 1

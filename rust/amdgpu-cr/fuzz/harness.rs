@@ -136,7 +136,7 @@ pub fn unpack(data: &[u8], dir: &Path) {
 pub fn validate_dir(host: &Host, data: &[u8], scratch: &Path) -> Vec<DryRunEntry> {
     unpack(data, scratch);
     match restore::dry_run(scratch, &host.opts) {
-        Ok(v) => v,
+        Ok(v) => v.entries,
         // Only listing the directory can fail as a whole.
         Err(e) => panic!("gpu-check's check failed as a whole: {e}"),
     }

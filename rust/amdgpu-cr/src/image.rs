@@ -32,8 +32,9 @@ pub const MAX_MESSAGE_SIZE: u64 = 512 << 20;
 
 /// Version of our optional extensions written in `criu_kfd`
 /// (`criu_rocm_ext_version`).  1 = per-BO `content_xxh3`; 2 = and
-/// `content_hash_extent` on BOs hashed in extents.
-pub const EXT_VERSION: u32 = 2;
+/// `content_hash_extent` on BOs hashed in extents; 3 = and the dump wrote
+/// the digests of its GPU image files ([`crate::validate::digests`]).
+pub const EXT_VERSION: u32 = 3;
 
 /// CRIU's id of a dumped file (the `id` of its `files.img` entry).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -256,7 +257,7 @@ pub fn write_framed(path: &Path, payload: &[u8]) -> Result<(), ImageError> {
     Ok(())
 }
 
-fn create_image(path: &Path) -> io::Result<File> {
+pub(crate) fn create_image(path: &Path) -> io::Result<File> {
     OpenOptions::new()
         .write(true)
         .create(true)
@@ -491,6 +492,11 @@ impl RenderImage {
         let path = dir.join(render_image_name(id));
         let bytes = read_bounded(&path, MAX_MESSAGE_SIZE)?;
         Self::decode(&path.display().to_string(), &bytes)
+    }
+
+    /// Encodes the framed file contents.
+    pub fn encode(&self) -> Vec<u8> {
+        frame(&self.msg.encode_to_vec())
     }
 
     /// Writes `amdgpu-renderD-<id>.img` into `dir`.

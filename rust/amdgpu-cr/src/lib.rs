@@ -14,6 +14,8 @@
 //! * [`plan`]: dump and restore plans, the VMA fix-up table, device
 //!   recognition, the thunk's shared memory;
 //! * [`privdata`]: read-only checks of the kernel's CRIU blob;
+//! * [`validate`]: the one validation of an image directory that the
+//!   restore and `gpu-check` share, and the dump's digests of its files;
 //! * [`error`]: the crate error and its errno;
 //! * [`testhook`]: a stop at a named log line, for tests only.
 
@@ -31,6 +33,7 @@ pub mod proto;
 pub mod session;
 pub mod testhook;
 pub mod topology;
+pub mod validate;
 
 pub use error::Error;
 

@@ -73,20 +73,22 @@ fn scratch(name: &str) -> PathBuf {
 }
 
 /// CRIU's pstree.img with one process.
-fn pstree(pid: u32) -> Vec<u8> {
+fn pstree(pids: &[u32]) -> Vec<u8> {
     let mut out = Vec::new();
     out.extend_from_slice(&0x5456_4319u32.to_le_bytes());
     out.extend_from_slice(&0x5027_3030u32.to_le_bytes());
-    let entry = [0x08, pid as u8 | 0x80, (pid >> 7) as u8];
-    assert!(pid >> 14 == 0);
-    out.extend_from_slice(&(entry.len() as u32).to_le_bytes());
-    out.extend_from_slice(&entry);
+    for &pid in pids {
+        let entry = [0x08, pid as u8 | 0x80, (pid >> 7) as u8];
+        assert!(pid >> 14 == 0);
+        out.extend_from_slice(&(entry.len() as u32).to_le_bytes());
+        out.extend_from_slice(&entry);
+    }
     out
 }
 
 /// A restorable image directory for `host` (KFD image, pages file,
 /// render-node image, pstree), as an input; `second` adds a second KFD
-/// process with file id -2 (2^32 - 2).
+/// process (pid + 1) with file id -2 (2^32 - 2).
 fn seed(host: &Host, second: bool) -> Vec<u8> {
     let topo = Topology::parse_sysfs(&host.opts.sysfs_nodes).unwrap();
     let gpu = amdgpu_cr::ids::GpuId(HOST_GPU);
@@ -126,13 +128,27 @@ fn seed(host: &Host, second: bool) -> Vec<u8> {
         num_of_objects: 1,
         shared_mem_size: 0,
         shared_mem_magic: 0,
-        priv_data: vec![1; 64],
+        // The kernel's blob as KFD lays it out: process and device records,
+        // three 272-byte BO records, one event object (type 1, 64 bytes).
+        priv_data: {
+            let mut p = vec![0u8; 8 + 8 + 3 * 272 + 64];
+            p[832..836].copy_from_slice(&1u32.to_le_bytes());
+            p
+        },
         criu_rocm_ext_version: Some(amdgpu_cr::image::EXT_VERSION),
-        priv_bo_record_size: None,
+        priv_bo_record_size: Some(272),
         criu_rocm_reopen: None,
         shared_mem_mode: None,
         semaphore_mode: None,
     };
+    // The second process (a task holds one KFD process): another pid.
+    let kfd2 = frame(
+        &CriuKfd {
+            pid: PID + 1,
+            ..kfd.clone()
+        }
+        .encode_to_vec(),
+    );
     let kfd = frame(&kfd.encode_to_vec());
     let mut pages = ((8192 + 4096) as u64).to_le_bytes().to_vec();
     pages.extend_from_slice(&contents[0]);
@@ -147,10 +163,10 @@ fn seed(host: &Host, second: bool) -> Vec<u8> {
         }
         .encode_to_vec(),
     );
-    let tree = pstree(PID);
+    let tree = pstree(if second { &[PID, PID + 1] } else { &[PID] });
     let mut files: Vec<(u8, &[u8])> = vec![(0, &kfd), (1, &pages), (2, &render), (3, &tree)];
     if second {
-        files.extend([(4, &kfd[..]), (5, &pages[..]), (6, &render[..])]);
+        files.extend([(4, &kfd2[..]), (5, &pages[..]), (6, &render[..])]);
     }
     pack(&files)
 }

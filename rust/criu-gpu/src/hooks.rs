@@ -13,7 +13,8 @@ use amdgpu_cr::session::dump::{DumpOptions, DumpSession, Dumped};
 use amdgpu_cr::session::incomplete;
 use amdgpu_cr::session::restore::{self, RestoreOptions, RestoreSession};
 use amdgpu_cr::session::writer::{Writer, SLOTS};
-use amdgpu_cr::session::{kfd_image_ids, SessionError};
+use amdgpu_cr::session::SessionError;
+use amdgpu_cr::validate;
 
 use crate::ffi_boundary;
 
@@ -107,11 +108,18 @@ pub extern "C" fn criu_gpu_dump_init(imgdir_fd: c_int, log_fd: c_int) -> c_int {
 }
 
 /// Every image of the dump is written (before CRIU's post-dump scripts):
-/// the image directory `imgdir_fd` loses its incomplete-dump mark.
+/// the digests of the GPU image files go into the image directory
+/// `imgdir_fd`, which then loses its incomplete-dump mark.
 #[no_mangle]
 pub extern "C" fn criu_gpu_dump_complete(imgdir_fd: c_int) -> c_int {
     ffi_boundary("criu_gpu_dump_complete", || {
         let dir = image_dir(imgdir_fd);
+        if let Some(s) = lock(&DUMP).as_ref() {
+            if let Err(e) = s.write_digests(&dir) {
+                log::error!("{e}");
+                return -e.raw_os_error().unwrap_or(libc::EIO);
+            }
+        }
         match incomplete::clear(&dir) {
             Ok(()) => 0,
             Err(e) => {
@@ -202,9 +210,11 @@ pub extern "C" fn criu_gpu_restore_check(imgdir_fd: c_int) -> c_int {
 }
 
 /// Starts the GPU part of a restore in criu main (reads the `KFD_*_CHECK`,
-/// `KFD_MAX_BUFFER_SIZE` and `CRIU_ROCM_COPY_ENGINE` knobs).  When the
-/// images in `imgdir_fd` hold a KFD process, also starts the GPU memory
-/// writer and returns `1`; `0`: no GPU state to restore.
+/// `KFD_MAX_BUFFER_SIZE` and `CRIU_ROCM_COPY_ENGINE` knobs) and validates
+/// the images in `imgdir_fd` as `gpu-check` does, before any task exists:
+/// `-EINVAL` with every refusal logged.  When the images hold a KFD
+/// process, also starts the GPU memory writer and returns `1`; `0`: no GPU
+/// state to restore.
 #[no_mangle]
 pub extern "C" fn criu_gpu_restore_init(imgdir_fd: c_int) -> c_int {
     ffi_boundary("criu_gpu_restore_init", || {
@@ -217,13 +227,27 @@ pub extern "C" fn criu_gpu_restore_init(imgdir_fd: c_int) -> c_int {
             }
         };
         let mut session = RestoreSession::new(o.clone());
-        let kfd_images = match kfd_image_ids(&image_dir(imgdir_fd)) {
-            Ok(ids) => ids.len(),
+        // The same validation as gpu-check's, before any task or device.
+        let report = match validate::check_dir(&image_dir(imgdir_fd), validate::Depth::Metadata) {
+            Ok(r) => r,
             Err(e) => {
                 log::error!("listing the image directory: {e}");
                 return -e.raw_os_error().unwrap_or(libc::EIO);
             }
         };
+        if let Some(w) = &report.warning {
+            log::warn!("{w}");
+        }
+        if !report.is_ok() {
+            log::error!(
+                "the GPU images cannot be restored (no task was created, no GPU device opened):"
+            );
+            for r in report.refusals() {
+                log::error!("{r}");
+            }
+            return -libc::EINVAL;
+        }
+        let kfd_images = report.kfd.len();
         if kfd_images > SLOTS {
             log::error!(
                 "the images hold {kfd_images} KFD files; one restore brings back at most {SLOTS}"
@@ -421,9 +445,10 @@ pub unsafe extern "C" fn criu_gpu_restore_task_done(
 }
 
 /// `criu-rocm gpu-check`: prints whether the images in `dir` can be
-/// restored on this host and onto which GPUs, touching no device.  `0`:
-/// they can; `-ENODEV`: some cannot (each reason printed); other `-errno`:
-/// the directory could not be read.
+/// restored on this host and onto which GPUs, touching no device: the
+/// restore's own validation (its refusals, its warning), then the host.
+/// `0`: they can; `-ENODEV`: some cannot (each reason printed); other
+/// `-errno`: the directory could not be read.
 ///
 /// # Safety
 /// `dir` is a NUL-terminated path.
@@ -447,14 +472,19 @@ pub unsafe extern "C" fn criu_gpu_dry_run(dir: *const c_char) -> c_int {
             println!("{}: NOT restorable: {why}", dir.display());
             return -libc::EINVAL;
         }
-        let entries = match restore::dry_run(&dir, &opts) {
+        let run = match restore::dry_run(&dir, &opts) {
             Ok(v) => v,
             Err(e) => {
                 eprintln!("criu-rocm gpu-check: {}: {e}", dir.display());
                 return -e.errno();
             }
         };
-        if entries.is_empty() {
+        if let Some(w) = &run.report.warning {
+            println!("{}: warning: {w}", dir.display());
+        }
+        let entries = &run.entries;
+        let others = &run.report.other;
+        if entries.is_empty() && others.is_empty() && !run.report.has_gpu_state {
             println!(
                 "{}: no GPU state in these images; nothing GPU-specific to check",
                 dir.display()
@@ -462,17 +492,22 @@ pub unsafe extern "C" fn criu_gpu_dry_run(dir: *const c_char) -> c_int {
             return 0;
         }
         let mut bad = 0;
-        for e in &entries {
+        for e in entries {
+            let who = match e.pid {
+                Some(pid) => format!("pid {pid} (KFD image {})", e.id),
+                None => format!("KFD image {}", e.id),
+            };
             match &e.verdict {
-                Ok(map) => println!("pid {} (KFD image {}): restorable: {map}", e.pid, e.id),
+                Ok(map) => println!("{who}: restorable: {map}"),
                 Err(why) => {
                     bad += 1;
-                    println!(
-                        "pid {} (KFD image {}): NOT restorable here: {why}",
-                        e.pid, e.id
-                    );
+                    println!("{who}: NOT restorable here: {why}");
                 }
             }
+        }
+        for r in others {
+            bad += 1;
+            println!("{}: NOT restorable here: {r}", dir.display());
         }
         if bad == 0 {
             println!(
@@ -483,7 +518,7 @@ pub unsafe extern "C" fn criu_gpu_dry_run(dir: *const c_char) -> c_int {
             0
         } else {
             println!(
-                "{}: {bad} of {} GPU process(es) cannot be restored on this host",
+                "{}: cannot be restored on this host ({bad} reason(s) above; {} KFD image(s))",
                 dir.display(),
                 entries.len()
             );

@@ -89,11 +89,14 @@ pub enum CopyError {
     },
     #[error("GPU {gpu}, BO {bo}: no copy engine: {why}")]
     NoEngine { gpu: GpuId, bo: usize, why: String },
-    #[error("GPU {gpu}, BO {bo} (addr {addr}): contents hash {got:#018x} differs from the image's {expected:#018x}")]
+    /// Worded as `gpu-check` words it ([`crate::validate::Refusal::content_mismatch`]).
+    #[error("{}", crate::validate::Refusal::content_mismatch(file, *gpu, *bo, addr.0, *size, *expected, *got))]
     HashMismatch {
+        file: String,
         gpu: GpuId,
         bo: usize,
         addr: GpuVa,
+        size: u64,
         expected: u64,
         got: u64,
     },
@@ -740,9 +743,9 @@ pub fn restore_contents(
     jobs: Vec<GpuJob<'_>>,
     hashes: &BTreeMap<usize, ContentHash>,
 ) -> Result<Vec<GpuStats>, CopyError> {
-    let names: BTreeMap<usize, (GpuId, GpuVa)> = jobs
+    let names: BTreeMap<usize, (GpuId, GpuVa, u64)> = jobs
         .iter()
-        .flat_map(|j| j.bos.iter().map(|b| (b.index, (b.gpu, b.addr))))
+        .flat_map(|j| j.bos.iter().map(|b| (b.index, (b.gpu, b.addr, b.size))))
         .collect();
     let extent_of = |i: usize| hashes.get(&i).map_or(Some(HASH_EXTENT), |h| h.extent);
     let lanes = into_lanes(jobs, &extent_of, |gpu, lens, _| {
@@ -762,14 +765,16 @@ pub fn restore_contents(
         |input| input.finish().map(drop).map_err(CopyError::from),
     )?;
     for (index, got) in got_hashes {
-        let (Some(want), Some(&(gpu, addr))) = (hashes.get(&index), names.get(&index)) else {
+        let (Some(want), Some(&(gpu, addr, size))) = (hashes.get(&index), names.get(&index)) else {
             continue;
         };
         if want.value != got {
             return Err(CopyError::HashMismatch {
+                file: crate::image::pages_image_name(id, gpu),
                 gpu,
                 bo: index,
                 addr,
+                size,
                 expected: want.value,
                 got,
             });

@@ -40,12 +40,13 @@ use crate::bo;
 use crate::copy::dump_contents;
 use crate::env::{self, EnginePolicy};
 use crate::ids::{GpuId, GpuVa, MmapOffset, RenderMinor};
-use crate::image::FileId;
+use crate::image::{render_image_name, FileId};
 use crate::plan::{
     plan_dump, render_image, stat_fd, stat_path, BoBucket, CheckpointData, DeviceBucket,
     DeviceIdentities, DeviceKind, SharedMem, HSAKMT_SEMAPHORE_FILE, HSAKMT_SHM,
 };
 use crate::topology::{Topology, SYSFS_NODES};
+use crate::validate::digests::{self, Digests};
 
 /// Where the dump looks for things, and how it copies.
 #[derive(Clone, Debug)]
@@ -115,6 +116,8 @@ pub struct DumpSession {
     render_fds: BTreeMap<i32, Vec<(RenderMinor, OwnedFd)>>,
     /// Started before the first pause.
     guardian: Option<Guardian>,
+    /// The GPU image files written so far, for [`Self::write_digests`].
+    digests: Digests,
 }
 
 impl DumpSession {
@@ -128,6 +131,7 @@ impl DumpSession {
             procs: Vec::new(),
             render_fds: BTreeMap::new(),
             guardian: None,
+            digests: Digests::default(),
         }
     }
 
@@ -426,6 +430,7 @@ impl DumpSession {
             image
                 .write(dir, id)
                 .map_err(|e| SessionError::core(owner, "writing the KFD image", e))?;
+            self.digests.add_kfd(id, &image);
             log::info!("pid {owner}: KFD file {id} saved as a further open of /dev/kfd");
             return Ok(());
         }
@@ -505,6 +510,7 @@ impl DumpSession {
         image
             .write(dir, id)
             .map_err(|e| SessionError::core(owner, "writing the KFD image", e))?;
+        self.digests.add_kfd(id, &image);
         log_gpu_stats(owner, "saved", &out.stats);
         let total: u64 = out.stats.iter().map(|s| s.bytes).sum();
         log::info!(
@@ -539,12 +545,32 @@ impl DumpSession {
             .map_err(|e| SessionError::core(pid, minor.path(), e))?;
         img.write(dir, id)
             .map_err(|e| SessionError::core(pid, "writing the render-node image", e))?;
+        self.digests.add_whole(render_image_name(id), &img.encode());
         log::info!(
             "pid {pid}: render node {} saved as GPU {}",
             minor.path(),
             img.gpu_id()
         );
         Ok(())
+    }
+
+    /// Once every image is written: records the size and digest of every
+    /// GPU image file this dump wrote in `dir` ([`digests::FILE`]), which
+    /// the restore and `gpu-check` check before anything else.  Nothing is
+    /// written when the dump saved no GPU file.
+    pub fn write_digests(&self, dir: &Path) -> Result<(), crate::image::ImageError> {
+        if self.digests.files.is_empty() {
+            return Ok(());
+        }
+        let path = dir.join(digests::FILE);
+        let file = path.display().to_string();
+        let io = |op, source| crate::image::ImageError::Io {
+            file: file.clone(),
+            op,
+            source,
+        };
+        let mut f = crate::image::create_image(&path).map_err(|e| io("create", e))?;
+        std::io::Write::write_all(&mut f, &self.digests.encode()).map_err(|e| io("write", e))
     }
 
     /// After all memory is dumped: every paused KFD process must have been

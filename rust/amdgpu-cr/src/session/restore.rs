@@ -32,7 +32,7 @@ use super::{human_bytes, kfd_image_ids, owned_dmabufs, SessionError};
 use crate::bo;
 use crate::env::{self, Checks, EnginePolicy};
 use crate::ids::{GpuId, MmapOffset, RenderMinor};
-use crate::image::{pages_total, FileId, KfdImage, PagesReader, RenderImage};
+use crate::image::{FileId, KfdImage, RenderImage};
 use crate::matcher::GpuMap;
 use crate::plan::{
     ensure_semaphore, plan_restore, same_file, stat_path, BoBucket, DeviceIdentities, DeviceKind,
@@ -908,103 +908,56 @@ fn no_bos_reason(id: FileId) -> String {
 #[derive(Clone, Debug)]
 pub struct DryRunEntry {
     pub id: FileId,
-    pub pid: u32,
+    /// The image's pid (`None`: the image could not be read).
+    pub pid: Option<u32>,
     /// The GPU mapping, or why there is none.
     pub verdict: Result<String, String>,
 }
 
-/// Checks every KFD image of `dir` against this host: images decode, pages
-/// files are whole, every GPU has a host GPU under the `KFD_*_CHECK` knobs,
-/// `/dev/kfd` and the chosen render nodes exist.  Reads files only.
-pub fn dry_run(dir: &Path, opts: &RestoreOptions) -> Result<Vec<DryRunEntry>, SessionError> {
-    let ids = kfd_image_ids(dir).map_err(os_step(0, format!("listing {}", dir.display())))?;
-    let procs = crate::criu_images::pstree_pids(dir);
-    let mut out = Vec::new();
-    for id in ids {
-        let (pid, verdict) = match KfdImage::read(dir, id) {
-            Err(e) => (0, Err(e.to_string())),
-            Ok(image) => {
-                let pid = image.msg.pid;
-                let verdict = match &procs {
-                    Err(why) => Err(why.clone()),
-                    // The restore gives a KFD process to the task of its pid.
-                    Ok(Some(p)) if !p.contains(&pid) => Err(format!(
-                        "KFD image {id} names pid {pid}, which is no process of these images \
-                         (pstree.img)"
-                    )),
-                    _ if image.msg.criu_rocm_reopen == Some(true) => {
-                        Ok("a further open of the process' /dev/kfd (no state of its own)".into())
-                    }
-                    _ => check_one(dir, id, &image, opts),
-                };
-                (pid, verdict)
-            }
-        };
-        out.push(DryRunEntry { id, pid, verdict });
-    }
-    Ok(out)
+/// What a dry run found: the shared validation's report (its refusals
+/// are the restore's) and a verdict per KFD image.
+#[derive(Clone, Debug)]
+pub struct DryRun {
+    pub report: crate::validate::Report,
+    pub entries: Vec<DryRunEntry>,
 }
 
-/// Checks one GPU's pages file: its size against the image, and, when the
-/// image carries content hashes (criu-rocm's), every BO's bytes against
-/// its hash, so a damaged file is found before a restore is tried.
-fn verify_pages(dir: &Path, id: FileId, image: &KfdImage, user: GpuId) -> Result<(), String> {
-    use std::io::Read;
-    let name = crate::image::kfd_image_name(id);
-    let total = pages_total(&name, &image.msg.bo_entries, user).map_err(|e| e.to_string())?;
-    let mut pages = PagesReader::open(dir, id, user, total).map_err(|e| e.to_string())?;
-    let hashes = image.content_hashes();
-    if hashes.is_empty() {
-        return Ok(());
-    }
-    let mut buf = vec![0u8; 1 << 20];
-    let bos = image
-        .msg
-        .bo_entries
+/// Checks the images of `dir` as the restore does before it touches any
+/// process or device ([`crate::validate::check_dir`], reading every BO's
+/// bytes too), then against this host: every GPU has a host GPU under the
+/// `KFD_*_CHECK` knobs, `/dev/kfd` and the chosen render nodes exist.
+/// Reads files only.
+pub fn dry_run(dir: &Path, opts: &RestoreOptions) -> Result<DryRun, SessionError> {
+    let report = crate::validate::check_dir(dir, crate::validate::Depth::Contents)
+        .map_err(os_step(0, format!("listing {}", dir.display())))?;
+    let entries = report
+        .kfd
         .iter()
-        .enumerate()
-        .filter(|(_, b)| b.gpu_id == user.0 && bo::has_contents(b.alloc_flags));
-    for (i, b) in bos {
-        let want = hashes.get(&i);
-        let mut h = crate::copy::hash::ExtentHasher::new(want.and_then(|w| w.extent));
-        let mut left = b.size;
-        while left > 0 {
-            let n = left.min(buf.len() as u64) as usize;
-            pages
-                .read_exact(&mut buf[..n])
-                .map_err(|e| format!("{}: BO {i}: {e}", pages.file()))?;
-            h.update(&buf[..n]);
-            left -= n as u64;
-        }
-        if want.is_some_and(|w| w.value != h.finish()) {
-            return Err(format!(
-                "{}: BO {i} (GPU {user}, address {:#x}, {} bytes) does not match the content \
-                 hash saved at dump: the pages file is damaged",
-                pages.file(),
-                b.addr,
-                b.size
-            ));
-        }
-    }
-    Ok(())
+        .map(|v| {
+            let verdict = match (&v.refusal, &v.image) {
+                (Some(r), _) => Err(r.to_string()),
+                (None, Some(_)) if v.is_reopen() => {
+                    Ok("a further open of the process' /dev/kfd (no state of its own)".into())
+                }
+                (None, Some(image)) => check_one(image, opts),
+                (None, None) => Err(format!("{}: not read", crate::image::kfd_image_name(v.id))),
+            };
+            DryRunEntry {
+                id: v.id,
+                pid: v.pid(),
+                verdict,
+            }
+        })
+        .collect();
+    Ok(DryRun { report, entries })
 }
 
-fn check_one(
-    dir: &Path,
-    id: FileId,
-    image: &KfdImage,
-    opts: &RestoreOptions,
-) -> Result<String, String> {
-    for user in image.gpu_ids() {
-        verify_pages(dir, id, image, user)?;
-    }
+/// The host side of a dry run, for an image the validation accepted.
+fn check_one(image: &KfdImage, opts: &RestoreOptions) -> Result<String, String> {
     let (map, host): (GpuMap, Topology) =
         crate::match_image_to_host(image, &opts.sysfs_nodes, &opts.checks)
             .map_err(|e| e.to_string())?;
     let plan = plan_restore(image, &host, &map).map_err(|e| e.to_string())?;
-    if plan.bos.is_empty() {
-        return Err(no_bos_reason(id));
-    }
     let kfd = opts.dev_dir.join("kfd");
     stat_path(&kfd).map_err(|e| format!("{}: {e}", kfd.display()))?;
     for d in &plan.devices {

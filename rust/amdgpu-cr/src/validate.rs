@@ -1,0 +1,744 @@
+//! The one validation of an image directory's GPU state, shared by the
+//! restore (criu main, before any task is created or any device opened) and
+//! by `criu-rocm gpu-check`: whatever makes one refuse makes the other
+//! refuse, with the same [`Refusal`].
+//!
+//! It reads files only, and only of the directory: the GPU images, the
+//! digests file written at dump ([`digests`]), and the CRIU images that
+//! describe the process (`inventory.img`, `files.img`, `pstree.img`,
+//! `mm-<pid>.img`).  It never looks at this host (GPU matching is the
+//! restore's next step, [`crate::match_image_to_host`]).  What it checks:
+//!
+//! * every GPU image decodes and is consistent in itself
+//!   ([`KfdImage::validate`], [`RenderImage::decode`]);
+//! * an image that declares criu-rocm's extension has the content hash of
+//!   every BO with contents, and a kernel blob that parses with the BO
+//!   record size recorded at dump (upstream's images: with a known size);
+//! * the KFD process has BOs (KFD refuses to restore one without) and a
+//!   pid that the process tree restores, once;
+//! * each GPU's pages file has exactly the bytes its BOs need
+//!   ([`Depth::Contents`]: and every BO matches its content hash);
+//! * every BO the process mapped (its `mm-<pid>.img`) is mapped at its own
+//!   address and offset, and every mapping of a render node is of a BO;
+//! * every GPU file of `files.img` has its image when the inventory names
+//!   the AMD GPU plugin, and every KFD image belongs to a file;
+//! * with a digests file: every GPU image file it lists is present, with
+//!   its size and XXH3-64, and no other is.  An image that declares
+//!   extension version 3 or later requires the digests file.
+//!
+//! Images without any of criu-rocm's data (upstream's layout) are
+//! validated as far as they go and reported with one warning,
+//! [`Report::warning`].
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::io::Read;
+use std::path::Path;
+
+use crate::bo;
+use crate::criu_images::{self, FileMapping, Files};
+use crate::ids::GpuId;
+use crate::image::{
+    kfd_image_id, kfd_image_name, pages_image_name, pages_total, read_bounded, render_image_name,
+    FileId, ImageError, KfdImage, PagesReader, RenderImage, MAX_MESSAGE_SIZE,
+};
+use crate::plan::DeviceKind;
+
+pub mod digests;
+
+/// The first extension version whose dump writes [`digests::FILE`].
+pub const DIGESTS_SINCE: u32 = 3;
+
+/// Why images cannot be restored: the image file, the GPU when the reason
+/// concerns one, the field (empty when the whole file is at fault) and the
+/// reason.  File names carry no directory, so the restore and `gpu-check`
+/// word a refusal alike wherever they found the directory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    pub file: String,
+    pub gpu: Option<GpuId>,
+    pub field: String,
+    pub reason: String,
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: ", self.file)?;
+        if let Some(g) = self.gpu {
+            write!(f, "GPU {g}: ")?;
+        }
+        if !self.field.is_empty() {
+            write!(f, "{}: ", self.field)?;
+        }
+        f.write_str(&self.reason)
+    }
+}
+
+impl std::error::Error for Refusal {}
+
+impl Refusal {
+    pub fn new(
+        file: impl Into<String>,
+        gpu: Option<GpuId>,
+        field: impl Into<String>,
+        reason: impl Into<String>,
+    ) -> Self {
+        Refusal {
+            file: base_name(&file.into()),
+            gpu,
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+
+    /// A BO whose bytes differ from the hash the image saved for them (the
+    /// same words from `gpu-check` and from the restore's copy).
+    pub fn content_mismatch(
+        file: &str,
+        gpu: GpuId,
+        bo: usize,
+        addr: u64,
+        size: u64,
+        expected: u64,
+        got: u64,
+    ) -> Self {
+        Refusal::new(
+            file,
+            Some(gpu),
+            format!("bo_entries[{bo}].content_xxh3"),
+            format!(
+                "the BO at {addr:#x} ({size} bytes) hashes to {got:#018x}, not the \
+                 {expected:#018x} saved at dump: the pages file is damaged"
+            ),
+        )
+    }
+}
+
+impl From<ImageError> for Refusal {
+    fn from(e: ImageError) -> Self {
+        match e {
+            ImageError::Io { file, op, source } => {
+                Refusal::new(file, None, "", format!("{op}: {source}"))
+            }
+            ImageError::TooLarge {
+                file,
+                field,
+                size,
+                limit,
+            } => Refusal::new(
+                file,
+                None,
+                field,
+                format!("is {size} bytes, more than the limit of {limit}"),
+            ),
+            ImageError::Truncated {
+                file,
+                field,
+                expected,
+                got,
+            } => Refusal::new(
+                file,
+                None,
+                field,
+                format!("truncated: needs {expected} bytes, only {got} present"),
+            ),
+            ImageError::TrailingData { file, field, extra } => Refusal::new(
+                file,
+                None,
+                field,
+                format!("{extra} unexpected bytes after it"),
+            ),
+            ImageError::Decode {
+                file,
+                message,
+                source,
+            } => Refusal::new(file, None, message, format!("cannot decode: {source}")),
+            ImageError::Invalid {
+                file,
+                field,
+                reason,
+            } => Refusal::new(file, None, field, reason),
+            ImageError::PagesSizeMismatch {
+                file,
+                gpu,
+                header,
+                expected,
+            } => Refusal::new(
+                file,
+                Some(gpu),
+                "size header",
+                format!(
+                    "says {header} bytes of BO contents but the image's BOs add up to {expected}"
+                ),
+            ),
+        }
+    }
+}
+
+fn base_name(file: &str) -> String {
+    Path::new(file)
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or(file)
+        .to_owned()
+}
+
+/// How far [`check_dir`] reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Depth {
+    /// Everything but the BO contents (the restore: its copy checks every
+    /// BO against its hash as it goes, before any task runs).
+    Metadata,
+    /// And every byte of every pages file against its BO's hash
+    /// (`gpu-check`).
+    Contents,
+}
+
+/// The verdict on one KFD image.
+#[derive(Clone, Debug)]
+pub struct KfdVerdict {
+    pub id: FileId,
+    /// The decoded image (`None`: it could not be read).
+    pub image: Option<KfdImage>,
+    pub refusal: Option<Refusal>,
+}
+
+impl KfdVerdict {
+    /// The image's pid, when it could be read.
+    pub fn pid(&self) -> Option<u32> {
+        self.image.as_ref().map(|i| i.msg.pid)
+    }
+
+    /// A further open of a process' `/dev/kfd` (no state of its own).
+    pub fn is_reopen(&self) -> bool {
+        self.image
+            .as_ref()
+            .is_some_and(|i| i.msg.criu_rocm_reopen == Some(true))
+    }
+}
+
+/// What [`check_dir`] found.
+#[derive(Clone, Debug, Default)]
+pub struct Report {
+    /// One per KFD image, in id order.
+    pub kfd: Vec<KfdVerdict>,
+    /// Refusals that are not one KFD image's (render-node images, the
+    /// digests file, files missing from the directory).
+    pub other: Vec<Refusal>,
+    /// Set when the images carry none (or only part) of criu-rocm's
+    /// integrity data: one line to show, not a refusal.
+    pub warning: Option<String>,
+    /// Whether the directory holds any GPU state at all.
+    pub has_gpu_state: bool,
+}
+
+impl Report {
+    /// Every refusal, KFD images first.
+    pub fn refusals(&self) -> impl Iterator<Item = &Refusal> {
+        self.kfd
+            .iter()
+            .filter_map(|k| k.refusal.as_ref())
+            .chain(self.other.iter())
+    }
+
+    pub fn is_ok(&self) -> bool {
+        self.refusals().next().is_none()
+    }
+}
+
+/// The GPU image files of `dir`, by name.
+fn gpu_files(dir: &Path) -> std::io::Result<BTreeSet<String>> {
+    let mut out = BTreeSet::new();
+    for ent in std::fs::read_dir(dir)? {
+        let ent = ent?;
+        let Ok(name) = ent.file_name().into_string() else {
+            continue;
+        };
+        if digests::is_gpu_image(&name) {
+            out.insert(name);
+        }
+    }
+    Ok(out)
+}
+
+/// Validates the GPU state of the image directory `dir` (see the module
+/// documentation).  Reads files only.  `Err`: the directory itself could
+/// not be listed.
+pub fn check_dir(dir: &Path, depth: Depth) -> std::io::Result<Report> {
+    let files = gpu_files(dir)?;
+    let mut report = Report {
+        has_gpu_state: !files.is_empty(),
+        ..Default::default()
+    };
+    let mut ids: Vec<FileId> = files.iter().filter_map(|n| kfd_image_id(n)).collect();
+    ids.sort_by_key(|i| i.0);
+
+    let manifest = match read_bounded(&dir.join(digests::FILE), digests::MAX_SIZE) {
+        Ok(bytes) => match digests::Digests::parse(&bytes) {
+            Ok(m) => Some(m),
+            Err(r) => {
+                report.other.push(r);
+                None
+            }
+        },
+        Err(ImageError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => {
+            report.other.push(e.into());
+            None
+        }
+    };
+    let has_manifest = dir.join(digests::FILE).exists();
+    let ctx = Context::read(dir);
+    let mut pids_seen: BTreeMap<u32, FileId> = BTreeMap::new();
+    let mut declared: Option<(FileId, u32)> = None;
+    let mut all_hashed = true;
+    for &id in &ids {
+        let mut v = KfdVerdict {
+            id,
+            image: None,
+            refusal: None,
+        };
+        let name = kfd_image_name(id);
+        match read_bounded(&dir.join(&name), MAX_MESSAGE_SIZE)
+            .and_then(|bytes| KfdImage::decode(&name, &bytes).map(|i| (bytes, i)))
+        {
+            Err(e) => v.refusal = Some(e.into()),
+            Ok((bytes, image)) => {
+                if let Some(ext) = image.msg.criu_rocm_ext_version {
+                    declared.get_or_insert((id, ext));
+                } else {
+                    all_hashed = false;
+                }
+                v.refusal = check_kfd(dir, id, &image, depth, &ctx, &mut pids_seen)
+                    .err()
+                    .or_else(|| {
+                        manifest
+                            .as_ref()
+                            .and_then(|m| m.check_kfd(dir, id, &bytes, &image).err())
+                    });
+                v.image = Some(image);
+            }
+        }
+        report.kfd.push(v);
+    }
+
+    // Render-node images: each must decode.
+    for name in files.iter().filter(|n| n.starts_with("amdgpu-renderD-")) {
+        let r = read_bounded(&dir.join(name), MAX_MESSAGE_SIZE)
+            .and_then(|bytes| RenderImage::decode(name, &bytes).map(|_| bytes));
+        match r {
+            Err(e) => report.other.push(e.into()),
+            Ok(bytes) => {
+                if let Some(Err(r)) = manifest.as_ref().map(|m| m.check_whole(name, &bytes)) {
+                    report.other.push(r);
+                }
+            }
+        }
+    }
+
+    // The digests file against the directory.
+    match &manifest {
+        Some(m) => report.other.extend(m.check_listing(dir, &files)),
+        None if !has_manifest => {
+            if let Some((id, ext)) = declared.filter(|&(_, ext)| ext >= DIGESTS_SINCE) {
+                report.other.push(Refusal::new(
+                    digests::FILE,
+                    None,
+                    "",
+                    format!(
+                        "missing, though {} declares criu-rocm's extension version {ext}, \
+                         whose dump records the digest of every GPU image file there",
+                        kfd_image_name(id)
+                    ),
+                ));
+            } else if report.has_gpu_state {
+                report.warning = Some(if declared.is_some() && all_hashed {
+                    format!(
+                        "these GPU images carry BO content hashes but no {} (an older \
+                         criu-rocm's): changes to their metadata cannot be detected",
+                        digests::FILE
+                    )
+                } else {
+                    format!(
+                        "these GPU images carry no integrity data (upstream's layout: no {}, \
+                         no BO content hashes): damage to them cannot be detected",
+                        digests::FILE
+                    )
+                });
+            }
+        }
+        None => {}
+    }
+
+    // Every GPU file of files.img must have its image, every KFD image its file.
+    if let Some(f) = &ctx.files {
+        let gpu_plugin = ctx
+            .plugins
+            .as_ref()
+            .is_some_and(|p| p.iter().any(|n| n == criu_images::AMDGPU_PLUGIN));
+        let ext: BTreeSet<u32> = f.ext.iter().copied().collect();
+        if gpu_plugin {
+            for &raw in &f.ext {
+                let id = FileId(raw);
+                let (kfd, render) = (kfd_image_name(id), render_image_name(id));
+                if files.contains(&kfd) || files.contains(&render) {
+                    continue;
+                }
+                let pages = files
+                    .iter()
+                    .any(|n| n.starts_with(&format!("amdgpu-pages-{id}-")));
+                let missing = if pages {
+                    kfd.clone()
+                } else {
+                    match manifest.as_ref() {
+                        Some(m) if m.lists(&render) => render.clone(),
+                        Some(m) if m.lists(&kfd) => kfd.clone(),
+                        _ => format!("{kfd} (or {render})"),
+                    }
+                };
+                report.other.push(Refusal::new(
+                    missing,
+                    None,
+                    "",
+                    format!(
+                        "missing: files.img holds GPU file {id} and inventory.img names \
+                         {}, but the directory has no image of that file",
+                        criu_images::AMDGPU_PLUGIN
+                    ),
+                ));
+                report.has_gpu_state = true;
+            }
+        }
+        for v in report.kfd.iter_mut().filter(|v| v.refusal.is_none()) {
+            if !ext.contains(&v.id.0) {
+                v.refusal = Some(Refusal::new(
+                    kfd_image_name(v.id),
+                    None,
+                    "",
+                    format!(
+                        "files.img holds no GPU file {}: the image belongs to no file of \
+                         these images",
+                        v.id
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(report)
+}
+
+/// The CRIU images a KFD image is checked against (each `None` when the
+/// directory lacks it; an unreadable one is a refusal where it matters).
+struct Context {
+    pids: Result<Option<BTreeSet<u32>>, String>,
+    files: Option<Files>,
+    files_err: Option<String>,
+    plugins: Option<Vec<String>>,
+}
+
+impl Context {
+    fn read(dir: &Path) -> Self {
+        let (files, files_err) = match criu_images::files(dir) {
+            Ok(f) => (f, None),
+            Err(e) => (None, Some(e)),
+        };
+        Context {
+            pids: criu_images::pstree_pids(dir),
+            files,
+            files_err,
+            plugins: criu_images::inventory_plugins(dir).ok().flatten(),
+        }
+    }
+}
+
+/// The checks of one decoded KFD image against itself and the other files.
+fn check_kfd(
+    dir: &Path,
+    id: FileId,
+    image: &KfdImage,
+    depth: Depth,
+    ctx: &Context,
+    pids_seen: &mut BTreeMap<u32, FileId>,
+) -> Result<(), Refusal> {
+    let name = kfd_image_name(id);
+    let msg = &image.msg;
+    let reopen = msg.criu_rocm_reopen == Some(true);
+    match &ctx.pids {
+        Err(why) => return Err(Refusal::new("pstree.img", None, "", why.clone())),
+        Ok(Some(p)) if !p.contains(&msg.pid) => {
+            return Err(Refusal::new(
+                &name,
+                None,
+                "pid",
+                format!(
+                    "is {}, which is no process of these images (pstree.img)",
+                    msg.pid
+                ),
+            ))
+        }
+        _ => {}
+    }
+    if reopen {
+        return Ok(());
+    }
+    if let Some(other) = pids_seen.insert(msg.pid, id) {
+        return Err(Refusal::new(
+            &name,
+            None,
+            "pid",
+            format!(
+                "is {}, as in {}: a process has one KFD process",
+                msg.pid,
+                kfd_image_name(other)
+            ),
+        ));
+    }
+    if msg.bo_entries.is_empty() {
+        return Err(Refusal::new(
+            &name,
+            None,
+            "bo_entries",
+            "holds no GPU buffer, and the kernel's RESTORE refuses a process without \
+             buffers (it had opened /dev/kfd but allocated nothing)",
+        ));
+    }
+    if let Some(ext) = msg.criu_rocm_ext_version {
+        for (i, b) in msg.bo_entries.iter().enumerate() {
+            if bo::has_contents(b.alloc_flags) && b.content_xxh3.is_none() {
+                return Err(Refusal::new(
+                    &name,
+                    Some(GpuId(b.gpu_id)),
+                    format!("bo_entries[{i}].content_xxh3"),
+                    format!(
+                        "missing, though the image declares criu-rocm's extension version \
+                         {ext}, which hashes every BO with contents"
+                    ),
+                ));
+            }
+        }
+    }
+    check_priv(&name, image)?;
+    for gpu in image.gpu_ids() {
+        check_pages(dir, id, image, gpu, depth)?;
+    }
+    if let Some(e) = &ctx.files_err {
+        return Err(Refusal::new("files.img", None, "", e.clone()));
+    }
+    if let Some(files) = &ctx.files {
+        match criu_images::shared_file_mappings(dir, msg.pid) {
+            Err(e) => return Err(Refusal::new(format!("mm-{}.img", msg.pid), None, "", e)),
+            Ok(Some(maps)) => check_mappings(&name, image, files, &maps, msg.pid)?,
+            Ok(None) => {}
+        }
+    }
+    Ok(())
+}
+
+/// The kernel's blob must hold what the image's counts say.
+fn check_priv(name: &str, image: &KfdImage) -> Result<(), Refusal> {
+    let m = &image.msg;
+    let what = || {
+        format!(
+            "does not hold num_of_gpus {} devices, num_of_bos {} BOs and num_of_objects {} \
+             objects",
+            m.num_of_gpus, m.num_of_bos, m.num_of_objects
+        )
+    };
+    match m.priv_bo_record_size {
+        Some(size) => {
+            crate::privdata::walk(
+                &m.priv_data,
+                m.num_of_gpus,
+                m.num_of_bos,
+                m.num_of_objects,
+                u64::from(size),
+            )
+            .map_err(|e| {
+                Refusal::new(
+                    name,
+                    None,
+                    "priv_data",
+                    format!("{} in {size}-byte BO records: {e}", what()),
+                )
+            })?;
+        }
+        None => match image.priv_layout() {
+            Ok(_) | Err(crate::privdata::PrivError::Ambiguous(_)) => {}
+            Err(e) => {
+                return Err(Refusal::new(
+                    name,
+                    None,
+                    "priv_data",
+                    format!("{}: {e}", what()),
+                ))
+            }
+        },
+    }
+    Ok(())
+}
+
+/// One GPU's pages file: its size; at [`Depth::Contents`] every BO's
+/// bytes against its hash.
+fn check_pages(
+    dir: &Path,
+    id: FileId,
+    image: &KfdImage,
+    gpu: GpuId,
+    depth: Depth,
+) -> Result<(), Refusal> {
+    let name = kfd_image_name(id);
+    let total = pages_total(&name, &image.msg.bo_entries, gpu)?;
+    let mut pages = PagesReader::open(dir, id, gpu, total).map_err(|e| {
+        let mut r = Refusal::from(e);
+        r.gpu = Some(gpu);
+        r
+    })?;
+    let hashes = image.content_hashes();
+    if depth == Depth::Metadata || hashes.is_empty() {
+        return Ok(());
+    }
+    let file = pages_image_name(id, gpu);
+    let mut buf = vec![0u8; 1 << 20];
+    let bos = image
+        .msg
+        .bo_entries
+        .iter()
+        .enumerate()
+        .filter(|(_, b)| b.gpu_id == gpu.0 && bo::has_contents(b.alloc_flags));
+    for (i, b) in bos {
+        let want = hashes.get(&i);
+        let mut h = crate::copy::hash::ExtentHasher::new(want.and_then(|w| w.extent));
+        let mut left = b.size;
+        while left > 0 {
+            let n = left.min(buf.len() as u64) as usize;
+            pages.read_exact(&mut buf[..n]).map_err(|e| {
+                Refusal::new(
+                    &file,
+                    Some(gpu),
+                    format!("bo_entries[{i}]"),
+                    format!("read: {e}"),
+                )
+            })?;
+            h.update(&buf[..n]);
+            left -= n as u64;
+        }
+        let got = h.finish();
+        if let Some(w) = want.filter(|w| w.value != got) {
+            return Err(Refusal::content_mismatch(
+                &file, gpu, i, b.addr, b.size, w.value, got,
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The process' own mappings of its GPU buffers (`mm-<pid>.img`, paths
+/// from `files.img`) against the image's BOs: a BO the process mapped must
+/// be mapped at its address (CPU and GPU share the address of a BO), at
+/// the offset of its address; a mapping of a render node must be of a BO.
+fn check_mappings(
+    name: &str,
+    image: &KfdImage,
+    files: &Files,
+    maps: &[FileMapping],
+    pid: u32,
+) -> Result<(), Refusal> {
+    let mm = format!("mm-{pid}.img");
+    let minors: BTreeMap<u32, GpuId> = image
+        .msg
+        .device_entries
+        .iter()
+        .filter(|d| d.gpu_id != 0)
+        .map(|d| (d.drm_render_minor, GpuId(d.gpu_id)))
+        .collect();
+    // BO index → (mapped somewhere, mapped at its own address).
+    let mut seen: BTreeMap<usize, (u64, u64, bool)> = BTreeMap::new();
+    let bos = &image.msg.bo_entries;
+    for m in maps {
+        let Some(path) = files.reg.get(&m.file) else {
+            continue;
+        };
+        let Some(device) = DeviceKind::from_path(path) else {
+            continue;
+        };
+        let gpu = match device {
+            DeviceKind::Render(minor) => match minors.get(&minor.0) {
+                Some(&g) => Some(g),
+                // A render node of no GPU of this process.
+                None => continue,
+            },
+            DeviceKind::Kfd => None,
+        };
+        let len = m.end - m.start;
+        // BOs mapped through this device: contents BOs of its GPU through a
+        // render node, doorbells and MMIO through /dev/kfd.
+        let of_device = |b: &crate::proto::KfdBoEntry| match gpu {
+            Some(g) => b.gpu_id == g.0 && bo::has_contents(b.alloc_flags),
+            None => bo::needs_vma_fixup(b.alloc_flags) && !bo::has_contents(b.alloc_flags),
+        };
+        let found = bos.iter().enumerate().find(|(_, b)| {
+            of_device(b)
+                && m.pgoff
+                    .checked_sub(b.offset)
+                    .is_some_and(|d| d < b.size && len <= b.size - d)
+        });
+        match found {
+            Some((i, b)) => {
+                let delta = m.pgoff - b.offset;
+                let at_home = b.addr.checked_add(delta) == Some(m.start);
+                let e = seen.entry(i).or_insert((m.start, m.pgoff, false));
+                e.2 |= at_home;
+            }
+            None => {
+                // A mapping inside a BO's address range must be of that BO.
+                if let Some((i, b)) = bos
+                    .iter()
+                    .enumerate()
+                    .find(|(_, b)| of_device(b) && m.start >= b.addr && m.start - b.addr < b.size)
+                {
+                    return Err(Refusal::new(
+                        name,
+                        Some(GpuId(b.gpu_id)),
+                        format!("bo_entries[{i}].offset"),
+                        format!(
+                            "is {:#x}, but the process maps the BO's address {:#x} at offset \
+                             {:#x} of {path} ({mm})",
+                            b.offset, m.start, m.pgoff
+                        ),
+                    ));
+                }
+                if let Some(g) = gpu {
+                    return Err(Refusal::new(
+                        name,
+                        Some(g),
+                        "bo_entries",
+                        format!(
+                            "no BO holds the mapping of {path} at {:#x} (offset {:#x}, {len} \
+                             bytes) that {mm} records",
+                            m.start, m.pgoff
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+    for (i, (start, pgoff, at_home)) in seen {
+        if !at_home {
+            let b = &bos[i];
+            return Err(Refusal::new(
+                name,
+                Some(GpuId(b.gpu_id)),
+                format!("bo_entries[{i}].addr"),
+                format!(
+                    "is {:#x}, but the process maps this BO (offset {pgoff:#x}) at {start:#x} \
+                     ({mm}), not at its address",
+                    b.addr
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;
