@@ -28,6 +28,11 @@
       num-bos D      adds D to criu_kfd.num_of_bos, or sets it with =D (re-encoded
                      with protoc)
       pid D          the same for criu_kfd.pid (the process the image was saved from)
+      drop-hash first
+                     removes content_xxh3 of the first BO that has one; prints its index
+      bo-addr KIND:BIT
+                     flips bit BIT of the addr of the first BO of KIND (doorbell: the
+                     DOORBELL flag; vram: the VRAM flag); prints its index
 
 The image files are framed as a little-endian u64 size and that many bytes
 (Documentation/image-format.md).
@@ -245,6 +250,31 @@ def cmd_corrupt(path, mode, arg, ours=None):
         text = re.sub(rf"^{field}: \d+$", f"{field}: {n}", text, flags=re.M)
         payload = protoc(["--encode=criu_amdgpu.criu_kfd"] + args, text.encode(), path)
         data = bytearray(struct.pack("<Q", len(payload)) + payload)
+    elif mode in ("drop-hash", "bo-addr"):
+        d = os.path.dirname(os.path.abspath(ours))
+        args = [f"-I{d}", os.path.abspath(ours)]
+        text = protoc(["--decode=criu_amdgpu.criu_kfd"] + args, bytes(data[8:]), path).decode()
+        blocks = list(re.finditer(r"^bo_entries \{\n(.*?)^\}\n", text, re.M | re.S))
+        if mode == "drop-hash":
+            pick = lambda b: re.search(r"^  content_xxh3: \d+$", b, re.M)
+        else:
+            kind, bit = arg.split(":")
+            flag = {"doorbell": 1 << 3, "vram": 1 << 0}[kind]
+            pick = lambda b: int(re.search(r"^  alloc_flags: (\d+)$", b, re.M).group(1)) & flag
+        index = next((i for i, m in enumerate(blocks) if pick(m.group(1))), None)
+        if index is None:
+            raise Bad(f"{path}: no BO for {mode} {arg}")
+        m = blocks[index]
+        body = m.group(1)
+        if mode == "drop-hash":
+            body = re.sub(r"^  content_xxh3: \d+\n", "", body, flags=re.M)
+        else:
+            addr = int(re.search(r"^  addr: (\d+)$", body, re.M).group(1))
+            body = re.sub(r"^  addr: \d+$", f"  addr: {addr ^ (1 << int(bit))}", body, flags=re.M)
+        text = text[: m.start(1)] + body + text[m.end(1):]
+        payload = protoc(["--encode=criu_amdgpu.criu_kfd"] + args, text.encode(), path)
+        data = bytearray(struct.pack("<Q", len(payload)) + payload)
+        print(index)
     else:
         raise Bad(f"unknown corruption {mode}")
     with tempfile.NamedTemporaryFile(dir=os.path.dirname(path) or ".", delete=False) as t:

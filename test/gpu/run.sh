@@ -1385,6 +1385,98 @@ restore_missing_render_node() {
 	note "$(grep -a -m1 -o "amdgpu: pid $pid: matching .*" "$LAST_RESTORE_LOG")"
 }
 
+# Integrity (#14): one damage per case to a fresh dump; gpu-check and the restore must refuse
+# it with the same words (the restore before it creates any task), naming the file, the GPU
+# and the field where there is one; then the intact images restore.
+#
+# refused_alike DIR WHAT REGEX: gpu-check's refusal must match REGEX, and the restore must
+# fail logging exactly that refusal.
+refused_alike() {
+	local dir=$1 what=$2 re=$3 line
+	gpu_check_refuses "$dir" "$re"
+	line=$(grep -m1 -E -- "NOT restorable here: .*$re" <<<"$GC_OUT" | sed 's/.*NOT restorable here: //')
+	restore_fails "$dir" "$(cat "$CASE_DIR/wl.pid")" "$what"
+	grep -aqF -- "amdgpu: $line" "$LAST_RESTORE_LOG" ||
+		fail "$what: gpu-check said '$line', the restore did not: $(log_errors "$LAST_RESTORE_LOG" 4)"
+	grep -aq "the GPU images cannot be restored (no task was created" "$LAST_RESTORE_LOG" ||
+		fail "$what: the restore did not refuse before creating its tasks ($LAST_RESTORE_LOG)"
+	note "$what: $line"
+}
+integrity_case() {
+	on mi100x2 -- dump_for_later wl --mib 4 --bos 2 --events
+	on mi100x2 -- "$@"
+	on mi100x2 -- restore_later
+}
+# damaged COPY: a copy of the dump to damage (the intact one restores at the end).
+damaged() {
+	rm -rf "$CASE_DIR/$1"
+	cp -a "$CASE_DIR/img" "$CASE_DIR/$1"
+	echo "$CASE_DIR/$1"
+}
+img_name() { (cd "$CASE_DIR/img" && ls $1 | head -n 1); }
+
+case_integrity_removed_content_hash() { integrity_case integrity_removed_content_hash; }
+integrity_removed_content_hash() {
+	local v kfd i
+	v=$(damaged no-hash)
+	kfd=$(img_name 'amdgpu-kfd-*.img')
+	i=$(imgcheck corrupt "$v/$kfd" drop-hash first "$top/proto/criu-amdgpu.proto") || fail "could not drop a content hash"
+	refused_alike "$v" "content_xxh3 of BO $i removed" \
+		"$kfd: GPU 0x[0-9a-f]+: bo_entries\[$i\]\.content_xxh3: missing, though the image declares criu-rocm's extension"
+}
+
+case_integrity_flipped_bo_addr() { integrity_case integrity_flipped_bo_addr; }
+integrity_flipped_bo_addr() {
+	local v kfd i
+	kfd=$(img_name 'amdgpu-kfd-*.img')
+	# The doorbell (mapped through /dev/kfd): the process' own mapping gives it away.
+	v=$(damaged addr-doorbell)
+	i=$(imgcheck corrupt "$v/$kfd" bo-addr doorbell:40 "$top/proto/criu-amdgpu.proto") || fail "could not flip a doorbell address"
+	refused_alike "$v" "bit 40 of the doorbell BO $i's addr flipped" \
+		"$kfd: GPU 0x[0-9a-f]+: bo_entries\[$i\]\.addr: is 0x[0-9a-f]+, but the process maps this BO \(offset 0x[0-9a-f]+\) at 0x[0-9a-f]+ \(mm-[0-9]+\.img\)"
+	# The same without the digests file (an upstream-layout dump keeps the mapping check).
+	rm -f "$v/amdgpu-digests.img"
+	refused_alike "$v" "the same without amdgpu-digests.img" "$kfd: GPU 0x[0-9a-f]+: bo_entries\[$i\]\.addr: "
+	# A VRAM BO: its mapping through the render node, or else the image's digest.
+	v=$(damaged addr-vram)
+	i=$(imgcheck corrupt "$v/$kfd" bo-addr vram:40 "$top/proto/criu-amdgpu.proto") || fail "could not flip a VRAM BO address"
+	refused_alike "$v" "bit 40 of the VRAM BO $i's addr flipped" \
+		"$kfd: (GPU 0x[0-9a-f]+: bo_entries\[$i\]\.addr: |hashes to xxh3:[0-9a-f]+, but amdgpu-digests.img recorded)"
+}
+
+case_integrity_render_image_damaged() { integrity_case integrity_render_image_damaged; }
+integrity_render_image_damaged() {
+	local v r
+	r=$(img_name 'amdgpu-renderD-*.img')
+	v=$(damaged render-truncated)
+	imgcheck corrupt "$v/$r" truncate 1 || fail "could not truncate $r"
+	refused_alike "$v" "$r truncated" "$r: criu_render_node message: truncated: needs [0-9]+ bytes, only [0-9]+ present"
+	v=$(damaged render-flipped)
+	imgcheck corrupt "$v/$r" flip -1 || fail "could not flip a byte of $r"
+	refused_alike "$v" "last byte of $r flipped" "$r: "
+}
+
+case_integrity_kfd_image_deleted() { integrity_case integrity_kfd_image_deleted; }
+integrity_kfd_image_deleted() {
+	local v kfd
+	kfd=$(img_name 'amdgpu-kfd-*.img')
+	v=$(damaged no-kfd)
+	rm "$v/$kfd"
+	refused_alike "$v" "$kfd deleted" "$kfd: missing: amdgpu-digests.img records it \([0-9]+ bytes\) from the dump"
+	rm "$v/amdgpu-digests.img"
+	refused_alike "$v" "$kfd and the digests deleted" \
+		"$kfd: missing: files.img holds GPU file ${kfd//[!0-9]/} and inventory.img names amdgpu_plugin"
+}
+
+case_integrity_render_image_deleted() { integrity_case integrity_render_image_deleted; }
+integrity_render_image_deleted() {
+	local v r
+	r=$(img_name 'amdgpu-renderD-*.img')
+	v=$(damaged no-render)
+	rm "$v/$r"
+	refused_alike "$v" "$r deleted" "$r: missing: amdgpu-digests.img records it \([0-9]+ bytes\) from the dump"
+}
+
 # KFD fails RESUME (the task's own, at its restorer's GPU gate): the task must not run, the
 # restore must fail and leave nothing behind; then it works on a good host.
 case_restore_resume_fails() {
