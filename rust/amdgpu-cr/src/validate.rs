@@ -309,12 +309,21 @@ pub fn check_dir(dir: &Path, depth: Depth) -> std::io::Result<Report> {
                 } else {
                     all_hashed = false;
                 }
-                v.refusal = check_kfd(dir, id, &image, depth, &ctx, &mut pids_seen)
+                // The contents last, so that gpu-check's first reason is
+                // the restore's (whose copy checks them later).
+                v.refusal = check_kfd(dir, id, &image, &ctx, &mut pids_seen)
                     .err()
                     .or_else(|| {
                         manifest
                             .as_ref()
                             .and_then(|m| m.check_kfd(dir, id, &bytes, &image).err())
+                    })
+                    .or_else(|| match depth {
+                        Depth::Contents if image.msg.criu_rocm_reopen != Some(true) => image
+                            .gpu_ids()
+                            .into_iter()
+                            .find_map(|gpu| check_pages(dir, id, &image, gpu, depth).err()),
+                        _ => None,
                     });
                 v.image = Some(image);
             }
@@ -456,7 +465,6 @@ fn check_kfd(
     dir: &Path,
     id: FileId,
     image: &KfdImage,
-    depth: Depth,
     ctx: &Context,
     pids_seen: &mut BTreeMap<u32, FileId>,
 ) -> Result<(), Refusal> {
@@ -517,9 +525,10 @@ fn check_kfd(
             }
         }
     }
+    check_device_bos(&name, image)?;
     check_priv(&name, image)?;
     for gpu in image.gpu_ids() {
-        check_pages(dir, id, image, gpu, depth)?;
+        check_pages(dir, id, image, gpu, Depth::Metadata)?;
     }
     if let Some(e) = &ctx.files_err {
         return Err(Refusal::new("files.img", None, "", e.clone()));
@@ -529,6 +538,46 @@ fn check_kfd(
             Err(e) => return Err(Refusal::new(format!("mm-{}.img", msg.pid), None, "", e)),
             Ok(Some(maps)) => check_mappings(&name, image, files, &maps, msg.pid)?,
             Ok(None) => {}
+        }
+    }
+    Ok(())
+}
+
+/// KFD gives a process one doorbell and one MMIO remap BO per GPU, the
+/// latter one page, and RESTORE refuses others.
+fn check_device_bos(name: &str, image: &KfdImage) -> Result<(), Refusal> {
+    let mut seen: BTreeMap<(u32, u32), usize> = BTreeMap::new();
+    for (i, b) in image.msg.bo_entries.iter().enumerate() {
+        for (flag, what) in [
+            (bo::ALLOC_DOORBELL, "doorbell"),
+            (bo::ALLOC_MMIO_REMAP, "MMIO remap"),
+        ] {
+            if b.alloc_flags & flag == 0 {
+                continue;
+            }
+            if let Some(first) = seen.insert((b.gpu_id, flag), i) {
+                return Err(Refusal::new(
+                    name,
+                    Some(GpuId(b.gpu_id)),
+                    format!("bo_entries[{i}].gpu_id"),
+                    format!(
+                        "gives the GPU a second {what} BO (bo_entries[{first}] is one); KFD \
+                         has one per GPU"
+                    ),
+                ));
+            }
+            if flag == bo::ALLOC_MMIO_REMAP && b.size != bo::PAGE_SIZE {
+                return Err(Refusal::new(
+                    name,
+                    Some(GpuId(b.gpu_id)),
+                    format!("bo_entries[{i}].size"),
+                    format!(
+                        "is {:#x}, but KFD's MMIO remap BO is one page ({:#x})",
+                        b.size,
+                        bo::PAGE_SIZE
+                    ),
+                ));
+            }
         }
     }
     Ok(())
@@ -664,8 +713,20 @@ fn check_mappings(
         let gpu = match device {
             DeviceKind::Render(minor) => match minors.get(&minor.0) {
                 Some(&g) => Some(g),
-                // A render node of no GPU of this process.
-                None => continue,
+                // The restore maps a render node only through a BO of the
+                // process' GPUs, found by the node they had at dump.
+                None => {
+                    return Err(Refusal::new(
+                        name,
+                        None,
+                        "device_entries",
+                        format!(
+                            "no GPU had render minor {} at dump, but the process maps {path} \
+                             at {:#x} ({mm})",
+                            minor.0, m.start
+                        ),
+                    ))
+                }
             },
             DeviceKind::Kfd => None,
         };

@@ -670,10 +670,7 @@ impl RestoreSession {
             .map_err(|e| SessionError::core(vpid, "reading the KFD topology", e))?;
         let node = host.gpu(user).ok_or_else(|| SessionError::State {
             pid: vpid,
-            what: format!(
-                "render-node file {id} was GPU {user}, the process has no KFD image that maps \
-                 it and this host has no GPU {user}"
-            ),
+            what: render_without_gpu(id, user).to_string(),
         })?;
         let minor = node.render_minor();
         let name = self.opts.reachable_nodes().get(&minor).copied();
@@ -904,6 +901,17 @@ fn no_bos_reason(id: FileId) -> String {
     )
 }
 
+/// A render-node image whose GPU no KFD image restores and this host lacks.
+fn render_without_gpu(id: FileId, user: GpuId) -> crate::validate::Refusal {
+    crate::validate::Refusal::new(
+        crate::image::render_image_name(id),
+        Some(user),
+        "gpu_id",
+        "no KFD image of the process has this GPU and this host has no such GPU, so the \
+         render node cannot be reopened",
+    )
+}
+
 /// One KFD image's verdict in a dry run.
 #[derive(Clone, Debug)]
 pub struct DryRunEntry {
@@ -928,8 +936,38 @@ pub struct DryRun {
 /// `KFD_*_CHECK` knobs, `/dev/kfd` and the chosen render nodes exist.
 /// Reads files only.
 pub fn dry_run(dir: &Path, opts: &RestoreOptions) -> Result<DryRun, SessionError> {
-    let report = crate::validate::check_dir(dir, crate::validate::Depth::Contents)
+    let mut report = crate::validate::check_dir(dir, crate::validate::Depth::Contents)
         .map_err(os_step(0, format!("listing {}", dir.display())))?;
+    // A render-node fd of a GPU no KFD image restores is reopened on the
+    // host's GPU of that id, which must exist (as in `restore_render`).
+    let kfd_gpus: std::collections::BTreeSet<GpuId> = report
+        .kfd
+        .iter()
+        .filter_map(|v| v.image.as_ref())
+        .flat_map(|i| i.gpu_ids())
+        .collect();
+    if let Ok(host) = Topology::parse_sysfs(&opts.sysfs_nodes) {
+        let names =
+            std::fs::read_dir(dir).map_err(os_step(0, format!("listing {}", dir.display())))?;
+        let mut ids: Vec<FileId> = names
+            .filter_map(Result::ok)
+            .filter_map(|e| {
+                let n = e.file_name().into_string().ok()?;
+                let id = n.strip_prefix("amdgpu-renderD-")?.strip_suffix(".img")?;
+                FileId::parse(id)
+            })
+            .collect();
+        ids.sort_by_key(|i| i.0);
+        for id in ids {
+            let Ok(img) = RenderImage::read(dir, id) else {
+                continue;
+            };
+            let user = img.gpu_id();
+            if !kfd_gpus.contains(&user) && host.gpu(user).is_none() {
+                report.other.push(render_without_gpu(id, user));
+            }
+        }
+    }
     let entries = report
         .kfd
         .iter()

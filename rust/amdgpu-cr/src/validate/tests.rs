@@ -473,3 +473,65 @@ fn damaged_contents_are_refused_as_the_restore_words_it() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn device_bos_are_as_kfd_makes_them() {
+    // The doorbell BO 1 of GPU 0x1a2b given to the other GPU too.
+    refused_after(
+        |m| {
+            let mut b = m.bo_entries[1];
+            b.addr += 0x10_0000;
+            b.offset += 0x10_0000;
+            m.bo_entries.push(b);
+            m.num_of_bos = 4;
+            m.priv_data = vec![0; 8 + 2 * 8 + 4 * 272];
+        },
+        true,
+        &[
+            "GPU 0x1a2b: bo_entries[3].gpu_id: gives the GPU a second doorbell BO (bo_entries[1] is one)",
+        ],
+    );
+    refused_after(
+        |m| {
+            m.bo_entries[1].alloc_flags = bo::ALLOC_MMIO_REMAP;
+            m.bo_entries[1].size = 0x2000;
+        },
+        true,
+        &["bo_entries[1].size: is 0x2000, but KFD's MMIO remap BO is one page"],
+    );
+}
+
+#[test]
+fn a_render_minor_no_gpu_had_is_refused() {
+    refused_after(
+        |m| m.device_entries[1].drm_render_minor = 135,
+        true,
+        &[
+            "amdgpu-kfd-5.img: device_entries: no GPU had render minor 128 at dump, but the \
+           process maps /dev/dri/renderD128",
+        ],
+    );
+}
+
+#[test]
+fn gpu_check_gives_the_restores_first_reason() {
+    // An edited hash fails the digest (the restore's reason) before the
+    // contents (which gpu-check reads too).
+    let dir = fixture();
+    let (mut m, _) = dumped_kfd();
+    m.bo_entries[0].content_xxh3 = m.bo_entries[0].content_xxh3.map(|h| h ^ 1);
+    write_kfd(&dir, &m);
+    let meta = refusals(&dir, Depth::Metadata);
+    assert_eq!(refusals(&dir, Depth::Contents), meta);
+    assert!(meta[0].contains("amdgpu-digests.img recorded"), "{meta:?}");
+    // With the digests forged, only the contents tell, and only gpu-check
+    // reads them up front (the restore's copy finds the same).
+    write_digests(&dir);
+    assert!(check_dir(&dir, Depth::Metadata).unwrap().is_ok());
+    let got = refusals(&dir, Depth::Contents);
+    assert!(
+        got[0].contains("bo_entries[0].content_xxh3: the BO at"),
+        "{got:?}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
