@@ -381,10 +381,12 @@ pub fn check_dir(dir: &Path, depth: Depth) -> std::io::Result<Report> {
 
     // Every GPU file of files.img must have its image, every KFD image its file.
     if let Some(f) = &ctx.files {
-        let gpu_plugin = ctx
-            .plugins
-            .as_ref()
-            .is_some_and(|p| p.iter().any(|n| n == criu_images::AMDGPU_PLUGIN));
+        // Plugin files are all GPU files only when the inventory names no
+        // plugin but the AMD GPU one.
+        let gpu_plugin = ctx.plugins.as_ref().is_some_and(|p| {
+            p.iter().any(|n| n == criu_images::AMDGPU_PLUGIN)
+                && p.iter().all(|n| n == criu_images::AMDGPU_PLUGIN)
+        });
         let ext: BTreeSet<u32> = f.ext.iter().copied().collect();
         if gpu_plugin {
             for &raw in &f.ext {

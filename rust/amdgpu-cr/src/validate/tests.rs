@@ -535,3 +535,23 @@ fn gpu_check_gives_the_restores_first_reason() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn plugin_files_of_other_plugins_are_not_gpu_files() {
+    let dir = fixture();
+    write_files(
+        &dir,
+        &[KFD.0, RENDER.0, 77],
+        &[(20, "/dev/dri/renderD128"), (21, "/dev/kfd")],
+    );
+    let got = refusals(&dir, Depth::Metadata);
+    assert!(
+        got.iter().any(|r| r.starts_with(
+            "amdgpu-kfd-77.img (or amdgpu-renderD-77.img): missing: files.img holds GPU file 77"
+        )),
+        "{got:?}"
+    );
+    write_inventory(&dir, &[crate::criu_images::AMDGPU_PLUGIN, "cuda_plugin"]);
+    assert_eq!(refusals(&dir, Depth::Metadata), Vec::<String>::new());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
