@@ -39,11 +39,13 @@ void criu_gpu_test_log_line(const char *line);
  configuration file): sets a GPU knob (`KFD_*_CHECK`, `KFD_MAX_BUFFER_SIZE`,
  `CRIU_ROCM_COPY_ENGINE`) for this criu, in place of the environment
  variable of that name.  On `-EINVAL` (not NAME=VALUE, an unknown knob or a
- value the knob does not take) the reason is written, NUL-terminated and
- cut to fit, into `why` (`why_len` bytes).
+ value the knob does not take, NULL or a setting that is not UTF-8) the
+ reason is written, NUL-terminated and cut to fit, into `why` (`why_len`
+ bytes).
 
  # Safety
- `arg` is a NUL-terminated string; `why` points to `why_len` writable bytes.
+ `arg` is NULL or a NUL-terminated string; `why` is NULL or points to
+ `why_len` writable bytes.
  */
 int criu_gpu_set_knob(const char *arg, char *why, uintptr_t why_len);
 
@@ -147,9 +149,12 @@ int criu_gpu_restore_file(int vpid, int real_pid, uint32_t id, int fd_floor, int
  `path` at `pgoff`, `len` bytes at `addr`.  Returns `1` when the mapping
  is a GPU one, `0` when it is not ours.
 
+ A NULL pointer is refused with `-EINVAL`; a path that is not UTF-8
+ names no GPU node, so its mapping is not ours (`0`).
+
  # Safety
- `path` is a NUL-terminated string; `new_pgoff` and `map_fd` point to
- writable memory.
+ `path` is NULL or a NUL-terminated string; `new_pgoff` and `map_fd` are
+ NULL or point to writable memory.
  */
 int criu_gpu_update_vma(int vpid,
                         const char *path,
@@ -168,8 +173,10 @@ int criu_gpu_update_vma(int vpid,
  `/dev/kfd`, for its own RESUME) are left for the task's restorer, with
  the KFD image in `*gate_image`; `-1` when the task has no KFD process.
 
+ A NULL pointer is refused with `-EINVAL`.
+
  # Safety
- The three pointers point to writable memory.
+ The three pointers are NULL or point to writable memory.
  */
 int criu_gpu_restore_task_done(int vpid,
                                int proc_fd,
@@ -184,8 +191,11 @@ int criu_gpu_restore_task_done(int vpid,
  `0`: they can; `-ENODEV`: some cannot (each reason printed); other
  `-errno`: the directory could not be read.
 
+ The path is taken as bytes, as the kernel does (a non-UTF-8 name is
+ not changed); NULL is refused with `-EINVAL`.
+
  # Safety
- `dir` is a NUL-terminated path.
+ `dir` is NULL or a NUL-terminated path.
  */
 int criu_gpu_dry_run(const char *dir);
 

@@ -2,8 +2,9 @@
 //! a call into `amdgpu_cr::session`, `0`/`-errno` out.  The session state
 //! lives in statics here; after `fork` every restored task has its own copy.
 
-use std::ffi::{c_char, c_int, CStr};
+use std::ffi::{c_char, c_int, CStr, OsStr};
 use std::os::fd::{BorrowedFd, IntoRawFd};
+use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
@@ -357,9 +358,12 @@ pub extern "C" fn criu_gpu_restore_file(
 /// `path` at `pgoff`, `len` bytes at `addr`.  Returns `1` when the mapping
 /// is a GPU one, `0` when it is not ours.
 ///
+/// A NULL pointer is refused with `-EINVAL`; a path that is not UTF-8
+/// names no GPU node, so its mapping is not ours (`0`).
+///
 /// # Safety
-/// `path` is a NUL-terminated string; `new_pgoff` and `map_fd` point to
-/// writable memory.
+/// `path` is NULL or a NUL-terminated string; `new_pgoff` and `map_fd` are
+/// NULL or point to writable memory.
 #[no_mangle]
 pub unsafe extern "C" fn criu_gpu_update_vma(
     vpid: c_int,
@@ -370,10 +374,15 @@ pub unsafe extern "C" fn criu_gpu_update_vma(
     new_pgoff: *mut u64,
     map_fd: *mut c_int,
 ) -> c_int {
-    // SAFETY: the caller passes a valid C string (CRIU's reg-file name).
-    let path = unsafe { CStr::from_ptr(path) }
-        .to_string_lossy()
-        .into_owned();
+    if path.is_null() || new_pgoff.is_null() || map_fd.is_null() {
+        log::error!("criu_gpu_update_vma: a NULL argument (pid {vpid}, mapping at {addr:#x})");
+        return -libc::EINVAL;
+    }
+    // SAFETY: not NULL, and the caller passes a valid C string (CRIU's
+    // reg-file name).
+    let Ok(path) = unsafe { CStr::from_ptr(path) }.to_str().map(str::to_owned) else {
+        return 0;
+    };
     let out_pgoff = new_pgoff as usize;
     let out_fd = map_fd as usize;
     ffi_boundary("criu_gpu_update_vma", move || {
@@ -405,8 +414,10 @@ pub unsafe extern "C" fn criu_gpu_update_vma(
 /// `/dev/kfd`, for its own RESUME) are left for the task's restorer, with
 /// the KFD image in `*gate_image`; `-1` when the task has no KFD process.
 ///
+/// A NULL pointer is refused with `-EINVAL`.
+///
 /// # Safety
-/// The three pointers point to writable memory.
+/// The three pointers are NULL or point to writable memory.
 #[no_mangle]
 pub unsafe extern "C" fn criu_gpu_restore_task_done(
     vpid: c_int,
@@ -415,6 +426,10 @@ pub unsafe extern "C" fn criu_gpu_restore_task_done(
     gate_kfd: *mut c_int,
     gate_image: *mut u32,
 ) -> c_int {
+    if gate_chan.is_null() || gate_kfd.is_null() || gate_image.is_null() {
+        log::error!("criu_gpu_restore_task_done: a NULL out-pointer (pid {vpid})");
+        return -libc::EINVAL;
+    }
     let out = (gate_chan as usize, gate_kfd as usize, gate_image as usize);
     ffi_boundary("criu_gpu_restore_task_done", move || {
         let (chan, kfd, image) = out;
@@ -450,16 +465,19 @@ pub unsafe extern "C" fn criu_gpu_restore_task_done(
 /// `0`: they can; `-ENODEV`: some cannot (each reason printed); other
 /// `-errno`: the directory could not be read.
 ///
+/// The path is taken as bytes, as the kernel does (a non-UTF-8 name is
+/// not changed); NULL is refused with `-EINVAL`.
+///
 /// # Safety
-/// `dir` is a NUL-terminated path.
+/// `dir` is NULL or a NUL-terminated path.
 #[no_mangle]
 pub unsafe extern "C" fn criu_gpu_dry_run(dir: *const c_char) -> c_int {
-    // SAFETY: the caller passes a valid C string.
-    let dir = PathBuf::from(
-        unsafe { CStr::from_ptr(dir) }
-            .to_string_lossy()
-            .into_owned(),
-    );
+    if dir.is_null() {
+        eprintln!("criu-rocm gpu-check: no image directory given");
+        return -libc::EINVAL;
+    }
+    // SAFETY: not NULL, and the caller passes a valid C string.
+    let dir = PathBuf::from(OsStr::from_bytes(unsafe { CStr::from_ptr(dir) }.to_bytes()));
     ffi_boundary("criu_gpu_dry_run", move || {
         let opts = match RestoreOptions::from_env() {
             Ok(o) => o,

@@ -71,24 +71,30 @@ pub unsafe extern "C" fn criu_gpu_test_log_line(line: *const c_char) {
 /// configuration file): sets a GPU knob (`KFD_*_CHECK`, `KFD_MAX_BUFFER_SIZE`,
 /// `CRIU_ROCM_COPY_ENGINE`) for this criu, in place of the environment
 /// variable of that name.  On `-EINVAL` (not NAME=VALUE, an unknown knob or a
-/// value the knob does not take) the reason is written, NUL-terminated and
-/// cut to fit, into `why` (`why_len` bytes).
+/// value the knob does not take, NULL or a setting that is not UTF-8) the
+/// reason is written, NUL-terminated and cut to fit, into `why` (`why_len`
+/// bytes).
 ///
 /// # Safety
-/// `arg` is a NUL-terminated string; `why` points to `why_len` writable bytes.
+/// `arg` is NULL or a NUL-terminated string; `why` is NULL or points to
+/// `why_len` writable bytes.
 #[no_mangle]
 pub unsafe extern "C" fn criu_gpu_set_knob(
     arg: *const c_char,
     why: *mut c_char,
     why_len: usize,
 ) -> c_int {
-    // SAFETY: the caller passes a valid C string.
-    let arg = unsafe { std::ffi::CStr::from_ptr(arg) }
-        .to_string_lossy()
-        .into_owned();
-    let err = match amdgpu_cr::env::set_knob(&arg) {
-        Ok(_) => return 0,
-        Err(e) => e.to_string(),
+    let err = if arg.is_null() {
+        "no NAME=VALUE given".to_owned()
+    } else {
+        // SAFETY: not NULL, and the caller passes a valid C string.
+        match unsafe { std::ffi::CStr::from_ptr(arg) }.to_str() {
+            Ok(arg) => match amdgpu_cr::env::set_knob(arg) {
+                Ok(_) => return 0,
+                Err(e) => e.to_string(),
+            },
+            Err(_) => "a GPU knob setting must be UTF-8 text".to_owned(),
+        }
     };
     if !why.is_null() && why_len > 0 {
         let n = err.len().min(why_len - 1);
@@ -118,6 +124,39 @@ mod tests {
         let r =
             unsafe { criu_gpu_set_knob(c"KFD_FW_VER_CHECK=1".as_ptr(), std::ptr::null_mut(), 0) };
         assert_eq!(r, 0);
+    }
+
+    #[test]
+    fn null_and_non_utf8_arguments_are_refused_not_followed() {
+        let mut why = [0 as c_char; 64];
+        // SAFETY: NULL is allowed; a buffer of why.len() bytes.
+        let r = unsafe { criu_gpu_set_knob(std::ptr::null(), why.as_mut_ptr(), why.len()) };
+        assert_eq!(r, -libc::EINVAL);
+        // SAFETY: a C string literal (not UTF-8) and a buffer of why.len() bytes.
+        let r = unsafe { criu_gpu_set_knob(c"KFD_\xff=1".as_ptr(), why.as_mut_ptr(), why.len()) };
+        assert_eq!(r, -libc::EINVAL);
+        // SAFETY: criu_gpu_set_knob NUL-terminated the buffer.
+        let w = unsafe { CStr::from_ptr(why.as_ptr()) }.to_str().unwrap();
+        assert!(w.contains("UTF-8"), "{w}");
+        // SAFETY: NULL is allowed (refused) for the directory.
+        let r = unsafe { hooks::criu_gpu_dry_run(std::ptr::null()) };
+        assert_eq!(r, -libc::EINVAL);
+        let (mut off, mut fd) = (0u64, 0 as c_int);
+        let p = c"/dev/kfd".as_ptr();
+        // SAFETY: a C string literal, NULL (refused) and a writable int.
+        let r =
+            unsafe { hooks::criu_gpu_update_vma(1, p, 0, 4096, 0, std::ptr::null_mut(), &mut fd) };
+        assert_eq!(r, -libc::EINVAL);
+        // SAFETY: NULL (refused) and two writable out-params.
+        let r = unsafe {
+            hooks::criu_gpu_update_vma(1, std::ptr::null(), 0, 4096, 0, &mut off, &mut fd)
+        };
+        assert_eq!(r, -libc::EINVAL);
+        let (mut chan, mut image) = (0 as c_int, 0u32);
+        let none = std::ptr::null_mut();
+        // SAFETY: two writable out-params and NULL (refused).
+        let r = unsafe { hooks::criu_gpu_restore_task_done(1, -1, &mut chan, none, &mut image) };
+        assert_eq!(r, -libc::EINVAL);
     }
 
     #[test]
