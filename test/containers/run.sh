@@ -30,12 +30,10 @@
 set -uo pipefail
 export LC_ALL=C
 
-self=$(realpath "$0")
-here=$(dirname "$self")
-top=$(cd "$here/../.." && pwd)
-# alive, wait_gone
-# shellcheck source=SCRIPTDIR/../../scripts/lib/workload.sh
-. "$top/scripts/lib/workload.sh"
+top=$(cd "$(dirname "$(realpath "$0")")/../.." && pwd)
+# fail, note, skip, known_bug, on, cases_dispatch; alive, wait_gone, ... (workload.sh)
+# shellcheck source=SCRIPTDIR/../../scripts/lib/cases.sh
+. "$top/scripts/lib/cases.sh"
 
 PY=/usr/bin/python3
 HOSTS=$top/test/gpu/hosts
@@ -46,34 +44,7 @@ WL_CMD="exec /bin/gpu-workload $WL_ARGS </dev/null >/tmp/wl.out 2>&1"
 ROCR_CMD="exec /bin/rocr-workload --mib 4 </dev/null >/tmp/wl.out 2>/tmp/wl.err"
 
 # ---------------------------------------------------------------------------------------
-# Reporting
-
-fail() {
-	printf '%s\n' "$*" >>"$CASE_DIR/reason"
-	exit 1
-}
-skip() {
-	printf '%s\n' "$*" >"$CASE_DIR/skip"
-	exit 0
-}
-note() { printf '%s\n' "$*" >>"$CASE_DIR/notes"; }
-
-# on PROFILE [--profile-file F] -- FUNCTION [ARG...]: FUNCTION of this script on a new
-# emulated host.
-on() {
-	local opts=() rc
-	while [ $# -gt 0 ] && [ "$1" != -- ]; do
-		opts+=("$1")
-		shift
-	done
-	shift
-	"$KFD_EMU" run --profile "${opts[@]}" -- "$self" __in "$@" 2>>"$CASE_DIR/kfd-emu.log"
-	rc=$?
-	if [ $rc != 0 ]; then
-		[ -s "$CASE_DIR/reason" ] || fail "kfd-emu run --profile ${opts[*]} -- $1: exit status $rc (see $CASE_DIR/kfd-emu.log)"
-		exit 1
-	fi
-}
+# Logs
 
 # criu's error lines of a log (its RLIMIT_NOFILE complaint, logged on every run, left out).
 log_errors() {

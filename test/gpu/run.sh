@@ -27,48 +27,14 @@
 set -uo pipefail
 export LC_ALL=C
 
-self=$(realpath "$0")
-here=$(dirname "$self")
-top=$(cd "$here/../.." && pwd)
-# alive, wait_gone, file_line, render_fds, json_ok/num/list
-# shellcheck source=SCRIPTDIR/../../scripts/lib/workload.sh
-. "$top/scripts/lib/workload.sh"
+top=$(cd "$(dirname "$(realpath "$0")")/../.." && pwd)
+# fail, note, skip, known_bug, on, cases_dispatch; alive, wait_gone, ... (workload.sh)
+# shellcheck source=SCRIPTDIR/../../scripts/lib/cases.sh
+. "$top/scripts/lib/cases.sh"
 
 # ---------------------------------------------------------------------------------------
-# Reporting, used everywhere
-
-# Records why the case fails and ends the current process (case or in-host step).
-fail() {
-	printf '%s\n' "$*" >>"$CASE_DIR/reason"
-	exit 1
-}
-
-note() { printf '%s\n' "$*" >>"$CASE_DIR/notes"; }
-
-# known_bug "BUG-N: DESCRIPTION" REGEX: the running case fails because of a known bug, and
-# its failure reason must match REGEX (a different failure is a real one).
-known_bug() { printf '%s\n%s\n' "$1" "$2" >"$CASE_DIR/known-bug"; }
-
-# ---------------------------------------------------------------------------------------
-# Emulated hosts
-
-# on PROFILE [--profile-file F] [--fail SPEC]... -- FUNCTION [ARG...]
-# Runs FUNCTION of this script inside a new kfd-emu instance (a host with PROFILE).
-on() {
-	local opts=() rc
-	while [ $# -gt 0 ] && [ "$1" != -- ]; do
-		opts+=("$1")
-		shift
-	done
-	shift
-	"$KFD_EMU" run --profile "${opts[@]}" -- "$self" __in "$@" 2>>"$CASE_DIR/kfd-emu.log"
-	rc=$?
-	if [ $rc != 0 ]; then
-		[ -s "$CASE_DIR/reason" ] || fail "kfd-emu run --profile ${opts[*]} -- $1: exit status $rc" \
-			"(see $CASE_DIR/kfd-emu.log)"
-		exit 1
-	fi
-}
+# Emulated hosts (`on PROFILE [--profile-file F] [--fail SPEC]... -- FUNCTION [ARG...]`, from
+# scripts/lib/cases.sh, runs FUNCTION of this script on a new one)
 
 host_file() { echo "$here/hosts/$1.toml"; }
 
@@ -1890,35 +1856,14 @@ main() {
 	[ "$FAILED" = 0 ]
 }
 
-case ${1:-} in
-__main)
-	shift
-	main "$@"
-	;;
-__case)
-	case_"$2"
-	;;
-__in)
-	shift
-	"$@"
-	;;
---list)
-	ordered_cases
-	;;
-"" | -h | --help)
-	sed -n '2,/^set -uo/p' "$self" | sed '$d; s/^# \{0,1\}//'
-	exit 2
-	;;
-*)
-	CRIU=$(realpath "$1")
-	shift
-	target=${CARGO_TARGET_DIR:-$top/rust/target}/release
-	KFD_EMU=$target/kfd-emu
-	CRIT=${CRIT:-$top/build/crit}
-	WORKLOAD=$target/gpu-workload
-	CASE_TIMEOUT=${GPU_TEST_TIMEOUT:-150}
-	export CRIU KFD_EMU WORKLOAD CASE_TIMEOUT CRIT
-	preflight
-	exec unshare --pid --fork --mount-proc --kill-child "$self" __main "$@"
-	;;
-esac
+cases_dispatch "$@"
+CRIU=$(realpath "$1")
+shift
+target=${CARGO_TARGET_DIR:-$top/rust/target}/release
+KFD_EMU=$target/kfd-emu
+CRIT=${CRIT:-$top/build/crit}
+WORKLOAD=$target/gpu-workload
+CASE_TIMEOUT=${GPU_TEST_TIMEOUT:-150}
+export CRIU KFD_EMU WORKLOAD CASE_TIMEOUT CRIT
+preflight
+exec unshare --pid --fork --mount-proc --kill-child "$self" __main "$@"

@@ -35,12 +35,10 @@
 set -uo pipefail
 export LC_ALL=C
 
-self=$(realpath "$0")
-here=$(dirname "$self")
-top=$(cd "$here/../.." && pwd)
-# alive, wait_gone
-# shellcheck source=SCRIPTDIR/../../scripts/lib/workload.sh
-. "$top/scripts/lib/workload.sh"
+top=$(cd "$(dirname "$(realpath "$0")")/../.." && pwd)
+# fail, note, skip, known_bug, on, cases_dispatch; alive, wait_gone, ... (workload.sh)
+# shellcheck source=SCRIPTDIR/../../scripts/lib/cases.sh
+. "$top/scripts/lib/cases.sh"
 
 HOSTS=$top/test/gpu/hosts
 ROCR_TESTS="gpu_rocr_idle gpu_rocr_buffers gpu_rocr_stream gpu_rocr_wait gpu_rocr_tree"
@@ -49,37 +47,15 @@ HSAKMT_TESTS="gpu_hsakmt_idle gpu_hsakmt_buffers"
 MI300X8_ROCR="ROCr 5.2 cannot run on an MI300X machine: it asserts that a CPU node's memory fits in 1 TiB (amd_memory_region.cpp:153) and each of mi300x8's 2 CPU nodes has 1152 GiB; past that its ISA registry has no gfx942"
 
 # ---------------------------------------------------------------------------------------
-# Reporting
-
-fail() {
-	printf '%s\n' "$*" >>"$CASE_DIR/reason"
-	exit 1
-}
-note() { printf '%s\n' "$*" >>"$CASE_DIR/notes"; }
-skip() {
-	printf '%s\n' "$*" >"$CASE_DIR/skip"
-	exit 0
-}
-
-# ---------------------------------------------------------------------------------------
 # Emulated hosts
 
-# on PROFILE [--profile-file F] -- FUNCTION [ARG...]: FUNCTION of this script on a new
-# emulated host, in a private mount namespace with an empty /dev/shm of its own.
-on() {
-	local opts=() rc
-	while [ $# -gt 0 ] && [ "$1" != -- ]; do
-		opts+=("$1")
-		shift
-	done
-	shift
-	"$KFD_EMU" run --profile "${opts[@]}" -- unshare --mount --propagation private "$self" __in "$@" \
-		2>>"$CASE_DIR/kfd-emu.log"
-	rc=$?
-	if [ $rc != 0 ]; then
-		[ -s "$CASE_DIR/reason" ] || fail "kfd-emu run --profile ${opts[*]} -- $1: exit status $rc (see $CASE_DIR/kfd-emu.log)"
-		exit 1
-	fi
+# `on PROFILE [--profile-file F] -- FUNCTION [ARG...]` (scripts/lib/cases.sh) runs FUNCTION
+# of this script on a new emulated host, here in a private mount namespace with an empty
+# /dev/shm of its own (cases_host_setup).
+CASES_ON_WRAP=(unshare --mount --propagation private)
+cases_host_setup() {
+	# A host of its own: an empty /dev/shm (this runs in a private mount namespace).
+	mount -t tmpfs -o mode=1777,size=64m rocm-cr-shm /dev/shm || fail "cannot mount a private /dev/shm"
 }
 
 # The options of a host given as an override of the profile: a name in test/gpu/hosts, or
@@ -493,37 +469,14 @@ main() {
 	[ "$FAILED" = 0 ]
 }
 
-case ${1:-} in
-__main)
-	shift
-	main "$@"
-	;;
-__case)
-	case_"$2"
-	;;
-__in)
-	shift
-	# A host of its own: an empty /dev/shm (this runs in a private mount namespace).
-	mount -t tmpfs -o mode=1777,size=64m rocm-cr-shm /dev/shm || fail "cannot mount a private /dev/shm"
-	"$@"
-	;;
---list)
-	ordered_cases
-	;;
-"" | -h | --help)
-	sed -n '2,/^set -uo/p' "$self" | sed '$d; s/^# \{0,1\}//'
-	exit 2
-	;;
-*)
-	CRIU=$(realpath "$1")
-	shift
-	KFD_EMU=${CARGO_TARGET_DIR:-$top/rust/target}/release/kfd-emu
-	CASE_TIMEOUT=${ROCM_CR_TIMEOUT:-300}
-	CRIU_VERSION=$(sed -n 's/^CRIU_VERSION=//p' "$top/criu/upstream.lock")
-	TREE=$top/build/criu-$CRIU_VERSION
-	STATIC=$TREE/test/zdtm/static
-	export CRIU KFD_EMU CASE_TIMEOUT TREE STATIC
-	preflight
-	exec unshare --pid --fork --mount-proc --kill-child "$self" __main "$@"
-	;;
-esac
+cases_dispatch "$@"
+CRIU=$(realpath "$1")
+shift
+KFD_EMU=${CARGO_TARGET_DIR:-$top/rust/target}/release/kfd-emu
+CASE_TIMEOUT=${ROCM_CR_TIMEOUT:-300}
+CRIU_VERSION=$(sed -n 's/^CRIU_VERSION=//p' "$top/criu/upstream.lock")
+TREE=$top/build/criu-$CRIU_VERSION
+STATIC=$TREE/test/zdtm/static
+export CRIU KFD_EMU CASE_TIMEOUT TREE STATIC
+preflight
+exec unshare --pid --fork --mount-proc --kill-child "$self" __main "$@"

@@ -28,38 +28,11 @@
 set -uo pipefail
 export LC_ALL=C
 
-self=$(realpath "$0")
-here=$(dirname "$self")
-top=$(cd "$here/../.." && pwd)
-# shellcheck source=SCRIPTDIR/../../scripts/lib/workload.sh
-. "$top/scripts/lib/workload.sh"
+top=$(cd "$(dirname "$(realpath "$0")")/../.." && pwd)
+# fail, note, skip, known_bug, on, cases_dispatch; alive, wait_gone, ... (workload.sh)
+# shellcheck source=SCRIPTDIR/../../scripts/lib/cases.sh
+. "$top/scripts/lib/cases.sh"
 
-fail() {
-	printf '%s\n' "$*" >>"$CASE_DIR/reason"
-	exit 1
-}
-note() { printf '%s\n' "$*" >>"$CASE_DIR/notes"; }
-skip() {
-	printf '%s\n' "$*" >>"$CASE_DIR/skip"
-	exit 0
-}
-
-# on PROFILE [--profile-file F] -- FUNCTION [ARG...]: FUNCTION of this script on a new
-# emulated host.
-on() {
-	local opts=() rc
-	while [ $# -gt 0 ] && [ "$1" != -- ]; do
-		opts+=("$1")
-		shift
-	done
-	shift
-	"$KFD_EMU" run --profile "${opts[@]}" -- "$self" __in "$@" 2>>"$CASE_DIR/kfd-emu.log"
-	rc=$?
-	if [ $rc != 0 ]; then
-		[ -s "$CASE_DIR/reason" ] || fail "kfd-emu run --profile ${opts[*]} -- $1: exit status $rc (see $CASE_DIR/kfd-emu.log)"
-		exit 1
-	fi
-}
 host_file() { echo "$top/test/gpu/hosts/$1.toml"; }
 
 rpc() { /usr/bin/python3 "$here/rpc.py" "$@"; }
@@ -396,44 +369,23 @@ main() {
 	[ "$FAILED" = 0 ]
 }
 
-case ${1:-} in
-__main)
-	shift
-	main "$@"
-	;;
-__case)
-	case_"$2"
-	;;
-__in)
-	shift
-	"$@"
-	;;
---list)
-	ordered_cases
-	;;
-"" | -h | --help)
-	sed -n '2,/^set -uo/p' "$self" | sed '$d; s/^# \{0,1\}//'
-	exit 2
-	;;
-*)
-	CRIU=$(realpath "$1")
-	shift
-	target=${CARGO_TARGET_DIR:-$top/rust/target}/release
-	KFD_EMU=$target/kfd-emu
-	WORKLOAD=$target/gpu-workload
-	CRIU_TREE=${CRIU_TREE:-$top/build/criu-$(sed -n 's/^CRIU_VERSION=//p' "$top/criu/upstream.lock")}
-	UPSTREAM_PLUGIN=${UPSTREAM_PLUGIN:-$CRIU_TREE/plugins/amdgpu/amdgpu_plugin.so}
-	CRIU_VERSION=$(sed -n 's/^CRIU_VERSION=//p' "$top/criu/upstream.lock")
-	CASE_TIMEOUT=${RPC_TEST_TIMEOUT:-180}
-	export CRIU KFD_EMU WORKLOAD CRIU_TREE UPSTREAM_PLUGIN CRIU_VERSION CASE_TIMEOUT
-	[ "$(id -u)" = 0 ] || { echo "test/rpc/run.sh: needs root" >&2; exit 2; }
-	for c in "$CRIU" "$KFD_EMU" "$WORKLOAD" "$UPSTREAM_PLUGIN"; do
-		[ -e "$c" ] || { echo "test/rpc/run.sh: $c is missing (make test-rpc builds it)" >&2; exit 2; }
-	done
-	for c in protoc cc unshare setsid timeout sha256sum /usr/bin/python3; do
-		command -v "$c" >/dev/null || { echo "test/rpc/run.sh: $c is missing (scripts/install-deps.sh)" >&2; exit 2; }
-	done
-	/usr/bin/python3 -c 'import google.protobuf' 2>/dev/null || { echo "test/rpc/run.sh: python3-protobuf is missing (scripts/install-deps.sh)" >&2; exit 2; }
-	exec unshare --pid --fork --mount-proc --kill-child "$self" __main "$@"
-	;;
-esac
+cases_dispatch "$@"
+CRIU=$(realpath "$1")
+shift
+target=${CARGO_TARGET_DIR:-$top/rust/target}/release
+KFD_EMU=$target/kfd-emu
+WORKLOAD=$target/gpu-workload
+CRIU_TREE=${CRIU_TREE:-$top/build/criu-$(sed -n 's/^CRIU_VERSION=//p' "$top/criu/upstream.lock")}
+UPSTREAM_PLUGIN=${UPSTREAM_PLUGIN:-$CRIU_TREE/plugins/amdgpu/amdgpu_plugin.so}
+CRIU_VERSION=$(sed -n 's/^CRIU_VERSION=//p' "$top/criu/upstream.lock")
+CASE_TIMEOUT=${RPC_TEST_TIMEOUT:-180}
+export CRIU KFD_EMU WORKLOAD CRIU_TREE UPSTREAM_PLUGIN CRIU_VERSION CASE_TIMEOUT
+[ "$(id -u)" = 0 ] || { echo "test/rpc/run.sh: needs root" >&2; exit 2; }
+for c in "$CRIU" "$KFD_EMU" "$WORKLOAD" "$UPSTREAM_PLUGIN"; do
+	[ -e "$c" ] || { echo "test/rpc/run.sh: $c is missing (make test-rpc builds it)" >&2; exit 2; }
+done
+for c in protoc cc unshare setsid timeout sha256sum /usr/bin/python3; do
+	command -v "$c" >/dev/null || { echo "test/rpc/run.sh: $c is missing (scripts/install-deps.sh)" >&2; exit 2; }
+done
+/usr/bin/python3 -c 'import google.protobuf' 2>/dev/null || { echo "test/rpc/run.sh: python3-protobuf is missing (scripts/install-deps.sh)" >&2; exit 2; }
+exec unshare --pid --fork --mount-proc --kill-child "$self" __main "$@"

@@ -25,31 +25,10 @@
 set -uo pipefail
 export LC_ALL=C
 
-self=$(realpath "$0")
-here=$(dirname "$self")
-top=$(cd "$here/../.." && pwd)
-# shellcheck source=SCRIPTDIR/../../scripts/lib/workload.sh
-. "$top/scripts/lib/workload.sh"
-
-fail() {
-	printf '%s\n' "$*" >>"$CASE_DIR/reason"
-	exit 1
-}
-
-# known_bug "ISSUE: DESCRIPTION" REGEX: the running case fails because of a known bug.
-known_bug() { printf '%s\n%s\n' "$1" "$2" >"$CASE_DIR/known-bug"; }
-
-# on PROFILE [kfd-emu run OPTION...] -- FUNCTION: FUNCTION inside a new emulated host.
-on() {
-	local opts=()
-	while [ "$1" != -- ]; do
-		opts+=("$1")
-		shift
-	done
-	shift
-	"$KFD_EMU" run --profile "${opts[@]}" -- "$self" __in "$@" 2>>"$CASE_DIR/kfd-emu.log" ||
-		{ [ -s "$CASE_DIR/reason" ] || fail "kfd-emu run ${opts[*]} -- $1 failed (see $CASE_DIR/kfd-emu.log)"; exit 1; }
-}
+top=$(cd "$(dirname "$(realpath "$0")")/../.." && pwd)
+# fail, note, skip, known_bug, on, cases_dispatch; alive, wait_gone, ... (workload.sh)
+# shellcheck source=SCRIPTDIR/../../scripts/lib/cases.sh
+. "$top/scripts/lib/cases.sh"
 
 # wl_start: gpu-workload in its own session; sets WL and WL_OUT.
 wl_start() {
