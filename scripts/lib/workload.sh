@@ -1,6 +1,7 @@
 # shellcheck shell=bash
-# Shell helpers shared by scripts/demo.sh, scripts/bench-cr.sh and test/gpu/run.sh: the
-# state of a process and the JSON lines gpu-workload prints. Sourced, not run; bash only.
+# Shell helpers shared by scripts/demo.sh, scripts/bench-cr.sh and the shell test suites
+# (through scripts/lib/cases.sh): the state of a process and the JSON lines gpu-workload
+# prints. Sourced, not run; bash only.
 
 # Whether process $1 exists and is neither a zombie nor dead.
 alive() {
