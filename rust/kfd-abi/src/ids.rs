@@ -38,10 +38,12 @@ macro_rules! newtype {
 }
 
 newtype!(
-    /// A KFD gpu_id (the topology node's hash id; decimal in sysfs). After a CRIU restore
-    /// the process addresses GPUs by *user* gpu_id, which may differ from the actual one.
+    /// A KFD gpu_id (the topology node's hash id, a 16-bit value carried in a u32; decimal in
+    /// sysfs). After a CRIU restore the process addresses GPUs by *user* gpu_id, which may
+    /// differ from the actual one. `Display` is hexadecimal (`0x1a2b`), the way CRIU's logs,
+    /// the pages file names and users quote gpu_ids; print `get()` for sysfs's decimal form.
     GpuId(u32),
-    "{}"
+    "{:#06x}"
 );
 newtype!(
     /// A GPU virtual address.
@@ -130,7 +132,9 @@ mod tests {
 
     #[test]
     fn display() {
-        assert_eq!(GpuId(56234).to_string(), "56234");
+        assert_eq!(GpuId(56234).to_string(), "0xdbaa");
+        assert_eq!(GpuId(0x3f2c).to_string(), "0x3f2c");
+        assert_eq!(GpuId(0x12).to_string(), "0x0012");
         assert_eq!(GpuVa(0x7f00_0000_0000).to_string(), "0x7f0000000000");
         assert_eq!(MmapOffset(0).to_string(), "0x0");
         assert_eq!(BoHandle::new(GpuId(1), 2).to_string(), "0x100000002");

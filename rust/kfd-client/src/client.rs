@@ -311,11 +311,11 @@ impl KfdClient {
                 }
                 Some(v) => Err(format!(
                     "GPU {}: gfx_target_version {v} is older than GFX9: no MMIO remap page",
-                    g.gpu_id
+                    g.gpu_id.get()
                 )),
                 None => Err(format!(
                     "GPU {}: the topology gives no gfx_target_version: no MMIO remap page",
-                    g.gpu_id
+                    g.gpu_id.get()
                 )),
             };
         }
@@ -792,7 +792,7 @@ mod tests {
             .count();
         assert_eq!(c.gpus().len(), gpu_nodes);
         for g in c.gpus() {
-            assert!(g.gpuvm_base < g.gpuvm_limit, "GPU {}", g.gpu_id);
+            assert!(g.gpuvm_base < g.gpuvm_limit, "GPU {}", g.gpu_id.get());
             for (i, kind) in [MemKind::Gtt, MemKind::Vram].into_iter().enumerate() {
                 let mut bo = c.alloc(g.gpu_id, 10_000, kind).unwrap();
                 assert_eq!(bo.size(), 12288);

@@ -12,14 +12,14 @@ pub enum Error {
     #[error("/dev/kfd: {0}")]
     Kfd(IoctlError),
     /// An ioctl or open concerning one GPU.
-    #[error("GPU {gpu} (renderD{minor}): {source}")]
+    #[error("GPU {} (renderD{minor}): {source}", .gpu.get())]
     Gpu {
         gpu: GpuId,
         minor: RenderMinor,
         source: IoctlError,
     },
     /// A step of allocating, mapping or freeing one BO.
-    #[error("GPU {gpu}, BO at {va} ({size} bytes): {step}: {source}")]
+    #[error("GPU {}, BO at {va} ({size} bytes): {step}: {source}", .gpu.get())]
     Bo {
         gpu: GpuId,
         va: GpuVa,
@@ -46,7 +46,7 @@ pub enum Error {
         min_minor: u32,
     },
     /// A gpu_id that is not one of this client's GPUs.
-    #[error("no GPU with gpu_id {0} in the KFD topology")]
+    #[error("no GPU with gpu_id {} in the KFD topology", .0.get())]
     UnknownGpu(GpuId),
     /// The topology lists no GPU.
     #[error("{}: no GPU node (every gpu_id is 0)", path.display())]
@@ -55,7 +55,7 @@ pub enum Error {
     #[error("{}: none of the topology's {skipped} GPUs has a render node this process can open (ENOENT or EPERM on each /dev/dri/renderD*)", path.display())]
     NoUsableGpu { path: PathBuf, skipped: usize },
     /// A CPU address reservation the GPU VM cannot use.
-    #[error("GPU {gpu}: CPU reservation {va} (+{size}) is outside the GPUVM aperture {base:#x}..={limit:#x}")]
+    #[error("GPU {}: CPU reservation {va} (+{size}) is outside the GPUVM aperture {base:#x}..={limit:#x}", .gpu.get())]
     Aperture {
         gpu: GpuId,
         va: GpuVa,
@@ -64,7 +64,7 @@ pub enum Error {
         limit: u64,
     },
     /// A zero or overflowing allocation size.
-    #[error("GPU {gpu}: invalid BO size {size}")]
+    #[error("GPU {}: invalid BO size {size}", .gpu.get())]
     BadSize { gpu: GpuId, size: u64 },
 }
 

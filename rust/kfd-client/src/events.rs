@@ -31,7 +31,7 @@ pub enum EventError {
     Client(#[from] crate::Error),
     #[error("/dev/kfd: event {event}: {source}")]
     Ioctl { event: EventId, source: IoctlError },
-    #[error("/dev/kfd: creating a signal event on GPU {gpu}: {source}")]
+    #[error("/dev/kfd: creating a signal event on GPU {}: {source}", .gpu.get())]
     Create { gpu: GpuId, source: IoctlError },
     #[error("/dev/kfd: event {event}: KFD reported wait result {result}")]
     WaitFailed { event: EventId, result: u32 },

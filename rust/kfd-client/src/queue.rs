@@ -32,18 +32,19 @@ pub enum QueueError {
     #[error(transparent)]
     Client(#[from] crate::Error),
     /// An ioctl or mmap of the queue.
-    #[error("GPU {gpu}: SDMA queue: {step}: {source}")]
+    #[error("GPU {}: SDMA queue: {step}: {source}", .gpu.get())]
     Ioctl {
         gpu: GpuId,
         step: &'static str,
         source: IoctlError,
     },
     /// A packet that cannot be encoded.
-    #[error("GPU {gpu}: {source}")]
+    #[error("GPU {}: {source}", .gpu.get())]
     Packet { gpu: GpuId, source: PacketError },
     /// A submission larger than the ring.
     #[error(
-        "GPU {gpu}: SDMA queue {queue}: {bytes} bytes of packets do not fit a {ring} byte ring"
+        "GPU {}: SDMA queue {queue}: {bytes} bytes of packets do not fit a {ring} byte ring",
+        .gpu.get()
     )]
     TooBig {
         gpu: GpuId,
@@ -52,7 +53,7 @@ pub enum QueueError {
         ring: u64,
     },
     /// The engine did not reach the write pointer in time.
-    #[error("GPU {gpu}: SDMA queue {queue}: read pointer {rptr:#x} did not reach {target:#x} within {waited:?}")]
+    #[error("GPU {}: SDMA queue {queue}: read pointer {rptr:#x} did not reach {target:#x} within {waited:?}", .gpu.get())]
     Timeout {
         gpu: GpuId,
         queue: QueueId,

@@ -92,7 +92,7 @@ fn inner_doorbell_and_mmio_bos() {
         // Every GPU of the profile is GFX9+: an MMIO remap page from open on.
         let m = g
             .mmio_bo()
-            .unwrap_or_else(|| panic!("GPU {}: {:?}", g.gpu_id, g.mmio_unavailable()));
+            .unwrap_or_else(|| panic!("GPU {}: {:?}", g.gpu_id.get(), g.mmio_unavailable()));
         assert_eq!(g.mmio_unavailable(), None);
         assert_eq!((m.size, m.flags), (MMIO_REMAP_SIZE, MMIO_REMAP_ALLOC_FLAGS));
         assert_eq!(m.handle.gpu_id(), g.gpu_id);

@@ -321,7 +321,8 @@ impl<'c> GpuWork<'c> {
             if c != self.inflight {
                 return Err(format!(
                     "GPU {}: counter {c} != fenced value {}",
-                    self.gpu, self.inflight
+                    self.gpu.get(),
+                    self.inflight
                 ));
             }
             self.check_history(self.inflight)?;
@@ -332,7 +333,8 @@ impl<'c> GpuWork<'c> {
         if c != self.done {
             return Err(format!(
                 "GPU {}: counter went from {} to {c}",
-                self.gpu, self.done
+                self.gpu.get(),
+                self.done
             ));
         }
         let next = self.done.wrapping_add(1).max(1);
@@ -362,7 +364,7 @@ impl<'c> GpuWork<'c> {
                 return Err(format!(
                     "GPU {}: after SDMA step {n}, the history holds {got} {i} step(s) back, \
                      expected {want}: a step was lost or ran twice",
-                    self.gpu
+                    self.gpu.get()
                 ));
             }
         }
@@ -390,7 +392,8 @@ impl<'c> GpuWork<'c> {
             // The engine consumed every packet, yet the step's FENCE never landed.
             errs.push(format!(
                 "GPU {}: the queue is idle but SDMA step {} never landed: a step was lost",
-                self.gpu, self.inflight
+                self.gpu.get(),
+                self.inflight
             ));
         } else if let Err(e) = self.step() {
             if !errs.contains(&e) {
@@ -403,7 +406,7 @@ impl<'c> GpuWork<'c> {
             if let Some((off, got, want)) = check(bo, self.seed(*idx)) {
                 errs.push(format!(
                     "GPU {} BO {idx} at {}: offset {off:#x} holds {got:#010x}, expected {want:#010x}",
-                    self.gpu,
+                    self.gpu.get(),
                     bo.va()
                 ));
             }
@@ -483,7 +486,8 @@ fn fresh_check(client: &KfdClient, proc: usize, index: usize, gpu: GpuId) -> Res
         gpu: index,
         bo: FRESH_BO,
     };
-    let e = |what: &str, err: &dyn std::fmt::Display| format!("GPU {gpu}: new {what}: {err}");
+    let e =
+        |what: &str, err: &dyn std::fmt::Display| format!("GPU {}: new {what}: {err}", gpu.get());
     let mut src = client
         .alloc(gpu, FRESH_BO_BYTES, MemKind::Vram)
         .map_err(|x| e("VRAM BO", &x))?;
@@ -499,7 +503,8 @@ fn fresh_check(client: &KfdClient, proc: usize, index: usize, gpu: GpuId) -> Res
     q.wait_idle(QUEUE_WAIT).map_err(|x| e("SDMA copy", &x))?;
     if let Some((off, got, want)) = check(&dst, seed) {
         return Err(format!(
-            "GPU {gpu}: SDMA copy between new BOs: offset {off:#x} holds {got:#010x}, expected {want:#010x}"
+            "GPU {}: SDMA copy between new BOs: offset {off:#x} holds {got:#010x}, expected {want:#010x}",
+            gpu.get()
         ));
     }
     q.destroy().map_err(|x| e("SDMA queue destroyed", &x))?;
@@ -889,7 +894,7 @@ fn run_proc(
         std::process::id(),
         me.works[..main_works]
             .iter()
-            .map(|w| lock(w).gpu.to_string())
+            .map(|w| lock(w).gpu.get().to_string())
             .collect::<Vec<_>>()
             .join(","),
         o.mib,
