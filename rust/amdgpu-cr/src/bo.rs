@@ -1,27 +1,30 @@
 //! KFD buffer-object flags and the per-BO facts the rest of the core needs.
 //!
-//! The flag values are the `KFD_IOC_ALLOC_MEM_FLAGS_*` bits of the KFD uapi;
+//! The flag values are the `KFD_IOC_ALLOC_MEM_FLAGS_*` bits of the KFD uapi,
+//! taken from kfd-abi's bindings under the short names the core uses;
 //! CHECKPOINT hands back their low 32 bits in `alloc_flags`.
 
+use kfd_abi::sys;
+
 /// VRAM BO (contents saved in the pages file).
-pub const ALLOC_VRAM: u32 = 1 << 0;
+pub const ALLOC_VRAM: u32 = sys::KFD_IOC_ALLOC_MEM_FLAGS_VRAM;
 /// GTT (system memory, GPU mapped) BO (contents saved in the pages file).
-pub const ALLOC_GTT: u32 = 1 << 1;
+pub const ALLOC_GTT: u32 = sys::KFD_IOC_ALLOC_MEM_FLAGS_GTT;
 /// Userptr BO: its pages are ordinary process memory that CRIU dumps.
-pub const ALLOC_USERPTR: u32 = 1 << 2;
+pub const ALLOC_USERPTR: u32 = sys::KFD_IOC_ALLOC_MEM_FLAGS_USERPTR;
 /// Doorbell slice; no contents, only its mapping is remapped.
-pub const ALLOC_DOORBELL: u32 = 1 << 3;
+pub const ALLOC_DOORBELL: u32 = sys::KFD_IOC_ALLOC_MEM_FLAGS_DOORBELL;
 /// MMIO remap page; no contents, only its mapping is remapped.
-pub const ALLOC_MMIO_REMAP: u32 = 1 << 4;
+pub const ALLOC_MMIO_REMAP: u32 = sys::KFD_IOC_ALLOC_MEM_FLAGS_MMIO_REMAP;
 /// VRAM the CPU may map (KFD allocates it CPU_ACCESS_REQUIRED; without it
 /// amdgpu makes the BO NO_CPU_ACCESS and refuses every CPU mapping,
 /// whatever the BAR size).
-pub const ALLOC_PUBLIC: u32 = 1 << 29;
+pub const ALLOC_PUBLIC: u32 = sys::KFD_IOC_ALLOC_MEM_FLAGS_PUBLIC;
 /// The CPU may write the BO.
-pub const ALLOC_WRITABLE: u32 = 1 << 31;
+pub const ALLOC_WRITABLE: u32 = sys::KFD_IOC_ALLOC_MEM_FLAGS_WRITABLE;
 
 /// `dmabuf_fd` value meaning "no dmabuf was exported for this bucket".
-pub const KFD_INVALID_FD: u32 = 0xffff_ffff;
+pub use kfd_abi::layout::KFD_INVALID_FD;
 
 /// Page size assumed by the image format and by KFD (BO sizes are multiples).
 pub const PAGE_SIZE: u64 = 4096;
@@ -46,6 +49,21 @@ pub fn host_visible(alloc_flags: u32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn flag_values_are_the_uapi_bits() {
+        let bits = [
+            ALLOC_VRAM,
+            ALLOC_GTT,
+            ALLOC_USERPTR,
+            ALLOC_DOORBELL,
+            ALLOC_MMIO_REMAP,
+            ALLOC_PUBLIC,
+            ALLOC_WRITABLE,
+        ];
+        assert_eq!(bits, [1, 1 << 1, 1 << 2, 1 << 3, 1 << 4, 1 << 29, 1 << 31]);
+        assert_eq!(KFD_INVALID_FD, u32::MAX);
+    }
 
     #[test]
     fn content_and_fixup_classes() {
