@@ -86,7 +86,10 @@ impl SdmaDevice for DrmSdma {
     }
 
     fn import_dmabuf(&mut self, dmabuf: BorrowedFd<'_>) -> io::Result<GemHandle> {
-        self.node.prime_fd_to_handle(dmabuf).map_err(os)
+        self.node
+            .prime_fd_to_handle(dmabuf)
+            .map(GemHandle)
+            .map_err(os)
     }
 
     unsafe fn userptr(&mut self, addr: NonNull<u8>, size: u64) -> io::Result<GemHandle> {
@@ -95,6 +98,7 @@ impl SdmaDevice for DrmSdma {
             | sys::AMDGPU_GEM_USERPTR_REGISTER;
         self.node
             .gem_userptr(CpuVa(addr.as_ptr() as u64), size, flags)
+            .map(GemHandle)
             .map_err(os)
     }
 
@@ -110,13 +114,20 @@ impl SdmaDevice for DrmSdma {
             flags |= sys::AMDGPU_VM_PAGE_EXECUTABLE;
         }
         self.node
-            .gem_va(handle, sys::AMDGPU_VA_OP_MAP, flags, GpuVa(va), 0, size)
+            .gem_va(
+                handle.get(),
+                sys::AMDGPU_VA_OP_MAP,
+                flags,
+                GpuVa(va),
+                0,
+                size,
+            )
             .map_err(os)
     }
 
     fn va_unmap(&mut self, handle: GemHandle, va: u64, size: u64) -> io::Result<()> {
         self.node
-            .gem_va(handle, sys::AMDGPU_VA_OP_UNMAP, 0, GpuVa(va), 0, size)
+            .gem_va(handle.get(), sys::AMDGPU_VA_OP_UNMAP, 0, GpuVa(va), 0, size)
             .map_err(os)
     }
 
@@ -131,8 +142,8 @@ impl SdmaDevice for DrmSdma {
     fn submit(&mut self, ctx: u32, ib_va: u64, dwords: u32, bos: &[GemHandle]) -> io::Result<u64> {
         let entries: Vec<sys::drm_amdgpu_bo_list_entry> = bos
             .iter()
-            .map(|&bo_handle| sys::drm_amdgpu_bo_list_entry {
-                bo_handle,
+            .map(|&bo| sys::drm_amdgpu_bo_list_entry {
+                bo_handle: bo.get(),
                 bo_priority: 0,
             })
             .collect();
@@ -162,7 +173,7 @@ impl SdmaDevice for DrmSdma {
     }
 
     fn gem_close(&mut self, handle: GemHandle) -> io::Result<()> {
-        self.node.gem_close(handle).map_err(os)
+        self.node.gem_close(handle.get()).map_err(os)
     }
 }
 

@@ -192,8 +192,8 @@ pub fn pick_va_window(lo: u64, hi: u64, busy: &[(u64, u64)], need: u64, align: u
     (cand.checked_add(need)? <= hi).then_some(cand)
 }
 
-/// A GEM handle on the render node.
-pub type GemHandle = u32;
+/// A GEM handle on the render node (the ABI crate's newtype).
+pub use kfd_abi::ids::GemHandle;
 
 /// The DRM/amdgpu operations the SDMA path needs, in the shape of the ABI
 /// crate's `RenderNode` methods.  Every method keeps errno.
@@ -934,7 +934,7 @@ mod tests {
                 .get(&fd.as_raw_fd())
                 .cloned()
                 .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))?;
-            let h = self.next;
+            let h = GemHandle(self.next);
             self.next += 1;
             self.objects.insert(h, Obj::Dmabuf(mem));
             self.log(format!("import {h}"));
@@ -945,7 +945,7 @@ mod tests {
             {
                 return Err(io::Error::from_raw_os_error(libc::EINVAL));
             }
-            let h = self.next;
+            let h = GemHandle(self.next);
             self.next += 1;
             self.objects.insert(h, Obj::User(addr, size));
             self.log(format!("userptr {h}"));
