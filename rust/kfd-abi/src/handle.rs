@@ -622,7 +622,13 @@ impl<F: AsFd> RenderNode<F> {
     }
 
     /// Wraps `size` bytes of this process' memory at `addr` in a GEM BO.
-    pub fn gem_userptr(&self, addr: CpuVa, size: u64, flags: u32) -> Result<u32> {
+    ///
+    /// # Safety
+    /// Once the BO is mapped in a GPU VM, the GPU reads and writes `[addr, addr + size)`
+    /// behind the compiler's back. The caller must keep that range mapped, and not rely on
+    /// its contents through Rust references, until the handle is closed (GEM_CLOSE) or the
+    /// render node file is closed.
+    pub unsafe fn gem_userptr(&self, addr: CpuVa, size: u64, flags: u32) -> Result<u32> {
         let mut a = sys::drm_amdgpu_gem_userptr {
             addr: addr.0,
             size,
@@ -925,7 +931,9 @@ mod tests {
             r.cs_submit(1, 0, &[]).unwrap_err(),
             r.wait_cs(1, 0, 0, 0, 1, 0).unwrap_err(),
             r.prime_handle_to_fd(1, 0).unwrap_err(),
-            r.gem_userptr(CpuVa(0x1000), 4096, 0).unwrap_err(),
+            // SAFETY: /dev/null rejects the ioctl (ENOTTY): no BO is created, so nothing
+            // can ever access the (unmapped) address.
+            unsafe { r.gem_userptr(CpuVa(0x1000), 4096, 0) }.unwrap_err(),
             r.gem_va(1, sys::AMDGPU_VA_OP_MAP, 0, GpuVa(0x10_0000), 0, 4096)
                 .unwrap_err(),
         ];

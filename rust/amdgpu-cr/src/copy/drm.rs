@@ -96,10 +96,15 @@ impl SdmaDevice for DrmSdma {
         let flags = sys::AMDGPU_GEM_USERPTR_ANONONLY
             | sys::AMDGPU_GEM_USERPTR_VALIDATE
             | sys::AMDGPU_GEM_USERPTR_REGISTER;
-        self.node
-            .gem_userptr(CpuVa(addr.as_ptr() as u64), size, flags)
-            .map(GemHandle)
-            .map_err(os)
+        // SAFETY: this function's own contract (SdmaDevice::userptr) is gem_userptr's: the
+        // caller keeps `[addr, addr + size)` mapped and reserved for the GPU until it
+        // closes the handle.
+        unsafe {
+            self.node
+                .gem_userptr(CpuVa(addr.as_ptr() as u64), size, flags)
+        }
+        .map(GemHandle)
+        .map_err(os)
     }
 
     fn va_map(
