@@ -226,19 +226,57 @@ impl<F: AsFd> Kfd<F> {
         self.io(AMDKFD_IOC_ACQUIRE_VM, &mut a).map(drop)
     }
 
-    /// Allocates a BO at `va`. `mmap_offset_in` is the CPU address for USERPTR BOs, else 0.
+    /// Allocates a BO at `va`. A USERPTR BO, whose pages are process memory, is refused
+    /// with EINVAL before any ioctl: [`Kfd::alloc_userptr_memory_of_gpu`] makes those.
     pub fn alloc_memory_of_gpu(
         &self,
         gpu: GpuId,
         va: GpuVa,
         size: u64,
         flags: u32,
-        mmap_offset_in: u64,
+    ) -> Result<(BoHandle, MmapOffset)> {
+        if flags & sys::KFD_IOC_ALLOC_MEM_FLAGS_USERPTR != 0 {
+            return Err(Error::new("AMDKFD_IOC_ALLOC_MEMORY_OF_GPU", libc::EINVAL));
+        }
+        self.alloc(gpu, va, size, flags, 0)
+    }
+
+    /// Allocates a USERPTR BO at `va` over `size` bytes of this process' memory at `addr`
+    /// (the USERPTR flag is added to `flags`).
+    ///
+    /// # Safety
+    /// Once the BO is mapped in a GPU VM, the GPU reads and writes `[addr, addr + size)`
+    /// behind the compiler's back. The caller must keep that range mapped, and not rely on
+    /// its contents through Rust references, until the BO is freed or /dev/kfd is closed.
+    pub unsafe fn alloc_userptr_memory_of_gpu(
+        &self,
+        gpu: GpuId,
+        va: GpuVa,
+        size: u64,
+        flags: u32,
+        addr: CpuVa,
+    ) -> Result<(BoHandle, MmapOffset)> {
+        self.alloc(
+            gpu,
+            va,
+            size,
+            flags | sys::KFD_IOC_ALLOC_MEM_FLAGS_USERPTR,
+            addr.0,
+        )
+    }
+
+    fn alloc(
+        &self,
+        gpu: GpuId,
+        va: GpuVa,
+        size: u64,
+        flags: u32,
+        mmap_offset: u64,
     ) -> Result<(BoHandle, MmapOffset)> {
         let mut a = sys::kfd_ioctl_alloc_memory_of_gpu_args {
             va_addr: va.0,
             size,
-            mmap_offset: mmap_offset_in,
+            mmap_offset,
             gpu_id: gpu.0,
             flags,
             ..Default::default()
@@ -912,6 +950,21 @@ mod tests {
         );
         let e = kfd.criu_process_info().unwrap_err();
         assert_eq!(e.ioctl, "AMDKFD_IOC_CRIU_OP(PROCESS_INFO)");
+        // The safe allocation refuses USERPTR itself (EINVAL, not /dev/null's ENOTTY);
+        // the unsafe one reaches the ioctl.
+        let (gpu, va) = (GpuId(1), GpuVa(0x10_0000));
+        let user = sys::KFD_IOC_ALLOC_MEM_FLAGS_USERPTR;
+        let e = kfd.alloc_memory_of_gpu(gpu, va, 4096, user).unwrap_err();
+        assert_eq!(
+            (e.ioctl, e.errno()),
+            ("AMDKFD_IOC_ALLOC_MEMORY_OF_GPU", libc::EINVAL)
+        );
+        let e = kfd.alloc_memory_of_gpu(gpu, va, 4096, 0).unwrap_err();
+        assert_eq!(e.errno(), libc::ENOTTY);
+        // SAFETY: /dev/null rejects the ioctl (ENOTTY): no BO is created, so nothing can
+        // ever access the (unmapped) address.
+        let r = unsafe { kfd.alloc_userptr_memory_of_gpu(gpu, va, 4096, 0, CpuVa(0x1000)) };
+        assert_eq!(r.unwrap_err().errno(), libc::ENOTTY);
         let r = RenderNode::from_fd(null.as_fd());
         assert_eq!(r.drm_version().unwrap_err().ioctl, "DRM_IOCTL_VERSION");
         assert!(!e.is_eintr());

@@ -489,7 +489,7 @@ fn alloc_raw(kfd: &Kfd, gpu: &Gpu, size: u64, flags: u32, map: CpuMap) -> Result
     };
     let (alloc_step, mmap_step) = map.steps();
     let (handle, offset) = kfd
-        .alloc_memory_of_gpu(gpu_id, va, size, flags, 0)
+        .alloc_memory_of_gpu(gpu_id, va, size, flags)
         .map_err(|e| bo_err(alloc_step, e))?;
     let (fd, cpu_offset) = match map {
         CpuMap::Render => (gpu.render.as_fd(), offset),
