@@ -315,8 +315,17 @@ impl<F: AsFd> Kfd<F> {
         Ok(a.n_success)
     }
 
-    /// Creates a queue; KFD fills `queue_id` and `doorbell_offset` in `args`.
-    pub fn create_queue(&self, args: &mut sys::kfd_ioctl_create_queue_args) -> Result<QueueId> {
+    /// Creates a user-mode queue; KFD fills the queue id and doorbell offset in `args`.
+    ///
+    /// # Safety
+    /// From this call on, the GPU reads the ring at `ring_base_address` and reads and writes
+    /// the pointers at `read_pointer_address`, `write_pointer_address` (and the EOP and
+    /// context save areas when given) behind the compiler's back. The caller must keep that
+    /// memory mapped and reserved for the queue until `destroy_queue` or /dev/kfd is closed.
+    pub unsafe fn create_queue(
+        &self,
+        args: &mut sys::kfd_ioctl_create_queue_args,
+    ) -> Result<QueueId> {
         self.io(AMDKFD_IOC_CREATE_QUEUE, args)?;
         Ok(QueueId(args.queue_id))
     }
@@ -753,7 +762,11 @@ impl<F: AsFd> RenderNode<F> {
 
     /// Submits `chunks` (whose `chunk_data` point at live chunk payloads) on `ctx_id`;
     /// returns the submission's sequence number for [`wait_cs`](Self::wait_cs).
-    pub fn cs_submit(
+    ///
+    /// # Safety
+    /// The kernel reads each chunk's `chunk_data` as a pointer to `length_dw` dwords of
+    /// this process' memory: every chunk must point at such memory, valid for the call.
+    pub unsafe fn cs_submit(
         &self,
         ctx_id: u32,
         bo_list_handle: u32,
@@ -981,7 +994,8 @@ mod tests {
             r.ctx_free(1).unwrap_err(),
             r.bo_list_create(&[]).unwrap_err(),
             r.bo_list_destroy(1).unwrap_err(),
-            r.cs_submit(1, 0, &[]).unwrap_err(),
+            // SAFETY: no chunks, so no chunk pointer for the kernel to read.
+            unsafe { r.cs_submit(1, 0, &[]) }.unwrap_err(),
             r.wait_cs(1, 0, 0, 0, 1, 0).unwrap_err(),
             r.prime_handle_to_fd(1, 0).unwrap_err(),
             // SAFETY: /dev/null rejects the ioctl (ENOTTY): no BO is created, so nothing

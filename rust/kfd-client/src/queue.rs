@@ -111,9 +111,12 @@ impl<'c> SdmaQueue<'c> {
             queue_priority: 7,
             ..Default::default()
         };
-        let id = client
-            .kfd()
-            .create_queue(&mut args)
+        // SAFETY: the ring and the pointers lie in `ring` and `ptrs`, GTT BOs that KFD
+        // allocated (not USERPTR: the GPU touches only their pages, never other process
+        // memory), mapped at those VAs and owned by the queue; the failure path below,
+        // `destroy` and `Drop` (which runs before the fields drop) destroy the queue
+        // before the BOs are freed.
+        let id = unsafe { client.kfd().create_queue(&mut args) }
             .map_err(|e| ioctl_err("AMDKFD_IOC_CREATE_QUEUE", e))?;
         // From here the queue exists: a failure must destroy it. The GPU's first queue
         // allocates the doorbell BO, after CREATE_QUEUE as in the thunk, because the offset

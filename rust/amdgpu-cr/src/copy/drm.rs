@@ -164,7 +164,9 @@ impl SdmaDevice for DrmSdma {
             length_dw: (std::mem::size_of_val(&ib) / 4) as u32,
             chunk_data: &ib as *const _ as u64,
         };
-        let seq = self.node.cs_submit(ctx, list, &[chunk]).map_err(os);
+        // SAFETY: the one chunk points at `ib`, a local that outlives the call and holds
+        // exactly `length_dw` dwords.
+        let seq = unsafe { self.node.cs_submit(ctx, list, &[chunk]) }.map_err(os);
         let destroyed = self.node.bo_list_destroy(list).map_err(os);
         let seq = seq?;
         destroyed?;
