@@ -178,23 +178,36 @@ impl SharedMem {
         if self.size == 0 {
             return Ok(false);
         }
+        if path.exists() {
+            return Ok(false);
+        }
+        // Built under a name of this task's own and linked into place whole:
+        // the other restored processes of a tree recreate the same file at
+        // the same time, and one that found it half made (size 0) would
+        // fail CRIU's size check of the restored mapping.
         let mode = mode_or_default(self.mode);
-        let mut f = match std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .open(path)
-        {
-            Ok(f) => f,
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(false),
-            Err(e) => return Err(e),
-        };
-        // The restorer's umask is not the one the file was created under.
-        f.set_permissions(std::fs::Permissions::from_mode(mode))?;
-        f.set_len(self.size)?;
-        let n = self.size.min(4) as usize;
-        f.write_all(&self.magic.to_le_bytes()[..n])?;
-        Ok(true)
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(format!(".criu-rocm-{}", std::process::id()));
+        let tmp = std::path::PathBuf::from(tmp);
+        let made = (|| {
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(mode)
+                .open(&tmp)?;
+            // The restorer's umask is not the one the file was created under.
+            f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+            f.set_len(self.size)?;
+            let n = self.size.min(4) as usize;
+            f.write_all(&self.magic.to_le_bytes()[..n])?;
+            match std::fs::hard_link(&tmp, path) {
+                Ok(()) => Ok(true),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
+                Err(e) => Err(e),
+            }
+        })();
+        let _ = std::fs::remove_file(&tmp);
+        made
     }
 }
 
