@@ -86,8 +86,9 @@ fn settled(state: u32) -> bool {
     matches!(state, RESUMED | FAILED | REFUSED | LOST | RESUME_FAILED)
 }
 
-/// Bytes of a failed job's error kept on the board for criu main.
-const WHY_LEN: usize = 240;
+/// Bytes of a failed job's error kept on the board for criu main (more
+/// than a gate verdict carries: criu main logs it whole).
+const WHY_LEN: usize = 512;
 
 /// The gate's records, as `criu/include/gpu-gate.h` lays them out: the
 /// writer's verdict (`struct gpu_gate_verdict`: magic, status (0 or a
@@ -1061,8 +1062,11 @@ fn serve(mailbox: Mailbox, policy: EnginePolicy, staging_cap: Option<u64>) -> i3
                 Err(e) => {
                     log::error!("{e}");
                     let why = e.to_string();
-                    let _ = send_record(chan.as_fd(), &gate::verdict(e.errno() as u32, &why));
+                    // FAILED before the verdict goes out, as WRITTEN above:
+                    // the task fails at once and criu main, aborting, must
+                    // find the reason in the slot, not a job still taken.
                     slot.fail(FAILED, &why);
+                    let _ = send_record(chan.as_fd(), &gate::verdict(e.errno() as u32, &why));
                 }
             }
             mailbox.bump();
@@ -1084,8 +1088,8 @@ fn serve(mailbox: Mailbox, policy: EnginePolicy, staging_cap: Option<u64>) -> i3
                     s.state.store(TAKEN, Ordering::Release);
                     if let Err(std::sync::mpsc::SendError(t)) = tx.send(t) {
                         let why = "the GPU memory writer's copy thread is gone";
-                        let _ = send_record(t.chan.as_fd(), &gate::verdict(libc::EIO as u32, why));
                         s.fail(FAILED, why);
+                        let _ = send_record(t.chan.as_fd(), &gate::verdict(libc::EIO as u32, why));
                     }
                 }
                 Err(e) => {
@@ -1225,7 +1229,7 @@ mod tests {
         m.board().slots[slot].state.store(TAKEN, Ordering::Release);
         m.bump();
         waiter.join().unwrap().unwrap();
-        m.board().slots[slot].fail(REFUSED, &"x".repeat(300));
+        m.board().slots[slot].fail(REFUSED, &"x".repeat(WHY_LEN + 60));
         assert_eq!(
             m.board().slots[slot].why().len(),
             WHY_LEN,
