@@ -254,31 +254,6 @@ dump_side() {
 	rocr_dump
 }
 
-# Stops the restored workloads (NAME PID OUT, for each) with SIGTERM, upon which each
-# verifies once more and exits, and writes each exit status to its OUT. --restore-sibling
-# made the workloads children of the restore driver, but bash neither waits for a child it
-# did not start nor keeps the status of one it reaps, so this runs in Python exec'ed in
-# bash's place (same process, same children), before the workloads can exit.
-read -r -d '' STOP_AND_REAP <<'EOF' || true
-import os, signal, sys, time
-args = sys.argv[1:]
-for name, pid, out in zip(args[0::3], map(int, args[1::3]), args[2::3]):
-    try:
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 60
-        while (r := os.waitpid(pid, os.WNOHANG))[0] == 0:
-            if time.monotonic() > deadline:
-                os.kill(pid, signal.SIGKILL)
-                sys.exit(f"demo: FAIL: {name} (pid {pid}) still runs 60 s after SIGTERM")
-            time.sleep(0.05)
-    except ProcessLookupError:
-        sys.exit(f"demo: FAIL: the restored {name} (pid {pid}) ended before SIGTERM")
-    except ChildProcessError:
-        sys.exit(f"demo: FAIL: the restored {name} (pid {pid}) is not a child of the restore driver")
-    with open(out, "w") as f:
-        f.write(f"{os.waitstatus_to_exitcode(r[1])}\n")
-EOF
-
 # rocr-workload on the restore host: restore it, then check that its uploads are still in
 # flight, that its copy loops went on, and that the uploads complete once it opens the gate.
 rocr_restore() {
@@ -361,8 +336,9 @@ restore_side() {
 	note "verified after the restore: counters at $(json_counters "$after")"
 	rocr_verify
 	sleep 1
-	exec /usr/bin/python3 -c "$STOP_AND_REAP" gpu-workload "$pid" "$demo/exit-status" \
-		rocr-workload "$rpid" "$demo/rocr-exit-status"
+	# Both are children of this restore driver (--restore-sibling): SIGTERM, exit statuses.
+	exec /usr/bin/python3 "$top/scripts/lib/stop_and_reap.py" --prefix "demo: FAIL: " 60 \
+		gpu-workload "$pid" "$demo/exit-status" rocr-workload "$rpid" "$demo/rocr-exit-status"
 }
 
 # The pid namespace: the dump host, then the restore host. Their drivers say what failed.

@@ -2,8 +2,8 @@
 # The case-runner framework shared by the shell test suites (test/gpu/run.sh,
 # test/sdma/run.sh, test/rpc/run.sh, test/containers/run.sh, test/rocm/cr.sh): how a case
 # reports, how it runs a step on an emulated host, and the entry points a suite script is
-# run again with. Sourced, not run; bash only. Running the cases and printing their results
-# stays in each suite (each has its own output format, which CI and the README read).
+# run again with, and running one case and printing its result (cases_run_one). Sourced,
+# not run; bash only.
 #
 # Sourcing it sets `self` (the script's own path, run again by `on` and the entry points)
 # and `here` (its directory), and sources scripts/lib/workload.sh (alive, wait_gone, ...).
@@ -59,6 +59,103 @@ on() {
 		[ -s "$CASE_DIR/reason" ] || fail "kfd-emu run --profile ${opts[*]} -- $1: exit status $rc (see $CASE_DIR/kfd-emu.log)"
 		exit 1
 	fi
+}
+
+# ---------------------------------------------------------------------------------------
+# Running a case (in the suite's runner, the init of its own pid namespace)
+
+# Whatever a case left running in the namespace (kfd-emu kills its own descendants; this
+# catches the rest after a timeout).
+kill_leftovers() {
+	local d p
+	for d in /proc/[0-9]*; do
+		p=${d#/proc/}
+		[ "$p" = 1 ] || [ "$p" = $$ ] && continue
+		kill -KILL "$p" 2>/dev/null
+	done
+	wait 2>/dev/null
+}
+
+# cases_run_one NAME: runs case_NAME as `$self __case NAME` in its own directory
+# $WORK/NAME (also its working directory), under `timeout $CASE_TIMEOUT`, kills what it
+# left, and prints one of
+#   PASS  NAME (SECS)                 and the case's notes under it
+#   SKIP  NAME: WHY                   the case called skip
+#   XFAIL NAME (SECS): known bug: BUG it called known_bug and failed as that bug fails
+#   XPASS NAME (SECS): ...            it called known_bug and passed (counted as passed)
+#   FAIL  NAME (SECS): REASON         and where its logs are
+# counting them in PASSED (PASS, XFAIL, XPASS), SKIPPED and FAILED (cases_init sets them
+# to 0); XFAIL names go to XFAILS.
+cases_run_one() {
+	local name=$1 t0 rc secs reason bug bug_re status
+	CASE_DIR=$WORK/$name
+	rm -rf "$CASE_DIR"
+	mkdir -p "$CASE_DIR"
+	export CASE_DIR
+	t0=${EPOCHREALTIME/./}
+	(cd "$CASE_DIR" && timeout -k 10 "$CASE_TIMEOUT" "$self" __case "$name") >"$CASE_DIR/case.out" 2>&1
+	rc=$?
+	kill_leftovers
+	secs=$(((${EPOCHREALTIME/./} - t0) / 100000))
+	secs="$((secs / 10)).$((secs % 10)) s"
+	reason=$(cat "$CASE_DIR/reason" 2>/dev/null)
+	[ "$rc" = 124 ] || [ "$rc" = 137 ] && reason="timed out after ${CASE_TIMEOUT} s${reason:+; $reason}"
+	[ "$rc" != 0 ] && [ -z "$reason" ] && reason="exit status $rc (see $CASE_DIR/case.out)"
+	bug=$(sed -n 1p "$CASE_DIR/known-bug" 2>/dev/null)
+	bug_re=$(sed -n 2p "$CASE_DIR/known-bug" 2>/dev/null)
+	if [ "$rc" = 0 ] && [ -f "$CASE_DIR/skip" ]; then
+		status=SKIP
+	elif [ "$rc" = 0 ] && [ -z "$bug" ]; then
+		status=PASS
+	elif [ "$rc" = 0 ]; then
+		status=XPASS
+	elif [ -n "$bug" ] && grep -qE -- "$bug_re" <<<"$reason"; then
+		status=XFAIL
+	else
+		status=FAIL
+	fi
+	case $status in
+	PASS)
+		PASSED=$((PASSED + 1))
+		echo "PASS  $name ($secs)"
+		sed 's/^/      /' "$CASE_DIR/notes" 2>/dev/null
+		;;
+	SKIP)
+		SKIPPED=$((SKIPPED + 1))
+		echo "SKIP  $name: $(head -n 1 "$CASE_DIR/skip")"
+		;;
+	XFAIL)
+		PASSED=$((PASSED + 1))
+		XFAILS+=("$name")
+		echo "XFAIL $name ($secs): known bug: $bug"
+		echo "      fails as expected: $(cut -c1-400 <<<"$reason" | head -n 1)"
+		;;
+	XPASS)
+		PASSED=$((PASSED + 1))
+		echo "XPASS $name ($secs): passed although marked for ${bug%%:*}; once that is fixed, drop the mark"
+		;;
+	FAIL)
+		FAILED=$((FAILED + 1))
+		echo "FAIL  $name ($secs): $reason"
+		[ -n "$bug" ] && echo "      marked as failing for ${bug%%:*}, but it failed otherwise"
+		echo "      logs: $CASE_DIR"
+		;;
+	esac
+	return 0
+}
+
+# cases_init: no case run yet.
+cases_init() { PASSED=0 FAILED=0 SKIPPED=0 XFAILS=(); }
+
+# cases_summary: the last line of a suite, "N passed, M failed" (", K skipped" when K > 0);
+# its status is non-zero when a case failed.
+cases_summary() {
+	if [ "$SKIPPED" != 0 ]; then
+		echo "$PASSED passed, $FAILED failed, $SKIPPED skipped"
+	else
+		echo "$PASSED passed, $FAILED failed"
+	fi
+	[ "$FAILED" = 0 ]
 }
 
 # ---------------------------------------------------------------------------------------

@@ -62,3 +62,14 @@ json_list() {
 	local l=${1%%,\"errors\":*}
 	[[ $l =~ \"$2\":\[([0-9,]*)\] ]] && echo "${BASH_REMATCH[1]//,/ }"
 }
+
+# log_errors LOG [N]: the last N (4) error lines of a CRIU log, without their timestamps,
+# joined by '|' (CRIU's RLIMIT_NOFILE complaint, logged on every run here, left out).
+log_errors() {
+	[ -f "$1" ] || return 0
+	grep -a -E 'Error|amdgpu:' "$1" | grep -v 'RLIMIT_NOFILE' | grep -a -E 'Error|rror|fail|FAIL' |
+		tail -n "${2:-4}" | sed 's/^([0-9. ]*) *//' | cut -c1-300 | paste -sd'|'
+}
+
+# The hashes of the image files of directory $1 (to show a step left them unchanged).
+img_sums() { (cd "$1" && sha256sum -- *.img); }

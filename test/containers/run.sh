@@ -46,13 +46,6 @@ ROCR_CMD="exec /bin/rocr-workload --mib 4 </dev/null >/tmp/wl.out 2>/tmp/wl.err"
 # ---------------------------------------------------------------------------------------
 # Logs
 
-# criu's error lines of a log (its RLIMIT_NOFILE complaint, logged on every run, left out).
-log_errors() {
-	[ -f "$1" ] || return 0
-	grep -a -E 'Error|amdgpu:' "$1" | grep -v 'RLIMIT_NOFILE' | grep -a -E 'Error|rror|fail|FAIL' |
-		tail -n 4 | sed 's/^([0-9. ]*) *//' | cut -c1-300 | paste -sd'|'
-}
-
 # ---------------------------------------------------------------------------------------
 # The container
 

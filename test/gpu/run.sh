@@ -31,6 +31,9 @@ top=$(cd "$(dirname "$(realpath "$0")")/../.." && pwd)
 # fail, note, skip, known_bug, on, cases_dispatch; alive, wait_gone, ... (workload.sh)
 # shellcheck source=SCRIPTDIR/../../scripts/lib/cases.sh
 . "$top/scripts/lib/cases.sh"
+# wl_start, wl_verify, wl_finish, ...
+# shellcheck source=SCRIPTDIR/../../scripts/lib/gpu-workload.sh
+. "$top/scripts/lib/gpu-workload.sh"
 
 # ---------------------------------------------------------------------------------------
 # Emulated hosts (`on PROFILE [--profile-file F] [--fail SPEC]... -- FUNCTION [ARG...]`, from
@@ -66,82 +69,6 @@ no_leftovers() {
 	fail "$1: processes left behind: $(echo "$l" | paste -sd';')"
 }
 
-# wl_start NAME [gpu-workload ARG...]: starts gpu-workload in its own session (so CRIU
-# dumps it without --shell-job), output in $CASE_DIR/NAME.out; waits for its ready line.
-# Sets WL (its pid) and WL_OUT.
-wl_start() {
-	local name=$1 i
-	shift
-	WL_OUT=$CASE_DIR/$name.out
-	setsid "$WORKLOAD" "$@" </dev/null >"$WL_OUT" 2>"$CASE_DIR/$name.err" &
-	WL=$!
-	for ((i = 0; i < 1200; i++)); do
-		grep -q "^{\"ready\":true,\"pid\":$WL," "$WL_OUT" && break
-		alive "$WL" || break
-		sleep 0.05
-	done
-	grep -q "^{\"ready\":true,\"pid\":$WL," "$WL_OUT" ||
-		fail "gpu-workload $* did not get ready: $(tail -n 3 "$CASE_DIR/$name.err" | paste -sd' ')"
-	echo "$WL" >"$CASE_DIR/$name.pid"
-}
-
-# The pids of gpu-workload's children (--procs), from its ready line.
-wl_children() {
-	local l
-	l=$(grep -m1 "^{\"ready\":true,\"pid\":$1," "$WL_OUT")
-	[[ $l =~ \"children\":\[([0-9,]*)\] ]] && echo "${BASH_REMATCH[1]//,/ }"
-}
-
-# Verification lines of pid $1 so far.
-ok_count() { grep -c "^{\"ok\":[a-z]*,\"pid\":$1," "$WL_OUT"; }
-
-# Prints the $2-th verification line of pid $1, waiting up to $3 seconds for it.
-wl_line() {
-	local pid=$1 n=$2 secs=${3:-60} i
-	for ((i = 0; i < secs * 20; i++)); do
-		if [ "$(ok_count "$pid")" -ge "$n" ]; then
-			grep "^{\"ok\":[a-z]*,\"pid\":$pid," "$WL_OUT" | sed -n "${n}p"
-			return 0
-		fi
-		alive "$pid" || break
-		sleep 0.05
-	done
-	[ "$(ok_count "$pid")" -ge "$n" ] && {
-		grep "^{\"ok\":[a-z]*,\"pid\":$pid," "$WL_OUT" | sed -n "${n}p"
-		return 0
-	}
-	return 1
-}
-
-# wl_verify PID [MORE_PIDS...]: SIGUSR1 to PID (gpu-workload passes it on to its children);
-# waits for a new verification line from PID and each of MORE_PIDS; prints them, one per
-# line, in that order, and requires each to say ok.
-wl_verify() {
-	local p n=() line i=0
-	for p in "$@"; do n+=($(($(ok_count "$p") + 1))); done
-	kill -USR1 "$1" 2>/dev/null || fail "gpu-workload $1 is gone (SIGUSR1 failed)"
-	for p in "$@"; do
-		line=$(wl_line "$p" "${n[i]}" 60) || fail "gpu-workload $p gave no verification line after SIGUSR1" \
-			"($(alive "$p" && echo running || echo gone))"
-		json_ok "$line" || fail "gpu-workload $p: verification failed: $line"
-		echo "$line"
-		i=$((i + 1))
-	done
-}
-
-# wl_finish PID [MORE_PIDS...]: SIGTERM; every process' last verification must say ok and
-# the processes must end.
-wl_finish() {
-	local p n=() line i=0
-	for p in "$@"; do n+=($(($(ok_count "$p") + 1))); done
-	kill -TERM "$1" 2>/dev/null || fail "gpu-workload $1 is gone (SIGTERM failed)"
-	for p in "$@"; do
-		line=$(wl_line "$p" "${n[i]}" 90) || fail "gpu-workload $p gave no final verification line"
-		json_ok "$line" || fail "gpu-workload $p: final verification failed: $line"
-		i=$((i + 1))
-	done
-	for p in "$@"; do wait_gone "$p" || fail "gpu-workload $p still runs after its final verification"; done
-}
 
 
 # counters_cmp OLD NEW ge|gt: every SDMA counter of line NEW >= (or >) the one of OLD.
@@ -170,14 +97,6 @@ running_on() {
 
 # ---------------------------------------------------------------------------------------
 # criu-rocm (inside a host)
-
-# Error and GPU lines of a CRIU log, for reasons (CRIU's own rlimit complaint, which every
-# run on these machines logs, left out).
-log_errors() {
-	[ -f "$1" ] || return 0
-	grep -a -E 'Error|amdgpu:' "$1" | grep -v 'RLIMIT_NOFILE' | grep -a -E 'Error|rror|fail|FAIL' |
-		tail -n "${2:-4}" | sed 's/^([0-9. ]*) *//' | paste -sd'|'
-}
 
 # dump PID DIR [criu ARG...]: log DIR/dump.log unless -o is given.
 dump() {
@@ -276,8 +195,6 @@ restore_fails() {
 		"$(diff <(echo "$before") <(echo "$after") | grep '^[<>]' | head -n 2 | paste -sd' ')"
 }
 
-# Checksums of the image files of a directory (logs and stats are not images).
-img_sums() { (cd "$1" && sha256sum -- *.img); }
 
 # The log must hold an error line matching each extended regex given.
 log_has() {
@@ -1750,67 +1667,6 @@ ordered_cases() {
 	grep -o '^case_[a-z0-9_]*()' "$self" | sed 's/^case_//; s/()$//'
 }
 
-run_one() {
-	local name=$1 t0 rc status reason bug bug_re
-	CASE_DIR=$WORK/$name
-	rm -rf "$CASE_DIR"
-	mkdir -p "$CASE_DIR"
-	export CASE_DIR
-	t0=${EPOCHREALTIME/./}
-	timeout -k 10 "$CASE_TIMEOUT" "$self" __case "$name" >"$CASE_DIR/case.out" 2>&1
-	rc=$?
-	kill_leftovers
-	local secs
-	secs=$(((${EPOCHREALTIME/./} - t0) / 1000))
-	secs=$(printf '%d.%d s' $((secs / 1000)) $((secs % 1000 / 100)))
-	reason=$(cat "$CASE_DIR/reason" 2>/dev/null)
-	[ "$rc" = 124 ] || [ "$rc" = 137 ] && reason="timed out after ${CASE_TIMEOUT} s${reason:+; $reason}"
-	[ "$rc" != 0 ] && [ -z "$reason" ] && reason="exit status $rc (see $CASE_DIR/case.out)"
-	bug=$(sed -n 1p "$CASE_DIR/known-bug" 2>/dev/null)
-	bug_re=$(sed -n 2p "$CASE_DIR/known-bug" 2>/dev/null)
-	if [ "$rc" = 0 ] && [ -z "$bug" ]; then
-		status=PASS
-		PASSED=$((PASSED + 1))
-	elif [ "$rc" = 0 ]; then
-		status=XPASS
-		PASSED=$((PASSED + 1))
-	elif [ "$rc" != 0 ] && [ -n "$bug" ] && grep -qE -- "$bug_re" <<<"$reason"; then
-		status=XFAIL
-		PASSED=$((PASSED + 1))
-		XFAILS+=("$name")
-	else
-		status=FAIL
-		FAILED=$((FAILED + 1))
-	fi
-	case $status in
-	PASS) echo "PASS  $name ($secs)" ;;
-	XFAIL)
-		echo "XFAIL $name ($secs): known bug: $bug"
-		echo "      fails as expected: $(cut -c1-400 <<<"$reason" | head -n 1)"
-		;;
-	XPASS) echo "XPASS $name ($secs): passed although marked for ${bug%%:*}; once that is fixed, drop the mark" ;;
-	FAIL)
-		echo "FAIL  $name ($secs): $reason"
-		[ -n "$bug" ] && echo "      marked as failing for ${bug%%:*}, but it failed otherwise"
-		echo "      logs: $CASE_DIR"
-		;;
-	esac
-	[ -f "$CASE_DIR/notes" ] && [ "$status" = PASS ] && sed 's/^/      /' "$CASE_DIR/notes"
-	return 0
-}
-
-# Whatever a case left running in the namespace (kfd-emu kills its own descendants; this
-# catches the rest after a timeout).
-kill_leftovers() {
-	local d p
-	for d in /proc/[0-9]*; do
-		p=${d#/proc/}
-		[ "$p" = 1 ] || [ "$p" = $$ ] && continue
-		kill -KILL "$p" 2>/dev/null
-	done
-	wait 2>/dev/null
-}
-
 preflight() {
 	local c
 	[ "$(id -u)" = 0 ] || { echo "test/gpu/run.sh: needs root (kfd-emu mounts FUSE nodes, CRIU needs CAP_SYS_ADMIN)" >&2; exit 2; }
@@ -1836,7 +1692,7 @@ upstream_proto() {
 
 main() {
 	local name t0 wanted=("$@") known=()
-	PASSED=0 FAILED=0 XFAILS=()
+	cases_init
 	trap 'exit 130' INT TERM HUP
 	mapfile -t known < <(ordered_cases)
 	if [ ${#wanted[@]} = 0 ]; then wanted=("${known[@]}"); fi
@@ -1849,11 +1705,10 @@ main() {
 	export WORK UPSTREAM_PROTO=$WORK/upstream/criu-amdgpu.proto
 	echo "GPU tests: ${#wanted[@]} case(s), criu-rocm $CRIU, work directory $WORK"
 	t0=${EPOCHREALTIME/./}
-	for name in "${wanted[@]}"; do run_one "$name"; done
+	for name in "${wanted[@]}"; do cases_run_one "$name"; done
 	echo "total $((( ${EPOCHREALTIME/./} - t0) / 1000000)) s${XFAILS[*]:+; expected failures (known bugs): ${XFAILS[*]}}"
 	if [ "$FAILED" = 0 ] && [ "${GPU_TEST_KEEP:-}" != 1 ]; then rm -rf "$WORK"; fi
-	echo "$PASSED passed, $FAILED failed"
-	[ "$FAILED" = 0 ]
+	cases_summary
 }
 
 cases_dispatch "$@"

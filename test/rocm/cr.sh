@@ -96,14 +96,6 @@ t_pid() { T_PID=$(cat "$CASE_DIR/t.pid"); }
 # Processes of the program (a tree has two).
 t_procs() { if grep -q 'and child [0-9]*:' <(out_now); then echo 2; else echo 1; fi; }
 
-# log_errors LOG: CRIU's error lines (its RLIMIT_NOFILE complaint, logged on every run
-# here, left out).
-log_errors() {
-	[ -f "$1" ] || return 0
-	grep -a -E 'Error|amdgpu:' "$1" | grep -v 'RLIMIT_NOFILE' | grep -a -E 'Error|rror|fail|FAIL' |
-		tail -n 4 | sed 's/^([0-9. ]*) *//' | cut -c1-300 | paste -sd'|'
-}
-
 # t_dump N: `criu-rocm dump -t PID` into img-N; the program must be gone afterwards.
 t_dump() {
 	local img=$CASE_DIR/img-$1 t0
@@ -148,32 +140,11 @@ t_round() {
 	[ "$bad" = 0 ] || fail "round $n failed: $(out_reason)"
 }
 
-# Stops the restored program (pid $1, a child of this shell thanks to --restore-sibling)
-# with SIGTERM, upon which it checks once more and ends, and writes its exit status to $2.
-# Bash neither waits for a child it did not start nor keeps the status of one it reaps, so
-# this runs in Python exec'ed in bash's place (same process, same children).
-read -r -d '' STOP_AND_REAP <<'EOF' || true
-import os, signal, sys, time
-pid, out = int(sys.argv[1]), sys.argv[2]
-try:
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + 180
-    while (r := os.waitpid(pid, os.WNOHANG))[0] == 0:
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            sys.exit(f"{pid} still runs 180 s after SIGTERM")
-        time.sleep(0.05)
-except ProcessLookupError:
-    sys.exit(f"{pid} ended before SIGTERM")
-except ChildProcessError:
-    sys.exit(f"{pid} is not a child of the restore driver")
-with open(out, "w") as f:
-    f.write(f"{os.waitstatus_to_exitcode(r[1])}\n")
-EOF
-
-# t_finish: SIGTERM, exit status into $CASE_DIR/exit-status. Ends the host step.
+# t_finish: SIGTERM to the restored program (a child of this shell thanks to
+# --restore-sibling), upon which it checks once more and ends; its exit status into
+# $CASE_DIR/exit-status. Ends the host step.
 t_finish() {
-	exec /usr/bin/python3 -c "$STOP_AND_REAP" "$T_PID" "$CASE_DIR/exit-status"
+	exec /usr/bin/python3 "$top/scripts/lib/stop_and_reap.py" 180 program "$T_PID" "$CASE_DIR/exit-status"
 }
 
 # After the last host step: the program passed, wrote no FAIL and exited with status 0.
@@ -371,46 +342,6 @@ case_rocr_mi300x8() {
 
 ordered_cases() { grep -o '^case_[a-z0-9_]*()' "$self" | sed 's/^case_//; s/()$//'; }
 
-run_one() {
-	local name=$1 t0 rc secs reason
-	CASE_DIR=$WORK/$name
-	rm -rf "$CASE_DIR"
-	mkdir -p "$CASE_DIR"
-	export CASE_DIR
-	t0=${EPOCHREALTIME/./}
-	timeout -k 10 "$CASE_TIMEOUT" "$self" __case "$name" >"$CASE_DIR/case.out" 2>&1
-	rc=$?
-	kill_leftovers
-	secs=$(((${EPOCHREALTIME/./} - t0) / 100000))
-	secs="$((secs / 10)).$((secs % 10)) s"
-	reason=$(cat "$CASE_DIR/reason" 2>/dev/null)
-	[ "$rc" = 124 ] || [ "$rc" = 137 ] && reason="timed out after ${CASE_TIMEOUT} s${reason:+; $reason}"
-	[ "$rc" != 0 ] && [ -z "$reason" ] && reason="exit status $rc (see $CASE_DIR/case.out)"
-	if [ "$rc" = 0 ] && [ -f "$CASE_DIR/skip" ]; then
-		SKIPPED=$((SKIPPED + 1))
-		echo "SKIP  $name: $(cat "$CASE_DIR/skip")"
-	elif [ "$rc" = 0 ]; then
-		PASSED=$((PASSED + 1))
-		echo "PASS  $name ($secs)"
-		sed 's/^/      /' "$CASE_DIR/notes" 2>/dev/null
-	else
-		FAILED=$((FAILED + 1))
-		echo "FAIL  $name ($secs): $reason"
-		echo "      logs: $CASE_DIR"
-	fi
-}
-
-# Whatever a case left running in the namespace.
-kill_leftovers() {
-	local d p
-	for d in /proc/[0-9]*; do
-		p=${d#/proc/}
-		[ "$p" = 1 ] || [ "$p" = $$ ] && continue
-		kill -KILL "$p" 2>/dev/null
-	done
-	wait 2>/dev/null
-}
-
 # Builds the programs in the CRIU tree (zdtm's library first), from this checkout's sources.
 build_tests() {
 	local f log=$WORK/build.log
@@ -445,7 +376,7 @@ preflight() {
 
 main() {
 	local name t0 wanted=("$@") known=()
-	PASSED=0 FAILED=0 SKIPPED=0
+	cases_init
 	trap 'exit 130' INT TERM HUP
 	mapfile -t known < <(ordered_cases)
 	[ ${#wanted[@]} -gt 0 ] || wanted=("${known[@]}")
@@ -458,15 +389,10 @@ main() {
 	echo "ROCm C/R tests: ${#wanted[@]} case(s), criu-rocm $CRIU, libhsakmt $(dpkg-query -W -f='${Version}' libhsakmt1 2>/dev/null)," \
 		"ROCr $(dpkg-query -W -f='${Version}' libhsa-runtime64-1 2>/dev/null); work directory $WORK"
 	t0=${EPOCHREALTIME/./}
-	for name in "${wanted[@]}"; do run_one "$name"; done
+	for name in "${wanted[@]}"; do cases_run_one "$name"; done
 	echo "total $(((${EPOCHREALTIME/./} - t0) / 1000000)) s"
 	if [ "$FAILED" = 0 ] && [ "${ROCM_CR_KEEP:-}" != 1 ]; then rm -rf "$WORK"; fi
-	if [ "$SKIPPED" != 0 ]; then
-		echo "$PASSED passed, $FAILED failed, $SKIPPED skipped"
-	else
-		echo "$PASSED passed, $FAILED failed"
-	fi
-	[ "$FAILED" = 0 ]
+	cases_summary
 }
 
 cases_dispatch "$@"

@@ -32,6 +32,9 @@ top=$(cd "$(dirname "$(realpath "$0")")/../.." && pwd)
 # fail, note, skip, known_bug, on, cases_dispatch; alive, wait_gone, ... (workload.sh)
 # shellcheck source=SCRIPTDIR/../../scripts/lib/cases.sh
 . "$top/scripts/lib/cases.sh"
+# wl_start, wl_verify, wl_finish, ...
+# shellcheck source=SCRIPTDIR/../../scripts/lib/gpu-workload.sh
+. "$top/scripts/lib/gpu-workload.sh"
 
 host_file() { echo "$top/test/gpu/hosts/$1.toml"; }
 
@@ -39,43 +42,6 @@ rpc() { /usr/bin/python3 "$here/rpc.py" "$@"; }
 # A field of a JSON object: jq-less, with Debian's python.
 jget() { /usr/bin/python3 -c 'import json,sys; v=json.loads(sys.argv[1]).get(sys.argv[2]); print(json.dumps(v) if isinstance(v,(list,dict,bool)) or v is None else v)' "$1" "$2"; }
 
-# wl_start NAME [gpu-workload ARG...]: gpu-workload in its own session; sets WL, WL_OUT.
-wl_start() {
-	local name=$1 i
-	shift
-	WL_OUT=$CASE_DIR/$name.out
-	setsid "$WORKLOAD" "$@" </dev/null >"$WL_OUT" 2>"$CASE_DIR/$name.err" &
-	WL=$!
-	for ((i = 0; i < 1200; i++)); do
-		grep -q "^{\"ready\":true,\"pid\":$WL," "$WL_OUT" && break
-		alive "$WL" || break
-		sleep 0.05
-	done
-	grep -q "^{\"ready\":true,\"pid\":$WL," "$WL_OUT" ||
-		fail "gpu-workload $* did not get ready: $(tail -n 3 "$CASE_DIR/$name.err" | paste -sd' ')"
-	echo "$WL" >"$CASE_DIR/$name.pid"
-}
-ok_count() { grep -c "^{\"ok\":[a-z]*,\"pid\":$1," "$WL_OUT"; }
-# wl_check PID SIGNAL: sends SIGNAL (USR1: verify, TERM: verify and end) and requires a new
-# verification line saying ok within 60 s.
-wl_check() {
-	local pid=$1 n i line
-	n=$(($(ok_count "$pid") + 1))
-	kill -"$2" "$pid" 2>/dev/null || fail "gpu-workload $pid is gone (SIG$2 failed)"
-	for ((i = 0; i < 1200; i++)); do
-		[ "$(ok_count "$pid")" -ge "$n" ] && break
-		alive "$pid" || break
-		sleep 0.05
-	done
-	line=$(grep "^{\"ok\":[a-z]*,\"pid\":$pid," "$WL_OUT" | sed -n "${n}p")
-	[ -n "$line" ] || fail "gpu-workload $pid gave no verification line after SIG$2"
-	json_ok "$line" || fail "gpu-workload $pid: verification failed: $line"
-	if [ "$2" = TERM ]; then wait_gone "$pid" || fail "gpu-workload $pid still runs after SIGTERM"; fi
-	echo "$line"
-}
-
-img_sums() { (cd "$1" && sha256sum -- *.img); }
-log_errors() { grep -a -E "Error" "$1" 2>/dev/null | tail -n 3 | sed 's/^([0-9. ]*) *//' | paste -sd'|'; }
 
 # rpc_dump PID DIR [rpc.py ARG...]: DUMP over RPC must succeed and kill PID. Sets OUT.
 rpc_dump() {
@@ -136,12 +102,12 @@ case_dump_restore() { on mi100x2 -- dump_restore; }
 dump_restore() {
 	local img=$CASE_DIR/img v0 v1
 	wl_start wl --mib 4 --bos 3 --events --threads 2
-	v0=$(wl_check "$WL" USR1) || exit 1
+	v0=$(wl_verify "$WL") || exit 1
 	rpc_dump "$WL" "$img"
 	rpc_restore "$img" "$WL"
-	v1=$(wl_check "$WL" USR1) || exit 1
+	v1=$(wl_verify "$WL") || exit 1
 	[ "$(json_num "$v1" bytes)" = "$(json_num "$v0" bytes)" ] || fail "verified $(json_num "$v1" bytes) bytes after the restore, $(json_num "$v0" bytes) before"
-	wl_check "$WL" TERM >/dev/null || exit 1
+	wl_finish "$WL"
 	note "dumped and restored over RPC; $(json_num "$v1" bytes) bytes of GPU memory verified after; notified: $(jget "$OUT" notified)"
 }
 
@@ -154,7 +120,7 @@ case_knobs_in_config_files() {
 }
 dump_for_later() {
 	wl_start wl --mib 4 --bos 2
-	wl_check "$WL" USR1 >/dev/null || exit 1
+	wl_verify "$WL" >/dev/null || exit 1
 	rpc_dump "$WL" "$CASE_DIR/img"
 }
 knobs_in_config_files() {
@@ -203,21 +169,21 @@ knobs_in_config_files_ns() {
 	KFD_VRAM_SIZE_CHECK=1 rpc_restore "$CASE_DIR/img3" "$pid" --config "$CASE_DIR/container.conf"
 	grep -aq "GPU knob KFD_VRAM_SIZE_CHECK=0 (from --gpu-knob, replacing KFD_VRAM_SIZE_CHECK=1 of the environment)" "$CASE_DIR/img3/restore.log" ||
 		fail "restore.log does not say the knob came from --gpu-knob over the environment's"
-	wl_check "$pid" TERM >/dev/null || exit 1
+	wl_finish "$pid"
 
 	# 4. /etc/criu/runc.conf, the config_file runc names when no annotation does.
 	printf 'gpu-knob KFD_VRAM_SIZE_CHECK=0\n' >/etc/criu/runc.conf
 	rewind
 	rpc_restore "$CASE_DIR/img4" "$pid" --config /etc/criu/runc.conf
-	wl_check "$pid" TERM >/dev/null || exit 1
+	wl_finish "$pid"
 	rm /etc/criu/runc.conf
 
 	# 5. /etc/criu/default.conf, which every criu reads, swrk included; no config_file.
 	printf 'gpu-knob KFD_VRAM_SIZE_CHECK=0\n' >/etc/criu/default.conf
 	rewind
 	rpc_restore "$CASE_DIR/img5" "$pid"
-	wl_check "$pid" USR1 >/dev/null || exit 1
-	wl_check "$pid" TERM >/dev/null || exit 1
+	wl_verify "$pid" >/dev/null || exit 1
+	wl_finish "$pid"
 	rm /etc/criu/default.conf
 	note "restored with gpu-knob KFD_VRAM_SIZE_CHECK=0 from config_file (over the environment's 1), /etc/criu/runc.conf, /etc/criu/default.conf"
 }
@@ -235,14 +201,14 @@ dump_knob_config_file() {
 	msg=$(jget "$OUT" cr_errmsg)
 	{ grep -qF -- "--gpu-knob KFD_MAX_BUFFER_SIZE=5000" <<<"$msg" && grep -q "page size" <<<"$msg"; } ||
 		fail "a bad KFD_MAX_BUFFER_SIZE in config_file: cr_errmsg does not say what is wrong: $OUT"
-	wl_check "$WL" USR1 >/dev/null || exit 1
+	wl_verify "$WL" >/dev/null || exit 1
 	printf 'gpu-knob KFD_MAX_BUFFER_SIZE=64K\ngpu-knob CRIU_ROCM_COPY_ENGINE=cpu\n' >"$CASE_DIR/good.conf"
 	rpc_dump "$WL" "$CASE_DIR/img" --config "$CASE_DIR/good.conf"
 	{ grep -aq "GPU knob KFD_MAX_BUFFER_SIZE=64K (from --gpu-knob)" "$CASE_DIR/img/dump.log" &&
 		grep -aq "GPU knob CRIU_ROCM_COPY_ENGINE=cpu (from --gpu-knob)" "$CASE_DIR/img/dump.log"; } ||
 		fail "dump.log does not list the knobs of config_file"
 	rpc_restore "$CASE_DIR/img" "$WL"
-	wl_check "$WL" TERM >/dev/null || exit 1
+	wl_finish "$WL"
 	note "a bad KFD_MAX_BUFFER_SIZE refused with its reason, the process left running; 64K and the cpu engine used"
 }
 
@@ -300,8 +266,8 @@ upstream_plugin_dump_restore() {
 	CRIU_LIBS_DIR=$PLUGIN_DIR rpc_restore "$img" "$WL"
 	skipped_once "$img/restore.log" "the RPC restore"
 	grep -qx "init 2" "$CRIU_TEST_PLUGIN_LOG" || fail "probe.so did not run at the restore: $(paste -sd' ' "$CRIU_TEST_PLUGIN_LOG")"
-	wl_check "$WL" USR1 >/dev/null || exit 1
-	wl_check "$WL" TERM >/dev/null || exit 1
+	wl_verify "$WL" >/dev/null || exit 1
+	wl_finish "$WL"
 	note "upstream's plugin skipped under both names with one warning each, probe.so ran at dump and restore"
 }
 
@@ -310,46 +276,9 @@ ordered_cases() {
 		upstream_plugin_check upstream_plugin_dump_restore | tr ' ' '\n'
 }
 
-# ---------------------------------------------------------------------------------------
-run_one() {
-	local name=$1 rc reason
-	CASE_DIR=$WORK/$name
-	rm -rf "$CASE_DIR"
-	mkdir -p "$CASE_DIR"
-	export CASE_DIR
-	(cd "$CASE_DIR" && timeout -k 10 "$CASE_TIMEOUT" "$self" __case "$name") >"$CASE_DIR/case.out" 2>&1
-	rc=$?
-	kill_leftovers
-	reason=$(cat "$CASE_DIR/reason" 2>/dev/null)
-	[ "$rc" = 124 ] || [ "$rc" = 137 ] && reason="timed out after ${CASE_TIMEOUT} s${reason:+; $reason}"
-	[ "$rc" != 0 ] && [ -z "$reason" ] && reason="exit status $rc (see $CASE_DIR/case.out)"
-	if [ "$rc" = 0 ] && [ -f "$CASE_DIR/skip" ]; then
-		echo "SKIP  $name: $(head -n1 "$CASE_DIR/skip")"
-		SKIPPED=$((SKIPPED + 1))
-	elif [ "$rc" = 0 ]; then
-		echo "PASS  $name"
-		[ -f "$CASE_DIR/notes" ] && sed 's/^/      /' "$CASE_DIR/notes"
-		PASSED=$((PASSED + 1))
-	else
-		echo "FAIL  $name: $reason"
-		echo "      logs: $CASE_DIR"
-		FAILED=$((FAILED + 1))
-	fi
-}
-
-kill_leftovers() {
-	local d p
-	for d in /proc/[0-9]*; do
-		p=${d#/proc/}
-		[ "$p" = 1 ] || [ "$p" = $$ ] && continue
-		kill -KILL "$p" 2>/dev/null
-	done
-	wait 2>/dev/null
-}
-
 main() {
 	local name wanted=("$@") known=()
-	PASSED=0 FAILED=0 SKIPPED=0
+	cases_init
 	trap 'exit 130' INT TERM HUP
 	mapfile -t known < <(ordered_cases)
 	[ ${#wanted[@]} = 0 ] && wanted=("${known[@]}")
@@ -363,10 +292,9 @@ main() {
 		{ echo "test/rpc/run.sh: protoc could not compile $CRIU_TREE/images/rpc.proto" >&2; exit 2; }
 	export WORK RPC_PB_DIR=$WORK/pb
 	echo "RPC tests: ${#wanted[@]} case(s), criu-rocm $CRIU, work directory $WORK"
-	for name in "${wanted[@]}"; do run_one "$name"; done
+	for name in "${wanted[@]}"; do cases_run_one "$name"; done
 	if [ "$FAILED" = 0 ] && [ "${RPC_TEST_KEEP:-}" != 1 ]; then rm -rf "$WORK"; fi
-	echo "$PASSED passed, $FAILED failed, $SKIPPED skipped"
-	[ "$FAILED" = 0 ]
+	cases_summary
 }
 
 cases_dispatch "$@"
