@@ -41,6 +41,10 @@
 # memory, and killed. A run does the four one after the other; a first run warms up and is
 # not counted.
 #
+# Frozen time: CRIU's "Frozen time" of each dump (--display-stats: from freezing the process
+# to the end of the dump, the downtime of a checkpoint), marginal as below; its ratio is
+# anonymous over GPU, so that >= 1.0 means the GPU memory keeps the process frozen no longer.
+#
 # Throughput, in MB/s (10^6 bytes/s), two ways:
 #   in-tool   bytes over the time the tool itself reports for moving them: for GPU BOs the
 #             "amdgpu: ... saved|restored N BO(s), ... in T ms" log line (all BO contents
@@ -252,15 +256,18 @@ check_and_kill() {
 }
 
 # One dump/restore cycle of kind $1 with $2 MiB; appends a result line to $out/tp.txt:
-#   kind size run dump_wall_us restore_wall_us bytes tool_us restore_tool_us
+#   kind size run dump_wall_us restore_wall_us bytes tool_us restore_tool_us frozen_us
+# (frozen_us: CRIU's "Frozen time", from freezing the process to the end of the dump).
 tp_cycle() {
-	local kind=$1 size=$2 run=$3 pid dump_us restore_us bytes tool_us rtool_us
+	local kind=$1 size=$2 run=$3 pid dump_us restore_us bytes tool_us rtool_us frozen_us
 	start_proc "$kind" "$size"
 	pid=$PID
 	WRAP=()
 	[ "$kind" = sdma ] && WRAP=(CRIU_ROCM_COPY_ENGINE=sdma "$kfd_emu" supervise --)
 	dump_proc "$pid"
 	read -r _ dump_us _ <"$out/dump.res"
+	frozen_us=$(stat_of "$out/dump.stats" "Frozen time")
+	[ "$frozen_us" -gt 0 ] || die "criu --display-stats gave no Frozen time ($out/dump.stats)"
 	if [ "$kind" != anon ]; then
 		bytes=$(gpu_image_bytes)
 		tool_us=$(gpu_copy_us "$img/dump.log" saved)
@@ -289,7 +296,7 @@ tp_cycle() {
 	cp "$img/restore.log" "$out/logs/$kind$size-run$run-restore.log"
 	cp "$out/dump.stats" "$out/logs/$kind$size-run$run-dump.stats"
 	cp "$out/restore.stats" "$out/logs/$kind$size-run$run-restore.stats"
-	echo "$kind $size $run $dump_us $restore_us $bytes $tool_us $rtool_us" >>"$out/tp.txt"
+	echo "$kind $size $run $dump_us $restore_us $bytes $tool_us $rtool_us $frozen_us" >>"$out/tp.txt"
 }
 
 # Peak RSS of criu-rocm dumping kind $1 with $2 MiB (gpu: in one BO) under
@@ -427,9 +434,10 @@ tp, rss, mib, runs, staging, stg, const, sparse, rss8 = sys.argv[1:10]
 mib, runs, stg, const = int(mib), int(runs), int(stg), int(const)
 res = {}
 for line in open(tp):
-    k, size, run, dump_us, rest_us, nbytes, tool_us, rtool_us = line.split()
+    k, size, run, dump_us, rest_us, nbytes, tool_us, rtool_us, frozen_us = line.split()
     res[(k, int(size), int(run))] = dict(
-        dump=int(dump_us), rest=int(rest_us), bytes=int(nbytes), tool=int(tool_us), rtool=int(rtool_us)
+        dump=int(dump_us), rest=int(rest_us), bytes=int(nbytes), tool=int(tool_us), rtool=int(rtool_us),
+        frozen=int(frozen_us),
     )
 RUNS = range(1, runs + 1)
 
@@ -495,6 +503,23 @@ print(line.format(
     f"{t_apart:.0f} ms",
     f"{t_apart / t_both:.2f}" if t_both > 0 else "n/a",
     f"({mib} MiB of each in one process / the two apart, marginal)",
+))
+# How long the process stays frozen (CRIU's Frozen time: from freezing it to the end of
+# the dump), per MiB of memory beyond a process with none: the downtime of a checkpoint.
+f_gpu = ms("gpu", mib, "frozen") - ms("gpu", 0, "frozen")
+f_anon = ms("anon", mib, "frozen") - ms("anon", 0, "frozen")
+print(line.format(
+    "frozen, marginal",
+    f"{f_gpu:.0f} ms",
+    f"{f_anon:.0f} ms",
+    f"{f_anon / f_gpu:.2f}" if f_gpu > 0 else "n/a",
+    f"(frozen time for {mib} MiB, N - none; ratio = anon / GPU, target >= 1.0)",
+))
+print(line.format(
+    "frozen ms N / 0",
+    f"{ms('gpu', mib, 'frozen'):.0f} / {ms('gpu', 0, 'frozen'):.0f}",
+    f"{ms('anon', mib, 'frozen'):.0f} / {ms('anon', 0, 'frozen'):.0f}",
+    "", "(CRIU's Frozen time, N MiB / none)",
 ))
 for what, field in (("dump", "dump"), ("restore", "rest")):
     print(line.format(
