@@ -277,7 +277,7 @@ fn parse_mm(data: &[u8]) -> Result<Vec<FileMapping>, String> {
 pub(crate) mod fixtures {
     use super::*;
 
-    fn image(common: Option<u32>, magic: u32, msgs: &[Vec<u8>]) -> Vec<u8> {
+    pub(crate) fn image(common: Option<u32>, magic: u32, msgs: &[Vec<u8>]) -> Vec<u8> {
         let mut out = Vec::new();
         if let Some(c) = common {
             out.extend_from_slice(&c.to_le_bytes());
@@ -369,6 +369,7 @@ pub(crate) mod fixtures {
 
 #[cfg(test)]
 mod tests {
+    use super::fixtures::image;
     use super::*;
 
     /// pstree.img of one process (pid 33, threads 33, 38, 39) as CRIU
@@ -393,19 +394,6 @@ mod tests {
         std::fs::write(d.join("pstree.img"), ONE).unwrap();
         assert_eq!(pstree_pids(&d).unwrap(), Some(BTreeSet::from([33])));
         std::fs::remove_dir_all(&d).unwrap();
-    }
-
-    fn image(common: Option<u32>, magic: u32, msgs: &[Vec<u8>]) -> Vec<u8> {
-        let mut out = Vec::new();
-        if let Some(c) = common {
-            out.extend_from_slice(&c.to_le_bytes());
-        }
-        out.extend_from_slice(&magic.to_le_bytes());
-        for m in msgs {
-            out.extend_from_slice(&(m.len() as u32).to_le_bytes());
-            out.extend_from_slice(m);
-        }
-        out
     }
 
     #[test]
