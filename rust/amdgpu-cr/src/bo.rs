@@ -34,6 +34,19 @@ pub fn has_contents(alloc_flags: u32) -> bool {
     alloc_flags & (ALLOC_VRAM | ALLOC_GTT) != 0
 }
 
+/// Σ sizes of the BOs with contents among `(bucket index, alloc_flags,
+/// size)`: the byte count of a pages file.  `Err(i)`: the size of bucket
+/// `i` makes the sum overflow.
+pub fn contents_total(bos: impl IntoIterator<Item = (usize, u32, u64)>) -> Result<u64, usize> {
+    let mut total: u64 = 0;
+    for (i, flags, size) in bos {
+        if has_contents(flags) {
+            total = total.checked_add(size).ok_or(i)?;
+        }
+    }
+    Ok(total)
+}
+
 /// Whether a CPU mapping of this BO must be pointed at a new mmap offset after
 /// restore: every BO whose mapping lives on a device node.
 pub fn needs_vma_fixup(alloc_flags: u32) -> bool {

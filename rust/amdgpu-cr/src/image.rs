@@ -1,11 +1,11 @@
-//! The GPU image files: names, the 8-byte size framing, bounded and validated
-//! decoding of the protobuf files, and the per-GPU pages files.
+//! The GPU image files: names, the 8-byte size framing, and bounded and
+//! validated decoding of the protobuf files.
 //!
 //! Layout (see Documentation/image-format.md):
 //! * `amdgpu-kfd-<id>.img`: `u64 LE size` + `criu_kfd` message of that size;
 //! * `amdgpu-renderD-<id>.img`: `u64 LE size` + `criu_render_node` message;
-//! * `amdgpu-pages-<id>-<gpu_id %04x>.img`: `u64 LE total` + the full bytes
-//!   of every VRAM/GTT BO of that GPU, in bucket order, `total` = Σ sizes.
+//! * `amdgpu-pages-<id>-<gpu_id %04x>.img`: the BO contents, see
+//!   [`crate::pages`] (which owns that file's format).
 //!
 //! Everything read from an image is untrusted: sizes are checked against the
 //! file length and a cap before anything is allocated, and the decoded
@@ -14,16 +14,15 @@
 use std::collections::BTreeSet;
 use std::fmt;
 use std::fs::{File, OpenOptions};
-use std::io::{self, BufWriter, Read, Seek, Write};
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
 
 use prost::Message;
 
 use crate::bo;
 use crate::ids::GpuId;
-use crate::proto::{CriuKfd, CriuRenderNode, KfdBoEntry};
+use crate::proto::{CriuKfd, CriuRenderNode};
 
 /// Largest protobuf payload we accept.  The biggest legitimate part is the
 /// kernel's private blob (≈ 272 B per BO plus MQDs); 512 MiB is far beyond
@@ -70,11 +69,6 @@ pub fn kfd_image_id(name: &str) -> Option<FileId> {
     name.strip_prefix("amdgpu-kfd-")
         .and_then(|n| n.strip_suffix(".img"))
         .and_then(FileId::parse)
-}
-
-/// Name of the pages file of file `id` for the GPU with *user* id `gpu`.
-pub fn pages_image_name(id: FileId, gpu: GpuId) -> String {
-    format!("amdgpu-pages-{id}-{:04x}.img", gpu.0)
 }
 
 /// Name of the render-node image of file `id`.
@@ -135,7 +129,7 @@ pub enum ImageError {
 }
 
 impl ImageError {
-    fn invalid(file: &str, field: impl Into<String>, reason: impl Into<String>) -> Self {
+    pub(crate) fn invalid(file: &str, field: impl Into<String>, reason: impl Into<String>) -> Self {
         ImageError::Invalid {
             file: file.to_owned(),
             field: field.into(),
@@ -143,12 +137,21 @@ impl ImageError {
         }
     }
 
-    fn io(file: &str, op: &'static str, source: io::Error) -> Self {
+    pub(crate) fn io(file: &str, op: &'static str, source: io::Error) -> Self {
         ImageError::Io {
             file: file.to_owned(),
             op,
             source,
         }
+    }
+
+    /// The sum of the sizes of `gpu`'s content BOs overflows at bucket `i`.
+    pub(crate) fn sizes_overflow(file: &str, i: usize, gpu: GpuId) -> Self {
+        ImageError::invalid(
+            file,
+            format!("bo_entries[{i}].size"),
+            format!("sum of BO sizes of GPU {gpu} overflows"),
+        )
     }
 
     /// The OS error number behind this error, if any (for the C boundary).
@@ -394,8 +397,14 @@ impl KfdImage {
             return Err(ImageError::invalid(file, "priv_data", "is empty"));
         }
         for gpu in &gpu_ids {
-            // Computing the totals here catches overflowing sizes early.
-            pages_total(file, &msg.bo_entries, GpuId(*gpu))?;
+            // Computing the pages files' totals here catches overflowing
+            // sizes early.
+            let bos = msg.bo_entries.iter().enumerate();
+            bo::contents_total(
+                bos.filter(|(_, b)| b.gpu_id == *gpu)
+                    .map(|(i, b)| (i, b.alloc_flags, b.size)),
+            )
+            .map_err(|i| ImageError::sizes_overflow(file, i, GpuId(*gpu)))?;
         }
         Ok(KfdImage { msg })
     }
@@ -419,21 +428,6 @@ impl KfdImage {
             self.msg.num_of_bos,
             self.msg.num_of_objects,
         )
-    }
-
-    /// The optional per-BO content hashes (bucket index → hash), for
-    /// `copy::restore_contents`.  Empty for images written by upstream.
-    pub fn content_hashes(&self) -> std::collections::BTreeMap<usize, crate::copy::ContentHash> {
-        self.msg
-            .bo_entries
-            .iter()
-            .enumerate()
-            .filter_map(|(i, b)| {
-                let value = b.content_xxh3?;
-                let extent = b.content_hash_extent;
-                Some((i, crate::copy::ContentHash { value, extent }))
-            })
-            .collect()
     }
 
     /// User gpu_ids of the GPU entries, in image order.
@@ -510,576 +504,12 @@ impl RenderImage {
     }
 }
 
-/// Σ sizes of the BOs of `gpu` whose contents the pages file holds.
-pub fn pages_total(file: &str, bos: &[KfdBoEntry], gpu: GpuId) -> Result<u64, ImageError> {
-    let mut total: u64 = 0;
-    for (i, b) in bos.iter().enumerate() {
-        if b.gpu_id == gpu.0 && bo::has_contents(b.alloc_flags) {
-            total = total.checked_add(b.size).ok_or_else(|| {
-                ImageError::invalid(
-                    file,
-                    format!("bo_entries[{i}].size"),
-                    format!("sum of BO sizes of GPU {gpu} overflows"),
-                )
-            })?;
-        }
-    }
-    Ok(total)
-}
-
-/// File blocks the pages writer leaves as holes when all their bytes are
-/// zero: the page size, which is the block size of the usual file systems
-/// (ext4, XFS, tmpfs); a larger block is still a hole when all of its
-/// pages are.
-pub const SPARSE_BLOCK: u64 = 4096;
-
-/// A pages writer's buffer unless the memory budget gives it less.
-const WRITE_BUFFER: usize = 1 << 20;
-
-/// Whether every byte of `b` is zero.
-pub fn all_zero(b: &[u8]) -> bool {
-    // 64-byte chunks ORed together vectorize; stop at the first non-zero
-    // chunk (GPU data rarely starts with a long run of zeros unless all is).
-    let mut chunks = b.chunks_exact(64);
-    for c in &mut chunks {
-        if c.iter().fold(0u8, |a, &x| a | x) != 0 {
-            return false;
-        }
-    }
-    chunks.remainder().iter().all(|&x| x == 0)
-}
-
-/// Writes one GPU's pages file (or one lane's range of it): the size word,
-/// then the BO bytes, the whole file in upstream's layout.  The file is
-/// sized to its end when created, and every file block
-/// ([`SPARSE_BLOCK`]) whose bytes are all zero is seeked past rather than
-/// written, so it stays a hole: it costs no disk blocks and reads as zeros,
-/// to upstream's plugin as to us.
-pub struct PagesWriter {
-    file: String,
-    out: BufWriter<File>,
-    total: u64,
-    written: u64,
-    /// File offset of the next byte given to the writer.
-    off: u64,
-    /// The bytes of the current file block given so far (from the block's
-    /// start, or from the lane's start for a lane that starts mid-block).
-    partial: Vec<u8>,
-    /// Zero bytes held back: `out` is this far behind `off - partial`.
-    skip: u64,
-    /// Bytes left as holes (for statistics and tests).
-    pub zero_bytes: u64,
-}
-
-impl PagesWriter {
-    /// Creates `amdgpu-pages-<id>-<gpu>.img` in `dir` for `total` bytes.
-    pub fn create(dir: &Path, id: FileId, gpu: GpuId, total: u64) -> Result<Self, ImageError> {
-        Self::create_with(dir, id, gpu, total, WRITE_BUFFER)
-    }
-
-    fn create_with(
-        dir: &Path,
-        id: FileId,
-        gpu: GpuId,
-        total: u64,
-        buffer: usize,
-    ) -> Result<Self, ImageError> {
-        let path = dir.join(pages_image_name(id, gpu));
-        let file = path.display().to_string();
-        let f = create_image(&path).map_err(|e| ImageError::io(&file, "create", e))?;
-        // The whole file is a hole at first: what is never written reads
-        // as zeros.
-        f.set_len(total.saturating_add(8))
-            .map_err(|e| ImageError::io(&file, "ftruncate", e))?;
-        let mut w = PagesWriter {
-            file,
-            out: BufWriter::with_capacity(buffer, f),
-            total,
-            written: 0,
-            off: 0,
-            partial: Vec::with_capacity(SPARSE_BLOCK as usize),
-            skip: 0,
-            zero_bytes: 0,
-        };
-        w.put(&total.to_le_bytes())
-            .map_err(|e| ImageError::io(&w.file, "write header", e))?;
-        Ok(w)
-    }
-
-    /// Creates the pages file for the sum of `lens` and returns one writer
-    /// per lane: lane `i` writes the `lens[i]` bytes that follow the lanes
-    /// before it, so lanes can run in parallel.
-    pub fn create_lanes(
-        dir: &Path,
-        id: FileId,
-        gpu: GpuId,
-        lens: &[u64],
-    ) -> Result<Vec<Self>, ImageError> {
-        Self::create_lanes_buffered(dir, id, gpu, lens, WRITE_BUFFER)
-    }
-
-    /// [`PagesWriter::create_lanes`] with write buffers of `buffer` bytes
-    /// (part of the memory budget, see `env::lane_split`).
-    pub fn create_lanes_buffered(
-        dir: &Path,
-        id: FileId,
-        gpu: GpuId,
-        lens: &[u64],
-        buffer: usize,
-    ) -> Result<Vec<Self>, ImageError> {
-        let name = pages_image_name(id, gpu);
-        let total = lens
-            .iter()
-            .try_fold(0u64, |t, &l| t.checked_add(l))
-            .ok_or_else(|| ImageError::invalid(&name, "size", "lane sizes overflow"))?;
-        let mut first = Self::create_with(dir, id, gpu, total, buffer)?;
-        let Some((&len0, rest)) = lens.split_first() else {
-            return Ok(vec![first]);
-        };
-        first.total = len0;
-        let path = dir.join(name);
-        let mut out = vec![first];
-        let mut start = len0;
-        for &len in rest {
-            let file = out[0].file.clone();
-            let mut f = OpenOptions::new()
-                .write(true)
-                .custom_flags(libc::O_CLOEXEC)
-                .open(&path)
-                .map_err(|e| ImageError::io(&file, "open", e))?;
-            f.seek(io::SeekFrom::Start(8 + start))
-                .map_err(|e| ImageError::io(&file, "seek", e))?;
-            out.push(PagesWriter {
-                file,
-                out: BufWriter::with_capacity(buffer, f),
-                total: len,
-                written: 0,
-                off: 8 + start,
-                partial: Vec::with_capacity(SPARSE_BLOCK as usize),
-                skip: 0,
-                zero_bytes: 0,
-            });
-            start += len;
-        }
-        Ok(out)
-    }
-
-    /// The file's path, for messages.
-    pub fn file(&self) -> &str {
-        &self.file
-    }
-
-    /// Checks that exactly the announced bytes were written and flushes.
-    pub fn finish(mut self) -> Result<u64, ImageError> {
-        if self.written != self.total {
-            return Err(ImageError::invalid(
-                &self.file,
-                "contents",
-                format!(
-                    "{} bytes written, header announced {}",
-                    self.written, self.total
-                ),
-            ));
-        }
-        // A zero tail is left as the hole the file was created with.
-        self.end_block()
-            .and_then(|()| self.out.flush())
-            .map_err(|e| ImageError::io(&self.file, "flush", e))?;
-        Ok(self.written)
-    }
-
-    /// Writes `data` at `off - partial - data.len()`, after seeking past
-    /// the zeros held back.  A run of at least a quarter of the buffer goes
-    /// to the file directly (after what the buffer holds): a run of blocks
-    /// is never a whole buffer long (the size word puts the BO bytes 8
-    /// bytes off the file's blocks), and copying it through the buffer
-    /// would cost a memcpy of every byte of GPU memory.
-    fn emit(&mut self, data: &[u8]) -> io::Result<()> {
-        if self.skip > 0 {
-            let skip = i64::try_from(self.skip)
-                .map_err(|_| io::Error::from_raw_os_error(libc::EOVERFLOW))?;
-            self.out.seek(io::SeekFrom::Current(skip))?;
-            self.skip = 0;
-        }
-        if data.len() >= self.out.capacity() / 4 {
-            self.out.flush()?;
-            return self.out.get_mut().write_all(data);
-        }
-        self.out.write_all(data)
-    }
-
-    /// Writes or skips the bytes of the current block.
-    fn end_block(&mut self) -> io::Result<()> {
-        if self.partial.is_empty() {
-            return Ok(());
-        }
-        let block = std::mem::take(&mut self.partial);
-        if all_zero(&block) {
-            self.skip += block.len() as u64;
-            self.zero_bytes += block.len() as u64;
-        } else {
-            self.emit(&block)?;
-        }
-        self.partial = block;
-        self.partial.clear();
-        Ok(())
-    }
-
-    /// Takes all of `buf` at `off`: whole zero blocks are skipped, the
-    /// rest written in runs; a block begun but not ended waits in
-    /// `partial`.
-    fn put(&mut self, mut buf: &[u8]) -> io::Result<()> {
-        let into_block = self.off % SPARSE_BLOCK;
-        if into_block != 0 || !self.partial.is_empty() {
-            let take = ((SPARSE_BLOCK - into_block) as usize).min(buf.len());
-            self.partial.extend_from_slice(&buf[..take]);
-            buf = &buf[take..];
-            self.off += take as u64;
-            if self.off.is_multiple_of(SPARSE_BLOCK) {
-                self.end_block()?;
-            }
-        }
-        let whole = buf.len() - buf.len() % SPARSE_BLOCK as usize;
-        let mut run = 0; // start of the run of data blocks not yet written
-        let mut at = 0;
-        while at < whole {
-            let next = at + SPARSE_BLOCK as usize;
-            if all_zero(&buf[at..next]) {
-                if run < at {
-                    self.emit(&buf[run..at])?;
-                }
-                self.skip += SPARSE_BLOCK;
-                self.zero_bytes += SPARSE_BLOCK;
-                run = next;
-            }
-            at = next;
-        }
-        if run < whole {
-            self.emit(&buf[run..whole])?;
-        }
-        self.partial.extend_from_slice(&buf[whole..]);
-        self.off += buf.len() as u64;
-        Ok(())
-    }
-}
-
-impl Write for PagesWriter {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let room = self.total - self.written;
-        if buf.len() as u64 > room {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!(
-                    "{}: write past the {} bytes announced in the header",
-                    self.file, self.total
-                ),
-            ));
-        }
-        self.put(buf)?;
-        self.written += buf.len() as u64;
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        self.out.flush()
-    }
-}
-
-/// A pages file read from a position on, with its holes told apart from
-/// its data (`SEEK_DATA`/`SEEK_HOLE`): a hole is given as zeros without a
-/// read, data is read with `pread`.  On a file system that cannot tell,
-/// the whole file is data (the kernel's default answer), which reads the
-/// same bytes.
-#[derive(Debug)]
-pub struct SparseFile {
-    file: File,
-    /// The file's length when opened.
-    len: u64,
-    pos: u64,
-    /// `pos..data_end` is known to be data.
-    data_end: u64,
-    /// `pos..hole_end` is known to be a hole.
-    hole_end: u64,
-    /// Bytes given as zeros without reading (for statistics and tests).
-    pub hole_bytes: u64,
-}
-
-impl SparseFile {
-    /// Reads `file` from byte `pos`.
-    pub fn at(file: File, pos: u64) -> io::Result<Self> {
-        let len = file.metadata()?.len();
-        Ok(SparseFile {
-            file,
-            len,
-            pos,
-            data_end: pos,
-            hole_end: pos,
-            hole_bytes: 0,
-        })
-    }
-
-    fn lseek(&self, whence: libc::c_int) -> io::Result<Option<u64>> {
-        let off = libc::off_t::try_from(self.pos)
-            .map_err(|_| io::Error::from_raw_os_error(libc::EOVERFLOW))?;
-        // SAFETY: lseek on an fd this value owns; it only moves the file
-        // position, which this reader never relies on (it reads with pread).
-        let r = unsafe { libc::lseek(self.file.as_raw_fd(), off, whence) };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            // ENXIO: no data (or no hole) at or after pos, i.e. pos is at
-            // or past the end.
-            return match e.raw_os_error() {
-                Some(libc::ENXIO) => Ok(None),
-                _ => Err(e),
-            };
-        }
-        Ok(Some(r as u64))
-    }
-
-    /// Learns what lies at `pos`: a hole up to `hole_end` or data up to
-    /// `data_end`.
-    fn probe(&mut self) -> io::Result<()> {
-        match self.lseek(libc::SEEK_DATA)? {
-            Some(d) if d > self.pos => self.hole_end = d,
-            Some(_) => {
-                // Data at pos; SEEK_HOLE always finds one (the end of file
-                // counts as a hole).
-                self.data_end = self.lseek(libc::SEEK_HOLE)?.unwrap_or(u64::MAX);
-            }
-            // Past the last data: a hole to the end of file, or pos at or
-            // past it (where read gives end of file).
-            None if self.pos < self.len => self.hole_end = self.len,
-            None => self.data_end = u64::MAX,
-        }
-        Ok(())
-    }
-}
-
-impl Read for SparseFile {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if buf.is_empty() {
-            return Ok(0);
-        }
-        if self.pos >= self.data_end && self.pos >= self.hole_end {
-            self.probe()?;
-        }
-        let n = if self.pos < self.hole_end {
-            let n = (self.hole_end - self.pos).min(buf.len() as u64) as usize;
-            buf[..n].fill(0);
-            self.hole_bytes += n as u64;
-            n
-        } else {
-            let n = (self.data_end - self.pos).min(buf.len() as u64) as usize;
-            self.file.read_at(&mut buf[..n], self.pos)?
-        };
-        self.pos += n as u64;
-        Ok(n)
-    }
-}
-
-/// Reads one GPU's pages file, checking its header against the BO sizes
-/// (from a file, a [`SparseFile`]: its holes are not read).
-pub struct PagesReader<R> {
-    file: String,
-    input: R,
-    total: u64,
-    consumed: u64,
-}
-
-impl PagesReader<SparseFile> {
-    /// Opens `amdgpu-pages-<id>-<gpu>.img` in `dir`; `expected` is the Σ of
-    /// the sizes of that GPU's content BOs in the KFD image.
-    pub fn open(dir: &Path, id: FileId, gpu: GpuId, expected: u64) -> Result<Self, ImageError> {
-        let path: PathBuf = dir.join(pages_image_name(id, gpu));
-        let file = path.display().to_string();
-        let f = File::open(&path).map_err(|e| ImageError::io(&file, "open", e))?;
-        let f = SparseFile::at(f, 0).map_err(|e| ImageError::io(&file, "fstat", e))?;
-        let len = f.len;
-        let reader = PagesReader::new(file.clone(), f, gpu, expected)?;
-        let want = expected.saturating_add(8);
-        if len < want {
-            return Err(ImageError::Truncated {
-                file,
-                field: "BO contents",
-                expected,
-                got: len.saturating_sub(8),
-            });
-        }
-        if len > want {
-            return Err(ImageError::TrailingData {
-                file,
-                field: "BO contents",
-                extra: len - want,
-            });
-        }
-        Ok(reader)
-    }
-}
-
-impl PagesReader<SparseFile> {
-    /// Opens the pages file (checked as by [`PagesReader::open`] against
-    /// the sum of `lens`) once per lane: lane `i` reads the `lens[i]` bytes
-    /// that follow the lanes before it.
-    pub fn open_lanes(
-        dir: &Path,
-        id: FileId,
-        gpu: GpuId,
-        lens: &[u64],
-    ) -> Result<Vec<Self>, ImageError> {
-        let total = lens
-            .iter()
-            .try_fold(0u64, |t, &l| t.checked_add(l))
-            .ok_or_else(|| {
-                ImageError::invalid(&pages_image_name(id, gpu), "size", "lane sizes overflow")
-            })?;
-        let mut first = Self::open(dir, id, gpu, total)?;
-        let Some((&len0, rest)) = lens.split_first() else {
-            return Ok(vec![first]);
-        };
-        first.total = len0;
-        let path = dir.join(pages_image_name(id, gpu));
-        let mut out = vec![first];
-        let mut start = len0;
-        for &len in rest {
-            let file = out[0].file.clone();
-            let f = File::open(&path).map_err(|e| ImageError::io(&file, "open", e))?;
-            let input =
-                SparseFile::at(f, 8 + start).map_err(|e| ImageError::io(&file, "fstat", e))?;
-            out.push(PagesReader {
-                file,
-                input,
-                total: len,
-                consumed: 0,
-            });
-            start += len;
-        }
-        Ok(out)
-    }
-}
-
-impl<R: Read> PagesReader<R> {
-    /// Wraps a stream positioned at the header (e.g. from an image streamer).
-    pub fn new(file: String, mut input: R, gpu: GpuId, expected: u64) -> Result<Self, ImageError> {
-        let mut head = [0u8; 8];
-        read_exact_or_truncated(&mut input, &mut head, &file, "size header")?;
-        let header = u64::from_le_bytes(head);
-        if header != expected {
-            return Err(ImageError::PagesSizeMismatch {
-                file,
-                gpu,
-                header,
-                expected,
-            });
-        }
-        Ok(PagesReader {
-            file,
-            input,
-            total: header,
-            consumed: 0,
-        })
-    }
-
-    /// The file's path, for messages.
-    pub fn file(&self) -> &str {
-        &self.file
-    }
-
-    /// Checks that every announced byte was consumed.
-    pub fn finish(self) -> Result<u64, ImageError> {
-        if self.consumed != self.total {
-            return Err(ImageError::invalid(
-                &self.file,
-                "contents",
-                format!(
-                    "{} of {} bytes consumed by the restore",
-                    self.consumed, self.total
-                ),
-            ));
-        }
-        Ok(self.consumed)
-    }
-}
-
-impl<R: Read> Read for PagesReader<R> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let room = self.total - self.consumed;
-        let want = (buf.len() as u64).min(room) as usize;
-        if want == 0 {
-            return Ok(0);
-        }
-        let n = self.input.read(&mut buf[..want])?;
-        self.consumed += n as u64;
-        Ok(n)
-    }
-}
-
-fn read_exact_or_truncated(
-    r: &mut impl Read,
-    buf: &mut [u8],
-    file: &str,
-    field: &'static str,
-) -> Result<(), ImageError> {
-    let mut got = 0;
-    while got < buf.len() {
-        match r.read(&mut buf[got..]) {
-            Ok(0) => {
-                return Err(ImageError::Truncated {
-                    file: file.to_owned(),
-                    field,
-                    expected: buf.len() as u64,
-                    got: got as u64,
-                })
-            }
-            Ok(n) => got += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(ImageError::io(file, "read", e)),
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 pub(crate) mod tests {
-    use super::*;
-    use crate::proto::{DevIolink, KfdDeviceEntry};
+    use std::path::PathBuf;
 
-    /// Lanes write and read disjoint ranges of one pages file; the result
-    /// is the file one stream would have written.
-    #[test]
-    fn pages_lanes_cover_the_file_in_order() {
-        let dir = tempdir();
-        let gpu = GpuId(0x42);
-        let lens = [3u64, 5, 2];
-        let mut ws = PagesWriter::create_lanes(&dir, FileId(1), gpu, &lens).unwrap();
-        // Write the lanes in reverse order.
-        for (i, w) in ws.iter_mut().enumerate().rev() {
-            w.write_all(&vec![b'a' + i as u8; lens[i] as usize])
-                .unwrap();
-        }
-        assert!(ws[1].write_all(b"x").is_err(), "a lane cannot overrun");
-        for w in ws {
-            w.finish().unwrap();
-        }
-        let bytes = std::fs::read(dir.join(pages_image_name(FileId(1), gpu))).unwrap();
-        assert_eq!(&bytes[..8], &10u64.to_le_bytes());
-        assert_eq!(&bytes[8..], b"aaabbbbbcc");
-        let rs = PagesReader::open_lanes(&dir, FileId(1), gpu, &[5, 5]).unwrap();
-        let got: Vec<Vec<u8>> = rs
-            .into_iter()
-            .map(|mut r| {
-                let mut v = Vec::new();
-                r.read_to_end(&mut v).unwrap();
-                r.finish().unwrap();
-                v
-            })
-            .collect();
-        assert_eq!(got, vec![b"aaabb".to_vec(), b"bbbcc".to_vec()]);
-        assert!(
-            PagesReader::open_lanes(&dir, FileId(1), gpu, &[5, 6]).is_err(),
-            "the lanes must add up to the header"
-        );
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
+    use super::*;
+    use crate::proto::{DevIolink, KfdBoEntry, KfdDeviceEntry};
 
     pub(crate) fn gpu_entry(node_id: u32, gpu_id: u32) -> KfdDeviceEntry {
         KfdDeviceEntry {
@@ -1216,19 +646,7 @@ pub(crate) mod tests {
     fn names_follow_upstream_patterns() {
         assert_eq!(kfd_image_name(FileId(7)), "amdgpu-kfd-7.img");
         assert_eq!(render_image_name(FileId(12)), "amdgpu-renderD-12.img");
-        assert_eq!(
-            pages_image_name(FileId(7), GpuId(0x1a2)),
-            "amdgpu-pages-7-01a2.img"
-        );
-        assert_eq!(
-            pages_image_name(FileId(7), GpuId(0x1a2b3)),
-            "amdgpu-pages-7-1a2b3.img"
-        );
         assert_eq!(kfd_image_name(FileId(u32::MAX)), "amdgpu-kfd--1.img");
-        assert_eq!(
-            pages_image_name(FileId(1 << 31), GpuId(0x1a2b)),
-            "amdgpu-pages--2147483648-1a2b.img"
-        );
     }
 
     #[test]
@@ -1345,16 +763,6 @@ pub(crate) mod tests {
         img.write(&dir, FileId(5)).unwrap();
         let back = KfdImage::read(&dir, FileId(5)).unwrap();
         assert_eq!(back, img);
-        assert_eq!(
-            back.content_hashes(),
-            std::collections::BTreeMap::from([(
-                0,
-                crate::copy::ContentHash {
-                    value: 7,
-                    extent: Some(0x10_0000)
-                }
-            )])
-        );
         assert_eq!(back.gpu_ids(), vec![GpuId(0x1a2b), GpuId(0x5c3d)]);
         let rn = RenderImage {
             msg: CriuRenderNode {
@@ -1437,153 +845,6 @@ pub(crate) mod tests {
                 m.num_of_gpus = 0;
             },
             "no GPU entry",
-        );
-    }
-
-    #[test]
-    fn pages_file_roundtrip_and_checks() {
-        let dir = tempdir();
-        let gpu = GpuId(0x1a2b);
-        let mut w = PagesWriter::create(&dir, FileId(3), gpu, 10).unwrap();
-        w.write_all(b"0123456789").unwrap();
-        assert!(w.write_all(b"x").is_err());
-        w.finish().unwrap();
-
-        let mut r = PagesReader::open(&dir, FileId(3), gpu, 10).unwrap();
-        let mut s = String::new();
-        r.read_to_string(&mut s).unwrap();
-        assert_eq!(s, "0123456789");
-        r.finish().unwrap();
-
-        let e = PagesReader::open(&dir, FileId(3), gpu, 11).err().unwrap();
-        assert!(matches!(
-            e,
-            ImageError::PagesSizeMismatch {
-                header: 10,
-                expected: 11,
-                ..
-            }
-        ));
-
-        let short = PagesWriter::create(&dir, FileId(4), gpu, 10).unwrap();
-        assert!(short
-            .finish()
-            .unwrap_err()
-            .to_string()
-            .contains("0 bytes written"));
-
-        // A header that agrees with the image but a file cut short.
-        let path = dir.join(pages_image_name(FileId(3), gpu));
-        let mut bytes = std::fs::read(&path).unwrap();
-        bytes.truncate(12);
-        std::fs::write(&path, &bytes).unwrap();
-        let e = PagesReader::open(&dir, FileId(3), gpu, 10).err().unwrap();
-        assert!(e.to_string().contains("truncated"), "{e}");
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    /// Zero blocks become holes whatever the write sizes and lane cuts;
-    /// the file reads back byte-exact (holes as zeros, not read), and an
-    /// all-zero BO costs a block or two of disk.
-    #[test]
-    fn pages_zero_blocks_are_holes() {
-        use std::os::unix::fs::MetadataExt;
-        let dir = tempdir();
-        let gpu = GpuId(0x77);
-        let b = SPARSE_BLOCK as usize;
-        // Data, zeros over whole blocks, a lone non-zero byte, zeros to a
-        // zero tail that ends mid-block.
-        let mut data = vec![0u8; 20 * b + 123];
-        data[..b + 5].fill(0xa5);
-        data[9 * b + 7] = 1;
-        data[15 * b - 1] = 2;
-        for (n, (lens, chunk)) in [
-            (vec![data.len() as u64], 1 << 20),
-            (vec![data.len() as u64], 1000),
-            (
-                vec![3 * b as u64 + 1, 6 * b as u64, (11 * b + 122) as u64],
-                4096,
-            ),
-            (vec![1, data.len() as u64 - 1], 777),
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            let id = FileId(10 + n as u32);
-            let ws = PagesWriter::create_lanes(&dir, id, gpu, &lens).unwrap();
-            let mut start = 0usize;
-            let mut zeros = 0;
-            for (w, &len) in ws.into_iter().zip(&lens) {
-                let mut w = w;
-                for c in data[start..start + len as usize].chunks(chunk) {
-                    w.write_all(c).unwrap();
-                }
-                start += len as usize;
-                let z = w.zero_bytes;
-                w.finish().unwrap();
-                zeros += z;
-            }
-            assert!(
-                zeros >= 15 * SPARSE_BLOCK,
-                "case {n}: {zeros} bytes left as holes"
-            );
-            let path = dir.join(pages_image_name(id, gpu));
-            let bytes = std::fs::read(&path).unwrap();
-            assert_eq!(&bytes[..8], &(data.len() as u64).to_le_bytes(), "case {n}");
-            assert!(bytes[8..] == data[..], "case {n}: contents");
-            let blocks = std::fs::metadata(&path).unwrap().blocks() * 512;
-            assert!(
-                blocks <= 8 * SPARSE_BLOCK,
-                "case {n}: {blocks} bytes on disk"
-            );
-            let mut r = PagesReader::open(&dir, id, gpu, data.len() as u64).unwrap();
-            let mut back = Vec::new();
-            r.read_to_end(&mut back).unwrap();
-            assert!(back == data, "case {n}: read back");
-            assert!(
-                r.input.hole_bytes >= 10 * SPARSE_BLOCK,
-                "case {n}: holes not read"
-            );
-            r.finish().unwrap();
-        }
-
-        // An all-zero BO of 64 MiB: its file is a hole but for the header.
-        let big = 64u64 << 20;
-        let mut w = PagesWriter::create(&dir, FileId(20), gpu, big).unwrap();
-        let zero = vec![0u8; 1 << 20];
-        for _ in 0..64 {
-            w.write_all(&zero).unwrap();
-        }
-        w.finish().unwrap();
-        let path = dir.join(pages_image_name(FileId(20), gpu));
-        let meta = std::fs::metadata(&path).unwrap();
-        assert_eq!(meta.len(), big + 8);
-        assert!(
-            meta.blocks() * 512 <= SPARSE_BLOCK,
-            "{} bytes on disk",
-            meta.blocks() * 512
-        );
-        let mut r = PagesReader::open(&dir, FileId(20), gpu, big).unwrap();
-        let mut buf = vec![1u8; 1 << 20];
-        for _ in 0..64 {
-            r.read_exact(&mut buf).unwrap();
-            assert!(all_zero(&buf));
-        }
-        assert_eq!(r.input.hole_bytes, big - (SPARSE_BLOCK - 8));
-        r.finish().unwrap();
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn pages_total_counts_only_content_bos() {
-        let m = sample_kfd();
-        assert_eq!(
-            pages_total("t", &m.bo_entries, GpuId(0x1a2b)).unwrap(),
-            0x20_0000
-        );
-        assert_eq!(
-            pages_total("t", &m.bo_entries, GpuId(0x5c3d)).unwrap(),
-            0x1000
         );
     }
 

@@ -5,6 +5,8 @@
 //!
 //! * [`image`] and [`proto`]: the image files (names, framing, messages,
 //!   validation) — wire compatible with CRIU 4.1.1's amdgpu plugin;
+//! * [`pages`]: the pages files (BO contents): their format, writer and
+//!   reader, holes for zero blocks, the per-BO content hashes;
 //! * [`topology`]: the KFD sysfs topology model and parser, and its
 //!   conversion to and from image device entries;
 //! * [`matcher`]: user gpu_id → host gpu_id mapping at restore;
@@ -27,6 +29,7 @@ pub mod error;
 pub mod ids;
 pub mod image;
 pub mod matcher;
+pub mod pages;
 pub mod plan;
 pub mod privdata;
 pub mod proto;

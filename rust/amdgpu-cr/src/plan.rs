@@ -17,10 +17,10 @@ use std::path::Path;
 
 use crate::bo;
 use crate::copy::BoRef;
-use crate::copy::ContentHash;
 use crate::ids::{GpuId, GpuVa, MmapOffset, RenderMinor};
 use crate::image::{FileId, KfdImage, RenderImage, EXT_VERSION};
 use crate::matcher::GpuMap;
+use crate::pages::ContentHash;
 use crate::proto::{CriuKfd, CriuRenderNode, KfdBoEntry};
 use crate::topology::{Topology, TopologyError};
 

@@ -39,9 +39,10 @@ use crate::bo;
 use crate::criu_images::{self, FileMapping, Files};
 use crate::ids::GpuId;
 use crate::image::{
-    kfd_image_id, kfd_image_name, pages_image_name, pages_total, read_bounded, render_image_name,
-    FileId, ImageError, KfdImage, PagesReader, RenderImage, MAX_MESSAGE_SIZE,
+    kfd_image_id, kfd_image_name, read_bounded, render_image_name, FileId, ImageError, KfdImage,
+    RenderImage, MAX_MESSAGE_SIZE,
 };
+use crate::pages::{pages_image_name, pages_total, PagesReader};
 use crate::plan::DeviceKind;
 
 pub mod digests;
@@ -644,7 +645,7 @@ fn check_pages(
         r.gpu = Some(gpu);
         r
     })?;
-    let hashes = image.content_hashes();
+    let hashes = crate::pages::content_hashes(image);
     if depth == Depth::Metadata || hashes.is_empty() {
         return Ok(());
     }
@@ -658,7 +659,7 @@ fn check_pages(
         .filter(|(_, b)| b.gpu_id == gpu.0 && bo::has_contents(b.alloc_flags));
     for (i, b) in bos {
         let want = hashes.get(&i);
-        let mut h = crate::copy::hash::ExtentHasher::new(want.and_then(|w| w.extent));
+        let mut h = crate::pages::ExtentHasher::new(want.and_then(|w| w.extent));
         let mut left = b.size;
         while left > 0 {
             let n = left.min(buf.len() as u64) as usize;

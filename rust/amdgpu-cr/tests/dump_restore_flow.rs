@@ -202,7 +202,13 @@ fn checkpoint_then_restore_on_other_gpus() {
             ),
         })
         .collect();
-    restore_contents(&images, FileId(5), jobs, &img.content_hashes()).unwrap();
+    restore_contents(
+        &images,
+        FileId(5),
+        jobs,
+        &amdgpu_cr::pages::content_hashes(&img),
+    )
+    .unwrap();
     for (i, data) in &originals {
         let b = &restored[*i];
         let mut back = vec![0; b.size as usize];

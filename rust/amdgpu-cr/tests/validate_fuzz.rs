@@ -16,8 +16,8 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use amdgpu_cr::copy::hash::ExtentHasher;
 use amdgpu_cr::image::frame;
+use amdgpu_cr::pages::ExtentHasher;
 use amdgpu_cr::proto::{CriuKfd, CriuRenderNode, KfdBoEntry};
 use amdgpu_cr::topology::Topology;
 use harness::{pack, validate_dir, Host, HOST_GPU};

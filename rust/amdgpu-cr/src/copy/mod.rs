@@ -21,13 +21,12 @@
 //! [`dump_contents`] and [`restore_contents`] run one worker per GPU in
 //! parallel, each with its own engines and staging memory, streaming that
 //! GPU's BOs in bucket order into (or out of) its pages file, and hashing
-//! the contents (XXH3-64, in extents: see [`hash`]) on the way.  When the
+//! the contents (XXH3-64, in extents: see [`crate::pages::hash`]) on the way.  When the
 //! CPU copies, a GPU's work is shared out among lanes (threads) over the
 //! spare cores, a BO larger than a hash extent in pieces of extents.
 
 pub mod cpu;
 pub mod drm;
-pub mod hash;
 pub mod sdma;
 
 use std::collections::BTreeMap;
@@ -36,13 +35,13 @@ use std::os::fd::BorrowedFd;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use hash::{compose, ExtentHasher};
-pub use hash::{ContentHash, HASH_EXTENT};
+pub use crate::pages::{ContentHash, HASH_EXTENT};
 
 use crate::bo;
 use crate::env::{self, EnginePolicy};
 use crate::ids::{GpuId, GpuVa, MmapOffset};
-use crate::image::{FileId, ImageError, PagesReader, PagesWriter};
+use crate::image::{FileId, ImageError};
+use crate::pages::{compose, pages_image_name, ExtentHasher, PagesReader, PagesWriter};
 
 /// Errors moving BO contents; each names the GPU (user id) and the BO.
 #[derive(Debug, thiserror::Error)]
@@ -770,7 +769,7 @@ pub fn restore_contents(
         };
         if want.value != got {
             return Err(CopyError::HashMismatch {
-                file: crate::image::pages_image_name(id, gpu),
+                file: pages_image_name(id, gpu),
                 gpu,
                 bo: index,
                 addr,
@@ -1147,7 +1146,6 @@ pub(crate) mod tests {
     /// extent fails the restore.
     #[test]
     fn a_bo_of_several_extents_round_trips() {
-        use crate::image::pages_image_name;
         use crate::image::tests::tempdir;
         use std::os::unix::fs::FileExt;
         use xxhash_rust::xxh3::xxh3_64;
@@ -1228,7 +1226,6 @@ pub(crate) mod tests {
     /// file and see the hash check fail.
     #[test]
     fn parallel_dump_and_restore_with_hashes() {
-        use crate::image::pages_image_name;
         use crate::image::tests::tempdir;
         use std::os::unix::fs::FileExt;
 

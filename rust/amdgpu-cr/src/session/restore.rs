@@ -1027,7 +1027,7 @@ mod tests {
     fn pages_of_ids_past_i32_are_found() {
         let d = crate::image::tests::tempdir();
         let id = FileId(0x8000_0001);
-        let name = crate::image::pages_image_name(id, crate::ids::GpuId(0x1a2b));
+        let name = crate::pages::pages_image_name(id, crate::ids::GpuId(0x1a2b));
         assert_eq!(name, "amdgpu-pages--2147483647-1a2b.img");
         std::fs::write(d.join(&name), b"").unwrap();
         assert!(has_pages_of(&d, id));

@@ -49,10 +49,11 @@ use std::time::{Duration, Instant};
 
 use super::sys::{pidfd_getfd, pidfd_open};
 use super::{gpu_jobs, log_gpu_stats, SessionError};
-use crate::copy::{restore_contents, ContentHash, GpuStats};
+use crate::copy::{restore_contents, GpuStats};
 use crate::env::EnginePolicy;
 use crate::ids::{GpuId, GpuVa, MmapOffset, RenderMinor};
 use crate::image::{FileId, KfdImage};
+use crate::pages::ContentHash;
 use crate::plan::{BoBucket, GpuWork};
 
 /// Jobs the board holds: KFD processes one restore can bring back.
@@ -676,7 +677,7 @@ impl Taken {
             |m| self.render.get(&m).map(|f| f.as_fd()),
             &dmabufs,
             &dir,
-            &image.content_hashes(),
+            &crate::pages::content_hashes(&image),
         )
     }
 }

@@ -32,7 +32,8 @@ use xxhash_rust::xxh3::xxh3_64;
 use super::Refusal;
 use crate::bo;
 use crate::ids::GpuId;
-use crate::image::{kfd_image_name, pages_image_name, pages_total, FileId, KfdImage};
+use crate::image::{kfd_image_name, FileId, KfdImage};
+use crate::pages::{pages_image_name, pages_total};
 use crate::proto::KfdBoEntry;
 
 /// The file's name in the image directory.

@@ -24,7 +24,7 @@ fn bytes_of(size: u64, seed: u8) -> Vec<u8> {
 }
 
 fn hash(bytes: &[u8], extent: Option<u64>) -> u64 {
-    let mut h = crate::copy::hash::ExtentHasher::new(extent);
+    let mut h = crate::pages::ExtentHasher::new(extent);
     h.update(bytes);
     h.finish()
 }

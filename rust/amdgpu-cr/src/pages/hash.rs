@@ -9,7 +9,11 @@
 //! `content_hash_extent` field), whose larger BOs are hashed whole: their
 //! extent is "unbounded" and they are copied by one thread.
 
+use std::collections::BTreeMap;
+
 use xxhash_rust::xxh3::{xxh3_64, Xxh3};
+
+use crate::image::KfdImage;
 
 /// Extent size criu-rocm's dump hashes with, and the unit in which a large
 /// BO is shared out among copy threads.
@@ -83,6 +87,23 @@ impl ExtentHasher {
     pub fn finish(self) -> u64 {
         compose(&self.digests())
     }
+}
+
+/// The optional per-BO content hashes of a KFD image (bucket index →
+/// hash), for `copy::restore_contents` and `gpu-check`.  Empty for images
+/// written by upstream.
+pub fn content_hashes(image: &KfdImage) -> BTreeMap<usize, ContentHash> {
+    image
+        .msg
+        .bo_entries
+        .iter()
+        .enumerate()
+        .filter_map(|(i, b)| {
+            let value = b.content_xxh3?;
+            let extent = b.content_hash_extent;
+            Some((i, ContentHash { value, extent }))
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -1,0 +1,264 @@
+//! [`PagesReader`]: reads a pages file back, its holes as zeros.
+
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use super::pages_image_name;
+use crate::ids::GpuId;
+use crate::image::{FileId, ImageError};
+
+/// A pages file read from a position on, with its holes told apart from
+/// its data (`SEEK_DATA`/`SEEK_HOLE`): a hole is given as zeros without a
+/// read, data is read with `pread`.  On a file system that cannot tell,
+/// the whole file is data (the kernel's default answer), which reads the
+/// same bytes.
+#[derive(Debug)]
+pub struct SparseFile {
+    file: File,
+    /// The file's length when opened.
+    len: u64,
+    pos: u64,
+    /// `pos..data_end` is known to be data.
+    data_end: u64,
+    /// `pos..hole_end` is known to be a hole.
+    hole_end: u64,
+    /// Bytes given as zeros without reading (for statistics and tests).
+    pub hole_bytes: u64,
+}
+
+impl SparseFile {
+    /// Reads `file` from byte `pos`.
+    pub fn at(file: File, pos: u64) -> io::Result<Self> {
+        let len = file.metadata()?.len();
+        Ok(SparseFile {
+            file,
+            len,
+            pos,
+            data_end: pos,
+            hole_end: pos,
+            hole_bytes: 0,
+        })
+    }
+
+    fn lseek(&self, whence: libc::c_int) -> io::Result<Option<u64>> {
+        let off = libc::off_t::try_from(self.pos)
+            .map_err(|_| io::Error::from_raw_os_error(libc::EOVERFLOW))?;
+        // SAFETY: lseek on an fd this value owns; it only moves the file
+        // position, which this reader never relies on (it reads with pread).
+        let r = unsafe { libc::lseek(self.file.as_raw_fd(), off, whence) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            // ENXIO: no data (or no hole) at or after pos, i.e. pos is at
+            // or past the end.
+            return match e.raw_os_error() {
+                Some(libc::ENXIO) => Ok(None),
+                _ => Err(e),
+            };
+        }
+        Ok(Some(r as u64))
+    }
+
+    /// Learns what lies at `pos`: a hole up to `hole_end` or data up to
+    /// `data_end`.
+    fn probe(&mut self) -> io::Result<()> {
+        match self.lseek(libc::SEEK_DATA)? {
+            Some(d) if d > self.pos => self.hole_end = d,
+            Some(_) => {
+                // Data at pos; SEEK_HOLE always finds one (the end of file
+                // counts as a hole).
+                self.data_end = self.lseek(libc::SEEK_HOLE)?.unwrap_or(u64::MAX);
+            }
+            // Past the last data: a hole to the end of file, or pos at or
+            // past it (where read gives end of file).
+            None if self.pos < self.len => self.hole_end = self.len,
+            None => self.data_end = u64::MAX,
+        }
+        Ok(())
+    }
+}
+
+impl Read for SparseFile {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        if self.pos >= self.data_end && self.pos >= self.hole_end {
+            self.probe()?;
+        }
+        let n = if self.pos < self.hole_end {
+            let n = (self.hole_end - self.pos).min(buf.len() as u64) as usize;
+            buf[..n].fill(0);
+            self.hole_bytes += n as u64;
+            n
+        } else {
+            let n = (self.data_end - self.pos).min(buf.len() as u64) as usize;
+            self.file.read_at(&mut buf[..n], self.pos)?
+        };
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
+
+/// Reads one GPU's pages file, checking its header against the BO sizes
+/// (from a file, a [`SparseFile`]: its holes are not read).
+pub struct PagesReader<R> {
+    file: String,
+    pub(super) input: R,
+    total: u64,
+    consumed: u64,
+}
+
+impl PagesReader<SparseFile> {
+    /// Opens `amdgpu-pages-<id>-<gpu>.img` in `dir`; `expected` is the Σ of
+    /// the sizes of that GPU's content BOs in the KFD image.
+    pub fn open(dir: &Path, id: FileId, gpu: GpuId, expected: u64) -> Result<Self, ImageError> {
+        let path: PathBuf = dir.join(pages_image_name(id, gpu));
+        let file = path.display().to_string();
+        let f = File::open(&path).map_err(|e| ImageError::io(&file, "open", e))?;
+        let f = SparseFile::at(f, 0).map_err(|e| ImageError::io(&file, "fstat", e))?;
+        let len = f.len;
+        let reader = PagesReader::new(file.clone(), f, gpu, expected)?;
+        let want = expected.saturating_add(8);
+        if len < want {
+            return Err(ImageError::Truncated {
+                file,
+                field: "BO contents",
+                expected,
+                got: len.saturating_sub(8),
+            });
+        }
+        if len > want {
+            return Err(ImageError::TrailingData {
+                file,
+                field: "BO contents",
+                extra: len - want,
+            });
+        }
+        Ok(reader)
+    }
+}
+
+impl PagesReader<SparseFile> {
+    /// Opens the pages file (checked as by [`PagesReader::open`] against
+    /// the sum of `lens`) once per lane: lane `i` reads the `lens[i]` bytes
+    /// that follow the lanes before it.
+    pub fn open_lanes(
+        dir: &Path,
+        id: FileId,
+        gpu: GpuId,
+        lens: &[u64],
+    ) -> Result<Vec<Self>, ImageError> {
+        let total = lens
+            .iter()
+            .try_fold(0u64, |t, &l| t.checked_add(l))
+            .ok_or_else(|| {
+                ImageError::invalid(&pages_image_name(id, gpu), "size", "lane sizes overflow")
+            })?;
+        let mut first = Self::open(dir, id, gpu, total)?;
+        let Some((&len0, rest)) = lens.split_first() else {
+            return Ok(vec![first]);
+        };
+        first.total = len0;
+        let path = dir.join(pages_image_name(id, gpu));
+        let mut out = vec![first];
+        let mut start = len0;
+        for &len in rest {
+            let file = out[0].file.clone();
+            let f = File::open(&path).map_err(|e| ImageError::io(&file, "open", e))?;
+            let input =
+                SparseFile::at(f, 8 + start).map_err(|e| ImageError::io(&file, "fstat", e))?;
+            out.push(PagesReader {
+                file,
+                input,
+                total: len,
+                consumed: 0,
+            });
+            start += len;
+        }
+        Ok(out)
+    }
+}
+
+impl<R: Read> PagesReader<R> {
+    /// Wraps a stream positioned at the header (e.g. from an image streamer).
+    pub fn new(file: String, mut input: R, gpu: GpuId, expected: u64) -> Result<Self, ImageError> {
+        let mut head = [0u8; 8];
+        read_exact_or_truncated(&mut input, &mut head, &file, "size header")?;
+        let header = u64::from_le_bytes(head);
+        if header != expected {
+            return Err(ImageError::PagesSizeMismatch {
+                file,
+                gpu,
+                header,
+                expected,
+            });
+        }
+        Ok(PagesReader {
+            file,
+            input,
+            total: header,
+            consumed: 0,
+        })
+    }
+
+    /// The file's path, for messages.
+    pub fn file(&self) -> &str {
+        &self.file
+    }
+
+    /// Checks that every announced byte was consumed.
+    pub fn finish(self) -> Result<u64, ImageError> {
+        if self.consumed != self.total {
+            return Err(ImageError::invalid(
+                &self.file,
+                "contents",
+                format!(
+                    "{} of {} bytes consumed by the restore",
+                    self.consumed, self.total
+                ),
+            ));
+        }
+        Ok(self.consumed)
+    }
+}
+
+impl<R: Read> Read for PagesReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let room = self.total - self.consumed;
+        let want = (buf.len() as u64).min(room) as usize;
+        if want == 0 {
+            return Ok(0);
+        }
+        let n = self.input.read(&mut buf[..want])?;
+        self.consumed += n as u64;
+        Ok(n)
+    }
+}
+
+fn read_exact_or_truncated(
+    r: &mut impl Read,
+    buf: &mut [u8],
+    file: &str,
+    field: &'static str,
+) -> Result<(), ImageError> {
+    let mut got = 0;
+    while got < buf.len() {
+        match r.read(&mut buf[got..]) {
+            Ok(0) => {
+                return Err(ImageError::Truncated {
+                    file: file.to_owned(),
+                    field,
+                    expected: buf.len() as u64,
+                    got: got as u64,
+                })
+            }
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(ImageError::io(file, "read", e)),
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,249 @@
+//! [`PagesWriter`]: writes a pages file, leaving zero blocks as holes.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, BufWriter, Seek, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
+use super::{all_zero, pages_image_name, SPARSE_BLOCK};
+use crate::ids::GpuId;
+use crate::image::{create_image, FileId, ImageError};
+
+/// A pages writer's buffer unless the memory budget gives it less.
+const WRITE_BUFFER: usize = 1 << 20;
+
+/// Writes one GPU's pages file (or one lane's range of it): the size word,
+/// then the BO bytes, the whole file in upstream's layout.  The file is
+/// sized to its end when created, and every file block
+/// ([`SPARSE_BLOCK`]) whose bytes are all zero is seeked past rather than
+/// written, so it stays a hole: it costs no disk blocks and reads as zeros,
+/// to upstream's plugin as to us.
+pub struct PagesWriter {
+    file: String,
+    out: BufWriter<File>,
+    total: u64,
+    written: u64,
+    /// File offset of the next byte given to the writer.
+    off: u64,
+    /// The bytes of the current file block given so far (from the block's
+    /// start, or from the lane's start for a lane that starts mid-block).
+    partial: Vec<u8>,
+    /// Zero bytes held back: `out` is this far behind `off - partial`.
+    skip: u64,
+    /// Bytes left as holes (for statistics and tests).
+    pub zero_bytes: u64,
+}
+
+impl PagesWriter {
+    /// Creates `amdgpu-pages-<id>-<gpu>.img` in `dir` for `total` bytes.
+    pub fn create(dir: &Path, id: FileId, gpu: GpuId, total: u64) -> Result<Self, ImageError> {
+        Self::create_with(dir, id, gpu, total, WRITE_BUFFER)
+    }
+
+    fn create_with(
+        dir: &Path,
+        id: FileId,
+        gpu: GpuId,
+        total: u64,
+        buffer: usize,
+    ) -> Result<Self, ImageError> {
+        let path = dir.join(pages_image_name(id, gpu));
+        let file = path.display().to_string();
+        let f = create_image(&path).map_err(|e| ImageError::io(&file, "create", e))?;
+        // The whole file is a hole at first: what is never written reads
+        // as zeros.
+        f.set_len(total.saturating_add(8))
+            .map_err(|e| ImageError::io(&file, "ftruncate", e))?;
+        let mut w = PagesWriter {
+            file,
+            out: BufWriter::with_capacity(buffer, f),
+            total,
+            written: 0,
+            off: 0,
+            partial: Vec::with_capacity(SPARSE_BLOCK as usize),
+            skip: 0,
+            zero_bytes: 0,
+        };
+        w.put(&total.to_le_bytes())
+            .map_err(|e| ImageError::io(&w.file, "write header", e))?;
+        Ok(w)
+    }
+
+    /// Creates the pages file for the sum of `lens` and returns one writer
+    /// per lane: lane `i` writes the `lens[i]` bytes that follow the lanes
+    /// before it, so lanes can run in parallel.
+    pub fn create_lanes(
+        dir: &Path,
+        id: FileId,
+        gpu: GpuId,
+        lens: &[u64],
+    ) -> Result<Vec<Self>, ImageError> {
+        Self::create_lanes_buffered(dir, id, gpu, lens, WRITE_BUFFER)
+    }
+
+    /// [`PagesWriter::create_lanes`] with write buffers of `buffer` bytes
+    /// (part of the memory budget, see `env::lane_split`).
+    pub fn create_lanes_buffered(
+        dir: &Path,
+        id: FileId,
+        gpu: GpuId,
+        lens: &[u64],
+        buffer: usize,
+    ) -> Result<Vec<Self>, ImageError> {
+        let name = pages_image_name(id, gpu);
+        let total = lens
+            .iter()
+            .try_fold(0u64, |t, &l| t.checked_add(l))
+            .ok_or_else(|| ImageError::invalid(&name, "size", "lane sizes overflow"))?;
+        let mut first = Self::create_with(dir, id, gpu, total, buffer)?;
+        let Some((&len0, rest)) = lens.split_first() else {
+            return Ok(vec![first]);
+        };
+        first.total = len0;
+        let path = dir.join(name);
+        let mut out = vec![first];
+        let mut start = len0;
+        for &len in rest {
+            let file = out[0].file.clone();
+            let mut f = OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_CLOEXEC)
+                .open(&path)
+                .map_err(|e| ImageError::io(&file, "open", e))?;
+            f.seek(io::SeekFrom::Start(8 + start))
+                .map_err(|e| ImageError::io(&file, "seek", e))?;
+            out.push(PagesWriter {
+                file,
+                out: BufWriter::with_capacity(buffer, f),
+                total: len,
+                written: 0,
+                off: 8 + start,
+                partial: Vec::with_capacity(SPARSE_BLOCK as usize),
+                skip: 0,
+                zero_bytes: 0,
+            });
+            start += len;
+        }
+        Ok(out)
+    }
+
+    /// The file's path, for messages.
+    pub fn file(&self) -> &str {
+        &self.file
+    }
+
+    /// Checks that exactly the announced bytes were written and flushes.
+    pub fn finish(mut self) -> Result<u64, ImageError> {
+        if self.written != self.total {
+            return Err(ImageError::invalid(
+                &self.file,
+                "contents",
+                format!(
+                    "{} bytes written, header announced {}",
+                    self.written, self.total
+                ),
+            ));
+        }
+        // A zero tail is left as the hole the file was created with.
+        self.end_block()
+            .and_then(|()| self.out.flush())
+            .map_err(|e| ImageError::io(&self.file, "flush", e))?;
+        Ok(self.written)
+    }
+
+    /// Writes `data` at `off - partial - data.len()`, after seeking past
+    /// the zeros held back.  A run of at least a quarter of the buffer goes
+    /// to the file directly (after what the buffer holds): a run of blocks
+    /// is never a whole buffer long (the size word puts the BO bytes 8
+    /// bytes off the file's blocks), and copying it through the buffer
+    /// would cost a memcpy of every byte of GPU memory.
+    fn emit(&mut self, data: &[u8]) -> io::Result<()> {
+        if self.skip > 0 {
+            let skip = i64::try_from(self.skip)
+                .map_err(|_| io::Error::from_raw_os_error(libc::EOVERFLOW))?;
+            self.out.seek(io::SeekFrom::Current(skip))?;
+            self.skip = 0;
+        }
+        if data.len() >= self.out.capacity() / 4 {
+            self.out.flush()?;
+            return self.out.get_mut().write_all(data);
+        }
+        self.out.write_all(data)
+    }
+
+    /// Writes or skips the bytes of the current block.
+    fn end_block(&mut self) -> io::Result<()> {
+        if self.partial.is_empty() {
+            return Ok(());
+        }
+        let block = std::mem::take(&mut self.partial);
+        if all_zero(&block) {
+            self.skip += block.len() as u64;
+            self.zero_bytes += block.len() as u64;
+        } else {
+            self.emit(&block)?;
+        }
+        self.partial = block;
+        self.partial.clear();
+        Ok(())
+    }
+
+    /// Takes all of `buf` at `off`: whole zero blocks are skipped, the
+    /// rest written in runs; a block begun but not ended waits in
+    /// `partial`.
+    fn put(&mut self, mut buf: &[u8]) -> io::Result<()> {
+        let into_block = self.off % SPARSE_BLOCK;
+        if into_block != 0 || !self.partial.is_empty() {
+            let take = ((SPARSE_BLOCK - into_block) as usize).min(buf.len());
+            self.partial.extend_from_slice(&buf[..take]);
+            buf = &buf[take..];
+            self.off += take as u64;
+            if self.off.is_multiple_of(SPARSE_BLOCK) {
+                self.end_block()?;
+            }
+        }
+        let whole = buf.len() - buf.len() % SPARSE_BLOCK as usize;
+        let mut run = 0; // start of the run of data blocks not yet written
+        let mut at = 0;
+        while at < whole {
+            let next = at + SPARSE_BLOCK as usize;
+            if all_zero(&buf[at..next]) {
+                if run < at {
+                    self.emit(&buf[run..at])?;
+                }
+                self.skip += SPARSE_BLOCK;
+                self.zero_bytes += SPARSE_BLOCK;
+                run = next;
+            }
+            at = next;
+        }
+        if run < whole {
+            self.emit(&buf[run..whole])?;
+        }
+        self.partial.extend_from_slice(&buf[whole..]);
+        self.off += buf.len() as u64;
+        Ok(())
+    }
+}
+
+impl Write for PagesWriter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let room = self.total - self.written;
+        if buf.len() as u64 > room {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{}: write past the {} bytes announced in the header",
+                    self.file, self.total
+                ),
+            ));
+        }
+        self.put(buf)?;
+        self.written += buf.len() as u64;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.out.flush()
+    }
+}
