@@ -177,6 +177,7 @@ static int gpu_init(int stage)
 
 	switch (stage) {
 	case CR_PLUGIN_STAGE__DUMP:
+	case CR_PLUGIN_STAGE__PRE_DUMP:
 		return gpu_dump_init();
 	case CR_PLUGIN_STAGE__RESTORE:
 		/*
@@ -327,6 +328,47 @@ int criu_rocm_dump_complete(void)
 int criu_rocm_dump_finish(bool resume)
 {
 	return criu_gpu_dump_finish(resume) ? -1 : 0;
+}
+
+int criu_rocm_pre_dump_pause(void)
+{
+	struct pstree_item *item;
+
+	for_each_pstree_item(item) {
+		int ret;
+
+		if (item->pid->state == TASK_DEAD)
+			continue;
+		ret = criu_gpu_pre_dump_task(item->pid->real);
+		if (ret < 0) {
+			pr_err("Can't take the GPU state of %d\n", item->pid->real);
+			return -1;
+		}
+		if (ret > 0 && opts.stream) {
+			pr_err("--stream cannot carry the GPU state of %d; pre-dump to an image directory instead\n",
+			       item->pid->real);
+			return -1;
+		}
+	}
+	return 0;
+}
+
+int criu_rocm_pre_dump_memory(void)
+{
+	if (opts.stream)
+		return 0;
+	return criu_gpu_pre_dump_memory(image_dir_fd()) ? -1 : 0;
+}
+
+int criu_rocm_pre_dump_finish(int ret)
+{
+	if (!ret && criu_rocm_dump_complete())
+		ret = -1;
+	if (criu_gpu_dump_finish(1)) {
+		pr_err("The GPU work of the pre-dumped tree could not be resumed\n");
+		ret = -1;
+	}
+	return ret;
 }
 
 int criu_rocm_restore_check(void)

@@ -80,6 +80,21 @@ int criu_gpu_dump_complete(int imgdir_fd);
 int criu_gpu_pause_task(int pid);
 
 /*
+ Pre-dump, task `pid` (real pid) frozen and seized by the calling
+ thread: the GPU queues of each KFD process it holds are paused only to
+ take its buffer list, then unpaused.  Returns the number of KFD
+ processes met.
+ */
+int criu_gpu_pre_dump_task(int pid);
+
+/*
+ Pre-dump, the tree running again: saves the GPU memory of every KFD
+ process [`criu_gpu_pre_dump_task`] met into the image directory
+ `imgdir_fd`.
+ */
+int criu_gpu_pre_dump_memory(int imgdir_fd);
+
+/*
  Dumps device file `fd` (CRIU's copy of a task's file `id`) into the
  image directory `imgdir_fd`; the task is found by the open file.  `1`: a
  KFD file, `2`: a render node, `-ENOTSUP`: not a GPU file.

@@ -73,6 +73,19 @@ extern int criu_rocm_dump_late(void);
 extern int criu_rocm_dump_complete(void);
 /* End of the dump: unpause the GPUs when the tree will run again; -1 if that failed. */
 extern int criu_rocm_dump_finish(bool resume);
+/*
+ * Pre-dump, every task frozen and seized: each GPU process is paused only to
+ * take its buffer list and kernel state, then unpaused at once.
+ */
+extern int criu_rocm_pre_dump_pause(void);
+/* Pre-dump, the tree running again: save the GPU memory, read while it runs. */
+extern int criu_rocm_pre_dump_memory(void);
+/*
+ * End of a pre-dump (ret: its result so far): on success the GPU images get
+ * their digests and lose the incomplete mark; nothing stays paused.  Returns
+ * the pre-dump's result.
+ */
+extern int criu_rocm_pre_dump_finish(int ret);
 /* Restore, first thing: refuse an image directory left by a dump that did not complete. */
 extern int criu_rocm_restore_check(void);
 /* In the restored task, after all its mappings are opened: drop the fds kept for the hooks. */

@@ -641,6 +641,54 @@ dump_sparse_bo() {
 }
 
 # ---------------------------------------------------------------------------------------
+# Cases: GPU pre-dump (#17)
+
+# pre_dump PID DIR [criu ARG...]: log DIR/pre-dump.log.
+pre_dump() {
+	local pid=$1 dir=$2
+	shift 2
+	mkdir -p "$dir"
+	"$CRIU" pre-dump -t "$pid" -D "$dir" -o pre-dump.log -v4 "$@" >>"$CASE_DIR/criu.out" 2>&1
+}
+
+# pre_dump_ok PID DIR [ARG...]: the pre-dump must succeed, leave PID running with its GPU
+# work going on, save its GPU state and say how long its queues were paused; prints that.
+pre_dump_ok() {
+	local pid=$1 dir=$2 ms
+	pre_dump "$@" || fail "criu-rocm pre-dump of $pid failed: $(log_errors "$dir/pre-dump.log")"
+	alive "$pid" || fail "the pre-dump did not leave $pid running"
+	ls "$dir"/amdgpu-kfd-*.img >/dev/null 2>&1 || fail "the pre-dump wrote no amdgpu-kfd-*.img"
+	[ -e "$dir/$INCOMPLETE" ] && fail "the good pre-dump left $INCOMPLETE in $dir"
+	[ -e "$dir/amdgpu-digests.img" ] || fail "the pre-dump wrote no amdgpu-digests.img"
+	ms=$(grep -a -m1 -oE "amdgpu: pid $pid: GPU queues unpaused after [0-9.]+ ms paused" "$dir/pre-dump.log") ||
+		fail "the pre-dump log does not say how long the GPU queues of $pid were paused"
+	grep -aq "The kernel has no soft-dirty memory tracking" "$dir/pre-dump.log" ||
+		[ -n "$(grep -a 'Dirty track supported' "$dir/pre-dump.log")" ] ||
+		fail "the pre-dump log says nothing about memory tracking"
+	guardian_gone "the good pre-dump"
+	ms=${ms##* after }
+	echo "${ms% paused}"
+}
+
+# A pre-dump pauses the GPU only for its ioctls and leaves the process running; the
+# process keeps working and verifying; a dump on top of it restores byte-exact.
+case_predump_runs_on() { on mi100x2 -- predump_runs_on; }
+predump_runs_on() {
+	local pre=$CASE_DIR/pre img=$CASE_DIR/img v0 v1 v2 paused
+	wl_start wl --mib 8 --bos 4 --events --host-mib 8
+	v0=$(wl_verify "$WL") || exit 1
+	paused=$(pre_dump_ok "$WL" "$pre") || exit 1
+	v1=$(wl_verify "$WL") || exit 1
+	counters_cmp "$v0" "$v1" gt || fail "counters do not advance after the pre-dump: $(json_list "$v0" counters) then $(json_list "$v1" counters)"
+	dump_ok "$WL" "$img" --prev-images-dir ../pre
+	restore_ok "$img" "$WL"
+	v2=$(wl_verify "$WL") || exit 1
+	[ "$(json_num "$v2" bytes)" = "$(json_num "$v0" bytes)" ] || fail "verified $(json_num "$v2" bytes) bytes after the restore, $(json_num "$v0" bytes) before"
+	wl_finish "$WL"
+	note "GPU queues paused for $paused by the pre-dump"
+}
+
+# ---------------------------------------------------------------------------------------
 # Cases: faults during a dump (#4). Each failed dump must leave the process running with
 # its GPU work going on, and say which process, GPU and step failed.
 
@@ -793,7 +841,10 @@ proc_state() {
 	echo "${s%% *}"
 }
 
-# dump_killed PID DIR TEXT SIG: a dump of PID that stops at the first log line holding
+# The action dump_killed runs, and names its log after.
+CR_ACTION=${CR_ACTION:-dump}
+
+# dump_killed PID DIR TEXT SIG: a dump (a $CR_ACTION) of PID that stops at the first log line holding
 # TEXT, then gets SIG (and SIGCONT); criu-rocm must end by that signal. The signals a
 # background job of this shell would ignore are reset (env --default-signal), as for a
 # dump run from a terminal.
@@ -801,7 +852,7 @@ dump_killed() {
 	local pid=$1 dir=$2 text=$3 sig=$4 cpid i st=0 state=
 	mkdir -p "$dir"
 	CRIU_ROCM_TEST_STOP_ON_LOG=$text env --default-signal=HUP,INT,PIPE,TERM \
-		"$CRIU" dump -t "$pid" -D "$dir" -o dump.log -v4 >>"$CASE_DIR/criu.out" 2>&1 &
+		"$CRIU" "$CR_ACTION" -t "$pid" -D "$dir" -o "$CR_ACTION.log" -v4 >>"$CASE_DIR/criu.out" 2>&1 &
 	cpid=$!
 	for ((i = 0; i < 1200; i++)); do
 		state=$(proc_state "$cpid")
@@ -811,16 +862,17 @@ dump_killed() {
 	if [ "$state" != T ]; then
 		wait "$cpid" || st=$?
 		fail "SIG$sig at /$text/: criu-rocm never stopped there (state '$state', exit $st):" \
-			"$(log_errors "$dir/dump.log")"
+			"$(log_errors "$dir/$CR_ACTION.log")"
 	fi
 	kill -"$sig" "$cpid"
 	[ "$sig" = KILL ] || kill -CONT "$cpid"
 	wait "$cpid" || st=$?
 	[ "$st" = $((128 + $(kill -l "$sig"))) ] ||
-		fail "SIG$sig at /$text/: criu-rocm ended with status $st, not by the signal ($(log_errors "$dir/dump.log"))"
+		fail "SIG$sig at /$text/: criu-rocm ended with status $st, not by the signal ($(log_errors "$dir/$CR_ACTION.log"))"
 }
 
-# killed_at POINT TEXT SIG...: one process; for each signal a dump killed at TEXT.
+# killed_at POINT TEXT SIG...: one process; for each signal a dump (CR_ACTION=pre-dump: a
+# pre-dump) killed at TEXT.
 killed_at() {
 	local point=$1 text=$2 sig img v0 line= n=0 i
 	shift 2
@@ -833,20 +885,26 @@ killed_at() {
 		dump_killed "$WL" "$img" "$text" "$sig"
 		if [ "$point" = freeze ]; then
 			# Nothing was paused yet, and the guardian starts only before a pause.
-			grep -aq "GPU queues paused\|GPU guardian started" "$img/dump.log" &&
+			grep -aq "GPU queues paused\|GPU guardian started" "$img/$CR_ACTION.log" &&
 				fail "SIG$sig at $point: the GPU was touched before the point"
+		elif [ "$point" = copy ]; then
+			# A pre-dump reads the GPU memory after the unpause: nothing is left paused.
+			log_has "$img/$CR_ACTION.log" "amdgpu: pid $WL: GPU queues unpaused after [0-9.]+ ms paused"
+			grep -aq "unpaused by the GPU guardian\|unpaused (criu-rocm got" "$img/$CR_ACTION.log" &&
+				fail "SIG$sig at $point: something was still paused when criu-rocm was killed"
+			line=
 		else
-			log_has "$img/dump.log" "amdgpu: pid $WL: GPU queues paused" "GPU guardian started \(pid [0-9]+\)"
+			log_has "$img/$CR_ACTION.log" "amdgpu: pid $WL: GPU queues paused" "GPU guardian started \(pid [0-9]+\)"
 			case $sig in
 			KILL) line="amdgpu: pid $WL: GPU queues unpaused by the GPU guardian \(criu-rocm [0-9]+ ended during the dump\)" ;;
 			*) line="amdgpu: pid $WL: GPU queues unpaused \(criu-rocm got SIG$sig during the dump\)" ;;
 			esac
 			# The guardian writes once criu-rocm is gone: give it a moment.
 			for ((i = 0; i < 300; i++)); do
-				grep -aqE -- "$line" "$img/dump.log" && break
+				grep -aqE -- "$line" "$img/$CR_ACTION.log" && break
 				sleep 0.05
 			done
-			log_has "$img/dump.log" "$line"
+			log_has "$img/$CR_ACTION.log" "$line"
 		fi
 		guardian_gone "SIG$sig at $point"
 		running_on "$WL" "$v0"
@@ -857,7 +915,7 @@ killed_at() {
 		restore "$img" "$img/restore.log" && fail "SIG$sig at $point: the images of the killed dump were restored"
 		log_has "$img/restore.log" "amdgpu: incomplete dump: .*$INCOMPLETE"
 		alive "$WL" || fail "SIG$sig at $point: the refused restore took the process with it"
-		note "SIG$sig: $([ -n "$line" ] && grep -a -m1 -oE -- "$line" "$img/dump.log" || echo "nothing was paused");" \
+		note "SIG$sig: $([ -n "$line" ] && grep -a -m1 -oE -- "$line" "$img/$CR_ACTION.log" || echo "nothing was paused");" \
 			"$(ls "$img" | grep -c '\.img$') image files, marked incomplete"
 	done
 	wl_finish "$WL"
@@ -867,6 +925,10 @@ case_fault_dump_killed_at_freeze() { on mi100x2 -- killed_at freeze "Collected @
 case_fault_dump_killed_at_pause() { on mi100x2 -- killed_at pause "amdgpu: pid @PID@: GPU queues paused" KILL TERM INT; }
 case_fault_dump_killed_at_bo_copy() { on mi100x2 -- killed_at bo-copy "copied to the pages file" KILL TERM INT HUP PIPE; }
 case_fault_dump_killed_at_cpu_pages() { on mi100x2 -- killed_at cpu-pages "Transferring pages" KILL TERM INT; }
+# A pre-dump killed while the GPU is paused (PROCESS_INFO to UNPAUSE) or while it reads
+# the GPU memory of the running process: the same guarantees as a dump's.
+case_fault_predump_killed_at_pause() { CR_ACTION=pre-dump on mi100x2 -- killed_at pause "amdgpu: pid @PID@: GPU queues paused" KILL TERM INT; }
+case_fault_predump_killed_at_bo_copy() { CR_ACTION=pre-dump on mi100x2 -- killed_at copy "copied to the pages file" KILL TERM INT; }
 case_fault_dump_killed_at_image_write() { on mi100x2 -- killed_at image-write "Dumping pstree" KILL TERM INT; }
 
 # ---------------------------------------------------------------------------------------

@@ -145,6 +145,37 @@ pub extern "C" fn criu_gpu_pause_task(pid: c_int) -> c_int {
     })
 }
 
+/// Pre-dump, task `pid` (real pid) frozen and seized by the calling
+/// thread: the GPU queues of each KFD process it holds are paused only to
+/// take its buffer list, then unpaused.  Returns the number of KFD
+/// processes met.
+#[no_mangle]
+pub extern "C" fn criu_gpu_pre_dump_task(pid: c_int) -> c_int {
+    ffi_boundary("criu_gpu_pre_dump_task", || {
+        let mut g = lock(&DUMP);
+        let Some(s) = g.as_mut() else { return 0 };
+        match s.pre_dump_task(pid) {
+            Ok(n) => n as c_int,
+            Err(e) => fail(e),
+        }
+    })
+}
+
+/// Pre-dump, the tree running again: saves the GPU memory of every KFD
+/// process [`criu_gpu_pre_dump_task`] met into the image directory
+/// `imgdir_fd`.
+#[no_mangle]
+pub extern "C" fn criu_gpu_pre_dump_memory(imgdir_fd: c_int) -> c_int {
+    ffi_boundary("criu_gpu_pre_dump_memory", || {
+        let mut g = lock(&DUMP);
+        let Some(s) = g.as_mut() else { return 0 };
+        match s.pre_dump_memory(&image_dir(imgdir_fd)) {
+            Ok(()) => 0,
+            Err(e) => fail(e),
+        }
+    })
+}
+
 /// Dumps device file `fd` (CRIU's copy of a task's file `id`) into the
 /// image directory `imgdir_fd`; the task is found by the open file.  `1`: a
 /// KFD file, `2`: a render node, `-ENOTSUP`: not a GPU file.

@@ -27,7 +27,7 @@
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use kfd_abi::handle::{Kfd, ProcessInfo};
 use kfd_abi::sys;
@@ -96,6 +96,8 @@ struct PausedProc {
     guard_id: u32,
     /// Its slot in the signal handler's table (None: the table was full).
     slot: Option<usize>,
+    /// When PROCESS_INFO was called: its queues are paused from then on.
+    paused_at: Instant,
 }
 
 /// What [`DumpSession::dump_file`] saved.
@@ -118,6 +120,8 @@ pub struct DumpSession {
     guardian: Option<Guardian>,
     /// The GPU image files written so far, for [`Self::write_digests`].
     digests: Digests,
+    /// Pre-dump: how long the KFD processes' queues were paused, in all.
+    pause_total: Duration,
 }
 
 impl DumpSession {
@@ -132,6 +136,7 @@ impl DumpSession {
             render_fds: BTreeMap::new(),
             guardian: None,
             digests: Digests::default(),
+            pause_total: Duration::ZERO,
         }
     }
 
@@ -259,6 +264,7 @@ impl DumpSession {
             );
         }
         let kfd = Kfd::from_fd(copy.as_fd());
+        let paused_at = Instant::now();
         let info = match kfd.criu_process_info() {
             Ok(info) => info,
             Err(e) => {
@@ -298,6 +304,7 @@ impl DumpSession {
             reopens: Vec::new(),
             guard_id,
             slot,
+            paused_at,
         });
         if info.num_bos == 0 {
             // KFD's RESTORE rejects `num_bos == 0` (criu_restore), so these
@@ -440,6 +447,20 @@ impl DumpSession {
                 what: format!("the KFD file of pid {owner} was dumped twice"),
             });
         }
+        self.save(i, id, dir, &topology)
+    }
+
+    /// Saves KFD process `i` (its metadata from CHECKPOINT, its memory read
+    /// now) as KFD file `id` in `dir`.
+    fn save(
+        &mut self,
+        i: usize,
+        id: FileId,
+        dir: &Path,
+        topology: &Topology,
+    ) -> Result<(), SessionError> {
+        let p = &self.procs[i];
+        let owner = p.task;
         let start = Instant::now();
         // The thunk's files as the task sees them (its mount namespace).
         let root = format!("/proc/{owner}/root");
@@ -452,7 +473,7 @@ impl DumpSession {
             step: format!("reading {HSAKMT_SHM}"),
             source,
         })?;
-        let plan = plan_dump(&topology, &p.ckpt, shm)
+        let plan = plan_dump(topology, &p.ckpt, shm)
             .map_err(|e| SessionError::core(owner, "planning the GPU dump", e))?;
         // The CPU maps a BO through the render-node file that owns it: the
         // file the task gave to ACQUIRE_VM (`drm_vma_node_allow` admits
@@ -594,34 +615,96 @@ impl DumpSession {
     /// the number of processes that could not be unpaused (each logged).
     pub fn finish(&mut self, resume: bool) -> usize {
         let mut failed = 0;
-        for p in self.procs.iter_mut().filter(|p| p.paused) {
-            if !resume {
+        for i in 0..self.procs.len() {
+            if !resume || !self.procs[i].paused {
                 continue;
             }
-            match Kfd::from_fd(p.kfd.as_fd()).criu_unpause() {
-                Ok(()) => {
-                    p.paused = false;
-                    if let Some(slot) = p.slot.take() {
-                        signals::unregister(slot);
-                    }
-                    if let Some(g) = &self.guardian {
-                        let _ = g.untrack(p.guard_id);
-                    }
-                    log::info!("pid {}: GPU queues unpaused", p.task);
-                }
+            match self.unpause(i) {
+                Ok(_) => log::info!("pid {}: GPU queues unpaused", self.procs[i].task),
                 Err(e) => {
                     failed += 1;
-                    log::error!(
-                        "pid {}: fd {} (/dev/kfd): unpausing the GPU queues: {e}; \
-                         its GPU work stays stopped",
-                        p.task,
-                        p.task_fd
-                    );
+                    log::error!("{e}; its GPU work stays stopped");
                 }
             }
         }
         self.release(resume);
         failed
+    }
+
+    /// UNPAUSE of KFD process `i`, which is then no longer the guardian's
+    /// nor the signal handler's; how long its queues were paused.
+    fn unpause(&mut self, i: usize) -> Result<Duration, SessionError> {
+        let p = &mut self.procs[i];
+        Kfd::from_fd(p.kfd.as_fd())
+            .criu_unpause()
+            .map_err(|source| SessionError::Kfd {
+                pid: p.task,
+                step: format!("fd {} (/dev/kfd): unpausing the GPU queues", p.task_fd),
+                source,
+            })?;
+        let paused = p.paused_at.elapsed();
+        p.paused = false;
+        if let Some(slot) = p.slot.take() {
+            signals::unregister(slot);
+        }
+        if let Some(g) = &self.guardian {
+            let _ = g.untrack(p.guard_id);
+        }
+        Ok(paused)
+    }
+
+    /// Pre-dump, task `pid` frozen and seized: each KFD process behind its
+    /// KFD files is paused only to take its buffer list and kernel state
+    /// (PROCESS_INFO, CHECKPOINT) and unpaused at once; its memory is read
+    /// later, while it runs ([`Self::pre_dump_memory`]).  A pre-dump needs
+    /// no consistent copy: the dump after it reads everything again while
+    /// frozen and keeps from the pre-dump only the extents whose content
+    /// hashes are unchanged.  Returns how many KFD processes were new.
+    pub fn pre_dump_task(&mut self, pid: i32) -> Result<usize, SessionError> {
+        let first = self.procs.len();
+        let new = self.pause_task(pid)?;
+        for i in first..self.procs.len() {
+            let paused = self.unpause(i)?;
+            log::info!(
+                "pid {pid}: GPU queues unpaused after {:.3} ms paused (PROCESS_INFO to UNPAUSE); \
+                 the pre-dump reads the GPU memory while the process runs",
+                paused.as_secs_f64() * 1e3
+            );
+            self.pause_total += paused;
+        }
+        Ok(new)
+    }
+
+    /// Pre-dump, the tree running again: saves every KFD process met by
+    /// [`Self::pre_dump_task`] into `dir` as KFD file `<its pid>` (the pid
+    /// KFD reports, which the next dump looks its parent images up by).
+    pub fn pre_dump_memory(&mut self, dir: &Path) -> Result<(), SessionError> {
+        let mut ids = BTreeMap::new();
+        for i in 0..self.procs.len() {
+            let p = &self.procs[i];
+            let id = FileId(p.info.pid);
+            if let Some(other) = ids.insert(id, p.task) {
+                return Err(SessionError::State {
+                    pid: p.task,
+                    what: format!(
+                        "tasks {other} and {} both hold a KFD process of pid {} (in different \
+                         pid namespaces); a GPU pre-dump names its images by that pid and \
+                         cannot save both",
+                        p.task, p.info.pid
+                    ),
+                });
+            }
+            let topology = self.topology(p.task)?.clone();
+            self.save(i, id, dir, &topology)?;
+        }
+        if !self.procs.is_empty() {
+            log::info!(
+                "GPU pre-dump: {} KFD process(es) saved; their queues were paused {:.3} ms in all",
+                self.procs.len(),
+                self.pause_total.as_secs_f64() * 1e3
+            );
+        }
+        Ok(())
     }
 
     /// Closes the files and ends the guardian: on `resume` criu unpaused
