@@ -15,6 +15,7 @@ pub mod fault;
 pub mod fuse;
 pub mod profile;
 pub mod runner;
+pub mod serve;
 pub mod supervise;
 pub mod sysfs;
 pub mod topology;

@@ -167,7 +167,7 @@ fn cmd_run(a: Args) -> Result<i32, String> {
         cmd: a.rest,
         threads: a.threads.unwrap_or(2),
     };
-    kfd_emu::runner::run(opts, kfd_emu::fuse::emulator::devices).map_err(|e| e.to_string())
+    kfd_emu::runner::run(opts, kfd_emu::serve::devices).map_err(|e| e.to_string())
 }
 
 fn cmd_supervise(a: Args) -> Result<i32, String> {

@@ -11,39 +11,21 @@
 
 use std::ffi::{CString, OsString};
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Arc;
 
-use crate::fuse::{self, FileOps};
+use crate::fuse;
 use crate::profile::Profile;
+use crate::serve::{Devices, NodeSpec};
 
 /// Environment variables set for the command, for test scripts and
 /// humans.  Product code must not look at them.
 pub const ENV_PROFILE: &str = "KFD_EMU_PROFILE";
 pub const ENV_STATE_DIR: &str = "KFD_EMU_STATE_DIR";
-
-/// One device node to serve.
-pub struct NodeSpec {
-    /// Absolute path inside the namespace (`/dev/kfd`,
-    /// `/dev/dri/renderD128`).
-    pub path: PathBuf,
-    pub backing: OwnedFd,
-    pub ops: Arc<dyn FileOps>,
-}
-
-/// The devices and how to stop them.
-pub struct Devices {
-    pub nodes: Vec<NodeSpec>,
-    pub shutdown: Box<dyn FnOnce()>,
-    /// What answers the calls `kfd-emu supervise` traps: listeners are
-    /// taken on `STATE_DIR/supervise.sock` when there is one.
-    pub supervisor: Option<Arc<dyn crate::supervise::Handler>>,
-}
 
 pub struct RunOptions {
     pub profile: Profile,

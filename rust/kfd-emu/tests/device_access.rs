@@ -40,7 +40,7 @@ fn me() -> Caller {
 
 fn emulator() -> (Emulator, Profile) {
     let p = Profile::builtin("mi100").unwrap();
-    let emu = Emulator::with_resolver(&p, Box::new(Table::default())).unwrap();
+    let emu = Emulator::new(&p, Box::new(Table::default())).unwrap();
     (emu, p)
 }
 
@@ -433,7 +433,7 @@ fn criu_args(
 fn restore_onto_swapped_gpus_keeps_user_gpu_ids() {
     let p = Profile::builtin("mi100x2").unwrap();
     let fds = Table::default();
-    let emu = Emulator::with_resolver(&p, Box::new(fds.clone())).unwrap();
+    let emu = Emulator::new(&p, Box::new(fds.clone())).unwrap();
     let (g0, g1) = (&p.gpus()[0], &p.gpus()[1]);
     let (id0, id1) = (g0.gpu_id.0, g1.gpu_id.0);
     let kfd = emu.open(&NodeKind::Kfd, &me()).unwrap();

@@ -64,7 +64,7 @@ fn idle_sdma_queue_costs_little_cpu() {
     // The render open's fh is known only after open; the resolver is
     // fixed before, so open a throwaway emulator's numbering: fhs start
     // at 1 and the kfd open comes first.
-    let emu = Emulator::with_resolver(&p, Box::new(One(2))).unwrap();
+    let emu = Emulator::new(&p, Box::new(One(2))).unwrap();
     // SAFETY: gettid has no preconditions.
     let tid = unsafe { libc::gettid() } as u32;
     let me = Caller {

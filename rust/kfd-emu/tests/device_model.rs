@@ -81,7 +81,7 @@ impl Dev {
             Profile::with_override("mi100", "test", over).unwrap()
         };
         let fds = Table::default();
-        let emu = Emulator::with_resolver(&p, Box::new(fds.clone())).unwrap();
+        let emu = Emulator::new(&p, Box::new(fds.clone())).unwrap();
         Dev {
             emu,
             fds,

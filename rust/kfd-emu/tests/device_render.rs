@@ -63,7 +63,7 @@ impl Node {
     fn new(name: &str, i: usize) -> Node {
         let p = Profile::builtin(name).unwrap();
         let fds = Table::default();
-        let emu = Emulator::with_resolver(&p, Box::new(fds.clone())).unwrap();
+        let emu = Emulator::new(&p, Box::new(fds.clone())).unwrap();
         let minor = p.gpus()[i].drm_render_minor.0;
         let fh = emu.open(&NodeKind::Render { minor }, &me()).unwrap();
         Node { emu, fds, p, i, fh }
@@ -291,7 +291,7 @@ fn dma_rings_without_user_submission_are_not_counted() {
     let p = Profile::with_override("rx9070xt", path, &text).unwrap();
     assert!(!p.gpus()[0].dma_user_submission);
     let fds = Table::default();
-    let emu = Emulator::with_resolver(&p, Box::new(fds.clone())).unwrap();
+    let emu = Emulator::new(&p, Box::new(fds.clone())).unwrap();
     let minor = p.gpus()[0].drm_render_minor.0;
     let fh = emu.open(&NodeKind::Render { minor }, &me()).unwrap();
     let n = Node {
@@ -432,7 +432,7 @@ fn memory_sizes_and_usage() {
 
     // Small BAR: 256 MiB visible, nothing of KFD's VRAM in it.
     let p = Profile::with_override("mi100", "t", "[gpu_defaults]\nvram_public = false\n").unwrap();
-    let emu = Emulator::with_resolver(&p, Box::new(Table::default())).unwrap();
+    let emu = Emulator::new(&p, Box::new(Table::default())).unwrap();
     let fh = emu
         .open(
             &NodeKind::Render {

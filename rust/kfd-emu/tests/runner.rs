@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use common::{memfd, Double, ROLE_ENV};
 use kfd_emu::profile::Profile;
-use kfd_emu::runner::{self, Devices, NodeSpec, RunOptions};
+use kfd_emu::runner::{self, RunOptions};
+use kfd_emu::serve::{Devices, NodeSpec};
 
 const CMD_ENV: &str = "KFD_EMU_TEST_CMD";
 const PROFILE_ENV: &str = "KFD_EMU_TEST_PROFILE";

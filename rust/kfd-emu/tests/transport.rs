@@ -77,7 +77,7 @@ fn ioctl_round_trip_and_passthrough() {
     assert_eq!(tid2.0, tid2.1);
 
     // fd arguments: pull the fd from the process, ask the transport its fh.
-    let pulled = fuse::pull_fd(std::process::id(), f.as_raw_fd()).unwrap();
+    let pulled = kfd_emu::device::pull_fd(std::process::id(), f.as_raw_fd()).unwrap();
     let fh = fuse::fh_of(pulled.as_fd()).unwrap();
     let opens = double.opens.lock().unwrap().clone();
     assert_eq!(opens.len(), 1);

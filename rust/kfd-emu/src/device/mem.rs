@@ -1,5 +1,6 @@
 //! Backends: the sparse memfds behind the device nodes, the daemon's own
-//! mappings of them, and the caller's memory (`process_vm_readv/writev`).
+//! mappings of them, the caller's memory (`process_vm_readv/writev`) and
+//! the caller's files (`pidfd_getfd`).
 
 use std::ffi::CString;
 use std::io;
@@ -196,6 +197,30 @@ impl Drop for Mapping {
         // SAFETY: unmapping the range this value mapped and owns.
         unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
     }
+}
+
+/// Duplicates fd `fd` of process `tgid` into this process
+/// (`pidfd_open` + `pidfd_getfd`; needs ptrace access to the process).
+pub fn pull_fd(tgid: u32, fd: i32) -> io::Result<OwnedFd> {
+    // SAFETY: pidfd_open with integer arguments.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, tgid as libc::pid_t, 0) };
+    if pidfd < 0 {
+        return Err(os_err(format!("pidfd_open({tgid})")));
+    }
+    // SAFETY: a fresh fd nobody else owns.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd as i32) };
+    // SAFETY: pidfd_getfd with a valid pidfd and integer arguments.
+    let r = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
+    if r < 0 {
+        return Err(os_err(format!("pidfd_getfd(pid {tgid}, fd {fd})")));
+    }
+    // SAFETY: a fresh fd nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(r as i32) })
+}
+
+fn os_err(what: impl std::fmt::Display) -> io::Error {
+    let e = io::Error::last_os_error();
+    io::Error::new(e.kind(), format!("{what}: {e}"))
 }
 
 /// Reads `buf.len()` bytes at `addr` of thread `tid` (EFAULT on failure).

@@ -38,6 +38,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+pub use mem::pull_fd;
 use state::{Devices, Done, Gpu, Open, State};
 pub use supervised::FdInstaller;
 use uapi::{kfd as nr, sys, AsBytes};
@@ -69,24 +70,10 @@ pub trait Replier: Send {
 }
 
 /// Maps an fd of a process to the emulated open (`fh`) it refers to.
+/// The transport provides it (it knows which files are its opens); the
+/// model asks before it takes its lock.
 pub trait FdResolver: Send + Sync {
     fn open_of(&self, tgid: u32, fd: i32) -> Result<u64, i32>;
-}
-
-/// Resolution through the FUSE transport: pull the fd with pidfd_getfd,
-/// ask the transport for its fh.
-struct FuseResolver;
-
-impl FdResolver for FuseResolver {
-    fn open_of(&self, tgid: u32, fd: i32) -> Result<u64, i32> {
-        let pulled = crate::fuse::pull_fd(tgid, fd).map_err(|_| libc::EBADF)?;
-        crate::fuse::fh_of(std::os::fd::AsFd::as_fd(&pulled)).map_err(|e| match e.raw_os_error() {
-            // Not one of our nodes: the kernel's "not a DRM file".
-            Some(libc::ENOTTY) => libc::EINVAL,
-            Some(e) => e,
-            None => libc::EINVAL,
-        })
-    }
 }
 
 /// Fds resolved before taking the state lock (resolution talks to the
@@ -174,13 +161,10 @@ fn tracer_of(pid: u32) -> Option<u32> {
 }
 
 impl Emulator {
-    pub fn new(profile: &crate::profile::Profile) -> std::io::Result<Emulator> {
-        Self::with_resolver(profile, Box::new(FuseResolver))
-    }
-
-    /// As [`Emulator::new`] with another way to resolve fd arguments
-    /// (in-process tests have no FUSE mount to ask).
-    pub fn with_resolver(
+    /// The devices of `profile`; `resolver` finds the open an fd argument
+    /// (ACQUIRE_VM's `drm_fd`, ...) refers to (the transport's, or a
+    /// table in in-process tests).
+    pub fn new(
         profile: &crate::profile::Profile,
         resolver: Box<dyn FdResolver>,
     ) -> std::io::Result<Emulator> {
@@ -460,7 +444,7 @@ impl Emulator {
         }
         let dmabuf = if n == uapi::drm::PRIME_FD_TO_HANDLE {
             let a: sys::drm_prime_handle = uapi::decode(input);
-            let file = crate::fuse::pull_fd(caller.tgid, a.fd).map_err(|_| libc::EBADF)?;
+            let file = mem::pull_fd(caller.tgid, a.fd).map_err(|_| libc::EBADF)?;
             // Not a dma-buf: dma_buf_get's EINVAL.
             Some(
                 self.shared

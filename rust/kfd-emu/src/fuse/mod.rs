@@ -17,7 +17,6 @@
 //! to the transport, and its own later answer is then dropped.
 
 pub mod abi;
-pub mod emulator;
 
 use std::collections::HashMap;
 use std::ffi::CString;
@@ -40,28 +39,9 @@ const MAX_ERRNO: i32 = 511;
 /// `_IOR(0xfe, 0x01, u64)`: answered by the transport itself on every
 /// node with the open file description's `fh`.  Lets the device model find
 /// which emulated open an fd argument (`ACQUIRE_VM.drm_fd`, a CRIU device
-/// bucket's `drm_fd`) refers to: pull the fd with [`pull_fd`], then ask
+/// bucket's `drm_fd`) refers to: pull the fd (`device::pull_fd`), then ask
 /// [`fh_of`].  Type 0xfe is used by neither KFD ('K') nor DRM ('d').
 pub const FH_QUERY: u32 = (2 << 30) | (8 << 16) | (0xfe << 8) | 0x01;
-
-/// Duplicates fd `fd` of process `tgid` into this process
-/// (`pidfd_open` + `pidfd_getfd`; needs ptrace access to the process).
-pub fn pull_fd(tgid: u32, fd: i32) -> io::Result<OwnedFd> {
-    // SAFETY: pidfd_open with integer arguments.
-    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, tgid as libc::pid_t, 0) };
-    if pidfd < 0 {
-        return Err(os_err(format!("pidfd_open({tgid})")));
-    }
-    // SAFETY: a fresh fd nobody else owns.
-    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd as i32) };
-    // SAFETY: pidfd_getfd with a valid pidfd and integer arguments.
-    let r = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
-    if r < 0 {
-        return Err(os_err(format!("pidfd_getfd(pid {tgid}, fd {fd})")));
-    }
-    // SAFETY: a fresh fd nobody else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(r as i32) })
-}
 
 /// The `fh` of an open of an emulated node (ENOTTY for any other file).
 /// Another worker answers, so this must not run on the only worker of a

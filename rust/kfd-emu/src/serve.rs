@@ -1,16 +1,33 @@
-//! Glue between the FUSE transport and the device model: one
-//! [`FileOps`] per device node, delegating to the shared
-//! [`device::Emulator`].
+//! What `kfd-emu run` serves, and the glue between the transports and the
+//! device model: one FUSE [`FileOps`] per device node and the `kfd-emu
+//! supervise` handler, all delegating to the shared [`device::Emulator`].
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use crate::device::{self, Emulator, NodeKind};
 use crate::fuse::{Caller, FileOps, IoctlReply};
 use crate::profile::Profile;
-use crate::runner::{Devices, NodeSpec};
+
+/// One device node to serve.
+pub struct NodeSpec {
+    /// Absolute path inside the namespace (`/dev/kfd`,
+    /// `/dev/dri/renderD128`).
+    pub path: PathBuf,
+    pub backing: OwnedFd,
+    pub ops: Arc<dyn FileOps>,
+}
+
+/// The devices and how to stop them.
+pub struct Devices {
+    pub nodes: Vec<NodeSpec>,
+    pub shutdown: Box<dyn FnOnce()>,
+    /// What answers the calls `kfd-emu supervise` traps: listeners are
+    /// taken on `STATE_DIR/supervise.sock` when there is one.
+    pub supervisor: Option<Arc<dyn crate::supervise::Handler>>,
+}
 
 struct NodeOps {
     emu: Arc<Emulator>,
@@ -27,6 +44,22 @@ impl device::Replier for Reply {
 
     fn request_id(&self) -> Option<u64> {
         Some(self.0.unique())
+    }
+}
+
+/// Fd arguments resolved through this transport: pull the caller's fd,
+/// ask the transport for the open's fh.
+struct FuseResolver;
+
+impl device::FdResolver for FuseResolver {
+    fn open_of(&self, tgid: u32, fd: i32) -> Result<u64, i32> {
+        let pulled = device::pull_fd(tgid, fd).map_err(|_| libc::EBADF)?;
+        crate::fuse::fh_of(pulled.as_fd()).map_err(|e| match e.raw_os_error() {
+            // Not one of our nodes: the kernel's "not a DRM file".
+            Some(libc::ENOTTY) => libc::EINVAL,
+            Some(e) => e,
+            None => libc::EINVAL,
+        })
     }
 }
 
@@ -82,7 +115,7 @@ pub fn node_path(node: &NodeKind) -> PathBuf {
 
 /// Creates the emulator for `profile` and the nodes to serve.
 pub fn devices(profile: &Profile) -> io::Result<Devices> {
-    let emu = Arc::new(Emulator::new(profile)?);
+    let emu = Arc::new(Emulator::new(profile, Box::new(FuseResolver))?);
     let mut nodes = Vec::new();
     for node in emu.nodes() {
         nodes.push(NodeSpec {
@@ -140,7 +173,7 @@ impl crate::supervise::Handler for Supervised {
                 .collect()
         });
         // A bad fd: the kernel answers EBADF itself.
-        let Ok(file) = crate::fuse::pull_fd(n.tgid, n.fd) else {
+        let Ok(file) = device::pull_fd(n.tgid, n.fd) else {
             return Verdict::Continue;
         };
         // The pulled file is the caller's only if the call is still live.
