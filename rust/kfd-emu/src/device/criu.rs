@@ -18,7 +18,7 @@ use std::mem::{offset_of, size_of};
 
 use super::kfd;
 use super::mem::{user_read, user_write};
-use super::state::{BoKey, Done, Event, Queue, State, R};
+use super::state::{BoKey, Done, Event, MemoryException, Queue, State, R};
 use super::svm;
 use super::uapi::{self, alloc, kfd_off, layout, priv_blob as pb, sys, AsBytes, FromBytes};
 use super::{Caller, FdResolver};
@@ -345,7 +345,7 @@ pub fn checkpoint(
             auto_reset: ev.auto_reset as u32,
             type_: ev.etype,
             signaled: ev.signaled as u32,
-            exception_data: ev.data,
+            exception_data: kfd::memory_exception(&ev.exception),
         };
         uapi::push(&mut blob, &r);
     }
@@ -656,7 +656,7 @@ fn plan_restore(
                         signaled: r.signaled != 0,
                         node_id: 0,
                         trigger_data: 0,
-                        data: r.exception_data,
+                        exception: MemoryException::Saved(r.exception_data),
                     },
                 ));
             }

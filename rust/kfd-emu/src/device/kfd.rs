@@ -7,7 +7,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::mem::{user_read, user_write};
-use super::state::{Answer, Bo, BoKey, Done, Event, Queue, SignalPage, State, Waiter, R};
+use super::state::{
+    Answer, Bo, BoKey, Done, Event, MemoryException, Queue, SignalPage, State, WaitEnd, WaitReply,
+    Waiter, R,
+};
 use super::uapi::{self, alloc, event_type, kfd_off, queue_type, sys};
 use super::{Caller, FdResolver, Replier};
 
@@ -595,7 +598,7 @@ pub fn create_event(st: &mut State, lead: u32, a: &mut sys::kfd_ioctl_create_eve
             signaled: false,
             node_id: a.node_id,
             trigger_data: a.event_trigger_data,
-            data: [0; 32],
+            exception: MemoryException::None,
         },
     );
     a.event_id = id;
@@ -618,7 +621,7 @@ pub fn destroy_event(st: &mut State, lead: u32, id: u32, done: &mut Done) -> R<(
     while i < p.waiters.len() {
         if p.waiters[i].events.iter().any(|e| e.0 == id) {
             let w = p.waiters.swap_remove(i);
-            done.push(w.finish(2));
+            done.push(w.finish(Ok(WaitEnd::Fail)));
         } else {
             i += 1;
         }
@@ -645,6 +648,64 @@ pub fn reset_event(st: &mut State, lead: u32, id: u32) -> R<()> {
 
 /// WAIT_EVENTS over an array of `kfd_event_data`.
 /// Answers now, or parks `reply` and returns None.
+/// A memory event's exception data as KFD reports it
+/// (`kfd_hsa_memory_exception_data`).
+pub fn memory_exception(e: &MemoryException) -> [u8; 32] {
+    let data = match *e {
+        MemoryException::None => return [0; 32],
+        MemoryException::Saved(b) => return b,
+        MemoryException::NotPresent { page, gpu_id } => sys::kfd_hsa_memory_exception_data {
+            failure: sys::kfd_memory_exception_failure {
+                NotPresent: 1,
+                ..Default::default()
+            },
+            va: page,
+            gpu_id,
+            ErrorType: 0,
+        },
+    };
+    uapi::bytes(&data)
+        .try_into()
+        .expect("kfd_hsa_memory_exception_data is 32 bytes")
+}
+
+/// WAIT_EVENTS' answer, encoded when the wait ends.
+struct WaitEventsReply {
+    reply: Box<dyn Replier>,
+    tid: u32,
+    args: sys::kfd_ioctl_wait_events_args,
+    out_size: usize,
+}
+
+impl WaitReply for WaitEventsReply {
+    fn answer(mut self: Box<Self>, end: R<WaitEnd>) -> Answer {
+        let result = match end {
+            Err(e) => return (self.reply, Err(e)),
+            Ok(WaitEnd::Timeout) => uapi::WAIT_TIMEOUT,
+            Ok(WaitEnd::Fail) => uapi::WAIT_FAIL,
+            Ok(WaitEnd::Complete(fired)) => {
+                // copy_signaled_event_data: each fired memory event's
+                // exception data into the caller's kfd_event_data array;
+                // EFAULT when it cannot be written.
+                let stride = size_of::<sys::kfd_event_data>() as u64;
+                for (i, e) in fired {
+                    let at = self.args.events_ptr + i as u64 * stride;
+                    if user_write(self.tid, at, &memory_exception(&e)).is_err() {
+                        return (self.reply, Err(libc::EFAULT));
+                    }
+                }
+                uapi::WAIT_COMPLETE
+            }
+        };
+        self.args.wait_result = result;
+        (self.reply, Ok(uapi::encode(&self.args, self.out_size)))
+    }
+
+    fn request_id(&self) -> Option<u64> {
+        self.reply.request_id()
+    }
+}
+
 pub fn wait_events(
     st: &mut State,
     lead: u32,
@@ -685,9 +746,12 @@ pub fn wait_events(
         events,
         all: a.wait_for_all != 0,
         deadline,
-        reply,
-        args: a,
-        out_size,
+        reply: Box::new(WaitEventsReply {
+            reply,
+            tid: caller.tid,
+            args: a,
+            out_size,
+        }),
     };
     let ready = if w.all {
         w.events.iter().all(|e| e.1)
@@ -698,7 +762,7 @@ pub fn wait_events(
         return Some(w.complete(&p.events));
     }
     if timeout == 0 {
-        return Some(w.finish(uapi::WAIT_TIMEOUT));
+        return Some(w.finish(Ok(WaitEnd::Timeout)));
     }
     // A thread is in one ioctl at a time, and an interrupted wait leaves
     // at once (`Emulator::interrupt`): an older wait of this thread can

@@ -299,7 +299,7 @@ impl Emulator {
         drop(st);
         if let Some(w) = waiter {
             log::debug!("kfd-emu: wait of thread {} interrupted", w.tid);
-            w.reply.reply(Err(libc::EINTR));
+            send(vec![w.finish(Err(libc::EINTR))]);
         }
         true
     }
@@ -713,7 +713,7 @@ impl Emulator {
         let mut done = Done::new();
         for p in st.procs.values_mut() {
             for w in p.waiters.drain(..) {
-                done.push((w.reply, Err(libc::EINTR)));
+                done.push(w.finish(Err(libc::EINTR)));
             }
         }
         drop(st);

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::mem::{Mapping, Memfd};
-use super::uapi::{self, alloc, kfd_off, queue_type, sys};
+use super::uapi::{self, alloc, kfd_off, queue_type};
 use super::Replier;
 
 /// A GPU as the emulator serves it (immutable after start).
@@ -157,8 +157,41 @@ pub struct Event {
     pub signaled: bool,
     pub node_id: u32,
     pub trigger_data: u32,
-    /// Saved exception data (opaque to the emulator).
-    pub data: [u8; 32],
+    /// What a memory event reports to its waiter.
+    pub exception: MemoryException,
+}
+
+/// A memory event's exception data (KFD's `kfd_hsa_memory_exception_data`,
+/// which the ABI layer encodes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MemoryException {
+    /// Nothing happened yet (all zero).
+    #[default]
+    None,
+    /// A GPU page fault: page not present at `page` on the GPU the process
+    /// calls `gpu_id`.
+    NotPresent { page: u64, gpu_id: u32 },
+    /// Restored from a CRIU image: KFD's bytes, carried as they were.
+    Saved([u8; 32]),
+}
+
+/// How a parked WAIT_EVENTS ends (KFD's `wait_result`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WaitEnd {
+    /// The wait's condition holds; the memory events among the fired
+    /// ones, by position in the caller's list, with their exception data.
+    Complete(Vec<(usize, MemoryException)>),
+    Timeout,
+    /// An event of the wait was destroyed.
+    Fail,
+}
+
+/// The ABI side of a parked wait: it turns the wait's end into the
+/// caller's answer (the state machine knows no ioctl encoding).
+pub trait WaitReply: Send {
+    fn answer(self: Box<Self>, end: R<WaitEnd>) -> Answer;
+    /// The transport's id of the request (see [`Replier::request_id`]).
+    fn request_id(&self) -> Option<u64>;
 }
 
 pub struct SignalPage {
@@ -172,9 +205,7 @@ pub struct Waiter {
     pub events: Vec<(u32, bool)>,
     pub all: bool,
     pub deadline: Option<Instant>,
-    pub reply: Box<dyn Replier>,
-    pub args: sys::kfd_ioctl_wait_events_args,
-    pub out_size: usize,
+    pub reply: Box<dyn WaitReply>,
 }
 
 impl Waiter {
@@ -185,29 +216,25 @@ impl Waiter {
             self.events.iter().any(|e| e.1)
         }
     }
-    pub fn finish(mut self, result: u32) -> Answer {
-        self.args.wait_result = result;
-        (self.reply, Ok(uapi::encode(&self.args, self.out_size)))
+    pub fn finish(self, end: R<WaitEnd>) -> Answer {
+        self.reply.answer(end)
     }
 
     /// Completes the wait as KFD does: the exception data of each memory
-    /// event that fired goes to the caller's `kfd_event_data` array
-    /// (copy_signaled_event_data); EFAULT when it cannot be written.
+    /// event that fired goes to the caller (copy_signaled_event_data).
     pub fn complete(self, events: &BTreeMap<u32, Event>) -> Answer {
-        let stride = std::mem::size_of::<sys::kfd_event_data>() as u64;
-        for (i, (id, active)) in self.events.iter().enumerate() {
-            let Some(e) = events
-                .get(id)
-                .filter(|e| *active && e.etype == uapi::event_type::MEMORY)
-            else {
-                continue;
-            };
-            let at = self.args.events_ptr + i as u64 * stride;
-            if super::mem::user_write(self.tid, at, &e.data).is_err() {
-                return (self.reply, Err(libc::EFAULT));
-            }
-        }
-        self.finish(uapi::WAIT_COMPLETE)
+        let fired = self
+            .events
+            .iter()
+            .enumerate()
+            .filter_map(|(i, (id, active))| {
+                events
+                    .get(id)
+                    .filter(|e| *active && e.etype == uapi::event_type::MEMORY)
+                    .map(|e| (i, e.exception))
+            })
+            .collect();
+        self.finish(Ok(WaitEnd::Complete(fired)))
     }
 }
 
@@ -383,7 +410,7 @@ impl Proc {
         while i < self.waiters.len() {
             match self.waiters[i].deadline {
                 Some(d) if d <= now => {
-                    done.push(self.waiters.swap_remove(i).finish(uapi::WAIT_TIMEOUT));
+                    done.push(self.waiters.swap_remove(i).finish(Ok(WaitEnd::Timeout)));
                     continue;
                 }
                 Some(d) => next = Some(next.map_or(d, |n| n.min(d))),
@@ -445,18 +472,10 @@ impl Proc {
     /// page, the GPU's id) and is signalled.  ROCr's handler prints "Memory
     /// access fault by GPU node-N" and aborts.
     pub fn vm_fault(&mut self, gpu: usize, va: u64, done: &mut Done) {
-        let data = sys::kfd_hsa_memory_exception_data {
-            failure: sys::kfd_memory_exception_failure {
-                NotPresent: 1,
-                ..Default::default()
-            },
-            va: va & !(uapi::PAGE - 1),
+        let fault = MemoryException::NotPresent {
+            page: va & !(uapi::PAGE - 1),
             gpu_id: self.pdds[gpu].user_id,
-            ErrorType: 0,
         };
-        let bytes: [u8; 32] = uapi::bytes(&data)
-            .try_into()
-            .expect("kfd_hsa_memory_exception_data is 32 bytes");
         let ids: Vec<u32> = self
             .events
             .iter()
@@ -464,7 +483,7 @@ impl Proc {
             .map(|(&id, _)| id)
             .collect();
         for id in ids {
-            self.events.get_mut(&id).expect("listed above").data = bytes;
+            self.events.get_mut(&id).expect("listed above").exception = fault;
             self.signal(id, done);
         }
     }
@@ -663,7 +682,7 @@ impl State {
                 if last == Some(true) {
                     let p = self.procs.remove(&lead).unwrap();
                     for w in p.waiters {
-                        done.push((w.reply, Err(libc::EINTR)));
+                        done.push(w.finish(Err(libc::EINTR)));
                     }
                     for (k, bo) in &p.bos {
                         self.free_bo_memory(k.gpu, bo);
