@@ -15,7 +15,7 @@
 //! * optional `io_links_generated`, `cpu_links_generated`,
 //!   `p2p_links_generated` (all default true) and `[[io_links]]`: the
 //!   topology's io_links and p2p_links (see [`IoLinkSpec`] and
-//!   `topology.rs`).
+//!   [`links`]).
 //!
 //! Merging an override: tables merge key by key, arrays of tables merge
 //! element by element (extra elements are appended), anything else is
@@ -33,7 +33,9 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use toml::{Table, Value};
 
-use crate::topology::{self, Link};
+pub mod links;
+
+use links::Link;
 
 /// The built-in profiles, by name.
 const BUILTIN: &[(&str, &str)] = &[
@@ -233,7 +235,7 @@ impl fmt::Display for NodeRef {
 }
 
 /// One declared io_link (`[[io_links]]`).  Omitted numbers take the values
-/// of the generated links of that type (see `topology.rs`); other types
+/// of the generated links of that type (see [`links::link_defaults`]); other types
 /// have no defaults for `weight`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -747,7 +749,7 @@ impl Profile {
         let mut seen: std::collections::BTreeMap<(u32, u32, u32), String> =
             std::collections::BTreeMap::new();
         for n in 0..(self.cpus.len() + self.gpus.len()) as u32 {
-            for l in topology::generated_links_of(self, n) {
+            for l in links::generated_links_of(self, n) {
                 seen.insert((l.from, l.to, l.kind), "a generated link".into());
             }
         }
@@ -794,7 +796,7 @@ impl Profile {
                     )))
                 }
             };
-            let defaults = topology::link_defaults(kind);
+            let defaults = links::link_defaults(kind);
             let weight = match (spec.weight, defaults) {
                 (Some(w), _) => w,
                 (None, Some(d)) => d.weight,
@@ -820,7 +822,7 @@ impl Profile {
                     .max_bandwidth
                     .or(defaults.map(|d| d.max_bw))
                     .unwrap_or(0),
-                flags: spec.flags.unwrap_or(topology::LINK_FLAGS),
+                flags: spec.flags.unwrap_or(links::LINK_FLAGS),
             };
             if link.min_latency > link.max_latency {
                 return Err(self.invalid(format!(
@@ -911,10 +913,15 @@ mod tests {
         )
         .unwrap();
         assert!(p.io_links.is_empty() && p.io_links_generated);
-        assert_eq!(
-            topology::render(&p),
-            topology::render(&Profile::builtin("mi100x2").unwrap())
-        );
+        let builtin = Profile::builtin("mi100x2").unwrap();
+        let n = (p.cpus.len() + p.gpus.len()) as u32;
+        assert_eq!(n, (builtin.cpus.len() + builtin.gpus.len()) as u32);
+        for node in 0..n {
+            assert_eq!(
+                links::generated_links_of(&p, node),
+                links::generated_links_of(&builtin, node)
+            );
+        }
     }
 
     #[test]
