@@ -3,7 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use kfd_emu::profile::{builtin_names, GpuId, Profile, RenderMinor};
+use kfd_abi::ids::{GpuId, RenderMinor};
+use kfd_emu::profile::{builtin_names, Profile};
 use kfd_emu::topology::{self, IOLINK_HYPERTRANSPORT, IOLINK_PCIE, IOLINK_XGMI};
 
 fn tree(p: &Profile) -> BTreeMap<String, String> {

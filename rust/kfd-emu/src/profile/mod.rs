@@ -35,6 +35,7 @@ use toml::{Table, Value};
 
 pub mod links;
 
+use kfd_abi::ids::{GpuId, RenderMinor};
 use links::Link;
 
 /// The built-in profiles, by name.
@@ -47,25 +48,17 @@ const BUILTIN: &[(&str, &str)] = &[
     ("rx9070xt", include_str!("../../profiles/rx9070xt.toml")),
 ];
 
-/// A KFD gpu_id (the id user space sees in topology and ioctls).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct GpuId(pub u32);
+/// Profiles write kfd-abi's id newtypes (`GpuId`, `RenderMinor`) as
+/// plain integers.
+mod id_serde {
+    use serde::{Deserialize, Deserializer, Serializer};
 
-impl fmt::Display for GpuId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:#x}", self.0)
+    pub fn serialize<S: Serializer, T: Copy + Into<u32>>(v: &T, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u32((*v).into())
     }
-}
 
-/// A DRM render minor (`/dev/dri/renderD<minor>`, 128..=255).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct RenderMinor(pub u32);
-
-impl fmt::Display for RenderMinor {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)
+    pub fn deserialize<'de, D: Deserializer<'de>, T: From<u32>>(d: D) -> Result<T, D::Error> {
+        u32::deserialize(d).map(T::from)
     }
 }
 
@@ -94,6 +87,7 @@ pub struct CacheLevel {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Gpu {
+    #[serde(with = "id_serde")]
     pub gpu_id: GpuId,
     /// The node's `name` file, the gfx target (`gfx90a`).
     pub name: String,
@@ -111,6 +105,7 @@ pub struct Gpu {
     pub domain: u32,
     /// PCI bus/device/function: `bus << 8 | dev << 3 | fn`.
     pub location_id: u32,
+    #[serde(with = "id_serde")]
     pub drm_render_minor: RenderMinor,
     /// Index into [`Profile::cpus`] of the NUMA node the GPU hangs off.
     pub numa_node: u32,
