@@ -3,66 +3,22 @@
 //! Arguments are built from kfd-abi's types, so these tests also pin the
 //! emulator to the same layouts product code uses.
 
-use std::collections::HashMap;
 use std::mem::size_of;
-use std::sync::mpsc::{channel, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kfd_abi::{ioctl, sys};
 use kfd_emu::device::uapi::{self, criu_op, AsBytes};
-use kfd_emu::device::{Caller, Emulator, FdResolver, NodeKind, Replier};
+use kfd_emu::device::{Caller, Emulator, NodeKind};
 use kfd_emu::profile::Profile;
 
-struct Tx(Mutex<Sender<Result<Vec<u8>, i32>>>);
-impl Replier for Tx {
-    fn reply(self: Box<Self>, r: Result<Vec<u8>, i32>) {
-        let _ = self.0.lock().unwrap().send(r);
-    }
-}
-
-#[derive(Clone, Default)]
-struct Table(Arc<Mutex<HashMap<i32, u64>>>);
-impl FdResolver for Table {
-    fn open_of(&self, _tgid: u32, fd: i32) -> Result<u64, i32> {
-        self.0.lock().unwrap().get(&fd).copied().ok_or(libc::EBADF)
-    }
-}
-
-fn me() -> Caller {
-    // SAFETY: gettid has no preconditions.
-    let tid = unsafe { libc::gettid() } as u32;
-    Caller {
-        tid,
-        tgid: std::process::id(),
-    }
-}
+mod model;
+use model::{call, cap_eff, me, Table};
 
 fn emulator() -> (Emulator, Profile) {
     let p = Profile::builtin("mi100").unwrap();
     let emu = Emulator::new(&p, Box::new(Table::default())).unwrap();
     (emu, p)
-}
-
-fn call(
-    emu: &Emulator,
-    fh: u64,
-    c: &Caller,
-    cmd: u32,
-    input: &[u8],
-    out: usize,
-) -> Result<Vec<u8>, i32> {
-    let (tx, rx) = channel();
-    emu.ioctl(
-        fh,
-        c,
-        cmd,
-        0,
-        input,
-        out as u32,
-        Box::new(Tx(Mutex::new(tx))),
-    );
-    rx.recv_timeout(Duration::from_secs(5)).expect("no reply")
 }
 
 /// An IOWR call with the kernel's struct size.
@@ -75,12 +31,6 @@ fn process_info() -> Vec<u8> {
     a[std::mem::offset_of!(sys::kfd_ioctl_criu_args, op)..][..4]
         .copy_from_slice(&criu_op::PROCESS_INFO.to_le_bytes());
     a
-}
-
-fn cap_eff(tid: u32) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/{tid}/status")).unwrap();
-    let v = s.lines().find_map(|l| l.strip_prefix("CapEff:")).unwrap();
-    u64::from_str_radix(v.trim(), 16).unwrap()
 }
 
 const CRIU_CAPS: u64 = 1 << 40 | 1 << 21;
@@ -446,7 +396,7 @@ fn restore_onto_swapped_gpus_keeps_user_gpu_ids() {
                 &me(),
             )
             .unwrap();
-        fds.0.lock().unwrap().insert(fd, r);
+        fds.insert(fd, r);
     }
     for (fd, id) in [(900, id0), (901, id1)] {
         let a = sys::kfd_ioctl_acquire_vm_args {

@@ -3,31 +3,14 @@
 //! costs little CPU.  Its own test binary, so process CPU time is the
 //! emulator's alone.
 
-use std::sync::mpsc::{channel, Sender};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use kfd_emu::device::uapi::{alloc, kfd as nr, queue_type};
-use kfd_emu::device::{Caller, Emulator, FdResolver, NodeKind, Replier};
+use kfd_emu::device::{Caller, Emulator, NodeKind};
 use kfd_emu::profile::Profile;
 
-struct Tx(Mutex<Sender<Result<Vec<u8>, i32>>>);
-impl Replier for Tx {
-    fn reply(self: Box<Self>, r: Result<Vec<u8>, i32>) {
-        let _ = self.0.lock().unwrap().send(r);
-    }
-}
-
-struct One(u64);
-impl FdResolver for One {
-    fn open_of(&self, _tgid: u32, fd: i32) -> Result<u64, i32> {
-        if fd == 900 {
-            Ok(self.0)
-        } else {
-            Err(libc::EBADF)
-        }
-    }
-}
+mod model;
+use model::{kfd_iowr, me, Table};
 
 fn cpu_time() -> Duration {
     let mut ru: libc::rusage = unsafe_zeroed();
@@ -43,37 +26,19 @@ fn unsafe_zeroed() -> libc::rusage {
 }
 
 fn call(emu: &Emulator, fh: u64, c: &Caller, n: u32, input: &[u8]) -> Result<Vec<u8>, i32> {
-    let (tx, rx) = channel();
-    let cmd = (3 << 30) | ((input.len() as u32) << 16) | (0x4b << 8) | n;
-    emu.ioctl(
-        fh,
-        c,
-        cmd,
-        0,
-        input,
-        input.len() as u32,
-        Box::new(Tx(Mutex::new(tx))),
-    );
-    rx.recv_timeout(Duration::from_secs(5)).unwrap()
+    model::call(emu, fh, c, kfd_iowr(n, input.len()), input, input.len())
 }
 
 #[test]
 fn idle_sdma_queue_costs_little_cpu() {
     let p = Profile::builtin("mi100").unwrap();
     let (gpu_id, minor) = (p.gpus()[0].gpu_id.0, p.gpus()[0].drm_render_minor.0);
-    // The render open's fh is known only after open; the resolver is
-    // fixed before, so open a throwaway emulator's numbering: fhs start
-    // at 1 and the kfd open comes first.
-    let emu = Emulator::new(&p, Box::new(One(2))).unwrap();
-    // SAFETY: gettid has no preconditions.
-    let tid = unsafe { libc::gettid() } as u32;
-    let me = Caller {
-        tid,
-        tgid: std::process::id(),
-    };
+    let fds = Table::default();
+    let emu = Emulator::new(&p, Box::new(fds.clone())).unwrap();
+    let me = me();
     let kfd = emu.open(&NodeKind::Kfd, &me).unwrap();
     let render = emu.open(&NodeKind::Render { minor }, &me).unwrap();
-    assert_eq!((kfd, render), (1, 2));
+    fds.insert(900, render);
     let mut vm = [0u8; 8];
     vm[0..4].copy_from_slice(&900u32.to_le_bytes());
     vm[4..8].copy_from_slice(&gpu_id.to_le_bytes());

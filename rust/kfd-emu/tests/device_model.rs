@@ -6,30 +6,17 @@
 // per block covers all accesses to the same live mapping.
 #![allow(clippy::multiple_unsafe_ops_per_block)]
 
-use std::collections::HashMap;
 use std::os::fd::AsRawFd;
 use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use kfd_emu::device::uapi::{alloc, criu_op, kfd as nr, queue_type};
-use kfd_emu::device::{Caller, Emulator, FdResolver, NodeKind, Replier};
+use kfd_emu::device::{Caller, Emulator, NodeKind, Replier};
 use kfd_emu::profile::Profile;
 
-struct Tx(Mutex<Sender<Result<Vec<u8>, i32>>>);
-impl Replier for Tx {
-    fn reply(self: Box<Self>, r: Result<Vec<u8>, i32>) {
-        let _ = self.0.lock().unwrap().send(r);
-    }
-}
-
-#[derive(Clone, Default)]
-struct Table(Arc<Mutex<HashMap<i32, u64>>>);
-impl FdResolver for Table {
-    fn open_of(&self, _tgid: u32, fd: i32) -> Result<u64, i32> {
-        self.0.lock().unwrap().get(&fd).copied().ok_or(libc::EBADF)
-    }
-}
+mod model;
+use model::{kfd_iowr, me, replier, Table, Tx};
 
 /// Another thread of this process, parked forever: the caller of waits the
 /// test leaves pending while it goes on issuing ioctls (a thread is in one
@@ -51,19 +38,6 @@ fn waiter() -> Caller {
         tid,
         tgid: std::process::id(),
     }
-}
-
-fn me() -> Caller {
-    // SAFETY: gettid has no preconditions.
-    let tid = unsafe { libc::gettid() } as u32;
-    Caller {
-        tid,
-        tgid: std::process::id(),
-    }
-}
-
-fn iowr(nr: u32, size: usize) -> u32 {
-    (3 << 30) | ((size as u32) << 16) | (0x4b << 8) | nr
 }
 
 struct Dev {
@@ -91,15 +65,15 @@ impl Dev {
     }
 
     fn start(&self, c: &Caller, n: u32, input: &[u8]) -> Receiver<Result<Vec<u8>, i32>> {
-        let (tx, rx) = channel();
+        let (reply, rx) = replier();
         self.emu.ioctl(
             self.fh_kfd(c),
             c,
-            iowr(n, input.len()),
+            kfd_iowr(n, input.len()),
             0,
             input,
             input.len() as u32,
-            Box::new(Tx(Mutex::new(tx))),
+            reply,
         );
         rx
     }
@@ -109,17 +83,14 @@ impl Dev {
     }
 
     fn call_fh(&self, fh: u64, c: &Caller, n: u32, input: &[u8]) -> Result<Vec<u8>, i32> {
-        let (tx, rx) = channel();
-        self.emu.ioctl(
+        model::call(
+            &self.emu,
             fh,
             c,
-            iowr(n, input.len()),
-            0,
+            kfd_iowr(n, input.len()),
             input,
-            input.len() as u32,
-            Box::new(Tx(Mutex::new(tx))),
-        );
-        rx.recv_timeout(Duration::from_secs(5)).expect("no reply")
+            input.len(),
+        )
     }
 
     fn call(&self, n: u32, input: &[u8]) -> Result<Vec<u8>, i32> {
@@ -134,7 +105,7 @@ impl Dev {
             .emu
             .open(&NodeKind::Render { minor: self.minor }, &me())
             .unwrap();
-        self.fds.0.lock().unwrap().insert(900, render);
+        self.fds.insert(900, render);
         self.call(
             nr::ACQUIRE_VM,
             &args(&[(0, 900), (4, self.gpu_id as u64)], 8),
@@ -315,12 +286,12 @@ fn acquire_vm_rules() {
         .emu
         .open(&NodeKind::Render { minor: d.minor }, &me())
         .unwrap();
-    d.fds.0.lock().unwrap().insert(901, r2);
+    d.fds.insert(901, r2);
     assert_eq!(
         d.call(nr::ACQUIRE_VM, &args(&[(0, 901), (4, d.gpu_id as u64)], 8)),
         Err(libc::EBUSY)
     );
-    d.fds.0.lock().unwrap().insert(902, d.fh_kfd(&me()));
+    d.fds.insert(902, d.fh_kfd(&me()));
     assert_eq!(
         d.call(nr::ACQUIRE_VM, &args(&[(0, 902), (4, d.gpu_id as u64)], 8)),
         Err(libc::EINVAL)
@@ -349,7 +320,7 @@ fn memory_alloc_map_free_and_vram_exhaustion() {
         .emu
         .open(&NodeKind::Render { minor: d.minor }, &me())
         .unwrap();
-    d.fds.0.lock().unwrap().insert(900, render);
+    d.fds.insert(900, render);
     d.call(nr::ACQUIRE_VM, &args(&[(0, 900), (4, d.gpu_id as u64)], 8))
         .unwrap();
 
@@ -746,7 +717,7 @@ fn interrupted_wait_leaves_the_model_at_once() {
     d.emu.ioctl(
         d.fh_kfd(&me()),
         &w,
-        iowr(nr::WAIT_EVENTS, wa.len()),
+        kfd_iowr(nr::WAIT_EVENTS, wa.len()),
         0,
         &wa,
         wa.len() as u32,
@@ -1842,7 +1813,7 @@ fn criu_checkpoint_unpause_restore_resume() {
         .emu
         .open(&NodeKind::Render { minor: d.minor }, &me())
         .unwrap();
-    d.fds.0.lock().unwrap().insert(950, render2);
+    d.fds.insert(950, render2);
     devs[8..12].copy_from_slice(&950u32.to_le_bytes());
     let restore = |blob: &[u8], size: u64, nd: u32, nb: u32| {
         d.call(
@@ -2124,7 +2095,7 @@ fn criu_op_needs_ptrace_and_capabilities() {
             emu.ioctl(
                 own,
                 &c,
-                iowr(nr::CRIU_OP, 56),
+                kfd_iowr(nr::CRIU_OP, 56),
                 0,
                 &info,
                 56,
@@ -2135,7 +2106,7 @@ fn criu_op_needs_ptrace_and_capabilities() {
             emu.ioctl(
                 own,
                 &c,
-                iowr(nr::GET_VERSION, 8),
+                kfd_iowr(nr::GET_VERSION, 8),
                 0,
                 &[0; 8],
                 8,
@@ -2401,7 +2372,7 @@ fn per_device_state_ioctls_follow_kfd() {
 
     // dma-bufs: none is ever amdgpu's here: a closed fd is EBADF, any
     // other file EINVAL.
-    d.fds.0.lock().unwrap().insert(950, kfd);
+    d.fds.insert(950, kfd);
     for n in [nr::GET_DMABUF_INFO, nr::IMPORT_DMABUF] {
         let (fd_off, len) = if n == nr::GET_DMABUF_INFO {
             (28, 32)
@@ -2825,7 +2796,7 @@ fn svm_ranges_survive_checkpoint_and_resume() {
         .emu
         .open(&NodeKind::Render { minor: d.minor }, &me())
         .unwrap();
-    d.fds.0.lock().unwrap().insert(950, render2);
+    d.fds.insert(950, render2);
     devs[8..12].copy_from_slice(&950u32.to_le_bytes());
     d.call(
         nr::CRIU_OP,
@@ -2944,7 +2915,7 @@ impl GpuProc {
             .emu
             .open(&NodeKind::Render { minor: d.minor }, &self.c)
             .unwrap();
-        d.fds.0.lock().unwrap().insert(fd, render);
+        d.fds.insert(fd, render);
         self.fd = fd;
         if acquire {
             self.call(

@@ -3,46 +3,20 @@
 //! answers (values, errnos, copies clipped to `return_size`), for the GPUs
 //! of every built-in profile.  Arguments and answers use kfd-abi's types.
 
-use std::collections::HashMap;
 use std::mem::{offset_of, size_of};
-use std::sync::mpsc::{channel, Sender};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Arc;
 
 use kfd_abi::{ioctl, sys};
 use kfd_emu::device::uapi::{self, alloc, AsBytes};
-use kfd_emu::device::{Caller, Emulator, FdResolver, NodeKind, Replier};
+use kfd_emu::device::{Caller, Emulator, NodeKind};
 use kfd_emu::profile::{builtin_names, Profile};
 
-struct Tx(Mutex<Sender<Result<Vec<u8>, i32>>>);
-impl Replier for Tx {
-    fn reply(self: Box<Self>, r: Result<Vec<u8>, i32>) {
-        let _ = self.0.lock().unwrap().send(r);
-    }
-}
+mod model;
+use model::{cap_eff, me, Table};
 
-#[derive(Clone, Default)]
-struct Table(Arc<Mutex<HashMap<i32, u64>>>);
-impl FdResolver for Table {
-    fn open_of(&self, _tgid: u32, fd: i32) -> Result<u64, i32> {
-        self.0.lock().unwrap().get(&fd).copied().ok_or(libc::EBADF)
-    }
-}
-
-fn me() -> Caller {
-    // SAFETY: gettid has no preconditions.
-    let tid = unsafe { libc::gettid() } as u32;
-    Caller {
-        tid,
-        tgid: std::process::id(),
-    }
-}
-
+/// Ioctl `cmd` answered in its own size.
 fn call(emu: &Emulator, fh: u64, c: &Caller, cmd: u32, input: &[u8]) -> Result<Vec<u8>, i32> {
-    let (tx, rx) = channel();
-    let out = ioctl::size(cmd) as u32;
-    emu.ioctl(fh, c, cmd, 0, input, out, Box::new(Tx(Mutex::new(tx))));
-    rx.recv_timeout(Duration::from_secs(5)).expect("no reply")
+    model::call(emu, fh, c, cmd, input, ioctl::size(cmd))
 }
 
 /// A DRM ioctl number: direction, core nr, argument size.
@@ -362,7 +336,7 @@ fn firmware_versions() {
 fn alloc_bo(n: &Node, kfd: Option<u64>, va: u64, size: u64, flags: u32) -> u64 {
     let kfd = kfd.unwrap_or_else(|| {
         let kfd = n.emu.open(&NodeKind::Kfd, &me()).unwrap();
-        n.fds.0.lock().unwrap().insert(900, n.fh);
+        n.fds.insert(900, n.fh);
         let a = sys::kfd_ioctl_acquire_vm_args {
             drm_fd: 900,
             gpu_id: n.gpu().gpu_id.0,
@@ -560,12 +534,6 @@ fn get_client(n: &Node, c: &Caller, idx: i32) -> Result<sys::drm_client, i32> {
         uapi::bytes(&a),
     )
     .map(|o| uapi::decode(&o))
-}
-
-fn cap_eff(tid: u32) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/{tid}/status")).unwrap();
-    let v = s.lines().find_map(|l| l.strip_prefix("CapEff:")).unwrap();
-    u64::from_str_radix(v.trim(), 16).unwrap()
 }
 
 #[test]

@@ -320,14 +320,23 @@ fn existing_profiles_render_byte_identical() {
 /// min_bandwidth, max_bandwidth, flags) of each io_link of `node`, checking
 /// that io_links_count agrees with the directories.
 fn links(t: &BTreeMap<String, String>, node: u32) -> Vec<[u64; 9]> {
-    let n = prop(&t[&format!("nodes/{node}/properties")], "io_links_count");
+    link_list(t, node, "io_links")
+}
+
+/// The links of `node` under `dir` (`io_links`, `p2p_links`), checking
+/// that `<dir>_count` agrees with the directories.
+fn link_list(t: &BTreeMap<String, String>, node: u32, dir: &str) -> Vec<[u64; 9]> {
+    let n = prop(
+        &t[&format!("nodes/{node}/properties")],
+        &format!("{dir}_count"),
+    );
     assert!(
-        !t.contains_key(&format!("nodes/{node}/io_links/{n}/properties")),
-        "node {node}: more io_links than io_links_count {n}"
+        !t.contains_key(&format!("nodes/{node}/{dir}/{n}/properties")),
+        "node {node}: more {dir} than {dir}_count {n}"
     );
     (0..n)
         .map(|l| {
-            let lp = &t[&format!("nodes/{node}/io_links/{l}/properties")];
+            let lp = &t[&format!("nodes/{node}/{dir}/{l}/properties")];
             [
                 "type",
                 "node_from",
@@ -414,28 +423,7 @@ fn declared_io_links_replace_the_generated_ones() {
 /// (type, node_from, node_to, weight, ..., flags) of each p2p_link of
 /// `node`, checking that p2p_links_count agrees with the directories.
 fn p2p_links(t: &BTreeMap<String, String>, node: u32) -> Vec<[u64; 9]> {
-    let n = prop(&t[&format!("nodes/{node}/properties")], "p2p_links_count");
-    assert!(
-        !t.contains_key(&format!("nodes/{node}/p2p_links/{n}/properties")),
-        "node {node}: more p2p_links than p2p_links_count {n}"
-    );
-    (0..n)
-        .map(|l| {
-            let lp = &t[&format!("nodes/{node}/p2p_links/{l}/properties")];
-            [
-                "type",
-                "node_from",
-                "node_to",
-                "weight",
-                "min_latency",
-                "max_latency",
-                "min_bandwidth",
-                "max_bandwidth",
-                "flags",
-            ]
-            .map(|k| prop(lp, k))
-        })
-        .collect()
+    link_list(t, node, "p2p_links")
 }
 
 /// KFD's indirect links (kfd_create_indirect_link_prop): each GPU to every
