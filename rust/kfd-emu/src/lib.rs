@@ -1,14 +1,20 @@
 //! kfd-emu: a userspace emulator of AMD's `/dev/kfd` and
 //! `/dev/dri/renderD*` for testing criu-rocm without a GPU.
 //!
-//! * [`profile`]: machine profiles (which GPUs, their properties);
-//! * [`topology`]: the sysfs topology tree a profile describes;
-//! * `fuse`: the hand-written FUSE transport serving the device nodes;
-//! * `runner`: `kfd-emu run`, the private mount namespace around a command;
-//! * `device`: the device state machine behind the transport;
-//! * [`fault`]: test knobs that make CRIU ops fail (`kfd-emu run --fail`);
-//! * [`supervise`]: `kfd-emu supervise`, the seccomp listener through which
-//!   the emulator hands out file descriptors (dma-bufs).
+//! Layers, bottom to top (a module uses only those below it; see the
+//! README's module map):
+//!
+//! * [`profile`], [`topology`], [`sysfs`]: machine profiles (which GPUs,
+//!   their properties and links) and the sysfs they describe;
+//! * [`device`]: the device state machine and, above it, the ioctl ABI
+//!   decode; it knows no transport;
+//! * [`fuse`]: the hand-written FUSE transport serving the device nodes;
+//!   [`supervise`]: `kfd-emu supervise`, the seccomp listener through which
+//!   the emulator hands out file descriptors (dma-bufs);
+//! * [`serve`]: the glue between the transports and the model;
+//! * [`runner`]: `kfd-emu run`, the private mount namespace around a
+//!   command;
+//! * [`fault`]: test knobs that make CRIU ops fail (`kfd-emu run --fail`).
 
 pub mod device;
 pub mod fault;

@@ -1,15 +1,23 @@
-//! The device model behind the FUSE transport: an emulated KFD
-//! (`/dev/kfd`) and one amdgpu render node per GPU of the profile.
+//! The device model behind the transports: an emulated KFD (`/dev/kfd`)
+//! and one amdgpu render node per GPU of the profile.  It knows no
+//! transport: fd arguments are resolved by the [`FdResolver`] the
+//! transport gives, answers go out through a [`Replier`].
 //!
-//! * [`uapi`]: ioctl numbers, struct layouts, the mmap offset encoding;
-//! * `state`: the state machine (processes, BOs, queues, events);
-//! * `kfd`, `criu`, `render`: ioctl decode and the operations;
-//! * `asic`: what amdgpu reports about each GPU (render-node queries);
-//! * `sdma`: the engine executing SDMA packets;
-//! * `svm`: SVM ranges and their attributes;
-//! * `aql`: the AQL packet processor of compute queues (barriers; a packet
+//! The state machine:
+//! * `state`: processes, BOs, queues, events, parked waits;
+//! * `vm`: the GPU VMs; `sdma`: the engine executing SDMA packets;
+//!   `aql`: the AQL packet processor of compute queues (barriers; a packet
 //!   needing shader code stops the queue with the CP's queue error);
-//! * `mem`: memfd, mapping and caller-memory backends.
+//! * `asic`: what amdgpu reports about each GPU; `dmabuf`: the emulated
+//!   dma-bufs; `devcgroup`: the opener's device cgroup;
+//! * `mem`: memfd, mapping, caller-memory and caller-fd backends.
+//!
+//! The ABI decode above it (each decodes an ioctl's arguments, runs the
+//! operation on the state and encodes the answer):
+//! * [`uapi`]: ioctl numbers, struct layouts, the mmap offset encoding;
+//! * `kfd`, `criu`, `svm`: /dev/kfd; `render`, `gem`: the render nodes;
+//!   `supervised`: the fd-returning ioctls of `kfd-emu supervise`;
+//! * this module: the dispatch.
 //!
 //! All opens of a node share one sparse memfd (FUSE passthrough backing):
 //! VRAM/GTT BOs live at their mmap offset in the render node's memfd,
