@@ -158,7 +158,7 @@ fn file_id(fd: BorrowedFd<'_>) -> Option<(u64, u64)> {
 
 impl crate::supervise::Handler for Supervised {
     fn handle(&self, n: &crate::supervise::Notice<'_>) -> crate::supervise::Verdict {
-        use crate::supervise::Verdict;
+        use crate::supervise::{Call, Verdict};
         let ids = self.ids.get_or_init(|| {
             self.nodes
                 .iter()
@@ -180,10 +180,12 @@ impl crate::supervise::Handler for Supervised {
         if !n.valid() {
             return Verdict::Continue;
         }
-        let ours = file_id(file.as_fd()).is_some_and(|id| ids.contains(&id));
-        if !ours {
+        let Some(node) = file_id(file.as_fd())
+            .and_then(|id| ids.iter().position(|i| *i == id))
+            .map(|i| self.nodes[i])
+        else {
             return Verdict::Continue;
-        }
+        };
         let Ok(fh) = crate::fuse::fh_of(file.as_fd()) else {
             return Verdict::Continue;
         };
@@ -197,7 +199,19 @@ impl crate::supervise::Handler for Supervised {
                 self.0.addfd(file, cloexec)
             }
         }
-        match self.emu.fd_ioctl(fh, &caller, n.cmd, n.arg, &Install(n)) {
+        let (cmd, arg) = match n.call {
+            Call::Ioctl { cmd, arg } => (cmd, arg),
+            Call::Mmap { len, offset } => {
+                if node == NodeKind::Kfd {
+                    return Verdict::Continue;
+                }
+                return match self.emu.render_mmap(fh, &caller, offset, len) {
+                    Ok(()) => Verdict::Continue,
+                    Err(e) => Verdict::Error(e),
+                };
+            }
+        };
+        match self.emu.fd_ioctl(fh, &caller, cmd, arg, &Install(n)) {
             None => Verdict::Continue,
             Some(Ok(())) => Verdict::Return(0),
             Some(Err(e)) => Verdict::Error(e),

@@ -2,11 +2,14 @@
 //! listener the emulator holds, so that the emulated devices can answer the
 //! ioctls whose result is a new file descriptor, which FUSE cannot.
 //!
-//! * The filter (`filter`) traps only `ioctl` with the request numbers
+//! * The filter (`filter`) traps `ioctl` with the request numbers
 //!   that return fds: AMDKFD_IOC_CRIU_OP (CHECKPOINT and RESTORE hand out
-//!   one dma-buf per VRAM/GTT BO) and DRM_IOCTL_PRIME_HANDLE_TO_FD.  Every
-//!   other system call, and these on any other architecture, are allowed
-//!   by the filter itself.  (AMDKFD_IOC_EXPORT_DMABUF is KFD 1.14; the
+//!   one dma-buf per VRAM/GTT BO) and DRM_IOCTL_PRIME_HANDLE_TO_FD; and
+//!   every `mmap` of a file (no MAP_ANONYMOUS), so that the device model
+//!   can refuse a BO mapping through a render-node file that does not own
+//!   the BO, as `drm_gem_mmap` does (FUSE passthrough maps the backing
+//!   file without asking the daemon).  Every other system call, and these
+//!   on any other architecture, are allowed by the filter itself.  (AMDKFD_IOC_EXPORT_DMABUF is KFD 1.14; the
 //!   emulated KFD is 1.11 and answers it ENOTTY, so it is not trapped.)
 //! * `kfd-emu supervise` installs the filter with
 //!   SECCOMP_FILTER_FLAG_NEW_LISTENER, sends the listener over the unix
@@ -58,6 +61,8 @@ const AUDIT_ARCH: u32 = 0xc000_00b7; // AUDIT_ARCH_AARCH64
 const BPF_LD_W_ABS: u16 = 0x20;
 /// BPF_JMP (0x05) | BPF_JEQ (0x10) | BPF_K (0x00).
 const BPF_JEQ_K: u16 = 0x15;
+/// BPF_JMP (0x05) | BPF_JSET (0x40) | BPF_K (0x00).
+const BPF_JSET_K: u16 = 0x45;
 /// BPF_RET (0x06) | BPF_K (0x00).
 const BPF_RET_K: u16 = 0x06;
 
@@ -68,29 +73,45 @@ const DATA_ARCH: u32 = 4;
 /// The low 32 bits of args[1] (the ioctl request, an `unsigned int` in
 /// the kernel) on a little-endian machine.
 const DATA_ARG1_LO: u32 = 16 + 8;
+/// The low 32 bits of args[3] (mmap's flags, an `unsigned long` whose
+/// high half holds no flag).
+const DATA_ARG3_LO: u32 = 16 + 3 * 8;
 
 fn insn(code: u16, jt: u8, jf: u8, k: u32) -> libc::sock_filter {
     libc::sock_filter { code, jt, jf, k }
 }
 
-/// The filter: `ioctl` with a request in [`TRAPPED`] → USER_NOTIF,
-/// anything else → ALLOW.
+/// The filter: `ioctl` with a request in [`TRAPPED`] and `mmap` without
+/// MAP_ANONYMOUS → USER_NOTIF, anything else → ALLOW.
 pub fn filter() -> Vec<libc::sock_filter> {
     let n = TRAPPED.len() as u8;
+    // Instruction indices of the two returns.
+    let allow = 8 + n;
+    let notif = allow + 1;
+    // A jump offset from instruction `at` to `to`.
+    let to = |at: u8, to: u8| to - at - 1;
     let mut f = vec![
         insn(BPF_LD_W_ABS, 0, 0, DATA_ARCH),
         // Another architecture (a 32-bit compat call): allow.
-        insn(BPF_JEQ_K, 0, 3 + n, AUDIT_ARCH),
+        insn(BPF_JEQ_K, 0, to(1, allow), AUDIT_ARCH),
         insn(BPF_LD_W_ABS, 0, 0, DATA_NR),
-        insn(BPF_JEQ_K, 0, 1 + n, libc::SYS_ioctl as u32),
+        insn(BPF_JEQ_K, 0, to(3, 6), libc::SYS_mmap as u32),
+        insn(BPF_LD_W_ABS, 0, 0, DATA_ARG3_LO),
+        insn(
+            BPF_JSET_K,
+            to(5, allow),
+            to(5, notif),
+            libc::MAP_ANONYMOUS as u32,
+        ),
+        insn(BPF_JEQ_K, 0, to(6, allow), libc::SYS_ioctl as u32),
         insn(BPF_LD_W_ABS, 0, 0, DATA_ARG1_LO),
     ];
     for (i, &req) in TRAPPED.iter().enumerate() {
-        // Jump over the remaining compares and the ALLOW to USER_NOTIF.
-        f.push(insn(BPF_JEQ_K, n - i as u8, 0, req));
+        f.push(insn(BPF_JEQ_K, to(8 + i as u8, notif), 0, req));
     }
     f.push(insn(BPF_RET_K, 0, 0, libc::SECCOMP_RET_ALLOW));
     f.push(insn(BPF_RET_K, 0, 0, libc::SECCOMP_RET_USER_NOTIF));
+    debug_assert_eq!(f.len(), notif as usize + 1);
     f
 }
 
@@ -118,6 +139,9 @@ pub fn run_filter(prog: &[libc::sock_filter], data: &libc::seccomp_data) -> u32 
             BPF_LD_W_ABS => acc = word(i.k),
             BPF_JEQ_K => {
                 pc += if acc == i.k { i.jt } else { i.jf } as usize;
+            }
+            BPF_JSET_K => {
+                pc += if acc & i.k != 0 { i.jt } else { i.jf } as usize;
             }
             BPF_RET_K => return i.k,
             c => panic!("opcode {c:#x}"),
@@ -294,10 +318,23 @@ pub struct Notice<'a> {
     /// The calling thread and its process, in the daemon's pid namespace.
     pub tid: u32,
     pub tgid: u32,
-    /// ioctl's arguments.
+    /// The file the call names.
     pub fd: i32,
-    pub cmd: u32,
-    pub arg: u64,
+    pub call: Call,
+}
+
+/// The trapped system call and its other arguments.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Call {
+    Ioctl {
+        cmd: u32,
+        arg: u64,
+    },
+    /// An mmap of `len` bytes at file offset `offset`.
+    Mmap {
+        len: u64,
+        offset: u64,
+    },
 }
 
 /// How the daemon answers a trapped call.
@@ -450,10 +487,27 @@ pub fn serve(listener: OwnedFd, handler: Arc<dyn Handler>) {
 }
 
 fn answer(listener: BorrowedFd<'_>, n: &libc::seccomp_notif, h: &dyn Handler) {
-    let v = if n.data.nr != libc::SYS_ioctl as i32 || n.data.arch != AUDIT_ARCH {
-        Verdict::Continue
-    } else {
-        match tgid_of(n.pid) {
+    let a = n.data.args;
+    let call = match n.data.nr as libc::c_long {
+        libc::SYS_ioctl => Some((
+            a[0] as i32,
+            Call::Ioctl {
+                cmd: a[1] as u32,
+                arg: a[2],
+            },
+        )),
+        libc::SYS_mmap => Some((
+            a[4] as i32,
+            Call::Mmap {
+                len: a[1],
+                offset: a[5],
+            },
+        )),
+        _ => None,
+    };
+    let v = match call.filter(|_| n.data.arch == AUDIT_ARCH) {
+        None => Verdict::Continue,
+        Some((fd, call)) => match tgid_of(n.pid) {
             None => Verdict::Continue,
             Some(tgid) => {
                 let notice = Notice {
@@ -461,9 +515,8 @@ fn answer(listener: BorrowedFd<'_>, n: &libc::seccomp_notif, h: &dyn Handler) {
                     id: n.id,
                     tid: n.pid,
                     tgid,
-                    fd: n.data.args[0] as i32,
-                    cmd: n.data.args[1] as u32,
-                    arg: n.data.args[2],
+                    fd,
+                    call,
                 };
                 // The pid read from /proc is the caller's only while the
                 // notification is live.
@@ -473,7 +526,7 @@ fn answer(listener: BorrowedFd<'_>, n: &libc::seccomp_notif, h: &dyn Handler) {
                     return;
                 }
             }
-        }
+        },
     };
     respond(listener, n.id, v);
 }
@@ -532,6 +585,42 @@ mod tests {
             arch,
             instruction_pointer: 0,
             args: [3, req, 0x1000, 0, 0, 0],
+        }
+    }
+
+    fn mmap(flags: i32) -> libc::seccomp_data {
+        libc::seccomp_data {
+            nr: libc::SYS_mmap as i32,
+            arch: AUDIT_ARCH,
+            instruction_pointer: 0,
+            args: [0, 0x1000, 3, flags as u64, 5, 0x10_0000],
+        }
+    }
+
+    #[test]
+    fn filter_traps_mmap_of_files_only() {
+        let f = filter();
+        for flags in [
+            libc::MAP_SHARED,
+            libc::MAP_PRIVATE,
+            libc::MAP_SHARED | libc::MAP_FIXED,
+            libc::MAP_PRIVATE | libc::MAP_DENYWRITE,
+        ] {
+            assert_eq!(run_filter(&f, &mmap(flags)), libc::SECCOMP_RET_USER_NOTIF);
+        }
+        for flags in [
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+        ] {
+            assert_eq!(run_filter(&f, &mmap(flags)), libc::SECCOMP_RET_ALLOW);
+        }
+        let mut other = mmap(libc::MAP_SHARED);
+        other.arch = 0x4000_0003;
+        assert_eq!(run_filter(&f, &other), libc::SECCOMP_RET_ALLOW);
+        for nr in [libc::SYS_munmap, libc::SYS_mprotect, libc::SYS_mremap] {
+            let mut d = mmap(libc::MAP_SHARED);
+            d.nr = nr as i32;
+            assert_eq!(run_filter(&f, &d), libc::SECCOMP_RET_ALLOW);
         }
     }
 

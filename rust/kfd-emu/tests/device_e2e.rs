@@ -301,10 +301,105 @@ fn interrupted_wait_then_set_event_client() {
     println!("e2e: SET_EVENT between EINTR and the retry reached the retry in {took:?}");
 }
 
+/// mmap of `len` bytes of `fd` at `off`: the address, or the errno.
+fn try_map(fd: i32, off: u64, len: usize) -> Result<*mut u8, i32> {
+    // SAFETY: a fresh shared mapping at a kernel-chosen address; only used
+    // through raw pointers.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            off as i64,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error().raw_os_error().unwrap());
+    }
+    Ok(p as *mut u8)
+}
+
+/// Under `kfd-emu supervise`: a BO maps only through the render file whose
+/// VM the process adopted (`drm_gem_mmap`: EACCES for another file of the
+/// node), only at the offset where it starts and not past its end (EINVAL).
+fn owning_file_client() {
+    let gpu: u64 = std::fs::read_to_string("/sys/class/kfd/kfd/topology/nodes/1/gpu_id")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // The other file comes first, as a process' Mesa open would.
+    let other = open("/dev/dri/renderD128");
+    let k = open("/dev/kfd");
+    let r = open("/dev/dri/renderD128");
+    let mut vm = [0u8; 8];
+    put(&mut vm, 0, r as u64, 4);
+    put(&mut vm, 4, gpu, 4);
+    ioctl(k, 1, 0x4b, 0x15, &mut vm).unwrap();
+    let mut offsets = Vec::new();
+    // GTT, then VRAM (CPU-visible: PUBLIC).
+    for (va, flags) in [(0x1000_0000u64, 2u64), (0x2000_0000, 1 | 1 << 29)] {
+        let mut a = [0u8; 40];
+        put(&mut a, 0, va, 8);
+        put(&mut a, 8, 8192, 8);
+        put(&mut a, 32, gpu, 4);
+        put(&mut a, 36, flags, 4);
+        kfd(k, 0x16, &mut a).unwrap();
+        offsets.push(get(&a, 24, 8));
+    }
+    for off in offsets {
+        assert_eq!(
+            try_map(other, off, 8192),
+            Err(libc::EACCES),
+            "offset {off:#x}"
+        );
+        assert_eq!(
+            try_map(other, off, 4096),
+            Err(libc::EACCES),
+            "offset {off:#x}"
+        );
+        let p = try_map(r, off, 8192).unwrap();
+        // SAFETY: p maps 8192 bytes of the BO.
+        unsafe { p.write_volatile(0x5a) };
+        // SAFETY: as above.
+        assert_eq!(unsafe { p.read_volatile() }, 0x5a);
+        assert_eq!(
+            try_map(r, off + 4096, 4096),
+            Err(libc::EINVAL),
+            "inside a BO"
+        );
+        assert_eq!(try_map(r, off, 3 * 4096), Err(libc::EINVAL), "past its end");
+    }
+    // Nothing starts at the bottom of the offset space.
+    assert_eq!(try_map(r, 0, 4096), Err(libc::EINVAL));
+    // Other files map as ever.
+    let f = std::fs::File::open(std::env::current_exe().unwrap()).unwrap();
+    // SAFETY: a fresh private read-only mapping of a regular file.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ,
+            libc::MAP_PRIVATE,
+            std::os::fd::AsRawFd::as_raw_fd(&f),
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED);
+    println!("e2e: BO mappings only through the owning render file");
+}
+
 /// Re-runs test `name` of this binary as a client inside
 /// `kfd-emu run --profile mi100`; returns its output, which must contain
 /// `marker`.
 fn run_client(name: &str, marker: &str) {
+    run_client_in(name, marker, &[]);
+}
+
+/// As [`run_client`], the client started by `wrap` (a command line).
+fn run_client_in(name: &str, marker: &str, wrap: &[&str]) {
     // SAFETY: geteuid has no preconditions.
     let euid = unsafe { libc::geteuid() };
     assert!(
@@ -313,6 +408,7 @@ fn run_client(name: &str, marker: &str) {
     );
     let out = Command::new(env!("CARGO_BIN_EXE_kfd-emu"))
         .args(["run", "--profile", "mi100", "--"])
+        .args(wrap)
         .arg(std::env::current_exe().unwrap())
         .args(["--exact", name, "--nocapture", "--test-threads=1"])
         .env(ROLE, "1")
@@ -350,5 +446,19 @@ fn interrupted_wait_leaves_a_later_set_event_to_the_retry() {
     run_client(
         "interrupted_wait_leaves_a_later_set_event_to_the_retry",
         "e2e: SET_EVENT between EINTR",
+    );
+}
+
+#[test]
+fn bo_maps_only_through_the_owning_render_file_under_supervise() {
+    if std::env::var_os(ROLE).is_some() {
+        owning_file_client();
+        return;
+    }
+    let emu = env!("CARGO_BIN_EXE_kfd-emu");
+    run_client_in(
+        "bo_maps_only_through_the_owning_render_file_under_supervise",
+        "e2e: BO mappings only through the owning render file",
+        &[emu, "supervise", "--"],
     );
 }

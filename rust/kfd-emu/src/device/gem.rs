@@ -220,6 +220,16 @@ impl RenderFile {
         GpuRange::from_spans(va, len, spans)
     }
 
+    /// Whether the file holds a GEM handle of the BO whose memory is `map`
+    /// (an import of its dma-buf): `drm_gem_handle_create` admits the
+    /// file to the object's mmap offset.
+    pub fn holds(&self, map: &Arc<super::mem::Mapping>) -> bool {
+        self.objects.values().any(|o| match &o.kind {
+            GemKind::Dmabuf(d) => Arc::ptr_eq(&d.map, map),
+            GemKind::Userptr { .. } => false,
+        })
+    }
+
     /// PRIME_FD_TO_HANDLE of dma-buf `d` (resolved by the caller).
     pub fn import(&mut self, d: Arc<Dmabuf>) -> u32 {
         if let Some(&h) = self.imports.get(&d.id) {

@@ -285,6 +285,27 @@ impl Emulator {
         }
     }
 
+    /// An mmap of `len` bytes at `offset` through render open `fh` (trapped
+    /// under `kfd-emu supervise`; FUSE passthrough never shows mmap):
+    /// `drm_gem_mmap`'s answer, Ok when the kernel would map.
+    pub fn render_mmap(&self, fh: u64, caller: &Caller, offset: u64, len: u64) -> Result<(), i32> {
+        let r = self.lock().render_mmap(fh, offset, len);
+        if let Err(e) = r {
+            log::info!(
+                "kfd-emu: pid {}: mmap of {len} bytes at offset {offset:#x} through render \
+                 file {fh} refused ({}): {}",
+                caller.tgid,
+                std::io::Error::from_raw_os_error(e),
+                if e == libc::EACCES {
+                    "the file does not own the BO (drm_gem_mmap: drm_vma_node_is_allowed)"
+                } else {
+                    "no BO starts there or the mapping is larger"
+                }
+            );
+        }
+        r
+    }
+
     /// The caller of parked request `id` (see [`Replier::request_id`]) on
     /// `node` got a signal.  A wait still parked leaves the model at once
     /// and is answered EINTR, so an auto-reset event signalled before the

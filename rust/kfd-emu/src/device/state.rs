@@ -792,6 +792,48 @@ impl State {
         self.punch_slot(m.from);
     }
 
+    /// `drm_gem_mmap`'s checks of an mmap of `len` bytes at `offset`
+    /// through render open `fh`: the offset must be where a VRAM or GTT BO
+    /// of the GPU starts and the mapping must fit in it (EINVAL), and the
+    /// BO's `vma_node` must admit the file (EACCES): the file whose VM the
+    /// BO's process adopted when the BO was made (ACQUIRE_VM, or CRIU
+    /// RESTORE's `drm_fd`: `drm_vma_node_allow` at allocation), or a file
+    /// holding a GEM handle of it (a PRIME import).
+    pub fn render_mmap(&self, fh: u64, offset: u64, len: u64) -> R<()> {
+        let Some(Open::Render { gpu, .. }) = self.opens.get(&fh).copied() else {
+            return Err(libc::EBADF);
+        };
+        let pages = len.div_ceil(uapi::PAGE);
+        let found = self.procs.values().find_map(|p| {
+            p.bos
+                .iter()
+                .find(|(k, b)| {
+                    k.gpu == gpu
+                        && matches!(b.mem_type(), alloc::VRAM | alloc::GTT)
+                        && b.offset == offset
+                })
+                .map(|(_, b)| (p, b))
+        });
+        let Some((p, bo)) = found else {
+            return Err(libc::EINVAL);
+        };
+        if bo.size.div_ceil(uapi::PAGE) < pages {
+            return Err(libc::EINVAL);
+        }
+        let owner = p.pdds.get(gpu).and_then(|d| d.vm) == Some(fh);
+        let imported = || {
+            bo.map
+                .as_ref()
+                .zip(self.render.get(&fh))
+                .is_some_and(|(m, f)| f.holds(m))
+        };
+        if owner || imported() {
+            Ok(())
+        } else {
+            Err(libc::EACCES)
+        }
+    }
+
     pub fn free_bo_memory(&mut self, gpu: usize, bo: &Bo) {
         let t = bo.mem_type();
         if t == alloc::VRAM {
