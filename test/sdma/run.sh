@@ -30,11 +30,11 @@ top=$(cd "$(dirname "$(realpath "$0")")/../.." && pwd)
 # shellcheck source=SCRIPTDIR/../../scripts/lib/cases.sh
 . "$top/scripts/lib/cases.sh"
 
-# wl_start: gpu-workload in its own session; sets WL and WL_OUT.
+# wl_start [ARG...]: gpu-workload (with ARGs) in its own session; sets WL and WL_OUT.
 wl_start() {
 	local i
 	WL_OUT=$CASE_DIR/wl.out
-	setsid "$WORKLOAD" </dev/null >"$WL_OUT" 2>"$CASE_DIR/wl.err" &
+	setsid "$WORKLOAD" "$@" </dev/null >"$WL_OUT" 2>"$CASE_DIR/wl.err" &
 	WL=$!
 	for ((i = 0; i < 1200; i++)); do
 		grep -q "^{\"ready\":true,\"pid\":$WL," "$WL_OUT" && return 0
@@ -115,6 +115,33 @@ engine() {
 	wait_gone "$WL" 10 || fail "gpu-workload $WL did not exit after SIGTERM"
 }
 case_auto_engine_with_dmabufs() { on mi100x2 -- engine auto; }
+
+# A process that also opens its render nodes outside KFD (Mesa, VA-API) before /dev/kfd: its
+# first file of each node is not the one it gave ACQUIRE_VM. The kernel maps a BO only
+# through the file that owns it (drm_gem_mmap: EACCES for any other file; under the
+# supervisor the emulator refuses alike), so the CPU engine must find that file at the dump
+# and map through the file given to RESTORE at the restore; the process checks every byte.
+other_render_opens() {
+	local d=$CASE_DIR/img
+	mkdir -p "$d"
+	wl_start --other-render-opens
+	verify >/dev/null
+	ENGINE=cpu sup dump -t "$WL" -D "$d" -o dump.log -v4 || fail "cpu dump failed: $(log_errors "$d/dump.log")"
+	wait_gone "$WL" 10 || fail "gpu-workload $WL still runs after the dump"
+	grep -a -q -E "amdgpu: pid [0-9]+: GPU .*: saved [0-9]+ BO.*[1-9][0-9]* by CPU" "$d/dump.log" ||
+		fail "no BO saved by the CPU in the dump log"
+	ENGINE=cpu sup restore -D "$d" -o restore.log -v4 -d || fail "cpu restore failed: $(log_errors "$d/restore.log")"
+	verify >/dev/null
+	verify TERM >/dev/null
+	wait_gone "$WL" 10 || fail "gpu-workload $WL did not exit after SIGTERM"
+}
+case_cpu_engine_other_render_opens() {
+	KFD_EMU_LOG=info on mi100x2 -- other_render_opens
+	# The dump's probe of the task's first file must have met the refusal, or the case
+	# tested nothing.
+	grep -q "does not own the BO" "$CASE_DIR/kfd-emu.log" ||
+		fail "the emulator refused no BO mapping through a render file that does not own it"
+}
 case_cpu_engine_with_dmabufs() { on mi100x2 -- engine cpu; }
 
 case_dump_restore_1_gpu() { on mi100 -- dump_restore 1; }

@@ -70,7 +70,11 @@ const USAGE: &str = "usage: gpu-workload [OPTIONS]
                        DIR/<pid>-<gpu_id, %04x>-<address, %x>.bin
   --host-mib N         N MiB of host memory per process (private, anonymous), filled
                        with a pattern and checked at each verification, as the host
-                       tensors of a training job (default 0)";
+                       tensors of a training job (default 0)
+  --other-render-opens each process opens every render node once more before /dev/kfd
+                       and keeps it open, as a process also using Mesa or VA-API: that
+                       file comes first in fd order and owns none of the KFD BOs (the
+                       kernel refuses their mapping through it with EACCES)";
 
 struct Options {
     mib: u64,
@@ -86,6 +90,7 @@ struct Options {
     fresh: bool,
     dump_expected: Option<PathBuf>,
     host_mib: u64,
+    other_render_opens: bool,
 }
 
 /// Option `name`'s value `v` as a number.
@@ -111,6 +116,7 @@ fn parse_args() -> Result<Options, String> {
         fresh: false,
         dump_expected: None,
         host_mib: 0,
+        other_render_opens: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -147,6 +153,7 @@ fn parse_args() -> Result<Options, String> {
             }
             "--events" => o.events = true,
             "--fresh" => o.fresh = true,
+            "--other-render-opens" => o.other_render_opens = true,
             "--dump-expected" => o.dump_expected = Some(val("--dump-expected")?.into()),
             "-h" | "--help" => return Err(USAGE.to_owned()),
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
@@ -784,12 +791,46 @@ fn skipped_json(client: &KfdClient) -> String {
     )
 }
 
+/// Opens every render node of /dev/dri once (read-write), as a graphics or video library
+/// of the same process would; none of these files is given to ACQUIRE_VM.
+fn other_render_opens() -> Result<Vec<File>, String> {
+    let mut nodes: Vec<PathBuf> = std::fs::read_dir("/dev/dri")
+        .map_err(|e| format!("/dev/dri: {e}"))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("renderD"))
+        })
+        .collect();
+    nodes.sort();
+    if nodes.is_empty() {
+        return Err("--other-render-opens: no render node in /dev/dri".to_owned());
+    }
+    nodes
+        .iter()
+        .map(|p| {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(p)
+                .map_err(|e| format!("{}: {e}", p.display()))
+        })
+        .collect()
+}
+
 fn run_proc(
     o: &Options,
     index: usize,
     children: Vec<libc::pid_t>,
     ready_pipe: Option<File>,
 ) -> Result<bool, String> {
+    // Kept open for the life of the process (a checkpoint must carry them).
+    let _other_opens = if o.other_render_opens {
+        other_render_opens()?
+    } else {
+        Vec::new()
+    };
     let client = KfdClient::open().map_err(|e| e.to_string())?;
     let all = client.gpus();
     let chosen: Vec<usize> = match &o.gpus {
