@@ -323,7 +323,8 @@ fn try_map(fd: i32, off: u64, len: usize) -> Result<*mut u8, i32> {
 
 /// Under `kfd-emu supervise`: a BO maps only through the render file whose
 /// VM the process adopted (`drm_gem_mmap`: EACCES for another file of the
-/// node), only at the offset where it starts and not past its end (EINVAL).
+/// node), only at the offset where it starts and not past its end (EINVAL),
+/// and VRAM only with CPU access (PUBLIC; else EPERM).
 fn owning_file_client() {
     let gpu: u64 = std::fs::read_to_string("/sys/class/kfd/kfd/topology/nodes/1/gpu_id")
         .unwrap()
@@ -372,6 +373,16 @@ fn owning_file_client() {
         );
         assert_eq!(try_map(r, off, 3 * 4096), Err(libc::EINVAL), "past its end");
     }
+    // VRAM without PUBLIC: no CPU access (EPERM), after the ownership check.
+    let mut a = [0u8; 40];
+    put(&mut a, 0, 0x3000_0000, 8);
+    put(&mut a, 8, 8192, 8);
+    put(&mut a, 32, gpu, 4);
+    put(&mut a, 36, 1, 4);
+    kfd(k, 0x16, &mut a).unwrap();
+    let off = get(&a, 24, 8);
+    assert_eq!(try_map(other, off, 8192), Err(libc::EACCES));
+    assert_eq!(try_map(r, off, 8192), Err(libc::EPERM));
     // Nothing starts at the bottom of the offset space.
     assert_eq!(try_map(r, 0, 4096), Err(libc::EINVAL));
     // Other files map as ever.

@@ -296,10 +296,12 @@ impl Emulator {
                  file {fh} refused ({}): {}",
                 caller.tgid,
                 std::io::Error::from_raw_os_error(e),
-                if e == libc::EACCES {
-                    "the file does not own the BO (drm_gem_mmap: drm_vma_node_is_allowed)"
-                } else {
-                    "no BO starts there or the mapping is larger"
+                match e {
+                    libc::EACCES => {
+                        "the file does not own the BO (drm_gem_mmap: drm_vma_node_is_allowed)"
+                    }
+                    libc::EPERM => "VRAM without the PUBLIC flag has no CPU access",
+                    _ => "no BO starts there or the mapping is larger",
                 }
             );
         }

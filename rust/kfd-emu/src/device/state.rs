@@ -798,7 +798,9 @@ impl State {
     /// BO's `vma_node` must admit the file (EACCES): the file whose VM the
     /// BO's process adopted when the BO was made (ACQUIRE_VM, or CRIU
     /// RESTORE's `drm_fd`: `drm_vma_node_allow` at allocation), or a file
-    /// holding a GEM handle of it (a PRIME import).
+    /// holding a GEM handle of it (a PRIME import).  Then
+    /// `amdgpu_gem_object_mmap`: EPERM for a BO without CPU access (KFD
+    /// makes VRAM without the PUBLIC flag `NO_CPU_ACCESS`).
     pub fn render_mmap(&self, fh: u64, offset: u64, len: u64) -> R<()> {
         let Some(Open::Render { gpu, .. }) = self.opens.get(&fh).copied() else {
             return Err(libc::EBADF);
@@ -827,11 +829,13 @@ impl State {
                 .zip(self.render.get(&fh))
                 .is_some_and(|(m, f)| f.holds(m))
         };
-        if owner || imported() {
-            Ok(())
-        } else {
-            Err(libc::EACCES)
+        if !owner && !imported() {
+            return Err(libc::EACCES);
         }
+        if bo.mem_type() == alloc::VRAM && bo.flags & alloc::PUBLIC == 0 {
+            return Err(libc::EPERM);
+        }
+        Ok(())
     }
 
     pub fn free_bo_memory(&mut self, gpu: usize, bo: &Bo) {
