@@ -17,8 +17,9 @@
 //!   serves the devices, waits for its acknowledgement, closes its own
 //!   copy and execs CMD.  Children of CMD inherit the filter (CRIU's
 //!   restored tasks too): their trapped calls go to the same listener.
-//! * The daemon (`serve`) answers each notification on a thread of its
-//!   own, so no call waits behind another.  A call on a file that is not
+//! * The daemon (`serve`) answers each trapped ioctl on a thread of its
+//!   own, so no call waits behind another; an mmap, whose check never
+//!   waits, is answered on the listener's thread.  A call on a file that is not
 //!   one of the emulated device nodes, or one the handler does not take
 //!   (another CRIU op), is answered SECCOMP_USER_NOTIF_FLAG_CONTINUE: the
 //!   kernel runs it as if there were no filter.  No trapped call is ever
@@ -474,6 +475,12 @@ pub fn serve(listener: OwnedFd, handler: Arc<dyn Handler>) {
                     return;
                 }
             }
+        }
+        if n.data.nr == libc::SYS_mmap as i32 {
+            // An mmap check never waits (a look-up under the model's lock):
+            // answered here, without a thread's start-up per mapping.
+            answer(listener.as_fd(), &n, &*handler);
+            continue;
         }
         let (l, h) = (listener.clone(), handler.clone());
         let spawned = std::thread::Builder::new()
