@@ -732,6 +732,24 @@ mod tests {
         (v.as_mut_ptr() as u64).next_multiple_of(4096)
     }
 
+    /// A file holding a GEM handle of a BO (a PRIME import of its dma-buf)
+    /// is admitted to the BO's mmap offset; closing the handle ends that.
+    #[test]
+    fn an_import_admits_the_file_to_that_bo_only() {
+        let mem = Memfd::new("t", 1 << 20).unwrap();
+        let map = Arc::new(mem.map(0, 8192).unwrap());
+        let other = Arc::new(mem.map(8192, 8192).unwrap());
+        let d = Registry::default()
+            .export(0, 0, 8192, &map, crate::device::dmabuf::Purpose::Checkpoint)
+            .unwrap();
+        let mut f = RenderFile::new();
+        assert!(!f.holds(&map));
+        let h = f.import(d);
+        assert!(f.holds(&map) && !f.holds(&other));
+        f.close(h).unwrap();
+        assert!(!f.holds(&map));
+    }
+
     #[test]
     fn sdma_ib_copies_between_a_dmabuf_and_userptr_memory() {
         let pid = std::process::id();
