@@ -119,7 +119,8 @@ pub struct Asic {
 }
 
 /// The emulated GPU clock counter: CLOCK_MONOTONIC_RAW in nanoseconds,
-/// the clock KFD's GET_CLOCK_COUNTERS reports as `gpu_clock_counter`.
+/// the clock KFD's GET_CLOCK_COUNTERS reports as `gpu_clock_counter`
+/// (also what the SDMA engine's TIMESTAMP packets write).
 pub fn gpu_clock_counter() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,

@@ -808,12 +808,6 @@ pub fn set_memory_policy(
     Ok(())
 }
 
-/// The emulated GPU clock counter: CLOCK_MONOTONIC_RAW in ns (also what
-/// the SDMA engine's TIMESTAMP packets write).
-pub fn gpu_clock_counter() -> u64 {
-    clock_ns(libc::CLOCK_MONOTONIC_RAW)
-}
-
 fn clock_ns(clk: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
@@ -834,7 +828,7 @@ pub fn clock_counters(
 ) -> R<()> {
     let p = proc_mut(st, lead)?;
     let gpu = p.pdd_by_user_id(a.gpu_id);
-    let raw = gpu_clock_counter();
+    let raw = super::asic::gpu_clock_counter();
     a.gpu_clock_counter = if gpu.is_some() { raw } else { 0 };
     a.cpu_clock_counter = raw;
     a.system_clock_counter = clock_ns(libc::CLOCK_BOOTTIME);

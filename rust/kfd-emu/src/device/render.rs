@@ -16,7 +16,7 @@ use std::mem::offset_of;
 
 use super::asic::{self, Asic};
 use super::mem::user_write;
-use super::state::R;
+use super::state::{Usage, R};
 use super::uapi::{self, sys};
 use super::Caller;
 
@@ -126,14 +126,6 @@ pub fn get_client(
     c.magic = 0;
     c.iocs = 0;
     Ok(uapi::encode(&c, out_size))
-}
-
-/// Memory use of one GPU, read from the state when a query needs it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Usage {
-    pub vram: u64,
-    pub visible_vram: u64,
-    pub gtt: u64,
 }
 
 /// A decoded `drm_amdgpu_info`: the header and the four words of its

@@ -52,7 +52,7 @@
 //! pass is one retry.  A finite retry count runs out after that many
 //! passes; the engine then goes on with the next packet.
 
-use super::kfd::gpu_clock_counter;
+use super::asic::gpu_clock_counter;
 use super::state::{Done, EngineState, Proc};
 use super::uapi::sdma::*;
 use super::vm::{Fault, GpuRange};

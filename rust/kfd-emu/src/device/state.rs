@@ -68,6 +68,14 @@ impl Open {
     }
 }
 
+/// Memory use of one GPU, read from the state when a query needs it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub vram: u64,
+    pub visible_vram: u64,
+    pub gtt: u64,
+}
+
 /// A reply and the answer to give it.
 pub type Answer = (Box<dyn Replier>, Result<Vec<u8>, i32>);
 
@@ -641,7 +649,7 @@ impl State {
 
     /// VRAM, CPU-visible VRAM and GTT in use on `gpu`: VRAM BOs, and the
     /// system memory BOs (GTT and userptr) its page tables map.
-    pub fn usage(&self, gpu: usize) -> super::render::Usage {
+    pub fn usage(&self, gpu: usize) -> Usage {
         let vram = self.gpu_alloc[gpu].vram_used;
         let gtt = self
             .procs
@@ -650,7 +658,7 @@ impl State {
             .filter(|(k, bo)| k.gpu == gpu && bo.flags & (alloc::GTT | alloc::USERPTR) != 0)
             .map(|(_, bo)| bo.size)
             .sum();
-        super::render::Usage {
+        Usage {
             vram,
             // Small-BAR boards refuse host-visible VRAM (ALLOC_MEMORY).
             visible_vram: if self.devs.gpus[gpu].vram_public {
