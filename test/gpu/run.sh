@@ -640,6 +640,41 @@ dump_sparse_bo() {
 	rm -rf "$img"
 }
 
+# KFD_COMPRESS=zstd[:LEVEL] (environment or --gpu-knob) compresses the pages files: the
+# image records it, gpu-check says upstream cannot restore it, the restore decompresses
+# every byte back (the process verifies them), and compressible memory takes far less room.
+case_dump_compressed() { on mi100x2 -- dump_compressed; }
+dump_compressed() {
+	local img=$CASE_DIR/img img2=$CASE_DIR/img2 v0 v1 f size total=0 bytes=0
+	wl_start wl --mib 2 --bos 2 --big-bo-mib 64 --big-bo-fill sparse
+	v0=$(wl_verify "$WL") || exit 1
+	KFD_COMPRESS=zstd:5 KFD_COMPRESS_THREADS=1 dump_ok "$WL" "$img"
+	for f in "$img"/amdgpu-pages-*.img; do
+		size=$(stat -c %s "$f")
+		total=$((total + $(od -An -t u8 -N 8 "$f")))
+		bytes=$((bytes + size))
+	done
+	[ "$total" -gt $((128 << 20)) ] || fail "the pages files announce $total bytes, less than two 64 MiB BOs"
+	[ $((bytes * 16)) -lt "$total" ] || fail "compressed pages files take $bytes bytes for $total bytes of mostly-zero BOs"
+	gpu_check "$img"
+	grep -q "note: compressed GPU pages (zstd level 5): upstream's amdgpu plugin cannot restore these" <<<"$GC_OUT" ||
+		fail "gpu-check does not say the pages are compressed: $(paste -sd' ' <<<"$GC_OUT")"
+	gpu_check_restorable "$img" >/dev/null
+	restore_ok "$img" "$WL"
+	v1=$(wl_verify "$WL") || exit 1
+	[ "$(json_num "$v1" bytes)" = "$(json_num "$v0" bytes)" ] || fail "verified $(json_num "$v1" bytes) bytes after the restore, $(json_num "$v0" bytes) before"
+	# Again through CRIU's option, compressing on the copying thread.
+	dump_ok "$WL" "$img2" --gpu-knob KFD_COMPRESS=zstd --gpu-knob KFD_COMPRESS_THREADS=0
+	gpu_check "$img2"
+	grep -q "compressed GPU pages (zstd level 3)" <<<"$GC_OUT" || fail "gpu-check on the --gpu-knob dump: $(paste -sd' ' <<<"$GC_OUT")"
+	restore_ok "$img2" "$WL"
+	v1=$(wl_verify "$WL") || exit 1
+	[ "$(json_num "$v1" bytes)" = "$(json_num "$v0" bytes)" ] || fail "verified $(json_num "$v1" bytes) bytes after the second restore, $(json_num "$v0" bytes) before"
+	wl_finish "$WL"
+	note "$total bytes of BOs in $bytes bytes of pages files (zstd level 5)"
+	rm -rf "$img" "$img2"
+}
+
 # ---------------------------------------------------------------------------------------
 # Cases: GPU pre-dump (#17)
 

@@ -2,7 +2,8 @@
 //!
 //! The names and syntax of the upstream knobs are kept so that existing
 //! deployments behave the same: the seven `KFD_*_CHECK` booleans (restore),
-//! `KFD_MAX_BUFFER_SIZE` (dump and restore).  Ours: `CRIU_ROCM_COPY_ENGINE`.
+//! `KFD_MAX_BUFFER_SIZE` (dump and restore).  Ours: `CRIU_ROCM_COPY_ENGINE`,
+//! `KFD_COMPRESS` and `KFD_COMPRESS_THREADS` (dump).
 //!
 //! Every parser takes a lookup function so tests do not touch the process
 //! environment; `from_env` variants read the real one through [`knob`],
@@ -36,7 +37,7 @@ fn invalid(var: &'static str, value: &str, reason: impl Into<String>) -> EnvErro
 }
 
 /// Every knob criu-rocm reads, by its environment variable's name.
-pub const KNOBS: [&str; 9] = [
+pub const KNOBS: [&str; 11] = [
     "KFD_FW_VER_CHECK",
     "KFD_SDMA_FW_VER_CHECK",
     "KFD_CACHES_COUNT_CHECK",
@@ -46,6 +47,8 @@ pub const KNOBS: [&str; 9] = [
     "KFD_CAPABILITY_CHECK",
     MAX_BUFFER_SIZE_VAR,
     COPY_ENGINE_VAR,
+    COMPRESS_VAR,
+    COMPRESS_THREADS_VAR,
 ];
 
 /// Knob values set by options; they replace the environment's.
@@ -85,6 +88,12 @@ pub fn set_knob(arg: &str) -> Result<(&'static str, String), KnobError> {
         }
         COPY_ENGINE_VAR => {
             parse_engine_policy(Some(value))?;
+        }
+        COMPRESS_VAR => {
+            parse_compress(Some(value))?;
+        }
+        COMPRESS_THREADS_VAR => {
+            parse_compress_threads(Some(value))?;
         }
         _ => {
             parse_bool(name, value)?;
@@ -337,6 +346,70 @@ pub fn engine_policy_from_env() -> Result<EnginePolicy, EnvError> {
     parse_engine_policy(knob(COPY_ENGINE_VAR).as_deref())
 }
 
+/// `KFD_COMPRESS`: whether the dump compresses the pages files.
+pub const COMPRESS_VAR: &str = "KFD_COMPRESS";
+/// `KFD_COMPRESS_THREADS`: zstd worker threads per GPU.
+pub const COMPRESS_THREADS_VAR: &str = "KFD_COMPRESS_THREADS";
+
+/// Parses `KFD_COMPRESS`: unset, empty, `0`, `no` or `none` → `None`
+/// (upstream's layout, the default); `zstd` or `zstd:LEVEL` → the zstd
+/// level (1..=19, default 3).
+pub fn parse_compress(value: Option<&str>) -> Result<Option<i32>, EnvError> {
+    use crate::pages::zstd::{DEFAULT_LEVEL, LEVELS};
+    let Some(value) = value else {
+        return Ok(None);
+    };
+    let v = value.trim().to_ascii_lowercase();
+    match v.as_str() {
+        "" | "0" | "no" | "none" => return Ok(None),
+        "zstd" => return Ok(Some(DEFAULT_LEVEL)),
+        _ => {}
+    }
+    let Some(level) = v.strip_prefix("zstd:") else {
+        return Err(invalid(
+            COMPRESS_VAR,
+            value,
+            "expected none, zstd or zstd:LEVEL",
+        ));
+    };
+    match level.parse::<i32>() {
+        Ok(l) if LEVELS.contains(&l) => Ok(Some(l)),
+        _ => Err(invalid(
+            COMPRESS_VAR,
+            value,
+            format!(
+                "the zstd level must be {} to {}",
+                LEVELS.start(),
+                LEVELS.end()
+            ),
+        )),
+    }
+}
+
+/// Parses `KFD_COMPRESS_THREADS`: `None` (unset or empty) → the CPU cores
+/// shared out among the GPUs; `0` compresses on the copying thread; at
+/// most 64.
+pub fn parse_compress_threads(value: Option<&str>) -> Result<Option<u32>, EnvError> {
+    let Some(value) = value.filter(|v| !v.trim().is_empty()) else {
+        return Ok(None);
+    };
+    match value.trim().parse::<u32>() {
+        Ok(n) if n <= 64 => Ok(Some(n)),
+        _ => Err(invalid(
+            COMPRESS_THREADS_VAR,
+            value,
+            "expected a number of threads from 0 to 64",
+        )),
+    }
+}
+
+/// Reads `KFD_COMPRESS` and `KFD_COMPRESS_THREADS`: the zstd level and
+/// threads (`None` threads: the default), or `None` for no compression.
+pub fn compress_from_env() -> Result<Option<(i32, Option<u32>)>, EnvError> {
+    let threads = parse_compress_threads(knob(COMPRESS_THREADS_VAR).as_deref())?;
+    Ok(parse_compress(knob(COMPRESS_VAR).as_deref())?.map(|l| (l, threads)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -470,6 +543,28 @@ mod tests {
             .to_string();
         assert!(e.contains("page size"), "{e}");
         assert!(set_knob("CRIU_ROCM_COPY_ENGINE=gpu").is_err());
+    }
+
+    #[test]
+    fn compress_knobs() {
+        assert_eq!(parse_compress(None), Ok(None));
+        assert_eq!(parse_compress(Some("none")), Ok(None));
+        assert_eq!(parse_compress(Some("0")), Ok(None));
+        assert_eq!(parse_compress(Some("zstd")), Ok(Some(3)));
+        assert_eq!(parse_compress(Some("ZSTD:19")), Ok(Some(19)));
+        assert_eq!(parse_compress(Some("zstd:1")), Ok(Some(1)));
+        for bad in ["zstd:0", "zstd:20", "zstd:x", "lz4", "zstd:"] {
+            let e = parse_compress(Some(bad)).unwrap_err().to_string();
+            assert!(e.contains(COMPRESS_VAR), "{bad}: {e}");
+        }
+        assert_eq!(parse_compress_threads(None), Ok(None));
+        assert_eq!(parse_compress_threads(Some("")), Ok(None));
+        assert_eq!(parse_compress_threads(Some("0")), Ok(Some(0)));
+        assert_eq!(parse_compress_threads(Some(" 4 ")), Ok(Some(4)));
+        assert!(parse_compress_threads(Some("65")).is_err());
+        assert!(parse_compress_threads(Some("-1")).is_err());
+        assert!(set_knob("KFD_COMPRESS=zstd:25").is_err());
+        assert!(set_knob("KFD_COMPRESS_THREADS=many").is_err());
     }
 
     #[test]

@@ -32,8 +32,10 @@ pub const MAX_MESSAGE_SIZE: u64 = 512 << 20;
 /// Version of our optional extensions written in `criu_kfd`
 /// (`criu_rocm_ext_version`).  1 = per-BO `content_xxh3`; 2 = and
 /// `content_hash_extent` on BOs hashed in extents; 3 = and the dump wrote
-/// the digests of its GPU image files ([`crate::validate::digests`]).
-pub const EXT_VERSION: u32 = 3;
+/// the digests of its GPU image files ([`crate::validate::digests`]); 4 =
+/// and `pages_compression` when the pages files are compressed
+/// ([`crate::pages::zstd`]).
+pub const EXT_VERSION: u32 = 4;
 
 /// CRIU's id of a dumped file (the `id` of its `files.img` entry).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -581,6 +583,8 @@ pub(crate) mod tests {
             criu_rocm_reopen: None,
             shared_mem_mode: None,
             semaphore_mode: None,
+            pages_compression: None,
+            pages_compression_level: None,
         }
     }
 

@@ -118,7 +118,9 @@ mod tests {
             priv_data: vec![1; 8],
         };
         let p = plan::plan_dump(&dump_host, &ckpt, plan::SharedMem::default()).unwrap();
-        let img = p.finish_image(&Default::default()).unwrap();
+        let img = p
+            .finish_image(&Default::default(), crate::pages::Encoding::Raw)
+            .unwrap();
         let (map, host) =
             match_image_to_host(&img, &restore_root, &env::Checks::default()).unwrap();
         assert_eq!(map.get(GpuId(0x1a2b)), Some(GpuId(0x5c3d)));

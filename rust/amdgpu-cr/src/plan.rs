@@ -20,7 +20,7 @@ use crate::copy::BoRef;
 use crate::ids::{GpuId, GpuVa, MmapOffset, RenderMinor};
 use crate::image::{FileId, KfdImage, RenderImage, EXT_VERSION};
 use crate::matcher::GpuMap;
-use crate::pages::ContentHash;
+use crate::pages::{ContentHash, Encoding};
 use crate::proto::{CriuKfd, CriuRenderNode, KfdBoEntry};
 use crate::topology::{Topology, TopologyError};
 
@@ -442,6 +442,8 @@ pub fn plan_dump(
         shared_mem_magic: shared_mem.magic,
         shared_mem_mode: (shared_mem.mode != 0).then_some(shared_mem.mode),
         semaphore_mode: (shared_mem.semaphore_mode != 0).then_some(shared_mem.semaphore_mode),
+        pages_compression: None,
+        pages_compression_level: None,
         priv_data: ckpt.priv_data.clone(),
         criu_rocm_ext_version: Some(EXT_VERSION),
         priv_bo_record_size: match crate::privdata::detect(
@@ -467,12 +469,14 @@ pub fn plan_dump(
 
 impl DumpPlan {
     /// The validated image, with the content hashes the workers computed
-    /// (bucket index → hash).
+    /// (bucket index → hash) and the encoding they wrote the pages files in.
     pub fn finish_image(
         &self,
         hashes: &BTreeMap<usize, ContentHash>,
+        encoding: Encoding,
     ) -> Result<KfdImage, PlanError> {
         let mut msg = self.image.clone();
+        encoding.record(&mut msg);
         for (&i, h) in hashes {
             if let Some(e) = msg.bo_entries.get_mut(i) {
                 e.content_xxh3 = Some(h.value);
@@ -900,7 +904,7 @@ mod tests {
         );
         let h = |value, extent| ContentHash { value, extent };
         let hashes = BTreeMap::from([(0, h(11, Some(4096))), (3, h(33, None))]);
-        let img = p.finish_image(&hashes).unwrap();
+        let img = p.finish_image(&hashes, Encoding::Raw).unwrap();
         let b = &img.msg.bo_entries;
         assert_eq!(b[3].content_xxh3, Some(33));
         assert_eq!(b[3].content_hash_extent, None);
@@ -909,7 +913,7 @@ mod tests {
         assert!(b[0].size > 4096, "the fixture's BO 0 spans several extents");
         assert_eq!(b[0].content_hash_extent, Some(4096));
         let hashes = BTreeMap::from([(0, h(11, Some(b[0].size)))]);
-        let img = p.finish_image(&hashes).unwrap();
+        let img = p.finish_image(&hashes, Encoding::Raw).unwrap();
         assert_eq!(
             img.msg.bo_entries[0].content_hash_extent, None,
             "a BO of one extent has the plain hash, said without an extent"
@@ -930,7 +934,7 @@ mod tests {
         c.priv_data = blob;
         let p = plan_dump(&host(), &c, SharedMem::default()).unwrap();
         assert_eq!(p.image.priv_bo_record_size, Some(272));
-        let img = p.finish_image(&BTreeMap::new()).unwrap();
+        let img = p.finish_image(&BTreeMap::new(), Encoding::Raw).unwrap();
         assert_eq!(img.priv_layout().unwrap().events, 3);
     }
 
@@ -973,7 +977,7 @@ mod tests {
 
     fn restore_setup() -> (RestorePlan, Vec<BoBucket>) {
         let p = plan_dump(&host(), &ckpt(), SharedMem::default()).unwrap();
-        let img = p.finish_image(&BTreeMap::new()).unwrap();
+        let img = p.finish_image(&BTreeMap::new(), Encoding::Raw).unwrap();
         let image_topo = Topology::from_image_entries(&img.msg.device_entries).unwrap();
         // The new host has two GPUs with new ids and render minors.
         let new_host = Topology::new(vec![

@@ -42,7 +42,7 @@ use crate::image::{
     kfd_image_id, kfd_image_name, read_bounded, render_image_name, FileId, ImageError, KfdImage,
     RenderImage, MAX_MESSAGE_SIZE,
 };
-use crate::pages::{pages_image_name, pages_total, PagesReader};
+use crate::pages::{content_bos, pages_image_name, pages_total, Encoding, FrameError, PagesReader};
 use crate::plan::DeviceKind;
 
 pub mod digests;
@@ -231,6 +231,9 @@ pub struct Report {
     pub warning: Option<String>,
     /// Whether the directory holds any GPU state at all.
     pub has_gpu_state: bool,
+    /// Facts to show that are neither refusals nor warnings (e.g. that
+    /// the pages files are compressed).
+    pub notes: Vec<String>,
 }
 
 impl Report {
@@ -305,6 +308,14 @@ pub fn check_dir(dir: &Path, depth: Depth) -> std::io::Result<Report> {
         {
             Err(e) => v.refusal = Some(e.into()),
             Ok((bytes, image)) => {
+                if let Ok(e @ Encoding::Zstd { .. }) = Encoding::of(&name, &image.msg) {
+                    let note = format!(
+                        "compressed GPU pages ({e}): upstream's amdgpu plugin cannot restore these"
+                    );
+                    if !report.notes.contains(&note) {
+                        report.notes.push(note);
+                    }
+                }
                 if let Some(ext) = image.msg.criu_rocm_ext_version {
                     declared.get_or_insert((id, ext));
                 } else {
@@ -639,8 +650,10 @@ fn check_pages(
     depth: Depth,
 ) -> Result<(), Refusal> {
     let name = kfd_image_name(id);
-    let total = pages_total(&name, &image.msg.bo_entries, gpu)?;
-    let mut pages = PagesReader::open(dir, id, gpu, total).map_err(|e| {
+    pages_total(&name, &image.msg.bo_entries, gpu)?;
+    let encoding = Encoding::of(&name, &image.msg)?;
+    let bos = content_bos(&image.msg.bo_entries, gpu);
+    let mut pages = PagesReader::open_encoded(dir, id, gpu, &bos, encoding).map_err(|e| {
         let mut r = Refusal::from(e);
         r.gpu = Some(gpu);
         r
@@ -664,12 +677,17 @@ fn check_pages(
         while left > 0 {
             let n = left.min(buf.len() as u64) as usize;
             pages.read_exact(&mut buf[..n]).map_err(|e| {
-                Refusal::new(
-                    &file,
-                    Some(gpu),
-                    format!("bo_entries[{i}]"),
-                    format!("read: {e}"),
-                )
+                // A damaged compressed frame is refused in the words the
+                // restore's copy uses (its error is this refusal).
+                match e.get_ref().and_then(|i| i.downcast_ref::<FrameError>()) {
+                    Some(f) => Refusal::new(&f.file, Some(f.gpu), f.field(), f.reason.clone()),
+                    None => Refusal::new(
+                        &file,
+                        Some(gpu),
+                        format!("bo_entries[{i}]"),
+                        format!("read: {e}"),
+                    ),
+                }
             })?;
             h.update(&buf[..n]);
             left -= n as u64;

@@ -93,6 +93,8 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         criu_rocm_reopen: None,
         shared_mem_mode: None,
         semaphore_mode: None,
+        pages_compression: None,
+        pages_compression_level: None,
     };
     let hives = CriuKfd {
         pid: 99,
@@ -122,6 +124,8 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         criu_rocm_reopen: None,
         shared_mem_mode: None,
         semaphore_mode: None,
+        pages_compression: None,
+        pages_compression_level: None,
     };
     let render = CriuRenderNode {
         gpu_id: 0x1a2b,

@@ -156,7 +156,7 @@ fn checkpoint_then_restore_on_other_gpus() {
         out.stats.iter().map(|s| s.bytes).sum::<u64>(),
         (3 + 70 + 1) * 4096
     );
-    plan.finish_image(&out.hashes)
+    plan.finish_image(&out.hashes, amdgpu_cr::pages::Encoding::Raw)
         .unwrap()
         .write(&images, FileId(5))
         .unwrap();

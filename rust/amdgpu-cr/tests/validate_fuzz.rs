@@ -88,8 +88,9 @@ fn pstree(pids: &[u32]) -> Vec<u8> {
 
 /// A restorable image directory for `host` (KFD image, pages file,
 /// render-node image, pstree), as an input; `second` adds a second KFD
-/// process (pid + 1) with file id -2 (2^32 - 2).
-fn seed(host: &Host, second: bool) -> Vec<u8> {
+/// process (pid + 1) with file id -2 (2^32 - 2); `compressed` writes the
+/// pages file with zstd (`KFD_COMPRESS=zstd`).
+fn seed(host: &Host, second: bool, compressed: bool) -> Vec<u8> {
     let topo = Topology::parse_sysfs(&host.opts.sysfs_nodes).unwrap();
     let gpu = amdgpu_cr::ids::GpuId(HOST_GPU);
     let entries = topo
@@ -140,6 +141,8 @@ fn seed(host: &Host, second: bool) -> Vec<u8> {
         criu_rocm_reopen: None,
         shared_mem_mode: None,
         semaphore_mode: None,
+        pages_compression: compressed.then_some(1),
+        pages_compression_level: compressed.then_some(3),
     };
     // The second process (a task holds one KFD process): another pid.
     let kfd2 = frame(
@@ -153,6 +156,21 @@ fn seed(host: &Host, second: bool) -> Vec<u8> {
     let mut pages = ((8192 + 4096) as u64).to_le_bytes().to_vec();
     pages.extend_from_slice(&contents[0]);
     pages.extend_from_slice(&contents[1]);
+    if compressed {
+        let dir = scratch("validate-seed-zstd");
+        let (id, gpu) = (amdgpu_cr::image::FileId(0), amdgpu_cr::ids::GpuId(HOST_GPU));
+        let c = amdgpu_cr::pages::Compress {
+            level: 3,
+            threads: 0,
+        };
+        let bos = [(0, 8192), (1, 4096)];
+        let mut w =
+            amdgpu_cr::pages::PagesWriter::create_compressed(&dir, id, gpu, &bos, c, 4096).unwrap();
+        std::io::Write::write_all(&mut w, &pages[8..]).unwrap();
+        w.finish().unwrap();
+        pages = std::fs::read(dir.join(amdgpu_cr::pages::pages_image_name(id, gpu))).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
     let render = frame(
         &CriuRenderNode {
             gpu_id: HOST_GPU,
@@ -172,7 +190,11 @@ fn seed(host: &Host, second: bool) -> Vec<u8> {
 }
 
 fn seeds(host: &Host) -> Vec<(&'static str, Vec<u8>)> {
-    vec![("one", seed(host, false)), ("two", seed(host, true))]
+    vec![
+        ("one", seed(host, false, false)),
+        ("two", seed(host, true, false)),
+        ("zstd", seed(host, false, true)),
+    ]
 }
 
 /// xorshift64*: deterministic, no dependency.

@@ -270,6 +270,9 @@ pub extern "C" fn criu_gpu_restore_init(imgdir_fd: c_int) -> c_int {
         if let Some(w) = &report.warning {
             log::warn!("{w}");
         }
+        for n in &report.notes {
+            log::info!("{n}");
+        }
         if !report.is_ok() {
             log::error!(
                 "the GPU images cannot be restored (no task was created, no GPU device opened):"
@@ -530,6 +533,9 @@ pub unsafe extern "C" fn criu_gpu_dry_run(dir: *const c_char) -> c_int {
         };
         if let Some(w) = &run.report.warning {
             println!("{}: warning: {w}", dir.display());
+        }
+        for n in &run.report.notes {
+            println!("{}: note: {n}", dir.display());
         }
         let entries = &run.entries;
         let others = &run.report.other;

@@ -41,7 +41,9 @@ use crate::bo;
 use crate::env::{self, EnginePolicy};
 use crate::ids::{GpuId, GpuVa, MmapOffset};
 use crate::image::{FileId, ImageError};
-use crate::pages::{compose, pages_image_name, ExtentHasher, PagesReader, PagesWriter};
+use crate::pages::{
+    compose, pages_image_name, Compress, Encoding, ExtentHasher, PagesReader, PagesWriter,
+};
 
 /// Errors moving BO contents; each names the GPU (user id) and the BO.
 #[derive(Debug, thiserror::Error)]
@@ -319,6 +321,8 @@ pub struct DumpOutcome {
     /// Bucket index → hash of the BO's bytes (in extents of
     /// [`HASH_EXTENT`]).
     pub hashes: BTreeMap<usize, ContentHash>,
+    /// How the pages files hold the bytes.
+    pub encoding: Encoding,
 }
 
 struct HashingWriter<'w> {
@@ -590,26 +594,47 @@ fn cpu_only<'a>(budget: u64) -> Engines<'a> {
     Engines::new(EnginePolicy::Cpu, budget, None)
 }
 
-/// Every job split into lanes, each paired with its range of the GPU's
-/// pages file (`open` gives one writer or reader per lane length, with
-/// write buffers of the given bytes).
+/// Every job split into lanes (one per GPU when `one_lane`), each paired
+/// with its range of the GPU's pages file (`open` gives one writer or
+/// reader per lane length, with write buffers of the given bytes; it is
+/// also given the GPU's BOs, bucket index and size, in file order).
 fn into_lanes<'a, F>(
     jobs: Vec<GpuJob<'a>>,
     extent_of: &dyn Fn(usize) -> Option<u64>,
-    open: impl Fn(GpuId, &[u64], usize) -> Result<Vec<F>, ImageError>,
+    one_lane: bool,
+    open: impl Fn(GpuId, &[u64], usize, &[(usize, u64)]) -> Result<Vec<F>, ImageError>,
 ) -> Result<Vec<(Lane<'a>, F)>, CopyError> {
-    let per_gpu = lanes_per_gpu(jobs.len());
+    let per_gpu = if one_lane {
+        1
+    } else {
+        lanes_per_gpu(jobs.len())
+    };
     let mut lanes = Vec::new();
     for job in jobs {
+        let bos: Vec<(usize, u64)> = job.bos.iter().map(|b| (b.index, b.size)).collect();
         let split = split_job(job, per_gpu, extent_of);
         let lens = split
             .iter()
             .map(Lane::bytes)
             .collect::<Result<Vec<_>, _>>()?;
-        let files = open(split[0].user, &lens, split[0].engines.write_buffer())?;
+        let files = open(split[0].user, &lens, split[0].engines.write_buffer(), &bos)?;
         lanes.extend(split.into_iter().zip(files));
     }
     Ok(lanes)
+}
+
+/// Takes the memory a zstd reader or writer of a GPU holds out of the
+/// lane's CPU window, so that the budget still bounds the whole copy.
+fn make_room_for_zstd(lanes: &mut [(Lane<'_>, impl Sized)]) {
+    for (l, _) in lanes {
+        if l.engines.cpu.is_some() {
+            let budget = l
+                .engines
+                .budget
+                .saturating_sub(crate::pages::zstd::READER_MEMORY);
+            l.engines.cpu = Some(cpu::CpuEngine::new(env::lane_split(budget).0));
+        }
+    }
 }
 
 /// Adds up the lanes' statistics per GPU (elapsed: the slowest lane).
@@ -645,9 +670,39 @@ pub fn dump_contents(
     id: FileId,
     jobs: Vec<GpuJob<'_>>,
 ) -> Result<DumpOutcome, CopyError> {
-    let lanes = into_lanes(jobs, &|_| Some(HASH_EXTENT), |gpu, lens, buffer| {
-        PagesWriter::create_lanes_buffered(dir, id, gpu, lens, buffer)
-    })?;
+    dump_contents_encoded(dir, id, jobs, None)
+}
+
+/// [`dump_contents`], compressing the pages files with zstd when
+/// `compress` gives a level and threads (`None` threads: the CPU cores
+/// shared out among the GPUs), see [`crate::pages::zstd`].  A compressed
+/// file is written by one lane per GPU (its records' offsets are known
+/// only as it goes); zstd's worker threads compress beside the copy.
+pub fn dump_contents_encoded(
+    dir: &Path,
+    id: FileId,
+    jobs: Vec<GpuJob<'_>>,
+    compress: Option<(i32, Option<u32>)>,
+) -> Result<DumpOutcome, CopyError> {
+    let threads = lanes_per_gpu(jobs.len()) as u32;
+    let mut lanes = into_lanes(
+        jobs,
+        &|_| Some(HASH_EXTENT),
+        compress.is_some(),
+        |gpu, lens, buffer, bos| match compress {
+            None => PagesWriter::create_lanes_buffered(dir, id, gpu, lens, buffer),
+            Some((level, t)) => {
+                let c = Compress {
+                    level,
+                    threads: t.unwrap_or(threads),
+                };
+                PagesWriter::create_compressed(dir, id, gpu, bos, c, buffer).map(|w| vec![w])
+            }
+        },
+    )?;
+    if compress.is_some() {
+        make_room_for_zstd(&mut lanes);
+    }
     let (stats, hashes) = run_lanes(
         lanes,
         "copied to the pages file",
@@ -663,6 +718,7 @@ pub fn dump_contents(
     )?;
     let extent = Some(HASH_EXTENT);
     Ok(DumpOutcome {
+        encoding: compress.map_or(Encoding::Raw, |(level, _)| Encoding::Zstd { level }),
         stats,
         hashes: hashes
             .into_iter()
@@ -742,14 +798,35 @@ pub fn restore_contents(
     jobs: Vec<GpuJob<'_>>,
     hashes: &BTreeMap<usize, ContentHash>,
 ) -> Result<Vec<GpuStats>, CopyError> {
+    restore_contents_encoded(dir, id, jobs, hashes, Encoding::Raw)
+}
+
+/// [`restore_contents`] from pages files in `encoding` (the KFD image's):
+/// a compressed file is read by one lane per GPU, decompressed as it
+/// streams (see [`crate::pages::zstd`]).
+pub fn restore_contents_encoded(
+    dir: &Path,
+    id: FileId,
+    jobs: Vec<GpuJob<'_>>,
+    hashes: &BTreeMap<usize, ContentHash>,
+    encoding: Encoding,
+) -> Result<Vec<GpuStats>, CopyError> {
     let names: BTreeMap<usize, (GpuId, GpuVa, u64)> = jobs
         .iter()
         .flat_map(|j| j.bos.iter().map(|b| (b.index, (b.gpu, b.addr, b.size))))
         .collect();
     let extent_of = |i: usize| hashes.get(&i).map_or(Some(HASH_EXTENT), |h| h.extent);
-    let lanes = into_lanes(jobs, &extent_of, |gpu, lens, _| {
-        PagesReader::open_lanes(dir, id, gpu, lens)
+    let compressed = encoding != Encoding::Raw;
+    let mut lanes = into_lanes(jobs, &extent_of, compressed, |gpu, lens, _, bos| {
+        if compressed {
+            PagesReader::open_encoded(dir, id, gpu, bos, encoding).map(|r| vec![r])
+        } else {
+            PagesReader::open_lanes(dir, id, gpu, lens)
+        }
     })?;
+    if compressed {
+        make_room_for_zstd(&mut lanes);
+    }
     let (stats, got_hashes) = run_lanes(
         lanes,
         "copied from the pages file",

@@ -27,6 +27,7 @@
 pub mod hash;
 mod reader;
 mod writer;
+pub mod zstd;
 
 #[cfg(test)]
 mod tests;
@@ -39,6 +40,7 @@ use crate::proto::KfdBoEntry;
 pub use hash::{compose, content_hashes, ContentHash, ExtentHasher, HASH_EXTENT};
 pub use reader::{PagesReader, SparseFile};
 pub use writer::PagesWriter;
+pub use zstd::{Compress, Encoding, FrameError};
 
 /// Name of the pages file of file `id` for the GPU with *user* id `gpu`.
 pub fn pages_image_name(id: FileId, gpu: GpuId) -> String {
@@ -70,4 +72,14 @@ pub fn all_zero(b: &[u8]) -> bool {
         }
     }
     chunks.remainder().iter().all(|&x| x == 0)
+}
+
+/// The content BOs of `gpu` in a KFD image's buckets, in file order:
+/// (bucket index, size).
+pub fn content_bos(bos: &[KfdBoEntry], gpu: GpuId) -> Vec<(usize, u64)> {
+    bos.iter()
+        .enumerate()
+        .filter(|(_, b)| b.gpu_id == gpu.0 && bo::has_contents(b.alloc_flags))
+        .map(|(i, b)| (i, b.size))
+        .collect()
 }

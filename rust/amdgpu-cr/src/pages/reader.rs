@@ -7,6 +7,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use super::pages_image_name;
+use super::zstd::{check_records, Encoding, ZstdIn};
 use crate::ids::GpuId;
 use crate::image::{FileId, ImageError};
 
@@ -106,9 +107,66 @@ impl Read for SparseFile {
 /// (from a file, a [`SparseFile`]: its holes are not read).
 pub struct PagesReader<R> {
     file: String,
-    pub(super) input: R,
+    input: Src<R>,
     total: u64,
     consumed: u64,
+}
+
+/// Where a reader's bytes come from.
+enum Src<R> {
+    /// The bytes themselves.
+    Raw(R),
+    /// Compressed chunk records.
+    Zstd(Box<ZstdIn<R>>),
+}
+
+impl PagesReader<SparseFile> {
+    /// Bytes given as zeros without reading (holes), for tests.
+    #[cfg(test)]
+    pub(super) fn hole_bytes(&self) -> u64 {
+        match &self.input {
+            Src::Raw(f) => f.hole_bytes,
+            Src::Zstd(_) => 0,
+        }
+    }
+
+    /// Opens the pages file of `gpu` whose content BOs are `bos` (bucket
+    /// index, size, in bucket order) and whose encoding the KFD image
+    /// records: [`PagesReader::open`] for upstream's layout; for a
+    /// compressed file, also walks its chunk records (8 bytes read per
+    /// chunk), so that a damaged record or a truncated file is refused
+    /// before any byte is copied.
+    pub fn open_encoded(
+        dir: &Path,
+        id: FileId,
+        gpu: GpuId,
+        bos: &[(usize, u64)],
+        encoding: Encoding,
+    ) -> Result<Self, ImageError> {
+        let name = pages_image_name(id, gpu);
+        let total = bos
+            .iter()
+            .try_fold(0u64, |t, &(_, l)| t.checked_add(l))
+            .ok_or_else(|| ImageError::invalid(&name, "size", "BO sizes overflow"))?;
+        if encoding == Encoding::Raw {
+            return Self::open(dir, id, gpu, total);
+        }
+        let path: PathBuf = dir.join(&name);
+        let file = path.display().to_string();
+        let f = File::open(&path).map_err(|e| ImageError::io(&file, "open", e))?;
+        let walk = f.try_clone().map_err(|e| ImageError::io(&file, "dup", e))?;
+        let f = SparseFile::at(f, 0).map_err(|e| ImageError::io(&file, "fstat", e))?;
+        let len = f.len;
+        let mut reader = PagesReader::new(file.clone(), f, gpu, total)?;
+        check_records(&walk, &file, &name, bos, 8, len)?;
+        let Src::Raw(input) = reader.input else {
+            unreachable!("new() gives a raw reader")
+        };
+        let z =
+            ZstdIn::new(name, gpu, input, 8, bos).map_err(|e| ImageError::io(&file, "zstd", e))?;
+        reader.input = Src::Zstd(Box::new(z));
+        Ok(reader)
+    }
 }
 
 impl PagesReader<SparseFile> {
@@ -172,7 +230,7 @@ impl PagesReader<SparseFile> {
                 SparseFile::at(f, 8 + start).map_err(|e| ImageError::io(&file, "fstat", e))?;
             out.push(PagesReader {
                 file,
-                input,
+                input: Src::Raw(input),
                 total: len,
                 consumed: 0,
             });
@@ -198,7 +256,7 @@ impl<R: Read> PagesReader<R> {
         }
         Ok(PagesReader {
             file,
-            input,
+            input: Src::Raw(input),
             total: header,
             consumed: 0,
         })
@@ -232,7 +290,10 @@ impl<R: Read> Read for PagesReader<R> {
         if want == 0 {
             return Ok(0);
         }
-        let n = self.input.read(&mut buf[..want])?;
+        let n = match &mut self.input {
+            Src::Raw(r) => r.read(&mut buf[..want])?,
+            Src::Zstd(z) => z.read(&mut buf[..want])?,
+        };
         self.consumed += n as u64;
         Ok(n)
     }

@@ -142,7 +142,7 @@ fn pages_zero_blocks_are_holes() {
         r.read_to_end(&mut back).unwrap();
         assert!(back == data, "case {n}: read back");
         assert!(
-            r.input.hole_bytes >= 10 * SPARSE_BLOCK,
+            r.hole_bytes() >= 10 * SPARSE_BLOCK,
             "case {n}: holes not read"
         );
         r.finish().unwrap();
@@ -170,7 +170,7 @@ fn pages_zero_blocks_are_holes() {
         r.read_exact(&mut buf).unwrap();
         assert!(all_zero(&buf));
     }
-    assert_eq!(r.input.hole_bytes, big - (SPARSE_BLOCK - 8));
+    assert_eq!(r.hole_bytes(), big - (SPARSE_BLOCK - 8));
     r.finish().unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -221,4 +221,174 @@ fn names_follow_upstream_patterns() {
         pages_image_name(FileId(1 << 31), GpuId(0x1a2b)),
         "amdgpu-pages--2147483648-1a2b.img"
     );
+}
+
+/// Writes a compressed pages file of `bos` (index, bytes) and returns its path.
+fn write_compressed(
+    dir: &std::path::Path,
+    bos: &[(usize, Vec<u8>)],
+    threads: u32,
+    piece: usize,
+) -> std::path::PathBuf {
+    let sizes: Vec<(usize, u64)> = bos.iter().map(|(i, b)| (*i, b.len() as u64)).collect();
+    let c = Compress { level: 3, threads };
+    let mut w =
+        PagesWriter::create_compressed(dir, FileId(2), GpuId(0x42), &sizes, c, 1 << 16).unwrap();
+    for (_, b) in bos {
+        for p in b.chunks(piece) {
+            w.write_all(p).unwrap();
+        }
+    }
+    w.finish().unwrap();
+    dir.join(pages_image_name(FileId(2), GpuId(0x42)))
+}
+
+fn read_compressed(dir: &std::path::Path, sizes: &[(usize, u64)]) -> std::io::Result<Vec<u8>> {
+    let enc = Encoding::Zstd { level: 3 };
+    let mut r = PagesReader::open_encoded(dir, FileId(2), GpuId(0x42), sizes, enc)
+        .map_err(std::io::Error::other)?;
+    let mut v = Vec::new();
+    r.read_to_end(&mut v)?;
+    r.finish().map_err(std::io::Error::other)?;
+    Ok(v)
+}
+
+fn fp16_like(n: usize, seed: u64) -> Vec<u8> {
+    // Small values around 1.0 in fp16: the high byte varies little.
+    let mut x = seed | 1;
+    (0..n / 2)
+        .flat_map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let v: u16 = 0x3c00 | (x as u16 & 0x01ff);
+            v.to_le_bytes()
+        })
+        .collect()
+}
+
+#[test]
+fn compressed_pages_round_trip_with_zero_chunks() {
+    let dir = tempdir();
+    let big = crate::pages::zstd::CHUNK as usize + 3 * 4096;
+    let mut a = fp16_like(big, 7);
+    a[..crate::pages::zstd::CHUNK as usize].fill(0); // first chunk all zeros
+    let bos = vec![(1, a), (4, fp16_like(8192, 9)), (6, vec![0u8; 4096])];
+    for threads in [0, 2] {
+        let path = write_compressed(&dir, &bos, threads, 100_000);
+        let sizes: Vec<(usize, u64)> = bos.iter().map(|(i, b)| (*i, b.len() as u64)).collect();
+        let want: Vec<u8> = bos.iter().flat_map(|(_, b)| b.clone()).collect();
+        assert_eq!(
+            read_compressed(&dir, &sizes).unwrap(),
+            want,
+            "threads {threads}"
+        );
+        let len = std::fs::metadata(&path).unwrap().len();
+        assert!(len < want.len() as u64 / 2, "{len} of {}", want.len());
+        // Zero chunks are records of 8 bytes, no frame.
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(&bytes[8..16], &0u64.to_le_bytes());
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn damaged_compressed_frames_are_refused_naming_file_gpu_and_bo() {
+    let dir = tempdir();
+    let bos = vec![(3, fp16_like(1 << 20, 5)), (5, fp16_like(64 << 10, 11))];
+    let sizes: Vec<(usize, u64)> = bos.iter().map(|(i, b)| (*i, b.len() as u64)).collect();
+    let path = write_compressed(&dir, &bos, 0, 1 << 20);
+    let good = std::fs::read(&path).unwrap();
+    let n0 = u64::from_le_bytes(good[8..16].try_into().unwrap()) as usize;
+    let frame_err = |bytes: &[u8]| -> String {
+        std::fs::write(&path, bytes).unwrap();
+        match read_compressed(&dir, &sizes) {
+            Ok(_) => panic!("damage accepted"),
+            Err(e) => e.to_string(),
+        }
+    };
+    // A flipped byte inside the first frame: zstd (or its checksum) refuses.
+    for at in [16 + 40, 16 + n0 / 2, 16 + n0 - 2] {
+        let mut b = good.clone();
+        b[at] ^= 0x5a;
+        let e = frame_err(&b);
+        assert!(
+            e.contains("amdgpu-pages-2-0042.img: GPU 0x0042: bo_entries[3]: the compressed frame"),
+            "{at}: {e}"
+        );
+    }
+    // A record claiming more than a frame of its chunk can take.
+    let mut b = good.clone();
+    b[8..16].copy_from_slice(&(u64::MAX / 2).to_le_bytes());
+    let e = frame_err(&b);
+    assert!(
+        e.contains("bo_entries[3]") && e.contains("more than a frame"),
+        "{e}"
+    );
+    // Truncated, extended.
+    let e = frame_err(&good[..good.len() - 3]);
+    assert!(e.contains("truncated"), "{e}");
+    let mut b = good.clone();
+    b.extend_from_slice(&[1, 2, 3]);
+    let e = frame_err(&b);
+    assert!(e.contains("3 unexpected bytes"), "{e}");
+    // The frames of the two BOs swapped: each decodes to the wrong length.
+    let n1 = u64::from_le_bytes(good[16 + n0..24 + n0].try_into().unwrap()) as usize;
+    let mut b = good[..8].to_vec();
+    b.extend_from_slice(&good[16 + n0..24 + n0 + n1]);
+    b.extend_from_slice(&good[8..16 + n0]);
+    let e = frame_err(&b);
+    assert!(
+        e.contains("bo_entries[5]") && e.contains("more than a frame"),
+        "{e}"
+    );
+    // The header's total.
+    let mut b = good.clone();
+    b[0] ^= 1;
+    assert!(frame_err(&b).contains("header says"));
+    std::fs::write(&path, &good).unwrap();
+    assert!(read_compressed(&dir, &sizes).is_ok());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_frame_needing_a_larger_window_is_refused() {
+    // A frame written with a 16 MiB window (zstd's own, outside our limit).
+    let data = fp16_like(4 << 20, 3);
+    let mut c = ::zstd::zstd_safe::CCtx::create();
+    c.set_parameter(::zstd::zstd_safe::CParameter::WindowLog(24))
+        .unwrap();
+    c.set_parameter(::zstd::zstd_safe::CParameter::ContentSizeFlag(false))
+        .unwrap();
+    let mut frame = vec![0u8; ::zstd::zstd_safe::compress_bound(data.len())];
+    let n = c.compress2(&mut frame[..], &data).unwrap();
+    frame.truncate(n);
+    let dir = tempdir();
+    let mut file = (data.len() as u64).to_le_bytes().to_vec();
+    file.extend_from_slice(&(n as u64).to_le_bytes());
+    file.extend_from_slice(&frame);
+    std::fs::write(dir.join(pages_image_name(FileId(2), GpuId(0x42))), &file).unwrap();
+    let e = match read_compressed(&dir, &[(0, data.len() as u64)]) {
+        Ok(_) => panic!("a frame with a 16 MiB window was accepted"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        e.contains("bo_entries[0]") && e.contains("compressed frame"),
+        "{e}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn encoding_is_recorded_and_checked() {
+    let mut m = sample_kfd();
+    assert_eq!(Encoding::of("t", &m).unwrap(), Encoding::Raw);
+    Encoding::Zstd { level: 7 }.record(&mut m);
+    assert_eq!(Encoding::of("t", &m).unwrap(), Encoding::Zstd { level: 7 });
+    m.pages_compression = Some(9);
+    let e = Encoding::of("t", &m).unwrap_err().to_string();
+    assert!(e.contains("pages_compression") && e.contains("9"), "{e}");
+    m.pages_compression = Some(1);
+    m.pages_compression_level = Some(40);
+    assert!(Encoding::of("t", &m).is_err());
 }

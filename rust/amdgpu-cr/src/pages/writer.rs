@@ -5,6 +5,7 @@ use std::io::{self, BufWriter, Seek, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
+use super::zstd::{Compress, ZstdOut};
 use super::{all_zero, pages_image_name, SPARSE_BLOCK};
 use crate::ids::GpuId;
 use crate::image::{create_image, FileId, ImageError};
@@ -32,6 +33,8 @@ pub struct PagesWriter {
     skip: u64,
     /// Bytes left as holes (for statistics and tests).
     pub zero_bytes: u64,
+    /// Compressed: the chunk records take the bytes instead.
+    z: Option<Box<ZstdOut>>,
 }
 
 impl PagesWriter {
@@ -63,6 +66,7 @@ impl PagesWriter {
             partial: Vec::with_capacity(SPARSE_BLOCK as usize),
             skip: 0,
             zero_bytes: 0,
+            z: None,
         };
         w.put(&total.to_le_bytes())
             .map_err(|e| ImageError::io(&w.file, "write header", e))?;
@@ -121,10 +125,47 @@ impl PagesWriter {
                 partial: Vec::with_capacity(SPARSE_BLOCK as usize),
                 skip: 0,
                 zero_bytes: 0,
+                z: None,
             });
             start += len;
         }
         Ok(out)
+    }
+
+    /// Creates the compressed pages file of the content BOs `bos` (bucket
+    /// index, size) in `dir` (see [`super::zstd`]), written by one writer:
+    /// its records' offsets are known only as it goes.
+    pub fn create_compressed(
+        dir: &Path,
+        id: FileId,
+        gpu: GpuId,
+        bos: &[(usize, u64)],
+        c: Compress,
+        buffer: usize,
+    ) -> Result<Self, ImageError> {
+        let name = pages_image_name(id, gpu);
+        let path = dir.join(&name);
+        let file = path.display().to_string();
+        let total = bos
+            .iter()
+            .try_fold(0u64, |t, &(_, l)| t.checked_add(l))
+            .ok_or_else(|| ImageError::invalid(&name, "size", "BO sizes overflow"))?;
+        let f = create_image(&path).map_err(|e| ImageError::io(&file, "create", e))?;
+        let mut out = BufWriter::with_capacity(buffer, f);
+        out.write_all(&total.to_le_bytes())
+            .map_err(|e| ImageError::io(&file, "write header", e))?;
+        let z = ZstdOut::new(name, gpu, 8, bos, c).map_err(|e| ImageError::io(&file, "zstd", e))?;
+        Ok(PagesWriter {
+            file,
+            out,
+            total,
+            written: 0,
+            off: 8,
+            partial: Vec::new(),
+            skip: 0,
+            zero_bytes: 0,
+            z: Some(Box::new(z)),
+        })
     }
 
     /// The file's path, for messages.
@@ -143,6 +184,12 @@ impl PagesWriter {
                     self.written, self.total
                 ),
             ));
+        }
+        if let Some(z) = self.z.as_mut() {
+            z.finish(&mut self.out)
+                .map_err(|e| ImageError::io(&self.file, "write", e))?;
+            self.zero_bytes = z.zero_bytes;
+            return Ok(self.written);
         }
         // A zero tail is left as the hole the file was created with.
         self.end_block()
@@ -238,7 +285,10 @@ impl Write for PagesWriter {
                 ),
             ));
         }
-        self.put(buf)?;
+        match self.z.as_mut() {
+            Some(z) => z.put(&mut self.out, buf)?,
+            None => self.put(buf)?,
+        }
         self.written += buf.len() as u64;
         Ok(buf.len())
     }

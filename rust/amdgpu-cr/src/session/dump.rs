@@ -37,7 +37,7 @@ use super::signals;
 use super::sys::{pidfd_getfd, pidfd_open, same_open_file, task_fds};
 use super::{gpu_jobs, human_bytes, log_gpu_stats, owned_dmabufs, SessionError};
 use crate::bo;
-use crate::copy::dump_contents;
+use crate::copy::dump_contents_encoded;
 use crate::env::{self, EnginePolicy};
 use crate::ids::{GpuId, GpuVa, MmapOffset, RenderMinor};
 use crate::image::{render_image_name, FileId};
@@ -57,6 +57,9 @@ pub struct DumpOptions {
     pub staging_cap: Option<u64>,
     /// `CRIU_ROCM_COPY_ENGINE`.
     pub policy: EnginePolicy,
+    /// `KFD_COMPRESS`, `KFD_COMPRESS_THREADS`: zstd level and threads
+    /// (`None`: one per spare core), or `None` (upstream's layout).
+    pub compress: Option<(i32, Option<u32>)>,
     /// CRIU's log fd, where the GPU guardian and the signal handler write.
     pub log_fd: Option<RawFd>,
 }
@@ -68,6 +71,7 @@ impl DumpOptions {
             sysfs_nodes: PathBuf::from(SYSFS_NODES),
             staging_cap: env::max_buffer_size_from_env()?,
             policy: env::engine_policy_from_env()?,
+            compress: env::compress_from_env()?,
             log_fd: None,
         })
     }
@@ -431,7 +435,7 @@ impl DumpSession {
             let plan = plan_dump(&topology, &p.ckpt, SharedMem::default())
                 .map_err(|e| SessionError::core(owner, "planning the GPU dump", e))?;
             let mut image = plan
-                .finish_image(&BTreeMap::new())
+                .finish_image(&BTreeMap::new(), crate::pages::Encoding::Raw)
                 .map_err(|e| SessionError::core(owner, "building the KFD image", e))?;
             image.msg.criu_rocm_reopen = Some(true);
             image
@@ -523,15 +527,15 @@ impl DumpSession {
             &dmabufs,
             false,
         )?;
-        let out = dump_contents(dir, id, jobs)
+        let out = dump_contents_encoded(dir, id, jobs, self.opts.compress)
             .map_err(|e| SessionError::core(owner, "saving GPU memory", e))?;
         let image = plan
-            .finish_image(&out.hashes)
+            .finish_image(&out.hashes, out.encoding)
             .map_err(|e| SessionError::core(owner, "building the KFD image", e))?;
         image
             .write(dir, id)
             .map_err(|e| SessionError::core(owner, "writing the KFD image", e))?;
-        self.digests.add_kfd(id, &image);
+        self.digests.add_kfd_in(dir, id, &image);
         log_gpu_stats(owner, "saved", &out.stats);
         let total: u64 = out.stats.iter().map(|s| s.bytes).sum();
         log::info!(

@@ -49,7 +49,7 @@ use std::time::{Duration, Instant};
 
 use super::sys::{pidfd_getfd, pidfd_open};
 use super::{gpu_jobs, log_gpu_stats, SessionError};
-use crate::copy::{restore_contents, GpuStats};
+use crate::copy::{restore_contents_encoded, GpuStats};
 use crate::env::EnginePolicy;
 use crate::ids::{GpuId, GpuVa, MmapOffset, RenderMinor};
 use crate::image::{FileId, KfdImage};
@@ -678,6 +678,8 @@ impl Taken {
             &dmabufs,
             &dir,
             &crate::pages::content_hashes(&image),
+            crate::pages::Encoding::of(&crate::image::kfd_image_name(self.job.id), &image.msg)
+                .map_err(|e| SessionError::core(vpid, "GPU memory writer", e))?,
         )
     }
 }
@@ -692,6 +694,7 @@ pub(super) fn write_back<'a>(
     dmabufs: &[Option<BorrowedFd<'a>>],
     dir: &Path,
     hashes: &BTreeMap<usize, ContentHash>,
+    encoding: crate::pages::Encoding,
 ) -> Result<Vec<GpuStats>, SessionError> {
     let jobs = gpu_jobs(
         job.vpid,
@@ -703,7 +706,7 @@ pub(super) fn write_back<'a>(
         dmabufs,
         true,
     )?;
-    restore_contents(dir, job.id, jobs, hashes)
+    restore_contents_encoded(dir, job.id, jobs, hashes, encoding)
         .map_err(|e| SessionError::core(job.vpid, "writing GPU memory back", e))
 }
 

@@ -36,6 +36,12 @@ use crate::image::{kfd_image_name, FileId, KfdImage};
 use crate::pages::{pages_image_name, pages_total};
 use crate::proto::KfdBoEntry;
 
+/// Whether the image's pages files are compressed (any value but none:
+/// an unknown one is refused by the image's validation).
+fn compressed(image: &KfdImage) -> bool {
+    image.msg.pages_compression.unwrap_or(0) != 0
+}
+
 /// The file's name in the image directory.
 pub const FILE: &str = "amdgpu-digests.img";
 /// Its first line.
@@ -99,6 +105,23 @@ impl Digests {
                 digest: Digest::Whole(xxh3_64(bytes)),
             },
         );
+    }
+
+    /// Records KFD image `id` (its encoded bytes) and its pages files, as
+    /// [`Digests::add_kfd`], with the sizes of compressed pages files as
+    /// written in `dir` (those of upstream's layout follow from the image).
+    pub fn add_kfd_in(&mut self, dir: &Path, id: FileId, image: &KfdImage) {
+        self.add_kfd(id, image);
+        if !compressed(image) {
+            return;
+        }
+        for gpu in image.gpu_ids() {
+            let name = pages_image_name(id, gpu);
+            let size = std::fs::metadata(dir.join(&name)).map_or(0, |m| m.len());
+            if let Some(e) = self.files.get_mut(&name) {
+                e.size = size;
+            }
+        }
     }
 
     /// Records KFD image `id` (its encoded bytes) and its pages files.
@@ -245,8 +268,15 @@ impl Digests {
             };
             let total = pages_total(&name, &image.msg.bo_entries, gpu)?;
             let got = pages_digest(&image.msg.bo_entries, gpu);
+            // A compressed file's size is its own (checked against the
+            // directory by `check_listing`); upstream's layout, the total's.
+            let size = if compressed(image) {
+                e.size
+            } else {
+                total.saturating_add(8)
+            };
             let ok = match e.digest {
-                Digest::Bo(want) => want == got && e.size == total.saturating_add(8),
+                Digest::Bo(want) => want == got && e.size == size,
                 Digest::Whole(_) => false,
             };
             if !ok {
@@ -258,7 +288,7 @@ impl Digests {
                         "its size and BO hashes in {} give xxh3-bo:{got:016x} and {} bytes, \
                          but {FILE} recorded {} at dump: the file was changed",
                         kfd_image_name(id),
-                        total.saturating_add(8),
+                        size,
                         match e.digest {
                             Digest::Bo(v) => format!("xxh3-bo:{v:016x} and {} bytes", e.size),
                             Digest::Whole(v) => format!("xxh3:{v:016x}"),

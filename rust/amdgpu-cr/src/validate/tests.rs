@@ -7,7 +7,7 @@ use super::*;
 use crate::criu_images::fixtures::{write_files, write_inventory, write_mm, write_pstree};
 use crate::criu_images::FileMapping;
 use crate::image::tests::{sample_kfd, tempdir};
-use crate::image::{frame, RenderImage};
+use crate::image::{frame, RenderImage, EXT_VERSION};
 use crate::proto::{CriuKfd, CriuRenderNode};
 
 const KFD: FileId = FileId(5);
@@ -162,8 +162,11 @@ fn a_removed_content_hash_is_refused() {
     let first = refused_after(|m| m.bo_entries[2].content_xxh3 = None, false, &[]);
     assert_eq!(
         first,
-        "amdgpu-kfd-5.img: GPU 0x5c3d: bo_entries[2].content_xxh3: missing, though the image \
-         declares criu-rocm's extension version 3, which hashes every BO with contents"
+        format!(
+            "amdgpu-kfd-5.img: GPU 0x5c3d: bo_entries[2].content_xxh3: missing, though the \
+             image declares criu-rocm's extension version {EXT_VERSION}, which hashes every BO \
+             with contents"
+        )
     );
 }
 
@@ -378,10 +381,11 @@ fn the_digests_file_must_match_the_directory() {
     let got = refusals(&dir, Depth::Metadata);
     assert_eq!(
         got,
-        vec![
+        vec![format!(
             "amdgpu-digests.img: missing, though amdgpu-kfd-5.img declares criu-rocm's \
-             extension version 3, whose dump records the digest of every GPU image file there"
-        ]
+             extension version {EXT_VERSION}, whose dump records the digest of every GPU image \
+             file there"
+        )]
     );
     std::fs::write(dir.join(FILE), b"criu-rocm GPU image digests 1\nbad line\n").unwrap();
     let got = refusals(&dir, Depth::Metadata);
