@@ -19,7 +19,11 @@ edited, the file re-framed so its size word agrees), forged (the same edits,
 but for bytes inside KFD's own blob, with the file's line in
 amdgpu-digests.img rewritten to match, so that only the cross-checks behind
 the digests can refuse them; when the dump wrote that file), delete (files removed), swap (files exchanged). The digests
-file, when present, takes the raw damage classes too. Field edits parse the
+file, when present, takes the raw damage classes too. zstd_mutants() makes the
+zstd-* classes of a dump with compressed pages files (KFD_COMPRESS=zstd):
+flip/bitflip/zero inside frames, record (a chunk's length word), truncate,
+extend, swap (two records exchanged), field and forged (the KFD image's
+pages_compression fields). Field edits parse the
 wire format themselves (field numbers from proto/criu-amdgpu.proto), so they
 need no protobuf package; digests are XXH3-64 from the system's libxxhash
 (libxxhash0) through ctypes.
@@ -40,6 +44,7 @@ DEFAULT_SEED = 14
 KFD_PID, KFD_NUM_GPUS, KFD_NUM_CPUS, KFD_DEVICES, KFD_NUM_BOS = 1, 2, 3, 4, 5
 KFD_BOS, KFD_NUM_OBJECTS, KFD_PRIV = 6, 7, 10
 KFD_EXT_VERSION = 1000
+KFD_PAGES_COMPRESSION, KFD_PAGES_LEVEL = 1005, 1006
 # kfd_device_entry
 DEV_GPU_ID, DEV_RENDER_MINOR = 2, 21
 # kfd_bo_entry
@@ -469,6 +474,96 @@ def mutants(img, seed):
                 if n in img.kfd or n in img.render:
                     d = forge_digests(d, n, data)
             files[DIGESTS] = d
+            add("forged", m.file, f"{m.what}; digests rewritten to match", files=files)
+    return out
+
+
+def records(data):
+    """The chunk records of a compressed pages file: [(offset of the length word, length)]."""
+    out, off = [], 8
+    while off + 8 <= len(data):
+        (n,) = struct.unpack_from("<Q", data, off)
+        out.append((off, n))
+        off += 8 + n
+    if off != len(data):
+        raise Bad(f"compressed pages file: records end at {off}, the file at {len(data)}")
+    return out
+
+
+def zstd_mutants(img, seed):
+    """Mutants of a dump with compressed pages files (KFD_COMPRESS=zstd), class names
+    prefixed zstd-: damage inside the frames, to the records' length words, to the
+    files' ends, the frames of a file exchanged, and the KFD image's compression fields
+    edited (also forged: digests rewritten to match)."""
+    rng = random.Random(seed + 1)
+    out = []
+
+    def add(cls, file, what, **kw):
+        out.append(Mutant(f"zstd-{cls}:{short(file)}:{len(out):03d}", "zstd-" + cls, file,
+                          what, **kw))
+
+    for f in img.pages:
+        d = img.data[f]
+        n = len(d)
+        recs = records(d)
+        frames = [(o, k) for o, k in recs if k > 0]
+        if not frames:
+            raise Bad(f"{f}: no compressed frame to damage")
+        for _ in range(4):
+            o, k = rng.choice(frames)
+            at = o + 8 + rng.randrange(k)
+            mask = rng.randrange(1, 256)
+            b = bytearray(d)
+            b[at] ^= mask
+            add("flip", f, f"byte {at} (in the frame at {o}) ^= {mask:#04x}", files={f: bytes(b)})
+        for _ in range(2):
+            o, k = rng.choice(frames)
+            at, bit = o + 8 + rng.randrange(k), rng.randrange(8)
+            b = bytearray(d)
+            b[at] ^= 1 << bit
+            add("bitflip", f, f"bit {bit} of byte {at} (in the frame at {o})", files={f: bytes(b)})
+        o, k = frames[0]
+        for new, what in [(k + 1, "+1"), (k - 1, "-1"), (0, "=0 (a chunk of zeros)"),
+                          (1 << 63, "=2^63"), (k + 4096, "+4096")]:
+            b = bytearray(d)
+            struct.pack_into("<Q", b, o, new & U64)
+            add("record", f, f"length word at {o}: {k} -> {new & U64} ({what})",
+                files={f: bytes(b)})
+        a = o + 8 + rng.randrange(max(k - 16, 1))
+        b = bytearray(d)
+        b[a:a + 16] = bytes(len(b[a:a + 16]))
+        add("zero", f, f"bytes {a}..{a + 16} (in the frame at {o}) zeroed", files={f: bytes(b)})
+        for keep in sorted({8, 16, n - 1, o + 8 + k // 2}):
+            add("truncate", f, f"cut to {keep} of {n} bytes", files={f: d[:keep]})
+        add("extend", f, "1 zero byte appended", files={f: d + b"\0"})
+        add("extend", f, "8 zero bytes appended (a zero chunk record)", files={f: d + bytes(8)})
+        if len(frames) >= 2:
+            (o0, k0), (o1, k1) = frames[0], frames[1]
+            r0, r1 = d[o0:o0 + 8 + k0], d[o1:o1 + 8 + k1]
+            b = d[:o0] + r1 + d[o0 + 8 + k0:o1] + r0 + d[o1 + 8 + k1:]
+            add("swap", f, f"the records at {o0} and {o1} exchanged", files={f: b})
+    for f in img.kfd:
+        base = img.msgs[f]
+
+        def edit(what, fn, f=f, base=base):
+            m = [list(x) for x in base]
+            fn(m)
+            add("field", f, what, files={f: frame(encode(m))})
+
+        if get(base, KFD_PAGES_COMPRESSION) is None:
+            raise Bad(f"{f}: no pages_compression field: the dump did not compress")
+        edit("pages_compression removed (upstream's layout)",
+             lambda m: m.__setitem__(slice(None), [x for x in m if x[0] != KFD_PAGES_COMPRESSION]))
+        edit("pages_compression 1 -> 2 (no such compression)",
+             lambda m: put(m, KFD_PAGES_COMPRESSION, 2))
+        edit("pages_compression_level -> 99", lambda m: put(m, KFD_PAGES_LEVEL, 99))
+    if img.digests:
+        for m in [m for m in out if m.cls == "zstd-field"]:
+            files = dict(m.files)
+            dg = img.data[DIGESTS]
+            for n, data in m.files.items():
+                dg = forge_digests(dg, n, data)
+            files[DIGESTS] = dg
             add("forged", m.file, f"{m.what}; digests rewritten to match", files=files)
     return out
 

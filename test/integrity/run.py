@@ -9,7 +9,11 @@ Dumps one gpu-workload (two GPUs, VRAM and GTT BOs, small BOs, an event) on an
 emulated mi100x2 host, writes >= 200 seeded mutants of its GPU image files
 (test/integrity/mutate.py: byte and bit flips, truncation, zeroing, extension,
 size-word changes, protobuf field edits, also with the digests file forged
-to match, deleted and swapped files), and on a fresh mi100x2 host runs
+to match, deleted and swapped files), and, of a second dump of the same process
+(--leave-running, KFD_COMPRESS=zstd), the zstd-* mutants of its compressed pages files
+(mutate.zstd_mutants: damage inside the frames, the records' length words, cut and
+extended files, exchanged frames, the compression fields edited and forged), and on a
+fresh mi100x2 host runs
 `criu-rocm gpu-check` and `criu-rocm restore` on every mutant (all of them:
 the ~250-350 restores take about a minute on 2 cores, well inside the
 suite's budget, so no refused mutant is left out). Each mutant must end as
@@ -166,6 +170,16 @@ def in_dump(work):
     base = verify(out, wl.pid, signal.SIGUSR1, VERIFY_TIMEOUT)
     if base is None or not base.startswith('{"ok":true,'):
         raise Fail(f"gpu-workload's verification before the dump: {base}")
+    # First the same process with compressed pages files (KFD_COMPRESS=zstd), left
+    # running: its mutants restore the same pid as the others'.
+    zimg = os.path.join(work, "img-zstd")
+    os.makedirs(zimg)
+    r = subprocess.run([criu, "dump", "-t", str(wl.pid), "-D", zimg, "-o", "dump.log", "-v4",
+                        "--leave-running", "--gpu-knob", "KFD_COMPRESS=zstd"],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise Fail(f"criu-rocm dump --leave-running with KFD_COMPRESS=zstd failed "
+                   f"(exit {r.returncode}); see {zimg}/dump.log")
     img = os.path.join(work, "img")
     os.makedirs(img)
     r = subprocess.run([criu, "dump", "-t", str(wl.pid), "-D", img, "-o", "dump.log", "-v4"],
@@ -391,26 +405,32 @@ def main(argv):
             ms = [m for m in ms if only.search(m.name)]
         if not only and len(ms) < 200:
             raise Fail(f"only {len(ms)} mutants of {img.dir}: fewer than the 200 this test needs")
-        # The control, first: the intact images must restore, verified, or
+        zimg = mutate.Images(os.path.join(work, "img-zstd"))
+        zms = mutate.zstd_mutants(zimg, seed)
+        if only:
+            zms = [m for m in zms if only.search(m.name)]
+        # The controls, first: the intact images must restore, verified, or
         # every refusal below would prove nothing.
         ms.insert(0, mutate.Mutant("intact", "intact", None, "the images as dumped"))
+        zms.insert(0, mutate.Mutant("zstd-intact", "intact", None,
+                                    "the compressed images as dumped"))
         man = []
-        for k, m in enumerate(ms):
+        for k, (src, m) in enumerate([(img, m) for m in ms] + [(zimg, m) for m in zms]):
             d = f"m{k:03d}"
-            mutate.write(img, m, os.path.join(work, "mutants", d))
+            mutate.write(src, m, os.path.join(work, "mutants", d))
             man.append({"name": m.name, "dir": d, "class": m.cls, "file": m.file, "what": m.what})
         os.makedirs(os.path.join(work, "mutants"), exist_ok=True)
         with open(os.path.join(work, "mutants", "manifest.json"), "w") as fh:
             json.dump(man, fh, indent=1)
         classes = {}
-        for m in ms[1:]:
+        for m in ms[1:] + zms[1:]:
             classes[m.cls] = classes.get(m.cls, 0) + 1
         log(f"{len(ms)} mutants of {len(img.gpu_files())} GPU image files: "
             + ", ".join(f"{c} {n}" for c, n in sorted(classes.items())))
-        base = img_hashes(img.dir)
+        base = (img_hashes(img.dir), img_hashes(zimg.dir))
         on_host(work, "__check", work)
         passed, failed = report(work)
-        if img_hashes(img.dir) != base:
+        if (img_hashes(img.dir), img_hashes(zimg.dir)) != base:
             log("FAIL the dumped images changed (a restore wrote through a mutant's hard link)")
             failed += 1
     except Fail as e:
