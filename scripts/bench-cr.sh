@@ -37,6 +37,11 @@
 #   zero N   gpu-workload --mib 1 --bos 1 --big-bo-mib N --big-bo-fill zero (N = 1024, and
 #            0 for none), once after the runs: the disk blocks of its pages file
 #            (st_blocks*512), the zero BO's being the difference, target <= 1 MiB
+#   fill-F N gpu-workload --mib 1 --bos 1 --big-bo-mib N --big-bo-fill F, F = fp16 (weight-like
+#            fp16 values), pattern (the workload's incompressible pattern) and sparse (zeros but
+#            a dword per MiB), dumped with KFD_COMPRESS=none and =zstd (level 3, default
+#            threads) in turn, twice, after the runs: the pages files' bytes (st_size) and the
+#            whole dump and restore times, compressed over uncompressed (best of the two)
 # Each is started, dumped (criu kills it), restored (-d), made to check every byte of its
 # memory, and killed. A run does the four one after the other; a first run warms up and is
 # not counted.
@@ -189,6 +194,10 @@ start_proc() {
 		size=1 bos=1
 		[ "$2" -gt 0 ] && host=(--big-bo-mib "$2" --big-bo-fill zero)
 	fi
+	if [[ $kind == fill-* ]]; then
+		host=(--big-bo-mib "$size" --big-bo-fill "${kind#fill-}")
+		size=1 bos=1
+	fi
 	if [ "$kind" != anon ]; then
 		setsid "$workload" --mib "$((size > 0 ? size : 1))" --bos "$bos" --interval-ms 10 "${host[@]}" \
 			</dev/null >"$log" 2>"$out/proc.err" &
@@ -333,12 +342,39 @@ sparse_cycle() {
 	done
 }
 
+# Compression: dumps (and restores and checks) a BO of $1 MiB of each kind of data without
+# and with KFD_COMPRESS=zstd, twice; appends "fill mode run dump_us restore_us bytes" to
+# $out/zstd.txt (bytes: the pages files' st_size).
+zstd_cycle() {
+	local run fill mode pid dump_us restore_us bytes f
+	for run in 1 2; do
+		for fill in fp16 pattern sparse; do
+			for mode in none zstd; do
+				start_proc "fill-$fill" "$1"
+				pid=$PID
+				dump_proc "$pid" KFD_COMPRESS="$mode"
+				read -r _ dump_us _ <"$out/dump.res"
+				bytes=0
+				for f in "$img"/amdgpu-pages-*.img; do bytes=$((bytes + $(stat -c %s "$f"))); done
+				restore_proc "$pid"
+				read -r _ restore_us _ <"$out/restore.res"
+				check_and_kill "$pid" "fill-$fill"
+				mkdir -p "$out/logs"
+				cp "$img/dump.log" "$out/logs/zstd-$fill-$mode-run$run-dump.log"
+				cp "$img/restore.log" "$out/logs/zstd-$fill-$mode-run$run-restore.log"
+				echo "$fill $mode $run $dump_us $restore_us $bytes" >>"$out/zstd.txt"
+			done
+		done
+	done
+}
+
 in_emu() {
 	local run vram_mib
 	vram_mib=$((4 * $(size_bytes "$staging") >> 20))
 	: >"$out/tp.txt"
 	: >"$out/rss.txt"
 	: >"$out/sparse.txt"
+	: >"$out/zstd.txt"
 	# Run 0 warms up (the emulator, the page cache, the binaries) and is not counted.
 	printf '  runs (each: dump, restore and check of %s MiB of GPU BOs in 4 BOs and in 1, of %s MiB\n' "$mib" "$mib"
 	printf '  of anonymous memory, of neither, of the BOs by the SDMA engine; peak RSS of two dumps\n'
@@ -361,6 +397,8 @@ in_emu() {
 	done
 	printf ' sparse'
 	sparse_cycle 1024
+	printf ' zstd'
+	zstd_cycle "$mib"
 	echo
 	progress=
 }
@@ -430,7 +468,7 @@ preflight() {
 read -r -d '' TABLE <<'EOF' || true
 import statistics, sys
 
-tp, rss, mib, runs, staging, stg, const, sparse, rss8 = sys.argv[1:10]
+tp, rss, mib, runs, staging, stg, const, sparse, rss8, zstd = sys.argv[1:11]
 mib, runs, stg, const = int(mib), int(runs), int(stg), int(const)
 res = {}
 for line in open(tp):
@@ -575,11 +613,28 @@ print(f"  {'pages file, logical size':<42} {n_log / M:8.1f} MiB (without the zer
 print(f"  {'pages file, disk blocks (st_blocks*512)':<42} {n_disk / 1024:8.0f} KiB (without the zero BO {z_disk / 1024:.0f})")
 print(f"  {f'disk blocks of the {big} MiB zero BO':<42} {extra / 1024:8.0f} KiB: target <= 1024 KiB "
       + ("met" if extra <= M else "NOT met"))
+
+zs = {}
+for l in open(zstd):
+    fill, mode, run, d_us, r_us, nb = l.split()
+    zs.setdefault((fill, mode), []).append((int(d_us), int(r_us), int(nb)))
+print()
+print(f"  compression (KFD_COMPRESS=zstd, level 3): a {mib} MiB BO beside 1 MiB of pattern, compressed")
+print("  over uncompressed, best of 2; size = the pages files' bytes (st_size); times = whole commands")
+zl = "  {:<30} {:>10} {:>10} {:>10}"
+print(zl.format("data", "size", "dump time", "restore"))
+for fill, what in (("fp16", "fp16 weights"), ("pattern", "random pattern"),
+                   ("sparse", "zeros, a dword per MiB")):
+    n, z = zs[(fill, "none")], zs[(fill, "zstd")]
+    size = min(x[2] for x in z) / min(x[2] for x in n)
+    dump = min(x[0] for x in z) / min(x[0] for x in n)
+    rest = min(x[1] for x in z) / min(x[1] for x in n)
+    print(zl.format(what, f"{size:.3f}", f"{dump:.2f}", f"{rest:.2f}"))
 EOF
 
 table() {
 	/usr/bin/python3 -c "$TABLE" "$out/tp.txt" "$out/rss.txt" "$mib" "$runs" "$staging" \
-		"$(size_bytes "$staging")" "$rss_const_mib" "$out/sparse.txt" "$out/rss8.txt"
+		"$(size_bytes "$staging")" "$rss_const_mib" "$out/sparse.txt" "$out/rss8.txt" "$out/zstd.txt"
 	echo "  raw numbers: ${out#"$top"/}/tp.txt and rss.txt; criu logs: ${out#"$top"/}/logs/"
 }
 

@@ -55,8 +55,9 @@ const USAGE: &str = "usage: gpu-workload [OPTIONS]
   --small-bos N        N more 4 KiB BOs per GPU, alternately GTT and VRAM (default 0)
   --big-bo-mib N       one more VRAM BO of N MiB per GPU (default 0: none)
   --big-bo-fill F      what the big BO holds: pattern (default), sparse (zeros but for
-                       one pattern dword per MiB, as fresh GPU memory partly used) or
-                       zero (for sparse pages files)
+                       one pattern dword per MiB, as fresh GPU memory partly used),
+                       zero (for sparse pages files) or fp16 (weight-like fp16 values of
+                       magnitude 2^-4..2^-1, for compression)
   --threads N          N more threads, each stepping an SDMA counter of its own (its own
                        queue, counter and 64 KiB BO, on the GPUs in turn) (default 0)
   --procs N            N processes: this one and N-1 children forked before /dev/kfd is
@@ -131,7 +132,12 @@ fn parse_args() -> Result<Options, String> {
                     "pattern" => 0,
                     "sparse" => SPARSE_BO,
                     "zero" => ZERO_BO,
-                    f => return Err(format!("--big-bo-fill {f:?}: pattern, sparse or zero")),
+                    "fp16" => WEIGHTS_BO,
+                    f => {
+                        return Err(format!(
+                            "--big-bo-fill {f:?}: pattern, sparse, zero or fp16"
+                        ))
+                    }
                 }
             }
             "--threads" => o.threads = num("--threads", val("--threads")?)?,
@@ -183,6 +189,9 @@ const FRESH_BO: usize = (1 << 16) - 1;
 const SPARSE_BO: usize = 1 << 14;
 /// Set in a data BO index (below `THREAD_BO_BASE`) whose pattern is zero.
 const ZERO_BO: usize = 1 << 13;
+/// Set in a data BO index (below `THREAD_BO_BASE`) whose pattern is weight-like: fp16
+/// values of magnitude 2^-4..2^-1 with a random sign and mantissa, as a model's weights.
+const WEIGHTS_BO: usize = 1 << 12;
 /// The pattern "GPU" and "BO" of host memory (no GPU has this index).
 const HOST_GPU: usize = 0xffff;
 const SMALL_BO_BYTES: u64 = 4096;
@@ -216,8 +225,18 @@ impl Seed {
         {
             return 0;
         }
-        pattern(self.proc, self.gpu, self.bo, i)
+        let p = pattern(self.proc, self.gpu, self.bo, i);
+        if self.bo < THREAD_BO_BASE && self.bo & WEIGHTS_BO != 0 {
+            return weight(p as u16) | weight((p >> 16) as u16) << 16;
+        }
+        p
     }
+}
+
+/// An fp16 weight from 16 random bits: sign, exponent 11..=14, 10-bit mantissa.
+fn weight(r: u16) -> u32 {
+    let (sign, exp, man) = (r >> 15, 11 + ((r >> 10) & 3), r & 0x3ff);
+    u32::from(sign << 15 | exp << 10 | man)
 }
 
 fn fill(bo: &mut Bo<'_>, s: Seed) {
@@ -1023,7 +1042,7 @@ fn main() -> ExitCode {
 
 #[cfg(test)]
 mod tests {
-    use super::pattern;
+    use super::{pattern, weight};
 
     #[test]
     fn pattern_differs_by_process_gpu_bo_and_offset() {
@@ -1035,5 +1054,15 @@ mod tests {
         let distinct: std::collections::HashSet<u32> =
             (0..4096).map(|i| pattern(0, 0, 0, i)).collect();
         assert!(distinct.len() > 4000);
+    }
+
+    #[test]
+    fn weights_are_fp16_of_magnitude_a_sixteenth_to_a_half() {
+        for r in [0u16, 1, 0x3ff, 0x8000, 0xffff, 0x1234, 0xc00] {
+            let w = weight(r) as u16;
+            let exp = i32::from((w >> 10) & 0x1f) - 15;
+            assert!((-4..=-1).contains(&exp), "{r:#x} -> {w:#x}");
+            assert_eq!(w >> 15, r >> 15, "the sign is kept");
+        }
     }
 }
