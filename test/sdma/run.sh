@@ -147,6 +147,15 @@ case_cpu_engine_with_dmabufs() { on mi100x2 -- engine cpu; }
 case_dump_restore_1_gpu() { on mi100 -- dump_restore 1; }
 case_dump_restore_2_gpus() { on mi100x2 -- dump_restore 2; }
 case_dump_restore_8_gpus() { on mi300x8 -- dump_restore 8; }
+# KFD_COMPRESS=zstd: the SDMA engine's staging reads and writes go through the compressing
+# writer and the decompressing reader; the process verifies every byte.
+case_dump_restore_compressed() { on mi100x2 -- dump_restore_compressed; }
+dump_restore_compressed() {
+	local gc
+	KFD_COMPRESS=zstd:1 dump_restore 2
+	gc=$("$CRIU" gpu-check -D "$CASE_DIR/img" 2>&1)
+	grep -q "compressed GPU pages (zstd level 1)" <<<"$gc" || fail "gpu-check does not name the compression: $(paste -sd' ' <<<"$gc")"
+}
 
 # The RDNA4 gfx1201 card: its DMA IP is SDMA 7, so criu-rocm writes the CPV bit and the
 # eighth COPY_LINEAR dword (sdma_v7_0_emit_copy_buffer's packet), which the emulator's engine
