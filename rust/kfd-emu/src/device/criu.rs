@@ -18,6 +18,7 @@ use std::mem::{offset_of, size_of};
 
 use super::kfd;
 use super::mem::{user_read, user_write};
+use super::state::svm as ranges;
 use super::state::{BoKey, Done, Event, MemoryException, Queue, State, R};
 use super::svm;
 use super::uapi::{self, alloc, kfd_off, layout, priv_blob as pb, sys, AsBytes, FromBytes};
@@ -165,8 +166,8 @@ pub fn process_info(st: &mut State, lead: u32, a: &mut sys::kfd_ioctl_criu_args)
     p.paused = true;
     // SVM ranges the process unmapped are gone, as on KFD.
     if !p.svm.ranges.is_empty() {
-        let vmas = svm::vmas(lead)?;
-        svm::trim(p, &vmas);
+        let vmas = ranges::vmas(lead)?;
+        ranges::trim(p, &vmas);
     }
     let c = counts(p);
     a.priv_data_size = c.priv_size;
@@ -237,8 +238,8 @@ pub fn checkpoint(
         return Err(libc::EINVAL);
     }
     if !p.svm.ranges.is_empty() {
-        let vmas = svm::vmas(lead)?;
-        svm::trim(p, &vmas);
+        let vmas = ranges::vmas(lead)?;
+        ranges::trim(p, &vmas);
     }
     let c = counts(p);
     if a.num_devices != c.devices
@@ -368,7 +369,7 @@ struct Plan {
     events: Vec<(u32, Event)>,
     signal_handle: u64,
     /// SVM range records, applied at RESUME.
-    svm: Vec<svm::Record>,
+    svm: Vec<ranges::Record>,
     /// The /dev/kfd slot the process had at checkpoint, if recorded.
     slot: Option<u32>,
 }
@@ -844,7 +845,7 @@ pub fn resume(st: &mut State, caller: u32, pid: u32, done: &mut Done) -> R<()> {
     }
     // The restored SVM ranges first (kfd_criu_resume_svm); a failure
     // leaves the process evicted, as KFD leaves it.
-    svm::resume(p)?;
+    ranges::resume(p)?;
     p.restore_pending = false;
     // What a restoring tool wrote through the BOs' dma-bufs reaches the
     // BOs before the queues run (see `dmabuf`).

@@ -221,11 +221,11 @@ pub fn alloc_memory(
     // A VA an SVM range covers is taken (VRAM without a VA aside).
     if !(a.va_addr == 0 && flags & alloc::VRAM != 0) {
         let p = proc_mut(st, lead)?;
-        if super::svm::overlaps(p, a.va_addr, a.size) {
+        if super::state::svm::overlaps(p, a.va_addr, a.size) {
             // Only a mapping can end a range: look again after trimming.
-            let vmas = super::svm::vmas(lead)?;
-            super::svm::trim(p, &vmas);
-            if super::svm::overlaps(p, a.va_addr, a.size) {
+            let vmas = super::state::svm::vmas(lead)?;
+            super::state::svm::trim(p, &vmas);
+            if super::state::svm::overlaps(p, a.va_addr, a.size) {
                 return Err(libc::EADDRINUSE);
             }
         }

@@ -10,6 +10,8 @@ use super::mem::{Mapping, Memfd};
 use super::uapi::{self, alloc, kfd_off, queue_type};
 use super::Replier;
 
+pub mod svm;
+
 /// A GPU as the emulator serves it (immutable after start).
 pub struct Gpu {
     pub id: u32,
@@ -342,7 +344,7 @@ pub struct Proc {
     pub restore_pending: bool,
     pub xnack: bool,
     /// SVM ranges and their attributes (AMDKFD_IOC_SVM).
-    pub svm: super::svm::Svm,
+    pub svm: svm::Svm,
 }
 
 impl Proc {

@@ -10,8 +10,8 @@
 //! touches (what it did before stays done).
 
 use super::mem::Mapping;
+use super::state::svm;
 use super::state::{Bo, Proc, Span};
-use super::svm;
 use super::uapi::{self, alloc};
 
 /// What backs one piece of a range.
