@@ -4,7 +4,9 @@
 //! transport gives, answers go out through a [`Replier`].
 //!
 //! The state machine:
-//! * `state`: processes, BOs, queues, events, parked waits;
+//! * `state`: processes, BOs, queues, events, parked waits; `state::svm`:
+//!   a process' SVM ranges; `state::gem`: a render file's GEM objects, VM,
+//!   contexts, BO lists and CS jobs;
 //! * `vm`: the GPU VMs; `sdma`: the engine executing SDMA packets;
 //!   `aql`: the AQL packet processor of compute queues (barriers; a packet
 //!   needing shader code stops the queue with the CP's queue error);
@@ -435,9 +437,9 @@ impl Emulator {
         let g = &self.shared.devs.gpus[gpu];
         let major = g.asic.sdma.hw.0;
         let has_ip = |ip: u32| match ip {
-            gem::AMDGPU_HW_IP_GFX => g.asic.gfx_rings > 0,
-            gem::AMDGPU_HW_IP_COMPUTE => g.asic.compute_rings > 0,
-            gem::AMDGPU_HW_IP_DMA => g.asic.sdma_instances > 0,
+            state::gem::AMDGPU_HW_IP_GFX => g.asic.gfx_rings > 0,
+            state::gem::AMDGPU_HW_IP_COMPUTE => g.asic.compute_rings > 0,
+            state::gem::AMDGPU_HW_IP_DMA => g.asic.sdma_instances > 0,
             _ => false,
         };
         match (n, injected) {
@@ -458,7 +460,7 @@ impl Emulator {
                 let a: sys::drm_amdgpu_wait_cs_in = uapi::decode(input);
                 let mut st = self.lock();
                 let f = st.render.get(&fh).ok_or(libc::EBADF)?;
-                f.wait_cs(&a, has_ip)?;
+                gem::wait_cs(f, &a, has_ip)?;
                 if e == libc::ETIME {
                     // Timed out: status 1, no error.
                     let mut o = vec![0u8; out_size];
@@ -497,26 +499,26 @@ impl Emulator {
                 a.handle = f.import(dmabuf.expect("resolved above"));
                 Ok(())
             }),
-            uapi::drm::AMDGPU_GEM_USERPTR => with(i, o, |a| f.userptr(caller.tgid, a)),
+            uapi::drm::AMDGPU_GEM_USERPTR => with(i, o, |a| gem::userptr(f, caller.tgid, a)),
             uapi::drm::AMDGPU_GEM_VA => {
                 let top = asic::VM_SIZE - asic::VA_RESERVED_TOP;
-                f.gem_va(&uapi::decode(i), top)?;
+                gem::gem_va(f, &uapi::decode(i), top)?;
                 Ok(i[..o.min(i.len())].to_vec())
             }
             uapi::drm::AMDGPU_CTX => {
-                let out = f.ctx(&uapi::decode(i), resets)?;
+                let out = gem::ctx(f, &uapi::decode(i), resets)?;
                 let mut v = out.to_vec();
                 v.resize(o, 0);
                 Ok(v)
             }
             uapi::drm::AMDGPU_BO_LIST => {
-                let h = f.bo_list(caller.tid, &uapi::decode(i))?;
+                let h = gem::bo_list(f, caller.tid, &uapi::decode(i))?;
                 let mut v = u64::from(h).to_le_bytes().to_vec();
                 v.resize(o, 0);
                 Ok(v)
             }
             uapi::drm::AMDGPU_WAIT_CS => {
-                let e = f.wait_cs(&uapi::decode(i), has_ip)?;
+                let e = gem::wait_cs(f, &uapi::decode(i), has_ip)?;
                 if e != 0 {
                     return Err(e);
                 }
@@ -526,8 +528,9 @@ impl Emulator {
                 // amdgpu_cs_p2_ib: a ring marked no_user_submission takes
                 // no IB from user space (EINVAL).
                 let dma_user = g.asic.dma_user_submission;
-                let may_submit = |ip: u32| has_ip(ip) && (ip != gem::AMDGPU_HW_IP_DMA || dma_user);
-                let job = f.cs(caller.tid, &uapi::decode(i), major, may_submit)?;
+                let may_submit =
+                    |ip: u32| has_ip(ip) && (ip != state::gem::AMDGPU_HW_IP_DMA || dma_user);
+                let job = gem::cs(f, caller.tid, &uapi::decode(i), major, may_submit)?;
                 drop(st);
                 // The bytes move without the state lock.
                 let mut hang = None;

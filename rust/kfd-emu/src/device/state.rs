@@ -10,6 +10,7 @@ use super::mem::{Mapping, Memfd};
 use super::uapi::{self, alloc, kfd_off, queue_type};
 use super::Replier;
 
+pub mod gem;
 pub mod svm;
 
 /// A GPU as the emulator serves it (immutable after start).
@@ -536,7 +537,7 @@ pub struct State {
     /// Where the search for a free slot starts (see `free_slot`).
     next_slot: u32,
     /// What each render-node open holds (GEM objects, VM, contexts).
-    pub render: HashMap<u64, super::gem::RenderFile>,
+    pub render: HashMap<u64, gem::RenderFile>,
     /// GPU resets per GPU (hung IBs and injected resets).
     pub resets: Vec<u64>,
 }
@@ -645,7 +646,7 @@ impl State {
 
     pub fn open_render(&mut self, gpu: usize, authenticated: bool) -> u64 {
         let fh = self.new_fh(Open::Render { gpu, authenticated });
-        self.render.insert(fh, super::gem::RenderFile::new());
+        self.render.insert(fh, gem::RenderFile::new());
         fh
     }
 

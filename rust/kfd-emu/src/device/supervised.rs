@@ -133,7 +133,7 @@ impl Emulator {
         let mut a: sys::drm_prime_handle = uapi::decode(input);
         let d = {
             let st = self.lock();
-            st.render.get(&fh).ok_or(libc::EBADF)?.export(&a)?
+            super::gem::export(st.render.get(&fh).ok_or(libc::EBADF)?, &a)?
         };
         let fd = inst.install(d.file(), a.flags & super::gem::DRM_CLOEXEC != 0)?;
         a.fd = fd as i32;

@@ -1,0 +1,562 @@
+//! What a render-node file holds for amdgpu's SDMA path, with the
+//! kernel's rules and the errnos of its state (`amdgpu_gem.c`,
+//! `amdgpu_vm.c`, `amdgpu_ctx.c`, `amdgpu_bo_list.c`, `amdgpu_cs.c`,
+//! `drm_prime.c`, `drm_gem.c`).  The ioctls are decoded, checked and
+//! answered in `device::gem`; the operations here take plain values.
+//!
+//! * GEM objects: imports of the emulator's dma-bufs (PRIME_FD_TO_HANDLE;
+//!   one handle per dma-buf and file, as PRIME's lookup gives), userptr
+//!   registrations (GEM_USERPTR) and GEM_CLOSE.  Handles count from 1.
+//! * A GPU VM per file (GEM_VA MAP, UNMAP, CLEAR, REPLACE) that the SDMA
+//!   engine reaches IB operands through.  It is the file's own: a file
+//!   whose VM KFD adopted (ACQUIRE_VM) does not see KFD's BOs in it.
+//! * Contexts, BO lists, and AMDGPU_CS of SDMA IBs, executed by the SDMA
+//!   engine's packet decoder for the GPU's DMA IP version; fences and
+//!   WAIT_CS.  A submission runs to its end before CS returns, so its
+//!   fence is signalled (or failed) by the time WAIT_CS asks.
+//!
+//! A hung IB (a GPU page fault, a packet the engine cannot run, a wait
+//! past amdgpu's lockup timeout) is what amdgpu ends with a job timeout and
+//! a GPU reset: the fence fails with ETIME, the context becomes guilty
+//! (its later CS are ECANCELED) and every context of the GPU sees the
+//! reset (CTX QUERY_STATE2).  The emulator does that at once instead of
+//! after the timeout.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use super::{Span, R};
+use crate::device::dmabuf::Dmabuf;
+use crate::device::vm::GpuRange;
+
+pub const AMDGPU_HW_IP_GFX: u32 = 0;
+pub const AMDGPU_HW_IP_COMPUTE: u32 = 1;
+pub const AMDGPU_HW_IP_DMA: u32 = 2;
+/// `amdgpu_sched_jobs`: fences a context remembers per ring.
+const SCHED_JOBS: u64 = 32;
+
+/// What a GEM object is.
+pub enum GemKind {
+    /// An import of one of the emulator's dma-bufs.
+    Dmabuf(Arc<Dmabuf>),
+    /// GEM_USERPTR memory of process `pid` at `addr`.
+    Userptr { pid: u32, addr: u64 },
+}
+
+pub struct GemObj {
+    pub kind: GemKind,
+    pub size: u64,
+}
+
+impl GemObj {
+    /// The memory `off` bytes into the object.
+    fn span(&self, off: u64) -> Span {
+        match &self.kind {
+            GemKind::Dmabuf(d) => Span::Map(d.map.clone(), off),
+            GemKind::Userptr { pid, addr } => Span::User(*pid, addr + off),
+        }
+    }
+}
+
+/// One GEM_VA mapping: `[va, va+size)` shows the object from `offset`.
+struct VaMap {
+    handle: u32,
+    obj: Arc<GemObj>,
+    size: u64,
+    offset: u64,
+}
+
+/// A scheduler entity of a context (one ring of one IP type).
+#[derive(Default)]
+struct Entity {
+    /// The next fence's sequence number (the first is 1).
+    next: u64,
+    /// Fences that failed, by sequence number, and their errno.
+    errors: BTreeMap<u64, i32>,
+}
+
+pub struct Ctx {
+    entities: HashMap<(u32, u32), Entity>,
+    /// A job of this context hung (or a reset was injected on it): its
+    /// CS are refused with ECANCELED.
+    guilty: bool,
+    /// The GPU's reset count when the context was made / last queried.
+    resets: u64,
+    resets_queried: u64,
+    stable_pstate: u32,
+}
+
+/// One open of a render node.
+pub struct RenderFile {
+    objects: BTreeMap<u32, Arc<GemObj>>,
+    /// PRIME imports: dma-buf identity → handle.
+    imports: HashMap<(u64, u64), u32>,
+    maps: BTreeMap<u64, VaMap>,
+    ctxs: BTreeMap<u32, Ctx>,
+    lists: BTreeMap<u32, Vec<Arc<GemObj>>>,
+}
+
+/// The lowest free id from 1 (`idr_alloc(..., 1, 0)`).
+fn lowest_free<T>(m: &BTreeMap<u32, T>) -> u32 {
+    let mut id = 1;
+    for &k in m.keys() {
+        if k != id {
+            break;
+        }
+        id += 1;
+    }
+    id
+}
+
+/// A submission planned under the lock: what to run and the fence it
+/// signals.
+pub struct Job {
+    pub ctx: u32,
+    pub entity: (u32, u32),
+    pub seq: u64,
+    pub ibs: Vec<crate::device::sdma::IbWork>,
+}
+
+/// One IB of a CS, as its chunk names it.
+pub struct Ib {
+    pub va: u64,
+    pub bytes: u64,
+    pub ip: u32,
+    pub ring: u32,
+}
+
+/// The objects of a BO list, in its order.
+pub type BoList = Vec<Arc<GemObj>>;
+
+/// Whether `[addr, addr+size)` of process `pid` is mapped, and whether
+/// all of it is anonymous memory (no file behind it).
+fn user_pages(pid: u32, addr: u64, size: u64) -> R<(bool, bool)> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).map_err(|_| libc::EFAULT)?;
+    let mut vmas: Vec<(u64, u64, bool)> = Vec::new();
+    for l in maps.lines() {
+        let mut it = l.split_whitespace();
+        let Some((s, e)) = it.next().and_then(|r| r.split_once('-')) else {
+            continue;
+        };
+        let (Ok(s), Ok(e)) = (u64::from_str_radix(s, 16), u64::from_str_radix(e, 16)) else {
+            continue;
+        };
+        let path = it.nth(4).unwrap_or("");
+        let anon = path.is_empty() || (path.starts_with('[') && !path.starts_with("[vdso"));
+        vmas.push((s, e, anon));
+    }
+    let (mut cur, end, mut anon) = (addr, addr + size, true);
+    while cur < end {
+        match vmas.iter().find(|v| v.0 <= cur && cur < v.1) {
+            Some(v) => {
+                anon &= v.2;
+                cur = v.1;
+            }
+            None => return Ok((false, anon)),
+        }
+    }
+    Ok((true, anon))
+}
+
+impl RenderFile {
+    pub fn new() -> RenderFile {
+        RenderFile {
+            objects: BTreeMap::new(),
+            imports: HashMap::new(),
+            maps: BTreeMap::new(),
+            ctxs: BTreeMap::new(),
+            lists: BTreeMap::new(),
+        }
+    }
+
+    fn add_object(&mut self, obj: GemObj) -> u32 {
+        let h = lowest_free(&self.objects);
+        self.objects.insert(h, Arc::new(obj));
+        h
+    }
+
+    /// `[va, va+len)` as the file's VM shows it.
+    pub fn range(&self, va: u64, len: u64) -> GpuRange {
+        let end = va.saturating_add(len);
+        let mut spans = Vec::new();
+        // Mappings do not overlap: the one starting at or before `va`,
+        // then those starting inside the range.
+        let first = self.maps.range(..=va).next_back().map(|(&k, _)| k);
+        let starts = first
+            .into_iter()
+            .chain(self.maps.range(va.saturating_add(1)..end).map(|(&k, _)| k));
+        for s in starts {
+            let m = &self.maps[&s];
+            let (a, b) = (s.max(va), (s + m.size).min(end));
+            if a >= b {
+                continue;
+            }
+            spans.push((a, b - a, Some(m.obj.span(m.offset + (a - s)))));
+        }
+        GpuRange::from_spans(va, len, spans)
+    }
+
+    /// Whether the file holds a GEM handle of the BO whose memory is `map`
+    /// (an import of its dma-buf): `drm_gem_handle_create` admits the
+    /// file to the object's mmap offset.
+    pub fn holds(&self, map: &Arc<crate::device::mem::Mapping>) -> bool {
+        self.objects.values().any(|o| match &o.kind {
+            GemKind::Dmabuf(d) => Arc::ptr_eq(&d.map, map),
+            GemKind::Userptr { .. } => false,
+        })
+    }
+
+    /// PRIME_FD_TO_HANDLE of dma-buf `d` (resolved by the caller).
+    pub fn import(&mut self, d: Arc<Dmabuf>) -> u32 {
+        if let Some(&h) = self.imports.get(&d.id) {
+            if self.objects.contains_key(&h) {
+                return h;
+            }
+        }
+        let (id, size) = (d.id, d.size);
+        let h = self.add_object(GemObj {
+            kind: GemKind::Dmabuf(d),
+            size,
+        });
+        self.imports.insert(id, h);
+        h
+    }
+
+    /// PRIME_HANDLE_TO_FD of object `handle`: the dma-buf to install.
+    pub fn export(&self, handle: u32) -> R<Arc<Dmabuf>> {
+        let obj = self.objects.get(&handle).ok_or(libc::ENOENT)?;
+        match &obj.kind {
+            GemKind::Dmabuf(d) => Ok(d.clone()),
+            // amdgpu_gem_prime_export refuses userptr BOs.
+            GemKind::Userptr { .. } => Err(libc::EPERM),
+        }
+    }
+
+    /// GEM_USERPTR of `[addr, addr+size)` of process `pid` (arguments
+    /// checked): with `validate`, the pages must be mapped (EFAULT), and
+    /// with `anon_only` all anonymous (EPERM).  Returns the handle.
+    pub fn userptr(
+        &mut self,
+        pid: u32,
+        addr: u64,
+        size: u64,
+        validate: bool,
+        anon_only: bool,
+    ) -> R<u32> {
+        if validate {
+            let (mapped, anon) = user_pages(pid, addr, size)?;
+            if anon_only && !anon {
+                return Err(libc::EPERM);
+            }
+            if !mapped {
+                return Err(libc::EFAULT);
+            }
+        }
+        Ok(self.add_object(GemObj {
+            kind: GemKind::Userptr { pid, addr },
+            size,
+        }))
+    }
+
+    /// GEM_CLOSE: the handle goes, and with it the object's mappings in
+    /// this file's VM (amdgpu_gem_object_close).  BO lists keep the
+    /// object.
+    pub fn close(&mut self, handle: u32) -> R<()> {
+        self.objects.remove(&handle).ok_or(libc::EINVAL)?;
+        self.maps.retain(|_, m| m.handle != handle);
+        self.imports.retain(|_, h| *h != handle);
+        Ok(())
+    }
+
+    /// The size of object `handle` (ENOENT: no such handle).
+    pub fn object_size(&self, handle: u32) -> R<u64> {
+        Ok(self.objects.get(&handle).ok_or(libc::ENOENT)?.size)
+    }
+
+    /// The objects of `handles`, in order (ENOENT for an unknown one).
+    pub fn objects(&self, handles: &[u32]) -> R<BoList> {
+        handles
+            .iter()
+            .map(|h| self.objects.get(h).cloned().ok_or(libc::ENOENT))
+            .collect()
+    }
+
+    /// Removes every mapping inside `[va, va+size)`, trimming those that
+    /// cross its ends (amdgpu_vm_bo_clear_mappings): GEM_VA CLEAR.
+    pub fn va_clear(&mut self, va: u64, size: u64) {
+        let end = va + size;
+        let hit: Vec<u64> = self
+            .maps
+            .iter()
+            .filter(|(&s, m)| s < end && va < s + m.size)
+            .map(|(&s, _)| s)
+            .collect();
+        for s in hit {
+            let m = self.maps.remove(&s).expect("listed");
+            if s < va {
+                self.maps.insert(
+                    s,
+                    VaMap {
+                        handle: m.handle,
+                        obj: m.obj.clone(),
+                        size: va - s,
+                        offset: m.offset,
+                    },
+                );
+            }
+            if s + m.size > end {
+                self.maps.insert(
+                    end,
+                    VaMap {
+                        handle: m.handle,
+                        obj: m.obj.clone(),
+                        size: s + m.size - end,
+                        offset: m.offset + (end - s),
+                    },
+                );
+            }
+        }
+    }
+
+    /// GEM_VA MAP (or, with `replace`, REPLACE) of object `handle` from
+    /// `offset` at `[va, va+size)` (arguments checked): a MAP must not
+    /// overlap a mapping (EINVAL), a REPLACE clears what it covers.
+    pub fn va_map(&mut self, handle: u32, va: u64, offset: u64, size: u64, replace: bool) -> R<()> {
+        let obj = self.objects.get(&handle).ok_or(libc::ENOENT)?.clone();
+        if !replace {
+            let overlap = self
+                .maps
+                .range(..va + size)
+                .next_back()
+                .is_some_and(|(&s, m)| s + m.size > va);
+            if overlap {
+                return Err(libc::EINVAL);
+            }
+        } else {
+            self.va_clear(va, size);
+        }
+        self.maps.insert(
+            va,
+            VaMap {
+                handle,
+                obj,
+                size,
+                offset,
+            },
+        );
+        Ok(())
+    }
+
+    /// GEM_VA UNMAP of the mapping of object `handle` at `start` (ENOENT:
+    /// none there).
+    pub fn va_unmap(&mut self, handle: u32, start: u64) -> R<()> {
+        match self.maps.get(&start) {
+            Some(m) if m.handle == handle => {
+                self.maps.remove(&start);
+                Ok(())
+            }
+            _ => Err(libc::ENOENT),
+        }
+    }
+
+    /// CTX ALLOC_CTX; `resets` is the GPU's reset count.  Returns the id.
+    pub fn ctx_alloc(&mut self, resets: u64) -> u32 {
+        let id = lowest_free(&self.ctxs);
+        self.ctxs.insert(
+            id,
+            Ctx {
+                entities: HashMap::new(),
+                guilty: false,
+                resets,
+                resets_queried: resets,
+                stable_pstate: 0,
+            },
+        );
+        id
+    }
+
+    /// CTX FREE_CTX (EINVAL: no such context).
+    pub fn ctx_free(&mut self, id: u32) -> R<()> {
+        self.ctxs.remove(&id).ok_or(libc::EINVAL)?;
+        Ok(())
+    }
+
+    /// CTX QUERY_STATE: whether the GPU was reset since the context was
+    /// made or last asked (`resets`: the GPU's reset count now).
+    pub fn ctx_reset_since_query(&mut self, id: u32, resets: u64) -> R<bool> {
+        let c = self.ctxs.get_mut(&id).ok_or(libc::EINVAL)?;
+        let reset = c.resets_queried != resets;
+        c.resets_queried = resets;
+        Ok(reset)
+    }
+
+    /// CTX QUERY_STATE2: (the GPU was reset since the context was made,
+    /// the context is guilty).
+    pub fn ctx_state(&self, id: u32, resets: u64) -> R<(bool, bool)> {
+        let c = self.ctxs.get(&id).ok_or(libc::EINVAL)?;
+        Ok((c.resets != resets, c.guilty))
+    }
+
+    /// CTX GET_STABLE_PSTATE.
+    pub fn ctx_stable_pstate(&self, id: u32) -> R<u32> {
+        Ok(self.ctxs.get(&id).ok_or(libc::EINVAL)?.stable_pstate)
+    }
+
+    /// CTX SET_STABLE_PSTATE (flags checked).
+    pub fn set_ctx_stable_pstate(&mut self, id: u32, flags: u32) -> R<()> {
+        self.ctxs.get_mut(&id).ok_or(libc::EINVAL)?.stable_pstate = flags;
+        Ok(())
+    }
+
+    /// Whether context `id` exists (EINVAL: no).
+    pub fn ctx_exists(&self, id: u32) -> R<()> {
+        self.ctxs.get(&id).map(|_| ()).ok_or(libc::EINVAL)
+    }
+
+    /// Whether context `id` may submit: it exists (EINVAL) and is not
+    /// guilty of a reset (ECANCELED).
+    pub fn ctx_may_submit(&self, id: u32) -> R<()> {
+        let c = self.ctxs.get(&id).ok_or(libc::EINVAL)?;
+        if c.guilty {
+            return Err(libc::ECANCELED);
+        }
+        Ok(())
+    }
+
+    /// BO_LIST CREATE of `handles`; returns the list's handle.
+    pub fn list_create(&mut self, handles: &[u32]) -> R<u32> {
+        let objs = self.objects(handles)?;
+        let id = lowest_free(&self.lists);
+        self.lists.insert(id, objs);
+        Ok(id)
+    }
+
+    /// BO_LIST DESTROY (an unknown list is no error).
+    pub fn list_destroy(&mut self, id: u32) {
+        self.lists.remove(&id);
+    }
+
+    /// BO_LIST UPDATE of list `id` to `handles`.
+    pub fn list_update(&mut self, id: u32, handles: &[u32]) -> R<()> {
+        let objs = self.objects(handles)?;
+        let l = self.lists.get_mut(&id).ok_or(libc::ENOENT)?;
+        *l = objs;
+        Ok(())
+    }
+
+    /// AMDGPU_CS after the chunks (amdgpu_cs_parser_init, pass 1 and 2,
+    /// the BO list): context `ctx` (checked with [`Self::ctx_may_submit`])
+    /// submits `ibs` with BO list `list_handle` or the chunk's list
+    /// `in_cs` (not both).  `major` is the DMA IP's major version.
+    /// Returns the job to run.
+    pub fn submit(
+        &mut self,
+        ctx: u32,
+        ibs: &[Ib],
+        list_handle: u32,
+        in_cs: Option<BoList>,
+        major: u32,
+    ) -> R<Job> {
+        let Some(first) = ibs.first() else {
+            return Err(libc::EINVAL);
+        };
+        let entity = (first.ip, first.ring);
+        let list = match (list_handle, in_cs) {
+            (0, l) => l.unwrap_or_default(),
+            (_, Some(_)) => return Err(libc::EINVAL),
+            (h, None) => self.lists.get(&h).ok_or(libc::ENOENT)?.clone(),
+        };
+        // amdgpu_cs_parser_bos: userptr BOs get their pages again.
+        for o in &list {
+            if let GemKind::Userptr { pid, addr } = o.kind {
+                if !user_pages(pid, addr, o.size)?.0 {
+                    return Err(libc::EFAULT);
+                }
+            }
+        }
+        let mut work = Vec::with_capacity(ibs.len());
+        for ib in ibs {
+            if ib.ip != AMDGPU_HW_IP_DMA {
+                log::warn!(
+                    "kfd-emu: AMDGPU_CS of an IB for IP type {}: the emulated GPU runs only \
+                     SDMA IBs",
+                    ib.ip
+                );
+                return Err(libc::EINVAL);
+            }
+            if ib.bytes == 0 || ib.bytes % 4 != 0 {
+                return Err(libc::EINVAL);
+            }
+            let vm = |va: u64, n: u64| self.range(va, n);
+            work.push(crate::device::sdma::plan_ib(&vm, major, ib.va, ib.bytes));
+        }
+        let c = self.ctxs.get_mut(&ctx).ok_or(libc::EINVAL)?;
+        let e = c.entities.entry(entity).or_default();
+        e.next = e.next.max(1);
+        let seq = e.next;
+        e.next += 1;
+        Ok(Job {
+            ctx,
+            entity,
+            seq,
+            ibs: work,
+        })
+    }
+
+    /// The job's fence failed with `errno` (a hang: the context is
+    /// guilty).
+    pub fn fail(&mut self, ctx: u32, entity: (u32, u32), seq: u64, errno: i32) {
+        if let Some(c) = self.ctxs.get_mut(&ctx) {
+            c.guilty = true;
+            let e = c.entities.entry(entity).or_default();
+            e.errors.insert(seq, errno);
+            let keep = e.next.saturating_sub(SCHED_JOBS);
+            e.errors.retain(|&s, _| s >= keep);
+        }
+    }
+
+    /// WAIT_CS of fence `seq` of `entity` (ip type, ring) of context
+    /// `ctx`: `Ok(errno of the fence or 0)`; EINVAL for a fence not
+    /// issued yet.
+    pub fn fence(&self, ctx: u32, entity: (u32, u32), seq: u64) -> R<i32> {
+        let c = self.ctxs.get(&ctx).ok_or(libc::EINVAL)?;
+        let e = c.entities.get(&entity);
+        let next = e.map_or(1, |e| e.next.max(1));
+        if seq >= next {
+            return Err(libc::EINVAL);
+        }
+        Ok(e.and_then(|e| e.errors.get(&seq).copied()).unwrap_or(0))
+    }
+
+    /// Marks context `ctx` guilty of a GPU reset (fault injection).
+    pub fn make_guilty(&mut self, ctx: u32) {
+        if let Some(c) = self.ctxs.get_mut(&ctx) {
+            c.guilty = true;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::dmabuf::{Purpose, Registry};
+    use crate::device::mem::Memfd;
+
+    /// A file holding a GEM handle of a BO (a PRIME import of its dma-buf)
+    /// is admitted to the BO's mmap offset; closing the handle ends that.
+    #[test]
+    fn an_import_admits_the_file_to_that_bo_only() {
+        let mem = Memfd::new("t", 1 << 20).unwrap();
+        let map = Arc::new(mem.map(0, 8192).unwrap());
+        let other = Arc::new(mem.map(8192, 8192).unwrap());
+        let d = Registry::default()
+            .export(0, 0, 8192, &map, Purpose::Checkpoint)
+            .unwrap();
+        let mut f = RenderFile::new();
+        assert!(!f.holds(&map));
+        let h = f.import(d);
+        assert!(f.holds(&map) && !f.holds(&other));
+        f.close(h).unwrap();
+        assert!(!f.holds(&map));
+    }
+}
