@@ -723,6 +723,24 @@ predump_runs_on() {
 	note "GPU queues paused for $paused by the pre-dump"
 }
 
+# On one GPU the restore reads a compressed file in lanes (threads) that start at its
+# chunks: a 96 MiB BO of fp16 weights is three chunks, shared out between the 2 cores.
+case_dump_compressed_lanes() { on mi100 -- dump_compressed_lanes; }
+dump_compressed_lanes() {
+	local img=$CASE_DIR/img v0 v1 n
+	wl_start wl --mib 1 --bos 1 --big-bo-mib 96 --big-bo-fill fp16
+	v0=$(wl_verify "$WL") || exit 1
+	KFD_COMPRESS=zstd dump_ok "$WL" "$img"
+	restore_ok "$img" "$WL"
+	n=$(grep -a -c "amdgpu: GPU 0x[0-9a-f]*: lane of [0-9]* bytes" "$LAST_RESTORE_LOG")
+	[ "$(nproc)" -lt 2 ] || [ "$n" -ge 2 ] || fail "the restore of a 96 MiB compressed BO ran $n lane(s) on $(nproc) cores"
+	v1=$(wl_verify "$WL") || exit 1
+	[ "$(json_num "$v1" bytes)" = "$(json_num "$v0" bytes)" ] || fail "verified $(json_num "$v1" bytes) bytes after the restore, $(json_num "$v0" bytes) before"
+	wl_finish "$WL"
+	note "$n restore lanes; pages file $(stat -c %s "$img"/amdgpu-pages-*.img) bytes for 97 MiB of BOs"
+	rm -rf "$img"
+}
+
 # ---------------------------------------------------------------------------------------
 # Cases: faults during a dump (#4). Each failed dump must leave the process running with
 # its GPU work going on, and say which process, GPU and step failed.

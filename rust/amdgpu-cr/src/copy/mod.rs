@@ -802,8 +802,8 @@ pub fn restore_contents(
 }
 
 /// [`restore_contents`] from pages files in `encoding` (the KFD image's):
-/// a compressed file is read by one lane per GPU, decompressed as it
-/// streams (see [`crate::pages::zstd`]).
+/// a compressed file is decompressed as it streams, by lanes that start at
+/// its chunks (see [`crate::pages::zstd`]).
 pub fn restore_contents_encoded(
     dir: &Path,
     id: FileId,
@@ -817,12 +817,16 @@ pub fn restore_contents_encoded(
         .collect();
     let extent_of = |i: usize| hashes.get(&i).map_or(Some(HASH_EXTENT), |h| h.extent);
     let compressed = encoding != Encoding::Raw;
-    let mut lanes = into_lanes(jobs, &extent_of, compressed, |gpu, lens, _, bos| {
-        if compressed {
-            PagesReader::open_encoded(dir, id, gpu, bos, encoding).map(|r| vec![r])
-        } else {
-            PagesReader::open_lanes(dir, id, gpu, lens)
-        }
+    // Lanes of a compressed file start at its chunks, which are the extents
+    // criu-rocm hashes with: a BO hashed otherwise keeps one lane per GPU.
+    let chunk = crate::pages::zstd::CHUNK;
+    let one_lane = compressed
+        && !jobs
+            .iter()
+            .flat_map(|j| j.bos.iter())
+            .all(|b| b.size <= chunk || extent_of(b.index) == Some(chunk));
+    let mut lanes = into_lanes(jobs, &extent_of, one_lane, |gpu, lens, _, bos| {
+        PagesReader::open_encoded_lanes(dir, id, gpu, bos, encoding, lens)
     })?;
     if compressed {
         make_room_for_zstd(&mut lanes);

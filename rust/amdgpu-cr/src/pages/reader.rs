@@ -7,7 +7,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use super::pages_image_name;
-use super::zstd::{check_records, Encoding, ZstdIn};
+use super::zstd::{check_records, chunks, Encoding, ZstdIn};
 use crate::ids::GpuId;
 use crate::image::{FileId, ImageError};
 
@@ -162,10 +162,80 @@ impl PagesReader<SparseFile> {
         let Src::Raw(input) = reader.input else {
             unreachable!("new() gives a raw reader")
         };
-        let z =
-            ZstdIn::new(name, gpu, input, 8, bos).map_err(|e| ImageError::io(&file, "zstd", e))?;
+        let z = ZstdIn::new(name, gpu, input, 8, chunks(bos))
+            .map_err(|e| ImageError::io(&file, "zstd", e))?;
         reader.input = Src::Zstd(Box::new(z));
         Ok(reader)
+    }
+
+    /// [`PagesReader::open_encoded`] once per lane, as
+    /// [`PagesReader::open_lanes`] does: lane `i` reads the `lens[i]` bytes
+    /// that follow the lanes before it.  In a compressed file every lane
+    /// must start and end at a chunk boundary (each of its own records is
+    /// found by the walk of all of them).
+    pub fn open_encoded_lanes(
+        dir: &Path,
+        id: FileId,
+        gpu: GpuId,
+        bos: &[(usize, u64)],
+        encoding: Encoding,
+        lens: &[u64],
+    ) -> Result<Vec<Self>, ImageError> {
+        if encoding == Encoding::Raw {
+            return Self::open_lanes(dir, id, gpu, lens);
+        }
+        let name = pages_image_name(id, gpu);
+        let total = bos
+            .iter()
+            .try_fold(0u64, |t, &(_, l)| t.checked_add(l))
+            .ok_or_else(|| ImageError::invalid(&name, "size", "BO sizes overflow"))?;
+        if lens.iter().try_fold(0u64, |t, &l| t.checked_add(l)) != Some(total) {
+            return Err(ImageError::invalid(
+                &name,
+                "size",
+                "the copy lanes do not add up to the BOs",
+            ));
+        }
+        let path: PathBuf = dir.join(&name);
+        let file = path.display().to_string();
+        let f = File::open(&path).map_err(|e| ImageError::io(&file, "open", e))?;
+        let f = SparseFile::at(f, 0).map_err(|e| ImageError::io(&file, "fstat", e))?;
+        let len = f.len;
+        let head = PagesReader::new(file.clone(), f, gpu, total)?;
+        let Src::Raw(first) = head.input else {
+            unreachable!("new() gives a raw reader")
+        };
+        let offsets = check_records(&first.file, &file, &name, bos, 8, len)?;
+        let all = chunks(bos);
+        let mut out = Vec::with_capacity(lens.len());
+        let mut c = 0;
+        for &l in lens {
+            let from = c;
+            let mut got = 0u64;
+            while got < l && c < all.len() {
+                got += all[c].len;
+                c += 1;
+            }
+            if got != l {
+                return Err(ImageError::invalid(
+                    &name,
+                    "size",
+                    format!("a copy lane of {l} bytes does not end at a compressed chunk's end"),
+                ));
+            }
+            let pos = offsets.get(from).copied().unwrap_or(len);
+            let f = File::open(&path).map_err(|e| ImageError::io(&file, "open", e))?;
+            let input = SparseFile::at(f, pos).map_err(|e| ImageError::io(&file, "fstat", e))?;
+            let z = ZstdIn::new(name.clone(), gpu, input, pos, all[from..c].to_vec())
+                .map_err(|e| ImageError::io(&file, "zstd", e))?;
+            out.push(PagesReader {
+                file: file.clone(),
+                input: Src::Zstd(Box::new(z)),
+                total: l,
+                consumed: 0,
+            });
+        }
+        Ok(out)
     }
 }
 

@@ -392,3 +392,32 @@ fn encoding_is_recorded_and_checked() {
     m.pages_compression_level = Some(40);
     assert!(Encoding::of("t", &m).is_err());
 }
+
+#[test]
+fn compressed_pages_are_read_in_lanes_from_their_chunks() {
+    let dir = tempdir();
+    let chunk = crate::pages::zstd::CHUNK as usize;
+    let bos = vec![(1, fp16_like(chunk + 3 * 4096, 1)), (4, fp16_like(8192, 2))];
+    write_compressed(&dir, &bos, 0, 1 << 20);
+    let sizes: Vec<(usize, u64)> = bos.iter().map(|(i, b)| (*i, b.len() as u64)).collect();
+    let want: Vec<u8> = bos.iter().flat_map(|(_, b)| b.clone()).collect();
+    let enc = Encoding::Zstd { level: 3 };
+    let lens = [chunk as u64, 3 * 4096, 8192];
+    let rs = PagesReader::open_encoded_lanes(&dir, FileId(2), GpuId(0x42), &sizes, enc, &lens)
+        .unwrap();
+    let mut got = Vec::new();
+    for mut r in rs.into_iter().rev() {
+        let mut v = Vec::new();
+        r.read_to_end(&mut v).unwrap();
+        r.finish().unwrap();
+        got.splice(0..0, v);
+    }
+    assert!(got == want, "the lanes read back other bytes");
+    let bad = [4096, want.len() as u64 - 4096];
+    let e = PagesReader::open_encoded_lanes(&dir, FileId(2), GpuId(0x42), &sizes, enc, &bad)
+        .err()
+        .expect("a lane inside a chunk")
+        .to_string();
+    assert!(e.contains("chunk"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

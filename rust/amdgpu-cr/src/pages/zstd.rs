@@ -364,7 +364,8 @@ impl ZstdOut {
 
 /// Walks the chunk records of a compressed pages file from `pos` (after the
 /// header): every record's length within its bound and the last record
-/// ending at the file's end.  Reads 8 bytes per chunk.
+/// ending at the file's end.  Reads 8 bytes per chunk.  Gives the file
+/// offset of each chunk's record, in the order of [`chunks`].
 pub(super) fn check_records(
     f: &File,
     file: &str,
@@ -372,8 +373,10 @@ pub(super) fn check_records(
     bos: &[(usize, u64)],
     mut pos: u64,
     len: u64,
-) -> Result<(), ImageError> {
+) -> Result<Vec<u64>, ImageError> {
+    let mut offsets = Vec::new();
     for c in chunks(bos) {
+        offsets.push(pos);
         let mut w = [0u8; 8];
         if pos.saturating_add(8) > len {
             return Err(ImageError::Truncated {
@@ -418,7 +421,7 @@ pub(super) fn check_records(
             extra: len - pos,
         });
     }
-    Ok(())
+    Ok(offsets)
 }
 
 /// Reads the BO bytes back from the chunk records (after the header).
@@ -451,7 +454,7 @@ impl<R: Read> ZstdIn<R> {
         gpu: GpuId,
         input: R,
         pos: u64,
-        bos: &[(usize, u64)],
+        chunks: Vec<Chunk>,
     ) -> io::Result<Self> {
         let mut dctx =
             DCtx::try_create().ok_or_else(|| io::Error::from(io::ErrorKind::OutOfMemory))?;
@@ -463,7 +466,7 @@ impl<R: Read> ZstdIn<R> {
             input,
             pos,
             dctx,
-            chunks: chunks(bos),
+            chunks,
             next: 0,
             left: 0,
             zero: false,
