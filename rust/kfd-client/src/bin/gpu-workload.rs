@@ -16,6 +16,9 @@
 //! and a check that new allocations and queues still work.
 //!
 //! Prints `{"ready":...}` once set up (with `--procs`, once every child is ready too);
+//! SIGUSR2 rewrites a tenth of the big BO's 2 MiB blocks (`--big-bo-mib`; another tenth each time)
+//! with the pattern of a new generation, as a training step changes part of VRAM, and
+//! prints `{"changed":...}`;
 //! SIGUSR1 prints a verification line and continues; SIGTERM verifies, prints and exits 0
 //! (all good) or 1. Each process prints its own lines; the first one passes both signals on
 //! to its children and, on SIGTERM, counts their exit status in its own verdict.
@@ -36,11 +39,14 @@ use kfd_client::{Bo, KfdClient, MemKind};
 
 static VERIFY: AtomicBool = AtomicBool::new(false);
 static STOP: AtomicBool = AtomicBool::new(false);
+static CHANGE: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_signal(sig: libc::c_int) {
     // Only atomics here: async-signal-safe.
     if sig == libc::SIGTERM {
         STOP.store(true, Ordering::SeqCst);
+    } else if sig == libc::SIGUSR2 {
+        CHANGE.store(true, Ordering::SeqCst);
     } else {
         VERIFY.store(true, Ordering::SeqCst);
     }
@@ -54,7 +60,8 @@ const USAGE: &str = "usage: gpu-workload [OPTIONS]
   --interval-ms N      pause between SDMA counter steps (default 2)
   --small-bos N        N more 4 KiB BOs per GPU, alternately GTT and VRAM (default 0)
   --big-bo-mib N       one more VRAM BO of N MiB per GPU (default 0: none)
-  --big-bo-fill F      what the big BO holds: pattern (default), sparse (zeros but for
+  --big-bo-fill F      what the big BO holds (SIGUSR2 rewrites a tenth of it, another
+                       tenth each time): pattern (default), sparse (zeros but for
                        one pattern dword per MiB, as fresh GPU memory partly used),
                        zero (for sparse pages files) or fp16 (weight-like fp16 values of
                        magnitude 2^-4..2^-1, for compression)
@@ -192,6 +199,11 @@ const ZERO_BO: usize = 1 << 13;
 /// Set in a data BO index (below `THREAD_BO_BASE`) whose pattern is weight-like: fp16
 /// values of magnitude 2^-4..2^-1 with a random sign and mantissa, as a model's weights.
 const WEIGHTS_BO: usize = 1 << 12;
+/// Set in the big BO's index (`--big-bo-mib`): SIGUSR2 changes a tenth of it.
+const BIG_BO: usize = 1 << 11;
+/// Dwords per block a change rewrites whole (2 MiB: the extent criu-rocm's incremental
+/// dump compares).
+const CHANGE_DWORDS: u64 = 1 << 19;
 /// The pattern "GPU" and "BO" of host memory (no GPU has this index).
 const HOST_GPU: usize = 0xffff;
 const SMALL_BO_BYTES: u64 = 4096;
@@ -216,10 +228,32 @@ struct Seed {
     proc: usize,
     gpu: usize,
     bo: usize,
+    /// SIGUSR2s so far: the big BO's changed MiBs hold this generation's pattern.
+    gen: u32,
 }
 
 impl Seed {
+    /// The generation dword `i` holds: change `g` rewrites the 2 MiB blocks `m` of the big
+    /// BO with `m % 10 == (g - 1) % 10`, so each change touches a tenth of it, another
+    /// tenth than the change before.
+    fn gen_at(self, i: u64) -> u32 {
+        if self.bo & BIG_BO == 0 {
+            return 0;
+        }
+        let r = ((i / CHANGE_DWORDS) % 10) as u32 + 1;
+        if self.gen < r {
+            0
+        } else {
+            r + 10 * ((self.gen - r) / 10)
+        }
+    }
+
     fn at(self, i: u64) -> u32 {
+        let g = self.gen_at(i);
+        if g > 0 {
+            let base = pattern(self.proc, self.gpu, self.bo, i);
+            return (base ^ g.wrapping_mul(0x9e37_79b9)) | 1;
+        }
         if self.bo < THREAD_BO_BASE
             && (self.bo & ZERO_BO != 0 || (self.bo & SPARSE_BO != 0 && !i.is_multiple_of(1 << 18)))
         {
@@ -302,6 +336,8 @@ struct GpuWork<'c> {
     /// Value submitted and not yet confirmed (0: none in flight).
     inflight: u32,
     errors: Vec<String>,
+    /// SIGUSR2s so far.
+    gen: u32,
 }
 
 impl<'c> GpuWork<'c> {
@@ -326,6 +362,7 @@ impl<'c> GpuWork<'c> {
             done: 0,
             inflight: 0,
             errors: Vec::new(),
+            gen: 0,
         })
     }
 
@@ -334,7 +371,33 @@ impl<'c> GpuWork<'c> {
             proc: self.proc,
             gpu: self.index,
             bo,
+            gen: self.gen,
         }
+    }
+
+    /// SIGUSR2: the next generation in a tenth of the big BO; bytes rewritten.
+    fn change(&mut self) -> u64 {
+        self.gen += 1;
+        let mut bytes = 0;
+        for i in 0..self.bos.len() {
+            let idx = self.bos[i].0;
+            if idx & BIG_BO == 0 {
+                continue;
+            }
+            let s = self.seed(idx);
+            let bo = &mut self.bos[i].1;
+            for (block, chunk) in bo.as_mut_slice().chunks_mut(2 << 20).enumerate() {
+                let first = block as u64 * CHANGE_DWORDS;
+                if s.gen_at(first) != s.gen {
+                    continue;
+                }
+                for (j, d) in chunk.chunks_exact_mut(4).enumerate() {
+                    d.copy_from_slice(&s.at(first + j as u64).to_le_bytes());
+                }
+                bytes += chunk.len() as u64;
+            }
+        }
+        bytes
     }
 
     /// One counter step: confirm the value in flight, then submit the next.
@@ -511,6 +574,7 @@ fn fresh_check(client: &KfdClient, proc: usize, index: usize, gpu: GpuId) -> Res
         proc,
         gpu: index,
         bo: FRESH_BO,
+        gen: 0,
     };
     let e =
         |what: &str, err: &dyn std::fmt::Display| format!("GPU {}: new {what}: {err}", gpu.get());
@@ -722,7 +786,7 @@ fn describe_status(st: libc::c_int) -> String {
 }
 
 fn install_handlers() -> Result<(), String> {
-    for sig in [libc::SIGUSR1, libc::SIGTERM] {
+    for sig in [libc::SIGUSR1, libc::SIGUSR2, libc::SIGTERM] {
         // SAFETY: all-zero bytes are a valid sigaction ("no flags", empty mask, SIG_DFL).
         let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
         sa.sa_sigaction = on_signal as *const () as usize;
@@ -888,6 +952,7 @@ fn run_proc(
         proc: index,
         gpu,
         bo,
+        gen: 0,
     };
     let expect = |gpu: GpuId, bo: &Bo<'_>, s: Seed| match &o.dump_expected {
         Some(dir) => write_expected(dir, gpu, bo, s),
@@ -899,7 +964,7 @@ fn run_proc(
         let mut bos = Vec::new();
         for (bi, &(size, kind)) in sizes.iter().enumerate() {
             let bi = if o.big_bo_mib > 0 && bi == sizes.len() - 1 {
-                bi | o.big_bo_fill
+                bi | o.big_bo_fill | BIG_BO
             } else {
                 bi
             };
@@ -1008,6 +1073,13 @@ fn run_proc(
             if STOP.load(Ordering::SeqCst) {
                 let errs = me.stop_children();
                 return Ok(me.report(errs));
+            }
+            if CHANGE.swap(false, Ordering::SeqCst) {
+                let bytes: u64 = works[..main_works].iter().map(|w| lock(w).change()).sum();
+                println!(
+                    "{{\"changed\":true,\"pid\":{},\"bytes\":{bytes}}}",
+                    std::process::id()
+                );
             }
             if VERIFY.swap(false, Ordering::SeqCst) {
                 me.signal_children(libc::SIGUSR1);
