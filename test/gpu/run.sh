@@ -741,6 +741,72 @@ dump_compressed_lanes() {
 	rm -rf "$img"
 }
 
+# wl_change PID: SIGUSR2, gpu-workload rewrites a tenth of its big BO; waits for its line.
+wl_change() {
+	local n i
+	n=$(grep -c "^{\"changed\":true,\"pid\":$1," "$WL_OUT")
+	kill -USR2 "$1" || fail "gpu-workload $1 is gone (SIGUSR2 failed)"
+	for ((i = 0; i < 1200; i++)); do
+		[ "$(grep -c "^{\"changed\":true,\"pid\":$1," "$WL_OUT")" -gt "$n" ] && return 0
+		sleep 0.05
+	done
+	fail "gpu-workload $1 did not change its memory after SIGUSR2"
+}
+
+# Bytes of disk the pages files of an image directory take.
+pages_disk() { du -B1 -c "$1"/amdgpu-pages-*.img | tail -n 1 | cut -f1; }
+
+# A chain pre-dump -> pre-dump -> dump, a tenth of a 128 MiB BO changed before each of the
+# last two: the dump writes only what changed (much less disk than a full dump of the same
+# state), restore and gpu-check follow the chain (extents two links up included) and every
+# byte comes back; a missing, damaged or mismatched parent is refused, by gpu-check and the
+# restore in the same words, before any task exists.
+case_predump_incremental_chain() { on mi100 -- predump_incremental_chain; }
+predump_incremental_chain() {
+	local pre1=$CASE_DIR/pre1 pre2=$CASE_DIR/pre2 full=$CASE_DIR/full img=$CASE_DIR/img
+	local v0 v1 v2 fb ib kfd line
+	wl_start wl --mib 4 --bos 2 --big-bo-mib 128
+	v0=$(wl_verify "$WL") || exit 1
+	pre_dump_ok "$WL" "$pre1" >/dev/null
+	wl_change "$WL"
+	pre_dump_ok "$WL" "$pre2" --prev-images-dir ../pre1 >/dev/null
+	log_has "$pre2/pre-dump.log" "amdgpu: pid $WL: incremental GPU dump against parent/amdgpu-kfd-[0-9]+\.img"
+	wl_change "$WL"
+	v1=$(wl_verify "$WL") || exit 1
+	dump_ok "$WL" "$full" --leave-running
+	dump_ok "$WL" "$img" --prev-images-dir ../pre2
+	line=$(grep -a -m1 -oE "incremental GPU dump against .*" "$img/dump.log") ||
+		fail "the dump with --prev-images-dir says nothing of its parent"
+	fb=$(pages_disk "$full")
+	ib=$(pages_disk "$img")
+	[ "$ib" -le $((fb / 5)) ] || fail "the incremental dump's pages take $ib bytes of disk, the full dump's $fb"
+	gpu_check_restorable "$img" >/dev/null
+	kfd=$(cd "$pre1" && ls amdgpu-kfd-*.img)
+	# Missing: the parent's parent.
+	mv "$pre1" "$pre1.away"
+	refused_alike "$img" "the parent's parent moved away" "parent/parent/: missing: the images take unchanged GPU memory"
+	mv "$pre1.away" "$pre1"
+	# Damaged: the last byte (of the kernel's blob) of the parent's parent's KFD image.
+	cp "$pre1/$kfd" "$CASE_DIR/kfd.bak"
+	printf '\x5a' | dd of="$pre1/$kfd" bs=1 seek=$(($(stat -c %s "$pre1/$kfd") - 1)) conv=notrunc status=none
+	cmp -s "$pre1/$kfd" "$CASE_DIR/kfd.bak" && fail "the damage left $kfd as it was"
+	refused_alike "$img" "a byte of the parent's parent's KFD image changed" "parent/parent/$kfd: .*changed"
+	cp "$CASE_DIR/kfd.bak" "$pre1/$kfd"
+	# Mismatched: the parent link skips a generation (pre1 holds other bytes where the dump
+	# took extents from pre2).
+	ln -sfn ../pre1 "$img/parent"
+	refused_alike "$img" "the parent link pointing at an older pre-dump" \
+		"parent/$kfd: GPU 0x[0-9a-f]+: bo_entries\[[0-9]+\]\.content_extent_xxh3\[[0-9]+\]: is [0-9a-f]+, but"
+	ln -sfn ../pre2 "$img/parent"
+	gpu_check_restorable "$img" >/dev/null
+	restore_ok "$img" "$WL"
+	v2=$(wl_verify "$WL") || exit 1
+	[ "$(json_num "$v2" bytes)" = "$(json_num "$v1" bytes)" ] || fail "verified $(json_num "$v2" bytes) bytes after the restore, $(json_num "$v1" bytes) before"
+	wl_finish "$WL"
+	note "GPU pages on disk: full dump $fb bytes, incremental dump $ib bytes ($((ib * 100 / fb)) %)"
+	note "${line#incremental GPU dump against }"
+}
+
 # ---------------------------------------------------------------------------------------
 # Cases: faults during a dump (#4). Each failed dump must leave the process running with
 # its GPU work going on, and say which process, GPU and step failed.

@@ -34,8 +34,11 @@ pub const MAX_MESSAGE_SIZE: u64 = 512 << 20;
 /// `content_hash_extent` on BOs hashed in extents; 3 = and the dump wrote
 /// the digests of its GPU image files ([`crate::validate::digests`]); 4 =
 /// and `pages_compression` when the pages files are compressed
-/// ([`crate::pages::zstd`]).
-pub const EXT_VERSION: u32 = 4;
+/// ([`crate::pages::zstd`]); 5 = and 2 MiB extents with each extent's
+/// digest (`content_extent_xxh3`), and a dump with `--prev-images-dir` may
+/// leave unchanged extents to its parent (`parent_extents`,
+/// [`crate::validate::chain`]).
+pub const EXT_VERSION: u32 = 5;
 
 /// CRIU's id of a dumped file (the `id` of its `files.img` entry).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -394,6 +397,7 @@ impl KfdImage {
                     ));
                 }
             }
+            check_extents(file, i, b)?;
         }
         if msg.priv_data.is_empty() {
             return Err(ImageError::invalid(file, "priv_data", "is empty"));
@@ -441,6 +445,57 @@ impl KfdImage {
             .map(|d| GpuId(d.gpu_id))
             .collect()
     }
+}
+
+/// The incremental-dump fields of BO `i`: its extents' digests compose to
+/// its hash, and the extents it takes from a parent exist.
+fn check_extents(file: &str, i: usize, b: &crate::proto::KfdBoEntry) -> Result<(), ImageError> {
+    let extents = b
+        .content_hash_extent
+        .map_or(1, |e| b.size.div_ceil(e.max(1)));
+    if !b.content_extent_xxh3.is_empty() {
+        let field = format!("bo_entries[{i}].content_extent_xxh3");
+        if b.content_hash_extent.is_none() || b.content_extent_xxh3.len() as u64 != extents {
+            return Err(ImageError::invalid(
+                file,
+                field,
+                format!(
+                    "holds {} digests, but the BO has {extents} extent(s)",
+                    b.content_extent_xxh3.len()
+                ),
+            ));
+        }
+        if b.content_xxh3 != Some(crate::pages::compose(&b.content_extent_xxh3)) {
+            return Err(ImageError::invalid(
+                file,
+                field,
+                "does not compose to content_xxh3",
+            ));
+        }
+    }
+    let Some(map) = b.parent_extents.as_deref() else {
+        return Ok(());
+    };
+    let field = format!("bo_entries[{i}].parent_extents");
+    if map.len() as u64 > extents.div_ceil(8)
+        || (0..map.len() as u64 * 8)
+            .filter(|&k| k >= extents)
+            .any(|k| crate::validate::chain::bit(map, k))
+    {
+        return Err(ImageError::invalid(
+            file,
+            field,
+            format!("names extents past the BO's {extents}"),
+        ));
+    }
+    if b.parent_bo.is_none() {
+        return Err(ImageError::invalid(
+            file,
+            format!("bo_entries[{i}].parent_bo"),
+            "missing, though parent_extents is set",
+        ));
+    }
+    Ok(())
 }
 
 /// A decoded `amdgpu-renderD-<id>.img`.
@@ -552,6 +607,9 @@ pub(crate) mod tests {
                     handle: None,
                     content_xxh3: Some(7),
                     content_hash_extent: Some(0x10_0000),
+                    content_extent_xxh3: Vec::new(),
+                    parent_extents: None,
+                    parent_bo: None,
                 },
                 KfdBoEntry {
                     addr: 0x7000_0100_0000,
@@ -562,6 +620,9 @@ pub(crate) mod tests {
                     handle: None,
                     content_xxh3: None,
                     content_hash_extent: None,
+                    content_extent_xxh3: Vec::new(),
+                    parent_extents: None,
+                    parent_bo: None,
                 },
                 KfdBoEntry {
                     addr: 0x7000_0200_0000,
@@ -572,6 +633,9 @@ pub(crate) mod tests {
                     handle: None,
                     content_xxh3: None,
                     content_hash_extent: None,
+                    content_extent_xxh3: Vec::new(),
+                    parent_extents: None,
+                    parent_bo: None,
                 },
             ],
             num_of_objects: 0,
@@ -585,6 +649,7 @@ pub(crate) mod tests {
             semaphore_mode: None,
             pages_compression: None,
             pages_compression_level: None,
+            criu_rocm_parent: None,
         }
     }
 

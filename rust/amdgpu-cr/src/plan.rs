@@ -435,6 +435,9 @@ pub fn plan_dump(
                 handle: None,
                 content_xxh3: None,
                 content_hash_extent: None,
+                content_extent_xxh3: Vec::new(),
+                parent_extents: None,
+                parent_bo: None,
             })
             .collect(),
         num_of_objects: ckpt.num_objects,
@@ -444,6 +447,7 @@ pub fn plan_dump(
         semaphore_mode: (shared_mem.semaphore_mode != 0).then_some(shared_mem.semaphore_mode),
         pages_compression: None,
         pages_compression_level: None,
+        criu_rocm_parent: None,
         priv_data: ckpt.priv_data.clone(),
         criu_rocm_ext_version: Some(EXT_VERSION),
         priv_bo_record_size: match crate::privdata::detect(

@@ -45,6 +45,7 @@ use crate::image::{
 use crate::pages::{content_bos, pages_image_name, pages_total, Encoding, FrameError, PagesReader};
 use crate::plan::DeviceKind;
 
+pub mod chain;
 pub mod digests;
 
 /// The first extension version whose dump writes [`digests::FILE`].
@@ -544,6 +545,8 @@ fn check_kfd(
     for gpu in image.gpu_ids() {
         check_pages(dir, id, image, gpu, Depth::Metadata)?;
     }
+    // An incremental dump: every link of its chain of parents.
+    chain::resolve(dir, id, image)?;
     if let Some(e) = &ctx.files_err {
         return Err(Refusal::new("files.img", None, "", e.clone()));
     }
@@ -650,10 +653,20 @@ fn check_pages(
     depth: Depth,
 ) -> Result<(), Refusal> {
     let name = kfd_image_name(id);
-    pages_total(&name, &image.msg.bo_entries, gpu)?;
+    let total = pages_total(&name, &image.msg.bo_entries, gpu)?;
     let encoding = Encoding::of(&name, &image.msg)?;
     let bos = content_bos(&image.msg.bo_entries, gpu);
-    let mut pages = PagesReader::open_encoded(dir, id, gpu, &bos, encoding).map_err(|e| {
+    let overlay = match depth {
+        Depth::Contents => chain::resolve(dir, id, image)?.remove(&gpu),
+        Depth::Metadata => None,
+    };
+    let pages = match overlay {
+        Some(o) if encoding == Encoding::Raw => {
+            PagesReader::open_with(dir, id, gpu, total, Some(o))
+        }
+        _ => PagesReader::open_encoded(dir, id, gpu, &bos, encoding),
+    };
+    let mut pages = pages.map_err(|e| {
         let mut r = Refusal::from(e);
         r.gpu = Some(gpu);
         r

@@ -68,6 +68,9 @@ fn bo(addr: u64, size: u64, gpu_id: u32, flags: u32) -> KfdBoEntry {
         content_xxh3: Some(addr ^ size),
         // Hashed in extents when larger than one (of 1 MiB here).
         content_hash_extent: (size > 1 << 20).then_some(1 << 20),
+        content_extent_xxh3: Vec::new(),
+        parent_extents: None,
+        parent_bo: None,
     }
 }
 
@@ -95,6 +98,7 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         semaphore_mode: None,
         pages_compression: None,
         pages_compression_level: None,
+        criu_rocm_parent: None,
     };
     let hives = CriuKfd {
         pid: 99,
@@ -126,6 +130,7 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         semaphore_mode: None,
         pages_compression: None,
         pages_compression_level: None,
+        criu_rocm_parent: None,
     };
     let render = CriuRenderNode {
         gpu_id: 0x1a2b,

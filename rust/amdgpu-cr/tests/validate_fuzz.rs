@@ -114,6 +114,9 @@ fn seed(host: &Host, second: bool, compressed: bool) -> Vec<u8> {
         handle: None,
         content_xxh3: data.map(|d| hash(d)),
         content_hash_extent: None,
+        content_extent_xxh3: Vec::new(),
+        parent_extents: None,
+        parent_bo: None,
     };
     let kfd = CriuKfd {
         pid: PID,
@@ -143,6 +146,7 @@ fn seed(host: &Host, second: bool, compressed: bool) -> Vec<u8> {
         semaphore_mode: None,
         pages_compression: compressed.then_some(1),
         pages_compression_level: compressed.then_some(3),
+        criu_rocm_parent: None,
     };
     // The second process (a task holds one KFD process): another pid.
     let kfd2 = frame(

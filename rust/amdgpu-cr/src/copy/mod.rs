@@ -43,6 +43,7 @@ use crate::ids::{GpuId, GpuVa, MmapOffset};
 use crate::image::{FileId, ImageError};
 use crate::pages::{
     compose, pages_image_name, Compress, Encoding, ExtentHasher, PagesReader, PagesWriter,
+    CONTENT_EXTENT,
 };
 
 /// Errors moving BO contents; each names the GPU (user id) and the BO.
@@ -319,10 +320,72 @@ impl GpuStats {
 pub struct DumpOutcome {
     pub stats: Vec<GpuStats>,
     /// Bucket index → hash of the BO's bytes (in extents of
-    /// [`HASH_EXTENT`]).
+    /// [`CONTENT_EXTENT`]).
     pub hashes: BTreeMap<usize, ContentHash>,
     /// How the pages files hold the bytes.
     pub encoding: Encoding,
+    /// Bucket index → the digest of each of its extents.
+    pub extents: BTreeMap<usize, Vec<u64>>,
+    /// Bucket index → the extents left out of the pages file (holes there)
+    /// because the parent holds the same bytes, in order.
+    pub inherited: BTreeMap<usize, Vec<u64>>,
+}
+
+/// Bucket index → the digests of the extents (of [`CONTENT_EXTENT`]) of
+/// the same BO in the parent image, for an incremental dump.
+pub type ParentDigests = BTreeMap<usize, Vec<u64>>;
+
+/// An incremental dump's sink for one piece: buffers an extent, hashes it
+/// and writes it, or zeros (a hole) when the parent's extent has the same
+/// digest.
+struct IncrementalWriter<'w, 'p> {
+    inner: &'w mut dyn Write,
+    extent: usize,
+    buf: Vec<u8>,
+    /// Index in the BO of the extent being buffered.
+    next: u64,
+    parent: &'p [u64],
+    digests: Vec<u64>,
+    kept: Vec<u64>,
+}
+
+impl IncrementalWriter<'_, '_> {
+    fn end_extent(&mut self) -> io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let d = xxhash_rust::xxh3::xxh3_64(&self.buf);
+        if self.parent.get(self.next as usize) == Some(&d) {
+            static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+            let mut left = self.buf.len();
+            while left > 0 {
+                let n = left.min(ZEROS.len());
+                self.inner.write_all(&ZEROS[..n])?;
+                left -= n;
+            }
+            self.kept.push(self.next);
+        } else {
+            self.inner.write_all(&self.buf)?;
+        }
+        self.digests.push(d);
+        self.buf.clear();
+        self.next += 1;
+        Ok(())
+    }
+}
+
+impl Write for IncrementalWriter<'_, '_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = (self.extent - self.buf.len()).min(buf.len());
+        self.buf.extend_from_slice(&buf[..n]);
+        if self.buf.len() == self.extent {
+            self.end_extent()?;
+        }
+        Ok(n)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
 }
 
 struct HashingWriter<'w> {
@@ -412,10 +475,14 @@ impl<'a> Piece<'a> {
         }
     }
 
-    /// `bo` cut at its hash extents when `split` and it has more than one
-    /// (and its addresses do not overflow), else whole.
+    /// `bo` cut into runs of its hash extents of about [`HASH_EXTENT`]
+    /// bytes when `split` and it has more than one run (and its addresses
+    /// do not overflow), else whole.
     fn of(bo: BoRef<'a>, extent: Option<u64>, split: bool) -> Vec<Self> {
-        let Some(e) = extent.filter(|&e| split && e > 0 && bo.size > e) else {
+        let unit = extent
+            .filter(|&e| e > 0)
+            .map(|e| e.saturating_mul((HASH_EXTENT / e).max(1)));
+        let Some(e) = unit.filter(|&e| split && bo.size > e) else {
             return vec![Piece::whole(bo, extent)];
         };
         let part = |start: u64| -> Option<Piece<'a>> {
@@ -440,11 +507,15 @@ impl<'a> Piece<'a> {
     }
 }
 
+/// Bucket index → the digests of the BO's extents, in order.
+type ExtentDigests = BTreeMap<usize, Vec<u64>>;
+
 /// The digests of one piece: (bucket index, start in the BO, digests).
 type PieceDigests = (usize, u64, Vec<u64>);
 
-/// Each BO's hash from the digests of its pieces, whichever lanes had them.
-fn compose_pieces(parts: Vec<PieceDigests>) -> BTreeMap<usize, u64> {
+/// Each BO's extent digests, in order, from those of its pieces, whichever
+/// lanes had them.
+fn compose_pieces(parts: Vec<PieceDigests>) -> ExtentDigests {
     let mut by_bo: BTreeMap<usize, Vec<(u64, Vec<u64>)>> = BTreeMap::new();
     for (index, start, digests) in parts {
         by_bo.entry(index).or_default().push((start, digests));
@@ -454,7 +525,7 @@ fn compose_pieces(parts: Vec<PieceDigests>) -> BTreeMap<usize, u64> {
         .map(|(index, mut parts)| {
             parts.sort_by_key(|p| p.0);
             let all: Vec<u64> = parts.into_iter().flat_map(|p| p.1).collect();
-            (index, compose(&all))
+            (index, all)
         })
         .collect()
 }
@@ -670,7 +741,7 @@ pub fn dump_contents(
     id: FileId,
     jobs: Vec<GpuJob<'_>>,
 ) -> Result<DumpOutcome, CopyError> {
-    dump_contents_encoded(dir, id, jobs, None)
+    dump_contents_encoded(dir, id, jobs, None, &BTreeMap::new())
 }
 
 /// [`dump_contents`], compressing the pages files with zstd when
@@ -678,16 +749,33 @@ pub fn dump_contents(
 /// shared out among the GPUs), see [`crate::pages::zstd`].  A compressed
 /// file is written by one lane per GPU (its records' offsets are known
 /// only as it goes); zstd's worker threads compress beside the copy.
+///
+/// `parent` (incremental dump, uncompressed only): the extent digests of
+/// BOs the parent image holds too; an extent whose digest is the parent's
+/// is left out (a hole) and listed in [`DumpOutcome::inherited`].
 pub fn dump_contents_encoded(
     dir: &Path,
     id: FileId,
     jobs: Vec<GpuJob<'_>>,
     compress: Option<(i32, Option<u32>)>,
+    parent: &ParentDigests,
 ) -> Result<DumpOutcome, CopyError> {
+    if compress.is_some() && !parent.is_empty() {
+        return Err(CopyError::Setup {
+            gpu: jobs.first().map_or(GpuId(0), |j| j.user),
+            what: "an incremental dump cannot compress its pages files".into(),
+        });
+    }
     let threads = lanes_per_gpu(jobs.len()) as u32;
+    // Hashed in CONTENT_EXTENT extents, which an incremental dump compares;
+    // a compressed file in its chunks' (a restore's lanes start at chunks).
+    let extent = match compress {
+        None => CONTENT_EXTENT,
+        Some(_) => crate::pages::zstd::CHUNK,
+    };
     let mut lanes = into_lanes(
         jobs,
-        &|_| Some(HASH_EXTENT),
+        &|_| Some(extent),
         compress.is_some(),
         |gpu, lens, buffer, bos| match compress {
             None => PagesWriter::create_lanes_buffered(dir, id, gpu, lens, buffer),
@@ -703,27 +791,63 @@ pub fn dump_contents_encoded(
     if compress.is_some() {
         make_room_for_zstd(&mut lanes);
     }
-    let (stats, hashes) = run_lanes(
+    let inherited: std::sync::Mutex<BTreeMap<usize, Vec<u64>>> = Default::default();
+    let (stats, digests) = run_lanes(
         lanes,
         "copied to the pages file",
         |engine, p, out| {
-            let mut sink = HashingWriter {
+            let Some(from) = parent.get(&p.bo.index) else {
+                let mut sink = HashingWriter {
+                    inner: out,
+                    hasher: ExtentHasher::new(p.extent),
+                };
+                engine.read_bo(&p.bo, &mut sink)?;
+                return Ok(sink.hasher.digests());
+            };
+            // Pieces start at a multiple of the extent (see Piece::of).
+            let extent = p.extent.unwrap_or(p.bo.size).max(1);
+            let mut sink = IncrementalWriter {
                 inner: out,
-                hasher: ExtentHasher::new(p.extent),
+                extent: usize::try_from(extent).unwrap_or(usize::MAX),
+                buf: Vec::with_capacity(usize::try_from(extent.min(p.bo.size)).unwrap_or(0)),
+                next: p.start / extent,
+                parent: from,
+                digests: Vec::new(),
+                kept: Vec::new(),
             };
             engine.read_bo(&p.bo, &mut sink)?;
-            Ok(sink.hasher.digests())
+            sink.end_extent().map_err(|source| CopyError::Stream {
+                gpu: p.bo.gpu,
+                bo: p.bo.index,
+                file: pages_image_name(id, p.bo.gpu),
+                op: "write",
+                source,
+            })?;
+            if !sink.kept.is_empty() {
+                let mut m = inherited.lock().unwrap_or_else(|e| e.into_inner());
+                m.entry(p.bo.index).or_default().extend(sink.kept);
+            }
+            Ok(sink.digests)
         },
         |out| out.finish().map(drop).map_err(CopyError::from),
     )?;
-    let extent = Some(HASH_EXTENT);
+    let extent = Some(extent);
+    let mut inherited = inherited.into_inner().unwrap_or_else(|e| e.into_inner());
+    for v in inherited.values_mut() {
+        v.sort_unstable();
+    }
     Ok(DumpOutcome {
         encoding: compress.map_or(Encoding::Raw, |(level, _)| Encoding::Zstd { level }),
         stats,
-        hashes: hashes
-            .into_iter()
-            .map(|(i, value)| (i, ContentHash { value, extent }))
+        hashes: digests
+            .iter()
+            .map(|(&i, d)| {
+                let value = compose(d);
+                (i, ContentHash { value, extent })
+            })
             .collect(),
+        extents: digests,
+        inherited,
     })
 }
 
@@ -738,7 +862,7 @@ fn run_lanes<'a, F: Send>(
     done: &str,
     move_piece: impl Fn(&mut dyn CopyEngine, &Piece<'a>, &mut F) -> Result<Vec<u64>, CopyError> + Sync,
     finish: impl Fn(F) -> Result<(), CopyError> + Sync,
-) -> Result<(Vec<GpuStats>, BTreeMap<usize, u64>), CopyError> {
+) -> Result<(Vec<GpuStats>, ExtentDigests), CopyError> {
     let per_lane = run_parallel(
         lanes,
         |(l, _)| l.user,
@@ -798,18 +922,22 @@ pub fn restore_contents(
     jobs: Vec<GpuJob<'_>>,
     hashes: &BTreeMap<usize, ContentHash>,
 ) -> Result<Vec<GpuStats>, CopyError> {
-    restore_contents_encoded(dir, id, jobs, hashes, Encoding::Raw)
+    restore_contents_encoded(dir, id, jobs, hashes, Encoding::Raw, &BTreeMap::new())
 }
 
 /// [`restore_contents`] from pages files in `encoding` (the KFD image's):
 /// a compressed file is decompressed as it streams, by lanes that start at
 /// its chunks (see [`crate::pages::zstd`]).
+///
+/// `overlays`: per GPU, the ranges of an incremental dump's (uncompressed)
+/// pages file read from its ancestors' ([`crate::validate::chain::resolve`]).
 pub fn restore_contents_encoded(
     dir: &Path,
     id: FileId,
     jobs: Vec<GpuJob<'_>>,
     hashes: &BTreeMap<usize, ContentHash>,
     encoding: Encoding,
+    overlays: &BTreeMap<GpuId, std::sync::Arc<crate::pages::Overlay>>,
 ) -> Result<Vec<GpuStats>, CopyError> {
     let names: BTreeMap<usize, (GpuId, GpuVa, u64)> = jobs
         .iter()
@@ -826,7 +954,11 @@ pub fn restore_contents_encoded(
             .flat_map(|j| j.bos.iter())
             .all(|b| b.size <= chunk || extent_of(b.index) == Some(chunk));
     let mut lanes = into_lanes(jobs, &extent_of, one_lane, |gpu, lens, _, bos| {
-        PagesReader::open_encoded_lanes(dir, id, gpu, bos, encoding, lens)
+        if compressed {
+            PagesReader::open_encoded_lanes(dir, id, gpu, bos, encoding, lens)
+        } else {
+            PagesReader::open_lanes_with(dir, id, gpu, lens, overlays.get(&gpu).cloned())
+        }
     })?;
     if compressed {
         make_room_for_zstd(&mut lanes);
@@ -845,6 +977,7 @@ pub fn restore_contents_encoded(
         |input| input.finish().map(drop).map_err(CopyError::from),
     )?;
     for (index, got) in got_hashes {
+        let got = compose(&got);
         let (Some(want), Some(&(gpu, addr, size))) = (hashes.get(&index), names.get(&index)) else {
             continue;
         };
@@ -1255,12 +1388,13 @@ pub(crate) mod tests {
         };
         let dir = tempdir();
         let out = dump_contents(&dir, FileId(3), jobs()).unwrap();
-        let by_hand: Vec<u64> = data.chunks(HASH_EXTENT as usize).map(xxh3_64).collect();
-        assert_eq!(by_hand.len(), 3);
+        let by_hand: Vec<u64> = data.chunks(CONTENT_EXTENT as usize).map(xxh3_64).collect();
+        assert_eq!(by_hand.len() as u64, size.div_ceil(CONTENT_EXTENT));
         let want = ContentHash {
             value: compose(&by_hand),
-            extent: Some(HASH_EXTENT),
+            extent: Some(CONTENT_EXTENT),
         };
+        assert_eq!(out.extents, BTreeMap::from([(0, by_hand.clone())]));
         assert_eq!(out.hashes, BTreeMap::from([(0, want)]));
         assert_eq!((out.stats[0].bos, out.stats[0].bytes), (1, size));
         let pages = std::fs::read(dir.join(pages_image_name(FileId(3), GpuId(0x1a2b)))).unwrap();

@@ -15,9 +15,19 @@ use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 
 use crate::image::KfdImage;
 
-/// Extent size criu-rocm's dump hashes with, and the unit in which a large
-/// BO is shared out among copy threads.
+/// The unit in which a large BO is shared out among copy threads (a
+/// multiple of the extent it is hashed in), and the extent of images that
+/// hash in extents without saying which.
 pub const HASH_EXTENT: u64 = 32 << 20;
+
+/// Extent size criu-rocm's dump hashes with, and so the unit an
+/// incremental dump compares with its parent and writes or leaves out.
+/// 2 MiB: the GPU's large page (amdgpu maps VRAM in 2 MiB fragments, and
+/// what a kernel writes dirties whole fragments), small enough that a
+/// change costs at most 2 MiB of write, large enough that the digests
+/// cost 4 KiB per GiB of VRAM in the KFD image and an incremental dump
+/// buffers one extent per copy thread.
+pub const CONTENT_EXTENT: u64 = 2 << 20;
 
 /// The hash an image records for a BO.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -37,8 +37,8 @@ use crate::ids::GpuId;
 use crate::image::{FileId, ImageError};
 use crate::proto::KfdBoEntry;
 
-pub use hash::{compose, content_hashes, ContentHash, ExtentHasher, HASH_EXTENT};
-pub use reader::{PagesReader, SparseFile};
+pub use hash::{compose, content_hashes, ContentHash, ExtentHasher, CONTENT_EXTENT, HASH_EXTENT};
+pub use reader::{Overlay, PagesReader, SparseFile};
 pub use writer::PagesWriter;
 pub use zstd::{Compress, Encoding, FrameError};
 

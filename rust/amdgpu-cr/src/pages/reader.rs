@@ -5,11 +5,54 @@ use std::io::{self, Read};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use super::pages_image_name;
 use super::zstd::{check_records, chunks, Encoding, ZstdIn};
 use crate::ids::GpuId;
 use crate::image::{FileId, ImageError};
+
+/// Extents of an incremental dump's pages file that are holes there and
+/// read from an ancestor's pages file instead (built by
+/// [`crate::validate::chain::resolve`]): sorted, disjoint ranges of the
+/// file, each with the file and position its bytes come from.
+#[derive(Debug, Default)]
+pub struct Overlay {
+    /// (start in this file, length, source file, start in the source).
+    ranges: Vec<(u64, u64, Arc<File>, u64)>,
+}
+
+impl Overlay {
+    /// Adds a range; `finish` sorts them.
+    pub fn push(&mut self, start: u64, len: u64, src: Arc<File>, src_start: u64) {
+        self.ranges.push((start, len, src, src_start));
+    }
+
+    /// Sorts the ranges (which must not overlap).
+    pub fn finish(&mut self) {
+        self.ranges.sort_by_key(|r| r.0);
+    }
+
+    /// Bytes taken from ancestors.
+    pub fn bytes(&self) -> u64 {
+        self.ranges.iter().map(|r| r.1).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ranges.is_empty()
+    }
+
+    /// The range holding `pos`, or the start of the next one (`u64::MAX`:
+    /// none).
+    fn at(&self, pos: u64) -> Result<&(u64, u64, Arc<File>, u64), u64> {
+        let i = self.ranges.partition_point(|r| r.0 + r.1 <= pos);
+        match self.ranges.get(i) {
+            Some(r) if r.0 <= pos => Ok(r),
+            Some(r) => Err(r.0),
+            None => Err(u64::MAX),
+        }
+    }
+}
 
 /// A pages file read from a position on, with its holes told apart from
 /// its data (`SEEK_DATA`/`SEEK_HOLE`): a hole is given as zeros without a
@@ -28,6 +71,8 @@ pub struct SparseFile {
     hole_end: u64,
     /// Bytes given as zeros without reading (for statistics and tests).
     pub hole_bytes: u64,
+    /// Ranges read from an ancestor's pages file (incremental dumps).
+    overlay: Option<Arc<Overlay>>,
 }
 
 impl SparseFile {
@@ -41,7 +86,14 @@ impl SparseFile {
             data_end: pos,
             hole_end: pos,
             hole_bytes: 0,
+            overlay: None,
         })
+    }
+
+    /// Reads the ranges of `overlay` from their ancestors' files.
+    pub fn with_overlay(mut self, overlay: Option<Arc<Overlay>>) -> Self {
+        self.overlay = overlay.filter(|o| !o.is_empty());
+        self
     }
 
     fn lseek(&self, whence: libc::c_int) -> io::Result<Option<u64>> {
@@ -85,6 +137,27 @@ impl Read for SparseFile {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         if buf.is_empty() {
             return Ok(0);
+        }
+        let mut buf = buf;
+        if let Some(o) = &self.overlay {
+            match o.at(self.pos) {
+                Ok((start, len, src, src_start)) => {
+                    let n = (start + len - self.pos).min(buf.len() as u64) as usize;
+                    let n = src.read_at(&mut buf[..n], src_start + (self.pos - start))?;
+                    if n == 0 {
+                        return Err(io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            "the parent's pages file ends early",
+                        ));
+                    }
+                    self.pos += n as u64;
+                    return Ok(n);
+                }
+                Err(next) => {
+                    let room = (next - self.pos).min(buf.len() as u64) as usize;
+                    buf = &mut buf[..room];
+                }
+            }
         }
         if self.pos >= self.data_end && self.pos >= self.hole_end {
             self.probe()?;
@@ -243,10 +316,23 @@ impl PagesReader<SparseFile> {
     /// Opens `amdgpu-pages-<id>-<gpu>.img` in `dir`; `expected` is the Σ of
     /// the sizes of that GPU's content BOs in the KFD image.
     pub fn open(dir: &Path, id: FileId, gpu: GpuId, expected: u64) -> Result<Self, ImageError> {
+        Self::open_with(dir, id, gpu, expected, None)
+    }
+
+    /// [`Self::open`], the ranges of `overlay` read from ancestors.
+    pub fn open_with(
+        dir: &Path,
+        id: FileId,
+        gpu: GpuId,
+        expected: u64,
+        overlay: Option<Arc<Overlay>>,
+    ) -> Result<Self, ImageError> {
         let path: PathBuf = dir.join(pages_image_name(id, gpu));
         let file = path.display().to_string();
         let f = File::open(&path).map_err(|e| ImageError::io(&file, "open", e))?;
-        let f = SparseFile::at(f, 0).map_err(|e| ImageError::io(&file, "fstat", e))?;
+        let f = SparseFile::at(f, 0)
+            .map_err(|e| ImageError::io(&file, "fstat", e))?
+            .with_overlay(overlay);
         let len = f.len;
         let reader = PagesReader::new(file.clone(), f, gpu, expected)?;
         let want = expected.saturating_add(8);
@@ -279,13 +365,24 @@ impl PagesReader<SparseFile> {
         gpu: GpuId,
         lens: &[u64],
     ) -> Result<Vec<Self>, ImageError> {
+        Self::open_lanes_with(dir, id, gpu, lens, None)
+    }
+
+    /// [`Self::open_lanes`], the ranges of `overlay` read from ancestors.
+    pub fn open_lanes_with(
+        dir: &Path,
+        id: FileId,
+        gpu: GpuId,
+        lens: &[u64],
+        overlay: Option<Arc<Overlay>>,
+    ) -> Result<Vec<Self>, ImageError> {
         let total = lens
             .iter()
             .try_fold(0u64, |t, &l| t.checked_add(l))
             .ok_or_else(|| {
                 ImageError::invalid(&pages_image_name(id, gpu), "size", "lane sizes overflow")
             })?;
-        let mut first = Self::open(dir, id, gpu, total)?;
+        let mut first = Self::open_with(dir, id, gpu, total, overlay.clone())?;
         let Some((&len0, rest)) = lens.split_first() else {
             return Ok(vec![first]);
         };
@@ -296,8 +393,9 @@ impl PagesReader<SparseFile> {
         for &len in rest {
             let file = out[0].file.clone();
             let f = File::open(&path).map_err(|e| ImageError::io(&file, "open", e))?;
-            let input =
-                SparseFile::at(f, 8 + start).map_err(|e| ImageError::io(&file, "fstat", e))?;
+            let input = SparseFile::at(f, 8 + start)
+                .map_err(|e| ImageError::io(&file, "fstat", e))?
+                .with_overlay(overlay.clone());
             out.push(PagesReader {
                 file,
                 input: Src::Raw(input),

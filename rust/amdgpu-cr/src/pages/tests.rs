@@ -403,8 +403,8 @@ fn compressed_pages_are_read_in_lanes_from_their_chunks() {
     let want: Vec<u8> = bos.iter().flat_map(|(_, b)| b.clone()).collect();
     let enc = Encoding::Zstd { level: 3 };
     let lens = [chunk as u64, 3 * 4096, 8192];
-    let rs = PagesReader::open_encoded_lanes(&dir, FileId(2), GpuId(0x42), &sizes, enc, &lens)
-        .unwrap();
+    let rs =
+        PagesReader::open_encoded_lanes(&dir, FileId(2), GpuId(0x42), &sizes, enc, &lens).unwrap();
     let mut got = Vec::new();
     for mut r in rs.into_iter().rev() {
         let mut v = Vec::new();

@@ -46,6 +46,7 @@ use crate::plan::{
     DeviceIdentities, DeviceKind, SharedMem, HSAKMT_SEMAPHORE_FILE, HSAKMT_SHM,
 };
 use crate::topology::{Topology, SYSFS_NODES};
+use crate::validate::chain;
 use crate::validate::digests::{self, Digests};
 
 /// Where the dump looks for things, and how it copies.
@@ -527,11 +528,61 @@ impl DumpSession {
             &dmabufs,
             false,
         )?;
-        let out = dump_contents_encoded(dir, id, jobs, self.opts.compress)
+        // Incremental: the same BOs in the parent images (--prev-images-dir),
+        // whose unchanged extents this dump leaves out (uncompressed pages
+        // files only: a left-out extent is a hole at its place).
+        let parent = match self.opts.compress {
+            None => chain::dump_parent(dir, plan.image.pid),
+            Some(_) => {
+                if dir.join(chain::PARENT_LINK).exists() {
+                    log::warn!(
+                        "pid {owner}: KFD_COMPRESS is set: the GPU memory is saved whole, \
+                         not incrementally against the parent images"
+                    );
+                }
+                None
+            }
+        };
+        let (parent_digests, parent_bos) = match &parent {
+            Some((_, img)) => chain::parent_digests(&plan.image.bo_entries, img),
+            None => Default::default(),
+        };
+        let out = dump_contents_encoded(dir, id, jobs, self.opts.compress, &parent_digests)
             .map_err(|e| SessionError::core(owner, "saving GPU memory", e))?;
-        let image = plan
+        let mut image = plan
             .finish_image(&out.hashes, out.encoding)
             .map_err(|e| SessionError::core(owner, "building the KFD image", e))?;
+        let mut kept = 0u64;
+        for (&i, d) in &out.extents {
+            let Some(b) = image.msg.bo_entries.get_mut(i) else {
+                continue;
+            };
+            if d.len() > 1 {
+                b.content_extent_xxh3 = d.clone();
+            }
+            if let Some(ks) = out.inherited.get(&i) {
+                let e = chain::dump_extent(b.size);
+                kept += ks.iter().map(|&k| e.min(b.size - k * e)).sum::<u64>();
+                b.parent_extents = Some(chain::bitmap(ks));
+                b.parent_bo = parent_bos.get(&i).copied();
+            }
+        }
+        if let Some((name, _)) = &parent {
+            let total: u64 = out.stats.iter().map(|s| s.bytes).sum();
+            if !out.inherited.is_empty() {
+                image.msg.criu_rocm_parent = Some(name.clone());
+            }
+            log::info!(
+                "pid {owner}: incremental GPU dump against {}/{name}: {} of {} written, {} \
+                 unchanged left to the parent ({} of {} BO(s) matched)",
+                chain::PARENT_LINK,
+                human_bytes(total - kept),
+                human_bytes(total),
+                human_bytes(kept),
+                parent_bos.len(),
+                out.extents.len()
+            );
+        }
         image
             .write(dir, id)
             .map_err(|e| SessionError::core(owner, "writing the KFD image", e))?;

@@ -706,7 +706,17 @@ pub(super) fn write_back<'a>(
         dmabufs,
         true,
     )?;
-    restore_contents_encoded(dir, job.id, jobs, hashes, encoding)
+    // An incremental dump's unchanged extents come from its parents
+    // (checked before any task ran; checked again here as the files are
+    // opened).
+    let image = crate::image::KfdImage::read(dir, job.id)
+        .map_err(|e| SessionError::core(job.vpid, "reading the KFD image", e))?;
+    let overlays =
+        crate::validate::chain::resolve(dir, job.id, &image).map_err(|r| SessionError::State {
+            pid: job.vpid,
+            what: r.to_string(),
+        })?;
+    restore_contents_encoded(dir, job.id, jobs, hashes, encoding, &overlays)
         .map_err(|e| SessionError::core(job.vpid, "writing GPU memory back", e))
 }
 

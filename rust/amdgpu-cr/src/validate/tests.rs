@@ -483,7 +483,7 @@ fn device_bos_are_as_kfd_makes_them() {
     // The doorbell BO 1 of GPU 0x1a2b given to the other GPU too.
     refused_after(
         |m| {
-            let mut b = m.bo_entries[1];
+            let mut b = m.bo_entries[1].clone();
             b.addr += 0x10_0000;
             b.offset += 0x10_0000;
             m.bo_entries.push(b);

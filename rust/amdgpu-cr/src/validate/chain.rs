@@ -1,0 +1,523 @@
+//! Incremental dumps: a KFD image whose BOs take unchanged extents from the
+//! same BOs of a parent image, found through CRIU's `parent` link (made by
+//! `--prev-images-dir`), which may take them from its own parent in turn.
+//!
+//! The dump ([`dump_parent`], [`parent_digests`]) compares each extent's
+//! digest, read while frozen, with the parent's and leaves a hole where
+//! they agree; the image lists those extents (`parent_extents`, a bitmap,
+//! with `parent_bo` and `criu_rocm_parent`).  Restore and `gpu-check`
+//! ([`resolve`]) follow the chain to the image that holds each such
+//! extent, checking every link before anything is read: its directory and
+//! KFD image exist, the dump that wrote it completed, its KFD image and
+//! pages files match its `amdgpu-digests.img`, its BO is the same BO and
+//! records the same digest for the extent.  The bytes read from there are
+//! then checked against the child's own BO hash as they are copied.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::digests::{self, Digests};
+use super::Refusal;
+use crate::bo;
+use crate::ids::GpuId;
+use crate::image::{kfd_image_id, read_bounded, FileId, KfdImage, MAX_MESSAGE_SIZE};
+use crate::pages::{pages_image_name, pages_total, Overlay, CONTENT_EXTENT};
+use crate::proto::KfdBoEntry;
+use crate::session::incomplete;
+
+/// CRIU's link from an image directory to its parent's.
+pub const PARENT_LINK: &str = "parent";
+
+/// Longest chain followed (a guard against a loop of links).
+pub const MAX_DEPTH: usize = 4096;
+
+/// A BO's extent size and the digest of each extent, as its image records
+/// them; `None` when it has no hash or its extents' digests are not kept
+/// (images from before incremental dumps hash large BOs in 32 MiB extents
+/// and keep only the composed hash).
+pub fn extent_digests(b: &KfdBoEntry) -> Option<(u64, Vec<u64>)> {
+    let h = b.content_xxh3?;
+    match b.content_hash_extent {
+        None => Some((b.size, vec![h])),
+        Some(e) if !b.content_extent_xxh3.is_empty() => Some((e, b.content_extent_xxh3.clone())),
+        Some(_) => None,
+    }
+}
+
+/// Whether bit `k` of a `parent_extents` bitmap is set.
+pub fn bit(map: &[u8], k: u64) -> bool {
+    usize::try_from(k / 8)
+        .ok()
+        .and_then(|i| map.get(i))
+        .is_some_and(|b| b & (1 << (k % 8)) != 0)
+}
+
+/// The bitmap of a sorted list of extent indices.
+pub fn bitmap(extents: &[u64]) -> Vec<u8> {
+    let len = extents.last().map_or(0, |&k| k / 8 + 1) as usize;
+    let mut map = vec![0u8; len];
+    for &k in extents {
+        map[(k / 8) as usize] |= 1 << (k % 8);
+    }
+    map
+}
+
+/// The extent an image made now records for a BO of `size` bytes.
+pub fn dump_extent(size: u64) -> u64 {
+    if size > CONTENT_EXTENT {
+        CONTENT_EXTENT
+    } else {
+        size
+    }
+}
+
+/// One image of a chain.
+struct Link {
+    dir: PathBuf,
+    /// How messages name the directory ("parent/", "parent/parent/", ...).
+    shown: String,
+    id: FileId,
+    image: KfdImage,
+    /// Each BO's start in its GPU's pages file.
+    starts: Vec<u64>,
+}
+
+impl Link {
+    fn refusal(&self, file: &str, gpu: Option<GpuId>, field: String, reason: String) -> Refusal {
+        Refusal {
+            file: format!("{}{file}", self.shown),
+            gpu,
+            field,
+            reason,
+        }
+    }
+
+    fn name(&self) -> String {
+        crate::image::kfd_image_name(self.id)
+    }
+}
+
+/// Each BO's start in its GPU's pages file (past the 8-byte header; BOs
+/// without contents take no room).
+fn starts(bos: &[KfdBoEntry]) -> Vec<u64> {
+    let mut next: BTreeMap<u32, u64> = BTreeMap::new();
+    bos.iter()
+        .map(|b| {
+            let at = next.entry(b.gpu_id).or_insert(8);
+            let start = *at;
+            if bo::has_contents(b.alloc_flags) {
+                *at = at.saturating_add(b.size);
+            }
+            start
+        })
+        .collect()
+}
+
+/// Reads and checks the image `name` in the parent directory `dir`:
+/// the dump that wrote it completed, and its KFD image and pages files are
+/// those its `amdgpu-digests.img` records.
+fn load_link(dir: &Path, shown: &str, name: &str) -> Result<Link, Refusal> {
+    let r = |file: &str, field: &str, reason: String| Refusal {
+        file: format!("{shown}{file}"),
+        gpu: None,
+        field: field.to_owned(),
+        reason,
+    };
+    if !dir.is_dir() {
+        return Err(r(
+            "",
+            "",
+            "missing: the images take unchanged GPU memory from the parent dump there \
+             (--prev-images-dir), which is gone"
+                .into(),
+        ));
+    }
+    incomplete::check(dir).map_err(|why| r(incomplete::MARKER, "", why))?;
+    let id = kfd_image_id(name).ok_or_else(|| {
+        r(
+            name,
+            "",
+            "is not the name of a KFD image (criu_rocm_parent of its child)".into(),
+        )
+    })?;
+    let path = dir.join(name);
+    let bytes = read_bounded(&path, MAX_MESSAGE_SIZE).map_err(|e| {
+        let mut x = Refusal::from(e);
+        x.file = format!("{shown}{name}");
+        x
+    })?;
+    let image = KfdImage::decode(name, &bytes).map_err(|e| {
+        let mut x = Refusal::from(e);
+        x.file = format!("{shown}{name}");
+        x
+    })?;
+    let manifest = read_bounded(&dir.join(digests::FILE), digests::MAX_SIZE).map_err(|e| {
+        r(
+            digests::FILE,
+            "",
+            format!("{e}: a parent's GPU images must carry their digests"),
+        )
+    })?;
+    let manifest = Digests::parse(&manifest).map_err(|mut x| {
+        x.file = format!("{shown}{}", x.file);
+        x
+    })?;
+    if !manifest.lists(name) {
+        return Err(r(
+            digests::FILE,
+            "",
+            format!("does not list {name}, which the child names as its parent"),
+        ));
+    }
+    manifest
+        .check_kfd(dir, id, &bytes, &image)
+        .map_err(|mut x| {
+            x.file = format!("{shown}{}", x.file);
+            x
+        })?;
+    for gpu in image.gpu_ids() {
+        let file = pages_image_name(id, gpu);
+        let total = pages_total(name, &image.msg.bo_entries, gpu)
+            .map_err(|e| r(name, "bo_entries", e.to_string()))?;
+        let len = std::fs::metadata(dir.join(&file))
+            .map_err(|e| r(&file, "", format!("missing or unreadable: {e}")))?
+            .len();
+        if len != total.saturating_add(8) {
+            return Err(r(
+                &file,
+                "",
+                format!(
+                    "is {len} bytes, but its BOs in {name} need {}",
+                    total.saturating_add(8)
+                ),
+            ));
+        }
+    }
+    if image.msg.pages_compression.unwrap_or(0) != 0 {
+        return Err(r(
+            name,
+            "pages_compression",
+            "is set: the parent of an incremental dump must keep its pages uncompressed \
+             (its extents are read in place)"
+                .into(),
+        ));
+    }
+    let starts = starts(&image.msg.bo_entries);
+    Ok(Link {
+        dir: dir.to_owned(),
+        shown: shown.to_owned(),
+        id,
+        image,
+        starts,
+    })
+}
+
+/// The parent image of KFD process `pid` for a dump into `dir`, when `dir`
+/// has a parent link holding one usable image of that process.  A parent
+/// that cannot be used is logged and ignored: the dump then saves all GPU
+/// memory.
+pub fn dump_parent(dir: &Path, pid: u32) -> Option<(String, KfdImage)> {
+    let link = dir.join(PARENT_LINK);
+    if std::fs::symlink_metadata(&link).is_err() {
+        return None;
+    }
+    let mut found = Vec::new();
+    let entries = match std::fs::read_dir(&link) {
+        Ok(e) => e,
+        Err(e) => {
+            log::warn!("{}: {e}; the GPU memory is saved whole", link.display());
+            return None;
+        }
+    };
+    for ent in entries.flatten() {
+        let Ok(name) = ent.file_name().into_string() else {
+            continue;
+        };
+        if kfd_image_id(&name).is_none() {
+            continue;
+        }
+        let Ok(image) = read_bounded(&link.join(&name), MAX_MESSAGE_SIZE)
+            .and_then(|b| KfdImage::decode(&name, &b))
+        else {
+            continue;
+        };
+        if image.msg.pid == pid && image.msg.criu_rocm_reopen != Some(true) {
+            found.push(name);
+        }
+    }
+    let name = match found.as_slice() {
+        [] => {
+            log::info!(
+                "pid {pid}: the parent images ({}) hold no GPU state of this process; its GPU \
+                 memory is saved whole",
+                link.display()
+            );
+            return None;
+        }
+        [one] => one.clone(),
+        more => {
+            log::warn!(
+                "pid {pid}: the parent images ({}) hold {} KFD images of this pid; its GPU \
+                 memory is saved whole",
+                link.display(),
+                more.len()
+            );
+            return None;
+        }
+    };
+    match load_link(&link, &format!("{PARENT_LINK}/"), &name) {
+        Ok(l) => Some((name, l.image)),
+        Err(r) => {
+            log::warn!(
+                "pid {pid}: not using the parent images: {r}; its GPU memory is saved whole"
+            );
+            None
+        }
+    }
+}
+
+/// For the content BOs of a dump (`bos`, its image's entries, user
+/// gpu_ids), the digests of the same BO in `parent` (same GPU, address,
+/// size, flags and extent), and that BO's index there.
+pub fn parent_digests(
+    bos: &[KfdBoEntry],
+    parent: &KfdImage,
+) -> (BTreeMap<usize, Vec<u64>>, BTreeMap<usize, u32>) {
+    let by_key: BTreeMap<(u32, u64, u64, u32), usize> = parent
+        .msg
+        .bo_entries
+        .iter()
+        .enumerate()
+        .filter(|(_, b)| bo::has_contents(b.alloc_flags))
+        .map(|(j, b)| ((b.gpu_id, b.addr, b.size, b.alloc_flags), j))
+        .collect();
+    let mut digests = BTreeMap::new();
+    let mut index = BTreeMap::new();
+    for (i, b) in bos.iter().enumerate() {
+        if !bo::has_contents(b.alloc_flags) {
+            continue;
+        }
+        let Some(&j) = by_key.get(&(b.gpu_id, b.addr, b.size, b.alloc_flags)) else {
+            continue;
+        };
+        let Some((e, d)) = extent_digests(&parent.msg.bo_entries[j]) else {
+            continue;
+        };
+        if e != dump_extent(b.size) || d.len() as u64 != b.size.div_ceil(e) {
+            continue;
+        }
+        let Ok(j) = u32::try_from(j) else { continue };
+        digests.insert(i, d);
+        index.insert(i, j);
+    }
+    (digests, index)
+}
+
+/// Whether the image takes any extent from a parent.
+pub fn is_incremental(image: &KfdImage) -> bool {
+    image.msg.bo_entries.iter().any(|b| {
+        b.parent_extents
+            .as_ref()
+            .is_some_and(|m| m.iter().any(|&x| x != 0))
+    })
+}
+
+/// Follows the chain of the KFD image `id` of `dir` (already validated
+/// itself) for every extent it takes from a parent: per GPU, the ranges of
+/// its pages file to read from an ancestor's instead.  Empty for an image
+/// that takes nothing.  Refuses, naming the file and field, a parent that
+/// is missing, damaged, incomplete, or not the one the image was made
+/// against.
+pub fn resolve(
+    dir: &Path,
+    id: FileId,
+    image: &KfdImage,
+) -> Result<BTreeMap<GpuId, Arc<Overlay>>, Refusal> {
+    let mut out: BTreeMap<GpuId, Overlay> = BTreeMap::new();
+    if !is_incremental(image) {
+        return Ok(BTreeMap::new());
+    }
+    let child_name = crate::image::kfd_image_name(id);
+    if image.msg.pages_compression.unwrap_or(0) != 0 {
+        return Err(Refusal::new(
+            &child_name,
+            None,
+            "pages_compression",
+            "is set, but the image takes extents from a parent (parent_extents), which only \
+             uncompressed pages files can",
+        ));
+    }
+    let mut links: Vec<Link> = Vec::new();
+    let mut seen: BTreeSet<PathBuf> = BTreeSet::new();
+    if let Ok(c) = dir.canonicalize() {
+        seen.insert(c);
+    }
+    let mut files: BTreeMap<PathBuf, Arc<File>> = BTreeMap::new();
+    let child_starts = starts(&image.msg.bo_entries);
+    for (i, b) in image.msg.bo_entries.iter().enumerate() {
+        let Some(map) = b.parent_extents.as_deref() else {
+            continue;
+        };
+        let gpu = GpuId(b.gpu_id);
+        let (e, mine) = extent_digests(b).ok_or_else(|| {
+            Refusal::new(
+                &child_name,
+                Some(gpu),
+                format!("bo_entries[{i}].content_extent_xxh3"),
+                "missing, though parent_extents takes extents from the parent",
+            )
+        })?;
+        let n = b.size.div_ceil(e);
+        for k in (0..n).filter(|&k| bit(map, k)) {
+            // Walk up until a link holds the extent itself.
+            let mut depth = 0;
+            let mut j = b.parent_bo.ok_or_else(|| {
+                Refusal::new(
+                    &child_name,
+                    Some(gpu),
+                    format!("bo_entries[{i}].parent_bo"),
+                    "missing, though parent_extents takes extents from the parent",
+                )
+            })? as usize;
+            let want = mine[k as usize];
+            loop {
+                if depth == links.len() {
+                    let (from_dir, from_shown, from_name, from_image) = match links.last() {
+                        None => (dir.to_owned(), String::new(), child_name.clone(), image),
+                        Some(l) => (l.dir.clone(), l.shown.clone(), l.name(), &l.image),
+                    };
+                    let Some(pname) = from_image.msg.criu_rocm_parent.clone() else {
+                        return Err(Refusal {
+                            file: format!("{from_shown}{from_name}"),
+                            gpu: None,
+                            field: "criu_rocm_parent".into(),
+                            reason: "missing, though its BOs take extents from a parent".into(),
+                        });
+                    };
+                    if depth >= MAX_DEPTH {
+                        return Err(Refusal::new(
+                            &child_name,
+                            None,
+                            "",
+                            format!("its chain of parents is longer than {MAX_DEPTH}"),
+                        ));
+                    }
+                    let pdir = from_dir.join(PARENT_LINK);
+                    let shown = format!("{from_shown}{PARENT_LINK}/");
+                    if let Ok(c) = pdir.canonicalize() {
+                        if !seen.insert(c) {
+                            return Err(Refusal {
+                                file: shown,
+                                gpu: None,
+                                field: String::new(),
+                                reason: "the chain of parent links loops".into(),
+                            });
+                        }
+                    }
+                    links.push(load_link(&pdir, &shown, &pname)?);
+                }
+                let l = &links[depth];
+                let pb = l.image.msg.bo_entries.get(j).ok_or_else(|| {
+                    let (file, field) = match depth {
+                        0 => (child_name.clone(), format!("bo_entries[{i}].parent_bo")),
+                        _ => (
+                            format!("{}{}", links[depth - 1].shown, links[depth - 1].name()),
+                            "parent_bo".to_owned(),
+                        ),
+                    };
+                    Refusal {
+                        file,
+                        gpu: Some(gpu),
+                        field,
+                        reason: format!("is {j}, but {}{} has no such BO", l.shown, l.name()),
+                    }
+                })?;
+                let same = pb.gpu_id == b.gpu_id
+                    && pb.addr == b.addr
+                    && pb.size == b.size
+                    && pb.alloc_flags == b.alloc_flags
+                    && bo::has_contents(pb.alloc_flags);
+                if !same {
+                    return Err(l.refusal(
+                        &l.name(),
+                        Some(gpu),
+                        format!("bo_entries[{j}]"),
+                        format!(
+                            "is not the BO of {child_name} bo_entries[{i}] (GPU {}, address {:#x}, \
+                             {} bytes) that takes extents from it: the parent is not the dump \
+                             these images were made against",
+                            gpu, b.addr, b.size
+                        ),
+                    ));
+                }
+                let theirs = extent_digests(pb).filter(|(pe, _)| *pe == e);
+                let got = theirs
+                    .as_ref()
+                    .and_then(|(_, d)| d.get(k as usize).copied());
+                if got != Some(want) {
+                    return Err(l.refusal(
+                        &l.name(),
+                        Some(gpu),
+                        format!("bo_entries[{j}].content_extent_xxh3[{k}]"),
+                        format!(
+                            "{}, but {child_name} bo_entries[{i}] takes that extent from there \
+                             with digest {want:016x}: the parent is not the dump these images \
+                             were made against",
+                            match got {
+                                Some(g) => format!("is {g:016x}"),
+                                None => "is missing".into(),
+                            }
+                        ),
+                    ));
+                }
+                if pb.parent_extents.as_deref().is_some_and(|m| bit(m, k)) {
+                    j = pb.parent_bo.ok_or_else(|| {
+                        l.refusal(
+                            &l.name(),
+                            Some(gpu),
+                            format!("bo_entries[{j}].parent_bo"),
+                            "missing, though parent_extents takes extents from the parent".into(),
+                        )
+                    })? as usize;
+                    depth += 1;
+                    continue;
+                }
+                let path = l.dir.join(pages_image_name(l.id, gpu));
+                let src = match files.get(&path) {
+                    Some(f) => f.clone(),
+                    None => {
+                        let f = File::open(&path).map_err(|err| {
+                            l.refusal(
+                                &pages_image_name(l.id, gpu),
+                                Some(gpu),
+                                String::new(),
+                                format!("open: {err}"),
+                            )
+                        })?;
+                        let f = Arc::new(f);
+                        files.insert(path, f.clone());
+                        f
+                    }
+                };
+                let off = k * e;
+                let len = e.min(b.size - off);
+                out.entry(gpu).or_default().push(
+                    child_starts[i] + off,
+                    len,
+                    src,
+                    l.starts[j] + off,
+                );
+                break;
+            }
+        }
+    }
+    Ok(out
+        .into_iter()
+        .map(|(g, mut o)| {
+            o.finish();
+            (g, Arc::new(o))
+        })
+        .collect())
+}
