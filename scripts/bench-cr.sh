@@ -42,6 +42,11 @@
 #            a dword per MiB), dumped with KFD_COMPRESS=none and =zstd (level 3, default
 #            threads) in turn, twice, after the runs: the pages files' bytes (st_size) and the
 #            whole dump and restore times, compressed over uncompressed (best of the two)
+#   incr N   gpu-workload --mib 1 --bos 1 --big-bo-mib N, once after the runs: pre-dumped
+#            (the GPU paused only for its ioctls: the log's time), then a tenth of its big BO
+#            rewritten (SIGUSR2), dumped whole (--leave-running) and dumped incrementally
+#            (--prev-images-dir ../pre), restored from the latter and checked: the
+#            incremental dump's pages on disk, wall and frozen time over the full dump's
 # Each is started, dumped (criu kills it), restored (-d), made to check every byte of its
 # memory, and killed. A run does the four one after the other; a first run warms up and is
 # not counted.
@@ -250,11 +255,12 @@ restore_proc() {
 	alive "$pid" || die "the restored pid $pid is gone (log: $out/proc.err)"
 }
 
-# The restored process checks every byte; then it is killed (kfd-emu reaps it).
+# The restored process checks every byte (its answer: line $3 of its output, default 2);
+# then it is killed (kfd-emu reaps it).
 check_and_kill() {
-	local pid=$1 kind=$2 line i
+	local pid=$1 kind=$2 n=${3:-2} line i
 	kill -USR1 "$pid"
-	line=$(log_line 2 "$pid" 120 "$out/proc.out") || die "restored $kind pid $pid did not answer SIGUSR1"
+	line=$(log_line "$n" "$pid" 120 "$out/proc.out") || die "restored $kind pid $pid did not answer SIGUSR1"
 	[[ $line == '{"ok":true,'* ]] || die "restored $kind pid $pid: verification failed: $line"
 	kill -KILL "$pid"
 	for ((i = 0; i < 200; i++)); do
@@ -368,6 +374,56 @@ zstd_cycle() {
 	done
 }
 
+# Pre-dump, change a tenth, full and incremental dump of an N MiB BO ($1), restore of the
+# latter and check; appends "size pause_ms full_wall_us full_frozen_us full_disk incr_wall_us
+# incr_frozen_us incr_disk" to $out/incr.txt.
+incr_cycle() {
+	local size=$1 pid pre=$out/pre full=$out/full img=$out/incr pause_ms fw ff fd iw if_ id n i status
+	setsid "$workload" --mib 1 --bos 1 --big-bo-mib "$size" --interval-ms 10 </dev/null \
+		>"$out/proc.out" 2>"$out/proc.err" &
+	pid=$!
+	log_line 1 "$pid" 120 "$out/proc.out" >/dev/null || die "incr process ($size MiB) did not start"
+	rm -rf "$pre" "$full" "$img" && mkdir -p "$pre" "$full" "$img"
+	"$criu" pre-dump -t "$pid" -D "$pre" -o pre-dump.log -v4 >/dev/null 2>&1 ||
+		{ criu_errors "$pre/pre-dump.log"; die "criu-rocm pre-dump -t $pid failed"; }
+	pause_ms=$(sed -nE "s/.*GPU queues unpaused after ([0-9.]+) ms paused.*/\1/p" "$pre/pre-dump.log" | head -n 1)
+	[ -n "$pause_ms" ] || die "the pre-dump log does not say how long the GPU was paused ($pre/pre-dump.log)"
+	n=$(grep -c '"changed":true' "$out/proc.out" || true)
+	kill -USR2 "$pid"
+	for ((i = 0; i < 600; i++)); do
+		[ "$(grep -c '"changed":true' "$out/proc.out" || true)" -gt "$n" ] && break
+		sleep 0.05
+	done
+	[ "$(grep -c '"changed":true' "$out/proc.out" || true)" -gt "$n" ] || die "gpu-workload did not change its BO after SIGUSR2"
+	timed "$out/full.res" "$out/full.stats" "$criu" dump -t "$pid" -D "$full" -o dump.log -v4 \
+		--display-stats --leave-running
+	read -r status fw _ <"$out/full.res"
+	[ "$status" = 0 ] || { criu_errors "$full/dump.log"; die "the full dump of pid $pid failed"; }
+	ff=$(stat_of "$out/full.stats" "Frozen time")
+	fd=$(du -B1 -c "$full"/amdgpu-pages-*.img | tail -n 1 | cut -f1)
+	{
+		timed "$out/incr.res" "$out/incr.stats" "$criu" dump -t "$pid" -D "$img" -o dump.log -v4 \
+			--display-stats --prev-images-dir ../pre
+	} 2>"$out/dump.err"
+	read -r status iw _ <"$out/incr.res"
+	[ "$status" = 0 ] || { criu_errors "$img/dump.log"; die "the incremental dump of pid $pid failed"; }
+	status=0
+	wait "$pid" 2>/dev/null || status=$?
+	[ "$status" = 137 ] || die "after the dump, pid $pid exited with status $status, not killed by criu"
+	grep -q "incremental GPU dump against parent/" "$img/dump.log" ||
+		die "the dump with --prev-images-dir did not use its parent ($img/dump.log)"
+	if_=$(stat_of "$out/incr.stats" "Frozen time")
+	id=$(du -B1 -c "$img"/amdgpu-pages-*.img | tail -n 1 | cut -f1)
+	restore_proc "$pid"
+	# Lines: ready, changed, then the verification.
+	check_and_kill "$pid" incr 3
+	mkdir -p "$out/logs"
+	cp "$pre/pre-dump.log" "$out/logs/incr-pre-dump.log"
+	cp "$full/dump.log" "$out/logs/incr-full-dump.log"
+	cp "$img/dump.log" "$out/logs/incr-dump.log"
+	echo "$size $pause_ms $fw $ff $fd $iw $if_ $id" >>"$out/incr.txt"
+}
+
 in_emu() {
 	local run vram_mib
 	vram_mib=$((4 * $(size_bytes "$staging") >> 20))
@@ -375,6 +431,7 @@ in_emu() {
 	: >"$out/rss.txt"
 	: >"$out/sparse.txt"
 	: >"$out/zstd.txt"
+	: >"$out/incr.txt"
 	# Run 0 warms up (the emulator, the page cache, the binaries) and is not counted.
 	printf '  runs (each: dump, restore and check of %s MiB of GPU BOs in 4 BOs and in 1, of %s MiB\n' "$mib" "$mib"
 	printf '  of anonymous memory, of neither, of the BOs by the SDMA engine; peak RSS of two dumps\n'
@@ -399,6 +456,8 @@ in_emu() {
 	sparse_cycle 1024
 	printf ' zstd'
 	zstd_cycle "$mib"
+	printf ' incremental'
+	incr_cycle "$mib"
 	echo
 	progress=
 }
@@ -468,7 +527,7 @@ preflight() {
 read -r -d '' TABLE <<'EOF' || true
 import statistics, sys
 
-tp, rss, mib, runs, staging, stg, const, sparse, rss8, zstd = sys.argv[1:11]
+tp, rss, mib, runs, staging, stg, const, sparse, rss8, zstd, incr = sys.argv[1:12]
 mib, runs, stg, const = int(mib), int(runs), int(stg), int(const)
 res = {}
 for line in open(tp):
@@ -630,11 +689,23 @@ for fill, what in (("fp16", "fp16 weights"), ("pattern", "random pattern"),
     dump = min(x[0] for x in z) / min(x[0] for x in n)
     rest = min(x[1] for x in z) / min(x[1] for x in n)
     print(zl.format(what, f"{size:.3f}", f"{dump:.2f}", f"{rest:.2f}"))
+size, pause_ms, fw, ff, fd, iw, if_, id_ = open(incr).read().split()
+fw, ff, fd, iw, if_, id_ = (int(x) for x in (fw, ff, fd, iw, if_, id_))
+print()
+print(f"  incremental GPU dump: a {size} MiB BO pre-dumped, a tenth of it rewritten, dumped whole")
+print(f"  and with --prev-images-dir (one run; restored from the incremental dump and checked)")
+print(f"  {'GPU queues paused by the pre-dump':<42} {float(pause_ms):8.3f} ms")
+print(line.format("", "full", "increm.", "inc/full", ""))
+print(line.format("GPU pages on disk, MiB", f"{fd / M:.1f}", f"{id_ / M:.1f}", f"{id_ / fd:.2f}",
+      "(a tenth of the BO changed: about 0.10 expected)"))
+print(line.format("dump wall time, ms", f"{fw / 1000:.0f}", f"{iw / 1000:.0f}", f"{iw / fw:.2f}", ""))
+print(line.format("frozen time, ms", f"{ff / 1000:.0f}", f"{if_ / 1000:.0f}", f"{if_ / ff:.2f}",
+      "(both read all GPU memory frozen)"))
 EOF
 
 table() {
 	/usr/bin/python3 -c "$TABLE" "$out/tp.txt" "$out/rss.txt" "$mib" "$runs" "$staging" \
-		"$(size_bytes "$staging")" "$rss_const_mib" "$out/sparse.txt" "$out/rss8.txt" "$out/zstd.txt"
+		"$(size_bytes "$staging")" "$rss_const_mib" "$out/sparse.txt" "$out/rss8.txt" "$out/zstd.txt" "$out/incr.txt"
 	echo "  raw numbers: ${out#"$top"/}/tp.txt and rss.txt; criu logs: ${out#"$top"/}/logs/"
 }
 
