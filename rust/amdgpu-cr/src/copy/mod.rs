@@ -1356,6 +1356,86 @@ pub(crate) mod tests {
 
     /// A BO of three hash extents: dumped and restored (in pieces when
     /// there are cores to spare), its hash composed from the extents'; an
+    /// An incremental dump leaves out (as holes) the extents whose digest
+    /// is the parent's, and lists them; the restore reads those from the
+    /// parent's pages file through an overlay and gets every byte back.
+    #[test]
+    fn an_incremental_dump_leaves_unchanged_extents_to_its_parent() {
+        use crate::image::tests::tempdir;
+        use crate::pages::Overlay;
+        use std::os::unix::fs::FileExt;
+
+        let (off, size) = (1u64 << 20, 4 * CONTENT_EXTENT + 4096);
+        let dev = device(off + size);
+        let data: Vec<u8> = (0..size).map(|x| (x % 253) as u8 | 1).collect();
+        dev.write_all_at(&data, off).unwrap();
+        let gpu = GpuId(0x1a2b);
+        let jobs = || {
+            vec![GpuJob {
+                user: gpu,
+                actual: gpu,
+                bos: vec![BoRef {
+                    index: 0,
+                    gpu,
+                    addr: GpuVa(0x7000_0000_0000),
+                    size,
+                    alloc_flags: bo::ALLOC_VRAM,
+                    cpu_map: Some((dev.as_fd(), MmapOffset(off))),
+                    dmabuf: None,
+                }],
+                engines: Engines::new(EnginePolicy::Auto, 64 << 20, None),
+            }]
+        };
+        let parent_dir = tempdir();
+        let parent = dump_contents(&parent_dir, FileId(1), jobs()).unwrap();
+        // Extent 2 changes after the parent.
+        let mut now = data.clone();
+        now[(2 * CONTENT_EXTENT + 7) as usize] ^= 0xff;
+        dev.write_all_at(&now, off).unwrap();
+        let dir = tempdir();
+        let out = dump_contents_encoded(&dir, FileId(2), jobs(), None, &parent.extents).unwrap();
+        assert_eq!(out.inherited, BTreeMap::from([(0, vec![0, 1, 3, 4])]));
+        assert_eq!(out.hashes[&0].value, compose(&out.extents[&0]));
+        let pages = dir.join(pages_image_name(FileId(2), gpu));
+        let f = std::fs::read(&pages).unwrap();
+        assert_eq!(f.len() as u64, 8 + size, "the layout is kept");
+        let e = CONTENT_EXTENT as usize;
+        assert!(f[8..8 + e].iter().all(|&b| b == 0), "extent 0 is left out");
+        assert_eq!(
+            f[8 + 2 * e..8 + 3 * e],
+            now[2 * e..3 * e],
+            "extent 2 is written"
+        );
+        // Restore: the left-out extents from the parent's file.
+        let src = std::sync::Arc::new(
+            std::fs::File::open(parent_dir.join(pages_image_name(FileId(1), gpu))).unwrap(),
+        );
+        let mut o = Overlay::default();
+        for k in [0u64, 1, 3, 4] {
+            let start = 8 + k * CONTENT_EXTENT;
+            let len = CONTENT_EXTENT.min(size - k * CONTENT_EXTENT);
+            o.push(start, len, src.clone(), start);
+        }
+        o.finish();
+        dev.write_all_at(&vec![0; size as usize], off).unwrap();
+        let overlays = BTreeMap::from([(gpu, std::sync::Arc::new(o))]);
+        restore_contents_encoded(
+            &dir,
+            FileId(2),
+            jobs(),
+            &out.hashes,
+            Encoding::Raw,
+            &overlays,
+        )
+        .unwrap();
+        let mut back = vec![0; size as usize];
+        dev.read_exact_at(&mut back, off).unwrap();
+        assert!(back == now, "every byte comes back");
+        // Without the parent's extents the hash check fails.
+        let e = restore_contents(&dir, FileId(2), jobs(), &out.hashes).unwrap_err();
+        assert!(matches!(e, CopyError::HashMismatch { .. }), "{e}");
+    }
+
     /// image hashing it whole restores too; a flipped byte in its second
     /// extent fails the restore.
     #[test]
