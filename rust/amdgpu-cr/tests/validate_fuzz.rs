@@ -161,7 +161,12 @@ fn seed(host: &Host, second: bool, compressed: bool) -> Vec<u8> {
     pages.extend_from_slice(&contents[0]);
     pages.extend_from_slice(&contents[1]);
     if compressed {
-        let dir = scratch("validate-seed-zstd");
+        // A directory per call: the tests build their seeds in parallel.
+        static CALLS: AtomicUsize = AtomicUsize::new(0);
+        let dir = scratch(&format!(
+            "validate-seed-zstd-{}",
+            CALLS.fetch_add(1, Ordering::Relaxed)
+        ));
         let (id, gpu) = (amdgpu_cr::image::FileId(0), amdgpu_cr::ids::GpuId(HOST_GPU));
         let c = amdgpu_cr::pages::Compress {
             level: 3,
