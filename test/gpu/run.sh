@@ -741,6 +741,23 @@ dump_compressed_lanes() {
 	rm -rf "$img"
 }
 
+# With KFD_COMPRESS set, a dump against a pre-dump saves its GPU memory whole, compressed,
+# and says so (an incremental image keeps its pages uncompressed); it restores.
+case_predump_then_compressed_dump() { on mi100 -- predump_then_compressed_dump; }
+predump_then_compressed_dump() {
+	local pre=$CASE_DIR/pre img=$CASE_DIR/img v0 v1
+	wl_start wl --mib 4 --bos 2 --big-bo-mib 16
+	v0=$(wl_verify "$WL") || exit 1
+	pre_dump_ok "$WL" "$pre" >/dev/null
+	KFD_COMPRESS=zstd dump_ok "$WL" "$img" --prev-images-dir ../pre
+	log_has "$img/dump.log" "amdgpu: pid $WL: KFD_COMPRESS is set: the GPU memory is saved whole, not incrementally"
+	grep -aq "incremental GPU dump against" "$img/dump.log" && fail "the compressed dump was made incremental"
+	restore_ok "$img" "$WL"
+	v1=$(wl_verify "$WL") || exit 1
+	[ "$(json_num "$v1" bytes)" = "$(json_num "$v0" bytes)" ] || fail "verified $(json_num "$v1" bytes) bytes after the restore, $(json_num "$v0" bytes) before"
+	wl_finish "$WL"
+}
+
 # wl_change PID: SIGUSR2, gpu-workload rewrites a tenth of its big BO; waits for its line.
 wl_change() {
 	local n i
