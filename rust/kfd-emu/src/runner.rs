@@ -339,6 +339,36 @@ fn kill_descendants() {
     log::error!("descendants survive SIGKILL");
 }
 
+/// A state directory of this instance alone under the temporary directory.
+/// Not named by the pid only: emulators in other pid namespaces (test
+/// suites, `unshare --pid`) share /tmp and may have the same pid, and one
+/// would take the other's supervisor socket or remove its directory.
+fn new_state_dir() -> io::Result<PathBuf> {
+    let tmp = std::env::temp_dir();
+    let pid = std::process::id();
+    let mut last = None;
+    for attempt in 0..64u32 {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let dir = tmp.join(format!("kfd-emu.{pid}.{:08x}", nanos ^ attempt));
+        match std::fs::create_dir(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last = Some(dir),
+            Err(e) => {
+                return Err(io::Error::new(e.kind(), format!("{}: {e}", dir.display())));
+            }
+        }
+    }
+    Err(io::Error::new(
+        io::ErrorKind::AlreadyExists,
+        format!(
+            "{}: no free state directory name after 64 tries",
+            last.unwrap_or(tmp).display()
+        ),
+    ))
+}
+
 /// Runs `opts.cmd` in a namespace with the devices `make` creates.
 /// Returns the exit code to pass on (128 + signal for a killed command).
 pub fn run(
@@ -362,14 +392,13 @@ pub fn run(
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
 
     let (state_dir, own_state_dir) = match &opts.state_dir {
-        Some(d) => (d.clone(), false),
-        None => (
-            std::env::temp_dir().join(format!("kfd-emu.{}", std::process::id())),
-            true,
-        ),
+        Some(d) => {
+            std::fs::create_dir_all(d)
+                .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", d.display())))?;
+            (d.clone(), false)
+        }
+        None => (new_state_dir()?, true),
     };
-    std::fs::create_dir_all(&state_dir)
-        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", state_dir.display())))?;
     std::fs::write(state_dir.join("profile.toml"), opts.profile.to_toml())?;
 
     let devices = make(&opts.profile)?;

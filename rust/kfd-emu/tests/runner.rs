@@ -174,6 +174,37 @@ fn side_by_side() -> Result<(), String> {
     check(before == mountinfo(), "host mountinfo changed")
 }
 
+/// Two instances that are both pid 1 of their own pid namespace (as test
+/// suites run them) keep state directories of their own: the one that ends
+/// first does not remove the other's (nor its supervisor socket).
+fn same_pid_other_namespaces() -> Result<(), String> {
+    let spawn = |secs: &str| {
+        let script = format!(
+            "d=$KFD_EMU_STATE_DIR; sleep {secs}; test -f \"$d/profile.toml\" && echo \"$d\""
+        );
+        let inner = runner_cmd("mi100", &["sh", "-c", &script]);
+        let mut c = Command::new("unshare");
+        c.args(["--pid", "--fork", "--kill-child"])
+            .arg(inner.get_program())
+            .envs(inner.get_envs().filter_map(|(k, v)| Some((k, v?))))
+            .stdout(Stdio::piped());
+        c.spawn().unwrap()
+    };
+    let a = spawn("0.2");
+    let b = spawn("1.5");
+    let a = a.wait_with_output().unwrap();
+    let b = b.wait_with_output().unwrap();
+    let (da, db) = (
+        String::from_utf8_lossy(&a.stdout),
+        String::from_utf8_lossy(&b.stdout),
+    );
+    check(
+        a.status.success() && b.status.success(),
+        &format!("an instance lost its state directory: {da:?} {db:?}"),
+    )?;
+    check(da != db, &format!("both used {da:?}"))
+}
+
 fn pids_with_arg(marker: &str) -> Vec<u32> {
     let mut v = Vec::new();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
@@ -277,11 +308,12 @@ fn main() {
         .filter(|a| !a.starts_with('-'))
         .collect();
     type Case = (&'static str, fn() -> Result<(), String>);
-    let cases: [Case; 5] = [
+    let cases: [Case; 6] = [
         ("run_true_leaves_nothing", run_true_leaves_nothing),
         ("namespace_view", namespace_view),
         ("numa_view", numa_view),
         ("side_by_side", side_by_side),
+        ("same_pid_other_namespaces", same_pid_other_namespaces),
         ("sigterm_cleans_up", sigterm_cleans_up),
     ];
     let mut failed = 0;
