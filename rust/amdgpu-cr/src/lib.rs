@@ -29,6 +29,7 @@ pub mod error;
 pub mod ids;
 pub mod image;
 pub mod matcher;
+pub mod os;
 pub mod pages;
 pub mod plan;
 pub mod privdata;

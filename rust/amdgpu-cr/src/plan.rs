@@ -9,10 +9,8 @@
 //! and user ids at dump, which breaks re-checkpointing a migrated process).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::ffi::CString;
 use std::io;
 use std::os::fd::BorrowedFd;
-use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use crate::bo;
@@ -221,27 +219,8 @@ pub const HSAKMT_SEMAPHORE: &std::ffi::CStr = c"/hsakmt_semaphore";
 pub fn ensure_semaphore(name: &std::ffi::CStr, file: &Path, mode: u32) -> io::Result<bool> {
     use std::os::unix::fs::PermissionsExt;
     let mode = mode_or_default(mode);
-    let value: libc::c_uint = 1;
-    // SAFETY: `name` is NUL-terminated; with O_CREAT sem_open reads the two
-    // variadic arguments mode and value, passed with their C types.
-    let sem = unsafe {
-        libc::sem_open(
-            name.as_ptr(),
-            libc::O_CREAT | libc::O_EXCL,
-            mode as libc::c_uint,
-            value,
-        )
-    };
-    if sem == libc::SEM_FAILED {
-        let e = io::Error::last_os_error();
-        return match e.raw_os_error() {
-            Some(libc::EEXIST) => Ok(false),
-            _ => Err(e),
-        };
-    }
-    // SAFETY: `sem` is the live handle sem_open just returned.
-    if unsafe { libc::sem_close(sem) } != 0 {
-        return Err(io::Error::last_os_error());
+    if !crate::os::file::create_semaphore(name, mode, 1)? {
+        return Ok(false);
     }
     // sem_open applied our umask.
     std::fs::set_permissions(file, std::fs::Permissions::from_mode(mode))?;
@@ -757,34 +736,7 @@ pub fn classify_device(
         .map(|(m, _)| DeviceKind::Render(*m))
 }
 
-/// `stat(2)` of a path, keeping errno.
-pub fn stat_path(path: &Path) -> io::Result<libc::stat> {
-    let c = CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
-    // SAFETY: `c` is a NUL-terminated path and `st` points to writable
-    // memory of the size stat(2) fills.
-    let r = unsafe { libc::stat(c.as_ptr(), st.as_mut_ptr()) };
-    if r != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: stat returned 0, so it initialised the whole struct.
-    Ok(unsafe { st.assume_init() })
-}
-
-/// `fstat(2)` of an fd, keeping errno.
-pub fn stat_fd(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<libc::stat> {
-    use std::os::fd::AsRawFd;
-    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
-    // SAFETY: the fd is valid for the borrow and `st` is writable memory of
-    // the size fstat(2) fills.
-    let r = unsafe { libc::fstat(fd.as_raw_fd(), st.as_mut_ptr()) };
-    if r != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fstat returned 0, so it initialised the whole struct.
-    Ok(unsafe { st.assume_init() })
-}
+pub use crate::os::file::{stat_fd, stat_path};
 
 /// The identities of this host's (or namespace's) GPU device files:
 /// `<dev>/kfd` and every `<dev>/dri/renderD<N>`.  Missing files are simply
@@ -833,6 +785,7 @@ mod tests {
     use crate::matcher::match_gpus;
     use crate::topology::tests::{cpu, gpu};
     use crate::topology::IOLINK_PCIE as P;
+    use std::ffi::CString;
 
     fn host() -> Topology {
         Topology::new(vec![
@@ -1132,8 +1085,7 @@ mod tests {
         assert!(ensure_semaphore(&name, &file, 0o602).unwrap());
         assert!(!ensure_semaphore(&name, &file, 0o666).unwrap());
         assert_eq!(mode_of(&file), 0o602);
-        // SAFETY: NUL-terminated name of the semaphore this test created.
-        assert_eq!(unsafe { libc::sem_unlink(name.as_ptr()) }, 0);
+        crate::os::file::unlink_semaphore(&name).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

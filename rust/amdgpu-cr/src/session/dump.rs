@@ -34,13 +34,14 @@ use kfd_abi::sys;
 
 use super::guardian::Guardian;
 use super::signals;
-use super::sys::{pidfd_getfd, pidfd_open, same_open_file, task_fds};
 use super::{gpu_jobs, human_bytes, log_gpu_stats, owned_dmabufs, SessionError};
 use crate::bo;
 use crate::copy::dump_contents_encoded;
 use crate::env::{self, EnginePolicy};
 use crate::ids::{GpuId, GpuVa, MmapOffset, RenderMinor};
 use crate::image::{render_image_name, FileId};
+use crate::os::fd::{pidfd_getfd, same_open_file, task_fds};
+use crate::os::process::pidfd_open;
 use crate::plan::{
     plan_dump, render_image, stat_fd, stat_path, BoBucket, CheckpointData, DeviceBucket,
     DeviceIdentities, DeviceKind, SharedMem, HSAKMT_SEMAPHORE_FILE, HSAKMT_SHM,

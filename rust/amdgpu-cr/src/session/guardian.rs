@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use kfd_abi::handle::Kfd;
 
-use super::sys::pidfd_open;
+use crate::os::process::pidfd_open;
 
 /// The name the guardian shows in `ps` (`comm`, at most 15 bytes).
 pub const COMM: &str = "criu-gpu-guard";
@@ -749,7 +749,7 @@ mod tests {
             panic!("no message with an fd");
         };
         assert_eq!((m.kind, m.id, m.pid), (Kind::Track as u32, 3, 99));
-        assert!(super::super::sys::same_open_file(f.as_fd(), fd.as_fd()).unwrap());
+        assert!(crate::os::fd::same_open_file(f.as_fd(), fd.as_fd()).unwrap());
         assert!(
             matches!(recv(b.as_fd(), true).unwrap(), Recv::Msg(m, None) if m.kind == Kind::Stop as u32)
         );

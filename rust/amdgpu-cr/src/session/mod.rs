@@ -21,7 +21,6 @@ pub mod guardian;
 pub mod incomplete;
 pub mod restore;
 pub mod signals;
-mod sys;
 pub mod writer;
 
 use std::path::Path;

@@ -26,7 +26,6 @@ use std::time::Instant;
 use kfd_abi::handle::{Kfd, RenderNode};
 use kfd_abi::sys;
 
-use super::sys::dup_at_least;
 use super::writer::{gate_channel, Job, JobOutcome, Mailbox};
 use super::{human_bytes, kfd_image_ids, owned_dmabufs, SessionError};
 use crate::bo;
@@ -34,6 +33,7 @@ use crate::env::{self, Checks, EnginePolicy};
 use crate::ids::{GpuId, MmapOffset, RenderMinor};
 use crate::image::{FileId, KfdImage, RenderImage};
 use crate::matcher::GpuMap;
+use crate::os::fd::dup_at_least;
 use crate::plan::{
     ensure_semaphore, plan_restore, same_file, stat_path, BoBucket, DeviceIdentities, DeviceKind,
     RestorePlan, SharedMem, VmaFixups, HSAKMT_SEMAPHORE, HSAKMT_SEMAPHORE_FILE, HSAKMT_SHM,

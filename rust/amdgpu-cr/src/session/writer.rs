@@ -47,7 +47,8 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
-use super::sys::{pidfd_getfd, pidfd_open};
+use crate::os::fd::pidfd_getfd;
+use crate::os::process::pidfd_open;
 use super::{gpu_jobs, log_gpu_stats, SessionError};
 use crate::copy::{restore_contents_encoded, GpuStats};
 use crate::env::EnginePolicy;

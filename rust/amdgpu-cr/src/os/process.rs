@@ -1,0 +1,323 @@
+//! Processes: our ids, pidfds, children reaped by pid (also those without
+//! an exit signal), and a helper started by re-executing this program.
+
+use std::ffi::{c_char, CStr, CString};
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+/// Our pid.
+pub fn getpid() -> libc::pid_t {
+    // SAFETY: getpid has no preconditions.
+    unsafe { libc::getpid() }
+}
+
+/// Our parent's pid.
+pub fn getppid() -> libc::pid_t {
+    // SAFETY: getppid has no preconditions.
+    unsafe { libc::getppid() }
+}
+
+/// `pidfd_open(pid, 0)`.
+pub fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+    let r = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the syscall returned a fresh fd that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(r as RawFd) })
+}
+
+/// Sends `sig` to process `pid`.
+pub fn kill(pid: libc::pid_t, sig: libc::c_int) -> io::Result<()> {
+    // SAFETY: kill takes plain integers.
+    if unsafe { libc::kill(pid, sig) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Names this thread (`comm`, at most 15 bytes are kept).
+pub fn set_name(name: &CStr) {
+    // SAFETY: PR_SET_NAME reads a NUL-terminated name (the kernel copies at
+    // most 16 bytes).
+    unsafe { libc::prctl(libc::PR_SET_NAME, name.as_ptr()) };
+}
+
+/// A child's wait status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExitStatus(pub libc::c_int);
+
+impl ExitStatus {
+    /// Exited with status 0.
+    pub fn success(self) -> bool {
+        libc::WIFEXITED(self.0) && libc::WEXITSTATUS(self.0) == 0
+    }
+
+    /// How the child ended, in words ("was killed by signal 9 (SIGKILL)").
+    pub fn describe(self) -> String {
+        if libc::WIFSIGNALED(self.0) {
+            let sig = libc::WTERMSIG(self.0);
+            let name = match sig {
+                libc::SIGKILL => " (SIGKILL)",
+                libc::SIGSEGV => " (SIGSEGV)",
+                libc::SIGABRT => " (SIGABRT)",
+                libc::SIGTERM => " (SIGTERM)",
+                libc::SIGBUS => " (SIGBUS)",
+                _ => "",
+            };
+            format!("was killed by signal {sig}{name}")
+        } else if libc::WIFEXITED(self.0) && libc::WEXITSTATUS(self.0) != 0 {
+            format!("exited with status {}", libc::WEXITSTATUS(self.0))
+        } else {
+            "ended".into()
+        }
+    }
+}
+
+/// Reaps child `pid` if it ended (`__WALL`: also a child without an exit
+/// signal); `None` while it runs.  A child that cannot be waited for (it is
+/// gone already) reads as ended with status 0.
+pub fn try_wait(pid: libc::pid_t) -> Option<ExitStatus> {
+    let mut st = 0;
+    // SAFETY: waitpid writes the status into our int.
+    let r = unsafe { libc::waitpid(pid, &mut st, libc::WNOHANG | libc::__WALL) };
+    (r == pid || r < 0).then_some(ExitStatus(st))
+}
+
+/// Waits for child `pid` to end and reaps it (`__WALL`), restarting on EINTR.
+pub fn wait(pid: libc::pid_t) -> ExitStatus {
+    loop {
+        let mut st = 0;
+        // SAFETY: waitpid writes the status into our int.
+        let r = unsafe { libc::waitpid(pid, &mut st, libc::__WALL) };
+        if r >= 0 || io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+            return ExitStatus(st);
+        }
+    }
+}
+
+/// Fds a helper started by [`spawn_self`] may be handed.
+const MAX_FDS: usize = 16;
+
+extern "C" {
+    /// The process environment (POSIX `environ`).
+    static environ: *const *const c_char;
+}
+
+/// A helper started by [`spawn_self`]: the pid to reap (the shim, our
+/// child) and the helper's own pid is the helper's to tell.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Spawned {
+    /// Our child without an exit signal; it ends as the helper ends.
+    pub shim: libc::pid_t,
+}
+
+/// Starts this program (`/proc/self/exe`) again, with `args` (`argv[1..]`;
+/// `argv[0]` is `name`) and our environment, holding `fds[i]` as fd `3 + i`
+/// and nothing else of ours but fds 0-2.
+///
+/// The new program runs under a shim: our child, with no exit signal, so
+/// that nobody's SIGCHLD handler or `wait(-1)` (without `__WALL`) hears of
+/// it (an `execve` would give the child itself an exit signal again).  The
+/// shim waits for the helper and ends as it ended: the same exit status, or
+/// killed by the same signal.  Reap the shim by pid ([`wait`],
+/// [`try_wait`]) to learn how the helper ended; kill the shim to kill the
+/// helper.  Each dies with its parent (`PDEATHSIG`): the shim with the
+/// calling thread, the helper with the shim.
+///
+/// Soundness: the shim is a copy of a possibly multi-threaded process that
+/// skipped the C library's fork handling (`fork()` cannot make a child
+/// without an exit signal), so it, and the helper until its `execve`, only
+/// make raw system calls that touch no lock and no allocator; everything
+/// they need (argv, envp, the fd plan) is built here before the clone, the
+/// way `posix_spawn` does it.  The helper proper runs in a fresh process
+/// image.
+pub fn spawn_self(name: &CStr, args: &[CString], fds: &[BorrowedFd<'_>]) -> io::Result<Spawned> {
+    let mut argv: Vec<*const c_char> = std::iter::once(name.as_ptr())
+        .chain(args.iter().map(|a| a.as_ptr()))
+        .collect();
+    argv.push(std::ptr::null());
+    if fds.len() > MAX_FDS {
+        return Err(io::Error::from_raw_os_error(libc::EMFILE));
+    }
+    let mut plan = FdPlan {
+        sources: [-1; MAX_FDS],
+        n: fds.len(),
+        parking: 0,
+    };
+    for (s, f) in plan.sources.iter_mut().zip(fds) {
+        *s = f.as_raw_fd();
+    }
+    // Sources first move above every number in play, so that placing them
+    // at 3.. never overwrites one not yet placed.
+    plan.parking = plan.sources[..plan.n]
+        .iter()
+        .copied()
+        .max()
+        .unwrap_or(0)
+        .max(FIRST_FD + plan.n as RawFd)
+        + 1;
+    let parent = getpid();
+    // SAFETY: all-zero is a valid sigset_t; sigemptyset initialises it.
+    let mut unblocked: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `unblocked` is a valid sigset_t.
+    unsafe { libc::sigemptyset(&mut unblocked) };
+    // SAFETY: a fork-like clone (no flags, exit signal 0).  The child runs
+    // `shim` only (see the soundness note above) and never returns here;
+    // the parent goes on as before.
+    let pid = unsafe { raw_fork(0) };
+    if pid < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if pid == 0 {
+        shim(parent, &plan, &unblocked, c"/proc/self/exe", &argv);
+    }
+    Ok(Spawned {
+        shim: pid as libc::pid_t,
+    })
+}
+
+/// The first fd number a helper is handed.
+const FIRST_FD: RawFd = 3;
+
+/// Which of our fds a helper gets, as fds 3, 4, ...
+struct FdPlan {
+    sources: [RawFd; MAX_FDS],
+    n: usize,
+    /// Above every source and target.
+    parking: RawFd,
+}
+
+/// `clone(flags)` without a new stack: a copy of this process, continuing
+/// here; 0 in the child.
+///
+/// # Safety
+/// The child must only make async-signal-safe calls that touch no lock and
+/// no allocator, and leave through `execve` or `_exit`.
+unsafe fn raw_fork(flags: libc::c_ulong) -> libc::c_long {
+    // SAFETY: no new stack and no shared memory: the child is a copy; the
+    // caller keeps the child to what is safe in such a copy.
+    unsafe { libc::syscall(libc::SYS_clone, flags, 0usize, 0usize, 0usize, 0usize) }
+}
+
+/// Ends the calling process at once, running no exit handler.
+fn exit_now(code: libc::c_int) -> ! {
+    // SAFETY: _exit has no preconditions and runs nothing of this process.
+    unsafe { libc::_exit(code) }
+}
+
+/// The shim of [`spawn_self`]: raw system calls on integers and on memory
+/// prepared before the clone; no allocation, no lock, no unwinding.
+fn shim(
+    parent: libc::pid_t,
+    plan: &FdPlan,
+    unblocked: &libc::sigset_t,
+    exe: &CStr,
+    argv: &[*const c_char],
+) -> ! {
+    // SAFETY: prctl with integer arguments.
+    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
+    // The parent may have died before PDEATHSIG was armed.
+    if getppid() != parent {
+        exit_now(126);
+    }
+    // The parent's signal handlers (CRIU's SIGCHLD handler, for one) are
+    // not ours to run: every signal to its default, none blocked.
+    for sig in 1..=libc::SIGSYS {
+        if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+            // SAFETY: signal() with SIG_DFL installs no code of ours.
+            unsafe { libc::signal(sig, libc::SIG_DFL) };
+        }
+    }
+    // SAFETY: a valid sigset prepared before the clone.
+    unsafe { libc::sigprocmask(libc::SIG_SETMASK, unblocked, std::ptr::null_mut()) };
+    let mut parked: [RawFd; MAX_FDS] = [-1; MAX_FDS];
+    for (slot, &s) in parked.iter_mut().zip(&plan.sources[..plan.n]) {
+        // SAFETY: F_DUPFD of an fd we inherited to a number ≥ parking.
+        *slot = unsafe { libc::fcntl(s, libc::F_DUPFD, plan.parking) };
+        if *slot < 0 {
+            exit_now(126);
+        }
+    }
+    for (i, &p) in parked[..plan.n].iter().enumerate() {
+        // SAFETY: dup2 of our own fd onto a number below parking, which
+        // holds none of the parked copies (the result has no CLOEXEC).
+        if unsafe { libc::dup2(p, FIRST_FD + i as RawFd) } < 0 {
+            exit_now(126);
+        }
+    }
+    let keep = (FIRST_FD as usize + plan.n) as libc::c_uint;
+    // SAFETY: closes every fd above the ones placed; touches no memory.
+    unsafe { libc::syscall(libc::SYS_close_range, keep, libc::c_uint::MAX, 0) };
+    let me = getpid();
+    // SAFETY: a fork-like clone with SIGCHLD as its exit signal; the child
+    // only arms PDEATHSIG and executes (see spawn_self).
+    let helper = unsafe { raw_fork(libc::SIGCHLD as libc::c_ulong) };
+    if helper < 0 {
+        exit_now(126);
+    }
+    if helper == 0 {
+        // SAFETY: prctl with integer arguments.
+        unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
+        if getppid() != me {
+            exit_now(126);
+        }
+        // SAFETY: a NUL-terminated path, a NULL-terminated argv of C
+        // strings alive in this copy of the parent's memory, and the
+        // environment.
+        unsafe { libc::execve(exe.as_ptr(), argv.as_ptr(), environ) };
+        exit_now(127);
+    }
+    let st = loop {
+        let mut st = 0;
+        // SAFETY: waitpid writes the status into our int.
+        let r = unsafe { libc::waitpid(helper as libc::pid_t, &mut st, 0) };
+        if r == helper as libc::pid_t {
+            break st;
+        }
+        if r < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+            exit_now(126);
+        }
+    };
+    if libc::WIFSIGNALED(st) {
+        // Its default action (every disposition is the default here).
+        let _ = kill(me, libc::WTERMSIG(st));
+        exit_now(128 + libc::WTERMSIG(st));
+    }
+    exit_now(libc::WEXITSTATUS(st))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The test binary re-executed: `--list` lists its tests and exits 0
+    /// (it ran our argv); it is reaped by pid although it has no exit signal.
+    #[test]
+    fn a_spawned_self_runs_and_is_reaped_by_pid() {
+        let f = std::fs::File::open("/proc/self/status").unwrap();
+        let list = [CString::new("--list").unwrap()];
+        let pid = spawn_self(c"criu-rocm-test", &list, &[std::os::fd::AsFd::as_fd(&f)])
+            .unwrap()
+            .shim;
+        let st = wait(pid);
+        assert!(st.success(), "{}", st.describe());
+        let bad = [CString::new("--no-such-flag").unwrap()];
+        let pid = spawn_self(c"x", &bad, &[]).unwrap().shim;
+        let st = wait(pid);
+        assert!(!st.success(), "{}", st.describe());
+        assert!(
+            st.describe().starts_with("exited with status"),
+            "{}",
+            st.describe()
+        );
+    }
+
+    #[test]
+    fn statuses_in_words() {
+        assert_eq!(ExitStatus(9).describe(), "was killed by signal 9 (SIGKILL)");
+        assert_eq!(ExitStatus(3 << 8).describe(), "exited with status 3");
+        assert!(ExitStatus(0).success() && !ExitStatus(9).success());
+    }
+}
