@@ -16,6 +16,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 
 #include "criu-log.h"
 #include "log.h"
@@ -41,6 +42,11 @@
 #ifndef CRIU_ROCM_GITREV
 #define CRIU_ROCM_GITREV "unknown"
 #endif
+
+int criu_rocm_helper_main(int argc, char **argv)
+{
+	return criu_gpu_helper_main(argc, (const char *const *)argv);
+}
 
 int criu_rocm_init(void)
 {
@@ -173,6 +179,7 @@ static int gpu_dump_init(void)
 
 static int gpu_init(int stage)
 {
+	struct timeval logstart;
 	int ret;
 
 	switch (stage) {
@@ -186,7 +193,9 @@ static int gpu_init(int stage)
 		 */
 		check_and_remove_inventory_plugin(AMDGPU_INVENTORY_NAME, strlen(AMDGPU_INVENTORY_NAME));
 		criu_pid = getpid();
-		ret = criu_gpu_restore_init(image_dir_fd());
+		log_get_logstart(&logstart);
+		ret = criu_gpu_restore_init(image_dir_fd(), log_get_fd(),
+					    (uint64_t)logstart.tv_sec * 1000000 + logstart.tv_usec);
 		if (ret < 0)
 			return ret;
 		gpu_restore = ret > 0;

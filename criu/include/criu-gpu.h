@@ -25,6 +25,17 @@ const char *criu_gpu_version(void);
 int criu_gpu_init(int loglevel);
 
 /*
+ Called first thing in CRIU's `main()`: when `argv[1]` names a helper mode
+ of criu-rocm (the GPU memory writer, `amdgpu_cr::session::writer`, which
+ criu main starts by re-executing itself), runs that helper and returns
+ its exit status; `-ENOTSUP` when criu runs as itself.
+
+ # Safety
+ `argv` is NULL or points to `argc` NUL-terminated strings.
+ */
+int criu_gpu_helper_main(int argc, const char *const *argv);
+
+/*
  For tests only (`CRIU_ROCM_TEST_STOP_ON_LOG`, see `amdgpu_cr::testhook`):
  CRIU's printer calls this with every line it wrote; the process stops
  itself after the first line holding the variable's text.
@@ -125,9 +136,11 @@ int criu_gpu_restore_check(int imgdir_fd);
  the images in `imgdir_fd` as `gpu-check` does, before any task exists:
  `-EINVAL` with every refusal logged.  When the images hold a KFD
  process, also starts the GPU memory writer and returns `1`; `0`: no GPU
- state to restore.
+ state to restore.  The writer logs to CRIU's log, `log_fd` (-1: none),
+ with timestamps counted from `log_start_us` (µs since the epoch, CRIU's
+ `log_get_logstart()`; 0 when CRIU prints none).
  */
-int criu_gpu_restore_init(int imgdir_fd);
+int criu_gpu_restore_init(int imgdir_fd, int log_fd, uint64_t log_start_us);
 
 /*
  In criu main, once every task passed its restorer's GPU gate (CRIU's

@@ -16,6 +16,14 @@
 #include "int.h"
 #include "criu-plugin.h"
 
+/*
+ * Called first thing in main(): runs a helper mode of criu-rocm when argv[1]
+ * names one (the GPU memory writer of a restore, which criu main starts by
+ * executing itself again) and returns its exit status; -ENOTSUP when criu
+ * runs as itself.
+ */
+extern int criu_rocm_helper_main(int argc, char **argv);
+
 /* Brings up the GPU library; called once CRIU's log is open. */
 extern int criu_rocm_init(void);
 

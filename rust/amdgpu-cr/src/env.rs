@@ -324,6 +324,17 @@ pub enum EnginePolicy {
     Sdma,
 }
 
+impl EnginePolicy {
+    /// The knob's value for this policy (what [`parse_engine_policy`] reads).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EnginePolicy::Auto => "auto",
+            EnginePolicy::Cpu => "cpu",
+            EnginePolicy::Sdma => "sdma",
+        }
+    }
+}
+
 /// Parses `CRIU_ROCM_COPY_ENGINE` (`auto`, `cpu`, `sdma`, any case).
 pub fn parse_engine_policy(value: Option<&str>) -> Result<EnginePolicy, EnvError> {
     match value.map(|v| v.trim().to_ascii_lowercase()) {

@@ -13,7 +13,7 @@ use amdgpu_cr::plan::{DeviceIdentities, DeviceKind};
 use amdgpu_cr::session::dump::{DumpOptions, DumpSession, Dumped};
 use amdgpu_cr::session::incomplete;
 use amdgpu_cr::session::restore::{self, RestoreOptions, RestoreSession};
-use amdgpu_cr::session::writer::{Writer, SLOTS};
+use amdgpu_cr::session::writer::{Writer, WriterLog, SLOTS};
 use amdgpu_cr::session::SessionError;
 use amdgpu_cr::validate;
 
@@ -246,9 +246,15 @@ pub extern "C" fn criu_gpu_restore_check(imgdir_fd: c_int) -> c_int {
 /// the images in `imgdir_fd` as `gpu-check` does, before any task exists:
 /// `-EINVAL` with every refusal logged.  When the images hold a KFD
 /// process, also starts the GPU memory writer and returns `1`; `0`: no GPU
-/// state to restore.
+/// state to restore.  The writer logs to CRIU's log, `log_fd` (-1: none),
+/// with timestamps counted from `log_start_us` (µs since the epoch, CRIU's
+/// `log_get_logstart()`; 0 when CRIU prints none).
 #[no_mangle]
-pub extern "C" fn criu_gpu_restore_init(imgdir_fd: c_int) -> c_int {
+pub extern "C" fn criu_gpu_restore_init(
+    imgdir_fd: c_int,
+    log_fd: c_int,
+    log_start_us: u64,
+) -> c_int {
     ffi_boundary("criu_gpu_restore_init", || {
         log_knobs();
         let o = match RestoreOptions::from_env() {
@@ -290,7 +296,13 @@ pub extern "C" fn criu_gpu_restore_init(imgdir_fd: c_int) -> c_int {
             return -libc::E2BIG;
         }
         let writer = if kfd_images > 0 {
-            match Writer::start(o.policy, o.staging_cap) {
+            // SAFETY: CRIU's log fd stays open for this call (-1: none).
+            let fd = (log_fd >= 0).then(|| unsafe { BorrowedFd::borrow_raw(log_fd) });
+            let log = WriterLog {
+                fd,
+                args: &crate::logging::helper_args(log_start_us),
+            };
+            match Writer::start(o.policy, o.staging_cap, log) {
                 Ok(w) => {
                     session.use_writer(w.mailbox());
                     Some(w)

@@ -51,6 +51,45 @@ pub extern "C" fn criu_gpu_init(loglevel: c_int) -> c_int {
     })
 }
 
+/// Called first thing in CRIU's `main()`: when `argv[1]` names a helper mode
+/// of criu-rocm (the GPU memory writer, `amdgpu_cr::session::writer`, which
+/// criu main starts by re-executing itself), runs that helper and returns
+/// its exit status; `-ENOTSUP` when criu runs as itself.
+///
+/// # Safety
+/// `argv` is NULL or points to `argc` NUL-terminated strings.
+#[no_mangle]
+pub unsafe extern "C" fn criu_gpu_helper_main(argc: c_int, argv: *const *const c_char) -> c_int {
+    if argv.is_null() || argc < 2 {
+        return -libc::ENOTSUP;
+    }
+    // SAFETY: the caller passes `argc` pointers at `argv` (see # Safety).
+    let argv = unsafe { std::slice::from_raw_parts(argv, argc as usize) };
+    let args: Vec<&[u8]> = argv
+        .iter()
+        // SAFETY: each is a valid C string (see # Safety).
+        .map(|&a| unsafe { std::ffi::CStr::from_ptr(a) }.to_bytes())
+        .collect();
+    let Some(parsed) = amdgpu_cr::session::writer::WriterArgs::parse(&args) else {
+        return -libc::ENOTSUP;
+    };
+    ffi_boundary("criu_gpu_helper_main", move || {
+        amdgpu_cr::testhook::init();
+        let a = match parsed {
+            Ok(a) => a,
+            Err(e) => {
+                eprintln!("criu-rocm: GPU memory writer: {e}");
+                return 2;
+            }
+        };
+        if let Err(e) = logging::install_helper(a.log_fd, &a.log_args) {
+            eprintln!("criu-rocm: GPU memory writer: log settings: {e}");
+            return 2;
+        }
+        amdgpu_cr::session::writer::writer_main(&a)
+    })
+}
+
 /// For tests only (`CRIU_ROCM_TEST_STOP_ON_LOG`, see `amdgpu_cr::testhook`):
 /// CRIU's printer calls this with every line it wrote; the process stops
 /// itself after the first line holding the variable's text.

@@ -11,7 +11,12 @@
 
 use std::cell::Cell;
 use std::ffi::{c_int, c_uint};
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::{FromRawFd, RawFd};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// CRIU's log levels (criu/include/log.h).
 const LOG_ERROR: c_uint = 1;
@@ -46,6 +51,9 @@ fn criu_sink(level: c_uint, line: &str) {
 
 struct CriuLogger {
     sink: Sink,
+    /// The sink is safe from any thread (a helper's own write to CRIU's
+    /// log fd): no line is held.
+    direct: bool,
 }
 
 /// Maps a Rust level to CRIU's.
@@ -97,7 +105,9 @@ impl log::Log for CriuLogger {
         if self.enabled(record.metadata()) {
             let line = readable_paths(&format!("{PREFIX}{}", record.args()));
             let level = criu_level(record.level());
-            if CRIU_THREAD.get() {
+            if self.direct {
+                (self.sink)(level, &line);
+            } else if CRIU_THREAD.get() {
                 self.print_held();
                 (self.sink)(level, &line);
             } else {
@@ -141,14 +151,93 @@ pub fn readable_paths(line: &str) -> String {
 }
 
 static LOGGER: OnceLock<CriuLogger> = OnceLock::new();
+/// CRIU's verbosity, as [`install`] got it (for helpers started later).
+static LEVEL: AtomicI32 = AtomicI32::new(0);
 
 /// Installs the bridge (idempotent) and sets the level from CRIU's verbosity.
 pub fn install(criu_loglevel: c_int) {
     CRIU_THREAD.set(true);
-    let logger = LOGGER.get_or_init(|| CriuLogger { sink: criu_sink });
+    LEVEL.store(criu_loglevel, Ordering::Relaxed);
+    let logger = LOGGER.get_or_init(|| CriuLogger {
+        sink: criu_sink,
+        direct: false,
+    });
     // A second call (or another logger set first) only updates the level.
     let _ = log::set_logger(logger);
     log::set_max_level(filter_for(criu_loglevel));
+}
+
+/// What a helper process (criu re-executed, such as the GPU memory writer)
+/// needs to write to CRIU's log as CRIU does: its verbosity and when CRIU's
+/// log started (`log_start_us`, µs since the epoch; 0 when CRIU prints no
+/// timestamps).  Read back by [`install_helper`].
+pub fn helper_args(log_start_us: u64) -> Vec<String> {
+    vec![
+        LEVEL.load(Ordering::Relaxed).to_string(),
+        log_start_us.to_string(),
+    ]
+}
+
+/// CRIU's log in a helper process.
+struct HelperLog {
+    file: File,
+    start: Option<SystemTime>,
+}
+
+static HELPER_LOG: OnceLock<HelperLog> = OnceLock::new();
+
+/// CRIU's timestamp of a line (`print_ts()` in criu/log.c): seconds and
+/// microseconds since the log started, in 12 bytes.
+fn timestamp(since: Duration) -> String {
+    let full = format!("({:02}.{:06}", since.as_secs(), since.subsec_micros());
+    // CRIU cuts the text to 10 bytes and ends it with ") ".
+    format!("{}) ", &full[..full.len().min(10)])
+}
+
+fn helper_sink(_level: c_uint, line: &str) {
+    let Some(log) = HELPER_LOG.get() else {
+        return;
+    };
+    let mut out = String::with_capacity(line.len() + 14);
+    if let Some(start) = log.start {
+        out.push_str(&timestamp(
+            SystemTime::now().duration_since(start).unwrap_or_default(),
+        ));
+    }
+    out.push_str(line);
+    out.push('\n');
+    // One write per line on CRIU's O_APPEND log: lines stay whole beside
+    // criu main's.
+    let _ = (&log.file).write_all(out.as_bytes());
+    amdgpu_cr::testhook::on_log_line(line.as_bytes());
+}
+
+/// In a helper process: routes `log` records to CRIU's log at `fd` (fd 2
+/// when `None`) with the settings of [`helper_args`], from any thread.
+pub fn install_helper(fd: Option<RawFd>, args: &[String]) -> Result<(), String> {
+    let [level, start_us] = args else {
+        return Err(format!("expected 2 log settings, got {}", args.len()));
+    };
+    let level: c_int = level
+        .parse()
+        .map_err(|_| format!("log level {level:?} is not a number"))?;
+    let start_us: u64 = start_us
+        .parse()
+        .map_err(|_| format!("log start {start_us:?} is not a number"))?;
+    let fd = fd.unwrap_or(libc::STDERR_FILENO);
+    // SAFETY: CRIU's log fd, handed to this process for its log alone and
+    // never closed by anything else.
+    let file = unsafe { File::from_raw_fd(fd) };
+    let start = (start_us != 0).then(|| UNIX_EPOCH + Duration::from_micros(start_us));
+    let _ = HELPER_LOG.set(HelperLog { file, start });
+    LEVEL.store(level, Ordering::Relaxed);
+    let logger = LOGGER.get_or_init(|| CriuLogger {
+        sink: helper_sink,
+        direct: true,
+    });
+    let _ = log::set_logger(logger);
+    log::set_max_level(filter_for(level));
+    Ok(())
 }
 
 #[cfg(test)]
@@ -163,6 +252,18 @@ pub(crate) mod tests {
 
     pub(crate) fn capture(level: c_uint, line: &str) {
         LINES.lock().unwrap().push((level, line.to_owned()));
+    }
+
+    /// A helper's lines carry CRIU's timestamps, 12 bytes, past 100 s too.
+    #[test]
+    fn helper_timestamps_are_criu_s() {
+        assert_eq!(timestamp(Duration::from_micros(3_000_042)), "(03.000042) ");
+        assert_eq!(
+            timestamp(Duration::from_micros(123_456_789)),
+            "(123.45678) "
+        );
+        let e = install_helper(None, &["4".into()]).unwrap_err();
+        assert!(e.contains("expected 2"), "{e}");
     }
 
     #[test]

@@ -37,6 +37,25 @@ pub fn kill(pid: libc::pid_t, sig: libc::c_int) -> io::Result<()> {
     Ok(())
 }
 
+/// Sends `sig` to the process behind `pidfd` (not to whatever process
+/// took its pid after it ended: `ESRCH` then).
+pub fn pidfd_send_signal(pidfd: BorrowedFd<'_>, sig: libc::c_int) -> io::Result<()> {
+    // SAFETY: pidfd_send_signal with a NULL siginfo takes integers only.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            sig,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Names this thread (`comm`, at most 15 bytes are kept).
 pub fn set_name(name: &CStr) {
     // SAFETY: PR_SET_NAME reads a NUL-terminated name (the kernel copies at

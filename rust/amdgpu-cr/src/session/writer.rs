@@ -30,12 +30,19 @@
 //! the writer through criu's `/proc`: a `/proc/<pid>` directory fd stops
 //! answering once that process is gone, whatever pid comes next.
 //!
-//! The writer is cloned without an exit signal, so CRIU's SIGCHLD handler
-//! (which aborts the restore on any child's exit) never hears of it: criu
-//! main reaps it explicitly, before CRIU waits for its tasks at their final
-//! `rt_sigreturn` with `wait4(-1, __WALL)`.  It dies with criu main
-//! (`PDEATHSIG`).  It is a process rather than a thread of criu main because
-//! criu main must stay single threaded: it calls `setns(CLONE_NEWNS)` later.
+//! The writer is this program executed again in a helper mode
+//! ([`WRITER_MODE`], [`writer_main`]) by [`os::process::spawn_self`], so it
+//! runs in a process image of its own, with the C library's state its own.
+//! criu main's child is a shim without an exit signal that only makes raw
+//! system calls, waits for the writer and ends as it ended: CRIU's SIGCHLD
+//! handler (which aborts the restore on any child's exit) never hears of
+//! it, and criu main reaps it explicitly, before CRIU waits for its tasks at
+//! their final `rt_sigreturn` with `wait4(-1, __WALL)`.  (The writer itself
+//! cannot be that child: `execve` gives a process its exit signal back.)
+//! The writer gets the board's memfd, the copy settings and CRIU's log fd;
+//! it dies with the shim, the shim with criu main (`PDEATHSIG`).  It is a
+//! process rather than a thread of criu main because criu main must stay
+//! single threaded: it calls `setns(CLONE_NEWNS)` later.
 
 use std::collections::BTreeMap;
 use std::ffi::CString;
@@ -43,17 +50,21 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::ptr::NonNull;
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::os::fd::pidfd_getfd;
-use crate::os::process::pidfd_open;
 use super::{gpu_jobs, log_gpu_stats, SessionError};
 use crate::copy::{restore_contents_encoded, GpuStats};
 use crate::env::EnginePolicy;
 use crate::ids::{GpuId, GpuVa, MmapOffset, RenderMinor};
 use crate::image::{FileId, KfdImage};
+#[cfg(doc)]
+use crate::os;
+use crate::os::fd::{memfd, pidfd_getfd, recv_record, send_record, seqpacket_pair};
+use crate::os::file::ProcDir;
+use crate::os::futex;
+use crate::os::process::{self, pidfd_open, ExitStatus};
+use crate::os::shared::{Shared, SharedState};
 use crate::pages::ContentHash;
 use crate::plan::{BoBucket, GpuWork};
 
@@ -67,6 +78,11 @@ const MAGIC: u64 = u64::from_le_bytes(*b"CRGPUJB2");
 const NONE: u64 = u64::MAX;
 /// The writer's name in `/proc/<pid>/comm` (at most 15 bytes).
 pub const WRITER_COMM: &str = "criu-rocm-gpuwr";
+/// `argv[1]` of this program started as the GPU memory writer.
+pub const WRITER_MODE: &str = "--criu-rocm-gpu-writer";
+/// The fd number the writer finds the board's memfd at, then CRIU's log.
+const BOARD_FD: RawFd = 3;
+const LOG_FD: RawFd = 4;
 
 /// Slot states (a zeroed slot is free).  A job is posted, then taken (the
 /// writer holds its fds) or refused (it could not take them); a taken job
@@ -190,65 +206,33 @@ struct Board {
     used: AtomicU32,
     /// The writer's pid in criu main's pid namespace.
     writer: AtomicI32,
-    /// criu main's pid (the writer's parent), in its own namespace.
-    criu: AtomicI32,
+    /// The writer's parent (criu main's shim of it), in criu main's
+    /// namespace.
+    parent: AtomicI32,
     /// Set by the writer once it is named (tasks check its name).
     ready: AtomicU32,
     slots: [Slot; SLOTS],
 }
 
-fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
-    let ts = libc::timespec {
-        tv_sec: timeout.as_secs() as libc::time_t,
-        tv_nsec: timeout.subsec_nanos() as libc::c_long,
-    };
-    // SAFETY: a shared (not private) futex wait on a word of the board,
-    // which stays mapped for the call; it only reads the word.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAIT,
-            expected,
-            &ts as *const libc::timespec,
-        )
-    };
-}
-
-fn futex_wake(word: &AtomicU32) {
-    // SAFETY: wakes the waiters of a word of the board; no memory is touched.
-    unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX) };
-}
+// SAFETY: atomics only (and arrays of them), all valid when zeroed; no
+// pointers.
+unsafe impl SharedState for Board {}
 
 /// A process watched through a `/proc` directory fd: once the process is
 /// gone, reads through the fd fail (a new process with the same pid has a
 /// directory of its own).
 struct Watched {
-    dir: OwnedFd,
+    dir: ProcDir,
 }
 
 impl Watched {
     /// Opens `<pid>` in `proc` (a `/proc` where `pid` is valid) and checks
     /// that it is named `comm` and is a child of `parent`.
     fn open(proc: BorrowedFd<'_>, pid: i32, comm: &str, parent: i32) -> io::Result<Watched> {
-        let name = CString::new(pid.to_string()).expect("no NUL in a number");
-        // SAFETY: openat of a NUL-terminated relative path under a valid
-        // directory fd; the result is a new fd or -1.
-        let fd = unsafe {
-            libc::openat(
-                proc.as_raw_fd(),
-                name.as_ptr(),
-                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
-            )
-        };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
         let w = Watched {
-            // SAFETY: a fresh fd nothing else owns.
-            dir: unsafe { OwnedFd::from_raw_fd(fd) },
+            dir: ProcDir::open(proc, pid)?,
         };
-        let stat = w.stat()?;
+        let stat = w.dir.stat()?;
         let name = stat
             .split_once(" (")
             .and_then(|(_, r)| r.rsplit_once(") "))
@@ -263,29 +247,9 @@ impl Watched {
         Ok(w)
     }
 
-    fn stat(&self) -> io::Result<String> {
-        // SAFETY: openat of "stat" under our directory fd.
-        let fd = unsafe {
-            libc::openat(
-                self.dir.as_raw_fd(),
-                c"stat".as_ptr(),
-                libc::O_RDONLY | libc::O_CLOEXEC,
-            )
-        };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: a fresh fd nothing else owns.
-        let f = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
-        let mut buf = vec![0u8; 1024];
-        let n = f.read_at(&mut buf, 0)?;
-        buf.truncate(n);
-        Ok(String::from_utf8_lossy(&buf).into_owned())
-    }
-
     /// Whether the process still runs (not gone, not a zombie).
     fn alive(&self) -> bool {
-        match self.stat() {
+        match self.dir.stat() {
             Ok(s) => !matches!(
                 s.rsplit_once(") ").and_then(|(_, r)| r.chars().next()),
                 Some('Z' | 'X' | 'x') | None
@@ -297,49 +261,36 @@ impl Watched {
 
 /// The board, mapped shared in criu main before any task exists, so every
 /// task (forked from criu main or from a task) and the writer see it.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy)]
 pub struct Mailbox {
-    board: NonNull<Board>,
+    board: &'static Board,
 }
 
-// SAFETY: the board is shared memory touched only through atomics.
-unsafe impl Send for Mailbox {}
-// SAFETY: as above.
-unsafe impl Sync for Mailbox {}
+impl std::fmt::Debug for Mailbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mailbox")
+            .field("writer", &self.board.writer.load(Ordering::Relaxed))
+            .field("used", &self.board.used.load(Ordering::Relaxed))
+            .finish()
+    }
+}
 
 impl Mailbox {
+    #[cfg(test)]
     fn create() -> io::Result<Self> {
-        // SAFETY: a fresh anonymous shared mapping chosen by the kernel; it
-        // is never unmapped (it ends with each process' address space).
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                std::mem::size_of::<Board>(),
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let board = NonNull::new(p.cast::<Board>())
-            .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))?;
-        // Zeroed by the kernel: every slot FREE, nothing used.
-        Ok(Mailbox { board })
+        Ok(Mailbox {
+            board: Shared::<Board>::create(c"criu-rocm-gpu-board")?.leak(),
+        })
     }
 
-    fn board(&self) -> &Board {
-        // SAFETY: the mapping lives as long as the process and holds a Board
-        // (all atomics, valid when zeroed).
-        unsafe { self.board.as_ref() }
+    fn board(&self) -> &'static Board {
+        self.board
     }
 
     fn bump(&self) {
         let b = self.board();
         b.seq.fetch_add(1, Ordering::AcqRel);
-        futex_wake(&b.seq);
+        futex::wake(&b.seq);
     }
 
     fn used(&self) -> &[Slot] {
@@ -385,10 +336,12 @@ impl Mailbox {
                 "the GPU memory writer (pid {writer}) {how} before it took the task's GPU files"
             ),
         };
+        // The writer ran, named, before any task existed: not finding it
+        // (its shim reaps it at once) means it died.
         let watched = match proc {
             Some(proc) => Some(
-                Watched::open(proc, writer, WRITER_COMM, b.criu.load(Ordering::Acquire))
-                    .map_err(|_| gone("is gone"))?,
+                Watched::open(proc, writer, WRITER_COMM, b.parent.load(Ordering::Acquire))
+                    .map_err(|_| gone("died"))?,
             ),
             None => None,
         };
@@ -425,7 +378,7 @@ impl Mailbox {
                     ),
                 });
             }
-            futex_wait(&b.seq, seq, Duration::from_millis(100));
+            futex::wait(&b.seq, seq, Duration::from_millis(100));
         }
     }
 }
@@ -580,14 +533,7 @@ impl Job {
     /// In a restored task: the job in a new memfd (CRIU's to place like
     /// the task's other kept fds).
     pub fn to_memfd(&self) -> io::Result<OwnedFd> {
-        // SAFETY: the name is a valid C string; memfd_create has no other
-        // preconditions.
-        let fd = unsafe { libc::memfd_create(c"criu-rocm-gpu-job".as_ptr(), libc::MFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: a fresh fd nothing else owns.
-        let f = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+        let f = memfd(c"criu-rocm-gpu-job")?;
         f.write_all_at(&self.encode(), 0)?;
         Ok(f.into())
     }
@@ -721,69 +667,10 @@ pub(super) fn write_back<'a>(
         .map_err(|e| SessionError::core(job.vpid, "writing GPU memory back", e))
 }
 
-/// Sends one record on a gate channel (never raising SIGPIPE).
-fn send_record(chan: BorrowedFd<'_>, rec: &[u8]) -> io::Result<()> {
-    loop {
-        // SAFETY: send of our buffer on a socket fd we hold.
-        let n = unsafe {
-            libc::send(
-                chan.as_raw_fd(),
-                rec.as_ptr().cast(),
-                rec.len(),
-                libc::MSG_NOSIGNAL,
-            )
-        };
-        if n == rec.len() as isize {
-            return Ok(());
-        }
-        let e = io::Error::last_os_error();
-        if n < 0 && e.kind() == io::ErrorKind::Interrupted {
-            continue;
-        }
-        return Err(if n < 0 {
-            e
-        } else {
-            io::Error::from_raw_os_error(libc::EMSGSIZE)
-        });
-    }
-}
-
-/// Receives one record from a gate channel; `Ok(0)`: the peer is gone.
-fn recv_record(chan: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
-    loop {
-        // SAFETY: recv into our buffer from a socket fd we hold.
-        let n = unsafe { libc::recv(chan.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-        if n >= 0 {
-            return Ok(n as usize);
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
-}
-
 /// A new gate channel: the task's end and the writer's end of a
 /// `SOCK_SEQPACKET` pair.
 pub fn gate_channel() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0; 2];
-    // SAFETY: socketpair fills two fds on success.
-    let r = unsafe {
-        libc::socketpair(
-            libc::AF_UNIX,
-            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
-            0,
-            fds.as_mut_ptr(),
-        )
-    };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a fresh fd nothing else owns.
-    let task = unsafe { OwnedFd::from_raw_fd(fds[0]) };
-    // SAFETY: as above.
-    let writer = unsafe { OwnedFd::from_raw_fd(fds[1]) };
-    Ok((task, writer))
+    seqpacket_pair()
 }
 
 /// How a job ended, for criu main's check.
@@ -796,90 +683,115 @@ pub struct JobOutcome {
     pub result: Result<(), String>,
 }
 
-/// How a child ended, in words.
-fn describe_exit(status: i32) -> String {
-    if libc::WIFSIGNALED(status) {
-        let sig = libc::WTERMSIG(status);
-        let name = match sig {
-            libc::SIGKILL => " (SIGKILL)",
-            libc::SIGSEGV => " (SIGSEGV)",
-            libc::SIGABRT => " (SIGABRT)",
-            libc::SIGTERM => " (SIGTERM)",
-            libc::SIGBUS => " (SIGBUS)",
-            _ => "",
-        };
-        format!("was killed by signal {sig}{name}")
-    } else if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) != 0 {
-        format!("exited with status {}", libc::WEXITSTATUS(status))
-    } else {
-        "ended".into()
-    }
-}
-
-fn exited_well(status: i32) -> bool {
-    libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0
-}
-
 /// criu main's handle on the writer.
 #[derive(Debug)]
 pub struct Writer {
     mailbox: Mailbox,
+    /// The writer's pid (for messages).
     pid: libc::pid_t,
+    /// Our child that ends as the writer ends (see `spawn_self`).
+    shim: libc::pid_t,
+    /// The writer, to kill it (then the shim reaps it before it ends).
+    pidfd: Option<OwnedFd>,
+}
+
+/// How criu main's log reaches the writer: its fd (the writer gets it as
+/// fd 4) and the boundary's settings for it, passed through as arguments.
+#[derive(Clone, Copy, Debug)]
+pub struct WriterLog<'a> {
+    pub fd: Option<BorrowedFd<'a>>,
+    pub args: &'a [String],
+}
+
+/// What the writer is started with (parsed from its `argv`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WriterArgs {
+    pub policy: EnginePolicy,
+    pub staging_cap: Option<u64>,
+    /// CRIU's log, when criu main handed it over.
+    pub log_fd: Option<RawFd>,
+    /// The settings the boundary passed for the log ([`WriterLog::args`]).
+    pub log_args: Vec<String>,
+}
+
+impl WriterArgs {
+    fn to_argv(&self) -> Vec<CString> {
+        let word = |s: String| CString::new(s).expect("no NUL in an argument");
+        let mut v = vec![
+            word(WRITER_MODE.into()),
+            word(self.policy.as_str().into()),
+            word(self.staging_cap.map_or("-".into(), |c| c.to_string())),
+            word(self.log_fd.map_or("-".into(), |f| f.to_string())),
+        ];
+        v.extend(self.log_args.iter().map(|a| word(a.clone())));
+        v
+    }
+
+    /// The writer's arguments in `argv` (`argv[0]` included), `None` when
+    /// `argv[1]` is not [`WRITER_MODE`] (this program runs as itself).
+    pub fn parse(argv: &[&[u8]]) -> Option<Result<WriterArgs, String>> {
+        if argv.get(1).copied() != Some(WRITER_MODE.as_bytes()) {
+            return None;
+        }
+        let text = |i: usize| -> Result<&str, String> {
+            let a = argv.get(i).ok_or(format!("argument {i} is missing"))?;
+            std::str::from_utf8(a).map_err(|_| format!("argument {i} is not UTF-8"))
+        };
+        let opt_num = |i: usize| -> Result<Option<u64>, String> {
+            match text(i)? {
+                "-" => Ok(None),
+                t => t
+                    .parse()
+                    .map(Some)
+                    .map_err(|_| format!("argument {i} ({t:?}) is not a number")),
+            }
+        };
+        Some((|| {
+            let policy =
+                crate::env::parse_engine_policy(Some(text(2)?)).map_err(|e| e.to_string())?;
+            let staging_cap = opt_num(3)?;
+            let log_fd = match opt_num(4)? {
+                Some(f) => Some(RawFd::try_from(f).map_err(|_| "argument 4 is no fd")?),
+                None => None,
+            };
+            let log_args = (5..argv.len()).map(text).collect::<Result<Vec<_>, _>>()?;
+            Ok(WriterArgs {
+                policy,
+                staging_cap,
+                log_fd,
+                log_args: log_args.into_iter().map(str::to_owned).collect(),
+            })
+        })())
+    }
 }
 
 impl Writer {
-    /// Maps the board and starts the writer process; `policy` and
-    /// `staging_cap` are the copy settings.
-    pub fn start(policy: EnginePolicy, staging_cap: Option<u64>) -> io::Result<Writer> {
-        let mailbox = Mailbox::create()?;
-        // SAFETY: getpid has no preconditions.
-        let parent = unsafe { libc::getpid() };
-        mailbox.board().criu.store(parent, Ordering::Release);
-        // SAFETY: a fork-like clone (no shared memory, no exit signal); the
-        // caller (criu main at the start of the restore) is single threaded,
-        // so the child's copy of every lock is free.  The child never
-        // returns from this function.
-        let pid = unsafe {
-            libc::syscall(
-                libc::SYS_clone,
-                0 as libc::c_ulong,
-                0usize,
-                0usize,
-                0usize,
-                0usize,
-            )
+    /// Maps the board and starts the writer process (this program
+    /// re-executed, see the module documentation); `policy` and
+    /// `staging_cap` are the copy settings, `log` CRIU's log.  Call while
+    /// criu main is single threaded: `PDEATHSIG` ties the writer to the
+    /// calling thread.
+    pub fn start(
+        policy: EnginePolicy,
+        staging_cap: Option<u64>,
+        log: WriterLog<'_>,
+    ) -> io::Result<Writer> {
+        let board = Shared::<Board>::create(c"criu-rocm-gpu-board")?;
+        let args = WriterArgs {
+            policy,
+            staging_cap,
+            log_fd: log.fd.map(|_| LOG_FD),
+            log_args: log.args.to_vec(),
         };
-        if pid < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        if pid == 0 {
-            // SAFETY: prctl with integer arguments.
-            unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
-            let name = CString::new(WRITER_COMM).expect("no NUL");
-            // SAFETY: PR_SET_NAME with a NUL-terminated name of 15 bytes.
-            unsafe { libc::prctl(libc::PR_SET_NAME, name.as_ptr()) };
-            mailbox.board().ready.store(1, Ordering::Release);
-            mailbox.bump();
-            // SAFETY: getppid has no preconditions.
-            let code = if unsafe { libc::getppid() } != parent {
-                1
-            } else {
-                // Never unwind out of here: above is criu main's code.
-                std::panic::catch_unwind(|| serve(mailbox, policy, staging_cap)).unwrap_or(1)
-            };
-            log::logger().flush();
-            mailbox.board().gone.store(1, Ordering::Release);
-            mailbox.bump();
-            // SAFETY: ends this process without running criu main's exit
-            // handlers a second time.
-            unsafe { libc::_exit(code) };
-        }
-        let w = Writer {
-            mailbox,
-            pid: pid as libc::pid_t,
+        let mut fds = vec![board.fd()];
+        fds.extend(log.fd);
+        let name = CString::new(WRITER_COMM).expect("no NUL");
+        let shim = process::spawn_self(&name, &args.to_argv(), &fds)?.shim;
+        let mailbox = Mailbox {
+            board: board.leak(),
         };
         let b = mailbox.board();
-        b.writer.store(w.pid, Ordering::Release);
+        b.parent.store(shim, Ordering::Release);
         // Tasks check the writer by its name: it must have it before any
         // task exists.
         loop {
@@ -887,14 +799,22 @@ impl Writer {
             if b.ready.load(Ordering::Acquire) != 0 {
                 break;
             }
-            if let Some(st) = w.try_wait() {
+            if let Some(st) = process::try_wait(shim) {
                 return Err(io::Error::other(format!(
                     "the GPU memory writer {} as it started",
-                    describe_exit(st)
+                    st.describe()
                 )));
             }
-            futex_wait(&b.seq, seq, Duration::from_millis(50));
+            futex::wait(&b.seq, seq, Duration::from_millis(50));
         }
+        let pid = b.writer.load(Ordering::Acquire);
+        let w = Writer {
+            mailbox,
+            pid,
+            shim,
+            // The writer serves until told to stop: its pid is still its.
+            pidfd: pidfd_open(pid).ok(),
+        };
         log::debug!("GPU memory writer started (pid {})", w.pid);
         Ok(w)
     }
@@ -928,20 +848,20 @@ impl Writer {
                 status = Some(st);
                 break;
             }
-            futex_wait(&b.seq, seq, Duration::from_millis(200));
+            futex::wait(&b.seq, seq, Duration::from_millis(200));
         }
         b.stop.store(1, Ordering::Release);
         self.mailbox.bump();
         let died_early = status.is_some();
         let status = status.unwrap_or_else(|| self.reap());
         let outcomes = self.outcomes();
-        if died_early || !exited_well(status) {
+        if died_early || !status.success() {
             let open = outcomes.iter().filter(|o| o.result.is_err()).count();
             return Err(SessionError::Writer {
                 pid: self.pid,
                 what: format!(
                     "{} before the GPU memory of {} restored process(es) was confirmed",
-                    describe_exit(status),
+                    status.describe(),
                     open.max(1)
                 ),
             });
@@ -999,21 +919,42 @@ impl Writer {
             {
                 break;
             }
-            futex_wait(&b.seq, seq, Duration::from_millis(50));
+            futex::wait(&b.seq, seq, Duration::from_millis(50));
             status = self.try_wait();
         }
+        let died = |st: ExitStatus| {
+            if !st.success() {
+                log::error!(
+                    "the GPU memory writer (pid {}) {} during the restore",
+                    self.pid,
+                    st.describe()
+                );
+            }
+        };
         match status {
-            Some(st) if !exited_well(st) => log::error!(
-                "the GPU memory writer (pid {}) {} during the restore",
-                self.pid,
-                describe_exit(st)
-            ),
-            Some(_) => {}
+            Some(st) => died(st),
             None => {
-                // SAFETY: kill of our own child, which has not been reaped yet.
-                unsafe { libc::kill(self.pid, libc::SIGKILL) };
-                self.reap();
-                log::debug!("GPU memory writer stopped (pid {})", self.pid);
+                // Killed itself rather than through its shim, so that the
+                // shim reaps it before it ends, and it is gone once the shim
+                // is reaped.
+                match self
+                    .pidfd
+                    .as_ref()
+                    .map(|p| process::pidfd_send_signal(p.as_fd(), libc::SIGKILL))
+                {
+                    Some(Ok(())) => {
+                        self.reap();
+                        log::debug!("GPU memory writer stopped (pid {})", self.pid);
+                    }
+                    // It ended already, and its shim is ending as it did.
+                    Some(Err(_)) => died(self.reap()),
+                    None => {
+                        // Our own child, not reaped yet: the pid is still its.
+                        let _ = process::kill(self.shim, libc::SIGKILL);
+                        self.reap();
+                        log::debug!("GPU memory writer stopped (pid {})", self.pid);
+                    }
+                }
             }
         }
         for o in self.outcomes() {
@@ -1027,19 +968,40 @@ impl Writer {
         }
     }
 
-    fn try_wait(&self) -> Option<i32> {
-        let mut st = 0;
-        // SAFETY: waitpid on our own child, without blocking.
-        let r = unsafe { libc::waitpid(self.pid, &mut st, libc::WNOHANG | libc::__WALL) };
-        (r == self.pid || r < 0).then_some(st)
+    fn try_wait(&self) -> Option<ExitStatus> {
+        process::try_wait(self.shim)
     }
 
-    fn reap(&self) -> i32 {
-        let mut st = 0;
-        // SAFETY: waitpid on our own child, which exits once it sees stop.
-        unsafe { libc::waitpid(self.pid, &mut st, libc::__WALL) };
-        st
+    fn reap(&self) -> ExitStatus {
+        process::wait(self.shim)
     }
+}
+
+/// The writer process proper (this program started with [`WRITER_MODE`],
+/// logging set up by the caller): maps the board from fd 3, names itself,
+/// serves until criu main says stop, and returns its exit status.
+pub fn writer_main(args: &WriterArgs) -> i32 {
+    // SAFETY: fd 3 is the board's memfd, handed over by Writer::start and
+    // owned by nothing else in this fresh process image.
+    let fd = unsafe { OwnedFd::from_raw_fd(BOARD_FD) };
+    let board = match Shared::<Board>::from_fd(fd) {
+        Ok(b) => b.leak(),
+        Err(e) => {
+            log::error!("GPU memory writer: mapping the board (fd {BOARD_FD}): {e}");
+            return 1;
+        }
+    };
+    let mailbox = Mailbox { board };
+    process::set_name(&CString::new(WRITER_COMM).expect("no NUL"));
+    board.writer.store(process::getpid(), Ordering::Release);
+    board.ready.store(1, Ordering::Release);
+    mailbox.bump();
+    let (policy, cap) = (args.policy, args.staging_cap);
+    let code = std::panic::catch_unwind(|| serve(mailbox, policy, cap)).unwrap_or(1);
+    log::logger().flush();
+    mailbox.board().gone.store(1, Ordering::Release);
+    mailbox.bump();
+    code
 }
 
 /// The writer process: takes posted jobs as they come (a task waits for
@@ -1119,7 +1081,7 @@ fn serve(mailbox: Mailbox, policy: EnginePolicy, staging_cap: Option<u64>) -> i3
         if b.stop.load(Ordering::Acquire) != 0 {
             break;
         }
-        futex_wait(&b.seq, seq, Duration::from_millis(200));
+        futex::wait(&b.seq, seq, Duration::from_millis(200));
     }
     drop(tx);
     let ok = runner.join().is_ok();
@@ -1269,7 +1231,12 @@ mod tests {
     #[test]
     fn outcomes_name_image_task_and_reason() {
         let m = Mailbox::create().unwrap();
-        let w = Writer { mailbox: m, pid: 0 };
+        let w = Writer {
+            mailbox: m,
+            pid: 0,
+            shim: 0,
+            pidfd: None,
+        };
         let a = m.post(10, 1, FileId(3), 5).unwrap();
         let b = m.post(11, 2, FileId(4), 5).unwrap();
         let c = m.post(12, 3, FileId(5), 5).unwrap();
@@ -1341,8 +1308,7 @@ mod tests {
             .spawn()
             .unwrap();
         let pid = child.id() as i32;
-        // SAFETY: getpid has no preconditions.
-        let me = unsafe { libc::getpid() };
+        let me = process::getpid();
         let w = Watched::open(proc.as_fd(), pid, "sleep", me).unwrap();
         assert!(w.alive());
         assert!(Watched::open(proc.as_fd(), pid, WRITER_COMM, me).is_err());
