@@ -36,7 +36,7 @@ use crate::sys;
 use std::ffi::CStr;
 use std::fmt;
 use std::fs::OpenOptions;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::ptr::NonNull;
 
@@ -814,37 +814,84 @@ impl<F: AsFd> RenderNode<F> {
     }
 }
 
-/// A shared mapping of a device (or any) fd, unmapped on drop.
+/// What a [`Mapping`] may be used for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// `PROT_READ`.
+    ReadOnly,
+    /// `PROT_READ | PROT_WRITE`.
+    ReadWrite,
+}
+
+/// A mapping owned by this value and unmapped on drop: of a device (or any)
+/// fd, shared, or of private anonymous memory.  The one mmap RAII type of
+/// the workspace.
 #[derive(Debug)]
 pub struct Mapping {
     ptr: NonNull<u8>,
     len: usize,
+    access: Access,
 }
 
-// SAFETY: the mapping is plain shared memory owned by this value; moving it between threads
+// SAFETY: the mapping is plain memory owned by this value; moving it between threads
 // moves that ownership, and access goes through &self/&mut self.
 unsafe impl Send for Mapping {}
 
 impl Mapping {
     /// Maps `len` bytes of `fd` at `offset`, MAP_SHARED, read/write.
     pub fn shared(fd: BorrowedFd<'_>, offset: MmapOffset, len: usize) -> Result<Self> {
+        Self::of_file(fd, offset, len, Access::ReadWrite, false)
+    }
+
+    /// Maps `len` bytes (non-zero) of `fd` at `offset` (page aligned), MAP_SHARED, for
+    /// `access`; `populate` faults the pages in at once (MAP_POPULATE; pages a device cannot
+    /// populate are simply not).
+    pub fn of_file(
+        fd: BorrowedFd<'_>,
+        offset: MmapOffset,
+        len: usize,
+        access: Access,
+        populate: bool,
+    ) -> Result<Self> {
+        if len == 0 || !offset.0.is_multiple_of(4096) {
+            return Err(Error::new("mmap", libc::EINVAL));
+        }
+        let off =
+            libc::off_t::try_from(offset.0).map_err(|_| Error::new("mmap", libc::EOVERFLOW))?;
+        let flags = libc::MAP_SHARED | if populate { libc::MAP_POPULATE } else { 0 };
+        Self::map(len, access, flags, fd.as_raw_fd(), off)
+    }
+
+    /// `len` bytes of zero-filled private anonymous memory, read/write.
+    pub fn anonymous(len: usize) -> Result<Self> {
+        Self::map(
+            len,
+            Access::ReadWrite,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    }
+
+    fn map(
+        len: usize,
+        access: Access,
+        flags: libc::c_int,
+        fd: RawFd,
+        off: libc::off_t,
+    ) -> Result<Self> {
+        let prot = match access {
+            Access::ReadOnly => libc::PROT_READ,
+            Access::ReadWrite => libc::PROT_READ | libc::PROT_WRITE,
+        };
         // SAFETY: a fresh mapping chosen by the kernel (no MAP_FIXED) cannot alias memory Rust
         // already owns; the result is checked before use.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                offset.0 as libc::off_t,
-            )
-        };
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, fd, off) };
         if p == libc::MAP_FAILED {
             return Err(Error::last("mmap"));
         }
         let ptr = NonNull::new(p.cast()).ok_or(Error::new("mmap", libc::EFAULT))?;
-        Ok(Self { ptr, len })
+        Ok(Self { ptr, len, access })
     }
 
     pub fn len(&self) -> usize {
@@ -855,8 +902,17 @@ impl Mapping {
         self.len == 0
     }
 
+    pub fn access(&self) -> Access {
+        self.access
+    }
+
     pub fn as_ptr(&self) -> *mut u8 {
         self.ptr.as_ptr()
+    }
+
+    /// The start of the mapping (to register it with a device, say).
+    pub fn as_non_null(&self) -> NonNull<u8> {
+        self.ptr
     }
 
     pub fn as_slice(&self) -> &[u8] {
@@ -864,7 +920,10 @@ impl Mapping {
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 
+    /// # Panics
+    /// On a read-only mapping.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        assert_eq!(self.access, Access::ReadWrite, "the mapping is read-only");
         // SAFETY: the mapping is `len` writable bytes, alive and exclusively borrowed.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }

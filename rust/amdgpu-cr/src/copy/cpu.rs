@@ -7,8 +7,8 @@
 //! buffer.
 
 use std::io::{self, Read, Write};
-use std::os::fd::{AsRawFd, BorrowedFd};
-use std::ptr::NonNull;
+
+use kfd_abi::handle::{Access, Mapping};
 
 use super::{drain_to, fill_from, BoRef, CopyEngine, CopyError};
 use crate::bo::PAGE_SIZE;
@@ -16,88 +16,6 @@ use crate::ids::MmapOffset;
 
 /// Bytes handed to the sink at a time when dumping.
 const SINK_CHUNK: usize = 1 << 20;
-
-/// A `MAP_SHARED` mapping of part of a device file, unmapped on drop.
-pub struct Mapping {
-    ptr: NonNull<u8>,
-    len: usize,
-    writable: bool,
-}
-
-// SAFETY: the mapping is plain shared memory owned by this value; moving it
-// to another thread moves the only handle to it.
-unsafe impl Send for Mapping {}
-
-impl Mapping {
-    /// Maps `len` bytes of `fd` at byte `offset` (page aligned).
-    pub fn new(fd: BorrowedFd<'_>, offset: u64, len: usize, writable: bool) -> io::Result<Self> {
-        if len == 0 || !offset.is_multiple_of(PAGE_SIZE) {
-            return Err(io::Error::from_raw_os_error(libc::EINVAL));
-        }
-        let off = libc::off_t::try_from(offset)
-            .map_err(|_| io::Error::from_raw_os_error(libc::EOVERFLOW))?;
-        let prot = if writable {
-            libc::PROT_READ | libc::PROT_WRITE
-        } else {
-            libc::PROT_READ
-        };
-        // SAFETY: a fresh mapping chosen by the kernel (addr NULL) cannot
-        // alias existing Rust objects; fd is valid for the borrow.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                prot,
-                // A read window is faulted in at once: write(2) into the page
-                // cache copies with page faults disabled, and each fault on
-                // the source would make it fall back to one page at a time
-                // (half the throughput of CRIU's own page dump).  Device
-                // mappings that cannot be populated are simply not.
-                if writable {
-                    libc::MAP_SHARED
-                } else {
-                    libc::MAP_SHARED | libc::MAP_POPULATE
-                },
-                fd.as_raw_fd(),
-                off,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let ptr = NonNull::new(p.cast::<u8>())
-            .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))?;
-        Ok(Mapping { ptr, len, writable })
-    }
-
-    pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: ptr..ptr+len is a live readable mapping owned by self.
-        // Device memory may change under us (the GPU is paused during C/R,
-        // so it does not); we only copy bytes out.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
-    }
-
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        assert!(self.writable, "mapping is read-only");
-        // SAFETY: ptr..ptr+len is a live writable mapping owned exclusively
-        // by self (borrowed mutably here).
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: ptr/len describe exactly the mapping created in `new`, and
-        // no slice borrowed from it outlives self.
-        let r = unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
-        if r != 0 {
-            log::warn!(
-                "munmap of a BO window failed: {}",
-                io::Error::last_os_error()
-            );
-        }
-    }
-}
 
 /// The CPU engine; `window` bounds each mapping.
 #[derive(Debug)]
@@ -142,15 +60,24 @@ impl CpuEngine {
                 len,
                 source: io::Error::from_raw_os_error(libc::EOVERFLOW),
             })?;
-            let mut map = Mapping::new(fd, offset, len as usize, writable).map_err(|source| {
-                CopyError::Map {
+            let access = if writable {
+                Access::ReadWrite
+            } else {
+                Access::ReadOnly
+            };
+            // A read window is faulted in at once: write(2) into the page
+            // cache copies with page faults disabled, and each fault on the
+            // source would make it fall back to one page at a time (half the
+            // throughput of CRIU's own page dump).
+            let populate = !writable;
+            let mut map = Mapping::of_file(fd, MmapOffset(offset), len as usize, access, populate)
+                .map_err(|e| CopyError::Map {
                     gpu: bo.gpu,
                     bo: bo.index,
                     offset: MmapOffset(offset),
                     len,
-                    source,
-                }
-            })?;
+                    source: e.into(),
+                })?;
             self.windows_mapped += 1;
             f(&mut map)?;
             done += len;

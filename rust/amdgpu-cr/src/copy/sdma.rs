@@ -34,6 +34,8 @@ use std::os::fd::BorrowedFd;
 use std::ptr::NonNull;
 use std::time::Duration;
 
+use kfd_abi::handle::Mapping;
+
 use super::{drain_to, fill_from, BoRef, CopyEngine, CopyError, GpuEngine};
 use crate::bo::PAGE_SIZE;
 use crate::ids::GpuId;
@@ -229,52 +231,6 @@ pub trait SdmaDevice: Send {
     fn gem_close(&mut self, handle: GemHandle) -> io::Result<()>;
 }
 
-/// Page-aligned anonymous memory (staging buffer, IB), unmapped on drop.
-struct AnonBuf {
-    ptr: NonNull<u8>,
-    len: usize,
-}
-
-// SAFETY: plain private memory owned by this value.
-unsafe impl Send for AnonBuf {}
-
-impl AnonBuf {
-    fn new(len: usize) -> io::Result<Self> {
-        // SAFETY: an anonymous private mapping at a kernel-chosen address
-        // aliases nothing.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let ptr =
-            NonNull::new(p.cast()).ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))?;
-        Ok(AnonBuf { ptr, len })
-    }
-
-    fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: ptr..ptr+len is our live mapping, borrowed mutably.  The
-        // GPU only touches it between submit and fence wait, while no slice
-        // is alive.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
-    }
-}
-
-impl Drop for AnonBuf {
-    fn drop(&mut self) {
-        // SAFETY: exactly the mapping made in `new`; no borrow outlives self.
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
-    }
-}
-
 /// Where the engine places its GPU mappings: `[start, start + len)` of the
 /// render node's VM (see [`pick_va_window`]).
 #[derive(Clone, Copy, Debug)]
@@ -319,10 +275,10 @@ pub struct SdmaEngine<D: SdmaDevice> {
     gpu: GpuId,
     gen: SdmaGen,
     ctx: u32,
-    staging: AnonBuf,
+    staging: Mapping,
     staging_handle: GemHandle,
     staging_va: u64,
-    ib: AnonBuf,
+    ib: Mapping,
     ib_handle: GemHandle,
     ib_va: u64,
     bo_va: u64,
@@ -371,9 +327,10 @@ impl<D: SdmaDevice> SdmaEngine<D> {
             }
         };
 
-        let mut staging_buf =
-            AnonBuf::new(staging as usize).map_err(dev_err("allocate staging buffer"))?;
-        let mut ib = AnonBuf::new(ib_len as usize).map_err(dev_err("allocate IB"))?;
+        let mut staging_buf = Mapping::anonymous(staging as usize)
+            .map_err(|e| dev_err("allocate staging buffer")(e.into()))?;
+        let mut ib =
+            Mapping::anonymous(ib_len as usize).map_err(|e| dev_err("allocate IB")(e.into()))?;
         // Build the engine step by step so a failure releases what exists.
         enum Undo {
             Close(GemHandle),
@@ -383,15 +340,15 @@ impl<D: SdmaDevice> SdmaEngine<D> {
         let result = (|| {
             // SAFETY: staging_buf lives in the engine until Drop closes the
             // handle first; nothing else uses that memory.
-            let staging_handle = unsafe { dev.userptr(staging_buf.ptr, staging) }
+            let staging_handle = unsafe { dev.userptr(staging_buf.as_non_null(), staging) }
                 .map_err(dev_err("GEM_USERPTR staging"))?;
             undo.push(Undo::Close(staging_handle));
             dev.va_map(staging_handle, staging_va, staging, false)
                 .map_err(dev_err("GEM_VA map staging"))?;
             undo.push(Undo::Unmap(staging_handle, staging_va, staging));
             // SAFETY: as for the staging buffer.
-            let ib_handle =
-                unsafe { dev.userptr(ib.ptr, ib_len) }.map_err(dev_err("GEM_USERPTR IB"))?;
+            let ib_handle = unsafe { dev.userptr(ib.as_non_null(), ib_len) }
+                .map_err(dev_err("GEM_USERPTR IB"))?;
             undo.push(Undo::Close(ib_handle));
             // Executable, as libdrm maps IBs: the engine fetches from it.
             dev.va_map(ib_handle, ib_va, ib_len, true)
@@ -577,7 +534,7 @@ impl<D: SdmaDevice> CopyEngine for SdmaEngine<D> {
 
     fn read_bo(&mut self, bo: &BoRef<'_>, sink: &mut dyn Write) -> Result<(), CopyError> {
         self.with_bo(bo, |eng, handle| {
-            for (off, len) in chunks(bo.size, eng.staging.len as u64) {
+            for (off, len) in chunks(bo.size, eng.staging.len() as u64) {
                 let (src, dst) = (eng.bo_va + off, eng.staging_va);
                 eng.run(bo, handle, src, dst, len)?;
                 drain_to(sink, &eng.staging.as_mut_slice()[..len as usize], bo)?;
@@ -588,7 +545,7 @@ impl<D: SdmaDevice> CopyEngine for SdmaEngine<D> {
 
     fn write_bo(&mut self, bo: &BoRef<'_>, src: &mut dyn Read) -> Result<(), CopyError> {
         self.with_bo(bo, |eng, handle| {
-            for (off, len) in chunks(bo.size, eng.staging.len as u64) {
+            for (off, len) in chunks(bo.size, eng.staging.len() as u64) {
                 fill_from(src, &mut eng.staging.as_mut_slice()[..len as usize], bo)?;
                 let (from, to) = (eng.staging_va, eng.bo_va + off);
                 eng.run(bo, handle, from, to, len)?;
@@ -615,8 +572,8 @@ impl<D: SdmaDevice> Drop for SdmaEngine<D> {
     fn drop(&mut self) {
         // The userptr handles must be closed before the memory is unmapped
         // (the buffers drop after this body).
-        let ib_len = self.ib.len as u64;
-        let staging = self.staging.len as u64;
+        let ib_len = self.ib.len() as u64;
+        let staging = self.staging.len() as u64;
         let steps = [
             ("AMDGPU_CTX free", self.dev.ctx_free(self.ctx)),
             (
@@ -1164,12 +1121,12 @@ mod tests {
                 .insert(fd.as_raw_fd(), Arc::new(Mutex::new(vec![0; 4096])));
             let h = model.import_dmabuf(fd.as_fd()).unwrap();
             model.va_map(h, 0x10_0000, 4096, false).unwrap();
-            let mut ib_mem = AnonBuf::new(4096).unwrap();
-            let dst = AnonBuf::new(4096).unwrap();
+            let mut ib_mem = Mapping::anonymous(4096).unwrap();
+            let dst = Mapping::anonymous(4096).unwrap();
             // SAFETY: both buffers outlive the model's use in this test.
-            let ibh = unsafe { model.userptr(ib_mem.ptr, 4096) }.unwrap();
+            let ibh = unsafe { model.userptr(ib_mem.as_non_null(), 4096) }.unwrap();
             // SAFETY: as above.
-            let dh = unsafe { model.userptr(dst.ptr, 4096) }.unwrap();
+            let dh = unsafe { model.userptr(dst.as_non_null(), 4096) }.unwrap();
             model.va_map(ibh, 0x20_0000, 4096, true).unwrap();
             model.va_map(dh, 0x30_0000, 4096, false).unwrap();
             let ib = build_ib(written, 0x10_0000, 0x30_0000, 4096);
@@ -1254,12 +1211,12 @@ mod tests {
             .insert(fd.as_raw_fd(), Arc::new(Mutex::new(vec![0; 4096])));
         let h = model.import_dmabuf(fd.as_fd()).unwrap();
         model.va_map(h, 0x10_0000, 4096, false).unwrap();
-        let mut ib_mem = AnonBuf::new(4096).unwrap();
-        let mut dst = AnonBuf::new(4096).unwrap();
+        let mut ib_mem = Mapping::anonymous(4096).unwrap();
+        let mut dst = Mapping::anonymous(4096).unwrap();
         // SAFETY: both buffers outlive the model's use in this test.
-        let ibh = unsafe { model.userptr(ib_mem.ptr, 4096) }.unwrap();
+        let ibh = unsafe { model.userptr(ib_mem.as_non_null(), 4096) }.unwrap();
         // SAFETY: as above.
-        let dh = unsafe { model.userptr(dst.ptr, 4096) }.unwrap();
+        let dh = unsafe { model.userptr(dst.as_non_null(), 4096) }.unwrap();
         model.va_map(ibh, 0x20_0000, 4096, true).unwrap();
         model.va_map(dh, 0x30_0000, 4096, false).unwrap();
         let mut ib = build_ib(SdmaGen::BytesCount, 0x10_0000, 0x30_0000, 4096);
