@@ -438,12 +438,8 @@ impl RestoreSession {
         let plan = plan_restore(&image, &host, &map)
             .map_err(|e| SessionError::core(vpid, "planning the GPU restore", e))?;
         log::info!("pid {vpid}: {}", describe_map(&plan));
-        if plan.bos.is_empty() {
-            return Err(SessionError::State {
-                pid: vpid,
-                what: no_bos_reason(id),
-            });
-        }
+        // An image without buffers (which RESTORE refuses) never gets here:
+        // criu_gpu_restore_init's validation (validate::check_dir) refuses it.
 
         let kfd = Kfd::open().map_err(kfd_step(vpid, "opening /dev/kfd"))?;
         let (major, minor) = kfd.get_version().map_err(kfd_step(vpid, "KFD version"))?;
@@ -891,14 +887,6 @@ pub fn check_outcomes(
         });
     }
     Ok(n)
-}
-
-/// KFD's RESTORE rejects a process without buffers (`num_bos == 0`).
-fn no_bos_reason(id: FileId) -> String {
-    format!(
-        "KFD image {id} holds no GPU buffer, and the kernel's RESTORE refuses a process \
-         without buffers (it had opened /dev/kfd but allocated nothing)"
-    )
 }
 
 /// A render-node image whose GPU no KFD image restores and this host lacks.
