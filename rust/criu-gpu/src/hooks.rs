@@ -11,10 +11,10 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use amdgpu_cr::image::FileId;
 use amdgpu_cr::plan::{DeviceIdentities, DeviceKind};
 use amdgpu_cr::session::dump::{DumpOptions, DumpSession, Dumped};
-use amdgpu_cr::session::incomplete;
 use amdgpu_cr::session::restore::{self, RestoreOptions, RestoreSession};
 use amdgpu_cr::session::writer::{Writer, WriterLog, SLOTS};
 use amdgpu_cr::session::SessionError;
+use amdgpu_cr::session::{gpu_check, incomplete};
 use amdgpu_cr::validate;
 
 use crate::ffi_boundary;
@@ -525,71 +525,13 @@ pub unsafe extern "C" fn criu_gpu_dry_run(dir: *const c_char) -> c_int {
     // SAFETY: not NULL, and the caller passes a valid C string.
     let dir = PathBuf::from(OsStr::from_bytes(unsafe { CStr::from_ptr(dir) }.to_bytes()));
     ffi_boundary("criu_gpu_dry_run", move || {
-        let opts = match RestoreOptions::from_env() {
-            Ok(o) => o,
-            Err(e) => {
-                eprintln!("criu-rocm gpu-check: {e}");
-                return -e.errno();
-            }
-        };
-        if let Err(why) = incomplete::check(&dir) {
-            println!("{}: NOT restorable: {why}", dir.display());
-            return -libc::EINVAL;
-        }
-        let run = match restore::dry_run(&dir, &opts) {
-            Ok(v) => v,
-            Err(e) => {
-                eprintln!("criu-rocm gpu-check: {}: {e}", dir.display());
-                return -e.errno();
-            }
-        };
-        if let Some(w) = &run.report.warning {
-            println!("{}: warning: {w}", dir.display());
-        }
-        for n in &run.report.notes {
-            println!("{}: note: {n}", dir.display());
-        }
-        let entries = &run.entries;
-        let others = &run.report.other;
-        if entries.is_empty() && others.is_empty() && !run.report.has_gpu_state {
-            println!(
-                "{}: no GPU state in these images; nothing GPU-specific to check",
-                dir.display()
-            );
-            return 0;
-        }
-        let mut bad = 0;
-        for e in entries {
-            let who = match e.pid {
-                Some(pid) => format!("pid {pid} (KFD image {})", e.id),
-                None => format!("KFD image {}", e.id),
-            };
-            match &e.verdict {
-                Ok(map) => println!("{who}: restorable: {map}"),
-                Err(why) => {
-                    bad += 1;
-                    println!("{who}: NOT restorable here: {why}");
-                }
+        let check = gpu_check::gpu_check(&dir);
+        for (stream, line) in &check.lines {
+            match stream {
+                gpu_check::Stream::Out => println!("{line}"),
+                gpu_check::Stream::Err => eprintln!("{line}"),
             }
         }
-        for r in others {
-            bad += 1;
-            println!("{}: NOT restorable here: {r}", dir.display());
-        }
-        if bad == 0 {
-            println!(
-                "{}: all {} GPU process(es) can be restored on this host",
-                dir.display(),
-                entries.len()
-            );
-            0
-        } else {
-            println!(
-                "{}: cannot be restored on this host ({bad} reason(s) above; {} KFD image(s))",
-                dir.display(),
-                entries.len()
-            );
-            -libc::ENODEV
-        }
+        -check.errno
     })
 }

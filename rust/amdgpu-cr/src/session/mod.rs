@@ -17,6 +17,7 @@
 //! The C boundary (`criu-gpu`) only translates arguments into these calls.
 
 pub mod dump;
+pub mod gpu_check;
 pub mod guardian;
 pub mod incomplete;
 pub mod restore;
