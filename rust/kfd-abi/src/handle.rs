@@ -1,6 +1,6 @@
 //! The safe layer: one handle type per fd kind, one method per ioctl, all of one shape.
 //!
-//! Each method fills the kernel struct, issues the ioctl through [`ioctl_mut`] (the one
+//! Each method fills the kernel struct, issues the ioctl through `ioctl_mut` (the one
 //! place that touches the raw syscall) and turns failure into an [`Error`] that keeps the
 //! ioctl's name and errno.
 //!
@@ -55,10 +55,12 @@ impl Error {
         Self { ioctl, errno }
     }
 
+    /// The positive errno.
     pub fn errno(&self) -> i32 {
         self.errno
     }
 
+    /// Whether the call was interrupted by a signal (`EINTR`).
     pub fn is_eintr(&self) -> bool {
         self.errno == libc::EINTR
     }
@@ -97,6 +99,7 @@ impl From<Error> for std::io::Error {
     }
 }
 
+/// The result of every call of this module.
 pub type Result<T> = std::result::Result<T, Error>;
 
 /// How many EAGAIN answers in a row [`restarting`] retries before it reports one.  The
@@ -151,9 +154,13 @@ fn open_device(path: &str, op: &'static str) -> Result<OwnedFd> {
 /// Counts KFD reports after PROCESS_INFO.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ProcessInfo {
+    /// Device records in the blob.
     pub num_devices: u32,
+    /// BOs of the process.
     pub num_bos: u32,
+    /// Queues, events and SVM ranges in the blob.
     pub num_objects: u32,
+    /// Bytes of the private blob.
     pub priv_data_size: u64,
     /// The process's pid in its own pid namespace.
     pub pid: u32,
@@ -166,6 +173,7 @@ pub struct Kfd<F: AsFd = OwnedFd> {
 }
 
 impl Kfd<OwnedFd> {
+    /// Where KFD lives.
     pub const PATH: &'static str = "/dev/kfd";
 
     /// Opens `/dev/kfd`, which creates (or joins) this process's KFD context.
@@ -180,6 +188,7 @@ impl<F: AsFd> Kfd<F> {
         Self { fd }
     }
 
+    /// The device fd.
     pub fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
     }
@@ -285,6 +294,7 @@ impl<F: AsFd> Kfd<F> {
         Ok((BoHandle(a.handle), MmapOffset(a.mmap_offset)))
     }
 
+    /// `AMDKFD_IOC_FREE_MEMORY_OF_GPU`: frees a BO.
     pub fn free_memory_of_gpu(&self, bo: BoHandle) -> Result<()> {
         let mut a = sys::kfd_ioctl_free_memory_of_gpu_args { handle: bo.0 };
         self.io(AMDKFD_IOC_FREE_MEMORY_OF_GPU, &mut a).map(drop)
@@ -303,6 +313,7 @@ impl<F: AsFd> Kfd<F> {
         Ok(a.n_success)
     }
 
+    /// `AMDKFD_IOC_UNMAP_MEMORY_FROM_GPU`: unmaps a BO from `gpus`; returns how many were processed.
     pub fn unmap_memory_from_gpu(&self, bo: BoHandle, gpus: &[GpuId]) -> Result<u32> {
         let ids: Vec<u32> = gpus.iter().map(|g| g.0).collect();
         let mut a = sys::kfd_ioctl_unmap_memory_from_gpu_args {
@@ -330,6 +341,7 @@ impl<F: AsFd> Kfd<F> {
         Ok(QueueId(args.queue_id))
     }
 
+    /// `AMDKFD_IOC_DESTROY_QUEUE`.
     pub fn destroy_queue(&self, q: QueueId) -> Result<()> {
         let mut a = sys::kfd_ioctl_destroy_queue_args {
             queue_id: q.0,
@@ -338,6 +350,7 @@ impl<F: AsFd> Kfd<F> {
         self.io(AMDKFD_IOC_DESTROY_QUEUE, &mut a).map(drop)
     }
 
+    /// `AMDKFD_IOC_UPDATE_QUEUE`.
     pub fn update_queue(&self, args: &mut sys::kfd_ioctl_update_queue_args) -> Result<()> {
         self.io(AMDKFD_IOC_UPDATE_QUEUE, args).map(drop)
     }
@@ -348,6 +361,7 @@ impl<F: AsFd> Kfd<F> {
         Ok(EventId(args.event_id))
     }
 
+    /// `AMDKFD_IOC_DESTROY_EVENT`.
     pub fn destroy_event(&self, e: EventId) -> Result<()> {
         let mut a = sys::kfd_ioctl_destroy_event_args {
             event_id: e.0,
@@ -356,6 +370,7 @@ impl<F: AsFd> Kfd<F> {
         self.io(AMDKFD_IOC_DESTROY_EVENT, &mut a).map(drop)
     }
 
+    /// `AMDKFD_IOC_SET_EVENT`: signals an event.
     pub fn set_event(&self, e: EventId) -> Result<()> {
         let mut a = sys::kfd_ioctl_set_event_args {
             event_id: e.0,
@@ -364,6 +379,7 @@ impl<F: AsFd> Kfd<F> {
         self.io(AMDKFD_IOC_SET_EVENT, &mut a).map(drop)
     }
 
+    /// `AMDKFD_IOC_RESET_EVENT`.
     pub fn reset_event(&self, e: EventId) -> Result<()> {
         let mut a = sys::kfd_ioctl_reset_event_args {
             event_id: e.0,
@@ -391,6 +407,7 @@ impl<F: AsFd> Kfd<F> {
         Ok(a.wait_result)
     }
 
+    /// `AMDKFD_IOC_AVAILABLE_MEMORY`: bytes of VRAM this process may still allocate on `gpu`.
     pub fn available_memory(&self, gpu: GpuId) -> Result<u64> {
         let mut a = sys::kfd_ioctl_get_available_memory_args {
             gpu_id: gpu.0,
@@ -400,6 +417,7 @@ impl<F: AsFd> Kfd<F> {
         Ok(a.available)
     }
 
+    /// `AMDKFD_IOC_SET_XNACK_MODE`: sets XNACK (`mode` 0 or 1) or, with -1, reads it; returns the mode.
     pub fn set_xnack_mode(&self, mode: i32) -> Result<i32> {
         let mut a = sys::kfd_ioctl_set_xnack_mode_args {
             xnack_enabled: mode,
@@ -451,6 +469,7 @@ impl<F: AsFd> Kfd<F> {
         self.criu(criu_op::CHECKPOINT, &mut a)
     }
 
+    /// `AMDKFD_IOC_CRIU_OP(UNPAUSE)`: lets this file's paused queues run again.
     pub fn criu_unpause(&self) -> Result<()> {
         self.criu(criu_op::UNPAUSE, &mut sys::kfd_ioctl_criu_args::default())
     }
@@ -510,8 +529,11 @@ fn criu_op_name(op: u32) -> &'static str {
 /// The GPU facts the copy engines need from `AMDGPU_INFO_DEV_INFO`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DevInfo {
+    /// `AMDGPU_FAMILY_*`.
     pub family: u32,
+    /// The first usable GPU virtual address.
     pub virtual_address_offset: u64,
+    /// The end of the usable GPU virtual addresses.
     pub virtual_address_max: u64,
 }
 
@@ -521,8 +543,11 @@ pub struct HwIpInfo {
     /// The IP block's version (for `AMDGPU_HW_IP_DMA` the SDMA generation: 2 CIK, 2.4/3 VI,
     /// 4 GFX9, 5 GFX10, 6 GFX11, 7 GFX12).
     pub version_major: u32,
+    /// The IP block's minor version.
     pub version_minor: u32,
+    /// Alignment an IB's start needs, in bytes.
     pub ib_start_alignment: u32,
+    /// Alignment an IB's size needs, in bytes.
     pub ib_size_alignment: u32,
     /// Rings that accept user submissions (`amdgpu_hw_ip_info` counts only rings whose
     /// scheduler is ready and that are not `no_user_submission`).
@@ -536,16 +561,19 @@ pub struct RenderNode<F: AsFd = OwnedFd> {
 }
 
 impl RenderNode<OwnedFd> {
+    /// Opens `/dev/dri/renderD<minor>` read/write, close-on-exec.
     pub fn open(minor: RenderMinor) -> Result<Self> {
         open_device(&minor.path(), "open(/dev/dri/renderD*)").map(|fd| Self { fd })
     }
 }
 
 impl<F: AsFd> RenderNode<F> {
+    /// Wraps an fd of a render node (owned or borrowed).
     pub fn from_fd(fd: F) -> Self {
         Self { fd }
     }
 
+    /// The device fd.
     pub fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
     }
@@ -573,6 +601,7 @@ impl<F: AsFd> RenderNode<F> {
             .unwrap_or_default())
     }
 
+    /// `DRM_IOCTL_AMDGPU_INFO(AMDGPU_INFO_DEV_INFO)`.
     pub fn amdgpu_info_dev_info(&self) -> Result<DevInfo> {
         let mut info = sys::drm_amdgpu_info_device::default();
         let mut a = sys::drm_amdgpu_info {
@@ -621,11 +650,13 @@ impl<F: AsFd> RenderNode<F> {
         Ok(MmapOffset(unsafe { a.out.addr_ptr }))
     }
 
+    /// `DRM_IOCTL_GEM_CLOSE`.
     pub fn gem_close(&self, handle: u32) -> Result<()> {
         let mut a = sys::drm_gem_close { handle, pad: 0 };
         self.io(DRM_IOCTL_GEM_CLOSE, &mut a).map(drop)
     }
 
+    /// `DRM_IOCTL_PRIME_FD_TO_HANDLE`: a GEM handle of a dma-buf.
     pub fn prime_fd_to_handle(&self, dmabuf: BorrowedFd<'_>) -> Result<u32> {
         let mut a = sys::drm_prime_handle {
             fd: dmabuf.as_raw_fd(),
@@ -724,6 +755,7 @@ impl<F: AsFd> RenderNode<F> {
         Ok(unsafe { out.alloc }.ctx_id)
     }
 
+    /// `DRM_IOCTL_AMDGPU_CTX(FREE_CTX)`.
     pub fn ctx_free(&self, ctx_id: u32) -> Result<()> {
         let mut a = sys::drm_amdgpu_ctx::default();
         a.in_ = sys::drm_amdgpu_ctx_in {
@@ -750,6 +782,7 @@ impl<F: AsFd> RenderNode<F> {
         Ok(unsafe { a.out.list_handle })
     }
 
+    /// `DRM_IOCTL_AMDGPU_BO_LIST(DESTROY)`.
     pub fn bo_list_destroy(&self, list_handle: u32) -> Result<()> {
         let mut a = sys::drm_amdgpu_bo_list::default();
         a.in_ = sys::drm_amdgpu_bo_list_in {
@@ -894,18 +927,22 @@ impl Mapping {
         Ok(Self { ptr, len, access })
     }
 
+    /// Bytes mapped.
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// Whether no byte is mapped (never, for a mapping made here).
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
+    /// What the mapping allows.
     pub fn access(&self) -> Access {
         self.access
     }
 
+    /// The start of the mapping.
     pub fn as_ptr(&self) -> *mut u8 {
         self.ptr.as_ptr()
     }
@@ -915,6 +952,7 @@ impl Mapping {
         self.ptr
     }
 
+    /// The mapped bytes.
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: the mapping is `len` readable bytes, alive as long as `self`.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }

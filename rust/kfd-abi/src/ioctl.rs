@@ -26,12 +26,15 @@ pub const fn ioc(dir: u32, ty: u8, nr: u8, size: usize) -> u32 {
         | ((size as u32) << IOC_SIZESHIFT)
 }
 
+/// `_IOR(ty, nr, T)`.
 pub const fn ior<T>(ty: u8, nr: u8) -> u32 {
     ioc(IOC_READ, ty, nr, size_of::<T>())
 }
+/// `_IOW(ty, nr, T)`.
 pub const fn iow<T>(ty: u8, nr: u8) -> u32 {
     ioc(IOC_WRITE, ty, nr, size_of::<T>())
 }
+/// `_IOWR(ty, nr, T)`.
 pub const fn iowr<T>(ty: u8, nr: u8) -> u32 {
     ioc(IOC_READ | IOC_WRITE, ty, nr, size_of::<T>())
 }
@@ -49,11 +52,13 @@ pub const fn size(cmd: u32) -> usize {
 pub const AMDKFD_IOCTL_BASE: u8 = b'K';
 /// DRM's ioctl type, `'d'`; driver ioctls start at `DRM_COMMAND_BASE`.
 pub const DRM_IOCTL_BASE: u8 = b'd';
+/// The first DRM request number of a driver's own ioctls.
 pub const DRM_COMMAND_BASE: u8 = 0x40;
 
 macro_rules! kfd_ioctls {
     ($($name:ident = $dir:ident($nr:literal, $ty:ty) => $value:literal;)*) => {
         $(
+            #[doc = concat!("`", stringify!($name), "`: ", stringify!($value), ".")]
             pub const $name: u32 = $dir::<$ty>(AMDKFD_IOCTL_BASE, $nr);
             const _: () = assert!($name == $value, concat!(stringify!($name), " drifted"));
         )*
@@ -92,6 +97,7 @@ kfd_ioctls! {
 macro_rules! drm_ioctls {
     ($($name:ident = $dir:ident($nr:expr, $ty:ty) => $value:literal;)*) => {
         $(
+            #[doc = concat!("`", stringify!($name), "`: ", stringify!($value), ".")]
             pub const $name: u32 = $dir::<$ty>(DRM_IOCTL_BASE, $nr);
             const _: () = assert!($name == $value, concat!(stringify!($name), " drifted"));
         )*

@@ -18,17 +18,25 @@ pub const KFD_INVALID_FD: u32 = 0xffff_ffff;
 
 /// `kfd_criu_op` values.
 pub mod criu_op {
+    /// Sizes of the process' CRIU state (queues paused first).
     pub const PROCESS_INFO: u32 = 0;
+    /// Writes the buckets and the private blob.
     pub const CHECKPOINT: u32 = 1;
+    /// Lets the paused queues run again.
     pub const UNPAUSE: u32 = 2;
+    /// Recreates the process' BOs, queues and events from the blob.
     pub const RESTORE: u32 = 3;
+    /// Starts the restored queues (called by the restored process itself).
     pub const RESUME: u32 = 4;
 }
 
 /// Object types at the head of each object record in the blob.
 pub mod object_type {
+    /// A [`super::kfd_criu_queue_priv_data`].
     pub const QUEUE: u32 = 0;
+    /// A [`super::kfd_criu_event_priv_data`].
     pub const EVENT: u32 = 1;
+    /// A [`super::kfd_criu_svm_range_priv_data`].
     pub const SVM_RANGE: u32 = 2;
 }
 
@@ -36,21 +44,29 @@ pub mod object_type {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct kfd_ioctl_export_dmabuf_args {
+    /// The BO (KFD's handle from ALLOC_MEMORY_OF_GPU).
     pub handle: u64,
+    /// Open flags of the dma-buf file (`O_CLOEXEC`, `O_RDWR`).
     pub flags: u32,
+    /// Out: the new dma-buf fd.
     pub dmabuf_fd: u32,
 }
 
+/// The blob's process record.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct kfd_criu_process_priv_data {
+    /// [`KFD_CRIU_PRIV_VERSION`].
     pub version: u32,
+    /// The process' XNACK mode (0 off, 1 on).
     pub xnack_mode: u32,
 }
 
+/// The blob's record of each device.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct kfd_criu_device_priv_data {
+    /// Unused by every kernel so far.
     pub reserved: u64,
 }
 
@@ -59,8 +75,11 @@ pub struct kfd_criu_device_priv_data {
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct kfd_criu_bo_priv_data<const N: usize> {
+    /// The BO's GPU virtual address (its CPU address for USERPTR BOs).
     pub user_addr: u64,
+    /// The BO's handle in the process' IDR, kept across restore.
     pub idr_handle: u32,
+    /// The GPUs the BO is mapped on, zero padded.
     pub mapped_gpuids: [u32; N],
 }
 
@@ -74,57 +93,96 @@ impl<const N: usize> Default for kfd_criu_bo_priv_data<N> {
     }
 }
 
+/// A BO record of kernels with `MAX_GPU_INSTANCE` 16.
 pub type kfd_criu_bo_priv_data16 = kfd_criu_bo_priv_data<16>;
+/// A BO record of kernels with `MAX_GPU_INSTANCE` 64.
 pub type kfd_criu_bo_priv_data64 = kfd_criu_bo_priv_data<64>;
 
+/// A queue record of the blob (its MQD and control stack follow).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct kfd_criu_queue_priv_data {
+    /// The record's [`object_type`].
     pub object_type: u32,
+    /// Padding.
     pub pad0: u32,
+    /// The ring's GPU address.
     pub q_address: u64,
+    /// The ring's size in bytes.
     pub q_size: u64,
+    /// Where the queue's read pointer lives.
     pub read_ptr_addr: u64,
+    /// Where the queue's write pointer lives.
     pub write_ptr_addr: u64,
+    /// The doorbell's offset in the doorbell page.
     pub doorbell_off: u64,
+    /// The end-of-pipe buffer's GPU address.
     pub eop_ring_buffer_address: u64,
+    /// The context save/restore area's GPU address.
     pub ctx_save_restore_area_address: u64,
+    /// The GPU the queue runs on.
     pub gpu_id: u32,
+    /// The kernel's queue or event type.
     pub type_: u32,
+    /// The queue format (PM4, AQL).
     pub format: u32,
+    /// The queue id, kept across restore.
     pub q_id: u32,
+    /// The queue priority.
     pub priority: u32,
+    /// The queue's share of the GPU, in percent.
     pub q_percent: u32,
+    /// The doorbell index.
     pub doorbell_id: u32,
+    /// Whether the queue holds global wave sync resources.
     pub gws: u32,
+    /// The SDMA engine of an SDMA queue.
     pub sdma_id: u32,
+    /// The end-of-pipe buffer's size.
     pub eop_ring_buffer_size: u32,
+    /// The context save/restore area's size.
     pub ctx_save_restore_area_size: u32,
+    /// The control stack's size.
     pub ctl_stack_size: u32,
+    /// Bytes of MQD (and control stack) following this record.
     pub mqd_size: u32,
+    /// Padding.
     pub pad1: u32,
 }
 
+/// An event record of the blob.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct kfd_criu_event_priv_data {
+    /// The record's [`object_type`].
     pub object_type: u32,
+    /// Padding.
     pub pad0: u32,
+    /// The event page slot address the process gave.
     pub user_handle: u64,
+    /// The event id, kept across restore.
     pub event_id: u32,
+    /// Whether a wait resets the event.
     pub auto_reset: u32,
+    /// The kernel's queue or event type.
     pub type_: u32,
+    /// Whether the event was signaled.
     pub signaled: u32,
     /// `kfd_hsa_memory_exception_data` or `kfd_hsa_hw_exception_data`.
     pub exception_data: [u8; 32],
 }
 
+/// An SVM range record of the blob (its attributes follow).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct kfd_criu_svm_range_priv_data {
+    /// The record's [`object_type`].
     pub object_type: u32,
+    /// Padding.
     pub pad0: u32,
+    /// The range's first byte.
     pub start_addr: u64,
+    /// The range's size in bytes.
     pub size: u64,
 }
 
@@ -132,18 +190,28 @@ pub struct kfd_criu_svm_range_priv_data {
 /// Real KFD hands these out; an emulator on a regular file cannot (offsets ≥ 2^63 fail with
 /// EOVERFLOW there) and uses its own, so product code must only ever use returned offsets.
 pub mod kfd_mmap {
+    /// Where the type bits start.
     pub const TYPE_SHIFT: u32 = 62;
+    /// The MMIO remap page.
     pub const TYPE_MMIO: u64 = 0;
+    /// Reserved memory (CWSR areas).
     pub const TYPE_RESERVED_MEM: u64 = 1 << TYPE_SHIFT;
+    /// The events page.
     pub const TYPE_EVENTS: u64 = 2 << TYPE_SHIFT;
+    /// A GPU's doorbell pages.
     pub const TYPE_DOORBELL: u64 = 3 << TYPE_SHIFT;
+    /// The type bits.
     pub const TYPE_MASK: u64 = 3 << TYPE_SHIFT;
+    /// Where the gpu_id bits start.
     pub const GPU_ID_SHIFT: u32 = 46;
+    /// The gpu_id bits.
     pub const GPU_ID_MASK: u64 = 0xffff << GPU_ID_SHIFT;
 
+    /// The gpu_id bits of an offset for GPU `id`.
     pub const fn gpu_id(id: u32) -> u64 {
         ((id as u64) << GPU_ID_SHIFT) & GPU_ID_MASK
     }
+    /// The gpu_id an offset names.
     pub const fn get_gpu_id(offset: u64) -> u32 {
         ((offset & GPU_ID_MASK) >> GPU_ID_SHIFT) as u32
     }

@@ -6,6 +6,8 @@
 //!   and size/offset assertions for every struct passed to the kernel.
 //! * [`ids`]: newtypes for each id and address space.
 
+#![deny(missing_docs)]
+
 pub mod handle;
 pub mod ids;
 pub mod ioctl;
