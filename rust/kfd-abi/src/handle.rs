@@ -33,6 +33,7 @@ use crate::ids::{BoHandle, CpuVa, EventId, GpuId, GpuVa, MmapOffset, QueueId, Re
 use crate::ioctl::*;
 use crate::layout::{criu_op, kfd_ioctl_export_dmabuf_args};
 use crate::sys;
+use crate::volatile::VolatileSlice;
 use std::ffi::CStr;
 use std::fmt;
 use std::fs::OpenOptions;
@@ -952,17 +953,40 @@ impl Mapping {
         self.ptr
     }
 
-    /// The mapped bytes.
-    pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: the mapping is `len` readable bytes, alive as long as `self`.
+    /// The mapped bytes, for copies in and out: a device or another process may change them
+    /// at any time.  Writing through the slice of a read-only mapping faults (SIGSEGV).
+    pub fn as_volatile_slice(&self) -> VolatileSlice<'_> {
+        // SAFETY: `len` bytes mapped for as long as `self` is borrowed (a write to a read-only
+        // mapping is refused by the MMU, not a write to anything else); `as_slice` and
+        // `as_mut_slice` are unsafe, so no reference to the bytes lives beside this slice
+        // without the caller's promise.
+        unsafe { VolatileSlice::new(self.ptr, self.len) }
+    }
+
+    /// The mapped bytes as a Rust slice, without a copy.
+    ///
+    /// # Safety
+    /// Nothing else (no GPU queue or engine, no other mapping of the same memory) writes the
+    /// bytes while the slice lives: the caller has stopped every writer (paused the KFD
+    /// process' queues, waited for the copy's fence).
+    pub unsafe fn as_slice(&self) -> &[u8] {
+        // SAFETY: the mapping is `len` readable bytes, alive as long as `self`; nothing writes
+        // them meanwhile (the caller's promise).
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 
+    /// The mapped bytes as a mutable Rust slice, without a copy.
+    ///
+    /// # Safety
+    /// Nothing else reads or writes the bytes while the slice lives (as for
+    /// [`Mapping::as_slice`]).
+    ///
     /// # Panics
     /// On a read-only mapping.
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+    pub unsafe fn as_mut_slice(&mut self) -> &mut [u8] {
         assert_eq!(self.access, Access::ReadWrite, "the mapping is read-only");
-        // SAFETY: the mapping is `len` writable bytes, alive and exclusively borrowed.
+        // SAFETY: the mapping is `len` writable bytes, alive and exclusively borrowed; nothing
+        // else touches them meanwhile (the caller's promise).
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
 }
@@ -1154,10 +1178,25 @@ mod tests {
         let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) };
         let file = File::from(fd);
         file.set_len(2 * 4096).unwrap();
-        let mut a = Mapping::shared(file.as_fd(), MmapOffset(4096), 4096).unwrap();
-        a.as_mut_slice()[..4].copy_from_slice(b"kfd!");
+        let a = Mapping::shared(file.as_fd(), MmapOffset(4096), 4096).unwrap();
+        a.as_volatile_slice().copy_from(b"kfd!");
         let b = Mapping::shared(file.as_fd(), MmapOffset(4096), 4096).unwrap();
-        assert_eq!(&b.as_slice()[..4], b"kfd!");
+        assert_eq!(
+            b.as_volatile_slice().read_u32(0),
+            u32::from_le_bytes(*b"kfd!")
+        );
+        // SAFETY: nothing writes the file's pages while the slice lives.
+        assert_eq!(&unsafe { b.as_slice() }[..4], b"kfd!");
         assert_eq!(b.len(), 4096);
+        let r =
+            Mapping::of_file(file.as_fd(), MmapOffset(0), 4096, Access::ReadOnly, true).unwrap();
+        assert_eq!(r.access(), Access::ReadOnly);
+        let anon = Mapping::anonymous(8192).unwrap();
+        let mut out = [1u8; 16];
+        anon.as_volatile_slice().copy_to(&mut out);
+        assert_eq!(out, [0; 16], "zero-filled");
+        let e = Mapping::of_file(file.as_fd(), MmapOffset(100), 4096, Access::ReadOnly, false)
+            .unwrap_err();
+        assert_eq!(e.errno(), libc::EINVAL, "unaligned offset");
     }
 }

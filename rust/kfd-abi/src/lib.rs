@@ -5,6 +5,7 @@
 //! * [`layout`]: the CRIU private blob and mmap offset encoding, which the headers lack,
 //!   and size/offset assertions for every struct passed to the kernel.
 //! * [`ids`]: newtypes for each id and address space.
+//! * [`volatile`]: memory a GPU or another process may change, accessed by copies only.
 
 #![deny(missing_docs)]
 
@@ -12,6 +13,7 @@ pub mod handle;
 pub mod ids;
 pub mod ioctl;
 pub mod layout;
+pub mod volatile;
 
 /// Generated from `linux/kfd_ioctl.h`, libdrm's `drm.h` and `amdgpu_drm.h`.
 pub mod sys {

@@ -14,12 +14,14 @@
 
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
 use std::sync::atomic::{fence, AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use kfd_abi::handle::{Error as IoctlError, Kfd, RenderNode};
 use kfd_abi::ids::{BoHandle, GpuId, GpuVa, MmapOffset, RenderMinor};
 use kfd_abi::sys;
+use kfd_abi::volatile::VolatileSlice;
 
 use crate::error::{Error, Result};
 use crate::queue::DOORBELL_RANGE;
@@ -699,15 +701,39 @@ impl Bo<'_> {
         self.raw.flags
     }
 
-    /// The BO's bytes through its CPU mapping.
-    pub fn as_slice(&self) -> &[u8] {
+    /// The BO's bytes through its CPU mapping, for copies in and out: a GPU engine may
+    /// change them at any time.
+    pub fn volatile(&self) -> VolatileSlice<'_> {
+        let ptr = NonNull::new(self.raw.va.0 as *mut u8).expect("a BO is never mapped at 0");
+        // SAFETY: while `self` lives, `va..va+size` is a readable and writable MAP_SHARED
+        // mapping of the BO (made in `alloc_raw`, removed only by `RawBo::release`); slices
+        // of it are only made by the unsafe `as_slice`/`as_mut_slice`.
+        unsafe { VolatileSlice::new(ptr, self.raw.size as usize) }
+    }
+
+    /// A copy of the BO's bytes.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = vec![0; self.raw.size as usize];
+        self.volatile().copy_to(&mut v);
+        v
+    }
+
+    /// The BO's bytes as a Rust slice, without a copy.
+    ///
+    /// # Safety
+    /// No GPU engine writes the BO while the slice lives (no queue is copying into it).
+    pub unsafe fn as_slice(&self) -> &[u8] {
         // SAFETY: while `self` lives, `va..va+size` is a readable MAP_SHARED mapping of the
-        // BO (made in `alloc_raw`, removed only by `RawBo::release`).
+        // BO (made in `alloc_raw`, removed only by `RawBo::release`); nothing writes it
+        // meanwhile (the caller's promise).
         unsafe { std::slice::from_raw_parts(self.raw.va.0 as *const u8, self.raw.size as usize) }
     }
 
-    /// The BO's bytes, writable.
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+    /// The BO's bytes, writable, without a copy.
+    ///
+    /// # Safety
+    /// No GPU engine reads or writes the BO while the slice lives.
+    pub unsafe fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: as in `as_slice`; the mapping is writable and `&mut self` is exclusive.
         unsafe { std::slice::from_raw_parts_mut(self.raw.va.0 as *mut u8, self.raw.size as usize) }
     }
@@ -794,20 +820,22 @@ mod tests {
         for g in c.gpus() {
             assert!(g.gpuvm_base < g.gpuvm_limit, "GPU {}", g.gpu_id.get());
             for (i, kind) in [MemKind::Gtt, MemKind::Vram].into_iter().enumerate() {
-                let mut bo = c.alloc(g.gpu_id, 10_000, kind).unwrap();
+                let bo = c.alloc(g.gpu_id, 10_000, kind).unwrap();
                 assert_eq!(bo.size(), 12288);
                 assert_eq!(bo.handle().gpu_id(), g.gpu_id);
                 assert!(bo.va().0 >= g.gpuvm_base);
                 let tag = [b'k', b'f', b'd', i as u8];
-                bo.as_mut_slice()[..4].copy_from_slice(&tag);
-                bo.as_mut_slice()[8191] = 0xa5;
+                bo.volatile().copy_from(&tag);
+                bo.volatile().subslice(8191, 1).unwrap().copy_from(&[0xa5]);
                 // A second mapping of the render node at the returned offset sees the
                 // same bytes: the CPU VA really is the BO, not private memory.
                 let view =
                     kfd_abi::handle::Mapping::shared(g.render().as_fd(), bo.mmap_offset(), 12288)
                         .unwrap();
-                assert_eq!(&view.as_slice()[..4], &tag);
-                assert_eq!(view.as_slice()[8191], 0xa5);
+                let mut seen = vec![0u8; 12288];
+                view.as_volatile_slice().copy_to(&mut seen);
+                assert_eq!(&seen[..4], &tag);
+                assert_eq!(seen[8191], 0xa5);
                 drop(view);
                 bo.free().unwrap();
             }

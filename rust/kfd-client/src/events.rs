@@ -57,8 +57,8 @@ impl<'c> Events<'c> {
     /// Allocates the signal page on `gpu` (GPU-mapped there, so that GPU's engines can
     /// write slots). Every slot starts unsignaled.
     pub fn new(client: &'c KfdClient, gpu: GpuId) -> Result<Self, EventError> {
-        let mut page = client.alloc(gpu, SIGNAL_PAGE_BYTES, MemKind::Gtt)?;
-        page.as_mut_slice().fill(0xff);
+        let page = client.alloc(gpu, SIGNAL_PAGE_BYTES, MemKind::Gtt)?;
+        page.volatile().fill(0xff);
         Ok(Self {
             client,
             page,

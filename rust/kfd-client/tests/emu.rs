@@ -145,7 +145,7 @@ fn inner_doorbell_and_mmio_bos() {
         // SAFETY: the doorbell lies in the doorbell BO, mapped while `c` lives.
         let db = unsafe { (q.doorbell_va().0 as *const u64).read_volatile() };
         assert_eq!(db, q.submitted());
-        let v = u32::from_le_bytes(flag.as_slice()[8 * i..8 * i + 4].try_into().unwrap());
+        let v = flag.volatile().read_u32(8 * i);
         assert_eq!(v, 40 + i as u32);
     }
     // KFD counts both kinds among the process' BOs: the ring and pointer BOs of two
@@ -179,12 +179,11 @@ fn inner_sdma_copy_fill_and_fence() {
     const SZ: u64 = 64 << 10;
     const TAIL: u64 = 4096;
     for g in c.gpus() {
-        let mut src = c.alloc(g.gpu_id, SZ, MemKind::Vram).unwrap();
+        let src = c.alloc(g.gpu_id, SZ, MemKind::Vram).unwrap();
         let dst = c.alloc(g.gpu_id, SZ, MemKind::Gtt).unwrap();
         let flag = c.alloc(g.gpu_id, 4096, MemKind::Gtt).unwrap();
-        for (i, b) in src.as_mut_slice().iter_mut().enumerate() {
-            *b = (i * 7 + 3) as u8;
-        }
+        let bytes: Vec<u8> = (0..SZ as usize).map(|i| (i * 7 + 3) as u8).collect();
+        src.volatile().copy_from(&bytes);
         let mut q = SdmaQueue::create(&c, g.gpu_id, 4096).unwrap();
         let (s, d, f) = (src.va().0, dst.va().0, flag.va().0);
         // Copy all but the tail, fill the tail with a constant, write a round number and
@@ -202,13 +201,13 @@ fn inner_sdma_copy_fill_and_fence() {
         q.wait_idle(Duration::from_secs(20)).unwrap();
         assert_eq!(q.rptr(), q.submitted());
         assert!(q.submitted() > 3 * 4096, "the ring wrapped");
-        let out = dst.as_slice();
+        let out = dst.to_vec();
         let n = (SZ - TAIL) as usize;
-        assert_eq!(&out[..n], &src.as_slice()[..n]);
+        assert_eq!(&out[..n], &src.to_vec()[..n]);
         for w in out[n..].chunks_exact(4) {
             assert_eq!(u32::from_le_bytes(w.try_into().unwrap()), 0xc0ff_eec8);
         }
-        let word = |o: usize| u32::from_le_bytes(flag.as_slice()[o..o + 4].try_into().unwrap());
+        let word = |o: usize| flag.volatile().read_u32(o);
         assert_eq!((word(0), word(8)), (200, 200));
         q.destroy().unwrap();
     }

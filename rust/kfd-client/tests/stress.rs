@@ -101,17 +101,23 @@ fn inner_stress_parent() {
             "GPU {:?}: VRAM leaked by the workers",
             g.gpu_id
         );
-        let mut bo = c.alloc(g.gpu_id, vram, MemKind::Vram).unwrap();
+        let bo = c.alloc(g.gpu_id, vram, MemKind::Vram).unwrap();
         assert_eq!(bo.size(), vram);
         assert_eq!(c.kfd().available_memory(g.gpu_id).unwrap(), 0);
         let e = c.alloc(g.gpu_id, 4096, MemKind::Vram).unwrap_err();
         assert_eq!(e.errno(), Some(libc::ENOMEM), "{e}");
-        let s = bo.as_mut_slice();
-        let n = s.len();
-        s[..1 << 20].fill(0x5a);
-        s[n - (1 << 20)..].fill(0xa5);
-        assert!(s[..1 << 20].iter().all(|&b| b == 0x5a));
-        assert!(s[n - (1 << 20)..].iter().all(|&b| b == 0xa5));
+        let v = bo.volatile();
+        let n = v.len();
+        v.subslice(0, 1 << 20).unwrap().fill(0x5a);
+        v.subslice(n - (1 << 20), 1 << 20).unwrap().fill(0xa5);
+        let mut head = vec![0u8; 1 << 20];
+        let mut tail = vec![0u8; 1 << 20];
+        v.subslice(0, 1 << 20).unwrap().copy_to(&mut head);
+        v.subslice(n - (1 << 20), 1 << 20)
+            .unwrap()
+            .copy_to(&mut tail);
+        assert!(head.iter().all(|&b| b == 0x5a));
+        assert!(tail.iter().all(|&b| b == 0xa5));
         bo.free().unwrap();
         assert_eq!(c.kfd().available_memory(g.gpu_id).unwrap(), vram);
     }
@@ -153,16 +159,17 @@ fn inner_stress_worker() {
             MemKind::Gtt
         };
         let size = 4096u64 << (rng.next() % 7); // 4 KiB .. 256 KiB
-        let mut bo = c.alloc(gpu, size, kind).unwrap();
+        let bo = c.alloc(gpu, size, kind).unwrap();
         let seed = (id as u8).wrapping_mul(31).wrapping_add(n as u8);
-        for (i, b) in bo.as_mut_slice().iter_mut().enumerate() {
-            *b = seed ^ (i as u8).wrapping_mul(13);
-        }
+        let bytes: Vec<u8> = (0..size as usize)
+            .map(|i| seed ^ (i as u8).wrapping_mul(13))
+            .collect();
+        bo.volatile().copy_from(&bytes);
         bos.push((bo, seed));
     }
     for (n, (bo, seed)) in bos.iter().enumerate() {
         let bad = bo
-            .as_slice()
+            .to_vec()
             .iter()
             .enumerate()
             .position(|(i, &b)| b != *seed ^ (i as u8).wrapping_mul(13));
@@ -172,12 +179,11 @@ fn inner_stress_worker() {
     // Per GPU: copy a 64 KiB VRAM source to GTT with SDMA a few times, fencing each round.
     for &g in &gpus {
         const SZ: u64 = 64 << 10;
-        let mut src = c.alloc(g, SZ, MemKind::Vram).unwrap();
+        let src = c.alloc(g, SZ, MemKind::Vram).unwrap();
         let dst = c.alloc(g, SZ, MemKind::Gtt).unwrap();
         let flag = c.alloc(g, 4096, MemKind::Gtt).unwrap();
-        for (i, b) in src.as_mut_slice().iter_mut().enumerate() {
-            *b = (i as u8) ^ (id as u8);
-        }
+        let bytes: Vec<u8> = (0..SZ as usize).map(|i| (i as u8) ^ (id as u8)).collect();
+        src.volatile().copy_from(&bytes);
         let mut q = SdmaQueue::create(&c, g, 4096).unwrap();
         let (s, d, f) = (src.va().0, dst.va().0, flag.va().0);
         for round in 1..=20u32 {
@@ -188,8 +194,8 @@ fn inner_stress_worker() {
             .unwrap();
         }
         q.wait_idle(Duration::from_secs(20)).unwrap();
-        assert_eq!(dst.as_slice(), src.as_slice(), "worker {id} GPU {g:?} copy");
-        let fence = u32::from_le_bytes(flag.as_slice()[..4].try_into().unwrap());
+        assert_eq!(dst.to_vec(), src.to_vec(), "worker {id} GPU {g:?} copy");
+        let fence = flag.volatile().read_u32(0);
         assert_eq!(fence, 20, "worker {id} GPU {g:?} fence");
         q.destroy().unwrap();
         src.free().unwrap();

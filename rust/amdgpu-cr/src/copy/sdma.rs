@@ -327,9 +327,9 @@ impl<D: SdmaDevice> SdmaEngine<D> {
             }
         };
 
-        let mut staging_buf = Mapping::anonymous(staging as usize)
+        let staging_buf = Mapping::anonymous(staging as usize)
             .map_err(|e| dev_err("allocate staging buffer")(e.into()))?;
-        let mut ib =
+        let ib =
             Mapping::anonymous(ib_len as usize).map_err(|e| dev_err("allocate IB")(e.into()))?;
         // Build the engine step by step so a failure releases what exists.
         enum Undo {
@@ -369,8 +369,8 @@ impl<D: SdmaDevice> SdmaEngine<D> {
         match result {
             Ok((staging_handle, ib_handle, ctx)) => {
                 // Touch the pages now so the userptr BOs validate quickly.
-                staging_buf.as_mut_slice()[0] = 0;
-                ib.as_mut_slice()[0] = 0;
+                staging_buf.as_volatile_slice().write_u32(0, 0);
+                ib.as_volatile_slice().write_u32(0, 0);
                 let mut engine = SdmaEngine {
                     dev,
                     gpu,
@@ -420,9 +420,9 @@ impl<D: SdmaDevice> SdmaEngine<D> {
         gpu: GpuId,
         index: usize,
     ) -> Result<(), CopyError> {
-        let bytes = self.ib.as_mut_slice();
-        for (slot, dw) in bytes.chunks_exact_mut(4).zip(ib) {
-            slot.copy_from_slice(&dw.to_le_bytes());
+        let bytes = self.ib.as_volatile_slice();
+        for (i, dw) in ib.iter().enumerate().take(bytes.len() / 4) {
+            bytes.write_u32(4 * i, *dw);
         }
         let err = |op: &'static str| {
             move |source: io::Error| match source.raw_os_error() {
@@ -537,7 +537,11 @@ impl<D: SdmaDevice> CopyEngine for SdmaEngine<D> {
             for (off, len) in chunks(bo.size, eng.staging.len() as u64) {
                 let (src, dst) = (eng.bo_va + off, eng.staging_va);
                 eng.run(bo, handle, src, dst, len)?;
-                drain_to(sink, &eng.staging.as_mut_slice()[..len as usize], bo)?;
+                // SAFETY: `run` waited for the copy's fence, and the engine submits nothing
+                // else before the slice is dropped: the GPU does not write the staging buffer
+                // meanwhile.
+                let staged = unsafe { eng.staging.as_slice() };
+                drain_to(sink, &staged[..len as usize], bo)?;
             }
             Ok(())
         })
@@ -546,7 +550,11 @@ impl<D: SdmaDevice> CopyEngine for SdmaEngine<D> {
     fn write_bo(&mut self, bo: &BoRef<'_>, src: &mut dyn Read) -> Result<(), CopyError> {
         self.with_bo(bo, |eng, handle| {
             for (off, len) in chunks(bo.size, eng.staging.len() as u64) {
-                fill_from(src, &mut eng.staging.as_mut_slice()[..len as usize], bo)?;
+                // SAFETY: the previous copy's fence was waited for (`run`), and the next is
+                // submitted after the slice is dropped: the GPU does not read or write the
+                // staging buffer meanwhile.
+                let staging = unsafe { eng.staging.as_mut_slice() };
+                fill_from(src, &mut staging[..len as usize], bo)?;
                 let (from, to) = (eng.staging_va, eng.bo_va + off);
                 eng.run(bo, handle, from, to, len)?;
             }
@@ -1121,7 +1129,7 @@ mod tests {
                 .insert(fd.as_raw_fd(), Arc::new(Mutex::new(vec![0; 4096])));
             let h = model.import_dmabuf(fd.as_fd()).unwrap();
             model.va_map(h, 0x10_0000, 4096, false).unwrap();
-            let mut ib_mem = Mapping::anonymous(4096).unwrap();
+            let ib_mem = Mapping::anonymous(4096).unwrap();
             let dst = Mapping::anonymous(4096).unwrap();
             // SAFETY: both buffers outlive the model's use in this test.
             let ibh = unsafe { model.userptr(ib_mem.as_non_null(), 4096) }.unwrap();
@@ -1130,14 +1138,14 @@ mod tests {
             model.va_map(ibh, 0x20_0000, 4096, true).unwrap();
             model.va_map(dh, 0x30_0000, 4096, false).unwrap();
             let ib = build_ib(written, 0x10_0000, 0x30_0000, 4096);
-            for (slot, dw) in ib_mem.as_mut_slice().chunks_exact_mut(4).zip(&ib) {
-                slot.copy_from_slice(&dw.to_le_bytes());
+            for (i, dw) in ib.iter().enumerate() {
+                ib_mem.as_volatile_slice().write_u32(4 * i, *dw);
             }
             let e = model.submit(1, 0x20_0000, 8, &[h, ibh, dh]).unwrap_err();
             assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "{engine:?}");
             let ib = build_ib(engine, 0x10_0000, 0x30_0000, 4096);
-            for (slot, dw) in ib_mem.as_mut_slice().chunks_exact_mut(4).zip(&ib) {
-                slot.copy_from_slice(&dw.to_le_bytes());
+            for (i, dw) in ib.iter().enumerate() {
+                ib_mem.as_volatile_slice().write_u32(4 * i, *dw);
             }
             model.submit(1, 0x20_0000, 8, &[h, ibh, dh]).unwrap();
         }
@@ -1211,8 +1219,8 @@ mod tests {
             .insert(fd.as_raw_fd(), Arc::new(Mutex::new(vec![0; 4096])));
         let h = model.import_dmabuf(fd.as_fd()).unwrap();
         model.va_map(h, 0x10_0000, 4096, false).unwrap();
-        let mut ib_mem = Mapping::anonymous(4096).unwrap();
-        let mut dst = Mapping::anonymous(4096).unwrap();
+        let ib_mem = Mapping::anonymous(4096).unwrap();
+        let dst = Mapping::anonymous(4096).unwrap();
         // SAFETY: both buffers outlive the model's use in this test.
         let ibh = unsafe { model.userptr(ib_mem.as_non_null(), 4096) }.unwrap();
         // SAFETY: as above.
@@ -1221,17 +1229,17 @@ mod tests {
         model.va_map(dh, 0x30_0000, 4096, false).unwrap();
         let mut ib = build_ib(SdmaGen::BytesCount, 0x10_0000, 0x30_0000, 4096);
         ib[1] = 4096; // what upstream writes on GFX9
-        for (slot, dw) in ib_mem.as_mut_slice().chunks_exact_mut(4).zip(&ib) {
-            slot.copy_from_slice(&dw.to_le_bytes());
+        for (i, dw) in ib.iter().enumerate() {
+            ib_mem.as_volatile_slice().write_u32(4 * i, *dw);
         }
         let e = model.submit(1, 0x20_0000, 8, &[h, ibh, dh]).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::EFAULT));
         let good = build_ib(SdmaGen::BytesMinusOne, 0x10_0000, 0x30_0000, 4096);
-        for (slot, dw) in ib_mem.as_mut_slice().chunks_exact_mut(4).zip(&good) {
-            slot.copy_from_slice(&dw.to_le_bytes());
+        for (i, dw) in good.iter().enumerate() {
+            ib_mem.as_volatile_slice().write_u32(4 * i, *dw);
         }
         model.submit(1, 0x20_0000, 8, &[h, ibh, dh]).unwrap();
-        let _ = dst.as_mut_slice();
+        let _ = dst.as_volatile_slice();
     }
 
     #[test]

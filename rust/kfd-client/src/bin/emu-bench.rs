@@ -41,7 +41,7 @@ fn main() -> ExitCode {
         eprintln!("emu-bench: no GPU in the topology");
         return ExitCode::FAILURE;
     };
-    let mut bo = match c.alloc(g, SIZE as u64, MemKind::Vram) {
+    let bo = match c.alloc(g, SIZE as u64, MemKind::Vram) {
         Ok(b) => b,
         Err(e) => {
             eprintln!("emu-bench: allocate 256 MiB VRAM on GPU {g:?}: {e}");
@@ -65,15 +65,17 @@ fn main() -> ExitCode {
     let dst = &mut dst_mem[dst_off..dst_off + SIZE];
     // Touch everything once so page faults are not timed.
     dst.copy_from_slice(src);
-    bo.as_mut_slice().copy_from_slice(src);
+    bo.volatile().copy_from(src);
 
     let memcpy = best(|| {
         black_box(&mut dst[..]).copy_from_slice(black_box(src));
         black_box(&dst);
     });
-    let write = best(|| bo.as_mut_slice().copy_from_slice(std::hint::black_box(src)));
+    let write = best(|| {
+        bo.volatile().copy_from(std::hint::black_box(src));
+    });
     let read = best(|| {
-        black_box(&mut dst[..]).copy_from_slice(black_box(bo.as_slice()));
+        bo.volatile().copy_to(black_box(&mut dst[..]));
         black_box(&dst);
     });
     if *dst != *src {

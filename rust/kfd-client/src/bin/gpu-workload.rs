@@ -273,20 +273,43 @@ fn weight(r: u16) -> u32 {
     u32::from(sign << 15 | exp << 10 | man)
 }
 
+/// Bytes of a BO filled or checked at a time, through a buffer of ours (the GPU may write
+/// the BO: it is copied, never borrowed).
+const CHUNK: usize = 1 << 20;
+
 fn fill(bo: &mut Bo<'_>, s: Seed) {
-    for (i, d) in bo.as_mut_slice().chunks_exact_mut(4).enumerate() {
-        d.copy_from_slice(&s.at(i as u64).to_le_bytes());
+    let v = bo.volatile();
+    let mut buf = vec![0u8; CHUNK.min(v.len())];
+    for off in (0..v.len()).step_by(CHUNK) {
+        let n = CHUNK.min(v.len() - off);
+        for (j, d) in buf[..n].chunks_exact_mut(4).enumerate() {
+            d.copy_from_slice(&s.at((off / 4 + j) as u64).to_le_bytes());
+        }
+        v.subslice(off, n).expect("in bounds").copy_from(&buf[..n]);
     }
 }
 
 /// The first mismatching dword of a BO, if any.
 fn check(bo: &Bo<'_>, s: Seed) -> Option<(u64, u32, u32)> {
-    bo.as_slice()
-        .chunks_exact(4)
-        .enumerate()
-        .map(|(i, d)| (i as u64, u32::from_le_bytes([d[0], d[1], d[2], d[3]])))
-        .find(|&(i, v)| v != s.at(i))
-        .map(|(i, v)| (i * 4, v, s.at(i)))
+    let v = bo.volatile();
+    let mut buf = vec![0u8; CHUNK.min(v.len())];
+    (0..v.len()).step_by(CHUNK).find_map(|off| {
+        let n = v
+            .subslice(off, CHUNK.min(v.len() - off))
+            .expect("in bounds")
+            .copy_to(&mut buf);
+        buf[..n]
+            .chunks_exact(4)
+            .enumerate()
+            .map(|(j, d)| {
+                (
+                    (off / 4 + j) as u64,
+                    u32::from_le_bytes([d[0], d[1], d[2], d[3]]),
+                )
+            })
+            .find(|&(i, v)| v != s.at(i))
+            .map(|(i, v)| (i * 4, v, s.at(i)))
+    })
 }
 
 /// Writes the bytes BO `bo` (at `va` on `gpu`) must hold to `dir`.
@@ -306,11 +329,7 @@ fn write_expected(dir: &Path, gpu: GpuId, bo: &Bo<'_>, s: Seed) -> Result<(), St
 }
 
 fn read_u32(bo: &Bo<'_>, off: usize) -> u32 {
-    let s = &bo.as_slice()[off..off + 4];
-    let p = s.as_ptr() as *const u32;
-    // SAFETY: `p` points at 4 readable, aligned bytes of a live BO mapping; volatile because
-    // the GPU writes them.
-    unsafe { p.read_volatile() }
+    bo.volatile().read_u32(off)
 }
 
 /// Offsets in each GPU's counter BO: the counter, its fence, the step history and its
@@ -385,16 +404,19 @@ impl<'c> GpuWork<'c> {
                 continue;
             }
             let s = self.seed(idx);
-            let bo = &mut self.bos[i].1;
-            for (block, chunk) in bo.as_mut_slice().chunks_mut(2 << 20).enumerate() {
+            let v = self.bos[i].1.volatile();
+            let mut buf = vec![0u8; (2 << 20).min(v.len())];
+            for (block, off) in (0..v.len()).step_by(2 << 20).enumerate() {
                 let first = block as u64 * CHANGE_DWORDS;
                 if s.gen_at(first) != s.gen {
                     continue;
                 }
-                for (j, d) in chunk.chunks_exact_mut(4).enumerate() {
+                let n = (2 << 20).min(v.len() - off);
+                for (j, d) in buf[..n].chunks_exact_mut(4).enumerate() {
                     d.copy_from_slice(&s.at(first + j as u64).to_le_bytes());
                 }
-                bytes += chunk.len() as u64;
+                v.subslice(off, n).expect("in bounds").copy_from(&buf[..n]);
+                bytes += n as u64;
             }
         }
         bytes
@@ -581,11 +603,11 @@ fn fresh_check(client: &KfdClient, proc: usize, index: usize, gpu: GpuId) -> Res
     let mut src = client
         .alloc(gpu, FRESH_BO_BYTES, MemKind::Vram)
         .map_err(|x| e("VRAM BO", &x))?;
-    let mut dst = client
+    let dst = client
         .alloc(gpu, FRESH_BO_BYTES, MemKind::Gtt)
         .map_err(|x| e("GTT BO", &x))?;
     fill(&mut src, seed);
-    dst.as_mut_slice().fill(0);
+    dst.volatile().fill(0);
     let mut q = SdmaQueue::create(client, gpu, 4096).map_err(|x| e("SDMA queue", &x))?;
     let (s, d) = (src.va().0, dst.va().0);
     q.submit_with(|v| sdma::copy_linear_split(v, s, d, FRESH_BO_BYTES))
