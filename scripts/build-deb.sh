@@ -72,8 +72,15 @@ secs=$(($(date +%s) - t0))
 
 changes=$out/criu-rocm_${version}_$(dpkg-architecture -qDEB_HOST_ARCH).changes
 [ -f "$changes" ] || die "no $changes after the build"
-# Info tags too: the packages must be clean, or say in an override why not.
-if ! lintian --fail-on error,warning,info --info --display-info "$changes" >"$out/lintian.log" 2>&1; then
+# Info tags too: the packages must be clean, or say in an override why not. One override
+# may go unused: the "thIk" spelling error is four bytes of zstd's machine code that only
+# some code layouts produce (debian/criu-rocm.lintian-overrides), so lintian's own verdict
+# is taken without that one line of it.
+lintian --fail-on none --info --display-info "$changes" >"$out/lintian.log" 2>&1 ||
+	{ cat "$out/lintian.log" >&2; die "lintian could not check the packages ($out/lintian.log)"; }
+if grep -E '^[EWIXOP]: ' "$out/lintian.log" |
+	grep -vE '^I: criu-rocm: unused-override spelling-error-in-binary thIk think \[usr/sbin/criu-rocm\]' |
+	grep -q .; then
 	cat "$out/lintian.log" >&2
 	die "lintian found problems in the packages (above; $out/lintian.log)"
 fi
