@@ -1354,6 +1354,26 @@ pub(crate) mod tests {
         assert!((s.mb_per_s() - 4.0).abs() < 1e-9);
     }
 
+    /// One GPU (0x1a2b) with one VRAM BO of `size` bytes at `off` of `dev`,
+    /// copied by the CPU engine.
+    fn one_vram_bo(dev: BorrowedFd<'_>, off: u64, size: u64) -> Vec<GpuJob<'_>> {
+        let gpu = GpuId(0x1a2b);
+        vec![GpuJob {
+            user: gpu,
+            actual: gpu,
+            bos: vec![BoRef {
+                index: 0,
+                gpu,
+                addr: GpuVa(0x7000_0000_0000),
+                size,
+                alloc_flags: bo::ALLOC_VRAM,
+                cpu_map: Some((dev, MmapOffset(off))),
+                dmabuf: None,
+            }],
+            engines: Engines::new(EnginePolicy::Auto, 64 << 20, None),
+        }]
+    }
+
     /// A BO of three hash extents: dumped and restored (in pieces when
     /// there are cores to spare), its hash composed from the extents'; an
     /// An incremental dump leaves out (as holes) the extents whose digest
@@ -1370,22 +1390,7 @@ pub(crate) mod tests {
         let data: Vec<u8> = (0..size).map(|x| (x % 253) as u8 | 1).collect();
         dev.write_all_at(&data, off).unwrap();
         let gpu = GpuId(0x1a2b);
-        let jobs = || {
-            vec![GpuJob {
-                user: gpu,
-                actual: gpu,
-                bos: vec![BoRef {
-                    index: 0,
-                    gpu,
-                    addr: GpuVa(0x7000_0000_0000),
-                    size,
-                    alloc_flags: bo::ALLOC_VRAM,
-                    cpu_map: Some((dev.as_fd(), MmapOffset(off))),
-                    dmabuf: None,
-                }],
-                engines: Engines::new(EnginePolicy::Auto, 64 << 20, None),
-            }]
-        };
+        let jobs = || one_vram_bo(dev.as_fd(), off, size);
         let parent_dir = tempdir();
         let parent = dump_contents(&parent_dir, FileId(1), jobs()).unwrap();
         // Extent 2 changes after the parent.
@@ -1450,22 +1455,7 @@ pub(crate) mod tests {
             .map(|x| (x % 251) as u8 ^ (x >> 20) as u8)
             .collect();
         dev.write_all_at(&data, off).unwrap();
-        let jobs = || {
-            vec![GpuJob {
-                user: GpuId(0x1a2b),
-                actual: GpuId(0x1a2b),
-                bos: vec![BoRef {
-                    index: 0,
-                    gpu: GpuId(0x1a2b),
-                    addr: GpuVa(0x7000_0000_0000),
-                    size,
-                    alloc_flags: bo::ALLOC_VRAM,
-                    cpu_map: Some((dev.as_fd(), MmapOffset(off))),
-                    dmabuf: None,
-                }],
-                engines: Engines::new(EnginePolicy::Auto, 64 << 20, None),
-            }]
-        };
+        let jobs = || one_vram_bo(dev.as_fd(), off, size);
         let dir = tempdir();
         let out = dump_contents(&dir, FileId(3), jobs()).unwrap();
         let by_hand: Vec<u64> = data.chunks(CONTENT_EXTENT as usize).map(xxh3_64).collect();
