@@ -1,6 +1,7 @@
-//! Dump and restore plans (pure data transformations between the KFD CRIU
-//! buckets, the topology and the image), the VMA fix-up table, and device
-//! recognition.
+//! Dump and restore plans: pure data transformations between the KFD CRIU
+//! buckets, the topology and the image.  Beside them: the VMA fix-up table
+//! (`vma`), the recognition of GPU device files (`device`) and the thunk's
+//! shared memory and semaphore (`hsakmt`).
 //!
 //! Id spaces: KFD's CHECKPOINT reports each device's *user* gpu_id (what
 //! the application first saw) and *actual* gpu_id (the GPU it runs on);
@@ -9,9 +10,7 @@
 //! and user ids at dump, which breaks re-checkpointing a migrated process).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io;
 use std::os::fd::BorrowedFd;
-use std::path::Path;
 
 use crate::bo;
 use crate::copy::BoRef;
@@ -21,6 +20,16 @@ use crate::matcher::GpuMap;
 use crate::pages::{ContentHash, Encoding};
 use crate::proto::{CriuKfd, CriuRenderNode, KfdBoEntry};
 use crate::topology::{Topology, TopologyError};
+
+mod device;
+mod hsakmt;
+mod vma;
+
+pub use device::{classify_device, same_file, stat_fd, stat_path, DeviceIdentities, DeviceKind};
+pub use hsakmt::{
+    ensure_semaphore, SharedMem, HSAKMT_SEMAPHORE, HSAKMT_SEMAPHORE_FILE, HSAKMT_SHM,
+};
+pub use vma::{VmaFixup, VmaFixups, VmaRemap};
 
 /// Errors building a plan; they name the GPU or BO involved.
 #[derive(Debug, thiserror::Error)]
@@ -86,145 +95,6 @@ pub struct CheckpointData {
     pub bos: Vec<BoBucket>,
     pub num_objects: u32,
     pub priv_data: Vec<u8>,
-}
-
-/// Facts about the thunk's (libhsakmt's) shared bookkeeping recorded at
-/// dump: `/dev/shm/hsakmt_shared_mem` (size, first word, mode) and the
-/// mode of its semaphore `/dev/shm/sem.hsakmt_semaphore`.  Modes are
-/// permission bits, 0 when not recorded (images of upstream or of older
-/// criu-rocm).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct SharedMem {
-    pub size: u64,
-    pub magic: u32,
-    pub mode: u32,
-    pub semaphore_mode: u32,
-}
-
-/// Where the thunk (libhsakmt) keeps its shared bookkeeping.
-pub const HSAKMT_SHM: &str = "/dev/shm/hsakmt_shared_mem";
-
-/// The file behind the thunk's semaphore (glibc keeps named semaphores in
-/// `/dev/shm/sem.<name>`).
-pub const HSAKMT_SEMAPHORE_FILE: &str = "/dev/shm/sem.hsakmt_semaphore";
-
-/// Mode the thunk asks for when it creates either file.
-const THUNK_MODE: u32 = 0o666;
-
-fn permission_bits(path: &Path) -> io::Result<u32> {
-    use std::os::unix::fs::PermissionsExt;
-    match std::fs::metadata(path) {
-        Ok(m) => Ok(m.permissions().mode() & 0o7777),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(0),
-        Err(e) => Err(e),
-    }
-}
-
-fn mode_or_default(mode: u32) -> u32 {
-    if mode == 0 {
-        THUNK_MODE
-    } else {
-        mode
-    }
-}
-
-impl SharedMem {
-    /// Records the size, first 32-bit word (little endian) and mode of the
-    /// thunk's shared memory file `shm` and the mode of its semaphore file
-    /// `sem` (both read through the dumped task's root); size 0 when the
-    /// shared memory does not exist.
-    pub fn probe(shm: &Path, sem: &Path) -> io::Result<Self> {
-        use std::io::Read;
-        let semaphore_mode = permission_bits(sem)?;
-        let mut f = match std::fs::File::open(shm) {
-            Ok(f) => f,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return Ok(SharedMem {
-                    semaphore_mode,
-                    ..SharedMem::default()
-                })
-            }
-            Err(e) => return Err(e),
-        };
-        let md = f.metadata()?;
-        let mut word = [0u8; 4];
-        let mut got = 0;
-        while got < 4 {
-            match f.read(&mut word[got..])? {
-                0 => break,
-                n => got += n,
-            }
-        }
-        use std::os::unix::fs::PermissionsExt;
-        Ok(SharedMem {
-            size: md.len(),
-            magic: u32::from_le_bytes(word),
-            mode: md.permissions().mode() & 0o7777,
-            semaphore_mode,
-        })
-    }
-
-    /// Recreates the file with the recorded size, magic and mode (0666
-    /// when none was recorded) when it is missing in the restored task's
-    /// mount namespace; the rest of its contents (thunk counters) is not
-    /// saved, as upstream.  CRIU then finds the file as the process had it
-    /// mapped, mode included.  An existing file is left alone.  Returns
-    /// whether it was created.
-    pub fn recreate(&self, path: &Path) -> io::Result<bool> {
-        use std::io::Write;
-        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-        if self.size == 0 {
-            return Ok(false);
-        }
-        if path.exists() {
-            return Ok(false);
-        }
-        // Built under a name of this task's own and linked into place whole:
-        // the other restored processes of a tree recreate the same file at
-        // the same time, and one that found it half made (size 0) would
-        // fail CRIU's size check of the restored mapping.
-        let mode = mode_or_default(self.mode);
-        let mut tmp = path.as_os_str().to_owned();
-        tmp.push(format!(".criu-rocm-{}", std::process::id()));
-        let tmp = std::path::PathBuf::from(tmp);
-        let made = (|| {
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(mode)
-                .open(&tmp)?;
-            // The restorer's umask is not the one the file was created under.
-            f.set_permissions(std::fs::Permissions::from_mode(mode))?;
-            f.set_len(self.size)?;
-            let n = self.size.min(4) as usize;
-            f.write_all(&self.magic.to_le_bytes()[..n])?;
-            match std::fs::hard_link(&tmp, path) {
-                Ok(()) => Ok(true),
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
-                Err(e) => Err(e),
-            }
-        })();
-        let _ = std::fs::remove_file(&tmp);
-        made
-    }
-}
-
-/// Name of the thunk's POSIX semaphore guarding its shared memory.
-pub const HSAKMT_SEMAPHORE: &std::ffi::CStr = c"/hsakmt_semaphore";
-
-/// Makes sure the named POSIX semaphore exists, created with value 1 (as
-/// the thunk creates it) and the permission bits `mode` (0666 when 0) on
-/// its file `file`, without changing an existing one.  Returns whether it
-/// was created.
-pub fn ensure_semaphore(name: &std::ffi::CStr, file: &Path, mode: u32) -> io::Result<bool> {
-    use std::os::unix::fs::PermissionsExt;
-    let mode = mode_or_default(mode);
-    if !crate::os::file::create_semaphore(name, mode, 1)? {
-        return Ok(false);
-    }
-    // sem_open applied our umask.
-    std::fs::set_permissions(file, std::fs::Permissions::from_mode(mode))?;
-    Ok(true)
 }
 
 /// The content work of one GPU: which BOs go to (or come from) its pages
@@ -576,207 +446,6 @@ pub fn plan_restore(
     })
 }
 
-/// The device a mapping is on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum DeviceKind {
-    Kfd,
-    Render(RenderMinor),
-}
-
-impl DeviceKind {
-    /// Recognises `/dev/kfd` and `/dev/dri/renderD<N>` paths as CRIU records
-    /// them (a leading `//` is collapsed).
-    pub fn from_path(path: &str) -> Option<Self> {
-        let trimmed = path.trim_start_matches('/');
-        if trimmed == "dev/kfd" {
-            return Some(DeviceKind::Kfd);
-        }
-        let minor = trimmed.strip_prefix("dev/dri/renderD")?;
-        if minor.is_empty() || !minor.bytes().all(|c| c.is_ascii_digit()) {
-            return None;
-        }
-        minor
-            .parse()
-            .ok()
-            .map(|m| DeviceKind::Render(RenderMinor(m)))
-    }
-}
-
-/// One restored BO mapping: where it was, where it is now.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct VmaFixup {
-    pub bo_index: usize,
-    pub addr: GpuVa,
-    pub size: u64,
-    /// The device the mapping was on at dump, and its offset there.
-    pub old_device: DeviceKind,
-    pub old_offset: MmapOffset,
-    /// The device to map now, and the offset there.
-    pub new_device: DeviceKind,
-    pub new_offset: MmapOffset,
-}
-
-/// The answer for one VMA: map `device` at `offset`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct VmaRemap {
-    pub bo_index: usize,
-    pub device: DeviceKind,
-    pub offset: MmapOffset,
-}
-
-/// Restored BO mappings, looked up by the VMAs CRIU restores.
-#[derive(Clone, Debug, Default)]
-pub struct VmaFixups {
-    entries: Vec<VmaFixup>,
-}
-
-impl VmaFixups {
-    /// Builds the table from RESTORE's output buckets (with
-    /// `restored_offset`s).  Only BOs whose mapping lives on a device node
-    /// get an entry; USERPTR memory is ordinary process memory.
-    pub fn from_restored(plan: &RestorePlan, restored: &[BoBucket]) -> Result<Self, PlanError> {
-        let mut entries = Vec::new();
-        for (i, b) in restored.iter().enumerate() {
-            if !bo::needs_vma_fixup(b.alloc_flags) {
-                continue;
-            }
-            let dev = plan
-                .devices
-                .iter()
-                .find(|d| d.user == b.gpu_id)
-                .ok_or_else(|| PlanError::BadBo {
-                    index: i,
-                    addr: b.addr,
-                    gpu: b.gpu_id,
-                    what: "restored BO of a GPU that is not in the plan".into(),
-                })?;
-            let (old_device, new_device) = if bo::has_contents(b.alloc_flags) {
-                (
-                    DeviceKind::Render(plan.old_minors[&b.gpu_id]),
-                    DeviceKind::Render(dev.render_minor),
-                )
-            } else {
-                (DeviceKind::Kfd, DeviceKind::Kfd)
-            };
-            entries.push(VmaFixup {
-                bo_index: i,
-                addr: b.addr,
-                size: b.size,
-                old_device,
-                old_offset: b.offset,
-                new_device,
-                new_offset: b.restored_offset,
-            });
-        }
-        Ok(VmaFixups { entries })
-    }
-
-    pub fn entries(&self) -> &[VmaFixup] {
-        &self.entries
-    }
-
-    /// Finds the new device and offset of a mapping of `len` bytes of
-    /// `device` at byte offset `pgoff` (`len` 0 = unknown, only `pgoff` is
-    /// checked).  The VMA may cover any part of a BO (split by mprotect, a
-    /// partial mapping) at any CPU address: it matches the BO whose old
-    /// offset range on that device contains `[pgoff, pgoff + len)`, and
-    /// keeps its offset within the BO.  This includes upstream's exact
-    /// `(addr, offset)` match and the address-range rule (a VMA at
-    /// `addr + delta` with `pgoff = offset + delta`).  Offset ranges of
-    /// distinct BOs on one device do not overlap (DRM fake offsets are
-    /// unique per device; KFD offsets encode type and GPU), so the match is
-    /// unique.  `None`: not a restored BO (e.g. the KFD events page).
-    pub fn lookup(&self, device: DeviceKind, pgoff: u64, len: u64) -> Option<VmaRemap> {
-        self.entries.iter().find_map(|e| {
-            if e.old_device != device {
-                return None;
-            }
-            let delta = pgoff.checked_sub(e.old_offset.0)?;
-            if delta >= e.size || len > e.size - delta {
-                return None;
-            }
-            Some(VmaRemap {
-                bo_index: e.bo_index,
-                device: e.new_device,
-                offset: MmapOffset(e.new_offset.0.checked_add(delta)?),
-            })
-        })
-    }
-}
-
-/// File identity: character devices compare by device number (a real
-/// `/dev/kfd` may be reached through other nodes with the same rdev);
-/// other files (the emulator's nodes on FUSE) by device and inode.
-/// Whether two `stat`s are the same device file: character devices by
-/// rdev (a container's own node of a device is another inode), anything
-/// else (an emulated node, a bind mount of one) by device and inode.
-pub fn same_file(a: &libc::stat, b: &libc::stat) -> bool {
-    let chr = |s: &libc::stat| s.st_mode & libc::S_IFMT == libc::S_IFCHR;
-    match (chr(a), chr(b)) {
-        (true, true) => a.st_rdev == b.st_rdev,
-        (false, false) => a.st_dev == b.st_dev && a.st_ino == b.st_ino,
-        _ => false,
-    }
-}
-
-/// Decides whether a file (an fd or a mapping's file, as `stat`) is
-/// `/dev/kfd`, one of the render nodes, or none of ours.  The one place
-/// that recognises GPU device files.
-pub fn classify_device(
-    st: &libc::stat,
-    kfd: Option<&libc::stat>,
-    render_nodes: &[(RenderMinor, libc::stat)],
-) -> Option<DeviceKind> {
-    if kfd.is_some_and(|k| same_file(st, k)) {
-        return Some(DeviceKind::Kfd);
-    }
-    render_nodes
-        .iter()
-        .find(|(_, r)| same_file(st, r))
-        .map(|(m, _)| DeviceKind::Render(*m))
-}
-
-pub use crate::os::file::{stat_fd, stat_path};
-
-/// The identities of this host's (or namespace's) GPU device files:
-/// `<dev>/kfd` and every `<dev>/dri/renderD<N>`.  Missing files are simply
-/// absent (a host without AMD GPUs has none, and nothing is "ours").
-#[derive(Clone, Default)]
-pub struct DeviceIdentities {
-    pub kfd: Option<libc::stat>,
-    pub render_nodes: Vec<(RenderMinor, libc::stat)>,
-}
-
-impl DeviceIdentities {
-    /// Stats the device files below `dev` (the product passes `/dev`).
-    pub fn probe(dev: &Path) -> Self {
-        let kfd = stat_path(&dev.join("kfd")).ok();
-        let mut render_nodes = Vec::new();
-        if let Ok(rd) = std::fs::read_dir(dev.join("dri")) {
-            for ent in rd.flatten() {
-                let name = ent.file_name();
-                let Some(minor) = name
-                    .to_str()
-                    .and_then(|n| n.strip_prefix("renderD"))
-                    .and_then(|m| m.parse::<u32>().ok())
-                else {
-                    continue;
-                };
-                if let Ok(st) = stat_path(&ent.path()) {
-                    render_nodes.push((RenderMinor(minor), st));
-                }
-            }
-        }
-        render_nodes.sort_by_key(|(m, _)| *m);
-        DeviceIdentities { kfd, render_nodes }
-    }
-
-    /// See [`classify_device`].
-    pub fn classify(&self, st: &libc::stat) -> Option<DeviceKind> {
-        classify_device(st, self.kfd.as_ref(), &self.render_nodes)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -786,6 +455,7 @@ mod tests {
     use crate::topology::tests::{cpu, gpu};
     use crate::topology::IOLINK_PCIE as P;
     use std::ffi::CString;
+    use std::path::Path;
 
     fn host() -> Topology {
         Topology::new(vec![
