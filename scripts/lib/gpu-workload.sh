@@ -73,3 +73,10 @@ wl_finish() {
 	done
 	for p in "$@"; do wait_gone "$p" || fail "gpu-workload $p still runs after its final verification"; done
 }
+
+# same_bytes BEFORE AFTER: verification line AFTER (after a restore) checked as many bytes
+# as line BEFORE did.
+same_bytes() {
+	[ "$(json_num "$2" bytes)" = "$(json_num "$1" bytes)" ] ||
+		fail "verified $(json_num "$2" bytes) bytes after the restore, $(json_num "$1" bytes) before"
+}

@@ -545,7 +545,7 @@ while True: time.sleep(1)' </dev/null >/dev/null 2>&1 &
 		fail "peak RSS $((rss1 >> 10)) KiB, $((extra >> 10)) KiB over the dump without GPU state: more than the budget of $((budget >> 10)) KiB + $((margin >> 10)) KiB"
 	restore_ok "$img" "$WL"
 	v1=$(wl_verify "$WL") || exit 1
-	[ "$(json_num "$v1" bytes)" = "$(json_num "$v0" bytes)" ] || fail "verified $(json_num "$v1" bytes) bytes after the restore, $(json_num "$v0" bytes) before"
+	same_bytes "$v0" "$v1"
 	wl_finish "$WL"
 	note "512 MiB on 8 GPUs, KFD_MAX_BUFFER_SIZE=16M: peak RSS $((rss1 >> 10)) KiB, $((extra >> 10)) KiB over a dump without GPU state ($((rss0 >> 10)) KiB)"
 	rm -rf "$img"
@@ -595,7 +595,7 @@ dump_1000_small_bos() {
 	r=$(imgcheck pages "$img" "$top/proto/criu-amdgpu.proto" "$exp" 2>&1) || fail "$r"
 	restore_ok "$img" "$WL"
 	v1=$(wl_verify "$WL") || exit 1
-	[ "$(json_num "$v1" bytes)" = "$(json_num "$v0" bytes)" ] || fail "verified $(json_num "$v1" bytes) bytes after the restore, $(json_num "$v0" bytes) before"
+	same_bytes "$v0" "$v1"
 	wl_finish "$WL"
 	note "$nbo BOs; $r"
 }
@@ -612,7 +612,7 @@ dump_1gib_bo() {
 	restore_ok "$img" "$WL"
 	note "$(grep -a -m1 -o 'GPU 0x[0-9a-f]* (host [^)]*): restored .*' "$LAST_RESTORE_LOG")"
 	v1=$(wl_verify "$WL") || exit 1
-	[ "$(json_num "$v1" bytes)" = "$(json_num "$v0" bytes)" ] || fail "verified $(json_num "$v1" bytes) bytes after the restore, $(json_num "$v0" bytes) before"
+	same_bytes "$v0" "$v1"
 	wl_finish "$WL"
 	rm -rf "$img"
 }
@@ -634,7 +634,7 @@ dump_sparse_bo() {
 	[ "$disk" -le $((4 << 20)) ] || fail "the pages file of a mostly-zero 256 MiB BO takes $disk bytes of disk"
 	restore_ok "$img" "$WL"
 	v1=$(wl_verify "$WL") || exit 1
-	[ "$(json_num "$v1" bytes)" = "$(json_num "$v0" bytes)" ] || fail "verified $(json_num "$v1" bytes) bytes after the restore, $(json_num "$v0" bytes) before"
+	same_bytes "$v0" "$v1"
 	wl_finish "$WL"
 	note "pages file $size bytes, $disk on disk"
 	rm -rf "$img"
@@ -662,7 +662,7 @@ dump_compressed() {
 	gpu_check_restorable "$img" >/dev/null
 	restore_ok "$img" "$WL"
 	v1=$(wl_verify "$WL") || exit 1
-	[ "$(json_num "$v1" bytes)" = "$(json_num "$v0" bytes)" ] || fail "verified $(json_num "$v1" bytes) bytes after the restore, $(json_num "$v0" bytes) before"
+	same_bytes "$v0" "$v1"
 	# Again through CRIU's option, compressing on the copying thread.
 	dump_ok "$WL" "$img2" --gpu-knob KFD_COMPRESS=zstd --gpu-knob KFD_COMPRESS_THREADS=0
 	gpu_check "$img2"
@@ -718,7 +718,7 @@ predump_runs_on() {
 	dump_ok "$WL" "$img" --prev-images-dir ../pre
 	restore_ok "$img" "$WL"
 	v2=$(wl_verify "$WL") || exit 1
-	[ "$(json_num "$v2" bytes)" = "$(json_num "$v0" bytes)" ] || fail "verified $(json_num "$v2" bytes) bytes after the restore, $(json_num "$v0" bytes) before"
+	same_bytes "$v0" "$v2"
 	wl_finish "$WL"
 	note "GPU queues paused for $paused by the pre-dump"
 }
@@ -735,7 +735,7 @@ dump_compressed_lanes() {
 	n=$(grep -a -c "amdgpu: GPU 0x[0-9a-f]*: lane of [0-9]* bytes" "$LAST_RESTORE_LOG")
 	[ "$(nproc)" -lt 2 ] || [ "$n" -ge 2 ] || fail "the restore of a 96 MiB compressed BO ran $n lane(s) on $(nproc) cores"
 	v1=$(wl_verify "$WL") || exit 1
-	[ "$(json_num "$v1" bytes)" = "$(json_num "$v0" bytes)" ] || fail "verified $(json_num "$v1" bytes) bytes after the restore, $(json_num "$v0" bytes) before"
+	same_bytes "$v0" "$v1"
 	wl_finish "$WL"
 	note "$n restore lanes; pages file $(stat -c %s "$img"/amdgpu-pages-*.img) bytes for 97 MiB of BOs"
 	rm -rf "$img"
@@ -754,7 +754,7 @@ predump_then_compressed_dump() {
 	grep -aq "incremental GPU dump against" "$img/dump.log" && fail "the compressed dump was made incremental"
 	restore_ok "$img" "$WL"
 	v1=$(wl_verify "$WL") || exit 1
-	[ "$(json_num "$v1" bytes)" = "$(json_num "$v0" bytes)" ] || fail "verified $(json_num "$v1" bytes) bytes after the restore, $(json_num "$v0" bytes) before"
+	same_bytes "$v0" "$v1"
 	wl_finish "$WL"
 }
 
@@ -818,7 +818,7 @@ predump_incremental_chain() {
 	gpu_check_restorable "$img" >/dev/null
 	restore_ok "$img" "$WL"
 	v2=$(wl_verify "$WL") || exit 1
-	[ "$(json_num "$v2" bytes)" = "$(json_num "$v1" bytes)" ] || fail "verified $(json_num "$v2" bytes) bytes after the restore, $(json_num "$v1" bytes) before"
+	same_bytes "$v1" "$v2"
 	wl_finish "$WL"
 	note "GPU pages on disk: full dump $fb bytes, incremental dump $ib bytes ($((ib * 100 / fb)) %)"
 	note "${line#incremental GPU dump against }"
@@ -1090,7 +1090,7 @@ restore_same_host() {
 		"amdgpu: pid $WL: KFD file [0-9]+ restored: .*BO contents handed to the GPU memory writer" \
 		"amdgpu: pid $WL: GPU 0x[0-9a-f]+ \(host 0x[0-9a-f]+\): restored [0-9]+ BO\(s\)"
 	v1=$(wl_verify "$WL") || exit 1
-	[ "$(json_num "$v1" bytes)" = "$(json_num "$v0" bytes)" ] || fail "verified $(json_num "$v1" bytes) bytes after the restore, $(json_num "$v0" bytes) before"
+	same_bytes "$v0" "$v1"
 	counters_cmp "$v0" "$v1" ge || fail "counters went back: $(json_list "$v0" counters) then $(json_list "$v1" counters)"
 	# The SET_EVENT left pending at the dump, then a FENCE+TRAP from SDMA.
 	[ "$(json_num "$v1" events)" -ge $(($(json_num "$v0" events) + 2)) ] || fail "events did not fire after the restore: $v0 / $v1"
