@@ -131,26 +131,17 @@ pub type BoList = Vec<Arc<GemObj>>;
 /// Whether `[addr, addr+size)` of process `pid` is mapped, and whether
 /// all of it is anonymous memory (no file behind it).
 fn user_pages(pid: u32, addr: u64, size: u64) -> R<(bool, bool)> {
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).map_err(|_| libc::EFAULT)?;
-    let mut vmas: Vec<(u64, u64, bool)> = Vec::new();
-    for l in maps.lines() {
-        let mut it = l.split_whitespace();
-        let Some((s, e)) = it.next().and_then(|r| r.split_once('-')) else {
-            continue;
-        };
-        let (Ok(s), Ok(e)) = (u64::from_str_radix(s, 16), u64::from_str_radix(e, 16)) else {
-            continue;
-        };
-        let path = it.nth(4).unwrap_or("");
-        let anon = path.is_empty() || (path.starts_with('[') && !path.starts_with("[vdso"));
-        vmas.push((s, e, anon));
-    }
+    let vmas = super::svm::vmas(pid).map_err(|_| libc::EFAULT)?;
+    let page = crate::device::uapi::PAGE;
     let (mut cur, end, mut anon) = (addr, addr + size, true);
     while cur < end {
-        match vmas.iter().find(|v| v.0 <= cur && cur < v.1) {
+        match vmas
+            .iter()
+            .find(|v| v.start * page <= cur && cur < v.end * page)
+        {
             Some(v) => {
-                anon &= v.2;
-                cur = v.1;
+                anon &= v.anon;
+                cur = v.end * page;
             }
             None => return Ok((false, anon)),
         }

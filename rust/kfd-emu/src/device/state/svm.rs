@@ -87,6 +87,9 @@ pub struct Vma {
     pub start: u64,
     pub end: u64,
     pub device: bool,
+    /// Anonymous memory: no file behind it (heap, stack and the like count,
+    /// the vDSO does not).
+    pub anon: bool,
 }
 
 /// The process' mappings, in pages.
@@ -107,10 +110,12 @@ pub fn parse_maps(maps: &str) -> Vec<Vma> {
         };
         let path = it.nth(4).unwrap_or("");
         let device = path == "/dev/kfd" || path.starts_with("/dev/dri/");
+        let anon = path.is_empty() || (path.starts_with('[') && !path.starts_with("[vdso"));
         out.push(Vma {
             start: s / uapi::PAGE,
             end: e / uapi::PAGE,
             device,
+            anon,
         });
     }
     out
@@ -450,6 +455,10 @@ mod tests {
         assert_eq!(
             v.iter().map(|v| v.device).collect::<Vec<_>>(),
             [false, true, true, false, false]
+        );
+        assert_eq!(
+            v.iter().map(|v| v.anon).collect::<Vec<_>>(),
+            [false, false, false, true, true]
         );
         assert_eq!((v[3].start, v[3].end), (0x7f0000006, 0x7f0000008));
     }
