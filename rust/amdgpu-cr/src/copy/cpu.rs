@@ -3,8 +3,9 @@
 //!
 //! Extra memory per worker is one mapping window (at most the staging size,
 //! see `env::staging_size`) whatever the BO size: the bytes go straight
-//! from the mapping into the file writer (and back), with no intermediate
-//! buffer.
+//! from the mapping into the pages writer (whose write buffer, part of the
+//! same budget, aligns them for the page cache: see `pages::out`), and back
+//! from the pages file straight into the mapping.
 
 use std::io::{self, Read, Write};
 
@@ -96,7 +97,7 @@ impl CopyEngine for CpuEngine {
         self.each_window(bo, false, |map| {
             // SAFETY: no GPU writes the BO meanwhile: a dump copies while the KFD process'
             // queues are evicted (PROCESS_INFO paused them) and its tasks are frozen.  Read
-            // in place, without a bounce buffer, at the dump's full speed.
+            // in place: the only copy is into the pages writer's aligned buffer.
             unsafe { map.as_slice() }
                 .chunks(SINK_CHUNK)
                 .try_for_each(|c| drain_to(sink, c, bo))

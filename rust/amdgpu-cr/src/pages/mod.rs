@@ -25,6 +25,7 @@
 //! before it`.
 
 pub mod hash;
+mod out;
 mod reader;
 mod writer;
 pub mod zstd;

@@ -1,10 +1,11 @@
 //! [`PagesWriter`]: writes a pages file, leaving zero blocks as holes.
 
-use std::fs::{File, OpenOptions};
-use std::io::{self, BufWriter, Seek, Write};
+use std::fs::OpenOptions;
+use std::io::{self, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
+use super::out::AlignedOut;
 use super::zstd::{Compress, ZstdOut};
 use super::{all_zero, pages_image_name, SPARSE_BLOCK};
 use crate::ids::GpuId;
@@ -21,7 +22,7 @@ const WRITE_BUFFER: usize = 1 << 20;
 /// to upstream's plugin as to us.
 pub struct PagesWriter {
     file: String,
-    out: BufWriter<File>,
+    out: AlignedOut,
     total: u64,
     written: u64,
     /// File offset of the next byte given to the writer.
@@ -59,7 +60,7 @@ impl PagesWriter {
             .map_err(|e| ImageError::io(&file, "ftruncate", e))?;
         let mut w = PagesWriter {
             file,
-            out: BufWriter::with_capacity(buffer, f),
+            out: AlignedOut::new(f, 0, buffer),
             total,
             written: 0,
             off: 0,
@@ -109,16 +110,14 @@ impl PagesWriter {
         let mut start = len0;
         for &len in rest {
             let file = out[0].file.clone();
-            let mut f = OpenOptions::new()
+            let f = OpenOptions::new()
                 .write(true)
                 .custom_flags(libc::O_CLOEXEC)
                 .open(&path)
                 .map_err(|e| ImageError::io(&file, "open", e))?;
-            f.seek(io::SeekFrom::Start(8 + start))
-                .map_err(|e| ImageError::io(&file, "seek", e))?;
             out.push(PagesWriter {
                 file,
-                out: BufWriter::with_capacity(buffer, f),
+                out: AlignedOut::new(f, 8 + start, buffer),
                 total: len,
                 written: 0,
                 off: 8 + start,
@@ -151,7 +150,7 @@ impl PagesWriter {
             .try_fold(0u64, |t, &(_, l)| t.checked_add(l))
             .ok_or_else(|| ImageError::invalid(&name, "size", "BO sizes overflow"))?;
         let f = create_image(&path).map_err(|e| ImageError::io(&file, "create", e))?;
-        let mut out = BufWriter::with_capacity(buffer, f);
+        let mut out = AlignedOut::new(f, 0, buffer);
         out.write_all(&total.to_le_bytes())
             .map_err(|e| ImageError::io(&file, "write header", e))?;
         let z = ZstdOut::new(name, gpu, 8, bos, c).map_err(|e| ImageError::io(&file, "zstd", e))?;
@@ -198,22 +197,14 @@ impl PagesWriter {
         Ok(self.written)
     }
 
-    /// Writes `data` at `off - partial - data.len()`, after seeking past
-    /// the zeros held back.  A run of at least a quarter of the buffer goes
-    /// to the file directly (after what the buffer holds): a run of blocks
-    /// is never a whole buffer long (the size word puts the BO bytes 8
-    /// bytes off the file's blocks), and copying it through the buffer
-    /// would cost a memcpy of every byte of GPU memory.
+    /// Writes `data` at `off - partial - data.len()`, after the zeros held
+    /// back (left as holes).  The bytes go through `out`'s buffer, placed
+    /// at their file offset's place in the page, so that the kernel's copy
+    /// into the page cache runs aligned (see [`super::out`]).
     fn emit(&mut self, data: &[u8]) -> io::Result<()> {
         if self.skip > 0 {
-            let skip = i64::try_from(self.skip)
-                .map_err(|_| io::Error::from_raw_os_error(libc::EOVERFLOW))?;
-            self.out.seek(io::SeekFrom::Current(skip))?;
+            self.out.skip(self.skip)?;
             self.skip = 0;
-        }
-        if data.len() >= self.out.capacity() / 4 {
-            self.out.flush()?;
-            return self.out.get_mut().write_all(data);
         }
         self.out.write_all(data)
     }

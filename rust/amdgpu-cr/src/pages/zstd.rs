@@ -21,7 +21,7 @@
 
 use std::fmt;
 use std::fs::File;
-use std::io::{self, BufWriter, Read, Write};
+use std::io::{self, Read, Write};
 use std::os::unix::fs::FileExt;
 
 use zstd::zstd_safe::{self, CCtx, CParameter, DCtx, DParameter, InBuffer, OutBuffer};
@@ -180,7 +180,7 @@ pub struct Compress {
 }
 
 /// The pages file, as the writer buffers it.
-type Out = BufWriter<File>;
+type Out = super::out::AlignedOut;
 
 /// Writes the chunk records of a compressed pages file after its header.
 pub(super) struct ZstdOut {
