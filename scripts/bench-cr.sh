@@ -12,6 +12,9 @@
 #   env:   BENCH_CR_MIB=N      MiB per process in the throughput runs (default 256)
 #          BENCH_CR_RUNS=N     counted runs; each figure is the best of them (default 10: one
 #                              run's restore time varies by about 10% on a shared machine)
+#          BENCH_CR_LARGE_MIB=N   MiB per process of the second throughput table (default 1024;
+#                              0 leaves it out)
+#          BENCH_CR_LARGE_RUNS=N  its counted runs (default 3)
 #          BENCH_CR_STAGING=S  KFD_MAX_BUFFER_SIZE of the RSS runs (default 32M; the VRAM
 #                              dumped is 4x this)
 #          BENCH_CR_TIME_LIMIT=S  seconds the whole run may take (default 600)
@@ -47,6 +50,8 @@
 #            rewritten (SIGUSR2), dumped whole (--leave-running) and dumped incrementally
 #            (--prev-images-dir ../pre), restored from the latter and checked: the
 #            incremental dump's pages on disk, wall and frozen time over the full dump's
+#   large    gpu, big and anon at BENCH_CR_LARGE_MIB, after the runs: the same throughput
+#            rows at that size (their fixed costs are gpu 0 and anon 0 of the runs)
 # Each is started, dumped (criu kills it), restored (-d), made to check every byte of its
 # memory, and killed. A run does the four one after the other; a first run warms up and is
 # not counted.
@@ -99,6 +104,8 @@ anon=$out/bench-anon
 profile=mi100
 mib=${BENCH_CR_MIB:-256}
 runs=${BENCH_CR_RUNS:-10}
+large=${BENCH_CR_LARGE_MIB:-1024}
+large_runs=${BENCH_CR_LARGE_RUNS:-3}
 staging=${BENCH_CR_STAGING:-32M}
 time_limit=${BENCH_CR_TIME_LIMIT:-600}
 # The allowance over KFD_MAX_BUFFER_SIZE in the RSS bound (see the top).
@@ -452,6 +459,15 @@ in_emu() {
 		rss_cycle gpu "$vram_mib" "$run"
 		rss_cycle anon 0 "$run"
 	done
+	if [ "$large" -gt 0 ] && [ "$large" != "$mib" ]; then
+		printf ' %s-MiB' "$large"
+		for ((run = 1; run <= large_runs; run++)); do
+			printf ' %d' "$run"
+			tp_cycle gpu "$large" "$run"
+			tp_cycle anon "$large" "$run"
+			tp_cycle big "$large" "$run"
+		done
+	fi
 	printf ' sparse'
 	sparse_cycle 1024
 	printf ' zstd'
@@ -517,6 +533,12 @@ preflight() {
 	if ! [[ $runs =~ ^[0-9]+$ ]] || [ "$runs" -lt 1 ]; then
 		die "BENCH_CR_RUNS=$runs: expected a number, at least 1"
 	fi
+	if ! [[ $large =~ ^[0-9]+$ ]] || { [ "$large" -gt 0 ] && [ "$large" -lt 16 ]; }; then
+		die "BENCH_CR_LARGE_MIB=$large: expected 0 or a number of MiB, at least 16"
+	fi
+	if ! [[ $large_runs =~ ^[0-9]+$ ]] || [ "$large_runs" -lt 1 ]; then
+		die "BENCH_CR_LARGE_RUNS=$large_runs: expected a number, at least 1"
+	fi
 	if [ $(($(size_bytes "$staging") % $(getconf PAGESIZE))) != 0 ] || [ "$(size_bytes "$staging")" -lt $((1 << 20)) ]; then
 		die "BENCH_CR_STAGING=$staging: expected a multiple of the page size, at least 1M"
 	fi
@@ -527,8 +549,9 @@ preflight() {
 read -r -d '' TABLE <<'EOF' || true
 import statistics, sys
 
-tp, rss, mib, runs, staging, stg, const, sparse, rss8, zstd, incr = sys.argv[1:12]
+tp, rss, mib, runs, staging, stg, const, sparse, rss8, zstd, incr, large, large_runs = sys.argv[1:14]
 mib, runs, stg, const = int(mib), int(runs), int(stg), int(const)
+large, large_runs = int(large), int(large_runs)
 res = {}
 for line in open(tp):
     k, size, run, dump_us, rest_us, nbytes, tool_us, rtool_us, frozen_us = line.split()
@@ -540,8 +563,10 @@ RUNS = range(1, runs + 1)
 
 
 def best(k, size, field):
-    """The shortest time in microseconds of `field` over the runs, and the bytes of that run."""
-    r = min(RUNS, key=lambda r: res[(k, size, r)][field])
+    """The shortest time in microseconds of `field` over the runs at `size`, and the bytes of
+    that run."""
+    n = large_runs if size == large and size != mib else runs
+    r = min(range(1, n + 1), key=lambda r: res[(k, size, r)][field])
     return res[(k, size, r)][field], res[(k, size, r)]["bytes"]
 
 
@@ -549,13 +574,13 @@ def mbps(b, us):
     return b / us if b > 0 and us > 0 else None
 
 
-def in_tool(k, field):
-    us, b = best(k, mib, field)
+def in_tool(k, field, size=mib):
+    us, b = best(k, size, field)
     return mbps(b, us)
 
 
-def marginal(k, field, zero=None):
-    (n_us, n_b), (z_us, z_b) = best(k, mib, field), best(zero or k, 0, field)
+def marginal(k, field, zero=None, size=mib):
+    (n_us, n_b), (z_us, z_b) = best(k, size, field), best(zero or k, 0, field)
     return mbps(n_b - z_b, n_us - z_us)
 
 
@@ -564,21 +589,28 @@ def fmt(x, f="{:.0f}"):
 
 
 line = "  {:<18} {:>9} {:>12} {:>6}  {}"
-rows = []
-for name, g, a in (
-    ("dump, in-tool", in_tool("gpu", "tool"), in_tool("anon", "tool")),
-    ("dump, marginal", marginal("gpu", "dump"), marginal("anon", "dump")),
-    ("restore, in-tool", in_tool("gpu", "rtool"), "-"),
-    ("restore, marginal", marginal("gpu", "rest"), marginal("anon", "rest")),
-    ("dump, 1 BO", marginal("big", "dump", "gpu"), marginal("anon", "dump")),
-    ("restore, 1 BO", marginal("big", "rest", "gpu"), marginal("anon", "rest")),
-):
-    if a == "-":
-        rows.append((name, fmt(g), "-", "", "(CRIU has no timer around its restore of memory)"))
-        continue
-    ratio = g / a if g is not None and a is not None else None
-    verdict = "" if ratio is None else ("met" if ratio >= 1.0 else "NOT met")
-    rows.append((name, fmt(g), fmt(a), fmt(ratio, "{:.2f}"), verdict))
+
+
+def throughput_rows(size):
+    rows = []
+    for name, g, a in (
+        ("dump, in-tool", in_tool("gpu", "tool", size), in_tool("anon", "tool", size)),
+        ("dump, marginal", marginal("gpu", "dump", size=size), marginal("anon", "dump", size=size)),
+        ("restore, in-tool", in_tool("gpu", "rtool", size), "-"),
+        ("restore, marginal", marginal("gpu", "rest", size=size), marginal("anon", "rest", size=size)),
+        ("dump, 1 BO", marginal("big", "dump", "gpu", size), marginal("anon", "dump", size=size)),
+        ("restore, 1 BO", marginal("big", "rest", "gpu", size), marginal("anon", "rest", size=size)),
+    ):
+        if a == "-":
+            rows.append((name, fmt(g), "-", "", "(CRIU has no timer around its restore of memory)"))
+            continue
+        ratio = g / a if g is not None and a is not None else None
+        verdict = "" if ratio is None else ("met" if ratio >= 1.0 else "NOT met")
+        rows.append((name, fmt(g), fmt(a), fmt(ratio, "{:.2f}"), verdict))
+    return rows
+
+
+rows = throughput_rows(mib)
 
 
 def ms(k, size, field):
@@ -626,6 +658,12 @@ for what, field in (("dump", "dump"), ("restore", "rest")):
         "", "(whole command, N MiB / none)",
     ))
 
+if large > 0 and large != mib:
+    print()
+    print(f"  throughput: {large} MiB per process, best of {large_runs} run(s); fixed costs from the runs above")
+    print(line.format("MB/s", "GPU BOs", "anon memory", "ratio", ""))
+    for r in throughput_rows(large):
+        print(line.format(*r))
 print()
 print("  copy engines, GPU BOs in-tool MB/s: the CPU engine (maps the BOs) against the SDMA engine")
 print("  (dma-bufs, GEM_VA, CS; under kfd-emu supervise). The emulator's SDMA is a daemon thread")
@@ -705,7 +743,8 @@ EOF
 
 table() {
 	/usr/bin/python3 -c "$TABLE" "$out/tp.txt" "$out/rss.txt" "$mib" "$runs" "$staging" \
-		"$(size_bytes "$staging")" "$rss_const_mib" "$out/sparse.txt" "$out/rss8.txt" "$out/zstd.txt" "$out/incr.txt"
+		"$(size_bytes "$staging")" "$rss_const_mib" "$out/sparse.txt" "$out/rss8.txt" "$out/zstd.txt" "$out/incr.txt" \
+		"$large" "$large_runs"
 	echo "  raw numbers: ${out#"$top"/}/tp.txt and rss.txt; criu logs: ${out#"$top"/}/logs/"
 }
 
