@@ -359,7 +359,8 @@ pub fn engine_policy_from_env() -> Result<EnginePolicy, EnvError> {
 
 /// `KFD_COMPRESS`: whether the dump compresses the pages files.
 pub const COMPRESS_VAR: &str = "KFD_COMPRESS";
-/// `KFD_COMPRESS_THREADS`: zstd worker threads per GPU.
+/// `KFD_COMPRESS_THREADS`: compressing copy lanes (threads, each with its
+/// own zstd compressor) per GPU.
 pub const COMPRESS_THREADS_VAR: &str = "KFD_COMPRESS_THREADS";
 
 /// Parses `KFD_COMPRESS`: unset, empty, `0`, `no` or `none` → `None`
@@ -398,8 +399,9 @@ pub fn parse_compress(value: Option<&str>) -> Result<Option<i32>, EnvError> {
 }
 
 /// Parses `KFD_COMPRESS_THREADS`: `None` (unset or empty) → the CPU cores
-/// shared out among the GPUs; `0` compresses on the copying thread; at
-/// most 64.
+/// shared out among the GPUs; `0` or `1`: one lane per GPU; at most 64.
+/// Fewer when the memory budget cannot hold their compressors
+/// (`copy::zstd_lanes`).
 pub fn parse_compress_threads(value: Option<&str>) -> Result<Option<u32>, EnvError> {
     let Some(value) = value.filter(|v| !v.trim().is_empty()) else {
         return Ok(None);

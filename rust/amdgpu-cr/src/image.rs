@@ -37,8 +37,10 @@ pub const MAX_MESSAGE_SIZE: u64 = 512 << 20;
 /// ([`crate::pages::zstd`]); 5 = and 2 MiB extents with each extent's
 /// digest (`content_extent_xxh3`), and a dump with `--prev-images-dir` may
 /// leave unchanged extents to its parent (`parent_extents`,
-/// [`crate::validate::chain`]).
-pub const EXT_VERSION: u32 = 5;
+/// [`crate::validate::chain`]); 6 = and compressed pages files record their
+/// chunk size (`pages_compression_chunk`, 2 MiB: a chunk is an extent), so
+/// compressed dumps can be incremental and parents.
+pub const EXT_VERSION: u32 = 6;
 
 /// CRIU's id of a dumped file (the `id` of its `files.img` entry).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -650,6 +652,7 @@ pub(crate) mod tests {
             pages_compression: None,
             pages_compression_level: None,
             criu_rocm_parent: None,
+            pages_compression_chunk: None,
         }
     }
 

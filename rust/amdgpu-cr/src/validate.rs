@@ -653,19 +653,14 @@ fn check_pages(
     depth: Depth,
 ) -> Result<(), Refusal> {
     let name = kfd_image_name(id);
-    let total = pages_total(&name, &image.msg.bo_entries, gpu)?;
+    pages_total(&name, &image.msg.bo_entries, gpu)?;
     let encoding = Encoding::of(&name, &image.msg)?;
     let bos = content_bos(&image.msg.bo_entries, gpu);
     let overlay = match depth {
         Depth::Contents => chain::resolve(dir, id, image)?.remove(&gpu),
         Depth::Metadata => None,
     };
-    let pages = match overlay {
-        Some(o) if encoding == Encoding::Raw => {
-            PagesReader::open_with(dir, id, gpu, total, Some(o))
-        }
-        _ => PagesReader::open_encoded(dir, id, gpu, &bos, encoding),
-    };
+    let pages = PagesReader::open_encoded(dir, id, gpu, &bos, encoding, overlay);
     let mut pages = pages.map_err(|e| {
         let mut r = Refusal::from(e);
         r.gpu = Some(gpu);

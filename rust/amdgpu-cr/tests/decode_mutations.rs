@@ -99,6 +99,7 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         pages_compression: None,
         pages_compression_level: None,
         criu_rocm_parent: None,
+        pages_compression_chunk: None,
     };
     let hives = CriuKfd {
         pid: 99,
@@ -131,6 +132,7 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         pages_compression: None,
         pages_compression_level: None,
         criu_rocm_parent: None,
+        pages_compression_chunk: None,
     };
     let render = CriuRenderNode {
         gpu_id: 0x1a2b,

@@ -147,6 +147,7 @@ fn seed(host: &Host, second: bool, compressed: bool) -> Vec<u8> {
         pages_compression: compressed.then_some(1),
         pages_compression_level: compressed.then_some(3),
         criu_rocm_parent: None,
+        pages_compression_chunk: compressed.then_some(2 << 20),
     };
     // The second process (a task holds one KFD process): another pid.
     let kfd2 = frame(
@@ -170,11 +171,11 @@ fn seed(host: &Host, second: bool, compressed: bool) -> Vec<u8> {
         let (id, gpu) = (amdgpu_cr::image::FileId(0), amdgpu_cr::ids::GpuId(HOST_GPU));
         let c = amdgpu_cr::pages::Compress {
             level: 3,
-            threads: 0,
+            threads: None,
         };
         let bos = [(0, 8192), (1, 4096)];
         let mut w =
-            amdgpu_cr::pages::PagesWriter::create_compressed(&dir, id, gpu, &bos, c, 4096).unwrap();
+            amdgpu_cr::pages::PagesWriter::create_compressed(&dir, id, gpu, &bos, c).unwrap();
         std::io::Write::write_all(&mut w, &pages[8..]).unwrap();
         w.finish().unwrap();
         pages = std::fs::read(dir.join(amdgpu_cr::pages::pages_image_name(id, gpu))).unwrap();

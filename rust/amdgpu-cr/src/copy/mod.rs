@@ -694,15 +694,13 @@ fn into_lanes<'a, F>(
     Ok(lanes)
 }
 
-/// Takes the memory a zstd reader or writer of a GPU holds out of the
+/// Takes the memory of `decoders` zstd decompressors per lane out of the
 /// lane's CPU window, so that the budget still bounds the whole copy.
-fn make_room_for_zstd(lanes: &mut [(Lane<'_>, impl Sized)]) {
+fn make_room_for_zstd(lanes: &mut [(Lane<'_>, impl Sized)], decoders: u64) {
+    let zstd = decoders * crate::pages::zstd::decompressor_memory();
     for (l, _) in lanes {
         if l.engines.cpu.is_some() {
-            let budget = l
-                .engines
-                .budget
-                .saturating_sub(crate::pages::zstd::READER_MEMORY);
+            let budget = l.engines.budget.saturating_sub(zstd);
             l.engines.cpu = Some(cpu::CpuEngine::new(env::lane_split(budget).0));
         }
     }
@@ -745,14 +743,12 @@ pub fn dump_contents(
 }
 
 /// [`dump_contents`], compressing the pages files with zstd when
-/// `compress` gives a level and threads (`None` threads: the CPU cores
-/// shared out among the GPUs), see [`crate::pages::zstd`].  A compressed
-/// file is written by one lane per GPU (its records' offsets are known
-/// only as it goes); zstd's worker threads compress beside the copy.
+/// `compress` gives a level and lanes (`None` lanes: the CPU cores shared
+/// out among the GPUs), see [`dump_compressed`].
 ///
-/// `parent` (incremental dump, uncompressed only): the extent digests of
-/// BOs the parent image holds too; an extent whose digest is the parent's
-/// is left out (a hole) and listed in [`DumpOutcome::inherited`].
+/// `parent` (incremental dump): the extent digests of BOs the parent image
+/// holds too; an extent whose digest is the parent's is left out (a hole,
+/// or a zero chunk record) and listed in [`DumpOutcome::inherited`].
 pub fn dump_contents_encoded(
     dir: &Path,
     id: FileId,
@@ -760,37 +756,13 @@ pub fn dump_contents_encoded(
     compress: Option<(i32, Option<u32>)>,
     parent: &ParentDigests,
 ) -> Result<DumpOutcome, CopyError> {
-    if compress.is_some() && !parent.is_empty() {
-        return Err(CopyError::Setup {
-            gpu: jobs.first().map_or(GpuId(0), |j| j.user),
-            what: "an incremental dump cannot compress its pages files".into(),
-        });
+    if let Some((level, threads)) = compress {
+        return dump_compressed(dir, id, jobs, Compress { level, threads }, parent);
     }
-    let threads = lanes_per_gpu(jobs.len()) as u32;
-    // Hashed in CONTENT_EXTENT extents, which an incremental dump compares;
-    // a compressed file in its chunks' (a restore's lanes start at chunks).
-    let extent = match compress {
-        None => CONTENT_EXTENT,
-        Some(_) => crate::pages::zstd::CHUNK,
-    };
-    let mut lanes = into_lanes(
-        jobs,
-        &|_| Some(extent),
-        compress.is_some(),
-        |gpu, lens, buffer, bos| match compress {
-            None => PagesWriter::create_lanes_buffered(dir, id, gpu, lens, buffer),
-            Some((level, t)) => {
-                let c = Compress {
-                    level,
-                    threads: t.unwrap_or(threads),
-                };
-                PagesWriter::create_compressed(dir, id, gpu, bos, c, buffer).map(|w| vec![w])
-            }
-        },
-    )?;
-    if compress.is_some() {
-        make_room_for_zstd(&mut lanes);
-    }
+    let extent = CONTENT_EXTENT;
+    let lanes = into_lanes(jobs, &|_| Some(extent), false, |gpu, lens, buffer, _| {
+        PagesWriter::create_lanes_buffered(dir, id, gpu, lens, buffer)
+    })?;
     let inherited: std::sync::Mutex<BTreeMap<usize, Vec<u64>>> = Default::default();
     let (stats, digests) = run_lanes(
         lanes,
@@ -831,13 +803,24 @@ pub fn dump_contents_encoded(
         },
         |out| out.finish().map(drop).map_err(CopyError::from),
     )?;
-    let extent = Some(extent);
-    let mut inherited = inherited.into_inner().unwrap_or_else(|e| e.into_inner());
+    let inherited = inherited.into_inner().unwrap_or_else(|e| e.into_inner());
+    Ok(outcome(stats, digests, inherited, Encoding::Raw))
+}
+
+/// A dump's outcome from its lanes' statistics, each BO's extent digests
+/// (of [`CONTENT_EXTENT`]) and the extents left to the parent.
+fn outcome(
+    stats: Vec<GpuStats>,
+    digests: ExtentDigests,
+    mut inherited: BTreeMap<usize, Vec<u64>>,
+    encoding: Encoding,
+) -> DumpOutcome {
     for v in inherited.values_mut() {
         v.sort_unstable();
     }
-    Ok(DumpOutcome {
-        encoding: compress.map_or(Encoding::Raw, |(level, _)| Encoding::Zstd { level }),
+    let extent = Some(CONTENT_EXTENT);
+    DumpOutcome {
+        encoding,
         stats,
         hashes: digests
             .iter()
@@ -848,7 +831,395 @@ pub fn dump_contents_encoded(
             .collect(),
         extents: digests,
         inherited,
-    })
+    }
+}
+
+/// The least CPU window a compressing lane keeps besides its compressor.
+pub const MIN_ZSTD_WINDOW: u64 = 1 << 20;
+
+/// How many compressing lanes a GPU's share of the budget (`budget`, past
+/// any SDMA staging) holds at `level`, at most `want`, and the level: each
+/// lane holds a compressor ([`crate::pages::zstd::compressor_memory`]), a
+/// chunk buffer when `incremental`, and a CPU window of at least
+/// [`MIN_ZSTD_WINDOW`].  Fewer lanes, then a lower level, when the budget
+/// cannot hold them (the caller says so); `None` when not even one lane
+/// at level 1 fits.
+pub fn zstd_lanes(budget: u64, want: usize, level: i32, incremental: bool) -> Option<(usize, i32)> {
+    let lane = |level: i32| {
+        crate::pages::zstd::compressor_memory(level)
+            + if incremental {
+                crate::pages::zstd::CHUNK
+            } else {
+                0
+            }
+            + MIN_ZSTD_WINDOW
+    };
+    let lanes = (budget / lane(level)).min(want.max(1) as u64) as usize;
+    if lanes >= 1 {
+        return Some((lanes, level));
+    }
+    (1..level)
+        .rev()
+        .find(|&l| lane(l) <= budget)
+        .map(|l| (1, l))
+}
+
+/// One GPU's compressed dump: its pages file, the pieces its lanes take in
+/// turn (whole chunks, or whole BOs when one engine copies), and where each
+/// BO's chunks start in the file's chunk list.
+struct ZstdGpu<'a> {
+    file: crate::pages::zstd::ZstdPagesFile,
+    pieces: Vec<Piece<'a>>,
+    next: std::sync::atomic::AtomicUsize,
+    first_chunk: BTreeMap<usize, usize>,
+}
+
+/// [`dump_contents`] into compressed pages files ([`crate::pages::zstd`]):
+/// per GPU, lanes (threads; one when an SDMA engine copies) take whole
+/// chunks in turn, each copying a chunk, hashing and compressing it into
+/// memory with its own single-threaded zstd context; the file places the
+/// records in chunk order.  The compressors live in each lane's share of
+/// the budget (see [`zstd_lanes`]); with `parent`, a chunk (an extent) the
+/// parent holds with the same digest is not compressed but written as a
+/// zero record and listed as inherited.
+pub fn dump_compressed(
+    dir: &Path,
+    id: FileId,
+    jobs: Vec<GpuJob<'_>>,
+    c: Compress,
+    parent: &ParentDigests,
+) -> Result<DumpOutcome, CopyError> {
+    use crate::pages::zstd::{ZstdPagesFile, CHUNK};
+    let cores = lanes_per_gpu(jobs.len());
+    let want = c.threads.map_or(cores, |t| t.max(1) as usize);
+    let incremental = !parent.is_empty();
+    // One level for the image: the lowest any GPU's share holds.
+    let mut level = c.level;
+    let mut plan = Vec::with_capacity(jobs.len());
+    for job in &jobs {
+        let want = if job.engines.sdma.is_some() { 1 } else { want };
+        let Some((n, l)) = zstd_lanes(job.engines.budget, want, c.level, incremental) else {
+            return Err(CopyError::Setup {
+                gpu: job.user,
+                what: format!(
+                    "{} bytes of {} per GPU cannot hold a zstd compressor ({} bytes at level 1) \
+                     and a copy window of {MIN_ZSTD_WINDOW}: raise {} or unset {}",
+                    job.engines.budget,
+                    env::MAX_BUFFER_SIZE_VAR,
+                    crate::pages::zstd::compressor_memory(1),
+                    env::MAX_BUFFER_SIZE_VAR,
+                    env::COMPRESS_VAR
+                ),
+            });
+        };
+        if n < want {
+            log::warn!(
+                "GPU {}: {} compressing lanes (not {want}): each holds a zstd compressor of {} \
+                 bytes at level {l} within {} ({} bytes for this GPU; see {})",
+                job.user,
+                n,
+                crate::pages::zstd::compressor_memory(l),
+                env::MAX_BUFFER_SIZE_VAR,
+                job.engines.budget,
+                env::COMPRESS_THREADS_VAR
+            );
+        }
+        if l < c.level {
+            log::warn!(
+                "GPU {}: zstd level {l}, not {} ({}): a compressor at level {} needs {} bytes, \
+                 more than {} leaves this GPU ({} bytes)",
+                job.user,
+                c.level,
+                env::COMPRESS_VAR,
+                c.level,
+                crate::pages::zstd::compressor_memory(c.level),
+                env::MAX_BUFFER_SIZE_VAR,
+                job.engines.budget
+            );
+        }
+        level = level.min(l);
+        plan.push(n);
+    }
+    let zmem = crate::pages::zstd::compressor_memory(level) + if incremental { CHUNK } else { 0 };
+    let mut gpus = Vec::with_capacity(jobs.len());
+    let mut lanes: Vec<(usize, Lane<'_>)> = Vec::new();
+    for (g, (job, n)) in jobs.into_iter().zip(plan).enumerate() {
+        let GpuJob {
+            user,
+            actual,
+            bos,
+            mut engines,
+        } = job;
+        let list: Vec<(usize, u64)> = bos.iter().map(|b| (b.index, b.size)).collect();
+        let file = ZstdPagesFile::create(dir, id, user, &list, CHUNK)?;
+        let mut first_chunk = BTreeMap::new();
+        for (k, ch) in file.chunks().iter().enumerate() {
+            first_chunk.entry(ch.bo).or_insert(k);
+        }
+        let split = engines.sdma.is_none() && n > 1;
+        let pieces: Vec<Piece<'_>> = bos
+            .into_iter()
+            .flat_map(|b| chunk_pieces(b, split))
+            .collect();
+        let n = n.min(pieces.len()).max(1);
+        let lane_budget = engines.budget / n as u64;
+        let window =
+            (lane_budget.saturating_sub(zmem) / bo::PAGE_SIZE * bo::PAGE_SIZE).max(bo::PAGE_SIZE);
+        engines.cpu = Some(cpu::CpuEngine::new(window));
+        engines.budget = lane_budget;
+        let mut engines = Some(engines);
+        for _ in 0..n {
+            lanes.push((
+                g,
+                Lane {
+                    user,
+                    actual,
+                    pieces: Vec::new(),
+                    engines: engines.take().unwrap_or_else(|| {
+                        let mut e = cpu_only(lane_budget);
+                        e.cpu = Some(cpu::CpuEngine::new(window));
+                        e
+                    }),
+                },
+            ));
+        }
+        gpus.push(ZstdGpu {
+            file,
+            pieces,
+            next: Default::default(),
+            first_chunk,
+        });
+    }
+    let inherited: std::sync::Mutex<BTreeMap<usize, Vec<u64>>> = Default::default();
+    let per_lane = run_parallel(
+        lanes,
+        |(_, l)| l.user,
+        |(g, mut lane)| {
+            let gpu = &gpus[g];
+            // A lane that panics stops the others too (they would wait
+            // for its chunk's record for ever).
+            struct StopOnPanic<'f>(&'f crate::pages::zstd::ZstdPagesFile);
+            impl Drop for StopOnPanic<'_> {
+                fn drop(&mut self) {
+                    if std::thread::panicking() {
+                        self.0.fail();
+                    }
+                }
+            }
+            let _stop = StopOnPanic(&gpu.file);
+            match zstd_lane(id, gpu, &mut lane, level, parent, &inherited) {
+                // A lane stopped by another's failure: the other gives the
+                // cause.
+                Err(_) if gpu.file.fail() => Ok((lane.stats(), Vec::new())),
+                r => r,
+            }
+        },
+    )?;
+    for g in &gpus {
+        g.file.finish()?;
+    }
+    let mut stats = Vec::new();
+    let mut digests = Vec::new();
+    for (s, d) in per_lane {
+        stats.push(s);
+        digests.extend(d);
+    }
+    let inherited = inherited.into_inner().unwrap_or_else(|e| e.into_inner());
+    Ok(outcome(
+        merge_stats(stats),
+        compose_pieces(digests),
+        inherited,
+        Encoding::Zstd {
+            level,
+            chunk: CHUNK,
+        },
+    ))
+}
+
+/// `bo` cut into pieces of one chunk each when `split`, else whole (each
+/// hashed in extents of [`CONTENT_EXTENT`], a chunk's size).
+fn chunk_pieces(bo: BoRef<'_>, split: bool) -> Vec<Piece<'_>> {
+    let extent = Some(CONTENT_EXTENT);
+    if !split || bo.size <= CONTENT_EXTENT {
+        return vec![Piece::whole(bo, extent)];
+    }
+    let part = |start: u64| -> Option<Piece<'_>> {
+        let cpu_map = match bo.cpu_map {
+            Some((fd, off)) => Some((fd, MmapOffset(off.0.checked_add(start)?))),
+            None => None,
+        };
+        Some(Piece {
+            bo: BoRef {
+                addr: GpuVa(bo.addr.0.checked_add(start)?),
+                size: (bo.size - start).min(CONTENT_EXTENT),
+                cpu_map,
+                dmabuf: None,
+                ..bo
+            },
+            start,
+            extent,
+        })
+    };
+    let parts: Option<Vec<_>> = (0..bo.size)
+        .step_by(CONTENT_EXTENT as usize)
+        .map(part)
+        .collect();
+    parts.unwrap_or_else(|| vec![Piece::whole(bo, extent)])
+}
+
+/// One compressing lane: takes the GPU's next piece until none is left.
+fn zstd_lane<'a>(
+    id: FileId,
+    gpu: &ZstdGpu<'a>,
+    lane: &mut Lane<'a>,
+    level: i32,
+    parent: &ParentDigests,
+    inherited: &std::sync::Mutex<BTreeMap<usize, Vec<u64>>>,
+) -> Result<(GpuStats, Vec<PieceDigests>), CopyError> {
+    use std::sync::atomic::Ordering;
+    let start = Instant::now();
+    let mut stats = lane.stats();
+    let mut out = Vec::new();
+    let setup = |what: String| CopyError::Setup {
+        gpu: lane.user,
+        what,
+    };
+    let mut enc = crate::pages::zstd::FrameEncoder::new(level)
+        .map_err(|e| setup(format!("zstd compressor: {e}")))?;
+    let mut held = Vec::new();
+    loop {
+        let i = gpu.next.fetch_add(1, Ordering::Relaxed);
+        let Some(p) = gpu.pieces.get(i) else { break };
+        let first = gpu.first_chunk.get(&p.bo.index).copied().unwrap_or(0);
+        let mut sink = ChunkSink {
+            file: &gpu.file,
+            enc: &mut enc,
+            next: first + (p.start / crate::pages::zstd::CHUNK) as usize,
+            left: 0,
+            k: p.start / crate::pages::zstd::CHUNK,
+            hasher: xxhash_rust::xxh3::Xxh3::new(),
+            parent: parent.get(&p.bo.index).map(Vec::as_slice),
+            held: &mut held,
+            holding: false,
+            digests: Vec::new(),
+            kept: Vec::new(),
+        };
+        let (kind, ()) = lane
+            .engines
+            .with_engine(&p.bo, |engine| engine.read_bo(&p.bo, &mut sink))?;
+        if sink.left != 0 {
+            return Err(CopyError::Stream {
+                gpu: p.bo.gpu,
+                bo: p.bo.index,
+                file: pages_image_name(id, p.bo.gpu),
+                op: "compress",
+                source: io::Error::other("the copy ended inside a chunk"),
+            });
+        }
+        if !sink.kept.is_empty() {
+            let mut m = inherited.lock().unwrap_or_else(|e| e.into_inner());
+            m.entry(p.bo.index).or_default().extend(sink.kept.iter());
+        }
+        out.push((p.bo.index, p.start, std::mem::take(&mut sink.digests)));
+        count(&mut stats, kind, p);
+        log::debug!(
+            "GPU {}: BO {}, bytes {}..{}: compressed to the pages file",
+            lane.user,
+            p.bo.index,
+            p.start,
+            p.start + p.bo.size
+        );
+    }
+    stats.elapsed = start.elapsed();
+    Ok((stats, out))
+}
+
+/// A compressing lane's sink for one piece (which starts at a chunk): each
+/// chunk is hashed and compressed as it streams in, its record placed in
+/// the file when it ends; with a parent, a chunk is held whole and hashed
+/// first, and one with the parent's digest is not compressed (a zero
+/// record, listed in `kept`).
+struct ChunkSink<'s> {
+    file: &'s crate::pages::zstd::ZstdPagesFile,
+    enc: &'s mut crate::pages::zstd::FrameEncoder,
+    /// Index in the file of the chunk being written.
+    next: usize,
+    /// Its bytes still to come (0: none begun).
+    left: u64,
+    /// Its index in its BO (an extent's).
+    k: u64,
+    hasher: xxhash_rust::xxh3::Xxh3,
+    parent: Option<&'s [u64]>,
+    held: &'s mut Vec<u8>,
+    holding: bool,
+    digests: Vec<u64>,
+    kept: Vec<u64>,
+}
+
+impl ChunkSink<'_> {
+    fn zfail(e: String) -> io::Error {
+        io::Error::other(format!("zstd compression: {e}"))
+    }
+
+    fn end_chunk(&mut self) -> io::Result<()> {
+        let d = if self.holding {
+            let d = xxhash_rust::xxh3::xxh3_64(self.held);
+            if self.parent.and_then(|p| p.get(self.k as usize)) == Some(&d) {
+                self.kept.push(self.k);
+                let rec = self.enc.skip();
+                self.file.place(self.next, rec)?;
+                self.finish_chunk(d);
+                return Ok(());
+            }
+            self.enc.put(self.held).map_err(Self::zfail)?;
+            d
+        } else {
+            self.hasher.digest()
+        };
+        let rec = self.enc.end().map_err(Self::zfail)?;
+        self.file.place(self.next, rec)?;
+        self.finish_chunk(d);
+        Ok(())
+    }
+
+    fn finish_chunk(&mut self, d: u64) {
+        self.digests.push(d);
+        self.next += 1;
+        self.k += 1;
+    }
+}
+
+impl Write for ChunkSink<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        if self.left == 0 {
+            let c = self.file.chunks().get(self.next).copied().ok_or_else(|| {
+                io::Error::new(io::ErrorKind::InvalidInput, "write past the last chunk")
+            })?;
+            self.left = c.len;
+            self.enc.begin(c.len);
+            self.hasher.reset();
+            self.holding = self.parent.is_some_and(|p| (self.k as usize) < p.len());
+            self.held.clear();
+        }
+        let n = self.left.min(buf.len() as u64) as usize;
+        if self.holding {
+            self.held.extend_from_slice(&buf[..n]);
+        } else {
+            self.hasher.update(&buf[..n]);
+            self.enc.put(&buf[..n]).map_err(Self::zfail)?;
+        }
+        self.left -= n as u64;
+        if self.left == 0 {
+            self.end_chunk()?;
+        }
+        Ok(n)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Runs every lane on a thread of its own: `move_piece` moves a piece
@@ -929,8 +1300,9 @@ pub fn restore_contents(
 /// a compressed file is decompressed as it streams, by lanes that start at
 /// its chunks (see [`crate::pages::zstd`]).
 ///
-/// `overlays`: per GPU, the ranges of an incremental dump's (uncompressed)
-/// pages file read from its ancestors' ([`crate::validate::chain::resolve`]).
+/// `overlays`: per GPU, the ranges of an incremental dump's pages file
+/// read from its ancestors' ([`crate::validate::chain::resolve`]),
+/// compressed or not.
 pub fn restore_contents_encoded(
     dir: &Path,
     id: FileId,
@@ -944,24 +1316,27 @@ pub fn restore_contents_encoded(
         .flat_map(|j| j.bos.iter().map(|b| (b.index, (b.gpu, b.addr, b.size))))
         .collect();
     let extent_of = |i: usize| hashes.get(&i).map_or(Some(HASH_EXTENT), |h| h.extent);
-    let compressed = encoding != Encoding::Raw;
-    // Lanes of a compressed file start at its chunks, which are the extents
-    // criu-rocm hashes with: a BO hashed otherwise keeps one lane per GPU.
-    let chunk = crate::pages::zstd::CHUNK;
-    let one_lane = compressed
-        && !jobs
-            .iter()
-            .flat_map(|j| j.bos.iter())
-            .all(|b| b.size <= chunk || extent_of(b.index) == Some(chunk));
+    // Lanes of a compressed file start at its chunks: pieces are runs of
+    // whole extents (see Piece::of), which start at chunks when the chunk
+    // divides the run; a BO hashed otherwise keeps one lane per GPU.
+    let one_lane = match encoding {
+        Encoding::Raw => false,
+        Encoding::Zstd { chunk, .. } => !jobs.iter().flat_map(|j| j.bos.iter()).all(|b| {
+            b.size <= chunk
+                || extent_of(b.index).is_some_and(|e| {
+                    let run = e.saturating_mul((HASH_EXTENT / e.max(1)).max(1));
+                    e > 0 && run % chunk == 0
+                })
+        }),
+    };
     let mut lanes = into_lanes(jobs, &extent_of, one_lane, |gpu, lens, _, bos| {
-        if compressed {
-            PagesReader::open_encoded_lanes(dir, id, gpu, bos, encoding, lens)
-        } else {
-            PagesReader::open_lanes_with(dir, id, gpu, lens, overlays.get(&gpu).cloned())
-        }
+        let overlay = overlays.get(&gpu).cloned();
+        PagesReader::open_encoded_lanes(dir, id, gpu, bos, encoding, lens, overlay)
     })?;
-    if compressed {
-        make_room_for_zstd(&mut lanes);
+    let decoders =
+        u64::from(encoding != Encoding::Raw) + u64::from(overlays.values().any(|o| o.has_frames()));
+    if decoders > 0 {
+        make_room_for_zstd(&mut lanes, decoders);
     }
     let (stats, got_hashes) = run_lanes(
         lanes,
@@ -1372,6 +1747,185 @@ pub(crate) mod tests {
             }],
             engines: Engines::new(EnginePolicy::Auto, 64 << 20, None),
         }]
+    }
+
+    /// A compressed dump in two lanes: every chunk's record in order (the
+    /// file reads back whole), zero chunks as bare records, the hashes
+    /// those of the uncompressed dump; then restored in lanes.
+    #[test]
+    fn a_compressed_dump_in_lanes_round_trips() {
+        use crate::image::tests::tempdir;
+        use std::os::unix::fs::FileExt;
+
+        let (off, size) = (1u64 << 20, 9 * CONTENT_EXTENT + 4096);
+        let dev = device(off + size);
+        let mut data: Vec<u8> = (0..size)
+            .map(|x| (x % 251) as u8 ^ (x >> 21) as u8)
+            .collect();
+        let e = CONTENT_EXTENT as usize;
+        data[3 * e..4 * e].fill(0);
+        dev.write_all_at(&data, off).unwrap();
+        let jobs = || one_vram_bo(dev.as_fd(), off, size);
+        let plain = dump_contents(&tempdir(), FileId(3), jobs()).unwrap();
+        let dir = tempdir();
+        let out = dump_contents_encoded(
+            &dir,
+            FileId(3),
+            jobs(),
+            Some((3, Some(2))),
+            &BTreeMap::new(),
+        )
+        .unwrap();
+        assert_eq!(out.hashes, plain.hashes, "hashed as the uncompressed dump");
+        assert_eq!(out.extents, plain.extents);
+        let enc = Encoding::Zstd {
+            level: 3,
+            chunk: CONTENT_EXTENT,
+        };
+        assert_eq!(out.encoding, enc);
+        let gpu = GpuId(0x1a2b);
+        let len = std::fs::metadata(dir.join(pages_image_name(FileId(3), gpu)))
+            .unwrap()
+            .len();
+        assert!(len < size / 4, "compressed to {len} of {size}");
+        let bos = [(0usize, size)];
+        let mut r = PagesReader::open_encoded(&dir, FileId(3), gpu, &bos, enc, None).unwrap();
+        let mut back = Vec::new();
+        r.read_to_end(&mut back).unwrap();
+        assert!(back == data, "the records are in chunk order");
+        dev.write_all_at(&vec![0xee; size as usize], off).unwrap();
+        restore_contents_encoded(&dir, FileId(3), jobs(), &out.hashes, enc, &BTreeMap::new())
+            .unwrap();
+        let mut back = vec![0; size as usize];
+        dev.read_exact_at(&mut back, off).unwrap();
+        assert!(back == data, "every byte comes back");
+    }
+
+    /// A budget too small for a compressor at the level asked for lowers
+    /// the lanes, then the level; one too small for any is refused naming
+    /// the knob.
+    #[test]
+    fn the_compressors_fit_in_the_budget() {
+        use crate::pages::zstd::compressor_memory;
+        let lane = |l| compressor_memory(l) + MIN_ZSTD_WINDOW;
+        assert_eq!(zstd_lanes(64 << 20, 2, 3, false), Some((2, 3)));
+        assert_eq!(zstd_lanes(lane(3) + 4096, 2, 3, false), Some((1, 3)));
+        assert_eq!(zstd_lanes(lane(3) - 4096, 1, 3, false), Some((1, 2)));
+        assert_eq!(zstd_lanes(lane(1) - 4096, 1, 3, false), None);
+        assert!(lane(19) > lane(3) && lane(3) > lane(1));
+        let f = std::fs::File::open("/dev/null").unwrap();
+        let job = GpuJob {
+            user: GpuId(7),
+            actual: GpuId(7),
+            bos: vec![bo_ref(Some(f.as_fd()), None, bo::ALLOC_VRAM)],
+            engines: Engines::new(EnginePolicy::Auto, 1 << 20, None),
+        };
+        let e = dump_contents_encoded(
+            &crate::image::tests::tempdir(),
+            FileId(1),
+            vec![job],
+            Some((3, None)),
+            &BTreeMap::new(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("KFD_MAX_BUFFER_SIZE"), "{e}");
+    }
+
+    /// A chain of four dumps of one BO, uncompressed and compressed in
+    /// turn, each changing one extent: each link leaves the others to its
+    /// parents, and every link restores through [`chain::resolve`] (its
+    /// extents read from plain and compressed ancestors alike).
+    #[test]
+    fn a_mixed_chain_of_compressed_and_plain_dumps_restores() {
+        use crate::image::tests::{sample_kfd, tempdir};
+        use crate::image::KfdImage;
+        use crate::validate::chain;
+        use crate::validate::digests::{self, Digests};
+        use std::os::unix::fs::FileExt;
+
+        let (off, size) = (1u64 << 20, 5 * CONTENT_EXTENT + 4096);
+        let dev = device(off + size);
+        let mut data: Vec<u8> = (0..size).map(|x| (x % 253) as u8 | 1).collect();
+        let gpu = GpuId(0x1a2b);
+        let id = FileId(5);
+        let jobs = || one_vram_bo(dev.as_fd(), off, size);
+        let root = tempdir();
+        let mut prev: Option<(std::path::PathBuf, DumpOutcome)> = None;
+        let mut links = Vec::new();
+        for (n, compress) in [None, Some(3), None, Some(1)].into_iter().enumerate() {
+            let e = CONTENT_EXTENT as usize;
+            if n > 0 {
+                data[n * e + 5] ^= 0x5a;
+            }
+            dev.write_all_at(&data, off).unwrap();
+            let dir = root.join(format!("l{n}"));
+            std::fs::create_dir(&dir).unwrap();
+            let parent: ParentDigests = match &prev {
+                Some((pdir, p)) => {
+                    std::os::unix::fs::symlink(pdir, dir.join(chain::PARENT_LINK)).unwrap();
+                    BTreeMap::from([(0, p.extents[&0].clone())])
+                }
+                None => BTreeMap::new(),
+            };
+            let out =
+                dump_contents_encoded(&dir, id, jobs(), compress.map(|l| (l, Some(2))), &parent)
+                    .unwrap();
+            if n > 0 {
+                let mut want: Vec<u64> = (0..6).filter(|&k| k != n as u64).collect();
+                want.sort_unstable();
+                assert_eq!(out.inherited, BTreeMap::from([(0, want)]), "link {n}");
+            }
+            let mut m = sample_kfd();
+            m.device_entries.truncate(2);
+            m.num_of_gpus = 1;
+            m.bo_entries.truncate(1);
+            m.num_of_bos = 1;
+            let b = &mut m.bo_entries[0];
+            b.addr = 0x7000_0000_0000;
+            b.size = size;
+            b.alloc_flags = bo::ALLOC_VRAM;
+            b.content_xxh3 = Some(out.hashes[&0].value);
+            b.content_hash_extent = Some(CONTENT_EXTENT);
+            b.content_extent_xxh3 = out.extents[&0].clone();
+            if let Some(ks) = out.inherited.get(&0) {
+                b.parent_extents = Some(chain::bitmap(ks));
+                b.parent_bo = Some(0);
+                m.criu_rocm_parent = Some(crate::image::kfd_image_name(id));
+            }
+            out.encoding.record(&mut m);
+            let image = KfdImage { msg: m };
+            image.write(&dir, id).unwrap();
+            let mut d = Digests::default();
+            d.add_kfd_in(&dir, id, &image);
+            std::fs::write(dir.join(digests::FILE), d.encode()).unwrap();
+            links.push((dir.clone(), image, out.clone(), data.clone()));
+            prev = Some((dir, out));
+        }
+        let compressed = std::fs::metadata(links[3].0.join(pages_image_name(id, gpu)))
+            .unwrap()
+            .len();
+        assert!(
+            compressed < size / 4,
+            "the compressed child is {compressed} bytes"
+        );
+        for (n, (dir, image, out, want)) in links.iter().enumerate() {
+            let overlays = chain::resolve(dir, id, image).unwrap();
+            assert_eq!(overlays.is_empty(), n == 0, "link {n}");
+            dev.write_all_at(&vec![0; size as usize], off).unwrap();
+            restore_contents_encoded(dir, id, jobs(), &out.hashes, out.encoding, &overlays)
+                .unwrap_or_else(|e| panic!("link {n}: {e}"));
+            let mut back = vec![0; size as usize];
+            dev.read_exact_at(&mut back, off).unwrap();
+            assert!(back == *want, "link {n}: every byte comes back");
+        }
+        // Without its ancestors' extents the last link's hash check fails.
+        let (dir, _, out, _) = &links[3];
+        let e =
+            restore_contents_encoded(dir, id, jobs(), &out.hashes, out.encoding, &BTreeMap::new())
+                .unwrap_err();
+        assert!(matches!(e, CopyError::HashMismatch { .. }), "{e}");
+        std::fs::remove_dir_all(&root).unwrap();
     }
 
     /// A BO of three hash extents: dumped and restored (in pieces when

@@ -64,11 +64,6 @@ impl AlignedOut {
         self.page + self.hi as u64
     }
 
-    /// The file, for positioned writes of bytes already flushed past.
-    pub fn get_ref(&self) -> &File {
-        &self.file
-    }
-
     /// Leaves `n` bytes of the file as they are (a hole in a new file).
     pub fn skip(&mut self, n: u64) -> io::Result<()> {
         self.flush()?;

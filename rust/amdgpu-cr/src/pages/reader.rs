@@ -8,24 +8,55 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::pages_image_name;
-use super::zstd::{check_records, chunks, Encoding, ZstdIn};
+use super::zstd::{check_records, chunks, Chunk, Encoding, ZstdIn};
 use crate::ids::GpuId;
 use crate::image::{FileId, ImageError};
 
-/// Extents of an incremental dump's pages file that are holes there and
-/// read from an ancestor's pages file instead (built by
-/// [`crate::validate::chain::resolve`]): sorted, disjoint ranges of the
-/// file, each with the file and position its bytes come from.
+/// Extents of an incremental dump's pages file that are holes (or zero
+/// chunk records) there and read from an ancestor's pages file instead
+/// (built by [`crate::validate::chain::resolve`]): sorted, disjoint ranges
+/// of the file's uncompressed layout, each with where its bytes come from.
 #[derive(Debug, Default)]
 pub struct Overlay {
-    /// (start in this file, length, source file, start in the source).
-    ranges: Vec<(u64, u64, Arc<File>, u64)>,
+    /// (start in this file's layout, length, source).
+    ranges: Vec<(u64, u64, Source)>,
+}
+
+/// Where an overlaid range's bytes are.
+#[derive(Debug, Clone)]
+pub enum Source {
+    /// The bytes themselves, from this offset of an uncompressed file.
+    Raw { file: Arc<File>, at: u64 },
+    /// Inside the frame of a compressed file's chunk record.
+    Frame {
+        file: Arc<File>,
+        /// The pages file's name (as messages show it) and GPU.
+        name: String,
+        gpu: GpuId,
+        /// File offset of the chunk's record.
+        record: u64,
+        chunk: Chunk,
+        /// Where the range starts in the chunk.
+        skip: u64,
+    },
 }
 
 impl Overlay {
-    /// Adds a range; `finish` sorts them.
+    /// Adds a range read from an uncompressed file; `finish` sorts them.
     pub fn push(&mut self, start: u64, len: u64, src: Arc<File>, src_start: u64) {
-        self.ranges.push((start, len, src, src_start));
+        self.push_source(
+            start,
+            len,
+            Source::Raw {
+                file: src,
+                at: src_start,
+            },
+        );
+    }
+
+    /// Adds a range; `finish` sorts them.
+    pub fn push_source(&mut self, start: u64, len: u64, src: Source) {
+        self.ranges.push((start, len, src));
     }
 
     /// Sorts the ranges (which must not overlap).
@@ -42,14 +73,98 @@ impl Overlay {
         self.ranges.is_empty()
     }
 
-    /// The range holding `pos`, or the start of the next one (`u64::MAX`:
-    /// none).
-    fn at(&self, pos: u64) -> Result<&(u64, u64, Arc<File>, u64), u64> {
+    /// Whether a range is read from a compressed file (a reader then holds
+    /// a decompressor for it).
+    pub fn has_frames(&self) -> bool {
+        self.ranges
+            .iter()
+            .any(|r| matches!(r.2, Source::Frame { .. }))
+    }
+
+    /// The index of the range holding `pos`, or the start of the next one
+    /// (`u64::MAX`: none).
+    fn at(&self, pos: u64) -> Result<usize, u64> {
         let i = self.ranges.partition_point(|r| r.0 + r.1 <= pos);
         match self.ranges.get(i) {
-            Some(r) if r.0 <= pos => Ok(r),
+            Some(r) if r.0 <= pos => Ok(i),
             Some(r) => Err(r.0),
             None => Err(u64::MAX),
+        }
+    }
+}
+
+/// Reads a shared file from a position on, with `pread`.
+struct ReadAt {
+    file: Arc<File>,
+    pos: u64,
+}
+
+impl Read for ReadAt {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.file.read_at(buf, self.pos)?;
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
+
+/// The decoder of the frame an overlaid range is being read from: (range
+/// index, bytes of the range given so far, decoder).
+type FrameCursor = (usize, u64, Box<ZstdIn<ReadAt>>);
+
+impl Overlay {
+    /// Fills `buf` with the bytes of range `i` from `off` in it.
+    fn read_range(
+        &self,
+        i: usize,
+        off: u64,
+        buf: &mut [u8],
+        cur: &mut Option<FrameCursor>,
+    ) -> io::Result<()> {
+        let early = || {
+            io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the parent's pages file ends early",
+            )
+        };
+        match &self.ranges[i].2 {
+            Source::Raw { file, at } => {
+                let mut got = 0;
+                while got < buf.len() {
+                    let n = file.read_at(&mut buf[got..], at + off + got as u64)?;
+                    if n == 0 {
+                        return Err(early());
+                    }
+                    got += n;
+                }
+                Ok(())
+            }
+            Source::Frame {
+                file,
+                name,
+                gpu,
+                record,
+                chunk,
+                skip,
+            } => {
+                if !matches!(cur, Some((j, done, _)) if *j == i && *done == off) {
+                    let input = ReadAt {
+                        file: file.clone(),
+                        pos: *record,
+                    };
+                    let mut z = ZstdIn::new(name.clone(), *gpu, input, *record, vec![*chunk])?;
+                    io::copy(&mut (&mut z).take(skip + off), &mut io::sink())?;
+                    *cur = Some((i, off, Box::new(z)));
+                }
+                let Some((_, done, z)) = cur.as_mut() else {
+                    unreachable!("set above")
+                };
+                z.read_exact(buf).map_err(|e| match e.kind() {
+                    io::ErrorKind::UnexpectedEof => early(),
+                    _ => e,
+                })?;
+                *done += buf.len() as u64;
+                Ok(())
+            }
         }
     }
 }
@@ -71,8 +186,6 @@ pub struct SparseFile {
     hole_end: u64,
     /// Bytes given as zeros without reading (for statistics and tests).
     pub hole_bytes: u64,
-    /// Ranges read from an ancestor's pages file (incremental dumps).
-    overlay: Option<Arc<Overlay>>,
 }
 
 impl SparseFile {
@@ -86,14 +199,7 @@ impl SparseFile {
             data_end: pos,
             hole_end: pos,
             hole_bytes: 0,
-            overlay: None,
         })
-    }
-
-    /// Reads the ranges of `overlay` from their ancestors' files.
-    pub fn with_overlay(mut self, overlay: Option<Arc<Overlay>>) -> Self {
-        self.overlay = overlay.filter(|o| !o.is_empty());
-        self
     }
 
     fn lseek(&self, whence: libc::c_int) -> io::Result<Option<u64>> {
@@ -138,27 +244,6 @@ impl Read for SparseFile {
         if buf.is_empty() {
             return Ok(0);
         }
-        let mut buf = buf;
-        if let Some(o) = &self.overlay {
-            match o.at(self.pos) {
-                Ok((start, len, src, src_start)) => {
-                    let n = (start + len - self.pos).min(buf.len() as u64) as usize;
-                    let n = src.read_at(&mut buf[..n], src_start + (self.pos - start))?;
-                    if n == 0 {
-                        return Err(io::Error::new(
-                            io::ErrorKind::UnexpectedEof,
-                            "the parent's pages file ends early",
-                        ));
-                    }
-                    self.pos += n as u64;
-                    return Ok(n);
-                }
-                Err(next) => {
-                    let room = (next - self.pos).min(buf.len() as u64) as usize;
-                    buf = &mut buf[..room];
-                }
-            }
-        }
         if self.pos >= self.data_end && self.pos >= self.hole_end {
             self.probe()?;
         }
@@ -183,6 +268,11 @@ pub struct PagesReader<R> {
     input: Src<R>,
     total: u64,
     consumed: u64,
+    /// Ranges read from an ancestor's pages file (incremental dumps), at
+    /// `pos` in the file's uncompressed layout.
+    overlay: Option<Arc<Overlay>>,
+    pos: u64,
+    frame: Option<FrameCursor>,
 }
 
 /// Where a reader's bytes come from.
@@ -208,22 +298,24 @@ impl PagesReader<SparseFile> {
     /// records: [`PagesReader::open`] for upstream's layout; for a
     /// compressed file, also walks its chunk records (8 bytes read per
     /// chunk), so that a damaged record or a truncated file is refused
-    /// before any byte is copied.
+    /// before any byte is copied.  The ranges of `overlay` (an incremental
+    /// dump's) are read from ancestors.
     pub fn open_encoded(
         dir: &Path,
         id: FileId,
         gpu: GpuId,
         bos: &[(usize, u64)],
         encoding: Encoding,
+        overlay: Option<Arc<Overlay>>,
     ) -> Result<Self, ImageError> {
         let name = pages_image_name(id, gpu);
         let total = bos
             .iter()
             .try_fold(0u64, |t, &(_, l)| t.checked_add(l))
             .ok_or_else(|| ImageError::invalid(&name, "size", "BO sizes overflow"))?;
-        if encoding == Encoding::Raw {
-            return Self::open(dir, id, gpu, total);
-        }
+        let Encoding::Zstd { chunk, .. } = encoding else {
+            return Self::open_with(dir, id, gpu, total, overlay);
+        };
         let path: PathBuf = dir.join(&name);
         let file = path.display().to_string();
         let f = File::open(&path).map_err(|e| ImageError::io(&file, "open", e))?;
@@ -231,13 +323,14 @@ impl PagesReader<SparseFile> {
         let f = SparseFile::at(f, 0).map_err(|e| ImageError::io(&file, "fstat", e))?;
         let len = f.len;
         let mut reader = PagesReader::new(file.clone(), f, gpu, total)?;
-        check_records(&walk, &file, &name, bos, 8, len)?;
+        check_records(&walk, &file, &name, bos, chunk, 8, len)?;
         let Src::Raw(input) = reader.input else {
             unreachable!("new() gives a raw reader")
         };
-        let z = ZstdIn::new(name, gpu, input, 8, chunks(bos))
+        let z = ZstdIn::new(name, gpu, input, 8, chunks(bos, chunk))
             .map_err(|e| ImageError::io(&file, "zstd", e))?;
         reader.input = Src::Zstd(Box::new(z));
+        reader.overlay = overlay.filter(|o| !o.is_empty());
         Ok(reader)
     }
 
@@ -253,10 +346,12 @@ impl PagesReader<SparseFile> {
         bos: &[(usize, u64)],
         encoding: Encoding,
         lens: &[u64],
+        overlay: Option<Arc<Overlay>>,
     ) -> Result<Vec<Self>, ImageError> {
-        if encoding == Encoding::Raw {
-            return Self::open_lanes(dir, id, gpu, lens);
-        }
+        let Encoding::Zstd { chunk, .. } = encoding else {
+            return Self::open_lanes_with(dir, id, gpu, lens, overlay);
+        };
+        let overlay = overlay.filter(|o| !o.is_empty());
         let name = pages_image_name(id, gpu);
         let total = bos
             .iter()
@@ -278,10 +373,11 @@ impl PagesReader<SparseFile> {
         let Src::Raw(first) = head.input else {
             unreachable!("new() gives a raw reader")
         };
-        let offsets = check_records(&first.file, &file, &name, bos, 8, len)?;
-        let all = chunks(bos);
+        let offsets = check_records(&first.file, &file, &name, bos, chunk, 8, len)?;
+        let all = chunks(bos, chunk);
         let mut out = Vec::with_capacity(lens.len());
         let mut c = 0;
+        let mut start = 0;
         for &l in lens {
             let from = c;
             let mut got = 0u64;
@@ -306,7 +402,11 @@ impl PagesReader<SparseFile> {
                 input: Src::Zstd(Box::new(z)),
                 total: l,
                 consumed: 0,
+                overlay: overlay.clone(),
+                pos: 8 + start,
+                frame: None,
             });
+            start += l;
         }
         Ok(out)
     }
@@ -330,11 +430,10 @@ impl PagesReader<SparseFile> {
         let path: PathBuf = dir.join(pages_image_name(id, gpu));
         let file = path.display().to_string();
         let f = File::open(&path).map_err(|e| ImageError::io(&file, "open", e))?;
-        let f = SparseFile::at(f, 0)
-            .map_err(|e| ImageError::io(&file, "fstat", e))?
-            .with_overlay(overlay);
+        let f = SparseFile::at(f, 0).map_err(|e| ImageError::io(&file, "fstat", e))?;
         let len = f.len;
-        let reader = PagesReader::new(file.clone(), f, gpu, expected)?;
+        let mut reader = PagesReader::new(file.clone(), f, gpu, expected)?;
+        reader.overlay = overlay.filter(|o| !o.is_empty());
         let want = expected.saturating_add(8);
         if len < want {
             return Err(ImageError::Truncated {
@@ -393,14 +492,16 @@ impl PagesReader<SparseFile> {
         for &len in rest {
             let file = out[0].file.clone();
             let f = File::open(&path).map_err(|e| ImageError::io(&file, "open", e))?;
-            let input = SparseFile::at(f, 8 + start)
-                .map_err(|e| ImageError::io(&file, "fstat", e))?
-                .with_overlay(overlay.clone());
+            let input =
+                SparseFile::at(f, 8 + start).map_err(|e| ImageError::io(&file, "fstat", e))?;
             out.push(PagesReader {
                 file,
                 input: Src::Raw(input),
                 total: len,
                 consumed: 0,
+                overlay: overlay.clone(),
+                pos: 8 + start,
+                frame: None,
             });
             start += len;
         }
@@ -427,6 +528,9 @@ impl<R: Read> PagesReader<R> {
             input: Src::Raw(input),
             total: header,
             consumed: 0,
+            overlay: None,
+            pos: 8,
+            frame: None,
         })
     }
 
@@ -454,15 +558,35 @@ impl<R: Read> PagesReader<R> {
 impl<R: Read> Read for PagesReader<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let room = self.total - self.consumed;
-        let want = (buf.len() as u64).min(room) as usize;
+        let mut want = (buf.len() as u64).min(room) as usize;
         if want == 0 {
             return Ok(0);
         }
+        let over = match &self.overlay {
+            None => None,
+            Some(o) => match o.at(self.pos) {
+                Ok(i) => {
+                    let r = &o.ranges[i];
+                    want = want.min((r.0 + r.1 - self.pos) as usize);
+                    Some((i, self.pos - r.0))
+                }
+                Err(next) => {
+                    want = want.min((next - self.pos).min(want as u64) as usize);
+                    None
+                }
+            },
+        };
+        // The file's own bytes there: a hole or a zero chunk record when
+        // overlaid, replaced by the ancestor's.
         let n = match &mut self.input {
             Src::Raw(r) => r.read(&mut buf[..want])?,
             Src::Zstd(z) => z.read(&mut buf[..want])?,
         };
+        if let (Some((i, off)), Some(o)) = (over, &self.overlay) {
+            o.read_range(i, off, &mut buf[..n], &mut self.frame)?;
+        }
         self.consumed += n as u64;
+        self.pos += n as u64;
         Ok(n)
     }
 }

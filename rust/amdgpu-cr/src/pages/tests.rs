@@ -231,9 +231,11 @@ fn write_compressed(
     piece: usize,
 ) -> std::path::PathBuf {
     let sizes: Vec<(usize, u64)> = bos.iter().map(|(i, b)| (*i, b.len() as u64)).collect();
-    let c = Compress { level: 3, threads };
-    let mut w =
-        PagesWriter::create_compressed(dir, FileId(2), GpuId(0x42), &sizes, c, 1 << 16).unwrap();
+    let c = Compress {
+        level: 3,
+        threads: Some(threads),
+    };
+    let mut w = PagesWriter::create_compressed(dir, FileId(2), GpuId(0x42), &sizes, c).unwrap();
     for (_, b) in bos {
         for p in b.chunks(piece) {
             w.write_all(p).unwrap();
@@ -243,9 +245,14 @@ fn write_compressed(
     dir.join(pages_image_name(FileId(2), GpuId(0x42)))
 }
 
+const ZSTD3: Encoding = Encoding::Zstd {
+    level: 3,
+    chunk: crate::pages::zstd::CHUNK,
+};
+
 fn read_compressed(dir: &std::path::Path, sizes: &[(usize, u64)]) -> std::io::Result<Vec<u8>> {
-    let enc = Encoding::Zstd { level: 3 };
-    let mut r = PagesReader::open_encoded(dir, FileId(2), GpuId(0x42), sizes, enc)
+    let enc = ZSTD3;
+    let mut r = PagesReader::open_encoded(dir, FileId(2), GpuId(0x42), sizes, enc, None)
         .map_err(std::io::Error::other)?;
     let mut v = Vec::new();
     r.read_to_end(&mut v)?;
@@ -383,8 +390,18 @@ fn a_frame_needing_a_larger_window_is_refused() {
 fn encoding_is_recorded_and_checked() {
     let mut m = sample_kfd();
     assert_eq!(Encoding::of("t", &m).unwrap(), Encoding::Raw);
-    Encoding::Zstd { level: 7 }.record(&mut m);
-    assert_eq!(Encoding::of("t", &m).unwrap(), Encoding::Zstd { level: 7 });
+    Encoding::Zstd {
+        level: 7,
+        chunk: 1 << 20,
+    }
+    .record(&mut m);
+    assert_eq!(
+        Encoding::of("t", &m).unwrap(),
+        Encoding::Zstd {
+            level: 7,
+            chunk: 1 << 20,
+        }
+    );
     m.pages_compression = Some(9);
     let e = Encoding::of("t", &m).unwrap_err().to_string();
     assert!(e.contains("pages_compression") && e.contains("9"), "{e}");
@@ -401,10 +418,11 @@ fn compressed_pages_are_read_in_lanes_from_their_chunks() {
     write_compressed(&dir, &bos, 0, 1 << 20);
     let sizes: Vec<(usize, u64)> = bos.iter().map(|(i, b)| (*i, b.len() as u64)).collect();
     let want: Vec<u8> = bos.iter().flat_map(|(_, b)| b.clone()).collect();
-    let enc = Encoding::Zstd { level: 3 };
+    let enc = ZSTD3;
     let lens = [chunk as u64, 3 * 4096, 8192];
     let rs =
-        PagesReader::open_encoded_lanes(&dir, FileId(2), GpuId(0x42), &sizes, enc, &lens).unwrap();
+        PagesReader::open_encoded_lanes(&dir, FileId(2), GpuId(0x42), &sizes, enc, &lens, None)
+            .unwrap();
     let mut got = Vec::new();
     for mut r in rs.into_iter().rev() {
         let mut v = Vec::new();
@@ -414,7 +432,7 @@ fn compressed_pages_are_read_in_lanes_from_their_chunks() {
     }
     assert!(got == want, "the lanes read back other bytes");
     let bad = [4096, want.len() as u64 - 4096];
-    let e = PagesReader::open_encoded_lanes(&dir, FileId(2), GpuId(0x42), &sizes, enc, &bad)
+    let e = PagesReader::open_encoded_lanes(&dir, FileId(2), GpuId(0x42), &sizes, enc, &bad, None)
         .err()
         .expect("a lane inside a chunk")
         .to_string();

@@ -6,7 +6,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use super::out::AlignedOut;
-use super::zstd::{Compress, ZstdOut};
+use super::zstd::{Compress, ZstdOut, ZstdPagesFile};
 use super::{all_zero, pages_image_name, SPARSE_BLOCK};
 use crate::ids::GpuId;
 use crate::image::{create_image, FileId, ImageError};
@@ -132,31 +132,25 @@ impl PagesWriter {
     }
 
     /// Creates the compressed pages file of the content BOs `bos` (bucket
-    /// index, size) in `dir` (see [`super::zstd`]), written by one writer:
-    /// its records' offsets are known only as it goes.
+    /// index, size) in `dir` (see [`super::zstd`]), in chunks of
+    /// [`super::zstd::CHUNK`], written in order by this one writer (a dump
+    /// compresses in lanes through [`super::zstd::ZstdPagesFile`]).
     pub fn create_compressed(
         dir: &Path,
         id: FileId,
         gpu: GpuId,
         bos: &[(usize, u64)],
         c: Compress,
-        buffer: usize,
     ) -> Result<Self, ImageError> {
-        let name = pages_image_name(id, gpu);
-        let path = dir.join(&name);
-        let file = path.display().to_string();
-        let total = bos
-            .iter()
-            .try_fold(0u64, |t, &(_, l)| t.checked_add(l))
-            .ok_or_else(|| ImageError::invalid(&name, "size", "BO sizes overflow"))?;
-        let f = create_image(&path).map_err(|e| ImageError::io(&file, "create", e))?;
-        let mut out = AlignedOut::new(f, 0, buffer);
-        out.write_all(&total.to_le_bytes())
-            .map_err(|e| ImageError::io(&file, "write header", e))?;
-        let z = ZstdOut::new(name, gpu, 8, bos, c).map_err(|e| ImageError::io(&file, "zstd", e))?;
+        let f = ZstdPagesFile::create(dir, id, gpu, bos, super::zstd::CHUNK)?;
+        let file = f.file().to_owned();
+        let total = f.chunks().iter().map(|c| c.len).sum();
+        let out = f.dup().map_err(|e| ImageError::io(&file, "dup", e))?;
+        let z = ZstdOut::new(f, c.level).map_err(|e| ImageError::io(&file, "zstd", e))?;
         Ok(PagesWriter {
             file,
-            out,
+            // Unused: the records go through the ZstdPagesFile.
+            out: AlignedOut::new(out, 8, 0),
             total,
             written: 0,
             off: 8,
@@ -185,7 +179,7 @@ impl PagesWriter {
             ));
         }
         if let Some(z) = self.z.as_mut() {
-            z.finish(&mut self.out)
+            z.finish()
                 .map_err(|e| ImageError::io(&self.file, "write", e))?;
             self.zero_bytes = z.zero_bytes;
             return Ok(self.written);
@@ -277,7 +271,7 @@ impl Write for PagesWriter {
             ));
         }
         match self.z.as_mut() {
-            Some(z) => z.put(&mut self.out, buf)?,
+            Some(z) => z.put(buf)?,
             None => self.put(buf)?,
         }
         self.written += buf.len() as u64;

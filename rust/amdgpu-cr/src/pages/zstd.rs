@@ -4,9 +4,21 @@
 //! holds, for every *chunk* of the GPU's content BOs in bucket order, one
 //! record: a `u64 LE` length `n`, then `n` bytes of one zstd frame whose
 //! content is the chunk's bytes.  `n == 0` is a chunk of zeros (no frame is
-//! written: zero extents cost 8 bytes and no compression).  Chunks are the
-//! BO's [`HASH_EXTENT`]s (the last one shorter), never spanning two BOs, so
-//! a frame is checked against the BO it belongs to.
+//! written: zero extents cost 8 bytes and no compression), or, in an
+//! incremental dump, a chunk left to the parent (`parent_extents`).  Chunks
+//! are a BO's runs of `pages_compression_chunk` bytes (the last one
+//! shorter), never spanning two BOs, so a frame is checked against the BO
+//! it belongs to.  Dumps now write chunks of [`CHUNK`] (2 MiB, the content
+//! extent: a chunk is an extent, so a compressed image can be an
+//! incremental dump's parent and its extents are read on their own);
+//! images of extension version 4 and 5 have no such field and chunks of
+//! [`CHUNK_BEFORE_V6`] (32 MiB).
+//!
+//! A dump compresses in its copy lanes: each lane compresses whole chunks
+//! into memory ([`FrameEncoder`], single-threaded zstd) and
+//! [`ZstdPagesFile`] places their records in chunk order.  The memory of
+//! every compressor and decompressor is part of the dump's budget
+//! (`KFD_MAX_BUFFER_SIZE`): [`compressor_memory`], [`decompressor_memory`].
 //!
 //! Frames carry their content size and zstd's content checksum, and are
 //! written with a window of at most [`WINDOW_LOG`] (2 MiB): the reader
@@ -21,24 +33,29 @@
 
 use std::fmt;
 use std::fs::File;
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex};
 
 use zstd::zstd_safe::{self, CCtx, CParameter, DCtx, DParameter, InBuffer, OutBuffer};
 
-use super::{all_zero, HASH_EXTENT};
+use super::{all_zero, CONTENT_EXTENT, HASH_EXTENT};
 use crate::ids::GpuId;
-use crate::image::ImageError;
+use crate::image::{FileId, ImageError};
 
-/// Chunk size: a BO's bytes are compressed in frames of this many bytes.
-pub const CHUNK: u64 = HASH_EXTENT;
+/// Chunk size a dump writes: a BO's bytes are compressed in frames of this
+/// many bytes (`pages_compression_chunk`).
+pub const CHUNK: u64 = CONTENT_EXTENT;
+/// Chunk size of images that record none (extension versions 4 and 5).
+pub const CHUNK_BEFORE_V6: u64 = HASH_EXTENT;
+/// The largest chunk a reader accepts.
+pub const MAX_CHUNK: u64 = HASH_EXTENT;
 /// log2 of the largest window a frame may use (written and accepted).
 pub const WINDOW_LOG: u32 = 21;
 /// Compressed bytes read at a time by the reader.
 pub const INPUT_BUFFER: usize = 128 << 10;
-/// Memory the reader of one GPU spends besides the copy's own: a zstd
-/// window, its block buffer and the input buffer (taken from the budget).
-pub const READER_MEMORY: u64 = (1 << WINDOW_LOG) + (256 << 10) + INPUT_BUFFER as u64;
 /// Levels accepted (zstd's without `--ultra`).
 pub const LEVELS: std::ops::RangeInclusive<i32> = 1..=19;
 /// Level when `KFD_COMPRESS=zstd` names none (zstd's default).
@@ -50,8 +67,8 @@ pub enum Encoding {
     /// Upstream's layout: the bytes themselves (zero blocks as holes).
     #[default]
     Raw,
-    /// zstd frames per chunk, at `level`.
-    Zstd { level: i32 },
+    /// zstd frames per chunk of `chunk` bytes, at `level`.
+    Zstd { level: i32, chunk: u64 },
 }
 
 /// `criu_kfd.pages_compression` of a zstd-compressed image.
@@ -72,7 +89,18 @@ impl Encoding {
                         format!("{level} is no zstd level criu-rocm writes ({LEVELS:?})"),
                     ));
                 }
-                Ok(Encoding::Zstd { level })
+                let chunk = msg.pages_compression_chunk.unwrap_or(CHUNK_BEFORE_V6);
+                if !(4096..=MAX_CHUNK).contains(&chunk) || !chunk.is_multiple_of(4096) {
+                    return Err(ImageError::invalid(
+                        file,
+                        "pages_compression_chunk",
+                        format!(
+                            "{chunk} is no chunk size criu-rocm reads (a multiple of 4096 up to \
+                             {MAX_CHUNK})"
+                        ),
+                    ));
+                }
+                Ok(Encoding::Zstd { level, chunk })
             }
             Some(c) => Err(ImageError::invalid(
                 file,
@@ -88,10 +116,12 @@ impl Encoding {
             Encoding::Raw => {
                 msg.pages_compression = None;
                 msg.pages_compression_level = None;
+                msg.pages_compression_chunk = None;
             }
-            Encoding::Zstd { level } => {
+            Encoding::Zstd { level, chunk } => {
                 msg.pages_compression = Some(COMPRESSION_ZSTD);
                 msg.pages_compression_level = Some(level);
+                msg.pages_compression_chunk = Some(chunk);
             }
         }
     }
@@ -101,7 +131,7 @@ impl fmt::Display for Encoding {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Encoding::Raw => f.write_str("uncompressed"),
-            Encoding::Zstd { level } => write!(f, "zstd level {level}"),
+            Encoding::Zstd { level, .. } => write!(f, "zstd level {level}"),
         }
     }
 }
@@ -114,13 +144,15 @@ pub struct Chunk {
     pub len: u64,
 }
 
-/// The chunks of BOs `(bucket index, size)` in file order.
-pub fn chunks(bos: &[(usize, u64)]) -> Vec<Chunk> {
+/// The chunks of `chunk` bytes of BOs `(bucket index, size)` in file
+/// order.
+pub fn chunks(bos: &[(usize, u64)], chunk: u64) -> Vec<Chunk> {
+    let chunk = chunk.max(1);
     let mut out = Vec::new();
     for &(bo, size) in bos {
         let mut start = 0;
         while start < size {
-            let len = (size - start).min(CHUNK);
+            let len = (size - start).min(chunk);
             out.push(Chunk { bo, start, len });
             start += len;
         }
@@ -175,43 +207,54 @@ fn zerr(code: usize) -> String {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Compress {
     pub level: i32,
-    /// zstd worker threads (0: compress on the copying thread).
-    pub threads: u32,
+    /// Compressing copy lanes per GPU (`None`: the CPU cores shared out
+    /// among the GPUs; 0 is taken as 1).
+    pub threads: Option<u32>,
 }
 
-/// The pages file, as the writer buffers it.
-type Out = super::out::AlignedOut;
+/// Memory one compressor (a copy lane's) holds: zstd's own estimate of a
+/// streaming context at `level` for frames of at most [`CHUNK`] bytes with
+/// a window of at most [`WINDOW_LOG`], and the buffer a whole frame and
+/// its record's length word are made in.
+pub fn compressor_memory(level: i32) -> u64 {
+    // SAFETY: a pure function of its argument.
+    let est = unsafe { zstd_safe::zstd_sys::ZSTD_estimateCStreamSize_usingCParams(cparams(level)) };
+    est as u64 + 8 + frame_bound(CHUNK)
+}
 
-/// Writes the chunk records of a compressed pages file after its header.
-pub(super) struct ZstdOut {
-    /// Base name, for messages.
-    name: String,
-    gpu: GpuId,
-    /// File offset of the next byte given to the file.
-    pos: u64,
+/// zstd's parameters at `level` for a frame of [`CHUNK`] bytes, its window
+/// at most [`WINDOW_LOG`].
+fn cparams(level: i32) -> zstd_safe::zstd_sys::ZSTD_compressionParameters {
+    // SAFETY: a pure function of its arguments.
+    let mut cp = unsafe { zstd_safe::zstd_sys::ZSTD_getCParams(level, CHUNK, 0) };
+    cp.windowLog = cp.windowLog.min(WINDOW_LOG);
+    cp
+}
+
+/// Memory one decompressor holds: zstd's estimate of a streaming context
+/// for a window of [`WINDOW_LOG`], and its input buffer.
+pub fn decompressor_memory() -> u64 {
+    // SAFETY: a pure function of its argument.
+    let est = unsafe { zstd_safe::zstd_sys::ZSTD_estimateDStreamSize(1 << WINDOW_LOG) };
+    est as u64 + INPUT_BUFFER as u64
+}
+
+/// Compresses one chunk at a time into a frame held whole in memory (at
+/// most [`CHUNK`] bytes of input, so at most [`frame_bound`] of output),
+/// behind 8 bytes left for the record's length word.  A chunk of zeros
+/// makes no frame.
+pub struct FrameEncoder {
     cctx: CCtx<'static>,
-    chunks: Vec<Chunk>,
-    next: usize,
-    /// Bytes of the current chunk still to come.
-    left: u64,
-    /// Zero bytes of the current chunk held back (no frame begun yet).
+    /// Length word, then the frame.
+    rec: Vec<u8>,
+    len: u64,
+    /// Zero bytes held back (no frame begun yet).
     zeros: u64,
-    /// File offset of the current frame's length word, once begun.
-    frame_at: Option<u64>,
-    frame_len: u64,
-    buf: Vec<u8>,
-    /// Bytes in all-zero chunks (no frame).
-    pub zero_bytes: u64,
+    begun: bool,
 }
 
-impl ZstdOut {
-    pub(super) fn new(
-        name: String,
-        gpu: GpuId,
-        pos: u64,
-        bos: &[(usize, u64)],
-        c: Compress,
-    ) -> io::Result<Self> {
+impl FrameEncoder {
+    pub fn new(level: i32) -> io::Result<Self> {
         let mut cctx =
             CCtx::try_create().ok_or_else(|| io::Error::from(io::ErrorKind::OutOfMemory))?;
         let set = |cctx: &mut CCtx<'static>, p: CParameter| {
@@ -219,63 +262,42 @@ impl ZstdOut {
                 .map(drop)
                 .map_err(|e| io::Error::other(format!("zstd: {}", zerr(e))))
         };
-        set(&mut cctx, CParameter::CompressionLevel(c.level))?;
-        set(&mut cctx, CParameter::WindowLog(WINDOW_LOG))?;
+        set(&mut cctx, CParameter::CompressionLevel(level))?;
+        // The window of the level's parameters for a chunk (what
+        // compressor_memory counts), never more than a reader takes.
+        set(&mut cctx, CParameter::WindowLog(cparams(level).windowLog))?;
         set(&mut cctx, CParameter::ChecksumFlag(true))?;
         set(&mut cctx, CParameter::ContentSizeFlag(true))?;
-        if c.threads > 0 {
-            set(&mut cctx, CParameter::NbWorkers(c.threads))?;
-            // Jobs of 1 MiB: a 32 MiB chunk keeps every worker busy.
-            set(&mut cctx, CParameter::JobSize(1 << 20))?;
-        }
-        Ok(ZstdOut {
-            name,
-            gpu,
-            pos,
+        Ok(FrameEncoder {
             cctx,
-            chunks: chunks(bos),
-            next: 0,
-            left: 0,
+            rec: Vec::with_capacity((8 + frame_bound(CHUNK)) as usize),
+            len: 0,
             zeros: 0,
-            frame_at: None,
-            frame_len: 0,
-            buf: vec![0u8; zstd_safe::CCtx::out_size()],
-            zero_bytes: 0,
+            begun: false,
         })
     }
 
-    fn emit(&mut self, out: &mut Out, data: &[u8]) -> io::Result<()> {
-        out.write_all(data)?;
-        self.pos += data.len() as u64;
-        Ok(())
+    /// Starts a chunk of `len` bytes (at most [`CHUNK`]).
+    pub fn begin(&mut self, len: u64) {
+        self.rec.clear();
+        self.rec.extend_from_slice(&[0u8; 8]);
+        self.len = len;
+        self.zeros = 0;
+        self.begun = false;
     }
 
-    fn zfail(&self, what: &str, code: usize) -> io::Error {
-        let c = self.chunks.get(self.next.wrapping_sub(1));
-        io::Error::other(format!(
-            "{}: GPU {}: BO {}: zstd {what}: {}",
-            self.name,
-            self.gpu,
-            c.map_or(0, |c| c.bo),
-            zerr(code)
-        ))
-    }
-
-    /// Feeds `data` to the frame (ending it when `end`).
-    fn feed(&mut self, out: &mut Out, data: &[u8], end: bool) -> io::Result<()> {
+    fn feed(&mut self, data: &[u8], end: bool) -> Result<(), String> {
         use zstd::zstd_safe::zstd_sys::ZSTD_EndDirective::{ZSTD_e_continue, ZSTD_e_end};
         let mut input = InBuffer::around(data);
         loop {
-            let mut buf = std::mem::take(&mut self.buf);
-            let mut ob = OutBuffer::around(&mut buf[..]);
+            let pos = self.rec.len();
+            if self.rec.capacity() == pos {
+                return Err("the frame outgrew its bound".into());
+            }
+            let mut ob = OutBuffer::around_pos(&mut self.rec, pos);
             let op = if end { ZSTD_e_end } else { ZSTD_e_continue };
             let r = self.cctx.compress_stream2(&mut ob, &mut input, op);
-            let n = ob.pos();
-            let res = self.emit(out, &buf[..n]);
-            self.buf = buf;
-            res?;
-            self.frame_len += n as u64;
-            let r = r.map_err(|e| self.zfail("compression", e))?;
+            let r = r.map_err(zerr)?;
             if end {
                 if r == 0 {
                     return Ok(());
@@ -286,96 +308,271 @@ impl ZstdOut {
         }
     }
 
-    fn begin_frame(&mut self, out: &mut Out, len: u64) -> io::Result<()> {
+    fn start_frame(&mut self) -> Result<(), String> {
         self.cctx
             .reset(zstd_safe::ResetDirective::SessionOnly)
-            .map_err(|e| self.zfail("reset", e))?;
+            .map_err(zerr)?;
         self.cctx
-            .set_pledged_src_size(Some(len))
-            .map_err(|e| self.zfail("pledge", e))?;
-        self.frame_at = Some(self.pos);
-        self.frame_len = 0;
-        self.emit(out, &[0u8; 8])?;
+            .set_pledged_src_size(Some(self.len))
+            .map_err(zerr)?;
+        self.begun = true;
         static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
         while self.zeros > 0 {
             let n = self.zeros.min(ZEROS.len() as u64) as usize;
-            self.feed(out, &ZEROS[..n], false)?;
+            self.feed(&ZEROS[..n], false)?;
             self.zeros -= n as u64;
         }
         Ok(())
     }
 
-    fn end_chunk(&mut self, out: &mut Out) -> io::Result<()> {
-        match self.frame_at.take() {
-            None => {
-                self.zero_bytes += self.zeros;
-                self.zeros = 0;
-                self.emit(out, &0u64.to_le_bytes())
+    /// Takes the chunk's next bytes.
+    pub fn put(&mut self, data: &[u8]) -> Result<(), String> {
+        if !self.begun && all_zero(data) {
+            self.zeros += data.len() as u64;
+            return Ok(());
+        }
+        if !self.begun {
+            self.start_frame()?;
+        }
+        self.feed(data, false)
+    }
+
+    /// Ends the chunk: its record (length word and frame; the word alone,
+    /// 0, for a chunk of zeros).
+    pub fn end(&mut self) -> Result<&[u8], String> {
+        if self.begun {
+            self.feed(&[], true)?;
+        }
+        let n = (self.rec.len() - 8) as u64;
+        self.rec[..8].copy_from_slice(&n.to_le_bytes());
+        Ok(&self.rec)
+    }
+
+    /// The record of a chunk left out: its length word, 0.
+    pub fn skip(&mut self) -> &[u8] {
+        self.rec.clear();
+        self.rec.extend_from_slice(&[0u8; 8]);
+        &self.rec
+    }
+}
+
+/// Where the next record goes.
+struct Place {
+    /// Index of the next chunk to place.
+    next: usize,
+    /// Its record's file offset.
+    pos: u64,
+    failed: bool,
+}
+
+/// A compressed pages file written by several copy lanes at once: each
+/// lane compresses whole chunks ([`FrameEncoder`]) and hands their records
+/// to [`ZstdPagesFile::place`], which puts them in chunk order (a lane
+/// whose chunk comes next waits for the records before it).
+pub struct ZstdPagesFile {
+    file: File,
+    /// The path, for messages.
+    shown: String,
+    name: String,
+    gpu: GpuId,
+    chunks: Vec<Chunk>,
+    place: Mutex<Place>,
+    turn: Condvar,
+    zero_bytes: AtomicU64,
+}
+
+impl ZstdPagesFile {
+    /// Creates `amdgpu-pages-<id>-<gpu>.img` in `dir` for the content BOs
+    /// `bos` (bucket index, size) in chunks of `chunk` bytes, and writes its
+    /// size word.
+    pub fn create(
+        dir: &Path,
+        id: FileId,
+        gpu: GpuId,
+        bos: &[(usize, u64)],
+        chunk: u64,
+    ) -> Result<Self, ImageError> {
+        let name = super::pages_image_name(id, gpu);
+        let path = dir.join(&name);
+        let shown = path.display().to_string();
+        let total = bos
+            .iter()
+            .try_fold(0u64, |t, &(_, l)| t.checked_add(l))
+            .ok_or_else(|| ImageError::invalid(&name, "size", "BO sizes overflow"))?;
+        let file =
+            crate::image::create_image(&path).map_err(|e| ImageError::io(&shown, "create", e))?;
+        file.write_all_at(&total.to_le_bytes(), 0)
+            .map_err(|e| ImageError::io(&shown, "write header", e))?;
+        Ok(ZstdPagesFile {
+            file,
+            shown,
+            name,
+            gpu,
+            chunks: chunks(bos, chunk),
+            place: Mutex::new(Place {
+                next: 0,
+                pos: 8,
+                failed: false,
+            }),
+            turn: Condvar::new(),
+            zero_bytes: AtomicU64::new(0),
+        })
+    }
+
+    /// The file's chunks, in order.
+    pub fn chunks(&self) -> &[Chunk] {
+        &self.chunks
+    }
+
+    /// The file's path, for messages.
+    pub fn file(&self) -> &str {
+        &self.shown
+    }
+
+    /// Another descriptor of the file.
+    pub(super) fn dup(&self) -> io::Result<File> {
+        self.file.try_clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Place> {
+        self.place.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Writes the record of chunk `idx` after those of the chunks before it,
+    /// waiting for them; fails when another lane failed ([`Self::fail`]).
+    pub fn place(&self, idx: usize, rec: &[u8]) -> io::Result<()> {
+        let at = {
+            let mut p = self.lock();
+            while p.next != idx && !p.failed {
+                p = self.turn.wait(p).unwrap_or_else(|e| e.into_inner());
             }
-            Some(at) => {
-                self.feed(out, &[], true)?;
-                // The length word is in the file once the buffer is out.
-                out.flush()?;
-                out.get_ref()
-                    .write_all_at(&self.frame_len.to_le_bytes(), at)
+            if p.failed {
+                return Err(io::Error::other(format!(
+                    "{}: stopped: another copy lane of GPU {} failed",
+                    self.name, self.gpu
+                )));
+            }
+            let at = p.pos;
+            p.pos += rec.len() as u64;
+            p.next += 1;
+            self.turn.notify_all();
+            at
+        };
+        if rec.len() == 8 {
+            if let Some(c) = self.chunks.get(idx) {
+                self.zero_bytes.fetch_add(c.len, Ordering::Relaxed);
             }
         }
+        // On failure the caller stops the other lanes (Self::fail).
+        self.file.write_all_at(rec, at)
+    }
+
+    /// Stops the other lanes (their next [`Self::place`] fails); whether
+    /// one had already failed.
+    pub fn fail(&self) -> bool {
+        let was = std::mem::replace(&mut self.lock().failed, true);
+        self.turn.notify_all();
+        was
+    }
+
+    /// Once every record is placed: cuts the file at its end.  Gives the
+    /// bytes in chunks written as a bare length word (zeros, or left to a
+    /// parent).
+    pub fn finish(&self) -> Result<u64, ImageError> {
+        let (next, pos) = {
+            let p = self.lock();
+            (p.next, p.pos)
+        };
+        if next != self.chunks.len() {
+            return Err(ImageError::invalid(
+                &self.shown,
+                "contents",
+                format!("{next} of {} compressed chunks written", self.chunks.len()),
+            ));
+        }
+        self.file
+            .set_len(pos)
+            .map_err(|e| ImageError::io(&self.shown, "ftruncate", e))?;
+        Ok(self.zero_bytes.load(Ordering::Relaxed))
+    }
+}
+
+/// One writer of a whole compressed pages file, in order (tests, and
+/// [`super::PagesWriter::create_compressed`]).
+pub(super) struct ZstdOut {
+    file: ZstdPagesFile,
+    enc: FrameEncoder,
+    next: usize,
+    /// Bytes of the current chunk still to come.
+    left: u64,
+    pub zero_bytes: u64,
+}
+
+impl ZstdOut {
+    pub(super) fn new(file: ZstdPagesFile, level: i32) -> io::Result<Self> {
+        Ok(ZstdOut {
+            file,
+            enc: FrameEncoder::new(level)?,
+            next: 0,
+            left: 0,
+            zero_bytes: 0,
+        })
     }
 
     /// Takes the next bytes of the stream (never more than announced).
-    pub(super) fn put(&mut self, out: &mut Out, mut buf: &[u8]) -> io::Result<()> {
+    pub(super) fn put(&mut self, mut buf: &[u8]) -> io::Result<()> {
         while !buf.is_empty() {
             if self.left == 0 {
-                let Some(c) = self.chunks.get(self.next) else {
+                let Some(c) = self.file.chunks.get(self.next) else {
                     return Err(io::Error::new(
                         io::ErrorKind::InvalidInput,
-                        format!("{}: write past the last BO", self.name),
+                        format!("{}: write past the last BO", self.file.name),
                     ));
                 };
                 self.left = c.len;
-                self.next += 1;
+                self.enc.begin(c.len);
             }
             let n = self.left.min(buf.len() as u64) as usize;
             let (piece, rest) = buf.split_at(n);
-            if self.frame_at.is_none() && all_zero(piece) {
-                self.zeros += n as u64;
-            } else {
-                if self.frame_at.is_none() {
-                    self.begin_frame(out, self.chunks[self.next - 1].len)?;
-                }
-                self.feed(out, piece, false)?;
-            }
+            let zfail = |e: String| io::Error::other(format!("zstd compression: {e}"));
+            self.enc.put(piece).map_err(zfail)?;
             self.left -= n as u64;
             if self.left == 0 {
-                self.end_chunk(out)?;
+                let rec = self.enc.end().map_err(zfail)?;
+                self.file.place(self.next, rec)?;
+                self.next += 1;
             }
             buf = rest;
         }
         Ok(())
     }
 
-    /// Flushes; the file's length is where the writer ended.
-    pub(super) fn finish(&mut self, out: &mut Out) -> io::Result<u64> {
-        out.flush()?;
-        out.get_ref().set_len(self.pos)?;
-        Ok(self.pos)
+    /// Cuts the file at its end.
+    pub(super) fn finish(&mut self) -> io::Result<()> {
+        self.zero_bytes = self
+            .file
+            .finish()
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        Ok(())
     }
 }
 
-/// Walks the chunk records of a compressed pages file from `pos` (after the
-/// header): every record's length within its bound and the last record
-/// ending at the file's end.  Reads 8 bytes per chunk.  Gives the file
-/// offset of each chunk's record, in the order of [`chunks`].
-pub(super) fn check_records(
+/// Walks the chunk records (of `chunk` bytes) of a compressed pages file
+/// from `pos` (after the header): every record's length within its bound
+/// and the last record ending at the file's end.  Reads 8 bytes per chunk.
+/// Gives the file offset of each chunk's record, in the order of
+/// [`chunks`].
+pub fn check_records(
     f: &File,
     file: &str,
     name: &str,
     bos: &[(usize, u64)],
+    chunk: u64,
     mut pos: u64,
     len: u64,
 ) -> Result<Vec<u64>, ImageError> {
     let mut offsets = Vec::new();
-    for c in chunks(bos) {
+    for c in chunks(bos, chunk) {
         offsets.push(pos);
         let mut w = [0u8; 8];
         if pos.saturating_add(8) > len {
@@ -425,7 +622,7 @@ pub(super) fn check_records(
 }
 
 /// Reads the BO bytes back from the chunk records (after the header).
-pub(super) struct ZstdIn<R> {
+pub struct ZstdIn<R> {
     name: String,
     gpu: GpuId,
     input: R,
@@ -449,7 +646,7 @@ pub(super) struct ZstdIn<R> {
 }
 
 impl<R: Read> ZstdIn<R> {
-    pub(super) fn new(
+    pub fn new(
         name: String,
         gpu: GpuId,
         input: R,
@@ -642,5 +839,55 @@ impl<R: Read> Read for ZstdIn<R> {
             self.end_chunk()?;
         }
         Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod memory_tests {
+    use super::*;
+
+    /// zstd's own estimate bounds what a compressor and a decompressor
+    /// hold after frames of a whole chunk and of a few pages, at every
+    /// level a dump may use.
+    #[test]
+    fn the_memory_estimates_bound_the_contexts() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let data: Vec<u8> = (0..CHUNK)
+            .map(|i| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                if i % 3 == 0 {
+                    x as u8
+                } else {
+                    (i >> 9) as u8
+                }
+            })
+            .collect();
+        for level in LEVELS {
+            let mut enc = FrameEncoder::new(level).unwrap();
+            let mut frames = Vec::new();
+            for len in [CHUNK as usize, 12288] {
+                enc.begin(len as u64);
+                enc.put(&data[..len]).unwrap();
+                frames.push(enc.end().unwrap()[8..].to_vec());
+            }
+            let held = enc.cctx.sizeof() as u64 + enc.rec.capacity() as u64;
+            assert!(
+                held <= compressor_memory(level),
+                "level {level}: {held} > {}",
+                compressor_memory(level)
+            );
+            let mut dctx = DCtx::create();
+            dctx.set_parameter(DParameter::WindowLogMax(WINDOW_LOG))
+                .unwrap();
+            let mut out = vec![0u8; CHUNK as usize];
+            for f in &frames {
+                let n = dctx.decompress(&mut out[..], f).unwrap();
+                assert!(out[..n] == data[..n]);
+            }
+            let held = dctx.sizeof() as u64 + INPUT_BUFFER as u64;
+            assert!(held <= decompressor_memory(), "level {level}: {held}");
+        }
     }
 }

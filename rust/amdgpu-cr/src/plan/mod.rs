@@ -297,6 +297,7 @@ pub fn plan_dump(
         pages_compression: None,
         pages_compression_level: None,
         criu_rocm_parent: None,
+        pages_compression_chunk: None,
         priv_data: ckpt.priv_data.clone(),
         criu_rocm_ext_version: Some(EXT_VERSION),
         priv_bo_record_size: match crate::privdata::detect(

@@ -530,20 +530,10 @@ impl DumpSession {
             false,
         )?;
         // Incremental: the same BOs in the parent images (--prev-images-dir),
-        // whose unchanged extents this dump leaves out (uncompressed pages
-        // files only: a left-out extent is a hole at its place).
-        let parent = match self.opts.compress {
-            None => chain::dump_parent(dir, plan.image.pid),
-            Some(_) => {
-                if dir.join(chain::PARENT_LINK).exists() {
-                    log::warn!(
-                        "pid {owner}: KFD_COMPRESS is set: the GPU memory is saved whole, \
-                         not incrementally against the parent images"
-                    );
-                }
-                None
-            }
-        };
+        // whose unchanged extents this dump leaves out (a hole at its place,
+        // or a zero chunk record in a compressed pages file), whether the
+        // parent's pages are compressed or not.
+        let parent = chain::dump_parent(dir, plan.image.pid);
         let (parent_digests, parent_bos) = match &parent {
             Some((_, img)) => chain::parent_digests(&plan.image.bo_entries, img),
             None => Default::default(),

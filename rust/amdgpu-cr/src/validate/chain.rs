@@ -23,7 +23,10 @@ use super::Refusal;
 use crate::bo;
 use crate::ids::GpuId;
 use crate::image::{kfd_image_id, read_bounded, FileId, KfdImage, MAX_MESSAGE_SIZE};
-use crate::pages::{pages_image_name, pages_total, Overlay, CONTENT_EXTENT};
+use crate::pages::zstd::{check_records, chunks};
+use crate::pages::{
+    content_bos, pages_image_name, pages_total, Encoding, Overlay, Source, CONTENT_EXTENT,
+};
 use crate::proto::KfdBoEntry;
 use crate::session::incomplete;
 
@@ -80,8 +83,11 @@ struct Link {
     shown: String,
     id: FileId,
     image: KfdImage,
-    /// Each BO's start in its GPU's pages file.
+    /// Each BO's start in its GPU's pages file (in the uncompressed layout).
     starts: Vec<u64>,
+    /// A compressed link: its chunk size, and per GPU each chunk's record
+    /// offset, in the order of [`crate::pages::zstd::chunks`].
+    records: Option<(u64, BTreeMap<GpuId, Vec<u64>>)>,
 }
 
 impl Link {
@@ -177,10 +183,39 @@ fn load_link(dir: &Path, shown: &str, name: &str) -> Result<Link, Refusal> {
             x.file = format!("{shown}{}", x.file);
             x
         })?;
+    let encoding = Encoding::of(name, &image.msg).map_err(|e| {
+        let mut x = Refusal::from(e);
+        x.file = format!("{shown}{name}");
+        x
+    })?;
+    let mut records = BTreeMap::new();
     for gpu in image.gpu_ids() {
         let file = pages_image_name(id, gpu);
         let total = pages_total(name, &image.msg.bo_entries, gpu)
             .map_err(|e| r(name, "bo_entries", e.to_string()))?;
+        if let Encoding::Zstd { chunk, .. } = encoding {
+            // Each chunk's record, walked and bounded as the restore does.
+            let path = dir.join(&file);
+            let f = File::open(&path)
+                .map_err(|e| r(&file, "", format!("missing or unreadable: {e}")))?;
+            let len = f
+                .metadata()
+                .map_err(|e| r(&file, "", format!("fstat: {e}")))?
+                .len();
+            let bos = content_bos(&image.msg.bo_entries, gpu);
+            let shown_file = format!("{shown}{file}");
+            let offsets =
+                check_records(&f, &shown_file, &file, &bos, chunk, 8, len).map_err(|e| {
+                    let mut x = Refusal::from(e);
+                    if !x.file.starts_with(shown) {
+                        x.file = format!("{shown}{}", x.file);
+                    }
+                    x.gpu = Some(gpu);
+                    x
+                })?;
+            records.insert(gpu, offsets);
+            continue;
+        }
         let len = std::fs::metadata(dir.join(&file))
             .map_err(|e| r(&file, "", format!("missing or unreadable: {e}")))?
             .len();
@@ -195,15 +230,6 @@ fn load_link(dir: &Path, shown: &str, name: &str) -> Result<Link, Refusal> {
             ));
         }
     }
-    if image.msg.pages_compression.unwrap_or(0) != 0 {
-        return Err(r(
-            name,
-            "pages_compression",
-            "is set: the parent of an incremental dump must keep its pages uncompressed \
-             (its extents are read in place)"
-                .into(),
-        ));
-    }
     let starts = starts(&image.msg.bo_entries);
     Ok(Link {
         dir: dir.to_owned(),
@@ -211,6 +237,10 @@ fn load_link(dir: &Path, shown: &str, name: &str) -> Result<Link, Refusal> {
         id,
         image,
         starts,
+        records: match encoding {
+            Encoding::Zstd { chunk, .. } => Some((chunk, records)),
+            Encoding::Raw => None,
+        },
     })
 }
 
@@ -340,15 +370,6 @@ pub fn resolve(
         return Ok(BTreeMap::new());
     }
     let child_name = crate::image::kfd_image_name(id);
-    if image.msg.pages_compression.unwrap_or(0) != 0 {
-        return Err(Refusal::new(
-            &child_name,
-            None,
-            "pages_compression",
-            "is set, but the image takes extents from a parent (parent_extents), which only \
-             uncompressed pages files can",
-        ));
-    }
     let mut links: Vec<Link> = Vec::new();
     let mut seen: BTreeSet<PathBuf> = BTreeSet::new();
     if let Ok(c) = dir.canonicalize() {
@@ -503,12 +524,52 @@ pub fn resolve(
                 };
                 let off = k * e;
                 let len = e.min(b.size - off);
-                out.entry(gpu).or_default().push(
-                    child_starts[i] + off,
-                    len,
-                    src,
-                    l.starts[j] + off,
-                );
+                let source = match &l.records {
+                    None => Source::Raw {
+                        file: src,
+                        at: l.starts[j] + off,
+                    },
+                    Some((chunk, records)) => {
+                        // The chunk of BO j holding the extent: chunks run
+                        // over the GPU's content BOs in bucket order.
+                        let bos = content_bos(&l.image.msg.bo_entries, gpu);
+                        let all = chunks(&bos, *chunk);
+                        let at = all
+                            .iter()
+                            .position(|c| c.bo == j && c.start <= off && off < c.start + c.len);
+                        let (Some(at), Some(records)) = (at, records.get(&gpu)) else {
+                            return Err(l.refusal(
+                                &pages_image_name(l.id, gpu),
+                                Some(gpu),
+                                format!("bo_entries[{j}]"),
+                                format!("has no compressed chunk holding bytes {off:#x}.."),
+                            ));
+                        };
+                        let c = all[at];
+                        if off + len > c.start + c.len {
+                            return Err(l.refusal(
+                                &pages_image_name(l.id, gpu),
+                                Some(gpu),
+                                format!("bo_entries[{j}]"),
+                                format!(
+                                    "its extent {k} spans two compressed chunks of {chunk} \
+                                     bytes, which criu-rocm does not read"
+                                ),
+                            ));
+                        }
+                        Source::Frame {
+                            file: src,
+                            name: format!("{}{}", l.shown, pages_image_name(l.id, gpu)),
+                            gpu,
+                            record: records[at],
+                            chunk: c,
+                            skip: off - c.start,
+                        }
+                    }
+                };
+                out.entry(gpu)
+                    .or_default()
+                    .push_source(child_starts[i] + off, len, source);
                 break;
             }
         }
