@@ -723,39 +723,25 @@ predump_runs_on() {
 	note "GPU queues paused for $paused by the pre-dump"
 }
 
-# On one GPU the restore reads a compressed file in lanes (threads) that start at its
-# chunks: a 96 MiB BO of fp16 weights is three chunks, shared out between the 2 cores.
+# On one GPU a compressed dump compresses in lanes (threads, each with its own zstd
+# compressor) and the restore reads the file in lanes that start at its chunks: a 96 MiB BO
+# of fp16 weights is 48 chunks, shared out between the 2 cores.
 case_dump_compressed_lanes() { on mi100 -- dump_compressed_lanes; }
 dump_compressed_lanes() {
-	local img=$CASE_DIR/img v0 v1 n
+	local img=$CASE_DIR/img v0 v1 n d
 	wl_start wl --mib 1 --bos 1 --big-bo-mib 96 --big-bo-fill fp16
 	v0=$(wl_verify "$WL") || exit 1
 	KFD_COMPRESS=zstd dump_ok "$WL" "$img"
+	d=$(grep -a -c "amdgpu: GPU 0x[0-9a-f]*: lane of [0-9]* bytes" "$img/dump.log")
+	[ "$(nproc)" -lt 2 ] || [ "$d" -ge 2 ] || fail "the compressed dump of a 96 MiB BO ran $d lane(s) on $(nproc) cores"
 	restore_ok "$img" "$WL"
 	n=$(grep -a -c "amdgpu: GPU 0x[0-9a-f]*: lane of [0-9]* bytes" "$LAST_RESTORE_LOG")
 	[ "$(nproc)" -lt 2 ] || [ "$n" -ge 2 ] || fail "the restore of a 96 MiB compressed BO ran $n lane(s) on $(nproc) cores"
 	v1=$(wl_verify "$WL") || exit 1
 	same_bytes "$v0" "$v1"
 	wl_finish "$WL"
-	note "$n restore lanes; pages file $(stat -c %s "$img"/amdgpu-pages-*.img) bytes for 97 MiB of BOs"
+	note "$d dump and $n restore lanes; pages file $(stat -c %s "$img"/amdgpu-pages-*.img) bytes for 97 MiB of BOs"
 	rm -rf "$img"
-}
-
-# With KFD_COMPRESS set, a dump against a pre-dump saves its GPU memory whole, compressed,
-# and says so (an incremental image keeps its pages uncompressed); it restores.
-case_predump_then_compressed_dump() { on mi100 -- predump_then_compressed_dump; }
-predump_then_compressed_dump() {
-	local pre=$CASE_DIR/pre img=$CASE_DIR/img v0 v1
-	wl_start wl --mib 4 --bos 2 --big-bo-mib 16
-	v0=$(wl_verify "$WL") || exit 1
-	pre_dump_ok "$WL" "$pre" >/dev/null
-	KFD_COMPRESS=zstd dump_ok "$WL" "$img" --prev-images-dir ../pre
-	log_has "$img/dump.log" "amdgpu: pid $WL: KFD_COMPRESS is set: the GPU memory is saved whole, not incrementally"
-	grep -aq "incremental GPU dump against" "$img/dump.log" && fail "the compressed dump was made incremental"
-	restore_ok "$img" "$WL"
-	v1=$(wl_verify "$WL") || exit 1
-	same_bytes "$v0" "$v1"
-	wl_finish "$WL"
 }
 
 # wl_change PID: SIGUSR2, gpu-workload rewrites a tenth of its big BO; waits for its line.
@@ -822,6 +808,36 @@ predump_incremental_chain() {
 	wl_finish "$WL"
 	note "GPU pages on disk: full dump $fb bytes, incremental dump $ib bytes ($((ib * 100 / fb)) %)"
 	note "${line#incremental GPU dump against }"
+}
+
+# Compression and incremental dumps combine: a chain pre-dump (zstd) -> pre-dump -> dump
+# (zstd:1), a tenth of a 128 MiB BO changed before each of the last two. Each link past the
+# first is incremental whatever its parent's pages are (its unchanged extents are zero
+# records of 8 bytes in a compressed file, holes in a plain one); gpu-check and the restore
+# take extents through compressed and plain links alike, and every byte comes back.
+case_predump_compressed_chain() { on mi100 -- predump_compressed_chain; }
+predump_compressed_chain() {
+	local pre1=$CASE_DIR/pre1 pre2=$CASE_DIR/pre2 img=$CASE_DIR/img v1 v2 fb ib
+	wl_start wl --mib 4 --bos 2 --big-bo-mib 128 --big-bo-fill fp16
+	KFD_COMPRESS=zstd pre_dump_ok "$WL" "$pre1" >/dev/null
+	wl_change "$WL"
+	pre_dump_ok "$WL" "$pre2" --prev-images-dir ../pre1 >/dev/null
+	log_has "$pre2/pre-dump.log" "amdgpu: pid $WL: incremental GPU dump against parent/amdgpu-kfd-[0-9]+\.img"
+	wl_change "$WL"
+	v1=$(wl_verify "$WL") || exit 1
+	KFD_COMPRESS=zstd:1 dump_ok "$WL" "$img" --prev-images-dir ../pre2
+	log_has "$img/dump.log" "amdgpu: pid $WL: incremental GPU dump against parent/amdgpu-kfd-[0-9]+\.img"
+	fb=$(pages_disk "$pre1")
+	ib=$(pages_disk "$img")
+	[ "$ib" -le $((fb / 4)) ] || fail "the compressed incremental dump's pages take $ib bytes of disk, the compressed pre-dump's $fb"
+	gpu_check_restorable "$img" >/dev/null
+	grep -q "upstream's amdgpu plugin cannot restore these" <<<"$GC_OUT" ||
+		fail "gpu-check does not say upstream cannot restore the compressed images: $(paste -sd' ' <<<"$GC_OUT")"
+	restore_ok "$img" "$WL"
+	v2=$(wl_verify "$WL") || exit 1
+	same_bytes "$v1" "$v2"
+	wl_finish "$WL"
+	note "GPU pages on disk: compressed pre-dump $fb bytes, compressed incremental dump $ib bytes ($((ib * 100 / fb)) %)"
 }
 
 # ---------------------------------------------------------------------------------------
