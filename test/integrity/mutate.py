@@ -44,7 +44,7 @@ DEFAULT_SEED = 14
 KFD_PID, KFD_NUM_GPUS, KFD_NUM_CPUS, KFD_DEVICES, KFD_NUM_BOS = 1, 2, 3, 4, 5
 KFD_BOS, KFD_NUM_OBJECTS, KFD_PRIV = 6, 7, 10
 KFD_EXT_VERSION = 1000
-KFD_PAGES_COMPRESSION, KFD_PAGES_LEVEL = 1005, 1006
+KFD_PAGES_COMPRESSION, KFD_PAGES_LEVEL, KFD_PAGES_CHUNK = 1005, 1006, 1008
 # kfd_device_entry
 DEV_GPU_ID, DEV_RENDER_MINOR = 2, 21
 # kfd_bo_entry
@@ -494,7 +494,7 @@ def zstd_mutants(img, seed):
     """Mutants of a dump with compressed pages files (KFD_COMPRESS=zstd), class names
     prefixed zstd-: damage inside the frames, to the records' length words, to the
     files' ends, the frames of a file exchanged, and the KFD image's compression fields
-    edited (also forged: digests rewritten to match)."""
+    (kind, level, chunk size) edited (also forged: digests rewritten to match)."""
     rng = random.Random(seed + 1)
     out = []
 
@@ -557,6 +557,13 @@ def zstd_mutants(img, seed):
         edit("pages_compression 1 -> 2 (no such compression)",
              lambda m: put(m, KFD_PAGES_COMPRESSION, 2))
         edit("pages_compression_level -> 99", lambda m: put(m, KFD_PAGES_LEVEL, 99))
+        if get(base, KFD_PAGES_CHUNK) is None:
+            raise Bad(f"{f}: no pages_compression_chunk field (extension version 6)")
+        edit("pages_compression_chunk removed (32 MiB chunks, as before version 6)",
+             lambda m: m.__setitem__(slice(None), [x for x in m if x[0] != KFD_PAGES_CHUNK]))
+        edit("pages_compression_chunk -> 4096", lambda m: put(m, KFD_PAGES_CHUNK, 4096))
+        edit("pages_compression_chunk -> 3000 (not a multiple of a page)",
+             lambda m: put(m, KFD_PAGES_CHUNK, 3000))
     if img.digests:
         for m in [m for m in out if m.cls == "zstd-field"]:
             files = dict(m.files)
