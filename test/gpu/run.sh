@@ -523,7 +523,8 @@ dump_8_gpus() {
 # within the budget and a 6 MiB margin for what is not moving memory: the 8 copy threads'
 # stacks and malloc arenas, the KFD image (a few hundred bytes a BO), topology and GPU
 # plugin state. Before the budget was shared out this was 8 x (16 MiB window + 1 MiB
-# write buffer) = 136 MiB.
+# write buffer) = 136 MiB. Then the same compressed (KFD_COMPRESS=zstd): refused within
+# 16 MiB, within the budget at 64 MiB, zstd's compressors included.
 case_dump_memory_budget_8_gpus() { on mi300x8 -- dump_memory_budget_8_gpus; }
 dump_memory_budget_8_gpus() {
 	local img=$CASE_DIR/img base=$CASE_DIR/base pid rss0 rss1 extra budget=$((16 << 20)) margin=$((6 << 20)) v0 v1
@@ -546,8 +547,25 @@ while True: time.sleep(1)' </dev/null >/dev/null 2>&1 &
 	restore_ok "$img" "$WL"
 	v1=$(wl_verify "$WL") || exit 1
 	same_bytes "$v0" "$v1"
-	wl_finish "$WL"
 	note "512 MiB on 8 GPUs, KFD_MAX_BUFFER_SIZE=16M: peak RSS $((rss1 >> 10)) KiB, $((extra >> 10)) KiB over a dump without GPU state ($((rss0 >> 10)) KiB)"
+	rm -rf "$img"
+	# Compressed, the zstd compressors are part of the budget: 2 MiB per GPU holds none
+	# (the dump fails naming the knob and the process runs on); 64 MiB holds one per GPU.
+	KFD_COMPRESS=zstd KFD_MAX_BUFFER_SIZE=16M dump "$WL" "$img" && fail "a compressed dump within 2 MiB per GPU succeeded"
+	log_has "$img/dump.log" "amdgpu: pid $WL: .*cannot hold a zstd compressor .*raise KFD_MAX_BUFFER_SIZE"
+	running_on "$WL" "$v1"
+	rm -rf "$img"
+	budget=$((64 << 20))
+	KFD_COMPRESS=zstd KFD_MAX_BUFFER_SIZE=64M rss_of dump_ok "$WL" "$img"
+	rss1=$(cat "$CASE_DIR/rss")
+	extra=$((rss1 - rss0))
+	[ "$extra" -le $((budget + margin)) ] ||
+		fail "compressed: peak RSS $((rss1 >> 10)) KiB, $((extra >> 10)) KiB over the dump without GPU state: more than the budget of $((budget >> 10)) KiB + $((margin >> 10)) KiB"
+	restore_ok "$img" "$WL"
+	v0=$(wl_verify "$WL") || exit 1
+	same_bytes "$v1" "$v0"
+	wl_finish "$WL"
+	note "compressed (zstd level 3), KFD_MAX_BUFFER_SIZE=64M: peak RSS $((rss1 >> 10)) KiB, $((extra >> 10)) KiB over a dump without GPU state"
 	rm -rf "$img"
 }
 
