@@ -168,10 +168,13 @@ bool criu_rocm_is_gpu_file(const struct stat *st)
  */
 static int gpu_dump_init(void)
 {
+	struct timeval logstart;
 	int ret;
 
 	inventory_noted = false;
-	ret = criu_gpu_dump_init(opts.stream ? -1 : image_dir_fd(), log_get_fd());
+	log_get_logstart(&logstart);
+	ret = criu_gpu_dump_init(opts.stream ? -1 : image_dir_fd(), log_get_fd(),
+				 (uint64_t)logstart.tv_sec * 1000000 + logstart.tv_usec);
 	if (ret)
 		pr_err("Can't start the GPU part of the dump: %s\n", strerror(-ret));
 	return ret;

@@ -26,9 +26,10 @@ int criu_gpu_init(int loglevel);
 
 /*
  Called first thing in CRIU's `main()`: when `argv[1]` names a helper mode
- of criu-rocm (the GPU memory writer, `amdgpu_cr::session::writer`, which
- criu main starts by re-executing itself), runs that helper and returns
- its exit status; `-ENOTSUP` when criu runs as itself.
+ of criu-rocm (`amdgpu_cr::session::HelperMode`: the GPU memory writer of
+ a restore, the GPU guardian of a dump, which criu main starts by
+ re-executing itself), runs that helper and returns its exit status;
+ `-ENOTSUP` when criu runs as itself.
 
  # Safety
  `argv` is NULL or points to `argc` NUL-terminated strings.
@@ -72,10 +73,13 @@ int criu_gpu_device_kind(uint32_t mode, uint64_t dev, uint64_t ino, uint64_t rde
  `CRIU_ROCM_COPY_ENGINE`; a bad value fails the dump before anything is
  frozen) and marks the image directory `imgdir_fd` as holding an
  incomplete dump until [`criu_gpu_dump_complete`] (`-1`: no directory,
- the images are streamed).  `log_fd` is CRIU's log, where the GPU
- guardian and the signal handler write should criu-rocm die.
+ the images are streamed).  `log_fd` is CRIU's log (-1: none), where the
+ GPU guardian and the signal handler write should criu-rocm die; it stays
+ open for the whole dump.  The guardian's lines carry timestamps counted
+ from `log_start_us` (µs since the epoch, CRIU's `log_get_logstart()`; 0
+ when CRIU prints none).
  */
-int criu_gpu_dump_init(int imgdir_fd, int log_fd);
+int criu_gpu_dump_init(int imgdir_fd, int log_fd, uint64_t log_start_us);
 
 /*
  Every image of the dump is written (before CRIU's post-dump scripts):

@@ -12,7 +12,8 @@ use amdgpu_cr::image::FileId;
 use amdgpu_cr::plan::{DeviceIdentities, DeviceKind};
 use amdgpu_cr::session::dump::{DumpOptions, DumpSession, Dumped};
 use amdgpu_cr::session::restore::{self, RestoreOptions, RestoreSession};
-use amdgpu_cr::session::writer::{Writer, WriterLog, SLOTS};
+use amdgpu_cr::session::writer::{Writer, SLOTS};
+use amdgpu_cr::session::HelperLog;
 use amdgpu_cr::session::SessionError;
 use amdgpu_cr::session::{gpu_check, incomplete};
 use amdgpu_cr::validate;
@@ -78,10 +79,13 @@ fn log_knobs() {
 /// `CRIU_ROCM_COPY_ENGINE`; a bad value fails the dump before anything is
 /// frozen) and marks the image directory `imgdir_fd` as holding an
 /// incomplete dump until [`criu_gpu_dump_complete`] (`-1`: no directory,
-/// the images are streamed).  `log_fd` is CRIU's log, where the GPU
-/// guardian and the signal handler write should criu-rocm die.
+/// the images are streamed).  `log_fd` is CRIU's log (-1: none), where the
+/// GPU guardian and the signal handler write should criu-rocm die; it stays
+/// open for the whole dump.  The guardian's lines carry timestamps counted
+/// from `log_start_us` (µs since the epoch, CRIU's `log_get_logstart()`; 0
+/// when CRIU prints none).
 #[no_mangle]
-pub extern "C" fn criu_gpu_dump_init(imgdir_fd: c_int, log_fd: c_int) -> c_int {
+pub extern "C" fn criu_gpu_dump_init(imgdir_fd: c_int, log_fd: c_int, log_start_us: u64) -> c_int {
     ffi_boundary("criu_gpu_dump_init", || {
         log_knobs();
         let mut o = match DumpOptions::from_env() {
@@ -92,6 +96,7 @@ pub extern "C" fn criu_gpu_dump_init(imgdir_fd: c_int, log_fd: c_int) -> c_int {
             }
         };
         o.log_fd = (log_fd >= 0).then_some(log_fd);
+        o.log_args = crate::logging::helper_args(log_start_us);
         if imgdir_fd >= 0 {
             let dir = image_dir(imgdir_fd);
             if let Err(e) = incomplete::mark(&dir, std::process::id()) {
@@ -298,7 +303,7 @@ pub extern "C" fn criu_gpu_restore_init(
         let writer = if kfd_images > 0 {
             // SAFETY: CRIU's log fd stays open for this call (-1: none).
             let fd = (log_fd >= 0).then(|| unsafe { BorrowedFd::borrow_raw(log_fd) });
-            let log = WriterLog {
+            let log = HelperLog {
                 fd,
                 args: &crate::logging::helper_args(log_start_us),
             };

@@ -8,6 +8,8 @@
 use std::ffi::{c_char, c_int};
 use std::panic::{catch_unwind, UnwindSafe};
 
+use amdgpu_cr::session::HelperMode;
+
 pub mod hooks;
 pub mod logging;
 
@@ -52,9 +54,10 @@ pub extern "C" fn criu_gpu_init(loglevel: c_int) -> c_int {
 }
 
 /// Called first thing in CRIU's `main()`: when `argv[1]` names a helper mode
-/// of criu-rocm (the GPU memory writer, `amdgpu_cr::session::writer`, which
-/// criu main starts by re-executing itself), runs that helper and returns
-/// its exit status; `-ENOTSUP` when criu runs as itself.
+/// of criu-rocm (`amdgpu_cr::session::HelperMode`: the GPU memory writer of
+/// a restore, the GPU guardian of a dump, which criu main starts by
+/// re-executing itself), runs that helper and returns its exit status;
+/// `-ENOTSUP` when criu runs as itself.
 ///
 /// # Safety
 /// `argv` is NULL or points to `argc` NUL-terminated strings.
@@ -65,28 +68,32 @@ pub unsafe extern "C" fn criu_gpu_helper_main(argc: c_int, argv: *const *const c
     }
     // SAFETY: the caller passes `argc` pointers at `argv` (see # Safety).
     let argv = unsafe { std::slice::from_raw_parts(argv, argc as usize) };
+    if argv.iter().any(|a| a.is_null()) {
+        return -libc::ENOTSUP;
+    }
     let args: Vec<&[u8]> = argv
         .iter()
-        // SAFETY: each is a valid C string (see # Safety).
+        // SAFETY: each is a valid C string (see # Safety), checked non-NULL.
         .map(|&a| unsafe { std::ffi::CStr::from_ptr(a) }.to_bytes())
         .collect();
-    let Some(parsed) = amdgpu_cr::session::writer::WriterArgs::parse(&args) else {
+    let Some(parsed) = HelperMode::parse(&args) else {
         return -libc::ENOTSUP;
     };
     ffi_boundary("criu_gpu_helper_main", move || {
         amdgpu_cr::testhook::init();
-        let a = match parsed {
-            Ok(a) => a,
+        let mode = match parsed {
+            Ok(m) => m,
             Err(e) => {
-                eprintln!("criu-rocm: GPU memory writer: {e}");
+                eprintln!("criu-rocm: helper mode: {e}");
                 return 2;
             }
         };
-        if let Err(e) = logging::install_helper(a.log_fd, &a.log_args) {
-            eprintln!("criu-rocm: GPU memory writer: log settings: {e}");
+        let (fd, settings) = mode.log();
+        if let Err(e) = logging::install_helper(fd, settings) {
+            eprintln!("criu-rocm: {}: log settings: {e}", mode.name());
             return 2;
         }
-        amdgpu_cr::session::writer::writer_main(&a)
+        mode.run()
     })
 }
 

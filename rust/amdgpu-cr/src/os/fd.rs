@@ -4,6 +4,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::time::Duration;
 
 /// Takes ownership of what a call returning a new fd or -1 returned.
 fn owned(r: libc::c_long) -> io::Result<OwnedFd> {
@@ -136,6 +137,187 @@ pub fn recv_record(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
             return Err(e);
         }
     }
+}
+
+/// Room for one fd in a control message: `CMSG_SPACE(sizeof(int))` is 24
+/// bytes on LP64; 8-aligned.
+type FdCmsg = [u64; 4];
+
+/// Sends one record on a seqpacket socket with, when given, one fd
+/// (`SCM_RIGHTS`): whole or not at all, never blocking (`EAGAIN` when the
+/// socket is full) and never raising SIGPIPE (a gone peer is `EPIPE`).
+/// Async-signal-safe: it allocates nothing and takes no lock.
+pub fn send_record_with_fd(
+    sock: BorrowedFd<'_>,
+    rec: &[u8],
+    fd: Option<BorrowedFd<'_>>,
+) -> io::Result<()> {
+    let mut iov = libc::iovec {
+        iov_base: rec.as_ptr() as *mut libc::c_void,
+        iov_len: rec.len(),
+    };
+    let mut cbuf: FdCmsg = [0; 4];
+    // SAFETY: msghdr is plain old data; all-zero is a valid value.
+    let mut hdr: libc::msghdr = unsafe { std::mem::zeroed() };
+    hdr.msg_iov = &mut iov;
+    hdr.msg_iovlen = 1;
+    if let Some(fd) = fd {
+        // SAFETY: CMSG_SPACE only computes a size.
+        let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+        // SAFETY: CMSG_LEN only computes a size.
+        let len = unsafe { libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) } as usize;
+        hdr.msg_control = cbuf.as_mut_ptr().cast();
+        hdr.msg_controllen = space;
+        // SAFETY: msg_control points to `space` writable bytes (cbuf has
+        // 32), so the first header is inside cbuf.
+        let c = unsafe { libc::CMSG_FIRSTHDR(&hdr) };
+        let head = libc::cmsghdr {
+            cmsg_len: len,
+            cmsg_level: libc::SOL_SOCKET,
+            cmsg_type: libc::SCM_RIGHTS,
+        };
+        // SAFETY: `c` points at the first header inside cbuf, 8-aligned.
+        unsafe { c.write(head) };
+        // SAFETY: CMSG_DATA points just past the header, inside cbuf.
+        let data = unsafe { libc::CMSG_DATA(c) } as *mut RawFd;
+        // SAFETY: `data` has room for one int inside cbuf (maybe unaligned).
+        unsafe { data.write_unaligned(fd.as_raw_fd()) };
+    }
+    // SAFETY: `hdr` describes live buffers for the duration of the call.
+    let r = unsafe {
+        libc::sendmsg(
+            sock.as_raw_fd(),
+            &hdr,
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if r as usize != rec.len() {
+        return Err(io::Error::from_raw_os_error(libc::EMSGSIZE));
+    }
+    Ok(())
+}
+
+/// What one [`recv_record_with_fd`] gave.
+#[derive(Debug)]
+pub enum Received {
+    /// A record of this many bytes, and the fd that came with it.
+    Record(usize, Option<OwnedFd>),
+    /// Nothing queued (a non-blocking receive).
+    Empty,
+    /// The peer is gone and everything it sent was read.
+    End,
+}
+
+/// Receives one record from a seqpacket socket into `buf`, with the fd that
+/// came with it (close-on-exec); `block: false` returns
+/// [`Received::Empty`] at once when nothing is queued.  Restarts on EINTR.
+pub fn recv_record_with_fd(
+    sock: BorrowedFd<'_>,
+    buf: &mut [u8],
+    block: bool,
+) -> io::Result<Received> {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    let mut cbuf: FdCmsg = [0; 4];
+    // SAFETY: msghdr is plain old data; all-zero is a valid value.
+    let mut hdr: libc::msghdr = unsafe { std::mem::zeroed() };
+    hdr.msg_iov = &mut iov;
+    hdr.msg_iovlen = 1;
+    hdr.msg_control = cbuf.as_mut_ptr().cast();
+    hdr.msg_controllen = std::mem::size_of_val(&cbuf);
+    let flags = libc::MSG_CMSG_CLOEXEC | if block { 0 } else { libc::MSG_DONTWAIT };
+    let r = loop {
+        // SAFETY: `hdr` describes live, writable buffers.
+        let r = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut hdr, flags) };
+        if r < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+            continue;
+        }
+        break r;
+    };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::EAGAIN) => Ok(Received::Empty),
+            _ => Err(e),
+        };
+    }
+    let mut fd = None;
+    // SAFETY: the kernel filled msg_control and msg_controllen; CMSG_FIRSTHDR
+    // reads them (NULL when no header fits).
+    let c = unsafe { libc::CMSG_FIRSTHDR(&hdr) };
+    if !c.is_null() {
+        // SAFETY: `c` points at a complete header inside cbuf.
+        let h = unsafe { c.read_unaligned() };
+        if h.cmsg_level == libc::SOL_SOCKET && h.cmsg_type == libc::SCM_RIGHTS {
+            // SAFETY: CMSG_DATA points just past the header, inside cbuf.
+            let data = unsafe { libc::CMSG_DATA(c) } as *const RawFd;
+            // SAFETY: an SCM_RIGHTS header carries at least one int there,
+            // inside cbuf (room for one only: more would be cut, MSG_CTRUNC).
+            let raw = unsafe { data.read_unaligned() };
+            // SAFETY: the kernel installed this fd in our table for us.
+            fd = Some(unsafe { OwnedFd::from_raw_fd(raw) });
+        }
+    }
+    if r == 0 && fd.is_none() {
+        return Ok(Received::End);
+    }
+    Ok(Received::Record(r as usize, fd))
+}
+
+/// Waits until one of `fds` is readable, hung up or in error, for at most
+/// `timeout` (`None`: no limit); returns which are.  An interrupted wait
+/// is `ErrorKind::Interrupted`.
+pub fn poll_readable(fds: &[BorrowedFd<'_>], timeout: Option<Duration>) -> io::Result<Vec<bool>> {
+    let mut p: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|f| libc::pollfd {
+            fd: f.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    let ms = timeout.map_or(-1, |t| {
+        t.as_millis().min(libc::c_int::MAX as u128) as libc::c_int
+    });
+    // SAFETY: `p` is a valid array of `p.len()` pollfds.
+    let r = unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, ms) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(p.iter().map(|p| p.revents != 0).collect())
+}
+
+/// Writes `buf` to `fd` with one `write(2)`; how much was written.
+/// Async-signal-safe.
+pub fn write_once(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
+    // SAFETY: write reads `buf.len()` bytes of our buffer.
+    let n = unsafe { libc::write(fd.as_raw_fd(), buf.as_ptr().cast(), buf.len()) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
+/// Points fds 0, 1 and 2 at `/dev/null` (a process that must not hold its
+/// starter's terminal or pipes).
+pub fn stdio_to_null() -> io::Result<()> {
+    let null = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")?;
+    for std in 0..3 {
+        // SAFETY: dup2 of an fd we own onto a standard fd number, which
+        // std::io and the C library treat as always open.
+        if unsafe { libc::dup2(null.as_raw_fd(), std) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

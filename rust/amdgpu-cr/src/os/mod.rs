@@ -7,8 +7,9 @@
 //! |---|---|
 //! | [`futex`] | waiting on and waking a shared `AtomicU32` |
 //! | [`shared`] | a zero-initialised `MAP_SHARED` object on a memfd, passed to a helper by fd |
-//! | [`process`] | pids and pidfds, reaping, signals, a helper started by re-executing this program |
-//! | [`fd`] | reaching another task's fds, comparing open files, fd numbering, memfds, socket pairs |
+//! | [`process`] | pids and pidfds, reaping, ptrace, a helper started by re-executing this program (tied to us or detached) |
+//! | [`signal`] | one process-wide handler for caught signals, ignoring, dying of a signal |
+//! | [`fd`] | reaching another task's fds, comparing open files, fd numbering, memfds, socket pairs and records with an fd, polling |
 //! | [`file`] | `stat`/`fstat`, `/proc/<pid>` directories, POSIX named semaphores |
 
 pub mod fd;
@@ -16,3 +17,4 @@ pub mod file;
 pub mod futex;
 pub mod process;
 pub mod shared;
+pub mod signal;

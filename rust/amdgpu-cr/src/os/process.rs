@@ -73,6 +73,19 @@ impl ExitStatus {
         libc::WIFEXITED(self.0) && libc::WEXITSTATUS(self.0) == 0
     }
 
+    /// The signal a tracee stopped with (`None`: it did not stop, or it
+    /// stopped for `PTRACE_INTERRUPT`/`PTRACE_LISTEN`, a group stop of a
+    /// seized tracee's: nothing to pass on).
+    pub fn stop_signal(self) -> Option<libc::c_int> {
+        (libc::WIFSTOPPED(self.0) && (self.0 >> 16) != libc::PTRACE_EVENT_STOP)
+            .then(|| libc::WSTOPSIG(self.0))
+    }
+
+    /// Whether the tracee stopped (for a signal or an event).
+    pub fn stopped(self) -> bool {
+        libc::WIFSTOPPED(self.0)
+    }
+
     /// How the child ended, in words ("was killed by signal 9 (SIGKILL)").
     pub fn describe(self) -> String {
         if libc::WIFSIGNALED(self.0) {
@@ -92,6 +105,18 @@ impl ExitStatus {
             "ended".into()
         }
     }
+}
+
+/// Reaps child or tracee `pid` if it ended or stopped (`__WALL`), without
+/// blocking: `Ok(None)` while it runs.
+pub fn wait_nohang(pid: libc::pid_t) -> io::Result<Option<ExitStatus>> {
+    let mut st = 0;
+    // SAFETY: waitpid writes the status into our int.
+    let r = unsafe { libc::waitpid(pid, &mut st, libc::WNOHANG | libc::__WALL) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((r == pid).then_some(ExitStatus(st)))
 }
 
 /// Reaps child `pid` if it ended (`__WALL`: also a child without an exit
@@ -116,6 +141,34 @@ pub fn wait(pid: libc::pid_t) -> ExitStatus {
     }
 }
 
+/// `PTRACE_SEIZE` of `pid` (no options): we become its ptracer without
+/// stopping it.
+pub fn ptrace_seize(pid: libc::pid_t) -> io::Result<()> {
+    // SAFETY: a ptrace request with integer arguments only.
+    ptrace_result(unsafe { libc::ptrace(libc::PTRACE_SEIZE, pid, 0, 0) })
+}
+
+/// `PTRACE_INTERRUPT` of our tracee `pid`: it stops (reaped by
+/// [`wait_nohang`]).
+pub fn ptrace_interrupt(pid: libc::pid_t) -> io::Result<()> {
+    // SAFETY: a ptrace request with integer arguments only.
+    ptrace_result(unsafe { libc::ptrace(libc::PTRACE_INTERRUPT, pid, 0, 0) })
+}
+
+/// `PTRACE_DETACH` of our stopped tracee `pid`, passing on signal `sig`
+/// (0: none).
+pub fn ptrace_detach(pid: libc::pid_t, sig: libc::c_int) -> io::Result<()> {
+    // SAFETY: a ptrace request with integer arguments only.
+    ptrace_result(unsafe { libc::ptrace(libc::PTRACE_DETACH, pid, 0, sig as libc::c_long) })
+}
+
+fn ptrace_result(r: libc::c_long) -> io::Result<()> {
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Fds a helper started by [`spawn_self`] may be handed.
 const MAX_FDS: usize = 16;
 
@@ -124,11 +177,25 @@ extern "C" {
     static environ: *const *const c_char;
 }
 
+/// How a helper started by [`spawn_self`] is tied to us.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tie {
+    /// It dies with the calling thread: the shim waits for it and ends as
+    /// it ended, and each dies with its parent (`PDEATHSIG`).
+    Supervised,
+    /// It outlives us: no `PDEATHSIG`, a session of its own, and never our
+    /// child (the shim ends as soon as the helper is forked, so the helper
+    /// is reparented to the init or subreaper above us).  The shim's status
+    /// says only whether the helper was forked; the helper tells the rest.
+    Detached,
+}
+
 /// A helper started by [`spawn_self`]: the pid to reap (the shim, our
 /// child) and the helper's own pid is the helper's to tell.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Spawned {
-    /// Our child without an exit signal; it ends as the helper ends.
+    /// Our child without an exit signal; with [`Tie::Supervised`] it ends
+    /// as the helper ends, with [`Tie::Detached`] once the helper is forked.
     pub shim: libc::pid_t,
 }
 
@@ -138,12 +205,14 @@ pub struct Spawned {
 ///
 /// The new program runs under a shim: our child, with no exit signal, so
 /// that nobody's SIGCHLD handler or `wait(-1)` (without `__WALL`) hears of
-/// it (an `execve` would give the child itself an exit signal again).  The
-/// shim waits for the helper and ends as it ended: the same exit status, or
-/// killed by the same signal.  Reap the shim by pid ([`wait`],
-/// [`try_wait`]) to learn how the helper ended; kill the shim to kill the
-/// helper.  Each dies with its parent (`PDEATHSIG`): the shim with the
-/// calling thread, the helper with the shim.
+/// it (an `execve` would give the child itself an exit signal again).  Reap
+/// the shim by pid ([`wait`], [`try_wait`]).  With [`Tie::Supervised`] the
+/// shim waits for the helper and ends as it ended (the same exit status, or
+/// killed by the same signal), so that its status is the helper's; kill the
+/// shim to kill the helper.  Each dies with its parent (`PDEATHSIG`): the
+/// shim with the calling thread, the helper with the shim.  With
+/// [`Tie::Detached`] the helper gets a session of its own and no
+/// `PDEATHSIG`, and the shim ends at once, leaving it to outlive us.
 ///
 /// Soundness: the shim is a copy of a possibly multi-threaded process that
 /// skipped the C library's fork handling (`fork()` cannot make a child
@@ -152,7 +221,12 @@ pub struct Spawned {
 /// they need (argv, envp, the fd plan) is built here before the clone, the
 /// way `posix_spawn` does it.  The helper proper runs in a fresh process
 /// image.
-pub fn spawn_self(name: &CStr, args: &[CString], fds: &[BorrowedFd<'_>]) -> io::Result<Spawned> {
+pub fn spawn_self(
+    name: &CStr,
+    args: &[CString],
+    fds: &[BorrowedFd<'_>],
+    tie: Tie,
+) -> io::Result<Spawned> {
     let mut argv: Vec<*const c_char> = std::iter::once(name.as_ptr())
         .chain(args.iter().map(|a| a.as_ptr()))
         .collect();
@@ -190,7 +264,7 @@ pub fn spawn_self(name: &CStr, args: &[CString], fds: &[BorrowedFd<'_>]) -> io::
         return Err(io::Error::last_os_error());
     }
     if pid == 0 {
-        shim(parent, &plan, &unblocked, c"/proc/self/exe", &argv);
+        shim(parent, tie, &plan, &unblocked, c"/proc/self/exe", &argv);
     }
     Ok(Spawned {
         shim: pid as libc::pid_t,
@@ -230,16 +304,19 @@ fn exit_now(code: libc::c_int) -> ! {
 /// prepared before the clone; no allocation, no lock, no unwinding.
 fn shim(
     parent: libc::pid_t,
+    tie: Tie,
     plan: &FdPlan,
     unblocked: &libc::sigset_t,
     exe: &CStr,
     argv: &[*const c_char],
 ) -> ! {
-    // SAFETY: prctl with integer arguments.
-    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
-    // The parent may have died before PDEATHSIG was armed.
-    if getppid() != parent {
-        exit_now(126);
+    if tie == Tie::Supervised {
+        // SAFETY: prctl with integer arguments.
+        unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
+        // The parent may have died before PDEATHSIG was armed.
+        if getppid() != parent {
+            exit_now(126);
+        }
     }
     // The parent's signal handlers (CRIU's SIGCHLD handler, for one) are
     // not ours to run: every signal to its default, none blocked.
@@ -271,22 +348,34 @@ fn shim(
     unsafe { libc::syscall(libc::SYS_close_range, keep, libc::c_uint::MAX, 0) };
     let me = getpid();
     // SAFETY: a fork-like clone with SIGCHLD as its exit signal; the child
-    // only arms PDEATHSIG and executes (see spawn_self).
+    // only arms PDEATHSIG or starts a session, and executes (see spawn_self).
     let helper = unsafe { raw_fork(libc::SIGCHLD as libc::c_ulong) };
     if helper < 0 {
         exit_now(126);
     }
     if helper == 0 {
-        // SAFETY: prctl with integer arguments.
-        unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
-        if getppid() != me {
-            exit_now(126);
+        match tie {
+            Tie::Supervised => {
+                // SAFETY: prctl with integer arguments.
+                unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
+                if getppid() != me {
+                    exit_now(126);
+                }
+            }
+            Tie::Detached => {
+                // SAFETY: setsid takes no arguments; a fresh fork is no
+                // process group leader, so it cannot fail.
+                unsafe { libc::setsid() };
+            }
         }
         // SAFETY: a NUL-terminated path, a NULL-terminated argv of C
         // strings alive in this copy of the parent's memory, and the
         // environment.
         unsafe { libc::execve(exe.as_ptr(), argv.as_ptr(), environ) };
         exit_now(127);
+    }
+    if tie == Tie::Detached {
+        exit_now(0);
     }
     let st = loop {
         let mut st = 0;
@@ -317,13 +406,18 @@ mod tests {
     fn a_spawned_self_runs_and_is_reaped_by_pid() {
         let f = std::fs::File::open("/proc/self/status").unwrap();
         let list = [CString::new("--list").unwrap()];
-        let pid = spawn_self(c"criu-rocm-test", &list, &[std::os::fd::AsFd::as_fd(&f)])
-            .unwrap()
-            .shim;
+        let pid = spawn_self(
+            c"criu-rocm-test",
+            &list,
+            &[std::os::fd::AsFd::as_fd(&f)],
+            Tie::Supervised,
+        )
+        .unwrap()
+        .shim;
         let st = wait(pid);
         assert!(st.success(), "{}", st.describe());
         let bad = [CString::new("--no-such-flag").unwrap()];
-        let pid = spawn_self(c"x", &bad, &[]).unwrap().shim;
+        let pid = spawn_self(c"x", &bad, &[], Tie::Supervised).unwrap().shim;
         let st = wait(pid);
         assert!(!st.success(), "{}", st.describe());
         assert!(
@@ -331,6 +425,37 @@ mod tests {
             "{}",
             st.describe()
         );
+    }
+
+    /// A detached helper (the test binary listing its tests) runs on its
+    /// own: its shim is reaped, and the helper is not our child.
+    #[test]
+    fn a_detached_helper_outlives_its_shim() {
+        let (r, w) = std::io::pipe().unwrap();
+        let list = [CString::new("--list").unwrap()];
+        let shim = spawn_self(
+            c"criu-rocm-test",
+            &list,
+            &[std::os::fd::AsFd::as_fd(&w)],
+            Tie::Detached,
+        )
+        .unwrap()
+        .shim;
+        drop(w);
+        let st = wait(shim);
+        assert!(st.success(), "{}", st.describe());
+        // The pipe reads end-of-file once the helper (the only holder of
+        // its write end) is gone: it ran.
+        let mut buf = Vec::new();
+        std::io::Read::read_to_end(&mut &r, &mut buf).unwrap();
+        assert!(buf.is_empty());
+        // The shim was reaped, and the helper was never this thread's child:
+        // an ended child stays on its parent's list until it is reaped.
+        let e = wait_nohang(shim).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ECHILD));
+        let tid = super::super::signal::gettid();
+        let kids = std::fs::read_to_string(format!("/proc/self/task/{tid}/children")).unwrap();
+        assert_eq!(kids.trim(), "", "children of this thread");
     }
 
     #[test]

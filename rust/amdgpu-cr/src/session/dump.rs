@@ -34,7 +34,7 @@ use kfd_abi::sys;
 
 use super::guardian::Guardian;
 use super::signals;
-use super::{gpu_jobs, human_bytes, log_gpu_stats, owned_dmabufs, SessionError};
+use super::{gpu_jobs, human_bytes, log_gpu_stats, owned_dmabufs, HelperLog, SessionError};
 use crate::bo;
 use crate::copy::dump_contents_encoded;
 use crate::env::{self, EnginePolicy};
@@ -62,8 +62,12 @@ pub struct DumpOptions {
     /// `KFD_COMPRESS`, `KFD_COMPRESS_THREADS`: zstd level and threads
     /// (`None`: one per spare core), or `None` (upstream's layout).
     pub compress: Option<(i32, Option<u32>)>,
-    /// CRIU's log fd, where the GPU guardian and the signal handler write.
+    /// CRIU's log fd, where the GPU guardian and the signal handler write;
+    /// it stays open for the whole dump.
     pub log_fd: Option<RawFd>,
+    /// The boundary's settings for CRIU's log in the guardian
+    /// ([`super::HelperLog::args`]).
+    pub log_args: Vec<String>,
 }
 
 impl DumpOptions {
@@ -75,6 +79,7 @@ impl DumpOptions {
             policy: env::engine_policy_from_env()?,
             compress: env::compress_from_env()?,
             log_fd: None,
+            log_args: Vec::new(),
         })
     }
 }
@@ -150,7 +155,16 @@ impl DumpSession {
     /// before anything is paused.
     fn guardian(&mut self, pid: i32) -> Result<&mut Guardian, SessionError> {
         if self.guardian.is_none() {
-            let g = Guardian::start(self.opts.log_fd).map_err(|source| SessionError::Os {
+            let log = HelperLog {
+                // SAFETY: CRIU's log fd stays open for the whole dump
+                // (DumpOptions::log_fd).
+                fd: self
+                    .opts
+                    .log_fd
+                    .map(|fd| unsafe { BorrowedFd::borrow_raw(fd) }),
+                args: &self.opts.log_args,
+            };
+            let g = Guardian::start(log).map_err(|source| SessionError::Os {
                 pid,
                 step: "starting the GPU guardian (it unpauses the GPU queues should criu-rocm die)"
                     .into(),
@@ -160,10 +174,12 @@ impl DumpSession {
                 "GPU guardian started (pid {}): it unpauses the GPU queues should criu-rocm die during the dump",
                 g.pid()
             );
-            signals::arm(self.opts.log_fd, g.sock()).map_err(|source| SessionError::Os {
-                pid,
-                step: "installing the handler of SIGTERM, SIGINT, SIGHUP and SIGPIPE".into(),
-                source,
+            signals::arm(self.opts.log_fd, g.sock().as_raw_fd()).map_err(|source| {
+                SessionError::Os {
+                    pid,
+                    step: "installing the handler of SIGTERM, SIGINT, SIGHUP and SIGPIPE".into(),
+                    source,
+                }
             })?;
             self.guardian = Some(g);
         }

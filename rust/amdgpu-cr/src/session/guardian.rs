@@ -3,18 +3,22 @@
 //! crash), so that the tree does not run on with its GPU work stopped for
 //! good.
 //!
-//! * It is started before the first KFD process is paused, by a double fork
-//!   (the middle process has no exit signal and is reaped at once), so it is
-//!   never a child CRIU waits for or that its SIGCHLD handlers see, and it
-//!   outlives criu main: no `PDEATHSIG`, a session of its own (a Ctrl-C at
-//!   criu's terminal does not reach it), and SIGHUP, SIGINT, SIGTERM and
-//!   SIGPIPE ignored.
+//! * It is started before the first KFD process is paused: this program
+//!   executed again in a helper mode ([`GUARDIAN_MODE`], [`guardian_main`])
+//!   by [`os::process::spawn_self`] with [`Tie::Detached`], so it runs in a
+//!   process image of its own.  criu main's child is a shim without an exit
+//!   signal that ends once the guardian is forked and is reaped at once, so
+//!   the guardian is never a child CRIU waits for or that its SIGCHLD
+//!   handlers see, and it outlives criu main: no `PDEATHSIG`, a session of
+//!   its own (a Ctrl-C at criu's terminal does not reach it), and SIGHUP,
+//!   SIGINT, SIGTERM, SIGQUIT and SIGPIPE ignored.
 //! * It holds only what it needs: its end of a `SOCK_SEQPACKET` pair, a
 //!   pidfd of criu main, CRIU's log fd, `/dev/null` as stdio, and for each
 //!   paused process a copy of its KFD file (sent over the socket before the
-//!   process is paused) and a pidfd.  Nothing else of criu's: a copy of the
-//!   parasite's control socket, for one, would keep a task in its parasite
-//!   after criu died.
+//!   process is paused) and a pidfd.  Nothing else of criu's (the shim
+//!   closes every other fd before the `execve`): a copy of the parasite's
+//!   control socket, for one, would keep a task in its parasite after criu
+//!   died.
 //! * criu main tells it, per KFD process, "about to pause" (with the file),
 //!   "unpaused" (forget it) and who owns it; at the end "stop" (every
 //!   process was unpaused, or the dump left them to criu) or "the tree is
@@ -29,13 +33,24 @@
 //!   when the queues were not paused (criu's signal handler got there
 //!   first).  Then it exits.
 
+use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
 use kfd_abi::handle::Kfd;
 
-use crate::os::process::pidfd_open;
+use super::HelperLog;
+#[cfg(doc)]
+use crate::os;
+use crate::os::fd::{
+    poll_readable, recv_record_with_fd, send_record_with_fd, seqpacket_pair, stdio_to_null,
+    Received,
+};
+use crate::os::process::{
+    self, pidfd_open, ptrace_detach, ptrace_interrupt, ptrace_seize, wait_nohang, Tie,
+};
+use crate::os::signal;
 
 /// The name the guardian shows in `ps` (`comm`, at most 15 bytes).
 pub const COMM: &str = "criu-gpu-guard";
@@ -51,6 +66,21 @@ const KILL_GRACE: Duration = Duration::from_secs(3);
 const DETACH_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long criu main waits for a new guardian to say it is ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
+/// `argv[1]` of the guardian: this program runs as the guardian.
+pub const GUARDIAN_MODE: &str = "--criu-rocm-gpu-guardian";
+/// The guardian's fds: its end of the socket, criu main's pidfd, CRIU's log.
+const SOCK_FD: RawFd = 3;
+const CRIU_PIDFD: RawFd = 4;
+const LOG_FD: RawFd = 5;
+/// The signals the guardian ignores: those a terminal, a shell or a
+/// supervisor sends a whole session or process group when it ends criu.
+const IGNORED: [libc::c_int; 5] = [
+    libc::SIGHUP,
+    libc::SIGINT,
+    libc::SIGTERM,
+    libc::SIGQUIT,
+    libc::SIGPIPE,
+];
 
 /// What a message says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,9 +114,6 @@ impl Kind {
     }
 }
 
-/// [`Kind::Untrack`] for the signal handler.
-pub(crate) const UNTRACK: u32 = Kind::Untrack as u32;
-
 /// One message on the socket (one `SOCK_SEQPACKET` record).
 #[derive(Clone, Copy, Debug, Default)]
 #[repr(C)]
@@ -119,67 +146,28 @@ impl Msg {
     }
 }
 
-/// Sends `msg` with, when given, one fd (`SCM_RIGHTS`); never blocks and
-/// never raises SIGPIPE.  Async-signal-safe (criu's signal handler uses it).
-pub(crate) fn send_raw(sock: RawFd, msg_kind: u32, id: u32, pid: i32, fd: Option<RawFd>) -> i32 {
+/// Sends a message with, when given, one fd; never blocks and never raises
+/// SIGPIPE.  Async-signal-safe.
+fn send(
+    sock: BorrowedFd<'_>,
+    kind: Kind,
+    id: u32,
+    pid: i32,
+    fd: Option<BorrowedFd<'_>>,
+) -> io::Result<()> {
     let m = Msg {
-        kind: msg_kind,
+        kind: kind as u32,
         id,
         pid,
         pad: 0,
-    }
-    .bytes();
-    let mut iov = libc::iovec {
-        iov_base: m.as_ptr() as *mut libc::c_void,
-        iov_len: m.len(),
     };
-    // Room for one fd: CMSG_SPACE(sizeof(int)) is 24 bytes on LP64; 8-aligned.
-    let mut cbuf = [0u64; 4];
-    // SAFETY: msghdr is plain old data; all-zero is a valid value.
-    let mut hdr: libc::msghdr = unsafe { std::mem::zeroed() };
-    hdr.msg_iov = &mut iov;
-    hdr.msg_iovlen = 1;
-    if let Some(fd) = fd {
-        // SAFETY: CMSG_SPACE only computes a size.
-        let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
-        hdr.msg_control = cbuf.as_mut_ptr().cast();
-        hdr.msg_controllen = space;
-        // SAFETY: msg_control points to `space` writable bytes (cbuf is 32).
-        let c = unsafe { libc::CMSG_FIRSTHDR(&hdr) };
-        // SAFETY: `c` is the first header inside cbuf, which has room for it.
-        unsafe {
-            (*c).cmsg_level = libc::SOL_SOCKET;
-        }
-        // SAFETY: as above.
-        unsafe {
-            (*c).cmsg_type = libc::SCM_RIGHTS;
-        }
-        // SAFETY: CMSG_LEN only computes a size.
-        let len = unsafe { libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) } as usize;
-        // SAFETY: as above.
-        unsafe {
-            (*c).cmsg_len = len;
-        }
-        // SAFETY: CMSG_DATA points inside cbuf, with room for one int.
-        let data = unsafe { libc::CMSG_DATA(c) } as *mut RawFd;
-        // SAFETY: `data` is inside cbuf and may be unaligned.
-        unsafe { data.write_unaligned(fd) };
-    }
-    // SAFETY: `hdr` describes live buffers for the duration of the call.
-    let r = unsafe { libc::sendmsg(sock, &hdr, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
-    if r == MSG_LEN as isize {
-        0
-    } else {
-        -1
-    }
+    send_record_with_fd(sock, &m.bytes(), fd)
 }
 
-fn send(sock: BorrowedFd<'_>, kind: Kind, id: u32, pid: i32, fd: Option<RawFd>) -> io::Result<()> {
-    if send_raw(sock.as_raw_fd(), kind as u32, id, pid, fd) == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+/// Tells the guardian that process `id` was unpaused.  Async-signal-safe
+/// (criu's signal handler uses it).
+pub(crate) fn tell_unpaused(sock: BorrowedFd<'_>, id: u32) -> io::Result<()> {
+    send(sock, Kind::Untrack, id, 0, None)
 }
 
 /// What one receive gave.
@@ -193,55 +181,67 @@ enum Recv {
 
 fn recv(sock: BorrowedFd<'_>, block: bool) -> io::Result<Recv> {
     let mut m = [0u8; MSG_LEN];
-    let mut iov = libc::iovec {
-        iov_base: m.as_mut_ptr().cast(),
-        iov_len: m.len(),
-    };
-    let mut cbuf = [0u64; 4];
-    // SAFETY: msghdr is plain old data; all-zero is a valid value.
-    let mut hdr: libc::msghdr = unsafe { std::mem::zeroed() };
-    hdr.msg_iov = &mut iov;
-    hdr.msg_iovlen = 1;
-    hdr.msg_control = cbuf.as_mut_ptr().cast();
-    hdr.msg_controllen = std::mem::size_of_val(&cbuf);
-    let flags = libc::MSG_CMSG_CLOEXEC | if block { 0 } else { libc::MSG_DONTWAIT };
-    let r = loop {
-        // SAFETY: `hdr` describes live, writable buffers.
-        let r = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut hdr, flags) };
-        if r < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
-            continue;
+    match recv_record_with_fd(sock, &mut m, block)? {
+        Received::Empty => Ok(Recv::Empty),
+        Received::End => Ok(Recv::End),
+        Received::Record(MSG_LEN, fd) => Ok(Recv::Msg(Msg::from_bytes(&m), fd)),
+        Received::Record(..) => Err(io::Error::from_raw_os_error(libc::EPROTO)),
+    }
+}
+
+/// What the guardian is started with (parsed from its `argv`; its fds are
+/// [`SOCK_FD`], [`CRIU_PIDFD`] and, when `log_fd` is given, [`LOG_FD`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GuardianArgs {
+    /// criu main's pid (for messages).
+    pub criu: libc::pid_t,
+    /// CRIU's log, when criu main handed it over.
+    pub log_fd: Option<RawFd>,
+    /// The boundary's settings for the log ([`HelperLog::args`]).
+    pub log_args: Vec<String>,
+}
+
+impl GuardianArgs {
+    fn to_argv(&self) -> Vec<CString> {
+        let word = |s: String| CString::new(s).expect("no NUL in an argument");
+        let mut v = vec![
+            word(GUARDIAN_MODE.into()),
+            word(self.criu.to_string()),
+            word(self.log_fd.map_or("-".into(), |f| f.to_string())),
+        ];
+        v.extend(self.log_args.iter().map(|a| word(a.clone())));
+        v
+    }
+
+    /// The guardian's arguments in `argv` (`argv[0]` included), `None`
+    /// when `argv[1]` is not [`GUARDIAN_MODE`].
+    pub fn parse(argv: &[&[u8]]) -> Option<Result<GuardianArgs, String>> {
+        if argv.get(1).copied() != Some(GUARDIAN_MODE.as_bytes()) {
+            return None;
         }
-        break r;
-    };
-    if r < 0 {
-        let e = io::Error::last_os_error();
-        return match e.raw_os_error() {
-            Some(libc::EAGAIN) => Ok(Recv::Empty),
-            _ => Err(e),
+        let text = |i: usize| -> Result<&str, String> {
+            let a = argv.get(i).ok_or(format!("argument {i} is missing"))?;
+            std::str::from_utf8(a).map_err(|_| format!("argument {i} is not UTF-8"))
         };
+        Some((|| {
+            let criu = text(2)?
+                .parse()
+                .map_err(|_| format!("argument 2 ({:?}) is no pid", text(2)))?;
+            let log_fd = match text(3)? {
+                "-" => None,
+                t => Some(
+                    t.parse()
+                        .map_err(|_| format!("argument 3 ({t:?}) is no fd"))?,
+                ),
+            };
+            let log_args = (4..argv.len()).map(text).collect::<Result<Vec<_>, _>>()?;
+            Ok(GuardianArgs {
+                criu,
+                log_fd,
+                log_args: log_args.into_iter().map(str::to_owned).collect(),
+            })
+        })())
     }
-    let mut fd = None;
-    // SAFETY: the kernel filled msg_control; CMSG_FIRSTHDR reads its length.
-    let c = unsafe { libc::CMSG_FIRSTHDR(&hdr) };
-    if !c.is_null() {
-        // SAFETY: `c` points at a complete header inside cbuf.
-        let h = unsafe { c.read_unaligned() };
-        if h.cmsg_level == libc::SOL_SOCKET && h.cmsg_type == libc::SCM_RIGHTS {
-            // SAFETY: CMSG_DATA points inside the header's data.
-            let data = unsafe { libc::CMSG_DATA(c) } as *const RawFd;
-            // SAFETY: the header carries at least one int (we sent one at most).
-            let raw = unsafe { data.read_unaligned() };
-            // SAFETY: the kernel installed this fd in our table for us.
-            fd = Some(unsafe { OwnedFd::from_raw_fd(raw) });
-        }
-    }
-    if r == 0 {
-        return Ok(Recv::End);
-    }
-    if r as usize != MSG_LEN {
-        return Err(io::Error::from_raw_os_error(libc::EPROTO));
-    }
-    Ok(Recv::Msg(Msg::from_bytes(&m), fd))
 }
 
 /// criu main's handle on its guardian.
@@ -255,71 +255,29 @@ pub struct Guardian {
 }
 
 impl Guardian {
-    /// Starts the guardian; `log_fd` is CRIU's log, which the guardian keeps
-    /// to say what it did.  Call while criu main is single threaded.
-    pub fn start(log_fd: Option<RawFd>) -> io::Result<Guardian> {
-        let mut pair = [-1; 2];
-        // SAFETY: socketpair writes two fds into `pair`.
-        let r = unsafe {
-            libc::socketpair(
-                libc::AF_UNIX,
-                libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
-                0,
-                pair.as_mut_ptr(),
-            )
-        };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: socketpair returned two fresh fds owned by nobody else.
-        let ours = unsafe { OwnedFd::from_raw_fd(pair[0]) };
-        // SAFETY: as above.
-        let theirs = unsafe { OwnedFd::from_raw_fd(pair[1]) };
-        // SAFETY: getpid has no preconditions.
-        let criu = unsafe { libc::getpid() };
+    /// Starts the guardian; `log` is CRIU's log, which the guardian keeps
+    /// to say what it did.
+    pub fn start(log: HelperLog<'_>) -> io::Result<Guardian> {
+        let (ours, theirs) = seqpacket_pair()?;
+        let criu = process::getpid();
         let criu_pidfd = pidfd_open(criu)?;
-        // SAFETY: a fork-like clone without exit signal (CRIU's SIGCHLD
-        // handlers never hear of it; we reap it below).  The caller is
-        // single threaded, so the child's copies of every lock are free.
-        let mid = unsafe {
-            libc::syscall(
-                libc::SYS_clone,
-                0 as libc::c_ulong,
-                0usize,
-                0usize,
-                0usize,
-                0usize,
-            )
+        let args = GuardianArgs {
+            criu,
+            log_fd: log.fd.map(|_| LOG_FD),
+            log_args: log.args.to_vec(),
         };
-        if mid < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        if mid == 0 {
-            // SAFETY: fork in the single-threaded middle process.
-            let g = unsafe { libc::fork() };
-            if g == 0 {
-                let keep = [theirs.as_raw_fd(), criu_pidfd.as_raw_fd()];
-                let code = std::panic::catch_unwind(|| {
-                    guardian_main(theirs.as_fd(), criu_pidfd.as_fd(), criu, &keep, log_fd)
-                })
-                .unwrap_or(1);
-                log::logger().flush();
-                // SAFETY: ends the guardian without running criu's exit handlers.
-                unsafe { libc::_exit(code) };
-            }
-            // SAFETY: ends the middle process without running criu's exit handlers.
-            unsafe { libc::_exit(if g < 0 { 1 } else { 0 }) };
-        }
-        let mut st = 0;
-        // SAFETY: waitpid on our own child (no exit signal: __WALL).
-        let r = unsafe { libc::waitpid(mid as libc::pid_t, &mut st, libc::__WALL) };
+        let mut fds = vec![theirs.as_fd(), criu_pidfd.as_fd()];
+        fds.extend(log.fd);
+        let name = CString::new(COMM).expect("no NUL");
+        let shim = process::spawn_self(&name, &args.to_argv(), &fds, Tie::Detached)?.shim;
+        let st = process::wait(shim);
         drop(theirs);
         drop(criu_pidfd);
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        if !libc::WIFEXITED(st) || libc::WEXITSTATUS(st) != 0 {
-            return Err(io::Error::other("the GPU guardian could not be forked"));
+        if !st.success() {
+            return Err(io::Error::other(format!(
+                "the GPU guardian could not be started: its starter {}",
+                st.describe()
+            )));
         }
         let pid = wait_ready(ours.as_fd())?;
         Ok(Guardian {
@@ -336,8 +294,8 @@ impl Guardian {
     }
 
     /// criu main's end of the socket (for the signal handler's messages).
-    pub fn sock(&self) -> RawFd {
-        self.sock.as_raw_fd()
+    pub fn sock(&self) -> BorrowedFd<'_> {
+        self.sock.as_fd()
     }
 
     /// Before task `pid`'s KFD process is paused through `kfd`: hands the
@@ -345,13 +303,7 @@ impl Guardian {
     pub fn track(&mut self, pid: i32, kfd: BorrowedFd<'_>) -> io::Result<u32> {
         let id = self.next;
         self.next += 1;
-        send(
-            self.sock.as_fd(),
-            Kind::Track,
-            id,
-            pid,
-            Some(kfd.as_raw_fd()),
-        )?;
+        send(self.sock.as_fd(), Kind::Track, id, pid, Some(kfd))?;
         Ok(id)
     }
 
@@ -395,18 +347,7 @@ impl Drop for Guardian {
 }
 
 fn wait_ready(sock: BorrowedFd<'_>) -> io::Result<libc::pid_t> {
-    let mut p = libc::pollfd {
-        fd: sock.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    let ms = READY_TIMEOUT.as_millis() as libc::c_int;
-    // SAFETY: one valid pollfd.
-    let r = unsafe { libc::poll(&mut p, 1, ms) };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    if r == 0 {
+    if !poll_readable(&[sock], Some(READY_TIMEOUT))?[0] {
         return Err(io::Error::from_raw_os_error(libc::ETIMEDOUT));
     }
     match recv(sock, false)? {
@@ -432,84 +373,42 @@ struct Tracked {
 
 impl Tracked {
     fn gone(&self) -> bool {
-        self.pidfd.as_ref().is_none_or(|p| readable(p.as_fd(), 0))
+        self.pidfd
+            .as_ref()
+            .is_none_or(|p| poll_readable(&[p.as_fd()], Some(Duration::ZERO)).is_ok_and(|r| r[0]))
     }
 }
 
-/// Whether `fd` polls readable within `ms` milliseconds.
-fn readable(fd: BorrowedFd<'_>, ms: libc::c_int) -> bool {
-    let mut p = libc::pollfd {
-        fd: fd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd.
-    let r = unsafe { libc::poll(&mut p, 1, ms) };
-    r > 0
+/// Sets the guardian apart from criu main: its name, the signals it
+/// ignores, and `/dev/null` as stdio (the shim kept criu's fds 0-2 only).
+fn detach_from_criu() {
+    process::set_name(&CString::new(COMM).expect("no NUL"));
+    for sig in IGNORED {
+        let _ = signal::ignore(sig);
+    }
+    let _ = stdio_to_null();
 }
 
-/// Sets the guardian apart from criu main: its own session and name,
-/// signals it ignores, and no fd but `keep`, CRIU's log and /dev/null.
-fn detach_from_criu(keep: &[RawFd], log_fd: Option<RawFd>) {
-    // SAFETY: prctl with a pointer to a NUL-terminated name of ≤ 16 bytes.
-    unsafe { libc::prctl(libc::PR_SET_NAME, c"criu-gpu-guard".as_ptr()) };
-    // SAFETY: setsid has no preconditions (we are no group leader: a fresh fork).
-    unsafe { libc::setsid() };
-    for sig in 1..libc::SIGRTMAX() {
-        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
-            continue;
-        }
-        let how = match sig {
-            libc::SIGHUP | libc::SIGINT | libc::SIGTERM | libc::SIGPIPE | libc::SIGQUIT => {
-                libc::SIG_IGN
-            }
-            _ => libc::SIG_DFL,
-        };
-        // SAFETY: resets a disposition inherited from criu main.
-        unsafe { libc::signal(sig, how) };
-    }
-    // SAFETY: sigset_t is plain old data; sigemptyset initialises it.
-    let mut none: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `none` is a valid sigset_t.
-    unsafe { libc::sigemptyset(&mut none) };
-    // SAFETY: unblocks every signal for this (only) thread.
-    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut()) };
-    let mut keep: Vec<RawFd> = keep.iter().copied().chain(log_fd).collect();
-    // SAFETY: open of a constant path; the result is checked.
-    let null = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR) };
-    for std in 0..3 {
-        if keep.contains(&std) || null < 0 {
-            continue;
-        }
-        // SAFETY: dup2 of an fd we opened onto a standard fd number.
-        unsafe { libc::dup2(null, std) };
-    }
-    keep.extend([0, 1, 2]);
-    keep.sort_unstable();
-    keep.dedup();
-    let mut from: libc::c_uint = 0;
-    for &k in &keep {
-        if k as libc::c_uint > from {
-            // SAFETY: closes fds in a range that holds none of `keep`.
-            unsafe { libc::syscall(libc::SYS_close_range, from, k as libc::c_uint - 1, 0) };
-        }
-        from = k as libc::c_uint + 1;
-    }
-    // SAFETY: as above, the range above every fd kept.
-    unsafe { libc::syscall(libc::SYS_close_range, from, libc::c_uint::MAX, 0) };
-}
-
-fn guardian_main(
-    sock: BorrowedFd<'_>,
-    criu_pidfd: BorrowedFd<'_>,
-    criu: libc::pid_t,
-    keep: &[RawFd],
-    log_fd: Option<RawFd>,
-) -> i32 {
+/// The guardian process proper (this program started with
+/// [`GUARDIAN_MODE`], logging set up by the caller): says it is ready,
+/// follows criu main's messages and, should criu main go without a last
+/// word, unpauses what it left paused.  Returns the exit status.
+pub fn guardian_main(args: &GuardianArgs) -> i32 {
     crate::testhook::disarm();
-    detach_from_criu(keep, log_fd);
-    // SAFETY: getpid has no preconditions.
-    let me = unsafe { libc::getpid() };
+    detach_from_criu();
+    // SAFETY: fd 3 is the socket, handed over by Guardian::start and owned
+    // by nothing else in this fresh process image.
+    let sock = unsafe { OwnedFd::from_raw_fd(SOCK_FD) };
+    // SAFETY: fd 4 is criu main's pidfd, handed over the same way.
+    let criu_pidfd = unsafe { OwnedFd::from_raw_fd(CRIU_PIDFD) };
+    let code = std::panic::catch_unwind(|| serve(sock.as_fd(), criu_pidfd.as_fd(), args.criu))
+        .unwrap_or(1);
+    log::logger().flush();
+    code
+}
+
+fn serve(sock: BorrowedFd<'_>, criu_pidfd: BorrowedFd<'_>, criu: libc::pid_t) -> i32 {
+    let me = process::getpid();
     if send(sock, Kind::Ready, 0, me, None).is_err() {
         return 1;
     }
@@ -517,34 +416,18 @@ fn guardian_main(
     let mut killing = false;
     let mut criu_gone = false;
     loop {
-        let mut fds = vec![
-            libc::pollfd {
-                fd: sock.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: criu_pidfd.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
+        let mut fds = vec![sock, criu_pidfd];
         if killing {
-            fds.extend(tracked.iter().filter_map(|t| {
-                t.pidfd.as_ref().map(|p| libc::pollfd {
-                    fd: p.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                })
-            }));
+            fds.extend(
+                tracked
+                    .iter()
+                    .filter_map(|t| t.pidfd.as_ref().map(|p| p.as_fd())),
+            );
         }
-        // SAFETY: `fds` is a valid array of pollfds.
-        let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
-        if r < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
-            criu_gone = true;
-        }
-        if fds[1].revents != 0 {
-            criu_gone = true;
+        match poll_readable(&fds, None) {
+            Ok(ready) => criu_gone |= ready[1],
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => criu_gone = true,
         }
         // Everything criu main sent before it went is still queued: read it
         // all before acting on its absence.
@@ -624,13 +507,7 @@ fn guardian_main(
 fn rescue(t: &Tracked, criu: libc::pid_t) -> bool {
     let pid = t.pid;
     let end = Instant::now() + SEIZE_TIMEOUT;
-    loop {
-        // SAFETY: ptrace request with integer arguments.
-        let r = unsafe { libc::ptrace(libc::PTRACE_SEIZE, pid, 0, 0) };
-        if r == 0 {
-            break;
-        }
-        let e = io::Error::last_os_error();
+    while let Err(e) = ptrace_seize(pid) {
         match e.raw_os_error() {
             Some(libc::ESRCH) => {
                 log::info!("GPU guardian: pid {pid} is gone; nothing to unpause");
@@ -677,32 +554,21 @@ fn rescue(t: &Tracked, criu: libc::pid_t) -> bool {
 /// Stops `pid` (seized by us) and detaches it, passing on a signal it
 /// stopped for; after [`DETACH_TIMEOUT`] it is left for our exit to detach.
 fn detach(pid: i32) {
-    // SAFETY: ptrace request with integer arguments on our tracee.
-    if unsafe { libc::ptrace(libc::PTRACE_INTERRUPT, pid, 0, 0) } != 0 {
+    if ptrace_interrupt(pid).is_err() {
         return;
     }
     let end = Instant::now() + DETACH_TIMEOUT;
     loop {
-        let mut st = 0;
-        // SAFETY: waitpid on our tracee, without blocking.
-        let r = unsafe { libc::waitpid(pid, &mut st, libc::WNOHANG | libc::__WALL) };
-        if r == pid {
-            if !libc::WIFSTOPPED(st) {
+        match wait_nohang(pid) {
+            Ok(Some(st)) => {
+                if st.stopped() {
+                    let _ = ptrace_detach(pid, st.stop_signal().unwrap_or(0));
+                }
                 return;
             }
-            let sig = if (st >> 16) == libc::PTRACE_EVENT_STOP {
-                0
-            } else {
-                libc::WSTOPSIG(st)
-            };
-            // SAFETY: ptrace request with integer arguments on our stopped tracee.
-            unsafe { libc::ptrace(libc::PTRACE_DETACH, pid, 0, sig as libc::c_long) };
-            return;
+            Ok(None) if Instant::now() < end => std::thread::sleep(Duration::from_millis(1)),
+            _ => return,
         }
-        if r < 0 || Instant::now() >= end {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(1));
     }
 }
 
@@ -726,24 +592,10 @@ mod tests {
 
     #[test]
     fn an_fd_rides_along() {
-        let mut pair = [-1; 2];
-        // SAFETY: socketpair writes two fds into `pair`.
-        let r = unsafe {
-            libc::socketpair(
-                libc::AF_UNIX,
-                libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
-                0,
-                pair.as_mut_ptr(),
-            )
-        };
-        assert_eq!(r, 0);
-        // SAFETY: fresh fds from socketpair.
-        let a = unsafe { OwnedFd::from_raw_fd(pair[0]) };
-        // SAFETY: as above.
-        let b = unsafe { OwnedFd::from_raw_fd(pair[1]) };
+        let (a, b) = seqpacket_pair().unwrap();
         let f = std::fs::File::open("/proc/self/status").unwrap();
-        send(a.as_fd(), Kind::Track, 3, 99, Some(f.as_raw_fd())).unwrap();
-        send(a.as_fd(), Kind::Stop, 0, 0, None).unwrap();
+        send(a.as_fd(), Kind::Track, 3, 99, Some(f.as_fd())).unwrap();
+        tell_unpaused(a.as_fd(), 3).unwrap();
         drop(a);
         let Recv::Msg(m, Some(fd)) = recv(b.as_fd(), true).unwrap() else {
             panic!("no message with an fd");
@@ -751,8 +603,27 @@ mod tests {
         assert_eq!((m.kind, m.id, m.pid), (Kind::Track as u32, 3, 99));
         assert!(crate::os::fd::same_open_file(f.as_fd(), fd.as_fd()).unwrap());
         assert!(
-            matches!(recv(b.as_fd(), true).unwrap(), Recv::Msg(m, None) if m.kind == Kind::Stop as u32)
+            matches!(recv(b.as_fd(), true).unwrap(), Recv::Msg(m, None) if m.kind == Kind::Untrack as u32 && m.id == 3)
         );
         assert!(matches!(recv(b.as_fd(), false).unwrap(), Recv::End));
+    }
+
+    #[test]
+    fn arguments_round_trip() {
+        let a = GuardianArgs {
+            criu: 1234,
+            log_fd: Some(LOG_FD),
+            log_args: vec!["4".into(), "0".into()],
+        };
+        let argv: Vec<CString> = std::iter::once(CString::new(COMM).unwrap())
+            .chain(a.to_argv())
+            .collect();
+        let words: Vec<&[u8]> = argv.iter().map(|w| w.to_bytes()).collect();
+        assert_eq!(GuardianArgs::parse(&words), Some(Ok(a)));
+        assert_eq!(GuardianArgs::parse(&[b"criu", b"dump"]), None);
+        assert!(matches!(
+            GuardianArgs::parse(&[b"x", GUARDIAN_MODE.as_bytes(), b"nope", b"-"]),
+            Some(Err(_))
+        ));
     }
 }

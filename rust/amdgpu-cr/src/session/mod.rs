@@ -24,12 +24,67 @@ pub mod restore;
 pub mod signals;
 pub mod writer;
 
+use std::os::fd::BorrowedFd;
 use std::path::Path;
 
 use crate::copy::{drm::sdma_for, Engines, GpuJob};
 use crate::env::{self, EnginePolicy};
 use crate::image::FileId;
 use crate::plan::GpuWork;
+
+/// How criu main's log reaches a helper process (criu re-executed: the
+/// GPU memory writer, the GPU guardian): its fd and the boundary's
+/// settings for it, passed through as arguments.
+#[derive(Clone, Copy, Debug)]
+pub struct HelperLog<'a> {
+    pub fd: Option<BorrowedFd<'a>>,
+    pub args: &'a [String],
+}
+
+/// A helper mode this program was executed in (`argv[1]`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HelperMode {
+    /// The GPU memory writer of a restore.
+    Writer(writer::WriterArgs),
+    /// The GPU guardian of a dump.
+    Guardian(guardian::GuardianArgs),
+}
+
+impl HelperMode {
+    /// The helper mode `argv` (`argv[0]` included) names, `None` when this
+    /// program runs as itself; `Some(Err)`: a helper mode with bad
+    /// arguments.
+    pub fn parse(argv: &[&[u8]]) -> Option<Result<HelperMode, String>> {
+        if let Some(w) = writer::WriterArgs::parse(argv) {
+            return Some(w.map(HelperMode::Writer));
+        }
+        guardian::GuardianArgs::parse(argv).map(|g| g.map(HelperMode::Guardian))
+    }
+
+    /// The helper's name in messages.
+    pub fn name(&self) -> &'static str {
+        match self {
+            HelperMode::Writer(_) => "GPU memory writer",
+            HelperMode::Guardian(_) => "GPU guardian",
+        }
+    }
+
+    /// CRIU's log fd it was handed, and the settings for it.
+    pub fn log(&self) -> (Option<std::os::fd::RawFd>, &[String]) {
+        match self {
+            HelperMode::Writer(a) => (a.log_fd, &a.log_args),
+            HelperMode::Guardian(a) => (a.log_fd, &a.log_args),
+        }
+    }
+
+    /// Runs the helper (logging set up by the caller); its exit status.
+    pub fn run(&self) -> i32 {
+        match self {
+            HelperMode::Writer(a) => writer::writer_main(a),
+            HelperMode::Guardian(a) => guardian::guardian_main(a),
+        }
+    }
+}
 
 /// Failures of a hook, with the process, GPU, file and step they concern.
 #[derive(Debug, thiserror::Error)]

@@ -21,7 +21,7 @@
 //! A process that does not fit in the table (more than [`SLOTS`] paused at
 //! once) is left to the guardian, which unpauses it once criu-rocm is gone.
 
-use std::ffi::{c_int, c_void};
+use std::ffi::c_int;
 use std::fmt::Write as _;
 use std::io;
 use std::os::fd::{BorrowedFd, RawFd};
@@ -31,6 +31,9 @@ use std::sync::Mutex;
 use kfd_abi::handle::Kfd;
 
 use super::guardian;
+use crate::os::fd::write_once;
+use crate::os::process::getpid;
+use crate::os::signal::{self, Saved};
 
 /// How many paused processes the handler can unpause itself.
 pub const SLOTS: usize = 4096;
@@ -58,10 +61,11 @@ static GUARD_FD: AtomicI32 = AtomicI32::new(-1);
 /// A signal from outside that a copy thread passed on to the main thread.
 static FORWARDED: AtomicI32 = AtomicI32::new(0);
 /// The dispositions replaced by [`arm`], for [`disarm`].
-static SAVED: Mutex<Option<Vec<(c_int, libc::sigaction)>>> = Mutex::new(None);
+static SAVED: Mutex<Option<Vec<Saved>>> = Mutex::new(None);
 
 /// Installs the handler (once per dump) and tells it where to log and
-/// which socket reaches the guardian.
+/// which socket reaches the guardian.  Both fds must stay open until
+/// [`disarm`].
 pub fn arm(log_fd: Option<RawFd>, guard_sock: RawFd) -> io::Result<()> {
     LOG_FD.store(log_fd.unwrap_or(-1), Ordering::Release);
     GUARD_FD.store(guard_sock, Ordering::Release);
@@ -71,48 +75,25 @@ pub fn arm(log_fd: Option<RawFd>, guard_sock: RawFd) -> io::Result<()> {
     }
     let mut replaced = Vec::new();
     for sig in SIGNALS {
-        // SAFETY: sigaction is plain old data; all-zero is a valid value.
-        let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
-        // SAFETY: reads the current disposition into `old`.
-        if unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        if old.sa_sigaction == libc::SIG_IGN && sig != libc::SIGPIPE {
+        if sig != libc::SIGPIPE && signal::is_ignored(sig)? {
             continue;
         }
-        // SAFETY: as above.
-        let mut new: libc::sigaction = unsafe { std::mem::zeroed() };
-        new.sa_sigaction = on_signal as *const () as libc::sighandler_t;
-        new.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
-        // SAFETY: `new.sa_mask` is a valid sigset_t to fill.
-        unsafe { libc::sigemptyset(&mut new.sa_mask) };
-        for s in SIGNALS {
-            // SAFETY: adds a valid signal number to a valid set.
-            unsafe { libc::sigaddset(&mut new.sa_mask, s) };
+        match signal::catch(sig, on_signal, &SIGNALS) {
+            Ok(old) => replaced.push(old),
+            Err(e) => {
+                replaced.iter().for_each(Saved::restore);
+                return Err(e);
+            }
         }
-        // SAFETY: installs a handler that only runs async-signal-safe code.
-        if unsafe { libc::sigaction(sig, &new, std::ptr::null_mut()) } != 0 {
-            let e = io::Error::last_os_error();
-            restore(&replaced);
-            return Err(e);
-        }
-        replaced.push((sig, old));
     }
     *saved = Some(replaced);
     Ok(())
 }
 
-fn restore(saved: &[(c_int, libc::sigaction)]) {
-    for (sig, old) in saved {
-        // SAFETY: puts back a disposition read by sigaction.
-        unsafe { libc::sigaction(*sig, old, std::ptr::null_mut()) };
-    }
-}
-
 /// Puts back the dispositions [`arm`] replaced; every slot is freed.
 pub fn disarm() {
     if let Some(saved) = SAVED.lock().unwrap_or_else(|p| p.into_inner()).take() {
-        restore(&saved);
+        saved.iter().for_each(Saved::restore);
     }
     for s in &TABLE {
         s.fd.store(-1, Ordering::Release);
@@ -166,8 +147,8 @@ fn log_line(args: std::fmt::Arguments<'_>) {
     };
     let _ = l.write_fmt(args);
     let _ = l.write_str("\n");
-    // SAFETY: writes our stack buffer to CRIU's log fd.
-    unsafe { libc::write(fd, l.buf.as_ptr().cast(), l.len) };
+    // SAFETY: CRIU's log fd stays open while armed (see arm()).
+    let _ = write_once(unsafe { BorrowedFd::borrow_raw(fd) }, &l.buf[..l.len]);
 }
 
 fn name(sig: c_int) -> &'static str {
@@ -201,13 +182,10 @@ fn unpause_all(why: &str) -> usize {
                     "amdgpu: pid {pid}: GPU queues unpaused ({why})"
                 ));
                 if guard >= 0 {
-                    guardian::send_raw(
-                        guard,
-                        guardian::UNTRACK,
-                        s.id.load(Ordering::Relaxed),
-                        0,
-                        None,
-                    );
+                    // SAFETY: the guardian's socket stays open while armed
+                    // (see arm()).
+                    let sock = unsafe { BorrowedFd::borrow_raw(guard) };
+                    let _ = guardian::tell_unpaused(sock, s.id.load(Ordering::Relaxed));
                 }
             }
             Err(e) if e.errno() == libc::EINVAL => {}
@@ -224,29 +202,19 @@ fn unpause_all(why: &str) -> usize {
     failed
 }
 
-extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, _ctx: *mut c_void) {
-    // SAFETY: getpid has no preconditions.
-    let me = unsafe { libc::getpid() };
-    if sig == libc::SIGPIPE && !info.is_null() {
-        // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler.
-        let si = unsafe { &*info };
-        // SAFETY: for SIGPIPE the union holds the sender's pid and uid.
-        let from = unsafe { si.si_pid() };
-        if from == me && FORWARDED.swap(0, Ordering::AcqRel) != sig {
-            // A write to a closed pipe or socket: CRIU handles its error.
-            return;
-        }
+fn on_signal(sig: c_int, sender: libc::pid_t) {
+    let me = getpid();
+    if sig == libc::SIGPIPE && sender == me && FORWARDED.swap(0, Ordering::AcqRel) != sig {
+        // A write to a closed pipe or socket: CRIU handles its error.
+        return;
     }
-    // SAFETY: gettid has no preconditions.
-    let tid = unsafe { libc::gettid() };
-    if tid != me {
+    if signal::gettid() != me {
         // Only criu's main thread (the ptracer) may issue the CRIU op.  A
         // copy thread gets the signal when the process was stopped as it
         // came (any thread may take it then): pass it on, noting that it
         // came from outside (the main thread sees us as its sender).
         FORWARDED.store(sig, Ordering::Release);
-        // SAFETY: sends the signal on to our own main thread.
-        unsafe { libc::syscall(libc::SYS_tgkill, me, me, sig) };
+        let _ = signal::to_main_thread(sig);
         return;
     }
     let what = name(sig);
@@ -261,20 +229,7 @@ extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, _ctx: *mut c_voi
     let why = std::str::from_utf8(&why.buf[..why.len]).unwrap_or("criu-rocm got a signal");
     unpause_all(why);
     // Die of the signal, as without the handler.
-    // SAFETY: sigaction is plain old data; all-zero (SIG_DFL, no flags) is valid.
-    let dfl: libc::sigaction = unsafe { std::mem::zeroed() };
-    // SAFETY: restores the default disposition of `sig`.
-    unsafe { libc::sigaction(sig, &dfl, std::ptr::null_mut()) };
-    // SAFETY: raise has no preconditions; the signal stays pending (blocked here).
-    unsafe { libc::raise(sig) };
-    // SAFETY: sigset_t is plain old data; sigemptyset initialises it.
-    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `set` is a valid sigset_t.
-    unsafe { libc::sigemptyset(&mut set) };
-    // SAFETY: adds a valid signal number to a valid set.
-    unsafe { libc::sigaddset(&mut set, sig) };
-    // SAFETY: unblocking delivers the pending signal, which ends the process.
-    unsafe { libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut()) };
+    signal::die_of(sig);
 }
 
 #[cfg(test)]
@@ -296,19 +251,12 @@ mod tests {
     /// itself: armed or not, it is ignored and the write fails with EPIPE.
     #[test]
     fn the_kernels_sigpipe_is_still_ignored() {
-        let mut p = [-1; 2];
-        // SAFETY: pipe writes two fds into `p`.
-        assert_eq!(unsafe { libc::pipe(p.as_mut_ptr()) }, 0);
-        // SAFETY: closes the read end we own.
-        unsafe { libc::close(p[0]) };
+        let (r, w) = std::io::pipe().unwrap();
+        drop(r);
         arm(None, -1).unwrap();
-        // SAFETY: writes one byte from a live buffer to the pipe we own.
-        let r = unsafe { libc::write(p[1], b"x".as_ptr().cast(), 1) };
-        let e = io::Error::last_os_error();
+        let e = write_once(std::os::fd::AsFd::as_fd(&w), b"x").unwrap_err();
         disarm();
-        // SAFETY: closes the write end we own.
-        unsafe { libc::close(p[1]) };
-        assert_eq!((r, e.raw_os_error()), (-1, Some(libc::EPIPE)));
+        assert_eq!(e.raw_os_error(), Some(libc::EPIPE));
     }
 
     #[test]

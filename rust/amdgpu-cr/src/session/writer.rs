@@ -53,7 +53,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
-use super::{gpu_jobs, log_gpu_stats, SessionError};
+use super::{gpu_jobs, log_gpu_stats, HelperLog, SessionError};
 use crate::copy::{restore_contents_encoded, GpuStats};
 use crate::env::EnginePolicy;
 use crate::ids::{GpuId, GpuVa, MmapOffset, RenderMinor};
@@ -695,14 +695,6 @@ pub struct Writer {
     pidfd: Option<OwnedFd>,
 }
 
-/// How criu main's log reaches the writer: its fd (the writer gets it as
-/// fd 4) and the boundary's settings for it, passed through as arguments.
-#[derive(Clone, Copy, Debug)]
-pub struct WriterLog<'a> {
-    pub fd: Option<BorrowedFd<'a>>,
-    pub args: &'a [String],
-}
-
 /// What the writer is started with (parsed from its `argv`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WriterArgs {
@@ -710,7 +702,7 @@ pub struct WriterArgs {
     pub staging_cap: Option<u64>,
     /// CRIU's log, when criu main handed it over.
     pub log_fd: Option<RawFd>,
-    /// The settings the boundary passed for the log ([`WriterLog::args`]).
+    /// The settings the boundary passed for the log ([`HelperLog::args`]).
     pub log_args: Vec<String>,
 }
 
@@ -774,7 +766,7 @@ impl Writer {
     pub fn start(
         policy: EnginePolicy,
         staging_cap: Option<u64>,
-        log: WriterLog<'_>,
+        log: HelperLog<'_>,
     ) -> io::Result<Writer> {
         let board = Shared::<Board>::create(c"criu-rocm-gpu-board")?;
         let args = WriterArgs {
@@ -786,7 +778,8 @@ impl Writer {
         let mut fds = vec![board.fd()];
         fds.extend(log.fd);
         let name = CString::new(WRITER_COMM).expect("no NUL");
-        let shim = process::spawn_self(&name, &args.to_argv(), &fds)?.shim;
+        let shim =
+            process::spawn_self(&name, &args.to_argv(), &fds, process::Tie::Supervised)?.shim;
         let mailbox = Mailbox {
             board: board.leak(),
         };
