@@ -95,7 +95,7 @@ impl<'a> VolatileSlice<'a> {
     /// # Panics
     /// When `offset` is out of bounds or not aligned.
     pub fn read_u32(&self, offset: usize) -> u32 {
-        let p = self.word(offset);
+        let p = self.word::<u32>(offset);
         // SAFETY: `word` checked that 4 aligned bytes at `p` lie in the slice.
         u32::from_le(unsafe { p.read_volatile() })
     }
@@ -105,20 +105,45 @@ impl<'a> VolatileSlice<'a> {
     /// # Panics
     /// When `offset` is out of bounds or not aligned.
     pub fn write_u32(&self, offset: usize, value: u32) {
-        let p = self.word(offset);
+        let p = self.word::<u32>(offset);
         // SAFETY: `word` checked that 4 aligned bytes at `p` lie in the slice.
         unsafe { p.write_volatile(value.to_le()) };
     }
 
-    fn word(&self, offset: usize) -> *mut u32 {
+    /// The little-endian `u64` at `offset` (8-byte aligned), read once, volatile (one
+    /// access, as a device updating a pointer expects).
+    ///
+    /// # Panics
+    /// When `offset` is out of bounds or not aligned.
+    pub fn read_u64(&self, offset: usize) -> u64 {
+        let p = self.word::<u64>(offset);
+        // SAFETY: `word` checked that 8 aligned bytes at `p` lie in the slice.
+        u64::from_le(unsafe { p.read_volatile() })
+    }
+
+    /// Writes `value` little endian at `offset` (8-byte aligned), once, volatile.
+    ///
+    /// # Panics
+    /// When `offset` is out of bounds or not aligned.
+    pub fn write_u64(&self, offset: usize, value: u64) {
+        let p = self.word::<u64>(offset);
+        // SAFETY: `word` checked that 8 aligned bytes at `p` lie in the slice.
+        unsafe { p.write_volatile(value.to_le()) };
+    }
+
+    fn word<T>(&self, offset: usize) -> *mut T {
+        let size = std::mem::size_of::<T>();
         assert!(
-            offset.checked_add(4).is_some_and(|end| end <= self.len),
+            offset.checked_add(size).is_some_and(|end| end <= self.len),
             "offset {offset:#x} past a {}-byte slice",
             self.len
         );
         // SAFETY: in bounds (asserted above).
-        let p = unsafe { self.ptr.as_ptr().add(offset) }.cast::<u32>();
-        assert!(p.is_aligned(), "offset {offset:#x} is not 4-byte aligned");
+        let p = unsafe { self.ptr.as_ptr().add(offset) }.cast::<T>();
+        assert!(
+            p.is_aligned(),
+            "offset {offset:#x} is not {size}-byte aligned"
+        );
         p
     }
 }
@@ -148,5 +173,20 @@ mod tests {
         assert!(read(62).is_err(), "past the end");
         assert!(read(2).is_err(), "unaligned");
         drop(backing);
+    }
+
+    #[test]
+    fn u64_words_are_aligned_and_bounded() {
+        let mut backing = [0u64; 4];
+        let ptr = NonNull::new(backing.as_mut_ptr().cast::<u8>()).unwrap();
+        // SAFETY: `backing` outlives `v` and is not touched through a reference meanwhile.
+        let v = unsafe { VolatileSlice::new(ptr, 32) };
+        v.write_u64(8, 0x0123_4567_89ab_cdef);
+        assert_eq!(v.read_u64(8), 0x0123_4567_89ab_cdef);
+        assert_eq!(v.read_u32(8), 0x89ab_cdef, "little endian");
+        let read = |o| std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| v.read_u64(o)));
+        assert!(read(28).is_err(), "past the end");
+        assert!(read(4).is_err(), "unaligned");
+        assert_eq!(backing[1], 0x0123_4567_89ab_cdef_u64.to_le());
     }
 }

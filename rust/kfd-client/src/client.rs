@@ -369,7 +369,11 @@ impl KfdClient {
     /// `doorbell_offset` CREATE_QUEUE returned (the slice's /dev/kfd offset plus the
     /// doorbell's byte offset in it, on GFX9+). The GPU's first queue allocates the slice
     /// (DOORBELL BO), maps it on /dev/kfd at that offset and on the GPU, as the thunk does.
-    pub(crate) fn doorbell_address(&self, gpu_id: GpuId, doorbell_offset: u64) -> Result<u64> {
+    pub(crate) fn doorbell(
+        &self,
+        gpu_id: GpuId,
+        doorbell_offset: u64,
+    ) -> Result<VolatileSlice<'_>> {
         let gpu = self.gpu(gpu_id)?;
         let mut slot = gpu.doorbells();
         let va = match &*slot {
@@ -386,7 +390,13 @@ impl KfdClient {
                 slot.insert(bo).va
             }
         };
-        Ok(va.0 + (doorbell_offset & (DOORBELL_RANGE - 1)))
+        let at = va.0 + (doorbell_offset & (DOORBELL_RANGE - 1));
+        let ptr = NonNull::new(at as *mut u8).expect("a BO is never mapped at 0");
+        // SAFETY: the doorbell (8 bytes; KFD hands out doorbells on 8-byte boundaries inside
+        // the page-aligned slice) lies in the GPU's doorbell BO, a writable /dev/kfd mapping
+        // freed only when the client (which `&self` borrows) closes; no Rust reference to
+        // it is ever made.
+        Ok(unsafe { VolatileSlice::new(ptr, 8) })
     }
 
     /// Frees the doorbell and MMIO BOs, then closes /dev/kfd and the render nodes; reports
@@ -706,8 +716,8 @@ impl Bo<'_> {
     pub fn volatile(&self) -> VolatileSlice<'_> {
         let ptr = NonNull::new(self.raw.va.0 as *mut u8).expect("a BO is never mapped at 0");
         // SAFETY: while `self` lives, `va..va+size` is a readable and writable MAP_SHARED
-        // mapping of the BO (made in `alloc_raw`, removed only by `RawBo::release`); slices
-        // of it are only made by the unsafe `as_slice`/`as_mut_slice`.
+        // mapping of the BO (made in `alloc_raw`, removed only by `RawBo::release`); no Rust
+        // reference to it is ever made (the BO is reached through VolatileSlice only).
         unsafe { VolatileSlice::new(ptr, self.raw.size as usize) }
     }
 
@@ -716,26 +726,6 @@ impl Bo<'_> {
         let mut v = vec![0; self.raw.size as usize];
         self.volatile().copy_to(&mut v);
         v
-    }
-
-    /// The BO's bytes as a Rust slice, without a copy.
-    ///
-    /// # Safety
-    /// No GPU engine writes the BO while the slice lives (no queue is copying into it).
-    pub unsafe fn as_slice(&self) -> &[u8] {
-        // SAFETY: while `self` lives, `va..va+size` is a readable MAP_SHARED mapping of the
-        // BO (made in `alloc_raw`, removed only by `RawBo::release`); nothing writes it
-        // meanwhile (the caller's promise).
-        unsafe { std::slice::from_raw_parts(self.raw.va.0 as *const u8, self.raw.size as usize) }
-    }
-
-    /// The BO's bytes, writable, without a copy.
-    ///
-    /// # Safety
-    /// No GPU engine reads or writes the BO while the slice lives.
-    pub unsafe fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: as in `as_slice`; the mapping is writable and `&mut self` is exclusive.
-        unsafe { std::slice::from_raw_parts_mut(self.raw.va.0 as *mut u8, self.raw.size as usize) }
     }
 
     /// Unmaps the BO from the GPU and the CPU and frees it.

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use kfd_abi::handle::Error as IoctlError;
 use kfd_abi::ids::{GpuId, GpuVa, QueueId};
 use kfd_abi::sys;
+use kfd_abi::volatile::VolatileSlice;
 
 use crate::sdma::{self, PacketError};
 use crate::{Bo, Gpu, KfdClient, MemKind};
@@ -77,8 +78,8 @@ pub struct SdmaQueue<'c> {
     id: QueueId,
     ring: Bo<'c>,
     ptrs: Bo<'c>,
-    /// Address of the queue's doorbell, inside the GPU's doorbell BO.
-    doorbell: u64,
+    /// The queue's doorbell, inside the GPU's doorbell BO.
+    doorbell: VolatileSlice<'c>,
     /// Bytes submitted since creation (the 64-bit write pointer).
     wptr: u64,
     alive: bool,
@@ -121,7 +122,7 @@ impl<'c> SdmaQueue<'c> {
         // From here the queue exists: a failure must destroy it. The GPU's first queue
         // allocates the doorbell BO, after CREATE_QUEUE as in the thunk, because the offset
         // to map it at comes from CREATE_QUEUE.
-        let doorbell = match client.doorbell_address(gpu, args.doorbell_offset) {
+        let doorbell = match client.doorbell(gpu, args.doorbell_offset) {
             Ok(a) => a,
             Err(e) => {
                 let _ = client.kfd().destroy_queue(id);
@@ -152,7 +153,7 @@ impl<'c> SdmaQueue<'c> {
     /// Address of the queue's doorbell (CPU address and GPU VA): inside the GPU's doorbell
     /// BO ([`crate::Gpu::doorbell_bo`]).
     pub fn doorbell_va(&self) -> GpuVa {
-        GpuVa(self.doorbell)
+        GpuVa(self.doorbell.as_ptr() as u64)
     }
 
     /// Bytes submitted so far (the write pointer).
@@ -162,10 +163,8 @@ impl<'c> SdmaQueue<'c> {
 
     /// The engine's read pointer, as it last wrote it.
     pub fn rptr(&self) -> u64 {
-        let p = (self.ptrs.va().0 as usize + RPTR_OFF) as *const u64;
-        // SAFETY: `p` lies in the first page of `ptrs`, a live shared mapping that the GPU
-        // writes behind our back, hence the volatile read; it is 8-byte aligned.
-        unsafe { p.read_volatile() }
+        // The GPU writes it behind our back: one volatile read.
+        self.ptrs.volatile().read_u64(RPTR_OFF)
     }
 
     /// Encodes packets with `f` and submits them; returns the write pointer after them.
@@ -208,14 +207,11 @@ impl<'c> SdmaQueue<'c> {
             })?;
         }
         staged.extend_from_slice(dwords);
-        let base = self.ring.va().0 as *mut u32;
+        let ring_mem = self.ring.volatile();
         let mut w = self.wptr;
         for d in staged {
-            let at = (w % ring) / 4;
-            let slot = base.wrapping_add(at as usize);
-            // SAFETY: `at` < ring/4, so `slot` is inside the ring BO, a live writable
-            // mapping; volatile because the engine reads it concurrently.
-            unsafe { slot.write_volatile(d) };
+            // Volatile: the engine reads the ring concurrently.
+            ring_mem.write_u32((w % ring) as usize, d);
             w += 4;
         }
         self.wptr = w;
@@ -223,14 +219,8 @@ impl<'c> SdmaQueue<'c> {
         // the engine can see the new write pointer; hdp_flush fences first.
         self.gpu_ref.hdp_flush();
         fence(Ordering::SeqCst);
-        let wp = (self.ptrs.va().0 as usize + WPTR_OFF) as *mut u64;
-        // SAFETY: inside the pointer BO's first page, aligned, live mapping.
-        unsafe { wp.write_volatile(w) };
-        let db = self.doorbell as *mut u64;
-        // SAFETY: `doorbell` lies in the GPU's doorbell BO, a writable /dev/kfd mapping that
-        // stays until the client (which `self` borrows) closes; it is 8-aligned as KFD hands
-        // out doorbells on 8-byte boundaries inside the page-aligned slice.
-        unsafe { db.write_volatile(w) };
+        self.ptrs.volatile().write_u64(WPTR_OFF, w);
+        self.doorbell.write_u64(0, w);
         Ok(w)
     }
 
