@@ -74,6 +74,55 @@ fn null(name: &str) -> i32 {
     fail(libc::EINVAL, format!("{name}: NULL argument"))
 }
 
+/// A handle made from a client, which it borrows as `'static`: the client's `live` count
+/// keeps it open (close refuses) while the handle lives.
+trait Child {
+    fn owner(&self) -> *const kfd_client;
+}
+
+impl Child for kfd_client_bo {
+    fn owner(&self) -> *const kfd_client {
+        self.owner
+    }
+}
+
+impl Child for kfd_client_queue {
+    fn owner(&self) -> *const kfd_client {
+        self.owner
+    }
+}
+
+/// Lends client `c` to `make` as `'static` and, when it makes a child, counts it in the
+/// client's `live` and boxes it for C.
+///
+/// # Safety
+/// `c` is a live client.
+unsafe fn adopt<H: Child, E>(
+    c: *mut kfd_client,
+    make: impl FnOnce(&'static KfdClient) -> Result<H, E>,
+) -> Result<*mut H, E> {
+    // SAFETY: `c` is a live client (the caller's promise), and stays so while the child
+    // lives: close refuses while `live` counts it, which is what makes 'static sound.
+    let client: &'static kfd_client = unsafe { &*c };
+    let h = make(&client.inner)?;
+    client.live.fetch_add(1, Ordering::SeqCst);
+    Ok(Box::into_raw(Box::new(h)))
+}
+
+/// Unboxes a child from [`adopt`], ends it with `end`, and uncounts it from its client.
+///
+/// # Safety
+/// `h` came from [`adopt`] and was not released yet.
+unsafe fn release<H: Child, R>(h: *mut H, end: impl FnOnce(H) -> R) -> R {
+    // SAFETY: `h` came from Box::into_raw in adopt (the caller's promise).
+    let h = unsafe { Box::from_raw(h) };
+    let owner = h.owner();
+    let r = end(*h);
+    // SAFETY: the owner outlives its children (close refuses while `live` > 0).
+    unsafe { &*owner }.live.fetch_sub(1, Ordering::SeqCst);
+    r
+}
+
 /// Copies the last failure's text on this thread into `buf` (NUL-terminated, truncated to
 /// `len`). Returns the full length of the text.
 ///
@@ -327,18 +376,21 @@ pub unsafe extern "C" fn kfd_client_bo_alloc(
                 )
             }
         };
-        // SAFETY: `c` is a live client, and stays so while this BO lives: close refuses
-        // while `live` counts it, which is what makes the 'static borrow sound.
-        let client: &'static kfd_client = unsafe { &*c };
-        match client.inner.alloc(GpuId(gpu_id), size, kind) {
-            Ok(b) => {
-                client.live.fetch_add(1, Ordering::SeqCst);
-                let addr = b.va().0;
-                let h = Box::new(kfd_client_bo { bo: b, owner: c });
+        // SAFETY: `c` is a live client per the contract.
+        let made = unsafe {
+            adopt(c, |client| {
+                let bo = client.alloc(GpuId(gpu_id), size, kind)?;
+                Ok(kfd_client_bo { bo, owner: c })
+            })
+        };
+        match made {
+            Ok(h) => {
+                // SAFETY: `h` is the fresh box adopt made.
+                let addr = unsafe { &*h }.bo.va().0;
                 // SAFETY: out-pointers are non-NULL and writable per the contract.
                 unsafe { va.write(addr) };
                 // SAFETY: as above.
-                unsafe { bo.write(Box::into_raw(h)) };
+                unsafe { bo.write(h) };
                 0
             }
             Err(e) => client_err(e),
@@ -357,13 +409,8 @@ pub unsafe extern "C" fn kfd_client_bo_free(bo: *mut kfd_client_bo) -> i32 {
         if bo.is_null() {
             return 0;
         }
-        // SAFETY: `bo` came from Box::into_raw in kfd_client_bo_alloc.
-        let h = unsafe { Box::from_raw(bo) };
-        let owner = h.owner;
-        let r = h.bo.free();
-        // SAFETY: the owner outlives its BOs (close refuses while `live` > 0).
-        unsafe { &*owner }.live.fetch_sub(1, Ordering::SeqCst);
-        r.map_or_else(client_err, |()| 0)
+        // SAFETY: `bo` came from kfd_client_bo_alloc (adopt) and is not freed yet.
+        unsafe { release(bo, |h| h.bo.free()) }.map_or_else(client_err, |()| 0)
     })
 }
 
@@ -384,14 +431,17 @@ pub unsafe extern "C" fn kfd_client_sdma_queue_create(
         if c.is_null() || q.is_null() {
             return null("kfd_client_sdma_queue_create");
         }
-        // SAFETY: as in kfd_client_bo_alloc: `live` keeps the client open while the queue is.
-        let client: &'static kfd_client = unsafe { &*c };
-        match SdmaQueue::create(&client.inner, GpuId(gpu_id), ring_size) {
-            Ok(queue) => {
-                client.live.fetch_add(1, Ordering::SeqCst);
-                let h = Box::new(kfd_client_queue { queue, owner: c });
+        // SAFETY: `c` is a live client per the contract.
+        let made = unsafe {
+            adopt(c, |client| {
+                let queue = SdmaQueue::create(client, GpuId(gpu_id), ring_size)?;
+                Ok(kfd_client_queue { queue, owner: c })
+            })
+        };
+        match made {
+            Ok(h) => {
                 // SAFETY: `q` is non-NULL and writable per the contract.
-                unsafe { q.write(Box::into_raw(h)) };
+                unsafe { q.write(h) };
                 0
             }
             Err(e) => queue_err(e),
@@ -410,13 +460,9 @@ pub unsafe extern "C" fn kfd_client_sdma_queue_destroy(q: *mut kfd_client_queue)
         if q.is_null() {
             return 0;
         }
-        // SAFETY: `q` came from Box::into_raw in kfd_client_sdma_queue_create.
-        let h = unsafe { Box::from_raw(q) };
-        let owner = h.owner;
-        let r = h.queue.destroy();
-        // SAFETY: the owner outlives its queues (close refuses while `live` > 0).
-        unsafe { &*owner }.live.fetch_sub(1, Ordering::SeqCst);
-        r.map_or_else(queue_err, |()| 0)
+        // SAFETY: `q` came from kfd_client_sdma_queue_create (adopt) and is not destroyed
+        // yet.
+        unsafe { release(q, |h| h.queue.destroy()) }.map_or_else(queue_err, |()| 0)
     })
 }
 
