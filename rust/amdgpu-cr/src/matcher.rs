@@ -754,6 +754,18 @@ mod tests {
         Topology::new(vec![cpu(0, &[(P, 1)]), gpu(1, gpu_id, &[(P, 0)])])
     }
 
+    /// A one-GPU host (GPU 0x5c3d) whose GPU properties `f` changed.
+    fn host_with(f: impl FnOnce(&mut NodeProps)) -> Topology {
+        let mut host = single(0x5c3d);
+        f(&mut host.nodes[1].props);
+        host
+    }
+
+    /// Why `host` cannot take `image` with `checks`, in words (panics when it can).
+    fn refusal(image: &Topology, host: &Topology, checks: &Checks) -> String {
+        match_gpus(image, host, checks).unwrap_err().to_string()
+    }
+
     #[test]
     fn same_host_identity() {
         let t = single(0x1a2b);
@@ -801,11 +813,8 @@ mod tests {
     #[test]
     fn smaller_vram_fails_unless_knob_off() {
         let image = single(0x1a2b);
-        let mut host = single(0x5c3d);
-        host.nodes[1].props.vram_size = 32 << 30;
-        let e = match_gpus(&image, &host, &Checks::default())
-            .unwrap_err()
-            .to_string();
+        let host = host_with(|p| p.vram_size = 32 << 30);
+        let e = refusal(&image, &host, &Checks::default());
         assert!(
             e.contains("GPU 0x1a2b (node 1): no host GPU matches")
                 && e.contains("host GPU 0x5c3d (node 1): vram_size 68719476736 > 34359738368"),
@@ -824,12 +833,11 @@ mod tests {
     #[test]
     fn older_fw_fails_unless_knob_off() {
         let image = single(0x1a2b);
-        let mut host = single(0x5c3d);
-        host.nodes[1].props.fw_version = 149;
-        host.nodes[1].props.sdma_fw_version = 18;
-        let e = match_gpus(&image, &host, &Checks::default())
-            .unwrap_err()
-            .to_string();
+        let mut host = host_with(|p| {
+            p.fw_version = 149;
+            p.sdma_fw_version = 18;
+        });
+        let e = refusal(&image, &host, &Checks::default());
         assert!(
             e.contains("fw_version 150 > 149") && e.contains("sdma_fw_version 19 > 18"),
             "{e}"
@@ -838,7 +846,7 @@ mod tests {
             fw_version: false,
             ..Checks::default()
         };
-        let e = match_gpus(&image, &host, &checks).unwrap_err().to_string();
+        let e = refusal(&image, &host, &checks);
         assert!(
             !e.contains(" fw_version") && e.contains("sdma_fw_version"),
             "{e}"
@@ -858,11 +866,8 @@ mod tests {
     #[test]
     fn always_equal_properties_and_capability() {
         let image = single(0x1a2b);
-        let mut host = single(0x5c3d);
-        host.nodes[1].props.simd_count = 256;
-        let e = match_gpus(&image, &host, &Checks::default())
-            .unwrap_err()
-            .to_string();
+        let host = host_with(|p| p.simd_count = 256);
+        let e = refusal(&image, &host, &Checks::default());
         assert!(e.contains("simd_count 304 != 256"), "{e}");
         // No knob can lift an always-equal property.
         let none = Checks {
@@ -876,16 +881,12 @@ mod tests {
         };
         assert!(match_gpus(&image, &host, &none).is_err());
 
-        let mut host = single(0x5c3d);
-        host.nodes[1].props.capability ^= 1;
-        let e = match_gpus(&image, &host, &Checks::default())
-            .unwrap_err()
-            .to_string();
+        let host = host_with(|p| p.capability ^= 1);
+        let e = refusal(&image, &host, &Checks::default());
         assert!(e.contains("capability"), "{e}");
         assert!(match_gpus(&image, &host, &none).is_ok());
         // io_links_count is not compared (deviation from upstream).
-        let mut host = single(0x5c3d);
-        host.nodes[1].props.io_links_count = 9;
+        let host = host_with(|p| p.io_links_count = 9);
         assert!(match_gpus(&image, &host, &Checks::default()).is_ok());
     }
 
@@ -979,9 +980,7 @@ mod tests {
             gpu(4, 0xb1, &[(P, 1), (P, 5)]),
             gpu(5, 0xb2, &[(P, 1), (P, 4)]),
         ]);
-        let e = match_gpus(&image, &pcie_only, &no_numa)
-            .unwrap_err()
-            .to_string();
+        let e = refusal(&image, &pcie_only, &no_numa);
         assert!(e.contains("XGMI hive of 2 GPUs"), "{e}");
     }
 
@@ -1059,9 +1058,7 @@ mod tests {
             gpu(4, 0xc, &[(P, 0)]),
             gpu(5, 0xd, &[(P, 1)]),
         ]);
-        let e = match_gpus(&image, &lopsided, &Checks::default())
-            .unwrap_err()
-            .to_string();
+        let e = refusal(&image, &lopsided, &Checks::default());
         assert!(e.contains("KFD_NUMA_CHECK=0"), "{e}");
         let no_numa = Checks {
             numa: false,
@@ -1095,9 +1092,7 @@ mod tests {
         let image = Topology::new(vec![cpu(0, &[(P, 1)]), gpu(1, 0x1, &[(P, 0)])]);
         // Host GPU links to the CPU but the CPU has no link back.
         let host = Topology::new(vec![cpu(0, &[]), gpu(1, 0xa, &[(P, 0)])]);
-        let e = match_gpus(&image, &host, &Checks::default())
-            .unwrap_err()
-            .to_string();
+        let e = refusal(&image, &host, &Checks::default());
         assert!(e.contains("bidirectional PCIe"), "{e}");
         // The reverse (more links on the host) is fine.
         assert!(match_gpus(&host, &image, &Checks::default()).is_ok());
@@ -1191,7 +1186,7 @@ mod tests {
                 numa,
                 ..Checks::default()
             };
-            let e = match_gpus(&image, &host, &checks).unwrap_err().to_string();
+            let e = refusal(&image, &host, &checks);
             assert!(
                 e.contains("host GPU 0x000b (node 2): no bidirectional PCIe link to a CPU (its links to CPUs: one-way PCIe to CPU node 0)"),
                 "numa {numa}: {e}"
@@ -1205,9 +1200,7 @@ mod tests {
             gpu(1, 0xa, &[(P, 0)]),
             gpu(2, 0xb, &[]),
         ]);
-        let e = match_gpus(&image, &host, &Checks::default())
-            .unwrap_err()
-            .to_string();
+        let e = refusal(&image, &host, &Checks::default());
         assert!(e.contains("host GPU 0x000b (node 2): no bidirectional PCIe link to a CPU (it has no link to a CPU)"), "{e}");
         assert!(!e.contains("KFD_"), "{e}");
     }
@@ -1216,32 +1209,26 @@ mod tests {
     fn knobs_are_named_only_when_they_change_the_outcome() {
         // Less VRAM only: the knob would let the restore proceed.
         let image = single(0x1a2b);
-        let mut host = single(0x5c3d);
-        host.nodes[1].props.vram_size = 32 << 30;
-        let e = match_gpus(&image, &host, &Checks::default())
-            .unwrap_err()
-            .to_string();
+        let mut host = host_with(|p| p.vram_size = 32 << 30);
+        let e = refusal(&image, &host, &Checks::default());
         assert!(
             e.ends_with("vram_size 68719476736 > 34359738368; with KFD_VRAM_SIZE_CHECK=0 (which skips the vram_size check) this host would take the image"),
             "{e}"
         );
         // Less VRAM and another device: the knob would change nothing.
         host.nodes[1].props.device_id = 0x7000;
-        let e = match_gpus(&image, &host, &Checks::default())
-            .unwrap_err()
-            .to_string();
+        let e = refusal(&image, &host, &Checks::default());
         assert!(
             e.contains("device_id 29857 != 28672") && e.contains("vram_size"),
             "{e}"
         );
         assert!(!e.contains("KFD_"), "{e}");
         // Older firmware and less VRAM: both knobs, together.
-        let mut host = single(0x5c3d);
-        host.nodes[1].props.vram_size = 32 << 30;
-        host.nodes[1].props.fw_version = 100;
-        let e = match_gpus(&image, &host, &Checks::default())
-            .unwrap_err()
-            .to_string();
+        let host = host_with(|p| {
+            p.vram_size = 32 << 30;
+            p.fw_version = 100;
+        });
+        let e = refusal(&image, &host, &Checks::default());
         assert!(
             e.ends_with("; with KFD_FW_VER_CHECK=0 and KFD_VRAM_SIZE_CHECK=0 together (which skip the fw_version and vram_size checks) this host would take the image"),
             "{e}"
@@ -1262,9 +1249,7 @@ mod tests {
             gpu(2, 0xa, &[(P, 0)]),
             small,
         ]);
-        let e = match_gpus(&image, &host, &Checks::default())
-            .unwrap_err()
-            .to_string();
+        let e = refusal(&image, &host, &Checks::default());
         assert!(
             e.ends_with("with KFD_VRAM_SIZE_CHECK=0 and KFD_NUMA_CHECK=0 together (which skip the vram_size and NUMA checks) this host would take the image"),
             "{e}"
@@ -1286,9 +1271,7 @@ mod tests {
             gpu(2, 0xa, &[(P, 0)]),
             gpu(3, 0xb, &[(P, 0)]),
         ]);
-        let e = match_gpus(&image, &host, &Checks::default())
-            .unwrap_err()
-            .to_string();
+        let e = refusal(&image, &host, &Checks::default());
         assert!(
             e.contains("NUMA: its bidirectional PCIe link(s) to a CPU lead only to host CPU node(s) 0, which already stand in for other image CPU nodes")
                 && e.ends_with("with KFD_NUMA_CHECK=0 (which skips the NUMA check) this host would take the image"),
