@@ -29,7 +29,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use kfd_abi::handle::{Kfd, ProcessInfo};
+use kfd_abi::handle::{Access, Kfd, Mapping, ProcessInfo};
 use kfd_abi::sys;
 
 use super::guardian::Guardian;
@@ -891,27 +891,19 @@ fn owning_file<'f>(
     files: impl Iterator<Item = BorrowedFd<'f>>,
     offset: MmapOffset,
 ) -> Option<BorrowedFd<'f>> {
-    let off = libc::off_t::try_from(offset.0).ok()?;
+    libc::off_t::try_from(offset.0).ok()?;
     for fd in files {
-        // SAFETY: a fresh read-only mapping at a kernel-chosen address,
-        // unmapped at once; nothing reads it.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                crate::bo::PAGE_SIZE as usize,
-                libc::PROT_READ,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                off,
-            )
-        };
-        if p != libc::MAP_FAILED {
-            // SAFETY: exactly the mapping made above.
-            unsafe { libc::munmap(p, crate::bo::PAGE_SIZE as usize) };
-            return Some(fd);
-        }
-        if std::io::Error::last_os_error().raw_os_error() != Some(libc::EACCES) {
-            return Some(fd);
+        // A read-only mapping of the page, unmapped at once; nothing reads it.
+        match Mapping::of_file(
+            fd,
+            offset,
+            crate::bo::PAGE_SIZE as usize,
+            Access::ReadOnly,
+            false,
+        ) {
+            Ok(_) => return Some(fd),
+            Err(e) if e.errno() != libc::EACCES => return Some(fd),
+            Err(_) => {}
         }
     }
     None
