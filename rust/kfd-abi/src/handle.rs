@@ -1143,25 +1143,6 @@ mod tests {
         }
     }
 
-    /// Runs only where a KFD exists (real GPU, or inside `kfd-emu run`).
-    #[test]
-    #[ignore = "needs /dev/kfd and renderD128: run under `kfd-emu run -- <test binary> --ignored`"]
-    fn needs_kfd_version_apertures_and_render_info() {
-        let kfd = Kfd::open().unwrap();
-        let (major, minor) = kfd.get_version().unwrap();
-        assert_eq!(major, 1);
-        assert!(minor >= 8, "KFD 1.{minor}");
-        let r = RenderNode::open(RenderMinor(128)).unwrap();
-        assert_eq!(r.drm_version().unwrap(), "amdgpu");
-        let info = r.amdgpu_info_dev_info().unwrap();
-        assert!(info.virtual_address_max > info.virtual_address_offset);
-        let ap = kfd.get_process_apertures_new(64).unwrap();
-        assert!(!ap.is_empty());
-        assert!(ap
-            .iter()
-            .all(|a| a.gpu_id != 0 && a.gpuvm_base < a.gpuvm_limit));
-    }
-
     #[test]
     fn missing_device_is_a_named_error() {
         let e = RenderNode::open(RenderMinor(255)).unwrap_err();

@@ -57,6 +57,81 @@ fn doorbell_and_mmio_bos_under_emulator() {
     run_inner("inner_doorbell_and_mmio_bos");
 }
 
+#[test]
+fn alloc_write_read_free_under_emulator() {
+    run_inner("inner_alloc_write_read_free");
+}
+
+#[test]
+fn abi_version_apertures_and_render_info_under_emulator() {
+    run_inner("inner_abi_version_apertures_and_render_info");
+}
+
+/// kfd-abi's handles straight on the devices: the version, a render node's driver and
+/// device info, the apertures.
+#[test]
+#[ignore = "needs /dev/kfd (run through the outer test or `kfd-emu run`)"]
+fn inner_abi_version_apertures_and_render_info() {
+    use kfd_abi::handle::{Kfd, RenderNode};
+    use kfd_abi::ids::RenderMinor;
+
+    let kfd = Kfd::open().unwrap();
+    let (major, minor) = kfd.get_version().unwrap();
+    assert_eq!(major, 1);
+    assert!(minor >= 8, "KFD 1.{minor}");
+    let r = RenderNode::open(RenderMinor(128)).unwrap();
+    assert_eq!(r.drm_version().unwrap(), "amdgpu");
+    let info = r.amdgpu_info_dev_info().unwrap();
+    assert!(info.virtual_address_max > info.virtual_address_offset);
+    let ap = kfd.get_process_apertures_new(64).unwrap();
+    assert!(!ap.is_empty());
+    assert!(ap
+        .iter()
+        .all(|a| a.gpu_id != 0 && a.gpuvm_base < a.gpuvm_limit));
+}
+
+/// BOs of both kinds on every GPU: written through the client's mapping, seen through a
+/// second mapping of the render node; freed BOs' ranges are reused.
+#[test]
+#[ignore = "needs /dev/kfd (run through the outer test or `kfd-emu run`)"]
+fn inner_alloc_write_read_free() {
+    let c = KfdClient::open().unwrap();
+    let gpu_nodes = kfd_client::topology::read_nodes(c.topology_root())
+        .unwrap()
+        .into_iter()
+        .filter(|n| n.gpu_id.is_some())
+        .count();
+    assert_eq!(c.gpus().len(), gpu_nodes);
+    for g in c.gpus() {
+        assert!(g.gpuvm_base < g.gpuvm_limit, "GPU {}", g.gpu_id.get());
+        for (i, kind) in [MemKind::Gtt, MemKind::Vram].into_iter().enumerate() {
+            let bo = c.alloc(g.gpu_id, 10_000, kind).unwrap();
+            assert_eq!(bo.size(), 12288);
+            assert_eq!(bo.handle().gpu_id(), g.gpu_id);
+            assert!(bo.va().0 >= g.gpuvm_base);
+            let tag = [b'k', b'f', b'd', i as u8];
+            bo.volatile().copy_from(&tag);
+            bo.volatile().subslice(8191, 1).unwrap().copy_from(&[0xa5]);
+            // A second mapping of the render node at the returned offset sees the same
+            // bytes: the CPU VA really is the BO, not private memory.
+            let view =
+                kfd_abi::handle::Mapping::shared(g.render().as_fd(), bo.mmap_offset(), 12288)
+                    .unwrap();
+            let mut seen = vec![0u8; 12288];
+            view.as_volatile_slice().copy_to(&mut seen);
+            assert_eq!(&seen[..4], &tag);
+            assert_eq!(seen[8191], 0xa5);
+            drop(view);
+            bo.free().unwrap();
+        }
+    }
+    // Freed BOs leave no CPU mapping behind and their GPU range can be reused.
+    let a = c.alloc(c.gpus()[0].gpu_id, 4096, MemKind::Gtt).unwrap();
+    let b = c.alloc(c.gpus()[0].gpu_id, 4096, MemKind::Gtt).unwrap();
+    assert_ne!(a.va(), b.va());
+    assert_ne!(a.handle(), b.handle());
+}
+
 /// The line of /proc/self/maps that starts at `va`: (end, offset, path).
 fn mapping_at(va: u64) -> Option<(u64, u64, String)> {
     let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
