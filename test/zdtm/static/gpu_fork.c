@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 
 #include "zdtmtst.h"
+#include "gpu_child.h"
 #include "gpu_common.h"
 
 const char *test_doc = "Parent and child with their own GPU contexts survive C/R";
@@ -69,69 +70,40 @@ static int verify(struct side *s, uint32_t seed)
 int main(int argc, char **argv)
 {
 	struct side parent, child;
-	int status, ready[2];
-	char ok = 0;
-	pid_t pid;
+	struct gpu_child c;
 
 	test_init(argc, argv);
 
-	/* The child says when its GPU state is ready; EOF means it died first. */
-	if (pipe(ready)) {
-		pr_perror("pipe");
+	if (gpu_child_fork(&c))
 		return 1;
-	}
-	pid = fork();
-	if (pid < 0) {
-		pr_perror("fork");
-		return 1;
-	}
-	if (pid == 0) {
-		close(ready[0]);
+	if (c.pid == 0) {
 		if (setup(&child, "child", 0xc41d))
 			_exit(2);
-		if (write(ready[1], &ok, 1) != 1)
-			_exit(3);
-		close(ready[1]);
+		gpu_child_ready(&c);
 		test_waitsig();
 		_exit(verify(&child, 0xc41e) ? 1 : 0);
 	}
-	close(ready[1]);
 
-	if (setup(&parent, "parent", 0x9a7e))
+	if (setup(&parent, "parent", 0x9a7e) || gpu_child_wait_ready(&c, "GPU"))
 		goto kill_child;
-	if (read(ready[0], &ok, 1) != 1) {
-		pr_err("the child failed its GPU setup\n");
-		goto kill_child;
-	}
-	close(ready[0]);
-	test_msg("parent %d and child %d: own KFD contexts on GPU %#x\n", getpid(), pid, parent.gpu);
+	test_msg("parent %d and child %d: own KFD contexts on GPU %#x\n", getpid(), c.pid, parent.gpu);
 
 	test_daemon();
 	test_waitsig();
 
-	if (kill(pid, SIGTERM)) {
-		pr_perror("cannot signal the child %d", pid);
+	if (gpu_child_stop(&c))
+		return 1;
+	if (verify(&parent, 0x9a7f)) {
+		waitpid(c.pid, NULL, 0);
 		return 1;
 	}
-	if (verify(&parent, 0x9a7f))
-		goto wait_child;
-	if (waitpid(pid, &status, 0) != pid) {
-		pr_perror("waitpid %d", pid);
+	if (gpu_child_reap(&c, "GPU check"))
 		return 1;
-	}
-	if (!WIFEXITED(status) || WEXITSTATUS(status)) {
-		errno = 0;
-		return fail("the child's GPU check failed (status %#x; its FAIL line is above)", status);
-	}
 
 	pass();
 	return 0;
 
-wait_child:
-	waitpid(pid, &status, 0);
-	return 1;
 kill_child:
-	kill(pid, SIGKILL);
-	waitpid(pid, &status, 0);
+	gpu_child_kill(&c);
 	return 1;
 }

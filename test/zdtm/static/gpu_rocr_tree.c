@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "zdtmtst.h"
+#include "gpu_child.h"
 #include "gpu_round.h"
 #include "rocr_common.h"
 
@@ -168,67 +169,39 @@ static int finish(int rounds)
 
 int main(int argc, char **argv)
 {
-	int status, ready[2], ret;
-	char ok = 0;
-	pid_t pid;
+	struct gpu_child c;
+	int ret;
 
 	test_init(argc, argv);
 
-	/* The child says when its runtime is ready; EOF means it died first. */
-	if (pipe(ready)) {
-		pr_perror("pipe");
+	if (gpu_child_fork(&c))
 		return 1;
-	}
-	pid = fork();
-	if (pid < 0) {
-		pr_perror("fork");
-		return 1;
-	}
-	if (pid == 0) {
-		close(ready[0]);
+	if (c.pid == 0) {
 		if (setup("child", 0xc41d0000) || check("before the dump") || gpu_rounds_init("child"))
 			_exit(2);
-		if (write(ready[1], &ok, 1) != 1)
-			_exit(3);
-		close(ready[1]);
+		gpu_child_ready(&c);
 		ret = gpu_wait_rounds(round_fn, NULL);
 		_exit(finish(ret) ? 1 : 0);
 	}
-	close(ready[1]);
 
-	if (setup("parent", 0x9a7e0000) || check("before the dump") || gpu_rounds_init("parent"))
+	if (setup("parent", 0x9a7e0000) || check("before the dump") || gpu_rounds_init("parent") ||
+	    gpu_child_wait_ready(&c, "ROCr"))
 		goto kill_child;
-	if (read(ready[0], &ok, 1) != 1) {
-		pr_err("the child failed its ROCr setup\n");
-		goto kill_child;
-	}
-	close(ready[0]);
-	test_msg("parent %d and child %d: a ROCr runtime each on %u GPU(s), copies streaming\n", getpid(), pid,
+	test_msg("parent %d and child %d: a ROCr runtime each on %u GPU(s), copies streaming\n", getpid(), c.pid,
 		 r.ngpus);
 
 	test_daemon();
 	ret = gpu_wait_rounds(round_fn, NULL);
 
-	if (kill(pid, SIGTERM)) {
-		pr_perror("cannot signal the child %d", pid);
+	if (gpu_child_stop(&c))
 		return 1;
-	}
 	ret = finish(ret);
-	if (waitpid(pid, &status, 0) != pid) {
-		pr_perror("waitpid %d", pid);
-		return 1;
-	}
-	if (!WIFEXITED(status) || WEXITSTATUS(status)) {
-		errno = 0;
-		return fail("the child's check failed (status %#x; its FAIL line is above)", status);
-	}
-	if (ret)
+	if (gpu_child_reap(&c, "check") || ret)
 		return 1;
 	pass();
 	return 0;
 
 kill_child:
-	kill(pid, SIGKILL);
-	waitpid(pid, &status, 0);
+	gpu_child_kill(&c);
 	return 1;
 }
