@@ -296,14 +296,7 @@ void rocr_fill(void *p, size_t bytes, uint32_t seed)
 
 int rocr_check(const void *p, size_t bytes, uint32_t seed, const char *what)
 {
-	uint64_t i = gpu_pattern_mismatch(p, bytes, seed);
-
-	if (i == bytes / 4)
-		return 0;
-	errno = 0;
-	fail("%s: byte %llu of %llu holds %#x, not %#x", what, (unsigned long long)(i * 4),
-	     (unsigned long long)bytes, ((const uint32_t *)p)[i], gpu_pattern(seed, i));
-	return -1;
+	return gpu_pattern_check(p, bytes, seed, what);
 }
 
 int rocr_check_vram(struct rocr *r, unsigned int g, const void *dev, size_t bytes, uint32_t seed, void *bounce,
