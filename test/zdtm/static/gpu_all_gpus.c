@@ -59,12 +59,8 @@ int main(int argc, char **argv)
 
 	test_init(argc, argv);
 
-	if (gpu_open(&c, &n))
+	if (gpu_open_at_most(&c, &n, MAX_GPUS))
 		return 1;
-	if (n > MAX_GPUS) {
-		pr_err("%u GPUs, the test handles %d\n", n, MAX_GPUS);
-		return 1;
-	}
 	for (i = 0; i < n; i++) {
 		g[i].gpu_id = gpu_id_of(c, i);
 		if (!g[i].gpu_id || setup(c, &g[i], i))

@@ -61,6 +61,17 @@ int gpu_open(struct kfd_client **c, uint32_t *ngpus)
 	return 0;
 }
 
+int gpu_open_at_most(struct kfd_client **c, uint32_t *ngpus, uint32_t max)
+{
+	if (gpu_open(c, ngpus))
+		return -1;
+	if (*ngpus > max) {
+		pr_err("%u GPUs, the test handles %u\n", *ngpus, max);
+		return -1;
+	}
+	return 0;
+}
+
 uint32_t gpu_id_of(struct kfd_client *c, uint32_t index)
 {
 	uint32_t id, minor;

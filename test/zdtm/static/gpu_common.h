@@ -74,6 +74,9 @@ uint32_t gpu_expected(const struct gpu_bo *b, uint64_t index);
 /* Opens /dev/kfd and every GPU; the GPU count goes to *ngpus. */
 int gpu_open(struct kfd_client **c, uint32_t *ngpus);
 
+/* gpu_open() for a test that handles at most `max` GPUs: more is a logged error. */
+int gpu_open_at_most(struct kfd_client **c, uint32_t *ngpus, uint32_t max);
+
 /* gpu_id of GPU `index`, or 0 (never a valid gpu_id) after a logged error. */
 uint32_t gpu_id_of(struct kfd_client *c, uint32_t index);
 
