@@ -159,11 +159,15 @@ fn say(line: &str) {
 }
 
 /// Child role: blocks in WAIT on $KFD_EMU_TEST_PATH, reports its errno.
+/// Not a test of its own: `spawn_waiter` runs it.
 #[test]
+#[ignore = "child role of the WAIT tests, run by spawn_waiter"]
 fn waiter() {
-    if role().as_deref() != Some("waiter") {
-        return;
-    }
+    assert_eq!(
+        role().as_deref(),
+        Some("waiter"),
+        "the waiter role runs only under spawn_waiter"
+    );
     let f = open_rw(Path::new(&std::env::var("KFD_EMU_TEST_PATH").unwrap()));
     // SAFETY: gettid has no preconditions.
     say(&format!("waiting tid={}", unsafe { libc::gettid() }));
@@ -378,12 +382,16 @@ fn interrupt_is_passed_to_the_device() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// Child role: serves $KFD_EMU_TEST_PATH until killed.
+/// Child role: serves $KFD_EMU_TEST_PATH until killed.  Not a test of its
+/// own: `daemon_death_gives_econnaborted` runs it.
 #[test]
+#[ignore = "child role of daemon_death_gives_econnaborted, run by it"]
 fn daemon() {
-    if role().as_deref() != Some("daemon") {
-        return;
-    }
+    assert_eq!(
+        role().as_deref(),
+        Some("daemon"),
+        "the daemon role runs only under daemon_death_gives_econnaborted"
+    );
     let target = std::path::PathBuf::from(std::env::var("KFD_EMU_TEST_PATH").unwrap());
     let backing = memfd(1 << 20);
     let _m = fuse::serve_file(

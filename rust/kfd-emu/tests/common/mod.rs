@@ -21,12 +21,19 @@ pub fn role() -> Option<String> {
     std::env::var(ROLE_ENV).ok()
 }
 
-/// Re-executes this test binary running only `test` with `role` set; with
+/// Re-executes this test binary running only `test` (ignored or not: a
+/// child role is an ignored test) with `role` set; with
 /// `unshare`, the child gets a private mount namespace first.
 pub fn helper(test: &str, role: &str, env: &[(&str, String)], unshare: bool) -> Command {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args([test, "--exact", "--nocapture", "--test-threads=1"])
-        .env(ROLE_ENV, role);
+    cmd.args([
+        test,
+        "--exact",
+        "--include-ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(ROLE_ENV, role);
     for (k, v) in env {
         cmd.env(k, v);
     }
