@@ -16,9 +16,9 @@
 //! and a check that new allocations and queues still work.
 //!
 //! Prints `{"ready":...}` once set up (with `--procs`, once every child is ready too);
-//! SIGUSR2 rewrites a tenth of the big BO's 2 MiB blocks (`--big-bo-mib`; another tenth each time)
-//! with the pattern of a new generation, as a training step changes part of VRAM, and
-//! prints `{"changed":...}`;
+//! SIGUSR2 rewrites a tenth of the big BO's 2 MiB blocks (`--big-bo-mib`; another tenth each
+//! time; `--change-every N`: one block in N) with the pattern of a new generation, as a
+//! training step changes part of VRAM, and prints `{"changed":...}`;
 //! SIGUSR1 prints a verification line and continues; SIGTERM verifies, prints and exits 0
 //! (all good) or 1. Each process prints its own lines; the first one passes both signals on
 //! to its children and, on SIGTERM, counts their exit status in its own verdict.
@@ -65,6 +65,8 @@ const USAGE: &str = "usage: gpu-workload [OPTIONS]
                        one pattern dword per MiB, as fresh GPU memory partly used),
                        zero (for sparse pages files) or fp16 (weight-like fp16 values of
                        magnitude 2^-4..2^-1, for compression)
+  --change-every N     SIGUSR2 rewrites one 2 MiB block of the big BO in N, another one
+                       each time (default 10: a tenth; 20: 5 %)
   --threads N          N more threads, each stepping an SDMA counter of its own (its own
                        queue, counter and 64 KiB BO, on the GPUs in turn) (default 0)
   --procs N            N processes: this one and N-1 children forked before /dev/kfd is
@@ -92,6 +94,7 @@ struct Options {
     small_bos: usize,
     big_bo_mib: u64,
     big_bo_fill: usize,
+    change_every: u32,
     threads: usize,
     procs: usize,
     events: bool,
@@ -118,6 +121,7 @@ fn parse_args() -> Result<Options, String> {
         small_bos: 0,
         big_bo_mib: 0,
         big_bo_fill: 0,
+        change_every: 10,
         threads: 0,
         procs: 1,
         events: false,
@@ -147,6 +151,7 @@ fn parse_args() -> Result<Options, String> {
                     }
                 }
             }
+            "--change-every" => o.change_every = num("--change-every", val("--change-every")?)?,
             "--threads" => o.threads = num("--threads", val("--threads")?)?,
             "--host-mib" => o.host_mib = num("--host-mib", val("--host-mib")?)?,
             "--procs" => o.procs = num("--procs", val("--procs")?)?,
@@ -178,6 +183,9 @@ fn parse_args() -> Result<Options, String> {
     if o.procs == 0 {
         return Err("--procs must be at least 1".to_owned());
     }
+    if o.change_every == 0 {
+        return Err("--change-every must be at least 1".to_owned());
+    }
     if o.bos + o.small_bos + 1 >= THREAD_BO_BASE {
         return Err(format!(
             "--bos plus --small-bos must stay below {}",
@@ -199,7 +207,8 @@ const ZERO_BO: usize = 1 << 13;
 /// Set in a data BO index (below `THREAD_BO_BASE`) whose pattern is weight-like: fp16
 /// values of magnitude 2^-4..2^-1 with a random sign and mantissa, as a model's weights.
 const WEIGHTS_BO: usize = 1 << 12;
-/// Set in the big BO's index (`--big-bo-mib`): SIGUSR2 changes a tenth of it.
+/// Set in the big BO's index (`--big-bo-mib`): SIGUSR2 changes one block in
+/// `--change-every` of it.
 const BIG_BO: usize = 1 << 11;
 /// Dwords per block a change rewrites whole (2 MiB: the extent criu-rocm's incremental
 /// dump compares).
@@ -230,21 +239,24 @@ struct Seed {
     bo: usize,
     /// SIGUSR2s so far: the big BO's changed MiBs hold this generation's pattern.
     gen: u32,
+    /// `--change-every`: a change rewrites one 2 MiB block of the big BO in this many.
+    every: u32,
 }
 
 impl Seed {
     /// The generation dword `i` holds: change `g` rewrites the 2 MiB blocks `m` of the big
-    /// BO with `m % 10 == (g - 1) % 10`, so each change touches a tenth of it, another
-    /// tenth than the change before.
+    /// BO with `m % N == (g - 1) % N` (N = `every`), so each change touches one block in N,
+    /// other blocks than the change before.
     fn gen_at(self, i: u64) -> u32 {
         if self.bo & BIG_BO == 0 {
             return 0;
         }
-        let r = ((i / CHANGE_DWORDS) % 10) as u32 + 1;
+        let n = self.every.max(1);
+        let r = ((i / CHANGE_DWORDS) % u64::from(n)) as u32 + 1;
         if self.gen < r {
             0
         } else {
-            r + 10 * ((self.gen - r) / 10)
+            r + n * ((self.gen - r) / n)
         }
     }
 
@@ -357,6 +369,8 @@ struct GpuWork<'c> {
     errors: Vec<String>,
     /// SIGUSR2s so far.
     gen: u32,
+    /// `--change-every`.
+    every: u32,
 }
 
 impl<'c> GpuWork<'c> {
@@ -366,6 +380,7 @@ impl<'c> GpuWork<'c> {
         index: usize,
         gpu: GpuId,
         bos: Vec<(usize, Bo<'c>)>,
+        every: u32,
     ) -> Result<Self, String> {
         let counter = client
             .alloc(gpu, 4096, MemKind::Gtt)
@@ -382,6 +397,7 @@ impl<'c> GpuWork<'c> {
             inflight: 0,
             errors: Vec::new(),
             gen: 0,
+            every,
         })
     }
 
@@ -391,10 +407,12 @@ impl<'c> GpuWork<'c> {
             gpu: self.index,
             bo,
             gen: self.gen,
+            every: self.every,
         }
     }
 
-    /// SIGUSR2: the next generation in a tenth of the big BO; bytes rewritten.
+    /// SIGUSR2: the next generation in one block in `every` of the big BO; bytes
+    /// rewritten.
     fn change(&mut self) -> u64 {
         self.gen += 1;
         let mut bytes = 0;
@@ -597,6 +615,7 @@ fn fresh_check(client: &KfdClient, proc: usize, index: usize, gpu: GpuId) -> Res
         gpu: index,
         bo: FRESH_BO,
         gen: 0,
+        every: 1,
     };
     let e =
         |what: &str, err: &dyn std::fmt::Display| format!("GPU {}: new {what}: {err}", gpu.get());
@@ -975,6 +994,7 @@ fn run_proc(
         gpu,
         bo,
         gen: 0,
+        every: o.change_every,
     };
     let expect = |gpu: GpuId, bo: &Bo<'_>, s: Seed| match &o.dump_expected {
         Some(dir) => write_expected(dir, gpu, bo, s),
@@ -995,7 +1015,7 @@ fn run_proc(
             expect(gpu, &bo, seed(gi, bi))?;
             bos.push((bi, bo));
         }
-        works.push(GpuWork::new(&client, index, gi, gpu, bos)?);
+        works.push(GpuWork::new(&client, index, gi, gpu, bos, o.change_every)?);
     }
     let main_works = works.len();
     for t in 0..o.threads {
@@ -1007,7 +1027,14 @@ fn run_proc(
             .map_err(|e| e.to_string())?;
         fill(&mut bo, seed(gi, bi));
         expect(gpu, &bo, seed(gi, bi))?;
-        works.push(GpuWork::new(&client, index, gi, gpu, vec![(bi, bo)])?);
+        works.push(GpuWork::new(
+            &client,
+            index,
+            gi,
+            gpu,
+            vec![(bi, bo)],
+            o.change_every,
+        )?);
     }
     let events = if o.events {
         let gpu = works
@@ -1136,7 +1163,7 @@ fn main() -> ExitCode {
 
 #[cfg(test)]
 mod tests {
-    use super::{pattern, weight};
+    use super::{pattern, weight, Seed, BIG_BO, CHANGE_DWORDS};
 
     #[test]
     fn pattern_differs_by_process_gpu_bo_and_offset() {
@@ -1157,6 +1184,42 @@ mod tests {
             let exp = i32::from((w >> 10) & 0x1f) - 15;
             assert!((-4..=-1).contains(&exp), "{r:#x} -> {w:#x}");
             assert_eq!(w >> 15, r >> 15, "the sign is kept");
+        }
+    }
+
+    /// Change `g` gives its generation to one block in `every` of the big BO, each block
+    /// once per `every` changes, and to nothing else.
+    #[test]
+    fn a_change_rewrites_one_block_in_every() {
+        for every in [10u32, 20] {
+            let blocks = 3 * u64::from(every) + 7;
+            let seed = |gen| Seed {
+                proc: 0,
+                gpu: 0,
+                bo: BIG_BO,
+                gen,
+                every,
+            };
+            let mut times = vec![0u32; blocks as usize];
+            for g in 1..=every {
+                let changed: Vec<u64> = (0..blocks)
+                    .filter(|&m| seed(g).gen_at(m * CHANGE_DWORDS) == g)
+                    .collect();
+                assert_eq!(
+                    changed.len() as u64,
+                    blocks / u64::from(every) + u64::from(g <= 7)
+                );
+                assert!(changed
+                    .iter()
+                    .all(|m| m % u64::from(every) == u64::from(g - 1)));
+                for m in changed {
+                    times[m as usize] += 1;
+                    assert_eq!(seed(g).gen_at(m * CHANGE_DWORDS + CHANGE_DWORDS - 1), g);
+                }
+            }
+            assert!(times.iter().all(|&t| t == 1), "{every}: {times:?}");
+            let small = Seed { bo: 1, ..seed(3) };
+            assert_eq!(small.gen_at(0), 0, "only the big BO changes");
         }
     }
 }
