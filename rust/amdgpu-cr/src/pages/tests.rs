@@ -175,6 +175,97 @@ fn pages_zero_blocks_are_holes() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `hole(len)` leaves the file as writing `len` zeros would, without
+/// being given them: the same bytes, holes and count of zero bytes, at
+/// any offset in a block, in lanes and compressed too; it cannot overrun.
+#[test]
+fn a_hole_is_what_writing_its_zeros_would_leave() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempdir();
+    let gpu = GpuId(0x77);
+    let b = SPARSE_BLOCK as usize;
+    // (data bytes, then zero bytes given as a hole), in turn.
+    let runs = [
+        (5, 3 * b),
+        (b - 13, 2 * b + 13),
+        (0, 7),
+        (2 * b + 1, b - 1),
+        (3, 0),
+        (1, 5 * b + 100),
+        (b, 2 * b),
+    ];
+    let data: Vec<u8> = runs
+        .iter()
+        .flat_map(|&(d, z)| std::iter::repeat_n(0x5a, d).chain(std::iter::repeat_n(0, z)))
+        .collect();
+    let lens = [(3 * b + 5) as u64, (data.len() - 3 * b - 5) as u64];
+    let write = |id: FileId, holes: bool| -> (Vec<u8>, u64, u64) {
+        let ws = PagesWriter::create_lanes(&dir, id, gpu, &lens).unwrap();
+        let mut zeros = 0;
+        let mut at = 0usize;
+        let mut lanes = ws.into_iter().zip(lens);
+        let (mut w, mut end) = lanes.next().unwrap();
+        let mut finished = Vec::new();
+        for &(d, z) in &runs {
+            for (len, hole) in [(d, false), (z, true)] {
+                let mut left = len;
+                while left > 0 {
+                    if at as u64 == end {
+                        finished.push(w);
+                        (w, end) = lanes.next().map(|(w, l)| (w, end + l)).unwrap();
+                    }
+                    let n = left.min(end as usize - at);
+                    if hole && holes {
+                        w.hole(n as u64).unwrap();
+                    } else {
+                        w.write_all(&data[at..at + n]).unwrap();
+                    }
+                    at += n;
+                    left -= n;
+                }
+            }
+        }
+        assert!(w.hole(1).is_err(), "a hole cannot overrun the lane");
+        finished.push(w);
+        for w in finished {
+            zeros += w.zero_bytes;
+            w.finish().unwrap();
+        }
+        let path = dir.join(pages_image_name(id, gpu));
+        let blocks = std::fs::metadata(&path).unwrap().blocks();
+        (std::fs::read(&path).unwrap(), zeros, blocks)
+    };
+    let by_zeros = write(FileId(30), false);
+    let by_holes = write(FileId(31), true);
+    assert!(by_holes.0[8..] == data[..], "contents");
+    assert_eq!(by_holes, by_zeros, "bytes, zero bytes and disk blocks");
+    assert!(by_holes.1 >= 8 * SPARSE_BLOCK, "{} zero bytes", by_holes.1);
+
+    // Compressed: the same file as the zeros written.
+    let compressed = |id: FileId, holes: bool| {
+        let c = Compress {
+            level: 3,
+            threads: Some(1),
+        };
+        let bos = [(0usize, data.len() as u64)];
+        let mut w = PagesWriter::create_compressed(&dir, id, gpu, &bos, c).unwrap();
+        let mut at = 0;
+        for &(d, z) in &runs {
+            w.write_all(&data[at..at + d]).unwrap();
+            if holes {
+                w.hole(z as u64).unwrap();
+            } else {
+                w.write_all(&data[at + d..at + d + z]).unwrap();
+            }
+            at += d + z;
+        }
+        w.finish().unwrap();
+        std::fs::read(dir.join(pages_image_name(id, gpu))).unwrap()
+    };
+    assert!(compressed(FileId(32), true) == compressed(FileId(33), false));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn pages_total_counts_only_content_bos() {
     let m = sample_kfd();

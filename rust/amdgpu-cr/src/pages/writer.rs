@@ -166,6 +166,50 @@ impl PagesWriter {
         &self.file
     }
 
+    /// Takes `len` zero bytes without being given them: an incremental
+    /// dump's extent that the parent holds.  The file blocks the range
+    /// covers whole are seeked past (holes, as written zero blocks are);
+    /// the zeros that share a block with the bytes before or after it join
+    /// that block.  A compressed file takes them as data.
+    pub fn hole(&mut self, len: u64) -> io::Result<()> {
+        static ZEROS: [u8; SPARSE_BLOCK as usize] = [0; SPARSE_BLOCK as usize];
+        self.room(len)?;
+        if let Some(z) = self.z.as_mut() {
+            let mut left = len;
+            while left > 0 {
+                let n = left.min(SPARSE_BLOCK);
+                z.put(&ZEROS[..n as usize])?;
+                left -= n;
+            }
+        } else {
+            let head = ((SPARSE_BLOCK - self.off % SPARSE_BLOCK) % SPARSE_BLOCK).min(len);
+            self.put(&ZEROS[..head as usize])?;
+            let rest = len - head;
+            let whole = rest - rest % SPARSE_BLOCK;
+            // `put` of `whole` zeros, without looking at them.
+            self.skip += whole;
+            self.zero_bytes += whole;
+            self.off += whole;
+            self.put(&ZEROS[..(rest - whole) as usize])?;
+        }
+        self.written += len;
+        Ok(())
+    }
+
+    /// Whether `len` more bytes fit in what the header announced.
+    fn room(&self, len: u64) -> io::Result<()> {
+        if len > self.total - self.written {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{}: write past the {} bytes announced in the header",
+                    self.file, self.total
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Checks that exactly the announced bytes were written and flushes.
     pub fn finish(mut self) -> Result<u64, ImageError> {
         if self.written != self.total {
@@ -260,16 +304,7 @@ impl PagesWriter {
 
 impl Write for PagesWriter {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let room = self.total - self.written;
-        if buf.len() as u64 > room {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!(
-                    "{}: write past the {} bytes announced in the header",
-                    self.file, self.total
-                ),
-            ));
-        }
+        self.room(buf.len() as u64)?;
         match self.z.as_mut() {
             Some(z) => z.put(buf)?,
             None => self.put(buf)?,
