@@ -15,7 +15,8 @@ use super::{drain_to, fill_from, BoRef, CopyEngine, CopyError};
 use crate::bo::PAGE_SIZE;
 use crate::ids::MmapOffset;
 
-/// Bytes handed to the sink at a time when dumping.
+/// Bytes handed to the sink at a time when dumping (but see
+/// [`CopyEngine::read_bo_aligned`]).
 const SINK_CHUNK: usize = 1 << 20;
 
 /// The CPU engine; `window` bounds each mapping.
@@ -40,12 +41,16 @@ impl CpuEngine {
         self.window
     }
 
+    /// Maps the BO in windows of `window` bytes (at most the engine's) and
+    /// calls `f` on each.
     fn each_window(
         &mut self,
         bo: &BoRef<'_>,
+        window: u64,
         writable: bool,
         mut f: impl FnMut(&mut Mapping) -> Result<(), CopyError>,
     ) -> Result<(), CopyError> {
+        let window = window.clamp(PAGE_SIZE, self.window);
         let (fd, base) = bo.cpu_map.ok_or_else(|| CopyError::NoEngine {
             gpu: bo.gpu,
             bo: bo.index,
@@ -53,7 +58,7 @@ impl CpuEngine {
         })?;
         let mut done = 0u64;
         while done < bo.size {
-            let len = (bo.size - done).min(self.window);
+            let len = (bo.size - done).min(window);
             let offset = base.0.checked_add(done).ok_or_else(|| CopyError::Map {
                 gpu: bo.gpu,
                 bo: bo.index,
@@ -87,6 +92,27 @@ impl CpuEngine {
     }
 }
 
+impl CpuEngine {
+    /// Hands `sink` the BO in slices of `chunk` bytes of windows of
+    /// `window`.
+    fn read_in(
+        &mut self,
+        bo: &BoRef<'_>,
+        window: u64,
+        chunk: usize,
+        sink: &mut dyn Write,
+    ) -> Result<(), CopyError> {
+        self.each_window(bo, window, false, |map| {
+            // SAFETY: no GPU writes the BO meanwhile: a dump copies while the KFD process'
+            // queues are evicted (PROCESS_INFO paused them) and its tasks are frozen.  Read
+            // in place: the only copy is into the pages writer's aligned buffer.
+            unsafe { map.as_slice() }
+                .chunks(chunk)
+                .try_for_each(|c| drain_to(sink, c, bo))
+        })
+    }
+}
+
 impl CopyEngine for CpuEngine {
     fn name(&self) -> &'static str {
         "cpu"
@@ -94,18 +120,28 @@ impl CopyEngine for CpuEngine {
 
     fn read_bo(&mut self, bo: &BoRef<'_>, sink: &mut dyn Write) -> Result<(), CopyError> {
         // Slices of a MiB keep what the sink hashes after writing in cache.
-        self.each_window(bo, false, |map| {
-            // SAFETY: no GPU writes the BO meanwhile: a dump copies while the KFD process'
-            // queues are evicted (PROCESS_INFO paused them) and its tasks are frozen.  Read
-            // in place: the only copy is into the pages writer's aligned buffer.
-            unsafe { map.as_slice() }
-                .chunks(SINK_CHUNK)
-                .try_for_each(|c| drain_to(sink, c, bo))
-        })
+        self.read_in(bo, self.window, SINK_CHUNK, sink)
+    }
+
+    /// Windows of a whole number of units (the largest that fit the
+    /// engine's), each handed to the sink a unit at a time; a window
+    /// smaller than a unit is handed whole.
+    fn read_bo_aligned(
+        &mut self,
+        bo: &BoRef<'_>,
+        unit: u64,
+        sink: &mut dyn Write,
+    ) -> Result<(), CopyError> {
+        match usize::try_from(unit) {
+            Ok(u) if u > 0 && unit <= self.window => {
+                self.read_in(bo, self.window / unit * unit, u, sink)
+            }
+            _ => self.read_in(bo, self.window, SINK_CHUNK, sink),
+        }
     }
 
     fn write_bo(&mut self, bo: &BoRef<'_>, src: &mut dyn Read) -> Result<(), CopyError> {
-        self.each_window(bo, true, |map| {
+        self.each_window(bo, self.window, true, |map| {
             // SAFETY: a restore writes a BO back after KFD's RESTORE, which leaves the
             // process' queues stopped until its task's RESUME, and the task issues RESUME only
             // once the writer's verdict says the copy is over; until then the task runs
@@ -117,7 +153,7 @@ impl CopyEngine for CpuEngine {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::bo;
     use crate::copy::tests::device;
@@ -161,6 +197,61 @@ mod tests {
         let mut before = [1u8; 16];
         dev.read_exact_at(&mut before, 0x4000 - 16).unwrap();
         assert_eq!(before, [0; 16]);
+    }
+
+    /// Records the slices a sink is handed.
+    #[derive(Default)]
+    pub(crate) struct Slices {
+        pub lens: Vec<usize>,
+        pub bytes: Vec<u8>,
+    }
+
+    impl Write for Slices {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.lens.push(buf.len());
+            self.bytes.extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// `read_bo_aligned` hands whole units from the BO's start, in windows
+    /// of whole units however the engine's window falls; a window smaller
+    /// than a unit is handed as it is.
+    #[test]
+    fn aligned_reads_hand_whole_units() {
+        let dev = device(1 << 20);
+        let size = 11 * PAGE_SIZE;
+        let data = pattern(size as usize, 3);
+        use std::os::unix::fs::FileExt;
+        dev.write_all_at(&data, 0x2000).unwrap();
+        let bo = BoRef {
+            index: 0,
+            gpu: GpuId(1),
+            addr: GpuVa(0x10000),
+            size,
+            alloc_flags: bo::ALLOC_VRAM,
+            cpu_map: Some((dev.as_fd(), MmapOffset(0x2000))),
+            dmabuf: None,
+        };
+        let p = PAGE_SIZE as usize;
+        for (window, unit, lens, maps) in [
+            // Windows of 5 pages become windows of 4: units of 2 pages.
+            (5, 2, vec![2, 2, 2, 2, 2, 1], 3),
+            (3, 3, vec![3, 3, 3, 2], 4),
+            // A unit larger than the window: the window's slices.
+            (2, 4, vec![2, 2, 2, 2, 2, 1], 6),
+        ] {
+            let mut e = CpuEngine::new(window * PAGE_SIZE);
+            let mut out = Slices::default();
+            e.read_bo_aligned(&bo, unit * PAGE_SIZE, &mut out).unwrap();
+            assert!(out.bytes == data, "window {window}, unit {unit}");
+            let want: Vec<usize> = lens.iter().map(|l| l * p).collect();
+            assert_eq!(out.lens, want, "window {window}, unit {unit}");
+            assert_eq!(e.windows_mapped, maps, "window {window}, unit {unit}");
+        }
     }
 
     #[test]

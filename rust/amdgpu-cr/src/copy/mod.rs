@@ -151,6 +151,21 @@ pub trait CopyEngine: Send {
     fn name(&self) -> &'static str;
     /// Streams the BO's contents into `sink`.
     fn read_bo(&mut self, bo: &BoRef<'_>, sink: &mut dyn Write) -> Result<(), CopyError>;
+    /// [`CopyEngine::read_bo`], handing `sink` whole `unit`s of the BO at
+    /// a time (from its start; the last may be shorter) when the engine's
+    /// window or staging buffer holds one, so that the sink can hash each
+    /// in place (an incremental dump's extents); slices of a window or
+    /// staging buffer smaller than a unit otherwise.  The default hands
+    /// what `read_bo` does.
+    fn read_bo_aligned(
+        &mut self,
+        bo: &BoRef<'_>,
+        unit: u64,
+        sink: &mut dyn Write,
+    ) -> Result<(), CopyError> {
+        let _ = unit;
+        self.read_bo(bo, sink)
+    }
     /// Fills the BO from `src` (exactly `bo.size` bytes).
     fn write_bo(&mut self, bo: &BoRef<'_>, src: &mut dyn Read) -> Result<(), CopyError>;
 }

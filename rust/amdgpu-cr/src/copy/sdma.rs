@@ -527,14 +527,16 @@ impl<D: SdmaDevice> SdmaEngine<D> {
     }
 }
 
-impl<D: SdmaDevice> CopyEngine for SdmaEngine<D> {
-    fn name(&self) -> &'static str {
-        "sdma"
-    }
-
-    fn read_bo(&mut self, bo: &BoRef<'_>, sink: &mut dyn Write) -> Result<(), CopyError> {
+impl<D: SdmaDevice> SdmaEngine<D> {
+    /// Hands `sink` the BO in staging fills of at most `step` bytes.
+    fn read_in(
+        &mut self,
+        bo: &BoRef<'_>,
+        step: u64,
+        sink: &mut dyn Write,
+    ) -> Result<(), CopyError> {
         self.with_bo(bo, |eng, handle| {
-            for (off, len) in chunks(bo.size, eng.staging.len() as u64) {
+            for (off, len) in chunks(bo.size, step.min(eng.staging.len() as u64)) {
                 let (src, dst) = (eng.bo_va + off, eng.staging_va);
                 eng.run(bo, handle, src, dst, len)?;
                 // SAFETY: `run` waited for the copy's fence, and the engine submits nothing
@@ -545,6 +547,33 @@ impl<D: SdmaDevice> CopyEngine for SdmaEngine<D> {
             }
             Ok(())
         })
+    }
+}
+
+impl<D: SdmaDevice> CopyEngine for SdmaEngine<D> {
+    fn name(&self) -> &'static str {
+        "sdma"
+    }
+
+    fn read_bo(&mut self, bo: &BoRef<'_>, sink: &mut dyn Write) -> Result<(), CopyError> {
+        let step = self.staging.len() as u64;
+        self.read_in(bo, step, sink)
+    }
+
+    /// Fills of a whole number of units (the most the staging buffer
+    /// holds), or of the whole staging buffer when it holds less than one.
+    fn read_bo_aligned(
+        &mut self,
+        bo: &BoRef<'_>,
+        unit: u64,
+        sink: &mut dyn Write,
+    ) -> Result<(), CopyError> {
+        let staging = self.staging.len() as u64;
+        let step = match staging / unit.max(1) {
+            0 => staging,
+            n => n * unit,
+        };
+        self.read_in(bo, step, sink)
     }
 
     fn write_bo(&mut self, bo: &BoRef<'_>, src: &mut dyn Read) -> Result<(), CopyError> {
@@ -1081,6 +1110,22 @@ mod tests {
         // An HDP barrier is one more (NOP) IB.
         eng.hdp_barrier(&bo).unwrap();
         assert_eq!(eng.submissions, 4);
+        // Aligned: fills of a whole number of units, handed whole; a unit
+        // larger than the staging buffer, fills of all of it.
+        for (unit, lens) in [
+            (MAX_CHUNK, vec![MAX_CHUNK, MAX_CHUNK, 3 * PAGE_SIZE]),
+            (
+                5 * MAX_CHUNK / 8,
+                vec![5 * MAX_CHUNK / 4, size - 5 * MAX_CHUNK / 4],
+            ),
+            (2 * MAX_CHUNK, vec![staging, size - staging]),
+        ] {
+            let mut out = crate::copy::cpu::tests::Slices::default();
+            eng.read_bo_aligned(&bo, unit, &mut out).unwrap();
+            assert!(out.bytes == *mem.lock().unwrap(), "unit {unit:#x}");
+            let lens: Vec<usize> = lens.iter().map(|&l| l as usize).collect();
+            assert_eq!(out.lens, lens, "unit {unit:#x}");
+        }
 
         let new = pattern(size as usize, 0xa5);
         eng.write_bo(&bo, &mut &new[..]).unwrap();
