@@ -33,6 +33,7 @@ use std::collections::BTreeMap;
 use std::io::{self, Read, Write};
 use std::os::fd::BorrowedFd;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 pub use crate::pages::{ContentHash, HASH_EXTENT};
@@ -45,6 +46,7 @@ use crate::pages::{
     compose, pages_image_name, Compress, Encoding, ExtentHasher, PagesReader, PagesWriter,
     CONTENT_EXTENT,
 };
+use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 
 /// Errors moving BO contents; each names the GPU (user id) and the BO.
 #[derive(Debug, thiserror::Error)]
@@ -344,62 +346,122 @@ pub struct DumpOutcome {
     /// Bucket index → the extents left out of the pages file (holes there)
     /// because the parent holds the same bytes, in order.
     pub inherited: BTreeMap<usize, Vec<u64>>,
+    /// Bytes of GPU memory written to the pages files: all of it, but for
+    /// the extents an incremental dump left to its parent.
+    pub written: u64,
 }
 
 /// Bucket index → the digests of the extents (of [`CONTENT_EXTENT`]) of
 /// the same BO in the parent image, for an incremental dump.
 pub type ParentDigests = BTreeMap<usize, Vec<u64>>;
 
-/// An incremental dump's sink for one piece: buffers an extent, hashes it
-/// and writes it, or zeros (a hole) when the parent's extent has the same
+/// An incremental dump's sink for one piece (which starts at an extent
+/// boundary of its BO): hashes each extent and writes it, or leaves it as
+/// a hole ([`PagesWriter::hole`]) when the parent's extent has the same
 /// digest.
+///
+/// An extent handed whole (as [`CopyEngine::read_bo_aligned`] hands them)
+/// is hashed in place, in the engine's mapping or staging buffer, and
+/// copied only if it changed.  One handed in parts (a window or staging
+/// buffer smaller than an extent, under a memory budget that small) is
+/// written as it comes and hashed on the way, as a full dump does: keeping
+/// it back until its digest is known would take an extent of memory the
+/// budget does not have, so it is never left to the parent.
 struct IncrementalWriter<'w, 'p> {
-    inner: &'w mut dyn Write,
-    extent: usize,
-    buf: Vec<u8>,
-    /// Index in the BO of the extent being buffered.
+    out: &'w mut PagesWriter,
+    extent: u64,
+    /// Bytes of the piece not yet given.
+    left: u64,
+    /// The extent being given in parts: its hash so far and its bytes not
+    /// yet given.
+    part: Option<(Xxh3, u64)>,
+    /// Index in the BO of the next extent (or of the one being given).
     next: u64,
     parent: &'p [u64],
     digests: Vec<u64>,
+    /// Extents left to the parent.
     kept: Vec<u64>,
+    /// Bytes written to the pages file.
+    written: u64,
+    /// Extents given in parts.
+    parted: u64,
 }
 
-impl IncrementalWriter<'_, '_> {
-    fn end_extent(&mut self) -> io::Result<()> {
-        if self.buf.is_empty() {
-            return Ok(());
+impl<'w, 'p> IncrementalWriter<'w, 'p> {
+    fn new(out: &'w mut PagesWriter, p: &Piece<'_>, parent: &'p [u64]) -> Self {
+        // Pieces start at a multiple of the extent (see Piece::of).
+        let extent = p.extent.unwrap_or(p.bo.size).max(1);
+        IncrementalWriter {
+            out,
+            extent,
+            left: p.bo.size,
+            part: None,
+            next: p.start / extent,
+            parent,
+            digests: Vec::new(),
+            kept: Vec::new(),
+            written: 0,
+            parted: 0,
         }
-        let d = xxhash_rust::xxh3::xxh3_64(&self.buf);
-        if self.parent.get(self.next as usize) == Some(&d) {
-            static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
-            let mut left = self.buf.len();
-            while left > 0 {
-                let n = left.min(ZEROS.len());
-                self.inner.write_all(&ZEROS[..n])?;
-                left -= n;
-            }
-            self.kept.push(self.next);
-        } else {
-            self.inner.write_all(&self.buf)?;
-        }
-        self.digests.push(d);
-        self.buf.clear();
+    }
+
+    fn end_extent(&mut self, digest: u64) {
+        self.digests.push(digest);
         self.next += 1;
-        Ok(())
     }
 }
 
 impl Write for IncrementalWriter<'_, '_> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let n = (self.extent - self.buf.len()).min(buf.len());
-        self.buf.extend_from_slice(&buf[..n]);
-        if self.buf.len() == self.extent {
-            self.end_extent()?;
+        if self.left == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "more bytes than the piece holds",
+            ));
         }
+        let len = self.extent.min(self.left);
+        let whole = usize::try_from(len).ok().filter(|&n| n <= buf.len());
+        let n = match (self.part.as_mut(), whole) {
+            (None, Some(n)) => {
+                let bytes = &buf[..n];
+                let d = xxh3_64(bytes);
+                if self.parent.get(self.next as usize) == Some(&d) {
+                    self.out.hole(len)?;
+                    self.kept.push(self.next);
+                } else {
+                    self.out.write_all(bytes)?;
+                    self.written += len;
+                }
+                self.end_extent(d);
+                n
+            }
+            (part, _) => {
+                let (h, due) = match part {
+                    Some(p) => p,
+                    None => {
+                        self.parted += 1;
+                        self.part.insert((Xxh3::new(), len))
+                    }
+                };
+                let room = usize::try_from(*due).unwrap_or(usize::MAX);
+                let bytes = &buf[..room.min(buf.len())];
+                self.out.write_all(bytes)?;
+                h.update(bytes);
+                *due -= bytes.len() as u64;
+                self.written += bytes.len() as u64;
+                if *due == 0 {
+                    let d = h.digest();
+                    self.part = None;
+                    self.end_extent(d);
+                }
+                bytes.len()
+            }
+        };
+        self.left -= n as u64;
         Ok(n)
     }
     fn flush(&mut self) -> io::Result<()> {
-        self.inner.flush()
+        self.out.flush()
     }
 }
 
@@ -680,14 +742,26 @@ fn cpu_only<'a>(budget: u64) -> Engines<'a> {
     Engines::new(EnginePolicy::Cpu, budget, None)
 }
 
-/// Every job split into lanes (one per GPU when `one_lane`), each paired
-/// with its range of the GPU's pages file (`open` gives one writer or
-/// reader per lane length, with write buffers of the given bytes; it is
-/// also given the GPU's BOs, bucket index and size, in file order).
+/// The most lanes, up to `max`, among which `budget` can be shared so that
+/// each lane's CPU window holds `window` bytes; one if none can.
+fn lanes_with_window(budget: u64, window: u64, max: usize) -> usize {
+    (1..=max)
+        .rev()
+        .find(|&n| env::lane_split(budget / n as u64).0 >= window)
+        .unwrap_or(1)
+}
+
+/// Every job split into lanes (one per GPU when `one_lane`; fewer when
+/// sharing its budget out would leave a lane a CPU window smaller than
+/// `min_window`), each paired with its range of the GPU's pages file
+/// (`open` gives one writer or reader per lane length, with write buffers
+/// of the given bytes; it is also given the GPU's BOs, bucket index and
+/// size, in file order).
 fn into_lanes<'a, F>(
     jobs: Vec<GpuJob<'a>>,
     extent_of: &dyn Fn(usize) -> Option<u64>,
     one_lane: bool,
+    min_window: u64,
     open: impl Fn(GpuId, &[u64], usize, &[(usize, u64)]) -> Result<Vec<F>, ImageError>,
 ) -> Result<Vec<(Lane<'a>, F)>, CopyError> {
     let per_gpu = if one_lane {
@@ -698,7 +772,8 @@ fn into_lanes<'a, F>(
     let mut lanes = Vec::new();
     for job in jobs {
         let bos: Vec<(usize, u64)> = job.bos.iter().map(|b| (b.index, b.size)).collect();
-        let split = split_job(job, per_gpu, extent_of);
+        let max = lanes_with_window(job.engines.budget, min_window, per_gpu);
+        let split = split_job(job, max, extent_of);
         let lens = split
             .iter()
             .map(Lane::bytes)
@@ -775,10 +850,18 @@ pub fn dump_contents_encoded(
         return dump_compressed(dir, id, jobs, Compress { level, threads }, parent);
     }
     let extent = CONTENT_EXTENT;
-    let lanes = into_lanes(jobs, &|_| Some(extent), false, |gpu, lens, buffer, _| {
-        PagesWriter::create_lanes_buffered(dir, id, gpu, lens, buffer)
-    })?;
+    // An incremental dump hashes each extent in place, in a CPU window
+    // that holds it: fewer lanes rather than windows too small for one.
+    let min_window = if parent.is_empty() { 0 } else { extent };
+    let lanes = into_lanes(
+        jobs,
+        &|_| Some(extent),
+        false,
+        min_window,
+        |gpu, lens, buffer, _| PagesWriter::create_lanes_buffered(dir, id, gpu, lens, buffer),
+    )?;
     let inherited: std::sync::Mutex<BTreeMap<usize, Vec<u64>>> = Default::default();
+    let (written, parted) = (AtomicU64::new(0), AtomicU64::new(0));
     let (stats, digests) = run_lanes(
         lanes,
         "copied to the pages file",
@@ -789,27 +872,13 @@ pub fn dump_contents_encoded(
                     hasher: ExtentHasher::new(p.extent),
                 };
                 engine.read_bo(&p.bo, &mut sink)?;
+                written.fetch_add(p.bo.size, Ordering::Relaxed);
                 return Ok(sink.hasher.digests());
             };
-            // Pieces start at a multiple of the extent (see Piece::of).
-            let extent = p.extent.unwrap_or(p.bo.size).max(1);
-            let mut sink = IncrementalWriter {
-                inner: out,
-                extent: usize::try_from(extent).unwrap_or(usize::MAX),
-                buf: Vec::with_capacity(usize::try_from(extent.min(p.bo.size)).unwrap_or(0)),
-                next: p.start / extent,
-                parent: from,
-                digests: Vec::new(),
-                kept: Vec::new(),
-            };
-            engine.read_bo(&p.bo, &mut sink)?;
-            sink.end_extent().map_err(|source| CopyError::Stream {
-                gpu: p.bo.gpu,
-                bo: p.bo.index,
-                file: pages_image_name(id, p.bo.gpu),
-                op: "write",
-                source,
-            })?;
+            let mut sink = IncrementalWriter::new(out, p, from);
+            engine.read_bo_aligned(&p.bo, sink.extent, &mut sink)?;
+            written.fetch_add(sink.written, Ordering::Relaxed);
+            parted.fetch_add(sink.parted, Ordering::Relaxed);
             if !sink.kept.is_empty() {
                 let mut m = inherited.lock().unwrap_or_else(|e| e.into_inner());
                 m.entry(p.bo.index).or_default().extend(sink.kept);
@@ -818,16 +887,28 @@ pub fn dump_contents_encoded(
         },
         |out| out.finish().map(drop).map_err(CopyError::from),
     )?;
+    let parted = parted.into_inner();
+    if parted > 0 {
+        log::warn!(
+            "{parted} extent(s) of {} came in parts (a copy window or staging buffer smaller \
+             than an extent: KFD_MAX_BUFFER_SIZE too small for the GPUs and copy threads), \
+             so they were written whole even if unchanged",
+            crate::session::human_bytes(extent)
+        );
+    }
     let inherited = inherited.into_inner().unwrap_or_else(|e| e.into_inner());
-    Ok(outcome(stats, digests, inherited, Encoding::Raw))
+    let written = written.into_inner();
+    Ok(outcome(stats, digests, inherited, written, Encoding::Raw))
 }
 
 /// A dump's outcome from its lanes' statistics, each BO's extent digests
-/// (of [`CONTENT_EXTENT`]) and the extents left to the parent.
+/// (of [`CONTENT_EXTENT`]), the extents left to the parent and the bytes
+/// written.
 fn outcome(
     stats: Vec<GpuStats>,
     digests: ExtentDigests,
     mut inherited: BTreeMap<usize, Vec<u64>>,
+    written: u64,
     encoding: Encoding,
 ) -> DumpOutcome {
     for v in inherited.values_mut() {
@@ -846,6 +927,7 @@ fn outcome(
             .collect(),
         extents: digests,
         inherited,
+        written,
     }
 }
 
@@ -956,6 +1038,10 @@ pub fn dump_compressed(
         plan.push(n);
     }
     let zmem = crate::pages::zstd::compressor_memory(level) + if incremental { CHUNK } else { 0 };
+    let sizes: BTreeMap<usize, u64> = jobs
+        .iter()
+        .flat_map(|j| j.bos.iter().map(|b| (b.index, b.size)))
+        .collect();
     let mut gpus = Vec::with_capacity(jobs.len());
     let mut lanes: Vec<(usize, Lane<'_>)> = Vec::new();
     for (g, (job, n)) in jobs.into_iter().zip(plan).enumerate() {
@@ -1040,10 +1126,21 @@ pub fn dump_compressed(
         digests.extend(d);
     }
     let inherited = inherited.into_inner().unwrap_or_else(|e| e.into_inner());
+    let stats = merge_stats(stats);
+    let kept: u64 = inherited
+        .iter()
+        .flat_map(|(i, ks)| {
+            let size = sizes.get(i).copied().unwrap_or(0);
+            ks.iter()
+                .map(move |&k| CHUNK.min(size.saturating_sub(k * CHUNK)))
+        })
+        .sum();
+    let written = stats.iter().map(|s| s.bytes).sum::<u64>() - kept;
     Ok(outcome(
-        merge_stats(stats),
+        stats,
         compose_pieces(digests),
         inherited,
+        written,
         Encoding::Zstd {
             level,
             chunk: CHUNK,
@@ -1344,7 +1441,7 @@ pub fn restore_contents_encoded(
                 })
         }),
     };
-    let mut lanes = into_lanes(jobs, &extent_of, one_lane, |gpu, lens, _, bos| {
+    let mut lanes = into_lanes(jobs, &extent_of, one_lane, 0, |gpu, lens, _, bos| {
         let overlay = overlays.get(&gpu).cloned();
         PagesReader::open_encoded_lanes(dir, id, gpu, bos, encoding, lens, overlay)
     })?;
@@ -1943,8 +2040,106 @@ pub(crate) mod tests {
         std::fs::remove_dir_all(&root).unwrap();
     }
 
-    /// A BO of three hash extents: dumped and restored (in pieces when
-    /// there are cores to spare), its hash composed from the extents'; an
+    /// A BO of `size` bytes dumped whole, then (after the extents
+    /// `changed` changed) incrementally against that dump with a memory
+    /// budget of `budget`; restored from the incremental dump through an
+    /// overlay of the parent's pages file, every byte checked.  Gives the
+    /// incremental dump's outcome and its pages file's disk bytes.
+    fn incremental_round_trip(size: u64, changed: &[u64], budget: u64) -> (DumpOutcome, u64) {
+        use crate::image::tests::tempdir;
+        use crate::pages::Overlay;
+        use std::os::unix::fs::{FileExt, MetadataExt};
+
+        let off = 1u64 << 20;
+        let dev = device(off + size);
+        let data: Vec<u8> = (0..size).map(|x| (x % 251) as u8 | 1).collect();
+        dev.write_all_at(&data, off).unwrap();
+        let gpu = GpuId(0x1a2b);
+        let jobs = || {
+            let mut j = one_vram_bo(dev.as_fd(), off, size);
+            j[0].engines = Engines::new(EnginePolicy::Auto, budget, None);
+            j
+        };
+        let parent_dir = tempdir();
+        let parent = dump_contents(&parent_dir, FileId(1), jobs()).unwrap();
+        let mut now = data;
+        for &k in changed {
+            now[(k * CONTENT_EXTENT + 7) as usize] ^= 0xff;
+        }
+        dev.write_all_at(&now, off).unwrap();
+        let dir = tempdir();
+        let out = dump_contents_encoded(&dir, FileId(2), jobs(), None, &parent.extents).unwrap();
+        let pages = dir.join(pages_image_name(FileId(2), gpu));
+        let disk = std::fs::metadata(&pages).unwrap().blocks() * 512;
+        let src = std::sync::Arc::new(
+            std::fs::File::open(parent_dir.join(pages_image_name(FileId(1), gpu))).unwrap(),
+        );
+        let mut o = Overlay::default();
+        for &k in out.inherited.get(&0).into_iter().flatten() {
+            let start = 8 + k * CONTENT_EXTENT;
+            let len = CONTENT_EXTENT.min(size - k * CONTENT_EXTENT);
+            o.push(start, len, src.clone(), start);
+        }
+        o.finish();
+        dev.write_all_at(&vec![0; size as usize], off).unwrap();
+        let overlays = BTreeMap::from([(gpu, std::sync::Arc::new(o))]);
+        restore_contents_encoded(
+            &dir,
+            FileId(2),
+            jobs(),
+            &out.hashes,
+            Encoding::Raw,
+            &overlays,
+        )
+        .unwrap();
+        let mut back = vec![0; size as usize];
+        dev.read_exact_at(&mut back, off).unwrap();
+        assert!(back == now, "every byte comes back");
+        std::fs::remove_dir_all(&dir).unwrap();
+        std::fs::remove_dir_all(&parent_dir).unwrap();
+        (out, disk)
+    }
+
+    /// An incremental dump writes the changed extents and nothing of the
+    /// others, whichever lane hashes them (a BO cut into pieces at 32 MiB
+    /// when there are cores to spare), the last, shorter extent included:
+    /// the bytes written and the pages file's disk blocks are those of the
+    /// changed extents (and of the file blocks they share with the holes
+    /// beside them), every other extent is left to the parent.
+    #[test]
+    fn an_incremental_dump_writes_only_changed_extents() {
+        let size = 2 * HASH_EXTENT + (3 << 20);
+        let n = size.div_ceil(CONTENT_EXTENT);
+        let last = n - 1;
+        let changed = [0, HASH_EXTENT / CONTENT_EXTENT, last];
+        let (out, disk) = incremental_round_trip(size, &changed, 64 << 20);
+        let want = 2 * CONTENT_EXTENT + (size - last * CONTENT_EXTENT);
+        assert_eq!(out.written, want, "bytes written");
+        let kept: Vec<u64> = (0..n).filter(|k| !changed.contains(k)).collect();
+        assert_eq!(out.inherited, BTreeMap::from([(0, kept)]));
+        let slack = 2 * changed.len() as u64 * crate::pages::SPARSE_BLOCK;
+        assert!(
+            disk <= want + slack,
+            "{disk} bytes on disk for {want} written"
+        );
+        assert_eq!(out.stats[0].bytes, size, "every byte hashed");
+    }
+
+    /// A memory budget whose copy window is smaller than an extent: the
+    /// extents that come in parts are written whole, unchanged or not,
+    /// without holding an extent back (the last, of a page, fits a window
+    /// and is left to the parent); the dump still restores.
+    #[test]
+    fn an_incremental_dump_under_a_budget_below_an_extent_writes_everything() {
+        let size = 3 * CONTENT_EXTENT + 4096;
+        let budget = CONTENT_EXTENT / 2;
+        assert!(env::lane_split(budget).0 < CONTENT_EXTENT);
+        let (out, _) = incremental_round_trip(size, &[1], budget);
+        assert_eq!(out.written, 3 * CONTENT_EXTENT);
+        assert_eq!(out.inherited, BTreeMap::from([(0, vec![3])]));
+        assert_eq!(out.extents[&0].len(), 4, "still hashed in extents");
+    }
+
     /// An incremental dump leaves out (as holes) the extents whose digest
     /// is the parent's, and lists them; the restore reads those from the
     /// parent's pages file through an overlay and gets every byte back.
@@ -1969,6 +2164,7 @@ pub(crate) mod tests {
         let dir = tempdir();
         let out = dump_contents_encoded(&dir, FileId(2), jobs(), None, &parent.extents).unwrap();
         assert_eq!(out.inherited, BTreeMap::from([(0, vec![0, 1, 3, 4])]));
+        assert_eq!(out.written, CONTENT_EXTENT, "only extent 2 is written");
         assert_eq!(out.hashes[&0].value, compose(&out.extents[&0]));
         let pages = dir.join(pages_image_name(FileId(2), gpu));
         let f = std::fs::read(&pages).unwrap();
@@ -2010,6 +2206,8 @@ pub(crate) mod tests {
         assert!(matches!(e, CopyError::HashMismatch { .. }), "{e}");
     }
 
+    /// A BO of three hash extents: dumped and restored (in pieces when
+    /// there are cores to spare), its hash composed from the extents'; an
     /// image hashing it whole restores too; a flipped byte in its second
     /// extent fails the restore.
     #[test]

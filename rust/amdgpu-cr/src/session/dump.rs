@@ -583,7 +583,7 @@ impl DumpSession {
                 "pid {owner}: incremental GPU dump against {}/{name}: {} of {} written, {} \
                  unchanged left to the parent ({} of {} BO(s) matched)",
                 chain::PARENT_LINK,
-                human_bytes(total - kept),
+                human_bytes(out.written),
                 human_bytes(total),
                 human_bytes(kept),
                 parent_bos.len(),
