@@ -25,8 +25,9 @@ pub const HASH_EXTENT: u64 = 32 << 20;
 /// 2 MiB: the GPU's large page (amdgpu maps VRAM in 2 MiB fragments, and
 /// what a kernel writes dirties whole fragments), small enough that a
 /// change costs at most 2 MiB of write, large enough that the digests
-/// cost 4 KiB per GiB of VRAM in the KFD image and an incremental dump
-/// buffers one extent per copy thread.
+/// cost 4 KiB per GiB of VRAM in the KFD image; small enough too that a
+/// copy window (or SDMA staging buffer) holds whole extents, which an
+/// incremental dump hashes in place.
 pub const CONTENT_EXTENT: u64 = 2 << 20;
 
 /// The hash an image records for a BO.
