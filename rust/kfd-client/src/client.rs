@@ -103,6 +103,17 @@ impl Gpu {
         self.mmio.as_ref().ok().map(RawBo::info)
     }
 
+    /// The MMIO remap page's bytes (registers: read and write them as words), or None
+    /// when the GPU has none.
+    pub fn mmio(&self) -> Option<VolatileSlice<'_>> {
+        let m = self.mmio.as_ref().ok()?;
+        let ptr = NonNull::new(m.va.0 as *mut u8).expect("a BO is never mapped at 0");
+        // SAFETY: the MMIO page is mapped read/write at `va` for `size` bytes for as long
+        // as `self` lives: it is unmapped only when the client closes, which needs every
+        // borrow of its GPUs gone; no Rust reference to it is ever made.
+        Some(unsafe { VolatileSlice::new(ptr, m.size as usize) })
+    }
+
     /// Why the GPU has no MMIO remap page: an older GPU, or KFD refused it (as the thunk,
     /// the client goes on without; only HDP flushes are lost).
     pub fn mmio_unavailable(&self) -> Option<&str> {

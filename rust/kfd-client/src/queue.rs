@@ -156,6 +156,11 @@ impl<'c> SdmaQueue<'c> {
         GpuVa(self.doorbell.as_ptr() as u64)
     }
 
+    /// The queue's doorbell (8 bytes; the engine reads it as one 64-bit word).
+    pub fn doorbell(&self) -> VolatileSlice<'c> {
+        self.doorbell
+    }
+
     /// Bytes submitted so far (the write pointer).
     pub fn submitted(&self) -> u64 {
         self.wptr

@@ -178,8 +178,7 @@ fn inner_doorbell_and_mmio_bos() {
         );
         assert_kfd_mapping("MMIO page", &m);
         g.hdp_flush();
-        // SAFETY: the MMIO page is mapped readable at `va` while `c` lives.
-        let reg = unsafe { (m.va.0 as *const u32).read_volatile() };
+        let reg = g.mmio().expect("an MMIO page").read_u32(0);
         assert_eq!(reg, 1, "HDP_MEM_FLUSH_CNTL written");
         // No queue yet, so no doorbell BO.
         assert_eq!(g.doorbell_bo(), None);
@@ -217,8 +216,7 @@ fn inner_doorbell_and_mmio_bos() {
         q.submit_with(|v| sdma::fence(v, flag.va().0 + 8 * i as u64, 40 + i as u32))
             .unwrap();
         q.wait_idle(Duration::from_secs(10)).unwrap();
-        // SAFETY: the doorbell lies in the doorbell BO, mapped while `c` lives.
-        let db = unsafe { (q.doorbell_va().0 as *const u64).read_volatile() };
+        let db = q.doorbell().read_u64(0);
         assert_eq!(db, q.submitted());
         let v = flag.volatile().read_u32(8 * i);
         assert_eq!(v, 40 + i as u32);
