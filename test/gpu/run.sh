@@ -1765,6 +1765,9 @@ kill_restore_at() {
 	criu)
 		kill -KILL "$cpid"
 		wait "$cpid" 2>/dev/null
+		# Stopped or not, the writer dies with criu (PDEATHSIG through its shim); the
+		# SIGCONT below must not reach it before that SIGKILL does.
+		wait_gone "$wpid" 10 || fail "$what: the GPU memory writer ($wpid) outlives criu"
 		;;
 	writer)
 		kill -KILL "$wpid" 2>/dev/null
