@@ -23,7 +23,7 @@ use super::Refusal;
 use crate::bo;
 use crate::ids::GpuId;
 use crate::image::{kfd_image_id, read_bounded, FileId, KfdImage, MAX_MESSAGE_SIZE};
-use crate::pages::zstd::{check_records, chunks};
+use crate::pages::zstd::{check_records, chunks, Chunk};
 use crate::pages::{
     content_bos, pages_image_name, pages_total, Encoding, Overlay, Source, CONTENT_EXTENT,
 };
@@ -76,6 +76,9 @@ pub fn dump_extent(size: u64) -> u64 {
     }
 }
 
+/// A compressed link's chunks and their records' offsets, per GPU.
+type Records = BTreeMap<GpuId, (Vec<Chunk>, Vec<u64>)>;
+
 /// One image of a chain.
 struct Link {
     dir: PathBuf,
@@ -85,9 +88,9 @@ struct Link {
     image: KfdImage,
     /// Each BO's start in its GPU's pages file (in the uncompressed layout).
     starts: Vec<u64>,
-    /// A compressed link: its chunk size, and per GPU each chunk's record
-    /// offset, in the order of [`crate::pages::zstd::chunks`].
-    records: Option<(u64, BTreeMap<GpuId, Vec<u64>>)>,
+    /// A compressed link: its chunk size, and per GPU its chunks (in the
+    /// order of [`chunks`]) and each one's record offset.
+    records: Option<(u64, Records)>,
 }
 
 impl Link {
@@ -213,7 +216,7 @@ fn load_link(dir: &Path, shown: &str, name: &str) -> Result<Link, Refusal> {
                     x.gpu = Some(gpu);
                     x
                 })?;
-            records.insert(gpu, offsets);
+            records.insert(gpu, (chunks(&bos, chunk), offsets));
             continue;
         }
         let len = std::fs::metadata(dir.join(&file))
@@ -532,12 +535,13 @@ pub fn resolve(
                     Some((chunk, records)) => {
                         // The chunk of BO j holding the extent: chunks run
                         // over the GPU's content BOs in bucket order.
-                        let bos = content_bos(&l.image.msg.bo_entries, gpu);
-                        let all = chunks(&bos, *chunk);
-                        let at = all
-                            .iter()
-                            .position(|c| c.bo == j && c.start <= off && off < c.start + c.len);
-                        let (Some(at), Some(records)) = (at, records.get(&gpu)) else {
+                        let found = records.get(&gpu).and_then(|(all, offsets)| {
+                            let at = all.partition_point(|c| (c.bo, c.start) <= (j, off));
+                            let at = at.checked_sub(1)?;
+                            let c = all[at];
+                            (c.bo == j && off < c.start + c.len).then(|| (c, offsets[at]))
+                        });
+                        let Some((c, record)) = found else {
                             return Err(l.refusal(
                                 &pages_image_name(l.id, gpu),
                                 Some(gpu),
@@ -545,7 +549,6 @@ pub fn resolve(
                                 format!("has no compressed chunk holding bytes {off:#x}.."),
                             ));
                         };
-                        let c = all[at];
                         if off + len > c.start + c.len {
                             return Err(l.refusal(
                                 &pages_image_name(l.id, gpu),
@@ -561,7 +564,7 @@ pub fn resolve(
                             file: src,
                             name: format!("{}{}", l.shown, pages_image_name(l.id, gpu)),
                             gpu,
-                            record: records[at],
+                            record,
                             chunk: c,
                             skip: off - c.start,
                         }
