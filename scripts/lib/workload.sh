@@ -24,7 +24,7 @@ wait_gone() {
 # Waits up to $3 seconds for line $1 of file $4, which process $2 writes, and prints it.
 # Fails, saying why on stderr, when the time runs out or the process ends without it.
 file_line() {
-	local n=$1 pid=$2 secs=$3 file=$4 i
+	local n=$1 pid=$2 secs=$3 file=$4 i t0=$SECONDS state
 	for ((i = 0; i < secs * 20; i++)); do
 		[ "$(wc -l <"$file")" -ge "$n" ] && break
 		alive "$pid" || break
@@ -32,13 +32,17 @@ file_line() {
 	done
 	if [ "$(wc -l <"$file")" -ge "$n" ]; then
 		sed -n "${n}p" "$file"
-	elif alive "$pid"; then
-		echo "pid $pid wrote no line $n to $file within $secs s" >&2
-		return 1
-	else
-		echo "pid $pid ended without writing line $n to $file" >&2
-		return 1
+		return 0
 	fi
+	# The process' state now, and how long was waited: a wait that ends early with the
+	# process alive means it looked gone once (a zombie, or /proc unreadable) and then not.
+	state=$(sed -E 's/.*\) ([A-Za-z]).*/\1/' "/proc/$pid/stat" 2>/dev/null) || state=gone
+	if alive "$pid"; then
+		echo "pid $pid (state $state) wrote no line $n to $file after $((SECONDS - t0)) s of $secs s, $i polls" >&2
+	else
+		echo "pid $pid (state $state) ended without writing line $n to $file after $((SECONDS - t0)) s" >&2
+	fi
+	return 1
 }
 
 # "fd minor" of each render-node fd of process $1.
