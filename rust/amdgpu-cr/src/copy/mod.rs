@@ -936,29 +936,34 @@ pub const MIN_ZSTD_WINDOW: u64 = 1 << 20;
 
 /// How many compressing lanes a GPU's share of the budget (`budget`, past
 /// any SDMA staging) holds at `level`, at most `want`, and the level: each
-/// lane holds a compressor ([`crate::pages::zstd::compressor_memory`]), a
-/// chunk buffer when `incremental`, and a CPU window of at least
-/// [`MIN_ZSTD_WINDOW`].  Fewer lanes, then a lower level, when the budget
-/// cannot hold them (the caller says so); `None` when not even one lane
-/// at level 1 fits.
+/// lane holds a
+/// compressor ([`crate::pages::zstd::compressor_memory`]) and a CPU window
+/// of at least [`MIN_ZSTD_WINDOW`], or of a chunk when `incremental` (its
+/// chunks are hashed in place in the window, and an unchanged one is
+/// neither copied nor compressed).  Fewer lanes, then a lower level, when
+/// the budget cannot hold them (the caller says so); an incremental dump
+/// whose budget holds no lane with a chunk's window falls back to windows
+/// of [`MIN_ZSTD_WINDOW`] (its chunks then come in parts and are
+/// compressed whole, changed or not).  `None` when not even one lane at
+/// level 1 fits.
 pub fn zstd_lanes(budget: u64, want: usize, level: i32, incremental: bool) -> Option<(usize, i32)> {
-    let lane = |level: i32| {
-        crate::pages::zstd::compressor_memory(level)
-            + if incremental {
-                crate::pages::zstd::CHUNK
-            } else {
-                0
-            }
-            + MIN_ZSTD_WINDOW
+    let fit = |window: u64| {
+        let lane = |level: i32| crate::pages::zstd::compressor_memory(level) + window;
+        let lanes = (budget / lane(level)).min(want.max(1) as u64) as usize;
+        if lanes >= 1 {
+            return Some((lanes, level));
+        }
+        (1..level)
+            .rev()
+            .find(|&l| lane(l) <= budget)
+            .map(|l| (1, l))
     };
-    let lanes = (budget / lane(level)).min(want.max(1) as u64) as usize;
-    if lanes >= 1 {
-        return Some((lanes, level));
+    let chunk = crate::pages::zstd::CHUNK.max(MIN_ZSTD_WINDOW);
+    if incremental {
+        fit(chunk).or_else(|| fit(MIN_ZSTD_WINDOW))
+    } else {
+        fit(MIN_ZSTD_WINDOW)
     }
-    (1..level)
-        .rev()
-        .find(|&l| lane(l) <= budget)
-        .map(|l| (1, l))
 }
 
 /// One GPU's compressed dump: its pages file, the pieces its lanes take in
@@ -973,12 +978,14 @@ struct ZstdGpu<'a> {
 
 /// [`dump_contents`] into compressed pages files ([`crate::pages::zstd`]):
 /// per GPU, lanes (threads; one when an SDMA engine copies) take whole
-/// chunks in turn, each copying a chunk, hashing and compressing it into
-/// memory with its own single-threaded zstd context; the file places the
-/// records in chunk order.  The compressors live in each lane's share of
-/// the budget (see [`zstd_lanes`]); with `parent`, a chunk (an extent) the
-/// parent holds with the same digest is not compressed but written as a
-/// zero record and listed as inherited.
+/// chunks in turn, each hashing and compressing a chunk straight from the
+/// engine's window or staging buffer into memory with its own
+/// single-threaded zstd context; the file places the records in chunk
+/// order.  The compressors live in each lane's share of the budget (see
+/// [`zstd_lanes`]); with `parent`, each chunk (an extent) is handed whole
+/// ([`CopyEngine::read_bo_aligned`]) and hashed in place first, and one the
+/// parent holds with the same digest is neither copied nor compressed but
+/// written as a zero record and listed as inherited.
 pub fn dump_compressed(
     dir: &Path,
     id: FileId,
@@ -1037,11 +1044,7 @@ pub fn dump_compressed(
         level = level.min(l);
         plan.push(n);
     }
-    let zmem = crate::pages::zstd::compressor_memory(level) + if incremental { CHUNK } else { 0 };
-    let sizes: BTreeMap<usize, u64> = jobs
-        .iter()
-        .flat_map(|j| j.bos.iter().map(|b| (b.index, b.size)))
-        .collect();
+    let zmem = crate::pages::zstd::compressor_memory(level);
     let mut gpus = Vec::with_capacity(jobs.len());
     let mut lanes: Vec<(usize, Lane<'_>)> = Vec::new();
     for (g, (job, n)) in jobs.into_iter().zip(plan).enumerate() {
@@ -1092,6 +1095,7 @@ pub fn dump_compressed(
         });
     }
     let inherited: std::sync::Mutex<BTreeMap<usize, Vec<u64>>> = Default::default();
+    let counts = ChunkCounts::default();
     let per_lane = run_parallel(
         lanes,
         |(_, l)| l.user,
@@ -1108,7 +1112,7 @@ pub fn dump_compressed(
                 }
             }
             let _stop = StopOnPanic(&gpu.file);
-            match zstd_lane(id, gpu, &mut lane, level, parent, &inherited) {
+            match zstd_lane(id, gpu, &mut lane, level, parent, &inherited, &counts) {
                 // A lane stopped by another's failure: the other gives the
                 // cause.
                 Err(_) if gpu.file.fail() => Ok((lane.stats(), Vec::new())),
@@ -1127,15 +1131,17 @@ pub fn dump_compressed(
     }
     let inherited = inherited.into_inner().unwrap_or_else(|e| e.into_inner());
     let stats = merge_stats(stats);
-    let kept: u64 = inherited
-        .iter()
-        .flat_map(|(i, ks)| {
-            let size = sizes.get(i).copied().unwrap_or(0);
-            ks.iter()
-                .map(move |&k| CHUNK.min(size.saturating_sub(k * CHUNK)))
-        })
-        .sum();
-    let written = stats.iter().map(|s| s.bytes).sum::<u64>() - kept;
+    let parted = counts.parted.into_inner();
+    if parted > 0 {
+        log::warn!(
+            "{parted} chunk(s) of {} came in parts (a copy window or staging buffer smaller \
+             than a chunk: {} too small for the GPUs, compressors and copy threads), so they \
+             were compressed even if unchanged",
+            crate::session::human_bytes(CHUNK),
+            env::MAX_BUFFER_SIZE_VAR
+        );
+    }
+    let written = counts.compressed.into_inner();
     Ok(outcome(
         stats,
         compose_pieces(digests),
@@ -1187,6 +1193,7 @@ fn zstd_lane<'a>(
     level: i32,
     parent: &ParentDigests,
     inherited: &std::sync::Mutex<BTreeMap<usize, Vec<u64>>>,
+    counts: &ChunkCounts,
 ) -> Result<(GpuStats, Vec<PieceDigests>), CopyError> {
     use std::sync::atomic::Ordering;
     let start = Instant::now();
@@ -1198,7 +1205,6 @@ fn zstd_lane<'a>(
     };
     let mut enc = crate::pages::zstd::FrameEncoder::new(level)
         .map_err(|e| setup(format!("zstd compressor: {e}")))?;
-    let mut held = Vec::new();
     loop {
         let i = gpu.next.fetch_add(1, Ordering::Relaxed);
         let Some(p) = gpu.pieces.get(i) else { break };
@@ -1211,14 +1217,24 @@ fn zstd_lane<'a>(
             k: p.start / crate::pages::zstd::CHUNK,
             hasher: xxhash_rust::xxh3::Xxh3::new(),
             parent: parent.get(&p.bo.index).map(Vec::as_slice),
-            held: &mut held,
-            holding: false,
             digests: Vec::new(),
             kept: Vec::new(),
+            compressed: 0,
+            parted: 0,
         };
+        // With a parent, each chunk whole from the window or staging
+        // buffer (when it holds one), to be hashed there before anything
+        // is compressed.
         let (kind, ()) = lane
             .engines
-            .with_engine(&p.bo, |engine| engine.read_bo(&p.bo, &mut sink))?;
+            .with_engine(&p.bo, |engine| match sink.parent {
+                Some(_) => engine.read_bo_aligned(&p.bo, crate::pages::zstd::CHUNK, &mut sink),
+                None => engine.read_bo(&p.bo, &mut sink),
+            })?;
+        counts
+            .compressed
+            .fetch_add(sink.compressed, Ordering::Relaxed);
+        counts.parted.fetch_add(sink.parted, Ordering::Relaxed);
         if sink.left != 0 {
             return Err(CopyError::Stream {
                 gpu: p.bo.gpu,
@@ -1246,11 +1262,25 @@ fn zstd_lane<'a>(
     Ok((stats, out))
 }
 
-/// A compressing lane's sink for one piece (which starts at a chunk): each
+/// What a compressed dump's lanes did, counted across them.
+#[derive(Default)]
+struct ChunkCounts {
+    /// Bytes of the chunks compressed (not those left to the parent).
+    compressed: AtomicU64,
+    /// Chunks an incremental dump was handed in parts, and so compressed
+    /// whether they changed or not.
+    parted: AtomicU64,
+}
+
+/// A compressing lane's sink for one piece (which starts at a chunk): a
 /// chunk is hashed and compressed as it streams in, its record placed in
-/// the file when it ends; with a parent, a chunk is held whole and hashed
-/// first, and one with the parent's digest is not compressed (a zero
-/// record, listed in `kept`).
+/// the file when it ends.  With a parent, a chunk handed whole
+/// ([`CopyEngine::read_bo_aligned`]) is hashed in place first (in the
+/// engine's window or staging buffer) and, when the parent's has the same
+/// digest, not compressed (a zero record, listed in `kept`); one handed
+/// in parts (a window or staging buffer smaller than a chunk) is
+/// compressed as it comes, as in a full dump: holding it back until its
+/// digest is known would take a chunk of memory outside the budget.
 struct ChunkSink<'s> {
     file: &'s crate::pages::zstd::ZstdPagesFile,
     enc: &'s mut crate::pages::zstd::FrameEncoder,
@@ -1262,10 +1292,12 @@ struct ChunkSink<'s> {
     k: u64,
     hasher: xxhash_rust::xxh3::Xxh3,
     parent: Option<&'s [u64]>,
-    held: &'s mut Vec<u8>,
-    holding: bool,
     digests: Vec<u64>,
     kept: Vec<u64>,
+    /// Bytes of the chunks compressed.
+    compressed: u64,
+    /// Chunks the parent has a digest for that came in parts.
+    parted: u64,
 }
 
 impl ChunkSink<'_> {
@@ -1273,31 +1305,21 @@ impl ChunkSink<'_> {
         io::Error::other(format!("zstd compression: {e}"))
     }
 
-    fn end_chunk(&mut self) -> io::Result<()> {
-        let d = if self.holding {
-            let d = xxhash_rust::xxh3::xxh3_64(self.held);
-            if self.parent.and_then(|p| p.get(self.k as usize)) == Some(&d) {
-                self.kept.push(self.k);
-                let rec = self.enc.skip();
-                self.file.place(self.next, rec)?;
-                self.finish_chunk(d);
-                return Ok(());
-            }
-            self.enc.put(self.held).map_err(Self::zfail)?;
-            d
+    /// Places the record of the chunk just ended, of `len` bytes and
+    /// digest `d`.
+    fn place(&mut self, len: u64, d: u64, compressed: bool) -> io::Result<()> {
+        let rec = if compressed {
+            self.compressed += len;
+            self.enc.end().map_err(Self::zfail)?
         } else {
-            self.hasher.digest()
+            self.kept.push(self.k);
+            self.enc.skip()
         };
-        let rec = self.enc.end().map_err(Self::zfail)?;
         self.file.place(self.next, rec)?;
-        self.finish_chunk(d);
-        Ok(())
-    }
-
-    fn finish_chunk(&mut self, d: u64) {
         self.digests.push(d);
         self.next += 1;
         self.k += 1;
+        Ok(())
     }
 }
 
@@ -1310,22 +1332,37 @@ impl Write for ChunkSink<'_> {
             let c = self.file.chunks().get(self.next).copied().ok_or_else(|| {
                 io::Error::new(io::ErrorKind::InvalidInput, "write past the last chunk")
             })?;
+            let parent = self.parent.and_then(|p| p.get(self.k as usize)).copied();
+            let whole = usize::try_from(c.len).ok().filter(|&n| n <= buf.len());
+            match (parent, whole) {
+                (Some(p), Some(n)) => {
+                    // The chunk whole, in place: hashed before anything
+                    // is done with it.
+                    let bytes = &buf[..n];
+                    let d = xxhash_rust::xxh3::xxh3_64(bytes);
+                    let changed = d != p;
+                    if changed {
+                        self.enc.begin(c.len);
+                        self.enc.put(bytes).map_err(Self::zfail)?;
+                    }
+                    self.place(c.len, d, changed)?;
+                    return Ok(n);
+                }
+                (Some(_), None) => self.parted += 1,
+                (None, _) => {}
+            }
             self.left = c.len;
             self.enc.begin(c.len);
             self.hasher.reset();
-            self.holding = self.parent.is_some_and(|p| (self.k as usize) < p.len());
-            self.held.clear();
         }
         let n = self.left.min(buf.len() as u64) as usize;
-        if self.holding {
-            self.held.extend_from_slice(&buf[..n]);
-        } else {
-            self.hasher.update(&buf[..n]);
-            self.enc.put(&buf[..n]).map_err(Self::zfail)?;
-        }
+        self.hasher.update(&buf[..n]);
+        self.enc.put(&buf[..n]).map_err(Self::zfail)?;
         self.left -= n as u64;
         if self.left == 0 {
-            self.end_chunk()?;
+            let len = self.file.chunks()[self.next].len;
+            let d = self.hasher.digest();
+            self.place(len, d, true)?;
         }
         Ok(n)
     }
@@ -1915,16 +1952,22 @@ pub(crate) mod tests {
 
     /// A budget too small for a compressor at the level asked for lowers
     /// the lanes, then the level; one too small for any is refused naming
-    /// the knob.
+    /// the knob.  An incremental dump's lanes want a chunk's window (no
+    /// other buffer), else fall back to the least window.
     #[test]
     fn the_compressors_fit_in_the_budget() {
-        use crate::pages::zstd::compressor_memory;
+        use crate::pages::zstd::{compressor_memory, CHUNK};
         let lane = |l| compressor_memory(l) + MIN_ZSTD_WINDOW;
         assert_eq!(zstd_lanes(64 << 20, 2, 3, false), Some((2, 3)));
         assert_eq!(zstd_lanes(lane(3) + 4096, 2, 3, false), Some((1, 3)));
         assert_eq!(zstd_lanes(lane(3) - 4096, 1, 3, false), Some((1, 2)));
         assert_eq!(zstd_lanes(lane(1) - 4096, 1, 3, false), None);
         assert!(lane(19) > lane(3) && lane(3) > lane(1));
+        let whole = |l| compressor_memory(l) + CHUNK;
+        assert_eq!(zstd_lanes(2 * whole(3), 2, 3, true), Some((2, 3)));
+        assert_eq!(zstd_lanes(2 * whole(3) - 4096, 2, 3, true), Some((1, 3)));
+        assert_eq!(zstd_lanes(whole(1) - 4096, 1, 1, true), Some((1, 1)));
+        assert_eq!(zstd_lanes(lane(1) - 4096, 1, 1, true), None);
         let f = std::fs::File::open("/dev/null").unwrap();
         let job = GpuJob {
             user: GpuId(7),
@@ -1987,6 +2030,9 @@ pub(crate) mod tests {
                 let mut want: Vec<u64> = (0..6).filter(|&k| k != n as u64).collect();
                 want.sort_unstable();
                 assert_eq!(out.inherited, BTreeMap::from([(0, want)]), "link {n}");
+                // Only the changed chunk is compressed (or copied):
+                // `written` counts the bytes given to the compressors.
+                assert_eq!(out.written, CONTENT_EXTENT, "link {n}: bytes written");
             }
             let mut m = sample_kfd();
             m.device_entries.truncate(2);
@@ -2038,6 +2084,53 @@ pub(crate) mod tests {
                 .unwrap_err();
         assert!(matches!(e, CopyError::HashMismatch { .. }), "{e}");
         std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    /// A compressed incremental dump under a budget whose copy window is
+    /// smaller than a chunk: the chunks come in parts and are compressed
+    /// whole, unchanged or not (nothing held back outside the budget), and
+    /// the dump restores on its own.
+    #[test]
+    fn a_compressed_incremental_dump_with_a_window_below_a_chunk_compresses_everything() {
+        use crate::image::tests::tempdir;
+        use crate::pages::zstd::{compressor_memory, CHUNK};
+        use std::os::unix::fs::FileExt;
+
+        let (off, size) = (1u64 << 20, 3 * CHUNK);
+        let dev = device(off + size);
+        let mut data: Vec<u8> = (0..size).map(|x| (x % 251) as u8 | 1).collect();
+        dev.write_all_at(&data, off).unwrap();
+        let budget = compressor_memory(1) + MIN_ZSTD_WINDOW + 4096;
+        assert_eq!(zstd_lanes(budget, 1, 1, true), Some((1, 1)));
+        let jobs = || {
+            let mut j = one_vram_bo(dev.as_fd(), off, size);
+            j[0].engines = Engines::new(EnginePolicy::Auto, budget, None);
+            j
+        };
+        let z = Some((1, Some(1)));
+        let parent =
+            dump_contents_encoded(&tempdir(), FileId(1), jobs(), z, &BTreeMap::new()).unwrap();
+        assert_eq!(parent.written, size);
+        data[(CHUNK + 7) as usize] ^= 0xff;
+        dev.write_all_at(&data, off).unwrap();
+        let dir = tempdir();
+        let out = dump_contents_encoded(&dir, FileId(2), jobs(), z, &parent.extents).unwrap();
+        assert_eq!(out.written, size, "every chunk compressed");
+        assert!(out.inherited.is_empty(), "{:?}", out.inherited);
+        assert_eq!(out.extents[&0].len(), 3, "still hashed in chunks");
+        dev.write_all_at(&vec![0; size as usize], off).unwrap();
+        restore_contents_encoded(
+            &dir,
+            FileId(2),
+            jobs(),
+            &out.hashes,
+            out.encoding,
+            &BTreeMap::new(),
+        )
+        .unwrap();
+        let mut back = vec![0; size as usize];
+        dev.read_exact_at(&mut back, off).unwrap();
+        assert!(back == data, "every byte comes back");
     }
 
     /// A BO of `size` bytes dumped whole, then (after the extents
