@@ -3423,13 +3423,14 @@ fn supervised_checkpoint_hands_out_dmabufs_and_replays_an_interrupted_answer() {
             .expect("no reply")
             .map(|o| u32_at(&o, 0))
     };
-    // That checkpoint is over (UNPAUSE): its dma-buf is no longer one.
-    assert_eq!(prime(vram_fd), Err(libc::EINVAL));
+    // That checkpoint is over (UNPAUSE), but its dma-buf is still one
+    // while the BO lives, as KFD's (a pre-dump imports it then).
+    assert_eq!(prime(vram_fd), Ok(1));
     assert_eq!(prime(0), Err(libc::EINVAL), "not a dma-buf");
     // SAFETY: closing the fd installed for us.
     unsafe { libc::close(vram_fd) };
-    // A new checkpoint: its dma-buf imports, once per file, and holds the
-    // BO's bytes (a snapshot) until UNPAUSE.
+    // A new checkpoint: its dma-buf imports, once per file (the handle of
+    // the import above), and holds the BO's bytes (a snapshot).
     d.call(
         nr::CRIU_OP,
         &criu(criu_op::PROCESS_INFO, 0, 0, 0, 0, 0, 0, 0, 0),
@@ -3458,6 +3459,7 @@ fn supervised_checkpoint_hands_out_dmabufs_and_replays_an_interrupted_answer() {
     assert!(page.iter().all(|&b| b == 0x77), "the snapshot holds the BO");
     d.call(nr::CRIU_OP, &criu(criu_op::UNPAUSE, 0, 0, 0, 0, 0, 0, 0, 0))
         .unwrap();
+    assert_eq!(prime(fd), Ok(1), "still a dma-buf after UNPAUSE");
     // SAFETY: closing the fd installed for us.
     unsafe { libc::close(fd) };
 }

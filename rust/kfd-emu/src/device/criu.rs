@@ -185,10 +185,8 @@ pub fn unpause(st: &mut State, lead: u32) -> R<()> {
         return Err(libc::EINVAL);
     }
     p.paused = false;
-    // The checkpoint is over: its dma-bufs' snapshots go (see `dmabuf`).
-    for (k, bo) in &p.bos {
-        st.devs.dmabufs.drop_snapshot(k.gpu, bo.offset);
-    }
+    // The checkpoint's dma-bufs stay dma-bufs while their BOs live, as
+    // KFD's do (see `dmabuf`).
     Ok(())
 }
 

@@ -16,9 +16,12 @@
 //! coherent at the points of KFD's CRIU flow where its dma-bufs are used:
 //! * CHECKPOINT (the process is paused and frozen) copies the BO into the
 //!   shadow, which is sealed against new writable mappings and writes (a
-//!   dump tool only reads); at UNPAUSE the dma-buf stops being one of the
-//!   emulator's (the snapshot would go stale; its memory goes with the last
-//!   fd of it, and importing it again is EINVAL);
+//!   dump tool only reads).  After UNPAUSE the dma-buf is still one, as
+//!   KFD's is (its BO lives): an import of it reaches the BO's own memory,
+//!   so a pre-dump may copy the running process' BOs by SDMA; a CPU
+//!   mapping of it still reads the snapshot (CHECKPOINT's bytes, not the
+//!   BO's since: a gap), whose memory the daemon keeps until the BO is
+//!   freed or checkpointed again;
 //! * RESTORE hands out an empty shadow; what the restoring tool writes
 //!   through its mapping is copied into the BO at RESUME, before the
 //!   process' queues run (only the pages written: BOs the GPU filled meanwhile
@@ -216,17 +219,6 @@ impl Registry {
         }
     }
 
-    /// UNPAUSE of the BO's process: a checkpoint's dma-buf is forgotten
-    /// (see the module comment).
-    pub fn drop_snapshot(&self, gpu: usize, offset: u64) {
-        if self
-            .get(gpu, offset)
-            .is_some_and(|d| *d.lock() == Shadow::Snapshot)
-        {
-            self.forget(gpu, offset);
-        }
-    }
-
     /// The BO is freed: its dmabuf is no longer one of ours (fds of it
     /// that are still open become plain memfds).
     pub fn forget(&self, gpu: usize, offset: u64) {
@@ -283,8 +275,15 @@ mod tests {
             map_fd(dup.as_fd(), libc::PROT_READ | libc::PROT_WRITE),
             libc::MAP_FAILED.cast()
         );
-        r.drop_snapshot(0, 0);
-        assert!(r.lookup(dup.as_fd()).is_none(), "forgotten at UNPAUSE");
+        // Still a dma-buf after UNPAUSE (its BO lives): an import reaches
+        // the BO.
+        let d = r
+            .lookup(dup.as_fd())
+            .expect("still a dma-buf after UNPAUSE");
+        bo.write(0, &[0xcd; 4096]);
+        let mut got = [0u8; 1];
+        d.map.read(0, &mut got);
+        assert_eq!(got[0], 0xcd, "an import reaches the BO's own memory");
         // SAFETY: unmapping our mapping.
         unsafe { libc::munmap(p.cast(), 8192) };
 
