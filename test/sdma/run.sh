@@ -157,6 +157,63 @@ dump_restore_compressed() {
 	grep -q "compressed GPU pages (zstd level 1)" <<<"$gc" || fail "gpu-check does not name the compression: $(paste -sd' ' <<<"$gc")"
 }
 
+# An incremental dump by SDMA (#17): a pre-dump of a process with a 64 MiB BO (while it runs),
+# one 2 MiB block in 16 of that BO rewritten (SIGUSR2), then a dump with --prev-images-dir,
+# every BO read by SDMA both times: the changed extents are found by hashing each one whole
+# in the SDMA staging buffer, so the incremental pages (plain: disk blocks; compressed with
+# KFD_COMPRESS set: the pre-dump compressed too, file sizes) are a fifth of the pre-dump's
+# or less. The restore from the
+# incremental image, by SDMA, takes the rest from the pre-dump; the process verifies every
+# byte, the rewritten blocks included.
+predump_incremental() {
+	local pre=$CASE_DIR/pre img=$CASE_DIR/img fb ib line n i
+	mkdir -p "$pre" "$img"
+	wl_start --mib 1 --bos 1 --big-bo-mib 64 --big-bo-fill fp16 --change-every 16
+	verify >/dev/null
+	sup pre-dump -t "$WL" -D "$pre" -o pre-dump.log -v4 ||
+		fail "SDMA pre-dump failed: $(log_errors "$pre/pre-dump.log")"
+	alive "$WL" || fail "the pre-dump did not leave gpu-workload $WL running"
+	all_by_sdma "$pre/pre-dump.log" saved 1
+	n=$(grep -c "^{\"changed\":true,\"pid\":$WL," "$WL_OUT")
+	kill -USR2 "$WL" || fail "gpu-workload $WL is gone (SIGUSR2 failed)"
+	for ((i = 0; i < 1200; i++)); do
+		[ "$(grep -c "^{\"changed\":true,\"pid\":$WL," "$WL_OUT")" -gt "$n" ] && break
+		sleep 0.05
+	done
+	[ "$(grep -c "^{\"changed\":true,\"pid\":$WL," "$WL_OUT")" -gt "$n" ] ||
+		fail "gpu-workload $WL did not change its big BO after SIGUSR2"
+	verify >/dev/null
+	sup dump -t "$WL" -D "$img" -o dump.log -v4 --prev-images-dir ../pre ||
+		fail "SDMA incremental dump failed: $(log_errors "$img/dump.log")"
+	wait_gone "$WL" 10 || fail "gpu-workload $WL still runs after the dump"
+	all_by_sdma "$img/dump.log" saved 1
+	line=$(grep -a -m1 -oE "incremental GPU dump against parent/amdgpu-kfd-[0-9]+\.img: .*" "$img/dump.log") ||
+		fail "the dump with --prev-images-dir says nothing of its parent"
+	grep -a -q "came in parts" "$img/dump.log" &&
+		fail "extents came in parts through SDMA staging: $(grep -a -m1 'came in parts' "$img/dump.log")"
+	if [ -n "${KFD_COMPRESS:-}" ]; then
+		fb=$(stat -c %s "$pre"/amdgpu-pages-*.img | awk '{ s += $1 } END { print s }')
+		ib=$(stat -c %s "$img"/amdgpu-pages-*.img | awk '{ s += $1 } END { print s }')
+		[ "$fb" -gt $((8 << 20)) ] || fail "the compressed pre-dump's pages take only $fb bytes for 64 MiB of fp16 values"
+	else
+		fb=$(du -B1 -c "$pre"/amdgpu-pages-*.img | tail -n 1 | cut -f1)
+		ib=$(du -B1 -c "$img"/amdgpu-pages-*.img | tail -n 1 | cut -f1)
+		[ "$fb" -gt $((64 << 20)) ] || fail "the pre-dump's pages take only $fb bytes of disk for a 64 MiB BO"
+	fi
+	[ "$ib" -le $((fb / 5)) ] || fail "the incremental pages take $ib bytes, the pre-dump's $fb (${line})"
+	sup restore -D "$img" -o restore.log -v4 -d || fail "SDMA restore failed: $(log_errors "$img/restore.log")"
+	all_by_sdma "$img/restore.log" restored 1
+	alive "$WL" || fail "gpu-workload $WL does not run after the restore"
+	verify >/dev/null
+	verify TERM >/dev/null
+	wait_gone "$WL" 10 || fail "gpu-workload $WL did not exit after SIGTERM"
+	note "GPU pages: pre-dump $fb bytes, incremental dump $ib bytes ($((ib * 100 / fb)) %); ${line#*: }"
+}
+case_predump_incremental() { on mi100 -- predump_incremental; }
+# The same with the dump compressed (KFD_COMPRESS=zstd:1): each 2 MiB chunk hashed in place
+# in the staging buffer, only the changed ones compressed.
+case_predump_incremental_compressed() { KFD_COMPRESS=zstd:1 on mi100 -- predump_incremental; }
+
 # The RDNA4 gfx1201 card: its DMA IP is SDMA 7, so criu-rocm writes the CPV bit and the
 # eighth COPY_LINEAR dword (sdma_v7_0_emit_copy_buffer's packet), which the emulator's engine
 # reads as SDMA 7 does.
