@@ -403,6 +403,7 @@ for c in $cases; do
 		fi
 	elif [ $ok = 1 ]; then
 		echo "PASS $c"
+		[ -s "$CASE_DIR/notes" ] && sed 's/^/      /' "$CASE_DIR/notes"
 		pass=$((pass + 1))
 	else
 		echo "FAIL $c: $why ($CASE_DIR)"
