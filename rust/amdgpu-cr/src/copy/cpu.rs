@@ -19,12 +19,23 @@ use crate::ids::MmapOffset;
 /// [`CopyEngine::read_bo_aligned`]).
 const SINK_CHUNK: usize = 1 << 20;
 
+/// The most bytes a live engine snapshots at a time (the largest unit
+/// [`CopyEngine::read_bo_aligned`] is asked for: a content extent).
+const SNAPSHOT_MAX: u64 = crate::pages::CONTENT_EXTENT;
+
 /// The CPU engine; `window` bounds each mapping.
 #[derive(Debug)]
 pub struct CpuEngine {
     window: u64,
     /// Mappings made so far (for statistics and tests).
     pub windows_mapped: u64,
+    /// The BOs may change while they are read (a pre-dump copies while the
+    /// process runs): each slice is copied once into `snapshot`, and the
+    /// sink (hash, zero test, file) sees only that copy.
+    live: bool,
+    /// Bytes of `snapshot` the budget allows (taken out of the window).
+    snapshot_cap: usize,
+    snapshot: Vec<u8>,
 }
 
 impl CpuEngine {
@@ -33,6 +44,41 @@ impl CpuEngine {
         CpuEngine {
             window: window.max(1).div_ceil(PAGE_SIZE) * PAGE_SIZE,
             windows_mapped: 0,
+            live: false,
+            snapshot_cap: 0,
+            snapshot: Vec::new(),
+        }
+    }
+
+    /// An engine for BOs that may change while they are read, within the
+    /// same `window` bytes: its snapshot buffer (at most a content extent,
+    /// at most half the window) is taken out of the mapping window.
+    ///
+    /// A sink reads what it is given more than once (a digest, then the
+    /// bytes written; a zero test, then a hole or the bytes): read twice
+    /// from a mapping the process writes, the digest recorded could be of
+    /// other bytes than those saved, and a later incremental dump would
+    /// take an extent for unchanged and leave the parent's stale bytes in
+    /// its place, refused at restore only after the dump killed the
+    /// process.  The snapshot makes every reader see the same bytes.
+    pub fn live(window: u64) -> Self {
+        let window = window.max(2 * PAGE_SIZE).div_ceil(PAGE_SIZE) * PAGE_SIZE;
+        let snap = (window / 2 / PAGE_SIZE * PAGE_SIZE).min(SNAPSHOT_MAX);
+        CpuEngine {
+            window: window - snap,
+            windows_mapped: 0,
+            live: true,
+            snapshot_cap: snap as usize,
+            snapshot: Vec::new(),
+        }
+    }
+
+    /// An engine like this one (live or not) within `window` bytes.
+    pub fn resized(&self, window: u64) -> Self {
+        if self.live {
+            Self::live(window)
+        } else {
+            Self::new(window)
         }
     }
 
@@ -102,10 +148,38 @@ impl CpuEngine {
         chunk: usize,
         sink: &mut dyn Write,
     ) -> Result<(), CopyError> {
+        if self.live {
+            let chunk = chunk.min(self.snapshot_cap).max(1);
+            let mut snap = std::mem::take(&mut self.snapshot);
+            snap.resize(chunk, 0);
+            let r = self.each_window(bo, window, false, |map| {
+                // The process and its GPU may write the BO meanwhile: read each slice once,
+                // volatile, into our own memory, and hand on only that.
+                let v = map.as_volatile_slice();
+                let mut at = 0;
+                while at < v.len() {
+                    let part = v.subslice(at, chunk.min(v.len() - at)).ok_or_else(|| {
+                        CopyError::Device {
+                            gpu: bo.gpu,
+                            bo: bo.index,
+                            op: "snapshot of the mapping",
+                            source: io::Error::from_raw_os_error(libc::EFAULT),
+                        }
+                    })?;
+                    let n = part.copy_to(&mut snap);
+                    drain_to(sink, &snap[..n], bo)?;
+                    at += n;
+                }
+                Ok(())
+            });
+            self.snapshot = snap;
+            return r;
+        }
         self.each_window(bo, window, false, |map| {
-            // SAFETY: no GPU writes the BO meanwhile: a dump copies while the KFD process'
-            // queues are evicted (PROCESS_INFO paused them) and its tasks are frozen.  Read
-            // in place: the only copy is into the pages writer's aligned buffer.
+            // SAFETY: no GPU or task writes the BO meanwhile: a dump copies while the KFD
+            // process' queues are evicted (PROCESS_INFO paused them) and its tasks are
+            // frozen (a pre-dump, whose process runs, uses a live engine: above).  Read in
+            // place: the only copy is into the pages writer's aligned buffer.
             unsafe { map.as_slice() }
                 .chunks(chunk)
                 .try_for_each(|c| drain_to(sink, c, bo))

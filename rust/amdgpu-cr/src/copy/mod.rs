@@ -237,6 +237,10 @@ pub struct Engines<'a> {
     /// The bytes of the memory budget for the CPU window and the pages
     /// file's write buffer (besides what an SDMA engine holds).
     pub budget: u64,
+    /// The BOs may change while copied (a pre-dump: the process runs): the
+    /// CPU engines read each slice once into memory of their own
+    /// ([`cpu::CpuEngine::live`]).
+    pub live: bool,
 }
 
 impl<'a> Engines<'a> {
@@ -250,7 +254,32 @@ impl<'a> Engines<'a> {
             sdma_copies: policy != EnginePolicy::Cpu,
             sdma,
             budget,
+            live: false,
         }
+    }
+
+    /// For BOs that may change while they are copied (see [`Self::live`]).
+    pub fn set_live(&mut self) {
+        self.live = true;
+        self.set_window(env::lane_split(self.budget).0);
+    }
+
+    /// A CPU engine (live or not, as these engines are) with a mapping
+    /// window within `window` bytes.
+    fn set_window(&mut self, window: u64) {
+        self.cpu = Some(if self.live {
+            cpu::CpuEngine::live(window)
+        } else {
+            cpu::CpuEngine::new(window)
+        });
+    }
+
+    /// CPU-only engines for another lane of the same GPU, within `budget`.
+    fn another_lane(&self, budget: u64) -> Engines<'a> {
+        let mut e = Engines::new(EnginePolicy::Cpu, budget, None);
+        e.live = self.live;
+        e.set_window(env::lane_split(budget).0);
+        e
     }
 
     /// Bytes of the pages file's write buffer of a lane with these engines.
@@ -687,8 +716,9 @@ fn split_job<'a>(
         }];
     }
     let budget = engines.budget / n as u64;
-    engines.cpu = Some(cpu::CpuEngine::new(env::lane_split(budget).0));
+    engines.set_window(env::lane_split(budget).0);
     engines.budget = budget;
+    let like = engines.another_lane(budget);
     let sizes: Vec<u64> = pieces.iter().map(|p| p.bo.size).collect();
     let mut engines = Some(engines);
     let mut rest = pieces;
@@ -700,7 +730,7 @@ fn split_job<'a>(
             user,
             actual,
             pieces: std::mem::replace(&mut rest, tail),
-            engines: engines.take().unwrap_or_else(|| cpu_only(budget)),
+            engines: engines.take().unwrap_or_else(|| like.another_lane(budget)),
         });
         start = end;
     }
@@ -736,10 +766,6 @@ fn lane_ends(sizes: &[u64], n: usize) -> Vec<usize> {
     }
     ends.push(m);
     ends
-}
-
-fn cpu_only<'a>(budget: u64) -> Engines<'a> {
-    Engines::new(EnginePolicy::Cpu, budget, None)
 }
 
 /// The most lanes, up to `max`, among which `budget` can be shared so that
@@ -791,7 +817,7 @@ fn make_room_for_zstd(lanes: &mut [(Lane<'_>, impl Sized)], decoders: u64) {
     for (l, _) in lanes {
         if l.engines.cpu.is_some() {
             let budget = l.engines.budget.saturating_sub(zstd);
-            l.engines.cpu = Some(cpu::CpuEngine::new(env::lane_split(budget).0));
+            l.engines.set_window(env::lane_split(budget).0);
         }
     }
 }
@@ -1069,8 +1095,9 @@ pub fn dump_compressed(
         let lane_budget = engines.budget / n as u64;
         let window =
             (lane_budget.saturating_sub(zmem) / bo::PAGE_SIZE * bo::PAGE_SIZE).max(bo::PAGE_SIZE);
-        engines.cpu = Some(cpu::CpuEngine::new(window));
+        engines.set_window(window);
         engines.budget = lane_budget;
+        let like = engines.another_lane(lane_budget);
         let mut engines = Some(engines);
         for _ in 0..n {
             lanes.push((
@@ -1080,8 +1107,8 @@ pub fn dump_compressed(
                     actual,
                     pieces: Vec::new(),
                     engines: engines.take().unwrap_or_else(|| {
-                        let mut e = cpu_only(lane_budget);
-                        e.cpu = Some(cpu::CpuEngine::new(window));
+                        let mut e = like.another_lane(lane_budget);
+                        e.set_window(window);
                         e
                     }),
                 },
@@ -2297,6 +2324,84 @@ pub(crate) mod tests {
         // Without the parent's extents the hash check fails.
         let e = restore_contents(&dir, FileId(2), jobs(), &out.hashes).unwrap_err();
         assert!(matches!(e, CopyError::HashMismatch { .. }), "{e}");
+    }
+
+    /// A pre-dump copies while the process writes its BOs: whatever bytes
+    /// a live engine saves, the digests it records are theirs (an extent
+    /// recorded with another's digest would later be taken for unchanged,
+    /// and the parent's stale bytes restored in its place), plain and
+    /// incremental, with a block that flips between zero and not.
+    #[test]
+    fn a_live_dump_records_the_digests_of_the_bytes_it_saves() {
+        use crate::image::tests::tempdir;
+        use std::os::unix::fs::FileExt;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use xxhash_rust::xxh3::xxh3_64;
+
+        let (off, size) = (1u64 << 20, 3 * CONTENT_EXTENT);
+        let dev = device(off + size);
+        let mut data: Vec<u8> = (0..size).map(|x| (x % 251) as u8 | 1).collect();
+        let zero_block = (CONTENT_EXTENT + 8192) as usize;
+        data[zero_block..zero_block + 4096].fill(0);
+        dev.write_all_at(&data, off).unwrap();
+        let gpu = GpuId(0x1a2b);
+        let live_jobs = || {
+            let mut j = one_vram_bo(dev.as_fd(), off, size);
+            j[0].engines.set_live();
+            j
+        };
+        let stop = AtomicBool::new(false);
+        let writer = dev.try_clone().unwrap();
+        // Stops the writing thread however the checks end (a failed assert
+        // would otherwise wait for it for ever).
+        struct Stop<'a>(&'a AtomicBool);
+        impl Drop for Stop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::Relaxed);
+            }
+        }
+        std::thread::scope(|s| {
+            let _stop = Stop(&stop);
+            s.spawn(|| {
+                // One byte of each extent, and one of the zero block, flipping.
+                let mut b = 0u8;
+                while !stop.load(Ordering::Relaxed) {
+                    b = b.wrapping_add(1);
+                    for at in [7, CONTENT_EXTENT + 11, 2 * CONTENT_EXTENT + 13] {
+                        writer.write_all_at(&[b | 1], off + at).unwrap();
+                    }
+                    writer
+                        .write_all_at(&[b & 1], off + zero_block as u64 + 100)
+                        .unwrap();
+                }
+            });
+            let check = |dir: &std::path::Path, id: FileId, out: &DumpOutcome| {
+                let f = std::fs::read(dir.join(pages_image_name(id, gpu))).unwrap();
+                let e = CONTENT_EXTENT as usize;
+                let inherited = out.inherited.get(&0).cloned().unwrap_or_default();
+                for (k, &d) in out.extents[&0].iter().enumerate() {
+                    if inherited.contains(&(k as u64)) {
+                        continue;
+                    }
+                    let saved = &f[8 + k * e..8 + (k + 1) * e];
+                    assert_eq!(
+                        d,
+                        xxh3_64(saved),
+                        "extent {k}: its digest is of other bytes"
+                    );
+                }
+            };
+            for round in 0..20 {
+                let dir = tempdir();
+                let out = dump_contents(&dir, FileId(1), live_jobs()).unwrap();
+                check(&dir, FileId(1), &out);
+                let idir = tempdir();
+                let inc = dump_contents_encoded(&idir, FileId(2), live_jobs(), None, &out.extents)
+                    .unwrap();
+                check(&idir, FileId(2), &inc);
+                assert!(round < 19 || inc.written > 0, "the flipping bytes are seen");
+            }
+        });
     }
 
     /// A BO of three hash extents: dumped and restored (in pieces when

@@ -469,17 +469,20 @@ impl DumpSession {
                 what: format!("the KFD file of pid {owner} was dumped twice"),
             });
         }
-        self.save(i, id, dir, &topology)
+        self.save(i, id, dir, &topology, false)
     }
 
     /// Saves KFD process `i` (its metadata from CHECKPOINT, its memory read
-    /// now) as KFD file `id` in `dir`.
+    /// now) as KFD file `id` in `dir`; `live`: the process runs meanwhile
+    /// (a pre-dump), so its BOs are read through a snapshot of each slice
+    /// (see [`crate::copy::cpu::CpuEngine::live`]).
     fn save(
         &mut self,
         i: usize,
         id: FileId,
         dir: &Path,
         topology: &Topology,
+        live: bool,
     ) -> Result<(), SessionError> {
         let p = &self.procs[i];
         let owner = p.task;
@@ -535,7 +538,7 @@ impl DumpSession {
             .iter()
             .map(|d| d.as_ref().map(|f| f.as_fd()))
             .collect();
-        let jobs = gpu_jobs(
+        let mut jobs = gpu_jobs(
             owner,
             self.opts.policy,
             self.opts.staging_cap,
@@ -545,6 +548,9 @@ impl DumpSession {
             &dmabufs,
             false,
         )?;
+        if live {
+            jobs.iter_mut().for_each(|j| j.engines.set_live());
+        }
         // Incremental: the same BOs in the parent images (--prev-images-dir),
         // whose unchanged extents this dump leaves out (a hole at its place,
         // or a zero chunk record in a compressed pages file), whether the
@@ -757,7 +763,7 @@ impl DumpSession {
                 });
             }
             let topology = self.topology(p.task)?.clone();
-            self.save(i, id, dir, &topology)?;
+            self.save(i, id, dir, &topology, true)?;
         }
         if !self.procs.is_empty() {
             log::info!(
