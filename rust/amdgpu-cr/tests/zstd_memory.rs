@@ -1,8 +1,10 @@
 //! The memory bound with compression on: a compressed dump (in lanes, each
 //! with its own zstd compressor), an incremental compressed dump against
-//! it, and the restore of both raise the process' peak RSS by at most the
-//! memory budget (`KFD_MAX_BUFFER_SIZE`) and 8 MiB, the compressors and
-//! decompressors included.  A separate test binary, so no other test
+//! it, and the restore of the first raise the process' peak RSS by at
+//! most the memory budget (`KFD_MAX_BUFFER_SIZE`) and 8 MiB, the
+//! compressors and a restore's decompressors included.  (The restore of
+//! the incremental dump, whose lanes also decode the parent's frames, is
+//! byte-checked by the chain tests in the library, not measured here.)  A separate test binary, so no other test
 //! disturbs the process-wide peak (VmHWM: memory, not time, so a loaded
 //! machine does not change the verdict).
 

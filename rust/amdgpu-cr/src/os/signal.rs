@@ -1,5 +1,5 @@
-//! Signal dispositions: one process-wide handler for the signals a caller
-//! catches, ignoring a signal, and ending the process by a signal as if it
+//! Signal dispositions: a handler per signal a caller catches, ignoring a
+//! signal, and ending the process by a signal as if it
 //! had not been caught.  The handler is a plain Rust `fn`; everything here
 //! that a handler may call is async-signal-safe.
 
@@ -13,8 +13,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 /// It runs in signal context: async-signal-safe calls only.
 pub type Handler = fn(sig: c_int, sender: libc::pid_t);
 
-/// The handler [`catch`] installed last (a `Handler` as an address; 0: none).
-static HANDLER: AtomicUsize = AtomicUsize::new(0);
+/// Signal numbers are below this (the kernel's `_NSIG`).
+const NSIG: usize = 65;
+
+/// The handler [`catch`] installed for each signal (a `Handler` as an
+/// address; 0: none).  One per signal, so that catching one signal never
+/// changes what another's handler does.
+static HANDLERS: [AtomicUsize; NSIG] = [const { AtomicUsize::new(0) }; NSIG];
 
 extern "C" fn trampoline(sig: c_int, info: *mut libc::siginfo_t, _ctx: *mut c_void) {
     let sender = if info.is_null() {
@@ -27,9 +32,12 @@ extern "C" fn trampoline(sig: c_int, info: *mut libc::siginfo_t, _ctx: *mut c_vo
         // SI_TKILL).
         unsafe { info.si_pid() }
     };
-    let h = HANDLER.load(Ordering::Acquire);
+    let h = usize::try_from(sig)
+        .ok()
+        .and_then(|s| HANDLERS.get(s))
+        .map_or(0, |h| h.load(Ordering::Acquire));
     if h != 0 {
-        // SAFETY: HANDLER only ever holds 0 or a `Handler` stored by catch().
+        // SAFETY: HANDLERS only ever hold 0 or a `Handler` stored by catch().
         let h: Handler = unsafe { std::mem::transmute::<usize, Handler>(h) };
         h(sig, sender);
     }
@@ -79,13 +87,16 @@ pub fn is_ignored(sig: c_int) -> io::Result<bool> {
     Ok(current(sig)?.sa_sigaction == libc::SIG_IGN)
 }
 
-/// Catches `sig` with `handler` (the process' one handler: the last one
-/// given serves every caught signal), with the signals in `block` blocked
-/// while it runs and interrupted system calls restarted.  Returns the
+/// Catches `sig` with `handler`, with the signals in `block` blocked while
+/// it runs and interrupted system calls restarted.  Returns the
 /// disposition replaced.
 pub fn catch(sig: c_int, handler: Handler, block: &[c_int]) -> io::Result<Saved> {
+    let slot = usize::try_from(sig)
+        .ok()
+        .and_then(|s| HANDLERS.get(s))
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
     let old = current(sig)?;
-    HANDLER.store(handler as usize, Ordering::Release);
+    slot.store(handler as usize, Ordering::Release);
     // SAFETY: sigaction is plain old data; all-zero is a valid value.
     let mut new: libc::sigaction = unsafe { std::mem::zeroed() };
     new.sa_sigaction = trampoline as *const () as libc::sighandler_t;
