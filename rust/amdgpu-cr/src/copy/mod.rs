@@ -816,6 +816,17 @@ fn make_room_for_zstd(lanes: &mut [(Lane<'_>, impl Sized)], decoders: u64) {
     let zstd = decoders * crate::pages::zstd::decompressor_memory();
     for (l, _) in lanes {
         if l.engines.cpu.is_some() {
+            if l.engines.budget < zstd + 2 * bo::PAGE_SIZE {
+                log::warn!(
+                    "GPU {}: a copy lane's share of {} ({} bytes) cannot hold its {decoders} \
+                     zstd decompressor(s) ({zstd} bytes) and a window: the restore uses more \
+                     memory than the budget; raise {}",
+                    l.user,
+                    env::MAX_BUFFER_SIZE_VAR,
+                    l.engines.budget,
+                    env::MAX_BUFFER_SIZE_VAR
+                );
+            }
             let budget = l.engines.budget.saturating_sub(zstd);
             l.engines.set_window(env::lane_split(budget).0);
         }

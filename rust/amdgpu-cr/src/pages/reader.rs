@@ -147,6 +147,9 @@ impl Overlay {
                 skip,
             } => {
                 if !matches!(cur, Some((j, done, _)) if *j == i && *done == off) {
+                    // The decoder of the last frame goes first: two at once
+                    // would hold more than the budget counts.
+                    *cur = None;
                     let input = ReadAt {
                         file: file.clone(),
                         pos: *record,
