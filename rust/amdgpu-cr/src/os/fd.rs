@@ -53,6 +53,37 @@ pub fn dup_at_least(fd: BorrowedFd<'_>, floor: RawFd) -> io::Result<OwnedFd> {
     owned(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, floor.max(0)) }.into())
 }
 
+/// What an inherited fd number refers to, for a process started with fds
+/// handed over at fixed numbers to check before it takes them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Inherited {
+    /// Not open.
+    Closed,
+    /// A socket.
+    Socket,
+    /// A pidfd.
+    Pidfd,
+    /// Something else.
+    Other,
+}
+
+/// What our fd `fd` is, by `/proc/self/fd`, without taking it.
+pub fn inherited(fd: RawFd) -> Inherited {
+    match std::fs::read_link(format!("/proc/self/fd/{fd}")) {
+        Err(_) => Inherited::Closed,
+        Ok(target) => {
+            let t = target.to_string_lossy();
+            if t.starts_with("socket:") {
+                Inherited::Socket
+            } else if t == "anon_inode:[pidfd]" || t.starts_with("pidfd:") {
+                Inherited::Pidfd
+            } else {
+                Inherited::Other
+            }
+        }
+    }
+}
+
 /// The open fd numbers of task `pid`, from `/proc/<pid>/fd`.
 pub fn task_fds(pid: i32) -> io::Result<Vec<RawFd>> {
     let mut fds = Vec::new();

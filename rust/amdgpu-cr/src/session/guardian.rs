@@ -44,8 +44,8 @@ use super::HelperLog;
 #[cfg(doc)]
 use crate::os;
 use crate::os::fd::{
-    poll_readable, recv_record_with_fd, send_record_with_fd, seqpacket_pair, stdio_to_null,
-    Received,
+    inherited, poll_readable, recv_record_with_fd, send_record_with_fd, seqpacket_pair,
+    stdio_to_null, Inherited, Received,
 };
 use crate::os::process::{
     self, pidfd_open, ptrace_detach, ptrace_interrupt, ptrace_seize, wait_nohang, Tie,
@@ -396,10 +396,21 @@ fn detach_from_criu() {
 pub fn guardian_main(args: &GuardianArgs) -> i32 {
     crate::testhook::disarm();
     detach_from_criu();
-    // SAFETY: fd 3 is the socket, handed over by Guardian::start and owned
-    // by nothing else in this fresh process image.
+    // This mode can be started by hand too: take fds 3 and 4 only if they
+    // are what Guardian::start hands over.
+    let (s, p) = (inherited(SOCK_FD), inherited(CRIU_PIDFD));
+    if s != Inherited::Socket || p != Inherited::Pidfd {
+        log::error!(
+            "GPU guardian: fd {SOCK_FD} is {s:?} and fd {CRIU_PIDFD} {p:?}, not the socket and \
+             criu's pidfd: not started by criu-rocm's dump"
+        );
+        return 2;
+    }
+    // SAFETY: fd 3 is an open socket (checked above), handed over by
+    // Guardian::start; this fresh process image holds no other owner of it.
     let sock = unsafe { OwnedFd::from_raw_fd(SOCK_FD) };
-    // SAFETY: fd 4 is criu main's pidfd, handed over the same way.
+    // SAFETY: fd 4 is an open pidfd (checked above), criu main's, handed
+    // over the same way.
     let criu_pidfd = unsafe { OwnedFd::from_raw_fd(CRIU_PIDFD) };
     let code = std::panic::catch_unwind(|| serve(sock.as_fd(), criu_pidfd.as_fd(), args.criu))
         .unwrap_or(1);
