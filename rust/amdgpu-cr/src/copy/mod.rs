@@ -2171,6 +2171,34 @@ pub(crate) mod tests {
         assert!(back == data, "every byte comes back");
     }
 
+    /// Restores the uncompressed incremental dump `out` of one BO of `size`
+    /// bytes (KFD file 2 in `dir`), its extents `kept` read through an
+    /// overlay of the parent's pages file (KFD file 1 in `parent_dir`).
+    fn restore_over_parent(
+        dir: &Path,
+        parent_dir: &Path,
+        gpu: GpuId,
+        size: u64,
+        kept: &[u64],
+        jobs: Vec<GpuJob<'_>>,
+        out: &DumpOutcome,
+    ) -> Result<(), CopyError> {
+        use crate::pages::Overlay;
+        let src = std::sync::Arc::new(
+            std::fs::File::open(parent_dir.join(pages_image_name(FileId(1), gpu))).unwrap(),
+        );
+        let mut o = Overlay::default();
+        for &k in kept {
+            let start = 8 + k * CONTENT_EXTENT;
+            let len = CONTENT_EXTENT.min(size - k * CONTENT_EXTENT);
+            o.push(start, len, src.clone(), start);
+        }
+        o.finish();
+        let overlays = BTreeMap::from([(gpu, std::sync::Arc::new(o))]);
+        restore_contents_encoded(dir, FileId(2), jobs, &out.hashes, Encoding::Raw, &overlays)
+            .map(drop)
+    }
+
     /// A BO of `size` bytes dumped whole, then (after the extents
     /// `changed` changed) incrementally against that dump with a memory
     /// budget of `budget`; restored from the incremental dump through an
@@ -2178,7 +2206,6 @@ pub(crate) mod tests {
     /// incremental dump's outcome and its pages file's disk bytes.
     fn incremental_round_trip(size: u64, changed: &[u64], budget: u64) -> (DumpOutcome, u64) {
         use crate::image::tests::tempdir;
-        use crate::pages::Overlay;
         use std::os::unix::fs::{FileExt, MetadataExt};
 
         let off = 1u64 << 20;
@@ -2202,27 +2229,9 @@ pub(crate) mod tests {
         let out = dump_contents_encoded(&dir, FileId(2), jobs(), None, &parent.extents).unwrap();
         let pages = dir.join(pages_image_name(FileId(2), gpu));
         let disk = std::fs::metadata(&pages).unwrap().blocks() * 512;
-        let src = std::sync::Arc::new(
-            std::fs::File::open(parent_dir.join(pages_image_name(FileId(1), gpu))).unwrap(),
-        );
-        let mut o = Overlay::default();
-        for &k in out.inherited.get(&0).into_iter().flatten() {
-            let start = 8 + k * CONTENT_EXTENT;
-            let len = CONTENT_EXTENT.min(size - k * CONTENT_EXTENT);
-            o.push(start, len, src.clone(), start);
-        }
-        o.finish();
+        let kept: Vec<u64> = out.inherited.get(&0).cloned().unwrap_or_default();
         dev.write_all_at(&vec![0; size as usize], off).unwrap();
-        let overlays = BTreeMap::from([(gpu, std::sync::Arc::new(o))]);
-        restore_contents_encoded(
-            &dir,
-            FileId(2),
-            jobs(),
-            &out.hashes,
-            Encoding::Raw,
-            &overlays,
-        )
-        .unwrap();
+        restore_over_parent(&dir, &parent_dir, gpu, size, &kept, jobs(), &out).unwrap();
         let mut back = vec![0; size as usize];
         dev.read_exact_at(&mut back, off).unwrap();
         assert!(back == now, "every byte comes back");
@@ -2277,7 +2286,6 @@ pub(crate) mod tests {
     #[test]
     fn an_incremental_dump_leaves_unchanged_extents_to_its_parent() {
         use crate::image::tests::tempdir;
-        use crate::pages::Overlay;
         use std::os::unix::fs::FileExt;
 
         let (off, size) = (1u64 << 20, 4 * CONTENT_EXTENT + 4096);
@@ -2308,27 +2316,8 @@ pub(crate) mod tests {
             "extent 2 is written"
         );
         // Restore: the left-out extents from the parent's file.
-        let src = std::sync::Arc::new(
-            std::fs::File::open(parent_dir.join(pages_image_name(FileId(1), gpu))).unwrap(),
-        );
-        let mut o = Overlay::default();
-        for k in [0u64, 1, 3, 4] {
-            let start = 8 + k * CONTENT_EXTENT;
-            let len = CONTENT_EXTENT.min(size - k * CONTENT_EXTENT);
-            o.push(start, len, src.clone(), start);
-        }
-        o.finish();
         dev.write_all_at(&vec![0; size as usize], off).unwrap();
-        let overlays = BTreeMap::from([(gpu, std::sync::Arc::new(o))]);
-        restore_contents_encoded(
-            &dir,
-            FileId(2),
-            jobs(),
-            &out.hashes,
-            Encoding::Raw,
-            &overlays,
-        )
-        .unwrap();
+        restore_over_parent(&dir, &parent_dir, gpu, size, &[0, 1, 3, 4], jobs(), &out).unwrap();
         let mut back = vec![0; size as usize];
         dev.read_exact_at(&mut back, off).unwrap();
         assert!(back == now, "every byte comes back");
