@@ -591,6 +591,13 @@ impl<'a> Piece<'a> {
         let Some(e) = unit.filter(|&e| split && bo.size > e) else {
             return vec![Piece::whole(bo, extent)];
         };
+        Self::runs(bo, e, extent)
+    }
+
+    /// `bo` cut into consecutive runs of `run` bytes (the last may be
+    /// shorter), each hashed in extents of `extent`; whole when an address
+    /// or mapping offset of a run would overflow.
+    fn runs(bo: BoRef<'a>, run: u64, extent: Option<u64>) -> Vec<Self> {
         let part = |start: u64| -> Option<Piece<'a>> {
             let cpu_map = match bo.cpu_map {
                 Some((fd, off)) => Some((fd, MmapOffset(off.0.checked_add(start)?))),
@@ -599,7 +606,7 @@ impl<'a> Piece<'a> {
             Some(Piece {
                 bo: BoRef {
                     addr: GpuVa(bo.addr.0.checked_add(start)?),
-                    size: (bo.size - start).min(e),
+                    size: (bo.size - start).min(run),
                     cpu_map,
                     dmabuf: None,
                     ..bo
@@ -608,7 +615,7 @@ impl<'a> Piece<'a> {
                 extent,
             })
         };
-        let parts: Option<Vec<_>> = (0..bo.size).step_by(e as usize).map(part).collect();
+        let parts: Option<Vec<_>> = (0..bo.size).step_by(run as usize).map(part).collect();
         parts.unwrap_or_else(|| vec![Piece::whole(bo, extent)])
     }
 }
@@ -1199,28 +1206,7 @@ fn chunk_pieces(bo: BoRef<'_>, split: bool) -> Vec<Piece<'_>> {
     if !split || bo.size <= CONTENT_EXTENT {
         return vec![Piece::whole(bo, extent)];
     }
-    let part = |start: u64| -> Option<Piece<'_>> {
-        let cpu_map = match bo.cpu_map {
-            Some((fd, off)) => Some((fd, MmapOffset(off.0.checked_add(start)?))),
-            None => None,
-        };
-        Some(Piece {
-            bo: BoRef {
-                addr: GpuVa(bo.addr.0.checked_add(start)?),
-                size: (bo.size - start).min(CONTENT_EXTENT),
-                cpu_map,
-                dmabuf: None,
-                ..bo
-            },
-            start,
-            extent,
-        })
-    };
-    let parts: Option<Vec<_>> = (0..bo.size)
-        .step_by(CONTENT_EXTENT as usize)
-        .map(part)
-        .collect();
-    parts.unwrap_or_else(|| vec![Piece::whole(bo, extent)])
+    Piece::runs(bo, CONTENT_EXTENT, extent)
 }
 
 /// One compressing lane: takes the GPU's next piece until none is left.
