@@ -29,11 +29,10 @@ pub struct CpuEngine {
     window: u64,
     /// Mappings made so far (for statistics and tests).
     pub windows_mapped: u64,
-    /// The BOs may change while they are read (a pre-dump copies while the
-    /// process runs): each slice is copied once into `snapshot`, and the
+    /// Non-zero: the BOs may change while they are read (a pre-dump copies
+    /// while the process runs), so each slice of at most this many bytes
+    /// (taken out of the window) is copied once into `snapshot`, and the
     /// sink (hash, zero test, file) sees only that copy.
-    live: bool,
-    /// Bytes of `snapshot` the budget allows (taken out of the window).
     snapshot_cap: usize,
     snapshot: Vec<u8>,
 }
@@ -44,7 +43,6 @@ impl CpuEngine {
         CpuEngine {
             window: window.max(1).div_ceil(PAGE_SIZE) * PAGE_SIZE,
             windows_mapped: 0,
-            live: false,
             snapshot_cap: 0,
             snapshot: Vec::new(),
         }
@@ -67,18 +65,8 @@ impl CpuEngine {
         CpuEngine {
             window: window - snap,
             windows_mapped: 0,
-            live: true,
             snapshot_cap: snap as usize,
             snapshot: Vec::new(),
-        }
-    }
-
-    /// An engine like this one (live or not) within `window` bytes.
-    pub fn resized(&self, window: u64) -> Self {
-        if self.live {
-            Self::live(window)
-        } else {
-            Self::new(window)
         }
     }
 
@@ -148,8 +136,8 @@ impl CpuEngine {
         chunk: usize,
         sink: &mut dyn Write,
     ) -> Result<(), CopyError> {
-        if self.live {
-            let chunk = chunk.min(self.snapshot_cap).max(1);
+        if self.snapshot_cap > 0 {
+            let chunk = chunk.min(self.snapshot_cap);
             let mut snap = std::mem::take(&mut self.snapshot);
             snap.resize(chunk, 0);
             let r = self.each_window(bo, window, false, |map| {
