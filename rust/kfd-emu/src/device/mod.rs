@@ -344,8 +344,16 @@ impl Emulator {
             st = self.quiesce(st, &[lead]);
         }
         let done = st.release(fh);
+        let freed = st.take_freed();
         drop(st);
         send(done);
+        State::give_back(&self.shared.devs, freed);
+    }
+
+    /// Gives back the pages of the BOs an ioctl freed, outside the lock.
+    fn give_back_freed(&self) {
+        let freed = self.lock().take_freed();
+        State::give_back(&self.shared.devs, freed);
     }
 
     /// Handles one ioctl; answers through `reply` now or later (a parked
@@ -363,22 +371,22 @@ impl Emulator {
     ) {
         let _ = arg;
         let kind = self.lock().opens.get(&fh).copied();
-        let r = match kind {
-            None => Err(libc::EBADF),
-            Some(Open::Render { gpu, authenticated }) => {
-                self.render_ioctl(fh, gpu, authenticated, caller, cmd, input, out_size)
-            }
+        let answer = match kind {
+            None => Some((reply, Err(libc::EBADF))),
+            Some(Open::Render { gpu, authenticated }) => Some((
+                reply,
+                self.render_ioctl(fh, gpu, authenticated, caller, cmd, input, out_size),
+            )),
             Some(Open::Kfd { lead }) => {
-                match self.kfd_ioctl(lead, caller, cmd, input, out_size as usize, reply) {
-                    Some((reply, r)) => {
-                        reply.reply(r);
-                        return;
-                    }
-                    None => return,
-                }
+                self.kfd_ioctl(lead, caller, cmd, input, out_size as usize, reply)
             }
         };
-        reply.reply(r);
+        // FREE_MEMORY_OF_GPU (or a failed restore) freed BOs: their pages
+        // are given back before the answer, so a freed range reads as zero.
+        self.give_back_freed();
+        if let Some((reply, r)) = answer {
+            reply.reply(r);
+        }
     }
 
     #[allow(clippy::too_many_arguments)]

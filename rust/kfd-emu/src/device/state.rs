@@ -540,6 +540,9 @@ pub struct State {
     pub render: HashMap<u64, gem::RenderFile>,
     /// GPU resets per GPU (hung IBs and injected resets).
     pub resets: Vec<u64>,
+    /// Render-memfd ranges of freed BOs (GPU, offset, bytes) whose pages
+    /// go back after the lock is dropped ([`State::take_freed`]).
+    freed: Vec<(usize, u64, u64)>,
 }
 
 /// How [`State::claim_slot`] moved a process, for undoing it.
@@ -579,6 +582,7 @@ impl State {
             next_slot: 1,
             render: HashMap::new(),
             resets: vec![0; gpus],
+            freed: Vec::new(),
         }
     }
 
@@ -856,7 +860,25 @@ impl State {
         }
         if t == alloc::VRAM || t == alloc::GTT {
             self.devs.dmabufs.forget(gpu, bo.offset);
-            self.devs.gpus[gpu].mem.punch(bo.offset, bo.size);
+            self.freed.push((gpu, bo.offset, bo.size));
+        }
+    }
+
+    /// The freed BOs' ranges, for [`State::give_back`] once the lock is dropped.
+    /// KFD frees a process' memory in a work item (kfd_process_wq) and
+    /// TTM a BO's pages in delayed work: no other process' ioctl waits for
+    /// it, and giving back a GiB of memfd pages takes ~0.1 s.  Offsets are
+    /// handed out once (`GpuAlloc::next_offset` only grows), so no BO can
+    /// have been placed in a range before it is punched.
+    pub fn take_freed(&mut self) -> Vec<(usize, u64, u64)> {
+        std::mem::take(&mut self.freed)
+    }
+
+    /// Punches the ranges [`State::take_freed`] returned (freed BOs read
+    /// as zero).
+    pub fn give_back(devs: &Devices, freed: Vec<(usize, u64, u64)>) {
+        for (gpu, off, len) in freed {
+            devs.gpus[gpu].mem.punch(off, len);
         }
     }
 
