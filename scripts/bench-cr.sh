@@ -57,8 +57,23 @@
 #   large    gpu, big and anon at BENCH_CR_LARGE_MIB, after the runs: the same throughput
 #            rows at that size (their fixed costs are gpu 0 and anon 0 of the runs)
 # Each is started, dumped (criu kills it), restored (-d), made to check every byte of its
-# memory, and killed. A run does the four one after the other; a first run warms up and is
-# not counted.
+# memory, and killed. A run does them one after the other, odd runs in the order above and
+# even runs in the reverse order; a first run warms up and is not counted.
+#
+# Two things on this machine kind decide a step's time without being part of it, so the
+# bench holds them equal for every kind:
+#   - Teardown. A killed process' anonymous memory is freed before its pid goes; a GPU
+#     process' memory is freed by KFD's release afterwards (on hardware a work item; in
+#     kfd-emu, punching its memfd pages: about 0.15 s of CPU for 1 GiB, which the restore
+#     of 1 GiB used to wait for: 0.94-0.96 of CRIU). So after the dump's kill the bench
+#     waits until kfd-emu has been idle for 0.1 s, whatever the kind, before the restore.
+#   - Host memory. The VM gives freed memory back to its host (free page reporting), and a
+#     write to such memory is slow: 1 GiB written into the page cache took 1.49 s from it
+#     and 0.26 s from memory a file had just given back. Which memory a dump's pages file
+#     gets depends on what the step before freed, which is why the order alternates: with
+#     one fixed order the 1 GiB one-BO GPU dump, always after the anonymous one, measured
+#     0.75-0.81 of CRIU and 1.1-1.2 after another GPU dump. (Waiting for kfd-emu after the
+#     check's kill too left more of the memory cold: the 256 MiB one-BO dump fell to 0.98.)
 #
 # Frozen time: CRIU's "Frozen time" of each dump (--display-stats: from freezing the process
 # to the end of the dump, the downtime of a checkpoint), marginal as below; its ratio is
@@ -271,6 +286,27 @@ restore_proc() {
 	alive "$pid" || die "the restored pid $pid is gone (log: $out/proc.err)"
 }
 
+# Waits until kfd-emu (pid $EMU_PID, the parent of in_emu) has used no CPU for 0.1 s (five
+# polls of its utime + stime, in clock ticks): the release of a process it was sent has
+# ended. See the top for why.
+EMU_PID=
+settle() {
+	local stat prev=-1 now same=0 i f
+	for ((i = 0; i < 1500; i++)); do
+		stat=$(cat "/proc/$EMU_PID/stat") || die "kfd-emu (pid $EMU_PID) is gone"
+		read -r -a f <<<"${stat##*) }"
+		now=$((f[11] + f[12]))
+		if [ "$now" = "$prev" ]; then
+			same=$((same + 1))
+			[ "$same" -ge 5 ] && return 0
+		else
+			same=0 prev=$now
+		fi
+		sleep 0.02
+	done
+	die "kfd-emu (pid $EMU_PID) did not go idle within 30 s of a kill"
+}
+
 # The restored process checks every byte (its answer: line $3 of its output, default 2);
 # then it is killed (kfd-emu reaps it).
 check_and_kill() {
@@ -296,6 +332,7 @@ tp_cycle() {
 	WRAP=()
 	[ "$kind" = sdma ] && WRAP=(CRIU_ROCM_COPY_ENGINE=sdma "$kfd_emu" supervise --)
 	dump_proc "$pid"
+	settle
 	read -r _ dump_us _ <"$out/dump.res"
 	frozen_us=$(stat_of "$out/dump.stats" "Frozen time")
 	[ "$frozen_us" -gt 0 ] || die "criu --display-stats gave no Frozen time ($out/dump.stats)"
@@ -440,8 +477,15 @@ incr_cycle() {
 	echo "$size $every $pause_ms $fw $ff $fd $iw $if_ $id" >>"$out/incr.txt"
 }
 
+# The indices 0 .. $1-1 in the order of run $2: ascending in odd runs, descending in even
+# ones (see the top).
+in_turn() {
+	if (($2 % 2)); then seq 0 $(($1 - 1)); else seq $(($1 - 1)) -1 0; fi
+}
+
 in_emu() {
 	local run vram_mib
+	EMU_PID=$PPID
 	vram_mib=$((4 * $(size_bytes "$staging") >> 20))
 	: >"$out/tp.txt"
 	: >"$out/rss.txt"
@@ -464,25 +508,24 @@ in_emu() {
 	progress=1
 	tp_cycle gpu "$mib" 0
 	tp_cycle anon "$mib" 0
+	local kinds=("gpu $mib" "anon $mib" "gpu 0" "anon 0" "big $mib" "both $mib" "sdma $mib") k
 	for ((run = 1; run <= runs; run++)); do
 		printf ' %d' "$run"
-		tp_cycle gpu "$mib" "$run"
-		tp_cycle anon "$mib" "$run"
-		tp_cycle gpu 0 "$run"
-		tp_cycle anon 0 "$run"
-		tp_cycle big "$mib" "$run"
-		tp_cycle both "$mib" "$run"
-		tp_cycle sdma "$mib" "$run"
+		for k in $(in_turn "${#kinds[@]}" "$run"); do
+			# shellcheck disable=SC2086 # "kind size"
+			tp_cycle ${kinds[k]} "$run"
+		done
 		rss_cycle gpu "$vram_mib" "$run"
 		rss_cycle anon 0 "$run"
 	done
 	if [ "$large" -gt 0 ] && [ "$large" != "$mib" ]; then
 		printf ' %s-MiB' "$large"
+		kinds=(gpu anon big)
 		for ((run = 1; run <= large_runs; run++)); do
 			printf ' %d' "$run"
-			tp_cycle gpu "$large" "$run"
-			tp_cycle anon "$large" "$run"
-			tp_cycle big "$large" "$run"
+			for k in $(in_turn "${#kinds[@]}" "$run"); do
+				tp_cycle "${kinds[k]}" "$large" "$run"
+			done
 		done
 	fi
 	printf ' sparse'
