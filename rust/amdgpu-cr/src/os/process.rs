@@ -427,15 +427,23 @@ mod tests {
         );
     }
 
-    /// A detached helper (the test binary listing its tests) runs on its
-    /// own: its shim is reaped, and the helper is not our child.
+    /// A detached helper runs on its own: its shim is reaped, and the
+    /// helper is not our child.  The helper is the test binary running one
+    /// other test with a log file, so the test sees that it ran.
     #[test]
     fn a_detached_helper_outlives_its_shim() {
+        let log = std::env::temp_dir().join(format!("criu-rocm-helper-{}.log", std::process::id()));
+        let _ = std::fs::remove_file(&log);
         let (r, w) = std::io::pipe().unwrap();
-        let list = [CString::new("--list").unwrap()];
+        let args = [
+            CString::new("--exact").unwrap(),
+            CString::new("os::process::tests::statuses_in_words").unwrap(),
+            CString::new("--logfile").unwrap(),
+            CString::new(log.as_os_str().as_encoded_bytes()).unwrap(),
+        ];
         let shim = spawn_self(
             c"criu-rocm-test",
-            &list,
+            &args,
             &[std::os::fd::AsFd::as_fd(&w)],
             Tie::Detached,
         )
@@ -445,10 +453,18 @@ mod tests {
         let st = wait(shim);
         assert!(st.success(), "{}", st.describe());
         // The pipe reads end-of-file once the helper (the only holder of
-        // its write end) is gone: it ran.
+        // its write end) is gone; its log says it ran the test.
         let mut buf = Vec::new();
         std::io::Read::read_to_end(&mut &r, &mut buf).unwrap();
         assert!(buf.is_empty());
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let _ = std::fs::remove_file(&log);
+        assert!(
+            text.lines()
+                .any(|l| l == "ok os::process::tests::statuses_in_words"),
+            "the helper's log {}: {text:?}",
+            log.display()
+        );
         // The shim was reaped, and the helper was never this thread's child:
         // an ended child stays on its parent's list until it is reaped.
         let e = wait_nohang(shim).unwrap_err();
