@@ -423,6 +423,72 @@ fn memory_alloc_map_free_and_vram_exhaustion() {
     assert_eq!(u64_at(&avail, 0), 64 << 20);
 }
 
+/// KFD's process is the mm's: a process that opens /dev/kfd with the pid
+/// of one that exited before the release of its file arrived (FUSE sends
+/// it asynchronously; a restore takes the dumped pid) is a new process,
+/// without the old one's memory, and the late release does not end it.
+#[test]
+fn a_new_process_with_an_exited_ones_pid_starts_afresh() {
+    let d = Dev::new("[[gpus]]\nvram_size = 67108864\n");
+    let mut child = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .unwrap();
+    let c = Caller {
+        tid: me().tid,
+        tgid: child.id(),
+    };
+    let avail = args(&[(8, d.gpu_id as u64)], 16);
+    let old = d.emu.open(&NodeKind::Kfd, &c).unwrap();
+    let render = d
+        .emu
+        .open(&NodeKind::Render { minor: d.minor }, &c)
+        .unwrap();
+    d.fds.insert(910, render);
+    d.call_fh(
+        old,
+        &c,
+        nr::ACQUIRE_VM,
+        &args(&[(0, 910), (4, d.gpu_id as u64)], 8),
+    )
+    .unwrap();
+    let a = args(
+        &[
+            (0, 0x1000_0000),
+            (8, 16 << 20),
+            (32, d.gpu_id as u64),
+            (36, alloc::VRAM as u64),
+        ],
+        40,
+    );
+    d.call_fh(old, &c, nr::ALLOC_MEMORY_OF_GPU, &a).unwrap();
+    let out = d.call_fh(old, &c, nr::AVAILABLE_MEMORY, &avail).unwrap();
+    assert_eq!(u64_at(&out, 0), 48 << 20);
+    // The process exits; its files' releases have not been handled yet.
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    // Another process with that pid (here: one the model cannot find,
+    // which cannot be the one that opened) opens /dev/kfd.
+    let new = d.emu.open(&NodeKind::Kfd, &c).unwrap();
+    let out = d.call_fh(new, &c, nr::AVAILABLE_MEMORY, &avail).unwrap();
+    assert_eq!(
+        u64_at(&out, 0),
+        64 << 20,
+        "the new process holds the old one's VRAM"
+    );
+    assert_eq!(
+        d.call_fh(old, &c, nr::AVAILABLE_MEMORY, &avail),
+        Err(libc::EBADF),
+        "the old process' open still works"
+    );
+    // The late releases end nothing of the new process.
+    d.emu.release(old);
+    d.emu.release(render);
+    d.call_fh(new, &c, nr::AVAILABLE_MEMORY, &avail).unwrap();
+    d.emu.release(new);
+}
+
 const RING_VA: u64 = 0x1000_0000;
 const CTL_VA: u64 = 0x1001_0000;
 const SRC_VA: u64 = 0x2000_0000;

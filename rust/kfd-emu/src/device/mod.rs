@@ -166,6 +166,15 @@ fn sys_admin(tid: u32) -> bool {
     effective_caps(tid) & (1 << 21) != 0
 }
 
+/// The start time of process `pid` in clock ticks after boot
+/// (`/proc/PID/stat` field 22), which with the pid names one process.
+fn process_start(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The fields after the command's ")" start with field 3.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(22 - 3)?.parse().ok()
+}
+
 fn tracer_of(pid: u32) -> Option<u32> {
     status_field(pid, "TracerPid:").and_then(|v| v.parse().ok())
 }
@@ -266,7 +275,26 @@ impl Emulator {
     pub fn open(&self, node: &NodeKind, caller: &Caller) -> Result<u64, i32> {
         let mut st = self.lock();
         match node {
-            NodeKind::Kfd => st.open_kfd(caller.tgid),
+            NodeKind::Kfd => {
+                let start = process_start(caller.tgid);
+                if !st.stale(caller.tgid, start) {
+                    return st.open_kfd(caller.tgid, start);
+                }
+                // KFD finds a process by its mm: this is a new one.
+                log::info!(
+                    "kfd-emu: pid {}: a new process opens /dev/kfd before the release of the \
+                     exited one with its pid arrived; ending that one now",
+                    caller.tgid
+                );
+                st = self.quiesce(st, &[caller.tgid]);
+                let done = st.end_stale(caller.tgid);
+                let fh = st.open_kfd(caller.tgid, start);
+                let freed = st.take_freed();
+                drop(st);
+                send(done);
+                State::give_back(&self.shared.devs, freed);
+                fh
+            }
             NodeKind::Render { minor } => {
                 let gpu = self
                     .shared

@@ -324,6 +324,11 @@ pub struct Pdd {
 
 pub struct Proc {
     pub lead: u32,
+    /// The start time of the process `lead` named when it opened
+    /// /dev/kfd (`/proc/PID/stat` field 22; None if it could not be
+    /// read): KFD's process is the mm's, so a later process with the same
+    /// pid is another one (see [`State::stale`]).
+    pub start: Option<u64>,
     /// Names the process in its /dev/kfd mmap offsets (see
     /// `uapi::kfd_off`).
     pub slot: u32,
@@ -600,7 +605,26 @@ impl State {
         Ok(slot)
     }
 
-    pub fn open_kfd(&mut self, tgid: u32) -> R<u64> {
+    /// Whether the process of `tgid` here is not the one that started at
+    /// `start`: that one exited and the release of its /dev/kfd has not
+    /// arrived yet (FUSE sends it asynchronously), while a new process
+    /// with its pid (a restore's, say) opens /dev/kfd.
+    pub fn stale(&self, tgid: u32, start: Option<u64>) -> bool {
+        self.procs.get(&tgid).is_some_and(|p| p.start != start)
+    }
+
+    /// Ends the stale process of `tgid` (see [`State::stale`]) as its last
+    /// release would, and forgets its opens, so that their late releases
+    /// find nothing.
+    pub fn end_stale(&mut self, tgid: u32) -> Done {
+        let mut done = Done::new();
+        self.opens
+            .retain(|_, o| !matches!(o, Open::Kfd { lead } if *lead == tgid));
+        self.end_proc(tgid, &mut done);
+        done
+    }
+
+    pub fn open_kfd(&mut self, tgid: u32, start: Option<u64>) -> R<u64> {
         if !self.procs.contains_key(&tgid) {
             let slot = self.free_slot()?;
             // kfd_init_apertures: a pdd for every GPU the opener's device
@@ -628,6 +652,7 @@ impl State {
                 tgid,
                 Proc {
                     lead: tgid,
+                    start,
                     slot,
                     slot_pinned: false,
                     kfd_opens: 0,
@@ -695,16 +720,7 @@ impl State {
                     p.kfd_opens == 0
                 });
                 if last == Some(true) {
-                    let p = self.procs.remove(&lead).unwrap();
-                    for w in p.waiters {
-                        done.push(w.finish(Err(libc::EINTR)));
-                    }
-                    for (k, bo) in &p.bos {
-                        self.free_bo_memory(k.gpu, bo);
-                    }
-                    // The slot is reused by a later process: give its
-                    // doorbell, signal and MMIO pages back now.
-                    self.punch_slot(p.slot);
+                    self.end_proc(lead, &mut done);
                 }
             }
             Some(Open::Render { .. }) => {
@@ -716,6 +732,22 @@ impl State {
             None => {}
         }
         done
+    }
+
+    /// Frees the context, VRAM and queues of process `lead`.
+    fn end_proc(&mut self, lead: u32, done: &mut Done) {
+        let Some(p) = self.procs.remove(&lead) else {
+            return;
+        };
+        for w in p.waiters {
+            done.push(w.finish(Err(libc::EINTR)));
+        }
+        for (k, bo) in &p.bos {
+            self.free_bo_memory(k.gpu, bo);
+        }
+        // The slot is reused by a later process: give its doorbell, signal
+        // and MMIO pages back now.
+        self.punch_slot(p.slot);
     }
 
     /// Zeroes the doorbell, events and MMIO ranges of `slot`.
