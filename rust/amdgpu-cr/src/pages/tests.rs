@@ -120,7 +120,7 @@ fn pages_zero_blocks_are_holes() {
                 w.write_all(c).unwrap();
             }
             start += len as usize;
-            let z = w.zero_bytes;
+            let z = w.zero_bytes();
             w.finish().unwrap();
             zeros += z;
         }
@@ -228,7 +228,7 @@ fn a_hole_is_what_writing_its_zeros_would_leave() {
         assert!(w.hole(1).is_err(), "a hole cannot overrun the lane");
         finished.push(w);
         for w in finished {
-            zeros += w.zero_bytes;
+            zeros += w.zero_bytes();
             w.finish().unwrap();
         }
         let path = dir.join(pages_image_name(id, gpu));

@@ -19,12 +19,24 @@ const WRITE_BUFFER: usize = 1 << 20;
 /// sized to its end when created, and every file block
 /// ([`SPARSE_BLOCK`]) whose bytes are all zero is seeked past rather than
 /// written, so it stays a hole: it costs no disk blocks and reads as zeros,
-/// to upstream's plugin as to us.
+/// to upstream's plugin as to us.  A compressed file (see [`super::zstd`])
+/// takes the bytes as chunk records instead.
 pub struct PagesWriter {
     file: String,
-    out: AlignedOut,
     total: u64,
     written: u64,
+    sink: Sink,
+}
+
+/// Where a [`PagesWriter`]'s bytes go.
+enum Sink {
+    Sparse(Sparse),
+    Zstd(Box<ZstdOut>),
+}
+
+/// The bytes in upstream's layout, zero blocks left as holes.
+struct Sparse {
+    out: AlignedOut,
     /// File offset of the next byte given to the writer.
     off: u64,
     /// The bytes of the current file block given so far (from the block's
@@ -32,207 +44,42 @@ pub struct PagesWriter {
     partial: Vec<u8>,
     /// Zero bytes held back: `out` is this far behind `off - partial`.
     skip: u64,
-    /// Bytes left as holes (for statistics and tests).
-    pub zero_bytes: u64,
-    /// Compressed: the chunk records take the bytes instead.
-    z: Option<Box<ZstdOut>>,
+    /// Bytes left as holes.
+    zero_bytes: u64,
 }
 
-impl PagesWriter {
-    /// Creates `amdgpu-pages-<id>-<gpu>.img` in `dir` for `total` bytes.
-    pub fn create(dir: &Path, id: FileId, gpu: GpuId, total: u64) -> Result<Self, ImageError> {
-        Self::create_with(dir, id, gpu, total, WRITE_BUFFER)
-    }
-
-    fn create_with(
-        dir: &Path,
-        id: FileId,
-        gpu: GpuId,
-        total: u64,
-        buffer: usize,
-    ) -> Result<Self, ImageError> {
-        let path = dir.join(pages_image_name(id, gpu));
-        let file = path.display().to_string();
-        let f = create_image(&path).map_err(|e| ImageError::io(&file, "create", e))?;
-        // The whole file is a hole at first: what is never written reads
-        // as zeros.
-        f.set_len(total.saturating_add(8))
-            .map_err(|e| ImageError::io(&file, "ftruncate", e))?;
-        let mut w = PagesWriter {
-            file,
-            out: AlignedOut::new(f, 0, buffer),
-            total,
-            written: 0,
-            off: 0,
+impl Sparse {
+    fn new(out: AlignedOut, off: u64) -> Self {
+        Sparse {
+            out,
+            off,
             partial: Vec::with_capacity(SPARSE_BLOCK as usize),
             skip: 0,
             zero_bytes: 0,
-            z: None,
-        };
-        w.put(&total.to_le_bytes())
-            .map_err(|e| ImageError::io(&w.file, "write header", e))?;
-        Ok(w)
-    }
-
-    /// Creates the pages file for the sum of `lens` and returns one writer
-    /// per lane: lane `i` writes the `lens[i]` bytes that follow the lanes
-    /// before it, so lanes can run in parallel.
-    pub fn create_lanes(
-        dir: &Path,
-        id: FileId,
-        gpu: GpuId,
-        lens: &[u64],
-    ) -> Result<Vec<Self>, ImageError> {
-        Self::create_lanes_buffered(dir, id, gpu, lens, WRITE_BUFFER)
-    }
-
-    /// [`PagesWriter::create_lanes`] with write buffers of `buffer` bytes
-    /// (part of the memory budget, see `env::lane_split`).
-    pub fn create_lanes_buffered(
-        dir: &Path,
-        id: FileId,
-        gpu: GpuId,
-        lens: &[u64],
-        buffer: usize,
-    ) -> Result<Vec<Self>, ImageError> {
-        let name = pages_image_name(id, gpu);
-        let total = lens
-            .iter()
-            .try_fold(0u64, |t, &l| t.checked_add(l))
-            .ok_or_else(|| ImageError::invalid(&name, "size", "lane sizes overflow"))?;
-        let mut first = Self::create_with(dir, id, gpu, total, buffer)?;
-        let Some((&len0, rest)) = lens.split_first() else {
-            return Ok(vec![first]);
-        };
-        first.total = len0;
-        let path = dir.join(name);
-        let mut out = vec![first];
-        let mut start = len0;
-        for &len in rest {
-            let file = out[0].file.clone();
-            let f = OpenOptions::new()
-                .write(true)
-                .custom_flags(libc::O_CLOEXEC)
-                .open(&path)
-                .map_err(|e| ImageError::io(&file, "open", e))?;
-            out.push(PagesWriter {
-                file,
-                out: AlignedOut::new(f, 8 + start, buffer),
-                total: len,
-                written: 0,
-                off: 8 + start,
-                partial: Vec::with_capacity(SPARSE_BLOCK as usize),
-                skip: 0,
-                zero_bytes: 0,
-                z: None,
-            });
-            start += len;
         }
-        Ok(out)
     }
 
-    /// Creates the compressed pages file of the content BOs `bos` (bucket
-    /// index, size) in `dir` (see [`super::zstd`]), in chunks of
-    /// [`super::zstd::CHUNK`], written in order by this one writer (a dump
-    /// compresses in lanes through [`super::zstd::ZstdPagesFile`]).
-    pub fn create_compressed(
-        dir: &Path,
-        id: FileId,
-        gpu: GpuId,
-        bos: &[(usize, u64)],
-        c: Compress,
-    ) -> Result<Self, ImageError> {
-        let f = ZstdPagesFile::create(dir, id, gpu, bos, super::zstd::CHUNK)?;
-        let file = f.file().to_owned();
-        let total = f.chunks().iter().map(|c| c.len).sum();
-        let out = f.dup().map_err(|e| ImageError::io(&file, "dup", e))?;
-        let z = ZstdOut::new(f, c.level).map_err(|e| ImageError::io(&file, "zstd", e))?;
-        Ok(PagesWriter {
-            file,
-            // Unused: the records go through the ZstdPagesFile.
-            out: AlignedOut::new(out, 8, 0),
-            total,
-            written: 0,
-            off: 8,
-            partial: Vec::new(),
-            skip: 0,
-            zero_bytes: 0,
-            z: Some(Box::new(z)),
-        })
+    /// Takes `len` zero bytes without being given them: the file blocks
+    /// the range covers whole are seeked past (holes, as written zero
+    /// blocks are); the zeros that share a block with the bytes before or
+    /// after it join that block.
+    fn hole(&mut self, len: u64) -> io::Result<()> {
+        let head = ((SPARSE_BLOCK - self.off % SPARSE_BLOCK) % SPARSE_BLOCK).min(len);
+        self.put(&ZEROS[..head as usize])?;
+        let rest = len - head;
+        let whole = rest - rest % SPARSE_BLOCK;
+        // `put` of `whole` zeros, without looking at them.
+        self.skip += whole;
+        self.zero_bytes += whole;
+        self.off += whole;
+        self.put(&ZEROS[..(rest - whole) as usize])
     }
 
-    /// The file's path, for messages.
-    pub fn file(&self) -> &str {
-        &self.file
-    }
-
-    /// Takes `len` zero bytes without being given them: an incremental
-    /// dump's extent that the parent holds.  The file blocks the range
-    /// covers whole are seeked past (holes, as written zero blocks are);
-    /// the zeros that share a block with the bytes before or after it join
-    /// that block.  A compressed file takes them as data.
-    pub fn hole(&mut self, len: u64) -> io::Result<()> {
-        static ZEROS: [u8; SPARSE_BLOCK as usize] = [0; SPARSE_BLOCK as usize];
-        self.room(len)?;
-        if let Some(z) = self.z.as_mut() {
-            let mut left = len;
-            while left > 0 {
-                let n = left.min(SPARSE_BLOCK);
-                z.put(&ZEROS[..n as usize])?;
-                left -= n;
-            }
-        } else {
-            let head = ((SPARSE_BLOCK - self.off % SPARSE_BLOCK) % SPARSE_BLOCK).min(len);
-            self.put(&ZEROS[..head as usize])?;
-            let rest = len - head;
-            let whole = rest - rest % SPARSE_BLOCK;
-            // `put` of `whole` zeros, without looking at them.
-            self.skip += whole;
-            self.zero_bytes += whole;
-            self.off += whole;
-            self.put(&ZEROS[..(rest - whole) as usize])?;
-        }
-        self.written += len;
-        Ok(())
-    }
-
-    /// Whether `len` more bytes fit in what the header announced.
-    fn room(&self, len: u64) -> io::Result<()> {
-        if len > self.total - self.written {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!(
-                    "{}: write past the {} bytes announced in the header",
-                    self.file, self.total
-                ),
-            ));
-        }
-        Ok(())
-    }
-
-    /// Checks that exactly the announced bytes were written and flushes.
-    pub fn finish(mut self) -> Result<u64, ImageError> {
-        if self.written != self.total {
-            return Err(ImageError::invalid(
-                &self.file,
-                "contents",
-                format!(
-                    "{} bytes written, header announced {}",
-                    self.written, self.total
-                ),
-            ));
-        }
-        if let Some(z) = self.z.as_mut() {
-            z.finish()
-                .map_err(|e| ImageError::io(&self.file, "write", e))?;
-            self.zero_bytes = z.zero_bytes;
-            return Ok(self.written);
-        }
-        // A zero tail is left as the hole the file was created with.
-        self.end_block()
-            .and_then(|()| self.out.flush())
-            .map_err(|e| ImageError::io(&self.file, "flush", e))?;
-        Ok(self.written)
+    /// Writes the last block (a zero tail is left as the hole the file was
+    /// created with) and flushes.
+    fn finish(&mut self) -> io::Result<()> {
+        self.end_block()?;
+        self.out.flush()
     }
 
     /// Writes `data` at `off - partial - data.len()`, after the zeros held
@@ -302,18 +149,206 @@ impl PagesWriter {
     }
 }
 
+/// A block of zeros, for holes.
+static ZEROS: [u8; SPARSE_BLOCK as usize] = [0; SPARSE_BLOCK as usize];
+
+impl PagesWriter {
+    /// Creates `amdgpu-pages-<id>-<gpu>.img` in `dir` for `total` bytes.
+    pub fn create(dir: &Path, id: FileId, gpu: GpuId, total: u64) -> Result<Self, ImageError> {
+        Self::create_with(dir, id, gpu, total, WRITE_BUFFER)
+    }
+
+    fn create_with(
+        dir: &Path,
+        id: FileId,
+        gpu: GpuId,
+        total: u64,
+        buffer: usize,
+    ) -> Result<Self, ImageError> {
+        let path = dir.join(pages_image_name(id, gpu));
+        let file = path.display().to_string();
+        let f = create_image(&path).map_err(|e| ImageError::io(&file, "create", e))?;
+        // The whole file is a hole at first: what is never written reads
+        // as zeros.
+        f.set_len(total.saturating_add(8))
+            .map_err(|e| ImageError::io(&file, "ftruncate", e))?;
+        let mut sparse = Sparse::new(AlignedOut::new(f, 0, buffer), 0);
+        sparse
+            .put(&total.to_le_bytes())
+            .map_err(|e| ImageError::io(&file, "write header", e))?;
+        Ok(PagesWriter {
+            file,
+            total,
+            written: 0,
+            sink: Sink::Sparse(sparse),
+        })
+    }
+
+    /// Creates the pages file for the sum of `lens` and returns one writer
+    /// per lane: lane `i` writes the `lens[i]` bytes that follow the lanes
+    /// before it, so lanes can run in parallel.
+    pub fn create_lanes(
+        dir: &Path,
+        id: FileId,
+        gpu: GpuId,
+        lens: &[u64],
+    ) -> Result<Vec<Self>, ImageError> {
+        Self::create_lanes_buffered(dir, id, gpu, lens, WRITE_BUFFER)
+    }
+
+    /// [`PagesWriter::create_lanes`] with write buffers of `buffer` bytes
+    /// (part of the memory budget, see `env::lane_split`).
+    pub fn create_lanes_buffered(
+        dir: &Path,
+        id: FileId,
+        gpu: GpuId,
+        lens: &[u64],
+        buffer: usize,
+    ) -> Result<Vec<Self>, ImageError> {
+        let name = pages_image_name(id, gpu);
+        let total = lens
+            .iter()
+            .try_fold(0u64, |t, &l| t.checked_add(l))
+            .ok_or_else(|| ImageError::invalid(&name, "size", "lane sizes overflow"))?;
+        let mut first = Self::create_with(dir, id, gpu, total, buffer)?;
+        let Some((&len0, rest)) = lens.split_first() else {
+            return Ok(vec![first]);
+        };
+        first.total = len0;
+        let path = dir.join(name);
+        let mut out = vec![first];
+        let mut start = len0;
+        for &len in rest {
+            let file = out[0].file.clone();
+            let f = OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_CLOEXEC)
+                .open(&path)
+                .map_err(|e| ImageError::io(&file, "open", e))?;
+            out.push(PagesWriter {
+                file,
+                total: len,
+                written: 0,
+                sink: Sink::Sparse(Sparse::new(
+                    AlignedOut::new(f, 8 + start, buffer),
+                    8 + start,
+                )),
+            });
+            start += len;
+        }
+        Ok(out)
+    }
+
+    /// Creates the compressed pages file of the content BOs `bos` (bucket
+    /// index, size) in `dir` (see [`super::zstd`]), in chunks of
+    /// [`super::zstd::CHUNK`], written in order by this one writer (a dump
+    /// compresses in lanes through [`super::zstd::ZstdPagesFile`]).
+    pub fn create_compressed(
+        dir: &Path,
+        id: FileId,
+        gpu: GpuId,
+        bos: &[(usize, u64)],
+        c: Compress,
+    ) -> Result<Self, ImageError> {
+        let f = ZstdPagesFile::create(dir, id, gpu, bos, super::zstd::CHUNK)?;
+        let file = f.file().to_owned();
+        let total = f.chunks().iter().map(|c| c.len).sum();
+        let z = ZstdOut::new(f, c.level).map_err(|e| ImageError::io(&file, "zstd", e))?;
+        Ok(PagesWriter {
+            file,
+            total,
+            written: 0,
+            sink: Sink::Zstd(Box::new(z)),
+        })
+    }
+
+    /// The file's path, for messages.
+    pub fn file(&self) -> &str {
+        &self.file
+    }
+
+    /// Bytes so far left as holes (a compressed file: zero chunks).
+    pub fn zero_bytes(&self) -> u64 {
+        match &self.sink {
+            Sink::Sparse(s) => s.zero_bytes,
+            Sink::Zstd(z) => z.zero_bytes,
+        }
+    }
+
+    /// Takes `len` zero bytes without being given them: an incremental
+    /// dump's extent that the parent holds.  The file blocks the range
+    /// covers whole are seeked past (holes, as written zero blocks are);
+    /// the zeros that share a block with the bytes before or after it join
+    /// that block.  A compressed file takes them as data.
+    pub fn hole(&mut self, len: u64) -> io::Result<()> {
+        self.room(len)?;
+        match &mut self.sink {
+            Sink::Sparse(s) => s.hole(len)?,
+            Sink::Zstd(z) => {
+                let mut left = len;
+                while left > 0 {
+                    let n = left.min(SPARSE_BLOCK);
+                    z.put(&ZEROS[..n as usize])?;
+                    left -= n;
+                }
+            }
+        }
+        self.written += len;
+        Ok(())
+    }
+
+    /// Whether `len` more bytes fit in what the header announced.
+    fn room(&self, len: u64) -> io::Result<()> {
+        if len > self.total - self.written {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{}: write past the {} bytes announced in the header",
+                    self.file, self.total
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks that exactly the announced bytes were written and flushes.
+    pub fn finish(mut self) -> Result<u64, ImageError> {
+        if self.written != self.total {
+            return Err(ImageError::invalid(
+                &self.file,
+                "contents",
+                format!(
+                    "{} bytes written, header announced {}",
+                    self.written, self.total
+                ),
+            ));
+        }
+        let r = match &mut self.sink {
+            Sink::Sparse(s) => s.finish(),
+            Sink::Zstd(z) => z.finish(),
+        };
+        r.map_err(|e| ImageError::io(&self.file, "write", e))?;
+        Ok(self.written)
+    }
+}
+
 impl Write for PagesWriter {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         self.room(buf.len() as u64)?;
-        match self.z.as_mut() {
-            Some(z) => z.put(buf)?,
-            None => self.put(buf)?,
+        match &mut self.sink {
+            Sink::Sparse(s) => s.put(buf)?,
+            Sink::Zstd(z) => z.put(buf)?,
         }
         self.written += buf.len() as u64;
         Ok(buf.len())
     }
 
     fn flush(&mut self) -> io::Result<()> {
-        self.out.flush()
+        match &mut self.sink {
+            Sink::Sparse(s) => s.out.flush(),
+            // Whole chunks are written as they fill; `finish` writes the
+            // last.
+            Sink::Zstd(_) => Ok(()),
+        }
     }
 }

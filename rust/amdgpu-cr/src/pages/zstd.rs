@@ -429,11 +429,6 @@ impl ZstdPagesFile {
         &self.shown
     }
 
-    /// Another descriptor of the file.
-    pub(super) fn dup(&self) -> io::Result<File> {
-        self.file.try_clone()
-    }
-
     fn lock(&self) -> std::sync::MutexGuard<'_, Place> {
         self.place.lock().unwrap_or_else(|e| e.into_inner())
     }
