@@ -169,8 +169,13 @@ fn sys_admin(tid: u32) -> bool {
 /// The start time of process `pid` in clock ticks after boot
 /// (`/proc/PID/stat` field 22), which with the pid names one process.
 fn process_start(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The fields after the command's ")" start with field 3.
+    start_in_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// Field 22 of a `/proc/PID/stat` line.  The command (field 2) is in
+/// parentheses and may hold spaces and parentheses itself: the fields
+/// after its last ")" start with field 3.
+fn start_in_stat(stat: &str) -> Option<u64> {
     let rest = &stat[stat.rfind(')')? + 1..];
     rest.split_whitespace().nth(22 - 3)?.parse().ok()
 }
@@ -287,7 +292,13 @@ impl Emulator {
                     caller.tgid
                 );
                 st = self.quiesce(st, &[caller.tgid]);
-                let done = st.end_stale(caller.tgid);
+                // Another thread of the new process may have ended it
+                // while the lock was let go.
+                let done = if st.stale(caller.tgid, start) {
+                    st.end_stale(caller.tgid)
+                } else {
+                    Done::new()
+                };
                 let fh = st.open_kfd(caller.tgid, start);
                 let freed = st.take_freed();
                 drop(st);
@@ -379,7 +390,7 @@ impl Emulator {
     }
 
     /// Gives back the pages of the BOs an ioctl freed, outside the lock.
-    fn give_back_freed(&self) {
+    pub(crate) fn give_back_freed(&self) {
         let freed = self.lock().take_freed();
         State::give_back(&self.shared.devs, freed);
     }
@@ -889,5 +900,23 @@ fn engine_loop(sh: &Shared) {
             drop(st);
             send(done);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_start_time_is_field_22_whatever_the_command() {
+        let tail = "S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 4242 19 20";
+        assert_eq!(start_in_stat(&format!("77 (sleep) {tail}")), Some(4242));
+        assert_eq!(start_in_stat(&format!("77 (a) (b c) {tail}")), Some(4242));
+        assert_eq!(start_in_stat("77 (cut off) S 1 2"), None);
+        let me = std::fs::read_to_string("/proc/self/stat").unwrap();
+        let f: Vec<&str> = me.split_whitespace().collect();
+        // This test binary's name has no spaces: field 22 is the 22nd word.
+        assert_eq!(start_in_stat(&me), f[21].parse().ok());
+        assert_eq!(process_start(std::process::id()), f[21].parse().ok());
     }
 }
