@@ -429,17 +429,16 @@ mod tests {
 
     /// A detached helper runs on its own: its shim is reaped, and the
     /// helper is not our child.  The helper is the test binary running one
-    /// other test with a log file, so the test sees that it ran.
+    /// other test, logging to the pipe it holds as fd 3, so the test sees
+    /// that it ran.
     #[test]
     fn a_detached_helper_outlives_its_shim() {
-        let log = std::env::temp_dir().join(format!("criu-rocm-helper-{}.log", std::process::id()));
-        let _ = std::fs::remove_file(&log);
         let (r, w) = std::io::pipe().unwrap();
         let args = [
             CString::new("--exact").unwrap(),
             CString::new("os::process::tests::statuses_in_words").unwrap(),
             CString::new("--logfile").unwrap(),
-            CString::new(log.as_os_str().as_encoded_bytes()).unwrap(),
+            CString::new("/dev/fd/3").unwrap(),
         ];
         let shim = spawn_self(
             c"criu-rocm-test",
@@ -454,16 +453,12 @@ mod tests {
         assert!(st.success(), "{}", st.describe());
         // The pipe reads end-of-file once the helper (the only holder of
         // its write end) is gone; its log says it ran the test.
-        let mut buf = Vec::new();
-        std::io::Read::read_to_end(&mut &r, &mut buf).unwrap();
-        assert!(buf.is_empty());
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
-        let _ = std::fs::remove_file(&log);
+        let mut log = String::new();
+        std::io::Read::read_to_string(&mut &r, &mut log).unwrap();
         assert!(
-            text.lines()
+            log.lines()
                 .any(|l| l == "ok os::process::tests::statuses_in_words"),
-            "the helper's log {}: {text:?}",
-            log.display()
+            "the helper's log: {log:?}"
         );
         // The shim was reaped, and the helper was never this thread's child:
         // an ended child stays on its parent's list until it is reaped.
