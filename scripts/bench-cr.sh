@@ -57,8 +57,9 @@
 #   large    gpu, big and anon at BENCH_CR_LARGE_MIB, after the runs: the same throughput
 #            rows at that size (their fixed costs are gpu 0 and anon 0 of the runs)
 # Each is started, dumped (criu kills it), restored (-d), made to check every byte of its
-# memory, and killed. A run does them one after the other, odd runs in the order above and
-# even runs in the reverse order; a first run warms up and is not counted.
+# memory, and killed. A run does them one after the other, odd runs in the order of
+# in_emu's lists and even runs in the reverse order (the RSS runs after them, in a fixed
+# order); a first run warms up and is not counted.
 #
 # Two things on this machine kind decide a step's time without being part of it, so the
 # bench holds them equal for every kind:
@@ -657,7 +658,7 @@ RUNS = range(1, runs + 1)
 def best(k, size, field):
     """The shortest time in microseconds of `field` over the runs at `size`, and the bytes of
     that run."""
-    n = large_runs if size == large and size != mib else runs
+    n = large_runs if large > 0 and size == large and size != mib else runs
     r = min(range(1, n + 1), key=lambda r: res[(k, size, r)][field])
     return res[(k, size, r)][field], res[(k, size, r)]["bytes"]
 
