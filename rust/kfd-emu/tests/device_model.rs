@@ -430,28 +430,9 @@ fn memory_alloc_map_free_and_vram_exhaustion() {
 #[test]
 fn a_new_process_with_an_exited_ones_pid_starts_afresh() {
     let d = Dev::new("[[gpus]]\nvram_size = 67108864\n");
-    let mut child = std::process::Command::new("sleep")
-        .arg("60")
-        .spawn()
-        .unwrap();
-    let c = Caller {
-        tid: me().tid,
-        tgid: child.id(),
-    };
+    let mut p = GpuProc::spawn(&d, 910);
+    let (c, old) = (p.c, p.kfd);
     let avail = args(&[(8, d.gpu_id as u64)], 16);
-    let old = d.emu.open(&NodeKind::Kfd, &c).unwrap();
-    let render = d
-        .emu
-        .open(&NodeKind::Render { minor: d.minor }, &c)
-        .unwrap();
-    d.fds.insert(910, render);
-    d.call_fh(
-        old,
-        &c,
-        nr::ACQUIRE_VM,
-        &args(&[(0, 910), (4, d.gpu_id as u64)], 8),
-    )
-    .unwrap();
     let a = args(
         &[
             (0, 0x1000_0000),
@@ -461,12 +442,12 @@ fn a_new_process_with_an_exited_ones_pid_starts_afresh() {
         ],
         40,
     );
-    d.call_fh(old, &c, nr::ALLOC_MEMORY_OF_GPU, &a).unwrap();
-    let out = d.call_fh(old, &c, nr::AVAILABLE_MEMORY, &avail).unwrap();
+    p.call(&d, nr::ALLOC_MEMORY_OF_GPU, &a).unwrap();
+    let out = p.call(&d, nr::AVAILABLE_MEMORY, &avail).unwrap();
     assert_eq!(u64_at(&out, 0), 48 << 20);
     // The process exits; its files' releases have not been handled yet.
-    child.kill().unwrap();
-    child.wait().unwrap();
+    p.child.kill().unwrap();
+    p.child.wait().unwrap();
 
     // Another process with that pid (here: one the model cannot find,
     // which cannot be the one that opened) opens /dev/kfd.
@@ -484,7 +465,6 @@ fn a_new_process_with_an_exited_ones_pid_starts_afresh() {
     );
     // The late releases end nothing of the new process.
     d.emu.release(old);
-    d.emu.release(render);
     d.call_fh(new, &c, nr::AVAILABLE_MEMORY, &avail).unwrap();
     d.emu.release(new);
 }
