@@ -300,10 +300,7 @@ impl Emulator {
                     Done::new()
                 };
                 let fh = st.open_kfd(caller.tgid, start);
-                let freed = st.take_freed();
-                drop(st);
-                send(done);
-                State::give_back(&self.shared.devs, freed);
+                self.unlock_then_finish(st, done);
                 fh
             }
             NodeKind::Render { minor } => {
@@ -383,15 +380,16 @@ impl Emulator {
             st = self.quiesce(st, &[lead]);
         }
         let done = st.release(fh);
+        self.unlock_then_finish(st, done);
+    }
+
+    /// Lets go of the lock, then sends the answers `done` holds and gives
+    /// back the pages of the BOs freed under it (see [`State::take_freed`]),
+    /// so that a freed range reads as zero before the freeing call answers.
+    fn unlock_then_finish(&self, mut st: MutexGuard<'_, State>, done: Done) {
         let freed = st.take_freed();
         drop(st);
         send(done);
-        State::give_back(&self.shared.devs, freed);
-    }
-
-    /// Gives back the pages of the BOs an ioctl freed, outside the lock.
-    pub(crate) fn give_back_freed(&self) {
-        let freed = self.lock().take_freed();
         State::give_back(&self.shared.devs, freed);
     }
 
@@ -410,22 +408,22 @@ impl Emulator {
     ) {
         let _ = arg;
         let kind = self.lock().opens.get(&fh).copied();
-        let answer = match kind {
-            None => Some((reply, Err(libc::EBADF))),
-            Some(Open::Render { gpu, authenticated }) => Some((
-                reply,
-                self.render_ioctl(fh, gpu, authenticated, caller, cmd, input, out_size),
-            )),
+        let r = match kind {
+            None => Err(libc::EBADF),
+            Some(Open::Render { gpu, authenticated }) => {
+                self.render_ioctl(fh, gpu, authenticated, caller, cmd, input, out_size)
+            }
             Some(Open::Kfd { lead }) => {
-                self.kfd_ioctl(lead, caller, cmd, input, out_size as usize, reply)
+                match self.kfd_ioctl(lead, caller, cmd, input, out_size as usize, reply) {
+                    Some((reply, r)) => {
+                        reply.reply(r);
+                        return;
+                    }
+                    None => return,
+                }
             }
         };
-        // FREE_MEMORY_OF_GPU (or a failed restore) freed BOs: their pages
-        // are given back before the answer, so a freed range reads as zero.
-        self.give_back_freed();
-        if let Some((reply, r)) = answer {
-            reply.reply(r);
-        }
+        reply.reply(r);
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -682,8 +680,8 @@ impl Emulator {
         }
         let resolved = self.pre_resolve(caller, n, input);
         let mut done = Done::new();
+        let mut st = self.lock();
         let r = {
-            let mut st = self.lock();
             if n == nr::WAIT_EVENTS {
                 let r =
                     kfd::wait_events(&mut st, lead, caller, uapi::decode(input), out_size, reply);
@@ -780,7 +778,8 @@ impl Emulator {
         if matches!(n, nr::CREATE_QUEUE | nr::CRIU_OP) {
             self.shared.wake.notify_all();
         }
-        send(done);
+        // FREE_MEMORY_OF_GPU, or a RESTORE that failed, freed BOs.
+        self.unlock_then_finish(st, done);
         Some((reply, r))
     }
 

@@ -157,8 +157,6 @@ impl Emulator {
             // Only WAIT_EVENTS parks.
             None => unreachable!("a CRIU op never parks"),
         };
-        // A failed RESTORE freed the BOs it had made.
-        self.give_back_freed();
         let out = r?;
         let a: sys::kfd_ioctl_criu_args = uapi::decode(&out);
         let n = a.num_bos as usize;
