@@ -1,6 +1,6 @@
 //! [`PagesWriter`]: writes a pages file, leaving zero blocks as holes.
 
-use std::fs::OpenOptions;
+use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
@@ -49,9 +49,11 @@ struct Sparse {
 }
 
 impl Sparse {
-    fn new(out: AlignedOut, off: u64) -> Self {
+    /// Writes `f` from file offset `off` on, through a buffer of `buffer`
+    /// bytes.
+    fn new(f: File, off: u64, buffer: usize) -> Self {
         Sparse {
-            out,
+            out: AlignedOut::new(f, off, buffer),
             off,
             partial: Vec::with_capacity(SPARSE_BLOCK as usize),
             skip: 0,
@@ -172,7 +174,7 @@ impl PagesWriter {
         // as zeros.
         f.set_len(total.saturating_add(8))
             .map_err(|e| ImageError::io(&file, "ftruncate", e))?;
-        let mut sparse = Sparse::new(AlignedOut::new(f, 0, buffer), 0);
+        let mut sparse = Sparse::new(f, 0, buffer);
         sparse
             .put(&total.to_le_bytes())
             .map_err(|e| ImageError::io(&file, "write header", e))?;
@@ -229,10 +231,7 @@ impl PagesWriter {
                 file,
                 total: len,
                 written: 0,
-                sink: Sink::Sparse(Sparse::new(
-                    AlignedOut::new(f, 8 + start, buffer),
-                    8 + start,
-                )),
+                sink: Sink::Sparse(Sparse::new(f, 8 + start, buffer)),
             });
             start += len;
         }
@@ -323,11 +322,11 @@ impl PagesWriter {
                 ),
             ));
         }
-        let r = match &mut self.sink {
-            Sink::Sparse(s) => s.finish(),
-            Sink::Zstd(z) => z.finish(),
+        let (r, what) = match &mut self.sink {
+            Sink::Sparse(s) => (s.finish(), "flush"),
+            Sink::Zstd(z) => (z.finish(), "write"),
         };
-        r.map_err(|e| ImageError::io(&self.file, "write", e))?;
+        r.map_err(|e| ImageError::io(&self.file, what, e))?;
         Ok(self.written)
     }
 }
