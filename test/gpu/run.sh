@@ -1011,6 +1011,21 @@ proc_state() {
 	echo "${s%% *}"
 }
 
+# stopped_on_log CPID WHAT LOG: waits until criu-rocm CPID, started in the background with
+# CRIU_ROCM_TEST_STOP_ON_LOG, has stopped itself at its line; fails saying WHAT, with the
+# errors of LOG, when it ends or goes on instead.
+stopped_on_log() {
+	local cpid=$1 i st=0 state=
+	for ((i = 0; i < 1200; i++)); do
+		state=$(proc_state "$cpid")
+		case $state in T | Z | "") break ;; esac
+		sleep 0.05
+	done
+	[ "$state" = T ] && return 0
+	wait "$cpid" || st=$?
+	fail "$2: criu-rocm never stopped there (state '$state', exit $st): $(log_errors "$3")"
+}
+
 # The action dump_killed runs, and names its log after.
 CR_ACTION=${CR_ACTION:-dump}
 
@@ -1019,21 +1034,12 @@ CR_ACTION=${CR_ACTION:-dump}
 # background job of this shell would ignore are reset (env --default-signal), as for a
 # dump run from a terminal.
 dump_killed() {
-	local pid=$1 dir=$2 text=$3 sig=$4 cpid i st=0 state=
+	local pid=$1 dir=$2 text=$3 sig=$4 cpid st=0
 	mkdir -p "$dir"
 	CRIU_ROCM_TEST_STOP_ON_LOG=$text env --default-signal=HUP,INT,PIPE,TERM \
 		"$CRIU" "$CR_ACTION" -t "$pid" -D "$dir" -o "$CR_ACTION.log" -v4 >>"$CASE_DIR/criu.out" 2>&1 &
 	cpid=$!
-	for ((i = 0; i < 1200; i++)); do
-		state=$(proc_state "$cpid")
-		case $state in T | Z | "") break ;; esac
-		sleep 0.05
-	done
-	if [ "$state" != T ]; then
-		wait "$cpid" || st=$?
-		fail "SIG$sig at /$text/: criu-rocm never stopped there (state '$state', exit $st):" \
-			"$(log_errors "$dir/$CR_ACTION.log")"
-	fi
+	stopped_on_log "$cpid" "SIG$sig at /$text/" "$dir/$CR_ACTION.log"
 	kill -"$sig" "$cpid"
 	[ "$sig" = KILL ] || kill -CONT "$cpid"
 	wait "$cpid" || st=$?
