@@ -16,7 +16,9 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/time.h>
+#include <compel/ptrace.h>
 
 #include "criu-log.h"
 #include "log.h"
@@ -135,7 +137,7 @@ static bool gpu_restore;
 /* criu main's pid, in its own namespace: the parent of the root task. */
 static pid_t criu_pid;
 /* In a restored task: what its restorer needs at its GPU gate. */
-static struct gpu_gate_args task_gate = { .chan = -1, .kfd = -1 };
+static struct gpu_gate_args task_gate = { .chan = -1, .kfd = -1, .criu = -1 };
 
 /* Images that hold GPU state name the upstream plugin, so that upstream CRIU restores them. */
 static int note_gpu_in_inventory(void)
@@ -180,6 +182,23 @@ static int gpu_dump_init(void)
 	return ret;
 }
 
+/*
+ * A pidfd of criu main for every task of a GPU restore, held as a service fd
+ * through the fork and until its restorer: the restorer watches it while
+ * it waits for criu's last stages, and exits once criu is gone (patch 0024).
+ */
+static int install_criu_pidfd(void)
+{
+	int fd;
+
+	fd = syscall(SYS_pidfd_open, criu_pid, 0);
+	if (fd < 0) {
+		pr_perror("Can't open a pidfd of criu (pid %d) for the restored tasks to watch", criu_pid);
+		return -1;
+	}
+	return install_service_fd(CRIU_PIDFD_OFF, fd) < 0 ? -1 : 0;
+}
+
 static int gpu_init(int stage)
 {
 	struct timeval logstart;
@@ -202,7 +221,7 @@ static int gpu_init(int stage)
 		if (ret < 0)
 			return ret;
 		gpu_restore = ret > 0;
-		return 0;
+		return gpu_restore ? install_criu_pidfd() : 0;
 	}
 	return 0;
 }
@@ -425,7 +444,21 @@ int criu_rocm_task_start(void)
 void criu_rocm_restorer_gate(struct gpu_gate_args *gate)
 {
 	*gate = task_gate;
+	gate->criu = get_service_fd(CRIU_PIDFD_OFF);
 	task_gate.chan = task_gate.kfd = -1;
+}
+
+void criu_rocm_restore_seized(int pid, bool has_seccomp)
+{
+	long opts = PTRACE_O_TRACESYSGOOD | PTRACE_O_EXITKILL;
+
+	if (!gpu_restore)
+		return;
+	/* The options replace those CRIU set: keep its own. */
+	if (has_seccomp)
+		opts |= PTRACE_O_SUSPEND_SECCOMP;
+	if (ptrace(PTRACE_SETOPTIONS, pid, NULL, opts))
+		pr_perror("Can't tie task %d to criu with PTRACE_O_EXITKILL; its restorer still watches criu", pid);
 }
 
 int criu_rocm_restore_settle(void)

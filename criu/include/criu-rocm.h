@@ -109,8 +109,17 @@ struct gpu_gate_args;
  * parent-death signal, so that no half-restored task outlives criu.
  */
 extern int criu_rocm_task_start(void);
-/* In the restored task, before it jumps to the restorer: its GPU gate's fds (-1: none). */
+/*
+ * In the restored task, before it jumps to the restorer: its GPU gate's fds
+ * and the pidfd of criu it watches until the hand-off (-1: none).
+ */
 extern void criu_rocm_restorer_gate(struct gpu_gate_args *gate);
+/*
+ * criu main, as it seizes thread pid for the end of a restore with GPU
+ * state (has_seccomp: its seccomp is suspended): PTRACE_O_EXITKILL, so that
+ * a criu that dies before it lets the tasks go takes every one with it.
+ */
+extern void criu_rocm_restore_seized(int pid, bool has_seccomp);
 /*
  * criu main, once every task finished CR_STATE_RESTORE (each passed its
  * GPU gate) and before any may run: every KFD image was restored exactly

@@ -9,6 +9,10 @@
  * back; on anything else, or end-of-file (the writer died, alone or with
  * criu), it exits and never runs its own code.  The layouts below are also
  * the Rust writer's (rust/amdgpu-cr/src/session/writer.rs, mod gate).
+ *
+ * After the gate the task only waits for criu's last stages; it watches a
+ * pidfd of criu meanwhile and exits should criu die before the hand-off
+ * (CR_STATE_COMPLETE), so that no task waits for a stage that cannot come.
  */
 #ifndef __CR_GPU_GATE_H__
 #define __CR_GPU_GATE_H__
@@ -20,6 +24,7 @@ struct gpu_gate_args {
 	int chan;  /* the task's end of its channel to the writer; -1: no GPU state */
 	int kfd;   /* the task's /dev/kfd, for its own RESUME */
 	u32 image; /* the KFD image, for messages */
+	int criu;  /* a pidfd of criu main, watched until the hand-off; -1: not a GPU restore */
 };
 
 #define GPU_GATE_MAGIC	 0x41544747
@@ -43,5 +48,18 @@ _Static_assert(sizeof(struct gpu_gate_report) == 8, "the task's report is 8 byte
 
 /* In the restorer: 0 when the task may go on (no GPU state, or memory confirmed and queues resumed). */
 extern int gpu_gate_pass(struct gpu_gate_args *g);
+
+struct task_entries;
+
+/*
+ * restore_finish_stage() for the task's leader after its gate: in a GPU
+ * restore it also watches criu while it waits for the next stage, and
+ * returns -1 (logged) once criu has died: the task must exit then, for
+ * the stage will never come.  Without a pidfd of criu, upstream's wait.
+ */
+extern int gpu_gate_finish_stage(struct gpu_gate_args *g, struct task_entries *te, int stage);
+
+/* After CR_STATE_COMPLETE: criu armed the final stop, the task stops watching it. */
+extern void gpu_gate_handed_over(struct gpu_gate_args *g);
 
 #endif /* __CR_GPU_GATE_H__ */

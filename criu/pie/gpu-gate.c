@@ -2,12 +2,16 @@
 /*
  * criu-rocm: the GPU gate of a restored task, run by CRIU's restorer (no
  * libc here) once the task's own mappings and memory are restored and
- * before it can return to its code.  See gpu-gate.h and
+ * before it can return to its code, and the watch on criu that follows it
+ * until the hand-off.  See gpu-gate.h and
  * Documentation/gpu-checkpoint-restore.md.
  */
 #include <errno.h>
+#include <poll.h>
 #include <stddef.h>
+#include <time.h>
 #include <sys/socket.h>
+#include <linux/futex.h>
 #include <linux/ioctl.h>
 
 #include "int.h"
@@ -16,6 +20,9 @@
 #include <compel/plugins/std/syscall.h>
 #include <compel/plugins/std/log.h>
 #include "criu-log.h"
+#include "common/lock.h"
+#include "rst_info.h"
+#include "restorer.h"
 #include "gpu-gate.h"
 
 /* struct kfd_ioctl_criu_args of the kernel's uapi linux/kfd_ioctl.h (KFD ioctl 1.8 and later). */
@@ -102,4 +109,77 @@ fail:
 	sys_close(g->chan);
 	sys_close(g->kfd);
 	return -1;
+}
+
+/* How long a task waiting for the next stage sleeps before it looks at criu again. */
+#define GPU_GATE_WATCH_NS (10 * 1000 * 1000)
+
+/* The stages a task waits out after its gate, for messages. */
+static const char *stage_name(int stage)
+{
+	switch (stage) {
+	case CR_STATE_RESTORE:
+		return "CR_STATE_RESTORE";
+	case CR_STATE_RESTORE_SIGCHLD:
+		return "CR_STATE_RESTORE_SIGCHLD";
+	case CR_STATE_RESTORE_CREDS:
+		return "CR_STATE_RESTORE_CREDS";
+	}
+	return "a restore stage";
+}
+
+/* 0 while criu main runs; else logged: criu exited, or its pidfd cannot tell. */
+static int criu_gone(int pidfd, int stage)
+{
+	struct pollfd p = { .fd = pidfd, .events = POLLIN };
+	struct timespec now = {};
+	long pid = sys_getpid();
+	long ret;
+
+	do
+		ret = sys_ppoll(&p, 1, &now, NULL, 0);
+	while (ret == -EINTR);
+	if (ret == 0)
+		return 0;
+	if (ret > 0 && (p.revents & (POLLIN | POLLHUP)))
+		pr_err("pid %ld: criu died before it handed the restored tree over (the task was at the end of %s); "
+		       "the task exits and never runs\n",
+		       pid, stage_name(stage));
+	else
+		pr_err("pid %ld: can't watch criu (ppoll on its pidfd: %ld, revents %#x) at the end of %s; "
+		       "the task exits and never runs\n",
+		       pid, ret, ret > 0 ? p.revents : 0, stage_name(stage));
+	return -1;
+}
+
+int gpu_gate_finish_stage(struct gpu_gate_args *g, struct task_entries *te, int stage)
+{
+	struct timespec tick = { .tv_nsec = GPU_GATE_WATCH_NS };
+	long ret;
+
+	futex_dec_and_wake(&te->nr_in_progress);
+	if (g->criu < 0) {
+		futex_wait_while(&te->start, stage);
+		return 0;
+	}
+	/* A futex word has no way to say that the one who would change it died: look every tick. */
+	while (futex_get(&te->start) == (u32)stage) {
+		if (criu_gone(g->criu, stage))
+			return -1;
+		ret = sys_futex((u32 *)&te->start.raw.counter, FUTEX_WAIT, stage, &tick, NULL, 0);
+		if (ret < 0 && ret != -EAGAIN && ret != -ETIMEDOUT && ret != -EINTR) {
+			pr_err("pid %ld: waiting at the end of %s failed with errno %ld; the task exits and never runs\n",
+			       sys_getpid(), stage_name(stage), -ret);
+			return -1;
+		}
+	}
+	return 0;
+}
+
+void gpu_gate_handed_over(struct gpu_gate_args *g)
+{
+	if (g->criu < 0)
+		return;
+	sys_close(g->criu);
+	g->criu = -1;
 }

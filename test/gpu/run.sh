@@ -1658,8 +1658,10 @@ restore_op_fails() {
 # action script). Afterwards either the process runs and verifies all of its memory, or no
 # task of the tree is left (none in its own code, none hung); the images are unchanged and
 # the next restore works. Which one is due: the process runs only after a kill at the
-# barrier (every task passed its GPU gate; the writer is gone by then, criu stopped it once
-# every task had passed); everything else fails closed.
+# barrier when the target is the writer (it is gone by then: criu stopped it once every task
+# had passed its GPU gate, and criu goes on); criu killed, even at the barrier, takes every
+# task with it (they are traced with PTRACE_O_EXITKILL, patch 0024); everything else fails
+# closed.
 #
 # criu-rocm has no hook for this. kfd-emu --hold RESTORE:FILE stops the restored task inside
 # its KFD RESTORE (the writer started, nothing handed over) until the test creates FILE; the
@@ -1799,8 +1801,8 @@ kill_restore_at() {
 	fi
 	no_leftovers "$what"
 	[ "$before" = "$(img_sums "$img")" ] || fail "$what: the images changed"
-	case $point in
-	sigreturn) [ $ran = yes ] || fail "$what: the process, past every check, did not run ($log)" ;;
+	case $target/$point in
+	writer/sigreturn) [ $ran = yes ] || fail "$what: the process, past every check, did not run ($log)" ;;
 	*) [ $ran = no ] || fail "$what: the process ran ($log)" ;;
 	esac
 	# The writer is criu's child, not a restored task (CRIU used to say so of it).
