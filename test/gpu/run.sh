@@ -1829,6 +1829,76 @@ kill_restore_at() {
 	wl_finish "$pid"
 }
 
+# ---------------------------------------------------------------------------------------
+# Case: criu killed at the end of a restore, before it lets the tasks go (issue #25). A tree
+# of three GPU processes of two threads each is restored; criu stops itself at a log line
+# (CRIU_ROCM_TEST_STOP_ON_LOG) and is killed there, each point on a fresh emulated host:
+#   unlock   "Unlock network": the tasks wait at the end of CR_STATE_RESTORE_SIGCHLD, their
+#            GPU state checked, not yet traced, each tied to its parent (the root to criu)
+#            by its parent-death signal;
+#   sibling  the same with --restore-sibling: the root task's parent is the caller of criu,
+#            so only its restorer's watch on criu's pidfd can end it;
+#   creds    every task has its own credentials and parent-death signal back and waits at
+#            the end of CR_STATE_RESTORE_CREDS, traced (the window of issue #25);
+#   armed    criu has set every task to stop at rt_sigreturn, just before CR_STATE_COMPLETE;
+#   stopped  after CR_STATE_COMPLETE, the first thread stopped at its rt_sigreturn, the
+#            others on their way there.
+# Due at every point: no task left (pids and GPU memory freed), not half a tree; at
+# sibling the root task logs that criu died. The next restore must work.
+case_restore_killed_handoff() {
+	local point
+	on mi100x2 -- dump_tree_for_later
+	for point in unlock sibling creds armed stopped; do
+		on mi100x2 -- kill_restore_on_log "$point"
+	done
+}
+dump_tree_for_later() {
+	dump_for_later wl --procs 3 --threads 2 --mib 8 --bos 2 --events
+	wl_children "$WL" >"$CASE_DIR/wl.kids"
+	stat -c %s "$CASE_DIR/wl.out" "$CASE_DIR/wl.err" >"$CASE_DIR/wl.sizes"
+}
+
+# kill_restore_on_log POINT: restores $CASE_DIR/img, kills criu at POINT (see above), checks
+# that no task is left, then restores the images again.
+kill_restore_on_log() {
+	local point=$1 what="criu killed at $1" img=$CASE_DIR/img text args=() log pid kids p cpid before
+	local up=() gone=()
+	case $point in
+	unlock) text="Unlock network" ;;
+	sibling) text="Unlock network" args=(--restore-sibling) ;;
+	creds) text="Every task has its own credentials back" ;;
+	armed) text="Every task is set to stop at rt_sigreturn" ;;
+	stopped) text=" was stopped" ;;
+	*) fail "no kill point $point" ;;
+	esac
+	WL_OUT=$CASE_DIR/wl.out
+	pid=$(cat "$CASE_DIR/wl.pid")
+	read -r -a kids <"$CASE_DIR/wl.kids"
+	[ "${#kids[@]}" = 2 ] || fail "gpu-workload --procs 3 named ${#kids[@]} children, not 2"
+	before=$(img_sums "$img")
+	log=$CASE_DIR/restore-handoff-$point.log
+	rewind_output
+	CRIU_ROCM_TEST_STOP_ON_LOG=$text "$CRIU" restore -D "$img" -o "$log" -v4 -d "${args[@]}" \
+		>>"$CASE_DIR/criu.out" 2>&1 &
+	cpid=$!
+	stopped_on_log "$cpid" "$what (/$text/)" "$log"
+	kill -KILL "$cpid"
+	wait "$cpid" 2>/dev/null
+	for p in "$pid" "${kids[@]}"; do
+		if wait_gone "$p" 5; then gone+=("$p"); else up+=("$p $(proc_state "$p")"); fi
+	done
+	[ "${#up[@]}" = 0 ] || fail "$what: tasks left: ${up[*]}${gone[*]:+ (${gone[*]} gone)} ($log)"
+	[ "$point" != sibling ] || log_has "$log" \
+		"pid $pid: criu died before it handed the restored tree over \(the task was at the end of CR_STATE_RESTORE_SIGCHLD\); the task exits"
+	no_leftovers "$what"
+	[ "$before" = "$(img_sums "$img")" ] || fail "$what: the images changed"
+	note "$what: no task left ($(grep -ac 'criu died before it handed the restored tree over' "$log") of 3 processes logged that criu died)"
+	rewind_output
+	restore_ok "$img" "$pid"
+	wl_verify "$pid" "${kids[@]}" >/dev/null || exit 1
+	wl_finish "$pid" "${kids[@]}"
+}
+
 # A tree of three GPU processes. CRIU's restore often opens /dev/kfd in them in another
 # order than they first did (it varies from run to run); kfd-emu then moves each one back
 # to the /dev/kfd slot its recorded doorbell and events mmap offsets name (its log says so
