@@ -1,0 +1,145 @@
+//! The opcode tables: which opcodes of each encoding this engine runs, on which target.
+
+use std::sync::OnceLock;
+
+use super::ExecFn;
+use crate::decode::{Encoding, Instr};
+use crate::state::Target;
+
+/// One implemented opcode.
+#[derive(Debug)]
+pub struct OpDef {
+    pub op: u16,
+    /// The mnemonic as LLVM's assembler spells it (without _e32/_e64 suffixes).
+    pub name: &'static str,
+    pub run: ExecFn,
+    /// `Some(t)`: exists on `t` only.
+    pub only: Option<Target>,
+}
+
+/// A table entry present on both targets.
+pub(crate) const fn def(op: u16, name: &'static str, run: ExecFn) -> OpDef {
+    OpDef {
+        op,
+        name,
+        run,
+        only: None,
+    }
+}
+
+/// A table entry of one target.
+pub(crate) const fn def_on(t: Target, op: u16, name: &'static str, run: ExecFn) -> OpDef {
+    OpDef {
+        op,
+        name,
+        run,
+        only: Some(t),
+    }
+}
+
+const FAMILIES: [Encoding; 15] = [
+    Encoding::Sop2,
+    Encoding::Sopk,
+    Encoding::Sop1,
+    Encoding::Sopc,
+    Encoding::Sopp,
+    Encoding::Smem,
+    Encoding::Vop2,
+    Encoding::Vop1,
+    Encoding::Vopc,
+    Encoding::Vop3,
+    Encoding::Vop3p,
+    Encoding::Ds,
+    Encoding::Flat,
+    Encoding::Global,
+    Encoding::Mubuf,
+];
+
+/// The table of an encoding (SCRATCH shares GLOBAL's opcode space and functions; VOP3's
+/// table holds only the VOP3-only opcodes, the promoted ones come from VOP1/VOP2/VOPC).
+pub fn opcodes(enc: Encoding) -> &'static [&'static [OpDef]] {
+    match enc {
+        Encoding::Vopc => super::vop::VOPC,
+        Encoding::Ds => super::ds::DS,
+        other => std::slice::from_ref(single(other)),
+    }
+}
+
+fn single(enc: Encoding) -> &'static &'static [OpDef] {
+    match enc {
+        Encoding::Sop2 => &super::salu::SOP2,
+        Encoding::Sopk => &super::salu::SOPK,
+        Encoding::Sop1 => &super::salu::SOP1,
+        Encoding::Sopc => &super::salu::SOPC,
+        Encoding::Sopp => &super::sopp::SOPP,
+        Encoding::Smem => &super::smem::SMEM,
+        Encoding::Vop2 => &super::vop::VOP2,
+        Encoding::Vop1 => &super::vop::VOP1,
+        Encoding::Vop3 => &super::vop::VOP3,
+        Encoding::Vop3p => &super::vop::VOP3P,
+        Encoding::Flat => &super::flat::FLAT,
+        Encoding::Global | Encoding::Scratch => &super::flat::GLOBAL,
+        Encoding::Mubuf => &super::mubuf::MUBUF,
+        Encoding::Vopc | Encoding::Ds => &EMPTY,
+    }
+}
+
+static EMPTY: &[OpDef] = &[];
+
+/// Dense opcode → table entry per encoding, for one target.
+struct Index {
+    by_enc: Vec<Vec<Option<&'static OpDef>>>,
+}
+
+fn family(enc: Encoding) -> usize {
+    let enc = if enc == Encoding::Scratch {
+        Encoding::Global
+    } else {
+        enc
+    };
+    FAMILIES.iter().position(|e| *e == enc).unwrap_or(0)
+}
+
+impl Index {
+    fn build(t: Target) -> Index {
+        let by_enc = FAMILIES
+            .iter()
+            .map(|&enc| {
+                let mut v = vec![None; 1024];
+                for d in opcodes(enc).iter().flat_map(|s| s.iter()) {
+                    if d.only.is_none_or(|o| o == t) {
+                        v[d.op as usize] = Some(d);
+                    }
+                }
+                v
+            })
+            .collect();
+        Index { by_enc }
+    }
+
+    fn get(&self, enc: Encoding, op: u16) -> Option<&'static OpDef> {
+        *self.by_enc[family(enc)].get(op as usize)?
+    }
+}
+
+fn index(t: Target) -> &'static Index {
+    static GFX908: OnceLock<Index> = OnceLock::new();
+    static GFX90A: OnceLock<Index> = OnceLock::new();
+    match t {
+        Target::Gfx908 => GFX908.get_or_init(|| Index::build(t)),
+        Target::Gfx90a => GFX90A.get_or_init(|| Index::build(t)),
+    }
+}
+
+/// The table entry that runs `i` on `t`. VOP3 opcodes below 0x1c0 are the VOP3 forms of
+/// VOPC (0x000), VOP2 (0x100) and VOP1 (0x140) opcodes.
+pub fn lookup(t: Target, i: &Instr) -> Option<&'static OpDef> {
+    let idx = index(t);
+    match (i.enc, i.op) {
+        (Encoding::Vop3, op @ 0..0x100) => idx.get(Encoding::Vopc, op),
+        (Encoding::Vop3, op @ 0x100..0x140) => idx.get(Encoding::Vop2, op - 0x100),
+        (Encoding::Vop3, op @ 0x140..0x1c0) => idx.get(Encoding::Vop1, op - 0x140),
+        (Encoding::Scratch, 0x40..) => None,
+        (enc, op) => idx.get(enc, op),
+    }
+}

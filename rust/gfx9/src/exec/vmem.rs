@@ -1,0 +1,191 @@
+//! Per-lane memory access shared by FLAT/GLOBAL/SCRATCH and MUBUF: where each lane's
+//! access goes, how loaded bytes land in VGPRs and stores gather them.
+
+use super::valu::lanes;
+use super::{bad, Abort, Cx, Flow, Step};
+use crate::decode::Instr;
+use crate::memory::AtomicOp;
+
+/// Where one lane's access goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Loc {
+    /// A GPU virtual address.
+    Va(u64),
+    /// A byte offset in the workgroup's LDS (flat accesses to the shared aperture).
+    Lds(u32),
+    /// Out of a buffer's range: loads read zero, stores and atomics are dropped.
+    Dropped,
+}
+
+/// How loaded bytes land in the destination.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fmt {
+    pub bytes: usize,
+    pub sext: bool,
+    /// `Some(hi)`: a 16-bit result written into one half, the other kept (the d16 forms).
+    pub d16: Option<bool>,
+}
+
+pub const fn dwords(n: usize) -> Fmt {
+    Fmt {
+        bytes: 4 * n,
+        sext: false,
+        d16: None,
+    }
+}
+
+pub const fn narrow(bytes: usize, sext: bool) -> Fmt {
+    Fmt {
+        bytes,
+        sext,
+        d16: None,
+    }
+}
+
+pub const fn d16(bytes: usize, sext: bool, hi: bool) -> Fmt {
+    Fmt {
+        bytes,
+        sext,
+        d16: Some(hi),
+    }
+}
+
+fn regs(bytes: usize) -> usize {
+    bytes.div_ceil(4)
+}
+
+fn read_loc(cx: &mut Cx<'_>, loc: Loc, buf: &mut [u8]) -> Result<(), Abort> {
+    match loc {
+        Loc::Va(a) => cx.mem.read(a, buf)?,
+        Loc::Lds(o) => super::ds::lds_read(cx.lds, o, buf),
+        Loc::Dropped => buf.fill(0),
+    }
+    Ok(())
+}
+
+fn write_loc(cx: &mut Cx<'_>, loc: Loc, data: &[u8]) -> Result<(), Abort> {
+    match loc {
+        Loc::Va(a) => cx.mem.write(a, data)?,
+        Loc::Lds(o) => super::ds::lds_write(cx.lds, o, data),
+        Loc::Dropped => {}
+    }
+    Ok(())
+}
+
+fn check_tuple(r: usize, n: usize, name: &'static str) -> Result<(), Abort> {
+    if r + n > 256 {
+        return Err(bad(name, "VGPR tuple runs past v255"));
+    }
+    Ok(())
+}
+
+/// Extends a narrow little-endian value as `f` says.
+fn extend(buf: &[u8], f: Fmt) -> u32 {
+    let mut w = [0u8; 4];
+    w[..f.bytes.min(4)].copy_from_slice(&buf[..f.bytes.min(4)]);
+    let v = u32::from_le_bytes(w);
+    match (f.bytes, f.sext) {
+        (1, true) => v as u8 as i8 as i32 as u32,
+        (2, true) => v as u16 as i16 as i32 as u32,
+        _ => v,
+    }
+}
+
+/// Loads `f` per active lane into `i.dst` (VGPRs or AccVGPRs).
+pub fn load(
+    cx: &mut Cx<'_>,
+    i: &Instr,
+    f: Fmt,
+    loc: impl Fn(&Cx<'_>, usize) -> Result<Loc, Abort>,
+) -> Step {
+    let (r, acc) = (i.dst as usize, i.flags.acc);
+    check_tuple(r, regs(f.bytes), "vector load")?;
+    let mut buf = [0u8; 16];
+    for l in lanes(cx.w.exec()) {
+        let at = loc(cx, l)?;
+        read_loc(cx, at, &mut buf[..f.bytes])?;
+        if let Some(hi) = f.d16 {
+            let v = extend(&buf, f) & 0xffff;
+            let old = cx.w.row(acc, r)[l];
+            cx.w.row_mut(acc, r)[l] = if hi {
+                (old & 0xffff) | v << 16
+            } else {
+                (old & 0xffff_0000) | v
+            };
+        } else if f.bytes < 4 {
+            cx.w.row_mut(acc, r)[l] = extend(&buf, f);
+        } else {
+            for k in 0..f.bytes / 4 {
+                cx.w.row_mut(acc, r + k)[l] =
+                    u32::from_le_bytes(buf[4 * k..4 * k + 4].try_into().unwrap_or([0; 4]));
+            }
+        }
+    }
+    Ok(Flow::Next)
+}
+
+/// Stores `bytes` from `i.data` per active lane (`hi`: the high half of the d16_hi forms).
+pub fn store(
+    cx: &mut Cx<'_>,
+    i: &Instr,
+    bytes: usize,
+    hi: bool,
+    loc: impl Fn(&Cx<'_>, usize) -> Result<Loc, Abort>,
+) -> Step {
+    let (r, acc) = (i.data as usize, i.flags.acc);
+    check_tuple(r, regs(bytes), "vector store")?;
+    let mut buf = [0u8; 16];
+    for l in lanes(cx.w.exec()) {
+        let at = loc(cx, l)?;
+        for k in 0..regs(bytes) {
+            let v = cx.w.row(acc, r + k)[l];
+            let v = if hi { v >> 16 } else { v };
+            buf[4 * k..4 * k + 4].copy_from_slice(&v.to_le_bytes());
+        }
+        write_loc(cx, at, &buf[..bytes])?;
+    }
+    Ok(Flow::Next)
+}
+
+/// An atomic of `size` bytes per active lane: source (and compare, for cmpswap, in the
+/// registers after it) from `i.data`; the old value into `i.dst` when `ret`.
+pub fn atomic(
+    cx: &mut Cx<'_>,
+    i: &Instr,
+    size: usize,
+    op: AtomicOp,
+    ret: bool,
+    loc: impl Fn(&Cx<'_>, usize) -> Result<Loc, Abort>,
+) -> Step {
+    let n = size / 4;
+    let (d, acc) = (i.data as usize, i.flags.acc);
+    let srcs = if op == AtomicOp::CmpSwap { 2 * n } else { n };
+    check_tuple(d, srcs, "vector atomic")?;
+    if ret {
+        check_tuple(i.dst as usize, n, "vector atomic")?;
+    }
+    for l in lanes(cx.w.exec()) {
+        let get = |k: usize| -> u64 {
+            let lo = cx.w.row(acc, d + k)[l] as u64;
+            if n == 2 {
+                lo | (cx.w.row(acc, d + k + 1)[l] as u64) << 32
+            } else {
+                lo
+            }
+        };
+        let (src, cmp) = (get(0), if op == AtomicOp::CmpSwap { get(n) } else { 0 });
+        let old = match loc(cx, l)? {
+            Loc::Va(a) => cx.mem.atomic(a, size, op, src, cmp)?,
+            Loc::Lds(o) => super::ds::lds_atomic(cx.lds, o, size, op, src, cmp),
+            Loc::Dropped => 0,
+        };
+        if ret {
+            let r = i.dst as usize;
+            cx.w.row_mut(acc, r)[l] = old as u32;
+            if n == 2 {
+                cx.w.row_mut(acc, r + 1)[l] = (old >> 32) as u32;
+            }
+        }
+    }
+    Ok(Flow::Next)
+}
