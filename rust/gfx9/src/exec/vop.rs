@@ -47,6 +47,48 @@ fn f16op(f: impl Fn(f32) -> f32) -> impl Fn(F16) -> F16 {
     move |a| F16::of(f(a.f()))
 }
 
+/// IEEE minNum with -0 below +0 (a NaN operand yields the other one).
+fn fmin<T: PartialOrd + Copy + Neg0>(a: T, b: T) -> T {
+    match (a.nan(), b.nan()) {
+        (true, _) => b,
+        (_, true) => a,
+        _ if a < b || (a == b && a.neg0()) => a,
+        _ => b,
+    }
+}
+
+/// IEEE maxNum with +0 above -0.
+fn fmax<T: PartialOrd + Copy + Neg0>(a: T, b: T) -> T {
+    match (a.nan(), b.nan()) {
+        (true, _) => b,
+        (_, true) => a,
+        _ if a > b || (a == b && b.neg0()) => a,
+        _ => b,
+    }
+}
+
+/// NaN and sign tests for fmin/fmax.
+trait Neg0 {
+    fn nan(self) -> bool;
+    fn neg0(self) -> bool;
+}
+impl Neg0 for f32 {
+    fn nan(self) -> bool {
+        self.is_nan()
+    }
+    fn neg0(self) -> bool {
+        self.is_sign_negative()
+    }
+}
+impl Neg0 for f64 {
+    fn nan(self) -> bool {
+        self.is_nan()
+    }
+    fn neg0(self) -> bool {
+        self.is_sign_negative()
+    }
+}
+
 /// AMD's legacy multiply: zero times anything (even inf or NaN) is zero.
 fn mul_legacy(a: f32, b: f32) -> f32 {
     if a == 0.0 || b == 0.0 {
@@ -429,8 +471,8 @@ pub static VOP2: &[OpDef] = &[
             (((a & 0xff_ffff) as u64 * (b & 0xff_ffff) as u64) >> 32) as u32
         })
     }),
-    def(0x0a, "v_min_f32", |cx, i| v2(cx, i, f32::min)),
-    def(0x0b, "v_max_f32", |cx, i| v2(cx, i, f32::max)),
+    def(0x0a, "v_min_f32", |cx, i| v2(cx, i, fmin::<f32>)),
+    def(0x0b, "v_max_f32", |cx, i| v2(cx, i, fmax::<f32>)),
     def(0x0c, "v_min_i32", |cx, i| {
         v2(cx, i, |a: i32, b: i32| a.min(b))
     }),
@@ -540,10 +582,10 @@ pub static VOP2: &[OpDef] = &[
         v2(cx, i, |a: u16, b: i16| b >> (a & 15))
     }),
     def(0x2d, "v_max_f16", |cx, i| {
-        v2(cx, i, |a: F16, b: F16| F16::of(a.f().max(b.f())))
+        v2(cx, i, |a: F16, b: F16| F16::of(fmax(a.f(), b.f())))
     }),
     def(0x2e, "v_min_f16", |cx, i| {
-        v2(cx, i, |a: F16, b: F16| F16::of(a.f().min(b.f())))
+        v2(cx, i, |a: F16, b: F16| F16::of(fmin(a.f(), b.f())))
     }),
     def(0x2f, "v_max_u16", |cx, i| {
         v2(cx, i, |a: u16, b: u16| a.max(b))
@@ -723,7 +765,7 @@ pub static VOP3: &[OpDef] = &[
         })
     }),
     def(0x1d0, "v_min3_f32", |cx, i| {
-        v3(cx, i, |a: f32, b: f32, c: f32| a.min(b).min(c))
+        v3(cx, i, |a: f32, b: f32, c: f32| fmin(fmin(a, b), c))
     }),
     def(0x1d1, "v_min3_i32", |cx, i| {
         v3(cx, i, |a: i32, b: i32, c: i32| a.min(b).min(c))
@@ -732,7 +774,7 @@ pub static VOP3: &[OpDef] = &[
         v3(cx, i, |a: u32, b: u32, c: u32| a.min(b).min(c))
     }),
     def(0x1d3, "v_max3_f32", |cx, i| {
-        v3(cx, i, |a: f32, b: f32, c: f32| a.max(b).max(c))
+        v3(cx, i, |a: f32, b: f32, c: f32| fmax(fmax(a, b), c))
     }),
     def(0x1d4, "v_max3_i32", |cx, i| {
         v3(cx, i, |a: i32, b: i32, c: i32| a.max(b).max(c))
@@ -742,7 +784,7 @@ pub static VOP3: &[OpDef] = &[
     }),
     def(0x1d6, "v_med3_f32", |cx, i| {
         v3(cx, i, |a: f32, b: f32, c: f32| {
-            med3(a, b, c, f32::min, f32::max)
+            med3(a, b, c, fmin::<f32>, fmax::<f32>)
         })
     }),
     def(0x1d7, "v_med3_i32", |cx, i| {
@@ -849,8 +891,8 @@ pub static VOP3: &[OpDef] = &[
     def(0x281, "v_mul_f64", |cx, i| {
         v2(cx, i, |a: f64, b: f64| a * b)
     }),
-    def(0x282, "v_min_f64", |cx, i| v2(cx, i, f64::min)),
-    def(0x283, "v_max_f64", |cx, i| v2(cx, i, f64::max)),
+    def(0x282, "v_min_f64", |cx, i| v2(cx, i, fmin::<f64>)),
+    def(0x283, "v_max_f64", |cx, i| v2(cx, i, fmax::<f64>)),
     def(0x284, "v_ldexp_f64", |cx, i| {
         v2(cx, i, |a: f64, b: i32| ldexp(a, b))
     }),
@@ -1028,10 +1070,10 @@ pub static VOP3P: &[OpDef] = &[
         packed16(cx, i, 2, f16_bin(|a, b, _| a * b), true)
     }),
     def(0x11, "v_pk_min_f16", |cx, i| {
-        packed16(cx, i, 2, f16_bin(|a, b, _| a.min(b)), true)
+        packed16(cx, i, 2, f16_bin(|a, b, _| fmin(a, b)), true)
     }),
     def(0x12, "v_pk_max_f16", |cx, i| {
-        packed16(cx, i, 2, f16_bin(|a, b, _| a.max(b)), true)
+        packed16(cx, i, 2, f16_bin(|a, b, _| fmax(a, b)), true)
     }),
     def_on(Target::Gfx90a, 0x30, "v_pk_fma_f32", |cx, i| {
         packed32(cx, i, 3, f32_bits(|a, b, c| a.mul_add(b, c)), true)
