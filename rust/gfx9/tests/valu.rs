@@ -1,0 +1,615 @@
+//! Vector ALU against plain Rust references: every lane of EXEC gets the reference result,
+//! every other lane keeps its old value; VCC/SGPR-pair results, modifiers, DPP and SDWA.
+
+mod common;
+use common::*;
+use gfx9::Target;
+
+/// A mask with active lanes in every row and bank, and inactive ones too.
+const EXEC_MASK: u64 = 0xf0f0_ff00_5555_fffe;
+const SENTINEL: u32 = 0xdead_beef;
+
+/// Opcode, mnemonic, reference.
+type Case<F> = (u32, &'static str, F);
+type Bin = Case<fn(u32, u32) -> u32>;
+type FBin = Case<fn(f32, f32) -> f32>;
+type Un = Case<fn(u32) -> u32>;
+
+const U32S: [u32; 16] = [
+    0,
+    1,
+    2,
+    31,
+    32,
+    33,
+    63,
+    64,
+    0x7fff_ffff,
+    0x8000_0000,
+    0xffff_ffff,
+    0x00ff_ffff,
+    0x0100_0000,
+    0x1234_5678,
+    0xfedc_ba98,
+    24,
+];
+
+fn f32s() -> [f32; 16] {
+    [
+        0.0,
+        -0.0,
+        1.0,
+        -1.5,
+        3.25,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        1e-40,
+        -1e-42,
+        f32::MAX,
+        f32::MIN_POSITIVE,
+        0.1,
+        1e30,
+        -7.0,
+        2.5,
+    ]
+}
+
+/// Lane `l` of source `k`: the value sets crossed so that all pairs appear.
+fn pick<T: Copy>(set: &[T], k: usize, l: usize) -> T {
+    set[if k == 0 {
+        l % set.len()
+    } else {
+        (l / set.len() + l * 3) % set.len()
+    }]
+}
+
+fn setup(r: &mut Rig, sets: [&dyn Fn(usize) -> u32; 2]) {
+    r.w.set_exec(u64::MAX);
+    r.set_v(1, sets[0]);
+    r.set_v(2, sets[1]);
+    r.set_v(0, |_| SENTINEL);
+    r.w.set_exec(EXEC_MASK);
+}
+
+fn same_bits_or_both_nan(a: u32, b: u32) -> bool {
+    a == b || (f32::from_bits(a).is_nan() && f32::from_bits(b).is_nan())
+}
+
+fn check_lanes(r: &Rig, what: &str, want: impl Fn(usize) -> u32) {
+    for l in 0..64 {
+        let got = r.w.lane(0, l);
+        if (EXEC_MASK >> l) & 1 == 0 {
+            assert_eq!(got, SENTINEL, "{what}: inactive lane {l} written");
+        } else {
+            assert!(
+                same_bits_or_both_nan(got, want(l)),
+                "{what}: lane {l}: got {got:#x}, want {:#x}",
+                want(l)
+            );
+        }
+    }
+}
+
+/// Runs a two-source 32-bit opcode in its VOP2 form and its VOP3 form against `f`.
+fn check_vop2(
+    op: u32,
+    name: &str,
+    a: impl Fn(usize) -> u32,
+    b: impl Fn(usize) -> u32,
+    f: impl Fn(u32, u32) -> u32,
+) {
+    let mut r = Rig::new(Target::Gfx90a);
+    for form in 0..2 {
+        setup(&mut r, [&a, &b]);
+        if form == 0 {
+            r.ok(&[vop2(op, 0, v(1), v(2))]);
+        } else {
+            r.ok(&vop3(0x100 + op, 0, [v(1), v(2), 0], PLAIN));
+        }
+        check_lanes(&r, &format!("{name} form {form}"), |l| f(a(l), b(l)));
+    }
+}
+
+fn u(k: usize) -> impl Fn(usize) -> u32 {
+    move |l| pick(&U32S, k, l)
+}
+
+fn fl(k: usize) -> impl Fn(usize) -> u32 {
+    move |l| pick(&f32s(), k, l).to_bits()
+}
+
+fn f32op(f: fn(f32, f32) -> f32) -> impl Fn(u32, u32) -> u32 {
+    move |a, b| f(f32::from_bits(a), f32::from_bits(b)).to_bits()
+}
+
+#[test]
+fn vop2_integer_against_reference() {
+    let cases: [Bin; 16] = [
+        (0x34, "v_add_u32", |a, b| a.wrapping_add(b)),
+        (0x35, "v_sub_u32", |a, b| a.wrapping_sub(b)),
+        (0x36, "v_subrev_u32", |a, b| b.wrapping_sub(a)),
+        (0x0c, "v_min_i32", |a, b| (a as i32).min(b as i32) as u32),
+        (0x0d, "v_max_i32", |a, b| (a as i32).max(b as i32) as u32),
+        (0x0e, "v_min_u32", |a, b| a.min(b)),
+        (0x0f, "v_max_u32", |a, b| a.max(b)),
+        // Shift amounts >= 32 use their low five bits.
+        (0x10, "v_lshrrev_b32", |a, b| b >> (a % 32)),
+        (0x11, "v_ashrrev_i32", |a, b| {
+            ((b as i32) >> (a % 32)) as u32
+        }),
+        (0x12, "v_lshlrev_b32", |a, b| b << (a % 32)),
+        (0x13, "v_and_b32", |a, b| a & b),
+        (0x14, "v_or_b32", |a, b| a | b),
+        (0x15, "v_xor_b32", |a, b| a ^ b),
+        (0x08, "v_mul_u32_u24", |a, b| {
+            ((a & 0xffffff) as u64 * (b & 0xffffff) as u64) as u32
+        }),
+        (0x09, "v_mul_hi_u32_u24", |a, b| {
+            (((a & 0xffffff) as u64 * (b & 0xffffff) as u64) >> 32) as u32
+        }),
+        (0x06, "v_mul_i32_i24", |a, b| {
+            (((a << 8) as i32 >> 8) as i64 * ((b << 8) as i32 >> 8) as i64) as u32
+        }),
+    ];
+    for (op, name, f) in cases {
+        check_vop2(op, name, u(0), u(1), f);
+    }
+}
+
+#[test]
+fn vop2_float_against_reference_with_nan_inf_denormals() {
+    let cases: [FBin; 6] = [
+        (0x01, "v_add_f32", |a, b| a + b),
+        (0x02, "v_sub_f32", |a, b| a - b),
+        (0x03, "v_subrev_f32", |a, b| b - a),
+        (0x05, "v_mul_f32", |a, b| a * b),
+        // IEEE minNum/maxNum: a NaN operand yields the other one; -0 orders below +0.
+        (0x0a, "v_min_f32", |a, b| match (a.is_nan(), b.is_nan()) {
+            (true, _) => b,
+            (_, true) => a,
+            _ if a < b || (a == b && a.is_sign_negative()) => a,
+            _ => b,
+        }),
+        (0x0b, "v_max_f32", |a, b| match (a.is_nan(), b.is_nan()) {
+            (true, _) => b,
+            (_, true) => a,
+            _ if a > b || (a == b && b.is_sign_negative()) => a,
+            _ => b,
+        }),
+    ];
+    for (op, name, f) in cases {
+        check_vop2(op, name, fl(0), fl(1), f32op(f));
+    }
+}
+
+#[test]
+fn vop3_modifiers_abs_neg_clamp_omod() {
+    let mut r = Rig::new(Target::Gfx90a);
+    let (a, b) = (fl(0), fl(1));
+    // |a| + -b, then *2 (omod 1), clamped to [0, 1].
+    setup(&mut r, [&a, &b]);
+    r.ok(&vop3(0x101, 0, [v(1), v(2), 0], (1, 2, true, 1)));
+    check_lanes(&r, "v_add_f32 |a| + -b omod*2 clamp", |l| {
+        let x = (f32::from_bits(a(l)).abs() + -f32::from_bits(b(l))) * 2.0;
+        (if x.is_nan() { 0.0 } else { x.clamp(0.0, 1.0) }).to_bits()
+    });
+}
+
+#[test]
+fn vop1_conversions_and_transcendentals() {
+    let mut r = Rig::new(Target::Gfx90a);
+    let f = fl(0);
+    let cases: [Un; 14] = [
+        (0x08, "v_cvt_i32_f32", |x| f32::from_bits(x) as i32 as u32), // saturating, NaN -> 0
+        (0x07, "v_cvt_u32_f32", |x| f32::from_bits(x) as u32),
+        (0x20, "v_exp_f32", |x| f32::from_bits(x).exp2().to_bits()),
+        (0x21, "v_log_f32", |x| f32::from_bits(x).log2().to_bits()),
+        (0x22, "v_rcp_f32", |x| (1.0 / f32::from_bits(x)).to_bits()),
+        (0x27, "v_sqrt_f32", |x| f32::from_bits(x).sqrt().to_bits()),
+        (0x24, "v_rsq_f32", |x| {
+            (1.0 / f32::from_bits(x).sqrt()).to_bits()
+        }),
+        (0x1f, "v_floor_f32", |x| f32::from_bits(x).floor().to_bits()),
+        (0x1c, "v_trunc_f32", |x| f32::from_bits(x).trunc().to_bits()),
+        (0x1e, "v_rndne_f32", |x| {
+            f32::from_bits(x).round_ties_even().to_bits()
+        }),
+        (0x29, "v_sin_f32", |x| {
+            (((f32::from_bits(x) as f64) * std::f64::consts::TAU).sin() as f32).to_bits()
+        }),
+        (0x0b, "v_cvt_f32_f16(v_cvt_f16_f32)", |x| x),
+        (0x2b, "v_not_b32", |x| !x),
+        (0x2c, "v_bfrev_b32", |x| x.reverse_bits()),
+    ];
+    for (op, name, g) in cases {
+        setup(&mut r, [&f, &f]);
+        if op == 0x0b {
+            // Round trip through half precision: exact for values representable in f16.
+            r.set_v(1, |l| {
+                [
+                    1.0f32,
+                    -1.5,
+                    0.0,
+                    -0.0,
+                    65504.0,
+                    f32::INFINITY,
+                    0.000_061_035_156,
+                    2.5,
+                ][l % 8]
+                    .to_bits()
+            });
+            r.ok(&[vop1(0x0a, 3, v(1)), vop1(0x0b, 0, v(3))]);
+            let src: Vec<u32> = (0..64).map(|l| r.w.lane(1, l)).collect();
+            check_lanes(&r, name, |l| src[l]);
+            continue;
+        }
+        r.ok(&[vop1(op, 0, v(1))]);
+        check_lanes(&r, name, |l| g(f(l)));
+    }
+    let ints = u(0);
+    setup(&mut r, [&ints, &ints]);
+    r.ok(&[vop1(0x05, 0, v(1))]);
+    check_lanes(&r, "v_cvt_f32_i32", |l| (ints(l) as i32 as f32).to_bits());
+    r.set_v(0, |_| SENTINEL);
+    r.ok(&[vop1(0x2d, 0, v(1))]);
+    check_lanes(&r, "v_ffbh_u32", |l| {
+        if ints(l) == 0 {
+            u32::MAX
+        } else {
+            ints(l).leading_zeros()
+        }
+    });
+}
+
+#[test]
+fn f16_rounding_edges() {
+    use gfx9::fp::{f16_to_f32, f32_to_f16};
+    assert_eq!(f32_to_f16(65520.0), 0x7c00, "rounds to infinity");
+    assert_eq!(f32_to_f16(65519.0), 0x7bff);
+    assert_eq!(f32_to_f16(5.960_464_5e-8), 0x0001, "smallest subnormal");
+    assert_eq!(
+        f32_to_f16(2.980_232_2e-8),
+        0x0000,
+        "half of it ties to even zero"
+    );
+    assert_eq!(f32_to_f16(1.0 + 1.0 / 2048.0), 0x3c00, "tie to even");
+    assert!(f16_to_f32(f32_to_f16(f32::NAN)).is_nan());
+    for h in 0..=0xffffu16 {
+        let x = f16_to_f32(h);
+        if !x.is_nan() {
+            assert_eq!(f32_to_f16(x), h, "f16 {h:#06x} round trip");
+        }
+    }
+}
+
+#[test]
+fn compares_write_vcc_sgpr_pairs_and_exec() {
+    let mut r = Rig::new(Target::Gfx90a);
+    let (a, b) = (fl(0), fl(1));
+    let want = |f: fn(f32, f32) -> bool| -> u64 {
+        (0..64)
+            .filter(|&l| (EXEC_MASK >> l) & 1 == 1 && f(f32::from_bits(a(l)), f32::from_bits(b(l))))
+            .fold(0, |m, l| m | 1 << l)
+    };
+    setup(&mut r, [&a, &b]);
+    r.w.set_vcc(u64::MAX);
+    r.ok(&[vopc(0x41, v(1), v(2))]);
+    assert_eq!(
+        r.w.vcc(),
+        want(|x, y| x < y),
+        "v_cmp_lt_f32 into VCC, inactive lanes 0"
+    );
+    r.ok(&vop3(0x049, 10, [v(1), v(2), 0], PLAIN));
+    assert_eq!(
+        r.w.sgpr64(10),
+        want(|x, y| x.partial_cmp(&y).is_none_or(|o| o.is_lt())),
+        "v_cmp_nge_f32 (VOP3) into s[10:11]"
+    );
+    r.ok(&[vopc(0x48, v(1), v(2))]);
+    assert_eq!(
+        r.w.vcc(),
+        want(|x, y| x.is_nan() || y.is_nan()),
+        "v_cmp_u_f32"
+    );
+    r.ok(&[vopc(0x52, v(1), v(2))]);
+    assert_eq!(r.w.exec(), want(|x, y| x == y), "v_cmpx_eq_f32 writes EXEC");
+    // v_cmp_class_f32 with mask (quiet NaN | +inf | -0) = bits 1, 9, 5.
+    setup(&mut r, [&a, &b]);
+    r.set_v(3, |_| 0x222);
+    r.ok(&[vopc(0x10, v(1), v(3))]);
+    let cls = (0..64).filter(|&l| {
+        let x = f32::from_bits(a(l));
+        (EXEC_MASK >> l) & 1 == 1
+            && (x.is_nan() || x == f32::INFINITY || (x == 0.0 && x.is_sign_negative()))
+    });
+    assert_eq!(r.w.vcc(), cls.fold(0, |m, l| m | 1 << l), "v_cmp_class_f32");
+    let (ia, ib) = (u(0), u(1));
+    setup(&mut r, [&ia, &ib]);
+    r.ok(&[vopc(0xc1, v(1), v(2)), vopc(0xc9, v(1), v(2))]);
+    let lt_u = (0..64)
+        .filter(|&l| (EXEC_MASK >> l) & 1 == 1 && ia(l) < ib(l))
+        .fold(0u64, |m, l| m | 1 << l);
+    assert_eq!(r.w.vcc(), lt_u, "v_cmp_lt_u32");
+}
+
+#[test]
+fn carry_chain_adds_64_bit_values() {
+    let mut r = Rig::new(Target::Gfx90a);
+    let (a, b) = (u(0), u(1));
+    setup(&mut r, [&a, &b]);
+    r.set_v(3, |l| l as u32);
+    r.set_v(4, |l| 0xffff_ffff - l as u32);
+    // {v0,v5} = {v1,v3} + {v2,v4}
+    r.ok(&[vop2(0x19, 0, v(1), v(2)), vop2(0x1c, 5, v(3), v(4))]);
+    for l in (0..64).filter(|l| (EXEC_MASK >> l) & 1 == 1) {
+        let x = (a(l) as u64 | (l as u64) << 32)
+            .wrapping_add(b(l) as u64 | ((0xffff_ffff - l as u64) << 32));
+        assert_eq!(
+            (r.w.lane(0, l), r.w.lane(5, l)),
+            (x as u32, (x >> 32) as u32),
+            "lane {l}"
+        );
+    }
+    // VOP3b form: carry-out into s[20:21].
+    setup(&mut r, [&a, &b]);
+    r.ok(&vop3b(0x119, 0, 20, [v(1), v(2), 0]));
+    let c = (0..64)
+        .filter(|&l| (EXEC_MASK >> l) & 1 == 1 && a(l).checked_add(b(l)).is_none())
+        .fold(0u64, |m, l| m | 1 << l);
+    assert_eq!(r.w.sgpr64(20), c);
+}
+
+#[test]
+fn cndmask_mad_u64_and_64_bit_shift() {
+    let mut r = Rig::new(Target::Gfx90a);
+    let (a, b) = (u(0), u(1));
+    setup(&mut r, [&a, &b]);
+    r.w.set_vcc(0x0123_4567_89ab_cdef);
+    r.ok(&[vop2(0x00, 0, v(1), v(2))]);
+    check_lanes(&r, "v_cndmask_b32", |l| {
+        if (0x0123_4567_89ab_cdefu64 >> l) & 1 == 1 {
+            b(l)
+        } else {
+            a(l)
+        }
+    });
+    r.set_v(6, |l| l as u32 * 7);
+    r.set_v(7, |_| 1);
+    r.ok(&vop3b(0x1e8, 8, 30, [v(1), v(2), v(6)]));
+    for l in (0..64).filter(|l| (EXEC_MASK >> l) & 1 == 1) {
+        let p = a(l) as u64 * b(l) as u64 + ((1u64 << 32) | (l as u64 * 7));
+        assert_eq!(
+            r.w.lane(8, l) as u64 | (r.w.lane(9, l) as u64) << 32,
+            p,
+            "v_mad_u64_u32 lane {l}"
+        );
+    }
+    r.ok(&vop3(0x28f, 10, [int(3), v(6), 0], PLAIN));
+    for l in (0..64).filter(|l| (EXEC_MASK >> l) & 1 == 1) {
+        let x = ((l as u64 * 7) | (1 << 32)) << 3;
+        assert_eq!(
+            r.w.lane(10, l) as u64 | (r.w.lane(11, l) as u64) << 32,
+            x,
+            "v_lshlrev_b64 lane {l}"
+        );
+    }
+}
+
+#[test]
+fn f64_arithmetic() {
+    let mut r = Rig::new(Target::Gfx90a);
+    let vals = [
+        1.5f64,
+        -0.0,
+        f64::INFINITY,
+        1e-310,
+        3.0,
+        -2.25,
+        f64::NAN,
+        1e300,
+    ];
+    r.w.set_exec(u64::MAX);
+    for (reg, k) in [(2usize, 0usize), (4, 3)] {
+        r.set_v(reg, |l| vals[(l + k) % 8].to_bits() as u32);
+        r.set_v(reg + 1, |l| (vals[(l + k) % 8].to_bits() >> 32) as u32);
+    }
+    let get = |r: &Rig, reg: usize, l: usize| {
+        f64::from_bits(r.w.lane(reg, l) as u64 | (r.w.lane(reg + 1, l) as u64) << 32)
+    };
+    r.ok(&vop3(0x280, 6, [v(2), v(4), 0], PLAIN));
+    r.ok(&vop3(0x281, 8, [v(2), v(4), 0], PLAIN));
+    r.ok(&vop3(0x1cc, 10, [v(2), v(4), v(2)], PLAIN));
+    for l in 0..64 {
+        let (x, y) = (vals[l % 8], vals[(l + 3) % 8]);
+        for (reg, want) in [(6, x + y), (8, x * y), (10, x.mul_add(y, x))] {
+            let got = get(&r, reg, l);
+            assert!(
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                "reg {reg} lane {l}: {got} vs {want}"
+            );
+        }
+    }
+}
+
+#[test]
+fn fp32_division_sequence_is_exact() {
+    // hipcc's fp32 division (assembled with llvm-mc-15 for gfx90a):
+    //   v_div_scale_f32 v2, s[0:1], v1, v1, v0 ; v_div_scale_f32 v3, vcc, v0, v1, v0
+    //   v_rcp_f32 v4, v2 ; v_fma_f32 v5, -v2, v4, 1.0 ; v_fma_f32 v4, v5, v4, v4
+    //   v_mul_f32 v5, v3, v4 ; v_fma_f32 v6, -v2, v5, v3 ; v_fma_f32 v5, v6, v4, v5
+    //   v_fma_f32 v2, -v2, v5, v3 ; v_div_fmas_f32 v2, v2, v4, v5 ; v_div_fixup_f32 v0, v2, v1, v0
+    let code = [
+        0xd1e0_0002,
+        0x0402_0301,
+        0xd1e0_6a03,
+        0x0402_0300,
+        0x7e08_4502,
+        0xd1cb_0005,
+        0x23ca_0902,
+        0xd1cb_0004,
+        0x0412_0905,
+        0x0a0a_0903,
+        0xd1cb_0006,
+        0x240e_0b02,
+        0xd1cb_0005,
+        0x0416_0906,
+        0xd1cb_0002,
+        0x240e_0b02,
+        0xd1e2_0002,
+        0x0416_0902,
+        0xd1de_0000,
+        0x0402_0302,
+    ];
+    let num = [
+        1.0f32,
+        2.0,
+        10.0,
+        -7.0,
+        0.0,
+        1.0,
+        0.0,
+        f32::INFINITY,
+        355.0,
+        1e-3,
+        3.0,
+        f32::NAN,
+    ];
+    let den = [
+        3.0f32, 7.0, 0.1, 3.0, 5.0, 0.0, 0.0, 2.0, 113.0, 7e3, -0.0, 1.0,
+    ];
+    let mut r = Rig::new(Target::Gfx90a);
+    r.set_v(0, |l| num[l % num.len()].to_bits());
+    r.set_v(1, |l| den[l % den.len()].to_bits());
+    r.ok(&code);
+    for l in 0..64 {
+        let want = num[l % num.len()] / den[l % den.len()];
+        let got = f32::from_bits(r.w.lane(0, l));
+        assert!(
+            got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+            "lane {l}: {got} vs {want}"
+        );
+    }
+}
+
+#[test]
+fn lane_operations_readlane_writelane_mbcnt() {
+    let mut r = Rig::new(Target::Gfx90a);
+    r.set_v(1, |l| 100 + l as u32);
+    r.w.set_exec(0xff00);
+    r.ok(&[vop1(0x02, 5, v(1))]);
+    assert_eq!(
+        r.w.sreg[5], 108,
+        "v_readfirstlane_b32 reads the first active lane"
+    );
+    r.w.sreg[6] = 42;
+    r.ok(&vop3(0x289, 7, [v(1), 6, 0], PLAIN));
+    assert_eq!(r.w.sreg[7], 142, "v_readlane_b32 ignores EXEC");
+    r.ok(&vop3(0x28a, 1, [int(-1), int(3), 0], PLAIN));
+    assert_eq!(
+        r.w.lane(1, 3),
+        u32::MAX,
+        "v_writelane_b32 writes an inactive lane"
+    );
+    r.w.set_exec(u64::MAX);
+    r.ok(&vop3(0x28c, 2, [int(-1), int(0), 0], PLAIN));
+    r.ok(&vop3(0x28d, 2, [int(-1), v(2), 0], PLAIN));
+    for l in 0..64 {
+        assert_eq!(r.w.lane(2, l), l as u32, "v_mbcnt_lo/hi give the lane id");
+    }
+}
+
+#[test]
+fn dpp_row_shift_quad_perm_and_broadcast() {
+    let mut r = Rig::new(Target::Gfx90a);
+    r.set_v(1, |l| 1000 + l as u32);
+    r.set_v(2, |_| 5);
+    r.set_v(0, |_| SENTINEL);
+    // v_mov_b32_dpp v0, v1 row_shr:1 bound_ctrl:0 (out-of-row lanes read 0)
+    r.ok(&[0x7e00_02fa, 0xff09_1101]);
+    for l in 0..64 {
+        assert_eq!(
+            r.w.lane(0, l),
+            if l % 16 == 0 { 0 } else { 1000 + l as u32 - 1 },
+            "row_shr lane {l}"
+        );
+    }
+    // v_add_u32_dpp v0, v1, v2 quad_perm:[3,2,1,0]
+    r.ok(&[0x6800_04fa, 0xff00_1b01]);
+    for l in 0..64 {
+        assert_eq!(
+            r.w.lane(0, l),
+            1000 + ((l & !3) + 3 - (l & 3)) as u32 + 5,
+            "quad_perm lane {l}"
+        );
+    }
+    // v_mov_b32_dpp v0, v1 row_bcast:15 row_mask:0xa: rows 1 and 3 take lane 15 of the row before.
+    r.set_v(0, |_| SENTINEL);
+    r.ok(&[0x7e00_02fa, 0xaf01_4201]);
+    for l in 0..64 {
+        let want = match l / 16 {
+            1 => 1015,
+            3 => 1047,
+            _ => SENTINEL,
+        };
+        assert_eq!(r.w.lane(0, l), want, "row_bcast:15 lane {l}");
+    }
+}
+
+#[test]
+fn sdwa_selects_sources_and_destination() {
+    let mut r = Rig::new(Target::Gfx90a);
+    r.set_v(1, |l| 0x1122_3344 + l as u32);
+    r.set_v(2, |_| 0xabcd_0000);
+    r.set_v(0, |_| 0x5555_6666);
+    // v_add_u32_sdwa v0, v1, v2 src0_sel:BYTE_1 src1_sel:WORD_1
+    r.ok(&[0x6800_04f9, 0x0501_0601]);
+    for l in 0..64 {
+        assert_eq!(
+            r.w.lane(0, l),
+            ((0x1122_3344 + l as u32) >> 8 & 0xff) + 0xabcd,
+            "sdwa add lane {l}"
+        );
+    }
+    // v_mov_b32_sdwa v0, v1 dst_sel:WORD_1 dst_unused:UNUSED_PRESERVE src0_sel:WORD_0
+    r.set_v(0, |_| 0x5555_6666);
+    r.ok(&[0x7e00_02f9, 0x0004_1501]);
+    for l in 0..64 {
+        assert_eq!(
+            r.w.lane(0, l),
+            ((0x3344 + l as u32) << 16) | 0x6666,
+            "sdwa preserve lane {l}"
+        );
+    }
+}
+
+#[test]
+fn half_precision_and_packed() {
+    use gfx9::fp::{f16_to_f32, f32_to_f16};
+    let mut r = Rig::new(Target::Gfx90a);
+    let h = [1.0f32, 0.5, -2.0, 65504.0, 1e-7, 3.0];
+    r.set_v(1, |l| {
+        f32_to_f16(h[l % 6]) as u32 | (f32_to_f16(h[(l + 1) % 6]) as u32) << 16
+    });
+    r.set_v(2, |l| {
+        f32_to_f16(h[(l + 2) % 6]) as u32 | (f32_to_f16(h[(l + 3) % 6]) as u32) << 16
+    });
+    r.ok(&[vop2(0x1f, 0, v(1), v(2))]);
+    // v_pk_add_f16 v3, v1, v2 (op_sel_hi default [1,1])
+    r.ok(&[
+        (0x1a7 << 23) | (0x0f << 16) | 3,
+        v(1) | (v(2) << 9) | (3 << 27),
+    ]);
+    for l in 0..64 {
+        let add = |x: f32, y: f32| f32_to_f16(x + y) as u32;
+        assert_eq!(
+            r.w.lane(0, l),
+            add(h[l % 6], h[(l + 2) % 6]),
+            "v_add_f16 lane {l} (high half zeroed)"
+        );
+        let lo = add(h[l % 6], h[(l + 2) % 6]);
+        let hi = add(h[(l + 1) % 6], h[(l + 3) % 6]);
+        assert_eq!(r.w.lane(3, l), lo | hi << 16, "v_pk_add_f16 lane {l}");
+        let _ = f16_to_f32(0);
+    }
+}
