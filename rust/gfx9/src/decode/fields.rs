@@ -167,6 +167,8 @@ fn mubuf(i: &mut Instr, w0: u32, w1: u32) {
     i.op = bits(w0, 18, 7) as u16;
     i.addr = bits(w1, 0, 8) as u8;
     i.data = bits(w1, 8, 8) as u8;
+    // VDATA is the store source, the load destination and the atomic's data and return.
+    i.dst = i.data as u16;
     i.sbase = (bits(w1, 16, 5) * 4) as u8;
     i.flags.acc = bit(w1, 23);
     i.soffset = bits(w1, 24, 8) as u16;

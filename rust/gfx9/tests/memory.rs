@@ -1,0 +1,210 @@
+//! Memory instructions against plain Rust references: SMEM, DS (LDS), GLOBAL/FLAT/SCRATCH
+//! loads, stores and atomics, MUBUF with its range check, and faults.
+
+mod common;
+use common::*;
+use gfx9::exec::Stop;
+use gfx9::{Memory, Target};
+
+const BUF: u64 = 0x50_0000;
+
+fn rig_with_buffer(words: &[u32]) -> Rig {
+    let mut r = Rig::new(Target::Gfx90a);
+    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    r.mem.load(BUF, &bytes);
+    r
+}
+
+fn word(r: &mut Rig, at: u64) -> u32 {
+    let mut b = [0u8; 4];
+    r.mem.read(at, &mut b).expect("mapped");
+    u32::from_le_bytes(b)
+}
+
+#[test]
+fn smem_loads_dwords_and_buffer_loads() {
+    let data: Vec<u32> = (0..32).map(|k| 0x1000 + k).collect();
+    let mut r = rig_with_buffer(&data);
+    r.w.set_sgpr64(2, BUF);
+    r.ok(&smem(0x04, 20, 2, 8)); // s_load_dwordx16 s[20:35], s[2:3], 0x8
+    assert_eq!(&r.w.sreg[20..36], &data[2..18]);
+    // s_buffer_load_dwordx2 s[40:41], s[4:7], 0x10: the resource's 48-bit base.
+    r.w.set_sgpr64(4, BUF | 0x0004_0000_0000_0000);
+    r.ok(&smem(0x09, 40, 4, 0x10));
+    assert_eq!(&r.w.sreg[40..42], &data[4..6]);
+}
+
+#[test]
+fn ds_reads_writes_and_atomics() {
+    let mut r = Rig::new(Target::Gfx90a);
+    r.set_v(1, |l| 8 * l as u32); // address
+    r.set_v(2, |l| l as u32 + 1);
+    r.set_v(3, |l| 1000 + l as u32);
+    r.ok(&ds(0x0e, 0, 1, 2, 3, 0, 1)); // ds_write2_b32 v1, v2, v3 offset1:1
+    r.ok(&ds(0x76, 4, 1, 0, 0, 0, 0)); // ds_read_b64 v[4:5], v1
+    for l in 0..64 {
+        assert_eq!(
+            (r.w.lane(4, l), r.w.lane(5, l)),
+            (l as u32 + 1, 1000 + l as u32),
+            "lane {l}"
+        );
+    }
+    // Every lane adds its id+1 to one LDS word; the returning form gives each lane the old value.
+    r.set_v(6, |_| 0x800);
+    r.ok(&ds(0x20, 7, 6, 2, 0, 0, 0)); // ds_add_rtn_u32 v7, v6, v2
+    let mut b = [0u8; 4];
+    b.copy_from_slice(&r.lds[0x800..0x804]);
+    assert_eq!(u32::from_le_bytes(b), (1..=64).sum::<u32>());
+    let olds: Vec<u32> = (0..64).map(|l| r.w.lane(7, l)).collect();
+    assert_eq!(
+        olds,
+        (0..64u32).map(|l| l * (l + 1) / 2).collect::<Vec<_>>(),
+        "lanes in order"
+    );
+    // ds_cmpst_b32: data0 is the compare value, data1 the new one.
+    r.set_v(8, |_| 0x800 + 4);
+    r.set_v(9, |_| 0);
+    r.set_v(10, |l| 50 + l as u32);
+    r.ok(&ds(0x10, 0, 8, 9, 10, 0, 0));
+    assert_eq!(
+        &r.lds[0x804..0x808],
+        &50u32.to_le_bytes(),
+        "only the first lane's compare matched"
+    );
+    // Out of range: reads give zero, writes are dropped.
+    r.set_v(11, |_| 0x10_0000);
+    r.ok(&ds(0x0d, 0, 11, 2, 0, 0, 0));
+    r.ok(&ds(0x36, 12, 11, 0, 0, 0, 0));
+    assert!((0..64).all(|l| r.w.lane(12, l) == 0));
+    // ds_read_i8 sign-extends, ds_read_u16 zero-extends.
+    r.lds[0x900] = 0x80;
+    r.lds[0x901] = 0xff;
+    r.set_v(13, |_| 0x900);
+    r.ok(&ds(0x39, 14, 13, 0, 0, 0, 0));
+    r.ok(&ds(0x3c, 15, 13, 0, 0, 0, 0));
+    assert_eq!((r.w.lane(14, 0), r.w.lane(15, 0)), (0xffff_ff80, 0xff80));
+}
+
+#[test]
+fn ds_bpermute_and_swizzle() {
+    let mut r = Rig::new(Target::Gfx90a);
+    r.set_v(1, |l| 4 * (63 - l as u32)); // each lane reads lane 63-l
+    r.set_v(2, |l| 100 + l as u32);
+    r.ok(&ds(0x3f, 3, 1, 2, 0, 0, 0));
+    assert!(
+        (0..64).all(|l| r.w.lane(3, l) == 100 + 63 - l as u32),
+        "ds_bpermute_b32"
+    );
+    // swizzle bitmask mode: xor_mask 1 swaps neighbours (offset = xor << 10 | and 0x1f).
+    r.ok(&ds(0x3d, 4, 0, 2, 0, 0x1f, 1 << 2));
+    assert!(
+        (0..64).all(|l| r.w.lane(4, l) == 100 + (l ^ 1) as u32),
+        "ds_swizzle_b32"
+    );
+}
+
+#[test]
+fn global_loads_stores_and_atomics() {
+    let mut r = rig_with_buffer(&[0; 512]);
+    r.w.set_sgpr64(2, BUF);
+    r.set_v(1, |l| 4 * l as u32);
+    r.set_v(2, |l| 0x8000_0000 | l as u32);
+    r.ok(&global(0x1c, 0, 1, 2, 2, 16, false)); // global_store_dword v1, v2, s[2:3] offset:16
+    assert_eq!(word(&mut r, BUF + 16 + 4 * 5), 0x8000_0005);
+    r.ok(&global(0x13, 3, 1, 0, 2, 16, false)); // global_load_sshort: sign-extends the low half
+    assert_eq!(r.w.lane(3, 7), 7);
+    r.ok(&global(0x12, 3, 1, 0, 2, 18, false)); // global_load_ushort of the high half
+    assert_eq!(r.w.lane(3, 7), 0x8000);
+    // global_atomic_add_f32 from every lane to one word (gfx90a), returning (glc).
+    r.set_v(4, |_| 0x100);
+    r.set_v(5, |_| 0.5f32.to_bits());
+    r.ok(&global(0x4d, 6, 4, 5, 2, 0, true));
+    assert_eq!(f32::from_bits(word(&mut r, BUF + 0x100)), 32.0);
+    assert_eq!(
+        f32::from_bits(r.w.lane(6, 63)),
+        31.5,
+        "last lane saw 63 adds"
+    );
+    // global_atomic_cmpswap: data pair {new, compare}; only lane 0's compare (0) matches.
+    r.set_v(8, |_| 0x200);
+    r.set_v(10, |l| 7 + l as u32);
+    r.set_v(11, |_| 0);
+    r.ok(&global(0x41, 12, 8, 10, 2, 0, true));
+    assert_eq!(word(&mut r, BUF + 0x200), 7);
+    assert_eq!((r.w.lane(12, 0), r.w.lane(12, 1)), (0, 7));
+    // 64-bit vaddr form ("off"), and a store of x4.
+    r.set_v(20, |l| (BUF + 0x400 + 16 * l as u64) as u32);
+    r.set_v(21, |_| (BUF >> 32) as u32);
+    for k in 0..4 {
+        r.set_v(24 + k, |l| (l * 10) as u32 + k as u32);
+    }
+    r.ok(&global(0x1f, 0, 20, 24, 0x7f, 0, false));
+    assert_eq!(word(&mut r, BUF + 0x400 + 16 * 3 + 8), 32);
+}
+
+#[test]
+fn scratch_uses_the_swizzled_private_layout() {
+    let mut r = Rig::new(Target::Gfx90a);
+    let scratch = 0x70_0000u64;
+    r.mem.map(scratch, 64 * 4 * 4);
+    r.w.set_sgpr64(102, scratch); // FLAT_SCRATCH
+    r.set_v(1, |_| 8); // byte 8 of each lane's private memory
+    r.set_v(2, |l| l as u32 * 3);
+    // scratch_store_dword v1, v2, off ; scratch_load_dword v3, v1, off
+    r.ok(&[
+        (0b110111 << 26) | (0x1c << 18) | (1 << 14),
+        1 | (2 << 8) | (0x7f << 16),
+    ]);
+    r.ok(&[
+        (0b110111 << 26) | (0x14 << 18) | (1 << 14),
+        1 | (0x7f << 16) | (3 << 24),
+    ]);
+    assert!((0..64).all(|l| r.w.lane(3, l) == l as u32 * 3));
+    // dword 2 of lane 5 sits at base + 2 * 256 + 5 * 4.
+    assert_eq!(word(&mut r, scratch + 2 * 256 + 5 * 4), 15);
+}
+
+#[test]
+fn mubuf_offen_and_range_check() {
+    let mut r = rig_with_buffer(&(0..64).collect::<Vec<u32>>());
+    // V#: base BUF, stride 0, num_records 64 bytes.
+    r.w.set_sgpr64(8, BUF);
+    r.w.sreg[10] = 64;
+    r.w.sreg[11] = 0;
+    r.set_v(1, |l| 4 * l as u32);
+    // buffer_load_dword v2, v1, s[8:11], 0 offen offset:4
+    r.ok(&[
+        (0b111000 << 26) | (0x14 << 18) | (1 << 12) | 4,
+        1 | (2 << 8) | (2 << 16) | (128 << 24),
+    ]);
+    for l in 0..64 {
+        let want = if 4 * l + 4 + 4 <= 64 { l as u32 + 1 } else { 0 };
+        assert_eq!(
+            r.w.lane(2, l),
+            want,
+            "lane {l}: out-of-range loads read zero"
+        );
+    }
+}
+
+#[test]
+fn faults_and_bad_tuples_stop_the_wave() {
+    let mut r = Rig::new(Target::Gfx90a);
+    r.w.set_sgpr64(2, 0xdead_0000);
+    r.set_v(1, |l| 4 * l as u32);
+    match r.run(&global(0x14, 3, 1, 0, 2, 0, false)) {
+        Stop::Fault { fault, pc } => {
+            assert_eq!((fault.addr, fault.write, pc), (0xdead_0000, false, CODE))
+        }
+        other => panic!("{other}"),
+    }
+    r.w.set_sgpr64(2, BUF);
+    r.mem.map(BUF, 4096);
+    // global_load_dwordx4 into v254..v257 runs past v255.
+    match r.run(&global(0x17, 254, 1, 0, 2, 0, false)) {
+        Stop::Illegal { reason, .. } => {
+            assert!(reason.to_string().contains("past v255"), "{reason}")
+        }
+        other => panic!("{other}"),
+    }
+}
