@@ -35,16 +35,17 @@ impl<T: Copy> ICache<T> {
         &mut self,
         addr: u64,
         fill: impl FnOnce(u64) -> Result<T, E>,
-    ) -> Result<T, E> {
+    ) -> Result<&T, E> {
         let s = self.slot(addr);
-        if let Some((a, v)) = self.slots[s] {
-            if a == addr {
-                return Ok(v);
-            }
+        let slot = &mut self.slots[s];
+        if !matches!(slot, Some((a, _)) if *a == addr) {
+            self.misses += 1;
+            *slot = None;
         }
-        self.misses += 1;
-        let v = fill(addr)?;
-        self.slots[s] = Some((addr, v));
+        let (_, v) = match slot {
+            Some(entry) => entry,
+            None => slot.insert((addr, fill(addr)?)),
+        };
         Ok(v)
     }
 

@@ -158,7 +158,36 @@ pub trait Memory {
 /// Reads of pages never written fault, as unmapped VAs do.
 #[derive(Clone, Debug, Default)]
 pub struct VecMemory {
-    pages: std::collections::HashMap<u64, Box<[u8; 4096]>>,
+    pages: std::collections::HashMap<u64, Box<[u8; 4096]>, PageHash>,
+}
+
+/// Page numbers are their own good hash (one multiply spreads them); SipHash per lane
+/// access would dominate a memory-bound kernel's time.
+#[derive(Clone, Copy, Debug, Default)]
+struct PageHash;
+
+impl std::hash::BuildHasher for PageHash {
+    type Hasher = PageHasher;
+    fn build_hasher(&self) -> PageHasher {
+        PageHasher(0)
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct PageHasher(u64);
+
+impl std::hash::Hasher for PageHasher {
+    fn finish(&self) -> u64 {
+        self.0.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 << 8) | *b as u64;
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
 }
 
 impl VecMemory {

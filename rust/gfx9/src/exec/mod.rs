@@ -174,9 +174,10 @@ impl Wave {
             Ok(d) => d,
             Err(reason) => return Some(Stop::Illegal { reason, pc }),
         };
+        let (run, len) = (d.def.run, d.instr.len);
         let mut cx = Cx { w: self, mem, lds };
-        let flow = (d.def.run)(&mut cx, &d.instr);
-        self.retire(flow, pc, d.instr.len)
+        let flow = run(&mut cx, &d.instr);
+        self.retire(flow, pc, len)
     }
 
     fn retire(&mut self, flow: Step, pc: u64, len: u8) -> Option<Stop> {

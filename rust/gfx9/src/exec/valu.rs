@@ -162,35 +162,40 @@ impl Val for F16 {
     }
 }
 
-/// Where a source's lanes come from.
+/// Where a source's lanes come from (borrowed from the wave for one instruction).
 #[derive(Clone, Copy)]
-enum From {
+enum From<'w> {
     Uniform(u64),
-    Row(usize),
-    Lanes,
+    /// A VGPR, shifted right (16-bit operands' op_sel high half).
+    Row(&'w [u32; LANES], u32),
+    /// A 64-bit VGPR pair.
+    Pair(&'w [u32; LANES], &'w [u32; LANES]),
+    /// Lanes rewritten by DPP or SDWA.
+    Lanes(&'w [u64; LANES]),
 }
 
 /// One source operand prepared for all lanes.
-struct Src {
-    from: From,
-    /// 16-bit operands: read the high half (VOP3 op_sel).
-    shift: u32,
+#[derive(Clone, Copy)]
+struct Src<'w> {
+    from: From<'w>,
     abs: bool,
     neg: bool,
-    /// DPP- or SDWA-transformed lanes (used when `from` is `Lanes`).
-    lanes: [u64; LANES],
 }
 
-impl Src {
+impl Src<'_> {
     #[inline(always)]
-    fn get<T: Val>(&self, w: &Wave, lane: usize) -> T {
-        let raw = match self.from {
+    fn raw(&self, lane: usize) -> u64 {
+        match self.from {
             From::Uniform(v) => v,
-            From::Row(r) if T::KIND.wide() => w.v(r)[lane] as u64 | (w.v(r + 1)[lane] as u64) << 32,
-            From::Row(r) => (w.v(r)[lane] >> self.shift) as u64,
-            From::Lanes => self.lanes[lane],
-        };
-        let mut x = T::from_bits(raw);
+            From::Row(r, shift) => (r[lane] >> shift) as u64,
+            From::Pair(lo, hi) => lo[lane] as u64 | (hi[lane] as u64) << 32,
+            From::Lanes(v) => v[lane],
+        }
+    }
+
+    #[inline(always)]
+    fn get<T: Val>(&self, lane: usize) -> T {
+        let mut x = T::from_bits(self.raw(lane));
         if self.abs {
             x = x.abs();
         }
@@ -201,39 +206,72 @@ impl Src {
     }
 }
 
-/// Per-instruction operand preparation.
-pub struct Ops {
-    src: [Src; 3],
-    /// Lanes the instruction writes: EXEC, narrowed by DPP's row/bank masks and invalid
-    /// source lanes.
+/// The sources of one instruction, and the lanes it writes: EXEC, narrowed by DPP's row
+/// and bank masks and invalid source lanes.
+pub struct Ops<'w> {
+    src: [Src<'w>; 3],
     pub active: u64,
 }
 
-impl Ops {
+impl Ops<'_> {
     #[inline(always)]
-    pub fn a<T: Val>(&self, w: &Wave, l: usize) -> T {
-        self.src[0].get(w, l)
+    pub fn a<T: Val>(&self, l: usize) -> T {
+        self.src[0].get(l)
     }
     #[inline(always)]
-    pub fn b<T: Val>(&self, w: &Wave, l: usize) -> T {
-        self.src[1].get(w, l)
+    pub fn b<T: Val>(&self, l: usize) -> T {
+        self.src[1].get(l)
     }
     #[inline(always)]
-    pub fn c<T: Val>(&self, w: &Wave, l: usize) -> T {
-        self.src[2].get(w, l)
+    pub fn c<T: Val>(&self, l: usize) -> T {
+        self.src[2].get(l)
+    }
+    /// Source `n` without modifiers (for DPP and SDWA to rewrite).
+    pub(super) fn raw(&self, n: usize, l: usize) -> u64 {
+        self.src[n].raw(l)
     }
 }
 
-/// Prepares the sources `kinds` describes (`None`: unused) of `i`.
-pub fn prepare(w: &Wave, i: &Instr, kinds: [Option<Kind>; 3]) -> Result<Ops, Abort> {
+/// Source kinds of an instruction (`None`: unused).
+pub type Kinds = [Option<Kind>; 3];
+
+/// Lane buffers DPP and SDWA rewrite sources 0 and 1 into.
+pub type ExtLanes = [[u64; LANES]; 2];
+
+/// Calls `f` with the sources of `i` prepared; DPP and SDWA rewrite them first.
+#[inline(always)]
+pub fn with_ops<R>(
+    w: &Wave,
+    i: &Instr,
+    kinds: Kinds,
+    f: impl FnOnce(&Ops<'_>) -> R,
+) -> Result<R, Abort> {
+    let plain = plain_ops(w, i, kinds)?;
+    if let Ext::None = i.ext {
+        return Ok(f(&plain));
+    }
+    let mut buf: ExtLanes = [[0; LANES]; 2];
+    let active = super::vop_ext::rewrite(w, i, kinds, &plain, &mut buf)?;
     let mut ops = Ops {
-        src: std::array::from_fn(|_| Src {
-            from: From::Uniform(0),
-            shift: 0,
-            abs: false,
-            neg: false,
-            lanes: [0; LANES],
-        }),
+        src: plain.src,
+        active,
+    };
+    for (n, lanes) in buf.iter().enumerate() {
+        if kinds[n].is_some() {
+            ops.src[n].from = From::Lanes(lanes);
+        }
+    }
+    Ok(f(&ops))
+}
+
+fn plain_ops<'w>(w: &'w Wave, i: &Instr, kinds: Kinds) -> Result<Ops<'w>, Abort> {
+    let none = Src {
+        from: From::Uniform(0),
+        abs: false,
+        neg: false,
+    };
+    let mut ops = Ops {
+        src: [none; 3],
         active: w.exec(),
     };
     for (n, kind) in kinds.iter().enumerate() {
@@ -241,47 +279,23 @@ pub fn prepare(w: &Wave, i: &Instr, kinds: [Option<Kind>; 3]) -> Result<Ops, Abo
             ops.src[n] = source(w, i, n, kind)?;
         }
     }
-    match i.ext {
-        Ext::None => {}
-        Ext::Dpp(d) => super::vop_ext::dpp(w, &mut ops, &d, kinds[0])?,
-        Ext::Sdwa(s) => super::vop_ext::sdwa_sources(w, &s, &mut ops, kinds)?,
-    }
     Ok(ops)
 }
 
-fn source(w: &Wave, i: &Instr, n: usize, kind: Kind) -> Result<Src, Abort> {
+fn source<'w>(w: &'w Wave, i: &Instr, n: usize, kind: Kind) -> Result<Src<'w>, Abort> {
     let code = i.src[n];
     let hi = (i.op_sel >> n) & 1 != 0 && matches!(kind, Kind::B16 | Kind::F16);
     let shift = if hi { 16 } else { 0 };
     let from = match vgpr(code) {
-        Some(r) => From::Row(r),
+        Some(r) if kind.wide() => From::Pair(w.v(r), w.v(r + 1)),
+        Some(r) => From::Row(w.v(r), shift),
         None => From::Uniform(scalar(w, i, code, kind)? >> shift),
     };
     Ok(Src {
         from,
-        shift,
         abs: (i.abs >> n) & 1 != 0,
         neg: (i.neg >> n) & 1 != 0,
-        lanes: [0; LANES],
     })
-}
-
-impl Ops {
-    /// Turns source `n` into explicit lanes (DPP/SDWA), returning them for rewriting.
-    pub(super) fn materialise(&mut self, w: &Wave, n: usize, wide: bool) -> &mut [u64; LANES] {
-        let s = &mut self.src[n];
-        for l in 0..LANES {
-            s.lanes[l] = match s.from {
-                From::Uniform(v) => v,
-                From::Row(r) if wide => w.v(r)[l] as u64 | (w.v(r + 1)[l] as u64) << 32,
-                From::Row(r) => (w.v(r)[l] >> s.shift) as u64,
-                From::Lanes => s.lanes[l],
-            };
-        }
-        s.from = From::Lanes;
-        s.shift = 0;
-        &mut s.lanes
-    }
 }
 
 /// Iterates the set bits of a lane mask.
@@ -294,6 +308,16 @@ pub fn lanes(mut m: u64) -> impl Iterator<Item = usize> {
             l
         })
     })
+}
+
+/// Calls `f` for each lane of `m`; a full mask takes a plain loop the compiler unrolls.
+#[inline(always)]
+pub fn for_lanes(m: u64, f: impl FnMut(usize)) {
+    if m == u64::MAX {
+        (0..LANES).for_each(f);
+    } else {
+        lanes(m).for_each(f);
+    }
 }
 
 /// Writes `out` (lane values of kind `D`) to the VGPR destination of `i` for `active` lanes.
@@ -309,24 +333,20 @@ pub fn write<D: Val>(
     }
     match D::KIND {
         Kind::B64 | Kind::F64 => {
-            for l in lanes(active) {
-                w.v_mut(r)[l] = out[l] as u32;
-            }
-            for l in lanes(active) {
-                w.v_mut(r + 1)[l] = (out[l] >> 32) as u32;
-            }
+            let lo = w.v_mut(r);
+            for_lanes(active, |l| lo[l] = out[l] as u32);
+            let hi = w.v_mut(r + 1);
+            for_lanes(active, |l| hi[l] = (out[l] >> 32) as u32);
         }
         Kind::B16 | Kind::F16 if i.op_sel & 8 != 0 => {
             let row = w.v_mut(r);
-            for l in lanes(active) {
-                row[l] = (row[l] & 0xffff) | (out[l] as u32) << 16;
-            }
+            for_lanes(active, |l| {
+                row[l] = (row[l] & 0xffff) | (out[l] as u32) << 16
+            });
         }
         _ => {
             let row = w.v_mut(r);
-            for l in lanes(active) {
-                row[l] = out[l] as u32;
-            }
+            for_lanes(active, |l| row[l] = out[l] as u32);
         }
     }
     Ok(())
@@ -340,36 +360,91 @@ pub fn check_dst(i: &Instr, regs: usize, name: &'static str) -> Result<(), Abort
     Ok(())
 }
 
-fn finish<D: Val>(cx: &mut Cx<'_>, i: &Instr, ops: &Ops, out: &[u64; LANES]) -> Step {
+fn finish<D: Val>(cx: &mut Cx<'_>, i: &Instr, active: u64, out: &[u64; LANES]) -> Step {
     check_dst(i, if D::KIND.wide() { 2 } else { 1 }, "VALU")?;
-    write::<D>(cx.w, i, ops.active, out)?;
+    write::<D>(cx.w, i, active, out)?;
     Ok(Flow::Next)
 }
 
-/// Runs `f` per active lane and writes its result with clamp/omod applied.
+/// All 64 lanes of source `n` as `T`, modifiers applied: one match per instruction, then
+/// loops the compiler can vectorise.
+#[inline(always)]
+fn gather<T: Val>(ops: &Ops<'_>, n: usize) -> [T; LANES] {
+    let s = &ops.src[n];
+    let mut v = [T::from_bits(0); LANES];
+    match s.from {
+        From::Uniform(x) => v = [T::from_bits(x); LANES],
+        From::Row(r, shift) => v
+            .iter_mut()
+            .zip(r)
+            .for_each(|(d, x)| *d = T::from_bits((x >> shift) as u64)),
+        From::Pair(lo, hi) => {
+            for l in 0..LANES {
+                v[l] = T::from_bits(lo[l] as u64 | (hi[l] as u64) << 32);
+            }
+        }
+        From::Lanes(x) => v.iter_mut().zip(x).for_each(|(d, x)| *d = T::from_bits(*x)),
+    }
+    if s.abs {
+        v.iter_mut().for_each(|x| *x = x.abs());
+    }
+    if s.neg {
+        v.iter_mut().for_each(|x| *x = x.neg());
+    }
+    v
+}
+
+/// Computes `f` for every lane (inactive ones too: lane functions are pure) and writes the
+/// active lanes' results with clamp/omod applied.
+#[inline(always)]
+fn run_all<D: Val>(
+    cx: &mut Cx<'_>,
+    i: &Instr,
+    kinds: Kinds,
+    f: impl Fn(&Ops<'_>, &mut [u64; LANES]),
+) -> Step {
+    let mut out = [0u64; LANES];
+    let active = with_ops(cx.w, i, kinds, |ops| {
+        f(ops, &mut out);
+        ops.active
+    })?;
+    if i.clamp || i.omod != 0 {
+        for v in out.iter_mut() {
+            *v = D::from_bits(*v).out_mod(i.clamp, i.omod).to_bits();
+        }
+    }
+    finish::<D>(cx, i, active, &out)
+}
+
+/// Per-lane form of [`run_all`] for lane functions that need the lane number or a mask.
 #[inline(always)]
 fn run_lanes<D: Val>(
     cx: &mut Cx<'_>,
     i: &Instr,
-    ops: Ops,
-    f: impl Fn(&Ops, &Wave, usize) -> D,
+    kinds: Kinds,
+    f: impl Fn(&Ops<'_>, usize) -> D,
 ) -> Step {
-    let mut out = [0u64; LANES];
-    let (clamp, omod) = (i.clamp, i.omod);
-    for l in lanes(ops.active) {
-        out[l] = f(&ops, cx.w, l).out_mod(clamp, omod).to_bits();
-    }
-    finish::<D>(cx, i, &ops, &out)
+    run_all::<D>(cx, i, kinds, |ops, out| {
+        for_lanes(ops.active, |l| out[l] = f(ops, l).to_bits())
+    })
 }
 
 pub fn v1<A: Val, D: Val>(cx: &mut Cx<'_>, i: &Instr, f: impl Fn(A) -> D) -> Step {
-    let ops = prepare(cx.w, i, [Some(A::KIND), None, None])?;
-    run_lanes(cx, i, ops, |o, w, l| f(o.a(w, l)))
+    run_all::<D>(cx, i, [Some(A::KIND), None, None], |ops, out| {
+        let a = gather::<A>(ops, 0);
+        for l in 0..LANES {
+            out[l] = f(a[l]).to_bits();
+        }
+    })
 }
 
 pub fn v2<A: Val, B: Val, D: Val>(cx: &mut Cx<'_>, i: &Instr, f: impl Fn(A, B) -> D) -> Step {
-    let ops = prepare(cx.w, i, [Some(A::KIND), Some(B::KIND), None])?;
-    run_lanes(cx, i, ops, |o, w, l| f(o.a(w, l), o.b(w, l)))
+    run_all::<D>(cx, i, [Some(A::KIND), Some(B::KIND), None], |ops, out| {
+        let (a, b) = (gather::<A>(ops, 0), gather::<B>(ops, 1));
+        for l in 0..LANES {
+            out[l] = f(a[l], b[l]).to_bits();
+        }
+    })
 }
 
 pub fn v3<A: Val, B: Val, C: Val, D: Val>(
@@ -377,14 +452,28 @@ pub fn v3<A: Val, B: Val, C: Val, D: Val>(
     i: &Instr,
     f: impl Fn(A, B, C) -> D,
 ) -> Step {
-    let ops = prepare(cx.w, i, [Some(A::KIND), Some(B::KIND), Some(C::KIND)])?;
-    run_lanes(cx, i, ops, |o, w, l| f(o.a(w, l), o.b(w, l), o.c(w, l)))
+    run_all::<D>(
+        cx,
+        i,
+        [Some(A::KIND), Some(B::KIND), Some(C::KIND)],
+        |ops, out| {
+            let (a, b, c) = (
+                gather::<A>(ops, 0),
+                gather::<B>(ops, 1),
+                gather::<C>(ops, 2),
+            );
+            for l in 0..LANES {
+                out[l] = f(a[l], b[l], c[l]).to_bits();
+            }
+        },
+    )
 }
 
 /// Two sources and the lane number (v_mbcnt).
 pub fn v2_lane<D: Val>(cx: &mut Cx<'_>, i: &Instr, f: impl Fn(u32, u32, usize) -> D) -> Step {
-    let ops = prepare(cx.w, i, [Some(Kind::B32), Some(Kind::B32), None])?;
-    run_lanes(cx, i, ops, |o, w, l| f(o.a(w, l), o.b(w, l), l))
+    run_lanes(cx, i, [Some(Kind::B32), Some(Kind::B32), None], |o, l| {
+        f(o.a(l), o.b(l), l)
+    })
 }
 
 /// The VOP2 MAC forms: the destination is the third source.
@@ -406,43 +495,81 @@ fn set_mask(w: &mut Wave, code: u16, v: u64) -> Result<(), Abort> {
     super::operand::set_s64(w, code, v)
 }
 
-/// VOPC: compares per lane into a mask (inactive lanes 0) written to VCC or the VOP3
-/// sdst; the cmpx forms write EXEC as well.
-pub fn cmp<A: Val>(cx: &mut Cx<'_>, i: &Instr, x: bool, f: impl Fn(A, A) -> bool) -> Step {
-    let ops = prepare(cx.w, i, [Some(A::KIND), Some(A::KIND), None])?;
-    let mut m = 0u64;
-    for l in lanes(ops.active) {
-        m |= (f(ops.a(cx.w, l), ops.b(cx.w, l)) as u64) << l;
-    }
-    let sdst = if i.enc == crate::decode::Encoding::Vop3 {
+/// The destination of a compare mask: VCC, VOP3's vdst field, or SDWA's sdst.
+fn compare_dst(i: &Instr) -> u16 {
+    if i.enc == crate::decode::Encoding::Vop3 {
         i.dst
     } else {
         i.sdst
-    };
-    set_mask(cx.w, sdst, m)?;
+    }
+}
+
+/// Per-lane predicate into a mask (inactive lanes 0).
+fn mask_of(
+    w: &Wave,
+    i: &Instr,
+    kinds: Kinds,
+    f: impl Fn(&Ops<'_>, usize) -> bool,
+) -> Result<u64, Abort> {
+    with_ops(w, i, kinds, |ops| {
+        let mut m = 0u64;
+        for_lanes(ops.active, |l| m |= (f(ops, l) as u64) << l);
+        m
+    })
+}
+
+fn write_compare(cx: &mut Cx<'_>, i: &Instr, x: bool, m: u64) -> Step {
+    set_mask(cx.w, compare_dst(i), m)?;
     if x {
         cx.w.set_exec(m);
     }
     Ok(Flow::Next)
 }
 
+/// VOPC: compares per lane into a mask written to VCC or the VOP3 sdst; the cmpx forms
+/// write EXEC as well.
+pub fn cmp<A: Val>(cx: &mut Cx<'_>, i: &Instr, x: bool, f: impl Fn(A, A) -> bool) -> Step {
+    let m = with_ops(cx.w, i, [Some(A::KIND), Some(A::KIND), None], |ops| {
+        let (a, b) = (gather::<A>(ops, 0), gather::<A>(ops, 1));
+        let all = (0..LANES).fold(0u64, |m, l| m | (f(a[l], b[l]) as u64) << l);
+        all & ops.active
+    })?;
+    write_compare(cx, i, x, m)
+}
+
 /// v_cmp_class: the second source is a mask of `class_bit` classes.
 pub fn cmp_class<A: Val>(cx: &mut Cx<'_>, i: &Instr, x: bool, class: impl Fn(A) -> u32) -> Step {
-    let ops = prepare(cx.w, i, [Some(A::KIND), Some(Kind::B32), None])?;
-    let mut m = 0u64;
-    for l in lanes(ops.active) {
-        let bits: u32 = ops.b(cx.w, l);
-        m |= (((bits >> class(ops.a(cx.w, l))) & 1) as u64) << l;
-    }
-    let sdst = if i.enc == crate::decode::Encoding::Vop3 {
-        i.dst
-    } else {
-        i.sdst
-    };
-    set_mask(cx.w, sdst, m)?;
-    if x {
-        cx.w.set_exec(m);
-    }
+    let m = mask_of(cx.w, i, [Some(A::KIND), Some(Kind::B32), None], |o, l| {
+        (o.b::<u32>(l) >> class(o.a(l))) & 1 != 0
+    })?;
+    write_compare(cx, i, x, m)
+}
+
+/// Per-lane results with a carry-out mask.
+fn with_carry<D: Val>(
+    w: &Wave,
+    i: &Instr,
+    kinds: Kinds,
+    f: impl Fn(&Ops<'_>, usize) -> (D, bool),
+) -> Result<(u64, [u64; LANES], u64), Abort> {
+    let mut out = [0u64; LANES];
+    let (active, cout) = with_ops(w, i, kinds, |ops| {
+        let mut cout = 0u64;
+        for_lanes(ops.active, |l| {
+            let (d, c) = f(ops, l);
+            out[l] = d.to_bits();
+            cout |= (c as u64) << l;
+        });
+        (ops.active, cout)
+    })?;
+    Ok((active, out, cout))
+}
+
+fn write_with_carry<D: Val>(cx: &mut Cx<'_>, i: &Instr, r: (u64, [u64; LANES], u64)) -> Step {
+    let (active, out, cout) = r;
+    check_dst(i, if D::KIND.wide() { 2 } else { 1 }, "carry op")?;
+    write::<D>(cx.w, i, active, &out)?;
+    set_mask(cx.w, i.sdst, cout)?;
     Ok(Flow::Next)
 }
 
@@ -454,66 +581,58 @@ pub fn carry(
     carry_in: bool,
     f: impl Fn(u32, u32, bool) -> (u32, bool),
 ) -> Step {
-    let ops = prepare(cx.w, i, [Some(Kind::B32), Some(Kind::B32), None])?;
     let cin = if carry_in {
         mask_operand(cx.w, i, i.src[2])?
     } else {
         0
     };
-    let mut out = [0u64; LANES];
-    let mut cout = 0u64;
-    for l in lanes(ops.active) {
-        let (d, c) = f(ops.a(cx.w, l), ops.b(cx.w, l), (cin >> l) & 1 != 0);
-        out[l] = d as u64;
-        cout |= (c as u64) << l;
-    }
-    check_dst(i, 1, "carry op")?;
-    write::<u32>(cx.w, i, ops.active, &out)?;
-    set_mask(cx.w, i.sdst, cout)?;
-    Ok(Flow::Next)
+    let r = with_carry::<u32>(cx.w, i, [Some(Kind::B32), Some(Kind::B32), None], |o, l| {
+        f(o.a(l), o.b(l), (cin >> l) & 1 != 0)
+    })?;
+    write_with_carry::<u32>(cx, i, r)
 }
 
 /// v_cndmask_b32: src2 (VCC in VOP2) selects src1 where set, src0 elsewhere.
 pub fn cndmask(cx: &mut Cx<'_>, i: &Instr) -> Step {
-    let ops = prepare(cx.w, i, [Some(Kind::F32), Some(Kind::F32), None])?;
     let sel = mask_operand(cx.w, i, i.src[2])?;
-    run_lanes(cx, i, ops, |o, w, l| -> f32 {
-        if (sel >> l) & 1 != 0 {
-            o.b(w, l)
-        } else {
-            o.a(w, l)
-        }
-    })
+    run_lanes(
+        cx,
+        i,
+        [Some(Kind::F32), Some(Kind::F32), None],
+        |o, l| -> f32 {
+            if (sel >> l) & 1 != 0 {
+                o.b(l)
+            } else {
+                o.a(l)
+            }
+        },
+    )
 }
 
-/// VOP3b with a 64-bit result and a carry-out (v_mad_u64_u32, v_mad_i64_i32, div_scale).
+/// VOP3b with a carry-out (v_mad_u64_u32, v_mad_i64_i32, div_scale).
 pub fn wide_carry<A: Val, C: Val, D: Val>(
     cx: &mut Cx<'_>,
     i: &Instr,
     f: impl Fn(A, A, C) -> (D, bool),
 ) -> Step {
-    let ops = prepare(cx.w, i, [Some(A::KIND), Some(A::KIND), Some(C::KIND)])?;
-    let mut out = [0u64; LANES];
-    let mut cout = 0u64;
-    for l in lanes(ops.active) {
-        let (d, c) = f(ops.a(cx.w, l), ops.b(cx.w, l), ops.c(cx.w, l));
-        out[l] = d.to_bits();
-        cout |= (c as u64) << l;
-    }
-    check_dst(i, if D::KIND.wide() { 2 } else { 1 }, "VOP3b")?;
-    write::<D>(cx.w, i, ops.active, &out)?;
-    set_mask(cx.w, i.sdst, cout)?;
-    Ok(Flow::Next)
+    let r = with_carry::<D>(
+        cx.w,
+        i,
+        [Some(A::KIND), Some(A::KIND), Some(C::KIND)],
+        |o, l| f(o.a(l), o.b(l), o.c(l)),
+    )?;
+    write_with_carry::<D>(cx, i, r)
 }
 
-/// v_div_fmas: fma, then scaled by 2^64 (2^128 for f64) where VCC is set, the direction
-/// given by the exponent of the third source.
+/// v_div_fmas: fma, then scaled where VCC is set (the function decides by how much).
 pub fn div_fmas<T: Val>(cx: &mut Cx<'_>, i: &Instr, f: impl Fn(T, T, T, bool) -> T) -> Step {
-    let ops = prepare(cx.w, i, [Some(T::KIND), Some(T::KIND), Some(T::KIND)])?;
     let vcc = cx.w.vcc();
-    run_lanes(cx, i, ops, |o, w, l| {
-        f(o.a(w, l), o.b(w, l), o.c(w, l), (vcc >> l) & 1 != 0)
-    })
+    run_lanes(
+        cx,
+        i,
+        [Some(T::KIND), Some(T::KIND), Some(T::KIND)],
+        |o, l| f(o.a(l), o.b(l), o.c(l), (vcc >> l) & 1 != 0),
+    )
 }
 
 /// v_readlane_b32 / v_readfirstlane_b32: one lane of a VGPR into an SGPR.

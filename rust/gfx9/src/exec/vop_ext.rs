@@ -1,10 +1,9 @@
 //! DPP (data-parallel primitives: source 0 read from another lane) and SDWA (sub-dword
 //! selects of sources and destination) for VOP1/VOP2/VOPC.
 
-use super::operand::Kind;
-use super::valu::{lanes, Ops};
+use super::valu::{lanes, ExtLanes, Kinds, Ops};
 use super::{bad, Abort};
-use crate::decode::{Dpp, Sdwa};
+use crate::decode::{Dpp, Ext, Instr, Sdwa};
 use crate::state::{Wave, LANES};
 
 /// The lane DPP control `ctrl` reads for `lane`, `None` when out of range.
@@ -28,28 +27,49 @@ pub fn dpp_source_lane(ctrl: u16, lane: usize) -> Result<Option<usize>, Abort> {
     })
 }
 
+/// Copies the sources into `buf` and rewrites them as the DPP or SDWA word says; returns
+/// the lanes the instruction writes.
+pub fn rewrite(
+    w: &Wave,
+    i: &Instr,
+    kinds: Kinds,
+    plain: &Ops<'_>,
+    buf: &mut ExtLanes,
+) -> Result<u64, Abort> {
+    for (n, lanes) in buf.iter_mut().enumerate() {
+        if kinds[n].is_some() {
+            for (l, v) in lanes.iter_mut().enumerate() {
+                *v = plain.raw(n, l);
+            }
+        }
+    }
+    match i.ext {
+        Ext::Dpp(d) => dpp(w.exec(), plain.active, &d, &mut buf[0]),
+        Ext::Sdwa(s) => {
+            sdwa_sources(&s, kinds, buf)?;
+            Ok(plain.active)
+        }
+        Ext::None => Ok(plain.active),
+    }
+}
+
 /// Rewrites source 0 with DPP lanes and narrows the active lanes: lanes outside the row and
 /// bank masks are not written; a lane whose source is out of range or inactive reads 0 with
 /// bound_ctrl, and is not written without it.
-pub fn dpp(w: &Wave, ops: &mut Ops, d: &Dpp, kind: Option<Kind>) -> Result<(), Abort> {
-    let wide = kind.is_some_and(Kind::wide);
-    let exec = w.exec();
-    let src: [u64; LANES] = *ops.materialise(w, 0, wide);
-    let mut active = ops.active;
-    let mut out = [0u64; LANES];
-    for l in lanes(ops.active) {
+fn dpp(exec: u64, active: u64, d: &Dpp, src0: &mut [u64; LANES]) -> Result<u64, Abort> {
+    let src = *src0;
+    let mut written = active;
+    for l in lanes(active) {
         let enabled = (d.row_mask >> (l / 16)) & 1 != 0 && (d.bank_mask >> ((l & 15) / 4)) & 1 != 0;
         let from = dpp_source_lane(d.ctrl, l)?.filter(|&s| (exec >> s) & 1 != 0);
         match from {
-            _ if !enabled => active &= !(1 << l),
-            Some(s) => out[l] = src[s],
-            None if d.bound_ctrl => out[l] = 0,
-            None => active &= !(1 << l),
+            _ if !enabled => written &= !(1 << l),
+            Some(s) => src0[l] = src[s],
+            None if d.bound_ctrl => src0[l] = 0,
+            None => written &= !(1 << l),
         }
     }
-    *ops.materialise(w, 0, wide) = out;
-    ops.active = active;
-    Ok(())
+    Ok(written)
 }
 
 /// The selected byte, word or dword of `v`, zero- or sign-extended.
@@ -69,20 +89,14 @@ pub fn select(v: u32, sel: u8, sext: bool) -> Result<u32, Abort> {
 }
 
 /// Applies the source selects of an SDWA instruction to sources 0 and 1.
-pub fn sdwa_sources(
-    w: &Wave,
-    s: &Sdwa,
-    ops: &mut Ops,
-    kinds: [Option<Kind>; 3],
-) -> Result<(), Abort> {
-    for (n, kind) in kinds.iter().take(2).enumerate() {
-        match *kind {
+fn sdwa_sources(s: &Sdwa, kinds: Kinds, buf: &mut ExtLanes) -> Result<(), Abort> {
+    for (n, lanes) in buf.iter_mut().enumerate() {
+        match kinds[n] {
             None => continue,
             Some(k) if k.wide() => return Err(bad("SDWA", "64-bit operands take no SDWA")),
             Some(_) => {}
         }
-        let lanes_n = ops.materialise(w, n, false);
-        for v in lanes_n.iter_mut() {
+        for v in lanes.iter_mut() {
             *v = select(*v as u32, s.src_sel[n], s.src_sext[n])? as u64;
         }
     }

@@ -1,0 +1,109 @@
+//! The engine's rate on a VALU-heavy and a memory-heavy loop, in wave instructions and lane
+//! operations per second on one core (`cargo run --release -p gfx9 --example rate`).
+//!
+//! Both loops were assembled with llvm-mc-15 for gfx90a; each runs 1024 iterations per wave,
+//! all 64 lanes active, over a `VecMemory` (a map of 4 KiB pages: the memory-heavy number
+//! includes its lookups, as the emulator's rate will include its GPU VM's).
+
+use std::time::{Duration, Instant};
+
+use gfx9::exec::{CodeCache, Stop};
+use gfx9::{Target, VecMemory, Wave};
+
+const CODE: u64 = 0x10_0000;
+const DATA: u64 = 0x80_0000;
+const COUNTER: u64 = 0x90_0000;
+
+const VALU_LOOP: &[u32] = &[
+    0xb0000400, // s_movk_i32 s0, 0x400
+    0xd1cb0001, 0x04060702, // .Lloop: v_fma_f32 v1, v2, v3, v1
+    0x0a080501, // v_mul_f32_e32 v4, v1, v2
+    0x680a0d05, // v_add_u32_e32 v5, v5, v6
+    0x760e0704, // v_fmac_f32_e32 v7, v4, v3
+    0x2a100305, // v_xor_b32_e32 v8, v5, v1
+    0x7e120d08, // v_cvt_f32_u32_e32 v9, v8
+    0x16140909, // v_max_f32_e32 v10, v9, v4
+    0x24160a83, // v_lshlrev_b32_e32 v11, 3, v5
+    0x80808100, // s_sub_u32 s0, s0, 1
+    0xbf078000, // s_cmp_lg_u32 s0, 0
+    0xbf85fff4, // s_cbranch_scc1 .Lloop
+    0xbf810000, // s_endpgm
+];
+
+const MEMORY_LOOP: &[u32] = &[
+    0xb0000400, // s_movk_i32 s0, 0x400
+    0x24040082, // v_lshlrev_b32_e32 v2, 2, v0
+    0xdc508000, 0x03040002, // .Lloop: global_load_dword v3, v2, s[4:5]
+    0xbf8c0f70, // s_waitcnt vmcnt(0)
+    0x020606f2, // v_add_f32_e32 v3, 1.0, v3
+    0xdc708000, 0x00040302, // global_store_dword v2, v3, s[4:5]
+    0xdc508100, 0x04040002, // global_load_dword v4, v2, s[4:5] offset:256
+    0xdd088000, 0x00060002, // global_atomic_add v2, v0, s[6:7]
+    0x80808100, // s_sub_u32 s0, s0, 1
+    0xbf078000, // s_cmp_lg_u32 s0, 0
+    0xbf85fff3, // s_cbranch_scc1 .Lloop
+    0xbf810000, // s_endpgm
+];
+
+/// CPU time this thread has run (Linux's schedstat, in nanoseconds): on a shared machine
+/// the rate per core is instructions over CPU time, not over wall time.
+fn thread_cpu() -> Duration {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap_or_default();
+    Duration::from_nanos(
+        s.split_whitespace()
+            .next()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0),
+    )
+}
+
+/// Wave instructions retired, and the wall and CPU time they took, over waves run for at
+/// least `min` of wall time.
+fn measure(code: &[u32], min: Duration) -> (u64, Duration, Duration) {
+    let mut mem = VecMemory::new();
+    let bytes: Vec<u8> = code.iter().flat_map(|w| w.to_le_bytes()).collect();
+    mem.load(CODE, &bytes);
+    mem.map(DATA, 64 * 4 + 256);
+    mem.map(COUNTER, 4 * 64);
+    let mut cache = CodeCache::new(10);
+    let (mut retired, start, cpu) = (0u64, Instant::now(), thread_cpu());
+    while start.elapsed() < min {
+        let mut w = Wave::new(Target::Gfx90a, CODE);
+        w.set_sgpr64(4, DATA);
+        w.set_sgpr64(6, COUNTER);
+        for l in 0..64 {
+            w.set_lane(0, l, l as u32);
+            w.set_lane(2, l, 0x3f80_0000);
+            w.set_lane(3, l, 0x3f00_0000);
+        }
+        let stop = w.run(&mut mem, &mut [], &mut cache, u64::MAX);
+        assert_eq!(stop, Stop::Endpgm, "the loop ends");
+        retired += w.retired;
+    }
+    (retired, start.elapsed(), thread_cpu() - cpu)
+}
+
+fn report(name: &str, code: &[u32]) {
+    let (n, wall, cpu) = measure(code, Duration::from_secs(2));
+    let rate = n as f64 / cpu.as_secs_f64();
+    println!(
+        "{name}: {:.1} M wave instructions/s per core, {:.0} M lane operations/s \
+         ({n} instructions in {:.2} s of CPU, {:.2} s of wall time: {:.1} M/s wall)",
+        rate / 1e6,
+        rate * 64.0 / 1e6,
+        cpu.as_secs_f64(),
+        wall.as_secs_f64(),
+        n as f64 / wall.as_secs_f64() / 1e6,
+    );
+}
+
+/// `rate [valu|memory]`: both loops, or one.
+fn main() {
+    let which = std::env::args().nth(1).unwrap_or_default();
+    if which != "memory" {
+        report("VALU-heavy loop", VALU_LOOP);
+    }
+    if which != "valu" {
+        report("memory-heavy loop", MEMORY_LOOP);
+    }
+}
