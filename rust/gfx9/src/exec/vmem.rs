@@ -5,6 +5,7 @@ use super::valu::lanes;
 use super::{bad, Abort, Cx, Flow, Step};
 use crate::decode::Instr;
 use crate::memory::AtomicOp;
+use crate::state::LANES;
 
 /// Where one lane's access goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,6 +92,48 @@ fn extend(buf: &[u8], f: Fmt) -> u32 {
     }
 }
 
+/// The base address when all 64 lanes are active and lane `l` reaches global memory at
+/// `base + l * bytes`: one access then serves the wave, as the hardware coalesces it (a
+/// fault names the same first address the lane-by-lane order would).
+fn coalesced(
+    cx: &Cx<'_>,
+    bytes: usize,
+    loc: &impl Fn(&Cx<'_>, usize) -> Result<Loc, Abort>,
+) -> Result<Option<u64>, Abort> {
+    if cx.w.exec() != u64::MAX {
+        return Ok(None);
+    }
+    let Loc::Va(base) = loc(cx, 0)? else {
+        return Ok(None);
+    };
+    for l in 1..LANES {
+        if loc(cx, l)? != Loc::Va(base.wrapping_add((l * bytes) as u64)) {
+            return Ok(None);
+        }
+    }
+    Ok(Some(base))
+}
+
+/// Puts one lane's loaded bytes into its destination registers.
+fn place(cx: &mut Cx<'_>, i: &Instr, f: Fmt, l: usize, buf: &[u8]) {
+    let (r, acc) = (i.dst as usize, i.flags.acc);
+    if let Some(hi) = f.d16 {
+        let v = extend(buf, f) & 0xffff;
+        let old = cx.w.row(acc, r)[l];
+        cx.w.row_mut(acc, r)[l] = if hi {
+            (old & 0xffff) | v << 16
+        } else {
+            (old & 0xffff_0000) | v
+        };
+    } else if f.bytes < 4 {
+        cx.w.row_mut(acc, r)[l] = extend(buf, f);
+    } else {
+        for (k, d) in buf.chunks_exact(4).enumerate() {
+            cx.w.row_mut(acc, r + k)[l] = u32::from_le_bytes([d[0], d[1], d[2], d[3]]);
+        }
+    }
+}
+
 /// Loads `f` per active lane into `i.dst` (VGPRs or AccVGPRs).
 pub fn load(
     cx: &mut Cx<'_>,
@@ -98,30 +141,33 @@ pub fn load(
     f: Fmt,
     loc: impl Fn(&Cx<'_>, usize) -> Result<Loc, Abort>,
 ) -> Step {
-    let (r, acc) = (i.dst as usize, i.flags.acc);
-    check_tuple(r, regs(f.bytes), "vector load")?;
+    check_tuple(i.dst as usize, regs(f.bytes), "vector load")?;
+    if let Some(base) = coalesced(cx, f.bytes, &loc)? {
+        let mut all = [0u8; 16 * LANES];
+        cx.mem.read(base, &mut all[..f.bytes * LANES])?;
+        for (l, lane) in all.chunks_exact(f.bytes).take(LANES).enumerate() {
+            place(cx, i, f, l, lane);
+        }
+        return Ok(Flow::Next);
+    }
     let mut buf = [0u8; 16];
     for l in lanes(cx.w.exec()) {
         let at = loc(cx, l)?;
         read_loc(cx, at, &mut buf[..f.bytes])?;
-        if let Some(hi) = f.d16 {
-            let v = extend(&buf, f) & 0xffff;
-            let old = cx.w.row(acc, r)[l];
-            cx.w.row_mut(acc, r)[l] = if hi {
-                (old & 0xffff) | v << 16
-            } else {
-                (old & 0xffff_0000) | v
-            };
-        } else if f.bytes < 4 {
-            cx.w.row_mut(acc, r)[l] = extend(&buf, f);
-        } else {
-            for k in 0..f.bytes / 4 {
-                cx.w.row_mut(acc, r + k)[l] =
-                    u32::from_le_bytes(buf[4 * k..4 * k + 4].try_into().unwrap_or([0; 4]));
-            }
-        }
+        place(cx, i, f, l, &buf[..f.bytes]);
     }
     Ok(Flow::Next)
+}
+
+/// One lane's store bytes (`hi`: the high half of the d16_hi forms).
+fn gather_store(cx: &Cx<'_>, i: &Instr, bytes: usize, hi: bool, l: usize, buf: &mut [u8]) {
+    let (r, acc) = (i.data as usize, i.flags.acc);
+    for k in 0..regs(bytes) {
+        let v = cx.w.row(acc, r + k)[l];
+        let v = if hi { v >> 16 } else { v };
+        let n = (bytes - 4 * k).min(4);
+        buf[4 * k..4 * k + n].copy_from_slice(&v.to_le_bytes()[..n]);
+    }
 }
 
 /// Stores `bytes` from `i.data` per active lane (`hi`: the high half of the d16_hi forms).
@@ -132,16 +178,19 @@ pub fn store(
     hi: bool,
     loc: impl Fn(&Cx<'_>, usize) -> Result<Loc, Abort>,
 ) -> Step {
-    let (r, acc) = (i.data as usize, i.flags.acc);
-    check_tuple(r, regs(bytes), "vector store")?;
+    check_tuple(i.data as usize, regs(bytes), "vector store")?;
+    if let Some(base) = coalesced(cx, bytes, &loc)? {
+        let mut all = [0u8; 16 * LANES];
+        for (l, lane) in all.chunks_exact_mut(bytes).take(LANES).enumerate() {
+            gather_store(cx, i, bytes, hi, l, lane);
+        }
+        cx.mem.write(base, &all[..bytes * LANES])?;
+        return Ok(Flow::Next);
+    }
     let mut buf = [0u8; 16];
     for l in lanes(cx.w.exec()) {
         let at = loc(cx, l)?;
-        for k in 0..regs(bytes) {
-            let v = cx.w.row(acc, r + k)[l];
-            let v = if hi { v >> 16 } else { v };
-            buf[4 * k..4 * k + 4].copy_from_slice(&v.to_le_bytes());
-        }
+        gather_store(cx, i, bytes, hi, l, &mut buf[..bytes]);
         write_loc(cx, at, &buf[..bytes])?;
     }
     Ok(Flow::Next)
