@@ -8,7 +8,8 @@ top=$(cd "$(dirname "$0")/.." && pwd)
 # CRIU's build (protobuf, netlink, libnet, capabilities, nftables, gnutls, bsd), zdtm's runner
 # (Debian's python3 with protobuf and yaml, iproute2, iptables), the Rust side (libclang for
 # bindgen, libdrm headers, protoc for prost), meson/ninja (packager door), the man page, the
-# tools the tests use (libxxhash0: test/integrity's XXH3 digests), Debian's ROCm 5.2
+# tools the tests use (libxxhash0: test/integrity's XXH3 digests; llvm-15: llvm-mc-15, which
+# checks the gfx9 crate's opcode tables in cargo test), Debian's ROCm 5.2
 # userspace that test-rocm runs unchanged on the emulator (libhsakmt, ROCr and their
 # headers, rocminfo), what `make deb` builds and checks the Debian packages with
 # (dpkg-dev, debhelper, lintian), and the container engines test-containers runs GPU
@@ -23,7 +24,7 @@ packages=(
 	iproute2 iptables kmod procps psmisc
 	libclang-dev clang libdrm-dev
 	meson ninja-build asciidoctor shellcheck libxxhash0
-	libhsakmt-dev libhsa-runtime-dev rocminfo
+	libhsakmt-dev libhsa-runtime-dev rocminfo llvm-15
 	dpkg-dev debhelper lintian
 	runc crun podman busybox-static zstd
 )
