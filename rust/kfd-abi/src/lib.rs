@@ -2,6 +2,7 @@
 //!
 //! * [`sys`]: bindings generated from the installed uapi headers, no logic.
 //! * [`ioctl`]: request numbers, checked at compile time against the kernel's values.
+//! * [`criu`]: the values KFD writes into its CRIU private blob.
 //! * [`layout`]: the CRIU private blob and mmap offset encoding, which the headers lack,
 //!   and size/offset assertions for every struct passed to the kernel.
 //! * [`ids`]: newtypes for each id and address space.
@@ -9,6 +10,7 @@
 
 #![deny(missing_docs)]
 
+pub mod criu;
 pub mod handle;
 pub mod ids;
 pub mod ioctl;

@@ -1754,7 +1754,8 @@ fn criu_checkpoint_unpause_restore_resume() {
         u32_at(&info, 40),
     );
     assert_eq!((nd, nb, no), (1, 5, 2));
-    assert_eq!(psize, 8 + 8 + 5 * 272 + (120 + 64) + 64);
+    // KFD's sizes: a 512-byte SDMA MQD, no control stack.
+    assert_eq!(psize, 8 + 8 + 5 * 272 + (120 + 512) + 64);
     assert_ne!(u32_at(&info, 44), 0);
 
     // Paused: the ring does not move.
@@ -1829,7 +1830,7 @@ fn criu_checkpoint_unpause_restore_resume() {
         )
         .unwrap();
     let psize = u64_at(&info, 24);
-    assert_eq!(psize, 8 + 8 + 5 * 272 + (120 + 64 + 136) + 64);
+    assert_eq!(psize, 8 + 8 + 5 * 272 + (120 + 512) + 64);
     let mut blob = vec![0u8; psize as usize];
     let pp = blob.as_mut_ptr() as u64;
     d.call(
@@ -1839,7 +1840,9 @@ fn criu_checkpoint_unpause_restore_resume() {
     .unwrap();
     assert_eq!(u32_at(&blob, 16 + 5 * 272 + 92), 1, "queue record's gws");
     let mqd = 16 + 5 * 272 + 120;
-    assert_eq!(u32_at(&blob, 16 + 5 * 272 + 112), 64 + 136, "mqd_size");
+    assert_eq!(u32_at(&blob, 16 + 5 * 272 + 112), 512, "mqd_size");
+    assert_eq!(u32_at(&blob, 16 + 5 * 272 + 68), 1, "KFD's SDMA type");
+    assert_eq!(u32_at(&blob, 16 + 5 * 272 + 108), 0, "ctl_stack_size");
     assert_eq!(u32_at(&blob, mqd + 4), 2, "MQD version");
     assert_eq!(
         &blob[mqd + 64..mqd + 80],
@@ -1895,6 +1898,41 @@ fn criu_checkpoint_unpause_restore_resume() {
     let mqd = 16 + 5 * 272 + 120;
     bad[mqd] ^= 0xff;
     assert_eq!(restore(&bad, psize, nd, nb), Err(libc::EINVAL));
+    // Hostile sizes, the blob kept self-consistent (the bytes inserted):
+    // refused before anything is copied, as a fixed kernel refuses them.
+    let q = 16 + 5 * 272;
+    for (field, grow) in [(112, 64 << 10), (108, 1 << 20), (112, 4096)] {
+        let mut bad = blob.clone();
+        let v = u32_at(&bad, q + field) + grow;
+        bad[q + field..q + field + 4].copy_from_slice(&v.to_le_bytes());
+        bad.splice(mqd..mqd, std::iter::repeat_n(0u8, grow as usize));
+        let size = bad.len() as u64;
+        assert_eq!(
+            restore(&bad, size, nd, nb),
+            Err(libc::EINVAL),
+            "field {field} + {grow}"
+        );
+    }
+    // An MQD shorter than KFD's (the rest cut), and a queue type no
+    // process owns (HIQ) or an SDMA queue in AQL format.
+    let mut bad = blob.clone();
+    bad[q + 112..q + 116].copy_from_slice(&64u32.to_le_bytes());
+    bad.drain(mqd + 64..mqd + 512);
+    let size = bad.len() as u64;
+    assert_eq!(
+        restore(&bad, size, nd, nb),
+        Err(libc::EINVAL),
+        "64-byte MQD"
+    );
+    for (field, v) in [(68, 2u32), (68, 6), (72, 1)] {
+        let mut bad = blob.clone();
+        bad[q + field..q + field + 4].copy_from_slice(&v.to_le_bytes());
+        assert_eq!(
+            restore(&bad, psize, nd, nb),
+            Err(libc::EINVAL),
+            "field {field} = {v}"
+        );
+    }
     let mut bad = blob.clone();
     bad[16 + 272 + 8..16 + 272 + 12].copy_from_slice(&(r.handles[0].0 as u32).to_le_bytes());
     assert_eq!(

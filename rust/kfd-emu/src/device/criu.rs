@@ -2,11 +2,19 @@
 //! private blob (B.5 layout, version 1, MAX_GPU_INSTANCE 64).  Each op
 //! first asks [`crate::fault`] whether a test wants it to fail.
 //!
-//! The MQD part of a queue record is the emulator's own ([`Mqd`]); a
-//! queue with a SET_CU_MASK mask gets version 2, the 64 bytes of version 1
-//! followed by the mask ([`CuMask`]), as KFD's MQD holds the CU mask.  No
-//! control stack bytes follow (no waves ever run), so the record's
-//! `ctl_stack_size` is 0.
+//! A queue record holds KFD's values: the kernel's queue type and format
+//! ([`kfd_abi::criu::queue_type`]), an MQD of KFD's size for the type
+//! (2048 bytes per XCC for compute queues, 512 for SDMA queues) and, for a
+//! compute queue with a context save area, a control stack of the size the
+//! queue was created with (one per XCC).  The MQD's first bytes are the
+//! emulator's own ([`Mqd`]); a queue with a SET_CU_MASK mask gets version
+//! 2, whose mask ([`CuMask`]) follows, as KFD's MQD holds the CU mask; the
+//! rest is zero, as are the control stacks (no waves ever run).
+//!
+//! RESTORE is as strict as a fixed kernel: an MQD size other than KFD's for
+//! the queue's type, a control stack on an SDMA queue or larger than the
+//! node's, a queue type a process cannot own: EINVAL, before any state
+//! changes.
 //!
 //! The `reserved` word of each device record (KFD writes 0 there) holds
 //! the process' /dev/kfd slot ([`slot_word`]): RESTORE moves the restored
@@ -19,10 +27,12 @@ use std::mem::{offset_of, size_of};
 use super::kfd;
 use super::mem::{user_read, user_write};
 use super::state::svm as ranges;
-use super::state::{BoKey, Done, Event, MemoryException, Queue, State, R};
+use super::state::{BoKey, Done, Event, Gpu, MemoryException, Queue, State, R};
 use super::svm;
-use super::uapi::{self, alloc, kfd_off, layout, priv_blob as pb, sys, AsBytes, FromBytes};
+use super::uapi::{self, alloc, kfd_off, layout, priv_blob as pb, queue_type, sys};
+use super::uapi::{AsBytes, FromBytes};
 use super::{Caller, FdResolver};
+use kfd_abi::criu;
 
 /// The emulator's MQD: the queue state the hardware would keep.
 #[repr(C)]
@@ -68,14 +78,50 @@ unsafe impl AsBytes for CuMask {}
 
 const CU_MASK_SIZE: usize = size_of::<CuMask>();
 const _: () = assert!(CU_MASK_SIZE == 136);
+// Both fit in the smallest MQD KFD writes.
+const _: () = assert!(MQD_SIZE + CU_MASK_SIZE <= criu::SDMA_MQD_SIZE as usize);
 
-/// The MQD size of a queue's record.
-fn mqd_size(q: &Queue) -> usize {
-    if q.cu_mask.is_empty() {
-        MQD_SIZE
-    } else {
-        MQD_SIZE + CU_MASK_SIZE
+/// The kernel's (type, format) of a queue of CREATE_QUEUE type `qtype`.
+fn kernel_type(qtype: u32) -> (u32, u32) {
+    match qtype {
+        queue_type::SDMA => (criu::queue_type::SDMA, criu::queue_format::PM4),
+        queue_type::SDMA_XGMI => (criu::queue_type::SDMA_XGMI, criu::queue_format::PM4),
+        queue_type::COMPUTE_AQL => (criu::queue_type::COMPUTE, criu::queue_format::AQL),
+        _ => (criu::queue_type::COMPUTE, criu::queue_format::PM4),
     }
+}
+
+/// The CREATE_QUEUE type of a record's kernel (type, format); EINVAL for a
+/// type a process never owns.
+fn ioctl_type(kernel: u32, format: u32) -> R<u32> {
+    Ok(match (kernel, format) {
+        (criu::queue_type::SDMA, criu::queue_format::PM4) => queue_type::SDMA,
+        (criu::queue_type::SDMA_XGMI, criu::queue_format::PM4) => queue_type::SDMA_XGMI,
+        (criu::queue_type::COMPUTE, criu::queue_format::AQL) => queue_type::COMPUTE_AQL,
+        (criu::queue_type::COMPUTE, criu::queue_format::PM4) => queue_type::COMPUTE,
+        _ => return Err(libc::EINVAL),
+    })
+}
+
+/// The MQD bytes of a queue's record on GPU `g`: KFD's size for its type.
+fn mqd_size(q: &Queue, g: &Gpu) -> usize {
+    criu::mqd_size(kernel_type(q.qtype).0, g.num_xcc).unwrap_or(0) as usize
+}
+
+/// The control stack bytes of a queue's record: one stack per XCC for a
+/// compute queue with a context save area (KFD's `cp_hqd_cntl_stack_size`
+/// times the XCCs), none for SDMA queues.
+fn ctl_stack_bytes(q: &Queue, g: &Gpu) -> usize {
+    if q.is_sdma() || q.ctx_addr == 0 {
+        0
+    } else {
+        q.ctl_stack_size as usize * g.num_xcc as usize
+    }
+}
+
+/// Both for the record of `q` on GPU `g`.
+fn queue_extra(q: &Queue, g: &Gpu) -> usize {
+    mqd_size(q, g) + ctl_stack_bytes(q, g)
 }
 /// Upper bound for blobs we are asked to read (protects the daemon).
 const MAX_PRIV: u64 = 256 << 20;
@@ -108,10 +154,14 @@ struct Counts {
     priv_size: u64,
 }
 
-fn counts(p: &super::state::Proc) -> Counts {
+fn counts(p: &super::state::Proc, gpus: &[Gpu]) -> Counts {
     let bos = p.bos.len() as u32;
     let queues = p.queues.len() as u64;
-    let mqds: usize = p.queues.values().map(mqd_size).sum();
+    let mqds: usize = p
+        .queues
+        .values()
+        .map(|q| queue_extra(q, &gpus[q.gpu]))
+        .sum();
     let events = p.events.len() as u64;
     let svms = p.svm.ranges.len() as u64;
     let n_pdds = p.n_pdds();
@@ -169,7 +219,7 @@ pub fn process_info(st: &mut State, lead: u32, a: &mut sys::kfd_ioctl_criu_args)
         let vmas = ranges::vmas(lead)?;
         ranges::trim(p, &vmas);
     }
-    let c = counts(p);
+    let c = counts(p, &st.devs.gpus);
     a.priv_data_size = c.priv_size;
     a.num_devices = c.devices;
     a.num_bos = c.bos;
@@ -239,7 +289,7 @@ pub fn checkpoint(
         let vmas = ranges::vmas(lead)?;
         ranges::trim(p, &vmas);
     }
-    let c = counts(p);
+    let c = counts(p, &st.devs.gpus);
     if a.num_devices != c.devices
         || a.num_bos != c.bos
         || a.num_objects != c.objects
@@ -286,6 +336,8 @@ pub fn checkpoint(
         push_bo_priv(&mut blob, bo.user_addr, key.idr, &mapped);
     }
     for (&id, q) in &p.queues {
+        let g = &st.devs.gpus[q.gpu];
+        let (type_, format) = kernel_type(q.qtype);
         let wptr = p.pdds[q.gpu]
             .doorbells
             .as_ref()
@@ -301,7 +353,8 @@ pub fn checkpoint(
             eop_ring_buffer_address: q.eop_addr,
             ctx_save_restore_area_address: q.ctx_addr,
             gpu_id: p.pdds[q.gpu].user_id,
-            type_: q.qtype,
+            type_,
+            format,
             q_id: id,
             priority: q.priority,
             q_percent: q.percent,
@@ -310,11 +363,12 @@ pub fn checkpoint(
             sdma_id: q.sdma_id,
             eop_ring_buffer_size: q.eop_size as u32,
             ctx_save_restore_area_size: q.ctx_size,
-            ctl_stack_size: 0,
-            mqd_size: mqd_size(q) as u32,
+            ctl_stack_size: ctl_stack_bytes(q, g) as u32,
+            mqd_size: mqd_size(q, g) as u32,
             ..Default::default()
         };
         uapi::push(&mut blob, &r);
+        let mqd_end = blob.len() + mqd_size(q, g);
         uapi::push(&mut blob, &encode_mqd(q, wptr));
         if !q.cu_mask.is_empty() {
             let mut mask = [0u32; 32];
@@ -326,6 +380,7 @@ pub fn checkpoint(
             };
             uapi::push(&mut blob, &m);
         }
+        blob.resize(mqd_end + ctl_stack_bytes(q, g), 0);
     }
     let mut first = true;
     for (&id, ev) in &p.events {
@@ -548,29 +603,12 @@ fn plan_restore(
         match ty {
             pb::OBJ_QUEUE => {
                 let r: layout::kfd_criu_queue_priv_data = cur.rec()?;
-                let v2 = r.mqd_size as usize == MQD_SIZE + CU_MASK_SIZE;
-                if !(r.mqd_size as usize == MQD_SIZE || v2) || r.ctl_stack_size != 0 {
-                    return Err(libc::EINVAL);
-                }
-                let m: Mqd = cur.rec()?;
-                if m.magic != MQD_MAGIC || m.version != if v2 { 2 } else { 1 } {
-                    return Err(libc::EINVAL);
-                }
-                let cu_mask = if v2 {
-                    let c: CuMask = cur.rec()?;
-                    if c.words == 0 || c.words > 32 {
-                        return Err(libc::EINVAL);
-                    }
-                    c.mask[..c.words as usize].to_vec()
-                } else {
-                    Vec::new()
-                };
                 let gpu = *user_to_gpu.get(&r.gpu_id).ok_or(libc::EINVAL)?;
-                let qtype = r.type_;
+                let qtype = ioctl_type(r.type_, r.format)?;
+                let (m, cu_mask) = take_queue_extra(&mut cur, &r, qtype, &st.devs.gpus[gpu])?;
                 let id = r.q_id;
                 let ring_size = r.q_size;
-                if qtype > uapi::queue_type::SDMA_XGMI
-                    || id >= uapi::MAX_QUEUES_PER_PROCESS
+                if id >= uapi::MAX_QUEUES_PER_PROCESS
                     || queues.iter().any(|q: &(u32, Queue, u64, bool)| q.0 == id)
                     || ring_size > u32::MAX as u64
                     || (ring_size != 0 && !ring_size.is_power_of_two())
@@ -683,6 +721,46 @@ fn plan_restore(
         },
         bob,
     ))
+}
+
+/// A queue record's MQD and control stacks, checked as a fixed kernel
+/// checks them before it copies any: the MQD of exactly KFD's size for the
+/// type, no control stack on an SDMA queue, one per XCC on a compute queue
+/// and none larger than the node's (the most a queue's allocation holds).
+fn take_queue_extra(
+    cur: &mut Cursor<'_>,
+    r: &layout::kfd_criu_queue_priv_data,
+    qtype: u32,
+    g: &Gpu,
+) -> R<(Mqd, Vec<u32>)> {
+    let (kernel, _) = kernel_type(qtype);
+    let want = criu::mqd_size(kernel, g.num_xcc).ok_or(libc::EINVAL)?;
+    let ctl = r.ctl_stack_size;
+    let ctl_ok = if criu::queue_type::is_sdma(kernel) {
+        ctl == 0
+    } else {
+        ctl.is_multiple_of(g.num_xcc) && ctl / g.num_xcc <= g.ctl_stack_size
+    };
+    if r.mqd_size != want || !ctl_ok {
+        return Err(libc::EINVAL);
+    }
+    let mqd = cur.take(want as usize)?;
+    cur.take(ctl as usize)?;
+    let m: Mqd = uapi::decode(mqd);
+    let v2 = m.version == 2;
+    if m.magic != MQD_MAGIC || !(m.version == 1 || v2) {
+        return Err(libc::EINVAL);
+    }
+    let cu_mask = if v2 {
+        let c: CuMask = uapi::decode(&mqd[MQD_SIZE..]);
+        if c.words == 0 || c.words > 32 {
+            return Err(libc::EINVAL);
+        }
+        c.mask[..c.words as usize].to_vec()
+    } else {
+        Vec::new()
+    };
+    Ok((m, cu_mask))
 }
 
 /// RESTORE: validate everything, then apply; an error while applying

@@ -209,6 +209,16 @@ impl Emulator {
                     &format!("kfd-emu-renderD{}", g.drm_render_minor.0),
                     uapi::RENDER_MEMFD_SIZE,
                 )?,
+                num_xcc: g.num_xcc.max(1),
+                ctl_stack_size: kfd_abi::criu::ctl_stack_size(&kfd_abi::criu::CwsrProps {
+                    gfx_target_version: g.gfx_target_version,
+                    simd_count: g.simd_count(),
+                    simd_per_cu: g.simd_per_cu,
+                    array_count: g.array_count,
+                    simd_arrays_per_engine: g.simd_arrays_per_engine,
+                    num_xcc: g.num_xcc.max(1),
+                })
+                .unwrap_or(0),
             });
         }
         let devs = Arc::new(Devices {

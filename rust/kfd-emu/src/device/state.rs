@@ -27,6 +27,11 @@ pub struct Gpu {
     /// What the render node reports (AMDGPU_INFO).
     pub asic: super::asic::Asic,
     pub mem: Memfd,
+    /// XCCs of the node: KFD keeps one compute MQD and control stack per XCC.
+    pub num_xcc: u32,
+    /// The control stack size of one XCC KFD computes for the node
+    /// ([`kfd_abi::criu::ctl_stack_size`]), the most a queue's can be.
+    pub ctl_stack_size: u32,
 }
 
 impl Gpu {
