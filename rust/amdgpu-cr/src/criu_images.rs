@@ -249,14 +249,32 @@ pub fn shared_file_mappings(dir: &Path, pid: u32) -> Result<Option<Vec<FileMappi
         .map_err(|w| format!("{}: {w}", dir.join(&name).display()))
 }
 
-fn parse_mm(data: &[u8]) -> Result<Vec<FileMapping>, String> {
+/// The address ranges `[start, end)` of every mapping of task `pid`
+/// (`mm-<pid>.img` in `dir`); `Ok(None)` without that image.
+pub fn vmas(dir: &Path, pid: u32) -> Result<Option<Vec<(u64, u64)>>, String> {
+    let name = format!("mm-{pid}.img");
+    let Some(data) = read_image(dir, &name)? else {
+        return Ok(None);
+    };
+    let vmas = parse_vmas(&data).map_err(|w| format!("{}: {w}", dir.join(&name).display()))?;
+    Ok(Some(
+        vmas.into_iter()
+            .filter(|v| v.end > v.start)
+            .map(|v| (v.start, v.end))
+            .collect(),
+    ))
+}
+
+fn parse_vmas(data: &[u8]) -> Result<Vec<VmaEntry>, String> {
     let list = entries(data, Some(IMG_COMMON_MAGIC), MM_MAGIC, "memory map")?;
     let [one] = list.as_slice() else {
         return Err(format!("{} entries, not one", list.len()));
     };
-    let mm = MmEntry::decode(*one).map_err(|e| e.to_string())?;
-    Ok(mm
-        .vmas
+    Ok(MmEntry::decode(*one).map_err(|e| e.to_string())?.vmas)
+}
+
+fn parse_mm(data: &[u8]) -> Result<Vec<FileMapping>, String> {
+    Ok(parse_vmas(data)?
         .into_iter()
         .filter(|v| {
             v.status & VMA_AREA_REGULAR != 0 && v.status & VMA_FILE_SHARED != 0 && v.end > v.start

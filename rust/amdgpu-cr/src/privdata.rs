@@ -52,6 +52,16 @@ fn u32_at(b: &[u8], off: u64) -> Option<u32> {
     Some(u32::from_le_bytes(bytes.try_into().ok()?))
 }
 
+/// One object record of the blob: its type (0 queue, 1 event, 2 SVM
+/// range) and where its bytes are (the queue's MQD and control stack, the
+/// range's attributes included).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Object {
+    pub kind: u32,
+    pub offset: u64,
+    pub len: u64,
+}
+
 /// Walks the blob assuming BO records of `bo_record_size` bytes.
 pub fn walk(
     blob: &[u8],
@@ -60,8 +70,29 @@ pub fn walk(
     num_objects: u32,
     bo_record_size: u64,
 ) -> Result<PrivLayout, String> {
+    let objects = objects(blob, num_devices, num_bos, num_objects, bo_record_size)?;
+    let count = |kind| objects.iter().filter(|o| o.kind == kind).count() as u32;
+    Ok(PrivLayout {
+        version: u32_at(blob, 0).ok_or("no process record")?,
+        bo_record_size,
+        queues: count(0),
+        events: count(1),
+        svm_ranges: count(2),
+    })
+}
+
+/// The object records of the blob, which must hold exactly the process,
+/// device and BO records (of `bo_record_size` bytes) and `num_objects`
+/// objects.  Allocates one entry per object found, never by the counts.
+pub fn objects(
+    blob: &[u8],
+    num_devices: u32,
+    num_bos: u64,
+    num_objects: u32,
+    bo_record_size: u64,
+) -> Result<Vec<Object>, String> {
     let len = blob.len() as u64;
-    let version = u32_at(blob, 0).ok_or("no process record")?;
+    u32_at(blob, 0).ok_or("no process record")?;
     let mut off = PROCESS_RECORD + DEVICE_RECORD * u64::from(num_devices);
     off = num_bos
         .checked_mul(bo_record_size)
@@ -72,32 +103,24 @@ pub fn walk(
             "BO records end at {off}, past the blob's {len} bytes"
         ));
     }
-    let mut out = PrivLayout {
-        version,
-        bo_record_size,
-        queues: 0,
-        events: 0,
-        svm_ranges: 0,
-    };
+    let mut out = Vec::new();
     for i in 0..num_objects {
         let ty = u32_at(blob, off).ok_or_else(|| format!("object {i} starts past the end"))?;
         let size = match ty {
             0 => {
                 let ctl = u32_at(blob, off + 108).ok_or_else(|| format!("queue {i} truncated"))?;
                 let mqd = u32_at(blob, off + 112).ok_or_else(|| format!("queue {i} truncated"))?;
-                out.queues += 1;
                 QUEUE_HEADER + u64::from(ctl) + u64::from(mqd)
             }
-            1 => {
-                out.events += 1;
-                EVENT_RECORD
-            }
-            2 => {
-                out.svm_ranges += 1;
-                SVM_HEADER + SVM_ATTR * (4 + u64::from(num_devices))
-            }
+            1 => EVENT_RECORD,
+            2 => SVM_HEADER + SVM_ATTR * (4 + u64::from(num_devices)),
             t => return Err(format!("object {i} at offset {off} has unknown type {t}")),
         };
+        out.push(Object {
+            kind: ty,
+            offset: off,
+            len: size,
+        });
         off += size;
         if off > len {
             return Err(format!(

@@ -14,6 +14,11 @@
 //! * an image that declares criu-rocm's extension has the content hash of
 //!   every BO with contents, and a kernel blob that parses with the BO
 //!   record size recorded at dump (upstream's images: with a known size);
+//! * KFD's private data holds only values KFD writes ([`privdata`]: MQD
+//!   and control stack sizes, queue types, engine, doorbell and event ids,
+//!   ring and context save addresses inside the process' BOs, SVM ranges
+//!   inside its mappings, the blob's version), since the kernel's RESTORE
+//!   copies by the sizes the blob declares;
 //! * the KFD process has BOs (KFD refuses to restore one without) and a
 //!   pid that the process tree restores, once;
 //! * each GPU's pages file has exactly the bytes its BOs need
@@ -47,6 +52,7 @@ use crate::plan::DeviceKind;
 
 pub mod chain;
 pub mod digests;
+pub mod privdata;
 
 /// The first extension version whose dump writes [`digests::FILE`].
 pub const DIGESTS_SINCE: u32 = 3;
@@ -542,6 +548,7 @@ fn check_kfd(
     }
     check_device_bos(&name, image)?;
     check_priv(&name, image)?;
+    privdata::check(dir, &name, image)?;
     for gpu in image.gpu_ids() {
         check_pages(dir, id, image, gpu, Depth::Metadata)?;
     }

@@ -132,10 +132,11 @@ fn seed(host: &Host, second: bool, compressed: bool) -> Vec<u8> {
         num_of_objects: 1,
         shared_mem_size: 0,
         shared_mem_magic: 0,
-        // The kernel's blob as KFD lays it out: process and device records,
+        // The kernel's blob as KFD lays it out: process (version 1) and device records,
         // three 272-byte BO records, one event object (type 1, 64 bytes).
         priv_data: {
             let mut p = vec![0u8; 8 + 8 + 3 * 272 + 64];
+            p[0] = 1;
             p[832..836].copy_from_slice(&1u32.to_le_bytes());
             p
         },

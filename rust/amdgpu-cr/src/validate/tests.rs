@@ -37,6 +37,7 @@ fn dumped_kfd() -> (CriuKfd, Vec<(GpuId, Vec<u8>)>) {
     m.device_entries[2].drm_render_minor = 129;
     m.priv_bo_record_size = Some(272);
     m.priv_data = vec![0; 8 + 2 * 8 + 3 * 272];
+    m.priv_data[0] = 1;
     let b0 = bytes_of(m.bo_entries[0].size, 1);
     let b2 = bytes_of(m.bo_entries[2].size, 2);
     m.bo_entries[0].content_xxh3 = Some(hash(&b0, m.bo_entries[0].content_hash_extent));
