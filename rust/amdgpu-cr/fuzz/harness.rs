@@ -141,3 +141,64 @@ pub fn validate_dir(host: &Host, data: &[u8], scratch: &Path) -> Vec<DryRunEntry
         Err(e) => panic!("gpu-check's check failed as a whole: {e}"),
     }
 }
+
+/// The VRAM BO of [`check_privdata`]'s process: rings and save areas of
+/// its queues lie in it.
+#[allow(dead_code)]
+pub const PRIV_BO: (u64, u64) = (0x7f00_0000_0000, 2 << 20);
+
+/// The validation of KFD's private data alone
+/// ([`amdgpu_cr::validate::privdata::check`], the fuzz target
+/// `validate_privdata`).  An input is an archive as [`unpack`] reads one;
+/// its first file is the object count (one byte) and the blob of a process
+/// with the host's GPU (its device record as a dump writes it from the
+/// fake sysfs tree) and the one BO [`PRIV_BO`] (272-byte BO records).
+/// `Ok(false)`: the blob's framing does not hold its objects (the
+/// validation's earlier check refuses that, not this one).
+#[allow(dead_code)]
+pub fn check_privdata(host: &Host, data: &[u8], scratch: &Path) -> Result<bool, String> {
+    use amdgpu_cr::proto::{CriuKfd, KfdBoEntry};
+    let file = data
+        .get(5..)
+        .map(|rest| {
+            let len = u32::from_le_bytes(data[1..5].try_into().expect("4 bytes")) as usize;
+            &rest[..len.min(rest.len())]
+        })
+        .unwrap_or_default();
+    let (count, blob) = file.split_first().map_or((0, &[][..]), |(c, b)| (*c, b));
+    let topo = amdgpu_cr::topology::Topology::parse_sysfs(&host.opts.sysfs_nodes)
+        .expect("the fake sysfs tree");
+    let gpu = amdgpu_cr::ids::GpuId(HOST_GPU);
+    let entries = topo
+        .to_image_entries(&[(gpu, gpu)].into_iter().collect())
+        .expect("image entries");
+    let image = amdgpu_cr::image::KfdImage {
+        msg: CriuKfd {
+            pid: 4242,
+            num_of_gpus: 1,
+            num_of_cpus: 1,
+            device_entries: entries,
+            num_of_bos: 1,
+            bo_entries: vec![KfdBoEntry {
+                addr: PRIV_BO.0,
+                size: PRIV_BO.1,
+                offset: 0x1_0000_0000,
+                alloc_flags: 1,
+                gpu_id: HOST_GPU,
+                ..Default::default()
+            }],
+            num_of_objects: u32::from(count),
+            priv_data: blob.to_vec(),
+            priv_bo_record_size: Some(272),
+            ..Default::default()
+        },
+    };
+    std::fs::create_dir_all(scratch).expect("scratch directory");
+    let m = &image.msg;
+    if amdgpu_cr::privdata::walk(&m.priv_data, 1, 1, m.num_of_objects, 272).is_err() {
+        return Ok(false);
+    }
+    amdgpu_cr::validate::privdata::check(scratch, "amdgpu-kfd-1.img", &image)
+        .map(|()| true)
+        .map_err(|r| r.to_string())
+}

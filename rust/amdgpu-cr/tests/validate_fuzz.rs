@@ -6,8 +6,12 @@
 //! no single allocation may exceed [`ALLOC_CAP`]: sizes read from an image
 //! (size words, BO sizes, counts) must never drive an allocation.
 //!
+//! The same for the target `validate_privdata`: KFD's private data alone
+//! (`fuzz/corpus/validate_privdata`), whose validation must refuse what
+//! KFD never writes and never panic.
+//!
 //! `AMDGPU_CR_WRITE_SEEDS=1 cargo test -p amdgpu-cr --test validate_fuzz`
-//! rewrites the seed corpus.
+//! rewrites the seed corpora.
 
 #[path = "../fuzz/harness.rs"]
 mod harness;
@@ -20,7 +24,7 @@ use amdgpu_cr::image::frame;
 use amdgpu_cr::pages::ExtentHasher;
 use amdgpu_cr::proto::{CriuKfd, CriuRenderNode, KfdBoEntry};
 use amdgpu_cr::topology::Topology;
-use harness::{pack, validate_dir, Host, HOST_GPU};
+use harness::{check_privdata, pack, validate_dir, Host, HOST_GPU, PRIV_BO};
 use prost::Message;
 
 /// The largest single allocation the validation may make for inputs of a
@@ -410,5 +414,144 @@ fn seed_corpus_is_current() {
         });
         assert_eq!(on_disk, bytes, "{} is stale", path.display());
     }
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+/// Private data as KFD writes it for `check_privdata`'s process: an SDMA
+/// queue, an AQL queue with a context save area (the host GPU's 120 CUs:
+/// 4096 waves, a 0x9000-byte control stack), a signal event and, with
+/// `svm`, an SVM range.
+fn privdata_seed(svm: bool) -> Vec<u8> {
+    let put32 =
+        |b: &mut Vec<u8>, at: usize, v: u32| b[at..at + 4].copy_from_slice(&v.to_le_bytes());
+    let put64 =
+        |b: &mut Vec<u8>, at: usize, v: u64| b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+    let mut blob = vec![0u8; 8 + 8 + 272];
+    put32(&mut blob, 0, 1);
+    let ring = PRIV_BO.0;
+    for (id, compute) in [(0u32, false), (1, true)] {
+        let mut q = vec![0u8; 120];
+        put64(&mut q, 8, ring);
+        put64(&mut q, 16, 0x1000);
+        put64(&mut q, 24, ring + 0x1000);
+        put64(&mut q, 32, ring + 0x1008);
+        put32(&mut q, 64, HOST_GPU);
+        put32(&mut q, 68, if compute { 0 } else { 1 });
+        put32(&mut q, 72, u32::from(compute));
+        put32(&mut q, 76, id);
+        put32(&mut q, 88, id);
+        let (mqd, ctl) = if compute {
+            put64(&mut q, 56, ring + 0x10_0000);
+            put32(&mut q, 104, 0x8_0000);
+            (2048, 0x9000)
+        } else {
+            (512, 0)
+        };
+        put32(&mut q, 108, ctl);
+        put32(&mut q, 112, mqd);
+        q.resize(120 + mqd as usize + ctl as usize, 0);
+        blob.extend_from_slice(&q);
+    }
+    let mut e = vec![0u8; 64];
+    put32(&mut e, 0, 1);
+    put32(&mut e, 16, 1);
+    blob.extend_from_slice(&e);
+    if svm {
+        let mut r = vec![0u8; 24 + 8 * 5];
+        put32(&mut r, 0, 2);
+        put64(&mut r, 8, 0x10_0000);
+        put64(&mut r, 16, 0x2000);
+        blob.extend_from_slice(&r);
+    }
+    let mut file = vec![3 + u8::from(svm)];
+    file.extend_from_slice(&blob);
+    pack(&[(0, &file)])
+}
+
+/// Writes a value KFD's fields are often edited to (0, 1, small and huge
+/// numbers, sizes grown by a page or 1 MiB) at an aligned offset of one of
+/// the seeds' two queue records (after the archive header, the count byte,
+/// the process, device and BO records; the SDMA queue's record and MQD are
+/// 632 bytes), where the framing holds and the checks are reached.
+fn poke_queue(rng: &mut Rng, input: &[u8]) -> Vec<u8> {
+    let mut b = input.to_vec();
+    let first = 5 + 1 + 8 + 8 + 272;
+    let at = [first, first + 632][rng.below(2)] + 4 * rng.below(30);
+    if at + 4 <= b.len() {
+        let old = u32::from_le_bytes(b[at..at + 4].try_into().unwrap());
+        let v = [0, 1, 2, 5, 0xffff, 1 << 20, u32::MAX, old + 4096, old ^ 1][rng.below(9)];
+        b[at..at + 4].copy_from_slice(&v.to_le_bytes());
+    }
+    b
+}
+
+fn privdata_corpus_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/validate_privdata")
+}
+
+#[test]
+fn private_data_validation_refuses_and_never_panics() {
+    let root = scratch("privdata-host");
+    let host = Host::new(&root);
+    let dir = root.join("img");
+    let write = std::env::var_os("AMDGPU_CR_WRITE_SEEDS").is_some();
+    let mut corpus = Vec::new();
+    for (name, s) in [
+        ("queues", privdata_seed(false)),
+        ("svm", privdata_seed(true)),
+    ] {
+        assert_eq!(check_privdata(&host, &s, &dir), Ok(true), "seed {name}");
+        let path = privdata_corpus_dir().join(format!("{name}.bin"));
+        if write {
+            std::fs::create_dir_all(privdata_corpus_dir()).unwrap();
+            std::fs::write(&path, &s).unwrap();
+        }
+        let on_disk = std::fs::read(&path).unwrap_or_else(|e| {
+            panic!(
+                "{}: {e} (AMDGPU_CR_WRITE_SEEDS=1 writes it)",
+                path.display()
+            )
+        });
+        assert_eq!(
+            on_disk,
+            s,
+            "{} is stale (AMDGPU_CR_WRITE_SEEDS=1)",
+            path.display()
+        );
+    }
+    for e in std::fs::read_dir(privdata_corpus_dir()).unwrap() {
+        corpus.push(std::fs::read(e.unwrap().path()).unwrap());
+    }
+    corpus.sort();
+    LARGEST.store(0, Ordering::Relaxed);
+    let mut rng = Rng(0x3100_0000_feed_f00d);
+    let (mut accepted, mut refused, mut unframed) = (0, 0, 0);
+    for round in 0..3000 {
+        let base = &corpus[round % corpus.len()];
+        let mut m = if rng.below(2) == 0 {
+            poke_queue(&mut rng, base)
+        } else {
+            mutate(&mut rng, base)
+        };
+        for _ in 0..rng.below(3) {
+            m = mutate(&mut rng, &m);
+        }
+        match check_privdata(&host, &m, &dir) {
+            Ok(true) => accepted += 1,
+            Ok(false) => unframed += 1,
+            Err(_) => refused += 1,
+        }
+        let largest = LARGEST.load(Ordering::Relaxed);
+        assert!(largest <= ALLOC_CAP, "an allocation of {largest} bytes");
+    }
+    eprintln!(
+        "3000 private data inputs: {accepted} accepted, {refused} refused, {unframed} not \
+         framed"
+    );
+    assert!(refused > 300, "only {refused} refusals: the mutations miss");
+    assert!(
+        accepted > 100,
+        "only {accepted} acceptances: the checks are not reached"
+    );
     std::fs::remove_dir_all(&root).unwrap();
 }
