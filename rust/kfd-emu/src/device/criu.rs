@@ -177,6 +177,18 @@ fn counts(p: &super::state::Proc, gpus: &[Gpu]) -> Counts {
     }
 }
 
+/// The name of CRIU op `op` (KFD's, for logs).
+pub fn op_name(op: u32) -> &'static str {
+    match op {
+        uapi::criu_op::PROCESS_INFO => "PROCESS_INFO",
+        uapi::criu_op::CHECKPOINT => "CHECKPOINT",
+        uapi::criu_op::UNPAUSE => "UNPAUSE",
+        uapi::criu_op::RESTORE => "RESTORE",
+        uapi::criu_op::RESUME => "RESUME",
+        _ => "unknown",
+    }
+}
+
 /// The pid of `lead` in its own (innermost) pid namespace.
 fn ns_pid(lead: u32) -> u32 {
     std::fs::read_to_string(format!("/proc/{lead}/status"))

@@ -779,6 +779,14 @@ impl Emulator {
                         uapi::criu_op::RESUME => criu::resume(st, caller.tid, a.pid, &mut done),
                         _ => Err(libc::EINVAL),
                     };
+                    // One line per op: tests show that a refused image
+                    // reached no RESTORE.
+                    log::info!(
+                        "kfd-emu: CRIU_OP {} by process {}: {}",
+                        criu::op_name(a.op),
+                        caller.tgid,
+                        r.map_or_else(|e| format!("errno {e}"), |()| "ok".into())
+                    );
                     r.map(|()| criu::answer(&a, i, o))
                 }
                 // A table entry without a function: KFD's answer.
