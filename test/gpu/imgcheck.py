@@ -33,6 +33,14 @@
       bo-addr KIND:BIT
                      flips bit BIT of the addr of the first BO of KIND (doorbell: the
                      DOORBELL flag; vram: the VRAM flag); prints its index
+  imgcheck.py hostile FILE EDIT
+      Edits KFD's private data in a KFD image as someone who writes images
+      would, keeping the blob self-consistent (bytes inserted where a size
+      grows) and, when the directory has amdgpu-digests.img, the file's digest
+      line recomputed: ctl-1m (the first queue's control stack grown by 1 MiB),
+      mqd-64k (its MQD by 64 KiB), type (HIQ), sdma-id, doorbell, ring (outside
+      the process), event-id (the first event's, out of its range), svm (an SVM
+      range the process never mapped), counts (num_of_objects 2^32-1).
 
 The image files are framed as a little-endian u64 size and that many bytes
 (Documentation/image-format.md).
@@ -283,6 +291,17 @@ def cmd_corrupt(path, mode, arg, ours=None):
     os.replace(t.name, path)
 
 
+def cmd_hostile(path, edit):
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.realpath(__file__)), "..", "integrity"))
+    import mutate
+    data = mutate.hostile_kfd(open(path, "rb").read(), edit)
+    open(path, "wb").write(data)
+    digests = os.path.join(os.path.dirname(path), mutate.DIGESTS)
+    if os.path.exists(digests):
+        text = mutate.forge_digests(open(digests, "rb").read(), os.path.basename(path), data)
+        open(digests, "wb").write(text)
+
+
 UNKNOWN = re.compile(r'^\s*\d+: ')
 
 
@@ -314,6 +333,8 @@ def main():
             cmd_pages(*a[1:])
         elif a[:1] == ["upstream"] and len(a) == 3:
             cmd_upstream(*a[1:])
+        elif a[:1] == ["hostile"] and len(a) == 3:
+            cmd_hostile(*a[1:])
         elif a[:1] == ["corrupt"] and len(a) in (4, 5):
             cmd_corrupt(*a[1:])
         else:

@@ -1536,6 +1536,47 @@ damaged() {
 }
 img_name() { (cd "$CASE_DIR/img" && ls $1 | head -n 1); }
 
+# Images from someone who writes them (issue 31): KFD's private data edited self-consistently
+# (a queue's control stack grown by 1 MiB with the bytes there, its MQD by 64 KiB, a queue
+# type no process owns, SDMA engine and doorbell ids out of range, a ring outside the
+# process, an event id outside its range, an SVM range never mapped, a huge object count),
+# in our layout with the digests recomputed and in upstream's (no extension fields, no
+# digests file). gpu-check and the restore refuse each alike, naming the field, before any
+# task runs; the emulator's log shows no CRIU RESTORE reached it. The intact dump restores.
+case_hostile_private_data() {
+	KFD_EMU_LOG=info on mi100x2 -- dump_for_later wl --mib 4 --bos 2 --events
+	KFD_EMU_LOG=info on mi100x2 -- hostile_private_data
+	on mi100x2 -- restore_later
+}
+hostile_private_data() {
+	local layout edit v re n=0 emu=$CASE_DIR/kfd-emu.log
+	local -A want=(
+		[ctl-1m]='queues\[0\]\.ctl_stack_size: is 1048576, but KFD saves no control stack'
+		[mqd-64k]='queues\[0\]\.mqd_size: is 66048, but KFD.s SDMA MQD is 512 bytes'
+		[type]='queues\[0\]\.type: is 2, a queue type KFD never gives a process'
+		[sdma-id]='queues\[0\]\.sdma_id: is 65535'
+		[doorbell]='queues\[0\]\.doorbell_id: is 4096'
+		[ring]='queues\[0\]\.q_address: is 0x1000'
+		[event-id]='priv_data\.events\[0\]\.event_id: is 0x1388'
+		[svm]='priv_data\.svm_ranges\[0\]: is \[0x1000, 0x2000\), which the process. mappings'
+		[counts]='priv_data: does not hold'
+	)
+	for layout in ours upstream; do
+		for edit in ctl-1m mqd-64k type sdma-id doorbell ring event-id svm counts; do
+			v=$(damaged "hostile-$layout-$edit")
+			if [ "$layout" = upstream ]; then
+				imgcheck upstream "$v" "$UPSTREAM_PROTO" >/dev/null || fail "$edit: could not rewrite the images in upstream's layout"
+			fi
+			imgcheck hostile "$v/$(img_name 'amdgpu-kfd-*.img')" "$edit" || fail "$edit: could not edit the private data"
+			refused_alike "$v" "$layout layout, $edit" "${want[$edit]}"
+			n=$((n + 1))
+		done
+	done
+	grep -q "CRIU_OP CHECKPOINT by process" "$emu" || fail "the emulator logged no CRIU op ($emu): the check below proves nothing"
+	! grep -q "CRIU_OP RESTORE" "$emu" || fail "a CRIU RESTORE reached the emulator: $(grep -m1 'CRIU_OP RESTORE' "$emu")"
+	note "$n hostile images refused by gpu-check and the restore; no CRIU RESTORE reached the emulator"
+}
+
 case_integrity_removed_content_hash() { integrity_case integrity_removed_content_hash; }
 integrity_removed_content_hash() {
 	local v kfd i

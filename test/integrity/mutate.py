@@ -44,6 +44,7 @@ DEFAULT_SEED = 14
 KFD_PID, KFD_NUM_GPUS, KFD_NUM_CPUS, KFD_DEVICES, KFD_NUM_BOS = 1, 2, 3, 4, 5
 KFD_BOS, KFD_NUM_OBJECTS, KFD_PRIV = 6, 7, 10
 KFD_EXT_VERSION = 1000
+KFD_PRIV_RECORD = 1001
 KFD_PAGES_COMPRESSION, KFD_PAGES_LEVEL, KFD_PAGES_CHUNK = 1005, 1006, 1008
 # kfd_device_entry
 DEV_GPU_ID, DEV_RENDER_MINOR = 2, 21
@@ -200,6 +201,69 @@ def unframe(data):
 
 def frame(payload):
     return struct.pack("<Q", len(payload)) + payload
+
+
+# ---------------------------------------------------------------------------
+# KFD's private data as someone who writes images would edit it (issue 31)
+
+# kfd_criu_queue_priv_data offsets (kfd-abi's layout) and the values written there.
+QUEUE_FIELDS = {"type": (68, 2), "sdma-id": (96, 0xFFFF), "doorbell": (88, 4096)}
+HOSTILE_EDITS = ["ctl-1m", "mqd-64k", "type", "sdma-id", "doorbell", "ring", "event-id", "svm",
+                 "counts"]
+
+
+def priv_objects(priv, devices, bos, count, record):
+    """The blob's objects: [(type, offset)]."""
+    off, out = 8 + 8 * devices + record * bos, []
+    for _ in range(count):
+        (ty,) = struct.unpack_from("<I", priv, off)
+        out.append((ty, off))
+        if ty == 0:
+            ctl, mqd = struct.unpack_from("<II", priv, off + 108)
+            off += 120 + ctl + mqd
+        else:
+            off += 64 if ty == 1 else 24 + 8 * (4 + devices)
+    if off != len(priv):
+        raise Bad(f"priv_data: objects end at {off}, the blob at {len(priv)}")
+    return out
+
+
+def hostile_kfd(data, edit):
+    """A KFD image (framed) with its private data edited self-consistently: bytes inserted
+    where a size grows (ctl-1m: the first queue's control stack by 1 MiB, mqd-64k: its MQD
+    by 64 KiB), a queue type no process owns, SDMA engine and doorbell ids out of range, the
+    ring at 0x1000 (outside the process), the first event's id out of its range, an SVM range
+    the process never mapped, num_of_objects 2^32-1."""
+    m = parse(unframe(data))
+    priv = bytearray(get(m, KFD_PRIV))
+    n, devices, bos = get(m, KFD_NUM_OBJECTS), get(m, KFD_NUM_GPUS), get(m, KFD_NUM_BOS)
+    objs = priv_objects(priv, devices, bos, n, get(m, KFD_PRIV_RECORD, 272))
+    queue = next((o for t, o in objs if t == 0), None)
+    event = next((o for t, o in objs if t == 1), None)
+    if (queue is None and edit not in ("event-id", "svm", "counts")) or \
+            (event is None and edit == "event-id"):
+        raise Bad(f"no object for {edit} in the private data")
+    if edit in ("ctl-1m", "mqd-64k"):
+        field, grow = (108, 1 << 20) if edit == "ctl-1m" else (112, 64 << 10)
+        (v,) = struct.unpack_from("<I", priv, queue + field)
+        struct.pack_into("<I", priv, queue + field, v + grow)
+        priv[queue + 120:queue + 120] = bytes(grow)
+    elif edit in QUEUE_FIELDS:
+        off, v = QUEUE_FIELDS[edit]
+        struct.pack_into("<I", priv, queue + off, v)
+    elif edit == "ring":
+        struct.pack_into("<Q", priv, queue + 8, 0x1000)
+    elif edit == "event-id":
+        struct.pack_into("<I", priv, event + 16, 5000)
+    elif edit == "svm":
+        priv += struct.pack("<IIQQ", 2, 0, 0x1000, 0x1000) + bytes(8 * (4 + devices))
+        put(m, KFD_NUM_OBJECTS, n + 1)
+    elif edit == "counts":
+        put(m, KFD_NUM_OBJECTS, U32)
+    else:
+        raise Bad(f"unknown edit {edit}")
+    put(m, KFD_PRIV, bytes(priv))
+    return frame(encode(m))
 
 
 # ---------------------------------------------------------------------------
@@ -461,6 +525,18 @@ def mutants(img, seed):
     if len(img.pages) >= 2:
         p0, p1 = img.pages[0], img.pages[1]
         add("swap", p0, f"{p0} holds {p1}'s contents", files={p0: img.data[p1]})
+    # KFD's private data edited by someone who writes images: self-consistent, and with
+    # the digests rewritten to match; only the private data's own checks can refuse.
+    for f in img.kfd:
+        for e in HOSTILE_EDITS:
+            try:
+                data = hostile_kfd(img.data[f], e)
+            except Bad:
+                continue
+            files = {f: data}
+            if img.digests:
+                files[DIGESTS] = forge_digests(img.data[DIGESTS], f, data)
+            add("hostile", f, f"private data: {e}; digests rewritten to match", files=files)
     # The field edits again, as a forger would make them: the digests say
     # the edited files are as dumped, so only the cross-checks can refuse.
     # Not the bytes inside the kernel's blob: they are KFD's own (queue

@@ -9,7 +9,8 @@ Dumps one gpu-workload (two GPUs, VRAM and GTT BOs, small BOs, an event) on an
 emulated mi100x2 host, writes >= 200 seeded mutants of its GPU image files
 (test/integrity/mutate.py: byte and bit flips, truncation, zeroing, extension,
 size-word changes, protobuf field edits, also with the digests file forged
-to match, deleted and swapped files), and, of a second dump of the same process
+to match, deleted and swapped files, KFD's private data edited as someone who
+writes images would), and, of a second dump of the same process
 (--leave-running, KFD_COMPRESS=zstd), the zstd-* mutants of its compressed pages files
 (mutate.zstd_mutants: damage inside the frames, the records' length words, cut and
 extended files, exchanged frames, the compression fields edited and forged), and on a
@@ -27,7 +28,10 @@ one of:
             verification), then exits cleanly;
 
 and never modify an image file (every *.img is hashed before and after).
-The intact images go first, as a control: they must end "verified".
+The intact images go first, as a control: they must end "verified". The
+hostile-* mutants (mutate.hostile_kfd: KFD's private data edited
+self-consistently, the digests rewritten to match, values KFD never writes)
+must end "refused".
 Anything else fails the run, named: "disagree" (one refuses, the other not,
 or different reasons), "silent" (the restore succeeded but the process found
 damage, hung or died, or a refused restore left it running), "modified".
@@ -352,7 +356,8 @@ def report(work):
         out, why = verdict(x, logs)
         m = x["m"]
         table.setdefault(m["class"], {o: 0 for o in OUTCOMES})[out] += 1
-        if out in FAILURES or (m["class"] == "intact" and out != "verified"):
+        if out in FAILURES or (m["class"] == "intact" and out != "verified") or \
+                (m["class"] == "hostile" and out != "refused"):
             failed.append((m, out, why))
     for m, out, why in failed:
         log(f"FAIL {m['name']} ({m['what']}): {out}: {why[:400]}")
