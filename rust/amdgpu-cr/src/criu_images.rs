@@ -21,11 +21,21 @@ const PSTREE_MAGIC: u32 = 0x5027_3030;
 const INVENTORY_MAGIC: u32 = 0x5831_3116;
 const FILES_MAGIC: u32 = 0x5630_3138;
 const MM_MAGIC: u32 = 0x5749_2820;
-/// A pstree entry is a few words per thread; a bigger one is damage.
-const ENTRY_MAX: usize = 1 << 20;
-/// Largest CRIU image read here (files and memory maps of a big process
-/// are a few MiB).
-const IMAGE_MAX: u64 = 256 << 20;
+/// The most bytes CRIU's encoding of one VMA can take in `mm-<pid>.img`:
+/// a `vma_entry` (`vma.proto`: six 64-bit fields of at most 1 + 10 bytes,
+/// four 32-bit ones of at most 1 + 5) = 90 bytes, as field 14 of
+/// `mm_entry` (1-byte tag, 1-byte length) = 92; plus an `aio_ring_entry`
+/// (at most 1 + 10 + 2 × (1 + 5) = 23 bytes, 25 framed), as an AIO ring is
+/// a VMA of its own.
+pub const VMA_ENTRY_MAX: u64 = 92 + 25;
+/// The most bytes of `mm_entry` besides its VMAs and AIO rings: eleven
+/// 64-bit fields (121 bytes), `exe_file_id` (6), the saved auxiliary
+/// vector (at most 2 × (24 + 4 + 1) words of 11 bytes, 638), `dumpable`
+/// (11) and `thp_disabled` (2): 778, rounded up.
+pub const MM_FIXED_MAX: u64 = 1024;
+/// The kernel's default `vm.max_map_count` (`DEFAULT_MAX_MAP_COUNT`), when
+/// `/proc/sys/vm/max_map_count` cannot be read.
+pub const DEFAULT_MAX_MAP_COUNT: u64 = 65530;
 /// `fd_types` of CRIU's `fdinfo.proto`: a regular file, a plugin's file.
 pub const FD_TYPE_REG: u32 = 1;
 pub const FD_TYPE_EXT: u32 = 16;
@@ -43,17 +53,13 @@ struct PstreeEntry {
 }
 
 /// The pids of the processes `pstree.img` in `dir` restores; `Ok(None)`
-/// when the directory has no `pstree.img`.
+/// when the directory has no `pstree.img`.  Errors (here and below) do not
+/// name the file: the caller does.
 pub fn pstree_pids(dir: &Path) -> Result<Option<BTreeSet<u32>>, String> {
-    let path = dir.join("pstree.img");
-    let data = match std::fs::read(&path) {
-        Ok(d) => d,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("{}: {e}", path.display())),
+    let Some(data) = read_image(dir, "pstree.img", None)? else {
+        return Ok(None);
     };
-    parse_pstree(&data)
-        .map(Some)
-        .map_err(|why| format!("{}: {why}", path.display()))
+    parse_pstree(&data).map(Some)
 }
 
 fn parse_pstree(data: &[u8]) -> Result<BTreeSet<u32>, String> {
@@ -92,35 +98,66 @@ fn entries<'a>(
     while at < data.len() {
         let size = word(at).ok_or("a truncated entry size")? as usize;
         at += 4;
-        if size > ENTRY_MAX {
-            return Err(format!("an entry of {size} bytes"));
+        // The only bound an entry needs: CRIU writes and reads entries of
+        // any size, and none can be larger than what its file holds.
+        let left = data.len() - at;
+        if size > left {
+            return Err(format!(
+                "an entry of {size} bytes at offset {}, but only {left} bytes are left in the file",
+                at - 4
+            ));
         }
-        let entry = data
-            .get(at..at.saturating_add(size))
-            .ok_or("a truncated entry")?;
-        out.push(entry);
+        out.push(&data[at..at + size]);
         at += size;
     }
     Ok(out)
 }
 
-/// Reads `name` in `dir` (bounded); `Ok(None)` when it does not exist.
-fn read_image(dir: &Path, name: &str) -> Result<Option<Vec<u8>>, String> {
-    let path = dir.join(name);
-    let f = match std::fs::File::open(&path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("{}: {e}", path.display())),
-    };
-    let mut data = Vec::new();
-    use std::io::Read;
-    f.take(IMAGE_MAX + 1)
-        .read_to_end(&mut data)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    if data.len() as u64 > IMAGE_MAX {
-        return Err(format!("{}: larger than {IMAGE_MAX} bytes", path.display()));
+/// `vm.max_map_count` of this host: the most VMAs a process can have, so
+/// the most CRIU's `mm-<pid>.img` of a process dumped here holds (and the
+/// most a restore here can map).
+pub fn max_map_count() -> (u64, &'static str) {
+    if let Some(n) = crate::testhook::max_map_count() {
+        return (n, crate::testhook::MAX_MAP_COUNT_ENV);
     }
-    Ok(Some(data))
+    std::fs::read_to_string("/proc/sys/vm/max_map_count")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .map(|n| (n, "vm.max_map_count"))
+        .unwrap_or((
+            DEFAULT_MAX_MAP_COUNT,
+            "the kernel's default vm.max_map_count",
+        ))
+}
+
+/// The largest `mm-<pid>.img` CRIU writes for a process of `vmas` VMAs.
+pub fn mm_image_max(vmas: u64) -> u64 {
+    vmas.saturating_mul(VMA_ENTRY_MAX)
+        .saturating_add(MM_FIXED_MAX + 12)
+}
+
+/// Reads `name` in `dir` whole, allocating no more than its size;
+/// `Ok(None)` when it does not exist.  `cap` (bytes, and why) refuses a
+/// larger file before anything is read.
+fn read_image(
+    dir: &Path,
+    name: &str,
+    cap: Option<(u64, String)>,
+) -> Result<Option<Vec<u8>>, String> {
+    let path = dir.join(name);
+    match crate::image::read_whole(&path, cap.as_ref().map(|(c, _)| *c)) {
+        Ok(d) => Ok(Some(d)),
+        Err(crate::image::ImageError::Io { source, .. })
+            if source.kind() == std::io::ErrorKind::NotFound =>
+        {
+            Ok(None)
+        }
+        Err(crate::image::ImageError::TooLarge { size, limit, .. }) => Err(format!(
+            "size: {size} bytes, more than the {limit} bytes {}",
+            cap.map(|(_, why)| why).unwrap_or_default()
+        )),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -137,15 +174,14 @@ struct InventoryEntry {
 
 /// The plugins `inventory.img` in `dir` names; `Ok(None)` without one.
 pub fn inventory_plugins(dir: &Path) -> Result<Option<Vec<String>>, String> {
-    let Some(data) = read_image(dir, "inventory.img")? else {
+    let Some(data) = read_image(dir, "inventory.img", None)? else {
         return Ok(None);
     };
-    let why = |w: String| format!("{}: {w}", dir.join("inventory.img").display());
-    let list = entries(&data, None, INVENTORY_MAGIC, "inventory").map_err(why)?;
+    let list = entries(&data, None, INVENTORY_MAGIC, "inventory")?;
     let [one] = list.as_slice() else {
-        return Err(why(format!("{} entries, not one", list.len())));
+        return Err(format!("{} entries, not one", list.len()));
     };
-    let inv = InventoryEntry::decode(*one).map_err(|e| why(e.to_string()))?;
+    let inv = InventoryEntry::decode(*one).map_err(|e| e.to_string())?;
     Ok(Some(
         inv.plugins_entry.map(|p| p.plugins).unwrap_or_default(),
     ))
@@ -178,12 +214,10 @@ pub struct Files {
 
 /// Reads `files.img` in `dir`; `Ok(None)` without one.
 pub fn files(dir: &Path) -> Result<Option<Files>, String> {
-    let Some(data) = read_image(dir, "files.img")? else {
+    let Some(data) = read_image(dir, "files.img", None)? else {
         return Ok(None);
     };
-    parse_files(&data)
-        .map(Some)
-        .map_err(|w| format!("{}: {w}", dir.join("files.img").display()))
+    parse_files(&data).map(Some)
 }
 
 fn parse_files(data: &[u8]) -> Result<Files, String> {
@@ -237,45 +271,66 @@ pub struct FileMapping {
     pub file: u32,
 }
 
+/// The VMAs of task `pid` (`mm-<pid>.img` in `dir`); `Ok(None)` without
+/// that image.  The image may hold as many VMAs as [`max_map_count`]
+/// allows, and no more.
+fn read_vmas(dir: &Path, pid: u32) -> Result<Option<Vec<VmaEntry>>, String> {
+    let (most, source) = max_map_count();
+    let cap = (
+        mm_image_max(most),
+        format!(
+            "that CRIU writes for {most} VMAs ({source}) of at most {VMA_ENTRY_MAX} bytes each"
+        ),
+    );
+    let Some(data) = read_image(dir, &format!("mm-{pid}.img"), Some(cap))? else {
+        return Ok(None);
+    };
+    parse_vmas(&data, (most, source)).map(Some)
+}
+
 /// The shared file mappings of task `pid` (`mm-<pid>.img` in `dir`);
 /// `Ok(None)` without that image.
 pub fn shared_file_mappings(dir: &Path, pid: u32) -> Result<Option<Vec<FileMapping>>, String> {
-    let name = format!("mm-{pid}.img");
-    let Some(data) = read_image(dir, &name)? else {
-        return Ok(None);
-    };
-    parse_mm(&data)
-        .map(Some)
-        .map_err(|w| format!("{}: {w}", dir.join(&name).display()))
+    Ok(read_vmas(dir, pid)?.map(shared_of))
 }
 
 /// The address ranges `[start, end)` of every mapping of task `pid`
 /// (`mm-<pid>.img` in `dir`); `Ok(None)` without that image.
 pub fn vmas(dir: &Path, pid: u32) -> Result<Option<Vec<(u64, u64)>>, String> {
-    let name = format!("mm-{pid}.img");
-    let Some(data) = read_image(dir, &name)? else {
-        return Ok(None);
-    };
-    let vmas = parse_vmas(&data).map_err(|w| format!("{}: {w}", dir.join(&name).display()))?;
-    Ok(Some(
+    Ok(read_vmas(dir, pid)?.map(|vmas| {
         vmas.into_iter()
             .filter(|v| v.end > v.start)
             .map(|v| (v.start, v.end))
-            .collect(),
-    ))
+            .collect()
+    }))
 }
 
-fn parse_vmas(data: &[u8]) -> Result<Vec<VmaEntry>, String> {
+/// The VMAs of an `mm-<pid>.img`, which may hold at most `most` of them
+/// (`source` names that limit).
+fn parse_vmas(data: &[u8], (most, source): (u64, &str)) -> Result<Vec<VmaEntry>, String> {
     let list = entries(data, Some(IMG_COMMON_MAGIC), MM_MAGIC, "memory map")?;
     let [one] = list.as_slice() else {
         return Err(format!("{} entries, not one", list.len()));
     };
-    Ok(MmEntry::decode(*one).map_err(|e| e.to_string())?.vmas)
+    let mm = MmEntry::decode(*one).map_err(|e| e.to_string())?;
+    if mm.vmas.len() as u64 > most {
+        return Err(format!(
+            "vmas: {} VMAs, more than the {most} a process can have ({source})",
+            mm.vmas.len()
+        ));
+    }
+    Ok(mm.vmas)
 }
 
-fn parse_mm(data: &[u8]) -> Result<Vec<FileMapping>, String> {
-    Ok(parse_vmas(data)?
-        .into_iter()
+/// The shared file mappings of an `mm-<pid>.img` (at most `limit` VMAs).
+#[cfg(test)]
+fn parse_mm(data: &[u8], limit: (u64, &str)) -> Result<Vec<FileMapping>, String> {
+    Ok(shared_of(parse_vmas(data, limit)?))
+}
+
+/// The shared mappings of files among `vmas`.
+fn shared_of(vmas: Vec<VmaEntry>) -> Vec<FileMapping> {
+    vmas.into_iter()
         .filter(|v| {
             v.status & VMA_AREA_REGULAR != 0 && v.status & VMA_FILE_SHARED != 0 && v.end > v.start
         })
@@ -287,7 +342,7 @@ fn parse_mm(data: &[u8]) -> Result<Vec<FileMapping>, String> {
                 file: u32::try_from(v.shmid).ok()?,
             })
         })
-        .collect())
+        .collect()
 }
 
 /// Writers of the CRIU images read here, for tests elsewhere in the crate.
@@ -403,7 +458,9 @@ mod tests {
         let mut two = ONE.to_vec();
         two.extend_from_slice(&[4, 0, 0, 0, 0x08, 0x22, 0x10, 0x21]);
         assert_eq!(parse_pstree(&two).unwrap(), BTreeSet::from([33, 34]));
-        assert!(parse_pstree(&ONE[..20]).unwrap_err().contains("truncated"));
+        assert!(parse_pstree(&ONE[..20])
+            .unwrap_err()
+            .contains("only 8 bytes are left in the file"));
         let mut bad = ONE;
         bad[4] ^= 1;
         assert!(parse_pstree(&bad).unwrap_err().contains("magic"));
@@ -486,9 +543,139 @@ mod tests {
             }]
         );
         std::fs::write(d.join("mm-6.img"), b"junk").unwrap();
-        assert!(shared_file_mappings(&d, 6)
-            .unwrap_err()
-            .contains("mm-6.img"));
+        assert!(shared_file_mappings(&d, 6).unwrap_err().contains("magic"));
         std::fs::remove_dir_all(&d).unwrap();
+    }
+}
+
+#[cfg(test)]
+mod large {
+    use super::fixtures::image;
+    use super::*;
+
+    /// CRIU's whole `vma_entry`, every field written as CRIU writes it
+    /// (proto2 `required`: present even when zero).
+    #[derive(Clone, PartialEq, Message)]
+    pub(super) struct FullVma {
+        #[prost(uint64, required, tag = "1")]
+        pub start: u64,
+        #[prost(uint64, required, tag = "2")]
+        pub end: u64,
+        #[prost(uint64, required, tag = "3")]
+        pub pgoff: u64,
+        #[prost(uint64, required, tag = "4")]
+        pub shmid: u64,
+        #[prost(uint32, required, tag = "5")]
+        pub prot: u32,
+        #[prost(uint32, required, tag = "6")]
+        pub flags: u32,
+        #[prost(uint32, required, tag = "7")]
+        pub status: u32,
+        #[prost(sint64, required, tag = "8")]
+        pub fd: i64,
+        #[prost(uint64, optional, tag = "9")]
+        pub madv: Option<u64>,
+        #[prost(uint32, optional, tag = "10")]
+        pub fdflags: Option<u32>,
+    }
+
+    #[derive(Clone, PartialEq, Message)]
+    struct FullMm {
+        #[prost(message, repeated, tag = "14")]
+        vmas: Vec<FullVma>,
+    }
+
+    /// A task's memory map as CRIU writes it for a process with `n`
+    /// anonymous private read-write mappings and one shared mapping of
+    /// file 3.
+    fn mm_of(n: u64) -> Vec<u8> {
+        let anon = |i: u64| FullVma {
+            start: 0x7f00_0000_0000 + 2 * i * 0x1000,
+            end: 0x7f00_0000_1000 + 2 * i * 0x1000,
+            pgoff: 0,
+            shmid: 0,
+            prot: 3,
+            flags: 0x22,
+            status: VMA_AREA_REGULAR | (1 << 5),
+            fd: -1,
+            madv: None,
+            fdflags: None,
+        };
+        let mut vmas: Vec<FullVma> = (0..n).map(anon).collect();
+        vmas.push(FullVma {
+            start: 0x1000,
+            end: 0x2000,
+            pgoff: 0x4000,
+            shmid: 3,
+            prot: 3,
+            flags: 1,
+            status: VMA_AREA_REGULAR | VMA_FILE_SHARED,
+            fd: -1,
+            madv: None,
+            fdflags: Some(2),
+        });
+        image(
+            Some(IMG_COMMON_MAGIC),
+            MM_MAGIC,
+            &[FullMm { vmas }.encode_to_vec()],
+        )
+    }
+
+    /// 40000 mappings make an mm entry of more than 1 MiB (the issue's
+    /// 1241810 bytes); 60000 stay within the default vm.max_map_count.
+    #[test]
+    fn mm_of_60000_mappings_reads() {
+        for n in [40_000, 60_000] {
+            let data = mm_of(n);
+            assert!(data.len() > 1 << 20, "{} bytes", data.len());
+            let maps = parse_mm(&data, (DEFAULT_MAX_MAP_COUNT, "x")).unwrap();
+            assert_eq!(maps.len(), 1, "{n} mappings");
+            assert_eq!(maps[0].pgoff, 0x4000);
+            assert!(data.len() as u64 <= mm_image_max(n + 1));
+        }
+    }
+
+    /// The bound per VMA is CRIU's largest encoding of one, and a map of
+    /// more VMAs than the limit, or a file larger than they can take, is
+    /// refused with the limit named.
+    #[test]
+    fn mm_bounds_come_from_the_writer() {
+        let widest = FullVma {
+            start: u64::MAX,
+            end: u64::MAX,
+            pgoff: u64::MAX,
+            shmid: u64::MAX,
+            prot: u32::MAX,
+            flags: u32::MAX,
+            status: u32::MAX,
+            fd: i64::MIN,
+            madv: Some(u64::MAX),
+            fdflags: Some(u32::MAX),
+        };
+        let mm = FullMm { vmas: vec![widest] };
+        assert_eq!(mm.encoded_len() as u64, 92, "one VMA in mm_entry");
+        let data = mm_of(100);
+        let e = parse_mm(&data, (100, "vm.max_map_count")).unwrap_err();
+        assert_eq!(
+            e,
+            "vmas: 101 VMAs, more than the 100 a process can have (vm.max_map_count)"
+        );
+        let d = crate::image::tests::tempdir();
+        std::fs::write(d.join("mm-7.img"), mm_of(100)).unwrap();
+        assert_eq!(shared_file_mappings(&d, 7).unwrap().unwrap().len(), 1);
+        let big = vec![0u8; mm_image_max(max_map_count().0) as usize + 1];
+        std::fs::write(d.join("mm-8.img"), big).unwrap();
+        let e = shared_file_mappings(&d, 8).unwrap_err();
+        assert!(e.contains("bytes each"), "{e}");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// An entry is bounded by the bytes left in its file, whatever its size.
+    #[test]
+    fn entry_larger_than_its_file_is_refused() {
+        let mut data = mm_of(10);
+        data.truncate(data.len() - 1);
+        let e = parse_mm(&data, (DEFAULT_MAX_MAP_COUNT, "x")).unwrap_err();
+        assert!(e.contains("bytes are left in the file"), "{e}");
     }
 }

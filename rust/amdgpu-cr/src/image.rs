@@ -24,11 +24,6 @@ use crate::bo;
 use crate::ids::GpuId;
 use crate::proto::{CriuKfd, CriuRenderNode};
 
-/// Largest protobuf payload we accept.  The biggest legitimate part is the
-/// kernel's private blob (≈ 272 B per BO plus MQDs); 512 MiB is far beyond
-/// any real process and keeps a corrupt size word from driving allocation.
-pub const MAX_MESSAGE_SIZE: u64 = 512 << 20;
-
 /// Version of our optional extensions written in `criu_kfd`
 /// (`criu_rocm_ext_version`).  1 = per-BO `content_xxh3`; 2 = and
 /// `content_hash_extent` on BOs hashed in extents; 3 = and the dump wrote
@@ -179,12 +174,13 @@ pub fn frame(payload: &[u8]) -> Vec<u8> {
 }
 
 /// Splits a whole framed file into its payload, checking the size word
-/// against the data present, `cap`, and for trailing garbage.
+/// against the data present and for trailing garbage.  No other bound: the
+/// file was read whole at its size ([`read_whole`]), and a payload can
+/// only be what the file holds.
 pub fn unframe<'a>(
     file: &str,
     field: &'static str,
     bytes: &'a [u8],
-    cap: u64,
 ) -> Result<&'a [u8], ImageError> {
     let Some((head, rest)) = bytes.split_first_chunk::<8>() else {
         return Err(ImageError::Truncated {
@@ -195,14 +191,6 @@ pub fn unframe<'a>(
         });
     };
     let size = u64::from_le_bytes(*head);
-    if size > cap {
-        return Err(ImageError::TooLarge {
-            file: file.to_owned(),
-            field,
-            size,
-            limit: cap,
-        });
-    }
     let present = rest.len() as u64;
     if size > present {
         return Err(ImageError::Truncated {
@@ -222,17 +210,18 @@ pub fn unframe<'a>(
     Ok(rest)
 }
 
-/// Reads a whole small image file, refusing files larger than `8 + cap`
-/// before reading them.
-pub fn read_bounded(path: &Path, cap: u64) -> Result<Vec<u8>, ImageError> {
+/// Reads a whole image file, allocating its size as `fstat` reports it
+/// and reading no more (a file that grows meanwhile is cut there, and its
+/// decoding finds it short).  `cap`: a larger file is refused before
+/// anything is read.
+pub fn read_whole(path: &Path, cap: Option<u64>) -> Result<Vec<u8>, ImageError> {
     let file = path.display().to_string();
     let f = File::open(path).map_err(|e| ImageError::io(&file, "open", e))?;
     let len = f
         .metadata()
         .map_err(|e| ImageError::io(&file, "fstat", e))?
         .len();
-    let limit = cap.saturating_add(8);
-    if len > limit {
+    if let Some(limit) = cap.filter(|&c| len > c) {
         return Err(ImageError::TooLarge {
             file,
             field: "file",
@@ -241,20 +230,13 @@ pub fn read_bounded(path: &Path, cap: u64) -> Result<Vec<u8>, ImageError> {
         });
     }
     let mut buf = Vec::new();
-    buf.try_reserve_exact(len as usize)
-        .map_err(|_| ImageError::io(&file, "allocate", io::ErrorKind::OutOfMemory.into()))?;
-    // `take` keeps a file that grows while we read from exceeding the bound.
-    f.take(limit + 1)
+    usize::try_from(len)
+        .ok()
+        .and_then(|n| buf.try_reserve_exact(n).ok())
+        .ok_or_else(|| ImageError::io(&file, "allocate", io::ErrorKind::OutOfMemory.into()))?;
+    f.take(len)
         .read_to_end(&mut buf)
         .map_err(|e| ImageError::io(&file, "read", e))?;
-    if buf.len() as u64 > limit {
-        return Err(ImageError::TooLarge {
-            file,
-            field: "file",
-            size: buf.len() as u64,
-            limit,
-        });
-    }
     Ok(buf)
 }
 
@@ -286,7 +268,7 @@ pub struct KfdImage {
 impl KfdImage {
     /// Decodes and validates the payload of a KFD image (`bytes` = whole file).
     pub fn decode(file: &str, bytes: &[u8]) -> Result<Self, ImageError> {
-        let payload = unframe(file, "criu_kfd message", bytes, MAX_MESSAGE_SIZE)?;
+        let payload = unframe(file, "criu_kfd message", bytes)?;
         let msg = CriuKfd::decode(payload).map_err(|source| ImageError::Decode {
             file: file.to_owned(),
             message: "criu_kfd",
@@ -298,7 +280,7 @@ impl KfdImage {
     /// Reads `amdgpu-kfd-<id>.img` from `dir`.
     pub fn read(dir: &Path, id: FileId) -> Result<Self, ImageError> {
         let path = dir.join(kfd_image_name(id));
-        let bytes = read_bounded(&path, MAX_MESSAGE_SIZE)?;
+        let bytes = read_whole(&path, None)?;
         Self::decode(&path.display().to_string(), &bytes)
     }
 
@@ -510,7 +492,7 @@ impl RenderImage {
     /// Decodes a render-node image (`bytes` = whole file).
     pub fn decode(file: &str, bytes: &[u8]) -> Result<Self, ImageError> {
         // A render image holds one id (plus criu-dev's DRM BO list).
-        let payload = unframe(file, "criu_render_node message", bytes, MAX_MESSAGE_SIZE)?;
+        let payload = unframe(file, "criu_render_node message", bytes)?;
         let msg = CriuRenderNode::decode(payload).map_err(|source| ImageError::Decode {
             file: file.to_owned(),
             message: "criu_render_node",
@@ -543,7 +525,7 @@ impl RenderImage {
     /// Reads `amdgpu-renderD-<id>.img` from `dir`.
     pub fn read(dir: &Path, id: FileId) -> Result<Self, ImageError> {
         let path = dir.join(render_image_name(id));
-        let bytes = read_bounded(&path, MAX_MESSAGE_SIZE)?;
+        let bytes = read_whole(&path, None)?;
         Self::decode(&path.display().to_string(), &bytes)
     }
 
@@ -870,8 +852,9 @@ pub(crate) mod tests {
         assert!(e.contains("1 unexpected bytes"), "{e}");
         let mut huge = good.clone();
         huge[..8].copy_from_slice(&u64::MAX.to_le_bytes());
+        // A size word is bounded by the bytes the file holds, nothing else.
         let e = KfdImage::decode("f.img", &huge).unwrap_err().to_string();
-        assert!(e.contains("more than the limit"), "{e}");
+        assert!(e.contains("needs 18446744073709551615 bytes, only"), "{e}");
         let mut garbage = frame(&[0xff; 16]);
         garbage.truncate(24);
         assert!(matches!(

@@ -24,6 +24,14 @@ pub fn init() {
     });
 }
 
+/// The name of the variable that overrides `vm.max_map_count`.
+pub const MAX_MAP_COUNT_ENV: &str = "CRIU_ROCM_TEST_MAX_MAP_COUNT";
+
+/// `vm.max_map_count` as the test sets it, `None` when it sets none.
+pub fn max_map_count() -> Option<u64> {
+    std::env::var(MAX_MAP_COUNT_ENV).ok()?.trim().parse().ok()
+}
+
 /// A log line was produced; async-signal-safe once [`init`] ran.
 pub fn on_log_line(line: &[u8]) {
     let Some(Some(text)) = TEXT.get() else {

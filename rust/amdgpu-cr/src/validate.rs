@@ -44,8 +44,8 @@ use crate::bo;
 use crate::criu_images::{self, FileMapping, Files};
 use crate::ids::GpuId;
 use crate::image::{
-    kfd_image_id, kfd_image_name, read_bounded, render_image_name, FileId, ImageError, KfdImage,
-    RenderImage, MAX_MESSAGE_SIZE,
+    kfd_image_id, kfd_image_name, read_whole, render_image_name, FileId, ImageError, KfdImage,
+    RenderImage,
 };
 use crate::pages::{content_bos, pages_image_name, pages_total, Encoding, FrameError, PagesReader};
 use crate::plan::DeviceKind;
@@ -53,6 +53,12 @@ use crate::plan::DeviceKind;
 pub mod chain;
 pub mod digests;
 pub mod privdata;
+
+/// The most KFD processes (KFD images that are no reopen) one restore
+/// brings back: the slots of the GPU memory writer's board (half a KiB
+/// each, in a mapping shared with every restored task).  A dump of more is refused by its own
+/// validation, before the process is killed.
+pub const MAX_KFD_PROCESSES: usize = 1024;
 
 /// The first extension version whose dump writes [`digests::FILE`].
 pub const DIGESTS_SINCE: u32 = 3;
@@ -284,7 +290,7 @@ pub fn check_dir(dir: &Path, depth: Depth) -> std::io::Result<Report> {
     let mut ids: Vec<FileId> = files.iter().filter_map(|n| kfd_image_id(n)).collect();
     ids.sort_by_key(|i| i.0);
 
-    let manifest = match read_bounded(&dir.join(digests::FILE), digests::MAX_SIZE) {
+    let manifest = match read_whole(&dir.join(digests::FILE), None) {
         Ok(bytes) => match digests::Digests::parse(&bytes) {
             Ok(m) => Some(m),
             Err(r) => {
@@ -310,7 +316,7 @@ pub fn check_dir(dir: &Path, depth: Depth) -> std::io::Result<Report> {
             refusal: None,
         };
         let name = kfd_image_name(id);
-        match read_bounded(&dir.join(&name), MAX_MESSAGE_SIZE)
+        match read_whole(&dir.join(&name), None)
             .and_then(|bytes| KfdImage::decode(&name, &bytes).map(|i| (bytes, i)))
         {
             Err(e) => v.refusal = Some(e.into()),
@@ -349,10 +355,22 @@ pub fn check_dir(dir: &Path, depth: Depth) -> std::io::Result<Report> {
         }
         report.kfd.push(v);
     }
+    let processes = report.kfd.iter().filter(|v| !v.is_reopen()).count();
+    if processes > MAX_KFD_PROCESSES {
+        report.other.push(Refusal::new(
+            "amdgpu-kfd-*.img",
+            None,
+            "",
+            format!(
+                "{processes} KFD processes, more than the {MAX_KFD_PROCESSES} one restore brings \
+                 back (the GPU memory writer's board)"
+            ),
+        ));
+    }
 
     // Render-node images: each must decode.
     for name in files.iter().filter(|n| n.starts_with("amdgpu-renderD-")) {
-        let r = read_bounded(&dir.join(name), MAX_MESSAGE_SIZE)
+        let r = read_whole(&dir.join(name), None)
             .and_then(|bytes| RenderImage::decode(name, &bytes).map(|_| bytes));
         match r {
             Err(e) => report.other.push(e.into()),

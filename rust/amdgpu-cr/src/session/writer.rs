@@ -68,8 +68,9 @@ use crate::os::shared::{Shared, SharedState};
 use crate::pages::ContentHash;
 use crate::plan::{BoBucket, GpuWork};
 
-/// Jobs the board holds: KFD processes one restore can bring back.
-pub const SLOTS: usize = 1024;
+/// Jobs the board holds: KFD processes one restore can bring back (the
+/// validation refuses images of more, so that a dump of more fails).
+pub const SLOTS: usize = crate::validate::MAX_KFD_PROCESSES;
 /// How long a task waits for the writer to take its fds.
 const TAKE_TIMEOUT: Duration = Duration::from_secs(120);
 /// A job's first word.

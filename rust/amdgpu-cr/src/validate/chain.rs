@@ -22,7 +22,7 @@ use super::digests::{self, Digests};
 use super::Refusal;
 use crate::bo;
 use crate::ids::GpuId;
-use crate::image::{kfd_image_id, read_bounded, FileId, KfdImage, MAX_MESSAGE_SIZE};
+use crate::image::{kfd_image_id, read_whole, FileId, KfdImage};
 use crate::pages::zstd::{check_records, chunks, Chunk};
 use crate::pages::{
     content_bos, pages_image_name, pages_total, Encoding, Overlay, Source, CONTENT_EXTENT,
@@ -32,9 +32,6 @@ use crate::session::incomplete;
 
 /// CRIU's link from an image directory to its parent's.
 pub const PARENT_LINK: &str = "parent";
-
-/// Longest chain followed (a guard against a loop of links).
-pub const MAX_DEPTH: usize = 4096;
 
 /// A BO's extent size and the digest of each extent, as its image records
 /// them; `None` when it has no hash or its extents' digests are not kept
@@ -152,7 +149,7 @@ fn load_link(dir: &Path, shown: &str, name: &str) -> Result<Link, Refusal> {
         )
     })?;
     let path = dir.join(name);
-    let bytes = read_bounded(&path, MAX_MESSAGE_SIZE).map_err(|e| {
+    let bytes = read_whole(&path, None).map_err(|e| {
         let mut x = Refusal::from(e);
         x.file = format!("{shown}{name}");
         x
@@ -162,7 +159,7 @@ fn load_link(dir: &Path, shown: &str, name: &str) -> Result<Link, Refusal> {
         x.file = format!("{shown}{name}");
         x
     })?;
-    let manifest = read_bounded(&dir.join(digests::FILE), digests::MAX_SIZE).map_err(|e| {
+    let manifest = read_whole(&dir.join(digests::FILE), None).map_err(|e| {
         r(
             digests::FILE,
             "",
@@ -271,8 +268,8 @@ pub fn dump_parent(dir: &Path, pid: u32) -> Option<(String, KfdImage)> {
         if kfd_image_id(&name).is_none() {
             continue;
         }
-        let Ok(image) = read_bounded(&link.join(&name), MAX_MESSAGE_SIZE)
-            .and_then(|b| KfdImage::decode(&name, &b))
+        let Ok(image) =
+            read_whole(&link.join(&name), None).and_then(|b| KfdImage::decode(&name, &b))
         else {
             continue;
         };
@@ -420,16 +417,12 @@ pub fn resolve(
                             reason: "missing, though its BOs take extents from a parent".into(),
                         });
                     };
-                    if depth >= MAX_DEPTH {
-                        return Err(Refusal::new(
-                            &child_name,
-                            None,
-                            "",
-                            format!("its chain of parents is longer than {MAX_DEPTH}"),
-                        ));
-                    }
                     let pdir = from_dir.join(PARENT_LINK);
                     let shown = format!("{from_shown}{PARENT_LINK}/");
+                    // No bound on the chain's length (a dump can have any
+                    // number of parents): every link is a directory not
+                    // met before, and one that does not resolve fails to
+                    // load.
                     if let Ok(c) = pdir.canonicalize() {
                         if !seen.insert(c) {
                             return Err(Refusal {

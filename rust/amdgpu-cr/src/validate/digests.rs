@@ -46,8 +46,6 @@ fn compressed(image: &KfdImage) -> bool {
 pub const FILE: &str = "amdgpu-digests.img";
 /// Its first line.
 const HEADER: &str = "criu-rocm GPU image digests 1";
-/// Far more than the lines of any dump (one per GPU image file).
-pub const MAX_SIZE: u64 = 16 << 20;
 
 /// Whether `name` is a GPU image file that the digests cover.
 pub fn is_gpu_image(name: &str) -> bool {

@@ -560,3 +560,31 @@ fn plugin_files_of_other_plugins_are_not_gpu_files() {
     assert_eq!(refusals(&dir, Depth::Metadata), Vec::<String>::new());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// More KFD processes than one restore's writer board holds are refused
+/// up front (and so by the dump that wrote them), naming the limit.
+#[test]
+fn more_kfd_processes_than_a_restore_holds_are_refused() {
+    let dir = fixture();
+    let image = std::fs::read(dir.join(KFD_NAME)).unwrap();
+    let limit = |dir: &Path| {
+        refusals(dir, Depth::Metadata)
+            .into_iter()
+            .filter(|r| r.contains("GPU memory writer's board"))
+            .collect::<Vec<_>>()
+    };
+    for id in 1..MAX_KFD_PROCESSES as u32 {
+        std::fs::write(dir.join(kfd_image_name(FileId(1000 + id))), &image).unwrap();
+    }
+    assert_eq!(limit(&dir), Vec::<String>::new());
+    std::fs::write(dir.join(kfd_image_name(FileId(999))), &image).unwrap();
+    assert_eq!(
+        limit(&dir),
+        vec![format!(
+            "amdgpu-kfd-*.img: {} KFD processes, more than the {MAX_KFD_PROCESSES} one restore \
+             brings back (the GPU memory writer's board)",
+            MAX_KFD_PROCESSES + 1
+        )]
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
