@@ -985,6 +985,39 @@ fault_dump_checkpoint_ioctl() {
 	note "$(grep -a -m1 -o 'amdgpu: pid [0-9]*: fd [0-9]* (/dev/kfd): CHECKPOINT: .*' "$img/dump.log")"
 }
 
+# The dump's own validation refuses its images (issue 25; the test hook lowers
+# vm.max_map_count to 8, fewer than the process' VMAs): the dump fails before the
+# process is killed, which runs on with its GPU unpaused and its memory intact; the image
+# directory stays marked incomplete, with the reason, and restore and gpu-check refuse it.
+# The same process is then dumped without the hook, restored and verified byte-exact.
+case_fault_dump_refused_by_validation() { on mi100x2 -- fault_dump_refused_by_validation; }
+fault_dump_refused_by_validation() {
+	local img=$CASE_DIR/img img2=$CASE_DIR/img2 v0 v1 log re
+	wl_start wl --mib 2 --bos 2 --events
+	v0=$(wl_verify "$WL") || exit 1
+	CRIU_ROCM_TEST_MAX_MAP_COUNT=8 dump "$WL" "$img" && fail "the dump succeeded although its validation refuses mm-$WL.img"
+	re="mm-$WL\\.img: vmas: [0-9]+ VMAs, more than the 8 a process can have \\(CRIU_ROCM_TEST_MAX_MAP_COUNT\\)"
+	log_has "$img/dump.log" "amdgpu: $re"
+	log_has "$img/dump.log" "the restore would refuse these images \(above\); the dump fails and the process keeps running"
+	log_has "$img/dump.log" "amdgpu: pid $WL: GPU queues unpaused"
+	running_on "$WL" "$v0"
+	[ -e "$img/$INCOMPLETE" ] || fail "the refused dump left no $INCOMPLETE in $img"
+	grep -Eq "^$re" "$img/$INCOMPLETE" || fail "$INCOMPLETE does not say why: $(paste -sd' ' "$img/$INCOMPLETE")"
+	gpu_check "$img"
+	[ "$GC_RC" != 0 ] && grep -Eq "incomplete dump: .*the dump's validation refused them: $re" <<<"$GC_OUT" ||
+		fail "gpu-check does not refuse the images as incomplete, with the reason: $(paste -sd' ' <<<"$GC_OUT")"
+	log=$CASE_DIR/restore-refused.log
+	restore "$img" "$log" && fail "criu-rocm restore of the refused images succeeded"
+	log_has "$log" "incomplete dump: .*the dump's validation refused them: $re"
+	alive "$WL" || fail "the refused restore ended gpu-workload $WL"
+	dump_ok "$WL" "$img2"
+	restore_ok "$img2" "$WL"
+	v1=$(wl_verify "$WL") || exit 1
+	same_bytes "$v0" "$v1"
+	wl_finish "$WL"
+	note "$(grep -a -m1 -oE "$re" "$img/dump.log")"
+}
+
 # UNPAUSE fails after a --leave-running dump: the dump must not report success.
 case_fault_dump_unpause_fails() { on mi100x2 --fail UNPAUSE -- fault_dump_unpause_fails; }
 fault_dump_unpause_fails() {

@@ -113,9 +113,13 @@ pub extern "C" fn criu_gpu_dump_init(imgdir_fd: c_int, log_fd: c_int, log_start_
     })
 }
 
-/// Every image of the dump is written (before CRIU's post-dump scripts):
-/// the digests of the GPU image files go into the image directory
-/// `imgdir_fd`, which then loses its incomplete-dump mark.
+/// Every image of the dump is written, CRIU's flushed (before CRIU's
+/// post-dump scripts, and before the tree is killed or resumed): the
+/// digests of the GPU image files go into the image directory
+/// `imgdir_fd`, the directory is validated as its restore will validate
+/// it, and then it loses its incomplete-dump mark.  `-EINVAL` when the
+/// validation refuses: the dump fails, the tree keeps running with its GPU
+/// unpaused, and the mark stays with the reasons.
 #[no_mangle]
 pub extern "C" fn criu_gpu_dump_complete(imgdir_fd: c_int) -> c_int {
     ffi_boundary("criu_gpu_dump_complete", || {
@@ -124,6 +128,24 @@ pub extern "C" fn criu_gpu_dump_complete(imgdir_fd: c_int) -> c_int {
             if let Err(e) = s.write_digests(&dir) {
                 log::error!("{e}");
                 return -e.raw_os_error().unwrap_or(libc::EIO);
+            }
+            if let Err(why) = s.verify_images(&dir) {
+                for line in why.lines() {
+                    log::error!("{line}");
+                }
+                log::error!(
+                    "{}: the restore would refuse these images (above); the dump fails and the \
+                     process keeps running",
+                    dir.display()
+                );
+                if let Err(e) = incomplete::refused(&dir, &why) {
+                    log::error!(
+                        "{}: adding the reasons to {}: {e}",
+                        dir.display(),
+                        incomplete::MARKER
+                    );
+                }
+                return -libc::EINVAL;
             }
         }
         match incomplete::clear(&dir) {

@@ -47,8 +47,8 @@ use crate::plan::{
     DeviceIdentities, DeviceKind, SharedMem, HSAKMT_SEMAPHORE_FILE, HSAKMT_SHM,
 };
 use crate::topology::{Topology, SYSFS_NODES};
-use crate::validate::chain;
 use crate::validate::digests::{self, Digests};
+use crate::validate::{self, chain};
 
 /// Where the dump looks for things, and how it copies.
 #[derive(Clone, Debug)]
@@ -660,6 +660,31 @@ impl DumpSession {
         };
         let mut f = crate::image::create_image(&path).map_err(|e| io("create", e))?;
         std::io::Write::write_all(&mut f, &self.digests.encode()).map_err(|e| io("write", e))
+    }
+
+    /// Once every image is written (CRIU's included) and before the tree
+    /// is killed or resumed: the validation that the restore and
+    /// `gpu-check` run on `dir` ([`validate::check_dir`], without reading
+    /// the BO contents: the dump hashed them as it wrote them).  `Err`:
+    /// every refusal, one a line, each naming its file, field and limit;
+    /// the dump must then fail, so that the tree keeps running.
+    pub fn verify_images(&self, dir: &Path) -> Result<(), String> {
+        let started = Instant::now();
+        let report = validate::check_dir(dir, validate::Depth::Metadata)
+            .map_err(|e| format!("{}: {e}", dir.display()))?;
+        let refusals: Vec<String> = report.refusals().map(|r| r.to_string()).collect();
+        // A dump without GPU state says nothing (its log has no GPU line).
+        if report.has_gpu_state {
+            log::info!(
+                "validated the images as their restore will in {:.1} ms",
+                started.elapsed().as_secs_f64() * 1e3
+            );
+        }
+        if refusals.is_empty() {
+            Ok(())
+        } else {
+            Err(refusals.join("\n"))
+        }
     }
 
     /// After all memory is dumped: every paused KFD process must have been

@@ -30,6 +30,19 @@ pub fn mark(dir: &Path, pid: u32) -> io::Result<()> {
     )
 }
 
+/// Heading of the reasons [`refused`] adds to the marker.
+const REFUSED: &str = "The dump's own validation refused these images, as their restore would:";
+
+/// The dump wrote every image but its validation refused them (`why`, a
+/// refusal a line): the reasons go into the marker, which stays, for
+/// restore and `gpu-check` to show.
+pub fn refused(dir: &Path, why: &str) -> io::Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(dir.join(MARKER))?;
+    writeln!(f, "{REFUSED}\n{why}")
+}
+
 /// The dump completed: `dir` holds a whole image.
 pub fn clear(dir: &Path) -> io::Result<()> {
     match std::fs::remove_file(dir.join(MARKER)) {
@@ -40,14 +53,30 @@ pub fn clear(dir: &Path) -> io::Result<()> {
 
 /// `Err` with the reason when `dir` holds an incomplete dump.
 pub fn check(dir: &Path) -> Result<(), String> {
-    match std::fs::symlink_metadata(dir.join(MARKER)) {
-        Ok(_) => Err(format!(
-            "incomplete dump: {} holds {MARKER}: the dump that wrote these images did not \
-             complete (it failed or criu-rocm was killed), so they are not restored",
-            dir.display()
-        )),
-        Err(_) => Ok(()),
+    let path = dir.join(MARKER);
+    if std::fs::symlink_metadata(&path).is_err() {
+        return Ok(());
     }
+    let mut why = format!(
+        "incomplete dump: {} holds {MARKER}: the dump that wrote these images did not \
+         complete (it failed or criu-rocm was killed), so they are not restored",
+        dir.display()
+    );
+    // What the dump's validation said, when it refused (the first lines).
+    let text = crate::image::read_whole(&path, Some(64 << 10)).unwrap_or_default();
+    let text = String::from_utf8_lossy(&text);
+    if let Some((_, reasons)) = text.split_once(REFUSED) {
+        why.push_str("; the dump's validation refused them: ");
+        why.push_str(
+            &reasons
+                .trim()
+                .lines()
+                .take(8)
+                .collect::<Vec<_>>()
+                .join("; "),
+        );
+    }
+    Err(why)
 }
 
 #[cfg(test)]
@@ -64,6 +93,15 @@ mod tests {
         assert!(std::fs::read_to_string(d.join(MARKER))
             .unwrap()
             .contains("pid 42"));
+        refused(&d, "mm-5.img: vmas: 9 VMAs, more than the 8\nfiles.img: x").unwrap();
+        let why = check(&d).unwrap_err();
+        assert!(
+            why.ends_with(
+                "the dump's validation refused them: mm-5.img: vmas: 9 VMAs, more than the 8; \
+                 files.img: x"
+            ),
+            "{why}"
+        );
         clear(&d).unwrap();
         assert!(check(&d).is_ok());
         clear(&d).unwrap();
