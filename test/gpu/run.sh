@@ -618,6 +618,30 @@ dump_1000_small_bos() {
 	note "$nbo BOs; $r"
 }
 
+# 32000 BOs of one process (issue 25): their mappings make an mm-<pid>.img of more than
+# 1 MiB, which the validation refused after a dump that had killed the process.
+case_dump_32000_small_bos() { on mi100 -- dump_32000_small_bos; }
+dump_32000_small_bos() {
+	local img=$CASE_DIR/img v0 v1 nbo mm t0 t1 t2
+	wl_start wl --mib 1 --bos 2 --small-bos 32000
+	v0=$(wl_verify "$WL") || exit 1
+	t0=${EPOCHREALTIME/./}
+	dump_ok "$WL" "$img"
+	t1=${EPOCHREALTIME/./}
+	mm=$(stat -c %s "$img/mm-$WL.img") || fail "the dump wrote no mm-$WL.img"
+	[ "$mm" -gt 1048576 ] || fail "mm-$WL.img is $mm bytes: 32000 mapped BOs should take more than 1 MiB"
+	nbo=$(decode "$img" | /usr/bin/python3 -c 'import json,sys; print(sum(len(k["bos"]) for k in json.load(sys.stdin)["kfd"].values()))') ||
+		fail "the images do not decode"
+	[ "$nbo" -ge 32002 ] || fail "the KFD image holds $nbo BOs, the process had 32002 data BOs"
+	gpu_check_restorable "$img" >/dev/null
+	restore_ok "$img" "$WL"
+	t2=${EPOCHREALTIME/./}
+	v1=$(wl_verify "$WL") || exit 1
+	same_bytes "$v0" "$v1"
+	wl_finish "$WL"
+	note "$nbo BOs, mm-$WL.img $mm bytes; dump $(((t1 - t0) / 1000)) ms, restore $(((t2 - t1) / 1000)) ms (gpu-check included)"
+}
+
 case_dump_1gib_bo() { on mi100 -- dump_1gib_bo; }
 dump_1gib_bo() {
 	local img=$CASE_DIR/img v0 v1 size
