@@ -42,7 +42,7 @@ top=$(cd "$(dirname "$(realpath "$0")")/../.." && pwd)
 
 HOSTS=$top/test/gpu/hosts
 ROCR_TESTS="gpu_rocr_idle gpu_rocr_buffers gpu_rocr_stream gpu_rocr_wait gpu_rocr_tree"
-HSAKMT_TESTS="gpu_hsakmt_idle gpu_hsakmt_buffers"
+HSAKMT_TESTS="gpu_hsakmt_idle gpu_hsakmt_buffers gpu_hsakmt_maps"
 # Same words as test/rocm/run.sh's reason for skipping ROCr there.
 MI300X8_ROCR="ROCr 5.2 cannot run on an MI300X machine: it asserts that a CPU node's memory fits in 1 TiB (amd_memory_region.cpp:153) and each of mi300x8's 2 CPU nodes has 1152 GiB; past that its ISA registry has no gfx942"
 
@@ -300,6 +300,9 @@ case_hsakmt_buffers_other_host() { cross mi100x2 "" mi100x2-other gpu_hsakmt_buf
 case_hsakmt_buffers_hives_swapped() { cross mi250x8 "" mi250x8-hives-swapped gpu_hsakmt_buffers; }
 case_hsakmt_buffers_mi300x8() { same mi300x8 gpu_hsakmt_buffers; }
 case_hsakmt_buffers_five_cycles() { cycles mi100x2 "" mi100x2-other 5 gpu_hsakmt_buffers; }
+# 60000 mappings (issue 25): a memory map of 1.8 MB, which the validation refused after a
+# dump that had killed the process.
+case_hsakmt_maps_same_host() { same mi100 gpu_hsakmt_maps; }
 
 # ROCr
 case_rocr_idle_same_host() { same mi100x2 gpu_rocr_idle; }
