@@ -757,6 +757,7 @@ fn check_mappings(
     // BO index → (mapped somewhere, mapped at its own address).
     let mut seen: BTreeMap<usize, (u64, u64, bool)> = BTreeMap::new();
     let bos = &image.msg.bo_entries;
+    let by_offset = BosByOffset::new(bos);
     for m in maps {
         let Some(path) = files.reg.get(&m.file) else {
             continue;
@@ -791,12 +792,7 @@ fn check_mappings(
             Some(g) => b.gpu_id == g.0 && bo::has_contents(b.alloc_flags),
             None => bo::needs_vma_fixup(b.alloc_flags) && !bo::has_contents(b.alloc_flags),
         };
-        let found = bos.iter().enumerate().find(|(_, b)| {
-            of_device(b)
-                && m.pgoff
-                    .checked_sub(b.offset)
-                    .is_some_and(|d| d < b.size && len <= b.size - d)
-        });
+        let found = by_offset.holding(gpu, m.pgoff, len);
         match found {
             Some((i, b)) => {
                 let delta = m.pgoff - b.offset;
@@ -853,6 +849,49 @@ fn check_mappings(
         }
     }
     Ok(())
+}
+
+/// The BOs a device maps, by their offset in its file: contents BOs of
+/// each GPU (through its render node), doorbells and MMIO (through
+/// `/dev/kfd`, key `None`), so that a mapping finds its BO in log time.
+struct BosByOffset<'a> {
+    bos: &'a [crate::proto::KfdBoEntry],
+    index: BTreeMap<(Option<u32>, u64), usize>,
+}
+
+impl<'a> BosByOffset<'a> {
+    fn new(bos: &'a [crate::proto::KfdBoEntry]) -> Self {
+        let mut index = BTreeMap::new();
+        for (i, b) in bos.iter().enumerate() {
+            let key = if bo::has_contents(b.alloc_flags) {
+                Some(b.gpu_id)
+            } else if bo::needs_vma_fixup(b.alloc_flags) {
+                None
+            } else {
+                continue;
+            };
+            // The first of BOs at one offset, as a scan in order finds it.
+            index.entry((key, b.offset)).or_insert(i);
+        }
+        BosByOffset { bos, index }
+    }
+
+    /// The BO of `gpu`'s render node (`None`: of `/dev/kfd`) whose offset
+    /// range holds `len` bytes at `pgoff`: the one with the highest offset
+    /// at or below it (KFD's offsets of one file do not overlap; where an
+    /// image's do, a mapping the nearest BO does not hold is refused).
+    fn holding(
+        &self,
+        gpu: Option<GpuId>,
+        pgoff: u64,
+        len: u64,
+    ) -> Option<(usize, &'a crate::proto::KfdBoEntry)> {
+        let key = gpu.map(|g| g.0);
+        let (_, &i) = self.index.range((key, 0)..=(key, pgoff)).next_back()?;
+        let b = &self.bos[i];
+        let d = pgoff - b.offset;
+        (d < b.size && len <= b.size - d).then_some((i, b))
+    }
 }
 
 #[cfg(test)]
