@@ -29,7 +29,7 @@ pub use device::{classify_device, same_file, stat_fd, stat_path, DeviceIdentitie
 pub use hsakmt::{
     ensure_semaphore, SharedMem, HSAKMT_SEMAPHORE, HSAKMT_SEMAPHORE_FILE, HSAKMT_SHM,
 };
-pub use vma::{VmaFixup, VmaFixups, VmaRemap};
+pub use vma::{OffsetIndex, Overlap, VmaFixup, VmaFixups, VmaRemap};
 
 /// Errors building a plan; they name the GPU or BO involved.
 #[derive(Debug, thiserror::Error)]
