@@ -307,6 +307,36 @@ static int gpu_restore_ext_file(int id)
 	return fd;
 }
 
+/*
+ * The task's VMA at addr with offset pgoff. CRIU opens a task's mappings in the order of its
+ * list, so the search starts after the VMA found last (and wraps around): one step per
+ * mapping, where a scan from the start for each would be quadratic in the task's VMAs. The
+ * cursor belongs to one list; a task (a process of its own after fork) starts afresh.
+ */
+static struct vma_area *mapped_vma(struct list_head *vmas, uint64_t addr, uint64_t pgoff)
+{
+	static struct list_head *cursor_list;
+	static struct vma_area *cursor;
+	struct vma_area *vma, *from;
+
+	if (cursor_list != vmas || !cursor) {
+		cursor_list = vmas;
+		cursor = list_first_entry(vmas, struct vma_area, list);
+	}
+	from = cursor;
+	vma = from;
+	list_for_each_entry_from(vma, vmas, list)
+		if (vma->e->start == addr && vma->e->pgoff == pgoff)
+			return cursor = vma;
+	list_for_each_entry(vma, vmas, list) {
+		if (vma == from)
+			break;
+		if (vma->e->start == addr && vma->e->pgoff == pgoff)
+			return cursor = vma;
+	}
+	return NULL;
+}
+
 /* UPDATE_VMA_MAP (the restored task): the new offset and fd of a GPU mapping. */
 static int gpu_update_vma_map(const char *path, const uint64_t addr, const uint64_t old_pgoff, uint64_t *new_pgoff,
 			      int *plugin_fd)
@@ -315,16 +345,14 @@ static int gpu_update_vma_map(const char *path, const uint64_t addr, const uint6
 	int ret;
 
 	/* The mapping's length comes from the task's own list: GPU mappings are matched by range. */
-	list_for_each_entry(vma, &rsti(current)->vmas.h, list) {
-		if (vma->e->start != addr || vma->e->pgoff != old_pgoff)
-			continue;
-		ret = criu_gpu_update_vma(vpid(current), path, addr, vma->e->end - vma->e->start, old_pgoff, new_pgoff,
-					  plugin_fd);
-		if (ret < 0)
-			pr_err("Can't map the GPU memory at %#" PRIx64 " (%s)\n", addr, path);
-		return ret == 0 ? -ENOTSUP : ret;
-	}
-	return -ENOTSUP;
+	vma = mapped_vma(&rsti(current)->vmas.h, addr, old_pgoff);
+	if (!vma)
+		return -ENOTSUP;
+	ret = criu_gpu_update_vma(vpid(current), path, addr, vma->e->end - vma->e->start, old_pgoff, new_pgoff,
+				  plugin_fd);
+	if (ret < 0)
+		pr_err("Can't map the GPU memory at %#" PRIx64 " (%s)\n", addr, path);
+	return ret == 0 ? -ENOTSUP : ret;
 }
 
 cr_plugin_desc_t criu_rocm_plugin = {
