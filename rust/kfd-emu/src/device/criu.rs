@@ -26,6 +26,7 @@ use std::mem::{offset_of, size_of};
 
 use super::kfd;
 use super::mem::{user_read, user_write};
+use super::state::bos::VaRanges;
 use super::state::svm as ranges;
 use super::state::{BoKey, Done, Event, Gpu, MemoryException, Queue, State, R};
 use super::svm;
@@ -544,7 +545,7 @@ fn plan_restore(
     }
     let mut bos = Vec::new();
     let mut vram = vec![0u64; st.devs.gpus.len()];
-    let mut ranges: Vec<(u64, u64)> = Vec::new();
+    let mut vas = VaRanges::default();
     let mut idrs = BTreeSet::new();
     for b in &bob {
         let r: pb::BoPriv = cur.rec()?;
@@ -567,10 +568,10 @@ fn plan_restore(
         {
             return Err(libc::EINVAL);
         }
-        if ranges.iter().any(|&(s, l)| s < va + size && va < s + l) {
+        if vas.overlaps(va, va + size) {
             return Err(libc::EINVAL);
         }
-        ranges.push((va, size));
+        vas.insert(va, va + size, ());
         if !idrs.insert((gpu, idr)) {
             return Err(libc::ENOMEM);
         }
@@ -851,7 +852,7 @@ fn apply(st: &mut State, lead: u32, plan: &Plan, buckets: &mut [sys::kfd_criu_bo
             Some(b.idr),
         )?;
         let p = st.procs.get_mut(&lead).unwrap();
-        p.bos.get_mut(&key).unwrap().mapped = b.mapped.clone();
+        *p.bos.mapped_mut(&key).unwrap() = b.mapped.clone();
         let bk = &mut buckets[i];
         bk.restored_offset = if b.flags & alloc::TYPE_MASK == alloc::USERPTR {
             0

@@ -133,10 +133,7 @@ pub fn create_bo(
         return Err(libc::EINVAL);
     }
     let p = proc_mut(st, lead)?;
-    if p.bos
-        .values()
-        .any(|b| b.va < va + size && va < b.va + b.size)
-    {
+    if p.bos.va_taken(va, size) {
         return Err(libc::EINVAL);
     }
     let idr = match idr {
@@ -312,11 +309,11 @@ pub fn map_memory(
         if map && p.pdds[gpu].vm.is_none() {
             return Err(libc::ENODEV);
         }
-        let bo = p.bos.get_mut(&key).unwrap();
+        let mapped = p.bos.mapped_mut(&key).unwrap();
         let changed = if map {
-            bo.mapped.insert(gpu)
+            mapped.insert(gpu)
         } else {
-            bo.mapped.remove(&gpu)
+            mapped.remove(&gpu)
         };
         if !changed && !map {
             return Err(libc::EINVAL);

@@ -10,6 +10,7 @@ use super::mem::{Mapping, Memfd};
 use super::uapi::{self, alloc, kfd_off, queue_type};
 use super::Replier;
 
+pub mod bos;
 pub mod gem;
 pub mod svm;
 
@@ -344,7 +345,7 @@ pub struct Proc {
     pub slot_pinned: bool,
     pub kfd_opens: usize,
     pub pdds: Vec<Pdd>,
-    pub bos: BTreeMap<BoKey, Bo>,
+    pub bos: bos::Bos,
     pub queues: BTreeMap<u32, Queue>,
     pub events: BTreeMap<u32, Event>,
     pub signal_page: Option<SignalPage>,
@@ -662,7 +663,7 @@ impl State {
                     slot_pinned: false,
                     kfd_opens: 0,
                     pdds,
-                    bos: BTreeMap::new(),
+                    bos: Default::default(),
                     queues: BTreeMap::new(),
                     events: BTreeMap::new(),
                     signal_page: None,
@@ -858,16 +859,10 @@ impl State {
             return Err(libc::EBADF);
         };
         let pages = len.div_ceil(uapi::PAGE);
-        let found = self.procs.values().find_map(|p| {
-            p.bos
-                .iter()
-                .find(|(k, b)| {
-                    k.gpu == gpu
-                        && matches!(b.mem_type(), alloc::VRAM | alloc::GTT)
-                        && b.offset == offset
-                })
-                .map(|(_, b)| (p, b))
-        });
+        let found = self
+            .procs
+            .values()
+            .find_map(|p| p.bos.at_offset(gpu, offset).map(|(_, b)| (p, b)));
         let Some((p, bo)) = found else {
             return Err(libc::EINVAL);
         };

@@ -118,12 +118,12 @@ impl Proc {
                 }],
             };
         };
-        let mut bos: Vec<&Bo> = self
+        let bos: Vec<&Bo> = self
             .bos
-            .values()
-            .filter(|b| b.mapped.contains(&gpu) && b.va < end && va < b.va + b.size)
+            .overlapping(va, end)
+            .map(|(_, b)| b)
+            .filter(|b| b.mapped.contains(&gpu))
             .collect();
-        bos.sort_by_key(|b| b.va);
         let mut pieces = Vec::with_capacity(bos.len() + 1);
         let mut vmas = None;
         let mut cur = va;
@@ -243,11 +243,7 @@ impl Proc {
     /// What lies in `[va, end)` though not mapped on GPU `gpu`: the first
     /// BO of the process there, with the GPUs it is mapped on.
     fn unmapped_note(&self, gpu: usize, va: u64, end: u64) -> Option<String> {
-        let (k, b) = self
-            .bos
-            .iter()
-            .filter(|(_, b)| b.va < end && va < b.va + b.size)
-            .min_by_key(|(_, b)| b.va)?;
+        let (k, b) = self.bos.overlapping(va, end).next()?;
         let ids = |g: usize| self.pdds.get(g).map_or(0, |d| d.user_id);
         let mapped: Vec<String> = b.mapped.iter().map(|&g| ids(g).to_string()).collect();
         Some(format!(

@@ -155,8 +155,8 @@ fn is_valid(p: &Proc, vmas: &[Vma], start: u64, size: u64) -> R<()> {
     }
     let (s, l) = (start * uapi::PAGE, end * uapi::PAGE - 1);
     if p.bos
-        .values()
-        .any(|b| !b.mapped.is_empty() && b.va <= l && s < b.va + b.size)
+        .overlapping(s, l.saturating_add(1))
+        .any(|(_, b)| !b.mapped.is_empty())
     {
         return Err(libc::EADDRINUSE);
     }

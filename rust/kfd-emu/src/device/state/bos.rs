@@ -1,0 +1,152 @@
+//! A process' BOs with the indexes KFD and amdgpu keep for them: by GPU VA
+//! (the VM's interval tree, `amdgpu_vm_it_*`, which `amdgpu_vm_bo_map`
+//! asks for an overlap) and by render mmap offset (the DRM VMA offset
+//! manager's tree, which `drm_gem_mmap` asks for the BO at an offset).
+//! In the kernel both are O(log n); a scan of every BO per allocation or
+//! mmap here would make a process of n BOs cost n² to create or restore.
+
+use std::collections::BTreeMap;
+
+use super::{Bo, BoKey};
+use crate::device::uapi::alloc;
+
+/// Disjoint VA ranges `[start, end)`, by start, each with a value.
+#[derive(Debug)]
+pub struct VaRanges<V> {
+    map: BTreeMap<u64, (u64, V)>,
+}
+
+impl<V> Default for VaRanges<V> {
+    fn default() -> Self {
+        VaRanges {
+            map: BTreeMap::new(),
+        }
+    }
+}
+
+impl<V: Copy> VaRanges<V> {
+    /// The ranges that overlap `[va, end)`, by start.
+    pub fn overlapping(&self, va: u64, end: u64) -> impl Iterator<Item = (u64, u64, V)> + '_ {
+        // Ranges are disjoint: of those starting at or before `va`, only the
+        // last can reach into it.
+        let first = self
+            .map
+            .range(..=va)
+            .next_back()
+            .filter(|(_, &(e, _))| va < end && e > va);
+        let rest = self.map.range(va.saturating_add(1).min(end)..end);
+        first.into_iter().chain(rest).map(|(&s, &(e, v))| (s, e, v))
+    }
+
+    pub fn overlaps(&self, va: u64, end: u64) -> bool {
+        self.overlapping(va, end).next().is_some()
+    }
+
+    /// Adds `[va, end)` (non-empty), which must overlap none of the ranges.
+    pub fn insert(&mut self, va: u64, end: u64, value: V) {
+        debug_assert!(va < end && !self.overlaps(va, end));
+        self.map.insert(va, (end, value));
+    }
+
+    pub fn remove(&mut self, va: u64) {
+        self.map.remove(&va);
+    }
+}
+
+/// A process' BOs by key, with their VA and offset indexes kept in step
+/// (the only ways in and out are [`Bos::insert`] and [`Bos::remove`]).
+#[derive(Default)]
+pub struct Bos {
+    map: BTreeMap<BoKey, Bo>,
+    by_va: VaRanges<BoKey>,
+    /// VRAM and GTT BOs by (GPU, render mmap offset).
+    by_offset: BTreeMap<(usize, u64), BoKey>,
+}
+
+impl std::ops::Deref for Bos {
+    type Target = BTreeMap<BoKey, Bo>;
+    fn deref(&self) -> &Self::Target {
+        &self.map
+    }
+}
+
+impl<'a> IntoIterator for &'a Bos {
+    type Item = (&'a BoKey, &'a Bo);
+    type IntoIter = std::collections::btree_map::Iter<'a, BoKey, Bo>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.map.iter()
+    }
+}
+
+fn rendered(bo: &Bo) -> bool {
+    matches!(bo.mem_type(), alloc::VRAM | alloc::GTT)
+}
+
+impl Bos {
+    /// Whether any BO's VA range overlaps `[va, va + size)`.
+    pub fn va_taken(&self, va: u64, size: u64) -> bool {
+        self.by_va.overlaps(va, va.saturating_add(size))
+    }
+
+    /// Adds a BO under a new key; its VA range must be free
+    /// ([`Bos::va_taken`]).
+    pub fn insert(&mut self, key: BoKey, bo: Bo) {
+        debug_assert!(!self.map.contains_key(&key));
+        self.by_va.insert(bo.va, bo.va + bo.size, key);
+        if rendered(&bo) {
+            self.by_offset.insert((key.gpu, bo.offset), key);
+        }
+        self.map.insert(key, bo);
+    }
+
+    pub fn remove(&mut self, key: &BoKey) -> Option<Bo> {
+        let bo = self.map.remove(key)?;
+        self.by_va.remove(bo.va);
+        if rendered(&bo) {
+            self.by_offset.remove(&(key.gpu, bo.offset));
+        }
+        Some(bo)
+    }
+
+    /// The GPUs BO `key` is mapped on, to change.
+    pub fn mapped_mut(&mut self, key: &BoKey) -> Option<&mut std::collections::BTreeSet<usize>> {
+        self.map.get_mut(key).map(|b| &mut b.mapped)
+    }
+
+    /// The BOs whose VA range overlaps `[va, end)`, by VA.
+    pub fn overlapping(&self, va: u64, end: u64) -> impl Iterator<Item = (&BoKey, &Bo)> + '_ {
+        self.by_va
+            .overlapping(va, end)
+            .map(|(_, _, k)| self.map.get_key_value(&k).expect("indexed BOs exist"))
+    }
+
+    /// The VRAM or GTT BO of GPU index `gpu` at render mmap offset
+    /// `offset`.
+    pub fn at_offset(&self, gpu: usize, offset: u64) -> Option<(&BoKey, &Bo)> {
+        let k = self.by_offset.get(&(gpu, offset))?;
+        self.map.get_key_value(k)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn va_ranges_find_what_overlaps() {
+        let mut r = VaRanges::default();
+        r.insert(0x1000, 0x3000, 1);
+        r.insert(0x5000, 0x6000, 2);
+        r.insert(0x6000, 0x8000, 3);
+        let over =
+            |r: &VaRanges<i32>, va, end| r.overlapping(va, end).map(|x| x.2).collect::<Vec<_>>();
+        assert_eq!(over(&r, 0x2000, 0x2001), vec![1]);
+        assert_eq!(over(&r, 0x0, 0x1000), Vec::<i32>::new());
+        assert_eq!(over(&r, 0x3000, 0x5000), Vec::<i32>::new());
+        assert_eq!(over(&r, 0x2fff, 0x6001), vec![1, 2, 3]);
+        assert_eq!(over(&r, 0x5000, 0x5001), vec![2]);
+        assert!(!r.overlaps(0x4000, 0x4000));
+        r.remove(0x5000);
+        assert_eq!(over(&r, 0x0, u64::MAX), vec![1, 3]);
+    }
+}
