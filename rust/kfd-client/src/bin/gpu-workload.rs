@@ -81,6 +81,11 @@ const USAGE: &str = "usage: gpu-workload [OPTIONS]
   --host-mib N         N MiB of host memory per process (private, anonymous), filled
                        with a pattern and checked at each verification, as the host
                        tensors of a training job (default 0)
+  --vmas N             N more mappings per process, each a VMA of its own: one page of
+                       private anonymous memory each, read-write and read-only in turn
+                       (so that no two merge), one in 8 holding a pattern; each
+                       verification checks every page and that /proc/self/maps still
+                       shows the N one-page VMAs with their protections (default 0)
   --other-render-opens each process opens every render node once more before /dev/kfd
                        and keeps it open, as a process also using Mesa or VA-API: that
                        file comes first in fd order and owns none of the KFD BOs (the
@@ -101,6 +106,7 @@ struct Options {
     fresh: bool,
     dump_expected: Option<PathBuf>,
     host_mib: u64,
+    vmas: usize,
     other_render_opens: bool,
 }
 
@@ -128,6 +134,7 @@ fn parse_args() -> Result<Options, String> {
         fresh: false,
         dump_expected: None,
         host_mib: 0,
+        vmas: 0,
         other_render_opens: false,
     };
     let mut args = std::env::args().skip(1);
@@ -154,6 +161,7 @@ fn parse_args() -> Result<Options, String> {
             "--change-every" => o.change_every = num("--change-every", val("--change-every")?)?,
             "--threads" => o.threads = num("--threads", val("--threads")?)?,
             "--host-mib" => o.host_mib = num("--host-mib", val("--host-mib")?)?,
+            "--vmas" => o.vmas = num("--vmas", val("--vmas")?)?,
             "--procs" => o.procs = num("--procs", val("--procs")?)?,
             "--interval-ms" => {
                 o.interval = Duration::from_millis(num("--interval-ms", val("--interval-ms")?)?)
@@ -215,6 +223,10 @@ const BIG_BO: usize = 1 << 11;
 const CHANGE_DWORDS: u64 = 1 << 19;
 /// The pattern "GPU" and "BO" of host memory (no GPU has this index).
 const HOST_GPU: usize = 0xffff;
+/// The pattern "GPU" of the `--vmas` pages (no GPU has this index either).
+const VMAS_GPU: usize = 0xfffe;
+/// One `--vmas` page in this many holds a pattern.
+const VMAS_FILLED_EVERY: usize = 8;
 const SMALL_BO_BYTES: u64 = 4096;
 const THREAD_BO_BYTES: u64 = 64 << 10;
 const FRESH_BO_BYTES: u64 = 1 << 20;
@@ -674,6 +686,161 @@ struct Proc<'c, 'w> {
     children: Vec<libc::pid_t>,
     /// `--host-mib` of host memory.
     host: Vec<u32>,
+    vmas: Option<Vmas>,
+}
+
+/// `--vmas N`: N one-page private anonymous mappings side by side, each a VMA of its own
+/// (page `i` read-write for even `i`, read-only for odd: neighbours never merge), between
+/// two inaccessible guard pages (nor do the ends merge with what the kernel put beside);
+/// the read-write pages at multiples of [`VMAS_FILLED_EVERY`] hold the pattern of their
+/// page number, the others are never written (they read as zeros and cost no memory).
+struct Vmas {
+    base: usize,
+    n: usize,
+}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no memory preconditions.
+    unsafe { libc::sysconf(libc::_SC_PAGESIZE) as usize }
+}
+
+impl Vmas {
+    fn prot(i: usize) -> libc::c_int {
+        if i.is_multiple_of(2) {
+            libc::PROT_READ | libc::PROT_WRITE
+        } else {
+            libc::PROT_READ
+        }
+    }
+
+    fn new(proc: usize, n: usize) -> Result<Vmas, String> {
+        let page = page_size();
+        let len = (n + 2) * page;
+        // SAFETY: a new private anonymous mapping at an address the kernel picks touches no
+        // existing memory.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(format!(
+                "--vmas {n}: mmap of {len} bytes: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        let v = Vmas {
+            base: base as usize + page,
+            n,
+        };
+        let guards = [base as usize, v.base + n * page];
+        for i in (0..n).step_by(VMAS_FILLED_EVERY) {
+            let words = v.page_words(i);
+            for (k, w) in words.iter_mut().enumerate() {
+                *w = pattern(proc, VMAS_GPU, 0, (i * page / 4 + k) as u64);
+            }
+        }
+        let pages = (1..n)
+            .step_by(2)
+            .map(|i| (v.base + i * page, Self::prot(i)))
+            .chain(guards.map(|g| (g, libc::PROT_NONE)));
+        for (at, prot) in pages {
+            // SAFETY: the page at `at` lies inside the mapping made above, which this process
+            // owns and into which no reference is held.
+            if unsafe { libc::mprotect(at as *mut libc::c_void, page, prot) } != 0 {
+                return Err(format!(
+                    "--vmas {n}: mprotect of the page at {at:#x}: {} (vm.max_map_count?)",
+                    std::io::Error::last_os_error()
+                ));
+            }
+        }
+        Ok(v)
+    }
+
+    /// Page `i` (read-write when written to: even `i`).
+    #[allow(clippy::mut_from_ref)]
+    fn page_words(&self, i: usize) -> &mut [u32] {
+        let page = page_size();
+        assert!(i < self.n);
+        // SAFETY: page i lies inside the mapping this Vmas owns for the life of the process;
+        // only the thread that made or verifies it touches it, one page at a time.
+        unsafe { std::slice::from_raw_parts_mut((self.base + i * page) as *mut u32, page / 4) }
+    }
+
+    /// Errors: pages whose contents differ, and VMAs of the range that /proc/self/maps no
+    /// longer shows one page each with their protection.
+    fn check(&self, proc: usize) -> Vec<String> {
+        let page = page_size();
+        let mut errs = Vec::new();
+        let bad = (0..self.n)
+            .filter(|&i| {
+                let filled = i.is_multiple_of(VMAS_FILLED_EVERY);
+                self.page_words(i).iter().enumerate().any(|(k, &w)| {
+                    let want = if filled {
+                        pattern(proc, VMAS_GPU, 0, (i * page / 4 + k) as u64)
+                    } else {
+                        0
+                    };
+                    w != want
+                })
+            })
+            .collect::<Vec<_>>();
+        if let Some(first) = bad.first() {
+            errs.push(format!(
+                "--vmas: {} page(s) differ, the first page {first}",
+                bad.len()
+            ));
+        }
+        match std::fs::read_to_string("/proc/self/maps") {
+            Ok(maps) => errs.extend(self.check_maps(&maps)),
+            Err(e) => errs.push(format!("--vmas: reading /proc/self/maps: {e}")),
+        }
+        errs
+    }
+
+    /// The VMAs of `maps` (the text of /proc/self/maps) in the range: one a page, with
+    /// page `i`'s protection.
+    fn check_maps(&self, maps: &str) -> Option<String> {
+        let page = page_size();
+        let (lo, hi) = (self.base, self.base + self.n * page);
+        let mut next = lo;
+        for line in maps.lines() {
+            let mut f = line.split_whitespace();
+            let parsed = f.next().zip(f.next()).and_then(|(range, perms)| {
+                let (s, e) = range.split_once('-')?;
+                let s = usize::from_str_radix(s, 16).ok()?;
+                Some((s, usize::from_str_radix(e, 16).ok()?, perms))
+            });
+            let Some((s, e, perms)) = parsed else {
+                return Some(format!(
+                    "--vmas: /proc/self/maps: cannot read the line {line:?}"
+                ));
+            };
+            if e <= lo || s >= hi {
+                continue;
+            }
+            let i = s.saturating_sub(lo) / page;
+            let want = if Self::prot(i) & libc::PROT_WRITE != 0 {
+                "rw-p"
+            } else {
+                "r--p"
+            };
+            if s != next || e != s + page || perms != want {
+                return Some(format!(
+                    "--vmas: /proc/self/maps shows {line:?} where page {i} ({next:#x}, {want}) \
+                     was expected"
+                ));
+            }
+            next = e;
+        }
+        (next != hi)
+            .then(|| format!("--vmas: /proc/self/maps ends the range at {next:#x}, not {hi:#x}"))
+    }
 }
 
 /// `mib` MiB of host memory holding process `proc`'s host pattern.
@@ -715,6 +882,9 @@ impl Proc<'_, '_> {
                 }
             }
         }
+        if let Some(v) = &self.vmas {
+            errs.extend(v.check(self.index));
+        }
         let bad = self
             .host
             .iter()
@@ -743,6 +913,9 @@ impl Proc<'_, '_> {
         }
         if !self.host.is_empty() {
             more += &format!(",\"host_bytes\":{}", self.host.len() * 4);
+        }
+        if let Some(v) = &self.vmas {
+            more += &format!(",\"vmas\":{}", v.n);
         }
         let errs: Vec<String> = errs.iter().map(|e| json_str(e)).collect();
         println!(
@@ -1062,6 +1235,10 @@ fn run_proc(
         fresh: o.fresh.then_some(0),
         children,
         host: host_memory(index, o.host_mib),
+        vmas: match o.vmas {
+            0 => None,
+            n => Some(Vmas::new(index, n)?),
+        },
     };
     let ready = format!(
         "{{\"ready\":true,\"pid\":{},\"gpus\":[{}],\"mib_per_gpu\":{},\"bos_per_gpu\":{}{}{}}}",
@@ -1163,7 +1340,37 @@ fn main() -> ExitCode {
 
 #[cfg(test)]
 mod tests {
-    use super::{pattern, weight, Seed, BIG_BO, CHANGE_DWORDS};
+    use super::{page_size, pattern, weight, Seed, Vmas, BIG_BO, CHANGE_DWORDS};
+
+    #[test]
+    fn vmas_are_checked_page_by_page_and_vma_by_vma() {
+        let v = Vmas::new(3, 20).unwrap();
+        assert_eq!(v.check(3), Vec::<String>::new());
+        assert_eq!(v.check(4).len(), 1, "another process' pattern");
+        let page = page_size();
+        v.page_words(8)[5] ^= 1;
+        assert!(v.check(3)[0].contains("1 page(s) differ, the first page 8"));
+        v.page_words(8)[5] ^= 1;
+        v.page_words(2)[0] = 1;
+        assert!(
+            v.check(3)[0].contains("the first page 2"),
+            "an unfilled page written"
+        );
+        v.page_words(2)[0] = 0;
+        // Page 5 made read-write: pages 4 to 6 become one VMA.
+        // SAFETY: page 5 is inside v's mapping; no reference into it is held.
+        let r = unsafe {
+            libc::mprotect(
+                (v.base + 5 * page) as *mut libc::c_void,
+                page,
+                Vmas::prot(4),
+            )
+        };
+        assert_eq!(r, 0);
+        let errs = v.check(3);
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert!(errs[0].contains("where page 4"), "{errs:?}");
+    }
 
     #[test]
     fn pattern_differs_by_process_gpu_bo_and_offset() {
