@@ -2026,6 +2026,36 @@ restore_multi_process() {
 		"processes back to the /dev/kfd slots of their images${moves:+: $moves}"
 }
 
+# A tree of 64 GPU processes (issue 25): each its own KFD process with BOs, an SDMA counter
+# and a --vmas mapping set of its own, dumped, restored through one GPU memory writer and
+# verified, every counter going on. Its dump and restore times are in the notes.
+case_restore_tree_64() { on mi100 -- restore_tree_64; }
+restore_tree_64() {
+	local img=$CASE_DIR/img kids v0 v1 i n t0 t1 t2 handed
+	wl_start wl --procs 64 --mib 1 --bos 2 --small-bos 2 --vmas 16 --interval-ms 20
+	kids=$(wl_children "$WL")
+	[ "$(wc -w <<<"$kids")" = 63 ] || fail "gpu-workload --procs 64 reports children '$kids'"
+	# shellcheck disable=SC2086
+	v0=$(wl_verify "$WL" $kids) || exit 1
+	t0=$EPOCHREALTIME
+	dump_ok "$WL" "$img"
+	t1=$EPOCHREALTIME
+	n=$(find "$img" -name 'amdgpu-kfd-*.img' | wc -l)
+	[ "$n" = 64 ] || fail "the dump wrote $n KFD images, not 64"
+	restore_ok "$img" "$WL"
+	t2=$EPOCHREALTIME
+	handed=$(grep -ac "BO contents handed to the GPU memory writer" "$LAST_RESTORE_LOG")
+	[ "$handed" = 64 ] || fail "$handed of 64 processes handed their BO contents to the writer ($LAST_RESTORE_LOG)"
+	# shellcheck disable=SC2086
+	v1=$(wl_verify "$WL" $kids) || exit 1
+	for ((i = 1; i <= 64; i++)); do
+		counters_cmp "$(sed -n ${i}p <<<"$v0")" "$(sed -n ${i}p <<<"$v1")" ge || fail "counters went back in process $i"
+	done
+	# shellcheck disable=SC2086
+	wl_finish "$WL" $kids
+	note "64 GPU processes: dump $(((${t1/./} - ${t0/./}) / 1000)) ms, restore $(((${t2/./} - ${t1/./}) / 1000)) ms"
+}
+
 # Five dump/restore cycles, alternating between two hosts with different gpu_ids: each
 # dump must keep naming the GPUs by the ids the process started with.
 case_restore_five_cycles() {
