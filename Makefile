@@ -123,7 +123,8 @@ test-demo: $(BUILD)/criu-rocm kfd-tools
 
 # Emulator ioctl latency and VRAM map throughput, then GPU checkpoint/restore against CRIU's
 # own dump and restore of anonymous memory, the SDMA copy engine's against the CPU engine's
-# (on the emulator's SDMA, under kfd-emu supervise), and criu-rocm's dump RSS (scripts/bench-cr.sh),
+# (on the emulator's SDMA, under kfd-emu supervise), criu-rocm's dump RSS and how dump and restore
+# grow with BOs and VMAs (scripts/bench-cr.sh; BENCH_CR_ONLY=scale runs that table alone),
 # then ROCr's own hsa_amd_memory_async_copy (SDMA on the emulator) against memcpy.
 bench: $(BUILD)/criu-rocm $(BUILD)/hsa-bench
 	cd rust && CARGO_TARGET_DIR=$(CARGO_TARGET) $(CARGO) build --release --locked -q -p kfd-emu -p kfd-client

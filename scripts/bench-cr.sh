@@ -17,10 +17,15 @@
 #          BENCH_CR_LARGE_RUNS=N  its counted runs (default 5)
 #          BENCH_CR_STAGING=S  KFD_MAX_BUFFER_SIZE of the RSS runs (default 32M; the VRAM
 #                              dumped is 4x this)
-#          BENCH_CR_TIME_LIMIT=S  seconds the whole run may take (default 600)
+#          BENCH_CR_TIME_LIMIT=S  seconds the whole run may take (default 900)
 #          BENCH_CR_CRIU=PATH  the criu-rocm binary to measure (default build/criu-rocm)
 #          BENCH_CR_ONLY=incr  only the incremental dump (the "incr" row below, a few seconds):
 #                              no throughput runs, RSS, sparse or compression rows
+#          BENCH_CR_ONLY=scale only the scale table (the "scale" rows below, about two minutes)
+#          BENCH_CR_SCALE_BOS="N ..."   BO counts of the scale table (default 1000 4000 16000
+#                              32000; its 16k/4k ratio needs 4000 and 16000)
+#          BENCH_CR_SCALE_VMAS="N ..."  VMA counts of the scale table (default 1000 16000 60000)
+#          BENCH_CR_SCALE_RUNS=N        its runs, each figure the best of them (default 2)
 #
 # Processes, on one emulated MI100 (kfd-emu profile mi100), each dumped by criu-rocm with
 # the same flags (-v4 --display-stats) into the same image directory, build/bench-cr/img:
@@ -56,6 +61,15 @@
 #            and frozen time (target <= 0.5 of the full dump's), and its wall time
 #   large    gpu, big and anon at BENCH_CR_LARGE_MIB, after the runs: the same throughput
 #            rows at that size (their fixed costs are gpu 0 and anon 0 of the runs)
+#   scale    how dump and restore grow with the number of BOs and of VMAs of one process
+#            (issue 25: every step linear or n log n), after the rest: gpu-workload --mib 1
+#            --bos 1 --small-bos N (N more 4 KiB BOs, half VRAM and half GTT, each mapped
+#            by the process: a BO, a VMA and a mapping's lookup apiece) and gpu-workload
+#            --mib 1 --bos 1 --vmas N (N one-page anonymous VMAs), each dumped, restored and
+#            checked; the whole commands' wall time, per item, and kfd-emu's share: its CPU
+#            time (utime + stime from /proc) during the command. The emulator's work is not
+#            the product's (on hardware KFD does it), so it is shown apart; the restore's
+#            16k/4k BO ratio has the target <= 4.5 (4 for linear, and room for n log n)
 # Each is started, dumped (criu kills it), restored (-d), made to check every byte of its
 # memory, and killed. A run does them one after the other, odd runs in the order of
 # in_emu's lists and even runs in the reverse order (the RSS runs after them, in a fixed
@@ -130,8 +144,11 @@ runs=${BENCH_CR_RUNS:-10}
 large=${BENCH_CR_LARGE_MIB:-1024}
 large_runs=${BENCH_CR_LARGE_RUNS:-5}
 staging=${BENCH_CR_STAGING:-32M}
-time_limit=${BENCH_CR_TIME_LIMIT:-600}
+time_limit=${BENCH_CR_TIME_LIMIT:-900}
 only=${BENCH_CR_ONLY:-}
+scale_bos=${BENCH_CR_SCALE_BOS:-1000 4000 16000 32000}
+scale_vmas=${BENCH_CR_SCALE_VMAS:-1000 16000 60000}
+scale_runs=${BENCH_CR_SCALE_RUNS:-2}
 # The incremental row (issue 17): a BO of this many MiB of VRAM, one 2 MiB block in this many
 # rewritten after the pre-dump.
 incr_mib=1024
@@ -238,6 +255,11 @@ start_proc() {
 		host=(--big-bo-mib "$size" --big-bo-fill "${kind#fill-}")
 		size=1 bos=1
 	fi
+	# The scale table's processes: $size more BOs, or VMAs.
+	case $kind in
+	bos) host=(--small-bos "$size") size=1 bos=1 ;;
+	vmas) host=(--vmas "$size") size=1 bos=1 ;;
+	esac
 	if [ "$kind" != anon ]; then
 		setsid "$workload" --mib "$((size > 0 ? size : 1))" --bos "$bos" --interval-ms 10 "${host[@]}" \
 			</dev/null >"$log" 2>"$out/proc.err" &
@@ -290,16 +312,22 @@ restore_proc() {
 	alive "$pid" || die "the restored pid $pid is gone (log: $out/proc.err)"
 }
 
-# Waits until kfd-emu (pid $EMU_PID, the parent of in_emu) has used no CPU for 0.1 s (five
-# polls of its utime + stime, in clock ticks): the release of a process it was sent has
-# ended. See the top for why.
+# kfd-emu's CPU time so far (utime + stime, in clock ticks); kfd-emu is $EMU_PID, the parent
+# of in_emu.
 EMU_PID=
+emu_ticks() {
+	local stat f
+	stat=$(cat "/proc/$EMU_PID/stat") || die "kfd-emu (pid $EMU_PID) is gone"
+	read -r -a f <<<"${stat##*) }"
+	echo $((f[11] + f[12]))
+}
+
+# Waits until kfd-emu has used no CPU for 0.1 s (five polls of emu_ticks): the release of a
+# process it was sent has ended. See the top for why.
 settle() {
-	local stat prev=-1 now same=0 i f
+	local prev=-1 now same=0 i
 	for ((i = 0; i < 1500; i++)); do
-		stat=$(cat "/proc/$EMU_PID/stat") || die "kfd-emu (pid $EMU_PID) is gone"
-		read -r -a f <<<"${stat##*) }"
-		now=$((f[11] + f[12]))
+		now=$(emu_ticks)
 		if [ "$now" = "$prev" ]; then
 			same=$((same + 1))
 			[ "$same" -ge 5 ] && return 0
@@ -481,6 +509,43 @@ incr_cycle() {
 	echo "$size $every $pause_ms $fw $ff $fd $iw $if_ $id" >>"$out/incr.txt"
 }
 
+# One dump/restore cycle of a process with $2 more BOs or VMAs (kind $1: bos or vmas); appends
+# "kind n run dump_us dump_emu_ticks restore_us restore_emu_ticks" to $out/scale.txt.
+scale_cycle() {
+	local kind=$1 n=$2 run=$3 pid e0 e1 e2 e3 dump_us restore_us
+	start_proc "$kind" "$n"
+	pid=$PID
+	e0=$(emu_ticks)
+	dump_proc "$pid"
+	e1=$(emu_ticks)
+	settle
+	e2=$(emu_ticks)
+	restore_proc "$pid"
+	e3=$(emu_ticks)
+	read -r _ dump_us _ <"$out/dump.res"
+	read -r _ restore_us _ <"$out/restore.res"
+	check_and_kill "$pid" "$kind"
+	settle
+	mkdir -p "$out/logs"
+	cp "$img/dump.log" "$out/logs/scale-$kind$n-run$run-dump.log"
+	cp "$img/restore.log" "$out/logs/scale-$kind$n-run$run-restore.log"
+	echo "$kind $n $run $dump_us $((e1 - e0)) $restore_us $((e3 - e2))" >>"$out/scale.txt"
+}
+
+# The scale table's cycles: every BO and VMA count, $scale_runs times (alternating order).
+scale_cycles() {
+	local run k items=()
+	for k in $scale_bos; do items+=("bos $k"); done
+	for k in $scale_vmas; do items+=("vmas $k"); done
+	for ((run = 1; run <= scale_runs; run++)); do
+		printf ' %d' "$run"
+		for k in $(in_turn "${#items[@]}" "$run"); do
+			# shellcheck disable=SC2086 # "kind n"
+			scale_cycle ${items[k]} "$run"
+		done
+	done
+}
+
 # The indices 0 .. $1-1 in the order of run $2: ascending in odd runs, descending in even
 # ones (see the top).
 in_turn() {
@@ -496,6 +561,15 @@ in_emu() {
 	: >"$out/sparse.txt"
 	: >"$out/zstd.txt"
 	: >"$out/incr.txt"
+	: >"$out/scale.txt"
+	if [ "$only" = scale ]; then
+		printf '  scale table only (BENCH_CR_ONLY=scale): runs'
+		progress=1
+		scale_cycles
+		echo
+		progress=
+		return
+	fi
 	if [ "$only" = incr ]; then
 		printf '  incremental dump only (BENCH_CR_ONLY=incr):'
 		progress=1
@@ -538,6 +612,8 @@ in_emu() {
 	zstd_cycle "$mib"
 	printf ' incremental'
 	incr_cycle "$incr_mib" "$incr_every"
+	printf ' scale'
+	scale_cycles
 	echo
 	progress=
 }
@@ -575,7 +651,7 @@ in_pidns() {
 	trap 'exit 130' INT TERM HUP
 	# A failure inside has said what failed.
 	"$kfd_emu" run --profile "$profile" -- "$self" _emu
-	[ "$only" = incr ] || "$kfd_emu" run --profile mi300x8 -- "$self" _emu8
+	[ -n "$only" ] || "$kfd_emu" run --profile mi300x8 -- "$self" _emu8
 }
 
 # ---------------------------------------------------------------------------------------
@@ -604,9 +680,16 @@ preflight() {
 		die "BENCH_CR_LARGE_RUNS=$large_runs: expected a number, at least 1"
 	fi
 	case $only in
-	"" | incr) ;;
-	*) die "BENCH_CR_ONLY=$only: expected incr (or unset: everything)" ;;
+	"" | incr | scale) ;;
+	*) die "BENCH_CR_ONLY=$only: expected incr or scale (or unset: everything)" ;;
 	esac
+	local k
+	for k in $scale_bos $scale_vmas; do
+		[[ $k =~ ^[1-9][0-9]*$ ]] || die "BENCH_CR_SCALE_BOS/VMAS: $k is not a positive number"
+	done
+	if ! [[ $scale_runs =~ ^[0-9]+$ ]] || [ "$scale_runs" -lt 1 ]; then
+		die "BENCH_CR_SCALE_RUNS=$scale_runs: expected a number, at least 1"
+	fi
 	if [ $(($(size_bytes "$staging") % $(getconf PAGESIZE))) != 0 ] || [ "$(size_bytes "$staging")" -lt $((1 << 20)) ]; then
 		die "BENCH_CR_STAGING=$staging: expected a multiple of the page size, at least 1M"
 	fi
@@ -617,7 +700,7 @@ preflight() {
 read -r -d '' TABLE <<'EOF' || true
 import statistics, sys
 
-tp, rss, mib, runs, staging, stg, const, sparse, rss8, zstd, incr, large, large_runs, only = sys.argv[1:15]
+tp, rss, mib, runs, staging, stg, const, sparse, rss8, zstd, incr, large, large_runs, only, scale, tck = sys.argv[1:17]
 mib, runs, stg, const = int(mib), int(runs), int(stg), int(const)
 large, large_runs = int(large), int(large_runs)
 M = 1 << 20
@@ -642,8 +725,40 @@ def incr_table():
     print(line.format("dump wall time, ms", f"{fw / 1000:.0f}", f"{iw / 1000:.0f}", f"{iw / fw:.2f}", ""))
 
 
+def scale_table():
+    best = {}
+    for l in open(scale):
+        kind, n, run, d_us, d_t, r_us, r_t = l.split()
+        b = best.setdefault((kind, int(n)), [None] * 4)
+        for j, v in enumerate((int(d_us) / 1e6, int(d_t) / int(tck), int(r_us) / 1e6, int(r_t) / int(tck))):
+            b[j] = v if b[j] is None else min(b[j], v)
+    runs_ = len({l.split()[2] for l in open(scale)})
+    print()
+    print(f"  scale: one process on one GPU (mi100), best of {runs_} run(s); whole commands, seconds;")
+    print("  emu = kfd-emu's CPU time during the command (the emulator's share, KFD's work on hardware);")
+    print("  us/item = (time - time of the previous row) / (items - its items)")
+    row = "  {:<12} {:>8} {:>7} {:>8}   {:>8} {:>7} {:>8}"
+    print(row.format("", "dump", "emu", "us/item", "restore", "emu", "us/item"))
+    for kind, what in (("bos", "BOs"), ("vmas", "VMAs")):
+        prev = None
+        for n in sorted(k[1] for k in best if k[0] == kind):
+            d, de, r, re_ = best[(kind, n)]
+            per = lambda t, j: f"{(t - prev[1][j]) * 1e6 / (n - prev[0]):.0f}" if prev else "-"
+            print(row.format(f"{n} {what}", f"{d:.2f}", f"{de:.2f}", per(d, 0), f"{r:.2f}", f"{re_:.2f}", per(r, 2)))
+            prev = (n, (d, de, r, re_))
+    if ("bos", 4000) in best and ("bos", 16000) in best:
+        a, b = best[("bos", 4000)], best[("bos", 16000)]
+        ratio = lambda j: b[j] / a[j] if a[j] > 0 else float("nan")
+        met = lambda x: "met" if x <= 4.5 else "NOT met"
+        print(f"  16k/4k BOs: dump {ratio(0):.2f} ({met(ratio(0))}), restore {ratio(2):.2f} ({met(ratio(2))}), "
+              f"target <= 4.5; kfd-emu's CPU: dump {ratio(1):.2f}, restore {ratio(3):.2f}")
+
+
 if only == "incr":
     incr_table()
+    sys.exit(0)
+if only == "scale":
+    scale_table()
     sys.exit(0)
 res = {}
 for line in open(tp):
@@ -820,13 +935,14 @@ for fill, what in (("fp16", "fp16 weights"), ("pattern", "random pattern"),
     rest = min(x[1] for x in z) / min(x[1] for x in n)
     print(zl.format(what, f"{size:.3f}", f"{dump:.2f}", f"{rest:.2f}"))
 incr_table()
+scale_table()
 EOF
 
 table() {
 	/usr/bin/python3 -c "$TABLE" "$out/tp.txt" "$out/rss.txt" "$mib" "$runs" "$staging" \
 		"$(size_bytes "$staging")" "$rss_const_mib" "$out/sparse.txt" "$out/rss8.txt" "$out/zstd.txt" "$out/incr.txt" \
-		"$large" "$large_runs" "$only"
-	echo "  raw numbers: ${out#"$top"/}/tp.txt and rss.txt; criu logs: ${out#"$top"/}/logs/"
+		"$large" "$large_runs" "$only" "$out/scale.txt" "$(getconf CLK_TCK)"
+	echo "  raw numbers: ${out#"$top"/}/tp.txt, rss.txt and scale.txt; criu logs: ${out#"$top"/}/logs/"
 }
 
 main() {
