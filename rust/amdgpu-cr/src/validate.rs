@@ -48,7 +48,7 @@ use crate::image::{
     RenderImage,
 };
 use crate::pages::{content_bos, pages_image_name, pages_total, Encoding, FrameError, PagesReader};
-use crate::plan::DeviceKind;
+use crate::plan::{DeviceKind, OffsetIndex};
 
 pub mod chain;
 pub mod digests;
@@ -757,7 +757,7 @@ fn check_mappings(
     // BO index → (mapped somewhere, mapped at its own address).
     let mut seen: BTreeMap<usize, (u64, u64, bool)> = BTreeMap::new();
     let bos = &image.msg.bo_entries;
-    let by_offset = BosByOffset::new(bos);
+    let by_offset = bos_by_offset(bos);
     for m in maps {
         let Some(path) = files.reg.get(&m.file) else {
             continue;
@@ -792,10 +792,10 @@ fn check_mappings(
             Some(g) => b.gpu_id == g.0 && bo::has_contents(b.alloc_flags),
             None => bo::needs_vma_fixup(b.alloc_flags) && !bo::has_contents(b.alloc_flags),
         };
-        let found = by_offset.holding(gpu, m.pgoff, len);
+        let found = by_offset.find(gpu.map(|g| g.0), m.pgoff, len);
         match found {
-            Some((i, b)) => {
-                let delta = m.pgoff - b.offset;
+            Some((i, delta)) => {
+                let b = &bos[i];
                 let at_home = b.addr.checked_add(delta) == Some(m.start);
                 let e = seen.entry(i).or_insert((m.start, m.pgoff, false));
                 e.2 |= at_home;
@@ -854,44 +854,19 @@ fn check_mappings(
 /// The BOs a device maps, by their offset in its file: contents BOs of
 /// each GPU (through its render node), doorbells and MMIO (through
 /// `/dev/kfd`, key `None`), so that a mapping finds its BO in log time.
-struct BosByOffset<'a> {
-    bos: &'a [crate::proto::KfdBoEntry],
-    index: BTreeMap<(Option<u32>, u64), usize>,
-}
-
-impl<'a> BosByOffset<'a> {
-    fn new(bos: &'a [crate::proto::KfdBoEntry]) -> Self {
-        let mut index = BTreeMap::new();
-        for (i, b) in bos.iter().enumerate() {
-            let key = if bo::has_contents(b.alloc_flags) {
-                Some(b.gpu_id)
-            } else if bo::needs_vma_fixup(b.alloc_flags) {
-                None
-            } else {
-                continue;
-            };
-            // The first of BOs at one offset, as a scan in order finds it.
-            index.entry((key, b.offset)).or_insert(i);
-        }
-        BosByOffset { bos, index }
-    }
-
-    /// The BO of `gpu`'s render node (`None`: of `/dev/kfd`) whose offset
-    /// range holds `len` bytes at `pgoff`: the one with the highest offset
-    /// at or below it (KFD's offsets of one file do not overlap; where an
-    /// image's do, a mapping the nearest BO does not hold is refused).
-    fn holding(
-        &self,
-        gpu: Option<GpuId>,
-        pgoff: u64,
-        len: u64,
-    ) -> Option<(usize, &'a crate::proto::KfdBoEntry)> {
-        let key = gpu.map(|g| g.0);
-        let (_, &i) = self.index.range((key, 0)..=(key, pgoff)).next_back()?;
-        let b = &self.bos[i];
-        let d = pgoff - b.offset;
-        (d < b.size && len <= b.size - d).then_some((i, b))
-    }
+/// KFD's offsets of one file do not overlap; where an image's do, the
+/// index finds one of them that holds the mapping, if any does.
+fn bos_by_offset(bos: &[crate::proto::KfdBoEntry]) -> OffsetIndex<Option<u32>> {
+    OffsetIndex::any(bos.iter().enumerate().filter_map(|(i, b)| {
+        let key = if bo::has_contents(b.alloc_flags) {
+            Some(b.gpu_id)
+        } else if bo::needs_vma_fixup(b.alloc_flags) {
+            None
+        } else {
+            return None;
+        };
+        Some((key, b.offset, b.size, i))
+    }))
 }
 
 #[cfg(test)]
