@@ -547,7 +547,6 @@ impl RenderImage {
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use std::path::PathBuf;
 
     use super::*;
     use crate::proto::{DevIolink, KfdBoEntry, KfdDeviceEntry};
@@ -903,15 +902,34 @@ pub(crate) mod tests {
         );
     }
 
-    pub(crate) fn tempdir() -> PathBuf {
-        use std::sync::atomic::{AtomicU32, Ordering};
-        static N: AtomicU32 = AtomicU32::new(0);
-        let p = std::env::temp_dir().join(format!(
-            "amdgpu-cr-test-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&p).unwrap();
-        p
+    /// A fresh directory of one test (`tempfile`: a name of its own, made
+    /// exclusively), removed when dropped; kept, and named on stderr, when
+    /// `CRIU_ROCM_TEST_KEEP=1`. It reads as its path.
+    pub(crate) struct TestDir(tempfile::TempDir);
+
+    impl std::ops::Deref for TestDir {
+        type Target = Path;
+        fn deref(&self) -> &Path {
+            self.0.path()
+        }
+    }
+
+    impl AsRef<Path> for TestDir {
+        fn as_ref(&self) -> &Path {
+            self.0.path()
+        }
+    }
+
+    pub(crate) fn tempdir() -> TestDir {
+        let keep = std::env::var_os("CRIU_ROCM_TEST_KEEP").is_some_and(|v| v == "1");
+        let dir = tempfile::Builder::new()
+            .prefix("amdgpu-cr-test-")
+            .disable_cleanup(keep)
+            .tempdir()
+            .unwrap();
+        if keep {
+            eprintln!("keeping {}", dir.path().display());
+        }
+        TestDir(dir)
     }
 }

@@ -111,7 +111,6 @@ impl Write for AlignedOut {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::image::tests::tempdir;
     use std::io::Read;
 
     fn read_all(f: &File) -> Vec<u8> {
@@ -156,14 +155,6 @@ mod tests {
 
     /// An unnamed scratch file.
     fn tempfile_in_tmp() -> File {
-        let p = tempdir().join("out");
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&p)
-            .unwrap();
-        std::fs::remove_file(&p).unwrap();
-        f
+        tempfile::tempfile().unwrap()
     }
 }

@@ -1,12 +1,12 @@
 //! One refusal per test, on a directory laid out as a dump writes it.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use super::digests::{Digests, FILE};
 use super::*;
 use crate::criu_images::fixtures::{write_files, write_inventory, write_mm, write_pstree};
 use crate::criu_images::FileMapping;
-use crate::image::tests::{sample_kfd, tempdir};
+use crate::image::tests::{sample_kfd, tempdir, TestDir};
 use crate::image::{frame, RenderImage, EXT_VERSION};
 use crate::proto::{CriuKfd, CriuRenderNode};
 
@@ -63,7 +63,7 @@ fn write_digests(dir: &Path) {
 
 /// A directory as criu-rocm dumps one process with two GPUs, a render
 /// fd, a BO mapped through its render node and a doorbell through KFD.
-fn fixture() -> PathBuf {
+fn fixture() -> TestDir {
     let dir = tempdir();
     let (m, pages) = dumped_kfd();
     write_kfd(&dir, &m);
