@@ -10,6 +10,7 @@ use std::os::unix::fs::FileExt;
 use amdgpu_cr::copy::{dump_contents, restore_contents};
 use amdgpu_cr::env::staging_size;
 use amdgpu_cr::image::FileId;
+use common::scratch::scratch_dir;
 use common::{device, one_bo_job, peak_rss_kib, BO_OFFSET};
 
 #[test]
@@ -24,13 +25,13 @@ fn large_bo_costs_one_window() {
     for i in 0..BO >> 20 {
         dev.write_all_at(&chunk, BO_OFFSET + (i << 20)).unwrap();
     }
-    let dir = std::env::temp_dir().join(format!("amdgpu-cr-mem-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = scratch_dir("mem");
+    let dir = tmp.path();
 
     let job = || one_bo_job(&dev, BO, window);
 
     let before = peak_rss_kib();
-    let out = dump_contents(&dir, FileId(1), vec![job()]).unwrap();
+    let out = dump_contents(dir, FileId(1), vec![job()]).unwrap();
     let s = &out.stats[0];
     eprintln!(
         "dump: {} MiB in {:?} = {:.0} MB/s",
@@ -38,7 +39,7 @@ fn large_bo_costs_one_window() {
         s.elapsed,
         s.mb_per_s()
     );
-    let stats = restore_contents(&dir, FileId(1), vec![job()], &out.hashes).unwrap();
+    let stats = restore_contents(dir, FileId(1), vec![job()], &out.hashes).unwrap();
     eprintln!(
         "restore: {} MiB in {:?} = {:.0} MB/s",
         stats[0].bytes >> 20,
@@ -54,5 +55,4 @@ fn large_bo_costs_one_window() {
         grown < (window >> 10) + 2 * 1024,
         "peak RSS grew by {grown} KiB"
     );
-    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -4,6 +4,9 @@
 //! host, RESTORE buckets (new offsets on new "render nodes"), contents back,
 //! VMA fix-ups.  Render nodes are memfds, as in the emulator.
 
+#[path = "common/scratch.rs"]
+mod scratch;
+
 use std::collections::BTreeMap;
 use std::fs;
 use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -19,6 +22,7 @@ use amdgpu_cr::plan::{
     plan_dump, plan_restore, render_image, BoBucket, CheckpointData, DeviceBucket, DeviceKind,
     SharedMem, VmaFixups,
 };
+use scratch::scratch_dir;
 
 fn memfd() -> fs::File {
     // SAFETY: valid C string; no other preconditions.
@@ -68,8 +72,12 @@ fn sysfs(root: &Path, gpus: &[(u32, u32, u32)]) {
 
 #[test]
 fn checkpoint_then_restore_on_other_gpus() {
-    let tmp = std::env::temp_dir().join(format!("amdgpu-cr-flow-{}", std::process::id()));
-    let (dump_sys, restore_sys, images) = (tmp.join("sys-a"), tmp.join("sys-b"), tmp.join("img"));
+    let tmp = scratch_dir("flow");
+    let (dump_sys, restore_sys, images) = (
+        tmp.path().join("sys-a"),
+        tmp.path().join("sys-b"),
+        tmp.path().join("img"),
+    );
     fs::create_dir_all(&images).unwrap();
     sysfs(&dump_sys, &[(1, 0x1111, 128), (2, 0x2222, 129)]);
     // The restore host: other ids, other minors, listed in the other order.
@@ -247,5 +255,4 @@ fn checkpoint_then_restore_on_other_gpus() {
             .is_none(),
         "GTT BO is on renderD129"
     );
-    fs::remove_dir_all(&tmp).unwrap();
 }

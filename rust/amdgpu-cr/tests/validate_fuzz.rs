@@ -15,6 +15,8 @@
 
 #[path = "../fuzz/harness.rs"]
 mod harness;
+#[path = "common/scratch.rs"]
+mod scratch;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::{Path, PathBuf};
@@ -26,6 +28,7 @@ use amdgpu_cr::proto::{CriuKfd, CriuRenderNode, KfdBoEntry};
 use amdgpu_cr::topology::Topology;
 use harness::{check_privdata, pack, validate_dir, Host, HOST_GPU, PRIV_BO};
 use prost::Message;
+use scratch::scratch_dir;
 
 /// The largest single allocation the validation may make for inputs of a
 /// few KiB: its fixed buffers (1 MiB for reading pages files) and the
@@ -68,13 +71,6 @@ const VRAM: u32 = 1;
 const GTT: u32 = 2;
 const DOORBELL: u32 = 1 << 3;
 const WRITABLE: u32 = 1 << 31;
-
-fn scratch(name: &str) -> PathBuf {
-    let p = std::env::temp_dir().join(format!("amdgpu-cr-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&p);
-    std::fs::create_dir_all(&p).unwrap();
-    p
-}
 
 /// CRIU's pstree.img with one process.
 fn pstree(pids: &[u32]) -> Vec<u8> {
@@ -167,12 +163,7 @@ fn seed(host: &Host, second: bool, compressed: bool) -> Vec<u8> {
     pages.extend_from_slice(&contents[0]);
     pages.extend_from_slice(&contents[1]);
     if compressed {
-        // A directory per call: the tests build their seeds in parallel.
-        static CALLS: AtomicUsize = AtomicUsize::new(0);
-        let dir = scratch(&format!(
-            "validate-seed-zstd-{}",
-            CALLS.fetch_add(1, Ordering::Relaxed)
-        ));
+        let dir = scratch_dir("validate-seed-zstd");
         let (id, gpu) = (amdgpu_cr::image::FileId(0), amdgpu_cr::ids::GpuId(HOST_GPU));
         let c = amdgpu_cr::pages::Compress {
             level: 3,
@@ -180,11 +171,11 @@ fn seed(host: &Host, second: bool, compressed: bool) -> Vec<u8> {
         };
         let bos = [(0, 8192), (1, 4096)];
         let mut w =
-            amdgpu_cr::pages::PagesWriter::create_compressed(&dir, id, gpu, &bos, c).unwrap();
+            amdgpu_cr::pages::PagesWriter::create_compressed(dir.path(), id, gpu, &bos, c).unwrap();
         std::io::Write::write_all(&mut w, &pages[8..]).unwrap();
         w.finish().unwrap();
-        pages = std::fs::read(dir.join(amdgpu_cr::pages::pages_image_name(id, gpu))).unwrap();
-        std::fs::remove_dir_all(&dir).unwrap();
+        pages =
+            std::fs::read(dir.path().join(amdgpu_cr::pages::pages_image_name(id, gpu))).unwrap();
     }
     let render = frame(
         &CriuRenderNode {
@@ -331,9 +322,9 @@ fn run(host: &Host, input: &[u8], dir: &Path) -> (usize, usize) {
 
 #[test]
 fn validation_never_panics_and_allocates_within_bounds() {
-    let root = scratch("validate-host");
-    let host = Host::new(&root);
-    let dir = root.join("img");
+    let root = scratch_dir("validate-host");
+    let host = Host::new(root.path());
+    let dir = root.path().join("img");
     // The seeds are restorable: the mutations start deep in the checks.
     for (name, s) in seeds(&host) {
         let v = validate_dir(&host, &s, &dir);
@@ -392,13 +383,12 @@ fn validation_never_panics_and_allocates_within_bounds() {
         accepted > 100,
         "only {accepted} acceptances: the checks are not reached"
     );
-    std::fs::remove_dir_all(&root).unwrap();
 }
 
 #[test]
 fn seed_corpus_is_current() {
-    let root = scratch("validate-seeds");
-    let host = Host::new(&root);
+    let root = scratch_dir("validate-seeds");
+    let host = Host::new(root.path());
     let write = std::env::var_os("AMDGPU_CR_WRITE_SEEDS").is_some();
     for (name, bytes) in seeds(&host) {
         let path = corpus_dir().join(format!("{name}.bin"));
@@ -414,7 +404,6 @@ fn seed_corpus_is_current() {
         });
         assert_eq!(on_disk, bytes, "{} is stale", path.display());
     }
-    std::fs::remove_dir_all(&root).unwrap();
 }
 
 /// Private data as KFD writes it for `check_privdata`'s process: an SDMA
@@ -491,9 +480,9 @@ fn privdata_corpus_dir() -> PathBuf {
 
 #[test]
 fn private_data_validation_refuses_and_never_panics() {
-    let root = scratch("privdata-host");
-    let host = Host::new(&root);
-    let dir = root.join("img");
+    let root = scratch_dir("privdata-host");
+    let host = Host::new(root.path());
+    let dir = root.path().join("img");
     let write = std::env::var_os("AMDGPU_CR_WRITE_SEEDS").is_some();
     let mut corpus = Vec::new();
     for (name, s) in [
@@ -553,5 +542,4 @@ fn private_data_validation_refuses_and_never_panics() {
         accepted > 100,
         "only {accepted} acceptances: the checks are not reached"
     );
-    std::fs::remove_dir_all(&root).unwrap();
 }

@@ -16,6 +16,7 @@ use std::os::unix::fs::FileExt;
 
 use amdgpu_cr::copy::{dump_contents_encoded, restore_contents_encoded};
 use amdgpu_cr::image::FileId;
+use common::scratch::scratch_dir;
 use common::{device, one_bo_job, peak_rss_kib, BO_OFFSET};
 
 #[test]
@@ -36,8 +37,8 @@ fn compressed_dumps_stay_within_the_budget() {
         }
         dev.write_all_at(&chunk, BO_OFFSET + (i << 20)).unwrap();
     }
-    let dir = std::env::temp_dir().join(format!("amdgpu-cr-zmem-{}", std::process::id()));
-    let (full, incr) = (dir.join("full"), dir.join("incr"));
+    let dir = scratch_dir("zmem");
+    let (full, incr) = (dir.path().join("full"), dir.path().join("incr"));
     std::fs::create_dir_all(&full).unwrap();
     std::fs::create_dir_all(&incr).unwrap();
     let job = || one_bo_job(&dev, BO, BUDGET);
@@ -80,5 +81,4 @@ fn compressed_dumps_stay_within_the_budget() {
         BUDGET >> 10
     );
     assert!(grown <= bound, "peak RSS grew by {grown} KiB, over {bound}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }

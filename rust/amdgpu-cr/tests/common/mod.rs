@@ -1,6 +1,8 @@
 //! Set-up shared by the memory-bound test binaries (each its own process, so
 //! that no other test disturbs the process-wide peak RSS).
 
+pub mod scratch;
+
 use std::fs::File;
 use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 
