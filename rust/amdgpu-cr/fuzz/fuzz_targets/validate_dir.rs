@@ -7,6 +7,8 @@
 
 #[path = "../harness.rs"]
 mod harness;
+#[path = "../../tests/common/scratch.rs"]
+mod scratch;
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -17,7 +19,9 @@ static HOST: OnceLock<(harness::Host, PathBuf)> = OnceLock::new();
 
 fuzz_target!(|data: &[u8]| {
     let (host, dir) = HOST.get_or_init(|| {
-        let root = std::env::temp_dir().join(format!("amdgpu-cr-fuzz-{}", std::process::id()));
+        // The host lives as long as the fuzzing process, which exits
+        // without running destructors: its directory stays.
+        let root = scratch::scratch_dir("fuzz").keep();
         (harness::Host::new(&root), root.join("img"))
     });
     let _ = harness::validate_dir(host, data, dir);
