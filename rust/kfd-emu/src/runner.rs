@@ -339,34 +339,16 @@ fn kill_descendants() {
     log::error!("descendants survive SIGKILL");
 }
 
-/// A state directory of this instance alone under the temporary directory.
-/// Not named by the pid only: emulators in other pid namespaces (test
-/// suites, `unshare --pid`) share /tmp and may have the same pid, and one
-/// would take the other's supervisor socket or remove its directory.
-fn new_state_dir() -> io::Result<PathBuf> {
-    let tmp = std::env::temp_dir();
-    let pid = std::process::id();
-    let mut last = None;
-    for attempt in 0..64u32 {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        let dir = tmp.join(format!("kfd-emu.{pid}.{:08x}", nanos ^ attempt));
-        match std::fs::create_dir(&dir) {
-            Ok(()) => return Ok(dir),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last = Some(dir),
-            Err(e) => {
-                return Err(io::Error::new(e.kind(), format!("{}: {e}", dir.display())));
-            }
-        }
-    }
-    Err(io::Error::new(
-        io::ErrorKind::AlreadyExists,
-        format!(
-            "{}: no free state directory name after 64 tries",
-            last.unwrap_or(tmp).display()
-        ),
-    ))
+/// A state directory of this instance alone under the temporary directory,
+/// removed when dropped. Not named by the pid: emulators in other pid
+/// namespaces (test suites, `unshare --pid`) share /tmp and may have the
+/// same pid, and one would take the other's supervisor socket or remove its
+/// directory; `tempfile` picks a random name and creates it exclusively.
+fn new_state_dir() -> io::Result<tempfile::TempDir> {
+    tempfile::Builder::new()
+        .prefix("kfd-emu.")
+        .tempdir()
+        .map_err(|e| io::Error::new(e.kind(), format!("state directory: {e}")))
 }
 
 /// Runs `opts.cmd` in a namespace with the devices `make` creates.
@@ -391,13 +373,17 @@ pub fn run(
     // SAFETY: prctl with integer arguments.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
 
+    // --state-dir's directory outlives the run; our own goes with it.
     let (state_dir, own_state_dir) = match &opts.state_dir {
         Some(d) => {
             std::fs::create_dir_all(d)
                 .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", d.display())))?;
-            (d.clone(), false)
+            (d.clone(), None)
         }
-        None => (new_state_dir()?, true),
+        None => {
+            let dir = new_state_dir()?;
+            (dir.path().to_owned(), Some(dir))
+        }
     };
     std::fs::write(state_dir.join("profile.toml"), opts.profile.to_toml())?;
 
@@ -484,9 +470,7 @@ pub fn run(
     kill_descendants();
     (devices.shutdown)();
     drop(mounts);
-    if own_state_dir {
-        let _ = std::fs::remove_dir_all(&state_dir);
-    }
+    drop(own_state_dir);
     Ok(if libc::WIFEXITED(status) {
         libc::WEXITSTATUS(status)
     } else if libc::WIFSIGNALED(status) {
