@@ -333,8 +333,11 @@ mod tests {
         for bad in ["RESTORE", "RESTORE:", "NOPE:/x"] {
             assert!(Hold::parse(bad).is_err(), "{bad:?}");
         }
-        let dir = std::env::temp_dir().join(format!("kfd-emu-hold-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = tempfile::Builder::new()
+            .prefix("kfd-emu-hold-")
+            .tempdir()
+            .unwrap();
+        let dir = tmp.path();
         let go = dir.join("go");
         install_holds(vec![Hold {
             op: criu_op::UNPAUSE,
@@ -354,7 +357,6 @@ mod tests {
         std::fs::write(&go, "").unwrap();
         waiter.join().unwrap();
         install_holds(Vec::new());
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

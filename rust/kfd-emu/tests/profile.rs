@@ -203,9 +203,12 @@ fn topology_tree_matches_profile() {
 #[test]
 fn write_tree_produces_the_sysfs_layout() {
     let p = Profile::builtin("mi210x4").unwrap();
-    let dir = std::env::temp_dir().join(format!("kfd-emu-topo-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    topology::write_tree(&p, &dir).unwrap();
+    let tmp = tempfile::Builder::new()
+        .prefix("kfd-emu-topo-")
+        .tempdir()
+        .unwrap();
+    let dir = tmp.path();
+    topology::write_tree(&p, dir).unwrap();
     assert_eq!(
         std::fs::read_to_string(dir.join("generation_id")).unwrap(),
         "1\n"
@@ -222,7 +225,6 @@ fn write_tree_produces_the_sysfs_layout() {
         "gfx90a\n"
     );
     assert!(dir.join("nodes/0/caches").is_dir());
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// FNV-1a (64 bit): a digest that stays the same across Rust releases.

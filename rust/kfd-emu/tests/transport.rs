@@ -37,9 +37,10 @@ fn ioctl_round_trip_and_passthrough() {
     if role().is_none() {
         return run_in_ns("ioctl_round_trip_and_passthrough", "body");
     }
-    let dir = scratch_dir("rt");
+    let tmp = scratch_dir("rt");
+    let dir = tmp.path();
     let double = Arc::new(Double::default());
-    let (m, backing) = serve(&dir, double.clone());
+    let (m, backing) = serve(dir, double.clone());
     let f = open_rw(m.target());
 
     // The node looks like the FUSE file we promised, not the memfd.
@@ -147,7 +148,7 @@ fn ioctl_round_trip_and_passthrough() {
     drop(g);
     assert!(wait_for(5, || double.released.lock().unwrap().len() == 2));
     m.unmount().unwrap();
-    std::fs::remove_dir_all(&dir).unwrap();
+    tmp.close().unwrap();
 }
 
 /// Writes a line straight to fd 1: the harness may buffer or capture
@@ -220,9 +221,10 @@ fn parked_wait_is_interruptible() {
     if role().is_none() {
         return run_in_ns("parked_wait_is_interruptible", "body");
     }
-    let dir = scratch_dir("intr");
+    let tmp = scratch_dir("intr");
+    let dir = tmp.path();
     let double = Arc::new(Double::default());
-    let (m, _backing) = serve(&dir, double);
+    let (m, _backing) = serve(dir, double);
 
     // SIGSTOP: the task must stop (T), not hang in D.
     let w = spawn_waiter(m.target());
@@ -271,7 +273,7 @@ fn parked_wait_is_interruptible() {
     );
 
     m.unmount().unwrap();
-    std::fs::remove_dir_all(&dir).unwrap();
+    tmp.close().unwrap();
 }
 
 #[test]
@@ -279,8 +281,9 @@ fn interrupt_during_the_call() {
     if role().is_none() {
         return run_in_ns("interrupt_during_the_call", "body");
     }
-    let dir = scratch_dir("incall");
-    let (m, _backing) = serve(&dir, Arc::new(Double::default()));
+    let tmp = scratch_dir("incall");
+    let dir = tmp.path();
+    let (m, _backing) = serve(dir, Arc::new(Double::default()));
     let f = open_rw(m.target());
     // SAFETY: an empty handler, so SIGUSR1 interrupts without killing.
     unsafe { libc::signal(libc::SIGUSR1, on_usr1 as *const () as libc::sighandler_t) };
@@ -306,7 +309,7 @@ fn interrupt_during_the_call() {
     }
     drop(f);
     m.unmount().unwrap();
-    std::fs::remove_dir_all(&dir).unwrap();
+    tmp.close().unwrap();
 }
 
 /// The transport hands an interrupt of a parked request to the device
@@ -320,9 +323,10 @@ fn interrupt_is_passed_to_the_device() {
     if role().is_none() {
         return run_in_ns("interrupt_is_passed_to_the_device", "body");
     }
-    let dir = scratch_dir("intrdev");
+    let tmp = scratch_dir("intrdev");
+    let dir = tmp.path();
     let double = Arc::new(Double::default());
-    let (m, _backing) = serve(&dir, double.clone());
+    let (m, _backing) = serve(dir, double.clone());
     let f = open_rw(m.target());
     let g = open_rw(m.target());
     // SAFETY: an empty handler, so SIGUSR1 interrupts without killing.
@@ -379,7 +383,7 @@ fn interrupt_is_passed_to_the_device() {
     drop(f);
     drop(g);
     m.unmount().unwrap();
-    std::fs::remove_dir_all(&dir).unwrap();
+    tmp.close().unwrap();
 }
 
 /// Child role: serves $KFD_EMU_TEST_PATH until killed.  Not a test of its
@@ -413,7 +417,8 @@ fn daemon_death_gives_econnaborted() {
     if role().is_none() {
         return run_in_ns("daemon_death_gives_econnaborted", "body");
     }
-    let dir = scratch_dir("death");
+    let tmp = scratch_dir("death");
+    let dir = tmp.path();
     let target = dir.join("kfd");
     std::fs::write(&target, b"").unwrap();
     let mut d = helper(
@@ -453,5 +458,5 @@ fn daemon_death_gives_econnaborted() {
     let c = std::ffi::CString::new(target.to_str().unwrap()).unwrap();
     // SAFETY: detaching the dead mount by a valid path.
     unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
-    std::fs::remove_dir_all(&dir).unwrap();
+    tmp.close().unwrap();
 }

@@ -7,7 +7,6 @@
 
 use std::collections::HashMap;
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -197,12 +196,21 @@ impl FileOps for Double {
     }
 }
 
-/// A fresh directory under /tmp, removed by the caller when done.
-pub fn scratch_dir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("kfd-emu-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh directory named `kfd-emu-TAG-` and random characters under the
+/// temporary directory (`tempfile`: made exclusively, so no other test run,
+/// in this pid namespace or another, can take it), removed when dropped;
+/// kept, and named on stderr, when `CRIU_ROCM_TEST_KEEP=1`.
+pub fn scratch_dir(tag: &str) -> tempfile::TempDir {
+    let keep = std::env::var_os("CRIU_ROCM_TEST_KEEP").is_some_and(|v| v == "1");
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("kfd-emu-{tag}-"))
+        .disable_cleanup(keep)
+        .tempdir()
+        .unwrap();
+    if keep {
+        eprintln!("keeping {}", dir.path().display());
+    }
+    dir
 }
 
 /// A memfd of `len` bytes.
