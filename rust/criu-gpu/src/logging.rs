@@ -317,13 +317,14 @@ pub(crate) mod tests {
     #[test]
     fn image_dir_paths_read_as_the_directory() {
         use std::os::fd::AsRawFd;
-        let dir = std::env::temp_dir();
-        let f = std::fs::File::open(&dir).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let f = std::fs::File::open(dir).unwrap();
         let msg = format!(
             "pid 7: /proc/self/fd/{}/amdgpu-pages-3-1a2b.img: truncated",
             f.as_raw_fd()
         );
-        let real = std::fs::canonicalize(&dir).unwrap();
+        let real = std::fs::canonicalize(dir).unwrap();
         assert_eq!(
             readable_paths(&msg),
             format!(

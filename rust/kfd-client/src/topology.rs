@@ -127,35 +127,26 @@ pub fn read_nodes(root: &Path) -> Result<Vec<Node>> {
 mod tests {
     use super::*;
 
-    struct TempDir(PathBuf);
+    struct Scratch(tempfile::TempDir);
 
-    impl TempDir {
+    impl Scratch {
         fn new(tag: &str) -> Self {
-            let p = std::env::temp_dir().join(format!(
-                "kfd-client-{tag}-{}-{:?}",
-                std::process::id(),
-                std::thread::current().id()
-            ));
-            let _ = fs::remove_dir_all(&p);
-            fs::create_dir_all(&p).unwrap();
-            Self(p)
+            let dir = tempfile::Builder::new()
+                .prefix(&format!("kfd-client-{tag}-"))
+                .tempdir()
+                .unwrap();
+            Self(dir)
         }
         fn write(&self, rel: &str, text: &str) {
-            let p = self.0.join(rel);
+            let p = self.0.path().join(rel);
             fs::create_dir_all(p.parent().unwrap()).unwrap();
             fs::write(p, text).unwrap();
         }
     }
 
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = fs::remove_dir_all(&self.0);
-        }
-    }
-
     #[test]
     fn reads_cpu_and_gpu_nodes_in_numeric_order() {
-        let t = TempDir::new("ok");
+        let t = Scratch::new("ok");
         t.write("nodes/0/gpu_id", "0\n");
         t.write(
             "nodes/0/properties",
@@ -169,7 +160,7 @@ mod tests {
             );
         }
         t.write("nodes/README", "not a node");
-        let nodes = read_nodes(&t.0).unwrap();
+        let nodes = read_nodes(t.0.path()).unwrap();
         assert_eq!(
             nodes.iter().map(|n| n.node_id).collect::<Vec<_>>(),
             [0, 1, 10]
@@ -184,21 +175,21 @@ mod tests {
 
     #[test]
     fn malformed_files_are_named() {
-        let t = TempDir::new("bad");
+        let t = Scratch::new("bad");
         t.write("nodes/0/gpu_id", "12\n");
         t.write(
             "nodes/0/properties",
             "simd_count 4\ndrm_render_minor lots\n",
         );
-        let e = read_nodes(&t.0).unwrap_err().to_string();
+        let e = read_nodes(t.0.path()).unwrap_err().to_string();
         assert!(e.contains("nodes/0/properties: line 2"), "{e}");
 
         t.write("nodes/0/properties", "simd_count 4\n");
-        let e = read_nodes(&t.0).unwrap_err().to_string();
+        let e = read_nodes(t.0.path()).unwrap_err().to_string();
         assert!(e.contains("has no usable drm_render_minor"), "{e}");
 
         t.write("nodes/0/gpu_id", "-1\n");
-        let e = read_nodes(&t.0).unwrap_err().to_string();
+        let e = read_nodes(t.0.path()).unwrap_err().to_string();
         assert!(e.contains("nodes/0/gpu_id: gpu_id \"-1\""), "{e}");
     }
 

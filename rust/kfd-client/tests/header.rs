@@ -57,8 +57,11 @@ fn staticlib() -> PathBuf {
 
 #[test]
 fn c_program_links_and_reports_errors() {
-    let out = std::env::temp_dir().join(format!("kfd-client-link-{}", std::process::id()));
-    let src = out.with_extension("c");
+    let tmp = tempfile::Builder::new()
+        .prefix("kfd-client-link-")
+        .tempdir()
+        .unwrap();
+    let (out, src) = (tmp.path().join("prog"), tmp.path().join("prog.c"));
     std::fs::write(
         &src,
         r#"#include <errno.h>
@@ -106,8 +109,6 @@ int main(void)
         "{cc} could not compile/link against libkfd_client.a"
     );
     let run = Command::new(&out).output().unwrap();
-    let _ = std::fs::remove_file(&out);
-    let _ = std::fs::remove_file(&src);
     assert!(
         run.status.success(),
         "C program failed: {:?}\n{}",
@@ -142,8 +143,11 @@ fn kfd_emu() -> PathBuf {
 /// BO from the first queue on.
 #[test]
 fn c_program_copies_through_sdma_under_emulator() {
-    let out = std::env::temp_dir().join(format!("kfd-client-c-sdma-{}", std::process::id()));
-    let src = out.with_extension("c");
+    let tmp = tempfile::Builder::new()
+        .prefix("kfd-client-c-sdma-")
+        .tempdir()
+        .unwrap();
+    let (out, src) = (tmp.path().join("prog"), tmp.path().join("prog.c"));
     std::fs::write(
         &src,
         r#"#include <errno.h>
@@ -230,8 +234,6 @@ int main(void)
         .arg(&out)
         .output()
         .expect("spawn kfd-emu");
-    let _ = std::fs::remove_file(&out);
-    let _ = std::fs::remove_file(&src);
     let stdout = String::from_utf8_lossy(&run.stdout);
     assert!(
         run.status.success() && stdout.contains("c-sdma ok gpus=2"),
