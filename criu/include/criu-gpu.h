@@ -82,9 +82,13 @@ int criu_gpu_device_kind(uint32_t mode, uint64_t dev, uint64_t ino, uint64_t rde
 int criu_gpu_dump_init(int imgdir_fd, int log_fd, uint64_t log_start_us);
 
 /*
- Every image of the dump is written (before CRIU's post-dump scripts):
- the digests of the GPU image files go into the image directory
- `imgdir_fd`, which then loses its incomplete-dump mark.
+ Every image of the dump is written, CRIU's flushed (before CRIU's
+ post-dump scripts, and before the tree is killed or resumed): the
+ digests of the GPU image files go into the image directory
+ `imgdir_fd`, the directory is validated as its restore will validate
+ it, and then it loses its incomplete-dump mark.  `-EINVAL` when the
+ validation refuses: the dump fails, the tree keeps running with its GPU
+ unpaused, and the mark stays with the reasons.
  */
 int criu_gpu_dump_complete(int imgdir_fd);
 
