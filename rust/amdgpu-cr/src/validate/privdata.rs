@@ -173,6 +173,8 @@ impl Blob<'_> {
         Ok(())
     }
 
+    /// A queue record, in steps: its GPU, its type and format, its ids,
+    /// the sizes of its MQD and control stack, the memory it points into.
     fn check_queue(
         &self,
         i: usize,
@@ -181,11 +183,26 @@ impl Blob<'_> {
         queue_ids: &mut BTreeMap<u32, usize>,
         doorbells: &mut BTreeMap<(u32, u32), usize>,
     ) -> Result<(), Refusal> {
-        let blob = &self.image.msg.priv_data;
-        let f32 = |off: usize| u32_at(blob, at + off as u64);
-        let f64 = |off: usize| u64_at(blob, at + off as u64);
-        let field = |f: &str| format!("priv_data.queues[{i}].{f}");
-        let gpu = f32(offset_of!(QueueRec, gpu_id));
+        let (q, dev) = self.queue_record(i, at)?;
+        let sdma = q.check_kind()?;
+        q.check_ids(queue_ids, doorbells)?;
+        if sdma {
+            q.check_sdma_sizes(dev)?;
+        } else {
+            q.check_compute_sizes(dev)?;
+        }
+        q.check_memory(svm)
+    }
+
+    /// Queue `i`'s record at `at`, with the device record of its GPU.
+    fn queue_record(&self, i: usize, at: u64) -> Result<(Queue<'_>, &KfdDeviceEntry), Refusal> {
+        let q = Queue {
+            blob: self,
+            i,
+            at,
+            gpu: 0,
+        };
+        let gpu = q.u32(offset_of!(QueueRec, gpu_id));
         let Some(dev) = self
             .image
             .msg
@@ -195,178 +212,12 @@ impl Blob<'_> {
         else {
             return Err(self.refuse(
                 None,
-                field("gpu_id"),
+                q.field("gpu_id"),
                 format!("is {gpu:#x}, which is no GPU of the image's device_entries"),
             ));
         };
-        let refuse = |f: &str, why: String| self.refuse(Some(gpu), field(f), why);
-        let (qtype, format) = (
-            f32(offset_of!(QueueRec, type_)),
-            f32(offset_of!(QueueRec, format)),
-        );
-        if !queue_type::is_process_queue(qtype) {
-            return Err(refuse(
-                "type",
-                format!("is {qtype}, a queue type KFD never gives a process"),
-            ));
-        }
-        let sdma = queue_type::is_sdma(qtype);
-        let format_ok = match format {
-            queue_format::PM4 => true,
-            queue_format::AQL => !sdma,
-            _ => false,
-        };
-        if !format_ok {
-            return Err(refuse(
-                "format",
-                format!("is {format}, which a queue of type {qtype} never has"),
-            ));
-        }
-        for (name, v) in [
-            ("q_id", f32(offset_of!(QueueRec, q_id))),
-            ("doorbell_id", f32(offset_of!(QueueRec, doorbell_id))),
-        ] {
-            if v >= criu::MAX_QUEUES_PER_PROCESS {
-                return Err(refuse(
-                    name,
-                    format!(
-                        "is {v}, past KFD's {} queues per process",
-                        criu::MAX_QUEUES_PER_PROCESS
-                    ),
-                ));
-            }
-        }
-        let q_id = f32(offset_of!(QueueRec, q_id));
-        if let Some(j) = queue_ids.insert(q_id, i) {
-            return Err(refuse("q_id", format!("is {q_id}, as queue {j}'s")));
-        }
-        let db = f32(offset_of!(QueueRec, doorbell_id));
-        if let Some(j) = doorbells.insert((gpu, db), i) {
-            return Err(refuse(
-                "doorbell_id",
-                format!("is {db}, as queue {j}'s on the same GPU"),
-            ));
-        }
-        let (mqd, ctl) = (
-            f32(offset_of!(QueueRec, mqd_size)),
-            f32(offset_of!(QueueRec, ctl_stack_size)),
-        );
-        if sdma {
-            let engines = (dev.num_sdma_engines + dev.num_sdma_xgmi_engines)
-                .saturating_mul(dev.num_sdma_queues_per_engine);
-            let id = f32(offset_of!(QueueRec, sdma_id));
-            if id >= engines {
-                return Err(refuse(
-                    "sdma_id",
-                    format!("is {id}, but the GPU has {engines} SDMA engine queues"),
-                ));
-            }
-            if mqd != criu::SDMA_MQD_SIZE {
-                return Err(refuse(
-                    "mqd_size",
-                    format!(
-                        "is {mqd}, but KFD's SDMA MQD is {} bytes",
-                        criu::SDMA_MQD_SIZE
-                    ),
-                ));
-            }
-            if ctl != 0 {
-                return Err(refuse(
-                    "ctl_stack_size",
-                    format!("is {ctl}, but KFD saves no control stack for an SDMA queue"),
-                ));
-            }
-        } else {
-            if mqd == 0
-                || mqd % criu::COMPUTE_MQD_SIZE != 0
-                || mqd / criu::COMPUTE_MQD_SIZE > criu::MAX_XCC
-            {
-                return Err(refuse(
-                    "mqd_size",
-                    format!(
-                        "is {mqd}, but KFD's compute MQD is {} bytes per XCC (at most {} XCCs)",
-                        criu::COMPUTE_MQD_SIZE,
-                        criu::MAX_XCC
-                    ),
-                ));
-            }
-            let sizes = control_stack_sizes(dev);
-            if !sizes.contains(&ctl) {
-                let mut allowed: Vec<String> = sizes
-                    .iter()
-                    .filter(|&&c| c != 0)
-                    .take(6)
-                    .map(|c| format!("{c:#x}"))
-                    .collect();
-                if sizes.len() > 7 {
-                    allowed.push("...".into());
-                }
-                return Err(refuse(
-                    "ctl_stack_size",
-                    format!(
-                        "is {ctl:#x}, but KFD sizes this GPU's control stacks ({} CUs) at \
-                         {} (or 0 without a context save area)",
-                        dev.simd_count / dev.simd_per_cu.max(1),
-                        allowed.join(" or ")
-                    ),
-                ));
-            }
-        }
-        let ring = (
-            f64(offset_of!(QueueRec, q_address)),
-            f64(offset_of!(QueueRec, q_size)),
-        );
-        if !ring.1.is_power_of_two() {
-            return Err(refuse(
-                "q_size",
-                format!("is {:#x}, not a power of two", ring.1),
-            ));
-        }
-        let regions = [
-            ("q_address", ring.0, ring.1),
-            (
-                "eop_ring_buffer_address",
-                f64(offset_of!(QueueRec, eop_ring_buffer_address)),
-                u64::from(f32(offset_of!(QueueRec, eop_ring_buffer_size))),
-            ),
-            (
-                "ctx_save_restore_area_address",
-                f64(offset_of!(QueueRec, ctx_save_restore_area_address)),
-                u64::from(f32(offset_of!(QueueRec, ctx_save_restore_area_size))),
-            ),
-        ];
-        for (name, addr, size) in regions {
-            if name != "q_address" && addr == 0 {
-                continue;
-            }
-            if !self.in_bo(addr, size) && !inside(svm, addr, size) {
-                return Err(refuse(
-                    name,
-                    format!(
-                        "is {addr:#x} ({size:#x} bytes), which no BO or SVM range of the \
-                         process holds"
-                    ),
-                ));
-            }
-        }
-        for name in ["read_ptr_addr", "write_ptr_addr"] {
-            let off = if name == "read_ptr_addr" {
-                offset_of!(QueueRec, read_ptr_addr)
-            } else {
-                offset_of!(QueueRec, write_ptr_addr)
-            };
-            let addr = f64(off);
-            let mapped = self.vmas.is_some_and(|v| inside(v, addr, 8));
-            if !self.in_bo(addr, 8) && !inside(svm, addr, 8) && !mapped {
-                return Err(refuse(
-                    name,
-                    format!("is {addr:#x}, which no BO, SVM range or mapping of the process holds"),
-                ));
-            }
-        }
-        Ok(())
+        Ok((Queue { gpu, ..q }, dev))
     }
-
     /// Whether `[addr, addr + size)` lies in one BO of the image.
     fn in_bo(&self, addr: u64, size: u64) -> bool {
         let Some(end) = addr.checked_add(size) else {
@@ -495,6 +346,217 @@ fn covered(ranges: &[(u64, u64)], start: u64, end: u64) -> bool {
         }
     }
     false
+}
+
+/// One queue record of a blob, on the GPU `gpu`.
+struct Queue<'a> {
+    blob: &'a Blob<'a>,
+    i: usize,
+    at: u64,
+    gpu: u32,
+}
+
+impl Queue<'_> {
+    fn u32(&self, off: usize) -> u32 {
+        u32_at(&self.blob.image.msg.priv_data, self.at + off as u64)
+    }
+
+    fn u64(&self, off: usize) -> u64 {
+        u64_at(&self.blob.image.msg.priv_data, self.at + off as u64)
+    }
+
+    fn field(&self, f: &str) -> String {
+        format!("priv_data.queues[{}].{f}", self.i)
+    }
+
+    fn refuse(&self, f: &str, why: String) -> Refusal {
+        self.blob.refuse(Some(self.gpu), self.field(f), why)
+    }
+
+    /// A type KFD gives a process and a format that type has; whether it
+    /// is an SDMA queue.
+    fn check_kind(&self) -> Result<bool, Refusal> {
+        let qtype = self.u32(offset_of!(QueueRec, type_));
+        let format = self.u32(offset_of!(QueueRec, format));
+        if !queue_type::is_process_queue(qtype) {
+            return Err(self.refuse(
+                "type",
+                format!("is {qtype}, a queue type KFD never gives a process"),
+            ));
+        }
+        let sdma = queue_type::is_sdma(qtype);
+        let format_ok = match format {
+            queue_format::PM4 => true,
+            queue_format::AQL => !sdma,
+            _ => false,
+        };
+        if !format_ok {
+            return Err(self.refuse(
+                "format",
+                format!("is {format}, which a queue of type {qtype} never has"),
+            ));
+        }
+        Ok(sdma)
+    }
+
+    /// Queue and doorbell ids within KFD's range, each once (doorbells
+    /// once per GPU).
+    fn check_ids(
+        &self,
+        queue_ids: &mut BTreeMap<u32, usize>,
+        doorbells: &mut BTreeMap<(u32, u32), usize>,
+    ) -> Result<(), Refusal> {
+        let q_id = self.u32(offset_of!(QueueRec, q_id));
+        let db = self.u32(offset_of!(QueueRec, doorbell_id));
+        for (name, v) in [("q_id", q_id), ("doorbell_id", db)] {
+            if v >= criu::MAX_QUEUES_PER_PROCESS {
+                return Err(self.refuse(
+                    name,
+                    format!(
+                        "is {v}, past KFD's {} queues per process",
+                        criu::MAX_QUEUES_PER_PROCESS
+                    ),
+                ));
+            }
+        }
+        if let Some(j) = queue_ids.insert(q_id, self.i) {
+            return Err(self.refuse("q_id", format!("is {q_id}, as queue {j}'s")));
+        }
+        if let Some(j) = doorbells.insert((self.gpu, db), self.i) {
+            return Err(self.refuse(
+                "doorbell_id",
+                format!("is {db}, as queue {j}'s on the same GPU"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// An SDMA queue: an engine queue the GPU has, KFD's SDMA MQD size, no
+    /// control stack.
+    fn check_sdma_sizes(&self, dev: &KfdDeviceEntry) -> Result<(), Refusal> {
+        let mqd = self.u32(offset_of!(QueueRec, mqd_size));
+        let ctl = self.u32(offset_of!(QueueRec, ctl_stack_size));
+        let engines = (dev.num_sdma_engines + dev.num_sdma_xgmi_engines)
+            .saturating_mul(dev.num_sdma_queues_per_engine);
+        let id = self.u32(offset_of!(QueueRec, sdma_id));
+        if id >= engines {
+            return Err(self.refuse(
+                "sdma_id",
+                format!("is {id}, but the GPU has {engines} SDMA engine queues"),
+            ));
+        }
+        if mqd != criu::SDMA_MQD_SIZE {
+            return Err(self.refuse(
+                "mqd_size",
+                format!(
+                    "is {mqd}, but KFD's SDMA MQD is {} bytes",
+                    criu::SDMA_MQD_SIZE
+                ),
+            ));
+        }
+        if ctl != 0 {
+            return Err(self.refuse(
+                "ctl_stack_size",
+                format!("is {ctl}, but KFD saves no control stack for an SDMA queue"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A compute queue: KFD's MQD size per XCC, a control stack of a size
+    /// KFD computes for this GPU.
+    fn check_compute_sizes(&self, dev: &KfdDeviceEntry) -> Result<(), Refusal> {
+        let mqd = self.u32(offset_of!(QueueRec, mqd_size));
+        let ctl = self.u32(offset_of!(QueueRec, ctl_stack_size));
+        if mqd == 0
+            || !mqd.is_multiple_of(criu::COMPUTE_MQD_SIZE)
+            || mqd / criu::COMPUTE_MQD_SIZE > criu::MAX_XCC
+        {
+            return Err(self.refuse(
+                "mqd_size",
+                format!(
+                    "is {mqd}, but KFD's compute MQD is {} bytes per XCC (at most {} XCCs)",
+                    criu::COMPUTE_MQD_SIZE,
+                    criu::MAX_XCC
+                ),
+            ));
+        }
+        let sizes = control_stack_sizes(dev);
+        if sizes.contains(&ctl) {
+            return Ok(());
+        }
+        let mut allowed: Vec<String> = sizes
+            .iter()
+            .filter(|&&c| c != 0)
+            .take(6)
+            .map(|c| format!("{c:#x}"))
+            .collect();
+        if sizes.len() > 7 {
+            allowed.push("...".into());
+        }
+        Err(self.refuse(
+            "ctl_stack_size",
+            format!(
+                "is {ctl:#x}, but KFD sizes this GPU's control stacks ({} CUs) at \
+                 {} (or 0 without a context save area)",
+                dev.simd_count / dev.simd_per_cu.max(1),
+                allowed.join(" or ")
+            ),
+        ))
+    }
+
+    /// The ring, end-of-pipe buffer and context save area inside one BO or
+    /// SVM range; the read and write pointers in the process' memory.
+    fn check_memory(&self, svm: &[(u64, u64)]) -> Result<(), Refusal> {
+        let ring = (
+            self.u64(offset_of!(QueueRec, q_address)),
+            self.u64(offset_of!(QueueRec, q_size)),
+        );
+        if !ring.1.is_power_of_two() {
+            return Err(self.refuse("q_size", format!("is {:#x}, not a power of two", ring.1)));
+        }
+        let regions = [
+            ("q_address", ring.0, ring.1),
+            (
+                "eop_ring_buffer_address",
+                self.u64(offset_of!(QueueRec, eop_ring_buffer_address)),
+                u64::from(self.u32(offset_of!(QueueRec, eop_ring_buffer_size))),
+            ),
+            (
+                "ctx_save_restore_area_address",
+                self.u64(offset_of!(QueueRec, ctx_save_restore_area_address)),
+                u64::from(self.u32(offset_of!(QueueRec, ctx_save_restore_area_size))),
+            ),
+        ];
+        for (name, addr, size) in regions {
+            if name != "q_address" && addr == 0 {
+                continue;
+            }
+            if !self.blob.in_bo(addr, size) && !inside(svm, addr, size) {
+                return Err(self.refuse(
+                    name,
+                    format!(
+                        "is {addr:#x} ({size:#x} bytes), which no BO or SVM range of the \
+                         process holds"
+                    ),
+                ));
+            }
+        }
+        for (name, off) in [
+            ("read_ptr_addr", offset_of!(QueueRec, read_ptr_addr)),
+            ("write_ptr_addr", offset_of!(QueueRec, write_ptr_addr)),
+        ] {
+            let addr = self.u64(off);
+            let mapped = self.blob.vmas.is_some_and(|v| inside(v, addr, 8));
+            if !self.blob.in_bo(addr, 8) && !inside(svm, addr, 8) && !mapped {
+                return Err(self.refuse(
+                    name,
+                    format!("is {addr:#x}, which no BO, SVM range or mapping of the process holds"),
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
