@@ -196,6 +196,28 @@ fn args(fields: &[(usize, u64)], size: usize) -> Vec<u8> {
     v
 }
 
+/// CREATE_QUEUE arguments as ROCr fills them: the ring at `RING_VA`, the
+/// write and read pointers at `CTL_VA + 8` and `CTL_VA`, 100 % of the
+/// queue time, priority 7.
+fn queue_args(gpu: u32, ty: u32, ring_size: u64) -> Vec<u8> {
+    queue_args_at(gpu, ty, ring_size, CTL_VA + 8, CTL_VA)
+}
+
+/// [`queue_args`] with the write and read pointers elsewhere.
+fn queue_args_at(gpu: u32, ty: u32, ring_size: u64, wptr: u64, rptr: u64) -> Vec<u8> {
+    let fields = [
+        (0, RING_VA),
+        (8, wptr),
+        (16, rptr),
+        (32, ring_size),
+        (36, gpu as u64),
+        (40, ty as u64),
+        (44, 100),
+        (48, 7),
+    ];
+    args(&fields, 88)
+}
+
 /// MAP/UNMAP_MEMORY_TO_GPU arguments for `handle` on `gpus`.  The id
 /// array is leaked: the model reads it from this process' memory.
 fn map_args(handle: u64, gpus: &[u32]) -> Vec<u8> {
@@ -520,19 +542,7 @@ impl Rig {
         let q = d
             .call(
                 nr::CREATE_QUEUE,
-                &args(
-                    &[
-                        (0, RING_VA),
-                        (8, CTL_VA + 8),
-                        (16, CTL_VA),
-                        (32, RING_SIZE),
-                        (36, d.gpu_id as u64),
-                        (40, queue_type::SDMA as u64),
-                        (44, 100),
-                        (48, 7),
-                    ],
-                    88,
-                ),
+                &queue_args(d.gpu_id, queue_type::SDMA, RING_SIZE),
             )
             .unwrap();
         let dbo = u64_at(&q, 24);
@@ -1630,30 +1640,14 @@ fn large_sdma_copy_does_not_stall_other_processes() {
 fn queue_limits_and_bad_queue_args() {
     let d = Dev::new("[[gpus]]\nnum_sdma_engines = 1\nnum_sdma_xgmi_engines = 0\nnum_sdma_queues_per_engine = 1\n");
     d.setup();
-    let q = |t: u64| {
-        args(
-            &[
-                (0, RING_VA),
-                (8, CTL_VA + 8),
-                (16, CTL_VA),
-                (32, 4096),
-                (36, d.gpu_id as u64),
-                (40, t),
-                (44, 100),
-                (48, 7),
-            ],
-            88,
-        )
-    };
-    let first = d
-        .call(nr::CREATE_QUEUE, &q(queue_type::SDMA as u64))
-        .unwrap();
+    let q = |t: u32| queue_args(d.gpu_id, t, 4096);
+    let first = d.call(nr::CREATE_QUEUE, &q(queue_type::SDMA)).unwrap();
     assert_eq!(
-        d.call(nr::CREATE_QUEUE, &q(queue_type::SDMA as u64)),
+        d.call(nr::CREATE_QUEUE, &q(queue_type::SDMA)),
         Err(libc::ENOMEM)
     );
     let c = d
-        .call(nr::CREATE_QUEUE, &q(queue_type::COMPUTE_AQL as u64))
+        .call(nr::CREATE_QUEUE, &q(queue_type::COMPUTE_AQL))
         .unwrap();
     assert_ne!(u32_at(&c, 52), u32_at(&first, 52));
     assert_ne!(u64_at(&c, 24), u64_at(&first, 24));
@@ -1699,8 +1693,7 @@ fn queue_limits_and_bad_queue_args() {
         ),
         Err(libc::EINVAL)
     );
-    d.call(nr::CREATE_QUEUE, &q(queue_type::SDMA as u64))
-        .unwrap();
+    d.call(nr::CREATE_QUEUE, &q(queue_type::SDMA)).unwrap();
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -2079,19 +2072,7 @@ fn blob_queue_doorbell(d: &Dev, blob: &[u8]) -> *mut u8 {
     let probe = d
         .call(
             nr::CREATE_QUEUE,
-            &args(
-                &[
-                    (0, RING_VA),
-                    (8, CTL_VA + 8),
-                    (16, CTL_VA),
-                    (32, RING_SIZE),
-                    (36, d.gpu_id as u64),
-                    (40, queue_type::COMPUTE as u64),
-                    (44, 100),
-                    (48, 7),
-                ],
-                88,
-            ),
+            &queue_args(d.gpu_id, queue_type::COMPUTE, RING_SIZE),
         )
         .unwrap();
     let dbo = u64_at(&probe, 24);
@@ -2399,19 +2380,7 @@ fn per_device_state_ioctls_follow_kfd() {
     assert!(ap[56..392].iter().all(|&b| b == 0));
 
     // Queue extras on a compute queue.
-    let q = args(
-        &[
-            (0, RING_VA),
-            (8, CTL_VA + 8),
-            (16, CTL_VA),
-            (32, 256),
-            (36, g),
-            (40, queue_type::COMPUTE_AQL as u64),
-            (44, 100),
-            (48, 7),
-        ],
-        88,
-    );
+    let q = queue_args(d.gpu_id, queue_type::COMPUTE_AQL, 256);
     let c = d.call(nr::CREATE_QUEUE, &q).unwrap();
     // Rings below KFD_MIN_QUEUE_RING_SIZE are raised to it.
     assert_eq!(u32_at(&c, 32), 1024);
@@ -2544,18 +2513,12 @@ fn aql_barriers_run_and_a_dispatch_stops_the_queue() {
     let q = d
         .call(
             nr::CREATE_QUEUE,
-            &args(
-                &[
-                    (0, RING_VA),
-                    (8, AQ_VA + 56),
-                    (16, AQ_VA + 128),
-                    (32, 4096),
-                    (36, d.gpu_id as u64),
-                    (40, queue_type::COMPUTE_AQL as u64),
-                    (44, 100),
-                    (48, 7),
-                ],
-                88,
+            &queue_args_at(
+                d.gpu_id,
+                queue_type::COMPUTE_AQL,
+                4096,
+                AQ_VA + 56,
+                AQ_VA + 128,
             ),
         )
         .unwrap();
@@ -3061,19 +3024,7 @@ impl GpuProc {
             .call(
                 d,
                 nr::CREATE_QUEUE,
-                &args(
-                    &[
-                        (0, RING_VA),
-                        (8, CTL_VA + 8),
-                        (16, CTL_VA),
-                        (32, RING_SIZE),
-                        (36, d.gpu_id as u64),
-                        (40, queue_type::SDMA as u64),
-                        (44, 100),
-                        (48, 7),
-                    ],
-                    88,
-                ),
+                &queue_args(d.gpu_id, queue_type::SDMA, RING_SIZE),
             )
             .unwrap();
         self.doorbell_off = u64_at(&q, 24);
