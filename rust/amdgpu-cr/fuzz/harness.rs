@@ -12,7 +12,8 @@
 //! tree, and `/dev/kfd` and the render node as plain files.  Whatever the
 //! bytes, it must return verdicts, never panic.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use amdgpu_cr::env::{Checks, EnginePolicy};
 use amdgpu_cr::session::restore::{self, DryRunEntry, HostRenderNodes, RestoreOptions};
@@ -201,4 +202,15 @@ pub fn check_privdata(host: &Host, data: &[u8], scratch: &Path) -> Result<bool, 
     amdgpu_cr::validate::privdata::check(scratch, "amdgpu-kfd-1.img", &image)
         .map(|()| true)
         .map_err(|r| r.to_string())
+}
+
+/// The host of a fuzzing process, made at its first input under the root
+/// `make_root` gives.  The host lives as long as the process, which exits
+/// without running destructors: its directory stays.
+pub fn fuzz_host(make_root: impl FnOnce() -> PathBuf) -> &'static (Host, PathBuf) {
+    static HOST: OnceLock<(Host, PathBuf)> = OnceLock::new();
+    HOST.get_or_init(|| {
+        let root = make_root();
+        (Host::new(&root), root.join("img"))
+    })
 }

@@ -4,7 +4,7 @@
 //! host, RESTORE buckets (new offsets on new "render nodes"), contents back,
 //! VMA fix-ups.  Render nodes are memfds, as in the emulator.
 
-#[path = "common/scratch.rs"]
+#[path = "../../test-support/scratch.rs"]
 mod scratch;
 
 use std::collections::BTreeMap;

@@ -13,9 +13,11 @@
 //! `AMDGPU_CR_WRITE_SEEDS=1 cargo test -p amdgpu-cr --test validate_fuzz`
 //! rewrites the seed corpora.
 
+// `fuzz_host` is the fuzz targets'.
+#[allow(dead_code)]
 #[path = "../fuzz/harness.rs"]
 mod harness;
-#[path = "common/scratch.rs"]
+#[path = "../../test-support/scratch.rs"]
 mod scratch;
 
 use std::alloc::{GlobalAlloc, Layout, System};

@@ -8,22 +8,12 @@
 #[allow(dead_code)]
 #[path = "../harness.rs"]
 mod harness;
-#[path = "../../tests/common/scratch.rs"]
+#[path = "../../../test-support/scratch.rs"]
 mod scratch;
-
-use std::path::PathBuf;
-use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
 
-static HOST: OnceLock<(harness::Host, PathBuf)> = OnceLock::new();
-
 fuzz_target!(|data: &[u8]| {
-    let (host, dir) = HOST.get_or_init(|| {
-        // The host lives as long as the fuzzing process, which exits
-        // without running destructors: its directory stays.
-        let root = scratch::scratch_dir("fuzz").keep();
-        (harness::Host::new(&root), root.join("img"))
-    });
+    let (host, dir) = harness::fuzz_host(|| scratch::scratch_dir("fuzz").keep());
     let _ = harness::check_privdata(host, data, dir);
 });

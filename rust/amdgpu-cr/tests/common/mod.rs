@@ -1,6 +1,7 @@
 //! Set-up shared by the memory-bound test binaries (each its own process, so
 //! that no other test disturbs the process-wide peak RSS).
 
+#[path = "../../../test-support/scratch.rs"]
 pub mod scratch;
 
 use std::fs::File;

@@ -196,22 +196,10 @@ impl FileOps for Double {
     }
 }
 
-/// A fresh directory named `kfd-emu-TAG-` and random characters under the
-/// temporary directory (`tempfile`: made exclusively, so no other test run,
-/// in this pid namespace or another, can take it), removed when dropped;
-/// kept, and named on stderr, when `CRIU_ROCM_TEST_KEEP=1`.
-pub fn scratch_dir(tag: &str) -> tempfile::TempDir {
-    let keep = std::env::var_os("CRIU_ROCM_TEST_KEEP").is_some_and(|v| v == "1");
-    let dir = tempfile::Builder::new()
-        .prefix(&format!("kfd-emu-{tag}-"))
-        .disable_cleanup(keep)
-        .tempdir()
-        .unwrap();
-    if keep {
-        eprintln!("keeping {}", dir.path().display());
-    }
-    dir
-}
+#[path = "../../../test-support/scratch.rs"]
+mod scratch;
+#[allow(unused_imports)] // not every test binary makes scratch directories
+pub use scratch::scratch_dir;
 
 /// A memfd of `len` bytes.
 pub fn memfd(len: u64) -> std::os::fd::OwnedFd {
