@@ -23,7 +23,7 @@ packages=(
 	python3 python3-protobuf python3-yaml python3-future
 	iproute2 iptables kmod procps psmisc
 	libclang-dev clang libdrm-dev
-	meson ninja-build asciidoctor shellcheck libxxhash0
+	meson ninja-build asciidoctor shellcheck libxxhash0 openssl
 	libhsakmt-dev libhsa-runtime-dev rocminfo llvm-15
 	dpkg-dev debhelper lintian
 	runc crun podman busybox-static zstd

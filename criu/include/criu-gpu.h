@@ -69,8 +69,9 @@ int criu_gpu_set_knob(const char *arg, char *why, uintptr_t why_len);
 int criu_gpu_device_kind(uint32_t mode, uint64_t dev, uint64_t ino, uint64_t rdev);
 
 /*
- Starts the GPU part of a dump (reads `KFD_MAX_BUFFER_SIZE` and
- `CRIU_ROCM_COPY_ENGINE`; a bad value fails the dump before anything is
+ Starts the GPU part of a dump (reads `KFD_MAX_BUFFER_SIZE`,
+ `CRIU_ROCM_COPY_ENGINE` and the key `CRIU_ROCM_SIGN_KEY`, which a
+ streamed dump refuses; a bad value fails the dump before anything is
  frozen) and marks the image directory `imgdir_fd` as holding an
  incomplete dump until [`criu_gpu_dump_complete`] (`-1`: no directory,
  the images are streamed).  `log_fd` is CRIU's log (-1: none), where the
@@ -86,8 +87,9 @@ int criu_gpu_dump_init(int imgdir_fd, int log_fd, uint64_t log_start_us);
  post-dump scripts, and before the tree is killed or resumed): the
  digests of the GPU image files go into the image directory
  `imgdir_fd`, the directory is validated as its restore will validate
- it, and then it loses its incomplete-dump mark.  `-EINVAL` when the
- validation refuses: the dump fails, the tree keeps running with its GPU
+ it, signed when `CRIU_ROCM_SIGN_KEY` names a key, and then it loses its
+ incomplete-dump mark.  `-EINVAL` when the validation or the signing
+ fails: the dump fails, the tree keeps running with its GPU
  unpaused, and the mark stays with the reasons.
  */
 int criu_gpu_dump_complete(int imgdir_fd);

@@ -852,6 +852,58 @@ predump_incremental_chain() {
 	note "${line#incremental GPU dump against }"
 }
 
+# Signed images (CRIU_ROCM_SIGN_KEY at dump, CRIU_ROCM_VERIFY_KEY at restore and gpu-check):
+# a pre-dump signed through the environment and a dump on it through --gpu-knob, each
+# directory with its own amdgpu-signature.img over every *.img. Unsigned keys, a changed
+# byte of CRIU's own memory pages, a file added, a changed file of the parent, and another
+# key are refused alike by gpu-check and the restore before any task exists; with the right
+# key the process comes back byte-exact. Without a required key the signature is a note.
+case_signed_images() { on mi100x2 -- signed_images; }
+signed_images() {
+	local pre=$CASE_DIR/pre img=$CASE_DIR/img k=$CASE_DIR/keys v1 v2 pages kfd
+	mkdir -p "$k"
+	openssl genpkey -algorithm ed25519 -out "$k/key.pem" 2>>"$CASE_DIR/openssl.err" &&
+		openssl pkey -in "$k/key.pem" -pubout -out "$k/pub.pem" &&
+		openssl genpkey -algorithm ed25519 -out "$k/other.pem" 2>>"$CASE_DIR/openssl.err" &&
+		openssl pkey -in "$k/other.pem" -pubout -out "$k/other-pub.pem" ||
+		fail "openssl could not make Ed25519 keys: $(cat "$CASE_DIR/openssl.err")"
+	wl_start wl --mib 4 --bos 2
+	CRIU_ROCM_SIGN_KEY=$k/key.pem pre_dump_ok "$WL" "$pre" >/dev/null
+	wl_change "$WL"
+	v1=$(wl_verify "$WL") || exit 1
+	dump_ok "$WL" "$img" --prev-images-dir ../pre --gpu-knob "CRIU_ROCM_SIGN_KEY=$k/key.pem"
+	log_has "$img/dump.log" "amdgpu: signed [0-9]+ image files \\([^)]+\\) with ed25519:[0-9a-f]{64}"
+	[ -s "$pre/amdgpu-signature.img" ] || fail "the signed pre-dump wrote no amdgpu-signature.img"
+	gpu_check_restorable "$img" >/dev/null
+	grep -q "note: the images are signed by ed25519:[0-9a-f]*; CRIU_ROCM_VERIFY_KEY is unset" <<<"$GC_OUT" ||
+		fail "gpu-check without a required key says nothing of the signature: $(paste -sd' ' <<<"$GC_OUT")"
+	export CRIU_ROCM_VERIFY_KEY=$k/other-pub.pem
+	refused_alike "$img" "images signed by another key" "amdgpu-signature.img: key: signed by ed25519:[0-9a-f]+, not by the required"
+	export CRIU_ROCM_VERIFY_KEY=$k/pub.pem
+	pages=$(cd "$img" && ls pages-*.img | head -n 1)
+	cp "$img/$pages" "$CASE_DIR/pages.bak"
+	printf '\x5a' | dd of="$img/$pages" bs=1 seek=$(($(stat -c %s "$img/$pages") / 2)) conv=notrunc status=none
+	cmp -s "$img/$pages" "$CASE_DIR/pages.bak" && fail "the damage left $pages as it was"
+	refused_alike "$img" "a byte of CRIU's memory pages changed" "$pages: sha256: differs from the signed digest"
+	cp "$CASE_DIR/pages.bak" "$img/$pages"
+	cp "$img/$pages" "$img/pages-9999.img"
+	refused_alike "$img" "an image file added" "pages-9999.img: not covered by the signature"
+	rm "$img/pages-9999.img"
+	kfd=$(cd "$pre" && ls amdgpu-kfd-*.img)
+	cp "$pre/$kfd" "$CASE_DIR/kfd.bak"
+	printf '\x5a' | dd of="$pre/$kfd" bs=1 seek=$(($(stat -c %s "$pre/$kfd") - 1)) conv=notrunc status=none
+	refused_alike "$img" "a byte of the parent's KFD image changed" "parent/$kfd: sha256: differs from the signed digest"
+	cp "$CASE_DIR/kfd.bak" "$pre/$kfd"
+	gpu_check_restorable "$img" >/dev/null
+	grep -q "note: the images are signed by the required ed25519:" <<<"$GC_OUT" ||
+		fail "gpu-check with the right key does not say so: $(paste -sd' ' <<<"$GC_OUT")"
+	restore_ok "$img" "$WL"
+	v2=$(wl_verify "$WL") || exit 1
+	same_bytes "$v1" "$v2"
+	wl_finish "$WL"
+	unset CRIU_ROCM_VERIFY_KEY
+}
+
 # Compression and incremental dumps combine: a chain pre-dump (zstd) -> pre-dump -> dump
 # (zstd:1), a tenth of a 128 MiB BO changed before each of the last two. Each link past the
 # first is incremental whatever its parent's pages are (its unchanged extents are zero

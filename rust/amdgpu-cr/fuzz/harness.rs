@@ -96,6 +96,7 @@ impl Host {
                 policy: EnginePolicy::Cpu,
                 checks: Checks::default(),
                 host_nodes: HostRenderNodes::probe(&root.join("dev")),
+                verify_key: None,
             },
         }
     }

@@ -36,8 +36,14 @@ fn invalid(var: &'static str, value: &str, reason: impl Into<String>) -> EnvErro
     }
 }
 
+/// The private key (PKCS#8 PEM) a dump signs its images with
+/// (`validate::signature`).
+pub const SIGN_KEY_VAR: &str = "CRIU_ROCM_SIGN_KEY";
+/// The public key (PEM) whose signature a restore and `gpu-check` require.
+pub const VERIFY_KEY_VAR: &str = "CRIU_ROCM_VERIFY_KEY";
+
 /// Every knob criu-rocm reads, by its environment variable's name.
-pub const KNOBS: [&str; 11] = [
+pub const KNOBS: [&str; 13] = [
     "KFD_FW_VER_CHECK",
     "KFD_SDMA_FW_VER_CHECK",
     "KFD_CACHES_COUNT_CHECK",
@@ -49,6 +55,8 @@ pub const KNOBS: [&str; 11] = [
     COPY_ENGINE_VAR,
     COMPRESS_VAR,
     COMPRESS_THREADS_VAR,
+    SIGN_KEY_VAR,
+    VERIFY_KEY_VAR,
 ];
 
 /// Knob values set by options; they replace the environment's.
@@ -94,6 +102,11 @@ pub fn set_knob(arg: &str) -> Result<(&'static str, String), KnobError> {
         }
         COMPRESS_THREADS_VAR => {
             parse_compress_threads(Some(value))?;
+        }
+        // Key files are read where they are used, which names the file.
+        SIGN_KEY_VAR | VERIFY_KEY_VAR if !value.is_empty() => {}
+        SIGN_KEY_VAR | VERIFY_KEY_VAR => {
+            return Err(invalid(name, value, "no key file named").into())
         }
         _ => {
             parse_bool(name, value)?;

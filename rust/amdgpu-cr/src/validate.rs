@@ -53,6 +53,7 @@ use crate::plan::{DeviceKind, OffsetIndex};
 pub mod chain;
 pub mod digests;
 pub mod privdata;
+pub mod signature;
 
 /// The most KFD processes (KFD images that are no reopen) one restore
 /// brings back: the slots of the GPU memory writer's board (half a KiB

@@ -75,8 +75,9 @@ fn log_knobs() {
     }
 }
 
-/// Starts the GPU part of a dump (reads `KFD_MAX_BUFFER_SIZE` and
-/// `CRIU_ROCM_COPY_ENGINE`; a bad value fails the dump before anything is
+/// Starts the GPU part of a dump (reads `KFD_MAX_BUFFER_SIZE`,
+/// `CRIU_ROCM_COPY_ENGINE` and the key `CRIU_ROCM_SIGN_KEY`, which a
+/// streamed dump refuses; a bad value fails the dump before anything is
 /// frozen) and marks the image directory `imgdir_fd` as holding an
 /// incomplete dump until [`criu_gpu_dump_complete`] (`-1`: no directory,
 /// the images are streamed).  `log_fd` is CRIU's log (-1: none), where the
@@ -97,6 +98,13 @@ pub extern "C" fn criu_gpu_dump_init(imgdir_fd: c_int, log_fd: c_int, log_start_
         };
         o.log_fd = (log_fd >= 0).then_some(log_fd);
         o.log_args = crate::logging::helper_args(log_start_us);
+        if imgdir_fd < 0 && o.sign_key.is_some() {
+            log::error!(
+                "{}: a dump without an image directory (--stream) cannot be signed",
+                amdgpu_cr::env::SIGN_KEY_VAR
+            );
+            return -libc::EINVAL;
+        }
         if imgdir_fd >= 0 {
             let dir = image_dir(imgdir_fd);
             if let Err(e) = incomplete::mark(&dir, std::process::id()) {
@@ -117,8 +125,9 @@ pub extern "C" fn criu_gpu_dump_init(imgdir_fd: c_int, log_fd: c_int, log_start_
 /// post-dump scripts, and before the tree is killed or resumed): the
 /// digests of the GPU image files go into the image directory
 /// `imgdir_fd`, the directory is validated as its restore will validate
-/// it, and then it loses its incomplete-dump mark.  `-EINVAL` when the
-/// validation refuses: the dump fails, the tree keeps running with its GPU
+/// it, signed when `CRIU_ROCM_SIGN_KEY` names a key, and then it loses its
+/// incomplete-dump mark.  `-EINVAL` when the validation or the signing
+/// fails: the dump fails, the tree keeps running with its GPU
 /// unpaused, and the mark stays with the reasons.
 #[no_mangle]
 pub extern "C" fn criu_gpu_dump_complete(imgdir_fd: c_int) -> c_int {
@@ -129,7 +138,7 @@ pub extern "C" fn criu_gpu_dump_complete(imgdir_fd: c_int) -> c_int {
                 log::error!("{e}");
                 return -e.raw_os_error().unwrap_or(libc::EIO);
             }
-            if let Err(why) = s.verify_images(&dir) {
+            if let Err(why) = s.verify_images(&dir).and_then(|()| s.sign_images(&dir)) {
                 for line in why.lines() {
                     log::error!("{line}");
                 }
@@ -300,6 +309,11 @@ pub extern "C" fn criu_gpu_restore_init(
                 return -e.raw_os_error().unwrap_or(libc::EIO);
             }
         };
+        let mut report = report;
+        let (refusals, note) =
+            validate::signature::check(&image_dir(imgdir_fd), o.verify_key.as_ref());
+        report.other.extend(refusals);
+        report.notes.extend(note);
         if let Some(w) = &report.warning {
             log::warn!("{w}");
         }

@@ -68,6 +68,8 @@ pub struct DumpOptions {
     /// The boundary's settings for CRIU's log in the guardian
     /// ([`super::HelperLog::args`]).
     pub log_args: Vec<String>,
+    /// `CRIU_ROCM_SIGN_KEY`: the key the completed dump is signed with.
+    pub sign_key: Option<ed25519_dalek::SigningKey>,
 }
 
 impl DumpOptions {
@@ -80,6 +82,7 @@ impl DumpOptions {
             compress: env::compress_from_env()?,
             log_fd: None,
             log_args: Vec::new(),
+            sign_key: validate::signature::sign_key_from_env()?,
         })
     }
 }
@@ -685,6 +688,30 @@ impl DumpSession {
         } else {
             Err(refusals.join("\n"))
         }
+    }
+
+    /// Signs the image files of `dir` when `CRIU_ROCM_SIGN_KEY` named a
+    /// key (after [`Self::verify_images`]: only images their restore
+    /// accepts are signed).
+    pub fn sign_images(&self, dir: &Path) -> Result<(), String> {
+        let Some(key) = &self.opts.sign_key else {
+            return Ok(());
+        };
+        let started = Instant::now();
+        let (files, bytes) = validate::signature::sign(dir, key).map_err(|e| {
+            format!(
+                "{}: signing the images ({}): {e}",
+                dir.display(),
+                validate::signature::FILE
+            )
+        })?;
+        log::info!(
+            "signed {files} image files ({}) with {} in {:.1} ms",
+            human_bytes(bytes),
+            validate::signature::key_name(&key.verifying_key()),
+            started.elapsed().as_secs_f64() * 1e3
+        );
+        Ok(())
     }
 
     /// After all memory is dumped: every paused KFD process must have been

@@ -54,6 +54,8 @@ pub struct RestoreOptions {
     pub checks: Checks,
     /// The render nodes of criu main's `/dev` (the host's), probed there.
     pub host_nodes: HostRenderNodes,
+    /// `CRIU_ROCM_VERIFY_KEY`: the key whose signature the images need.
+    pub verify_key: Option<ed25519_dalek::VerifyingKey>,
 }
 
 /// `/dev/dri/renderD<N>` as criu main sees them: a restored task finds
@@ -114,6 +116,7 @@ impl RestoreOptions {
             policy: env::engine_policy_from_env()?,
             checks: Checks::from_env()?,
             host_nodes: HostRenderNodes::probe(Path::new("/dev")),
+            verify_key: crate::validate::signature::verify_key_from_env()?,
         })
     }
 
@@ -926,6 +929,9 @@ pub struct DryRun {
 pub fn dry_run(dir: &Path, opts: &RestoreOptions) -> Result<DryRun, SessionError> {
     let mut report = crate::validate::check_dir(dir, crate::validate::Depth::Contents)
         .map_err(os_step(0, format!("listing {}", dir.display())))?;
+    let (refusals, note) = crate::validate::signature::check(dir, opts.verify_key.as_ref());
+    report.other.extend(refusals);
+    report.notes.extend(note);
     // A render-node fd of a GPU no KFD image restores is reopened on the
     // host's GPU of that id, which must exist (as in `restore_render`).
     let kfd_gpus: std::collections::BTreeSet<GpuId> = report

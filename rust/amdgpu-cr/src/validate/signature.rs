@@ -1,0 +1,399 @@
+//! `amdgpu-signature.img`: an Ed25519 signature over the SHA-256 of every
+//! image file of a dump, so that a restore can require that the images
+//! come from a holder of the key (see Documentation/image-format.md,
+//! "Signed images").  Off unless a key is given: the dump signs when
+//! `CRIU_ROCM_SIGN_KEY` names a private key, the restore and `gpu-check`
+//! require a valid signature when `CRIU_ROCM_VERIFY_KEY` names a public
+//! key.  Keys are PEM files as OpenSSL writes them (`openssl genpkey
+//! -algorithm ed25519`, `openssl pkey -pubout`).
+//!
+//! `amdgpu-digests.img` finds damage; anyone can recompute it.  The
+//! signature covers every `*.img` file of the directory, CRIU's own images
+//! as well as the GPU ones (contents included: the pages files are hashed
+//! whole), and the dump's parent directories each carry their own.  Text,
+//! one line per file, the signature last over every byte before it:
+//!
+//! ```text
+//! criu-rocm image signature 1
+//! key ed25519:<public key, 64 hex digits>
+//! file amdgpu-kfd-5.img 12714 sha256:<64 hex digits>
+//! file pages-1.img 8192 sha256:<64 hex digits>
+//! signature ed25519:<128 hex digits>
+//! ```
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use ed25519_dalek::pkcs8::{DecodePrivateKey, DecodePublicKey};
+use ed25519_dalek::{Signature, Signer, SigningKey, Verifier, VerifyingKey};
+use sha2::{Digest, Sha256};
+
+use super::chain::PARENT_LINK;
+use super::Refusal;
+use crate::env::{knob, EnvError};
+pub use crate::env::{SIGN_KEY_VAR, VERIFY_KEY_VAR};
+
+/// The file's name in the image directory.
+pub const FILE: &str = "amdgpu-signature.img";
+/// Its first line.
+const HEADER: &str = "criu-rocm image signature 1";
+
+/// Whether the signature covers the directory entry `name`: every image
+/// file but the signature itself (logs and CRIU's stats are not read by a
+/// restore, and a dump's log is still being written when it signs).
+fn covered(name: &str) -> bool {
+    name.ends_with(".img") && name != FILE
+}
+
+fn key_error(var: &'static str, path: &str, reason: impl std::fmt::Display) -> EnvError {
+    EnvError::Invalid {
+        var,
+        value: path.to_owned(),
+        reason: reason.to_string(),
+    }
+}
+
+fn read_pem(var: &'static str, path: &str) -> Result<String, EnvError> {
+    std::fs::read_to_string(path).map_err(|e| key_error(var, path, format!("reading it: {e}")))
+}
+
+/// The dump's signing key, when `CRIU_ROCM_SIGN_KEY` names one.
+pub fn sign_key_from_env() -> Result<Option<SigningKey>, EnvError> {
+    knob(SIGN_KEY_VAR).map(|p| parse_sign_key(&p)).transpose()
+}
+
+/// The key a restore requires, when `CRIU_ROCM_VERIFY_KEY` names one.
+pub fn verify_key_from_env() -> Result<Option<VerifyingKey>, EnvError> {
+    knob(VERIFY_KEY_VAR)
+        .map(|p| parse_verify_key(&p))
+        .transpose()
+}
+
+/// Reads a PKCS#8 PEM Ed25519 private key from `path`.
+pub fn parse_sign_key(path: &str) -> Result<SigningKey, EnvError> {
+    let pem = read_pem(SIGN_KEY_VAR, path)?;
+    SigningKey::from_pkcs8_pem(&pem).map_err(|e| {
+        key_error(
+            SIGN_KEY_VAR,
+            path,
+            format!("not an Ed25519 private key in PKCS#8 PEM: {e}"),
+        )
+    })
+}
+
+/// Reads an SPKI PEM Ed25519 public key from `path`.
+pub fn parse_verify_key(path: &str) -> Result<VerifyingKey, EnvError> {
+    let pem = read_pem(VERIFY_KEY_VAR, path)?;
+    VerifyingKey::from_public_key_pem(&pem).map_err(|e| {
+        key_error(
+            VERIFY_KEY_VAR,
+            path,
+            format!("not an Ed25519 public key in PEM: {e}"),
+        )
+    })
+}
+
+/// `ed25519:` and the key's bytes in hex: how images and logs name a key.
+pub fn key_name(key: &VerifyingKey) -> String {
+    format!("ed25519:{}", hex(key.as_bytes()))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().fold(String::new(), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok())
+        .collect()
+}
+
+/// Size and SHA-256 of one file, read once.
+fn hash_file(path: &Path) -> std::io::Result<(u64, [u8; 32])> {
+    let mut f = File::open(path)?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut size = 0u64;
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            return Ok((size, h.finalize().into()));
+        }
+        size += n as u64;
+        h.update(&buf[..n]);
+    }
+}
+
+/// The covered files of `dir`, by name.
+fn covered_files(dir: &Path) -> std::io::Result<BTreeSet<String>> {
+    let mut names = BTreeSet::new();
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        if !e.file_type()?.is_file() {
+            continue;
+        }
+        if let Ok(name) = e.file_name().into_string() {
+            if covered(&name) {
+                names.insert(name);
+            }
+        }
+    }
+    Ok(names)
+}
+
+/// Signs the image files of `dir` with `key`: writes [`FILE`] (through a
+/// temporary file renamed into place, so a killed dump leaves no half
+/// signature).  Returns the number of files and bytes covered.
+pub fn sign(dir: &Path, key: &SigningKey) -> std::io::Result<(usize, u64)> {
+    let mut text = format!("{HEADER}\nkey {}\n", key_name(&key.verifying_key()));
+    let mut bytes = 0;
+    let names = covered_files(dir)?;
+    for name in &names {
+        let (size, sha) = hash_file(&dir.join(name))?;
+        bytes += size;
+        let _ = writeln!(text, "file {name} {size} sha256:{}", hex(&sha));
+    }
+    let sig = key.sign(text.as_bytes());
+    let _ = writeln!(text, "signature ed25519:{}", hex(&sig.to_bytes()));
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".amdgpu-signature-")
+        .tempfile_in(dir)?;
+    tmp.write_all(text.as_bytes())?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(dir.join(FILE)).map_err(|e| e.error)?;
+    Ok((names.len(), bytes))
+}
+
+/// A parsed, not yet verified, signature file.
+struct Signed {
+    key: [u8; 32],
+    files: BTreeMap<String, (u64, [u8; 32])>,
+    /// The bytes the signature covers.
+    body: Vec<u8>,
+    signature: [u8; 64],
+}
+
+fn malformed(line: usize, what: &str) -> Refusal {
+    Refusal::new(FILE, None, format!("line {line}"), what.to_owned())
+}
+
+/// `prefix` and `N` bytes in hex, the whole of `s`.
+fn fixed<const N: usize>(s: &str, prefix: &str, line: usize) -> Result<[u8; N], Refusal> {
+    s.strip_prefix(prefix)
+        .and_then(unhex)
+        .and_then(|v| <[u8; N]>::try_from(v).ok())
+        .ok_or_else(|| malformed(line, &format!("not \"{prefix}<{} hex digits>\"", N * 2)))
+}
+
+/// Reads the lines of a signature file, in the order [`sign`] writes them.
+fn parse(bytes: &[u8]) -> Result<Signed, Refusal> {
+    let text = std::str::from_utf8(bytes).map_err(|_| malformed(1, "not text"))?;
+    let body_end = text
+        .rfind("signature ")
+        .filter(|&i| i > 0 && text.as_bytes()[i - 1] == b'\n')
+        .ok_or_else(|| malformed(1, "no signature line"))?;
+    let mut lines = text[..body_end]
+        .lines()
+        .enumerate()
+        .map(|(i, l)| (i + 1, l));
+    if lines.next().map(|(_, l)| l) != Some(HEADER) {
+        return Err(malformed(1, &format!("the first line is not {HEADER:?}")));
+    }
+    let key = match lines.next() {
+        Some((n, l)) => fixed::<32>(l, "key ed25519:", n)?,
+        None => return Err(malformed(2, "no key line")),
+    };
+    let mut files = BTreeMap::new();
+    for (n, l) in lines {
+        let mut f = l.split(' ');
+        let (Some("file"), Some(name), Some(size), Some(sha), None) =
+            (f.next(), f.next(), f.next(), f.next(), f.next())
+        else {
+            return Err(malformed(n, "not \"file NAME SIZE sha256:HEX\""));
+        };
+        let size = size
+            .parse::<u64>()
+            .map_err(|_| malformed(n, "the size is not a number"))?;
+        let sha = fixed::<32>(sha, "sha256:", n)?;
+        if !covered(name)
+            || name.contains('/')
+            || files.insert(name.to_owned(), (size, sha)).is_some()
+        {
+            return Err(malformed(
+                n,
+                &format!("{name:?} is not a file it may list once"),
+            ));
+        }
+    }
+    let sig_line = text[body_end..].trim_end_matches('\n');
+    let n = text[..body_end].lines().count() + 1;
+    if sig_line.contains('\n') {
+        return Err(malformed(n + 1, "text after the signature line"));
+    }
+    let signature = fixed::<64>(sig_line, "signature ed25519:", n)?;
+    Ok(Signed {
+        key,
+        files,
+        body: bytes[..body_end].to_vec(),
+        signature,
+    })
+}
+
+/// Checks the signature of `dir` (and of each parent directory its
+/// `parent` link leads to) against `key`: the file verifies, was made
+/// with that key, and lists exactly the directory's image files with
+/// their sizes and SHA-256.  Every refusal names the file ("parent/NAME"
+/// for a parent's).
+pub fn verify(dir: &Path, key: &VerifyingKey) -> Vec<Refusal> {
+    let mut out = Vec::new();
+    let mut seen = BTreeSet::new();
+    let mut next = Some(Place {
+        dir: dir.to_path_buf(),
+        depth: 0,
+    });
+    while let Some(place) = next.take() {
+        match place.dir.canonicalize() {
+            Ok(canon) => {
+                if !seen.insert(canon) {
+                    break;
+                }
+            }
+            Err(e) => {
+                let why = format!("cannot be resolved: {e}");
+                out.push(place.refuse("", "", why));
+                break;
+            }
+        }
+        out.extend(place.verify(key));
+        next = place.parent();
+    }
+    out
+}
+
+/// A directory of the chain: the dump's own (depth 0) or a parent.
+struct Place {
+    dir: PathBuf,
+    depth: usize,
+}
+
+impl Place {
+    /// A refusal naming `file` as the chain's other messages do:
+    /// "parent/", "parent/parent/", ... before a parent's files.
+    fn refuse(&self, file: &str, field: &str, reason: impl Into<String>) -> Refusal {
+        Refusal {
+            file: format!("{}{file}", "parent/".repeat(self.depth)),
+            gpu: None,
+            field: field.to_owned(),
+            reason: reason.into(),
+        }
+    }
+
+    fn parent(&self) -> Option<Place> {
+        let link = self.dir.join(PARENT_LINK);
+        let target = std::fs::read_link(&link).ok()?;
+        Some(Place {
+            dir: self.dir.join(target),
+            depth: self.depth + 1,
+        })
+    }
+
+    fn verify(&self, key: &VerifyingKey) -> Vec<Refusal> {
+        let bytes = match std::fs::read(self.dir.join(FILE)) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let why = format!("missing: {VERIFY_KEY_VAR} requires signed images");
+                return vec![self.refuse(FILE, "", why)];
+            }
+            Err(e) => return vec![self.refuse(FILE, "", format!("reading it: {e}"))],
+        };
+        let signed = match parse(&bytes) {
+            Ok(s) => s,
+            Err(r) => return vec![self.refuse(FILE, &r.field, r.reason)],
+        };
+        if signed.key != *key.as_bytes() {
+            let why = format!(
+                "signed by ed25519:{}, not by the required {}",
+                hex(&signed.key),
+                key_name(key)
+            );
+            return vec![self.refuse(FILE, "key", why)];
+        }
+        let sig = Signature::from_bytes(&signed.signature);
+        if key.verify(&signed.body, &sig).is_err() {
+            return vec![self.refuse(FILE, "signature", "does not verify")];
+        }
+        self.check_files(&signed.files)
+    }
+
+    /// The directory's image files against the signed list.
+    fn check_files(&self, listed: &BTreeMap<String, (u64, [u8; 32])>) -> Vec<Refusal> {
+        let present = match covered_files(&self.dir) {
+            Ok(p) => p,
+            Err(e) => return vec![self.refuse(FILE, "", format!("listing the directory: {e}"))],
+        };
+        let mut out: Vec<Refusal> = present
+            .iter()
+            .filter(|n| !listed.contains_key(*n))
+            .map(|n| self.refuse(n, "", "not covered by the signature"))
+            .collect();
+        for (name, &(size, sha)) in listed {
+            let why = match hash_file(&self.dir.join(name)) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    Some(("", "signed, but missing".to_owned()))
+                }
+                Err(e) => Some(("", format!("reading it: {e}"))),
+                Ok((s, _)) if s != size => Some(("size", format!("{s} bytes, signed as {size}"))),
+                Ok((_, h)) if h != sha => Some(("sha256", "differs from the signed digest".into())),
+                Ok(_) => None,
+            };
+            if let Some((field, reason)) = why {
+                out.push(self.refuse(name, field, reason));
+            }
+        }
+        out
+    }
+}
+
+/// What a restore and `gpu-check` make of `dir`'s signature: with a
+/// required key (`CRIU_ROCM_VERIFY_KEY`), [`verify`]'s refusals and a note
+/// naming the key; without, no refusal, and a note when the images are
+/// signed all the same.
+pub fn check(dir: &Path, required: Option<&VerifyingKey>) -> (Vec<Refusal>, Option<String>) {
+    match required {
+        Some(key) => {
+            let refusals = verify(dir, key);
+            let note = refusals
+                .is_empty()
+                .then(|| format!("the images are signed by the required {}", key_name(key)));
+            (refusals, note)
+        }
+        None => (
+            Vec::new(),
+            signer(dir).map(|k| {
+                format!("the images are signed by {k}; {VERIFY_KEY_VAR} is unset, so not checked")
+            }),
+        ),
+    }
+}
+
+/// The key a directory's signature names, when it has one that parses:
+/// for the note a restore without a required key prints.
+pub fn signer(dir: &Path) -> Option<String> {
+    let bytes = std::fs::read(dir.join(FILE)).ok()?;
+    parse(&bytes)
+        .ok()
+        .map(|s| format!("ed25519:{}", hex(&s.key)))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,185 @@
+use super::*;
+use ed25519_dalek::pkcs8::{spki::der::pem::LineEnding, EncodePrivateKey, EncodePublicKey};
+
+fn key(seed: u8) -> SigningKey {
+    SigningKey::from_bytes(&[seed; 32])
+}
+
+/// A dump directory with a GPU image, a CRIU image and a log.
+fn dump_dir(root: &Path, name: &str) -> PathBuf {
+    let d = root.join(name);
+    std::fs::create_dir(&d).unwrap();
+    std::fs::write(d.join("amdgpu-kfd-5.img"), b"kfd image").unwrap();
+    std::fs::write(d.join("pages-1.img"), vec![7u8; 3 << 20]).unwrap();
+    std::fs::write(d.join("dump.log"), b"not covered").unwrap();
+    d
+}
+
+fn reasons(r: &[Refusal]) -> Vec<String> {
+    r.iter().map(|r| r.to_string()).collect()
+}
+
+#[test]
+fn a_signed_directory_verifies_and_logs_do_not_count() {
+    let t = tempfile::tempdir().unwrap();
+    let d = dump_dir(t.path(), "d");
+    assert_eq!(sign(&d, &key(1)).unwrap(), (2, 9 + (3 << 20)));
+    std::fs::write(d.join("dump.log"), b"written on after the signature").unwrap();
+    assert_eq!(
+        reasons(&verify(&d, &key(1).verifying_key())),
+        Vec::<String>::new()
+    );
+    assert_eq!(signer(&d), Some(key_name(&key(1).verifying_key())));
+}
+
+#[test]
+fn every_change_to_an_image_file_is_named() {
+    let t = tempfile::tempdir().unwrap();
+    let d = dump_dir(t.path(), "d");
+    sign(&d, &key(1)).unwrap();
+    let vk = key(1).verifying_key();
+    // Same size, one byte changed, deep inside a large file.
+    let mut pages = std::fs::read(d.join("pages-1.img")).unwrap();
+    pages[2 << 20] ^= 1;
+    std::fs::write(d.join("pages-1.img"), &pages).unwrap();
+    assert_eq!(
+        reasons(&verify(&d, &vk)),
+        ["pages-1.img: sha256: differs from the signed digest"]
+    );
+    std::fs::write(d.join("pages-1.img"), b"short").unwrap();
+    assert_eq!(
+        reasons(&verify(&d, &vk)),
+        ["pages-1.img: size: 5 bytes, signed as 3145728"]
+    );
+    std::fs::remove_file(d.join("pages-1.img")).unwrap();
+    std::fs::write(d.join("core-9.img"), b"added").unwrap();
+    assert_eq!(
+        reasons(&verify(&d, &vk)),
+        [
+            "core-9.img: not covered by the signature",
+            "pages-1.img: signed, but missing"
+        ]
+    );
+}
+
+#[test]
+fn a_wrong_key_an_edited_list_or_no_signature_is_refused() {
+    let t = tempfile::tempdir().unwrap();
+    let d = dump_dir(t.path(), "d");
+    let vk = key(1).verifying_key();
+    assert_eq!(
+        reasons(&verify(&d, &vk)),
+        ["amdgpu-signature.img: missing: CRIU_ROCM_VERIFY_KEY requires signed images"]
+    );
+    sign(&d, &key(2)).unwrap();
+    let r = reasons(&verify(&d, &vk));
+    assert_eq!(r.len(), 1);
+    assert!(
+        r[0].starts_with("amdgpu-signature.img: key: signed by ed25519:"),
+        "{r:?}"
+    );
+    // Someone re-lists a changed file under the right key's name: the
+    // signature no longer verifies.
+    sign(&d, &key(1)).unwrap();
+    std::fs::write(d.join("amdgpu-kfd-5.img"), b"hostile").unwrap();
+    let text = std::fs::read_to_string(d.join(FILE)).unwrap();
+    let (size, sha) = hash_file(&d.join("amdgpu-kfd-5.img")).unwrap();
+    let edited: String = text
+        .lines()
+        .map(|l| match l.starts_with("file amdgpu-kfd-5.img ") {
+            true => format!("file amdgpu-kfd-5.img {size} sha256:{}\n", hex(&sha)),
+            false => format!("{l}\n"),
+        })
+        .collect();
+    std::fs::write(d.join(FILE), edited).unwrap();
+    assert_eq!(
+        reasons(&verify(&d, &vk)),
+        ["amdgpu-signature.img: signature: does not verify"]
+    );
+}
+
+#[test]
+fn malformed_signature_files_name_the_line() {
+    let cases: [(&str, &str); 5] = [
+        ("", "line 1: no signature line"),
+        ("x\nsignature ed25519:00\n", "line 1: the first line is not"),
+        (
+            "criu-rocm image signature 1\nkey ed25519:zz\nsignature ed25519:00\n",
+            "line 2: not \"key ed25519:<64 hex digits>\"",
+        ),
+        (
+            &format!(
+                "criu-rocm image signature 1\nkey ed25519:{}\nfile ../x.img 1 sha256:{}\nsignature ed25519:00\n",
+                "a".repeat(64),
+                "b".repeat(64)
+            ),
+            "line 3: \"../x.img\" is not a file it may list once",
+        ),
+        (
+            &format!(
+                "criu-rocm image signature 1\nkey ed25519:{}\nsignature ed25519:00\n",
+                "a".repeat(64)
+            ),
+            "line 3: not \"signature ed25519:<128 hex digits>\"",
+        ),
+    ];
+    for (text, want) in cases {
+        let r = parse(text.as_bytes()).err().unwrap().to_string();
+        assert!(r.contains(want), "{text:?}: {r}");
+    }
+}
+
+#[test]
+fn parents_are_verified_and_named() {
+    let t = tempfile::tempdir().unwrap();
+    let parent = dump_dir(t.path(), "pre");
+    let child = dump_dir(t.path(), "dump");
+    std::os::unix::fs::symlink("../pre", child.join(PARENT_LINK)).unwrap();
+    sign(&parent, &key(1)).unwrap();
+    sign(&child, &key(1)).unwrap();
+    let vk = key(1).verifying_key();
+    assert!(verify(&child, &vk).is_empty());
+    std::fs::write(parent.join("amdgpu-kfd-5.img"), b"changed!!").unwrap();
+    assert_eq!(
+        reasons(&verify(&child, &vk)),
+        ["parent/amdgpu-kfd-5.img: sha256: differs from the signed digest"]
+    );
+    std::fs::remove_dir_all(&parent).unwrap();
+    let r = reasons(&verify(&child, &vk));
+    assert!(
+        r.len() == 1 && r[0].starts_with("parent/: cannot be resolved: "),
+        "{r:?}"
+    );
+}
+
+#[test]
+fn keys_are_read_from_openssl_pem_files() {
+    let t = tempfile::tempdir().unwrap();
+    let k = key(3);
+    let private = t.path().join("key.pem");
+    let public = t.path().join("pub.pem");
+    std::fs::write(&private, k.to_pkcs8_pem(LineEnding::LF).unwrap().as_bytes()).unwrap();
+    std::fs::write(
+        &public,
+        k.verifying_key().to_public_key_pem(LineEnding::LF).unwrap(),
+    )
+    .unwrap();
+    let p = private.to_str().unwrap();
+    assert_eq!(parse_sign_key(p).unwrap().to_bytes(), k.to_bytes());
+    assert_eq!(
+        parse_verify_key(public.to_str().unwrap()).unwrap(),
+        k.verifying_key()
+    );
+    let e = parse_verify_key(p).unwrap_err().to_string();
+    assert!(
+        e.contains("CRIU_ROCM_VERIFY_KEY") && e.contains("not an Ed25519 public key"),
+        "{e}"
+    );
+    let e = parse_sign_key("/nonexistent/key.pem")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("/nonexistent/key.pem") && e.contains("reading it"),
+        "{e}"
+    );
+}
