@@ -116,6 +116,50 @@ verify() {
 	echo "$l"
 }
 
+# wl_ready PID: waits for the workload's ready line (kept in $CASE_DIR/ready) and has it
+# verify once (line 2, kept in $CASE_DIR/before).
+wl_ready() {
+	local pid=$1 l
+	l=$(wl_line "$pid" 1 2>&1) || fail "the workload did not start in the container: $l"
+	case $l in '{"ready":true'*) ;; *) fail "the workload did not get ready: ${l:0:300}" ;; esac
+	echo "$l" >"$CASE_DIR/ready"
+	verify "$pid" 2 "before the checkpoint" >"$CASE_DIR/before"
+}
+
+# wl_moved_on PID N WHAT: the workload runs, its verification N is ok and its counters
+# moved on from the one before the checkpoint (kept in $CASE_DIR/after).
+wl_moved_on() {
+	local pid=$1 n=$2 what=$3 l
+	alive "$pid" || fail "$what: the workload ($pid) is not running"
+	l=$(verify "$pid" "$n" "$what")
+	[ "$(counter "$l")" -gt "$(counter "$(cat "$CASE_DIR/before")")" ] ||
+		fail "$what: the SDMA counter did not move on: before $(cat "$CASE_DIR/before"), now $l"
+	echo "$l" >"$CASE_DIR/after"
+}
+
+# wl_stop PID: SIGTERM; the workload's last verification must be ok.
+wl_stop() {
+	local pid=$1 l out
+	# Its output lives in the container's /tmp, gone with the container: keep it open.
+	exec {out}<"/proc/$pid/root/tmp/wl.out" || fail "cannot open the workload's output"
+	kill -TERM "$pid"
+	wait_gone "$pid" 10 || fail "the workload ($pid) did not exit on SIGTERM"
+	l=$(tail -n 1 <&"$out")
+	exec {out}<&-
+	case $l in
+	'{"ok":true'*'"errors":[]}') ;;
+	*) fail "the last verification failed: ${l:-no line}" ;;
+	esac
+}
+
+# The KFD topology the emulated host shows in sysfs: what a container binds (over a tmpfs
+# /sys) when its engine makes it from options rather than from oci-config.py's config.
+topology_dirs() {
+	local n
+	echo /sys/devices/virtual/kfd /sys/class/kfd /sys/class/drm /sys/dev/char
+	for n in /sys/class/drm/renderD*; do realpath "$n" | cut -d/ -f1-4; done | sort -u
+}
+
 # engine_pid ENGINE ID: the container's init pid.
 engine_pid() {
 	"$ENGINE" --root "$WORK/$CASE/state" state "$1" 2>/dev/null |
@@ -131,13 +175,10 @@ E() {
 # ct_start ID BUNDLE: runs the container, waits for the workload's ready line and has it
 # verify once. Leaves the verification line in $CASE_DIR/before.
 ct_start() {
-	local id=$1 b=$2 pid l
+	local id=$1 b=$2 pid
 	E run -d --bundle "$b" "$id" || fail "$ENGINE run failed: $(tail -n 2 "$CASE_DIR/engine.log" | paste -sd'|')"
 	pid=$(engine_pid "$id") || fail "$ENGINE state $id: no pid"
-	l=$(wl_line "$pid" 1 2>&1) || fail "the workload did not start in the container: $l"
-	case $l in '{"ready":true'*) ;; *) fail "the workload did not get ready: ${l:0:300}" ;; esac
-	echo "$l" >"$CASE_DIR/ready"
-	verify "$pid" 2 "before the checkpoint" >"$CASE_DIR/before"
+	wl_ready "$pid"
 }
 
 # ct_checkpoint ID: the engine's checkpoint into $CASE_DIR/img (the container stops).
@@ -157,17 +198,13 @@ ct_checkpoint() {
 # ct_restore ID BUNDLE: the engine's restore of $CASE_DIR/img as container ID; then a
 # verification (line 3) whose counters moved on from the one before the checkpoint.
 ct_restore() {
-	local id=$1 b=$2 pid l t0
+	local id=$1 b=$2 pid t0
 	t0=${EPOCHREALTIME/./}
 	E restore -d --image-path "$CASE_DIR/img" --work-path "$CASE_DIR/img" --bundle "$b" "$id" ||
 		fail "$ENGINE restore failed: $(log_errors "$CASE_DIR/img/restore.log")"
 	echo "restore: $(((${EPOCHREALTIME/./} - t0) / 1000)) ms" >>"$CASE_DIR/times"
 	pid=$(engine_pid "$id") || fail "$ENGINE state $id after the restore: no pid"
-	alive "$pid" || fail "the restored workload ($pid) is not running"
-	l=$(verify "$pid" 3 "after the restore")
-	[ "$(counter "$l")" -gt "$(counter "$(cat "$CASE_DIR/before")")" ] ||
-		fail "the SDMA counter did not move on after the restore: before $(cat "$CASE_DIR/before"), after $l"
-	echo "$l" >"$CASE_DIR/after"
+	wl_moved_on "$pid" 3 "after the restore"
 	echo "$pid" >"$CASE_DIR/pid"
 }
 
@@ -196,18 +233,8 @@ mapped_hosts() {
 
 # ct_stop ID: SIGTERM; the workload's last verification must be ok and it must exit 0.
 ct_stop() {
-	local id=$1 pid l out st
-	pid=$(cat "$CASE_DIR/pid")
-	# Its output lives in the container's /tmp, gone with the container: keep it open.
-	exec {out}<"/proc/$pid/root/tmp/wl.out" || fail "cannot open the workload's output"
-	kill -TERM "$pid"
-	wait_gone "$pid" 10 || fail "the workload ($pid) did not exit on SIGTERM"
-	l=$(tail -n 1 <&"$out")
-	exec {out}<&-
-	case $l in
-	'{"ok":true'*'"errors":[]}') ;;
-	*) fail "the last verification failed: ${l:-no line}" ;;
-	esac
+	local id=$1 st
+	wl_stop "$(cat "$CASE_DIR/pid")"
 	st=$("$ENGINE" --root "$WORK/$CASE/state" state "$id" 2>/dev/null | "$PY" -c 'import json, sys; print(json.load(sys.stdin)["status"])')
 	[ "$st" = stopped ] || fail "after the workload's exit the container is '$st', not stopped"
 	E delete -f "$id" || true
@@ -387,7 +414,7 @@ podman_log() {
 }
 
 in_podman() {
-	local minors=$1 m d pid l pci args=()
+	local minors=$1 m d pid l args=()
 	tar -C "$ROOTFS" -c . | pod import - localhost/criu-rocm-gpu-ct:test >>"$CASE_DIR/engine.log" 2>&1 ||
 		fail "podman import of the rootfs failed: $(tail -n 1 "$CASE_DIR/engine.log")"
 	# shellcheck disable=SC2054 # commas inside the mount specifications
@@ -398,8 +425,7 @@ in_podman() {
 		args+=(--mount "type=bind,source=/dev/dri/renderD$m,destination=/dev/dri/renderD$m"
 			--device-cgroup-rule "c 226:$m rw")
 	done
-	pci=$(for d in /sys/class/drm/renderD*; do realpath "$d" | cut -d/ -f1-4; done | sort -u)
-	for d in /sys/devices/virtual/kfd /sys/class/kfd /sys/class/drm /sys/dev/char $pci; do
+	for d in $(topology_dirs); do
 		args+=(--mount "type=bind,source=$d,destination=$d,ro=true")
 	done
 	P run "${args[@]}" localhost/criu-rocm-gpu-ct:test \
@@ -407,8 +433,7 @@ in_podman() {
 		fail "podman run failed: $(tail -n 2 "$CASE_DIR/engine.log" | paste -sd'|')"
 	pid=$(pod inspect -f '{{.State.Pid}}' gpuct 2>/dev/null)
 	alive "${pid:-0}" || fail "the podman container is not running: $(pod logs gpuct 2>&1 | tail -n 2 | paste -sd'|')"
-	l=$(wl_line "$pid" 1 2>&1) || fail "the workload did not start in the container: $l"
-	verify "$pid" 2 "before the checkpoint" >"$CASE_DIR/before"
+	wl_ready "$pid"
 	t0=${EPOCHREALTIME/./}
 	P container checkpoint --export "$CASE_DIR/ck.tar.zst" gpuct ||
 		fail "podman container checkpoint --export failed: $(log_errors <(podman_log dump.log)) $(tail -n 1 "$CASE_DIR/engine.log")"
@@ -424,20 +449,9 @@ in_podman() {
 		fail "podman container restore --import failed: $(log_errors <(podman_log restore.log)) $(tail -n 1 "$CASE_DIR/engine.log")"
 	echo "restore --import: $(((${EPOCHREALTIME/./} - t0) / 1000)) ms" >>"$CASE_DIR/times"
 	pid=$(pod inspect -f '{{.State.Pid}}' gpuct 2>/dev/null)
-	alive "${pid:-0}" || fail "the restored podman container is not running"
-	l=$(verify "$pid" 3 "after the restore")
-	[ "$(counter "$l")" -gt "$(counter "$(cat "$CASE_DIR/before")")" ] ||
-		fail "the SDMA counter did not move on after the restore: before $(cat "$CASE_DIR/before"), after $l"
+	wl_moved_on "${pid:-0}" 3 "after the restore"
 	check_nodes_inside "$pid"
-	exec {out}<"/proc/$pid/root/tmp/wl.out" || fail "cannot open the workload's output"
-	kill -TERM "$pid"
-	wait_gone "$pid" 10 || fail "the workload ($pid) did not exit on SIGTERM"
-	l=$(sed -n 4p <&"$out")
-	exec {out}<&-
-	case $l in
-	'{"ok":true'*'"errors":[]}') ;;
-	*) fail "the last verification failed: ${l:-no line 4}" ;;
-	esac
+	wl_stop "$pid"
 	P rm -f gpuct || true
 }
 
