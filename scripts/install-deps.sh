@@ -13,8 +13,10 @@ top=$(cd "$(dirname "$0")/.." && pwd)
 # userspace that test-rocm runs unchanged on the emulator (libhsakmt, ROCr and their
 # headers, rocminfo), what `make deb` builds and checks the Debian packages with
 # (dpkg-dev, debhelper, lintian), and the container engines test-containers runs GPU
-# containers under, with busybox for their rootfs (runc, crun, podman, busybox-static,
-# and zstd for podman's checkpoint archives).
+# containers under, with busybox for their rootfs (runc, crun, podman, docker.io,
+# containerd, busybox-static, and zstd for podman's checkpoint archives). Installing
+# docker.io and containerd starts no daemon where there is no init system; where there is
+# one, the test's own dockerd and containerd keep apart from the system's.
 packages=(
 	build-essential pkg-config git xz-utils patch
 	libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler
@@ -26,7 +28,7 @@ packages=(
 	meson ninja-build asciidoctor shellcheck libxxhash0 openssl
 	libhsakmt-dev libhsa-runtime-dev rocminfo llvm-15
 	dpkg-dev debhelper lintian
-	runc crun podman busybox-static zstd
+	runc crun podman docker.io containerd busybox-static zstd
 )
 
 missing=()
