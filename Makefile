@@ -184,9 +184,10 @@ test-integrity: $(BUILD)/criu-rocm kfd-tools
 test-rocm-cr: $(BUILD)/criu-rocm kfd-tools
 	CARGO_TARGET_DIR=$(CARGO_TARGET) test/rocm/cr.sh $(BUILD)/criu-rocm
 
-# GPU containers checkpointed and restored by runc (and crun, podman where they can) and
-# containerd with criu-rocm as their `criu` (test/containers/run.sh, with containerd.sh):
-# on the same host, on another host, and into a container given other GPUs of the host.
+# GPU containers checkpointed and restored by runc (and crun, podman where they can),
+# Docker and containerd with criu-rocm as their `criu` (test/containers/run.sh, with
+# docker.sh and containerd.sh): on the same host, on another host, and into a container
+# given other GPUs of the host.
 .PHONY: test-containers
 test-containers: $(BUILD)/criu-rocm kfd-tools
 	CARGO_TARGET_DIR=$(CARGO_TARGET) test/containers/run.sh $(BUILD)/criu-rocm

@@ -1,6 +1,7 @@
 # shellcheck shell=bash
-# The containerd cases of test/containers/run.sh (sourced by it; they use its helpers):
-# containerd 1.6 of bookworm, its runc shim (io.containerd.runc.v2) → runc → `criu swrk`.
+# The containerd cases of test/containers/run.sh (sourced by it; they use its helpers), and
+# what the Docker cases (docker.sh) share with them: containerd 1.6 of bookworm, its runc
+# shim (io.containerd.runc.v2) → runc → `criu swrk`.
 #
 # Each emulated host runs a containerd of the case's own inside kfd-emu's namespace, with
 # its own root, state, sockets and no CRI plugin; criu-rocm is the `criu` first on its PATH,
@@ -32,7 +33,7 @@ CTR_IMAGE=localhost/criu-rocm-gpu-ct:test
 CTR_CHECKPOINT=localhost/criu-rocm-gpu-ct-checkpoint:1
 
 # ---------------------------------------------------------------------------------------
-# The runc shim
+# The runc shim, under containerd and under dockerd
 
 # with_restore_log WORK_LOG FINAL_LOG CMD...: runs CMD, a restore through the runc shim,
 # keeping criu-rocm's restore log as $CASE_DIR/img/restore.log: the shim's CRIU work

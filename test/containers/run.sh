@@ -25,8 +25,8 @@
 #     restored process which render nodes it holds (they must be inside its container);
 #   * stops it with SIGTERM (a last verification, exit status 0).
 #
-# The containerd cases (containerd.sh, sourced below) run the same workload in containers
-# their daemon makes, on daemons of their own.
+# The Docker and containerd cases (docker.sh, containerd.sh, sourced below) run the same
+# workload in containers their daemons make, on daemons of their own.
 #
 # Each case prints PASS, FAIL (with the reason and its directory) or SKIP (with the exact
 # reason); the last line is "N passed, M failed, K skipped". Non-zero exit on any failure.
@@ -462,9 +462,11 @@ case_podman-export-import() {
 	on mi100x2 -- in_podman 128,129
 }
 
-# containerd: its cases, in a file of their own.
+# containerd and Docker: their cases, in files of their own.
 # shellcheck source=SCRIPTDIR/containerd.sh
 . "$here/containerd.sh"
+# shellcheck source=SCRIPTDIR/docker.sh
+. "$here/docker.sh"
 
 # ---------------------------------------------------------------------------------------
 # Driver
@@ -516,7 +518,7 @@ main() {
 		[ -x "$t" ] || { echo "test/containers: $t is missing (build it first)" >&2; exit 2; }
 	done
 	# scripts/install-deps.sh installs them: missing is a failure, not a skip.
-	for t in runc crun podman busybox ldd containerd ctr; do
+	for t in runc crun podman busybox ldd dockerd /usr/bin/docker containerd ctr; do
 		command -v "$t" >/dev/null || missing+=("$t")
 	done
 	[ ${#missing[@]} = 0 ] || { echo "test/containers: not installed: ${missing[*]} (run scripts/install-deps.sh)" >&2; exit 2; }
