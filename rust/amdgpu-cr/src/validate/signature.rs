@@ -23,8 +23,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
-use std::fs::File;
 use std::io::{Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use ed25519_dalek::pkcs8::{DecodePrivateKey, DecodePublicKey};
@@ -120,7 +120,17 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
 
 /// Size and SHA-256 of one file, read once.
 fn hash_file(path: &Path) -> std::io::Result<(u64, [u8; 32])> {
-    let mut f = File::open(path)?;
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => std::io::Error::other("a symbolic link, not a file"),
+            _ => e,
+        })?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     let mut size = 0u64;
@@ -138,11 +148,9 @@ fn hash_file(path: &Path) -> std::io::Result<(u64, [u8; 32])> {
 fn covered_files(dir: &Path) -> std::io::Result<BTreeSet<String>> {
     let mut names = BTreeSet::new();
     for e in std::fs::read_dir(dir)? {
-        let e = e?;
-        if !e.file_type()?.is_file() {
-            continue;
-        }
-        if let Ok(name) = e.file_name().into_string() {
+        // Every type: a symbolic link or a directory by an image's name
+        // is refused by [`hash_file`], not skipped.
+        if let Ok(name) = e?.file_name().into_string() {
             if covered(&name) {
                 names.insert(name);
             }
@@ -159,7 +167,8 @@ pub fn sign(dir: &Path, key: &SigningKey) -> std::io::Result<(usize, u64)> {
     let mut bytes = 0;
     let names = covered_files(dir)?;
     for name in &names {
-        let (size, sha) = hash_file(&dir.join(name))?;
+        let (size, sha) = hash_file(&dir.join(name))
+            .map_err(|e| std::io::Error::new(e.kind(), format!("{name}: {e}")))?;
         bytes += size;
         let _ = writeln!(text, "file {name} {size} sha256:{}", hex(&sha));
     }

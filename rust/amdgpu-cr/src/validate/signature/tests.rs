@@ -63,6 +63,26 @@ fn every_change_to_an_image_file_is_named() {
 }
 
 #[test]
+fn links_and_other_files_by_image_names_are_refused() {
+    let t = tempfile::tempdir().unwrap();
+    let d = dump_dir(t.path(), "d");
+    sign(&d, &key(1)).unwrap();
+    let vk = key(1).verifying_key();
+    std::fs::rename(d.join("pages-1.img"), t.path().join("elsewhere")).unwrap();
+    std::os::unix::fs::symlink("../elsewhere", d.join("pages-1.img")).unwrap();
+    std::fs::create_dir(d.join("core-2.img")).unwrap();
+    assert_eq!(
+        reasons(&verify(&d, &vk)),
+        [
+            "core-2.img: not covered by the signature",
+            "pages-1.img: reading it: a symbolic link, not a file"
+        ]
+    );
+    let e = sign(&d, &key(1)).unwrap_err().to_string();
+    assert_eq!(e, "core-2.img: not a regular file");
+}
+
+#[test]
 fn a_wrong_key_an_edited_list_or_no_signature_is_refused() {
     let t = tempfile::tempdir().unwrap();
     let d = dump_dir(t.path(), "d");
