@@ -88,40 +88,35 @@ impl SharedMem {
     /// whether it was created.
     pub fn recreate(&self, path: &Path) -> io::Result<bool> {
         use std::io::Write;
-        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        use std::os::unix::fs::PermissionsExt;
         if self.size == 0 {
             return Ok(false);
         }
         if path.exists() {
             return Ok(false);
         }
-        // Built under a name of this task's own and linked into place whole:
-        // the other restored processes of a tree recreate the same file at
-        // the same time, and one that found it half made (size 0) would
-        // fail CRIU's size check of the restored mapping.
+        // Built under a random name of its own (`tempfile`: created
+        // exclusively, removed on any error) and moved into place whole,
+        // never over an existing file: the other restored processes of a
+        // tree recreate the same file at the same time, and one that found
+        // it half made (size 0) would fail CRIU's size check of the
+        // restored mapping.
         let mode = mode_or_default(self.mode);
-        let mut tmp = path.as_os_str().to_owned();
-        tmp.push(format!(".criu-rocm-{}", std::process::id()));
-        let tmp = std::path::PathBuf::from(tmp);
-        let made = (|| {
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(mode)
-                .open(&tmp)?;
-            // The restorer's umask is not the one the file was created under.
-            f.set_permissions(std::fs::Permissions::from_mode(mode))?;
-            f.set_len(self.size)?;
-            let n = self.size.min(4) as usize;
-            f.write_all(&self.magic.to_le_bytes()[..n])?;
-            match std::fs::hard_link(&tmp, path) {
-                Ok(()) => Ok(true),
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
-                Err(e) => Err(e),
-            }
-        })();
-        let _ = std::fs::remove_file(&tmp);
-        made
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let mut tmp = tempfile::Builder::new()
+            .prefix(".criu-rocm-")
+            .tempfile_in(dir)?;
+        // Neither the restorer's umask nor tempfile's 0600 is the mode.
+        tmp.as_file()
+            .set_permissions(std::fs::Permissions::from_mode(mode))?;
+        tmp.as_file().set_len(self.size)?;
+        let n = self.size.min(4) as usize;
+        tmp.write_all(&self.magic.to_le_bytes()[..n])?;
+        match tmp.persist_noclobber(path) {
+            Ok(_) => Ok(true),
+            Err(e) if e.error.kind() == io::ErrorKind::AlreadyExists => Ok(false),
+            Err(e) => Err(e.error),
+        }
     }
 }
 

@@ -734,6 +734,11 @@ mod tests {
         };
         assert!(sm.recreate(&path).unwrap());
         assert!(!sm.recreate(&path).unwrap(), "existing file left alone");
+        let left: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left, ["hsakmt_shared_mem"], "no temporary file left");
         assert_eq!(mode_of(&path), 0o666);
         std::fs::remove_file(&path).unwrap();
         // A recorded mode is restored whatever the umask.
