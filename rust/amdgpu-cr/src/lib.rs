@@ -28,6 +28,7 @@ pub mod env;
 pub mod error;
 pub mod ids;
 pub mod image;
+pub mod incomplete;
 pub mod matcher;
 pub mod os;
 pub mod pages;
@@ -37,6 +38,7 @@ pub mod proto;
 pub mod session;
 pub mod testhook;
 pub mod topology;
+pub mod units;
 pub mod validate;
 
 pub use error::Error;

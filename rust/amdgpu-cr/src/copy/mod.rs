@@ -937,7 +937,7 @@ pub fn dump_contents_encoded(
             "{parted} extent(s) of {} came in parts (a copy window or staging buffer smaller \
              than an extent: KFD_MAX_BUFFER_SIZE too small for the GPUs and copy threads), \
              so they were written whole even if unchanged",
-            crate::session::human_bytes(extent)
+            crate::units::human_bytes(extent)
         );
     }
     let inherited = inherited.into_inner().unwrap_or_else(|e| e.into_inner());
@@ -1182,7 +1182,7 @@ pub fn dump_compressed(
             "{parted} chunk(s) of {} came in parts (a copy window or staging buffer smaller \
              than a chunk: {} too small for the GPUs, compressors and copy threads), so they \
              were compressed even if unchanged",
-            crate::session::human_bytes(CHUNK),
+            crate::units::human_bytes(CHUNK),
             env::MAX_BUFFER_SIZE_VAR
         );
     }

@@ -19,7 +19,9 @@
 pub mod dump;
 pub mod gpu_check;
 pub mod guardian;
-pub mod incomplete;
+// Below the session: validation reads the mark too.
+pub use crate::incomplete;
+pub use crate::units::human_bytes;
 pub mod restore;
 pub mod signals;
 pub mod writer;
@@ -300,32 +302,9 @@ pub(crate) fn owned_dmabufs(
         .collect()
 }
 
-/// Formats bytes for the log: `512 KiB`, `1.5 GiB`.
-pub fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn bytes_read_as_people_write_them() {
-        assert_eq!(human_bytes(512), "512 B");
-        assert_eq!(human_bytes(1536), "1.5 KiB");
-        assert_eq!(human_bytes(3 << 30), "3.0 GiB");
-    }
 
     /// Only the fds KFD wrote are taken (and so closed when dropped): a
     /// bucket still holding the marker, a non-VRAM/GTT bucket a pre-1.8

@@ -23,12 +23,12 @@ use super::Refusal;
 use crate::bo;
 use crate::ids::GpuId;
 use crate::image::{kfd_image_id, read_whole, FileId, KfdImage};
+use crate::incomplete;
 use crate::pages::zstd::{check_records, chunks, Chunk};
 use crate::pages::{
     content_bos, pages_image_name, pages_total, Encoding, Overlay, Source, CONTENT_EXTENT,
 };
 use crate::proto::KfdBoEntry;
-use crate::session::incomplete;
 
 /// CRIU's link from an image directory to its parent's.
 pub const PARENT_LINK: &str = "parent";
