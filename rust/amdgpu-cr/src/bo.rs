@@ -4,7 +4,12 @@
 //! taken from kfd-abi's bindings under the short names the core uses;
 //! CHECKPOINT hands back their low 32 bits in `alloc_flags`.
 
+use std::os::fd::BorrowedFd;
+
 use kfd_abi::sys;
+use xxhash_rust::xxh3::xxh3_64;
+
+use crate::ids::{GpuId, GpuVa, MmapOffset};
 
 /// VRAM BO (contents saved in the pages file).
 pub const ALLOC_VRAM: u32 = sys::KFD_IOC_ALLOC_MEM_FLAGS_VRAM;
@@ -57,6 +62,54 @@ pub fn needs_vma_fixup(alloc_flags: u32) -> bool {
 pub fn host_visible(alloc_flags: u32) -> bool {
     alloc_flags & ALLOC_GTT != 0
         || alloc_flags & (ALLOC_VRAM | ALLOC_PUBLIC) == (ALLOC_VRAM | ALLOC_PUBLIC)
+}
+
+/// One BO to copy, and the handles through which it can be reached.
+#[derive(Clone, Copy, Debug)]
+pub struct BoRef<'a> {
+    /// Bucket index (names the BO in errors and keys the hashes).
+    pub index: usize,
+    /// User gpu_id.
+    pub gpu: GpuId,
+    pub addr: GpuVa,
+    pub size: u64,
+    pub alloc_flags: u32,
+    /// An fd and offset through which the CPU can map the whole BO: the
+    /// render-node file that owns it (the one given to ACQUIRE_VM or
+    /// RESTORE: `drm_gem_mmap` refuses any other file with EACCES) at its
+    /// mmap offset, or else its dmabuf at offset 0.
+    pub cpu_map: Option<(BorrowedFd<'a>, MmapOffset)>,
+    /// The dmabuf fd KFD exported for the BO (CHECKPOINT/RESTORE output).
+    pub dmabuf: Option<BorrowedFd<'a>>,
+}
+
+/// The BO hash from its extents' digests, in order.
+pub fn compose(digests: &[u64]) -> u64 {
+    match digests {
+        [one] => *one,
+        _ => {
+            let bytes: Vec<u8> = digests.iter().flat_map(|d| d.to_le_bytes()).collect();
+            xxh3_64(&bytes)
+        }
+    }
+}
+
+/// Whether bit `k` of a `parent_extents` bitmap is set.
+pub fn bit(map: &[u8], k: u64) -> bool {
+    usize::try_from(k / 8)
+        .ok()
+        .and_then(|i| map.get(i))
+        .is_some_and(|b| b & (1 << (k % 8)) != 0)
+}
+
+/// The bitmap of a sorted list of extent indices.
+pub fn bitmap(extents: &[u64]) -> Vec<u8> {
+    let len = extents.last().map_or(0, |&k| k / 8 + 1) as usize;
+    let mut map = vec![0u8; len];
+    for &k in extents {
+        map[(k / 8) as usize] |= 1 << (k % 8);
+    }
+    map
 }
 
 #[cfg(test)]

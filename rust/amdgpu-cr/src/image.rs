@@ -449,7 +449,7 @@ fn check_extents(file: &str, i: usize, b: &crate::proto::KfdBoEntry) -> Result<(
                 ),
             ));
         }
-        if b.content_xxh3 != Some(crate::pages::compose(&b.content_extent_xxh3)) {
+        if b.content_xxh3 != Some(crate::bo::compose(&b.content_extent_xxh3)) {
             return Err(ImageError::invalid(
                 file,
                 field,
@@ -464,7 +464,7 @@ fn check_extents(file: &str, i: usize, b: &crate::proto::KfdBoEntry) -> Result<(
     if map.len() as u64 > extents.div_ceil(8)
         || (0..map.len() as u64 * 8)
             .filter(|&k| k >= extents)
-            .any(|k| crate::validate::chain::bit(map, k))
+            .any(|k| crate::bo::bit(map, k))
     {
         return Err(ImageError::invalid(
             file,

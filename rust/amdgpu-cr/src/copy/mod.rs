@@ -31,7 +31,6 @@ pub mod sdma;
 
 use std::collections::BTreeMap;
 use std::io::{self, Read, Write};
-use std::os::fd::BorrowedFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -127,24 +126,8 @@ impl CopyError {
     }
 }
 
-/// One BO to copy, and the handles through which it can be reached.
-#[derive(Clone, Copy, Debug)]
-pub struct BoRef<'a> {
-    /// Bucket index (names the BO in errors and keys the hashes).
-    pub index: usize,
-    /// User gpu_id.
-    pub gpu: GpuId,
-    pub addr: GpuVa,
-    pub size: u64,
-    pub alloc_flags: u32,
-    /// An fd and offset through which the CPU can map the whole BO: the
-    /// render-node file that owns it (the one given to ACQUIRE_VM or
-    /// RESTORE: `drm_gem_mmap` refuses any other file with EACCES) at its
-    /// mmap offset, or else its dmabuf at offset 0.
-    pub cpu_map: Option<(BorrowedFd<'a>, MmapOffset)>,
-    /// The dmabuf fd KFD exported for the BO (CHECKPOINT/RESTORE output).
-    pub dmabuf: Option<BorrowedFd<'a>>,
-}
+// Defined beside the BO flags, below the plans that make them.
+pub use crate::bo::BoRef;
 
 /// Copies one BO's bytes out to a sink, or in from a source, all `size`
 /// bytes in order.
@@ -1573,6 +1556,7 @@ pub(crate) fn drain_to(sink: &mut dyn Write, buf: &[u8], bo: &BoRef<'_>) -> Resu
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use std::os::fd::BorrowedFd;
     use std::os::fd::{AsFd, FromRawFd, OwnedFd};
     use std::sync::{Arc, Mutex};
 

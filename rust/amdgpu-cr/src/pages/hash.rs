@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 
-use xxhash_rust::xxh3::{xxh3_64, Xxh3};
+use xxhash_rust::xxh3::Xxh3;
 
 use crate::image::KfdImage;
 
@@ -38,16 +38,8 @@ pub struct ContentHash {
     pub extent: Option<u64>,
 }
 
-/// The BO hash from its extents' digests, in order.
-pub fn compose(digests: &[u64]) -> u64 {
-    match digests {
-        [one] => *one,
-        _ => {
-            let bytes: Vec<u8> = digests.iter().flat_map(|d| d.to_le_bytes()).collect();
-            xxh3_64(&bytes)
-        }
-    }
-}
+// Defined with the BO facts, so that the image codec can check it.
+pub use crate::bo::compose;
 
 /// Hashes a stream that starts at an extent boundary of a BO, one digest
 /// per extent (or part of one at the end).
@@ -120,6 +112,7 @@ pub fn content_hashes(image: &KfdImage) -> BTreeMap<usize, ContentHash> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use xxhash_rust::xxh3::xxh3_64;
 
     fn data(n: usize) -> Vec<u8> {
         (0..n).map(|i| (i * 7 + i / 251) as u8).collect()

@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::os::fd::BorrowedFd;
 
 use crate::bo;
-use crate::copy::BoRef;
+use crate::bo::BoRef;
 use crate::ids::{GpuId, GpuVa, MmapOffset, RenderMinor};
 use crate::image::{FileId, KfdImage, RenderImage, EXT_VERSION};
 use crate::matcher::GpuMap;

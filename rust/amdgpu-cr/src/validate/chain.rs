@@ -46,23 +46,8 @@ pub fn extent_digests(b: &KfdBoEntry) -> Option<(u64, Vec<u64>)> {
     }
 }
 
-/// Whether bit `k` of a `parent_extents` bitmap is set.
-pub fn bit(map: &[u8], k: u64) -> bool {
-    usize::try_from(k / 8)
-        .ok()
-        .and_then(|i| map.get(i))
-        .is_some_and(|b| b & (1 << (k % 8)) != 0)
-}
-
-/// The bitmap of a sorted list of extent indices.
-pub fn bitmap(extents: &[u64]) -> Vec<u8> {
-    let len = extents.last().map_or(0, |&k| k / 8 + 1) as usize;
-    let mut map = vec![0u8; len];
-    for &k in extents {
-        map[(k / 8) as usize] |= 1 << (k % 8);
-    }
-    map
-}
+// Defined with the BO facts, so that the image codec can check them.
+pub use crate::bo::{bit, bitmap};
 
 /// The extent an image made now records for a BO of `size` bytes.
 pub fn dump_extent(size: u64) -> u64 {
