@@ -339,19 +339,40 @@ fn stops_barrier_sleep_trap_and_unknown_opcode() {
     assert_eq!(r.w.pc, CODE + 4, "PC past the barrier");
     assert_eq!(r.run(&[sopp(0x0e, 3)]), Stop::Sleep(3));
     assert_eq!(r.run(&[sopp(0x12, 2)]), Stop::Trap(2));
-    let s = r.run(&[sopp(0x10, 0)]); // s_sendmsg: not implemented
+    let s = r.run(&[sopp(0x11, 0)]); // s_sendmsghalt: not implemented
     match s {
         Stop::Illegal { reason, pc } => {
             assert_eq!(pc, CODE);
             assert_eq!(
                 reason.to_string(),
-                "unknown opcode 0x10 of encoding SOPP on Gfx90a"
+                "unknown opcode 0x11 of encoding SOPP on Gfx90a"
             );
         }
-        other => panic!("s_sendmsg gave {other}"),
+        other => panic!("s_sendmsghalt gave {other}"),
     }
     assert_eq!(
         r.w.run(&mut r.mem, &mut r.lds, &mut r.cache, 0),
         Stop::Budget
     );
+}
+
+#[test]
+fn sendmsg_interrupt_yields_m0_and_refuses_other_messages() {
+    let mut r = Rig::new(Target::Gfx908);
+    // s_mov_b32 m0, 0x123457; s_sendmsg sendmsg(MSG_INTERRUPT)
+    let stop = r.run(&[sop1(0x00, 124, LIT), 0x0012_3457, sopp(0x10, 1)]);
+    assert_eq!(stop, Stop::Interrupt(0x0012_3457));
+    assert_eq!(r.w.pc, CODE + 12, "PC past s_sendmsg");
+    for msg in [0u16, 2, 3, 4, 15] {
+        match r.run(&[sopp(0x10, msg)]) {
+            Stop::Illegal { reason, pc } => {
+                assert_eq!(pc, CODE, "message {msg}");
+                assert_eq!(
+                    reason.to_string(),
+                    "s_sendmsg: only MSG_INTERRUPT is modelled"
+                );
+            }
+            other => panic!("s_sendmsg message {msg} gave {other}"),
+        }
+    }
 }

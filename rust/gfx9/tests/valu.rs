@@ -613,3 +613,108 @@ fn half_precision_and_packed() {
         let _ = f16_to_f32(0);
     }
 }
+
+fn set_f64(r: &mut Rig, reg: usize, f: impl Fn(usize) -> f64) {
+    r.set_v(reg, |l| f(l).to_bits() as u32);
+    r.set_v(reg + 1, |l| (f(l).to_bits() >> 32) as u32);
+}
+
+fn lane_f64(r: &Rig, reg: usize, l: usize) -> u64 {
+    r.w.lane(reg, l) as u64 | (r.w.lane(reg + 1, l) as u64) << 32
+}
+
+#[test]
+fn trig_preop_gives_pieces_of_two_over_pi() {
+    // (x, piece, result bits): 53-bit pieces of 2/π = 0.a2f9836e4e441529fc2757d1f534ddc0...,
+    // worked out with exact integer arithmetic; the shift grows past exponent 1077 and the
+    // scale gains 2^128 from exponent 1968; pieces past the 1201 bits (or below the f64
+    // range) are zero.
+    let cases: [(f64, u32, u64); 8] = [
+        (1.0, 0, 0x3fe4_5f30_6dc9_c882),
+        (1.0, 1, 0x3c94_a7f0_9d5f_47d4),
+        (-7.5, 2, 0x394a_6ee0_6db1_4acc),
+        (1.0, 22, 0),
+        (2f64.powi(60), 0, 0x3f87_cc1b_7272_20a9),
+        (2f64.powi(60), 3, 0x3591_0e41_07f9_458e),
+        (2f64.powi(950), 1, 0x0c81_6ba9_3dd6_3f5e),
+        (-3.5, 31, 0),
+    ];
+    let mut r = Rig::new(Target::Gfx908);
+    r.w.set_exec(u64::MAX);
+    set_f64(&mut r, 2, |l| cases[l % 8].0);
+    r.set_v(4, |l| cases[l % 8].1);
+    r.set_v(6, |_| SENTINEL);
+    r.set_v(7, |_| SENTINEL);
+    r.w.set_exec(EXEC_MASK);
+    r.ok(&vop3(0x292, 6, [v(2), v(4), 0], PLAIN));
+    for l in 0..64 {
+        let want = if (EXEC_MASK >> l) & 1 == 0 {
+            (SENTINEL as u64) << 32 | SENTINEL as u64
+        } else {
+            cases[l % 8].2
+        };
+        assert_eq!(lane_f64(&r, 6, l), want, "lane {l}: {:?}", cases[l % 8]);
+    }
+    // The first three pieces add up to 2/π rounded to nearest.
+    let sum: f64 = (0..3).map(|k| f64::from_bits(cases[k].2)).sum();
+    assert_eq!(sum, std::f64::consts::FRAC_2_PI);
+}
+
+/// v_div_fixup's special cases, as the ISA lists them (sign is the XOR of the operands').
+fn div_fixup_reference(q: f32, d: f32, n: f32) -> f32 {
+    let sign = if d.is_sign_negative() != n.is_sign_negative() {
+        -1.0
+    } else {
+        1.0
+    };
+    if d.is_nan() || n.is_nan() || (d == 0.0 && n == 0.0) || (d.is_infinite() && n.is_infinite()) {
+        f32::NAN
+    } else if d == 0.0 || n.is_infinite() {
+        sign * f32::INFINITY
+    } else if d.is_infinite() || n == 0.0 {
+        sign * 0.0
+    } else {
+        sign * q.abs()
+    }
+}
+
+#[test]
+fn div_fixup_f16_special_cases() {
+    use gfx9::fp::{f16_to_f32, f32_to_f16};
+    // (quotient, denominator, numerator)
+    let cases: [(f32, f32, f32); 10] = [
+        (0.75, 2.0, 1.5),
+        (0.75, -2.0, 1.5),
+        (-0.75, -2.0, -1.5),
+        (1.0, 0.0, 0.0),
+        (1.0, 0.0, -3.0),
+        (1.0, 4.0, f32::INFINITY),
+        (1.0, f32::INFINITY, f32::NEG_INFINITY),
+        (1.0, f32::NEG_INFINITY, 2.0),
+        (1.0, 5.0, -0.0),
+        (1.0, f32::NAN, 1.0),
+    ];
+    let h = |x: f32| f32_to_f16(x) as u32;
+    let mut r = Rig::new(Target::Gfx90a);
+    r.w.set_exec(u64::MAX);
+    r.set_v(1, |l| h(cases[l % 10].0) | 0xabcd << 16);
+    r.set_v(2, |l| h(cases[l % 10].1));
+    r.set_v(3, |l| h(cases[l % 10].2));
+    r.set_v(0, |_| SENTINEL);
+    r.w.set_exec(EXEC_MASK);
+    r.ok(&vop3(0x207, 0, [v(1), v(2), v(3)], PLAIN));
+    for l in 0..64 {
+        let got = r.w.lane(0, l);
+        if (EXEC_MASK >> l) & 1 == 0 {
+            assert_eq!(got, SENTINEL, "inactive lane {l} written");
+            continue;
+        }
+        let (q, d, n) = cases[l % 10];
+        let want = div_fixup_reference(q, d, n);
+        let got16 = f16_to_f32(got as u16);
+        assert!(
+            got16.to_bits() == want.to_bits() || (got16.is_nan() && want.is_nan()),
+            "lane {l}: v_div_fixup_f16({q}, {d}, {n}) = {got16}, want {want}"
+        );
+    }
+}

@@ -36,6 +36,10 @@ pub enum Stop {
     Sleep(u16),
     /// `s_trap N` (PC is past it); the CP model decides what a trap means.
     Trap(u8),
+    /// `s_sendmsg sendmsg(MSG_INTERRUPT)` (PC is past it): the wave raises the SQ's message
+    /// interrupt with M0 as its data (the device libraries' signal code puts an event ID
+    /// there for KFD); the CP model delivers it.
+    Interrupt(u32),
     /// `s_sethalt` with a non-zero halt bit.
     Halt,
     /// The instruction budget ran out (PC at the next instruction).

@@ -1,7 +1,7 @@
 //! SOPP: program control (branches, barrier, waits, traps).
 
 use super::table::{def, OpDef};
-use super::{Cx, Flow, Step, Stop};
+use super::{bad, Cx, Flow, Step, Stop};
 use crate::decode::Instr;
 
 /// PC-relative target: the next instruction plus simm16 dwords.
@@ -20,6 +20,16 @@ fn branch_if(cx: &mut Cx<'_>, i: &Instr, taken: bool) -> Step {
 
 fn next(_: &mut Cx<'_>, _: &Instr) -> Step {
     Ok(Flow::Next)
+}
+
+/// s_sendmsg: simm16[3:0] is the message. Compute code sends only MSG_INTERRUPT (1); the
+/// graphics messages and the trap handler's save/system messages are not modelled.
+fn sendmsg(cx: &mut Cx<'_>, i: &Instr) -> Step {
+    const MSG_INTERRUPT: u16 = 1;
+    if i.simm16 & 0xf != MSG_INTERRUPT {
+        return Err(bad("s_sendmsg", "only MSG_INTERRUPT is modelled"));
+    }
+    Ok(Flow::Yield(Stop::Interrupt(cx.w.m0())))
 }
 
 pub static SOPP: &[OpDef] = &[
@@ -54,6 +64,7 @@ pub static SOPP: &[OpDef] = &[
         Ok(Flow::Yield(Stop::Sleep(i.simm16 & 0x7f)))
     }),
     def(0x0f, "s_setprio", next),
+    def(0x10, "s_sendmsg", sendmsg),
     def(0x12, "s_trap", |_, i| {
         Ok(Flow::Yield(Stop::Trap(i.simm16 as u8)))
     }),

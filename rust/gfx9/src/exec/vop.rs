@@ -234,6 +234,47 @@ fn div_fixup(q: f64, den: f64, num: f64) -> f64 {
     signed(q.abs())
 }
 
+/// The first 1201 fractional bits of 2/π (the bit after the binary point first), the constant
+/// v_trig_preop_f64 reads; the bits past 1201 are zero.
+const TWO_OVER_PI: [u64; 19] = [
+    0xa2f9_836e_4e44_1529,
+    0xfc27_57d1_f534_ddc0,
+    0xdb62_9599_3c43_9041,
+    0xfe51_63ab_debb_c561,
+    0xb724_6e3a_424d_d2e0,
+    0x0649_2eea_09d1_921c,
+    0xfe1d_eb1c_b129_a73e,
+    0xe882_35f5_2ebb_4484,
+    0xe99c_7026_b45f_7e41,
+    0x3991_d639_8353_39f4,
+    0x9c84_5f8b_bdf9_283b,
+    0x1ff8_97ff_de05_980f,
+    0xef2f_118b_5a0a_6d1f,
+    0x6d36_7ecf_27cb_09b7,
+    0x4f46_3f66_9e5f_ea2d,
+    0x7527_bac7_ebe5_f17b,
+    0x3d07_39f7_8a52_92ea,
+    0x6bfb_5fb1_1f8d_5d08,
+    0x5603_3046_fc7b_0000,
+];
+
+/// 53 bits of 2/π after its first `skip` fractional bits.
+fn two_over_pi_bits(skip: u32) -> u64 {
+    let word = |k: usize| TWO_OVER_PI.get(k).copied().unwrap_or(0) as u128;
+    let (k, off) = ((skip / 64) as usize, skip % 64);
+    let window = (word(k) << 64 | word(k + 1)) << off;
+    (window >> (128 - 53)) as u64
+}
+
+/// v_trig_preop_f64: the `sel`-th 53-bit piece of 2/π for reducing `x` (shifted further for
+/// large exponents, and scaled up by 2^128 for the huge ones the caller pre-scaled down).
+fn trig_preop(x: f64, sel: u32) -> f64 {
+    let exp = ((x.to_bits() >> 52) & 0x7ff) as u32;
+    let shift = (sel & 31) * 53 + exp.saturating_sub(1077);
+    let scale = -53 - shift as i32 + if exp >= 1968 { 128 } else { 0 };
+    ldexp(two_over_pi_bits(shift) as f64, scale)
+}
+
 fn div_scale_f64(s0: f64, den: f64, num: f64) -> (f64, bool) {
     if num == 0.0 || den == 0.0 {
         return (f64::NAN, false);
@@ -885,6 +926,11 @@ pub static VOP3: &[OpDef] = &[
             F16::of((a.f() as f64 * b.f() as f64 + c.f() as f64) as f32)
         })
     }),
+    def(0x207, "v_div_fixup_f16", |cx, i| {
+        v3(cx, i, |q: F16, d: F16, n: F16| {
+            F16::of(div_fixup(q.f() as f64, d.f() as f64, n.f() as f64) as f32)
+        })
+    }),
     def(0x280, "v_add_f64", |cx, i| {
         v2(cx, i, |a: f64, b: f64| a + b)
     }),
@@ -933,6 +979,9 @@ pub static VOP3: &[OpDef] = &[
     }),
     def(0x291, "v_ashrrev_i64", |cx, i| {
         v2(cx, i, |a: u32, b: i64| b >> (a & 63))
+    }),
+    def(0x292, "v_trig_preop_f64", |cx, i| {
+        v2(cx, i, |a: f64, b: u32| trig_preop(a, b))
     }),
     def(0x293, "v_bfm_b32", |cx, i| {
         v2(cx, i, |a: u32, b: u32| {
