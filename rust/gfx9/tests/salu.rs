@@ -376,3 +376,20 @@ fn sendmsg_interrupt_yields_m0_and_refuses_other_messages() {
         }
     }
 }
+
+#[test]
+fn getreg_sh_mem_bases_gives_the_aperture_bits() {
+    let mut r = Rig::new(Target::Gfx908);
+    r.w.apertures.private_base = 0x0002_0000_0000_0000;
+    r.w.apertures.shared_base = 0x0001_0000_0000_0000;
+    let hwreg = |id: u16, off: u16, size: u16| id | off << 6 | (size - 1) << 11;
+    // s_getreg_b32 s2, hwreg(HW_REG_SH_MEM_BASES, 0, 16); ... 16, 16; ... 0, 32
+    r.ok(&[
+        sopk(0x11, 2, hwreg(15, 0, 16)),
+        sopk(0x11, 3, hwreg(15, 16, 16)),
+        sopk(0x11, 4, hwreg(15, 0, 32)),
+    ]);
+    assert_eq!(r.w.sreg[2], 2, "private aperture bits 63:48");
+    assert_eq!(r.w.sreg[3], 1, "shared aperture bits 63:48");
+    assert_eq!(r.w.sreg[4], 0x0001_0002);
+}

@@ -4,7 +4,7 @@ use super::operand::{s32, s64, set_s32, set_s64};
 use super::table::{def, OpDef};
 use super::{bad, Cx, Flow, Step};
 use crate::decode::Instr;
-use crate::state::hwreg;
+use crate::state::{hwreg, Wave};
 
 type R32 = (u32, Option<bool>);
 type R64 = (u64, Option<bool>);
@@ -597,6 +597,13 @@ fn hwreg_mut<'a>(cx: &'a mut Cx<'_>, id: u16) -> Option<&'a mut u32> {
     }
 }
 
+/// SH_MEM_BASES: bits 63:48 of the private (15:0) and shared (31:16) apertures, which
+/// hipcc's code reads to turn a stack or LDS address into a flat one.
+fn sh_mem_bases(w: &Wave) -> u32 {
+    let ap = w.apertures;
+    (ap.private_base >> 48) as u32 & 0xffff | ((ap.shared_base >> 48) as u32) << 16
+}
+
 fn getreg(cx: &mut Cx<'_>, i: &Instr) -> Step {
     let (id, off, size) = hwreg_field(i.simm16);
     let v = match id {
@@ -604,7 +611,8 @@ fn getreg(cx: &mut Cx<'_>, i: &Instr) -> Step {
         hwreg::TBA_HI => (cx.w.tba >> 32) as u32,
         hwreg::TMA_LO => cx.w.tma as u32,
         hwreg::TMA_HI => (cx.w.tma >> 32) as u32,
-        hwreg::GPR_ALLOC | hwreg::LDS_ALLOC | hwreg::IB_STS | hwreg::SH_MEM_BASES => 0,
+        hwreg::SH_MEM_BASES => sh_mem_bases(cx.w),
+        hwreg::GPR_ALLOC | hwreg::LDS_ALLOC | hwreg::IB_STS => 0,
         _ => *hwreg_mut(cx, id)
             .ok_or_else(|| bad("s_getreg_b32", "hardware register not modelled"))?,
     };
