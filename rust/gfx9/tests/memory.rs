@@ -165,6 +165,50 @@ fn scratch_uses_the_swizzled_private_layout() {
 }
 
 #[test]
+fn wide_private_accesses_are_swizzled_per_dword() {
+    let mut r = Rig::new(Target::Gfx908);
+    let scratch = 0x70_0000u64;
+    r.mem.map(scratch, 64 * 4 * 4);
+    r.w.set_sgpr64(102, scratch); // FLAT_SCRATCH
+    r.w.apertures.private_base = 0x0002_0000_0000_0000;
+    r.set_v(1, |_| 4); // byte 4 of each lane's private memory
+    r.set_v(2, |l| 0x100 + l as u32);
+    r.set_v(3, |l| 0x200 + l as u32);
+    // scratch_store_dwordx2 v1, v[2:3], off: dwords 1 and 2 of each lane, 256 bytes apart
+    r.ok(&[
+        (0b110111 << 26) | (0x1d << 18) | (1 << 14),
+        1 | (2 << 8) | (0x7f << 16),
+    ]);
+    for l in 0..64 {
+        assert_eq!(word(&mut r, scratch + 256 + 4 * l), 0x100 + l as u32);
+        assert_eq!(word(&mut r, scratch + 512 + 4 * l), 0x200 + l as u32);
+    }
+    // The same bytes through the private aperture: flat_load_dwordx2 v[6:7], v[4:5];
+    // then flat_store_short v[8:9], v10 at byte 6 (the high half of dword 1).
+    r.set_v(4, |_| 4);
+    r.set_v(5, |_| 0x2_0000);
+    r.set_v(8, |_| 6);
+    r.set_v(9, |_| 0x2_0000);
+    r.set_v(10, |l| 0xab00 + l as u32);
+    r.ok(&[
+        (0b110111 << 26) | (0x15 << 18),
+        4 | (6 << 24),
+        (0b110111 << 26) | (0x1a << 18),
+        8 | (10 << 8),
+    ]);
+    for l in 0..64 {
+        assert_eq!(r.w.lane(6, l), 0x100 + l as u32, "lane {l} dword 1");
+        assert_eq!(r.w.lane(7, l), 0x200 + l as u32, "lane {l} dword 2");
+        let want = (0xab00 + l as u32) << 16 | (0x100 + l as u32);
+        assert_eq!(
+            word(&mut r, scratch + 256 + 4 * l as u64),
+            want,
+            "lane {l} short"
+        );
+    }
+}
+
+#[test]
 fn mubuf_offen_and_range_check() {
     let mut r = rig_with_buffer(&(0..64).collect::<Vec<u32>>());
     // V#: base BUF, stride 0, num_records 64 bytes.

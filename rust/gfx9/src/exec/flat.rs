@@ -22,7 +22,10 @@ fn flat_loc(cx: &Cx<'_>, a: u64, l: usize) -> Loc {
     if ap.shared_base != 0 && hi == ap.shared_base >> 32 {
         Loc::Lds(a as u32)
     } else if ap.private_base != 0 && hi == ap.private_base >> 32 {
-        Loc::Va(cx.mem.private_address(cx.w.flat_scratch(), l, a as u32))
+        Loc::Private {
+            lane: l as u8,
+            offset: a as u32,
+        }
     } else {
         Loc::Va(a)
     }
@@ -46,8 +49,10 @@ fn loc(cx: &Cx<'_>, i: &Instr, l: usize) -> Result<Loc, Abort> {
             } else {
                 cx.w.sgpr(i.sbase as usize)
             };
-            let o = (o as i64 + i.offset as i64) as u32;
-            Loc::Va(cx.mem.private_address(cx.w.flat_scratch(), l, o))
+            Loc::Private {
+                lane: l as u8,
+                offset: (o as i64 + i.offset as i64) as u32,
+            }
         }
     })
 }

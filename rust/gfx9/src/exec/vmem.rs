@@ -14,6 +14,11 @@ pub enum Loc {
     Va(u64),
     /// A byte offset in the workgroup's LDS (flat accesses to the shared aperture).
     Lds(u32),
+    /// A byte offset in lane `lane`'s private (scratch) memory, which is swizzled per dword:
+    /// each dword of a wider access has its own address ([`Memory::private_address`]).
+    ///
+    /// [`Memory::private_address`]: crate::memory::Memory::private_address
+    Private { lane: u8, offset: u32 },
     /// Out of a buffer's range: loads read zero, stores and atomics are dropped.
     Dropped,
 }
@@ -55,10 +60,27 @@ fn regs(bytes: usize) -> usize {
     bytes.div_ceil(4)
 }
 
+/// The piece of a private access of `len` bytes at `offset` that starts `at` bytes into it,
+/// up to the next dword boundary: its address and length.
+fn private_piece(cx: &Cx<'_>, lane: u8, offset: u32, at: usize, len: usize) -> (u64, usize) {
+    let o = offset.wrapping_add(at as u32);
+    let n = (4 - (o % 4) as usize).min(len - at);
+    let fs = cx.w.flat_scratch();
+    (cx.mem.private_address(fs, lane as usize, o), n)
+}
+
 fn read_loc(cx: &mut Cx<'_>, loc: Loc, buf: &mut [u8]) -> Result<(), Abort> {
     match loc {
         Loc::Va(a) => cx.mem.read(a, buf)?,
         Loc::Lds(o) => super::ds::lds_read(cx.lds, o, buf),
+        Loc::Private { lane, offset } => {
+            let mut at = 0;
+            while at < buf.len() {
+                let (a, n) = private_piece(cx, lane, offset, at, buf.len());
+                cx.mem.read(a, &mut buf[at..at + n])?;
+                at += n;
+            }
+        }
         Loc::Dropped => buf.fill(0),
     }
     Ok(())
@@ -68,6 +90,14 @@ fn write_loc(cx: &mut Cx<'_>, loc: Loc, data: &[u8]) -> Result<(), Abort> {
     match loc {
         Loc::Va(a) => cx.mem.write(a, data)?,
         Loc::Lds(o) => super::ds::lds_write(cx.lds, o, data),
+        Loc::Private { lane, offset } => {
+            let mut at = 0;
+            while at < data.len() {
+                let (a, n) = private_piece(cx, lane, offset, at, data.len());
+                cx.mem.write(a, &data[at..at + n])?;
+                at += n;
+            }
+        }
         Loc::Dropped => {}
     }
     Ok(())
@@ -226,6 +256,15 @@ pub fn atomic(
         let old = match loc(cx, l)? {
             Loc::Va(a) => cx.mem.atomic(a, size, op, src, cmp)?,
             Loc::Lds(o) => super::ds::lds_atomic(cx.lds, o, size, op, src, cmp),
+            // A lane's private memory is its own: read, apply, write back.
+            at @ Loc::Private { .. } => {
+                let mut b = [0u8; 8];
+                read_loc(cx, at, &mut b[..size])?;
+                let old = u64::from_le_bytes(b);
+                let new = op.apply(size, old, src, cmp).to_le_bytes();
+                write_loc(cx, at, &new[..size])?;
+                old
+            }
             Loc::Dropped => 0,
         };
         if ret {
