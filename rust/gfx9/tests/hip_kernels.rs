@@ -1,0 +1,865 @@
+//! test/hip's kernels as hipcc compiled them (the committed gfx908 and gfx90a code objects
+//! in tests/fixtures/hip), run in the engine by a small test-only launcher over a flat
+//! `VecMemory`, and checked against Rust references of what each program computes.
+//!
+//! The launcher does what the CP and SPI do for a dispatch, as AMDGPUUsage describes it: it
+//! loads the code object, reads the kernel descriptor, writes an AQL dispatch packet and the
+//! kernarg segment, and starts each wave with the user SGPRs the descriptor enables
+//! (private segment buffer, dispatch and queue pointers, kernarg pointer, flat scratch init),
+//! the workgroup ids, the scratch wave offset and the work-item ids (packed in v0 on gfx90a).
+//! A workgroup's waves are interleaved with a small budget and released together from each
+//! s_barrier; workgroups run one after another.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use gfx9::exec::{CodeCache, Stop};
+use gfx9::{Memory, Target, VecMemory, Wave};
+
+const CODE: u64 = 0x1_0000_0000;
+const DISPATCH: u64 = 0x2_0000_0000;
+const QUEUE: u64 = 0x2_0000_1000;
+const KERNARG: u64 = 0x2_0001_0000;
+const HEAP: u64 = 0x3_0000_0000;
+const SCRATCH: u64 = 0x8_0000_0000;
+const SHARED_APERTURE: u64 = 0x0001_0000_0000_0000;
+const PRIVATE_APERTURE: u64 = 0x0002_0000_0000_0000;
+const TARGETS: [Target; 2] = [Target::Gfx908, Target::Gfx90a];
+
+fn le32(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+fn le64(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+fn le16(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes(b[at..at + 2].try_into().expect("2 bytes"))
+}
+
+/// The loadable segments and the kernel descriptor symbols (`<name>.kd`) of an ELF code
+/// object.
+struct CodeObject {
+    segments: Vec<(u64, Vec<u8>, u64)>,
+    kds: HashMap<String, u64>,
+}
+
+fn parse_elf(b: &[u8]) -> CodeObject {
+    assert_eq!(&b[..4], b"\x7fELF", "an ELF file");
+    let (phoff, shoff) = (le64(b, 32) as usize, le64(b, 40) as usize);
+    let (phnum, shentsize, shnum) = (
+        le16(b, 56) as usize,
+        le16(b, 58) as usize,
+        le16(b, 60) as usize,
+    );
+    let segments = (0..phnum)
+        .map(|k| phoff + 56 * k)
+        .filter(|&p| le32(b, p) == 1) // PT_LOAD
+        .map(|p| {
+            let (off, va) = (le64(b, p + 8) as usize, le64(b, p + 16));
+            let (filesz, memsz) = (le64(b, p + 32) as usize, le64(b, p + 40));
+            (va, b[off..off + filesz].to_vec(), memsz)
+        })
+        .collect();
+    let section = |k: usize| shoff + shentsize * k;
+    let mut kds = HashMap::new();
+    for s in (0..shnum).map(section).filter(|&s| le32(b, s + 4) == 2) {
+        // SHT_SYMTAB: entries of 24 bytes, names in the linked string table.
+        let (off, size) = (le64(b, s + 24) as usize, le64(b, s + 32) as usize);
+        let strtab = section(le32(b, s + 40) as usize);
+        let stroff = le64(b, strtab + 24) as usize;
+        for e in (off..off + size).step_by(24) {
+            let name_at = stroff + le32(b, e) as usize;
+            let end = b[name_at..].iter().position(|c| *c == 0).expect("NUL");
+            let name = std::str::from_utf8(&b[name_at..name_at + end]).expect("UTF-8");
+            if let Some(kernel) = name.strip_suffix(".kd") {
+                kds.insert(kernel.to_string(), le64(b, e + 8));
+            }
+        }
+    }
+    CodeObject { segments, kds }
+}
+
+/// The fields of a kernel descriptor (AMDGPUUsage, "Kernel Descriptor") the launcher uses.
+#[derive(Debug)]
+struct Kd {
+    group_segment: u32,
+    private_segment: u32,
+    kernarg_size: u32,
+    entry: u64,
+    rsrc2: u32,
+    properties: u16,
+}
+
+impl Kd {
+    fn read(mem: &mut VecMemory, va: u64) -> Kd {
+        let mut b = [0u8; 64];
+        mem.read(va, &mut b).expect("kernel descriptor mapped");
+        Kd {
+            group_segment: le32(&b, 0),
+            private_segment: le32(&b, 4),
+            kernarg_size: le32(&b, 8),
+            entry: va.wrapping_add(le64(&b, 16)),
+            rsrc2: le32(&b, 52),
+            properties: le16(&b, 56),
+        }
+    }
+}
+
+/// Kernel arguments laid out as the C ABI does.
+#[derive(Default)]
+struct Args(Vec<u8>);
+
+impl Args {
+    fn put(mut self, bytes: &[u8]) -> Args {
+        while !self.0.len().is_multiple_of(bytes.len()) {
+            self.0.push(0);
+        }
+        self.0.extend_from_slice(bytes);
+        self
+    }
+    fn u32(self, v: u32) -> Args {
+        self.put(&v.to_le_bytes())
+    }
+    fn f32(self, v: f32) -> Args {
+        self.put(&v.to_le_bytes())
+    }
+    fn ptr(self, v: u64) -> Args {
+        self.put(&v.to_le_bytes())
+    }
+}
+
+/// One emulated device running the kernels of one code object.
+struct Gpu {
+    t: Target,
+    mem: VecMemory,
+    cache: CodeCache,
+    kds: HashMap<String, u64>,
+    heap: u64,
+    prog: String,
+}
+
+impl Gpu {
+    fn new(prog: &str, t: Target) -> Gpu {
+        let cpu = match t {
+            Target::Gfx908 => "gfx908",
+            Target::Gfx90a => "gfx90a",
+        };
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join(format!("tests/fixtures/hip/{prog}-{cpu}.co"));
+        let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let co = parse_elf(&bytes);
+        let mut mem = VecMemory::new();
+        for (va, data, memsz) in &co.segments {
+            mem.map(CODE + va, *memsz);
+            mem.load(CODE + va, data);
+        }
+        mem.map(DISPATCH, 64);
+        mem.map(QUEUE, 256);
+        Gpu {
+            t,
+            mem,
+            cache: CodeCache::new(12),
+            kds: co.kds,
+            heap: HEAP,
+            prog: format!("{prog}-{cpu}"),
+        }
+    }
+
+    /// A buffer holding `data`; returns its address.
+    fn alloc(&mut self, data: &[u8]) -> u64 {
+        let va = self.heap;
+        self.mem.map(va, data.len().max(1) as u64);
+        self.mem.load(va, data);
+        self.heap += (data.len() as u64).div_ceil(256).max(1) * 256;
+        va
+    }
+
+    fn alloc_f32(&mut self, v: &[f32]) -> u64 {
+        self.alloc(&v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>())
+    }
+
+    fn alloc_u32(&mut self, v: &[u32]) -> u64 {
+        self.alloc(&v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>())
+    }
+
+    fn read(&mut self, va: u64, len: usize) -> Vec<u8> {
+        let mut b = vec![0; len];
+        self.mem.read(va, &mut b).expect("buffer mapped");
+        b
+    }
+
+    fn read_f32(&mut self, va: u64, n: usize) -> Vec<f32> {
+        self.read(va, 4 * n)
+            .chunks(4)
+            .map(|c| f32::from_le_bytes(c.try_into().expect("4")))
+            .collect()
+    }
+
+    fn read_u32(&mut self, va: u64, n: usize) -> Vec<u32> {
+        self.read(va, 4 * n)
+            .chunks(4)
+            .map(|c| u32::from_le_bytes(c.try_into().expect("4")))
+            .collect()
+    }
+
+    /// Runs `kernel` (a prefix of its mangled name) over `grid` workgroups of `block`.
+    fn launch(&mut self, kernel: &str, grid: [u32; 3], block: [u32; 3], args: Args) {
+        let (name, kd_va) = self
+            .kds
+            .iter()
+            .find(|(n, _)| n.starts_with(kernel))
+            .map(|(n, v)| (n.clone(), *v))
+            .unwrap_or_else(|| panic!("{}: no kernel {kernel}", self.prog));
+        let kd = Kd::read(&mut self.mem, CODE + kd_va);
+        self.write_packet(&kd, CODE + kd_va, grid, block);
+        let mut kernarg = args.0;
+        kernarg.resize(kernarg.len().max(kd.kernarg_size as usize), 0);
+        self.mem.load(KERNARG, &kernarg);
+        let threads = block.iter().product::<u32>();
+        let wave_scratch = kd.private_segment as u64 * 64;
+        if wave_scratch > 0 {
+            self.mem
+                .map(SCRATCH, wave_scratch * threads.div_ceil(64) as u64);
+        }
+        for gz in 0..grid[2] {
+            for gy in 0..grid[1] {
+                for gx in 0..grid[0] {
+                    let waves = (0..threads.div_ceil(64))
+                        .map(|w| self.wave(&kd, [gx, gy, gz], block, w, wave_scratch))
+                        .collect();
+                    self.run_group(&name, &kd, waves, [gx, gy, gz]);
+                }
+            }
+        }
+    }
+
+    /// The AQL kernel dispatch packet the kernel reads its sizes from.
+    fn write_packet(&mut self, kd: &Kd, kd_va: u64, grid: [u32; 3], block: [u32; 3]) {
+        let mut p = [0u8; 64];
+        for k in 0..3 {
+            p[4 + 2 * k..6 + 2 * k].copy_from_slice(&(block[k] as u16).to_le_bytes());
+            p[12 + 4 * k..16 + 4 * k].copy_from_slice(&(grid[k] * block[k]).to_le_bytes());
+        }
+        p[2..4].copy_from_slice(&3u16.to_le_bytes()); // setup: 3 dimensions
+        p[24..28].copy_from_slice(&kd.private_segment.to_le_bytes());
+        p[28..32].copy_from_slice(&kd.group_segment.to_le_bytes());
+        p[32..40].copy_from_slice(&kd_va.to_le_bytes());
+        p[40..48].copy_from_slice(&KERNARG.to_le_bytes());
+        self.mem.load(DISPATCH, &p);
+    }
+
+    /// Wave `w` of workgroup `group` with its initial registers.
+    fn wave(&self, kd: &Kd, group: [u32; 3], block: [u32; 3], w: u32, scratch: u64) -> Wave {
+        let mut wave = Wave::new(self.t, kd.entry);
+        wave.apertures.shared_base = SHARED_APERTURE;
+        wave.apertures.private_base = PRIVATE_APERTURE;
+        let mut sgprs: Vec<u32> = Vec::new();
+        let enabled = |bit: u32| kd.properties >> bit & 1 != 0;
+        if enabled(0) {
+            // The scratch V#: swizzled, 4-byte elements, index stride 64, add_tid.
+            let d3 = (1 << 19) | (3 << 21) | (1 << 23);
+            sgprs.extend([
+                SCRATCH as u32,
+                (SCRATCH >> 32) as u32 | 1 << 31,
+                u32::MAX,
+                d3,
+            ]);
+        }
+        for (bit, value) in [
+            (1, DISPATCH),
+            (2, QUEUE),
+            (3, KERNARG),
+            (4, 0),
+            (5, SCRATCH),
+        ] {
+            if enabled(bit) {
+                sgprs.extend([value as u32, (value >> 32) as u32]);
+            }
+        }
+        if enabled(6) {
+            sgprs.push(kd.private_segment);
+        }
+        assert_eq!(
+            sgprs.len() as u32,
+            (kd.rsrc2 >> 1) & 31,
+            "{}: user SGPR count",
+            self.prog
+        );
+        for (k, id) in group.iter().enumerate() {
+            if kd.rsrc2 >> (7 + k) & 1 != 0 {
+                sgprs.push(*id);
+            }
+        }
+        if kd.rsrc2 >> 10 & 1 != 0 {
+            sgprs.push(0); // workgroup info
+        }
+        if kd.rsrc2 & 1 != 0 {
+            sgprs.push((w as u64 * scratch) as u32); // private segment wave offset
+        }
+        for (k, v) in sgprs.into_iter().enumerate() {
+            wave.set_sgpr(k, v);
+        }
+        let threads = block.iter().product::<u32>();
+        let live = (threads - 64 * w).min(64);
+        wave.set_exec(if live == 64 {
+            u64::MAX
+        } else {
+            (1 << live) - 1
+        });
+        for l in 0..64 {
+            let tid = 64 * w + l as u32;
+            let (x, y, z) = (
+                tid % block[0],
+                tid / block[0] % block[1],
+                tid / (block[0] * block[1]),
+            );
+            match self.t {
+                Target::Gfx90a => wave.set_lane(0, l, x | y << 10 | z << 20),
+                Target::Gfx908 => {
+                    wave.set_lane(0, l, x);
+                    wave.set_lane(1, l, y);
+                    wave.set_lane(2, l, z);
+                }
+            }
+        }
+        wave
+    }
+
+    fn run_group(&mut self, name: &str, kd: &Kd, mut waves: Vec<Wave>, group: [u32; 3]) {
+        let mut lds = vec![0u8; kd.group_segment.max(4) as usize];
+        let mut done = vec![false; waves.len()];
+        while done.iter().any(|d| !d) {
+            let mut at_barrier = 0;
+            for (k, w) in waves.iter_mut().enumerate() {
+                if done[k] {
+                    continue;
+                }
+                loop {
+                    match w.run(&mut self.mem, &mut lds, &mut self.cache, 97) {
+                        Stop::Budget | Stop::Sleep(_) => continue,
+                        Stop::Barrier => at_barrier += 1,
+                        Stop::Endpgm => done[k] = true,
+                        other => panic!("{} {name} group {group:?} wave {k}: {other}", self.prog),
+                    }
+                    break;
+                }
+            }
+            let live = done.iter().filter(|d| !**d).count();
+            assert!(
+                at_barrier == 0 || at_barrier == live,
+                "{} {name}: a barrier reached by {at_barrier} of {live} waves",
+                self.prog
+            );
+        }
+    }
+}
+
+/// The test data generator of test/hip/check.h (xorshift32).
+struct Rng(u32);
+
+impl Rng {
+    fn next(&mut self) -> u32 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 17;
+        self.0 ^= self.0 << 5;
+        self.0
+    }
+    fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
+        lo + (hi - lo) * (self.next() >> 8) as f32 / 16_777_216.0
+    }
+}
+
+#[test]
+fn saxpy_matches_fma_bit_for_bit() {
+    for t in TARGETS {
+        let mut g = Gpu::new("saxpy", t);
+        let n = 1000;
+        let mut r = Rng(7);
+        let x: Vec<f32> = (0..n).map(|_| r.uniform(-100.0, 100.0)).collect();
+        let y: Vec<f32> = (0..n).map(|_| r.uniform(-100.0, 100.0)).collect();
+        let (dx, dy) = (g.alloc_f32(&x), g.alloc_f32(&y));
+        let args = Args::default().u32(n as u32).f32(2.5).ptr(dx).ptr(dy);
+        g.launch(
+            "_Z5saxpy",
+            [(n as u32).div_ceil(256), 1, 1],
+            [256, 1, 1],
+            args,
+        );
+        let out = g.read_f32(dy, n);
+        for i in 0..n {
+            assert_eq!(out[i], 2.5f32.mul_add(x[i], y[i]), "{t:?} element {i}");
+        }
+    }
+}
+
+#[test]
+fn matmul_with_lds_tiles_and_barriers() {
+    let (m, n, k) = (37usize, 21usize, 19usize);
+    let mut r = Rng(23);
+    let a: Vec<f32> = (0..m * k).map(|_| r.uniform(-1.0, 1.0)).collect();
+    let b: Vec<f32> = (0..k * n).map(|_| r.uniform(-1.0, 1.0)).collect();
+    for t in TARGETS {
+        let mut g = Gpu::new("matmul", t);
+        let (da, db, dc) = (
+            g.alloc_f32(&a),
+            g.alloc_f32(&b),
+            g.alloc(&vec![0xff; 4 * m * n]),
+        );
+        let args = Args::default()
+            .u32(m as u32)
+            .u32(n as u32)
+            .u32(k as u32)
+            .ptr(da)
+            .ptr(db)
+            .ptr(dc);
+        let grid = [(n as u32).div_ceil(16), (m as u32).div_ceil(16), 1];
+        g.launch("_Z6matmul", grid, [16, 16, 1], args);
+        let c = g.read_f32(dc, m * n);
+        for i in 0..m {
+            for j in 0..n {
+                let want: f64 = (0..k)
+                    .map(|l| a[i * k + l] as f64 * b[l * n + j] as f64)
+                    .sum();
+                let got = c[i * n + j] as f64;
+                assert!(
+                    (got - want).abs() < 1e-5,
+                    "{t:?} C[{i}][{j}] = {got}, want {want}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn reduce_with_lds_and_int_float_atomics() {
+    let n = 3000usize;
+    let blocks = n.div_ceil(256) as u32;
+    let mut r = Rng(19);
+    let xi: Vec<u32> = (0..n)
+        .map(|_| ((r.next() % 20001) as i32 - 10000) as u32)
+        .collect();
+    let xf: Vec<f32> = (0..n).map(|_| r.uniform(0.0, 1.0)).collect();
+    let sum: i32 = xi.iter().map(|v| *v as i32).sum();
+    let max = xi.iter().map(|v| *v as i32).max().expect("values");
+    let min = *xi.iter().min().expect("values");
+    let fsum: f64 = xf.iter().map(|v| *v as f64).sum();
+    for t in TARGETS {
+        let mut g = Gpu::new("reduce", t);
+        let dx = g.alloc_u32(&xi);
+        let (dtot, dmax, dmin) = (
+            g.alloc_u32(&[0, 0]),
+            g.alloc_u32(&[i32::MIN as u32]),
+            g.alloc_u32(&[u32::MAX]),
+        );
+        let args = Args::default()
+            .u32(n as u32)
+            .ptr(dx)
+            .ptr(dtot)
+            .ptr(dmax)
+            .ptr(dmin);
+        g.launch("_Z7sum_int", [blocks, 1, 1], [256, 1, 1], args);
+        assert_eq!(g.read_u32(dtot, 2), [sum as u32, n as u32], "{t:?} sums");
+        assert_eq!(g.read_u32(dmax, 1)[0] as i32, max, "{t:?} atomicMax");
+        assert_eq!(g.read_u32(dmin, 1)[0], min, "{t:?} atomicMin");
+
+        let dxf = g.alloc_f32(&xf);
+        let (dft, dftr, dcas) = (g.alloc_u32(&[0]), g.alloc_u32(&[0, 0]), g.alloc_u32(&[0]));
+        let args = Args::default()
+            .u32(n as u32)
+            .ptr(dxf)
+            .ptr(dft)
+            .ptr(dftr)
+            .ptr(dcas);
+        g.launch("_Z9sum_float", [blocks, 1, 1], [256, 1, 1], args);
+        let (ft, ftr) = (g.read_f32(dft, 1)[0], g.read_f32(dftr, 2));
+        assert!(
+            ((ft as f64) - fsum).abs() < 1e-3,
+            "{t:?} float atomicAdd {ft} vs {fsum}"
+        );
+        assert!(
+            ((ftr[0] as f64) - fsum).abs() < 1e-3,
+            "{t:?} with return {ftr:?}"
+        );
+        assert_eq!(ftr[1], 0.0, "{t:?} no negative value returned");
+        assert_eq!(g.read_u32(dcas, 1)[0], blocks, "{t:?} atomicCAS loop");
+    }
+}
+
+#[test]
+fn wave_ops_shuffles_and_votes() {
+    // struct Lane { int from_rev, from_lane5, up3, down7, xor9, lane; u64 ballot;
+    //               int any, all, pop; } = 48 bytes with padding.
+    let n = 256usize;
+    let mut r = Rng(29);
+    let mut x: Vec<i32> = (0..n)
+        .map(|i| (r.next() % 1000) as i32 - if i / 64 == 2 { 500 } else { 0 })
+        .collect();
+    x[64 + 17] = 42;
+    for t in TARGETS {
+        let mut g = Gpu::new("wave_ops", t);
+        let dx = g.alloc_u32(&x.iter().map(|v| *v as u32).collect::<Vec<_>>());
+        let dout = g.alloc(&vec![0; 48 * n]);
+        g.launch(
+            "_Z8wave_ops",
+            [2, 1, 1],
+            [128, 1, 1],
+            Args::default().ptr(dx).ptr(dout),
+        );
+        let out = g.read_u32(dout, 12 * n);
+        for w in 0..4 {
+            let xv = &x[64 * w..64 * w + 64];
+            let ballot = (0..64).fold(0u64, |b, l| b | ((xv[l] & 1) as u64) << l);
+            let thirds = (0..64).filter(|&l| xv[l] % 3 == 0).count() as u32;
+            let any = xv.contains(&42) as u32;
+            let all = xv.iter().all(|v| *v >= 0) as u32;
+            for l in 0..64 {
+                let o = &out[12 * (64 * w + l)..12 * (64 * w + l + 1)];
+                let want = [
+                    xv[63 - l] as u32,
+                    xv[5] as u32,
+                    xv[if l >= 3 { l - 3 } else { l }] as u32,
+                    xv[if l + 7 < 64 { l + 7 } else { l }] as u32,
+                    xv[l ^ 9] as u32,
+                    l as u32,
+                    ballot as u32,
+                    (ballot >> 32) as u32,
+                    any,
+                    all,
+                    thirds,
+                ];
+                assert_eq!(&o[..11], &want, "{t:?} wave {w} lane {l}");
+            }
+        }
+    }
+}
+
+/// test/hip/o0_calls.cpp's functions, in Rust.
+fn collatz_steps(v: i32) -> i32 {
+    if v <= 1 {
+        0
+    } else {
+        1 + collatz_steps(if v % 2 != 0 { 3 * v + 1 } else { v / 2 })
+    }
+}
+
+fn mix(a: i32, b: f32, table: &[i32; 16], k: i32) -> (i32, f32) {
+    let local: Vec<i32> = (0..16).map(|j| table[j] * (j as i32 + k)).collect();
+    let ra = local[(k & 15) as usize] + local[((k * 7) & 15) as usize] + a;
+    let rb = b * 0.5 + local[((k + 3) & 15) as usize] as f32;
+    (ra, rb)
+}
+
+#[test]
+fn o0_build_with_scratch_spills_and_recursive_calls() {
+    let n = 100usize;
+    let table: [i32; 16] = std::array::from_fn(|j| 3 * j as i32 - 7);
+    for t in TARGETS {
+        let mut g = Gpu::new("o0_calls", t);
+        let dt = g.alloc_u32(&table.map(|v| v as u32));
+        let (ds, dp) = (g.alloc(&vec![0; 4 * n]), g.alloc(&vec![0; 8 * n]));
+        let args = Args::default().u32(n as u32).ptr(dt).ptr(ds).ptr(dp);
+        g.launch(
+            "_Z9o0_kernel",
+            [(n as u32).div_ceil(64), 1, 1],
+            [64, 1, 1],
+            args,
+        );
+        let steps = g.read_u32(ds, n);
+        let pairs = g.read_u32(dp, 2 * n);
+        for i in 0..n {
+            assert_eq!(
+                steps[i] as i32,
+                collatz_steps(i as i32 + 1),
+                "{t:?} steps {i}"
+            );
+            let (a, b) = mix(i as i32, i as f32, &table, i as i32);
+            assert_eq!(pairs[2 * i] as i32, a, "{t:?} pair {i}.a");
+            assert_eq!(f32::from_bits(pairs[2 * i + 1]), b, "{t:?} pair {i}.b");
+        }
+    }
+}
+
+fn f64s(g: &mut Gpu, va: u64, n: usize) -> Vec<f64> {
+    g.read(va, 8 * n)
+        .chunks(8)
+        .map(|c| f64::from_le_bytes(c.try_into().expect("8")))
+        .collect()
+}
+
+fn alloc_f64(g: &mut Gpu, v: &[f64]) -> u64 {
+    g.alloc(&v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>())
+}
+
+/// Relative-or-absolute closeness, NaN matching NaN (test/hip/check.h's close_to).
+fn close_to(got: f64, want: f64, tol: f64) -> bool {
+    if want.is_nan() {
+        return got.is_nan();
+    }
+    (got - want).abs() <= tol * want.abs().max(1.0)
+}
+
+#[test]
+fn fp64_arithmetic_and_conversions_are_exact() {
+    // struct F64Out { double fma, div, sqrt, minmax, from_i32, from_u32, from_i64;
+    //                 float to_f32; int to_i32; unsigned to_u32; long long to_i64; }: 80 bytes
+    let n = 200usize;
+    let mut r = Rng(11);
+    let a: Vec<f64> = (0..n)
+        .map(|i| match i {
+            0 => 0.0,
+            1 => -0.0,
+            _ => r.uniform(-50.0, 50.0) as f64 * (1.0 + r.uniform(0.0, 1.0) as f64 * 1e-7),
+        })
+        .collect();
+    let b: Vec<f64> = (0..n)
+        .map(|i| r.uniform(0.5, 8.0) as f64 * if i % 2 == 1 { -1.0 } else { 1.0 })
+        .collect();
+    let k: Vec<i32> = (0..n).map(|_| r.next() as i32).collect();
+    for t in TARGETS {
+        let mut g = Gpu::new("fp64_fp16", t);
+        let (da, db) = (alloc_f64(&mut g, &a), alloc_f64(&mut g, &b));
+        let dk = g.alloc_u32(&k.iter().map(|v| *v as u32).collect::<Vec<_>>());
+        let dout = g.alloc(&vec![0; 80 * n]);
+        let args = Args::default()
+            .u32(n as u32)
+            .ptr(da)
+            .ptr(db)
+            .ptr(dk)
+            .ptr(dout);
+        g.launch(
+            "_Z7f64_ops",
+            [(n as u32).div_ceil(128), 1, 1],
+            [128, 1, 1],
+            args,
+        );
+        let out = g.read(dout, 80 * n);
+        for i in 0..n {
+            let o = &out[80 * i..80 * (i + 1)];
+            let d = |k: usize| f64::from_le_bytes(o[8 * k..8 * k + 8].try_into().expect("8"));
+            let (x, y) = (a[i], b[i]);
+            let want = [
+                x.mul_add(y, 1.25),
+                x / y,
+                x.abs().sqrt(),
+                x.min(y) + x.max(y) * 0.5,
+                k[i] as f64,
+                k[i] as u32 as f64,
+                (k[i] as i64 * 1_000_003) as f64,
+            ];
+            for (f, w) in want.iter().enumerate() {
+                assert_eq!(d(f).to_bits(), w.to_bits(), "{t:?} element {i} field {f}");
+            }
+            assert_eq!(
+                f32::from_le_bytes(o[56..60].try_into().expect("4")),
+                x as f32
+            );
+            assert_eq!(le32(o, 60) as i32, (x * 1000.0) as i32, "{t:?} {i} to_i32");
+            assert_eq!(le32(o, 64), (x * 1000.0).abs() as u32, "{t:?} {i} to_u32");
+            assert_eq!(le64(o, 72) as i64, (x * 1e12) as i64, "{t:?} {i} to_i64");
+        }
+    }
+}
+
+#[test]
+fn transcendentals_within_tolerance() {
+    let n = 256usize;
+    let mut r = Rng(17);
+    let xf: Vec<f32> = (0..n).map(|_| r.uniform(-20.0, 20.0)).collect();
+    let xd: Vec<f64> = (0..n)
+        .map(|_| r.uniform(-20.0, 20.0) as f64 + r.uniform(0.0, 1.0) as f64 * 1e-9)
+        .collect();
+    // sin, cos, exp(v/4), log(|v|+0.001), sqrt|v|, rsqrt(|v|+0.5), pow(|v|+0.5, 1.7)
+    let reference = |v: f64| {
+        [
+            v.sin(),
+            v.cos(),
+            (v * 0.25).exp(),
+            (v.abs() + 0.001).ln(),
+            v.abs().sqrt(),
+            1.0 / (v.abs() + 0.5).sqrt(),
+            (v.abs() + 0.5).powf(1.7),
+        ]
+    };
+    for t in TARGETS {
+        let mut g = Gpu::new("transcendental", t);
+        let (dxf, dof) = (g.alloc_f32(&xf), g.alloc(&vec![0; 4 * 7 * n]));
+        let (dxd, dod) = (alloc_f64(&mut g, &xd), g.alloc(&vec![0; 8 * 7 * n]));
+        g.launch(
+            "_Z7f32_fns",
+            [1, 1, 1],
+            [256, 1, 1],
+            Args::default().u32(n as u32).ptr(dxf).ptr(dof),
+        );
+        g.launch(
+            "_Z7f64_fns",
+            [1, 1, 1],
+            [256, 1, 1],
+            Args::default().u32(n as u32).ptr(dxd).ptr(dod),
+        );
+        let (of, od) = (g.read_f32(dof, 7 * n), f64s(&mut g, dod, 7 * n));
+        for i in 0..n {
+            for (f, w) in reference(xf[i] as f64).iter().enumerate() {
+                let got = of[7 * i + f] as f64;
+                assert!(
+                    close_to(got, *w, 4e-6),
+                    "{t:?} f32 fn {f} of {}: {got} vs {w}",
+                    xf[i]
+                );
+            }
+            for (f, w) in reference(xd[i]).iter().enumerate() {
+                let got = od[7 * i + f];
+                assert!(
+                    close_to(got, *w, 1e-14),
+                    "{t:?} f64 fn {f} of {}: {got} vs {w}",
+                    xd[i]
+                );
+            }
+        }
+    }
+}
+
+/// test/hip/mlp.hip's model: 8 inputs, 32 tanh hidden units, 4 outputs, batch 128.
+mod mlp {
+    pub const IN: usize = 8;
+    pub const HID: usize = 32;
+    pub const OUT: usize = 4;
+    pub const BATCH: usize = 128;
+    pub const W1: usize = 0;
+    pub const B1: usize = W1 + HID * IN;
+    pub const W2: usize = B1 + HID;
+    pub const B2: usize = W2 + OUT * HID;
+    pub const NPARAM: usize = B2 + OUT;
+    pub const LR: f32 = 0.1;
+
+    /// One sample's loss and gradients, in the program's order of operations.
+    pub fn sample_grad(w: &[f32], x: &[f32], y: &[f32], g: &mut [f32]) -> f32 {
+        let mut h = [0f32; HID];
+        let mut dout = [0f32; OUT];
+        let mut loss = 0.0f32;
+        for j in 0..HID {
+            let a = (0..IN).fold(w[B1 + j], |a, i| a + w[W1 + j * IN + i] * x[i]);
+            h[j] = a.tanh();
+        }
+        for k in 0..OUT {
+            let o = (0..HID).fold(w[B2 + k], |o, j| o + w[W2 + k * HID + j] * h[j]);
+            let d = o - y[k];
+            loss += 0.5 * d * d;
+            dout[k] = d / BATCH as f32;
+            g[B2 + k] = dout[k];
+            for j in 0..HID {
+                g[W2 + k * HID + j] = dout[k] * h[j];
+            }
+        }
+        for j in 0..HID {
+            let dh = (0..OUT).fold(0.0f32, |s, k| s + w[W2 + k * HID + j] * dout[k]);
+            let dh = dh * (1.0 - h[j] * h[j]);
+            g[B1 + j] = dh;
+            for i in 0..IN {
+                g[W1 + j * IN + i] = dh * x[i];
+            }
+        }
+        loss / BATCH as f32
+    }
+
+    /// The batch and the initial weights of make_data().
+    pub fn data() -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+        let mut r = super::Rng(31);
+        let mut x = vec![0f32; BATCH * IN];
+        let mut y = vec![0f32; BATCH * OUT];
+        for s in 0..BATCH {
+            for i in 0..IN {
+                x[s * IN + i] = r.uniform(-1.0, 1.0);
+            }
+            let xs = &x[s * IN..s * IN + IN];
+            for k in 0..OUT {
+                y[s * OUT + k] = 0.8 * (xs[k] + 0.5 * xs[k + 4]).sin() + 0.3 * xs[(k + 1) % IN];
+            }
+        }
+        let w = (0..NPARAM)
+            .map(|p| match p {
+                _ if p < B1 => r.uniform(-0.6, 0.6),
+                _ if p < W2 => 0.0,
+                _ if p < B2 => r.uniform(-0.3, 0.3),
+                _ => 0.0,
+            })
+            .collect();
+        (x, y, w)
+    }
+
+    /// Per-step losses of the host training.
+    pub fn train(x: &[f32], y: &[f32], w0: &[f32], steps: usize) -> Vec<f32> {
+        let mut w = w0.to_vec();
+        let mut g = vec![0f32; BATCH * NPARAM];
+        (0..steps)
+            .map(|_| {
+                let l: Vec<f32> = (0..BATCH)
+                    .map(|s| {
+                        let gs = &mut g[s * NPARAM..(s + 1) * NPARAM];
+                        sample_grad(&w, &x[s * IN..], &y[s * OUT..], gs)
+                    })
+                    .collect();
+                for p in 0..NPARAM {
+                    let sum = (0..BATCH).fold(0.0f32, |a, s| a + g[s * NPARAM + p]);
+                    w[p] -= LR * sum;
+                }
+                l.iter().map(|v| *v as f64).sum::<f64>() as f32
+            })
+            .collect()
+    }
+}
+
+/// Trains `steps` steps on the engine; returns the per-step losses and the final weights.
+fn train_mlp(t: Target, x: &[f32], y: &[f32], w0: &[f32], steps: usize) -> (Vec<f32>, Vec<u8>) {
+    use mlp::*;
+    let mut g = Gpu::new("mlp", t);
+    let (dw, dx, dy) = (g.alloc_f32(w0), g.alloc_f32(x), g.alloc_f32(y));
+    let (dg, dl, dtot) = (
+        g.alloc(&vec![0; 4 * BATCH * NPARAM]),
+        g.alloc(&[0; 4 * BATCH]),
+        g.alloc(&[0; 4]),
+    );
+    let losses = (0..steps)
+        .map(|_| {
+            let fb = Args::default().ptr(dw).ptr(dx).ptr(dy).ptr(dg).ptr(dl);
+            g.launch("_Z16forward_backward", [2, 1, 1], [64, 1, 1], fb);
+            let blocks = (NPARAM as u32).div_ceil(64);
+            g.launch(
+                "_Z6update",
+                [blocks, 1, 1],
+                [64, 1, 1],
+                Args::default().ptr(dw).ptr(dg),
+            );
+            g.launch(
+                "_Z8loss_sum",
+                [1, 1, 1],
+                [128, 1, 1],
+                Args::default().ptr(dl).ptr(dtot),
+            );
+            g.read_f32(dtot, 1)[0]
+        })
+        .collect();
+    (losses, g.read(dw, 4 * NPARAM))
+}
+
+#[test]
+fn mlp_training_falls_follows_the_host_and_repeats_bit_for_bit() {
+    let steps = 8;
+    let (x, y, w0) = mlp::data();
+    let host = mlp::train(&x, &y, &w0, steps);
+    for t in TARGETS {
+        let (losses, w) = train_mlp(t, &x, &y, &w0, steps);
+        for (s, (got, want)) in losses.iter().zip(&host).enumerate() {
+            assert!(
+                close_to(*got as f64, *want as f64, 1e-3),
+                "{t:?} step {s}: loss {got}, host {want}"
+            );
+        }
+        assert!(
+            losses[steps - 1] < 0.5 * losses[0],
+            "{t:?} loss falls: {losses:?}"
+        );
+        let (again, w_again) = train_mlp(t, &x, &y, &w0, steps);
+        assert_eq!(losses, again, "{t:?} losses repeat");
+        assert!(w == w_again, "{t:?} weights repeat bit for bit");
+    }
+}
