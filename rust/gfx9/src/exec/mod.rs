@@ -5,6 +5,7 @@
 
 mod ds;
 mod flat;
+mod mfma;
 mod mubuf;
 mod operand;
 mod salu;

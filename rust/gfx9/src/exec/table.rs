@@ -61,6 +61,7 @@ pub fn opcodes(enc: Encoding) -> &'static [&'static [OpDef]] {
     match enc {
         Encoding::Vopc => super::vop::VOPC,
         Encoding::Ds => super::ds::DS,
+        Encoding::Vop3p => VOP3P,
         other => std::slice::from_ref(single(other)),
     }
 }
@@ -76,15 +77,17 @@ fn single(enc: Encoding) -> &'static &'static [OpDef] {
         Encoding::Vop2 => &super::vop::VOP2,
         Encoding::Vop1 => &super::vop::VOP1,
         Encoding::Vop3 => &super::vop::VOP3,
-        Encoding::Vop3p => &super::vop::VOP3P,
         Encoding::Flat => &super::flat::FLAT,
         Encoding::Global | Encoding::Scratch => &super::flat::GLOBAL,
         Encoding::Mubuf => &super::mubuf::MUBUF,
-        Encoding::Vopc | Encoding::Ds => &EMPTY,
+        Encoding::Vopc | Encoding::Ds | Encoding::Vop3p => &EMPTY,
     }
 }
 
 static EMPTY: &[OpDef] = &[];
+
+/// VOP3P: packed math and the matrix (MAI) opcodes.
+static VOP3P: &[&[OpDef]] = &[super::vop::VOP3P, super::mfma::MFMA];
 
 /// Dense opcode → table entry per encoding, for one target.
 struct Index {

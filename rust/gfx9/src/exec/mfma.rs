@@ -1,0 +1,258 @@
+//! MFMA (VOP3P-MAI): the matrix fused multiply-adds of gfx908 and gfx90a, D = A * B + C over
+//! one or more independent blocks, with the operand layouts of AMD's MI100/MI200 ISA guides
+//! (and AMD's matrix instruction calculator):
+//!
+//! - A (src0) and B (src1): lane `i + n*(g + G*b)` holds row `i` of A (column `i` of B) of
+//!   block `b`, elements `kl*g .. kl*g + kl` of the k dimension (k-group `g` of `G`), packed
+//!   in its VGPRs or AccVGPRs (one f32; two or four f16/bf16; four i8).
+//! - C (src2) and D (vdst): n ≥ 16: block `b` takes `n*n/64` registers; element (i, j) sits
+//!   in register `4*(i / (4*L)) + i % 4` of the block, lane `j + n*((i / 4) % L)` with `L =
+//!   64/n` lane groups. n = 4: element (i, j) of block `b` in register `i`, lane `j + 4*b`.
+//!
+//! Products are accumulated in k order in f32 (i32 for i8), the hardware's internal order
+//! and precision are not specified beyond that; results may differ in the last bits. Partial
+//! EXEC and the broadcast controls (CBSZ, ABID, BLGP) are refused, not guessed.
+
+use super::table::{def, def_on, OpDef};
+use super::{bad, Cx, Flow, Step};
+use crate::decode::{Instr, VGPR0};
+use crate::fp::f16_to_f32;
+use crate::state::{Target, LANES};
+
+/// How a lane's A and B registers hold its k elements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Elem {
+    F32,
+    /// Four f16 in two registers.
+    F16,
+    /// Two bf16 in one register (gfx908's bf16 forms).
+    Bf16x2,
+    /// Four bf16 in two registers (the _1k forms).
+    Bf16x4,
+    /// Four i8 in one register, accumulated in i32.
+    I8,
+}
+
+impl Elem {
+    /// Elements per lane and the registers they take.
+    fn per_lane(self) -> (usize, usize) {
+        match self {
+            Elem::F32 => (1, 1),
+            Elem::F16 | Elem::Bf16x4 => (4, 2),
+            Elem::Bf16x2 => (2, 1),
+            Elem::I8 => (4, 1),
+        }
+    }
+
+    /// Element `e` of registers `r` (low register first) as f32, or as i32 for i8.
+    fn get(self, r: &[u32; 2], e: usize) -> Num {
+        let half = |e: usize| (r[e / 2] >> (16 * (e % 2))) as u16;
+        match self {
+            Elem::F32 => Num::F(f32::from_bits(r[0])),
+            Elem::F16 => Num::F(f16_to_f32(half(e))),
+            Elem::Bf16x2 | Elem::Bf16x4 => Num::F(f32::from_bits((half(e) as u32) << 16)),
+            Elem::I8 => Num::I((r[0] >> (8 * e)) as u8 as i8 as i32),
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Num {
+    F(f32),
+    I(i32),
+}
+
+/// One MFMA opcode's shape: n x n blocks, `blocks` of them, `groups` k-groups per block.
+#[derive(Clone, Copy, Debug)]
+struct Shape {
+    n: usize,
+    blocks: usize,
+    groups: usize,
+    elem: Elem,
+}
+
+impl Shape {
+    fn regs_out(self) -> usize {
+        if self.n == 4 {
+            4
+        } else {
+            self.blocks * self.n * self.n / 64
+        }
+    }
+
+    fn k(self) -> usize {
+        self.groups * self.elem.per_lane().0
+    }
+
+    /// The lane holding row/column `i` of block `b`, k-group `g` of A and B.
+    fn ab_lane(self, i: usize, g: usize, b: usize) -> usize {
+        i + self.n * (g + self.groups * b)
+    }
+
+    /// Register and lane of element (i, j) of block `b` of C and D.
+    fn cd_at(self, b: usize, i: usize, j: usize) -> (usize, usize) {
+        if self.n == 4 {
+            return (i, j + 4 * b);
+        }
+        let groups = 64 / self.n;
+        let per_block = self.n * self.n / 64;
+        let r = 4 * (i / (4 * groups)) + i % 4;
+        (per_block * b + r, j + self.n * ((i / 4) % groups))
+    }
+}
+
+/// Where a MAI operand lives: AccVGPRs or VGPRs.
+fn row<'a>(cx: &'a Cx<'_>, acc: bool, r: usize) -> &'a [u32; LANES] {
+    if acc {
+        cx.w.a(r)
+    } else {
+        cx.w.v(r)
+    }
+}
+
+/// A lane's A or B registers.
+fn ab_regs(
+    cx: &Cx<'_>,
+    code: u16,
+    acc: bool,
+    regs: usize,
+    l: usize,
+) -> Result<[u32; 2], super::Abort> {
+    let r = code
+        .checked_sub(VGPR0)
+        .ok_or(bad("v_mfma", "A and B must be registers"))? as usize;
+    if r + regs > 256 {
+        return Err(bad("v_mfma", "register tuple runs past 255"));
+    }
+    let mut v = [0u32; 2];
+    for (k, slot) in v.iter_mut().enumerate().take(regs) {
+        *slot = row(cx, acc, r + k)[l];
+    }
+    Ok(v)
+}
+
+fn mfma(cx: &mut Cx<'_>, i: &Instr, s: Shape) -> Step {
+    let abid = i.op_sel | ((i.op_sel_hi >> 2) & 1) << 3;
+    if i.neg_hi != 0 || abid != 0 || i.neg != 0 {
+        return Err(bad("v_mfma", "CBSZ, ABID and BLGP are not modelled"));
+    }
+    if cx.w.exec() != u64::MAX {
+        return Err(bad("v_mfma", "partial EXEC is not modelled"));
+    }
+    // gfx908: C and D are AccVGPRs; gfx90a: ACC_CD (the clamp bit's place) chooses.
+    let cd_acc = cx.w.target == Target::Gfx908 || i.clamp;
+    let nout = s.regs_out();
+    if i.dst as usize + nout > 256 {
+        return Err(bad("v_mfma", "destination tuple runs past 255"));
+    }
+    let mut d = [[0u32; LANES]; 32];
+    load_c(cx, i, nout, cd_acc, &mut d)?;
+    let (per, regs) = s.elem.per_lane();
+    for b in 0..s.blocks {
+        for ii in 0..s.n {
+            for j in 0..s.n {
+                let (r, l) = s.cd_at(b, ii, j);
+                let mut acc = match s.elem {
+                    Elem::I8 => Num::I(d[r][l] as i32),
+                    _ => Num::F(f32::from_bits(d[r][l])),
+                };
+                for kk in 0..s.k() {
+                    let (g, e) = (kk / per, kk % per);
+                    let la = s.ab_lane(ii, g, b);
+                    let lb = s.ab_lane(j, g, b);
+                    let a = s
+                        .elem
+                        .get(&ab_regs(cx, i.src[0], i.op_sel_hi & 1 != 0, regs, la)?, e);
+                    let bv = s
+                        .elem
+                        .get(&ab_regs(cx, i.src[1], i.op_sel_hi & 2 != 0, regs, lb)?, e);
+                    acc = match (acc, a, bv) {
+                        (Num::F(c), Num::F(x), Num::F(y)) => Num::F(x.mul_add(y, c)),
+                        (Num::I(c), Num::I(x), Num::I(y)) => Num::I(c.wrapping_add(x * y)),
+                        _ => unreachable!("one element kind per opcode"),
+                    };
+                }
+                d[r][l] = match acc {
+                    Num::F(f) => f.to_bits(),
+                    Num::I(v) => v as u32,
+                };
+            }
+        }
+    }
+    for (k, vals) in d.iter().enumerate().take(nout) {
+        let dst = i.dst as usize + k;
+        if cd_acc {
+            *cx.w.a_mut(dst) = *vals;
+        } else {
+            *cx.w.v_mut(dst) = *vals;
+        }
+    }
+    Ok(Flow::Next)
+}
+
+/// C: `nout` registers, or one scalar operand (an inline constant) for every element.
+fn load_c(
+    cx: &Cx<'_>,
+    i: &Instr,
+    nout: usize,
+    acc: bool,
+    d: &mut [[u32; LANES]; 32],
+) -> Result<(), super::Abort> {
+    match i.src[2].checked_sub(VGPR0) {
+        Some(r) if r as usize + nout > 256 => Err(bad("v_mfma", "C tuple runs past 255")),
+        Some(r) => {
+            for (k, out) in d.iter_mut().enumerate().take(nout) {
+                *out = *row(cx, acc, r as usize + k);
+            }
+            Ok(())
+        }
+        None => {
+            let v = super::operand::s32(cx.w, i, i.src[2])?;
+            for out in d.iter_mut().take(nout) {
+                *out = [v; LANES];
+            }
+            Ok(())
+        }
+    }
+}
+
+macro_rules! mfma_ops {
+    ($($t:ident $op:literal $name:literal $n:literal $blocks:literal $groups:literal $elem:ident;)*) => {
+        &[$(mfma_ops!(@one $t $op $name $n $blocks $groups $elem)),*]
+    };
+    (@one both $op:literal $name:literal $n:literal $blocks:literal $groups:literal $elem:ident) => {
+        def($op, $name, |cx, i| mfma(cx, i, Shape { n: $n, blocks: $blocks, groups: $groups, elem: Elem::$elem }))
+    };
+    (@one gfx90a $op:literal $name:literal $n:literal $blocks:literal $groups:literal $elem:ident) => {
+        def_on(Target::Gfx90a, $op, $name, |cx, i| mfma(cx, i, Shape { n: $n, blocks: $blocks, groups: $groups, elem: Elem::$elem }))
+    };
+}
+
+/// The MFMA opcodes (VOP3P 0x40..), f64 forms excepted.
+pub static MFMA: &[OpDef] = mfma_ops! {
+    both 0x40 "v_mfma_f32_32x32x1f32" 32 2 1 F32;
+    both 0x41 "v_mfma_f32_16x16x1f32" 16 4 1 F32;
+    both 0x42 "v_mfma_f32_4x4x1f32" 4 16 1 F32;
+    both 0x44 "v_mfma_f32_32x32x2f32" 32 1 2 F32;
+    both 0x45 "v_mfma_f32_16x16x4f32" 16 1 4 F32;
+    both 0x48 "v_mfma_f32_32x32x4f16" 32 2 1 F16;
+    both 0x49 "v_mfma_f32_16x16x4f16" 16 4 1 F16;
+    both 0x4a "v_mfma_f32_4x4x4f16" 4 16 1 F16;
+    both 0x4c "v_mfma_f32_32x32x8f16" 32 1 2 F16;
+    both 0x4d "v_mfma_f32_16x16x16f16" 16 1 4 F16;
+    both 0x50 "v_mfma_i32_32x32x4i8" 32 2 1 I8;
+    both 0x51 "v_mfma_i32_16x16x4i8" 16 4 1 I8;
+    both 0x52 "v_mfma_i32_4x4x4i8" 4 16 1 I8;
+    both 0x54 "v_mfma_i32_32x32x8i8" 32 1 2 I8;
+    both 0x55 "v_mfma_i32_16x16x16i8" 16 1 4 I8;
+    gfx90a 0x63 "v_mfma_f32_32x32x4bf16_1k" 32 2 1 Bf16x4;
+    gfx90a 0x64 "v_mfma_f32_16x16x4bf16_1k" 16 4 1 Bf16x4;
+    gfx90a 0x65 "v_mfma_f32_4x4x4bf16_1k" 4 16 1 Bf16x4;
+    gfx90a 0x66 "v_mfma_f32_32x32x8bf16_1k" 32 1 2 Bf16x4;
+    gfx90a 0x67 "v_mfma_f32_16x16x16bf16_1k" 16 1 4 Bf16x4;
+    both 0x68 "v_mfma_f32_32x32x2bf16" 32 2 1 Bf16x2;
+    both 0x69 "v_mfma_f32_16x16x2bf16" 16 4 1 Bf16x2;
+    both 0x6b "v_mfma_f32_4x4x2bf16" 4 16 1 Bf16x2;
+    both 0x6c "v_mfma_f32_32x32x4bf16" 32 1 2 Bf16x2;
+    both 0x6d "v_mfma_f32_16x16x8bf16" 16 1 4 Bf16x2;
+};
