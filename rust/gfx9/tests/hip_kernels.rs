@@ -863,3 +863,32 @@ fn mlp_training_falls_follows_the_host_and_repeats_bit_for_bit() {
         assert!(w == w_again, "{t:?} weights repeat bit for bit");
     }
 }
+
+#[test]
+fn mfma_kernels_multiply_exactly() {
+    for (kernel, n, k) in [("_Z6mfma16", 16usize, 16usize), ("_Z6mfma32", 32, 2)] {
+        let a: Vec<f32> = (0..n * k).map(|i| ((i * 7) % 9) as f32 - 4.0).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| ((i * 5) % 7) as f32 - 3.0).collect();
+        for t in TARGETS {
+            let mut g = Gpu::new("mfma", t);
+            let (da, db, dc) = (
+                g.alloc_f32(&a),
+                g.alloc_f32(&b),
+                g.alloc(&vec![0xff; 4 * n * n]),
+            );
+            g.launch(
+                kernel,
+                [1, 1, 1],
+                [64, 1, 1],
+                Args::default().ptr(da).ptr(db).ptr(dc),
+            );
+            let c = g.read_f32(dc, n * n);
+            for i in 0..n {
+                for j in 0..n {
+                    let want: f32 = (0..k).map(|l| a[i * k + l] * b[l * n + j]).sum();
+                    assert_eq!(c[i * n + j], want, "{t:?} {kernel} C[{i}][{j}]");
+                }
+            }
+        }
+    }
+}
