@@ -125,7 +125,8 @@ test-demo: $(BUILD)/criu-rocm kfd-tools
 # own dump and restore of anonymous memory, the SDMA copy engine's against the CPU engine's
 # (on the emulator's SDMA, under kfd-emu supervise), criu-rocm's dump RSS and how dump and restore
 # grow with BOs and VMAs (scripts/bench-cr.sh; BENCH_CR_ONLY=scale runs that table alone),
-# then ROCr's own hsa_amd_memory_async_copy (SDMA on the emulator) against memcpy.
+# then ROCr's own hsa_amd_memory_async_copy (SDMA on the emulator) against memcpy, then the
+# gfx9 shader engine's rate on a VALU-heavy and a memory-heavy loop (wave instructions/s).
 bench: $(BUILD)/criu-rocm $(BUILD)/hsa-bench
 	cd rust && CARGO_TARGET_DIR=$(CARGO_TARGET) $(CARGO) build --release --locked -q -p kfd-emu -p kfd-client
 	$(CARGO_TARGET)/release/kfd-emu run --profile mi100 -- sh -c \
@@ -133,6 +134,7 @@ bench: $(BUILD)/criu-rocm $(BUILD)/hsa-bench
 	CARGO_TARGET_DIR=$(CARGO_TARGET) scripts/bench-cr.sh
 	$(CARGO_TARGET)/release/kfd-emu run --profile mi100 -- $(BUILD)/hsa-bench --mib 64 --reps 5 || \
 		{ echo "make bench: ROCr's async copies failed on kfd-emu (the reason is above)" >&2; exit 1; }
+	cd rust && CARGO_TARGET_DIR=$(CARGO_TARGET) $(CARGO) run --release --locked -q -p gfx9 --example rate
 
 # Debian's ROCr 5.2, unchanged, timing its async copies (test/rocm/hsa-bench.c).
 $(BUILD)/hsa-bench: test/rocm/hsa-bench.c | $(DEPS_FIRST)
