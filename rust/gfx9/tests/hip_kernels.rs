@@ -892,3 +892,60 @@ fn mfma_kernels_multiply_exactly() {
         }
     }
 }
+
+/// `x` rounded to the nearest f16 (ties to even), as an f32: the host's __float2half.
+fn f16_round(x: f32) -> f32 {
+    let a = x.abs();
+    if !x.is_finite() || a == 0.0 {
+        return x;
+    }
+    if a >= 65520.0 {
+        return f32::INFINITY.copysign(x);
+    }
+    // The f16 quantum at a: 2^(exponent - 10) for normals, 2^-24 below 2^-14.
+    let exp = ((a.to_bits() >> 23) & 0xff) as i32 - 127;
+    let q = 2f64.powi(exp.max(-14) - 10);
+    (((a as f64) / q).round_ties_even() * q).copysign(x as f64) as f32
+}
+
+#[test]
+fn f16_and_half2_arithmetic() {
+    // struct F16Out { float prod, sum, quot, from_i, cvt_back, pk_lo, pk_hi; short to_i16; }
+    let n = 128usize;
+    let mut r = Rng(13);
+    let mut a = vec![0f32; n];
+    let mut b = vec![0f32; n];
+    for i in 0..n {
+        a[i] = r.uniform(-30.0, 30.0);
+        b[i] = r.uniform(0.25, 4.0) * if i % 3 != 0 { 1.0 } else { -1.0 };
+    }
+    let h = f16_round;
+    for t in TARGETS {
+        let mut g = Gpu::new("fp64_fp16", t);
+        let (da, db, dout) = (g.alloc_f32(&a), g.alloc_f32(&b), g.alloc(&vec![0; 32 * n]));
+        let args = Args::default().u32(n as u32).ptr(da).ptr(db).ptr(dout);
+        g.launch("_Z7f16_ops", [(n as u32) / 64, 1, 1], [64, 1, 1], args);
+        let out = g.read_f32(dout, 8 * n);
+        for i in 0..n {
+            let o = &out[8 * i..8 * i + 8];
+            let (x, y) = (h(a[i]), h(b[i]));
+            let exact = [h(x * y), h(x + y), h(i as f32 - 128.0), x];
+            assert_eq!(
+                [o[0], o[1], o[3], o[4]],
+                exact,
+                "{t:?} element {i} ({x}, {y})"
+            );
+            assert!(
+                close_to(o[2] as f64, (x / y) as f64, 1.0 / 512.0),
+                "{t:?} {i} quot"
+            );
+            assert_eq!(
+                [o[5], o[6]],
+                [h(h(x + x) * x), h(h(y + y) * y)],
+                "{t:?} {i} half2"
+            );
+            let to_i16 = o[7].to_bits() as u16 as i16;
+            assert_eq!(to_i16, h(x * 10.0) as i16, "{t:?} {i} to_i16");
+        }
+    }
+}
