@@ -1,5 +1,8 @@
 //! The engine's rate on a VALU-heavy and a memory-heavy loop, in wave instructions and lane
-//! operations per second on one core (`cargo run --release -p gfx9 --example rate`).
+//! operations per second on one core (`cargo run --release -p gfx9 --example rate`), then on
+//! two kernels as hipcc compiles them (test/hip's code objects, run by the tests' launcher):
+//! transcendental's f32 kernel (VALU-heavy: seven libm functions per element) and saxpy over
+//! 1 Mi elements (memory-heavy).
 //!
 //! Both loops were assembled with llvm-mc-15 for gfx90a; each runs 1024 iterations per wave,
 //! all 64 lanes active, over a `VecMemory` (a map of 4 KiB pages: the memory-heavy number
@@ -9,6 +12,9 @@ use std::time::{Duration, Instant};
 
 use gfx9::exec::{CodeCache, Stop};
 use gfx9::{Target, VecMemory, Wave};
+
+#[path = "../tests/common/launch.rs"]
+mod launch;
 
 const CODE: u64 = 0x10_0000;
 const DATA: u64 = 0x80_0000;
@@ -97,13 +103,87 @@ fn report(name: &str, code: &[u32]) {
     );
 }
 
-/// `rate [valu|memory]`: both loops, or one.
+fn print_rate(name: &str, n: u64, wall: Duration, cpu: Duration) {
+    let rate = n as f64 / cpu.as_secs_f64();
+    println!(
+        "{name}: {:.1} M wave instructions/s per core \
+         ({n} instructions in {:.2} s of CPU, {:.2} s of wall time)",
+        rate / 1e6,
+        cpu.as_secs_f64(),
+        wall.as_secs_f64(),
+    );
+}
+
+/// Launches of one hipcc kernel for at least `min` of wall time: instructions and times.
+fn measure_hip(
+    prog: &str,
+    setup: impl Fn(&mut launch::Gpu) -> Box<dyn Fn(&mut launch::Gpu)>,
+    min: Duration,
+) -> (u64, Duration, Duration) {
+    let mut g = launch::Gpu::new(prog, Target::Gfx90a);
+    let run = setup(&mut g);
+    let (start, cpu) = (Instant::now(), thread_cpu());
+    while start.elapsed() < min {
+        run(&mut g);
+    }
+    (g.retired, start.elapsed(), thread_cpu() - cpu)
+}
+
+fn hip_valu() -> (u64, Duration, Duration) {
+    const N: u32 = 4096;
+    measure_hip(
+        "transcendental",
+        |g| {
+            let x: Vec<f32> = (0..N).map(|i| (i % 97) as f32 * 0.37 - 18.0).collect();
+            let (dx, dout) = (g.alloc_f32(&x), g.alloc(&vec![0; 4 * 7 * N as usize]));
+            Box::new(move |g| {
+                let args = launch::Args::default().u32(N).ptr(dx).ptr(dout);
+                g.launch("_Z7f32_fns", [N / 256, 1, 1], [256, 1, 1], args);
+            })
+        },
+        Duration::from_secs(2),
+    )
+}
+
+fn hip_memory() -> (u64, Duration, Duration) {
+    const N: u32 = 1 << 20;
+    measure_hip(
+        "saxpy",
+        |g| {
+            let (dx, dy) = (
+                g.alloc(&vec![0; 4 * N as usize]),
+                g.alloc(&vec![0; 4 * N as usize]),
+            );
+            Box::new(move |g| {
+                let args = launch::Args::default().u32(N).f32(2.0).ptr(dx).ptr(dy);
+                g.launch("_Z5saxpy", [N / 256, 1, 1], [256, 1, 1], args);
+            })
+        },
+        Duration::from_secs(2),
+    )
+}
+
+/// `rate [valu|memory]`: both loops and both kernels, or the VALU or memory ones.
 fn main() {
     let which = std::env::args().nth(1).unwrap_or_default();
     if which != "memory" {
         report("VALU-heavy loop", VALU_LOOP);
+        let (n, wall, cpu) = hip_valu();
+        print_rate(
+            "VALU-heavy hipcc kernel (transcendental f32: seven libm functions)",
+            n,
+            wall,
+            cpu,
+        );
     }
     if which != "valu" {
         report("memory-heavy loop", MEMORY_LOOP);
+        let (n, wall, cpu) = hip_memory();
+        print_rate(
+            "memory-heavy hipcc kernel (saxpy, 1 Mi elements)",
+            n,
+            wall,
+            cpu,
+        );
     }
 }

@@ -1,6 +1,8 @@
 //! Test rig: hand encoders for the instruction formats and a wave over a `VecMemory`.
 #![allow(dead_code)]
 
+pub mod launch;
+
 use gfx9::exec::{CodeCache, Stop};
 use gfx9::{Target, VecMemory, Wave};
 
