@@ -232,6 +232,50 @@ fn mubuf_offen_and_range_check() {
 }
 
 #[test]
+fn mubuf_scratch_resource_matches_the_private_layout() {
+    // hipcc's scratch V#: swizzled, 4-byte elements, index stride 64, add_tid; soffset is
+    // the frame (wave-scaled bytes).
+    let mut r = Rig::new(Target::Gfx908);
+    let scratch = 0x70_0000u64;
+    r.mem.map(scratch, 16 * 256);
+    r.w.set_sgpr64(8, scratch | 1 << 63);
+    r.w.sreg[10] = u32::MAX;
+    r.w.sreg[11] = (1 << 19) | (3 << 21) | (1 << 23);
+    r.w.sreg[12] = 0x400; // frame: dword 4 of every lane
+    r.set_v(2, |l| 0x500 + l as u32);
+    // buffer_store_dword v2, off, s[8:11], s12 offset:8
+    r.ok(&[
+        (0b111000 << 26) | (0x1c << 18) | 8,
+        (2 << 8) | (2 << 16) | (12 << 24),
+    ]);
+    for l in 0..64u64 {
+        // base + frame + dword 2 of the lane's frame, 256 bytes per dword.
+        assert_eq!(
+            word(&mut r, scratch + 0x400 + 2 * 256 + 4 * l),
+            0x500 + l as u32
+        );
+    }
+    // The same location through the private aperture: FLAT_SCRATCH + (0x400/64 + 8) offset.
+    r.w.set_sgpr64(102, scratch);
+    r.w.apertures.private_base = 0x0002_0000_0000_0000;
+    r.set_v(4, |_| 0x400 / 64 + 8);
+    r.set_v(5, |_| 0x2_0000);
+    r.ok(&[(0b110111 << 26) | (0x14 << 18), 4 | (6 << 24)]); // flat_load_dword v6, v[4:5]
+    assert!((0..64).all(|l| r.w.lane(6, l) == 0x500 + l as u32));
+    // buffer_load_dwordx2 through it would span two elements: refused.
+    match r.run(&[
+        (0b111000 << 26) | (0x15 << 18) | 8,
+        (2 << 8) | (2 << 16) | (12 << 24),
+    ]) {
+        Stop::Illegal { reason, .. } => assert_eq!(
+            reason.to_string(),
+            "buffer access: a swizzled access wider than the element size is not modelled"
+        ),
+        other => panic!("buffer_load_dwordx2 gave {other}"),
+    }
+}
+
+#[test]
 fn faults_and_bad_tuples_stop_the_wave() {
     let mut r = Rig::new(Target::Gfx90a);
     r.w.set_sgpr64(2, 0xdead_0000);

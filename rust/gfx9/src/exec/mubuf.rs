@@ -67,24 +67,34 @@ fn loc(cx: &Cx<'_>, i: &Instr, r: &Resource, soffset: u64, l: usize, bytes: u64)
     Loc::Va(r.base.wrapping_add(soffset).wrapping_add(buf_off))
 }
 
-fn access(cx: &Cx<'_>, i: &Instr) -> Result<(Resource, u64), Abort> {
-    Ok((Resource::read(cx, i.sbase), s32(cx.w, i, i.soffset)? as u64))
+/// The resource and soffset of an access of `bytes` per lane. A swizzled access wider than
+/// the resource's element size spreads over several elements, which is not modelled
+/// (hipcc's scratch accesses are single dwords).
+fn access(cx: &Cx<'_>, i: &Instr, bytes: usize) -> Result<(Resource, u64), Abort> {
+    let r = Resource::read(cx, i.sbase);
+    if r.swizzle && bytes as u64 > r.element_size {
+        return Err(super::bad(
+            "buffer access",
+            "a swizzled access wider than the element size is not modelled",
+        ));
+    }
+    Ok((r, s32(cx.w, i, i.soffset)? as u64))
 }
 
 fn ld(cx: &mut Cx<'_>, i: &Instr, f: Fmt) -> Step {
-    let (r, so) = access(cx, i)?;
+    let (r, so) = access(cx, i, f.bytes)?;
     load(cx, i, f, |cx, l| Ok(loc(cx, i, &r, so, l, f.bytes as u64)))
 }
 
 fn st(cx: &mut Cx<'_>, i: &Instr, bytes: usize) -> Step {
-    let (r, so) = access(cx, i)?;
+    let (r, so) = access(cx, i, bytes)?;
     store(cx, i, bytes, false, |cx, l| {
         Ok(loc(cx, i, &r, so, l, bytes as u64))
     })
 }
 
 fn at(cx: &mut Cx<'_>, i: &Instr, size: usize, op: AtomicOp) -> Step {
-    let (r, so) = access(cx, i)?;
+    let (r, so) = access(cx, i, size)?;
     atomic(cx, i, size, op, i.flags.glc, |cx, l| {
         Ok(loc(cx, i, &r, so, l, size as u64))
     })
