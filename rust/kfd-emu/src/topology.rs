@@ -21,7 +21,7 @@ use std::fmt::Write as _;
 use std::io;
 use std::path::Path;
 
-use crate::profile::Profile;
+use crate::profile::{Cpu, Gpu, Profile};
 
 pub use crate::profile::links::{
     generated_links_of, link_defaults, Link, LinkDefaults, IOLINK_HYPERTRANSPORT, IOLINK_PCIE,
@@ -147,13 +147,13 @@ fn link_props(l: &Link) -> String {
     ])
 }
 
-/// Generates the whole tree (files only; directories are implied).
+/// Generates the whole tree (files only; directories are implied): the
+/// system files, then each CPU node and each GPU node with its links.
 pub fn generate(p: &Profile) -> Vec<TreeFile> {
     let p2p = p2p_links(p);
-    let mut files = Vec::new();
-    let mut add = |path: String, contents: String| files.push(TreeFile { path, contents });
-    add("generation_id".into(), format!("{}\n", p.generation_id));
-    add(
+    let mut t = Tree::default();
+    t.add("generation_id".into(), format!("{}\n", p.generation_id));
+    t.add(
         "system_properties".into(),
         props(&[
             ("platform_oem", p.platform_oem),
@@ -163,164 +163,221 @@ pub fn generate(p: &Profile) -> Vec<TreeFile> {
     );
     for (i, c) in p.cpus.iter().enumerate() {
         let id = p.cpu_node_id(i);
-        let dir = format!("nodes/{id}");
-        let links = links_of(p, id);
-        add(format!("{dir}/gpu_id"), "0\n".into());
-        add(format!("{dir}/name"), format!("{}\n", c.name));
-        add(
-            format!("{dir}/properties"),
-            props(&[
-                ("cpu_cores_count", c.cpu_cores_count.into()),
-                ("simd_count", 0),
-                ("mem_banks_count", 1),
-                ("caches_count", 0),
-                ("io_links_count", links.len() as u64),
-                ("p2p_links_count", p2p[id as usize].len() as u64),
-                ("cpu_core_id_base", c.cpu_core_id_base.into()),
-                ("simd_id_base", 0),
-                ("max_waves_per_simd", 0),
-                ("lds_size_in_kb", 0),
-                ("gds_size_in_kb", 0),
-                ("num_gws", 0),
-                ("wave_front_size", 0),
-                ("array_count", 0),
-                ("simd_arrays_per_engine", 0),
-                ("cu_per_simd_array", 0),
-                ("simd_per_cu", 0),
-                ("max_slots_scratch_cu", 0),
-                ("gfx_target_version", 0),
-                ("vendor_id", 0),
-                ("device_id", 0),
-                ("location_id", 0),
-                ("domain", 0),
-                ("drm_render_minor", 0),
-                ("hive_id", 0),
-                ("num_sdma_engines", 0),
-                ("num_sdma_xgmi_engines", 0),
-                ("num_sdma_queues_per_engine", 0),
-                ("num_cp_queues", 0),
-                ("max_engine_clk_ccompute", c.max_engine_clk_ccompute.into()),
-            ]),
-        );
-        add(
-            format!("{dir}/mem_banks/0/properties"),
-            props(&[
-                ("heap_type", 0),
-                ("size_in_bytes", c.mem_size),
-                ("flags", 0),
-                ("width", 72),
-                ("mem_clk_max", 3200),
-            ]),
-        );
-        for (l, link) in links.iter().enumerate() {
-            add(format!("{dir}/io_links/{l}/properties"), link_props(link));
-        }
-        for (l, link) in p2p[id as usize].iter().enumerate() {
-            add(format!("{dir}/p2p_links/{l}/properties"), link_props(link));
-        }
+        let node = Node {
+            dir: format!("nodes/{id}"),
+            links: links_of(p, id),
+            p2p: &p2p[id as usize],
+        };
+        cpu_node(&mut t, &node, c);
     }
     for (i, g) in p.gpus.iter().enumerate() {
         let id = p.gpu_node_id(i);
-        let dir = format!("nodes/{id}");
-        let links = links_of(p, id);
-        add(format!("{dir}/gpu_id"), format!("{}\n", g.gpu_id.0));
-        add(format!("{dir}/name"), format!("{}\n", g.name));
-        add(
-            format!("{dir}/properties"),
-            props(&[
-                ("cpu_cores_count", 0),
-                ("simd_count", g.simd_count().into()),
-                ("mem_banks_count", 1),
-                ("caches_count", g.caches_count().into()),
-                ("io_links_count", links.len() as u64),
-                ("p2p_links_count", p2p[id as usize].len() as u64),
-                ("cpu_core_id_base", 0),
-                (
-                    "simd_id_base",
-                    u64::from(GPU_SIMD_ID_BASE) + (i as u64) * 0x1000,
-                ),
-                ("max_waves_per_simd", g.max_waves_per_simd.into()),
-                ("lds_size_in_kb", g.lds_size_in_kb.into()),
-                ("gds_size_in_kb", g.gds_size_in_kb.into()),
-                ("num_gws", g.num_gws.into()),
-                ("wave_front_size", g.wave_front_size.into()),
-                ("array_count", g.array_count.into()),
-                ("simd_arrays_per_engine", g.simd_arrays_per_engine.into()),
-                ("cu_per_simd_array", g.cu_per_simd_array.into()),
-                ("simd_per_cu", g.simd_per_cu.into()),
-                ("max_slots_scratch_cu", g.max_slots_scratch_cu.into()),
-                ("gfx_target_version", g.gfx_target_version.into()),
-                ("vendor_id", g.vendor_id.into()),
-                ("device_id", g.device_id.into()),
-                ("location_id", g.location_id.into()),
-                ("domain", g.domain.into()),
-                ("drm_render_minor", g.drm_render_minor.0.into()),
-                ("hive_id", g.hive_id),
-                ("num_sdma_engines", g.num_sdma_engines.into()),
-                ("num_sdma_xgmi_engines", g.num_sdma_xgmi_engines.into()),
-                (
-                    "num_sdma_queues_per_engine",
-                    g.num_sdma_queues_per_engine.into(),
-                ),
-                ("num_cp_queues", g.num_cp_queues.into()),
-                ("max_engine_clk_fcompute", g.max_engine_clk_fcompute.into()),
-                ("local_mem_size", 0),
-                ("fw_version", g.fw_version.into()),
-                ("capability", g.capability.into()),
-                ("debug_prop", g.debug_prop.into()),
-                ("sdma_fw_version", g.sdma_fw_version.into()),
-                ("unique_id", g.unique_id),
-                ("num_xcc", g.num_xcc.into()),
-                ("max_engine_clk_ccompute", g.max_engine_clk_ccompute.into()),
-            ]),
-        );
-        add(
-            format!("{dir}/mem_banks/0/properties"),
-            props(&[
-                ("heap_type", g.vram_heap_type().into()),
-                ("size_in_bytes", g.vram_size),
-                ("flags", 0),
-                ("width", g.vram_width.into()),
-                ("mem_clk_max", g.vram_clk_max.into()),
-            ]),
-        );
-        let simd_base = GPU_SIMD_ID_BASE + (i as u32) * 0x1000;
-        let mut m = 0;
-        for c in &g.caches {
-            for inst in 0..c.count {
-                let first_cu = inst * c.cus_per_instance;
-                let sib: Vec<&str> = (0..g.cu_count)
-                    .map(|cu| {
-                        if cu >= first_cu && cu < first_cu + c.cus_per_instance {
-                            "1"
-                        } else {
-                            "0"
-                        }
-                    })
-                    .collect();
-                let mut s = props(&[
-                    ("processor_id_low", simd_base.into()),
-                    ("level", c.level.into()),
-                    ("size", c.size.into()),
-                    ("cache_line_size", c.cache_line_size.into()),
-                    ("cache_lines_per_tag", c.cache_lines_per_tag.into()),
-                    ("association", c.association.into()),
-                    ("latency", c.latency.into()),
-                    ("type", c.kind.into()),
-                ]);
-                let _ = writeln!(s, "sibling_map {}", sib.join(","));
-                add(format!("{dir}/caches/{m}/properties"), s);
-                m += 1;
-            }
+        let node = Node {
+            dir: format!("nodes/{id}"),
+            links: links_of(p, id),
+            p2p: &p2p[id as usize],
+        };
+        gpu_node(&mut t, &node, i, g);
+    }
+    t.files
+}
+
+/// The files generated so far.
+#[derive(Default)]
+struct Tree {
+    files: Vec<TreeFile>,
+}
+
+impl Tree {
+    fn add(&mut self, path: String, contents: String) {
+        self.files.push(TreeFile { path, contents });
+    }
+}
+
+/// One node's directory and links.
+struct Node<'a> {
+    dir: String,
+    links: Vec<Link>,
+    p2p: &'a [Link],
+}
+
+impl Node<'_> {
+    /// `io_links/N` and `p2p_links/N`.
+    fn add_links(&self, t: &mut Tree) {
+        for (l, link) in self.links.iter().enumerate() {
+            t.add(
+                format!("{}/io_links/{l}/properties", self.dir),
+                link_props(link),
+            );
         }
-        for (l, link) in links.iter().enumerate() {
-            add(format!("{dir}/io_links/{l}/properties"), link_props(link));
-        }
-        for (l, link) in p2p[id as usize].iter().enumerate() {
-            add(format!("{dir}/p2p_links/{l}/properties"), link_props(link));
+        for (l, link) in self.p2p.iter().enumerate() {
+            t.add(
+                format!("{}/p2p_links/{l}/properties", self.dir),
+                link_props(link),
+            );
         }
     }
-    files
+}
+
+fn cpu_node(t: &mut Tree, n: &Node, c: &Cpu) {
+    let dir = &n.dir;
+    t.add(format!("{dir}/gpu_id"), "0\n".into());
+    t.add(format!("{dir}/name"), format!("{}\n", c.name));
+    t.add(format!("{dir}/properties"), cpu_properties(n, c));
+    t.add(
+        format!("{dir}/mem_banks/0/properties"),
+        props(&[
+            ("heap_type", 0),
+            ("size_in_bytes", c.mem_size),
+            ("flags", 0),
+            ("width", 72),
+            ("mem_clk_max", 3200),
+        ]),
+    );
+    n.add_links(t);
+}
+
+fn cpu_properties(n: &Node, c: &Cpu) -> String {
+    let links = &n.links;
+    let p2p = n.p2p;
+    props(&[
+        ("cpu_cores_count", c.cpu_cores_count.into()),
+        ("simd_count", 0),
+        ("mem_banks_count", 1),
+        ("caches_count", 0),
+        ("io_links_count", links.len() as u64),
+        ("p2p_links_count", p2p.len() as u64),
+        ("cpu_core_id_base", c.cpu_core_id_base.into()),
+        ("simd_id_base", 0),
+        ("max_waves_per_simd", 0),
+        ("lds_size_in_kb", 0),
+        ("gds_size_in_kb", 0),
+        ("num_gws", 0),
+        ("wave_front_size", 0),
+        ("array_count", 0),
+        ("simd_arrays_per_engine", 0),
+        ("cu_per_simd_array", 0),
+        ("simd_per_cu", 0),
+        ("max_slots_scratch_cu", 0),
+        ("gfx_target_version", 0),
+        ("vendor_id", 0),
+        ("device_id", 0),
+        ("location_id", 0),
+        ("domain", 0),
+        ("drm_render_minor", 0),
+        ("hive_id", 0),
+        ("num_sdma_engines", 0),
+        ("num_sdma_xgmi_engines", 0),
+        ("num_sdma_queues_per_engine", 0),
+        ("num_cp_queues", 0),
+        ("max_engine_clk_ccompute", c.max_engine_clk_ccompute.into()),
+    ])
+}
+
+fn gpu_node(t: &mut Tree, n: &Node, i: usize, g: &Gpu) {
+    let dir = &n.dir;
+    t.add(format!("{dir}/gpu_id"), format!("{}\n", g.gpu_id.0));
+    t.add(format!("{dir}/name"), format!("{}\n", g.name));
+    t.add(format!("{dir}/properties"), gpu_properties(n, i, g));
+    t.add(
+        format!("{dir}/mem_banks/0/properties"),
+        props(&[
+            ("heap_type", g.vram_heap_type().into()),
+            ("size_in_bytes", g.vram_size),
+            ("flags", 0),
+            ("width", g.vram_width.into()),
+            ("mem_clk_max", g.vram_clk_max.into()),
+        ]),
+    );
+    let simd_base = GPU_SIMD_ID_BASE + (i as u32) * 0x1000;
+    for (m, contents) in gpu_caches(g, simd_base).into_iter().enumerate() {
+        t.add(format!("{dir}/caches/{m}/properties"), contents);
+    }
+    n.add_links(t);
+}
+
+fn gpu_properties(n: &Node, i: usize, g: &Gpu) -> String {
+    let links = &n.links;
+    let p2p = n.p2p;
+    props(&[
+        ("cpu_cores_count", 0),
+        ("simd_count", g.simd_count().into()),
+        ("mem_banks_count", 1),
+        ("caches_count", g.caches_count().into()),
+        ("io_links_count", links.len() as u64),
+        ("p2p_links_count", p2p.len() as u64),
+        ("cpu_core_id_base", 0),
+        (
+            "simd_id_base",
+            u64::from(GPU_SIMD_ID_BASE) + (i as u64) * 0x1000,
+        ),
+        ("max_waves_per_simd", g.max_waves_per_simd.into()),
+        ("lds_size_in_kb", g.lds_size_in_kb.into()),
+        ("gds_size_in_kb", g.gds_size_in_kb.into()),
+        ("num_gws", g.num_gws.into()),
+        ("wave_front_size", g.wave_front_size.into()),
+        ("array_count", g.array_count.into()),
+        ("simd_arrays_per_engine", g.simd_arrays_per_engine.into()),
+        ("cu_per_simd_array", g.cu_per_simd_array.into()),
+        ("simd_per_cu", g.simd_per_cu.into()),
+        ("max_slots_scratch_cu", g.max_slots_scratch_cu.into()),
+        ("gfx_target_version", g.gfx_target_version.into()),
+        ("vendor_id", g.vendor_id.into()),
+        ("device_id", g.device_id.into()),
+        ("location_id", g.location_id.into()),
+        ("domain", g.domain.into()),
+        ("drm_render_minor", g.drm_render_minor.0.into()),
+        ("hive_id", g.hive_id),
+        ("num_sdma_engines", g.num_sdma_engines.into()),
+        ("num_sdma_xgmi_engines", g.num_sdma_xgmi_engines.into()),
+        (
+            "num_sdma_queues_per_engine",
+            g.num_sdma_queues_per_engine.into(),
+        ),
+        ("num_cp_queues", g.num_cp_queues.into()),
+        ("max_engine_clk_fcompute", g.max_engine_clk_fcompute.into()),
+        ("local_mem_size", 0),
+        ("fw_version", g.fw_version.into()),
+        ("capability", g.capability.into()),
+        ("debug_prop", g.debug_prop.into()),
+        ("sdma_fw_version", g.sdma_fw_version.into()),
+        ("unique_id", g.unique_id),
+        ("num_xcc", g.num_xcc.into()),
+        ("max_engine_clk_ccompute", g.max_engine_clk_ccompute.into()),
+    ])
+}
+
+/// Each cache instance's properties, in KFD's order: by cache, then by
+/// instance, each with the CUs it serves as `sibling_map`.
+fn gpu_caches(g: &Gpu, simd_base: u32) -> Vec<String> {
+    let mut out = Vec::new();
+    for c in &g.caches {
+        for inst in 0..c.count {
+            let first_cu = inst * c.cus_per_instance;
+            let sib: Vec<&str> = (0..g.cu_count)
+                .map(|cu| {
+                    if cu >= first_cu && cu < first_cu + c.cus_per_instance {
+                        "1"
+                    } else {
+                        "0"
+                    }
+                })
+                .collect();
+            let mut s = props(&[
+                ("processor_id_low", simd_base.into()),
+                ("level", c.level.into()),
+                ("size", c.size.into()),
+                ("cache_line_size", c.cache_line_size.into()),
+                ("cache_lines_per_tag", c.cache_lines_per_tag.into()),
+                ("association", c.association.into()),
+                ("latency", c.latency.into()),
+                ("type", c.kind.into()),
+            ]);
+            let _ = writeln!(s, "sibling_map {}", sib.join(","));
+            out.push(s);
+        }
+    }
+    out
 }
 
 /// Writes the tree below `root` (created if missing), files 0444.
