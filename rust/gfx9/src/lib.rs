@@ -9,9 +9,12 @@
 //!
 //! Layers: [`decode`] turns instruction words into an [`Instr`] (formats and fields only);
 //! [`exec`] holds the opcode tables (opcode → mnemonic → semantics) and runs instructions
-//! against [`state`] and [`memory`]; [`cache`] keeps decoded instructions per code address.
+//! against [`state`] and [`memory`]; [`cache`] keeps decoded instructions per code address;
+//! [`cwsr`] saves waves into a context save area in the layout of KFD's gfx9 trap handler and
+//! rebuilds them from it.
 
 pub mod cache;
+pub mod cwsr;
 pub mod decode;
 pub mod exec;
 pub mod fp;
