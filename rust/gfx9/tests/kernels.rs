@@ -67,9 +67,18 @@ const X: u64 = 0x30_0000;
 const Y: u64 = 0x40_0000;
 
 /// A minimal dispatcher for the tests: the waves of one workgroup, interleaved with a small
-/// budget, released together from each s_barrier.
-fn run_group(mem: &mut VecMemory, cache: &mut CodeCache, group: u32, threads: u32) {
+/// budget, released together from each s_barrier. With `evict_at`, before that slice of
+/// budget the live waves (some of them waiting at a barrier) and the LDS go through a
+/// context save area (`evict_and_resume`); returns whether they did.
+fn run_group(
+    mem: &mut VecMemory,
+    cache: &mut CodeCache,
+    group: u32,
+    threads: u32,
+    evict_at: Option<usize>,
+) -> bool {
     let mut lds = vec![0u8; 4096];
+    let mut evicted = false;
     let mut waves: Vec<Wave> = (0..threads.div_ceil(64))
         .map(|w| {
             let mut wave = Wave::new(Target::Gfx90a, CODE);
@@ -87,26 +96,82 @@ fn run_group(mem: &mut VecMemory, cache: &mut CodeCache, group: u32, threads: u3
         })
         .collect();
     let mut done = vec![false; waves.len()];
+    let mut slice = 0;
     while done.iter().any(|d| !d) {
-        let mut at_barrier = 0;
-        for (k, w) in waves.iter_mut().enumerate() {
+        let mut waiting = vec![false; waves.len()];
+        for k in 0..waves.len() {
             if done[k] {
                 continue;
             }
             loop {
-                match w.run(mem, &mut lds, cache, 7) {
+                if evict_at == Some(slice) {
+                    evict_and_resume(&mut waves, &done, &waiting, &mut lds, group);
+                    evicted = true;
+                }
+                slice += 1;
+                match waves[k].run(mem, &mut lds, cache, 7) {
                     Stop::Budget => continue,
-                    Stop::Barrier => at_barrier += 1,
+                    Stop::Barrier => waiting[k] = true,
                     Stop::Endpgm => done[k] = true,
                     other => panic!("group {group} wave {k}: {other}"),
                 }
                 break;
             }
         }
+        let at_barrier = waiting.iter().filter(|w| **w).count();
         assert!(
             at_barrier == 0 || at_barrier == done.iter().filter(|d| !**d).count(),
             "barrier reached by some waves only"
         );
+    }
+    evicted
+}
+
+/// What an eviction with wavefront save and a resume do to a workgroup: its live waves and
+/// its LDS saved into a context save area in the CWSR layout, the LDS cleared, the waves
+/// rebuilt from the area alone.
+fn evict_and_resume(
+    waves: &mut [Wave],
+    done: &[bool],
+    waiting: &[bool],
+    lds: &mut [u8],
+    group: u32,
+) {
+    use gfx9::cwsr::{Alloc, SaveArea, SaveWriter};
+    const CTL: u32 = 0x1000;
+    let t = Target::Gfx90a;
+    // REDUCE's allocation: 8 VGPRs (VGPRS 0, ACCUM_OFFSET 1), 16 SGPRs, 4 KiB of LDS.
+    let alloc = Alloc::from_descriptor(t, 0, 1, lds.len() as u32).expect("allocation");
+    let mut packet = [0u8; 64];
+    packet[0] = 2; // kernel dispatch
+    packet[4..6].copy_from_slice(&128u16.to_le_bytes());
+    packet[6] = 1;
+    packet[8] = 1;
+    packet[12..16].copy_from_slice(&(128 * (group + 1)).to_le_bytes());
+    packet[16] = 1;
+    packet[20] = 1;
+    let mut area = vec![0u8; CTL as usize + 0x4000];
+    let mut w = SaveWriter::new(t, &mut area, CTL).expect("save area");
+    w.begin_dispatch(0, packet, alloc, group + 1, group)
+        .expect("dispatch");
+    let live: Vec<usize> = (0..waves.len()).filter(|&k| !done[k]).collect();
+    for (i, &k) in live.iter().enumerate() {
+        let l = (i == 0).then_some(&lds[..]);
+        w.save(&waves[k], group, k as u8, waiting[k], false, l)
+            .expect("save");
+    }
+    let saved = w.finish().expect("control stack");
+    lds.fill(0);
+    let sa = SaveArea::open(t, &area, CTL, &saved.control_stack).expect("open");
+    for (i, &k) in live.iter().enumerate() {
+        let rec = sa.stack().dispatches[0].waves[i];
+        assert_eq!(
+            (rec.wave_in_group as usize, rec.at_barrier),
+            (k, waiting[k])
+        );
+        waves[k] = sa
+            .wave(0, i, rec.first_of_group.then_some(&mut *lds))
+            .expect("restore");
     }
 }
 
@@ -148,7 +213,7 @@ fn saxpy_matches_the_host() {
     mem.map(Y + 4 * n as u64, 4096); // a canary after y
     let mut cache = CodeCache::new(8);
     for g in 0..n.div_ceil(64) as u32 {
-        run_group(&mut mem, &mut cache, g, 64);
+        run_group(&mut mem, &mut cache, g, 64, None);
     }
     let got = f32s(&mut mem, Y, n + 1);
     for i in 0..n {
@@ -164,6 +229,25 @@ fn saxpy_matches_the_host() {
 
 #[test]
 fn lds_reduction_with_barriers_and_atomics_matches_the_host() {
+    reduce(None);
+}
+
+/// The reduction evicted and resumed through a context save area before each slice of
+/// budget in turn (mid-phase, with one wave waiting at a barrier, partial sums in LDS and in
+/// registers) ends as uninterrupted.
+#[test]
+fn lds_reduction_resumed_from_a_save_area_matches_the_host() {
+    let mut slices = 0;
+    while reduce(Some(slices)) {
+        slices += 1;
+    }
+    assert!(slices >= 8, "evicted before each of {slices} slices only");
+    println!("evicted before each of {slices} slices");
+}
+
+/// Runs REDUCE over five workgroups (evicting each before its slice `evict_at`) and checks
+/// the sum; returns whether every workgroup was evicted.
+fn reduce(evict_at: Option<usize>) -> bool {
     let groups = 5u32;
     let n = 128 * groups as usize;
     let x: Vec<u32> = (0..n as u32)
@@ -181,13 +265,19 @@ fn lds_reduction_with_barriers_and_atomics_matches_the_host() {
     );
     mem.map(Y, 4);
     let mut cache = CodeCache::new(8);
+    let mut evicted = true;
     for g in 0..groups {
-        run_group(&mut mem, &mut cache, g, 128);
+        evicted &= run_group(&mut mem, &mut cache, g, 128, evict_at);
     }
     let mut b = [0u8; 4];
     mem.read(Y, &mut b).expect("mapped");
     let want = x.iter().fold(0u32, |s, v| s.wrapping_add(*v));
-    assert_eq!(u32::from_le_bytes(b), want);
+    assert_eq!(
+        u32::from_le_bytes(b),
+        want,
+        "evicted before slice {evict_at:?}"
+    );
+    evicted && evict_at.is_some()
 }
 
 #[test]
