@@ -432,6 +432,16 @@ int criu_rocm_pre_dump_finish(int ret)
 
 int criu_rocm_restore_check(void)
 {
+	/*
+	 * A required signature is checked on the image directory before CRIU
+	 * reads it; streamed images and lazily restored pages are read from
+	 * elsewhere or after that check, so they cannot be verified.
+	 */
+	if ((opts.stream || opts.lazy_pages) && criu_gpu_signature_required() != 0) {
+		pr_err("CRIU_ROCM_VERIFY_KEY is set: %s restores read images the signature check cannot see\n",
+		       opts.stream ? "--stream" : "--lazy-pages");
+		return -1;
+	}
 	return criu_gpu_restore_check(image_dir_fd()) ? -1 : 0;
 }
 

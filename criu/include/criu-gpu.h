@@ -136,9 +136,18 @@ int criu_gpu_dump_finish(int resume);
 
 /*
  First thing of a restore: `-EINVAL` (and the reason logged) when the
- image directory `imgdir_fd` holds a dump that did not complete.
+ image directory `imgdir_fd` holds a dump that did not complete, or,
+ with `CRIU_ROCM_VERIFY_KEY`, images that are not the signed ones.
  */
 int criu_gpu_restore_check(int imgdir_fd);
+
+/*
+ Whether a restore must verify the images' signature
+ (`CRIU_ROCM_VERIFY_KEY` is set, by the environment or `--gpu-knob`): 1
+ or 0.  CRIU refuses `--stream` and `--lazy-pages` restores then, whose
+ images it reads from elsewhere or later than the check.
+ */
+int criu_gpu_signature_required(void);
 
 /*
  Starts the GPU part of a restore in criu main (reads the `KFD_*_CHECK`,

@@ -894,6 +894,19 @@ signed_images() {
 	printf '\x5a' | dd of="$pre/$kfd" bs=1 seek=$(($(stat -c %s "$pre/$kfd") - 1)) conv=notrunc status=none
 	refused_alike "$img" "a byte of the parent's KFD image changed" "parent/$kfd: sha256: differs from the signed digest"
 	cp "$CASE_DIR/kfd.bak" "$pre/$kfd"
+	# CRIU opens a real directory named parent as it would the link: unsigned, refused.
+	mv "$img/parent" "$CASE_DIR/parent.link"
+	cp -a "$pre" "$img/parent"
+	rm "$img/parent/amdgpu-signature.img"
+	refused_alike "$img" "an unsigned directory in the parent's place" "amdgpu-signature.img: parent: parent/amdgpu-signature.img: No such file"
+	rm -r "$img/parent"
+	mv "$CASE_DIR/parent.link" "$img/parent"
+	# Lazily restored pages are read after the check: refused up front.
+	restore_fails "$img" "$WL" "a --lazy-pages restore of signed images" --lazy-pages
+	log_has "$LAST_RESTORE_LOG" "CRIU_ROCM_VERIFY_KEY is set: --lazy-pages restores read images the signature check cannot see"
+	# A relative key path would be looked up inside the image directory.
+	CRIU_ROCM_VERIFY_KEY=keys/pub.pem restore_fails "$img" "$WL" "a relative key path"
+	log_has "$LAST_RESTORE_LOG" "CRIU_ROCM_VERIFY_KEY=\"keys/pub.pem\": not an absolute path"
 	gpu_check_restorable "$img" >/dev/null
 	grep -q "note: the images are signed by the required ed25519:" <<<"$GC_OUT" ||
 		fail "gpu-check with the right key does not say so: $(paste -sd' ' <<<"$GC_OUT")"

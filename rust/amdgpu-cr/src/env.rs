@@ -103,6 +103,20 @@ pub fn set_knob(arg: &str) -> Result<(&'static str, String), KnobError> {
         COMPRESS_THREADS_VAR => {
             parse_compress_threads(Some(value))?;
         }
+        // A configuration file may come with the images (a container's
+        // annotations): it must not swap the key the images are checked
+        // against for another.
+        VERIFY_KEY_VAR if knob(name).is_some_and(|set| set != value) => {
+            return Err(invalid(
+                name,
+                value,
+                format!(
+                    "already {:?}; the required key cannot be replaced",
+                    knob(name).unwrap_or_default()
+                ),
+            )
+            .into());
+        }
         // Key files are read where they are used, which names the file.
         SIGN_KEY_VAR | VERIFY_KEY_VAR if !value.is_empty() => {}
         SIGN_KEY_VAR | VERIFY_KEY_VAR => {
@@ -530,6 +544,22 @@ mod tests {
         assert_eq!(staging_size(Some(1 << 20), 1 << 40), 1 << 20);
         assert_eq!(staging_size(Some(1 << 30), 8192), 8192);
         assert_eq!(staging_size(Some(4096), 0), 4096);
+    }
+
+    #[test]
+    fn the_required_key_is_never_replaced() {
+        // The only test that sets CRIU_ROCM_VERIFY_KEY in this process.
+        assert!(set_knob("CRIU_ROCM_VERIFY_KEY=/etc/criu-rocm/pub.pem").is_ok());
+        assert!(set_knob("CRIU_ROCM_VERIFY_KEY=/etc/criu-rocm/pub.pem").is_ok());
+        let e = set_knob("CRIU_ROCM_VERIFY_KEY=/tmp/attacker.pem")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("the required key cannot be replaced"), "{e}");
+        assert_eq!(
+            knob("CRIU_ROCM_VERIFY_KEY").as_deref(),
+            Some("/etc/criu-rocm/pub.pem")
+        );
+        overrides().remove("CRIU_ROCM_VERIFY_KEY");
     }
 
     #[test]

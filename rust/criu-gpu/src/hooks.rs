@@ -133,7 +133,12 @@ pub extern "C" fn criu_gpu_dump_init(imgdir_fd: c_int, log_fd: c_int, log_start_
 pub extern "C" fn criu_gpu_dump_complete(imgdir_fd: c_int) -> c_int {
     ffi_boundary("criu_gpu_dump_complete", || {
         let dir = image_dir(imgdir_fd);
-        if let Some(s) = lock(&DUMP).as_ref() {
+        let session = lock(&DUMP);
+        if session.is_none() && amdgpu_cr::env::knob(amdgpu_cr::env::SIGN_KEY_VAR).is_some() {
+            log::error!("{}: no dump session to sign the images of", dir.display());
+            return -libc::EINVAL;
+        }
+        if let Some(s) = session.as_ref() {
             if let Err(e) = s.write_digests(&dir) {
                 log::error!("{e}");
                 return -e.raw_os_error().unwrap_or(libc::EIO);
@@ -263,17 +268,53 @@ pub extern "C" fn criu_gpu_dump_finish(resume: c_int) -> c_int {
 }
 
 /// First thing of a restore: `-EINVAL` (and the reason logged) when the
-/// image directory `imgdir_fd` holds a dump that did not complete.
+/// image directory `imgdir_fd` holds a dump that did not complete, or,
+/// with `CRIU_ROCM_VERIFY_KEY`, images that are not the signed ones.
 #[no_mangle]
 pub extern "C" fn criu_gpu_restore_check(imgdir_fd: c_int) -> c_int {
     ffi_boundary("criu_gpu_restore_check", || {
-        match incomplete::check(&image_dir(imgdir_fd)) {
-            Ok(()) => 0,
-            Err(why) => {
-                log::error!("{why}");
-                -libc::EINVAL
-            }
+        let dir = image_dir(imgdir_fd);
+        if let Err(why) = incomplete::check(&dir) {
+            log::error!("{why}");
+            return -libc::EINVAL;
         }
+        check_signature(&dir)
+    })
+}
+
+/// With `CRIU_ROCM_VERIFY_KEY`, the images' signature, before CRIU reads
+/// any of them: `-EINVAL` with every refusal logged.
+fn check_signature(dir: &std::path::Path) -> c_int {
+    let key = match validate::signature::verify_key_from_env() {
+        Ok(Some(k)) => k,
+        Ok(None) => return 0,
+        Err(e) => {
+            log::error!("{e}");
+            return -libc::EINVAL;
+        }
+    };
+    let refusals = validate::signature::verify(dir, &key);
+    if refusals.is_empty() {
+        return 0;
+    }
+    log::error!("the GPU images cannot be restored (no task was created, no GPU device opened):");
+    for r in &refusals {
+        log::error!("{r}");
+    }
+    -libc::EINVAL
+}
+
+/// Whether a restore must verify the images' signature
+/// (`CRIU_ROCM_VERIFY_KEY` is set, by the environment or `--gpu-knob`): 1
+/// or 0.  CRIU refuses `--stream` and `--lazy-pages` restores then, whose
+/// images it reads from elsewhere or later than the check.
+#[no_mangle]
+pub extern "C" fn criu_gpu_signature_required() -> c_int {
+    ffi_boundary("criu_gpu_signature_required", || {
+        c_int::from(
+            amdgpu_cr::env::knob(amdgpu_cr::env::VERIFY_KEY_VAR).is_some()
+                || std::env::var_os(amdgpu_cr::env::VERIFY_KEY_VAR).is_some(),
+        )
     })
 }
 
@@ -310,10 +351,11 @@ pub extern "C" fn criu_gpu_restore_init(
             }
         };
         let mut report = report;
-        let (refusals, note) =
-            validate::signature::check(&image_dir(imgdir_fd), o.verify_key.as_ref());
-        report.other.extend(refusals);
-        report.notes.extend(note);
+        // A required signature was verified in criu_gpu_restore_check.
+        let dir = image_dir(imgdir_fd);
+        report
+            .notes
+            .extend(validate::signature::note(&dir, o.verify_key.as_ref()));
         if let Some(w) = &report.warning {
             log::warn!("{w}");
         }

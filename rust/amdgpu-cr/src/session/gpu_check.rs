@@ -49,6 +49,27 @@ pub fn gpu_check(dir: &Path) -> GpuCheck {
             errno: libc::EINVAL,
         };
     }
+    // The signature first: nothing of an image it refuses is parsed.
+    if let Some(key) = &opts.verify_key {
+        let refusals = crate::validate::signature::verify(dir, key);
+        if !refusals.is_empty() {
+            let mut lines: Vec<_> = refusals
+                .iter()
+                .map(|r| (Stream::Out, format!("{d}: NOT restorable here: {r}")))
+                .collect();
+            lines.push((
+                Stream::Out,
+                format!(
+                    "{d}: not the signed images ({} reason(s) above)",
+                    refusals.len()
+                ),
+            ));
+            return GpuCheck {
+                lines,
+                errno: libc::EINVAL,
+            };
+        }
+    }
     let run = match restore::dry_run(dir, &opts) {
         Ok(v) => v,
         Err(e) => return GpuCheck::failed(format!("{d}: {e}"), e.errno()),

@@ -929,9 +929,12 @@ pub struct DryRun {
 pub fn dry_run(dir: &Path, opts: &RestoreOptions) -> Result<DryRun, SessionError> {
     let mut report = crate::validate::check_dir(dir, crate::validate::Depth::Contents)
         .map_err(os_step(0, format!("listing {}", dir.display())))?;
-    let (refusals, note) = crate::validate::signature::check(dir, opts.verify_key.as_ref());
-    report.other.extend(refusals);
-    report.notes.extend(note);
+    // A required signature was verified before (`gpu_check`, the
+    // restore's first check); here only its note.
+    report.notes.extend(crate::validate::signature::note(
+        dir,
+        opts.verify_key.as_ref(),
+    ));
     // A render-node fd of a GPU no KFD image restores is reopened on the
     // host's GPU of that id, which must exist (as in `restore_render`).
     let kfd_gpus: std::collections::BTreeSet<GpuId> = report

@@ -24,7 +24,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::io::{Read, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use ed25519_dalek::pkcs8::{DecodePrivateKey, DecodePublicKey};
@@ -57,17 +57,77 @@ fn key_error(var: &'static str, path: &str, reason: impl std::fmt::Display) -> E
 }
 
 fn read_pem(var: &'static str, path: &str) -> Result<String, EnvError> {
-    std::fs::read_to_string(path).map_err(|e| key_error(var, path, format!("reading it: {e}")))
+    let f = open_regular(Path::new(path))
+        .map_err(|e| key_error(var, path, format!("reading it: {e}")))?;
+    let md = f
+        .metadata()
+        .map_err(|e| key_error(var, path, format!("reading it: {e}")))?;
+    // A key anyone else could have written decides nothing.
+    if md.uid() != 0 && md.uid() != rustix_euid() {
+        return Err(key_error(
+            var,
+            path,
+            format!("owned by uid {}, not by root or us", md.uid()),
+        ));
+    }
+    if md.mode() & 0o022 != 0 {
+        return Err(key_error(
+            var,
+            path,
+            format!(
+                "writable by group or others (mode {:o})",
+                md.mode() & 0o7777
+            ),
+        ));
+    }
+    let mut pem = String::new();
+    f.take(MAX_FILE)
+        .read_to_string(&mut pem)
+        .map_err(|e| key_error(var, path, format!("reading it: {e}")))?;
+    Ok(pem)
+}
+
+fn rustix_euid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// The key file a knob names: an absolute path (CRIU changes into its
+/// work directory, by default the image directory, before the GPU code
+/// reads it, so a relative one would be looked up among the images), in
+/// any encoding but one that cannot be read back as text (refused rather
+/// than taken as unset).
+fn key_path(var: &'static str) -> Result<Option<String>, EnvError> {
+    let value = match knob(var) {
+        Some(v) => v,
+        None => match std::env::var_os(var) {
+            Some(raw) => {
+                let shown = raw.to_string_lossy().into_owned();
+                return Err(key_error(var, &shown, "not valid UTF-8"));
+            }
+            None => return Ok(None),
+        },
+    };
+    if !Path::new(&value).is_absolute() {
+        return Err(key_error(
+            var,
+            &value,
+            "not an absolute path (CRIU reads it from inside its work directory)",
+        ));
+    }
+    Ok(Some(value))
 }
 
 /// The dump's signing key, when `CRIU_ROCM_SIGN_KEY` names one.
 pub fn sign_key_from_env() -> Result<Option<SigningKey>, EnvError> {
-    knob(SIGN_KEY_VAR).map(|p| parse_sign_key(&p)).transpose()
+    key_path(SIGN_KEY_VAR)?
+        .map(|p| parse_sign_key(&p))
+        .transpose()
 }
 
 /// The key a restore requires, when `CRIU_ROCM_VERIFY_KEY` names one.
 pub fn verify_key_from_env() -> Result<Option<VerifyingKey>, EnvError> {
-    knob(VERIFY_KEY_VAR)
+    key_path(VERIFY_KEY_VAR)?
         .map(|p| parse_verify_key(&p))
         .transpose()
 }
@@ -119,8 +179,10 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
 }
 
 /// Size and SHA-256 of one file, read once.
-fn hash_file(path: &Path) -> std::io::Result<(u64, [u8; 32])> {
-    let mut f = std::fs::OpenOptions::new()
+/// Opens a regular file for reading, never through a symbolic link and
+/// never blocking on a FIFO or device planted under its name.
+fn open_regular(path: &Path) -> std::io::Result<std::fs::File> {
+    let f = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(path)
@@ -131,6 +193,28 @@ fn hash_file(path: &Path) -> std::io::Result<(u64, [u8; 32])> {
     if !f.metadata()?.is_file() {
         return Err(std::io::Error::other("not a regular file"));
     }
+    Ok(f)
+}
+
+/// The most a signature or key file may hold: 16 MiB, some 150000
+/// image files' lines.
+const MAX_FILE: u64 = 16 << 20;
+
+/// The signature file of `dir`, read whole within [`MAX_FILE`].
+fn read_signature(dir: &Path) -> std::io::Result<Vec<u8>> {
+    let f = open_regular(&dir.join(FILE))?;
+    if f.metadata()?.len() > MAX_FILE {
+        return Err(std::io::Error::other(format!(
+            "larger than {MAX_FILE} bytes"
+        )));
+    }
+    let mut bytes = Vec::new();
+    f.take(MAX_FILE).read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+fn hash_file(path: &Path) -> std::io::Result<(u64, [u8; 32])> {
+    let mut f = open_regular(path)?;
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     let mut size = 0u64;
@@ -164,6 +248,17 @@ fn covered_files(dir: &Path) -> std::io::Result<BTreeSet<String>> {
 /// signature).  Returns the number of files and bytes covered.
 pub fn sign(dir: &Path, key: &SigningKey) -> std::io::Result<(usize, u64)> {
     let mut text = format!("{HEADER}\nkey {}\n", key_name(&key.verifying_key()));
+    // Bound to the parent's signature, so that no other signed parent can
+    // be put in its place.
+    if let Some(parent) = parent_of(dir).map_err(std::io::Error::other)? {
+        let sig = read_signature(&parent).map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!("{PARENT_LINK}/{FILE}: {e} (a signed dump needs signed parent images)"),
+            )
+        })?;
+        let _ = writeln!(text, "parent sha256:{}", hex(&Sha256::digest(&sig)));
+    }
     let mut bytes = 0;
     let names = covered_files(dir)?;
     for name in &names {
@@ -183,9 +278,29 @@ pub fn sign(dir: &Path, key: &SigningKey) -> std::io::Result<(usize, u64)> {
     Ok((names.len(), bytes))
 }
 
+/// The directory CRIU takes parent images from: `parent` as a link or a
+/// directory; `None` when there is none.  Anything else by that name is
+/// an error, never "no parent": CRIU would still open it.
+fn parent_of(dir: &Path) -> Result<Option<PathBuf>, String> {
+    let path = dir.join(PARENT_LINK);
+    match std::fs::symlink_metadata(&path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("{PARENT_LINK}: {e}")),
+        Ok(md) if md.file_type().is_symlink() => std::fs::read_link(&path)
+            .map(|t| Some(dir.join(t)))
+            .map_err(|e| format!("{PARENT_LINK}: {e}")),
+        Ok(md) if md.is_dir() => Ok(Some(path)),
+        Ok(_) => Err(format!(
+            "{PARENT_LINK}: neither a directory nor a link to one"
+        )),
+    }
+}
+
 /// A parsed, not yet verified, signature file.
 struct Signed {
     key: [u8; 32],
+    /// The SHA-256 of the parent directory's signature file.
+    parent: Option<[u8; 32]>,
     files: BTreeMap<String, (u64, [u8; 32])>,
     /// The bytes the signature covers.
     body: Vec<u8>,
@@ -222,6 +337,14 @@ fn parse(bytes: &[u8]) -> Result<Signed, Refusal> {
         Some((n, l)) => fixed::<32>(l, "key ed25519:", n)?,
         None => return Err(malformed(2, "no key line")),
     };
+    let mut lines = lines.peekable();
+    let parent = match lines.peek() {
+        Some(&(n, l)) if l.starts_with("parent ") => {
+            lines.next();
+            Some(fixed::<32>(l, "parent sha256:", n)?)
+        }
+        _ => None,
+    };
     let mut files = BTreeMap::new();
     for (n, l) in lines {
         let mut f = l.split(' ');
@@ -252,6 +375,7 @@ fn parse(bytes: &[u8]) -> Result<Signed, Refusal> {
     let signature = fixed::<64>(sig_line, "signature ed25519:", n)?;
     Ok(Signed {
         key,
+        parent,
         files,
         body: bytes[..body_end].to_vec(),
         signature,
@@ -274,17 +398,18 @@ pub fn verify(dir: &Path, key: &VerifyingKey) -> Vec<Refusal> {
         match place.dir.canonicalize() {
             Ok(canon) => {
                 if !seen.insert(canon) {
+                    out.push(place.refuse("", "", "a parent of itself"));
                     break;
                 }
             }
             Err(e) => {
-                let why = format!("cannot be resolved: {e}");
-                out.push(place.refuse("", "", why));
+                out.push(place.refuse("", "", format!("cannot be resolved: {e}")));
                 break;
             }
         }
-        out.extend(place.verify(key));
-        next = place.parent();
+        let (refusals, parent) = place.verify(key);
+        out.extend(refusals);
+        next = parent;
     }
     out
 }
@@ -307,27 +432,23 @@ impl Place {
         }
     }
 
-    fn parent(&self) -> Option<Place> {
-        let link = self.dir.join(PARENT_LINK);
-        let target = std::fs::read_link(&link).ok()?;
-        Some(Place {
-            dir: self.dir.join(target),
-            depth: self.depth + 1,
-        })
-    }
-
-    fn verify(&self, key: &VerifyingKey) -> Vec<Refusal> {
-        let bytes = match std::fs::read(self.dir.join(FILE)) {
+    /// This directory's refusals, and the parent to verify next (none
+    /// once this one is refused: its list of files is not to be trusted).
+    fn verify(&self, key: &VerifyingKey) -> (Vec<Refusal>, Option<Place>) {
+        let refuse = |field: &str, why: String| (vec![self.refuse(FILE, field, why)], None);
+        let bytes = match read_signature(&self.dir) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let why = format!("missing: {VERIFY_KEY_VAR} requires signed images");
-                return vec![self.refuse(FILE, "", why)];
+                return refuse(
+                    "",
+                    format!("missing: {VERIFY_KEY_VAR} requires signed images"),
+                );
             }
-            Err(e) => return vec![self.refuse(FILE, "", format!("reading it: {e}"))],
+            Err(e) => return refuse("", format!("reading it: {e}")),
         };
         let signed = match parse(&bytes) {
             Ok(s) => s,
-            Err(r) => return vec![self.refuse(FILE, &r.field, r.reason)],
+            Err(r) => return refuse(&r.field, r.reason),
         };
         if signed.key != *key.as_bytes() {
             let why = format!(
@@ -335,13 +456,43 @@ impl Place {
                 hex(&signed.key),
                 key_name(key)
             );
-            return vec![self.refuse(FILE, "key", why)];
+            return refuse("key", why);
         }
         let sig = Signature::from_bytes(&signed.signature);
         if key.verify(&signed.body, &sig).is_err() {
-            return vec![self.refuse(FILE, "signature", "does not verify")];
+            return refuse("signature", "does not verify".into());
         }
-        self.check_files(&signed.files)
+        let parent = match self.check_parent(signed.parent) {
+            Ok(p) => p,
+            Err(why) => return refuse("parent", why),
+        };
+        (self.check_files(&signed.files), parent)
+    }
+
+    /// The parent CRIU will read against the one the signature names.
+    fn check_parent(&self, signed: Option<[u8; 32]>) -> Result<Option<Place>, String> {
+        let dir = parent_of(&self.dir)?;
+        match (signed, dir) {
+            (None, None) => Ok(None),
+            (Some(_), None) => Err("names parent images, but the directory has none".into()),
+            (None, Some(_)) => Err(format!(
+                "the directory has parent images ({PARENT_LINK}) the signature does not name"
+            )),
+            (Some(want), Some(dir)) => {
+                let got = read_signature(&dir)
+                    .map(|b| <[u8; 32]>::from(Sha256::digest(&b)))
+                    .map_err(|e| format!("{PARENT_LINK}/{FILE}: {e}"))?;
+                if got != want {
+                    return Err(format!(
+                        "{PARENT_LINK}/{FILE} is not the parent's signature signed with it"
+                    ));
+                }
+                Ok(Some(Place {
+                    dir,
+                    depth: self.depth + 1,
+                }))
+            }
+        }
     }
 
     /// The directory's image files against the signed list.
@@ -373,32 +524,26 @@ impl Place {
     }
 }
 
-/// What a restore and `gpu-check` make of `dir`'s signature: with a
-/// required key (`CRIU_ROCM_VERIFY_KEY`), [`verify`]'s refusals and a note
-/// naming the key; without, no refusal, and a note when the images are
-/// signed all the same.
-pub fn check(dir: &Path, required: Option<&VerifyingKey>) -> (Vec<Refusal>, Option<String>) {
+/// The note a restore and `gpu-check` print of `dir`'s signature once it
+/// passed [`verify`] (with a required key, which the first check of a
+/// restore and `gpu-check` run before anything else), or when no key is
+/// required and the images are signed all the same.
+pub fn note(dir: &Path, required: Option<&VerifyingKey>) -> Option<String> {
     match required {
-        Some(key) => {
-            let refusals = verify(dir, key);
-            let note = refusals
-                .is_empty()
-                .then(|| format!("the images are signed by the required {}", key_name(key)));
-            (refusals, note)
-        }
-        None => (
-            Vec::new(),
-            signer(dir).map(|k| {
-                format!("the images are signed by {k}; {VERIFY_KEY_VAR} is unset, so not checked")
-            }),
-        ),
+        Some(key) => Some(format!(
+            "the images are signed by the required {}",
+            key_name(key)
+        )),
+        None => signer(dir).map(|k| {
+            format!("the images are signed by {k}; {VERIFY_KEY_VAR} is unset, so not checked")
+        }),
     }
 }
 
 /// The key a directory's signature names, when it has one that parses:
 /// for the note a restore without a required key prints.
 pub fn signer(dir: &Path) -> Option<String> {
-    let bytes = std::fs::read(dir.join(FILE)).ok()?;
+    let bytes = read_signature(dir).ok()?;
     parse(&bytes)
         .ok()
         .map(|s| format!("ed25519:{}", hex(&s.key)))

@@ -119,6 +119,28 @@ fn a_wrong_key_an_edited_list_or_no_signature_is_refused() {
 }
 
 #[test]
+fn a_fifo_or_a_huge_file_by_the_signature_s_name_is_refused_at_once() {
+    let t = tempfile::tempdir().unwrap();
+    let d = dump_dir(t.path(), "d");
+    let path = std::ffi::CString::new(d.join(FILE).to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0);
+    let vk = key(1).verifying_key();
+    assert_eq!(
+        reasons(&verify(&d, &vk)),
+        ["amdgpu-signature.img: reading it: not a regular file"]
+    );
+    assert_eq!(signer(&d), None);
+    std::fs::remove_file(d.join(FILE)).unwrap();
+    let f = std::fs::File::create(d.join(FILE)).unwrap();
+    f.set_len(MAX_FILE + 1).unwrap();
+    assert_eq!(
+        reasons(&verify(&d, &vk)),
+        ["amdgpu-signature.img: reading it: larger than 16777216 bytes"]
+    );
+}
+
+#[test]
 fn malformed_signature_files_name_the_line() {
     let cases: [(&str, &str); 5] = [
         ("", "line 1: no signature line"),
@@ -164,11 +186,52 @@ fn parents_are_verified_and_named() {
         reasons(&verify(&child, &vk)),
         ["parent/amdgpu-kfd-5.img: sha256: differs from the signed digest"]
     );
-    std::fs::remove_dir_all(&parent).unwrap();
+    std::fs::write(parent.join("amdgpu-kfd-5.img"), b"kfd image").unwrap();
+    assert!(verify(&child, &vk).is_empty());
+    // Another signed pre-dump of the same key put in the parent's place.
+    let other = dump_dir(t.path(), "other");
+    std::fs::write(other.join("pages-1.img"), b"other pages").unwrap();
+    sign(&other, &key(1)).unwrap();
+    std::fs::remove_file(child.join(PARENT_LINK)).unwrap();
+    std::os::unix::fs::symlink("../other", child.join(PARENT_LINK)).unwrap();
+    assert_eq!(
+        reasons(&verify(&child, &vk)),
+        [
+            "amdgpu-signature.img: parent: parent/amdgpu-signature.img is not the parent's \
+          signature signed with it"
+        ]
+    );
+    // A real directory named parent, unsigned: CRIU opens it all the same.
+    std::fs::remove_file(child.join(PARENT_LINK)).unwrap();
+    std::fs::create_dir(child.join(PARENT_LINK)).unwrap();
+    std::fs::copy(parent.join("pages-1.img"), child.join("parent/pages-1.img")).unwrap();
     let r = reasons(&verify(&child, &vk));
     assert!(
-        r.len() == 1 && r[0].starts_with("parent/: cannot be resolved: "),
+        r.len() == 1
+            && r[0].starts_with(
+                "amdgpu-signature.img: parent: parent/amdgpu-signature.img: No such file"
+            ),
         "{r:?}"
+    );
+    // A parent added to a directory signed without one.
+    let lone = dump_dir(t.path(), "lone");
+    sign(&lone, &key(1)).unwrap();
+    std::os::unix::fs::symlink("../pre", lone.join(PARENT_LINK)).unwrap();
+    assert_eq!(
+        reasons(&verify(&lone, &vk)),
+        [
+            "amdgpu-signature.img: parent: the directory has parent images (parent) the \
+          signature does not name"
+        ]
+    );
+    // Signing on top of unsigned parent images fails the dump.
+    dump_dir(t.path(), "unsigned");
+    let on_top = dump_dir(t.path(), "on-top");
+    std::os::unix::fs::symlink("../unsigned", on_top.join(PARENT_LINK)).unwrap();
+    let e = sign(&on_top, &key(1)).unwrap_err().to_string();
+    assert!(
+        e.starts_with("parent/amdgpu-signature.img: No such file"),
+        "{e}"
     );
 }
 
@@ -202,4 +265,21 @@ fn keys_are_read_from_openssl_pem_files() {
         e.contains("/nonexistent/key.pem") && e.contains("reading it"),
         "{e}"
     );
+}
+
+#[test]
+fn key_paths_must_be_absolute_and_readable_as_text() {
+    use std::os::unix::ffi::OsStrExt;
+    const VAR: &str = "CRIU_ROCM_TEST_SIGNATURE_KEY_PATH";
+    std::env::remove_var(VAR);
+    assert_eq!(key_path(VAR).unwrap(), None);
+    std::env::set_var(VAR, "keys/pub.pem");
+    let e = key_path(VAR).unwrap_err().to_string();
+    assert!(e.contains("not an absolute path"), "{e}");
+    std::env::set_var(VAR, std::ffi::OsStr::from_bytes(b"/keys/\xff.pem"));
+    let e = key_path(VAR).unwrap_err().to_string();
+    assert!(e.contains("not valid UTF-8"), "{e}");
+    std::env::set_var(VAR, "/keys/pub.pem");
+    assert_eq!(key_path(VAR).unwrap().as_deref(), Some("/keys/pub.pem"));
+    std::env::remove_var(VAR);
 }
