@@ -2,12 +2,13 @@
 # Puts the pinned upstream CRIU tarball into the build cache and prints its path.
 #
 # Source: $CRIU_TARBALL if set (offline builds), else the distribution's source package named
-# in criu/upstream.lock, fetched with apt-get through a private apt state directory whose
-# deb-src entry is derived from the machine's configured Debian sources. The system's apt
-# configuration is never changed. A tarball whose sha256 differs from the lock is refused.
+# in criu/upstream.lock, fetched with apt-get through a private apt state directory
+# (scripts/lib/apt-source.sh; the system's apt configuration is never changed). A tarball whose sha256 differs from the lock is refused.
 set -euo pipefail
 
 top=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=SCRIPTDIR/lib/apt-source.sh
+. "$top/scripts/lib/apt-source.sh"
 # shellcheck source=../criu/upstream.lock
 . "$top/criu/upstream.lock"
 cache=${CRIU_CACHE_DIR:-$top/build/cache}
@@ -46,39 +47,19 @@ if [ -f "$dest" ]; then
 	rm -f "$dest"
 fi
 
-# The deb-src entry: the URIs of the machine's Debian archive (not the security archive),
-# with the suites that carry CRIU $CRIU_VERSION.
-uris=$(sed -n 's/^URIs:[[:space:]]*//p' /etc/apt/sources.list.d/*.sources 2>/dev/null |
-	tr ' ' '\n' | grep -v -e security -e '^$' | grep -i debian | head -n1 || true)
-if [ -z "$uris" ] && [ -f /etc/apt/sources.list ]; then
-	uris=$(awk '$1 == "deb" && $0 !~ /security/ { for (i = 2; i <= NF; i++) if ($i ~ /^[a-z]+:\/\//) { print $i; exit } }' /etc/apt/sources.list)
-fi
-[ -n "$uris" ] || die "no Debian archive found in the machine's apt sources; set CRIU_TARBALL=/path/to/$CRIU_TARBALL_NAME"
-
 apt_dir=$cache/apt
-rm -rf "$apt_dir"
-mkdir -p "$apt_dir/lists/partial" "$apt_dir/archives/partial" "$apt_dir/sources.list.d" "$apt_dir/dl"
-cat >"$apt_dir/sources.list.d/criu-src.sources" <<SRC
-Types: deb-src
-URIs: $uris
-Suites: trixie sid
-Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-SRC
-apt_opts=(-o "Dir::State=$apt_dir" -o "Dir::State::Lists=$apt_dir/lists"
-	-o "Dir::Cache=$apt_dir" -o "Dir::Etc::SourceList=/dev/null"
-	-o "Dir::Etc::SourceParts=$apt_dir/sources.list.d"
-	-o "Dir::State::status=/var/lib/dpkg/status" -o "Debug::NoLocking=1")
-
 echo "fetch-criu: fetching source package $CRIU_SOURCE_PACKAGE=$CRIU_SOURCE_VERSION" >&2
-if ! apt-get "${apt_opts[@]}" -qq update >"$apt_dir/update.log" 2>&1; then
-	sed 's/^/  /' "$apt_dir/update.log" >&2
-	die "could not read the source package index for '$CRIU_SOURCE_PACKAGE' (no network or registry?); set CRIU_TARBALL=/path/to/$CRIU_TARBALL_NAME to build offline"
-fi
 # Only the upstream tarball is needed; the packaging files may be missing on a mirror, so
 # apt-get's exit status is not the verdict: the tarball and its checksum are.
-(cd "$apt_dir/dl" && apt-get "${apt_opts[@]}" -qq source --download-only \
-	"$CRIU_SOURCE_PACKAGE=$CRIU_SOURCE_VERSION" >"$apt_dir/source.log" 2>&1) || true
+rc=0
+apt_source_download "$apt_dir" "trixie sid" "$CRIU_SOURCE_PACKAGE=$CRIU_SOURCE_VERSION" || rc=$?
+case $rc in
+2) die "no Debian archive found in the machine's apt sources; set CRIU_TARBALL=/path/to/$CRIU_TARBALL_NAME" ;;
+3)
+	sed 's/^/  /' "$apt_dir/update.log" >&2
+	die "could not read the source package index for '$CRIU_SOURCE_PACKAGE' (no network or registry?); set CRIU_TARBALL=/path/to/$CRIU_TARBALL_NAME to build offline"
+	;;
+esac
 got=$apt_dir/dl/$CRIU_TARBALL_NAME
 if [ ! -s "$got" ]; then
 	sed 's/^/  /' "$apt_dir/source.log" >&2
