@@ -131,4 +131,28 @@ extern int criu_rocm_restore_settle(void);
 /* `criu-rocm gpu-check -D DIR`: can these images be restored here, and how. */
 extern int criu_rocm_gpu_check(const char *dir);
 
+/*
+ * Render nodes at their own paths (render-mounts.c, patch 0050).  While the
+ * image's mounts are read (get_mp_root): an external mount keyed by a render
+ * node path (/dev/dri/renderD<N>) whose key ext the restore maps is noted;
+ * one it does not map is taken (1) to be placed later.  0: not a render
+ * node, or noted; -1: no memory.
+ */
+struct mount_info;
+extern int criu_rocm_collect_render_mount(struct mount_info *mi, const char *key, const char *ext);
+
+/*
+ * Once every mount is read: the render-node mounts without a source take the
+ * render nodes the restore names and no image mount holds, one for one in
+ * minor order, at their own paths.  -1 (said why) when the counts differ.
+ */
+extern int criu_rocm_place_render_mounts(void);
+
+/*
+ * After CRIU restored the content of mount parent (a tmpfs) at root: the
+ * mount points of the placed mounts below it, renamed from the old node's
+ * file or made.
+ */
+extern int criu_rocm_render_mountpoints(struct mount_info *parent, const char *root);
+
 #endif /* __CR_CRIU_ROCM_H__ */
