@@ -17,13 +17,23 @@
  * old node becomes which new one does not matter: the restored task finds
  * its GPUs among the render nodes it has, by identity (RESTORE_EXT_FILE),
  * and criu-rocm's topology match picks the GPU for each of the image's.
+ *
+ * On hardware the nodes are not mounts: runc makes the container's devices
+ * with mknod in its /dev tmpfs, which CRIU restores as dumped, old minors
+ * and all, and runc names the new container's devices as external mounts
+ * that no image mount holds.  After such a tmpfs is restored, its render
+ * nodes the restore does not name are replaced, one for one in minor order,
+ * by the named nodes it lacks: character devices of their sources' rdev,
+ * with the old nodes' mode and owner.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include "common/list.h"
@@ -39,6 +49,9 @@
 #define LOG_PREFIX "criu-rocm: "
 
 #define RENDER_PREFIX "/dev/dri/renderD"
+#define DRM_MAJOR 226
+/* A restore naming more render nodes than this is refused (a host has a few dozen). */
+#define MAX_NODES 128
 
 /* An image mount of a render node, or a render node the restore names. */
 struct render_node {
@@ -51,6 +64,7 @@ struct render_node {
 
 static LIST_HEAD(unmapped);	/* image mounts without a source */
 static LIST_HEAD(placed);	/* ... once given a node of the restore */
+static LIST_HEAD(spare);	/* render nodes the restore names that no image mount took */
 /* The render-node keys the image's mounts hold that the restore maps. */
 static unsigned int *claimed;
 static size_t nr_claimed;
@@ -203,38 +217,30 @@ static size_t count(struct list_head *head)
 int criu_rocm_place_render_mounts(void)
 {
 	struct render_node *from, *to, *tmp;
-	LIST_HEAD(offered);
 	char had[256], got[256];
-	int ret = -1;
 
+	if (external_for_each_type("mnt", collect_offered, &spare))
+		return -1;
 	if (list_empty(&unmapped))
 		return 0;
-	if (external_for_each_type("mnt", collect_offered, &offered))
-		goto out;
-	if (count(&unmapped) != count(&offered)) {
+	if (count(&unmapped) != count(&spare)) {
 		list_minors(had, sizeof(had), &unmapped);
-		list_minors(got, sizeof(got), &offered);
+		list_minors(got, sizeof(got), &spare);
 		pr_err("the image's render-node mounts %s have no source in this restore, and the restore "
 		       "gives the container %s%s instead: a container restored onto other GPUs must be "
 		       "given as many render nodes as it was dumped with\n",
-		       had, list_empty(&offered) ? "no other render node" : "the render nodes ", got);
-		goto out;
+		       had, list_empty(&spare) ? "no other render node" : "the render nodes ", got);
+		return -1;
 	}
 	list_for_each_entry_safe(from, tmp, &unmapped, l) {
-		to = list_first_entry(&offered, struct render_node, l);
+		to = list_first_entry(&spare, struct render_node, l);
 		if (place_one(from, to))
-			goto out;
+			return -1;
 		list_del(&to->l);
 		xfree(to);
 		list_move_tail(&from->l, &placed);
 	}
-	ret = 0;
-out:
-	list_for_each_entry_safe(to, tmp, &offered, l) {
-		list_del(&to->l);
-		xfree(to);
-	}
-	return ret;
+	return 0;
 }
 
 /*
@@ -243,7 +249,7 @@ out:
  * the container's /dev tmpfs), which CRIU restored with the tmpfs; it is
  * renamed to the new node's name, or made when it is missing.
  */
-int criu_rocm_render_mountpoints(struct mount_info *parent, const char *root)
+static int place_mountpoints(struct mount_info *parent, const char *root)
 {
 	struct render_node *n;
 
@@ -277,4 +283,150 @@ int criu_rocm_render_mountpoints(struct mount_info *parent, const char *root)
 		close(fd);
 	}
 	return 0;
+}
+
+/* Where render node `minor` is inside the file system of parent (at root); false: not in it. */
+static bool node_path(struct mount_info *parent, const char *root, unsigned int minor, char *buf, size_t size)
+{
+	char key[64];
+	const char *mp = parent->ns_mountpoint;
+	size_t len;
+
+	if (mp[0] == '.')
+		mp++;
+	len = strlen(mp);
+	while (len && mp[len - 1] == '/')
+		len--;
+	snprintf(key, sizeof(key), RENDER_PREFIX "%u", minor);
+	if (strncmp(key, mp, len) || key[len] != '/')
+		return false;
+	return snprintf(buf, size, "%s%s", root, key + len) < (int)size;
+}
+
+/* Whether the restore names render node `minor` (as an external mount, with a source or not). */
+static bool restore_names(unsigned int minor)
+{
+	char key[80];
+
+	snprintf(key, sizeof(key), "mnt[" RENDER_PREFIX "%u]", minor);
+	return !IS_ERR(external_lookup_by_key(key));
+}
+
+/*
+ * The restored tmpfs' render nodes in the directory of `dir` (a path below
+ * root) that the restore does not name: character devices of the DRM major
+ * named renderD<N>, in minor order.
+ */
+static int stale_nodes(const char *dir, unsigned int *minors, int max)
+{
+	struct dirent *de;
+	int n = 0, i, j;
+	DIR *d;
+
+	d = opendir(dir);
+	if (!d)
+		return 0;
+	while ((de = readdir(d))) {
+		char path[PATH_MAX], key[64];
+		unsigned int minor;
+		struct stat st;
+
+		if (snprintf(key, sizeof(key), "/dev/dri/%s", de->d_name) >= (int)sizeof(key) ||
+		    snprintf(path, sizeof(path), "%s/%s", dir, de->d_name) >= (int)sizeof(path))
+			continue;
+		if (!render_key_minor(key, &minor) || lstat(path, &st) || !S_ISCHR(st.st_mode) ||
+		    major(st.st_rdev) != DRM_MAJOR || restore_names(minor))
+			continue;
+		if (n == max) {
+			closedir(d);
+			pr_err("more than %d render nodes in %s\n", max, dir);
+			return -1;
+		}
+		for (i = 0; i < n && minors[i] < minor; i++)
+			;
+		for (j = n; j > i; j--)
+			minors[j] = minors[j - 1];
+		minors[i] = minor;
+		n++;
+	}
+	closedir(d);
+	return n;
+}
+
+/*
+ * Replaces render node `from` at old by node `to` at new, of the rdev of
+ * src, with old's mode and owner.
+ */
+static int replace_node(unsigned int from, const char *old, unsigned int to, const char *new, const char *src)
+{
+	struct stat ost, sst;
+
+	if (lstat(old, &ost) || stat(src, &sst)) {
+		pr_perror("cannot stat render node %s or its source %s", old, src);
+		return -1;
+	}
+	if (!S_ISCHR(sst.st_mode)) {
+		pr_err("the restore names %s as the source of %s, which is no character device\n", src, new);
+		return -1;
+	}
+	if (mknod(new, S_IFCHR | (ost.st_mode & 07777), sst.st_rdev) || chown(new, ost.st_uid, ost.st_gid) ||
+	    unlink(old)) {
+		pr_perror("cannot replace device node %s by %s (%u:%u)", old, new, major(sst.st_rdev),
+			  minor(sst.st_rdev));
+		return -1;
+	}
+	pr_info("device node " RENDER_PREFIX "%u (%u:%u) of the image becomes " RENDER_PREFIX
+		"%u (%u:%u, from %s), as the restore gives the container\n",
+		from, major(ost.st_rdev), minor(ost.st_rdev), to, major(sst.st_rdev), minor(sst.st_rdev), src);
+	return 0;
+}
+
+/* The spare nodes this restored tmpfs lacks take the place of its stale ones. */
+static int replace_device_nodes(struct mount_info *parent, const char *root)
+{
+	struct render_node *want[MAX_NODES], *n;
+	unsigned int stale[MAX_NODES];
+	char path[PATH_MAX], dir[PATH_MAX], old[PATH_MAX];
+	int nr_want = 0, nr_stale, i;
+	struct stat st;
+
+	list_for_each_entry(n, &spare, l) {
+		if (!node_path(parent, root, n->minor, path, sizeof(path)) || !lstat(path, &st))
+			continue;
+		if (nr_want == MAX_NODES) {
+			pr_err("the restore names more than %d render nodes\n", MAX_NODES);
+			return -1;
+		}
+		want[nr_want++] = n;
+	}
+	if (!nr_want)
+		return 0;
+	node_path(parent, root, want[0]->minor, dir, sizeof(dir));
+	*strrchr(dir, '/') = '\0';
+	nr_stale = stale_nodes(dir, stale, MAX_NODES);
+	if (nr_stale <= 0)
+		return nr_stale;
+	if (nr_stale != nr_want) {
+		pr_err("the restored %s holds %d render node(s) the restore does not name and lacks %d it "
+		       "names: a container restored onto other GPUs must be given as many as it was dumped with\n",
+		       dir, nr_stale, nr_want);
+		return -1;
+	}
+	for (i = 0; i < nr_want; i++) {
+		if (snprintf(old, sizeof(old), "%s/renderD%u", dir, stale[i]) >= (int)sizeof(old) ||
+		    !node_path(parent, root, want[i]->minor, path, sizeof(path))) {
+			pr_err("render node path too long in %s\n", dir);
+			return -1;
+		}
+		if (replace_node(stale[i], old, want[i]->minor, path, want[i]->val))
+			return -1;
+	}
+	return 0;
+}
+
+int criu_rocm_render_mountpoints(struct mount_info *parent, const char *root)
+{
+	if (place_mountpoints(parent, root))
+		return -1;
+	return replace_device_nodes(parent, root);
 }

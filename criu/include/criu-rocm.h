@@ -151,7 +151,9 @@ extern int criu_rocm_place_render_mounts(void);
 /*
  * After CRIU restored the content of mount parent (a tmpfs) at root: the
  * mount points of the placed mounts below it, renamed from the old node's
- * file or made.
+ * file or made; and its render device nodes (mknod'ed by runc) that the
+ * restore does not name, replaced by the ones it names and the tmpfs lacks.
+ * -1 (said why) when that cannot be done or the counts differ.
  */
 extern int criu_rocm_render_mountpoints(struct mount_info *parent, const char *root);
 
