@@ -19,6 +19,7 @@ TARBALL		:= $(BUILD)/cache/$(CRIU_TARBALL_NAME)
 CARGO		?= cargo
 CARGO_TARGET	:= $(TOP)/rust/target
 GPU_LIB		:= $(CARGO_TARGET)/release/libcriu_gpu.a
+CRUN_CRIU	:= $(BUILD)/crun-criu
 # The git revision criu-rocm reports. A source tree without git (the Debian package's, a
 # release tarball) carries it in .gitrev, as CRIU's own tree carries .gitid.
 ifneq ($(wildcard $(TOP)/.gitrev),)
@@ -97,12 +98,12 @@ TEST_SUITES	:= test-rust test-smoke test-rocm test-gpu test-integrity test-sdma 
 # file targets do not: a packager's build (meson, sbuild) must not run apt. The entry points
 # depend on deps, and when one of them is a goal, every recipe that builds something waits
 # for deps too (order-only), so `make -j` cannot start cargo or CRIU's build before it.
-DEPS_GOALS	:= test $(TEST_SUITES) demo bench zdtm-compare deb
+DEPS_GOALS	:= test $(TEST_SUITES) demo bench zdtm-compare deb crun-criu
 ifneq ($(filter $(DEPS_GOALS),$(MAKECMDGOALS)),)
 DEPS_FIRST	:= deps
 endif
 $(DEPS_GOALS): deps
-$(TARBALL) $(GPU_LIB) kfd-tools $(BUILD)/stock/.prepared: | $(DEPS_FIRST)
+$(TARBALL) $(GPU_LIB) kfd-tools $(BUILD)/stock/.prepared $(CRUN_CRIU)/bin/crun: | $(DEPS_FIRST)
 
 test: $(TEST_SUITES)
 	@echo "make test: all suites passed"
@@ -191,8 +192,28 @@ test-rocm-cr: $(BUILD)/criu-rocm kfd-tools
 # docker.sh and containerd.sh): on the same host, on another host, and into a container
 # given other GPUs of the host.
 .PHONY: test-containers
-test-containers: $(BUILD)/criu-rocm kfd-tools
-	CARGO_TARGET_DIR=$(CARGO_TARGET) test/containers/run.sh $(BUILD)/criu-rocm
+test-containers: $(BUILD)/criu-rocm kfd-tools $(CRUN_CRIU)/bin/crun
+	CARGO_TARGET_DIR=$(CARGO_TARGET) CRUN=$(TOP)/$(CRUN_CRIU)/bin/crun test/containers/run.sh $(BUILD)/criu-rocm
+
+# crun with CRIU (Debian's crun is built without it), from Debian's source package against
+# this tree's libcriu (scripts/build-crun-criu.sh): test-containers' crun, and the crun a
+# bookworm user gives podman (README). libcriu.sum changes only when the library or its
+# headers do, so a rebuilt criu-rocm does not rebuild crun.
+.PHONY: crun-criu
+crun-criu: $(CRUN_CRIU)/bin/crun
+
+$(CRUN_CRIU)/libcriu.sum: $(CRIU_TREE)/.lib-built
+	rm -rf $(CRUN_CRIU)/libcriu
+	$(TREE_LOCK) $(MAKE) -C $(CRIU_TREE) install-lib PREFIX=$(TOP)/$(CRUN_CRIU)/libcriu \
+		LIBDIR=$(TOP)/$(CRUN_CRIU)/libcriu/lib INCLUDEDIR=$(TOP)/$(CRUN_CRIU)/libcriu/include \
+		SKIP_PIP_INSTALL=1 CRIU_GPU_LIB=$(GPU_LIB) CRIU_ROCM_GITREV=$(GITREV) \
+		>$(BUILD)/libcriu-install.log 2>&1 || { tail -n 20 $(BUILD)/libcriu-install.log; exit 1; }
+	@cd $(CRUN_CRIU)/libcriu && sha256sum lib/libcriu.so.2 lib/pkgconfig/criu.pc include/criu/criu.h \
+		include/criu/rpc.pb-c.h | cmp -s - $(TOP)/$@ || \
+		sha256sum lib/libcriu.so.2 lib/pkgconfig/criu.pc include/criu/criu.h include/criu/rpc.pb-c.h >$(TOP)/$@
+
+$(CRUN_CRIU)/bin/crun: $(CRUN_CRIU)/libcriu.sum scripts/build-crun-criu.sh scripts/lib/apt-source.sh
+	scripts/build-crun-criu.sh $(CRUN_CRIU) >/dev/null
 
 # CRIU's lib/ (pycriu for zdtm.py) from the same patched tree.
 $(CRIU_TREE)/.lib-built: $(BUILD)/criu-rocm

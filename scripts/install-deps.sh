@@ -16,7 +16,9 @@ top=$(cd "$(dirname "$0")/.." && pwd)
 # containers under, with busybox for their rootfs (runc, crun, podman, docker.io,
 # containerd, busybox-static, and zstd for podman's checkpoint archives). Installing
 # docker.io and containerd starts no daemon where there is no init system; where there is
-# one, the test's own dockerd and containerd keep apart from the system's.
+# one, the test's own dockerd and containerd keep apart from the system's. The build
+# dependencies of Debian's crun source package, which `make crun-criu` builds with CRIU
+# (scripts/build-crun-criu.sh), complete the list.
 packages=(
 	build-essential pkg-config git xz-utils patch
 	libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler
@@ -31,6 +33,8 @@ packages=(
 	hipcc libamdhip64-dev
 	dpkg-dev debhelper lintian
 	runc crun podman docker.io containerd busybox-static zstd
+	gperf go-md2man libseccomp-dev libsystemd-dev libyajl-dev
+	golang-github-opencontainers-image-spec-dev golang-github-opencontainers-specs-dev
 )
 
 missing=()
