@@ -2,7 +2,7 @@
 """Writes the config.json of a GPU container for test/containers/run.sh.
 
 usage: oci-config.py OUT ROOTFS MINORS [--cgroups-path P] [--criu-config F] [--host-minors M]
-                     [--cpu-topology yes] -- ARGS...
+                     [--cpu-topology yes] [--device-nodes D] -- ARGS...
 
 The container gets, as a Kubernetes device plugin gives them: /dev/kfd, the render nodes
 /dev/dri/renderD<N> of MINORS (comma separated), and device-cgroup rules for them; and the
@@ -14,6 +14,9 @@ bind mounts). With --host-minors, container node renderD<MINORS[i]> is the host'
 renderD<HOST[i]> (the restore of a checkpoint made with other GPUs: the container keeps
 its mount points, the engine binds the new GPUs there). --cpu-topology yes also binds
 /sys/devices/system/node and /sys/devices/system/cpu, which libhsakmt reads.
+--device-nodes D (comma separated minors) adds render nodes as hardware containers get
+them: linux.devices entries /dev/dri/renderD<D> (character 226:D), which runc makes with
+mknod in the container's /dev tmpfs.
 """
 import json
 import os
@@ -28,6 +31,7 @@ def main():
     out, rootfs, minors = opts[0], opts[1], [int(m) for m in opts[2].split(",") if m]
     cgroups_path = criu_config = None
     cpu_topology = False
+    device_nodes = []
     host = minors
     rest = opts[3:]
     while rest:
@@ -38,6 +42,8 @@ def main():
             criu_config = v
         elif k == "--cpu-topology":
             cpu_topology = v == "yes"
+        elif k == "--device-nodes":
+            device_nodes = [int(m) for m in v.split(",")]
         elif k == "--host-minors":
             host = [int(m) for m in v.split(",")]
         else:
@@ -108,6 +114,10 @@ def main():
             "readonlyPaths": ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"],
         },
     }
+    if device_nodes:
+        config["linux"]["devices"] = [
+            {"path": f"/dev/dri/renderD{d}", "type": "c", "major": 226, "minor": d,
+             "fileMode": 0o666, "uid": 0, "gid": 0} for d in device_nodes]
     if cgroups_path:
         config["linux"]["cgroupsPath"] = cgroups_path
     if criu_config:

@@ -5,11 +5,14 @@
 #   usage: test/containers/run.sh CRIU_BINARY [CASE...]   (as root; `make test-containers`)
 #          test/containers/run.sh --list
 #   env:   CARGO_TARGET_DIR    where kfd-emu and gpu-workload were built (default rust/target)
+#          CRUN                crun built with CRIU (default build/crun-criu/bin/crun, which
+#                              `make crun-criu` builds; Debian's crun has no CRIU)
 #          CT_KEEP=1           keep the work directory even when everything passed
 #
 # criu-rocm is the `criu` the engines find: a directory holding a `criu` symlink to it comes
 # first on PATH, as package criu-rocm-as-criu makes /usr/sbin/criu. Engines pass no plugin
-# directory and no GPU option: the GPU path is criu-rocm's own.
+# directory and no GPU option: the GPU path is criu-rocm's own. The same directory holds a
+# `crun` symlink to $CRUN (crun with CRIU: its libcriu runs `criu swrk` from PATH).
 #
 # The container (test/containers/oci-config.py writes its config.json) runs gpu-workload
 # from a busybox rootfs built here from the host's binaries (no network, no image registry),
@@ -23,6 +26,8 @@
 #     its GPU memory must be intact and its SDMA counters must have moved on;
 #   * checks in criu-rocm's restore log which host GPUs the process got, and in the
 #     restored process which render nodes it holds (they must be inside its container);
+#     restored into a container given other render nodes at their own paths (the *-own-paths
+#     cases, as Kubernetes' device plugin gives them), the container must hold exactly those;
 #   * stops it with SIGTERM (a last verification, exit status 0).
 #
 # The Docker and containerd cases (docker.sh, containerd.sh, sourced below) run the same
@@ -40,7 +45,10 @@ top=$(cd "$(dirname "$(realpath "$0")")/../.." && pwd)
 
 PY=/usr/bin/python3
 HOSTS=$top/test/gpu/hosts
-CASES="runc-same-host runc-other-host runc-gpu-subset runc-rocr runc-rocr-gpu-subset crun-same-host podman-export-import"
+CASES="runc-same-host runc-other-host runc-gpu-subset runc-own-paths runc-gpu-subset-own-paths"
+CASES+=" runc-own-paths-too-few runc-device-nodes"
+CASES+=" runc-rocr runc-rocr-gpu-subset crun-same-host crun-own-paths"
+CASES+=" podman-export-import podman-crun-export-import podman-own-paths"
 WL_ARGS="--mib 8 --bos 4 --interval-ms 2"
 # The container's program: gpu-workload, or rocr-workload (Debian's ROCr, test/demo).
 WL_CMD="exec /bin/gpu-workload $WL_ARGS </dev/null >/tmp/wl.out 2>&1"
@@ -74,10 +82,12 @@ make_rootfs() {
 
 # bundle DIR MINORS [HOST_MINORS]: a bundle whose container has render nodes MINORS (bound
 # from the host's HOST_MINORS, default the same) and runs $WL_CMD (with ROCr, the CPU
-# topology libhsakmt reads too).
+# topology libhsakmt reads too); with DEVICE_NODES (minors), also those render nodes as
+# device files (linux.devices).
 bundle() {
 	local dir=$1 minors=$2 hostm=${3:-$2} extra=()
 	[ "$hostm" = "$minors" ] || extra=(--host-minors "$hostm")
+	[ -z "${DEVICE_NODES:-}" ] || extra+=(--device-nodes "$DEVICE_NODES")
 	[ "$WL_CMD" != "$ROCR_CMD" ] || extra+=(--cpu-topology yes)
 	mkdir -p "$dir"
 	"$PY" "$here/oci-config.py" "$dir/config.json" "$ROOTFS" "$minors" \
@@ -228,6 +238,12 @@ check_nodes_inside() {
 	note "render nodes held after the restore: $held"
 }
 
+# render_names MINORS: "renderD128 renderD129" of "128,129".
+render_names() { tr ',' '\n' <<<"$1" | sed 's/^/renderD/' | sort -u | paste -sd' '; }
+
+# dri_names PID: the names in the process' /dev/dri.
+dri_names() { find "/proc/$1/root/dev/dri" -mindepth 1 -maxdepth 1 -printf '%f\n' 2>/dev/null | sort | paste -sd' '; }
+
 # mapped_hosts: the host render minors criu-rocm's restore gave the image's GPUs.
 mapped_hosts() {
 	grep -a -o -- '-> host GPU 0x[0-9a-f]* (renderD[0-9]*)' "$CASE_DIR/img/restore.log" |
@@ -283,11 +299,36 @@ in_restore_as() {
 	local want got
 	bundle "$CASE_DIR/b2" "$1" "$2"
 	ct_restore ct "$CASE_DIR/b2"
-	want=$(tr ',' '\n' <<<"$2" | sed 's/^/renderD/' | sort -u | paste -sd' ')
+	want=$(render_names "$2")
 	got=$(mapped_hosts)
 	[ "$got" = "$want" ] || fail "the restore gave the image's GPUs host nodes '$got', the container was given '$want'"
 	note "restored onto host GPUs $got (container nodes renderD${1//,/ renderD})"
 	check_nodes_inside "$(cat "$CASE_DIR/pid")"
+	ct_stop ct
+}
+
+# in_restore_own_paths MINORS: restore into a container given the host's render nodes
+# MINORS at their own paths (host renderD130 is the container's renderD130), as Kubernetes'
+# AMD device plugin gives them, where the checkpoint's container had others. The engine
+# names the new nodes as external mounts and the image's nodes have none: criu-rocm puts
+# the image's render-node mounts at the new paths (patch 0050). The restore must have
+# given the image's GPUs exactly MINORS, the container must hold exactly those nodes
+# (no mount point of the old ones left), and the process must hold them.
+in_restore_own_paths() {
+	local want got have pid
+	bundle "$CASE_DIR/b2" "$1"
+	ct_restore ct "$CASE_DIR/b2"
+	want=$(render_names "$1")
+	got=$(mapped_hosts)
+	[ "$got" = "$want" ] || fail "the restore gave the image's GPUs host nodes '$got', the container was given '$want'"
+	pid=$(cat "$CASE_DIR/pid")
+	have=$(dri_names "$pid")
+	[ "$have" = "$want" ] || fail "the restored container's /dev/dri holds '$have', the engine gave it '$want'"
+	grep -aq "the image's render node /dev/dri/renderD[0-9]* becomes" "$CASE_DIR/img/restore.log" ||
+		fail "criu-rocm's restore log says nothing of placing the image's render nodes"
+	note "restored onto host GPUs $got at their own paths (dumped with $(grep -ao "render node /dev/dri/renderD[0-9]* becomes" "$CASE_DIR/img/restore.log" | grep -o 'renderD[0-9]*' | paste -sd' '))"
+	check_nodes_inside "$pid"
+	[ "$(held_nodes "$pid")" = "$want" ] || fail "the restored workload holds '$(held_nodes "$pid")', not the container's '$want'"
 	ct_stop ct
 }
 
@@ -336,7 +377,7 @@ in_rocr_restore_as() {
 	WL_CMD=$ROCR_CMD
 	bundle "$CASE_DIR/b2" "$1" "$2"
 	ct_restore ct "$CASE_DIR/b2"
-	want=$(tr ',' '\n' <<<"$2" | sed 's/^/renderD/' | sort -u | paste -sd' ')
+	want=$(render_names "$2")
 	got=$(mapped_hosts)
 	[ "$got" = "$want" ] || fail "the restore gave the image's GPUs host nodes '$got', the container was given '$want'"
 	note "restored onto host GPUs $got"
@@ -379,26 +420,132 @@ case_runc-gpu-subset() {
 	on mi250x8 -- in_restore_as 128,129 134,135
 }
 
+# Kubernetes' way: mi100x2 → the other machine of the same two MI100s (minors 131, 130), into
+# a container given renderD130 and renderD131 at their own paths.
+case_runc-own-paths() {
+	export ENGINE=runc
+	on mi100x2 -- in_dump_only 128,129
+	on mi100x2 --profile-file "$HOSTS/mi100x2-other.toml" -- in_restore_own_paths 130,131
+}
+
+# in_restore_refused MINORS REGEX: the restore into a container given render nodes MINORS
+# at their own paths must fail, its log saying why (a line matching REGEX), with no process
+# of the container left.
+in_restore_refused() {
+	local why pid
+	bundle "$CASE_DIR/b2" "$1"
+	E restore -d --image-path "$CASE_DIR/img" --work-path "$CASE_DIR/img" --bundle "$CASE_DIR/b2" ct &&
+		fail "$ENGINE restore into a container given renderD${1//,/ renderD} succeeded; it must be refused"
+	why=$(grep -a -m1 -E -- "$2" "$CASE_DIR/img/restore.log")
+	[ -n "$why" ] || fail "the refused restore did not say why (/$2/): $(log_errors "$CASE_DIR/img/restore.log")"
+	pid=$(engine_pid ct)
+	if [ -n "$pid" ] && alive "$pid"; then fail "a process of the refused container runs ($pid)"; fi
+	note "refused: ${why#*: }"
+	E delete -f ct || true
+}
+
+# Two of mi250x8's eight GPUs (renderD128, renderD129) → two others (renderD134, renderD135)
+# at their own paths, on the same host.
+case_runc-gpu-subset-own-paths() {
+	export ENGINE=runc
+	on mi250x8 -- in_dump_only 128,129 8
+	on mi250x8 -- in_restore_own_paths 134,135
+}
+
+# in_device_nodes STEP MINOR: hardware's render nodes, modelled: the host (this emulated
+# host's private /dev) gets character devices renderD200 and renderD201 (226:200, 226:201:
+# no GPU behind them, never opened), and the container is given renderD128/129 as bind
+# mounts (its GPUs) and renderD<MINOR> as a device file, which runc makes with mknod in its
+# /dev tmpfs and CRIU restores from the image as dumped. STEP dump: checkpoint a container
+# given renderD200. STEP restore: restore into one given renderD201 instead; criu-rocm must
+# replace the restored renderD200 by renderD201 (226:201), and the GPUs must work.
+in_device_nodes() {
+	local m pid have rdev
+	for m in 200 201; do
+		[ -e "/dev/dri/renderD$m" ] || mknod -m 666 "/dev/dri/renderD$m" c 226 "$m" ||
+			fail "cannot make the host's device node /dev/dri/renderD$m"
+	done
+	if [ "$1" = dump ]; then
+		DEVICE_NODES=$2 in_dump_only 128,129
+		return
+	fi
+	DEVICE_NODES=$2 bundle "$CASE_DIR/b2" 128,129
+	ct_restore ct "$CASE_DIR/b2"
+	pid=$(cat "$CASE_DIR/pid")
+	have=$(dri_names "$pid")
+	[ "$have" = "renderD128 renderD129 renderD$2" ] ||
+		fail "the restored container's /dev/dri holds '$have', runc gave it 'renderD128 renderD129 renderD$2'"
+	rdev=$(stat -c '%F %t:%T' "/proc/$pid/root/dev/dri/renderD$2")
+	[ "$rdev" = "character special file e2:$(printf '%x' "$2")" ] ||
+		fail "the restored container's renderD$2 is '$rdev', not character device 226:$2"
+	grep -aq "device node /dev/dri/renderD200 (226:200) of the image becomes /dev/dri/renderD$2 (226:$2" \
+		"$CASE_DIR/img/restore.log" || fail "criu-rocm's restore log says nothing of replacing renderD200"
+	note "the restored /dev tmpfs' renderD200 (226:200) became renderD$2 (226:$2)"
+	check_nodes_inside "$pid"
+	ct_stop ct
+}
+
+case_runc-device-nodes() {
+	export ENGINE=runc
+	on mi100x2 -- in_device_nodes dump 200
+	on mi100x2 -- in_device_nodes restore 201
+}
+
+# A container dumped with two GPUs restored into one given a single other node: refused.
+case_runc-own-paths-too-few() {
+	export ENGINE=runc
+	on mi100x2 -- in_dump_only 128,129
+	on mi100x2 --profile-file "$HOSTS/mi100x2-other.toml" -- in_restore_refused 130 "have no source in this restore"
+}
+
+# cgroup_v1 FN ARGS...: FN with crun able to make cgroups here. These machines run cgroups
+# in hybrid mode with a controller (hugetlb) in the cgroup2 hierarchy that no v1 hierarchy
+# took, and crun refuses that ("cgroups in hybrid mode not supported, drop all controllers
+# from cgroupv2"; runc does not care). In the emulated host's own mount namespace (its
+# mounts propagate nowhere) a tmpfs covers /sys/fs/cgroup/unified, so crun sees cgroup v1
+# alone, as on a host whose v1 hierarchies hold every controller.
+cgroup_v1() {
+	local c
+	c=$(cat /sys/fs/cgroup/unified/cgroup.controllers 2>/dev/null)
+	if [ -n "$c" ]; then
+		mount -t tmpfs -o size=4k,mode=755 no-cgroup2 /sys/fs/cgroup/unified ||
+			fail "cannot cover /sys/fs/cgroup/unified (cgroup2 controllers: $c) for crun"
+	fi
+	"$@"
+}
+
+# crun built with CRIU ($CRUN, `crun` on PATH): crun dlopens libcriu.so.2, which runs
+# `criu swrk` from PATH, criu-rocm.
 case_crun-same-host() {
-	local out
-	out=$(crun checkpoint --help 2>&1)
-	case $out in
-	*"unknown command"*)
-		skip "crun $(crun --version | sed -n '1s/crun version //p') here is built without CRIU support ('crun checkpoint': ${out//$'\n'/ }; 'crun --version' lists no +CRIU), and Debian bookworm has no libcriu-dev to build one against"
-		;;
-	esac
 	export ENGINE=crun
-	on mi100x2 -- in_same_host 128,129
+	on mi100x2 -- cgroup_v1 in_same_host 128,129
+}
+
+# crun 1.8.1 restores into the checkpointed cgroups (CRIU, --manage-cgroups soft, creates
+# them with the dumped properties) and moves the process into its own only after CRIU
+# returned; unlike runc, it names CRIU no cgroup of the new container. Under cgroup v1 the
+# dumped devices cgroup allows the old render minors alone, so the GPUs of the new
+# container's nodes cannot be opened while the task is restored: the restore must fail
+# closed, after criu-rocm placed crun's external mounts at the new paths.
+in_crun_refused() {
+	in_restore_refused 130,131 "opening /dev/dri/renderD13[01]: .*Operation not permitted"
+	grep -aq "the image's render node /dev/dri/renderD128 becomes /dev/dri/renderD130" "$CASE_DIR/img/restore.log" ||
+		fail "criu-rocm did not place crun's render-node mounts at the new paths"
+}
+case_crun-own-paths() {
+	export ENGINE=crun
+	on mi100x2 -- cgroup_v1 in_dump_only 128,129
+	on mi100x2 --profile-file "$HOSTS/mi100x2-other.toml" -- cgroup_v1 in_crun_refused
 }
 
 # podman with this case's own storage and state (vfs: no overlay mounts to leave behind),
-# cgroupfs (cgroup v1 here) and runc (Debian's crun cannot checkpoint); the rlimits runc
-# sets must not exceed this machine's (no CAP_SYS_RESOURCE: podman's default RLIMIT_NOFILE
-# of 1048576 cannot be set here).
-PODMAN_GLOBAL=(--storage-driver vfs --cgroup-manager cgroupfs --events-backend file --runtime runc)
+# cgroupfs (cgroup v1 here) and the OCI runtime $PODMAN_RUNTIME (runc, or crun with CRIU);
+# the rlimits the runtime sets must not exceed this machine's (no CAP_SYS_RESOURCE:
+# podman's default RLIMIT_NOFILE of 1048576 cannot be set here).
 pod() {
 	podman --root "$WORK/podman/root" --runroot "$WORK/podman/runroot" --tmpdir "$WORK/podman/tmp" \
-		"${PODMAN_GLOBAL[@]}" "$@"
+		--storage-driver vfs --cgroup-manager cgroupfs --events-backend file \
+		--runtime "${PODMAN_RUNTIME:-runc}" "$@"
 }
 P() {
 	echo "+ podman $*" >>"$CASE_DIR/engine.log"
@@ -416,8 +563,11 @@ podman_log() {
 	fi
 }
 
-in_podman() {
-	local minors=$1 m d pid l args=()
+# in_podman_checkpoint MINORS: a container given render nodes MINORS runs gpu-workload,
+# which verifies once; `podman container checkpoint --export` into $CASE_DIR/ck.tar.zst,
+# and the container is removed.
+in_podman_checkpoint() {
+	local minors=$1 m d pid l t0 args=()
 	tar -C "$ROOTFS" -c . | pod import - localhost/criu-rocm-gpu-ct:test >>"$CASE_DIR/engine.log" 2>&1 ||
 		fail "podman import of the rootfs failed: $(tail -n 1 "$CASE_DIR/engine.log")"
 	# shellcheck disable=SC2054 # commas inside the mount specifications
@@ -447,6 +597,49 @@ in_podman() {
 	grep -q 'checkpoint/amdgpu-kfd-.*\.img' <<<"$l" ||
 		fail "the exported archive holds no checkpoint/amdgpu-kfd-*.img"
 	P rm -f gpuct || fail "podman rm failed"
+}
+
+# podman_retarget OLD NEW: the exported container now gets the host's render nodes NEW
+# (comma separated) at their own paths in place of OLD. podman has no option to give a
+# restored container other devices; a CRI engine restoring for the kubelet builds the new
+# container from the new pod's spec, which the device plugin filled. This rewrites the
+# container configuration in the archive that `restore --import` creates the container
+# from (config.dump, spec.dump): the render-node bind mounts and device-cgroup rules.
+podman_retarget() {
+	local x=$CASE_DIR/retarget
+	rm -rf "$x"
+	mkdir -p "$x"
+	tar -C "$x" -xf "$CASE_DIR/ck.tar.zst" || fail "cannot unpack the exported archive"
+	"$PY" - "$x" "$1" "$2" <<'PYEOF' || fail "rewriting the archive's container configuration failed"
+import json, sys
+root, old, new = sys.argv[1], sys.argv[2].split(","), sys.argv[3].split(",")
+m = dict(zip((int(o) for o in old), (int(n) for n in new)))
+def fix(v):
+    if isinstance(v, dict):
+        if v.get("major") == 226 and v.get("minor") in m:
+            v = dict(v, minor=m[v["minor"]])
+        return {k: fix(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [fix(x) for x in v]
+    if isinstance(v, str):
+        for o, n in m.items():
+            v = v.replace(f"/dev/dri/renderD{o}", f"/dev/dri/renderD{n}")
+    return v
+for f in ("config.dump", "spec.dump"):
+    with open(f"{root}/{f}") as h:
+        d = json.load(h)
+    with open(f"{root}/{f}", "w") as h:
+        json.dump(fix(d), h)
+PYEOF
+	tar -C "$x" --zstd -cf "$CASE_DIR/ck.tar.zst" . || fail "cannot pack the rewritten archive"
+	rm -rf "$x"
+}
+
+# in_podman_restore [MINORS]: `podman container restore --import`, a verification whose
+# counters moved on, the render nodes it holds inside the container (exactly MINORS when
+# given, which the restore must have given the image's GPUs), then SIGTERM's last one.
+in_podman_restore() {
+	local pid l out t0 want got n
 	t0=${EPOCHREALTIME/./}
 	P container restore --import "$CASE_DIR/ck.tar.zst" ||
 		fail "podman container restore --import failed: $(log_errors <(podman_log restore.log)) $(tail -n 1 "$CASE_DIR/engine.log")"
@@ -454,12 +647,44 @@ in_podman() {
 	pid=$(pod inspect -f '{{.State.Pid}}' gpuct 2>/dev/null)
 	wl_moved_on "${pid:-0}" 3 "after the restore"
 	check_nodes_inside "$pid"
+	if [ -n "${1:-}" ]; then
+		# podman keeps no restore.log after a restore that worked: the container's nodes
+		# must be the host's of the same names (device and inode), and the only ones.
+		want=$(render_names "$1")
+		for n in $want; do
+			[ "$(stat -c %d:%i "/proc/$pid/root/dev/dri/$n" 2>&1)" = "$(stat -c %d:%i "/dev/dri/$n")" ] ||
+				fail "the restored container's /dev/dri/$n is not the host's $n"
+		done
+		got=$(dri_names "$pid")
+		[ "$got" = "$want" ] || fail "the restored container's /dev/dri holds '$got', podman gave it '$want'"
+		[ "$(held_nodes "$pid")" = "$want" ] || fail "the restored workload holds '$(held_nodes "$pid")', not '$want'"
+		note "restored onto host GPUs $want at their own paths"
+	fi
 	wl_stop "$pid"
 	P rm -f gpuct || true
 }
 
+in_podman() {
+	in_podman_checkpoint "$1"
+	in_podman_restore ""
+}
+
 case_podman-export-import() {
 	on mi100x2 -- in_podman 128,129
+}
+
+# podman with crun built with CRIU as its OCI runtime.
+case_podman-crun-export-import() {
+	export PODMAN_RUNTIME=$CRUN
+	on mi100x2 -- cgroup_v1 in_podman 128,129
+}
+
+# Checkpointed with renderD128/129, restored on the other machine of mi100x2's two MI100s
+# (minors 131, 130) into a container given renderD130/131 at their own paths.
+case_podman-own-paths() {
+	on mi100x2 -- in_podman_checkpoint 128,129
+	podman_retarget 128,129 130,131
+	on mi100x2 --profile-file "$HOSTS/mi100x2-other.toml" -- in_podman_restore 130,131
 }
 
 # containerd and Docker: their cases, in files of their own.
@@ -517,6 +742,12 @@ main() {
 	for t in "$CRIU" "$KFD_EMU" "$WORKLOAD"; do
 		[ -x "$t" ] || { echo "test/containers: $t is missing (build it first)" >&2; exit 2; }
 	done
+	CRUN=$(realpath -m "${CRUN:-$top/build/crun-criu/bin/crun}")
+	[ -x "$CRUN" ] || { echo "test/containers: $CRUN is missing: crun with CRIU, which make crun-criu builds (Debian's crun has no CRIU)" >&2; exit 2; }
+	case $("$CRUN" --version) in
+	*+CRIU*) ;;
+	*) echo "test/containers: $CRUN --version lists no +CRIU: it cannot checkpoint" >&2; exit 2 ;;
+	esac
 	# scripts/install-deps.sh installs them: missing is a failure, not a skip.
 	for t in runc crun podman busybox ldd dockerd /usr/bin/docker containerd ctr; do
 		command -v "$t" >/dev/null || missing+=("$t")
@@ -525,11 +756,12 @@ main() {
 	WORK=$(mktemp -d /tmp/criu-rocm-containers.XXXXXX)
 	mkdir -p "$WORK/bin"
 	ln -s "$CRIU" "$WORK/bin/criu"
+	ln -s "$CRUN" "$WORK/bin/crun"
 	PATH=$WORK/bin:$PATH
 	ROOTFS=$WORK/rootfs
 	make_rootfs "$ROOTFS" || { echo "test/containers: building the rootfs failed" >&2; exit 1; }
 	[ "$(command -v criu)" = "$WORK/bin/criu" ] || { echo "test/containers: criu on PATH is $(command -v criu)" >&2; exit 1; }
-	export PATH WORK ROOTFS KFD_EMU WORKLOAD CRIU
+	export PATH WORK ROOTFS KFD_EMU WORKLOAD CRIU CRUN
 	echo "test/containers: criu on PATH is criu-rocm ($(criu --version | head -n 1)); runc $(runc --version | sed -n '1s/runc version //p'), crun $(crun --version | sed -n '1s/crun version //p'), podman $(podman --version | sed 's/podman version //'); work in $WORK"
 	PASSED=0 FAILED=0 SKIPPED=0
 	local c list=("$@")
