@@ -19,6 +19,7 @@ pub mod decode;
 pub mod exec;
 pub mod fp;
 pub mod memory;
+mod regfile;
 pub mod state;
 
 pub use cache::ICache;

@@ -1,5 +1,7 @@
 //! Wave64 state: the registers a wave owns.
 
+use crate::regfile::RegFile;
+
 /// The GPU the wave runs on; the two differ in a few opcodes (gfx90a's packed f32 and f64
 /// atomics, gfx908's v_mul_legacy_f32 at VOP2 0x04) and in VGPR-tuple alignment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -64,8 +66,8 @@ pub struct Wave {
     /// M0, EXEC.
     pub sreg: [u32; SREG_CODES],
     pub scc: bool,
-    vgpr: Vec<[u32; LANES]>,
-    agpr: Vec<[u32; LANES]>,
+    vgpr: RegFile,
+    agpr: RegFile,
     pub mode: u32,
     pub status: u32,
     pub trapsts: u32,
@@ -88,8 +90,8 @@ impl Wave {
             pc,
             sreg: [0; SREG_CODES],
             scc: false,
-            vgpr: vec![[0; LANES]; VGPRS + VGPR_SLACK],
-            agpr: vec![[0; LANES]; VGPRS + VGPR_SLACK],
+            vgpr: RegFile::new(VGPRS + VGPR_SLACK),
+            agpr: RegFile::new(VGPRS + VGPR_SLACK),
             mode: 0,
             status: 0,
             trapsts: 0,
@@ -152,45 +154,45 @@ impl Wave {
 
     /// VGPR `r` (an index 0..=255 plus tuple slack), all lanes.
     pub fn v(&self, r: usize) -> &[u32; LANES] {
-        &self.vgpr[r]
+        self.vgpr.get(r)
     }
 
     pub fn v_mut(&mut self, r: usize) -> &mut [u32; LANES] {
-        &mut self.vgpr[r]
+        self.vgpr.get_mut(r)
     }
 
     /// AccVGPR `r`, all lanes.
     pub fn a(&self, r: usize) -> &[u32; LANES] {
-        &self.agpr[r]
+        self.agpr.get(r)
     }
 
     pub fn a_mut(&mut self, r: usize) -> &mut [u32; LANES] {
-        &mut self.agpr[r]
+        self.agpr.get_mut(r)
     }
 
     /// VGPR or AccVGPR row, as the instruction's acc bit says.
     pub fn row(&self, acc: bool, r: usize) -> &[u32; LANES] {
         if acc {
-            &self.agpr[r]
+            self.a(r)
         } else {
-            &self.vgpr[r]
+            self.v(r)
         }
     }
 
     pub fn row_mut(&mut self, acc: bool, r: usize) -> &mut [u32; LANES] {
         if acc {
-            &mut self.agpr[r]
+            self.a_mut(r)
         } else {
-            &mut self.vgpr[r]
+            self.v_mut(r)
         }
     }
 
     /// The value of a VGPR in one lane (for callers reading results).
     pub fn lane(&self, r: usize, lane: usize) -> u32 {
-        self.vgpr[r][lane]
+        self.v(r)[lane]
     }
 
     pub fn set_lane(&mut self, r: usize, lane: usize, v: u32) {
-        self.vgpr[r][lane] = v;
+        self.v_mut(r)[lane] = v;
     }
 }
