@@ -718,3 +718,62 @@ fn div_fixup_f16_special_cases() {
         );
     }
 }
+
+/// v_fma_f32 and v_fmac_f32 run as the CPU's FMA instruction where it has one: the result is
+/// the exactly rounded a*b+c (one rounding, denormal results kept), NaN in gives NaN out,
+/// and EXEC all ones or partial changes which lanes are written, not their values.
+#[test]
+fn fma_rounds_once_keeps_denormals_and_propagates_nan() {
+    let tiny = f32::from_bits(1); // the smallest denormal
+    let cases: [(f32, f32, f32); 12] = [
+        (1.0 + f32::EPSILON, 1.0 - f32::EPSILON, -1.0), // the product's low bits survive
+        (tiny, 0.5, 0.0),                               // rounds to even: 0
+        (tiny, 1.5, 0.0),                               // rounds to even: 2 ulp
+        (f32::MIN_POSITIVE, 0.5, tiny),                 // denormal result
+        (-1e-20, 1e-20, 1e-40),                         // denormal addend dominates
+        (f32::MAX, 2.0, -f32::MAX),                     // overflow in the product only
+        (f32::NAN, 1.0, 1.0),
+        (1.0, f32::NAN, 1.0),
+        (1.0, 1.0, f32::NAN),
+        (f32::INFINITY, 0.0, 1.0), // invalid: NaN
+        (f32::INFINITY, 1.0, f32::NEG_INFINITY),
+        (-0.0, 0.0, -0.0),
+    ];
+    let set = |k: usize| move |l: usize| [cases[l % 12].0, cases[l % 12].1, cases[l % 12].2][k];
+    for exec in [u64::MAX, EXEC_MASK] {
+        let mut r = Rig::new(Target::Gfx90a);
+        r.set_v(1, |l| set(0)(l).to_bits());
+        r.set_v(2, |l| set(1)(l).to_bits());
+        r.set_v(3, |l| set(2)(l).to_bits());
+        r.set_v(0, |_| SENTINEL);
+        r.set_v(4, |l| set(2)(l).to_bits());
+        r.w.set_exec(exec);
+        r.ok(&vop3(0x1cb, 0, [v(1), v(2), v(3)], PLAIN)); // v_fma_f32 v0, v1, v2, v3
+        r.ok(&[vop2(0x3b, 4, v(1), v(2))]); // v_fmac_f32 v4, v1, v2
+        for l in 0..64 {
+            let (a, b, c) = (set(0)(l), set(1)(l), set(2)(l));
+            let want = a.mul_add(b, c).to_bits();
+            let on = (exec >> l) & 1 == 1;
+            for (reg, old) in [(0, SENTINEL), (4, c.to_bits())] {
+                let got = r.w.lane(reg, l);
+                if !on {
+                    assert_eq!(
+                        got, old,
+                        "exec {exec:#x}: inactive lane {l} of v{reg} written"
+                    );
+                } else if f32::from_bits(want).is_nan() {
+                    assert!(
+                        f32::from_bits(got).is_nan(),
+                        "lane {l} v{reg}: {got:#x} not NaN"
+                    );
+                } else {
+                    assert_eq!(got, want, "lane {l} v{reg}: fma({a:e}, {b:e}, {c:e})");
+                }
+            }
+        }
+    }
+    // The expectations are those of IEEE fma itself, not only the reference's.
+    assert_eq!(tiny.mul_add(0.5, 0.0).to_bits(), 0);
+    assert_eq!(tiny.mul_add(1.5, 0.0).to_bits(), 2);
+    assert_eq!(f32::MIN_POSITIVE.mul_add(0.5, tiny).to_bits(), 0x0040_0001);
+}

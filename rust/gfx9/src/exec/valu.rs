@@ -192,18 +192,6 @@ impl Src<'_> {
             From::Lanes(v) => v[lane],
         }
     }
-
-    #[inline(always)]
-    fn get<T: Val>(&self, lane: usize) -> T {
-        let mut x = T::from_bits(self.raw(lane));
-        if self.abs {
-            x = x.abs();
-        }
-        if self.neg {
-            x = x.neg();
-        }
-        x
-    }
 }
 
 /// The sources of one instruction, and the lanes it writes: EXEC, narrowed by DPP's row
@@ -214,18 +202,6 @@ pub struct Ops<'w> {
 }
 
 impl Ops<'_> {
-    #[inline(always)]
-    pub fn a<T: Val>(&self, l: usize) -> T {
-        self.src[0].get(l)
-    }
-    #[inline(always)]
-    pub fn b<T: Val>(&self, l: usize) -> T {
-        self.src[1].get(l)
-    }
-    #[inline(always)]
-    pub fn c<T: Val>(&self, l: usize) -> T {
-        self.src[2].get(l)
-    }
     /// Source `n` without modifiers (for DPP and SDWA to rewrite).
     pub(super) fn raw(&self, n: usize, l: usize) -> u64 {
         self.src[n].raw(l)
@@ -394,6 +370,44 @@ fn gather<T: Val>(ops: &Ops<'_>, n: usize) -> [T; LANES] {
     v
 }
 
+/// Runs `f`, a lane loop, compiled for AVX2 and FMA when the CPU has them: the loops
+/// vectorise, and `mul_add` becomes the FMA instruction instead of a call per lane. Both are
+/// IEEE operations with the same results in either form (fused multiply-add rounds once,
+/// denormals are kept: nothing here sets MXCSR's flush or denormals-are-zero bits).
+#[inline(always)]
+pub(super) fn fast<R>(f: impl FnOnce() -> R) -> R {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        // SAFETY: the CPU has AVX2 and FMA (checked just above), all `avx2_fma` requires.
+        return unsafe { avx2_fma(f) };
+    }
+    f()
+}
+
+#[cfg(target_arch = "x86_64")]
+fn has_avx2_fma() -> bool {
+    use std::sync::atomic::{AtomicU8, Ordering};
+    // 0: not yet detected, 1: absent, 2: present.
+    static HAS: AtomicU8 = AtomicU8::new(0);
+    match HAS.load(Ordering::Relaxed) {
+        0 => {
+            let has = std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma");
+            HAS.store(1 + has as u8, Ordering::Relaxed);
+            has
+        }
+        v => v == 2,
+    }
+}
+
+/// `f` inlined into code compiled with AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn avx2_fma<R>(f: impl FnOnce() -> R) -> R {
+    f()
+}
+
 /// Computes `f` for every lane (inactive ones too: lane functions are pure) and writes the
 /// active lanes' results with clamp/omod applied.
 #[inline(always)]
@@ -405,7 +419,10 @@ fn run_all<D: Val>(
 ) -> Step {
     let mut out = [0u64; LANES];
     let active = with_ops(cx.w, i, kinds, |ops| {
-        f(ops, &mut out);
+        fast(
+            #[inline(always)]
+            || f(ops, &mut out),
+        );
         ops.active
     })?;
     if i.clamp || i.omod != 0 {
@@ -416,35 +433,61 @@ fn run_all<D: Val>(
     finish::<D>(cx, i, active, &out)
 }
 
-/// Per-lane form of [`run_all`] for lane functions that need the lane number or a mask.
+/// Three sources (of kinds `kinds`; unused ones read zero) and the lane number, for every
+/// lane: the form of [`run_all`] for lane functions that need the lane or a lane mask.
 #[inline(always)]
-fn run_lanes<D: Val>(
+fn lanes3<A: Val, B: Val, C: Val, D: Val>(
     cx: &mut Cx<'_>,
     i: &Instr,
     kinds: Kinds,
-    f: impl Fn(&Ops<'_>, usize) -> D,
+    f: impl Fn(A, B, C, usize) -> D,
 ) -> Step {
-    run_all::<D>(cx, i, kinds, |ops, out| {
-        for_lanes(ops.active, |l| out[l] = f(ops, l).to_bits())
-    })
+    run_all::<D>(
+        cx,
+        i,
+        kinds,
+        #[inline(always)]
+        |ops, out| {
+            let (a, b, c) = (
+                gather::<A>(ops, 0),
+                gather::<B>(ops, 1),
+                gather::<C>(ops, 2),
+            );
+            for l in 0..LANES {
+                out[l] = f(a[l], b[l], c[l], l).to_bits();
+            }
+        },
+    )
 }
 
 pub fn v1<A: Val, D: Val>(cx: &mut Cx<'_>, i: &Instr, f: impl Fn(A) -> D) -> Step {
-    run_all::<D>(cx, i, [Some(A::KIND), None, None], |ops, out| {
-        let a = gather::<A>(ops, 0);
-        for l in 0..LANES {
-            out[l] = f(a[l]).to_bits();
-        }
-    })
+    run_all::<D>(
+        cx,
+        i,
+        [Some(A::KIND), None, None],
+        #[inline(always)]
+        |ops, out| {
+            let a = gather::<A>(ops, 0);
+            for l in 0..LANES {
+                out[l] = f(a[l]).to_bits();
+            }
+        },
+    )
 }
 
 pub fn v2<A: Val, B: Val, D: Val>(cx: &mut Cx<'_>, i: &Instr, f: impl Fn(A, B) -> D) -> Step {
-    run_all::<D>(cx, i, [Some(A::KIND), Some(B::KIND), None], |ops, out| {
-        let (a, b) = (gather::<A>(ops, 0), gather::<B>(ops, 1));
-        for l in 0..LANES {
-            out[l] = f(a[l], b[l]).to_bits();
-        }
-    })
+    run_all::<D>(
+        cx,
+        i,
+        [Some(A::KIND), Some(B::KIND), None],
+        #[inline(always)]
+        |ops, out| {
+            let (a, b) = (gather::<A>(ops, 0), gather::<B>(ops, 1));
+            for l in 0..LANES {
+                out[l] = f(a[l], b[l]).to_bits();
+            }
+        },
+    )
 }
 
 pub fn v3<A: Val, B: Val, C: Val, D: Val>(
@@ -456,6 +499,7 @@ pub fn v3<A: Val, B: Val, C: Val, D: Val>(
         cx,
         i,
         [Some(A::KIND), Some(B::KIND), Some(C::KIND)],
+        #[inline(always)]
         |ops, out| {
             let (a, b, c) = (
                 gather::<A>(ops, 0),
@@ -471,9 +515,8 @@ pub fn v3<A: Val, B: Val, C: Val, D: Val>(
 
 /// Two sources and the lane number (v_mbcnt).
 pub fn v2_lane<D: Val>(cx: &mut Cx<'_>, i: &Instr, f: impl Fn(u32, u32, usize) -> D) -> Step {
-    run_lanes(cx, i, [Some(Kind::B32), Some(Kind::B32), None], |o, l| {
-        f(o.a(l), o.b(l), l)
-    })
+    let kinds = [Some(Kind::B32), Some(Kind::B32), None];
+    lanes3(cx, i, kinds, |a, b, _: u32, l| f(a, b, l))
 }
 
 /// The VOP2 MAC forms: the destination is the third source.
@@ -504,17 +547,22 @@ fn compare_dst(i: &Instr) -> u16 {
     }
 }
 
-/// Per-lane predicate into a mask (inactive lanes 0).
-fn mask_of(
+/// A per-lane predicate of two sources into a lane mask (inactive lanes 0).
+fn compare_mask<A: Val, B: Val>(
     w: &Wave,
     i: &Instr,
     kinds: Kinds,
-    f: impl Fn(&Ops<'_>, usize) -> bool,
+    f: impl Fn(A, B) -> bool,
 ) -> Result<u64, Abort> {
     with_ops(w, i, kinds, |ops| {
-        let mut m = 0u64;
-        for_lanes(ops.active, |l| m |= (f(ops, l) as u64) << l);
-        m
+        fast(
+            #[inline(always)]
+            || {
+                let (a, b) = (gather::<A>(ops, 0), gather::<B>(ops, 1));
+                let all = (0..LANES).fold(0u64, |m, l| m | (f(a[l], b[l]) as u64) << l);
+                all & ops.active
+            },
+        )
     })
 }
 
@@ -529,38 +577,44 @@ fn write_compare(cx: &mut Cx<'_>, i: &Instr, x: bool, m: u64) -> Step {
 /// VOPC: compares per lane into a mask written to VCC or the VOP3 sdst; the cmpx forms
 /// write EXEC as well.
 pub fn cmp<A: Val>(cx: &mut Cx<'_>, i: &Instr, x: bool, f: impl Fn(A, A) -> bool) -> Step {
-    let m = with_ops(cx.w, i, [Some(A::KIND), Some(A::KIND), None], |ops| {
-        let (a, b) = (gather::<A>(ops, 0), gather::<A>(ops, 1));
-        let all = (0..LANES).fold(0u64, |m, l| m | (f(a[l], b[l]) as u64) << l);
-        all & ops.active
-    })?;
+    let kinds = [Some(A::KIND), Some(A::KIND), None];
+    let m = compare_mask(cx.w, i, kinds, |a: A, b: A| f(a, b))?;
     write_compare(cx, i, x, m)
 }
 
 /// v_cmp_class: the second source is a mask of `class_bit` classes.
 pub fn cmp_class<A: Val>(cx: &mut Cx<'_>, i: &Instr, x: bool, class: impl Fn(A) -> u32) -> Step {
-    let m = mask_of(cx.w, i, [Some(A::KIND), Some(Kind::B32), None], |o, l| {
-        (o.b::<u32>(l) >> class(o.a(l))) & 1 != 0
-    })?;
+    let kinds = [Some(A::KIND), Some(Kind::B32), None];
+    let m = compare_mask(cx.w, i, kinds, |a: A, b: u32| (b >> class(a)) & 1 != 0)?;
     write_compare(cx, i, x, m)
 }
 
-/// Per-lane results with a carry-out mask.
-fn with_carry<D: Val>(
+/// Per-lane results with a carry-out mask (inactive lanes 0), of every lane.
+fn with_carry<A: Val, C: Val, D: Val>(
     w: &Wave,
     i: &Instr,
     kinds: Kinds,
-    f: impl Fn(&Ops<'_>, usize) -> (D, bool),
+    f: impl Fn(A, A, C, usize) -> (D, bool),
 ) -> Result<(u64, [u64; LANES], u64), Abort> {
     let mut out = [0u64; LANES];
     let (active, cout) = with_ops(w, i, kinds, |ops| {
-        let mut cout = 0u64;
-        for_lanes(ops.active, |l| {
-            let (d, c) = f(ops, l);
-            out[l] = d.to_bits();
-            cout |= (c as u64) << l;
-        });
-        (ops.active, cout)
+        fast(
+            #[inline(always)]
+            || {
+                let (a, b, c) = (
+                    gather::<A>(ops, 0),
+                    gather::<A>(ops, 1),
+                    gather::<C>(ops, 2),
+                );
+                let mut cout = 0u64;
+                for l in 0..LANES {
+                    let (d, carry) = f(a[l], b[l], c[l], l);
+                    out[l] = d.to_bits();
+                    cout |= (carry as u64) << l;
+                }
+                (ops.active, cout & ops.active)
+            },
+        )
     })?;
     Ok((active, out, cout))
 }
@@ -586,8 +640,9 @@ pub fn carry(
     } else {
         0
     };
-    let r = with_carry::<u32>(cx.w, i, [Some(Kind::B32), Some(Kind::B32), None], |o, l| {
-        f(o.a(l), o.b(l), (cin >> l) & 1 != 0)
+    let kinds = [Some(Kind::B32), Some(Kind::B32), None];
+    let r = with_carry(cx.w, i, kinds, |a, b, _: u32, l| {
+        f(a, b, (cin >> l) & 1 != 0)
     })?;
     write_with_carry::<u32>(cx, i, r)
 }
@@ -595,15 +650,16 @@ pub fn carry(
 /// v_cndmask_b32: src2 (VCC in VOP2) selects src1 where set, src0 elsewhere.
 pub fn cndmask(cx: &mut Cx<'_>, i: &Instr) -> Step {
     let sel = mask_operand(cx.w, i, i.src[2])?;
-    run_lanes(
+    let kinds = [Some(Kind::F32), Some(Kind::F32), None];
+    lanes3(
         cx,
         i,
-        [Some(Kind::F32), Some(Kind::F32), None],
-        |o, l| -> f32 {
+        kinds,
+        |a: f32, b: f32, _: u32, l| {
             if (sel >> l) & 1 != 0 {
-                o.b(l)
+                b
             } else {
-                o.a(l)
+                a
             }
         },
     )
@@ -615,24 +671,16 @@ pub fn wide_carry<A: Val, C: Val, D: Val>(
     i: &Instr,
     f: impl Fn(A, A, C) -> (D, bool),
 ) -> Step {
-    let r = with_carry::<D>(
-        cx.w,
-        i,
-        [Some(A::KIND), Some(A::KIND), Some(C::KIND)],
-        |o, l| f(o.a(l), o.b(l), o.c(l)),
-    )?;
+    let kinds = [Some(A::KIND), Some(A::KIND), Some(C::KIND)];
+    let r = with_carry(cx.w, i, kinds, |a, b, c, _| f(a, b, c))?;
     write_with_carry::<D>(cx, i, r)
 }
 
 /// v_div_fmas: fma, then scaled where VCC is set (the function decides by how much).
 pub fn div_fmas<T: Val>(cx: &mut Cx<'_>, i: &Instr, f: impl Fn(T, T, T, bool) -> T) -> Step {
     let vcc = cx.w.vcc();
-    run_lanes(
-        cx,
-        i,
-        [Some(T::KIND), Some(T::KIND), Some(T::KIND)],
-        |o, l| f(o.a(l), o.b(l), o.c(l), (vcc >> l) & 1 != 0),
-    )
+    let kinds = [Some(T::KIND), Some(T::KIND), Some(T::KIND)];
+    lanes3(cx, i, kinds, |a, b, c, l| f(a, b, c, (vcc >> l) & 1 != 0))
 }
 
 /// v_readlane_b32 / v_readfirstlane_b32: one lane of a VGPR into an SGPR.
