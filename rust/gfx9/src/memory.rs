@@ -257,10 +257,23 @@ impl Memory for VecMemory {
         cmp: u64,
     ) -> Result<u64, Fault> {
         let mut old = [0u8; 8];
-        self.read(addr, &mut old[..size])?;
+        let at = (addr & 0xfff) as usize;
+        if at + size > 4096 {
+            self.read(addr, &mut old[..size])?;
+            let old = u64::from_le_bytes(old);
+            let new = op.apply(size, old, src, cmp);
+            self.write(addr, &new.to_le_bytes()[..size])?;
+            return Ok(old);
+        }
+        // Within one page (atomics are naturally aligned): one lookup.
+        let page = self
+            .pages
+            .get_mut(&(addr >> 12))
+            .ok_or(Fault { addr, write: false })?;
+        old[..size].copy_from_slice(&page[at..at + size]);
         let old = u64::from_le_bytes(old);
         let new = op.apply(size, old, src, cmp);
-        self.write(addr, &new.to_le_bytes()[..size])?;
+        page[at..at + size].copy_from_slice(&new.to_le_bytes()[..size]);
         Ok(old)
     }
 }

@@ -296,3 +296,64 @@ fn faults_and_bad_tuples_stop_the_wave() {
         other => panic!("{other}"),
     }
 }
+
+/// Consecutive lanes with all of EXEC take the coalesced path (one access, whole rows);
+/// any other mask goes lane by lane. Both must move the same bytes to the same places.
+#[test]
+fn coalesced_and_lane_by_lane_accesses_agree() {
+    const X4: u64 = 0x1000; // 64 lanes of 16 bytes
+    let src: Vec<u32> = (0..256).map(|k| 0x1000_0000 + k * 0x0101).collect();
+    for exec in [u64::MAX, 0xffff_ffff_ffff_fffe, 0x8000_0000_0000_0001] {
+        let mut r = rig_with_buffer(&[0; 4096]);
+        r.mem.load(
+            BUF,
+            &src.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<_>>(),
+        );
+        r.w.set_sgpr64(2, BUF);
+        r.set_v(1, |l| 16 * l as u32);
+        r.set_v(2, |l| X4 as u32 + 16 * l as u32);
+        r.set_v(3, |l| 2 * l as u32);
+        for k in 10..14 {
+            r.set_v(k, |_| 0xdead_beef);
+        }
+        r.w.set_exec(exec);
+        // global_load_dwordx4 v[10:13], v1, s[2:3]; global_store_dwordx4 v2, v[10:13]
+        r.ok(&global(0x17, 10, 1, 0, 2, 0, false));
+        r.ok(&global(0x1f, 0, 2, 10, 2, 0, false));
+        // global_load_ushort_d16_hi v3 (2-byte lanes: the per-lane placement), then
+        // global_store_short_d16_hi of it back, 2 bytes per lane past the x4 copy.
+        r.ok(&global(0x25, 3, 3, 0, 2, 0, false));
+        r.set_v(4, |l| 0x2000 + 2 * l as u32);
+        r.ok(&global(0x1b, 0, 4, 3, 2, 0, false));
+        for l in 0..64 {
+            let on = (exec >> l) & 1 == 1;
+            for k in 0..4 {
+                let want = if on { src[4 * l + k] } else { 0xdead_beef };
+                assert_eq!(
+                    r.w.lane(10 + k, l),
+                    want,
+                    "exec {exec:#x} lane {l} v{}",
+                    10 + k
+                );
+                let stored = word(&mut r, BUF + X4 + 16 * l as u64 + 4 * k as u64);
+                assert_eq!(stored, if on { want } else { 0 }, "exec {exec:#x} lane {l}");
+            }
+            let half = (src[l / 2] >> (16 * (l % 2))) & 0xffff;
+            let v3 = r.w.lane(3, l);
+            assert_eq!(
+                v3,
+                if on {
+                    half << 16 | ((2 * l as u32) & 0xffff)
+                } else {
+                    2 * l as u32
+                }
+            );
+            let mut b = [0u8; 2];
+            r.mem
+                .read(BUF + 0x2000 + 2 * l as u64, &mut b)
+                .expect("mapped");
+            let want = if on { half as u16 } else { 0 };
+            assert_eq!(u16::from_le_bytes(b), want, "exec {exec:#x} lane {l} short");
+        }
+    }
+}

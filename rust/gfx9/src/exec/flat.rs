@@ -10,12 +10,14 @@ use crate::state::Target;
 /// SADDR 0x7f: no scalar base ("off").
 const OFF: u8 = 0x7f;
 
+#[inline(always)]
 fn vaddr64(cx: &Cx<'_>, i: &Instr, l: usize) -> u64 {
     let r = i.addr as usize;
     cx.w.v(r)[l] as u64 | (cx.w.v(r + 1)[l] as u64) << 32
 }
 
 /// A flat address: the shared and private apertures reach LDS and scratch.
+#[inline(always)]
 fn flat_loc(cx: &Cx<'_>, a: u64, l: usize) -> Loc {
     let hi = a >> 32;
     let ap = cx.w.apertures;
@@ -31,6 +33,7 @@ fn flat_loc(cx: &Cx<'_>, a: u64, l: usize) -> Loc {
     }
 }
 
+#[inline(always)]
 fn loc(cx: &Cx<'_>, i: &Instr, l: usize) -> Result<Loc, Abort> {
     let off = i.offset as i64 as u64;
     Ok(match i.enc {

@@ -122,26 +122,57 @@ fn extend(buf: &[u8], f: Fmt) -> u32 {
     }
 }
 
+/// Where each active lane's access goes (inactive lanes: [`Loc::Dropped`]), computed once
+/// per instruction. A lane's location depends on its own address registers only, which no
+/// other lane's access writes, so computing them ahead is what the lane-by-lane order gives.
+fn locate(
+    cx: &Cx<'_>,
+    loc: &impl Fn(&Cx<'_>, usize) -> Result<Loc, Abort>,
+) -> Result<[Loc; LANES], Abort> {
+    let mut at = [Loc::Dropped; LANES];
+    for l in lanes(cx.w.exec()) {
+        at[l] = loc(cx, l)?;
+    }
+    Ok(at)
+}
+
 /// The base address when all 64 lanes are active and lane `l` reaches global memory at
 /// `base + l * bytes`: one access then serves the wave, as the hardware coalesces it (a
 /// fault names the same first address the lane-by-lane order would).
-fn coalesced(
-    cx: &Cx<'_>,
-    bytes: usize,
-    loc: &impl Fn(&Cx<'_>, usize) -> Result<Loc, Abort>,
-) -> Result<Option<u64>, Abort> {
+fn coalesced(cx: &Cx<'_>, bytes: usize, at: &[Loc; LANES]) -> Option<u64> {
     if cx.w.exec() != u64::MAX {
-        return Ok(None);
+        return None;
     }
-    let Loc::Va(base) = loc(cx, 0)? else {
-        return Ok(None);
+    let Loc::Va(base) = at[0] else {
+        return None;
     };
-    for l in 1..LANES {
-        if loc(cx, l)? != Loc::Va(base.wrapping_add((l * bytes) as u64)) {
-            return Ok(None);
+    let mut next = base;
+    for a in at {
+        if *a != Loc::Va(next) {
+            return None;
+        }
+        next = next.wrapping_add(bytes as u64);
+    }
+    Some(base)
+}
+
+/// Puts the loaded bytes of all 64 lanes (`bytes` per lane, consecutive) into their
+/// destination registers.
+fn place_all(cx: &mut Cx<'_>, i: &Instr, f: Fmt, all: &[u8]) {
+    if f.d16.is_some() || !f.bytes.is_multiple_of(4) {
+        for (l, lane) in all.chunks_exact(f.bytes).take(LANES).enumerate() {
+            place(cx, i, f, l, lane);
+        }
+        return;
+    }
+    let (r, acc) = (i.dst as usize, i.flags.acc);
+    for k in 0..f.bytes / 4 {
+        let row = cx.w.row_mut(acc, r + k);
+        for (l, d) in row.iter_mut().enumerate() {
+            let at = l * f.bytes + 4 * k;
+            *d = u32::from_le_bytes([all[at], all[at + 1], all[at + 2], all[at + 3]]);
         }
     }
-    Ok(Some(base))
 }
 
 /// Puts one lane's loaded bytes into its destination registers.
@@ -172,18 +203,16 @@ pub fn load(
     loc: impl Fn(&Cx<'_>, usize) -> Result<Loc, Abort>,
 ) -> Step {
     check_tuple(i.dst as usize, regs(f.bytes), "vector load")?;
-    if let Some(base) = coalesced(cx, f.bytes, &loc)? {
+    let at = locate(cx, &loc)?;
+    if let Some(base) = coalesced(cx, f.bytes, &at) {
         let mut all = [0u8; 16 * LANES];
         cx.mem.read(base, &mut all[..f.bytes * LANES])?;
-        for (l, lane) in all.chunks_exact(f.bytes).take(LANES).enumerate() {
-            place(cx, i, f, l, lane);
-        }
+        place_all(cx, i, f, &all[..f.bytes * LANES]);
         return Ok(Flow::Next);
     }
     let mut buf = [0u8; 16];
     for l in lanes(cx.w.exec()) {
-        let at = loc(cx, l)?;
-        read_loc(cx, at, &mut buf[..f.bytes])?;
+        read_loc(cx, at[l], &mut buf[..f.bytes])?;
         place(cx, i, f, l, &buf[..f.bytes]);
     }
     Ok(Flow::Next)
@@ -200,6 +229,24 @@ fn gather_store(cx: &Cx<'_>, i: &Instr, bytes: usize, hi: bool, l: usize, buf: &
     }
 }
 
+/// The store bytes of all 64 lanes, consecutive.
+fn gather_all(cx: &Cx<'_>, i: &Instr, bytes: usize, hi: bool, all: &mut [u8]) {
+    if hi || !bytes.is_multiple_of(4) {
+        for (l, lane) in all.chunks_exact_mut(bytes).take(LANES).enumerate() {
+            gather_store(cx, i, bytes, hi, l, lane);
+        }
+        return;
+    }
+    let (r, acc) = (i.data as usize, i.flags.acc);
+    for k in 0..bytes / 4 {
+        let row = cx.w.row(acc, r + k);
+        for (l, v) in row.iter().enumerate() {
+            let at = l * bytes + 4 * k;
+            all[at..at + 4].copy_from_slice(&v.to_le_bytes());
+        }
+    }
+}
+
 /// Stores `bytes` from `i.data` per active lane (`hi`: the high half of the d16_hi forms).
 pub fn store(
     cx: &mut Cx<'_>,
@@ -209,19 +256,17 @@ pub fn store(
     loc: impl Fn(&Cx<'_>, usize) -> Result<Loc, Abort>,
 ) -> Step {
     check_tuple(i.data as usize, regs(bytes), "vector store")?;
-    if let Some(base) = coalesced(cx, bytes, &loc)? {
+    let at = locate(cx, &loc)?;
+    if let Some(base) = coalesced(cx, bytes, &at) {
         let mut all = [0u8; 16 * LANES];
-        for (l, lane) in all.chunks_exact_mut(bytes).take(LANES).enumerate() {
-            gather_store(cx, i, bytes, hi, l, lane);
-        }
+        gather_all(cx, i, bytes, hi, &mut all[..bytes * LANES]);
         cx.mem.write(base, &all[..bytes * LANES])?;
         return Ok(Flow::Next);
     }
     let mut buf = [0u8; 16];
     for l in lanes(cx.w.exec()) {
-        let at = loc(cx, l)?;
         gather_store(cx, i, bytes, hi, l, &mut buf[..bytes]);
-        write_loc(cx, at, &buf[..bytes])?;
+        write_loc(cx, at[l], &buf[..bytes])?;
     }
     Ok(Flow::Next)
 }
@@ -243,6 +288,7 @@ pub fn atomic(
     if ret {
         check_tuple(i.dst as usize, n, "vector atomic")?;
     }
+    let at = locate(cx, &loc)?;
     for l in lanes(cx.w.exec()) {
         let get = |k: usize| -> u64 {
             let lo = cx.w.row(acc, d + k)[l] as u64;
@@ -253,7 +299,7 @@ pub fn atomic(
             }
         };
         let (src, cmp) = (get(0), if op == AtomicOp::CmpSwap { get(n) } else { 0 });
-        let old = match loc(cx, l)? {
+        let old = match at[l] {
             Loc::Va(a) => cx.mem.atomic(a, size, op, src, cmp)?,
             Loc::Lds(o) => super::ds::lds_atomic(cx.lds, o, size, op, src, cmp),
             // A lane's private memory is its own: read, apply, write back.
