@@ -43,7 +43,7 @@ pub const SIGN_KEY_VAR: &str = "CRIU_ROCM_SIGN_KEY";
 pub const VERIFY_KEY_VAR: &str = "CRIU_ROCM_VERIFY_KEY";
 
 /// Every knob criu-rocm reads, by its environment variable's name.
-pub const KNOBS: [&str; 13] = [
+pub const KNOBS: [&str; 14] = [
     "KFD_FW_VER_CHECK",
     "KFD_SDMA_FW_VER_CHECK",
     "KFD_CACHES_COUNT_CHECK",
@@ -57,6 +57,7 @@ pub const KNOBS: [&str; 13] = [
     COMPRESS_THREADS_VAR,
     SIGN_KEY_VAR,
     VERIFY_KEY_VAR,
+    STREAM_TIMEOUT_VAR,
 ];
 
 /// Knob values set by options; they replace the environment's.
@@ -121,6 +122,9 @@ pub fn set_knob(arg: &str) -> Result<(&'static str, String), KnobError> {
         SIGN_KEY_VAR | VERIFY_KEY_VAR if !value.is_empty() => {}
         SIGN_KEY_VAR | VERIFY_KEY_VAR => {
             return Err(invalid(name, value, "no key file named").into())
+        }
+        STREAM_TIMEOUT_VAR => {
+            parse_stream_timeout(Some(value))?;
         }
         _ => {
             parse_bool(name, value)?;
@@ -450,10 +454,51 @@ pub fn compress_from_env() -> Result<Option<(i32, Option<u32>)>, EnvError> {
     Ok(parse_compress(knob(COMPRESS_VAR).as_deref())?.map(|l| (l, threads)))
 }
 
+/// `CRIU_ROCM_STREAM_TIMEOUT`: seconds an image streamer may take no
+/// GPU image byte (dump) or give none (restore) before the dump or
+/// restore fails (`--stream`).
+pub const STREAM_TIMEOUT_VAR: &str = "CRIU_ROCM_STREAM_TIMEOUT";
+
+/// [`STREAM_TIMEOUT_VAR`] when unset.
+pub const DEFAULT_STREAM_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Parses [`STREAM_TIMEOUT_VAR`]: whole seconds from 1 to 86400; unset or
+/// empty: [`DEFAULT_STREAM_TIMEOUT`].
+pub fn parse_stream_timeout(value: Option<&str>) -> Result<std::time::Duration, EnvError> {
+    let Some(value) = value.filter(|v| !v.trim().is_empty()) else {
+        return Ok(DEFAULT_STREAM_TIMEOUT);
+    };
+    match value.trim().parse::<u64>() {
+        Ok(n) if (1..=86400).contains(&n) => Ok(std::time::Duration::from_secs(n)),
+        _ => Err(invalid(
+            STREAM_TIMEOUT_VAR,
+            value,
+            "expected whole seconds from 1 to 86400",
+        )),
+    }
+}
+
+/// Reads [`STREAM_TIMEOUT_VAR`].
+pub fn stream_timeout_from_env() -> Result<std::time::Duration, EnvError> {
+    parse_stream_timeout(knob(STREAM_TIMEOUT_VAR).as_deref())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::collections::HashMap;
+
+    #[test]
+    fn stream_timeout() {
+        assert_eq!(parse_stream_timeout(None), Ok(DEFAULT_STREAM_TIMEOUT));
+        assert_eq!(
+            parse_stream_timeout(Some(" 2 ")),
+            Ok(std::time::Duration::from_secs(2))
+        );
+        for bad in ["0", "-1", "1.5", "86401", "x"] {
+            assert!(parse_stream_timeout(Some(bad)).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn booleans() {

@@ -249,6 +249,11 @@ pub fn write_framed(path: &Path, payload: &[u8]) -> Result<(), ImageError> {
     Ok(())
 }
 
+/// Writes `bytes` as the whole file `path` (mode 0600, truncating).
+pub(crate) fn write_whole(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    create_image(path)?.write_all(bytes)
+}
+
 pub(crate) fn create_image(path: &Path) -> io::Result<File> {
     OpenOptions::new()
         .write(true)

@@ -36,6 +36,7 @@ pub mod plan;
 pub mod privdata;
 pub mod proto;
 pub mod session;
+pub mod stream;
 pub mod testhook;
 pub mod topology;
 pub mod units;

@@ -207,6 +207,12 @@ pub enum Depth {
     /// And every byte of every pages file against its BO's hash
     /// (`gpu-check`).
     Contents,
+    /// [`Depth::Metadata`] of streamed images (`--stream`, see
+    /// [`crate::stream`]): `dir` holds the metadata files only (the KFD
+    /// and render-node images, `amdgpu-digests.img`), none of CRIU's; the
+    /// pages files are in the stream, and their size words, lengths and
+    /// bytes are checked as the restore reads them.
+    Streamed,
 }
 
 /// The verdict on one KFD image.
@@ -337,7 +343,7 @@ pub fn check_dir(dir: &Path, depth: Depth) -> std::io::Result<Report> {
                 }
                 // The contents last, so that gpu-check's first reason is
                 // the restore's (whose copy checks them later).
-                v.refusal = check_kfd(dir, id, &image, &ctx, &mut pids_seen)
+                v.refusal = check_kfd(dir, id, &image, &ctx, &mut pids_seen, depth)
                     .err()
                     .or_else(|| {
                         manifest
@@ -385,7 +391,9 @@ pub fn check_dir(dir: &Path, depth: Depth) -> std::io::Result<Report> {
 
     // The digests file against the directory.
     match &manifest {
-        Some(m) => report.other.extend(m.check_listing(dir, &files)),
+        Some(m) => report
+            .other
+            .extend(m.check_listing(dir, &files, depth == Depth::Streamed)),
         None if !has_manifest => {
             if let Some((id, ext)) = declared.filter(|&(_, ext)| ext >= DIGESTS_SINCE) {
                 report.other.push(Refusal::new(
@@ -507,6 +515,7 @@ fn check_kfd(
     image: &KfdImage,
     ctx: &Context,
     pids_seen: &mut BTreeMap<u32, FileId>,
+    depth: Depth,
 ) -> Result<(), Refusal> {
     let name = kfd_image_name(id);
     let msg = &image.msg;
@@ -569,7 +578,11 @@ fn check_kfd(
     check_priv(&name, image)?;
     privdata::check(dir, &name, image)?;
     for gpu in image.gpu_ids() {
-        check_pages(dir, id, image, gpu, Depth::Metadata)?;
+        let depth = match depth {
+            Depth::Streamed => Depth::Streamed,
+            _ => Depth::Metadata,
+        };
+        check_pages(dir, id, image, gpu, depth)?;
     }
     // An incremental dump: every link of its chain of parents.
     chain::resolve(dir, id, image)?;
@@ -685,6 +698,7 @@ fn check_pages(
     let overlay = match depth {
         Depth::Contents => chain::resolve(dir, id, image)?.remove(&gpu),
         Depth::Metadata => None,
+        Depth::Streamed => return Ok(()),
     };
     let pages = PagesReader::open_encoded(dir, id, gpu, &bos, encoding, overlay);
     let mut pages = pages.map_err(|e| {
@@ -693,7 +707,7 @@ fn check_pages(
         r
     })?;
     let hashes = crate::pages::content_hashes(image);
-    if depth == Depth::Metadata || hashes.is_empty() {
+    if depth != Depth::Contents || hashes.is_empty() {
         return Ok(());
     }
     let file = pages_image_name(id, gpu);

@@ -880,10 +880,11 @@ pub fn dump_contents_encoded(
     // An incremental dump hashes each extent in place, in a CPU window
     // that holds it: fewer lanes rather than windows too small for one.
     let min_window = if parent.is_empty() { 0 } else { extent };
+    // A streamed pages file is written in order: one lane per GPU.
     let lanes = into_lanes(
         jobs,
         &|_| Some(extent),
-        false,
+        crate::stream::active().is_some(),
         min_window,
         |gpu, lens, buffer, _| PagesWriter::create_lanes_buffered(dir, id, gpu, lens, buffer),
     )?;
@@ -1467,6 +1468,40 @@ pub fn restore_contents_encoded(
     encoding: Encoding,
     overlays: &BTreeMap<GpuId, std::sync::Arc<crate::pages::Overlay>>,
 ) -> Result<Vec<GpuStats>, CopyError> {
+    restore_from(&PagesFrom::Dir(dir), id, jobs, hashes, encoding, overlays)
+}
+
+/// Where a restore reads its pages files.
+pub enum PagesFrom<'a> {
+    /// `amdgpu-pages-<id>-<gpu>.img` of this directory.
+    Dir(&'a Path),
+    /// Their pipes from the image streamer, by GPU (user gpu_id): each
+    /// read in order by one lane (see [`crate::stream`]).
+    Stream(std::sync::Mutex<BTreeMap<GpuId, crate::stream::Pipe>>),
+}
+
+/// [`restore_contents_encoded`] of the GPU of `job` from its pages file's
+/// pipe from the image streamer: one lane, in order, the end of the
+/// stream checked (no parent: a stream carries none).
+pub fn restore_contents_streamed(
+    pipe: crate::stream::Pipe,
+    id: FileId,
+    job: GpuJob<'_>,
+    hashes: &BTreeMap<usize, ContentHash>,
+    encoding: Encoding,
+) -> Result<Vec<GpuStats>, CopyError> {
+    let from = PagesFrom::Stream(std::sync::Mutex::new([(job.user, pipe)].into()));
+    restore_from(&from, id, vec![job], hashes, encoding, &BTreeMap::new())
+}
+
+fn restore_from(
+    from: &PagesFrom<'_>,
+    id: FileId,
+    jobs: Vec<GpuJob<'_>>,
+    hashes: &BTreeMap<usize, ContentHash>,
+    encoding: Encoding,
+    overlays: &BTreeMap<GpuId, std::sync::Arc<crate::pages::Overlay>>,
+) -> Result<Vec<GpuStats>, CopyError> {
     let names: BTreeMap<usize, (GpuId, GpuVa, u64)> = jobs
         .iter()
         .flat_map(|j| j.bos.iter().map(|b| (b.index, (b.gpu, b.addr, b.size))))
@@ -1485,9 +1520,28 @@ pub fn restore_contents_encoded(
                 })
         }),
     };
+    let one_lane = one_lane || matches!(from, PagesFrom::Stream(_));
     let mut lanes = into_lanes(jobs, &extent_of, one_lane, 0, |gpu, lens, _, bos| {
         let overlay = overlays.get(&gpu).cloned();
-        PagesReader::open_encoded_lanes(dir, id, gpu, bos, encoding, lens, overlay)
+        match from {
+            PagesFrom::Dir(dir) => {
+                PagesReader::open_encoded_lanes(dir, id, gpu, bos, encoding, lens, overlay)
+            }
+            PagesFrom::Stream(pipes) => {
+                let pipe = pipes
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&gpu)
+                    .ok_or_else(|| {
+                        ImageError::invalid(
+                            &pages_image_name(id, gpu),
+                            "",
+                            "the image streamer gave no such file",
+                        )
+                    })?;
+                Ok(vec![PagesReader::streamed(pipe, gpu, bos, encoding)?])
+            }
+        }
     })?;
     let decoders =
         u64::from(encoding != Encoding::Raw) + u64::from(overlays.values().any(|o| o.has_frames()));
@@ -1505,7 +1559,7 @@ pub fn restore_contents_encoded(
             engine.write_bo(&p.bo, &mut src)?;
             Ok(src.hasher.digests())
         },
-        |input| input.finish().map(drop).map_err(CopyError::from),
+        |input| input.finish_stream().map(drop).map_err(CopyError::from),
     )?;
     for (index, got) in got_hashes {
         let got = compose(&got);

@@ -323,6 +323,57 @@ pub fn poll_readable(fds: &[BorrowedFd<'_>], timeout: Option<Duration>) -> io::R
     Ok(p.iter().map(|p| p.revents != 0).collect())
 }
 
+/// Waits until `fd` is ready for `events` (`POLLIN`, `POLLOUT`), hung up
+/// or in error, for at most `timeout`; `false`: the time ran out.  An
+/// interrupted wait is retried.
+pub fn poll_one(fd: BorrowedFd<'_>, events: libc::c_short, timeout: Duration) -> io::Result<bool> {
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events,
+        revents: 0,
+    };
+    let ms = timeout.as_millis().min(libc::c_int::MAX as u128) as libc::c_int;
+    loop {
+        // SAFETY: `p` is one valid pollfd.
+        let r = unsafe { libc::poll(&mut p, 1, ms) };
+        if r >= 0 {
+            return Ok(r > 0);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// A new pipe (close-on-exec): its read end and its write end.
+pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 fills the two ints of `fds`.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: pipe2 returned two new fds that nothing else owns.
+    let r = unsafe { OwnedFd::from_raw_fd(fds[0]) };
+    // SAFETY: as above.
+    let w = unsafe { OwnedFd::from_raw_fd(fds[1]) };
+    Ok((r, w))
+}
+
+/// Sets `O_NONBLOCK` on the open file of `fd`.
+pub fn set_nonblocking(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: F_GETFL/F_SETFL on a valid fd change only its status flags.
+    let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+    if flags < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: as above.
+    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Writes `buf` to `fd` with one `write(2)`; how much was written.
 /// Async-signal-safe.
 pub fn write_once(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {

@@ -115,6 +115,66 @@ pub fn unlink_semaphore(name: &CStr) -> io::Result<()> {
     Ok(())
 }
 
+/// A new tmpfs that is mounted nowhere (`fsopen`, `fsmount`): the fd of
+/// its root directory, mode 0700.  Its files live in memory and reach
+/// whoever holds the fd (`/proc/self/fd/N/NAME`, `openat`); it is gone
+/// with the last fd.  Needs `CAP_SYS_ADMIN`.
+pub fn private_tmpfs() -> io::Result<OwnedFd> {
+    // <linux/mount.h>
+    const FSOPEN_CLOEXEC: libc::c_uint = 1;
+    const FSCONFIG_SET_STRING: libc::c_uint = 1;
+    const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
+    const FSMOUNT_CLOEXEC: libc::c_uint = 1;
+    // SAFETY: fsopen reads the NUL-terminated file system name; it returns
+    // a new fd or -1.
+    let fs = unsafe { libc::syscall(libc::SYS_fsopen, c"tmpfs".as_ptr(), FSOPEN_CLOEXEC) };
+    if fs < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fsopen returned a new fd that nothing else owns.
+    let fs = unsafe { OwnedFd::from_raw_fd(fs as libc::c_int) };
+    let set = |key: &CStr, value: &CStr| {
+        // SAFETY: FSCONFIG_SET_STRING reads the two NUL-terminated strings.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_fsconfig,
+                fs.as_raw_fd(),
+                FSCONFIG_SET_STRING,
+                key.as_ptr(),
+                value.as_ptr(),
+                0,
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    };
+    set(c"mode", c"0700")?;
+    // SAFETY: FSCONFIG_CMD_CREATE takes no pointer.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_fsconfig,
+            fs.as_raw_fd(),
+            FSCONFIG_CMD_CREATE,
+            std::ptr::null::<libc::c_char>(),
+            std::ptr::null::<libc::c_void>(),
+            0,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fsmount takes the configured context's fd and flags; it
+    // returns a new fd or -1.
+    let m = unsafe { libc::syscall(libc::SYS_fsmount, fs.as_raw_fd(), FSMOUNT_CLOEXEC, 0) };
+    if m < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fsmount returned a new fd that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(m as libc::c_int) })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

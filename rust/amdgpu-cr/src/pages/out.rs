@@ -17,8 +17,70 @@
 use std::fs::File;
 use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
+use std::sync::Mutex;
 
 use crate::bo::PAGE_SIZE;
+use crate::stream::Pipe;
+
+/// Where a pages file's bytes go: a file of the image directory, written
+/// at offsets (what is never written is a hole), or the file's pipe to the
+/// image streamer, written in order (what is skipped is written as
+/// zeros; see [`crate::stream`]).
+pub enum OutFile {
+    File(File),
+    Pipe(Mutex<Pipe>),
+}
+
+impl OutFile {
+    /// A new pages file `path` in the image directory, or in the stream
+    /// when this process streams (`name`: its name there).
+    pub fn create(path: &std::path::Path, name: &str) -> io::Result<Self> {
+        match crate::stream::active() {
+            Some(s) => Ok(OutFile::Pipe(Mutex::new(s.create(name)?))),
+            None => Ok(OutFile::File(crate::image::create_image(path)?)),
+        }
+    }
+
+    pub fn is_pipe(&self) -> bool {
+        matches!(self, OutFile::Pipe(_))
+    }
+
+    fn pipe(p: &Mutex<Pipe>) -> std::sync::MutexGuard<'_, Pipe> {
+        p.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Writes `buf` at offset `at` (a pipe: after zeros up to `at`; it
+    /// cannot go back).
+    pub fn write_all_at(&self, buf: &[u8], at: u64) -> io::Result<()> {
+        match self {
+            OutFile::File(f) => f.write_all_at(buf, at),
+            OutFile::Pipe(p) => Self::pipe(p).write_at(buf, at),
+        }
+    }
+
+    /// Makes the file `len` bytes long: a file is cut or extended (a
+    /// hole); a pipe gets zeros up to `len`.
+    pub fn set_len(&self, len: u64) -> io::Result<()> {
+        match self {
+            OutFile::File(f) => f.set_len(len),
+            OutFile::Pipe(p) => Self::pipe(p).pad_to(len),
+        }
+    }
+
+    /// Bytes written to a pipe so far.
+    pub fn piped(&self) -> Option<u64> {
+        match self {
+            OutFile::File(_) => None,
+            OutFile::Pipe(p) => Some(Self::pipe(p).pos()),
+        }
+    }
+}
+
+impl From<File> for OutFile {
+    fn from(f: File) -> Self {
+        OutFile::File(f)
+    }
+}
 
 const PAGE: usize = PAGE_SIZE as usize;
 
@@ -26,7 +88,7 @@ const PAGE: usize = PAGE_SIZE as usize;
 /// of the buffer goes to file offset `page + i`, so that a write's memory
 /// and file offset share their offset in the page.
 pub struct AlignedOut {
-    file: File,
+    file: OutFile,
     /// `cap + PAGE` bytes, of which `mem[base..base + cap]` is the
     /// page-aligned buffer.
     mem: Vec<u8>,
@@ -42,7 +104,8 @@ pub struct AlignedOut {
 impl AlignedOut {
     /// Writes `file` from offset `pos` on, with a buffer of `cap` bytes
     /// (rounded up to a page, at least one).
-    pub fn new(file: File, pos: u64, cap: usize) -> Self {
+    pub fn new(file: impl Into<OutFile>, pos: u64, cap: usize) -> Self {
+        let file = file.into();
         let cap = cap.max(1).div_ceil(PAGE) * PAGE;
         let mem = vec![0u8; cap + PAGE];
         let base = mem.as_ptr().align_offset(PAGE);
@@ -72,6 +135,16 @@ impl AlignedOut {
             .checked_add(n)
             .ok_or_else(|| io::Error::from_raw_os_error(libc::EOVERFLOW))?;
         self.restart(pos);
+        Ok(())
+    }
+
+    /// Flushes, and ends a pipe at `end` (zeros up to it; a file keeps
+    /// the hole it was created with).
+    pub fn end(&mut self, end: u64) -> io::Result<()> {
+        self.flush()?;
+        if self.file.is_pipe() {
+            self.file.set_len(end)?;
+        }
         Ok(())
     }
 

@@ -11,6 +11,7 @@ use super::pages_image_name;
 use super::zstd::{check_records, chunks, Chunk, Encoding, ZstdIn};
 use crate::ids::GpuId;
 use crate::image::{FileId, ImageError};
+use crate::stream::Pipe;
 
 /// Extents of an incremental dump's pages file that are holes (or zero
 /// chunk records) there and read from an ancestor's pages file instead
@@ -179,7 +180,7 @@ impl Overlay {
 /// same bytes.
 #[derive(Debug)]
 pub struct SparseFile {
-    file: File,
+    file: Input,
     /// The file's length when opened.
     len: u64,
     pos: u64,
@@ -191,12 +192,20 @@ pub struct SparseFile {
     pub hole_bytes: u64,
 }
 
+/// What a [`SparseFile`] reads.
+#[derive(Debug)]
+enum Input {
+    File(File),
+    /// The file's pipe from the image streamer: read in order, all data.
+    Pipe(Pipe),
+}
+
 impl SparseFile {
     /// Reads `file` from byte `pos`.
     pub fn at(file: File, pos: u64) -> io::Result<Self> {
         let len = file.metadata()?.len();
         Ok(SparseFile {
-            file,
+            file: Input::File(file),
             len,
             pos,
             data_end: pos,
@@ -205,12 +214,37 @@ impl SparseFile {
         })
     }
 
+    /// Reads the pipe `p` from its start: all data, its length unknown
+    /// until it ends.
+    pub fn pipe(p: Pipe) -> Self {
+        SparseFile {
+            file: Input::Pipe(p),
+            len: u64::MAX,
+            pos: 0,
+            data_end: u64::MAX,
+            hole_end: 0,
+            hole_bytes: 0,
+        }
+    }
+
+    /// Whether nothing follows what was read (a file: nothing is checked
+    /// here, its length was).
+    pub fn at_end(&mut self) -> io::Result<bool> {
+        match &mut self.file {
+            Input::File(_) => Ok(true),
+            Input::Pipe(p) => p.at_end(),
+        }
+    }
+
     fn lseek(&self, whence: libc::c_int) -> io::Result<Option<u64>> {
+        let Input::File(file) = &self.file else {
+            return Ok(None);
+        };
         let off = libc::off_t::try_from(self.pos)
             .map_err(|_| io::Error::from_raw_os_error(libc::EOVERFLOW))?;
         // SAFETY: lseek on an fd this value owns; it only moves the file
         // position, which this reader never relies on (it reads with pread).
-        let r = unsafe { libc::lseek(self.file.as_raw_fd(), off, whence) };
+        let r = unsafe { libc::lseek(file.as_raw_fd(), off, whence) };
         if r < 0 {
             let e = io::Error::last_os_error();
             // ENXIO: no data (or no hole) at or after pos, i.e. pos is at
@@ -257,7 +291,10 @@ impl Read for SparseFile {
             n
         } else {
             let n = (self.data_end - self.pos).min(buf.len() as u64) as usize;
-            self.file.read_at(&mut buf[..n], self.pos)?
+            match &mut self.file {
+                Input::File(f) => f.read_at(&mut buf[..n], self.pos)?,
+                Input::Pipe(p) => p.read(&mut buf[..n])?,
+            }
         };
         self.pos += n as u64;
         Ok(n)
@@ -376,7 +413,10 @@ impl PagesReader<SparseFile> {
         let Src::Raw(first) = head.input else {
             unreachable!("new() gives a raw reader")
         };
-        let offsets = check_records(&first.file, &file, &name, bos, chunk, 8, len)?;
+        let Input::File(walk) = &first.file else {
+            unreachable!("opened from a file")
+        };
+        let offsets = check_records(walk, &file, &name, bos, chunk, 8, len)?;
         let all = chunks(bos, chunk);
         let mut out = Vec::with_capacity(lens.len());
         let mut c = 0;
@@ -416,6 +456,57 @@ impl PagesReader<SparseFile> {
 }
 
 impl PagesReader<SparseFile> {
+    /// Reads the pages file of `gpu` from its pipe from the image streamer
+    /// (see [`crate::stream`]): its size word against the content BOs
+    /// `bos` (bucket index, size), then in order; a compressed file's
+    /// records are checked as they come (each within its bound).  The end
+    /// of the stream is checked by [`Self::finish_stream`].
+    pub fn streamed(
+        p: Pipe,
+        gpu: GpuId,
+        bos: &[(usize, u64)],
+        encoding: Encoding,
+    ) -> Result<Self, ImageError> {
+        let name = p.name().to_owned();
+        let total = bos
+            .iter()
+            .try_fold(0u64, |t, &(_, l)| t.checked_add(l))
+            .ok_or_else(|| ImageError::invalid(&name, "size", "BO sizes overflow"))?;
+        let mut reader = PagesReader::new(name.clone(), SparseFile::pipe(p), gpu, total)?;
+        if let Encoding::Zstd { chunk, .. } = encoding {
+            let Src::Raw(input) = reader.input else {
+                unreachable!("new() gives a raw reader")
+            };
+            let z = ZstdIn::new(name.clone(), gpu, input, 8, chunks(bos, chunk))
+                .map_err(|e| ImageError::io(&name, "zstd", e))?;
+            reader.input = Src::Zstd(Box::new(z));
+        }
+        Ok(reader)
+    }
+
+    /// [`Self::finish`], and for a streamed file that nothing follows.
+    pub fn finish_stream(mut self) -> Result<u64, ImageError> {
+        let input = match &mut self.input {
+            Src::Raw(r) => r,
+            Src::Zstd(z) => z.input_mut(),
+        };
+        let pos = match &input.file {
+            Input::Pipe(p) => p.pos(),
+            Input::File(_) => 0,
+        };
+        if !input
+            .at_end()
+            .map_err(|e| ImageError::io(&self.file, "read", e))?
+        {
+            return Err(ImageError::invalid(
+                &self.file,
+                "contents",
+                format!("the stream holds more than the file's {pos} bytes"),
+            ));
+        }
+        self.finish()
+    }
+
     /// Opens `amdgpu-pages-<id>-<gpu>.img` in `dir`; `expected` is the Σ of
     /// the sizes of that GPU's content BOs in the KFD image.
     pub fn open(dir: &Path, id: FileId, gpu: GpuId, expected: u64) -> Result<Self, ImageError> {

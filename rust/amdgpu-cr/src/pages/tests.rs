@@ -530,3 +530,62 @@ fn compressed_pages_are_read_in_lanes_from_their_chunks() {
     assert!(e.contains("chunk"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The bytes of a pages file given through a pipe, as the image streamer
+/// gives them, read back by `PagesReader::streamed`.
+fn read_streamed(bytes: Vec<u8>, sizes: &[(usize, u64)], enc: Encoding) -> Result<Vec<u8>, String> {
+    let (r, w) = crate::os::fd::pipe().unwrap();
+    let feeder = std::thread::spawn(move || {
+        let _ = std::fs::File::from(w).write_all(&bytes);
+    });
+    let name = pages_image_name(FileId(2), GpuId(0x42));
+    let pipe = crate::stream::Pipe::new(r, &name, std::time::Duration::from_secs(5)).unwrap();
+    let got = (|| {
+        let mut rd =
+            PagesReader::streamed(pipe, GpuId(0x42), sizes, enc).map_err(|e| e.to_string())?;
+        let mut v = Vec::new();
+        rd.read_to_end(&mut v).map_err(|e| e.to_string())?;
+        rd.finish_stream().map_err(|e| e.to_string())?;
+        Ok(v)
+    })();
+    feeder.join().unwrap();
+    got
+}
+
+#[test]
+fn streamed_pages_are_read_in_order_and_their_end_is_checked() {
+    let dir = tempdir();
+    // Upstream's layout, holes included.
+    let mut w = PagesWriter::create(&dir, FileId(2), GpuId(0x42), 3 * 4096).unwrap();
+    let mut data = vec![0u8; 3 * 4096];
+    data[5000] = 7;
+    w.write_all(&data).unwrap();
+    w.finish().unwrap();
+    let raw = std::fs::read(dir.join(pages_image_name(FileId(2), GpuId(0x42)))).unwrap();
+    let sizes = [(0usize, 3 * 4096u64)];
+    assert_eq!(
+        read_streamed(raw.clone(), &sizes, Encoding::Raw).unwrap(),
+        data
+    );
+    let mut longer = raw.clone();
+    longer.push(1);
+    let e = read_streamed(longer, &sizes, Encoding::Raw).unwrap_err();
+    assert!(e.contains("the stream holds more"), "{e}");
+    let e = read_streamed(raw[..raw.len() - 1].to_vec(), &sizes, Encoding::Raw).unwrap_err();
+    assert!(!e.is_empty());
+    // Compressed: the records read as they come.
+    let bos = vec![(1, fp16_like(3 * 4096, 5)), (4, vec![0u8; 8192])];
+    let path = write_compressed(&dir, &bos, 2, 5000);
+    let sizes: Vec<(usize, u64)> = bos.iter().map(|(i, b)| (*i, b.len() as u64)).collect();
+    let want: Vec<u8> = bos.iter().flat_map(|(_, b)| b.clone()).collect();
+    let z = std::fs::read(&path).unwrap();
+    assert_eq!(read_streamed(z.clone(), &sizes, ZSTD3).unwrap(), want);
+    let mut longer = z.clone();
+    longer.extend_from_slice(&[0; 3]);
+    assert!(read_streamed(longer, &sizes, ZSTD3).is_err());
+    // A record claiming more than its frame's bound.
+    let mut bad = z;
+    bad[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
+    assert!(read_streamed(bad, &sizes, ZSTD3).is_err());
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,15 +1,15 @@
 //! [`PagesWriter`]: writes a pages file, leaving zero blocks as holes.
 
-use std::fs::{File, OpenOptions};
+use std::fs::OpenOptions;
 use std::io::{self, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
-use super::out::AlignedOut;
+use super::out::{AlignedOut, OutFile};
 use super::zstd::{Compress, ZstdOut, ZstdPagesFile};
 use super::{all_zero, pages_image_name, SPARSE_BLOCK};
 use crate::ids::GpuId;
-use crate::image::{create_image, FileId, ImageError};
+use crate::image::{FileId, ImageError};
 
 /// A pages writer's buffer unless the memory budget gives it less.
 const WRITE_BUFFER: usize = 1 << 20;
@@ -51,7 +51,7 @@ struct Sparse {
 impl Sparse {
     /// Writes `f` from file offset `off` on, through a buffer of `buffer`
     /// bytes.
-    fn new(f: File, off: u64, buffer: usize) -> Self {
+    fn new(f: impl Into<OutFile>, off: u64, buffer: usize) -> Self {
         Sparse {
             out: AlignedOut::new(f, off, buffer),
             off,
@@ -78,10 +78,10 @@ impl Sparse {
     }
 
     /// Writes the last block (a zero tail is left as the hole the file was
-    /// created with) and flushes.
+    /// created with; a pipe gets it as zeros) and flushes.
     fn finish(&mut self) -> io::Result<()> {
         self.end_block()?;
-        self.out.flush()
+        self.out.end(self.off)
     }
 
     /// Writes `data` at `off - partial - data.len()`, after the zeros held
@@ -167,13 +167,16 @@ impl PagesWriter {
         total: u64,
         buffer: usize,
     ) -> Result<Self, ImageError> {
-        let path = dir.join(pages_image_name(id, gpu));
+        let name = pages_image_name(id, gpu);
+        let path = dir.join(&name);
         let file = path.display().to_string();
-        let f = create_image(&path).map_err(|e| ImageError::io(&file, "create", e))?;
+        let f = OutFile::create(&path, &name).map_err(|e| ImageError::io(&file, "create", e))?;
         // The whole file is a hole at first: what is never written reads
-        // as zeros.
-        f.set_len(total.saturating_add(8))
-            .map_err(|e| ImageError::io(&file, "ftruncate", e))?;
+        // as zeros (a pipe gets its zeros in order).
+        if !f.is_pipe() {
+            f.set_len(total.saturating_add(8))
+                .map_err(|e| ImageError::io(&file, "ftruncate", e))?;
+        }
         let mut sparse = Sparse::new(f, 0, buffer);
         sparse
             .put(&total.to_le_bytes())
@@ -212,6 +215,13 @@ impl PagesWriter {
             .iter()
             .try_fold(0u64, |t, &l| t.checked_add(l))
             .ok_or_else(|| ImageError::invalid(&name, "size", "lane sizes overflow"))?;
+        if lens.len() > 1 && crate::stream::active().is_some() {
+            return Err(ImageError::invalid(
+                &name,
+                "size",
+                "a streamed pages file is written by one copy lane",
+            ));
+        }
         let mut first = Self::create_with(dir, id, gpu, total, buffer)?;
         let Some((&len0, rest)) = lens.split_first() else {
             return Ok(vec![first]);

@@ -370,7 +370,7 @@ struct Place {
 /// to [`ZstdPagesFile::place`], which puts them in chunk order (a lane
 /// whose chunk comes next waits for the records before it).
 pub struct ZstdPagesFile {
-    file: File,
+    file: super::out::OutFile,
     /// The path, for messages.
     shown: String,
     name: String,
@@ -399,8 +399,8 @@ impl ZstdPagesFile {
             .iter()
             .try_fold(0u64, |t, &(_, l)| t.checked_add(l))
             .ok_or_else(|| ImageError::invalid(&name, "size", "BO sizes overflow"))?;
-        let file =
-            crate::image::create_image(&path).map_err(|e| ImageError::io(&shown, "create", e))?;
+        let file = super::out::OutFile::create(&path, &name)
+            .map_err(|e| ImageError::io(&shown, "create", e))?;
         file.write_all_at(&total.to_le_bytes(), 0)
             .map_err(|e| ImageError::io(&shown, "write header", e))?;
         Ok(ZstdPagesFile {
@@ -450,16 +450,32 @@ impl ZstdPagesFile {
             let at = p.pos;
             p.pos += rec.len() as u64;
             p.next += 1;
+            if self.file.is_pipe() {
+                // A pipe takes the records in order: written before the
+                // next lane's turn.  On failure the caller stops the
+                // other lanes (Self::fail).
+                let r = self.file.write_all_at(rec, at);
+                self.turn.notify_all();
+                drop(p);
+                self.count_zero(idx, rec);
+                return r;
+            }
             self.turn.notify_all();
             at
         };
+        self.count_zero(idx, rec);
+        // On failure the caller stops the other lanes (Self::fail).
+        self.file.write_all_at(rec, at)
+    }
+
+    /// Counts chunk `idx`'s bytes as zeros when its record is a bare
+    /// length word.
+    fn count_zero(&self, idx: usize, rec: &[u8]) {
         if rec.len() == 8 {
             if let Some(c) = self.chunks.get(idx) {
                 self.zero_bytes.fetch_add(c.len, Ordering::Relaxed);
             }
         }
-        // On failure the caller stops the other lanes (Self::fail).
-        self.file.write_all_at(rec, at)
     }
 
     /// Stops the other lanes (their next [`Self::place`] fails); whether
@@ -488,6 +504,9 @@ impl ZstdPagesFile {
         self.file
             .set_len(pos)
             .map_err(|e| ImageError::io(&self.shown, "ftruncate", e))?;
+        if let (Some(sent), Some(s)) = (self.file.piped(), crate::stream::active()) {
+            s.note_sent(&self.name, sent);
+        }
         Ok(self.zero_bytes.load(Ordering::Relaxed))
     }
 }
@@ -669,6 +688,11 @@ impl<R: Read> ZstdIn<R> {
             in_len: 0,
             frame_done: false,
         })
+    }
+
+    /// What the records are read from.
+    pub fn input_mut(&mut self) -> &mut R {
+        &mut self.input
     }
 
     fn chunk(&self) -> Chunk {

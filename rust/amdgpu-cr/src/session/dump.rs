@@ -673,8 +673,14 @@ impl DumpSession {
     /// the dump must then fail, so that the tree keeps running.
     pub fn verify_images(&self, dir: &Path) -> Result<(), String> {
         let started = Instant::now();
-        let report = validate::check_dir(dir, validate::Depth::Metadata)
-            .map_err(|e| format!("{}: {e}", dir.display()))?;
+        // Streamed images: the staging directory holds the metadata files
+        // (the pages files went into the stream as they were written).
+        let depth = match crate::stream::active() {
+            Some(_) => validate::Depth::Streamed,
+            None => validate::Depth::Metadata,
+        };
+        let report =
+            validate::check_dir(dir, depth).map_err(|e| format!("{}: {e}", dir.display()))?;
         let refusals: Vec<String> = report.refusals().map(|r| r.to_string()).collect();
         // A dump without GPU state says nothing (its log has no GPU line).
         if report.has_gpu_state {

@@ -24,6 +24,7 @@ pub use crate::incomplete;
 pub use crate::units::human_bytes;
 pub mod restore;
 pub mod signals;
+pub mod streamed;
 pub mod writer;
 
 use std::os::fd::BorrowedFd;

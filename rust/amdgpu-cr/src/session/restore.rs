@@ -545,6 +545,7 @@ impl RestoreSession {
             vpid,
             imgdir_fd,
             chan_fd: chan_writer.as_raw_fd(),
+            streamed: crate::stream::active().is_some(),
             gpus: plan.gpus.clone(),
             restored: restored.clone(),
             render: render.iter().map(|(&m, f)| (m, f.as_raw_fd())).collect(),
@@ -566,6 +567,9 @@ impl RestoreSession {
                     super::writer::SLOTS
                 ),
             })?;
+        if let Some(streamer) = crate::stream::active() {
+            send_streamed_pages(&streamer, vpid, id, &plan.gpus, chan_task.as_fd())?;
+        }
         let posted = Some(Posted {
             slot,
             _memfd: memfd,
@@ -805,6 +809,40 @@ impl RestoreSession {
         }
         Ok(gate)
     }
+}
+
+/// Streamed images: asks the image streamer for each GPU's pages file of
+/// KFD image `id`, in the job's order, and hands each pipe to the GPU
+/// memory writer over the gate channel `chan` at once (the job is posted
+/// already).  The streamer serves one file at a time, so the next request
+/// returns once the writer has read the last file whole; the task keeps no
+/// copy of a pipe.
+fn send_streamed_pages(
+    streamer: &crate::stream::Streamer,
+    vpid: i32,
+    id: FileId,
+    gpus: &[crate::plan::GpuWork],
+    chan: BorrowedFd<'_>,
+) -> Result<(), SessionError> {
+    for g in gpus {
+        let name = crate::pages::pages_image_name(id, g.user);
+        let pipe = streamer
+            .open_raw(&name)
+            .map_err(os_step(
+                vpid,
+                format!("asking the image streamer for {name}"),
+            ))?
+            .ok_or_else(|| SessionError::State {
+                pid: vpid,
+                what: format!("the image streamer has no {name}"),
+            })?;
+        crate::os::fd::send_record_with_fd(chan, &g.user.0.to_le_bytes(), Some(pipe.as_fd()))
+            .map_err(os_step(
+                vpid,
+                format!("handing {name} to the GPU memory writer"),
+            ))?;
+    }
+    Ok(())
 }
 
 /// Whether `dir` holds pages files of KFD image `id` (`amdgpu-pages-<id>-*`).

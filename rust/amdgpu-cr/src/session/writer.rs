@@ -60,7 +60,9 @@ use crate::ids::{GpuId, GpuVa, MmapOffset, RenderMinor};
 use crate::image::{FileId, KfdImage};
 #[cfg(doc)]
 use crate::os;
-use crate::os::fd::{memfd, pidfd_getfd, recv_record, send_record, seqpacket_pair};
+use crate::os::fd::{
+    memfd, pidfd_getfd, recv_record, recv_record_with_fd, send_record, seqpacket_pair, Received,
+};
 use crate::os::file::ProcDir;
 use crate::os::futex;
 use crate::os::process::{self, pidfd_open, ExitStatus};
@@ -74,7 +76,7 @@ pub const SLOTS: usize = crate::validate::MAX_KFD_PROCESSES;
 /// How long a task waits for the writer to take its fds.
 const TAKE_TIMEOUT: Duration = Duration::from_secs(120);
 /// A job's first word.
-const MAGIC: u64 = u64::from_le_bytes(*b"CRGPUJB2");
+const MAGIC: u64 = u64::from_le_bytes(*b"CRGPUJB3");
 /// Word for "no fd" / "no limit".
 const NONE: u64 = u64::MAX;
 /// The writer's name in `/proc/<pid>/comm` (at most 15 bytes).
@@ -393,6 +395,10 @@ pub struct Job {
     pub imgdir_fd: RawFd,
     /// The task's fd of the writer's end of its gate channel.
     pub chan_fd: RawFd,
+    /// The pages files come from the image streamer: one pipe per GPU,
+    /// in the order of `gpus`, over the gate channel (see
+    /// [`write_back_streamed`]).
+    pub streamed: bool,
     pub gpus: Vec<GpuWork>,
     /// RESTORE's buckets with their new offsets.
     pub restored: Vec<BoBucket>,
@@ -414,6 +420,7 @@ impl Job {
             self.vpid as u64,
             self.imgdir_fd as u64,
             self.chan_fd as u64,
+            u64::from(self.streamed),
             self.gpus.len() as u64,
         ];
         for g in &self.gpus {
@@ -468,6 +475,11 @@ impl Job {
         let vpid = i32::try_from(next()?).ok()?;
         let imgdir_fd = RawFd::try_from(next()?).ok()?;
         let chan_fd = RawFd::try_from(next()?).ok()?;
+        let streamed = match next()? {
+            0 => false,
+            1 => true,
+            _ => return None,
+        };
         let ngpus = next()?;
         let mut gpus = Vec::new();
         let mut render = BTreeMap::new();
@@ -524,6 +536,7 @@ impl Job {
             vpid,
             imgdir_fd,
             chan_fd,
+            streamed,
             gpus,
             restored,
             render,
@@ -606,11 +619,12 @@ impl Taken {
     ) -> Result<Vec<GpuStats>, SessionError> {
         let vpid = self.job.vpid;
         // The directory's own path (the writer shares criu main's mounts),
-        // so errors name the files as the user does.
+        // so errors name the files as the user does; streamed images' staging
+        // directory is mounted nowhere and has none.
         let fd_path = PathBuf::from(format!("/proc/self/fd/{}", self.imgdir.as_raw_fd()));
         let dir = std::fs::read_link(&fd_path)
             .ok()
-            .filter(|p| p.is_dir())
+            .filter(|p| p.is_dir() && !self.job.streamed)
             .unwrap_or(fd_path);
         let image = KfdImage::read(&dir, self.job.id)
             .map_err(|e| SessionError::core(vpid, "GPU memory writer: reading the KFD image", e))?;
@@ -619,15 +633,20 @@ impl Taken {
             .iter()
             .map(|d| d.as_ref().map(|f| f.as_fd()))
             .collect();
-        write_back(
-            &self.job,
-            (policy, staging_cap),
-            |m| self.render.get(&m).map(|f| f.as_fd()),
-            &dmabufs,
-            &dir,
-            &crate::pages::content_hashes(&image),
+        let hashes = crate::pages::content_hashes(&image);
+        let encoding =
             crate::pages::Encoding::of(&crate::image::kfd_image_name(self.job.id), &image.msg)
-                .map_err(|e| SessionError::core(vpid, "GPU memory writer", e))?,
+                .map_err(|e| SessionError::core(vpid, "GPU memory writer", e))?;
+        let render_fd = |m| self.render.get(&m).map(|f| f.as_fd());
+        let settings = (policy, staging_cap);
+        if self.job.streamed {
+            let chan = self.chan.as_fd();
+            return write_back_streamed(
+                &self.job, settings, render_fd, &dmabufs, chan, &hashes, encoding,
+            );
+        }
+        write_back(
+            &self.job, settings, render_fd, &dmabufs, &dir, &hashes, encoding,
         )
     }
 }
@@ -666,6 +685,82 @@ pub(super) fn write_back<'a>(
         })?;
     restore_contents_encoded(dir, job.id, jobs, hashes, encoding, &overlays)
         .map_err(|e| SessionError::core(job.vpid, "writing GPU memory back", e))
+}
+
+/// [`write_back`] from the image streamer: the task sends each GPU's
+/// pages file's pipe over the gate channel `chan`, in the order of the
+/// job's GPUs, as the streamer gives it (the next only once this one is
+/// read whole: the streamer serves one file at a time); each is read in
+/// order, its end checked, its BOs against `hashes`.
+pub(super) fn write_back_streamed<'a>(
+    job: &Job,
+    (policy, staging_cap): (EnginePolicy, Option<u64>),
+    render_fd: impl Fn(RenderMinor) -> Option<BorrowedFd<'a>>,
+    dmabufs: &[Option<BorrowedFd<'a>>],
+    chan: BorrowedFd<'_>,
+    hashes: &BTreeMap<usize, ContentHash>,
+    encoding: crate::pages::Encoding,
+) -> Result<Vec<GpuStats>, SessionError> {
+    let stall = crate::env::stream_timeout_from_env().map_err(|e| SessionError::State {
+        pid: job.vpid,
+        what: e.to_string(),
+    })?;
+    let mut first = Some(recv_pages_pipe(job, 0, chan, stall)?);
+    let jobs = gpu_jobs(
+        job.vpid,
+        policy,
+        staging_cap,
+        &job.gpus,
+        &job.restored,
+        render_fd,
+        dmabufs,
+        true,
+    )?;
+    let mut stats = Vec::new();
+    for (i, g) in jobs.into_iter().enumerate() {
+        let pipe = match first.take() {
+            Some(p) => p,
+            None => recv_pages_pipe(job, i, chan, stall)?,
+        };
+        let done = crate::copy::restore_contents_streamed(pipe, job.id, g, hashes, encoding)
+            .map_err(|e| SessionError::core(job.vpid, "writing GPU memory back", e))?;
+        stats.extend(done);
+    }
+    Ok(stats)
+}
+
+/// The pipe of the pages file of GPU `i` of `job`, as its task sends it.
+fn recv_pages_pipe(
+    job: &Job,
+    i: usize,
+    chan: BorrowedFd<'_>,
+    stall: Duration,
+) -> Result<crate::stream::Pipe, SessionError> {
+    let Some(gpu) = job.gpus.get(i).map(|g| g.user) else {
+        return Err(SessionError::State {
+            pid: job.vpid,
+            what: format!("KFD image {}: no GPU {i} in the job", job.id),
+        });
+    };
+    let name = crate::pages::pages_image_name(job.id, gpu);
+    let fail = |what: String| SessionError::State {
+        pid: job.vpid,
+        what: format!("{name}: {what}"),
+    };
+    let mut buf = [0u8; 8];
+    match recv_record_with_fd(chan, &mut buf, true) {
+        Ok(Received::Record(4, Some(fd))) if buf[..4] == gpu.0.to_le_bytes() => {
+            crate::stream::Pipe::new(fd, &name, stall)
+                .map_err(|e| fail(format!("the image streamer's pipe: {e}")))
+        }
+        Ok(Received::Record(..)) => Err(fail(
+            "the task sent no pipe of this file from the image streamer".into(),
+        )),
+        Ok(_) => Err(fail(
+            "the task ended before it sent this file's pipe from the image streamer".into(),
+        )),
+        Err(e) => Err(fail(format!("receiving the pipe from the task: {e}"))),
+    }
 }
 
 /// A new gate channel: the task's end and the writer's end of a
@@ -1000,49 +1095,19 @@ pub fn writer_main(args: &WriterArgs) -> i32 {
 
 /// The writer process: takes posted jobs as they come (a task waits for
 /// that), copies them one by one on a thread of its own, tells each task its
-/// verdict and collects its report.
+/// verdict and collects its report.  A job whose pages files come from the
+/// image streamer gets a thread of its own: the streamer serves one file at
+/// a time, in the order the tasks ask for them, so a job must read its
+/// file whenever it comes, whatever job came first (it waits for its first
+/// pipe before it takes its copy memory).
 fn serve(mailbox: Mailbox, policy: EnginePolicy, staging_cap: Option<u64>) -> i32 {
     let b = mailbox.board();
     let (tx, rx) = std::sync::mpsc::channel::<Taken>();
     let runner = std::thread::spawn(move || {
-        for t in rx {
-            let i = t.slot;
-            let slot = &mailbox.board().slots[i];
-            let vpid = t.job.vpid;
-            let result = t.run(policy, staging_cap);
-            let Taken { chan, .. } = t;
-            match result {
-                Ok(stats) => {
-                    log_gpu_stats(vpid, "restored", &stats);
-                    // WRITTEN before the verdict goes out: the task may
-                    // resume (or fail RESUME) and criu main look at the slot
-                    // before this thread runs again, and it must then wait
-                    // for the task's report, not take the job as unwritten.
-                    slot.state.store(WRITTEN, Ordering::Release);
-                    match send_record(chan.as_fd(), &gate::verdict(0, "")) {
-                        Ok(()) => collect_report(mailbox, i, chan),
-                        Err(e) => slot.fail(
-                            LOST,
-                            &format!(
-                                "GPU memory written, but the task could not be told ({e}); \
-                                 it is gone"
-                            ),
-                        ),
-                    }
-                }
-                Err(e) => {
-                    log::error!("{e}");
-                    let why = e.to_string();
-                    // FAILED before the verdict goes out, as WRITTEN above:
-                    // the task fails at once and criu main, aborting, must
-                    // find the reason in the slot, not a job still taken.
-                    slot.fail(FAILED, &why);
-                    let _ = send_record(chan.as_fd(), &gate::verdict(e.errno() as u32, &why));
-                }
-            }
-            mailbox.bump();
-        }
+        rx.into_iter()
+            .all(|t| run_job(mailbox, t, policy, staging_cap))
     });
+    let mut streamed = Vec::new();
     loop {
         let seq = b.seq.load(Ordering::Acquire);
         for (i, s) in mailbox.used().iter().enumerate() {
@@ -1057,7 +1122,11 @@ fn serve(mailbox: Mailbox, policy: EnginePolicy, staging_cap: Option<u64>) -> i3
                         t.job.id
                     );
                     s.state.store(TAKEN, Ordering::Release);
-                    if let Err(std::sync::mpsc::SendError(t)) = tx.send(t) {
+                    if t.job.streamed {
+                        streamed.push(std::thread::spawn(move || {
+                            run_job(mailbox, t, policy, staging_cap)
+                        }));
+                    } else if let Err(std::sync::mpsc::SendError(t)) = tx.send(t) {
                         let why = "the GPU memory writer's copy thread is gone";
                         s.fail(FAILED, why);
                         let _ = send_record(t.chan.as_fd(), &gate::verdict(libc::EIO as u32, why));
@@ -1078,9 +1147,49 @@ fn serve(mailbox: Mailbox, policy: EnginePolicy, staging_cap: Option<u64>) -> i3
         futex::wait(&b.seq, seq, Duration::from_millis(200));
     }
     drop(tx);
-    let ok = runner.join().is_ok();
+    let ok = runner.join().is_ok() & streamed.into_iter().all(|t| t.join().is_ok());
     log::logger().flush();
     i32::from(!ok)
+}
+
+/// Copies one taken job, records its outcome in its slot and tells its
+/// task the verdict; `true` (the runner goes on).
+fn run_job(mailbox: Mailbox, t: Taken, policy: EnginePolicy, staging_cap: Option<u64>) -> bool {
+    let i = t.slot;
+    let slot = &mailbox.board().slots[i];
+    let vpid = t.job.vpid;
+    let result = t.run(policy, staging_cap);
+    let Taken { chan, .. } = t;
+    match result {
+        Ok(stats) => {
+            log_gpu_stats(vpid, "restored", &stats);
+            // WRITTEN before the verdict goes out: the task may resume (or
+            // fail RESUME) and criu main look at the slot before this
+            // thread runs again, and it must then wait for the task's
+            // report, not take the job as unwritten.
+            slot.state.store(WRITTEN, Ordering::Release);
+            match send_record(chan.as_fd(), &gate::verdict(0, "")) {
+                Ok(()) => collect_report(mailbox, i, chan),
+                Err(e) => slot.fail(
+                    LOST,
+                    &format!(
+                        "GPU memory written, but the task could not be told ({e}); it is gone"
+                    ),
+                ),
+            }
+        }
+        Err(e) => {
+            log::error!("{e}");
+            let why = e.to_string();
+            // FAILED before the verdict goes out, as WRITTEN above: the
+            // task fails at once and criu main, aborting, must find the
+            // reason in the slot, not a job still taken.
+            slot.fail(FAILED, &why);
+            let _ = send_record(chan.as_fd(), &gate::verdict(e.errno() as u32, &why));
+        }
+    }
+    mailbox.bump();
+    true
 }
 
 /// Waits, on a thread of its own, for the report of the task behind job
@@ -1121,6 +1230,7 @@ mod tests {
             vpid: 4242,
             imgdir_fd: 1001,
             chan_fd: 1004,
+            streamed: true,
             gpus: vec![GpuWork {
                 user: GpuId(0x1a2b),
                 actual: GpuId(0x5c3d),

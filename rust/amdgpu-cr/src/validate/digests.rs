@@ -113,9 +113,13 @@ impl Digests {
         if !compressed(image) {
             return;
         }
+        let streamer = crate::stream::active();
         for gpu in image.gpu_ids() {
             let name = pages_image_name(id, gpu);
-            let size = std::fs::metadata(dir.join(&name)).map_or(0, |m| m.len());
+            let size = match &streamer {
+                Some(s) => s.sent(&name).unwrap_or(0),
+                None => std::fs::metadata(dir.join(&name)).map_or(0, |m| m.len()),
+            };
             if let Some(e) = self.files.get_mut(&name) {
                 e.size = size;
             }
@@ -138,6 +142,15 @@ impl Digests {
                 },
             );
         }
+    }
+
+    /// The files listed that are no pages file, with their sizes: what a
+    /// streamed restore fetches before anything else.
+    pub fn metadata_files(&self) -> impl Iterator<Item = (&str, u64)> {
+        self.files
+            .iter()
+            .filter(|(_, e)| matches!(e.digest, Digest::Whole(_)))
+            .map(|(n, e)| (n.as_str(), e.size))
     }
 
     pub fn lists(&self, name: &str) -> bool {
@@ -300,9 +313,19 @@ impl Digests {
 
     /// The directory's GPU image files (`present`) against the list: every
     /// file listed is there (pages files with their size), no other is.
-    pub fn check_listing(&self, dir: &Path, present: &BTreeSet<String>) -> Vec<Refusal> {
+    /// `streamed`: the pages files are not in `dir` but in the image
+    /// streamer's stream (checked as they are read).
+    pub fn check_listing(
+        &self,
+        dir: &Path,
+        present: &BTreeSet<String>,
+        streamed: bool,
+    ) -> Vec<Refusal> {
         let mut out = Vec::new();
         for (name, e) in &self.files {
+            if streamed && matches!(e.digest, Digest::Bo(_)) {
+                continue;
+            }
             if !present.contains(name) {
                 out.push(Refusal::new(
                     name,
