@@ -25,6 +25,7 @@
 #include "cr_options.h"
 #include "files.h"
 #include "image.h"
+#include "img-streamer.h"
 #include "pstree.h"
 #include "servicefd.h"
 #include "vma.h"
@@ -150,9 +151,37 @@ static int note_gpu_in_inventory(void)
 	return 0;
 }
 
+/*
+ * The image directory the GPU library reads and writes: with --stream, the
+ * staging directory of the GPU metadata files (see stream_start), else
+ * CRIU's image directory.
+ */
 static int image_dir_fd(void)
 {
-	return get_service_fd(IMG_FD_OFF);
+	return get_service_fd(opts.stream ? CRIU_ROCM_STAGE_FD_OFF : IMG_FD_OFF);
+}
+
+/* The GPU library's way to CRIU's image streamer: one file, one pipe. */
+static int stream_open(const char *name)
+{
+	return img_streamer_open((char *)name, opts.mode == CR_RESTORE ? O_RSTR : O_DUMP);
+}
+
+/*
+ * --stream: GPU image files go through CRIU's image streamer; their
+ * metadata is staged in memory, in a directory every restored task
+ * inherits as a service fd (patch 0030).
+ */
+static int stream_start(void)
+{
+	int fd;
+
+	if (get_service_fd(CRIU_ROCM_STAGE_FD_OFF) >= 0)
+		return 0;
+	fd = criu_gpu_stream_start(stream_open);
+	if (fd < 0)
+		return fd;
+	return install_service_fd(CRIU_ROCM_STAGE_FD_OFF, fd) < 0 ? -1 : 0;
 }
 
 bool criu_rocm_is_gpu_file(const struct stat *st)
@@ -174,6 +203,17 @@ static int gpu_dump_init(void)
 	int ret;
 
 	inventory_noted = false;
+	if (opts.stream && opts.img_parent) {
+		/* CRIU would dump all memory again without saying so; GPU images could not name their parent. */
+		pr_err("--prev-images-dir %s with --stream: the image streamer carries no parent images "
+		       "(incremental dumps need an image directory)\n",
+		       opts.img_parent);
+		return -EINVAL;
+	}
+	if (opts.stream && stream_start()) {
+		pr_err("--stream: the GPU part of the dump cannot use the image streamer\n");
+		return -EINVAL;
+	}
 	log_get_logstart(&logstart);
 	ret = criu_gpu_dump_init(opts.stream ? -1 : image_dir_fd(), log_get_fd(),
 				 (uint64_t)logstart.tv_sec * 1000000 + logstart.tv_usec);
@@ -213,7 +253,17 @@ static int gpu_init(int stage)
 		 * Claim the inventory's GPU entry the way upstream's plugin does, so
 		 * that CRIU does not ask for a plugin that is built in here.
 		 */
-		check_and_remove_inventory_plugin(AMDGPU_INVENTORY_NAME, strlen(AMDGPU_INVENTORY_NAME));
+		if (check_and_remove_inventory_plugin(AMDGPU_INVENTORY_NAME, strlen(AMDGPU_INVENTORY_NAME)) &&
+		    opts.stream) {
+			/* The GPU metadata files come first, before anything is validated or forked. */
+			if (stream_start() || criu_gpu_stream_fetch()) {
+				pr_err("--stream: the GPU images cannot be had from the image streamer\n");
+				return -EINVAL;
+			}
+		}
+		/* A stream without GPU state has no staging directory: nothing to restore. */
+		if (opts.stream && get_service_fd(CRIU_ROCM_STAGE_FD_OFF) < 0)
+			return 0;
 		criu_pid = getpid();
 		log_get_logstart(&logstart);
 		ret = criu_gpu_restore_init(image_dir_fd(), log_get_fd(),
@@ -254,11 +304,6 @@ static int gpu_checkpoint_devices(int pid)
 	if (ret == 0)
 		return -ENOTSUP;
 	pr_info("GPU queues of %d paused before any memory is read\n", pid);
-	if (opts.stream) {
-		/* The GPU images are files of their own, which the image streamer does not carry. */
-		pr_err("--stream cannot carry the GPU state of %d; dump to an image directory instead\n", pid);
-		return -EINVAL;
-	}
 	return 0;
 }
 
@@ -379,8 +424,6 @@ int criu_rocm_dump_late(void)
 
 int criu_rocm_dump_complete(void)
 {
-	if (opts.stream)
-		return 0;
 	return criu_gpu_dump_complete(image_dir_fd()) ? -1 : 0;
 }
 
@@ -403,19 +446,12 @@ int criu_rocm_pre_dump_pause(void)
 			pr_err("Can't take the GPU state of %d\n", item->pid->real);
 			return -1;
 		}
-		if (ret > 0 && opts.stream) {
-			pr_err("--stream cannot carry the GPU state of %d; pre-dump to an image directory instead\n",
-			       item->pid->real);
-			return -1;
-		}
 	}
 	return 0;
 }
 
 int criu_rocm_pre_dump_memory(void)
 {
-	if (opts.stream)
-		return 0;
 	return criu_gpu_pre_dump_memory(image_dir_fd()) ? -1 : 0;
 }
 
@@ -442,6 +478,9 @@ int criu_rocm_restore_check(void)
 		       opts.stream ? "--stream" : "--lazy-pages");
 		return -1;
 	}
+	/* A stream has no mark: its GPU images end with amdgpu-digests.img, without which it is refused. */
+	if (opts.stream)
+		return 0;
 	return criu_gpu_restore_check(image_dir_fd()) ? -1 : 0;
 }
 

@@ -62,6 +62,28 @@ void criu_gpu_test_log_line(const char *line);
 int criu_gpu_set_knob(const char *arg, char *why, uintptr_t why_len);
 
 /*
+ `--stream`: the GPU image files of this dump or restore go through
+ CRIU's image streamer, each opened once with `open` (see
+ `amdgpu_cr::stream`): given a NUL-terminated file name, it returns this
+ process' end of the file's pipe (the write end at dump, the read end at
+ restore; the caller owns it), `-ENOENT` when the streamer has no such
+ file (restore), or another negative value when it failed (CRIU logged
+ why).  Returns a new fd of the staging directory, the
+ GPU metadata files in memory, which the caller keeps (restored tasks
+ inherit it) and passes as the image directory fd to every other hook;
+ `-errno` when it cannot be made.
+ */
+int criu_gpu_stream_start(int (*open)(const char *name));
+
+/*
+ Restore with `--stream` of images whose inventory names the AMD GPU
+ plugin: fetches the GPU metadata files from the image streamer into the
+ staging directory, before [`criu_gpu_restore_init`] validates them.
+ `0`; `-EINVAL` when the stream cannot be restored (logged).
+ */
+int criu_gpu_stream_fetch(void);
+
+/*
  What a `stat` describes: `0` not a GPU device file, `1` `/dev/kfd`,
  `2` a render node of this host (emulated nodes: regular files compared
  by device and inode; real ones: character devices compared by rdev).

@@ -47,6 +47,83 @@ fn image_dir(fd: c_int) -> PathBuf {
     PathBuf::from(format!("/proc/self/fd/{fd}"))
 }
 
+/// `--stream`: the GPU image files of this dump or restore go through
+/// CRIU's image streamer, each opened once with `open` (see
+/// `amdgpu_cr::stream`): given a NUL-terminated file name, it returns this
+/// process' end of the file's pipe (the write end at dump, the read end at
+/// restore; the caller owns it), `-ENOENT` when the streamer has no such
+/// file (restore), or another negative value when it failed (CRIU logged
+/// why).  Returns a new fd of the staging directory, the
+/// GPU metadata files in memory, which the caller keeps (restored tasks
+/// inherit it) and passes as the image directory fd to every other hook;
+/// `-errno` when it cannot be made.
+#[no_mangle]
+pub extern "C" fn criu_gpu_stream_start(
+    open: Option<unsafe extern "C" fn(name: *const c_char) -> c_int>,
+) -> c_int {
+    ffi_boundary("criu_gpu_stream_start", || {
+        let Some(open) = open else {
+            return -libc::EINVAL;
+        };
+        let opener: amdgpu_cr::stream::Opener = Box::new(move |name: &str| {
+            let c = std::ffi::CString::new(name)
+                .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+            // SAFETY: `open` is CRIU's function of the type above; `c` is
+            // NUL-terminated and outlives the call.
+            let fd = unsafe { open(c.as_ptr()) };
+            match fd {
+                // SAFETY: a non-negative result is a new fd the caller owns.
+                0.. => Ok(Some(unsafe {
+                    <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd)
+                })),
+                e if e == -libc::ENOENT => Ok(None),
+                _ => Err(std::io::Error::other(format!(
+                    "the image streamer could not open {name} (see CRIU's log)"
+                ))),
+            }
+        });
+        let stall = match amdgpu_cr::env::stream_timeout_from_env() {
+            Ok(t) => t,
+            Err(e) => {
+                log::error!("{e}");
+                return -libc::EINVAL;
+            }
+        };
+        let made = amdgpu_cr::stream::start(opener, stall)
+            .and_then(|s| s.staging_fd().try_clone_to_owned());
+        match made {
+            Ok(fd) => fd.into_raw_fd(),
+            Err(e) => {
+                log::error!(
+                    "--stream: the staging directory of the GPU metadata (a tmpfs mounted \
+                     nowhere) could not be made: {e}"
+                );
+                -e.raw_os_error().unwrap_or(libc::EIO)
+            }
+        }
+    })
+}
+
+/// Restore with `--stream` of images whose inventory names the AMD GPU
+/// plugin: fetches the GPU metadata files from the image streamer into the
+/// staging directory, before [`criu_gpu_restore_init`] validates them.
+/// `0`; `-EINVAL` when the stream cannot be restored (logged).
+#[no_mangle]
+pub extern "C" fn criu_gpu_stream_fetch() -> c_int {
+    ffi_boundary("criu_gpu_stream_fetch", || {
+        let Some(streamer) = amdgpu_cr::stream::active() else {
+            return -libc::EINVAL;
+        };
+        match amdgpu_cr::session::streamed::fetch_metadata(&streamer) {
+            Ok(_) => 0,
+            Err(why) => {
+                log::error!("{why}");
+                -libc::EINVAL
+            }
+        }
+    })
+}
+
 /// What a `stat` describes: `0` not a GPU device file, `1` `/dev/kfd`,
 /// `2` a render node of this host (emulated nodes: regular files compared
 /// by device and inode; real ones: character devices compared by rdev).
@@ -152,6 +229,10 @@ pub extern "C" fn criu_gpu_dump_complete(imgdir_fd: c_int) -> c_int {
                      process keeps running",
                     dir.display()
                 );
+                if amdgpu_cr::stream::active().is_some() {
+                    // Nothing of it reaches the stream: no digests file.
+                    return -libc::EINVAL;
+                }
                 if let Err(e) = incomplete::refused(&dir, &why) {
                     log::error!(
                         "{}: adding the reasons to {}: {e}",
@@ -161,6 +242,16 @@ pub extern "C" fn criu_gpu_dump_complete(imgdir_fd: c_int) -> c_int {
                 }
                 return -libc::EINVAL;
             }
+        }
+        if let Some(streamer) = amdgpu_cr::stream::active() {
+            // The metadata files go last, the digests file at the very end.
+            return match amdgpu_cr::session::streamed::send_staging(&streamer) {
+                Ok(()) => 0,
+                Err(why) => {
+                    log::error!("{why}");
+                    -libc::EIO
+                }
+            };
         }
         match incomplete::clear(&dir) {
             Ok(()) => 0,
@@ -343,7 +434,11 @@ pub extern "C" fn criu_gpu_restore_init(
         };
         let mut session = RestoreSession::new(o.clone());
         // The same validation as gpu-check's, before any task or device.
-        let report = match validate::check_dir(&image_dir(imgdir_fd), validate::Depth::Metadata) {
+        let depth = match amdgpu_cr::stream::active() {
+            Some(_) => validate::Depth::Streamed,
+            None => validate::Depth::Metadata,
+        };
+        let report = match validate::check_dir(&image_dir(imgdir_fd), depth) {
             Ok(r) => r,
             Err(e) => {
                 log::error!("listing the image directory: {e}");
