@@ -34,6 +34,9 @@ top=$(cd "$(dirname "$(realpath "$0")")/../.." && pwd)
 # wl_start, wl_verify, wl_finish, ...
 # shellcheck source=SCRIPTDIR/../../scripts/lib/gpu-workload.sh
 . "$top/scripts/lib/gpu-workload.sh"
+# streamer, stream_start (the --stream cases' peer of the image streamer)
+# shellcheck source=SCRIPTDIR/../../scripts/lib/streamer.sh
+. "$top/scripts/lib/streamer.sh"
 
 # ---------------------------------------------------------------------------------------
 # Emulated hosts (`on PROFILE [--profile-file F] [--fail SPEC]... -- FUNCTION [ARG...]`, from
@@ -2171,23 +2174,6 @@ cycle_step() {
 # file CRIU sends into one stream file, `serve` gives them back, one request at a time
 # and each file once, as the real tool does. The image directory holds only the socket
 # and the logs: no GPU image file touches it.
-
-streamer() { /usr/bin/python3 "$here/streamer.py" "$@"; }
-
-# stream_start MODE DIR STREAM: starts the peer (capture or serve) on DIR in the
-# background, its requests logged to DIR/streamer-MODE.log; sets STREAMER_PID.
-stream_start() {
-	local mode=$1 dir=$2 stream=$3 i
-	mkdir -p "$dir"
-	streamer "$mode" "$dir" "$stream" >"$dir/streamer-$mode.out" 2>"$dir/streamer-$mode.log" &
-	STREAMER_PID=$!
-	for ((i = 0; i < 400; i++)); do
-		grep -q socket-init "$dir/streamer-$mode.out" 2>/dev/null && return 0
-		alive "$STREAMER_PID" || break
-		sleep 0.05
-	done
-	fail "the test streamer did not start ($mode): $(cat "$dir/streamer-$mode.log")"
-}
 
 # stream_dump_ok PID DIR STREAM [ARG...]: a dump (CR_ACTION) of PID with --stream into
 # STREAM must succeed; no GPU image file may land in DIR.

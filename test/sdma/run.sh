@@ -29,6 +29,9 @@ top=$(cd "$(dirname "$(realpath "$0")")/../.." && pwd)
 # fail, note, skip, known_bug, on, cases_dispatch; alive, wait_gone, ... (workload.sh)
 # shellcheck source=SCRIPTDIR/../../scripts/lib/cases.sh
 . "$top/scripts/lib/cases.sh"
+# streamer, stream_start (the --stream case's peer of the image streamer)
+# shellcheck source=SCRIPTDIR/../../scripts/lib/streamer.sh
+. "$top/scripts/lib/streamer.sh"
 
 # wl_start [ARG...]: gpu-workload (with ARGs) in its own session; sets WL and WL_OUT.
 wl_start() {
@@ -147,6 +150,30 @@ case_cpu_engine_with_dmabufs() { on mi100x2 -- engine cpu; }
 case_dump_restore_1_gpu() { on mi100 -- dump_restore 1; }
 case_dump_restore_2_gpus() { on mi100x2 -- dump_restore 2; }
 case_dump_restore_8_gpus() { on mi300x8 -- dump_restore 8; }
+# --stream (#28): the SDMA engine's pages go into their pipes to the image streamer
+# (test/gpu/streamer.py) as they are copied, and come back from it at the restore; no GPU
+# image touches the image directory, and the process verifies every byte.
+case_stream_dump_restore() { on mi100x2 -- stream_dump_restore; }
+stream_dump_restore() {
+	local d=$CASE_DIR/img s=$CASE_DIR/img.stream
+	wl_start
+	verify >/dev/null
+	stream_start capture "$d" "$s"
+	sup dump -t "$WL" -D "$d" -o dump.log -v4 --stream || fail "SDMA dump --stream failed: $(log_errors "$d/dump.log")"
+	wait "$STREAMER_PID" || fail "the test streamer (capture) failed: $(tail -n 2 "$d/streamer-capture.log")"
+	wait_gone "$WL" 10 || fail "gpu-workload $WL still runs after the dump"
+	all_by_sdma "$d/dump.log" saved 2
+	! ls "$d" | grep -q '^amdgpu-' || fail "GPU image files landed in the image directory: $(ls "$d" | paste -sd' ')"
+	stream_start serve "$d" "$s"
+	sup restore -D "$d" -o restore.log -v4 -d --stream || fail "SDMA restore --stream failed: $(log_errors "$d/restore.log")"
+	wait "$STREAMER_PID" || fail "the test streamer (serve) failed: $(tail -n 2 "$d/streamer-serve.log")"
+	all_by_sdma "$d/restore.log" restored 2
+	alive "$WL" || fail "gpu-workload $WL does not run after the restore"
+	verify >/dev/null
+	verify TERM >/dev/null
+	wait_gone "$WL" 10 || fail "gpu-workload $WL did not exit after SIGTERM"
+	note "$(grep -c '^streamer: serve amdgpu-' "$d/streamer-serve.log") GPU files served, $(stat -c %s "$s") bytes of stream"
+}
 # KFD_COMPRESS=zstd: the SDMA engine's staging reads and writes go through the compressing
 # writer and the decompressing reader; the process verifies every byte.
 case_dump_restore_compressed() { on mi100x2 -- dump_restore_compressed; }
