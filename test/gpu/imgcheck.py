@@ -3,7 +3,7 @@
 
   imgcheck.py decode DIR UPSTREAM_PROTO OUR_PROTO
       Decodes every amdgpu-kfd-*.img and amdgpu-renderD-*.img of DIR with
-      `protoc --decode`, once against upstream CRIU 4.1.1's message definitions
+      `protoc --decode`, once against upstream CRIU 4.2.1's message definitions
       (criu_kfd, criu_render_node) and once against ours (criu_amdgpu.*). Fails
       on a bad size word, a decode error, a missing required field, counts that
       disagree with the entries, or the two decodes disagreeing. Prints a JSON
@@ -16,7 +16,7 @@
       Every expected file must be matched by a BO.
   imgcheck.py upstream DIR UPSTREAM_PROTO
       Rewrites every amdgpu-kfd-*.img and amdgpu-renderD-*.img of DIR the way
-      upstream CRIU 4.1.1's plugin writes them: decoded and re-encoded with
+      upstream CRIU 4.2.1's plugin writes them: decoded and re-encoded with
       upstream's own message definitions, dropping every field those do not
       know (criu-rocm's optional fields >= 1000 and criu-dev's render-node
       fields), and removes amdgpu-digests.img, which upstream does not write.
@@ -321,7 +321,7 @@ def cmd_upstream(dir, upstream):
     digests = os.path.join(dir, "amdgpu-digests.img")
     if os.path.exists(digests):
         os.unlink(digests)
-    print(f"dropped {dropped} field(s) upstream 4.1.1 does not know")
+    print(f"dropped {dropped} field(s) upstream 4.2.1 does not know")
 
 
 def main():

@@ -1320,7 +1320,7 @@ restore_rdna4_sdma7() {
 	note "gfx1201: saved and restored by the CPU through the owning render file"
 }
 
-# Images laid out exactly as upstream CRIU 4.1.1's amdgpu plugin writes them (our optional
+# Images laid out exactly as upstream CRIU 4.2.1's amdgpu plugin writes them (our optional
 # fields and criu-dev's render-node fields dropped, re-encoded with upstream's own schema, no
 # amdgpu-digests.img) restore too, without the checks they no longer carry: gpu-check and the
 # restore each say so in one warning line.
@@ -1450,7 +1450,7 @@ case_restore_older_firmware() {
 }
 
 # ---------------------------------------------------------------------------------------
-# Cases: upstream CRIU 4.1.1's topology-remap scenarios (plugins/amdgpu/tests/
+# Cases: upstream CRIU 4.2.1's topology-remap scenarios (plugins/amdgpu/tests/
 # test_topology_remap.c: nine pairs of source and destination topologies, each with an
 # expected outcome), as kfd-emu hosts hosts/topo-remap/N-src.toml and N-dst.toml. Upstream
 # only asks its matcher for a mapping; here a process using every GPU is dumped on the

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # criu-rocm as container engines run it (issue 15): a binary called `criu`, started as
 # `criu swrk 3` and spoken to over CRIU's RPC (test/rpc/rpc.py, a client written from
-# CRIU 4.1.1's images/rpc.proto), with options as RPC fields and configuration files, no
+# CRIU 4.2.1's images/rpc.proto), with options as RPC fields and configuration files, no
 # plugin directory, and whatever plugins the host carries.
 #   - VERSION reports CRIU's numbers; FEATURE_CHECK answers what the kernel can do (each
 #     feature against `criu check --feature` and against a probe of the kernel here);

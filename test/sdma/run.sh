@@ -12,7 +12,7 @@
 # every task a supervised `criu restore` restores inherits the filter. A second pass would
 # need a criu outside the supervisor, which then saves the filter without its listener.
 #
-# Not here: upstream CRIU 4.1.1 with its own amdgpu plugin, unmodified, cannot see the
+# Not here: upstream CRIU 4.2.1 with its own amdgpu plugin, unmodified, cannot see the
 # emulated nodes as devices (they are regular files on FUSE: CRIU dumps them as paths and the
 # plugin tells /dev/kfd from a render node by st_rdev), so images cannot be exchanged with it
 # on kfd-emu (rust/kfd-emu/README.md, Known gaps).

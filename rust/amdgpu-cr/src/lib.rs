@@ -4,7 +4,7 @@
 //! translates CRIU's hook calls into calls of this crate.  Pieces:
 //!
 //! * [`image`] and [`proto`]: the image files (names, framing, messages,
-//!   validation) — wire compatible with CRIU 4.1.1's amdgpu plugin;
+//!   validation) — wire compatible with CRIU 4.2.1's amdgpu plugin;
 //! * [`pages`]: the pages files (BO contents): their format, writer and
 //!   reader, holes for zero blocks, the per-BO content hashes;
 //! * [`topology`]: the KFD sysfs topology model and parser, and its

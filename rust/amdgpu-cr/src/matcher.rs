@@ -19,7 +19,7 @@
 //! lets this host take the image: the match is tried again without the
 //! checks that rejected a candidate during the search.
 //!
-//! Deviations from upstream 4.1.1, on purpose:
+//! Deviations from upstream 4.2.1, on purpose:
 //! * the hive size check is effective (upstream compares sizes that are
 //!   never set), and two image hives may share a larger host hive;
 //! * `io_links_count` (the raw sysfs count, which counts links to GPUs a
@@ -1279,7 +1279,7 @@ mod tests {
         );
     }
 
-    /// Upstream CRIU 4.1.1's topology-remap scenarios
+    /// Upstream CRIU 4.2.1's topology-remap scenarios
     /// (plugins/amdgpu/tests/test_topology_remap.c): the same nodes and
     /// links, built here.  gpu_ids as upstream's: 0xA0HG / 0xB0HG (image /
     /// host, hive H, GPU G).  test/gpu/hosts/topo-remap/ has them as

@@ -2,7 +2,7 @@
  * A named POSIX semaphore this process created: glibc creates it as
  * /dev/shm/sem.XXXXXX, maps it, links it to its name and unlinks the
  * temporary name, so the mapping shows in /proc as a deleted file although
- * it is still linked. criu-rocm dumps it by its name (CRIU 4.1.1 asks for
+ * it is still linked. criu-rocm dumps it by its name (CRIU 4.2.1 asks for
  * --link-remap); after restore the mapping must be the named file and the
  * semaphore keep its value.
  */

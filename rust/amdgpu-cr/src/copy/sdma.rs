@@ -12,7 +12,7 @@
 //! file it opened for the copies (not the task's), so its staging, IB and
 //! BO mappings cannot collide with the process' GPU addresses.
 //!
-//! Corrections over upstream 4.1.1's `sdma_copy_bo`:
+//! Corrections over upstream 4.2.1's `sdma_copy_bo`:
 //! * the packet follows the DMA IP's version (`AMDGPU_INFO_HW_IP_INFO` of
 //!   `AMDGPU_HW_IP_DMA`), not the family id: COPY_LINEAR's `count` is
 //!   `bytes` on SDMA 2.x/3.x (CIK, VI), `bytes - 1` from SDMA 4 (GFX9) on

@@ -12,7 +12,7 @@
 //!    writes `amdgpu-renderD-<id>.img`.
 //! 3. [`DumpSession::check_complete`] once all memory is dumped.
 //! 4. [`DumpSession::finish`] at the end: unpause unless the tree is about
-//!    to be killed after a successful dump.  Upstream 4.1.1 unpauses as soon
+//!    to be killed after a successful dump.  Upstream 4.2.1 unpauses as soon
 //!    as the last device file is dumped, before the task's CPU memory; here
 //!    the queues stay evicted until CRIU has read everything.
 //!
