@@ -31,7 +31,7 @@
 
 use crate::ids::{BoHandle, CpuVa, EventId, GpuId, GpuVa, MmapOffset, QueueId, RenderMinor};
 use crate::ioctl::*;
-use crate::layout::{criu_op, kfd_ioctl_export_dmabuf_args};
+use crate::layout::{criu_op, gem618, kfd_ioctl_export_dmabuf_args};
 use crate::sys;
 use crate::volatile::VolatileSlice;
 use std::ffi::CStr;
@@ -678,6 +678,31 @@ impl<F: AsFd> RenderNode<F> {
         // SAFETY: on success the kernel installed a new fd in our table and handed its
         // ownership to us through `fd`.
         Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(a.fd) })
+    }
+
+    /// `DRM_IOCTL_AMDGPU_GEM_LIST_HANDLES` (Linux 6.18): every GEM handle of this file, in
+    /// handle order. A kernel without it answers EINVAL (an unknown amdgpu ioctl).
+    pub fn gem_list_handles(&self) -> Result<Vec<gem618::drm_amdgpu_gem_list_handles_entry>> {
+        loop {
+            let mut a = gem618::drm_amdgpu_gem_list_handles::default();
+            self.io(DRM_IOCTL_AMDGPU_GEM_LIST_HANDLES, &mut a)?;
+            if a.num_entries == 0 {
+                return Ok(Vec::new());
+            }
+            let room = a.num_entries;
+            let mut v = vec![gem618::drm_amdgpu_gem_list_handles_entry::default(); room as usize];
+            a.entries = v.as_mut_ptr() as u64;
+            match self.io(DRM_IOCTL_AMDGPU_GEM_LIST_HANDLES, &mut a) {
+                // Handles came between the calls (or during the second): again.
+                Err(e) if e.errno() == libc::EAGAIN => continue,
+                Err(e) => return Err(e),
+                Ok(_) if a.num_entries > room => continue,
+                Ok(_) => {
+                    v.truncate(a.num_entries as usize);
+                    return Ok(v);
+                }
+            }
+        }
     }
 
     /// Creates a GEM BO in `domains` (`AMDGPU_GEM_DOMAIN_*`); returns its handle.

@@ -126,6 +126,11 @@ drm_ioctls! {
     DRM_IOCTL_AMDGPU_GEM_VA = iow(DRM_COMMAND_BASE + 0x08, sys::drm_amdgpu_gem_va) => 0x4028_6448;
     DRM_IOCTL_AMDGPU_WAIT_CS = iowr(DRM_COMMAND_BASE + 0x09, sys::drm_amdgpu_wait_cs) => 0xc020_6449;
     DRM_IOCTL_AMDGPU_GEM_USERPTR = iowr(DRM_COMMAND_BASE + 0x11, sys::drm_amdgpu_gem_userptr) => 0xc018_6451;
+    DRM_IOCTL_AMDGPU_GEM_METADATA = iowr(DRM_COMMAND_BASE + 0x06, sys::drm_amdgpu_gem_metadata) => 0xc120_6446;
+    DRM_IOCTL_AMDGPU_GEM_WAIT_IDLE = iowr(DRM_COMMAND_BASE + 0x07, sys::drm_amdgpu_gem_wait_idle) => 0xc010_6447;
+    DRM_IOCTL_AMDGPU_GEM_OP = iowr(DRM_COMMAND_BASE + 0x10, crate::layout::gem618::drm_amdgpu_gem_op) => 0xc018_6450;
+    DRM_IOCTL_AMDGPU_GEM_LIST_HANDLES = iowr(DRM_COMMAND_BASE + 0x19, crate::layout::gem618::drm_amdgpu_gem_list_handles) => 0xc010_6459;
+    DRM_IOCTL_GEM_CHANGE_HANDLE = iowr(0xd2, crate::layout::gem618::drm_gem_change_handle) => 0xc008_64d2;
 }
 
 #[cfg(test)]

@@ -52,6 +52,120 @@ pub struct kfd_ioctl_export_dmabuf_args {
     pub dmabuf_fd: u32,
 }
 
+/// Linux 6.18's render-node GEM uapi, newer than bookworm's `drm.h` and `amdgpu_drm.h`
+/// (layouts from the kernel's `include/uapi/drm/`).
+pub mod gem618 {
+    /// `DRM_AMDGPU_GEM_LIST_HANDLES`' number after `DRM_COMMAND_BASE`.
+    pub const DRM_AMDGPU_GEM_LIST_HANDLES: u32 = 0x19;
+    /// `DRM_IOCTL_GEM_CHANGE_HANDLE`'s core number.
+    pub const DRM_GEM_CHANGE_HANDLE: u32 = 0xd2;
+    /// `AMDGPU_GEM_OP_GET_MAPPING_INFO`.
+    pub const AMDGPU_GEM_OP_GET_MAPPING_INFO: u32 = 2;
+    /// `AMDGPU_GEM_LIST_HANDLES_FLAG_IS_IMPORT`: the BO is another device's dma-buf.
+    pub const AMDGPU_GEM_LIST_HANDLES_FLAG_IS_IMPORT: u32 = 1 << 0;
+    /// `AMDGPU_GEM_DOMAIN_DOORBELL` (6.8).
+    pub const AMDGPU_GEM_DOMAIN_DOORBELL: u32 = 0x40;
+    /// `AMDGPU_GEM_DOMAIN_MMIO_REMAP` (6.18).
+    pub const AMDGPU_GEM_DOMAIN_MMIO_REMAP: u32 = 0x80;
+    /// `AMDGPU_GEM_DOMAIN_MASK` of 6.18.
+    pub const AMDGPU_GEM_DOMAIN_MASK: u32 = 0xff;
+    /// `AMDGPU_GEM_CREATE_DISCARDABLE` (6.1).
+    pub const AMDGPU_GEM_CREATE_DISCARDABLE: u64 = 1 << 12;
+    /// `AMDGPU_GEM_CREATE_COHERENT` (6.3).
+    pub const AMDGPU_GEM_CREATE_COHERENT: u64 = 1 << 13;
+    /// `AMDGPU_GEM_CREATE_UNCACHED` (6.3).
+    pub const AMDGPU_GEM_CREATE_UNCACHED: u64 = 1 << 14;
+    /// `AMDGPU_GEM_CREATE_EXT_COHERENT` (6.8).
+    pub const AMDGPU_GEM_CREATE_EXT_COHERENT: u64 = 1 << 15;
+    /// `AMDGPU_GEM_CREATE_GFX12_DCC` (6.11).
+    pub const AMDGPU_GEM_CREATE_GFX12_DCC: u64 = 1 << 16;
+    /// `AMDGPU_GEM_CREATE_SETTABLE_MASK` (amdgpu_gem.h, 6.18): the flags GEM_CREATE
+    /// takes and GEM_LIST_HANDLES reports.
+    pub const AMDGPU_GEM_CREATE_SETTABLE_MASK: u64 = 1 // CPU_ACCESS_REQUIRED
+        | 1 << 1 // NO_CPU_ACCESS
+        | 1 << 2 // CPU_GTT_USWC
+        | 1 << 3 // VRAM_CLEARED
+        | 1 << 6 // VM_ALWAYS_VALID
+        | 1 << 7 // EXPLICIT_SYNC
+        | 1 << 9 // VRAM_WIPE_ON_RELEASE
+        | 1 << 10 // ENCRYPTED
+        | AMDGPU_GEM_CREATE_DISCARDABLE
+        | AMDGPU_GEM_CREATE_COHERENT
+        | AMDGPU_GEM_CREATE_UNCACHED
+        | AMDGPU_GEM_CREATE_EXT_COHERENT
+        | AMDGPU_GEM_CREATE_GFX12_DCC;
+
+    /// `struct drm_gem_change_handle` (drm.h, 6.18).
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct drm_gem_change_handle {
+        /// The object's handle now.
+        pub handle: u32,
+        /// The handle it is to have.
+        pub new_handle: u32,
+    }
+
+    /// `struct drm_amdgpu_gem_op` of 6.18 (24 bytes; 16 before, without the entry count).
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct drm_amdgpu_gem_op {
+        /// GEM handle.
+        pub handle: u32,
+        /// `AMDGPU_GEM_OP_*`.
+        pub op: u32,
+        /// In or out value; for GET_MAPPING_INFO the user address of the entries.
+        pub value: u64,
+        /// GET_MAPPING_INFO: in, the entries' room; out, the mappings there are.
+        pub num_entries: u32,
+        /// Must be 0.
+        pub padding: u32,
+    }
+
+    /// `struct drm_amdgpu_gem_vm_entry`: one GPU VA mapping of a BO.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct drm_amdgpu_gem_vm_entry {
+        /// GPU VA of the mapping.
+        pub addr: u64,
+        /// Bytes mapped.
+        pub size: u64,
+        /// Offset into the BO.
+        pub offset: u64,
+        /// The `AMDGPU_VM_PAGE_*` flags of the GEM_VA that made it.
+        pub flags: u64,
+    }
+
+    /// `struct drm_amdgpu_gem_list_handles`.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct drm_amdgpu_gem_list_handles {
+        /// User address of the entries.
+        pub entries: u64,
+        /// In: the entries' room (0: only count); out: the handles the file has.
+        pub num_entries: u32,
+        /// Padding.
+        pub padding: u32,
+    }
+
+    /// `struct drm_amdgpu_gem_list_handles_entry` (40 bytes).
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct drm_amdgpu_gem_list_handles_entry {
+        /// The GEM handle.
+        pub gem_handle: u32,
+        /// `AMDGPU_GEM_LIST_HANDLES_FLAG_*`.
+        pub flags: u32,
+        /// BO size in bytes.
+        pub size: u64,
+        /// `AMDGPU_GEM_DOMAIN_*` the BO prefers.
+        pub preferred_domains: u64,
+        /// Its `AMDGPU_GEM_CREATE_*` flags (within the settable mask).
+        pub alloc_flags: u64,
+        /// Its alignment in pages (`tbo.page_alignment`; GET_GEM_CREATE_INFO gives bytes).
+        pub alignment: u64,
+    }
+}
+
 /// The blob's process record.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -276,6 +390,15 @@ layout!(sys::drm_amdgpu_cs_chunk, 16, chunk_id @ 0, length_dw @ 4, chunk_data @ 
 layout!(sys::drm_amdgpu_wait_cs_in, 32, handle @ 0, timeout @ 8, ip_type @ 16, ip_instance @ 20,
     ring @ 24, ctx_id @ 28);
 layout!(sys::drm_amdgpu_info, 32, return_pointer @ 0, return_size @ 8, query @ 12);
+// Linux 6.18's GEM additions.
+layout!(gem618::drm_gem_change_handle, 8, handle @ 0, new_handle @ 4);
+layout!(gem618::drm_amdgpu_gem_op, 24, handle @ 0, op @ 4, value @ 8, num_entries @ 16,
+    padding @ 20);
+layout!(gem618::drm_amdgpu_gem_vm_entry, 32, addr @ 0, size @ 8, offset @ 16, flags @ 24);
+layout!(gem618::drm_amdgpu_gem_list_handles, 16, entries @ 0, num_entries @ 8, padding @ 12);
+layout!(gem618::drm_amdgpu_gem_list_handles_entry, 40, gem_handle @ 0, flags @ 4, size @ 8,
+    preferred_domains @ 16, alloc_flags @ 24, alignment @ 32);
+layout!(sys::drm_amdgpu_gem_metadata, 288, handle @ 0, op @ 4, data @ 8);
 // The private-data blob.
 layout!(kfd_criu_process_priv_data, 8, version @ 0, xnack_mode @ 4);
 layout!(kfd_criu_device_priv_data, 8);
