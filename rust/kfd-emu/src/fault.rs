@@ -55,7 +55,7 @@ pub const fn drm_op(nr: u32) -> u32 {
     DRM_OP | nr
 }
 
-const OPS: [(&str, u32); 14] = [
+const OPS: [(&str, u32); 21] = [
     ("PROCESS_INFO", criu_op::PROCESS_INFO),
     ("CHECKPOINT", criu_op::CHECKPOINT),
     ("UNPAUSE", criu_op::UNPAUSE),
@@ -70,6 +70,13 @@ const OPS: [(&str, u32); 14] = [
     ("GEM_VA", drm_op(0x48)),
     ("WAIT_CS", drm_op(0x49)),
     ("GEM_USERPTR", drm_op(0x51)),
+    ("GEM_CREATE", drm_op(0x40)),
+    ("GEM_MMAP", drm_op(0x41)),
+    ("GEM_METADATA", drm_op(0x46)),
+    ("GEM_WAIT_IDLE", drm_op(0x47)),
+    ("GEM_OP", drm_op(0x50)),
+    ("GEM_LIST_HANDLES", drm_op(0x59)),
+    ("GEM_CHANGE_HANDLE", drm_op(0xd2)),
 ];
 
 const ERRNOS: [(&str, i32); 16] = [

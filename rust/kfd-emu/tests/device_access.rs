@@ -290,8 +290,52 @@ fn render_node_version_and_dev_info() {
             &[0; 32],
             32
         ),
+        Err(libc::EINVAL),
+        "a BO of 0 bytes"
+    );
+    // DRM_IOCTL_AMDGPU_SCHED (DRM_IOW, 16 bytes): not modelled.
+    assert_eq!(
+        call(&emu, r, &me(), 0x4010_6455, &[0; 16], 0),
         Err(libc::ENOTTY)
     );
+    // GEM_CREATE of 1 MiB of VRAM: handle 1, mapped at an offset of the
+    // render file; GEM_CHANGE_HANDLE is refused (the profile's default).
+    let mut c = [0u8; 32];
+    c[..8].copy_from_slice(&(1u64 << 20).to_le_bytes());
+    c[16..24].copy_from_slice(&u64::from(sys::AMDGPU_GEM_DOMAIN_VRAM).to_le_bytes());
+    let out = call(&emu, r, &me(), ioctl::DRM_IOCTL_AMDGPU_GEM_CREATE, &c, 32).unwrap();
+    assert_eq!(out[..8], 1u64.to_le_bytes(), "handle 1");
+    let out = call(
+        &emu,
+        r,
+        &me(),
+        ioctl::DRM_IOCTL_AMDGPU_GEM_MMAP,
+        &out[..8],
+        8,
+    )
+    .unwrap();
+    assert!(u64::from_le_bytes(out[..8].try_into().unwrap()) >= uapi::RENDER_OFFSET_BASE);
+    let rename = [1u8, 0, 0, 0, 2, 0, 0, 0];
+    assert_eq!(
+        call(
+            &emu,
+            r,
+            &me(),
+            ioctl::DRM_IOCTL_GEM_CHANGE_HANDLE,
+            &rename,
+            8
+        ),
+        Err(libc::EINVAL)
+    );
+    call(
+        &emu,
+        r,
+        &me(),
+        ioctl::DRM_IOCTL_GEM_CLOSE,
+        &[1, 0, 0, 0, 0, 0, 0, 0],
+        0,
+    )
+    .unwrap();
     assert_eq!(
         call(&emu, r, &me(), ioctl::DRM_IOCTL_GEM_CLOSE, &[0; 8], 0),
         Err(libc::EINVAL),

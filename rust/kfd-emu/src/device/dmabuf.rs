@@ -28,6 +28,15 @@
 //!   stay as the GPU left them), and the shadow's pages are given back.
 //!
 //! A mapping of a restore's dma-buf still held after RESUME reads zeros.
+//!
+//! PRIME_HANDLE_TO_FD of a GEM BO made on a render node (GEM_CREATE)
+//! hands out such a memfd too: imported into a render file (of any GPU)
+//! or a KFD process it reaches the BO's own memory, but a CPU mapping of
+//! the fd itself reaches only the shadow (zeros; what is written there
+//! never reaches the BO).  Applications map GEM BOs through the render
+//! file (GEM_MMAP), which is coherent.  The emulator cannot see the last
+//! close of a dma-buf fd: a GEM BO that was exported keeps its memory
+//! after its last handle is closed, until the emulator exits.
 
 use std::collections::HashMap;
 use std::io;
@@ -52,11 +61,27 @@ enum Shadow {
 pub enum Purpose {
     Checkpoint,
     Restore,
+    /// PRIME_HANDLE_TO_FD of a render node's GEM BO: the shadow is not
+    /// used (an import reaches the BO; a CPU mapping of the fd reads
+    /// zeros, see the module comment).
+    Share,
+}
+
+/// Which BO a dma-buf is of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Source {
+    /// The GPU's index in the profile.
+    pub gpu: usize,
+    /// The BO's offset in the GPU's render memfd (its mmap offset).
+    pub offset: u64,
+    /// `AMDGPU_GEM_DOMAIN_*` the BO prefers.
+    pub domain: u32,
 }
 
 /// What a dmabuf of the emulator refers to.
 pub struct Dmabuf {
     pub size: u64,
+    pub source: Source,
     /// The BO's memory, as the daemon maps it.
     pub map: Arc<Mapping>,
     /// (st_dev, st_ino) of the memfd.
@@ -158,12 +183,12 @@ impl Registry {
     /// `purpose`.
     pub fn export(
         &self,
-        gpu: usize,
-        offset: u64,
+        source: Source,
         size: u64,
         map: &Arc<Mapping>,
         purpose: Purpose,
     ) -> io::Result<Arc<Dmabuf>> {
+        let (gpu, offset) = (source.gpu, source.offset);
         let d = {
             let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
             match inner.by_bo.get(&(gpu, offset)) {
@@ -175,6 +200,7 @@ impl Registry {
                     let id = file_id(mem.fd())?;
                     let d = Arc::new(Dmabuf {
                         size,
+                        source,
                         map: map.clone(),
                         id,
                         mem,
@@ -195,6 +221,7 @@ impl Registry {
                     *st = Shadow::Filling;
                 }
             }
+            Purpose::Share => {}
         }
         Ok(d)
     }
@@ -207,7 +234,9 @@ impl Registry {
         inner.by_id.get(&id).cloned()
     }
 
-    fn get(&self, gpu: usize, offset: u64) -> Option<Arc<Dmabuf>> {
+    /// The dma-buf of the BO at render-memfd `offset` of GPU `gpu`, if one
+    /// was handed out.
+    pub fn get(&self, gpu: usize, offset: u64) -> Option<Arc<Dmabuf>> {
         let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         inner.by_bo.get(&(gpu, offset)).cloned()
     }
@@ -234,6 +263,15 @@ mod tests {
     use super::*;
     use std::os::fd::AsFd;
 
+    /// A VRAM BO of GPU 0 at `offset`.
+    pub fn src(offset: u64) -> Source {
+        Source {
+            gpu: 0,
+            offset,
+            domain: 4,
+        }
+    }
+
     fn map_fd(fd: BorrowedFd<'_>, prot: i32) -> *mut u8 {
         // SAFETY: a fresh shared mapping of a live descriptor; used only
         // through raw pointers in this test.
@@ -256,8 +294,8 @@ mod tests {
         let bo = Arc::new(mem.map(0, 8192).unwrap());
         bo.write(0, &[0xab; 8192]);
         let r = Registry::default();
-        let a = r.export(0, 0, 8192, &bo, Purpose::Checkpoint).unwrap();
-        let b = r.export(0, 0, 8192, &bo, Purpose::Checkpoint).unwrap();
+        let a = r.export(src(0), 8192, &bo, Purpose::Checkpoint).unwrap();
+        let b = r.export(src(0), 8192, &bo, Purpose::Checkpoint).unwrap();
         assert_eq!(a.id, b.id, "one dmabuf per BO");
         let dup = a.file().try_clone_to_owned().unwrap();
         assert_eq!(r.lookup(dup.as_fd()).unwrap().size, 8192);
@@ -290,7 +328,7 @@ mod tests {
         // A restore's dmabuf: what is written through it reaches the BO at
         // RESUME, and only that (the GPU wrote the first page meanwhile).
         let bo2 = Arc::new(mem.map(8192, 8192).unwrap());
-        let c = r.export(0, 8192, 8192, &bo2, Purpose::Restore).unwrap();
+        let c = r.export(src(8192), 8192, &bo2, Purpose::Restore).unwrap();
         let q = map_fd(c.file(), libc::PROT_READ | libc::PROT_WRITE);
         assert_ne!(q, libc::MAP_FAILED.cast());
         let second = q.wrapping_add(4096);

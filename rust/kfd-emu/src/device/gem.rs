@@ -5,10 +5,11 @@
 //! kernel's order, the operation run on the render file the state keeps
 //! (`state::gem`), the answer encoded.
 
-use std::sync::Arc;
+use std::mem::offset_of;
 
-use super::dmabuf::Dmabuf;
-use super::state::gem::{BoList, Ib, Job, RenderFile};
+use kfd_abi::layout::gem618;
+
+use super::state::gem::{create_info, BoList, Export, Ib, Job, RenderFile};
 use super::state::R;
 use super::uapi::{self, sys};
 
@@ -74,12 +75,209 @@ fn entity_ok(ip: u32, instance: u32, ring: u32, has_ip: impl Fn(u32) -> bool) ->
     Ok(())
 }
 
-/// PRIME_HANDLE_TO_FD: the dma-buf to install.
-pub fn export(f: &RenderFile, a: &sys::drm_prime_handle) -> R<Arc<Dmabuf>> {
+/// PRIME_HANDLE_TO_FD: what to install.
+pub fn export(f: &RenderFile, a: &sys::drm_prime_handle) -> R<Export> {
     if a.flags & !(DRM_CLOEXEC | DRM_RDWR) != 0 {
         return Err(libc::EINVAL);
     }
     f.export(a.handle)
+}
+
+/// A GEM_CREATE request, checked: what to allocate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CreatePlan {
+    /// Bytes, a whole number of pages.
+    pub size: u64,
+    pub align_pages: u64,
+    pub domains: u64,
+    pub flags: u64,
+}
+
+impl CreatePlan {
+    /// Whether the BO goes to VRAM first.
+    pub fn wants_vram(&self) -> bool {
+        self.domains & u64::from(sys::AMDGPU_GEM_DOMAIN_VRAM) != 0
+    }
+
+    /// Whether a VRAM BO that does not fit may go to GTT instead: the
+    /// domains allow it, or they are VRAM alone (amdgpu_gem_create_ioctl
+    /// retries with GTT added).
+    pub fn gtt_fallback(&self) -> bool {
+        let vram = u64::from(sys::AMDGPU_GEM_DOMAIN_VRAM);
+        self.domains & u64::from(sys::AMDGPU_GEM_DOMAIN_GTT) != 0 || self.domains == vram
+    }
+}
+
+/// GEM_CREATE's checks in amdgpu_gem_create_ioctl's order (the emulated
+/// GPUs have no TMZ); the flags the kernel adds (VRAM_CLEARED, and
+/// VRAM_WIPE_ON_RELEASE in amdgpu_gem_object_create) are added, and
+/// CPU_ACCESS_REQUIRED, which only steers the first placement, is dropped
+/// as amdgpu_bo_create does for user BOs.
+pub fn create_plan(a: &sys::drm_amdgpu_gem_create_in) -> R<CreatePlan> {
+    let mut flags = a.domain_flags;
+    if flags & !gem618::AMDGPU_GEM_CREATE_SETTABLE_MASK != 0 {
+        return Err(libc::EINVAL);
+    }
+    if a.domains & !u64::from(gem618::AMDGPU_GEM_DOMAIN_MASK) != 0 {
+        return Err(libc::EINVAL);
+    }
+    if flags & u64::from(sys::AMDGPU_GEM_CREATE_ENCRYPTED) != 0 {
+        return Err(libc::EINVAL);
+    }
+    flags |= u64::from(sys::AMDGPU_GEM_CREATE_VRAM_CLEARED);
+    if a.domains & u64::from(gem618::AMDGPU_GEM_DOMAIN_MMIO_REMAP) != 0 {
+        return Err(libc::EINVAL);
+    }
+    let special = sys::AMDGPU_GEM_DOMAIN_GDS
+        | sys::AMDGPU_GEM_DOMAIN_GWS
+        | sys::AMDGPU_GEM_DOMAIN_OA
+        | gem618::AMDGPU_GEM_DOMAIN_DOORBELL;
+    if a.domains & u64::from(special) != 0 {
+        log::warn!(
+            "kfd-emu: GEM_CREATE in domains {:#x} (GDS, GWS, OA or doorbell): not modelled",
+            a.domains
+        );
+        return Err(libc::EINVAL);
+    }
+    let size = super::state::page_align(a.bo_size).ok_or(libc::EINVAL)?;
+    if size == 0 {
+        return Err(libc::EINVAL);
+    }
+    let align = super::state::page_align(a.alignment).ok_or(libc::EINVAL)?;
+    flags |= u64::from(sys::AMDGPU_GEM_CREATE_VRAM_WIPE_ON_RELEASE);
+    flags &= !u64::from(sys::AMDGPU_GEM_CREATE_CPU_ACCESS_REQUIRED);
+    Ok(CreatePlan {
+        size,
+        align_pages: align / uapi::PAGE,
+        domains: a.domains,
+        flags,
+    })
+}
+
+/// GEM_MMAP: the answer (`out.addr_ptr`).
+pub fn gem_mmap(f: &RenderFile, input: &[u8], out_size: usize) -> R<Vec<u8>> {
+    // union drm_amdgpu_gem_mmap: in.handle (u32), out.addr_ptr (u64).
+    let handle: u32 = uapi::decode(input);
+    let off = f.mmap_offset(handle)?;
+    Ok(uapi::encode(&off, out_size))
+}
+
+/// GEM_WAIT_IDLE: every submission has finished by the time its CS
+/// returns, so a BO is idle (status 0, the union zeroed).
+pub fn wait_idle(f: &RenderFile, input: &[u8], out_size: usize) -> R<Vec<u8>> {
+    let a: sys::drm_amdgpu_gem_wait_idle_in = uapi::decode(input);
+    f.object(a.handle)?;
+    Ok(vec![0; out_size])
+}
+
+/// `AMDGPU_GEM_METADATA` data bytes (`data.data`).
+const METADATA_MAX: usize = 256;
+
+/// GEM_METADATA GET or SET (amdgpu_gem_metadata_ioctl): the answer is the
+/// caller's bytes with what GET reads patched in.
+pub fn metadata(f: &RenderFile, input: &[u8], out_size: usize) -> R<Vec<u8>> {
+    type M = sys::drm_amdgpu_gem_metadata;
+    type D = sys::drm_amdgpu_gem_metadata__bindgen_ty_1;
+    let a: M = uapi::decode(input);
+    let obj = f.object(a.handle)?;
+    let at = |field: usize| offset_of!(M, data) + field;
+    let mut info = obj.info();
+    match a.op {
+        sys::AMDGPU_GEM_METADATA_OP_GET_METADATA => {
+            let mut out = input.to_vec();
+            out.resize(out_size.max(std::mem::size_of::<M>()), 0);
+            uapi::put(&mut out, at(offset_of!(D, tiling_info)), &info.tiling);
+            let bytes = &info.metadata;
+            let data = at(offset_of!(D, data));
+            out[data..data + bytes.len()].copy_from_slice(bytes);
+            uapi::put(
+                &mut out,
+                at(offset_of!(D, data_size_bytes)),
+                &(bytes.len() as u32),
+            );
+            uapi::put(&mut out, at(offset_of!(D, flags)), &info.meta_flags);
+            out.truncate(out_size);
+            Ok(out)
+        }
+        sys::AMDGPU_GEM_METADATA_OP_SET_METADATA => {
+            let n = a.data.data_size_bytes as usize;
+            if n > METADATA_MAX {
+                return Err(libc::EINVAL);
+            }
+            info.tiling = a.data.tiling_info;
+            // amdgpu_bo_set_metadata: no bytes clears them (and keeps the
+            // flags).
+            if n > 0 {
+                let words = &a.data.data;
+                info.metadata = words.iter().flat_map(|w| w.to_le_bytes()).take(n).collect();
+                info.meta_flags = a.data.flags;
+            } else {
+                info.metadata.clear();
+            }
+            Ok(input[..out_size.min(input.len())].to_vec())
+        }
+        _ => Err(libc::EINVAL),
+    }
+}
+
+/// The most entries GET_MAPPING_INFO takes room for.
+const MAPPING_INFO_MAX: u32 = 65536;
+
+/// GEM_OP (amdgpu_gem_op_ioctl, 6.18's 24-byte form; a 16-byte caller's
+/// count and padding read as 0).  Answers are written to the caller
+/// `tid`'s memory at `value`.
+pub fn gem_op(f: &RenderFile, tid: u32, a: &mut gem618::drm_amdgpu_gem_op) -> R<()> {
+    if a.padding != 0 {
+        return Err(libc::EINVAL);
+    }
+    let obj = f.object(a.handle)?;
+    match a.op {
+        sys::AMDGPU_GEM_OP_GET_GEM_CREATE_INFO => {
+            let info = create_info(obj);
+            super::mem::user_write(tid, a.value, uapi::bytes(&info))
+        }
+        sys::AMDGPU_GEM_OP_SET_PLACEMENT => f.set_placement(a.handle, a.value),
+        gem618::AMDGPU_GEM_OP_GET_MAPPING_INFO => {
+            if a.num_entries > MAPPING_INFO_MAX {
+                return Err(libc::EINVAL);
+            }
+            let maps = f.mappings_of(a.handle)?;
+            let n = maps.len() as u32;
+            if a.num_entries > 0 && n > 0 && n <= a.num_entries {
+                let mut b = Vec::with_capacity(maps.len() * 32);
+                for m in &maps {
+                    uapi::push(&mut b, m);
+                }
+                super::mem::user_write(tid, a.value, &b)?;
+            }
+            a.num_entries = n;
+            Ok(())
+        }
+        _ => Err(libc::EINVAL),
+    }
+}
+
+/// GEM_LIST_HANDLES (amdgpu_gem_list_handles_ioctl): with no room, or too
+/// little, only the count; else the entries, written to the caller
+/// `tid`'s memory.
+pub fn list_handles(
+    f: &RenderFile,
+    tid: u32,
+    a: &mut gem618::drm_amdgpu_gem_list_handles,
+) -> R<()> {
+    let all = f.list_handles();
+    let n = all.len() as u32;
+    if a.num_entries == 0 || a.num_entries < n || n == 0 {
+        a.num_entries = n;
+        return Ok(());
+    }
+    let mut b = Vec::with_capacity(all.len() * 40);
+    for e in &all {
+        uapi::push(&mut b, e);
+    }
+    super::mem::user_write(tid, a.entries, &b)?;
+    a.num_entries = n;
+    Ok(())
 }
 
 /// GEM_USERPTR for process `pid`.
@@ -161,7 +359,12 @@ pub fn gem_va(f: &mut RenderFile, a: &sys::drm_amdgpu_gem_va, va_top: u64) -> R<
     match op {
         sys::AMDGPU_VA_OP_MAP | sys::AMDGPU_VA_OP_REPLACE => {
             params(obj_size.expect("looked up"))?;
-            f.va_map(a.handle, va, off, size, op == sys::AMDGPU_VA_OP_REPLACE)
+            f.va_map(
+                a.handle,
+                (va, off, size),
+                a.flags,
+                op == sys::AMDGPU_VA_OP_REPLACE,
+            )
         }
         sys::AMDGPU_VA_OP_UNMAP => f.va_unmap(a.handle, va & !(page - 1)),
         _ => {
@@ -327,6 +530,8 @@ pub fn wait_cs(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
+
     use crate::device::dmabuf::Registry;
     use crate::device::mem::Memfd;
     use crate::device::state::gem::AMDGPU_HW_IP_DMA;
@@ -360,10 +565,15 @@ mod tests {
         let mem = Memfd::new("t", 1 << 20).unwrap();
         let map = Arc::new(mem.map(0, 8192).unwrap());
         map.write(0, &[0xab; 8192]);
+        let src = crate::device::dmabuf::Source {
+            gpu: 1,
+            offset: 0,
+            domain: sys::AMDGPU_GEM_DOMAIN_VRAM,
+        };
         let d = Registry::default()
-            .export(0, 0, 8192, &map, crate::device::dmabuf::Purpose::Checkpoint)
+            .export(src, 8192, &map, crate::device::dmabuf::Purpose::Checkpoint)
             .unwrap();
-        let mut f = RenderFile::new();
+        let mut f = RenderFile::new(0);
         let bo = f.import(d.clone());
         assert_eq!(bo, 1);
         assert_eq!(f.import(d), bo, "one handle per dma-buf");
@@ -497,5 +707,222 @@ mod tests {
             Err(libc::ENOENT)
         );
         gem_va(&mut f, &va(bo, sys::AMDGPU_VA_OP_UNMAP, 1 << 20, 8192), TOP).unwrap();
+    }
+
+    /// A GEM_CREATE BO of `pages` pages on GPU 0 at render offset `off`,
+    /// as `State::gem_create` makes one.
+    fn bo(
+        mem: &Memfd,
+        off: u64,
+        pages: u64,
+        plan: &CreatePlan,
+    ) -> Arc<crate::device::state::gem::GemObj> {
+        use crate::device::state::gem::{BoInfo, GemKind, GemObj};
+        let map = Arc::new(mem.map(off, pages * 4096).unwrap());
+        let source = crate::device::dmabuf::Source {
+            gpu: 0,
+            offset: off,
+            domain: sys::AMDGPU_GEM_DOMAIN_VRAM,
+        };
+        let info = BoInfo {
+            domains: plan.domains,
+            flags: plan.flags,
+            align_pages: plan.align_pages,
+            ..Default::default()
+        };
+        Arc::new(GemObj::new(GemKind::Bo { source, map }, plan.size, info))
+    }
+
+    fn create_in(size: u64, align: u64, domains: u32, flags: u32) -> sys::drm_amdgpu_gem_create_in {
+        sys::drm_amdgpu_gem_create_in {
+            bo_size: size,
+            alignment: align,
+            domains: domains.into(),
+            domain_flags: flags.into(),
+        }
+    }
+
+    /// GEM_CREATE's checks and the flags the kernel adds and drops.
+    #[test]
+    fn gem_create_checks_and_flags_as_amdgpu() {
+        let vram = sys::AMDGPU_GEM_DOMAIN_VRAM;
+        let p = create_plan(&create_in(
+            5000,
+            6000,
+            vram,
+            sys::AMDGPU_GEM_CREATE_CPU_ACCESS_REQUIRED,
+        ))
+        .unwrap();
+        assert_eq!((p.size, p.align_pages), (8192, 2), "page-rounded");
+        let added = u64::from(
+            sys::AMDGPU_GEM_CREATE_VRAM_CLEARED | sys::AMDGPU_GEM_CREATE_VRAM_WIPE_ON_RELEASE,
+        );
+        assert_eq!(
+            p.flags, added,
+            "CPU_ACCESS_REQUIRED dropped after placement"
+        );
+        assert!(p.wants_vram() && p.gtt_fallback());
+        let both = create_plan(&create_in(4096, 0, vram | sys::AMDGPU_GEM_DOMAIN_CPU, 0)).unwrap();
+        assert!(!both.gtt_fallback(), "VRAM|CPU does not fall back to GTT");
+        let bad = [
+            create_in(4096, 0, vram, 1 << 4),
+            create_in(4096, 0, 0x100, 0),
+            create_in(4096, 0, vram, sys::AMDGPU_GEM_CREATE_ENCRYPTED),
+            create_in(4096, 0, gem618::AMDGPU_GEM_DOMAIN_MMIO_REMAP, 0),
+            create_in(4096, 0, sys::AMDGPU_GEM_DOMAIN_GDS, 0),
+            create_in(0, 0, vram, 0),
+            create_in(u64::MAX, 0, vram, 0),
+        ];
+        for a in bad {
+            assert_eq!(create_plan(&a), Err(libc::EINVAL), "{a:?}");
+        }
+    }
+
+    /// Handles are the lowest free from 1; LIST_HANDLES reports them with
+    /// the settable flags and the alignment in pages; too small a buffer
+    /// gets the count; CHANGE_HANDLE renames (6.18.0-6.18.35); GEM_OP
+    /// answers create info, placement and mapping info (24-byte form).
+    #[test]
+    fn handles_list_rename_and_gem_op() {
+        let pid = std::process::id();
+        let mem = Memfd::new("t", 1 << 24).unwrap();
+        let plan = create_plan(&create_in(8192, 65536, sys::AMDGPU_GEM_DOMAIN_VRAM, 0)).unwrap();
+        let mut f = RenderFile::new(0);
+        let a = f.create(bo(&mem, 0, 2, &plan));
+        let b = f.create(bo(&mem, 1 << 20, 2, &plan));
+        let c = f.create(bo(&mem, 2 << 20, 2, &plan));
+        assert_eq!((a, b, c), (1, 2, 3));
+        f.close(b).unwrap();
+        let d = f.create(bo(&mem, 3 << 20, 2, &plan));
+        assert_eq!(d, 2, "the lowest free handle");
+
+        let mut room = vec![gem618::drm_amdgpu_gem_list_handles_entry::default(); 3];
+        let mut l = gem618::drm_amdgpu_gem_list_handles {
+            entries: room.as_mut_ptr() as u64,
+            num_entries: 2,
+            padding: 0,
+        };
+        list_handles(&f, pid, &mut l).unwrap();
+        assert_eq!(l.num_entries, 3, "too small: the count");
+        assert_eq!(room[0].gem_handle, 0, "nothing written");
+        l.num_entries = 3;
+        list_handles(&f, pid, &mut l).unwrap();
+        assert_eq!(
+            room.iter().map(|e| e.gem_handle).collect::<Vec<_>>(),
+            [1, 2, 3]
+        );
+        assert_eq!(room[0].size, 8192);
+        assert_eq!(room[0].alignment, 16, "pages");
+        assert_eq!(room[0].preferred_domains, 4);
+        assert_eq!(room[0].flags, 0);
+        assert_eq!(room[0].alloc_flags, plan.flags);
+
+        assert_eq!(f.change_handle(c, 2), Err(libc::ENOSPC));
+        assert_eq!(f.change_handle(9, 10), Err(libc::ENOENT));
+        assert_eq!(f.change_handle(c, 1 << 31), Err(libc::EINVAL));
+        gem_va(&mut f, &va(c, sys::AMDGPU_VA_OP_MAP, 1 << 21, 8192), TOP).unwrap();
+        f.change_handle(c, 7).unwrap();
+        assert_eq!(f.object_size(c), Err(libc::ENOENT));
+        assert_eq!(f.create(bo(&mem, 4 << 20, 2, &plan)), 3, "3 is free again");
+
+        // GET_MAPPING_INFO follows the renamed handle.
+        let mut ents = [gem618::drm_amdgpu_gem_vm_entry::default(); 2];
+        let mut op = gem618::drm_amdgpu_gem_op {
+            handle: 7,
+            op: gem618::AMDGPU_GEM_OP_GET_MAPPING_INFO,
+            value: ents.as_mut_ptr() as u64,
+            num_entries: 0,
+            padding: 0,
+        };
+        gem_op(&f, pid, &mut op).unwrap();
+        assert_eq!(op.num_entries, 1, "no room: the count");
+        assert_eq!(ents[0].size, 0);
+        op.num_entries = 2;
+        gem_op(&f, pid, &mut op).unwrap();
+        let rw = u64::from(sys::AMDGPU_VM_PAGE_READABLE | sys::AMDGPU_VM_PAGE_WRITEABLE);
+        assert_eq!(
+            ents[0],
+            gem618::drm_amdgpu_gem_vm_entry {
+                addr: 1 << 21,
+                size: 8192,
+                offset: 0,
+                flags: rw
+            }
+        );
+        op.padding = 1;
+        assert_eq!(gem_op(&f, pid, &mut op), Err(libc::EINVAL), "padding");
+        op.padding = 0;
+        op.num_entries = 65537;
+        assert_eq!(gem_op(&f, pid, &mut op), Err(libc::EINVAL));
+
+        // GET_GEM_CREATE_INFO (alignment in bytes), SET_PLACEMENT.
+        let mut info = sys::drm_amdgpu_gem_create_in::default();
+        let mut op = gem618::drm_amdgpu_gem_op {
+            handle: 1,
+            op: sys::AMDGPU_GEM_OP_SET_PLACEMENT,
+            value: 0xff,
+            ..Default::default()
+        };
+        gem_op(&f, pid, &mut op).unwrap();
+        op.op = sys::AMDGPU_GEM_OP_GET_GEM_CREATE_INFO;
+        op.value = &mut info as *mut _ as u64;
+        gem_op(&f, pid, &mut op).unwrap();
+        assert_eq!(
+            (info.bo_size, info.alignment, info.domains),
+            (8192, 65536, 7)
+        );
+        assert_eq!(info.domain_flags, plan.flags);
+        op.op = 3;
+        assert_eq!(gem_op(&f, pid, &mut op), Err(libc::EINVAL));
+        op.handle = 99;
+        assert_eq!(gem_op(&f, pid, &mut op), Err(libc::ENOENT));
+    }
+
+    /// GEM_METADATA keeps tiling, flags and bytes; no bytes clears them;
+    /// more than 256 is EINVAL.  GEM_MMAP gives the BO's offset, EPERM
+    /// without CPU access.  WAIT_IDLE: idle.
+    #[test]
+    fn metadata_mmap_and_wait_idle() {
+        type M = sys::drm_amdgpu_gem_metadata;
+        let mem = Memfd::new("t", 1 << 24).unwrap();
+        let plan = create_plan(&create_in(4096, 0, sys::AMDGPU_GEM_DOMAIN_GTT, 0)).unwrap();
+        let no_cpu = create_plan(&create_in(
+            4096,
+            0,
+            sys::AMDGPU_GEM_DOMAIN_VRAM,
+            sys::AMDGPU_GEM_CREATE_NO_CPU_ACCESS,
+        ))
+        .unwrap();
+        let mut f = RenderFile::new(0);
+        let h = f.create(bo(&mem, 1 << 20, 1, &plan));
+        let n = f.create(bo(&mem, 2 << 20, 1, &no_cpu));
+        let size = std::mem::size_of::<M>();
+        let mut set = vec![0u8; size];
+        set[0..4].copy_from_slice(&h.to_le_bytes());
+        set[4..8].copy_from_slice(&sys::AMDGPU_GEM_METADATA_OP_SET_METADATA.to_le_bytes());
+        set[8..16].copy_from_slice(&5u64.to_le_bytes());
+        set[16..24].copy_from_slice(&0x1234u64.to_le_bytes());
+        set[24..28].copy_from_slice(&6u32.to_le_bytes());
+        set[28..34].copy_from_slice(b"abcdef");
+        metadata(&f, &set, size).unwrap();
+        let mut get = vec![0u8; size];
+        get[0..4].copy_from_slice(&h.to_le_bytes());
+        get[4..8].copy_from_slice(&sys::AMDGPU_GEM_METADATA_OP_GET_METADATA.to_le_bytes());
+        let out = metadata(&f, &get, size).unwrap();
+        assert_eq!(out[8..34], set[8..34]);
+        set[24..28].copy_from_slice(&257u32.to_le_bytes());
+        assert_eq!(metadata(&f, &set, size), Err(libc::EINVAL));
+        set[24..28].copy_from_slice(&0u32.to_le_bytes());
+        metadata(&f, &set, size).unwrap();
+        let out = metadata(&f, &get, size).unwrap();
+        assert_eq!(out[24..28], [0, 0, 0, 0]);
+        assert_eq!(out[8..16], 5u64.to_le_bytes(), "flags kept");
+
+        let m = gem_mmap(&f, &h.to_le_bytes(), 8).unwrap();
+        assert_eq!(m, (1u64 << 20).to_le_bytes());
+        assert_eq!(gem_mmap(&f, &n.to_le_bytes(), 8), Err(libc::EPERM));
+        assert_eq!(gem_mmap(&f, &9u32.to_le_bytes(), 8), Err(libc::ENOENT));
+        assert_eq!(wait_idle(&f, &h.to_le_bytes(), 16), Ok(vec![0; 16]));
+        assert_eq!(wait_idle(&f, &9u32.to_le_bytes(), 16), Err(libc::ENOENT));
     }
 }

@@ -1013,9 +1013,9 @@ pub fn set_gws(p: &mut super::state::Proc, queue: u32, gpu: usize, on: bool) -> 
     }
 }
 
-/// GET_DMABUF_INFO and IMPORT_DMABUF: the emulator exports no dma-bufs,
-/// so an fd is never one of amdgpu's: EBADF for a closed fd (dma_buf_get),
-/// EINVAL for any other file, as KFD answers for a foreign file.
+/// GET_DMABUF_INFO and IMPORT_DMABUF: not modelled for the emulator's
+/// dma-bufs (GEM BOs' exports), so an fd is taken for a foreign file:
+/// EBADF for a closed fd (dma_buf_get), EINVAL for any other file.
 pub fn dmabuf_fd(res: &dyn FdResolver, caller: &Caller, fd: u32) -> R<()> {
     match res.open_of(caller.tgid, fd as i32) {
         Err(libc::EBADF) => Err(libc::EBADF),

@@ -225,6 +225,7 @@ impl Emulator {
             gpus,
             kfd: mem::Memfd::new("kfd-emu-kfd", uapi::kfd_off::MEMFD_SIZE)?,
             dmabufs: Default::default(),
+            gem_change_handle: profile.gem_change_handle,
         });
         let shared = Arc::new(Shared {
             st: Mutex::new(State::new(devs.clone())),
@@ -468,10 +469,15 @@ impl Emulator {
             | uapi::drm::AMDGPU_CS
             | uapi::drm::AMDGPU_GEM_VA
             | uapi::drm::AMDGPU_WAIT_CS
-            | uapi::drm::AMDGPU_GEM_USERPTR => self.gem_ioctl(fh, gpu, caller, n, input, out_size),
-            // GEM creation and CPU mapping, syncobjs, caps, scheduling:
-            // BO memory is KFD's here; only what the SDMA copy path needs
-            // (imports, userptr, VM, contexts, lists, CS) is modelled.
+            | uapi::drm::AMDGPU_GEM_USERPTR
+            | uapi::drm::AMDGPU_GEM_CREATE
+            | uapi::drm::AMDGPU_GEM_MMAP
+            | uapi::drm::AMDGPU_GEM_METADATA
+            | uapi::drm::AMDGPU_GEM_WAIT_IDLE
+            | uapi::drm::AMDGPU_GEM_OP
+            | uapi::drm::AMDGPU_GEM_LIST_HANDLES
+            | uapi::drm::GEM_CHANGE_HANDLE => self.gem_ioctl(fh, gpu, caller, n, input, out_size),
+            // Syncobjs, caps, scheduling, user queues: not modelled.
             _ => Err(libc::ENOTTY),
         }
     }
@@ -530,6 +536,10 @@ impl Emulator {
             (_, Some(e)) => return Err(e),
             _ => {}
         }
+        if n == uapi::drm::GEM_CHANGE_HANDLE && !self.shared.devs.gem_change_handle {
+            // Linux 7.1, 6.18.36 and 7.0.13 refuse every call.
+            return Err(libc::EINVAL);
+        }
         let dmabuf = if n == uapi::drm::PRIME_FD_TO_HANDLE {
             let a: sys::drm_prime_handle = uapi::decode(input);
             let file = mem::pull_fd(caller.tgid, a.fd).map_err(|_| libc::EBADF)?;
@@ -546,14 +556,41 @@ impl Emulator {
         };
         let mut st = self.lock();
         let resets = st.resets[gpu];
-        let f = st.render.get_mut(&fh).ok_or(libc::EBADF)?;
         let (i, o) = (input, out_size);
         match n {
-            uapi::drm::GEM_CLOSE => with(i, o, |a: &mut sys::drm_gem_close| f.close(a.handle)),
+            uapi::drm::GEM_CLOSE | uapi::drm::AMDGPU_BO_LIST | uapi::drm::AMDGPU_GEM_CREATE => {
+                return self.gem_lifetime_ioctl(&mut st, fh, gpu, caller, n, i, o);
+            }
+            _ => {}
+        }
+        // A dma-buf of a GEM BO of this GPU is that BO.
+        let own = dmabuf
+            .as_ref()
+            .filter(|d| d.source.gpu == gpu)
+            .and_then(|d| st.gem_bo(gpu, d.source.offset));
+        let f = st.render.get_mut(&fh).ok_or(libc::EBADF)?;
+        match n {
             uapi::drm::PRIME_FD_TO_HANDLE => with(i, o, |a: &mut sys::drm_prime_handle| {
-                a.handle = f.import(dmabuf.expect("resolved above"));
+                a.handle = match own {
+                    Some(obj) => f.import_object(obj),
+                    None => f.import(dmabuf.expect("resolved above")),
+                };
                 Ok(())
             }),
+            uapi::drm::AMDGPU_GEM_MMAP => gem::gem_mmap(f, i, o),
+            uapi::drm::AMDGPU_GEM_WAIT_IDLE => gem::wait_idle(f, i, o),
+            uapi::drm::AMDGPU_GEM_METADATA => gem::metadata(f, i, o),
+            uapi::drm::AMDGPU_GEM_OP => with(i, o, |a| gem::gem_op(f, caller.tid, a)),
+            uapi::drm::AMDGPU_GEM_LIST_HANDLES => {
+                with(i, o, |a| gem::list_handles(f, caller.tid, a))
+            }
+            uapi::drm::GEM_CHANGE_HANDLE => with(
+                i,
+                o,
+                |a: &mut kfd_abi::layout::gem618::drm_gem_change_handle| {
+                    f.change_handle(a.handle, a.new_handle)
+                },
+            ),
             uapi::drm::AMDGPU_GEM_USERPTR => with(i, o, |a| gem::userptr(f, caller.tgid, a)),
             uapi::drm::AMDGPU_GEM_VA => {
                 let top = asic::VM_SIZE - asic::VA_RESERVED_TOP;
@@ -563,12 +600,6 @@ impl Emulator {
             uapi::drm::AMDGPU_CTX => {
                 let out = gem::ctx(f, &uapi::decode(i), resets)?;
                 let mut v = out.to_vec();
-                v.resize(o, 0);
-                Ok(v)
-            }
-            uapi::drm::AMDGPU_BO_LIST => {
-                let h = gem::bo_list(f, caller.tid, &uapi::decode(i))?;
-                let mut v = u64::from(h).to_le_bytes().to_vec();
                 v.resize(o, 0);
                 Ok(v)
             }
@@ -615,6 +646,43 @@ impl Emulator {
             }
             _ => unreachable!("dispatched above"),
         }
+    }
+
+    /// The render-file ioctls that make or drop references to GEM BOs
+    /// (GEM_CREATE, GEM_CLOSE, BO_LIST): after them, BOs nothing refers
+    /// to are freed.
+    #[allow(clippy::too_many_arguments)]
+    fn gem_lifetime_ioctl(
+        &self,
+        st: &mut State,
+        fh: u64,
+        gpu: usize,
+        caller: &Caller,
+        n: u32,
+        i: &[u8],
+        o: usize,
+    ) -> Result<Vec<u8>, i32> {
+        let r = match n {
+            uapi::drm::AMDGPU_GEM_CREATE => {
+                let plan = gem::create_plan(&uapi::decode(i))?;
+                st.render.get(&fh).ok_or(libc::EBADF)?;
+                let obj = st.gem_create(gpu, &plan)?;
+                let f = st.render.get_mut(&fh).ok_or(libc::EBADF)?;
+                // The union's `out`: the handle, then padding.
+                Ok(uapi::encode(&u64::from(f.create(obj)), o))
+            }
+            uapi::drm::GEM_CLOSE => {
+                let f = st.render.get_mut(&fh).ok_or(libc::EBADF)?;
+                with(i, o, |a: &mut sys::drm_gem_close| f.close(a.handle))
+            }
+            _ => {
+                let f = st.render.get_mut(&fh).ok_or(libc::EBADF)?;
+                let h = gem::bo_list(f, caller.tid, &uapi::decode(i))?;
+                Ok(uapi::encode(&u64::from(h), o))
+            }
+        };
+        st.sweep_gem();
+        r
     }
 
     /// Resolves the fd arguments of `n` (ACQUIRE_VM's drm_fd, RESTORE's

@@ -8,9 +8,9 @@
 //!   VBIOS, RAS_ENABLED_FEATURES, VIDEO_CAPS and the ones newer than the
 //!   installed amdgpu_drm.h, which answer EINVAL like an unknown query.
 //!
-//! Every other request (GEM_CREATE, CS, contexts, prime, syncobj, GET_CAP,
-//! ...) answers ENOTTY: the emulator's GPU memory is managed through KFD
-//! only, so clients must not get a half-working DRM path.
+//! The GEM, VM, context, BO list and CS ioctls are `gem`'s; every other
+//! request (syncobj, GET_CAP, SCHED, user queues, ...) answers ENOTTY, so
+//! clients do not get a half-working DRM path.
 
 use std::mem::offset_of;
 

@@ -49,6 +49,8 @@ pub struct Devices {
     pub kfd: Memfd,
     /// The dmabufs handed out for VRAM/GTT BOs (`kfd-emu supervise`).
     pub dmabufs: super::dmabuf::Registry,
+    /// DRM_IOCTL_GEM_CHANGE_HANDLE works (`Profile::gem_change_handle`).
+    pub gem_change_handle: bool,
 }
 
 impl Devices {
@@ -549,11 +551,21 @@ pub struct State {
     next_slot: u32,
     /// What each render-node open holds (GEM objects, VM, contexts).
     pub render: HashMap<u64, gem::RenderFile>,
+    /// The GEM_CREATE BOs by (GPU, render-memfd offset), while a handle,
+    /// BO list or dma-buf keeps them (see [`State::sweep_gem`]).
+    gem_bos: HashMap<(usize, u64), GemBo>,
     /// GPU resets per GPU (hung IBs and injected resets).
     pub resets: Vec<u64>,
     /// Render-memfd ranges of freed BOs (GPU, offset, bytes) whose pages
     /// go back after the lock is dropped ([`State::take_freed`]).
     freed: Vec<(usize, u64, u64)>,
+}
+
+/// A GEM_CREATE BO as the device knows it.
+struct GemBo {
+    obj: std::sync::Weak<gem::GemObj>,
+    size: u64,
+    vram: bool,
 }
 
 /// How [`State::claim_slot`] moved a process, for undoing it.
@@ -592,6 +604,7 @@ impl State {
             sdma_busy: None,
             next_slot: 1,
             render: HashMap::new(),
+            gem_bos: HashMap::new(),
             resets: vec![0; gpus],
             freed: Vec::new(),
         }
@@ -681,7 +694,7 @@ impl State {
 
     pub fn open_render(&mut self, gpu: usize, authenticated: bool) -> u64 {
         let fh = self.new_fh(Open::Render { gpu, authenticated });
-        self.render.insert(fh, gem::RenderFile::new());
+        self.render.insert(fh, gem::RenderFile::new(gpu));
         fh
     }
 
@@ -689,13 +702,20 @@ impl State {
     /// system memory BOs (GTT and userptr) its page tables map.
     pub fn usage(&self, gpu: usize) -> Usage {
         let vram = self.gpu_alloc[gpu].vram_used;
-        let gtt = self
-            .procs
-            .values()
-            .flat_map(|p| p.bos.iter())
-            .filter(|(k, bo)| k.gpu == gpu && bo.flags & (alloc::GTT | alloc::USERPTR) != 0)
-            .map(|(_, bo)| bo.size)
+        let gem_gtt: u64 = self
+            .gem_bos
+            .iter()
+            .filter(|(k, b)| k.0 == gpu && !b.vram)
+            .map(|(_, b)| b.size)
             .sum();
+        let gtt = gem_gtt
+            + self
+                .procs
+                .values()
+                .flat_map(|p| p.bos.iter())
+                .filter(|(k, bo)| k.gpu == gpu && bo.flags & (alloc::GTT | alloc::USERPTR) != 0)
+                .map(|(_, bo)| bo.size)
+                .sum::<u64>();
         Usage {
             vram,
             // Small-BAR boards refuse host-visible VRAM (ALLOC_MEMORY).
@@ -732,6 +752,7 @@ impl State {
             Some(Open::Render { .. }) => {
                 // Its GEM handles, mappings, contexts and lists go.
                 self.render.remove(&fh);
+                self.sweep_gem();
                 // A VM whose render file is gone cannot be used again; the
                 // kernel keeps the drm_file alive through the pdd instead.
             }
@@ -864,7 +885,7 @@ impl State {
             .values()
             .find_map(|p| p.bos.at_offset(gpu, offset).map(|(_, b)| (p, b)));
         let Some((p, bo)) = found else {
-            return Err(libc::EINVAL);
+            return self.gem_mmap(fh, gpu, offset, pages);
         };
         if bo.size.div_ceil(uapi::PAGE) < pages {
             return Err(libc::EINVAL);
@@ -883,6 +904,101 @@ impl State {
             return Err(libc::EPERM);
         }
         Ok(())
+    }
+
+    /// [`State::render_mmap`] of a GEM_CREATE BO: the file must hold a
+    /// handle of it (EACCES), the mapping fit (EINVAL), and the BO have
+    /// CPU access (EPERM).
+    fn gem_mmap(&self, fh: u64, gpu: usize, offset: u64, pages: u64) -> R<()> {
+        let Some(b) = self.gem_bos.get(&(gpu, offset)) else {
+            return Err(libc::EINVAL);
+        };
+        let Some(obj) = self.render.get(&fh).and_then(|f| f.object_at(offset)) else {
+            return Err(libc::EACCES);
+        };
+        if b.size.div_ceil(uapi::PAGE) < pages {
+            return Err(libc::EINVAL);
+        }
+        let no_cpu = u64::from(uapi::sys::AMDGPU_GEM_CREATE_NO_CPU_ACCESS);
+        if obj.info().flags & no_cpu != 0 {
+            return Err(libc::EPERM);
+        }
+        Ok(())
+    }
+
+    /// GEM_CREATE on GPU `gpu`: the BO, in VRAM when the plan wants it
+    /// and it fits (else GTT, where the plan allows it: ENOMEM).
+    pub fn gem_create(&mut self, gpu: usize, plan: &super::gem::CreatePlan) -> R<Arc<gem::GemObj>> {
+        let mut placed = None;
+        if plan.wants_vram() {
+            match self.reserve(gpu, alloc::VRAM, plan.size) {
+                Ok(r) => placed = Some((r, true)),
+                Err(libc::ENOMEM) if plan.gtt_fallback() => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let ((offset, map), vram) = match placed {
+            Some(p) => p,
+            None => (self.reserve(gpu, alloc::GTT, plan.size)?, false),
+        };
+        let domain = if vram {
+            uapi::sys::AMDGPU_GEM_DOMAIN_VRAM
+        } else {
+            uapi::sys::AMDGPU_GEM_DOMAIN_GTT
+        };
+        let source = super::dmabuf::Source {
+            gpu,
+            offset,
+            domain,
+        };
+        let info = gem::BoInfo {
+            domains: plan.domains,
+            flags: plan.flags,
+            align_pages: plan.align_pages,
+            ..Default::default()
+        };
+        let obj = Arc::new(gem::GemObj::new(
+            gem::GemKind::Bo { source, map },
+            plan.size,
+            info,
+        ));
+        self.gem_bos.insert(
+            (gpu, offset),
+            GemBo {
+                obj: Arc::downgrade(&obj),
+                size: plan.size,
+                vram,
+            },
+        );
+        Ok(obj)
+    }
+
+    /// The GEM_CREATE BO at render-memfd `offset` of GPU `gpu`, if it
+    /// lives.
+    pub fn gem_bo(&self, gpu: usize, offset: u64) -> Option<Arc<gem::GemObj>> {
+        self.gem_bos.get(&(gpu, offset))?.obj.upgrade()
+    }
+
+    /// Frees the GEM_CREATE BOs nothing refers to any more (no handle in
+    /// any file, no BO list) as the last drm_gem_object_put does.  One that
+    /// was exported keeps its memory (see `dmabuf`'s module comment).
+    pub fn sweep_gem(&mut self) {
+        let dead: Vec<(usize, u64)> = self
+            .gem_bos
+            .iter()
+            .filter(|(_, b)| b.obj.strong_count() == 0)
+            .map(|(&k, _)| k)
+            .collect();
+        for (gpu, offset) in dead {
+            let b = self.gem_bos.remove(&(gpu, offset)).expect("listed");
+            if self.devs.dmabufs.get(gpu, offset).is_some() {
+                continue;
+            }
+            if b.vram {
+                self.gpu_alloc[gpu].vram_used -= b.size;
+            }
+            self.freed.push((gpu, offset, b.size));
+        }
     }
 
     pub fn free_bo_memory(&mut self, gpu: usize, bo: &Bo) {
@@ -972,6 +1088,7 @@ mod tests {
             gpus: Vec::new(),
             kfd: Memfd::new("kfd-emu-test-kfd", uapi::kfd_off::MEMFD_SIZE).unwrap(),
             dmabufs: Default::default(),
+            gem_change_handle: false,
         }))
     }
 

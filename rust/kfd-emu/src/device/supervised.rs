@@ -17,6 +17,7 @@ use std::os::fd::BorrowedFd;
 use std::sync::{Arc, Mutex};
 
 use super::dmabuf::{Dmabuf, Purpose};
+use super::state::gem::Export;
 use super::state::Open;
 use super::uapi::{self, alloc, priv_blob as pb, sys};
 use super::{Caller, Emulator, Replier};
@@ -119,8 +120,9 @@ impl Emulator {
     }
 
     /// PRIME_HANDLE_TO_FD (drm_prime_handle_to_fd_ioctl): a new fd of the
-    /// object's dma-buf (GEM objects here are imports of the emulator's
-    /// dma-bufs, or userptr, which amdgpu refuses to export: EPERM).
+    /// object's dma-buf (one per BO, made at the first export of a
+    /// GEM_CREATE BO; userptr and per-VM BOs, which amdgpu refuses to
+    /// export: EPERM).
     fn prime_handle_to_fd(
         &self,
         fh: u64,
@@ -133,7 +135,14 @@ impl Emulator {
         let mut a: sys::drm_prime_handle = uapi::decode(input);
         let d = {
             let st = self.lock();
-            super::gem::export(st.render.get(&fh).ok_or(libc::EBADF)?, &a)?
+            match super::gem::export(st.render.get(&fh).ok_or(libc::EBADF)?, &a)? {
+                Export::Dmabuf(d) => d,
+                Export::Bo { source, size, map } => st
+                    .devs
+                    .dmabufs
+                    .export(source, size, &map, Purpose::Share)
+                    .map_err(|e| e.raw_os_error().unwrap_or(libc::ENOMEM))?,
+            }
         };
         let fd = inst.install(d.file(), a.flags & super::gem::DRM_CLOEXEC != 0)?;
         a.fd = fd as i32;
@@ -194,10 +203,20 @@ impl Emulator {
                 } else {
                     Purpose::Restore
                 };
+                let domain = if b.alloc_flags & alloc::VRAM != 0 {
+                    sys::AMDGPU_GEM_DOMAIN_VRAM
+                } else {
+                    sys::AMDGPU_GEM_DOMAIN_GTT
+                };
+                let source = super::dmabuf::Source {
+                    gpu,
+                    offset: off,
+                    domain,
+                };
                 let d = st
                     .devs
                     .dmabufs
-                    .export(gpu, off, bo.size, map, purpose)
+                    .export(source, bo.size, map, purpose)
                     .map_err(|e| e.raw_os_error().unwrap_or(libc::ENOMEM))?;
                 exports.push((i, d));
             }

@@ -233,6 +233,14 @@ pub mod drm {
     pub const AMDGPU_GEM_VA: u32 = ioctl::nr(ioctl::DRM_IOCTL_AMDGPU_GEM_VA) as u32;
     pub const AMDGPU_WAIT_CS: u32 = ioctl::nr(ioctl::DRM_IOCTL_AMDGPU_WAIT_CS) as u32;
     pub const AMDGPU_GEM_USERPTR: u32 = ioctl::nr(ioctl::DRM_IOCTL_AMDGPU_GEM_USERPTR) as u32;
+    pub const AMDGPU_GEM_CREATE: u32 = ioctl::nr(ioctl::DRM_IOCTL_AMDGPU_GEM_CREATE) as u32;
+    pub const AMDGPU_GEM_MMAP: u32 = ioctl::nr(ioctl::DRM_IOCTL_AMDGPU_GEM_MMAP) as u32;
+    pub const AMDGPU_GEM_METADATA: u32 = ioctl::nr(ioctl::DRM_IOCTL_AMDGPU_GEM_METADATA) as u32;
+    pub const AMDGPU_GEM_WAIT_IDLE: u32 = ioctl::nr(ioctl::DRM_IOCTL_AMDGPU_GEM_WAIT_IDLE) as u32;
+    pub const AMDGPU_GEM_OP: u32 = ioctl::nr(ioctl::DRM_IOCTL_AMDGPU_GEM_OP) as u32;
+    pub const AMDGPU_GEM_LIST_HANDLES: u32 =
+        ioctl::nr(ioctl::DRM_IOCTL_AMDGPU_GEM_LIST_HANDLES) as u32;
+    pub const GEM_CHANGE_HANDLE: u32 = ioctl::nr(ioctl::DRM_IOCTL_GEM_CHANGE_HANDLE) as u32;
     /// drm.h's numbers of core ioctls the model only refuses (their
     /// arguments are never read).
     pub const GET_UNIQUE: u32 = 0x01;
@@ -376,6 +384,13 @@ pod!(
     sys::drm_amdgpu_cs_chunk,
     sys::drm_amdgpu_cs_chunk_ib,
     sys::drm_amdgpu_wait_cs_in,
+    sys::drm_amdgpu_gem_create_in,
+    sys::drm_amdgpu_gem_wait_idle_in,
+    layout::gem618::drm_gem_change_handle,
+    layout::gem618::drm_amdgpu_gem_op,
+    layout::gem618::drm_amdgpu_gem_vm_entry,
+    layout::gem618::drm_amdgpu_gem_list_handles,
+    layout::gem618::drm_amdgpu_gem_list_handles_entry,
     layout::kfd_criu_process_priv_data,
     layout::kfd_criu_device_priv_data,
     layout::kfd_criu_queue_priv_data,
@@ -396,6 +411,7 @@ from_bytes_only!(
     sys::kfd_event_data,
     sys::drm_version,
     sys::drm_amdgpu_info,
+    sys::drm_amdgpu_gem_metadata,
     priv_blob::BoPriv,
 );
 

@@ -15,7 +15,10 @@
 //! * optional `io_links_generated`, `cpu_links_generated`,
 //!   `p2p_links_generated` (all default true) and `[[io_links]]`: the
 //!   topology's io_links and p2p_links (see [`IoLinkSpec`] and
-//!   [`links`]).
+//!   [`links`]);
+//! * optional `gem_change_handle` (default false): the render nodes
+//!   rename GEM handles as Linux 6.18.0-6.18.35 do (see
+//!   [`Profile::gem_change_handle`]).
 //!
 //! Merging an override: tables merge key by key, arrays of tables merge
 //! element by element (extra elements are appended), anything else is
@@ -314,6 +317,16 @@ pub struct Profile {
     /// Links declared by the profile, added after the generated ones.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub io_links: Vec<IoLinkSpec>,
+    /// Whether the kernel renames GEM handles (DRM_IOCTL_GEM_CHANGE_HANDLE)
+    /// as Linux 6.18.0 to 6.18.35 do.  False (the default) models 7.1 and
+    /// the stable kernels with its fix (6.18.36, 7.0.13; CVE-2026-53145),
+    /// which answer EINVAL to every call.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub gem_change_handle: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// Errors loading a profile.  Each names the profile or file and field.
@@ -877,6 +890,15 @@ mod tests {
              {{ type = \"PCIe\", from = \"gpu1\", to = \"cpu0\", direction = \"one-way\" }},\n]\n{}",
             builtin_text("mi100x2").unwrap()
         )
+    }
+
+    /// GEM_CHANGE_HANDLE is off unless an override turns it on.
+    #[test]
+    fn gem_change_handle_is_off_by_default() {
+        let text = builtin_text("mi100").unwrap();
+        assert!(!resolve("mi100", text, None).unwrap().gem_change_handle);
+        let on = resolve("mi100", text, Some(("o", "gem_change_handle = true\n"))).unwrap();
+        assert!(on.gem_change_handle);
     }
 
     #[test]

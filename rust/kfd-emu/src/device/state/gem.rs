@@ -4,9 +4,14 @@
 //! `drm_prime.c`, `drm_gem.c`).  The ioctls are decoded, checked and
 //! answered in `device::gem`; the operations here take plain values.
 //!
-//! * GEM objects: imports of the emulator's dma-bufs (PRIME_FD_TO_HANDLE;
-//!   one handle per dma-buf and file, as PRIME's lookup gives), userptr
-//!   registrations (GEM_USERPTR) and GEM_CLOSE.  Handles count from 1.
+//! * GEM objects: BOs of the render node's memory (GEM_CREATE, mapped by
+//!   the CPU at their GEM_MMAP offset of the render file), imports of the
+//!   emulator's dma-bufs (PRIME_FD_TO_HANDLE; one handle per object and
+//!   file, as PRIME's lookup gives: a dma-buf of a BO of this GPU is that
+//!   BO again, of another GPU an import), userptr registrations
+//!   (GEM_USERPTR), GEM_CLOSE, GEM_OP, GEM_METADATA, GEM_LIST_HANDLES and
+//!   GEM_CHANGE_HANDLE.  Handles are the lowest free from 1, as the
+//!   file's idr hands them out.
 //! * A GPU VM per file (GEM_VA MAP, UNMAP, CLEAR, REPLACE) that the SDMA
 //!   engine reaches IB operands through.  It is the file's own: a file
 //!   whose VM KFD adopted (ACQUIRE_VM) does not see KFD's BOs in it.
@@ -23,10 +28,14 @@
 //! after the timeout.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use kfd_abi::layout::gem618;
+use kfd_abi::sys;
 
 use super::{Span, R};
-use crate::device::dmabuf::Dmabuf;
+use crate::device::dmabuf::{Dmabuf, Source};
+use crate::device::mem::Mapping;
 use crate::device::vm::GpuRange;
 
 pub const AMDGPU_HW_IP_GFX: u32 = 0;
@@ -37,33 +46,97 @@ const SCHED_JOBS: u64 = 32;
 
 /// What a GEM object is.
 pub enum GemKind {
-    /// An import of one of the emulator's dma-bufs.
+    /// An import of one of the emulator's dma-bufs: a KFD BO's, or another
+    /// GPU's GEM BO's.
     Dmabuf(Arc<Dmabuf>),
     /// GEM_USERPTR memory of process `pid` at `addr`.
     Userptr { pid: u32, addr: u64 },
+    /// GEM_CREATE: the BO's range of its GPU's render memfd.
+    Bo { source: Source, map: Arc<Mapping> },
+}
+
+/// What GEM_CREATE, GEM_OP and GEM_METADATA keep of an object.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BoInfo {
+    /// `preferred_domains` (SET_PLACEMENT changes it).
+    pub domains: u64,
+    /// The BO's `AMDGPU_GEM_CREATE_*` flags.
+    pub flags: u64,
+    /// `tbo.page_alignment`, in pages.
+    pub align_pages: u64,
+    /// GEM_METADATA: tiling flags, metadata flags and bytes.
+    pub tiling: u64,
+    pub meta_flags: u64,
+    pub metadata: Vec<u8>,
 }
 
 pub struct GemObj {
     pub kind: GemKind,
+    /// Bytes (a whole number of pages for GEM_CREATE's).
     pub size: u64,
+    info: Mutex<BoInfo>,
 }
 
 impl GemObj {
+    pub fn new(kind: GemKind, size: u64, info: BoInfo) -> GemObj {
+        GemObj {
+            kind,
+            size,
+            info: Mutex::new(info),
+        }
+    }
+
     /// The memory `off` bytes into the object.
     fn span(&self, off: u64) -> Span {
         match &self.kind {
             GemKind::Dmabuf(d) => Span::Map(d.map.clone(), off),
             GemKind::Userptr { pid, addr } => Span::User(*pid, addr + off),
+            GemKind::Bo { map, .. } => Span::Map(map.clone(), off),
         }
+    }
+
+    pub fn info(&self) -> MutexGuard<'_, BoInfo> {
+        self.info.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The BO whose memory this is (GPU, render-memfd offset), for the
+    /// objects of the render node's memory.
+    pub fn source(&self) -> Option<Source> {
+        match &self.kind {
+            GemKind::Dmabuf(d) => Some(d.source),
+            GemKind::Bo { source, .. } => Some(*source),
+            GemKind::Userptr { .. } => None,
+        }
+    }
+
+    /// Whether the object is an import of another GPU's BO
+    /// (`import_attach`: amdgpu imports a dma-buf of its own device as
+    /// the BO itself).
+    fn foreign(&self, gpu: usize) -> bool {
+        matches!(&self.kind, GemKind::Dmabuf(d) if d.source.gpu != gpu)
     }
 }
 
-/// One GEM_VA mapping: `[va, va+size)` shows the object from `offset`.
+/// One GEM_VA mapping: `[va, va+size)` shows the object from `offset`,
+/// with the `AMDGPU_VM_PAGE_*` flags of its GEM_VA.
 struct VaMap {
     handle: u32,
     obj: Arc<GemObj>,
     size: u64,
     offset: u64,
+    flags: u32,
+}
+
+/// What PRIME_HANDLE_TO_FD hands out for an object.
+pub enum Export {
+    /// The dma-buf it was imported from.
+    Dmabuf(Arc<Dmabuf>),
+    /// A GEM_CREATE BO: its dma-buf is made (or found) by the registry.
+    Bo {
+        source: Source,
+        size: u64,
+        map: Arc<Mapping>,
+    },
 }
 
 /// A scheduler entity of a context (one ring of one IP type).
@@ -88,9 +161,9 @@ pub struct Ctx {
 
 /// One open of a render node.
 pub struct RenderFile {
+    /// The GPU's index in the profile.
+    gpu: usize,
     objects: BTreeMap<u32, Arc<GemObj>>,
-    /// PRIME imports: dma-buf identity → handle.
-    imports: HashMap<(u64, u64), u32>,
     maps: BTreeMap<u64, VaMap>,
     ctxs: BTreeMap<u32, Ctx>,
     lists: BTreeMap<u32, Vec<Arc<GemObj>>>,
@@ -150,20 +223,40 @@ fn user_pages(pid: u32, addr: u64, size: u64) -> R<(bool, bool)> {
 }
 
 impl RenderFile {
-    pub fn new() -> RenderFile {
+    /// A new open of GPU `gpu`'s render node.
+    pub fn new(gpu: usize) -> RenderFile {
         RenderFile {
+            gpu,
             objects: BTreeMap::new(),
-            imports: HashMap::new(),
             maps: BTreeMap::new(),
             ctxs: BTreeMap::new(),
             lists: BTreeMap::new(),
         }
     }
 
-    fn add_object(&mut self, obj: GemObj) -> u32 {
+    fn add_object(&mut self, obj: Arc<GemObj>) -> u32 {
         let h = lowest_free(&self.objects);
-        self.objects.insert(h, Arc::new(obj));
+        self.objects.insert(h, obj);
         h
+    }
+
+    /// The object of `handle` (ENOENT: none).
+    pub fn object(&self, handle: u32) -> R<&Arc<GemObj>> {
+        self.objects.get(&handle).ok_or(libc::ENOENT)
+    }
+
+    /// GEM_CREATE's object (made by the caller in the GPU's memory):
+    /// its handle.
+    pub fn create(&mut self, obj: Arc<GemObj>) -> u32 {
+        self.add_object(obj)
+    }
+
+    /// The handle the file has for `obj`, if any.
+    fn handle_of(&self, obj: &Arc<GemObj>) -> Option<u32> {
+        self.objects
+            .iter()
+            .find(|(_, o)| Arc::ptr_eq(o, obj))
+            .map(|(&h, _)| h)
     }
 
     /// `[va, va+len)` as the file's VM shows it.
@@ -193,33 +286,62 @@ impl RenderFile {
     pub fn holds(&self, map: &Arc<crate::device::mem::Mapping>) -> bool {
         self.objects.values().any(|o| match &o.kind {
             GemKind::Dmabuf(d) => Arc::ptr_eq(&d.map, map),
+            GemKind::Bo { map: m, .. } => Arc::ptr_eq(m, map),
             GemKind::Userptr { .. } => false,
         })
     }
 
-    /// PRIME_FD_TO_HANDLE of dma-buf `d` (resolved by the caller).
+    /// PRIME_FD_TO_HANDLE of dma-buf `d` (resolved by the caller) that is
+    /// not a GEM BO of this GPU (see [`Self::import_object`]).
     pub fn import(&mut self, d: Arc<Dmabuf>) -> u32 {
-        if let Some(&h) = self.imports.get(&d.id) {
-            if self.objects.contains_key(&h) {
-                return h;
-            }
+        let same = self
+            .objects
+            .iter()
+            .find(|(_, o)| matches!(&o.kind, GemKind::Dmabuf(e) if e.id == d.id));
+        if let Some((&h, _)) = same {
+            return h;
         }
-        let (id, size) = (d.id, d.size);
-        let h = self.add_object(GemObj {
-            kind: GemKind::Dmabuf(d),
-            size,
-        });
-        self.imports.insert(id, h);
-        h
+        let size = d.size;
+        // amdgpu_dma_buf_create_obj: another device's BO is a GTT BO here.
+        let domains = if d.source.gpu == self.gpu {
+            d.source.domain
+        } else {
+            sys::AMDGPU_GEM_DOMAIN_GTT
+        };
+        let info = BoInfo {
+            domains: domains.into(),
+            ..Default::default()
+        };
+        self.add_object(Arc::new(GemObj::new(GemKind::Dmabuf(d), size, info)))
     }
 
-    /// PRIME_HANDLE_TO_FD of object `handle`: the dma-buf to install.
-    pub fn export(&self, handle: u32) -> R<Arc<Dmabuf>> {
-        let obj = self.objects.get(&handle).ok_or(libc::ENOENT)?;
+    /// PRIME_FD_TO_HANDLE of a dma-buf of `obj`, a GEM BO of this GPU:
+    /// the object itself (drm_gem_prime_fd_to_handle finds the file's own
+    /// handle; amdgpu_gem_prime_import gives its own BO back).
+    pub fn import_object(&mut self, obj: Arc<GemObj>) -> u32 {
+        match self.handle_of(&obj) {
+            Some(h) => h,
+            None => self.add_object(obj),
+        }
+    }
+
+    /// PRIME_HANDLE_TO_FD of object `handle`: what to install.
+    pub fn export(&self, handle: u32) -> R<Export> {
+        let obj = self.object(handle)?;
         match &obj.kind {
-            GemKind::Dmabuf(d) => Ok(d.clone()),
-            // amdgpu_gem_prime_export refuses userptr BOs.
+            GemKind::Dmabuf(d) => Ok(Export::Dmabuf(d.clone())),
+            // amdgpu_gem_prime_export refuses userptr BOs and per-VM BOs.
             GemKind::Userptr { .. } => Err(libc::EPERM),
+            GemKind::Bo { .. }
+                if obj.info().flags & u64::from(sys::AMDGPU_GEM_CREATE_VM_ALWAYS_VALID) != 0 =>
+            {
+                Err(libc::EPERM)
+            }
+            GemKind::Bo { source, map } => Ok(Export::Bo {
+                source: *source,
+                size: obj.size,
+                map: map.clone(),
+            }),
         }
     }
 
@@ -243,10 +365,16 @@ impl RenderFile {
                 return Err(libc::EFAULT);
             }
         }
-        Ok(self.add_object(GemObj {
-            kind: GemKind::Userptr { pid, addr },
+        // amdgpu_gem_userptr_ioctl: a GTT BO.
+        let info = BoInfo {
+            domains: sys::AMDGPU_GEM_DOMAIN_GTT.into(),
+            ..Default::default()
+        };
+        Ok(self.add_object(Arc::new(GemObj::new(
+            GemKind::Userptr { pid, addr },
             size,
-        }))
+            info,
+        ))))
     }
 
     /// GEM_CLOSE: the handle goes, and with it the object's mappings in
@@ -255,7 +383,6 @@ impl RenderFile {
     pub fn close(&mut self, handle: u32) -> R<()> {
         self.objects.remove(&handle).ok_or(libc::EINVAL)?;
         self.maps.retain(|_, m| m.handle != handle);
-        self.imports.retain(|_, h| *h != handle);
         Ok(())
     }
 
@@ -292,6 +419,7 @@ impl RenderFile {
                         obj: m.obj.clone(),
                         size: va - s,
                         offset: m.offset,
+                        flags: m.flags,
                     },
                 );
             }
@@ -303,6 +431,7 @@ impl RenderFile {
                         obj: m.obj.clone(),
                         size: s + m.size - end,
                         offset: m.offset + (end - s),
+                        flags: m.flags,
                     },
                 );
             }
@@ -310,9 +439,16 @@ impl RenderFile {
     }
 
     /// GEM_VA MAP (or, with `replace`, REPLACE) of object `handle` from
-    /// `offset` at `[va, va+size)` (arguments checked): a MAP must not
-    /// overlap a mapping (EINVAL), a REPLACE clears what it covers.
-    pub fn va_map(&mut self, handle: u32, va: u64, offset: u64, size: u64, replace: bool) -> R<()> {
+    /// `offset` at `[va, va+size)` with `flags` (arguments checked): a MAP
+    /// must not overlap a mapping (EINVAL), a REPLACE clears what it
+    /// covers.
+    pub fn va_map(
+        &mut self,
+        handle: u32,
+        (va, offset, size): (u64, u64, u64),
+        flags: u32,
+        replace: bool,
+    ) -> R<()> {
         let obj = self.objects.get(&handle).ok_or(libc::ENOENT)?.clone();
         if !replace {
             let overlap = self
@@ -333,6 +469,7 @@ impl RenderFile {
                 obj,
                 size,
                 offset,
+                flags,
             },
         );
         Ok(())
@@ -525,6 +662,128 @@ impl RenderFile {
             c.guilty = true;
         }
     }
+
+    /// GEM_MMAP of object `handle` (amdgpu_mode_dumb_mmap): its mmap
+    /// offset of the render file.  EPERM for userptr and NO_CPU_ACCESS
+    /// objects.  An import of another GPU's BO has no offset here (the
+    /// kernel gives it one of its own GTT BO): not modelled, ENODEV.
+    pub fn mmap_offset(&self, handle: u32) -> R<u64> {
+        let obj = self.object(handle)?;
+        if obj.info().flags & u64::from(sys::AMDGPU_GEM_CREATE_NO_CPU_ACCESS) != 0 {
+            return Err(libc::EPERM);
+        }
+        match obj.source() {
+            None => Err(libc::EPERM),
+            Some(s) if s.gpu != self.gpu => {
+                log::warn!(
+                    "kfd-emu: GEM_MMAP of handle {handle}, an import of another GPU's BO: \
+                     not modelled"
+                );
+                Err(libc::ENODEV)
+            }
+            Some(s) => Ok(s.offset),
+        }
+    }
+
+    /// Whether the file holds a handle of the object of the render node's
+    /// memory at `offset` (its mmap offset), and that object.
+    pub fn object_at(&self, offset: u64) -> Option<&Arc<GemObj>> {
+        self.objects.values().find(|o| {
+            o.source()
+                .is_some_and(|s| s.gpu == self.gpu && s.offset == offset)
+        })
+    }
+
+    /// GEM_OP GET_MAPPING_INFO: the file's VM mappings of object
+    /// `handle`, by address.
+    pub fn mappings_of(&self, handle: u32) -> R<Vec<gem618::drm_amdgpu_gem_vm_entry>> {
+        let obj = self.object(handle)?;
+        Ok(self
+            .maps
+            .iter()
+            .filter(|(_, m)| Arc::ptr_eq(&m.obj, obj))
+            .map(|(&va, m)| gem618::drm_amdgpu_gem_vm_entry {
+                addr: va,
+                size: m.size,
+                offset: m.offset,
+                flags: m.flags.into(),
+            })
+            .collect())
+    }
+
+    /// GEM_OP SET_PLACEMENT of object `handle` to `value`'s domains: EINVAL
+    /// for VRAM for an import of another GPU's BO, EPERM for userptr.
+    /// Where the BO is does not change until it moves; the emulator never
+    /// moves BOs.
+    pub fn set_placement(&self, handle: u32, value: u64) -> R<()> {
+        let obj = self.object(handle)?;
+        let vram = u64::from(sys::AMDGPU_GEM_DOMAIN_VRAM);
+        if obj.foreign(self.gpu) && value & vram != 0 {
+            return Err(libc::EINVAL);
+        }
+        if matches!(obj.kind, GemKind::Userptr { .. }) {
+            return Err(libc::EPERM);
+        }
+        let keep = vram | u64::from(sys::AMDGPU_GEM_DOMAIN_GTT | sys::AMDGPU_GEM_DOMAIN_CPU);
+        obj.info().domains = value & keep;
+        Ok(())
+    }
+
+    /// GEM_LIST_HANDLES: every handle of the file, in handle order.
+    pub fn list_handles(&self) -> Vec<gem618::drm_amdgpu_gem_list_handles_entry> {
+        self.objects
+            .iter()
+            .map(|(&h, o)| {
+                let info = o.info();
+                gem618::drm_amdgpu_gem_list_handles_entry {
+                    gem_handle: h,
+                    flags: if o.foreign(self.gpu) {
+                        gem618::AMDGPU_GEM_LIST_HANDLES_FLAG_IS_IMPORT
+                    } else {
+                        0
+                    },
+                    size: o.size,
+                    preferred_domains: info.domains,
+                    alloc_flags: info.flags & gem618::AMDGPU_GEM_CREATE_SETTABLE_MASK,
+                    alignment: info.align_pages,
+                }
+            })
+            .collect()
+    }
+
+    /// GEM_CHANGE_HANDLE with Linux 6.18.0-6.18.35's semantics
+    /// (drm_gem_change_handle_ioctl): `handle` becomes `new` (EINVAL above
+    /// INT_MAX, ENOENT for no object, ENOSPC for a taken handle); the
+    /// object's VM mappings and PRIME lookup follow it.
+    pub fn change_handle(&mut self, handle: u32, new: u32) -> R<()> {
+        if new > i32::MAX as u32 {
+            return Err(libc::EINVAL);
+        }
+        self.object(handle)?;
+        if handle == new {
+            return Ok(());
+        }
+        if self.objects.contains_key(&new) {
+            return Err(libc::ENOSPC);
+        }
+        let obj = self.objects.remove(&handle).expect("looked up");
+        self.objects.insert(new, obj);
+        for m in self.maps.values_mut().filter(|m| m.handle == handle) {
+            m.handle = new;
+        }
+        Ok(())
+    }
+}
+
+/// `drm_amdgpu_gem_create_in` as GEM_OP GET_GEM_CREATE_INFO answers it.
+pub fn create_info(obj: &GemObj) -> sys::drm_amdgpu_gem_create_in {
+    let info = obj.info();
+    sys::drm_amdgpu_gem_create_in {
+        bo_size: obj.size,
+        alignment: info.align_pages * crate::device::uapi::PAGE,
+        domains: info.domains,
+        domain_flags: info.flags,
+    }
 }
 
 #[cfg(test)]
@@ -540,10 +799,15 @@ mod tests {
         let mem = Memfd::new("t", 1 << 20).unwrap();
         let map = Arc::new(mem.map(0, 8192).unwrap());
         let other = Arc::new(mem.map(8192, 8192).unwrap());
+        let src = crate::device::dmabuf::Source {
+            gpu: 0,
+            offset: 0,
+            domain: sys::AMDGPU_GEM_DOMAIN_VRAM,
+        };
         let d = Registry::default()
-            .export(0, 0, 8192, &map, Purpose::Checkpoint)
+            .export(src, 8192, &map, Purpose::Checkpoint)
             .unwrap();
-        let mut f = RenderFile::new();
+        let mut f = RenderFile::new(0);
         assert!(!f.holds(&map));
         let h = f.import(d);
         assert!(f.holds(&map) && !f.holds(&other));
