@@ -90,7 +90,7 @@ $(BUILD)/criu-rocm.8: Documentation/criu-rocm.8.adoc
 	asciidoctor -b manpage -o $@ $<
 
 # The suites `make test` runs, in order; .ci/run runs and counts them one by one.
-TEST_SUITES	:= test-rust test-smoke test-rocm test-gpu test-integrity test-sdma test-rocm-cr test-zdtm test-zdtm-gpu test-demo \
+TEST_SUITES	:= test-rust test-smoke test-rocm test-gem test-gpu test-integrity test-sdma test-rocm-cr test-zdtm test-zdtm-gpu test-demo \
 		   test-containers test-install test-package test-rpc
 
 # The user's entry points install what is missing first (scripts/install-deps.sh: quiet, and
@@ -156,6 +156,13 @@ test-smoke: $(BUILD)/criu-rocm
 .PHONY: test-rocm
 test-rocm: kfd-tools
 	CARGO_TARGET_DIR=$(CARGO_TARGET) test/rocm/run.sh
+
+# Debian's libdrm_amdgpu on the render nodes' GEM side (test/rocm/gem-check.sh: BOs, CPU and
+# GPU mappings, metadata, Linux 6.18's GEM_LIST_HANDLES, GET_MAPPING_INFO and CHANGE_HANDLE,
+# an SDMA copy, dma-buf export and import, with and without KFD in the same process).
+.PHONY: test-gem
+test-gem: kfd-tools
+	CARGO_TARGET_DIR=$(CARGO_TARGET) test/rocm/gem-check.sh
 
 # GPU checkpoint/restore end to end on kfd-emu (test/gpu/run.sh: dumps, faults, restores on
 # other and incompatible hosts, damaged images, gpu-check).
