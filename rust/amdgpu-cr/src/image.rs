@@ -518,11 +518,24 @@ impl RenderImage {
                 ));
             }
         }
-        if !msg.bo_entries.is_empty() {
-            log::warn!(
-                "{file}: {} render-node BOs saved by criu-dev are not restored",
-                msg.bo_entries.len()
-            );
+        // criu-dev's GEM objects: criu-rocm cannot recreate them, and a
+        // restore without them would give the process a render file that
+        // lacks buffers it uses.
+        if let Some(bo) = msg.bo_entries.first() {
+            return Err(ImageError::invalid(
+                file,
+                "bo_entries",
+                format!(
+                    "holds {} render-node GEM object(s) saved by criu-dev, e.g. handle {} \
+                     ({} bytes, domains {:#x}{}): criu-rocm does not restore render-node GEM \
+                     objects",
+                    msg.bo_entries.len(),
+                    bo.handle,
+                    bo.size,
+                    bo.preferred_domains,
+                    if bo.is_import != 0 { ", imported" } else { "" }
+                ),
+            ));
         }
         Ok(RenderImage { msg })
     }
@@ -762,6 +775,38 @@ pub(crate) mod tests {
         }
         .encode_to_vec();
         assert_has(&scan_fields(&rn), 1..=1, "criu_render_node");
+    }
+
+    /// A criu-dev render image with GEM objects is refused (restore and
+    /// gpu-check decode it the same way), naming the file, field and BO.
+    #[test]
+    fn render_image_with_criu_dev_gem_objects_is_refused() {
+        let bo = crate::proto::DrmBoEntry {
+            size: 0x10000,
+            preferred_domains: 4,
+            handle: 3,
+            is_import: 1,
+            ..Default::default()
+        };
+        let rn = CriuRenderNode {
+            gpu_id: 0x1a2b,
+            id: Some(7),
+            drm_render_minor: Some(128),
+            num_of_bos: Some(1),
+            bo_entries: vec![bo],
+        };
+        let e = RenderImage::decode("amdgpu-renderD-7.img", &frame(&rn.encode_to_vec()))
+            .unwrap_err()
+            .to_string();
+        for want in [
+            "amdgpu-renderD-7.img",
+            "bo_entries",
+            "handle 3",
+            "65536 bytes",
+            "imported",
+        ] {
+            assert!(e.contains(want), "{want:?} not in {e}");
+        }
     }
 
     /// protoc's C++ parser enforces `required` like protobuf-c does: let it

@@ -371,6 +371,7 @@ impl DumpSession {
             Some(DeviceKind::Kfd) => self.dump_kfd(fd, id, dir).map(|_| Some(Dumped::Kfd)),
             Some(DeviceKind::Render(minor)) => {
                 let pid = self.render_owner(fd, id)?;
+                refuse_gem_objects(pid, fd, minor, id)?;
                 self.dump_render(pid, minor, id, dir)?;
                 Ok(Some(Dumped::Render(minor)))
             }
@@ -944,6 +945,65 @@ fn checkpoint(
         priv_data,
     };
     Ok((ckpt, dmabufs))
+}
+
+/// Refuses a render-node file that holds GEM objects (GEM_CREATE, PRIME
+/// imports, userptr): criu-rocm does not save them yet, so a restore would
+/// give the process a file without them, and a dump that cannot be restored
+/// must not happen.  The first one is named.  Kernels before Linux 6.18
+/// cannot list a file's handles (GEM_LIST_HANDLES answers EINVAL): there
+/// the file is dumped as before, unchecked, which the log says.
+fn refuse_gem_objects(
+    pid: i32,
+    fd: BorrowedFd<'_>,
+    minor: RenderMinor,
+    id: FileId,
+) -> Result<(), SessionError> {
+    let node = kfd_abi::handle::RenderNode::from_fd(fd);
+    let list = match node.gem_list_handles() {
+        Ok(l) => l,
+        Err(e) if matches!(e.errno(), libc::EINVAL | libc::ENOTTY) => {
+            log::info!(
+                "pid {pid}: render node {} (file {id}): the kernel cannot list its GEM \
+                 objects (GEM_LIST_HANDLES: {e}); any it holds are not saved",
+                minor.path()
+            );
+            return Ok(());
+        }
+        Err(source) => {
+            return Err(SessionError::Kfd {
+                pid,
+                step: format!(
+                    "listing the GEM objects of render node {} (file {id})",
+                    minor.path()
+                ),
+                source,
+            })
+        }
+    };
+    let Some(bo) = list.first() else {
+        return Ok(());
+    };
+    let import = if bo.flags & kfd_abi::layout::gem618::AMDGPU_GEM_LIST_HANDLES_FLAG_IS_IMPORT != 0
+    {
+        ", a dma-buf of another device"
+    } else {
+        ""
+    };
+    Err(SessionError::State {
+        pid,
+        what: format!(
+            "render node {} (file {id}) holds {} GEM object(s), e.g. handle {} ({} bytes, \
+             domains {:#x}, flags {:#x}{import}): criu-rocm does not save render-node GEM \
+             objects; not dumping what could not be restored",
+            minor.path(),
+            list.len(),
+            bo.gem_handle,
+            bo.size,
+            bo.preferred_domains,
+            bo.alloc_flags
+        ),
+    })
 }
 
 /// The first of `files` through which the kernel lets us map the page at
