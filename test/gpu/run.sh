@@ -1077,6 +1077,23 @@ fault_dump_checkpoint_ioctl() {
 	note "$(grep -a -m1 -o 'amdgpu: pid [0-9]*: fd [0-9]* (/dev/kfd): CHECKPOINT: .*' "$img/dump.log")"
 }
 
+# A process that also holds a render-node GEM BO of its own (GEM_CREATE on a render file it
+# did not give KFD, as a VA-API or Mesa client; issue 29): criu-rocm does not save those, so
+# the dump refuses, naming the process, render node, file and BO, and the process runs on
+# with its GPU unpaused and its memory intact.
+case_gem_dump_refused() { on mi100 -- gem_dump_refused; }
+gem_dump_refused() {
+	local img=$CASE_DIR/img v0
+	wl_start wl --mib 2 --bos 2 --other-render-opens --gem-bo
+	v0=$(wl_verify "$WL") || exit 1
+	dump "$WL" "$img" && fail "the dump succeeded although the process holds a GEM BO criu-rocm does not save"
+	log_has "$img/dump.log" "amdgpu: pid $WL: render node /dev/dri/renderD128 \(file [0-9]+\) holds 1 GEM object\(s\), e\.g\. handle 1 \(1048576 bytes, domains 0x2, flags 0x[0-9a-f]+\): criu-rocm does not save render-node GEM objects"
+	log_has "$img/dump.log" "amdgpu: pid $WL: GPU queues unpaused"
+	running_on "$WL" "$v0"
+	wl_finish "$WL"
+	note "$(grep -a -m1 -o 'render node /dev/dri/renderD128 (file [0-9]*) holds .*objects' "$img/dump.log")"
+}
+
 # The dump's own validation refuses its images (issue 25; the test hook lowers
 # vm.max_map_count to 8, fewer than the process' VMAs): the dump fails before the
 # process is killed, which runs on with its GPU unpaused and its memory intact; the image

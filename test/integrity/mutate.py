@@ -51,7 +51,7 @@ DEV_GPU_ID, DEV_RENDER_MINOR = 2, 21
 # kfd_bo_entry
 BO_ADDR, BO_SIZE, BO_OFFSET, BO_FLAGS, BO_GPU_ID, BO_XXH3 = 1, 2, 3, 4, 5, 1000
 # criu_render_node
-RN_GPU_ID, RN_ID, RN_MINOR = 1, 2, 3
+RN_GPU_ID, RN_ID, RN_MINOR, RN_NUM_BOS, RN_BOS = 1, 2, 3, 4, 5
 
 VRAM, GTT = 1, 2
 U32, U64 = (1 << 32) - 1, (1 << 64) - 1
@@ -507,6 +507,19 @@ def mutants(img, seed):
         mn = get(base, RN_MINOR)
         if mn is not None:
             edit(f"drm_render_minor {mn} -> {mn + 7}", lambda m, v=mn + 7: put(m, RN_MINOR, v))
+
+        # A GEM BO as criu-dev's plugin records one (drm_bo_entry: addr, size, offset,
+        # alloc_flags, alignment, preferred_domains, handle, is_import, num_of_vms), which
+        # criu-rocm does not restore: refused by both, naming the file and the BO.
+        def add_gem_bo(m):
+            bo = encode([[1, 0, 0], [2, 0, 1 << 20], [3, 0, 4 << 30], [4, 0, 0], [5, 0, 1],
+                         [6, 0, 4], [7, 0, 5], [8, 0, 0], [9, 0, 0]])
+            if get(m, RN_NUM_BOS) is None:
+                m.append([RN_NUM_BOS, 0, 1])
+            else:
+                put(m, RN_NUM_BOS, 1)
+            m.append([RN_BOS, 2, bo])
+        edit("a criu-dev GEM BO (handle 5, 1 MiB of VRAM) added, num_of_bos 1", add_gem_bo)
 
     # Whole files.
     for f in img.gpu_files():

@@ -89,7 +89,10 @@ const USAGE: &str = "usage: gpu-workload [OPTIONS]
   --other-render-opens each process opens every render node once more before /dev/kfd
                        and keeps it open, as a process also using Mesa or VA-API: that
                        file comes first in fd order and owns none of the KFD BOs (the
-                       kernel refuses their mapping through it with EACCES)";
+                       kernel refuses their mapping through it with EACCES)
+  --gem-bo             with --other-render-opens: a 1 MiB GTT GEM BO is made on the first
+                       of those files (GEM_CREATE) and kept, as a Mesa or VA-API client's
+                       buffer (criu-rocm does not save those: its dump must refuse)";
 
 struct Options {
     mib: u64,
@@ -108,6 +111,7 @@ struct Options {
     host_mib: u64,
     vmas: usize,
     other_render_opens: bool,
+    gem_bo: bool,
 }
 
 /// Option `name`'s value `v` as a number.
@@ -136,6 +140,7 @@ fn parse_args() -> Result<Options, String> {
         host_mib: 0,
         vmas: 0,
         other_render_opens: false,
+        gem_bo: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -180,6 +185,7 @@ fn parse_args() -> Result<Options, String> {
             "--events" => o.events = true,
             "--fresh" => o.fresh = true,
             "--other-render-opens" => o.other_render_opens = true,
+            "--gem-bo" => o.gem_bo = true,
             "--dump-expected" => o.dump_expected = Some(val("--dump-expected")?.into()),
             "-h" | "--help" => return Err(USAGE.to_owned()),
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
@@ -1128,6 +1134,15 @@ fn run_proc(
     } else {
         Vec::new()
     };
+    if o.gem_bo {
+        let first = _other_opens
+            .first()
+            .ok_or("--gem-bo needs --other-render-opens")?;
+        let node = kfd_abi::handle::RenderNode::from_fd(first);
+        let domain = u64::from(kfd_abi::sys::AMDGPU_GEM_DOMAIN_GTT);
+        node.gem_create(1 << 20, 4096, domain, 0)
+            .map_err(|e| format!("--gem-bo: {e}"))?;
+    }
     let client = KfdClient::open().map_err(|e| e.to_string())?;
     let all = client.gpus();
     let chosen: Vec<usize> = match &o.gpus {
