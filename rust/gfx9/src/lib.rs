@@ -11,13 +11,14 @@
 //! [`exec`] holds the opcode tables (opcode → mnemonic → semantics) and runs instructions
 //! against [`state`] and [`memory`]; [`cache`] keeps decoded instructions per code address;
 //! [`cwsr`] saves waves into a context save area in the layout of KFD's gfx9 trap handler and
-//! rebuilds them from it.
+//! rebuilds them from it; [`launch`] gives a kernel dispatch's waves their initial state.
 
 pub mod cache;
 pub mod cwsr;
 pub mod decode;
 pub mod exec;
 pub mod fp;
+pub mod launch;
 pub mod memory;
 mod regfile;
 pub mod state;

@@ -106,6 +106,25 @@ impl Wave {
         w
     }
 
+    /// Makes this wave a new one at `pc` without clearing its VGPRs and AccVGPRs (a new
+    /// wave's vector registers are undefined; reusing a wave saves their allocation).
+    pub fn reset(&mut self, target: Target, pc: u64) {
+        self.target = target;
+        self.pc = pc;
+        self.sreg = [0; SREG_CODES];
+        self.scc = false;
+        self.mode = 0;
+        self.status = 0;
+        self.trapsts = 0;
+        self.hw_id = 0;
+        self.tba = 0;
+        self.tma = 0;
+        self.apertures = Apertures::default();
+        self.id_in_group = 0;
+        self.retired = 0;
+        self.set_exec(u64::MAX);
+    }
+
     pub fn exec(&self) -> u64 {
         self.sgpr64(sreg::EXEC_LO)
     }
