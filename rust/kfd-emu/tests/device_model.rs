@@ -2470,7 +2470,7 @@ unsafe fn rd64(p: *mut u8, off: usize) -> u64 {
 /// `queue_inactive_signal` at 192) and `amd_signal_t`s (value at 8, event
 /// mailbox at 16, event id at 24) in GTT BOs, one interrupt event.
 #[test]
-fn aql_barriers_run_and_a_dispatch_stops_the_queue() {
+fn aql_barriers_run_and_a_bad_dispatch_stops_the_queue() {
     const AQ_VA: u64 = 0x1001_0000;
     const SIGS_VA: u64 = 0x1002_0000;
     let d = Dev::new("");
@@ -2573,13 +2573,13 @@ fn aql_barriers_run_and_a_dispatch_stops_the_queue() {
     assert_eq!(wait(), 0);
     assert_eq!(rptr(), 2);
 
-    // A kernel dispatch needs the shader engines: the queue stops at it
-    // with the CP's "invalid packet format" error on its inactive signal.
+    // A kernel dispatch of no work-items: the queue stops at it with the
+    // CP's "invalid dimension" error on its inactive signal.
     submit(2, 2, &[], sig(3));
     assert_eq!(wait(), 0, "the inactive signal's event");
     // SAFETY: see above.
     unsafe {
-        assert_eq!(rd64(sigs, 2 * 64 + 8), 0x20);
+        assert_eq!(rd64(sigs, 2 * 64 + 8), 0x2);
         assert_eq!(
             rd64(sigs, 3 * 64 + 8),
             1,

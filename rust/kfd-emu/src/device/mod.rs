@@ -8,8 +8,10 @@
 //!   a process' SVM ranges; `state::gem`: a render file's GEM objects, VM,
 //!   contexts, BO lists and CS jobs;
 //! * `vm`: the GPU VMs; `sdma`: the engine executing SDMA packets;
-//!   `aql`: the AQL packet processor of compute queues (barriers; a packet
-//!   needing shader code stops the queue with the CP's queue error);
+//!   `aql`: the CP model, the AQL packet processor of compute queues
+//!   (barriers, kernel dispatches, vendor packets, the CP's queue errors);
+//!   `shader`: the shader engine running dispatches' waves (the `gfx9`
+//!   crate) on a thread of its own, outside the state lock;
 //! * `asic`: what amdgpu reports about each GPU; `dmabuf`: the emulated
 //!   dma-bufs; `devcgroup`: the opener's device cgroup;
 //! * `mem`: memfd, mapping, caller-memory and caller-fd backends.
@@ -36,6 +38,7 @@ mod kfd;
 mod mem;
 mod render;
 mod sdma;
+mod shader;
 mod state;
 mod supervised;
 mod svm;
@@ -109,12 +112,17 @@ struct Shared {
     stop: AtomicBool,
     resolver: Box<dyn FdResolver>,
     devs: Arc<Devices>,
+    /// The shader engine's work queue (its thread runs `shader::Engine::run`).
+    shader: shader::Engine,
+    /// Each GPU's shader ISA, when the shader engine runs it.
+    targets: Vec<Option<gfx9::Target>>,
 }
 
 /// The emulated devices; shared by all transport threads.
 pub struct Emulator {
     shared: Arc<Shared>,
-    engine: Mutex<Option<JoinHandle<()>>>,
+    /// The engine thread and the shader engine's.
+    engine: Mutex<Vec<JoinHandle<()>>>,
     /// Supervised answers that did not reach their caller (`supervised`).
     replays: supervised::Replays,
 }
@@ -233,15 +241,21 @@ impl Emulator {
             quiet: Condvar::new(),
             stop: AtomicBool::new(false),
             resolver,
+            targets: devs.gpus.iter().map(shader_target).collect(),
             devs,
+            shader: shader::Engine::default(),
         });
         let s2 = shared.clone();
         let engine = std::thread::Builder::new()
             .name("kfd-emu-engine".into())
             .spawn(move || engine_loop(&s2))?;
+        let s3 = shared.clone();
+        let shader = std::thread::Builder::new()
+            .name("kfd-emu-shader".into())
+            .spawn(move || s3.shader.run(&*s3))?;
         Ok(Emulator {
             shared,
-            engine: Mutex::new(Some(engine)),
+            engine: Mutex::new(vec![engine, shader]),
             replays: Default::default(),
         })
     }
@@ -872,7 +886,13 @@ impl Emulator {
     pub fn shutdown(&self) {
         self.shared.stop.store(true, Ordering::SeqCst);
         self.shared.wake.notify_all();
-        if let Some(h) = self.engine.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        self.shared.shader.stop();
+        for h in self
+            .engine
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
             let _ = h.join();
         }
         let mut st = self.lock();
@@ -944,6 +964,59 @@ fn sdma_pass(sh: &Shared) -> bool {
     worked
 }
 
+/// The shader ISA of a GPU the shader engine runs: gfx908 (GC 9.4.1) and
+/// gfx90a (GC 9.4.2).
+fn shader_target(g: &Gpu) -> Option<gfx9::Target> {
+    match g.gc_version() {
+        (9, 4, 1) => Some(gfx9::Target::Gfx908),
+        (9, 4, 2) => Some(gfx9::Target::Gfx90a),
+        _ => None,
+    }
+}
+
+impl shader::Host for Shared {
+    fn refresh(&self, keys: &[shader::JobKey]) -> Vec<shader::Refresh> {
+        let st = self.lock();
+        keys.iter()
+            .map(|k| match st.procs.get(&k.lead) {
+                Some(p) if p.queues.get(&k.queue).is_some_and(|q| q.aql.running) => {
+                    if p.evicted() {
+                        shader::Refresh::Paused
+                    } else {
+                        shader::Refresh::Live(p.gpu_range(k.gpu, 0, aql::VA_TOP))
+                    }
+                }
+                _ => shader::Refresh::Gone,
+            })
+            .collect()
+    }
+
+    /// KFD's handling of an SQ message interrupt: the low 24 bits of the
+    /// data name the event (kfd_signal_event_interrupt).
+    fn interrupt(&self, key: &shader::JobKey, data: &[u32]) {
+        let mut done = Done::new();
+        let mut st = self.lock();
+        if let Some(p) = st.procs.get_mut(&key.lead) {
+            for d in data {
+                p.trap(d & 0xff_ffff, &mut done);
+            }
+        }
+        drop(st);
+        send(done);
+    }
+
+    fn finish(&self, key: &shader::JobKey, outcome: &shader::Outcome) {
+        let mut done = Done::new();
+        let mut st = self.lock();
+        if let Some(p) = st.procs.get_mut(&key.lead) {
+            aql::finish(p, key, outcome, &mut done);
+        }
+        drop(st);
+        send(done);
+        self.wake.notify_all();
+    }
+}
+
 fn engine_loop(sh: &Shared) {
     let mut idle = BUSY_POLL;
     loop {
@@ -960,10 +1033,14 @@ fn engine_loop(sh: &Shared) {
         let mut next: Option<Instant> = None;
         let mut any_sdma = false;
         let mut worked = worked;
+        let mut launches = Vec::new();
+        let mut invalidate = Vec::new();
         for p in st.procs.values_mut() {
             any_sdma |= !p.evicted() && p.queues.values().any(|q| q.is_sdma() && !q.halted);
-            let a = aql::pass(p, &mut done);
+            let a = aql::pass(p, &sh.targets, &mut done);
             worked |= a.worked;
+            launches.extend(a.launches);
+            invalidate.extend(a.invalidate.into_iter().map(|g| (p.lead, g)));
             // A queue waiting on a barrier or a header is polled like SDMA.
             any_sdma |= a.waiting;
             if let Some(d) = p.expire_waiters(now, &mut done) {
@@ -979,6 +1056,7 @@ fn engine_loop(sh: &Shared) {
         if let Some(d) = next {
             sleep = sleep.min(d.saturating_duration_since(now));
         }
+        sh.shader.submit(launches, invalidate);
         if done.is_empty() {
             let _unused = sh.wake.wait_timeout(st, sleep);
         } else {

@@ -9,6 +9,8 @@
 //! the hardware, where a packet faults at the first unmapped page it
 //! touches (what it did before stays done).
 
+use std::sync::Arc;
+
 use super::mem::Mapping;
 use super::state::svm;
 use super::state::{Bo, Proc, Span};
@@ -296,6 +298,17 @@ impl GpuRange {
 
     pub fn len(&self) -> u64 {
         self.len
+    }
+
+    /// The VRAM/GTT piece holding byte `off` of the range: its offset in
+    /// the range, its length, its mapping and the mapping offset of its
+    /// first byte (a fast path for word-sized accesses).
+    pub fn mapped_piece(&self, off: u64) -> Option<(u64, u64, &Arc<Mapping>, u64)> {
+        let (p, _, _) = self.walk(off, 1).next()?;
+        match &p.backing {
+            Backing::Mem(Span::Map(m, base)) => Some((p.va - self.va, p.len, m, *base)),
+            _ => None,
+        }
     }
 
     /// The pieces covering `[off, off+n)` of the range, each as (piece,

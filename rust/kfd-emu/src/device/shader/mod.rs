@@ -1,0 +1,85 @@
+//! The shader engine: the waves of kernel dispatches run here, on a
+//! worker thread of their own, never under the state lock.
+//!
+//! The CP model (`aql`) checks a dispatch packet and hands over a
+//! [`Launch`]; the worker (`worker`) runs the waves of every live
+//! dispatch in turns (`sched`: workgroups, barriers, budgets) over the
+//! process' GPU VM (`gpumem`), and reports each dispatch's [`Outcome`]
+//! back through its [`Host`], which takes the state lock only then and
+//! once per round to refresh what the dispatches see of their processes.
+
+mod gpumem;
+mod sched;
+mod worker;
+
+use std::fmt;
+
+use gfx9::launch::{DispatchRegs, Grid, KernelCode};
+use gfx9::Target;
+
+use super::vm::GpuRange;
+pub use worker::{Engine, Host, Refresh};
+
+/// Which dispatch: the process, the queue, the packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct JobKey {
+    pub lead: u32,
+    pub queue: u32,
+    pub gpu: usize,
+    /// The packet's index in the queue.
+    pub index: u64,
+    /// The kernel object (for log lines).
+    pub object: u64,
+}
+
+/// A checked kernel dispatch: what the CP read from the packet, the
+/// kernel object and the queue.
+pub struct Launch {
+    pub key: JobKey,
+    pub target: Target,
+    pub object: u64,
+    pub code: KernelCode,
+    pub grid: Grid,
+    pub regs: DispatchRegs,
+    /// LDS bytes per workgroup.
+    pub lds: usize,
+    /// Scratch bytes per wave and the wave slots the queue's scratch has;
+    /// None when the dispatch has no private segment.
+    pub scratch: Option<(u64, u64)>,
+    /// The process' GPU VM as the GPU sees it.
+    pub vm: GpuRange,
+}
+
+/// How a dispatch ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Every wave reached `s_endpgm`.
+    Done { waves: u64, instructions: u64 },
+    /// A wave's memory access faulted; `detail` says what is at the VA.
+    Fault {
+        fault: gfx9::Fault,
+        pc: u64,
+        detail: String,
+    },
+    /// A wave met an instruction the engine cannot run.
+    Illegal { stop: String, pc: u64 },
+    /// `s_trap N` (or `s_sethalt`: `code` 0xff).
+    Trap { code: u8, pc: u64 },
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Outcome::Done {
+                waves,
+                instructions,
+            } => write!(f, "{waves} waves ran {instructions} instructions"),
+            Outcome::Fault { fault, pc, detail } => {
+                write!(f, "memory fault at PC {pc:#x}: {fault} ({detail})")
+            }
+            Outcome::Illegal { stop, .. } => f.write_str(stop),
+            Outcome::Trap { code: 0xff, pc } => write!(f, "s_sethalt at PC {pc:#x}"),
+            Outcome::Trap { code, pc } => write!(f, "s_trap {code} at PC {pc:#x}"),
+        }
+    }
+}

@@ -1,0 +1,272 @@
+//! One dispatch's waves: workgroups are admitted while the emulated GPU
+//! has room for their waves (and the queue's scratch has slots for them),
+//! each wave runs in turns of [`TURN`] instructions, `s_barrier` holds a
+//! wave until every live wave of its workgroup got there, `s_sleep` gives
+//! the rest of the slice away.  A spinning wave therefore never keeps the
+//! others (or other dispatches) from running.
+
+use std::time::Instant;
+
+use gfx9::exec::{CodeCache, Stop};
+use gfx9::launch::{self, Grid, Placement};
+use gfx9::Wave;
+
+use super::gpumem::GpuMemory;
+use super::{Launch, Outcome};
+use crate::device::vm::GpuRange;
+
+/// Instructions a wave runs per turn.
+pub const TURN: u64 = 2048;
+/// Waves of one dispatch resident at once.
+pub const RESIDENT_WAVES: usize = 128;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    Ready,
+    Barrier,
+    Asleep,
+    Done,
+}
+
+struct Slot {
+    wave: Wave,
+    state: State,
+    scratch: Option<u64>,
+}
+
+struct Group {
+    lds: Vec<u8>,
+    waves: Vec<Slot>,
+}
+
+/// What a slice of a dispatch came to.
+pub enum Progress {
+    /// Instructions retired in the slice (0: every wave slept or waited).
+    Running(u64),
+    Finished(Outcome),
+}
+
+pub struct Run {
+    pub launch: Launch,
+    pub mem: GpuMemory,
+    groups: Vec<Group>,
+    next_group: u64,
+    group_count: u64,
+    spare: Vec<Wave>,
+    free_scratch: Vec<u64>,
+    next_scratch: u64,
+    pub instructions: u64,
+    pub waves: u64,
+    pub started: Instant,
+    /// CPU time the worker spent on the dispatch.
+    pub cpu: std::time::Duration,
+    /// M0 of the `s_sendmsg sendmsg(MSG_INTERRUPT)`s since the worker last
+    /// delivered them.
+    pub interrupts: Vec<u32>,
+}
+
+impl Run {
+    pub fn new(mut launch: Launch) -> Run {
+        let vm = std::mem::replace(&mut launch.vm, GpuRange::from_spans(0, 0, Vec::new()));
+        let group_count = launch.grid.group_count();
+        Run {
+            launch,
+            mem: GpuMemory::new(vm),
+            groups: Vec::new(),
+            next_group: 0,
+            group_count,
+            spare: Vec::new(),
+            free_scratch: Vec::new(),
+            next_scratch: 0,
+            instructions: 0,
+            waves: 0,
+            started: Instant::now(),
+            cpu: Default::default(),
+            interrupts: Vec::new(),
+        }
+    }
+
+    fn resident(&self) -> usize {
+        self.groups.iter().map(|g| g.waves.len()).sum()
+    }
+
+    /// A scratch slot for a new wave, if the queue's scratch has one.
+    fn scratch_slot(&mut self) -> Option<u64> {
+        let (_, slots) = self.launch.scratch?;
+        if let Some(s) = self.free_scratch.pop() {
+            return Some(s);
+        }
+        (self.next_scratch < slots).then(|| {
+            self.next_scratch += 1;
+            self.next_scratch - 1
+        })
+    }
+
+    fn scratch_free(&self) -> u64 {
+        self.launch.scratch.map_or(u64::MAX, |(_, slots)| {
+            self.free_scratch.len() as u64 + (slots - self.next_scratch)
+        })
+    }
+
+    /// Starts workgroups while there is room; an error when not even one
+    /// workgroup fits the queue's scratch.
+    fn admit(&mut self) -> Result<(), Outcome> {
+        while self.next_group < self.group_count {
+            let id = self.launch.grid.group_id(self.next_group);
+            let extent = self.launch.grid.extent(id);
+            let n = Grid::waves(extent) as usize;
+            let resident = self.resident();
+            if resident > 0 && (resident + n > RESIDENT_WAVES || self.scratch_free() < n as u64) {
+                return Ok(());
+            }
+            if self.scratch_free() < n as u64 {
+                return Err(Outcome::Illegal {
+                    stop: format!(
+                        "the queue's scratch has {} wave slots, a workgroup needs {n}",
+                        self.scratch_free()
+                    ),
+                    pc: 0,
+                });
+            }
+            self.start_group(id, extent, n);
+            self.next_group += 1;
+        }
+        Ok(())
+    }
+
+    fn start_group(&mut self, id: [u32; 3], extent: [u32; 3], n: usize) {
+        let target = self.launch.target;
+        let wave_bytes = self.launch.scratch.map_or(0, |(b, _)| b);
+        let mut waves = Vec::with_capacity(n);
+        for k in 0..n {
+            let scratch = self.scratch_slot();
+            let mut wave = self.spare.pop().unwrap_or_else(|| Wave::new(target, 0));
+            let at = Placement {
+                group: id,
+                extent,
+                wave: k as u32,
+                scratch_offset: (scratch.unwrap_or(0) * wave_bytes) as u32,
+            };
+            let l = &self.launch;
+            launch::start_wave(&mut wave, target, l.object, &l.code, &l.grid, &l.regs, &at);
+            waves.push(Slot {
+                wave,
+                state: State::Ready,
+                scratch,
+            });
+        }
+        self.waves += n as u64;
+        self.groups.push(Group {
+            lds: vec![0; self.launch.lds],
+            waves,
+        });
+    }
+
+    /// One turn of every resident wave; admits and retires workgroups.
+    pub fn slice(&mut self, cache: &mut CodeCache) -> Progress {
+        if let Err(o) = self.admit() {
+            return Progress::Finished(o);
+        }
+        let mut ran = 0;
+        for g in 0..self.groups.len() {
+            for w in 0..self.groups[g].waves.len() {
+                if let Err(o) = self.turn(g, w, cache, &mut ran) {
+                    return Progress::Finished(o);
+                }
+            }
+            self.settle(g);
+        }
+        self.retire();
+        if self.groups.is_empty() && self.next_group >= self.group_count {
+            return Progress::Finished(Outcome::Done {
+                waves: self.waves,
+                instructions: self.instructions,
+            });
+        }
+        Progress::Running(ran)
+    }
+
+    /// Runs wave `w` of group `g` for a turn if it is ready.
+    fn turn(
+        &mut self,
+        g: usize,
+        w: usize,
+        cache: &mut CodeCache,
+        ran: &mut u64,
+    ) -> Result<(), Outcome> {
+        let group = &mut self.groups[g];
+        let slot = &mut group.waves[w];
+        if slot.state != State::Ready {
+            return Ok(());
+        }
+        let before = slot.wave.retired;
+        let stop = slot.wave.run(&mut self.mem, &mut group.lds, cache, TURN);
+        let n = slot.wave.retired - before;
+        *ran += n;
+        self.instructions += n;
+        slot.state = match stop {
+            Stop::Budget => State::Ready,
+            Stop::Endpgm => State::Done,
+            Stop::Barrier => State::Barrier,
+            Stop::Sleep(_) => State::Asleep,
+            Stop::Interrupt(data) => {
+                self.interrupts.push(data);
+                State::Ready
+            }
+            Stop::Trap(code) => {
+                let pc = slot.wave.pc.wrapping_sub(4);
+                return Err(Outcome::Trap { code, pc });
+            }
+            Stop::Halt => {
+                let pc = slot.wave.pc.wrapping_sub(4);
+                return Err(Outcome::Trap { code: 0xff, pc });
+            }
+            Stop::Fault { fault, pc } => {
+                let detail = self
+                    .mem
+                    .last_fault
+                    .as_ref()
+                    .map_or_else(|| "no BO there".into(), |f| f.to_string());
+                return Err(Outcome::Fault { fault, pc, detail });
+            }
+            Stop::Illegal { pc, .. } => {
+                return Err(Outcome::Illegal {
+                    stop: stop.to_string(),
+                    pc,
+                })
+            }
+        };
+        Ok(())
+    }
+
+    /// Wakes sleepers for the next slice, and releases group `g`'s barrier
+    /// once every live wave waits at it.
+    fn settle(&mut self, g: usize) {
+        let waves = &mut self.groups[g].waves;
+        for s in waves.iter_mut().filter(|s| s.state == State::Asleep) {
+            s.state = State::Ready;
+        }
+        let live = waves.iter().filter(|s| s.state != State::Done);
+        if live.clone().count() > 0 && live.clone().all(|s| s.state == State::Barrier) {
+            for s in waves.iter_mut().filter(|s| s.state == State::Barrier) {
+                s.state = State::Ready;
+            }
+        }
+    }
+
+    /// Drops finished workgroups, keeping their waves and scratch slots.
+    fn retire(&mut self) {
+        let mut k = 0;
+        while k < self.groups.len() {
+            if self.groups[k].waves.iter().all(|s| s.state == State::Done) {
+                let g = self.groups.swap_remove(k);
+                for s in g.waves {
+                    self.free_scratch.extend(s.scratch);
+                    self.spare.push(s.wave);
+                }
+            } else {
+                k += 1;
+            }
+        }
+    }
+}

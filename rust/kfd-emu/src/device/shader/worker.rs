@@ -1,0 +1,201 @@
+//! The worker thread: runs the waves of every live dispatch in rounds,
+//! one slice of each per round, so that dispatches of all queues, GPUs
+//! and processes progress together.  Between rounds it asks its [`Host`]
+//! (under the state lock, once for all dispatches) whether each process is
+//! still there and running, and takes a fresh view of its GPU VM.  With no
+//! dispatch it sleeps on a condition variable: an idle emulator does not
+//! poll.
+
+use std::collections::HashMap;
+use std::sync::{Condvar, Mutex};
+use std::time::Duration;
+
+use gfx9::exec::CodeCache;
+
+use super::sched::{Progress, Run};
+use super::{JobKey, Launch, Outcome};
+use crate::device::vm::GpuRange;
+
+/// log2 of the decoded-instruction cache entries per process and GPU.
+const CACHE_BITS: u32 = 12;
+/// How long a round in which no wave could run (all asleep, at barriers
+/// or paused) waits before the next.
+const IDLE_ROUND: Duration = Duration::from_millis(1);
+
+/// A dispatch's process as the state lock shows it.
+pub enum Refresh {
+    /// The process or the queue is gone: drop the dispatch.
+    Gone,
+    /// The process' queues are evicted (a checkpoint, a restore): wait.
+    Paused,
+    /// Running; its GPU VM now.
+    Live(GpuRange),
+}
+
+/// What the worker needs of the device model.
+pub trait Host {
+    /// The state of each dispatch's process, in order.
+    fn refresh(&self, keys: &[JobKey]) -> Vec<Refresh>;
+    /// Waves of a dispatch raised the SQ's message interrupt with these
+    /// data words (M0).
+    fn interrupt(&self, key: &JobKey, data: &[u32]);
+    /// A dispatch ended.
+    fn finish(&self, key: &JobKey, outcome: &Outcome);
+}
+
+#[derive(Default)]
+struct Inbox {
+    launches: Vec<Launch>,
+    /// (process, GPU index) whose instruction caches are invalid.
+    invalidate: Vec<(u32, usize)>,
+    stop: bool,
+}
+
+/// The shader engine's queue of work; [`Engine::run`] is its thread.
+#[derive(Default)]
+pub struct Engine {
+    inbox: Mutex<Inbox>,
+    cv: Condvar,
+}
+
+type Caches = HashMap<(u32, usize), CodeCache>;
+
+impl Engine {
+    fn inbox(&self) -> std::sync::MutexGuard<'_, Inbox> {
+        self.inbox.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Hands dispatches and cache invalidations to the worker.
+    pub fn submit(&self, launches: Vec<Launch>, invalidate: Vec<(u32, usize)>) {
+        if launches.is_empty() && invalidate.is_empty() {
+            return;
+        }
+        let mut i = self.inbox();
+        i.launches.extend(launches);
+        i.invalidate.extend(invalidate);
+        self.cv.notify_all();
+    }
+
+    /// Makes [`Engine::run`] return.
+    pub fn stop(&self) {
+        self.inbox().stop = true;
+        self.cv.notify_all();
+    }
+
+    /// New work; blocks while there is none and `idle`; waits at most
+    /// `pause` otherwise.  None when stopping.
+    fn take(&self, idle: bool, pause: Option<Duration>) -> Option<Inbox> {
+        let mut i = self.inbox();
+        let empty = |i: &Inbox| i.launches.is_empty() && i.invalidate.is_empty() && !i.stop;
+        if idle {
+            i = self
+                .cv
+                .wait_while(i, |i| empty(i))
+                .unwrap_or_else(|e| e.into_inner());
+        } else if let Some(d) = pause.filter(|_| empty(&i)) {
+            i = self
+                .cv
+                .wait_timeout(i, d)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        if i.stop {
+            return None;
+        }
+        Some(std::mem::take(&mut *i))
+    }
+
+    /// The worker's loop, until [`Engine::stop`].
+    pub fn run(&self, host: &dyn Host) {
+        let mut runs: Vec<Run> = Vec::new();
+        let mut caches = Caches::new();
+        let mut pause = None;
+        while let Some(new) = self.take(runs.is_empty(), pause) {
+            for key in new.invalidate {
+                caches.remove(&key);
+            }
+            runs.extend(new.launches.into_iter().map(Run::new));
+            let ran = round(host, &mut runs, &mut caches);
+            pause = (ran == 0).then_some(IDLE_ROUND);
+        }
+    }
+}
+
+/// One slice of every dispatch; returns the instructions retired.
+fn round(host: &dyn Host, runs: &mut Vec<Run>, caches: &mut Caches) -> u64 {
+    let keys: Vec<JobKey> = runs.iter().map(|r| r.launch.key).collect();
+    let states = host.refresh(&keys);
+    let mut ran = 0;
+    let mut k = 0;
+    for state in states {
+        let run = &mut runs[k];
+        let progress = match state {
+            Refresh::Gone => {
+                runs.remove(k);
+                continue;
+            }
+            Refresh::Paused => Progress::Running(0),
+            Refresh::Live(vm) => {
+                run.mem.refresh(vm);
+                let key = (run.launch.key.lead, run.launch.key.gpu);
+                let cache = caches
+                    .entry(key)
+                    .or_insert_with(|| CodeCache::new(CACHE_BITS));
+                let t = thread_cpu();
+                let p = run.slice(cache);
+                run.cpu += thread_cpu().saturating_sub(t);
+                if !run.interrupts.is_empty() {
+                    host.interrupt(&run.launch.key, &std::mem::take(&mut run.interrupts));
+                }
+                p
+            }
+        };
+        match progress {
+            Progress::Running(n) => {
+                ran += n;
+                k += 1;
+            }
+            Progress::Finished(outcome) => {
+                let run = runs.remove(k);
+                report(&run, &outcome);
+                host.finish(&run.launch.key, &outcome);
+            }
+        }
+    }
+    caches.retain(|&(lead, gpu), _| {
+        runs.iter()
+            .any(|r| r.launch.key.lead == lead && r.launch.key.gpu == gpu)
+    });
+    ran
+}
+
+/// CPU time of the calling thread.
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec, which `ts` is.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// The log line of a finished dispatch: counts, wall time and the rate
+/// per CPU second of the worker, at debug level.
+fn report(run: &Run, outcome: &Outcome) {
+    let k = &run.launch.key;
+    let secs = run.started.elapsed().as_secs_f64();
+    let cpu = run.cpu.as_secs_f64();
+    let rate = run.instructions as f64 / cpu.max(1e-9) / 1e6;
+    log::debug!(
+        "kfd-emu: process {} queue {} packet {}: kernel object {:#x}, grid {:?} in groups of \
+         {:?}: {outcome}; {} wave instructions in {secs:.3} s, {cpu:.3} s of CPU ({rate:.1} M/s)",
+        k.lead,
+        k.queue,
+        k.index,
+        k.object,
+        run.launch.grid.size,
+        run.launch.grid.group,
+        run.instructions
+    );
+}
