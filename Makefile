@@ -90,7 +90,7 @@ $(BUILD)/criu-rocm.8: Documentation/criu-rocm.8.adoc
 	asciidoctor -b manpage -o $@ $<
 
 # The suites `make test` runs, in order; .ci/run runs and counts them one by one.
-TEST_SUITES	:= test-rust test-smoke test-rocm test-gem test-gpu test-integrity test-sdma test-rocm-cr test-zdtm test-zdtm-gpu test-demo \
+TEST_SUITES	:= test-rust test-smoke test-rocm test-gem test-hip test-gpu test-integrity test-sdma test-rocm-cr test-zdtm test-zdtm-gpu test-demo \
 		   test-containers test-install test-package test-rpc
 
 # The user's entry points install what is missing first (scripts/install-deps.sh: quiet, and
@@ -163,6 +163,12 @@ test-rocm: kfd-tools
 .PHONY: test-gem
 test-gem: kfd-tools
 	CARGO_TARGET_DIR=$(CARGO_TARGET) test/rocm/gem-check.sh
+
+# HIP programs built with Debian's hipcc for gfx908 and gfx90a, run unchanged on kfd-emu's
+# shader engine under mi100 and mi210x4, each checking its own results (test/hip/run.sh).
+.PHONY: test-hip
+test-hip: kfd-tools
+	CARGO_TARGET_DIR=$(CARGO_TARGET) test/hip/run.sh
 
 # GPU checkpoint/restore end to end on kfd-emu (test/gpu/run.sh: dumps, faults, restores on
 # other and incompatible hosts, damaged images, gpu-check).
