@@ -148,6 +148,17 @@ pub fn prepare(
     let Some(s) = scratch(p, q, pk.private_size) else {
         return request_scratch(p, id, q, pk.private_size, done);
     };
+    if pk.private_size > 0 {
+        log::debug!(
+            "kfd-emu: process {} AQL queue {id}: scratch at {:#x}, resource {:08x?}, {} bytes \
+             per wave, {} wave slots",
+            p.lead,
+            s.base,
+            s.resource,
+            s.wave_bytes,
+            s.slots
+        );
+    }
     let regs = DispatchRegs {
         packet: slot,
         queue: q.rptr_addr.wrapping_add(amd_queue::BASE as u64),
