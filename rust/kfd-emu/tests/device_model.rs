@@ -3498,3 +3498,249 @@ fn supervised_checkpoint_hands_out_dmabufs_and_replays_an_interrupted_answer() {
     // SAFETY: closing the fd installed for us.
     unsafe { libc::close(fd) };
 }
+
+/// Kernels for the shader engine, assembled with llvm-mc-15 for gfx908 and
+/// gfx90a (the words are the same on both).  Each kernel object is a
+/// kernel descriptor whose code starts 256 bytes after it; its only user
+/// SGPRs are the kernarg pointer (s[0:1]), then the workgroup id X (s2).
+/// Kernarg: {out: u64, flag: u32}.
+const K_IDS: &[u32] = &[
+    0xc0060100, 0x00000000, // s_load_dwordx2 s[4:5], s[0:1], 0x0
+    0xd1fd0001, 0x04010e02, // v_lshl_add_u32 v1, s2, 7, v0
+    0x24040282, // v_lshlrev_b32_e32 v2, 2, v1
+    0xbf8a0000, // s_barrier
+    0xbf8cc07f, // s_waitcnt lgkmcnt(0)
+    0xdc708000, 0x00040102, // global_store_dword v2, v1, s[4:5]
+    0xbf810000, // s_endpgm
+];
+const K_FAULT: &[u32] = &[
+    0x7e020280, // v_mov_b32_e32 v1, 0
+    0xdc708000, 0x007f0000, // global_store_dword v[0:1], v0, off
+    0xbf810000, // s_endpgm
+];
+const K_TRAP: &[u32] = &[
+    0xbf920002, // s_trap 2
+    0xbf810000, // s_endpgm
+];
+const K_SPIN: &[u32] = &[
+    0xc00300c0, 0x00000008, // s_load_dword s3, s[0:1], 0x8 glc
+    0xbf8cc07f, // s_waitcnt lgkmcnt(0)
+    0xbf8e0001, // s_sleep 1
+    0xbf068003, // s_cmp_eq_u32 s3, 0
+    0xbf85fffa, // s_cbranch_scc1 -6 (the load)
+    0xbf810000, // s_endpgm
+];
+const K_ILLEGAL: &[u32] = &[
+    0xf0000f00,
+    0x00000000, // image_load v[0:3], v0, s[0:7] dmask:0xf (graphics: no compute encoding)
+    0xbf810000, // s_endpgm
+];
+
+/// Two AQL queues with their rings, `amd_queue_t`s and signals in GTT
+/// (as in `aql_barriers_run_and_a_bad_dispatch_stops_the_queue`), the
+/// kernels above at `CODE_VA + 0x400 * k`, kernarg at `DATA_VA` and an
+/// output buffer at `DATA_VA + 0x1000`.
+struct Shader {
+    d: Dev,
+    rings: [*mut u8; 2],
+    aqs: [*mut u8; 2],
+    sigs: *mut u8,
+    data: *mut u8,
+    doorbells: [*mut u8; 2],
+    event: u32,
+}
+
+const CODE_VA: u64 = 0x5000_0000;
+const DATA_VA: u64 = 0x5001_0000;
+const SHADER_SIGS_VA: u64 = 0x5002_0000;
+const KERNARG: u64 = DATA_VA;
+const OUT: u64 = DATA_VA + 0x1000;
+
+impl Shader {
+    fn new() -> Shader {
+        let d = Dev::new("");
+        d.setup();
+        let map = |va, size| {
+            let (h, off) = d.alloc(va, size, alloc::GTT, 0).unwrap();
+            d.map_gpu(h);
+            let p = d.map_node(NodeKind::Render { minor: d.minor }, off, size as usize);
+            (h, p)
+        };
+        let rings = [map(RING_VA, 4096).1, map(RING_VA + 0x1000, 4096).1];
+        let aqs = [map(AQ_BASE, 4096).1, map(AQ_BASE + 0x1000, 4096).1];
+        let (_, code) = map(CODE_VA, 0x2000);
+        let (_, data) = map(DATA_VA, 0x2000);
+        let (_, sigs) = map(SHADER_SIGS_VA, 4096);
+        let (sig_h, _) = map(SIG_VA, 32768);
+        let ev = d
+            .call(nr::CREATE_EVENT, &args(&[(0, sig_h), (16, 1)], 32))
+            .unwrap();
+        let event = u32_at(&ev, 24);
+        let mailbox = SIG_VA + u32_at(&ev, 28) as u64 * 8;
+        let kernels = [K_IDS, K_FAULT, K_TRAP, K_SPIN, K_ILLEGAL];
+        // SAFETY: every offset below lies inside the mappings just made.
+        unsafe {
+            for (k, words) in kernels.iter().enumerate() {
+                let kd = 0x400 * k;
+                wr64(code, kd + 16, 256); // entry offset
+                wr32(code, kd + 52, 2 << 1 | 1 << 7); // 2 user SGPRs, workgroup id X
+                wr32(code, kd + 56, 1 << 3); // kernarg segment ptr
+                for (i, w) in words.iter().enumerate() {
+                    wr32(code, kd + 256 + 4 * i, *w);
+                }
+            }
+            // Signals 0, 1: completions of queue 0, 1; 2, 3: their inactive signals.
+            for i in 0..4 {
+                wr64(sigs, 64 * i + 16, mailbox);
+                wr32(sigs, 64 * i + 24, event);
+            }
+            for (q, aq) in aqs.iter().enumerate() {
+                wr64(*aq, 192, Self::sig(2 + q as u64));
+                for i in 0..64 {
+                    wr32(rings[q], i * 64, 1);
+                }
+            }
+            wr64(data, 0, OUT);
+        }
+        let mut doorbells = [std::ptr::null_mut(); 2];
+        for (q, db) in doorbells.iter_mut().enumerate() {
+            let base = AQ_BASE + 0x1000 * q as u64;
+            let fields = [
+                (0, RING_VA + 0x1000 * q as u64),
+                (8, base + 56),
+                (16, base + 128),
+                (32, 4096),
+                (36, d.gpu_id as u64),
+                (40, queue_type::COMPUTE_AQL as u64),
+                (44, 100),
+                (48, 7),
+            ];
+            let out = d.call(nr::CREATE_QUEUE, &args(&fields, 88)).unwrap();
+            let dbo = u64_at(&out, 24);
+            let page = d.map_node(NodeKind::Kfd, dbo & !8191, 8192);
+            // SAFETY: the doorbell lies inside the 8 KiB slice just mapped.
+            *db = unsafe { page.add((dbo & 8191) as usize) };
+        }
+        Shader {
+            d,
+            rings,
+            aqs,
+            sigs,
+            data,
+            doorbells,
+            event,
+        }
+    }
+
+    fn sig(i: u64) -> u64 {
+        SHADER_SIGS_VA + 64 * i
+    }
+
+    fn sig_value(&self, i: usize) -> i64 {
+        // SAFETY: signal i inside the signal mapping.
+        unsafe { rd64(self.sigs, 64 * i + 8) as i64 }
+    }
+
+    /// Dispatches kernel `k` on queue `q` as packet `i`: `grid` work-items
+    /// in workgroups of `group`, completion signal `q` set to 1 first.
+    fn dispatch(&self, q: usize, i: usize, k: usize, grid: u32, group: u16) {
+        let r = self.rings[q];
+        // SAFETY: packet i of queue q's 64-packet ring, its amd_queue_t and
+        // doorbell, signal q.
+        unsafe {
+            wr64(self.sigs, 64 * q + 8, 1);
+            wr32(r, i * 64 + 4, group as u32 | 1 << 16);
+            wr32(r, i * 64 + 8, 1);
+            wr32(r, i * 64 + 12, grid);
+            wr32(r, i * 64 + 16, 1);
+            wr32(r, i * 64 + 20, 1);
+            wr64(r, i * 64 + 24, 0); // private and group segment sizes
+            wr64(r, i * 64 + 32, CODE_VA + 0x400 * k as u64);
+            wr64(r, i * 64 + 40, KERNARG);
+            wr64(r, i * 64 + 56, Self::sig(q as u64));
+            wr64(self.aqs[q], 56, i as u64 + 1);
+            wr32(r, i * 64, 2 | 1 << 16); // KERNEL_DISPATCH, 1 dimension
+            wr64(self.doorbells[q], 0, i as u64);
+        }
+    }
+
+    /// Waits until signal `i` is `want` (events wake the wait).
+    fn wait_for(&self, i: usize, want: i64) -> bool {
+        let end = Instant::now() + Duration::from_secs(20);
+        while self.sig_value(i) != want {
+            if Instant::now() > end {
+                return false;
+            }
+            let (wa, _evs) = wait_args(&[self.event], false, 100);
+            let _ = self.d.call(nr::WAIT_EVENTS, &wa);
+        }
+        true
+    }
+
+    fn out(&self, i: usize) -> u32 {
+        // SAFETY: dword i of the output buffer (i < 1024).
+        unsafe { rd32(self.data, 0x1000 + 4 * i) }
+    }
+}
+
+const AQ_BASE: u64 = 0x5003_0000;
+
+#[test]
+fn a_dispatch_runs_its_waves_with_ids_barriers_and_a_partial_workgroup() {
+    let s = Shader::new();
+    // 300 work-items in workgroups of 128: two full workgroups of two
+    // waves, one of 44 work-items in one partial wave.
+    s.dispatch(0, 0, 0, 300, 128);
+    assert!(s.wait_for(0, 0), "the dispatch's completion signal");
+    for i in 0..300 {
+        assert_eq!(s.out(i), i as u32, "work-item {i}'s global id");
+    }
+    assert_eq!(s.out(300), 0, "no work-item past the grid");
+    // SAFETY: the ring and read pointer of queue 0.
+    unsafe {
+        assert_eq!(rd32(s.rings[0], 0) & 0xff, 1, "the packet slot is INVALID");
+        assert_eq!(rd64(s.aqs[0], 128), 1, "the read pointer moved on");
+    }
+}
+
+#[test]
+fn a_spinning_wave_stalls_no_other_queue() {
+    let s = Shader::new();
+    s.dispatch(0, 0, 3, 64, 64);
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(s.sig_value(0), 1, "the spinner ended with its flag clear");
+    s.dispatch(1, 0, 0, 256, 128);
+    assert!(s.wait_for(1, 0), "queue 1's dispatch beside the spinner");
+    assert_eq!(s.out(255), 255);
+    assert_eq!(s.sig_value(0), 1, "the spinner is still spinning");
+    // SAFETY: the kernarg's flag.
+    unsafe { wr32(s.data, 8, 1) };
+    assert!(s.wait_for(0, 0), "the spinner ends once the flag is set");
+}
+
+#[test]
+fn faults_traps_and_illegal_instructions_stop_the_queue_with_the_cps_errors() {
+    let s = Shader::new();
+    // A store to VA 0..63: a GPU page fault, reported on the process'
+    // memory events; the queue stops, the completion signal untouched.
+    s.dispatch(0, 0, 1, 64, 64);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(s.sig_value(0), 1, "the faulting dispatch did not complete");
+    // SAFETY: queue 0's read pointer.
+    assert_eq!(unsafe { rd64(s.aqs[0], 128) }, 0, "the queue stays at it");
+    // s_trap: queue error 0x80000000 on the inactive signal.
+    s.dispatch(1, 0, 2, 64, 64);
+    assert!(s.wait_for(3, 0x8000_0000), "s_trap's queue error");
+    assert_eq!(s.sig_value(1), 1);
+    // An instruction the engine does not run (MIMG) on a fresh queue pair.
+    let t = Shader::new();
+    t.dispatch(0, 0, 4, 64, 64);
+    assert!(
+        t.wait_for(2, 0x4000_0000),
+        "the illegal instruction's queue error"
+    );
+    // The emulator still runs dispatches.
+    t.dispatch(1, 0, 0, 128, 128);
+    assert!(t.wait_for(1, 0));
+    assert_eq!(t.out(127), 127);
+}
