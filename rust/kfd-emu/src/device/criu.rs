@@ -226,6 +226,7 @@ pub fn process_info(st: &mut State, lead: u32, a: &mut sys::kfd_ioctl_criu_args)
     if p.n_pdds() == 0 {
         return Err(libc::ENODEV);
     }
+    refuse_waves_in_flight(p)?;
     p.paused = true;
     // SVM ranges the process unmapped are gone, as on KFD.
     if !p.svm.ranges.is_empty() {
@@ -238,6 +239,28 @@ pub fn process_info(st: &mut State, lead: u32, a: &mut sys::kfd_ioctl_criu_args)
     a.num_bos = c.bos;
     a.num_objects = c.objects;
     a.pid = ns_pid(lead);
+    Ok(())
+}
+
+/// KFD saves the waves of a dispatch in flight (compute-wave save/restore);
+/// the emulator does not model that, so it refuses to start a checkpoint
+/// of a process with a dispatch running (or waiting for scratch) rather
+/// than write images whose restore would lose the dispatch.
+fn refuse_waves_in_flight(p: &super::state::Proc) -> R<()> {
+    let busy = p
+        .queues
+        .iter()
+        .find(|(_, q)| q.aql.running || q.aql.scratch_wait);
+    if let Some((id, q)) = busy {
+        log::error!(
+            "kfd-emu: process {} GPU {:#x} AQL queue {id}: a kernel dispatch is in flight; the \
+             emulator does not model compute-wave save/restore, so it refuses the checkpoint \
+             (EBUSY) and the process runs on",
+            p.lead,
+            p.pdds[q.gpu].user_id
+        );
+        return Err(libc::EBUSY);
+    }
     Ok(())
 }
 
