@@ -7,11 +7,12 @@
 #          HIP_TEST_TIMEOUT=S    seconds one program may take (default 300)
 #          HIP_TEST_PROFILES     profiles to run on (default "mi100 mi210x4")
 #
-# Every test/hip/*.hip (or the NAMEs given, without .hip) is built with hipcc for gfx908 and
-# gfx90a into build/hip/<gfx>/ (rebuilt when the source or a header is newer), then run on
+# Every test/hip/*.hip (or the NAMEs given, without .hip) is built once with hipcc for both
+# gfx908 and gfx90a into build/hip/ (rebuilt when the source or check.h is newer), then run on
 # `kfd-emu run --profile P` for each profile: mi100 (gfx908) and mi210x4 (gfx90a). A program
-# checks its own results and exits 0 when they are right. Lines in a program's source:
-#   // hip-test: flags F...             extra hipcc flags (e.g. -O0; the default is -O2)
+# checks its own results and exits 0 when they are right (test/hip/README.md). Its source may
+# say:
+#   // hipcc-flags: F...                on its first line: hipcc flags instead of -O2
 #   // hip-test: expect-abort TEXT      the program must die (non-zero) with TEXT in its
 #                                       output; then vector-add runs in the same emulator,
 #                                       which proves the daemon lives on
@@ -60,17 +61,28 @@ directive() { # FILE KEY
 	sed -n "s|^// hip-test: $2 ||p" "$1" | head -n 1
 }
 
-# Builds NAME for GFX; prints the binary's path, or fails with the compiler's log.
-build() { # NAME GFX
-	local src=$here/$1.hip bin=$out/$2/$1 flags
-	mkdir -p "$out/$2" "$logs"
-	if [ -x "$bin" ] && [ "$bin" -nt "$src" ] && [ "$bin" -nt "$here/hip-test.h" ]; then
+# The hipcc flags of a source: its first line's `// hipcc-flags:` words, else -O2.
+flags_of() { # FILE
+	local first
+	first=$(head -n 1 "$1")
+	case $first in
+	"// hipcc-flags:"*) echo "${first#// hipcc-flags:}" ;;
+	*) echo -O2 ;;
+	esac
+}
+
+# Builds NAME for gfx908 and gfx90a; prints the binary's path, or fails (the compiler's log
+# is build/hip/logs/NAME.build).
+build() { # NAME
+	local src=$here/$1.hip bin=$out/$1
+	mkdir -p "$out" "$logs"
+	if [ -x "$bin" ] && [ "$bin" -nt "$src" ] && [ "$bin" -nt "$here/check.h" ]; then
 		echo "$bin"
 		return 0
 	fi
-	flags=$(directive "$src" flags)
-	# shellcheck disable=SC2086 # the flags are words
-	if ! hipcc --offload-arch="$2" ${flags:--O2} -o "$bin.tmp" "$src" >"$logs/$1-$2.build" 2>&1; then
+	# shellcheck disable=SC2046 # the flags are words
+	if ! hipcc --offload-arch=gfx908 --offload-arch=gfx90a $(flags_of "$src") -o "$bin.tmp" \
+		"$src" >"$logs/$1.build" 2>&1; then
 		return 1
 	fi
 	mv "$bin.tmp" "$bin" && echo "$bin"
@@ -87,7 +99,7 @@ run_case() { # NAME PROFILE BIN LOG
 		echo "exit status $rc"
 		return 1
 	fi
-	local after=$out/${gfx[$prof]}/vector-add
+	local after=$out/vector-add
 	# shellcheck disable=SC2016 # expanded by the inner shell
 	timeout -k 10 "$timeout_s" "$kfd_emu" run --profile "$prof" -- \
 		sh -c '"$1"; echo "hip-test: exit status $?"; "$2"' sh "$bin" "$after" >"$log" 2>&1
@@ -125,15 +137,15 @@ for prof in "${profiles[@]}"; do
 		continue
 	fi
 	# vector-add runs after every expect-abort program: build it first.
-	build vector-add "$g" >/dev/null
+	build vector-add >/dev/null
 	for name in "${names[@]}"; do
 		if [ ! -f "$here/$name.hip" ]; then
 			result FAIL "$name" "$prof" "no test/hip/$name.hip"
 			continue
 		fi
 		log=$logs/$name-$prof.log
-		if ! bin=$(build "$name" "$g"); then
-			result FAIL "$name" "$prof" "hipcc failed for $g" "$logs/$name-$g.build"
+		if ! bin=$(build "$name"); then
+			result FAIL "$name" "$prof" "hipcc failed" "$logs/$name.build"
 			continue
 		fi
 		t0=$EPOCHREALTIME
