@@ -1020,8 +1020,14 @@ impl Writer {
                 );
             }
         };
+        // A writer that died of its own (a signal) may not be reaped by its
+        // shim yet: its pidfd says so before the shim's status does.
+        let exited = self.pidfd.as_ref().is_some_and(|p| {
+            crate::os::fd::poll_one(p.as_fd(), libc::POLLIN, Duration::ZERO).unwrap_or(false)
+        });
         match status {
             Some(st) => died(st),
+            None if exited => died(self.reap()),
             None => {
                 // Killed itself rather than through its shim, so that the
                 // shim reaps it before it ends, and it is gone once the shim
