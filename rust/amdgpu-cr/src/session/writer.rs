@@ -663,16 +663,7 @@ pub(super) fn write_back<'a>(
     hashes: &BTreeMap<usize, ContentHash>,
     encoding: crate::pages::Encoding,
 ) -> Result<Vec<GpuStats>, SessionError> {
-    let jobs = gpu_jobs(
-        job.vpid,
-        policy,
-        staging_cap,
-        &job.gpus,
-        &job.restored,
-        render_fd,
-        dmabufs,
-        true,
-    )?;
+    let jobs = restored_jobs(job, (policy, staging_cap), render_fd, dmabufs)?;
     // An incremental dump's unchanged extents come from its parents
     // (checked before any task ran; checked again here as the files are
     // opened).
@@ -685,6 +676,27 @@ pub(super) fn write_back<'a>(
         })?;
     restore_contents_encoded(dir, job.id, jobs, hashes, encoding, &overlays)
         .map_err(|e| SessionError::core(job.vpid, "writing GPU memory back", e))
+}
+
+/// The copy jobs that write `job`'s BOs back into the restored process:
+/// one per GPU, through its render fd and KFD's dmabufs, at the restored
+/// mmap offsets.
+fn restored_jobs<'a>(
+    job: &Job,
+    (policy, staging_cap): (EnginePolicy, Option<u64>),
+    render_fd: impl Fn(RenderMinor) -> Option<BorrowedFd<'a>>,
+    dmabufs: &[Option<BorrowedFd<'a>>],
+) -> Result<Vec<crate::copy::GpuJob<'a>>, SessionError> {
+    gpu_jobs(
+        job.vpid,
+        policy,
+        staging_cap,
+        &job.gpus,
+        &job.restored,
+        render_fd,
+        dmabufs,
+        true,
+    )
 }
 
 /// [`write_back`] from the image streamer: the task sends each GPU's
@@ -706,16 +718,7 @@ pub(super) fn write_back_streamed<'a>(
         what: e.to_string(),
     })?;
     let mut first = Some(recv_pages_pipe(job, 0, chan, stall)?);
-    let jobs = gpu_jobs(
-        job.vpid,
-        policy,
-        staging_cap,
-        &job.gpus,
-        &job.restored,
-        render_fd,
-        dmabufs,
-        true,
-    )?;
+    let jobs = restored_jobs(job, (policy, staging_cap), render_fd, dmabufs)?;
     let mut stats = Vec::new();
     for (i, g) in jobs.into_iter().enumerate() {
         let pipe = match first.take() {

@@ -63,7 +63,7 @@ fn read_pem(var: &'static str, path: &str) -> Result<String, EnvError> {
         .metadata()
         .map_err(|e| key_error(var, path, format!("reading it: {e}")))?;
     // A key anyone else could have written decides nothing.
-    if md.uid() != 0 && md.uid() != rustix_euid() {
+    if md.uid() != 0 && md.uid() != euid() {
         return Err(key_error(
             var,
             path,
@@ -87,7 +87,7 @@ fn read_pem(var: &'static str, path: &str) -> Result<String, EnvError> {
     Ok(pem)
 }
 
-fn rustix_euid() -> u32 {
+fn euid() -> u32 {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() }
 }
