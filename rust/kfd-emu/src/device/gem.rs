@@ -449,13 +449,13 @@ pub fn bo_list(f: &mut RenderFile, tid: u32, a: &sys::drm_amdgpu_bo_list_in) -> 
 
 /// AMDGPU_CS up to the execution (amdgpu_cs_parser_init, pass 1 and 2,
 /// the BO list): the job to run.  The chunks are read from the caller
-/// `tid`.  `major` is the DMA IP's major version; `has_ip` whether the
+/// `tid`.  `ip` is the DMA IP's version; `has_ip` whether the
 /// GPU has rings of an IP type.
 pub fn cs(
     f: &mut RenderFile,
     tid: u32,
     a: &sys::drm_amdgpu_cs_in,
-    major: u32,
+    ip: super::asic::IpVersion,
     has_ip: impl Fn(u32) -> bool,
 ) -> R<Job> {
     f.ctx_may_submit(a.ctx_id)?;
@@ -513,7 +513,7 @@ pub fn cs(
             _ => return Err(libc::EINVAL),
         }
     }
-    f.submit(a.ctx_id, &ibs, a.bo_list_handle, in_cs_list, major)
+    f.submit(a.ctx_id, &ibs, a.bo_list_handle, in_cs_list, ip)
 }
 
 /// WAIT_CS: `Ok(errno of the fence or 0)`.
@@ -532,6 +532,7 @@ mod tests {
     use super::*;
     use std::sync::Arc;
 
+    use crate::device::asic::IpVersion;
     use crate::device::dmabuf::Registry;
     use crate::device::mem::Memfd;
     use crate::device::state::gem::AMDGPU_HW_IP_DMA;
@@ -670,7 +671,7 @@ mod tests {
             Err(libc::EINVAL),
             "not issued yet"
         );
-        let job = super::cs(&mut f, pid, &cs, 4, all).unwrap();
+        let job = super::cs(&mut f, pid, &cs, IpVersion(4, 0, 0), all).unwrap();
         assert_eq!(job.seq, 1);
         for ib in job.ibs {
             crate::device::sdma::run_ib(ib).unwrap();
@@ -685,7 +686,7 @@ mod tests {
         let bad: [u32; 8] = [1, 4095, 0, (1 << 20) + 8192, 0, 2 << 20, 0, 0];
         // SAFETY: as above.
         unsafe { std::ptr::copy_nonoverlapping(bad.as_ptr(), (base + 2 * 4096) as *mut u32, 8) };
-        let job = super::cs(&mut f, pid, &cs, 4, all).unwrap();
+        let job = super::cs(&mut f, pid, &cs, IpVersion(4, 0, 0), all).unwrap();
         let hang = job
             .ibs
             .into_iter()
@@ -696,7 +697,7 @@ mod tests {
         f.fail(ctx, job.entity, job.seq, libc::ETIME);
         assert_eq!(wait_cs(&f, &wait(2), all), Ok(libc::ETIME));
         assert_eq!(
-            super::cs(&mut f, pid, &cs, 4, all).err(),
+            super::cs(&mut f, pid, &cs, IpVersion(4, 0, 0), all).err(),
             Some(libc::ECANCELED)
         );
         // Closing the userptr object unmaps it; UNMAP of it is then ENOENT.

@@ -51,7 +51,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-pub use mem::pull_fd;
+pub use mem::{pull_fd, user_read, user_write};
 use state::{Devices, Done, Gpu, Open, State};
 pub use supervised::FdInstaller;
 use uapi::{kfd as nr, sys, AsBytes};
@@ -510,7 +510,7 @@ impl Emulator {
         let op = crate::fault::drm_op(n);
         let injected = crate::fault::check(op).err();
         let g = &self.shared.devs.gpus[gpu];
-        let major = g.asic.sdma.hw.0;
+        let sdma_ip = g.asic.sdma.hw;
         let has_ip = |ip: u32| match ip {
             state::gem::AMDGPU_HW_IP_GFX => g.asic.gfx_rings > 0,
             state::gem::AMDGPU_HW_IP_COMPUTE => g.asic.compute_rings > 0,
@@ -630,7 +630,7 @@ impl Emulator {
                 let dma_user = g.asic.dma_user_submission;
                 let may_submit =
                     |ip: u32| has_ip(ip) && (ip != state::gem::AMDGPU_HW_IP_DMA || dma_user);
-                let job = gem::cs(f, caller.tid, &uapi::decode(i), major, may_submit)?;
+                let job = gem::cs(f, caller.tid, &uapi::decode(i), sdma_ip, may_submit)?;
                 drop(st);
                 // The bytes move without the state lock.
                 let mut hang = None;
@@ -941,8 +941,8 @@ fn sdma_pass(sh: &Shared) -> bool {
             break;
         }
         let mut st = sh.lock();
-        let majors: Vec<u32> = sh.devs.gpus.iter().map(|g| g.asic.sdma.hw.0).collect();
-        let Some(work) = st.procs.get(&lead).map(|p| sdma::plan(p, &majors)) else {
+        let ips: Vec<asic::IpVersion> = sh.devs.gpus.iter().map(|g| g.asic.sdma.hw).collect();
+        let Some(work) = st.procs.get(&lead).map(|p| sdma::plan(p, &ips)) else {
             continue;
         };
         if work.is_empty() {

@@ -52,7 +52,7 @@
 //! pass is one retry.  A finite retry count runs out after that many
 //! passes; the engine then goes on with the next packet.
 
-use super::asic::gpu_clock_counter;
+use super::asic::{gpu_clock_counter, IpVersion};
 use super::state::{Done, EngineState, Proc};
 use super::uapi::sdma::*;
 use super::vm::{Fault, GpuRange};
@@ -454,7 +454,15 @@ type Vm<'a> = &'a dyn Fn(u64, u64) -> GpuRange;
 /// Decodes the packet at ring position `rptr`; `wptr` bounds what is
 /// written.  `ring_size` bounds a packet; `major` is the DMA IP's major
 /// version.
-fn decode(vm: Vm<'_>, ring_size: u64, major: u32, ring: &mut Ring, rptr: u64, wptr: u64) -> Step {
+fn decode(
+    vm: Vm<'_>,
+    ring_size: u64,
+    ip: IpVersion,
+    ring: &mut Ring,
+    rptr: u64,
+    wptr: u64,
+) -> Step {
+    let major = ip.0;
     let avail_dw = (wptr - rptr) / 4;
     let h = match ring.dw(rptr, wptr) {
         Ok(h) => h,
@@ -492,7 +500,7 @@ fn decode(vm: Vm<'_>, ring_size: u64, major: u32, ring: &mut Ring, rptr: u64, wp
             Err(e) => return Step::Halt(name, e),
         }
     }
-    match operands(vm, major, name, &dw) {
+    match operands(vm, ip, name, &dw) {
         Ok(op) => Step::Packet(Packet {
             name,
             op,
@@ -503,7 +511,8 @@ fn decode(vm: Vm<'_>, ring_size: u64, major: u32, ring: &mut Ring, rptr: u64, wp
 }
 
 /// Resolves the operands of packet `name` (dwords `dw`).
-fn operands(vm: Vm<'_>, major: u32, name: &'static str, dw: &[u32]) -> Result<Op, Halt> {
+fn operands(vm: Vm<'_>, ip: IpVersion, name: &'static str, dw: &[u32]) -> Result<Op, Halt> {
+    let major = ip.0;
     let h = dw[0];
     let range = |va: u64, n: u64| vm(va, n);
     let aligned = |what: &str, va: u64, a: u64| {
@@ -529,7 +538,7 @@ fn operands(vm: Vm<'_>, major: u32, name: &'static str, dw: &[u32]) -> Result<Op
                     dw[7]
                 )));
             }
-            let n = (dw[1] & 0x3f_ffff) as u64 + 1;
+            let n = (dw[1] & copy_count_mask(ip)) as u64 + 1;
             Op::Copy {
                 src: range(addr(dw[3], dw[4]), n),
                 dst: range(addr(dw[5], dw[6]), n),
@@ -672,6 +681,17 @@ fn operands(vm: Vm<'_>, major: u32, name: &'static str, dw: &[u32]) -> Result<Op
 /// (`sdma_v7_0_emit_copy_buffer` sets it) take the cache policies in the
 /// parameter dword (bits 20..18 and 28..26, which do not change where the
 /// bytes go); on SDMA 4.x the bit is reserved.
+/// COPY_LINEAR's count field: 22 bits, 30 on SDMA 4.4 (gfx90a, gfx942)
+/// and 5.2 and later (ROCr's `CreateBlitSdma` sizes its copies so).
+fn copy_count_mask(ip: IpVersion) -> u32 {
+    let IpVersion(major, minor, _) = ip;
+    if major > 5 || (major, minor) >= (5, 2) || (major == 4 && minor >= 4) {
+        0x3fff_ffff
+    } else {
+        0x3f_ffff
+    }
+}
+
 fn cache_policy(h: u32, major: u32) -> Result<(), Halt> {
     if (h >> 19) & 1 == 1 && major < 5 {
         return Err(bad(format!(
@@ -721,7 +741,7 @@ pub struct QueueDone {
 /// Reads the rings of the process' runnable SDMA queues and resolves
 /// their packets (under the state lock).  Empty when there is nothing to
 /// do.
-pub fn plan(p: &Proc, majors: &[u32]) -> Vec<QueueWork> {
+pub fn plan(p: &Proc, ips: &[IpVersion]) -> Vec<QueueWork> {
     if p.evicted() {
         return Vec::new();
     }
@@ -762,9 +782,9 @@ pub fn plan(p: &Proc, majors: &[u32]) -> Vec<QueueWork> {
         };
         let mut rptr = q.rptr;
         let vm = |va: u64, n: u64| p.gpu_range(q.gpu, va, n);
-        let major = majors.get(q.gpu).copied().unwrap_or(4);
+        let ip = ips.get(q.gpu).copied().unwrap_or(IpVersion(4, 0, 0));
         while w.halt.is_none() && rptr < wptr && w.packets.len() < BUDGET {
-            match decode(&vm, q.ring_size as u64, major, &mut ring, rptr, wptr) {
+            match decode(&vm, q.ring_size as u64, ip, &mut ring, rptr, wptr) {
                 Step::Packet(pk) => {
                     rptr += pk.bytes;
                     w.packets.push(pk);
@@ -885,7 +905,7 @@ pub struct IbHang {
 }
 
 /// Decodes the IB of `bytes` bytes at `va` (under the state lock).
-pub fn plan_ib(vm: Vm<'_>, major: u32, va: u64, bytes: u64) -> IbWork {
+pub fn plan_ib(vm: Vm<'_>, ip: IpVersion, va: u64, bytes: u64) -> IbWork {
     let mut w = IbWork {
         packets: Vec::new(),
         halt: None,
@@ -898,7 +918,7 @@ pub fn plan_ib(vm: Vm<'_>, major: u32, va: u64, bytes: u64) -> IbWork {
     };
     let mut pos = 0;
     while pos < bytes {
-        match decode(vm, bytes, major, &mut ring, pos, bytes) {
+        match decode(vm, bytes, ip, &mut ring, pos, bytes) {
             Step::Packet(pk) => {
                 pos += pk.bytes;
                 w.packets.push(pk);
@@ -963,6 +983,16 @@ pub fn run_ib(w: IbWork) -> Result<(), IbHang> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn copy_counts_widen_on_sdma_4_4_and_5_2() {
+        assert_eq!(copy_count_mask(IpVersion(4, 2, 2)), 0x3f_ffff, "gfx908");
+        assert_eq!(copy_count_mask(IpVersion(4, 4, 0)), 0x3fff_ffff, "gfx90a");
+        assert_eq!(copy_count_mask(IpVersion(4, 4, 2)), 0x3fff_ffff, "gfx942");
+        assert_eq!(copy_count_mask(IpVersion(5, 0, 0)), 0x3f_ffff, "gfx1010");
+        assert_eq!(copy_count_mask(IpVersion(5, 2, 0)), 0x3fff_ffff, "gfx1030");
+        assert_eq!(copy_count_mask(IpVersion(7, 0, 1)), 0x3fff_ffff, "gfx1201");
+    }
 
     /// COPY_LINEAR is 7 dwords, 8 on SDMA 7 with the CPV bit (the header
     /// `sdma_v7_0_emit_copy_buffer` writes: 0x0008_0001).

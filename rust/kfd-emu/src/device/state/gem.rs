@@ -575,7 +575,7 @@ impl RenderFile {
     /// AMDGPU_CS after the chunks (amdgpu_cs_parser_init, pass 1 and 2,
     /// the BO list): context `ctx` (checked with [`Self::ctx_may_submit`])
     /// submits `ibs` with BO list `list_handle` or the chunk's list
-    /// `in_cs` (not both).  `major` is the DMA IP's major version.
+    /// `in_cs` (not both).  `ip` is the DMA IP's version.
     /// Returns the job to run.
     pub fn submit(
         &mut self,
@@ -583,7 +583,7 @@ impl RenderFile {
         ibs: &[Ib],
         list_handle: u32,
         in_cs: Option<BoList>,
-        major: u32,
+        ip: crate::device::asic::IpVersion,
     ) -> R<Job> {
         let Some(first) = ibs.first() else {
             return Err(libc::EINVAL);
@@ -616,7 +616,7 @@ impl RenderFile {
                 return Err(libc::EINVAL);
             }
             let vm = |va: u64, n: u64| self.range(va, n);
-            work.push(crate::device::sdma::plan_ib(&vm, major, ib.va, ib.bytes));
+            work.push(crate::device::sdma::plan_ib(&vm, ip, ib.va, ib.bytes));
         }
         let c = self.ctxs.get_mut(&ctx).ok_or(libc::EINVAL)?;
         let e = c.entities.entry(entity).or_default();
