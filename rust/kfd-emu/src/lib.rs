@@ -10,12 +10,14 @@
 //!   decode; it knows no transport;
 //! * [`fuse`]: the hand-written FUSE transport serving the device nodes;
 //!   [`supervise`]: `kfd-emu supervise`, the seccomp listener through which
-//!   the emulator hands out file descriptors (dma-bufs);
+//!   the emulator hands out file descriptors (dma-bufs), and [`chardev`]:
+//!   the render nodes answered as character devices to the stat family;
 //! * [`serve`]: the glue between the transports and the model;
 //! * [`runner`]: `kfd-emu run`, the private mount namespace around a
 //!   command;
 //! * [`fault`]: test knobs that make CRIU ops fail (`kfd-emu run --fail`).
 
+pub mod chardev;
 pub mod device;
 pub mod fault;
 pub mod fuse;

@@ -7,6 +7,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
+use crate::chardev;
 use crate::device::{self, Emulator, NodeKind};
 use crate::fuse::{Caller, FileOps, IoctlReply};
 use crate::profile::Profile;
@@ -156,6 +157,38 @@ fn file_id(fd: BorrowedFd<'_>) -> Option<(u64, u64)> {
     (unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } == 0).then_some((st.st_dev, st.st_ino))
 }
 
+impl Supervised {
+    /// A stat-family call: a render node's attributes as a character
+    /// device's (`crate::chardev`), anything else by the kernel.
+    fn stat(
+        &self,
+        n: &crate::supervise::Notice<'_>,
+        call: &crate::supervise::StatCall,
+        ids: &[(u64, u64)],
+    ) -> crate::supervise::Verdict {
+        use crate::supervise::Verdict;
+        let Some(attr) = chardev::target(n.tid, n.fd, call).and_then(|t| chardev::lookup(&t, call))
+        else {
+            return Verdict::Continue;
+        };
+        let id = attr.id();
+        let Some(minor) = ids.iter().zip(&self.nodes).find_map(|(i, k)| match k {
+            NodeKind::Render { minor } if *i == id => Some(*minor),
+            _ => None,
+        }) else {
+            return Verdict::Continue;
+        };
+        // The names read are the caller's only while the call is live.
+        if !n.valid() {
+            return Verdict::Continue;
+        }
+        match chardev::answer(n.tid, call, attr, minor) {
+            Ok(()) => Verdict::Return(0),
+            Err(e) => Verdict::Error(e),
+        }
+    }
+}
+
 impl crate::supervise::Handler for Supervised {
     fn handle(&self, n: &crate::supervise::Notice<'_>) -> crate::supervise::Verdict {
         use crate::supervise::{Call, Verdict};
@@ -172,6 +205,9 @@ impl crate::supervise::Handler for Supervised {
                 })
                 .collect()
         });
+        if let Call::Stat(call) = n.call {
+            return self.stat(n, &call, ids);
+        }
         // A bad fd: the kernel answers EBADF itself.
         let Ok(file) = device::pull_fd(n.tgid, n.fd) else {
             return Verdict::Continue;
@@ -201,6 +237,7 @@ impl crate::supervise::Handler for Supervised {
         }
         let (cmd, arg) = match n.call {
             Call::Ioctl { cmd, arg } => (cmd, arg),
+            Call::Stat(_) => unreachable!("answered above"),
             Call::Mmap { len, offset } => {
                 if node == NodeKind::Kfd {
                     return Verdict::Continue;

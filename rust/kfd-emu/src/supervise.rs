@@ -8,7 +8,9 @@
 //!   every `mmap` of a file (no MAP_ANONYMOUS), so that the device model
 //!   can refuse a BO mapping through a render-node file that does not own
 //!   the BO, as `drm_gem_mmap` does (FUSE passthrough maps the backing
-//!   file without asking the daemon).  Every other system call, and these
+//!   file without asking the daemon); and the stat family, so that the
+//!   render nodes look like DRM's character devices (`crate::chardev`:
+//!   libdrm tells devices apart by `fstat`).  Every other system call, and these
 //!   on any other architecture, are allowed by the filter itself.  (AMDKFD_IOC_EXPORT_DMABUF is KFD 1.14; the
 //!   emulated KFD is 1.11 and answers it ENOTTY, so it is not trapped.)
 //! * `kfd-emu supervise` installs the filter with
@@ -82,12 +84,25 @@ fn insn(code: u16, jt: u8, jf: u8, k: u32) -> libc::sock_filter {
     libc::sock_filter { code, jt, jf, k }
 }
 
-/// The filter: `ioctl` with a request in [`TRAPPED`] and `mmap` without
-/// MAP_ANONYMOUS → USER_NOTIF, anything else → ALLOW.
+/// The stat family: under the filter, the emulated render nodes are
+/// character devices (`crate::serve` answers these calls for them).
+pub const STAT_CALLS: [libc::c_long; 5] = [
+    libc::SYS_fstat,
+    libc::SYS_stat,
+    libc::SYS_lstat,
+    libc::SYS_newfstatat,
+    libc::SYS_statx,
+];
+
+/// The filter: `ioctl` with a request in [`TRAPPED`], `mmap` without
+/// MAP_ANONYMOUS and the stat family ([`STAT_CALLS`]) → USER_NOTIF,
+/// anything else → ALLOW.
 pub fn filter() -> Vec<libc::sock_filter> {
     let n = TRAPPED.len() as u8;
-    // Instruction indices of the two returns.
-    let allow = 8 + n;
+    let s = STAT_CALLS.len() as u8;
+    // Instruction index of the mmap check, then of the two returns.
+    let mmap_at = 3 + s;
+    let allow = mmap_at + 5 + n;
     let notif = allow + 1;
     // A jump offset from instruction `at` to `to`.
     let to = |at: u8, to: u8| to - at - 1;
@@ -96,19 +111,29 @@ pub fn filter() -> Vec<libc::sock_filter> {
         // Another architecture (a 32-bit compat call): allow.
         insn(BPF_JEQ_K, 0, to(1, allow), AUDIT_ARCH),
         insn(BPF_LD_W_ABS, 0, 0, DATA_NR),
-        insn(BPF_JEQ_K, 0, to(3, 6), libc::SYS_mmap as u32),
+    ];
+    for (i, &nr) in STAT_CALLS.iter().enumerate() {
+        f.push(insn(BPF_JEQ_K, to(3 + i as u8, notif), 0, nr as u32));
+    }
+    f.extend([
+        insn(
+            BPF_JEQ_K,
+            0,
+            to(mmap_at, mmap_at + 3),
+            libc::SYS_mmap as u32,
+        ),
         insn(BPF_LD_W_ABS, 0, 0, DATA_ARG3_LO),
         insn(
             BPF_JSET_K,
-            to(5, allow),
-            to(5, notif),
+            to(mmap_at + 2, allow),
+            to(mmap_at + 2, notif),
             libc::MAP_ANONYMOUS as u32,
         ),
-        insn(BPF_JEQ_K, 0, to(6, allow), libc::SYS_ioctl as u32),
+        insn(BPF_JEQ_K, 0, to(mmap_at + 3, allow), libc::SYS_ioctl as u32),
         insn(BPF_LD_W_ABS, 0, 0, DATA_ARG1_LO),
-    ];
+    ]);
     for (i, &req) in TRAPPED.iter().enumerate() {
-        f.push(insn(BPF_JEQ_K, to(8 + i as u8, notif), 0, req));
+        f.push(insn(BPF_JEQ_K, to(mmap_at + 5 + i as u8, notif), 0, req));
     }
     f.push(insn(BPF_RET_K, 0, 0, libc::SECCOMP_RET_ALLOW));
     f.push(insn(BPF_RET_K, 0, 0, libc::SECCOMP_RET_USER_NOTIF));
@@ -336,6 +361,48 @@ pub enum Call {
         len: u64,
         offset: u64,
     },
+    /// A stat-family call; the notice's `fd` is its directory fd
+    /// (AT_FDCWD for `stat` and `lstat`) or, for `fstat`, its fd.
+    Stat(StatCall),
+}
+
+/// The arguments of a stat-family call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StatCall {
+    /// The path (a pointer in the caller); None for `fstat`.
+    pub path: Option<u64>,
+    /// AT_* flags (`lstat`: AT_SYMLINK_NOFOLLOW).
+    pub flags: i32,
+    /// Where the answer goes: a `struct stat`, or for `statx` a
+    /// `struct statx` of this mask.
+    pub buf: u64,
+    pub statx_mask: Option<u32>,
+}
+
+impl StatCall {
+    /// Decodes a stat-family call: its fd and arguments (None: another call).
+    pub fn decode(nr: libc::c_long, a: &[u64; 6]) -> Option<(i32, StatCall)> {
+        let call = |path, flags, buf, statx_mask| StatCall {
+            path,
+            flags,
+            buf,
+            statx_mask,
+        };
+        Some(match nr {
+            libc::SYS_fstat => (a[0] as i32, call(None, 0, a[1], None)),
+            libc::SYS_stat => (libc::AT_FDCWD, call(Some(a[0]), 0, a[1], None)),
+            libc::SYS_lstat => (
+                libc::AT_FDCWD,
+                call(Some(a[0]), libc::AT_SYMLINK_NOFOLLOW, a[1], None),
+            ),
+            libc::SYS_newfstatat => (a[0] as i32, call(Some(a[1]), a[3] as i32, a[2], None)),
+            libc::SYS_statx => (
+                a[0] as i32,
+                call(Some(a[1]), a[2] as i32, a[4], Some(a[3] as u32)),
+            ),
+            _ => return None,
+        })
+    }
 }
 
 /// How the daemon answers a trapped call.
@@ -476,9 +543,11 @@ pub fn serve(listener: OwnedFd, handler: Arc<dyn Handler>) {
                 }
             }
         }
-        if n.data.nr == libc::SYS_mmap as i32 {
-            // An mmap check never waits (a look-up under the model's lock):
-            // answered here, without a thread's start-up per mapping.
+        let nr = n.data.nr as libc::c_long;
+        if nr == libc::SYS_mmap || STAT_CALLS.contains(&nr) {
+            // An mmap check never waits (a look-up under the model's lock),
+            // nor does a stat: answered here, without a thread's start-up
+            // per call.
             answer(listener.as_fd(), &n, &*handler);
             continue;
         }
@@ -510,7 +579,7 @@ fn answer(listener: BorrowedFd<'_>, n: &libc::seccomp_notif, h: &dyn Handler) {
                 offset: a[5],
             },
         )),
-        _ => None,
+        nr => StatCall::decode(nr, &a).map(|(fd, s)| (fd, Call::Stat(s))),
     };
     let v = match call.filter(|_| n.data.arch == AUDIT_ARCH) {
         None => Verdict::Continue,
@@ -629,6 +698,42 @@ mod tests {
             d.nr = nr as i32;
             assert_eq!(run_filter(&f, &d), libc::SECCOMP_RET_ALLOW);
         }
+    }
+
+    #[test]
+    fn filter_traps_the_stat_family() {
+        let f = filter();
+        for nr in STAT_CALLS {
+            assert_eq!(
+                run_filter(&f, &call(nr, AUDIT_ARCH, 0)),
+                libc::SECCOMP_RET_USER_NOTIF
+            );
+            assert_eq!(
+                run_filter(&f, &call(nr, 0x4000_0003, 0)),
+                libc::SECCOMP_RET_ALLOW
+            );
+        }
+        for nr in [
+            libc::SYS_open,
+            libc::SYS_openat,
+            libc::SYS_access,
+            libc::SYS_readlink,
+        ] {
+            assert_eq!(
+                run_filter(&f, &call(nr, AUDIT_ARCH, 0)),
+                libc::SECCOMP_RET_ALLOW
+            );
+        }
+        let a = [libc::AT_FDCWD as u64, 0x1000, 0x0fff, 0x800, 0x2000, 0];
+        let (fd, c) = StatCall::decode(libc::SYS_statx, &a).unwrap();
+        assert_eq!(
+            (fd, c.path, c.flags, c.statx_mask, c.buf),
+            (libc::AT_FDCWD, Some(0x1000), 0x0fff, Some(0x800), 0x2000)
+        );
+        let (fd, c) = StatCall::decode(libc::SYS_fstat, &[5, 0x3000, 0, 0, 0, 0]).unwrap();
+        assert_eq!((fd, c.path, c.buf), (5, None, 0x3000));
+        let (_, c) = StatCall::decode(libc::SYS_lstat, &[0x1000, 0x3000, 0, 0, 0, 0]).unwrap();
+        assert_eq!(c.flags, libc::AT_SYMLINK_NOFOLLOW);
     }
 
     #[test]

@@ -106,8 +106,10 @@ const OVERFLOW_UID: u64 = 65534;
 ///
 /// The kernel refuses GET_CLIENT on a render node (EACCES) and libdrm
 /// never asks there: it recognises render nodes as character devices of
-/// DRM's major.  The emulated nodes are regular files, so libdrm takes
-/// them for primary nodes and asks whether the file is authenticated
+/// DRM's major.  Outside `kfd-emu supervise` (which answers the stat
+/// family for them as for character devices, `crate::chardev`) the
+/// emulated nodes are regular files, so libdrm takes them for primary
+/// nodes and asks whether the file is authenticated
 /// (`amdgpu_device_initialize`); answering as drm_getclient() does keeps
 /// it working.
 pub fn get_client(
