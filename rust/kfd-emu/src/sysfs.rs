@@ -220,8 +220,7 @@ fn pci_entries(g: &Gpu) -> Vec<Entry> {
         g.vendor_id, g.device_id
     );
     let _ = writeln!(uevent, "PCI_SLOT_NAME={func}");
-    let rdir = format!("{dir}/drm/renderD{minor}");
-    vec![
+    let mut v = vec![
         Entry::File(format!("{dir}/vendor"), format!("{:#06x}\n", g.vendor_id)),
         Entry::File(format!("{dir}/device"), format!("{:#06x}\n", g.device_id)),
         Entry::File(
@@ -236,11 +235,31 @@ fn pci_entries(g: &Gpu) -> Vec<Entry> {
         Entry::File(format!("{dir}/class"), format!("{class:#08x}\n")),
         Entry::File(format!("{dir}/numa_node"), format!("{}\n", g.numa_node)),
         Entry::File(format!("{dir}/uevent"), uevent),
+        Entry::Symlink(format!("{dir}/subsystem"), "../../../bus/pci".into()),
+    ];
+    // The primary node beside the render node: libdrm names a device by
+    // it (`drmGetPrimaryDeviceNameFromFd` lists `device/drm` for `card*`).
+    for (name, m) in [("renderD", minor), ("card", card_minor(g))] {
+        v.extend(drm_minor_entries(&dir, &func, name, m));
+    }
+    v
+}
+
+/// A GPU's primary (card) minor: its render minor less 128, as DRM
+/// numbers the two minors of one device.
+pub fn card_minor(g: &Gpu) -> u32 {
+    g.drm_render_minor.0 - 128
+}
+
+/// One DRM minor's directory below a GPU's PCI function `dir`.
+fn drm_minor_entries(dir: &str, func: &str, name: &str, minor: u32) -> Vec<Entry> {
+    let rdir = format!("{dir}/drm/{name}{minor}");
+    vec![
         Entry::File(format!("{rdir}/dev"), format!("{DRM_MAJOR}:{minor}\n")),
         Entry::File(
             format!("{rdir}/uevent"),
             format!(
-                "MAJOR={DRM_MAJOR}\nMINOR={minor}\nDEVNAME=dri/renderD{minor}\nDEVTYPE=drm_minor\n"
+                "MAJOR={DRM_MAJOR}\nMINOR={minor}\nDEVNAME=dri/{name}{minor}\nDEVTYPE=drm_minor\n"
             ),
         ),
         Entry::Symlink(format!("{rdir}/device"), format!("../../../{func}")),
@@ -316,6 +335,36 @@ fn node_entries(p: &Profile, host: &Host) -> Vec<Entry> {
     v
 }
 
+/// `/sys/module/amdgpu`, as a loaded amdgpu module shows it: rocminfo
+/// (since ROCm 6) checks `initstate` for "live" instead of running lsmod,
+/// rocm-smi looks for the module there, and ROCm reads some of its
+/// parameters (values: the module's defaults).
+fn module_entries() -> Vec<Entry> {
+    let mut v = vec![
+        Entry::File("amdgpu/initstate".into(), "live\n".into()),
+        Entry::File("amdgpu/refcnt".into(), "0\n".into()),
+        Entry::Dir("amdgpu/holders".into()),
+    ];
+    for (name, value) in MODULE_PARAMETERS {
+        v.push(Entry::File(
+            format!("amdgpu/parameters/{name}"),
+            format!("{value}\n"),
+        ));
+    }
+    v
+}
+
+/// The amdgpu parameters ROCm's libraries and tools read, with the
+/// module's defaults.
+const MODULE_PARAMETERS: [(&str, &str); 6] = [
+    ("noretry", "-1"),
+    ("mtype_local", "0"),
+    ("sched_policy", "0"),
+    ("hws_max_conc_proc", "-1"),
+    ("cwsr_enable", "1"),
+    ("ras_enable", "-1"),
+];
+
 /// The overlays, parents before children (the runner mounts them in
 /// this order).
 pub fn overlays(p: &Profile, host: &Host) -> Vec<Overlay> {
@@ -368,17 +417,24 @@ pub fn overlays(p: &Profile, host: &Host) -> Vec<Overlay> {
     ];
     let mut chr = Vec::new();
     for g in &p.gpus {
-        let minor = g.drm_render_minor.0;
-        let target = format!("devices/{}", render_dev_path(g));
-        class.push(Entry::Symlink(
-            format!("drm/renderD{minor}"),
-            format!("../../{target}"),
-        ));
-        chr.push(Entry::Symlink(
-            format!("{DRM_MAJOR}:{minor}"),
-            format!("../../{target}"),
-        ));
+        let (root, func) = pci_names(g);
+        for (name, minor) in [("renderD", g.drm_render_minor.0), ("card", card_minor(g))] {
+            let target = format!("devices/{root}/{func}/drm/{name}{minor}");
+            class.push(Entry::Symlink(
+                format!("drm/{name}{minor}"),
+                format!("../../{target}"),
+            ));
+            chr.push(Entry::Symlink(
+                format!("{DRM_MAJOR}:{minor}"),
+                format!("../../{target}"),
+            ));
+        }
     }
+    out.push(Overlay {
+        dir: "/sys/module".into(),
+        replace: vec!["amdgpu".into()],
+        entries: module_entries(),
+    });
     out.push(Overlay {
         dir: "/sys/class".into(),
         replace: vec!["kfd".into(), "drm".into()],
