@@ -92,6 +92,8 @@ kfd_ioctls! {
     AMDKFD_IOC_CRIU_OP = iowr(0x22, sys::kfd_ioctl_criu_args) => 0xc038_4b22;
     AMDKFD_IOC_AVAILABLE_MEMORY = iowr(0x23, sys::kfd_ioctl_get_available_memory_args) => 0xc010_4b23;
     AMDKFD_IOC_EXPORT_DMABUF = iowr(0x24, crate::layout::kfd_ioctl_export_dmabuf_args) => 0xc010_4b24;
+    AMDKFD_IOC_RUNTIME_ENABLE = iowr(0x25, crate::layout::kfd_ioctl_runtime_enable_args) => 0xc010_4b25;
+    AMDKFD_IOC_DBG_TRAP = iowr(0x26, crate::layout::kfd_ioctl_dbg_trap_args) => 0xc020_4b26;
 }
 
 macro_rules! drm_ioctls {

@@ -166,6 +166,52 @@ pub mod gem618 {
     }
 }
 
+/// `AMDKFD_IOC_RUNTIME_ENABLE` arguments (KFD 1.13, Linux 6.4).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct kfd_ioctl_runtime_enable_args {
+    /// The runtime's `r_debug` (shared with a debugger).
+    pub r_debug: u64,
+    /// [`runtime_enable`] mode bits: ENABLE (else disable), TTMP_SAVE.
+    pub mode_mask: u32,
+    /// Out: what KFD supports (no bit defined so far).
+    pub capabilities_mask: u32,
+}
+
+/// `kfd_ioctl_runtime_enable_args.mode_mask` bits.
+pub mod runtime_enable {
+    /// Enable the runtime (clear: disable).
+    pub const MODE_ENABLE: u32 = 1;
+    /// Set up the trap temporaries (ignored on disable).
+    pub const MODE_TTMP_SAVE: u32 = 2;
+}
+
+/// `AMDKFD_IOC_DBG_TRAP` arguments (KFD 1.13): the target pid, the operation, and a union
+/// of per-operation arguments, 24 bytes at most.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct kfd_ioctl_dbg_trap_args {
+    /// The process to debug.
+    pub pid: u32,
+    /// A [`dbg_trap_op`] value.
+    pub op: u32,
+    /// The operation's arguments (`enable`: exception_mask, rinfo_ptr, rinfo_size | dbg_fd).
+    pub args: [u64; 3],
+}
+
+/// `kfd_dbg_trap_operations`.
+pub mod dbg_trap_op {
+    /// Start a debug session.
+    pub const ENABLE: u32 = 0;
+    /// End it.
+    pub const DISABLE: u32 = 1;
+    /// The last operation number.
+    pub const LAST: u32 = 14;
+    /// The operations that drive debug hardware (`DBG_HW_OP`): wave launch override and mode,
+    /// suspend and resume queues, set and clear address watches.
+    pub const HW_OPS: [u32; 6] = [4, 5, 6, 7, 8, 9];
+}
+
 /// The blob's process record.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -346,6 +392,8 @@ layout!(sys::kfd_criu_device_bucket, 16, user_gpu_id @ 0, actual_gpu_id @ 4, drm
 layout!(sys::kfd_criu_bo_bucket, 48, addr @ 0, size @ 8, offset @ 16, restored_offset @ 24,
     gpu_id @ 32, alloc_flags @ 36, dmabuf_fd @ 40);
 // The ioctls a process uses.
+layout!(kfd_ioctl_runtime_enable_args, 16, r_debug @ 0, mode_mask @ 8, capabilities_mask @ 12);
+layout!(kfd_ioctl_dbg_trap_args, 32, pid @ 0, op @ 4, args @ 8);
 layout!(sys::kfd_ioctl_get_version_args, 8, major_version @ 0, minor_version @ 4);
 layout!(sys::kfd_ioctl_acquire_vm_args, 8, drm_fd @ 0, gpu_id @ 4);
 layout!(sys::kfd_ioctl_alloc_memory_of_gpu_args, 40, va_addr @ 0, size @ 8, handle @ 16,

@@ -4,15 +4,15 @@
 //!
 //! * The filter (`filter`) traps `ioctl` with the request numbers
 //!   that return fds: AMDKFD_IOC_CRIU_OP (CHECKPOINT and RESTORE hand out
-//!   one dma-buf per VRAM/GTT BO) and DRM_IOCTL_PRIME_HANDLE_TO_FD; and
+//!   one dma-buf per VRAM/GTT BO), AMDKFD_IOC_EXPORT_DMABUF (KFD 1.12) and
+//!   DRM_IOCTL_PRIME_HANDLE_TO_FD; and
 //!   every `mmap` of a file (no MAP_ANONYMOUS), so that the device model
 //!   can refuse a BO mapping through a render-node file that does not own
 //!   the BO, as `drm_gem_mmap` does (FUSE passthrough maps the backing
 //!   file without asking the daemon); and the stat family, so that the
 //!   render nodes look like DRM's character devices (`crate::chardev`:
 //!   libdrm tells devices apart by `fstat`).  Every other system call, and these
-//!   on any other architecture, are allowed by the filter itself.  (AMDKFD_IOC_EXPORT_DMABUF is KFD 1.14; the
-//!   emulated KFD is 1.11 and answers it ENOTTY, so it is not trapped.)
+//!   on any other architecture, are allowed by the filter itself.
 //! * `kfd-emu supervise` installs the filter with
 //!   SECCOMP_FILTER_FLAG_NEW_LISTENER, sends the listener over the unix
 //!   socket `$KFD_EMU_STATE_DIR/supervise.sock` to the `kfd-emu run` that
@@ -46,13 +46,17 @@ use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::sync::Arc;
 
-use kfd_abi::ioctl::{AMDKFD_IOC_CRIU_OP, DRM_IOCTL_PRIME_HANDLE_TO_FD};
+use kfd_abi::ioctl::{AMDKFD_IOC_CRIU_OP, AMDKFD_IOC_EXPORT_DMABUF, DRM_IOCTL_PRIME_HANDLE_TO_FD};
 
 /// The socket in the state directory on which the daemon takes listeners.
 pub const SOCKET: &str = "supervise.sock";
 
 /// The request numbers the filter traps.
-pub const TRAPPED: [u32; 2] = [AMDKFD_IOC_CRIU_OP, DRM_IOCTL_PRIME_HANDLE_TO_FD];
+pub const TRAPPED: [u32; 3] = [
+    AMDKFD_IOC_CRIU_OP,
+    AMDKFD_IOC_EXPORT_DMABUF,
+    DRM_IOCTL_PRIME_HANDLE_TO_FD,
+];
 
 #[cfg(target_arch = "x86_64")]
 const AUDIT_ARCH: u32 = 0xc000_003e; // AUDIT_ARCH_X86_64

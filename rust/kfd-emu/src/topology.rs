@@ -129,7 +129,33 @@ fn props(lines: &[(&str, u64)]) -> String {
     s
 }
 
-fn link_props(l: &Link) -> String {
+/// `recommended_sdma_engine_id_mask` of a link, as KFD sets it since Linux
+/// 6.10 (`kfd_set_recommended_sdma_engines`) and ROCr uses with KFD 1.17's
+/// SDMA queues by engine: a GPU's XGMI engines towards another GPU when it
+/// has some, else its PCIe engines; 0 on CPU-to-CPU links and, as older
+/// kernels (no such file) read, before KFD 1.17.  (The per-socket table
+/// KFD uses on 8-socket MI300X hives is not modelled: XGMI engines there
+/// too.)
+fn rec_sdma_mask(p: &Profile, l: &Link) -> u64 {
+    let gpu_of = |node: u32| (node as usize).checked_sub(p.cpus.len());
+    let (gpu, other_is_gpu) = match (gpu_of(l.from), gpu_of(l.to)) {
+        (Some(g), o) => (g, o.is_some()),
+        (None, Some(g)) => (g, false),
+        (None, None) => return 0,
+    };
+    let Some(g) = p.gpus.get(gpu).filter(|_| p.kfd_minor_version >= 17) else {
+        return 0;
+    };
+    let pcie = (1u64 << g.num_sdma_engines) - 1;
+    let xgmi = ((1u64 << g.num_sdma_xgmi_engines) - 1) << g.num_sdma_engines;
+    if other_is_gpu && xgmi != 0 {
+        xgmi
+    } else {
+        pcie
+    }
+}
+
+fn link_props(p: &Profile, l: &Link) -> String {
     props(&[
         ("type", l.kind.into()),
         ("version_major", 0),
@@ -142,7 +168,7 @@ fn link_props(l: &Link) -> String {
         ("min_bandwidth", l.min_bw.into()),
         ("max_bandwidth", l.max_bw.into()),
         ("recommended_transfer_size", 0),
-        ("recommended_sdma_engine_id_mask", 0),
+        ("recommended_sdma_engine_id_mask", rec_sdma_mask(p, l)),
         ("flags", l.flags.into()),
     ])
 }
@@ -164,6 +190,7 @@ pub fn generate(p: &Profile) -> Vec<TreeFile> {
     for (i, c) in p.cpus.iter().enumerate() {
         let id = p.cpu_node_id(i);
         let node = Node {
+            profile: p,
             dir: format!("nodes/{id}"),
             links: links_of(p, id),
             p2p: &p2p[id as usize],
@@ -173,6 +200,7 @@ pub fn generate(p: &Profile) -> Vec<TreeFile> {
     for (i, g) in p.gpus.iter().enumerate() {
         let id = p.gpu_node_id(i);
         let node = Node {
+            profile: p,
             dir: format!("nodes/{id}"),
             links: links_of(p, id),
             p2p: &p2p[id as usize],
@@ -196,6 +224,7 @@ impl Tree {
 
 /// One node's directory and links.
 struct Node<'a> {
+    profile: &'a Profile,
     dir: String,
     links: Vec<Link>,
     p2p: &'a [Link],
@@ -207,13 +236,13 @@ impl Node<'_> {
         for (l, link) in self.links.iter().enumerate() {
             t.add(
                 format!("{}/io_links/{l}/properties", self.dir),
-                link_props(link),
+                link_props(self.profile, link),
             );
         }
         for (l, link) in self.p2p.iter().enumerate() {
             t.add(
                 format!("{}/p2p_links/{l}/properties", self.dir),
-                link_props(link),
+                link_props(self.profile, link),
             );
         }
     }

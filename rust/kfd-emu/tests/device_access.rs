@@ -167,14 +167,13 @@ fn criu_op_on_a_foreign_fd_only_from_the_ptracer_thread() {
 fn argument_sizes_are_tolerated_like_the_kernel() {
     let (emu, p) = emulator();
     let kfd = emu.open(&NodeKind::Kfd, &me()).unwrap();
-    // A caller with a larger struct gets the rest zeroed.
+    // A caller with a larger struct: an output-only one gets the rest
+    // zeroed, an in/out one gets its own bytes back (kfd_ioctl copies
+    // the caller's whole struct in and out).
     let v = call(&emu, kfd, &me(), ioctl::AMDKFD_IOC_GET_VERSION, &[], 16).unwrap();
     assert_eq!(v.len(), 16);
     let g: sys::kfd_ioctl_get_version_args = uapi::decode(&v);
-    assert_eq!(
-        (g.major_version, g.minor_version),
-        (1, sys::KFD_IOCTL_MINOR_VERSION)
-    );
+    assert_eq!((g.major_version, g.minor_version), (1, p.kfd_minor_version));
     assert!(v[8..].iter().all(|b| *b == 0));
     let gpu_id = p.gpus()[0].gpu_id.0;
     let mut m = vec![0xffu8; 24];
@@ -186,7 +185,7 @@ fn argument_sizes_are_tolerated_like_the_kernel() {
     let out = call(&emu, kfd, &me(), ioctl::AMDKFD_IOC_AVAILABLE_MEMORY, &m, 24).unwrap();
     let a: sys::kfd_ioctl_get_available_memory_args = uapi::decode(&out);
     assert_eq!(a.available, p.gpus()[0].vram_size);
-    assert!(out[16..].iter().all(|b| *b == 0));
+    assert!(out[16..].iter().all(|b| *b == 0xff));
     // A shorter one: missing fields read as zero (no gpu_id → EINVAL).
     assert_eq!(
         call(
@@ -199,9 +198,9 @@ fn argument_sizes_are_tolerated_like_the_kernel() {
         ),
         Err(libc::EINVAL)
     );
-    // Numbers outside the 1.11 table (0, 0x24 and up, ROCm's private
+    // Numbers outside the 1.18 table (0, 0x27 and up, ROCm's private
     // 0x80..): ENOTTY; the deprecated debugger requests: EPERM.
-    for nr in [0x00, 0x24, 0x30, 0x82] {
+    for nr in [0x00, 0x27, 0x30, 0x82] {
         assert_eq!(
             call(&emu, kfd, &me(), 0xc008_4b00 | nr, &[0; 8], 8),
             Err(libc::ENOTTY)
@@ -543,4 +542,69 @@ fn restore_onto_swapped_gpus_keeps_user_gpu_ids() {
 
 thread_local! {
     static KFD: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+#[test]
+fn kfd_1_13_runtime_enable_and_dbg_trap_without_a_debugger() {
+    use kfd_abi::layout::{kfd_ioctl_dbg_trap_args, kfd_ioctl_runtime_enable_args};
+    let (emu, _) = emulator();
+    let kfd = emu.open(&NodeKind::Kfd, &me()).unwrap();
+    let enable = |mode_mask| {
+        let a = kfd_ioctl_runtime_enable_args {
+            r_debug: 0x1234_5000,
+            mode_mask,
+            capabilities_mask: 0,
+        };
+        iowr(&emu, kfd, &me(), ioctl::AMDKFD_IOC_RUNTIME_ENABLE, &a)
+    };
+    enable(3).unwrap();
+    assert_eq!(enable(1).err(), Some(libc::EBUSY), "enabled twice");
+    enable(0).unwrap();
+    enable(0).unwrap();
+    enable(1).unwrap();
+    let trap = |pid, op| {
+        let a = kfd_ioctl_dbg_trap_args {
+            pid,
+            op,
+            args: [0; 3],
+        };
+        iowr(&emu, kfd, &me(), ioctl::AMDKFD_IOC_DBG_TRAP, &a).err()
+    };
+    // No KFD process of that pid; no session yet (any op but ENABLE).
+    assert_eq!(trap(0x7fff_fff0, 1), Some(libc::ESRCH));
+    assert_eq!(trap(me().tgid, 3), Some(libc::EINVAL));
+    assert_eq!(trap(me().tgid, 6), Some(libc::EINVAL));
+    // ENABLE needs its event fd (fd 2**31 - 1 is not open).
+    let a = kfd_ioctl_dbg_trap_args {
+        pid: me().tgid,
+        op: 0,
+        args: [0, 0, 0x7fff_ffff << 32],
+    };
+    assert_eq!(
+        iowr(&emu, kfd, &me(), ioctl::AMDKFD_IOC_DBG_TRAP, &a).err(),
+        Some(libc::EBADF)
+    );
+    emu.release(kfd);
+}
+
+#[test]
+fn kfd_version_follows_the_profile() {
+    let mut p = Profile::builtin("mi100").unwrap();
+    p.kfd_minor_version = 11;
+    let emu = Emulator::new(&p, Box::new(Table::default())).unwrap();
+    let kfd = emu.open(&NodeKind::Kfd, &me()).unwrap();
+    let v = call(&emu, kfd, &me(), ioctl::AMDKFD_IOC_GET_VERSION, &[], 8).unwrap();
+    let g: sys::kfd_ioctl_get_version_args = uapi::decode(&v);
+    assert_eq!((g.major_version, g.minor_version), (1, 11));
+    // 1.11 has no EXPORT_DMABUF, RUNTIME_ENABLE or DBG_TRAP.
+    for cmd in [
+        ioctl::AMDKFD_IOC_EXPORT_DMABUF,
+        ioctl::AMDKFD_IOC_RUNTIME_ENABLE,
+        ioctl::AMDKFD_IOC_DBG_TRAP,
+    ] {
+        assert_eq!(call(&emu, kfd, &me(), cmd, &[0; 32], 32), Err(libc::ENOTTY));
+    }
+    emu.release(kfd);
+    p.kfd_minor_version = 19;
+    assert!(p.validate().is_err(), "1.19 is past Linux 6.18");
 }

@@ -72,7 +72,7 @@ fn client() {
     let r = open("/dev/dri/renderD128");
     let mut v = [0u8; 8];
     ioctl(k, 2, 0x4b, 0x01, &mut v).unwrap();
-    assert_eq!((get(&v, 0, 4), get(&v, 4, 4)), (1, 11));
+    assert_eq!((get(&v, 0, 4), get(&v, 4, 4)), (1, 18));
     let mut vm = [0u8; 8];
     put(&mut vm, 0, r as u64, 4);
     put(&mut vm, 4, gpu, 4);

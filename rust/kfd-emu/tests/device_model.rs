@@ -263,7 +263,7 @@ fn version_apertures_and_access_rules() {
     let d = Dev::new("");
     d.setup();
     let v = d.call(nr::GET_VERSION, &[0; 8]).unwrap();
-    assert_eq!((u32_at(&v, 0), u32_at(&v, 4)), (1, 11));
+    assert_eq!((u32_at(&v, 0), u32_at(&v, 4)), (1, 18));
     // Unknown nr.
     assert_eq!(d.call(0x70, &[0; 8]), Err(libc::ENOTTY));
     // Another process on our fd.

@@ -87,6 +87,7 @@ fn kernel_type(qtype: u32) -> (u32, u32) {
     match qtype {
         queue_type::SDMA => (criu::queue_type::SDMA, criu::queue_format::PM4),
         queue_type::SDMA_XGMI => (criu::queue_type::SDMA_XGMI, criu::queue_format::PM4),
+        queue_type::SDMA_BY_ENG_ID => (criu::queue_type::SDMA_BY_ENG_ID, criu::queue_format::PM4),
         queue_type::COMPUTE_AQL => (criu::queue_type::COMPUTE, criu::queue_format::AQL),
         _ => (criu::queue_type::COMPUTE, criu::queue_format::PM4),
     }
@@ -98,6 +99,7 @@ fn ioctl_type(kernel: u32, format: u32) -> R<u32> {
     Ok(match (kernel, format) {
         (criu::queue_type::SDMA, criu::queue_format::PM4) => queue_type::SDMA,
         (criu::queue_type::SDMA_XGMI, criu::queue_format::PM4) => queue_type::SDMA_XGMI,
+        (criu::queue_type::SDMA_BY_ENG_ID, criu::queue_format::PM4) => queue_type::SDMA_BY_ENG_ID,
         (criu::queue_type::COMPUTE, criu::queue_format::AQL) => queue_type::COMPUTE_AQL,
         (criu::queue_type::COMPUTE, criu::queue_format::PM4) => queue_type::COMPUTE,
         _ => return Err(libc::EINVAL),
@@ -730,6 +732,8 @@ fn plan_restore(
                         node_id: 0,
                         trigger_data: 0,
                         exception: MemoryException::Saved(r.exception_data),
+                        // KFD's event record carries no age.
+                        age: super::state::FIRST_EVENT_AGE,
                     },
                 ));
             }

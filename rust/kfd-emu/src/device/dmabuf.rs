@@ -65,6 +65,9 @@ pub enum Purpose {
     /// used (an import reaches the BO; a CPU mapping of the fd reads
     /// zeros, see the module comment).
     Share,
+    /// EXPORT_DMABUF by the process itself: the dma-buf for other devices
+    /// and processes to import (its CPU mapping is not kept coherent).
+    Export,
 }
 
 /// Which BO a dma-buf is of.
@@ -214,6 +217,7 @@ impl Registry {
             }
         };
         match purpose {
+            Purpose::Export => {}
             Purpose::Checkpoint => d.snapshot()?,
             Purpose::Restore => {
                 let mut st = d.lock();

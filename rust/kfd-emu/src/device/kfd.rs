@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use super::mem::{user_read, user_write};
 use super::state::{
-    Answer, Bo, BoKey, Done, Event, MemoryException, Queue, SignalPage, State, WaitEnd, WaitReply,
-    Waiter, R,
+    Answer, Bo, BoKey, Done, Event, Fired, MemoryException, Queue, SignalPage, State, WaitEnd,
+    WaitReply, Waiter, R,
 };
 use super::uapi::{self, alloc, event_type, kfd_off, queue_type, sys};
 use super::{Caller, FdResolver, Replier};
@@ -18,10 +18,33 @@ fn proc_mut(st: &mut State, lead: u32) -> R<&mut super::state::Proc> {
     st.procs.get_mut(&lead).ok_or(libc::ESRCH)
 }
 
-pub fn get_version(a: &mut sys::kfd_ioctl_get_version_args) -> R<()> {
+/// GET_VERSION: 1.`minor` of the profile.
+pub fn get_version(st: &State, a: &mut sys::kfd_ioctl_get_version_args) -> R<()> {
     a.major_version = uapi::KFD_MAJOR;
-    a.minor_version = uapi::KFD_MINOR;
+    a.minor_version = st.devs.kfd_minor;
     Ok(())
+}
+
+/// EXPORT_DMABUF's checks (`kfd_ioctl_export_dmabuf`): the handle's GPU
+/// and BO must be the process', and amdgpu exports no userptr BO (EPERM)
+/// nor a doorbell or MMIO one (EINVAL).  Returns the BO to export.  Over
+/// FUSE no fd can be installed: the answer is EOPNOTSUPP there (the
+/// supervisor hands the dma-buf out, `supervised`).
+pub fn export_dmabuf(
+    st: &mut State,
+    lead: u32,
+    a: &mut super::uapi::layout::kfd_ioctl_export_dmabuf_args,
+) -> R<BoKey> {
+    let p = proc_mut(st, lead)?;
+    let key = bo_of_handle(p, a.handle)?;
+    let flags = p.bos.get(&key).ok_or(libc::EINVAL)?.flags;
+    if flags & alloc::USERPTR != 0 {
+        return Err(libc::EPERM);
+    }
+    if flags & (alloc::VRAM | alloc::GTT) == 0 {
+        return Err(libc::EINVAL);
+    }
+    Ok(key)
 }
 
 pub fn apertures_new(
@@ -412,7 +435,13 @@ const MIN_QUEUE_RING_SIZE: u32 = 1024;
 pub const ENOTSUPP: i32 = 524;
 
 /// CREATE_QUEUE (1.11 layout), checks in KFD's order.
-pub fn create_queue(st: &mut State, lead: u32, a: &mut sys::kfd_ioctl_create_queue_args) -> R<()> {
+/// CREATE_QUEUE; `engine` is KFD 1.17's `sdma_engine_id` (None before).
+pub fn create_queue(
+    st: &mut State,
+    lead: u32,
+    a: &mut sys::kfd_ioctl_create_queue_args,
+    engine: Option<u32>,
+) -> R<()> {
     if a.queue_percentage > 100 || a.queue_priority > 15 {
         return Err(libc::EINVAL);
     }
@@ -422,18 +451,32 @@ pub fn create_queue(st: &mut State, lead: u32, a: &mut sys::kfd_ioctl_create_que
     }
     a.ring_size = a.ring_size.max(MIN_QUEUE_RING_SIZE);
     let qtype = a.queue_type;
-    if !matches!(
-        qtype,
-        queue_type::COMPUTE | queue_type::SDMA | queue_type::COMPUTE_AQL | queue_type::SDMA_XGMI
-    ) {
+    let by_engine = qtype == queue_type::SDMA_BY_ENG_ID && engine.is_some();
+    if !by_engine
+        && !matches!(
+            qtype,
+            queue_type::COMPUTE
+                | queue_type::SDMA
+                | queue_type::COMPUTE_AQL
+                | queue_type::SDMA_XGMI
+        )
+    {
         return Err(ENOTSUPP);
     }
     let gpu = bound_pdd(st, lead, a.gpu_id, libc::ESRCH)?;
+    let engines = st.devs.gpus[gpu].sdma_engines;
+    let sdma_id = match engine.filter(|_| by_engine) {
+        Some(e) if e >= engines => return Err(libc::EINVAL),
+        Some(e) => st.free_sdma_id_on(gpu, e, engines),
+        None if qtype == queue_type::SDMA || qtype == queue_type::SDMA_XGMI => {
+            st.queues_on(gpu, true)
+        }
+        None => 0,
+    };
     let p = proc_mut(st, lead)?;
     let id = (0..uapi::MAX_QUEUES_PER_PROCESS)
         .find(|i| !p.queues.contains_key(i))
         .ok_or(libc::ENOMEM)?;
-    let sdma = qtype == queue_type::SDMA || qtype == queue_type::SDMA_XGMI;
     let q = Queue {
         gpu,
         qtype,
@@ -449,7 +492,7 @@ pub fn create_queue(st: &mut State, lead: u32, a: &mut sys::kfd_ioctl_create_que
         ctx_size: a.ctx_save_restore_size,
         ctl_stack_size: a.ctl_stack_size,
         doorbell_index: id,
-        sdma_id: if sdma { st.queues_on(gpu, true) } else { 0 },
+        sdma_id,
         rptr: 0,
         halted: false,
         cu_mask: Vec::new(),
@@ -596,6 +639,7 @@ pub fn create_event(st: &mut State, lead: u32, a: &mut sys::kfd_ioctl_create_eve
             node_id: a.node_id,
             trigger_data: a.event_trigger_data,
             exception: MemoryException::None,
+            age: super::state::FIRST_EVENT_AGE,
         },
     );
     a.event_id = id;
@@ -685,9 +729,14 @@ impl WaitReply for WaitEventsReply {
                 // exception data into the caller's kfd_event_data array;
                 // EFAULT when it cannot be written.
                 let stride = size_of::<sys::kfd_event_data>() as u64;
-                for (i, e) in fired {
+                for (i, f) in fired {
                     let at = self.args.events_ptr + i as u64 * stride;
-                    if user_write(self.tid, at, &memory_exception(&e)).is_err() {
+                    let data = match f {
+                        Fired::Memory(e) => memory_exception(&e).to_vec(),
+                        // signal_event_data.last_event_age, at the union's start.
+                        Fired::Age(age) => age.to_le_bytes().to_vec(),
+                    };
+                    if user_write(self.tid, at, &data).is_err() {
                         return (self.reply, Err(libc::EFAULT));
                     }
                 }
@@ -703,8 +752,16 @@ impl WaitReply for WaitEventsReply {
     }
 }
 
+/// The `signal_event_data.last_event_age` of the caller's `i`th
+/// kfd_event_data (the union's first 8 bytes).
+fn last_event_age(raw: &[u8], i: usize) -> u64 {
+    let at = i * size_of::<sys::kfd_event_data>();
+    u64::from_le_bytes(raw[at..at + 8].try_into().unwrap())
+}
+
 pub fn wait_events(
     st: &mut State,
+    kfd_minor: u32,
     lead: u32,
     caller: &Caller,
     a: sys::kfd_ioctl_wait_events_args,
@@ -729,11 +786,20 @@ pub fn wait_events(
         return Some((reply, Err(libc::EINVAL)));
     }
     let mut events = Vec::with_capacity(n);
-    for id in ids {
+    let mut aged = Vec::with_capacity(n);
+    for (i, id) in ids.into_iter().enumerate() {
         let ev = p.events.get_mut(&id).unwrap();
-        let active = ev.signaled;
+        let mut active = ev.signaled;
         ev.signaled = ev.signaled && !ev.auto_reset;
+        // init_event_waiter (KFD 1.14): a signal event whose age differs
+        // from the caller's last one has fired since; age 0 is "none".
+        let last = last_event_age(&raw, i);
+        let age = kfd_minor >= 14 && ev.etype == event_type::SIGNAL && last != 0;
+        if age && ev.age != last {
+            active = true;
+        }
         events.push((id, active));
+        aged.push(age);
     }
     let timeout = a.timeout;
     let deadline = (timeout != uapi::TIMEOUT_INFINITE)
@@ -741,6 +807,7 @@ pub fn wait_events(
     let w = Waiter {
         tid: caller.tid,
         events,
+        aged,
         all: a.wait_for_all != 0,
         deadline,
         reply: Box::new(WaitEventsReply {

@@ -37,6 +37,7 @@ mod gem;
 mod kfd;
 mod mem;
 mod render;
+mod runtime;
 mod sdma;
 mod shader;
 mod state;
@@ -149,7 +150,14 @@ fn with<T: AsBytes>(
 ) -> state::R<Vec<u8>> {
     let mut a = uapi::decode::<T>(input);
     f(&mut a)?;
-    Ok(uapi::encode(&a, out_size))
+    let mut out = uapi::encode(&a, out_size);
+    // KFD copies its whole buffer back: a newer caller's fields past the
+    // struct this version knows return as they came in.
+    let (n, m) = (std::mem::size_of::<T>(), out.len().min(input.len()));
+    if m > n {
+        out[n..m].copy_from_slice(&input[n..m]);
+    }
+    Ok(out)
 }
 
 fn status_field(pid: u32, key: &str) -> Option<String> {
@@ -192,6 +200,10 @@ fn tracer_of(pid: u32) -> Option<u32> {
     status_field(pid, "TracerPid:").and_then(|v| v.parse().ok())
 }
 
+fn tgid_of(tid: u32) -> Option<u32> {
+    status_field(tid, "Tgid:").and_then(|v| v.parse().ok())
+}
+
 impl Emulator {
     /// The devices of `profile`; `resolver` finds the open an fd argument
     /// (ACQUIRE_VM's `drm_fd`, ...) refers to (the transport's, or a
@@ -210,6 +222,7 @@ impl Emulator {
                 vram_public: g.vram_public,
                 max_sdma_queues: (g.num_sdma_engines + g.num_sdma_xgmi_engines)
                     * g.num_sdma_queues_per_engine,
+                sdma_engines: g.num_sdma_engines + g.num_sdma_xgmi_engines,
                 num_gws: g.num_gws,
                 per_process_xnack: matches!(g.gfx_target_version, 90010 | 90400..=90402),
                 asic: asic::Asic::new(g, system_mem),
@@ -234,6 +247,7 @@ impl Emulator {
             kfd: mem::Memfd::new("kfd-emu-kfd", uapi::kfd_off::MEMFD_SIZE)?,
             dmabufs: Default::default(),
             gem_change_handle: profile.gem_change_handle,
+            kfd_minor: profile.kfd_minor_version,
         });
         let shared = Arc::new(Shared {
             st: Mutex::new(State::new(devs.clone())),
@@ -744,7 +758,7 @@ impl Emulator {
         reply: Box<dyn Replier>,
     ) -> Option<state::Answer> {
         let n = cmd & 0xff;
-        if nr::arg_size(n).is_none() {
+        if nr::arg_size(n).is_none() || n >= nr::command_end(self.shared.devs.kfd_minor) {
             // Outside [AMDKFD_COMMAND_START, AMDKFD_COMMAND_END).
             return Some((reply, Err(libc::ENOTTY)));
         }
@@ -775,8 +789,16 @@ impl Emulator {
         let mut st = self.lock();
         let r = {
             if n == nr::WAIT_EVENTS {
-                let r =
-                    kfd::wait_events(&mut st, lead, caller, uapi::decode(input), out_size, reply);
+                let minor = self.shared.devs.kfd_minor;
+                let r = kfd::wait_events(
+                    &mut st,
+                    minor,
+                    lead,
+                    caller,
+                    uapi::decode(input),
+                    out_size,
+                    reply,
+                );
                 if r.is_none() {
                     self.shared.wake.notify_all();
                 }
@@ -800,7 +822,17 @@ impl Emulator {
             let st = &mut *st;
             let (i, o) = (input, out_size);
             match n {
-                nr::GET_VERSION => with(i, o, kfd::get_version),
+                nr::GET_VERSION => with(i, o, |a| kfd::get_version(st, a)),
+                nr::EXPORT_DMABUF => with(i, o, |a| {
+                    kfd::export_dmabuf(st, lead, a)?;
+                    log::warn!(
+                        "kfd-emu: AMDKFD_IOC_EXPORT_DMABUF from process {lead}: a dma-buf fd \
+                         needs `kfd-emu supervise`"
+                    );
+                    Err(libc::EOPNOTSUPP)
+                }),
+                nr::RUNTIME_ENABLE => with(i, o, |a| runtime::runtime_enable(st, lead, a)),
+                nr::DBG_TRAP => with(i, o, |a| runtime::dbg_trap(st, caller, a)),
                 nr::GET_PROCESS_APERTURES_NEW => {
                     with(i, o, |a| kfd::apertures_new(st, lead, caller, a))
                 }
@@ -812,7 +844,15 @@ impl Emulator {
                 nr::UNMAP_MEMORY_FROM_GPU => {
                     with(i, o, |a| kfd::map_memory(st, lead, caller, a, false))
                 }
-                nr::CREATE_QUEUE => with(i, o, |a| kfd::create_queue(st, lead, a)),
+                nr::CREATE_QUEUE => {
+                    // KFD 1.17's sdma_engine_id, past the 1.11 struct.
+                    let at = uapi::queue_type::SDMA_ENGINE_ID_AT;
+                    let engine = i
+                        .get(at..at + 4)
+                        .filter(|_| st.devs.kfd_minor >= 17)
+                        .map(|b| u32::from_le_bytes(b.try_into().unwrap()));
+                    with(i, o, |a| kfd::create_queue(st, lead, a, engine))
+                }
                 nr::DESTROY_QUEUE => with(i, o, |a| kfd::destroy_queue(st, lead, a)),
                 nr::UPDATE_QUEUE => with(i, o, |a| kfd::update_queue(st, lead, a)),
                 nr::CREATE_EVENT => with(i, o, |a| kfd::create_event(st, lead, a)),

@@ -21,6 +21,8 @@ pub struct Gpu {
     pub vram_size: u64,
     pub vram_public: bool,
     pub max_sdma_queues: u32,
+    /// SDMA engines, PCIe and XGMI (`sdma_engine_id` counts them).
+    pub sdma_engines: u32,
     /// Global wave sync entries (0: the GPU has none).
     pub num_gws: u32,
     /// XNACK can be switched per process (GC 9.4.2 and later GFX9).
@@ -51,6 +53,8 @@ pub struct Devices {
     pub dmabufs: super::dmabuf::Registry,
     /// DRM_IOCTL_GEM_CHANGE_HANDLE works (`Profile::gem_change_handle`).
     pub gem_change_handle: bool,
+    /// The KFD interface's minor version (the profile's).
+    pub kfd_minor: u32,
 }
 
 impl Devices {
@@ -165,7 +169,10 @@ pub struct EngineState {
 
 impl Queue {
     pub fn is_sdma(&self) -> bool {
-        self.qtype == queue_type::SDMA || self.qtype == queue_type::SDMA_XGMI
+        matches!(
+            self.qtype,
+            queue_type::SDMA | queue_type::SDMA_XGMI | queue_type::SDMA_BY_ENG_ID
+        )
     }
 }
 
@@ -178,7 +185,23 @@ pub struct Event {
     pub trigger_data: u32,
     /// What a memory event reports to its waiter.
     pub exception: MemoryException,
+    /// KFD 1.14's event age: how often the event was signalled, from 1
+    /// (0 means "no age" to WAIT_EVENTS and is never reached).
+    pub age: u64,
 }
+
+/// What RUNTIME_ENABLE and DBG_TRAP ENABLE set (`kfd_runtime_info`, and
+/// whether a debug session is open).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RuntimeState {
+    pub enabled: bool,
+    pub r_debug: u64,
+    pub ttmp_setup: bool,
+    pub debug_session: bool,
+}
+
+/// A new event's age (`kfd_event_init`... sets it to 1: 0 is reserved).
+pub const FIRST_EVENT_AGE: u64 = 1;
 
 /// A memory event's exception data (KFD's `kfd_hsa_memory_exception_data`,
 /// which the ABI layer encodes).
@@ -196,10 +219,17 @@ pub enum MemoryException {
 
 /// How a parked WAIT_EVENTS ends (KFD's `wait_result`).
 #[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fired {
+    /// A memory event's exception data.
+    Memory(MemoryException),
+    /// A signal event's age, to a waiter that passed one (KFD 1.14).
+    Age(u64),
+}
+
 pub enum WaitEnd {
-    /// The wait's condition holds; the memory events among the fired
-    /// ones, by position in the caller's list, with their exception data.
-    Complete(Vec<(usize, MemoryException)>),
+    /// The wait's condition holds; what the fired events report, by
+    /// position in the caller's list.
+    Complete(Vec<(usize, Fired)>),
     Timeout,
     /// An event of the wait was destroyed.
     Fail,
@@ -222,6 +252,9 @@ pub struct SignalPage {
 pub struct Waiter {
     pub tid: u32,
     pub events: Vec<(u32, bool)>,
+    /// Per event: whether the caller passed a last event age (KFD 1.14),
+    /// so that the event's age is written back when it fired.
+    pub aged: Vec<bool>,
     pub all: bool,
     pub deadline: Option<Instant>,
     pub reply: Box<dyn WaitReply>,
@@ -247,10 +280,12 @@ impl Waiter {
             .iter()
             .enumerate()
             .filter_map(|(i, (id, active))| {
-                events
-                    .get(id)
-                    .filter(|e| *active && e.etype == uapi::event_type::MEMORY)
-                    .map(|e| (i, e.exception))
+                let e = events.get(id).filter(|_| *active)?;
+                match e.etype {
+                    uapi::event_type::MEMORY => Some((i, Fired::Memory(e.exception))),
+                    uapi::event_type::SIGNAL if self.aged[i] => Some((i, Fired::Age(e.age))),
+                    _ => None,
+                }
             })
             .collect();
         self.finish(Ok(WaitEnd::Complete(fired)))
@@ -357,6 +392,8 @@ pub struct Proc {
     /// CRIU-restored and not yet resumed: queues stay evicted.
     pub restore_pending: bool,
     pub xnack: bool,
+    /// RUNTIME_ENABLE's and DBG_TRAP's state (KFD 1.13).
+    pub runtime: RuntimeState,
     /// SVM ranges and their attributes (AMDKFD_IOC_SVM).
     pub svm: svm::Svm,
 }
@@ -402,6 +439,11 @@ impl Proc {
     pub fn signal(&mut self, id: u32, done: &mut Done) {
         let Some(ev) = self.events.get_mut(&id) else {
             return;
+        };
+        // set_event: the age never wraps back to 0 (no age) or 1.
+        ev.age = match ev.age.wrapping_add(1) {
+            0 => 2,
+            a => a,
         };
         let mut had_waiters = false;
         for w in &mut self.waiters {
@@ -684,6 +726,7 @@ impl State {
                     paused: false,
                     restore_pending: false,
                     xnack: false,
+                    runtime: RuntimeState::default(),
                     svm: Default::default(),
                 },
             );
@@ -1058,6 +1101,22 @@ impl State {
     }
 
     /// Queues of type class `sdma` on GPU `gpu` across all processes.
+    /// The lowest SDMA id free on `gpu` that is on engine `engine` of
+    /// `engines` (KFD numbers an SDMA queue `engine + engines * slot`).
+    pub fn free_sdma_id_on(&self, gpu: usize, engine: u32, engines: u32) -> u32 {
+        let used: BTreeSet<u32> = self
+            .procs
+            .values()
+            .flat_map(|p| p.queues.values())
+            .filter(|q| q.gpu == gpu && q.is_sdma())
+            .map(|q| q.sdma_id)
+            .collect();
+        (0..)
+            .map(|slot| engine + engines * slot)
+            .find(|id| !used.contains(id))
+            .unwrap_or(engine)
+    }
+
     pub fn queues_on(&self, gpu: usize, sdma: bool) -> u32 {
         self.procs
             .values()
@@ -1089,6 +1148,7 @@ mod tests {
             kfd: Memfd::new("kfd-emu-test-kfd", uapi::kfd_off::MEMFD_SIZE).unwrap(),
             dmabufs: Default::default(),
             gem_change_handle: false,
+            kfd_minor: 18,
         }))
     }
 

@@ -109,6 +109,15 @@ impl Emulator {
                 }
                 Some(self.criu_with_fds(lead, caller, cmd, arg, input, key, inst))
             }
+            Open::Kfd { lead }
+                if cmd == kfd_abi::ioctl::AMDKFD_IOC_EXPORT_DMABUF
+                    && self.shared.devs.kfd_minor >= 12 =>
+            {
+                if super::mem::user_read(caller.tid, arg, &mut input).is_err() {
+                    return Some(Err(libc::EFAULT));
+                }
+                Some(self.export_dmabuf(lead, caller, arg, &input, inst))
+            }
             Open::Render { .. } if cmd == kfd_abi::ioctl::DRM_IOCTL_PRIME_HANDLE_TO_FD => {
                 if super::mem::user_read(caller.tid, arg, &mut input).is_err() {
                     return Some(Err(libc::EFAULT));
@@ -117,6 +126,46 @@ impl Emulator {
             }
             _ => None,
         }
+    }
+
+    /// EXPORT_DMABUF (KFD 1.12): KFD's checks (`kfd::export_dmabuf`), then
+    /// a new fd of the BO's dma-buf, close-on-exec if the flags ask.
+    fn export_dmabuf(
+        &self,
+        lead: u32,
+        caller: &Caller,
+        arg: u64,
+        input: &[u8],
+        inst: &dyn FdInstaller,
+    ) -> Result<(), i32> {
+        if caller.tgid != lead {
+            return Err(libc::EBADF);
+        }
+        let mut a: uapi::layout::kfd_ioctl_export_dmabuf_args = uapi::decode(input);
+        let d = {
+            let mut st = self.lock();
+            let key = super::kfd::export_dmabuf(&mut st, lead, &mut a)?;
+            let p = st.procs.get(&lead).ok_or(libc::ESRCH)?;
+            let bo = p.bos.get(&key).ok_or(libc::EINVAL)?;
+            let map = bo.map.as_ref().ok_or(libc::EINVAL)?;
+            let domain = if bo.flags & alloc::VRAM != 0 {
+                sys::AMDGPU_GEM_DOMAIN_VRAM
+            } else {
+                sys::AMDGPU_GEM_DOMAIN_GTT
+            };
+            let source = super::dmabuf::Source {
+                gpu: key.gpu,
+                offset: bo.offset,
+                domain,
+            };
+            st.devs
+                .dmabufs
+                .export(source, bo.size, map, Purpose::Export)
+                .map_err(|e| e.raw_os_error().unwrap_or(libc::ENOMEM))?
+        };
+        let fd = inst.install(d.file(), a.flags & libc::O_CLOEXEC as u32 != 0)?;
+        a.dmabuf_fd = fd;
+        super::mem::user_write(caller.tid, arg, uapi::bytes(&a))
     }
 
     /// PRIME_HANDLE_TO_FD (drm_prime_handle_to_fd_ioctl): a new fd of the

@@ -9,9 +9,9 @@ use kfd_abi::ioctl;
 pub use kfd_abi::layout;
 pub use kfd_abi::sys;
 
-/// KFD uapi version reported by GET_VERSION: the header's.
+/// KFD uapi major version reported by GET_VERSION (the minor is the
+/// profile's, `crate::profile::Profile::kfd_minor_version`).
 pub const KFD_MAJOR: u32 = sys::KFD_IOCTL_MAJOR_VERSION;
-pub const KFD_MINOR: u32 = sys::KFD_IOCTL_MINOR_VERSION;
 
 /// KFD ioctl numbers (`_IOC_NR`) and the kernel's struct size for each.
 pub mod kfd {
@@ -55,13 +55,29 @@ pub mod kfd {
     pub const SET_XNACK_MODE: u32 = n(AMDKFD_IOC_SET_XNACK_MODE);
     pub const CRIU_OP: u32 = n(AMDKFD_IOC_CRIU_OP);
     pub const AVAILABLE_MEMORY: u32 = n(AMDKFD_IOC_AVAILABLE_MEMORY);
+    /// KFD 1.12.
+    pub const EXPORT_DMABUF: u32 = n(AMDKFD_IOC_EXPORT_DMABUF);
+    /// KFD 1.13.
+    pub const RUNTIME_ENABLE: u32 = n(AMDKFD_IOC_RUNTIME_ENABLE);
+    pub const DBG_TRAP: u32 = n(AMDKFD_IOC_DBG_TRAP);
     /// The first request number of the 1.11 table (AMDKFD_COMMAND_START).
     pub const COMMAND_START: u32 = 0x01;
-    /// First nr past the 1.11 table (AMDKFD_COMMAND_END): the kernel
+    /// First nr past the 1.11 table (AMDKFD_COMMAND_END; see
+    /// [`command_end`] for later versions): the kernel
     /// answers ENOTTY for it and everything above, and for nr 0.
     pub const COMMAND_END: u32 = 0x24;
 
-    /// The kernel's argument size for `nr` (None: not in the 1.11 table).
+    /// AMDKFD_COMMAND_END of KFD 1.`minor`: EXPORT_DMABUF came with 1.12,
+    /// RUNTIME_ENABLE and DBG_TRAP with 1.13; 1.14 to 1.18 added none.
+    pub const fn command_end(minor: u32) -> u32 {
+        match minor {
+            ..=11 => COMMAND_END,
+            12 => EXPORT_DMABUF + 1,
+            _ => DBG_TRAP + 1,
+        }
+    }
+
+    /// The kernel's argument size for `nr` (None: not in the 1.18 table).
     pub fn arg_size(nr: u32) -> Option<usize> {
         use super::sys;
         use std::mem::size_of;
@@ -98,6 +114,9 @@ pub mod kfd {
             SET_XNACK_MODE => size_of::<sys::kfd_ioctl_set_xnack_mode_args>(),
             CRIU_OP => size_of::<sys::kfd_ioctl_criu_args>(),
             AVAILABLE_MEMORY => size_of::<sys::kfd_ioctl_get_available_memory_args>(),
+            EXPORT_DMABUF => size_of::<super::layout::kfd_ioctl_export_dmabuf_args>(),
+            RUNTIME_ENABLE => size_of::<super::layout::kfd_ioctl_runtime_enable_args>(),
+            DBG_TRAP => size_of::<super::layout::kfd_ioctl_dbg_trap_args>(),
             _ => return None,
         })
     }
@@ -121,6 +140,11 @@ pub mod queue_type {
     pub const SDMA: u32 = sys::KFD_IOC_QUEUE_TYPE_SDMA;
     pub const COMPUTE_AQL: u32 = sys::KFD_IOC_QUEUE_TYPE_COMPUTE_AQL;
     pub const SDMA_XGMI: u32 = sys::KFD_IOC_QUEUE_TYPE_SDMA_XGMI;
+    /// KFD 1.17: an SDMA queue on the engine `sdma_engine_id` names.
+    pub const SDMA_BY_ENG_ID: u32 = 4;
+    /// Where CREATE_QUEUE's `sdma_engine_id` is (KFD 1.17 grew the
+    /// arguments from 88 to 96 bytes).
+    pub const SDMA_ENGINE_ID_AT: usize = 88;
 }
 
 pub mod event_type {
@@ -395,6 +419,9 @@ pod!(
     layout::kfd_criu_device_priv_data,
     layout::kfd_criu_queue_priv_data,
     layout::kfd_criu_event_priv_data,
+    layout::kfd_ioctl_export_dmabuf_args,
+    layout::kfd_ioctl_runtime_enable_args,
+    layout::kfd_ioctl_dbg_trap_args,
 );
 
 macro_rules! from_bytes_only {

@@ -7,7 +7,8 @@
 //! VRAM, older firmware) without writing a profile from scratch.
 //!
 //! Layout of a profile document:
-//! * top-level scalars (`name`, `description`, `generation_id`, platform ids);
+//! * top-level scalars (`name`, `description`, `generation_id`, platform ids,
+//!   `kfd_minor_version`: the KFD interface, 1.11 to 1.18, default 18);
 //! * `[gpu_defaults]`: fields shared by every GPU;
 //! * `[[gpus]]`: one table per GPU, merged over `gpu_defaults`;
 //! * `[[cpus]]`: one table per CPU (NUMA) node;
@@ -281,6 +282,13 @@ pub struct DeclaredLink {
     pub both: bool,
 }
 
+/// The KFD interface versions the emulator speaks: 1.11 to 1.18.
+pub const KFD_MINOR_VERSIONS: std::ops::RangeInclusive<u32> = 11..=18;
+
+fn default_kfd_minor() -> u32 {
+    *KFD_MINOR_VERSIONS.end()
+}
+
 fn default_true() -> bool {
     true
 }
@@ -299,6 +307,12 @@ pub struct Profile {
     pub platform_oem: u64,
     pub platform_id: u64,
     pub platform_rev: u64,
+    /// The minor version of the KFD interface (major 1) the emulated kernel
+    /// speaks and GET_VERSION reports: 18, Linux 6.18's, unless the profile
+    /// says otherwise; down to 11 (Linux 6.1, what Debian bookworm's ROCm
+    /// 5.2 was built for), with the ioctls and layouts of that version.
+    #[serde(default = "default_kfd_minor")]
+    pub kfd_minor_version: u32,
     pub cpus: Vec<Cpu>,
     pub gpus: Vec<Gpu>,
     /// Whether the usual GPU links are generated (PCIe between each GPU
@@ -648,6 +662,14 @@ impl Profile {
     pub fn validate(&self) -> Result<(), ProfileError> {
         if self.cpus.is_empty() {
             return Err(self.invalid("needs at least one [[cpus]] node".into()));
+        }
+        if !KFD_MINOR_VERSIONS.contains(&self.kfd_minor_version) {
+            return Err(self.invalid(format!(
+                "kfd_minor_version {} is outside {}..={} (KFD 1.11 to 1.18)",
+                self.kfd_minor_version,
+                KFD_MINOR_VERSIONS.start(),
+                KFD_MINOR_VERSIONS.end()
+            )));
         }
         for (i, c) in self.cpus.iter().enumerate() {
             if c.cpu_cores_count == 0 {
