@@ -28,6 +28,9 @@
 //! * CONST_FILL (11/0, 5 dw): header fill size bits 31..30 (0 byte, 2
 //!   dword), dst lo/hi, data, count (bits 21..0): (count >> fill size)
 //!   + 1 elements.
+//! * GCR_REQ (17/1, 5 dw, SDMA 5.2 and later): a cache flush or
+//!   invalidate over a VA range (ROCr's copies on GFX 11/12 carry one);
+//!   nothing to do for memory without caches.
 //! * TIMESTAMP (13, 3 dw): SET (0) loads the engine's local counter,
 //!   GET (1) writes it, GET_GLOBAL (2) writes the GPU clock counter (the
 //!   one GET_CLOCK_COUNTERS reads) at the 8-aligned address.
@@ -440,6 +443,7 @@ fn shape(
         (OP_POLL_REGMEM, 0) => ("POLL_REGMEM", 6),
         (OP_ATOMIC, 0) => ("ATOMIC", 8),
         (OP_CONST_FILL, 0) => ("CONST_FILL", 5),
+        (OP_GCR_REQ, SUBOP_USER_GCR) if major >= 5 => ("GCR_REQ", 5),
         (OP_TIMESTAMP, SUBOP_TIMESTAMP_SET) => ("TIMESTAMP_SET", 3),
         (OP_TIMESTAMP, SUBOP_TIMESTAMP_GET) => ("TIMESTAMP_GET", 3),
         (OP_TIMESTAMP, SUBOP_TIMESTAMP_GET_GLOBAL) => ("TIMESTAMP_GET_GLOBAL", 3),
@@ -523,7 +527,8 @@ fn operands(vm: Vm<'_>, ip: IpVersion, name: &'static str, dw: &[u32]) -> Result
         }
     };
     Ok(match name {
-        "NOP" => Op::Nop,
+        // The emulated GPU's memory has no caches to flush or invalidate.
+        "NOP" | "GCR_REQ" => Op::Nop,
         "COPY_LINEAR" => {
             if h & (1 << 27) != 0 {
                 return Err(bad("broadcast copy not modelled"));

@@ -294,6 +294,9 @@ pub mod sdma {
     pub const OP_ATOMIC: u32 = 10;
     pub const OP_CONST_FILL: u32 = 11;
     pub const OP_TIMESTAMP: u32 = 13;
+    /// SDMA 5.2 and later: a GCR (cache flush/invalidate) request.
+    pub const OP_GCR_REQ: u32 = 17;
+    pub const SUBOP_USER_GCR: u32 = 1;
     pub const SUBOP_COPY_LINEAR: u32 = 0;
     pub const SUBOP_COPY_LINEAR_SUB_WIND: u32 = 4;
     pub const SUBOP_WRITE_LINEAR: u32 = 0;
