@@ -18,7 +18,8 @@ top=$(cd "$(dirname "$0")/.." && pwd)
 # docker.io and containerd starts no daemon where there is no init system; where there is
 # one, the test's own dockerd and containerd keep apart from the system's. The build
 # dependencies of Debian's crun source package, which `make crun-criu` builds with CRIU
-# (scripts/build-crun-criu.sh), complete the list.
+# (scripts/build-crun-criu.sh), complete the list. debootstrap
+# builds the Debian sid chroot with ROCm 6.4 that test-rocm64 runs (test/rocm64/chroot.sh).
 packages=(
 	build-essential pkg-config git xz-utils patch
 	libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler
@@ -35,6 +36,7 @@ packages=(
 	runc crun podman docker.io containerd busybox-static zstd
 	gperf go-md2man libseccomp-dev libsystemd-dev libyajl-dev
 	golang-github-opencontainers-image-spec-dev golang-github-opencontainers-specs-dev
+	debootstrap
 )
 
 missing=()
