@@ -222,9 +222,7 @@ pub fn start_wave(
 ) {
     w.reset(target, code.entry(object));
     w.mode = code.mode();
-    w.apertures = regs.apertures;
-    w.id_in_group = p.wave;
-    w.hw_id = (p.wave & 0xf) | (p.wave >> 4 & 3) << 4 | (p.group[0] & 0xf) << 16;
+    seat_wave(w, regs, p);
     let next = load_user_sgprs(w, code, grid, regs);
     load_system_sgprs(w, code, p, next);
     let live = load_workitem_ids(w, target, code, p);
@@ -233,6 +231,15 @@ pub fn start_wave(
     } else {
         (1u64 << live) - 1
     });
+}
+
+/// What a wave gets from where it sits rather than from its registers: the apertures, its
+/// index in the workgroup and HW_ID. A new wave gets it at launch, a wave rebuilt from a
+/// context save area (which holds none of it) when it is relaunched.
+pub fn seat_wave(w: &mut Wave, regs: &DispatchRegs, p: &Placement) {
+    w.apertures = regs.apertures;
+    w.id_in_group = p.wave;
+    w.hw_id = (p.wave & 0xf) | (p.wave >> 4 & 3) << 4 | (p.group[0] & 0xf) << 16;
 }
 
 /// The user SGPRs the kernel enables, from s0, as far as RSRC2.USER_SGPR reaches; returns
