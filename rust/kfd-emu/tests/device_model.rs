@@ -3530,6 +3530,28 @@ const K_SPIN: &[u32] = &[
     0xbf85fffa, // s_cbranch_scc1 -6 (the load)
     0xbf810000, // s_endpgm
 ];
+/// Each work-item puts its global id into the LDS, spins until the flag is
+/// set, meets its workgroup at a barrier, and stores what the LDS holds
+/// for it (its id again) to out[id]: registers, the LDS and a barrier that
+/// live through an eviction.  Workgroups of 128, 512 bytes of LDS.
+const K_HOLD: &[u32] = &[
+    0xc0060100, 0x00000000, // s_load_dwordx2 s[4:5], s[0:1], 0x0
+    0xd1fd0001, 0x04010e02, // v_lshl_add_u32 v1, s2, 7, v0
+    0x24040082, // v_lshlrev_b32_e32 v2, 2, v0
+    0xd81a0000, 0x00000102, // ds_write_b32 v2, v1
+    0xbf8cc07f, // s_waitcnt lgkmcnt(0)
+    0xc00300c0, 0x00000008, // s_load_dword s3, s[0:1], 0x8 glc
+    0xbf8cc07f, // s_waitcnt lgkmcnt(0)
+    0xbf8e0001, // s_sleep 1
+    0xbf068003, // s_cmp_eq_u32 s3, 0
+    0xbf85fffa, // s_cbranch_scc1 -6 (the load)
+    0xbf8a0000, // s_barrier
+    0xd86c0000, 0x03000002, // ds_read_b32 v3, v2
+    0x24040282, // v_lshlrev_b32_e32 v2, 2, v1
+    0xbf8cc07f, // s_waitcnt lgkmcnt(0)
+    0xdc708000, 0x00040302, // global_store_dword v2, v3, s[4:5]
+    0xbf810000, // s_endpgm
+];
 const K_ILLEGAL: &[u32] = &[
     0xf0000f00,
     0x00000000, // image_load v[0:3], v0, s[0:7] dmask:0xf (graphics: no compute encoding)
@@ -3550,6 +3572,12 @@ struct Shader {
     event: u32,
 }
 
+/// The queues' context save areas (GTT BOs at `CTX_VA + CTX_SIZE * q`):
+/// a one-page control stack, then the wave area.
+const CTX_VA: u64 = 0x5100_0000;
+const CTX_CTL: u64 = 0x1000;
+const CTX_SIZE: u64 = 0x4_0000;
+
 const CODE_VA: u64 = 0x5000_0000;
 const DATA_VA: u64 = 0x5001_0000;
 const SHADER_SIGS_VA: u64 = 0x5002_0000;
@@ -3558,7 +3586,11 @@ const OUT: u64 = DATA_VA + 0x1000;
 
 impl Shader {
     fn new() -> Shader {
-        let d = Dev::new("");
+        Shader::on(Dev::new(""), false)
+    }
+
+    /// The rig on `d`; `ctx`: the queues have context save areas.
+    fn on(d: Dev, ctx: bool) -> Shader {
         d.setup();
         let map = |va, size| {
             let (h, off) = d.alloc(va, size, alloc::GTT, 0).unwrap();
@@ -3577,7 +3609,7 @@ impl Shader {
             .unwrap();
         let event = u32_at(&ev, 24);
         let mailbox = SIG_VA + u32_at(&ev, 28) as u64 * 8;
-        let kernels = [K_IDS, K_FAULT, K_TRAP, K_SPIN, K_ILLEGAL];
+        let kernels = [K_IDS, K_FAULT, K_TRAP, K_SPIN, K_ILLEGAL, K_HOLD];
         // SAFETY: every offset below lies inside the mappings just made.
         unsafe {
             for (k, words) in kernels.iter().enumerate() {
@@ -3605,6 +3637,15 @@ impl Shader {
         let mut doorbells = [std::ptr::null_mut(); 2];
         for (q, db) in doorbells.iter_mut().enumerate() {
             let base = AQ_BASE + 0x1000 * q as u64;
+            let area = CTX_VA + CTX_SIZE * q as u64;
+            if ctx {
+                map(area, CTX_SIZE);
+            }
+            let ctx_fields = [
+                (72, if ctx { area } else { 0 }),
+                (80, if ctx { CTX_SIZE } else { 0 }),
+                (84, if ctx { CTX_CTL } else { 0 }),
+            ];
             let fields = [
                 (0, RING_VA + 0x1000 * q as u64),
                 (8, base + 56),
@@ -3615,7 +3656,8 @@ impl Shader {
                 (44, 100),
                 (48, 7),
             ];
-            let out = d.call(nr::CREATE_QUEUE, &args(&fields, 88)).unwrap();
+            let all: Vec<(usize, u64)> = fields.iter().chain(&ctx_fields).copied().collect();
+            let out = d.call(nr::CREATE_QUEUE, &args(&all, 88)).unwrap();
             let dbo = u64_at(&out, 24);
             let page = d.map_node(NodeKind::Kfd, dbo & !8191, 8192);
             // SAFETY: the doorbell lies inside the 8 KiB slice just mapped.
@@ -3644,6 +3686,11 @@ impl Shader {
     /// Dispatches kernel `k` on queue `q` as packet `i`: `grid` work-items
     /// in workgroups of `group`, completion signal `q` set to 1 first.
     fn dispatch(&self, q: usize, i: usize, k: usize, grid: u32, group: u16) {
+        self.dispatch_lds(q, i, k, grid, group, 0);
+    }
+
+    /// As `dispatch`, with `lds` bytes of group segment.
+    fn dispatch_lds(&self, q: usize, i: usize, k: usize, grid: u32, group: u16, lds: u32) {
         let r = self.rings[q];
         // SAFETY: packet i of queue q's 64-packet ring, its amd_queue_t and
         // doorbell, signal q.
@@ -3654,7 +3701,7 @@ impl Shader {
             wr32(r, i * 64 + 12, grid);
             wr32(r, i * 64 + 16, 1);
             wr32(r, i * 64 + 20, 1);
-            wr64(r, i * 64 + 24, 0); // private and group segment sizes
+            wr64(r, i * 64 + 24, (lds as u64) << 32); // private and group segment sizes
             wr64(r, i * 64 + 32, CODE_VA + 0x400 * k as u64);
             wr64(r, i * 64 + 40, KERNARG);
             wr64(r, i * 64 + 56, Self::sig(q as u64));
@@ -3713,8 +3760,8 @@ fn a_spinning_wave_stalls_no_other_queue() {
     assert!(s.wait_for(1, 0), "queue 1's dispatch beside the spinner");
     assert_eq!(s.out(255), 255);
     assert_eq!(s.sig_value(0), 1, "the spinner is still spinning");
-    // The emulator does not save waves in flight: it refuses to start a
-    // checkpoint, and the process runs on.
+    // Its queue has no context save area for its waves: the checkpoint is
+    // refused, and the process runs on.
     let info = criu(criu_op::PROCESS_INFO, 0, 0, 0, 0, 0, 0, 0, 0);
     assert_eq!(s.d.call(nr::CRIU_OP, &info), Err(libc::EBUSY));
     // SAFETY: the kernarg's flag.
@@ -3747,4 +3794,244 @@ fn faults_traps_and_illegal_instructions_stop_the_queue_with_the_cps_errors() {
     t.dispatch(1, 0, 0, 128, 128);
     assert!(t.wait_for(1, 0));
     assert_eq!(t.out(127), 127);
+}
+
+/// The BO buckets of an image: (GPU VA, size, mmap offset at the
+/// checkpoint, restored offset, flags).
+fn buckets(img: &Image) -> Vec<(u64, u64, u64, u64, u32)> {
+    img.bos
+        .chunks(48)
+        .map(|b| {
+            (
+                u64_at(b, 0),
+                u64_at(b, 8),
+                u64_at(b, 16),
+                u64_at(b, 24),
+                u32_at(b, 36),
+            )
+        })
+        .collect()
+}
+
+/// PROCESS_INFO and CHECKPOINT of the test process on `d` (through its
+/// /dev/kfd open `fh`).
+fn dump_me(d: &Dev, fh: u64) -> Image {
+    let call = |a: &[u8]| d.call_fh(fh, &me(), nr::CRIU_OP, a);
+    let info = call(&criu(criu_op::PROCESS_INFO, 0, 0, 0, 0, 0, 0, 0, 0)).unwrap();
+    let (psize, nd, nb, no) = (
+        u64_at(&info, 24),
+        u32_at(&info, 32),
+        u32_at(&info, 36),
+        u32_at(&info, 40),
+    );
+    let mut img = Image {
+        devs: vec![0u8; 16 * nd as usize],
+        bos: vec![0u8; 48 * nb as usize],
+        blob: vec![0u8; psize as usize],
+        nb,
+        no,
+        wptr: 0,
+    };
+    let (dp, bp, pp) = (
+        img.devs.as_mut_ptr() as u64,
+        img.bos.as_mut_ptr() as u64,
+        img.blob.as_mut_ptr() as u64,
+    );
+    call(&criu(criu_op::CHECKPOINT, dp, bp, pp, psize, nd, nb, no, 0)).unwrap();
+    img
+}
+
+/// Another host (other gpu_id and render minor): the test process opens
+/// /dev/kfd and the render node there (fd 900) and RESTOREs `img` with
+/// `blob`; on success copies every GTT BO's bytes from `d`, as CRIU does
+/// before RESUME.  Returns the new host and the process' /dev/kfd open.
+fn restore_me(d: &Dev, img: &mut Image, blob: &[u8]) -> (Dev, u64, Result<(), i32>) {
+    let d2 = Dev::new("[[gpus]]\ngpu_id = 0x5151\ndrm_render_minor = 150\n");
+    assert_ne!(d2.gpu_id, d.gpu_id);
+    let fh = d2.emu.open(&NodeKind::Kfd, &me()).unwrap();
+    let render = d2
+        .emu
+        .open(&NodeKind::Render { minor: d2.minor }, &me())
+        .unwrap();
+    d2.fds.insert(900, render);
+    img.devs[4..8].copy_from_slice(&d2.gpu_id.to_le_bytes());
+    img.devs[8..12].copy_from_slice(&900u32.to_le_bytes());
+    let a = criu(
+        criu_op::RESTORE,
+        img.devs.as_mut_ptr() as u64,
+        img.bos.as_mut_ptr() as u64,
+        blob.as_ptr() as u64,
+        blob.len() as u64,
+        1,
+        img.nb,
+        img.no,
+        0,
+    );
+    let r = d2.call_fh(fh, &me(), nr::CRIU_OP, &a).map(|_| ());
+    if r.is_ok() {
+        for (_, size, old, new, flags) in buckets(img) {
+            if flags & alloc::GTT == 0 {
+                continue;
+            }
+            let from = d.map_node(NodeKind::Render { minor: d.minor }, old, size as usize);
+            let to = d2.map_node(NodeKind::Render { minor: d2.minor }, new, size as usize);
+            // SAFETY: two live mappings of `size` bytes each.
+            unsafe { std::ptr::copy_nonoverlapping(from, to, size as usize) };
+        }
+    }
+    (d2, fh, r)
+}
+
+/// The restored process' view of the BO at `va` on host `d2`.
+fn restored_bo(d2: &Dev, img: &Image, va: u64) -> *mut u8 {
+    let (_, size, _, new, _) = buckets(img)
+        .into_iter()
+        .find(|b| b.0 == va)
+        .expect("the BO is in the image");
+    d2.map_node(NodeKind::Render { minor: d2.minor }, new, size as usize)
+}
+
+/// Polls a 64-bit signal value through a mapping until it is `want`.
+fn poll_signal(sigs: *mut u8, i: usize, want: i64) -> bool {
+    let end = Instant::now() + Duration::from_secs(20);
+    // SAFETY: signal i inside the live signal mapping.
+    while unsafe { rd64(sigs, 64 * i + 8) } as i64 != want {
+        if Instant::now() > end {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    true
+}
+
+/// A dispatch holding registers, LDS and a barrier is in flight on queue 0
+/// of a rig with context save areas: 2 workgroups of 2 waves, every wave
+/// spinning on the kernarg's flag.
+fn held_dispatch() -> Shader {
+    let s = Shader::on(Dev::new(""), true);
+    s.dispatch_lds(0, 0, 5, 256, 128, 512);
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(s.sig_value(0), 1, "the dispatch waits for its flag");
+    s
+}
+
+/// PROCESS_INFO saves the waves of a dispatch in flight into the queue's
+/// context save area (the wave area fills, its control stack comes back in
+/// CHECKPOINT's queue record); UNPAUSE rebuilds them from there, and the
+/// kernel finishes with every work-item's result.
+#[test]
+fn a_dispatch_in_flight_is_saved_at_process_info_and_runs_on_after_unpause() {
+    let s = held_dispatch();
+    let fh = KFD_FH.with(|f| f.get());
+    let img = dump_me(&s.d, fh);
+    let magic = gfx9::cwsr::stack::MAGIC.to_le_bytes();
+    let at = img.blob.windows(4).position(|w| w == magic);
+    assert!(at.is_some(), "the queue record holds a control stack");
+    let area = s.d.map_node(
+        NodeKind::Render { minor: s.d.minor },
+        buckets(&img)
+            .iter()
+            .find(|b| b.0 == CTX_VA)
+            .expect("the save area BO")
+            .2,
+        CTX_SIZE as usize,
+    );
+    // SAFETY: the save area's mapping of CTX_SIZE bytes.
+    let wave_area = unsafe { std::slice::from_raw_parts(area.add(CTX_CTL as usize), 0x1000) };
+    assert!(
+        wave_area.iter().any(|&b| b != 0),
+        "the wave area holds the waves"
+    );
+    s.d.call(nr::CRIU_OP, &criu(criu_op::UNPAUSE, 0, 0, 0, 0, 0, 0, 0, 0))
+        .unwrap();
+    // SAFETY: the kernarg's flag.
+    unsafe { wr32(s.data, 8, 1) };
+    assert!(s.wait_for(0, 0), "the resumed dispatch completes");
+    for i in 0..256 {
+        assert_eq!(s.out(i), i as u32, "work-item {i}'s id through its LDS");
+    }
+}
+
+/// The dispatch checkpointed mid-flight is restored into a fresh emulator
+/// (other gpu_id, other render minor) from the private data and the BOs'
+/// bytes alone, and finishes there with every work-item's result.
+#[test]
+fn a_dispatch_in_flight_resumes_on_another_host() {
+    let s = held_dispatch();
+    let fh = KFD_FH.with(|f| f.get());
+    let mut img = dump_me(&s.d, fh);
+    let blob = img.blob.clone();
+    let (d2, fh2, r) = restore_me(&s.d, &mut img, &blob);
+    r.unwrap();
+    let (data, sigs) = (
+        restored_bo(&d2, &img, DATA_VA),
+        restored_bo(&d2, &img, SHADER_SIGS_VA),
+    );
+    let pid = std::process::id();
+    d2.call_fh(
+        fh2,
+        &me(),
+        nr::CRIU_OP,
+        &criu(criu_op::RESUME, 0, 0, 0, 0, 0, 0, 0, pid),
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    // SAFETY: the restored signals.
+    let completion = unsafe { rd64(sigs, 8) };
+    assert_eq!(completion, 1, "the dispatch waits for its flag again");
+    // SAFETY: the restored kernarg's flag.
+    unsafe { wr32(data, 8, 1) };
+    assert!(poll_signal(sigs, 0, 0), "the restored dispatch completes");
+    for i in 0..256 {
+        // SAFETY: the restored output buffer.
+        let v = unsafe { rd32(data, 0x1000 + 4 * i) };
+        assert_eq!(v, i as u32, "work-item {i}");
+    }
+}
+
+/// A damaged control stack or wave block is the queue's error when it runs
+/// after RESUME (queue error 0x20 on its inactive signal, the completion
+/// signal untouched), never the daemon's: its other queue runs on.  A
+/// control stack larger than its MQD's is refused at RESTORE.
+#[test]
+fn a_damaged_save_is_the_queues_error_at_resume() {
+    let magic = gfx9::cwsr::stack::MAGIC.to_le_bytes();
+    // The wave block's PC_HI (HWREG slot 2): replay bits it never saves.
+    let alloc = gfx9::cwsr::Alloc::from_descriptor(gfx9::Target::Gfx908, 0, 0, 512).unwrap();
+    let pc_hi = CTX_CTL as usize + gfx9::cwsr::WaveBlock::of(&alloc).hwreg + 8;
+    for damage in ["stack magic", "wave block", "stack version"] {
+        let s = held_dispatch();
+        let fh = KFD_FH.with(|f| f.get());
+        let mut img = dump_me(&s.d, fh);
+        let mut blob = img.blob.clone();
+        let at = blob.windows(4).position(|w| w == magic).unwrap();
+        match damage {
+            "stack magic" => blob[at] ^= 1,
+            "stack version" => blob[at + 4] = 9,
+            _ => {}
+        }
+        let (d2, fh2, r) = restore_me(&s.d, &mut img, &blob);
+        r.unwrap();
+        if damage == "wave block" {
+            let area = restored_bo(&d2, &img, CTX_VA);
+            // SAFETY: inside the restored save area.
+            unsafe { wr32(area, pc_hi, 0x1_0000) };
+        }
+        let sigs = restored_bo(&d2, &img, SHADER_SIGS_VA);
+        let pid = std::process::id();
+        let resume = criu(criu_op::RESUME, 0, 0, 0, 0, 0, 0, 0, pid);
+        d2.call_fh(fh2, &me(), nr::CRIU_OP, &resume).unwrap();
+        assert!(poll_signal(sigs, 2, 0x20), "{damage}: queue 0's error");
+        // SAFETY: the restored signals.
+        assert_eq!(unsafe { rd64(sigs, 8) }, 1, "{damage}: no completion");
+    }
+    // The MQD says the control stack is longer than the stack it is in.
+    let s = held_dispatch();
+    let fh = KFD_FH.with(|f| f.get());
+    let mut img = dump_me(&s.d, fh);
+    let mut blob = img.blob.clone();
+    let at = blob.windows(4).position(|w| w == b"KEMQ").unwrap();
+    blob[at + 44..at + 48].copy_from_slice(&(CTX_CTL as u32 + 8).to_le_bytes());
+    let (_, _, r) = restore_me(&s.d, &mut img, &blob);
+    assert_eq!(r, Err(libc::EINVAL));
 }

@@ -13,7 +13,10 @@
 //!   (any) of the non-null dependency signals are 0.
 //! * KERNEL_DISPATCH packets are checked here (`kernel`) and their waves
 //!   run on the shader engine (`shader`), outside the state lock; the
-//!   queue waits until [`finish`] reports their end.
+//!   queue waits until [`finish`] reports their end.  A dispatch whose
+//!   waves an eviction saved (the queue's control stack, [`AqlState`]'s
+//!   `saved`) is checked again when the queue runs and its waves are
+//!   rebuilt from the queue's context save area (`shader::cwsr`).
 //! * Vendor packets (`vendor`): PM4 indirect buffers (ACQUIRE_MEM) and
 //!   BARRIER_VALUE.
 //! * A finished packet's completion signal is decremented and its event
@@ -32,7 +35,7 @@ mod vendor;
 
 use gfx9::Target;
 
-use super::shader::{JobKey, Launch, Outcome};
+use super::shader::{JobKey, Launch, Outcome, SaveArea};
 use super::state::{Done, Proc, Queue};
 use super::uapi::queue_type;
 use ring::{error, Handled, COMPLETION_SIGNAL, PACKET};
@@ -66,6 +69,11 @@ pub struct AqlState {
     /// queue's scratch (queue error 1 raised, `queue_inactive_signal` not
     /// yet back to 0).
     pub scratch_wait: bool,
+    /// The control stack of the dispatch at the read pointer, whose waves
+    /// are in the queue's context save area (an eviction saved them): the
+    /// CP's companion pages of the MQD, which CHECKPOINT returns and
+    /// RESTORE writes back.  Empty: none.
+    pub saved: Vec<u8>,
 }
 
 /// What a pass did.
@@ -120,12 +128,26 @@ fn handle(
     (ty, slot, index): (u8, u64, u64),
     done: &mut Done,
 ) -> Handled {
+    if !q.aql.saved.is_empty() && ty != TYPE_KERNEL_DISPATCH {
+        return Handled::Error(
+            error::INVALID_PACKET_FORMAT,
+            format!(
+                "the queue's control stack holds a saved dispatch, but the packet at the read \
+                 pointer is of type {ty}"
+            ),
+        );
+    }
     match ty {
         // Reserved but not written yet.
         TYPE_INVALID => Handled::Wait,
         TYPE_BARRIER_AND | TYPE_BARRIER_OR => barrier(p, q, slot, ty == TYPE_BARRIER_AND),
         TYPE_KERNEL_DISPATCH => match kernel::prepare(p, id, q, target, (slot, index), done) {
-            kernel::Prepared::Launch(l) => Handled::Launched(l),
+            kernel::Prepared::Launch(mut l) => {
+                if let Some(qs) = p.queues.get_mut(&id).filter(|qs| !qs.aql.saved.is_empty()) {
+                    l.resume = Some((save_area(q), std::mem::take(&mut qs.aql.saved)));
+                }
+                Handled::Launched(l)
+            }
             kernel::Prepared::ScratchWait => {
                 if let Some(qs) = p.queues.get_mut(&id) {
                     qs.aql.scratch_wait = true;
@@ -139,6 +161,15 @@ fn handle(
             error::INVALID_PACKET_FORMAT,
             format!("packet of type {t} (agent dispatch or reserved): the CP model runs none"),
         ),
+    }
+}
+
+/// The queue's context save area (one XCC's), as CREATE_QUEUE gave it.
+pub fn save_area(q: &Queue) -> SaveArea {
+    SaveArea {
+        addr: q.ctx_addr,
+        size: q.ctx_size,
+        ctl_stack_size: q.ctl_stack_size,
     }
 }
 
@@ -306,5 +337,10 @@ pub fn finish(p: &mut Proc, key: &JobKey, outcome: &Outcome, done: &mut Done) {
             ring::stop(p, key.queue, &q, key.index, code, &what, done);
         }
         Outcome::Trap { .. } => ring::stop(p, key.queue, &q, key.index, error::TRAP, &what, done),
+        // The CP cannot relaunch the saved waves: the dispatch is lost.
+        Outcome::Restore { .. } => {
+            let code = error::INVALID_PACKET_FORMAT;
+            ring::stop(p, key.queue, &q, key.index, code, &what, done);
+        }
     }
 }

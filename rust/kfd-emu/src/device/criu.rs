@@ -9,7 +9,11 @@
 //! queue was created with (one per XCC).  The MQD's first bytes are the
 //! emulator's own ([`Mqd`]); a queue with a SET_CU_MASK mask gets version
 //! 2, whose mask ([`CuMask`]) follows, as KFD's MQD holds the CU mask; the
-//! rest is zero, as are the control stacks (no waves ever run).
+//! rest is zero.  When PROCESS_INFO saved the waves of a kernel dispatch
+//! into the queue's context save area, the first control stack holds the
+//! CP's record of it (`gfx9::cwsr::stack`, ending at the stack's size; the
+//! MQD says how many bytes): RESTORE gives it back to the queue, which
+//! rebuilds the waves when it runs after RESUME.  The rest is zero.
 //!
 //! RESTORE is as strict as a fixed kernel: an MQD size other than KFD's for
 //! the queue's type, a control stack on an SDMA queue or larger than the
@@ -24,8 +28,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::mem::{offset_of, size_of};
 
+use super::aql::{self, AqlState};
 use super::kfd;
 use super::mem::{user_read, user_write};
+use super::shader::{SaveJob, Saved};
 use super::state::bos::VaRanges;
 use super::state::svm as ranges;
 use super::state::{BoKey, Done, Event, Gpu, MemoryException, Queue, State, R};
@@ -50,7 +56,11 @@ struct Mqd {
     halted: u32,
     /// Control stack size given at CREATE_QUEUE.
     ctl_stack_size: u32,
-    pad: [u32; 5],
+    /// Bytes of the control stack in use (a dispatch's waves were saved:
+    /// the stack ends at `ctl_stack_size`, CP_HQD_CNTL_STACK_OFFSET is
+    /// `ctl_stack_size - ctl_stack_used`); 0: none.
+    ctl_stack_used: u32,
+    pad: [u32; 4],
 }
 
 // SAFETY: integers only; the fields cover all 64 bytes (asserted below).
@@ -59,7 +69,7 @@ unsafe impl FromBytes for Mqd {}
 unsafe impl AsBytes for Mqd {}
 
 pub const MQD_SIZE: usize = size_of::<Mqd>();
-const _: () = assert!(MQD_SIZE == 64 && offset_of!(Mqd, pad) == 44);
+const _: () = assert!(MQD_SIZE == 64 && offset_of!(Mqd, pad) == 48);
 const MQD_MAGIC: u32 = u32::from_le_bytes(*b"KEMQ");
 
 /// What MQD version 2 adds: the CU mask (SET_CU_MASK's, at most 1024 bits).
@@ -222,13 +232,20 @@ pub fn answer(a: &sys::kfd_ioctl_criu_args, input: &[u8], out_size: usize) -> Ve
     o
 }
 
-pub fn process_info(st: &mut State, lead: u32, a: &mut sys::kfd_ioctl_criu_args) -> R<()> {
+/// PROCESS_INFO, under the state lock: evicts the process' queues and
+/// returns what the shader engine must save, the dispatch in flight of
+/// each queue that runs one (see [`saved`], which takes the outcomes).
+pub fn process_info(
+    st: &mut State,
+    lead: u32,
+    a: &mut sys::kfd_ioctl_criu_args,
+) -> R<Vec<SaveJob>> {
     crate::fault::check(uapi::criu_op::PROCESS_INFO)?;
     let p = st.procs.get_mut(&lead).ok_or(libc::ESRCH)?;
     if p.n_pdds() == 0 {
         return Err(libc::ENODEV);
     }
-    refuse_waves_in_flight(p)?;
+    refuse_waves_without_save_area(p)?;
     p.paused = true;
     // SVM ranges the process unmapped are gone, as on KFD.
     if !p.svm.ranges.is_empty() {
@@ -241,23 +258,70 @@ pub fn process_info(st: &mut State, lead: u32, a: &mut sys::kfd_ioctl_criu_args)
     a.num_bos = c.bos;
     a.num_objects = c.objects;
     a.pid = ns_pid(lead);
+    Ok(p.queues
+        .iter()
+        .filter(|(_, q)| q.aql.running)
+        .map(|(&id, q)| SaveJob {
+            lead,
+            queue: id,
+            area: aql::save_area(q),
+            vm: p.gpu_range(q.gpu, 0, aql::VA_TOP),
+        })
+        .collect())
+}
+
+/// PROCESS_INFO's end, under the state lock again: the waves of each
+/// queue of `ids` are saved (its control stack kept with its MQD), or the
+/// queue's dispatch ended meanwhile.  A queue whose waves could not be
+/// saved fails the checkpoint (EBUSY, logged naming the process, GPU,
+/// queue and why): the process is unpaused and runs on.
+pub fn saved(st: &mut State, lead: u32, ids: &[u32], outcomes: Vec<Saved>) -> R<()> {
+    let p = st.procs.get_mut(&lead).ok_or(libc::ESRCH)?;
+    let mut failed = false;
+    for (id, outcome) in ids.iter().zip(outcomes) {
+        let Some(q) = p.queues.get_mut(id) else {
+            continue;
+        };
+        match outcome {
+            Saved::Idle => {}
+            Saved::Stack(stack) => {
+                q.aql.running = false;
+                q.aql.saved = stack;
+                // Looked at again when the queue runs.
+                q.aql.waiting = true;
+            }
+            Saved::Failed(why) => {
+                log::error!(
+                    "kfd-emu: process {lead} GPU {:#x} AQL queue {id}: the waves of its kernel \
+                     dispatch cannot be saved into its context save area at {:#x}: {why}; the \
+                     checkpoint is refused (EBUSY) and the process runs on",
+                    p.pdds[q.gpu].user_id,
+                    q.ctx_addr
+                );
+                failed = true;
+            }
+        }
+    }
+    if failed {
+        p.paused = false;
+        return Err(libc::EBUSY);
+    }
     Ok(())
 }
 
-/// KFD saves the waves of a dispatch in flight (compute-wave save/restore);
-/// the emulator does not model that, so it refuses to start a checkpoint
-/// of a process with a dispatch running (or waiting for scratch) rather
-/// than write images whose restore would lose the dispatch.
-fn refuse_waves_in_flight(p: &super::state::Proc) -> R<()> {
+/// A queue without a context save area (or control stack) cannot have its
+/// waves saved: the checkpoint of a process with a dispatch running on one
+/// is refused before anything is paused, and the process runs on.
+fn refuse_waves_without_save_area(p: &super::state::Proc) -> R<()> {
     let busy = p
         .queues
         .iter()
-        .find(|(_, q)| q.aql.running || q.aql.scratch_wait);
+        .find(|(_, q)| q.aql.running && (q.ctx_addr == 0 || q.ctl_stack_size == 0));
     if let Some((id, q)) = busy {
         log::error!(
-            "kfd-emu: process {} GPU {:#x} AQL queue {id}: a kernel dispatch is in flight; the \
-             emulator does not model compute-wave save/restore, so it refuses the checkpoint \
-             (EBUSY) and the process runs on",
+            "kfd-emu: process {} GPU {:#x} AQL queue {id}: a kernel dispatch is in flight on a \
+             queue without a context save area, where its waves cannot be saved; the \
+             checkpoint is refused (EBUSY) and the process runs on",
             p.lead,
             p.pdds[q.gpu].user_id
         );
@@ -288,7 +352,8 @@ fn encode_mqd(q: &Queue, wptr: u64) -> Mqd {
         ring_size: q.ring_size,
         halted: q.halted as u32,
         ctl_stack_size: q.ctl_stack_size,
-        pad: [0; 5],
+        ctl_stack_used: q.aql.saved.len() as u32,
+        pad: [0; 4],
     }
 }
 
@@ -419,6 +484,9 @@ pub fn checkpoint(
             uapi::push(&mut blob, &m);
         }
         blob.resize(mqd_end + ctl_stack_bytes(q, g), 0);
+        // The first XCC's control stack ends at its `ctl_stack_size`.
+        let end = mqd_end + q.ctl_stack_size as usize;
+        blob[end - q.aql.saved.len()..end].copy_from_slice(&q.aql.saved);
     }
     let mut first = true;
     for (&id, ev) in &p.events {
@@ -643,7 +711,8 @@ fn plan_restore(
                 let r: layout::kfd_criu_queue_priv_data = cur.rec()?;
                 let gpu = *user_to_gpu.get(&r.gpu_id).ok_or(libc::EINVAL)?;
                 let qtype = ioctl_type(r.type_, r.format)?;
-                let (m, cu_mask) = take_queue_extra(&mut cur, &r, qtype, &st.devs.gpus[gpu])?;
+                let extra = take_queue_extra(&mut cur, &r, qtype, &st.devs.gpus[gpu])?;
+                let m = extra.mqd;
                 let id = r.q_id;
                 let ring_size = r.q_size;
                 if id >= uapi::MAX_QUEUES_PER_PROCESS
@@ -672,8 +741,11 @@ fn plan_restore(
                     sdma_id: r.sdma_id,
                     rptr: m.rptr,
                     halted: m.halted != 0,
-                    cu_mask,
-                    aql: Default::default(),
+                    cu_mask: extra.cu_mask,
+                    aql: AqlState {
+                        saved: extra.saved,
+                        ..Default::default()
+                    },
                     engine: Default::default(),
                 };
                 if q.is_sdma() {
@@ -763,16 +835,26 @@ fn plan_restore(
     ))
 }
 
+/// What a queue record's MQD and control stacks hold.
+struct QueueExtra {
+    mqd: Mqd,
+    cu_mask: Vec<u32>,
+    /// The used end of the first control stack (see [`Mqd`]).
+    saved: Vec<u8>,
+}
+
 /// A queue record's MQD and control stacks, checked as a fixed kernel
 /// checks them before it copies any: the MQD of exactly KFD's size for the
 /// type, no control stack on an SDMA queue, one per XCC on a compute queue
 /// and none larger than the node's (the most a queue's allocation holds).
+/// What the used control stack says is the CP's to check when the queue
+/// runs (a damaged one is a queue error then).
 fn take_queue_extra(
     cur: &mut Cursor<'_>,
     r: &layout::kfd_criu_queue_priv_data,
     qtype: u32,
     g: &Gpu,
-) -> R<(Mqd, Vec<u32>)> {
+) -> R<QueueExtra> {
     let (kernel, _) = kernel_type(qtype);
     let want = criu::mqd_size(kernel, g.num_xcc).ok_or(libc::EINVAL)?;
     let ctl = r.ctl_stack_size;
@@ -785,8 +867,13 @@ fn take_queue_extra(
         return Err(libc::EINVAL);
     }
     let mqd = cur.take(want as usize)?;
-    cur.take(ctl as usize)?;
+    let stacks = cur.take(ctl as usize)?;
     let m: Mqd = uapi::decode(mqd);
+    let (size, used) = (m.ctl_stack_size as usize, m.ctl_stack_used as usize);
+    if used > size || (used > 0 && (size > stacks.len() || r.ctx_save_restore_area_address == 0)) {
+        return Err(libc::EINVAL);
+    }
+    let saved = stacks[size - used..size].to_vec();
     let v2 = m.version == 2;
     if m.magic != MQD_MAGIC || !(m.version == 1 || v2) {
         return Err(libc::EINVAL);
@@ -800,7 +887,11 @@ fn take_queue_extra(
     } else {
         Vec::new()
     };
-    Ok((m, cu_mask))
+    Ok(QueueExtra {
+        mqd: m,
+        cu_mask,
+        saved,
+    })
 }
 
 /// RESTORE: validate everything, then apply; an error while applying

@@ -819,6 +819,14 @@ impl Emulator {
                 };
                 st = self.quiesce(st, &[lead, other]);
             }
+            if n == nr::CRIU_OP
+                && uapi::decode::<sys::kfd_ioctl_criu_args>(input).op == uapi::criu_op::PROCESS_INFO
+            {
+                let (st, r) = self.process_info(st, lead, caller, input, out_size);
+                self.shared.wake.notify_all();
+                self.unlock_then_finish(st, done);
+                return Some((reply, r));
+            }
             let st = &mut *st;
             let (i, o) = (input, out_size);
             match n {
@@ -892,23 +900,15 @@ impl Emulator {
                     None => Err(libc::ESRCH),
                 },
                 nr::CRIU_OP => {
-                    let mut a = uapi::decode::<sys::kfd_ioctl_criu_args>(i);
+                    let a = uapi::decode::<sys::kfd_ioctl_criu_args>(i);
                     let r = match a.op {
-                        uapi::criu_op::PROCESS_INFO => criu::process_info(st, lead, &mut a),
                         uapi::criu_op::CHECKPOINT => criu::checkpoint(st, lead, caller, &a),
                         uapi::criu_op::UNPAUSE => criu::unpause(st, lead),
                         uapi::criu_op::RESTORE => criu::restore(st, lead, caller, &resolved, &a),
                         uapi::criu_op::RESUME => criu::resume(st, caller.tid, a.pid, &mut done),
                         _ => Err(libc::EINVAL),
                     };
-                    // One line per op: tests show that a refused image
-                    // reached no RESTORE.
-                    log::info!(
-                        "kfd-emu: CRIU_OP {} by process {}: {}",
-                        criu::op_name(a.op),
-                        caller.tgid,
-                        r.map_or_else(|e| format!("errno {e}"), |()| "ok".into())
-                    );
+                    log_criu_op(a.op, caller, &r);
                     r.map(|()| criu::answer(&a, i, o))
                 }
                 // A table entry without a function: KFD's answer.
@@ -921,6 +921,33 @@ impl Emulator {
         // FREE_MEMORY_OF_GPU, or a RESTORE that failed, freed BOs.
         self.unlock_then_finish(st, done);
         Some((reply, r))
+    }
+
+    /// CRIU_OP PROCESS_INFO: evicts the process' queues under the lock,
+    /// then, without it, has the shader engine save the waves of the
+    /// dispatches in flight into their queues' context save areas (it
+    /// takes the lock between its rounds), and takes the outcome.
+    fn process_info<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
+        lead: u32,
+        caller: &Caller,
+        input: &[u8],
+        out_size: usize,
+    ) -> (MutexGuard<'a, State>, state::R<Vec<u8>>) {
+        let mut a = uapi::decode::<sys::kfd_ioctl_criu_args>(input);
+        let r = match criu::process_info(&mut st, lead, &mut a) {
+            Ok(jobs) if !jobs.is_empty() => {
+                let ids: Vec<u32> = jobs.iter().map(|j| j.queue).collect();
+                drop(st);
+                let outcomes = self.shared.shader.save(jobs);
+                st = self.lock();
+                criu::saved(&mut st, lead, &ids, outcomes)
+            }
+            r => r.map(drop),
+        };
+        log_criu_op(a.op, caller, &r);
+        (st, r.map(|()| criu::answer(&a, input, out_size)))
     }
 
     pub fn shutdown(&self) {
@@ -951,6 +978,18 @@ impl Drop for Emulator {
     fn drop(&mut self) {
         self.shutdown();
     }
+}
+
+/// One line per CRIU op: tests show that a refused image reached no
+/// RESTORE.
+fn log_criu_op(op: u32, caller: &Caller, r: &state::R<()>) {
+    log::info!(
+        "kfd-emu: CRIU_OP {} by process {}: {}",
+        criu::op_name(op),
+        caller.tgid,
+        r.as_ref()
+            .map_or_else(|e| format!("errno {e}"), |()| "ok".into())
+    );
 }
 
 impl Shared {

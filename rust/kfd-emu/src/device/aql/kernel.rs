@@ -181,6 +181,7 @@ pub fn prepare(
             object: pk.object,
         },
         target,
+        packet: b,
         object: pk.object,
         code,
         grid: pk.grid,
@@ -188,6 +189,7 @@ pub fn prepare(
         lds,
         scratch: (pk.private_size > 0).then_some((s.wave_bytes, s.slots)),
         vm: p.gpu_range(q.gpu, 0, VA_TOP),
+        resume: None,
     }))
 }
 

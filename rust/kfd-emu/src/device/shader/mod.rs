@@ -7,7 +7,11 @@
 //! process' GPU VM (`gpumem`), and reports each dispatch's [`Outcome`]
 //! back through its [`Host`], which takes the state lock only then and
 //! once per round to refresh what the dispatches see of their processes.
+//! Between rounds (every wave at an instruction boundary) it saves the
+//! dispatches of an evicted queue into the queue's context save area
+//! (`cwsr`), and rebuilds a dispatch from there when the queue runs again.
 
+mod cwsr;
 mod gpumem;
 mod sched;
 mod worker;
@@ -18,6 +22,7 @@ use gfx9::launch::{DispatchRegs, Grid, KernelCode};
 use gfx9::Target;
 
 use super::vm::GpuRange;
+pub use cwsr::{SaveArea, SaveJob, Saved};
 pub use worker::{Engine, Host, Refresh};
 
 /// Which dispatch: the process, the queue, the packet.
@@ -37,6 +42,8 @@ pub struct JobKey {
 pub struct Launch {
     pub key: JobKey,
     pub target: Target,
+    /// The kernel dispatch packet as the CP read it.
+    pub packet: [u8; 64],
     pub object: u64,
     pub code: KernelCode,
     pub grid: Grid,
@@ -48,6 +55,9 @@ pub struct Launch {
     pub scratch: Option<(u64, u64)>,
     /// The process' GPU VM as the GPU sees it.
     pub vm: GpuRange,
+    /// A dispatch saved at an eviction: its waves are rebuilt from the
+    /// queue's context save area and control stack instead of started.
+    pub resume: Option<(SaveArea, Vec<u8>)>,
 }
 
 /// How a dispatch ended.
@@ -65,6 +75,9 @@ pub enum Outcome {
     Illegal { stop: String, pc: u64 },
     /// `s_trap N` (or `s_sethalt`: `code` 0xff).
     Trap { code: u8, pc: u64 },
+    /// The saved dispatch cannot be rebuilt: `what` names the field of
+    /// the control stack or save area that is damaged.
+    Restore { what: String },
 }
 
 impl fmt::Display for Outcome {
@@ -80,6 +93,12 @@ impl fmt::Display for Outcome {
             Outcome::Illegal { stop, .. } => f.write_str(stop),
             Outcome::Trap { code: 0xff, pc } => write!(f, "s_sethalt at PC {pc:#x}"),
             Outcome::Trap { code, pc } => write!(f, "s_trap {code} at PC {pc:#x}"),
+            Outcome::Restore { what } => {
+                write!(
+                    f,
+                    "its waves cannot be restored from the context save area: {what}"
+                )
+            }
         }
     }
 }

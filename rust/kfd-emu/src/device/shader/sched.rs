@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use gfx9::exec::{CodeCache, Stop};
 use gfx9::launch::{self, Grid, Placement};
+use gfx9::state::sreg;
 use gfx9::Wave;
 
 use super::gpumem::GpuMemory;
@@ -21,22 +22,40 @@ pub const TURN: u64 = 2048;
 pub const RESIDENT_WAVES: usize = 128;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum State {
+pub(super) enum State {
     Ready,
     Barrier,
     Asleep,
     Done,
 }
 
-struct Slot {
-    wave: Wave,
-    state: State,
-    scratch: Option<u64>,
+pub(super) struct Slot {
+    pub wave: Wave,
+    pub state: State,
+    pub scratch: Option<u64>,
 }
 
-struct Group {
-    lds: Vec<u8>,
-    waves: Vec<Slot>,
+pub(super) struct Group {
+    /// The workgroup's linear index (X fastest).
+    pub linear: u64,
+    pub lds: Vec<u8>,
+    pub waves: Vec<Slot>,
+}
+
+/// The TTMP in which the SPI model leaves a wave's scratch slot (plus one;
+/// 0: none) at launch, as the hardware's SPI keeps what it assigned a wave
+/// where user code cannot change it: a wave rebuilt from a context save
+/// area gets the TTMPs back and so its slot (the trap handler saves them;
+/// the emulator runs no trap handler of its own that would use them).
+const SCRATCH_SLOT_TTMP: usize = sreg::TTMP0 + 13;
+
+fn set_scratch_slot(w: &mut Wave, slot: Option<u64>) {
+    w.set_sgpr(SCRATCH_SLOT_TTMP, slot.map_or(0, |s| s as u32 + 1));
+}
+
+/// The scratch slot a wave's TTMP names (None: none).
+pub(super) fn scratch_slot(w: &Wave) -> Option<u64> {
+    w.sgpr(SCRATCH_SLOT_TTMP).checked_sub(1).map(u64::from)
 }
 
 /// What a slice of a dispatch came to.
@@ -49,12 +68,12 @@ pub enum Progress {
 pub struct Run {
     pub launch: Launch,
     pub mem: GpuMemory,
-    groups: Vec<Group>,
-    next_group: u64,
+    pub(super) groups: Vec<Group>,
+    pub(super) next_group: u64,
     group_count: u64,
     spare: Vec<Wave>,
-    free_scratch: Vec<u64>,
-    next_scratch: u64,
+    pub(super) free_scratch: Vec<u64>,
+    pub(super) next_scratch: u64,
     pub instructions: u64,
     pub waves: u64,
     pub started: Instant,
@@ -86,7 +105,7 @@ impl Run {
         }
     }
 
-    fn resident(&self) -> usize {
+    pub(super) fn resident(&self) -> usize {
         self.groups.iter().map(|g| g.waves.len()).sum()
     }
 
@@ -149,6 +168,7 @@ impl Run {
             };
             let l = &self.launch;
             launch::start_wave(&mut wave, target, l.object, &l.code, &l.grid, &l.regs, &at);
+            set_scratch_slot(&mut wave, scratch);
             waves.push(Slot {
                 wave,
                 state: State::Ready,
@@ -157,6 +177,7 @@ impl Run {
         }
         self.waves += n as u64;
         self.groups.push(Group {
+            linear: self.next_group,
             lds: vec![0; self.launch.lds],
             waves,
         });

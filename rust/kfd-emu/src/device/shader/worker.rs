@@ -7,11 +7,13 @@
 //! poll.
 
 use std::collections::HashMap;
+use std::sync::mpsc::{channel, Sender};
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
 use gfx9::exec::CodeCache;
 
+use super::cwsr::{self, SaveJob, Saved};
 use super::sched::{Progress, Run};
 use super::{JobKey, Launch, Outcome};
 use crate::device::vm::GpuRange;
@@ -48,7 +50,15 @@ struct Inbox {
     launches: Vec<Launch>,
     /// (process, GPU index) whose instruction caches are invalid.
     invalidate: Vec<(u32, usize)>,
+    /// Queues to save, and where their outcomes go.
+    saves: Vec<(Vec<SaveJob>, Sender<Vec<Saved>>)>,
     stop: bool,
+}
+
+impl Inbox {
+    fn is_empty(&self) -> bool {
+        self.launches.is_empty() && self.invalidate.is_empty() && self.saves.is_empty()
+    }
 }
 
 /// The shader engine's queue of work; [`Engine::run`] is its thread.
@@ -76,6 +86,25 @@ impl Engine {
         self.cv.notify_all();
     }
 
+    /// Saves the dispatches of the queues `jobs` name between two rounds
+    /// (see `cwsr`); waits for the outcome of each, in order.  The caller
+    /// must not hold the state lock (a round takes it).  Queues whose
+    /// waves are saved leave the engine.
+    pub fn save(&self, jobs: Vec<SaveJob>) -> Vec<Saved> {
+        let n = jobs.len();
+        let (tx, rx) = channel();
+        {
+            let mut i = self.inbox();
+            if i.stop {
+                return vec![Saved::Failed("the shader engine is stopping".into()); n];
+            }
+            i.saves.push((jobs, tx));
+        }
+        self.cv.notify_all();
+        rx.recv()
+            .unwrap_or_else(|_| vec![Saved::Failed("the shader engine stopped".into()); n])
+    }
+
     /// Makes [`Engine::run`] return.
     pub fn stop(&self) {
         self.inbox().stop = true;
@@ -86,7 +115,7 @@ impl Engine {
     /// `pause` otherwise.  None when stopping.
     fn take(&self, idle: bool, pause: Option<Duration>) -> Option<Inbox> {
         let mut i = self.inbox();
-        let empty = |i: &Inbox| i.launches.is_empty() && i.invalidate.is_empty() && !i.stop;
+        let empty = |i: &Inbox| i.is_empty() && !i.stop;
         if idle {
             i = self
                 .cv
@@ -114,11 +143,54 @@ impl Engine {
             for key in new.invalidate {
                 caches.remove(&key);
             }
-            runs.extend(new.launches.into_iter().map(Run::new));
+            for l in new.launches {
+                let key = l.key;
+                match cwsr::restore(l) {
+                    Ok(run) => runs.push(run),
+                    Err(outcome) => host.finish(&key, &outcome),
+                }
+            }
+            for (jobs, tx) in new.saves {
+                let _ = tx.send(save(&mut runs, &jobs));
+            }
             let ran = round(host, &mut runs, &mut caches);
             pause = (ran == 0).then_some(IDLE_ROUND);
         }
     }
+}
+
+/// Saves the dispatch of each queue of `jobs`; a saved one leaves `runs`.
+fn save(runs: &mut Vec<Run>, jobs: &[SaveJob]) -> Vec<Saved> {
+    jobs.iter()
+        .map(|job| {
+            let at = runs
+                .iter()
+                .position(|r| r.launch.key.lead == job.lead && r.launch.key.queue == job.queue);
+            let Some(k) = at else {
+                return Saved::Idle;
+            };
+            match cwsr::save(&runs[k], job) {
+                Ok(stack) => {
+                    let run = runs.remove(k);
+                    log_save(&run, stack.len());
+                    Saved::Stack(stack)
+                }
+                Err(why) => Saved::Failed(why),
+            }
+        })
+        .collect()
+}
+
+fn log_save(run: &Run, stack: usize) {
+    let k = &run.launch.key;
+    log::debug!(
+        "kfd-emu: process {} queue {} packet {}: {} resident waves saved into the context save \
+         area, a {stack}-byte control stack",
+        k.lead,
+        k.queue,
+        k.index,
+        run.resident()
+    );
 }
 
 /// One slice of every dispatch; returns the instructions retired.
