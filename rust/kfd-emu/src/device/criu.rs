@@ -561,62 +561,76 @@ impl<'a> Cursor<'a> {
     }
 }
 
-fn plan_restore(
-    st: &State,
-    lead: u32,
-    caller: &Caller,
-    res: &dyn FdResolver,
-    a: &sys::kfd_ioctl_criu_args,
-) -> R<(Plan, Vec<sys::kfd_criu_bo_bucket>)> {
+/// The caller's restore buffers, read whole: the private data, the device
+/// buckets and the BO buckets.
+struct RestoreArgs {
+    blob: Vec<u8>,
+    devb: Vec<u8>,
+    bos: Vec<sys::kfd_criu_bo_bucket>,
+}
+
+/// The restore's pointers and counts, before anything is read.
+fn check_restore_args(a: &sys::kfd_ioctl_criu_args) -> R<()> {
     let (dev_ptr, bo_ptr, priv_ptr, priv_size) = (a.devices, a.bos, a.priv_data, a.priv_data_size);
-    let (n_dev, n_bo, n_obj) = (
-        a.num_devices as usize,
-        a.num_bos as usize,
-        a.num_objects as usize,
-    );
+    let (n_dev, n_bo) = (a.num_devices as usize, a.num_bos as usize);
     if (n_bo > 0 && bo_ptr == 0) || dev_ptr == 0 || priv_ptr == 0 || priv_size == 0 || n_dev == 0 {
         return Err(libc::EINVAL);
     }
     if priv_size > MAX_PRIV || n_bo > (MAX_PRIV as usize / pb::BO) {
         return Err(libc::EINVAL);
     }
-    let p = st.procs.get(&lead).ok_or(libc::ESRCH)?;
-    if p.pdds.iter().any(|d| d.vm.is_some()) || !p.bos.is_empty() || !p.queues.is_empty() {
-        return Err(libc::EINVAL);
-    }
+    Ok(())
+}
+
+fn read_restore_args(caller: &Caller, a: &sys::kfd_ioctl_criu_args) -> R<RestoreArgs> {
+    let (dev_ptr, bo_ptr, priv_ptr, priv_size) = (a.devices, a.bos, a.priv_data, a.priv_data_size);
+    let (n_dev, n_bo) = (a.num_devices as usize, a.num_bos as usize);
     let mut blob = vec![0u8; priv_size as usize];
     user_read(caller.tid, priv_ptr, &mut blob)?;
     let mut devb = vec![0u8; n_dev * pb::DEVICE_BUCKET];
     user_read(caller.tid, dev_ptr, &mut devb)?;
     let mut bob = vec![0u8; n_bo * pb::BO_BUCKET];
     user_read(caller.tid, bo_ptr, &mut bob)?;
-    let bob: Vec<sys::kfd_criu_bo_bucket> = (0..n_bo).map(|i| uapi::nth(&bob, i)).collect();
+    let bos = (0..n_bo).map(|i| uapi::nth(&bob, i)).collect();
+    Ok(RestoreArgs { blob, devb, bos })
+}
 
-    let mut cur = Cursor { b: &blob, off: 0 };
-    let pr: layout::kfd_criu_process_priv_data = cur.rec()?;
-    if pr.version != pb::VERSION {
-        return Err(libc::EINVAL);
-    }
-    let xnack = pr.xnack_mode != 0;
-    if xnack && !kfd::xnack_supported(&st.devs) {
-        return Err(libc::EPERM);
-    }
+/// The devices a restore names, each checked against this host.
+struct PlanDevices {
+    /// Per bucket: (gpu index, user id, render fh).
+    devices: Vec<(usize, u32, u64)>,
+    user_to_gpu: BTreeMap<u32, usize>,
+    slot: Option<u32>,
+}
+
+/// The device records and buckets: every one a GPU the process has a pdd
+/// for, its render file that GPU's, the same slot word in all.
+fn plan_devices(
+    st: &State,
+    p: &super::state::Proc,
+    (caller, res): (&Caller, &dyn FdResolver),
+    cur: &mut Cursor<'_>,
+    devb: &[u8],
+) -> R<PlanDevices> {
+    let n_dev = devb.len() / pb::DEVICE_BUCKET;
     if n_dev != p.n_pdds() {
         return Err(libc::EINVAL);
     }
-    let mut devices = Vec::new();
-    let mut user_to_gpu: BTreeMap<u32, usize> = BTreeMap::new();
-    let mut slot = None;
+    let mut out = PlanDevices {
+        devices: Vec::new(),
+        user_to_gpu: BTreeMap::new(),
+        slot: None,
+    };
     for i in 0..n_dev {
         let rec: layout::kfd_criu_device_priv_data = cur.rec()?;
         // Every device record names the same slot.
         let s = slot_of_word(rec.reserved)?;
         if i == 0 {
-            slot = s;
-        } else if s != slot {
+            out.slot = s;
+        } else if s != out.slot {
             return Err(libc::EINVAL);
         }
-        let d: sys::kfd_criu_device_bucket = uapi::nth(&devb, i);
+        let d: sys::kfd_criu_device_bucket = uapi::nth(devb, i);
         let (user, actual, fd) = (d.user_gpu_id, d.actual_gpu_id, d.drm_fd);
         // kfd_process_device_data_by_id: only a GPU the process has a pdd for.
         let gpu = st
@@ -625,8 +639,8 @@ fn plan_restore(
             .filter(|&g| !p.pdds[g].denied)
             .ok_or(libc::EINVAL)?;
         if user == 0
-            || user_to_gpu.insert(user, gpu).is_some()
-            || devices.iter().any(|d: &(usize, u32, u64)| d.0 == gpu)
+            || out.user_to_gpu.insert(user, gpu).is_some()
+            || out.devices.iter().any(|d| d.0 == gpu)
         {
             return Err(libc::EINVAL);
         }
@@ -634,13 +648,24 @@ fn plan_restore(
         if st.opens.get(&fh).and_then(super::state::Open::render_gpu) != Some(gpu) {
             return Err(libc::EINVAL);
         }
-        devices.push((gpu, user, fh));
+        out.devices.push((gpu, user, fh));
     }
+    Ok(out)
+}
+
+/// The BO records and buckets: sizes and places KFD accepts, no overlap,
+/// unique handles, the VRAM each GPU has left.
+fn plan_bos(
+    st: &State,
+    cur: &mut Cursor<'_>,
+    bob: &[sys::kfd_criu_bo_bucket],
+    user_to_gpu: &BTreeMap<u32, usize>,
+) -> R<Vec<PlanBo>> {
     let mut bos = Vec::new();
     let mut vram = vec![0u64; st.devs.gpus.len()];
     let mut vas = VaRanges::default();
     let mut idrs = BTreeSet::new();
-    for b in &bob {
+    for b in bob {
         let r: pb::BoPriv = cur.rec()?;
         let gpu = *user_to_gpu.get(&b.gpu_id).ok_or(libc::ENODEV)?;
         let (va, size, flags) = (b.addr, b.size, b.alloc_flags);
@@ -697,141 +722,204 @@ fn plan_restore(
             return Err(libc::ENOMEM);
         }
     }
-    let mut queues = Vec::new();
-    let mut events = Vec::new();
-    let mut signal_handle = 0;
-    let mut svm_records = Vec::new();
-    let mut per_gpu: BTreeMap<usize, u32> = BTreeMap::new();
-    for _ in 0..n_obj {
+    Ok(bos)
+}
+
+/// The queues, events and SVM ranges of a restore, in record order.
+#[derive(Default)]
+struct PlanObjects {
+    queues: Vec<(u32, Queue, u64, bool)>,
+    events: Vec<(u32, Event)>,
+    signal_handle: u64,
+    svm: Vec<ranges::Record>,
+    /// SDMA queues per GPU index so far.
+    sdma_per_gpu: BTreeMap<usize, u32>,
+}
+
+/// A queue record: a queue id not taken, a ring KFD accepts, its MQD and
+/// control stacks (`take_queue_extra`), an SDMA engine queue left.
+fn plan_queue(
+    st: &State,
+    cur: &mut Cursor<'_>,
+    user_to_gpu: &BTreeMap<u32, usize>,
+    out: &mut PlanObjects,
+) -> R<()> {
+    let r: layout::kfd_criu_queue_priv_data = cur.rec()?;
+    let gpu = *user_to_gpu.get(&r.gpu_id).ok_or(libc::EINVAL)?;
+    let qtype = ioctl_type(r.type_, r.format)?;
+    let extra = take_queue_extra(cur, &r, qtype, &st.devs.gpus[gpu])?;
+    let m = extra.mqd;
+    let id = r.q_id;
+    let ring_size = r.q_size;
+    if id >= uapi::MAX_QUEUES_PER_PROCESS
+        || out.queues.iter().any(|q| q.0 == id)
+        || ring_size > u32::MAX as u64
+        || (ring_size != 0 && !ring_size.is_power_of_two())
+        || m.ring_base != r.q_address
+    {
+        return Err(libc::EINVAL);
+    }
+    let q = Queue {
+        gpu,
+        qtype,
+        ring_base: r.q_address,
+        ring_size: ring_size as u32,
+        rptr_addr: r.read_ptr_addr,
+        wptr_addr: r.write_ptr_addr,
+        percent: r.q_percent,
+        priority: r.priority,
+        eop_addr: r.eop_ring_buffer_address,
+        eop_size: r.eop_ring_buffer_size as u64,
+        ctx_addr: r.ctx_save_restore_area_address,
+        ctx_size: r.ctx_save_restore_area_size,
+        ctl_stack_size: m.ctl_stack_size,
+        doorbell_index: id,
+        sdma_id: r.sdma_id,
+        rptr: m.rptr,
+        halted: m.halted != 0,
+        cu_mask: extra.cu_mask,
+        aql: AqlState {
+            saved: extra.saved,
+            ..Default::default()
+        },
+        engine: Default::default(),
+    };
+    if q.is_sdma() {
+        // SDMA queues need a free engine queue; the other limits are
+        // checked as the queues are added.
+        let cnt = out.sdma_per_gpu.entry(gpu).or_insert(0);
+        *cnt += 1;
+        if st.queues_on(gpu, true) + *cnt > st.devs.gpus[gpu].max_sdma_queues {
+            return Err(libc::ENOMEM);
+        }
+    }
+    out.queues.push((id, q, m.wptr, r.gws != 0));
+    Ok(())
+}
+
+/// An event record: an id and type KFD accepts, not taken; the first
+/// record alone may name the signal page BO, a VRAM or GTT one of the
+/// restore's.
+fn plan_event(
+    p: &super::state::Proc,
+    cur: &mut Cursor<'_>,
+    (devices, bos): (&[(usize, u32, u64)], &[PlanBo]),
+    out: &mut PlanObjects,
+) -> R<()> {
+    let r: layout::kfd_criu_event_priv_data = cur.rec()?;
+    let id = r.event_id;
+    let etype = r.type_;
+    let signal = etype == uapi::event_type::SIGNAL || etype == uapi::event_type::DEBUG;
+    if etype > uapi::event_type::LAST
+        || p.events.contains_key(&id)
+        || out.events.iter().any(|e| e.0 == id)
+        || (signal && id >= uapi::SIGNAL_EVENT_LIMIT)
+        || (!signal && id < uapi::FIRST_NONSIGNAL_EVENT_ID)
+    {
+        return Err(libc::EINVAL);
+    }
+    if signal && id == 0 {
+        // Id 0 is KFD's own (the IDR refuses it).
+        return Err(libc::ENOSPC);
+    }
+    let h = r.user_handle;
+    if h != 0 {
+        if out.signal_handle != 0 || !out.events.is_empty() {
+            return Err(libc::EINVAL);
+        }
+        let ok = bos.iter().any(|b| {
+            let uid = devices
+                .iter()
+                .find(|d| d.0 == b.gpu)
+                .map(|d| d.1)
+                .unwrap_or(0);
+            ((uid as u64) << 32 | b.idr as u64) == h
+                && matches!(b.flags & alloc::TYPE_MASK, alloc::VRAM | alloc::GTT)
+        });
+        if !ok {
+            return Err(libc::EINVAL);
+        }
+        out.signal_handle = h;
+    }
+    out.events.push((
+        id,
+        Event {
+            etype,
+            auto_reset: r.auto_reset != 0,
+            signaled: r.signaled != 0,
+            node_id: 0,
+            trigger_data: 0,
+            exception: MemoryException::Saved(r.exception_data),
+            // KFD's event record carries no age.
+            age: super::state::FIRST_EVENT_AGE,
+        },
+    ));
+    Ok(())
+}
+
+/// Reads the caller's buffers and checks every record before any state
+/// changes: the process record, the devices, the BOs, then the queues,
+/// events and SVM ranges in the order they come; every byte of the private
+/// data is accounted for.
+fn plan_restore(
+    st: &State,
+    lead: u32,
+    caller: &Caller,
+    res: &dyn FdResolver,
+    a: &sys::kfd_ioctl_criu_args,
+) -> R<(Plan, Vec<sys::kfd_criu_bo_bucket>)> {
+    check_restore_args(a)?;
+    let p = st.procs.get(&lead).ok_or(libc::ESRCH)?;
+    if p.pdds.iter().any(|d| d.vm.is_some()) || !p.bos.is_empty() || !p.queues.is_empty() {
+        return Err(libc::EINVAL);
+    }
+    let args = read_restore_args(caller, a)?;
+    let mut cur = Cursor {
+        b: &args.blob,
+        off: 0,
+    };
+    let pr: layout::kfd_criu_process_priv_data = cur.rec()?;
+    if pr.version != pb::VERSION {
+        return Err(libc::EINVAL);
+    }
+    let xnack = pr.xnack_mode != 0;
+    if xnack && !kfd::xnack_supported(&st.devs) {
+        return Err(libc::EPERM);
+    }
+    let devs = plan_devices(st, p, (caller, res), &mut cur, &args.devb)?;
+    let bos = plan_bos(st, &mut cur, &args.bos, &devs.user_to_gpu)?;
+    let mut objs = PlanObjects::default();
+    for _ in 0..a.num_objects {
         let at = cur.off;
         let ty: u32 = cur.rec()?;
         cur.off = at;
         match ty {
-            pb::OBJ_QUEUE => {
-                let r: layout::kfd_criu_queue_priv_data = cur.rec()?;
-                let gpu = *user_to_gpu.get(&r.gpu_id).ok_or(libc::EINVAL)?;
-                let qtype = ioctl_type(r.type_, r.format)?;
-                let extra = take_queue_extra(&mut cur, &r, qtype, &st.devs.gpus[gpu])?;
-                let m = extra.mqd;
-                let id = r.q_id;
-                let ring_size = r.q_size;
-                if id >= uapi::MAX_QUEUES_PER_PROCESS
-                    || queues.iter().any(|q: &(u32, Queue, u64, bool)| q.0 == id)
-                    || ring_size > u32::MAX as u64
-                    || (ring_size != 0 && !ring_size.is_power_of_two())
-                    || m.ring_base != r.q_address
-                {
-                    return Err(libc::EINVAL);
-                }
-                let q = Queue {
-                    gpu,
-                    qtype,
-                    ring_base: r.q_address,
-                    ring_size: ring_size as u32,
-                    rptr_addr: r.read_ptr_addr,
-                    wptr_addr: r.write_ptr_addr,
-                    percent: r.q_percent,
-                    priority: r.priority,
-                    eop_addr: r.eop_ring_buffer_address,
-                    eop_size: r.eop_ring_buffer_size as u64,
-                    ctx_addr: r.ctx_save_restore_area_address,
-                    ctx_size: r.ctx_save_restore_area_size,
-                    ctl_stack_size: m.ctl_stack_size,
-                    doorbell_index: id,
-                    sdma_id: r.sdma_id,
-                    rptr: m.rptr,
-                    halted: m.halted != 0,
-                    cu_mask: extra.cu_mask,
-                    aql: AqlState {
-                        saved: extra.saved,
-                        ..Default::default()
-                    },
-                    engine: Default::default(),
-                };
-                if q.is_sdma() {
-                    // SDMA queues need a free engine queue; the other
-                    // limits are checked as the queues are added.
-                    let cnt = per_gpu.entry(gpu).or_insert(0);
-                    *cnt += 1;
-                    if st.queues_on(gpu, true) + *cnt > st.devs.gpus[gpu].max_sdma_queues {
-                        return Err(libc::ENOMEM);
-                    }
-                }
-                queues.push((id, q, m.wptr, r.gws != 0));
-            }
-            pb::OBJ_EVENT => {
-                let r: layout::kfd_criu_event_priv_data = cur.rec()?;
-                let id = r.event_id;
-                let etype = r.type_;
-                let signal = etype == uapi::event_type::SIGNAL || etype == uapi::event_type::DEBUG;
-                if etype > uapi::event_type::LAST
-                    || p.events.contains_key(&id)
-                    || events.iter().any(|e: &(u32, Event)| e.0 == id)
-                    || (signal && id >= uapi::SIGNAL_EVENT_LIMIT)
-                    || (!signal && id < uapi::FIRST_NONSIGNAL_EVENT_ID)
-                {
-                    return Err(libc::EINVAL);
-                }
-                if signal && id == 0 {
-                    // Id 0 is KFD's own (the IDR refuses it).
-                    return Err(libc::ENOSPC);
-                }
-                let h = r.user_handle;
-                if h != 0 {
-                    if signal_handle != 0 || !events.is_empty() {
-                        return Err(libc::EINVAL);
-                    }
-                    let ok = bos.iter().any(|b| {
-                        let uid = devices
-                            .iter()
-                            .find(|d| d.0 == b.gpu)
-                            .map(|d| d.1)
-                            .unwrap_or(0);
-                        ((uid as u64) << 32 | b.idr as u64) == h
-                            && matches!(b.flags & alloc::TYPE_MASK, alloc::VRAM | alloc::GTT)
-                    });
-                    if !ok {
-                        return Err(libc::EINVAL);
-                    }
-                    signal_handle = h;
-                }
-                events.push((
-                    id,
-                    Event {
-                        etype,
-                        auto_reset: r.auto_reset != 0,
-                        signaled: r.signaled != 0,
-                        node_id: 0,
-                        trigger_data: 0,
-                        exception: MemoryException::Saved(r.exception_data),
-                        // KFD's event record carries no age.
-                        age: super::state::FIRST_EVENT_AGE,
-                    },
-                ));
-            }
+            pb::OBJ_QUEUE => plan_queue(st, &mut cur, &devs.user_to_gpu, &mut objs)?,
+            pb::OBJ_EVENT => plan_event(p, &mut cur, (&devs.devices, &bos), &mut objs)?,
             pb::OBJ_SVM_RANGE => {
                 // Kept for RESUME unchecked, as KFD does.
+                let n_dev = devs.devices.len();
                 let b = cur.take(svm::record_size(n_dev))?;
-                svm_records.push(svm::parse_record(b, n_dev));
+                objs.svm.push(svm::parse_record(b, n_dev));
             }
             _ => return Err(libc::EINVAL),
         }
     }
-    if cur.off as u64 != priv_size {
+    if cur.off != args.blob.len() {
         return Err(libc::EINVAL);
     }
     Ok((
         Plan {
             xnack,
-            devices,
+            devices: devs.devices,
             bos,
-            queues,
-            events,
-            signal_handle,
-            svm: svm_records,
-            slot,
+            queues: objs.queues,
+            events: objs.events,
+            signal_handle: objs.signal_handle,
+            svm: objs.svm,
+            slot: devs.slot,
         },
-        bob,
+        args.bos,
     ))
 }
 
