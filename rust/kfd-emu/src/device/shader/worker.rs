@@ -183,7 +183,7 @@ fn save(runs: &mut Vec<Run>, jobs: &[SaveJob]) -> Vec<Saved> {
 
 fn log_save(run: &Run, stack: usize) {
     let k = &run.launch.key;
-    log::debug!(
+    log::info!(
         "kfd-emu: process {} queue {} packet {}: {} resident waves saved into the context save \
          area, a {stack}-byte control stack",
         k.lead,
