@@ -2465,6 +2465,111 @@ PY
 }
 
 # ---------------------------------------------------------------------------------------
+# Cases: HIP kernels in flight at the dump (issue 27). test/hip/in-flight.hip (Debian's HIP
+# 5.2) starts a kernel on every GPU whose waves hold registers and LDS and then spin on a
+# host flag, which the program sets on SIGUSR1; then every work-item meets its workgroup at
+# a barrier and finishes, and the program checks every result against the host. kfd-emu
+# saves the waves into each queue's context save area at PROCESS_INFO (its log says so per
+# queue) and rebuilds them from there when the queue runs again.
+
+# hip_start: builds in-flight (build/hip) and starts it with --signal; returns once every
+# kernel runs. Sets HIP_PID and HIP_OUT; the pid goes to $CASE_DIR/hip.pid.
+hip_start() {
+	local bin i
+	bin=$("$top/test/hip/run.sh" --build in-flight) ||
+		fail "hipcc could not build test/hip/in-flight.hip (see build/hip/logs/in-flight.build)"
+	HIP_OUT=$CASE_DIR/in-flight.out
+	setsid "$bin" --signal </dev/null >"$HIP_OUT" 2>&1 &
+	HIP_PID=$!
+	for ((i = 0; i < 1200; i++)); do
+		grep -q "^in-flight: [0-9]* GPUs$" "$HIP_OUT" && break
+		alive "$HIP_PID" || break
+		sleep 0.05
+	done
+	grep -q "^in-flight: every kernel waits for its flag: .* ok$" "$HIP_OUT" ||
+		fail "in-flight did not get its kernels running: $(tail -n 3 "$HIP_OUT" | paste -sd' ')"
+	echo "$HIP_PID" >"$CASE_DIR/hip.pid"
+}
+
+# hip_finish PID GPUS: raises the flag; the kernel of each of the GPUS GPUs must end with
+# the host's result and the program exit.
+hip_finish() {
+	local pid=$1 gpus=$2 i n
+	kill -USR1 "$pid" || fail "in-flight $pid is gone"
+	for ((i = 0; i < 1200; i++)); do
+		grep -q "^in-flight: \(PASSED\|FAILED\)$" "$HIP_OUT" && break
+		alive "$pid" || break
+		sleep 0.05
+	done
+	grep -q "^in-flight: PASSED$" "$HIP_OUT" ||
+		fail "in-flight did not pass: $(tail -n 4 "$HIP_OUT" | paste -sd' ')"
+	n=$(grep -c "^in-flight: GPU [0-9]*'s kernel against the host: 8192 values checked, 0 mismatches: ok$" "$HIP_OUT")
+	[ "$n" = "$gpus" ] || fail "in-flight checked the kernels of $n GPUs, not $gpus"
+	wait_gone "$pid" || fail "in-flight $pid still runs after it passed"
+}
+
+# saved_queues N: kfd-emu (KFD_EMU_LOG=info) logged the waves of at least N queues saved.
+saved_queues() {
+	local n
+	n=$(grep -c "waves saved into the context save area" "$CASE_DIR/kfd-emu.log")
+	[ "$n" -ge "$1" ] || fail "kfd-emu saved the waves of $n queues, not $1 (see $CASE_DIR/kfd-emu.log)"
+}
+
+# A kernel in flight on each of mi210x4's GPUs at the dump; restored on the same host, each
+# finishes with the host's result.
+case_hip_kernel_in_flight() { KFD_EMU_LOG=info on mi210x4 -- hip_kernel_in_flight; }
+hip_kernel_in_flight() {
+	hip_start
+	dump_ok "$HIP_PID" "$CASE_DIR/img"
+	saved_queues 4
+	restore_ok "$CASE_DIR/img" "$HIP_PID"
+	hip_finish "$HIP_PID" 4
+	note "$(grep -m1 -o "[0-9]* resident waves saved" "$CASE_DIR/kfd-emu.log") (first queue)"
+}
+
+# The same, restored on another mi210x4 (other gpu_ids, render minors and GPU order): the
+# image alone carries the waves.
+case_hip_kernel_in_flight_other_host() {
+	KFD_EMU_LOG=info on mi210x4 -- hip_dump_for_later
+	KFD_EMU_LOG=info on mi210x4 --profile-file "$(host_file mi210x4-other)" -- hip_restore_other_host
+}
+hip_dump_for_later() {
+	hip_start
+	dump_ok "$HIP_PID" "$CASE_DIR/img"
+	saved_queues 4
+}
+hip_restore_other_host() {
+	local pid map
+	HIP_OUT=$CASE_DIR/in-flight.out
+	pid=$(cat "$CASE_DIR/hip.pid")
+	restore_ok "$CASE_DIR/img" "$pid"
+	map=$(restore_mapping "$LAST_RESTORE_LOG")
+	grep -q "renderD13[2-5]" <<<"$map" || fail "the restore did not map onto the other host's GPUs: $map"
+	hip_finish "$pid" 4
+	note "$map"
+}
+
+# criu-rocm killed (SIGKILL) right after PROCESS_INFO saved the waves: the GPU guardian
+# unpauses, the queues rebuild their waves from the save areas, and every kernel finishes
+# with the host's result.
+case_hip_dump_killed_after_wave_save() { KFD_EMU_LOG=info on mi210x4 -- hip_dump_killed_after_wave_save; }
+hip_dump_killed_after_wave_save() {
+	local img=$CASE_DIR/img line i
+	hip_start
+	dump_killed "$HIP_PID" "$img" "amdgpu: pid $HIP_PID: GPU queues paused" KILL
+	saved_queues 4
+	line="amdgpu: pid $HIP_PID: GPU queues unpaused by the GPU guardian"
+	for ((i = 0; i < 300; i++)); do
+		grep -aq -- "$line" "$img/$CR_ACTION.log" && break
+		sleep 0.05
+	done
+	log_has "$img/$CR_ACTION.log" "$line"
+	guardian_gone "the killed dump"
+	alive "$HIP_PID" || fail "the killed dump did not leave in-flight $HIP_PID running"
+	hip_finish "$HIP_PID" 4
+}
+
+# ---------------------------------------------------------------------------------------
 # The driver
 
 # Case order: as written in this file.

@@ -3,6 +3,7 @@
 #
 #   usage: test/hip/run.sh [NAME...]        (as root; `make test-hip` runs it)
 #          test/hip/run.sh --list
+#          test/hip/run.sh --build NAME     (builds NAME only; prints the binary's path)
 #   env:   CARGO_TARGET_DIR      where kfd-emu was built (default rust/target)
 #          HIP_TEST_TIMEOUT=S    seconds one program may take (default 300)
 #          HIP_TEST_PROFILES     profiles to run on (default "mi100 mi210x4")
@@ -118,6 +119,11 @@ run_case() { # NAME PROFILE BIN LOG
 	fi
 	return 0
 }
+
+if [ "${1:-}" = --build ] && [ $# = 2 ]; then
+	build "$2"
+	exit
+fi
 
 if [ ! -x "$kfd_emu" ]; then
 	echo "test/hip: $kfd_emu is missing: build it with 'make kfd-tools'" >&2
