@@ -136,6 +136,7 @@ bench: $(BUILD)/criu-rocm $(BUILD)/hsa-bench
 	$(CARGO_TARGET)/release/kfd-emu run --profile mi100 -- $(BUILD)/hsa-bench --mib 64 --reps 5 || \
 		{ echo "make bench: ROCr's async copies failed on kfd-emu (the reason is above)" >&2; exit 1; }
 	cd rust && CARGO_TARGET_DIR=$(CARGO_TARGET) $(CARGO) run --release --locked -q -p gfx9 --example rate
+	cd rust && CARGO_TARGET_DIR=$(CARGO_TARGET) $(CARGO) run --release --locked -q -p kfd-emu --example cwsr_bench
 
 # Debian's ROCr 5.2, unchanged, timing its async copies (test/rocm/hsa-bench.c).
 $(BUILD)/hsa-bench: test/rocm/hsa-bench.c | $(DEPS_FIRST)
