@@ -2549,6 +2549,39 @@ hip_restore_other_host() {
 	note "$map"
 }
 
+# A pre-dump while the kernels are in flight (their waves saved, then resumed from the save
+# areas at UNPAUSE), then an incremental dump against it, restored: every kernel finishes
+# with the host's result.
+case_hip_kernel_in_flight_predump() { KFD_EMU_LOG=info on mi210x4 -- hip_kernel_in_flight_predump; }
+hip_kernel_in_flight_predump() {
+	local pre=$CASE_DIR/pre img=$CASE_DIR/img
+	hip_start
+	pre_dump_ok "$HIP_PID" "$pre" >/dev/null
+	saved_queues 4
+	alive "$HIP_PID" || fail "in-flight $HIP_PID is gone after the pre-dump"
+	dump_ok "$HIP_PID" "$img" --prev-images-dir ../pre
+	log_has "$img/dump.log" "amdgpu: pid $HIP_PID: incremental GPU dump against parent/amdgpu-kfd-[0-9]+\.img"
+	saved_queues 8
+	restore_ok "$img" "$HIP_PID"
+	hip_finish "$HIP_PID" 4
+}
+
+# Dumped and restored through CRIU's image streamer (--stream) while the kernels are in
+# flight.
+case_hip_kernel_in_flight_stream() { KFD_EMU_LOG=info on mi210x4 -- hip_kernel_in_flight_stream; }
+hip_kernel_in_flight_stream() {
+	local dir=$CASE_DIR/dir stream=$CASE_DIR/img.stream
+	hip_start
+	stream_dump_ok "$HIP_PID" "$dir" "$stream"
+	wait "$HIP_PID" 2>/dev/null
+	wait_gone "$HIP_PID" 5 || fail "$HIP_PID still runs after the dump"
+	saved_queues 4
+	stream_restore "$dir" "$stream" "$dir/restore.log" ||
+		fail "criu-rocm restore --stream failed: $(log_errors "$dir/restore.log")"
+	log_has "$dir/restore.log" "amdgpu: pid $HIP_PID: GPU queues resumed"
+	hip_finish "$HIP_PID" 4
+}
+
 # criu-rocm killed (SIGKILL) right after PROCESS_INFO saved the waves: the GPU guardian
 # unpauses, the queues rebuild their waves from the save areas, and every kernel finishes
 # with the host's result.
