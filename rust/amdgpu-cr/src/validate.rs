@@ -288,16 +288,38 @@ fn gpu_files(dir: &Path) -> std::io::Result<BTreeSet<String>> {
 /// Validates the GPU state of the image directory `dir` (see the module
 /// documentation).  Reads files only.  `Err`: the directory itself could
 /// not be listed.
+///
+/// In steps: the digests file ([`read_manifest`]), each KFD image
+/// ([`check_kfd_images`]), each render-node image ([`check_render_images`]),
+/// the digests file against the directory ([`check_listing`]), `files.img`
+/// against the images ([`check_files_img`]).
 pub fn check_dir(dir: &Path, depth: Depth) -> std::io::Result<Report> {
     let files = gpu_files(dir)?;
     let mut report = Report {
         has_gpu_state: !files.is_empty(),
         ..Default::default()
     };
-    let mut ids: Vec<FileId> = files.iter().filter_map(|n| kfd_image_id(n)).collect();
-    ids.sort_by_key(|i| i.0);
+    let manifest = read_manifest(dir, &mut report);
+    let ctx = Context::read(dir);
+    let declared = check_kfd_images(dir, &files, manifest.as_ref(), &ctx, depth, &mut report);
+    check_render_images(dir, &files, manifest.as_ref(), &mut report);
+    check_listing(dir, &files, manifest.as_ref(), declared, depth, &mut report);
+    check_files_img(&files, &ctx, manifest.as_ref(), &mut report);
+    Ok(report)
+}
 
-    let manifest = match read_whole(&dir.join(digests::FILE), None) {
+/// What the KFD images declare of criu-rocm's integrity data: the first
+/// image with the extension and its version; whether every image has it.
+#[derive(Clone, Copy)]
+struct Declared {
+    first: Option<(FileId, u32)>,
+    all_hashed: bool,
+}
+
+/// The digests file, when the directory has one that parses (a damaged
+/// one is a refusal).
+fn read_manifest(dir: &Path, report: &mut Report) -> Option<digests::Digests> {
+    match read_whole(&dir.join(digests::FILE), None) {
         Ok(bytes) => match digests::Digests::parse(&bytes) {
             Ok(m) => Some(m),
             Err(r) => {
@@ -310,12 +332,26 @@ pub fn check_dir(dir: &Path, depth: Depth) -> std::io::Result<Report> {
             report.other.push(e.into());
             None
         }
-    };
-    let has_manifest = dir.join(digests::FILE).exists();
-    let ctx = Context::read(dir);
+    }
+}
+
+/// Each KFD image of `files`, in id order, into `report.kfd`; then the
+/// number of KFD processes against what one restore brings back.
+fn check_kfd_images(
+    dir: &Path,
+    files: &BTreeSet<String>,
+    manifest: Option<&digests::Digests>,
+    ctx: &Context,
+    depth: Depth,
+    report: &mut Report,
+) -> Declared {
+    let mut ids: Vec<FileId> = files.iter().filter_map(|n| kfd_image_id(n)).collect();
+    ids.sort_by_key(|i| i.0);
     let mut pids_seen: BTreeMap<u32, FileId> = BTreeMap::new();
-    let mut declared: Option<(FileId, u32)> = None;
-    let mut all_hashed = true;
+    let mut declared = Declared {
+        first: None,
+        all_hashed: true,
+    };
     for &id in &ids {
         let mut v = KfdVerdict {
             id,
@@ -328,28 +364,17 @@ pub fn check_dir(dir: &Path, depth: Depth) -> std::io::Result<Report> {
         {
             Err(e) => v.refusal = Some(e.into()),
             Ok((bytes, image)) => {
-                if let Ok(e @ Encoding::Zstd { .. }) = Encoding::of(&name, &image.msg) {
-                    let note = format!(
-                        "compressed GPU pages ({e}): upstream's amdgpu plugin cannot restore these"
-                    );
-                    if !report.notes.contains(&note) {
-                        report.notes.push(note);
-                    }
-                }
+                note_compression(&name, &image, report);
                 if let Some(ext) = image.msg.criu_rocm_ext_version {
-                    declared.get_or_insert((id, ext));
+                    declared.first.get_or_insert((id, ext));
                 } else {
-                    all_hashed = false;
+                    declared.all_hashed = false;
                 }
                 // The contents last, so that gpu-check's first reason is
                 // the restore's (whose copy checks them later).
-                v.refusal = check_kfd(dir, id, &image, &ctx, &mut pids_seen, depth)
+                v.refusal = check_kfd(dir, id, &image, ctx, &mut pids_seen, depth)
                     .err()
-                    .or_else(|| {
-                        manifest
-                            .as_ref()
-                            .and_then(|m| m.check_kfd(dir, id, &bytes, &image).err())
-                    })
+                    .or_else(|| manifest.and_then(|m| m.check_kfd(dir, id, &bytes, &image).err()))
                     .or_else(|| match depth {
                         Depth::Contents if image.msg.criu_rocm_reopen != Some(true) => image
                             .gpu_ids()
@@ -374,114 +399,165 @@ pub fn check_dir(dir: &Path, depth: Depth) -> std::io::Result<Report> {
             ),
         ));
     }
+    declared
+}
 
-    // Render-node images: each must decode.
+/// A note, once, when the pages files are compressed.
+fn note_compression(name: &str, image: &KfdImage, report: &mut Report) {
+    if let Ok(e @ Encoding::Zstd { .. }) = Encoding::of(name, &image.msg) {
+        let note =
+            format!("compressed GPU pages ({e}): upstream's amdgpu plugin cannot restore these");
+        if !report.notes.contains(&note) {
+            report.notes.push(note);
+        }
+    }
+}
+
+/// Render-node images: each must decode (and match the digests file).
+fn check_render_images(
+    dir: &Path,
+    files: &BTreeSet<String>,
+    manifest: Option<&digests::Digests>,
+    report: &mut Report,
+) {
     for name in files.iter().filter(|n| n.starts_with("amdgpu-renderD-")) {
         let r = read_whole(&dir.join(name), None)
             .and_then(|bytes| RenderImage::decode(name, &bytes).map(|_| bytes));
         match r {
             Err(e) => report.other.push(e.into()),
             Ok(bytes) => {
-                if let Some(Err(r)) = manifest.as_ref().map(|m| m.check_whole(name, &bytes)) {
+                if let Some(Err(r)) = manifest.map(|m| m.check_whole(name, &bytes)) {
                     report.other.push(r);
                 }
             }
         }
     }
+}
 
-    // The digests file against the directory.
-    match &manifest {
-        Some(m) => report
+/// The digests file against the directory; without one, a refusal when
+/// an image declares it, else the warning of images without integrity
+/// data.
+fn check_listing(
+    dir: &Path,
+    files: &BTreeSet<String>,
+    manifest: Option<&digests::Digests>,
+    declared: Declared,
+    depth: Depth,
+    report: &mut Report,
+) {
+    if let Some(m) = manifest {
+        report
             .other
-            .extend(m.check_listing(dir, &files, depth == Depth::Streamed)),
-        None if !has_manifest => {
-            if let Some((id, ext)) = declared.filter(|&(_, ext)| ext >= DIGESTS_SINCE) {
-                report.other.push(Refusal::new(
-                    digests::FILE,
-                    None,
-                    "",
-                    format!(
-                        "missing, though {} declares criu-rocm's extension version {ext}, \
-                         whose dump records the digest of every GPU image file there",
-                        kfd_image_name(id)
-                    ),
-                ));
-            } else if report.has_gpu_state {
-                report.warning = Some(if declared.is_some() && all_hashed {
-                    format!(
-                        "these GPU images carry BO content hashes but no {} (an older \
-                         criu-rocm's): changes to their metadata cannot be detected",
-                        digests::FILE
-                    )
-                } else {
-                    format!(
-                        "these GPU images carry no integrity data (upstream's layout: no {}, \
-                         no BO content hashes): damage to them cannot be detected",
-                        digests::FILE
-                    )
-                });
-            }
-        }
-        None => {}
+            .extend(m.check_listing(dir, files, depth == Depth::Streamed));
+        return;
     }
-
-    // Every GPU file of files.img must have its image, every KFD image its file.
-    if let Some(f) = &ctx.files {
-        // Plugin files are all GPU files only when the inventory names no
-        // plugin but the AMD GPU one.
-        let gpu_plugin = ctx.plugins.as_ref().is_some_and(|p| {
-            p.iter().any(|n| n == criu_images::AMDGPU_PLUGIN)
-                && p.iter().all(|n| n == criu_images::AMDGPU_PLUGIN)
+    if dir.join(digests::FILE).exists() {
+        // There, but unreadable: read_manifest's refusal.
+        return;
+    }
+    if let Some((id, ext)) = declared.first.filter(|&(_, ext)| ext >= DIGESTS_SINCE) {
+        report.other.push(Refusal::new(
+            digests::FILE,
+            None,
+            "",
+            format!(
+                "missing, though {} declares criu-rocm's extension version {ext}, \
+                 whose dump records the digest of every GPU image file there",
+                kfd_image_name(id)
+            ),
+        ));
+    } else if report.has_gpu_state {
+        report.warning = Some(if declared.first.is_some() && declared.all_hashed {
+            format!(
+                "these GPU images carry BO content hashes but no {} (an older \
+                 criu-rocm's): changes to their metadata cannot be detected",
+                digests::FILE
+            )
+        } else {
+            format!(
+                "these GPU images carry no integrity data (upstream's layout: no {}, \
+                 no BO content hashes): damage to them cannot be detected",
+                digests::FILE
+            )
         });
-        let ext: BTreeSet<u32> = f.ext.iter().copied().collect();
-        if gpu_plugin {
-            for &raw in &f.ext {
-                let id = FileId(raw);
-                let (kfd, render) = (kfd_image_name(id), render_image_name(id));
-                if files.contains(&kfd) || files.contains(&render) {
-                    continue;
-                }
-                let pages = files
-                    .iter()
-                    .any(|n| n.starts_with(&format!("amdgpu-pages-{id}-")));
-                let missing = if pages {
-                    kfd.clone()
-                } else {
-                    match manifest.as_ref() {
-                        Some(m) if m.lists(&render) => render.clone(),
-                        Some(m) if m.lists(&kfd) => kfd.clone(),
-                        _ => format!("{kfd} (or {render})"),
-                    }
-                };
-                report.other.push(Refusal::new(
-                    missing,
-                    None,
-                    "",
-                    format!(
-                        "missing: files.img holds GPU file {id} and inventory.img names \
-                         {}, but the directory has no image of that file",
-                        criu_images::AMDGPU_PLUGIN
-                    ),
-                ));
+    }
+}
+
+/// Every GPU file of `files.img` must have its image, every KFD image its
+/// file.
+fn check_files_img(
+    files: &BTreeSet<String>,
+    ctx: &Context,
+    manifest: Option<&digests::Digests>,
+    report: &mut Report,
+) {
+    let Some(f) = &ctx.files else {
+        return;
+    };
+    // Plugin files are all GPU files only when the inventory names no
+    // plugin but the AMD GPU one.
+    let gpu_plugin = ctx.plugins.as_ref().is_some_and(|p| {
+        p.iter().any(|n| n == criu_images::AMDGPU_PLUGIN)
+            && p.iter().all(|n| n == criu_images::AMDGPU_PLUGIN)
+    });
+    if gpu_plugin {
+        for &raw in &f.ext {
+            if let Some(r) = missing_image(FileId(raw), files, manifest) {
+                report.other.push(r);
                 report.has_gpu_state = true;
             }
         }
-        for v in report.kfd.iter_mut().filter(|v| v.refusal.is_none()) {
-            if !ext.contains(&v.id.0) {
-                v.refusal = Some(Refusal::new(
-                    kfd_image_name(v.id),
-                    None,
-                    "",
-                    format!(
-                        "files.img holds no GPU file {}: the image belongs to no file of \
-                         these images",
-                        v.id
-                    ),
-                ));
-            }
+    }
+    let ext: BTreeSet<u32> = f.ext.iter().copied().collect();
+    for v in report.kfd.iter_mut().filter(|v| v.refusal.is_none()) {
+        if !ext.contains(&v.id.0) {
+            v.refusal = Some(Refusal::new(
+                kfd_image_name(v.id),
+                None,
+                "",
+                format!(
+                    "files.img holds no GPU file {}: the image belongs to no file of \
+                     these images",
+                    v.id
+                ),
+            ));
         }
     }
-    Ok(report)
+}
+
+/// The refusal of GPU file `id` of `files.img` when the directory has no
+/// image of it, naming the image it lacks.
+fn missing_image(
+    id: FileId,
+    files: &BTreeSet<String>,
+    manifest: Option<&digests::Digests>,
+) -> Option<Refusal> {
+    let (kfd, render) = (kfd_image_name(id), render_image_name(id));
+    if files.contains(&kfd) || files.contains(&render) {
+        return None;
+    }
+    let pages = files
+        .iter()
+        .any(|n| n.starts_with(&format!("amdgpu-pages-{id}-")));
+    let missing = if pages {
+        kfd.clone()
+    } else {
+        match manifest {
+            Some(m) if m.lists(&render) => render.clone(),
+            Some(m) if m.lists(&kfd) => kfd.clone(),
+            _ => format!("{kfd} (or {render})"),
+        }
+    };
+    Some(Refusal::new(
+        missing,
+        None,
+        "",
+        format!(
+            "missing: files.img holds GPU file {id} and inventory.img names {}, but the \
+             directory has no image of that file",
+            criu_images::AMDGPU_PLUGIN
+        ),
+    ))
 }
 
 /// The CRIU images a KFD image is checked against (each `None` when the

@@ -15,7 +15,8 @@ use crate::stream::Pipe;
 
 /// Extents of an incremental dump's pages file that are holes (or zero
 /// chunk records) there and read from an ancestor's pages file instead
-/// (built by [`crate::validate::chain::resolve`]): sorted, disjoint ranges
+/// (built by the validation of the dump's chain of parents, which depends
+/// on this module and not the other way round): sorted, disjoint ranges
 /// of the file's uncompressed layout, each with where its bytes come from.
 #[derive(Debug, Default)]
 pub struct Overlay {

@@ -345,221 +345,316 @@ pub fn is_incremental(image: &KfdImage) -> bool {
 /// that takes nothing.  Refuses, naming the file and field, a parent that
 /// is missing, damaged, incomplete, or not the one the image was made
 /// against.
+///
+/// In steps, per BO that takes extents ([`Walk::bo`]): per extent taken,
+/// the link that holds it itself ([`Walk::holder`], loading parents as the
+/// walk reaches them, [`Walk::next_link`], each BO on the way checked as
+/// the same BO with the same digest, [`Walk::same_bo`]), then where its
+/// bytes are in that link's pages file ([`Walk::source`]).
 pub fn resolve(
     dir: &Path,
     id: FileId,
     image: &KfdImage,
 ) -> Result<BTreeMap<GpuId, Arc<Overlay>>, Refusal> {
-    let mut out: BTreeMap<GpuId, Overlay> = BTreeMap::new();
     if !is_incremental(image) {
         return Ok(BTreeMap::new());
     }
-    let child_name = crate::image::kfd_image_name(id);
-    let mut links: Vec<Link> = Vec::new();
-    let mut seen: BTreeSet<PathBuf> = BTreeSet::new();
-    if let Ok(c) = dir.canonicalize() {
-        seen.insert(c);
-    }
-    let mut files: BTreeMap<PathBuf, Arc<File>> = BTreeMap::new();
-    let child_starts = starts(&image.msg.bo_entries);
+    let mut walk = Walk::new(dir, id, image);
     for (i, b) in image.msg.bo_entries.iter().enumerate() {
-        let Some(map) = b.parent_extents.as_deref() else {
-            continue;
-        };
-        let gpu = GpuId(b.gpu_id);
-        let (e, mine) = extent_digests(b).ok_or_else(|| {
-            Refusal::new(
-                &child_name,
-                Some(gpu),
-                format!("bo_entries[{i}].content_extent_xxh3"),
-                "missing, though parent_extents takes extents from the parent",
-            )
-        })?;
-        let n = b.size.div_ceil(e);
-        for k in (0..n).filter(|&k| bit(map, k)) {
-            // Walk up until a link holds the extent itself.
-            let mut depth = 0;
-            let mut j = b.parent_bo.ok_or_else(|| {
-                Refusal::new(
-                    &child_name,
-                    Some(gpu),
-                    format!("bo_entries[{i}].parent_bo"),
-                    "missing, though parent_extents takes extents from the parent",
-                )
-            })? as usize;
-            let want = mine[k as usize];
-            loop {
-                if depth == links.len() {
-                    let (from_dir, from_shown, from_name, from_image) = match links.last() {
-                        None => (dir.to_owned(), String::new(), child_name.clone(), image),
-                        Some(l) => (l.dir.clone(), l.shown.clone(), l.name(), &l.image),
-                    };
-                    let Some(pname) = from_image.msg.criu_rocm_parent.clone() else {
-                        return Err(Refusal {
-                            file: format!("{from_shown}{from_name}"),
-                            gpu: None,
-                            field: "criu_rocm_parent".into(),
-                            reason: "missing, though its BOs take extents from a parent".into(),
-                        });
-                    };
-                    let pdir = from_dir.join(PARENT_LINK);
-                    let shown = format!("{from_shown}{PARENT_LINK}/");
-                    // No bound on the chain's length (a dump can have any
-                    // number of parents): every link is a directory not
-                    // met before, and one that does not resolve fails to
-                    // load.
-                    if let Ok(c) = pdir.canonicalize() {
-                        if !seen.insert(c) {
-                            return Err(Refusal {
-                                file: shown,
-                                gpu: None,
-                                field: String::new(),
-                                reason: "the chain of parent links loops".into(),
-                            });
-                        }
-                    }
-                    links.push(load_link(&pdir, &shown, &pname)?);
-                }
-                let l = &links[depth];
-                let pb = l.image.msg.bo_entries.get(j).ok_or_else(|| {
-                    let (file, field) = match depth {
-                        0 => (child_name.clone(), format!("bo_entries[{i}].parent_bo")),
-                        _ => (
-                            format!("{}{}", links[depth - 1].shown, links[depth - 1].name()),
-                            "parent_bo".to_owned(),
-                        ),
-                    };
-                    Refusal {
-                        file,
-                        gpu: Some(gpu),
-                        field,
-                        reason: format!("is {j}, but {}{} has no such BO", l.shown, l.name()),
-                    }
-                })?;
-                let same = pb.gpu_id == b.gpu_id
-                    && pb.addr == b.addr
-                    && pb.size == b.size
-                    && pb.alloc_flags == b.alloc_flags
-                    && bo::has_contents(pb.alloc_flags);
-                if !same {
-                    return Err(l.refusal(
-                        &l.name(),
-                        Some(gpu),
-                        format!("bo_entries[{j}]"),
-                        format!(
-                            "is not the BO of {child_name} bo_entries[{i}] (GPU {}, address {:#x}, \
-                             {} bytes) that takes extents from it: the parent is not the dump \
-                             these images were made against",
-                            gpu, b.addr, b.size
-                        ),
-                    ));
-                }
-                let theirs = extent_digests(pb).filter(|(pe, _)| *pe == e);
-                let got = theirs
-                    .as_ref()
-                    .and_then(|(_, d)| d.get(k as usize).copied());
-                if got != Some(want) {
-                    return Err(l.refusal(
-                        &l.name(),
-                        Some(gpu),
-                        format!("bo_entries[{j}].content_extent_xxh3[{k}]"),
-                        format!(
-                            "{}, but {child_name} bo_entries[{i}] takes that extent from there \
-                             with digest {want:016x}: the parent is not the dump these images \
-                             were made against",
-                            match got {
-                                Some(g) => format!("is {g:016x}"),
-                                None => "is missing".into(),
-                            }
-                        ),
-                    ));
-                }
-                if pb.parent_extents.as_deref().is_some_and(|m| bit(m, k)) {
-                    j = pb.parent_bo.ok_or_else(|| {
-                        l.refusal(
-                            &l.name(),
-                            Some(gpu),
-                            format!("bo_entries[{j}].parent_bo"),
-                            "missing, though parent_extents takes extents from the parent".into(),
-                        )
-                    })? as usize;
-                    depth += 1;
-                    continue;
-                }
-                let path = l.dir.join(pages_image_name(l.id, gpu));
-                let src = match files.get(&path) {
-                    Some(f) => f.clone(),
-                    None => {
-                        let f = File::open(&path).map_err(|err| {
-                            l.refusal(
-                                &pages_image_name(l.id, gpu),
-                                Some(gpu),
-                                String::new(),
-                                format!("open: {err}"),
-                            )
-                        })?;
-                        let f = Arc::new(f);
-                        files.insert(path, f.clone());
-                        f
-                    }
-                };
-                let off = k * e;
-                let len = e.min(b.size - off);
-                let source = match &l.records {
-                    None => Source::Raw {
-                        file: src,
-                        at: l.starts[j] + off,
-                    },
-                    Some((chunk, records)) => {
-                        // The chunk of BO j holding the extent: chunks run
-                        // over the GPU's content BOs in bucket order.
-                        let found = records.get(&gpu).and_then(|(all, offsets)| {
-                            let at = all.partition_point(|c| (c.bo, c.start) <= (j, off));
-                            let at = at.checked_sub(1)?;
-                            let c = all[at];
-                            (c.bo == j && off < c.start + c.len).then(|| (c, offsets[at]))
-                        });
-                        let Some((c, record)) = found else {
-                            return Err(l.refusal(
-                                &pages_image_name(l.id, gpu),
-                                Some(gpu),
-                                format!("bo_entries[{j}]"),
-                                format!("has no compressed chunk holding bytes {off:#x}.."),
-                            ));
-                        };
-                        if off + len > c.start + c.len {
-                            return Err(l.refusal(
-                                &pages_image_name(l.id, gpu),
-                                Some(gpu),
-                                format!("bo_entries[{j}]"),
-                                format!(
-                                    "its extent {k} spans two compressed chunks of {chunk} \
-                                     bytes, which criu-rocm does not read"
-                                ),
-                            ));
-                        }
-                        Source::Frame {
-                            file: src,
-                            name: format!("{}{}", l.shown, pages_image_name(l.id, gpu)),
-                            gpu,
-                            record,
-                            chunk: c,
-                            skip: off - c.start,
-                        }
-                    }
-                };
-                out.entry(gpu)
-                    .or_default()
-                    .push_source(child_starts[i] + off, len, source);
-                break;
-            }
+        walk.bo(i, b)?;
+    }
+    Ok(walk.finish())
+}
+
+/// The state of [`resolve`]: the links loaded so far and the overlays
+/// built.
+struct Walk<'a> {
+    dir: &'a Path,
+    image: &'a KfdImage,
+    child_name: String,
+    /// The child's BOs' starts in their pages files.
+    child_starts: Vec<u64>,
+    /// `links[0]` is the parent, `links[1]` its parent, ...
+    links: Vec<Link>,
+    /// The directories met, so that a loop of parent links ends.
+    seen: BTreeSet<PathBuf>,
+    /// Pages files opened, once each.
+    files: BTreeMap<PathBuf, Arc<File>>,
+    out: BTreeMap<GpuId, Overlay>,
+}
+
+/// An extent of a BO of the child, as the walk up the chain looks for it.
+#[derive(Clone, Copy)]
+struct Extent<'b> {
+    /// The child's BO.
+    i: usize,
+    b: &'b KfdBoEntry,
+    gpu: GpuId,
+    /// Extent size and index.
+    e: u64,
+    k: u64,
+    /// Its digest in the child.
+    want: u64,
+}
+
+impl<'a> Walk<'a> {
+    fn new(dir: &'a Path, id: FileId, image: &'a KfdImage) -> Self {
+        let mut seen = BTreeSet::new();
+        if let Ok(c) = dir.canonicalize() {
+            seen.insert(c);
+        }
+        Walk {
+            dir,
+            image,
+            child_name: crate::image::kfd_image_name(id),
+            child_starts: starts(&image.msg.bo_entries),
+            links: Vec::new(),
+            seen,
+            files: BTreeMap::new(),
+            out: BTreeMap::new(),
         }
     }
-    Ok(out
-        .into_iter()
-        .map(|(g, mut o)| {
-            o.finish();
-            (g, Arc::new(o))
+
+    /// Every extent the child's BO `i` takes from its parent.
+    fn bo(&mut self, i: usize, b: &KfdBoEntry) -> Result<(), Refusal> {
+        let Some(map) = b.parent_extents.as_deref() else {
+            return Ok(());
+        };
+        let gpu = GpuId(b.gpu_id);
+        let child = self.child_name.clone();
+        let missing = |field: &str| {
+            Refusal::new(
+                &child,
+                Some(gpu),
+                format!("bo_entries[{i}].{field}"),
+                "missing, though parent_extents takes extents from the parent",
+            )
+        };
+        let (e, mine) = extent_digests(b).ok_or_else(|| missing("content_extent_xxh3"))?;
+        let n = b.size.div_ceil(e);
+        for k in (0..n).filter(|&k| bit(map, k)) {
+            let first = b.parent_bo.ok_or_else(|| missing("parent_bo"))? as usize;
+            let x = Extent {
+                i,
+                b,
+                gpu,
+                e,
+                k,
+                want: mine[k as usize],
+            };
+            let (depth, j) = self.holder(x, first)?;
+            let source = self.source(x, depth, j)?;
+            let off = k * e;
+            let len = e.min(b.size - off);
+            self.out
+                .entry(gpu)
+                .or_default()
+                .push_source(self.child_starts[i] + off, len, source);
+        }
+        Ok(())
+    }
+
+    /// The link (depth in the chain) and BO that hold extent `x` itself,
+    /// walking up from the parent's BO `j`.
+    fn holder(&mut self, x: Extent<'_>, mut j: usize) -> Result<(usize, usize), Refusal> {
+        let mut depth = 0;
+        loop {
+            if depth == self.links.len() {
+                self.next_link()?;
+            }
+            let pb = self.same_bo(x, depth, j)?;
+            if !pb.parent_extents.as_deref().is_some_and(|m| bit(m, x.k)) {
+                return Ok((depth, j));
+            }
+            let l = &self.links[depth];
+            j = pb.parent_bo.ok_or_else(|| {
+                l.refusal(
+                    &l.name(),
+                    Some(x.gpu),
+                    format!("bo_entries[{j}].parent_bo"),
+                    "missing, though parent_extents takes extents from the parent".into(),
+                )
+            })? as usize;
+            depth += 1;
+        }
+    }
+
+    /// Loads the parent of the last link loaded (of the child at first).
+    fn next_link(&mut self) -> Result<(), Refusal> {
+        let (from_dir, from_shown, from_name, from_image) = match self.links.last() {
+            None => (
+                self.dir.to_owned(),
+                String::new(),
+                self.child_name.clone(),
+                self.image,
+            ),
+            Some(l) => (l.dir.clone(), l.shown.clone(), l.name(), &l.image),
+        };
+        let Some(pname) = from_image.msg.criu_rocm_parent.clone() else {
+            return Err(Refusal {
+                file: format!("{from_shown}{from_name}"),
+                gpu: None,
+                field: "criu_rocm_parent".into(),
+                reason: "missing, though its BOs take extents from a parent".into(),
+            });
+        };
+        let pdir = from_dir.join(PARENT_LINK);
+        let shown = format!("{from_shown}{PARENT_LINK}/");
+        // No bound on the chain's length (a dump can have any number of
+        // parents): every link is a directory not met before, and one that
+        // does not resolve fails to load.
+        if let Ok(c) = pdir.canonicalize() {
+            if !self.seen.insert(c) {
+                return Err(Refusal {
+                    file: shown,
+                    gpu: None,
+                    field: String::new(),
+                    reason: "the chain of parent links loops".into(),
+                });
+            }
+        }
+        let link = load_link(&pdir, &shown, &pname)?;
+        self.links.push(link);
+        Ok(())
+    }
+
+    /// BO `j` of the link at `depth`: the same BO as the child's, with the
+    /// same digest for the extent.
+    fn same_bo(&self, x: Extent<'_>, depth: usize, j: usize) -> Result<&KfdBoEntry, Refusal> {
+        let (i, b, gpu, k, child_name) = (x.i, x.b, x.gpu, x.k, &self.child_name);
+        let links = &self.links;
+        let l = &links[depth];
+        let pb = l.image.msg.bo_entries.get(j).ok_or_else(|| {
+            let (file, field) = match depth {
+                0 => (child_name.clone(), format!("bo_entries[{i}].parent_bo")),
+                _ => (
+                    format!("{}{}", links[depth - 1].shown, links[depth - 1].name()),
+                    "parent_bo".to_owned(),
+                ),
+            };
+            Refusal {
+                file,
+                gpu: Some(gpu),
+                field,
+                reason: format!("is {j}, but {}{} has no such BO", l.shown, l.name()),
+            }
+        })?;
+        let same = pb.gpu_id == b.gpu_id
+            && pb.addr == b.addr
+            && pb.size == b.size
+            && pb.alloc_flags == b.alloc_flags
+            && bo::has_contents(pb.alloc_flags);
+        if !same {
+            return Err(l.refusal(
+                &l.name(),
+                Some(gpu),
+                format!("bo_entries[{j}]"),
+                format!(
+                    "is not the BO of {child_name} bo_entries[{i}] (GPU {}, address {:#x}, \
+                     {} bytes) that takes extents from it: the parent is not the dump \
+                     these images were made against",
+                    gpu, b.addr, b.size
+                ),
+            ));
+        }
+        let theirs = extent_digests(pb).filter(|(pe, _)| *pe == x.e);
+        let got = theirs
+            .as_ref()
+            .and_then(|(_, d)| d.get(k as usize).copied());
+        if got != Some(x.want) {
+            return Err(l.refusal(
+                &l.name(),
+                Some(gpu),
+                format!("bo_entries[{j}].content_extent_xxh3[{k}]"),
+                format!(
+                    "{}, but {child_name} bo_entries[{i}] takes that extent from there \
+                     with digest {:016x}: the parent is not the dump these images \
+                     were made against",
+                    match got {
+                        Some(g) => format!("is {g:016x}"),
+                        None => "is missing".into(),
+                    },
+                    x.want
+                ),
+            ));
+        }
+        Ok(pb)
+    }
+
+    /// Where extent `x`'s bytes are in the pages file of the link at
+    /// `depth`, whose BO `j` holds it.
+    fn source(&mut self, x: Extent<'_>, depth: usize, j: usize) -> Result<Source, Refusal> {
+        let (gpu, k) = (x.gpu, x.k);
+        let l = &self.links[depth];
+        let path = l.dir.join(pages_image_name(l.id, gpu));
+        let src = match self.files.get(&path) {
+            Some(f) => f.clone(),
+            None => {
+                let f = File::open(&path).map_err(|err| {
+                    l.refusal(
+                        &pages_image_name(l.id, gpu),
+                        Some(gpu),
+                        String::new(),
+                        format!("open: {err}"),
+                    )
+                })?;
+                let f = Arc::new(f);
+                self.files.insert(path, f.clone());
+                f
+            }
+        };
+        let off = k * x.e;
+        let len = x.e.min(x.b.size - off);
+        let Some((chunk, records)) = &l.records else {
+            return Ok(Source::Raw {
+                file: src,
+                at: l.starts[j] + off,
+            });
+        };
+        // The chunk of BO j holding the extent: chunks run over the GPU's
+        // content BOs in bucket order.
+        let found = records.get(&gpu).and_then(|(all, offsets)| {
+            let at = all.partition_point(|c| (c.bo, c.start) <= (j, off));
+            let at = at.checked_sub(1)?;
+            let c = all[at];
+            (c.bo == j && off < c.start + c.len).then(|| (c, offsets[at]))
+        });
+        let Some((c, record)) = found else {
+            return Err(l.refusal(
+                &pages_image_name(l.id, gpu),
+                Some(gpu),
+                format!("bo_entries[{j}]"),
+                format!("has no compressed chunk holding bytes {off:#x}.."),
+            ));
+        };
+        if off + len > c.start + c.len {
+            return Err(l.refusal(
+                &pages_image_name(l.id, gpu),
+                Some(gpu),
+                format!("bo_entries[{j}]"),
+                format!(
+                    "its extent {k} spans two compressed chunks of {chunk} \
+                     bytes, which criu-rocm does not read"
+                ),
+            ));
+        }
+        Ok(Source::Frame {
+            file: src,
+            name: format!("{}{}", l.shown, pages_image_name(l.id, gpu)),
+            gpu,
+            record,
+            chunk: c,
+            skip: off - c.start,
         })
-        .collect())
+    }
+
+    fn finish(self) -> BTreeMap<GpuId, Arc<Overlay>> {
+        self.out
+            .into_iter()
+            .map(|(g, mut o)| {
+                o.finish();
+                (g, Arc::new(o))
+            })
+            .collect()
+    }
 }
