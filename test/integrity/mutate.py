@@ -209,7 +209,30 @@ def frame(payload):
 # kfd_criu_queue_priv_data offsets (kfd-abi's layout) and the values written there.
 QUEUE_FIELDS = {"type": (68, 2), "sdma-id": (96, 0xFFFF), "doorbell": (88, 4096)}
 HOSTILE_EDITS = ["ctl-1m", "mqd-64k", "type", "sdma-id", "doorbell", "ring", "event-id", "svm",
-                 "counts"]
+                 "counts", "compute-gfx11", "compute-2xcc"]
+# kfd_device_entry fields the control stack size follows from.
+DEV_SIMD_COUNT, DEV_SIMD_PER_CU = 4, 16
+
+
+def gfx11_ctl_stack(dev):
+    """The control stack KFD sizes for a GFX 11 node with this device record's CUs (32 waves
+    of 12 bytes per CU, a 48-byte header, page aligned): a size the image alone cannot tell
+    from the GPU's own (its record names no generation), which its host's KFD never writes
+    for a GFX 9 GPU."""
+    cus = get(dev, DEV_SIMD_COUNT) // max(get(dev, DEV_SIMD_PER_CU, 1), 1)
+    return (cus * 32 * 12 + 48 + 4095) // 4096 * 4096
+
+
+def as_compute(priv, queue, mqd, ctl):
+    """The queue at `queue` made a compute (AQL) queue with `mqd` bytes of MQD and `ctl` of
+    control stack, its bytes grown to match."""
+    old_ctl, old_mqd = struct.unpack_from("<II", priv, queue + 108)
+    struct.pack_into("<II", priv, queue + 68, 0, 1)
+    struct.pack_into("<II", priv, queue + 108, ctl, mqd)
+    grow = ctl + mqd - old_ctl - old_mqd
+    if grow < 0:
+        raise Bad("the queue's bytes would shrink")
+    priv[queue + 120:queue + 120] = bytes(grow)
 
 
 def priv_objects(priv, devices, bos, count, record):
@@ -233,7 +256,9 @@ def hostile_kfd(data, edit):
     where a size grows (ctl-1m: the first queue's control stack by 1 MiB, mqd-64k: its MQD
     by 64 KiB), a queue type no process owns, SDMA engine and doorbell ids out of range, the
     ring at 0x1000 (outside the process), the first event's id out of its range, an SVM range
-    the process never mapped, num_of_objects 2^32-1."""
+    the process never mapped, num_of_objects 2^32-1; the first queue made a compute queue with a
+    GFX 11 node's control stack (compute-gfx11) or the MQDs of 2 XCCs (compute-2xcc): sizes KFD
+    writes for some GPU but not for the (GFX 9, one-XCC) host GPU that restores it."""
     m = parse(unframe(data))
     priv = bytearray(get(m, KFD_PRIV))
     n, devices, bos = get(m, KFD_NUM_OBJECTS), get(m, KFD_NUM_GPUS), get(m, KFD_NUM_BOS)
@@ -248,6 +273,14 @@ def hostile_kfd(data, edit):
         (v,) = struct.unpack_from("<I", priv, queue + field)
         struct.pack_into("<I", priv, queue + field, v + grow)
         priv[queue + 120:queue + 120] = bytes(grow)
+    elif edit == "compute-gfx11":
+        (gpu,) = struct.unpack_from("<I", priv, queue + 64)
+        dev = next((d for _, d in subs(m, KFD_DEVICES) if get(d, DEV_GPU_ID) == gpu), None)
+        if dev is None:
+            raise Bad(f"no device record of GPU {gpu:#x}")
+        as_compute(priv, queue, 2048, gfx11_ctl_stack(dev))
+    elif edit == "compute-2xcc":
+        as_compute(priv, queue, 2 * 2048, 0)
     elif edit in QUEUE_FIELDS:
         off, v = QUEUE_FIELDS[edit]
         struct.pack_into("<I", priv, queue + off, v)

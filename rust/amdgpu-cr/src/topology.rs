@@ -148,6 +148,20 @@ pub struct Node {
     pub gpu_id: Option<GpuId>,
     pub props: NodeProps,
     pub links: Vec<IoLink>,
+    /// What this host's KFD sizes a queue's MQD and control stack by
+    /// (sysfs only: images do not record it).
+    pub kernel: KernelProps,
+}
+
+/// The properties of a host GPU node that images do not record but the
+/// validation of KFD's private data needs: the sizes KFD writes for a
+/// queue follow from them ([`kfd_abi::criu::mqd_size`],
+/// [`kfd_abi::criu::ctl_stack_size`]).  Zero when sysfs lacks them
+/// (kernels before `num_xcc`: one XCC).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelProps {
+    pub gfx_target_version: u32,
+    pub num_xcc: u32,
 }
 
 impl Node {
@@ -232,6 +246,7 @@ impl Topology {
                         node_to: l.node_to_id,
                     })
                     .collect(),
+                kernel: KernelProps::default(),
             });
         }
         Ok(Topology::new(nodes))
@@ -425,9 +440,20 @@ fn read_properties(path: &Path) -> Result<Vec<(String, u64, usize)>, TopologyErr
 fn parse_node(node_id: u32, gpu_id: u32, dir: &Path) -> Result<Node, TopologyError> {
     let path = dir.join("properties");
     let mut props = NodeProps::default();
+    let mut kernel = KernelProps::default();
     for (name, value, _) in read_properties(&path)? {
         if name == "hive_id" {
             props.hive_id = value;
+        } else if name == "gfx_target_version" || name == "num_xcc" {
+            let v = u32::try_from(value).map_err(|_| TopologyError::TooLarge {
+                path: path.clone(),
+                name: name.clone(),
+                value,
+            })?;
+            match name.as_str() {
+                "num_xcc" => kernel.num_xcc = v,
+                _ => kernel.gfx_target_version = v,
+            }
         } else if NodeProps::is_u32(&name) {
             let v = u32::try_from(value).map_err(|_| TopologyError::TooLarge {
                 path: path.clone(),
@@ -488,6 +514,7 @@ fn parse_node(node_id: u32, gpu_id: u32, dir: &Path) -> Result<Node, TopologyErr
         gpu_id: (gpu_id != 0).then_some(GpuId(gpu_id)),
         props,
         links,
+        kernel,
     })
 }
 
@@ -654,6 +681,7 @@ pub(crate) mod tests {
                 .iter()
                 .map(|&(kind, node_to)| IoLink { kind, node_to })
                 .collect(),
+            kernel: KernelProps::default(),
         }
     }
 
@@ -669,6 +697,7 @@ pub(crate) mod tests {
                 .iter()
                 .map(|&(kind, node_to)| IoLink { kind, node_to })
                 .collect(),
+            kernel: KernelProps::default(),
         }
     }
 

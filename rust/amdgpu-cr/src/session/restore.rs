@@ -31,7 +31,7 @@ use super::{human_bytes, kfd_image_ids, owned_dmabufs, SessionError};
 use crate::bo;
 use crate::env::{self, Checks, EnginePolicy};
 use crate::ids::{GpuId, MmapOffset, RenderMinor};
-use crate::image::{FileId, KfdImage, RenderImage};
+use crate::image::{kfd_image_name, FileId, KfdImage, RenderImage};
 use crate::matcher::GpuMap;
 use crate::os::fd::dup_at_least;
 use crate::plan::{
@@ -440,6 +440,12 @@ impl RestoreSession {
             })?;
         let plan = plan_restore(&image, &host, &map)
             .map_err(|e| SessionError::core(vpid, "planning the GPU restore", e))?;
+        crate::validate::privdata::check_host(&kfd_image_name(id), &image, &map, &host).map_err(
+            |r| SessionError::State {
+                pid: vpid,
+                what: r.to_string(),
+            },
+        )?;
         log::info!("pid {vpid}: {}", describe_map(&plan));
         // An image without buffers (which RESTORE refuses) never gets here:
         // criu_gpu_restore_init's validation (validate::check_dir) refuses it.
@@ -1012,7 +1018,7 @@ pub fn dry_run(dir: &Path, opts: &RestoreOptions) -> Result<DryRun, SessionError
                 (None, Some(_)) if v.is_reopen() => {
                     Ok("a further open of the process' /dev/kfd (no state of its own)".into())
                 }
-                (None, Some(image)) => check_one(image, opts),
+                (None, Some(image)) => check_one(v.id, image, opts),
                 (None, None) => Err(format!("{}: not read", crate::image::kfd_image_name(v.id))),
             };
             DryRunEntry {
@@ -1026,11 +1032,13 @@ pub fn dry_run(dir: &Path, opts: &RestoreOptions) -> Result<DryRun, SessionError
 }
 
 /// The host side of a dry run, for an image the validation accepted.
-fn check_one(image: &KfdImage, opts: &RestoreOptions) -> Result<String, String> {
+fn check_one(id: FileId, image: &KfdImage, opts: &RestoreOptions) -> Result<String, String> {
     let (map, host): (GpuMap, Topology) =
         crate::match_image_to_host(image, &opts.sysfs_nodes, &opts.checks)
             .map_err(|e| e.to_string())?;
     let plan = plan_restore(image, &host, &map).map_err(|e| e.to_string())?;
+    crate::validate::privdata::check_host(&kfd_image_name(id), image, &map, &host)
+        .map_err(|r| r.to_string())?;
     let kfd = opts.dev_dir.join("kfd");
     stat_path(&kfd).map_err(|e| format!("{}: {e}", kfd.display()))?;
     for d in &plan.devices {

@@ -30,6 +30,9 @@ use kfd_abi::layout::{
     kfd_criu_svm_range_priv_data as SvmRec, KFD_CRIU_PRIV_VERSION,
 };
 
+mod host;
+pub use host::check_host;
+
 use super::Refusal;
 use crate::ids::GpuId;
 use crate::image::KfdImage;
@@ -45,20 +48,7 @@ const USER_LIMIT: u64 = 1 << 57;
 /// refusal already: nothing more to say here then.
 pub fn check(dir: &Path, name: &str, image: &KfdImage) -> Result<(), Refusal> {
     let m = &image.msg;
-    let record = match m.priv_bo_record_size {
-        Some(size) => u64::from(size),
-        None => image
-            .priv_layout()
-            .map(|l| l.bo_record_size)
-            .unwrap_or(crate::privdata::BO_RECORD_SIZES[1]),
-    };
-    let Ok(objects) = crate::privdata::objects(
-        &m.priv_data,
-        m.num_of_gpus,
-        m.num_of_bos,
-        m.num_of_objects,
-        record,
-    ) else {
+    let Some(objects) = blob_objects(image) else {
         return Ok(());
     };
     let vmas = crate::criu_images::vmas(dir, m.pid)
@@ -69,6 +59,27 @@ pub fn check(dir: &Path, name: &str, image: &KfdImage) -> Result<(), Refusal> {
         vmas: vmas.as_deref(),
     }
     .check(&objects)
+}
+
+/// The objects of the image's blob, with the BO record size recorded at
+/// dump (or the one the blob parses with); `None` when it does not parse.
+fn blob_objects(image: &KfdImage) -> Option<Vec<Object>> {
+    let m = &image.msg;
+    let record = match m.priv_bo_record_size {
+        Some(size) => u64::from(size),
+        None => image
+            .priv_layout()
+            .map(|l| l.bo_record_size)
+            .unwrap_or(crate::privdata::BO_RECORD_SIZES[1]),
+    };
+    crate::privdata::objects(
+        &m.priv_data,
+        m.num_of_gpus,
+        m.num_of_bos,
+        m.num_of_objects,
+        record,
+    )
+    .ok()
 }
 
 /// One image's blob and what it is checked against.

@@ -5,11 +5,11 @@ use super::*;
 use crate::image::tests::{sample_kfd, tempdir};
 use crate::proto::CriuKfd;
 
-const GPU: u32 = 0x1a2b;
+pub(super) const GPU: u32 = 0x1a2b;
 /// In BO 0 (VRAM, 2 MiB at 0x7000_0000_0000).
 const RING: u64 = 0x7000_0000_0000;
 
-fn put32(b: &mut [u8], off: usize, v: u32) {
+pub(super) fn put32(b: &mut [u8], off: usize, v: u32) {
     b[off..off + 4].copy_from_slice(&v.to_le_bytes());
 }
 
@@ -18,7 +18,7 @@ fn put64(b: &mut [u8], off: usize, v: u64) {
 }
 
 /// An SDMA queue record with its MQD, as KFD writes one.
-fn sdma_queue(id: u32) -> Vec<u8> {
+pub(super) fn sdma_queue(id: u32) -> Vec<u8> {
     let mut q = vec![0u8; 120];
     put64(&mut q, offset_of!(QueueRec, q_address), RING);
     put64(&mut q, offset_of!(QueueRec, q_size), 0x1000);
@@ -35,7 +35,7 @@ fn sdma_queue(id: u32) -> Vec<u8> {
 
 /// A compute (AQL) queue with a context save area: sample GPUs have 256
 /// SIMDs, 4 per CU (64 CUs), 1 array per engine: 2560 waves before Navi10.
-fn compute_queue(id: u32) -> Vec<u8> {
+pub(super) fn compute_queue(id: u32) -> Vec<u8> {
     let mut q = sdma_queue(id);
     q.truncate(120);
     put32(&mut q, offset_of!(QueueRec, type_), queue_type::COMPUTE);
@@ -80,7 +80,7 @@ fn svm(start: u64, size: u64) -> Vec<u8> {
 }
 
 /// `sample_kfd`'s process (2 GPUs, 3 BOs) with these objects.
-fn image(objects: &[Vec<u8>]) -> KfdImage {
+pub(super) fn image(objects: &[Vec<u8>]) -> KfdImage {
     let mut m: CriuKfd = sample_kfd();
     for d in m.device_entries.iter_mut().filter(|d| d.gpu_id != 0) {
         d.simd_per_cu = 4;

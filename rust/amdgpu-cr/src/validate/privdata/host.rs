@@ -1,0 +1,257 @@
+//! KFD's private data against the host GPU that takes each image GPU over.
+//!
+//! [`super::check`] knows the image only: it accepts a size when some GFX
+//! generation and XCC count make KFD write it.  Once the restore (and
+//! `gpu-check`) has matched the image's GPUs to this host's, the sizes
+//! RESTORE copies by are pinned to what this host's KFD writes for the
+//! GPU that runs the queue: the MQD of its type times the node's XCCs,
+//! a control stack of the size KFD computes from the node's
+//! `gfx_target_version`, CU and wave counts (per XCC, or none without a
+//! context save area), an SDMA engine queue the node has.  A queue the
+//! host GPU's KFD would never have written is refused naming the queue,
+//! the image GPU and the field, before `/dev/kfd` is opened.
+
+use std::mem::offset_of;
+
+use kfd_abi::criu::{self, queue_type, CwsrProps};
+use kfd_abi::layout::kfd_criu_queue_priv_data as QueueRec;
+
+use super::{blob_objects, u32_at, Refusal};
+use crate::ids::GpuId;
+use crate::image::KfdImage;
+use crate::matcher::GpuMap;
+use crate::topology::{Node, Topology};
+
+/// The checks of the module documentation on the image `name`, whose GPUs
+/// `map` takes to the GPUs of `host`.  A queue on a GPU the map does not
+/// take is the matcher's refusal, not this one's.
+pub fn check_host(
+    name: &str,
+    image: &KfdImage,
+    map: &GpuMap,
+    host: &Topology,
+) -> Result<(), Refusal> {
+    let Some(objects) = blob_objects(image) else {
+        return Ok(());
+    };
+    let blob = &image.msg.priv_data;
+    for (i, o) in objects.iter().filter(|o| o.kind == 0).enumerate() {
+        let at = |off: usize| u32_at(blob, o.offset + off as u64);
+        let gpu = GpuId(at(offset_of!(QueueRec, gpu_id)));
+        let Some(node) = map.get(gpu).and_then(|h| host.gpu(h)) else {
+            continue;
+        };
+        let q = HostQueue {
+            name,
+            i,
+            gpu,
+            node,
+            qtype: at(offset_of!(QueueRec, type_)),
+            mqd: at(offset_of!(QueueRec, mqd_size)),
+            ctl: at(offset_of!(QueueRec, ctl_stack_size)),
+            sdma_id: at(offset_of!(QueueRec, sdma_id)),
+        };
+        q.check_mqd()?;
+        if queue_type::is_sdma(q.qtype) {
+            q.check_sdma_engine()?;
+        } else {
+            q.check_control_stack()?;
+        }
+    }
+    Ok(())
+}
+
+/// The XCCs of a host node: sysfs' `num_xcc`, 1 on kernels without it.
+fn xccs(node: &Node) -> u32 {
+    node.kernel.num_xcc.max(1)
+}
+
+/// One queue record and the host node that runs it.
+struct HostQueue<'a> {
+    name: &'a str,
+    i: usize,
+    /// The image's GPU (the host's is the map's).
+    gpu: GpuId,
+    node: &'a Node,
+    qtype: u32,
+    mqd: u32,
+    ctl: u32,
+    sdma_id: u32,
+}
+
+impl HostQueue<'_> {
+    fn refuse(&self, field: &str, reason: String) -> Refusal {
+        let host = self
+            .node
+            .gpu_id
+            .map_or_else(String::new, |h| format!(" (host GPU {h})"));
+        Refusal::new(
+            self.name,
+            Some(self.gpu),
+            format!("priv_data.queues[{}].{field}", self.i),
+            format!("{reason}{host}"),
+        )
+    }
+
+    fn check_mqd(&self) -> Result<(), Refusal> {
+        let xcc = xccs(self.node);
+        let want = criu::mqd_size(self.qtype, xcc);
+        if want == Some(self.mqd) {
+            return Ok(());
+        }
+        Err(self.refuse(
+            "mqd_size",
+            match want {
+                Some(w) => format!(
+                    "is {}, but this host's KFD writes {w} bytes of MQD for a queue of type {} \
+                     on a GPU of {xcc} XCC(s)",
+                    self.mqd, self.qtype
+                ),
+                None => format!("is of type {}, which KFD never gives a process", self.qtype),
+            },
+        ))
+    }
+
+    fn check_sdma_engine(&self) -> Result<(), Refusal> {
+        let p = &self.node.props;
+        let engines = (p.num_sdma_engines + p.num_sdma_xgmi_engines)
+            .saturating_mul(p.num_sdma_queues_per_engine);
+        if self.sdma_id < engines {
+            return Ok(());
+        }
+        Err(self.refuse(
+            "sdma_id",
+            format!(
+                "is {}, but the GPU that restores it has {engines} SDMA engine queues",
+                self.sdma_id
+            ),
+        ))
+    }
+
+    /// None (no context save area) or the node's control stack once per
+    /// XCC.  Without `gfx_target_version` in sysfs the size cannot be
+    /// computed for this node; the image check's bound stands then.
+    fn check_control_stack(&self) -> Result<(), Refusal> {
+        let k = self.node.kernel;
+        if self.ctl == 0 || k.gfx_target_version == 0 {
+            return Ok(());
+        }
+        let xcc = xccs(self.node);
+        let p = &self.node.props;
+        let per_xcc = criu::ctl_stack_size(&CwsrProps {
+            gfx_target_version: k.gfx_target_version,
+            simd_count: p.simd_count,
+            simd_per_cu: p.simd_per_cu,
+            array_count: p.array_count,
+            simd_arrays_per_engine: p.simd_arrays_per_engine,
+            num_xcc: xcc,
+        });
+        let want = per_xcc.and_then(|c| c.checked_mul(xcc));
+        if want == Some(self.ctl) {
+            return Ok(());
+        }
+        Err(self.refuse(
+            "ctl_stack_size",
+            match want {
+                Some(w) => format!(
+                    "is {:#x}, but this host's KFD saves {w:#x} bytes of control stack for a \
+                     compute queue of this GPU (gfx_target_version {}, {} CUs, {xcc} XCC(s)) \
+                     or none",
+                    self.ctl,
+                    k.gfx_target_version,
+                    p.simd_count / p.simd_per_cu.max(1),
+                ),
+                None => format!(
+                    "is {:#x}, but this host's KFD saves no control stack for this GPU \
+                     (gfx_target_version {})",
+                    self.ctl, k.gfx_target_version
+                ),
+            },
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{compute_queue, image, put32, sdma_queue, GPU};
+    use super::*;
+    use crate::topology::KernelProps;
+    use std::collections::BTreeMap;
+
+    /// The host GPU 0x77 (64 CUs of 4 SIMDs, 8 arrays of 1 per engine) of
+    /// `gfx` and `xcc`, taking the image's GPU.
+    fn host(gfx: u32, xcc: u32) -> (GpuMap, Topology) {
+        let mut n = crate::topology::tests::gpu(1, 0x77, &[]);
+        n.props.simd_count = 256;
+        n.props.simd_per_cu = 4;
+        n.props.array_count = 8;
+        n.props.simd_arrays_per_engine = 1;
+        n.props.num_sdma_engines = 2;
+        n.props.num_sdma_queues_per_engine = 8;
+        n.kernel = KernelProps {
+            gfx_target_version: gfx,
+            num_xcc: xcc,
+        };
+        let map = GpuMap::new(BTreeMap::from([(GpuId(GPU), GpuId(0x77))]));
+        (map, Topology::new(vec![n]))
+    }
+
+    fn verdict(objects: &[Vec<u8>], gfx: u32, xcc: u32) -> Result<(), String> {
+        let (map, topo) = host(gfx, xcc);
+        check_host("amdgpu-kfd-5.img", &image(objects), &map, &topo).map_err(|r| r.to_string())
+    }
+
+    #[test]
+    fn what_this_hosts_kfd_writes_passes() {
+        // MI100 (gfx908): 2560 waves of 8 bytes, 6 pages.
+        assert_eq!(
+            verdict(&[sdma_queue(0), compute_queue(1)], 90008, 0),
+            Ok(())
+        );
+        let no_cwsr = {
+            let mut q = compute_queue(2);
+            put32(&mut q, offset_of!(QueueRec, ctl_stack_size), 0);
+            q
+        };
+        assert_eq!(verdict(&[no_cwsr], 90008, 1), Ok(()));
+        // Without gfx_target_version only the MQD and engines are pinned.
+        assert_eq!(verdict(&[compute_queue(1)], 0, 0), Ok(()));
+    }
+
+    #[test]
+    fn sizes_of_another_gpu_are_refused_naming_queue_gpu_and_field() {
+        // The image's control stack is a gfx9 one; a GFX 11 host sizes
+        // 2048 waves of 12 bytes (7 pages).
+        let e = verdict(&[sdma_queue(0), compute_queue(1)], 110000, 1).unwrap_err();
+        for w in [
+            "amdgpu-kfd-5.img",
+            &format!("GPU {}", GpuId(GPU)),
+            "priv_data.queues[1].ctl_stack_size",
+            "0x7000",
+            "host GPU",
+        ] {
+            assert!(e.contains(w), "{e} lacks {w}");
+        }
+        // A host of 2 XCCs writes two MQDs.
+        let e = verdict(&[compute_queue(1)], 90008, 2).unwrap_err();
+        assert!(
+            e.contains("queues[0].mqd_size") && e.contains("4096 bytes"),
+            "{e}"
+        );
+        // An SDMA engine queue the host GPU lacks.
+        let mut q = sdma_queue(0);
+        put32(&mut q, offset_of!(QueueRec, sdma_id), 16);
+        let e = verdict(&[q], 90008, 1).unwrap_err();
+        assert!(e.contains("queues[0].sdma_id") && e.contains("16"), "{e}");
+    }
+
+    #[test]
+    fn a_queue_on_an_unmapped_gpu_is_the_matchers() {
+        let (_, topo) = host(90008, 1);
+        let map = GpuMap::new(BTreeMap::new());
+        assert_eq!(
+            check_host("k", &image(&[compute_queue(1)]), &map, &topo),
+            Ok(())
+        );
+    }
+}
