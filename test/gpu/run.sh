@@ -859,8 +859,9 @@ predump_incremental_chain() {
 # a pre-dump signed through the environment and a dump on it through --gpu-knob, each
 # directory with its own amdgpu-signature.img over every *.img. Unsigned keys, a changed
 # byte of CRIU's own memory pages, a file added, a changed file of the parent, and another
-# key are refused alike by gpu-check and the restore before any task exists; with the right
-# key the process comes back byte-exact. Without a required key the signature is a note.
+# key are refused alike by gpu-check and the restore before any task exists, and so are an
+# image directory or file others may write to; with the right key the process comes back
+# byte-exact. Without a required key the signature is a note.
 case_signed_images() { on mi100x2 -- signed_images; }
 signed_images() {
 	local pre=$CASE_DIR/pre img=$CASE_DIR/img k=$CASE_DIR/keys v1 v2 pages kfd
@@ -910,6 +911,13 @@ signed_images() {
 	# A relative key path would be looked up inside the image directory.
 	CRIU_ROCM_VERIFY_KEY=keys/pub.pem restore_fails "$img" "$WL" "a relative key path"
 	log_has "$LAST_RESTORE_LOG" "CRIU_ROCM_VERIFY_KEY=\"keys/pub.pem\": not an absolute path"
+	# Only root and we may write the images verified, or they could change after the check.
+	chmod g+w "$img"
+	refused_alike "$img" "an image directory the group may write to" "the image directory is writable by group or others \\(mode 775\\)"
+	chmod g-w "$img"
+	chmod o+w "$img/$pages"
+	refused_alike "$img" "an image file others may write to" "$pages: reading it: writable by group or others \\(mode [0-7]+\\): it could change after the check"
+	chmod o-w "$img/$pages"
 	gpu_check_restorable "$img" >/dev/null
 	grep -q "note: the images are signed by the required ed25519:" <<<"$GC_OUT" ||
 		fail "gpu-check with the right key does not say so: $(paste -sd' ' <<<"$GC_OUT")"

@@ -63,28 +63,33 @@ fn read_pem(var: &'static str, path: &str) -> Result<String, EnvError> {
         .metadata()
         .map_err(|e| key_error(var, path, format!("reading it: {e}")))?;
     // A key anyone else could have written decides nothing.
-    if md.uid() != 0 && md.uid() != euid() {
-        return Err(key_error(
-            var,
-            path,
-            format!("owned by uid {}, not by root or us", md.uid()),
-        ));
-    }
-    if md.mode() & 0o022 != 0 {
-        return Err(key_error(
-            var,
-            path,
-            format!(
-                "writable by group or others (mode {:o})",
-                md.mode() & 0o7777
-            ),
-        ));
+    if let Err(why) = only_ours(&md, false) {
+        return Err(key_error(var, path, why));
     }
     let mut pem = String::new();
     f.take(MAX_FILE)
         .read_to_string(&mut pem)
         .map_err(|e| key_error(var, path, format!("reading it: {e}")))?;
     Ok(pem)
+}
+
+/// Whether only root and this process' user can change what `md`
+/// describes: owned by one of them and writable by neither group nor
+/// others (`sticky_ok`: a sticky directory others may write to, in which
+/// they cannot rename or remove our entries, e.g. `/tmp`).  The reason
+/// when not.
+fn only_ours(md: &std::fs::Metadata, sticky_ok: bool) -> Result<(), String> {
+    if md.uid() != 0 && md.uid() != euid() {
+        return Err(format!("owned by uid {}, not by root or us", md.uid()));
+    }
+    let sticky = md.is_dir() && md.mode() & libc::S_ISVTX != 0;
+    if md.mode() & 0o022 != 0 && !(sticky_ok && sticky) {
+        return Err(format!(
+            "writable by group or others (mode {:o})",
+            md.mode() & 0o7777
+        ));
+    }
+    Ok(())
 }
 
 fn euid() -> u32 {
@@ -178,7 +183,6 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
         .collect()
 }
 
-/// Size and SHA-256 of one file, read once.
 /// Opens a regular file for reading, never through a symbolic link and
 /// never blocking on a FIFO or device planted under its name.
 fn open_regular(path: &Path) -> std::io::Result<std::fs::File> {
@@ -213,8 +217,17 @@ fn read_signature(dir: &Path) -> std::io::Result<Vec<u8>> {
     Ok(bytes)
 }
 
-fn hash_file(path: &Path) -> std::io::Result<(u64, [u8; 32])> {
-    let mut f = open_regular(path)?;
+/// The image file `path` for verifying: one only root and we can change
+/// (else the bytes hashed need not be the bytes CRIU reads later).
+fn open_ours(path: &Path) -> std::io::Result<std::fs::File> {
+    let f = open_regular(path)?;
+    only_ours(&f.metadata()?, false)
+        .map_err(|why| std::io::Error::other(format!("{why}: it could change after the check")))?;
+    Ok(f)
+}
+
+/// Size and SHA-256 of one file, read once.
+fn hash_file(mut f: std::fs::File) -> std::io::Result<(u64, [u8; 32])> {
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     let mut size = 0u64;
@@ -233,7 +246,7 @@ fn covered_files(dir: &Path) -> std::io::Result<BTreeSet<String>> {
     let mut names = BTreeSet::new();
     for e in std::fs::read_dir(dir)? {
         // Every type: a symbolic link or a directory by an image's name
-        // is refused by [`hash_file`], not skipped.
+        // is refused by [`open_regular`], not skipped.
         if let Ok(name) = e?.file_name().into_string() {
             if covered(&name) {
                 names.insert(name);
@@ -262,7 +275,8 @@ pub fn sign(dir: &Path, key: &SigningKey) -> std::io::Result<(usize, u64)> {
     let mut bytes = 0;
     let names = covered_files(dir)?;
     for name in &names {
-        let (size, sha) = hash_file(&dir.join(name))
+        let (size, sha) = open_regular(&dir.join(name))
+            .and_then(hash_file)
             .map_err(|e| std::io::Error::new(e.kind(), format!("{name}: {e}")))?;
         bytes += size;
         let _ = writeln!(text, "file {name} {size} sha256:{}", hex(&sha));
@@ -435,6 +449,9 @@ impl Place {
     /// This directory's refusals, and the parent to verify next (none
     /// once this one is refused: its list of files is not to be trusted).
     fn verify(&self, key: &VerifyingKey) -> (Vec<Refusal>, Option<Place>) {
+        if let Err(r) = self.check_owners() {
+            return (vec![r], None);
+        }
         let refuse = |field: &str, why: String| (vec![self.refuse(FILE, field, why)], None);
         let bytes = match read_signature(&self.dir) {
             Ok(b) => b,
@@ -467,6 +484,41 @@ impl Place {
             Err(why) => return refuse("parent", why),
         };
         (self.check_files(&signed.files), parent)
+    }
+
+    /// The directory and every directory above it: no one but root and
+    /// us can put other files in place of the ones verified, or another
+    /// directory in place of this one, after the check (directories above
+    /// may be sticky ones others write to, like `/tmp`).  The files
+    /// themselves are checked as they are hashed ([`open_ours`]).
+    fn check_owners(&self) -> Result<(), Refusal> {
+        let refuse = |path: &Path, what: &str, why: String| {
+            let file = match self.depth {
+                0 => path.display().to_string(),
+                _ => "parent/".repeat(self.depth),
+            };
+            Refusal {
+                file,
+                gpu: None,
+                field: String::new(),
+                reason: format!("{what} {why}: the images could change after the check"),
+            }
+        };
+        let canon = self
+            .dir
+            .canonicalize()
+            .map_err(|e| refuse(&self.dir, "the image directory", e.to_string()))?;
+        for (i, d) in canon.ancestors().enumerate() {
+            let what = match i {
+                0 => "the image directory is".to_owned(),
+                _ => format!("its ancestor {} is", d.display()),
+            };
+            std::fs::metadata(d)
+                .map_err(|e| e.to_string())
+                .and_then(|md| only_ours(&md, i > 0))
+                .map_err(|why| refuse(&canon, &what, why))?;
+        }
+        Ok(())
     }
 
     /// The parent CRIU will read against the one the signature names.
@@ -507,7 +559,7 @@ impl Place {
             .map(|n| self.refuse(n, "", "not covered by the signature"))
             .collect();
         for (name, &(size, sha)) in listed {
-            let why = match hash_file(&self.dir.join(name)) {
+            let why = match open_ours(&self.dir.join(name)).and_then(hash_file) {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                     Some(("", "signed, but missing".to_owned()))
                 }

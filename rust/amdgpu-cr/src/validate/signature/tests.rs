@@ -103,7 +103,9 @@ fn a_wrong_key_an_edited_list_or_no_signature_is_refused() {
     sign(&d, &key(1)).unwrap();
     std::fs::write(d.join("amdgpu-kfd-5.img"), b"hostile").unwrap();
     let text = std::fs::read_to_string(d.join(FILE)).unwrap();
-    let (size, sha) = hash_file(&d.join("amdgpu-kfd-5.img")).unwrap();
+    let (size, sha) = open_regular(&d.join("amdgpu-kfd-5.img"))
+        .and_then(hash_file)
+        .unwrap();
     let edited: String = text
         .lines()
         .map(|l| match l.starts_with("file amdgpu-kfd-5.img ") {
@@ -282,4 +284,64 @@ fn key_paths_must_be_absolute_and_readable_as_text() {
     std::env::set_var(VAR, "/keys/pub.pem");
     assert_eq!(key_path(VAR).unwrap().as_deref(), Some("/keys/pub.pem"));
     std::env::remove_var(VAR);
+}
+
+#[test]
+fn images_others_can_write_are_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let set = |p: &Path, mode: u32| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap()
+    };
+    let t = tempfile::tempdir().unwrap();
+    let d = dump_dir(t.path(), "d");
+    sign(&d, &key(1)).unwrap();
+    let vk = key(1).verifying_key();
+    assert_eq!(reasons(&verify(&d, &vk)), Vec::<String>::new());
+    // A file group or others may write: its bytes could change after the
+    // check.
+    set(&d.join("pages-1.img"), 0o646);
+    assert_eq!(
+        reasons(&verify(&d, &vk)),
+        [
+            "pages-1.img: reading it: writable by group or others (mode 646): it could change \
+          after the check"
+        ]
+    );
+    set(&d.join("pages-1.img"), 0o644);
+    // The directory: files could be swapped.
+    set(&d, 0o775);
+    let r = reasons(&verify(&d, &vk));
+    assert!(
+        r.len() == 1
+            && r[0].contains("the image directory is writable by group or others (mode 775)"),
+        "{r:?}"
+    );
+    set(&d, 0o755);
+    // A directory above it others write to, without the sticky bit: the
+    // image directory could be renamed away and another put in its place.
+    set(t.path(), 0o777);
+    let r = reasons(&verify(&d, &vk));
+    assert!(
+        r.len() == 1
+            && r[0].contains(&format!(
+                "its ancestor {} is writable by group or others (mode 777)",
+                t.path().canonicalize().unwrap().display()
+            )),
+        "{r:?}"
+    );
+    // Sticky (as /tmp): others cannot rename our entries.
+    set(t.path(), 0o1777);
+    assert_eq!(reasons(&verify(&d, &vk)), Vec::<String>::new());
+    // A parent directory others may write to is refused as "parent/".
+    let child = dump_dir(t.path(), "child");
+    std::os::unix::fs::symlink("../d", child.join(PARENT_LINK)).unwrap();
+    sign(&child, &key(1)).unwrap();
+    set(&d, 0o757);
+    let r = reasons(&verify(&child, &vk));
+    assert!(
+        r.len() == 1 && r[0].starts_with("parent/: the image directory is writable"),
+        "{r:?}"
+    );
+    set(&d, 0o755);
+    set(t.path(), 0o700);
 }
