@@ -165,9 +165,10 @@ int criu_gpu_restore_check(int imgdir_fd);
 
 /*
  Whether a restore must verify the images' signature
- (`CRIU_ROCM_VERIFY_KEY` is set, by the environment or `--gpu-knob`): 1
- or 0.  CRIU refuses `--stream` and `--lazy-pages` restores then, whose
- images it reads from elsewhere or later than the check.
+ (`CRIU_ROCM_VERIFY_KEY` or `CRIU_ROCM_VERIFY_SIGNATURE` is set, by the
+ environment or `--gpu-knob`): 1 or 0.  CRIU refuses `--stream` and
+ `--lazy-pages` restores then, whose images it reads from elsewhere or
+ later than the check.
  */
 int criu_gpu_signature_required(void);
 

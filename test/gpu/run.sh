@@ -860,11 +860,12 @@ predump_incremental_chain() {
 # directory with its own amdgpu-signature.img over every *.img. Unsigned keys, a changed
 # byte of CRIU's own memory pages, a file added, a changed file of the parent, and another
 # key are refused alike by gpu-check and the restore before any task exists, and so are an
-# image directory or file others may write to; with the right key the process comes back
-# byte-exact. Without a required key the signature is a note.
+# image directory or file others may write to and, with the dump's signature digest required
+# (CRIU_ROCM_VERIFY_SIGNATURE), another dump signed with the same key; with the right key and
+# digest the process comes back byte-exact. Without a required key the signature is a note.
 case_signed_images() { on mi100x2 -- signed_images; }
 signed_images() {
-	local pre=$CASE_DIR/pre img=$CASE_DIR/img k=$CASE_DIR/keys v1 v2 pages kfd
+	local pre=$CASE_DIR/pre img=$CASE_DIR/img k=$CASE_DIR/keys v1 v2 pages kfd digest older
 	mkdir -p "$k"
 	openssl genpkey -algorithm ed25519 -out "$k/key.pem" 2>>"$CASE_DIR/openssl.err" &&
 		openssl pkey -in "$k/key.pem" -pubout -out "$k/pub.pem" &&
@@ -918,14 +919,23 @@ signed_images() {
 	chmod o+w "$img/$pages"
 	refused_alike "$img" "an image file others may write to" "$pages: reading it: writable by group or others \\(mode [0-7]+\\): it could change after the check"
 	chmod o-w "$img/$pages"
+	# Freshness: the digest the dump logged names this dump; with it required, the signed
+	# pre-dump's images (an older dump with the same key) are refused in its place.
+	digest=$(grep -aoE "CRIU_ROCM_VERIFY_SIGNATURE sha256:[0-9a-f]{64}" "$img/dump.log" | cut -d' ' -f2)
+	[ -n "$digest" ] || fail "the signed dump logged no CRIU_ROCM_VERIFY_SIGNATURE digest"
+	[ "$digest" = "sha256:$(sha256sum <"$img/amdgpu-signature.img" | cut -d' ' -f1)" ] ||
+		fail "the dump logged $digest, not the SHA-256 of its amdgpu-signature.img"
+	older="sha256:$(sha256sum <"$pre/amdgpu-signature.img" | cut -d' ' -f1)"
+	CRIU_ROCM_VERIFY_SIGNATURE=$older refused_alike "$img" "the signature digest of another signed dump required" "amdgpu-signature.img: its SHA-256 is [0-9a-f]{64}, not the $older CRIU_ROCM_VERIFY_SIGNATURE requires"
+	export CRIU_ROCM_VERIFY_SIGNATURE=$digest
 	gpu_check_restorable "$img" >/dev/null
-	grep -q "note: the images are signed by the required ed25519:" <<<"$GC_OUT" ||
-		fail "gpu-check with the right key does not say so: $(paste -sd' ' <<<"$GC_OUT")"
+	grep -q "note: the images are signed by the required ed25519:[0-9a-f]* (CRIU_ROCM_VERIFY_SIGNATURE $digest, required)" <<<"$GC_OUT" ||
+		fail "gpu-check with the right key and digest does not say so: $(paste -sd' ' <<<"$GC_OUT")"
 	restore_ok "$img" "$WL"
 	v2=$(wl_verify "$WL") || exit 1
 	same_bytes "$v1" "$v2"
 	wl_finish "$WL"
-	unset CRIU_ROCM_VERIFY_KEY
+	unset CRIU_ROCM_VERIFY_KEY CRIU_ROCM_VERIFY_SIGNATURE
 }
 
 # Compression and incremental dumps combine: a chain pre-dump (zstd) -> pre-dump -> dump

@@ -42,8 +42,13 @@ pub const SIGN_KEY_VAR: &str = "CRIU_ROCM_SIGN_KEY";
 /// The public key (PEM) whose signature a restore and `gpu-check` require.
 pub const VERIFY_KEY_VAR: &str = "CRIU_ROCM_VERIFY_KEY";
 
+/// The SHA-256 (`sha256:<64 hex digits>`) of the `amdgpu-signature.img`
+/// a restore requires besides the key's signature: that dump's images and
+/// no older or other signed ones (`validate::signature`).
+pub const VERIFY_SIGNATURE_VAR: &str = "CRIU_ROCM_VERIFY_SIGNATURE";
+
 /// Every knob criu-rocm reads, by its environment variable's name.
-pub const KNOBS: [&str; 14] = [
+pub const KNOBS: [&str; 15] = [
     "KFD_FW_VER_CHECK",
     "KFD_SDMA_FW_VER_CHECK",
     "KFD_CACHES_COUNT_CHECK",
@@ -57,6 +62,7 @@ pub const KNOBS: [&str; 14] = [
     COMPRESS_THREADS_VAR,
     SIGN_KEY_VAR,
     VERIFY_KEY_VAR,
+    VERIFY_SIGNATURE_VAR,
     STREAM_TIMEOUT_VAR,
 ];
 
@@ -107,7 +113,7 @@ pub fn set_knob(arg: &str) -> Result<(&'static str, String), KnobError> {
         // A configuration file may come with the images (a container's
         // annotations): it must not swap the key the images are checked
         // against for another.
-        VERIFY_KEY_VAR if knob(name).is_some_and(|set| set != value) => {
+        VERIFY_KEY_VAR | VERIFY_SIGNATURE_VAR if knob(name).is_some_and(|set| set != value) => {
             return Err(invalid(
                 name,
                 value,
@@ -117,6 +123,9 @@ pub fn set_knob(arg: &str) -> Result<(&'static str, String), KnobError> {
                 ),
             )
             .into());
+        }
+        VERIFY_SIGNATURE_VAR => {
+            parse_signature_digest(value)?;
         }
         // Key files are read where they are used, which names the file.
         SIGN_KEY_VAR | VERIFY_KEY_VAR if !value.is_empty() => {}
@@ -132,6 +141,32 @@ pub fn set_knob(arg: &str) -> Result<(&'static str, String), KnobError> {
     }
     overrides().insert(name, value.to_owned());
     Ok((name, value.to_owned()))
+}
+
+/// A [`VERIFY_SIGNATURE_VAR`] value: `sha256:` and 64 hex digits.
+pub fn parse_signature_digest(value: &str) -> Result<[u8; 32], EnvError> {
+    value
+        .strip_prefix("sha256:")
+        .and_then(unhex)
+        .and_then(|v| <[u8; 32]>::try_from(v).ok())
+        .ok_or_else(|| {
+            invalid(
+                VERIFY_SIGNATURE_VAR,
+                value,
+                "not \"sha256:<64 hex digits>\" (the SHA-256 of amdgpu-signature.img)",
+            )
+        })
+}
+
+/// The bytes of a string of hex digits; `None` for anything else.
+pub(crate) fn unhex(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok())
+        .collect()
 }
 
 /// The value of knob `var`: set by an option, else from the environment.
@@ -605,6 +640,21 @@ mod tests {
             Some("/etc/criu-rocm/pub.pem")
         );
         overrides().remove("CRIU_ROCM_VERIFY_KEY");
+        // Nor the required signature digest (the only test that sets it).
+        let d = format!("sha256:{}", "ab".repeat(32));
+        assert!(set_knob(&format!("CRIU_ROCM_VERIFY_SIGNATURE={d}")).is_ok());
+        let e = set_knob(&format!(
+            "CRIU_ROCM_VERIFY_SIGNATURE=sha256:{}",
+            "cd".repeat(32)
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("cannot be replaced"), "{e}");
+        overrides().remove("CRIU_ROCM_VERIFY_SIGNATURE");
+        let e = set_knob("CRIU_ROCM_VERIFY_SIGNATURE=sha256:ab")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not \"sha256:<64 hex digits>\""), "{e}");
     }
 
     #[test]

@@ -376,15 +376,15 @@ pub extern "C" fn criu_gpu_restore_check(imgdir_fd: c_int) -> c_int {
 /// With `CRIU_ROCM_VERIFY_KEY`, the images' signature, before CRIU reads
 /// any of them: `-EINVAL` with every refusal logged.
 fn check_signature(dir: &std::path::Path) -> c_int {
-    let key = match validate::signature::verify_key_from_env() {
-        Ok(Some(k)) => k,
+    let req = match validate::signature::verify_key_from_env() {
+        Ok(Some(r)) => r,
         Ok(None) => return 0,
         Err(e) => {
             log::error!("{e}");
             return -libc::EINVAL;
         }
     };
-    let refusals = validate::signature::verify(dir, &key);
+    let refusals = validate::signature::verify_required(dir, &req);
     if refusals.is_empty() {
         return 0;
     }
@@ -396,15 +396,18 @@ fn check_signature(dir: &std::path::Path) -> c_int {
 }
 
 /// Whether a restore must verify the images' signature
-/// (`CRIU_ROCM_VERIFY_KEY` is set, by the environment or `--gpu-knob`): 1
-/// or 0.  CRIU refuses `--stream` and `--lazy-pages` restores then, whose
-/// images it reads from elsewhere or later than the check.
+/// (`CRIU_ROCM_VERIFY_KEY` or `CRIU_ROCM_VERIFY_SIGNATURE` is set, by the
+/// environment or `--gpu-knob`): 1 or 0.  CRIU refuses `--stream` and
+/// `--lazy-pages` restores then, whose images it reads from elsewhere or
+/// later than the check.
 #[no_mangle]
 pub extern "C" fn criu_gpu_signature_required() -> c_int {
     ffi_boundary("criu_gpu_signature_required", || {
+        use amdgpu_cr::env::{knob, VERIFY_KEY_VAR, VERIFY_SIGNATURE_VAR};
         c_int::from(
-            amdgpu_cr::env::knob(amdgpu_cr::env::VERIFY_KEY_VAR).is_some()
-                || std::env::var_os(amdgpu_cr::env::VERIFY_KEY_VAR).is_some(),
+            [VERIFY_KEY_VAR, VERIFY_SIGNATURE_VAR]
+                .iter()
+                .any(|v| knob(v).is_some() || std::env::var_os(v).is_some()),
         )
     })
 }

@@ -712,11 +712,15 @@ impl DumpSession {
                 validate::signature::FILE
             )
         })?;
+        // The digest a restore can require (CRIU_ROCM_VERIFY_SIGNATURE):
+        // these images and no other dump signed with the key.
         log::info!(
-            "signed {files} image files ({}) with {} in {:.1} ms",
+            "signed {files} image files ({}) with {} in {:.1} ms: {} {}",
             human_bytes(bytes),
             validate::signature::key_name(&key.verifying_key()),
-            started.elapsed().as_secs_f64() * 1e3
+            started.elapsed().as_secs_f64() * 1e3,
+            validate::signature::VERIFY_SIGNATURE_VAR,
+            validate::signature::signature_digest(dir).unwrap_or_default()
         );
         Ok(())
     }

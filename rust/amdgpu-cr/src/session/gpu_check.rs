@@ -50,8 +50,8 @@ pub fn gpu_check(dir: &Path) -> GpuCheck {
         };
     }
     // The signature first: nothing of an image it refuses is parsed.
-    if let Some(key) = &opts.verify_key {
-        let refusals = crate::validate::signature::verify(dir, key);
+    if let Some(req) = &opts.verify_key {
+        let refusals = crate::validate::signature::verify_required(dir, req);
         if !refusals.is_empty() {
             let mut lines: Vec<_> = refusals
                 .iter()

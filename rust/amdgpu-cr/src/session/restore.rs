@@ -54,8 +54,9 @@ pub struct RestoreOptions {
     pub checks: Checks,
     /// The render nodes of criu main's `/dev` (the host's), probed there.
     pub host_nodes: HostRenderNodes,
-    /// `CRIU_ROCM_VERIFY_KEY`: the key whose signature the images need.
-    pub verify_key: Option<ed25519_dalek::VerifyingKey>,
+    /// `CRIU_ROCM_VERIFY_KEY` (and `CRIU_ROCM_VERIFY_SIGNATURE`): the
+    /// signature the images need.
+    pub verify_key: Option<crate::validate::signature::Required>,
 }
 
 /// `/dev/dri/renderD<N>` as criu main sees them: a restored task finds

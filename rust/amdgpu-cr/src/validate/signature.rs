@@ -33,8 +33,8 @@ use sha2::{Digest, Sha256};
 
 use super::chain::PARENT_LINK;
 use super::Refusal;
-use crate::env::{knob, EnvError};
-pub use crate::env::{SIGN_KEY_VAR, VERIFY_KEY_VAR};
+use crate::env::{knob, unhex, EnvError};
+pub use crate::env::{SIGN_KEY_VAR, VERIFY_KEY_VAR, VERIFY_SIGNATURE_VAR};
 
 /// The file's name in the image directory.
 pub const FILE: &str = "amdgpu-signature.img";
@@ -130,11 +130,42 @@ pub fn sign_key_from_env() -> Result<Option<SigningKey>, EnvError> {
         .transpose()
 }
 
-/// The key a restore requires, when `CRIU_ROCM_VERIFY_KEY` names one.
-pub fn verify_key_from_env() -> Result<Option<VerifyingKey>, EnvError> {
-    key_path(VERIFY_KEY_VAR)?
-        .map(|p| parse_verify_key(&p))
-        .transpose()
+/// What a restore requires of the images' signature.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Required {
+    /// `CRIU_ROCM_VERIFY_KEY`: the key that signed them.
+    pub key: VerifyingKey,
+    /// `CRIU_ROCM_VERIFY_SIGNATURE`: the SHA-256 of the signature file
+    /// itself, which names every image file's digest and the parent's
+    /// signature: one dump, no older one signed with the same key.
+    pub signature: Option<[u8; 32]>,
+}
+
+/// What a restore requires, when `CRIU_ROCM_VERIFY_KEY` names a key.  A
+/// required signature digest without a key is refused: it would be
+/// checked against nothing anyone signed.
+pub fn verify_key_from_env() -> Result<Option<Required>, EnvError> {
+    let signature = match knob(VERIFY_SIGNATURE_VAR) {
+        Some(v) => Some(crate::env::parse_signature_digest(&v)?),
+        None if std::env::var_os(VERIFY_SIGNATURE_VAR).is_some() => {
+            return Err(key_error(VERIFY_SIGNATURE_VAR, "", "not valid UTF-8"));
+        }
+        None => None,
+    };
+    let Some(path) = key_path(VERIFY_KEY_VAR)? else {
+        return match signature {
+            Some(_) => Err(EnvError::Invalid {
+                var: VERIFY_SIGNATURE_VAR,
+                value: knob(VERIFY_SIGNATURE_VAR).unwrap_or_default(),
+                reason: format!("set without {VERIFY_KEY_VAR}, the key the images are signed with"),
+            }),
+            None => Ok(None),
+        };
+    };
+    Ok(Some(Required {
+        key: parse_verify_key(&path)?,
+        signature,
+    }))
 }
 
 /// Reads a PKCS#8 PEM Ed25519 private key from `path`.
@@ -171,16 +202,6 @@ fn hex(bytes: &[u8]) -> String {
         let _ = write!(s, "{b:02x}");
         s
     })
-}
-
-fn unhex(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return None;
-    }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok())
-        .collect()
 }
 
 /// Opens a regular file for reading, never through a symbolic link and
@@ -428,6 +449,37 @@ pub fn verify(dir: &Path, key: &VerifyingKey) -> Vec<Refusal> {
     out
 }
 
+/// [`verify`] with what a restore requires: first, when a signature
+/// digest is required, that `dir`'s signature file is that one (its
+/// parents are bound to it through their digests in it).
+pub fn verify_required(dir: &Path, req: &Required) -> Vec<Refusal> {
+    if let Some(want) = &req.signature {
+        let got = read_signature(dir).map(|b| <[u8; 32]>::from(Sha256::digest(&b)));
+        let why = match got {
+            Ok(g) if g == *want => None,
+            Ok(g) => Some(format!(
+                "its SHA-256 is {}, not the sha256:{} {VERIFY_SIGNATURE_VAR} requires: \
+                 another dump signed with the same key (an older one?)",
+                hex(&g),
+                hex(want)
+            )),
+            Err(e) => Some(format!("reading it: {e}")),
+        };
+        if let Some(why) = why {
+            return vec![Refusal::new(FILE, None, "", why)];
+        }
+    }
+    verify(dir, &req.key)
+}
+
+/// The SHA-256 of `dir`'s signature file as [`VERIFY_SIGNATURE_VAR`]
+/// takes it (`sha256:<hex>`), when it has one.
+pub fn signature_digest(dir: &Path) -> Option<String> {
+    read_signature(dir)
+        .ok()
+        .map(|b| format!("sha256:{}", hex(&Sha256::digest(&b))))
+}
+
 /// A directory of the chain: the dump's own (depth 0) or a parent.
 struct Place {
     dir: PathBuf,
@@ -580,11 +632,17 @@ impl Place {
 /// passed [`verify`] (with a required key, which the first check of a
 /// restore and `gpu-check` run before anything else), or when no key is
 /// required and the images are signed all the same.
-pub fn note(dir: &Path, required: Option<&VerifyingKey>) -> Option<String> {
+pub fn note(dir: &Path, required: Option<&Required>) -> Option<String> {
     match required {
-        Some(key) => Some(format!(
-            "the images are signed by the required {}",
-            key_name(key)
+        Some(req) => Some(format!(
+            "the images are signed by the required {} ({VERIFY_SIGNATURE_VAR} {}{})",
+            key_name(&req.key),
+            signature_digest(dir).unwrap_or_default(),
+            if req.signature.is_some() {
+                ", required"
+            } else {
+                ""
+            }
         )),
         None => signer(dir).map(|k| {
             format!("the images are signed by {k}; {VERIFY_KEY_VAR} is unset, so not checked")

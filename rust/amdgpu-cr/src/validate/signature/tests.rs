@@ -287,6 +287,56 @@ fn key_paths_must_be_absolute_and_readable_as_text() {
 }
 
 #[test]
+fn a_required_signature_digest_names_one_dump() {
+    let t = tempfile::tempdir().unwrap();
+    let old = dump_dir(t.path(), "old");
+    sign(&old, &key(1)).unwrap();
+    let new = dump_dir(t.path(), "new");
+    std::fs::write(new.join("amdgpu-kfd-5.img"), b"kfd image, later").unwrap();
+    sign(&new, &key(1)).unwrap();
+    let digest = signature_digest(&new).unwrap();
+    let want = crate::env::parse_signature_digest(&digest).unwrap();
+    let req = Required {
+        key: key(1).verifying_key(),
+        signature: Some(want),
+    };
+    assert_eq!(reasons(&verify_required(&new, &req)), Vec::<String>::new());
+    // The older dump, signed with the same key, verifies without the
+    // digest and is refused with it.
+    let any = Required {
+        signature: None,
+        ..req.clone()
+    };
+    assert_eq!(reasons(&verify_required(&old, &any)), Vec::<String>::new());
+    let r = reasons(&verify_required(&old, &req));
+    assert!(
+        r.len() == 1
+            && r[0].starts_with("amdgpu-signature.img: its SHA-256 is ")
+            && r[0].contains(&format!(
+                "not the {digest} CRIU_ROCM_VERIFY_SIGNATURE requires"
+            )),
+        "{r:?}"
+    );
+    // The key is still checked: the digest of a file signed by another.
+    let other = dump_dir(t.path(), "other");
+    sign(&other, &key(2)).unwrap();
+    let by_other = Required {
+        key: key(1).verifying_key(),
+        signature: Some(
+            crate::env::parse_signature_digest(&signature_digest(&other).unwrap()).unwrap(),
+        ),
+    };
+    let r = reasons(&verify_required(&other, &by_other));
+    assert!(r.len() == 1 && r[0].contains("key: signed by"), "{r:?}");
+    for bad in ["sha256:12", "md5:00", &digest[7..]] {
+        let e = crate::env::parse_signature_digest(bad)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("CRIU_ROCM_VERIFY_SIGNATURE"), "{e}");
+    }
+}
+
+#[test]
 fn images_others_can_write_are_refused() {
     use std::os::unix::fs::PermissionsExt;
     let set = |p: &Path, mode: u32| {
