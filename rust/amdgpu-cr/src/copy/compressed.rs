@@ -6,29 +6,30 @@ use std::collections::BTreeMap;
 use std::io::{self, Write};
 use std::path::Path;
 use std::sync::atomic::AtomicU64;
+use std::sync::Mutex;
 use std::time::Instant;
 
 use super::budget::{zstd_lanes, MIN_ZSTD_WINDOW};
-use super::extents::PieceDigests;
-use super::extents::{compose_pieces, outcome, Piece};
+use super::extents::{compose_pieces, outcome, Piece, PieceDigests};
 use super::lanes::{count, lanes_per_gpu, merge_stats, run_parallel, Lane};
 use super::{BoRef, CopyError, DumpOutcome, GpuJob, GpuStats, ParentDigests};
 use crate::bo;
 use crate::env;
 use crate::image::FileId;
+use crate::pages::zstd::{ZstdPagesFile, CHUNK};
 use crate::pages::{pages_image_name, Compress, Encoding, CONTENT_EXTENT};
 
 /// One GPU's compressed dump: its pages file, the pieces its lanes take in
 /// turn (whole chunks, or whole BOs when one engine copies), and where each
 /// BO's chunks start in the file's chunk list.
 struct ZstdGpu<'a> {
-    file: crate::pages::zstd::ZstdPagesFile,
+    file: ZstdPagesFile,
     pieces: Vec<Piece<'a>>,
     next: std::sync::atomic::AtomicUsize,
     first_chunk: BTreeMap<usize, usize>,
 }
 
-/// [`dump_contents`](super::dump_contents) into compressed pages files ([`crate::pages::zstd`]):
+/// [`dump_contents`] into compressed pages files ([`crate::pages::zstd`]):
 /// per GPU, lanes (threads; one when an SDMA engine copies) take whole
 /// chunks in turn, each hashing and compressing a chunk straight from the
 /// engine's window or staging buffer into memory with its own
@@ -39,6 +40,11 @@ struct ZstdGpu<'a> {
 /// parent holds with the same digest is neither copied nor compressed but
 /// written as a zero record and listed as inherited.
 ///
+/// The steps: the level and lanes each GPU's budget holds, each GPU's pages
+/// file opened with its lanes, the lanes run, the files finished, the
+/// outcome gathered.
+///
+/// [`dump_contents`]: super::dump_contents
 /// [`CopyEngine::read_bo_aligned`]: super::CopyEngine::read_bo_aligned
 pub fn dump_compressed(
     dir: &Path,
@@ -47,118 +53,171 @@ pub fn dump_compressed(
     c: Compress,
     parent: &ParentDigests,
 ) -> Result<DumpOutcome, CopyError> {
-    use crate::pages::zstd::{ZstdPagesFile, CHUNK};
+    let (level, plan) = plan_lanes(&jobs, c, !parent.is_empty())?;
+    let mut gpus = Vec::with_capacity(jobs.len());
+    let mut lanes = Vec::new();
+    for (g, (job, n)) in jobs.into_iter().zip(plan).enumerate() {
+        let (gpu, its_lanes) = open_gpu(dir, id, job, n, level)?;
+        gpus.push(gpu);
+        lanes.extend(its_lanes.into_iter().map(|l| (g, l)));
+    }
+    let inherited = Mutex::default();
+    let counts = ChunkCounts::default();
+    let per_lane = run_compressing_lanes(id, &gpus, lanes, level, parent, &inherited, &counts)?;
+    for g in &gpus {
+        g.file.finish()?;
+    }
+    let inherited = inherited.into_inner().unwrap_or_else(|e| e.into_inner());
+    Ok(gather(per_lane, inherited, counts, level))
+}
+
+/// The zstd level of the image (the lowest any GPU's share of the budget
+/// holds at the level asked for) and each GPU's number of compressing
+/// lanes (`c.threads`, or the CPU cores shared out among the GPUs; one
+/// when an SDMA engine copies).
+fn plan_lanes(
+    jobs: &[GpuJob<'_>],
+    c: Compress,
+    incremental: bool,
+) -> Result<(i32, Vec<usize>), CopyError> {
     let cores = lanes_per_gpu(jobs.len());
     let want = c.threads.map_or(cores, |t| t.max(1) as usize);
-    let incremental = !parent.is_empty();
-    // One level for the image: the lowest any GPU's share holds.
     let mut level = c.level;
     let mut plan = Vec::with_capacity(jobs.len());
-    for job in &jobs {
+    for job in jobs {
         let want = if job.engines.sdma.is_some() { 1 } else { want };
-        let Some((n, l)) = zstd_lanes(job.engines.budget, want, c.level, incremental) else {
-            return Err(CopyError::Setup {
-                gpu: job.user,
-                what: format!(
-                    "{} bytes of {} per GPU cannot hold a zstd compressor ({} bytes at level 1) \
-                     and a copy window of {MIN_ZSTD_WINDOW}: raise {} or unset {}",
-                    job.engines.budget,
-                    env::MAX_BUFFER_SIZE_VAR,
-                    crate::pages::zstd::compressor_memory(1),
-                    env::MAX_BUFFER_SIZE_VAR,
-                    env::COMPRESS_VAR
-                ),
-            });
-        };
-        if n < want {
-            log::warn!(
-                "GPU {}: {} compressing lanes (not {want}): each holds a zstd compressor of {} \
-                 bytes at level {l} within {} ({} bytes for this GPU; see {})",
-                job.user,
-                n,
-                crate::pages::zstd::compressor_memory(l),
-                env::MAX_BUFFER_SIZE_VAR,
-                job.engines.budget,
-                env::COMPRESS_THREADS_VAR
-            );
-        }
-        if l < c.level {
-            log::warn!(
-                "GPU {}: zstd level {l}, not {} ({}): a compressor at level {} needs {} bytes, \
-                 more than {} leaves this GPU ({} bytes)",
-                job.user,
-                c.level,
-                env::COMPRESS_VAR,
-                c.level,
-                crate::pages::zstd::compressor_memory(c.level),
-                env::MAX_BUFFER_SIZE_VAR,
-                job.engines.budget
-            );
-        }
+        let (n, l) = gpu_lanes(job, want, c.level, incremental)?;
         level = level.min(l);
         plan.push(n);
     }
+    Ok((level, plan))
+}
+
+/// The compressing lanes (at most `want`) and level (at most `level`)
+/// `job`'s share of the budget holds, saying so when they are fewer or
+/// lower than asked; refused when not one lane at level 1 fits.
+fn gpu_lanes(
+    job: &GpuJob<'_>,
+    want: usize,
+    level: i32,
+    incremental: bool,
+) -> Result<(usize, i32), CopyError> {
+    use crate::pages::zstd::compressor_memory;
+    let budget = job.engines.budget;
+    let Some((n, l)) = zstd_lanes(budget, want, level, incremental) else {
+        return Err(CopyError::Setup {
+            gpu: job.user,
+            what: format!(
+                "{budget} bytes of {} per GPU cannot hold a zstd compressor ({} bytes at level 1) \
+                 and a copy window of {MIN_ZSTD_WINDOW}: raise {} or unset {}",
+                env::MAX_BUFFER_SIZE_VAR,
+                compressor_memory(1),
+                env::MAX_BUFFER_SIZE_VAR,
+                env::COMPRESS_VAR
+            ),
+        });
+    };
+    if n < want {
+        log::warn!(
+            "GPU {}: {n} compressing lanes (not {want}): each holds a zstd compressor of {} \
+             bytes at level {l} within {} ({budget} bytes for this GPU; see {})",
+            job.user,
+            compressor_memory(l),
+            env::MAX_BUFFER_SIZE_VAR,
+            env::COMPRESS_THREADS_VAR
+        );
+    }
+    if l < level {
+        log::warn!(
+            "GPU {}: zstd level {l}, not {level} ({}): a compressor at level {level} needs {} \
+             bytes, more than {} leaves this GPU ({budget} bytes)",
+            job.user,
+            env::COMPRESS_VAR,
+            compressor_memory(level),
+            env::MAX_BUFFER_SIZE_VAR,
+        );
+    }
+    Ok((n, l))
+}
+
+/// `job`'s compressed pages file, its pieces (whole chunks when `n` lanes
+/// share them, else whole BOs) and its lanes (at most `n`, at most one a
+/// piece), each with an equal share of the GPU's budget: a compressor at
+/// `level` and a CPU window of the rest.
+fn open_gpu<'a>(
+    dir: &Path,
+    id: FileId,
+    job: GpuJob<'a>,
+    n: usize,
+    level: i32,
+) -> Result<(ZstdGpu<'a>, Vec<Lane<'a>>), CopyError> {
+    let GpuJob {
+        user,
+        actual,
+        bos,
+        mut engines,
+    } = job;
+    let list: Vec<(usize, u64)> = bos.iter().map(|b| (b.index, b.size)).collect();
+    let file = ZstdPagesFile::create(dir, id, user, &list, CHUNK)?;
+    let mut first_chunk = BTreeMap::new();
+    for (k, ch) in file.chunks().iter().enumerate() {
+        first_chunk.entry(ch.bo).or_insert(k);
+    }
+    let split = engines.sdma.is_none() && n > 1;
+    let pieces: Vec<Piece<'_>> = bos
+        .into_iter()
+        .flat_map(|b| chunk_pieces(b, split))
+        .collect();
+    let n = n.min(pieces.len()).max(1);
+    let lane_budget = engines.budget / n as u64;
     let zmem = crate::pages::zstd::compressor_memory(level);
-    let mut gpus = Vec::with_capacity(jobs.len());
-    let mut lanes: Vec<(usize, Lane<'_>)> = Vec::new();
-    for (g, (job, n)) in jobs.into_iter().zip(plan).enumerate() {
-        let GpuJob {
+    let window =
+        (lane_budget.saturating_sub(zmem) / bo::PAGE_SIZE * bo::PAGE_SIZE).max(bo::PAGE_SIZE);
+    engines.set_window(window);
+    engines.budget = lane_budget;
+    let like = engines.another_lane(lane_budget);
+    let mut engines = Some(engines);
+    let lanes = (0..n)
+        .map(|_| Lane {
             user,
             actual,
-            bos,
-            mut engines,
-        } = job;
-        let list: Vec<(usize, u64)> = bos.iter().map(|b| (b.index, b.size)).collect();
-        let file = ZstdPagesFile::create(dir, id, user, &list, CHUNK)?;
-        let mut first_chunk = BTreeMap::new();
-        for (k, ch) in file.chunks().iter().enumerate() {
-            first_chunk.entry(ch.bo).or_insert(k);
-        }
-        let split = engines.sdma.is_none() && n > 1;
-        let pieces: Vec<Piece<'_>> = bos
-            .into_iter()
-            .flat_map(|b| chunk_pieces(b, split))
-            .collect();
-        let n = n.min(pieces.len()).max(1);
-        let lane_budget = engines.budget / n as u64;
-        let window =
-            (lane_budget.saturating_sub(zmem) / bo::PAGE_SIZE * bo::PAGE_SIZE).max(bo::PAGE_SIZE);
-        engines.set_window(window);
-        engines.budget = lane_budget;
-        let like = engines.another_lane(lane_budget);
-        let mut engines = Some(engines);
-        for _ in 0..n {
-            lanes.push((
-                g,
-                Lane {
-                    user,
-                    actual,
-                    pieces: Vec::new(),
-                    engines: engines.take().unwrap_or_else(|| {
-                        let mut e = like.another_lane(lane_budget);
-                        e.set_window(window);
-                        e
-                    }),
-                },
-            ));
-        }
-        gpus.push(ZstdGpu {
-            file,
-            pieces,
-            next: Default::default(),
-            first_chunk,
-        });
-    }
-    let inherited: std::sync::Mutex<BTreeMap<usize, Vec<u64>>> = Default::default();
-    let counts = ChunkCounts::default();
-    let per_lane = run_parallel(
+            pieces: Vec::new(),
+            engines: engines.take().unwrap_or_else(|| {
+                let mut e = like.another_lane(lane_budget);
+                e.set_window(window);
+                e
+            }),
+        })
+        .collect();
+    let gpu = ZstdGpu {
+        file,
+        pieces,
+        next: Default::default(),
+        first_chunk,
+    };
+    Ok((gpu, lanes))
+}
+
+/// Runs every lane (paired with the index of its GPU in `gpus`) on a
+/// thread of its own until its GPU has no piece left; gives each lane's
+/// statistics and piece digests.  A lane that fails or panics stops the
+/// other lanes of its GPU, which would otherwise wait for its chunk's
+/// record for ever; the first error is returned.
+fn run_compressing_lanes<'a>(
+    id: FileId,
+    gpus: &[ZstdGpu<'a>],
+    lanes: Vec<(usize, Lane<'a>)>,
+    level: i32,
+    parent: &ParentDigests,
+    inherited: &Mutex<BTreeMap<usize, Vec<u64>>>,
+    counts: &ChunkCounts,
+) -> Result<Vec<(GpuStats, Vec<PieceDigests>)>, CopyError> {
+    run_parallel(
         lanes,
         |(_, l)| l.user,
         |(g, mut lane)| {
             let gpu = &gpus[g];
-            // A lane that panics stops the others too (they would wait
-            // for its chunk's record for ever).
-            struct StopOnPanic<'f>(&'f crate::pages::zstd::ZstdPagesFile);
+            struct StopOnPanic<'f>(&'f ZstdPagesFile);
             impl Drop for StopOnPanic<'_> {
                 fn drop(&mut self) {
                     if std::thread::panicking() {
@@ -167,25 +226,31 @@ pub fn dump_compressed(
                 }
             }
             let _stop = StopOnPanic(&gpu.file);
-            match zstd_lane(id, gpu, &mut lane, level, parent, &inherited, &counts) {
+            match zstd_lane(id, gpu, &mut lane, level, parent, inherited, counts) {
                 // A lane stopped by another's failure: the other gives the
                 // cause.
                 Err(_) if gpu.file.fail() => Ok((lane.stats(), Vec::new())),
                 r => r,
             }
         },
-    )?;
-    for g in &gpus {
-        g.file.finish()?;
-    }
+    )
+}
+
+/// The dump's outcome from its lanes' statistics and digests, the chunks
+/// left to the parent and the lanes' counts (warning of chunks that came in
+/// parts).
+fn gather(
+    per_lane: Vec<(GpuStats, Vec<PieceDigests>)>,
+    inherited: BTreeMap<usize, Vec<u64>>,
+    counts: ChunkCounts,
+    level: i32,
+) -> DumpOutcome {
     let mut stats = Vec::new();
     let mut digests = Vec::new();
     for (s, d) in per_lane {
         stats.push(s);
         digests.extend(d);
     }
-    let inherited = inherited.into_inner().unwrap_or_else(|e| e.into_inner());
-    let stats = merge_stats(stats);
     let parted = counts.parted.into_inner();
     if parted > 0 {
         log::warn!(
@@ -196,17 +261,16 @@ pub fn dump_compressed(
             env::MAX_BUFFER_SIZE_VAR
         );
     }
-    let written = counts.compressed.into_inner();
-    Ok(outcome(
-        stats,
+    outcome(
+        merge_stats(stats),
         compose_pieces(digests),
         inherited,
-        written,
+        counts.compressed.into_inner(),
         Encoding::Zstd {
             level,
             chunk: CHUNK,
         },
-    ))
+    )
 }
 
 /// `bo` cut into pieces of one chunk each when `split`, else whole (each
@@ -226,7 +290,7 @@ fn zstd_lane<'a>(
     lane: &mut Lane<'a>,
     level: i32,
     parent: &ParentDigests,
-    inherited: &std::sync::Mutex<BTreeMap<usize, Vec<u64>>>,
+    inherited: &Mutex<BTreeMap<usize, Vec<u64>>>,
     counts: &ChunkCounts,
 ) -> Result<(GpuStats, Vec<PieceDigests>), CopyError> {
     use std::sync::atomic::Ordering;
@@ -246,9 +310,9 @@ fn zstd_lane<'a>(
         let mut sink = ChunkSink {
             file: &gpu.file,
             enc: &mut enc,
-            next: first + (p.start / crate::pages::zstd::CHUNK) as usize,
+            next: first + (p.start / CHUNK) as usize,
             left: 0,
-            k: p.start / crate::pages::zstd::CHUNK,
+            k: p.start / CHUNK,
             hasher: xxhash_rust::xxh3::Xxh3::new(),
             parent: parent.get(&p.bo.index).map(Vec::as_slice),
             digests: Vec::new(),
@@ -262,7 +326,7 @@ fn zstd_lane<'a>(
         let (kind, ()) = lane
             .engines
             .with_engine(&p.bo, |engine| match sink.parent {
-                Some(_) => engine.read_bo_aligned(&p.bo, crate::pages::zstd::CHUNK, &mut sink),
+                Some(_) => engine.read_bo_aligned(&p.bo, CHUNK, &mut sink),
                 None => engine.read_bo(&p.bo, &mut sink),
             })?;
         counts
@@ -318,7 +382,7 @@ struct ChunkCounts {
 ///
 /// [`CopyEngine::read_bo_aligned`]: super::CopyEngine::read_bo_aligned
 struct ChunkSink<'s> {
-    file: &'s crate::pages::zstd::ZstdPagesFile,
+    file: &'s ZstdPagesFile,
     enc: &'s mut crate::pages::zstd::FrameEncoder,
     /// Index in the file of the chunk being written.
     next: usize,
