@@ -1116,10 +1116,12 @@ gem_dump_refused() {
 # vm.max_map_count to 8, fewer than the process' VMAs): the dump fails before the
 # process is killed, which runs on with its GPU unpaused and its memory intact; the image
 # directory stays marked incomplete, with the reason, and restore and gpu-check refuse it.
-# The same process is then dumped without the hook, restored and verified byte-exact.
+# Refused the same way under --leave-running (the dump must not report success for images
+# its restore refuses). The same process is then dumped without the hook, restored and
+# verified byte-exact.
 case_fault_dump_refused_by_validation() { on mi100x2 -- fault_dump_refused_by_validation; }
 fault_dump_refused_by_validation() {
-	local img=$CASE_DIR/img img2=$CASE_DIR/img2 v0 v1 log re
+	local img=$CASE_DIR/img img2=$CASE_DIR/img2 img3=$CASE_DIR/img-leave-running v0 v1 log re
 	wl_start wl --mib 2 --bos 2 --events
 	v0=$(wl_verify "$WL") || exit 1
 	CRIU_ROCM_TEST_MAX_MAP_COUNT=8 dump "$WL" "$img" && fail "the dump succeeded although its validation refuses mm-$WL.img"
@@ -1137,6 +1139,14 @@ fault_dump_refused_by_validation() {
 	restore "$img" "$log" && fail "criu-rocm restore of the refused images succeeded"
 	log_has "$log" "incomplete dump: .*the dump's validation refused them: $re"
 	alive "$WL" || fail "the refused restore ended gpu-workload $WL"
+	CRIU_ROCM_TEST_MAX_MAP_COUNT=8 dump "$WL" "$img3" --leave-running &&
+		fail "the --leave-running dump succeeded although its validation refuses mm-$WL.img"
+	log_has "$img3/dump.log" "amdgpu: $re" \
+		"the restore would refuse these images \(above\); the dump fails and the process keeps running" \
+		"amdgpu: pid $WL: GPU queues unpaused"
+	running_on "$WL" "$v0"
+	grep -Eq "^$re" "$img3/$INCOMPLETE" 2>/dev/null ||
+		fail "the refused --leave-running dump left no $INCOMPLETE in $img3 saying why"
 	dump_ok "$WL" "$img2"
 	restore_ok "$img2" "$WL"
 	v1=$(wl_verify "$WL") || exit 1
