@@ -32,6 +32,7 @@ pub const FUSE_INIT_EXT: u64 = 1 << 30;
 pub const FUSE_DIRECT_IO_ALLOW_MMAP: u64 = 1 << 36;
 pub const FUSE_PASSTHROUGH: u64 = 1 << 37;
 
+pub const FOPEN_NOFLUSH: u32 = 1 << 5;
 pub const FOPEN_PASSTHROUGH: u32 = 1 << 7;
 
 /// Set in an INTERRUPT request's own `unique`.

@@ -276,7 +276,10 @@ impl Conn {
                         log::debug!("{}: OPEN by {caller:?} -> fh {fh}", self.name);
                         let out = abi::OpenOut {
                             fh,
-                            open_flags: abi::FOPEN_PASSTHROUGH,
+                            // No FLUSH on each close() of a dup: KFD's and
+                            // DRM's close of a dup does no round trip either
+                            // (CRIU closes one per restored GPU mapping).
+                            open_flags: abi::FOPEN_PASSTHROUGH | abi::FOPEN_NOFLUSH,
                             backing_id: self.backing_id,
                         };
                         self.send_pod(unique, &out);
