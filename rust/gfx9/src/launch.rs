@@ -48,6 +48,9 @@ pub struct KernelCode {
     pub rsrc3: u32,
     /// `kernel_code_properties`: the user-SGPR enables.
     pub properties: u32,
+    /// The kernarg segment's size as a kernel descriptor gives it (byte 8); None for an
+    /// `amd_kernel_code_t`, whose size lies beyond the bytes read.
+    pub kernarg_size: Option<u32>,
 }
 
 fn le32(b: &[u8], at: usize) -> u32 {
@@ -63,7 +66,14 @@ impl KernelCode {
             rsrc1: le32(b, 48),
             rsrc2: le32(b, 52),
             properties: le32(b, 56),
+            kernarg_size: (!Self::is_amd_kernel_code_t(b)).then(|| le32(b, 8)),
         }
+    }
+
+    /// Whether the object is an `amd_kernel_code_t`: version 1.x and machine kind AMDGPU (1)
+    /// where a descriptor has its group segment size (a 1-byte one) and its kernarg size.
+    fn is_amd_kernel_code_t(b: &[u8; KERNEL_OBJECT_BYTES]) -> bool {
+        le32(b, 0) == 1 && u16::from_le_bytes([b[8], b[9]]) == 1
     }
 
     /// The address of the first instruction of the kernel at `object`.
@@ -359,6 +369,20 @@ mod tests {
         };
         assert_eq!(zero.check(0), Err(ShapeError::Dimension));
         assert_eq!(wave_scratch_bytes(20), 2048);
+    }
+
+    #[test]
+    fn the_kernarg_size_comes_from_a_descriptor_not_an_amd_kernel_code_t() {
+        let mut kd = object(0b1000, 0, 256);
+        kd[8..12].copy_from_slice(&280u32.to_le_bytes());
+        assert_eq!(KernelCode::parse(&kd).kernarg_size, Some(280));
+        // amd_kernel_code_t 1.1, machine kind AMDGPU, gfx9.0.8.
+        let mut akc = object(0b1000, 0, 256);
+        akc[0..4].copy_from_slice(&1u32.to_le_bytes());
+        akc[4..8].copy_from_slice(&1u32.to_le_bytes());
+        akc[8..12].copy_from_slice(&(1u32 | 9 << 16).to_le_bytes());
+        akc[12..16].copy_from_slice(&(8u32 << 16).to_le_bytes());
+        assert_eq!(KernelCode::parse(&akc).kernarg_size, None);
     }
 
     /// Private segment buffer, dispatch ptr, kernarg ptr, flat scratch init (user SGPRs 12),
