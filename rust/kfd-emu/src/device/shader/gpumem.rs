@@ -3,7 +3,9 @@
 //! state lock and refreshed by the worker between rounds.  Word accesses
 //! to VRAM and GTT go straight to the daemon's mapping of the BO, atomics
 //! with the CPU's atomic instructions; USERPTR and SVM memory go through
-//! the process' address space.
+//! the process' address space.  What every wave reads and nobody may
+//! change while the dispatch runs (its kernarg segment, its AQL packet:
+//! both often in system memory, a system call per read) is read once.
 
 use std::sync::Arc;
 
@@ -20,9 +22,33 @@ struct Hot {
     base: u64,
 }
 
+/// The largest segment read once for all waves.
+const SEGMENT_MAX: u32 = 64 * 1024;
+
+/// Memory read once for a dispatch: its VA and bytes.
+struct Segment {
+    va: u64,
+    bytes: Vec<u8>,
+}
+
+impl Segment {
+    /// The byte range of `[addr, addr+n)` in the segment, when it lies within.
+    fn span(&self, addr: u64, n: usize) -> Option<std::ops::Range<usize>> {
+        let off = addr.checked_sub(self.va)?;
+        let end = off.checked_add(n as u64)?;
+        (end <= self.bytes.len() as u64).then_some(off as usize..end as usize)
+    }
+
+    fn overlaps(&self, addr: u64, n: usize) -> bool {
+        addr < self.va + self.bytes.len() as u64 && self.va < addr.saturating_add(n as u64)
+    }
+}
+
 pub struct GpuMemory {
     range: GpuRange,
     hot: Option<Hot>,
+    /// The dispatch's kernarg segment and AQL packet.
+    fixed: Vec<Segment>,
     /// What the VM says of the last fault.
     pub last_fault: Option<vm::Fault>,
 }
@@ -32,8 +58,28 @@ impl GpuMemory {
         GpuMemory {
             range,
             hot: None,
+            fixed: Vec::new(),
             last_fault: None,
         }
+    }
+
+    /// Reads `size` bytes at `va` that stay as they are while the dispatch
+    /// runs (its kernarg segment, its packet) once, so that waves find them
+    /// here; nothing is kept when they cannot be read (the waves then fault
+    /// on them as they would).
+    pub fn read_once(&mut self, va: u64, size: Option<u32>) {
+        let Some(size) = size.filter(|&s| s > 0 && s <= SEGMENT_MAX) else {
+            return;
+        };
+        let mut bytes = vec![0; size as usize];
+        if self.read(va, &mut bytes).is_ok() {
+            self.fixed.push(Segment { va, bytes });
+        }
+    }
+
+    /// Forgets the segments `[addr, addr+n)` overlaps: a wave writes there.
+    fn forget(&mut self, addr: u64, n: usize) {
+        self.fixed.retain(|s| !s.overlaps(addr, n));
     }
 
     /// Takes a freshly resolved view of the VM.
@@ -85,6 +131,12 @@ fn rmw(op: AtomicOp, size: usize, src: u64, cmp: u64) -> impl Fn(u64) -> Option<
 
 impl Memory for GpuMemory {
     fn read(&mut self, addr: u64, buf: &mut [u8]) -> Result<(), Fault> {
+        for s in &self.fixed {
+            if let Some(r) = s.span(addr, buf.len()) {
+                buf.copy_from_slice(&s.bytes[r]);
+                return Ok(());
+            }
+        }
         if let Some((m, off)) = self.direct(addr, buf.len()) {
             if m.read(off, buf) {
                 return Ok(());
@@ -96,6 +148,7 @@ impl Memory for GpuMemory {
     }
 
     fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), Fault> {
+        self.forget(addr, data.len());
         if let Some((m, off)) = self.direct(addr, data.len()) {
             if m.write(off, data) {
                 return Ok(());
@@ -114,6 +167,7 @@ impl Memory for GpuMemory {
         src: u64,
         cmp: u64,
     ) -> Result<u64, Fault> {
+        self.forget(addr, size);
         let f = rmw(op, size, src, cmp);
         let r = if size == 8 {
             self.range.atomic_u64(addr, f)

@@ -18,6 +18,8 @@ use crate::device::vm::GpuRange;
 
 /// Instructions a wave runs per turn.
 pub const TURN: u64 = 2048;
+/// The dispatch packet a wave's dispatch ptr points at.
+const AQL_PACKET_BYTES: u32 = 64;
 /// Waves of one dispatch resident at once.
 pub const RESIDENT_WAVES: usize = 128;
 
@@ -88,9 +90,12 @@ impl Run {
     pub fn new(mut launch: Launch) -> Run {
         let vm = std::mem::replace(&mut launch.vm, GpuRange::from_spans(0, 0, Vec::new()));
         let group_count = launch.grid.group_count();
+        let mut mem = GpuMemory::new(vm);
+        mem.read_once(launch.regs.kernarg, launch.code.kernarg_size);
+        mem.read_once(launch.regs.packet, Some(AQL_PACKET_BYTES));
         Run {
             launch,
-            mem: GpuMemory::new(vm),
+            mem,
             groups: Vec::new(),
             next_group: 0,
             group_count,
