@@ -2465,6 +2465,18 @@ unsafe fn rd64(p: *mut u8, off: usize) -> u64 {
     unsafe { std::ptr::read_volatile(p.wrapping_add(off) as *const u64) }
 }
 
+/// The emulated GPU clock: CLOCK_MONOTONIC_RAW in nanoseconds (what
+/// GET_CLOCK_COUNTERS reports as `gpu_clock_counter`).
+fn gpu_clock() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the local timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_RAW, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 /// An AQL compute queue the way ROCr lays it out: the ring, an
 /// `amd_queue_t` (write pointer at 56, read pointer at 128,
 /// `queue_inactive_signal` at 192) and `amd_signal_t`s (value at 8, event
@@ -2566,12 +2578,31 @@ fn aql_barriers_run_and_a_bad_dispatch_stops_the_queue() {
         assert_eq!(rd32(ring, 0) & 0xff, 1, "the slot is INVALID again");
     }
     assert_eq!(rptr(), 1);
-    // BARRIER_OR with no dependency completes at once.
     // SAFETY: see above.
-    unsafe { wr64(sigs, 64 + 8, 1) };
+    unsafe {
+        assert_eq!(
+            (rd64(sigs, 64 + 32), rd64(sigs, 64 + 40)),
+            (0, 0),
+            "no timestamps without profiling"
+        );
+    }
+    // BARRIER_OR with no dependency completes at once; the queue now asks
+    // for timestamps (amd_queue_t queue_properties bit 3, at 180).
+    // SAFETY: see above.
+    unsafe {
+        wr64(sigs, 64 + 8, 1);
+        wr32(aq, 180, 1 << 3);
+    }
+    let before = gpu_clock();
     submit(1, 5, &[], sig(1));
     assert_eq!(wait(), 0);
     assert_eq!(rptr(), 2);
+    // SAFETY: see above.
+    let (start, end) = unsafe { (rd64(sigs, 64 + 32), rd64(sigs, 64 + 40)) };
+    assert!(
+        before <= start && start <= end && end <= gpu_clock(),
+        "start {start} and end {end} stamped from the GPU clock after {before}"
+    );
 
     // A kernel dispatch of no work-items: the queue stops at it with the
     // CP's "invalid dimension" error on its inactive signal.

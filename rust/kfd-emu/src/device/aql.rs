@@ -20,7 +20,9 @@
 //! * Vendor packets (`vendor`): PM4 indirect buffers (ACQUIRE_MEM) and
 //!   BARRIER_VALUE.
 //! * A finished packet's completion signal is decremented and its event
-//!   raised, as the CP's end-of-pipe write does.  Memory is coherent in
+//!   raised, as the CP's end-of-pipe write does.  On a queue whose
+//!   `amd_queue_t` asks for profiling, the signal's start and end
+//!   timestamps get the GPU clock when the packet begins and ends.  Memory is coherent in
 //!   the model, so acquire and release fences need no work.
 //! * A packet the CP cannot run stops the queue: the daemon logs it and the
 //!   process gets the CP's queue error on the queue's
@@ -74,6 +76,8 @@ pub struct AqlState {
     /// CP's companion pages of the MQD, which CHECKPOINT returns and
     /// RESTORE writes back.  Empty: none.
     pub saved: Vec<u8>,
+    /// The packet whose start the CP stamped on its completion signal.
+    pub started: Option<u64>,
 }
 
 /// What a pass did.
@@ -183,6 +187,9 @@ fn slot_of(q: &Queue, index: u64) -> u64 {
 fn complete(p: &mut Proc, id: u32, q: &Queue, index: u64, done: &mut Done) -> bool {
     let slot = slot_of(q, index);
     let completion = ring::read_u64(p, q.gpu, slot + COMPLETION_SIGNAL).unwrap_or(0);
+    if completion != 0 && ring::profiling(p, q) {
+        ring::stamp(p, q.gpu, completion, true);
+    }
     let freed = p.gpu_write(q.gpu, slot, &u16::from(TYPE_INVALID).to_le_bytes());
     if !freed || !ring::write_u64(p, q.gpu, q.rptr_addr, index + 1) {
         let what = "the ring or read pointer is not writable";
@@ -195,6 +202,22 @@ fn complete(p: &mut Proc, id: u32, q: &Queue, index: u64, done: &mut Done) -> bo
         return false;
     }
     true
+}
+
+/// Stamps the start of packet `index` at `slot` on its completion signal,
+/// once, when the queue profiles.
+fn stamp_start(p: &mut Proc, id: u32, q: &Queue, slot: u64, index: u64) {
+    let Some(qs) = p.queues.get_mut(&id) else {
+        return;
+    };
+    if qs.aql.started == Some(index) {
+        return;
+    }
+    qs.aql.started = Some(index);
+    let completion = ring::read_u64(p, q.gpu, slot + COMPLETION_SIGNAL).unwrap_or(0);
+    if completion != 0 && ring::profiling(p, q) {
+        ring::stamp(p, q.gpu, completion, false);
+    }
 }
 
 /// Whether a queue waiting for scratch may go on: the runtime stored 0 to
@@ -228,6 +251,9 @@ fn run_queue(
         let slot = slot_of(q, rptr);
         let mut hdr = [0u8; 2];
         let handled = if p.gpu_read(q.gpu, slot, &mut hdr) {
+            if hdr[0] != TYPE_INVALID {
+                stamp_start(p, id, q, slot, rptr);
+            }
             handle(p, id, q, target, (hdr[0], slot, rptr), done)
         } else {
             Handled::Error(

@@ -2,6 +2,7 @@
 //! queue's GPU VM, HSA signals as the CP writes them, the `amd_queue_t`
 //! fields the CP reads, and the CP's queue errors.
 
+use crate::device::asic::gpu_clock_counter;
 use crate::device::state::{Done, Proc, Queue};
 
 pub const PACKET: u64 = 64;
@@ -17,12 +18,18 @@ pub mod amd_queue {
     pub const SCRATCH_BYTES: u64 = 40;
     pub const SCRATCH_PER_LANE: u64 = 48;
     pub const INACTIVE_SIGNAL: u64 = 64;
+    /// `queue_properties`; bit 3 asks the CP for timestamps.
+    pub const PROPERTIES: u64 = 52;
+    pub const ENABLE_PROFILING: u32 = 1 << 3;
 }
 
 /// `amd_signal_t`: value, event mailbox pointer, event id.
 const SIGNAL_VALUE: u64 = 8;
 const SIGNAL_MAILBOX: u64 = 16;
 const SIGNAL_EVENT_ID: u64 = 24;
+/// `amd_signal_t`'s start and end timestamps, in the GPU clock's ticks.
+const SIGNAL_START_TS: u64 = 32;
+const SIGNAL_END_TS: u64 = 40;
 
 /// The CP's queue error codes (the bits ROCr's queue error handler
 /// decodes from `queue_inactive_signal`).
@@ -94,6 +101,20 @@ pub fn signal(
         p.trap(id, done);
     }
     true
+}
+
+/// Whether the runtime asked the CP for timestamps on the queue's
+/// completion signals (ROCr does when profiling is enabled: HIP's timed events).
+pub fn profiling(p: &Proc, q: &Queue) -> bool {
+    read_u32(p, q.gpu, q.rptr_addr + amd_queue::PROPERTIES)
+        .is_some_and(|v| v & amd_queue::ENABLE_PROFILING != 0)
+}
+
+/// Writes the GPU clock to a completion signal's start (or end) timestamp,
+/// as the CP does for a packet of a profiling queue when it begins (ends) it.
+pub fn stamp(p: &Proc, gpu: usize, handle: u64, end: bool) -> bool {
+    let at = if end { SIGNAL_END_TS } else { SIGNAL_START_TS };
+    write_u64(p, gpu, handle + at, gpu_clock_counter())
 }
 
 /// The queue's `queue_inactive_signal` (0: none).
