@@ -17,6 +17,8 @@
 #   // hip-test: expect-abort TEXT      the program must die (non-zero) with TEXT in its
 #                                       output; then vector-add runs in the same emulator,
 #                                       which proves the daemon lives on
+#   // hip-test: needs-gpus N           it runs on profiles with N GPUs or more and is
+#                                       reported SKIP (with the reason) on the others
 # Each (program, profile) prints PASS, FAIL with the reason and the log's tail, or SKIP with
 # the reason (never counted as passed). The last line is "N passed, M failed" (", K skipped");
 # the exit status is non-zero on any failure.
@@ -70,6 +72,11 @@ flags_of() { # FILE
 	"// hipcc-flags:"*) echo "${first#// hipcc-flags:}" ;;
 	*) echo -O2 ;;
 	esac
+}
+
+# The GPUs profile PROFILE emulates (its [[gpus]] tables).
+gpus_of() { # PROFILE
+	grep -c '^\[\[gpus\]\]' "$top/rust/kfd-emu/profiles/$1.toml"
 }
 
 # Builds NAME for gfx908 and gfx90a; prints the binary's path, or fails (the compiler's log
@@ -147,6 +154,11 @@ for prof in "${profiles[@]}"; do
 	for name in "${names[@]}"; do
 		if [ ! -f "$here/$name.hip" ]; then
 			result FAIL "$name" "$prof" "no test/hip/$name.hip"
+			continue
+		fi
+		need=$(directive "$here/$name.hip" needs-gpus)
+		if [ -n "$need" ] && [ "$(gpus_of "$prof")" -lt "$need" ]; then
+			result SKIP "$name" "$prof" "needs $need GPUs, $prof has $(gpus_of "$prof")"
 			continue
 		fi
 		log=$logs/$name-$prof.log
