@@ -30,8 +30,9 @@ packages=(
 	libclang-dev clang libdrm-dev
 	meson ninja-build asciidoctor shellcheck libxxhash0 openssl
 	libhsakmt-dev libhsa-runtime-dev rocminfo llvm-15
-	# Debian's HIP 5.2: test/hip's programs, gfx9's coverage test (hipcc brings clang-15)
-	hipcc libamdhip64-dev
+	# Debian's HIP 5.2: test/hip's programs, gfx9's coverage test (hipcc brings clang-15),
+	# and the ROCm libraries test/hip's rocrand and rocsparse programs call
+	hipcc libamdhip64-dev librocrand-dev librocsparse-dev
 	dpkg-dev debhelper lintian
 	runc crun podman docker.io containerd busybox-static zstd
 	gperf go-md2man libseccomp-dev libsystemd-dev libyajl-dev
