@@ -250,6 +250,8 @@ fn promoted(enc: Encoding, op: u32, name: &str) -> Option<u32> {
         "v_swap_b32",
         "v_accvgpr_mov_b32",
         "v_readfirstlane_b32",
+        "v_dot2c_f32_f16",
+        "v_dot4c_i32_i8",
     ];
     if no_vop3.iter().any(|p| name.starts_with(p)) {
         return None;

@@ -777,3 +777,154 @@ fn fma_rounds_once_keeps_denormals_and_propagates_nan() {
     assert_eq!(tiny.mul_add(1.5, 0.0).to_bits(), 2);
     assert_eq!(f32::MIN_POSITIVE.mul_add(0.5, tiny).to_bits(), 0x0040_0001);
 }
+
+/// The f16 nearest to `x` (ties to even), by search: independent of the engine's rounding.
+fn nearest_f16(x: f64) -> u32 {
+    use gfx9::fp::{f16_to_f32, f32_to_f16};
+    let guess = f32_to_f16(x as f32);
+    let cands = [guess.wrapping_sub(1), guess, guess.wrapping_add(1)];
+    let dist = |h: u16| (f16_to_f32(h) as f64 - x).abs();
+    let best = cands
+        .into_iter()
+        .filter(|&h| h & 0x7c00 != 0x7c00 || h & 0x3ff == 0)
+        .min_by(|&a, &b| {
+            dist(a)
+                .partial_cmp(&dist(b))
+                .unwrap()
+                .then((a & 1).cmp(&(b & 1)))
+        })
+        .unwrap();
+    best as u32
+}
+
+#[test]
+fn fma_mix_and_dot2_f16_select_halves_and_round_once() {
+    use gfx9::fp::{f16_to_f32, f32_to_f16};
+    let h = [1.5f32, -0.25, 3.0, 0.0009765625, -7.5, 2.0, 0.1];
+    let f16 = |k: usize| f32_to_f16(h[k % h.len()]) as u32;
+    let lo_hi = |v: u32| {
+        (
+            f16_to_f32(v as u16) as f64,
+            f16_to_f32((v >> 16) as u16) as f64,
+        )
+    };
+    for t in [Target::Gfx908, Target::Gfx90a] {
+        let mut r = Rig::new(t);
+        r.set_v(1, |l| f16(l) | f16(l + 1) << 16);
+        r.set_v(2, |l| f16(l + 2) | f16(l + 3) << 16);
+        r.set_v(5, |l| (0.375f32 * l as f32 - 5.0).to_bits());
+        r.set_v(6, |_| 0xabcd_1234);
+        r.set_v(9, |l| (l as f32 * 0.5).to_bits());
+        // Encodings from llvm-mc-15 -mcpu=gfx908.
+        r.ok(&[0xd3a00004, 0x1c160501]); // v_fma_mix_f32 v4, v1, v2, v5 op_sel_hi:[1,1,0]
+        let v4_plain: Vec<u32> = (0..64).map(|l| r.w.lane(4, l)).collect();
+        // v_fma_mix_f32 v4, v1, -v2, v5 op_sel:[1,0,0] op_sel_hi:[1,1,0]
+        r.ok(&[0xd3a00804, 0x5c160501]);
+        for (l, &plain) in v4_plain.iter().enumerate() {
+            let ((a0, a1), (b0, _)) = (lo_hi(r.w.lane(1, l)), lo_hi(r.w.lane(2, l)));
+            let c = f32::from_bits(r.w.lane(5, l)) as f64;
+            let f32b = |x: f64| (x as f32).to_bits();
+            assert_eq!(plain, f32b(a0 * b0 + c), "mix lane {l}");
+            assert_eq!(r.w.lane(4, l), f32b(a1 * -b0 + c), "mix op_sel lane {l}");
+        }
+        r.ok(&[
+            0xd3a00104, 0x0c160501, // v_fma_mix_f32 v4, |v1|, v2, v5 op_sel_hi:[1,0,0]
+            0xd3a18006, 0x1c160501, // v_fma_mixlo_f16 v6, v1, v2, v5 op_sel_hi:[1,1,0] clamp
+            0xd3a34007, 0x1c160501, // v_dot2_f32_f16 v7, v1, v2, v5
+            0x6e120501, // v_dot2c_f32_f16 v9, v1, v2
+        ]);
+        for l in 0..64 {
+            let ((a0, a1), (b0, b1)) = (lo_hi(r.w.lane(1, l)), lo_hi(r.w.lane(2, l)));
+            let c = f32::from_bits(r.w.lane(5, l)) as f64;
+            let b32 = f32::from_bits(r.w.lane(2, l)) as f64;
+            let want = ((a0.abs() * b32 + c) as f32).to_bits();
+            assert_eq!(r.w.lane(4, l), want, "|a| f32 b lane {l}");
+            let mixlo = nearest_f16((a0 * b0 + c).clamp(0.0, 1.0));
+            assert_eq!(r.w.lane(6, l), 0xabcd_0000 | mixlo, "mixlo clamp lane {l}");
+            let dot = (a0 * b0 + a1 * b1 + c) as f32;
+            assert_eq!(r.w.lane(7, l), dot.to_bits(), "dot2 lane {l}");
+            let acc = (a0 * b0 + a1 * b1 + l as f64 * 0.5) as f32;
+            assert_eq!(r.w.lane(9, l), acc.to_bits(), "dot2c lane {l}");
+        }
+        r.ok(&[
+            0xd3a20006, 0x1c160501, // v_fma_mixhi_f16 v6, v1, v2, v5 op_sel_hi:[1,1,0]
+            0xd3a34807,
+            0x54160501, // v_dot2_f32_f16 v7, v1, v2, v5 op_sel:[1,0,0] op_sel_hi:[0,1,1] neg_lo:[0,1,0]
+        ]);
+        for l in 0..64 {
+            let ((a0, a1), (b0, b1)) = (lo_hi(r.w.lane(1, l)), lo_hi(r.w.lane(2, l)));
+            let c = f32::from_bits(r.w.lane(5, l)) as f64;
+            let lo = nearest_f16((a0 * b0 + c).clamp(0.0, 1.0));
+            assert_eq!(
+                r.w.lane(6, l),
+                nearest_f16(a0 * b0 + c) << 16 | lo,
+                "mixhi lane {l}"
+            );
+            // First elements: a's high half (op_sel), -b's low; second: a's low half
+            // (op_sel_hi 0), b's high half.
+            let dot = (a1 * -b0 + a0 * b1 + c) as f32;
+            assert_eq!(r.w.lane(7, l), dot.to_bits(), "dot2 op_sel lane {l}");
+        }
+    }
+}
+
+#[test]
+fn integer_dots_wrap_saturate_and_accumulate() {
+    let bytes = [0x80u8, 0x7f, 0xff, 0x01, 0x00, 0x40, 0xc0, 0x33];
+    let word = |k: usize| u32::from_le_bytes(std::array::from_fn(|j| bytes[(k + j * 3) % 8]));
+    for t in [Target::Gfx908, Target::Gfx90a] {
+        let mut r = Rig::new(t);
+        r.set_v(1, word);
+        r.set_v(2, |l| word(l + 5));
+        r.set_v(5, |l| [0, 1, 0x7fff_fff0, 0x8000_0005, 0xffff_fff0][l % 5]);
+        r.set_v(9, |l| l as u32 * 1000);
+        r.ok(&[
+            0xd3a84008, 0x1c160501, // v_dot4_i32_i8 v8, v1, v2, v5
+            0xd3a9c00a, 0x1c160501, // v_dot4_u32_u8 v10, v1, v2, v5 clamp
+            0xd3aa400b, 0x1c160501, // v_dot8_i32_i4 v11, v1, v2, v5
+            0xd3a6400c, 0x1c160501, // v_dot2_i32_i16 v12, v1, v2, v5
+            0x72120501, // v_dot4c_i32_i8 v9, v1, v2
+        ]);
+        for l in 0..64 {
+            let (a, b, c) = (r.w.lane(1, l), r.w.lane(2, l), r.w.lane(5, l));
+            let els = |v: u32, bits: u32, signed: bool| -> Vec<i64> {
+                (0..32 / bits)
+                    .map(|k| {
+                        let x = (v >> (k * bits)) & (((1u64 << bits) - 1) as u32);
+                        if signed && x >> (bits - 1) != 0 {
+                            x as i64 - (1i64 << bits)
+                        } else {
+                            x as i64
+                        }
+                    })
+                    .collect()
+            };
+            let dot = |bits, signed| -> i64 {
+                els(a, bits, signed)
+                    .iter()
+                    .zip(els(b, bits, signed))
+                    .map(|(x, y)| x * y)
+                    .sum()
+            };
+            let want = (dot(8, true) + c as i32 as i64) as u32;
+            assert_eq!(r.w.lane(8, l), want, "dot4_i32_i8 lane {l}");
+            let u = (dot(8, false) + c as i64).min(u32::MAX as i64) as u32;
+            assert_eq!(r.w.lane(10, l), u, "dot4_u32_u8 clamp lane {l}");
+            assert_eq!(
+                r.w.lane(11, l),
+                (dot(4, true) + c as i32 as i64) as u32,
+                "dot8 lane {l}"
+            );
+            assert_eq!(
+                r.w.lane(12, l),
+                (dot(16, true) + c as i32 as i64) as u32,
+                "dot2 lane {l}"
+            );
+            assert_eq!(
+                r.w.lane(9, l),
+                (dot(8, true) + l as i64 * 1000) as u32,
+                "dot4c lane {l}"
+            );
+        }
+    }
+}

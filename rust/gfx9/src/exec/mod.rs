@@ -3,6 +3,7 @@
 //! Each family module owns its table: opcode number, mnemonic, and the function that runs
 //! it. An opcode absent from the table is an [`Illegal::UnknownOpcode`], never a guess.
 
+mod dot;
 mod ds;
 mod flat;
 mod mfma;

@@ -62,6 +62,7 @@ pub fn opcodes(enc: Encoding) -> &'static [&'static [OpDef]] {
         Encoding::Vopc => super::vop::VOPC,
         Encoding::Ds => super::ds::DS,
         Encoding::Vop3p => VOP3P,
+        Encoding::Vop2 => VOP2,
         other => std::slice::from_ref(single(other)),
     }
 }
@@ -74,20 +75,21 @@ fn single(enc: Encoding) -> &'static &'static [OpDef] {
         Encoding::Sopc => &super::salu::SOPC,
         Encoding::Sopp => &super::sopp::SOPP,
         Encoding::Smem => &super::smem::SMEM,
-        Encoding::Vop2 => &super::vop::VOP2,
         Encoding::Vop1 => &super::vop::VOP1,
         Encoding::Vop3 => &super::vop::VOP3,
         Encoding::Flat => &super::flat::FLAT,
         Encoding::Global | Encoding::Scratch => &super::flat::GLOBAL,
         Encoding::Mubuf => &super::mubuf::MUBUF,
-        Encoding::Vopc | Encoding::Ds | Encoding::Vop3p => &EMPTY,
+        Encoding::Vopc | Encoding::Ds | Encoding::Vop3p | Encoding::Vop2 => &EMPTY,
     }
 }
 
 static EMPTY: &[OpDef] = &[];
 
-/// VOP3P: packed math and the matrix (MAI) opcodes.
-static VOP3P: &[&[OpDef]] = &[super::vop::VOP3P, super::mfma::MFMA];
+/// VOP3P: packed math, dot products and mixed-precision FMA, and the matrix (MAI) opcodes.
+static VOP3P: &[&[OpDef]] = &[super::vop::VOP3P, super::dot::VOP3P_DOT, super::mfma::MFMA];
+/// VOP2, with the accumulating dot products.
+static VOP2: &[&[OpDef]] = &[super::vop::VOP2, super::dot::VOP2_DOT];
 
 /// Dense opcode → table entry per encoding, for one target.
 struct Index {

@@ -797,7 +797,7 @@ pub fn packed32(
     Ok(Flow::Next)
 }
 
-fn row_or_uniform(w: &Wave, i: &Instr, code: u16, kind: Kind) -> Result<[u32; LANES], Abort> {
+pub fn row_or_uniform(w: &Wave, i: &Instr, code: u16, kind: Kind) -> Result<[u32; LANES], Abort> {
     Ok(match vgpr(code) {
         Some(r) => *w.v(r),
         None => [scalar(w, i, code, kind)? as u32; LANES],
