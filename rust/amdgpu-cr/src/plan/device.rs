@@ -14,14 +14,22 @@ pub enum DeviceKind {
 
 impl DeviceKind {
     /// Recognises `/dev/kfd` and `/dev/dri/renderD<N>` paths as CRIU records
-    /// them (a leading `//` is collapsed).
+    /// them: relative to CRIU's root, so the nodes of a task in a chroot
+    /// (or below any other root of its own) carry that root in front
+    /// (`srv/root/dev/dri/renderD128`).  The node is told by its name and
+    /// the directories above it; a leading `//` is collapsed.  Only the
+    /// mappings the dump took as GPU ones (by file identity) are looked up.
     pub fn from_path(path: &str) -> Option<Self> {
-        let trimmed = path.trim_start_matches('/');
-        if trimmed == "dev/kfd" {
+        let mut up = path.rsplit('/');
+        let (name, dir) = (up.next()?, up.next()?);
+        if (name, dir) == ("kfd", "dev") {
             return Some(DeviceKind::Kfd);
         }
-        let minor = trimmed.strip_prefix("dev/dri/renderD")?;
-        if minor.is_empty() || !minor.bytes().all(|c| c.is_ascii_digit()) {
+        let minor = name.strip_prefix("renderD")?;
+        if (dir, up.next()?) != ("dri", "dev")
+            || minor.is_empty()
+            || !minor.bytes().all(|c| c.is_ascii_digit())
+        {
             return None;
         }
         minor

@@ -777,6 +777,20 @@ mod tests {
         assert_eq!(DeviceKind::from_path("/dev/dri/renderD"), None);
         assert_eq!(DeviceKind::from_path("/dev/dri/renderD12x"), None);
         assert_eq!(DeviceKind::from_path("/dev/kfd2"), None);
+        // A task in a chroot: CRIU records its nodes below the chroot.
+        assert_eq!(
+            DeviceKind::from_path("srv/sid/dev/dri/renderD130"),
+            Some(DeviceKind::Render(RenderMinor(130)))
+        );
+        assert_eq!(
+            DeviceKind::from_path("srv/sid/dev/kfd"),
+            Some(DeviceKind::Kfd)
+        );
+        assert_eq!(DeviceKind::from_path("dev/kfd"), Some(DeviceKind::Kfd));
+        assert_eq!(DeviceKind::from_path("srv/devkfd"), None);
+        assert_eq!(DeviceKind::from_path("srv/dev/renderD128"), None);
+        assert_eq!(DeviceKind::from_path("srv/xdev/dri/renderD128"), None);
+        assert_eq!(DeviceKind::from_path("kfd"), None);
     }
 
     #[test]

@@ -703,8 +703,8 @@ impl RestoreSession {
 
     /// Where a device mapping of `len` bytes at `addr`, recorded at dump as
     /// `path` at byte offset `pgoff`, is to be mapped now: the new offset
-    /// and an fd to map (CRIU's to close).  `None`: not a GPU mapping of
-    /// this task.
+    /// and an fd to map (CRIU's to close).  `None`: a `/dev/kfd` mapping of
+    /// a task without a KFD process.
     pub fn update_vma(
         &self,
         vpid: i32,
@@ -713,8 +713,17 @@ impl RestoreSession {
         pgoff: u64,
         len: u64,
     ) -> Result<Option<(u64, OwnedFd)>, SessionError> {
+        // The dump took this mapping as a GPU one by its file's identity:
+        // a path that names no GPU node now would be mapped as a plain file
+        // at its old offset, onto whatever holds that offset today.
         let Some(device) = DeviceKind::from_path(path) else {
-            return Ok(None);
+            return Err(SessionError::State {
+                pid: vpid,
+                what: format!(
+                    "mapping at {addr:#x} ({len:#x} bytes at offset {pgoff:#x}) was dumped as a \
+                     GPU mapping, but its path {path} names neither /dev/kfd nor a render node"
+                ),
+            });
         };
         for k in &self.kfds {
             let Some(r) = k.fixups.lookup(device, pgoff, len) else {
