@@ -377,7 +377,7 @@ impl Emulator {
                     libc::EACCES => {
                         "the file does not own the BO (drm_gem_mmap: drm_vma_node_is_allowed)"
                     }
-                    libc::EPERM => "VRAM without the PUBLIC flag has no CPU access",
+                    libc::EPERM => "the GEM BO was made NO_CPU_ACCESS",
                     _ => "no BO starts there or the mapping is larger",
                 }
             );

@@ -915,9 +915,12 @@ impl State {
     /// BO's `vma_node` must admit the file (EACCES): the file whose VM the
     /// BO's process adopted when the BO was made (ACQUIRE_VM, or CRIU
     /// RESTORE's `drm_fd`: `drm_vma_node_allow` at allocation), or a file
-    /// holding a GEM handle of it (a PRIME import).  Then
-    /// `amdgpu_gem_object_mmap`: EPERM for a BO without CPU access (KFD
-    /// makes VRAM without the PUBLIC flag `NO_CPU_ACCESS`).
+    /// holding a GEM handle of it (a PRIME import).  KFD makes none of its
+    /// BOs `NO_CPU_ACCESS` (VRAM without the PUBLIC flag only lacks
+    /// CPU_ACCESS_REQUIRED: what lies past the visible BAR faults when
+    /// touched), so `amdgpu_gem_object_mmap` refuses none of them:
+    /// libhsakmt maps every VRAM BO it allocates, PROT_NONE when the host
+    /// may not access it.
     pub fn render_mmap(&self, fh: u64, offset: u64, len: u64) -> R<()> {
         let Some(Open::Render { gpu, .. }) = self.opens.get(&fh).copied() else {
             return Err(libc::EBADF);
@@ -942,9 +945,6 @@ impl State {
         };
         if !owner && !imported() {
             return Err(libc::EACCES);
-        }
-        if bo.mem_type() == alloc::VRAM && bo.flags & alloc::PUBLIC == 0 {
-            return Err(libc::EPERM);
         }
         Ok(())
     }
