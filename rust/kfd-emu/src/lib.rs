@@ -12,6 +12,8 @@
 //!   [`supervise`]: `kfd-emu supervise`, the seccomp listener through which
 //!   the emulator hands out file descriptors (dma-bufs), and [`chardev`]:
 //!   the render nodes answered as character devices to the stat family;
+//!   [`reattach`]: `kfd-emu supervise --attach`, a listener again for a
+//!   process CRIU restored with the supervisor's filter;
 //! * [`serve`]: the glue between the transports and the model;
 //! * [`runner`]: `kfd-emu run`, the private mount namespace around a
 //!   command;
@@ -22,6 +24,7 @@ pub mod device;
 pub mod fault;
 pub mod fuse;
 pub mod profile;
+pub mod reattach;
 pub mod runner;
 pub mod serve;
 pub mod supervise;

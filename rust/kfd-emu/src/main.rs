@@ -16,6 +16,7 @@ usage: kfd-emu profiles
                    -- CMD [ARG...]
        kfd-emu bench-ioctl [--device PATH] [--count N] [--cmd HEX]
        kfd-emu supervise -- CMD [ARG...]
+       kfd-emu supervise --attach PID
 
 --profile-file F alone is a complete profile; with --profile it is a partial
 override merged over the named one.  `run` sets KFD_EMU_PROFILE and
@@ -33,7 +34,10 @@ the file PATH exists; while a call waits, PATH.held holds its caller's pid.
 `supervise` (under `kfd-emu run`) runs CMD under a seccomp filter whose
 listener the emulator holds, so that the emulated KFD and render nodes can
 hand out file descriptors (dma-bufs of CRIU CHECKPOINT/RESTORE, PRIME
-HANDLE_TO_FD).  CMD and its children keep the filter.";
+HANDLE_TO_FD) and the render nodes answer the stat family as character
+devices.  CMD and its children keep the filter.  `supervise --attach PID`
+gives a process CRIU restored with that filter (stopped: `criu restore
+--leave-stopped`) a listener again; send it SIGCONT after.";
 
 /// AMDKFD_IOC_GET_VERSION: cheap, answered by every KFD.
 const DEFAULT_BENCH_CMD: u32 = 0x8008_4b01;
@@ -82,6 +86,7 @@ struct Args {
     cmd_hex: Option<u32>,
     faults: Vec<kfd_emu::fault::Fault>,
     holds: Vec<kfd_emu::fault::Hold>,
+    attach: Option<i32>,
     rest: Vec<OsString>,
 }
 
@@ -117,6 +122,14 @@ fn parse(args: &[OsString]) -> Result<Args, String> {
                 } else {
                     a.count = Some(n);
                 }
+            }
+            "--attach" => {
+                let v = val("--attach")?;
+                a.attach = Some(
+                    v.to_string_lossy()
+                        .parse()
+                        .map_err(|_| format!("--attach: {v:?} is not a pid"))?,
+                );
             }
             "--cmd" => {
                 let v = val("--cmd")?.to_string_lossy().into_owned();
@@ -177,7 +190,13 @@ fn cmd_supervise(a: Args) -> Result<i32, String> {
             kfd_emu::runner::ENV_STATE_DIR
         )
     })?;
-    Err(kfd_emu::supervise::supervise(std::path::Path::new(&dir), &a.rest).to_string())
+    let dir = std::path::Path::new(&dir);
+    if let Some(pid) = a.attach {
+        let n = kfd_emu::reattach::attach(dir, pid).map_err(|e| e.to_string())?;
+        log::info!("supervise --attach: {n} thread(s) of {pid} have a listener again");
+        return Ok(0);
+    }
+    Err(kfd_emu::supervise::supervise(dir, &a.rest).to_string())
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {

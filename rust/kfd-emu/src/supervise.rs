@@ -34,9 +34,9 @@
 //!   fails then, and the device model replays its result to the restarted
 //!   call).
 //!
-//! One dump→restore pass works under a supervisor; see the README for
-//! what seccomp does not allow (CRIU under a filter cannot dump a process
-//! with one, and a dumped filter comes back without its listener).
+//! A dumped filter comes back without its listener: `kfd-emu supervise
+//! --attach PID` (`crate::reattach`) gives a restored process one again.
+//! CRIU under a filter cannot dump a process with one (see the README).
 
 use std::ffi::OsString;
 use std::io::{self, Read, Write};
@@ -309,36 +309,54 @@ pub fn supervise(state_dir: &Path, cmd: &[OsString]) -> io::Error {
     let Some(prog) = cmd.first() else {
         return io::Error::new(io::ErrorKind::InvalidInput, "no command given after --");
     };
-    let path = state_dir.join(SOCKET);
-    let sock = match UnixStream::connect(&path) {
+    let sock = match connect(state_dir) {
         Ok(s) => s,
-        Err(e) => {
-            return io::Error::new(
-                e.kind(),
-                format!(
-                    "{}: {e} (is this running under `kfd-emu run`?)",
-                    path.display()
-                ),
-            )
-        }
+        Err(e) => return e,
     };
     let listener = match install_filter() {
         Ok(l) => l,
         Err(e) => return e,
     };
-    if let Err(e) = send_fd(&sock, listener.as_fd()) {
+    if let Err(e) = send_listener(sock, listener) {
         return e;
     }
+    std::process::Command::new(prog).args(&cmd[1..]).exec()
+}
+
+/// Hands `listener` to the daemon of `state_dir` (`kfd-emu supervise
+/// --attach`, `crate::reattach`).
+pub fn hand_over(state_dir: &Path, listener: OwnedFd) -> io::Result<()> {
+    send_listener(connect(state_dir)?, listener)
+}
+
+fn connect(state_dir: &Path) -> io::Result<UnixStream> {
+    let path = state_dir.join(SOCKET);
+    UnixStream::connect(&path).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!(
+                "{}: {e} (is this running under `kfd-emu run`?)",
+                path.display()
+            ),
+        )
+    })
+}
+
+/// Sends the listener (closing our copy) and waits for the daemon to
+/// take it.
+fn send_listener(sock: UnixStream, listener: OwnedFd) -> io::Result<()> {
+    send_fd(&sock, listener.as_fd())?;
     drop(listener);
     let mut ack = [0u8];
-    if let Err(e) = (&sock).read_exact(&mut ack) {
-        return io::Error::new(e.kind(), format!("waiting for the emulator: {e}"));
-    }
+    (&sock)
+        .read_exact(&mut ack)
+        .map_err(|e| io::Error::new(e.kind(), format!("waiting for the emulator: {e}")))?;
     if ack[0] != b'+' {
-        return io::Error::other("the emulator refused the listener (see its log)");
+        return Err(io::Error::other(
+            "the emulator refused the listener (see its log)",
+        ));
     }
-    drop(sock);
-    std::process::Command::new(prog).args(&cmd[1..]).exec()
+    Ok(())
 }
 
 /// One trapped call.
