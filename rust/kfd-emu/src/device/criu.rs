@@ -484,9 +484,14 @@ pub fn checkpoint(
             uapi::push(&mut blob, &m);
         }
         blob.resize(mqd_end + ctl_stack_bytes(q, g), 0);
-        // The first XCC's control stack ends at its `ctl_stack_size`.
-        let end = mqd_end + q.ctl_stack_size as usize;
-        blob[end - q.aql.saved.len()..end].copy_from_slice(&q.aql.saved);
+        // The first XCC's control stack ends at its `ctl_stack_size`.  A
+        // queue with no control stack in its record (SDMA queues, which
+        // libhsakmt 6.4 still gives a `ctl_stack_size` when it makes them
+        // by engine id) has no waves to save.
+        if ctl_stack_bytes(q, g) != 0 {
+            let end = mqd_end + q.ctl_stack_size as usize;
+            blob[end - q.aql.saved.len()..end].copy_from_slice(&q.aql.saved);
+        }
     }
     let mut first = true;
     for (&id, ev) in &p.events {
@@ -961,7 +966,13 @@ fn take_queue_extra(
     if used > size || (used > 0 && (size > stacks.len() || r.ctx_save_restore_area_address == 0)) {
         return Err(libc::EINVAL);
     }
-    let saved = stacks[size - used..size].to_vec();
+    // No wave saved: nothing to read (an SDMA queue's MQD may carry the
+    // `ctl_stack_size` libhsakmt gave it, with no stack in the record).
+    let saved = if used == 0 {
+        Vec::new()
+    } else {
+        stacks[size - used..size].to_vec()
+    };
     let v2 = m.version == 2;
     if m.magic != MQD_MAGIC || !(m.version == 1 || v2) {
         return Err(libc::EINVAL);
