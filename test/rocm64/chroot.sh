@@ -22,9 +22,11 @@ root=${ROCM64_CHROOT:-$top/build/rocm64/sid}
 log=$(dirname "$root")/chroot-build.log
 keyring=/usr/share/keyrings/debian-archive-keyring.gpg
 
-# ROCr 6.4 (libhsakmt inside), HIP 6.4 and hipcc, rocminfo 7.2, rocm-smi 6.4, and what the
-# test programs are built with inside the chroot (gcc, libc and ROCr's headers).
-packages=(libhsa-runtime64-1 libhsa-runtime-dev rocminfo rocm-smi libamdhip64-6 hipcc gcc libc6-dev)
+# What the cases use, no more (every fresh clone builds this): ROCr 6.4 (libhsakmt inside),
+# rocminfo 7.2, and what the test programs are built with inside the chroot (gcc, libc and
+# ROCr's headers). HIP 6.4 with hipcc (LLVM: about 600 MB) and rocm-smi join the list with
+# the cases that run them.
+packages=(libhsa-runtime64-1 libhsa-runtime-dev rocminfo gcc libc6-dev)
 stamp_text="criu-rocm rocm64 chroot: ${packages[*]}"
 
 # The first Debian archive (a URI ending in /debian) of the host's apt sources, in either
