@@ -173,11 +173,12 @@ test-hip: kfd-tools
 
 # Debian sid's ROCm 6.4 in a chroot (test/rocm64/chroot.sh: built once into build/rocm64/sid
 # from the host's Debian archive) on kfd-emu speaking KFD 1.18 (test/rocm64/run.sh):
-# rocminfo 7.2 and ROCr 6.4's SDMA copies on every profile;
+# rocminfo 7.2 and ROCr 6.4's SDMA copies on every profile, criu-rocm C/R of a ROCr 6.4
+# process (single GPU, another host, multi-GPU under supervise);
 # every case counted as skipped when the archive cannot be reached.
 .PHONY: test-rocm64
-test-rocm64: kfd-tools
-	CARGO_TARGET_DIR=$(CARGO_TARGET) test/rocm64/run.sh
+test-rocm64: $(BUILD)/criu-rocm kfd-tools
+	CARGO_TARGET_DIR=$(CARGO_TARGET) CRIU_TREE=$(CRIU_TREE) test/rocm64/run.sh $(BUILD)/criu-rocm
 
 # GPU checkpoint/restore end to end on kfd-emu (test/gpu/run.sh: dumps, faults, restores on
 # other and incompatible hosts, damaged images, gpu-check).

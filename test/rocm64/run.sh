@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Debian sid's ROCm 6.4 userspace, unchanged, in a chroot on kfd-emu speaking Linux 6.18's
-# KFD (1.18) (issue 30).
+# KFD (1.18), and criu-rocm checkpointing a ROCr 6.4 process (issue 30).
 #
-#   usage: test/rocm64/run.sh [CASE...]   (as root; `make test-rocm64` runs it)
+#   usage: test/rocm64/run.sh CRIU_BINARY [CASE...]   (as root; `make test-rocm64` runs it)
 #          test/rocm64/run.sh --list
 #   env:   CARGO_TARGET_DIR   where kfd-emu was built (default rust/target)
+#          CRIU_TREE          the prepared CRIU tree (its zdtm library builds the C/R program)
 #          ROCM64_CHROOT, ROCM64_MIRROR   see test/rocm64/chroot.sh
 #
 # The chroot comes from test/rocm64/chroot.sh (built once, kept in build/rocm64/sid). When
@@ -17,6 +18,16 @@
 #   rocminfo-P    rocminfo 7.2 on profile P lists the profile's GPU agents and their ISA
 #   hsa-P         ROCr 6.4 (test/rocm/hsa-test.c built in the chroot): agents, pools, SDMA
 #                 async copies host<->VRAM and GPU->GPU, every byte verified
+#   hsa-P-kfd1.16 the same with the profile at KFD 1.16 (SDMA queues not by engine id)
+#   cr-same, cr-other   a ROCr 6.4 process (test/zdtm/static/gpu_rocr_buffers.c built in
+#                 the chroot: VRAM, host and locked memory written by SDMA copies, runtime
+#                 enabled) dumped by criu-rocm mid-run and restored on the same host or on
+#                 another (other gpu_id), a round of new work, then its final check
+#   cr-P          the same on multi-GPU profile P (peer copies too), under `kfd-emu
+#                 supervise`: restored stopped, the supervisor's filter is given its listener
+#                 again (`kfd-emu supervise --attach`), then the process resumes
+#   cr-mi250x8-other   the same restored on another mi250x8 (test/gpu/hosts/
+#                 mi250x8-hives-swapped.toml: every gpu_id, render minor and hive differs)
 # Each prints PASS, FAIL with the reason, or SKIP with the reason; the last line is
 # exactly "N passed, M failed" (", K skipped" when some were). Non-zero exit on failure.
 set -uo pipefail
@@ -35,15 +46,12 @@ declare -A cpus=([mi100]=1 [mi100x2]=1 [mi210x4]=2 [mi250x8]=4 [mi300x8]=2 [rx90
 declare -A gfx=([mi100]=gfx908 [mi100x2]=gfx908 [mi210x4]=gfx90a [mi250x8]=gfx90a [mi300x8]=gfx942 [rx9070xt]=gfx1201)
 declare -A vram_gib=([mi100]=32 [mi100x2]=32 [mi210x4]=64 [mi250x8]=64 [mi300x8]=192 [rx9070xt]=16)
 
-# Where ROCr 6.4 does not run on the emulated 6.18 kernel yet, by case, and why.
-GFX90A_117="ROCr 6.4 on gfx90a with KFD >= 1.17 creates its host<->VRAM SDMA queues by engine id, and libhsakmt fails before the ioctl (\"Alloc VRAM memory failed size 4096\" for the queue's EOP buffer); the same copies pass with the profile at KFD 1.16 (case hsa-P-kfd1.16)"
-declare -A limit=([hsa-mi210x4]=$GFX90A_117 [hsa-mi250x8]=$GFX90A_117)
 
 cases() {
 	local p
 	for p in "${profiles[@]}"; do echo "rocminfo-$p"; done
 	for p in "${profiles[@]}"; do echo "hsa-$p"; done
-	echo hsa-mi210x4-kfd1.16 hsa-mi250x8-kfd1.16 | tr ' ' '\n'
+	echo hsa-mi210x4-kfd1.16 hsa-mi250x8-kfd1.16 cr-same cr-other cr-mi210x4 cr-mi300x8 cr-mi250x8-other | tr ' ' '\n'
 }
 
 # ---------------------------------------------------------------------------------------
@@ -69,14 +77,58 @@ in_host() { # ROOT SUPERVISE CMD...
 	exec chroot "$ROOT" "$@"
 }
 
+# The C/R program's steps. Its case directory is $ROOT/tmp/rocm64/CASE (also /tmp/rocm64/CASE
+# inside the chroot); images are kept outside the chroot. SUPERVISE 1: the program runs under
+# `kfd-emu supervise`, and its restored copy gets the supervisor's listener again.
+host_dump() { # ROOT CASEDIR IMG CRIU SUPERVISE
+	ROOT=$1
+	local cdir=$2 img=$3 criu=$4 sup=() pid
+	[ "$5" = 1 ] && sup=("$KFD_EMU" supervise --)
+	bind_host || exit 1
+	"${sup[@]}" chroot "$ROOT" /opt/criu-rocm-tests/gpu_rocr_buffers --pidfile="${cdir#"$ROOT"}/t.pid" \
+		--outfile="${cdir#"$ROOT"}/t.out" >>"$cdir/start.log" 2>&1 || { echo "did not start: $(tail -n 3 "$cdir/t.out.inprogress" 2>/dev/null | paste -sd'|')"; exit 1; }
+	pid=$(cat "$cdir/t.pid")
+	"$criu" dump -t "$pid" -D "$img" -o dump.log -v4 >>"$cdir/criu.out" 2>&1 ||
+		{ echo "dump failed: $(log_errors "$img/dump.log")"; exit 1; }
+	wait_gone "$pid" 10 || { echo "$pid still runs after the dump"; exit 1; }
+}
+
+host_restore() { # ROOT CASEDIR IMG CRIU SUPERVISE
+	ROOT=$1
+	local cdir=$2 img=$3 criu=$4 sup=$5 stop=() pid i
+	[ "$sup" = 1 ] && stop=(--leave-stopped)
+	bind_host || exit 1
+	pid=$(cat "$cdir/t.pid")
+	"$criu" restore -D "$img" -o restore.log -v4 -d --restore-sibling "${stop[@]}" >>"$cdir/criu.out" 2>&1 ||
+		{ echo "restore failed: $(log_errors "$img/restore.log")"; exit 1; }
+	alive "$pid" || { echo "restored $pid does not run"; exit 1; }
+	if [ "$sup" = 1 ]; then
+		"$KFD_EMU" supervise --attach "$pid" >>"$cdir/criu.out" 2>&1 ||
+			{ echo "supervise --attach $pid: $(tail -n 1 "$cdir/criu.out")"; exit 1; }
+		kill -CONT "$pid"
+	fi
+	kill -USR1 "$pid"
+	for ((i = 0; i < 600; i++)); do
+		grep -qE ': round 1: (ok|FAIL)$' "$cdir/t.out.inprogress" 2>/dev/null && break
+		sleep 0.1
+	done
+	grep -qE ': round 1: ok$' "$cdir/t.out.inprogress" || { echo "round after restore: $(tail -n 3 "$cdir/t.out.inprogress" | paste -sd'|')"; exit 1; }
+	exec /usr/bin/python3 "$top/scripts/lib/stop_and_reap.py" 120 program "$pid" "$cdir/exit-status"
+}
+
 case ${1:-} in
 --in-host) shift && in_host "$@" ;;
+--host-dump) shift && host_dump "$@" && exit 0 ;;
+--host-restore) shift && host_restore "$@" ;;
 --list) cases && exit 0 ;;
 esac
 
 # ---------------------------------------------------------------------------------------
 # The suite
 
+CRIU=${1:?usage: test/rocm64/run.sh CRIU_BINARY [CASE...]}
+CRIU=$(realpath "$CRIU")
+shift
 PASSED=0 FAILED=0 SKIPPED=0
 result() { # STATUS CASE [REASON]
 	case $1 in PASS) PASSED=$((PASSED + 1)) ;; FAIL) FAILED=$((FAILED + 1)) ;; SKIP) SKIPPED=$((SKIPPED + 1)) ;; esac
@@ -105,11 +157,16 @@ echo "rocm64: chroot $ROOT ready in $(($(date +%s) - t0)) s"
 
 # Test programs, built in the chroot against ROCr 6.4's headers.
 build_programs() {
-	local d=$ROOT/opt/criu-rocm-tests
+	local d=$ROOT/opt/criu-rocm-tests z=${CRIU_TREE:?}/test/zdtm
 	mkdir -p "$d/src"
 	cp "$top/test/rocm/hsa-test.c" "$top/test/rocm/report.h" "$d/src/" &&
-		chroot "$ROOT" sh -ec 'cd /opt/criu-rocm-tests/src
-		gcc -std=gnu11 -O2 -Wall -o ../hsa-test hsa-test.c -lhsa-runtime64' >"$top/build/rocm64/programs.log" 2>&1
+		cp "$top"/test/zdtm/static/{gpu_rocr_buffers.c,gpu_round.c,gpu_round.h,rocr_common.c,rocr_common.h,gpu_pattern.h} "$d/src/" &&
+		cp "$z"/lib/*.c "$z"/lib/*.h "$d/src/" && cp -r "$z"/lib/arch/x86/include/. "$d/src/" || return 1
+	chroot "$ROOT" sh -ec 'cd /opt/criu-rocm-tests/src
+		gcc -std=gnu11 -O2 -Wall -o ../hsa-test hsa-test.c -lhsa-runtime64
+		gcc -O2 -D_GNU_SOURCE -D_LARGEFILE64_SOURCE -iquote . -o ../gpu_rocr_buffers gpu_rocr_buffers.c \
+			gpu_round.c rocr_common.c datagen.c msg.c parseargs.c test.c streamutil.c lock.c ns.c tcp.c \
+			unix.c fs.c sysctl.c mem.c file.c mountinfo.c -lhsa-runtime64' >"$top/build/rocm64/programs.log" 2>&1
 }
 if ! build_programs; then
 	for c in "${want[@]}"; do result FAIL "$c" "the test programs did not build in the chroot: $(tail -n 3 "$top/build/rocm64/programs.log" | paste -sd'|')"; done
@@ -141,10 +198,6 @@ run_rocminfo() { # PROFILE
 run_hsa() { # CASE PROFILE [--profile-file F]
 	local c=$1 p=$2 log=$work/$1.log n
 	shift 2
-	if [ -n "${limit[$c]:-}" ]; then
-		result SKIP "$c" "${limit[$c]}"
-		return
-	fi
 	emu "$log" "$p" "$@" 1 /opt/criu-rocm-tests/hsa-test --cpus "${cpus[$p]}" --gpus "${gpus[$p]}" \
 		--gfx "${gfx[$p]}" --vram $((vram_gib[$p] << 30))
 	n=$(sed -n 's/^hsa-test: \([0-9]*\) checks passed, 0 failed$/\1/p' "$log")
@@ -153,6 +206,24 @@ run_hsa() { # CASE PROFILE [--profile-file F]
 	else
 		result PASS "$c" "$n checks, $(grep -c '^ok   host -> node [0-9]* -> host: all' "$log") host<->VRAM and $(grep -c '^ok   host -> node [0-9]* -> node' "$log") GPU->GPU SDMA copies verified"
 	fi
+}
+
+# CASE SUPERVISE DUMP_PROFILE RESTORE_PROFILE [--profile-file F]: F makes the restoring host.
+run_cr() {
+	local c=$1 sup=$2 p1=$3 p2=$4 cdir=$ROOT/tmp/rocm64/$1 img=$work/$1/img why t1 t2
+	shift 4
+	rm -rf "${cdir:?}" "${work:?}/$c" && mkdir -p "$cdir" "$img"
+	t1=$(date +%s%N)
+	why=$("$KFD_EMU" run --profile "$p1" -- "$here/run.sh" --host-dump "$ROOT" "$cdir" "$img" "$CRIU" "$sup" 2>>"$cdir/emu.log") ||
+		{ result FAIL "$c" "on $p1: ${why:-exit $?}; case ${cdir#"$top"/}"; return; }
+	t2=$(date +%s%N)
+	why=$("$KFD_EMU" run --profile "$p2" "$@" -- "$here/run.sh" --host-restore "$ROOT" "$cdir" "$img" "$CRIU" "$sup" 2>>"$cdir/emu.log") ||
+		{ result FAIL "$c" "on $p2: ${why:-exit $?}; case ${cdir#"$top"/}"; return; }
+	if [ "$(cat "$cdir/exit-status" 2>/dev/null)" != 0 ] || ! tail -n 1 "$cdir/t.out" 2>/dev/null | grep -q ': PASS$'; then
+		result FAIL "$c" "the restored program did not pass: $(tail -n 3 "$cdir/t.out" "$cdir/t.out.inprogress" 2>/dev/null | paste -sd'|')"
+		return
+	fi
+	result PASS "$c" "ROCr 6.4 process (runtime enabled) dumped on $p1 ($((($(date +%s%N) - t1) / 1000000)) ms all, dump step $(((t2 - t1) / 1000000)) ms), restored on $p2${*:+ ($(basename "${!#}" .toml))}, a round of new work and its final check passed"
 }
 
 mkdir -p "$work"
@@ -165,6 +236,10 @@ for c in "${want[@]}"; do
 		run_hsa "$c" "$p" --profile-file "$work/kfd1.16.toml"
 		;;
 	hsa-*) run_hsa "$c" "${c#hsa-}" ;;
+	cr-same) run_cr "$c" 0 mi100 mi100 ;;
+	cr-other) run_cr "$c" 0 mi100 mi100x2 --profile-file "$top/test/gpu/hosts/mi100x2-one-gpu.toml" ;;
+	cr-mi210x4 | cr-mi300x8) run_cr "$c" 1 "${c#cr-}" "${c#cr-}" ;;
+	cr-mi250x8-other) run_cr "$c" 1 mi250x8 mi250x8 --profile-file "$top/test/gpu/hosts/mi250x8-hives-swapped.toml" ;;
 	*) result FAIL "$c" "no such case (see --list)" ;;
 	esac
 done
