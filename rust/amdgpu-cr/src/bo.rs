@@ -21,9 +21,9 @@ pub const ALLOC_USERPTR: u32 = sys::KFD_IOC_ALLOC_MEM_FLAGS_USERPTR;
 pub const ALLOC_DOORBELL: u32 = sys::KFD_IOC_ALLOC_MEM_FLAGS_DOORBELL;
 /// MMIO remap page; no contents, only its mapping is remapped.
 pub const ALLOC_MMIO_REMAP: u32 = sys::KFD_IOC_ALLOC_MEM_FLAGS_MMIO_REMAP;
-/// VRAM the CPU may map (KFD allocates it CPU_ACCESS_REQUIRED; without it
-/// amdgpu makes the BO NO_CPU_ACCESS and refuses every CPU mapping,
-/// whatever the BAR size).
+/// VRAM the CPU may touch (KFD allocates it CPU_ACCESS_REQUIRED, so amdgpu
+/// keeps it where the BAR reaches; without it the BO can be mapped, but on
+/// a small-BAR board its pages past the visible window fault when touched).
 pub const ALLOC_PUBLIC: u32 = sys::KFD_IOC_ALLOC_MEM_FLAGS_PUBLIC;
 /// The CPU may write the BO.
 pub const ALLOC_WRITABLE: u32 = sys::KFD_IOC_ALLOC_MEM_FLAGS_WRITABLE;

@@ -4,8 +4,8 @@
 //! * [`cpu::CpuEngine`] maps the BO through a device fd (the render-node
 //!   file that owns it at its mmap offset, or else its dmabuf) in windows
 //!   of at most the staging size and copies with the CPU.  It works for GTT BOs and for VRAM BOs allocated with KFD's
-//!   PUBLIC flag (amdgpu refuses to map the others: they are
-//!   `AMDGPU_GEM_CREATE_NO_CPU_ACCESS`), and on the emulator.
+//!   PUBLIC flag (the others may lie past the CPU-visible BAR, where a
+//!   touch faults), and on the emulator.
 //! * [`sdma::SdmaEngine`] imports the BO's dmabuf into a render node and
 //!   copies with the GPU's SDMA engine to and from a userptr staging buffer.
 //!   Under `auto` it moves every VRAM BO it can reach (BAR reads of
