@@ -705,6 +705,36 @@ impl<F: AsFd> RenderNode<F> {
         }
     }
 
+    /// `DRM_IOCTL_AMDGPU_GEM_OP(GET_MAPPING_INFO)` (Linux 6.18): the GPU VA mappings of GEM
+    /// handle `handle` in this file's VM. A kernel without it answers EINVAL.
+    pub fn gem_mapping_info(&self, handle: u32) -> Result<Vec<gem618::drm_amdgpu_gem_vm_entry>> {
+        let mut v: Vec<gem618::drm_amdgpu_gem_vm_entry> = Vec::new();
+        loop {
+            let room = v.len() as u32;
+            let mut a = gem618::drm_amdgpu_gem_op {
+                handle,
+                op: gem618::AMDGPU_GEM_OP_GET_MAPPING_INFO,
+                value: v.as_mut_ptr() as u64,
+                num_entries: room,
+                padding: 0,
+            };
+            self.io(DRM_IOCTL_AMDGPU_GEM_OP, &mut a)?;
+            if a.num_entries <= room {
+                v.truncate(a.num_entries as usize);
+                return Ok(v);
+            }
+            // Too little room (or mappings came meanwhile): the count needed came back.
+            v = vec![gem618::drm_amdgpu_gem_vm_entry::default(); a.num_entries as usize];
+        }
+    }
+
+    /// `DRM_IOCTL_GEM_CHANGE_HANDLE` (Linux 6.18.0-6.18.35): GEM handle `handle` becomes
+    /// `new_handle`. Kernels before 6.18, and from 6.18.36 and 7.1 on, answer EINVAL.
+    pub fn gem_change_handle(&self, handle: u32, new_handle: u32) -> Result<()> {
+        let mut a = gem618::drm_gem_change_handle { handle, new_handle };
+        self.io(DRM_IOCTL_GEM_CHANGE_HANDLE, &mut a).map(drop)
+    }
+
     /// Creates a GEM BO in `domains` (`AMDGPU_GEM_DOMAIN_*`); returns its handle.
     pub fn gem_create(
         &self,
