@@ -52,6 +52,19 @@ pub fn contents_total(bos: impl IntoIterator<Item = (usize, u32, u64)>) -> Resul
     Ok(total)
 }
 
+/// The KFD flags under which a render-node GEM BO's bytes are copied and
+/// checked like a KFD BO's: VRAM for a BO that prefers VRAM, GTT for the
+/// rest (GTT or CPU domain: system memory either way), PUBLIC for VRAM the
+/// CPU may map (`AMDGPU_GEM_CREATE_CPU_ACCESS_REQUIRED`).
+pub fn gem_alloc_flags(preferred_domains: u32, create_flags: u64) -> u32 {
+    if preferred_domains & sys::AMDGPU_GEM_DOMAIN_VRAM != 0 {
+        let public = create_flags & u64::from(sys::AMDGPU_GEM_CREATE_CPU_ACCESS_REQUIRED) != 0;
+        ALLOC_VRAM | ALLOC_WRITABLE | if public { ALLOC_PUBLIC } else { 0 }
+    } else {
+        ALLOC_GTT | ALLOC_WRITABLE
+    }
+}
+
 /// Whether a CPU mapping of this BO must be pointed at a new mmap offset after
 /// restore: every BO whose mapping lives on a device node.
 pub fn needs_vma_fixup(alloc_flags: u32) -> bool {

@@ -78,6 +78,13 @@ pub fn render_image_name(id: FileId) -> String {
     format!("amdgpu-renderD-{id}.img")
 }
 
+/// The file id of a render-node image's name, `None` for any other name.
+pub fn render_image_id(name: &str) -> Option<FileId> {
+    name.strip_prefix("amdgpu-renderD-")
+        .and_then(|n| n.strip_suffix(".img"))
+        .and_then(FileId::parse)
+}
+
 /// Errors reading or writing GPU images.  Every variant names the file.
 #[derive(Debug, thiserror::Error)]
 pub enum ImageError {
@@ -487,6 +494,132 @@ fn check_extents(file: &str, i: usize, b: &crate::proto::KfdBoEntry) -> Result<(
     Ok(())
 }
 
+/// A render image's GEM BOs (`drm_bo_entry`): what the restore recreates
+/// must be what a kernel's GEM_CREATE and GEM_VA take, and its bytes must be
+/// in criu-rocm's pages file.  Refused, naming the file, field and BO: a
+/// handle 0 or twice, a size of no whole pages, domains amdgpu does not
+/// know, a mapping outside its BO, a dma-buf import (not restored yet), and
+/// criu-dev's BOs (their bytes are in criu-dev's own files, which criu-rocm
+/// does not read).
+fn check_gem_bos(file: &str, msg: &CriuRenderNode) -> Result<(), ImageError> {
+    use kfd_abi::layout::gem618::AMDGPU_GEM_DOMAIN_MASK;
+    let mut handles = BTreeSet::new();
+    let mut offsets = BTreeSet::new();
+    let pages = |v: u64| v.is_multiple_of(bo::PAGE_SIZE);
+    for (i, b) in msg.bo_entries.iter().enumerate() {
+        let bad = |field: &str, why: String| {
+            Err(ImageError::invalid(
+                file,
+                format!("bo_entries[{i}]{field}"),
+                format!("{why} (GEM handle {}, {} bytes)", b.handle, b.size),
+            ))
+        };
+        if b.handle == 0 || b.handle > i32::MAX as u32 || !handles.insert(b.handle) {
+            return bad(
+                ".handle",
+                format!("{} is 0, past INT_MAX or twice", b.handle),
+            );
+        }
+        if b.size == 0 || !pages(b.size) {
+            return bad(".size", "is not a positive number of whole pages".into());
+        }
+        if b.offset == 0 || !pages(b.offset) || b.offset.checked_add(b.size).is_none() {
+            return bad(
+                ".offset",
+                format!("{:#x} is no mmap offset of the BO", b.offset),
+            );
+        }
+        if !offsets.insert(b.offset) {
+            return bad(".offset", format!("{:#x} is another BO's", b.offset));
+        }
+        let domains = b.preferred_domains;
+        if domains & !AMDGPU_GEM_DOMAIN_MASK != 0
+            || domains
+                & (kfd_abi::sys::AMDGPU_GEM_DOMAIN_VRAM
+                    | kfd_abi::sys::AMDGPU_GEM_DOMAIN_GTT
+                    | kfd_abi::sys::AMDGPU_GEM_DOMAIN_CPU)
+                == 0
+        {
+            return bad(
+                ".preferred_domains",
+                format!("{domains:#x}: not VRAM, GTT or CPU memory, whose bytes are saved"),
+            );
+        }
+        if b.alignment != 0 && !b.alignment.is_power_of_two() {
+            return bad(
+                ".alignment",
+                format!("{:#x} is no power of two", b.alignment),
+            );
+        }
+        if b.is_import != 0 {
+            return bad(
+                ".is_import",
+                "a dma-buf imported from another device or process: criu-rocm does not \
+                 restore imported GEM objects yet"
+                    .into(),
+            );
+        }
+        if b.content_xxh3.is_none() {
+            return bad(
+                ".content_xxh3",
+                "missing: a GEM BO saved by criu-dev, whose bytes are in its \
+                 amdgpu-drm-pages-* files, which criu-rocm does not read"
+                    .into(),
+            );
+        }
+        if b.num_of_vms as usize != b.vm_entries.len() {
+            return bad(
+                ".num_of_vms",
+                format!(
+                    "is {} but vm_entries holds {}",
+                    b.num_of_vms,
+                    b.vm_entries.len()
+                ),
+            );
+        }
+        for (j, v) in b.vm_entries.iter().enumerate() {
+            let inside = v.offset.checked_add(v.size).is_some_and(|e| e <= b.size);
+            if v.size == 0
+                || !pages(v.size | v.offset | v.addr)
+                || !inside
+                || v.addr.checked_add(v.size).is_none()
+            {
+                return bad(
+                    &format!(".vm_entries[{j}]"),
+                    format!(
+                        "maps {:#x} bytes at BO offset {:#x} to GPU address {:#x}: not whole \
+                         pages of the BO",
+                        v.size, v.offset, v.addr
+                    ),
+                );
+            }
+        }
+    }
+    // The hash fields as a KFD BO's, and the pages file's total.
+    let view = RenderImage { msg: msg.clone() }.contents_view().msg;
+    for (i, b) in view.bo_entries.iter().enumerate() {
+        if let Some(e) = b.content_hash_extent {
+            if e == 0 || !e.is_multiple_of(bo::PAGE_SIZE) {
+                return Err(ImageError::invalid(
+                    file,
+                    format!("bo_entries[{i}].content_hash_extent"),
+                    format!("is {e}, not a positive multiple of the page size"),
+                ));
+            }
+        }
+        check_extents(file, i, b)?;
+    }
+    bo::contents_total(
+        view.bo_entries
+            .iter()
+            .enumerate()
+            .map(|(i, b)| (i, b.alloc_flags, b.size)),
+    )
+    .map_err(|i| ImageError::sizes_overflow(file, i, GpuId(msg.gpu_id)))?;
+    crate::pages::Encoding::of(file, &view)?;
+    Ok(())
+}
+
 /// A decoded `amdgpu-renderD-<id>.img`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RenderImage {
@@ -518,25 +651,7 @@ impl RenderImage {
                 ));
             }
         }
-        // criu-dev's GEM objects: criu-rocm cannot recreate them, and a
-        // restore without them would give the process a render file that
-        // lacks buffers it uses.
-        if let Some(bo) = msg.bo_entries.first() {
-            return Err(ImageError::invalid(
-                file,
-                "bo_entries",
-                format!(
-                    "holds {} render-node GEM object(s) saved by criu-dev, e.g. handle {} \
-                     ({} bytes, domains {:#x}{}): criu-rocm does not restore render-node GEM \
-                     objects",
-                    msg.bo_entries.len(),
-                    bo.handle,
-                    bo.size,
-                    bo.preferred_domains,
-                    if bo.is_import != 0 { ", imported" } else { "" }
-                ),
-            ));
-        }
+        check_gem_bos(file, &msg)?;
         Ok(RenderImage { msg })
     }
 
@@ -560,6 +675,54 @@ impl RenderImage {
     /// The user gpu_id this render node belongs to.
     pub fn gpu_id(&self) -> GpuId {
         GpuId(self.msg.gpu_id)
+    }
+
+    /// Its GEM BOs as the KFD image's shape the pages code reads: one
+    /// `kfd_bo_entry` per `drm_bo_entry`, in order (the same index), at its
+    /// first GPU address (0 if unmapped) and mmap offset, with the KFD flags
+    /// its bytes are copied under ([`bo::gem_alloc_flags`]), its content
+    /// hashes, and the render file's pages encoding.  The pages file,
+    /// its digests, its hashes and its encoding are then one code path with
+    /// a KFD image's.
+    pub fn contents_view(&self) -> KfdImage {
+        let m = &self.msg;
+        let bo_entries: Vec<crate::proto::KfdBoEntry> = m
+            .bo_entries
+            .iter()
+            .map(|b| crate::proto::KfdBoEntry {
+                addr: b.vm_entries.first().map_or(0, |v| v.addr),
+                size: b.size,
+                offset: b.offset,
+                alloc_flags: bo::gem_alloc_flags(b.preferred_domains, b.alloc_flags),
+                gpu_id: m.gpu_id,
+                content_xxh3: b.content_xxh3,
+                content_hash_extent: b.content_hash_extent,
+                content_extent_xxh3: b.content_extent_xxh3.clone(),
+                ..Default::default()
+            })
+            .collect();
+        let gpu = crate::proto::KfdDeviceEntry {
+            gpu_id: m.gpu_id,
+            drm_render_minor: m.drm_render_minor.unwrap_or(0),
+            ..Default::default()
+        };
+        KfdImage {
+            msg: CriuKfd {
+                num_of_gpus: 1,
+                device_entries: vec![gpu],
+                num_of_bos: bo_entries.len() as u64,
+                bo_entries,
+                pages_compression: m.pages_compression,
+                pages_compression_level: m.pages_compression_level,
+                pages_compression_chunk: m.pages_compression_chunk,
+                ..Default::default()
+            },
+        }
+    }
+
+    /// Whether the render file held GEM BOs.
+    pub fn has_gem_bos(&self) -> bool {
+        !self.msg.bo_entries.is_empty()
     }
 }
 
@@ -777,35 +940,63 @@ pub(crate) mod tests {
         assert_has(&scan_fields(&rn), 1..=1, "criu_render_node");
     }
 
-    /// A criu-dev render image with GEM objects is refused (restore and
-    /// gpu-check decode it the same way), naming the file, field and BO.
+    /// A render image's GEM BOs: criu-rocm's are accepted; criu-dev's
+    /// (bytes in its own files), imports and damaged ones are refused
+    /// (restore and gpu-check decode alike), naming the file, field and BO.
     #[test]
-    fn render_image_with_criu_dev_gem_objects_is_refused() {
-        let bo = crate::proto::DrmBoEntry {
+    fn render_image_gem_bos_are_checked() {
+        let good = crate::proto::DrmBoEntry {
+            addr: 0x7000_0000,
             size: 0x10000,
+            offset: 0x1_0010_0000,
             preferred_domains: 4,
             handle: 3,
-            is_import: 1,
+            num_of_vms: 1,
+            vm_entries: vec![crate::proto::DrmVmEntry {
+                addr: 0x7000_0000,
+                size: 0x10000,
+                offset: 0,
+                flags: 0xe,
+            }],
+            content_xxh3: Some(1),
             ..Default::default()
         };
-        let rn = CriuRenderNode {
-            gpu_id: 0x1a2b,
-            id: Some(7),
-            drm_render_minor: Some(128),
-            num_of_bos: Some(1),
-            bo_entries: vec![bo],
+        let decode = |bo: crate::proto::DrmBoEntry| {
+            let rn = CriuRenderNode {
+                gpu_id: 0x1a2b,
+                id: Some(7),
+                drm_render_minor: Some(128),
+                num_of_bos: Some(1),
+                bo_entries: vec![bo],
+                ..Default::default()
+            };
+            RenderImage::decode("amdgpu-renderD-7.img", &frame(&rn.encode_to_vec()))
         };
-        let e = RenderImage::decode("amdgpu-renderD-7.img", &frame(&rn.encode_to_vec()))
-            .unwrap_err()
-            .to_string();
-        for want in [
-            "amdgpu-renderD-7.img",
-            "bo_entries",
-            "handle 3",
-            "65536 bytes",
-            "imported",
-        ] {
-            assert!(e.contains(want), "{want:?} not in {e}");
+        let img = decode(good.clone()).unwrap();
+        let view = img.contents_view();
+        assert_eq!(view.gpu_ids(), vec![GpuId(0x1a2b)]);
+        assert_eq!(
+            view.msg.bo_entries[0].alloc_flags & bo::ALLOC_VRAM,
+            bo::ALLOC_VRAM
+        );
+        assert_eq!(view.msg.bo_entries[0].offset, good.offset);
+        type Edit = fn(&mut crate::proto::DrmBoEntry);
+        let cases: [(Edit, &str); 7] = [
+            (|b| b.content_xxh3 = None, "content_xxh3"),
+            (|b| b.is_import = 1, "is_import"),
+            (|b| b.handle = 0, "handle"),
+            (|b| b.size = 0x10001, "size"),
+            (|b| b.preferred_domains = 0x40, "preferred_domains"),
+            (|b| b.num_of_vms = 2, "num_of_vms"),
+            (|b| b.vm_entries[0].offset = 0x1000, "vm_entries[0]"),
+        ];
+        for (edit, field) in cases {
+            let mut bo = good.clone();
+            edit(&mut bo);
+            let e = decode(bo).unwrap_err().to_string();
+            for want in ["amdgpu-renderD-7.img", "bo_entries[0]", field, "GEM handle"] {
+                assert!(e.contains(want), "{want:?} not in {e}");
+            }
         }
     }
 

@@ -302,7 +302,7 @@ pub fn check_dir(dir: &Path, depth: Depth) -> std::io::Result<Report> {
     let manifest = read_manifest(dir, &mut report);
     let ctx = Context::read(dir);
     let declared = check_kfd_images(dir, &files, manifest.as_ref(), &ctx, depth, &mut report);
-    check_render_images(dir, &files, manifest.as_ref(), &mut report);
+    check_render_images(dir, &files, manifest.as_ref(), depth, &mut report);
     check_listing(dir, &files, manifest.as_ref(), declared, depth, &mut report);
     check_files_img(&files, &ctx, manifest.as_ref(), &mut report);
     Ok(report)
@@ -379,7 +379,7 @@ fn check_kfd_images(
                         Depth::Contents if image.msg.criu_rocm_reopen != Some(true) => image
                             .gpu_ids()
                             .into_iter()
-                            .find_map(|gpu| check_pages(dir, id, &image, gpu, depth).err()),
+                            .find_map(|gpu| check_pages(dir, id, &name, &image, gpu, depth).err()),
                         _ => None,
                     });
                 v.image = Some(image);
@@ -413,23 +413,18 @@ fn note_compression(name: &str, image: &KfdImage, report: &mut Report) {
     }
 }
 
-/// Render-node images: each must decode (and match the digests file).
+/// Render-node images: each must decode; the bytes of their GEM BOs are
+/// checked as a KFD image's.
 fn check_render_images(
     dir: &Path,
     files: &BTreeSet<String>,
     manifest: Option<&digests::Digests>,
+    depth: Depth,
     report: &mut Report,
 ) {
     for name in files.iter().filter(|n| n.starts_with("amdgpu-renderD-")) {
-        let r = read_whole(&dir.join(name), None)
-            .and_then(|bytes| RenderImage::decode(name, &bytes).map(|_| bytes));
-        match r {
-            Err(e) => report.other.push(e.into()),
-            Ok(bytes) => {
-                if let Some(Err(r)) = manifest.map(|m| m.check_whole(name, &bytes)) {
-                    report.other.push(r);
-                }
-            }
+        if let Err(r) = check_render(dir, name, manifest, depth) {
+            report.other.push(r);
         }
     }
 }
@@ -562,11 +557,17 @@ fn missing_image(
 
 /// The CRIU images a KFD image is checked against (each `None` when the
 /// directory lacks it; an unreadable one is a refusal where it matters).
+/// The render images' GEM BOs: mmap offset ranges `[start, end)` by
+/// render minor at dump.
+type GemRanges = BTreeMap<u32, Vec<(u64, u64)>>;
+
 struct Context {
     pids: Result<Option<BTreeSet<u32>>, String>,
     files: Option<Files>,
     files_err: Option<String>,
     plugins: Option<Vec<String>>,
+    /// The render images' GEM BOs: mmap offset ranges by minor at dump.
+    gem: GemRanges,
 }
 
 impl Context {
@@ -580,8 +581,28 @@ impl Context {
             files,
             files_err,
             plugins: criu_images::inventory_plugins(dir).ok().flatten(),
+            gem: gem_ranges(dir),
         }
     }
+}
+
+/// The mmap offset ranges of the render images' GEM BOs, by render minor
+/// at dump (a damaged render image is refused on its own).
+fn gem_ranges(dir: &Path) -> GemRanges {
+    let mut out: GemRanges = BTreeMap::new();
+    let Ok(files) = gpu_files(dir) else {
+        return out;
+    };
+    for name in files.iter().filter(|n| n.starts_with("amdgpu-renderD-")) {
+        let Ok(img) = read_whole(&dir.join(name), None).and_then(|b| RenderImage::decode(name, &b))
+        else {
+            continue;
+        };
+        let minor = img.msg.drm_render_minor.unwrap_or(0);
+        let v = out.entry(minor).or_default();
+        v.extend(img.msg.bo_entries.iter().map(|b| (b.offset, b.size)));
+    }
+    out
 }
 
 /// The checks of one decoded KFD image against itself and the other files.
@@ -658,7 +679,7 @@ fn check_kfd(
             Depth::Streamed => Depth::Streamed,
             _ => Depth::Metadata,
         };
-        check_pages(dir, id, image, gpu, depth)?;
+        check_pages(dir, id, &name, image, gpu, depth)?;
     }
     // An incremental dump: every link of its chain of parents.
     chain::resolve(dir, id, image)?;
@@ -668,7 +689,7 @@ fn check_kfd(
     if let Some(files) = &ctx.files {
         match criu_images::shared_file_mappings(dir, msg.pid) {
             Err(e) => return Err(Refusal::new(format!("mm-{}.img", msg.pid), None, "", e)),
-            Ok(Some(maps)) => check_mappings(&name, image, files, &maps, msg.pid)?,
+            Ok(Some(maps)) => check_mappings(&name, image, (files, &ctx.gem), &maps, msg.pid)?,
             Ok(None) => {}
         }
     }
@@ -758,18 +779,40 @@ fn check_priv(name: &str, image: &KfdImage) -> Result<(), Refusal> {
     Ok(())
 }
 
+/// A render-node image `name`: decoded and validated, against the digests
+/// file, and the pages file of its GEM BOs as a KFD image's (through
+/// [`RenderImage::contents_view`]).
+fn check_render(
+    dir: &Path,
+    name: &str,
+    manifest: Option<&digests::Digests>,
+    depth: Depth,
+) -> Result<(), Refusal> {
+    let bytes = read_whole(&dir.join(name), None)?;
+    let image = RenderImage::decode(name, &bytes)?;
+    let id = crate::image::render_image_id(name)
+        .ok_or_else(|| Refusal::new(name, None, "", "not named amdgpu-renderD-<file id>.img"))?;
+    if let Some(m) = manifest {
+        m.check_render(id, &bytes, &image)?;
+    }
+    if !image.has_gem_bos() {
+        return Ok(());
+    }
+    check_pages(dir, id, name, &image.contents_view(), image.gpu_id(), depth)
+}
+
 /// One GPU's pages file: its size; at [`Depth::Contents`] every BO's
-/// bytes against its hash.
+/// bytes against its hash.  `name` is the image the BOs are of.
 fn check_pages(
     dir: &Path,
     id: FileId,
+    name: &str,
     image: &KfdImage,
     gpu: GpuId,
     depth: Depth,
 ) -> Result<(), Refusal> {
-    let name = kfd_image_name(id);
-    pages_total(&name, &image.msg.bo_entries, gpu)?;
-    let encoding = Encoding::of(&name, &image.msg)?;
+    pages_total(name, &image.msg.bo_entries, gpu)?;
+    let encoding = Encoding::of(name, &image.msg)?;
     let bos = content_bos(&image.msg.bo_entries, gpu);
     let overlay = match depth {
         Depth::Contents => chain::resolve(dir, id, image)?.remove(&gpu),
@@ -833,7 +876,7 @@ fn check_pages(
 fn check_mappings(
     name: &str,
     image: &KfdImage,
-    files: &Files,
+    (files, gem): (&Files, &GemRanges),
     maps: &[FileMapping],
     pid: u32,
 ) -> Result<(), Refusal> {
@@ -891,6 +934,7 @@ fn check_mappings(
                 let e = seen.entry(i).or_insert((m.start, m.pgoff, false));
                 e.2 |= at_home;
             }
+            None if in_gem_bo(gem, device, m.pgoff, len) => {}
             None => {
                 // A mapping inside a BO's address range must be of that BO.
                 if let Some((i, b)) = bos
@@ -940,6 +984,18 @@ fn check_mappings(
         }
     }
     Ok(())
+}
+
+/// Whether `len` bytes at `pgoff` of render node `device` are of a GEM BO
+/// of the render images (`gem`: offset ranges by minor at dump).
+fn in_gem_bo(gem: &GemRanges, device: DeviceKind, pgoff: u64, len: u64) -> bool {
+    let DeviceKind::Render(minor) = device else {
+        return false;
+    };
+    gem.get(&minor.0).is_some_and(|v| {
+        v.iter()
+            .any(|&(o, size)| pgoff >= o && (pgoff - o).checked_add(len).is_some_and(|e| e <= size))
+    })
 }
 
 /// The BOs a device maps, by their offset in its file: contents BOs of

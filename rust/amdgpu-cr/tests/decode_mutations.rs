@@ -139,7 +139,7 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         id: Some(7),
         drm_render_minor: Some(128),
         num_of_bos: Some(0),
-        bo_entries: vec![],
+        ..Default::default()
     };
     vec![
         ("kfd-single", frame(&single.encode_to_vec())),

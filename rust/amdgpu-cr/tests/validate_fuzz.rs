@@ -185,7 +185,7 @@ fn seed(host: &Host, second: bool, compressed: bool) -> Vec<u8> {
             id: None,
             drm_render_minor: Some(128),
             num_of_bos: None,
-            bo_entries: vec![],
+            ..Default::default()
         }
         .encode_to_vec(),
     );

@@ -349,7 +349,8 @@ impl DumpPlan {
 /// recorded, which equals the user id unless the process migrated.
 ///
 /// criu-dev's required fields `id`, `drm_render_minor` and `num_of_bos`
-/// are filled (no render-node BOs are saved) so criu-dev can read it too.
+/// are filled (0 BOs: the dump adds the file's GEM BOs, see
+/// `session::gem`) so criu-dev can read it too.
 pub fn render_image(
     topology: &Topology,
     actual_to_user: &BTreeMap<GpuId, GpuId>,
@@ -370,7 +371,7 @@ pub fn render_image(
             id: Some(id.0),
             drm_render_minor: Some(minor.0),
             num_of_bos: Some(0),
-            bo_entries: Vec::new(),
+            ..Default::default()
         },
     })
 }

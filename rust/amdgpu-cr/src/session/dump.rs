@@ -39,7 +39,7 @@ use crate::bo;
 use crate::copy::dump_contents_encoded;
 use crate::env::{self, EnginePolicy};
 use crate::ids::{GpuId, GpuVa, MmapOffset, RenderMinor};
-use crate::image::{render_image_name, FileId};
+use crate::image::FileId;
 use crate::os::fd::{pidfd_getfd, same_open_file, task_fds};
 use crate::os::process::pidfd_open;
 use crate::plan::{
@@ -371,8 +371,7 @@ impl DumpSession {
             Some(DeviceKind::Kfd) => self.dump_kfd(fd, id, dir).map(|_| Some(Dumped::Kfd)),
             Some(DeviceKind::Render(minor)) => {
                 let pid = self.render_owner(fd, id)?;
-                refuse_gem_objects(pid, fd, minor, id)?;
-                self.dump_render(pid, minor, id, dir)?;
+                self.dump_render(pid, fd, minor, id, dir)?;
                 Ok(Some(Dumped::Render(minor)))
             }
         }
@@ -618,9 +617,12 @@ impl DumpSession {
         Ok(())
     }
 
+    /// The render image of file `fd`, with the GEM BOs it holds
+    /// ([`super::gem::save`]).
     fn dump_render(
         &mut self,
         pid: i32,
+        fd: BorrowedFd<'_>,
         minor: RenderMinor,
         id: FileId,
         dir: &Path,
@@ -634,11 +636,21 @@ impl DumpSession {
             .filter(|p| p.task == pid)
             .flat_map(|p| p.ckpt.devices.iter().map(|d| (d.actual, d.user)))
             .collect();
-        let img = render_image(&topology, &actual_to_user, minor, id)
+        let mut img = render_image(&topology, &actual_to_user, minor, id)
             .map_err(|e| SessionError::core(pid, minor.path(), e))?;
+        let actual = topology
+            .gpu_by_render_minor(minor)
+            .and_then(|n| n.gpu_id)
+            .unwrap_or(img.gpu_id());
+        let copying = super::gem::Copying {
+            policy: self.opts.policy,
+            staging_cap: self.opts.staging_cap,
+            compress: self.opts.compress,
+        };
+        super::gem::save(pid, fd, (minor, id, actual), &mut img, dir, copying)?;
         img.write(dir, id)
             .map_err(|e| SessionError::core(pid, "writing the render-node image", e))?;
-        self.digests.add_whole(render_image_name(id), &img.encode());
+        self.digests.add_render_in(dir, id, &img);
         log::info!(
             "pid {pid}: render node {} saved as GPU {}",
             minor.path(),
@@ -949,65 +961,6 @@ fn checkpoint(
         priv_data,
     };
     Ok((ckpt, dmabufs))
-}
-
-/// Refuses a render-node file that holds GEM objects (GEM_CREATE, PRIME
-/// imports, userptr): criu-rocm does not save them yet, so a restore would
-/// give the process a file without them, and a dump that cannot be restored
-/// must not happen.  The first one is named.  Kernels before Linux 6.18
-/// cannot list a file's handles (GEM_LIST_HANDLES answers EINVAL): there
-/// the file is dumped as before, unchecked, which the log says.
-fn refuse_gem_objects(
-    pid: i32,
-    fd: BorrowedFd<'_>,
-    minor: RenderMinor,
-    id: FileId,
-) -> Result<(), SessionError> {
-    let node = kfd_abi::handle::RenderNode::from_fd(fd);
-    let list = match node.gem_list_handles() {
-        Ok(l) => l,
-        Err(e) if matches!(e.errno(), libc::EINVAL | libc::ENOTTY) => {
-            log::info!(
-                "pid {pid}: render node {} (file {id}): the kernel cannot list its GEM \
-                 objects (GEM_LIST_HANDLES: {e}); any it holds are not saved",
-                minor.path()
-            );
-            return Ok(());
-        }
-        Err(source) => {
-            return Err(SessionError::Kfd {
-                pid,
-                step: format!(
-                    "listing the GEM objects of render node {} (file {id})",
-                    minor.path()
-                ),
-                source,
-            })
-        }
-    };
-    let Some(bo) = list.first() else {
-        return Ok(());
-    };
-    let import = if bo.flags & kfd_abi::layout::gem618::AMDGPU_GEM_LIST_HANDLES_FLAG_IS_IMPORT != 0
-    {
-        ", a dma-buf of another device"
-    } else {
-        ""
-    };
-    Err(SessionError::State {
-        pid,
-        what: format!(
-            "render node {} (file {id}) holds {} GEM object(s), e.g. handle {} ({} bytes, \
-             domains {:#x}, flags {:#x}{import}): criu-rocm does not save render-node GEM \
-             objects; not dumping what could not be restored",
-            minor.path(),
-            list.len(),
-            bo.gem_handle,
-            bo.size,
-            bo.preferred_domains,
-            bo.alloc_flags
-        ),
-    })
 }
 
 /// The first of `files` through which the kernel lets us map the page at

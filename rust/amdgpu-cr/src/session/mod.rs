@@ -17,6 +17,7 @@
 //! The C boundary (`criu-gpu`) only translates arguments into these calls.
 
 pub mod dump;
+pub(crate) mod gem;
 pub mod gpu_check;
 pub mod guardian;
 // Below the session: validation reads the mark too.

@@ -235,6 +235,9 @@ pub struct RestoreSession {
     /// This task's pid in criu main's namespace and its fd of the image
     /// directory, for a job posted to the writer.
     task: Option<(i32, RawFd)>,
+    /// The render files whose GEM BOs were restored: their new mmap
+    /// offsets, and a dup of the file to map them through.
+    gems: Vec<(super::gem::GemFixups, OwnedFd)>,
 }
 
 fn kfd_step(
@@ -274,6 +277,7 @@ impl RestoreSession {
             kfds: Vec::new(),
             mailbox: None,
             task: None,
+            gems: Vec::new(),
         }
     }
 
@@ -640,6 +644,8 @@ impl RestoreSession {
         Ok(())
     }
 
+    /// A render-node file: opened ([`Self::open_render_file`]), then its
+    /// GEM BOs recreated on it ([`Self::restore_gem`]).
     fn restore_render(
         &mut self,
         vpid: i32,
@@ -649,6 +655,54 @@ impl RestoreSession {
     ) -> Result<OwnedFd, SessionError> {
         let img = RenderImage::read(dir, id)
             .map_err(|e| SessionError::core(vpid, "reading the render-node image", e))?;
+        let (fd, minor) = self.open_render_file(vpid, id, &img, fd_floor, dir)?;
+        if img.has_gem_bos() {
+            self.restore_gem(vpid, id, &img, (fd.as_fd(), minor), fd_floor, dir)?;
+        }
+        Ok(fd)
+    }
+
+    /// The GEM BOs of render image `img` on its restored file `fd` (render
+    /// node `minor` of this host), kept for [`Self::update_vma`] with a dup
+    /// of the file.
+    fn restore_gem(
+        &mut self,
+        vpid: i32,
+        id: FileId,
+        img: &RenderImage,
+        (fd, minor): (BorrowedFd<'_>, RenderMinor),
+        fd_floor: RawFd,
+        dir: &Path,
+    ) -> Result<(), SessionError> {
+        let host = Topology::parse_sysfs(&self.opts.sysfs_nodes)
+            .map_err(|e| SessionError::core(vpid, "reading the KFD topology", e))?;
+        let actual = host
+            .gpu_by_render_minor(minor)
+            .and_then(|n| n.gpu_id)
+            .unwrap_or(img.gpu_id());
+        let copying = super::gem::Copying {
+            policy: self.opts.policy,
+            staging_cap: self.opts.staging_cap,
+            compress: None,
+        };
+        let fixups = super::gem::restore(vpid, fd, img, (minor, id, actual), dir, copying)?;
+        let file = dup_at_least(fd, fd_floor).map_err(os_step(vpid, "dup of a render node"))?;
+        self.gems.push((fixups, file));
+        Ok(())
+    }
+
+    /// The file of render image `img` (CRIU file `id`) and the host render
+    /// minor it is of: the one KFD's VM is on when the task's KFD process
+    /// has this GPU (restored now if CRIU has not reached its file yet),
+    /// else a fresh open of the GPU's node.
+    fn open_render_file(
+        &mut self,
+        vpid: i32,
+        id: FileId,
+        img: &RenderImage,
+        fd_floor: RawFd,
+        dir: &Path,
+    ) -> Result<(OwnedFd, RenderMinor), SessionError> {
         let user = img.gpu_id();
         if self.render_fd_for(user).is_none() {
             // The render fd comes before the KFD file in this task: restore
@@ -669,10 +723,11 @@ impl RestoreSession {
                 }
             }
         }
-        if let Some(fd) = self.render_fd_for(user) {
+        if let Some((fd, minor)) = self.render_fd_for(user) {
             // Same open file as the one RESTORE gave KFD: the application's
             // render fd and its KFD VM share one drm_file, as before.
-            return dup_at_least(fd, fd_floor).map_err(os_step(vpid, "dup of a render node"));
+            let fd = dup_at_least(fd, fd_floor).map_err(os_step(vpid, "dup of a render node"))?;
+            return Ok((fd, minor));
         }
         // No KFD process: a bare render-node fd keeps its GPU when the host
         // has it.
@@ -689,15 +744,16 @@ impl RestoreSession {
             vpid,
             format!("GPU {user}: opening {}", path.display()),
         ))?;
-        dup_at_least(n.as_fd(), fd_floor).map_err(os_step(vpid, "moving a render node"))
+        let fd =
+            dup_at_least(n.as_fd(), fd_floor).map_err(os_step(vpid, "moving a render node"))?;
+        Ok((fd, minor))
     }
 
-    fn render_fd_for(&self, user: GpuId) -> Option<BorrowedFd<'_>> {
+    /// The render file KFD's VM of GPU `user` is on, and its minor.
+    fn render_fd_for(&self, user: GpuId) -> Option<(BorrowedFd<'_>, RenderMinor)> {
         self.kfds.iter().find_map(|k| {
-            k.user_minor
-                .get(&user)
-                .and_then(|m| k.render.get(m))
-                .map(|f| f.as_fd())
+            let m = *k.user_minor.get(&user)?;
+            k.render.get(&m).map(|f| (f.as_fd(), m))
         })
     }
 
@@ -750,6 +806,21 @@ impl RestoreSession {
                 r.offset.0
             );
             return Ok(Some((r.offset.0, fd)));
+        }
+        if let DeviceKind::Render(m) = device {
+            for (g, file) in &self.gems {
+                let Some((offset, handle)) = g.lookup(m.0, pgoff, len) else {
+                    continue;
+                };
+                let fd = file
+                    .try_clone()
+                    .map_err(os_step(vpid, "dup for a device mapping"))?;
+                log::debug!(
+                    "pid {vpid}: mapping {addr:#x}+{len:#x} of {path} at {pgoff:#x} -> GEM \
+                     handle {handle} at {offset:#x}"
+                );
+                return Ok(Some((offset, fd)));
+            }
         }
         match (device, self.kfds.first()) {
             // /dev/kfd pages that are not BOs (the events page) keep their
@@ -809,6 +880,7 @@ impl RestoreSession {
                 ),
             });
         }
+        self.gems.clear();
         let n = self.kfds.len();
         let mut gate = None;
         for k in self.kfds.drain(..) {

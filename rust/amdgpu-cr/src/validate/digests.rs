@@ -32,7 +32,7 @@ use xxhash_rust::xxh3::xxh3_64;
 use super::Refusal;
 use crate::bo;
 use crate::ids::GpuId;
-use crate::image::{kfd_image_name, FileId, KfdImage};
+use crate::image::{kfd_image_name, render_image_name, FileId, KfdImage, RenderImage};
 use crate::pages::{pages_image_name, pages_total};
 use crate::proto::KfdBoEntry;
 
@@ -109,7 +109,25 @@ impl Digests {
     /// [`Digests::add_kfd`], with the sizes of compressed pages files as
     /// written in `dir` (those of upstream's layout follow from the image).
     pub fn add_kfd_in(&mut self, dir: &Path, id: FileId, image: &KfdImage) {
-        self.add_kfd(id, image);
+        self.add_whole(kfd_image_name(id), &image.encode());
+        if image.msg.criu_rocm_reopen != Some(true) {
+            self.add_pages_in(dir, id, image);
+        }
+    }
+
+    /// Records render image `id` and, when its file held GEM BOs, their
+    /// pages file (as a KFD image's, through [`RenderImage::contents_view`]).
+    pub fn add_render_in(&mut self, dir: &Path, id: FileId, image: &RenderImage) {
+        self.add_whole(render_image_name(id), &image.encode());
+        if image.has_gem_bos() {
+            self.add_pages_in(dir, id, &image.contents_view());
+        }
+    }
+
+    /// [`Self::add_pages`], with the sizes of compressed pages files as
+    /// written in `dir`.
+    fn add_pages_in(&mut self, dir: &Path, id: FileId, image: &KfdImage) {
+        self.add_pages(id, image);
         if !compressed(image) {
             return;
         }
@@ -129,9 +147,13 @@ impl Digests {
     /// Records KFD image `id` (its encoded bytes) and its pages files.
     pub fn add_kfd(&mut self, id: FileId, image: &KfdImage) {
         self.add_whole(kfd_image_name(id), &image.encode());
-        if image.msg.criu_rocm_reopen == Some(true) {
-            return;
+        if image.msg.criu_rocm_reopen != Some(true) {
+            self.add_pages(id, image);
         }
+    }
+
+    /// Records the pages files of `image`'s GPUs.
+    fn add_pages(&mut self, id: FileId, image: &KfdImage) {
         for gpu in image.gpu_ids() {
             let total = pages_total("", &image.msg.bo_entries, gpu).unwrap_or(0);
             self.files.insert(
@@ -272,6 +294,28 @@ impl Digests {
         if image.msg.criu_rocm_reopen == Some(true) {
             return Ok(());
         }
+        self.check_pages(id, &kfd_image_name(id), image)
+    }
+
+    /// Render image `id` (read as `bytes`, decoded as `image`) and the
+    /// pages file of its GEM BOs against their records.
+    pub fn check_render(
+        &self,
+        id: FileId,
+        bytes: &[u8],
+        image: &RenderImage,
+    ) -> Result<(), Refusal> {
+        let name = render_image_name(id);
+        self.check_whole(&name, bytes)?;
+        if !image.has_gem_bos() {
+            return Ok(());
+        }
+        self.check_pages(id, &name, &image.contents_view())
+    }
+
+    /// The pages files of `image` (named `of` in messages) against their
+    /// records.
+    fn check_pages(&self, id: FileId, of: &str, image: &KfdImage) -> Result<(), Refusal> {
         for gpu in image.gpu_ids() {
             let name = pages_image_name(id, gpu);
             let Some(e) = self.files.get(&name) else {
@@ -296,9 +340,8 @@ impl Digests {
                     Some(gpu),
                     "",
                     format!(
-                        "its size and BO hashes in {} give xxh3-bo:{got:016x} and {} bytes, \
+                        "its size and BO hashes in {of} give xxh3-bo:{got:016x} and {} bytes, \
                          but {FILE} recorded {} at dump: the file was changed",
-                        kfd_image_name(id),
                         size,
                         match e.digest {
                             Digest::Bo(v) => format!("xxh3-bo:{v:016x} and {} bytes", e.size),

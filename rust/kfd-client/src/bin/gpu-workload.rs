@@ -92,7 +92,7 @@ const USAGE: &str = "usage: gpu-workload [OPTIONS]
                        kernel refuses their mapping through it with EACCES)
   --gem-bo             with --other-render-opens: a 1 MiB GTT GEM BO is made on the first
                        of those files (GEM_CREATE) and kept, as a Mesa or VA-API client's
-                       buffer (criu-rocm does not save those: its dump must refuse)";
+                       buffer (criu-rocm saves it with that render file)";
 
 struct Options {
     mib: u64,

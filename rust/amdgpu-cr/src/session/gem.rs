@@ -1,0 +1,692 @@
+//! Render-node GEM BOs (issue 29): the GEM objects a render file holds
+//! (GEM_CREATE, as a VA-API, Mesa or libdrm_amdgpu client makes them) are
+//! saved with the file and recreated with the same handles.
+//!
+//! Dump ([`save`], when CRIU dumps the render file): GEM_LIST_HANDLES names
+//! every object, GEM_MMAP its mmap offset, GEM_OP(GET_MAPPING_INFO) its GPU
+//! VA mappings; the render image records them as criu-dev's `drm_bo_entry`s
+//! and their bytes go through the copy engines into the file's pages file
+//! (`amdgpu-pages-<id>-<gpu>.img`), as a KFD image's: the same budget,
+//! holes, hashes and compression (through [`RenderImage::contents_view`]).
+//! Kernels before Linux 6.18 cannot list a file's objects: there the file is
+//! saved without them, which the log says.
+//!
+//! Restore ([`restore`], when CRIU opens the render file), in this order:
+//! 1. [`recreate`]: each object again with GEM_CREATE, in ascending handle
+//!    order.  The kernel gives the lowest free handle, so a file whose
+//!    handles have no holes gets the same ones; a hole is renamed over with
+//!    GEM_CHANGE_HANDLE where the kernel has it (Linux 6.18.0 to 6.18.35),
+//!    and elsewhere (before 6.18, from 6.18.36 and 7.1 on: EINVAL) filled
+//!    with a placeholder object, freed once every object has its handle.  A
+//!    handle that cannot be had fails the restore, before any task runs,
+//!    naming the render file and the BO.
+//! 2. [`map_gpu`]: every GPU VA mapping again (GEM_VA MAP).
+//! 3. the bytes from the pages file through the copy engines, at the new
+//!    mmap offsets.
+//! 4. [`GemFixups`]: the new mmap offsets, for CRIU's restore of the CPU
+//!    mappings of the render file ([`super::restore::RestoreSession::update_vma`]).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::os::fd::BorrowedFd;
+use std::path::Path;
+
+use kfd_abi::handle::RenderNode;
+use kfd_abi::layout::gem618;
+
+use super::{gpu_jobs, log_gpu_stats, SessionError};
+use crate::bo;
+use crate::copy::{dump_contents_encoded, restore_contents_encoded, GpuStats};
+use crate::env::EnginePolicy;
+use crate::ids::{GpuId, GpuVa, MmapOffset, RenderMinor};
+use crate::image::{FileId, RenderImage};
+use crate::plan::{BoBucket, GpuWork};
+use crate::proto::{DrmBoEntry, DrmVmEntry};
+
+/// The copy settings of a dump or restore.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Copying {
+    pub policy: EnginePolicy,
+    pub staging_cap: Option<u64>,
+    /// zstd level and threads (dump only).
+    pub compress: Option<(i32, Option<u32>)>,
+}
+
+/// A render file's name in messages.
+fn file_name(minor: RenderMinor, id: FileId) -> String {
+    format!("render node {} (file {id})", minor.path())
+}
+
+fn kfd_err(
+    pid: i32,
+    minor: RenderMinor,
+    id: FileId,
+    what: impl std::fmt::Display,
+) -> impl FnOnce(kfd_abi::handle::Error) -> SessionError {
+    let step = format!("{}: {what}", file_name(minor, id));
+    move |source| SessionError::Kfd { pid, step, source }
+}
+
+/// Dump: the GEM objects of render file `fd` (CRIU file `id`, minor
+/// `minor`, of host GPU `actual`) into `img` and its pages file in `dir`.
+pub(crate) fn save(
+    pid: i32,
+    fd: BorrowedFd<'_>,
+    (minor, id, actual): (RenderMinor, FileId, GpuId),
+    img: &mut RenderImage,
+    dir: &Path,
+    copying: Copying,
+) -> Result<(), SessionError> {
+    let node = RenderNode::from_fd(fd);
+    let list = match node.gem_list_handles() {
+        Ok(l) => l,
+        Err(e) if matches!(e.errno(), libc::EINVAL | libc::ENOTTY) => {
+            log::info!(
+                "pid {pid}: {}: the kernel cannot list its GEM objects (GEM_LIST_HANDLES: {e}, \
+                 before Linux 6.18); any it holds are not saved",
+                file_name(minor, id)
+            );
+            return Ok(());
+        }
+        Err(e) => return Err(kfd_err(pid, minor, id, "listing its GEM objects")(e)),
+    };
+    if list.is_empty() {
+        return Ok(());
+    }
+    refuse_unsupported(pid, minor, id, &list)?;
+    let mut entries = Vec::with_capacity(list.len());
+    for e in &list {
+        entries.push(describe(pid, &node, minor, id, e)?);
+    }
+    img.msg.num_of_bos = Some(entries.len() as u64);
+    img.msg.bo_entries = entries;
+    let (work, buckets) = contents_work(img, actual, minor, None);
+    let jobs = gpu_jobs(
+        pid,
+        copying.policy,
+        copying.staging_cap,
+        std::slice::from_ref(&work),
+        &buckets,
+        |_| Some(fd),
+        &[],
+        false,
+    )?;
+    let step = format!("saving the GEM BOs of {}", file_name(minor, id));
+    let out = dump_contents_encoded(dir, id, jobs, copying.compress, &Default::default())
+        .map_err(|e| SessionError::core(pid, step, e))?;
+    for (&i, h) in &out.hashes {
+        let b = &mut img.msg.bo_entries[i];
+        b.content_xxh3 = Some(h.value);
+        b.content_hash_extent = h.extent.filter(|&x| b.size > x);
+        if let Some(d) = out.extents.get(&i).filter(|d| d.len() > 1) {
+            b.content_extent_xxh3 = d.clone();
+        }
+    }
+    let mut view = img.contents_view();
+    out.encoding.record(&mut view.msg);
+    img.msg.pages_compression = view.msg.pages_compression;
+    img.msg.pages_compression_level = view.msg.pages_compression_level;
+    img.msg.pages_compression_chunk = view.msg.pages_compression_chunk;
+    log_gpu_stats(pid, "saved", &out.stats);
+    log::info!(
+        "pid {pid}: {}: {} GEM BO(s) saved (handles {})",
+        file_name(minor, id),
+        img.msg.bo_entries.len(),
+        handle_list(img.msg.bo_entries.iter().map(|b| b.handle))
+    );
+    Ok(())
+}
+
+/// What criu-rocm does not save yet fails the dump, naming the BO: GEM
+/// objects imported from a dma-buf, and any GEM object of a streamed dump.
+fn refuse_unsupported(
+    pid: i32,
+    minor: RenderMinor,
+    id: FileId,
+    list: &[gem618::drm_amdgpu_gem_list_handles_entry],
+) -> Result<(), SessionError> {
+    let refuse = |e: &gem618::drm_amdgpu_gem_list_handles_entry, why: &str| SessionError::State {
+        pid,
+        what: format!(
+            "{} holds {} GEM object(s), e.g. handle {} ({} bytes, domains {:#x}, flags {:#x}): \
+             {why}; not dumping what could not be restored",
+            file_name(minor, id),
+            list.len(),
+            e.gem_handle,
+            e.size,
+            e.preferred_domains,
+            e.alloc_flags
+        ),
+    };
+    let import = gem618::AMDGPU_GEM_LIST_HANDLES_FLAG_IS_IMPORT;
+    if let Some(e) = list.iter().find(|e| e.flags & import != 0) {
+        return Err(refuse(
+            e,
+            "it is a dma-buf imported from another device or process, and criu-rocm does not \
+             save imported GEM objects yet",
+        ));
+    }
+    if crate::stream::active().is_some() {
+        return Err(refuse(
+            &list[0],
+            "criu-rocm does not save render-node GEM objects into an image stream (--stream) yet",
+        ));
+    }
+    Ok(())
+}
+
+/// One listed GEM object as criu-dev records it: its mmap offset and GPU
+/// VA mappings (the first one's address is the BO's `addr`).
+fn describe(
+    pid: i32,
+    node: &RenderNode<BorrowedFd<'_>>,
+    minor: RenderMinor,
+    id: FileId,
+    e: &gem618::drm_amdgpu_gem_list_handles_entry,
+) -> Result<DrmBoEntry, SessionError> {
+    let h = e.gem_handle;
+    let offset = match node.gem_mmap(h) {
+        Ok(o) => o,
+        // amdgpu_gem_mmap_ioctl: a userptr BO or one made NO_CPU_ACCESS.
+        Err(err) if err.errno() == libc::EPERM => {
+            return Err(SessionError::State {
+                pid,
+                what: format!(
+                    "{}: GEM handle {h} ({} bytes, domains {:#x}, flags {:#x}) cannot be mapped \
+                     by the CPU (GEM_MMAP: {err}: a userptr or NO_CPU_ACCESS BO), so its bytes \
+                     cannot be saved; not dumping what could not be restored",
+                    file_name(minor, id),
+                    e.size,
+                    e.preferred_domains,
+                    e.alloc_flags
+                ),
+            })
+        }
+        Err(err) => {
+            return Err(kfd_err(pid, minor, id, format!("GEM_MMAP of handle {h}"))(
+                err,
+            ))
+        }
+    };
+    let maps = node.gem_mapping_info(h).map_err(kfd_err(
+        pid,
+        minor,
+        id,
+        format!("the GPU mappings of GEM handle {h}"),
+    ))?;
+    let vm_entries: Vec<DrmVmEntry> = maps
+        .iter()
+        .map(|m| DrmVmEntry {
+            addr: m.addr,
+            size: m.size,
+            offset: m.offset,
+            flags: m.flags,
+        })
+        .collect();
+    Ok(DrmBoEntry {
+        addr: vm_entries.first().map_or(0, |v| v.addr),
+        size: e.size,
+        offset: offset.0,
+        alloc_flags: e.alloc_flags,
+        alignment: e.alignment,
+        preferred_domains: e.preferred_domains as u32,
+        handle: h,
+        is_import: 0,
+        num_of_vms: vm_entries.len() as u32,
+        vm_entries,
+        ..Default::default()
+    })
+}
+
+/// The copy work of a render image's GEM BOs on host GPU `actual` (its
+/// render node `minor`): every BO, in image order, at its mmap offset of
+/// the dump, or at `restored` ones.
+fn contents_work(
+    img: &RenderImage,
+    actual: GpuId,
+    minor: RenderMinor,
+    restored: Option<&[MmapOffset]>,
+) -> (GpuWork, Vec<BoBucket>) {
+    let view = img.contents_view();
+    let buckets: Vec<BoBucket> = view
+        .msg
+        .bo_entries
+        .iter()
+        .enumerate()
+        .map(|(i, b)| BoBucket {
+            addr: GpuVa(b.addr),
+            size: b.size,
+            offset: MmapOffset(b.offset),
+            restored_offset: restored.and_then(|r| r.get(i).copied()).unwrap_or_default(),
+            gpu_id: GpuId(b.gpu_id),
+            alloc_flags: b.alloc_flags,
+            dmabuf_fd: bo::KFD_INVALID_FD,
+        })
+        .collect();
+    let work = GpuWork {
+        user: img.gpu_id(),
+        actual,
+        render_minor: minor,
+        bos: (0..buckets.len()).collect(),
+        total: buckets.iter().map(|b| b.size).sum(),
+        largest: buckets.iter().map(|b| b.size).max().unwrap_or(0),
+    };
+    (work, buckets)
+}
+
+/// "1-3, 5": handles in words.
+fn handle_list(handles: impl IntoIterator<Item = u32>) -> String {
+    let mut runs: Vec<(u32, u32)> = Vec::new();
+    for h in handles {
+        match runs.last_mut() {
+            Some((_, last)) if *last + 1 == h => *last = h,
+            _ => runs.push((h, h)),
+        }
+    }
+    let words: Vec<String> = runs
+        .iter()
+        .map(|&(a, b)| {
+            if a == b {
+                a.to_string()
+            } else {
+                format!("{a}-{b}")
+            }
+        })
+        .collect();
+    words.join(", ")
+}
+
+/// The new mmap offsets of a render file's GEM BOs, for CRIU's restore of
+/// the file's CPU mappings: by the render minor at dump and the BO's
+/// offset then.
+#[derive(Debug, Default)]
+pub(crate) struct GemFixups {
+    /// Render minor at dump.
+    pub old_minor: u32,
+    /// Old offset → (size, new offset, handle).
+    pub by_offset: BTreeMap<u64, (u64, u64, u32)>,
+}
+
+impl GemFixups {
+    /// The new offset of `len` bytes at `pgoff` of the render node that had
+    /// minor `minor` at dump, and the BO's handle.
+    pub fn lookup(&self, minor: u32, pgoff: u64, len: u64) -> Option<(u64, u32)> {
+        if minor != self.old_minor {
+            return None;
+        }
+        let (&old, &(size, new, handle)) = self.by_offset.range(..=pgoff).next_back()?;
+        let delta = pgoff - old;
+        (delta.checked_add(len)? <= size).then_some((new + delta, handle))
+    }
+}
+
+/// How [`recreate`] gave the objects their handles, for the log.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct HandleMethod {
+    /// Objects renamed with GEM_CHANGE_HANDLE.
+    renamed: usize,
+    /// Placeholders that filled holes (freed since).
+    placeholders: usize,
+    /// The kernel refused GEM_CHANGE_HANDLE (its errno).
+    change_refused: Option<String>,
+}
+
+impl std::fmt::Display for HandleMethod {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("created in ascending handle order")?;
+        if self.renamed > 0 {
+            write!(
+                f,
+                ", {} past a hole renamed with GEM_CHANGE_HANDLE",
+                self.renamed
+            )?;
+        }
+        if self.placeholders > 0 {
+            write!(
+                f,
+                ", {} hole(s) filled with placeholder objects freed afterwards",
+                self.placeholders
+            )?;
+        }
+        if let Some(why) = &self.change_refused {
+            write!(f, " (this kernel refuses GEM_CHANGE_HANDLE: {why})")?;
+        }
+        Ok(())
+    }
+}
+
+/// Restore: the GEM objects of render image `img` (file `id`) on the
+/// restored render file `fd` of host GPU `actual` (render node `minor`),
+/// their GPU mappings and bytes; the new mmap offsets for the CPU mappings.
+pub(crate) fn restore(
+    vpid: i32,
+    fd: BorrowedFd<'_>,
+    img: &RenderImage,
+    (minor, id, actual): (RenderMinor, FileId, GpuId),
+    dir: &Path,
+    copying: Copying,
+) -> Result<GemFixups, SessionError> {
+    let node = RenderNode::from_fd(fd);
+    let (handles, method) = recreate(vpid, &node, img, minor, id)?;
+    map_gpu(vpid, &node, img, minor, id)?;
+    let mut offsets = Vec::with_capacity(handles.len());
+    for b in &img.msg.bo_entries {
+        let h = b.handle;
+        let o = node.gem_mmap(h).map_err(kfd_err(
+            vpid,
+            minor,
+            id,
+            format!("GEM_MMAP of handle {h}"),
+        ))?;
+        offsets.push(o);
+    }
+    let stats = restore_bytes(vpid, fd, img, (minor, id, actual), dir, &offsets, copying)?;
+    log_gpu_stats(vpid, "restored", &stats);
+    log::info!(
+        "pid {vpid}: {}: {} GEM BO(s) restored with handles {}: {method}",
+        file_name(minor, id),
+        handles.len(),
+        handle_list(handles.iter().copied())
+    );
+    let by_offset = img
+        .msg
+        .bo_entries
+        .iter()
+        .zip(&offsets)
+        .map(|(b, o)| (b.offset, (b.size, o.0, b.handle)))
+        .collect();
+    Ok(GemFixups {
+        old_minor: img.msg.drm_render_minor.unwrap_or(minor.0),
+        by_offset,
+    })
+}
+
+/// The bytes of every BO from the render file's pages file, through the
+/// BOs' new mmap offsets `offsets` (image order).
+fn restore_bytes(
+    vpid: i32,
+    fd: BorrowedFd<'_>,
+    img: &RenderImage,
+    (minor, id, actual): (RenderMinor, FileId, GpuId),
+    dir: &Path,
+    offsets: &[MmapOffset],
+    copying: Copying,
+) -> Result<Vec<GpuStats>, SessionError> {
+    let (work, buckets) = contents_work(img, actual, minor, Some(offsets));
+    let jobs = gpu_jobs(
+        vpid,
+        copying.policy,
+        copying.staging_cap,
+        std::slice::from_ref(&work),
+        &buckets,
+        |_| Some(fd),
+        &[],
+        true,
+    )?;
+    let view = img.contents_view();
+    let name = crate::image::render_image_name(id);
+    let encoding = crate::pages::Encoding::of(&name, &view.msg)
+        .map_err(|e| SessionError::core(vpid, name.clone(), e))?;
+    let hashes = crate::pages::content_hashes(&view);
+    restore_contents_encoded(dir, id, jobs, &hashes, encoding, &BTreeMap::new()).map_err(|e| {
+        SessionError::core(
+            vpid,
+            format!("restoring the GEM BOs of {}", file_name(minor, id)),
+            e,
+        )
+    })
+}
+
+/// Every GEM object of `img` again on `node`, each with its handle at
+/// dump (see the module documentation); the handles, in image order.
+fn recreate(
+    vpid: i32,
+    node: &RenderNode<BorrowedFd<'_>>,
+    img: &RenderImage,
+    minor: RenderMinor,
+    id: FileId,
+) -> Result<(Vec<u32>, HandleMethod), SessionError> {
+    let taken: BTreeSet<u32> = match node.gem_list_handles() {
+        Ok(l) => l.iter().map(|e| e.gem_handle).collect(),
+        // Before 6.18: the handles GEM_CREATE returns are checked instead.
+        Err(_) => BTreeSet::new(),
+    };
+    let mut order: Vec<&DrmBoEntry> = img.msg.bo_entries.iter().collect();
+    order.sort_by_key(|b| b.handle);
+    let mut method = HandleMethod::default();
+    let mut placeholders = Vec::new();
+    let mut made = Vec::new();
+    let result = (|| {
+        for b in order {
+            let lost = |why: String| SessionError::State {
+                pid: vpid,
+                what: format!(
+                    "{}: GEM handle {} ({} bytes, domains {:#x}) cannot be had again: {why}; \
+                     not restoring a file whose buffers would have other handles",
+                    file_name(minor, id),
+                    b.handle,
+                    b.size,
+                    b.preferred_domains
+                ),
+            };
+            if taken.contains(&b.handle) {
+                return Err(lost("the restored file holds that handle already".into()));
+            }
+            if method.change_refused.is_some() {
+                placeholders.extend(fill(vpid, node, b, minor, id, &lost)?);
+            }
+            let h = create(vpid, node, b, minor, id)?;
+            made.push(h);
+            if h == b.handle {
+                continue;
+            }
+            if h > b.handle {
+                return Err(lost(format!("GEM_CREATE gave handle {h}, past it")));
+            }
+            if method.change_refused.is_none() {
+                match node.gem_change_handle(h, b.handle) {
+                    Ok(()) => {
+                        *made.last_mut().expect("pushed") = b.handle;
+                        method.renamed += 1;
+                        continue;
+                    }
+                    Err(e) if matches!(e.errno(), libc::EINVAL | libc::ENOTTY) => {
+                        method.change_refused = Some(e.to_string());
+                    }
+                    Err(e) => return Err(lost(format!("GEM_CHANGE_HANDLE {h} -> it: {e}"))),
+                }
+            }
+            // No renaming: the object goes, placeholders fill the hole up to
+            // the handle, which the kernel then gives the object.
+            made.pop();
+            node.gem_close(h)
+                .map_err(kfd_err(vpid, minor, id, format!("closing handle {h}")))?;
+            placeholders.extend(fill(vpid, node, b, minor, id, &lost)?);
+            let h = create(vpid, node, b, minor, id)?;
+            made.push(h);
+            if h != b.handle {
+                return Err(lost(format!(
+                    "GEM_CREATE gave handle {h} after the placeholders"
+                )));
+            }
+        }
+        Ok(())
+    })();
+    method.placeholders = placeholders.len();
+    for p in placeholders {
+        if let Err(e) = node.gem_close(p) {
+            log::warn!(
+                "pid {vpid}: {}: closing placeholder handle {p}: {e}",
+                file_name(minor, id)
+            );
+        }
+    }
+    if let Err(e) = result {
+        close_all(node, &made);
+        return Err(e);
+    }
+    let handles = img.msg.bo_entries.iter().map(|b| b.handle).collect();
+    Ok((handles, method))
+}
+
+/// [`fill_below`] `b`'s handle, refusals in `lost`'s words.
+fn fill(
+    vpid: i32,
+    node: &RenderNode<BorrowedFd<'_>>,
+    b: &DrmBoEntry,
+    minor: RenderMinor,
+    id: FileId,
+    lost: &dyn Fn(String) -> SessionError,
+) -> Result<Vec<u32>, SessionError> {
+    fill_below(vpid, node, b.handle, minor, id).map_err(|got| {
+        lost(match got {
+            Some(p) => format!("the kernel gave a placeholder handle {p}, past it"),
+            None => "no placeholder object could be made".into(),
+        })
+    })
+}
+
+/// GEM_CREATE of `b` as at dump (its size, domains, flags, and alignment,
+/// which GEM_LIST_HANDLES reports in pages).
+fn create(
+    vpid: i32,
+    node: &RenderNode<BorrowedFd<'_>>,
+    b: &DrmBoEntry,
+    minor: RenderMinor,
+    id: FileId,
+) -> Result<u32, SessionError> {
+    let align = b.alignment.saturating_mul(bo::PAGE_SIZE);
+    node.gem_create(b.size, align, u64::from(b.preferred_domains), b.alloc_flags)
+        .map_err(kfd_err(
+            vpid,
+            minor,
+            id,
+            format!(
+                "GEM_CREATE for handle {} ({} bytes, domains {:#x}, flags {:#x})",
+                b.handle, b.size, b.preferred_domains, b.alloc_flags
+            ),
+        ))
+}
+
+/// Placeholder objects (a page of GTT each) at every free handle below
+/// `handle`, which is free then: their handles.  `Err(Some(p))`: the kernel
+/// gave placeholder handle `p` past `handle` (closed); `Err(None)`: none
+/// could be made.
+fn fill_below(
+    vpid: i32,
+    node: &RenderNode<BorrowedFd<'_>>,
+    handle: u32,
+    minor: RenderMinor,
+    id: FileId,
+) -> Result<Vec<u32>, Option<u32>> {
+    let gtt = u64::from(kfd_abi::sys::AMDGPU_GEM_DOMAIN_GTT);
+    let mut made = Vec::new();
+    loop {
+        let p = match node.gem_create(bo::PAGE_SIZE, 0, gtt, 0) {
+            Ok(p) => p,
+            Err(e) => {
+                log::error!(
+                    "pid {vpid}: {}: a placeholder object: {e}",
+                    file_name(minor, id)
+                );
+                close_all(node, &made);
+                return Err(None);
+            }
+        };
+        if p < handle {
+            made.push(p);
+            continue;
+        }
+        let _ = node.gem_close(p);
+        if p == handle {
+            return Ok(made);
+        }
+        close_all(node, &made);
+        return Err(Some(p));
+    }
+}
+
+fn close_all(node: &RenderNode<BorrowedFd<'_>>, handles: &[u32]) {
+    for &h in handles {
+        let _ = node.gem_close(h);
+    }
+}
+
+/// Every GPU VA mapping of `img`'s BOs again in the file's VM.
+fn map_gpu(
+    vpid: i32,
+    node: &RenderNode<BorrowedFd<'_>>,
+    img: &RenderImage,
+    minor: RenderMinor,
+    id: FileId,
+) -> Result<(), SessionError> {
+    for b in &img.msg.bo_entries {
+        for v in &b.vm_entries {
+            node.gem_va(
+                b.handle,
+                kfd_abi::sys::AMDGPU_VA_OP_MAP,
+                v.flags as u32,
+                GpuVa(v.addr),
+                v.offset,
+                v.size,
+            )
+            .map_err(kfd_err(
+                vpid,
+                minor,
+                id,
+                format!(
+                    "GEM_VA MAP of handle {} ({:#x} bytes at BO offset {:#x} to {:#x}, flags {:#x})",
+                    b.handle, v.size, v.offset, v.addr, v.flags
+                ),
+            ))?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handles_in_words() {
+        assert_eq!(handle_list([1, 2, 3, 5, 7, 8]), "1-3, 5, 7-8");
+        assert_eq!(handle_list([4]), "4");
+        assert_eq!(handle_list([]), "");
+    }
+
+    #[test]
+    fn fixups_find_a_mapping_inside_a_bo_of_the_same_node() {
+        let f = GemFixups {
+            old_minor: 128,
+            by_offset: [
+                (0x10000, (0x4000, 0x90000, 3)),
+                (0x20000, (0x1000, 0xa0000, 4)),
+            ]
+            .into(),
+        };
+        assert_eq!(f.lookup(128, 0x11000, 0x3000), Some((0x91000, 3)));
+        assert_eq!(f.lookup(128, 0x11000, 0x4000), None, "past the BO");
+        assert_eq!(f.lookup(129, 0x10000, 0x1000), None, "another node");
+        assert_eq!(f.lookup(128, 0x20000, 0x1000), Some((0xa0000, 4)));
+        assert_eq!(f.lookup(128, 0x1000, 0x1000), None);
+    }
+
+    #[test]
+    fn the_method_says_what_ran() {
+        let m = HandleMethod {
+            renamed: 0,
+            placeholders: 2,
+            change_refused: Some("EINVAL".into()),
+        };
+        let s = m.to_string();
+        assert!(s.contains("2 hole(s) filled with placeholder"), "{s}");
+        assert!(s.contains("refuses GEM_CHANGE_HANDLE"), "{s}");
+        let m = HandleMethod {
+            renamed: 1,
+            ..Default::default()
+        };
+        assert!(m
+            .to_string()
+            .contains("1 past a hole renamed with GEM_CHANGE_HANDLE"));
+    }
+}
