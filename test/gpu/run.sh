@@ -1095,21 +1095,157 @@ fault_dump_checkpoint_ioctl() {
 	note "$(grep -a -m1 -o 'amdgpu: pid [0-9]*: fd [0-9]* (/dev/kfd): CHECKPOINT: .*' "$img/dump.log")"
 }
 
-# A process that also holds a render-node GEM BO of its own (GEM_CREATE on a render file it
-# did not give KFD, as a VA-API or Mesa client; issue 29): criu-rocm does not save those, so
-# the dump refuses, naming the process, render node, file and BO, and the process runs on
-# with its GPU unpaused and its memory intact.
-case_gem_dump_refused() { on mi100 -- gem_dump_refused; }
-gem_dump_refused() {
-	local img=$CASE_DIR/img v0
-	wl_start wl --mib 2 --bos 2 --other-render-opens --gem-bo
-	v0=$(wl_verify "$WL") || exit 1
-	dump "$WL" "$img" && fail "the dump succeeded although the process holds a GEM BO criu-rocm does not save"
-	log_has "$img/dump.log" "amdgpu: pid $WL: render node /dev/dri/renderD128 \(file [0-9]+\) holds 1 GEM object\(s\), e\.g\. handle 1 \(1048576 bytes, domains 0x2, flags 0x[0-9a-f]+\): criu-rocm does not save render-node GEM objects"
-	log_has "$img/dump.log" "amdgpu: pid $WL: GPU queues unpaused"
-	running_on "$WL" "$v0"
-	wl_finish "$WL"
-	note "$(grep -a -m1 -o 'render node /dev/dri/renderD128 (file [0-9]*) holds .*objects' "$img/dump.log")"
+# Render-node GEM BOs (issue 29): test/rocm/gem-test.c --hold, a libdrm_amdgpu client (Debian's
+# libdrm_amdgpu; with --kfd also libhsakmt), holds GEM BOs with handles 1 (VRAM), 3 and 4 (GTT;
+# 2 freed: a hole), filled, mapped in the GPU VM and kept mapped by the CPU. After the restore it
+# checks the bytes through the CPU mappings it made before the dump, the handles, the GPU
+# mappings and an SDMA copy between the old VAs. The restore recreates the handles in order:
+# the hole by a placeholder freed afterwards where the kernel refuses GEM_CHANGE_HANDLE (the
+# default, as Linux 7.1 and 6.18.36+), by a rename where it allows it (6.18.0-6.18.35).
+gem_test_build() {
+	GEM_TEST=$CASE_DIR/gem-test
+	# shellcheck disable=SC2046 # pkg-config prints several words on purpose
+	cc -std=gnu11 -Wall -Wextra -Werror -O2 -o "$GEM_TEST" "$top/test/rocm/gem-test.c" \
+		$(pkg-config --cflags --libs libdrm_amdgpu libdrm) -lhsakmt 2>"$CASE_DIR/cc.log" ||
+		fail "gem-test.c does not build: $(head -n 3 "$CASE_DIR/cc.log" | paste -sd' ')"
+}
+# gem_start [ARG...]: gem-test --hold ARG... until ready; its pid in GT (and $CASE_DIR/gt.pid).
+gem_start() {
+	local i
+	gem_test_build
+	setsid "$GEM_TEST" --hold "$@" </dev/null >"$CASE_DIR/gt.out" 2>&1 &
+	GT=$!
+	for ((i = 0; i < 600; i++)); do
+		grep -q "^ready $GT\$" "$CASE_DIR/gt.out" && break
+		alive "$GT" || break
+		sleep 0.05
+	done
+	grep -q "^ready $GT\$" "$CASE_DIR/gt.out" || fail "gem-test --hold $* did not get ready: $(gem_reason)"
+	echo "$GT" >"$CASE_DIR/gt.pid"
+}
+gem_reason() { grep -v '^ok ' "$CASE_DIR/gt.out" | tail -n 3 | paste -sd'|'; }
+# gem_round N: SIGUSR1; gem-test must say "round N: ok".
+gem_round() {
+	local i
+	kill -USR1 "$GT" || fail "round $1: cannot signal gem-test $GT"
+	for ((i = 0; i < 600; i++)); do
+		grep -qE "^round $1: (ok|FAIL)\$" "$CASE_DIR/gt.out" && break
+		alive "$GT" || break
+		sleep 0.05
+	done
+	grep -q "^round $1: ok\$" "$CASE_DIR/gt.out" || fail "gem-test round $1 after the restore: $(gem_reason)"
+}
+# gem_finish: SIGTERM; gem-test checks once more and must say PASS and end.
+gem_finish() {
+	kill -TERM "$GT"
+	wait_gone "$GT" 30 || fail "gem-test $GT did not end on SIGTERM"
+	tail -n 1 "$CASE_DIR/gt.out" | grep -q '^PASS$' || fail "gem-test's last check failed: $(gem_reason)"
+}
+# gem_dump DIR: dumps gem-test; its render image must hold handles 1, 3 and 4.
+gem_dump() {
+	dump "$GT" "$1" || fail "criu-rocm dump of gem-test $GT failed: $(log_errors "$1/dump.log")"
+	wait_gone "$GT" 5 || fail "gem-test $GT still runs after the dump"
+	log_has "$1/dump.log" "amdgpu: pid $GT: render node /dev/dri/renderD12[89] \(file [0-9]+\): 3 GEM BO\(s\) saved \(handles 1, 3-4\)"
+	ls "$1"/amdgpu-pages-*.img >/dev/null 2>&1 || fail "the dump wrote no pages file"
+}
+# gem_restore DIR METHOD: restores gem-test; the log must say how the hole was made (METHOD,
+# a regular expression) and gem-test pass a round.
+gem_restore() {
+	local log=$1/restore.log
+	gpu_check "$1"
+	[ "$GC_RC" = 0 ] || fail "gpu-check says the images cannot be restored here (exit $GC_RC): $(paste -sd' ' <<<"$GC_OUT")"
+	restore "$1" "$log" || fail "criu-rocm restore of gem-test $GT failed: $(log_errors "$log")"
+	alive "$GT" || fail "after the restore gem-test $GT does not run: $(gem_reason)"
+	log_has "$log" "GEM BO\(s\) restored with handles 1, 3-4: created in ascending handle order, $2"
+	gem_round 1
+	note "$(grep -a -m1 -o 'GEM BO(s) restored with handles.*' "$log")"
+}
+GEM_PLACEHOLDER='1 hole\(s\) filled with placeholder objects freed afterwards \(this kernel refuses GEM_CHANGE_HANDLE'
+# Handles 3 and 4 both come out 2 (the lowest free) and are renamed.
+GEM_RENAMED='2 past a hole renamed with GEM_CHANGE_HANDLE$'
+
+case_gem_cr_same_host() { on mi100 -- gem_cr_same_host; }
+gem_cr_same_host() {
+	gem_start
+	gem_dump "$CASE_DIR/img"
+	gem_restore "$CASE_DIR/img" "$GEM_PLACEHOLDER"
+	gem_finish
+}
+
+case_gem_cr_change_handle() { on mi100 --profile-file "$(host_file gem-change-handle)" -- gem_cr_change_handle; }
+gem_cr_change_handle() {
+	gem_start
+	gem_dump "$CASE_DIR/img"
+	gem_restore "$CASE_DIR/img" "$GEM_RENAMED"
+	gem_finish
+}
+
+# With libhsakmt in the same process (a KFD process: its queues paused and resumed).
+case_gem_cr_with_kfd() { on mi100 -- gem_cr_with_kfd; }
+gem_cr_with_kfd() {
+	gem_start --kfd
+	gem_dump "$CASE_DIR/img"
+	gem_restore "$CASE_DIR/img" "$GEM_PLACEHOLDER"
+	log_has "$CASE_DIR/img/restore.log" "amdgpu: pid $GT: GPU queues resumed"
+	gem_finish
+}
+
+# Dumped on mi100x2, restored on another mi100x2 (other gpu_ids and render minors): the GEM
+# BOs follow their GPU's KFD remapping, their CPU mappings of renderD128 move to the new node.
+case_gem_cr_other_host() {
+	on mi100x2 -- gem_dump_for_later --kfd
+	on mi100x2 --profile-file "$(host_file mi100x2-other)" -- gem_restore_other_host
+}
+gem_dump_for_later() {
+	gem_start "$@"
+	gem_dump "$CASE_DIR/img"
+}
+gem_restore_other_host() {
+	GT=$(cat "$CASE_DIR/gt.pid")
+	gem_restore "$CASE_DIR/img" "$GEM_PLACEHOLDER"
+	log_has "$CASE_DIR/img/restore.log" 'GPU 0x3f2c \(renderD128\) -> host GPU 0x(51e7|a0c4) \(renderD13[01]\)'
+	gem_finish
+}
+
+# A kill point in the GEM BOs' dump: criu-rocm killed (SIGKILL) right after it saved a render
+# file's GEM BOs. The process (a KFD process too) runs on, unpaused by the GPU guardian, the
+# images say "incomplete dump", and a dump after that restores.
+case_gem_dump_killed() { on mi100 -- gem_dump_killed; }
+gem_dump_killed() {
+	local img=$CASE_DIR/img-killed
+	gem_start --kfd
+	dump_killed "$GT" "$img" "GEM BO(s) saved" KILL
+	local line="amdgpu: pid $GT: GPU queues unpaused by the GPU guardian \(criu-rocm [0-9]+ ended during the dump\)" i
+	for ((i = 0; i < 300; i++)); do
+		grep -aqE -- "$line" "$img/dump.log" && break
+		sleep 0.05
+	done
+	log_has "$img/dump.log" "GEM BO\(s\) saved" "$line"
+	guardian_gone "SIGKILL after the GEM BOs were saved"
+	alive "$GT" || fail "gem-test $GT is gone after the killed dump"
+	[ -f "$img/$INCOMPLETE" ] || fail "the killed dump's images are not marked incomplete"
+	gpu_check "$img"
+	[ "$GC_RC" != 0 ] && grep -q "NOT restorable: incomplete dump" <<<"$GC_OUT" ||
+		fail "gpu-check does not refuse the killed dump as incomplete: $(paste -sd' ' <<<"$GC_OUT")"
+	gem_dump "$CASE_DIR/img"
+	gem_restore "$CASE_DIR/img" "$GEM_PLACEHOLDER"
+	gem_finish
+}
+
+# What criu-rocm does not save yet still fails closed: a GEM BO in a streamed dump (--stream)
+# is refused, naming the render node, file and BO, and the process runs on.
+case_gem_dump_stream_refused() { on mi100 -- gem_dump_stream_refused; }
+gem_dump_stream_refused() {
+	local img=$CASE_DIR/img
+	gem_start
+	stream_start capture "$img" "$CASE_DIR/stream"
+	"$CRIU" dump -t "$GT" -D "$img" -o dump.log -v4 --stream >>"$CASE_DIR/criu.out" 2>&1 &&
+		fail "the dump with --stream succeeded although gem-test holds GEM BOs"
+	kill "$STREAMER_PID" 2>/dev/null
+	log_has "$img/dump.log" "amdgpu: pid $GT: render node /dev/dri/renderD128 \(file [0-9]+\) holds 3 GEM object\(s\), e\.g\. handle 1 \(65536 bytes, domains 0x4, flags 0x[0-9a-f]+\): criu-rocm does not save render-node GEM objects into an image stream"
+	alive "$GT" || fail "gem-test $GT is gone after the refused dump"
+	gem_round 1
+	gem_finish
 }
 
 # The dump's own validation refuses its images (issue 25; the test hook lowers

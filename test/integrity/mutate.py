@@ -52,6 +52,10 @@ DEV_GPU_ID, DEV_RENDER_MINOR = 2, 21
 BO_ADDR, BO_SIZE, BO_OFFSET, BO_FLAGS, BO_GPU_ID, BO_XXH3 = 1, 2, 3, 4, 5, 1000
 # criu_render_node
 RN_GPU_ID, RN_ID, RN_MINOR, RN_NUM_BOS, RN_BOS = 1, 2, 3, 4, 5
+# drm_bo_entry (criu-dev's numbers; content_xxh3 ours) and drm_vm_entry
+GEM_SIZE, GEM_OFFSET, GEM_DOMAINS, GEM_HANDLE, GEM_IMPORT, GEM_NUM_VMS = 2, 3, 6, 7, 8, 9
+GEM_VMS, GEM_XXH3 = 10, 1000
+GEM_VM_SIZE = 2
 
 VRAM, GTT = 1, 2
 U32, U64 = (1 << 32) - 1, (1 << 64) - 1
@@ -552,7 +556,36 @@ def mutants(img, seed):
             else:
                 put(m, RN_NUM_BOS, 1)
             m.append([RN_BOS, 2, bo])
-        edit("a criu-dev GEM BO (handle 5, 1 MiB of VRAM) added, num_of_bos 1", add_gem_bo)
+        if get(base, RN_BOS) is None:
+            edit("a criu-dev GEM BO (handle 5, 1 MiB of VRAM) added, num_of_bos 1", add_gem_bo)
+
+        # The render file's own GEM BOs (gpu-workload --gem-bo): each field the restore
+        # recreates a BO from, and its hash; refused by both, naming the file and the BO.
+        for k, (at, bo) in enumerate(subs(base, RN_BOS)[:1]):
+            def gem(what, fn, at=at, bo=bo):
+                def f(m):
+                    b = [list(x) for x in bo]
+                    fn(b)
+                    m[at][2] = encode(b)
+                edit(f"GEM BO {k}: {what}", f)
+            h, size, off = get(bo, GEM_HANDLE), get(bo, GEM_SIZE), get(bo, GEM_OFFSET)
+            gem(f"handle {h} -> 0", lambda b: put(b, GEM_HANDLE, 0))
+            gem(f"size {size} -> {size + 4096}", lambda b, v=size + 4096: put(b, GEM_SIZE, v))
+            gem(f"size {size} -> {size + 1}", lambda b, v=size + 1: put(b, GEM_SIZE, v))
+            gem(f"offset {off:#x} -> {off + 2:#x}", lambda b, v=off + 2: put(b, GEM_OFFSET, v))
+            gem("preferred_domains -> 0x40 (doorbell)", lambda b: put(b, GEM_DOMAINS, 0x40))
+            gem("is_import -> 1", lambda b: put(b, GEM_IMPORT, 1))
+            gem("num_of_vms + 1", lambda b: put(b, GEM_NUM_VMS, get(b, GEM_NUM_VMS) + 1))
+            if get(bo, GEM_XXH3) is not None:
+                gem("content_xxh3 xor 1", lambda b: put(b, GEM_XXH3, get(b, GEM_XXH3) ^ 1))
+                gem("content_xxh3 removed (a criu-dev BO)",
+                    lambda b: b.__setitem__(slice(None), [x for x in b if x[0] != GEM_XXH3]))
+            for j, (vat, vm) in enumerate(subs(bo, GEM_VMS)[:1]):
+                def grow(b, vat=vat, vm=vm):
+                    v = [list(x) for x in vm]
+                    put(v, GEM_VM_SIZE, get(v, GEM_VM_SIZE) + size)
+                    b[vat][2] = encode(v)
+                gem(f"vm_entries[{j}].size past the BO", grow)
 
     # Whole files.
     for f in img.gpu_files():

@@ -5,7 +5,8 @@
   env:   CARGO_TARGET_DIR       where kfd-emu and gpu-workload were built (rust/target)
          INTEGRITY_KEEP=1       keep the work directory even when everything passed
 
-Dumps one gpu-workload (two GPUs, VRAM and GTT BOs, small BOs, an event) on an
+Dumps one gpu-workload (two GPUs, VRAM and GTT BOs, small BOs, an event, a render-node
+GEM BO) on an
 emulated mi100x2 host, writes >= 200 seeded mutants of its GPU image files
 (test/integrity/mutate.py: byte and bit flips, truncation, zeroing, extension,
 size-word changes, protobuf field edits, also with the digests file forged
@@ -56,7 +57,10 @@ sys.path.insert(0, HERE)
 import mutate  # noqa: E402
 
 PROFILE = "mi100x2"
-WORKLOAD_ARGS = ["--mib", "2", "--bos", "3", "--small-bos", "2", "--events"]
+# --other-render-opens --gem-bo: a render file holding a GEM BO of its own (issue 29), so
+# that the corpus has a render image with a drm_bo_entry and the render file's pages file.
+WORKLOAD_ARGS = ["--mib", "2", "--bos", "3", "--small-bos", "2", "--events",
+                 "--other-render-opens", "--gem-bo"]
 RESTORE_TIMEOUT = 120
 VERIFY_TIMEOUT = 60
 OUTCOMES = ["refused", "verified", "disagree", "silent", "modified"]

@@ -9,10 +9,19 @@
  * GEM_CHANGE_HANDLE) issued raw.
  *
  *   usage: gem-test [--change-handle] [--kfd]
+ *          gem-test --hold [--kfd]
  *     --change-handle  the kernel renames GEM handles (6.18.0-6.18.35); without it, it
  *                      must refuse with EINVAL (7.1, 6.18.36+)
  *     --kfd            the process also uses KFD through libhsakmt (hsaKmtOpenKFD, a VRAM
  *                      allocation mapped to the GPU) before and while it uses GEM
+ *     --hold           for checkpoint/restore (test/gpu/run.sh's gem_cr cases): GEM BOs
+ *                      with handles 1, 3 and 4 (2 freed: a hole) in VRAM and GTT, filled,
+ *                      mapped in the GPU VM and kept mapped by the CPU; prints "ready",
+ *                      then on each SIGUSR1 checks everything ("round N: ok" or FAIL
+ *                      lines): the bytes through the CPU mappings made before, the
+ *                      handles (GEM_LIST_HANDLES), the GPU mappings (GET_MAPPING_INFO) and
+ *                      an SDMA copy between the mapped VAs; on SIGTERM once more, then
+ *                      "PASS" and exit 0 (or FAIL and 1)
  *
  * Export and import need `kfd-emu supervise` (the dma-buf fds are handed out through it).
  * With two GPUs the import on the second runs in a child (`gem-test --import-on MINOR FD`).
@@ -27,6 +36,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/ioctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -450,9 +460,102 @@ static int kfd_start(void)
 	return 0;
 }
 
+/* --hold's state: the BOs (handles 1 VRAM, 3 GTT, 4 the copy target) and their VAs. */
+struct held {
+	struct gpu *g;
+	amdgpu_bo_handle vram, gtt, dst;
+	uint64_t va_vram, va_gtt, va_dst;
+};
+
+static int hold_setup(struct gpu *g, struct held *h)
+{
+	amdgpu_bo_handle hole;
+	amdgpu_va_handle vh;
+	uint32_t hv, hh, hg, hd;
+	void *p;
+
+	h->g = g;
+	if (alloc_bo(g, AMDGPU_GEM_DOMAIN_VRAM, AMDGPU_GEM_CREATE_CPU_ACCESS_REQUIRED, &h->vram, &hv) ||
+	    alloc_bo(g, AMDGPU_GEM_DOMAIN_GTT, 0, &hole, &hh) ||
+	    alloc_bo(g, AMDGPU_GEM_DOMAIN_GTT, 0, &h->gtt, &hg) ||
+	    alloc_bo(g, AMDGPU_GEM_DOMAIN_GTT, 0, &h->dst, &hd))
+		return -1;
+	CHECK(hv == 1 && hh == 2 && hg == 3 && hd == 4, "handles %u %u %u %u, not 1-4", hv, hh, hg, hd);
+	CHECK(!amdgpu_bo_free(hole), "amdgpu_bo_free(handle 2)");
+	if (fill(h->vram, 0x11) || fill(h->gtt, 0x22) || va_map(g, h->vram, &h->va_vram, &vh) ||
+	    va_map(g, h->gtt, &h->va_gtt, &vh) || va_map(g, h->dst, &h->va_dst, &vh))
+		return -1;
+	/* Kept mapped by the CPU across checkpoint/restore: libdrm hands out the same pointer. */
+	CHECK(!amdgpu_bo_cpu_map(h->vram, &p) && !amdgpu_bo_cpu_map(h->gtt, &p) &&
+		      !amdgpu_bo_cpu_map(h->dst, &p),
+	      "amdgpu_bo_cpu_map (kept)");
+	return 0;
+}
+
+/* One round of --hold's checks. */
+static int hold_check(struct held *h)
+{
+	struct gem_list_entry e[8];
+	uint32_t n;
+	void *p;
+
+	if (verify(h->vram, 0x11, "VRAM BO (handle 1)") || verify(h->gtt, 0x22, "GTT BO (handle 3)"))
+		return -1;
+	if (list_handles(h->g->fd, e, 8, &n))
+		return -1;
+	CHECK(n == 3 && e[0].gem_handle == 1 && e[1].gem_handle == 3 && e[2].gem_handle == 4,
+	      "GEM_LIST_HANDLES: %u handles (%u %u %u), not 1, 3, 4", n, n > 0 ? e[0].gem_handle : 0,
+	      n > 1 ? e[1].gem_handle : 0, n > 2 ? e[2].gem_handle : 0);
+	CHECK(e[0].size == SZ && e[0].preferred_domains == AMDGPU_GEM_DOMAIN_VRAM &&
+		      e[1].preferred_domains == AMDGPU_GEM_DOMAIN_GTT,
+	      "GEM_LIST_HANDLES: sizes or domains changed");
+	if (check_mapping_info(h->g, 1, h->va_vram) || check_mapping_info(h->g, 3, h->va_gtt))
+		return -1;
+	CHECK(!amdgpu_bo_cpu_map(h->dst, &p), "amdgpu_bo_cpu_map(copy target)");
+	memset(p, 0, SZ);
+	amdgpu_bo_cpu_unmap(h->dst);
+	if (sdma_copy(h->g, h->vram, h->dst, h->va_vram, h->va_dst) ||
+	    verify(h->dst, 0x11, "SDMA copy of the VRAM BO after restore"))
+		return -1;
+	return 0;
+}
+
+/* --hold: sets up, says ready, then answers SIGUSR1 (a round) and SIGTERM (the end). */
+static int hold(struct gpu *g)
+{
+	struct held h;
+	sigset_t set;
+	int sig, round = 0;
+
+	sigemptyset(&set);
+	sigaddset(&set, SIGUSR1);
+	sigaddset(&set, SIGTERM);
+	sigprocmask(SIG_BLOCK, &set, NULL);
+	if (hold_setup(g, &h) || hold_check(&h))
+		return 1;
+	printf("ready %d\n", (int)getpid());
+	for (;;) {
+		sig = sigwaitinfo(&set, NULL);
+		if (sig < 0)
+			continue;
+		failures = 0;
+		if (hold_check(&h) || failures) {
+			printf("round %d: FAIL\n", ++round);
+			if (sig == SIGTERM)
+				return 1;
+			continue;
+		}
+		if (sig == SIGTERM) {
+			printf("PASS\n");
+			return 0;
+		}
+		printf("round %d: ok\n", ++round);
+	}
+}
+
 int main(int argc, char **argv)
 {
-	bool change = false, kfd = false;
+	bool change = false, kfd = false, held = false;
 	struct gpu g[MAX_NODES];
 	amdgpu_bo_handle vram, gtt, dst;
 	uint32_t hdst;
@@ -469,8 +572,10 @@ int main(int argc, char **argv)
 			change = true;
 		else if (!strcmp(argv[i], "--kfd"))
 			kfd = true;
+		else if (!strcmp(argv[i], "--hold"))
+			held = true;
 		else {
-			fprintf(stderr, "usage: gem-test [--change-handle] [--kfd]\n");
+			fprintf(stderr, "usage: gem-test [--change-handle] [--kfd] | --hold [--kfd]\n");
 			return 2;
 		}
 	}
@@ -482,6 +587,8 @@ int main(int argc, char **argv)
 		fail("no render node opened");
 		return 1;
 	}
+	if (held)
+		return hold(&g[0]);
 	if (check_alloc(&g[0], &vram, &gtt) || va_map(&g[0], vram, &va_vram, &vh_vram) ||
 	    check_mapping_info(&g[0], 1, va_vram))
 		return 1;

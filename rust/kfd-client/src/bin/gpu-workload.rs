@@ -25,6 +25,7 @@
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -92,7 +93,8 @@ const USAGE: &str = "usage: gpu-workload [OPTIONS]
                        kernel refuses their mapping through it with EACCES)
   --gem-bo             with --other-render-opens: a 1 MiB GTT GEM BO is made on the first
                        of those files (GEM_CREATE) and kept, as a Mesa or VA-API client's
-                       buffer (criu-rocm saves it with that render file)";
+                       buffer, filled with a pattern (criu-rocm saves it with that render
+                       file)";
 
 struct Options {
     mib: u64,
@@ -1140,8 +1142,16 @@ fn run_proc(
             .ok_or("--gem-bo needs --other-render-opens")?;
         let node = kfd_abi::handle::RenderNode::from_fd(first);
         let domain = u64::from(kfd_abi::sys::AMDGPU_GEM_DOMAIN_GTT);
-        node.gem_create(1 << 20, 4096, domain, 0)
+        let h = node
+            .gem_create(1 << 20, 4096, domain, 0)
             .map_err(|e| format!("--gem-bo: {e}"))?;
+        // Bytes of its own (not zeros, which a dump leaves as holes), written
+        // through the render file as a client does.
+        let at = node.gem_mmap(h).map_err(|e| format!("--gem-bo: {e}"))?;
+        let map = kfd_abi::handle::Mapping::shared(first.as_fd(), at, 1 << 20)
+            .map_err(|e| format!("--gem-bo: mapping the BO: {e}"))?;
+        let bytes: Vec<u8> = (0..1u32 << 20).map(|i| (i * 7 + 0x5a) as u8).collect();
+        map.as_volatile_slice().copy_from(&bytes);
     }
     let client = KfdClient::open().map_err(|e| e.to_string())?;
     let all = client.gpus();
