@@ -16,15 +16,9 @@ check=0
 
 command -v hipcc >/dev/null || { echo "fixtures: hipcc is not installed (scripts/install-deps.sh)" >&2; exit 1; }
 
-# The flags of a program: its first line's `// hipcc-flags:` words, else -O2.
-flags_of() {
-	local first
-	first=$(head -n 1 "$1")
-	case $first in
-	"// hipcc-flags:"*) echo "${first#// hipcc-flags:}" ;;
-	*) echo -O2 ;;
-	esac
-}
+# hip_flags_of
+# shellcheck source=SCRIPTDIR/build.sh
+. "$top/test/hip/build.sh"
 
 dest=$out
 if [ $check = 1 ]; then
@@ -38,7 +32,7 @@ for src in "$top"/test/hip/*.hip; do
 	for arch in gfx908 gfx90a; do
 		# shellcheck disable=SC2046 # the flags are words
 		hipcc --offload-arch=$arch --cuda-device-only --no-gpu-bundle-output -c \
-			$(flags_of "$src") -o "$dest/$prog-$arch.co" "$src"
+			$(hip_flags_of "$src") -o "$dest/$prog-$arch.co" "$src"
 		if [ $check = 1 ] && ! cmp -s "$dest/$prog-$arch.co" "$out/$prog-$arch.co"; then
 			echo "fixtures: $out/$prog-$arch.co is not what $src compiles to" >&2
 			rc=1

@@ -34,6 +34,9 @@ timeout_s=${HIP_TEST_TIMEOUT:-300}
 read -r -a profiles <<<"${HIP_TEST_PROFILES:-mi100 mi210x4}"
 declare -A gfx=([mi100]=gfx908 [mi100x2]=gfx908 [mi210x4]=gfx90a [mi250x8]=gfx90a)
 PASSED=0 FAILED=0 SKIPPED=0
+# hip_build
+# shellcheck source=SCRIPTDIR/build.sh
+. "$here/build.sh"
 
 names=()
 if [ "${1:-}" = --list ]; then
@@ -64,16 +67,6 @@ directive() { # FILE KEY
 	sed -n "s|^// hip-test: $2 ||p" "$1" | head -n 1
 }
 
-# The hipcc flags of a source: its first line's `// hipcc-flags:` words, else -O2.
-flags_of() { # FILE
-	local first
-	first=$(head -n 1 "$1")
-	case $first in
-	"// hipcc-flags:"*) echo "${first#// hipcc-flags:}" ;;
-	*) echo -O2 ;;
-	esac
-}
-
 # The GPUs profile PROFILE emulates (its [[gpus]] tables).
 gpus_of() { # PROFILE
 	grep -c '^\[\[gpus\]\]' "$top/rust/kfd-emu/profiles/$1.toml"
@@ -82,18 +75,7 @@ gpus_of() { # PROFILE
 # Builds NAME for gfx908 and gfx90a; prints the binary's path, or fails (the compiler's log
 # is build/hip/logs/NAME.build).
 build() { # NAME
-	local src=$here/$1.hip bin=$out/$1
-	mkdir -p "$out" "$logs"
-	if [ -x "$bin" ] && [ "$bin" -nt "$src" ] && [ "$bin" -nt "$here/check.h" ]; then
-		echo "$bin"
-		return 0
-	fi
-	# shellcheck disable=SC2046 # the flags are words
-	if ! hipcc --offload-arch=gfx908 --offload-arch=gfx90a $(flags_of "$src") -o "$bin.tmp" \
-		"$src" >"$logs/$1.build" 2>&1; then
-		return 1
-	fi
-	mv "$bin.tmp" "$bin" && echo "$bin"
+	hip_build "$here/$1.hip" "$out/$1" "$logs/$1.build"
 }
 
 # Runs BIN on PROFILE; the log goes to LOG. An expect-abort program must die with its text.

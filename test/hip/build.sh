@@ -1,0 +1,33 @@
+# shellcheck shell=bash
+# Building HIP programs as test/hip does (test/hip/README.md), shared by test/hip/run.sh,
+# test/hip/fixtures.sh and test/hip-cr/run.sh. Sourced, not run; bash only.
+
+# The hipcc flags of a source: its first line's `// hipcc-flags:` words, else -O2.
+hip_flags_of() { # FILE
+	local first
+	first=$(head -n 1 "$1")
+	case $first in
+	"// hipcc-flags:"*) echo "${first#// hipcc-flags:}" ;;
+	*) echo -O2 ;;
+	esac
+}
+
+# hip_build SRC BIN LOG [HEADER...]: builds SRC for gfx908 and gfx90a into BIN unless BIN
+# is newer than SRC, test/hip/check.h and each HEADER; the compiler's output goes to LOG.
+# Prints BIN, or fails.
+hip_build() {
+	local src=$1 bin=$2 log=$3 dep fresh=1
+	shift 3
+	mkdir -p "$(dirname "$bin")" "$(dirname "$log")"
+	for dep in "$src" "$(dirname "${BASH_SOURCE[0]}")/check.h" "$@"; do
+		[ -x "$bin" ] && [ "$bin" -nt "$dep" ] || fresh=0
+	done
+	if [ $fresh = 1 ]; then
+		echo "$bin"
+		return 0
+	fi
+	# shellcheck disable=SC2046 # the flags are words
+	hipcc --offload-arch=gfx908 --offload-arch=gfx90a $(hip_flags_of "$src") -o "$bin.tmp" \
+		"$src" >"$log" 2>&1 || return 1
+	mv "$bin.tmp" "$bin" && echo "$bin"
+}
