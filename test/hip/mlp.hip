@@ -8,8 +8,9 @@
 //
 // Prints the loss of every step. Checks: the loss falls, the GPU's losses follow a host
 // reference of the same model, and (unless --once) a second training from the same seed
-// ends with bit-identical weights. --checksum prints an FNV-1a digest of the final weights
-// (for comparing a checkpointed and restored run with an uninterrupted one); --delay-ms
+// ends with bit-identical weights. --checksum prints each step's loss with its bits and an
+// FNV-1a digest of the final weights (for comparing a checkpointed and restored run with an
+// uninterrupted one, bit for bit); --delay-ms
 // sleeps between steps so that a checkpoint can land mid-training.
 #include "check.h"
 
@@ -147,7 +148,12 @@ static void train_gpu(const Data &d, const Options &o, float *losses, float *w, 
 		HIP_CHECK(hipGetLastError());
 		host_copy(&losses[step], dtot, 1);
 		if (print) {
-			printf("mlp: step %d loss %.6f\n", step, losses[step]);
+			uint32_t bits;
+			memcpy(&bits, &losses[step], sizeof bits);
+			printf("mlp: step %d loss %.6f", step, losses[step]);
+			if (o.checksum)
+				printf(" (bits %08x)", bits);
+			printf("\n");
 			fflush(stdout);
 		}
 		if (o.delay_ms)
