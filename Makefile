@@ -90,7 +90,7 @@ $(BUILD)/criu-rocm.8: Documentation/criu-rocm.8.adoc
 	asciidoctor -b manpage -o $@ $<
 
 # The suites `make test` runs, in order; .ci/run runs and counts them one by one.
-TEST_SUITES	:= test-rust test-smoke test-rocm test-gem test-hip test-rocm64 test-gpu test-integrity test-sdma test-rocm-cr test-zdtm test-zdtm-gpu test-demo \
+TEST_SUITES	:= test-rust test-smoke test-rocm test-gem test-hip test-hip-cr test-rocm64 test-gpu test-integrity test-sdma test-rocm-cr test-zdtm test-zdtm-gpu test-demo \
 		   test-containers test-install test-package test-rpc
 
 # The user's entry points install what is missing first (scripts/install-deps.sh: quiet, and
@@ -179,6 +179,14 @@ test-hip: kfd-tools
 .PHONY: test-rocm64
 test-rocm64: $(BUILD)/criu-rocm kfd-tools
 	CARGO_TARGET_DIR=$(CARGO_TARGET) CRIU_TREE=$(CRIU_TREE) test/rocm64/run.sh $(BUILD)/criu-rocm
+
+# Checkpoint/restore of HIP programs (test/hip-cr/run.sh): Debian's HIP 5.2 built as test-hip
+# builds, dumped by criu-rocm with no options between kernels (right after hipInit, an MLP
+# mid-training, streams, host memory, peer copies, two processes, a tree, a pre-dump, five
+# cycles) and restored on the same host and on others; the MLP must end bit-identical.
+.PHONY: test-hip-cr
+test-hip-cr: $(BUILD)/criu-rocm kfd-tools
+	CARGO_TARGET_DIR=$(CARGO_TARGET) test/hip-cr/run.sh $(BUILD)/criu-rocm
 
 # GPU checkpoint/restore end to end on kfd-emu (test/gpu/run.sh: dumps, faults, restores on
 # other and incompatible hosts, damaged images, gpu-check).

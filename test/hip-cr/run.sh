@@ -1,0 +1,516 @@
+#!/usr/bin/env bash
+# Checkpoint/restore of HIP programs (issue 27): Debian's hipcc and HIP 5.2, unchanged, on
+# kfd-emu's shader engine, dumped by criu-rocm with no extra options and restored on the
+# same emulated host and on hosts with other gpu_ids, render minors and GPU order.
+#
+#   usage: test/hip-cr/run.sh CRIU_BINARY [CASE...]    (as root; `make test-hip-cr` runs it)
+#          test/hip-cr/run.sh --list
+#   env:   CARGO_TARGET_DIR      where kfd-emu was built (default rust/target)
+#          HIP_CR_TIMEOUT=S      seconds one case may take (default 400)
+#          HIP_CR_KEEP=1         keep the work directory (build/hip-cr/work.*) even when
+#                                everything passed
+#
+# The programs, built as test/hip builds its own (test/hip/build.sh, into build/hip and
+# build/hip-cr):
+#   * test/hip/mlp.hip: a small MLP trained with SGD (--steps N --delay-ms MS --checksum
+#     --once). It is dumped mid-training, right after a step; after the restore it trains
+#     on to the end. Every step's loss (its bits) and the
+#     final weights' checksum must equal those of an uninterrupted run on the same GPU ISA.
+#   * test/hip-cr/hold.hip: holds HIP state (device buffers, hipHostMalloc and
+#     hipHostRegister memory, streams with events, peer access; a forked child) and answers
+#     SIGUSR1 with a round (what it holds is intact, new kernels on every GPU and stream
+#     work) and SIGTERM with a last round and its exit.
+# kfd-emu refuses a checkpoint while a kernel dispatch is in flight (the dump fails and the
+# process runs on), so every dump here lands between kernels: hold is dumped while it
+# waits for a signal; mlp is stopped (SIGSTOP) while it sleeps between two steps and dumped
+# stopped, so that a slow dump cannot meet the next step's kernels; CRIU restores it
+# stopped and the case continues it. A dump is never retried: a failed dump fails the case.
+#
+# Every host step runs in a private mount namespace with its own /dev/shm (libhsakmt's
+# files), as test/rocm/cr.sh's do, and its own /tmp; a host other than the dump host starts
+# with both empty. The work directory is build/hip-cr/work.XXXXXX.
+# After every restore: each dumped process's KFD image was restored exactly once, by the
+# process of its pid, with as many queue/event objects as the dump paused (HIP's internal
+# streams, signals and save areas come back once, into the right task).
+#
+# Each case prints PASS (with notes), FAIL (with the reason and its directory) or SKIP
+# (with the reason); the last line is exactly "N passed, M failed" (", K skipped" when
+# some were). Non-zero exit on any failure.
+set -uo pipefail
+export LC_ALL=C
+
+top=$(cd "$(dirname "$(realpath "$0")")/../.." && pwd)
+# fail, note, skip, on, cases_dispatch; alive, wait_gone, log_errors (workload.sh)
+# shellcheck source=SCRIPTDIR/../../scripts/lib/cases.sh
+. "$top/scripts/lib/cases.sh"
+# hip_build
+# shellcheck source=SCRIPTDIR/../hip/build.sh
+. "$top/test/hip/build.sh"
+
+HOSTS=$top/test/gpu/hosts
+DEMO_OTHER=$top/test/demo/restore-host.toml
+declare -A GFX=([mi100]=gfx908 [mi100x2]=gfx908 [mi210x4]=gfx90a [mi250x8]=gfx90a)
+# mlp: steps (a case may export another number for its host steps), the pause between
+# steps (ms), the step after which it is dumped.
+MLP_STEPS=${MLP_STEPS:-10} MLP_DELAY=300 MLP_AT=3
+
+# ---------------------------------------------------------------------------------------
+# Emulated hosts
+
+# `on PROFILE [--profile-file F] -- FUNCTION [ARG...]` (scripts/lib/cases.sh): FUNCTION on
+# a new emulated host, in a private mount namespace with an empty /dev/shm and an empty /tmp
+# (HIP's code object manager keeps deleted files open there, which CRIU saves as ghost
+# files and recreates at the restore; the work directory is not under /tmp).
+CASES_ON_WRAP=(unshare --mount --propagation private)
+cases_host_setup() {
+	mount -t tmpfs -o mode=1777,size=64m hip-cr-shm /dev/shm || fail "cannot mount a private /dev/shm"
+	mount -t tmpfs -o mode=1777,size=256m hip-cr-tmp /tmp || fail "cannot mount a private /tmp"
+}
+
+other() { # NAME (test/gpu/hosts) or PATH: the options of that host override
+	case $1 in
+	*/*) echo "--profile-file $1" ;;
+	*) echo "--profile-file $HOSTS/$1.toml" ;;
+	esac
+}
+
+# ---------------------------------------------------------------------------------------
+# The programs (inside a host). Process K's pid is in $CASE_DIR/pK.pid, its output in
+# pK.out (stdout) and pK.err (stderr).
+
+# p_start K BIN ARG...: starts a program in a session of its own (CRIU dumps a whole
+# session, no --shell-job).
+p_start() {
+	local k=$1
+	shift
+	setsid "$@" </dev/null >"$CASE_DIR/p$k.out" 2>"$CASE_DIR/p$k.err" &
+	echo $! >"$CASE_DIR/p$k.pid"
+}
+p_pid() { cat "$CASE_DIR/p$1.pid"; }
+p_out() { cat "$CASE_DIR/p$1.out" 2>/dev/null; }
+p_reason() { # K: its last lines, for a reason
+	local l
+	l=$(grep -ahE 'FAIL|rror' "$CASE_DIR/p$1.out" "$CASE_DIR/p$1.err" 2>/dev/null | head -n 3 | cut -c1-300 | paste -sd'|')
+	[ -n "$l" ] || l=$(tail -q -n 2 "$CASE_DIR/p$1.out" "$CASE_DIR/p$1.err" 2>/dev/null | cut -c1-200 | paste -sd'|')
+	echo "${l:-no output}"
+}
+
+# p_wait K REGEX COUNT WHAT: waits (up to 120 s) until COUNT lines of process K's output
+# match REGEX.
+p_wait() {
+	local k=$1 re=$2 n=$3 what=$4 i pid
+	pid=$(p_pid "$k")
+	for ((i = 0; i < 1200; i++)); do
+		[ "$(p_out "$k" | grep -cE -- "$re")" -ge "$n" ] && return 0
+		alive "$pid" || break
+		sleep 0.1
+	done
+	[ "$(p_out "$k" | grep -cE -- "$re")" -ge "$n" ] && return 0
+	fail "process $k ($pid): $what did not come: $(p_reason "$k")"
+}
+
+# hold_round K: SIGUSR1 to process K's session; each of its processes must say its next
+# round is ok.
+hold_round() {
+	local k=$1 r n
+	n=$(p_out "$k" | grep -cE '^hold( \(child\))?: ready')
+	r=$(($(p_out "$k" | grep -cE '^hold: round [0-9]+: ') + 1))
+	kill -USR1 -- "-$(p_pid "$k")" || fail "round $r: cannot signal process $k"
+	p_wait "$k" "^hold( \(child\))?: round $r: " "$n" "round $r"
+	if p_out "$k" | grep -qE "^hold( \(child\))?: round $r: FAIL"; then
+		fail "process $k: round $r failed: $(p_out "$k" | grep -E "round $r: FAIL" | head -n 1)"
+	fi
+}
+
+# mlp_paused K STEP: waits for mlp's line of STEP and then until its main thread sleeps
+# after it (clock_nanosleep, syscall 230 on x86_64), and stops it there (SIGSTOP): no
+# kernel is in flight, and none starts however long the dump takes to freeze it. CRIU
+# restores it stopped; mlp_go continues it.
+mlp_paused() {
+	local k=$1 step=$2 pid i last
+	pid=$(p_pid "$k")
+	p_wait "$k" "^mlp: step $step loss" 1 "step $step"
+	for ((i = 0; i < 200; i++)); do
+		case $(cat "/proc/$pid/syscall" 2>/dev/null) in 230\ *) break ;; esac
+		sleep 0.01
+	done
+	[ $i -lt 200 ] || fail "mlp ($pid) did not sleep after step $step"
+	kill -STOP "$pid"
+	for ((i = 0; i < 100; i++)); do
+		[ "$(sed -E 's/.*\) ([A-Za-z]).*/\1/' "/proc/$pid/stat")" = T ] && break
+		sleep 0.01
+	done
+	last=$(p_out "$k" | grep -E '^mlp: step' | tail -n 1 | cut -d' ' -f3)
+	[ "$last" = "$step" ] || fail "mlp ($pid) went on to step $last before it stopped after step $step"
+}
+# mlp_go K: mlp, stopped by mlp_paused (and still stopped after a pre-dump, or restored
+# stopped as it was dumped: CRIU stops it again at the end of the restore, which may land
+# just after `restore -d` returns), trains on.
+mlp_go() {
+	local pid i
+	pid=$(p_pid "$1")
+	for ((i = 0; i < 100; i++)); do
+		[ "$(sed -E 's/.*\) ([A-Za-z]).*/\1/' "/proc/$pid/stat")" = T ] && break
+		sleep 0.01
+	done
+	[ $i -lt 100 ] || fail "mlp ($pid) is not stopped as it was"
+	kill -CONT "$pid"
+}
+
+# ---------------------------------------------------------------------------------------
+# criu-rocm (inside a host)
+
+# c_dump N K... [-- CRIU_ARG...]: `criu-rocm dump -t PID` of each process K into img-N-K;
+# each must be gone afterwards. Never retried: a failed dump fails the case.
+c_dump() {
+	local n=$1 k ks=() extra=() img t0
+	shift
+	while [ $# -gt 0 ] && [ "$1" != -- ]; do ks+=("$1") && shift; done
+	[ $# -gt 0 ] && shift && extra=("$@")
+	for k in "${ks[@]}"; do
+		img=$CASE_DIR/img-$n-$k
+		mkdir -p "$img"
+		t0=${EPOCHREALTIME/./}
+		"$CRIU" dump -t "$(p_pid "$k")" -D "$img" -o dump.log -v4 ${extra[@]+"${extra[@]}"} >>"$CASE_DIR/criu.out" 2>&1 ||
+			fail "dump $n of process $k ($(p_pid "$k")) failed: $(log_errors "$img/dump.log")"
+		echo "dump $n: $(((${EPOCHREALTIME/./} - t0) / 1000)) ms" >>"$CASE_DIR/times"
+		wait_gone "$(p_pid "$k")" 10 || fail "dump $n: process $k still runs after the dump"
+		ls "$img"/amdgpu-kfd-*.img >/dev/null 2>&1 || fail "dump $n of process $k wrote no amdgpu-kfd-*.img"
+	done
+}
+
+# c_restore N K...: `criu-rocm restore -d --restore-sibling` of img-N-K (the processes
+# become children of this shell); each must run again, its KFD images restored once each.
+c_restore() {
+	local n=$1 k img t0
+	shift
+	for k in "$@"; do
+		img=$CASE_DIR/img-$n-$k
+		t0=${EPOCHREALTIME/./}
+		"$CRIU" restore -D "$img" -o restore.log -v4 -d --restore-sibling >>"$CASE_DIR/criu.out" 2>&1 ||
+			fail "restore $n of process $k failed: $(log_errors "$img/restore.log")"
+		echo "restore $n: $(((${EPOCHREALTIME/./} - t0) / 1000)) ms" >>"$CASE_DIR/times"
+		alive "$(p_pid "$k")" || fail "restore $n: process $k does not run: $(p_reason "$k")"
+		restored_once "$img"
+		grep -a -m1 -o 'amdgpu: pid [0-9]*: GPU 0x.* -> host GPU .*' "$img/restore.log" |
+			sed 's/^amdgpu: pid [0-9]*: //' >"$img/mapping"
+	done
+}
+
+# restored_once IMG: every process whose GPU queues the dump paused had its KFD file
+# restored exactly once, by itself (its pid), with the objects the dump paused.
+restored_once() {
+	local img=$1 pid objs got
+	grep -aoE 'amdgpu: pid [0-9]+: GPU queues paused: .* [0-9]+ queue/event object' "$img/dump.log" |
+		sed -E 's/amdgpu: pid ([0-9]+):.* ([0-9]+) queue.*/\1 \2/' >"$img/paused"
+	[ -s "$img/paused" ] || fail "${img##*/}: the dump log names no process whose GPU queues it paused"
+	while read -r pid objs; do
+		got=$(grep -aE "^\([0-9. ]+\) +$pid: amdgpu: pid $pid: KFD file [0-9]+ restored: " "$img/restore.log" |
+			sed -E 's/.* ([0-9]+) object\(s\).*/\1/')
+		[ "$(wc -w <<<"$got")" = 1 ] ||
+			fail "${img##*/}: the KFD file of pid $pid was restored $(wc -w <<<"$got") times by itself, want once"
+		[ "$got" = "$objs" ] ||
+			fail "${img##*/}: pid $pid's KFD file came back with $got objects, the dump paused $objs"
+	done <"$img/paused"
+	[ "$(grep -acE 'amdgpu: pid [0-9]+: KFD file [0-9]+ restored: ' "$img/restore.log")" = "$(wc -l <"$img/paused")" ] ||
+		fail "${img##*/}: more KFD files restored than processes dumped"
+}
+
+# finish K...: SIGTERM to each hold process K and their exit status into pK.status, or
+# (mlp) waits for it to end on its own. Ends the host step.
+finish() {
+	local args=() k mode=$1
+	shift
+	for k in "$@"; do args+=("process-$k" "$(p_pid "$k")" "$CASE_DIR/p$k.status"); done
+	# shellcheck disable=SC2046 # no option, or --no-term
+	exec /usr/bin/python3 "$top/scripts/lib/stop_and_reap.py" $([ "$mode" = wait ] && echo --no-term) \
+		300 "${args[@]}"
+}
+
+# ---------------------------------------------------------------------------------------
+# Checks after the last host step
+
+# passed K: process K exited with status 0 and its last line says PASSED.
+passed() {
+	local k=$1 st
+	st=$(cat "$CASE_DIR/p$k.status" 2>/dev/null) || fail "process $k: no exit status"
+	[ "$st" = 0 ] || fail "process $k exited with status $st: $(p_reason "$k")"
+	p_out "$k" | tail -n 1 | grep -qE ': PASSED$' || fail "process $k's last line is not PASSED: $(p_reason "$k")"
+}
+
+# mlp_identical K GFX: every step's loss bits and the weights' checksum equal the
+# uninterrupted run's on that ISA.
+mlp_identical() {
+	local k=$1 ref first
+	ref=$(mlp_reference "$2") || fail "$ref"
+	first=$(diff <(mlp_digest <"$ref") <(p_out "$k" | mlp_digest) | grep -m1 '^[<>]')
+	[ -z "$first" ] || fail "mlp after the restore differs from an uninterrupted run first at: $first (ref $ref)"
+	[ "$(p_out "$k" | mlp_digest | grep -c '^mlp: step')" = "$MLP_STEPS" ] || fail "mlp did not print $MLP_STEPS steps"
+	note "mlp: $MLP_STEPS steps, loss and weights bit-identical to an uninterrupted run ($(p_out "$k" | grep -o 'checksum [0-9a-f]*'))"
+}
+# mlp's lines that must match: steps with their loss bits, the checksum.
+mlp_digest() { grep -E '^mlp: (step [0-9]+ loss .*bits|weights checksum)'; }
+
+# The uninterrupted run on ISA GFX (mlp --checksum --once, no pause), made once per suite
+# run on a host of its own; prints its output file.
+mlp_reference() {
+	local ref=$WORK/mlp-ref-$1-$MLP_STEPS.out prof
+	if [ ! -s "$ref" ]; then
+		for prof in mi100 mi210x4; do [ "${GFX[$prof]}" = "$1" ] && break; done
+		(on "$prof" -- mlp_reference_run "$ref") ||
+			{ echo "the uninterrupted mlp run on $prof failed: $(tail -n 2 "$ref.tmp" | paste -sd'|')" && return 1; }
+	fi
+	echo "$ref"
+}
+mlp_reference_run() {
+	"$MLP" --steps "$MLP_STEPS" --checksum --once >"$1.tmp" 2>&1 && mv "$1.tmp" "$1"
+}
+
+# Notes for a passing case: dump and restore times, GPU mappings.
+describe() {
+	local d
+	note "$(paste -sd' ' "$CASE_DIR/times" | sed 's/: /=/g; s/ ms/ms/g')"
+	for d in "$CASE_DIR"/img-*; do
+		[ -s "$d/mapping" ] && note "${d##*/}: restored $(cat "$d/mapping")"
+	done
+	return 0
+}
+
+# ---------------------------------------------------------------------------------------
+# Case shapes
+
+# hold_dump K ARGS...: hold started with ARGS, a round, then dumped (img-1-K).
+hold_dump() {
+	local k=$1
+	shift
+	p_start "$k" "$HOLD" "$@"
+	p_wait "$k" '^hold( \(child\))?: ready' "$(hold_procs "$@")" "the ready line"
+	hold_round "$k"
+	c_dump 1 "$k"
+}
+hold_procs() { case " $* " in *" --fork "*) echo 2 ;; *) echo 1 ;; esac; }
+
+# hold_restore N K...: restore img-N-K of each, a round each, then dump N+1 (LAST=0) or finish.
+hold_restore() {
+	local n=$1 last=$2 k
+	shift 2
+	c_restore "$n" "$@"
+	for k in "$@"; do hold_round "$k"; done
+	[ "$last" = 1 ] && finish term "$@"
+	c_dump $((n + 1)) "$@"
+}
+
+# hold_case PROFILE DUMP_HOST RESTORE_HOST ARGS...: hold dumped on one host (a name in
+# test/gpu/hosts, a path, or "" for the profile itself), restored on the other.
+hold_case() {
+	local prof=$1 from=$2 to=$3
+	shift 3
+	# shellcheck disable=SC2046 # the override is words
+	on "$prof" $([ -n "$from" ] && other "$from") -- hold_dump 1 "$@"
+	# shellcheck disable=SC2046
+	on "$prof" $([ -n "$to" ] && other "$to") -- hold_restore 1 1 1
+	passed 1
+	describe
+}
+
+# mlp_dump K STEP: mlp started, dumped after STEP.
+mlp_dump() {
+	p_start "$1" "$MLP" --steps "$MLP_STEPS" --delay-ms "$MLP_DELAY" --checksum --once
+	mlp_paused "$1" "$2"
+	c_dump 1 "$1"
+	mlp_at_dump "$1" 1 "$2"
+}
+# mlp_at_dump K N STEP: dump N happened right after STEP (its output ends there).
+mlp_at_dump() {
+	local last
+	last=$(p_out "$1" | grep -E '^mlp: step' | tail -n 1 | cut -d' ' -f3)
+	[ "$last" = "$3" ] || fail "dump $2 landed after step $last, not $3"
+	echo "$2 $3" >>"$CASE_DIR/dumped-at"
+}
+
+# mlp_restore N LAST [NEXT_STEP]: restore img-N-1; then dump N+1 after NEXT_STEP, or
+# (LAST=1) let it train to its end.
+mlp_restore() {
+	c_restore "$1" 1
+	mlp_go 1
+	[ "$2" = 1 ] && finish wait 1
+	mlp_paused 1 "$3"
+	c_dump $(($1 + 1)) 1
+	mlp_at_dump 1 $(($1 + 1)) "$3"
+}
+
+mlp_case() { # PROFILE DUMP_HOST RESTORE_HOST
+	local prof=$1
+	# shellcheck disable=SC2046 # the override is words
+	on "$prof" $([ -n "$2" ] && other "$2") -- mlp_dump 1 "$MLP_AT"
+	# shellcheck disable=SC2046
+	on "$prof" $([ -n "$3" ] && other "$3") -- mlp_restore 1 1
+	passed 1
+	mlp_identical 1 "${GFX[$prof]}"
+	note "dumped after step $MLP_AT of $MLP_STEPS"
+	describe
+}
+
+# ---------------------------------------------------------------------------------------
+# Cases: case_NAME() { ...; }, run in this order.
+
+# (1) Right after hipInit, nothing allocated.
+case_init_same_host() { on mi100 -- init_same_host; passed 1; describe; }
+init_same_host() {
+	p_start 1 "$HOLD"
+	p_wait 1 '^hold: ready' 1 "the ready line"
+	c_dump 1 1
+	c_restore 1 1
+	hold_round 1
+	finish term 1
+}
+case_init_other_host() {
+	on mi100x2 -- init_dump
+	# shellcheck disable=SC2046 # the override is words
+	on mi100x2 $(other mi100x2-other) -- hold_restore 1 1 1
+	passed 1
+	describe
+}
+init_dump() {
+	p_start 1 "$HOLD"
+	p_wait 1 '^hold: ready' 1 "the ready line"
+	c_dump 1 1
+}
+
+# (2) The MLP training loop checkpointed mid-training.
+case_mlp_same_host() { on mi100 -- mlp_same_host; passed 1; mlp_identical 1 gfx908; describe; }
+mlp_same_host() {
+	mlp_dump 1 "$MLP_AT"
+	mlp_restore 1 1
+}
+case_mlp_other_host() { mlp_case mi210x4 "" "$DEMO_OTHER"; }
+case_mlp_other_host_mi100x2() { mlp_case mi100x2 "" mi100x2-other; }
+# (9) Five cycles in a row, between two hosts.
+case_mlp_five_cycles() {
+	local i host
+	export MLP_STEPS=12
+	on mi100x2 -- mlp_dump 1 1
+	for ((i = 1; i <= 5; i++)); do
+		if [ $((i % 2)) = 1 ]; then host=$(other mi100x2-other); else host=; fi
+		# shellcheck disable=SC2086 # the override is words
+		on mi100x2 $host -- mlp_restore "$i" "$([ "$i" = 5 ] && echo 1 || echo 0)" $((1 + 2 * i))
+	done
+	passed 1
+	mlp_identical 1 gfx908
+	note "dumped after steps $(cut -d' ' -f2 "$CASE_DIR/dumped-at" | paste -sd,) of $MLP_STEPS"
+	describe
+}
+case_hold_five_cycles() {
+	local i host
+	on mi100x2 -- hold_dump 1 --buffers --streams
+	for ((i = 1; i <= 5; i++)); do
+		if [ $((i % 2)) = 1 ]; then host=$(other mi100x2-other); else host=; fi
+		# shellcheck disable=SC2086
+		on mi100x2 $host -- hold_restore "$i" "$([ "$i" = 5 ] && echo 1 || echo 0)" 1
+	done
+	passed 1
+	describe
+}
+
+# (6) Two HIP processes, each dumped; and a parent with a child, dumped as one tree.
+case_two_processes() {
+	on mi100x2 -- two_dump
+	# shellcheck disable=SC2046 # the override is words
+	on mi100x2 $(other mi100x2-other) -- hold_restore 1 1 1 2
+	passed 1
+	passed 2
+	describe
+}
+two_dump() {
+	p_start 1 "$HOLD" --buffers --streams
+	p_start 2 "$HOLD" --buffers --host
+	p_wait 1 '^hold: ready' 1 "the ready line"
+	p_wait 2 '^hold: ready' 1 "the ready line"
+	hold_round 1
+	hold_round 2
+	c_dump 1 1 2
+}
+case_tree() { hold_case mi100x2 "" mi100x2-other --fork --buffers --streams; }
+
+# (7) hipHostMalloc and hipHostRegister memory the kernels write.
+case_host_memory() { hold_case mi210x4 "" "$DEMO_OTHER" --host --buffers; }
+
+# (8) A pre-dump after step 1 (it trains on), then the incremental dump after step MLP_AT.
+case_mlp_predump() { on mi100 -- mlp_predump; passed 1; mlp_identical 1 gfx908; describe; }
+mlp_predump() {
+	local pre=$CASE_DIR/pre
+	p_start 1 "$MLP" --steps "$MLP_STEPS" --delay-ms "$MLP_DELAY" --checksum --once
+	mlp_paused 1 1
+	mkdir -p "$pre"
+	"$CRIU" pre-dump -t "$(p_pid 1)" -D "$pre" -o pre-dump.log -v4 >>"$CASE_DIR/criu.out" 2>&1 ||
+		fail "pre-dump failed: $(log_errors "$pre/pre-dump.log")"
+	alive "$(p_pid 1)" || fail "mlp is gone after the pre-dump"
+	mlp_go 1
+	mlp_paused 1 "$MLP_AT"
+	c_dump 1 1 -- --prev-images-dir ../pre
+	mlp_at_dump 1 1 "$MLP_AT"
+	[ -L "$CASE_DIR/img-1-1/parent" ] || fail "the incremental dump has no parent link"
+	c_restore 1 1
+	mlp_go 1
+	finish wait 1
+}
+
+# (4) Several streams with events and dependencies.
+case_streams() { hold_case mi100x2 "" mi100x2-other --streams --buffers; }
+
+# (5) Peer copies between GPUs (GPU 0 to every other), each round.
+case_peer() { hold_case mi210x4 "" "$DEMO_OTHER" --peer; }
+# ---------------------------------------------------------------------------------------
+# The driver
+
+ordered_cases() { grep -o '^case_[a-z0-9_]*()' "$self" | sed 's/^case_//; s/()$//'; }
+
+build_programs() {
+	HOLD=$(hip_build "$here/hold.hip" "$top/build/hip-cr/hold" "$top/build/hip-cr/logs/hold.build" \
+		"$top/test/zdtm/static/hip_state.h") ||
+		{ tail -n 20 "$top/build/hip-cr/logs/hold.build" >&2; echo "test/hip-cr: building hold failed" >&2; exit 2; }
+	MLP=$(hip_build "$top/test/hip/mlp.hip" "$top/build/hip/mlp" "$top/build/hip/logs/mlp.build") ||
+		{ tail -n 20 "$top/build/hip/logs/mlp.build" >&2; echo "test/hip-cr: building mlp failed" >&2; exit 2; }
+	export HOLD MLP
+}
+
+preflight() {
+	local c
+	[ "$(id -u)" = 0 ] || { echo "test/hip-cr: needs root (kfd-emu mounts FUSE nodes, CRIU needs CAP_SYS_ADMIN)" >&2; exit 2; }
+	for c in "$CRIU" "$KFD_EMU"; do
+		[ -x "$c" ] || { echo "test/hip-cr: $c is missing (make test-hip-cr builds it)" >&2; exit 2; }
+	done
+	for c in hipcc unshare setsid timeout flock /usr/bin/python3; do
+		command -v "$c" >/dev/null || { echo "test/hip-cr: $c is missing (scripts/install-deps.sh)" >&2; exit 2; }
+	done
+}
+
+main() {
+	local name t0 wanted=("$@") known=()
+	cases_init
+	trap 'exit 130' INT TERM HUP
+	mapfile -t known < <(ordered_cases)
+	[ ${#wanted[@]} -gt 0 ] || wanted=("${known[@]}")
+	for name in "${wanted[@]}"; do
+		declare -F "case_$name" >/dev/null || { echo "test/hip-cr: no case $name (--list)" >&2; exit 2; }
+	done
+	mkdir -p "$top/build/hip-cr"
+	WORK=$(mktemp -d "$top/build/hip-cr/work.XXXXXX")
+	export WORK
+	build_programs
+	echo "HIP C/R tests: ${#wanted[@]} case(s), criu-rocm $CRIU, HIP $(dpkg-query -W -f='${Version}' libamdhip64-5 2>/dev/null); work directory $WORK"
+	t0=${EPOCHREALTIME/./}
+	for name in "${wanted[@]}"; do cases_run_one "$name"; done
+	echo "total $(((${EPOCHREALTIME/./} - t0) / 1000000)) s"
+	if [ "$FAILED" = 0 ] && [ "${HIP_CR_KEEP:-}" != 1 ]; then rm -rf "$WORK"; fi
+	cases_summary
+}
+
+cases_dispatch "$@"
+CRIU=$(realpath "$1")
+shift
+KFD_EMU=${CARGO_TARGET_DIR:-$top/rust/target}/release/kfd-emu
+CASE_TIMEOUT=${HIP_CR_TIMEOUT:-400}
+export CRIU KFD_EMU CASE_TIMEOUT
+preflight
+exec unshare --pid --fork --mount-proc --kill-child "$self" __main "$@"
