@@ -83,6 +83,11 @@ if printf '%s\n' "${lines[@]}" | grep -q '^zdtm/static/gpu_\(hsakmt\|rocr\)_' &&
 	exit 1
 fi
 
+if printf '%s\n' "${lines[@]}" | grep -q '^zdtm/static/gpu_hip_' && ! command -v hipcc >/dev/null; then
+	echo "zdtm-gpu.sh: the list has tests on HIP, but Debian's hipcc is missing (scripts/install-deps.sh)" >&2
+	exit 1
+fi
+
 # Our test sources: prepare-criu.sh copies them when it makes the tree; a test edited since
 # is not a CRIU input (it must not rebuild CRIU), so refresh changed files here.
 for f in "$top"/test/zdtm/static/*; do
