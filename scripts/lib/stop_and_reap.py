@@ -1,16 +1,17 @@
 #!/usr/bin/python3
 """Stops restored processes that are children of the caller, and keeps their exit status.
 
-  usage: exec stop_and_reap.py [--prefix P] [--no-term] SECS NAME PID OUT [NAME PID OUT ...]
+  usage: exec stop_and_reap.py [--prefix P] SECS [--no-term] NAME PID OUT [[--no-term] NAME PID OUT ...]
 
 Sends each PID SIGTERM (upon which the test programs check their memory once more and
 end), waits up to SECS seconds for it to exit and writes its exit status to OUT. A
-restore with --restore-sibling makes the restored processes children of the restore
-driver, but bash neither waits for a child it did not start nor keeps the status of one
-it reaps: so a shell script execs this in its own place (same process, same children)
-before they can exit. With --no-term it sends nothing and waits for each to end on its own
-(test/hip-cr: a training run restored mid-way). Exits 1 with "P<reason>" on stderr when one
-does not end, ended before SIGTERM, or is not a child (scripts/demo.sh, test/rocm/cr.sh).
+triple after --no-term is sent nothing: it is waited for to end on its own (a training
+run restored mid-way: test/hip-cr, scripts/demo.sh). A restore with --restore-sibling
+makes the restored processes children of the restore driver, but bash neither waits for a
+child it did not start nor keeps the status of one it reaps: so a shell script execs this
+in its own place (same process, same children) before they can exit. Exits 1 with
+"P<reason>" on stderr when one does not end, ended before SIGTERM, or is not a child
+(scripts/demo.sh, test/rocm/cr.sh).
 """
 import os
 import signal
@@ -18,21 +19,32 @@ import sys
 import time
 
 
+def triples(rest):
+    """(name, pid, out, term) of each NAME PID OUT, term False after --no-term."""
+    out = []
+    while rest:
+        term = rest[0] != "--no-term"
+        if not term:
+            rest = rest[1:]
+        if len(rest) < 3:
+            sys.exit(__doc__)
+        out.append((rest[0], int(rest[1]), rest[2], term))
+        rest = rest[3:]
+    return out
+
+
 def main(argv):
-    prefix, term = "", True
+    prefix = ""
     if argv[:1] == ["--prefix"]:
         prefix, argv = argv[1], argv[2:]
-    if argv[:1] == ["--no-term"]:
-        term, argv = False, argv[1:]
-    secs, rest = float(argv[0]), argv[1:]
-    if not rest or len(rest) % 3:
+    if not argv:
         sys.exit(__doc__)
-    for name, pid, out in zip(rest[0::3], map(int, rest[1::3]), rest[2::3]):
+    secs, rest = float(argv[0]), triples(argv[1:])
+    if not rest:
+        sys.exit(__doc__)
+    for name, pid, out, term in rest:
         try:
-            if term:
-                os.kill(pid, signal.SIGTERM)
-            else:
-                os.kill(pid, 0)
+            os.kill(pid, signal.SIGTERM if term else 0)
             deadline = time.monotonic() + secs
             while (r := os.waitpid(pid, os.WNOHANG))[0] == 0:
                 if time.monotonic() > deadline:

@@ -216,15 +216,16 @@ restored_once() {
 		fail "${img##*/}: more KFD files restored than processes dumped"
 }
 
-# finish K...: SIGTERM to each hold process K and their exit status into pK.status, or
-# (mlp) waits for it to end on its own. Ends the host step.
+# finish term|wait K...: SIGTERM to each hold process K, or (wait: mlp) nothing until it
+# ends on its own; their exit statuses into pK.status. Ends the host step.
 finish() {
 	local args=() k mode=$1
 	shift
-	for k in "$@"; do args+=("process-$k" "$(p_pid "$k")" "$CASE_DIR/p$k.status"); done
-	# shellcheck disable=SC2046 # no option, or --no-term
-	exec /usr/bin/python3 "$top/scripts/lib/stop_and_reap.py" $([ "$mode" = wait ] && echo --no-term) \
-		300 "${args[@]}"
+	for k in "$@"; do
+		[ "$mode" = wait ] && args+=(--no-term)
+		args+=("process-$k" "$(p_pid "$k")" "$CASE_DIR/p$k.status")
+	done
+	exec /usr/bin/python3 "$top/scripts/lib/stop_and_reap.py" 300 "${args[@]}"
 }
 
 # ---------------------------------------------------------------------------------------
