@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # make demo: GPU checkpoint/restore end to end on the emulator.
 #
-# Builds what is missing, runs two GPU programs on kfd-emu's four-GPU mi210x4 machine:
-# gpu-workload (our KFD client: BOs with patterns, SDMA counters) and rocr-workload (a
+# Builds what is missing, runs three GPU programs on kfd-emu's four-GPU mi210x4 machine:
+# gpu-workload (our KFD client: BOs with patterns, SDMA counters), rocr-workload (a
 # program on Debian's ROCr 5.2, test/demo/rocr-workload.c: VRAM on every GPU, async copies
-# streaming back from it, and one upload per GPU held in flight in the SDMA rings).
+# streaming back from it, and one upload per GPU held in flight in the SDMA rings) and mlp
+# (test/hip/mlp.hip, built with Debian's hipcc: a small MLP trained with SGD in HIP kernels,
+# checkpointed mid-training between two steps; after the restore its loss curve and weights
+# are compared bit for bit with an uninterrupted run's).
 # Checkpoints each with criu-rocm (which kills them), restores them on a "different host"
 # (the same profile with other gpu_ids, other render minors and another GPU order,
 # test/demo/restore-host.toml), lets them verify their GPU memory, counters and copies (the
@@ -30,6 +33,9 @@ top=$(cd "$(dirname "$self")/.." && pwd)
 # alive, file_line, render_fds, json_ok/num/list
 # shellcheck source=SCRIPTDIR/lib/workload.sh
 . "$top/scripts/lib/workload.sh"
+# hip_build
+# shellcheck source=SCRIPTDIR/../test/hip/build.sh
+. "$top/test/hip/build.sh"
 demo=$top/build/demo
 img=$demo/img
 criu=$top/build/criu-rocm
@@ -41,6 +47,12 @@ rocr_log=$top/build/demo/rocr-workload.out
 rocr_err=$top/build/demo/rocr-workload.err
 rocr_img=$top/build/demo/img-rocr
 rocr_mib=${DEMO_ROCR_MIB:-16}
+mlp_bin=$top/build/hip/mlp
+mlp_log=$demo/mlp.out
+mlp_ref=$demo/mlp-uninterrupted.out
+mlp_img=$demo/img-mlp
+# mlp: training steps, the pause between them (ms), the step after which it is dumped.
+mlp_steps=12 mlp_delay=700 mlp_at=5
 profile=mi210x4
 restore_override=$top/test/demo/restore-host.toml
 wl_log=$demo/workload.out
@@ -227,7 +239,7 @@ dump_side() {
 	render_fds "$pid" >"$demo/fds-dump"
 	rocr_start "$ngpus"
 
-	step 3 "checkpointing: criu-rocm dump -t $pid, then -t $rpid (logs: $(rel "$img")/dump.log, $(rel "$rocr_img")/dump.log)"
+	step 3 "checkpointing: criu-rocm dump -t $pid, then rocr-workload and mlp (logs: $(rel "$img")/dump.log, $(rel "$rocr_img")/dump.log, $(rel "$mlp_img")/dump.log)"
 	mkdir -p "$img"
 	t0=$(now_us)
 	# bash's own stderr off around the dump: its notice that the workload was "Killed" is
@@ -252,6 +264,42 @@ dump_side() {
 	save_env "$demo/dump.env" "pid=$pid" "dump_us=$((t1 - t0))" "ngpus=$ngpus" \
 		"bos_per_gpu=$(json_num "$ready" bos_per_gpu)"
 	rocr_dump
+	mlp_dump
+}
+
+# mlp on the dump host: trains until step $mlp_at, and is stopped (SIGSTOP) while it sleeps
+# after it, so no kernel is in flight however long the dump takes to freeze it (the
+# emulator refuses to checkpoint a kernel dispatch in flight); then dumped. Then the same
+# training, uninterrupted, for the comparison.
+mlp_dump() {
+	local mpid t0 t1 i last
+	setsid "$mlp_bin" --steps "$mlp_steps" --delay-ms "$mlp_delay" --checksum --once </dev/null >"$mlp_log" 2>"$demo/mlp.err" &
+	mpid=$!
+	for ((i = 0; i < 1200; i++)); do
+		grep -q "^mlp: step $mlp_at loss" "$mlp_log" && break
+		alive "$mpid" || die "mlp ended before step $mlp_at: $(tail -n 2 "$demo/mlp.err" "$mlp_log" | paste -sd'|')"
+		sleep 0.1
+	done
+	for ((i = 0; i < 200; i++)); do
+		case $(cat "/proc/$mpid/syscall" 2>/dev/null) in 230\ *) break ;; esac # clock_nanosleep
+		sleep 0.01
+	done
+	kill -STOP "$mpid"
+	last=$(grep '^mlp: step' "$mlp_log" | tail -n 1 | cut -d' ' -f3)
+	[ "$last" = "$mlp_at" ] || die "mlp went on to step $last before it stopped after step $mlp_at"
+	mkdir -p "$mlp_img"
+	t0=$(now_us)
+	if ! { "$criu" dump -t "$mpid" -D "$mlp_img" -o dump.log -v4 2>&3; } 3>&2 2>/dev/null; then
+		criu_errors "$mlp_img/dump.log"
+		die "criu-rocm dump of mlp failed (log: $(rel "$mlp_img")/dump.log)"
+	fi
+	t1=$(now_us)
+	wait "$mpid" 2>/dev/null || true
+	note "mlp (Debian's HIP $(dpkg-query -W -f='${Version}' libamdhip64-5 2>/dev/null)): pid $mpid dumped in $(duration $((t1 - t0))) after step $mlp_at of $mlp_steps"
+	save_env "$demo/dump.env" "mpid=$mpid" "mlp_dump_us=$((t1 - t0))"
+	"$mlp_bin" --steps "$mlp_steps" --checksum --once >"$mlp_ref" 2>&1 ||
+		die "the uninterrupted mlp run failed (log: $(rel "$mlp_ref"))"
+	note "mlp trained $mlp_steps steps uninterrupted on the same host, for the comparison"
 }
 
 # rocr-workload on the restore host: restore it, then check that its uploads are still in
@@ -335,10 +383,37 @@ restore_side() {
 		die "SDMA counters went back: $(json_counters "$before") before the dump, $(json_counters "$after") after the restore"
 	note "verified after the restore: counters at $(json_counters "$after")"
 	rocr_verify
+	mlp_restore
 	sleep 1
-	# Both are children of this restore driver (--restore-sibling): SIGTERM, exit statuses.
-	exec /usr/bin/python3 "$top/scripts/lib/stop_and_reap.py" --prefix "demo: FAIL: " 60 \
-		gpu-workload "$pid" "$demo/exit-status" rocr-workload "$rpid" "$demo/rocr-exit-status"
+	# All are children of this restore driver (--restore-sibling): SIGTERM and exit statuses;
+	# mlp is sent nothing, its training ends on its own.
+	exec /usr/bin/python3 "$top/scripts/lib/stop_and_reap.py" --prefix "demo: FAIL: " 180 \
+		gpu-workload "$pid" "$demo/exit-status" rocr-workload "$rpid" "$demo/rocr-exit-status" \
+		--no-term mlp "$mpid" "$demo/mlp-exit-status"
+}
+
+# mlp on the restore host: restored mid-training (stopped, as it was dumped), continued; it
+# trains on to its last step. Last of the restores: bash would reap it, and lose its exit
+# status, should it end before the restore driver execs the reaper.
+mlp_restore() {
+	local t0 t1 i
+	t0=$(now_us)
+	if ! "$criu" restore -D "$mlp_img" -o restore.log -v4 -d --restore-sibling --pidfile "$demo/mlp-restored.pid"; then
+		criu_errors "$mlp_img/restore.log"
+		die "criu-rocm restore of mlp failed (log: $(rel "$mlp_img")/restore.log)"
+	fi
+	t1=$(now_us)
+	save_env "$demo/restore.env" "mlp_restore_us=$((t1 - t0))"
+	[ "$(cat "$demo/mlp-restored.pid")" = "$mpid" ] ||
+		die "criu restored mlp as pid $(cat "$demo/mlp-restored.pid"), the dump had $mpid"
+	# CRIU stops it again at the end of the restore, which may land just after it returns.
+	for ((i = 0; i < 100; i++)); do
+		[ "$(sed -E 's/.*\) ([A-Za-z]).*/\1/' "/proc/$mpid/stat")" = T ] && break
+		sleep 0.01
+	done
+	[ $i -lt 100 ] || die "the restored mlp is not stopped as it was dumped"
+	kill -CONT "$mpid"
+	note "restored mlp (pid $mpid) in $(duration $((t1 - t0))); it trains on from step $((mlp_at + 1))"
 }
 
 # The pid namespace: the dump host, then the restore host. Their drivers say what failed.
@@ -355,7 +430,7 @@ in_pidns() {
 preflight() {
 	local c missing=()
 	[ "$(id -u)" = 0 ] || die "make demo needs root: kfd-emu mounts FUSE nodes in a private mount namespace and criu needs CAP_SYS_ADMIN"
-	for c in "$cargo" unshare setsid timeout /usr/bin/python3 "${MAKE:-make}"; do
+	for c in "$cargo" unshare setsid timeout hipcc /usr/bin/python3 "${MAKE:-make}"; do
 		command -v "$c" >/dev/null || missing+=("$c")
 	done
 	[ ${#missing[@]} = 0 ] || die "missing ${missing[*]}: run scripts/install-deps.sh once first"
@@ -404,12 +479,39 @@ verify_exit() {
 	status=$(cat "$demo/rocr-exit-status")
 	[ "$status" = 0 ] || die "the restored rocr-workload exited with status $status (logs: $(rel "$rocr_log"), $(rel "$rocr_err"))"
 	note "rocr-workload checked everything again at exit, freed it all, shut ROCr down: exit status 0"
+
+	status=$(cat "$demo/mlp-exit-status")
+	[ "$status" = 0 ] || die "the restored mlp exited with status $status (logs: $(rel "$mlp_log"), $(rel "$demo/mlp.err"))"
+	tail -n 1 "$mlp_log" | grep -q '^mlp: PASSED$' || die "the restored mlp's checks failed (log: $(rel "$mlp_log"))"
+	note "mlp trained on to step $((mlp_steps - 1)) after the restore and checked itself: exit status 0"
+}
+
+# mlp's lines that must be bit-identical with the uninterrupted run: each step's loss with
+# its bits, the weights' checksum.
+mlp_digest() { grep -E '^mlp: (step [0-9]+ loss .*bits|weights checksum)' "$1"; }
+
+# The loss curve of the restored run, the restore point marked, and its verdict against the
+# uninterrupted run: identical, or the first line that differs.
+mlp_curve() {
+	local step loss bar first
+	while read -r _ _ step _ loss _; do
+		bar=$(printf '%*s' "$(awk -v l="$loss" 'BEGIN { printf "%d", l * 60 + 0.5 }')" '' | tr ' ' '#')
+		printf '              step %2d  %s  %s\n' "$step" "$loss" "$bar"
+		[ "$step" = "$mlp_at" ] && echo "              ------- checkpointed here on $profile, restored on the other host -------"
+	done < <(grep -E '^mlp: step [0-9]+ loss' "$mlp_log")
+	first=$(diff <(mlp_digest "$mlp_ref") <(mlp_digest "$mlp_log") | grep -m1 '^[<>]')
+	if [ -z "$first" ] && [ "$(mlp_digest "$mlp_log" | wc -l)" = $((mlp_steps + 1)) ]; then
+		echo "              losses and weights ($(grep -o 'checksum [0-9a-f]*' "$mlp_log")): identical to an uninterrupted run"
+	else
+		echo "              NOT identical to an uninterrupted run: first difference: ${first:-a line is missing}"
+		return 1
+	fi
 }
 
 summary() {
 	# Written by the hosts into dump.env and restore.env:
 	local pid='' model='' ngpus='' bos_per_gpu='' dump_us='' restore_us=''
-	local rpid='' rocr_dump_us='' rocr_restore_us=''
+	local rpid='' rocr_dump_us='' rocr_restore_us='' mpid='' mlp_dump_us='' mlp_restore_us='' curve
 	local old_model old_minor new_minor fd old_id new_id map=() minors=()
 	local kfd pages render all cpu gpu_bytes npages before final
 	local rocr_before rocr_final rocr_released rocr_all rocr_pages
@@ -441,6 +543,7 @@ summary() {
 	rocr_final=$(sed -n 5p "$rocr_log")
 	rocr_all=$(bytes_of "$rocr_img"/*.img)
 	rocr_pages=$(bytes_of "$rocr_img"/amdgpu-pages-*.img)
+	curve=$(mlp_curve) || { echo "$curve"; die "the restored mlp's training differs from an uninterrupted run (logs: $(rel "$mlp_log"), $(rel "$mlp_ref"))"; }
 
 	step 6 "summary"
 	cat <<EOF
@@ -460,7 +563,10 @@ summary() {
               image $(human_bytes "$rocr_all") in $(rel "$rocr_img") (GPU pages $(human_bytes "$rocr_pages")); dump $(duration "$rocr_dump_us"), restore $(duration "$rocr_restore_us")
               after the restore: VRAM intact, the $(json_num "$rocr_released" released) in-flight uploads completed ($(human_bytes "$(json_num "$rocr_released" bytes)") checked),
               copy loops $(json_list "$rocr_before" loops) before the dump, $(json_list "$rocr_final" loops) at exit; exit status 0
-  logs        $(rel "$demo")/ (img/dump.log, img/restore.log, workload.out, img-rocr/, rocr-workload.out)
+  HIP         mlp on Debian's HIP $(dpkg-query -W -f='${Version}' libamdhip64-5 2>/dev/null), same hosts: a small MLP trained with SGD for $mlp_steps steps, checkpointed after
+              step $mlp_at (dump $(duration "$mlp_dump_us"), restore $(duration "$mlp_restore_us")); the loss of each step:
+$curve
+  logs        $(rel "$demo")/ (img/dump.log, img/restore.log, workload.out, img-rocr/, rocr-workload.out, img-mlp/, mlp.out)
 EOF
 }
 
@@ -478,6 +584,7 @@ main() {
 	build "$demo/build-rocr-workload.log" "rocr-workload (Debian's ROCr)" \
 		cc -std=gnu11 -O2 -Wall -Wextra -Werror -o "$rocr_workload" "$top/test/demo/rocr-workload.c" \
 		-lhsa-runtime64 -lpthread
+	build "$demo/build-mlp.log" "mlp (Debian's hipcc)" hip_build "$top/test/hip/mlp.hip" "$mlp_bin" "$demo/hipcc-mlp.log"
 
 	# One time limit for everything from here on. If it expires, unshare is killed and
 	# --kill-child takes the namespace, with every process in it, down.
