@@ -268,9 +268,8 @@ dump_side() {
 }
 
 # mlp on the dump host: trains until step $mlp_at, and is stopped (SIGSTOP) while it sleeps
-# after it, so no kernel is in flight however long the dump takes to freeze it (the
-# emulator refuses to checkpoint a kernel dispatch in flight); then dumped. Then the same
-# training, uninterrupted, for the comparison.
+# after it, so that the restore point is that step however long the dump takes to freeze
+# it; then dumped. Then the same training, uninterrupted, for the comparison.
 mlp_dump() {
 	local mpid t0 t1 i last
 	setsid "$mlp_bin" --steps "$mlp_steps" --delay-ms "$mlp_delay" --checksum --once </dev/null >"$mlp_log" 2>"$demo/mlp.err" &

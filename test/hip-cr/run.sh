@@ -20,11 +20,11 @@
 #     hipHostRegister memory, streams with events, peer access; a forked child) and answers
 #     SIGUSR1 with a round (what it holds is intact, new kernels on every GPU and stream
 #     work) and SIGTERM with a last round and its exit.
-# kfd-emu refuses a checkpoint while a kernel dispatch is in flight (the dump fails and the
-# process runs on), so every dump here lands between kernels: hold is dumped while it
-# waits for a signal; mlp is stopped (SIGSTOP) while it sleeps between two steps and dumped
-# stopped, so that a slow dump cannot meet the next step's kernels; CRIU restores it
-# stopped and the case continues it. A dump is never retried: a failed dump fails the case.
+# Every dump here lands between kernels, at a known point (kernels in flight at the dump
+# are test-gpu's HIP cases, test/hip/in-flight.hip): hold is dumped while it waits for a
+# signal; mlp is stopped (SIGSTOP) while it sleeps between two steps and dumped stopped, so
+# that a slow dump cannot run into the next step; CRIU restores it stopped and the case
+# continues it. A dump is never retried: a failed dump fails the case.
 #
 # Every host step runs in a private mount namespace with its own /dev/shm (libhsakmt's
 # files), as test/rocm/cr.sh's do, and its own /tmp; a host other than the dump host starts
