@@ -1124,6 +1124,8 @@ fn other_render_opens() -> Result<Vec<File>, String> {
         .collect()
 }
 
+/// One process of the workload: its GPU memory and queues, announced ready, then stepped
+/// until SIGTERM (the steps in the order they run).
 fn run_proc(
     o: &Options,
     index: usize,
@@ -1131,125 +1133,10 @@ fn run_proc(
     ready_pipe: Option<File>,
 ) -> Result<bool, String> {
     // Kept open for the life of the process (a checkpoint must carry them).
-    let _other_opens = if o.other_render_opens {
-        other_render_opens()?
-    } else {
-        Vec::new()
-    };
-    if o.gem_bo {
-        let first = _other_opens
-            .first()
-            .ok_or("--gem-bo needs --other-render-opens")?;
-        let node = kfd_abi::handle::RenderNode::from_fd(first);
-        let domain = u64::from(kfd_abi::sys::AMDGPU_GEM_DOMAIN_GTT);
-        let h = node
-            .gem_create(1 << 20, 4096, domain, 0)
-            .map_err(|e| format!("--gem-bo: {e}"))?;
-        // Bytes of its own (not zeros, which a dump leaves as holes), written
-        // through the render file as a client does.
-        let at = node.gem_mmap(h).map_err(|e| format!("--gem-bo: {e}"))?;
-        let map = kfd_abi::handle::Mapping::shared(first.as_fd(), at, 1 << 20)
-            .map_err(|e| format!("--gem-bo: mapping the BO: {e}"))?;
-        let bytes: Vec<u8> = (0..1u32 << 20).map(|i| (i * 7 + 0x5a) as u8).collect();
-        map.as_volatile_slice().copy_from(&bytes);
-    }
+    let _other_opens = open_other_render_nodes(o)?;
     let client = KfdClient::open().map_err(|e| e.to_string())?;
-    let all = client.gpus();
-    let chosen: Vec<usize> = match &o.gpus {
-        Some(l) => l.clone(),
-        None => (0..all.len()).collect(),
-    };
-    let gpu_of = |gi: usize| {
-        all.get(gi).map(|g| g.gpu_id).ok_or(format!(
-            "--gpus: index {gi}, but this process can use {} GPUs of the topology",
-            all.len()
-        ))
-    };
-    let per_bo = (o.mib << 20).div_ceil(o.bos as u64);
-    let mut sizes: Vec<(u64, MemKind)> = (0..o.bos)
-        .map(|bi| {
-            let kind = if bi % 2 == 0 {
-                MemKind::Vram
-            } else {
-                MemKind::Gtt
-            };
-            (per_bo, kind)
-        })
-        .collect();
-    sizes.extend((0..o.small_bos).map(|si| {
-        let kind = if si % 2 == 0 {
-            MemKind::Gtt
-        } else {
-            MemKind::Vram
-        };
-        (SMALL_BO_BYTES, kind)
-    }));
-    if o.big_bo_mib > 0 {
-        sizes.push((o.big_bo_mib << 20, MemKind::Vram));
-    }
-    let seed = |gpu, bo| Seed {
-        proc: index,
-        gpu,
-        bo,
-        gen: 0,
-        every: o.change_every,
-    };
-    let expect = |gpu: GpuId, bo: &Bo<'_>, s: Seed| match &o.dump_expected {
-        Some(dir) => write_expected(dir, gpu, bo, s),
-        None => Ok(()),
-    };
-    let mut works = Vec::new();
-    for &gi in &chosen {
-        let gpu = gpu_of(gi)?;
-        let mut bos = Vec::new();
-        for (bi, &(size, kind)) in sizes.iter().enumerate() {
-            let bi = if o.big_bo_mib > 0 && bi == sizes.len() - 1 {
-                bi | o.big_bo_fill | BIG_BO
-            } else {
-                bi
-            };
-            let mut bo = client.alloc(gpu, size, kind).map_err(|e| e.to_string())?;
-            fill(&mut bo, seed(gi, bi));
-            expect(gpu, &bo, seed(gi, bi))?;
-            bos.push((bi, bo));
-        }
-        works.push(GpuWork::new(&client, index, gi, gpu, bos, o.change_every)?);
-    }
-    let main_works = works.len();
-    for t in 0..o.threads {
-        let gi = chosen[t % chosen.len()];
-        let gpu = gpu_of(gi)?;
-        let bi = THREAD_BO_BASE + t;
-        let mut bo = client
-            .alloc(gpu, THREAD_BO_BYTES, MemKind::Gtt)
-            .map_err(|e| e.to_string())?;
-        fill(&mut bo, seed(gi, bi));
-        expect(gpu, &bo, seed(gi, bi))?;
-        works.push(GpuWork::new(
-            &client,
-            index,
-            gi,
-            gpu,
-            vec![(bi, bo)],
-            o.change_every,
-        )?);
-    }
-    let events = if o.events {
-        let gpu = works
-            .first()
-            .map(|w| w.gpu)
-            .ok_or("--events needs a GPU (--gpus is empty)")?;
-        let mut events = Events::new(&client, gpu).map_err(|e| e.to_string())?;
-        let event = events.create().map_err(|e| e.to_string())?;
-        Some(EventCheck {
-            events,
-            event,
-            pending: false,
-            fired: 0,
-        })
-    } else {
-        None
-    };
+    let (works, main_works) = alloc_works(o, &client, index)?;
+    let events = event_check(o, &client, &works)?;
     let works: Vec<Mutex<GpuWork<'_>>> = works.into_iter().map(Mutex::new).collect();
     let mut me = Proc {
         client: &client,
@@ -1265,30 +1152,180 @@ fn run_proc(
             n => Some(Vmas::new(index, n)?),
         },
     };
-    let ready = format!(
-        "{{\"ready\":true,\"pid\":{},\"gpus\":[{}],\"mib_per_gpu\":{},\"bos_per_gpu\":{}{}{}}}",
+    announce_ready(&ready_line(o, &me), index, ready_pipe, me.children.len())?;
+    Ok(serve(o, &mut me))
+}
+
+/// `--other-render-opens` (and `--gem-bo`, a GEM BO on the first of them).
+fn open_other_render_nodes(o: &Options) -> Result<Vec<File>, String> {
+    if o.gem_bo && !o.other_render_opens {
+        return Err("--gem-bo needs --other-render-opens".to_owned());
+    }
+    if !o.other_render_opens {
+        return Ok(Vec::new());
+    }
+    let opens = other_render_opens()?;
+    if o.gem_bo {
+        let first = &opens[0];
+        let node = kfd_abi::handle::RenderNode::from_fd(first);
+        let domain = u64::from(kfd_abi::sys::AMDGPU_GEM_DOMAIN_GTT);
+        let h = node
+            .gem_create(1 << 20, 4096, domain, 0)
+            .map_err(|e| format!("--gem-bo: {e}"))?;
+        // Bytes of its own (not zeros, which a dump leaves as holes), written
+        // through the render file as a client does.
+        let at = node.gem_mmap(h).map_err(|e| format!("--gem-bo: {e}"))?;
+        let map = kfd_abi::handle::Mapping::shared(first.as_fd(), at, 1 << 20)
+            .map_err(|e| format!("--gem-bo: mapping the BO: {e}"))?;
+        let bytes: Vec<u8> = (0..1u32 << 20).map(|i| (i * 7 + 0x5a) as u8).collect();
+        map.as_volatile_slice().copy_from(&bytes);
+    }
+    Ok(opens)
+}
+
+/// The size and kind of every BO of one GPU: `--bos` alternating VRAM and GTT, then
+/// `--small-bos` alternating GTT and VRAM, then the `--big-bo-mib` BO.
+fn bo_sizes(o: &Options) -> Vec<(u64, MemKind)> {
+    let alternate = |i: usize, even, odd| if i.is_multiple_of(2) { even } else { odd };
+    let per_bo = (o.mib << 20).div_ceil(o.bos as u64);
+    let mut sizes: Vec<(u64, MemKind)> = (0..o.bos)
+        .map(|bi| (per_bo, alternate(bi, MemKind::Vram, MemKind::Gtt)))
+        .collect();
+    sizes.extend(
+        (0..o.small_bos).map(|si| (SMALL_BO_BYTES, alternate(si, MemKind::Gtt, MemKind::Vram))),
+    );
+    if o.big_bo_mib > 0 {
+        sizes.push((o.big_bo_mib << 20, MemKind::Vram));
+    }
+    sizes
+}
+
+/// Allocates and fills the BOs: one work per chosen GPU (stepped by the main thread), then
+/// one per `--threads` thread; returns the works and how many are the main thread's.
+fn alloc_works<'c>(
+    o: &Options,
+    client: &'c KfdClient,
+    index: usize,
+) -> Result<(Vec<GpuWork<'c>>, usize), String> {
+    let all = client.gpus();
+    let chosen: Vec<usize> = match &o.gpus {
+        Some(l) => l.clone(),
+        None => (0..all.len()).collect(),
+    };
+    let gpu_of = |gi: usize| {
+        all.get(gi).map(|g| g.gpu_id).ok_or(format!(
+            "--gpus: index {gi}, but this process can use {} GPUs of the topology",
+            all.len()
+        ))
+    };
+    let filled = |gi: usize, gpu: GpuId, bi: usize, size: u64, kind: MemKind| {
+        let seed = Seed {
+            proc: index,
+            gpu: gi,
+            bo: bi,
+            gen: 0,
+            every: o.change_every,
+        };
+        let mut bo = client.alloc(gpu, size, kind).map_err(|e| e.to_string())?;
+        fill(&mut bo, seed);
+        if let Some(dir) = &o.dump_expected {
+            write_expected(dir, gpu, &bo, seed)?;
+        }
+        Ok::<_, String>((bi, bo))
+    };
+    let sizes = bo_sizes(o);
+    let mut works = Vec::new();
+    for &gi in &chosen {
+        let gpu = gpu_of(gi)?;
+        let mut bos = Vec::new();
+        for (bi, &(size, kind)) in sizes.iter().enumerate() {
+            let bi = if o.big_bo_mib > 0 && bi == sizes.len() - 1 {
+                bi | o.big_bo_fill | BIG_BO
+            } else {
+                bi
+            };
+            bos.push(filled(gi, gpu, bi, size, kind)?);
+        }
+        works.push(GpuWork::new(client, index, gi, gpu, bos, o.change_every)?);
+    }
+    let main_works = works.len();
+    for t in 0..o.threads {
+        let gi = chosen[t % chosen.len()];
+        let gpu = gpu_of(gi)?;
+        let bo = filled(gi, gpu, THREAD_BO_BASE + t, THREAD_BO_BYTES, MemKind::Gtt)?;
+        works.push(GpuWork::new(
+            client,
+            index,
+            gi,
+            gpu,
+            vec![bo],
+            o.change_every,
+        )?);
+    }
+    Ok((works, main_works))
+}
+
+/// `--events`: an event on the first work's GPU that its SDMA jobs signal.
+fn event_check<'c>(
+    o: &Options,
+    client: &'c KfdClient,
+    works: &[GpuWork<'c>],
+) -> Result<Option<EventCheck<'c>>, String> {
+    if !o.events {
+        return Ok(None);
+    }
+    let gpu = works
+        .first()
+        .map(|w| w.gpu)
+        .ok_or("--events needs a GPU (--gpus is empty)")?;
+    let mut events = Events::new(client, gpu).map_err(|e| e.to_string())?;
+    let event = events.create().map_err(|e| e.to_string())?;
+    Ok(Some(EventCheck {
+        events,
+        event,
+        pending: false,
+        fired: 0,
+    }))
+}
+
+/// The JSON line that says the process is ready: its pid, GPUs and memory, the GPUs it
+/// skipped, and with `--procs`, its index and children.
+fn ready_line(o: &Options, me: &Proc<'_, '_>) -> String {
+    let family = if o.procs > 1 {
+        format!(
+            ",\"proc\":{},\"children\":[{}]",
+            me.index,
+            me.children
+                .iter()
+                .map(|c| c.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "{{\"ready\":true,\"pid\":{},\"gpus\":[{}],\"mib_per_gpu\":{},\"bos_per_gpu\":{}{}{family}}}",
         std::process::id(),
-        me.works[..main_works]
+        me.works[..me.main_works]
             .iter()
             .map(|w| lock(w).gpu.get().to_string())
             .collect::<Vec<_>>()
             .join(","),
         o.mib,
         o.bos,
-        skipped_json(&client),
-        if o.procs > 1 {
-            format!(
-                ",\"proc\":{index},\"children\":[{}]",
-                me.children
-                    .iter()
-                    .map(|c| c.to_string())
-                    .collect::<Vec<_>>()
-                    .join(",")
-            )
-        } else {
-            String::new()
-        }
-    );
+        skipped_json(me.client),
+    )
+}
+
+/// Prints the ready line: a child first tells the first process through the pipe, and the
+/// first process prints only when every child has.
+fn announce_ready(
+    ready: &str,
+    index: usize,
+    ready_pipe: Option<File>,
+    children: usize,
+) -> Result<(), String> {
     match ready_pipe {
         Some(mut wr) if index > 0 => {
             println!("{ready}");
@@ -1299,20 +1336,27 @@ fn run_proc(
             let mut got = Vec::new();
             std::io::Read::read_to_end(&mut rd, &mut got)
                 .map_err(|e| format!("waiting for the children: {e}"))?;
-            if got.len() != me.children.len() {
+            if got.len() != children {
                 return Err(format!(
-                    "{} of {} children failed to start",
-                    me.children.len() - got.len(),
-                    me.children.len()
+                    "{} of {children} children failed to start",
+                    children - got.len(),
                 ));
             }
             println!("{ready}");
         }
         None => println!("{ready}"),
     }
+    Ok(())
+}
+
+/// Steps the works every `--interval` (the thread works on threads of their own) and answers
+/// the signals: SIGUSR2 changes memory, SIGUSR1 verifies, SIGTERM stops and reports.
+fn serve(o: &Options, me: &mut Proc<'_, '_>) -> bool {
     let interval = o.interval;
+    let works = me.works;
+    let (main, threads) = works.split_at(me.main_works);
     std::thread::scope(|s| {
-        for w in &works[main_works..] {
+        for w in threads {
             s.spawn(move || {
                 while !STOP.load(Ordering::SeqCst) {
                     lock(w).step_recording();
@@ -1323,10 +1367,10 @@ fn run_proc(
         loop {
             if STOP.load(Ordering::SeqCst) {
                 let errs = me.stop_children();
-                return Ok(me.report(errs));
+                return me.report(errs);
             }
             if CHANGE.swap(false, Ordering::SeqCst) {
-                let bytes: u64 = works[..main_works].iter().map(|w| lock(w).change()).sum();
+                let bytes: u64 = main.iter().map(|w| lock(w).change()).sum();
                 println!(
                     "{{\"changed\":true,\"pid\":{},\"bytes\":{bytes}}}",
                     std::process::id()
@@ -1337,7 +1381,7 @@ fn run_proc(
                 let errs = me.reap_early();
                 me.report(errs);
             }
-            for w in &works[..main_works] {
+            for w in main {
                 lock(w).step_recording();
             }
             std::thread::sleep(interval);
