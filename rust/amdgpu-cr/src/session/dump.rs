@@ -36,15 +36,15 @@ use super::guardian::Guardian;
 use super::signals;
 use super::{gpu_jobs, human_bytes, log_gpu_stats, owned_dmabufs, HelperLog, SessionError};
 use crate::bo;
-use crate::copy::dump_contents_encoded;
+use crate::copy::{dump_contents_encoded, DumpOutcome};
 use crate::env::{self, EnginePolicy};
 use crate::ids::{GpuId, GpuVa, MmapOffset, RenderMinor};
-use crate::image::FileId;
+use crate::image::{FileId, KfdImage};
 use crate::os::fd::{pidfd_getfd, same_open_file, task_fds};
 use crate::os::process::pidfd_open;
 use crate::plan::{
     plan_dump, render_image, stat_fd, stat_path, BoBucket, CheckpointData, DeviceBucket,
-    DeviceIdentities, DeviceKind, SharedMem, HSAKMT_SEMAPHORE_FILE, HSAKMT_SHM,
+    DeviceIdentities, DeviceKind, DumpPlan, SharedMem, HSAKMT_SEMAPHORE_FILE, HSAKMT_SHM,
 };
 use crate::topology::{Topology, SYSFS_NODES};
 use crate::validate::digests::{self, Digests};
@@ -490,50 +490,9 @@ impl DumpSession {
         let p = &self.procs[i];
         let owner = p.task;
         let start = Instant::now();
-        // The thunk's files as the task sees them (its mount namespace).
-        let root = format!("/proc/{owner}/root");
-        let shm = SharedMem::probe(
-            Path::new(&format!("{root}{HSAKMT_SHM}")),
-            Path::new(&format!("{root}{HSAKMT_SEMAPHORE_FILE}")),
-        )
-        .map_err(|source| SessionError::Os {
-            pid: owner,
-            step: format!("reading {HSAKMT_SHM}"),
-            source,
-        })?;
-        let plan = plan_dump(topology, &p.ckpt, shm)
+        let plan = plan_dump(topology, &p.ckpt, task_shared_mem(owner)?)
             .map_err(|e| SessionError::core(owner, "planning the GPU dump", e))?;
-        // The CPU maps a BO through the render-node file that owns it: the
-        // file the task gave to ACQUIRE_VM (`drm_vma_node_allow` admits
-        // only that one; `drm_gem_mmap` answers EACCES for any other, so a
-        // file of our own would not do), or else through its dmabuf.  A task
-        // may hold several files of one node (Mesa, VA-API); the owner is
-        // the one whose mapping the kernel admits.
-        let task_render = self.render_fds.get(&owner);
-        let mut owners: BTreeMap<RenderMinor, BorrowedFd<'_>> = BTreeMap::new();
-        for w in &plan.gpus {
-            let Some(b) = w.bos.first().and_then(|&i| p.ckpt.bos.get(i)) else {
-                continue;
-            };
-            let candidates = task_render
-                .into_iter()
-                .flatten()
-                .filter(|(m, _)| *m == w.render_minor)
-                .map(|(_, f)| f.as_fd());
-            match owning_file(candidates, b.offset) {
-                Some(fd) => {
-                    owners.insert(w.render_minor, fd);
-                }
-                None => log::warn!(
-                    "pid {owner}: GPU {}: no render-node file of the task owns its BOs \
-                     (none of its {} files admits a mapping of BO at offset {}); the CPU \
-                     can copy only BOs with a dmabuf",
-                    w.user,
-                    w.render_minor.path(),
-                    b.offset
-                ),
-            }
-        }
+        let owners = render_owners(owner, &plan, &p.ckpt, self.render_fds.get(&owner));
         let render_fd =
             |minor: RenderMinor| -> Option<BorrowedFd<'_>> { owners.get(&minor).copied() };
         let dmabufs: Vec<Option<BorrowedFd<'_>>> = p
@@ -568,48 +527,23 @@ impl DumpSession {
         let mut image = plan
             .finish_image(&out.hashes, out.encoding)
             .map_err(|e| SessionError::core(owner, "building the KFD image", e))?;
-        let mut kept = 0u64;
-        for (&i, d) in &out.extents {
-            let Some(b) = image.msg.bo_entries.get_mut(i) else {
-                continue;
-            };
-            if d.len() > 1 {
-                b.content_extent_xxh3 = d.clone();
-            }
-            if let Some(ks) = out.inherited.get(&i) {
-                let e = chain::dump_extent(b.size);
-                kept += ks.iter().map(|&k| e.min(b.size - k * e)).sum::<u64>();
-                b.parent_extents = Some(chain::bitmap(ks));
-                b.parent_bo = parent_bos.get(&i).copied();
-            }
-        }
+        let kept = record_extents(&mut image, &out, &parent_bos);
         if let Some((name, _)) = &parent {
-            let total: u64 = out.stats.iter().map(|s| s.bytes).sum();
             if !out.inherited.is_empty() {
                 image.msg.criu_rocm_parent = Some(name.clone());
             }
-            log::info!(
-                "pid {owner}: incremental GPU dump against {}/{name}: {} of {} written, {} \
-                 unchanged left to the parent ({} of {} BO(s) matched)",
-                chain::PARENT_LINK,
-                human_bytes(out.written),
-                human_bytes(total),
-                human_bytes(kept),
-                parent_bos.len(),
-                out.extents.len()
-            );
+            log_incremental(owner, name, &out, kept, parent_bos.len());
         }
         image
             .write(dir, id)
             .map_err(|e| SessionError::core(owner, "writing the KFD image", e))?;
         self.digests.add_kfd_in(dir, id, &image);
         log_gpu_stats(owner, "saved", &out.stats);
-        let total: u64 = out.stats.iter().map(|s| s.bytes).sum();
         log::info!(
             "pid {owner}: KFD file {id}: {} GPU(s), {} BO(s), {} of GPU memory, {} object(s) saved in {:.1} ms",
             p.info.num_devices,
             p.info.num_bos,
-            human_bytes(total),
+            human_bytes(out.stats.iter().map(|s| s.bytes).sum()),
             p.info.num_objects,
             start.elapsed().as_secs_f64() * 1e3
         );
@@ -961,6 +895,101 @@ fn checkpoint(
         priv_data,
     };
     Ok((ckpt, dmabufs))
+}
+
+/// The thunk's shared memory as task `owner` sees it (through its mount
+/// namespace).
+fn task_shared_mem(owner: i32) -> Result<SharedMem, SessionError> {
+    let root = format!("/proc/{owner}/root");
+    SharedMem::probe(
+        Path::new(&format!("{root}{HSAKMT_SHM}")),
+        Path::new(&format!("{root}{HSAKMT_SEMAPHORE_FILE}")),
+    )
+    .map_err(|source| SessionError::Os {
+        pid: owner,
+        step: format!("reading {HSAKMT_SHM}"),
+        source,
+    })
+}
+
+/// For each GPU of the plan, the render-node file of task `owner` through
+/// which the CPU maps its BOs.
+///
+/// The CPU maps a BO through the render-node file that owns it: the file
+/// the task gave to ACQUIRE_VM (`drm_vma_node_allow` admits only that one;
+/// `drm_gem_mmap` answers EACCES for any other, so a file of our own would
+/// not do), or else through its dmabuf.  A task may hold several files of
+/// one node (Mesa, VA-API); the owner is the one whose mapping the kernel
+/// admits.
+fn render_owners<'f>(
+    owner: i32,
+    plan: &DumpPlan,
+    ckpt: &CheckpointData,
+    task_render: Option<&'f Vec<(RenderMinor, OwnedFd)>>,
+) -> BTreeMap<RenderMinor, BorrowedFd<'f>> {
+    let mut owners = BTreeMap::new();
+    for w in &plan.gpus {
+        let Some(b) = w.bos.first().and_then(|&i| ckpt.bos.get(i)) else {
+            continue;
+        };
+        let candidates = task_render
+            .into_iter()
+            .flatten()
+            .filter(|(m, _)| *m == w.render_minor)
+            .map(|(_, f)| f.as_fd());
+        match owning_file(candidates, b.offset) {
+            Some(fd) => {
+                owners.insert(w.render_minor, fd);
+            }
+            None => log::warn!(
+                "pid {owner}: GPU {}: no render-node file of the task owns its BOs \
+                 (none of its {} files admits a mapping of BO at offset {}); the CPU \
+                 can copy only BOs with a dmabuf",
+                w.user,
+                w.render_minor.path(),
+                b.offset
+            ),
+        }
+    }
+    owners
+}
+
+/// Records in the image each BO's extent digests and, for an incremental
+/// dump, the extents left to the parent; returns the bytes left to it.
+fn record_extents(
+    image: &mut KfdImage,
+    out: &DumpOutcome,
+    parent_bos: &BTreeMap<usize, u32>,
+) -> u64 {
+    let mut kept = 0u64;
+    for (&i, d) in &out.extents {
+        let Some(b) = image.msg.bo_entries.get_mut(i) else {
+            continue;
+        };
+        if d.len() > 1 {
+            b.content_extent_xxh3 = d.clone();
+        }
+        if let Some(ks) = out.inherited.get(&i) {
+            let e = chain::dump_extent(b.size);
+            kept += ks.iter().map(|&k| e.min(b.size - k * e)).sum::<u64>();
+            b.parent_extents = Some(chain::bitmap(ks));
+            b.parent_bo = parent_bos.get(&i).copied();
+        }
+    }
+    kept
+}
+
+fn log_incremental(owner: i32, parent: &str, out: &DumpOutcome, kept: u64, matched: usize) {
+    let total: u64 = out.stats.iter().map(|s| s.bytes).sum();
+    log::info!(
+        "pid {owner}: incremental GPU dump against {}/{parent}: {} of {} written, {} \
+         unchanged left to the parent ({matched} of {} BO(s) matched)",
+        chain::PARENT_LINK,
+        human_bytes(out.written),
+        human_bytes(total),
+        human_bytes(kept),
+        out.extents.len()
+    );
 }
 
 /// The first of `files` through which the kernel lets us map the page at
