@@ -516,169 +516,183 @@ fn decode(
 
 /// Resolves the operands of packet `name` (dwords `dw`).
 fn operands(vm: Vm<'_>, ip: IpVersion, name: &'static str, dw: &[u32]) -> Result<Op, Halt> {
-    let major = ip.0;
-    let h = dw[0];
-    let range = |va: u64, n: u64| vm(va, n);
-    let aligned = |what: &str, va: u64, a: u64| {
-        if va.is_multiple_of(a) {
-            Ok(())
-        } else {
-            Err(bad(format!("{what} {va:#x} not {a}-byte aligned")))
-        }
-    };
     Ok(match name {
         // The emulated GPU's memory has no caches to flush or invalidate.
         "NOP" | "GCR_REQ" => Op::Nop,
-        "COPY_LINEAR" => {
-            if h & (1 << 27) != 0 {
-                return Err(bad("broadcast copy not modelled"));
-            }
-            no_tmz(h)?;
-            cache_policy(h, major)?;
-            no_swap(dw[2], 16, 24)?;
-            // SDMA 7's DCC dword: compression is not modelled.
-            if dw.len() == 8 && dw[7] != 0 {
-                return Err(bad(format!(
-                    "COPY_LINEAR with DCC parameters {:#x} (compression) not modelled",
-                    dw[7]
-                )));
-            }
-            let n = (dw[1] & copy_count_mask(ip)) as u64 + 1;
-            Op::Copy {
-                src: range(addr(dw[3], dw[4]), n),
-                dst: range(addr(dw[5], dw[6]), n),
-            }
-        }
-        "COPY_LINEAR_SUB_WIND" => {
-            no_tmz(h)?;
-            no_swap(dw[12], 16, 24)?;
-            let log2 = (h >> 29) & 7;
-            if log2 > 4 {
-                return Err(bad(format!("element size code {log2}")));
-            }
-            let e = 1u64 << log2;
-            let (rx, ry, rz) = (
-                (dw[11] & 0x3fff) as u64 + 1,
-                ((dw[11] >> 16) & 0x3fff) as u64 + 1,
-                (dw[12] & 0x7ff) as u64 + 1,
-            );
-            // One side: base, x, y, z, pitch and slice pitch (elements).
-            let side = |d: &[u32]| {
-                let base = addr(d[0], d[1]);
-                let (x, y) = ((d[2] & 0x3fff) as u64, ((d[2] >> 16) & 0x3fff) as u64);
-                let z = (d[3] & 0x7ff) as u64;
-                let pitch = (d[3] >> 13) as u64 + 1;
-                let slice = (d[4] & 0x0fff_ffff) as u64 + 1;
-                // Element offsets are below 2^50: no overflow before the
-                // base is added.
-                let first = base.checked_add((z * slice + y * pitch + x) * e);
-                let last =
-                    base.checked_add(((z + rz - 1) * slice + (y + ry - 1) * pitch + x + rx) * e);
-                match (first, last) {
-                    (Some(f), Some(l)) => Ok((range(f, l - f), (slice * e, pitch * e))),
-                    _ => Err(bad("sub-window past the end of the address space")),
-                }
-            };
-            let (src, src_step) = side(&dw[1..6])?;
-            let (dst, dst_step) = side(&dw[6..11])?;
-            Op::CopyRect(Box::new(Rect {
-                src,
-                dst,
-                row: rx * e,
-                src_step,
-                dst_step,
-                ny: ry,
-                nz: rz,
-            }))
-        }
-        "WRITE_LINEAR" => {
-            no_tmz(h)?;
-            no_swap(dw[3], 24, 24)?;
-            let data: Vec<u8> = dw[4..].iter().flat_map(|d| d.to_le_bytes()).collect();
-            Op::Write {
-                dst: range(addr(dw[1], dw[2]), data.len() as u64),
-                data,
-            }
-        }
+        "COPY_LINEAR" => copy_linear(vm, ip, dw)?,
+        "COPY_LINEAR_SUB_WIND" => copy_sub_window(vm, dw)?,
+        "WRITE_LINEAR" => write_linear(vm, dw)?,
         "FENCE" => Op::Write {
-            dst: range(addr(dw[1], dw[2]), 4),
+            dst: vm(addr(dw[1], dw[2]), 4),
             data: dw[3].to_le_bytes().to_vec(),
         },
         "TRAP" => Op::Trap(dw[1] & 0x0fff_ffff),
-        "POLL_REGMEM" => {
-            let func = Func::decode((h >> 28) & 7)
-                .ok_or_else(|| bad(format!("compare function {}", (h >> 28) & 7)))?;
-            let a = addr(dw[1], dw[2]);
-            if h >> 31 == 0 {
-                // A register poll.  With the HDP flush bit, the engine
-                // flushes the HDP (the write to the flush request
-                // register) and polls the flush-done register: the
-                // emulated memory has no HDP cache, so the flush is done
-                // at once.  With function "always" the register read
-                // cannot fail (ROCr's HDP flush packet for gfx9 SDMA
-                // firmware is this form).  Other registers are not
-                // modelled.
-                if (h >> 26) & 1 == 1 || matches!(func, Func::Always) {
-                    return Ok(Op::Nop);
-                }
-                return Err(bad(format!(
-                    "poll of register {:#x} not modelled",
-                    dw[1] >> 2
-                )));
-            }
-            aligned("polled address", a, 4)?;
-            Op::Poll {
-                mem: range(a, 4),
-                func,
-                reference: dw[3],
-                mask: dw[4],
-                retries: (dw[5] >> 16) & 0xfff,
-            }
-        }
-        "ATOMIC" => {
-            no_tmz(h)?;
-            let code = (h >> 25) & 0x7f;
-            let kind = code & 0x1f;
-            use super::uapi::sdma::atomic::*;
-            if !(SWAP..=DEC).contains(&kind) || (CMPSWAP + 1..ADD).contains(&kind) {
-                return Err(bad(format!("atomic operation {code:#x} not modelled")));
-            }
-            let wide = code & BIT_64 != 0;
-            let a = addr(dw[1], dw[2]);
-            let size = if wide { 8 } else { 4 };
-            aligned("address", a, size)?;
-            Op::Atomic {
-                dst: range(a, size),
-                op: Atomic {
-                    kind,
-                    wide,
-                    src: addr(dw[3], dw[4]),
-                    cmp: addr(dw[5], dw[6]),
-                    looping: kind == CMPSWAP && (h >> 16) & 1 == 1,
-                },
-            }
-        }
-        "CONST_FILL" => {
-            no_swap(h, 16, 16)?;
-            let size = h >> 30;
-            let pat = match size {
-                0 => dw[3].to_le_bytes()[..1].to_vec(),
-                2 => dw[3].to_le_bytes().to_vec(),
-                _ => return Err(bad(format!("fill size {size} not modelled"))),
-            };
-            let n = (((dw[4] & 0x3f_ffff) >> size) as u64 + 1) << size;
-            Op::Fill {
-                dst: range(addr(dw[1], dw[2]), n),
-                pat,
-            }
-        }
+        "POLL_REGMEM" => poll_regmem(vm, dw)?,
+        "ATOMIC" => atomic(vm, dw)?,
+        "CONST_FILL" => const_fill(vm, dw)?,
         "TIMESTAMP_SET" => Op::TimestampSet(addr(dw[1], dw[2])),
         "TIMESTAMP_GET" | "TIMESTAMP_GET_GLOBAL" => Op::Timestamp {
             // Address bits 2..0 are not part of the packet.
-            dst: range(addr(dw[1] & !7, dw[2]), 8),
+            dst: vm(addr(dw[1] & !7, dw[2]), 8),
             local: name == "TIMESTAMP_GET",
         },
         _ => unreachable!("shape() names only these"),
+    })
+}
+
+fn aligned(what: &str, va: u64, a: u64) -> Result<(), Halt> {
+    if va.is_multiple_of(a) {
+        Ok(())
+    } else {
+        Err(bad(format!("{what} {va:#x} not {a}-byte aligned")))
+    }
+}
+
+fn copy_linear(vm: Vm<'_>, ip: IpVersion, dw: &[u32]) -> Result<Op, Halt> {
+    let h = dw[0];
+    if h & (1 << 27) != 0 {
+        return Err(bad("broadcast copy not modelled"));
+    }
+    no_tmz(h)?;
+    cache_policy(h, ip.0)?;
+    no_swap(dw[2], 16, 24)?;
+    // SDMA 7's DCC dword: compression is not modelled.
+    if dw.len() == 8 && dw[7] != 0 {
+        return Err(bad(format!(
+            "COPY_LINEAR with DCC parameters {:#x} (compression) not modelled",
+            dw[7]
+        )));
+    }
+    let n = (dw[1] & copy_count_mask(ip)) as u64 + 1;
+    Ok(Op::Copy {
+        src: vm(addr(dw[3], dw[4]), n),
+        dst: vm(addr(dw[5], dw[6]), n),
+    })
+}
+
+fn copy_sub_window(vm: Vm<'_>, dw: &[u32]) -> Result<Op, Halt> {
+    let h = dw[0];
+    no_tmz(h)?;
+    no_swap(dw[12], 16, 24)?;
+    let log2 = (h >> 29) & 7;
+    if log2 > 4 {
+        return Err(bad(format!("element size code {log2}")));
+    }
+    let e = 1u64 << log2;
+    let (rx, ry, rz) = (
+        (dw[11] & 0x3fff) as u64 + 1,
+        ((dw[11] >> 16) & 0x3fff) as u64 + 1,
+        (dw[12] & 0x7ff) as u64 + 1,
+    );
+    // One side: base, x, y, z, pitch and slice pitch (elements).
+    let side = |d: &[u32]| {
+        let base = addr(d[0], d[1]);
+        let (x, y) = ((d[2] & 0x3fff) as u64, ((d[2] >> 16) & 0x3fff) as u64);
+        let z = (d[3] & 0x7ff) as u64;
+        let pitch = (d[3] >> 13) as u64 + 1;
+        let slice = (d[4] & 0x0fff_ffff) as u64 + 1;
+        // Element offsets are below 2^50: no overflow before the
+        // base is added.
+        let first = base.checked_add((z * slice + y * pitch + x) * e);
+        let last = base.checked_add(((z + rz - 1) * slice + (y + ry - 1) * pitch + x + rx) * e);
+        match (first, last) {
+            (Some(f), Some(l)) => Ok((vm(f, l - f), (slice * e, pitch * e))),
+            _ => Err(bad("sub-window past the end of the address space")),
+        }
+    };
+    let (src, src_step) = side(&dw[1..6])?;
+    let (dst, dst_step) = side(&dw[6..11])?;
+    Ok(Op::CopyRect(Box::new(Rect {
+        src,
+        dst,
+        row: rx * e,
+        src_step,
+        dst_step,
+        ny: ry,
+        nz: rz,
+    })))
+}
+
+fn write_linear(vm: Vm<'_>, dw: &[u32]) -> Result<Op, Halt> {
+    no_tmz(dw[0])?;
+    no_swap(dw[3], 24, 24)?;
+    let data: Vec<u8> = dw[4..].iter().flat_map(|d| d.to_le_bytes()).collect();
+    Ok(Op::Write {
+        dst: vm(addr(dw[1], dw[2]), data.len() as u64),
+        data,
+    })
+}
+
+fn poll_regmem(vm: Vm<'_>, dw: &[u32]) -> Result<Op, Halt> {
+    let h = dw[0];
+    let func = Func::decode((h >> 28) & 7)
+        .ok_or_else(|| bad(format!("compare function {}", (h >> 28) & 7)))?;
+    let a = addr(dw[1], dw[2]);
+    if h >> 31 == 0 {
+        // A register poll.  With the HDP flush bit, the engine
+        // flushes the HDP (the write to the flush request
+        // register) and polls the flush-done register: the
+        // emulated memory has no HDP cache, so the flush is done
+        // at once.  With function "always" the register read
+        // cannot fail (ROCr's HDP flush packet for gfx9 SDMA
+        // firmware is this form).  Other registers are not
+        // modelled.
+        if (h >> 26) & 1 == 1 || matches!(func, Func::Always) {
+            return Ok(Op::Nop);
+        }
+        return Err(bad(format!(
+            "poll of register {:#x} not modelled",
+            dw[1] >> 2
+        )));
+    }
+    aligned("polled address", a, 4)?;
+    Ok(Op::Poll {
+        mem: vm(a, 4),
+        func,
+        reference: dw[3],
+        mask: dw[4],
+        retries: (dw[5] >> 16) & 0xfff,
+    })
+}
+
+fn atomic(vm: Vm<'_>, dw: &[u32]) -> Result<Op, Halt> {
+    use super::uapi::sdma::atomic::*;
+    let h = dw[0];
+    no_tmz(h)?;
+    let code = (h >> 25) & 0x7f;
+    let kind = code & 0x1f;
+    if !(SWAP..=DEC).contains(&kind) || (CMPSWAP + 1..ADD).contains(&kind) {
+        return Err(bad(format!("atomic operation {code:#x} not modelled")));
+    }
+    let wide = code & BIT_64 != 0;
+    let a = addr(dw[1], dw[2]);
+    let size = if wide { 8 } else { 4 };
+    aligned("address", a, size)?;
+    Ok(Op::Atomic {
+        dst: vm(a, size),
+        op: Atomic {
+            kind,
+            wide,
+            src: addr(dw[3], dw[4]),
+            cmp: addr(dw[5], dw[6]),
+            looping: kind == CMPSWAP && (h >> 16) & 1 == 1,
+        },
+    })
+}
+
+fn const_fill(vm: Vm<'_>, dw: &[u32]) -> Result<Op, Halt> {
+    let h = dw[0];
+    no_swap(h, 16, 16)?;
+    let size = h >> 30;
+    let pat = match size {
+        0 => dw[3].to_le_bytes()[..1].to_vec(),
+        2 => dw[3].to_le_bytes().to_vec(),
+        _ => return Err(bad(format!("fill size {size} not modelled"))),
+    };
+    let n = (((dw[4] & 0x3f_ffff) >> size) as u64 + 1) << size;
+    Ok(Op::Fill {
+        dst: vm(addr(dw[1], dw[2]), n),
+        pat,
     })
 }
 
