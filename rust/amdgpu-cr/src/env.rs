@@ -429,18 +429,23 @@ pub const COMPRESS_VAR: &str = "KFD_COMPRESS";
 /// own zstd compressor) per GPU.
 pub const COMPRESS_THREADS_VAR: &str = "KFD_COMPRESS_THREADS";
 
+/// zstd levels `KFD_COMPRESS` accepts (zstd's without `--ultra`), so the
+/// levels criu-rocm writes.
+pub const ZSTD_LEVELS: std::ops::RangeInclusive<i32> = 1..=19;
+/// Level when `KFD_COMPRESS=zstd` names none (zstd's default).
+pub const ZSTD_DEFAULT_LEVEL: i32 = 3;
+
 /// Parses `KFD_COMPRESS`: unset, empty, `0`, `no` or `none` → `None`
 /// (upstream's layout, the default); `zstd` or `zstd:LEVEL` → the zstd
 /// level (1..=19, default 3).
 pub fn parse_compress(value: Option<&str>) -> Result<Option<i32>, EnvError> {
-    use crate::pages::zstd::{DEFAULT_LEVEL, LEVELS};
     let Some(value) = value else {
         return Ok(None);
     };
     let v = value.trim().to_ascii_lowercase();
     match v.as_str() {
         "" | "0" | "no" | "none" => return Ok(None),
-        "zstd" => return Ok(Some(DEFAULT_LEVEL)),
+        "zstd" => return Ok(Some(ZSTD_DEFAULT_LEVEL)),
         _ => {}
     }
     let Some(level) = v.strip_prefix("zstd:") else {
@@ -451,14 +456,14 @@ pub fn parse_compress(value: Option<&str>) -> Result<Option<i32>, EnvError> {
         ));
     };
     match level.parse::<i32>() {
-        Ok(l) if LEVELS.contains(&l) => Ok(Some(l)),
+        Ok(l) if ZSTD_LEVELS.contains(&l) => Ok(Some(l)),
         _ => Err(invalid(
             COMPRESS_VAR,
             value,
             format!(
                 "the zstd level must be {} to {}",
-                LEVELS.start(),
-                LEVELS.end()
+                ZSTD_LEVELS.start(),
+                ZSTD_LEVELS.end()
             ),
         )),
     }

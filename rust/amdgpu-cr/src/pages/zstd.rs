@@ -56,10 +56,9 @@ pub const MAX_CHUNK: u64 = HASH_EXTENT;
 pub const WINDOW_LOG: u32 = 21;
 /// Compressed bytes read at a time by the reader.
 pub const INPUT_BUFFER: usize = 128 << 10;
-/// Levels accepted (zstd's without `--ultra`).
-pub const LEVELS: std::ops::RangeInclusive<i32> = 1..=19;
-/// Level when `KFD_COMPRESS=zstd` names none (zstd's default).
-pub const DEFAULT_LEVEL: i32 = 3;
+/// Levels accepted, and the level when `KFD_COMPRESS=zstd` names none (the
+/// knob's, defined with it so that the knobs use nothing above them).
+pub use crate::env::{ZSTD_DEFAULT_LEVEL as DEFAULT_LEVEL, ZSTD_LEVELS as LEVELS};
 
 /// How a pages file holds the BO bytes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
