@@ -24,12 +24,16 @@ use kfd_abi::sys;
 use kfd_abi::volatile::VolatileSlice;
 
 use crate::error::{Error, Result};
-use crate::queue::DOORBELL_RANGE;
 use crate::topology::{self, Node};
 
 /// Oldest KFD interface accepted: 1.8 is the first one whose CRIU op can checkpoint the BOs
 /// this client makes, and checkpointing them is what the client exists for.
 pub const MIN_KFD_MINOR: u32 = 8;
+
+/// Bytes of the per-process doorbell range of one GPU on GFX9+ (1024 64-bit doorbells): the
+/// size of the DOORBELL BO. CREATE_QUEUE returns an offset inside it; the BO is mapped from
+/// its aligned start.
+pub const DOORBELL_RANGE: u64 = 8192;
 
 /// `KFD_IOC_ALLOC_MEM_FLAGS_*` of the doorbell BO, as the thunk allocates it.
 pub const DOORBELL_ALLOC_FLAGS: u32 = sys::KFD_IOC_ALLOC_MEM_FLAGS_DOORBELL

@@ -21,10 +21,7 @@ use kfd_abi::volatile::VolatileSlice;
 use crate::sdma::{self, PacketError};
 use crate::{Bo, Gpu, KfdClient, MemKind};
 
-/// Bytes of the per-process doorbell range of one GPU on GFX9+ (1024 64-bit doorbells): the
-/// size of the DOORBELL BO. CREATE_QUEUE returns an offset inside it; the BO is mapped from
-/// its aligned start.
-pub const DOORBELL_RANGE: u64 = 8192;
+pub use crate::client::DOORBELL_RANGE;
 
 /// Why a queue operation failed; every variant names the GPU.
 #[derive(Debug, thiserror::Error)]
