@@ -8,7 +8,8 @@
 
 use std::cell::RefCell;
 
-use crate::state::LANES;
+/// Lanes of a wave.
+pub const LANES: usize = 64;
 
 /// The rows of one file.
 pub(crate) type Rows = Box<[[u32; LANES]]>;

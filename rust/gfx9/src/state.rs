@@ -12,8 +12,8 @@ pub enum Target {
     Gfx90a,
 }
 
-/// Lanes of a wave.
-pub const LANES: usize = 64;
+/// Lanes of a wave (defined with the register file, which stores rows of them).
+pub use crate::regfile::LANES;
 /// Architectural VGPRs (and as many AccVGPRs) per lane.
 pub const VGPRS: usize = 256;
 /// Rows kept past the last VGPR so that a tuple starting at v255 reads zeros instead of
