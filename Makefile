@@ -144,6 +144,7 @@ $(BUILD)/hsa-bench: test/rocm/hsa-bench.c | $(DEPS_FIRST)
 	cc -std=gnu11 -O2 -Wall -Wextra -Werror -o $@ $< -lhsa-runtime64
 
 test-rust:
+	scripts/check-structure.py
 	cd rust && $(CARGO) fmt --all -- --check
 	cd rust && $(CARGO) clippy --locked --workspace --all-targets -q -- -D warnings
 	cd rust && $(CARGO) test --locked --workspace -q
