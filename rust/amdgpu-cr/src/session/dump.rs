@@ -239,82 +239,13 @@ impl DumpSession {
     /// PROCESS_INFO + CHECKPOINT on a task's KFD file; false when that open
     /// file was reached before (an inherited or passed fd).
     fn pause_kfd(&mut self, pid: i32, fd: RawFd, copy: OwnedFd) -> Result<bool, SessionError> {
-        if let Some((i, _)) = self.locate(pid, copy.as_fd())? {
-            let p = &self.procs[i];
-            log::debug!(
-                "pid {pid}: fd {fd} is the KFD file of pid {} fd {} (already paused)",
-                p.task,
-                p.task_fd
-            );
-            return Ok(false);
-        }
-        // A further open of /dev/kfd by a process joins its KFD process; a
-        // second PROCESS_INFO would evict its queues twice, and one UNPAUSE
-        // would not bring them back.  The task's own KFD process is the one
-        // whose PROCESS_INFO named the task itself.
         let own = task_vpid(pid);
-        if let Some(p) = self
-            .procs
-            .iter_mut()
-            .find(|p| p.task == pid && Some(p.info.pid) == own)
-        {
-            log::info!(
-                "pid {pid}: fd {fd} is a further open of /dev/kfd (fd {} holds the state)",
-                p.task_fd
-            );
-            p.reopens.push((fd, copy));
+        let Some(copy) = self.join_known(pid, fd, copy, own)? else {
             return Ok(false);
-        }
-        let kfd_err = |step: &str| {
-            let step = format!("fd {fd} (/dev/kfd): {step}");
-            move |source| SessionError::Kfd { pid, step, source }
         };
-        // Whoever outlives a criu main that dies from here on unpauses the
-        // process: the guardian (a copy of the file goes to it first) and,
-        // for the signals a process can catch, criu's handler.
-        let guardian = self.guardian(pid)?;
-        let guard_id = guardian
-            .track(pid, copy.as_fd())
-            .map_err(|source| SessionError::Os {
-                pid,
-                step: format!("fd {fd} (/dev/kfd): handing the file to the GPU guardian"),
-                source,
-            })?;
-        let slot = signals::register(guard_id, pid, copy.as_raw_fd());
-        if slot.is_none() {
-            log::warn!(
-                "pid {pid}: more than {} KFD processes paused; should criu-rocm be stopped by a \
-                 signal, this one is left to the GPU guardian",
-                signals::SLOTS
-            );
-        }
-        let kfd = Kfd::from_fd(copy.as_fd());
+        let (guard_id, slot) = self.guard(pid, fd, &copy)?;
         let paused_at = Instant::now();
-        let info = match kfd.criu_process_info() {
-            Ok(info) => info,
-            Err(e) => {
-                // KFD puts the queues back itself when PROCESS_INFO fails.
-                if let Some(slot) = slot {
-                    signals::unregister(slot);
-                }
-                let _ = guardian.untrack(guard_id);
-                return Err(kfd_err("pausing the GPU queues")(e));
-            }
-        };
-        if own != Some(info.pid) {
-            // A file inherited from another process of the tree: KFD takes
-            // the guardian's op only from the ptracer of the process' leader.
-            if let Some(owner) = real_pid_of(info.pid, pid) {
-                let _ = guardian.owner(guard_id, owner);
-            }
-        }
-        log::info!(
-            "pid {pid}: GPU queues paused: {} GPU(s), {} BO(s), {} queue/event object(s), {} of kernel data",
-            info.num_devices,
-            info.num_bos,
-            info.num_objects,
-            human_bytes(info.priv_data_size)
-        );
+        let info = self.process_info(pid, fd, &copy, own, (guard_id, slot))?;
         // From here on the process is paused: record it first, so that
         // every later failure unpauses it.
         self.procs.push(PausedProc {
@@ -346,10 +277,118 @@ impl DumpSession {
             });
         }
         let p = self.procs.last_mut().expect("pushed above");
-        let (ckpt, dmabufs) = checkpoint(&p.kfd, &info).map_err(kfd_err("CHECKPOINT"))?;
+        let (ckpt, dmabufs) =
+            checkpoint(&p.kfd, &info).map_err(kfd_error(pid, fd, "CHECKPOINT"))?;
         p.ckpt = ckpt;
         p.dmabufs = dmabufs;
         Ok(true)
+    }
+
+    /// `copy` back when task `pid`'s KFD file `fd` is new to the dump;
+    /// `None` when it is an open file paused before, or a further open of
+    /// /dev/kfd by a process already paused (recorded to be reopened).
+    fn join_known(
+        &mut self,
+        pid: i32,
+        fd: RawFd,
+        copy: OwnedFd,
+        own: Option<u32>,
+    ) -> Result<Option<OwnedFd>, SessionError> {
+        if let Some((i, _)) = self.locate(pid, copy.as_fd())? {
+            let p = &self.procs[i];
+            log::debug!(
+                "pid {pid}: fd {fd} is the KFD file of pid {} fd {} (already paused)",
+                p.task,
+                p.task_fd
+            );
+            return Ok(None);
+        }
+        // A further open of /dev/kfd by a process joins its KFD process; a
+        // second PROCESS_INFO would evict its queues twice, and one UNPAUSE
+        // would not bring them back.  The task's own KFD process is the one
+        // whose PROCESS_INFO named the task itself.
+        if let Some(p) = self
+            .procs
+            .iter_mut()
+            .find(|p| p.task == pid && Some(p.info.pid) == own)
+        {
+            log::info!(
+                "pid {pid}: fd {fd} is a further open of /dev/kfd (fd {} holds the state)",
+                p.task_fd
+            );
+            p.reopens.push((fd, copy));
+            return Ok(None);
+        }
+        Ok(Some(copy))
+    }
+
+    /// Hands KFD file `copy` to whoever outlives a criu main that dies from
+    /// here on and unpauses the process: the guardian (a copy of the file
+    /// goes to it first) and, for the signals a process can catch, criu's
+    /// handler.  Returns the guardian's id and the handler's slot.
+    fn guard(
+        &mut self,
+        pid: i32,
+        fd: RawFd,
+        copy: &OwnedFd,
+    ) -> Result<(u32, Option<usize>), SessionError> {
+        let guard_id = self
+            .guardian(pid)?
+            .track(pid, copy.as_fd())
+            .map_err(|source| SessionError::Os {
+                pid,
+                step: format!("fd {fd} (/dev/kfd): handing the file to the GPU guardian"),
+                source,
+            })?;
+        let slot = signals::register(guard_id, pid, copy.as_raw_fd());
+        if slot.is_none() {
+            log::warn!(
+                "pid {pid}: more than {} KFD processes paused; should criu-rocm be stopped by a \
+                 signal, this one is left to the GPU guardian",
+                signals::SLOTS
+            );
+        }
+        Ok((guard_id, slot))
+    }
+
+    /// PROCESS_INFO, which pauses the queues; on failure takes the file
+    /// back from the guardians (its id with the guardian, its slot in the
+    /// handler).
+    fn process_info(
+        &mut self,
+        pid: i32,
+        fd: RawFd,
+        copy: &OwnedFd,
+        own: Option<u32>,
+        (guard_id, slot): (u32, Option<usize>),
+    ) -> Result<ProcessInfo, SessionError> {
+        let guardian = self.guardian(pid)?;
+        let info = match Kfd::from_fd(copy.as_fd()).criu_process_info() {
+            Ok(info) => info,
+            Err(e) => {
+                // KFD puts the queues back itself when PROCESS_INFO fails.
+                if let Some(slot) = slot {
+                    signals::unregister(slot);
+                }
+                let _ = guardian.untrack(guard_id);
+                return Err(kfd_error(pid, fd, "pausing the GPU queues")(e));
+            }
+        };
+        if own != Some(info.pid) {
+            // A file inherited from another process of the tree: KFD takes
+            // the guardian's op only from the ptracer of the process' leader.
+            if let Some(owner) = real_pid_of(info.pid, pid) {
+                let _ = guardian.owner(guard_id, owner);
+            }
+        }
+        log::info!(
+            "pid {pid}: GPU queues paused: {} GPU(s), {} BO(s), {} queue/event object(s), {} of kernel data",
+            info.num_devices,
+            info.num_bos,
+            info.num_objects,
+            human_bytes(info.priv_data_size)
+        );
+        Ok(info)
     }
 
     /// Dumps a device file CRIU found in the tree (our copy `fd`, CRIU file
@@ -851,6 +890,16 @@ fn checkpoint_buckets(n: usize) -> Vec<sys::kfd_criu_bo_bucket> {
         };
         n
     ]
+}
+
+/// The error of a KFD ioctl on task `pid`'s fd `fd` at `step`.
+fn kfd_error(
+    pid: i32,
+    fd: RawFd,
+    step: &str,
+) -> impl FnOnce(kfd_abi::handle::Error) -> SessionError {
+    let step = format!("fd {fd} (/dev/kfd): {step}");
+    move |source| SessionError::Kfd { pid, step, source }
 }
 
 /// CHECKPOINT with buffers sized from PROCESS_INFO.
