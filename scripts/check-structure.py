@@ -40,7 +40,6 @@ ALLOWED = {
     ("amdgpu-cr/src/copy/mod.rs", "restore_from"): NOT_YET,
     ("amdgpu-cr/src/copy/sdma.rs", "new"): NOT_YET,
     ("amdgpu-cr/src/image.rs", "validate"): NOT_YET,
-    ("amdgpu-cr/src/matcher.rs", "match_with"): NOT_YET,
     ("amdgpu-cr/src/matcher.rs", "scenario"): NOT_YET,
     ("amdgpu-cr/src/os/process.rs", "shim"): NOT_YET,
     ("amdgpu-cr/src/pages/tests.rs", "a_hole_is_what_writing_its_zeros_would_leave"): NOT_YET,

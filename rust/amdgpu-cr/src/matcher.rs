@@ -340,80 +340,13 @@ fn match_with(
 ) -> Result<GpuMap, MatchError> {
     let src_gpus: Vec<&Node> = image.gpus().collect();
     let dst_gpus: Vec<&Node> = host.gpus().collect();
-    if src_gpus.len() < dst_gpus.len() {
-        return Err(MatchError::TooManyGpus {
-            image: src_gpus.len(),
-            host: dst_gpus.len(),
-        });
-    }
-    if src_gpus.len() > dst_gpus.len() {
-        return Err(MatchError::TooFewGpus {
-            image: src_gpus.len(),
-            host: dst_gpus.len(),
-        });
-    }
-
+    check_gpu_count(src_gpus.len(), dst_gpus.len())?;
     // Unary compatibility first: it gives the clearest error.
-    let mut candidates: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-    for s in &src_gpus {
-        let mut ok = Vec::new();
-        let mut detail = String::new();
-        for d in &dst_gpus {
-            let bad = property_mismatches(&s.props, &d.props, checks);
-            fired.extend(bad.iter().filter_map(|m| m.knob));
-            if bad.is_empty() {
-                ok.push(d.node_id);
-            } else {
-                if !detail.is_empty() {
-                    detail.push_str("; ");
-                }
-                let _ = write!(
-                    detail,
-                    "host GPU {} (node {}): {}",
-                    gpu_of(d),
-                    d.node_id,
-                    bad.iter()
-                        .map(|m| m.what.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                );
-            }
-        }
-        if ok.is_empty() {
-            return Err(MatchError::NoCandidate {
-                gpu: gpu_of(s),
-                node: s.node_id,
-                detail,
-            });
-        }
-        candidates.insert(s.node_id, ok);
-    }
-
+    let candidates = candidates(&src_gpus, &dst_gpus, checks, fired)?;
     let src_hives = image.hives();
     let dst_hives = host.hives();
-    let largest = dst_hives.iter().map(Vec::len).max().unwrap_or(0);
-    if let Some(h) = src_hives.iter().find(|h| h.len() > largest) {
-        return Err(MatchError::HiveTooLarge {
-            size: h.len(),
-            nodes: h.clone(),
-            largest,
-        });
-    }
-
-    // Place hive members first (largest hive first, members together) so
-    // a wrong hive choice fails early; then the other GPUs.
-    let mut order: Vec<u32> = Vec::new();
-    let mut by_size = src_hives.clone();
-    by_size.sort_by_key(|h| std::cmp::Reverse(h.len()));
-    for h in &by_size {
-        order.extend(h);
-    }
-    for s in &src_gpus {
-        if !order.contains(&s.node_id) {
-            order.push(s.node_id);
-        }
-    }
-
+    check_hive_sizes(&src_hives, &dst_hives)?;
+    let order = placement_order(&src_hives, &src_gpus);
     let hive_index = |hives: &[Vec<u32>], node: u32| hives.iter().position(|h| h.contains(&node));
     let mut search = Search {
         image,
@@ -437,22 +370,8 @@ fn match_with(
         more_reasons: 0,
         fired,
     };
-    match search.place(0) {
-        Ok(true) => {}
-        Ok(false) => {
-            let node = order[search.deepest];
-            let s = image.node(node).expect("ordered node exists");
-            let mut detail = search.reasons.join("; ");
-            if search.more_reasons > 0 {
-                let _ = write!(detail, "; and {} more", search.more_reasons);
-            }
-            return Err(MatchError::NoPlacement {
-                gpu: gpu_of(s),
-                node,
-                detail,
-            });
-        }
-        Err(e) => return Err(e),
+    if !search.place(0)? {
+        return Err(search.no_placement());
     }
     let map = search
         .gpu_map
@@ -464,6 +383,88 @@ fn match_with(
         })
         .collect();
     Ok(GpuMap { map })
+}
+
+fn check_gpu_count(image: usize, host: usize) -> Result<(), MatchError> {
+    match image.cmp(&host) {
+        std::cmp::Ordering::Less => Err(MatchError::TooManyGpus { image, host }),
+        std::cmp::Ordering::Greater => Err(MatchError::TooFewGpus { image, host }),
+        std::cmp::Ordering::Equal => Ok(()),
+    }
+}
+
+/// Image GPU node → the host GPU nodes whose properties it accepts; the
+/// first image GPU that none accepts is an error naming every refusal.
+fn candidates(
+    src_gpus: &[&Node],
+    dst_gpus: &[&Node],
+    checks: &Checks,
+    fired: &mut BTreeSet<Knob>,
+) -> Result<BTreeMap<u32, Vec<u32>>, MatchError> {
+    let mut candidates = BTreeMap::new();
+    for s in src_gpus {
+        let mut ok = Vec::new();
+        let mut detail = String::new();
+        for d in dst_gpus {
+            let bad = property_mismatches(&s.props, &d.props, checks);
+            fired.extend(bad.iter().filter_map(|m| m.knob));
+            if bad.is_empty() {
+                ok.push(d.node_id);
+                continue;
+            }
+            if !detail.is_empty() {
+                detail.push_str("; ");
+            }
+            let _ = write!(
+                detail,
+                "host GPU {} (node {}): {}",
+                gpu_of(d),
+                d.node_id,
+                bad.iter()
+                    .map(|m| m.what.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+        if ok.is_empty() {
+            return Err(MatchError::NoCandidate {
+                gpu: gpu_of(s),
+                node: s.node_id,
+                detail,
+            });
+        }
+        candidates.insert(s.node_id, ok);
+    }
+    Ok(candidates)
+}
+
+fn check_hive_sizes(src_hives: &[Vec<u32>], dst_hives: &[Vec<u32>]) -> Result<(), MatchError> {
+    let largest = dst_hives.iter().map(Vec::len).max().unwrap_or(0);
+    match src_hives.iter().find(|h| h.len() > largest) {
+        Some(h) => Err(MatchError::HiveTooLarge {
+            size: h.len(),
+            nodes: h.clone(),
+            largest,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Hive members first (largest hive first, members together) so a wrong
+/// hive choice fails early; then the other GPUs.
+fn placement_order(src_hives: &[Vec<u32>], src_gpus: &[&Node]) -> Vec<u32> {
+    let mut order: Vec<u32> = Vec::new();
+    let mut by_size = src_hives.to_vec();
+    by_size.sort_by_key(|h| std::cmp::Reverse(h.len()));
+    for h in &by_size {
+        order.extend(h);
+    }
+    for s in src_gpus {
+        if !order.contains(&s.node_id) {
+            order.push(s.node_id);
+        }
+    }
+    order
 }
 
 fn gpu_of(n: &Node) -> GpuId {
@@ -491,6 +492,22 @@ struct Search<'a> {
 }
 
 impl Search<'_> {
+    /// The error when no placement was found: the GPU the search could not
+    /// place and why each of its candidates failed.
+    fn no_placement(&self) -> MatchError {
+        let node = self.order[self.deepest];
+        let s = self.image.node(node).expect("ordered node exists");
+        let mut detail = self.reasons.join("; ");
+        if self.more_reasons > 0 {
+            let _ = write!(detail, "; and {} more", self.more_reasons);
+        }
+        MatchError::NoPlacement {
+            gpu: gpu_of(s),
+            node,
+            detail,
+        }
+    }
+
     /// Keeps the distinct reasons why candidates failed at the deepest
     /// level the search reached (the GPU that could not be placed).
     fn note(&mut self, depth: usize, reason: String) {
