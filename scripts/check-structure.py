@@ -64,7 +64,6 @@ ALLOWED = {
     ("kfd-emu/src/device/sdma.rs", "run"): NOT_YET,
     ("kfd-emu/src/device/state/svm.rs", "get_attr"): NOT_YET,
     ("kfd-emu/src/fuse/mod.rs", "init_and_start"): NOT_YET,
-    ("kfd-emu/src/profile/mod.rs", "declared_links"): NOT_YET,
     ("kfd-emu/src/runner.rs", "run"): NOT_YET,
 }
 

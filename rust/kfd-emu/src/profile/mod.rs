@@ -786,116 +786,142 @@ impl Profile {
         let mut out = Vec::with_capacity(self.io_links.len());
         for (i, spec) in self.io_links.iter().enumerate() {
             let at = format!("io_links[{i}]");
-            let kind = match &spec.kind {
-                LinkTypeSpec::Number(n) => LINK_TYPES
-                    .iter()
-                    .find(|(_, k)| k == n)
-                    .map(|(_, k)| *k)
-                    .ok_or_else(|| format!("{n} is not a KFD io_link type")),
-                LinkTypeSpec::Name(name) => LINK_TYPES
-                    .iter()
-                    .find(|(t, _)| t.eq_ignore_ascii_case(name))
-                    .map(|(_, k)| *k)
-                    .ok_or_else(|| format!("{name:?} is not a KFD io_link type")),
-            }
-            .map_err(|why| {
-                let known: Vec<String> = LINK_TYPES
-                    .iter()
-                    .map(|(t, k)| format!("{t} ({k})"))
-                    .collect();
-                self.invalid(format!("{at}.type: {why} (known: {})", known.join(", ")))
-            })?;
-            let from = self
-                .node_of(&spec.from)
-                .map_err(|why| self.invalid(format!("{at}.from: {why}")))?;
-            let to = self
-                .node_of(&spec.to)
-                .map_err(|why| self.invalid(format!("{at}.to: {why}")))?;
-            if from == to {
-                return Err(self.invalid(format!(
-                    "{at}: from and to are the same node, {}",
-                    self.node_desc(from)
-                )));
-            }
-            let both = match spec.direction.as_deref() {
-                None | Some("both") => true,
-                Some("one-way") => false,
-                Some(d) => {
-                    return Err(self.invalid(format!(
-                        "{at}.direction: {d:?}: expected \"both\" or \"one-way\""
-                    )))
-                }
-            };
-            let defaults = links::link_defaults(kind);
-            let weight = match (spec.weight, defaults) {
-                (Some(w), _) => w,
-                (None, Some(d)) => d.weight,
-                (None, None) => {
-                    return Err(self.invalid(format!(
-                        "{at}.weight: required for type {kind} (only HyperTransport, PCIe and \
-                         XGMI links have defaults)"
-                    )))
-                }
-            };
-            let link = Link {
-                kind,
-                from,
-                to,
-                weight,
-                min_latency: spec.min_latency.unwrap_or(0),
-                max_latency: spec.max_latency.unwrap_or(0),
-                min_bw: spec
-                    .min_bandwidth
-                    .or(defaults.map(|d| d.min_bw))
-                    .unwrap_or(0),
-                max_bw: spec
-                    .max_bandwidth
-                    .or(defaults.map(|d| d.max_bw))
-                    .unwrap_or(0),
-                flags: spec.flags.unwrap_or(links::LINK_FLAGS),
-            };
-            if link.min_latency > link.max_latency {
-                return Err(self.invalid(format!(
-                    "{at}.min_latency {} exceeds max_latency {}",
-                    link.min_latency, link.max_latency
-                )));
-            }
-            if link.min_bw > link.max_bw {
-                return Err(self.invalid(format!(
-                    "{at}.min_bandwidth {} exceeds max_bandwidth {}",
-                    link.min_bw, link.max_bw
-                )));
-            }
-            let mut directed = vec![(from, to)];
-            if both {
-                directed.push((to, from));
-            }
-            for (a, b) in directed {
-                if let Some(other) = seen.insert((a, b, kind), at.clone()) {
-                    let (by, hint) = if other.starts_with("io_links") {
-                        (format!("declared by {other}"), "")
-                    } else if a < self.cpus.len() as u32 && b < self.cpus.len() as u32 {
-                        (
-                            other,
-                            " (cpu_links_generated = false leaves the CPU-CPU links to \
-                             [[io_links]])",
-                        )
-                    } else {
-                        (
-                            other,
-                            " (io_links_generated = false leaves the GPU links to [[io_links]])",
-                        )
-                    };
-                    return Err(self.invalid(format!(
-                        "{at}: the type {kind} link from {} to {} is already {by}{hint}",
-                        self.node_desc(a),
-                        self.node_desc(b),
-                    )));
-                }
-            }
-            out.push(DeclaredLink { link, both });
+            let declared = self.declared_link(&at, spec)?;
+            self.check_new_link(&mut seen, &at, &declared)?;
+            out.push(declared);
         }
         Ok(out)
+    }
+
+    /// One `[[io_links]]` entry (`at` names it) with its defaults applied.
+    fn declared_link(&self, at: &str, spec: &IoLinkSpec) -> Result<DeclaredLink, ProfileError> {
+        let kind = self.link_type(at, &spec.kind)?;
+        let from = self
+            .node_of(&spec.from)
+            .map_err(|why| self.invalid(format!("{at}.from: {why}")))?;
+        let to = self
+            .node_of(&spec.to)
+            .map_err(|why| self.invalid(format!("{at}.to: {why}")))?;
+        if from == to {
+            return Err(self.invalid(format!(
+                "{at}: from and to are the same node, {}",
+                self.node_desc(from)
+            )));
+        }
+        let both = match spec.direction.as_deref() {
+            None | Some("both") => true,
+            Some("one-way") => false,
+            Some(d) => {
+                return Err(self.invalid(format!(
+                    "{at}.direction: {d:?}: expected \"both\" or \"one-way\""
+                )))
+            }
+        };
+        let defaults = links::link_defaults(kind);
+        let weight = match (spec.weight, defaults) {
+            (Some(w), _) => w,
+            (None, Some(d)) => d.weight,
+            (None, None) => {
+                return Err(self.invalid(format!(
+                    "{at}.weight: required for type {kind} (only HyperTransport, PCIe and \
+                     XGMI links have defaults)"
+                )))
+            }
+        };
+        let link = Link {
+            kind,
+            from,
+            to,
+            weight,
+            min_latency: spec.min_latency.unwrap_or(0),
+            max_latency: spec.max_latency.unwrap_or(0),
+            min_bw: spec
+                .min_bandwidth
+                .or(defaults.map(|d| d.min_bw))
+                .unwrap_or(0),
+            max_bw: spec
+                .max_bandwidth
+                .or(defaults.map(|d| d.max_bw))
+                .unwrap_or(0),
+            flags: spec.flags.unwrap_or(links::LINK_FLAGS),
+        };
+        if link.min_latency > link.max_latency {
+            return Err(self.invalid(format!(
+                "{at}.min_latency {} exceeds max_latency {}",
+                link.min_latency, link.max_latency
+            )));
+        }
+        if link.min_bw > link.max_bw {
+            return Err(self.invalid(format!(
+                "{at}.min_bandwidth {} exceeds max_bandwidth {}",
+                link.min_bw, link.max_bw
+            )));
+        }
+        Ok(DeclaredLink { link, both })
+    }
+
+    /// The KFD io_link type a `type` field names, by number or by name.
+    fn link_type(&self, at: &str, kind: &LinkTypeSpec) -> Result<u32, ProfileError> {
+        match kind {
+            LinkTypeSpec::Number(n) => LINK_TYPES
+                .iter()
+                .find(|(_, k)| k == n)
+                .map(|(_, k)| *k)
+                .ok_or_else(|| format!("{n} is not a KFD io_link type")),
+            LinkTypeSpec::Name(name) => LINK_TYPES
+                .iter()
+                .find(|(t, _)| t.eq_ignore_ascii_case(name))
+                .map(|(_, k)| *k)
+                .ok_or_else(|| format!("{name:?} is not a KFD io_link type")),
+        }
+        .map_err(|why| {
+            let known: Vec<String> = LINK_TYPES
+                .iter()
+                .map(|(t, k)| format!("{t} ({k})"))
+                .collect();
+            self.invalid(format!("{at}.type: {why} (known: {})", known.join(", ")))
+        })
+    }
+
+    /// Records the declared link's directions in `seen` (a direction and
+    /// type → who made it); one made before, generated or declared, is an
+    /// error saying which knob leaves it to `[[io_links]]`.
+    fn check_new_link(
+        &self,
+        seen: &mut std::collections::BTreeMap<(u32, u32, u32), String>,
+        at: &str,
+        declared: &DeclaredLink,
+    ) -> Result<(), ProfileError> {
+        let Link { kind, from, to, .. } = declared.link;
+        let mut directed = vec![(from, to)];
+        if declared.both {
+            directed.push((to, from));
+        }
+        for (a, b) in directed {
+            let Some(other) = seen.insert((a, b, kind), at.to_owned()) else {
+                continue;
+            };
+            let (by, hint) = if other.starts_with("io_links") {
+                (format!("declared by {other}"), "")
+            } else if a < self.cpus.len() as u32 && b < self.cpus.len() as u32 {
+                (
+                    other,
+                    " (cpu_links_generated = false leaves the CPU-CPU links to \
+                     [[io_links]])",
+                )
+            } else {
+                (
+                    other,
+                    " (io_links_generated = false leaves the GPU links to [[io_links]])",
+                )
+            };
+            return Err(self.invalid(format!(
+                "{at}: the type {kind} link from {} to {} is already {by}{hint}",
+                self.node_desc(a),
+                self.node_desc(b),
+            )));
+        }
+        Ok(())
     }
 }
 
