@@ -1162,15 +1162,6 @@ pub(crate) mod tests {
     }
 
     pub(crate) fn tempdir() -> TestDir {
-        let keep = std::env::var_os("CRIU_ROCM_TEST_KEEP").is_some_and(|v| v == "1");
-        let dir = tempfile::Builder::new()
-            .prefix("amdgpu-cr-test-")
-            .disable_cleanup(keep)
-            .tempdir()
-            .unwrap();
-        if keep {
-            eprintln!("keeping {}", dir.path().display());
-        }
-        TestDir(dir)
+        TestDir(crate::scratch::scratch_dir("test"))
     }
 }

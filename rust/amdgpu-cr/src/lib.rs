@@ -42,6 +42,11 @@ pub mod topology;
 pub mod units;
 pub mod validate;
 
+// The scratch directories of the unit tests, as of the test binaries.
+#[cfg(test)]
+#[path = "../../test-support/scratch.rs"]
+mod scratch;
+
 pub use error::Error;
 
 use std::path::Path;

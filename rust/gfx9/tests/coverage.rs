@@ -393,10 +393,12 @@ fn real_code_decodes_and_is_implemented() {
             return;
         }
     }
-    let tmp = std::env::temp_dir().join(format!("gfx9-coverage-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp).expect("temporary directory");
+    let tmp = tempfile::Builder::new()
+        .prefix("gfx9-coverage-")
+        .tempdir()
+        .expect("temporary directory");
     let rocclr = if runs(CLANG) {
-        rocclr_blits(&tmp)
+        rocclr_blits(tmp.path())
     } else {
         Err(format!(
             "{CLANG} is not installed (apt-get install hipcc brings it)"
@@ -407,7 +409,7 @@ fn real_code_decodes_and_is_implemented() {
         ("ROCclr blit kernels", rocclr),
         ("ROCr blit kernels", rocr_blits()),
     ];
-    let _ = std::fs::remove_dir_all(&tmp);
+    drop(tmp);
 
     let mut failures = BTreeMap::new();
     let mut all = BTreeMap::new();

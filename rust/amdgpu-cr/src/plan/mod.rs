@@ -756,7 +756,9 @@ mod tests {
             }
         );
         assert!(!SharedMem::default().recreate(&dir.join("none")).unwrap());
-        let stem = format!("amdgpu-cr-test-{}", std::process::id());
+        // The scratch directory's random name: no other run, in this pid
+        // namespace or another, takes the same semaphore.
+        let stem = dir.file_name().unwrap().to_str().unwrap().to_owned();
         let name = CString::new(format!("/{stem}")).unwrap();
         let file = Path::new("/dev/shm").join(format!("sem.{stem}"));
         assert!(ensure_semaphore(&name, &file, 0o602).unwrap());
