@@ -8,28 +8,12 @@ fn crate_dir() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
+#[path = "../../test-support/header.rs"]
+mod header;
+
 #[test]
 fn committed_header_matches_the_crate() {
-    let header = crate_dir().join("include/kfd_client.h");
-    let config =
-        cbindgen::Config::from_file(crate_dir().join("cbindgen.toml")).expect("cbindgen.toml");
-    let mut generated = Vec::new();
-    cbindgen::Builder::new()
-        .with_crate(crate_dir())
-        .with_config(config)
-        .generate()
-        .expect("cbindgen could not read the crate")
-        .write(&mut generated);
-    let generated = String::from_utf8(generated).unwrap();
-    if std::env::var_os("UPDATE_HEADER").is_some() {
-        std::fs::write(&header, &generated).unwrap();
-    }
-    let committed = std::fs::read_to_string(&header).unwrap_or_default();
-    assert!(
-        committed == generated,
-        "{} is out of date; regenerate it with UPDATE_HEADER=1 cargo test -p kfd-client --test header",
-        header.display()
-    );
+    header::check_committed_header(crate_dir(), &crate_dir().join("include/kfd_client.h"));
 }
 
 /// The static library cargo built for this test run: `cargo test` leaves it in `deps/` with
