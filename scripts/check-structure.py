@@ -61,7 +61,6 @@ ALLOWED = {
     ("kfd-emu/src/device/kfd.rs", "create_bo"): NOT_YET,
     ("kfd-emu/src/device/mod.rs", "gem_ioctl"): NOT_YET,
     ("kfd-emu/src/device/mod.rs", "kfd_ioctl"): NOT_YET,
-    ("kfd-emu/src/device/sdma.rs", "run"): NOT_YET,
     ("kfd-emu/src/device/state/svm.rs", "get_attr"): NOT_YET,
     ("kfd-emu/src/fuse/mod.rs", "init_and_start"): NOT_YET,
     ("kfd-emu/src/runner.rs", "run"): NOT_YET,

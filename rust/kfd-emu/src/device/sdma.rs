@@ -326,17 +326,7 @@ impl Op {
         match self {
             Op::Nop => {}
             Op::Copy { src, dst } => dst.copy_from(0, src, 0, dst.len()).map_err(fault("copy"))?,
-            Op::CopyRect(r) => {
-                for z in 0..r.nz {
-                    for y in 0..r.ny {
-                        let so = z * r.src_step.0 + y * r.src_step.1;
-                        let d = z * r.dst_step.0 + y * r.dst_step.1;
-                        r.dst
-                            .copy_from(d, &r.src, so, r.row)
-                            .map_err(fault("copy"))?;
-                    }
-                }
-            }
+            Op::CopyRect(r) => r.copy()?,
             Op::Write { dst, data } => dst.write(0, data).map_err(fault("destination"))?,
             Op::Fill { dst, pat } => {
                 let buf: Vec<u8> = pat
@@ -357,45 +347,14 @@ impl Op {
             } => {
                 let mut b = [0u8; 4];
                 mem.read(0, &mut b).map_err(fault("polled memory"))?;
-                if !func.test(u32::from_le_bytes(b) & mask, *reference) {
-                    let tries = match fx.engine.waiting {
-                        Some((at, n)) if at == rptr => n + 1,
-                        _ => 1,
-                    };
-                    if *retries == POLL_RETRY_FOREVER || tries <= *retries {
-                        fx.engine.waiting = Some((rptr, tries));
-                        return Ok(Flow::Wait);
-                    }
-                    log::warn!(
-                        "kfd-emu: SDMA POLL_REGMEM at rptr {rptr:#x}: condition still false \
-                         after {retries} retries; the engine goes on"
-                    );
-                }
+                return Ok(poll(
+                    func.test(u32::from_le_bytes(b) & mask, *reference),
+                    *retries,
+                    rptr,
+                    &mut fx.engine,
+                ));
             }
-            Op::Atomic { dst, op } => {
-                // The compare of the last (successful) atomic attempt.
-                let mut applied = true;
-                let mut f = |v: u64| {
-                    let r = op.apply(v);
-                    applied = r.is_some();
-                    r
-                };
-                if op.wide {
-                    dst.atomic_u64(0, f).map(drop)
-                } else {
-                    dst.atomic_u32(0, |v| f(v as u64).map(|n| n as u32))
-                        .map(drop)
-                }
-                .map_err(fault("destination"))?;
-                if !applied && op.looping {
-                    let tries = match fx.engine.waiting {
-                        Some((at, n)) if at == rptr => n + 1,
-                        _ => 1,
-                    };
-                    fx.engine.waiting = Some((rptr, tries));
-                    return Ok(Flow::Wait);
-                }
-            }
+            Op::Atomic { dst, op } => return op.run(dst, rptr, &mut fx.engine),
             Op::TimestampSet(v) => fx.engine.local_ts = v.wrapping_sub(gpu_clock_counter()),
             Op::Timestamp { dst, local } => {
                 let mut t = gpu_clock_counter();
@@ -407,6 +366,73 @@ impl Op {
             }
         }
         Ok(Flow::Done)
+    }
+}
+
+impl Rect {
+    fn copy(&self) -> Result<(), Halt> {
+        for z in 0..self.nz {
+            for y in 0..self.ny {
+                let s = z * self.src_step.0 + y * self.src_step.1;
+                let d = z * self.dst_step.0 + y * self.dst_step.1;
+                self.dst
+                    .copy_from(d, &self.src, s, self.row)
+                    .map_err(fault("copy"))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Atomic {
+    /// Applies the atomic to `dst`; a looping compare-and-swap whose compare
+    /// failed waits at `rptr` and tries again on the next pass.
+    fn run(&self, dst: &GpuRange, rptr: u64, engine: &mut EngineState) -> Result<Flow, Halt> {
+        // The compare of the last (successful) atomic attempt.
+        let mut applied = true;
+        let mut f = |v: u64| {
+            let r = self.apply(v);
+            applied = r.is_some();
+            r
+        };
+        if self.wide {
+            dst.atomic_u64(0, f).map(drop)
+        } else {
+            dst.atomic_u32(0, |v| f(v as u64).map(|n| n as u32))
+                .map(drop)
+        }
+        .map_err(fault("destination"))?;
+        if !applied && self.looping {
+            engine.waiting = Some((rptr, tries_at(engine, rptr)));
+            return Ok(Flow::Wait);
+        }
+        Ok(Flow::Done)
+    }
+}
+
+/// POLL_REGMEM at `rptr` found its condition `met` or not: a false one
+/// waits there, up to `retries` passes (or forever), then the engine goes on.
+fn poll(met: bool, retries: u32, rptr: u64, engine: &mut EngineState) -> Flow {
+    if met {
+        return Flow::Done;
+    }
+    let tries = tries_at(engine, rptr);
+    if retries == POLL_RETRY_FOREVER || tries <= retries {
+        engine.waiting = Some((rptr, tries));
+        return Flow::Wait;
+    }
+    log::warn!(
+        "kfd-emu: SDMA POLL_REGMEM at rptr {rptr:#x}: condition still false \
+         after {retries} retries; the engine goes on"
+    );
+    Flow::Done
+}
+
+/// The passes the packet at `rptr` has waited, this one included.
+fn tries_at(engine: &EngineState, rptr: u64) -> u32 {
+    match engine.waiting {
+        Some((at, n)) if at == rptr => n + 1,
+        _ => 1,
     }
 }
 
