@@ -35,6 +35,7 @@
 
 use std::ffi::CString;
 use std::io;
+use std::ops::ControlFlow;
 use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
@@ -423,94 +424,114 @@ fn serve(sock: BorrowedFd<'_>, criu_pidfd: BorrowedFd<'_>, criu: libc::pid_t) ->
     if send(sock, Kind::Ready, 0, me, None).is_err() {
         return 1;
     }
-    let mut tracked: Vec<Tracked> = Vec::new();
-    let mut killing = false;
-    let mut criu_gone = false;
+    let mut w = Watch::default();
     loop {
-        let mut fds = vec![sock, criu_pidfd];
-        if killing {
-            fds.extend(
-                tracked
-                    .iter()
-                    .filter_map(|t| t.pidfd.as_ref().map(|p| p.as_fd())),
-            );
-        }
-        match poll_readable(&fds, None) {
-            Ok(ready) => criu_gone |= ready[1],
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(_) => criu_gone = true,
-        }
+        w.wait(sock, criu_pidfd);
         // Everything criu main sent before it went is still queued: read it
         // all before acting on its absence.
-        loop {
-            match recv(sock, false) {
-                Ok(Recv::Msg(m, fd)) => match Kind::of(m.kind) {
-                    Some(Kind::Track) => {
-                        let Some(kfd) = fd else {
-                            log::error!(
-                                "GPU guardian: process {} came without its KFD file",
-                                m.pid
-                            );
-                            continue;
-                        };
-                        tracked.push(Tracked {
-                            id: m.id,
-                            pid: m.pid,
-                            kfd,
-                            pidfd: pidfd_open(m.pid).ok(),
-                        });
-                    }
-                    Some(Kind::Untrack) => tracked.retain(|t| t.id != m.id),
-                    Some(Kind::Owner) => {
-                        if let Some(t) = tracked.iter_mut().find(|t| t.id == m.id) {
-                            t.pid = m.pid;
-                            t.pidfd = pidfd_open(m.pid).ok();
-                        }
-                    }
-                    Some(Kind::Stop) => return 0,
-                    Some(Kind::Killing) => killing = true,
-                    Some(Kind::Ready) | None => {}
-                },
-                Ok(Recv::Empty) => break,
-                Ok(Recv::End) | Err(_) => {
-                    criu_gone = true;
-                    break;
-                }
-            }
+        if w.read_messages(sock).is_break() {
+            return 0;
         }
-        if killing {
-            tracked.retain(|t| !t.gone());
-            if tracked.is_empty() {
+        if w.killing {
+            w.tracked.retain(|t| !t.gone());
+            if w.tracked.is_empty() {
                 return 0;
             }
         }
-        if criu_gone {
+        if w.criu_gone {
             break;
         }
     }
-    if killing {
+    if w.killing {
         // criu main sent the SIGKILLs before it went; give them time.
         let end = Instant::now() + KILL_GRACE;
-        while Instant::now() < end && tracked.iter().any(|t| !t.gone()) {
+        while Instant::now() < end && w.tracked.iter().any(|t| !t.gone()) {
             std::thread::sleep(Duration::from_millis(10));
         }
-        tracked.retain(|t| !t.gone());
     }
-    tracked.retain(|t| !t.gone());
-    if tracked.is_empty() {
+    w.tracked.retain(|t| !t.gone());
+    if w.tracked.is_empty() {
         return 0;
     }
     log::error!(
         "GPU guardian: criu-rocm (pid {criu}) ended during the dump with {} process(es) paused; unpausing them",
-        tracked.len()
+        w.tracked.len()
     );
     let mut code = 0;
-    for t in &tracked {
+    for t in &w.tracked {
         if !rescue(t, criu) {
             code = 1;
         }
     }
     code
+}
+
+/// What the guardian knows: the processes criu main paused and has not
+/// taken back, whether it is killing them, whether it is gone.
+#[derive(Default)]
+struct Watch {
+    tracked: Vec<Tracked>,
+    killing: bool,
+    criu_gone: bool,
+}
+
+impl Watch {
+    /// Waits for a message, criu main's end or (while killing) a tracked
+    /// process' end.
+    fn wait(&mut self, sock: BorrowedFd<'_>, criu_pidfd: BorrowedFd<'_>) {
+        let mut fds = vec![sock, criu_pidfd];
+        if self.killing {
+            fds.extend(
+                self.tracked
+                    .iter()
+                    .filter_map(|t| t.pidfd.as_ref().map(|p| p.as_fd())),
+            );
+        }
+        match poll_readable(&fds, None) {
+            Ok(ready) => self.criu_gone |= ready[1],
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => self.criu_gone = true,
+        }
+    }
+
+    /// Reads every queued message; `Break` on Stop (criu main took every
+    /// process back).
+    fn read_messages(&mut self, sock: BorrowedFd<'_>) -> ControlFlow<()> {
+        loop {
+            let (m, fd) = match recv(sock, false) {
+                Ok(Recv::Msg(m, fd)) => (m, fd),
+                Ok(Recv::Empty) => return ControlFlow::Continue(()),
+                Ok(Recv::End) | Err(_) => {
+                    self.criu_gone = true;
+                    return ControlFlow::Continue(());
+                }
+            };
+            match Kind::of(m.kind) {
+                Some(Kind::Track) => {
+                    let Some(kfd) = fd else {
+                        log::error!("GPU guardian: process {} came without its KFD file", m.pid);
+                        continue;
+                    };
+                    self.tracked.push(Tracked {
+                        id: m.id,
+                        pid: m.pid,
+                        kfd,
+                        pidfd: pidfd_open(m.pid).ok(),
+                    });
+                }
+                Some(Kind::Untrack) => self.tracked.retain(|t| t.id != m.id),
+                Some(Kind::Owner) => {
+                    if let Some(t) = self.tracked.iter_mut().find(|t| t.id == m.id) {
+                        t.pid = m.pid;
+                        t.pidfd = pidfd_open(m.pid).ok();
+                    }
+                }
+                Some(Kind::Stop) => return ControlFlow::Break(()),
+                Some(Kind::Killing) => self.killing = true,
+                Some(Kind::Ready) | None => {}
+            }
+        }
+    }
 }
 
 /// Becomes `t`'s ptracer, unpauses its queues, detaches.  False when the
