@@ -42,38 +42,51 @@ pub fn gpu_check(dir: &Path) -> GpuCheck {
         Ok(o) => o,
         Err(e) => return GpuCheck::failed(e.to_string(), e.errno()),
     };
+    if let Some(refused) = refused_unread(dir, &opts) {
+        return refused;
+    }
+    match restore::dry_run(dir, &opts) {
+        Ok(run) => verdict(dir, &run),
+        Err(e) => GpuCheck::failed(format!("{}: {e}", dir.display()), e.errno()),
+    }
+}
+
+/// The refusals that come before any image is parsed: an incomplete dump,
+/// and (with a verification key) images that are not the signed ones.
+fn refused_unread(dir: &Path, opts: &RestoreOptions) -> Option<GpuCheck> {
     let d = dir.display();
     if let Err(why) = incomplete::check(dir) {
-        return GpuCheck {
+        return Some(GpuCheck {
             lines: vec![(Stream::Out, format!("{d}: NOT restorable: {why}"))],
             errno: libc::EINVAL,
-        };
+        });
     }
     // The signature first: nothing of an image it refuses is parsed.
-    if let Some(req) = &opts.verify_key {
-        let refusals = crate::validate::signature::verify_required(dir, req);
-        if !refusals.is_empty() {
-            let mut lines: Vec<_> = refusals
-                .iter()
-                .map(|r| (Stream::Out, format!("{d}: NOT restorable here: {r}")))
-                .collect();
-            lines.push((
-                Stream::Out,
-                format!(
-                    "{d}: not the signed images ({} reason(s) above)",
-                    refusals.len()
-                ),
-            ));
-            return GpuCheck {
-                lines,
-                errno: libc::EINVAL,
-            };
-        }
+    let refusals = crate::validate::signature::verify_required(dir, opts.verify_key.as_ref()?);
+    if refusals.is_empty() {
+        return None;
     }
-    let run = match restore::dry_run(dir, &opts) {
-        Ok(v) => v,
-        Err(e) => return GpuCheck::failed(format!("{d}: {e}"), e.errno()),
-    };
+    let mut lines: Vec<_> = refusals
+        .iter()
+        .map(|r| (Stream::Out, format!("{d}: NOT restorable here: {r}")))
+        .collect();
+    lines.push((
+        Stream::Out,
+        format!(
+            "{d}: not the signed images ({} reason(s) above)",
+            refusals.len()
+        ),
+    ));
+    Some(GpuCheck {
+        lines,
+        errno: libc::EINVAL,
+    })
+}
+
+/// The dry run's verdict: its warning and notes, then one line per KFD
+/// image and per other reason, then the sum.
+fn verdict(dir: &Path, run: &restore::DryRun) -> GpuCheck {
+    let d = dir.display();
     let mut lines = Vec::new();
     let mut out = |l: String| lines.push((Stream::Out, l));
     if let Some(w) = &run.report.warning {
