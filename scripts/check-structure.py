@@ -45,7 +45,6 @@ ALLOWED = {
     ("amdgpu-cr/src/pages/tests.rs", "a_hole_is_what_writing_its_zeros_would_leave"): NOT_YET,
     ("amdgpu-cr/src/pages/tests.rs", "pages_zero_blocks_are_holes"): NOT_YET,
     ("amdgpu-cr/src/plan/mod.rs", "restore_plan_and_vma_fixups"): NOT_YET,
-    ("amdgpu-cr/src/session/writer.rs", "decode"): NOT_YET,
     ("amdgpu-cr/src/validate.rs", "check_kfd"): NOT_YET,
     ("amdgpu-cr/src/validate.rs", "check_mappings"): NOT_YET,
     ("amdgpu-cr/src/validate/chain.rs", "load_link"): NOT_YET,

@@ -456,79 +456,27 @@ impl Job {
         if !bytes.len().is_multiple_of(8) {
             return None;
         }
-        let mut words = bytes
-            .chunks_exact(8)
-            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")));
-        let mut next = || words.next();
-        let fd = |w: u64| -> Option<Option<RawFd>> {
-            if w == NONE {
-                Some(None)
-            } else {
-                RawFd::try_from(w).ok().map(Some)
-            }
-        };
-        let u32_of = |w: u64| u32::try_from(w).ok();
-        if next()? != MAGIC {
+        let mut w = Words(bytes.chunks_exact(8));
+        if w.word()? != MAGIC {
             return None;
         }
-        let id = FileId(u32_of(next()?)?);
-        let vpid = i32::try_from(next()?).ok()?;
-        let imgdir_fd = RawFd::try_from(next()?).ok()?;
-        let chan_fd = RawFd::try_from(next()?).ok()?;
-        let streamed = match next()? {
+        let id = FileId(w.u32()?);
+        let vpid = i32::try_from(w.word()?).ok()?;
+        let imgdir_fd = RawFd::try_from(w.word()?).ok()?;
+        let chan_fd = RawFd::try_from(w.word()?).ok()?;
+        let streamed = match w.word()? {
             0 => false,
             1 => true,
             _ => return None,
         };
-        let ngpus = next()?;
-        let mut gpus = Vec::new();
         let mut render = BTreeMap::new();
-        for _ in 0..ngpus {
-            let user = GpuId(u32_of(next()?)?);
-            let actual = GpuId(u32_of(next()?)?);
-            let render_minor = RenderMinor(u32_of(next()?)?);
-            let total = next()?;
-            let largest = next()?;
-            if let Some(f) = fd(next()?)? {
-                render.insert(render_minor, f);
-            }
-            let nbos = next()?;
-            let mut bos = Vec::new();
-            for _ in 0..nbos {
-                bos.push(usize::try_from(next()?).ok()?);
-            }
-            gpus.push(GpuWork {
-                user,
-                actual,
-                render_minor,
-                bos,
-                total,
-                largest,
-            });
-        }
-        let nbuckets = next()?;
-        let mut restored = Vec::new();
-        let mut dmabufs = Vec::new();
-        for _ in 0..nbuckets {
-            let addr = GpuVa(next()?);
-            let size = next()?;
-            let offset = MmapOffset(next()?);
-            let restored_offset = MmapOffset(next()?);
-            let gpu_id = GpuId(u32_of(next()?)?);
-            let alloc_flags = u32_of(next()?)?;
-            let d = fd(next()?)?;
-            restored.push(BoBucket {
-                addr,
-                size,
-                offset,
-                restored_offset,
-                gpu_id,
-                alloc_flags,
-                dmabuf_fd: crate::bo::KFD_INVALID_FD,
-            });
-            dmabufs.push(d);
-        }
-        if next().is_some() {
+        let gpus = (0..w.word()?)
+            .map(|_| w.gpu(&mut render))
+            .collect::<Option<Vec<_>>>()?;
+        let (restored, dmabufs) = (0..w.word()?)
+            .map(|_| w.bucket())
+            .collect::<Option<(Vec<_>, Vec<_>)>>()?;
+        if w.word().is_some() {
             return None;
         }
         Some(Job {
@@ -550,6 +498,66 @@ impl Job {
         let f = memfd(c"criu-rocm-gpu-job")?;
         f.write_all_at(&self.encode(), 0)?;
         Ok(f.into())
+    }
+}
+
+/// The little-endian words of an encoded [`Job`], read in order; each
+/// reader answers `None` past the end or on a value out of its range.
+struct Words<'a>(std::slice::ChunksExact<'a, u8>);
+
+impl Words<'_> {
+    fn word(&mut self) -> Option<u64> {
+        let c = self.0.next()?;
+        Some(u64::from_le_bytes(c.try_into().expect("8 bytes")))
+    }
+
+    fn u32(&mut self) -> Option<u32> {
+        u32::try_from(self.word()?).ok()
+    }
+
+    /// An fd word: `Some(None)` for [`NONE`].
+    fn fd(&mut self) -> Option<Option<RawFd>> {
+        match self.word()? {
+            NONE => Some(None),
+            w => RawFd::try_from(w).ok().map(Some),
+        }
+    }
+
+    /// One GPU's work; its render-node fd, if any, goes to `render`.
+    fn gpu(&mut self, render: &mut BTreeMap<RenderMinor, RawFd>) -> Option<GpuWork> {
+        let user = GpuId(self.u32()?);
+        let actual = GpuId(self.u32()?);
+        let render_minor = RenderMinor(self.u32()?);
+        let total = self.word()?;
+        let largest = self.word()?;
+        if let Some(f) = self.fd()? {
+            render.insert(render_minor, f);
+        }
+        let bos = (0..self.word()?)
+            .map(|_| usize::try_from(self.word()?).ok())
+            .collect::<Option<Vec<_>>>()?;
+        Some(GpuWork {
+            user,
+            actual,
+            render_minor,
+            bos,
+            total,
+            largest,
+        })
+    }
+
+    /// One restored BO bucket and its dmabuf fd.
+    fn bucket(&mut self) -> Option<(BoBucket, Option<RawFd>)> {
+        let bucket = BoBucket {
+            addr: GpuVa(self.word()?),
+            size: self.word()?,
+            offset: MmapOffset(self.word()?),
+            restored_offset: MmapOffset(self.word()?),
+            gpu_id: GpuId(self.u32()?),
+            alloc_flags: self.u32()?,
+            dmabuf_fd: crate::bo::KFD_INVALID_FD,
+        };
+        Some((bucket, self.fd()?))
     }
 }
 
