@@ -41,7 +41,6 @@ ALLOWED = {
     ("amdgpu-cr/src/copy/sdma.rs", "new"): NOT_YET,
     ("amdgpu-cr/src/image.rs", "validate"): NOT_YET,
     ("amdgpu-cr/src/matcher.rs", "scenario"): NOT_YET,
-    ("amdgpu-cr/src/os/process.rs", "shim"): NOT_YET,
     ("amdgpu-cr/src/pages/tests.rs", "a_hole_is_what_writing_its_zeros_would_leave"): NOT_YET,
     ("amdgpu-cr/src/pages/tests.rs", "pages_zero_blocks_are_holes"): NOT_YET,
     ("amdgpu-cr/src/plan/mod.rs", "restore_plan_and_vma_fixups"): NOT_YET,

@@ -311,15 +311,52 @@ fn shim(
     argv: &[*const c_char],
 ) -> ! {
     if tie == Tie::Supervised {
-        // SAFETY: prctl with integer arguments.
-        unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
-        // The parent may have died before PDEATHSIG was armed.
-        if getppid() != parent {
-            exit_now(126);
-        }
+        die_with(parent);
     }
-    // The parent's signal handlers (CRIU's SIGCHLD handler, for one) are
-    // not ours to run: every signal to its default, none blocked.
+    reset_signals(unblocked);
+    place_fds(plan);
+    let me = getpid();
+    // SAFETY: a fork-like clone with SIGCHLD as its exit signal; the child
+    // only arms PDEATHSIG or starts a session, and executes (see spawn_self).
+    let helper = unsafe { raw_fork(libc::SIGCHLD as libc::c_ulong) };
+    if helper < 0 {
+        exit_now(126);
+    }
+    if helper == 0 {
+        match tie {
+            Tie::Supervised => die_with(me),
+            Tie::Detached => {
+                // SAFETY: setsid takes no arguments; a fresh fork is no
+                // process group leader, so it cannot fail.
+                unsafe { libc::setsid() };
+            }
+        }
+        // SAFETY: a NUL-terminated path, a NULL-terminated argv of C
+        // strings alive in this copy of the parent's memory, and the
+        // environment.
+        unsafe { libc::execve(exe.as_ptr(), argv.as_ptr(), environ) };
+        exit_now(127);
+    }
+    if tie == Tie::Detached {
+        exit_now(0);
+    }
+    exit_as(helper as libc::pid_t, me)
+}
+
+/// Arms SIGKILL at the parent's death, and exits should `parent` have died
+/// before that.  Shim code (see [`shim`]).
+fn die_with(parent: libc::pid_t) {
+    // SAFETY: prctl with integer arguments.
+    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
+    if getppid() != parent {
+        exit_now(126);
+    }
+}
+
+/// The parent's signal handlers (CRIU's SIGCHLD handler, for one) are not
+/// ours to run: every signal to its default, and the mask `unblocked`
+/// prepared before the clone (none blocked).  Shim code (see [`shim`]).
+fn reset_signals(unblocked: &libc::sigset_t) {
     for sig in 1..=libc::SIGSYS {
         if sig != libc::SIGKILL && sig != libc::SIGSTOP {
             // SAFETY: signal() with SIG_DFL installs no code of ours.
@@ -328,6 +365,12 @@ fn shim(
     }
     // SAFETY: a valid sigset prepared before the clone.
     unsafe { libc::sigprocmask(libc::SIG_SETMASK, unblocked, std::ptr::null_mut()) };
+}
+
+/// Places the plan's fds at FIRST_FD on (parked above `plan.parking` first,
+/// so no source is overwritten before it is copied) and closes all others.
+/// Shim code (see [`shim`]).
+fn place_fds(plan: &FdPlan) {
     let mut parked: [RawFd; MAX_FDS] = [-1; MAX_FDS];
     for (slot, &s) in parked.iter_mut().zip(&plan.sources[..plan.n]) {
         // SAFETY: F_DUPFD of an fd we inherited to a number ≥ parking.
@@ -346,42 +389,16 @@ fn shim(
     let keep = (FIRST_FD as usize + plan.n) as libc::c_uint;
     // SAFETY: closes every fd above the ones placed; touches no memory.
     unsafe { libc::syscall(libc::SYS_close_range, keep, libc::c_uint::MAX, 0) };
-    let me = getpid();
-    // SAFETY: a fork-like clone with SIGCHLD as its exit signal; the child
-    // only arms PDEATHSIG or starts a session, and executes (see spawn_self).
-    let helper = unsafe { raw_fork(libc::SIGCHLD as libc::c_ulong) };
-    if helper < 0 {
-        exit_now(126);
-    }
-    if helper == 0 {
-        match tie {
-            Tie::Supervised => {
-                // SAFETY: prctl with integer arguments.
-                unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
-                if getppid() != me {
-                    exit_now(126);
-                }
-            }
-            Tie::Detached => {
-                // SAFETY: setsid takes no arguments; a fresh fork is no
-                // process group leader, so it cannot fail.
-                unsafe { libc::setsid() };
-            }
-        }
-        // SAFETY: a NUL-terminated path, a NULL-terminated argv of C
-        // strings alive in this copy of the parent's memory, and the
-        // environment.
-        unsafe { libc::execve(exe.as_ptr(), argv.as_ptr(), environ) };
-        exit_now(127);
-    }
-    if tie == Tie::Detached {
-        exit_now(0);
-    }
+}
+
+/// Waits for `helper` and ends shim `me` as it ended: the same exit code,
+/// or killed by the same signal.  Shim code (see [`shim`]).
+fn exit_as(helper: libc::pid_t, me: libc::pid_t) -> ! {
     let st = loop {
         let mut st = 0;
         // SAFETY: waitpid writes the status into our int.
-        let r = unsafe { libc::waitpid(helper as libc::pid_t, &mut st, 0) };
-        if r == helper as libc::pid_t {
+        let r = unsafe { libc::waitpid(helper, &mut st, 0) };
+        if r == helper {
             break st;
         }
         if r < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
