@@ -47,7 +47,6 @@ ALLOWED = {
     ("amdgpu-cr/src/validate.rs", "check_kfd"): NOT_YET,
     ("amdgpu-cr/src/validate.rs", "check_mappings"): NOT_YET,
     ("amdgpu-cr/src/validate/chain.rs", "load_link"): NOT_YET,
-    ("criu-gpu/src/hooks.rs", "criu_gpu_restore_init"): NOT_YET,
     ("gfx9/src/cwsr/stack.rs", "decode_dispatch"): NOT_YET,
     ("kfd-client/src/bin/gpu-workload.rs", "parse_args"): NOT_YET,
     ("kfd-client/src/client.rs", "open_with_topology"): NOT_YET,

@@ -436,62 +436,17 @@ pub extern "C" fn criu_gpu_restore_init(
             }
         };
         let mut session = RestoreSession::new(o.clone());
-        // The same validation as gpu-check's, before any task or device.
-        let depth = match amdgpu_cr::stream::active() {
-            Some(_) => validate::Depth::Streamed,
-            None => validate::Depth::Metadata,
+        let kfd_images = match check_images(imgdir_fd, &o) {
+            Ok(n) => n,
+            Err(rc) => return rc,
         };
-        let report = match validate::check_dir(&image_dir(imgdir_fd), depth) {
-            Ok(r) => r,
-            Err(e) => {
-                log::error!("listing the image directory: {e}");
-                return -e.raw_os_error().unwrap_or(libc::EIO);
-            }
-        };
-        let mut report = report;
-        // A required signature was verified in criu_gpu_restore_check.
-        let dir = image_dir(imgdir_fd);
-        report
-            .notes
-            .extend(validate::signature::note(&dir, o.verify_key.as_ref()));
-        if let Some(w) = &report.warning {
-            log::warn!("{w}");
-        }
-        for n in &report.notes {
-            log::info!("{n}");
-        }
-        if !report.is_ok() {
-            log::error!(
-                "the GPU images cannot be restored (no task was created, no GPU device opened):"
-            );
-            for r in report.refusals() {
-                log::error!("{r}");
-            }
-            return -libc::EINVAL;
-        }
-        let kfd_images = report.kfd.len();
-        if kfd_images > SLOTS {
-            log::error!(
-                "the images hold {kfd_images} KFD files; one restore brings back at most {SLOTS}"
-            );
-            return -libc::E2BIG;
-        }
         let writer = if kfd_images > 0 {
-            // SAFETY: CRIU's log fd stays open for this call (-1: none).
-            let fd = (log_fd >= 0).then(|| unsafe { BorrowedFd::borrow_raw(log_fd) });
-            let log = HelperLog {
-                fd,
-                args: &crate::logging::helper_args(log_start_us),
-            };
-            match Writer::start(o.policy, o.staging_cap, log) {
+            match start_writer(&o, log_fd, log_start_us) {
                 Ok(w) => {
                     session.use_writer(w.mailbox());
                     Some(w)
                 }
-                Err(e) => {
-                    log::error!("the GPU memory writer could not start: {e}");
-                    return -e.raw_os_error().unwrap_or(libc::EIO);
-                }
+                Err(rc) => return rc,
             }
         } else {
             None
@@ -500,6 +455,63 @@ pub extern "C" fn criu_gpu_restore_init(
         *lock(&WRITER) = writer;
         *lock(&RESTORE) = Some(session);
         c_int::from(has_gpu)
+    })
+}
+
+/// The same validation of the images in `imgdir_fd` as gpu-check's, before
+/// any task or device, every refusal logged; the number of KFD images, or
+/// the C return value of the refusal.
+fn check_images(imgdir_fd: c_int, o: &RestoreOptions) -> Result<usize, c_int> {
+    let depth = match amdgpu_cr::stream::active() {
+        Some(_) => validate::Depth::Streamed,
+        None => validate::Depth::Metadata,
+    };
+    let dir = image_dir(imgdir_fd);
+    let mut report = validate::check_dir(&dir, depth).map_err(|e| {
+        log::error!("listing the image directory: {e}");
+        -e.raw_os_error().unwrap_or(libc::EIO)
+    })?;
+    // A required signature was verified in criu_gpu_restore_check.
+    report
+        .notes
+        .extend(validate::signature::note(&dir, o.verify_key.as_ref()));
+    if let Some(w) = &report.warning {
+        log::warn!("{w}");
+    }
+    for n in &report.notes {
+        log::info!("{n}");
+    }
+    if !report.is_ok() {
+        log::error!(
+            "the GPU images cannot be restored (no task was created, no GPU device opened):"
+        );
+        for r in report.refusals() {
+            log::error!("{r}");
+        }
+        return Err(-libc::EINVAL);
+    }
+    let kfd_images = report.kfd.len();
+    if kfd_images > SLOTS {
+        log::error!(
+            "the images hold {kfd_images} KFD files; one restore brings back at most {SLOTS}"
+        );
+        return Err(-libc::E2BIG);
+    }
+    Ok(kfd_images)
+}
+
+/// Starts the GPU memory writer, logging to CRIU's log `log_fd` (-1: none)
+/// with CRIU's timestamps; on failure the C return value.
+fn start_writer(o: &RestoreOptions, log_fd: c_int, log_start_us: u64) -> Result<Writer, c_int> {
+    // SAFETY: CRIU's log fd stays open for this call (-1: none).
+    let fd = (log_fd >= 0).then(|| unsafe { BorrowedFd::borrow_raw(log_fd) });
+    let log = HelperLog {
+        fd,
+        args: &crate::logging::helper_args(log_start_us),
+    };
+    Writer::start(o.policy, o.staging_cap, log).map_err(|e| {
+        log::error!("the GPU memory writer could not start: {e}");
+        -e.raw_os_error().unwrap_or(libc::EIO)
     })
 }
 
