@@ -116,99 +116,122 @@ struct Options {
     gem_bo: bool,
 }
 
-/// Option `name`'s value `v` as a number.
-fn num<T: std::str::FromStr>(name: &str, v: String) -> Result<T, String>
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            mib: 8,
+            bos: 4,
+            gpus: None,
+            interval: Duration::from_millis(2),
+            small_bos: 0,
+            big_bo_mib: 0,
+            big_bo_fill: 0,
+            change_every: 10,
+            threads: 0,
+            procs: 1,
+            events: false,
+            fresh: false,
+            dump_expected: None,
+            host_mib: 0,
+            vmas: 0,
+            other_render_opens: false,
+            gem_bo: false,
+        }
+    }
+}
+
+/// The value of option `name`, the next argument.
+fn value(args: &mut impl Iterator<Item = String>, name: &str) -> Result<String, String> {
+    args.next().ok_or(format!("{name} needs a value"))
+}
+
+/// The value of option `name` as a number.
+fn num<T: std::str::FromStr>(
+    args: &mut impl Iterator<Item = String>,
+    name: &str,
+) -> Result<T, String>
 where
     T::Err: std::fmt::Display,
 {
-    v.parse().map_err(|e| format!("{name}: {e}"))
+    value(args, name)?
+        .parse()
+        .map_err(|e| format!("{name}: {e}"))
 }
 
 fn parse_args() -> Result<Options, String> {
-    let mut o = Options {
-        mib: 8,
-        bos: 4,
-        gpus: None,
-        interval: Duration::from_millis(2),
-        small_bos: 0,
-        big_bo_mib: 0,
-        big_bo_fill: 0,
-        change_every: 10,
-        threads: 0,
-        procs: 1,
-        events: false,
-        fresh: false,
-        dump_expected: None,
-        host_mib: 0,
-        vmas: 0,
-        other_render_opens: false,
-        gem_bo: false,
-    };
+    let mut o = Options::default();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
-        let mut val = |name: &str| args.next().ok_or(format!("{name} needs a value"));
+        let args = &mut args;
         match a.as_str() {
-            "--mib" => o.mib = num("--mib", val("--mib")?)?,
-            "--bos" => o.bos = num("--bos", val("--bos")?)?,
-            "--small-bos" => o.small_bos = num("--small-bos", val("--small-bos")?)?,
-            "--big-bo-mib" => o.big_bo_mib = num("--big-bo-mib", val("--big-bo-mib")?)?,
-            "--big-bo-fill" => {
-                o.big_bo_fill = match val("--big-bo-fill")?.as_str() {
-                    "pattern" => 0,
-                    "sparse" => SPARSE_BO,
-                    "zero" => ZERO_BO,
-                    "fp16" => WEIGHTS_BO,
-                    f => {
-                        return Err(format!(
-                            "--big-bo-fill {f:?}: pattern, sparse, zero or fp16"
-                        ))
-                    }
-                }
-            }
-            "--change-every" => o.change_every = num("--change-every", val("--change-every")?)?,
-            "--threads" => o.threads = num("--threads", val("--threads")?)?,
-            "--host-mib" => o.host_mib = num("--host-mib", val("--host-mib")?)?,
-            "--vmas" => o.vmas = num("--vmas", val("--vmas")?)?,
-            "--procs" => o.procs = num("--procs", val("--procs")?)?,
-            "--interval-ms" => {
-                o.interval = Duration::from_millis(num("--interval-ms", val("--interval-ms")?)?)
-            }
-            "--gpus" => {
-                let list = val("--gpus")?
-                    .split(',')
-                    .map(|s| {
-                        s.trim()
-                            .parse::<usize>()
-                            .map_err(|e| format!("--gpus {s:?}: {e}"))
-                    })
-                    .collect::<Result<Vec<_>, _>>()?;
-                o.gpus = Some(list);
-            }
+            "--mib" => o.mib = num(args, "--mib")?,
+            "--bos" => o.bos = num(args, "--bos")?,
+            "--small-bos" => o.small_bos = num(args, "--small-bos")?,
+            "--big-bo-mib" => o.big_bo_mib = num(args, "--big-bo-mib")?,
+            "--big-bo-fill" => o.big_bo_fill = big_bo_fill(&value(args, "--big-bo-fill")?)?,
+            "--change-every" => o.change_every = num(args, "--change-every")?,
+            "--threads" => o.threads = num(args, "--threads")?,
+            "--host-mib" => o.host_mib = num(args, "--host-mib")?,
+            "--vmas" => o.vmas = num(args, "--vmas")?,
+            "--procs" => o.procs = num(args, "--procs")?,
+            "--interval-ms" => o.interval = Duration::from_millis(num(args, "--interval-ms")?),
+            "--gpus" => o.gpus = Some(gpu_list(&value(args, "--gpus")?)?),
             "--events" => o.events = true,
             "--fresh" => o.fresh = true,
             "--other-render-opens" => o.other_render_opens = true,
             "--gem-bo" => o.gem_bo = true,
-            "--dump-expected" => o.dump_expected = Some(val("--dump-expected")?.into()),
+            "--dump-expected" => o.dump_expected = Some(value(args, "--dump-expected")?.into()),
             "-h" | "--help" => return Err(USAGE.to_owned()),
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }
     }
-    if o.mib == 0 || o.bos == 0 {
-        return Err("--mib and --bos must be at least 1".to_owned());
-    }
-    if o.procs == 0 {
-        return Err("--procs must be at least 1".to_owned());
-    }
-    if o.change_every == 0 {
-        return Err("--change-every must be at least 1".to_owned());
-    }
-    if o.bos + o.small_bos + 1 >= THREAD_BO_BASE {
-        return Err(format!(
-            "--bos plus --small-bos must stay below {}",
-            THREAD_BO_BASE - 1
-        ));
-    }
+    o.check()?;
     Ok(o)
+}
+
+/// `--big-bo-fill F`: the big BO's index bits for its fill.
+fn big_bo_fill(f: &str) -> Result<usize, String> {
+    match f {
+        "pattern" => Ok(0),
+        "sparse" => Ok(SPARSE_BO),
+        "zero" => Ok(ZERO_BO),
+        "fp16" => Ok(WEIGHTS_BO),
+        f => Err(format!(
+            "--big-bo-fill {f:?}: pattern, sparse, zero or fp16"
+        )),
+    }
+}
+
+/// `--gpus I,J,...`: topology GPU indices.
+fn gpu_list(list: &str) -> Result<Vec<usize>, String> {
+    list.split(',')
+        .map(|s| {
+            s.trim()
+                .parse::<usize>()
+                .map_err(|e| format!("--gpus {s:?}: {e}"))
+        })
+        .collect()
+}
+
+impl Options {
+    fn check(&self) -> Result<(), String> {
+        if self.mib == 0 || self.bos == 0 {
+            return Err("--mib and --bos must be at least 1".to_owned());
+        }
+        if self.procs == 0 {
+            return Err("--procs must be at least 1".to_owned());
+        }
+        if self.change_every == 0 {
+            return Err("--change-every must be at least 1".to_owned());
+        }
+        if self.bos + self.small_bos + 1 >= THREAD_BO_BASE {
+            return Err(format!(
+                "--bos plus --small-bos must stay below {}",
+                THREAD_BO_BASE - 1
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Pattern BO indices: data BOs count from 0 (then the small BOs, then the big one); a
