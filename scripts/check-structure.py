@@ -48,7 +48,6 @@ ALLOWED = {
     ("amdgpu-cr/src/validate.rs", "check_mappings"): NOT_YET,
     ("amdgpu-cr/src/validate/chain.rs", "load_link"): NOT_YET,
     ("gfx9/src/cwsr/stack.rs", "decode_dispatch"): NOT_YET,
-    ("kfd-client/src/client.rs", "open_with_topology"): NOT_YET,
     ("kfd-emu/src/device/criu.rs", "checkpoint"): NOT_YET,
     ("kfd-emu/src/device/gem.rs", "handles_list_rename_and_gem_op"): NOT_YET,
     ("kfd-emu/src/device/gem.rs", "sdma_ib_copies_between_a_dmabuf_and_userptr_memory"): NOT_YET,

@@ -229,90 +229,11 @@ impl KfdClient {
     /// As [`open`](Self::open), reading the topology from `root` (a copy of
     /// `/sys/class/kfd/kfd/topology`).
     pub fn open_with_topology(root: &Path) -> Result<Self> {
-        let kfd = Kfd::open().map_err(Error::Kfd)?;
-        let (major, minor) = kfd.get_version().map_err(Error::Kfd)?;
-        if major != 1 || minor < MIN_KFD_MINOR {
-            return Err(Error::Version {
-                major,
-                minor,
-                min_minor: MIN_KFD_MINOR,
-            });
-        }
+        let kfd = open_kfd()?;
         let nodes = topology::read_nodes(root)?;
-        let gpu_nodes: Vec<&Node> = nodes.iter().filter(|n| n.gpu_id.is_some()).collect();
-        if gpu_nodes.is_empty() {
-            return Err(Error::NoGpu {
-                path: root.join("nodes"),
-            });
-        }
-        let mut gpus = Vec::with_capacity(gpu_nodes.len());
-        let mut gfx_versions = Vec::with_capacity(gpu_nodes.len());
-        let mut skipped = Vec::new();
-        for n in gpu_nodes {
-            // read_nodes guarantees both for GPU nodes.
-            let (Some(gpu_id), Some(minor)) = (n.gpu_id, n.render_minor()) else {
-                continue;
-            };
-            let render = match RenderNode::open(minor) {
-                Ok(r) => r,
-                Err(e) if hides_gpu(e.errno()) => {
-                    skipped.push(SkippedGpu {
-                        node_id: n.node_id,
-                        gpu_id,
-                        minor,
-                        errno: e.errno(),
-                    });
-                    continue;
-                }
-                Err(source) => {
-                    return Err(Error::Gpu {
-                        gpu: gpu_id,
-                        minor,
-                        source,
-                    })
-                }
-            };
-            let gpu = Gpu {
-                node_id: n.node_id,
-                gpu_id,
-                minor,
-                gpuvm_base: 0,
-                gpuvm_limit: 0,
-                render,
-                mmio: Err("not allocated yet".to_owned()),
-                doorbell: Mutex::new(None),
-            };
-            kfd.acquire_vm(gpu_id, gpu.render.as_fd())
-                .map_err(|e| gpu.err(e))?;
-            gpus.push(gpu);
-            gfx_versions.push(n.property("gfx_target_version"));
-        }
-        if gpus.is_empty() {
-            return Err(Error::NoUsableGpu {
-                path: root.join("nodes"),
-                skipped: skipped.len(),
-            });
-        }
-        // Room for every node, as the thunk asks: KFD reports the process' devices in its
-        // own order, which may hold GPUs this process skipped.
-        let apertures = kfd
-            .get_process_apertures_new(nodes.len())
-            .map_err(Error::Kfd)?;
-        for g in &mut gpus {
-            let ap = apertures
-                .iter()
-                .find(|a| a.gpu_id == g.gpu_id.0)
-                .ok_or_else(|| {
-                    g.err(IoctlError {
-                        ioctl: "AMDKFD_IOC_GET_PROCESS_APERTURES_NEW",
-                        errno: libc::ENODEV,
-                    })
-                })?;
-            g.gpuvm_base = ap.gpuvm_base;
-            g.gpuvm_limit = ap.gpuvm_limit;
-        }
-        // The MMIO remap pages last, as the thunk does once the apertures are known. A GPU
-        // whose page KFD refuses keeps working without it (the thunk only logs that).
+        let (mut gpus, gfx_versions, skipped) = acquire_gpus(&kfd, &nodes, root)?;
+        set_apertures(&kfd, &mut gpus, nodes.len())?;
+        // The MMIO remap pages last, as the thunk does once the apertures are known.
         let mut client = Self {
             kfd,
             gpus,
@@ -321,20 +242,7 @@ impl KfdClient {
         };
         let Self { kfd, gpus, .. } = &mut client;
         for (g, gfx) in gpus.iter_mut().zip(gfx_versions) {
-            g.mmio = match gfx {
-                Some(v) if v >= MMIO_MIN_GFX_VERSION => {
-                    alloc_raw(kfd, g, MMIO_REMAP_SIZE, MMIO_REMAP_ALLOC_FLAGS, CpuMap::Kfd)
-                        .map_err(|e| e.to_string())
-                }
-                Some(v) => Err(format!(
-                    "GPU {}: gfx_target_version {v} is older than GFX9: no MMIO remap page",
-                    g.gpu_id.get()
-                )),
-                None => Err(format!(
-                    "GPU {}: the topology gives no gfx_target_version: no MMIO remap page",
-                    g.gpu_id.get()
-                )),
-            };
+            g.mmio = mmio_page(kfd, g, gfx);
         }
         Ok(client)
     }
@@ -474,6 +382,126 @@ impl CpuMap {
                 "mmap /dev/kfd at the doorbell slice's offset",
             ),
         }
+    }
+}
+
+/// /dev/kfd, of an interface version this client speaks.
+fn open_kfd() -> Result<Kfd> {
+    let kfd = Kfd::open().map_err(Error::Kfd)?;
+    let (major, minor) = kfd.get_version().map_err(Error::Kfd)?;
+    if major != 1 || minor < MIN_KFD_MINOR {
+        return Err(Error::Version {
+            major,
+            minor,
+            min_minor: MIN_KFD_MINOR,
+        });
+    }
+    Ok(kfd)
+}
+
+/// The GPUs acquired, their gfx_target_versions (in the same order) and the
+/// GPUs skipped.
+type AcquiredGpus = (Vec<Gpu>, Vec<Option<u64>>, Vec<SkippedGpu>);
+
+/// The GPUs of the topology whose render node this process can open, each
+/// acquired (ACQUIRE_VM), with their gfx_target_version; and those skipped
+/// because their node is hidden (a container given some of the GPUs).
+fn acquire_gpus(kfd: &Kfd, nodes: &[Node], root: &Path) -> Result<AcquiredGpus> {
+    let gpu_nodes: Vec<&Node> = nodes.iter().filter(|n| n.gpu_id.is_some()).collect();
+    if gpu_nodes.is_empty() {
+        return Err(Error::NoGpu {
+            path: root.join("nodes"),
+        });
+    }
+    let mut gpus = Vec::with_capacity(gpu_nodes.len());
+    let mut gfx_versions = Vec::with_capacity(gpu_nodes.len());
+    let mut skipped = Vec::new();
+    for n in gpu_nodes {
+        // read_nodes guarantees both for GPU nodes.
+        let (Some(gpu_id), Some(minor)) = (n.gpu_id, n.render_minor()) else {
+            continue;
+        };
+        let render = match RenderNode::open(minor) {
+            Ok(r) => r,
+            Err(e) if hides_gpu(e.errno()) => {
+                skipped.push(SkippedGpu {
+                    node_id: n.node_id,
+                    gpu_id,
+                    minor,
+                    errno: e.errno(),
+                });
+                continue;
+            }
+            Err(source) => {
+                return Err(Error::Gpu {
+                    gpu: gpu_id,
+                    minor,
+                    source,
+                })
+            }
+        };
+        let gpu = Gpu {
+            node_id: n.node_id,
+            gpu_id,
+            minor,
+            gpuvm_base: 0,
+            gpuvm_limit: 0,
+            render,
+            mmio: Err("not allocated yet".to_owned()),
+            doorbell: Mutex::new(None),
+        };
+        kfd.acquire_vm(gpu_id, gpu.render.as_fd())
+            .map_err(|e| gpu.err(e))?;
+        gpus.push(gpu);
+        gfx_versions.push(n.property("gfx_target_version"));
+    }
+    if gpus.is_empty() {
+        return Err(Error::NoUsableGpu {
+            path: root.join("nodes"),
+            skipped: skipped.len(),
+        });
+    }
+    Ok((gpus, gfx_versions, skipped))
+}
+
+/// Each GPU's GPUVM aperture from GET_PROCESS_APERTURES_NEW, asked with room
+/// for all `nodes`, as the thunk asks: KFD reports the process' devices in
+/// its own order, which may hold GPUs this process skipped.
+fn set_apertures(kfd: &Kfd, gpus: &mut [Gpu], nodes: usize) -> Result<()> {
+    let apertures = kfd.get_process_apertures_new(nodes).map_err(Error::Kfd)?;
+    for g in gpus {
+        let ap = apertures
+            .iter()
+            .find(|a| a.gpu_id == g.gpu_id.0)
+            .ok_or_else(|| {
+                g.err(IoctlError {
+                    ioctl: "AMDKFD_IOC_GET_PROCESS_APERTURES_NEW",
+                    errno: libc::ENODEV,
+                })
+            })?;
+        g.gpuvm_base = ap.gpuvm_base;
+        g.gpuvm_limit = ap.gpuvm_limit;
+    }
+    Ok(())
+}
+
+/// GPU `g`'s MMIO remap page (GFX9 and newer, by its gfx_target_version
+/// `gfx`), or why it has none. A GPU whose page KFD refuses keeps working
+/// without it (the thunk only logs that).
+fn mmio_page(kfd: &Kfd, g: &Gpu, gfx: Option<u64>) -> std::result::Result<RawBo, String> {
+    match gfx {
+        Some(v) if v >= MMIO_MIN_GFX_VERSION => {
+            alloc_raw(kfd, g, MMIO_REMAP_SIZE, MMIO_REMAP_ALLOC_FLAGS, CpuMap::Kfd)
+                .map_err(|e| e.to_string())
+        }
+        Some(v) => Err(format!(
+            "GPU {}: gfx_target_version {v} is older than GFX9: no MMIO remap page",
+            g.gpu_id.get()
+        )),
+        None => Err(format!(
+            "GPU {}: the topology gives no gfx_target_version: no MMIO remap page",
+            g.gpu_id.get()
+        )),
     }
 }
 
