@@ -143,66 +143,14 @@ pub fn create_bo(
     idr: Option<u32>,
 ) -> R<(BoKey, u64)> {
     let mem_type = flags & alloc::TYPE_MASK;
-    if size == 0 || !mem_type.is_power_of_two() {
-        return Err(libc::EINVAL);
-    }
-    let size = super::state::page_align(size).ok_or(libc::EINVAL)?;
-    if !va.is_multiple_of(uapi::PAGE)
-        || va < uapi::GPUVM_BASE
-        || va
-            .checked_add(size)
-            .is_none_or(|e| e - 1 > uapi::GPUVM_LIMIT)
-    {
-        return Err(libc::EINVAL);
-    }
+    let size = checked_bo_range(va, size, mem_type)?;
     let p = proc_mut(st, lead)?;
     if p.bos.va_taken(va, size) {
         return Err(libc::EINVAL);
     }
-    let idr = match idr {
-        Some(i) if p.bos.contains_key(&BoKey { gpu, idr: i }) => return Err(libc::ENOMEM),
-        Some(i) => i,
-        None => {
-            let mut i = p.pdds[gpu].next_idr;
-            while p.bos.contains_key(&BoKey { gpu, idr: i }) {
-                i += 1;
-            }
-            i
-        }
-    };
+    let idr = bo_idr(p, gpu, idr)?;
     let slot = p.slot;
-    let (offset, map) = match mem_type {
-        alloc::VRAM | alloc::GTT => {
-            if mem_type == alloc::VRAM
-                && flags & alloc::PUBLIC != 0
-                && !st.devs.gpus[gpu].vram_public
-            {
-                // Host-visible VRAM is refused on small-BAR boards.
-                return Err(libc::EINVAL);
-            }
-            let (off, m) = st.reserve(gpu, mem_type, size)?;
-            (off, Some(m))
-        }
-        alloc::USERPTR => {
-            if !user_addr.is_multiple_of(uapi::PAGE) {
-                return Err(libc::EINVAL);
-            }
-            (user_addr, None)
-        }
-        alloc::DOORBELL => {
-            if size != uapi::DOORBELL_SLICE {
-                return Err(libc::EINVAL);
-            }
-            (kfd_off::encode(kfd_off::DOORBELL, slot, gpu, 0), None)
-        }
-        alloc::MMIO_REMAP => {
-            if size != uapi::PAGE {
-                return Err(libc::EINVAL);
-            }
-            (kfd_off::encode(kfd_off::MMIO, slot, gpu, 0), None)
-        }
-        _ => return Err(libc::EINVAL),
-    };
+    let (offset, map) = bo_backing(st, gpu, slot, flags, size, user_addr)?;
     let p = proc_mut(st, lead)?;
     let key = BoKey { gpu, idr };
     p.bos.insert(
@@ -223,6 +171,85 @@ pub fn create_bo(
     );
     p.pdds[gpu].next_idr = p.pdds[gpu].next_idr.max(idr + 1);
     Ok((key, offset))
+}
+
+/// A BO's size rounded up to pages, once its memory type (one bit) and
+/// GPU VA range (page aligned, inside the GPUVM aperture) are valid.
+fn checked_bo_range(va: u64, size: u64, mem_type: u32) -> R<u64> {
+    if size == 0 || !mem_type.is_power_of_two() {
+        return Err(libc::EINVAL);
+    }
+    let size = super::state::page_align(size).ok_or(libc::EINVAL)?;
+    if !va.is_multiple_of(uapi::PAGE)
+        || va < uapi::GPUVM_BASE
+        || va
+            .checked_add(size)
+            .is_none_or(|e| e - 1 > uapi::GPUVM_LIMIT)
+    {
+        return Err(libc::EINVAL);
+    }
+    Ok(size)
+}
+
+/// The BO's IDR id on `gpu`: `idr` when free (CRIU RESTORE), else the
+/// first free one from the device's next.
+fn bo_idr(p: &super::state::Proc, gpu: usize, idr: Option<u32>) -> R<u32> {
+    match idr {
+        Some(i) if p.bos.contains_key(&BoKey { gpu, idr: i }) => Err(libc::ENOMEM),
+        Some(i) => Ok(i),
+        None => {
+            let mut i = p.pdds[gpu].next_idr;
+            while p.bos.contains_key(&BoKey { gpu, idr: i }) {
+                i += 1;
+            }
+            Ok(i)
+        }
+    }
+}
+
+/// Where the BO's memory is: its mmap offset and, for VRAM and GTT, the
+/// reserved memory; a USERPTR's offset is its user address.
+fn bo_backing(
+    st: &mut State,
+    gpu: usize,
+    slot: u32,
+    flags: u32,
+    size: u64,
+    user_addr: u64,
+) -> R<(u64, Option<Arc<super::mem::Mapping>>)> {
+    let mem_type = flags & alloc::TYPE_MASK;
+    match mem_type {
+        alloc::VRAM | alloc::GTT => {
+            if mem_type == alloc::VRAM
+                && flags & alloc::PUBLIC != 0
+                && !st.devs.gpus[gpu].vram_public
+            {
+                // Host-visible VRAM is refused on small-BAR boards.
+                return Err(libc::EINVAL);
+            }
+            let (off, m) = st.reserve(gpu, mem_type, size)?;
+            Ok((off, Some(m)))
+        }
+        alloc::USERPTR => {
+            if !user_addr.is_multiple_of(uapi::PAGE) {
+                return Err(libc::EINVAL);
+            }
+            Ok((user_addr, None))
+        }
+        alloc::DOORBELL => {
+            if size != uapi::DOORBELL_SLICE {
+                return Err(libc::EINVAL);
+            }
+            Ok((kfd_off::encode(kfd_off::DOORBELL, slot, gpu, 0), None))
+        }
+        alloc::MMIO_REMAP => {
+            if size != uapi::PAGE {
+                return Err(libc::EINVAL);
+            }
+            Ok((kfd_off::encode(kfd_off::MMIO, slot, gpu, 0), None))
+        }
+        _ => Err(libc::EINVAL),
+    }
 }
 
 /// ALLOC_MEMORY_OF_GPU.  `mmap_offset` is the CPU address on input for
