@@ -297,18 +297,7 @@ pub fn get_attr(
 ) -> R<()> {
     trim(p, vmas);
     is_valid(p, vmas, start, size)?;
-    let (mut want_pref, mut want_prefetch, mut want_access, mut want_flags, mut want_gran) =
-        (false, false, false, false, false);
-    for &(ty, _) in attrs.iter() {
-        match ty {
-            ATTR_PREFERRED_LOC => want_pref = true,
-            ATTR_PREFETCH_LOC => want_prefetch = true,
-            ATTR_ACCESS => want_access = true,
-            ATTR_SET_FLAGS | ATTR_CLR_FLAGS => want_flags = true,
-            ATTR_GRANULARITY => want_gran = true,
-            _ => return Err(libc::EINVAL),
-        }
-    }
+    let want = Wanted::of(attrs)?;
     let last = (start + size).wrapping_sub(1);
     let hits: Vec<&Range> = p
         .svm
@@ -317,73 +306,145 @@ pub fn get_attr(
         .filter(|(_, r)| r.last >= start)
         .map(|(_, r)| r)
         .collect();
-    let (mut location, mut prefetch) = (LOC_UNDEFINED, LOC_UNDEFINED);
-    let (mut flags_and, mut flags_or, mut granularity) = (u32::MAX, 0u32, 0xffu8);
-    let (mut access, mut in_place);
-    if hits.is_empty() {
-        granularity = DEFAULT_GRANULARITY;
-        flags_and = DEFAULT_FLAGS;
-        flags_or = DEFAULT_FLAGS;
-        access = if p.xnack { supported(p) } else { 0 };
-        in_place = 0;
+    let shared = if hits.is_empty() {
+        Shared::defaults(p)
     } else {
-        access = supported(p);
-        in_place = supported(p);
+        Shared::of(p, &hits, want)
+    };
+    shared.answer(p, attrs)
+}
+
+/// The attributes a GET_ATTR asks for.
+#[derive(Clone, Copy)]
+struct Wanted {
+    pref: bool,
+    prefetch: bool,
+    access: bool,
+    flags: bool,
+    gran: bool,
+}
+
+impl Wanted {
+    fn of(attrs: &[(u32, u32)]) -> R<Wanted> {
+        let mut w = Wanted {
+            pref: false,
+            prefetch: false,
+            access: false,
+            flags: false,
+            gran: false,
+        };
+        for &(ty, _) in attrs {
+            match ty {
+                ATTR_PREFERRED_LOC => w.pref = true,
+                ATTR_PREFETCH_LOC => w.prefetch = true,
+                ATTR_ACCESS => w.access = true,
+                ATTR_SET_FLAGS | ATTR_CLR_FLAGS => w.flags = true,
+                ATTR_GRANULARITY => w.gran = true,
+                _ => return Err(libc::EINVAL),
+            }
+        }
+        Ok(w)
+    }
+}
+
+/// What the ranges of a GET_ATTR share.
+struct Shared {
+    location: u32,
+    prefetch: u32,
+    /// Bit i: every range gives device i access (in place).
+    access: u64,
+    in_place: u64,
+    flags_and: u32,
+    flags_or: u32,
+    granularity: u8,
+}
+
+impl Shared {
+    /// No range in the interval: the defaults.
+    fn defaults(p: &Proc) -> Shared {
+        Shared {
+            location: LOC_UNDEFINED,
+            prefetch: LOC_UNDEFINED,
+            access: if p.xnack { supported(p) } else { 0 },
+            in_place: 0,
+            flags_and: DEFAULT_FLAGS,
+            flags_or: DEFAULT_FLAGS,
+            granularity: DEFAULT_GRANULARITY,
+        }
+    }
+
+    /// What `hits` share of the attributes `want` names; a location that
+    /// differs between two ranges (or is undefined in one) is undefined.
+    fn of(p: &Proc, hits: &[&Range], mut want: Wanted) -> Shared {
+        let mut s = Shared {
+            location: LOC_UNDEFINED,
+            prefetch: LOC_UNDEFINED,
+            access: supported(p),
+            in_place: supported(p),
+            flags_and: u32::MAX,
+            flags_or: 0,
+            granularity: 0xff,
+        };
         for r in hits {
-            if want_pref {
+            if want.pref {
                 if r.preferred_loc == LOC_UNDEFINED
-                    || (location != LOC_UNDEFINED && location != r.preferred_loc)
+                    || (s.location != LOC_UNDEFINED && s.location != r.preferred_loc)
                 {
-                    location = LOC_UNDEFINED;
-                    want_pref = false;
+                    s.location = LOC_UNDEFINED;
+                    want.pref = false;
                 } else {
-                    location = r.preferred_loc;
+                    s.location = r.preferred_loc;
                 }
             }
-            if want_prefetch {
+            if want.prefetch {
                 if r.prefetch_loc == LOC_UNDEFINED
-                    || (prefetch != LOC_UNDEFINED && prefetch != r.prefetch_loc)
+                    || (s.prefetch != LOC_UNDEFINED && s.prefetch != r.prefetch_loc)
                 {
-                    prefetch = LOC_UNDEFINED;
-                    want_prefetch = false;
+                    s.prefetch = LOC_UNDEFINED;
+                    want.prefetch = false;
                 } else {
-                    prefetch = r.prefetch_loc;
+                    s.prefetch = r.prefetch_loc;
                 }
             }
-            if want_access {
-                access &= r.access;
-                in_place &= r.in_place;
+            if want.access {
+                s.access &= r.access;
+                s.in_place &= r.in_place;
             }
-            if want_flags {
-                flags_and &= r.flags;
-                flags_or |= r.flags;
+            if want.flags {
+                s.flags_and &= r.flags;
+                s.flags_or |= r.flags;
             }
-            if want_gran && r.granularity < granularity {
-                granularity = r.granularity;
+            if want.gran && r.granularity < s.granularity {
+                s.granularity = r.granularity;
             }
         }
+        s
     }
-    for a in attrs.iter_mut() {
-        match a.0 {
-            ATTR_PREFERRED_LOC => a.1 = location,
-            ATTR_PREFETCH_LOC => a.1 = prefetch,
-            ATTR_ACCESS => {
-                let gpu = p.pdd_by_user_id(a.1).ok_or(libc::EINVAL)?;
-                a.0 = if access & (1 << gpu) != 0 {
-                    ATTR_ACCESS
-                } else if in_place & (1 << gpu) != 0 {
-                    ATTR_ACCESS_IN_PLACE
-                } else {
-                    ATTR_NO_ACCESS
-                };
+
+    /// Fills in the answer of each attribute of `attrs`.
+    fn answer(&self, p: &Proc, attrs: &mut [(u32, u32)]) -> R<()> {
+        for a in attrs.iter_mut() {
+            match a.0 {
+                ATTR_PREFERRED_LOC => a.1 = self.location,
+                ATTR_PREFETCH_LOC => a.1 = self.prefetch,
+                ATTR_ACCESS => {
+                    let gpu = p.pdd_by_user_id(a.1).ok_or(libc::EINVAL)?;
+                    a.0 = if self.access & (1 << gpu) != 0 {
+                        ATTR_ACCESS
+                    } else if self.in_place & (1 << gpu) != 0 {
+                        ATTR_ACCESS_IN_PLACE
+                    } else {
+                        ATTR_NO_ACCESS
+                    };
+                }
+                ATTR_SET_FLAGS => a.1 = self.flags_and,
+                ATTR_CLR_FLAGS => a.1 = !self.flags_or,
+                ATTR_GRANULARITY => a.1 = self.granularity as u32,
+                _ => {}
             }
-            ATTR_SET_FLAGS => a.1 = flags_and,
-            ATTR_CLR_FLAGS => a.1 = !flags_or,
-            ATTR_GRANULARITY => a.1 = granularity as u32,
-            _ => {}
         }
+        Ok(())
     }
-    Ok(())
 }
 
 /// CHECKPOINT (`kfd_criu_checkpoint_svm`): per range, its start and size
