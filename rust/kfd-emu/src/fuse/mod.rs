@@ -553,6 +553,43 @@ fn init_and_start(
 ) -> io::Result<Mount> {
     // The kernel queues INIT at mount time; answer it before anything else
     // so the backing file can be registered before the first OPEN.
+    let (unique, init) = read_init(name, fd.as_fd())?;
+    let mut conn = Conn {
+        name: name.to_owned(),
+        fd,
+        ops,
+        backing_id: 0,
+        pending: Mutex::new(HashMap::new()),
+        tgids: Mutex::new(HashMap::new()),
+    };
+    conn.send_pod(unique, &init_answer(&init));
+    conn.backing_id = conn.open_backing(backing)?;
+    let conn = Arc::new(conn);
+    let mut handles = Vec::new();
+    for i in 0..threads.max(2) {
+        let c = conn.clone();
+        handles.push(
+            std::thread::Builder::new()
+                .name(format!("fuse-{name}-{i}"))
+                .spawn(move || c.worker())?,
+        );
+    }
+    log::info!(
+        "{name}: serving {} (backing id {}, {} workers)",
+        target.display(),
+        conn.backing_id,
+        handles.len()
+    );
+    Ok(Mount {
+        target: target.to_owned(),
+        conn,
+        threads: handles,
+    })
+}
+
+/// The kernel's FUSE INIT request (its unique id and arguments), checked to
+/// offer passthrough.
+fn read_init(name: &str, fd: BorrowedFd<'_>) -> io::Result<(u64, abi::InitIn)> {
     let mut buf = vec![0u8; READ_BUF];
     let n = loop {
         // SAFETY: `buf` is live and writable for `buf.len()` bytes.
@@ -580,6 +617,12 @@ fn init_and_start(
             init.major, init.minor
         )));
     }
+    Ok((h.unique, init))
+}
+
+/// The answer to INIT: the features we use that the kernel offers.
+fn init_answer(init: &abi::InitIn) -> abi::InitOut {
+    let kflags = u64::from(init.flags) | (u64::from(init.flags2) << 32);
     let want = abi::FUSE_INIT_EXT
         | abi::FUSE_MAX_PAGES
         | abi::FUSE_BIG_WRITES
@@ -587,7 +630,7 @@ fn init_and_start(
         | abi::FUSE_PASSTHROUGH
         | abi::FUSE_DIRECT_IO_ALLOW_MMAP;
     let flags = want & kflags;
-    let out = abi::InitOut {
+    abi::InitOut {
         major: abi::FUSE_KERNEL_VERSION,
         minor: abi::FUSE_KERNEL_MINOR_VERSION,
         max_readahead: init.max_readahead,
@@ -600,53 +643,31 @@ fn init_and_start(
         max_pages: 256,
         max_stack_depth: 1,
         ..Default::default()
-    };
-    let mut conn = Conn {
-        name: name.to_owned(),
-        fd,
-        ops,
-        backing_id: 0,
-        pending: Mutex::new(HashMap::new()),
-        tgids: Mutex::new(HashMap::new()),
-    };
-    conn.send_pod(h.unique, &out);
-    let map = abi::BackingMap {
-        fd: backing.as_raw_fd(),
-        ..Default::default()
-    };
-    // SAFETY: FUSE_DEV_IOC_BACKING_OPEN reads one `fuse_backing_map` from
-    // the pointer, which refers to a live local.
-    let id = unsafe {
-        libc::ioctl(
-            conn.fd.as_fd().as_raw_fd(),
-            abi::FUSE_DEV_IOC_BACKING_OPEN as _,
-            &map as *const abi::BackingMap,
-        )
-    };
-    if id <= 0 {
-        return Err(os_err(format!(
-            "{name}: registering the passthrough backing file (needs CAP_SYS_ADMIN)"
-        )));
     }
-    conn.backing_id = id;
-    let conn = Arc::new(conn);
-    let mut handles = Vec::new();
-    for i in 0..threads.max(2) {
-        let c = conn.clone();
-        handles.push(
-            std::thread::Builder::new()
-                .name(format!("fuse-{name}-{i}"))
-                .spawn(move || c.worker())?,
-        );
+}
+
+impl Conn {
+    /// Registers `backing` as the passthrough backing file; its backing id.
+    fn open_backing(&self, backing: BorrowedFd<'_>) -> io::Result<i32> {
+        let map = abi::BackingMap {
+            fd: backing.as_raw_fd(),
+            ..Default::default()
+        };
+        // SAFETY: FUSE_DEV_IOC_BACKING_OPEN reads one `fuse_backing_map` from
+        // the pointer, which refers to a live local.
+        let id = unsafe {
+            libc::ioctl(
+                self.fd.as_fd().as_raw_fd(),
+                abi::FUSE_DEV_IOC_BACKING_OPEN as _,
+                &map as *const abi::BackingMap,
+            )
+        };
+        if id <= 0 {
+            return Err(os_err(format!(
+                "{}: registering the passthrough backing file (needs CAP_SYS_ADMIN)",
+                self.name
+            )));
+        }
+        Ok(id)
     }
-    log::info!(
-        "{name}: serving {} (backing id {id}, {} workers)",
-        target.display(),
-        handles.len()
-    );
-    Ok(Mount {
-        target: target.to_owned(),
-        conn,
-        threads: handles,
-    })
 }
