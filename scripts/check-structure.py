@@ -53,7 +53,6 @@ ALLOWED = {
     ("kfd-emu/src/device/gem.rs", "sdma_ib_copies_between_a_dmabuf_and_userptr_memory"): NOT_YET,
     ("kfd-emu/src/device/mod.rs", "gem_ioctl"): NOT_YET,
     ("kfd-emu/src/device/mod.rs", "kfd_ioctl"): NOT_YET,
-    ("kfd-emu/src/runner.rs", "run"): NOT_YET,
 }
 
 

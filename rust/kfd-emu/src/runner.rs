@@ -373,20 +373,8 @@ pub fn run(
     // SAFETY: prctl with integer arguments.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
 
-    // --state-dir's directory outlives the run; our own goes with it.
-    let (state_dir, own_state_dir) = match &opts.state_dir {
-        Some(d) => {
-            std::fs::create_dir_all(d)
-                .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", d.display())))?;
-            (d.clone(), None)
-        }
-        None => {
-            let dir = new_state_dir()?;
-            (dir.path().to_owned(), Some(dir))
-        }
-    };
+    let (state_dir, own_state_dir) = state_dir(&opts)?;
     std::fs::write(state_dir.join("profile.toml"), opts.profile.to_toml())?;
-
     let devices = make(&opts.profile)?;
     let mounts = build_namespace(&opts.profile, devices.nodes, opts.threads)?;
     if let Some(h) = devices.supervisor {
@@ -398,12 +386,56 @@ pub fn run(
         mounts.len()
     );
 
-    let reopen = stdio_to_reopen();
     let tty_fg = is_tty_foreground();
+    let pid = spawn_command(&opts, &state_dir, tty_fg)?;
+    let status = wait_child(pid, &set);
+    if tty_fg {
+        // SAFETY: as in spawn_command's hook; taking the terminal back for
+        // our group.
+        unsafe { libc::signal(libc::SIGTTOU, libc::SIG_IGN) };
+        // SAFETY: getpgrp has no preconditions.
+        let pgrp = unsafe { libc::getpgrp() };
+        // SAFETY: fd 0 is the terminal.
+        unsafe { libc::tcsetpgrp(0, pgrp) };
+    }
+    kill_descendants();
+    (devices.shutdown)();
+    drop(mounts);
+    drop(own_state_dir);
+    Ok(if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status)
+    } else if libc::WIFSIGNALED(status) {
+        128 + libc::WTERMSIG(status)
+    } else {
+        1
+    })
+}
+
+/// The run's state directory: `--state-dir`'s, which outlives the run, or
+/// our own, which goes with it (returned to be dropped at the end).
+fn state_dir(opts: &RunOptions) -> io::Result<(PathBuf, Option<tempfile::TempDir>)> {
+    match &opts.state_dir {
+        Some(d) => {
+            std::fs::create_dir_all(d)
+                .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", d.display())))?;
+            Ok((d.clone(), None))
+        }
+        None => {
+            let dir = new_state_dir()?;
+            Ok((dir.path().to_owned(), Some(dir)))
+        }
+    }
+}
+
+/// Starts the command in a process group of its own (the terminal's
+/// foreground group when `tty_fg`), dying with us, with our stdio reopened
+/// in the namespace and no other inherited fd; its pid.
+fn spawn_command(opts: &RunOptions, state_dir: &Path, tty_fg: bool) -> io::Result<i32> {
+    let reopen = stdio_to_reopen();
     let mut cmd = Command::new(&opts.cmd[0]);
     cmd.args(&opts.cmd[1..])
         .env(ENV_PROFILE, &opts.profile.name)
-        .env(ENV_STATE_DIR, &state_dir)
+        .env(ENV_STATE_DIR, state_dir)
         .process_group(0);
     let hook = move || {
         // SAFETY: prctl with integer arguments.
@@ -455,29 +487,7 @@ pub fn run(
             format!("starting {}: {e}", opts.cmd[0].to_string_lossy()),
         )
     })?;
-    let pid = child.id() as i32;
-
-    let status = wait_child(pid, &set);
-
-    if tty_fg {
-        // SAFETY: as in the hook; taking the terminal back for our group.
-        unsafe { libc::signal(libc::SIGTTOU, libc::SIG_IGN) };
-        // SAFETY: getpgrp has no preconditions.
-        let pgrp = unsafe { libc::getpgrp() };
-        // SAFETY: fd 0 is the terminal.
-        unsafe { libc::tcsetpgrp(0, pgrp) };
-    }
-    kill_descendants();
-    (devices.shutdown)();
-    drop(mounts);
-    drop(own_state_dir);
-    Ok(if libc::WIFEXITED(status) {
-        libc::WEXITSTATUS(status)
-    } else if libc::WIFSIGNALED(status) {
-        128 + libc::WTERMSIG(status)
-    } else {
-        1
-    })
+    Ok(child.id() as i32)
 }
 
 fn is_tty_foreground() -> bool {
