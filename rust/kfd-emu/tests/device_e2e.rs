@@ -373,7 +373,8 @@ fn owning_file_client() {
         );
         assert_eq!(try_map(r, off, 3 * 4096), Err(libc::EINVAL), "past its end");
     }
-    // VRAM without PUBLIC: no CPU access (EPERM), after the ownership check.
+    // VRAM without PUBLIC: mapped after the ownership check, as Linux 6.x
+    // maps it (KFD never marks its BOs NO_CPU_ACCESS).
     let mut a = [0u8; 40];
     put(&mut a, 0, 0x3000_0000, 8);
     put(&mut a, 8, 8192, 8);
@@ -382,7 +383,7 @@ fn owning_file_client() {
     kfd(k, 0x16, &mut a).unwrap();
     let off = get(&a, 24, 8);
     assert_eq!(try_map(other, off, 8192), Err(libc::EACCES));
-    assert_eq!(try_map(r, off, 8192), Err(libc::EPERM));
+    assert!(try_map(r, off, 8192).is_ok(), "VRAM without PUBLIC");
     // Nothing starts at the bottom of the offset space.
     assert_eq!(try_map(r, 0, 4096), Err(libc::EINVAL));
     // Other files map as ever.
