@@ -2766,6 +2766,34 @@ hip_dump_killed_after_wave_save() {
 	hip_finish "$HIP_PID" 4
 }
 
+# A restore of kernels in flight killed (criu-rocm, SIGKILL) while kfd-emu holds its RESUME
+# (--hold): no task of the tree is left, none in its own code, the images unchanged; the next
+# restore of the same images resumes every kernel, which finishes with the host's result
+# although the killed restore left CRIU's ghost file of HIP's deleted comgr temporary in /tmp.
+case_hip_restore_killed_before_resume() {
+	KFD_EMU_LOG=info on mi210x4 -- hip_dump_for_later
+	KFD_EMU_LOG=info on mi210x4 --hold "RESUME:$CASE_DIR/go" -- hip_restore_killed_before_resume
+}
+hip_restore_killed_before_resume() {
+	local img=$CASE_DIR/img pid cpid log=$CASE_DIR/restore-killed.log before ghosts
+	HIP_OUT=$CASE_DIR/in-flight.out
+	pid=$(cat "$CASE_DIR/hip.pid")
+	before=$(img_sums "$img")
+	"$CRIU" restore -D "$img" -o "$log" -v4 -d >>"$CASE_DIR/criu.out" 2>&1 &
+	cpid=$!
+	wait_file "$CASE_DIR/go.held" 60 || fail "the restore never reached its RESUME ($log)"
+	kill -KILL "$cpid"
+	wait "$cpid" 2>/dev/null
+	touch "$CASE_DIR/go"
+	wait_gone "$pid" 10 || fail "in-flight $pid runs after its restore was killed before RESUME"
+	no_leftovers "the restore killed before RESUME"
+	[ "$before" = "$(img_sums "$img")" ] || fail "the killed restore changed the images"
+	ghosts=$(find /tmp -maxdepth 1 -name '*.cr.*.ghost' | wc -l)
+	[ "$ghosts" -gt 0 ] || fail "the killed restore left no ghost file in /tmp: this case no longer tests that the next restore removes one"
+	restore_ok "$img" "$pid"
+	hip_finish "$pid" 4
+}
+
 # ---------------------------------------------------------------------------------------
 # The driver
 
