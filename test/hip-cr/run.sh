@@ -60,11 +60,26 @@ MLP_STEPS=${MLP_STEPS:-10} MLP_DELAY=300 MLP_AT=3
 # `on PROFILE [--profile-file F] -- FUNCTION [ARG...]` (scripts/lib/cases.sh): FUNCTION on
 # a new emulated host, in a private mount namespace with an empty /dev/shm and an empty /tmp
 # (HIP's code object manager keeps deleted files open there, which CRIU saves as ghost
-# files and recreates at the restore; the work directory is not under /tmp).
+# files and recreates at the restore). What the run needs from under /tmp (a checkout
+# there, as a CI's may be: the scripts, builds and the work directory) stays visible in
+# the new /tmp, bound back at its own path (through an fd opened before: mount must not
+# canonicalize /proc/self/fd/N, which would name the new, empty directory).
 CASES_ON_WRAP=(unshare --mount --propagation private)
 cases_host_setup() {
 	mount -t tmpfs -o mode=1777,size=64m hip-cr-shm /dev/shm || fail "cannot mount a private /dev/shm"
+	local keep=() fds=() p fd i
+	for p in "$top" "${CARGO_TARGET_DIR:-}" "$(dirname "${CRIU:-/}")"; do
+		case $p in
+		/tmp/*) exec {fd}<"$p" || fail "cannot open $p"; keep+=("$p") fds+=("$fd") ;;
+		esac
+	done
 	mount -t tmpfs -o mode=1777,size=256m hip-cr-tmp /tmp || fail "cannot mount a private /tmp"
+	for i in "${!keep[@]}"; do
+		mkdir -p "${keep[$i]}" && mount --no-canonicalize --bind "/proc/self/fd/${fds[$i]}" "${keep[$i]}" ||
+			fail "cannot keep ${keep[$i]} in the private /tmp"
+		fd=${fds[$i]}
+		exec {fd}<&-
+	done
 }
 
 other() { # NAME (test/gpu/hosts) or PATH: the options of that host override
