@@ -611,10 +611,7 @@ impl DumpSession {
             .collect();
         let mut img = render_image(&topology, &actual_to_user, minor, id)
             .map_err(|e| SessionError::core(pid, minor.path(), e))?;
-        let actual = topology
-            .gpu_by_render_minor(minor)
-            .and_then(|n| n.gpu_id)
-            .unwrap_or(img.gpu_id());
+        let actual = super::gem::host_gpu(&topology, minor, &img);
         let copying = super::gem::Copying {
             policy: self.opts.policy,
             staging_cap: self.opts.staging_cap,

@@ -35,12 +35,13 @@ use kfd_abi::layout::gem618;
 
 use super::{gpu_jobs, log_gpu_stats, SessionError};
 use crate::bo;
-use crate::copy::{dump_contents_encoded, restore_contents_encoded, GpuStats};
+use crate::copy::{dump_contents_encoded, restore_contents_encoded, GpuJob, GpuStats};
 use crate::env::EnginePolicy;
 use crate::ids::{GpuId, GpuVa, MmapOffset, RenderMinor};
 use crate::image::{FileId, RenderImage};
 use crate::plan::{BoBucket, GpuWork};
 use crate::proto::{DrmBoEntry, DrmVmEntry};
+use crate::topology::Topology;
 
 /// The copy settings of a dump or restore.
 #[derive(Clone, Copy, Debug)]
@@ -49,6 +50,16 @@ pub(crate) struct Copying {
     pub staging_cap: Option<u64>,
     /// zstd level and threads (dump only).
     pub compress: Option<(i32, Option<u32>)>,
+}
+
+/// The host GPU of render node `minor` in `topology`: the GPU the GEM BOs
+/// of a render image of that node are copied on.  A node the topology does
+/// not list keeps the image's GPU.
+pub(crate) fn host_gpu(topology: &Topology, minor: RenderMinor, img: &RenderImage) -> GpuId {
+    topology
+        .gpu_by_render_minor(minor)
+        .and_then(|n| n.gpu_id)
+        .unwrap_or(img.gpu_id())
 }
 
 /// A render file's name in messages.
@@ -99,17 +110,7 @@ pub(crate) fn save(
     }
     img.msg.num_of_bos = Some(entries.len() as u64);
     img.msg.bo_entries = entries;
-    let (work, buckets) = contents_work(img, actual, minor, None);
-    let jobs = gpu_jobs(
-        pid,
-        copying.policy,
-        copying.staging_cap,
-        std::slice::from_ref(&work),
-        &buckets,
-        |_| Some(fd),
-        &[],
-        false,
-    )?;
+    let jobs = copy_jobs(pid, fd, img, (minor, actual), None, copying)?;
     let step = format!("saving the GEM BOs of {}", file_name(minor, id));
     let out = dump_contents_encoded(dir, id, jobs, copying.compress, &Default::default())
         .map_err(|e| SessionError::core(pid, step, e))?;
@@ -235,6 +236,30 @@ fn describe(
         vm_entries,
         ..Default::default()
     })
+}
+
+/// The copy jobs of a render image's GEM BOs on render file `fd` of host
+/// GPU `actual` (render node `minor`): a dump's at the BOs' mmap offsets
+/// of the dump, a restore's at their `restored` ones.
+fn copy_jobs<'a>(
+    pid: i32,
+    fd: BorrowedFd<'a>,
+    img: &RenderImage,
+    (minor, actual): (RenderMinor, GpuId),
+    restored: Option<&[MmapOffset]>,
+    copying: Copying,
+) -> Result<Vec<GpuJob<'a>>, SessionError> {
+    let (work, buckets) = contents_work(img, actual, minor, restored);
+    gpu_jobs(
+        pid,
+        copying.policy,
+        copying.staging_cap,
+        std::slice::from_ref(&work),
+        &buckets,
+        |_| Some(fd),
+        &[],
+        restored.is_some(),
+    )
 }
 
 /// The copy work of a render image's GEM BOs on host GPU `actual` (its
@@ -411,17 +436,7 @@ fn restore_bytes(
     offsets: &[MmapOffset],
     copying: Copying,
 ) -> Result<Vec<GpuStats>, SessionError> {
-    let (work, buckets) = contents_work(img, actual, minor, Some(offsets));
-    let jobs = gpu_jobs(
-        vpid,
-        copying.policy,
-        copying.staging_cap,
-        std::slice::from_ref(&work),
-        &buckets,
-        |_| Some(fd),
-        &[],
-        true,
-    )?;
+    let jobs = copy_jobs(vpid, fd, img, (minor, actual), Some(offsets), copying)?;
     let view = img.contents_view();
     let name = crate::image::render_image_name(id);
     let encoding = crate::pages::Encoding::of(&name, &view.msg)

@@ -676,10 +676,7 @@ impl RestoreSession {
     ) -> Result<(), SessionError> {
         let host = Topology::parse_sysfs(&self.opts.sysfs_nodes)
             .map_err(|e| SessionError::core(vpid, "reading the KFD topology", e))?;
-        let actual = host
-            .gpu_by_render_minor(minor)
-            .and_then(|n| n.gpu_id)
-            .unwrap_or(img.gpu_id());
+        let actual = super::gem::host_gpu(&host, minor, img);
         let copying = super::gem::Copying {
             policy: self.opts.policy,
             staging_cap: self.opts.staging_cap,
