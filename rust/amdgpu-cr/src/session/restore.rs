@@ -387,6 +387,11 @@ impl RestoreSession {
         ))
     }
 
+    /// A KFD image into this task: checked to be its own, its GPUs matched
+    /// to this host's and planned, `/dev/kfd` and the render nodes opened,
+    /// KFD's RESTORE, the BO contents posted to the GPU memory writer,
+    /// libhsakmt's shared memory made sure of; kept for the rest of the
+    /// restore.
     fn restore_kfd(
         &mut self,
         vpid: i32,
@@ -397,6 +402,59 @@ impl RestoreSession {
         let start = Instant::now();
         let image = KfdImage::read(dir, id)
             .map_err(|e| SessionError::core(vpid, "reading the KFD image", e))?;
+        self.check_kfd_owner(vpid, id, &image)?;
+        let Some((mailbox, (real_pid, imgdir_fd))) = self.mailbox.zip(self.task) else {
+            return Err(SessionError::State {
+                pid: vpid,
+                what: format!("KFD image {id}: no GPU memory writer to restore its GPU memory"),
+            });
+        };
+        let (plan, reach) = self.match_and_plan(vpid, id, &image)?;
+        // An image without buffers (which RESTORE refuses) never gets here:
+        // criu_gpu_restore_init's validation (validate::check_dir) refuses it.
+        let kfd = open_kfd(vpid, fd_floor)?;
+        let render = self.open_render_nodes(vpid, &plan, &reach, fd_floor)?;
+        let (restored, dmabufs) = kfd_restore(vpid, id, &image, &plan, &kfd, &render, fd_floor)?;
+        let posted = post_job(
+            (mailbox, real_pid, imgdir_fd),
+            (vpid, id),
+            &plan,
+            &restored,
+            &render,
+            dmabufs,
+            fd_floor,
+        )?;
+        let fixups = VmaFixups::from_restored(&plan, &restored)
+            .map_err(|e| SessionError::core(vpid, "recording the new BO offsets", e))?;
+        ensure_thunk_shm(vpid, &image);
+        log::info!(
+            "pid {vpid}: KFD file {id} restored: {} GPU(s), {} BO(s), {} object(s) in {:.1} ms; \
+             BO contents handed to the GPU memory writer",
+            plan.devices.len(),
+            plan.bos.len(),
+            image.msg.num_of_objects,
+            start.elapsed().as_secs_f64() * 1e3
+        );
+        self.kfds.push(RestoredKfd {
+            id,
+            pid: image.msg.pid,
+            kfd,
+            handed_out: false,
+            user_minor: plan
+                .devices
+                .iter()
+                .map(|d| (d.user, d.render_minor))
+                .collect(),
+            render,
+            fixups,
+            posted: Some(posted),
+        });
+        Ok(())
+    }
+
+    /// Refuses KFD image `id` in this task unless it is this task's own and
+    /// the only one.
+    fn check_kfd_owner(&self, vpid: i32, id: FileId, image: &KfdImage) -> Result<(), SessionError> {
         if image.msg.pid as i32 != vpid {
             // A KFD process belongs to the task that opens /dev/kfd; in
             // another task it would be another process' GPU state.
@@ -419,16 +477,22 @@ impl RestoreSession {
                 ),
             });
         }
-        let Some((mailbox, (real_pid, imgdir_fd))) = self.mailbox.zip(self.task) else {
-            return Err(SessionError::State {
-                pid: vpid,
-                what: format!("KFD image {id}: no GPU memory writer to restore its GPU memory"),
-            });
-        };
+        Ok(())
+    }
+
+    /// The image's GPUs matched to the host GPUs this task has a render node
+    /// of, the restore planned and its queues checked against those GPUs;
+    /// with the render nodes this task reaches.
+    fn match_and_plan(
+        &self,
+        vpid: i32,
+        id: FileId,
+        image: &KfdImage,
+    ) -> Result<(RestorePlan, BTreeMap<RenderMinor, RenderMinor>), SessionError> {
         let reach = self.opts.reachable_nodes();
         let missing = log_reach(vpid, &self.opts, &reach);
         let (map, host) =
-            crate::match_image_to_usable(&image, &self.opts.sysfs_nodes, &self.opts.checks, |n| {
+            crate::match_image_to_usable(image, &self.opts.sysfs_nodes, &self.opts.checks, |n| {
                 reach.contains_key(&n.render_minor())
             })
             .map_err(|e| {
@@ -443,30 +507,27 @@ impl RestoreSession {
                 };
                 SessionError::core(vpid, step, e)
             })?;
-        let plan = plan_restore(&image, &host, &map)
+        let plan = plan_restore(image, &host, &map)
             .map_err(|e| SessionError::core(vpid, "planning the GPU restore", e))?;
-        crate::validate::privdata::check_host(&kfd_image_name(id), &image, &map, &host).map_err(
+        crate::validate::privdata::check_host(&kfd_image_name(id), image, &map, &host).map_err(
             |r| SessionError::State {
                 pid: vpid,
                 what: r.to_string(),
             },
         )?;
         log::info!("pid {vpid}: {}", describe_map(&plan));
-        // An image without buffers (which RESTORE refuses) never gets here:
-        // criu_gpu_restore_init's validation (validate::check_dir) refuses it.
+        Ok((plan, reach))
+    }
 
-        let kfd = Kfd::open().map_err(kfd_step(vpid, "opening /dev/kfd"))?;
-        let (major, minor) = kfd.get_version().map_err(kfd_step(vpid, "KFD version"))?;
-        if major != KFD_CRIU_MIN_VERSION.0 || minor < KFD_CRIU_MIN_VERSION.1 {
-            return Err(SessionError::State {
-                pid: vpid,
-                what: format!(
-                    "the KFD interface is {major}.{minor}; checkpoint/restore needs 1.{} or later",
-                    KFD_CRIU_MIN_VERSION.1
-                ),
-            });
-        }
-        let kfd = dup_at_least(kfd.as_fd(), fd_floor).map_err(os_step(vpid, "moving /dev/kfd"))?;
+    /// The render node of every GPU of the plan, opened by its name in this
+    /// task (`reach`) and moved above CRIU's fds.
+    fn open_render_nodes(
+        &self,
+        vpid: i32,
+        plan: &RestorePlan,
+        reach: &BTreeMap<RenderMinor, RenderMinor>,
+        fd_floor: RawFd,
+    ) -> Result<BTreeMap<RenderMinor, OwnedFd>, SessionError> {
         let mut render = BTreeMap::new();
         for d in &plan.devices {
             let name = reach
@@ -482,168 +543,8 @@ impl RestoreSession {
                 .map_err(os_step(vpid, format!("moving {}", path.display())))?;
             render.insert(d.render_minor, fd);
         }
-        let mut devices: Vec<sys::kfd_criu_device_bucket> = plan
-            .devices
-            .iter()
-            .map(|d| sys::kfd_criu_device_bucket {
-                user_gpu_id: d.user.0,
-                actual_gpu_id: d.actual.0,
-                drm_fd: render[&d.render_minor].as_raw_fd() as u32,
-                ..Default::default()
-            })
-            .collect();
-        let mut buckets: Vec<sys::kfd_criu_bo_bucket> = plan
-            .bos
-            .iter()
-            .map(|b| sys::kfd_criu_bo_bucket {
-                addr: b.addr.0,
-                size: b.size,
-                offset: b.offset.0,
-                restored_offset: 0,
-                gpu_id: b.gpu_id.0,
-                alloc_flags: b.alloc_flags,
-                dmabuf_fd: bo::KFD_INVALID_FD,
-                ..Default::default()
-            })
-            .collect();
-        let mut priv_data = image.msg.priv_data.clone();
-        if let Err(e) = Kfd::from_fd(kfd.as_fd()).criu_restore(
-            image.msg.num_of_objects,
-            &mut devices,
-            &mut buckets,
-            &mut priv_data,
-        ) {
-            let layout = match image.priv_layout() {
-                Ok(l) => format!("kernel data with {}-byte BO records", l.bo_record_size),
-                Err(why) => format!("kernel data not understood: {why}"),
-            };
-            return Err(SessionError::Kfd {
-                pid: vpid,
-                step: format!("RESTORE of KFD image {id} ({layout})"),
-                source: e,
-            });
-        }
-        // The dmabufs KFD installed in our table, owned from here on.
-        let mut dmabufs = owned_dmabufs(&buckets);
-        let restored: Vec<BoBucket> = plan
-            .bos
-            .iter()
-            .zip(&buckets)
-            .map(|(b, k)| BoBucket {
-                restored_offset: MmapOffset(k.restored_offset),
-                ..*b
-            })
-            .collect();
-        // Kept until the writer takes them: above CRIU's fds.
-        for d in dmabufs.iter_mut() {
-            if let Some(fd) = d.take() {
-                *d = Some(
-                    dup_at_least(fd.as_fd(), fd_floor)
-                        .map_err(os_step(vpid, "moving a BO's dmabuf"))?,
-                );
-            }
-        }
-        let (chan_task, chan_writer) = gate_channel()
-            .and_then(|(t, w)| {
-                Ok((
-                    dup_at_least(t.as_fd(), fd_floor)?,
-                    dup_at_least(w.as_fd(), fd_floor)?,
-                ))
-            })
-            .map_err(os_step(vpid, "creating the GPU gate channel"))?;
-        let job = Job {
-            id,
-            vpid,
-            imgdir_fd,
-            chan_fd: chan_writer.as_raw_fd(),
-            streamed: crate::stream::active().is_some(),
-            gpus: plan.gpus.clone(),
-            restored: restored.clone(),
-            render: render.iter().map(|(&m, f)| (m, f.as_raw_fd())).collect(),
-            dmabufs: dmabufs
-                .iter()
-                .map(|d| d.as_ref().map(|f| f.as_raw_fd()))
-                .collect(),
-        };
-        let memfd = job
-            .to_memfd()
-            .and_then(|f| dup_at_least(f.as_fd(), fd_floor))
-            .map_err(os_step(vpid, "writing the GPU memory job"))?;
-        let slot = mailbox
-            .post(real_pid, vpid, id, memfd.as_raw_fd())
-            .ok_or_else(|| SessionError::State {
-                pid: vpid,
-                what: format!(
-                    "KFD image {id}: the GPU memory writer's board is full ({} KFD processes)",
-                    super::writer::SLOTS
-                ),
-            })?;
-        if let Some(streamer) = crate::stream::active() {
-            send_streamed_pages(&streamer, vpid, id, &plan.gpus, chan_task.as_fd())?;
-        }
-        let posted = Some(Posted {
-            slot,
-            _memfd: memfd,
-            _dmabufs: dmabufs,
-            _chan_writer: chan_writer,
-            chan_task,
-        });
-        let fixups = VmaFixups::from_restored(&plan, &restored)
-            .map_err(|e| SessionError::core(vpid, "recording the new BO offsets", e))?;
-        let shm = SharedMem {
-            size: image.msg.shared_mem_size,
-            magic: image.msg.shared_mem_magic,
-            mode: image.msg.shared_mem_mode.unwrap_or(0),
-            semaphore_mode: image.msg.semaphore_mode.unwrap_or(0),
-        };
-        if shm.size > 0 {
-            match shm.recreate(Path::new(HSAKMT_SHM)) {
-                Ok(true) => log::info!(
-                    "pid {vpid}: {HSAKMT_SHM} was missing: recreated ({} bytes, magic {:#x})",
-                    shm.size,
-                    shm.magic
-                ),
-                Ok(false) => {}
-                Err(e) => log::warn!("pid {vpid}: recreating {HSAKMT_SHM}: {e}"),
-            }
-            match ensure_semaphore(
-                HSAKMT_SEMAPHORE,
-                Path::new(HSAKMT_SEMAPHORE_FILE),
-                shm.semaphore_mode,
-            ) {
-                Ok(true) => log::info!(
-                    "pid {vpid}: {HSAKMT_SEMAPHORE_FILE} was missing: recreated the thunk's \
-                     semaphore (value 1)"
-                ),
-                Ok(false) => {}
-                Err(e) => log::warn!("pid {vpid}: creating the thunk's semaphore: {e}"),
-            }
-        }
-        log::info!(
-            "pid {vpid}: KFD file {id} restored: {} GPU(s), {} BO(s), {} object(s) in {:.1} ms; \
-             BO contents handed to the GPU memory writer",
-            plan.devices.len(),
-            plan.bos.len(),
-            image.msg.num_of_objects,
-            start.elapsed().as_secs_f64() * 1e3
-        );
-        self.kfds.push(RestoredKfd {
-            id,
-            pid: image.msg.pid,
-            kfd,
-            handed_out: false,
-            user_minor: plan
-                .devices
-                .iter()
-                .map(|d| (d.user, d.render_minor))
-                .collect(),
-            render,
-            fixups,
-            posted,
-        });
-        Ok(())
+        Ok(render)
     }
-
     /// A render-node file: opened ([`Self::open_render_file`]), then its
     /// GEM BOs recreated on it ([`Self::restore_gem`]).
     fn restore_render(
@@ -893,6 +794,196 @@ impl RestoreSession {
             log::debug!("pid {vpid}: closed the GPU hooks' own fds of {n} KFD process(es)");
         }
         Ok(gate)
+    }
+}
+
+/// `/dev/kfd` opened, its interface version checked for checkpoint/restore,
+/// and moved above CRIU's fds.
+fn open_kfd(vpid: i32, fd_floor: RawFd) -> Result<OwnedFd, SessionError> {
+    let kfd = Kfd::open().map_err(kfd_step(vpid, "opening /dev/kfd"))?;
+    let (major, minor) = kfd.get_version().map_err(kfd_step(vpid, "KFD version"))?;
+    if major != KFD_CRIU_MIN_VERSION.0 || minor < KFD_CRIU_MIN_VERSION.1 {
+        return Err(SessionError::State {
+            pid: vpid,
+            what: format!(
+                "the KFD interface is {major}.{minor}; checkpoint/restore needs 1.{} or later",
+                KFD_CRIU_MIN_VERSION.1
+            ),
+        });
+    }
+    dup_at_least(kfd.as_fd(), fd_floor).map_err(os_step(vpid, "moving /dev/kfd"))
+}
+
+/// KFD's RESTORE of image `id` by the plan on `kfd`: the BOs with their
+/// new mmap offsets, and the dmabufs KFD installed (moved above CRIU's
+/// fds, owned from here on).
+fn kfd_restore(
+    vpid: i32,
+    id: FileId,
+    image: &KfdImage,
+    plan: &RestorePlan,
+    kfd: &OwnedFd,
+    render: &BTreeMap<RenderMinor, OwnedFd>,
+    fd_floor: RawFd,
+) -> Result<(Vec<BoBucket>, Vec<Option<OwnedFd>>), SessionError> {
+    let mut devices: Vec<sys::kfd_criu_device_bucket> = plan
+        .devices
+        .iter()
+        .map(|d| sys::kfd_criu_device_bucket {
+            user_gpu_id: d.user.0,
+            actual_gpu_id: d.actual.0,
+            drm_fd: render[&d.render_minor].as_raw_fd() as u32,
+            ..Default::default()
+        })
+        .collect();
+    let mut buckets: Vec<sys::kfd_criu_bo_bucket> = plan
+        .bos
+        .iter()
+        .map(|b| sys::kfd_criu_bo_bucket {
+            addr: b.addr.0,
+            size: b.size,
+            offset: b.offset.0,
+            restored_offset: 0,
+            gpu_id: b.gpu_id.0,
+            alloc_flags: b.alloc_flags,
+            dmabuf_fd: bo::KFD_INVALID_FD,
+            ..Default::default()
+        })
+        .collect();
+    let mut priv_data = image.msg.priv_data.clone();
+    if let Err(e) = Kfd::from_fd(kfd.as_fd()).criu_restore(
+        image.msg.num_of_objects,
+        &mut devices,
+        &mut buckets,
+        &mut priv_data,
+    ) {
+        let layout = match image.priv_layout() {
+            Ok(l) => format!("kernel data with {}-byte BO records", l.bo_record_size),
+            Err(why) => format!("kernel data not understood: {why}"),
+        };
+        return Err(SessionError::Kfd {
+            pid: vpid,
+            step: format!("RESTORE of KFD image {id} ({layout})"),
+            source: e,
+        });
+    }
+    // The dmabufs KFD installed in our table, owned from here on.
+    let mut dmabufs = owned_dmabufs(&buckets);
+    let restored: Vec<BoBucket> = plan
+        .bos
+        .iter()
+        .zip(&buckets)
+        .map(|(b, k)| BoBucket {
+            restored_offset: MmapOffset(k.restored_offset),
+            ..*b
+        })
+        .collect();
+    // Kept until the writer takes them: above CRIU's fds.
+    for d in dmabufs.iter_mut() {
+        if let Some(fd) = d.take() {
+            *d = Some(
+                dup_at_least(fd.as_fd(), fd_floor)
+                    .map_err(os_step(vpid, "moving a BO's dmabuf"))?,
+            );
+        }
+    }
+    Ok((restored, dmabufs))
+}
+
+/// The GPU memory job of KFD image `id` (its BOs at their new offsets,
+/// the render nodes and dmabufs to copy through) posted to the writer's
+/// board, with the gate channel the task waits on; with `--stream`, the
+/// pages files sent down that channel.
+fn post_job(
+    (mailbox, real_pid, imgdir_fd): (Mailbox, i32, RawFd),
+    (vpid, id): (i32, FileId),
+    plan: &RestorePlan,
+    restored: &[BoBucket],
+    render: &BTreeMap<RenderMinor, OwnedFd>,
+    dmabufs: Vec<Option<OwnedFd>>,
+    fd_floor: RawFd,
+) -> Result<Posted, SessionError> {
+    let (chan_task, chan_writer) = gate_channel()
+        .and_then(|(t, w)| {
+            Ok((
+                dup_at_least(t.as_fd(), fd_floor)?,
+                dup_at_least(w.as_fd(), fd_floor)?,
+            ))
+        })
+        .map_err(os_step(vpid, "creating the GPU gate channel"))?;
+    let job = Job {
+        id,
+        vpid,
+        imgdir_fd,
+        chan_fd: chan_writer.as_raw_fd(),
+        streamed: crate::stream::active().is_some(),
+        gpus: plan.gpus.clone(),
+        restored: restored.to_vec(),
+        render: render.iter().map(|(&m, f)| (m, f.as_raw_fd())).collect(),
+        dmabufs: dmabufs
+            .iter()
+            .map(|d| d.as_ref().map(|f| f.as_raw_fd()))
+            .collect(),
+    };
+    let memfd = job
+        .to_memfd()
+        .and_then(|f| dup_at_least(f.as_fd(), fd_floor))
+        .map_err(os_step(vpid, "writing the GPU memory job"))?;
+    let slot = mailbox
+        .post(real_pid, vpid, id, memfd.as_raw_fd())
+        .ok_or_else(|| SessionError::State {
+            pid: vpid,
+            what: format!(
+                "KFD image {id}: the GPU memory writer's board is full ({} KFD processes)",
+                super::writer::SLOTS
+            ),
+        })?;
+    if let Some(streamer) = crate::stream::active() {
+        send_streamed_pages(&streamer, vpid, id, &plan.gpus, chan_task.as_fd())?;
+    }
+    Ok(Posted {
+        slot,
+        _memfd: memfd,
+        _dmabufs: dmabufs,
+        _chan_writer: chan_writer,
+        chan_task,
+    })
+}
+
+/// libhsakmt's shared memory and semaphore, recreated when another
+/// process of the thunk removed them (it does when it closes KFD) and the
+/// image's process had them; failures are logged, CRIU's open of the file
+/// then names it.
+fn ensure_thunk_shm(vpid: i32, image: &KfdImage) {
+    let shm = SharedMem {
+        size: image.msg.shared_mem_size,
+        magic: image.msg.shared_mem_magic,
+        mode: image.msg.shared_mem_mode.unwrap_or(0),
+        semaphore_mode: image.msg.semaphore_mode.unwrap_or(0),
+    };
+    if shm.size == 0 {
+        return;
+    }
+    match shm.recreate(Path::new(HSAKMT_SHM)) {
+        Ok(true) => log::info!(
+            "pid {vpid}: {HSAKMT_SHM} was missing: recreated ({} bytes, magic {:#x})",
+            shm.size,
+            shm.magic
+        ),
+        Ok(false) => {}
+        Err(e) => log::warn!("pid {vpid}: recreating {HSAKMT_SHM}: {e}"),
+    }
+    match ensure_semaphore(
+        HSAKMT_SEMAPHORE,
+        Path::new(HSAKMT_SEMAPHORE_FILE),
+        shm.semaphore_mode,
+    ) {
+        Ok(true) => log::info!(
+            "pid {vpid}: {HSAKMT_SEMAPHORE_FILE} was missing: recreated the thunk's \
+             semaphore (value 1)"
+        ),
+        Ok(false) => {}
+        Err(e) => log::warn!("pid {vpid}: creating the thunk's semaphore: {e}"),
     }
 }
 
