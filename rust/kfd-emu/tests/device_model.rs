@@ -4066,3 +4066,26 @@ fn a_damaged_save_is_the_queues_error_at_resume() {
     let (_, _, r) = restore_me(&s.d, &mut img, &blob);
     assert_eq!(r, Err(libc::EINVAL));
 }
+
+/// The MQD's control stack size is the record's: an image whose MQD names
+/// a larger stack than its record holds (a queue without waves, so no
+/// stack is read) is refused at RESTORE, where the next checkpoint would
+/// have written a stack of that size; unchanged, it restores.
+#[test]
+fn an_mqd_stack_size_other_than_the_records_is_refused_at_restore() {
+    let s = Shader::on(Dev::new(""), true);
+    let fh = KFD_FH.with(|f| f.get());
+    let mut img = dump_me(&s.d, fh);
+    let at = img.blob.windows(4).position(|w| w == b"KEMQ").unwrap();
+    let size = u32::from_le_bytes(img.blob[at + 40..at + 44].try_into().unwrap());
+    assert_eq!(size, CTX_CTL as u32, "the MQD's control stack size");
+    for bad in [0x8000_0000u32, CTX_CTL as u32 + 0x1000, 0] {
+        let mut blob = img.blob.clone();
+        blob[at + 40..at + 44].copy_from_slice(&bad.to_le_bytes());
+        let (_, _, r) = restore_me(&s.d, &mut img, &blob);
+        assert_eq!(r, Err(libc::EINVAL), "MQD ctl_stack_size {bad:#x}");
+    }
+    let blob = img.blob.clone();
+    let (_, _, r) = restore_me(&s.d, &mut img, &blob);
+    r.unwrap();
+}

@@ -342,7 +342,7 @@ pub fn unpause(st: &mut State, lead: u32) -> R<()> {
     Ok(())
 }
 
-fn encode_mqd(q: &Queue, wptr: u64) -> Mqd {
+fn encode_mqd(q: &Queue, g: &Gpu, wptr: u64) -> Mqd {
     Mqd {
         magic: MQD_MAGIC,
         version: if q.cu_mask.is_empty() { 1 } else { 2 },
@@ -351,7 +351,14 @@ fn encode_mqd(q: &Queue, wptr: u64) -> Mqd {
         ring_base: q.ring_base,
         ring_size: q.ring_size,
         halted: q.halted as u32,
-        ctl_stack_size: q.ctl_stack_size,
+        // The record's control stack size (per XCC): 0 for a queue whose
+        // record holds none (SDMA, no save area), so that a RESTORE can
+        // tie the two together.
+        ctl_stack_size: if ctl_stack_bytes(q, g) == 0 {
+            0
+        } else {
+            q.ctl_stack_size
+        },
         ctl_stack_used: q.aql.saved.len() as u32,
         pad: [0; 4],
     }
@@ -472,7 +479,7 @@ pub fn checkpoint(
         };
         uapi::push(&mut blob, &r);
         let mqd_end = blob.len() + mqd_size(q, g);
-        uapi::push(&mut blob, &encode_mqd(q, wptr));
+        uapi::push(&mut blob, &encode_mqd(q, g, wptr));
         if !q.cu_mask.is_empty() {
             let mut mask = [0u32; 32];
             mask[..q.cu_mask.len()].copy_from_slice(&q.cu_mask);
@@ -745,6 +752,7 @@ struct PlanObjects {
 /// control stacks (`take_queue_extra`), an SDMA engine queue left.
 fn plan_queue(
     st: &State,
+    lead: u32,
     cur: &mut Cursor<'_>,
     user_to_gpu: &BTreeMap<u32, usize>,
     out: &mut PlanObjects,
@@ -752,7 +760,7 @@ fn plan_queue(
     let r: layout::kfd_criu_queue_priv_data = cur.rec()?;
     let gpu = *user_to_gpu.get(&r.gpu_id).ok_or(libc::EINVAL)?;
     let qtype = ioctl_type(r.type_, r.format)?;
-    let extra = take_queue_extra(cur, &r, qtype, &st.devs.gpus[gpu])?;
+    let extra = take_queue_extra(lead, cur, &r, qtype, &st.devs.gpus[gpu])?;
     let m = extra.mqd;
     let id = r.q_id;
     let ring_size = r.q_size;
@@ -899,7 +907,7 @@ fn plan_restore(
         let ty: u32 = cur.rec()?;
         cur.off = at;
         match ty {
-            pb::OBJ_QUEUE => plan_queue(st, &mut cur, &devs.user_to_gpu, &mut objs)?,
+            pb::OBJ_QUEUE => plan_queue(st, lead, &mut cur, &devs.user_to_gpu, &mut objs)?,
             pb::OBJ_EVENT => plan_event(p, &mut cur, (&devs.devices, &bos), &mut objs)?,
             pb::OBJ_SVM_RANGE => {
                 // Kept for RESUME unchecked, as KFD does.
@@ -936,13 +944,24 @@ struct QueueExtra {
     saved: Vec<u8>,
 }
 
+/// Refuses a queue record of process `lead`'s RESTORE: logs the process,
+/// GPU, queue and field, and gives EINVAL.
+fn refuse_queue(lead: u32, r: &layout::kfd_criu_queue_priv_data, why: std::fmt::Arguments) -> i32 {
+    let (gpu, id) = (r.gpu_id, r.q_id);
+    log::error!("kfd-emu: process {lead} GPU {gpu:#x} queue {id}: RESTORE refused (EINVAL): {why}");
+    libc::EINVAL
+}
+
 /// A queue record's MQD and control stacks, checked as a fixed kernel
 /// checks them before it copies any: the MQD of exactly KFD's size for the
 /// type, no control stack on an SDMA queue, one per XCC on a compute queue
-/// and none larger than the node's (the most a queue's allocation holds).
+/// and none larger than the node's (the most a queue's allocation holds),
+/// and an MQD whose control stack size is the record's (per XCC; 0 where
+/// the record has none): the next checkpoint writes stacks of that size.
 /// What the used control stack says is the CP's to check when the queue
 /// runs (a damaged one is a queue error then).
 fn take_queue_extra(
+    lead: u32,
     cur: &mut Cursor<'_>,
     r: &layout::kfd_criu_queue_priv_data,
     qtype: u32,
@@ -962,21 +981,31 @@ fn take_queue_extra(
     let mqd = cur.take(want as usize)?;
     let stacks = cur.take(ctl as usize)?;
     let m: Mqd = uapi::decode(mqd);
-    let (size, used) = (m.ctl_stack_size as usize, m.ctl_stack_used as usize);
-    if used > size || (used > 0 && (size > stacks.len() || r.ctx_save_restore_area_address == 0)) {
+    let v2 = m.version == 2;
+    if m.magic != MQD_MAGIC || !(m.version == 1 || v2) {
         return Err(libc::EINVAL);
     }
-    // No wave saved: nothing to read (an SDMA queue's MQD may carry the
-    // `ctl_stack_size` libhsakmt gave it, with no stack in the record).
+    let per_xcc = ctl / g.num_xcc;
+    if m.ctl_stack_size != per_xcc {
+        return Err(refuse_queue(
+            lead,
+            r,
+            format_args!(
+                "MQD ctl_stack_size {:#x}, the record's control stack is {per_xcc:#x} bytes per XCC",
+                m.ctl_stack_size
+            ),
+        ));
+    }
+    let (size, used) = (m.ctl_stack_size as usize, m.ctl_stack_used as usize);
+    if used > size || (used > 0 && r.ctx_save_restore_area_address == 0) {
+        return Err(libc::EINVAL);
+    }
+    // No wave saved: nothing to read.
     let saved = if used == 0 {
         Vec::new()
     } else {
         stacks[size - used..size].to_vec()
     };
-    let v2 = m.version == 2;
-    if m.magic != MQD_MAGIC || !(m.version == 1 || v2) {
-        return Err(libc::EINVAL);
-    }
     let cu_mask = if v2 {
         let c: CuMask = uapi::decode(&mqd[MQD_SIZE..]);
         if c.words == 0 || c.words > 32 {
