@@ -4020,51 +4020,54 @@ fn a_dispatch_in_flight_resumes_on_another_host() {
     }
 }
 
-/// A damaged control stack or wave block is the queue's error when it runs
-/// after RESUME (queue error 0x20 on its inactive signal, the completion
-/// signal untouched), never the daemon's: its other queue runs on.  A
-/// control stack larger than its MQD's is refused at RESTORE.
+/// A damaged control stack fails the RESTORE (EINVAL): a wrong magic,
+/// version or wave count, or a control stack longer than its MQD's.  A
+/// damaged wave block, which only the save area shows, is the queue's
+/// error when it runs after RESUME (queue error 0x20 on its inactive
+/// signal, the completion signal untouched), never the daemon's.
 #[test]
-fn a_damaged_save_is_the_queues_error_at_resume() {
+fn a_damaged_save_fails_the_restore_or_the_queue_at_resume() {
     let magic = gfx9::cwsr::stack::MAGIC.to_le_bytes();
-    // The wave block's PC_HI (HWREG slot 2): replay bits it never saves.
-    let alloc = gfx9::cwsr::Alloc::from_descriptor(gfx9::Target::Gfx908, 0, 0, 512).unwrap();
-    let pc_hi = CTX_CTL as usize + gfx9::cwsr::WaveBlock::of(&alloc).hwreg + 8;
-    for damage in ["stack magic", "wave block", "stack version"] {
+    for damage in [
+        "stack magic",
+        "stack version",
+        "stack waves",
+        "stack length",
+    ] {
         let s = held_dispatch();
         let fh = KFD_FH.with(|f| f.get());
         let mut img = dump_me(&s.d, fh);
         let mut blob = img.blob.clone();
         let at = blob.windows(4).position(|w| w == magic).unwrap();
+        let mqd = blob.windows(4).position(|w| w == b"KEMQ").unwrap();
         match damage {
             "stack magic" => blob[at] ^= 1,
             "stack version" => blob[at + 4] = 9,
-            _ => {}
+            "stack waves" => blob[at + 8] ^= 1,
+            _ => blob[mqd + 44..mqd + 48].copy_from_slice(&(CTX_CTL as u32 + 8).to_le_bytes()),
         }
-        let (d2, fh2, r) = restore_me(&s.d, &mut img, &blob);
-        r.unwrap();
-        if damage == "wave block" {
-            let area = restored_bo(&d2, &img, CTX_VA);
-            // SAFETY: inside the restored save area.
-            unsafe { wr32(area, pc_hi, 0x1_0000) };
-        }
-        let sigs = restored_bo(&d2, &img, SHADER_SIGS_VA);
-        let pid = std::process::id();
-        let resume = criu(criu_op::RESUME, 0, 0, 0, 0, 0, 0, 0, pid);
-        d2.call_fh(fh2, &me(), nr::CRIU_OP, &resume).unwrap();
-        assert!(poll_signal(sigs, 2, 0x20), "{damage}: queue 0's error");
-        // SAFETY: the restored signals.
-        assert_eq!(unsafe { rd64(sigs, 8) }, 1, "{damage}: no completion");
+        let (_, _, r) = restore_me(&s.d, &mut img, &blob);
+        assert_eq!(r, Err(libc::EINVAL), "{damage}");
     }
-    // The MQD says the control stack is longer than the stack it is in.
+    // The wave block's PC_HI (HWREG slot 2): replay bits it never saves.
+    let alloc = gfx9::cwsr::Alloc::from_descriptor(gfx9::Target::Gfx908, 0, 0, 512).unwrap();
+    let pc_hi = CTX_CTL as usize + gfx9::cwsr::WaveBlock::of(&alloc).hwreg + 8;
     let s = held_dispatch();
     let fh = KFD_FH.with(|f| f.get());
     let mut img = dump_me(&s.d, fh);
-    let mut blob = img.blob.clone();
-    let at = blob.windows(4).position(|w| w == b"KEMQ").unwrap();
-    blob[at + 44..at + 48].copy_from_slice(&(CTX_CTL as u32 + 8).to_le_bytes());
-    let (_, _, r) = restore_me(&s.d, &mut img, &blob);
-    assert_eq!(r, Err(libc::EINVAL));
+    let blob = img.blob.clone();
+    let (d2, fh2, r) = restore_me(&s.d, &mut img, &blob);
+    r.unwrap();
+    let area = restored_bo(&d2, &img, CTX_VA);
+    // SAFETY: inside the restored save area.
+    unsafe { wr32(area, pc_hi, 0x1_0000) };
+    let sigs = restored_bo(&d2, &img, SHADER_SIGS_VA);
+    let pid = std::process::id();
+    let resume = criu(criu_op::RESUME, 0, 0, 0, 0, 0, 0, 0, pid);
+    d2.call_fh(fh2, &me(), nr::CRIU_OP, &resume).unwrap();
+    assert!(poll_signal(sigs, 2, 0x20), "wave block: queue 0's error");
+    // SAFETY: the restored signals.
+    assert_eq!(unsafe { rd64(sigs, 8) }, 1, "wave block: no completion");
 }
 
 /// The MQD's control stack size is the record's: an image whose MQD names

@@ -17,8 +17,10 @@
 //!
 //! RESTORE is as strict as a fixed kernel: an MQD size other than KFD's for
 //! the queue's type, a control stack on an SDMA queue or larger than the
-//! node's, a queue type a process cannot own: EINVAL, before any state
-//! changes.
+//! node's, an MQD whose control stack size is not the record's, a queue
+//! type a process cannot own: EINVAL, before any state changes.  So is a
+//! saved control stack that does not decode or whose waves do not fit in
+//! the queue's save area.
 //!
 //! The `reserved` word of each device record (KFD writes 0 there) holds
 //! the process' /dev/kfd slot ([`slot_word`]): RESTORE moves the restored
@@ -31,7 +33,7 @@ use std::mem::{offset_of, size_of};
 use super::aql::{self, AqlState};
 use super::kfd;
 use super::mem::{user_read, user_write};
-use super::shader::{SaveJob, Saved};
+use super::shader::{check_stack, SaveArea, SaveJob, Saved};
 use super::state::bos::VaRanges;
 use super::state::svm as ranges;
 use super::state::{BoKey, Done, Event, Gpu, MemoryException, Queue, State, R};
@@ -958,8 +960,9 @@ fn refuse_queue(lead: u32, r: &layout::kfd_criu_queue_priv_data, why: std::fmt::
 /// and none larger than the node's (the most a queue's allocation holds),
 /// and an MQD whose control stack size is the record's (per XCC; 0 where
 /// the record has none): the next checkpoint writes stacks of that size.
-/// What the used control stack says is the CP's to check when the queue
-/// runs (a damaged one is a queue error then).
+/// The used control stack is decoded and checked ([`check_saved_stack`]);
+/// what only the queue's memory can tell (the packet at the read pointer,
+/// the wave blocks) is the CP's to check when the queue runs.
 fn take_queue_extra(
     lead: u32,
     cur: &mut Cursor<'_>,
@@ -1006,6 +1009,7 @@ fn take_queue_extra(
     } else {
         stacks[size - used..size].to_vec()
     };
+    check_saved_stack(lead, r, g, &saved)?;
     let cu_mask = if v2 {
         let c: CuMask = uapi::decode(&mqd[MQD_SIZE..]);
         if c.words == 0 || c.words > 32 {
@@ -1020,6 +1024,37 @@ fn take_queue_extra(
         cu_mask,
         saved,
     })
+}
+
+/// The used control stack of a queue record, checked as the CP will when
+/// the queue runs, as far as it can be without the queue's memory (see
+/// `shader::check_stack`): a damaged one fails the RESTORE (EINVAL, logged
+/// naming the field) rather than the queue after it.
+fn check_saved_stack(
+    lead: u32,
+    r: &layout::kfd_criu_queue_priv_data,
+    g: &Gpu,
+    saved: &[u8],
+) -> R<()> {
+    if saved.is_empty() {
+        return Ok(());
+    }
+    let Some(target) = super::shader_target(g) else {
+        return Err(refuse_queue(
+            lead,
+            r,
+            format_args!("control stack: saved waves, but the GPU runs no shader"),
+        ));
+    };
+    let area = SaveArea {
+        addr: r.ctx_save_restore_area_address,
+        size: r.ctx_save_restore_area_size,
+        ctl_stack_size: r.ctl_stack_size / g.num_xcc,
+    };
+    match check_stack(target, saved, area) {
+        Ok(_) => Ok(()),
+        Err(why) => Err(refuse_queue(lead, r, format_args!("{why}"))),
+    }
 }
 
 /// RESTORE: validate everything, then apply; an error while applying

@@ -145,20 +145,9 @@ fn read_saved(
     a: SaveArea,
     stack: &[u8],
 ) -> Result<(cwsr::DispatchState, Vec<u8>), String> {
-    let cs = ControlStack::decode(l.target, stack).map_err(text)?;
-    let d = one_dispatch(&cs, l)?;
+    let (d, end) = check_stack(l.target, stack, a)?;
+    let d = one_dispatch(d, l)?;
     let ctl = a.ctl_stack_size as usize;
-    let used = cs.wave_area_used() as usize;
-    let end = ctl
-        .checked_add(used)
-        .filter(|&e| e <= a.size as usize && ctl >= Header::SIZE)
-        .ok_or_else(|| {
-            format!(
-                "control stack: waves: {used:#x} bytes of wave blocks after a {ctl:#x}-byte \
-                 control stack do not fit in the {:#x}-byte context save area",
-                a.size
-            )
-        })?;
     let mut area = vec![0u8; a.size as usize];
     let unreadable = |f| {
         format!(
@@ -173,15 +162,40 @@ fn read_saved(
     Ok((d, area))
 }
 
+/// What a control stack says alone, without the queue's memory (checked
+/// at RESTORE, and again when the queue runs): the stream whole, one
+/// dispatch, and wave blocks that fit in save area `a` after its control
+/// stack.  Returns the dispatch and the end of the used area.
+pub fn check_stack(
+    target: gfx9::Target,
+    stack: &[u8],
+    a: SaveArea,
+) -> Result<(cwsr::DispatchState, usize), String> {
+    let cs = ControlStack::decode(target, stack).map_err(text)?;
+    let used = cs.wave_area_used() as usize;
+    let [d] = <[_; 1]>::try_from(cs.dispatches).map_err(|ds| {
+        format!(
+            "control stack: dispatches: {}, a queue runs one at a time",
+            ds.len()
+        )
+    })?;
+    let ctl = a.ctl_stack_size as usize;
+    let end = ctl
+        .checked_add(used)
+        .filter(|&e| e <= a.size as usize && ctl >= Header::SIZE)
+        .ok_or_else(|| {
+            format!(
+                "control stack: waves: {used:#x} bytes of wave blocks after a {ctl:#x}-byte \
+                 control stack do not fit in the {:#x}-byte context save area",
+                a.size
+            )
+        })?;
+    Ok((d, end))
+}
+
 /// The control stack's only dispatch, which must be the launch's: the
 /// packet at the read pointer, with its kernel's allocation.
-fn one_dispatch(cs: &ControlStack, l: &Launch) -> Result<cwsr::DispatchState, String> {
-    let [d] = &cs.dispatches[..] else {
-        return Err(format!(
-            "control stack: dispatches: {}, a queue runs one at a time",
-            cs.dispatches.len()
-        ));
-    };
+fn one_dispatch(d: cwsr::DispatchState, l: &Launch) -> Result<cwsr::DispatchState, String> {
     if d.dispatch_id != l.key.index {
         return Err(format!(
             "control stack: dispatch[0].dispatch_id: {}, the read pointer is at packet {}",
@@ -205,7 +219,7 @@ fn one_dispatch(cs: &ControlStack, l: &Launch) -> Result<cwsr::DispatchState, St
             l.grid.group_count()
         ));
     }
-    Ok(d.clone())
+    Ok(d)
 }
 
 /// The saved workgroups, each with its waves and LDS.

@@ -22,7 +22,7 @@ use gfx9::launch::{DispatchRegs, Grid, KernelCode};
 use gfx9::Target;
 
 use super::vm::GpuRange;
-pub use cwsr::{SaveArea, SaveJob, Saved};
+pub use cwsr::{check_stack, SaveArea, SaveJob, Saved};
 pub use worker::{Engine, Host, Refresh};
 
 /// Which dispatch: the process, the queue, the packet.
