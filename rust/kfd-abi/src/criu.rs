@@ -121,6 +121,30 @@ pub fn ctl_stack_size(p: &CwsrProps) -> Option<u32> {
     Some(size)
 }
 
+/// KFD's per-CU budget for the VGPRs of a node's saved workgroups
+/// (`kfd_get_vgpr_size_per_cu`): 512 KiB on GFX 9.0.8, 9.0.10, 9.4.2 and
+/// 9.5.0, 384 KiB on GFX 11.0.0/1 and 12, 256 KiB on the others.
+const fn vgpr_size_per_cu(gfxv: u32) -> u32 {
+    match gfxv {
+        90008 | 90010 | 90402 | 90500 => 0x80000,
+        110000 | 110001 | 120000 | 120001 => 0x60000,
+        _ => 0x40000,
+    }
+}
+
+/// The context save area size of one XCC's queue that KFD computes for a
+/// node (the topology's `cwsr_size`, which Linux 6.12 on requires at
+/// CREATE_QUEUE; libhsakmt computed the same before): the control stack,
+/// then per CU its VGPRs, 16 KiB of SGPRs, 64 KiB of LDS and 4 KiB of
+/// hardware registers, page aligned.  `None` where [`ctl_stack_size`] is.
+pub fn cwsr_size(p: &CwsrProps) -> Option<u32> {
+    let ctl = ctl_stack_size(p)?;
+    let cu = p.simd_count / p.simd_per_cu / p.num_xcc;
+    let per_cu = vgpr_size_per_cu(p.gfx_target_version) + 0x4000 + 0x10000 + 0x1000;
+    let wg_data = cu.checked_mul(per_cu)?.checked_next_multiple_of(PAGE)?;
+    ctl.checked_add(wg_data)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -150,6 +174,23 @@ mod tests {
         assert_eq!(ctl_stack_size(&props(90402, 304, 32, 4, 8)), Some(0x3000));
         assert_eq!(ctl_stack_size(&props(80000, 8, 1, 1, 1)), None);
         assert_eq!(ctl_stack_size(&props(90008, 8, 1, 0, 1)), None);
+    }
+
+    #[test]
+    fn save_areas_as_kfd_sizes_them() {
+        // MI100: a 0x9000-byte control stack, 120 CUs of 0x95000 bytes.
+        assert_eq!(cwsr_size(&props(90008, 120, 8, 1, 1)), Some(0x45e_1000));
+        // MI300X: per XCC, 38 CUs.
+        assert_eq!(
+            cwsr_size(&props(90402, 304, 32, 4, 8)),
+            Some(0x3000 + 38 * 0x95000)
+        );
+        // Before GFX 9.0.8: 256 KiB of VGPRs per CU.
+        assert_eq!(
+            cwsr_size(&props(90000, 64, 2, 2, 1)),
+            Some(0x2000 + 64 * 0x55000)
+        );
+        assert_eq!(cwsr_size(&props(80000, 8, 1, 1, 1)), None);
     }
 
     #[test]

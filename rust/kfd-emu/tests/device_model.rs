@@ -3604,10 +3604,14 @@ struct Shader {
 }
 
 /// The queues' context save areas (GTT BOs at `CTX_VA + CTX_SIZE * q`):
-/// a one-page control stack, then the wave area.
+/// a one-page control stack, then the wave area; smaller than MI100's, as
+/// KFD before 1.17 accepts (the rig with save areas runs at 1.11).
 const CTX_VA: u64 = 0x5100_0000;
 const CTX_CTL: u64 = 0x1000;
 const CTX_SIZE: u64 = 0x4_0000;
+
+/// A profile override for KFD 1.11 (ROCm 5.2's).
+const KFD_1_11: &str = "kfd_minor_version = 11\n";
 
 const CODE_VA: u64 = 0x5000_0000;
 const DATA_VA: u64 = 0x5001_0000;
@@ -3877,7 +3881,9 @@ fn dump_me(d: &Dev, fh: u64) -> Image {
 /// `blob`; on success copies every GTT BO's bytes from `d`, as CRIU does
 /// before RESUME.  Returns the new host and the process' /dev/kfd open.
 fn restore_me(d: &Dev, img: &mut Image, blob: &[u8]) -> (Dev, u64, Result<(), i32>) {
-    let d2 = Dev::new("[[gpus]]\ngpu_id = 0x5151\ndrm_render_minor = 150\n");
+    let d2 = Dev::new(&format!(
+        "{KFD_1_11}[[gpus]]\ngpu_id = 0x5151\ndrm_render_minor = 150\n"
+    ));
     assert_ne!(d2.gpu_id, d.gpu_id);
     let fh = d2.emu.open(&NodeKind::Kfd, &me()).unwrap();
     let render = d2
@@ -3939,7 +3945,7 @@ fn poll_signal(sigs: *mut u8, i: usize, want: i64) -> bool {
 /// of a rig with context save areas: 2 workgroups of 2 waves, every wave
 /// spinning on the kernarg's flag.
 fn held_dispatch() -> Shader {
-    let s = Shader::on(Dev::new(""), true);
+    let s = Shader::on(Dev::new(KFD_1_11), true);
     s.dispatch_lds(0, 0, 5, 256, 128, 512);
     std::thread::sleep(Duration::from_millis(100));
     assert_eq!(s.sig_value(0), 1, "the dispatch waits for its flag");
@@ -4076,7 +4082,7 @@ fn a_damaged_save_fails_the_restore_or_the_queue_at_resume() {
 /// have written a stack of that size; unchanged, it restores.
 #[test]
 fn an_mqd_stack_size_other_than_the_records_is_refused_at_restore() {
-    let s = Shader::on(Dev::new(""), true);
+    let s = Shader::on(Dev::new(KFD_1_11), true);
     let fh = KFD_FH.with(|f| f.get());
     let mut img = dump_me(&s.d, fh);
     let at = img.blob.windows(4).position(|w| w == b"KEMQ").unwrap();
@@ -4091,4 +4097,58 @@ fn an_mqd_stack_size_other_than_the_records_is_refused_at_restore() {
     let blob = img.blob.clone();
     let (_, _, r) = restore_me(&s.d, &mut img, &blob);
     r.unwrap();
+}
+
+/// A compute queue's save area and control stack sizes at CREATE_QUEUE and
+/// RESTORE: MI100's exactly (0x45e1000 and 0x9000 bytes) from KFD 1.17 on,
+/// at most those and a stack within its area before; a queue without a
+/// save area is not checked.
+#[test]
+fn save_area_sizes_follow_the_node() {
+    let (ctx, ctl) = (0x45e_1000u64, 0x9000u64);
+    let try_sizes = |d: &Dev, size: u64, stack: u64| {
+        let mut a = queue_args(d.gpu_id, queue_type::COMPUTE_AQL, 4096);
+        for (at, v) in [(72, CTX_VA), (80, size), (84, stack)] {
+            a[at..at + 8.min(88 - at)].copy_from_slice(&v.to_le_bytes()[..8.min(88 - at)]);
+        }
+        d.call(nr::CREATE_QUEUE, &a).map(|_| ())
+    };
+    let d = Dev::new("");
+    d.setup();
+    for (size, stack) in [
+        (CTX_SIZE, CTX_CTL),
+        (ctx, ctl - 0x1000),
+        (ctx + 0x1000, ctl),
+    ] {
+        let r = try_sizes(&d, size, stack);
+        assert_eq!(r, Err(libc::EINVAL), "KFD 1.18: {size:#x}, {stack:#x}");
+    }
+    try_sizes(&d, ctx, ctl).unwrap();
+    d.call(
+        nr::CREATE_QUEUE,
+        &queue_args(d.gpu_id, queue_type::COMPUTE_AQL, 4096),
+    )
+    .unwrap();
+    let d = Dev::new(KFD_1_11);
+    d.setup();
+    for (size, stack) in [(ctx + 0x1000, ctl), (ctx, ctl + 0x1000), (0x8000, ctl)] {
+        let r = try_sizes(&d, size, stack);
+        assert_eq!(r, Err(libc::EINVAL), "KFD 1.11: {size:#x}, {stack:#x}");
+    }
+    try_sizes(&d, ctx, ctl).unwrap();
+    try_sizes(&d, CTX_SIZE, CTX_CTL).unwrap();
+    // RESTORE: a record's save area far larger than the node's.
+    let s = Shader::on(Dev::new(KFD_1_11), true);
+    let fh = KFD_FH.with(|f| f.get());
+    let mut img = dump_me(&s.d, fh);
+    let at = img.blob.windows(4).position(|w| w == b"KEMQ").unwrap();
+    let size = u32::from_le_bytes(img.blob[at - 16..at - 12].try_into().unwrap());
+    assert_eq!(
+        size, CTX_SIZE as u32,
+        "the record's ctx_save_restore_area_size"
+    );
+    let mut blob = img.blob.clone();
+    blob[at - 16..at - 12].copy_from_slice(&0xffff_f000u32.to_le_bytes());
+    let (_, _, r) = restore_me(&s.d, &mut img, &blob);
+    assert_eq!(r, Err(libc::EINVAL));
 }

@@ -799,6 +799,7 @@ fn plan_queue(
         },
         engine: Default::default(),
     };
+    kfd::check_cwsr_sizes(st, lead, &q, "RESTORE")?;
     if q.is_sdma() {
         // SDMA queues need a free engine queue; the other limits are
         // checked as the queues are added.

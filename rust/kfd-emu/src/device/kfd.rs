@@ -454,6 +454,42 @@ pub fn add_queue(st: &mut State, lead: u32, id: u32, q: Queue) -> R<()> {
     Ok(())
 }
 
+/// The KFD minor version from which a compute queue's save area sizes must
+/// be the node's (Linux 6.12's `kfd_queue_acquire_buffers`).
+const CWSR_SIZES_EXACT: u32 = 17;
+
+/// A compute queue's context save area and control stack sizes (one XCC's),
+/// at CREATE_QUEUE and RESTORE (`op`): the node's exactly from KFD 1.17 on,
+/// as KFD checks them there; at most the node's before (libhsakmt computes
+/// its own sizes, the same ones), as the save and restore of its waves
+/// read and write that much; a control stack within its area.  A queue
+/// without a save area never has its waves saved and is not checked.
+/// EINVAL, logged naming the process, GPU and field.
+pub fn check_cwsr_sizes(st: &State, lead: u32, q: &Queue, op: &str) -> R<()> {
+    if q.is_sdma() || q.ctx_addr == 0 {
+        return Ok(());
+    }
+    let g = &st.devs.gpus[q.gpu];
+    let exact = st.devs.kfd_minor >= CWSR_SIZES_EXACT;
+    let fits = |size: u32, node: u32| if exact { size == node } else { size <= node };
+    let (field, size, node) = if !fits(q.ctl_stack_size, g.ctl_stack_size) {
+        ("ctl_stack_size", q.ctl_stack_size, g.ctl_stack_size)
+    } else if !fits(q.ctx_size, g.cwsr_size) {
+        ("ctx_save_restore_size", q.ctx_size, g.cwsr_size)
+    } else if q.ctl_stack_size > q.ctx_size {
+        ("ctl_stack_size", q.ctl_stack_size, q.ctx_size)
+    } else {
+        return Ok(());
+    };
+    let rule = if exact { "is not" } else { "exceeds" };
+    log::error!(
+        "kfd-emu: process {lead} GPU {:#x}: {op} refused (EINVAL): the queue's {field} {size:#x} \
+         {rule} the node's {node:#x}",
+        g.id
+    );
+    Err(libc::EINVAL)
+}
+
 /// KFD_MIN_QUEUE_RING_SIZE: smaller rings (0 included) are raised to it.
 const MIN_QUEUE_RING_SIZE: u32 = 1024;
 
@@ -526,6 +562,7 @@ pub fn create_queue(
         aql: Default::default(),
         engine: Default::default(),
     };
+    check_cwsr_sizes(st, lead, &q, "CREATE_QUEUE")?;
     add_queue(st, lead, id, q)?;
     let p = proc_mut(st, lead)?;
     // Fresh doorbell: wptr 0, so nothing runs before the first ring.  An

@@ -35,6 +35,9 @@ pub struct Gpu {
     /// The control stack size of one XCC KFD computes for the node
     /// ([`kfd_abi::criu::ctl_stack_size`]), the most a queue's can be.
     pub ctl_stack_size: u32,
+    /// The context save area size of one XCC KFD computes for the node
+    /// ([`kfd_abi::criu::cwsr_size`]), the most a queue's can be.
+    pub cwsr_size: u32,
 }
 
 impl Gpu {
