@@ -26,7 +26,6 @@ MAX_LINES = 80
 # shrinks; a new long function fails the check.
 NOT_YET = "issue 32, not yet split"
 ALLOWED = {
-    ("kfd-emu/src/device/kfd.rs", "create_queue"): NOT_YET,
     ("kfd-emu/src/sysfs.rs", "overlays"): NOT_YET,
     ("amdgpu-cr/src/copy/compressed.rs", "a_mixed_chain_of_compressed_and_plain_dumps_restores"): NOT_YET,
     ("amdgpu-cr/src/copy/restore.rs", "parallel_dump_and_restore_with_hashes"): NOT_YET,
@@ -43,8 +42,6 @@ ALLOWED = {
     ("amdgpu-cr/src/validate.rs", "check_kfd"): NOT_YET,
     ("amdgpu-cr/src/validate.rs", "check_mappings"): NOT_YET,
     ("amdgpu-cr/src/validate/chain.rs", "load_link"): NOT_YET,
-    ("gfx9/src/cwsr/stack.rs", "decode_dispatch"): NOT_YET,
-    ("kfd-emu/src/device/criu.rs", "checkpoint"): NOT_YET,
     ("kfd-emu/src/device/gem.rs", "handles_list_rename_and_gem_op"): NOT_YET,
     ("kfd-emu/src/device/gem.rs", "sdma_ib_copies_between_a_dmabuf_and_userptr_memory"): NOT_YET,
     ("kfd-emu/src/device/mod.rs", "gem_ioctl"): NOT_YET,

@@ -313,6 +313,16 @@ fn decode_dispatch(
     at: usize,
     cursor: &mut u64,
 ) -> Result<(DispatchState, usize)> {
+    let (waves, end) = record_bounds(b, at)?;
+    let mut d = decode_record(target, b, at, waves)?;
+    d.waves = decode_waves(b, at + DISPATCH_BYTES, waves)?;
+    check_waves(&d, cursor)?;
+    Ok((d, end))
+}
+
+/// The dispatch record at `at` and its wave records lie within the stack,
+/// tagged and with reserved bytes zero; returns its wave count and end.
+fn record_bounds(b: &[u8], at: usize) -> Result<(usize, usize)> {
     if b.len() < at + DISPATCH_BYTES {
         return Err(Error::new(
             "record",
@@ -344,6 +354,12 @@ fn decode_dispatch(
     if le::u16(b, at + 94) != 0 || b[at + 100..at + DISPATCH_BYTES].iter().any(|&x| x != 0) {
         return Err(Error::new("reserved", "nonzero"));
     }
+    Ok((waves, end))
+}
+
+/// The dispatch record at `at` (its waves not yet read): an allocation the
+/// target can give, a next workgroup within the grid.
+fn decode_record(target: Target, b: &[u8], at: usize, waves: usize) -> Result<DispatchState> {
     let alloc = Alloc {
         vgprs: le::u16(b, at + 88),
         agprs: le::u16(b, at + 90),
@@ -351,7 +367,7 @@ fn decode_dispatch(
         lds_bytes: le::u32(b, at + 96),
     };
     alloc.check(target).map_err(|e| e.within("alloc"))?;
-    let mut d = DispatchState {
+    let d = DispatchState {
         dispatch_id: le::u64(b, at + 8),
         packet: b[at + 16..at + 80].try_into().expect("64 bytes"),
         alloc,
@@ -369,10 +385,19 @@ fn decode_dispatch(
             ),
         ));
     }
-    let mut wat = at + DISPATCH_BYTES;
-    for _ in 0..waves {
+    Ok(d)
+}
+
+/// The `waves` wave records from `at`, each with bit 31 clear.
+fn decode_waves(b: &[u8], at: usize, waves: usize) -> Result<Vec<SavedWave>> {
+    let mut out = Vec::with_capacity(waves);
+    for i in 0..waves {
+        let wat = at + i * WAVE_BYTES;
         let word = le::u32(b, wat);
-        d.waves.push(SavedWave {
+        if word >> 31 != 0 {
+            return Err(Error::new(format!("wave[{i}].flags"), "bit 31 is set"));
+        }
+        out.push(SavedWave {
             offset: (word & 0xff_ffff) * OFFSET_UNIT,
             workgroup: le::u32(b, wat + 4),
             wave_in_group: ((word >> 24) & 0xf) as u8,
@@ -380,16 +405,8 @@ fn decode_dispatch(
             at_barrier: (word >> 29) & 1 != 0,
             halted: (word >> 30) & 1 != 0,
         });
-        if word >> 31 != 0 {
-            return Err(Error::new(
-                format!("wave[{}].flags", d.waves.len() - 1),
-                "bit 31 is set",
-            ));
-        }
-        wat += WAVE_BYTES;
     }
-    check_waves(&d, cursor)?;
-    Ok((d, end))
+    Ok(out)
 }
 
 /// The waves' packing and workgroup membership, and the dispatch's progress.

@@ -379,6 +379,9 @@ fn push_bo_priv(blob: &mut Vec<u8>, user_addr: u64, idr: u32, mapped: &[u32]) {
     blob.extend_from_slice(&r);
 }
 
+/// CHECKPOINT: the paused process' devices, BOs and private data (the
+/// process record, device, BO, queue, event and SVM range records) into the
+/// caller's buffers, whose sizes must be PROCESS_INFO's.
 pub fn checkpoint(
     st: &mut State,
     lead: u32,
@@ -401,7 +404,8 @@ pub fn checkpoint(
         let vmas = ranges::vmas(lead)?;
         ranges::trim(p, &vmas);
     }
-    let c = counts(p, &st.devs.gpus);
+    let gpus = &st.devs.gpus;
+    let c = counts(p, gpus);
     if a.num_devices != c.devices
         || a.num_bos != c.bos
         || a.num_objects != c.objects
@@ -415,22 +419,44 @@ pub fn checkpoint(
         xnack_mode: p.xnack as u32,
     };
     uapi::push(&mut blob, &rec);
+    let devs = push_devices(p, gpus, &mut blob);
+    let buckets = push_bos(p, &mut blob);
+    for (&id, q) in &p.queues {
+        push_queue(p, id, q, &gpus[q.gpu], &mut blob);
+    }
+    push_events(p, &mut blob);
+    svm::checkpoint(p, &mut blob)?;
+    debug_assert_eq!(blob.len() as u64, c.priv_size);
+    user_write(caller.tid, priv_ptr, &blob)?;
+    user_write(caller.tid, dev_ptr, &devs)?;
+    user_write(caller.tid, bo_ptr, &buckets)?;
+    Ok(())
+}
+
+/// The device records into `blob` (each names the process' /dev/kfd
+/// slot); returns the device buckets.
+fn push_devices(p: &super::state::Proc, gpus: &[Gpu], blob: &mut Vec<u8>) -> Vec<u8> {
     let mut devs = Vec::with_capacity(pb::DEVICE_BUCKET * p.n_pdds());
     for (i, pdd) in p.present() {
         uapi::push(
-            &mut blob,
+            blob,
             &layout::kfd_criu_device_priv_data {
                 reserved: slot_word(p.slot),
             },
         );
         let d = sys::kfd_criu_device_bucket {
             user_gpu_id: pdd.user_id,
-            actual_gpu_id: st.devs.gpus[i].id,
+            actual_gpu_id: gpus[i].id,
             drm_fd: 0,
             pad: 0,
         };
         uapi::push(&mut devs, &d);
     }
+    devs
+}
+
+/// The BO records into `blob`; returns the BO buckets.
+fn push_bos(p: &super::state::Proc, blob: &mut Vec<u8>) -> Vec<u8> {
     let mut buckets = Vec::with_capacity(pb::BO_BUCKET * p.bos.len());
     for (key, bo) in &p.bos {
         let b = sys::kfd_criu_bo_bucket {
@@ -445,66 +471,72 @@ pub fn checkpoint(
         };
         uapi::push(&mut buckets, &b);
         let mapped: Vec<u32> = bo.mapped.iter().map(|g| p.pdds[*g].user_id).collect();
-        push_bo_priv(&mut blob, bo.user_addr, key.idr, &mapped);
+        push_bo_priv(blob, bo.user_addr, key.idr, &mapped);
     }
-    for (&id, q) in &p.queues {
-        let g = &st.devs.gpus[q.gpu];
-        let (type_, format) = kernel_type(q.qtype);
-        let wptr = p.pdds[q.gpu]
-            .doorbells
-            .as_ref()
-            .and_then(|d| d.read_u64(q.doorbell_index as u64 * 8))
-            .unwrap_or(0);
-        let r = layout::kfd_criu_queue_priv_data {
-            object_type: pb::OBJ_QUEUE,
-            q_address: q.ring_base,
-            q_size: q.ring_size as u64,
-            read_ptr_addr: q.rptr_addr,
-            write_ptr_addr: q.wptr_addr,
-            doorbell_off: p.doorbell_offset(q.gpu, q.doorbell_index),
-            eop_ring_buffer_address: q.eop_addr,
-            ctx_save_restore_area_address: q.ctx_addr,
-            gpu_id: p.pdds[q.gpu].user_id,
-            type_,
-            format,
-            q_id: id,
-            priority: q.priority,
-            q_percent: q.percent,
-            doorbell_id: q.doorbell_index,
-            gws: (p.pdds[q.gpu].gws_queue == Some(id)) as u32,
-            sdma_id: q.sdma_id,
-            eop_ring_buffer_size: q.eop_size as u32,
-            ctx_save_restore_area_size: q.ctx_size,
-            ctl_stack_size: ctl_stack_bytes(q, g) as u32,
-            mqd_size: mqd_size(q, g) as u32,
-            ..Default::default()
+    buckets
+}
+
+/// Queue `id`'s record into `blob`, then its MQD (and CU mask) and its
+/// control stacks, the first ending with the saved waves' record.
+fn push_queue(p: &super::state::Proc, id: u32, q: &Queue, g: &Gpu, blob: &mut Vec<u8>) {
+    let (type_, format) = kernel_type(q.qtype);
+    let wptr = p.pdds[q.gpu]
+        .doorbells
+        .as_ref()
+        .and_then(|d| d.read_u64(q.doorbell_index as u64 * 8))
+        .unwrap_or(0);
+    let r = layout::kfd_criu_queue_priv_data {
+        object_type: pb::OBJ_QUEUE,
+        q_address: q.ring_base,
+        q_size: q.ring_size as u64,
+        read_ptr_addr: q.rptr_addr,
+        write_ptr_addr: q.wptr_addr,
+        doorbell_off: p.doorbell_offset(q.gpu, q.doorbell_index),
+        eop_ring_buffer_address: q.eop_addr,
+        ctx_save_restore_area_address: q.ctx_addr,
+        gpu_id: p.pdds[q.gpu].user_id,
+        type_,
+        format,
+        q_id: id,
+        priority: q.priority,
+        q_percent: q.percent,
+        doorbell_id: q.doorbell_index,
+        gws: (p.pdds[q.gpu].gws_queue == Some(id)) as u32,
+        sdma_id: q.sdma_id,
+        eop_ring_buffer_size: q.eop_size as u32,
+        ctx_save_restore_area_size: q.ctx_size,
+        ctl_stack_size: ctl_stack_bytes(q, g) as u32,
+        mqd_size: mqd_size(q, g) as u32,
+        ..Default::default()
+    };
+    uapi::push(blob, &r);
+    let mqd_end = blob.len() + mqd_size(q, g);
+    uapi::push(blob, &encode_mqd(q, g, wptr));
+    if !q.cu_mask.is_empty() {
+        let mut mask = [0u32; 32];
+        mask[..q.cu_mask.len()].copy_from_slice(&q.cu_mask);
+        let m = CuMask {
+            words: q.cu_mask.len() as u32,
+            pad: 0,
+            mask,
         };
-        uapi::push(&mut blob, &r);
-        let mqd_end = blob.len() + mqd_size(q, g);
-        uapi::push(&mut blob, &encode_mqd(q, g, wptr));
-        if !q.cu_mask.is_empty() {
-            let mut mask = [0u32; 32];
-            mask[..q.cu_mask.len()].copy_from_slice(&q.cu_mask);
-            let m = CuMask {
-                words: q.cu_mask.len() as u32,
-                pad: 0,
-                mask,
-            };
-            uapi::push(&mut blob, &m);
-        }
-        blob.resize(mqd_end + ctl_stack_bytes(q, g), 0);
-        // The first XCC's control stack ends at its `ctl_stack_size`.  A
-        // queue with no control stack in its record (SDMA queues, which
-        // libhsakmt 6.4 still gives a `ctl_stack_size` when it makes them
-        // by engine id) has no waves to save.
-        if ctl_stack_bytes(q, g) != 0 {
-            let end = mqd_end + q.ctl_stack_size as usize;
-            blob[end - q.aql.saved.len()..end].copy_from_slice(&q.aql.saved);
-        }
+        uapi::push(blob, &m);
     }
+    blob.resize(mqd_end + ctl_stack_bytes(q, g), 0);
+    // The first XCC's control stack ends at its `ctl_stack_size`.  A
+    // queue with no control stack in its record (SDMA queues, which
+    // libhsakmt 6.4 still gives a `ctl_stack_size` when it makes them
+    // by engine id) has no waves to save.
+    if ctl_stack_bytes(q, g) != 0 {
+        let end = mqd_end + q.ctl_stack_size as usize;
+        blob[end - q.aql.saved.len()..end].copy_from_slice(&q.aql.saved);
+    }
+}
+
+/// The event records into `blob`; the first names the signal page BO.
+fn push_events(p: &super::state::Proc, blob: &mut Vec<u8>) {
     let mut first = true;
     for (&id, ev) in &p.events {
-        // Only the first event record names the signal page BO.
         let user_handle = if first {
             p.signal_page.as_ref().and_then(|s| s.handle).unwrap_or(0)
         } else {
@@ -521,14 +553,8 @@ pub fn checkpoint(
             signaled: ev.signaled as u32,
             exception_data: kfd::memory_exception(&ev.exception),
         };
-        uapi::push(&mut blob, &r);
+        uapi::push(blob, &r);
     }
-    svm::checkpoint(p, &mut blob)?;
-    debug_assert_eq!(blob.len() as u64, c.priv_size);
-    user_write(caller.tid, priv_ptr, &blob)?;
-    user_write(caller.tid, dev_ptr, &devs)?;
-    user_write(caller.tid, bo_ptr, &buckets)?;
-    Ok(())
 }
 
 /// A restore, fully parsed and checked before any state changes.

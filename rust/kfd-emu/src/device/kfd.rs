@@ -497,45 +497,18 @@ const MIN_QUEUE_RING_SIZE: u32 = 1024;
 /// unknown queue type.
 pub const ENOTSUPP: i32 = 524;
 
-/// CREATE_QUEUE (1.11 layout), checks in KFD's order.
-/// CREATE_QUEUE; `engine` is KFD 1.17's `sdma_engine_id` (None before).
+/// CREATE_QUEUE (1.11 layout), checks in KFD's order; `engine` is KFD
+/// 1.17's `sdma_engine_id` (None before).
 pub fn create_queue(
     st: &mut State,
     lead: u32,
     a: &mut sys::kfd_ioctl_create_queue_args,
     engine: Option<u32>,
 ) -> R<()> {
-    if a.queue_percentage > 100 || a.queue_priority > 15 {
-        return Err(libc::EINVAL);
-    }
-    if a.ring_size != 0 && !a.ring_size.is_power_of_two() || !a.ring_base_address.is_multiple_of(4)
-    {
-        return Err(libc::EINVAL);
-    }
-    a.ring_size = a.ring_size.max(MIN_QUEUE_RING_SIZE);
+    let by_engine = check_queue_args(a, engine)?;
     let qtype = a.queue_type;
-    let by_engine = qtype == queue_type::SDMA_BY_ENG_ID && engine.is_some();
-    if !by_engine
-        && !matches!(
-            qtype,
-            queue_type::COMPUTE
-                | queue_type::SDMA
-                | queue_type::COMPUTE_AQL
-                | queue_type::SDMA_XGMI
-        )
-    {
-        return Err(ENOTSUPP);
-    }
     let gpu = bound_pdd(st, lead, a.gpu_id, libc::ESRCH)?;
-    let engines = st.devs.gpus[gpu].sdma_engines;
-    let sdma_id = match engine.filter(|_| by_engine) {
-        Some(e) if e >= engines => return Err(libc::EINVAL),
-        Some(e) => st.free_sdma_id_on(gpu, e, engines),
-        None if qtype == queue_type::SDMA || qtype == queue_type::SDMA_XGMI => {
-            st.queues_on(gpu, true)
-        }
-        None => 0,
-    };
+    let sdma_id = sdma_id_for(st, gpu, qtype, engine.filter(|_| by_engine))?;
     let p = proc_mut(st, lead)?;
     let id = (0..uapi::MAX_QUEUES_PER_PROCESS)
         .find(|i| !p.queues.contains_key(i))
@@ -583,6 +556,50 @@ pub fn create_queue(
     a.doorbell_offset = p.doorbell_offset(gpu, id);
     p.slot_pinned = true;
     Ok(())
+}
+
+/// CREATE_QUEUE's first checks, on the arguments alone: percentage and
+/// priority, the ring (its size raised to KFD's least), a queue type KFD
+/// knows (ENOTSUPP otherwise).  Returns whether an SDMA queue is made by
+/// engine id.
+fn check_queue_args(a: &mut sys::kfd_ioctl_create_queue_args, engine: Option<u32>) -> R<bool> {
+    if a.queue_percentage > 100 || a.queue_priority > 15 {
+        return Err(libc::EINVAL);
+    }
+    if a.ring_size != 0 && !a.ring_size.is_power_of_two() || !a.ring_base_address.is_multiple_of(4)
+    {
+        return Err(libc::EINVAL);
+    }
+    a.ring_size = a.ring_size.max(MIN_QUEUE_RING_SIZE);
+    let qtype = a.queue_type;
+    let by_engine = qtype == queue_type::SDMA_BY_ENG_ID && engine.is_some();
+    if !by_engine
+        && !matches!(
+            qtype,
+            queue_type::COMPUTE
+                | queue_type::SDMA
+                | queue_type::COMPUTE_AQL
+                | queue_type::SDMA_XGMI
+        )
+    {
+        return Err(ENOTSUPP);
+    }
+    Ok(by_engine)
+}
+
+/// The SDMA queue id of a new queue of `qtype` on GPU `gpu`: engine
+/// `engine`'s first free one for a queue made by engine id, the next one
+/// for SDMA queues, 0 for compute queues.
+fn sdma_id_for(st: &State, gpu: usize, qtype: u32, engine: Option<u32>) -> R<u32> {
+    let engines = st.devs.gpus[gpu].sdma_engines;
+    Ok(match engine {
+        Some(e) if e >= engines => return Err(libc::EINVAL),
+        Some(e) => st.free_sdma_id_on(gpu, e, engines),
+        None if qtype == queue_type::SDMA || qtype == queue_type::SDMA_XGMI => {
+            st.queues_on(gpu, true)
+        }
+        None => 0,
+    })
 }
 
 pub fn destroy_queue(
