@@ -2766,6 +2766,36 @@ hip_dump_killed_after_wave_save() {
 	hip_finish "$HIP_PID" 4
 }
 
+# A dump killed (criu-rocm, SIGKILL) while kfd-emu's PROCESS_INFO saves the waves of the
+# kernels in flight (held there by --hold SAVE_WAVES, after the pause, without the state
+# lock): the kill waits for the ioctl, as it does on KFD; once the waves are saved criu-rocm
+# ends, the GPU guardian unpauses, and every kernel goes on from its save area and finishes
+# with the host's result.
+case_hip_dump_killed_while_saving_waves() {
+	KFD_EMU_LOG=info on mi210x4 --hold "SAVE_WAVES:$CASE_DIR/go" -- hip_dump_killed_while_saving_waves
+}
+hip_dump_killed_while_saving_waves() {
+	local img=$CASE_DIR/img cpid line i
+	hip_start
+	mkdir -p "$img"
+	"$CRIU" dump -t "$HIP_PID" -D "$img" -o dump.log -v4 >>"$CASE_DIR/criu.out" 2>&1 &
+	cpid=$!
+	wait_file "$CASE_DIR/go.held" 60 || fail "the dump never reached the wave save ($img/dump.log)"
+	kill -KILL "$cpid"
+	touch "$CASE_DIR/go"
+	wait "$cpid" 2>/dev/null
+	saved_queues 4
+	line="amdgpu: pid $HIP_PID: GPU queues unpaused by the GPU guardian"
+	for ((i = 0; i < 300; i++)); do
+		grep -aq -- "$line" "$img/dump.log" && break
+		sleep 0.05
+	done
+	log_has "$img/dump.log" "$line"
+	guardian_gone "the dump killed while saving waves"
+	alive "$HIP_PID" || fail "the killed dump did not leave in-flight $HIP_PID running"
+	hip_finish "$HIP_PID" 4
+}
+
 # A restore of kernels in flight killed (criu-rocm, SIGKILL) while kfd-emu holds its RESUME
 # (--hold): no task of the tree is left, none in its own code, the images unchanged; the next
 # restore of the same images resumes every kernel, which finishes with the host's result

@@ -28,6 +28,10 @@
 //! `PATH.held` (the caller's pid).  A test can so stop a checkpoint/restore
 //! tool at a known point (a restored task inside its `RESTORE`), act, and
 //! let it go on by creating `PATH`.  Once `PATH` exists no call waits.
+//! `OP` may also be `SAVE_WAVES`: PROCESS_INFO waits so after it paused the
+//! process, as the shader engine is about to save the waves in flight,
+//! without holding the state lock (a dump killed while its waves are
+//! being saved).
 
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -98,9 +102,17 @@ const ERRNOS: [(&str, i32); 16] = [
     ("ECANCELED", libc::ECANCELED),
 ];
 
-/// The name of a CRIU op, for messages.
+/// The `--hold` point of PROCESS_INFO where the waves in flight are about
+/// to be saved (not a CRIU op: no `--fail` rule names it).
+pub const SAVE_WAVES: u32 = 0x80;
+
+/// What `--hold` can name besides the CRIU ops.
+const HOLD_POINTS: [(&str, u32); 1] = [("SAVE_WAVES", SAVE_WAVES)];
+
+/// The name of a CRIU op (or hold point), for messages.
 pub fn op_name(op: u32) -> &'static str {
     OPS.iter()
+        .chain(&HOLD_POINTS)
         .find(|(_, v)| *v == op)
         .map_or("unknown op", |(n, _)| n)
 }
@@ -208,10 +220,11 @@ impl Hold {
             .ok_or_else(|| bad("OP:PATH expected"))?;
         let op = OPS
             .iter()
+            .chain(&HOLD_POINTS)
             .find(|(n, _)| n.eq_ignore_ascii_case(op_s))
             .map(|(_, v)| *v)
             .filter(|v| v & DRM_OP == 0)
-            .ok_or_else(|| bad("unknown op (only CRIU ops can be held)"))?;
+            .ok_or_else(|| bad("unknown op (only CRIU ops and SAVE_WAVES can be held)"))?;
         if path.is_empty() {
             return Err(bad("no PATH"));
         }
@@ -340,6 +353,8 @@ mod tests {
         for bad in ["RESTORE", "RESTORE:", "NOPE:/x"] {
             assert!(Hold::parse(bad).is_err(), "{bad:?}");
         }
+        assert_eq!(Hold::parse("save_waves:/x").unwrap().op, SAVE_WAVES);
+        assert!(Fault::parse("SAVE_WAVES").is_err(), "no op fails there");
         let tmp = tempfile::Builder::new()
             .prefix("kfd-emu-hold-")
             .tempdir()

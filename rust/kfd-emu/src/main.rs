@@ -30,6 +30,7 @@ succeed, then COUNT calls fail (default: all later calls).  CS:ECANCELED and
 WAIT_CS:ECANCELED are GPU resets, WAIT_CS:ETIME a wait that times out.
 --hold (tests only) makes the CRIU op OP wait, before it does anything, until
 the file PATH exists; while a call waits, PATH.held holds its caller's pid.
+OP SAVE_WAVES holds PROCESS_INFO after the pause, before the waves are saved.
 
 `supervise` (under `kfd-emu run`) runs CMD under a seccomp filter whose
 listener the emulator holds, so that the emulated KFD and render nodes can

@@ -933,6 +933,8 @@ impl Emulator {
             Ok(jobs) if !jobs.is_empty() => {
                 let ids: Vec<u32> = jobs.iter().map(|j| j.queue).collect();
                 drop(st);
+                // Tests only (kfd-emu run --hold SAVE_WAVES): paused, unlocked.
+                crate::fault::hold(crate::fault::SAVE_WAVES, caller.tgid);
                 let outcomes = self.shared.shader.save(jobs);
                 st = self.lock();
                 criu::saved(&mut st, lead, &ids, outcomes)
