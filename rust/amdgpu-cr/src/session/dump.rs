@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 use kfd_abi::handle::{Access, Kfd, Mapping, ProcessInfo};
 use kfd_abi::sys;
 
+use super::dmabuf::{Holder, SharedBos};
 use super::guardian::Guardian;
 use super::signals;
 use super::{gpu_jobs, human_bytes, log_gpu_stats, owned_dmabufs, HelperLog, SessionError};
@@ -44,7 +45,7 @@ use crate::os::fd::{pidfd_getfd, same_open_file, task_fds};
 use crate::os::process::pidfd_open;
 use crate::plan::{
     plan_dump, render_image, stat_fd, stat_path, BoBucket, CheckpointData, DeviceBucket,
-    DeviceIdentities, DeviceKind, DumpPlan, SharedMem, HSAKMT_SEMAPHORE_FILE, HSAKMT_SHM,
+    DeviceIdentities, DeviceKind, DumpPlan, GpuWork, SharedMem, HSAKMT_SEMAPHORE_FILE, HSAKMT_SHM,
 };
 use crate::topology::{Topology, SYSFS_NODES};
 use crate::validate::digests::{self, Digests};
@@ -136,6 +137,8 @@ pub struct DumpSession {
     digests: Digests,
     /// Pre-dump: how long the KFD processes' queues were paused, in all.
     pause_total: Duration,
+    /// The BOs saved so far, to refuse one held by two files.
+    shared: SharedBos,
 }
 
 impl DumpSession {
@@ -151,6 +154,7 @@ impl DumpSession {
             guardian: None,
             digests: Digests::default(),
             pause_total: Duration::ZERO,
+            shared: SharedBos::default(),
         }
     }
 
@@ -531,6 +535,11 @@ impl DumpSession {
         let start = Instant::now();
         let plan = plan_dump(topology, &p.ckpt, task_shared_mem(owner)?)
             .map_err(|e| SessionError::core(owner, "planning the GPU dump", e))?;
+        if !live {
+            let held = kfd_holders(owner, p.task_fd, &plan.gpus, &p.ckpt.bos);
+            self.claim(owner, held)?;
+        }
+        let p = &self.procs[i];
         let owners = render_owners(owner, &plan, &p.ckpt, self.render_fds.get(&owner));
         let render_fd =
             |minor: RenderMinor| -> Option<BorrowedFd<'_>> { owners.get(&minor).copied() };
@@ -618,6 +627,16 @@ impl DumpSession {
             compress: self.opts.compress,
         };
         super::gem::save(pid, fd, (minor, id, actual), &mut img, dir, copying)?;
+        let held = img.msg.bo_entries.iter().map(|b| {
+            let what = format!(
+                "render node {} (file {id}), GEM handle {} ({} bytes)",
+                minor.path(),
+                b.handle,
+                b.size
+            );
+            (actual, b.offset, b.size, Holder { pid, what })
+        });
+        self.claim(pid, held)?;
         img.write(dir, id)
             .map_err(|e| SessionError::core(pid, "writing the render-node image", e))?;
         self.digests.add_render_in(dir, id, &img);
@@ -627,6 +646,21 @@ impl DumpSession {
             img.gpu_id()
         );
         Ok(())
+    }
+
+    /// The BOs of a file `pid` holds, saved: refused if another file of
+    /// the dump holds one of them ([`SharedBos`]).
+    fn claim(
+        &mut self,
+        pid: i32,
+        held: impl IntoIterator<Item = (GpuId, u64, u64, Holder)>,
+    ) -> Result<(), SessionError> {
+        self.shared
+            .claim_all(held)
+            .map_err(|e| SessionError::State {
+                pid,
+                what: e.to_string(),
+            })
     }
 
     /// Once every image is written: records the size and digest of every
@@ -872,6 +906,27 @@ fn real_pid_of(vpid: u32, like: i32) -> Option<i32> {
         let p: i32 = e.ok()?.file_name().to_str()?.parse().ok()?;
         (task_vpid(p) == Some(vpid) && ns(p).as_ref() == Some(&want)).then_some(p)
     })
+}
+
+/// The VRAM and GTT BOs of KFD process `owner` (its file is the task's fd
+/// `task_fd`) with their host GPU and mmap offset, for [`SharedBos`].
+fn kfd_holders(
+    owner: i32,
+    task_fd: RawFd,
+    gpus: &[GpuWork],
+    bos: &[BoBucket],
+) -> Vec<(GpuId, u64, u64, Holder)> {
+    gpus.iter()
+        .flat_map(|w| w.bos.iter().map(move |&i| (w.actual, i)))
+        .filter_map(|(gpu, i)| {
+            let b = bos.get(i)?;
+            let what = format!(
+                "fd {task_fd} (/dev/kfd), BO {i} ({} bytes at GPU VA {:#x})",
+                b.size, b.addr.0
+            );
+            Some((gpu, b.offset.0, b.size, Holder { pid: owner, what }))
+        })
+        .collect()
 }
 
 /// The BO buckets handed to CHECKPOINT.  KFD writes `dmabuf_fd` only in

@@ -16,6 +16,7 @@
 //!
 //! The C boundary (`criu-gpu`) only translates arguments into these calls.
 
+pub(crate) mod dmabuf;
 pub mod dump;
 pub(crate) mod gem;
 pub mod gpu_check;
