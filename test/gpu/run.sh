@@ -1248,6 +1248,48 @@ gem_dump_stream_refused() {
 	gem_finish
 }
 
+# A BO held by two files of one GPU (review item G3): test/rocm/shared-bo.c, under `kfd-emu
+# supervise` (which hands out the dma-buf fd), exports a VRAM BO and imports the dma-buf on a
+# second open of renderD128: amdgpu gives the same BO back, not an import, so both holders list
+# it at one mmap offset, and a restore would make two BOs of it (a write through one holder
+# would no longer reach the other). Two render files (a GEM BO exported with PRIME) and KFD
+# with a render file (a KFD BO exported with EXPORT_DMABUF). The dump is refused naming both
+# holders and the BO's GPU, and the process runs on: a write through the first holder's
+# mapping still reads back through the second's.
+case_gem_shared_bo_refused() { on mi100 -- shared_bo_refused; }
+case_kfd_shared_bo_refused() { on mi100 -- shared_bo_refused --kfd; }
+shared_bo_refused() {
+	local img=$CASE_DIR/img prog=$CASE_DIR/shared-bo out=$CASE_DIR/sb.out i pid first second
+	# shellcheck disable=SC2046 # pkg-config prints several words on purpose
+	cc -std=gnu11 -Wall -Wextra -Werror -O2 -o "$prog" "$top/test/rocm/shared-bo.c" \
+		$(pkg-config --cflags --libs libdrm) 2>"$CASE_DIR/cc.log" ||
+		fail "shared-bo.c does not build: $(head -n 3 "$CASE_DIR/cc.log" | paste -sd' ')"
+	setsid "$KFD_EMU" supervise -- "$prog" --hold "$@" </dev/null >"$out" 2>&1 &
+	for ((i = 0; i < 600; i++)); do
+		grep -q '^ready [0-9]*$' "$out" && break
+		sleep 0.05
+	done
+	pid=$(sed -n 's/^ready \([0-9]*\)$/\1/p' "$out")
+	[ -n "$pid" ] || fail "shared-bo did not get ready: $(grep -v '^ok ' "$out" | tail -n 3 | paste -sd'|')"
+	dump "$pid" "$img" && fail "the dump of shared-bo $pid succeeded although two files hold one BO"
+	second="pid $pid: render node /dev/dri/renderD128 \(file [0-9]+\), GEM handle 1 \(65536 bytes\)"
+	first=$second
+	[ "${1-}" = --kfd ] && first="pid $pid: fd [0-9]+ \(/dev/kfd\), BO 0 \(65536 bytes at GPU VA 0x[0-9a-f]+\)"
+	log_has "$img/dump.log" "amdgpu: pid $pid: one BO of GPU 0x[0-9a-f]+ \(mmap offset 0x[0-9a-f]+\) is held by ($first and by $second|$second and by $first) .*a restore would make two copies of it"
+	[ "${1-}" = --kfd ] && log_has "$img/dump.log" "amdgpu: pid $pid: GPU queues unpaused"
+	alive "$pid" || fail "shared-bo $pid is gone after the refused dump"
+	kill -USR1 "$pid"
+	for ((i = 0; i < 200; i++)); do
+		grep -qE '^round 1: (ok|FAIL)' "$out" && break
+		sleep 0.05
+	done
+	grep -q '^round 1: ok$' "$out" || fail "after the refused dump: $(grep -v '^ok ' "$out" | tail -n 2 | paste -sd'|')"
+	kill -TERM "$pid"
+	wait_gone "$pid" 30 || fail "shared-bo $pid did not end on SIGTERM"
+	tail -n 1 "$out" | grep -q '^PASS$' || fail "shared-bo's last check failed: $(tail -n 2 "$out" | paste -sd'|')"
+	note "$(grep -a -m1 -o 'one BO of GPU .* is held by .*) and by .*)' "$img/dump.log" | cut -c1-300)"
+}
+
 # The dump's own validation refuses its images (issue 25; the test hook lowers
 # vm.max_map_count to 8, fewer than the process' VMAs): the dump fails before the
 # process is killed, which runs on with its GPU unpaused and its memory intact; the image

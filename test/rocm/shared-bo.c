@@ -1,0 +1,254 @@
+// SPDX-License-Identifier: MIT
+/*
+ * shared-bo: one GEM BO held by two render files of one GPU (review item G3), as a process
+ * gets it when it exports a BO with PRIME and imports the dma-buf on another open of the
+ * same render node: amdgpu hands back the same GEM object (not an import), so both files
+ * list it, at the same mmap offset.  A checkpoint that saved each holder's copy would
+ * restore two BOs, and a write through one file would no longer reach the other.
+ *
+ *   usage: shared-bo --hold [--kfd]
+ *
+ * Makes a 64 KiB VRAM BO with GEM_CREATE on a first open of /dev/dri/renderD128, exports it
+ * (PRIME_HANDLE_TO_FD), imports it on a second open (PRIME_FD_TO_HANDLE), closes the
+ * dma-buf fd, maps the BO through both files (GEM_MMAP) and checks that they are one BO.
+ * --kfd: the BO is a KFD BO instead (ALLOC_MEMORY_OF_GPU on the first GPU, whose VM is on
+ * the first open: ACQUIRE_VM), exported with AMDKFD_IOC_EXPORT_DMABUF (KFD 1.12) and
+ * imported on the second open; the first holder is then /dev/kfd.
+ * Prints "ready PID", then on SIGUSR1 writes a new byte pattern through the first file's
+ * mapping and reads it back through the second's ("round N: ok" or "round N: FAIL ..."),
+ * and on SIGTERM does that once more and prints PASS or FAIL.
+ *
+ * PRIME export hands out an fd, which kfd-emu gives only under `kfd-emu supervise`.
+ * Raw DRM ioctls only (the uapi headers of Debian's libdrm).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <drm.h>
+#include <amdgpu_drm.h>
+
+#define SZ (64u << 10)
+
+static volatile sig_atomic_t round_req, stop_req;
+
+static void on_signal(int sig)
+{
+	if (sig == SIGTERM)
+		stop_req = 1;
+	else
+		round_req = 1;
+}
+
+/* One open of the render node holding the BO: its handle and CPU mapping. */
+struct holder {
+	int fd;
+	uint32_t handle;
+	uint64_t offset;
+	volatile uint8_t *map;
+};
+
+static int fail(const char *what)
+{
+	printf("FAIL %s: %s\n", what, strerror(errno));
+	return -1;
+}
+
+static int map_bo(struct holder *h)
+{
+	union drm_amdgpu_gem_mmap m = { .in.handle = h->handle };
+
+	if (ioctl(h->fd, DRM_IOCTL_AMDGPU_GEM_MMAP, &m))
+		return fail("GEM_MMAP");
+	h->offset = m.out.addr_ptr;
+	void *p = mmap(NULL, SZ, PROT_READ | PROT_WRITE, MAP_SHARED, h->fd, (off_t)h->offset);
+
+	if (p == MAP_FAILED)
+		return fail("mmap of the BO");
+	h->map = p;
+	return 0;
+}
+
+/* A GEM BO on a, exported with PRIME: the dma-buf fd. */
+static int gem_export(struct holder *a)
+{
+	union drm_amdgpu_gem_create c = { .in = { .bo_size = SZ, .alignment = 4096,
+						  .domains = AMDGPU_GEM_DOMAIN_VRAM } };
+	struct drm_prime_handle ex = { .flags = DRM_CLOEXEC | DRM_RDWR };
+
+	if (ioctl(a->fd, DRM_IOCTL_AMDGPU_GEM_CREATE, &c))
+		return fail("GEM_CREATE");
+	a->handle = c.out.handle;
+	ex.handle = a->handle;
+	if (ioctl(a->fd, DRM_IOCTL_PRIME_HANDLE_TO_FD, &ex))
+		return fail("PRIME_HANDLE_TO_FD (run under kfd-emu supervise?)");
+	return map_bo(a) ? -1 : ex.fd;
+}
+
+/* The KFD uapi this program uses (include/uapi/linux/kfd_ioctl.h; Debian's copy of it needs
+ * kernel DRM headers Debian does not ship, and lacks EXPORT_DMABUF, KFD 1.12). */
+struct kfd_apertures {
+	uint64_t lds_base, lds_limit, scratch_base, scratch_limit, gpuvm_base, gpuvm_limit;
+	uint32_t gpu_id, pad;
+};
+struct kfd_apertures_args {
+	uint64_t ptr;
+	uint32_t num_of_nodes, pad;
+};
+struct kfd_acquire_vm_args {
+	uint32_t drm_fd, gpu_id;
+};
+struct kfd_alloc_args {
+	uint64_t va_addr, size, handle, mmap_offset;
+	uint32_t gpu_id, flags;
+};
+struct export_dmabuf_args {
+	uint64_t handle;
+	uint32_t flags;
+	uint32_t dmabuf_fd;
+};
+#define KFD_GET_PROCESS_APERTURES_NEW _IOWR('K', 0x14, struct kfd_apertures_args)
+#define KFD_ACQUIRE_VM _IOW('K', 0x15, struct kfd_acquire_vm_args)
+#define KFD_ALLOC_MEMORY_OF_GPU _IOWR('K', 0x16, struct kfd_alloc_args)
+#define KFD_EXPORT_DMABUF _IOWR('K', 0x24, struct export_dmabuf_args)
+#define KFD_ALLOC_VRAM (1u << 0)
+#define KFD_ALLOC_PUBLIC (1u << 29)
+#define KFD_ALLOC_WRITABLE (1u << 31)
+
+/* A KFD BO of the first GPU, its VM on a (the BO is mapped by the CPU through a, at its
+ * mmap offset, at its GPU VA), exported with EXPORT_DMABUF: the dma-buf fd. */
+static int kfd_export(struct holder *a)
+{
+	struct kfd_apertures ap[8];
+	struct kfd_apertures_args pa = { .ptr = (uintptr_t)ap, .num_of_nodes = 8 };
+	int kfd = open("/dev/kfd", O_RDWR | O_CLOEXEC);
+
+	if (kfd < 0)
+		return fail("/dev/kfd");
+	if (ioctl(kfd, KFD_GET_PROCESS_APERTURES_NEW, &pa) || !pa.num_of_nodes)
+		return fail("GET_PROCESS_APERTURES_NEW");
+	struct kfd_acquire_vm_args vm = { .drm_fd = (uint32_t)a->fd, .gpu_id = ap[0].gpu_id };
+
+	if (ioctl(kfd, KFD_ACQUIRE_VM, &vm))
+		return fail("ACQUIRE_VM");
+	struct kfd_alloc_args al = {
+		.va_addr = ap[0].gpuvm_base + (1ull << 30), .size = SZ, .gpu_id = ap[0].gpu_id,
+		.flags = KFD_ALLOC_VRAM | KFD_ALLOC_WRITABLE | KFD_ALLOC_PUBLIC };
+
+	if (ioctl(kfd, KFD_ALLOC_MEMORY_OF_GPU, &al))
+		return fail("ALLOC_MEMORY_OF_GPU (VRAM)");
+	/* At its GPU VA, as libhsakmt maps a KFD BO for the CPU. */
+	void *p = mmap((void *)(uintptr_t)al.va_addr, SZ, PROT_READ | PROT_WRITE,
+		       MAP_SHARED | MAP_FIXED_NOREPLACE, a->fd, (off_t)al.mmap_offset);
+
+	if (p != (void *)(uintptr_t)al.va_addr)
+		return fail("mmap of the KFD BO at its GPU VA");
+	a->map = p;
+	a->offset = al.mmap_offset;
+	struct export_dmabuf_args ex = { .handle = al.handle, .flags = O_CLOEXEC | O_RDWR };
+
+	if (ioctl(kfd, KFD_EXPORT_DMABUF, &ex))
+		return fail("AMDKFD_IOC_EXPORT_DMABUF (run under kfd-emu supervise?)");
+	return (int)ex.dmabuf_fd;
+}
+
+/* The BO on a (a GEM BO, or with kfd a KFD BO), exported and imported on b, mapped through
+ * both. */
+static int setup(const char *node, bool kfd, struct holder *a, struct holder *b)
+{
+	struct drm_prime_handle im = { 0 };
+
+	a->fd = open(node, O_RDWR | O_CLOEXEC);
+	b->fd = open(node, O_RDWR | O_CLOEXEC);
+	if (a->fd < 0 || b->fd < 0)
+		return fail(node);
+	im.fd = kfd ? kfd_export(a) : gem_export(a);
+	if (im.fd < 0)
+		return -1;
+	if (ioctl(b->fd, DRM_IOCTL_PRIME_FD_TO_HANDLE, &im))
+		return fail("PRIME_FD_TO_HANDLE on the second open");
+	close(im.fd);
+	b->handle = im.handle;
+	if (map_bo(b))
+		return -1;
+	if (a->offset != b->offset) {
+		printf("FAIL the two opens map the BO at offsets %#llx and %#llx: not one BO\n",
+		       (unsigned long long)a->offset, (unsigned long long)b->offset);
+		return -1;
+	}
+	printf("ok one VRAM BO of %s (%s): handle %u in the second open, offset %#llx\n", node,
+	       kfd ? "a KFD BO" : "a GEM BO of the first open", b->handle,
+	       (unsigned long long)a->offset);
+	return 0;
+}
+
+/* Writes pattern n through a's mapping, reads it through b's: whether they are one BO. */
+static int check(struct holder *a, struct holder *b, unsigned n)
+{
+	uint8_t v = (uint8_t)(0x40 + n);
+	unsigned i;
+
+	for (i = 0; i < SZ; i += 512)
+		a->map[i] = (uint8_t)(v ^ (i >> 9));
+	for (i = 0; i < SZ; i += 512) {
+		uint8_t got = b->map[i];
+
+		if (got != (uint8_t)(v ^ (i >> 9))) {
+			printf("round %u: FAIL byte %#x written through the first open as %#x reads %#x "
+			       "through the second: two BOs\n",
+			       n, i, (uint8_t)(v ^ (i >> 9)), got);
+			return -1;
+		}
+	}
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	struct holder a = { 0 }, b = { 0 };
+	const char *node = "/dev/dri/renderD128";
+	bool kfd = argc == 3 && !strcmp(argv[2], "--kfd");
+	unsigned n = 0;
+	int bad = 0;
+
+	if (argc < 2 || argc > 3 || strcmp(argv[1], "--hold") || (argc == 3 && !kfd)) {
+		fprintf(stderr, "usage: shared-bo --hold [--kfd]\n");
+		return 2;
+	}
+	sigset_t block, wait_mask;
+
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	sigemptyset(&block);
+	sigaddset(&block, SIGUSR1);
+	sigaddset(&block, SIGTERM);
+	/* Blocked but while waiting in sigsuspend: no request is lost between two checks. */
+	sigprocmask(SIG_BLOCK, &block, &wait_mask);
+	signal(SIGUSR1, on_signal);
+	signal(SIGTERM, on_signal);
+	if (setup(node, kfd, &a, &b) || check(&a, &b, 0))
+		return 1;
+	printf("ready %d\n", (int)getpid());
+	while (!stop_req) {
+		sigsuspend(&wait_mask);
+		if (round_req) {
+			round_req = 0;
+			n++;
+			if (check(&a, &b, n))
+				bad = 1;
+			else
+				printf("round %u: ok\n", n);
+		}
+	}
+	bad |= check(&a, &b, n + 1) != 0;
+	printf("%s\n", bad ? "FAIL" : "PASS");
+	return bad;
+}
