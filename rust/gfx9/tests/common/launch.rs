@@ -136,6 +136,8 @@ pub struct Gpu {
     prog: String,
     /// Wave instructions retired by the waves that ended.
     pub retired: u64,
+    /// Their lane operations.
+    pub lanes: u64,
 }
 
 impl Gpu {
@@ -163,6 +165,7 @@ impl Gpu {
             heap: HEAP,
             prog: format!("{prog}-{cpu}"),
             retired: 0,
+            lanes: 0,
         }
     }
 
@@ -342,6 +345,7 @@ impl Gpu {
                         Stop::Endpgm => {
                             done[k] = true;
                             self.retired += w.retired;
+                            self.lanes += w.lanes;
                         }
                         other => panic!("{} {name} group {group:?} wave {k}: {other}", self.prog),
                     }
