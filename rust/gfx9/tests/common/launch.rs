@@ -206,6 +206,21 @@ impl Gpu {
             .collect()
     }
 
+    /// Every kernel of the code object: its name and what its descriptor says.
+    pub fn kernel_codes(&mut self) -> Vec<(String, gfx9::launch::KernelCode)> {
+        let mut kds: Vec<(String, u64)> = self.kds.iter().map(|(n, v)| (n.clone(), *v)).collect();
+        kds.sort();
+        kds.into_iter()
+            .map(|(name, va)| {
+                let mut b = [0u8; gfx9::launch::KERNEL_OBJECT_BYTES];
+                self.mem
+                    .read(CODE + va, &mut b)
+                    .expect("kernel descriptor mapped");
+                (name, gfx9::launch::KernelCode::parse(&b))
+            })
+            .collect()
+    }
+
     /// Runs `kernel` (a prefix of its mangled name) over `grid` workgroups of `block`.
     pub fn launch(&mut self, kernel: &str, grid: [u32; 3], block: [u32; 3], args: Args) {
         let (name, kd_va) = self
