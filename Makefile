@@ -127,8 +127,9 @@ test-demo: $(BUILD)/criu-rocm kfd-tools
 # (on the emulator's SDMA, under kfd-emu supervise), criu-rocm's dump RSS and how dump and restore
 # grow with BOs and VMAs (scripts/bench-cr.sh; BENCH_CR_ONLY=scale runs that table alone),
 # then ROCr's own hsa_amd_memory_async_copy (SDMA on the emulator) against memcpy, then the
-# gfx9 shader engine's rate on a VALU-heavy and a memory-heavy loop (wave instructions/s).
-bench: $(BUILD)/criu-rocm $(BUILD)/hsa-bench
+# gfx9 shader engine's rate on a VALU-heavy and a memory-heavy loop (wave instructions/s), and
+# inside kfd-emu on two of test/hip's kernels launched by HIP (scripts/bench-engine.sh).
+bench: $(BUILD)/criu-rocm $(BUILD)/hsa-bench $(BUILD)/engine-bench
 	cd rust && CARGO_TARGET_DIR=$(CARGO_TARGET) $(CARGO) build --release --locked -q -p kfd-emu -p kfd-client
 	$(CARGO_TARGET)/release/kfd-emu run --profile mi100 -- sh -c \
 		'$(CARGO_TARGET)/release/kfd-emu bench-ioctl && $(CARGO_TARGET)/release/emu-bench'
@@ -136,7 +137,13 @@ bench: $(BUILD)/criu-rocm $(BUILD)/hsa-bench
 	$(CARGO_TARGET)/release/kfd-emu run --profile mi100 -- $(BUILD)/hsa-bench --mib 64 --reps 5 || \
 		{ echo "make bench: ROCr's async copies failed on kfd-emu (the reason is above)" >&2; exit 1; }
 	cd rust && CARGO_TARGET_DIR=$(CARGO_TARGET) $(CARGO) run --release --locked -q -p gfx9 --example rate
+	CARGO_TARGET_DIR=$(CARGO_TARGET) ENGINE_BENCH=$(BUILD)/engine-bench scripts/bench-engine.sh
 	cd rust && CARGO_TARGET_DIR=$(CARGO_TARGET) $(CARGO) run --release --locked -q -p kfd-emu --example cwsr_bench
+
+# Debian's HIP 5.2, unchanged, launching test/hip's kernels for scripts/bench-engine.sh.
+$(BUILD)/engine-bench: test/rocm/engine-bench.c | $(DEPS_FIRST)
+	@mkdir -p $(BUILD)
+	cc -std=gnu11 -O2 -Wall -Wextra -Werror -o $@ $< -lamdhip64 -lm
 
 # Debian's ROCr 5.2, unchanged, timing its async copies (test/rocm/hsa-bench.c).
 $(BUILD)/hsa-bench: test/rocm/hsa-bench.c | $(DEPS_FIRST)

@@ -103,87 +103,127 @@ fn report(name: &str, code: &[u32]) {
     );
 }
 
-fn print_rate(name: &str, n: u64, wall: Duration, cpu: Duration) {
-    let rate = n as f64 / cpu.as_secs_f64();
-    println!(
-        "{name}: {:.1} M wave instructions/s per core \
-         ({n} instructions in {:.2} s of CPU, {:.2} s of wall time)",
-        rate / 1e6,
-        cpu.as_secs_f64(),
-        wall.as_secs_f64(),
-    );
+/// Wave instructions, lane operations, wall and CPU time of launches of one hipcc kernel.
+struct HipRun {
+    instructions: u64,
+    lanes: u64,
+    wall: Duration,
+    cpu: Duration,
 }
 
-/// Launches of one hipcc kernel for at least `min` of wall time: instructions and times.
+impl HipRun {
+    fn print(&self, name: &str) {
+        let rate = self.instructions as f64 / self.cpu.as_secs_f64();
+        println!(
+            "{name}: {:.1} M wave instructions/s per core, {:.0} M lane operations/s \
+             ({} instructions, {} lane operations in {:.2} s of CPU, {:.2} s of wall time)",
+            rate / 1e6,
+            self.lanes as f64 / self.cpu.as_secs_f64() / 1e6,
+            self.instructions,
+            self.lanes,
+            self.cpu.as_secs_f64(),
+            self.wall.as_secs_f64(),
+        );
+    }
+}
+
+/// Launches of one hipcc kernel for at least `min` of wall time.
 fn measure_hip(
     prog: &str,
+    t: Target,
     setup: impl Fn(&mut launch::Gpu) -> Box<dyn Fn(&mut launch::Gpu)>,
     min: Duration,
-) -> (u64, Duration, Duration) {
-    let mut g = launch::Gpu::new(prog, Target::Gfx90a);
+) -> HipRun {
+    let mut g = launch::Gpu::new(prog, t);
     let run = setup(&mut g);
     let (start, cpu) = (Instant::now(), thread_cpu());
     while start.elapsed() < min {
         run(&mut g);
     }
-    (g.retired, start.elapsed(), thread_cpu() - cpu)
+    HipRun {
+        instructions: g.retired,
+        lanes: g.lanes,
+        wall: start.elapsed(),
+        cpu: thread_cpu() - cpu,
+    }
 }
 
-fn hip_valu() -> (u64, Duration, Duration) {
-    const N: u32 = 4096;
+/// transcendental's f32 kernel over `n` items (a multiple of 256).
+fn hip_valu(t: Target, n: u32, min: Duration) -> HipRun {
     measure_hip(
         "transcendental",
+        t,
         |g| {
-            let x: Vec<f32> = (0..N).map(|i| (i % 97) as f32 * 0.37 - 18.0).collect();
-            let (dx, dout) = (g.alloc_f32(&x), g.alloc(&vec![0; 4 * 7 * N as usize]));
+            let x: Vec<f32> = (0..n).map(|i| (i % 97) as f32 * 0.37 - 18.0).collect();
+            let (dx, dout) = (g.alloc_f32(&x), g.alloc(&vec![0; 4 * 7 * n as usize]));
             Box::new(move |g| {
-                let args = launch::Args::default().u32(N).ptr(dx).ptr(dout);
-                g.launch("_Z7f32_fns", [N / 256, 1, 1], [256, 1, 1], args);
+                let args = launch::Args::default().u32(n).ptr(dx).ptr(dout);
+                g.launch("_Z7f32_fns", [n / 256, 1, 1], [256, 1, 1], args);
             })
         },
-        Duration::from_secs(2),
+        min,
     )
 }
 
-fn hip_memory() -> (u64, Duration, Duration) {
-    const N: u32 = 1 << 20;
+/// saxpy over `n` items (a multiple of 256).
+fn hip_memory(t: Target, n: u32, min: Duration) -> HipRun {
     measure_hip(
         "saxpy",
+        t,
         |g| {
             let (dx, dy) = (
-                g.alloc(&vec![0; 4 * N as usize]),
-                g.alloc(&vec![0; 4 * N as usize]),
+                g.alloc(&vec![0; 4 * n as usize]),
+                g.alloc(&vec![0; 4 * n as usize]),
             );
             Box::new(move |g| {
-                let args = launch::Args::default().u32(N).f32(2.0).ptr(dx).ptr(dy);
-                g.launch("_Z5saxpy", [N / 256, 1, 1], [256, 1, 1], args);
+                let args = launch::Args::default().u32(n).f32(2.0).ptr(dx).ptr(dy);
+                g.launch("_Z5saxpy", [n / 256, 1, 1], [256, 1, 1], args);
             })
         },
-        Duration::from_secs(2),
+        min,
     )
 }
 
-/// `rate [valu|memory]`: both loops and both kernels, or the VALU or memory ones.
+/// `rate hip valu|memory gfx908|gfx90a N SECS`: one kernel of test/hip's code objects as
+/// scripts/bench-engine.sh runs it inside kfd-emu, for at least SECS seconds over N items:
+/// the baseline the emulator's rate is measured against in the same run.
+fn hip_baseline(args: &[String]) {
+    let usage = "usage: rate hip valu|memory gfx908|gfx90a N SECS";
+    let [which, target, n, secs] = args else {
+        panic!("{usage}");
+    };
+    let t = match target.as_str() {
+        "gfx908" => Target::Gfx908,
+        "gfx90a" => Target::Gfx90a,
+        _ => panic!("{usage}"),
+    };
+    let n: u32 = n.parse().expect(usage);
+    let min = Duration::from_secs_f64(secs.parse().expect(usage));
+    let run = match which.as_str() {
+        "valu" => hip_valu(t, n, min),
+        "memory" => hip_memory(t, n, min),
+        _ => panic!("{usage}"),
+    };
+    run.print(&format!("{which} {target} in-process"));
+}
+
+/// `rate [valu|memory]`: both loops and both kernels, or the VALU or memory ones; or
+/// `rate hip ...` (see [`hip_baseline`]).
 fn main() {
-    let which = std::env::args().nth(1).unwrap_or_default();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().is_some_and(|a| a == "hip") {
+        return hip_baseline(&args[1..]);
+    }
+    let which = args.first().cloned().unwrap_or_default();
+    let secs = Duration::from_secs(2);
     if which != "memory" {
         report("VALU-heavy loop", VALU_LOOP);
-        let (n, wall, cpu) = hip_valu();
-        print_rate(
-            "VALU-heavy hipcc kernel (transcendental f32: seven libm functions)",
-            n,
-            wall,
-            cpu,
-        );
+        hip_valu(Target::Gfx90a, 4096, secs)
+            .print("VALU-heavy hipcc kernel (transcendental f32: seven libm functions)");
     }
     if which != "valu" {
         report("memory-heavy loop", MEMORY_LOOP);
-        let (n, wall, cpu) = hip_memory();
-        print_rate(
-            "memory-heavy hipcc kernel (saxpy, 1 Mi elements)",
-            n,
-            wall,
-            cpu,
-        );
+        hip_memory(Target::Gfx90a, 1 << 20, secs)
+            .print("memory-heavy hipcc kernel (saxpy, 1 Mi elements)");
     }
 }

@@ -80,6 +80,9 @@ pub struct Wave {
     pub id_in_group: u32,
     /// Instructions executed since creation.
     pub retired: u64,
+    /// Lane operations since creation: the lanes EXEC enabled, summed over the vector
+    /// instructions (VALU, LDS, vector memory) retired.
+    pub lanes: u64,
 }
 
 impl Wave {
@@ -101,6 +104,7 @@ impl Wave {
             apertures: Apertures::default(),
             id_in_group: 0,
             retired: 0,
+            lanes: 0,
         };
         w.set_exec(u64::MAX);
         w
@@ -122,6 +126,7 @@ impl Wave {
         self.apertures = Apertures::default();
         self.id_in_group = 0;
         self.retired = 0;
+        self.lanes = 0;
         self.set_exec(u64::MAX);
     }
 

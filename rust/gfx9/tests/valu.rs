@@ -928,3 +928,20 @@ fn integer_dots_wrap_saturate_and_accumulate() {
         }
     }
 }
+
+/// A wave's lane operations count the lanes EXEC enables in each vector instruction and
+/// nothing for scalar ones (the rate `make bench` prints per core).
+#[test]
+fn lane_operations_count_exec_lanes_of_vector_instructions() {
+    const V_ADD_U32: u32 = 0x34;
+    const S_MOV_B32: u32 = 0x00;
+    let mut r = Rig::new(Target::Gfx90a);
+    r.w.set_exec(EXEC_MASK);
+    r.ok(&[
+        vop2(V_ADD_U32, 1, 256 + 2, 256 + 3),
+        sop1(S_MOV_B32, 0, 0x80),
+        vop2(V_ADD_U32, 4, 256 + 1, 256 + 1),
+    ]);
+    assert_eq!(r.w.retired, 4, "two VALU, one SALU, s_endpgm");
+    assert_eq!(r.w.lanes, 2 * EXEC_MASK.count_ones() as u64);
+}

@@ -181,12 +181,18 @@ impl Wave {
             Err(reason) => return Some(Stop::Illegal { reason, pc }),
         };
         let (run, len) = (d.def.run, d.instr.len);
+        let lanes = if is_scalar(d.instr.enc) {
+            0
+        } else {
+            self.exec().count_ones()
+        };
         let mut cx = Cx { w: self, mem, lds };
         let flow = run(&mut cx, &d.instr);
-        self.retire(flow, pc, len)
+        self.retire(flow, pc, len, lanes)
     }
 
-    fn retire(&mut self, flow: Step, pc: u64, len: u8) -> Option<Stop> {
+    /// Retires the instruction at `pc` that ran `lanes` lane operations.
+    fn retire(&mut self, flow: Step, pc: u64, len: u8, lanes: u32) -> Option<Stop> {
         let next = pc.wrapping_add(len as u64);
         match flow {
             Ok(Flow::Next) => self.pc = next,
@@ -194,14 +200,30 @@ impl Wave {
             Ok(Flow::Yield(stop)) => {
                 self.pc = next;
                 self.retired += 1;
+                self.lanes += lanes as u64;
                 return Some(stop);
             }
             Err(Abort::Fault(fault)) => return Some(Stop::Fault { fault, pc }),
             Err(Abort::Illegal(reason)) => return Some(Stop::Illegal { reason, pc }),
         }
         self.retired += 1;
+        self.lanes += lanes as u64;
         None
     }
+}
+
+/// Whether instructions of `enc` run once per wave (scalar ALU, branches, scalar memory)
+/// rather than once per lane.
+fn is_scalar(enc: Encoding) -> bool {
+    matches!(
+        enc,
+        Encoding::Sop2
+            | Encoding::Sopk
+            | Encoding::Sop1
+            | Encoding::Sopc
+            | Encoding::Sopp
+            | Encoding::Smem
+    )
 }
 
 /// Reads and decodes the instruction at `pc`, word by word so that an instruction ending a

@@ -136,6 +136,8 @@ pub struct Gpu {
     prog: String,
     /// Wave instructions retired by the waves that ended.
     pub retired: u64,
+    /// Their lane operations.
+    pub lanes: u64,
 }
 
 impl Gpu {
@@ -163,6 +165,7 @@ impl Gpu {
             heap: HEAP,
             prog: format!("{prog}-{cpu}"),
             retired: 0,
+            lanes: 0,
         }
     }
 
@@ -200,6 +203,21 @@ impl Gpu {
         self.read(va, 4 * n)
             .chunks(4)
             .map(|c| u32::from_le_bytes(c.try_into().expect("4")))
+            .collect()
+    }
+
+    /// Every kernel of the code object: its name and what its descriptor says.
+    pub fn kernel_codes(&mut self) -> Vec<(String, gfx9::launch::KernelCode)> {
+        let mut kds: Vec<(String, u64)> = self.kds.iter().map(|(n, v)| (n.clone(), *v)).collect();
+        kds.sort();
+        kds.into_iter()
+            .map(|(name, va)| {
+                let mut b = [0u8; gfx9::launch::KERNEL_OBJECT_BYTES];
+                self.mem
+                    .read(CODE + va, &mut b)
+                    .expect("kernel descriptor mapped");
+                (name, gfx9::launch::KernelCode::parse(&b))
+            })
             .collect()
     }
 
@@ -342,6 +360,7 @@ impl Gpu {
                         Stop::Endpgm => {
                             done[k] = true;
                             self.retired += w.retired;
+                            self.lanes += w.lanes;
                         }
                         other => panic!("{} {name} group {group:?} wave {k}: {other}", self.prog),
                     }

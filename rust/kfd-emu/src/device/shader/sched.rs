@@ -77,6 +77,8 @@ pub struct Run {
     pub(super) free_scratch: Vec<u64>,
     pub(super) next_scratch: u64,
     pub instructions: u64,
+    /// Lane operations of those instructions (gfx9's `Wave::lanes`).
+    pub lanes: u64,
     pub waves: u64,
     pub started: Instant,
     /// CPU time the worker spent on the dispatch.
@@ -103,6 +105,7 @@ impl Run {
             free_scratch: Vec::new(),
             next_scratch: 0,
             instructions: 0,
+            lanes: 0,
             waves: 0,
             started: Instant::now(),
             cpu: Default::default(),
@@ -225,11 +228,12 @@ impl Run {
         if slot.state != State::Ready {
             return Ok(());
         }
-        let before = slot.wave.retired;
+        let (before, lanes) = (slot.wave.retired, slot.wave.lanes);
         let stop = slot.wave.run(&mut self.mem, &mut group.lds, cache, TURN);
         let n = slot.wave.retired - before;
         *ran += n;
         self.instructions += n;
+        self.lanes += slot.wave.lanes - lanes;
         slot.state = match stop {
             Stop::Budget => State::Ready,
             Stop::Endpgm => State::Done,

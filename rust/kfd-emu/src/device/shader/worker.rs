@@ -261,13 +261,15 @@ fn report(run: &Run, outcome: &Outcome) {
     let rate = run.instructions as f64 / cpu.max(1e-9) / 1e6;
     log::debug!(
         "kfd-emu: process {} queue {} packet {}: kernel object {:#x}, grid {:?} in groups of \
-         {:?}: {outcome}; {} wave instructions in {secs:.3} s, {cpu:.3} s of CPU ({rate:.1} M/s)",
+         {:?}: {outcome}; {} wave instructions, {} lane operations in {secs:.3} s, \
+         {cpu:.3} s of CPU ({rate:.1} M/s)",
         k.lead,
         k.queue,
         k.index,
         k.object,
         run.launch.grid.size,
         run.launch.grid.group,
-        run.instructions
+        run.instructions,
+        run.lanes
     );
 }
