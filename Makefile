@@ -191,7 +191,9 @@ test-rocm64: $(BUILD)/criu-rocm kfd-tools
 # Checkpoint/restore of HIP programs (test/hip-cr/run.sh): Debian's HIP 5.2 built as test-hip
 # builds, dumped by criu-rocm with no options between kernels (right after hipInit, an MLP
 # mid-training, streams, host memory, peer copies, two processes, a tree, a pre-dump, five
-# cycles) and restored on the same host and on others; the MLP must end bit-identical.
+# cycles) and with kernels in flight (the MLP mid-kernel, spinners, a long kernel on every
+# GPU, hipStreamWaitValue32), restored on the same host and on others; the MLP must end
+# bit-identical.
 .PHONY: test-hip-cr
 test-hip-cr: $(BUILD)/criu-rocm kfd-tools
 	CARGO_TARGET_DIR=$(CARGO_TARGET) test/hip-cr/run.sh $(BUILD)/criu-rocm

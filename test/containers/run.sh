@@ -47,12 +47,16 @@ PY=/usr/bin/python3
 HOSTS=$top/test/gpu/hosts
 CASES="runc-same-host runc-other-host runc-gpu-subset runc-own-paths runc-gpu-subset-own-paths"
 CASES+=" runc-own-paths-too-few runc-device-nodes"
-CASES+=" runc-rocr runc-rocr-gpu-subset crun-same-host crun-own-paths"
+CASES+=" runc-rocr runc-rocr-gpu-subset runc-hip-gpu-subset crun-same-host crun-own-paths"
 CASES+=" podman-export-import podman-crun-export-import podman-own-paths"
 WL_ARGS="--mib 8 --bos 4 --interval-ms 2"
 # The container's program: gpu-workload, or rocr-workload (Debian's ROCr, test/demo).
 WL_CMD="exec /bin/gpu-workload $WL_ARGS </dev/null >/tmp/wl.out 2>&1"
 ROCR_CMD="exec /bin/rocr-workload --mib 4 </dev/null >/tmp/wl.out 2>/tmp/wl.err"
+# test/hip/mlp.hip (Debian's HIP 5.2): steps, and the step whose forward/backward kernel is
+# in flight (held) at the checkpoint.
+MLP_STEPS=10 MLP_AT=3
+HIP_CMD="exec /bin/mlp --steps $MLP_STEPS --hold-at $MLP_AT --checksum --once </dev/null >/tmp/wl.out 2>/tmp/wl.err"
 
 # ---------------------------------------------------------------------------------------
 # Logs
@@ -60,17 +64,20 @@ ROCR_CMD="exec /bin/rocr-workload --mib 4 </dev/null >/tmp/wl.out 2>/tmp/wl.err"
 # ---------------------------------------------------------------------------------------
 # The container
 
-# rootfs DIR: busybox (static), gpu-workload and rocr-workload with the libraries they
-# link, and libdrm's table of marketing names.
+# rootfs DIR: busybox (static), gpu-workload, rocr-workload and mlp with the libraries they
+# link (and the code object manager HIP loads at run time), and libdrm's table of
+# marketing names.
 make_rootfs() {
-	local r=$1 l a p
+	local r=$1 l a p comgr=/usr/lib/x86_64-linux-gnu/libamd_comgr.so.2
 	mkdir -p "$r/bin" "$r/proc" "$r/dev" "$r/sys" "$r/tmp"
+	chmod 1777 "$r/tmp"
 	cp /bin/busybox "$r/bin/" || return 1
 	for a in sh sleep cat kill ls; do ln -sf busybox "$r/bin/$a"; done
 	cp "$WORKLOAD" "$r/bin/gpu-workload" || return 1
 	cc -std=gnu11 -O2 -Wall -Wextra -Werror -o "$r/bin/rocr-workload" "$top/test/demo/rocr-workload.c" \
 		-lhsa-runtime64 -lpthread || return 1
-	for p in "$WORKLOAD" "$r/bin/rocr-workload"; do
+	cp "$MLP" "$r/bin/mlp" && cp --parents -L "$comgr" "$r/" || return 1
+	for p in "$WORKLOAD" "$r/bin/rocr-workload" "$MLP" "$comgr"; do
 		for l in $(ldd "$p" | awk '$2 == "=>" { print $3 } $1 ~ /^\// { print $1 }'); do
 			cp --parents -L "$l" "$r/" || return 1
 		done
@@ -88,7 +95,7 @@ bundle() {
 	local dir=$1 minors=$2 hostm=${3:-$2} extra=()
 	[ "$hostm" = "$minors" ] || extra=(--host-minors "$hostm")
 	[ -z "${DEVICE_NODES:-}" ] || extra+=(--device-nodes "$DEVICE_NODES")
-	[ "$WL_CMD" != "$ROCR_CMD" ] || extra+=(--cpu-topology yes)
+	[ "$WL_CMD" != "$ROCR_CMD" ] && [ "$WL_CMD" != "$HIP_CMD" ] || extra+=(--cpu-topology yes)
 	mkdir -p "$dir"
 	"$PY" "$here/oci-config.py" "$dir/config.json" "$ROOTFS" "$minors" \
 		--cgroups-path "/criu-rocm-ct/$CASE-$$" "${extra[@]}" -- /bin/sh -c "$WL_CMD" ||
@@ -395,6 +402,62 @@ case_runc-rocr-gpu-subset() {
 	export ENGINE=runc
 	on mi250x8 -- in_rocr_dump 128,129
 	on mi250x8 -- in_rocr_restore_as 128,129 134,135
+}
+
+# mlp (Debian's HIP 5.2: a small MLP trained with SGD) from a container given 2 of mi250x8's
+# 8 GPUs into one given 2 others, checkpointed mid-training with a kernel in flight: step
+# MLP_AT's forward/backward kernel is held at its gate (mlp --hold-at), its waves saved by
+# kfd-emu at the checkpoint; restored and released (SIGUSR1), it must train to its end with
+# every step's loss and the final weights bit-identical to an uninterrupted run's on the
+# same host.
+in_hip_dump() {
+	local pid i
+	WL_CMD=$HIP_CMD
+	bundle "$CASE_DIR/b1" "$1"
+	E run -d --bundle "$CASE_DIR/b1" ct || fail "$ENGINE run failed: $(tail -n 2 "$CASE_DIR/engine.log" | paste -sd'|')"
+	pid=$(engine_pid ct) || fail "$ENGINE state ct: no pid"
+	for ((i = 0; i < 1200; i++)); do
+		wl_out "$pid" | grep -q "^mlp: step $MLP_AT in flight: 2 waves hold$" && break
+		alive "$pid" || break
+		sleep 0.1
+	done
+	wl_out "$pid" | grep -q "^mlp: step $MLP_AT in flight: 2 waves hold$" ||
+		fail "mlp's step $MLP_AT was not held in flight: $(wl_out "$pid" | tail -n 1)$(tail -n 2 "/proc/$pid/root/tmp/wl.err" 2>/dev/null | paste -sd'|')"
+	ct_checkpoint ct
+	grep -aqE "kfd-emu: process [0-9]+ queue [0-9]+ packet [0-9]+: [0-9]+ resident waves saved" "$CASE_DIR/kfd-emu.log" ||
+		fail "kfd-emu saved no waves at the checkpoint (the kernel in flight; kfd-emu.log)"
+	"$MLP" --steps "$MLP_STEPS" --checksum --once >"$CASE_DIR/mlp-uninterrupted.out" 2>&1 ||
+		fail "the uninterrupted mlp run failed: $(tail -n 2 "$CASE_DIR/mlp-uninterrupted.out" | paste -sd'|')"
+}
+in_hip_restore_as() {
+	local pid out want got first
+	WL_CMD=$HIP_CMD
+	bundle "$CASE_DIR/b2" "$1" "$2"
+	E restore -d --image-path "$CASE_DIR/img" --work-path "$CASE_DIR/img" --bundle "$CASE_DIR/b2" ct ||
+		fail "$ENGINE restore failed: $(log_errors "$CASE_DIR/img/restore.log")"
+	pid=$(engine_pid ct) || fail "$ENGINE state ct after the restore: no pid"
+	want=$(render_names "$2")
+	got=$(mapped_hosts)
+	[ "$got" = "$want" ] || fail "the restore gave the image's GPUs host nodes '$got', the container was given '$want'"
+	check_nodes_inside "$pid"
+	# Its output lives in the container's /tmp, gone with the container: keep it open.
+	exec {out}<"/proc/$pid/root/tmp/wl.out" || fail "cannot open mlp's output"
+	kill -USR1 "$pid"
+	wait_gone "$pid" 300 || fail "the restored mlp did not finish its training"
+	cat <&"$out" >"$CASE_DIR/mlp.out"
+	exec {out}<&-
+	tail -n 1 "$CASE_DIR/mlp.out" | grep -q '^mlp: PASSED$' || fail "the restored mlp's checks failed: $(tail -n 3 "$CASE_DIR/mlp.out" | paste -sd'|')"
+	first=$(diff <(mlp_digest "$CASE_DIR/mlp-uninterrupted.out") <(mlp_digest "$CASE_DIR/mlp.out") | grep -m1 '^[<>]' | cut -c3-)
+	[ -z "$first" ] || fail "the restored mlp differs from an uninterrupted run first at: $first"
+	note "restored onto host GPUs $got during step $MLP_AT of $MLP_STEPS; losses and weights identical to an uninterrupted run ($(grep -o 'checksum [0-9a-f]*' "$CASE_DIR/mlp.out"))"
+	E delete -f ct || true
+}
+# mlp's lines that must match: each step's loss with its bits, the weights' checksum.
+mlp_digest() { grep -E '^mlp: (step [0-9]+ loss .*bits|weights checksum)' "$1"; }
+case_runc-hip-gpu-subset() {
+	export ENGINE=runc KFD_EMU_LOG=info
+	on mi250x8 -- in_hip_dump 128,129
+	on mi250x8 -- in_hip_restore_as 128,129 134,135
 }
 
 case_runc-same-host() {
@@ -739,6 +802,11 @@ main() {
 	local target=${CARGO_TARGET_DIR:-$top/rust/target} t missing=()
 	KFD_EMU=$target/release/kfd-emu
 	WORKLOAD=$target/release/gpu-workload
+	# hip_build
+	# shellcheck source=SCRIPTDIR/../hip/build.sh
+	. "$top/test/hip/build.sh"
+	MLP=$(hip_build "$top/test/hip/mlp.hip" "$top/build/hip/mlp" "$top/build/hip/logs/mlp.build") ||
+		{ echo "test/containers: building test/hip/mlp.hip failed (log: build/hip/logs/mlp.build)" >&2; exit 2; }
 	for t in "$CRIU" "$KFD_EMU" "$WORKLOAD"; do
 		[ -x "$t" ] || { echo "test/containers: $t is missing (build it first)" >&2; exit 2; }
 	done
@@ -761,7 +829,7 @@ main() {
 	ROOTFS=$WORK/rootfs
 	make_rootfs "$ROOTFS" || { echo "test/containers: building the rootfs failed" >&2; exit 1; }
 	[ "$(command -v criu)" = "$WORK/bin/criu" ] || { echo "test/containers: criu on PATH is $(command -v criu)" >&2; exit 1; }
-	export PATH WORK ROOTFS KFD_EMU WORKLOAD CRIU CRUN
+	export PATH WORK ROOTFS KFD_EMU WORKLOAD MLP CRIU CRUN
 	echo "test/containers: criu on PATH is criu-rocm ($(criu --version | head -n 1)); runc $(runc --version | sed -n '1s/runc version //p'), crun $(crun --version | sed -n '1s/crun version //p'), podman $(podman --version | sed 's/podman version //'); work in $WORK"
 	PASSED=0 FAILED=0 SKIPPED=0
 	local c list=("$@")

@@ -1,10 +1,11 @@
 // A HIP process that holds state across checkpoints (test/hip-cr/run.sh).
 //
-//   hold [--buffers] [--host] [--streams] [--peer] [--fork]
+//   hold [--buffers] [--host] [--streams] [--peer] [--spin] [--fork]
 //
 // After hipInit it sets up what its options ask for on every GPU it sees (hip_state.h:
 // --buffers device memory, --host hipHostMalloc and hipHostRegister memory, --streams three
-// streams with events, --peer peer access from GPU 0 with its buffer; nothing but HIP's own
+// streams with events, --peer peer access from GPU 0 with its buffer, --spin a kernel
+// spinning on a host flag, in flight between rounds; nothing but HIP's own
 // state without any); --fork forks before hipInit, and parent and child each do all of it.
 // It writes "hold: ready: N GPU(s)" and waits for signals: SIGUSR1 runs a round (everything
 // it holds still has the contents it last wrote, then new kernels on every GPU and stream,
@@ -29,6 +30,8 @@ static bool parse(int argc, char **argv, State &st, bool &with_child)
 			st.host = true;
 		else if (!strcmp(argv[i], "--streams"))
 			st.streams = true;
+		else if (!strcmp(argv[i], "--spin"))
+			st.spin = true;
 		else if (!strcmp(argv[i], "--peer"))
 			st.peer = st.buffers = true;
 		else if (!strcmp(argv[i], "--fork"))
@@ -61,7 +64,7 @@ int main(int argc, char **argv)
 	State st;
 	bool with_child = false;
 	if (!parse(argc, argv, st, with_child)) {
-		fprintf(stderr, "usage: hold [--buffers] [--host] [--streams] [--peer] [--fork]\n");
+		fprintf(stderr, "usage: hold [--buffers] [--host] [--streams] [--peer] [--spin] [--fork]\n");
 		return 2;
 	}
 	// Blocked before anything starts a thread: the signals wait for sigwait below.

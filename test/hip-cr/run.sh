@@ -12,19 +12,30 @@
 #
 # The programs, built as test/hip builds its own (test/hip/build.sh, into build/hip and
 # build/hip-cr):
-#   * test/hip/mlp.hip: a small MLP trained with SGD (--steps N --delay-ms MS --checksum
-#     --once). It is dumped mid-training, right after a step; after the restore it trains
-#     on to the end. Every step's loss (its bits) and the
-#     final weights' checksum must equal those of an uninterrupted run on the same GPU ISA.
+#   * test/hip/mlp.hip: a small MLP trained with SGD (--steps N --delay-ms MS --hold-at
+#     STEPS --checksum --once). After the restore it trains on to the end; every step's
+#     loss (its bits) and the final weights' checksum must equal those of an uninterrupted
+#     run on the same GPU ISA.
 #   * test/hip-cr/hold.hip: holds HIP state (device buffers, hipHostMalloc and
-#     hipHostRegister memory, streams with events, peer access; a forked child) and answers
-#     SIGUSR1 with a round (what it holds is intact, new kernels on every GPU and stream
-#     work) and SIGTERM with a last round and its exit.
-# Every dump here lands between kernels, at a known point (kernels in flight at the dump
-# are test-gpu's HIP cases, test/hip/in-flight.hip): hold is dumped while it waits for a
-# signal; mlp is stopped (SIGSTOP) while it sleeps between two steps and dumped stopped, so
-# that a slow dump cannot run into the next step; CRIU restores it stopped and the case
-# continues it. A dump is never retried: a failed dump fails the case.
+#     hipHostRegister memory, streams with events, peer access, a kernel spinning on every
+#     GPU; a forked child) and answers SIGUSR1 with a round (what it holds is intact, the
+#     spinners end when released, new kernels on every GPU and stream work) and SIGTERM
+#     with a last round and its exit.
+#   * test/hip-cr/busy.hip: a kernel on every GPU that computes (registers, LDS, barriers)
+#     until SIGTERM; then every value is checked against the host's.
+#   * test/hip-cr/wait-value.hip: on every GPU a stream held by hipStreamWaitValue32 (HIP
+#     5.2's wait kernel spins on a host word) and one waiting for its event, until SIGTERM;
+#     then what ran behind the waits is checked.
+# Dumps between kernels: hold is dumped while it waits for a signal; mlp is stopped
+# (SIGSTOP) while it sleeps between two steps and dumped stopped, so that a slow dump cannot
+# run into the next step; CRIU restores it stopped and the case continues it. Dumps with
+# kernels in flight (the *_in_flight cases, hold --spin, busy, wait-value): mlp --hold-at
+# holds a step's forward/backward kernel mid-way (its waves wait at a gate in host memory,
+# holding their activations) and is dumped then, running; after the restore SIGUSR1 lets
+# the kernel go on. Each such dump must have saved the waves of as many queues as the case
+# has kernels in flight (kfd-emu's log, KFD_EMU_LOG=info); the programs count their waves
+# in, so a kernel started over instead of resumed fails too. A dump is never retried: a
+# failed dump fails the case.
 #
 # Every host step runs in a private mount namespace with its own /dev/shm (libhsakmt's
 # files), as test/rocm/cr.sh's do, and its own /tmp; a host other than the dump host starts
@@ -158,12 +169,24 @@ mlp_paused() {
 	last=$(p_out "$k" | grep -E '^mlp: step' | tail -n 1 | cut -d' ' -f3)
 	[ "$last" = "$step" ] || fail "mlp ($pid) went on to step $last before it stopped after step $step"
 }
-# mlp_go K: mlp, stopped by mlp_paused (and still stopped after a pre-dump, or restored
-# stopped as it was dumped: CRIU stops it again at the end of the restore, which may land
-# just after `restore -d` returns), trains on.
+# mlp_held K STEP: waits until the forward/backward kernel of mlp's STEP is in flight,
+# every wave of it waiting at the gate (mlp --hold-at).
+mlp_held() { p_wait "$1" "^mlp: step $2 in flight: 2 waves hold$" 1 "step $2 in flight"; }
+
+# mlp_stop_at K STEP: mlp_held with MLP_HOLD (mlp --hold-at), else mlp_paused.
+mlp_stop_at() { if [ -n "${MLP_HOLD:-}" ]; then mlp_held "$@"; else mlp_paused "$@"; fi; }
+
+# mlp_go K: mlp, stopped by mlp_stop_at (and still stopped after a pre-dump, or restored
+# as it was dumped), trains on: SIGUSR1 lets a held kernel go on (MLP_HOLD); a stopped mlp
+# (CRIU stops it again at the end of the restore, which may land just after `restore -d`
+# returns) is continued.
 mlp_go() {
 	local pid i
 	pid=$(p_pid "$1")
+	if [ -n "${MLP_HOLD:-}" ]; then
+		kill -USR1 "$pid" || fail "mlp ($pid) is gone"
+		return
+	fi
 	for ((i = 0; i < 100; i++)); do
 		[ "$(sed -E 's/.*\) ([A-Za-z]).*/\1/' "/proc/$pid/stat")" = T ] && break
 		sleep 0.01
@@ -176,22 +199,43 @@ mlp_go() {
 # criu-rocm (inside a host)
 
 # c_dump N K... [-- CRIU_ARG...]: `criu-rocm dump -t PID` of each process K into img-N-K;
-# each must be gone afterwards. Never retried: a failed dump fails the case.
+# each must be gone afterwards. With KERNELS_IN_FLIGHT=Q, the dump of each must have saved
+# the waves of Q of its queues (waves_saved). Never retried: a failed dump fails the case.
 c_dump() {
-	local n=$1 k ks=() extra=() img t0
+	local n=$1 k ks=() extra=() img t0 before
 	shift
 	while [ $# -gt 0 ] && [ "$1" != -- ]; do ks+=("$1") && shift; done
 	[ $# -gt 0 ] && shift && extra=("$@")
 	for k in "${ks[@]}"; do
 		img=$CASE_DIR/img-$n-$k
 		mkdir -p "$img"
+		before=$(saved_queues "$k")
 		t0=${EPOCHREALTIME/./}
 		"$CRIU" dump -t "$(p_pid "$k")" -D "$img" -o dump.log -v4 ${extra[@]+"${extra[@]}"} >>"$CASE_DIR/criu.out" 2>&1 ||
 			fail "dump $n of process $k ($(p_pid "$k")) failed: $(log_errors "$img/dump.log")"
 		echo "dump $n: $(((${EPOCHREALTIME/./} - t0) / 1000)) ms" >>"$CASE_DIR/times"
 		wait_gone "$(p_pid "$k")" 10 || fail "dump $n: process $k still runs after the dump"
 		ls "$img"/amdgpu-kfd-*.img >/dev/null 2>&1 || fail "dump $n of process $k wrote no amdgpu-kfd-*.img"
+		waves_saved "$k" "$before" "dump $n"
 	done
+}
+
+# saved_queues K: how many times kfd-emu (KFD_EMU_LOG=info) saved the waves of a queue of
+# process K into its context save area, so far in the case.
+saved_queues() {
+	grep -acE "kfd-emu: process $(p_pid "$1") queue [0-9]+ packet [0-9]+: [0-9]+ resident waves saved" \
+		"$CASE_DIR/kfd-emu.log" 2>/dev/null
+}
+
+# waves_saved K BEFORE WHAT: with KERNELS_IN_FLIGHT=Q, WHAT (a dump or pre-dump of process
+# K) saved the waves of exactly Q queues since saved_queues said BEFORE; noted per dump.
+waves_saved() {
+	local q=${KERNELS_IN_FLIGHT:-} got
+	[ -n "$q" ] || return 0
+	got=$(($(saved_queues "$1") - $2))
+	[ "$got" = "$q" ] ||
+		fail "$3 of process $1: kfd-emu saved the waves of $got queue(s), want $q (the kernels in flight; kfd-emu.log)"
+	echo "$3: $got" >>"$CASE_DIR/saved"
 }
 
 # c_restore N K...: `criu-rocm restore -d --restore-sibling` of img-N-K (the processes
@@ -286,6 +330,7 @@ mlp_reference_run() {
 describe() {
 	local d
 	note "$(paste -sd' ' "$CASE_DIR/times" | sed 's/: /=/g; s/ ms/ms/g')"
+	[ -s "$CASE_DIR/saved" ] && note "queues whose waves kfd-emu saved: $(paste -sd' ' "$CASE_DIR/saved" | sed 's/: /=/g')"
 	for d in "$CASE_DIR"/img-*; do
 		[ -s "$d/mapping" ] && note "${d##*/}: restored $(cat "$d/mapping")"
 	done
@@ -329,14 +374,23 @@ hold_case() {
 	describe
 }
 
-# mlp_dump K STEP: mlp started, dumped after STEP.
+# mlp_start K: mlp, with steps held (MLP_HOLD) or a pause between steps.
+mlp_start() {
+	if [ -n "${MLP_HOLD:-}" ]; then
+		p_start "$1" "$MLP" --steps "$MLP_STEPS" --hold-at "$MLP_HOLD" --checksum --once
+	else
+		p_start "$1" "$MLP" --steps "$MLP_STEPS" --delay-ms "$MLP_DELAY" --checksum --once
+	fi
+}
+# mlp_dump K STEP: mlp started, dumped after STEP (MLP_HOLD: during STEP).
 mlp_dump() {
-	p_start "$1" "$MLP" --steps "$MLP_STEPS" --delay-ms "$MLP_DELAY" --checksum --once
-	mlp_paused "$1" "$2"
+	mlp_start "$1"
+	mlp_stop_at "$1" "$2"
 	c_dump 1 "$1"
 	mlp_at_dump "$1" 1 "$2"
 }
-# mlp_at_dump K N STEP: dump N happened right after STEP (its output ends there).
+# mlp_at_dump K N STEP: dump N happened right after STEP, or during it (its output ends
+# there).
 mlp_at_dump() {
 	local last
 	last=$(p_out "$1" | grep -E '^mlp: step' | tail -n 1 | cut -d' ' -f3)
@@ -350,7 +404,7 @@ mlp_restore() {
 	c_restore "$1" 1
 	mlp_go 1
 	[ "$2" = 1 ] && finish wait 1
-	mlp_paused 1 "$3"
+	mlp_stop_at 1 "$3"
 	c_dump $(($1 + 1)) 1
 	mlp_at_dump 1 $(($1 + 1)) "$3"
 }
@@ -363,9 +417,11 @@ mlp_case() { # PROFILE DUMP_HOST RESTORE_HOST
 	on "$prof" $([ -n "$3" ] && other "$3") -- mlp_restore 1 1
 	passed 1
 	mlp_identical 1 "${GFX[$prof]}"
-	note "dumped after step $MLP_AT of $MLP_STEPS"
+	note "dumped $(mlp_when) step $MLP_AT of $MLP_STEPS"
 	describe
 }
+# How mlp was dumped: "after" a step, or "during" it (its kernel in flight).
+mlp_when() { if [ -n "${MLP_HOLD:-}" ]; then echo during; else echo after; fi; }
 
 # ---------------------------------------------------------------------------------------
 # Cases: case_NAME() { ...; }, run in this order.
@@ -413,7 +469,7 @@ case_mlp_five_cycles() {
 	done
 	passed 1
 	mlp_identical 1 gfx908
-	note "dumped after steps $(cut -d' ' -f2 "$CASE_DIR/dumped-at" | paste -sd,) of $MLP_STEPS"
+	note "dumped $(mlp_when) steps $(cut -d' ' -f2 "$CASE_DIR/dumped-at" | paste -sd,) of $MLP_STEPS"
 	describe
 }
 case_hold_five_cycles() {
@@ -455,14 +511,17 @@ case_host_memory() { hold_case mi210x4 "" "$DEMO_OTHER" --host --buffers; }
 case_mlp_predump() { on mi100 -- mlp_predump; passed 1; mlp_identical 1 gfx908; describe; }
 mlp_predump() {
 	local pre=$CASE_DIR/pre
-	p_start 1 "$MLP" --steps "$MLP_STEPS" --delay-ms "$MLP_DELAY" --checksum --once
-	mlp_paused 1 1
+	local before
+	mlp_start 1
+	mlp_stop_at 1 1
 	mkdir -p "$pre"
+	before=$(saved_queues 1)
 	"$CRIU" pre-dump -t "$(p_pid 1)" -D "$pre" -o pre-dump.log -v4 >>"$CASE_DIR/criu.out" 2>&1 ||
 		fail "pre-dump failed: $(log_errors "$pre/pre-dump.log")"
 	alive "$(p_pid 1)" || fail "mlp is gone after the pre-dump"
+	waves_saved 1 "$before" pre-dump
 	mlp_go 1
-	mlp_paused 1 "$MLP_AT"
+	mlp_stop_at 1 "$MLP_AT"
 	c_dump 1 1 -- --prev-images-dir ../pre
 	mlp_at_dump 1 1 "$MLP_AT"
 	[ -L "$CASE_DIR/img-1-1/parent" ] || fail "the incremental dump has no parent link"
@@ -476,18 +535,82 @@ case_streams() { hold_case mi100x2 "" mi100x2-other --streams --buffers; }
 
 # (5) Peer copies between GPUs (GPU 0 to every other), each round.
 case_peer() { hold_case mi210x4 "" "$DEMO_OTHER" --peer; }
+
+# ---------------------------------------------------------------------------------------
+# Cases with kernels in flight at every dump (kfd-emu saves their waves at PROCESS_INFO).
+
+# (2) The MLP dumped while step MLP_AT's forward/backward kernel is in flight (held at its
+# gate), restored on the same host, on another mi210x4; released, it trains to its end,
+# bit-identical to an uninterrupted run.
+case_mlp_in_flight_same_host() { export MLP_HOLD=$MLP_AT KFD_EMU_LOG=info KERNELS_IN_FLIGHT=1; case_mlp_same_host; }
+case_mlp_in_flight_other_host() { export MLP_HOLD=$MLP_AT KFD_EMU_LOG=info KERNELS_IN_FLIGHT=1; case_mlp_other_host; }
+# (8) The pre-dump during step 1, the incremental dump during step MLP_AT.
+case_mlp_in_flight_predump() { export MLP_HOLD=1,$MLP_AT KFD_EMU_LOG=info KERNELS_IN_FLIGHT=1; case_mlp_predump; }
+# (9) Five dumps in a row, each during a step (1, 3, 5, 7, 9), between two hosts.
+case_mlp_in_flight_five_cycles() { export MLP_HOLD=1,3,5,7,9 KFD_EMU_LOG=info KERNELS_IN_FLIGHT=1; case_mlp_five_cycles; }
+
+# (3) A kernel spinning on a host flag on every GPU at the dump (hold --spin), with device
+# buffers; restored on another mi210x4, the spinners end when released.
+case_spin_every_gpu() { export KFD_EMU_LOG=info KERNELS_IN_FLIGHT=4; hold_case mi210x4 "" "$DEMO_OTHER" --spin --buffers; }
+
+# (3) One long kernel on every GPU of mi210x4 computing at the dump (busy), restored on
+# another mi210x4 (other gpu_ids, render minors, GPU order): released, each ends with the
+# host's result.
+case_busy_every_gpu() {
+	export KFD_EMU_LOG=info KERNELS_IN_FLIGHT=4
+	running_case mi210x4 mi210x4-other "$BUSY" '^busy: 4 GPUs running$'
+	note "$(p_out 1 | grep -o "GPU 0's kernel ([0-9]* and [0-9]* rounds)")"
+}
+
+# (4) hipStreamWaitValue32 spinning on every GPU of mi100x2 at the dump, a second stream
+# waiting for an event behind it; restored on another mi100x2, released, both streams'
+# kernels run (wait-value).
+case_wait_value() {
+	export KFD_EMU_LOG=info KERNELS_IN_FLIGHT=2
+	running_case mi100x2 mi100x2-other "$WAIT_VALUE" '^wait-value: 2 GPUs waiting$'
+}
+
+# running_case PROFILE RESTORE_HOST BIN READY: BIN started and dumped once its output has
+# the line READY (a regex), restored on RESTORE_HOST and released (SIGTERM): it must pass.
+running_case() {
+	on "$1" -- running_dump "$3" "$4"
+	# shellcheck disable=SC2046 # the override is words
+	on "$1" $(other "$2") -- running_restore
+	passed 1
+	describe
+}
+running_dump() {
+	p_start 1 "$1"
+	p_wait 1 "$2" 1 "the line $2"
+	c_dump 1 1
+}
+running_restore() {
+	c_restore 1 1
+	finish term 1
+}
 # ---------------------------------------------------------------------------------------
 # The driver
 
 ordered_cases() { grep -o '^case_[a-z0-9_]*()' "$self" | sed 's/^case_//; s/()$//'; }
 
+# prog_build SRC BIN [HEADER...]: hip_build, its log in logs/ beside BIN; prints BIN, or
+# the log's tail on stderr and fails.
+prog_build() {
+	local src=$1 bin=$2 log
+	shift 2
+	log=$(dirname "$bin")/logs/$(basename "$bin").build
+	hip_build "$src" "$bin" "$log" "$@" && return 0
+	tail -n 20 "$log" >&2
+	echo "test/hip-cr: building $(basename "$bin") failed" >&2
+	return 1
+}
+
 build_programs() {
-	HOLD=$(hip_build "$here/hold.hip" "$top/build/hip-cr/hold" "$top/build/hip-cr/logs/hold.build" \
-		"$top/test/zdtm/static/hip_state.h") ||
-		{ tail -n 20 "$top/build/hip-cr/logs/hold.build" >&2; echo "test/hip-cr: building hold failed" >&2; exit 2; }
-	MLP=$(hip_build "$top/test/hip/mlp.hip" "$top/build/hip/mlp" "$top/build/hip/logs/mlp.build") ||
-		{ tail -n 20 "$top/build/hip/logs/mlp.build" >&2; echo "test/hip-cr: building mlp failed" >&2; exit 2; }
-	export HOLD MLP
+	HOLD=$(prog_build "$here/hold.hip" "$top/build/hip-cr/hold" "$top/test/zdtm/static/hip_state.h") &&
+		MLP=$(prog_build "$top/test/hip/mlp.hip" "$top/build/hip/mlp") &&
+		BUSY=$(prog_build "$here/busy.hip" "$top/build/hip-cr/busy") &&
+		WAIT_VALUE=$(prog_build "$here/wait-value.hip" "$top/build/hip-cr/wait-value") || exit 2
+	export HOLD MLP BUSY WAIT_VALUE
 }
 
 preflight() {

@@ -456,9 +456,18 @@ fn train_mlp(t: Target, x: &[f32], y: &[f32], w0: &[f32], steps: usize) -> (Vec<
         g.alloc(&[0; 4 * BATCH]),
         g.alloc(&[0; 4]),
     );
-    let losses = (0..steps)
-        .map(|_| {
-            let fb = Args::default().ptr(dw).ptr(dx).ptr(dy).ptr(dg).ptr(dl);
+    // mlp --hold-at's gate, open for every step: {open: u32::MAX, waves: 0}.
+    let gate = g.alloc(&[0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0]);
+    let losses = (0..steps as u32)
+        .map(|step| {
+            let fb = Args::default()
+                .ptr(dw)
+                .ptr(dx)
+                .ptr(dy)
+                .ptr(dg)
+                .ptr(dl)
+                .ptr(gate)
+                .u32(step);
             g.launch("_Z16forward_backward", [2, 1, 1], [64, 1, 1], fb);
             let blocks = (NPARAM as u32).div_ceil(64);
             g.launch(

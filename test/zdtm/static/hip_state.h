@@ -6,10 +6,14 @@
 // (host); three non-blocking streams and two events on which a round runs a chain of
 // kernels, the second stream waiting for an event of the first, the third for one of the
 // second (streams); peer access from GPU 0 to every other GPU, and a hipMemcpyPeer of GPU
-// 0's buffer to each every round (peer). hs_round() checks that everything held still has
-// the contents last written, then runs new kernels on every GPU and stream and into a new
-// allocation, and checks them on the host; with `corrupt` it damages a dword of the new
-// allocation first, so that the round fails.
+// 0's buffer to each every round (peer); a kernel spinning on a flag in host memory, on a
+// stream of its own, in flight between rounds (spin): a round first sets the flag, and the
+// kernel must end having seen it; a new spinner starts as the round's last work. Nothing
+// waits for the whole device (hipDeviceSynchronize, hipFree) while a spinner is in flight:
+// it would wait for the spinner, which ends only when the host sets its flag.
+// hs_round() checks that everything held still has the contents last written, then runs new
+// kernels on every GPU and stream and into a new allocation, and checks them on the host;
+// with `corrupt` it damages a dword of the new allocation first, so that the round fails.
 //
 // The includer defines hip_state_fail(file, line, call, error), called on any HIP error;
 // it must not return.
@@ -76,6 +80,20 @@ __global__ void mix(const uint32_t *a, const uint32_t *b, uint32_t *c)
 		c[i] = b[i] ^ a[i];
 }
 
+// Spins until *flag is set; then writes what it saw and whether it spun.
+__global__ void spin_on(volatile uint32_t *flag, uint32_t *out)
+{
+	uint32_t n = 0;
+	while (*flag == 0) {
+		n++;
+		__builtin_amdgcn_s_sleep(2);
+	}
+	if (blockIdx.x == 0 && threadIdx.x == 0) {
+		out[0] = *flag;
+		out[1] = n != 0;
+	}
+}
+
 static void launch_fill(uint32_t *p, uint32_t seed, hipStream_t s = 0)
 {
 	hipLaunchKernelGGL(fill, dim3(N / 256), dim3(256), 0, s, p, seed);
@@ -105,15 +123,36 @@ struct Gpu {
 	hipEvent_t e[2] = {};
 	uint32_t *a = nullptr, *b = nullptr, *c = nullptr;
 	uint32_t *peer = nullptr;                      // --peer (on GPUs 1..)
+	uint32_t *flag = nullptr, *spun = nullptr;     // --spin (host memory)
+	hipStream_t spin_s = nullptr;
 };
 
 struct State {
-	bool buffers = false, host = false, streams = false, peer = false;
+	bool buffers = false, host = false, streams = false, peer = false, spin = false;
 	bool corrupt = false; // damage a dword of each round's new buffer (zdtm's self-test)
 	int gpus = 0, gen = 0, round = 0;
 	Gpu g[16];
 	uint32_t *scratch = nullptr; // host copy buffer
 };
+
+static void launch_spin(Gpu &g)
+{
+	__atomic_store_n(g.flag, 0u, __ATOMIC_SEQ_CST);
+	g.spun[0] = g.spun[1] = 0;
+	hipLaunchKernelGGL(spin_on, dim3(1), dim3(64), 0, g.spin_s, g.flag, g.spun);
+	HS_CHECK(hipGetLastError());
+}
+
+// A spinner on every GPU that has a spinner stream; the last work of a setup or a round.
+static void start_spinners(State &st)
+{
+	for (int d = 0; d < st.gpus; d++) {
+		if (!st.g[d].spin_s)
+			continue;
+		HS_CHECK(hipSetDevice(d));
+		launch_spin(st.g[d]);
+	}
+}
 
 static uint32_t seed_of(int dev, int what) { return 0x9e3779b9u * (dev + 1) + 0x85ebca6bu * what; }
 
@@ -126,7 +165,7 @@ static void hs_setup(State &st)
 	st.scratch = new uint32_t[N];
 	for (int d = 0; d < st.gpus; d++) {
 		Gpu &g = st.g[d];
-		if (!st.buffers && !st.host && !st.streams && !st.peer)
+		if (!st.buffers && !st.host && !st.streams && !st.peer && !st.spin)
 			break;
 		HS_CHECK(hipSetDevice(d));
 		if (st.buffers) {
@@ -152,6 +191,11 @@ static void hs_setup(State &st)
 			HS_CHECK(hipMalloc(&g.b, N * sizeof(uint32_t)));
 			HS_CHECK(hipMalloc(&g.c, N * sizeof(uint32_t)));
 		}
+		if (st.spin) {
+			HS_CHECK(hipHostMalloc(&g.flag, sizeof(uint32_t)));
+			HS_CHECK(hipHostMalloc(&g.spun, 2 * sizeof(uint32_t)));
+			HS_CHECK(hipStreamCreateWithFlags(&g.spin_s, hipStreamNonBlocking));
+		}
 		if (st.peer && d > 0) {
 			int can = 0;
 			HS_CHECK(hipDeviceCanAccessPeer(&can, 0, d));
@@ -166,6 +210,7 @@ static void hs_setup(State &st)
 		for (int d = 1; d < st.gpus; d++)
 			HS_CHECK(hipDeviceEnablePeerAccess(d, 0));
 	}
+	start_spinners(st);
 }
 
 // Checks what GPU d holds (generation st.gen); returns a reason, or nullptr.
@@ -187,6 +232,21 @@ static const char *check_held(State &st, int d, char *why, size_t len)
 			return snprintf(why, len, "GPU %d: hipHostRegister memory[%ld] = %08x, want %08x",
 					d, bad, g.registered[bad], value(bad, seed_of(d, 3), st.gen)), why;
 	}
+	return nullptr;
+}
+
+// GPU d's spinner, in flight since the last round, ends when its flag is set to `v`.
+// Returns a reason, or nullptr.
+static const char *release_spinner(State &st, int d, uint32_t v, char *why, size_t len)
+{
+	Gpu &g = st.g[d];
+	if (hipStreamQuery(g.spin_s) != hipErrorNotReady)
+		return snprintf(why, len, "GPU %d: the spinning kernel ended before its flag was set", d), why;
+	__atomic_store_n(g.flag, v, __ATOMIC_SEQ_CST);
+	HS_CHECK(hipStreamSynchronize(g.spin_s));
+	if (g.spun[0] != v || g.spun[1] != 1)
+		return snprintf(why, len, "GPU %d: the spinning kernel saw %u (spun: %u), want %u (1)", d,
+				g.spun[0], g.spun[1], v), why;
 	return nullptr;
 }
 
@@ -255,6 +315,11 @@ static const char *hs_round(State &st, char *why, size_t len)
 	st.round++;
 	for (int d = 0; d < st.gpus; d++) {
 		HS_CHECK(hipSetDevice(d));
+		if (st.g[d].spin_s && (r = release_spinner(st, d, st.round, why, len)))
+			return r;
+	}
+	for (int d = 0; d < st.gpus; d++) {
+		HS_CHECK(hipSetDevice(d));
 		if ((r = check_held(st, d, why, len)))
 			return r;
 	}
@@ -284,11 +349,26 @@ static const char *hs_round(State &st, char *why, size_t len)
 		if ((r = peer_copy(st, d, why, len)))
 			return r;
 	}
+	start_spinners(st);
 	return nullptr;
 }
 
 static void hs_teardown(State &st)
 {
+	// The spinners of every GPU end first: hipFree and hipHostFree wait for them all.
+	for (int d = 0; d < st.gpus; d++)
+		if (st.g[d].spin_s)
+			__atomic_store_n(st.g[d].flag, 1u, __ATOMIC_SEQ_CST);
+	for (int d = 0; d < st.gpus; d++) {
+		Gpu &g = st.g[d];
+		if (!g.spin_s)
+			continue;
+		HS_CHECK(hipSetDevice(d));
+		HS_CHECK(hipStreamSynchronize(g.spin_s));
+		HS_CHECK(hipStreamDestroy(g.spin_s));
+		HS_CHECK(hipHostFree(g.flag));
+		HS_CHECK(hipHostFree(g.spun));
+	}
 	for (int d = 0; d < st.gpus; d++) {
 		Gpu &g = st.g[d];
 		HS_CHECK(hipSetDevice(d));
