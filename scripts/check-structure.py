@@ -28,13 +28,9 @@ NOT_YET = "issue 32, not yet split"
 ALLOWED = {
     ("kfd-emu/src/sysfs.rs", "overlays"): NOT_YET,
     ("amdgpu-cr/src/copy/compressed.rs", "a_mixed_chain_of_compressed_and_plain_dumps_restores"): NOT_YET,
-    ("amdgpu-cr/src/copy/restore.rs", "parallel_dump_and_restore_with_hashes"): NOT_YET,
-    ("amdgpu-cr/src/copy/restore.rs", "restore_from"): NOT_YET,
     ("amdgpu-cr/src/copy/sdma.rs", "new"): NOT_YET,
     ("amdgpu-cr/src/image.rs", "check_gem_bos"): NOT_YET,
     ("amdgpu-cr/src/session/gem.rs", "recreate"): NOT_YET,
-    ("amdgpu-cr/src/session/restore.rs", "update_vma"): NOT_YET,
-    ("amdgpu-cr/src/image.rs", "validate"): NOT_YET,
     ("amdgpu-cr/src/matcher.rs", "scenario"): NOT_YET,
     ("amdgpu-cr/src/pages/tests.rs", "a_hole_is_what_writing_its_zeros_would_leave"): NOT_YET,
     ("amdgpu-cr/src/pages/tests.rs", "pages_zero_blocks_are_holes"): NOT_YET,
