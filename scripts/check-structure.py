@@ -27,19 +27,13 @@ MAX_LINES = 80
 NOT_YET = "issue 32, not yet split"
 ALLOWED = {
     ("kfd-emu/src/sysfs.rs", "overlays"): NOT_YET,
-    ("amdgpu-cr/src/copy/compressed.rs", "a_mixed_chain_of_compressed_and_plain_dumps_restores"): NOT_YET,
     ("amdgpu-cr/src/copy/sdma.rs", "new"): NOT_YET,
     ("amdgpu-cr/src/image.rs", "check_gem_bos"): NOT_YET,
     ("amdgpu-cr/src/session/gem.rs", "recreate"): NOT_YET,
-    ("amdgpu-cr/src/matcher.rs", "scenario"): NOT_YET,
-    ("amdgpu-cr/src/pages/tests.rs", "a_hole_is_what_writing_its_zeros_would_leave"): NOT_YET,
-    ("amdgpu-cr/src/pages/tests.rs", "pages_zero_blocks_are_holes"): NOT_YET,
-    ("amdgpu-cr/src/plan/mod.rs", "restore_plan_and_vma_fixups"): NOT_YET,
     ("amdgpu-cr/src/validate.rs", "check_kfd"): NOT_YET,
     ("amdgpu-cr/src/validate.rs", "check_mappings"): NOT_YET,
     ("amdgpu-cr/src/validate/chain.rs", "load_link"): NOT_YET,
     ("kfd-emu/src/device/gem.rs", "handles_list_rename_and_gem_op"): NOT_YET,
-    ("kfd-emu/src/device/gem.rs", "sdma_ib_copies_between_a_dmabuf_and_userptr_memory"): NOT_YET,
     ("kfd-emu/src/device/mod.rs", "gem_ioctl"): NOT_YET,
 }
 
