@@ -928,6 +928,13 @@ struct Call<'a> {
     resolved: &'a Resolved,
 }
 
+impl<'a> Call<'a> {
+    /// Its process, caller, argument and answer size.
+    fn parts(self) -> (u32, &'a Caller, &'a [u8], usize) {
+        (self.lead, self.caller, self.input, self.out_size)
+    }
+}
+
 /// KFD request `n` (in the table; WAIT_EVENTS and PROCESS_INFO are served
 /// apart), by family.
 fn kfd_call(st: &mut State, n: u32, c: Call, done: &mut Done) -> state::R<Vec<u8>> {
@@ -945,13 +952,8 @@ fn kfd_call(st: &mut State, n: u32, c: Call, done: &mut Done) -> state::R<Vec<u8
 /// The process' GPU memory: VMs, BOs, their mappings, dma-bufs, SVM
 /// ranges and the memory policies (None: not one of these).
 fn memory_call(st: &mut State, n: u32, c: Call) -> Option<state::R<Vec<u8>>> {
-    let Call {
-        lead,
-        caller,
-        input: i,
-        out_size: o,
-        resolved,
-    } = c;
+    let (lead, caller, i, o) = c.parts();
+    let resolved = c.resolved;
     Some(match n {
         nr::EXPORT_DMABUF => with(i, o, |a| {
             kfd::export_dmabuf(st, lead, a)?;
@@ -987,13 +989,7 @@ fn memory_call(st: &mut State, n: u32, c: Call) -> Option<state::R<Vec<u8>>> {
 
 /// The process' user-mode queues (None: not a queue request).
 fn queue_call(st: &mut State, n: u32, c: Call) -> Option<state::R<Vec<u8>>> {
-    let Call {
-        lead,
-        caller,
-        input: i,
-        out_size: o,
-        ..
-    } = c;
+    let (lead, caller, i, o) = c.parts();
     Some(match n {
         nr::CREATE_QUEUE => {
             // KFD 1.17's sdma_engine_id, past the 1.11 struct.
@@ -1016,12 +1012,7 @@ fn queue_call(st: &mut State, n: u32, c: Call) -> Option<state::R<Vec<u8>>> {
 /// Events and the SMI event fd (None: not an event request; WAIT_EVENTS
 /// is served before).
 fn event_call(st: &mut State, n: u32, c: Call, done: &mut Done) -> Option<state::R<Vec<u8>>> {
-    let Call {
-        lead,
-        input: i,
-        out_size: o,
-        ..
-    } = c;
+    let (lead, _, i, o) = c.parts();
     Some(match n {
         nr::CREATE_EVENT => with(i, o, |a| kfd::create_event(st, lead, a)),
         nr::DESTROY_EVENT => with(i, o, |a: &mut sys::kfd_ioctl_destroy_event_args| {
@@ -1041,13 +1032,7 @@ fn event_call(st: &mut State, n: u32, c: Call, done: &mut Done) -> Option<state:
 /// The version, the process' apertures, clocks and tile configuration,
 /// its runtime and trap handler, the debugger (None: none of these).
 fn process_call(st: &mut State, n: u32, c: Call) -> Option<state::R<Vec<u8>>> {
-    let Call {
-        lead,
-        caller,
-        input: i,
-        out_size: o,
-        ..
-    } = c;
+    let (lead, caller, i, o) = c.parts();
     Some(match n {
         nr::GET_VERSION => with(i, o, |a| kfd::get_version(st, a)),
         nr::RUNTIME_ENABLE => with(i, o, |a| runtime::runtime_enable(st, lead, a)),
@@ -1066,13 +1051,8 @@ fn process_call(st: &mut State, n: u32, c: Call) -> Option<state::R<Vec<u8>>> {
 /// CRIU_OP's CHECKPOINT, UNPAUSE, RESTORE and RESUME (PROCESS_INFO is
 /// served before).
 fn criu_call(st: &mut State, c: Call, done: &mut Done) -> state::R<Vec<u8>> {
-    let Call {
-        lead,
-        caller,
-        input: i,
-        out_size: o,
-        resolved,
-    } = c;
+    let (lead, caller, i, o) = c.parts();
+    let resolved = c.resolved;
     let a = uapi::decode::<sys::kfd_ioctl_criu_args>(i);
     let r = match a.op {
         uapi::criu_op::CHECKPOINT => criu::checkpoint(st, lead, caller, &a),
