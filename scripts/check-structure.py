@@ -37,7 +37,6 @@ ALLOWED = {
     ("amdgpu-cr/src/validate.rs", "check_kfd"): NOT_YET,
     ("amdgpu-cr/src/validate.rs", "check_mappings"): NOT_YET,
     ("amdgpu-cr/src/validate/chain.rs", "load_link"): NOT_YET,
-    ("kfd-emu/src/device/gem.rs", "handles_list_rename_and_gem_op"): NOT_YET,
     ("kfd-emu/src/device/mod.rs", "gem_ioctl"): NOT_YET,
 }
 

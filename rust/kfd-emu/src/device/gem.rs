@@ -803,6 +803,32 @@ mod tests {
         }
     }
 
+    /// LIST_HANDLES of the three BOs (1, 2, 3) of `plan`: the count to too
+    /// small a buffer, nothing written; then the handles in order, with
+    /// the settable flags and the alignment in pages.
+    fn assert_list_handles(f: &RenderFile, pid: u32, plan: &CreatePlan) {
+        let mut room = vec![gem618::drm_amdgpu_gem_list_handles_entry::default(); 3];
+        let mut l = gem618::drm_amdgpu_gem_list_handles {
+            entries: room.as_mut_ptr() as u64,
+            num_entries: 2,
+            padding: 0,
+        };
+        list_handles(f, pid, &mut l).unwrap();
+        assert_eq!(l.num_entries, 3, "too small: the count");
+        assert_eq!(room[0].gem_handle, 0, "nothing written");
+        l.num_entries = 3;
+        list_handles(f, pid, &mut l).unwrap();
+        assert_eq!(
+            room.iter().map(|e| e.gem_handle).collect::<Vec<_>>(),
+            [1, 2, 3]
+        );
+        assert_eq!(room[0].size, 8192);
+        assert_eq!(room[0].alignment, 16, "pages");
+        assert_eq!(room[0].preferred_domains, 4);
+        assert_eq!(room[0].flags, 0);
+        assert_eq!(room[0].alloc_flags, plan.flags);
+    }
+
     /// Handles are the lowest free from 1; LIST_HANDLES reports them with
     /// the settable flags and the alignment in pages; too small a buffer
     /// gets the count; CHANGE_HANDLE renames (6.18.0-6.18.35); GEM_OP
@@ -821,26 +847,7 @@ mod tests {
         let d = f.create(bo(&mem, 3 << 20, 2, &plan));
         assert_eq!(d, 2, "the lowest free handle");
 
-        let mut room = vec![gem618::drm_amdgpu_gem_list_handles_entry::default(); 3];
-        let mut l = gem618::drm_amdgpu_gem_list_handles {
-            entries: room.as_mut_ptr() as u64,
-            num_entries: 2,
-            padding: 0,
-        };
-        list_handles(&f, pid, &mut l).unwrap();
-        assert_eq!(l.num_entries, 3, "too small: the count");
-        assert_eq!(room[0].gem_handle, 0, "nothing written");
-        l.num_entries = 3;
-        list_handles(&f, pid, &mut l).unwrap();
-        assert_eq!(
-            room.iter().map(|e| e.gem_handle).collect::<Vec<_>>(),
-            [1, 2, 3]
-        );
-        assert_eq!(room[0].size, 8192);
-        assert_eq!(room[0].alignment, 16, "pages");
-        assert_eq!(room[0].preferred_domains, 4);
-        assert_eq!(room[0].flags, 0);
-        assert_eq!(room[0].alloc_flags, plan.flags);
+        assert_list_handles(&f, pid, &plan);
 
         assert_eq!(f.change_handle(c, 2), Err(libc::ENOSPC));
         assert_eq!(f.change_handle(9, 10), Err(libc::ENOENT));
