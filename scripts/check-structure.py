@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
-"""Keeps the Rust code's shape (issue 32): no circle of top-level modules within a crate,
-and no function longer than a reader can hold in mind.
+"""Keeps the Rust code's shape (issue 32): no circle of modules within a crate, and no
+function longer than a reader can hold in mind.
 
     scripts/check-structure.py [--list] [RUST_DIR]
 
-Fails (exit 1) when the top-level modules of a crate under RUST_DIR (default: rust/ beside
-this script) use each other in a circle, counting `crate::` and `super::` paths in product
-code (test modules and files are left out: a test may reach anywhere), or when a function
-outside the allow-list below is longer than MAX_LINES. --list prints every function over
-the bound, allowed or not, longest first.
+Fails (exit 1) when sibling modules of a crate under RUST_DIR (default: rust/ beside this
+script) use each other in a circle: its top-level modules, or the modules of one directory
+(kfd-emu's device/aql.rs, device/sdma.rs, ...; a module and what is below it count as one).
+Uses are `crate::` and `super::` paths and names a parent module imports from a child
+(`use state::State;` in device/mod.rs makes `super::State` a use of state), in product
+code (test modules and files are left out: a test may reach anywhere); the circles found
+when the check went below the top level are listed in KNOWN_CIRCLES. It also fails when
+a function outside the allow-list below is longer than MAX_LINES. --list prints every
+function over the bound, allowed or not, longest first, and the known circles.
 
 The scan is lexical: comments, strings and char literals are blanked, then braces are
 matched. It does not expand macros, so a function a macro writes is not seen.
@@ -27,27 +31,29 @@ MAX_LINES = 80
 NOT_YET = "issue 32, not yet split"
 ALLOWED = {
     ("kfd-emu/src/sysfs.rs", "overlays"): NOT_YET,
-    ("amdgpu-cr/src/copy/compressed.rs", "a_mixed_chain_of_compressed_and_plain_dumps_restores"): NOT_YET,
-    ("amdgpu-cr/src/copy/restore.rs", "parallel_dump_and_restore_with_hashes"): NOT_YET,
-    ("amdgpu-cr/src/copy/restore.rs", "restore_from"): NOT_YET,
     ("amdgpu-cr/src/copy/sdma.rs", "new"): NOT_YET,
     ("amdgpu-cr/src/image.rs", "check_gem_bos"): NOT_YET,
     ("amdgpu-cr/src/session/gem.rs", "recreate"): NOT_YET,
-    ("amdgpu-cr/src/session/restore.rs", "update_vma"): NOT_YET,
-    ("amdgpu-cr/src/image.rs", "validate"): NOT_YET,
-    ("amdgpu-cr/src/matcher.rs", "scenario"): NOT_YET,
-    ("amdgpu-cr/src/pages/tests.rs", "a_hole_is_what_writing_its_zeros_would_leave"): NOT_YET,
-    ("amdgpu-cr/src/pages/tests.rs", "pages_zero_blocks_are_holes"): NOT_YET,
-    ("amdgpu-cr/src/plan/mod.rs", "restore_plan_and_vma_fixups"): NOT_YET,
     ("amdgpu-cr/src/validate.rs", "check_kfd"): NOT_YET,
     ("amdgpu-cr/src/validate.rs", "check_mappings"): NOT_YET,
     ("amdgpu-cr/src/validate/chain.rs", "load_link"): NOT_YET,
-    ("kfd-emu/src/device/gem.rs", "handles_list_rename_and_gem_op"): NOT_YET,
-    ("kfd-emu/src/device/gem.rs", "sdma_ib_copies_between_a_dmabuf_and_userptr_memory"): NOT_YET,
     ("kfd-emu/src/device/mod.rs", "gem_ioctl"): NOT_YET,
-    ("kfd-emu/src/device/mod.rs", "kfd_ioctl"): NOT_YET,
 }
 
+
+# Circles of sibling modules found when the check went below the top level, each with
+# why it stays for now; the modules of one must stay exactly these (a circle that grows,
+# shrinks or appears fails the check), so that each can only be broken, not extended.
+CIRCLES_NOT_YET = "issue 32, not yet broken"
+KNOWN_CIRCLES = {
+    # The opcode table names each family's functions; the families look up the table
+    # (vop_ext <-> valu share lane helpers): the table belongs below them.
+    ("gfx9", "exec", ("dot", "ds", "flat", "mfma", "mubuf", "salu", "smem", "sopp", "table", "vmem", "vop")): CIRCLES_NOT_YET,
+    ("gfx9", "exec", ("valu", "vop_ext")): CIRCLES_NOT_YET,
+    # state holds aql's, gem's and sdma's per-process state and calls vm; they take
+    # Proc, Bo and State from it.
+    ("kfd-emu", "device", ("aql", "gem", "sdma", "shader", "state", "vm")): CIRCLES_NOT_YET,
+}
 
 def blank(src):
     """src with comments, string and char literals replaced by spaces (newlines kept)."""
@@ -178,58 +184,78 @@ def is_test_file(rel):
 PATH = re.compile(r"\b(crate|super)((?:\s*::\s*super)*)\s*::\s*(\{|[A-Za-z_][A-Za-z0-9_]*)")
 
 
-REEXPORT = re.compile(r"\bpub\s+use\s+([A-Za-z_][A-Za-z0-9_]*)\s*::([^;]*);")
+USE = re.compile(r"\b(pub(?:\([^)]*\))?\s+)?use\s+(?:self\s*::\s*)?([A-Za-z_][A-Za-z0-9_]*)\s*::([^;]*);")
 
 
-def root_reexports(root_text, top):
-    """Name -> top-level module, for the items the crate root re-exports from its modules
-    (`pub use session::{DumpSession, ...}`): `crate::DumpSession` is a use of session."""
+def imported_names(parent_text, children, public_only):
+    """Name -> child module, for the items a module file imports from its child modules
+    (`pub use session::{DumpSession, ...}` in lib.rs, `use state::State;` in
+    device/mod.rs): a path naming the parent's `DumpSession` is a use of session.
+    public_only: only `pub use` (a crate root's, which its modules see as `crate::X`)."""
     names = {}
-    for m in REEXPORT.finditer(root_text):
-        if m.group(1) in top:
-            for name in re.findall(r"([A-Za-z_][A-Za-z0-9_]*)\s*(?=[,}]|$)", m.group(2)):
-                names[name] = m.group(1)
-            for alias in re.findall(r"\bas\s+([A-Za-z_][A-Za-z0-9_]*)", m.group(2)):
-                names[alias] = m.group(1)
+    for m in USE.finditer(parent_text):
+        if m.group(2) in children and (m.group(1) or not public_only):
+            for name in re.findall(r"([A-Za-z_][A-Za-z0-9_]*)\s*(?=[,}]|$)", m.group(3)):
+                names[name] = m.group(2)
+            for alias in re.findall(r"\bas\s+([A-Za-z_][A-Za-z0-9_]*)", m.group(3)):
+                names[alias] = m.group(2)
     return names
 
 
-def used_top_modules(text, mod_path, top, reexports):
-    """The top-level modules a file at mod_path names through crate:: or super:: paths."""
-    used = set()
+def split_group(group):
+    """The top-level entries of a `{a::b, c::{d, e}}` group's inside."""
+    depth, names, cur = 0, [], ""
+    for c in group:
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+        elif c == "," and depth == 0:
+            names.append(cur)
+            cur = ""
+            continue
+        cur += c
+    names.append(cur)
+    return names
+
+
+def expand(tail):
+    """The paths (lists of names) a `a::b::{c, d::e}` path tail names."""
+    tail = tail.strip()
+    m = re.match(r"([A-Za-z_][A-Za-z0-9_]*)\s*(::\s*)?", tail)
+    if tail.startswith("{"):
+        close = matching_brace(tail, 0)
+        return [p for part in split_group(tail[1:close]) for p in expand(part)]
+    if not m:
+        return [[]]
+    if not m.group(2):
+        return [[m.group(1)]]
+    return [[m.group(1)] + rest for rest in expand(tail[m.end():])]
+
+
+def used_paths(text, mod_path):
+    """The absolute module paths a file at mod_path names through crate:: or super::
+    paths (as far as the path goes: `crate::a::b::Item` gives [a, b, Item])."""
+    used = []
     for m in PATH.finditer(text):
         if m.group(1) == "crate":
-            up = None
+            base = []
         else:
             up = 1 + m.group(2).count("super")
             if up > len(mod_path):
                 continue
+            base = mod_path[:len(mod_path) - up]
         if m.group(3) == "{":
             close = matching_brace(text, m.end() - 1)
-            group = text[m.end():close]
-            depth, names, cur = 0, [], ""
-            for c in group:
-                if c == "{":
-                    depth += 1
-                elif c == "}":
-                    depth -= 1
-                elif c == "," and depth == 0:
-                    names.append(cur)
-                    cur = ""
-                    continue
-                if depth == 0:
-                    cur += c
-            names.append(cur)
-            heads = [re.match(r"\s*(\w*)", x).group(1) for x in names]
+            tails = expand(text[m.end() - 1:close + 1])
         else:
-            heads = [m.group(3)]
-        for head in heads:
-            base = [] if up is None else mod_path[:len(mod_path) - up]
-            full = base + [head]
-            if full[0] in top:
-                used.add(full[0])
-            elif len(full) == 1 and head in reexports:
-                used.add(reexports[head])
+            rest = re.match(r"(\s*::\s*(?:[A-Za-z_][A-Za-z0-9_]*|\{))*", text[m.end():]).group(0)
+            tail = m.group(3) + rest
+            if tail.endswith("{"):
+                close = matching_brace(text, m.end() + len(rest) - 1)
+                tail += text[m.end() + len(rest):close + 1]
+            tails = expand(tail)
+        used.extend(base + t for t in tails if t)
     return used
 
 
@@ -266,15 +292,18 @@ def circles(graph):
 
 def self_test():
     """The checks see what they must: a circle through a grouped `use`, a re-export and
-    `super::super::`, and a long function despite braces in strings and comments."""
+    `super::super::`, one of sibling modules through a nested group and a parent's
+    import, and a long function despite braces in strings and comments."""
     import tempfile
     files = {
         "Cargo.toml": "",
         "src/lib.rs": "mod a;\nmod b;\nmod c;\nmod d;\npub use a::Thing;\n",
         "src/a.rs": "use crate::{b::X, std_like};\n#[cfg(test)]\nmod tests { use crate::d::Y; }\n",
         "src/d.rs": "use crate::a;\n",
-        "src/b/mod.rs": "mod inner;\n",
-        "src/b/inner.rs": "fn f() { let _ = super::super::c::Z; }\n",
+        "src/b/mod.rs": "mod inner;\nmod other;\nmod third;\nuse inner::Q;\n",
+        "src/b/inner.rs": "fn f() { let _ = super::super::c::Z; let _ = crate::b::{third, other::R}; }\n",
+        "src/b/other.rs": "use super::Q;\n",
+        "src/b/third.rs": "",
         "src/c.rs": "fn g() -> u32 { crate::Thing }\n"
         + "fn long() {\n    let s = \"}\"; // }\n    let c = '}';\n" + "    ();\n" * 80 + "}\n",
     }
@@ -284,26 +313,33 @@ def self_test():
             with open(os.path.join(d, "k", rel), "w", encoding="utf-8") as fh:
                 fh.write(text)
         circles_found, long_found = scan(d)
-    want = ([("k", ["a", "b", "c"])], [("k/src/c.rs", "long")])
-    got = ([(c, comp) for c, comp, _ in circles_found], [(r, n) for _, r, _, n in long_found])
+    want = ([("k", "", ["a", "b", "c"]), ("k", "b", ["inner", "other"])], [("k/src/c.rs", "long")])
+    got = ([(c, p, comp) for c, p, comp, _ in circles_found], [(r, n) for _, r, _, n in long_found])
     if got != want:
         sys.exit(f"check-structure: self-test failed: found {got}, expected {want}")
 
 
 def scan(rust_dir):
-    """The circles ((crate, modules, edges)) and the long functions ((lines, file, line,
-    name)) of the crates under rust_dir."""
+    """The circles ((crate, parent module path, modules, edges)) and the long functions
+    ((lines, file, line, name)) of the crates under rust_dir."""
     found_circles, long_fns = [], []
 
     for crate, src in crates(rust_dir):
         files = list(rust_files(src))
-        top = {module_path(src, f)[0] for f in files if module_path(src, f)}
-        graph, why = {}, {}
-        roots = [f for f in files if module_path(src, f) == []]
-        reexports = {}
-        for f in roots:
-            with open(f, encoding="utf-8") as fh:
-                reexports.update(root_reexports(without_tests(blank(fh.read())), top))
+        paths = {tuple(module_path(src, f)): f for f in files if module_path(src, f) is not None}
+        # Parent module path -> its child modules (from the files).
+        children = {}
+        for mp in paths:
+            for k in range(len(mp)):
+                children.setdefault(mp[:k], set()).add(mp[k])
+        imports = {}
+        for parent, kids in children.items():
+            if parent in paths:
+                with open(paths[parent], encoding="utf-8") as fh:
+                    text = without_tests(blank(fh.read()))
+                imports[parent] = imported_names(text, kids, public_only=parent == ())
+        # Parent module path -> graph and why of its children.
+        graphs = {}
         for f in files:
             with open(f, encoding="utf-8") as fh:
                 text = blank(fh.read())
@@ -314,12 +350,26 @@ def scan(rust_dir):
             mp = module_path(src, f)
             if not mp or is_test_file(os.path.relpath(f, src)):
                 continue
-            for used in used_top_modules(without_tests(text), mp, top, reexports) - {mp[0]}:
-                graph.setdefault(mp[0], set()).add(used)
-                why.setdefault((mp[0], used), rel)
-        for comp in circles(graph):
-            edges = [f"{a} -> {b} ({why[(a, b)]})" for a in comp for b in sorted(graph[a]) if b in comp]
-            found_circles.append((crate, comp, edges))
+            for used in used_paths(without_tests(text), mp):
+                for k in range(len(mp)):
+                    parent = tuple(mp[:k])
+                    if tuple(used[:k]) != parent:
+                        break
+                    if len(used) > k and used[k] in children[parent]:
+                        target = used[k]
+                    elif len(used) == k + 1 and used[k] in imports.get(parent, {}):
+                        target = imports[parent][used[k]]
+                    else:
+                        continue
+                    if target != mp[k]:
+                        graph, why = graphs.setdefault(parent, ({}, {}))
+                        graph.setdefault(mp[k], set()).add(target)
+                        why.setdefault((mp[k], target), rel)
+        for parent in sorted(graphs):
+            graph, why = graphs[parent]
+            for comp in circles(graph):
+                edges = [f"{a} -> {b} ({why[(a, b)]})" for a in comp for b in sorted(graph[a]) if b in comp]
+                found_circles.append((crate, "::".join(parent), comp, edges))
     return found_circles, long_fns
 
 
@@ -330,11 +380,23 @@ def main(argv):
     self_test()
     found_circles, long_fns = scan(os.path.normpath(rust_dir))
     failed, seen_allowed = False, set()
-    for crate, comp, edges in found_circles:
+    seen_circles = set()
+    for crate, parent, comp, edges in found_circles:
+        where = f"modules of {parent}" if parent else "top-level modules"
+        known = KNOWN_CIRCLES.get((crate, parent, tuple(comp)))
+        if known:
+            seen_circles.add((crate, parent, tuple(comp)))
+            if list_all:
+                print(f"check-structure: {crate}: {where} in a circle: {', '.join(comp)} ({known})")
+            continue
         failed = True
-        print(f"check-structure: {crate}: top-level modules in a circle: {', '.join(comp)}")
+        print(f"check-structure: {crate}: {where} in a circle: {', '.join(comp)}")
         for e in edges:
             print(f"  {e}")
+    for crate, parent, comp in sorted(set(KNOWN_CIRCLES) - seen_circles):
+        failed = True
+        print(f"check-structure: {crate}: the circle of {parent}'s {', '.join(comp)} is known but "
+              "is not there as it is: remove it from KNOWN_CIRCLES (or break the new one)")
     for count, rel, line, name in sorted(long_fns, reverse=True):
         allowed = ALLOWED.get((rel, name))
         if allowed:
@@ -348,7 +410,8 @@ def main(argv):
         failed = True
         print(f"check-structure: {rel}: fn {name} is allowed to be long but is not: remove it from ALLOWED")
     if not failed:
-        print(f"check-structure: no circle of top-level modules; {len(long_fns)} function(s) "
+        print(f"check-structure: no circle of modules but {len(KNOWN_CIRCLES)} known; "
+              f"{len(long_fns)} function(s) "
               f"over {MAX_LINES} lines, all allowed (--list names them)")
     return 1 if failed else 0
 

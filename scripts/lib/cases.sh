@@ -2,8 +2,9 @@
 # The case-runner framework shared by the shell test suites (test/gpu/run.sh,
 # test/sdma/run.sh, test/rpc/run.sh, test/containers/run.sh, test/rocm/cr.sh): how a case
 # reports, how it runs a step on an emulated host, and the entry points a suite script is
-# run again with, and running one case and printing its result (cases_run_one). Sourced,
-# not run; bash only.
+# run again with; choosing the cases to run (cases_select), running one and printing its
+# result (cases_run_one), running them all and printing the totals (cases_run_all).
+# Sourced, not run; bash only.
 #
 # Sourcing it sets `self` (the script's own path, run again by `on` and the entry points)
 # and `here` (its directory), and sources scripts/lib/workload.sh (alive, wait_gone, ...).
@@ -146,6 +147,33 @@ cases_run_one() {
 
 # cases_init: no case run yet.
 cases_init() { PASSED=0 FAILED=0 SKIPPED=0 XFAILS=(); }
+
+# cases_select SUITE [NAME...]: no case run yet (cases_init), and WANTED the cases to run:
+# the NAMEs, or every case in the suite's order (ordered_cases) when none is given. A NAME
+# without a case_NAME function ends the suite (exit status 2, SUITE naming it).
+cases_select() {
+	local suite=$1 name
+	shift
+	cases_init
+	trap 'exit 130' INT TERM HUP
+	WANTED=("$@")
+	[ ${#WANTED[@]} -gt 0 ] || mapfile -t WANTED < <(ordered_cases)
+	for name in "${WANTED[@]}"; do
+		declare -F "case_$name" >/dev/null || { echo "$suite: no case $name (--list)" >&2; exit 2; }
+	done
+}
+
+# cases_run_all KEEP: runs each of WANTED (cases_run_one), prints the total time and the
+# known bugs that failed as expected, removes $WORK when no case failed (unless KEEP is 1),
+# and ends with cases_summary's line and status.
+cases_run_all() {
+	local keep=$1 name t0
+	t0=${EPOCHREALTIME/./}
+	for name in "${WANTED[@]}"; do cases_run_one "$name"; done
+	echo "total $(((${EPOCHREALTIME/./} - t0) / 1000000)) s${XFAILS[*]:+; expected failures (known bugs): ${XFAILS[*]}}"
+	if [ "$FAILED" = 0 ] && [ "$keep" != 1 ]; then rm -rf "$WORK"; fi
+	cases_summary
+}
 
 # cases_summary: the last line of a suite, "N passed, M failed" (", K skipped" when K > 0);
 # its status is non-zero when a case failed.

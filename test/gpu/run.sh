@@ -2903,24 +2903,13 @@ upstream_proto() {
 }
 
 main() {
-	local name t0 wanted=("$@") known=()
-	cases_init
-	trap 'exit 130' INT TERM HUP
-	mapfile -t known < <(ordered_cases)
-	if [ ${#wanted[@]} = 0 ]; then wanted=("${known[@]}"); fi
-	for name in "${wanted[@]}"; do
-		declare -F "case_$name" >/dev/null || { echo "test/gpu/run.sh: no case $name (--list)" >&2; exit 2; }
-	done
+	cases_select test/gpu/run.sh "$@"
 	WORK=$(mktemp -d /tmp/criu-rocm-gpu-test.XXXXXX)
 	mkdir -p "$WORK/upstream"
 	upstream_proto || { echo "test/gpu/run.sh: upstream's criu-amdgpu.proto not found (run make first)" >&2; exit 2; }
 	export WORK UPSTREAM_PROTO=$WORK/upstream/criu-amdgpu.proto
-	echo "GPU tests: ${#wanted[@]} case(s), criu-rocm $CRIU, work directory $WORK"
-	t0=${EPOCHREALTIME/./}
-	for name in "${wanted[@]}"; do cases_run_one "$name"; done
-	echo "total $((( ${EPOCHREALTIME/./} - t0) / 1000000)) s${XFAILS[*]:+; expected failures (known bugs): ${XFAILS[*]}}"
-	if [ "$FAILED" = 0 ] && [ "${GPU_TEST_KEEP:-}" != 1 ]; then rm -rf "$WORK"; fi
-	cases_summary
+	echo "GPU tests: ${#WANTED[@]} case(s), criu-rocm $CRIU, work directory $WORK"
+	cases_run_all "${GPU_TEST_KEEP:-}"
 }
 
 cases_dispatch "$@"

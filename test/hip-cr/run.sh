@@ -625,24 +625,13 @@ preflight() {
 }
 
 main() {
-	local name t0 wanted=("$@") known=()
-	cases_init
-	trap 'exit 130' INT TERM HUP
-	mapfile -t known < <(ordered_cases)
-	[ ${#wanted[@]} -gt 0 ] || wanted=("${known[@]}")
-	for name in "${wanted[@]}"; do
-		declare -F "case_$name" >/dev/null || { echo "test/hip-cr: no case $name (--list)" >&2; exit 2; }
-	done
+	cases_select test/hip-cr "$@"
 	mkdir -p "$top/build/hip-cr"
 	WORK=$(mktemp -d "$top/build/hip-cr/work.XXXXXX")
 	export WORK
 	build_programs
-	echo "HIP C/R tests: ${#wanted[@]} case(s), criu-rocm $CRIU, HIP $(dpkg-query -W -f='${Version}' libamdhip64-5 2>/dev/null); work directory $WORK"
-	t0=${EPOCHREALTIME/./}
-	for name in "${wanted[@]}"; do cases_run_one "$name"; done
-	echo "total $(((${EPOCHREALTIME/./} - t0) / 1000000)) s"
-	if [ "$FAILED" = 0 ] && [ "${HIP_CR_KEEP:-}" != 1 ]; then rm -rf "$WORK"; fi
-	cases_summary
+	echo "HIP C/R tests: ${#WANTED[@]} case(s), criu-rocm $CRIU, HIP $(dpkg-query -W -f='${Version}' libamdhip64-5 2>/dev/null); work directory $WORK"
+	cases_run_all "${HIP_CR_KEEP:-}"
 }
 
 cases_dispatch "$@"

@@ -418,24 +418,13 @@ preflight() {
 }
 
 main() {
-	local name t0 wanted=("$@") known=()
-	cases_init
-	trap 'exit 130' INT TERM HUP
-	mapfile -t known < <(ordered_cases)
-	[ ${#wanted[@]} -gt 0 ] || wanted=("${known[@]}")
-	for name in "${wanted[@]}"; do
-		declare -F "case_$name" >/dev/null || { echo "test/rocm/cr.sh: no case $name (--list)" >&2; exit 2; }
-	done
+	cases_select test/rocm/cr.sh "$@"
 	WORK=$(mktemp -d /tmp/criu-rocm-rocm-cr.XXXXXX)
 	export WORK
 	build_tests
-	echo "ROCm C/R tests: ${#wanted[@]} case(s), criu-rocm $CRIU, libhsakmt $(dpkg-query -W -f='${Version}' libhsakmt1 2>/dev/null)," \
+	echo "ROCm C/R tests: ${#WANTED[@]} case(s), criu-rocm $CRIU, libhsakmt $(dpkg-query -W -f='${Version}' libhsakmt1 2>/dev/null)," \
 		"ROCr $(dpkg-query -W -f='${Version}' libhsa-runtime64-1 2>/dev/null); work directory $WORK"
-	t0=${EPOCHREALTIME/./}
-	for name in "${wanted[@]}"; do cases_run_one "$name"; done
-	echo "total $(((${EPOCHREALTIME/./} - t0) / 1000000)) s"
-	if [ "$FAILED" = 0 ] && [ "${ROCM_CR_KEEP:-}" != 1 ]; then rm -rf "$WORK"; fi
-	cases_summary
+	cases_run_all "${ROCM_CR_KEEP:-}"
 }
 
 cases_dispatch "$@"

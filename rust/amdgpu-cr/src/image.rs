@@ -277,6 +277,107 @@ pub struct KfdImage {
     pub msg: CriuKfd,
 }
 
+/// A KFD image's GPU and CPU counts against its device entries, and at
+/// least one GPU.
+fn check_device_counts(file: &str, msg: &CriuKfd) -> Result<(), ImageError> {
+    let gpus = msg.device_entries.iter().filter(|d| d.gpu_id != 0).count();
+    let cpus = msg.device_entries.len() - gpus;
+    if gpus as u64 != u64::from(msg.num_of_gpus) {
+        return Err(ImageError::invalid(
+            file,
+            "num_of_gpus",
+            format!(
+                "is {} but device_entries holds {gpus} GPU entries",
+                msg.num_of_gpus
+            ),
+        ));
+    }
+    if cpus as u64 != u64::from(msg.num_of_cpus) {
+        return Err(ImageError::invalid(
+            file,
+            "num_of_cpus",
+            format!(
+                "is {} but device_entries holds {cpus} CPU entries",
+                msg.num_of_cpus
+            ),
+        ));
+    }
+    if gpus == 0 {
+        return Err(ImageError::invalid(
+            file,
+            "device_entries",
+            "no GPU entry (KFD cannot restore a process without GPUs)",
+        ));
+    }
+    Ok(())
+}
+
+/// The GPU ids of a KFD image's device entries, each node and GPU named
+/// once.
+fn unique_device_ids(file: &str, msg: &CriuKfd) -> Result<BTreeSet<u32>, ImageError> {
+    let mut node_ids = BTreeSet::new();
+    let mut gpu_ids = BTreeSet::new();
+    for (i, d) in msg.device_entries.iter().enumerate() {
+        if !node_ids.insert(d.node_id) {
+            return Err(ImageError::invalid(
+                file,
+                format!("device_entries[{i}].node_id"),
+                format!("node {} appears twice", d.node_id),
+            ));
+        }
+        if d.gpu_id != 0 && !gpu_ids.insert(d.gpu_id) {
+            return Err(ImageError::invalid(
+                file,
+                format!("device_entries[{i}].gpu_id"),
+                format!("GPU {} appears twice", GpuId(d.gpu_id)),
+            ));
+        }
+    }
+    Ok(gpu_ids)
+}
+
+/// BO entry `i` of a KFD image: on one of its GPUs, not empty, not past
+/// the address space, hashed in whole pages.
+fn check_bo_entry(
+    file: &str,
+    i: usize,
+    b: &crate::proto::KfdBoEntry,
+    gpu_ids: &BTreeSet<u32>,
+) -> Result<(), ImageError> {
+    if !gpu_ids.contains(&b.gpu_id) {
+        return Err(ImageError::invalid(
+            file,
+            format!("bo_entries[{i}].gpu_id"),
+            format!("GPU {} is not among the image's devices", GpuId(b.gpu_id)),
+        ));
+    }
+    if b.size == 0 {
+        return Err(ImageError::invalid(
+            file,
+            format!("bo_entries[{i}].size"),
+            "is 0",
+        ));
+    }
+    if b.addr.checked_add(b.size).is_none() {
+        return Err(ImageError::invalid(
+            file,
+            format!("bo_entries[{i}]"),
+            format!("addr {:#x} + size {:#x} overflows", b.addr, b.size),
+        ));
+    }
+    // Pieces of a BO are mapped at extent offsets: whole pages.
+    if let Some(e) = b.content_hash_extent {
+        if e == 0 || !e.is_multiple_of(crate::bo::PAGE_SIZE) {
+            return Err(ImageError::invalid(
+                file,
+                format!("bo_entries[{i}].content_hash_extent"),
+                format!("is {e}, not a positive multiple of the page size"),
+            ));
+        }
+    }
+    check_extents(file, i, b)
+}
+
 impl KfdImage {
     /// Decodes and validates the payload of a KFD image (`bytes` = whole file).
     pub fn decode(file: &str, bytes: &[u8]) -> Result<Self, ImageError> {
@@ -298,58 +399,8 @@ impl KfdImage {
 
     /// Checks the message for consistency; `file` names it in errors.
     pub fn validate(file: &str, msg: CriuKfd) -> Result<Self, ImageError> {
-        let gpus: Vec<_> = msg
-            .device_entries
-            .iter()
-            .filter(|d| d.gpu_id != 0)
-            .collect();
-        let cpus = msg.device_entries.len() - gpus.len();
-        if gpus.len() as u64 != u64::from(msg.num_of_gpus) {
-            return Err(ImageError::invalid(
-                file,
-                "num_of_gpus",
-                format!(
-                    "is {} but device_entries holds {} GPU entries",
-                    msg.num_of_gpus,
-                    gpus.len()
-                ),
-            ));
-        }
-        if cpus as u64 != u64::from(msg.num_of_cpus) {
-            return Err(ImageError::invalid(
-                file,
-                "num_of_cpus",
-                format!(
-                    "is {} but device_entries holds {cpus} CPU entries",
-                    msg.num_of_cpus
-                ),
-            ));
-        }
-        if gpus.is_empty() {
-            return Err(ImageError::invalid(
-                file,
-                "device_entries",
-                "no GPU entry (KFD cannot restore a process without GPUs)",
-            ));
-        }
-        let mut node_ids = BTreeSet::new();
-        let mut gpu_ids = BTreeSet::new();
-        for (i, d) in msg.device_entries.iter().enumerate() {
-            if !node_ids.insert(d.node_id) {
-                return Err(ImageError::invalid(
-                    file,
-                    format!("device_entries[{i}].node_id"),
-                    format!("node {} appears twice", d.node_id),
-                ));
-            }
-            if d.gpu_id != 0 && !gpu_ids.insert(d.gpu_id) {
-                return Err(ImageError::invalid(
-                    file,
-                    format!("device_entries[{i}].gpu_id"),
-                    format!("GPU {} appears twice", GpuId(d.gpu_id)),
-                ));
-            }
-        }
+        check_device_counts(file, &msg)?;
+        let gpu_ids = unique_device_ids(file, &msg)?;
         if msg.num_of_bos != msg.bo_entries.len() as u64 {
             return Err(ImageError::invalid(
                 file,
@@ -362,38 +413,7 @@ impl KfdImage {
             ));
         }
         for (i, b) in msg.bo_entries.iter().enumerate() {
-            if !gpu_ids.contains(&b.gpu_id) {
-                return Err(ImageError::invalid(
-                    file,
-                    format!("bo_entries[{i}].gpu_id"),
-                    format!("GPU {} is not among the image's devices", GpuId(b.gpu_id)),
-                ));
-            }
-            if b.size == 0 {
-                return Err(ImageError::invalid(
-                    file,
-                    format!("bo_entries[{i}].size"),
-                    "is 0",
-                ));
-            }
-            if b.addr.checked_add(b.size).is_none() {
-                return Err(ImageError::invalid(
-                    file,
-                    format!("bo_entries[{i}]"),
-                    format!("addr {:#x} + size {:#x} overflows", b.addr, b.size),
-                ));
-            }
-            // Pieces of a BO are mapped at extent offsets: whole pages.
-            if let Some(e) = b.content_hash_extent {
-                if e == 0 || !e.is_multiple_of(crate::bo::PAGE_SIZE) {
-                    return Err(ImageError::invalid(
-                        file,
-                        format!("bo_entries[{i}].content_hash_extent"),
-                        format!("is {e}, not a positive multiple of the page size"),
-                    ));
-                }
-            }
-            check_extents(file, i, b)?;
+            check_bo_entry(file, i, b, &gpu_ids)?;
         }
         if msg.priv_data.is_empty() {
             return Err(ImageError::invalid(file, "priv_data", "is empty"));

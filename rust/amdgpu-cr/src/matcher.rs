@@ -1362,83 +1362,96 @@ mod tests {
             hive(t, 6..10);
         }
 
+        /// A host of `devices` GPUs (two CPUs for eight, else one), node
+        /// ids from `prefix`, linked by `add`.
+        fn build(prefix: u32, devices: &[u32], add: &dyn Fn(&mut [Node])) -> Topology {
+            let ncpu = if devices.len() == 8 { 2 } else { 1 };
+            let mut t = machine(ncpu, prefix, devices);
+            add(&mut t);
+            Topology::new(t)
+        }
+
+        /// Scenario 0: two hives of different models, full P2P PCIe.
+        fn full(t: &mut [Node]) {
+            (0..8).for_each(|i| to_cpu(t, i, true));
+            two_hives(t);
+            pcie(t, 2..6, 6..10);
+            pcie(t, 6..10, 2..6);
+        }
+
+        /// Scenarios 1, 2: GPUs 6 and 7 link to their CPU one way; hive 0
+        /// has peer links only to GPUs 4 and 5.
+        fn partial(t: &mut [Node]) {
+            (0..8).for_each(|i| to_cpu(t, i, i < 6));
+            two_hives(t);
+            pcie(t, 2..6, 6..8);
+            pcie(t, 6..10, 2..6);
+        }
+
+        /// Scenarios 3, 4: every GPU links to its CPU one way; the CPUs
+        /// link back to one GPU each (nodes given).
+        fn one_back(c0: u32, c1: u32) -> impl Fn(&mut [Node]) {
+            move |t: &mut [Node]| {
+                (0..8).for_each(|i| to_cpu(t, i, false));
+                two_hives(t);
+                link(t, 0, P, c0);
+                link(t, 1, P, c1);
+            }
+        }
+
+        /// Scenario 5: one hive and four GPUs on PCIe only, all peers
+        /// linked.
+        fn one_hive(t: &mut [Node]) {
+            (0..8).for_each(|i| to_cpu(t, i, true));
+            hive(t, 2..6);
+            pcie(t, 2..6, 6..10);
+            pcie(t, 6..10, 6..10);
+            pcie(t, 6..10, 2..6);
+        }
+
+        /// Scenarios 6, 8: five GPUs on one CPU; `peers[g]` = the nodes GPU
+        /// node g + 1 has PCIe links to.
+        fn five(peers: [&'static [u32]; 5]) -> impl Fn(&mut [Node]) {
+            move |t: &mut [Node]| {
+                for g in 1..6 {
+                    link(t, g, P, 0);
+                    link(t, 0, P, g);
+                }
+                for (g, to) in peers.iter().enumerate() {
+                    for &p in *to {
+                        link(t, g as u32 + 1, P, p);
+                    }
+                }
+            }
+        }
+
+        /// [`five`]'s peers when every GPU links to the four others.
+        const PEERS4: [&[u32]; 5] = [
+            &[2, 3, 4],
+            &[1, 3, 4],
+            &[1, 2, 4],
+            &[1, 2, 3],
+            &[1, 2, 3, 4],
+        ];
+
+        /// Scenario 7: a hive on one-way CPU links; four GPUs without any
+        /// link, a second hive on the host.
+        fn bare(second_hive: bool) -> impl Fn(&mut [Node]) {
+            move |t: &mut [Node]| {
+                (0..4).for_each(|i| to_cpu(t, i, false));
+                hive(t, 2..6);
+                if second_hive {
+                    hive(t, 6..10);
+                }
+            }
+        }
+
         pub(super) fn scenario(n: u32) -> (Topology, Topology) {
             let (a, b) = (0xa000, 0xb000);
             let mixed = [D0, D0, D0, D0, D1, D1, D1, D1];
             let swapped = [D1, D1, D1, D1, D0, D0, D0, D0];
             let same = [D0; 8];
-            let build = |prefix: u32, devices: &[u32], add: &dyn Fn(&mut Vec<Node>)| {
-                let ncpu = if devices.len() == 8 { 2 } else { 1 };
-                let mut t = machine(ncpu, prefix, devices);
-                add(&mut t);
-                Topology::new(t)
-            };
-            // 0: two hives of different models, full P2P PCIe.
-            let full = |t: &mut Vec<Node>| {
-                (0..8).for_each(|i| to_cpu(t, i, true));
-                two_hives(t);
-                pcie(t, 2..6, 6..10);
-                pcie(t, 6..10, 2..6);
-            };
-            // 1, 2: GPUs 6 and 7 link to their CPU one way; hive 0 has
-            // peer links only to GPUs 4 and 5.
-            let partial = |t: &mut Vec<Node>| {
-                (0..8).for_each(|i| to_cpu(t, i, i < 6));
-                two_hives(t);
-                pcie(t, 2..6, 6..8);
-                pcie(t, 6..10, 2..6);
-            };
-            // 3, 4: every GPU links to its CPU one way; the CPUs link back
-            // to one GPU each (nodes given).
-            let one_back = |c0: u32, c1: u32| {
-                move |t: &mut Vec<Node>| {
-                    (0..8).for_each(|i| to_cpu(t, i, false));
-                    two_hives(t);
-                    link(t, 0, P, c0);
-                    link(t, 1, P, c1);
-                }
-            };
-            // 5: one hive and four GPUs on PCIe only, all peers linked.
-            let one_hive = |t: &mut Vec<Node>| {
-                (0..8).for_each(|i| to_cpu(t, i, true));
-                hive(t, 2..6);
-                pcie(t, 2..6, 6..10);
-                pcie(t, 6..10, 6..10);
-                pcie(t, 6..10, 2..6);
-            };
-            // 6, 8: five GPUs on one CPU; `peers[g]` = the nodes GPU node
-            // g + 1 has PCIe links to.
-            let five = |peers: [&'static [u32]; 5]| {
-                move |t: &mut Vec<Node>| {
-                    for g in 1..6 {
-                        link(t, g, P, 0);
-                        link(t, 0, P, g);
-                    }
-                    for (g, to) in peers.iter().enumerate() {
-                        for &p in *to {
-                            link(t, g as u32 + 1, P, p);
-                        }
-                    }
-                }
-            };
-            let peers4: [&'static [u32]; 5] = [
-                &[2, 3, 4],
-                &[1, 3, 4],
-                &[1, 2, 4],
-                &[1, 2, 3],
-                &[1, 2, 3, 4],
-            ];
-            // 7: a hive on one-way CPU links; four GPUs without any link,
-            // a second hive on the host.
-            let bare = |second_hive: bool| {
-                move |t: &mut Vec<Node>| {
-                    (0..4).for_each(|i| to_cpu(t, i, false));
-                    hive(t, 2..6);
-                    if second_hive {
-                        hive(t, 6..10);
-                    }
-                }
-            };
+            let peers4 = PEERS4;
             match n {
                 0 => (build(a, &mixed, &full), build(b, &swapped, &full)),
                 1 => (build(a, &same, &partial), build(b, &same, &partial)),

@@ -534,10 +534,8 @@ mod tests {
     /// extents read from plain and compressed ancestors alike).
     #[test]
     fn a_mixed_chain_of_compressed_and_plain_dumps_restores() {
-        use crate::image::tests::{sample_kfd, tempdir};
-        use crate::image::KfdImage;
+        use crate::image::tests::tempdir;
         use crate::validate::chain;
-        use crate::validate::digests::{self, Digests};
         use std::os::unix::fs::FileExt;
 
         let (off, size) = (1u64 << 20, 5 * CONTENT_EXTENT + 4096);
@@ -575,29 +573,7 @@ mod tests {
                 // `written` counts the bytes given to the compressors.
                 assert_eq!(out.written, CONTENT_EXTENT, "link {n}: bytes written");
             }
-            let mut m = sample_kfd();
-            m.device_entries.truncate(2);
-            m.num_of_gpus = 1;
-            m.bo_entries.truncate(1);
-            m.num_of_bos = 1;
-            let b = &mut m.bo_entries[0];
-            b.addr = 0x7000_0000_0000;
-            b.size = size;
-            b.alloc_flags = bo::ALLOC_VRAM;
-            b.content_xxh3 = Some(out.hashes[&0].value);
-            b.content_hash_extent = Some(CONTENT_EXTENT);
-            b.content_extent_xxh3 = out.extents[&0].clone();
-            if let Some(ks) = out.inherited.get(&0) {
-                b.parent_extents = Some(chain::bitmap(ks));
-                b.parent_bo = Some(0);
-                m.criu_rocm_parent = Some(crate::image::kfd_image_name(id));
-            }
-            out.encoding.record(&mut m);
-            let image = KfdImage { msg: m };
-            image.write(&dir, id).unwrap();
-            let mut d = Digests::default();
-            d.add_kfd_in(&dir, id, &image);
-            std::fs::write(dir.join(digests::FILE), d.encode()).unwrap();
+            let image = write_link_image(&dir, id, size, &out);
             links.push((dir.clone(), image, out.clone(), data.clone()));
             prev = Some((dir, out));
         }
@@ -625,6 +601,45 @@ mod tests {
                 .unwrap_err();
         assert!(matches!(e, CopyError::HashMismatch { .. }), "{e}");
         std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    /// The KFD image (and digests) of link `dir` of a chain of dumps of
+    /// one VRAM BO of `size` bytes, dumped as `out`: a child names the
+    /// extents it leaves to its parent.
+    fn write_link_image(
+        dir: &std::path::Path,
+        id: FileId,
+        size: u64,
+        out: &DumpOutcome,
+    ) -> crate::image::KfdImage {
+        use crate::image::tests::sample_kfd;
+        use crate::validate::chain;
+        use crate::validate::digests::{self, Digests};
+
+        let mut m = sample_kfd();
+        m.device_entries.truncate(2);
+        m.num_of_gpus = 1;
+        m.bo_entries.truncate(1);
+        m.num_of_bos = 1;
+        let b = &mut m.bo_entries[0];
+        b.addr = 0x7000_0000_0000;
+        b.size = size;
+        b.alloc_flags = bo::ALLOC_VRAM;
+        b.content_xxh3 = Some(out.hashes[&0].value);
+        b.content_hash_extent = Some(CONTENT_EXTENT);
+        b.content_extent_xxh3 = out.extents[&0].clone();
+        if let Some(ks) = out.inherited.get(&0) {
+            b.parent_extents = Some(chain::bitmap(ks));
+            b.parent_bo = Some(0);
+            m.criu_rocm_parent = Some(crate::image::kfd_image_name(id));
+        }
+        out.encoding.record(&mut m);
+        let image = crate::image::KfdImage { msg: m };
+        image.write(dir, id).unwrap();
+        let mut d = Digests::default();
+        d.add_kfd_in(dir, id, &image);
+        std::fs::write(dir.join(digests::FILE), d.encode()).unwrap();
+        image
     }
 
     /// A compressed incremental dump under a budget whose copy window is

@@ -6,12 +6,12 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use super::budget::make_room_for_zstd;
-use super::extents::HashingReader;
+use super::extents::{ExtentDigests, HashingReader};
 use super::lanes::{into_lanes, run_lanes};
 use super::{ContentHash, CopyError, GpuJob, GpuStats, HASH_EXTENT};
 use crate::ids::{GpuId, GpuVa};
 use crate::image::{FileId, ImageError};
-use crate::pages::{compose, pages_image_name, Encoding, ExtentHasher, PagesReader};
+use crate::pages::{compose, pages_image_name, Encoding, ExtentHasher, PagesReader, SparseFile};
 
 /// Restores every job's BOs from its pages file in `dir`, with the workers
 /// and lanes of [`dump_contents`].  `hashes` (bucket index → hash, from the
@@ -70,6 +70,8 @@ pub fn restore_contents_streamed(
     restore_from(&from, id, vec![job], hashes, encoding, &BTreeMap::new())
 }
 
+/// The steps of a restore: the BOs' lanes, their readers opened, the
+/// copies run, the hashes checked.
 fn restore_from(
     from: &PagesFrom<'_>,
     id: FileId,
@@ -83,41 +85,18 @@ fn restore_from(
         .flat_map(|j| j.bos.iter().map(|b| (b.index, (b.gpu, b.addr, b.size))))
         .collect();
     let extent_of = |i: usize| hashes.get(&i).map_or(Some(HASH_EXTENT), |h| h.extent);
-    // Lanes of a compressed file start at its chunks: pieces are runs of
-    // whole extents (see Piece::of), which start at chunks when the chunk
-    // divides the run; a BO hashed otherwise keeps one lane per GPU.
-    let one_lane = match encoding {
-        Encoding::Raw => false,
-        Encoding::Zstd { chunk, .. } => !jobs.iter().flat_map(|j| j.bos.iter()).all(|b| {
-            b.size <= chunk
-                || extent_of(b.index).is_some_and(|e| {
-                    let run = e.saturating_mul((HASH_EXTENT / e.max(1)).max(1));
-                    e > 0 && run % chunk == 0
-                })
-        }),
-    };
-    let one_lane = one_lane || matches!(from, PagesFrom::Stream(_));
+    let one_lane =
+        needs_one_lane(&jobs, &extent_of, encoding) || matches!(from, PagesFrom::Stream(_));
     let mut lanes = into_lanes(jobs, &extent_of, one_lane, 0, |gpu, lens, _, bos| {
-        let overlay = overlays.get(&gpu).cloned();
-        match from {
-            PagesFrom::Dir(dir) => {
-                PagesReader::open_encoded_lanes(dir, id, gpu, bos, encoding, lens, overlay)
-            }
-            PagesFrom::Stream(pipes) => {
-                let pipe = pipes
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&gpu)
-                    .ok_or_else(|| {
-                        ImageError::invalid(
-                            &pages_image_name(id, gpu),
-                            "",
-                            "the image streamer gave no such file",
-                        )
-                    })?;
-                Ok(vec![PagesReader::streamed(pipe, gpu, bos, encoding)?])
-            }
-        }
+        open_readers(
+            from,
+            id,
+            gpu,
+            bos,
+            encoding,
+            lens,
+            overlays.get(&gpu).cloned(),
+        )
     })?;
     let decoders =
         u64::from(encoding != Encoding::Raw) + u64::from(overlays.values().any(|o| o.has_frames()));
@@ -139,6 +118,72 @@ fn restore_from(
         },
         |input| input.finish_stream().map(drop).map_err(CopyError::from),
     )?;
+    check_hashes(id, got_hashes, hashes, &names)?;
+    Ok(stats)
+}
+
+/// Whether a GPU's BOs must be copied by one lane: lanes of a compressed
+/// file start at its chunks, and pieces are runs of whole extents (see
+/// Piece::of), which start at chunks when the chunk divides the run; a BO
+/// hashed otherwise keeps one lane per GPU.
+fn needs_one_lane(
+    jobs: &[GpuJob<'_>],
+    extent_of: &dyn Fn(usize) -> Option<u64>,
+    encoding: Encoding,
+) -> bool {
+    match encoding {
+        Encoding::Raw => false,
+        Encoding::Zstd { chunk, .. } => !jobs.iter().flat_map(|j| j.bos.iter()).all(|b| {
+            b.size <= chunk
+                || extent_of(b.index).is_some_and(|e| {
+                    let run = e.saturating_mul((HASH_EXTENT / e.max(1)).max(1));
+                    e > 0 && run % chunk == 0
+                })
+        }),
+    }
+}
+
+/// The readers of GPU `gpu`'s lanes (`lens` bytes each): its pages file
+/// in the directory (over `overlay`, its ancestors' ranges), or its pipe
+/// from the image streamer, taken once.
+fn open_readers(
+    from: &PagesFrom<'_>,
+    id: FileId,
+    gpu: GpuId,
+    bos: &[(usize, u64)],
+    encoding: Encoding,
+    lens: &[u64],
+    overlay: Option<std::sync::Arc<crate::pages::Overlay>>,
+) -> Result<Vec<PagesReader<SparseFile>>, ImageError> {
+    match from {
+        PagesFrom::Dir(dir) => {
+            PagesReader::open_encoded_lanes(dir, id, gpu, bos, encoding, lens, overlay)
+        }
+        PagesFrom::Stream(pipes) => {
+            let pipe = pipes
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&gpu)
+                .ok_or_else(|| {
+                    ImageError::invalid(
+                        &pages_image_name(id, gpu),
+                        "",
+                        "the image streamer gave no such file",
+                    )
+                })?;
+            Ok(vec![PagesReader::streamed(pipe, gpu, bos, encoding)?])
+        }
+    }
+}
+
+/// Each restored BO's hash, composed from its extents', against the
+/// image's (`names`: bucket index -> GPU, address, size, for the error).
+fn check_hashes(
+    id: FileId,
+    got_hashes: ExtentDigests,
+    hashes: &BTreeMap<usize, ContentHash>,
+    names: &BTreeMap<usize, (GpuId, GpuVa, u64)>,
+) -> Result<(), CopyError> {
     for (index, got) in got_hashes {
         let got = compose(&got);
         let (Some(want), Some(&(gpu, addr, size))) = (hashes.get(&index), names.get(&index)) else {
@@ -156,7 +201,7 @@ fn restore_from(
             });
         }
     }
-    Ok(stats)
+    Ok(())
 }
 
 #[cfg(test)]
@@ -231,6 +276,41 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// The GPUs of [`parallel_dump_and_restore_with_hashes`].
+    const TWO_GPUS: [GpuId; 2] = [GpuId(0x1a2b), GpuId(0x5c3d)];
+
+    /// Its BOs: (gpu index, offset, size, bucket index).
+    const TWO_GPU_LAYOUT: [(usize, u64, u64, usize); 3] = [
+        (0, 0x10_0000, 3 * 4096, 0),
+        (1, 0x20_0000, 5 << 20, 1),
+        (0, 0x80_0000, 4096, 2),
+    ];
+
+    /// Its jobs: each GPU's BOs of [`TWO_GPU_LAYOUT`] in its device
+    /// `devs[g]`, copied under `policy`.
+    fn two_gpu_jobs(devs: &[std::fs::File; 2], policy: EnginePolicy) -> Vec<GpuJob<'_>> {
+        (0..2)
+            .map(|g| GpuJob {
+                user: TWO_GPUS[g],
+                actual: GpuId(0x100 + g as u32),
+                bos: TWO_GPU_LAYOUT
+                    .iter()
+                    .filter(|l| l.0 == g)
+                    .map(|&(_, off, size, i)| BoRef {
+                        index: i,
+                        gpu: TWO_GPUS[g],
+                        addr: GpuVa(off),
+                        size,
+                        alloc_flags: bo::ALLOC_VRAM,
+                        cpu_map: Some((devs[g].as_fd(), MmapOffset(off))),
+                        dmabuf: None,
+                    })
+                    .collect(),
+                engines: Engines::new(policy, 1 << 20, None),
+            })
+            .collect()
+    }
+
     /// Two GPUs, each a memfd "render node" holding its BOs; dump both in
     /// parallel, wipe the memory, restore, compare; then corrupt a pages
     /// file and see the hash check fail.
@@ -240,43 +320,16 @@ mod tests {
         use std::os::unix::fs::FileExt;
 
         let devs = [device(64 << 20), device(64 << 20)];
-        let gpus = [GpuId(0x1a2b), GpuId(0x5c3d)];
-        // (gpu index, offset, size, bucket index)
-        let layout = [
-            (0, 0x10_0000u64, 3 * 4096u64, 0usize),
-            (1, 0x20_0000, 5 << 20, 1),
-            (0, 0x80_0000, 4096, 2),
-        ];
+        let gpus = TWO_GPUS;
         let fill = |seed: u8| {
-            for &(g, off, size, i) in &layout {
+            for &(g, off, size, i) in &TWO_GPU_LAYOUT {
                 let data: Vec<u8> = (0..size)
                     .map(|x| (x as u8) ^ seed ^ (i as u8 * 17))
                     .collect();
                 devs[g].write_all_at(&data, off).unwrap();
             }
         };
-        let jobs = |policy| -> Vec<GpuJob<'_>> {
-            (0..2)
-                .map(|g| GpuJob {
-                    user: gpus[g],
-                    actual: GpuId(0x100 + g as u32),
-                    bos: layout
-                        .iter()
-                        .filter(|l| l.0 == g)
-                        .map(|&(_, off, size, i)| BoRef {
-                            index: i,
-                            gpu: gpus[g],
-                            addr: GpuVa(off),
-                            size,
-                            alloc_flags: bo::ALLOC_VRAM,
-                            cpu_map: Some((devs[g].as_fd(), MmapOffset(off))),
-                            dmabuf: None,
-                        })
-                        .collect(),
-                    engines: Engines::new(policy, 1 << 20, None),
-                })
-                .collect()
-        };
+        let jobs = |policy| two_gpu_jobs(&devs, policy);
         let dir = tempdir();
         fill(0x3c);
         let out = dump_contents(&dir, FileId(8), jobs(EnginePolicy::Auto)).unwrap();

@@ -84,8 +84,7 @@ fn pages_file_roundtrip_and_checks() {
 }
 
 /// Zero blocks become holes whatever the write sizes and lane cuts;
-/// the file reads back byte-exact (holes as zeros, not read), and an
-/// all-zero BO costs a block or two of disk.
+/// the file reads back byte-exact (holes as zeros, not read).
 #[test]
 fn pages_zero_blocks_are_holes() {
     use std::os::unix::fs::MetadataExt;
@@ -147,8 +146,16 @@ fn pages_zero_blocks_are_holes() {
         );
         r.finish().unwrap();
     }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
 
-    // An all-zero BO of 64 MiB: its file is a hole but for the header.
+/// An all-zero BO of 64 MiB costs a block of disk: its file is a hole but
+/// for the header, read back as zeros without reading.
+#[test]
+fn an_all_zero_bo_is_a_hole_but_for_the_header() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempdir();
+    let gpu = GpuId(0x77);
     let big = 64u64 << 20;
     let mut w = PagesWriter::create(&dir, FileId(20), gpu, big).unwrap();
     let zero = vec![0u8; 1 << 20];
@@ -180,7 +187,6 @@ fn pages_zero_blocks_are_holes() {
 /// any offset in a block, in lanes and compressed too; it cannot overrun.
 #[test]
 fn a_hole_is_what_writing_its_zeros_would_leave() {
-    use std::os::unix::fs::MetadataExt;
     let dir = tempdir();
     let gpu = GpuId(0x77);
     let b = SPARSE_BLOCK as usize;
@@ -199,42 +205,7 @@ fn a_hole_is_what_writing_its_zeros_would_leave() {
         .flat_map(|&(d, z)| std::iter::repeat_n(0x5a, d).chain(std::iter::repeat_n(0, z)))
         .collect();
     let lens = [(3 * b + 5) as u64, (data.len() - 3 * b - 5) as u64];
-    let write = |id: FileId, holes: bool| -> (Vec<u8>, u64, u64) {
-        let ws = PagesWriter::create_lanes(&dir, id, gpu, &lens).unwrap();
-        let mut zeros = 0;
-        let mut at = 0usize;
-        let mut lanes = ws.into_iter().zip(lens);
-        let (mut w, mut end) = lanes.next().unwrap();
-        let mut finished = Vec::new();
-        for &(d, z) in &runs {
-            for (len, hole) in [(d, false), (z, true)] {
-                let mut left = len;
-                while left > 0 {
-                    if at as u64 == end {
-                        finished.push(w);
-                        (w, end) = lanes.next().map(|(w, l)| (w, end + l)).unwrap();
-                    }
-                    let n = left.min(end as usize - at);
-                    if hole && holes {
-                        w.hole(n as u64).unwrap();
-                    } else {
-                        w.write_all(&data[at..at + n]).unwrap();
-                    }
-                    at += n;
-                    left -= n;
-                }
-            }
-        }
-        assert!(w.hole(1).is_err(), "a hole cannot overrun the lane");
-        finished.push(w);
-        for w in finished {
-            zeros += w.zero_bytes();
-            w.finish().unwrap();
-        }
-        let path = dir.join(pages_image_name(id, gpu));
-        let blocks = std::fs::metadata(&path).unwrap().blocks();
-        (std::fs::read(&path).unwrap(), zeros, blocks)
-    };
+    let write = |id, holes| write_runs(&dir, id, gpu, &runs, &data, &lens, holes);
     let by_zeros = write(FileId(30), false);
     let by_holes = write(FileId(31), true);
     assert!(by_holes.0[8..] == data[..], "contents");
@@ -242,28 +213,87 @@ fn a_hole_is_what_writing_its_zeros_would_leave() {
     assert!(by_holes.1 >= 8 * SPARSE_BLOCK, "{} zero bytes", by_holes.1);
 
     // Compressed: the same file as the zeros written.
-    let compressed = |id: FileId, holes: bool| {
-        let c = Compress {
-            level: 3,
-            threads: Some(1),
-        };
-        let bos = [(0usize, data.len() as u64)];
-        let mut w = PagesWriter::create_compressed(&dir, id, gpu, &bos, c).unwrap();
-        let mut at = 0;
-        for &(d, z) in &runs {
-            w.write_all(&data[at..at + d]).unwrap();
-            if holes {
-                w.hole(z as u64).unwrap();
-            } else {
-                w.write_all(&data[at + d..at + d + z]).unwrap();
-            }
-            at += d + z;
-        }
-        w.finish().unwrap();
-        std::fs::read(dir.join(pages_image_name(id, gpu))).unwrap()
-    };
+    let compressed = |id, holes| write_runs_compressed(&dir, id, gpu, &runs, &data, holes);
     assert!(compressed(FileId(32), true) == compressed(FileId(33), false));
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `data` written in two lanes of `lens` bytes as `runs` (data bytes, then
+/// zero bytes: given as holes when `holes`, else written): the file's
+/// bytes, its zero bytes as the writers counted them, its disk blocks.
+fn write_runs(
+    dir: &std::path::Path,
+    id: FileId,
+    gpu: GpuId,
+    runs: &[(usize, usize)],
+    data: &[u8],
+    lens: &[u64; 2],
+    holes: bool,
+) -> (Vec<u8>, u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let ws = PagesWriter::create_lanes(dir, id, gpu, lens).unwrap();
+    let mut zeros = 0;
+    let mut at = 0usize;
+    let mut lanes = ws.into_iter().zip(lens.iter().copied());
+    let (mut w, mut end) = lanes.next().unwrap();
+    let mut finished = Vec::new();
+    for &(d, z) in runs {
+        for (len, hole) in [(d, false), (z, true)] {
+            let mut left = len;
+            while left > 0 {
+                if at as u64 == end {
+                    finished.push(w);
+                    (w, end) = lanes.next().map(|(w, l)| (w, end + l)).unwrap();
+                }
+                let n = left.min(end as usize - at);
+                if hole && holes {
+                    w.hole(n as u64).unwrap();
+                } else {
+                    w.write_all(&data[at..at + n]).unwrap();
+                }
+                at += n;
+                left -= n;
+            }
+        }
+    }
+    assert!(w.hole(1).is_err(), "a hole cannot overrun the lane");
+    finished.push(w);
+    for w in finished {
+        zeros += w.zero_bytes();
+        w.finish().unwrap();
+    }
+    let path = dir.join(pages_image_name(id, gpu));
+    let blocks = std::fs::metadata(&path).unwrap().blocks();
+    (std::fs::read(&path).unwrap(), zeros, blocks)
+}
+
+/// [`write_runs`] into one compressed pages file: its bytes.
+fn write_runs_compressed(
+    dir: &std::path::Path,
+    id: FileId,
+    gpu: GpuId,
+    runs: &[(usize, usize)],
+    data: &[u8],
+    holes: bool,
+) -> Vec<u8> {
+    let c = Compress {
+        level: 3,
+        threads: Some(1),
+    };
+    let bos = [(0usize, data.len() as u64)];
+    let mut w = PagesWriter::create_compressed(dir, id, gpu, &bos, c).unwrap();
+    let mut at = 0;
+    for &(d, z) in runs {
+        w.write_all(&data[at..at + d]).unwrap();
+        if holes {
+            w.hole(z as u64).unwrap();
+        } else {
+            w.write_all(&data[at + d..at + d + z]).unwrap();
+        }
+        at += d + z;
+    }
+    w.finish().unwrap();
+    std::fs::read(dir.join(pages_image_name(id, gpu))).unwrap()
 }
 
 #[test]

@@ -669,7 +669,14 @@ mod tests {
             None
         );
 
-        let fx = VmaFixups::from_restored(&plan, &restored).unwrap();
+        assert_vma_fixups(&plan, &restored, a.render_minor);
+    }
+
+    /// The fix-ups of [`restore_setup`]'s restore (GPU 0xaaaa's render
+    /// node now `new_minor`): BOs found by their old offsets, whole or in
+    /// part, on their own device only; the doorbell; not the events page.
+    fn assert_vma_fixups(plan: &RestorePlan, restored: &[BoBucket], new_minor: RenderMinor) {
+        let fx = VmaFixups::from_restored(plan, restored).unwrap();
         assert_eq!(fx.entries().len(), 4, "userptr BO has no fix-up");
         let old = DeviceKind::Render(RenderMinor(130));
         // Whole BO, at its GPU VA.
@@ -677,7 +684,7 @@ mod tests {
             .lookup(old, 0x1_0000_0000, 0x10_4000 - 0x10_0000)
             .unwrap();
         assert_eq!(r.offset, MmapOffset(0x9_0000_0000));
-        assert_eq!(r.device, DeviceKind::Render(a.render_minor));
+        assert_eq!(r.device, DeviceKind::Render(new_minor));
         // Tail of BO 3 after an mprotect split, mapped at another address.
         let r = fx
             .lookup(old, 0x1_0002_6000, 0x7000_2000 - 0x7000_0000)

@@ -679,6 +679,28 @@ impl RestoreSession {
                 ),
             });
         };
+        if let Some(found) = self.kfd_bo_mapping(vpid, path, device, addr, pgoff, len)? {
+            return Ok(Some(found));
+        }
+        if let DeviceKind::Render(m) = device {
+            if let Some(found) = self.gem_bo_mapping(vpid, path, m, addr, pgoff, len)? {
+                return Ok(Some(found));
+            }
+        }
+        self.unbacked_mapping(vpid, device, addr, pgoff, len)
+    }
+
+    /// [`Self::update_vma`] of a mapping of a BO a KFD file restored: its
+    /// new offset, through the KFD file or the render file of its VM.
+    fn kfd_bo_mapping(
+        &self,
+        vpid: i32,
+        path: &str,
+        device: DeviceKind,
+        addr: u64,
+        pgoff: u64,
+        len: u64,
+    ) -> Result<Option<(u64, OwnedFd)>, SessionError> {
         for k in &self.kfds {
             let Some(r) = k.fixups.lookup(device, pgoff, len) else {
                 continue;
@@ -705,24 +727,49 @@ impl RestoreSession {
             );
             return Ok(Some((r.offset.0, fd)));
         }
-        if let DeviceKind::Render(m) = device {
-            for (g, file) in &self.gems {
-                let Some((offset, handle)) = g.lookup(m.0, pgoff, len) else {
-                    continue;
-                };
-                let fd = file
-                    .try_clone()
-                    .map_err(os_step(vpid, "dup for a device mapping"))?;
-                log::debug!(
-                    "pid {vpid}: mapping {addr:#x}+{len:#x} of {path} at {pgoff:#x} -> GEM \
-                     handle {handle} at {offset:#x}"
-                );
-                return Ok(Some((offset, fd)));
-            }
+        Ok(None)
+    }
+
+    /// [`Self::update_vma`] of a mapping of a GEM BO a render file
+    /// restored: its new offset, through that file.
+    fn gem_bo_mapping(
+        &self,
+        vpid: i32,
+        path: &str,
+        m: RenderMinor,
+        addr: u64,
+        pgoff: u64,
+        len: u64,
+    ) -> Result<Option<(u64, OwnedFd)>, SessionError> {
+        for (g, file) in &self.gems {
+            let Some((offset, handle)) = g.lookup(m.0, pgoff, len) else {
+                continue;
+            };
+            let fd = file
+                .try_clone()
+                .map_err(os_step(vpid, "dup for a device mapping"))?;
+            log::debug!(
+                "pid {vpid}: mapping {addr:#x}+{len:#x} of {path} at {pgoff:#x} -> GEM \
+                 handle {handle} at {offset:#x}"
+            );
+            return Ok(Some((offset, fd)));
         }
+        Ok(None)
+    }
+
+    /// [`Self::update_vma`] of a device mapping no restored BO backs:
+    /// /dev/kfd pages that are not BOs (the events page) keep their
+    /// offset, mapped through the task's new KFD file; a render node's is
+    /// refused.
+    fn unbacked_mapping(
+        &self,
+        vpid: i32,
+        device: DeviceKind,
+        addr: u64,
+        pgoff: u64,
+        len: u64,
+    ) -> Result<Option<(u64, OwnedFd)>, SessionError> {
         match (device, self.kfds.first()) {
-            // /dev/kfd pages that are not BOs (the events page) keep their
-            // offset, mapped through the task's new KFD file.
             (DeviceKind::Kfd, Some(k)) => {
                 let fd = k
                     .kfd

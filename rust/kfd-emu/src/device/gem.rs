@@ -560,9 +560,9 @@ mod tests {
         (v.as_mut_ptr() as u64).next_multiple_of(4096)
     }
 
-    #[test]
-    fn sdma_ib_copies_between_a_dmabuf_and_userptr_memory() {
-        let pid = std::process::id();
+    /// A render file importing a dma-buf of 8 KiB of 0xab: its handle (1),
+    /// one however often imported.
+    fn imported_dmabuf(f: &mut RenderFile) -> u32 {
         let mem = Memfd::new("t", 1 << 20).unwrap();
         let map = Arc::new(mem.map(0, 8192).unwrap());
         map.write(0, &[0xab; 8192]);
@@ -574,12 +574,15 @@ mod tests {
         let d = Registry::default()
             .export(src, 8192, &map, crate::device::dmabuf::Purpose::Checkpoint)
             .unwrap();
-        let mut f = RenderFile::new(0);
         let bo = f.import(d.clone());
         assert_eq!(bo, 1);
         assert_eq!(f.import(d), bo, "one handle per dma-buf");
-        let mut buf = pages(3);
-        let base = aligned(&mut buf);
+        bo
+    }
+
+    /// The 3 pages at `base` registered as a userptr object (writable:
+    /// REGISTER needed, page-aligned): its handle (2).
+    fn registered_userptr(f: &mut RenderFile, pid: u32, base: u64) -> u32 {
         let mut u = sys::drm_amdgpu_gem_userptr {
             addr: base,
             size: 3 * 4096,
@@ -587,22 +590,28 @@ mod tests {
             handle: 0,
         };
         assert_eq!(
-            userptr(&mut f, pid, &mut u),
+            userptr(f, pid, &mut u),
             Err(libc::EACCES),
             "writable needs REGISTER"
         );
         u.flags |= sys::AMDGPU_GEM_USERPTR_REGISTER | sys::AMDGPU_GEM_USERPTR_VALIDATE;
         u.addr += 1;
-        assert_eq!(userptr(&mut f, pid, &mut u), Err(libc::EINVAL));
+        assert_eq!(userptr(f, pid, &mut u), Err(libc::EINVAL));
         u.addr -= 1;
-        userptr(&mut f, pid, &mut u).unwrap();
+        userptr(f, pid, &mut u).unwrap();
         let up = u.handle;
         assert_eq!(up, 2);
-        // The BO at 1 MiB, the userptr (2 pages staging + 1 page IB) at 2 MiB.
-        gem_va(&mut f, &va(bo, sys::AMDGPU_VA_OP_MAP, 1 << 20, 8192), TOP).unwrap();
+        up
+    }
+
+    /// The dma-buf BO mapped at 1 MiB, the userptr (2 pages staging + 1
+    /// page IB) at 2 MiB; overlaps, unknown handles and the reserved
+    /// bottom refused.
+    fn map_bo_and_userptr(f: &mut RenderFile, bo: u32, up: u32) {
+        gem_va(f, &va(bo, sys::AMDGPU_VA_OP_MAP, 1 << 20, 8192), TOP).unwrap();
         assert_eq!(
             gem_va(
-                &mut f,
+                f,
                 &va(up, sys::AMDGPU_VA_OP_MAP, (1 << 20) + 4096, 4096),
                 TOP
             ),
@@ -610,28 +619,21 @@ mod tests {
             "overlap"
         );
         assert_eq!(
-            gem_va(&mut f, &va(9, sys::AMDGPU_VA_OP_MAP, 2 << 20, 4096), TOP),
+            gem_va(f, &va(9, sys::AMDGPU_VA_OP_MAP, 2 << 20, 4096), TOP),
             Err(libc::ENOENT)
         );
         assert_eq!(
-            gem_va(&mut f, &va(up, sys::AMDGPU_VA_OP_MAP, 4096, 4096), TOP),
+            gem_va(f, &va(up, sys::AMDGPU_VA_OP_MAP, 4096, 4096), TOP),
             Err(libc::EINVAL),
             "reserved bottom"
         );
-        gem_va(
-            &mut f,
-            &va(up, sys::AMDGPU_VA_OP_MAP, 2 << 20, 3 * 4096),
-            TOP,
-        )
-        .unwrap();
-        // IB: COPY_LINEAR of 8 KiB from the BO to the staging, NOP-padded.
-        let ib: [u32; 8] = [1, 8191, 0, 1 << 20, 0, 2 << 20, 0, 0];
-        // SAFETY: the third page of `buf` is ours; 32 bytes fit.
-        unsafe {
-            std::ptr::copy_nonoverlapping(ib.as_ptr(), (base + 2 * 4096) as *mut u32, ib.len())
-        };
+        gem_va(f, &va(up, sys::AMDGPU_VA_OP_MAP, 2 << 20, 3 * 4096), TOP).unwrap();
+    }
+
+    /// A new context of the render file: its id (1).
+    fn new_ctx(f: &mut RenderFile) -> u32 {
         let ctx = ctx(
-            &mut f,
+            f,
             &sys::drm_amdgpu_ctx_in {
                 op: sys::AMDGPU_CTX_OP_ALLOC_CTX,
                 ..Default::default()
@@ -641,6 +643,29 @@ mod tests {
         .unwrap();
         let ctx = u32::from_le_bytes(ctx[..4].try_into().unwrap());
         assert_eq!(ctx, 1);
+        ctx
+    }
+
+    /// `ib` into the third of the pages of `buf` at `base` (the IB page).
+    fn write_ib(buf: &mut [u64], base: u64, ib: [u32; 8]) {
+        let at = (base - buf.as_ptr() as u64) as usize / 8 + 2 * 512;
+        for (k, w) in buf[at..at + 4].iter_mut().enumerate() {
+            *w = u64::from(ib[2 * k]) | u64::from(ib[2 * k + 1]) << 32;
+        }
+    }
+
+    #[test]
+    fn sdma_ib_copies_between_a_dmabuf_and_userptr_memory() {
+        let pid = std::process::id();
+        let mut f = RenderFile::new(0);
+        let bo = imported_dmabuf(&mut f);
+        let mut buf = pages(3);
+        let base = aligned(&mut buf);
+        let up = registered_userptr(&mut f, pid, base);
+        map_bo_and_userptr(&mut f, bo, up);
+        // IB: COPY_LINEAR of 8 KiB from the BO to the staging, NOP-padded.
+        write_ib(&mut buf, base, [1, 8191, 0, 1 << 20, 0, 2 << 20, 0, 0]);
+        let ctx = new_ctx(&mut f);
         let chunk_ib = sys::drm_amdgpu_cs_chunk_ib {
             va_start: (2 << 20) + 2 * 4096,
             ib_bytes: 32,
@@ -683,9 +708,8 @@ mod tests {
             .all(|&w| w == 0xabab_abab_abab_abab));
         assert_eq!(wait_cs(&f, &wait(1), all), Ok(0));
         // An IB reading past the mapped BO hangs: ETIME, the context guilty.
-        let bad: [u32; 8] = [1, 4095, 0, (1 << 20) + 8192, 0, 2 << 20, 0, 0];
-        // SAFETY: as above.
-        unsafe { std::ptr::copy_nonoverlapping(bad.as_ptr(), (base + 2 * 4096) as *mut u32, 8) };
+        let past_the_bo = (1 << 20) + 8192;
+        write_ib(&mut buf, base, [1, 4095, 0, past_the_bo, 0, 2 << 20, 0, 0]);
         let job = super::cs(&mut f, pid, &cs, IpVersion(4, 0, 0), all).unwrap();
         let hang = job
             .ibs
@@ -779,6 +803,32 @@ mod tests {
         }
     }
 
+    /// LIST_HANDLES of the three BOs (1, 2, 3) of `plan`: the count to too
+    /// small a buffer, nothing written; then the handles in order, with
+    /// the settable flags and the alignment in pages.
+    fn assert_list_handles(f: &RenderFile, pid: u32, plan: &CreatePlan) {
+        let mut room = vec![gem618::drm_amdgpu_gem_list_handles_entry::default(); 3];
+        let mut l = gem618::drm_amdgpu_gem_list_handles {
+            entries: room.as_mut_ptr() as u64,
+            num_entries: 2,
+            padding: 0,
+        };
+        list_handles(f, pid, &mut l).unwrap();
+        assert_eq!(l.num_entries, 3, "too small: the count");
+        assert_eq!(room[0].gem_handle, 0, "nothing written");
+        l.num_entries = 3;
+        list_handles(f, pid, &mut l).unwrap();
+        assert_eq!(
+            room.iter().map(|e| e.gem_handle).collect::<Vec<_>>(),
+            [1, 2, 3]
+        );
+        assert_eq!(room[0].size, 8192);
+        assert_eq!(room[0].alignment, 16, "pages");
+        assert_eq!(room[0].preferred_domains, 4);
+        assert_eq!(room[0].flags, 0);
+        assert_eq!(room[0].alloc_flags, plan.flags);
+    }
+
     /// Handles are the lowest free from 1; LIST_HANDLES reports them with
     /// the settable flags and the alignment in pages; too small a buffer
     /// gets the count; CHANGE_HANDLE renames (6.18.0-6.18.35); GEM_OP
@@ -797,26 +847,7 @@ mod tests {
         let d = f.create(bo(&mem, 3 << 20, 2, &plan));
         assert_eq!(d, 2, "the lowest free handle");
 
-        let mut room = vec![gem618::drm_amdgpu_gem_list_handles_entry::default(); 3];
-        let mut l = gem618::drm_amdgpu_gem_list_handles {
-            entries: room.as_mut_ptr() as u64,
-            num_entries: 2,
-            padding: 0,
-        };
-        list_handles(&f, pid, &mut l).unwrap();
-        assert_eq!(l.num_entries, 3, "too small: the count");
-        assert_eq!(room[0].gem_handle, 0, "nothing written");
-        l.num_entries = 3;
-        list_handles(&f, pid, &mut l).unwrap();
-        assert_eq!(
-            room.iter().map(|e| e.gem_handle).collect::<Vec<_>>(),
-            [1, 2, 3]
-        );
-        assert_eq!(room[0].size, 8192);
-        assert_eq!(room[0].alignment, 16, "pages");
-        assert_eq!(room[0].preferred_domains, 4);
-        assert_eq!(room[0].flags, 0);
-        assert_eq!(room[0].alloc_flags, plan.flags);
+        assert_list_handles(&f, pid, &plan);
 
         assert_eq!(f.change_handle(c, 2), Err(libc::ENOSPC));
         assert_eq!(f.change_handle(9, 10), Err(libc::ENOENT));

@@ -751,24 +751,8 @@ impl Emulator {
         reply: Box<dyn Replier>,
     ) -> Option<state::Answer> {
         let n = cmd & 0xff;
-        if nr::arg_size(n).is_none() || n >= nr::command_end(self.shared.devs.kfd_minor) {
-            // Outside [AMDKFD_COMMAND_START, AMDKFD_COMMAND_END).
-            return Some((reply, Err(libc::ENOTTY)));
-        }
-        if caller.tgid != lead && !(n == nr::CRIU_OP && tracer_of(lead) == Some(caller.tid)) {
-            return Some((reply, Err(libc::EBADF)));
-        }
-        if n == nr::CRIU_OP && !may_checkpoint(caller.tid) {
-            return Some((reply, Err(libc::EACCES)));
-        }
-        // KFD would let the tracer restore into its tracee with the tracer's
-        // memory and fds; CRIU never does that, and allowing it here would
-        // hide a product bug (RESTORE must run inside the restored task).
-        if n == nr::CRIU_OP
-            && caller.tgid != lead
-            && uapi::decode::<sys::kfd_ioctl_criu_args>(input).op == uapi::criu_op::RESTORE
-        {
-            return Some((reply, Err(libc::EBADF)));
+        if let Some(e) = self.kfd_refusal(lead, caller, n, input) {
+            return Some((reply, Err(e)));
         }
         if n == nr::CRIU_OP {
             // Tests only (kfd-emu run --hold): before any lock or state.
@@ -780,140 +764,85 @@ impl Emulator {
         let resolved = self.pre_resolve(caller, n, input);
         let mut done = Done::new();
         let mut st = self.lock();
-        let r = {
-            if n == nr::WAIT_EVENTS {
-                let minor = self.shared.devs.kfd_minor;
-                let r = kfd::wait_events(
-                    &mut st,
-                    minor,
-                    lead,
-                    caller,
-                    uapi::decode(input),
-                    out_size,
-                    reply,
-                );
-                if r.is_none() {
-                    self.shared.wake.notify_all();
-                }
-                return r;
-            }
-            if matches!(
-                n,
-                nr::FREE_MEMORY_OF_GPU | nr::DESTROY_QUEUE | nr::UPDATE_QUEUE | nr::CRIU_OP
-            ) {
-                // These free memory or change queues the engine may be
-                // using, or need the queues quiet (checkpoint): wait for
-                // the process' SDMA pass in flight (RESUME names another
-                // process).
-                let other = if n == nr::CRIU_OP {
-                    uapi::decode::<sys::kfd_ioctl_criu_args>(input).pid
-                } else {
-                    lead
-                };
-                st = self.quiesce(st, &[lead, other]);
-            }
-            if n == nr::CRIU_OP
-                && uapi::decode::<sys::kfd_ioctl_criu_args>(input).op == uapi::criu_op::PROCESS_INFO
-            {
-                let (st, r) = self.process_info(st, lead, caller, input, out_size);
+        if n == nr::WAIT_EVENTS {
+            let minor = self.shared.devs.kfd_minor;
+            let r = kfd::wait_events(
+                &mut st,
+                minor,
+                lead,
+                caller,
+                uapi::decode(input),
+                out_size,
+                reply,
+            );
+            if r.is_none() {
                 self.shared.wake.notify_all();
-                self.unlock_then_finish(st, done);
-                return Some((reply, r));
             }
-            let st = &mut *st;
-            let (i, o) = (input, out_size);
-            match n {
-                nr::GET_VERSION => with(i, o, |a| kfd::get_version(st, a)),
-                nr::EXPORT_DMABUF => with(i, o, |a| {
-                    kfd::export_dmabuf(st, lead, a)?;
-                    log::warn!(
-                        "kfd-emu: AMDKFD_IOC_EXPORT_DMABUF from process {lead}: a dma-buf fd \
-                         needs `kfd-emu supervise`"
-                    );
-                    Err(libc::EOPNOTSUPP)
-                }),
-                nr::RUNTIME_ENABLE => with(i, o, |a| runtime::runtime_enable(st, lead, a)),
-                nr::DBG_TRAP => with(i, o, |a| runtime::dbg_trap(st, caller, a)),
-                nr::GET_PROCESS_APERTURES_NEW => {
-                    with(i, o, |a| kfd::apertures_new(st, lead, caller, a))
-                }
-                nr::ACQUIRE_VM => with(i, o, |a| kfd::acquire_vm(st, lead, caller, &resolved, a)),
-                nr::ALLOC_MEMORY_OF_GPU => with(i, o, |a| kfd::alloc_memory(st, lead, caller, a)),
-                nr::FREE_MEMORY_OF_GPU => with(i, o, |a| kfd::free_memory(st, lead, a)),
-                nr::MAP_MEMORY_TO_GPU => with(i, o, |a| kfd::map_memory(st, lead, caller, a, true)),
-                // UNMAP's struct is MAP's (kfd-abi asserts both layouts).
-                nr::UNMAP_MEMORY_FROM_GPU => {
-                    with(i, o, |a| kfd::map_memory(st, lead, caller, a, false))
-                }
-                nr::CREATE_QUEUE => {
-                    // KFD 1.17's sdma_engine_id, past the 1.11 struct.
-                    let at = uapi::queue_type::SDMA_ENGINE_ID_AT;
-                    let engine = i
-                        .get(at..at + 4)
-                        .filter(|_| st.devs.kfd_minor >= 17)
-                        .map(|b| u32::from_le_bytes(b.try_into().unwrap()));
-                    with(i, o, |a| kfd::create_queue(st, lead, a, engine))
-                }
-                nr::DESTROY_QUEUE => with(i, o, |a| kfd::destroy_queue(st, lead, a)),
-                nr::UPDATE_QUEUE => with(i, o, |a| kfd::update_queue(st, lead, a)),
-                nr::CREATE_EVENT => with(i, o, |a| kfd::create_event(st, lead, a)),
-                nr::DESTROY_EVENT => with(i, o, |a: &mut sys::kfd_ioctl_destroy_event_args| {
-                    kfd::destroy_event(st, lead, a.event_id, &mut done)
-                }),
-                nr::SET_EVENT => with(i, o, |a: &mut sys::kfd_ioctl_set_event_args| {
-                    kfd::set_event(st, lead, a.event_id, &mut done)
-                }),
-                nr::RESET_EVENT => with(i, o, |a: &mut sys::kfd_ioctl_reset_event_args| {
-                    kfd::reset_event(st, lead, a.event_id)
-                }),
-                nr::AVAILABLE_MEMORY => with(i, o, |a| kfd::available_memory(st, lead, a)),
-                nr::SET_XNACK_MODE => with(i, o, |a| kfd::set_xnack(st, lead, a)),
-                nr::SET_MEMORY_POLICY => with(i, o, |a| kfd::set_memory_policy(st, lead, a)),
-                nr::GET_CLOCK_COUNTERS => with(i, o, |a| kfd::clock_counters(st, lead, a)),
-                nr::GET_PROCESS_APERTURES => with(i, o, |a| kfd::apertures_old(st, lead, a)),
-                // The deprecated debugger interface is gone from KFD.
-                nr::DBG_FIRST..=nr::DBG_LAST => Err(libc::EPERM),
-                nr::SET_SCRATCH_BACKING_VA => {
-                    with(i, o, |a| kfd::set_scratch_backing_va(st, lead, a))
-                }
-                nr::GET_TILE_CONFIG => with(i, o, |a| kfd::get_tile_config(st, lead, caller, a)),
-                nr::SET_TRAP_HANDLER => with(i, o, |a| kfd::set_trap_handler(st, lead, a)),
-                nr::SET_CU_MASK => with(i, o, |a| kfd::set_cu_mask(st, lead, caller, a)),
-                nr::GET_QUEUE_WAVE_STATE => with(i, o, |a| kfd::get_queue_wave_state(st, lead, a)),
-                nr::GET_DMABUF_INFO => with(i, o, |a: &mut sys::kfd_ioctl_get_dmabuf_info_args| {
-                    kfd::dmabuf_fd(&resolved, caller, a.dmabuf_fd)
-                }),
-                nr::IMPORT_DMABUF => with(i, o, |a: &mut sys::kfd_ioctl_import_dmabuf_args| {
-                    kfd::dmabuf_fd(&resolved, caller, a.dmabuf_fd)
-                }),
-                nr::ALLOC_QUEUE_GWS => with(i, o, |a| kfd::alloc_queue_gws(st, lead, a)),
-                nr::SMI_EVENTS => with(i, o, |a| kfd::smi_events(st, lead, a)),
-                nr::SVM => match st.procs.get_mut(&lead) {
-                    Some(p) => svm::ioctl(p, i, o),
-                    None => Err(libc::ESRCH),
-                },
-                nr::CRIU_OP => {
-                    let a = uapi::decode::<sys::kfd_ioctl_criu_args>(i);
-                    let r = match a.op {
-                        uapi::criu_op::CHECKPOINT => criu::checkpoint(st, lead, caller, &a),
-                        uapi::criu_op::UNPAUSE => criu::unpause(st, lead),
-                        uapi::criu_op::RESTORE => criu::restore(st, lead, caller, &resolved, &a),
-                        uapi::criu_op::RESUME => criu::resume(st, caller.tid, a.pid, &mut done),
-                        _ => Err(libc::EINVAL),
-                    };
-                    log_criu_op(a.op, caller, &r);
-                    r.map(|()| criu::answer(&a, i, o))
-                }
-                // A table entry without a function: KFD's answer.
-                _ => Err(libc::EINVAL),
-            }
+            return r;
+        }
+        if matches!(
+            n,
+            nr::FREE_MEMORY_OF_GPU | nr::DESTROY_QUEUE | nr::UPDATE_QUEUE | nr::CRIU_OP
+        ) {
+            // These free memory or change queues the engine may be
+            // using, or need the queues quiet (checkpoint): wait for
+            // the process' SDMA pass in flight (RESUME names another
+            // process).
+            let other = if n == nr::CRIU_OP {
+                uapi::decode::<sys::kfd_ioctl_criu_args>(input).pid
+            } else {
+                lead
+            };
+            st = self.quiesce(st, &[lead, other]);
+        }
+        if n == nr::CRIU_OP
+            && uapi::decode::<sys::kfd_ioctl_criu_args>(input).op == uapi::criu_op::PROCESS_INFO
+        {
+            let (st, r) = self.process_info(st, lead, caller, input, out_size);
+            self.shared.wake.notify_all();
+            self.unlock_then_finish(st, done);
+            return Some((reply, r));
+        }
+        let call = Call {
+            lead,
+            caller,
+            input,
+            out_size,
+            resolved: &resolved,
         };
+        let r = kfd_call(&mut st, n, call, &mut done);
         if matches!(n, nr::CREATE_QUEUE | nr::CRIU_OP) {
             self.shared.wake.notify_all();
         }
         // FREE_MEMORY_OF_GPU, or a RESTORE that failed, freed BOs.
         self.unlock_then_finish(st, done);
         Some((reply, r))
+    }
+
+    /// KFD's refusals of KFD request `n` before any state: a number
+    /// outside the table, an fd another process opened (CRIU_OP by its
+    /// tracer aside), CRIU_OP without the capability.
+    fn kfd_refusal(&self, lead: u32, caller: &Caller, n: u32, input: &[u8]) -> Option<i32> {
+        if nr::arg_size(n).is_none() || n >= nr::command_end(self.shared.devs.kfd_minor) {
+            // Outside [AMDKFD_COMMAND_START, AMDKFD_COMMAND_END).
+            return Some(libc::ENOTTY);
+        }
+        if caller.tgid != lead && !(n == nr::CRIU_OP && tracer_of(lead) == Some(caller.tid)) {
+            return Some(libc::EBADF);
+        }
+        if n == nr::CRIU_OP && !may_checkpoint(caller.tid) {
+            return Some(libc::EACCES);
+        }
+        // KFD would let the tracer restore into its tracee with the tracer's
+        // memory and fds; CRIU never does that, and allowing it here would
+        // hide a product bug (RESTORE must run inside the restored task).
+        if n == nr::CRIU_OP
+            && caller.tgid != lead
+            && uapi::decode::<sys::kfd_ioctl_criu_args>(input).op == uapi::criu_op::RESTORE
+        {
+            return Some(libc::EBADF);
+        }
+        None
     }
 
     /// CRIU_OP PROCESS_INFO: evicts the process' queues under the lock,
@@ -985,6 +914,155 @@ fn log_criu_op(op: u32, caller: &Caller, r: &state::R<()>) {
         r.as_ref()
             .map_or_else(|e| format!("errno {e}"), |()| "ok".into())
     );
+}
+
+/// One KFD request under the state lock: the process whose fd it came
+/// on, who asks, its argument, the answer's size, and the fds its
+/// argument names, resolved before the lock.
+#[derive(Clone, Copy)]
+struct Call<'a> {
+    lead: u32,
+    caller: &'a Caller,
+    input: &'a [u8],
+    out_size: usize,
+    resolved: &'a Resolved,
+}
+
+impl<'a> Call<'a> {
+    /// Its process, caller, argument and answer size.
+    fn parts(self) -> (u32, &'a Caller, &'a [u8], usize) {
+        (self.lead, self.caller, self.input, self.out_size)
+    }
+}
+
+/// KFD request `n` (in the table; WAIT_EVENTS and PROCESS_INFO are served
+/// apart), by family.
+fn kfd_call(st: &mut State, n: u32, c: Call, done: &mut Done) -> state::R<Vec<u8>> {
+    if n == nr::CRIU_OP {
+        return criu_call(st, c, done);
+    }
+    memory_call(st, n, c)
+        .or_else(|| queue_call(st, n, c))
+        .or_else(|| event_call(st, n, c, done))
+        .or_else(|| process_call(st, n, c))
+        // A table entry without a function: KFD's answer.
+        .unwrap_or(Err(libc::EINVAL))
+}
+
+/// The process' GPU memory: VMs, BOs, their mappings, dma-bufs, SVM
+/// ranges and the memory policies (None: not one of these).
+fn memory_call(st: &mut State, n: u32, c: Call) -> Option<state::R<Vec<u8>>> {
+    let (lead, caller, i, o) = c.parts();
+    let resolved = c.resolved;
+    Some(match n {
+        nr::EXPORT_DMABUF => with(i, o, |a| {
+            kfd::export_dmabuf(st, lead, a)?;
+            log::warn!(
+                "kfd-emu: AMDKFD_IOC_EXPORT_DMABUF from process {lead}: a dma-buf fd \
+                 needs `kfd-emu supervise`"
+            );
+            Err(libc::EOPNOTSUPP)
+        }),
+        nr::ACQUIRE_VM => with(i, o, |a| kfd::acquire_vm(st, lead, caller, resolved, a)),
+        nr::ALLOC_MEMORY_OF_GPU => with(i, o, |a| kfd::alloc_memory(st, lead, caller, a)),
+        nr::FREE_MEMORY_OF_GPU => with(i, o, |a| kfd::free_memory(st, lead, a)),
+        nr::MAP_MEMORY_TO_GPU => with(i, o, |a| kfd::map_memory(st, lead, caller, a, true)),
+        // UNMAP's struct is MAP's (kfd-abi asserts both layouts).
+        nr::UNMAP_MEMORY_FROM_GPU => with(i, o, |a| kfd::map_memory(st, lead, caller, a, false)),
+        nr::AVAILABLE_MEMORY => with(i, o, |a| kfd::available_memory(st, lead, a)),
+        nr::SET_XNACK_MODE => with(i, o, |a| kfd::set_xnack(st, lead, a)),
+        nr::SET_MEMORY_POLICY => with(i, o, |a| kfd::set_memory_policy(st, lead, a)),
+        nr::SET_SCRATCH_BACKING_VA => with(i, o, |a| kfd::set_scratch_backing_va(st, lead, a)),
+        nr::GET_DMABUF_INFO => with(i, o, |a: &mut sys::kfd_ioctl_get_dmabuf_info_args| {
+            kfd::dmabuf_fd(resolved, caller, a.dmabuf_fd)
+        }),
+        nr::IMPORT_DMABUF => with(i, o, |a: &mut sys::kfd_ioctl_import_dmabuf_args| {
+            kfd::dmabuf_fd(resolved, caller, a.dmabuf_fd)
+        }),
+        nr::SVM => match st.procs.get_mut(&lead) {
+            Some(p) => svm::ioctl(p, i, o),
+            None => Err(libc::ESRCH),
+        },
+        _ => return None,
+    })
+}
+
+/// The process' user-mode queues (None: not a queue request).
+fn queue_call(st: &mut State, n: u32, c: Call) -> Option<state::R<Vec<u8>>> {
+    let (lead, caller, i, o) = c.parts();
+    Some(match n {
+        nr::CREATE_QUEUE => {
+            // KFD 1.17's sdma_engine_id, past the 1.11 struct.
+            let at = uapi::queue_type::SDMA_ENGINE_ID_AT;
+            let engine = i
+                .get(at..at + 4)
+                .filter(|_| st.devs.kfd_minor >= 17)
+                .map(|b| u32::from_le_bytes(b.try_into().unwrap()));
+            with(i, o, |a| kfd::create_queue(st, lead, a, engine))
+        }
+        nr::DESTROY_QUEUE => with(i, o, |a| kfd::destroy_queue(st, lead, a)),
+        nr::UPDATE_QUEUE => with(i, o, |a| kfd::update_queue(st, lead, a)),
+        nr::SET_CU_MASK => with(i, o, |a| kfd::set_cu_mask(st, lead, caller, a)),
+        nr::GET_QUEUE_WAVE_STATE => with(i, o, |a| kfd::get_queue_wave_state(st, lead, a)),
+        nr::ALLOC_QUEUE_GWS => with(i, o, |a| kfd::alloc_queue_gws(st, lead, a)),
+        _ => return None,
+    })
+}
+
+/// Events and the SMI event fd (None: not an event request; WAIT_EVENTS
+/// is served before).
+fn event_call(st: &mut State, n: u32, c: Call, done: &mut Done) -> Option<state::R<Vec<u8>>> {
+    let (lead, _, i, o) = c.parts();
+    Some(match n {
+        nr::CREATE_EVENT => with(i, o, |a| kfd::create_event(st, lead, a)),
+        nr::DESTROY_EVENT => with(i, o, |a: &mut sys::kfd_ioctl_destroy_event_args| {
+            kfd::destroy_event(st, lead, a.event_id, done)
+        }),
+        nr::SET_EVENT => with(i, o, |a: &mut sys::kfd_ioctl_set_event_args| {
+            kfd::set_event(st, lead, a.event_id, done)
+        }),
+        nr::RESET_EVENT => with(i, o, |a: &mut sys::kfd_ioctl_reset_event_args| {
+            kfd::reset_event(st, lead, a.event_id)
+        }),
+        nr::SMI_EVENTS => with(i, o, |a| kfd::smi_events(st, lead, a)),
+        _ => return None,
+    })
+}
+
+/// The version, the process' apertures, clocks and tile configuration,
+/// its runtime and trap handler, the debugger (None: none of these).
+fn process_call(st: &mut State, n: u32, c: Call) -> Option<state::R<Vec<u8>>> {
+    let (lead, caller, i, o) = c.parts();
+    Some(match n {
+        nr::GET_VERSION => with(i, o, |a| kfd::get_version(st, a)),
+        nr::RUNTIME_ENABLE => with(i, o, |a| runtime::runtime_enable(st, lead, a)),
+        nr::DBG_TRAP => with(i, o, |a| runtime::dbg_trap(st, caller, a)),
+        nr::GET_PROCESS_APERTURES_NEW => with(i, o, |a| kfd::apertures_new(st, lead, caller, a)),
+        nr::GET_CLOCK_COUNTERS => with(i, o, |a| kfd::clock_counters(st, lead, a)),
+        nr::GET_PROCESS_APERTURES => with(i, o, |a| kfd::apertures_old(st, lead, a)),
+        // The deprecated debugger interface is gone from KFD.
+        nr::DBG_FIRST..=nr::DBG_LAST => Err(libc::EPERM),
+        nr::GET_TILE_CONFIG => with(i, o, |a| kfd::get_tile_config(st, lead, caller, a)),
+        nr::SET_TRAP_HANDLER => with(i, o, |a| kfd::set_trap_handler(st, lead, a)),
+        _ => return None,
+    })
+}
+
+/// CRIU_OP's CHECKPOINT, UNPAUSE, RESTORE and RESUME (PROCESS_INFO is
+/// served before).
+fn criu_call(st: &mut State, c: Call, done: &mut Done) -> state::R<Vec<u8>> {
+    let (lead, caller, i, o) = c.parts();
+    let resolved = c.resolved;
+    let a = uapi::decode::<sys::kfd_ioctl_criu_args>(i);
+    let r = match a.op {
+        uapi::criu_op::CHECKPOINT => criu::checkpoint(st, lead, caller, &a),
+        uapi::criu_op::UNPAUSE => criu::unpause(st, lead),
+        uapi::criu_op::RESTORE => criu::restore(st, lead, caller, resolved, &a),
+        uapi::criu_op::RESUME => criu::resume(st, caller.tid, a.pid, done),
+        _ => Err(libc::EINVAL),
+    };
+    log_criu_op(a.op, caller, &r);
+    r.map(|()| criu::answer(&a, i, o))
 }
 
 impl Shared {
