@@ -492,6 +492,16 @@ int criu_rocm_restore_task_done(void)
 		       0;
 }
 
+int criu_rocm_held_file(const char *path)
+{
+	int fd;
+
+	if (!gpu_restore)
+		return -1;
+	fd = criu_gpu_restore_held_file(path);
+	return fd >= 0 ? fd : -1;
+}
+
 int criu_rocm_task_start(void)
 {
 	struct pstree_item *parent = current->parent;

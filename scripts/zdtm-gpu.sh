@@ -109,8 +109,8 @@ fi
 # has. libhsakmt removes its /dev/shm/hsakmt_shared_mem when any of its processes closes
 # KFD; on the machine's /dev/shm, another ROCm program ending between a restore's check
 # that the file is there and CRIU's opening of it made the restore fail ("Can't open file
-# dev/shm/hsakmt_shared_mem on restore", gpu_rocr_tree, once; the product's side of it:
-# test/rocm/cr.sh's hsakmt_idle_shm_removed_mid_restore).
+# dev/shm/hsakmt_shared_mem on restore", gpu_rocr_tree, once; fixed by patch 0081, tested
+# by test/rocm/cr.sh's hsakmt_idle_shm_removed_mid_restore). A host of its own all the same.
 run_zdtm() {
 	local profile=$1 test=$2 flavours=$3
 	shift 3

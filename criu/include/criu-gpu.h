@@ -214,6 +214,22 @@ int criu_gpu_restore_fini(void);
 int criu_gpu_restore_file(int vpid, int real_pid, uint32_t id, int fd_floor, int imgdir_fd);
 
 /*
+ In a restored task, before CRIU opens a regular file by its name
+ `path` (relative to the task's root) for an fd or a mapping: an fd of
+ the file the GPU hooks checked or recreated under that name
+ (libhsakmt's shared memory and semaphore), for CRIU to open the file
+ through (`/proc/self/fd/N`), whatever became of the name since.  The fd
+ stays the hooks' (closed by `criu_gpu_restore_task_done`).  `-ENOENT`
+ when the hooks hold no file of that name.
+
+ A NULL pointer is refused with `-EINVAL`.
+
+ # Safety
+ `path` is NULL or a NUL-terminated string.
+ */
+int criu_gpu_restore_held_file(const char *path);
+
+/*
  In a restored task: the new offset (`*new_pgoff`, bytes) and an fd to
  map from (`*map_fd`, CRIU's to close) for a device mapping recorded as
  `path` at `pgoff`, `len` bytes at `addr`.  Returns `1` when the mapping

@@ -72,6 +72,15 @@ extern cr_plugin_desc_t criu_rocm_plugin;
 
 /* --- where CRIU has no plugin hook --- */
 
+/*
+ * Restore, in a task, before CRIU opens the regular file path (relative to
+ * the task's root) by its name: an fd of the file criu-rocm checked or
+ * recreated under that name for the task (libhsakmt's shared memory and
+ * semaphore in /dev/shm), to open it through instead, or -1.  The fd stays
+ * criu-rocm's.
+ */
+extern int criu_rocm_held_file(const char *path);
+
 /* Dump, after all CPU memory is dumped: every paused GPU process was saved. */
 extern int criu_rocm_dump_late(void);
 /*

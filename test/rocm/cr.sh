@@ -306,16 +306,16 @@ case_hsakmt_maps_same_host() { same mi100 gpu_hsakmt_maps; }
 
 # libhsakmt removes /dev/shm/hsakmt_shared_mem (and its semaphore) whenever one of its
 # processes closes KFD, whatever others still map it. Another ROCm program on the machine
-# that ends while a restore runs, between the restore's check that the file is there (when
+# that ended while a restore ran, between the restore's check that the file is there (when
 # the task's /dev/kfd is restored) and CRIU's opening of it by path (libhsakmt's fd on it,
 # a higher number than /dev/kfd's, then its mapping in open_vmas), made the restore fail:
-# zdtm's gpu_rocr_tree, once, on the machine's shared /dev/shm. Here, all through the
+# zdtm's gpu_rocr_tree, once, on the machine's shared /dev/shm. The restore now holds the
+# file it checked or made and CRIU opens that one (patch 0081). Here, all through the
 # restore, the file is removed again and again, as ROCm programs ending one after the other
-# remove it: the restore must succeed and the program run on. (A restored task cannot be
-# stopped at that point instead: CRIU fails a restore whose task stops.)
+# remove it: the restore must succeed, CRIU must have opened the held file, and the program
+# run on. (A restored task cannot be stopped at that point instead: CRIU fails a restore
+# whose task stops.)
 case_hsakmt_idle_shm_removed_mid_restore() {
-	known_bug "BUG: a restore fails when another ROCm program removes libhsakmt's shared memory file before CRIU opens it (issue 25)" \
-		"Can't open file dev/shm/hsakmt_shared_mem on restore"
 	on mi100 -- shm_removed_mid_restore gpu_hsakmt_idle
 	t_passed
 }
@@ -339,6 +339,8 @@ while True:
 	wait "$rpid" 2>/dev/null
 	[ "$st" = 0 ] || fail "the restore failed while the file was being removed:" \
 		"$(grep -a -m1 -o "Can't open file .* on restore.*" "$img/restore.log" || log_errors "$img/restore.log")"
+	grep -aq "Opening dev/shm/hsakmt_shared_mem through the GPU restore's fd" "$img/restore.log" ||
+		fail "CRIU opened libhsakmt's shared memory by its name, not through the file the restore checked ($img/restore.log)"
 	alive "$T_PID" || fail "the restored program $T_PID does not run: $(out_reason)"
 	t_round 1
 	t_finish

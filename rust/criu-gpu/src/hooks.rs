@@ -3,7 +3,7 @@
 //! lives in statics here; after `fork` every restored task has its own copy.
 
 use std::ffi::{c_char, c_int, CStr, OsStr};
-use std::os::fd::{BorrowedFd, IntoRawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, IntoRawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard, OnceLock};
@@ -589,6 +589,37 @@ pub extern "C" fn criu_gpu_restore_file(
             Ok(None) => -libc::ENOTSUP,
             Err(e) => fail(e),
         }
+    })
+}
+
+/// In a restored task, before CRIU opens a regular file by its name
+/// `path` (relative to the task's root) for an fd or a mapping: an fd of
+/// the file the GPU hooks checked or recreated under that name
+/// (libhsakmt's shared memory and semaphore), for CRIU to open the file
+/// through (`/proc/self/fd/N`), whatever became of the name since.  The fd
+/// stays the hooks' (closed by `criu_gpu_restore_task_done`).  `-ENOENT`
+/// when the hooks hold no file of that name.
+///
+/// A NULL pointer is refused with `-EINVAL`.
+///
+/// # Safety
+/// `path` is NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn criu_gpu_restore_held_file(path: *const c_char) -> c_int {
+    if path.is_null() {
+        log::error!("criu_gpu_restore_held_file: a NULL path");
+        return -libc::EINVAL;
+    }
+    // SAFETY: not NULL, and the caller passes a valid C string (CRIU's
+    // reg-file name).
+    let Ok(path) = unsafe { CStr::from_ptr(path) }.to_str().map(str::to_owned) else {
+        return -libc::ENOENT;
+    };
+    ffi_boundary("criu_gpu_restore_held_file", move || {
+        let g = lock(&RESTORE);
+        g.as_ref()
+            .and_then(|s| s.held_file(&path))
+            .map_or(-libc::ENOENT, |fd| fd.as_raw_fd())
     })
 }
 

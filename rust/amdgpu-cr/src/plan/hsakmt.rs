@@ -1,6 +1,7 @@
 //! The thunk's (libhsakmt's) shared bookkeeping in `/dev/shm`: what a dump
 //! records of it and what a restore recreates.
 
+use std::fs::File;
 use std::io;
 use std::path::Path;
 
@@ -80,21 +81,39 @@ impl SharedMem {
         })
     }
 
-    /// Recreates the file with the recorded size, magic and mode (0666
-    /// when none was recorded) when it is missing in the restored task's
-    /// mount namespace; the rest of its contents (thunk counters) is not
-    /// saved, as upstream.  CRIU then finds the file as the process had it
-    /// mapped, mode included.  An existing file is left alone.  Returns
-    /// whether it was created.
-    pub fn recreate(&self, path: &Path) -> io::Result<bool> {
+    /// The file at `path` opened, recreated first with the recorded size,
+    /// magic and mode (0666 when none was recorded) when it is missing in
+    /// the restored task's mount namespace; the rest of its contents (thunk
+    /// counters) is not saved, as upstream.  An existing file is left
+    /// alone.  `None` when the process had no such file; otherwise the file
+    /// and whether it was created.
+    ///
+    /// The file returned is the one checked or made here, whatever happens
+    /// to the name afterwards: libhsakmt removes the name whenever one of
+    /// its processes closes KFD, and another ROCm program may make a new
+    /// one.  CRIU opens the task's fd and mapping of the file through it.
+    pub fn open_or_recreate(&self, path: &Path) -> io::Result<Option<(File, bool)>> {
+        if self.size == 0 {
+            return Ok(None);
+        }
+        for _ in 0..VANISH_RETRIES {
+            match File::open(path) {
+                Ok(f) => return Ok(Some((f, false))),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+            if let Some(f) = self.create(path)? {
+                return Ok(Some((f, true)));
+            }
+        }
+        Err(vanished(path))
+    }
+
+    /// Creates the file whole, or `None` when another one took the name
+    /// meanwhile.
+    fn create(&self, path: &Path) -> io::Result<Option<File>> {
         use std::io::Write;
         use std::os::unix::fs::PermissionsExt;
-        if self.size == 0 {
-            return Ok(false);
-        }
-        if path.exists() {
-            return Ok(false);
-        }
         // Built under a random name of its own (`tempfile`: created
         // exclusively, removed on any error) and moved into place whole,
         // never over an existing file: the other restored processes of a
@@ -113,11 +132,23 @@ impl SharedMem {
         let n = self.size.min(4) as usize;
         tmp.write_all(&self.magic.to_le_bytes()[..n])?;
         match tmp.persist_noclobber(path) {
-            Ok(_) => Ok(true),
-            Err(e) if e.error.kind() == io::ErrorKind::AlreadyExists => Ok(false),
+            Ok(f) => Ok(Some(f)),
+            Err(e) if e.error.kind() == io::ErrorKind::AlreadyExists => Ok(None),
             Err(e) => Err(e.error),
         }
     }
+}
+
+/// How often a file whose name disappears between its creation (or
+/// check) and its opening is looked at again before giving up: every
+/// round means another process removed it in that window.
+const VANISH_RETRIES: usize = 64;
+
+fn vanished(path: &Path) -> io::Error {
+    io::Error::other(format!(
+        "{} was removed again each of {VANISH_RETRIES} times right after it was found or made",
+        path.display()
+    ))
 }
 
 /// Name of the thunk's POSIX semaphore guarding its shared memory.
@@ -136,4 +167,20 @@ pub fn ensure_semaphore(name: &std::ffi::CStr, file: &Path, mode: u32) -> io::Re
     // sem_open applied our umask.
     std::fs::set_permissions(file, std::fs::Permissions::from_mode(mode))?;
     Ok(true)
+}
+
+/// [`ensure_semaphore`], and its file `file` opened: the semaphore made
+/// or found here, whatever happens to the name afterwards (see
+/// [`SharedMem::open_or_recreate`]).  Returns the file and whether the
+/// semaphore was created.
+pub fn open_semaphore(name: &std::ffi::CStr, file: &Path, mode: u32) -> io::Result<(File, bool)> {
+    for _ in 0..VANISH_RETRIES {
+        let created = ensure_semaphore(name, file, mode)?;
+        match File::open(file) {
+            Ok(f) => return Ok((f, created)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Err(vanished(file))
 }

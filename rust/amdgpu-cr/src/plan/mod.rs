@@ -27,7 +27,8 @@ mod vma;
 
 pub use device::{classify_device, same_file, stat_fd, stat_path, DeviceIdentities, DeviceKind};
 pub use hsakmt::{
-    ensure_semaphore, SharedMem, HSAKMT_SEMAPHORE, HSAKMT_SEMAPHORE_FILE, HSAKMT_SHM,
+    ensure_semaphore, open_semaphore, SharedMem, HSAKMT_SEMAPHORE, HSAKMT_SEMAPHORE_FILE,
+    HSAKMT_SHM,
 };
 pub use vma::{OffsetIndex, Overlap, VmaFixup, VmaFixups, VmaRemap};
 
@@ -725,7 +726,7 @@ mod tests {
 
     #[test]
     fn hsakmt_shared_mem_probe_and_recreate() {
-        use std::os::unix::fs::PermissionsExt;
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
         let dir = tempdir();
         let path = dir.join("hsakmt_shared_mem");
         let sem_file = dir.join("sem.test");
@@ -740,8 +741,9 @@ mod tests {
             magic: 0x1234_5678,
             ..SharedMem::default()
         };
-        assert!(sm.recreate(&path).unwrap());
-        assert!(!sm.recreate(&path).unwrap(), "existing file left alone");
+        let created = |sm: &SharedMem, p: &Path| sm.open_or_recreate(p).unwrap().unwrap().1;
+        assert!(created(&sm, &path));
+        assert!(!created(&sm, &path), "existing file left alone");
         let left: Vec<_> = std::fs::read_dir(&dir)
             .unwrap()
             .map(|e| e.unwrap().file_name())
@@ -751,7 +753,7 @@ mod tests {
         std::fs::remove_file(&path).unwrap();
         // A recorded mode is restored whatever the umask.
         let sm = SharedMem { mode: 0o640, ..sm };
-        assert!(sm.recreate(&path).unwrap());
+        assert!(created(&sm, &path));
         assert_eq!(mode_of(&path), 0o640);
         std::fs::write(&sem_file, b"x").unwrap();
         std::fs::set_permissions(&sem_file, std::fs::Permissions::from_mode(0o604)).unwrap();
@@ -762,7 +764,10 @@ mod tests {
                 ..sm
             }
         );
-        assert!(!SharedMem::default().recreate(&dir.join("none")).unwrap());
+        assert!(SharedMem::default()
+            .open_or_recreate(&dir.join("none"))
+            .unwrap()
+            .is_none());
         // The scratch directory's random name: no other run, in this pid
         // namespace or another, takes the same semaphore.
         let stem = dir.file_name().unwrap().to_str().unwrap().to_owned();
@@ -771,7 +776,42 @@ mod tests {
         assert!(ensure_semaphore(&name, &file, 0o602).unwrap());
         assert!(!ensure_semaphore(&name, &file, 0o666).unwrap());
         assert_eq!(mode_of(&file), 0o602);
+        let (held, made) = open_semaphore(&name, &file, 0o666).unwrap();
+        assert!(!made, "existing semaphore left alone");
+        assert_eq!(
+            held.metadata().unwrap().ino(),
+            file.metadata().unwrap().ino()
+        );
         crate::os::file::unlink_semaphore(&name).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The file handed back is the one made or found, whatever becomes of
+    /// its name: removed and replaced by another program's file (of
+    /// another size) right after.
+    #[test]
+    fn hsakmt_shared_mem_held_through_replacement() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempdir();
+        let path = dir.join("hsakmt_shared_mem");
+        let sm = SharedMem {
+            size: 8192,
+            magic: 0x1234_5678,
+            ..SharedMem::default()
+        };
+        let (held, made) = sm.open_or_recreate(&path).unwrap().unwrap();
+        assert!(made);
+        std::fs::remove_file(&path).unwrap();
+        std::fs::write(&path, [0u8; 16]).unwrap();
+        let md = held.metadata().unwrap();
+        assert_eq!(
+            (md.len(), md.nlink()),
+            (8192, 0),
+            "still the file made here"
+        );
+        let (found, made) = sm.open_or_recreate(&path).unwrap().unwrap();
+        assert!(!made, "an existing file is used as it is");
+        assert_eq!(found.metadata().unwrap().len(), 16);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -35,7 +35,7 @@ use crate::image::{kfd_image_name, FileId, KfdImage, RenderImage};
 use crate::matcher::GpuMap;
 use crate::os::fd::dup_at_least;
 use crate::plan::{
-    ensure_semaphore, plan_restore, same_file, stat_path, BoBucket, DeviceIdentities, DeviceKind,
+    open_semaphore, plan_restore, same_file, stat_path, BoBucket, DeviceIdentities, DeviceKind,
     RestorePlan, SharedMem, VmaFixups, HSAKMT_SEMAPHORE, HSAKMT_SEMAPHORE_FILE, HSAKMT_SHM,
 };
 use crate::topology::{Topology, SYSFS_NODES};
@@ -238,6 +238,10 @@ pub struct RestoreSession {
     /// The render files whose GEM BOs were restored: their new mmap
     /// offsets, and a dup of the file to map them through.
     gems: Vec<(super::gem::GemFixups, OwnedFd)>,
+    /// Files checked or recreated for the task (libhsakmt's shared memory
+    /// and semaphore) by absolute path, held until its files and mappings
+    /// are restored: CRIU opens those through these fds.
+    held: Vec<(PathBuf, OwnedFd)>,
 }
 
 fn kfd_step(
@@ -278,6 +282,27 @@ impl RestoreSession {
             mailbox: None,
             task: None,
             gems: Vec::new(),
+            held: Vec::new(),
+        }
+    }
+
+    /// The fd this task holds of the file CRIU is about to open as `path`
+    /// (relative to the task's root, as CRIU names it, or absolute), to
+    /// open it through instead: the file the restore checked or made,
+    /// whatever became of the name since.  Stays ours.
+    pub fn held_file(&self, path: &str) -> Option<BorrowedFd<'_>> {
+        let path = Path::new("/").join(path);
+        self.held
+            .iter()
+            .find(|(p, _)| *p == path)
+            .map(|(_, fd)| fd.as_fd())
+    }
+
+    fn hold_thunk_files(&mut self, vpid: i32, image: &KfdImage, fd_floor: RawFd) {
+        for (path, fd) in hold_thunk_files(vpid, image, fd_floor) {
+            if self.held_file(path.to_str().unwrap_or_default()).is_none() {
+                self.held.push((path, fd));
+            }
         }
     }
 
@@ -426,7 +451,7 @@ impl RestoreSession {
         )?;
         let fixups = VmaFixups::from_restored(&plan, &restored)
             .map_err(|e| SessionError::core(vpid, "recording the new BO offsets", e))?;
-        ensure_thunk_shm(vpid, &image);
+        self.hold_thunk_files(vpid, &image, fd_floor);
         log::info!(
             "pid {vpid}: KFD file {id} restored: {} GPU(s), {} BO(s), {} object(s) in {:.1} ms; \
              BO contents handed to the GPU memory writer",
@@ -826,6 +851,7 @@ impl RestoreSession {
             });
         }
         self.gems.clear();
+        self.held.clear();
         let n = self.kfds.len();
         let mut gate = None;
         for k in self.kfds.drain(..) {
@@ -999,39 +1025,55 @@ fn post_job(
 
 /// libhsakmt's shared memory and semaphore, recreated when another
 /// process of the thunk removed them (it does when it closes KFD) and the
-/// image's process had them; failures are logged, CRIU's open of the file
-/// then names it.
-fn ensure_thunk_shm(vpid: i32, image: &KfdImage) {
+/// image's process had them, and held open (numbered `fd_floor` or above)
+/// until the task's files and mappings are restored: CRIU opens the task's
+/// fds and mappings of them through these (`RestoreSession::held_file`),
+/// so a name removed or replaced meanwhile by another ROCm program ending
+/// or starting changes nothing.  Failures are logged; CRIU's open of the
+/// file by its name then names it.
+fn hold_thunk_files(vpid: i32, image: &KfdImage, fd_floor: RawFd) -> Vec<(PathBuf, OwnedFd)> {
     let shm = SharedMem {
         size: image.msg.shared_mem_size,
         magic: image.msg.shared_mem_magic,
         mode: image.msg.shared_mem_mode.unwrap_or(0),
         semaphore_mode: image.msg.semaphore_mode.unwrap_or(0),
     };
-    if shm.size == 0 {
-        return;
-    }
-    match shm.recreate(Path::new(HSAKMT_SHM)) {
-        Ok(true) => log::info!(
-            "pid {vpid}: {HSAKMT_SHM} was missing: recreated ({} bytes, magic {:#x})",
-            shm.size,
-            shm.magic
-        ),
-        Ok(false) => {}
+    let mut held = Vec::new();
+    let mut keep = |path: &str, f: std::fs::File| match dup_at_least(f.as_fd(), fd_floor) {
+        Ok(fd) => held.push((PathBuf::from(path), fd)),
+        Err(e) => log::warn!("pid {vpid}: holding {path}: {e}"),
+    };
+    match shm.open_or_recreate(Path::new(HSAKMT_SHM)) {
+        Ok(None) => return held,
+        Ok(Some((f, created))) => {
+            if created {
+                log::info!(
+                    "pid {vpid}: {HSAKMT_SHM} was missing: recreated ({} bytes, magic {:#x})",
+                    shm.size,
+                    shm.magic
+                );
+            }
+            keep(HSAKMT_SHM, f);
+        }
         Err(e) => log::warn!("pid {vpid}: recreating {HSAKMT_SHM}: {e}"),
     }
-    match ensure_semaphore(
+    match open_semaphore(
         HSAKMT_SEMAPHORE,
         Path::new(HSAKMT_SEMAPHORE_FILE),
         shm.semaphore_mode,
     ) {
-        Ok(true) => log::info!(
-            "pid {vpid}: {HSAKMT_SEMAPHORE_FILE} was missing: recreated the thunk's \
-             semaphore (value 1)"
-        ),
-        Ok(false) => {}
+        Ok((f, created)) => {
+            if created {
+                log::info!(
+                    "pid {vpid}: {HSAKMT_SEMAPHORE_FILE} was missing: recreated the thunk's \
+                     semaphore (value 1)"
+                );
+            }
+            keep(HSAKMT_SEMAPHORE_FILE, f);
+        }
         Err(e) => log::warn!("pid {vpid}: creating the thunk's semaphore: {e}"),
     }
+    held
 }
 
 /// Streamed images: asks the image streamer for each GPU's pages file of
