@@ -213,9 +213,10 @@ def frame(payload):
 # kfd_criu_queue_priv_data offsets (kfd-abi's layout) and the values written there.
 QUEUE_FIELDS = {"type": (68, 2), "sdma-id": (96, 0xFFFF), "doorbell": (88, 4096)}
 HOSTILE_EDITS = ["ctl-1m", "mqd-64k", "type", "sdma-id", "doorbell", "ring", "event-id", "svm",
-                 "counts", "compute-gfx11", "compute-2xcc"]
+                 "counts", "compute-gfx11", "compute-2xcc", "compute-ctx-cus"]
 # kfd_device_entry fields the control stack size follows from.
 DEV_SIMD_COUNT, DEV_SIMD_PER_CU = 4, 16
+DEV_ARRAY_COUNT, DEV_ARRAYS_PER_ENGINE = 13, 14
 
 
 def gfx11_ctl_stack(dev):
@@ -225,6 +226,22 @@ def gfx11_ctl_stack(dev):
     for a GFX 9 GPU."""
     cus = get(dev, DEV_SIMD_COUNT) // max(get(dev, DEV_SIMD_PER_CU, 1), 1)
     return (cus * 32 * 12 + 48 + 4095) // 4096 * 4096
+
+
+def gfx9_ctl_stack(dev):
+    """The control stack KFD sizes for a GFX 9 node with this device record's CUs and shader
+    arrays (8 bytes for each of min(40 per CU, 512 per array) waves, a 48-byte header, page
+    aligned)."""
+    cus = get(dev, DEV_SIMD_COUNT) // max(get(dev, DEV_SIMD_PER_CU, 1), 1)
+    arrays = get(dev, DEV_ARRAY_COUNT, 0) // max(get(dev, DEV_ARRAYS_PER_ENGINE, 1), 1)
+    waves = min(cus * 40, arrays * 512)
+    return (waves * 8 + 48 + 4095) // 4096 * 4096
+
+
+def gfx908_save_area(ctl, cus):
+    """The context save area of one XCC of a gfx908 node with `cus` CUs: the control stack,
+    then 0x95000 bytes per CU (512 KiB of VGPRs, SGPRs, LDS, hardware registers)."""
+    return ctl + cus * 0x95000
 
 
 def as_compute(priv, queue, mqd, ctl):
@@ -255,14 +272,25 @@ def priv_objects(priv, devices, bos, count, record):
     return out
 
 
+def device_of(m, priv, queue):
+    """The device record of the GPU the queue at `queue` runs on."""
+    (gpu,) = struct.unpack_from("<I", priv, queue + 64)
+    dev = next((d for _, d in subs(m, KFD_DEVICES) if get(d, DEV_GPU_ID) == gpu), None)
+    if dev is None:
+        raise Bad(f"no device record of GPU {gpu:#x}")
+    return dev
+
+
 def hostile_kfd(data, edit):
     """A KFD image (framed) with its private data edited self-consistently: bytes inserted
     where a size grows (ctl-1m: the first queue's control stack by 1 MiB, mqd-64k: its MQD
     by 64 KiB), a queue type no process owns, SDMA engine and doorbell ids out of range, the
     ring at 0x1000 (outside the process), the first event's id out of its range, an SVM range
     the process never mapped, num_of_objects 2^32-1; the first queue made a compute queue with a
-    GFX 11 node's control stack (compute-gfx11) or the MQDs of 2 XCCs (compute-2xcc): sizes KFD
-    writes for some GPU but not for the (GFX 9, one-XCC) host GPU that restores it."""
+    GFX 11 node's control stack (compute-gfx11), the MQDs of 2 XCCs (compute-2xcc) or the
+    GPU's own control stack with the context save area of a gfx908 GPU of 8 CUs fewer (same
+    control stack; compute-ctx-cus): sizes KFD writes for some GPU but not for the (GFX 9,
+    one-XCC) host GPU that restores it."""
     m = parse(unframe(data))
     priv = bytearray(get(m, KFD_PRIV))
     n, devices, bos = get(m, KFD_NUM_OBJECTS), get(m, KFD_NUM_GPUS), get(m, KFD_NUM_BOS)
@@ -278,11 +306,13 @@ def hostile_kfd(data, edit):
         struct.pack_into("<I", priv, queue + field, v + grow)
         priv[queue + 120:queue + 120] = bytes(grow)
     elif edit == "compute-gfx11":
-        (gpu,) = struct.unpack_from("<I", priv, queue + 64)
-        dev = next((d for _, d in subs(m, KFD_DEVICES) if get(d, DEV_GPU_ID) == gpu), None)
-        if dev is None:
-            raise Bad(f"no device record of GPU {gpu:#x}")
-        as_compute(priv, queue, 2048, gfx11_ctl_stack(dev))
+        as_compute(priv, queue, 2048, gfx11_ctl_stack(device_of(m, priv, queue)))
+    elif edit == "compute-ctx-cus":
+        dev = device_of(m, priv, queue)
+        ctl = gfx9_ctl_stack(dev)
+        cus = get(dev, DEV_SIMD_COUNT) // max(get(dev, DEV_SIMD_PER_CU, 1), 1)
+        as_compute(priv, queue, 2048, ctl)
+        struct.pack_into("<I", priv, queue + 104, gfx908_save_area(ctl, cus - 8))
     elif edit == "compute-2xcc":
         as_compute(priv, queue, 2 * 2048, 0)
     elif edit in QUEUE_FIELDS:

@@ -138,11 +138,42 @@ const fn vgpr_size_per_cu(gfxv: u32) -> u32 {
 /// then per CU its VGPRs, 16 KiB of SGPRs, 64 KiB of LDS and 4 KiB of
 /// hardware registers, page aligned.  `None` where [`ctl_stack_size`] is.
 pub fn cwsr_size(p: &CwsrProps) -> Option<u32> {
+    cwsr_size_with(p, vgpr_size_per_cu(p.gfx_target_version))
+}
+
+/// The control stack and, per CU, `vgpr` bytes of VGPRs, 16 KiB of SGPRs,
+/// 64 KiB of LDS and 4 KiB of hardware registers, page aligned.
+fn cwsr_size_with(p: &CwsrProps, vgpr: u32) -> Option<u32> {
     let ctl = ctl_stack_size(p)?;
     let cu = p.simd_count / p.simd_per_cu / p.num_xcc;
-    let per_cu = vgpr_size_per_cu(p.gfx_target_version) + 0x4000 + 0x10000 + 0x1000;
+    let per_cu = vgpr + 0x4000 + 0x10000 + 0x1000;
     let wg_data = cu.checked_mul(per_cu)?.checked_next_multiple_of(PAGE)?;
     ctl.checked_add(wg_data)
+}
+
+/// The context save areas a queue of the node may have been created
+/// with: KFD's [`cwsr_size`] first, then on GFX 9.4 parts the one a
+/// libhsakmt older than them computes (it budgets 256 KiB of VGPRs per CU
+/// for a generation it does not know; kernels before 6.12 took it).
+/// Empty where [`cwsr_size`] is `None`.
+pub fn cwsr_sizes(p: &CwsrProps) -> Vec<u32> {
+    let mut sizes: Vec<u32> = cwsr_size(p).into_iter().collect();
+    if p.gfx_target_version / 100 == 904 {
+        sizes.extend(cwsr_size_with(p, 0x4_0000).filter(|s| !sizes.contains(s)));
+    }
+    sizes
+}
+
+/// The end-of-pipe buffer of a compute queue that KFD computes for a node
+/// of `gfx_target_version` (its `eop_buffer_size`, required of a queue's
+/// `eop_ring_buffer_size` from 6.12 on): 32 KiB on Tonga, a page on every
+/// other GFX 8 and later GPU; `None` before GFX 8.
+pub const fn eop_buffer_size(gfx_target_version: u32) -> Option<u32> {
+    match gfx_target_version {
+        80002 => Some(0x8000),
+        v if v >= 80000 => Some(PAGE),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
@@ -191,6 +222,45 @@ mod tests {
             Some(0x2000 + 64 * 0x55000)
         );
         assert_eq!(cwsr_size(&props(80000, 8, 1, 1, 1)), None);
+    }
+
+    #[test]
+    fn context_save_areas_of_cu_counts_and_eop_buffers() {
+        // MI100: 9 pages of control stack, 120 CUs of 0x95000.
+        assert_eq!(
+            cwsr_size(&props(90008, 120, 8, 1, 1)),
+            Some(0x9000 + 120 * 0x9_5000)
+        );
+        // MI210 (104 CUs) and MI250X's GCD (110 CUs): one control stack
+        // size (4096 waves), two save areas.
+        let mi210 = props(90010, 104, 8, 1, 1);
+        let gcd = props(90010, 110, 8, 1, 1);
+        assert_eq!(ctl_stack_size(&mi210), ctl_stack_size(&gcd));
+        assert_ne!(cwsr_size(&mi210), cwsr_size(&gcd));
+        // MI300X: 38 CUs per XCC of 0x95000 after 3 pages.
+        assert_eq!(
+            cwsr_size(&props(90402, 304, 32, 4, 8)),
+            Some(0x3000 + 38 * 0x9_5000)
+        );
+        // Other gfx9: 256 KiB of VGPRs per CU; GFX 11.0.0: 384 KiB.
+        assert_eq!(
+            cwsr_size(&props(90000, 64, 2, 2, 1)),
+            Some(0x2000 + 64 * 0x5_5000)
+        );
+        assert_eq!(
+            cwsr_size(&props(110000, 96, 12, 2, 1)),
+            Some(0xa000 + 96 * 0x7_5000)
+        );
+        // An older libhsakmt's on GFX 9.4 only.
+        assert_eq!(
+            cwsr_sizes(&props(90402, 304, 32, 4, 8)),
+            [0x3000 + 38 * 0x9_5000, 0x3000 + 38 * 0x5_5000]
+        );
+        assert_eq!(cwsr_sizes(&mi210), [0x9000 + 104 * 0x9_5000]);
+        assert_eq!(cwsr_size(&props(80000, 8, 1, 1, 1)), None);
+        assert_eq!(eop_buffer_size(90008), Some(4096));
+        assert_eq!(eop_buffer_size(80002), Some(0x8000));
+        assert_eq!(eop_buffer_size(70000), None);
     }
 
     #[test]

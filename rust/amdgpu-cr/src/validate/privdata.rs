@@ -48,7 +48,7 @@ const USER_LIMIT: u64 = 1 << 57;
 /// refusal already: nothing more to say here then.
 pub fn check(dir: &Path, name: &str, image: &KfdImage) -> Result<(), Refusal> {
     let m = &image.msg;
-    let Some(objects) = blob_objects(image) else {
+    let Ok(objects) = blob_objects(image) else {
         return Ok(());
     };
     let vmas = crate::criu_images::vmas(dir, m.pid)
@@ -62,8 +62,8 @@ pub fn check(dir: &Path, name: &str, image: &KfdImage) -> Result<(), Refusal> {
 }
 
 /// The objects of the image's blob, with the BO record size recorded at
-/// dump (or the one the blob parses with); `None` when it does not parse.
-fn blob_objects(image: &KfdImage) -> Option<Vec<Object>> {
+/// dump (or the one the blob parses with); why not when it does not parse.
+fn blob_objects(image: &KfdImage) -> Result<Vec<Object>, String> {
     let m = &image.msg;
     let record = match m.priv_bo_record_size {
         Some(size) => u64::from(size),
@@ -79,7 +79,6 @@ fn blob_objects(image: &KfdImage) -> Option<Vec<Object>> {
         m.num_of_objects,
         record,
     )
-    .ok()
 }
 
 /// One image's blob and what it is checked against.

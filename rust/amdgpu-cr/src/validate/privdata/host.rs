@@ -7,9 +7,13 @@
 //! GPU that runs the queue: the MQD of its type times the node's XCCs,
 //! a control stack of the size KFD computes from the node's
 //! `gfx_target_version`, CU and wave counts (per XCC, or none without a
-//! context save area), an SDMA engine queue the node has.  A queue the
+//! context save area), a context save area of the size KFD computes for
+//! one XCC (the control stack and each CU's saved workgroup: GPUs whose
+//! control stacks agree differ here), an end-of-pipe buffer of the
+//! generation's size, an SDMA engine queue the node has.  A queue the
 //! host GPU's KFD would never have written is refused naming the queue,
-//! the image GPU and the field, before `/dev/kfd` is opened.
+//! the image GPU and the field, before `/dev/kfd` is opened; so is private
+//! data whose objects cannot be walked.
 
 use std::mem::offset_of;
 
@@ -24,16 +28,22 @@ use crate::topology::{Node, Topology};
 
 /// The checks of the module documentation on the image `name`, whose GPUs
 /// `map` takes to the GPUs of `host`.  A queue on a GPU the map does not
-/// take is the matcher's refusal, not this one's.
+/// take is the matcher's refusal, not this one's.  Private data whose
+/// objects cannot be walked is refused: nothing of it would be checked.
 pub fn check_host(
     name: &str,
     image: &KfdImage,
     map: &GpuMap,
     host: &Topology,
 ) -> Result<(), Refusal> {
-    let Some(objects) = blob_objects(image) else {
-        return Ok(());
-    };
+    let objects = blob_objects(image).map_err(|e| {
+        Refusal::new(
+            name,
+            None,
+            "priv_data",
+            format!("its objects cannot be walked to check them against this host: {e}"),
+        )
+    })?;
     let blob = &image.msg.priv_data;
     for (i, o) in objects.iter().filter(|o| o.kind == 0).enumerate() {
         let at = |off: usize| u32_at(blob, o.offset + off as u64);
@@ -49,6 +59,8 @@ pub fn check_host(
             qtype: at(offset_of!(QueueRec, type_)),
             mqd: at(offset_of!(QueueRec, mqd_size)),
             ctl: at(offset_of!(QueueRec, ctl_stack_size)),
+            ctx: at(offset_of!(QueueRec, ctx_save_restore_area_size)),
+            eop: at(offset_of!(QueueRec, eop_ring_buffer_size)),
             sdma_id: at(offset_of!(QueueRec, sdma_id)),
         };
         q.check_mqd()?;
@@ -56,6 +68,8 @@ pub fn check_host(
             q.check_sdma_engine()?;
         } else {
             q.check_control_stack()?;
+            q.check_save_area()?;
+            q.check_eop()?;
         }
     }
     Ok(())
@@ -76,6 +90,10 @@ struct HostQueue<'a> {
     qtype: u32,
     mqd: u32,
     ctl: u32,
+    /// One XCC's context save area (0: none).
+    ctx: u32,
+    /// The end-of-pipe buffer (0: none).
+    eop: u32,
     sdma_id: u32,
 }
 
@@ -128,6 +146,86 @@ impl HostQueue<'_> {
         ))
     }
 
+    fn cwsr_props(&self) -> CwsrProps {
+        let p = &self.node.props;
+        CwsrProps {
+            gfx_target_version: self.node.kernel.gfx_target_version,
+            simd_count: p.simd_count,
+            simd_per_cu: p.simd_per_cu,
+            array_count: p.array_count,
+            simd_arrays_per_engine: p.simd_arrays_per_engine,
+            num_xcc: xccs(self.node),
+        }
+    }
+
+    fn cus(&self) -> u32 {
+        let p = &self.node.props;
+        p.simd_count / p.simd_per_cu.max(1)
+    }
+
+    /// None or one XCC's context save area of the size KFD computes for
+    /// the node (its `cwsr_size`: the control stack and each CU's saved
+    /// workgroup), or, on GFX 9.4 parts, the one a libhsakmt older than
+    /// them computes (256 KiB of VGPRs per CU).  GPUs whose control stacks
+    /// are of one size (104 and 110 CUs of gfx90a) differ here.  Without
+    /// `gfx_target_version` in sysfs the image check's bound stands.
+    fn check_save_area(&self) -> Result<(), Refusal> {
+        let k = self.node.kernel;
+        if self.ctx == 0 || k.gfx_target_version == 0 {
+            return Ok(());
+        }
+        let wants = criu::cwsr_sizes(&self.cwsr_props());
+        if wants.contains(&self.ctx) {
+            return Ok(());
+        }
+        Err(self.refuse(
+            "ctx_save_restore_area_size",
+            match wants.first() {
+                Some(w) => format!(
+                    "is {:#x}, but this host's KFD takes {w:#x} bytes of context save area \
+                     per XCC for a compute queue of this GPU (gfx_target_version {}, {} CUs, \
+                     {} XCC(s)) or none",
+                    self.ctx,
+                    k.gfx_target_version,
+                    self.cus(),
+                    xccs(self.node),
+                ),
+                None => format!(
+                    "is {:#x}, but this host's KFD saves no context for this GPU \
+                     (gfx_target_version {})",
+                    self.ctx, k.gfx_target_version
+                ),
+            },
+        ))
+    }
+
+    /// None or the end-of-pipe buffer KFD takes for the node's generation.
+    fn check_eop(&self) -> Result<(), Refusal> {
+        let gfxv = self.node.kernel.gfx_target_version;
+        if self.eop == 0 || gfxv == 0 {
+            return Ok(());
+        }
+        let want = criu::eop_buffer_size(gfxv);
+        if want == Some(self.eop) {
+            return Ok(());
+        }
+        Err(self.refuse(
+            "eop_ring_buffer_size",
+            match want {
+                Some(w) => format!(
+                    "is {:#x}, but this host's KFD takes {w:#x} bytes of end-of-pipe buffer \
+                     for a compute queue of this GPU (gfx_target_version {gfxv}) or none",
+                    self.eop
+                ),
+                None => format!(
+                    "is {:#x}, but this host's KFD takes no end-of-pipe buffer for this GPU \
+                     (gfx_target_version {gfxv})",
+                    self.eop
+                ),
+            },
+        ))
+    }
+
     /// None (no context save area) or the node's control stack once per
     /// XCC.  Without `gfx_target_version` in sysfs the size cannot be
     /// computed for this node; the image check's bound stands then.
@@ -137,15 +235,7 @@ impl HostQueue<'_> {
             return Ok(());
         }
         let xcc = xccs(self.node);
-        let p = &self.node.props;
-        let per_xcc = criu::ctl_stack_size(&CwsrProps {
-            gfx_target_version: k.gfx_target_version,
-            simd_count: p.simd_count,
-            simd_per_cu: p.simd_per_cu,
-            array_count: p.array_count,
-            simd_arrays_per_engine: p.simd_arrays_per_engine,
-            num_xcc: xcc,
-        });
+        let per_xcc = criu::ctl_stack_size(&self.cwsr_props());
         let want = per_xcc.and_then(|c| c.checked_mul(xcc));
         if want == Some(self.ctl) {
             return Ok(());
@@ -159,7 +249,7 @@ impl HostQueue<'_> {
                      or none",
                     self.ctl,
                     k.gfx_target_version,
-                    p.simd_count / p.simd_per_cu.max(1),
+                    self.cus(),
                 ),
                 None => format!(
                     "is {:#x}, but this host's KFD saves no control stack for this GPU \
@@ -181,8 +271,13 @@ mod tests {
     /// The host GPU 0x77 (64 CUs of 4 SIMDs, 8 arrays of 1 per engine) of
     /// `gfx` and `xcc`, taking the image's GPU.
     fn host(gfx: u32, xcc: u32) -> (GpuMap, Topology) {
+        host_of(gfx, xcc, 64)
+    }
+
+    /// The same with `cus` CUs.
+    fn host_of(gfx: u32, xcc: u32, cus: u32) -> (GpuMap, Topology) {
         let mut n = crate::topology::tests::gpu(1, 0x77, &[]);
-        n.props.simd_count = 256;
+        n.props.simd_count = cus * 4;
         n.props.simd_per_cu = 4;
         n.props.array_count = 8;
         n.props.simd_arrays_per_engine = 1;
@@ -197,20 +292,54 @@ mod tests {
     }
 
     fn verdict(objects: &[Vec<u8>], gfx: u32, xcc: u32) -> Result<(), String> {
-        let (map, topo) = host(gfx, xcc);
+        verdict_on(objects, host(gfx, xcc))
+    }
+
+    fn verdict_on(objects: &[Vec<u8>], (map, topo): (GpuMap, Topology)) -> Result<(), String> {
         check_host("amdgpu-kfd-5.img", &image(objects), &map, &topo).map_err(|r| r.to_string())
+    }
+
+    /// [`compute_queue`] with the context save area KFD sizes for a gfx908
+    /// GPU of 64 CUs (the sample's): 6 pages of control stack and 64 CUs of
+    /// 0x95000.
+    fn mi100_compute(id: u32) -> Vec<u8> {
+        let mut q = compute_queue(id);
+        put32(
+            &mut q,
+            offset_of!(QueueRec, ctx_save_restore_area_size),
+            0x6000 + 64 * 0x9_5000,
+        );
+        q
+    }
+
+    /// A gfx90a compute queue whose control stack (4096 waves, 9 pages)
+    /// and context save area KFD sizes for `cus` CUs.
+    fn mi200_compute(cus: u32) -> Vec<u8> {
+        let mut q = compute_queue(1);
+        put32(&mut q, offset_of!(QueueRec, ctl_stack_size), 0x9000);
+        put32(
+            &mut q,
+            offset_of!(QueueRec, ctx_save_restore_area_size),
+            0x9000 + cus * 0x9_5000,
+        );
+        q.resize(120 + 2048 + 0x9000, 0);
+        q
     }
 
     #[test]
     fn what_this_hosts_kfd_writes_passes() {
         // MI100 (gfx908): 2560 waves of 8 bytes, 6 pages.
         assert_eq!(
-            verdict(&[sdma_queue(0), compute_queue(1)], 90008, 0),
+            verdict(&[sdma_queue(0), mi100_compute(1)], 90008, 0),
             Ok(())
         );
         let no_cwsr = {
             let mut q = compute_queue(2);
             put32(&mut q, offset_of!(QueueRec, ctl_stack_size), 0);
+            put32(&mut q, offset_of!(QueueRec, ctx_save_restore_area_size), 0);
+            // Its bytes: the MQD alone (with the control stack's bytes left
+            // the blob would not walk, and that is refused).
+            q.truncate(120 + 2048);
             q
         };
         assert_eq!(verdict(&[no_cwsr], 90008, 1), Ok(()));
@@ -243,6 +372,52 @@ mod tests {
         put32(&mut q, offset_of!(QueueRec, sdma_id), 16);
         let e = verdict(&[q], 90008, 1).unwrap_err();
         assert!(e.contains("queues[0].sdma_id") && e.contains("16"), "{e}");
+    }
+
+    /// MI210 (104 CUs) and an MI250X GCD (110 CUs) share a control stack
+    /// size but not a context save area: a queue of one is refused on the
+    /// other, naming the field and the host's CUs.
+    #[test]
+    fn a_save_area_of_another_cu_count_is_refused() {
+        assert_eq!(
+            verdict_on(&[mi200_compute(104)], host_of(90010, 1, 104)),
+            Ok(())
+        );
+        let e = verdict_on(&[mi200_compute(110)], host_of(90010, 1, 104)).unwrap_err();
+        for w in [
+            "amdgpu-kfd-5.img",
+            "priv_data.queues[0].ctx_save_restore_area_size",
+            &format!("{:#x}", 0x9000 + 110 * 0x9_5000),
+            &format!("takes {:#x}", 0x9000 + 104 * 0x9_5000),
+            "104 CUs",
+            "host GPU",
+        ] {
+            assert!(e.contains(w), "{e} lacks {w}");
+        }
+        // An end-of-pipe buffer KFD never takes on gfx9.
+        let mut q = mi100_compute(1);
+        put32(&mut q, offset_of!(QueueRec, eop_ring_buffer_size), 0x2000);
+        let e = verdict(&[q], 90008, 1).unwrap_err();
+        assert!(
+            e.contains("queues[0].eop_ring_buffer_size") && e.contains("takes 0x1000"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn private_data_that_cannot_be_walked_is_refused() {
+        let mut img = image(&[mi100_compute(1)]);
+        img.msg.num_of_objects = 3;
+        let (map, topo) = host(90008, 1);
+        let e = check_host("amdgpu-kfd-5.img", &img, &map, &topo)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("amdgpu-kfd-5.img")
+                && e.contains("priv_data")
+                && e.contains("cannot be walked"),
+            "{e}"
+        );
     }
 
     #[test]
