@@ -860,9 +860,10 @@ predump_incremental_chain() {
 # directory with its own amdgpu-signature.img over every *.img. Unsigned keys, a changed
 # byte of CRIU's own memory pages, a file added, a changed file of the parent, and another
 # key are refused alike by gpu-check and the restore before any task exists, and so are an
-# image directory or file others may write to and, with the dump's signature digest required
-# (CRIU_ROCM_VERIFY_SIGNATURE), another dump signed with the same key; with the right key and
-# digest the process comes back byte-exact. Without a required key the signature is a note.
+# image directory or file others may write to, an image directory on FUSE and, with the dump's
+# signature digest required (CRIU_ROCM_VERIFY_SIGNATURE), another dump signed with the same
+# key; with the right key and digest the process comes back byte-exact. Without a required
+# key the signature is a note.
 case_signed_images() { on mi100x2 -- signed_images; }
 signed_images() {
 	local pre=$CASE_DIR/pre img=$CASE_DIR/img k=$CASE_DIR/keys v1 v2 pages kfd digest older
@@ -919,6 +920,7 @@ signed_images() {
 	chmod o+w "$img/$pages"
 	refused_alike "$img" "an image file others may write to" "$pages: reading it: writable by group or others \\(mode [0-7]+\\): it could change after the check"
 	chmod o-w "$img/$pages"
+	signed_on_fuse_refused
 	# Freshness: the digest the dump logged names this dump; with it required, the signed
 	# pre-dump's images (an older dump with the same key) are refused in its place.
 	digest=$(grep -aoE "CRIU_ROCM_VERIFY_SIGNATURE sha256:[0-9a-f]{64}" "$img/dump.log" | cut -d' ' -f2)
@@ -936,6 +938,26 @@ signed_images() {
 	same_bytes "$v1" "$v2"
 	wl_finish "$WL"
 	unset CRIU_ROCM_VERIFY_KEY CRIU_ROCM_VERIFY_SIGNATURE
+}
+
+# On FUSE (and NFS, SMB, 9P) owners and modes are the server's word: with a key required,
+# an image directory there is refused naming it and its filesystem, before anything in it is
+# read. test/gpu/fuse-dir.py serves a directory of root's, mode 0755, over FUSE (allow_other),
+# in this host's private mount namespace.
+signed_on_fuse_refused() {
+	local dir=$CASE_DIR/fuse fpid
+	mkdir -p "$dir"
+	/usr/bin/python3 "$here/fuse-dir.py" "$dir" >"$CASE_DIR/fuse-dir.out" 2>&1 &
+	fpid=$!
+	for _ in $(seq 100); do
+		grep -q mounted "$CASE_DIR/fuse-dir.out" && break
+		alive "$fpid" || fail "test/gpu/fuse-dir.py could not serve $dir: $(cat "$CASE_DIR/fuse-dir.out")"
+		sleep 0.1
+	done
+	[ "$(stat -f -c %t "$dir")" = 65735546 ] || fail "$dir is not on FUSE after fuse-dir.py mounted it"
+	refused_alike "$dir" "an image directory on FUSE" "the image directory is on a FUSE filesystem"
+	umount "$dir" || fail "cannot unmount $dir"
+	wait "$fpid" || fail "test/gpu/fuse-dir.py failed: $(cat "$CASE_DIR/fuse-dir.out")"
 }
 
 # Compression and incremental dumps combine: a chain pre-dump (zstd) -> pre-dump -> dump

@@ -92,6 +92,42 @@ fn only_ours(md: &std::fs::Metadata, sticky_ok: bool) -> Result<(), String> {
     Ok(())
 }
 
+/// Filesystems whose owners and modes say nothing about who can change
+/// the files, by `statfs` type: a FUSE daemon serves any bytes under any
+/// owner (and with `allow_other` to every user), an NFS, SMB or 9P server
+/// changes files behind the client's cache and maps owners its own way.
+const UNTRUSTED_FILESYSTEMS: [(i64, &str); 6] = [
+    (0x6573_5546, "FUSE"),
+    (0x6969, "NFS"),
+    (0xff53_4d42_u32 as i64, "CIFS"),
+    (0xfe53_4d42_u32 as i64, "SMB2"),
+    (0x517b, "SMB"),
+    (0x0102_1997, "9P"),
+];
+
+/// The kind of filesystem `dir` is on when it is one of
+/// [`UNTRUSTED_FILESYSTEMS`].
+fn untrusted_filesystem(dir: &Path) -> std::io::Result<Option<&'static str>> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    // SAFETY: an all-zero statfs is a valid value of the plain C struct.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a NUL-terminated path and `st` a writable statfs.
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(untrusted_type(st.f_type as i64))
+}
+
+fn untrusted_type(f_type: i64) -> Option<&'static str> {
+    // f_type is a signed word on some ABIs: compare its low 32 bits.
+    UNTRUSTED_FILESYSTEMS
+        .iter()
+        .find(|(t, _)| *t as u32 == f_type as u32)
+        .map(|(_, name)| *name)
+}
+
 fn euid() -> u32 {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() }
@@ -560,6 +596,26 @@ impl Place {
             .dir
             .canonicalize()
             .map_err(|e| refuse(&self.dir, "the image directory", e.to_string()))?;
+        match untrusted_filesystem(&canon) {
+            Ok(None) => {}
+            Ok(Some(fs)) => {
+                return Err(refuse(
+                    &canon,
+                    "the image directory is",
+                    format!(
+                        "on a {fs} filesystem, whose owners and modes do not tell who can \
+                         change its files"
+                    ),
+                ))
+            }
+            Err(e) => {
+                return Err(refuse(
+                    &canon,
+                    "the image directory's filesystem",
+                    format!("cannot be told: {e}"),
+                ))
+            }
+        }
         for (i, d) in canon.ancestors().enumerate() {
             let what = match i {
                 0 => "the image directory is".to_owned(),

@@ -395,3 +395,18 @@ fn images_others_can_write_are_refused() {
     set(&d, 0o755);
     set(t.path(), 0o700);
 }
+
+#[test]
+fn network_and_fuse_filesystems_are_told_apart() {
+    assert_eq!(untrusted_type(0x6573_5546), Some("FUSE"));
+    assert_eq!(untrusted_type(0x6969), Some("NFS"));
+    // CIFS' magic as a signed 32-bit f_type (sign extended) and as it is.
+    assert_eq!(untrusted_type(0xff53_4d42_u32 as i32 as i64), Some("CIFS"));
+    assert_eq!(untrusted_type(0xff53_4d42), Some("CIFS"));
+    // ext4, tmpfs, XFS, btrfs.
+    for t in [0xef53, 0x0102_1994, 0x5846_5342, 0x9123_683e] {
+        assert_eq!(untrusted_type(t), None, "{t:#x}");
+    }
+    let t = tempfile::tempdir().unwrap();
+    assert_eq!(untrusted_filesystem(t.path()).unwrap(), None);
+}
