@@ -31,12 +31,8 @@ MAX_LINES = 80
 NOT_YET = "issue 32, not yet split"
 ALLOWED = {
     ("kfd-emu/src/sysfs.rs", "overlays"): NOT_YET,
-    ("amdgpu-cr/src/copy/sdma.rs", "new"): NOT_YET,
     ("amdgpu-cr/src/image.rs", "check_gem_bos"): NOT_YET,
     ("amdgpu-cr/src/session/gem.rs", "recreate"): NOT_YET,
-    ("amdgpu-cr/src/validate.rs", "check_kfd"): NOT_YET,
-    ("amdgpu-cr/src/validate.rs", "check_mappings"): NOT_YET,
-    ("amdgpu-cr/src/validate/chain.rs", "load_link"): NOT_YET,
     ("kfd-emu/src/device/mod.rs", "gem_ioctl"): NOT_YET,
 }
 

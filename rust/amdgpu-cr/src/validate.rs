@@ -616,23 +616,8 @@ fn check_kfd(
 ) -> Result<(), Refusal> {
     let name = kfd_image_name(id);
     let msg = &image.msg;
-    let reopen = msg.criu_rocm_reopen == Some(true);
-    match &ctx.pids {
-        Err(why) => return Err(Refusal::new("pstree.img", None, "", why.clone())),
-        Ok(Some(p)) if !p.contains(&msg.pid) => {
-            return Err(Refusal::new(
-                &name,
-                None,
-                "pid",
-                format!(
-                    "is {}, which is no process of these images (pstree.img)",
-                    msg.pid
-                ),
-            ))
-        }
-        _ => {}
-    }
-    if reopen {
+    check_kfd_pid(&name, msg.pid, ctx)?;
+    if msg.criu_rocm_reopen == Some(true) {
         return Ok(());
     }
     if let Some(other) = pids_seen.insert(msg.pid, id) {
@@ -647,30 +632,7 @@ fn check_kfd(
             ),
         ));
     }
-    if msg.bo_entries.is_empty() {
-        return Err(Refusal::new(
-            &name,
-            None,
-            "bo_entries",
-            "holds no GPU buffer, and the kernel's RESTORE refuses a process without \
-             buffers (it had opened /dev/kfd but allocated nothing)",
-        ));
-    }
-    if let Some(ext) = msg.criu_rocm_ext_version {
-        for (i, b) in msg.bo_entries.iter().enumerate() {
-            if bo::has_contents(b.alloc_flags) && b.content_xxh3.is_none() {
-                return Err(Refusal::new(
-                    &name,
-                    Some(GpuId(b.gpu_id)),
-                    format!("bo_entries[{i}].content_xxh3"),
-                    format!(
-                        "missing, though the image declares criu-rocm's extension version \
-                         {ext}, which hashes every BO with contents"
-                    ),
-                ));
-            }
-        }
-    }
+    check_bo_list(&name, image)?;
     check_device_bos(&name, image)?;
     check_priv(&name, image)?;
     privdata::check(dir, &name, image)?;
@@ -683,17 +645,75 @@ fn check_kfd(
     }
     // An incremental dump: every link of its chain of parents.
     chain::resolve(dir, id, image)?;
-    if let Some(e) = &ctx.files_err {
-        return Err(Refusal::new("files.img", None, "", e.clone()));
+    check_kfd_mappings(dir, &name, image, ctx)
+}
+
+/// The image's process is one of the images' (`pstree.img`).
+fn check_kfd_pid(name: &str, pid: u32, ctx: &Context) -> Result<(), Refusal> {
+    match &ctx.pids {
+        Err(why) => Err(Refusal::new("pstree.img", None, "", why.clone())),
+        Ok(Some(p)) if !p.contains(&pid) => Err(Refusal::new(
+            name,
+            None,
+            "pid",
+            format!("is {pid}, which is no process of these images (pstree.img)"),
+        )),
+        _ => Ok(()),
     }
-    if let Some(files) = &ctx.files {
-        match criu_images::shared_file_mappings(dir, msg.pid) {
-            Err(e) => return Err(Refusal::new(format!("mm-{}.img", msg.pid), None, "", e)),
-            Ok(Some(maps)) => check_mappings(&name, image, (files, &ctx.gem), &maps, msg.pid)?,
-            Ok(None) => {}
+}
+
+/// The process has BOs (RESTORE refuses none), and each one with contents
+/// has its hash when the image declares criu-rocm's extension.
+fn check_bo_list(name: &str, image: &KfdImage) -> Result<(), Refusal> {
+    let msg = &image.msg;
+    if msg.bo_entries.is_empty() {
+        return Err(Refusal::new(
+            name,
+            None,
+            "bo_entries",
+            "holds no GPU buffer, and the kernel's RESTORE refuses a process without \
+             buffers (it had opened /dev/kfd but allocated nothing)",
+        ));
+    }
+    let Some(ext) = msg.criu_rocm_ext_version else {
+        return Ok(());
+    };
+    for (i, b) in msg.bo_entries.iter().enumerate() {
+        if bo::has_contents(b.alloc_flags) && b.content_xxh3.is_none() {
+            return Err(Refusal::new(
+                name,
+                Some(GpuId(b.gpu_id)),
+                format!("bo_entries[{i}].content_xxh3"),
+                format!(
+                    "missing, though the image declares criu-rocm's extension version \
+                     {ext}, which hashes every BO with contents"
+                ),
+            ));
         }
     }
     Ok(())
+}
+
+/// The process' shared mappings of GPU files (`mm-<pid>.img`, `files.img`)
+/// against the image, when the directory has CRIU's images.
+fn check_kfd_mappings(
+    dir: &Path,
+    name: &str,
+    image: &KfdImage,
+    ctx: &Context,
+) -> Result<(), Refusal> {
+    let pid = image.msg.pid;
+    if let Some(e) = &ctx.files_err {
+        return Err(Refusal::new("files.img", None, "", e.clone()));
+    }
+    let Some(files) = &ctx.files else {
+        return Ok(());
+    };
+    match criu_images::shared_file_mappings(dir, pid) {
+        Err(e) => Err(Refusal::new(format!("mm-{pid}.img"), None, "", e)),
+        Ok(Some(maps)) => check_mappings(name, image, (files, &ctx.gem), &maps, pid),
+        Ok(None) => Ok(()),
+    }
 }
 
 /// KFD gives a process one doorbell and one MMIO remap BO per GPU, the
@@ -880,18 +900,21 @@ fn check_mappings(
     maps: &[FileMapping],
     pid: u32,
 ) -> Result<(), Refusal> {
-    let mm = format!("mm-{pid}.img");
-    let minors: BTreeMap<u32, GpuId> = image
-        .msg
-        .device_entries
-        .iter()
-        .filter(|d| d.gpu_id != 0)
-        .map(|d| (d.drm_render_minor, GpuId(d.gpu_id)))
-        .collect();
-    // BO index → (mapped somewhere, mapped at its own address).
+    let check = Mappings {
+        name,
+        mm: format!("mm-{pid}.img"),
+        bos: &image.msg.bo_entries,
+        minors: image
+            .msg
+            .device_entries
+            .iter()
+            .filter(|d| d.gpu_id != 0)
+            .map(|d| (d.drm_render_minor, GpuId(d.gpu_id)))
+            .collect(),
+    };
+    // BO index → (where first mapped, its offset, mapped at its own address).
     let mut seen: BTreeMap<usize, (u64, u64, bool)> = BTreeMap::new();
-    let bos = &image.msg.bo_entries;
-    let by_offset = bos_by_offset(bos);
+    let by_offset = bos_by_offset(check.bos);
     for m in maps {
         let Some(path) = files.reg.get(&m.file) else {
             continue;
@@ -899,26 +922,63 @@ fn check_mappings(
         let Some(device) = DeviceKind::from_path(path) else {
             continue;
         };
-        let gpu = match device {
-            DeviceKind::Render(minor) => match minors.get(&minor.0) {
-                Some(&g) => Some(g),
-                // The restore maps a render node only through a BO of the
-                // process' GPUs, found by the node they had at dump.
-                None => {
-                    return Err(Refusal::new(
-                        name,
-                        None,
-                        "device_entries",
-                        format!(
-                            "no GPU had render minor {} at dump, but the process maps {path} \
-                             at {:#x} ({mm})",
-                            minor.0, m.start
-                        ),
-                    ))
-                }
-            },
-            DeviceKind::Kfd => None,
+        let gpu = check.gpu_of(device, path, m)?;
+        let len = m.end - m.start;
+        match by_offset.find(gpu.map(|g| g.0), m.pgoff, len) {
+            Some((i, delta)) => {
+                let at_home = check.bos[i].addr.checked_add(delta) == Some(m.start);
+                let e = seen.entry(i).or_insert((m.start, m.pgoff, false));
+                e.2 |= at_home;
+            }
+            None if in_gem_bo(gem, device, m.pgoff, len) => {}
+            None => check.of_no_bo(path, m, gpu)?,
+        }
+    }
+    check.at_home(seen)
+}
+
+/// What [`check_mappings`] checks a process' mappings against.
+struct Mappings<'a> {
+    name: &'a str,
+    /// `mm-<pid>.img`, for messages.
+    mm: String,
+    bos: &'a [crate::proto::KfdBoEntry],
+    /// Render minor at dump → GPU.
+    minors: BTreeMap<u32, GpuId>,
+}
+
+impl Mappings<'_> {
+    /// The GPU whose render node `m` maps (`None`: a `/dev/kfd` mapping).
+    /// The restore maps a render node only through a BO of the process'
+    /// GPUs, found by the node they had at dump.
+    fn gpu_of(
+        &self,
+        device: DeviceKind,
+        path: &str,
+        m: &FileMapping,
+    ) -> Result<Option<GpuId>, Refusal> {
+        let DeviceKind::Render(minor) = device else {
+            return Ok(None);
         };
+        match self.minors.get(&minor.0) {
+            Some(&g) => Ok(Some(g)),
+            None => Err(Refusal::new(
+                self.name,
+                None,
+                "device_entries",
+                format!(
+                    "no GPU had render minor {} at dump, but the process maps {path} at {:#x} \
+                     ({})",
+                    minor.0, m.start, self.mm
+                ),
+            )),
+        }
+    }
+
+    /// A mapping of `gpu`'s render node (or of `/dev/kfd`) at an offset no
+    /// BO has: refused when it lies in a BO's address range (it must be of
+    /// that BO) or maps a render node.
+    fn of_no_bo(&self, path: &str, m: &FileMapping, gpu: Option<GpuId>) -> Result<(), Refusal> {
         let len = m.end - m.start;
         // BOs mapped through this device: contents BOs of its GPU through a
         // render node, doorbells and MMIO through /dev/kfd.
@@ -926,64 +986,55 @@ fn check_mappings(
             Some(g) => b.gpu_id == g.0 && bo::has_contents(b.alloc_flags),
             None => bo::needs_vma_fixup(b.alloc_flags) && !bo::has_contents(b.alloc_flags),
         };
-        let found = by_offset.find(gpu.map(|g| g.0), m.pgoff, len);
-        match found {
-            Some((i, delta)) => {
-                let b = &bos[i];
-                let at_home = b.addr.checked_add(delta) == Some(m.start);
-                let e = seen.entry(i).or_insert((m.start, m.pgoff, false));
-                e.2 |= at_home;
-            }
-            None if in_gem_bo(gem, device, m.pgoff, len) => {}
-            None => {
-                // A mapping inside a BO's address range must be of that BO.
-                if let Some((i, b)) = bos
-                    .iter()
-                    .enumerate()
-                    .find(|(_, b)| of_device(b) && m.start >= b.addr && m.start - b.addr < b.size)
-                {
-                    return Err(Refusal::new(
-                        name,
-                        Some(GpuId(b.gpu_id)),
-                        format!("bo_entries[{i}].offset"),
-                        format!(
-                            "is {:#x}, but the process maps the BO's address {:#x} at offset \
-                             {:#x} of {path} ({mm})",
-                            b.offset, m.start, m.pgoff
-                        ),
-                    ));
-                }
-                if let Some(g) = gpu {
-                    return Err(Refusal::new(
-                        name,
-                        Some(g),
-                        "bo_entries",
-                        format!(
-                            "no BO holds the mapping of {path} at {:#x} (offset {:#x}, {len} \
-                             bytes) that {mm} records",
-                            m.start, m.pgoff
-                        ),
-                    ));
-                }
-            }
-        }
-    }
-    for (i, (start, pgoff, at_home)) in seen {
-        if !at_home {
-            let b = &bos[i];
+        if let Some((i, b)) = self
+            .bos
+            .iter()
+            .enumerate()
+            .find(|(_, b)| of_device(b) && m.start >= b.addr && m.start - b.addr < b.size)
+        {
             return Err(Refusal::new(
-                name,
+                self.name,
                 Some(GpuId(b.gpu_id)),
-                format!("bo_entries[{i}].addr"),
+                format!("bo_entries[{i}].offset"),
                 format!(
-                    "is {:#x}, but the process maps this BO (offset {pgoff:#x}) at {start:#x} \
-                     ({mm}), not at its address",
-                    b.addr
+                    "is {:#x}, but the process maps the BO's address {:#x} at offset {:#x} of \
+                     {path} ({})",
+                    b.offset, m.start, m.pgoff, self.mm
                 ),
             ));
         }
+        match gpu {
+            Some(g) => Err(Refusal::new(
+                self.name,
+                Some(g),
+                "bo_entries",
+                format!(
+                    "no BO holds the mapping of {path} at {:#x} (offset {:#x}, {len} bytes) \
+                     that {} records",
+                    m.start, m.pgoff, self.mm
+                ),
+            )),
+            None => Ok(()),
+        }
     }
-    Ok(())
+
+    /// Each BO mapped is mapped at its own address somewhere.
+    fn at_home(&self, seen: BTreeMap<usize, (u64, u64, bool)>) -> Result<(), Refusal> {
+        let Some((i, (start, pgoff, _))) = seen.into_iter().find(|(_, (_, _, home))| !home) else {
+            return Ok(());
+        };
+        let b = &self.bos[i];
+        Err(Refusal::new(
+            self.name,
+            Some(GpuId(b.gpu_id)),
+            format!("bo_entries[{i}].addr"),
+            format!(
+                "is {:#x}, but the process maps this BO (offset {pgoff:#x}) at {start:#x} ({}), \
+                 not at its address",
+                b.addr, self.mm
+            ),
+        ))
+    }
 }
 
 /// Whether `len` bytes at `pgoff` of render node `device` are of a GEM BO

@@ -269,6 +269,109 @@ fn ib_bytes(gen: SdmaGen, staging: u64) -> u64 {
     ((ib_dwords(gen, staging) * 4) as u64).div_ceil(PAGE_SIZE) * PAGE_SIZE
 }
 
+/// Where an engine's buffers go in its VA window: the staging buffer
+/// first, then the IB, then the window a BO is mapped in.
+struct Layout {
+    staging: u64,
+    staging_va: u64,
+    ib_len: u64,
+    ib_va: u64,
+    bo_va: u64,
+    bo_va_len: u64,
+}
+
+impl Layout {
+    /// The layout in `va` for `staging` bytes of staging (page aligned)
+    /// and BOs of up to `largest_bo` bytes, refused when `va` is unaligned
+    /// or too small.
+    fn of(
+        gpu: GpuId,
+        gen: SdmaGen,
+        staging: u64,
+        largest_bo: u64,
+        va: VaWindow,
+    ) -> Result<Self, CopyError> {
+        let setup = |what: String| CopyError::Setup { gpu, what };
+        if staging == 0 || !staging.is_multiple_of(PAGE_SIZE) {
+            return Err(setup(format!(
+                "staging size {staging} is not a positive multiple of the page size"
+            )));
+        }
+        let need = VaWindow::needed(staging, gen, largest_bo);
+        if !va.start.is_multiple_of(VA_ALIGN) || va.len < need {
+            return Err(setup(format!(
+                "VA window {:#x}+{:#x} is unaligned or smaller than the {need:#x} bytes needed",
+                va.start, va.len
+            )));
+        }
+        let round = |x: u64| x.div_ceil(VA_ALIGN) * VA_ALIGN;
+        let ib_len = ib_bytes(gen, staging);
+        let ib_va = va.start + round(staging);
+        Ok(Layout {
+            staging,
+            staging_va: va.start,
+            ib_len,
+            ib_va,
+            bo_va: ib_va + round(ib_len),
+            bo_va_len: round(largest_bo),
+        })
+    }
+}
+
+fn dev_err(gpu: GpuId, op: &'static str) -> impl FnOnce(io::Error) -> CopyError {
+    move |source| CopyError::Device {
+        gpu,
+        bo: usize::MAX,
+        op,
+        source,
+    }
+}
+
+/// Registers the staging buffer and the IB as userptr BOs mapped where
+/// `at` puts them (the IB executable, as libdrm maps IBs: the engine
+/// fetches from it) and creates a context; a failure releases what was
+/// made.  Returns the two handles and the context.
+fn register<D: SdmaDevice>(
+    dev: &mut D,
+    gpu: GpuId,
+    (staging_buf, ib): (&Mapping, &Mapping),
+    at: &Layout,
+) -> Result<(GemHandle, GemHandle, u32), CopyError> {
+    enum Undo {
+        Close(GemHandle),
+        Unmap(GemHandle, u64, u64),
+    }
+    let mut undo: Vec<Undo> = Vec::new();
+    let result = (|| {
+        // SAFETY: staging_buf lives in the engine until Drop closes the
+        // handle first; nothing else uses that memory.
+        let staging_handle = unsafe { dev.userptr(staging_buf.as_non_null(), at.staging) }
+            .map_err(dev_err(gpu, "GEM_USERPTR staging"))?;
+        undo.push(Undo::Close(staging_handle));
+        dev.va_map(staging_handle, at.staging_va, at.staging, false)
+            .map_err(dev_err(gpu, "GEM_VA map staging"))?;
+        undo.push(Undo::Unmap(staging_handle, at.staging_va, at.staging));
+        // SAFETY: as for the staging buffer.
+        let ib_handle = unsafe { dev.userptr(ib.as_non_null(), at.ib_len) }
+            .map_err(dev_err(gpu, "GEM_USERPTR IB"))?;
+        undo.push(Undo::Close(ib_handle));
+        dev.va_map(ib_handle, at.ib_va, at.ib_len, true)
+            .map_err(dev_err(gpu, "GEM_VA map IB"))?;
+        undo.push(Undo::Unmap(ib_handle, at.ib_va, at.ib_len));
+        let ctx = dev.ctx_create().map_err(dev_err(gpu, "AMDGPU_CTX alloc"))?;
+        Ok((staging_handle, ib_handle, ctx))
+    })();
+    result.inspect_err(|_| {
+        for u in undo.drain(..).rev() {
+            // Best effort: the setup error is what the caller needs.
+            let _ = match u {
+                Undo::Close(h) => dev.gem_close(h),
+                Undo::Unmap(h, va, len) => dev.va_unmap(h, va, len),
+            };
+        }
+    })
+}
+
 /// The SDMA engine of one GPU worker.
 pub struct SdmaEngine<D: SdmaDevice> {
     dev: D,
@@ -299,114 +402,57 @@ impl<D: SdmaDevice> SdmaEngine<D> {
         largest_bo: u64,
         va: VaWindow,
     ) -> Result<Self, CopyError> {
-        let setup = |what: String| CopyError::Setup { gpu, what };
-        if staging == 0 || !staging.is_multiple_of(PAGE_SIZE) {
-            return Err(setup(format!(
-                "staging size {staging} is not a positive multiple of the page size"
-            )));
-        }
         let gen = dev.generation();
-        let need = VaWindow::needed(staging, gen, largest_bo);
-        if !va.start.is_multiple_of(VA_ALIGN) || va.len < need {
-            return Err(setup(format!(
-                "VA window {:#x}+{:#x} is unaligned or smaller than the {need:#x} bytes needed",
-                va.start, va.len
-            )));
-        }
-        let round = |x: u64| x.div_ceil(VA_ALIGN) * VA_ALIGN;
-        let staging_va = va.start;
-        let ib_len = ib_bytes(gen, staging);
-        let ib_va = staging_va + round(staging);
-        let bo_va = ib_va + round(ib_len);
-        let dev_err = |op: &'static str| {
-            move |source| CopyError::Device {
-                gpu,
-                bo: usize::MAX,
-                op,
-                source,
-            }
-        };
-
+        let at = Layout::of(gpu, gen, staging, largest_bo, va)?;
         let staging_buf = Mapping::anonymous(staging as usize)
-            .map_err(|e| dev_err("allocate staging buffer")(e.into()))?;
-        let ib =
-            Mapping::anonymous(ib_len as usize).map_err(|e| dev_err("allocate IB")(e.into()))?;
-        // Build the engine step by step so a failure releases what exists.
-        enum Undo {
-            Close(GemHandle),
-            Unmap(GemHandle, u64, u64),
+            .map_err(|e| dev_err(gpu, "allocate staging buffer")(e.into()))?;
+        let ib = Mapping::anonymous(at.ib_len as usize)
+            .map_err(|e| dev_err(gpu, "allocate IB")(e.into()))?;
+        let (staging_handle, ib_handle, ctx) = register(&mut dev, gpu, (&staging_buf, &ib), &at)?;
+        // Touch the pages now so the userptr BOs validate quickly.
+        staging_buf.as_volatile_slice().write_u32(0, 0);
+        ib.as_volatile_slice().write_u32(0, 0);
+        SdmaEngine {
+            dev,
+            gpu,
+            gen,
+            ctx,
+            staging: staging_buf,
+            staging_handle,
+            staging_va: at.staging_va,
+            ib,
+            ib_handle,
+            ib_va: at.ib_va,
+            bo_va: at.bo_va,
+            bo_va_len: at.bo_va_len,
+            timeout: FENCE_TIMEOUT,
+            submissions: 0,
         }
-        let mut undo: Vec<Undo> = Vec::new();
-        let result = (|| {
-            // SAFETY: staging_buf lives in the engine until Drop closes the
-            // handle first; nothing else uses that memory.
-            let staging_handle = unsafe { dev.userptr(staging_buf.as_non_null(), staging) }
-                .map_err(dev_err("GEM_USERPTR staging"))?;
-            undo.push(Undo::Close(staging_handle));
-            dev.va_map(staging_handle, staging_va, staging, false)
-                .map_err(dev_err("GEM_VA map staging"))?;
-            undo.push(Undo::Unmap(staging_handle, staging_va, staging));
-            // SAFETY: as for the staging buffer.
-            let ib_handle = unsafe { dev.userptr(ib.as_non_null(), ib_len) }
-                .map_err(dev_err("GEM_USERPTR IB"))?;
-            undo.push(Undo::Close(ib_handle));
-            // Executable, as libdrm maps IBs: the engine fetches from it.
-            dev.va_map(ib_handle, ib_va, ib_len, true)
-                .map_err(dev_err("GEM_VA map IB"))?;
-            undo.push(Undo::Unmap(ib_handle, ib_va, ib_len));
-            let ctx = dev.ctx_create().map_err(dev_err("AMDGPU_CTX alloc"))?;
-            Ok((staging_handle, ib_handle, ctx))
-        })();
-        let result = result.inspect_err(|_| {
-            for u in undo.drain(..).rev() {
-                // Best effort: the setup error is what the caller needs.
-                let _ = match u {
-                    Undo::Close(h) => dev.gem_close(h),
-                    Undo::Unmap(h, va, len) => dev.va_unmap(h, va, len),
-                };
-            }
-        });
-        match result {
-            Ok((staging_handle, ib_handle, ctx)) => {
-                // Touch the pages now so the userptr BOs validate quickly.
-                staging_buf.as_volatile_slice().write_u32(0, 0);
-                ib.as_volatile_slice().write_u32(0, 0);
-                let mut engine = SdmaEngine {
-                    dev,
-                    gpu,
-                    gen,
-                    ctx,
-                    staging: staging_buf,
-                    staging_handle,
-                    staging_va,
-                    ib,
-                    ib_handle,
-                    ib_va,
-                    bo_va,
-                    bo_va_len: round(largest_bo),
-                    timeout: FENCE_TIMEOUT,
-                    submissions: 0,
-                };
-                // The probe: a ring that takes no user submissions (no
-                // rings, or `no_user_submission`: `amdgpu_cs_p2_ib` answers
-                // EINVAL) or a GPU that cannot run one IB fails here, at
-                // set-up, where `auto` can still fall back to the CPU.
-                match engine.submit_ib(&nop_ib(), None, gpu, usize::MAX) {
-                    Ok(()) => Ok(engine),
-                    Err(e) => Err(setup(match e {
-                        CopyError::Device { op, source, .. }
-                        | CopyError::GpuReset { op, source, .. } => {
-                            format!("the DMA ring refused a NOP IB: {op}: {source}")
-                        }
-                        CopyError::Timeout { timeout, .. } => format!(
-                            "a NOP IB on the DMA ring timed out: its fence did not signal \
-                             within {timeout:?}"
-                        ),
-                        e => format!("a NOP IB on the DMA ring failed: {e}"),
-                    })),
-                }
-            }
-            Err(e) => Err(e),
+        .probe()
+    }
+
+    /// The probe: a ring that takes no user submissions (no rings, or
+    /// `no_user_submission`: `amdgpu_cs_p2_ib` answers EINVAL) or a GPU
+    /// that cannot run one IB fails here, at set-up, where `auto` can still
+    /// fall back to the CPU.
+    fn probe(mut self) -> Result<Self, CopyError> {
+        let gpu = self.gpu;
+        match self.submit_ib(&nop_ib(), None, gpu, usize::MAX) {
+            Ok(()) => Ok(self),
+            Err(e) => Err(CopyError::Setup {
+                gpu,
+                what: match e {
+                    CopyError::Device { op, source, .. }
+                    | CopyError::GpuReset { op, source, .. } => {
+                        format!("the DMA ring refused a NOP IB: {op}: {source}")
+                    }
+                    CopyError::Timeout { timeout, .. } => format!(
+                        "a NOP IB on the DMA ring timed out: its fence did not signal within \
+                         {timeout:?}"
+                    ),
+                    e => format!("a NOP IB on the DMA ring failed: {e}"),
+                },
+            }),
         }
     }
 

@@ -110,109 +110,19 @@ fn starts(bos: &[KfdBoEntry]) -> Vec<u64> {
 /// the dump that wrote it completed, and its KFD image and pages files are
 /// those its `amdgpu-digests.img` records.
 fn load_link(dir: &Path, shown: &str, name: &str) -> Result<Link, Refusal> {
-    let r = |file: &str, field: &str, reason: String| Refusal {
-        file: format!("{shown}{file}"),
-        gpu: None,
-        field: field.to_owned(),
-        reason,
-    };
-    if !dir.is_dir() {
-        return Err(r(
-            "",
-            "",
-            "missing: the images take unchanged GPU memory from the parent dump there \
-             (--prev-images-dir), which is gone"
-                .into(),
-        ));
-    }
-    incomplete::check(dir).map_err(|why| r(incomplete::MARKER, "", why))?;
-    let id = kfd_image_id(name).ok_or_else(|| {
-        r(
-            name,
-            "",
-            "is not the name of a KFD image (criu_rocm_parent of its child)".into(),
-        )
-    })?;
-    let path = dir.join(name);
-    let bytes = read_whole(&path, None).map_err(|e| {
-        let mut x = Refusal::from(e);
-        x.file = format!("{shown}{name}");
-        x
-    })?;
-    let image = KfdImage::decode(name, &bytes).map_err(|e| {
-        let mut x = Refusal::from(e);
-        x.file = format!("{shown}{name}");
-        x
-    })?;
-    let manifest = read_whole(&dir.join(digests::FILE), None).map_err(|e| {
-        r(
-            digests::FILE,
-            "",
-            format!("{e}: a parent's GPU images must carry their digests"),
-        )
-    })?;
-    let manifest = Digests::parse(&manifest).map_err(|mut x| {
-        x.file = format!("{shown}{}", x.file);
-        x
-    })?;
-    if !manifest.lists(name) {
-        return Err(r(
-            digests::FILE,
-            "",
-            format!("does not list {name}, which the child names as its parent"),
-        ));
-    }
-    manifest
-        .check_kfd(dir, id, &bytes, &image)
-        .map_err(|mut x| {
-            x.file = format!("{shown}{}", x.file);
-            x
-        })?;
-    let encoding = Encoding::of(name, &image.msg).map_err(|e| {
-        let mut x = Refusal::from(e);
-        x.file = format!("{shown}{name}");
-        x
-    })?;
+    let at = LinkDir { dir, shown };
+    let (id, bytes, image) = at.read_image(name)?;
+    at.check_digests(name, id, &bytes, &image)?;
+    let encoding = Encoding::of(name, &image.msg).map_err(|e| at.named(name, e.into()))?;
     let mut records = BTreeMap::new();
     for gpu in image.gpu_ids() {
-        let file = pages_image_name(id, gpu);
         let total = pages_total(name, &image.msg.bo_entries, gpu)
-            .map_err(|e| r(name, "bo_entries", e.to_string()))?;
-        if let Encoding::Zstd { chunk, .. } = encoding {
-            // Each chunk's record, walked and bounded as the restore does.
-            let path = dir.join(&file);
-            let f = File::open(&path)
-                .map_err(|e| r(&file, "", format!("missing or unreadable: {e}")))?;
-            let len = f
-                .metadata()
-                .map_err(|e| r(&file, "", format!("fstat: {e}")))?
-                .len();
-            let bos = content_bos(&image.msg.bo_entries, gpu);
-            let shown_file = format!("{shown}{file}");
-            let offsets =
-                check_records(&f, &shown_file, &file, &bos, chunk, 8, len).map_err(|e| {
-                    let mut x = Refusal::from(e);
-                    if !x.file.starts_with(shown) {
-                        x.file = format!("{shown}{}", x.file);
-                    }
-                    x.gpu = Some(gpu);
-                    x
-                })?;
-            records.insert(gpu, (chunks(&bos, chunk), offsets));
-            continue;
-        }
-        let len = std::fs::metadata(dir.join(&file))
-            .map_err(|e| r(&file, "", format!("missing or unreadable: {e}")))?
-            .len();
-        if len != total.saturating_add(8) {
-            return Err(r(
-                &file,
-                "",
-                format!(
-                    "is {len} bytes, but its BOs in {name} need {}",
-                    total.saturating_add(8)
-                ),
-            ));
+            .map_err(|e| at.refuse(name, "bo_entries", e.to_string()))?;
+        match encoding {
+            Encoding::Zstd { chunk, .. } => {
+                records.insert(gpu, at.zstd_records(id, &image, gpu, chunk)?);
+            }
+            Encoding::Raw => at.check_pages_size(name, pages_image_name(id, gpu), total)?,
         }
     }
     let starts = starts(&image.msg.bo_entries);
@@ -227,6 +137,138 @@ fn load_link(dir: &Path, shown: &str, name: &str) -> Result<Link, Refusal> {
             Encoding::Raw => None,
         },
     })
+}
+
+/// A parent directory being read, and how messages name it.
+struct LinkDir<'a> {
+    dir: &'a Path,
+    shown: &'a str,
+}
+
+impl LinkDir<'_> {
+    fn refuse(&self, file: &str, field: &str, reason: String) -> Refusal {
+        Refusal {
+            file: format!("{}{file}", self.shown),
+            gpu: None,
+            field: field.to_owned(),
+            reason,
+        }
+    }
+
+    /// A refusal about `file` of this directory.
+    fn named(&self, file: &str, mut x: Refusal) -> Refusal {
+        x.file = format!("{}{file}", self.shown);
+        x
+    }
+
+    /// A refusal naming its file inside this directory.
+    fn prefixed(&self, mut x: Refusal) -> Refusal {
+        x.file = format!("{}{}", self.shown, x.file);
+        x
+    }
+
+    /// The directory is there and complete; its KFD image `name`, read
+    /// and decoded.
+    fn read_image(&self, name: &str) -> Result<(FileId, Vec<u8>, KfdImage), Refusal> {
+        if !self.dir.is_dir() {
+            return Err(self.refuse(
+                "",
+                "",
+                "missing: the images take unchanged GPU memory from the parent dump there \
+                 (--prev-images-dir), which is gone"
+                    .into(),
+            ));
+        }
+        incomplete::check(self.dir).map_err(|why| self.refuse(incomplete::MARKER, "", why))?;
+        let id = kfd_image_id(name).ok_or_else(|| {
+            self.refuse(
+                name,
+                "",
+                "is not the name of a KFD image (criu_rocm_parent of its child)".into(),
+            )
+        })?;
+        let bytes =
+            read_whole(&self.dir.join(name), None).map_err(|e| self.named(name, e.into()))?;
+        let image = KfdImage::decode(name, &bytes).map_err(|e| self.named(name, e.into()))?;
+        Ok((id, bytes, image))
+    }
+
+    /// The directory's `amdgpu-digests.img` lists the image and records
+    /// it and its pages files as they are.
+    fn check_digests(
+        &self,
+        name: &str,
+        id: FileId,
+        bytes: &[u8],
+        image: &KfdImage,
+    ) -> Result<(), Refusal> {
+        let manifest = read_whole(&self.dir.join(digests::FILE), None).map_err(|e| {
+            self.refuse(
+                digests::FILE,
+                "",
+                format!("{e}: a parent's GPU images must carry their digests"),
+            )
+        })?;
+        let manifest = Digests::parse(&manifest).map_err(|x| self.prefixed(x))?;
+        if !manifest.lists(name) {
+            return Err(self.refuse(
+                digests::FILE,
+                "",
+                format!("does not list {name}, which the child names as its parent"),
+            ));
+        }
+        manifest
+            .check_kfd(self.dir, id, bytes, image)
+            .map_err(|x| self.prefixed(x))
+    }
+
+    /// A compressed pages file of GPU `gpu`: each chunk's record, walked
+    /// and bounded as the restore does.
+    fn zstd_records(
+        &self,
+        id: FileId,
+        image: &KfdImage,
+        gpu: GpuId,
+        chunk: u64,
+    ) -> Result<(Vec<Chunk>, Vec<u64>), Refusal> {
+        let file = pages_image_name(id, gpu);
+        let f = File::open(self.dir.join(&file))
+            .map_err(|e| self.refuse(&file, "", format!("missing or unreadable: {e}")))?;
+        let len = f
+            .metadata()
+            .map_err(|e| self.refuse(&file, "", format!("fstat: {e}")))?
+            .len();
+        let bos = content_bos(&image.msg.bo_entries, gpu);
+        let shown_file = format!("{}{file}", self.shown);
+        let offsets = check_records(&f, &shown_file, &file, &bos, chunk, 8, len).map_err(|e| {
+            let mut x = Refusal::from(e);
+            if !x.file.starts_with(self.shown) {
+                x.file = format!("{}{}", self.shown, x.file);
+            }
+            x.gpu = Some(gpu);
+            x
+        })?;
+        Ok((chunks(&bos, chunk), offsets))
+    }
+
+    /// A plain pages file `file` of the image `name` holds exactly its
+    /// BOs' bytes (`total`) after its header.
+    fn check_pages_size(&self, name: &str, file: String, total: u64) -> Result<(), Refusal> {
+        let len = std::fs::metadata(self.dir.join(&file))
+            .map_err(|e| self.refuse(&file, "", format!("missing or unreadable: {e}")))?
+            .len();
+        if len != total.saturating_add(8) {
+            return Err(self.refuse(
+                &file,
+                "",
+                format!(
+                    "is {len} bytes, but its BOs in {name} need {}",
+                    total.saturating_add(8)
+                ),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// The parent image of KFD process `pid` for a dump into `dir`, when `dir`
