@@ -44,7 +44,6 @@ ALLOWED = {
     ("amdgpu-cr/src/validate/chain.rs", "load_link"): NOT_YET,
     ("kfd-emu/src/device/gem.rs", "handles_list_rename_and_gem_op"): NOT_YET,
     ("kfd-emu/src/device/gem.rs", "sdma_ib_copies_between_a_dmabuf_and_userptr_memory"): NOT_YET,
-    ("kfd-emu/src/device/mod.rs", "gem_ioctl"): NOT_YET,
     ("kfd-emu/src/device/mod.rs", "kfd_ioctl"): NOT_YET,
 }
 
