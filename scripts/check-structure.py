@@ -31,8 +31,6 @@ ALLOWED = {
     ("amdgpu-cr/src/copy/restore.rs", "parallel_dump_and_restore_with_hashes"): NOT_YET,
     ("amdgpu-cr/src/copy/restore.rs", "restore_from"): NOT_YET,
     ("amdgpu-cr/src/copy/sdma.rs", "new"): NOT_YET,
-    ("amdgpu-cr/src/image.rs", "check_gem_bos"): NOT_YET,
-    ("amdgpu-cr/src/session/gem.rs", "recreate"): NOT_YET,
     ("amdgpu-cr/src/session/restore.rs", "update_vma"): NOT_YET,
     ("amdgpu-cr/src/image.rs", "validate"): NOT_YET,
     ("amdgpu-cr/src/matcher.rs", "scenario"): NOT_YET,
