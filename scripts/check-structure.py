@@ -31,9 +31,6 @@ MAX_LINES = 80
 NOT_YET = "issue 32, not yet split"
 ALLOWED = {
     ("kfd-emu/src/sysfs.rs", "overlays"): NOT_YET,
-    ("amdgpu-cr/src/image.rs", "check_gem_bos"): NOT_YET,
-    ("amdgpu-cr/src/session/gem.rs", "recreate"): NOT_YET,
-    ("kfd-emu/src/device/mod.rs", "gem_ioctl"): NOT_YET,
 }
 
 

@@ -1312,6 +1312,88 @@ shared_bo_refused() {
 	note "$(grep -a -m1 -o 'one BO of GPU .* is held by .*) and by .*)' "$img/dump.log" | cut -c1-300)"
 }
 
+# What a render file holds that criu-rocm cannot save fails the dump closed, naming the
+# process, render node, file and what it holds; the process runs on and passes a round:
+# a submission context (gem-test --ctx; contexts, fences and BO lists are not saved); a
+# kernel that cannot list GEM objects (before 6.18: GEM_LIST_HANDLES answers EINVAL) and a
+# file with one; a BO still in use by a submission after the dump's wait (GEM_WAIT_IDLE
+# reports it busy at the deadline).
+case_gem_dump_ctx_refused() { on mi100 -- gem_dump_refused "1 amdgpu submission context\(s\) \(ids 1\)" --ctx; }
+case_gem_dump_no_list_refused() {
+	# gem-test's own first call (its check before "ready") is let through, the dump's fails.
+	on mi100 --fail GEM_LIST_HANDLES:EINVAL:1:1 -- gem_dump_refused "GEM handle 1, and this kernel cannot list its GEM objects"
+}
+case_gem_dump_busy_refused() {
+	on mi100 --fail GEM_WAIT_IDLE:ETIME -- gem_dump_refused "GEM handle 1 \(65536 bytes\) is still in use by a command submission after 10 s"
+}
+gem_dump_refused() {
+	local img=$CASE_DIR/img what=$1
+	shift
+	gem_start "$@"
+	dump "$GT" "$img" && fail "the dump succeeded although gem-test's render file holds what is not saved"
+	log_has "$img/dump.log" "amdgpu: pid $GT: render node /dev/dri/renderD128 \(file [0-9]+\):? .*$what.*not dumping what could not be restored"
+	alive "$GT" || fail "gem-test $GT is gone after the refused dump"
+	gem_round 1
+	gem_finish
+	note "$(grep -a -m1 -oE "$what[^;]*" "$img/dump.log")"
+}
+
+# Before 6.18 a render file without GEM objects still dumps and restores: a KFD process'
+# render files (which hold none: KFD's BOs have no GEM handles) are probed, handle by handle.
+case_gem_no_list_kfd_only() { on mi100 --fail GEM_LIST_HANDLES:EINVAL -- gem_no_list_kfd_only; }
+gem_no_list_kfd_only() {
+	local img=$CASE_DIR/img v0 v1
+	wl_start wl --mib 2 --bos 2
+	v0=$(wl_verify "$WL") || exit 1
+	dump_ok "$WL" "$img"
+	log_has "$img/dump.log" "render node /dev/dri/renderD128 \(file [0-9]+\): the kernel cannot list GEM objects .*handles 1-4095 are free, so the file holds none"
+	restore_ok "$img" "$WL"
+	v1=$(wl_verify "$WL") || exit 1
+	same_bytes "$v0" "$v1"
+	wl_finish "$WL"
+}
+
+# A kill point inside the GEM objects' recreation: the restored task stops (the test hook)
+# right after it recreated its render file's GEM objects, before their GPU mappings and
+# bytes, and criu-rocm is killed (SIGKILL); the task, let go, does not run its own code
+# (it is left waiting for criu, and killed). The images are unchanged, and the next restore
+# works.
+case_gem_restore_killed() { on mi100 -- gem_restore_killed; }
+gem_restore_killed() {
+	local img=$CASE_DIR/img log=$CASE_DIR/restore-killed.log before cpid i st=
+	gem_start
+	gem_dump "$img"
+	before=$(img_sums "$img")
+	CRIU_ROCM_TEST_STOP_ON_LOG="GEM object(s) recreated" env --default-signal=HUP,INT,PIPE,TERM \
+		"$CRIU" restore -D "$img" -o "$log" -v4 -d >>"$CASE_DIR/criu.out" 2>&1 &
+	cpid=$!
+	for ((i = 0; i < 1200; i++)); do
+		st=$(proc_state "$GT")
+		[ "$st" = T ] && break
+		alive "$cpid" || break
+		sleep 0.05
+	done
+	[ "$st" = T ] || fail "the restored gem-test $GT never stopped in its GEM recreation: $(log_errors "$log")"
+	log_has "$log" "amdgpu: pid $GT: render node /dev/dri/renderD128 \(file [0-9]+\): 3 GEM object\(s\) recreated"
+	grep -aq "GEM BO(s) restored" "$log" && fail "the restore went past the kill point"
+	kill -KILL "$cpid"
+	wait "$cpid"
+	# The task goes on without criu; it must not run its own code again. It waits for
+	# criu's next restore stage that never comes (not ended by criu's death yet: the case
+	# notes it), so it is killed here.
+	kill -CONT "$GT"
+	sleep 1
+	grep -aq "^round 1:" "$CASE_DIR/gt.out" && fail "the killed restore's gem-test ran its own code"
+	if ! wait_gone "$GT" 5; then
+		note "the restored task $GT was left waiting ($(proc_state "$GT")) after criu-rocm died; killed"
+		kill -KILL "$GT"
+		wait_gone "$GT" 10 || fail "the restored gem-test $GT survives SIGKILL"
+	fi
+	[ "$before" = "$(img_sums "$img")" ] || fail "the killed restore changed the images"
+	gem_restore "$img" "$GEM_PLACEHOLDER"
+	gem_finish
+}
+
 # The dump's own validation refuses its images (issue 25; the test hook lowers
 # vm.max_map_count to 8, fewer than the process' VMAs): the dump fails before the
 # process is killed, which runs on with its GPU unpaused and its memory intact; the image

@@ -9,7 +9,7 @@
  * GEM_CHANGE_HANDLE) issued raw.
  *
  *   usage: gem-test [--change-handle] [--kfd]
- *          gem-test --hold [--kfd]
+ *          gem-test --hold [--kfd] [--ctx]
  *     --change-handle  the kernel renames GEM handles (6.18.0-6.18.35); without it, it
  *                      must refuse with EINVAL (7.1, 6.18.36+)
  *     --kfd            the process also uses KFD through libhsakmt (hsaKmtOpenKFD, a VRAM
@@ -22,6 +22,8 @@
  *                      handles (GEM_LIST_HANDLES), the GPU mappings (GET_MAPPING_INFO) and
  *                      an SDMA copy between the mapped VAs; on SIGTERM once more, then
  *                      "PASS" and exit 0 (or FAIL and 1)
+ *     --ctx            with --hold: keeps a submission context (amdgpu_cs_ctx_create) all
+ *                      along, which a dump must refuse (contexts are not saved)
  *
  * Export and import need `kfd-emu supervise` (the dma-buf fds are handed out through it).
  * With two GPUs the import on the second runs in a child (`gem-test --import-on MINOR FD`).
@@ -520,6 +522,9 @@ static int hold_check(struct held *h)
 	return 0;
 }
 
+/* --ctx: --hold keeps a submission context. */
+static bool keep_ctx;
+
 /* --hold: sets up, says ready, then answers SIGUSR1 (a round) and SIGTERM (the end). */
 static int hold(struct gpu *g)
 {
@@ -533,6 +538,11 @@ static int hold(struct gpu *g)
 	sigprocmask(SIG_BLOCK, &set, NULL);
 	if (hold_setup(g, &h) || hold_check(&h))
 		return 1;
+	if (keep_ctx) {
+		amdgpu_context_handle ctx;
+
+		CHECK(!amdgpu_cs_ctx_create(g->dev, &ctx), "amdgpu_cs_ctx_create (kept)");
+	}
 	printf("ready %d\n", (int)getpid());
 	for (;;) {
 		sig = sigwaitinfo(&set, NULL);
@@ -574,8 +584,10 @@ int main(int argc, char **argv)
 			kfd = true;
 		else if (!strcmp(argv[i], "--hold"))
 			held = true;
+		else if (!strcmp(argv[i], "--ctx"))
+			keep_ctx = true;
 		else {
-			fprintf(stderr, "usage: gem-test [--change-handle] [--kfd] | --hold [--kfd]\n");
+			fprintf(stderr, "usage: gem-test [--change-handle] [--kfd] | --hold [--kfd] [--ctx]\n");
 			return 2;
 		}
 	}

@@ -22,7 +22,7 @@ use prost::Message;
 
 use crate::bo;
 use crate::ids::GpuId;
-use crate::proto::{CriuKfd, CriuRenderNode};
+use crate::proto::{CriuKfd, CriuRenderNode, DrmBoEntry};
 
 /// Version of our optional extensions written in `criu_kfd`
 /// (`criu_rocm_ext_version`).  1 = per-BO `content_xxh3`; 2 = and
@@ -518,104 +518,174 @@ fn check_extents(file: &str, i: usize, b: &crate::proto::KfdBoEntry) -> Result<(
 /// must be what a kernel's GEM_CREATE and GEM_VA take, and its bytes must be
 /// in criu-rocm's pages file.  Refused, naming the file, field and BO: a
 /// handle 0 or twice, a size of no whole pages, domains amdgpu does not
-/// know, a mapping outside its BO, a dma-buf import (not restored yet), and
-/// criu-dev's BOs (their bytes are in criu-dev's own files, which criu-rocm
-/// does not read).
+/// know, a mapping outside its BO or with flags GEM_VA does not take, more
+/// free handles below the highest than a restore fills ([`GEM_MAX_HOLES`]),
+/// a dma-buf import (not restored yet), and criu-dev's BOs (their bytes are
+/// in criu-dev's own files, which criu-rocm does not read).
 fn check_gem_bos(file: &str, msg: &CriuRenderNode) -> Result<(), ImageError> {
-    use kfd_abi::layout::gem618::AMDGPU_GEM_DOMAIN_MASK;
     let mut handles = BTreeSet::new();
     let mut offsets = BTreeSet::new();
-    let pages = |v: u64| v.is_multiple_of(bo::PAGE_SIZE);
     for (i, b) in msg.bo_entries.iter().enumerate() {
         let bad = |field: &str, why: String| {
-            Err(ImageError::invalid(
+            ImageError::invalid(
                 file,
                 format!("bo_entries[{i}]{field}"),
                 format!("{why} (GEM handle {}, {} bytes)", b.handle, b.size),
-            ))
+            )
         };
         if b.handle == 0 || b.handle > i32::MAX as u32 || !handles.insert(b.handle) {
-            return bad(
+            return Err(bad(
                 ".handle",
                 format!("{} is 0, past INT_MAX or twice", b.handle),
-            );
-        }
-        if b.size == 0 || !pages(b.size) {
-            return bad(".size", "is not a positive number of whole pages".into());
-        }
-        if b.offset == 0 || !pages(b.offset) || b.offset.checked_add(b.size).is_none() {
-            return bad(
-                ".offset",
-                format!("{:#x} is no mmap offset of the BO", b.offset),
-            );
+            ));
         }
         if !offsets.insert(b.offset) {
-            return bad(".offset", format!("{:#x} is another BO's", b.offset));
+            return Err(bad(".offset", format!("{:#x} is another BO's", b.offset)));
         }
-        let domains = b.preferred_domains;
-        if domains & !AMDGPU_GEM_DOMAIN_MASK != 0
-            || domains
-                & (kfd_abi::sys::AMDGPU_GEM_DOMAIN_VRAM
-                    | kfd_abi::sys::AMDGPU_GEM_DOMAIN_GTT
-                    | kfd_abi::sys::AMDGPU_GEM_DOMAIN_CPU)
-                == 0
+        check_gem_bo(b).map_err(|(field, why)| bad(field, why))?;
+        check_gem_vms(b).map_err(|(field, why)| bad(&field, why))?;
+    }
+    check_gem_holes(file, msg)?;
+    check_gem_contents(file, msg)
+}
+
+/// The number of free handles below `highest` in a file that holds `count`
+/// GEM objects whose highest handle is `highest`: the placeholder objects a
+/// restore makes where the kernel does not rename handles.
+pub(crate) fn gem_holes(highest: u32, count: usize) -> u64 {
+    u64::from(highest).saturating_sub(count as u64)
+}
+
+/// The most holes below a render file's GEM handles that a dump writes
+/// (it refuses more) and a restore fills with placeholder objects of a page
+/// each.
+pub(crate) const GEM_MAX_HOLES: u64 = 16384;
+
+/// Handles with more holes below them than a dump writes would make a
+/// restore create that many placeholders: refused, naming the handle.
+fn check_gem_holes(file: &str, msg: &CriuRenderNode) -> Result<(), ImageError> {
+    let Some((i, b)) = msg
+        .bo_entries
+        .iter()
+        .enumerate()
+        .max_by_key(|(_, b)| b.handle)
+    else {
+        return Ok(());
+    };
+    let holes = gem_holes(b.handle, msg.bo_entries.len());
+    if holes <= GEM_MAX_HOLES {
+        return Ok(());
+    }
+    Err(ImageError::invalid(
+        file,
+        format!("bo_entries[{i}].handle"),
+        format!(
+            "GEM handle {} has {holes} free handles below it, more than the {GEM_MAX_HOLES} a \
+             dump writes and a restore fills with placeholder objects",
+            b.handle
+        ),
+    ))
+}
+
+/// One GEM BO's own fields: the failing field and why.
+fn check_gem_bo(b: &DrmBoEntry) -> Result<(), (&'static str, String)> {
+    use kfd_abi::layout::gem618::AMDGPU_GEM_DOMAIN_MASK;
+    let pages = |v: u64| v.is_multiple_of(bo::PAGE_SIZE);
+    if b.size == 0 || !pages(b.size) {
+        return Err((".size", "is not a positive number of whole pages".into()));
+    }
+    if b.offset == 0 || !pages(b.offset) || b.offset.checked_add(b.size).is_none() {
+        return Err((
+            ".offset",
+            format!("{:#x} is no mmap offset of the BO", b.offset),
+        ));
+    }
+    let domains = b.preferred_domains;
+    if domains & !AMDGPU_GEM_DOMAIN_MASK != 0
+        || domains
+            & (kfd_abi::sys::AMDGPU_GEM_DOMAIN_VRAM
+                | kfd_abi::sys::AMDGPU_GEM_DOMAIN_GTT
+                | kfd_abi::sys::AMDGPU_GEM_DOMAIN_CPU)
+            == 0
+    {
+        return Err((
+            ".preferred_domains",
+            format!("{domains:#x}: not VRAM, GTT or CPU memory, whose bytes are saved"),
+        ));
+    }
+    if b.alignment != 0 && !b.alignment.is_power_of_two() {
+        return Err((
+            ".alignment",
+            format!("{:#x} is no power of two", b.alignment),
+        ));
+    }
+    if b.is_import != 0 {
+        return Err((
+            ".is_import",
+            "a dma-buf imported from another device or process: criu-rocm does not \
+             restore imported GEM objects yet"
+                .into(),
+        ));
+    }
+    if b.content_xxh3.is_none() {
+        return Err((
+            ".content_xxh3",
+            "missing: a GEM BO saved by criu-dev, whose bytes are in its \
+             amdgpu-drm-pages-* files, which criu-rocm does not read"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+/// A GEM BO's GPU mappings: whole pages of the BO, with flags GEM_VA maps
+/// a BO with.  The failing field and why.
+fn check_gem_vms(b: &DrmBoEntry) -> Result<(), (String, String)> {
+    use kfd_abi::layout::gem618::AMDGPU_VM_MAP_FLAGS;
+    if b.num_of_vms as usize != b.vm_entries.len() {
+        return Err((
+            ".num_of_vms".into(),
+            format!(
+                "is {} but vm_entries holds {}",
+                b.num_of_vms,
+                b.vm_entries.len()
+            ),
+        ));
+    }
+    let pages = |v: u64| v.is_multiple_of(bo::PAGE_SIZE);
+    for (j, v) in b.vm_entries.iter().enumerate() {
+        let inside = v.offset.checked_add(v.size).is_some_and(|e| e <= b.size);
+        if v.size == 0
+            || !pages(v.size | v.offset | v.addr)
+            || !inside
+            || v.addr.checked_add(v.size).is_none()
         {
-            return bad(
-                ".preferred_domains",
-                format!("{domains:#x}: not VRAM, GTT or CPU memory, whose bytes are saved"),
-            );
-        }
-        if b.alignment != 0 && !b.alignment.is_power_of_two() {
-            return bad(
-                ".alignment",
-                format!("{:#x} is no power of two", b.alignment),
-            );
-        }
-        if b.is_import != 0 {
-            return bad(
-                ".is_import",
-                "a dma-buf imported from another device or process: criu-rocm does not \
-                 restore imported GEM objects yet"
-                    .into(),
-            );
-        }
-        if b.content_xxh3.is_none() {
-            return bad(
-                ".content_xxh3",
-                "missing: a GEM BO saved by criu-dev, whose bytes are in its \
-                 amdgpu-drm-pages-* files, which criu-rocm does not read"
-                    .into(),
-            );
-        }
-        if b.num_of_vms as usize != b.vm_entries.len() {
-            return bad(
-                ".num_of_vms",
+            return Err((
+                format!(".vm_entries[{j}]"),
                 format!(
-                    "is {} but vm_entries holds {}",
-                    b.num_of_vms,
-                    b.vm_entries.len()
+                    "maps {:#x} bytes at BO offset {:#x} to GPU address {:#x}: not whole \
+                     pages of the BO",
+                    v.size, v.offset, v.addr
                 ),
-            );
+            ));
         }
-        for (j, v) in b.vm_entries.iter().enumerate() {
-            let inside = v.offset.checked_add(v.size).is_some_and(|e| e <= b.size);
-            if v.size == 0
-                || !pages(v.size | v.offset | v.addr)
-                || !inside
-                || v.addr.checked_add(v.size).is_none()
-            {
-                return bad(
-                    &format!(".vm_entries[{j}]"),
-                    format!(
-                        "maps {:#x} bytes at BO offset {:#x} to GPU address {:#x}: not whole \
-                         pages of the BO",
-                        v.size, v.offset, v.addr
-                    ),
-                );
-            }
+        if v.flags & !u64::from(AMDGPU_VM_MAP_FLAGS) != 0 {
+            return Err((
+                format!(".vm_entries[{j}].flags"),
+                format!(
+                    "{:#x}: not AMDGPU_VM_PAGE_*/MTYPE flags GEM_VA maps a BO with (outside \
+                     {AMDGPU_VM_MAP_FLAGS:#x})",
+                    v.flags
+                ),
+            ));
         }
     }
-    // The hash fields as a KFD BO's, and the pages file's total.
+    Ok(())
+}
+
+/// The hash fields of a render image's BOs as a KFD BO's, and the pages
+/// file's total.
+fn check_gem_contents(file: &str, msg: &CriuRenderNode) -> Result<(), ImageError> {
     let view = RenderImage { msg: msg.clone() }.contents_view().msg;
     for (i, b) in view.bo_entries.iter().enumerate() {
         if let Some(e) = b.content_hash_extent {
@@ -1002,8 +1072,15 @@ pub(crate) mod tests {
         );
         assert_eq!(view.msg.bo_entries[0].offset, good.offset);
         type Edit = fn(&mut crate::proto::DrmBoEntry);
-        let cases: [(Edit, &str); 7] = [
+        let cases: [(Edit, &str); 10] = [
             (|b| b.content_xxh3 = None, "content_xxh3"),
+            // Page-table bits (EXECUTABLE|READABLE|WRITEABLE PTE bits): PRT
+            // to GEM_VA.
+            (|b| b.vm_entries[0].flags = 0x70, "vm_entries[0].flags"),
+            (|b| b.vm_entries[0].flags = 1 << 32, "vm_entries[0].flags"),
+            // 16385 free handles below the only BO: a restore would make
+            // that many placeholders.
+            (|b| b.handle = 16386, "more than the 16384"),
             (|b| b.is_import = 1, "is_import"),
             (|b| b.handle = 0, "handle"),
             (|b| b.size = 0x10001, "size"),
@@ -1019,6 +1096,11 @@ pub(crate) mod tests {
                 assert!(e.contains(want), "{want:?} not in {e}");
             }
         }
+        // As many holes as a dump writes, and every flag GEM_VA takes.
+        let mut bo = good.clone();
+        bo.handle = 16385;
+        bo.vm_entries[0].flags = u64::from(kfd_abi::layout::gem618::AMDGPU_VM_MAP_FLAGS);
+        decode(bo).unwrap();
     }
 
     /// protoc's C++ parser enforces `required` like protobuf-c does: let it

@@ -735,6 +735,71 @@ impl<F: AsFd> RenderNode<F> {
         self.io(DRM_IOCTL_GEM_CHANGE_HANDLE, &mut a).map(drop)
     }
 
+    /// `DRM_IOCTL_AMDGPU_GEM_WAIT_IDLE` of GEM handle `handle`, waiting at most `timeout`:
+    /// whether the BO is idle (no submission still uses it) by then.  The kernel takes an
+    /// absolute CLOCK_MONOTONIC deadline (amdgpu_gem_timeout), as libdrm computes it.
+    pub fn gem_wait_idle(&self, handle: u32, timeout: std::time::Duration) -> Result<bool> {
+        let mut now = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `now` is a valid timespec for clock_gettime to write.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+        let now_ns = (now.tv_sec as u64)
+            .saturating_mul(1_000_000_000)
+            .saturating_add(now.tv_nsec as u64);
+        let deadline = now_ns
+            .saturating_add(timeout.as_nanos().min(u128::from(u64::MAX)) as u64)
+            .min(i64::MAX as u64);
+        let mut a = sys::drm_amdgpu_gem_wait_idle::default();
+        a.in_ = sys::drm_amdgpu_gem_wait_idle_in {
+            handle,
+            flags: 0,
+            timeout: deadline,
+        };
+        self.io(DRM_IOCTL_AMDGPU_GEM_WAIT_IDLE, &mut a)?;
+        // SAFETY: after a successful WAIT_IDLE the kernel wrote the `out` member; status 0
+        // is idle, 1 still busy at the deadline.
+        Ok(unsafe { a.out.status } == 0)
+    }
+
+    /// Whether this file holds GEM handle `handle`: `DRM_IOCTL_AMDGPU_GEM_OP
+    /// (GET_GEM_CREATE_INFO)`, which only reads (ENOENT: no such handle).  Kernels before
+    /// 6.18 take the 16-byte `drm_amdgpu_gem_op` and ignore the rest of the 24.
+    pub fn gem_exists(&self, handle: u32) -> Result<bool> {
+        let mut info = sys::drm_amdgpu_gem_create_in::default();
+        let mut a = gem618::drm_amdgpu_gem_op {
+            handle,
+            op: sys::AMDGPU_GEM_OP_GET_GEM_CREATE_INFO,
+            value: &mut info as *mut _ as u64,
+            num_entries: 0,
+            padding: 0,
+        };
+        match self.io(DRM_IOCTL_AMDGPU_GEM_OP, &mut a) {
+            Ok(_) => Ok(true),
+            Err(e) if e.errno() == libc::ENOENT => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether this file holds submission context `ctx_id`:
+    /// `DRM_IOCTL_AMDGPU_CTX(GET_STABLE_PSTATE)`, which only reads (EINVAL: no such
+    /// context; Linux 5.19 on).
+    pub fn ctx_exists(&self, ctx_id: u32) -> Result<bool> {
+        let mut a = sys::drm_amdgpu_ctx::default();
+        a.in_ = sys::drm_amdgpu_ctx_in {
+            op: sys::AMDGPU_CTX_OP_GET_STABLE_PSTATE,
+            flags: 0,
+            ctx_id,
+            priority: 0,
+        };
+        match self.io(DRM_IOCTL_AMDGPU_CTX, &mut a) {
+            Ok(_) => Ok(true),
+            Err(e) if e.errno() == libc::EINVAL => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Creates a GEM BO in `domains` (`AMDGPU_GEM_DOMAIN_*`); returns its handle.
     pub fn gem_create(
         &self,

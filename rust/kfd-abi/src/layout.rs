@@ -61,6 +61,17 @@ pub mod gem618 {
     pub const DRM_GEM_CHANGE_HANDLE: u32 = 0xd2;
     /// `AMDGPU_GEM_OP_GET_MAPPING_INFO`.
     pub const AMDGPU_GEM_OP_GET_MAPPING_INFO: u32 = 2;
+    /// `AMDGPU_VM_MAX_NUM_CTX` (amdgpu_vm.h): context ids lie below it.
+    pub const AMDGPU_VM_MAX_NUM_CTX: u32 = 4096;
+    /// `AMDGPU_VM_PAGE_NOALLOC` (6.0).
+    pub const AMDGPU_VM_PAGE_NOALLOC: u32 = 1 << 9;
+    /// The flags GEM_VA MAP takes for a BO mapping (amdgpu_gem_va_ioctl's
+    /// `valid_flags`: DELAY_UPDATE, READABLE, WRITEABLE, EXECUTABLE, the MTYPE
+    /// field, NOALLOC).  GET_MAPPING_INFO reports a mapping's flags as given
+    /// (6.18 keeps the uapi flags in the mapping since "rework how PTE flags
+    /// are generated").
+    pub const AMDGPU_VM_MAP_FLAGS: u32 =
+        1 | 1 << 1 | 1 << 2 | 1 << 3 | 0xf << 5 | AMDGPU_VM_PAGE_NOALLOC;
     /// `AMDGPU_GEM_LIST_HANDLES_FLAG_IS_IMPORT`: the BO is another device's dma-buf.
     pub const AMDGPU_GEM_LIST_HANDLES_FLAG_IS_IMPORT: u32 = 1 << 0;
     /// `AMDGPU_GEM_DOMAIN_DOORBELL` (6.8).

@@ -10,7 +10,8 @@
 //!   blamed on the submitting context (it stays guilty: its later CS are
 //!   ECANCELED too, as amdgpu's), `WAIT_CS:ECANCELED` a reset while the
 //!   job ran (the fence fails with ECANCELED, the context is guilty), and
-//!   `WAIT_CS:ETIME` a wait that times out (answered at once, status 1).
+//!   `WAIT_CS:ETIME` a wait that times out (answered at once, status 1),
+//!   `GEM_WAIT_IDLE:ETIME` a BO still busy at the deadline (status 1).
 //!   Every other rule fails the call before it changes anything, so
 //!   EAGAIN and EINTR can be retried.
 //! * `ERRNO` is the error returned, by name (`EIO`, `EACCES`, ...) or

@@ -9,7 +9,10 @@
 //! (`amdgpu-pages-<id>-<gpu>.img`), as a KFD image's: the same budget,
 //! holes, hashes and compression (through [`RenderImage::contents_view`]).
 //! Kernels before Linux 6.18 cannot list a file's objects: there the file is
-//! saved without them, which the log says.
+//! saved only if none of its first 4095 handles names one
+//! ([`no_objects_before_618`]).  A file with an amdgpu submission context
+//! fails the dump ([`refuse_contexts`]); every BO is waited idle
+//! (GEM_WAIT_IDLE) before its bytes are copied.
 //!
 //! Restore ([`restore`], when CRIU opens the render file), in this order:
 //! 1. [`recreate`]: each object again with GEM_CREATE, in ascending handle
@@ -88,15 +91,11 @@ pub(crate) fn save(
     copying: Copying,
 ) -> Result<(), SessionError> {
     let node = RenderNode::from_fd(fd);
+    refuse_contexts(pid, &node, minor, id)?;
     let list = match node.gem_list_handles() {
         Ok(l) => l,
         Err(e) if matches!(e.errno(), libc::EINVAL | libc::ENOTTY) => {
-            log::info!(
-                "pid {pid}: {}: the kernel cannot list its GEM objects (GEM_LIST_HANDLES: {e}, \
-                 before Linux 6.18); any it holds are not saved",
-                file_name(minor, id)
-            );
-            return Ok(());
+            return no_objects_before_618(pid, &node, minor, id, &e);
         }
         Err(e) => return Err(kfd_err(pid, minor, id, "listing its GEM objects")(e)),
     };
@@ -108,6 +107,7 @@ pub(crate) fn save(
     for e in &list {
         entries.push(describe(pid, &node, minor, id, e)?);
     }
+    wait_idle(pid, &node, minor, id, &list)?;
     img.msg.num_of_bos = Some(entries.len() as u64);
     img.msg.bo_entries = entries;
     let jobs = copy_jobs(pid, fd, img, (minor, actual), None, copying)?;
@@ -137,8 +137,131 @@ pub(crate) fn save(
     Ok(())
 }
 
+/// The handles probed on a kernel that cannot list a file's GEM objects
+/// (before Linux 6.18), and the contexts probed on every render file: 1 to
+/// this.  The kernel hands both out lowest-free from 1 (the file's
+/// `object_idr`; `ctx_handles`, whose ids end below `AMDGPU_VM_MAX_NUM_CTX`,
+/// 4096).
+const PROBED_IDS: u32 = gem618::AMDGPU_VM_MAX_NUM_CTX - 1;
+
+/// How long a dump waits for the submissions that use a GEM BO to finish
+/// before it copies the BO's bytes: amdgpu's job timeout (10 s) ends any
+/// job by then.
+const IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A render file with a submission context fails the dump: contexts (and
+/// the fences, syncobjs and BO lists a client uses with them) are not
+/// saved, and a restored client's next command submission on its context
+/// would fail.  Every context id amdgpu can hand out is probed (CTX
+/// GET_STABLE_PSTATE, which only reads).
+fn refuse_contexts(
+    pid: i32,
+    node: &RenderNode<BorrowedFd<'_>>,
+    minor: RenderMinor,
+    id: FileId,
+) -> Result<(), SessionError> {
+    let mut held = Vec::new();
+    for ctx in 1..=PROBED_IDS {
+        if node.ctx_exists(ctx).map_err(kfd_err(
+            pid,
+            minor,
+            id,
+            format!("probing context {ctx}"),
+        ))? {
+            held.push(ctx);
+        }
+    }
+    if held.is_empty() {
+        return Ok(());
+    }
+    Err(SessionError::State {
+        pid,
+        what: format!(
+            "{} holds {} amdgpu submission context(s) (ids {}): criu-rocm does not save \
+             contexts, fences, syncobjs or BO lists, and the restored process' next command \
+             submission would fail; not dumping what could not be restored",
+            file_name(minor, id),
+            held.len(),
+            handle_list(held.iter().copied())
+        ),
+    })
+}
+
+/// A kernel before 6.18 cannot list a file's GEM objects: the file is saved
+/// without any only if none of handles 1 to [`PROBED_IDS`] names one (GEM_OP
+/// GET_GEM_CREATE_INFO, which only reads).  Handles are handed out
+/// lowest-free from 1, so a file whose first 4095 handles are free holds
+/// none unless it once held that many at a time.
+fn no_objects_before_618(
+    pid: i32,
+    node: &RenderNode<BorrowedFd<'_>>,
+    minor: RenderMinor,
+    id: FileId,
+    why: &kfd_abi::handle::Error,
+) -> Result<(), SessionError> {
+    for h in 1..=PROBED_IDS {
+        if node
+            .gem_exists(h)
+            .map_err(kfd_err(pid, minor, id, format!("probing GEM handle {h}")))?
+        {
+            return Err(SessionError::State {
+                pid,
+                what: format!(
+                    "{} holds GEM handle {h}, and this kernel cannot list its GEM objects \
+                     (GEM_LIST_HANDLES: {why}; before Linux 6.18), so they cannot be saved; \
+                     not dumping what could not be restored",
+                    file_name(minor, id)
+                ),
+            });
+        }
+    }
+    log::info!(
+        "pid {pid}: {}: the kernel cannot list GEM objects (GEM_LIST_HANDLES: {why}, before \
+         Linux 6.18); handles 1-{PROBED_IDS} are free, so the file holds none",
+        file_name(minor, id)
+    );
+    Ok(())
+}
+
+/// Every listed BO idle before its bytes are copied: a command submission
+/// of the (frozen) process may still write it.  A BO still busy after
+/// [`IDLE_TIMEOUT`] fails the dump, naming it.
+fn wait_idle(
+    pid: i32,
+    node: &RenderNode<BorrowedFd<'_>>,
+    minor: RenderMinor,
+    id: FileId,
+    list: &[gem618::drm_amdgpu_gem_list_handles_entry],
+) -> Result<(), SessionError> {
+    for e in list {
+        let h = e.gem_handle;
+        let idle = node.gem_wait_idle(h, IDLE_TIMEOUT).map_err(kfd_err(
+            pid,
+            minor,
+            id,
+            format!("waiting for GEM handle {h} to be idle (GEM_WAIT_IDLE)"),
+        ))?;
+        if !idle {
+            return Err(SessionError::State {
+                pid,
+                what: format!(
+                    "{}: GEM handle {h} ({} bytes) is still in use by a command submission \
+                     after {} s (GEM_WAIT_IDLE), so its bytes cannot be copied; not dumping \
+                     what could not be restored",
+                    file_name(minor, id),
+                    e.size,
+                    IDLE_TIMEOUT.as_secs()
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// What criu-rocm does not save yet fails the dump, naming the BO: GEM
-/// objects imported from a dma-buf, and any GEM object of a streamed dump.
+/// objects imported from a dma-buf, any GEM object of a streamed dump, and
+/// handles with more holes below them than a restore fills
+/// ([`crate::image::GEM_MAX_HOLES`]).
 fn refuse_unsupported(
     pid: i32,
     minor: RenderMinor,
@@ -171,6 +294,19 @@ fn refuse_unsupported(
             &list[0],
             "criu-rocm does not save render-node GEM objects into an image stream (--stream) yet",
         ));
+    }
+    if let Some(e) = list.iter().max_by_key(|e| e.gem_handle) {
+        let holes = crate::image::gem_holes(e.gem_handle, list.len());
+        if holes > crate::image::GEM_MAX_HOLES {
+            return Err(refuse(
+                e,
+                &format!(
+                    "{holes} free handles lie below it, more than the {} placeholder objects a \
+                     restore makes to reproduce the handles",
+                    crate::image::GEM_MAX_HOLES
+                ),
+            ));
+        }
     }
     Ok(())
 }
@@ -208,21 +344,7 @@ fn describe(
             ))
         }
     };
-    let maps = node.gem_mapping_info(h).map_err(kfd_err(
-        pid,
-        minor,
-        id,
-        format!("the GPU mappings of GEM handle {h}"),
-    ))?;
-    let vm_entries: Vec<DrmVmEntry> = maps
-        .iter()
-        .map(|m| DrmVmEntry {
-            addr: m.addr,
-            size: m.size,
-            offset: m.offset,
-            flags: m.flags,
-        })
-        .collect();
+    let vm_entries = vm_entries(pid, node, minor, id, e)?;
     Ok(DrmBoEntry {
         addr: vm_entries.first().map_or(0, |v| v.addr),
         size: e.size,
@@ -236,6 +358,58 @@ fn describe(
         vm_entries,
         ..Default::default()
     })
+}
+
+/// The GPU VA mappings of listed GEM object `e`, as criu-dev records them;
+/// a mapping with flags GEM_VA does not take fails the dump, naming it.
+fn vm_entries(
+    pid: i32,
+    node: &RenderNode<BorrowedFd<'_>>,
+    minor: RenderMinor,
+    id: FileId,
+    e: &gem618::drm_amdgpu_gem_list_handles_entry,
+) -> Result<Vec<DrmVmEntry>, SessionError> {
+    let h = e.gem_handle;
+    let maps = match node.gem_mapping_info(h) {
+        Ok(m) => m,
+        // A BO without a bo_va in the file's VM (amdgpu's fix of
+        // GET_MAPPING_INFO's NULL bo_va): no mappings.
+        Err(err) if err.errno() == libc::ENOENT => Vec::new(),
+        Err(err) => {
+            return Err(kfd_err(
+                pid,
+                minor,
+                id,
+                format!("the GPU mappings of GEM handle {h}"),
+            )(err))
+        }
+    };
+    let mut vm_entries = Vec::with_capacity(maps.len());
+    for m in &maps {
+        if m.flags & !u64::from(gem618::AMDGPU_VM_MAP_FLAGS) != 0 {
+            return Err(SessionError::State {
+                pid,
+                what: format!(
+                    "{}: GEM handle {h} ({} bytes) is mapped at GPU address {:#x} with flags \
+                     {:#x}, which are no AMDGPU_VM_PAGE_*/MTYPE flags GEM_VA maps a BO with \
+                     (outside {:#x}), so the mapping cannot be made again; not dumping what \
+                     could not be restored",
+                    file_name(minor, id),
+                    e.size,
+                    m.addr,
+                    m.flags,
+                    gem618::AMDGPU_VM_MAP_FLAGS
+                ),
+            });
+        }
+        vm_entries.push(DrmVmEntry {
+            addr: m.addr,
+            size: m.size,
+            offset: m.offset,
+            flags: m.flags,
+        });
+    }
+    Ok(vm_entries)
 }
 
 /// The copy jobs of a render image's GEM BOs on render file `fd` of host
@@ -392,6 +566,12 @@ pub(crate) fn restore(
 ) -> Result<GemFixups, SessionError> {
     let node = RenderNode::from_fd(fd);
     let (handles, method) = recreate(vpid, &node, img, minor, id)?;
+    log::info!(
+        "pid {vpid}: {}: {} GEM object(s) recreated; mapping them in the GPU VM and restoring \
+         their bytes",
+        file_name(minor, id),
+        handles.len()
+    );
     map_gpu(vpid, &node, img, minor, id)?;
     let mut offsets = Vec::with_capacity(handles.len());
     for b in &img.msg.bo_entries {
@@ -467,97 +647,150 @@ fn recreate(
     };
     let mut order: Vec<&DrmBoEntry> = img.msg.bo_entries.iter().collect();
     order.sort_by_key(|b| b.handle);
-    let mut method = HandleMethod::default();
-    let mut placeholders = Vec::new();
-    let mut made = Vec::new();
-    let result = (|| {
-        for b in order {
-            let lost = |why: String| SessionError::State {
-                pid: vpid,
-                what: format!(
-                    "{}: GEM handle {} ({} bytes, domains {:#x}) cannot be had again: {why}; \
-                     not restoring a file whose buffers would have other handles",
-                    file_name(minor, id),
-                    b.handle,
-                    b.size,
-                    b.preferred_domains
-                ),
-            };
-            if taken.contains(&b.handle) {
-                return Err(lost("the restored file holds that handle already".into()));
-            }
-            if method.change_refused.is_some() {
-                placeholders.extend(fill(vpid, node, b, minor, id, &lost)?);
-            }
-            let h = create(vpid, node, b, minor, id)?;
-            made.push(h);
-            if h == b.handle {
-                continue;
-            }
-            if h > b.handle {
-                return Err(lost(format!("GEM_CREATE gave handle {h}, past it")));
-            }
-            if method.change_refused.is_none() {
-                match node.gem_change_handle(h, b.handle) {
-                    Ok(()) => {
-                        *made.last_mut().expect("pushed") = b.handle;
-                        method.renamed += 1;
-                        continue;
-                    }
-                    Err(e) if matches!(e.errno(), libc::EINVAL | libc::ENOTTY) => {
-                        method.change_refused = Some(e.to_string());
-                    }
-                    Err(e) => return Err(lost(format!("GEM_CHANGE_HANDLE {h} -> it: {e}"))),
-                }
-            }
-            // No renaming: the object goes, placeholders fill the hole up to
-            // the handle, which the kernel then gives the object.
-            made.pop();
-            node.gem_close(h)
-                .map_err(kfd_err(vpid, minor, id, format!("closing handle {h}")))?;
-            placeholders.extend(fill(vpid, node, b, minor, id, &lost)?);
-            let h = create(vpid, node, b, minor, id)?;
-            made.push(h);
-            if h != b.handle {
-                return Err(lost(format!(
-                    "GEM_CREATE gave handle {h} after the placeholders"
-                )));
-            }
-        }
-        Ok(())
-    })();
-    method.placeholders = placeholders.len();
-    for p in placeholders {
-        if let Err(e) = node.gem_close(p) {
-            log::warn!(
-                "pid {vpid}: {}: closing placeholder handle {p}: {e}",
-                file_name(minor, id)
-            );
-        }
-    }
-    if let Err(e) = result {
-        close_all(node, &made);
+    let mut r = Recreation {
+        vpid,
+        node,
+        minor,
+        id,
+        method: HandleMethod::default(),
+        placeholders: Vec::new(),
+        made: Vec::new(),
+    };
+    let result = order.into_iter().try_for_each(|b| r.one(b, &taken));
+    let freed = r.free_placeholders();
+    if let Err(e) = result.and(freed) {
+        close_all(node, &r.made);
         return Err(e);
     }
     let handles = img.msg.bo_entries.iter().map(|b| b.handle).collect();
-    Ok((handles, method))
+    Ok((handles, r.method))
 }
 
-/// [`fill_below`] `b`'s handle, refusals in `lost`'s words.
-fn fill(
+/// [`recreate`]'s state: the objects made so far and the placeholders that
+/// fill holes.
+struct Recreation<'n, 'f> {
     vpid: i32,
-    node: &RenderNode<BorrowedFd<'_>>,
-    b: &DrmBoEntry,
+    node: &'n RenderNode<BorrowedFd<'f>>,
     minor: RenderMinor,
     id: FileId,
-    lost: &dyn Fn(String) -> SessionError,
-) -> Result<Vec<u32>, SessionError> {
-    fill_below(vpid, node, b.handle, minor, id).map_err(|got| {
-        lost(match got {
-            Some(p) => format!("the kernel gave a placeholder handle {p}, past it"),
-            None => "no placeholder object could be made".into(),
-        })
-    })
+    method: HandleMethod,
+    placeholders: Vec<u32>,
+    made: Vec<u32>,
+}
+
+impl Recreation<'_, '_> {
+    /// The refusal of `b`'s handle, for `why`.
+    fn lost(&self, b: &DrmBoEntry, why: String) -> SessionError {
+        SessionError::State {
+            pid: self.vpid,
+            what: format!(
+                "{}: GEM handle {} ({} bytes, domains {:#x}) cannot be had again: {why}; not \
+                 restoring a file whose buffers would have other handles",
+                file_name(self.minor, self.id),
+                b.handle,
+                b.size,
+                b.preferred_domains
+            ),
+        }
+    }
+
+    /// `b` again with its handle (the next in ascending order).
+    fn one(&mut self, b: &DrmBoEntry, taken: &BTreeSet<u32>) -> Result<(), SessionError> {
+        if taken.contains(&b.handle) {
+            return Err(self.lost(b, "the restored file holds that handle already".into()));
+        }
+        if self.method.change_refused.is_some() {
+            self.fill(b)?;
+        }
+        let h = create(self.vpid, self.node, b, self.minor, self.id)?;
+        self.made.push(h);
+        if h == b.handle {
+            return Ok(());
+        }
+        if h > b.handle {
+            return Err(self.lost(b, format!("GEM_CREATE gave handle {h}, past it")));
+        }
+        if self.method.change_refused.is_none() && self.rename(b, h)? {
+            return Ok(());
+        }
+        self.refill(b, h)
+    }
+
+    /// GEM_CHANGE_HANDLE of the new object `h` to `b`'s handle: whether the
+    /// kernel did it (false: it refuses renaming, which is remembered).
+    fn rename(&mut self, b: &DrmBoEntry, h: u32) -> Result<bool, SessionError> {
+        match self.node.gem_change_handle(h, b.handle) {
+            Ok(()) => {
+                *self.made.last_mut().expect("pushed") = b.handle;
+                self.method.renamed += 1;
+                Ok(true)
+            }
+            Err(e) if matches!(e.errno(), libc::EINVAL | libc::ENOTTY) => {
+                self.method.change_refused = Some(e.to_string());
+                Ok(false)
+            }
+            Err(e) => Err(self.lost(b, format!("GEM_CHANGE_HANDLE {h} -> it: {e}"))),
+        }
+    }
+
+    /// No renaming: the new object `h` goes, placeholders fill the hole up
+    /// to `b`'s handle, which the kernel then gives the object.
+    fn refill(&mut self, b: &DrmBoEntry, h: u32) -> Result<(), SessionError> {
+        self.made.pop();
+        self.node.gem_close(h).map_err(kfd_err(
+            self.vpid,
+            self.minor,
+            self.id,
+            format!("closing handle {h}"),
+        ))?;
+        self.fill(b)?;
+        let h = create(self.vpid, self.node, b, self.minor, self.id)?;
+        self.made.push(h);
+        if h != b.handle {
+            return Err(self.lost(
+                b,
+                format!("GEM_CREATE gave handle {h} after the placeholders"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Placeholders at every free handle below `b`'s.
+    fn fill(&mut self, b: &DrmBoEntry) -> Result<(), SessionError> {
+        let made =
+            fill_below(self.vpid, self.node, b.handle, self.minor, self.id).map_err(|got| {
+                self.lost(
+                    b,
+                    match got {
+                        Some(p) => format!("the kernel gave a placeholder handle {p}, past it"),
+                        None => "no placeholder object could be made".into(),
+                    },
+                )
+            })?;
+        self.placeholders.extend(made);
+        Ok(())
+    }
+
+    /// Every placeholder closed: one the kernel keeps would hold memory and
+    /// a handle the process never made, so that fails the restore.
+    fn free_placeholders(&mut self) -> Result<(), SessionError> {
+        self.method.placeholders = self.placeholders.len();
+        let mut failed = None;
+        for &p in &self.placeholders {
+            if let Err(e) = self.node.gem_close(p) {
+                failed.get_or_insert((p, e));
+            }
+        }
+        match failed {
+            None => Ok(()),
+            Some((p, e)) => Err(kfd_err(
+                self.vpid,
+                self.minor,
+                self.id,
+                format!("closing placeholder handle {p}"),
+            )(e)),
+        }
+    }
 }
 
 /// GEM_CREATE of `b` as at dump (its size, domains, flags, and alignment,

@@ -17,14 +17,7 @@ use super::uapi::{self, sys};
 pub const AMDGPU_HW_IP_NUM: u32 = 9;
 /// `amdgpu_ctx_num_entities`: rings a context may name per IP type.
 const NUM_ENTITIES: [u32; 9] = [1, 4, 2, 1, 1, 1, 1, 1, 1];
-/// `AMDGPU_VM_PAGE_NOALLOC`.
-const VM_PAGE_NOALLOC: u32 = 1 << 9;
-const VALID_VA_FLAGS: u32 = sys::AMDGPU_VM_DELAY_UPDATE
-    | sys::AMDGPU_VM_PAGE_READABLE
-    | sys::AMDGPU_VM_PAGE_WRITEABLE
-    | sys::AMDGPU_VM_PAGE_EXECUTABLE
-    | sys::AMDGPU_VM_MTYPE_MASK
-    | VM_PAGE_NOALLOC;
+const VALID_VA_FLAGS: u32 = gem618::AMDGPU_VM_MAP_FLAGS;
 const PRT_FLAGS: u32 = sys::AMDGPU_VM_DELAY_UPDATE | sys::AMDGPU_VM_PAGE_PRT;
 /// What the daemon copies in for one CS chunk or BO list at most; the
 /// kernel's kvmalloc of a larger user array fails (ENOMEM) long before
@@ -384,7 +377,7 @@ pub fn ctx(f: &mut RenderFile, a: &sys::drm_amdgpu_ctx_in, resets: u64) -> R<[u8
     let mut out = [0u8; 16];
     match a.op {
         sys::AMDGPU_CTX_OP_ALLOC_CTX => {
-            let id = f.ctx_alloc(resets);
+            let id = f.ctx_alloc(resets)?;
             out[..4].copy_from_slice(&id.to_le_bytes());
         }
         sys::AMDGPU_CTX_OP_FREE_CTX => f.ctx_free(a.ctx_id)?,

@@ -514,64 +514,16 @@ impl Emulator {
         input: &[u8],
         out_size: usize,
     ) -> Result<Vec<u8>, i32> {
-        let op = crate::fault::drm_op(n);
-        let injected = crate::fault::check(op).err();
-        let g = &self.shared.devs.gpus[gpu];
-        let sdma_ip = g.asic.sdma.hw;
-        let has_ip = |ip: u32| match ip {
-            state::gem::AMDGPU_HW_IP_GFX => g.asic.gfx_rings > 0,
-            state::gem::AMDGPU_HW_IP_COMPUTE => g.asic.compute_rings > 0,
-            state::gem::AMDGPU_HW_IP_DMA => g.asic.sdma_instances > 0,
-            _ => false,
-        };
-        match (n, injected) {
-            // A GPU reset blamed on the submitting context.
-            (uapi::drm::AMDGPU_CS, Some(libc::ECANCELED)) => {
-                let a: sys::drm_amdgpu_cs_in = uapi::decode(input);
-                let mut st = self.lock();
-                st.resets[gpu] += 1;
-                let f = st.render.get_mut(&fh).ok_or(libc::EBADF)?;
-                f.make_guilty(a.ctx_id);
-                log::warn!(
-                    "fault injection: GPU {gpu} reset; context {} guilty",
-                    a.ctx_id
-                );
-                return Err(libc::ECANCELED);
-            }
-            (uapi::drm::AMDGPU_WAIT_CS, Some(e @ (libc::ETIME | libc::ECANCELED))) => {
-                let a: sys::drm_amdgpu_wait_cs_in = uapi::decode(input);
-                let mut st = self.lock();
-                let f = st.render.get(&fh).ok_or(libc::EBADF)?;
-                gem::wait_cs(f, &a, has_ip)?;
-                if e == libc::ETIME {
-                    // Timed out: status 1, no error.
-                    let mut o = vec![0u8; out_size];
-                    o[..8.min(out_size)].copy_from_slice(&1u64.to_le_bytes()[..8.min(out_size)]);
-                    return Ok(o);
-                }
-                st.resets[gpu] += 1;
-                let f = st.render.get_mut(&fh).ok_or(libc::EBADF)?;
-                f.fail(a.ctx_id, (a.ip_type, a.ring), a.handle, libc::ECANCELED);
-                return Err(libc::ECANCELED);
-            }
-            (_, Some(e)) => return Err(e),
-            _ => {}
+        let injected = crate::fault::check(crate::fault::drm_op(n)).err();
+        if let Some(e) = injected {
+            return self.gem_fault(fh, gpu, n, input, out_size, e);
         }
         if n == uapi::drm::GEM_CHANGE_HANDLE && !self.shared.devs.gem_change_handle {
             // Linux 7.1, 6.18.36 and 7.0.13 refuse every call.
             return Err(libc::EINVAL);
         }
         let dmabuf = if n == uapi::drm::PRIME_FD_TO_HANDLE {
-            let a: sys::drm_prime_handle = uapi::decode(input);
-            let file = mem::pull_fd(caller.tgid, a.fd).map_err(|_| libc::EBADF)?;
-            // Not a dma-buf: dma_buf_get's EINVAL.
-            Some(
-                self.shared
-                    .devs
-                    .dmabufs
-                    .lookup(std::os::fd::AsFd::as_fd(&file))
-                    .ok_or(libc::EINVAL)?,
-            )
+            Some(self.dmabuf_arg(caller, input)?)
         } else {
             None
         };
@@ -582,6 +534,7 @@ impl Emulator {
             uapi::drm::GEM_CLOSE | uapi::drm::AMDGPU_BO_LIST | uapi::drm::AMDGPU_GEM_CREATE => {
                 return self.gem_lifetime_ioctl(&mut st, fh, gpu, caller, n, i, o);
             }
+            uapi::drm::AMDGPU_CS => return self.gem_cs(st, fh, gpu, caller, i, o),
             _ => {}
         }
         // A dma-buf of a GEM BO of this GPU is that BO.
@@ -598,6 +551,56 @@ impl Emulator {
                 };
                 Ok(())
             }),
+            uapi::drm::AMDGPU_CTX => {
+                let out = gem::ctx(f, &uapi::decode(i), resets)?;
+                let mut v = out.to_vec();
+                v.resize(o, 0);
+                Ok(v)
+            }
+            uapi::drm::AMDGPU_WAIT_CS => {
+                let e = gem::wait_cs(f, &uapi::decode(i), self.has_ip(gpu))?;
+                if e != 0 {
+                    return Err(e);
+                }
+                Ok(vec![0u8; o])
+            }
+            _ => Self::gem_object_ioctl(f, caller, n, i, o),
+        }
+    }
+
+    /// Whether GPU `gpu` has rings of IP type `ip` (`AMDGPU_HW_IP_*`).
+    fn has_ip(&self, gpu: usize) -> impl Fn(u32) -> bool + '_ {
+        let g = &self.shared.devs.gpus[gpu];
+        move |ip: u32| match ip {
+            state::gem::AMDGPU_HW_IP_GFX => g.asic.gfx_rings > 0,
+            state::gem::AMDGPU_HW_IP_COMPUTE => g.asic.compute_rings > 0,
+            state::gem::AMDGPU_HW_IP_DMA => g.asic.sdma_instances > 0,
+            _ => false,
+        }
+    }
+
+    /// The dma-buf PRIME_FD_TO_HANDLE names, resolved before the state
+    /// lock: EBADF for no fd, dma_buf_get's EINVAL for one that is none.
+    fn dmabuf_arg(&self, caller: &Caller, input: &[u8]) -> Result<Arc<dmabuf::Dmabuf>, i32> {
+        let a: sys::drm_prime_handle = uapi::decode(input);
+        let file = mem::pull_fd(caller.tgid, a.fd).map_err(|_| libc::EBADF)?;
+        self.shared
+            .devs
+            .dmabufs
+            .lookup(std::os::fd::AsFd::as_fd(&file))
+            .ok_or(libc::EINVAL)
+    }
+
+    /// The render-file ioctls on one GEM object or the file's VM: GEM_MMAP,
+    /// WAIT_IDLE, METADATA, OP, LIST_HANDLES, CHANGE_HANDLE, USERPTR, VA.
+    fn gem_object_ioctl(
+        f: &mut state::gem::RenderFile,
+        caller: &Caller,
+        n: u32,
+        i: &[u8],
+        o: usize,
+    ) -> Result<Vec<u8>, i32> {
+        match n {
             uapi::drm::AMDGPU_GEM_MMAP => gem::gem_mmap(f, i, o),
             uapi::drm::AMDGPU_GEM_WAIT_IDLE => gem::wait_idle(f, i, o),
             uapi::drm::AMDGPU_GEM_METADATA => gem::metadata(f, i, o),
@@ -618,55 +621,109 @@ impl Emulator {
                 gem::gem_va(f, &uapi::decode(i), top)?;
                 Ok(i[..o.min(i.len())].to_vec())
             }
-            uapi::drm::AMDGPU_CTX => {
-                let out = gem::ctx(f, &uapi::decode(i), resets)?;
-                let mut v = out.to_vec();
-                v.resize(o, 0);
-                Ok(v)
-            }
-            uapi::drm::AMDGPU_WAIT_CS => {
-                let e = gem::wait_cs(f, &uapi::decode(i), has_ip)?;
-                if e != 0 {
-                    return Err(e);
-                }
-                Ok(vec![0u8; o])
-            }
-            uapi::drm::AMDGPU_CS => {
-                // amdgpu_cs_p2_ib: a ring marked no_user_submission takes
-                // no IB from user space (EINVAL).
-                let dma_user = g.asic.dma_user_submission;
-                let may_submit =
-                    |ip: u32| has_ip(ip) && (ip != state::gem::AMDGPU_HW_IP_DMA || dma_user);
-                let job = gem::cs(f, caller.tid, &uapi::decode(i), sdma_ip, may_submit)?;
-                drop(st);
-                // The bytes move without the state lock.
-                let mut hang = None;
-                for ib in job.ibs {
-                    if let Err(h) = sdma::run_ib(ib) {
-                        hang = Some(h);
-                        break;
-                    }
-                }
-                if let Some(h) = hang {
-                    log::warn!(
-                        "kfd-emu: GPU {} (render file {fh}): SDMA IB of context {} hung: {}; \
-                         the job times out and the GPU is reset (fence error ETIME)",
-                        self.shared.devs.gpus[gpu].id,
-                        job.ctx,
-                        h.what
-                    );
-                    let mut st = self.lock();
-                    st.resets[gpu] += 1;
-                    if let Some(f) = st.render.get_mut(&fh) {
-                        f.fail(job.ctx, job.entity, job.seq, libc::ETIME);
-                    }
-                }
-                let mut v = job.seq.to_le_bytes().to_vec();
-                v.resize(o, 0);
-                Ok(v)
-            }
-            _ => unreachable!("dispatched above"),
+            _ => unreachable!("dispatched by gem_ioctl"),
         }
+    }
+
+    /// An injected fault `e` of render-file ioctl `n` (`crate::fault`):
+    /// most fail the call before it changes anything; some mean more.
+    fn gem_fault(
+        &self,
+        fh: u64,
+        gpu: usize,
+        n: u32,
+        input: &[u8],
+        out_size: usize,
+        e: i32,
+    ) -> Result<Vec<u8>, i32> {
+        // A status word of 1 and no error: busy (WAIT_IDLE) or timed out
+        // (WAIT_CS) at the deadline.
+        let busy = || {
+            let mut o = vec![0u8; out_size];
+            let k = 8.min(out_size);
+            o[..k].copy_from_slice(&1u64.to_le_bytes()[..k]);
+            Ok(o)
+        };
+        match (n, e) {
+            // A GPU reset blamed on the submitting context.
+            (uapi::drm::AMDGPU_CS, libc::ECANCELED) => {
+                let a: sys::drm_amdgpu_cs_in = uapi::decode(input);
+                let mut st = self.lock();
+                st.resets[gpu] += 1;
+                let f = st.render.get_mut(&fh).ok_or(libc::EBADF)?;
+                f.make_guilty(a.ctx_id);
+                log::warn!(
+                    "fault injection: GPU {gpu} reset; context {} guilty",
+                    a.ctx_id
+                );
+                Err(libc::ECANCELED)
+            }
+            (uapi::drm::AMDGPU_GEM_WAIT_IDLE, libc::ETIME) => {
+                let a: sys::drm_amdgpu_gem_wait_idle_in = uapi::decode(input);
+                self.lock()
+                    .render
+                    .get(&fh)
+                    .ok_or(libc::EBADF)?
+                    .object(a.handle)?;
+                busy()
+            }
+            (uapi::drm::AMDGPU_WAIT_CS, libc::ETIME | libc::ECANCELED) => {
+                let a: sys::drm_amdgpu_wait_cs_in = uapi::decode(input);
+                let mut st = self.lock();
+                let f = st.render.get(&fh).ok_or(libc::EBADF)?;
+                gem::wait_cs(f, &a, self.has_ip(gpu))?;
+                if e == libc::ETIME {
+                    return busy();
+                }
+                st.resets[gpu] += 1;
+                let f = st.render.get_mut(&fh).ok_or(libc::EBADF)?;
+                f.fail(a.ctx_id, (a.ip_type, a.ring), a.handle, libc::ECANCELED);
+                Err(libc::ECANCELED)
+            }
+            _ => Err(e),
+        }
+    }
+
+    /// AMDGPU_CS: the submission checked under the state lock `st`, its IBs
+    /// run by the SDMA engine without it; a hung IB is a job timeout and a
+    /// GPU reset (the fence fails with ETIME).
+    fn gem_cs(
+        &self,
+        mut st: MutexGuard<'_, State>,
+        fh: u64,
+        gpu: usize,
+        caller: &Caller,
+        i: &[u8],
+        o: usize,
+    ) -> Result<Vec<u8>, i32> {
+        let g = &self.shared.devs.gpus[gpu];
+        // amdgpu_cs_p2_ib: a ring marked no_user_submission takes no IB
+        // from user space (EINVAL).
+        let dma_user = g.asic.dma_user_submission;
+        let has_ip = self.has_ip(gpu);
+        let may_submit = |ip: u32| has_ip(ip) && (ip != state::gem::AMDGPU_HW_IP_DMA || dma_user);
+        let f = st.render.get_mut(&fh).ok_or(libc::EBADF)?;
+        let job = gem::cs(f, caller.tid, &uapi::decode(i), g.asic.sdma.hw, may_submit)?;
+        drop(st);
+        // The bytes move without the state lock.
+        let hang = job.ibs.into_iter().find_map(|ib| sdma::run_ib(ib).err());
+        if let Some(h) = hang {
+            log::warn!(
+                "kfd-emu: GPU {} (render file {fh}): SDMA IB of context {} hung: {}; \
+                 the job times out and the GPU is reset (fence error ETIME)",
+                g.id,
+                job.ctx,
+                h.what
+            );
+            let mut st = self.lock();
+            st.resets[gpu] += 1;
+            if let Some(f) = st.render.get_mut(&fh) {
+                f.fail(job.ctx, job.entity, job.seq, libc::ETIME);
+            }
+        }
+        let mut v = job.seq.to_le_bytes().to_vec();
+        v.resize(o, 0);
+        Ok(v)
     }
 
     /// The render-file ioctls that make or drop references to GEM BOs

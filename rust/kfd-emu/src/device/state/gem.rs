@@ -487,9 +487,13 @@ impl RenderFile {
         }
     }
 
-    /// CTX ALLOC_CTX; `resets` is the GPU's reset count.  Returns the id.
-    pub fn ctx_alloc(&mut self, resets: u64) -> u32 {
+    /// CTX ALLOC_CTX; `resets` is the GPU's reset count.  Returns the id,
+    /// below `AMDGPU_VM_MAX_NUM_CTX` (ENOSPC past it, as the idr's).
+    pub fn ctx_alloc(&mut self, resets: u64) -> R<u32> {
         let id = lowest_free(&self.ctxs);
+        if id >= gem618::AMDGPU_VM_MAX_NUM_CTX {
+            return Err(libc::ENOSPC);
+        }
         self.ctxs.insert(
             id,
             Ctx {
@@ -500,7 +504,7 @@ impl RenderFile {
                 stable_pstate: 0,
             },
         );
-        id
+        Ok(id)
     }
 
     /// CTX FREE_CTX (EINVAL: no such context).
