@@ -1,10 +1,11 @@
 //! gfx942: the opcodes it adds against plain Rust references, the ones it dropped refused as
-//! the CP refuses an illegal instruction.
+//! the CP refuses an illegal instruction, and the 64-bit aperture reads LLVM 21 emits.
 
 mod common;
 
 use common::*;
 use gfx9::exec::{Illegal, Stop};
+use gfx9::state::Apertures;
 use gfx9::Target;
 
 fn pair(r: &Rig, reg: usize, l: usize) -> u64 {
@@ -98,5 +99,22 @@ fn dropped_opcodes_are_illegal_on_gfx942_only() {
             }
             s => panic!("{t:?} {word:08x}: {s}"),
         }
+    }
+}
+
+#[test]
+fn aperture_bases_read_as_64_bits_give_the_address() {
+    for t in [Target::Gfx90a, Target::Gfx942] {
+        let mut r = Rig::new(t);
+        r.w.apertures = Apertures {
+            shared_base: 0x1000_0000_0000,
+            private_base: 0x2000_0000_0000,
+        };
+        // s_mov_b64 s[4:5], src_private_base; s_mov_b64 s[6:7], src_shared_base;
+        // s_mov_b32 s8, src_private_base (the high dword, as LLVM 15 reads it).
+        r.ok(&[sop1(0x01, 4, 237), sop1(0x01, 6, 235), sop1(0x00, 8, 237)]);
+        assert_eq!(r.w.sgpr64(4), 0x2000_0000_0000, "{t:?} 64-bit private base");
+        assert_eq!(r.w.sgpr64(6), 0x1000_0000_0000, "{t:?} 64-bit shared base");
+        assert_eq!(r.w.sgpr(8), 0x2000, "{t:?} 32-bit private base");
     }
 }
