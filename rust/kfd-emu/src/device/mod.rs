@@ -1043,12 +1043,13 @@ fn sdma_pass(sh: &Shared) -> bool {
     worked
 }
 
-/// The shader ISA of a GPU the shader engine runs: gfx908 (GC 9.4.1) and
-/// gfx90a (GC 9.4.2).
+/// The shader ISA of a GPU the shader engine runs: gfx908 (GC 9.4.1), gfx90a
+/// (GC 9.4.2) and gfx942 (GC 9.4.3).
 fn shader_target(g: &Gpu) -> Option<gfx9::Target> {
     match g.gc_version() {
         (9, 4, 1) => Some(gfx9::Target::Gfx908),
         (9, 4, 2) => Some(gfx9::Target::Gfx90a),
+        (9, 4, 3) => Some(gfx9::Target::Gfx942),
         _ => None,
     }
 }
