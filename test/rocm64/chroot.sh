@@ -12,7 +12,7 @@
 #
 # The archive is the host's: no registry is named here. Its sid may be a snapshot whose
 # Release is past Valid-Until, hence Acquire::Check-Valid-Until=false. A cold build takes
-# about a minute of downloads and 1.4 GB; a warm one is the stamp check.
+# a few minutes of downloads and 1.1 GB; a warm one is the stamp check.
 set -euo pipefail
 export LC_ALL=C
 
@@ -23,10 +23,10 @@ log=$(dirname "$root")/chroot-build.log
 keyring=/usr/share/keyrings/debian-archive-keyring.gpg
 
 # What the cases use, no more (every fresh clone builds this): ROCr 6.4 (libhsakmt inside),
-# rocminfo 7.2, and what the test programs are built with inside the chroot (gcc, libc and
-# ROCr's headers). HIP 6.4 with hipcc (LLVM: about 600 MB) and rocm-smi join the list with
-# the cases that run them.
-packages=(libhsa-runtime64-1 libhsa-runtime-dev rocminfo gcc libc6-dev)
+# rocminfo 7.2, HIP 6.4 with hipcc (clang and LLVM 21, whose llvm-mc also checks rust/gfx9's
+# gfx942 tables; about 600 MB), and what the test programs are built with inside the chroot
+# (gcc, libc and ROCr's headers). rocm-smi joins the list with the case that runs it.
+packages=(libhsa-runtime64-1 libhsa-runtime-dev rocminfo gcc libc6-dev hipcc libamdhip64-dev)
 stamp_text="criu-rocm rocm64 chroot: ${packages[*]}"
 
 # The first Debian archive (a URI ending in /debian) of the host's apt sources, in either

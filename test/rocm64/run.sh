@@ -28,6 +28,13 @@
 #                 again (`kfd-emu supervise --attach`), then the process resumes
 #   cr-mi250x8-other   the same restored on another mi250x8 (test/gpu/hosts/
 #                 mi250x8-hives-swapped.toml: every gpu_id, render minor and hive differs)
+#   hip-P         HIP 6.4 programs (test/hip's vector-add, reduce and in-flight, built in the
+#                 chroot by hipcc for gfx90a and gfx942) on profile P (mi210x4: gfx90a,
+#                 mi300x8: gfx942), each checking its results on the host
+#   cr-hip-P      a HIP 6.4 process with a kernel in flight on every GPU of P (in-flight
+#                 --signal) dumped while its waves wait, restored on the same host (under
+#                 `kfd-emu supervise`), let go: every kernel's result checked on the host
+#   cr-hip-P-other   the same restored on another host (P-other.toml of test/gpu/hosts)
 # Each prints PASS, FAIL with the reason, or SKIP with the reason; the last line is
 # exactly "N passed, M failed" (", K skipped" when some were). Non-zero exit on failure.
 set -uo pipefail
@@ -38,6 +45,7 @@ top=$(cd "$here/../.." && pwd)
 target=${CARGO_TARGET_DIR:-$top/rust/target}/release
 KFD_EMU=$target/kfd-emu
 work=$top/build/rocm64/cases
+HIP=${HIP:-0} # 1: the C/R steps run the HIP program (cr-hip-*)
 . "$top/scripts/lib/workload.sh"
 
 profiles=(mi100 mi100x2 mi210x4 mi250x8 mi300x8 rx9070xt)
@@ -52,7 +60,12 @@ cases() {
 	for p in "${profiles[@]}"; do echo "rocminfo-$p"; done
 	for p in "${profiles[@]}"; do echo "hsa-$p"; done
 	echo hsa-mi210x4-kfd1.16 hsa-mi250x8-kfd1.16 cr-same cr-other cr-mi210x4 cr-mi300x8 cr-mi250x8-other | tr ' ' '\n'
+	echo hip-mi210x4 hip-mi300x8 cr-hip-mi210x4 cr-hip-mi300x8 | tr ' ' '\n'
 }
+
+# The HIP 6.4 programs (test/hip/*.hip) and the GPUs their code objects are built for.
+hip_programs=(vector-add reduce in-flight)
+hip_arches=(gfx90a gfx942)
 
 # ---------------------------------------------------------------------------------------
 # Inside an emulated host (run again by `kfd-emu run` with --in-host)
@@ -85,8 +98,12 @@ host_dump() { # ROOT CASEDIR IMG CRIU SUPERVISE
 	local cdir=$2 img=$3 criu=$4 sup=() pid
 	[ "$5" = 1 ] && sup=("$KFD_EMU" supervise --)
 	bind_host || exit 1
-	"${sup[@]}" chroot "$ROOT" /opt/criu-rocm-tests/gpu_rocr_buffers --pidfile="${cdir#"$ROOT"}/t.pid" \
-		--outfile="${cdir#"$ROOT"}/t.out" >>"$cdir/start.log" 2>&1 || { echo "did not start: $(tail -n 3 "$cdir/t.out.inprogress" 2>/dev/null | paste -sd'|')"; exit 1; }
+	if [ "$HIP" = 1 ]; then
+		hip_host_start "$cdir" "$5" || exit 1
+	else
+		"${sup[@]}" chroot "$ROOT" /opt/criu-rocm-tests/gpu_rocr_buffers --pidfile="${cdir#"$ROOT"}/t.pid" \
+			--outfile="${cdir#"$ROOT"}/t.out" >>"$cdir/start.log" 2>&1 || { echo "did not start: $(tail -n 3 "$cdir/t.out.inprogress" 2>/dev/null | paste -sd'|')"; exit 1; }
+	fi
 	pid=$(cat "$cdir/t.pid")
 	"$criu" dump -t "$pid" -D "$img" -o dump.log -v4 >>"$cdir/criu.out" 2>&1 ||
 		{ echo "dump failed: $(log_errors "$img/dump.log")"; exit 1; }
@@ -107,6 +124,7 @@ host_restore() { # ROOT CASEDIR IMG CRIU SUPERVISE
 			{ echo "supervise --attach $pid: $(tail -n 1 "$cdir/criu.out")"; exit 1; }
 		kill -CONT "$pid"
 	fi
+	[ "$HIP" = 1 ] && hip_host_finish "$cdir" && exit 0
 	kill -USR1 "$pid"
 	for ((i = 0; i < 600; i++)); do
 		grep -qE ': round 1: (ok|FAIL)$' "$cdir/t.out.inprogress" 2>/dev/null && break
@@ -114,6 +132,35 @@ host_restore() { # ROOT CASEDIR IMG CRIU SUPERVISE
 	done
 	grep -qE ': round 1: ok$' "$cdir/t.out.inprogress" || { echo "round after restore: $(tail -n 3 "$cdir/t.out.inprogress" | paste -sd'|')"; exit 1; }
 	exec /usr/bin/python3 "$top/scripts/lib/stop_and_reap.py" 120 program "$pid" "$cdir/exit-status"
+}
+
+# The HIP C/R program: test/hip/in-flight --signal, in a session of its own, its output in
+# the case directory; returns once every kernel waits for its flag.
+hip_host_start() { # CASEDIR SUPERVISE
+	local cdir=$1 sup=() i
+	[ "$2" = 1 ] && sup=("$KFD_EMU" supervise --)
+	setsid "${sup[@]}" chroot "$ROOT" /opt/criu-rocm-tests/hip/in-flight --signal \
+		</dev/null >"$cdir/t.out" 2>&1 &
+	for ((i = 0; i < 1200; i++)); do
+		grep -q '^in-flight: [0-9]* GPUs$' "$cdir/t.out" && break
+		sleep 0.1
+	done
+	grep -q '^in-flight: every kernel waits for its flag: .* ok$' "$cdir/t.out" ||
+		{ echo "in-flight did not get its kernels running: $(tail -n 3 "$cdir/t.out" | paste -sd'|')"; return 1; }
+	pgrep -f -n '^/opt/criu-rocm-tests/hip/in-flight --signal' >"$cdir/t.pid"
+}
+
+hip_host_finish() { # CASEDIR
+	local cdir=$1 pid i
+	pid=$(cat "$cdir/t.pid")
+	kill -USR1 "$pid"
+	for ((i = 0; i < 1200; i++)); do
+		grep -qE '^in-flight: (PASSED|FAILED)$' "$cdir/t.out" && break
+		sleep 0.1
+	done
+	grep -q '^in-flight: PASSED$' "$cdir/t.out" || { echo "after restore: $(tail -n 4 "$cdir/t.out" | paste -sd'|')"; exit 1; }
+	wait_gone "$pid" 30 || { echo "in-flight $pid still runs after it passed"; exit 1; }
+	echo 0 >"$cdir/exit-status"
 }
 
 case ${1:-} in
@@ -174,6 +221,41 @@ if ! build_programs; then
 	exit 1
 fi
 
+# The HIP programs, built by the chroot's hipcc (LLVM 21) for gfx90a and gfx942 when a source
+# is newer than its binary (about 20 s each here).
+build_hip() {
+	local d=$ROOT/opt/criu-rocm-tests/hip p arches
+	arches=$(printf ' --offload-arch=%s' "${hip_arches[@]}")
+	mkdir -p "$d"
+	cp -p "$top/test/hip/check.h" "$d/" || return 1
+	for p in "${hip_programs[@]}"; do
+		cp -p "$top/test/hip/$p.hip" "$d/" || return 1
+		[ "$d/$p" -nt "$d/$p.hip" ] && [ "$d/$p" -nt "$d/check.h" ] && continue
+		# shellcheck disable=SC2086 # the arch flags are words
+		in_chroot_proc hipcc $arches -O2 -o "/opt/criu-rocm-tests/hip/$p" "/opt/criu-rocm-tests/hip/$p.hip" ||
+			return 1
+	done
+}
+
+# Runs a command in the chroot with /proc mounted (hipcc's clang reads it), in a mount
+# namespace of its own.
+in_chroot_proc() {
+	# shellcheck disable=SC2016 # expanded by the inner shell
+	unshare -m sh -c 'mount -t proc proc "$1/proc" && shift && exec chroot "$@"' sh "$ROOT" "$ROOT" "$@"
+}
+
+hip_wanted() {
+	local c
+	for c in "${want[@]}"; do
+		case $c in hip-* | cr-hip-*) return 0 ;; esac
+	done
+	return 1
+}
+hip_built=1
+if hip_wanted && ! build_hip >"$top/build/rocm64/hip-programs.log" 2>&1; then
+	hip_built=0
+fi
+
 emu() { # LOG PROFILE [--profile-file F] SUPERVISE CMD...
 	local log=$1 p=$2 pf=() sup
 	shift 2
@@ -208,22 +290,42 @@ run_hsa() { # CASE PROFILE [--profile-file F]
 	fi
 }
 
+# HIP 6.4 programs on PROFILE, each checking its results on the host.
+run_hip() { # CASE PROFILE
+	local c=$1 p=$2 prog log ok=()
+	for prog in "${hip_programs[@]}"; do
+		log=$work/$c-$prog.log
+		emu "$log" "$p" 1 "/opt/criu-rocm-tests/hip/$prog" --hold-ms 100
+		if ! grep -q "^$prog: PASSED$" "$log"; then
+			result FAIL "$c" "$prog on $p: $(grep -v ': ok$' "$log" | head -n 3 | paste -sd'|'); log ${log#"$top"/}"
+			return
+		fi
+		ok+=("$prog ($(grep -c ': ok$' "$log") checks)")
+	done
+	result PASS "$c" "HIP 6.4 on ${gpus[$p]} ${gfx[$p]}: ${ok[*]}"
+}
+
 # CASE SUPERVISE DUMP_PROFILE RESTORE_PROFILE [--profile-file F]: F makes the restoring host.
 run_cr() {
 	local c=$1 sup=$2 p1=$3 p2=$4 cdir=$ROOT/tmp/rocm64/$1 img=$work/$1/img why t1 t2
 	shift 4
 	rm -rf "${cdir:?}" "${work:?}/$c" && mkdir -p "$cdir" "$img"
 	t1=$(date +%s%N)
-	why=$("$KFD_EMU" run --profile "$p1" -- "$here/run.sh" --host-dump "$ROOT" "$cdir" "$img" "$CRIU" "$sup" 2>>"$cdir/emu.log") ||
+	why=$(HIP=$HIP "$KFD_EMU" run --profile "$p1" -- "$here/run.sh" --host-dump "$ROOT" "$cdir" "$img" "$CRIU" "$sup" 2>>"$cdir/emu.log") ||
 		{ result FAIL "$c" "on $p1: ${why:-exit $?}; case ${cdir#"$top"/}"; return; }
 	t2=$(date +%s%N)
-	why=$("$KFD_EMU" run --profile "$p2" "$@" -- "$here/run.sh" --host-restore "$ROOT" "$cdir" "$img" "$CRIU" "$sup" 2>>"$cdir/emu.log") ||
+	why=$(HIP=$HIP "$KFD_EMU" run --profile "$p2" "$@" -- "$here/run.sh" --host-restore "$ROOT" "$cdir" "$img" "$CRIU" "$sup" 2>>"$cdir/emu.log") ||
 		{ result FAIL "$c" "on $p2: ${why:-exit $?}; case ${cdir#"$top"/}"; return; }
-	if [ "$(cat "$cdir/exit-status" 2>/dev/null)" != 0 ] || ! tail -n 1 "$cdir/t.out" 2>/dev/null | grep -q ': PASS$'; then
+	if [ "$(cat "$cdir/exit-status" 2>/dev/null)" != 0 ] || ! tail -n 1 "$cdir/t.out" 2>/dev/null | grep -qE ': PASS(ED)?$'; then
 		result FAIL "$c" "the restored program did not pass: $(tail -n 3 "$cdir/t.out" "$cdir/t.out.inprogress" 2>/dev/null | paste -sd'|')"
 		return
 	fi
-	result PASS "$c" "ROCr 6.4 process (runtime enabled) dumped on $p1 ($((($(date +%s%N) - t1) / 1000000)) ms all, dump step $(((t2 - t1) / 1000000)) ms), restored on $p2${*:+ ($(basename "${!#}" .toml))}, a round of new work and its final check passed"
+	local what="ROCr 6.4 process (runtime enabled)" after="a round of new work and its final check passed"
+	if [ "$HIP" = 1 ]; then
+		what="HIP 6.4 process with $(grep -m1 -o '^in-flight: [0-9]* GPUs' "$cdir/t.out" | cut -d' ' -f2) kernels in flight"
+		after="every kernel finished with the host's result"
+	fi
+	result PASS "$c" "$what dumped on $p1 ($((($(date +%s%N) - t1) / 1000000)) ms all, dump step $(((t2 - t1) / 1000000)) ms), restored on $p2${*:+ ($(basename "${!#}" .toml))}, $after"
 }
 
 mkdir -p "$work"
@@ -240,6 +342,13 @@ for c in "${want[@]}"; do
 	cr-other) run_cr "$c" 0 mi100 mi100x2 --profile-file "$top/test/gpu/hosts/mi100x2-one-gpu.toml" ;;
 	cr-mi210x4 | cr-mi300x8) run_cr "$c" 1 "${c#cr-}" "${c#cr-}" ;;
 	cr-mi250x8-other) run_cr "$c" 1 mi250x8 mi250x8 --profile-file "$top/test/gpu/hosts/mi250x8-hives-swapped.toml" ;;
+	hip-* | cr-hip-*) if [ "$hip_built" = 0 ]; then
+		result FAIL "$c" "the HIP programs did not build in the chroot: $(tail -n 3 "$top/build/rocm64/hip-programs.log" | paste -sd'|')"
+	elif [ "${c#cr-}" = "$c" ]; then
+		run_hip "$c" "${c#hip-}"
+	else
+		HIP=1 run_cr "$c" 1 "${c#cr-hip-}" "${c#cr-hip-}"
+	fi ;;
 	*) result FAIL "$c" "no such case (see --list)" ;;
 	esac
 done

@@ -234,7 +234,7 @@ pub fn start_wave(
     w.mode = code.mode();
     seat_wave(w, regs, p);
     let next = load_user_sgprs(w, code, grid, regs);
-    load_system_sgprs(w, code, p, next);
+    load_system_sgprs(w, target, code, regs, p, next);
     let live = load_workitem_ids(w, target, code, p);
     w.set_exec(if live >= LANES as u32 {
         u64::MAX
@@ -286,8 +286,17 @@ fn split(v: u64) -> [u32; 4] {
     [v as u32, (v >> 32) as u32, 0, 0]
 }
 
-/// Workgroup ids, workgroup info and the scratch wave offset, as RSRC2 enables them.
-fn load_system_sgprs(w: &mut Wave, code: &KernelCode, p: &Placement, mut at: usize) {
+/// Workgroup ids, workgroup info and the scratch wave offset, as RSRC2 enables them (with
+/// architected flat scratch, ENABLE_PRIVATE_SEGMENT sets FLAT_SCRATCH to the wave's scratch
+/// base instead of the offset SGPR).
+fn load_system_sgprs(
+    w: &mut Wave,
+    target: Target,
+    code: &KernelCode,
+    regs: &DispatchRegs,
+    p: &Placement,
+    mut at: usize,
+) {
     for d in 0..3 {
         if code.rsrc2_bit(7 + d as u32) {
             w.set_sgpr(at, p.group[d]);
@@ -300,7 +309,12 @@ fn load_system_sgprs(w: &mut Wave, code: &KernelCode, p: &Placement, mut at: usi
         at += 1;
     }
     if code.wants_scratch_offset() {
-        w.set_sgpr(at, p.scratch_offset);
+        if target.architected_flat_scratch() {
+            let base = regs.scratch_base.wrapping_add(p.scratch_offset as u64);
+            w.set_sgpr64(crate::state::sreg::FLAT_SCRATCH_LO, base);
+        } else {
+            w.set_sgpr(at, p.scratch_offset);
+        }
     }
 }
 
@@ -320,7 +334,7 @@ fn load_workitem_ids(w: &mut Wave, target: Target, code: &KernelCode, p: &Placem
             [0; 3]
         };
         match target {
-            Target::Gfx90a => {
+            Target::Gfx90a | Target::Gfx942 => {
                 let packed = (0..dims).fold(0, |v, d| v | (id[d] & 0x3ff) << (10 * d));
                 w.set_lane(0, lane, packed);
             }
@@ -445,6 +459,38 @@ mod tests {
         let mut w = Wave::new(Target::Gfx908, 0);
         start_wave(&mut w, Target::Gfx908, 0x9000, &code, &GRID, &regs(), &p);
         assert_eq!((w.lane(0, 5), w.lane(1, 5)), (69, 1));
+    }
+
+    #[test]
+    fn gfx942_sets_flat_scratch_to_the_wave_base() {
+        // Dispatch ptr and kernarg ptr only (no scratch V#, no flat scratch init: architected
+        // flat scratch refuses them), workgroup id X, private segment enabled.
+        let code = KernelCode::parse(&object(0b1010, 1 | 4 << 1 | 1 << 7, 256));
+        let p = Placement {
+            group: [3, 0, 0],
+            extent: [64, 1, 1],
+            wave: 0,
+            scratch_offset: 0x2000,
+        };
+        let mut w = Wave::new(Target::Gfx942, 0);
+        start_wave(&mut w, Target::Gfx942, 0x9000, &code, &GRID, &regs(), &p);
+        assert_eq!(
+            w.flat_scratch(),
+            0x4_0000_2000,
+            "queue scratch base + wave offset"
+        );
+        assert_eq!(
+            [w.sgpr(4), w.sgpr(5)],
+            [3, 0],
+            "workgroup id X, no offset SGPR"
+        );
+        let mut w = Wave::new(Target::Gfx90a, 0);
+        start_wave(&mut w, Target::Gfx90a, 0x9000, &code, &GRID, &regs(), &p);
+        assert_eq!(
+            (w.flat_scratch(), w.sgpr(5)),
+            (0, 0x2000),
+            "gfx90a: the offset SGPR"
+        );
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! A GFX9 shader engine: the gfx908 (MI100, CDNA1) and gfx90a (MI200, CDNA2) instruction set.
+//! A GFX9 shader engine: the gfx908 (MI100, CDNA1), gfx90a (MI200, CDNA2) and gfx942 (MI300,
+//! CDNA3) instruction set.
 //!
 //! The crate knows nothing of KFD, queues or processes. A caller (kfd-emu's CP model) builds a
 //! [`Wave`] with the initial register state the CP and SPI would set, gives it a [`Memory`]

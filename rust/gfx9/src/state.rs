@@ -2,14 +2,41 @@
 
 use crate::regfile::RegFile;
 
-/// The GPU the wave runs on; the two differ in a few opcodes (gfx90a's packed f32 and f64
-/// atomics, gfx908's v_mul_legacy_f32 at VOP2 0x04) and in VGPR-tuple alignment.
+/// The GPU the wave runs on. gfx908 and gfx90a differ in a few opcodes (gfx90a's packed f32
+/// and f64 atomics, gfx908's v_mul_legacy_f32 at VOP2 0x04) and in VGPR-tuple alignment;
+/// gfx942 is gfx90a less the opcodes it dropped or renamed, plus its own (`exec/gfx942.rs`),
+/// with architected flat scratch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Target {
     /// MI100 (CDNA1).
     Gfx908,
     /// MI200 (CDNA2).
     Gfx90a,
+    /// MI300X/MI300A (CDNA3).
+    Gfx942,
+}
+
+impl Target {
+    /// The processor name LLVM and ROCm use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Target::Gfx908 => "gfx908",
+            Target::Gfx90a => "gfx90a",
+            Target::Gfx942 => "gfx942",
+        }
+    }
+
+    /// gfx90a's register file: one unified file of VGPRs and AccVGPRs, register tuples
+    /// aligned, work-item ids packed in v0 (gfx90a and gfx942).
+    pub fn unified_vgprs(self) -> bool {
+        self != Target::Gfx908
+    }
+
+    /// Architected flat scratch (AMDGPUUsage's processor table): the SPI sets FLAT_SCRATCH
+    /// to the wave's scratch base; no scratch buffer resource, no wave offset SGPR.
+    pub fn architected_flat_scratch(self) -> bool {
+        self == Target::Gfx942
+    }
 }
 
 /// Lanes of a wave (defined with the register file, which stores rows of them).

@@ -30,10 +30,7 @@ const LIBDIR: &str = "/usr/lib/x86_64-linux-gnu";
 const TARGETS: [Target; 2] = [Target::Gfx908, Target::Gfx90a];
 
 fn cpu(t: Target) -> &'static str {
-    match t {
-        Target::Gfx908 => "gfx908",
-        Target::Gfx90a => "gfx90a",
-    }
+    t.name()
 }
 
 /// One instruction as LLVM disassembled it.

@@ -1,29 +1,83 @@
 //! Checks every opcode table entry against LLVM's disassembler: an instruction word built
-//! from the entry's encoding and opcode must disassemble (llvm-mc-15) to the entry's
-//! mnemonic, on the entry's targets. Without llvm-mc-15 the check is counted and printed as
-//! skipped, never passed.
+//! from the entry's encoding and opcode must disassemble to the entry's mnemonic, on the
+//! entry's targets: gfx908 and gfx90a with the host's llvm-mc-15, gfx942 (which LLVM 15
+//! does not know) with LLVM 21's llvm-mc in test-rocm64's Debian sid chroot
+//! (build/rocm64/sid, or $ROCM64_CHROOT), run through the chroot's own dynamic loader. A
+//! target whose llvm-mc is missing is counted and printed as skipped, never passed.
 
 use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use gfx9::decode::{decode, Encoding};
-use gfx9::exec::{lookup, opcodes};
+use gfx9::exec::{lookup, on_target, opcodes};
 use gfx9::Target;
 
-const LLVM_MC: &str = "llvm-mc-15";
-
-fn have_llvm_mc() -> bool {
-    Command::new(LLVM_MC)
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
+/// How to run an llvm-mc that knows a target.
+struct LlvmMc {
+    program: PathBuf,
+    /// Arguments before llvm-mc's own (the chroot's loader and library path).
+    prefix: Vec<String>,
+    name: String,
 }
 
-fn cpu(t: Target) -> &'static str {
-    match t {
-        Target::Gfx908 => "gfx908",
-        Target::Gfx90a => "gfx90a",
+impl LlvmMc {
+    fn command(&self) -> Command {
+        let mut c = Command::new(&self.program);
+        c.args(&self.prefix);
+        c
     }
+
+    fn runs(&self) -> bool {
+        self.command()
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    }
+}
+
+fn rocm64_chroot() -> PathBuf {
+    std::env::var_os("ROCM64_CHROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../build/rocm64/sid"))
+}
+
+/// The llvm-mc for `t`, or why there is none.
+fn llvm_mc(t: Target) -> Result<LlvmMc, String> {
+    let tool = match t {
+        Target::Gfx908 | Target::Gfx90a => LlvmMc {
+            program: "llvm-mc-15".into(),
+            prefix: Vec::new(),
+            name: "llvm-mc-15".into(),
+        },
+        Target::Gfx942 => {
+            let root = rocm64_chroot();
+            let libs = ["usr/lib/x86_64-linux-gnu", "usr/lib/llvm-21/lib"]
+                .map(|l| root.join(l).display().to_string())
+                .join(":");
+            LlvmMc {
+                program: root.join("lib64/ld-linux-x86-64.so.2"),
+                prefix: vec![
+                    "--library-path".into(),
+                    libs,
+                    root.join("usr/lib/llvm-21/bin/llvm-mc")
+                        .display()
+                        .to_string(),
+                ],
+                name: format!("llvm-mc 21 of {}", root.display()),
+            }
+        }
+    };
+    if tool.runs() {
+        return Ok(tool);
+    }
+    Err(match t {
+        Target::Gfx942 => format!(
+            "{} does not run (test/rocm64/chroot.sh builds the chroot with llvm-21)",
+            tool.name
+        ),
+        _ => format!("{} is not installed (apt-get install llvm-15)", tool.name),
+    })
 }
 
 /// Candidate words for opcode `op` of `enc`: operand fields vary because the
@@ -150,7 +204,7 @@ const SEPARATOR: [u32; 2] = [0xbee5_00ff, 0x1234_5678];
 const SEPARATOR_TEXT: &str = "s_mov_b32 s101, 0x12345678";
 
 /// Disassembles each line; `None` where llvm-mc calls the candidate's first word invalid.
-fn disassemble(t: Target, lines: &[String]) -> Vec<Option<String>> {
+fn disassemble(mc: &LlvmMc, t: Target, lines: &[String]) -> Vec<Option<String>> {
     let sep = line(&SEPARATOR);
     // Four s_nops after each candidate: the disassembler resumes after an invalid word
     // four bytes on, and the junk it decodes there must not swallow the separator.
@@ -159,20 +213,25 @@ fn disassemble(t: Target, lines: &[String]) -> Vec<Option<String>> {
         .iter()
         .flat_map(|l| [format!("{l} {pad}"), sep.clone()])
         .collect();
-    let mut child = Command::new(LLVM_MC)
-        .args(["-arch=amdgcn", &format!("-mcpu={}", cpu(t)), "-disassemble"])
+    let mut child = mc
+        .command()
+        .args([
+            "-arch=amdgcn",
+            &format!("-mcpu={}", t.name()),
+            "-disassemble",
+        ])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("llvm-mc-15 runs");
+        .expect("llvm-mc runs");
     child
         .stdin
         .take()
         .expect("stdin")
         .write_all(input.join("\n").as_bytes())
         .expect("write");
-    let out = child.wait_with_output().expect("llvm-mc-15 finishes");
+    let out = child.wait_with_output().expect("llvm-mc finishes");
     let err = String::from_utf8_lossy(&out.stderr);
     let bad: Vec<usize> = err
         .lines()
@@ -225,7 +284,7 @@ fn expectations(t: Target) -> Vec<(Encoding, u32, String)> {
         Sop2, Sopk, Sop1, Sopc, Sopp, Smem, Vop2, Vop1, Vopc, Vop3, Vop3p, Ds, Flat, Global, Mubuf,
     ] {
         for d in opcodes(enc).iter().flat_map(|s| s.iter()) {
-            if d.only.is_none_or(|o| o == t) {
+            if on_target(d, t) {
                 v.push((enc, d.op as u32, d.name.to_string()));
                 if let Some(op3) = promoted(enc, d.op as u32, d.name) {
                     v.push((Vop3, op3, d.name.to_string()));
@@ -247,6 +306,8 @@ fn promoted(enc: Encoding, op: u32, name: &str) -> Option<u32> {
     let no_vop3 = [
         "v_madmk",
         "v_madak",
+        "v_fmamk",
+        "v_fmaak",
         "v_swap_b32",
         "v_accvgpr_mov_b32",
         "v_readfirstlane_b32",
@@ -264,7 +325,7 @@ fn promoted(enc: Encoding, op: u32, name: &str) -> Option<u32> {
     }
 }
 
-fn check_target(t: Target) -> (usize, Vec<String>) {
+fn check_target(mc: &LlvmMc, t: Target) -> (usize, Vec<String>) {
     let exp = expectations(t);
     let mut found: Vec<Option<(Vec<u32>, String)>> = vec![None; exp.len()];
     for round in 0..12 {
@@ -281,7 +342,7 @@ fn check_target(t: Target) -> (usize, Vec<String>) {
             break;
         }
         let lines: Vec<String> = tries.iter().map(|(_, w)| line(w)).collect();
-        for ((k, w), got) in tries.into_iter().zip(disassemble(t, &lines)) {
+        for ((k, w), got) in tries.into_iter().zip(disassemble(mc, t, &lines)) {
             if let Some(g) = got {
                 found[k] = Some((w, g));
             }
@@ -330,18 +391,30 @@ fn check_decode(
     }
 }
 
+fn check_with_llvm_mc(t: Target) {
+    let mc = match llvm_mc(t) {
+        Ok(mc) => mc,
+        Err(why) => {
+            println!("SKIPPED {t:?} table against llvm-mc: {why}");
+            return;
+        }
+    };
+    let (n, failures) = check_target(&mc, t);
+    println!(
+        "{t:?}: {n} opcode entries checked against {}, {} failures",
+        mc.name,
+        failures.len()
+    );
+    assert!(failures.is_empty(), "{t:?}:\n{}", failures.join("\n"));
+}
+
 #[test]
 fn every_table_entry_matches_llvm_mc() {
-    if !have_llvm_mc() {
-        println!("SKIPPED every_table_entry_matches_llvm_mc: {LLVM_MC} is not installed (apt-get install llvm-15)");
-        return;
-    }
-    for t in [Target::Gfx908, Target::Gfx90a] {
-        let (n, failures) = check_target(t);
-        println!(
-            "{t:?}: {n} opcode entries checked against {LLVM_MC}, {} failures",
-            failures.len()
-        );
-        assert!(failures.is_empty(), "{t:?}:\n{}", failures.join("\n"));
-    }
+    check_with_llvm_mc(Target::Gfx908);
+    check_with_llvm_mc(Target::Gfx90a);
+}
+
+#[test]
+fn every_gfx942_table_entry_matches_llvm_mc_21() {
+    check_with_llvm_mc(Target::Gfx942);
 }

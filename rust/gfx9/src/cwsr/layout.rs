@@ -90,7 +90,7 @@ impl Alloc {
         let sgprs = (((rsrc1 >> 6) & 0xf) + 1) * 16;
         let (vgprs, agprs) = match target {
             Target::Gfx908 => ((v + 1) * 4, (v + 1) * 4),
-            Target::Gfx90a => {
+            Target::Gfx90a | Target::Gfx942 => {
                 let total = (v + 1) * 8;
                 let arch = ((rsrc3 & 0x3f) + 1) * 4;
                 if arch > total {
@@ -126,7 +126,7 @@ impl Alloc {
                 let n = (((gpr_alloc >> 8) & 0x3f) + 1) * 4;
                 (n, n)
             }
-            Target::Gfx90a => {
+            Target::Gfx90a | Target::Gfx942 => {
                 let total = (((gpr_alloc >> 6) & 0x3f) + 1) * 8;
                 let arch = (((gpr_alloc >> 12) & 0x3f) + 1) * 4;
                 if arch > total {
@@ -153,7 +153,7 @@ impl Alloc {
         let sgpr = (self.sgprs as u32 / 16 - 1) << 24;
         match target {
             Target::Gfx908 => ((self.vgprs as u32 / 4 - 1) << 8) | sgpr,
-            Target::Gfx90a => {
+            Target::Gfx90a | Target::Gfx942 => {
                 let total = (self.vgprs as u32 + self.agprs as u32) / 8 - 1;
                 (total << 6) | ((self.vgprs as u32 / 4 - 1) << 12) | sgpr
             }
@@ -176,7 +176,9 @@ impl Alloc {
         }
         let agprs_ok = match target {
             Target::Gfx908 => a == v,
-            Target::Gfx90a => a <= 256 && a.is_multiple_of(4) && (v + a).is_multiple_of(8),
+            Target::Gfx90a | Target::Gfx942 => {
+                a <= 256 && a.is_multiple_of(4) && (v + a).is_multiple_of(8)
+            }
         };
         if !agprs_ok {
             return Err(Error::new(

@@ -226,6 +226,9 @@ macro_rules! mfma_ops {
     (@one gfx90a $op:literal $name:literal $n:literal $blocks:literal $groups:literal $elem:ident) => {
         def_on(Target::Gfx90a, $op, $name, |cx, i| mfma(cx, i, Shape { n: $n, blocks: $blocks, groups: $groups, elem: Elem::$elem }))
     };
+    (@one gfx942 $op:literal $name:literal $n:literal $blocks:literal $groups:literal $elem:ident) => {
+        def_on(Target::Gfx942, $op, $name, |cx, i| mfma(cx, i, Shape { n: $n, blocks: $blocks, groups: $groups, elem: Elem::$elem }))
+    };
 }
 
 /// The MFMA opcodes (VOP3P 0x40..), f64 forms excepted.
@@ -255,4 +258,27 @@ pub static MFMA: &[OpDef] = mfma_ops! {
     both 0x6b "v_mfma_f32_4x4x2bf16" 4 16 1 Bf16x2;
     both 0x6c "v_mfma_f32_32x32x4bf16" 32 1 2 Bf16x2;
     both 0x6d "v_mfma_f32_16x16x8bf16" 16 1 4 Bf16x2;
+};
+
+/// gfx942's names of the MFMA forms it kept from gfx90a (same shapes and layouts; the
+/// gfx90a names are dropped on gfx942, `exec/gfx942.rs`).
+pub static MFMA_GFX942: &[OpDef] = mfma_ops! {
+    gfx942 0x40 "v_mfma_f32_32x32x1_2b_f32" 32 2 1 F32;
+    gfx942 0x41 "v_mfma_f32_16x16x1_4b_f32" 16 4 1 F32;
+    gfx942 0x42 "v_mfma_f32_4x4x1_16b_f32" 4 16 1 F32;
+    gfx942 0x44 "v_mfma_f32_32x32x2_f32" 32 1 2 F32;
+    gfx942 0x45 "v_mfma_f32_16x16x4_f32" 16 1 4 F32;
+    gfx942 0x48 "v_mfma_f32_32x32x4_2b_f16" 32 2 1 F16;
+    gfx942 0x49 "v_mfma_f32_16x16x4_4b_f16" 16 4 1 F16;
+    gfx942 0x4a "v_mfma_f32_4x4x4_16b_f16" 4 16 1 F16;
+    gfx942 0x4c "v_mfma_f32_32x32x8_f16" 32 1 2 F16;
+    gfx942 0x4d "v_mfma_f32_16x16x16_f16" 16 1 4 F16;
+    gfx942 0x50 "v_mfma_i32_32x32x4_2b_i8" 32 2 1 I8;
+    gfx942 0x51 "v_mfma_i32_16x16x4_4b_i8" 16 4 1 I8;
+    gfx942 0x52 "v_mfma_i32_4x4x4_16b_i8" 4 16 1 I8;
+    gfx942 0x5d "v_mfma_f32_32x32x4_2b_bf16" 32 2 1 Bf16x4;
+    gfx942 0x5e "v_mfma_f32_16x16x4_4b_bf16" 16 4 1 Bf16x4;
+    gfx942 0x5f "v_mfma_f32_4x4x4_16b_bf16" 4 16 1 Bf16x4;
+    gfx942 0x60 "v_mfma_f32_32x32x8_bf16" 32 1 2 Bf16x4;
+    gfx942 0x61 "v_mfma_f32_16x16x16_bf16" 16 1 4 Bf16x4;
 };

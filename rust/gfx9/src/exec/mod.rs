@@ -6,6 +6,7 @@
 mod dot;
 mod ds;
 mod flat;
+mod gfx942;
 mod mfma;
 mod mubuf;
 mod operand;
@@ -25,7 +26,7 @@ use crate::decode::{self, DecodeError, Encoding, Instr};
 use crate::memory::{Fault, Memory};
 use crate::state::{Target, Wave};
 
-pub use table::{lookup, opcodes, OpDef};
+pub use table::{lookup, on_target, opcodes, OpDef};
 
 /// Where a wave stopped and why.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -74,8 +74,18 @@ pub fn scalar(w: &Wave, i: &Instr, code: u16, kind: Kind) -> Result<u64, Abort> 
         0..=127 => w.sgpr(c) as u64,
         128..=192 => (code - 128) as u64,
         193..=208 => (-((code - 192) as i64)) as u64,
-        // SRC_SHARED_BASE/LIMIT, SRC_PRIVATE_BASE/LIMIT: the high dword of the 4 GiB
-        // aperture (base and limit share it).
+        // SRC_SHARED_BASE, SRC_PRIVATE_BASE read as 64 bits: the aperture's base address
+        // (LLVM 16 and later read them so and shift the high dword down).
+        235 if kind.wide() => w.apertures.shared_base,
+        237 if kind.wide() => w.apertures.private_base,
+        236 | 238 if kind.wide() => {
+            return Err(bad(
+                "operand",
+                "a 64-bit read of SRC_SHARED_LIMIT/SRC_PRIVATE_LIMIT is not implemented",
+            ))
+        }
+        // SRC_SHARED_BASE/LIMIT, SRC_PRIVATE_BASE/LIMIT read as 32 bits: the high dword of
+        // the 4 GiB aperture (base and limit share it).
         235 | 236 => w.apertures.shared_base >> 32,
         237 | 238 => w.apertures.private_base >> 32,
         240..=248 => return Ok(inline_float(code, kind)),

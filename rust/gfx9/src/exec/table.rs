@@ -13,8 +13,18 @@ pub struct OpDef {
     /// The mnemonic as LLVM's assembler spells it (without _e32/_e64 suffixes).
     pub name: &'static str,
     pub run: ExecFn,
-    /// `Some(t)`: exists on `t` only.
+    /// `Some(t)`: exists on `t` only (gfx942 takes gfx90a's entries, see [`on_target`]).
     pub only: Option<Target>,
+}
+
+/// Whether `d` exists on `t`: gfx908 and gfx90a by their tables; gfx942 has gfx90a's
+/// entries less those `exec/gfx942.rs` names as dropped or renamed, and its own.
+pub fn on_target(d: &OpDef, t: Target) -> bool {
+    match (t, d.only) {
+        (_, Some(o)) if o == t => true,
+        (Target::Gfx942, None | Some(Target::Gfx90a)) => !super::gfx942::dropped(d.name),
+        (_, only) => only.is_none(),
+    }
 }
 
 /// A table entry present on both targets.
@@ -63,6 +73,9 @@ pub fn opcodes(enc: Encoding) -> &'static [&'static [OpDef]] {
         Encoding::Ds => super::ds::DS,
         Encoding::Vop3p => VOP3P,
         Encoding::Vop2 => VOP2,
+        Encoding::Vop1 => VOP1,
+        Encoding::Vop3 => VOP3,
+        Encoding::Mubuf => MUBUF,
         other => std::slice::from_ref(single(other)),
     }
 }
@@ -75,21 +88,33 @@ fn single(enc: Encoding) -> &'static &'static [OpDef] {
         Encoding::Sopc => &super::salu::SOPC,
         Encoding::Sopp => &super::sopp::SOPP,
         Encoding::Smem => &super::smem::SMEM,
-        Encoding::Vop1 => &super::vop::VOP1,
-        Encoding::Vop3 => &super::vop::VOP3,
         Encoding::Flat => &super::flat::FLAT,
         Encoding::Global | Encoding::Scratch => &super::flat::GLOBAL,
-        Encoding::Mubuf => &super::mubuf::MUBUF,
-        Encoding::Vopc | Encoding::Ds | Encoding::Vop3p | Encoding::Vop2 => &EMPTY,
+        Encoding::Vopc
+        | Encoding::Ds
+        | Encoding::Vop3p
+        | Encoding::Vop2
+        | Encoding::Vop1
+        | Encoding::Vop3
+        | Encoding::Mubuf => &EMPTY,
     }
 }
 
 static EMPTY: &[OpDef] = &[];
 
 /// VOP3P: packed math, dot products and mixed-precision FMA, and the matrix (MAI) opcodes.
-static VOP3P: &[&[OpDef]] = &[super::vop::VOP3P, super::dot::VOP3P_DOT, super::mfma::MFMA];
+static VOP3P: &[&[OpDef]] = &[
+    super::vop::VOP3P,
+    super::dot::VOP3P_DOT,
+    super::mfma::MFMA,
+    super::mfma::MFMA_GFX942,
+];
+/// VOP1 and VOP3, with gfx942's additions.
+static VOP1: &[&[OpDef]] = &[super::vop::VOP1, super::gfx942::VOP1];
+static VOP3: &[&[OpDef]] = &[super::vop::VOP3, super::gfx942::VOP3];
 /// VOP2, with the accumulating dot products.
-static VOP2: &[&[OpDef]] = &[super::vop::VOP2, super::dot::VOP2_DOT];
+static VOP2: &[&[OpDef]] = &[super::vop::VOP2, super::dot::VOP2_DOT, super::gfx942::VOP2];
+static MUBUF: &[&[OpDef]] = &[super::mubuf::MUBUF, super::gfx942::MUBUF];
 
 /// Dense opcode → table entry per encoding, for one target.
 struct Index {
@@ -112,7 +137,7 @@ impl Index {
             .map(|&enc| {
                 let mut v = vec![None; 1024];
                 for d in opcodes(enc).iter().flat_map(|s| s.iter()) {
-                    if d.only.is_none_or(|o| o == t) {
+                    if on_target(d, t) {
                         v[d.op as usize] = Some(d);
                     }
                 }
@@ -130,9 +155,11 @@ impl Index {
 fn index(t: Target) -> &'static Index {
     static GFX908: OnceLock<Index> = OnceLock::new();
     static GFX90A: OnceLock<Index> = OnceLock::new();
+    static GFX942: OnceLock<Index> = OnceLock::new();
     match t {
         Target::Gfx908 => GFX908.get_or_init(|| Index::build(t)),
         Target::Gfx90a => GFX90A.get_or_init(|| Index::build(t)),
+        Target::Gfx942 => GFX942.get_or_init(|| Index::build(t)),
     }
 }
 

@@ -142,10 +142,7 @@ pub struct Gpu {
 
 impl Gpu {
     pub fn new(prog: &str, t: Target) -> Gpu {
-        let cpu = match t {
-            Target::Gfx908 => "gfx908",
-            Target::Gfx90a => "gfx90a",
-        };
+        let cpu = t.name();
         let path = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join(format!("tests/fixtures/hip/{prog}-{cpu}.co"));
         let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -333,7 +330,7 @@ impl Gpu {
                 tid / (block[0] * block[1]),
             );
             match self.t {
-                Target::Gfx90a => wave.set_lane(0, l, x | y << 10 | z << 20),
+                Target::Gfx90a | Target::Gfx942 => wave.set_lane(0, l, x | y << 10 | z << 20),
                 Target::Gfx908 => {
                     wave.set_lane(0, l, x);
                     wave.set_lane(1, l, y);

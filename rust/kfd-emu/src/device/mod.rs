@@ -1173,8 +1173,6 @@ fn sdma_pass(sh: &Shared) -> bool {
     worked
 }
 
-/// The shader ISA of a GPU the shader engine runs: gfx908 (GC 9.4.1) and
-/// gfx90a (GC 9.4.2).
 /// What KFD sizes a node's control stacks and save areas by.
 fn cwsr_props(g: &crate::profile::Gpu) -> kfd_abi::criu::CwsrProps {
     kfd_abi::criu::CwsrProps {
@@ -1187,10 +1185,13 @@ fn cwsr_props(g: &crate::profile::Gpu) -> kfd_abi::criu::CwsrProps {
     }
 }
 
+/// The shader ISA of a GPU the shader engine runs: gfx908 (GC 9.4.1), gfx90a
+/// (GC 9.4.2) and gfx942 (GC 9.4.3).
 fn shader_target(g: &Gpu) -> Option<gfx9::Target> {
     match g.gc_version() {
         (9, 4, 1) => Some(gfx9::Target::Gfx908),
         (9, 4, 2) => Some(gfx9::Target::Gfx90a),
+        (9, 4, 3) => Some(gfx9::Target::Gfx942),
         _ => None,
     }
 }

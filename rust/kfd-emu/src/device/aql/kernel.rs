@@ -126,7 +126,7 @@ pub fn prepare(
 ) -> Prepared {
     let Some(target) = target else {
         let what = "kernel dispatch packet: the emulated GPU's ISA is not one the shader \
-                    engine runs (gfx908, gfx90a)";
+                    engine runs (gfx908, gfx90a, gfx942)";
         return Prepared::Error(error::INVALID_PACKET_FORMAT, what.into());
     };
     let mut b = [0u8; 64];
