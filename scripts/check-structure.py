@@ -39,11 +39,6 @@ ALLOWED = {
 # shrinks or appears fails the check), so that each can only be broken, not extended.
 CIRCLES_NOT_YET = "issue 32, not yet broken"
 KNOWN_CIRCLES = {
-    # The opcode table names each family's functions; the families look up the table
-    # (vop_ext <-> valu share lane helpers): the table belongs below them. gfx942 joined
-    # as one more family (its additions and drops) when the engine learnt it.
-    ("gfx9", "exec", ("dot", "ds", "flat", "gfx942", "mfma", "mubuf", "salu", "smem", "sopp", "table", "vmem", "vop")): CIRCLES_NOT_YET,
-    ("gfx9", "exec", ("valu", "vop_ext")): CIRCLES_NOT_YET,
     # state holds aql's, gem's and sdma's per-process state and calls vm; they take
     # Proc, Bo and State from it.
     ("kfd-emu", "device", ("aql", "gem", "sdma", "shader", "state", "vm")): CIRCLES_NOT_YET,

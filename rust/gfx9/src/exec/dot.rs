@@ -6,8 +6,8 @@
 //! f32 values are exact in f64, sums carry their rounding error (two-sum) into a
 //! round-to-odd f64, which then rounds correctly to f32 or f16.
 
+use super::opdef::{def, OpDef};
 use super::operand::Kind;
-use super::table::{def, OpDef};
 use super::valu::{check_dst, lanes, mac, row_or_uniform, write};
 use super::{Cx, Flow, Step};
 use crate::decode::Instr;

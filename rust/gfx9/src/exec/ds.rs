@@ -3,7 +3,7 @@
 //! Out-of-range LDS addresses behave as on the hardware: reads return zero, writes and
 //! atomics are dropped.
 
-use super::table::{def, def_on, OpDef};
+use super::opdef::{def, def_on, OpDef};
 use super::valu::lanes;
 use super::{bad, Cx, Flow, Step};
 use crate::decode::Instr;

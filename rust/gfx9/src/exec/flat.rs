@@ -1,6 +1,6 @@
 //! FLAT, GLOBAL and SCRATCH: per-lane addresses from VGPRs (and an SGPR base).
 
-use super::table::{def, def_on, OpDef};
+use super::opdef::{def, def_on, OpDef};
 use super::vmem::{atomic, d16, dwords, load, narrow, store, Fmt, Loc};
 use super::{Abort, Cx, Step};
 use crate::decode::{Encoding, Instr};

@@ -7,7 +7,7 @@
 //! returns the old value, as glc does; coherence bits change nothing in an emulated memory
 //! that every access reaches at once).
 
-use super::table::{def_on, OpDef};
+use super::opdef::{def_on, OpDef};
 use super::valu::{v1, v3};
 use super::{bad, Cx, Step};
 use crate::decode::{Encoding, Instr, LITERAL};

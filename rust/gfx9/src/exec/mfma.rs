@@ -13,7 +13,7 @@
 //! and precision are not specified beyond that; results may differ in the last bits. Partial
 //! EXEC and the broadcast controls (CBSZ, ABID, BLGP) are refused, not guessed.
 
-use super::table::{def, def_on, OpDef};
+use super::opdef::{def, def_on, OpDef};
 use super::{bad, Cx, Flow, Step};
 use crate::decode::{Instr, VGPR0};
 use crate::fp::f16_to_f32;

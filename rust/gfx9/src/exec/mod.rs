@@ -9,6 +9,7 @@ mod flat;
 mod gfx942;
 mod mfma;
 mod mubuf;
+mod opdef;
 mod operand;
 mod salu;
 mod smem;
@@ -17,7 +18,6 @@ mod table;
 mod valu;
 mod vmem;
 mod vop;
-mod vop_ext;
 
 use std::fmt;
 

@@ -1,8 +1,8 @@
 //! MUBUF: buffer loads, stores and atomics through a 128-bit buffer resource (V#), with
 //! GFX9's range check and swizzled (scratch) addressing.
 
+use super::opdef::{def, def_on, OpDef};
 use super::operand::s32;
-use super::table::{def, def_on, OpDef};
 use super::vmem::{atomic, dwords, load, narrow, store, Fmt, Loc};
 use super::{Abort, Cx, Flow, Step};
 use crate::decode::Instr;

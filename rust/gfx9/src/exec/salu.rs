@@ -1,7 +1,7 @@
 //! Scalar ALU: SOP2, SOP1, SOPC and SOPK.
 
+use super::opdef::{def, OpDef};
 use super::operand::{s32, s64, set_s32, set_s64};
-use super::table::{def, OpDef};
 use super::{bad, Cx, Flow, Step};
 use crate::decode::Instr;
 use crate::state::{hwreg, Wave};

@@ -1,7 +1,7 @@
 //! SMEM: scalar loads and stores through the scalar data cache (here: straight to memory).
 
+use super::opdef::{def, OpDef};
 use super::operand::{s32, set_s32};
-use super::table::{def, OpDef};
 use super::{bad, Cx, Flow, Step};
 use crate::decode::Instr;
 

@@ -1,6 +1,6 @@
 //! SOPP: program control (branches, barrier, waits, traps).
 
-use super::table::{def, OpDef};
+use super::opdef::{def, OpDef};
 use super::{bad, Cx, Flow, Step, Stop};
 use crate::decode::Instr;
 

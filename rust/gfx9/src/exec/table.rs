@@ -2,20 +2,10 @@
 
 use std::sync::OnceLock;
 
-use super::ExecFn;
 use crate::decode::{Encoding, Instr};
 use crate::state::Target;
 
-/// One implemented opcode.
-#[derive(Debug)]
-pub struct OpDef {
-    pub op: u16,
-    /// The mnemonic as LLVM's assembler spells it (without _e32/_e64 suffixes).
-    pub name: &'static str,
-    pub run: ExecFn,
-    /// `Some(t)`: exists on `t` only (gfx942 takes gfx90a's entries, see [`on_target`]).
-    pub only: Option<Target>,
-}
+pub use super::opdef::OpDef;
 
 /// Whether `d` exists on `t`: gfx908 and gfx90a by their tables; gfx942 has gfx90a's
 /// entries less those `exec/gfx942.rs` names as dropped or renamed, and its own.
@@ -24,26 +14,6 @@ pub fn on_target(d: &OpDef, t: Target) -> bool {
         (_, Some(o)) if o == t => true,
         (Target::Gfx942, None | Some(Target::Gfx90a)) => !super::gfx942::dropped(d.name),
         (_, only) => only.is_none(),
-    }
-}
-
-/// A table entry present on both targets.
-pub(crate) const fn def(op: u16, name: &'static str, run: ExecFn) -> OpDef {
-    OpDef {
-        op,
-        name,
-        run,
-        only: None,
-    }
-}
-
-/// A table entry of one target.
-pub(crate) const fn def_on(t: Target, op: u16, name: &'static str, run: ExecFn) -> OpDef {
-    OpDef {
-        op,
-        name,
-        run,
-        only: Some(t),
     }
 }
 

@@ -3,6 +3,8 @@
 //! SDWA destination selects). The opcode tables in `vop.rs` give it one closure per opcode;
 //! each runner is generic over the closure, so the lane loop compiles per opcode.
 
+/// DPP and SDWA: the sources and destination they rewrite.
+mod ext;
 use super::operand::{scalar, vgpr, Kind};
 use super::{bad, Abort, Cx, Flow, Step};
 use crate::decode::{Ext, Instr, VGPR0};
@@ -227,7 +229,7 @@ pub fn with_ops<R>(
         return Ok(f(&plain));
     }
     let mut buf: ExtLanes = [[0; LANES]; 2];
-    let active = super::vop_ext::rewrite(w, i, kinds, &plain, &mut buf)?;
+    let active = ext::rewrite(w, i, kinds, &plain, &mut buf)?;
     let mut ops = Ops {
         src: plain.src,
         active,
@@ -305,7 +307,7 @@ pub fn write<D: Val>(
 ) -> Result<(), Abort> {
     let r = i.dst as usize;
     if let Ext::Sdwa(s) = i.ext {
-        return super::vop_ext::sdwa_write(w, r, active, out, &s);
+        return ext::sdwa_write(w, r, active, out, &s);
     }
     match D::KIND {
         Kind::B64 | Kind::F64 => {

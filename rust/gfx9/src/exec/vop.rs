@@ -1,7 +1,7 @@
 //! VALU opcode tables: VOP1, VOP2, VOPC (also reached through their VOP3 forms), the
 //! VOP3-only opcodes and VOP3P.
 
-use super::table::{def, def_on, OpDef};
+use super::opdef::{def, def_on, OpDef};
 use super::valu::{
     carry, cmp, cmp_class, cndmask, div_fmas, mac, packed16, packed32, readlane, v1, v2, v2_lane,
     v3, wide_carry, writelane, F16,

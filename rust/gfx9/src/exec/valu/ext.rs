@@ -1,8 +1,8 @@
 //! DPP (data-parallel primitives: source 0 read from another lane) and SDWA (sub-dword
 //! selects of sources and destination) for VOP1/VOP2/VOPC.
 
-use super::valu::{lanes, ExtLanes, Kinds, Ops};
-use super::{bad, Abort};
+use super::super::{bad, Abort};
+use super::{lanes, ExtLanes, Kinds, Ops};
 use crate::decode::{Dpp, Ext, Instr, Sdwa};
 use crate::state::{Wave, LANES};
 
