@@ -570,7 +570,9 @@ int criu_rocm_restore_settle(void)
 		pr_err("The GPU state of the restored tree is not whole; no task runs\n");
 		return -1;
 	}
-	pr_info("GPU memory confirmed and GPU queues resumed in %d process(es)\n", ret);
+	/* 0: the images hold render files only, whose GEM objects each task restored itself. */
+	if (ret > 0)
+		pr_info("GPU memory confirmed and GPU queues resumed in %d process(es)\n", ret);
 	return 0;
 }
 

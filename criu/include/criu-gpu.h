@@ -176,9 +176,11 @@ int criu_gpu_signature_required(void);
  Starts the GPU part of a restore in criu main (reads the `KFD_*_CHECK`,
  `KFD_MAX_BUFFER_SIZE` and `CRIU_ROCM_COPY_ENGINE` knobs) and validates
  the images in `imgdir_fd` as `gpu-check` does, before any task exists:
- `-EINVAL` with every refusal logged.  When the images hold a KFD
- process, also starts the GPU memory writer and returns `1`; `0`: no GPU
- state to restore.  The writer logs to CRIU's log, `log_fd` (-1: none),
+ `-EINVAL` with every refusal logged.  Returns `1` when the images hold
+ GPU state (a KFD process or a render file; CRIU then ties every restored
+ task to its own life until the hand-off, patches 0016 and 0024), and
+ when they hold a KFD process also starts the GPU memory writer; `0`: no
+ GPU state to restore.  The writer logs to CRIU's log, `log_fd` (-1: none),
  with timestamps counted from `log_start_us` (µs since the epoch, CRIU's
  `log_get_logstart()`; 0 when CRIU prints none).
  */

@@ -415,9 +415,11 @@ pub extern "C" fn criu_gpu_signature_required() -> c_int {
 /// Starts the GPU part of a restore in criu main (reads the `KFD_*_CHECK`,
 /// `KFD_MAX_BUFFER_SIZE` and `CRIU_ROCM_COPY_ENGINE` knobs) and validates
 /// the images in `imgdir_fd` as `gpu-check` does, before any task exists:
-/// `-EINVAL` with every refusal logged.  When the images hold a KFD
-/// process, also starts the GPU memory writer and returns `1`; `0`: no GPU
-/// state to restore.  The writer logs to CRIU's log, `log_fd` (-1: none),
+/// `-EINVAL` with every refusal logged.  Returns `1` when the images hold
+/// GPU state (a KFD process or a render file; CRIU then ties every restored
+/// task to its own life until the hand-off, patches 0016 and 0024), and
+/// when they hold a KFD process also starts the GPU memory writer; `0`: no
+/// GPU state to restore.  The writer logs to CRIU's log, `log_fd` (-1: none),
 /// with timestamps counted from `log_start_us` (µs since the epoch, CRIU's
 /// `log_get_logstart()`; 0 when CRIU prints none).
 #[no_mangle]
@@ -436,8 +438,8 @@ pub extern "C" fn criu_gpu_restore_init(
             }
         };
         let mut session = RestoreSession::new(o.clone());
-        let kfd_images = match check_images(imgdir_fd, &o) {
-            Ok(n) => n,
+        let (kfd_images, has_gpu_state) = match check_images(imgdir_fd, &o) {
+            Ok(found) => found,
             Err(rc) => return rc,
         };
         let writer = if kfd_images > 0 {
@@ -451,17 +453,17 @@ pub extern "C" fn criu_gpu_restore_init(
         } else {
             None
         };
-        let has_gpu = writer.is_some();
         *lock(&WRITER) = writer;
         *lock(&RESTORE) = Some(session);
-        c_int::from(has_gpu)
+        c_int::from(has_gpu_state)
     })
 }
 
 /// The same validation of the images in `imgdir_fd` as gpu-check's, before
-/// any task or device, every refusal logged; the number of KFD images, or
-/// the C return value of the refusal.
-fn check_images(imgdir_fd: c_int, o: &RestoreOptions) -> Result<usize, c_int> {
+/// any task or device, every refusal logged; the number of KFD images and
+/// whether there is any GPU state (render-node images too), or the C
+/// return value of the refusal.
+fn check_images(imgdir_fd: c_int, o: &RestoreOptions) -> Result<(usize, bool), c_int> {
     let depth = match amdgpu_cr::stream::active() {
         Some(_) => validate::Depth::Streamed,
         None => validate::Depth::Metadata,
@@ -497,7 +499,7 @@ fn check_images(imgdir_fd: c_int, o: &RestoreOptions) -> Result<usize, c_int> {
         );
         return Err(-libc::E2BIG);
     }
-    Ok(kfd_images)
+    Ok((kfd_images, report.has_gpu_state))
 }
 
 /// Starts the GPU memory writer, logging to CRIU's log `log_fd` (-1: none)
