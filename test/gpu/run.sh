@@ -2895,17 +2895,24 @@ hip_kernel_in_flight_stream() {
 # with the host's result.
 case_hip_dump_killed_after_wave_save() { KFD_EMU_LOG=info on mi210x4 -- hip_dump_killed_after_wave_save; }
 hip_dump_killed_after_wave_save() {
-	local img=$CASE_DIR/img line i
+	local img=$CASE_DIR/img
 	hip_start
 	dump_killed "$HIP_PID" "$img" "amdgpu: pid $HIP_PID: GPU queues paused" KILL
+	waves_saved_then_unpaused "$img/$CR_ACTION.log" "the killed dump"
+}
+
+# After a dump killed with the waves of 4 queues saved: the GPU guardian unpauses (its line
+# in LOG), no guardian is left (WHAT names the dump), and every kernel finishes.
+waves_saved_then_unpaused() { # LOG WHAT
+	local line i
 	saved_queues 4
 	line="amdgpu: pid $HIP_PID: GPU queues unpaused by the GPU guardian"
 	for ((i = 0; i < 300; i++)); do
-		grep -aq -- "$line" "$img/$CR_ACTION.log" && break
+		grep -aq -- "$line" "$1" && break
 		sleep 0.05
 	done
-	log_has "$img/$CR_ACTION.log" "$line"
-	guardian_gone "the killed dump"
+	log_has "$1" "$line"
+	guardian_gone "$2"
 	alive "$HIP_PID" || fail "the killed dump did not leave in-flight $HIP_PID running"
 	hip_finish "$HIP_PID" 4
 }
@@ -2919,7 +2926,7 @@ case_hip_dump_killed_while_saving_waves() {
 	KFD_EMU_LOG=info on mi210x4 --hold "SAVE_WAVES:$CASE_DIR/go" -- hip_dump_killed_while_saving_waves
 }
 hip_dump_killed_while_saving_waves() {
-	local img=$CASE_DIR/img cpid line i
+	local img=$CASE_DIR/img cpid
 	hip_start
 	mkdir -p "$img"
 	"$CRIU" dump -t "$HIP_PID" -D "$img" -o dump.log -v4 >>"$CASE_DIR/criu.out" 2>&1 &
@@ -2928,16 +2935,7 @@ hip_dump_killed_while_saving_waves() {
 	kill -KILL "$cpid"
 	touch "$CASE_DIR/go"
 	wait "$cpid" 2>/dev/null
-	saved_queues 4
-	line="amdgpu: pid $HIP_PID: GPU queues unpaused by the GPU guardian"
-	for ((i = 0; i < 300; i++)); do
-		grep -aq -- "$line" "$img/dump.log" && break
-		sleep 0.05
-	done
-	log_has "$img/dump.log" "$line"
-	guardian_gone "the dump killed while saving waves"
-	alive "$HIP_PID" || fail "the killed dump did not leave in-flight $HIP_PID running"
-	hip_finish "$HIP_PID" 4
+	waves_saved_then_unpaused "$img/dump.log" "the dump killed while saving waves"
 }
 
 # A restore of kernels in flight killed (criu-rocm, SIGKILL) while kfd-emu holds its RESUME
