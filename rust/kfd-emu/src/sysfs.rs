@@ -368,6 +368,20 @@ const MODULE_PARAMETERS: [(&str, &str); 6] = [
 /// The overlays, parents before children (the runner mounts them in
 /// this order).
 pub fn overlays(p: &Profile, host: &Host) -> Vec<Overlay> {
+    let mut out = vec![devices_overlay(p), kfd_device_overlay()];
+    out.extend(node_overlay(p, host));
+    out.push(Overlay {
+        dir: "/sys/module".into(),
+        replace: vec!["amdgpu".into()],
+        entries: module_entries(),
+    });
+    out.push(class_overlay(p));
+    out.push(dev_char_overlay(p));
+    out
+}
+
+/// `/sys/devices`: each GPU's PCI function on a root bus of its own.
+fn devices_overlay(p: &Profile) -> Overlay {
     let mut roots: Vec<String> = Vec::new();
     let mut pci = Vec::new();
     for g in &p.gpus {
@@ -377,81 +391,97 @@ pub fn overlays(p: &Profile, host: &Host) -> Vec<Overlay> {
         }
         pci.extend(pci_entries(g));
     }
-    let mut out = vec![
-        Overlay {
-            dir: "/sys/devices".into(),
-            replace: roots,
-            entries: pci,
-        },
-        Overlay {
-            dir: "/sys/devices/virtual".into(),
-            replace: vec!["kfd".into()],
-            entries: vec![
-                Entry::Topology("kfd/kfd/topology".into()),
-                Entry::Symlink("kfd/kfd/subsystem".into(), "../../../../class/kfd".into()),
-            ],
-        },
-    ];
-    if p.cpus.len() > 1 {
-        let ours = [
-            "possible",
-            "online",
-            "has_cpu",
-            "has_memory",
-            "has_normal_memory",
-        ];
-        out.push(Overlay {
-            dir: "/sys/devices/system/node".into(),
-            replace: host
-                .node_entries
-                .iter()
-                .filter(|e| e.starts_with("node") || ours.contains(&e.as_str()))
-                .cloned()
-                .collect(),
-            entries: node_entries(p, host),
-        });
+    Overlay {
+        dir: "/sys/devices".into(),
+        replace: roots,
+        entries: pci,
     }
-    let mut class = vec![
-        Entry::Symlink("kfd/kfd".into(), "../../devices/virtual/kfd/kfd".into()),
-        Entry::File("drm/version".into(), "drm 1.1.0 20060810\n".into()),
+}
+
+/// `/sys/devices/virtual/kfd`: the KFD device and its topology.
+fn kfd_device_overlay() -> Overlay {
+    Overlay {
+        dir: "/sys/devices/virtual".into(),
+        replace: vec!["kfd".into()],
+        entries: vec![
+            Entry::Topology("kfd/kfd/topology".into()),
+            Entry::Symlink("kfd/kfd/subsystem".into(), "../../../../class/kfd".into()),
+        ],
+    }
+}
+
+/// `/sys/devices/system/node` with the profile's CPU nodes, when it has
+/// more than one (with one, the host's own nodes stay).
+fn node_overlay(p: &Profile, host: &Host) -> Option<Overlay> {
+    if p.cpus.len() <= 1 {
+        return None;
+    }
+    let ours = [
+        "possible",
+        "online",
+        "has_cpu",
+        "has_memory",
+        "has_normal_memory",
     ];
-    let mut chr = Vec::new();
+    Some(Overlay {
+        dir: "/sys/devices/system/node".into(),
+        replace: host
+            .node_entries
+            .iter()
+            .filter(|e| e.starts_with("node") || ours.contains(&e.as_str()))
+            .cloned()
+            .collect(),
+        entries: node_entries(p, host),
+    })
+}
+
+/// Every DRM minor of the profile (render and primary) as (name, minor,
+/// path of its directory below `/sys`).
+fn drm_minors(p: &Profile) -> Vec<(String, u32, String)> {
+    let mut v = Vec::new();
     for g in &p.gpus {
         let (root, func) = pci_names(g);
         for (name, minor) in [("renderD", g.drm_render_minor.0), ("card", card_minor(g))] {
             let target = format!("devices/{root}/{func}/drm/{name}{minor}");
-            class.push(Entry::Symlink(
-                format!("drm/{name}{minor}"),
-                format!("../../{target}"),
-            ));
-            chr.push(Entry::Symlink(
-                format!("{DRM_MAJOR}:{minor}"),
-                format!("../../{target}"),
-            ));
+            v.push((format!("{name}{minor}"), minor, target));
         }
     }
-    out.push(Overlay {
-        dir: "/sys/module".into(),
-        replace: vec!["amdgpu".into()],
-        entries: module_entries(),
-    });
-    out.push(Overlay {
+    v
+}
+
+/// `/sys/class`: the kfd class's device and the drm class's minors.
+fn class_overlay(p: &Profile) -> Overlay {
+    let mut class = vec![
+        Entry::Symlink("kfd/kfd".into(), "../../devices/virtual/kfd/kfd".into()),
+        Entry::File("drm/version".into(), "drm 1.1.0 20060810\n".into()),
+    ];
+    for (name, _, target) in drm_minors(p) {
+        class.push(Entry::Symlink(
+            format!("drm/{name}"),
+            format!("../../{target}"),
+        ));
+    }
+    Overlay {
         dir: "/sys/class".into(),
         replace: vec!["kfd".into(), "drm".into()],
         entries: class,
-    });
-    out.push(Overlay {
+    }
+}
+
+/// `/sys/dev/char`: `226:<minor>` of every DRM minor.
+fn dev_char_overlay(p: &Profile) -> Overlay {
+    let links: Vec<(String, String)> = drm_minors(p)
+        .into_iter()
+        .map(|(_, minor, target)| (format!("{DRM_MAJOR}:{minor}"), format!("../../{target}")))
+        .collect();
+    Overlay {
         dir: "/sys/dev/char".into(),
-        replace: chr
-            .iter()
-            .map(|e| match e {
-                Entry::Symlink(n, _) => n.clone(),
-                _ => unreachable!("only links"),
-            })
+        replace: links.iter().map(|(n, _)| n.clone()).collect(),
+        entries: links
+            .into_iter()
+            .map(|(n, t)| Entry::Symlink(n, t))
             .collect(),
-        entries: chr,
-    });
-    out
+    }
 }
 
 #[cfg(test)]
