@@ -9,6 +9,9 @@
 //!   `drm/renderD<minor>`, linked from `/sys/class/drm/renderD<minor>` and
 //!   `/sys/dev/char/226:<minor>`.  Real GPUs sit behind PCIe bridges; here
 //!   each GPU's bus is a root bus of its own.
+//!   Beside the PCI attributes: amdgpu's device attributes and its hwmon
+//!   device (`hwmon/hwmon<GPU index>`), what rocm-smi reads, with an idle
+//!   GPU's readings (`amdgpu_attribute_entries`, `hwmon_entries`).
 //! * With more than one CPU node in the profile, `/sys/devices/system/node`
 //!   lists that many nodes (libhsakmt reads `nodeN/cpu*/cache` for every CPU
 //!   node of the topology; libnuma counts the `node*` directories).  The
@@ -205,7 +208,7 @@ pub fn render_dev_path(g: &Gpu) -> String {
     format!("{root}/{func}/drm/renderD{}", g.drm_render_minor)
 }
 
-fn pci_entries(g: &Gpu) -> Vec<Entry> {
+fn pci_entries(g: &Gpu, index: usize, gtt_size: u64) -> Vec<Entry> {
     let (root, func) = pci_names(g);
     let dir = format!("{root}/{func}");
     let minor = g.drm_render_minor.0;
@@ -242,6 +245,142 @@ fn pci_entries(g: &Gpu) -> Vec<Entry> {
     for (name, m) in [("renderD", minor), ("card", card_minor(g))] {
         v.extend(drm_minor_entries(&dir, &func, name, m));
     }
+    v.extend(amdgpu_attribute_entries(g, &dir, gtt_size));
+    v.extend(hwmon_entries(g, &dir, index));
+    v
+}
+
+/// MI300-class parts (gfx 9.4 and later Instinct parts): PCIe 5, a power
+/// sensor that reads the current draw, no edge temperature, partitions.
+fn is_mi300_class(g: &Gpu) -> bool {
+    (90400..100000).contains(&g.gfx_target_version)
+}
+
+/// RDNA parts (gfx 10 and later): cooled by a fan of their own.
+fn has_fan(g: &Gpu) -> bool {
+    g.gfx_target_version >= 100000
+}
+
+/// amdgpu's device attributes beside the PCI ones, as rocm-smi reads them
+/// (an idle GPU: lowest DPM levels current, nothing busy). VRAM totals
+/// are the profile's; "used" stays 0 because these files are written once
+/// when the namespace is made (the emulator's allocations are not
+/// reflected). `gtt_size`: see [`gtt_size`].
+fn amdgpu_attribute_entries(g: &Gpu, dir: &str, gtt_size: u64) -> Vec<Entry> {
+    let (link_speed, max_sclk, max_mclk) = (
+        if is_mi300_class(g) { "32.0" } else { "16.0" },
+        g.max_engine_clk_fcompute.max(500),
+        g.vram_clk_max.max(400),
+    );
+    let mut files: Vec<(String, String)> = [
+        ("mem_info_vram_total", g.vram_size.to_string()),
+        ("mem_info_vram_used", "0".into()),
+        ("mem_info_vis_vram_total", g.vram_size.to_string()),
+        ("mem_info_vis_vram_used", "0".into()),
+        ("mem_info_vram_vendor", "samsung".into()),
+        ("mem_info_gtt_total", gtt_size.to_string()),
+        ("mem_info_gtt_used", "0".into()),
+        ("gpu_busy_percent", "0".into()),
+        ("mem_busy_percent", "0".into()),
+        ("power_dpm_force_performance_level", "auto".into()),
+        ("pp_dpm_sclk", format!("0: 500Mhz *\n1: {max_sclk}Mhz")),
+        ("pp_dpm_mclk", format!("0: 400Mhz *\n1: {max_mclk}Mhz")),
+        ("pp_dpm_fclk", "0: 400Mhz *\n1: 1200Mhz".into()),
+        ("pp_dpm_socclk", "0: 500Mhz *\n1: 1100Mhz".into()),
+        ("pp_dpm_pcie", format!("0: {link_speed}GT/s, x16 *")),
+        ("current_link_speed", format!("{link_speed} GT/s PCIe")),
+        ("max_link_speed", format!("{link_speed} GT/s PCIe")),
+        ("current_link_width", "16".into()),
+        ("max_link_width", "16".into()),
+        ("unique_id", format!("{:016x}", g.unique_id)),
+        ("product_name", g.marketing_name.clone()),
+        ("vbios_version", format!("113-D{:04X}-100", g.device_id)),
+        ("pcie_replay_count", "0".into()),
+    ]
+    .map(|(name, text)| (name.to_owned(), text))
+    .into();
+    if is_mi300_class(g) {
+        files.push(("current_compute_partition".into(), "SPX".into()));
+        files.push(("current_memory_partition".into(), "NPS1".into()));
+    }
+    files_in(dir, files)
+}
+
+/// amdgpu's GTT size by default: three quarters of system memory (the
+/// profile's CPU nodes together).
+fn gtt_size(p: &Profile) -> u64 {
+    p.cpus.iter().map(|c| c.mem_size).sum::<u64>() / 4 * 3
+}
+
+/// Files `(name, text)` in `dir`, each text a line.
+fn files_in(dir: &str, files: Vec<(String, String)>) -> Vec<Entry> {
+    files
+        .into_iter()
+        .map(|(name, text)| Entry::File(format!("{dir}/{name}"), format!("{text}\n")))
+        .collect()
+}
+
+/// The GPU's hwmon device `hwmon<index>` below its PCI function `dir`
+/// (amdgpu's sensors, idle readings): temperatures in millidegrees
+/// (edge, junction, memory; MI300-class parts have no edge sensor), power
+/// in microwatts (the average on earlier parts, the current draw on
+/// MI300-class ones) with its cap, and a fan on RDNA boards only
+/// (Instinct boards are passively cooled).
+fn hwmon_entries(g: &Gpu, dir: &str, index: usize) -> Vec<Entry> {
+    let hw = format!("{dir}/hwmon/hwmon{index}");
+    let mut files: Vec<(String, String)> = vec![("name".into(), "amdgpu".into())];
+    let temps = [
+        (1, "edge", 35, 100),
+        (2, "junction", 40, 110),
+        (3, "mem", 38, 95),
+    ];
+    for (n, label, now, crit) in temps {
+        if n == 1 && is_mi300_class(g) {
+            continue;
+        }
+        files.push((format!("temp{n}_label"), label.into()));
+        files.push((format!("temp{n}_input"), (now * 1000).to_string()));
+        files.push((format!("temp{n}_crit"), (crit * 1000).to_string()));
+        files.push((
+            format!("temp{n}_emergency"),
+            ((crit + 5) * 1000).to_string(),
+        ));
+    }
+    let (cap_w, idle_w, reading) = if is_mi300_class(g) {
+        (750u64, 140u64, "power1_input")
+    } else if has_fan(g) {
+        (304, 15, "power1_average")
+    } else {
+        (300, 40, "power1_average")
+    };
+    files.push((reading.into(), (idle_w * 1_000_000).to_string()));
+    files.push(("power1_label".into(), "PPT".into()));
+    for (name, w) in [
+        ("power1_cap", cap_w),
+        ("power1_cap_max", cap_w),
+        ("power1_cap_default", cap_w),
+        ("power1_cap_min", 0),
+    ] {
+        files.push((name.into(), (w * 1_000_000).to_string()));
+    }
+    if has_fan(g) {
+        for (name, v) in [
+            ("fan1_input", "800"),
+            ("fan1_max", "3300"),
+            ("pwm1", "51"),
+            ("pwm1_max", "255"),
+            ("pwm1_min", "0"),
+            ("pwm1_enable", "2"),
+        ] {
+            files.push((name.into(), v.into()));
+        }
+    }
+    let mut v = files_in(&hw, files);
+    let func = dir.rsplit('/').next().unwrap_or_default();
+    v.push(Entry::Symlink(
+        format!("{hw}/device"),
+        format!("../../../{func}"),
+    ));
     v
 }
 
@@ -384,12 +523,12 @@ pub fn overlays(p: &Profile, host: &Host) -> Vec<Overlay> {
 fn devices_overlay(p: &Profile) -> Overlay {
     let mut roots: Vec<String> = Vec::new();
     let mut pci = Vec::new();
-    for g in &p.gpus {
+    for (i, g) in p.gpus.iter().enumerate() {
         let (root, _) = pci_names(g);
         if !roots.contains(&root) {
             roots.push(root);
         }
-        pci.extend(pci_entries(g));
+        pci.extend(pci_entries(g, i, gtt_size(p)));
     }
     Overlay {
         dir: "/sys/devices".into(),
@@ -518,5 +657,44 @@ mod tests {
         assert_eq!(node_cpus(&[0, 1], 1, 2), vec![1]);
         assert_eq!(node_cpus(&[0, 1], 3, 4), vec![1]);
         assert_eq!(node_cpus(&[0, 1, 2, 3], 0, 2), vec![0, 2]);
+    }
+
+    fn file<'a>(o: &'a Overlay, suffix: &str) -> Option<&'a str> {
+        o.entries.iter().find_map(|e| match e {
+            Entry::File(f, text) if f.ends_with(suffix) => Some(text.as_str()),
+            _ => None,
+        })
+    }
+
+    #[test]
+    fn gpus_show_amdgpu_attributes_and_hwmon() {
+        let host = Host::default();
+        for (name, edge) in [("mi210x4", true), ("mi300x8", false)] {
+            let p = Profile::builtin(name).unwrap();
+            let o = overlays(&p, &host);
+            let devices = &o[0];
+            assert_eq!(devices.dir, "/sys/devices");
+            for (i, g) in p.gpus.iter().enumerate() {
+                let (root, func) = pci_names(g);
+                let dir = format!("{root}/{func}");
+                let vram = file(devices, &format!("{dir}/mem_info_vram_total")).unwrap();
+                assert_eq!(vram, format!("{}\n", g.vram_size));
+                let gtt = file(devices, &format!("{dir}/mem_info_gtt_total")).unwrap();
+                assert_eq!(gtt, format!("{}\n", gtt_size(&p)));
+                assert!(gtt_size(&p) > 0);
+                let hw = format!("{dir}/hwmon/hwmon{i}");
+                assert_eq!(file(devices, &format!("{hw}/name")), Some("amdgpu\n"));
+                assert_eq!(file(devices, &format!("{hw}/temp1_input")).is_some(), edge);
+                assert!(file(devices, &format!("{hw}/temp2_input")).is_some());
+                assert!(file(devices, &format!("{hw}/fan1_input")).is_none());
+                assert!(devices.entries.contains(&Entry::Symlink(
+                    format!("{hw}/device"),
+                    format!("../../../{func}")
+                )));
+            }
+            let chr = o.last().unwrap();
+            assert_eq!(chr.dir, "/sys/dev/char");
+            assert_eq!(chr.replace.len(), 2 * p.gpus.len());
+        }
     }
 }
