@@ -181,9 +181,10 @@ test-hip: kfd-tools
 
 # Debian sid's ROCm 6.4 in a chroot (test/rocm64/chroot.sh: built once into build/rocm64/sid
 # from the host's Debian archive) on kfd-emu speaking KFD 1.18 (test/rocm64/run.sh):
-# rocminfo 7.2 and ROCr 6.4's SDMA copies on every profile, criu-rocm C/R of a ROCr 6.4
-# process (single GPU, another host, multi-GPU under supervise); HIP 6.4 programs on mi210x4
-# (gfx90a) and mi300x8 (gfx942) and C/R of a HIP 6.4 process with kernels in flight;
+# rocminfo 7.2 and ROCr 6.4's SDMA copies on every profile, rocm-smi on mi210x4 and mi300x8,
+# criu-rocm C/R of a ROCr 6.4 process (single GPU, another host, multi-GPU under supervise);
+# HIP 6.4 programs on mi210x4 (gfx90a) and mi300x8 (gfx942) and C/R of a HIP 6.4 process
+# with kernels in flight;
 # every case counted as skipped when the archive cannot be reached.
 .PHONY: test-rocm64
 test-rocm64: $(BUILD)/criu-rocm kfd-tools

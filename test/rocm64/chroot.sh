@@ -25,8 +25,9 @@ keyring=/usr/share/keyrings/debian-archive-keyring.gpg
 # What the cases use, no more (every fresh clone builds this): ROCr 6.4 (libhsakmt inside),
 # rocminfo 7.2, HIP 6.4 with hipcc (clang and LLVM 21, whose llvm-mc also checks rust/gfx9's
 # gfx942 tables; about 600 MB), and what the test programs are built with inside the chroot
-# (gcc, libc and ROCr's headers). rocm-smi joins the list with the case that runs it.
-packages=(libhsa-runtime64-1 libhsa-runtime-dev rocminfo gcc libc6-dev hipcc libamdhip64-dev)
+# (gcc, libc and ROCr's headers), and rocm-smi 6.4 (librocm-smi64 and its Python script: 0.5 MB
+# to fetch, 2.6 MB installed; the python3 it needs comes with rocminfo).
+packages=(libhsa-runtime64-1 libhsa-runtime-dev rocminfo gcc libc6-dev hipcc libamdhip64-dev rocm-smi)
 stamp_text="criu-rocm rocm64 chroot: ${packages[*]}"
 
 # The first Debian archive (a URI ending in /debian) of the host's apt sources, in either

@@ -16,6 +16,8 @@
 #
 # Cases:
 #   rocminfo-P    rocminfo 7.2 on profile P lists the profile's GPU agents and their ISA
+#   rocm-smi-P    rocm-smi 6.4 (its default report and --showmeminfo vram) on profile P lists
+#                 every GPU with temperature and power, and the profile's VRAM total for each
 #   hsa-P         ROCr 6.4 (test/rocm/hsa-test.c built in the chroot): agents, pools, SDMA
 #                 async copies host<->VRAM and GPU->GPU, every byte verified
 #   hsa-P-kfd1.16 the same with the profile at KFD 1.16 (SDMA queues not by engine id)
@@ -58,6 +60,7 @@ declare -A vram_gib=([mi100]=32 [mi100x2]=32 [mi210x4]=64 [mi250x8]=64 [mi300x8]
 cases() {
 	local p
 	for p in "${profiles[@]}"; do echo "rocminfo-$p"; done
+	echo rocm-smi-mi210x4 rocm-smi-mi300x8 | tr ' ' '\n'
 	for p in "${profiles[@]}"; do echo "hsa-$p"; done
 	echo hsa-mi210x4-kfd1.16 hsa-mi250x8-kfd1.16 cr-same cr-other cr-mi210x4 cr-mi300x8 cr-mi250x8-other | tr ' ' '\n'
 	echo hip-mi210x4 hip-mi300x8 cr-hip-mi210x4 cr-hip-mi300x8 | tr ' ' '\n'
@@ -277,6 +280,23 @@ run_rocminfo() { # PROFILE
 	fi
 }
 
+# rocm-smi's default report has a row per GPU ("N  NODE  0xDID, GUID  TEMP  POWER ..."),
+# --showmeminfo vram a "VRAM Total Memory (B)" line per GPU.
+run_rocm_smi() { # PROFILE
+	local p=$1 c=rocm-smi-$1 log=$work/rocm-smi-$1.log rows sensed vram bytes=$((vram_gib[$1] << 30)) bad
+	emu "$log" "$p" 0 sh -c 'rocm-smi && rocm-smi --showmeminfo vram' ||
+		{ result FAIL "$c" "exit $?: $(grep -m 2 -iE 'error|not found|fail' "$log" | paste -sd'|'); log ${log#"$top"/}"; return; }
+	rows=$(grep -cE '^[0-9]+ +[0-9]+ +0x[0-9a-f]+, +[0-9]+ ' "$log")
+	sensed=$(grep -cE '^[0-9]+ +[0-9]+ +0x[0-9a-f]+, +[0-9]+ +[0-9.]+°C +[0-9.]+W ' "$log")
+	vram=$(grep -cE "^GPU\[[0-9]+\][[:space:]]*: VRAM Total Memory \(B\): $bytes$" "$log")
+	bad=$(grep -m 2 -E 'Not supported|Unsupported|not found' "$log" | paste -sd'|')
+	if [ "$rows" != "${gpus[$p]}" ] || [ "$sensed" != "${gpus[$p]}" ] || [ "$vram" != "${gpus[$p]}" ] || [ -n "$bad" ]; then
+		result FAIL "$c" "$rows GPU rows, $sensed with temperature and power, $vram with $bytes B of VRAM (want ${gpus[$p]} each)${bad:+; $bad}; log ${log#"$top"/}"
+	else
+		result PASS "$c" "${gpus[$p]} GPUs listed with temperature and power, each with $bytes B of VRAM"
+	fi
+}
+
 run_hsa() { # CASE PROFILE [--profile-file F]
 	local c=$1 p=$2 log=$work/$1.log n
 	shift 2
@@ -332,6 +352,7 @@ mkdir -p "$work"
 for c in "${want[@]}"; do
 	case $c in
 	rocminfo-*) run_rocminfo "${c#rocminfo-}" ;;
+	rocm-smi-*) run_rocm_smi "${c#rocm-smi-}" ;;
 	hsa-*-kfd1.16)
 		p=${c#hsa-} && p=${p%-kfd1.16}
 		echo "kfd_minor_version = 16" >"$work/kfd1.16.toml"
