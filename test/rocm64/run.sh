@@ -36,7 +36,9 @@
 #   cr-hip-P      a HIP 6.4 process with a kernel in flight on every GPU of P (in-flight
 #                 --signal) dumped while its waves wait, restored on the same host (under
 #                 `kfd-emu supervise`), let go: every kernel's result checked on the host
-#   cr-hip-P-other   the same restored on another host (P-other.toml of test/gpu/hosts)
+#   cr-hip-P-other   the same restored on another host (test/gpu/hosts/P-other.toml: every
+#                 gpu_id and render minor differs, the GPUs listed in another order; on
+#                 mi300x8 the hive_id too)
 # Each prints PASS, FAIL with the reason, or SKIP with the reason; the last line is
 # exactly "N passed, M failed" (", K skipped" when some were). Non-zero exit on failure.
 set -uo pipefail
@@ -63,7 +65,7 @@ cases() {
 	echo rocm-smi-mi210x4 rocm-smi-mi300x8 | tr ' ' '\n'
 	for p in "${profiles[@]}"; do echo "hsa-$p"; done
 	echo hsa-mi210x4-kfd1.16 hsa-mi250x8-kfd1.16 cr-same cr-other cr-mi210x4 cr-mi300x8 cr-mi250x8-other | tr ' ' '\n'
-	echo hip-mi210x4 hip-mi300x8 cr-hip-mi210x4 cr-hip-mi300x8 | tr ' ' '\n'
+	echo hip-mi210x4 hip-mi300x8 cr-hip-mi210x4 cr-hip-mi300x8 cr-hip-mi210x4-other cr-hip-mi300x8-other | tr ' ' '\n'
 }
 
 # The HIP 6.4 programs (test/hip/*.hip) and the GPUs their code objects are built for.
@@ -367,6 +369,9 @@ for c in "${want[@]}"; do
 		result FAIL "$c" "the HIP programs did not build in the chroot: $(tail -n 3 "$top/build/rocm64/hip-programs.log" | paste -sd'|')"
 	elif [ "${c#cr-}" = "$c" ]; then
 		run_hip "$c" "${c#hip-}"
+	elif [ "${c%-other}" != "$c" ]; then
+		p=${c#cr-hip-} && p=${p%-other}
+		HIP=1 run_cr "$c" 1 "$p" "$p" --profile-file "$top/test/gpu/hosts/$p-other.toml"
 	else
 		HIP=1 run_cr "$c" 1 "${c#cr-hip-}" "${c#cr-hip-}"
 	fi ;;
