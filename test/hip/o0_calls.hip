@@ -4,6 +4,17 @@
 // same functions on the host.
 #include "check.h"
 
+// The deepest recursion here (collatz_steps(231), 127 calls of a 48-byte frame at -O0) needs
+// about 6 KiB of stack per work-item. HIP 6 sizes a kernel's dynamic stack from
+// hipLimitStackSize, 1 KiB per thread unless raised: past it a wave's stack runs into the next
+// wave's scratch and past the queue's scratch (a GPU page fault). HIP 5.2 has no such limit.
+static void raise_stack_limit()
+{
+#if HIP_VERSION_MAJOR >= 6
+	HIP_CHECK(hipDeviceSetLimit(hipLimitStackSize, 8192));
+#endif
+}
+
 struct Pair {
 	int a;
 	float b;
@@ -40,6 +51,7 @@ __global__ void o0_kernel(int n, const int *table, int *steps, Pair *pairs)
 int main()
 {
 	Check c("o0_calls");
+	raise_stack_limit();
 	const int n = 300;
 	int table[16];
 	for (int j = 0; j < 16; j++)

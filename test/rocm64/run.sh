@@ -30,9 +30,10 @@
 #                 again (`kfd-emu supervise --attach`), then the process resumes
 #   cr-mi250x8-other   the same restored on another mi250x8 (test/gpu/hosts/
 #                 mi250x8-hives-swapped.toml: every gpu_id, render minor and hive differs)
-#   hip-P         HIP 6.4 programs (test/hip's vector-add, reduce and in-flight, built in the
-#                 chroot by hipcc for gfx90a and gfx942) on profile P (mi210x4: gfx90a,
-#                 mi300x8: gfx942), each checking its results on the host
+#   hip-P         HIP 6.4 programs (test/hip's vector-add, reduce, in-flight and o0_calls, the
+#                 last at -O0: scratch stack, spills, recursive calls; built in the chroot by
+#                 hipcc for gfx90a and gfx942) on profile P (mi210x4: gfx90a, mi300x8:
+#                 gfx942), each checking its results on the host
 #   cr-hip-P      a HIP 6.4 process with a kernel in flight on every GPU of P (in-flight
 #                 --signal) dumped while its waves wait, restored on the same host (under
 #                 `kfd-emu supervise`), let go: every kernel's result checked on the host
@@ -51,6 +52,9 @@ KFD_EMU=$target/kfd-emu
 work=$top/build/rocm64/cases
 HIP=${HIP:-0} # 1: the C/R steps run the HIP program (cr-hip-*)
 . "$top/scripts/lib/workload.sh"
+# hip_flags_of
+# shellcheck source=SCRIPTDIR/../hip/build.sh
+. "$top/test/hip/build.sh"
 
 profiles=(mi100 mi100x2 mi210x4 mi250x8 mi300x8 rx9070xt)
 declare -A gpus=([mi100]=1 [mi100x2]=2 [mi210x4]=4 [mi250x8]=8 [mi300x8]=8 [rx9070xt]=1)
@@ -69,7 +73,7 @@ cases() {
 }
 
 # The HIP 6.4 programs (test/hip/*.hip) and the GPUs their code objects are built for.
-hip_programs=(vector-add reduce in-flight)
+hip_programs=(vector-add reduce in-flight o0_calls)
 hip_arches=(gfx90a gfx942)
 
 # ---------------------------------------------------------------------------------------
@@ -229,15 +233,16 @@ fi
 # The HIP programs, built by the chroot's hipcc (LLVM 21) for gfx90a and gfx942 when a source
 # is newer than its binary (about 20 s each here).
 build_hip() {
-	local d=$ROOT/opt/criu-rocm-tests/hip p arches
+	local d=$ROOT/opt/criu-rocm-tests/hip p arches flags
 	arches=$(printf ' --offload-arch=%s' "${hip_arches[@]}")
 	mkdir -p "$d"
 	cp -p "$top/test/hip/check.h" "$d/" || return 1
 	for p in "${hip_programs[@]}"; do
 		cp -p "$top/test/hip/$p.hip" "$d/" || return 1
 		[ "$d/$p" -nt "$d/$p.hip" ] && [ "$d/$p" -nt "$d/check.h" ] && continue
-		# shellcheck disable=SC2086 # the arch flags are words
-		in_chroot_proc hipcc $arches -O2 -o "/opt/criu-rocm-tests/hip/$p" "/opt/criu-rocm-tests/hip/$p.hip" ||
+		flags=$(hip_flags_of "$d/$p.hip")
+		# shellcheck disable=SC2086 # the arch and source flags are words
+		in_chroot_proc hipcc $arches $flags -o "/opt/criu-rocm-tests/hip/$p" "/opt/criu-rocm-tests/hip/$p.hip" ||
 			return 1
 	done
 }
