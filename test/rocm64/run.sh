@@ -156,7 +156,17 @@ hip_host_start() { # CASEDIR SUPERVISE
 	done
 	grep -q '^in-flight: every kernel waits for its flag: .* ok$' "$cdir/t.out" ||
 		{ echo "in-flight did not get its kernels running: $(tail -n 3 "$cdir/t.out" | paste -sd'|')"; return 1; }
-	pgrep -f -n '^/opt/criu-rocm-tests/hip/in-flight --signal' >"$cdir/t.pid"
+	in_flight_pid >"$cdir/t.pid" || { echo "no in-flight process chrooted in $ROOT"; return 1; }
+}
+
+# The pid of the in-flight program chrooted in $ROOT: another worktree's test-rocm64 may run
+# its own copy at the same time, in its own chroot.
+in_flight_pid() {
+	local p
+	for p in $(pgrep -f '^/opt/criu-rocm-tests/hip/in-flight --signal'); do
+		[ "$(readlink "/proc/$p/root")" = "$ROOT" ] && echo "$p" && return 0
+	done
+	return 1
 }
 
 hip_host_finish() { # CASEDIR
