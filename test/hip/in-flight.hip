@@ -94,9 +94,11 @@ int main(int argc, char **argv)
 	c.expect("every kernel waits for its flag", running == n);
 	printf("in-flight: %d GPUs\n", n);
 	fflush(stdout);
+	// Polled, not pause(): SIGUSR1 is process-directed, and the thread that runs its handler
+	// may be one of the runtime's (as after a restore), leaving the main thread paused.
 	if (by_signal)
 		while (!go)
-			pause();
+			usleep(10 * 1000);
 	else
 		usleep(hold_ms * 1000);
 	for (int d = 0; d < n; d++) {
