@@ -25,6 +25,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <unistd.h>
 
 [[noreturn]] static void hip_state_fail(const char *file, int line, const char *call, hipError_t err);
 
@@ -80,12 +81,14 @@ __global__ void mix(const uint32_t *a, const uint32_t *b, uint32_t *c)
 		c[i] = b[i] ^ a[i];
 }
 
-// Spins until *flag is set; then writes what it saw and whether it spun.
+// Spins until *flag is set, saying so in out[1] on its first turn; then writes what it
+// saw and whether it spun.
 __global__ void spin_on(volatile uint32_t *flag, uint32_t *out)
 {
 	uint32_t n = 0;
 	while (*flag == 0) {
-		n++;
+		if (n++ == 0 && blockIdx.x == 0 && threadIdx.x == 0)
+			((volatile uint32_t *)out)[1] = 1;
 		__builtin_amdgcn_s_sleep(2);
 	}
 	if (blockIdx.x == 0 && threadIdx.x == 0) {
@@ -242,6 +245,12 @@ static const char *release_spinner(State &st, int d, uint32_t v, char *why, size
 	Gpu &g = st.g[d];
 	if (hipStreamQuery(g.spin_s) != hipErrorNotReady)
 		return snprintf(why, len, "GPU %d: the spinning kernel ended before its flag was set", d), why;
+	// A spinner launched as the last round's last work may not have run yet: the flag is
+	// set once it spins, so that it must see the flag change (up to 60 s).
+	for (int i = 0; i < 60000 && __atomic_load_n(&g.spun[1], __ATOMIC_SEQ_CST) != 1; i++)
+		usleep(1000);
+	if (__atomic_load_n(&g.spun[1], __ATOMIC_SEQ_CST) != 1)
+		return snprintf(why, len, "GPU %d: the spinning kernel did not spin within 60 s", d), why;
 	__atomic_store_n(g.flag, v, __ATOMIC_SEQ_CST);
 	HS_CHECK(hipStreamSynchronize(g.spin_s));
 	if (g.spun[0] != v || g.spun[1] != 1)
