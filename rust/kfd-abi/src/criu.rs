@@ -208,23 +208,6 @@ mod tests {
     }
 
     #[test]
-    fn save_areas_as_kfd_sizes_them() {
-        // MI100: a 0x9000-byte control stack, 120 CUs of 0x95000 bytes.
-        assert_eq!(cwsr_size(&props(90008, 120, 8, 1, 1)), Some(0x45e_1000));
-        // MI300X: per XCC, 38 CUs.
-        assert_eq!(
-            cwsr_size(&props(90402, 304, 32, 4, 8)),
-            Some(0x3000 + 38 * 0x95000)
-        );
-        // Before GFX 9.0.8: 256 KiB of VGPRs per CU.
-        assert_eq!(
-            cwsr_size(&props(90000, 64, 2, 2, 1)),
-            Some(0x2000 + 64 * 0x55000)
-        );
-        assert_eq!(cwsr_size(&props(80000, 8, 1, 1, 1)), None);
-    }
-
-    #[test]
     fn context_save_areas_of_cu_counts_and_eop_buffers() {
         // MI100: 9 pages of control stack, 120 CUs of 0x95000.
         assert_eq!(
