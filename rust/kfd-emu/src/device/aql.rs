@@ -30,6 +30,8 @@
 //!   the queue's error callback; the completion signal is not touched.  A
 //!   wave's memory fault is reported as KFD reports a GPU page fault (the
 //!   process' memory events), and the queue stops.
+//!
+//! [`AqlState`]: super::state::AqlState
 
 mod kernel;
 mod ring;
@@ -55,30 +57,6 @@ const BARRIER_DEPS: u64 = 8;
 
 /// Packets run per queue per pass.
 const BUDGET: usize = 64;
-
-/// What the packet processor keeps of a queue between passes.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct AqlState {
-    /// The doorbell value at the last look; the queue is looked at again
-    /// when it changes, or while `waiting`.
-    pub doorbell: Option<u64>,
-    /// A packet is pending: its header is not written yet, a barrier
-    /// waits for its dependencies, or the queue waits for scratch.
-    pub waiting: bool,
-    /// The dispatch at the read pointer runs on the shader engine.
-    pub running: bool,
-    /// The dispatch at the read pointer waits for the runtime to grow the
-    /// queue's scratch (queue error 1 raised, `queue_inactive_signal` not
-    /// yet back to 0).
-    pub scratch_wait: bool,
-    /// The control stack of the dispatch at the read pointer, whose waves
-    /// are in the queue's context save area (an eviction saved them): the
-    /// CP's companion pages of the MQD, which CHECKPOINT returns and
-    /// RESTORE writes back.  Empty: none.
-    pub saved: Vec<u8>,
-    /// The packet whose start the CP stamped on its completion signal.
-    pub started: Option<u64>,
-}
 
 /// What a pass did.
 #[derive(Default)]

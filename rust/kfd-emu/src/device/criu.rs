@@ -30,13 +30,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::mem::{offset_of, size_of};
 
-use super::aql::{self, AqlState};
+use super::aql;
 use super::kfd;
 use super::mem::{user_read, user_write};
 use super::shader::{check_stack, SaveArea, SaveJob, Saved};
 use super::state::bos::VaRanges;
 use super::state::svm as ranges;
-use super::state::{BoKey, Done, Event, Gpu, MemoryException, Queue, State, R};
+use super::state::{AqlState, BoKey, Done, Event, Gpu, MemoryException, Queue, State, R};
 use super::svm;
 use super::uapi::{self, alloc, kfd_off, layout, priv_blob as pb, queue_type, sys};
 use super::uapi::{AsBytes, FromBytes};

@@ -9,7 +9,7 @@ use std::mem::offset_of;
 
 use kfd_abi::layout::gem618;
 
-use super::state::gem::{create_info, BoList, Export, Ib, Job, RenderFile};
+use super::state::gem::{create_info, BoList, CreatePlan, Export, Ib, Job, RenderFile};
 use super::state::R;
 use super::uapi::{self, sys};
 
@@ -74,31 +74,6 @@ pub fn export(f: &RenderFile, a: &sys::drm_prime_handle) -> R<Export> {
         return Err(libc::EINVAL);
     }
     f.export(a.handle)
-}
-
-/// A GEM_CREATE request, checked: what to allocate.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CreatePlan {
-    /// Bytes, a whole number of pages.
-    pub size: u64,
-    pub align_pages: u64,
-    pub domains: u64,
-    pub flags: u64,
-}
-
-impl CreatePlan {
-    /// Whether the BO goes to VRAM first.
-    pub fn wants_vram(&self) -> bool {
-        self.domains & u64::from(sys::AMDGPU_GEM_DOMAIN_VRAM) != 0
-    }
-
-    /// Whether a VRAM BO that does not fit may go to GTT instead: the
-    /// domains allow it, or they are VRAM alone (amdgpu_gem_create_ioctl
-    /// retries with GTT added).
-    pub fn gtt_fallback(&self) -> bool {
-        let vram = u64::from(sys::AMDGPU_GEM_DOMAIN_VRAM);
-        self.domains & u64::from(sys::AMDGPU_GEM_DOMAIN_GTT) != 0 || self.domains == vram
-    }
 }
 
 /// GEM_CREATE's checks in amdgpu_gem_create_ioctl's order (the emulated

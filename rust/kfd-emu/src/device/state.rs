@@ -153,7 +153,7 @@ pub struct Queue {
     /// SET_CU_MASK's mask (empty: all CUs).
     pub cu_mask: Vec<u32>,
     /// The AQL packet processor's view of a COMPUTE_AQL queue.
-    pub aql: super::aql::AqlState,
+    pub aql: AqlState,
     /// What the SDMA engine keeps between passes (not checkpointed).
     pub engine: EngineState,
 }
@@ -168,6 +168,30 @@ pub struct EngineState {
     /// TIMESTAMP_SET: the engine's local counter minus the GPU clock
     /// (wrapping).
     pub local_ts: u64,
+}
+
+/// What the packet processor keeps of a queue between passes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AqlState {
+    /// The doorbell value at the last look; the queue is looked at again
+    /// when it changes, or while `waiting`.
+    pub doorbell: Option<u64>,
+    /// A packet is pending: its header is not written yet, a barrier
+    /// waits for its dependencies, or the queue waits for scratch.
+    pub waiting: bool,
+    /// The dispatch at the read pointer runs on the shader engine.
+    pub running: bool,
+    /// The dispatch at the read pointer waits for the runtime to grow the
+    /// queue's scratch (queue error 1 raised, `queue_inactive_signal` not
+    /// yet back to 0).
+    pub scratch_wait: bool,
+    /// The control stack of the dispatch at the read pointer, whose waves
+    /// are in the queue's context save area (an eviction saved them): the
+    /// CP's companion pages of the MQD, which CHECKPOINT returns and
+    /// RESTORE writes back.  Empty: none.
+    pub saved: Vec<u8>,
+    /// The packet whose start the CP stamped on its completion signal.
+    pub started: Option<u64>,
 }
 
 impl Queue {
@@ -974,7 +998,7 @@ impl State {
 
     /// GEM_CREATE on GPU `gpu`: the BO, in VRAM when the plan wants it
     /// and it fits (else GTT, where the plan allows it: ENOMEM).
-    pub fn gem_create(&mut self, gpu: usize, plan: &super::gem::CreatePlan) -> R<Arc<gem::GemObj>> {
+    pub fn gem_create(&mut self, gpu: usize, plan: &gem::CreatePlan) -> R<Arc<gem::GemObj>> {
         let mut placed = None;
         if plan.wants_vram() {
             match self.reserve(gpu, alloc::VRAM, plan.size) {

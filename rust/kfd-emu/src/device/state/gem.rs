@@ -55,6 +55,31 @@ pub enum GemKind {
     Bo { source: Source, map: Arc<Mapping> },
 }
 
+/// A GEM_CREATE request, checked: what to allocate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CreatePlan {
+    /// Bytes, a whole number of pages.
+    pub size: u64,
+    pub align_pages: u64,
+    pub domains: u64,
+    pub flags: u64,
+}
+
+impl CreatePlan {
+    /// Whether the BO goes to VRAM first.
+    pub fn wants_vram(&self) -> bool {
+        self.domains & u64::from(sys::AMDGPU_GEM_DOMAIN_VRAM) != 0
+    }
+
+    /// Whether a VRAM BO that does not fit may go to GTT instead: the
+    /// domains allow it, or they are VRAM alone (amdgpu_gem_create_ioctl
+    /// retries with GTT added).
+    pub fn gtt_fallback(&self) -> bool {
+        let vram = u64::from(sys::AMDGPU_GEM_DOMAIN_VRAM);
+        self.domains & u64::from(sys::AMDGPU_GEM_DOMAIN_GTT) != 0 || self.domains == vram
+    }
+}
+
 /// What GEM_CREATE, GEM_OP and GEM_METADATA keep of an object.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct BoInfo {
