@@ -38,9 +38,6 @@ ALLOWED = {
 # shrinks or appears fails the check), so that each can only be broken, not extended.
 CIRCLES_NOT_YET = "issue 32, not yet broken"
 KNOWN_CIRCLES = {
-    # state/gem.rs, a render file's state, plans its SDMA IBs and resolves its GEM VM
-    # through vm; sdma and vm take Proc from state.
-    ("kfd-emu", "device", ("sdma", "state", "vm")): CIRCLES_NOT_YET,
 }
 
 def blank(src):

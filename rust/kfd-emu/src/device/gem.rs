@@ -9,7 +9,8 @@ use std::mem::offset_of;
 
 use kfd_abi::layout::gem618;
 
-use super::state::gem::{create_info, BoList, CreatePlan, Export, Ib, Job, RenderFile};
+use super::sdma::{self, IbWork};
+use super::state::gem::{create_info, BoList, CreatePlan, Export, Ib, RenderFile};
 use super::state::R;
 use super::uapi::{self, sys};
 
@@ -415,6 +416,15 @@ pub fn bo_list(f: &mut RenderFile, tid: u32, a: &sys::drm_amdgpu_bo_list_in) -> 
     }
 }
 
+/// A submission planned under the lock: what to run and the fence it
+/// signals.
+pub struct Job {
+    pub ctx: u32,
+    pub entity: (u32, u32),
+    pub seq: u64,
+    pub ibs: Vec<IbWork>,
+}
+
 /// AMDGPU_CS up to the execution (amdgpu_cs_parser_init, pass 1 and 2,
 /// the BO list): the job to run.  The chunks are read from the caller
 /// `tid`.  `ip` is the DMA IP's version; `has_ip` whether the
@@ -481,7 +491,17 @@ pub fn cs(
             _ => return Err(libc::EINVAL),
         }
     }
-    f.submit(a.ctx_id, &ibs, a.bo_list_handle, in_cs_list, ip)
+    let fence = f.submit(a.ctx_id, &ibs, a.bo_list_handle, in_cs_list)?;
+    let vm = |va: u64, n: u64| f.range(va, n);
+    Ok(Job {
+        ctx: fence.ctx,
+        entity: fence.entity,
+        seq: fence.seq,
+        ibs: ibs
+            .iter()
+            .map(|ib| sdma::plan_ib(&vm, ip, ib.va, ib.bytes))
+            .collect(),
+    })
 }
 
 /// WAIT_CS: `Ok(errno of the fence or 0)`.

@@ -12,6 +12,7 @@
 use std::sync::Arc;
 
 use super::mem::Mapping;
+use super::state::gem::RenderFile;
 use super::state::svm;
 use super::state::{Bo, Proc, Span};
 use super::uapi::{self, alloc};
@@ -257,6 +258,13 @@ impl Proc {
             mapped.join(", "),
             ids(gpu)
         ))
+    }
+}
+
+impl RenderFile {
+    /// `[va, va+len)` as the file's GEM VM shows it.
+    pub fn range(&self, va: u64, len: u64) -> GpuRange {
+        GpuRange::from_spans(va, len, self.spans(va, len))
     }
 }
 

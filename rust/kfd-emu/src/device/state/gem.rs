@@ -36,7 +36,6 @@ use kfd_abi::sys;
 use super::{Span, R};
 use crate::device::dmabuf::{Dmabuf, Source};
 use crate::device::mem::Mapping;
-use crate::device::vm::GpuRange;
 
 pub const AMDGPU_HW_IP_GFX: u32 = 0;
 pub const AMDGPU_HW_IP_COMPUTE: u32 = 1;
@@ -206,13 +205,11 @@ fn lowest_free<T>(m: &BTreeMap<u32, T>) -> u32 {
     id
 }
 
-/// A submission planned under the lock: what to run and the fence it
-/// signals.
-pub struct Job {
+/// A submission accepted under the lock: the fence it signals.
+pub struct Submitted {
     pub ctx: u32,
     pub entity: (u32, u32),
     pub seq: u64,
-    pub ibs: Vec<crate::device::sdma::IbWork>,
 }
 
 /// One IB of a CS, as its chunk names it.
@@ -284,8 +281,9 @@ impl RenderFile {
             .map(|(&h, _)| h)
     }
 
-    /// `[va, va+len)` as the file's VM shows it.
-    pub fn range(&self, va: u64, len: u64) -> GpuRange {
+    /// `[va, va+len)` as the file's VM shows it: `(va, len, memory)` of
+    /// the mappings in it, in VA order (`vm` makes its `GpuRange`).
+    pub fn spans(&self, va: u64, len: u64) -> Vec<(u64, u64, Option<Span>)> {
         let end = va.saturating_add(len);
         let mut spans = Vec::new();
         // Mappings do not overlap: the one starting at or before `va`,
@@ -302,7 +300,7 @@ impl RenderFile {
             }
             spans.push((a, b - a, Some(m.obj.span(m.offset + (a - s)))));
         }
-        GpuRange::from_spans(va, len, spans)
+        spans
     }
 
     /// Whether the file holds a GEM handle of the BO whose memory is `map`
@@ -604,16 +602,15 @@ impl RenderFile {
     /// AMDGPU_CS after the chunks (amdgpu_cs_parser_init, pass 1 and 2,
     /// the BO list): context `ctx` (checked with [`Self::ctx_may_submit`])
     /// submits `ibs` with BO list `list_handle` or the chunk's list
-    /// `in_cs` (not both).  `ip` is the DMA IP's version.
-    /// Returns the job to run.
+    /// `in_cs` (not both).  Returns the fence of the job (whose IBs the
+    /// caller decodes).
     pub fn submit(
         &mut self,
         ctx: u32,
         ibs: &[Ib],
         list_handle: u32,
         in_cs: Option<BoList>,
-        ip: crate::device::asic::IpVersion,
-    ) -> R<Job> {
+    ) -> R<Submitted> {
         let Some(first) = ibs.first() else {
             return Err(libc::EINVAL);
         };
@@ -631,7 +628,6 @@ impl RenderFile {
                 }
             }
         }
-        let mut work = Vec::with_capacity(ibs.len());
         for ib in ibs {
             if ib.ip != AMDGPU_HW_IP_DMA {
                 log::warn!(
@@ -644,20 +640,13 @@ impl RenderFile {
             if ib.bytes == 0 || ib.bytes % 4 != 0 {
                 return Err(libc::EINVAL);
             }
-            let vm = |va: u64, n: u64| self.range(va, n);
-            work.push(crate::device::sdma::plan_ib(&vm, ip, ib.va, ib.bytes));
         }
         let c = self.ctxs.get_mut(&ctx).ok_or(libc::EINVAL)?;
         let e = c.entities.entry(entity).or_default();
         e.next = e.next.max(1);
         let seq = e.next;
         e.next += 1;
-        Ok(Job {
-            ctx,
-            entity,
-            seq,
-            ibs: work,
-        })
+        Ok(Submitted { ctx, entity, seq })
     }
 
     /// The job's fence failed with `errno` (a hang: the context is
