@@ -8,6 +8,7 @@
 #include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -138,7 +139,7 @@ static bool gpu_restore;
 /* criu main's pid, in its own namespace: the parent of the root task. */
 static pid_t criu_pid;
 /* In a restored task: what its restorer needs at its GPU gate. */
-static struct gpu_gate_args task_gate = { .chan = -1, .kfd = -1, .criu = -1 };
+static struct gpu_gate_args task_gate = { .chan = -1, .kfd = -1, .criu = -1, .tie = -1 };
 
 /* Images that hold GPU state name the upstream plugin, so that upstream CRIU restores them. */
 static int note_gpu_in_inventory(void)
@@ -502,6 +503,54 @@ int criu_rocm_held_file(const char *path)
 	return fd >= 0 ? fd : -1;
 }
 
+/* --restore-sibling, criu main: its write end of the pipe that ties the root task to criu. */
+static int root_tie_wr = -1;
+
+int criu_rocm_root_tie_open(void)
+{
+	int p[2];
+
+	if (!gpu_restore || !opts.restore_sibling)
+		return 0;
+	/* Close-on-exec: no script criu runs may keep the write end, and the tie, alive. */
+	if (pipe2(p, O_CLOEXEC)) {
+		pr_perror("Can't make the pipe that ties the root task of --restore-sibling to criu");
+		return -1;
+	}
+	if (install_service_fd(CRIU_ROOT_TIE_OFF, p[0]) < 0) {
+		close(p[1]);
+		return -1;
+	}
+	root_tie_wr = p[1];
+	return 0;
+}
+
+void criu_rocm_root_tie_forked(void)
+{
+	/* The read end is the root task's alone now. */
+	close_service_fd(CRIU_ROOT_TIE_OFF);
+}
+
+/*
+ * The root task of --restore-sibling, whose parent is criu's caller: the
+ * kernel sends SIGKILL to it (F_SETSIG) once the pipe's last write end, criu
+ * main's, closes, as criu exits however it dies.  Its restorer disarms the
+ * tie where its watch on criu begins.
+ */
+static int tie_root_to_criu(void)
+{
+	int rd = get_service_fd(CRIU_ROOT_TIE_OFF);
+
+	if (rd < 0 || fcntl(rd, F_SETOWN, getpid()) || fcntl(rd, F_SETSIG, SIGKILL) || fcntl(rd, F_SETFL, O_ASYNC)) {
+		pr_perror("Can't tie the root task %d to criu (fd %d)", vpid(current), rd);
+		return -1;
+	}
+	/* A criu dead by now makes this the last write end: the task is killed here. */
+	close(root_tie_wr);
+	root_tie_wr = -1;
+	return 0;
+}
+
 int criu_rocm_task_start(void)
 {
 	struct pstree_item *parent = current->parent;
@@ -509,12 +558,14 @@ int criu_rocm_task_start(void)
 
 	if (!gpu_restore)
 		return 0;
+	if (!parent && opts.restore_sibling)
+		return tie_root_to_criu();
 	/*
-	 * A helper's children outlive it (it exits after CR_STATE_RESTORE), and
-	 * --restore-sibling gives the root task the caller of criu as parent.
+	 * A helper's child is tied to the helper, which ties it to criu while
+	 * it lives; the helper exits once every task ended CR_STATE_RESTORE, and
+	 * the child's restorer drops the tie before it ends that stage.
 	 */
-	if (parent ? parent->pid->state == TASK_HELPER : opts.restore_sibling)
-		return 0;
+	task_gate.untie = parent && parent->pid->state == TASK_HELPER ? GPU_GATE_UNTIE_PDEATHSIG : 0;
 	if (prctl(PR_SET_PDEATHSIG, SIGKILL)) {
 		pr_perror("Can't tie task %d to its parent", vpid(current));
 		return -1;
@@ -532,6 +583,10 @@ void criu_rocm_restorer_gate(struct gpu_gate_args *gate)
 {
 	*gate = task_gate;
 	gate->criu = get_service_fd(CRIU_PIDFD_OFF);
+	/* Every task of a --restore-sibling tree inherited the root task's tie: each closes its copy. */
+	gate->tie = get_service_fd(CRIU_ROOT_TIE_OFF);
+	if (gate->tie >= 0 && !current->parent)
+		gate->untie |= GPU_GATE_UNTIE_ROOT_TIE;
 	task_gate.chan = task_gate.kfd = -1;
 }
 

@@ -114,10 +114,20 @@ struct gpu_gate_args;
 
 /*
  * In a task just forked for a restore with GPU state: it dies with its
- * parent (root task: with criu) until its restorer sets its own
- * parent-death signal, so that no half-restored task outlives criu.
+ * parent (root task: with criu; the root task of --restore-sibling through
+ * the tie of criu_rocm_root_tie_open) until its restorer watches criu or
+ * sets its own parent-death signal, so that no half-restored task outlives
+ * criu.
  */
 extern int criu_rocm_task_start(void);
+/*
+ * criu main, around the fork of the root task: with --restore-sibling in a
+ * restore with GPU state, a pipe whose read end only the root task keeps and
+ * whose write end only criu does; its close, when criu exits, kills the root
+ * task until its restorer watches criu (criu_rocm_task_start arms it).
+ */
+extern int criu_rocm_root_tie_open(void);
+extern void criu_rocm_root_tie_forked(void);
 /*
  * In the restored task, before it jumps to the restorer: its GPU gate's fds
  * and the pidfd of criu it watches until the hand-off (-1: none).

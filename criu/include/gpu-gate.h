@@ -13,6 +13,8 @@
  * After the gate the task only waits for criu's last stages; it watches a
  * pidfd of criu meanwhile and exits should criu die before the hand-off
  * (CR_STATE_COMPLETE), so that no task waits for a stage that cannot come.
+ * Where that watch begins, the task drops the ties to criu it had from its
+ * fork and could not keep longer (GPU_GATE_UNTIE_*).
  */
 #ifndef __CR_GPU_GATE_H__
 #define __CR_GPU_GATE_H__
@@ -25,7 +27,18 @@ struct gpu_gate_args {
 	int kfd;   /* the task's /dev/kfd, for its own RESUME */
 	u32 image; /* the KFD image, for messages */
 	int criu;  /* a pidfd of criu main, watched until the hand-off; -1: not a GPU restore */
+	int tie;   /* --restore-sibling: the read end of the pipe that ties the root task to criu; -1: none */
+	u32 untie; /* GPU_GATE_UNTIE_*: what the task undoes where its watch on criu begins */
 };
+
+/*
+ * The task's parent-death signal ties it to a helper task, which exits once
+ * every task ended CR_STATE_RESTORE: the task drops it before it ends that
+ * stage, and its watch on criu takes over.
+ */
+#define GPU_GATE_UNTIE_PDEATHSIG 1u
+/* The task is the root of --restore-sibling: it disarms the tie (O_ASYNC off) before it closes it. */
+#define GPU_GATE_UNTIE_ROOT_TIE 2u
 
 #define GPU_GATE_MAGIC	 0x41544747
 #define GPU_GATE_WHY_LEN 240

@@ -7,11 +7,13 @@
  * Documentation/gpu-checkpoint-restore.md.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <stddef.h>
 #include <time.h>
 #include <sys/socket.h>
 #include <linux/futex.h>
+#include <linux/prctl.h>
 #include <linux/ioctl.h>
 
 #include "int.h"
@@ -152,11 +154,51 @@ static int criu_gone(int pidfd, int stage)
 	return -1;
 }
 
+/*
+ * Where the watch on criu begins (the end of CR_STATE_RESTORE): the ties from
+ * the task's fork that cannot last end here.  A helper's child drops the
+ * parent-death signal that ties it to the helper, before the helper can exit;
+ * every task of a --restore-sibling tree closes its copy of the root task's
+ * tie, the root task disarms it first (the file is shared by every copy).
+ */
+static int gpu_gate_untie(struct gpu_gate_args *g)
+{
+	long pid = sys_getpid();
+	long ret;
+
+	if (g->untie & GPU_GATE_UNTIE_PDEATHSIG) {
+		ret = sys_prctl(PR_SET_PDEATHSIG, 0, 0, 0, 0);
+		if (ret) {
+			pr_err("pid %ld: can't drop the parent-death signal that ties the task to its helper parent "
+			       "(%ld); the task exits and never runs\n",
+			       pid, ret);
+			return -1;
+		}
+	}
+	if (g->tie < 0)
+		return 0;
+	if (g->untie & GPU_GATE_UNTIE_ROOT_TIE) {
+		ret = sys_fcntl(g->tie, F_SETFL, 0);
+		if (ret) {
+			pr_err("pid %ld: can't disarm the pipe that ties the root task to criu (fd %d: %ld); "
+			       "the task exits and never runs\n",
+			       pid, g->tie, ret);
+			return -1;
+		}
+	}
+	sys_close(g->tie);
+	g->tie = -1;
+	return 0;
+}
+
 int gpu_gate_finish_stage(struct gpu_gate_args *g, struct task_entries *te, int stage)
 {
 	struct timespec tick = { .tv_nsec = GPU_GATE_WATCH_NS };
 	long ret;
 
+	/* Before the stage ends for this task: the helper waits for its end to exit. */
+	if (stage == CR_STATE_RESTORE && gpu_gate_untie(g))
+		return -1;
 	futex_dec_and_wake(&te->nr_in_progress);
 	if (g->criu < 0) {
 		futex_wait_while(&te->start, stage);

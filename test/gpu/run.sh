@@ -2390,6 +2390,110 @@ kill_restore_on_log() {
 	wl_finish "$pid" "${kids[@]}"
 }
 
+# Kill points before any restored task has a restorer to watch criu (issue 29's note): the
+# tasks run CRIU's own code and wait for each other or for criu there, and criu is killed
+# (SIGKILL). Trees whose tie to criu cannot run from parent to parent alone:
+#   helper   gpu-workload in a session whose leader is dead, under a child subreaper
+#            (test/gpu/session-orphan.c): CRIU forks a helper task in the dead leader's
+#            place (its pid) as gpu-workload's parent, and ends it once the tasks are
+#            restored. gpu-workload stops itself at its process-group line ("Restoring
+#            PID to PGID pgid", before the end of CR_STATE_FORKING), the others wait for it;
+#   sibling  a tree of three GPU processes in a UTS namespace of their own, restored with
+#            --restore-sibling (as runc and podman restore containers): the root task's
+#            parent is criu's caller. criu stops itself at "Wait until namespaces are
+#            created"; the root task waits for criu at the end of CR_STATE_ROOT_TASK.
+# Due: no task left (the helper included), stopped or let go, within 5 s; the images
+# unchanged; the next restore works and the processes verify their GPU memory.
+case_restore_killed_forking() {
+	on mi100 -- restore_killed_forking helper
+	on mi100x2 -- restore_killed_forking sibling
+}
+restore_killed_forking() {
+	local img=$CASE_DIR/img-$1 root stopper text args=() wls=() tasks=()
+	case $1 in
+	helper)
+		orphan_start --mib 2 --bos 2
+		root=$ROOT stopper=$WL text="Restoring $WL to " wls=("$WL") tasks=("$ROOT" "$LEADER" "$WL")
+		;;
+	sibling)
+		printf '#!/bin/sh\nexec unshare --uts %s "$@"\n' "$WORKLOAD" >"$CASE_DIR/uts-workload"
+		chmod +x "$CASE_DIR/uts-workload"
+		WORKLOAD=$CASE_DIR/uts-workload wl_start wl --procs 3 --mib 2 --bos 2
+		read -r -a wls <<<"$WL $(wl_children "$WL")"
+		[ "${#wls[@]}" = 3 ] || fail "gpu-workload --procs 3 named $((${#wls[@]} - 1)) children, not 2"
+		root=$WL stopper=criu text="Wait until namespaces are created" tasks=("${wls[@]}") args=(--restore-sibling)
+		;;
+	*) fail "no tree $1" ;;
+	esac
+	wl_verify "${wls[@]}" >/dev/null || exit 1
+	dump_ok "$root" "$img"
+	stat -c %s "$CASE_DIR/wl.out" "$CASE_DIR/wl.err" >"$CASE_DIR/wl.sizes"
+	kill_restore_untied "$1" "$img" "$stopper" "$text" "${tasks[*]}" "${args[@]}"
+	rewind_output
+	restore_ok "$img" "$root" "${args[@]}"
+	[ "$1" != helper ] || ! alive "$LEADER" || fail "the helper task $LEADER still runs after the restore"
+	wl_verify "${wls[@]}" >/dev/null || exit 1
+	wl_finish "${wls[@]}"
+	[ "$1" != helper ] || { kill -TERM "$ROOT" && wait_gone "$ROOT" 5; } || fail "session-orphan $ROOT did not end"
+}
+# orphan_start ARG...: session-orphan runs gpu-workload ARG... in a session whose leader is
+# gone; ROOT, LEADER (the dead leader) and WL (gpu-workload) are set once it is ready.
+orphan_start() {
+	local prog=$CASE_DIR/session-orphan line i
+	cc -std=gnu11 -Wall -Wextra -Werror -O2 -o "$prog" "$top/test/gpu/session-orphan.c" 2>"$CASE_DIR/cc.log" ||
+		fail "session-orphan.c does not build: $(head -n 3 "$CASE_DIR/cc.log" | paste -sd' ')"
+	WL_OUT=$CASE_DIR/wl.out
+	setsid "$prog" "$WORKLOAD" "$@" </dev/null >"$WL_OUT" 2>"$CASE_DIR/wl.err" &
+	ROOT=$!
+	for ((i = 0; i < 1200; i++)); do
+		line=$(grep -a -m1 '^session-orphan: leader' "$CASE_DIR/wl.err")
+		[[ $line =~ leader\ ([0-9]+)\ gone,\ PROGRAM\ pid\ ([0-9]+) ]] &&
+			grep -q "^{\"ready\":true,\"pid\":${BASH_REMATCH[2]}," "$WL_OUT" && break
+		alive "$ROOT" || break
+		sleep 0.05
+	done
+	[[ $line =~ leader\ ([0-9]+)\ gone,\ PROGRAM\ pid\ ([0-9]+) ]] &&
+		grep -q "^{\"ready\":true,\"pid\":${BASH_REMATCH[2]}," "$WL_OUT" ||
+		fail "session-orphan with gpu-workload $* did not get ready: $(tail -n 3 "$CASE_DIR/wl.err" | paste -sd' ')"
+	LEADER=${BASH_REMATCH[1]} WL=${BASH_REMATCH[2]}
+}
+# kill_restore_untied TREE IMG STOPPER TEXT "TASKS" [ARG...]: restores IMG (with ARG...);
+# STOPPER (a task's pid, or criu) stops itself at its first log line holding TEXT,
+# and criu is killed there. No task of TASKS may be left, the images must be unchanged.
+kill_restore_untied() {
+	local what="criu killed before the restorers watch it ($1)" img=$2 stopper=$3 text=$4
+	local log=$CASE_DIR/restore-killed-$1.log cpid before p st up=() tasks
+	read -r -a tasks <<<"$5"
+	shift 5
+	before=$(img_sums "$img")
+	rewind_output
+	CRIU_ROCM_TEST_STOP_ON_LOG=$text "$CRIU" restore -D "$img" -o "$log" -v4 -d "$@" >>"$CASE_DIR/criu.out" 2>&1 &
+	cpid=$!
+	[ "$stopper" = criu ] && stopper=$cpid
+	for ((p = 0; p < 1200; p++)); do
+		st=$(proc_state "$stopper")
+		[ "$st" = T ] && break
+		alive "$cpid" || break
+		sleep 0.05
+	done
+	[ "$st" = T ] || fail "$what: $stopper never stopped at /$text/: $(log_errors "$log")"
+	kill -KILL "$cpid"
+	wait "$cpid" 2>/dev/null
+	# Stopped or let go, no task may stay; their pids stay taken while init reaps them.
+	kill -CONT "$stopper" 2>/dev/null
+	for p in "${tasks[@]}"; do
+		wait_gone "$p" 5 || up+=("$p $(proc_state "$p")")
+	done
+	if [ "${#up[@]}" != 0 ]; then
+		for p in "${tasks[@]}"; do kill -KILL "$p" 2>/dev/null; done
+		for p in "${tasks[@]}"; do wait_gone "$p" 5; done
+		fail "$what: tasks outlived criu-rocm (pid state): ${up[*]} (killed now; $log)"
+	fi
+	no_leftovers "$what"
+	[ "$before" = "$(img_sums "$img")" ] || fail "$what: the images changed"
+	note "$what: no task left of ${#tasks[@]}"
+}
+
 # A tree of three GPU processes. CRIU's restore often opens /dev/kfd in them in another
 # order than they first did (it varies from run to run); kfd-emu then moves each one back
 # to the /dev/kfd slot its recorded doorbell and events mmap offsets name (its log says so
