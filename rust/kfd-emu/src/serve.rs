@@ -9,6 +9,7 @@ use std::sync::{Arc, OnceLock};
 
 use crate::chardev;
 use crate::device::{self, Emulator, NodeKind};
+use crate::fuse::dmabuf::DmabufFs;
 use crate::fuse::{Caller, FileOps, IoctlReply};
 use crate::profile::Profile;
 
@@ -117,6 +118,7 @@ pub fn node_path(node: &NodeKind) -> PathBuf {
 /// Creates the emulator for `profile` and the nodes to serve.
 pub fn devices(profile: &Profile) -> io::Result<Devices> {
     let emu = Arc::new(Emulator::new(profile, Box::new(FuseResolver))?);
+    emu.set_dmabuf_files(Box::new(DmabufFiles::default()));
     let mut nodes = Vec::new();
     for node in emu.nodes() {
         nodes.push(NodeSpec {
@@ -139,6 +141,25 @@ pub fn devices(profile: &Profile) -> io::Result<Devices> {
             ids: OnceLock::new(),
         })),
     })
+}
+
+/// The dma-buf files (`fuse::dmabuf`), mounted at the first export.
+#[derive(Default)]
+struct DmabufFiles(OnceLock<Result<DmabufFs, String>>);
+
+impl device::DmabufFiles for DmabufFiles {
+    fn open(&self, memfd: BorrowedFd<'_>, size: u64) -> io::Result<OwnedFd> {
+        let fs = self.0.get_or_init(|| {
+            DmabufFs::mount().map_err(|e| {
+                log::error!("dma-buf files: {e}");
+                e.to_string()
+            })
+        });
+        match fs {
+            Ok(fs) => fs.open(memfd, size),
+            Err(e) => Err(io::Error::other(e.clone())),
+        }
+    }
 }
 
 /// Answers the calls `kfd-emu supervise` traps (see `crate::supervise`).

@@ -460,3 +460,73 @@ fn daemon_death_gives_econnaborted() {
     unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
     tmp.close().unwrap();
 }
+
+/// kfd-emu's dma-buf files look like the kernel's to the process: the fd
+/// link reads `/dmabuf:`, no mount of theirs is visible, reads and
+/// mappings reach the memfd behind them (and writes through a mapping
+/// land there), each dma-buf is its own inode, lseek gives its size, and a
+/// reopen through /proc is refused.
+#[test]
+fn dmabuf_files_read_dmabuf_and_reach_their_memfd() {
+    if role().is_none() {
+        return run_in_ns("dmabuf_files_read_dmabuf_and_reach_their_memfd", "body");
+    }
+    let fs = fuse::dmabuf::DmabufFs::mount().unwrap();
+    use std::io::{Seek, SeekFrom};
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    let mem = std::fs::File::from(memfd(8192));
+    mem.write_all_at(b"bo bytes", 4096).unwrap();
+    let a = fs.open(mem.as_fd(), 8192).unwrap();
+    let b = fs.open(memfd(4096).as_fd(), 4096).unwrap();
+    let link = std::fs::read_link(format!("/proc/self/fd/{}", a.as_raw_fd())).unwrap();
+    assert_eq!(link, Path::new("/dmabuf:"));
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !mounts.contains("fuse.kfd-emu"),
+        "the dma-buf fs is detached:\n{mounts}"
+    );
+    let (mut sa, sb) = (std::fs::File::from(a), std::fs::File::from(b));
+    let (ma, mb) = (sa.metadata().unwrap(), sb.metadata().unwrap());
+    assert_eq!(ma.dev(), mb.dev(), "one fs");
+    assert_ne!(ma.ino(), mb.ino(), "one inode per dma-buf");
+    assert_eq!((ma.len(), mb.len()), (8192, 4096));
+    assert_eq!(sa.seek(SeekFrom::End(0)).unwrap(), 8192, "lseek: the size");
+    let mut got = [0u8; 8];
+    sa.read_exact_at(&mut got, 4096).unwrap();
+    assert_eq!(&got, b"bo bytes");
+    // SAFETY: a fresh shared mapping of a live fd, used only below.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            8192,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            sa.as_raw_fd(),
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED);
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    assert!(
+        maps.lines()
+            .any(|l| l.starts_with(&format!("{:x}-", p as usize)) && l.ends_with(" /dmabuf:")),
+        "the mapping names the dma-buf:\n{maps}"
+    );
+    // SAFETY: inside the 8 KiB mapping.
+    unsafe { p.cast::<u8>().write_volatile(0x5a) };
+    let mut first = [0u8; 1];
+    mem.read_exact_at(&mut first, 0).unwrap();
+    assert_eq!(
+        first[0], 0x5a,
+        "a write through the mapping reaches the memfd"
+    );
+    // SAFETY: unmapping our mapping.
+    unsafe { libc::munmap(p, 8192) };
+    // A reopen is refused (it would not be the same dma-buf).
+    let reopen = std::fs::File::open(format!("/proc/self/fd/{}", sa.as_raw_fd()));
+    assert!(reopen.is_err(), "a reopen of a dma-buf file");
+    drop(sb);
+    let c = fs.open(mem.as_fd(), 8192).unwrap();
+    let mc = std::fs::File::from(c).metadata().unwrap();
+    assert_ne!(mc.ino(), ma.ino(), "a new dma-buf of the same memfd");
+}

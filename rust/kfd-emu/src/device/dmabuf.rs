@@ -2,11 +2,14 @@
 //!
 //! A FUSE ioctl cannot hand out a file descriptor, and this kernel has no
 //! udmabuf or dma-heaps, so a "dmabuf" of a VRAM/GTT BO is a memfd the
-//! emulator created and recognises by its inode (`kfd-emu supervise`
-//! installs it in the caller with SECCOMP_IOCTL_NOTIF_ADDFD).  As KFD keeps
+//! emulator created, handed out as a file over it that looks like the
+//! kernel's dma-buf to the process and to CRIU (its link reads `/dmabuf:`
+//! and no path leads to it: the transport's [`Files`], `fuse::dmabuf`),
+//! and recognised by that file's inode (`kfd-emu supervise` installs it in
+//! the caller with SECCOMP_IOCTL_NOTIF_ADDFD).  As KFD keeps
 //! one dma-buf per BO (`amdgpu_amdkfd_gpuvm_export_dmabuf` exports once and
 //! hands out new fds of it), every export of one BO is a new fd of the same
-//! memfd, so importing two of them into one render file gives one GEM
+//! file, so importing two of them into one render file gives one GEM
 //! handle, as PRIME does.  Its size is the BO's (libdrm's
 //! `amdgpu_bo_import` takes the size with lseek).
 //!
@@ -40,8 +43,8 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd};
-use std::sync::{Arc, Mutex};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use super::mem::{Mapping, Memfd};
 
@@ -81,15 +84,25 @@ pub struct Source {
     pub domain: u32,
 }
 
+/// Opens the file handed out for a dma-buf: one whose reads, writes and
+/// mappings reach `memfd` (`size` bytes).  The transport's (set with
+/// [`Registry::set_files`]); without one the memfd itself is handed out
+/// (the model's own tests, which run no transport).
+pub trait Files: Send + Sync {
+    fn open(&self, memfd: BorrowedFd<'_>, size: u64) -> io::Result<OwnedFd>;
+}
+
 /// What a dmabuf of the emulator refers to.
 pub struct Dmabuf {
     pub size: u64,
     pub source: Source,
     /// The BO's memory, as the daemon maps it.
     pub map: Arc<Mapping>,
-    /// (st_dev, st_ino) of the memfd.
+    /// (st_dev, st_ino) of the file handed out.
     pub id: (u64, u64),
-    /// The memfd; the registry keeps it while the BO lives.
+    /// The file handed out (every fd of the dma-buf is one of it).
+    file: OwnedFd,
+    /// The memfd behind it; the registry keeps it while the BO lives.
     mem: Memfd,
     /// The daemon's mapping of the memfd (made before any seal).
     shadow: Mapping,
@@ -100,6 +113,7 @@ pub struct Dmabuf {
 #[derive(Default)]
 pub struct Registry {
     inner: Mutex<Inner>,
+    files: OnceLock<Box<dyn Files>>,
 }
 
 #[derive(Default)]
@@ -134,9 +148,9 @@ fn seek(fd: BorrowedFd<'_>, off: u64, whence: i32) -> Option<u64> {
 }
 
 impl Dmabuf {
-    /// The memfd, to install into a process.
+    /// The file to install into a process.
     pub fn file(&self) -> BorrowedFd<'_> {
-        self.mem.fd()
+        self.file.as_fd()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Shadow> {
@@ -181,6 +195,18 @@ impl Dmabuf {
 }
 
 impl Registry {
+    /// Sets how dma-buf files are opened (once; later calls are ignored).
+    pub fn set_files(&self, files: Box<dyn Files>) {
+        let _ = self.files.set(files);
+    }
+
+    fn open_file(&self, mem: &Memfd, size: u64) -> io::Result<OwnedFd> {
+        match self.files.get() {
+            Some(f) => f.open(mem.fd(), size),
+            None => mem.fd().try_clone_to_owned(),
+        }
+    }
+
     /// The dmabuf of the BO at render-memfd `offset` of GPU `gpu` (the
     /// existing one, or a new one over `map`), its shadow made ready for
     /// `purpose`.
@@ -200,12 +226,14 @@ impl Registry {
                     let mem = Memfd::with_flags("kfd-emu-dmabuf", size, libc::MFD_ALLOW_SEALING)?;
                     add_seals(mem.fd(), libc::F_SEAL_SHRINK | libc::F_SEAL_GROW)?;
                     let shadow = mem.map(0, size).map_err(io::Error::from_raw_os_error)?;
-                    let id = file_id(mem.fd())?;
+                    let file = self.open_file(&mem, size)?;
+                    let id = file_id(file.as_fd())?;
                     let d = Arc::new(Dmabuf {
                         size,
                         source,
                         map: map.clone(),
                         id,
+                        file,
                         mem,
                         shadow,
                         state: Mutex::new(Shadow::Empty),
@@ -253,7 +281,7 @@ impl Registry {
     }
 
     /// The BO is freed: its dmabuf is no longer one of ours (fds of it
-    /// that are still open become plain memfds).
+    /// that are still open reach a memfd no BO uses).
     pub fn forget(&self, gpu: usize, offset: u64) {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(d) = inner.by_bo.remove(&(gpu, offset)) {
@@ -265,7 +293,6 @@ impl Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::fd::AsFd;
 
     /// A VRAM BO of GPU 0 at `offset`.
     pub fn src(offset: u64) -> Source {

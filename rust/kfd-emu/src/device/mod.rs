@@ -33,6 +33,7 @@ mod asic;
 mod criu;
 mod devcgroup;
 mod dmabuf;
+pub use dmabuf::Files as DmabufFiles;
 mod gem;
 mod kfd;
 mod mem;
@@ -265,6 +266,12 @@ impl Emulator {
             engine: Mutex::new(vec![engine, shader]),
             replays: Default::default(),
         })
+    }
+
+    /// How the dma-bufs `kfd-emu supervise` hands out are opened (the
+    /// transport's; see `dmabuf::Files`).
+    pub fn set_dmabuf_files(&self, files: Box<dyn DmabufFiles>) {
+        self.shared.devs.dmabufs.set_files(files);
     }
 
     pub fn nodes(&self) -> Vec<NodeKind> {

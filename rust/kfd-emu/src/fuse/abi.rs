@@ -10,6 +10,7 @@ pub const FUSE_KERNEL_MINOR_VERSION: u32 = 40;
 pub const FUSE_ROOT_ID: u64 = 1;
 
 pub mod op {
+    pub const LOOKUP: u32 = 1;
     pub const GETATTR: u32 = 3;
     pub const SETATTR: u32 = 4;
     pub const OPEN: u32 = 14;
@@ -152,6 +153,43 @@ pub struct AttrOut {
     pub attr: Attr,
 }
 
+/// `fuse_entry_out`: the answer to LOOKUP.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct EntryOut {
+    pub nodeid: u64,
+    pub generation: u64,
+    pub entry_valid: u64,
+    pub attr_valid: u64,
+    pub entry_valid_nsec: u32,
+    pub attr_valid_nsec: u32,
+    pub attr: Attr,
+}
+
+/// `fuse_forget_in` (FORGET's body; BATCH_FORGET's entries carry the node
+/// id first: [`ForgetOne`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ForgetIn {
+    pub nlookup: u64,
+}
+
+/// `fuse_batch_forget_in`, followed by `count` [`ForgetOne`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BatchForgetIn {
+    pub count: u32,
+    pub dummy: u32,
+}
+
+/// `fuse_forget_one`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ForgetOne {
+    pub nodeid: u64,
+    pub nlookup: u64,
+}
+
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct StatfsOut {
@@ -212,6 +250,10 @@ const _: () = {
     assert!(size_of::<Attr>() == 88);
     assert!(size_of::<AttrOut>() == 104);
     assert!(size_of::<StatfsOut>() == 80);
+    assert!(size_of::<EntryOut>() == 128);
+    assert!(size_of::<ForgetIn>() == 8);
+    assert!(size_of::<BatchForgetIn>() == 8);
+    assert!(size_of::<ForgetOne>() == 16);
     assert!(size_of::<IoctlIn>() == 32);
     assert!(size_of::<IoctlOut>() == 16);
     assert!(size_of::<BackingMap>() == 16);
@@ -242,6 +284,10 @@ pod!(
     ReleaseIn,
     AttrOut,
     StatfsOut,
+    EntryOut,
+    ForgetIn,
+    BatchForgetIn,
+    ForgetOne,
     InterruptIn,
     IoctlIn,
     IoctlOut,

@@ -17,6 +17,7 @@
 //! to the transport, and its own later answer is then dropped.
 
 pub mod abi;
+pub mod dmabuf;
 
 use std::collections::HashMap;
 use std::ffi::CString;
@@ -178,40 +179,9 @@ impl Drop for IoctlReply {
 }
 
 impl Conn {
-    /// Writes one reply.  Errors are logged: ENOENT means the request was
-    /// already finished (interrupted and answered, or its caller died).
+    /// Writes one reply (see [`write_reply`]).
     fn send(&self, unique: u64, errno: i32, parts: &[&[u8]]) {
-        let errno = if (0..=MAX_ERRNO).contains(&errno) {
-            errno
-        } else {
-            libc::EIO
-        };
-        let len = size_of::<abi::OutHeader>() + parts.iter().map(|p| p.len()).sum::<usize>();
-        let hdr = abi::OutHeader {
-            len: len as u32,
-            error: -errno,
-            unique,
-        };
-        let mut iov = Vec::with_capacity(parts.len() + 1);
-        iov.push(libc::iovec {
-            iov_base: abi::bytes(&hdr).as_ptr() as *mut _,
-            iov_len: size_of::<abi::OutHeader>(),
-        });
-        for p in parts.iter().filter(|p| !p.is_empty()) {
-            iov.push(libc::iovec {
-                iov_base: p.as_ptr() as *mut _,
-                iov_len: p.len(),
-            });
-        }
-        // SAFETY: every iovec points into a live buffer (`hdr`, `parts`) of
-        // the stated length for the duration of the call.
-        let r = unsafe { libc::writev(self.fd.as_raw_fd(), iov.as_ptr(), iov.len() as i32) };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() != Some(libc::ENOENT) {
-                log::warn!("{}: reply to {unique}: {e}", self.name);
-            }
-        }
+        write_reply(&self.name, self.fd.as_fd(), unique, errno, parts);
     }
 
     fn send_pod<T: Pod>(&self, unique: u64, v: &T) {
@@ -398,25 +368,68 @@ impl Conn {
     }
 
     fn worker(self: Arc<Self>) {
-        let mut buf = vec![0u8; READ_BUF];
-        loop {
-            // SAFETY: `buf` is a live, writable buffer of `buf.len()` bytes.
-            let n = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                match e.raw_os_error() {
-                    Some(libc::EINTR) | Some(libc::ENOENT) | Some(libc::EAGAIN) => continue,
-                    Some(libc::ENODEV) => {
-                        log::debug!("{}: unmounted", self.name);
-                        return;
-                    }
-                    _ => {
-                        log::error!("{}: reading /dev/fuse: {e}", self.name);
-                        return;
-                    }
+        read_requests(&self.name, self.fd.as_fd(), |msg| self.dispatch(msg));
+    }
+}
+
+/// Reads the requests of the connection `fd` one by one into `dispatch`
+/// until it ends (unmounted, or a read error, which is logged).
+fn read_requests(name: &str, fd: BorrowedFd<'_>, mut dispatch: impl FnMut(&[u8])) {
+    let mut buf = vec![0u8; READ_BUF];
+    loop {
+        // SAFETY: `buf` is a live, writable buffer of `buf.len()` bytes.
+        let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EINTR) | Some(libc::ENOENT) | Some(libc::EAGAIN) => continue,
+                Some(libc::ENODEV) => {
+                    log::debug!("{name}: unmounted");
+                    return;
+                }
+                _ => {
+                    log::error!("{name}: reading /dev/fuse: {e}");
+                    return;
                 }
             }
-            self.dispatch(&buf[..n as usize]);
+        }
+        dispatch(&buf[..n as usize]);
+    }
+}
+
+/// Writes one reply to the connection `fd`.  Errors are logged: ENOENT
+/// means the request was already finished (interrupted and answered, or
+/// its caller died).
+fn write_reply(name: &str, fd: BorrowedFd<'_>, unique: u64, errno: i32, parts: &[&[u8]]) {
+    let errno = if (0..=MAX_ERRNO).contains(&errno) {
+        errno
+    } else {
+        libc::EIO
+    };
+    let len = size_of::<abi::OutHeader>() + parts.iter().map(|p| p.len()).sum::<usize>();
+    let hdr = abi::OutHeader {
+        len: len as u32,
+        error: -errno,
+        unique,
+    };
+    let mut iov = Vec::with_capacity(parts.len() + 1);
+    iov.push(libc::iovec {
+        iov_base: abi::bytes(&hdr).as_ptr() as *mut _,
+        iov_len: size_of::<abi::OutHeader>(),
+    });
+    for p in parts.iter().filter(|p| !p.is_empty()) {
+        iov.push(libc::iovec {
+            iov_base: p.as_ptr() as *mut _,
+            iov_len: p.len(),
+        });
+    }
+    // SAFETY: every iovec points into a live buffer (`hdr`, `parts`) of
+    // the stated length for the duration of the call.
+    let r = unsafe { libc::writev(fd.as_raw_fd(), iov.as_ptr(), iov.len() as i32) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::ENOENT) {
+            log::warn!("{name}: reply to {unique}: {e}");
         }
     }
 }
@@ -510,6 +523,19 @@ pub fn serve_file(
     ops: Arc<dyn FileOps>,
     threads: usize,
 ) -> io::Result<Mount> {
+    let fd = mount_fuse(target, "100000")?;
+    let result = init_and_start(name, target, fd, backing, ops, threads);
+    if result.is_err() {
+        let tgt = cstr(target)?;
+        // SAFETY: valid path; undoing our own mount.
+        unsafe { libc::umount2(tgt.as_ptr(), libc::MNT_DETACH) };
+    }
+    result
+}
+
+/// Opens /dev/fuse and mounts a FUSE fs whose root has `rootmode` (octal)
+/// on `target`; the connection's fd (INIT is queued on it).
+fn mount_fuse(target: &Path, rootmode: &str) -> io::Result<OwnedFd> {
     // SAFETY: plain open(2) of a constant path.
     let raw = unsafe { libc::open(c"/dev/fuse".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
     if raw < 0 {
@@ -518,7 +544,7 @@ pub fn serve_file(
     // SAFETY: `raw` is a fresh fd owned by nobody else.
     let fd = unsafe { OwnedFd::from_raw_fd(raw) };
     let opts = CString::new(format!(
-        "fd={raw},rootmode=100000,user_id=0,group_id=0,allow_other"
+        "fd={raw},rootmode={rootmode},user_id=0,group_id=0,allow_other"
     ))
     .expect("no NUL");
     let tgt = cstr(target)?;
@@ -535,12 +561,7 @@ pub fn serve_file(
     if r != 0 {
         return Err(os_err(format!("mounting FUSE on {}", target.display())));
     }
-    let result = init_and_start(name, target, fd, backing, ops, threads);
-    if result.is_err() {
-        // SAFETY: valid path; undoing our own mount.
-        unsafe { libc::umount2(tgt.as_ptr(), libc::MNT_DETACH) };
-    }
-    result
+    Ok(fd)
 }
 
 fn init_and_start(
@@ -649,25 +670,44 @@ fn init_answer(init: &abi::InitIn) -> abi::InitOut {
 impl Conn {
     /// Registers `backing` as the passthrough backing file; its backing id.
     fn open_backing(&self, backing: BorrowedFd<'_>) -> io::Result<i32> {
-        let map = abi::BackingMap {
-            fd: backing.as_raw_fd(),
-            ..Default::default()
-        };
-        // SAFETY: FUSE_DEV_IOC_BACKING_OPEN reads one `fuse_backing_map` from
-        // the pointer, which refers to a live local.
-        let id = unsafe {
-            libc::ioctl(
-                self.fd.as_fd().as_raw_fd(),
-                abi::FUSE_DEV_IOC_BACKING_OPEN as _,
-                &map as *const abi::BackingMap,
-            )
-        };
-        if id <= 0 {
-            return Err(os_err(format!(
-                "{}: registering the passthrough backing file (needs CAP_SYS_ADMIN)",
-                self.name
-            )));
-        }
-        Ok(id)
+        open_backing(&self.name, self.fd.as_fd(), backing)
     }
+}
+
+/// Registers `backing` as a passthrough backing file of the connection
+/// `fd`; its backing id.
+fn open_backing(name: &str, fd: BorrowedFd<'_>, backing: BorrowedFd<'_>) -> io::Result<i32> {
+    let map = abi::BackingMap {
+        fd: backing.as_raw_fd(),
+        ..Default::default()
+    };
+    // SAFETY: FUSE_DEV_IOC_BACKING_OPEN reads one `fuse_backing_map` from
+    // the pointer, which refers to a live local.
+    let id = unsafe {
+        libc::ioctl(
+            fd.as_raw_fd(),
+            abi::FUSE_DEV_IOC_BACKING_OPEN as _,
+            &map as *const abi::BackingMap,
+        )
+    };
+    if id <= 0 {
+        return Err(os_err(format!(
+            "{name}: registering the passthrough backing file (needs CAP_SYS_ADMIN)"
+        )));
+    }
+    Ok(id)
+}
+
+/// Drops the connection's registration `id` (files opened with it keep
+/// their backing file).
+fn close_backing(fd: BorrowedFd<'_>, id: i32) {
+    // SAFETY: FUSE_DEV_IOC_BACKING_CLOSE reads one u32 from the pointer,
+    // a live local.
+    unsafe {
+        libc::ioctl(
+            fd.as_raw_fd(),
+            abi::FUSE_DEV_IOC_BACKING_CLOSE as _,
+            &id as *const i32,
+        )
+    };
 }
