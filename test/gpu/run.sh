@@ -1281,35 +1281,74 @@ gem_dump_stream_refused() {
 case_gem_shared_bo_refused() { on mi100 -- shared_bo_refused; }
 case_kfd_shared_bo_refused() { on mi100 -- shared_bo_refused --kfd; }
 shared_bo_refused() {
-	local img=$CASE_DIR/img prog=$CASE_DIR/shared-bo out=$CASE_DIR/sb.out i pid first second
-	# shellcheck disable=SC2046 # pkg-config prints several words on purpose
-	cc -std=gnu11 -Wall -Wextra -Werror -O2 -o "$prog" "$top/test/rocm/shared-bo.c" \
-		$(pkg-config --cflags --libs libdrm) 2>"$CASE_DIR/cc.log" ||
-		fail "shared-bo.c does not build: $(head -n 3 "$CASE_DIR/cc.log" | paste -sd' ')"
-	setsid "$KFD_EMU" supervise -- "$prog" --hold "$@" </dev/null >"$out" 2>&1 &
-	for ((i = 0; i < 600; i++)); do
-		grep -q '^ready [0-9]*$' "$out" && break
-		sleep 0.05
-	done
-	pid=$(sed -n 's/^ready \([0-9]*\)$/\1/p' "$out")
-	[ -n "$pid" ] || fail "shared-bo did not get ready: $(grep -v '^ok ' "$out" | tail -n 3 | paste -sd'|')"
+	local img=$CASE_DIR/img out=$CASE_DIR/sb.out pid first second
+	pid=$(shared_bo_start "$out" --hold "$@") || exit 1
 	dump "$pid" "$img" && fail "the dump of shared-bo $pid succeeded although two files hold one BO"
 	second="pid $pid: render node /dev/dri/renderD128 \(file [0-9]+\), GEM handle 1 \(65536 bytes\)"
 	first=$second
 	[ "${1-}" = --kfd ] && first="pid $pid: fd [0-9]+ \(/dev/kfd\), BO 0 \(65536 bytes at GPU VA 0x[0-9a-f]+\)"
 	log_has "$img/dump.log" "amdgpu: pid $pid: one BO of GPU 0x[0-9a-f]+ \(mmap offset 0x[0-9a-f]+\) is held by ($first and by $second|$second and by $first) .*a restore would make two copies of it"
 	[ "${1-}" = --kfd ] && log_has "$img/dump.log" "amdgpu: pid $pid: GPU queues unpaused"
-	alive "$pid" || fail "shared-bo $pid is gone after the refused dump"
+	shared_bo_round_and_end "$pid" "$out" "the refused dump"
+	note "$(grep -a -m1 -o 'one BO of GPU .* is held by .*) and by .*)' "$img/dump.log" | cut -c1-300)"
+}
+
+# Builds test/rocm/shared-bo.c and starts it under `kfd-emu supervise` with ARGS, its output
+# in OUT; prints its pid once it is ready.
+shared_bo_start() {
+	local out=$1 prog=$CASE_DIR/shared-bo i pid
+	shift
+	# shellcheck disable=SC2046 # pkg-config prints several words on purpose
+	cc -std=gnu11 -Wall -Wextra -Werror -O2 -o "$prog" "$top/test/rocm/shared-bo.c" \
+		$(pkg-config --cflags --libs libdrm) 2>"$CASE_DIR/cc.log" ||
+		fail "shared-bo.c does not build: $(head -n 3 "$CASE_DIR/cc.log" | paste -sd' ')"
+	setsid "$KFD_EMU" supervise -- "$prog" "$@" </dev/null >"$out" 2>&1 &
+	for ((i = 0; i < 600; i++)); do
+		grep -q '^ready [0-9]*' "$out" && break
+		sleep 0.05
+	done
+	pid=$(sed -n 's/^ready \([0-9]*\).*$/\1/p' "$out")
+	[ -n "$pid" ] || fail "shared-bo did not get ready: $(grep -v '^ok ' "$out" | tail -n 3 | paste -sd'|')"
+	echo "$pid"
+}
+
+# shared-bo PID (output in OUT) runs on after WHAT: a round passes, and its last check on
+# SIGTERM.
+shared_bo_round_and_end() {
+	local pid=$1 out=$2 what=$3 i
+	alive "$pid" || fail "shared-bo $pid is gone after $what"
 	kill -USR1 "$pid"
 	for ((i = 0; i < 200; i++)); do
 		grep -qE '^round 1: (ok|FAIL)' "$out" && break
 		sleep 0.05
 	done
-	grep -q '^round 1: ok$' "$out" || fail "after the refused dump: $(grep -v '^ok ' "$out" | tail -n 2 | paste -sd'|')"
+	grep -q '^round 1: ok$' "$out" || fail "after $what: $(grep -v '^ok ' "$out" | tail -n 2 | paste -sd'|')"
 	kill -TERM "$pid"
 	wait_gone "$pid" 30 || fail "shared-bo $pid did not end on SIGTERM"
 	tail -n 1 "$out" | grep -q '^PASS$' || fail "shared-bo's last check failed: $(tail -n 2 "$out" | paste -sd'|')"
-	note "$(grep -a -m1 -o 'one BO of GPU .* is held by .*) and by .*)' "$img/dump.log" | cut -c1-300)"
+}
+
+# A process holding a dma-buf fd (test/rocm/shared-bo.c --dmabuf: a GEM BO exported with
+# PRIME, a KFD BO exported with EXPORT_DMABUF, the fd kept) under `kfd-emu supervise`. The fd
+# is what the kernel's is to the process and to CRIU: its link reads /dmabuf: and no mount
+# of it is visible. criu-rocm saves no dma-buf fds, so its dump must fail, as upstream CRIU's
+# on a real kernel does (a file it cannot dump), rather than save the fd as some other file
+# and restore it cut from its BO; the process runs on.
+case_gem_dmabuf_fd_dump_refused() { on mi100 -- dmabuf_fd_dump_refused; }
+case_kfd_dmabuf_fd_dump_refused() { on mi100 -- dmabuf_fd_dump_refused --kfd; }
+dmabuf_fd_dump_refused() {
+	local img=$CASE_DIR/img out=$CASE_DIR/sb.out pid fd link
+	pid=$(shared_bo_start "$out" --dmabuf "$@") || exit 1
+	fd=$(sed -n 's/^ready [0-9]* dmabuf \([0-9]*\)$/\1/p' "$out")
+	link=$(readlink "/proc/$pid/fd/$fd") || fail "shared-bo $pid has no fd ${fd:-?}"
+	[ "$link" = /dmabuf: ] || fail "the dma-buf fd $fd of shared-bo $pid reads $link, not /dmabuf:"
+	dump "$pid" "$img" && fail "the dump of shared-bo $pid succeeded although it holds dma-buf fd $fd"
+	# A real kernel's dma-buf (no file type) fails as "Can't dump file N of that type";
+	# kfd-emu's (S_IFREG) as a regular file on a mount the process does not have.
+	log_has "$img/dump.log" "Can't lookup mount=[0-9]+ for fd=$fd path=/dmabuf:"
+	[ "${1-}" = --kfd ] && log_has "$img/dump.log" "amdgpu: pid $pid: GPU queues unpaused"
+	shared_bo_round_and_end "$pid" "$out" "the failed dump"
+	note "$(grep -a -m1 -i 'dmabuf:' "$img/dump.log" | cut -c1-200)"
 }
 
 # What a render file holds that criu-rocm cannot save fails the dump closed, naming the

@@ -7,6 +7,7 @@
  * restore two BOs, and a write through one file would no longer reach the other.
  *
  *   usage: shared-bo --hold [--kfd]
+ *          shared-bo --dmabuf [--kfd]
  *
  * Makes a 64 KiB VRAM BO with GEM_CREATE on a first open of /dev/dri/renderD128, exports it
  * (PRIME_HANDLE_TO_FD), imports it on a second open (PRIME_FD_TO_HANDLE), closes the
@@ -17,6 +18,10 @@
  * Prints "ready PID", then on SIGUSR1 writes a new byte pattern through the first file's
  * mapping and reads it back through the second's ("round N: ok" or "round N: FAIL ..."),
  * and on SIGTERM does that once more and prints PASS or FAIL.
+ *
+ * --dmabuf: exports the BO the same way but imports nothing and keeps the dma-buf fd: prints
+ * "ready PID dmabuf FD", then on SIGUSR1 writes a new byte pattern through the BO's mapping
+ * and reads it back ("round N: ok"), and on SIGTERM prints PASS or FAIL.
  *
  * PRIME export hands out an fd, which kfd-emu gives only under `kfd-emu supervise`.
  * Raw DRM ioctls only (the uapi headers of Debian's libdrm).
@@ -212,16 +217,23 @@ static int check(struct holder *a, struct holder *b, unsigned n)
 	return 0;
 }
 
+/* Writes pattern n through h's mapping and reads it back. */
+static int check_one(struct holder *h, unsigned n)
+{
+	return check(h, h, n);
+}
+
 int main(int argc, char **argv)
 {
 	struct holder a = { 0 }, b = { 0 };
 	const char *node = "/dev/dri/renderD128";
 	bool kfd = argc == 3 && !strcmp(argv[2], "--kfd");
+	bool only = argc >= 2 && !strcmp(argv[1], "--dmabuf");
 	unsigned n = 0;
-	int bad = 0;
+	int bad = 0, dmabuf = -1;
 
-	if (argc < 2 || argc > 3 || strcmp(argv[1], "--hold") || (argc == 3 && !kfd)) {
-		fprintf(stderr, "usage: shared-bo --hold [--kfd]\n");
+	if (argc < 2 || argc > 3 || (strcmp(argv[1], "--hold") && !only) || (argc == 3 && !kfd)) {
+		fprintf(stderr, "usage: shared-bo --hold|--dmabuf [--kfd]\n");
 		return 2;
 	}
 	sigset_t block, wait_mask;
@@ -234,21 +246,33 @@ int main(int argc, char **argv)
 	sigprocmask(SIG_BLOCK, &block, &wait_mask);
 	signal(SIGUSR1, on_signal);
 	signal(SIGTERM, on_signal);
-	if (setup(node, kfd, &a, &b) || check(&a, &b, 0))
-		return 1;
-	printf("ready %d\n", (int)getpid());
+	if (only) {
+		a.fd = open(node, O_RDWR | O_CLOEXEC);
+		if (a.fd < 0) {
+			fail(node);
+			return 1;
+		}
+		dmabuf = kfd ? kfd_export(&a) : gem_export(&a);
+		if (dmabuf < 0 || check_one(&a, 0))
+			return 1;
+		printf("ready %d dmabuf %d\n", (int)getpid(), dmabuf);
+	} else {
+		if (setup(node, kfd, &a, &b) || check(&a, &b, 0))
+			return 1;
+		printf("ready %d\n", (int)getpid());
+	}
 	while (!stop_req) {
 		sigsuspend(&wait_mask);
 		if (round_req) {
 			round_req = 0;
 			n++;
-			if (check(&a, &b, n))
+			if (only ? check_one(&a, n) : check(&a, &b, n))
 				bad = 1;
 			else
 				printf("round %u: ok\n", n);
 		}
 	}
-	bad |= check(&a, &b, n + 1) != 0;
+	bad |= (only ? check_one(&a, n + 1) : check(&a, &b, n + 1)) != 0;
 	printf("%s\n", bad ? "FAIL" : "PASS");
 	return bad;
 }
