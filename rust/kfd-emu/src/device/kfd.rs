@@ -555,7 +555,26 @@ pub fn create_queue(
     a.queue_id = id;
     a.doorbell_offset = p.doorbell_offset(gpu, id);
     p.slot_pinned = true;
+    log_queue(p, id, a);
     Ok(())
+}
+
+/// The info line of a new queue: its kind, ring and context save area
+/// (scripts/bench-hip.sh reads the area's place from it).
+fn log_queue(p: &super::state::Proc, id: u32, a: &sys::kfd_ioctl_create_queue_args) {
+    let kind = match a.queue_type {
+        queue_type::COMPUTE | queue_type::COMPUTE_AQL => "compute",
+        _ => "sdma",
+    };
+    log::info!(
+        "kfd-emu: process {} GPU {:#x} queue {id} created: {kind}, a {}-byte ring, context save \
+         area {:#x}, {} bytes",
+        p.lead,
+        a.gpu_id,
+        a.ring_size,
+        a.ctx_save_restore_address,
+        a.ctx_save_restore_size
+    );
 }
 
 /// CREATE_QUEUE's first checks, on the arguments alone: percentage and
