@@ -35,7 +35,8 @@
 # the kernel go on. Each such dump must have saved the waves of as many queues as the case
 # has kernels in flight (kfd-emu's log, KFD_EMU_LOG=info); the programs count their waves
 # in, so a kernel started over instead of resumed fails too. A dump is never retried: a
-# failed dump fails the case.
+# failed dump fails the case. kill_in_flight dumps nothing: busy killed with its kernels
+# running must leave no ERROR line in kfd-emu's log, and the daemon serves the next process.
 #
 # Every host step runs in a private mount namespace with its own /dev/shm (libhsakmt's
 # files), as test/rocm/cr.sh's do, and its own /tmp; a host other than the dump host starts
@@ -588,6 +589,40 @@ running_restore() {
 	c_restore 1 1
 	finish term 1
 }
+# A HIP process killed while its kernels compute (busy on both GPUs of mi100x2): as KFD's
+# release removes a dying process' queues without a word, kfd-emu ends those dispatches
+# quietly (its log has no ERROR line; each ends with an info line saying its process exits),
+# and serves the next process, whose kernels run on both GPUs (hold --spin, a round).
+case_kill_in_flight() {
+	export KFD_EMU_LOG=info
+	on mi100x2 -- kill_in_flight
+	passed 2
+	quiet_end "$(cat "$CASE_DIR/killed")"
+}
+kill_in_flight() {
+	local pid
+	p_start 1 "$BUSY"
+	p_wait 1 '^busy: 2 GPUs running$' 1 "the line 'busy: 2 GPUs running'"
+	pid=$(p_pid 1)
+	echo "$pid" >"$CASE_DIR/killed"
+	kill -KILL "$pid"
+	wait_gone "$pid" 10 || fail "busy ($pid) still exists 10 s after SIGKILL"
+	p_start 2 "$HOLD" --spin --buffers
+	p_wait 2 '^hold: ready' 1 "the ready line"
+	hold_round 2
+	finish term 2
+}
+# quiet_end PID: kfd-emu's log of the case has no ERROR line, and says how PID's dispatches
+# ended (a dispatch the release removed first has no line: noted).
+quiet_end() {
+	local errors ended
+	errors=$(grep -a ': ERROR: ' "$CASE_DIR/kfd-emu.log" | head -n 3 | cut -c1-300 | paste -sd'|')
+	[ -z "$errors" ] || fail "kfd-emu logged errors after process $1 was killed: $errors"
+	ended=$(grep -acE "kfd-emu: process $1 GPU .* AQL queue [0-9]+: .*: its process exits .*; the queue ends with it" \
+		"$CASE_DIR/kfd-emu.log")
+	note "process $1 killed with 2 kernels in flight: no ERROR line; $ended dispatch(es) ended as its memory went, the rest at its release"
+}
+
 # ---------------------------------------------------------------------------------------
 # The driver
 

@@ -29,7 +29,10 @@
 //!   `queue_inactive_signal` (see `ring::error`), which ROCr reports through
 //!   the queue's error callback; the completion signal is not touched.  A
 //!   wave's memory fault is reported as KFD reports a GPU page fault (the
-//!   process' memory events), and the queue stops.
+//!   process' memory events), and the queue stops.  A fault because the
+//!   process' address space is gone (it exits, killed with kernels running)
+//!   is no error: the dispatch and its queue end with an info line, as
+//!   KFD's release removes a dying process' queues without a word.
 //!
 //! [`AqlState`]: super::state::AqlState
 
@@ -341,6 +344,7 @@ pub fn finish(p: &mut Proc, key: &JobKey, outcome: &Outcome, done: &mut Done) {
             ring::stop(p, key.queue, &q, key.index, code, &what, done);
         }
         Outcome::Trap { .. } => ring::stop(p, key.queue, &q, key.index, error::TRAP, &what, done),
+        Outcome::Gone { .. } => ring::end_quietly(p, key.queue, &q, key.index, &what),
         // The CP cannot relaunch the saved waves: the dispatch is lost.
         Outcome::Restore { .. } => {
             let code = error::INVALID_PACKET_FORMAT;

@@ -248,6 +248,62 @@ pub fn user_read(tid: u32, addr: u64, buf: &mut [u8]) -> Result<(), i32> {
     Ok(())
 }
 
+/// Whether process `tgid` exits: each thread of it is gone, past the
+/// release of its memory (process_vm_readv answers ESRCH), or on its way
+/// there (exiting, or SIGKILL pending: a kill or exit_group() of the
+/// process reaches its threads one by one), so none touches its memory
+/// again.  A process whose leader alone exited (pthread_exit) still has
+/// its memory in its other, running threads.
+pub fn memory_gone(tgid: u32) -> bool {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{tgid}/task")) else {
+        return true;
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .all(|tid| without_memory(tid) || killed(tgid, tid))
+}
+
+/// Whether thread `tid` has no address space (any address: a thread with
+/// one answers EFAULT).
+fn without_memory(tid: u32) -> bool {
+    let mut b = [0u8; 1];
+    let local = libc::iovec {
+        iov_base: b.as_mut_ptr() as *mut libc::c_void,
+        iov_len: 1,
+    };
+    let remote = libc::iovec {
+        iov_base: std::ptr::dangling_mut::<libc::c_void>(),
+        iov_len: 1,
+    };
+    // SAFETY: the local iovec covers `b`, which lives across the call;
+    // the remote one is only interpreted by the kernel.
+    let n = unsafe { libc::process_vm_readv(tid as libc::pid_t, &local, 1, &remote, 1, 0) };
+    n < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+}
+
+/// Whether thread `tid` of `tgid` is gone, exiting (PF_EXITING in its
+/// /proc stat flags) or has SIGKILL pending (its `SigPnd`).
+fn killed(tgid: u32, tid: u32) -> bool {
+    const PF_EXITING: u64 = 0x4;
+    let task = format!("/proc/{tgid}/task/{tid}");
+    let (Ok(stat), Ok(status)) = (
+        std::fs::read_to_string(format!("{task}/stat")),
+        std::fs::read_to_string(format!("{task}/status")),
+    ) else {
+        return true;
+    };
+    // Field 9, the flags: the 7th after the command's closing parenthesis.
+    let flags = stat
+        .rsplit_once(") ")
+        .and_then(|(_, rest)| rest.split(' ').nth(6)?.parse::<u64>().ok());
+    let pending = status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigPnd:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok());
+    flags.is_some_and(|f| f & PF_EXITING != 0)
+        || pending.is_some_and(|set| set & (1 << (libc::SIGKILL - 1)) != 0)
+}
+
 /// Writes `data` at `addr` of thread `tid` (EFAULT on failure).
 pub fn user_write(tid: u32, addr: u64, data: &[u8]) -> Result<(), i32> {
     if data.is_empty() {
@@ -270,4 +326,42 @@ pub fn user_write(tid: u32, addr: u64, data: &[u8]) -> Result<(), i32> {
         return Err(libc::EFAULT);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The state letter of process `pid` (`/proc/PID/stat` field 3).
+    fn state(pid: u32) -> Option<char> {
+        let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        s.rsplit_once(") ")?.1.chars().next()
+    }
+
+    #[test]
+    fn a_process_has_its_memory_until_it_exits() {
+        assert!(
+            !memory_gone(std::process::id()),
+            "this process has its memory"
+        );
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("sleep starts");
+        let pid = child.id();
+        assert!(!memory_gone(pid), "a running child has its memory");
+        child.kill().expect("SIGKILL");
+        // A zombie (killed, not yet reaped) has no address space left.
+        let t0 = std::time::Instant::now();
+        while state(pid) != Some('Z') {
+            assert!(
+                t0.elapsed().as_secs() < 10,
+                "pid {pid} did not become a zombie"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(memory_gone(pid), "a zombie's memory is gone");
+        child.wait().expect("reaped");
+        assert!(memory_gone(pid), "a reaped process' memory is gone");
+    }
 }

@@ -44,7 +44,9 @@ pub enum Fault {
     Unmodelled { va: u64, what: &'static str },
     /// USERPTR memory the process no longer has (KFD would still reach
     /// the pages it pinned; the model reaches the process' address space).
-    UserMemory { va: u64, cpu: u64 },
+    /// `gone`: the process exits (`mem::memory_gone`), which on KFD ends
+    /// its dispatches quietly at its release.
+    UserMemory { va: u64, cpu: u64, gone: bool },
 }
 
 impl Fault {
@@ -54,6 +56,11 @@ impl Fault {
             Fault::Unmapped { va, .. } => Some(*va),
             _ => None,
         }
+    }
+
+    /// The process exits: its address space is gone, not the VA.
+    pub fn process_gone(&self) -> bool {
+        matches!(self, Fault::UserMemory { gone: true, .. })
     }
 }
 
@@ -75,10 +82,18 @@ impl std::fmt::Display for Fault {
                 f,
                 "VA {va:#x} is in a {what} BO, which the emulated engine cannot access"
             ),
-            Fault::UserMemory { va, cpu } => write!(
+            Fault::UserMemory {
+                va,
+                cpu,
+                gone: false,
+            } => write!(
                 f,
                 "VA {va:#x}: USERPTR memory at CPU address {cpu:#x} is no longer accessible \
                  in the process"
+            ),
+            Fault::UserMemory { va, gone: true, .. } => write!(
+                f,
+                "VA {va:#x}: the process exits, its address space is gone"
             ),
         }
     }
@@ -364,13 +379,14 @@ impl GpuRange {
     }
 
     fn user_fault(p: &Piece, at: u64, s: &Span) -> Fault {
-        let cpu = match s {
-            Span::User(_, a) => a + at,
-            Span::Map(..) => 0,
+        let (cpu, gone) = match s {
+            Span::User(pid, a) => (a + at, super::mem::memory_gone(*pid)),
+            Span::Map(..) => (0, false),
         };
         Fault::UserMemory {
             va: p.va.wrapping_add(at),
             cpu,
+            gone,
         }
     }
 

@@ -160,6 +160,22 @@ pub fn stop(p: &mut Proc, id: u32, q: &Queue, index: u64, code: i64, what: &str,
     }
 }
 
+/// Ends queue `id` of a process that exits (its address space is gone):
+/// no error, no event, an info line; KFD's release removes such queues
+/// without a word, and the process' own release here removes this one.
+pub fn end_quietly(p: &mut Proc, id: u32, q: &Queue, index: u64, what: &str) {
+    log::info!(
+        "kfd-emu: process {} GPU {:#x} AQL queue {id}: {what} at packet index {index}; the \
+         queue ends with it",
+        p.lead,
+        p.pdds[q.gpu].user_id
+    );
+    if let Some(qs) = p.queues.get_mut(&id) {
+        qs.halted = true;
+        qs.aql = Default::default();
+    }
+}
+
 /// What handling the packet at the read pointer came to.
 pub enum Handled {
     /// Done: free its slot, move the read pointer, fire its completion

@@ -78,6 +78,9 @@ pub enum Outcome {
     /// The saved dispatch cannot be rebuilt: `what` names the field of
     /// the control stack or save area that is damaged.
     Restore { what: String },
+    /// The process exits: a wave's access met its address space gone
+    /// (KFD's release removes such a process' queues quietly).
+    Gone { pc: u64 },
 }
 
 impl fmt::Display for Outcome {
@@ -93,6 +96,10 @@ impl fmt::Display for Outcome {
             Outcome::Illegal { stop, .. } => f.write_str(stop),
             Outcome::Trap { code: 0xff, pc } => write!(f, "s_sethalt at PC {pc:#x}"),
             Outcome::Trap { code, pc } => write!(f, "s_trap {code} at PC {pc:#x}"),
+            Outcome::Gone { pc } => write!(
+                f,
+                "its process exits (its address space was gone at PC {pc:#x})"
+            ),
             Outcome::Restore { what } => {
                 write!(
                     f,

@@ -251,6 +251,15 @@ impl Run {
                 let pc = slot.wave.pc.wrapping_sub(4);
                 return Err(Outcome::Trap { code: 0xff, pc });
             }
+            Stop::Fault { pc, .. }
+                if self
+                    .mem
+                    .last_fault
+                    .as_ref()
+                    .is_some_and(|f| f.process_gone()) =>
+            {
+                return Err(Outcome::Gone { pc });
+            }
             Stop::Fault { fault, pc } => {
                 let detail = self
                     .mem
