@@ -126,6 +126,7 @@ test-demo: $(BUILD)/criu-rocm kfd-tools
 # own dump and restore of anonymous memory, the SDMA copy engine's against the CPU engine's
 # (on the emulator's SDMA, under kfd-emu supervise), criu-rocm's dump RSS and how dump and restore
 # grow with BOs and VMAs (scripts/bench-cr.sh; BENCH_CR_ONLY=scale runs that table alone),
+# a whole HIP process' dump and restore (scripts/bench-hip.sh; `make bench-hip` alone),
 # then ROCr's own hsa_amd_memory_async_copy (SDMA on the emulator) against memcpy, then the
 # gfx9 shader engine's rate on a VALU-heavy and a memory-heavy loop (wave instructions/s), and
 # inside kfd-emu on two of test/hip's kernels launched by HIP (scripts/bench-engine.sh).
@@ -134,11 +135,19 @@ bench: $(BUILD)/criu-rocm $(BUILD)/hsa-bench $(BUILD)/engine-bench
 	$(CARGO_TARGET)/release/kfd-emu run --profile mi100 -- sh -c \
 		'$(CARGO_TARGET)/release/kfd-emu bench-ioctl && $(CARGO_TARGET)/release/emu-bench'
 	CARGO_TARGET_DIR=$(CARGO_TARGET) scripts/bench-cr.sh
+	CARGO_TARGET_DIR=$(CARGO_TARGET) scripts/bench-hip.sh
 	$(CARGO_TARGET)/release/kfd-emu run --profile mi100 -- $(BUILD)/hsa-bench --mib 64 --reps 5 || \
 		{ echo "make bench: ROCr's async copies failed on kfd-emu (the reason is above)" >&2; exit 1; }
 	cd rust && CARGO_TARGET_DIR=$(CARGO_TARGET) $(CARGO) run --release --locked -q -p gfx9 --example rate
 	CARGO_TARGET_DIR=$(CARGO_TARGET) ENGINE_BENCH=$(BUILD)/engine-bench scripts/bench-engine.sh
 	cd rust && CARGO_TARGET_DIR=$(CARGO_TARGET) $(CARGO) run --release --locked -q -p kfd-emu --example cwsr_bench
+
+# make bench's HIP row alone: a whole HIP process (VRAM and a kernel in flight) dumped and
+# restored against CRIU's dump and restore of anonymous memory (scripts/bench-hip.sh).
+.PHONY: bench-hip
+bench-hip: $(BUILD)/criu-rocm
+	cd rust && CARGO_TARGET_DIR=$(CARGO_TARGET) $(CARGO) build --release --locked -q -p kfd-emu
+	CARGO_TARGET_DIR=$(CARGO_TARGET) scripts/bench-hip.sh
 
 # Debian's HIP 5.2, unchanged, launching test/hip's kernels for scripts/bench-engine.sh.
 $(BUILD)/engine-bench: test/rocm/engine-bench.c | $(DEPS_FIRST)
