@@ -36,7 +36,10 @@
 #                 gfx942), each checking its results on the host
 #   cr-hip-P      a HIP 6.4 process with a kernel in flight on every GPU of P (in-flight
 #                 --signal) dumped while its waves wait, restored on the same host (under
-#                 `kfd-emu supervise`), let go: every kernel's result checked on the host
+#                 `kfd-emu supervise`), let go: every kernel's result checked on the host.
+#                 The dump must have saved the waves of a kernel on every GPU (kfd-emu's
+#                 log) and, on a GPU of several XCCs (mi300x8), into more than one XCC's
+#                 slice of the save area and control stack
 #   cr-hip-P-other   the same restored on another host (test/gpu/hosts/P-other.toml: every
 #                 gpu_id and render minor differs, the GPUs listed in another order; on
 #                 mi300x8 the hive_id too)
@@ -342,13 +345,40 @@ run_hip() { # CASE PROFILE
 	result PASS "$c" "HIP 6.4 on ${gpus[$p]} ${gfx[$p]}: ${ok[*]}"
 }
 
+# waves_saved CDIR PROFILE: the dump saved the waves of a kernel on every GPU of PROFILE
+# (kfd-emu's log, one line per queue) and, where a GPU has several XCCs, each queue's on more
+# than one of them. Prints what it saw, or why it fails.
+waves_saved() {
+	local log=$1/emu.log n few xccs
+	n=$(grep -ac "resident waves saved into the context save area" "$log")
+	if [ "$n" -lt "${gpus[$2]}" ]; then
+		echo "kfd-emu saved the waves of $n queue(s), not ${gpus[$2]} (the kernels in flight; ${log#"$top"/})"
+		return 1
+	fi
+	xccs=$(grep -ao "([0-9]* of [0-9]* XCCs saved waves" "$log" | tr -d '(' | awk '{ print $1 "/" $3 }' | sort | uniq -c | awk '{ print $1 " queue(s) " $2 }' | paste -sd,)
+	if [ -z "$xccs" ]; then
+		# mi300x8's GPUs have 8 XCCs each; the others one.
+		[ "$2" != mi300x8 ] || { echo "kfd-emu's log names no XCC that saved waves on $2 (${log#"$top"/})"; return 1; }
+		echo "waves saved by $n queues"
+		return 0
+	fi
+	few=$(grep -ao "([0-9]* of [0-9]* XCCs saved waves" "$log" | tr -d '(' | awk '$1 < 2 { n++ } END { print n + 0 }')
+	if [ "$few" -gt 0 ]; then
+		echo "$few queue(s) saved their waves on one XCC only (${log#"$top"/})"
+		return 1
+	fi
+	echo "waves saved by $n queues, on several XCCs each (XCCs that saved waves/all: $xccs)"
+}
+
 # CASE SUPERVISE DUMP_PROFILE RESTORE_PROFILE [--profile-file F]: F makes the restoring host.
 run_cr() {
 	local c=$1 sup=$2 p1=$3 p2=$4 cdir=$ROOT/tmp/rocm64/$1 img=$work/$1/img why t1 t2
 	shift 4
 	rm -rf "${cdir:?}" "${work:?}/$c" && mkdir -p "$cdir" "$img"
 	t1=$(date +%s%N)
-	why=$(HIP=$HIP "$KFD_EMU" run --profile "$p1" -- "$here/run.sh" --host-dump "$ROOT" "$cdir" "$img" "$CRIU" "$sup" 2>>"$cdir/emu.log") ||
+	local level=${KFD_EMU_LOG:-}
+	[ "$HIP" = 1 ] && level=info # the log says whose waves the dump saved
+	why=$(HIP=$HIP KFD_EMU_LOG=$level "$KFD_EMU" run --profile "$p1" -- "$here/run.sh" --host-dump "$ROOT" "$cdir" "$img" "$CRIU" "$sup" 2>>"$cdir/emu.log") ||
 		{ result FAIL "$c" "on $p1: ${why:-exit $?}; case ${cdir#"$top"/}"; return; }
 	t2=$(date +%s%N)
 	why=$(HIP=$HIP "$KFD_EMU" run --profile "$p2" "$@" -- "$here/run.sh" --host-restore "$ROOT" "$cdir" "$img" "$CRIU" "$sup" 2>>"$cdir/emu.log") ||
@@ -360,7 +390,8 @@ run_cr() {
 	local what="ROCr 6.4 process (runtime enabled)" after="a round of new work and its final check passed"
 	if [ "$HIP" = 1 ]; then
 		what="HIP 6.4 process with $(grep -m1 -o '^in-flight: [0-9]* GPUs' "$cdir/t.out" | cut -d' ' -f2) kernels in flight"
-		after="every kernel finished with the host's result"
+		why=$(waves_saved "$cdir" "$p1") || { result FAIL "$c" "$why"; return; }
+		after="every kernel finished with the host's result; $why"
 	fi
 	result PASS "$c" "$what dumped on $p1 ($((($(date +%s%N) - t1) / 1000000)) ms all, dump step $(((t2 - t1) / 1000000)) ms), restored on $p2${*:+ ($(basename "${!#}" .toml))}, $after"
 }

@@ -572,7 +572,7 @@ fn damaged_control_stacks_name_the_field() {
     let w0 = d0 + DISPATCH_BYTES;
     let cases: Vec<(&str, Damage)> = vec![
         ("control stack: magic", Box::new(|b| b[0] ^= 1)),
-        ("control stack: version", Box::new(|b| b[4] = 2)),
+        ("control stack: version", Box::new(|b| b[4] = 9)),
         ("control stack: bytes", Box::new(|b| b[12] ^= 8)),
         (
             "control stack: bytes",
@@ -609,6 +609,11 @@ fn damaged_control_stacks_name_the_field() {
             Box::new(move |b| b[d0 + 96] = 1),
         ),
         ("dispatch[0].reserved", Box::new(move |b| b[d0 + 120] = 1)),
+        ("dispatch[0].xcc_count", Box::new(move |b| b[d0 + 102] = 0)),
+        ("dispatch[0].xcc_count", Box::new(move |b| b[d0 + 102] = 33)),
+        ("dispatch[0].xcc", Box::new(move |b| b[d0 + 100] = 1)),
+        // Version 1 has no XCC fields: the count is a reserved byte there.
+        ("dispatch[0].reserved", Box::new(move |b| b[4] = 1)),
         ("dispatch[0].wave[0].offset", Box::new(move |b| b[w0] = 1)),
         (
             "dispatch[0].wave[1].offset",
@@ -656,6 +661,58 @@ fn damaged_control_stacks_name_the_field() {
         );
     }
     assert!(ControlStack::decode(t, &good).is_ok());
+}
+
+/// A version 1 stream (no XCC fields) reads as XCC 0 of 1.
+#[test]
+fn version_one_stacks_read_as_one_xcc() {
+    let t = Target::Gfx90a;
+    let (mut b, _, _) = sample(t);
+    let new = ControlStack::decode(t, &b).unwrap();
+    b[4] = 1;
+    let d1 = HEADER_BYTES + DISPATCH_BYTES + 9 * WAVE_BYTES;
+    for d in [HEADER_BYTES, d1] {
+        b[d + 100..d + 104].fill(0);
+    }
+    assert_eq!(ControlStack::decode(t, &b), Ok(new));
+}
+
+/// The stacks of a dispatch on four XCCs: each XCC saves the running
+/// workgroups the CP handed it (round-robin) and counts its own done ones;
+/// a workgroup of another XCC, or counts of the whole dispatch, are refused.
+#[test]
+fn each_xcc_saves_its_own_workgroups() {
+    let t = Target::Gfx942;
+    let alloc = Alloc::from_descriptor(t, 0, 0, 0).unwrap();
+    // 10 of 12 workgroups started, 8 and 9 running: XCC 0 ran 0, 4, runs 8.
+    let xcc = |index| gfx9::cwsr::Xcc { index, count: 4 };
+    let stack = |x: u16, groups: &[u32], done: u32| {
+        let mut a = area(1 << 20);
+        let mut w = SaveWriter::for_xcc(t, &mut a, MI100_CTL_STACK, xcc(x)).unwrap();
+        w.begin_dispatch(3, packet(12, 1), alloc, 10, done).unwrap();
+        for &g in groups {
+            w.save(&Wave::new(t, 0), g, 0, false, false, Some(&[]))?;
+        }
+        w.finish().map(|s| s.control_stack)
+    };
+    let s0 = stack(0, &[8], 2).unwrap();
+    let d = &ControlStack::decode(t, &s0).unwrap().dispatches[0];
+    assert_eq!((d.xcc, d.workgroups_done), (xcc(0), 2));
+    stack(1, &[9], 2).unwrap();
+    // XCC 2 ran 2 and 6, runs none; XCC 3 ran 3 and 7.
+    stack(2, &[], 2).unwrap();
+    stack(3, &[], 2).unwrap();
+    refused(
+        stack(1, &[8], 2).unwrap_err(),
+        "dispatch[0].wave[0].workgroup",
+    );
+    refused(
+        stack(0, &[8], 9).unwrap_err(),
+        "dispatch[0].workgroups_done",
+    );
+    assert_eq!(xcc(3).below(3), 0);
+    assert_eq!(xcc(3).below(4), 1);
+    assert!(xcc(2).owns(6) && !xcc(2).owns(7));
 }
 
 #[test]
@@ -802,6 +859,7 @@ fn workgroup_ids_follow_the_packet_grid() {
         alloc,
         next_workgroup: 0,
         workgroups_done: 0,
+        xcc: gfx9::cwsr::Xcc::ONE,
         waves: vec![],
     };
     assert_eq!(d.grid_workgroups(), Ok([4, 3, 2]));

@@ -3595,6 +3595,8 @@ const K_ILLEGAL: &[u32] = &[
 /// output buffer at `DATA_VA + 0x1000`.
 struct Shader {
     d: Dev,
+    /// The XCCs of the GPU: each queue's save area holds one slice each.
+    xccs: u64,
     rings: [*mut u8; 2],
     aqs: [*mut u8; 2],
     sigs: *mut u8,
@@ -3626,6 +3628,13 @@ impl Shader {
 
     /// The rig on `d`; `ctx`: the queues have context save areas.
     fn on(d: Dev, ctx: bool) -> Shader {
+        Shader::on_xccs(d, ctx, 1)
+    }
+
+    /// The rig on `d`, a GPU of `xccs` XCCs: a queue's context save area
+    /// is `xccs` slices of `CTX_SIZE` (KFD's per-XCC size), as libhsakmt
+    /// allocates it.
+    fn on_xccs(d: Dev, ctx: bool, xccs: u64) -> Shader {
         d.setup();
         let map = |va, size| {
             let (h, off) = d.alloc(va, size, alloc::GTT, 0).unwrap();
@@ -3672,9 +3681,9 @@ impl Shader {
         let mut doorbells = [std::ptr::null_mut(); 2];
         for (q, db) in doorbells.iter_mut().enumerate() {
             let base = AQ_BASE + 0x1000 * q as u64;
-            let area = CTX_VA + CTX_SIZE * q as u64;
+            let area = CTX_VA + CTX_SIZE * xccs * q as u64;
             if ctx {
-                map(area, CTX_SIZE);
+                map(area, CTX_SIZE * xccs);
             }
             let ctx_fields = [
                 (72, if ctx { area } else { 0 }),
@@ -3700,6 +3709,7 @@ impl Shader {
         }
         Shader {
             d,
+            xccs,
             rings,
             aqs,
             sigs,
@@ -3881,8 +3891,13 @@ fn dump_me(d: &Dev, fh: u64) -> Image {
 /// `blob`; on success copies every GTT BO's bytes from `d`, as CRIU does
 /// before RESUME.  Returns the new host and the process' /dev/kfd open.
 fn restore_me(d: &Dev, img: &mut Image, blob: &[u8]) -> (Dev, u64, Result<(), i32>) {
+    restore_me_on(d, img, blob, "")
+}
+
+/// As `restore_me`, onto a GPU whose profile table adds `gpu` lines.
+fn restore_me_on(d: &Dev, img: &mut Image, blob: &[u8], gpu: &str) -> (Dev, u64, Result<(), i32>) {
     let d2 = Dev::new(&format!(
-        "{KFD_1_11}[[gpus]]\ngpu_id = 0x5151\ndrm_render_minor = 150\n"
+        "{KFD_1_11}[[gpus]]\ngpu_id = 0x5151\ndrm_render_minor = 150\n{gpu}"
     ));
     assert_ne!(d2.gpu_id, d.gpu_id);
     let fh = d2.emu.open(&NodeKind::Kfd, &me()).unwrap();
@@ -4151,4 +4166,147 @@ fn save_area_sizes_follow_the_node() {
     blob[at - 16..at - 12].copy_from_slice(&0xffff_f000u32.to_le_bytes());
     let (_, _, r) = restore_me(&s.d, &mut img, &blob);
     assert_eq!(r, Err(libc::EINVAL));
+}
+
+/// A change to a checkpoint's private data.
+type Damage = Box<dyn Fn(&mut Vec<u8>)>;
+
+/// MI100's CUs over 4 XCCs, as an MI300 partition has several.
+const XCC4: &str = "num_xcc = 4\n";
+
+/// A dispatch of 8 workgroups of 2 waves (K_HOLD: registers, LDS and a
+/// barrier) in flight on queue 0 of a GPU of 4 XCCs: the CP hands XCC `x`
+/// the workgroups `x` and `x + 4`.
+fn held_dispatch_on_4_xccs() -> Shader {
+    let d = Dev::new(&format!("{KFD_1_11}[[gpus]]\n{XCC4}"));
+    let s = Shader::on_xccs(d, true, 4);
+    s.dispatch_lds(0, 0, 5, 1024, 128, 512);
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(s.sig_value(0), 1, "the dispatch waits for its flag");
+    s
+}
+
+/// Where queue 0's MQDs start in a blob, and its control stacks of
+/// `CTX_CTL` bytes each after the 4 MQDs of 2048.
+fn queue0_mqds(blob: &[u8]) -> (usize, usize) {
+    let mqd = blob.windows(4).position(|w| w == b"KEMQ").unwrap();
+    (mqd, mqd + 4 * 2048)
+}
+
+/// Bytes `used` of MQD `x`'s control stack (its end), per the MQD.
+fn xcc_stack(blob: &[u8], x: usize) -> std::ops::Range<usize> {
+    let (mqd, stacks) = queue0_mqds(blob);
+    let used = u32_at(blob, mqd + 2048 * x + 44) as usize;
+    let end = stacks + (x + 1) * CTX_CTL as usize;
+    end - used..end
+}
+
+/// On a GPU of 4 XCCs, PROCESS_INFO saves each XCC's waves into its slice
+/// of the save area and its own control stack, CHECKPOINT returns 4 MQDs
+/// and 4 control stacks (Linux 6.18's layout), and another host of 4 XCCs
+/// resumes the waves of every XCC: each work-item's result.
+#[test]
+fn a_dispatch_on_4_xccs_is_saved_per_xcc_and_resumes_on_another_host() {
+    let s = held_dispatch_on_4_xccs();
+    let fh = KFD_FH.with(|f| f.get());
+    let mut img = dump_me(&s.d, fh);
+    let magic = gfx9::cwsr::stack::MAGIC.to_le_bytes();
+    let area = s.d.map_node(
+        NodeKind::Render { minor: s.d.minor },
+        buckets(&img).iter().find(|b| b.0 == CTX_VA).unwrap().2,
+        (CTX_SIZE * s.xccs) as usize,
+    );
+    for x in 0..4 {
+        let r = xcc_stack(&img.blob, x);
+        assert_eq!(
+            &img.blob[r.start..r.start + 4],
+            magic,
+            "XCC {x}'s control stack"
+        );
+        let stack = gfx9::cwsr::ControlStack::decode(gfx9::Target::Gfx908, &img.blob[r]).unwrap();
+        let d = &stack.dispatches[0];
+        assert_eq!((d.xcc.index, d.xcc.count), (x as u16, 4));
+        let groups: Vec<u32> = d.waves.iter().map(|w| w.workgroup).collect();
+        let (a, b) = (x as u32, x as u32 + 4);
+        assert_eq!(groups, [a, a, b, b], "XCC {x} saved its workgroups' waves");
+        let at = (CTX_SIZE as usize) * x + CTX_CTL as usize;
+        // SAFETY: inside the save area's mapping of 4 slices.
+        let waves = unsafe { std::slice::from_raw_parts(area.add(at), 0x1000) };
+        assert!(
+            waves.iter().any(|&b| b != 0),
+            "XCC {x}'s slice holds its waves"
+        );
+    }
+    let blob = img.blob.clone();
+    let (d2, fh2, r) = restore_me_on(&s.d, &mut img, &blob, XCC4);
+    r.unwrap();
+    let (data, sigs) = (
+        restored_bo(&d2, &img, DATA_VA),
+        restored_bo(&d2, &img, SHADER_SIGS_VA),
+    );
+    let pid = std::process::id();
+    let resume = criu(criu_op::RESUME, 0, 0, 0, 0, 0, 0, 0, pid);
+    d2.call_fh(fh2, &me(), nr::CRIU_OP, &resume).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    // SAFETY: the restored signals.
+    let completion = unsafe { rd64(sigs, 8) };
+    assert_eq!(completion, 1, "the waves wait for the flag again");
+    // SAFETY: the restored kernarg's flag.
+    unsafe { wr32(data, 8, 1) };
+    assert!(poll_signal(sigs, 0, 0), "the restored dispatch completes");
+    for i in 0..1024 {
+        // SAFETY: the restored output buffer.
+        let v = unsafe { rd32(data, 0x1000 + 4 * i) };
+        assert_eq!(v, i as u32, "work-item {i}");
+    }
+}
+
+/// Damage to one XCC's MQD or control stack fails the RESTORE (EINVAL): its
+/// stack's magic, a stack another XCC wrote, an MQD whose read pointer is
+/// not XCC 0's, an XCC with no stack while the others hold the dispatch;
+/// so does a host whose GPU has another XCC count (its MQD size).
+#[test]
+fn damage_to_one_xcc_and_another_xcc_count_are_refused_at_restore() {
+    let s = held_dispatch_on_4_xccs();
+    let fh = KFD_FH.with(|f| f.get());
+    let mut img = dump_me(&s.d, fh);
+    let (mqd, _) = queue0_mqds(&img.blob);
+    let swap = |b: &mut Vec<u8>| {
+        let (r1, r2) = (xcc_stack(b, 1), xcc_stack(b, 2));
+        assert_eq!(r1.len(), r2.len(), "XCCs 1 and 2 saved as many waves");
+        let one = b[r1.clone()].to_vec();
+        b.copy_within(r2.clone(), r1.start);
+        b[r2].copy_from_slice(&one);
+    };
+    let damages: Vec<(&str, Damage)> = vec![
+        (
+            "XCC 2's stack magic",
+            Box::new(|b| {
+                let at = xcc_stack(b, 2).start;
+                b[at] ^= 1;
+            }),
+        ),
+        ("XCCs 1 and 2 swapped", Box::new(swap)),
+        (
+            "XCC 3's MQD rptr",
+            Box::new(move |b| b[mqd + 3 * 2048 + 8] ^= 0x40),
+        ),
+        (
+            "XCC 1's stack unused",
+            Box::new(move |b| {
+                b[mqd + 2048 + 44..mqd + 2048 + 48].fill(0);
+            }),
+        ),
+    ];
+    for (damage, f) in damages {
+        let mut blob = img.blob.clone();
+        f(&mut blob);
+        let (_, _, r) = restore_me_on(&s.d, &mut img, &blob, XCC4);
+        assert_eq!(r, Err(libc::EINVAL), "{damage}");
+    }
+    let blob = img.blob.clone();
+    let (_, _, r) = restore_me_on(&s.d, &mut img, &blob, "num_xcc = 2\n");
+    assert_eq!(r, Err(libc::EINVAL), "a GPU of 2 XCCs");
+    let (_, _, r) = restore_me_on(&s.d, &mut img, &blob, XCC4);
+    r.unwrap();
 }

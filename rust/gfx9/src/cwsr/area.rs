@@ -11,7 +11,7 @@
 //! [`layout::wave_area_size`]: super::layout::wave_area_size
 
 use super::layout::{Header, WaveBlock};
-use super::stack::{ControlStack, DispatchState, SavedWave, HEADER_BYTES};
+use super::stack::{ControlStack, DispatchState, SavedWave, Xcc, HEADER_BYTES};
 use super::wave::{restore_wave, save_wave};
 use super::{Alloc, Error, Result};
 use crate::state::{Target, Wave};
@@ -88,6 +88,7 @@ pub struct SaveWriter<'a> {
     end: usize,
     cursor: usize,
     stack: ControlStack,
+    xcc: Xcc,
 }
 
 impl<'a> SaveWriter<'a> {
@@ -103,7 +104,21 @@ impl<'a> SaveWriter<'a> {
             end,
             cursor: ctl,
             stack: ControlStack::default(),
+            xcc: Xcc::ONE,
         })
+    }
+
+    /// The writer of XCC `xcc`'s slice of a multi-XCC queue's save area:
+    /// its dispatches list that XCC's workgroups (see [`Xcc`]).
+    pub fn for_xcc(
+        target: Target,
+        area: &'a mut [u8],
+        ctl_stack_size: u32,
+        xcc: Xcc,
+    ) -> Result<Self> {
+        let mut w = SaveWriter::new(target, area, ctl_stack_size)?;
+        w.xcc = xcc;
+        Ok(w)
     }
 
     /// Starts the waves of another dispatch in flight.
@@ -124,6 +139,7 @@ impl<'a> SaveWriter<'a> {
             alloc,
             next_workgroup,
             workgroups_done,
+            xcc: self.xcc,
             waves: Vec::new(),
         });
         Ok(())

@@ -29,7 +29,7 @@ mod wave;
 
 pub use area::{SaveArea, SaveWriter, Saved};
 pub use layout::{Alloc, Header, WaveBlock};
-pub use stack::{ControlStack, DispatchState, SavedWave};
+pub use stack::{ControlStack, DispatchState, SavedWave, Xcc};
 pub use wave::{restore_wave, save_wave};
 
 use std::fmt;

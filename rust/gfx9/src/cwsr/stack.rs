@@ -1,4 +1,5 @@
-//! The control stack of kfd-emu's CP model, version 1.
+//! The control stack of kfd-emu's CP model, version 2 (version 1, which has no XCC fields,
+//! is still read, as XCC 0 of 1).
 //!
 //! On gfx9 the control stack is the CP's: it lives one page after the MQD, KFD copies it out
 //! at CHECKPOINT and back at RESTORE, and its records (relaunch state and wave entries,
@@ -13,7 +14,7 @@
 //! ```text
 //! stack header, 16 bytes
 //!    0 u32 magic 0x4b545343 ("CSTK")
-//!    4 u16 version (1)
+//!    4 u16 version (2)
 //!    6 u16 dispatches
 //!    8 u32 waves, all dispatches
 //!   12 u32 bytes of the whole stream, this header included
@@ -26,7 +27,9 @@
 //!   84 u32 workgroups done
 //!   88 u16 VGPRs, u16 AccVGPRs, u16 SGPRs per wave; u16 zero
 //!   96 u32 LDS bytes per workgroup
-//!  100 28 bytes zero
+//!  100 u16 the XCC whose waves these are, u16 the XCCs the dispatch runs on (version 2;
+//!          version 1: zero, read as XCC 0 of 1)
+//!  104 24 bytes zero
 //! wave record, 8 bytes
 //!    0 u32 bits 23:0 the wave's block in the wave area, in 64-byte units from its start
 //!          (`ctl_stack_size`); bits 27:24 the wave's index in its workgroup; bit 28 first
@@ -37,7 +40,12 @@
 //!
 //! The blocks are packed in record order from the start of the wave area, so each offset is
 //! the sum of the slots before it; the waves of one workgroup are adjacent, the first of them
-//! flagged. Workgroups running are those with wave records; `done + running == next`.
+//! flagged. On a GPU of several XCCs (MI300) the CP hands the dispatch's workgroups to the
+//! XCCs of the partition round-robin, XCC `x` of `n` taking the linear indices `x`, `x + n`,
+//! ...; each XCC saves its own waves into its own slice of the context save area and writes
+//! its own control stack, whose dispatch record names the XCC and counts that XCC's
+//! workgroups only. Workgroups running are those with wave records, each one of the XCC's;
+//! `done + running` is the number of the XCC's workgroups below `next`.
 //! [`ControlStack::decode`] checks all of it and names the first field that is wrong.
 
 use std::collections::HashSet;
@@ -47,7 +55,11 @@ use super::{le, Error, Result};
 use crate::state::Target;
 
 pub const MAGIC: u32 = 0x4b54_5343;
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
+/// The version before the XCC fields.
+const VERSION_ONE_XCC: u16 = 1;
+/// The most XCCs a dispatch record names (KFD's nodes have at most 8).
+pub const MAX_XCC: u16 = 32;
 pub const HEADER_BYTES: usize = 16;
 pub const DISPATCH_BYTES: usize = 128;
 pub const WAVE_BYTES: usize = 8;
@@ -74,7 +86,36 @@ pub struct DispatchState {
     pub alloc: Alloc,
     pub next_workgroup: u32,
     pub workgroups_done: u32,
+    /// The XCC whose waves the record lists.
+    pub xcc: Xcc,
     pub waves: Vec<SavedWave>,
+}
+
+/// One XCC of the XCCs a dispatch runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Xcc {
+    pub index: u16,
+    pub count: u16,
+}
+
+impl Xcc {
+    /// A GPU of one XCC.
+    pub const ONE: Xcc = Xcc { index: 0, count: 1 };
+
+    /// Whether the CP hands workgroup `linear` to this XCC (round-robin).
+    pub fn owns(self, linear: u32) -> bool {
+        linear % self.count as u32 == self.index as u32
+    }
+
+    /// How many of the workgroups below `next` are this XCC's.
+    pub fn below(self, next: u32) -> u32 {
+        let (x, n) = (self.index as u32, self.count as u32);
+        if next > x {
+            (next - x).div_ceil(n)
+        } else {
+            0
+        }
+    }
 }
 
 /// One saved wave: where its block is and what the scheduler knew of it.
@@ -187,14 +228,14 @@ impl ControlStack {
         if b.is_empty() {
             return Ok(ControlStack::default());
         }
-        let (dispatches, waves) = decode_header(b)?;
+        let (dispatches, waves, version) = decode_header(b)?;
         let mut stack = ControlStack::default();
         let mut at = HEADER_BYTES;
         let mut cursor = 0u64;
         for i in 0..dispatches {
             let field = format!("control stack: dispatch[{i}]");
-            let (d, next) =
-                decode_dispatch(target, b, at, &mut cursor).map_err(|e| e.within(&field))?;
+            let (d, next) = decode_dispatch(target, (b, version), at, &mut cursor)
+                .map_err(|e| e.within(&field))?;
             stack.dispatches.push(d);
             at = next;
         }
@@ -241,6 +282,8 @@ fn encode_dispatch(d: &DispatchState, out: &mut [u8], at: usize) -> Result<usize
     le::put16(out, at + 90, d.alloc.agprs);
     le::put16(out, at + 92, d.alloc.sgprs);
     le::put32(out, at + 96, d.alloc.lds_bytes);
+    le::put16(out, at + 100, d.xcc.index);
+    le::put16(out, at + 102, d.xcc.count);
     let mut at = at + DISPATCH_BYTES;
     for (j, w) in d.waves.iter().enumerate() {
         let field = |f: &str| format!("wave[{j}].{f}");
@@ -274,7 +317,7 @@ fn encode_dispatch(d: &DispatchState, out: &mut [u8], at: usize) -> Result<usize
     Ok(at)
 }
 
-fn decode_header(b: &[u8]) -> Result<(u16, u32)> {
+fn decode_header(b: &[u8]) -> Result<(u16, u32, u16)> {
     if b.len() < HEADER_BYTES {
         return Err(Error::new(
             "control stack: bytes",
@@ -289,10 +332,10 @@ fn decode_header(b: &[u8]) -> Result<(u16, u32)> {
         ));
     }
     let version = le::u16(b, 4);
-    if version != VERSION {
+    if version != VERSION && version != VERSION_ONE_XCC {
         return Err(Error::new(
             "control stack: version",
-            format!("{version}, this CP model reads version {VERSION}"),
+            format!("{version}, this CP model reads versions {VERSION_ONE_XCC} and {VERSION}"),
         ));
     }
     let bytes = le::u32(b, 12);
@@ -302,27 +345,29 @@ fn decode_header(b: &[u8]) -> Result<(u16, u32)> {
             format!("the header says {bytes}, the stack has {}", b.len()),
         ));
     }
-    Ok((le::u16(b, 6), le::u32(b, 8)))
+    Ok((le::u16(b, 6), le::u32(b, 8), version))
 }
 
 /// One dispatch record and its waves from `at`; `cursor` is where the next wave block must
 /// start in the wave area.
 fn decode_dispatch(
     target: Target,
-    b: &[u8],
+    (b, version): (&[u8], u16),
     at: usize,
     cursor: &mut u64,
 ) -> Result<(DispatchState, usize)> {
-    let (waves, end) = record_bounds(b, at)?;
+    let (waves, end) = record_bounds(b, at, version)?;
     let mut d = decode_record(target, b, at, waves)?;
+    d.xcc = decode_xcc(b, at, version)?;
     d.waves = decode_waves(b, at + DISPATCH_BYTES, waves)?;
     check_waves(&d, cursor)?;
     Ok((d, end))
 }
 
 /// The dispatch record at `at` and its wave records lie within the stack,
-/// tagged and with reserved bytes zero; returns its wave count and end.
-fn record_bounds(b: &[u8], at: usize) -> Result<(usize, usize)> {
+/// tagged and with reserved bytes zero (of a version 1 record, the XCC
+/// fields too); returns its wave count and end.
+fn record_bounds(b: &[u8], at: usize, version: u16) -> Result<(usize, usize)> {
     if b.len() < at + DISPATCH_BYTES {
         return Err(Error::new(
             "record",
@@ -351,10 +396,40 @@ fn record_bounds(b: &[u8], at: usize) -> Result<(usize, usize)> {
                 format!("{waves} records run past the stack's {} bytes", b.len()),
             )
         })?;
-    if le::u16(b, at + 94) != 0 || b[at + 100..at + DISPATCH_BYTES].iter().any(|&x| x != 0) {
+    let reserved = if version == VERSION_ONE_XCC { 100 } else { 104 };
+    if le::u16(b, at + 94) != 0
+        || b[at + reserved..at + DISPATCH_BYTES]
+            .iter()
+            .any(|&x| x != 0)
+    {
         return Err(Error::new("reserved", "nonzero"));
     }
     Ok((waves, end))
+}
+
+/// The XCC a record names: XCC 0 of 1 in version 1, one of at most
+/// [`MAX_XCC`] in version 2.
+fn decode_xcc(b: &[u8], at: usize, version: u16) -> Result<Xcc> {
+    if version == VERSION_ONE_XCC {
+        return Ok(Xcc::ONE);
+    }
+    let xcc = Xcc {
+        index: le::u16(b, at + 100),
+        count: le::u16(b, at + 102),
+    };
+    if xcc.count == 0 || xcc.count > MAX_XCC {
+        return Err(Error::new(
+            "xcc_count",
+            format!("{}, a dispatch runs on 1 to {MAX_XCC} XCCs", xcc.count),
+        ));
+    }
+    if xcc.index >= xcc.count {
+        return Err(Error::new(
+            "xcc",
+            format!("{} of {} XCCs", xcc.index, xcc.count),
+        ));
+    }
+    Ok(xcc)
 }
 
 /// The dispatch record at `at` (its waves not yet read): an allocation the
@@ -373,6 +448,7 @@ fn decode_record(target: Target, b: &[u8], at: usize, waves: usize) -> Result<Di
         alloc,
         next_workgroup: le::u32(b, at + 80),
         workgroups_done: le::u32(b, at + 84),
+        xcc: Xcc::ONE,
         waves: Vec::with_capacity(waves),
     };
     let total = d.workgroups()?;
@@ -428,21 +504,7 @@ fn check_waves(d: &DispatchState, cursor: &mut u64) -> Result<()> {
             ));
         }
         *cursor += block.slot_bytes(w.first_of_group) as u64;
-        if w.workgroup >= d.next_workgroup {
-            return Err(Error::new(
-                field("workgroup"),
-                format!(
-                    "{} has not started: the next workgroup is {}",
-                    w.workgroup, d.next_workgroup
-                ),
-            ));
-        }
-        if w.wave_in_group as u32 >= per_group {
-            return Err(Error::new(
-                field("wave_in_group"),
-                format!("{} in a workgroup of {per_group} waves", w.wave_in_group),
-            ));
-        }
+        check_place(d, j, w, per_group)?;
         let starts = current != Some(w.workgroup);
         if starts != w.first_of_group {
             return Err(Error::new(
@@ -473,13 +535,50 @@ fn check_waves(d: &DispatchState, cursor: &mut u64) -> Result<()> {
         current = Some(w.workgroup);
     }
     let running = groups.len() as u64;
-    if d.workgroups_done as u64 + running != d.next_workgroup as u64 {
+    let started = d.xcc.below(d.next_workgroup);
+    if d.workgroups_done as u64 + running != started as u64 {
         return Err(Error::new(
             "workgroups_done",
             format!(
-                "{} done and {running} running do not add up to the {} started",
-                d.workgroups_done, d.next_workgroup
+                "{} done and {running} running do not add up to the {started} started{}",
+                d.workgroups_done,
+                if d.xcc.count > 1 {
+                    format!(" on XCC {} of {}", d.xcc.index, d.xcc.count)
+                } else {
+                    String::new()
+                }
             ),
+        ));
+    }
+    Ok(())
+}
+
+/// Wave record `j`'s workgroup has started and is its XCC's, and its index
+/// is within a workgroup.
+fn check_place(d: &DispatchState, j: usize, w: &SavedWave, per_group: u32) -> Result<()> {
+    let field = |f: &str| format!("wave[{j}].{f}");
+    if w.workgroup >= d.next_workgroup {
+        return Err(Error::new(
+            field("workgroup"),
+            format!(
+                "{} has not started: the next workgroup is {}",
+                w.workgroup, d.next_workgroup
+            ),
+        ));
+    }
+    if !d.xcc.owns(w.workgroup) {
+        return Err(Error::new(
+            field("workgroup"),
+            format!(
+                "{} is not XCC {}'s: the CP hands XCC {} of {} the workgroups {} + k * {}",
+                w.workgroup, d.xcc.index, d.xcc.index, d.xcc.count, d.xcc.index, d.xcc.count
+            ),
+        ));
+    }
+    if w.wave_in_group as u32 >= per_group {
+        return Err(Error::new(
+            field("wave_in_group"),
+            format!("{} in a workgroup of {per_group} waves", w.wave_in_group),
         ));
     }
     Ok(())

@@ -149,7 +149,8 @@ fn handle(
     }
 }
 
-/// The queue's context save area (one XCC's), as CREATE_QUEUE gave it.
+/// The queue's context save area (XCC 0's; the others follow it), as
+/// CREATE_QUEUE gave it.
 pub fn save_area(q: &Queue) -> SaveArea {
     SaveArea {
         addr: q.ctx_addr,

@@ -6,14 +6,17 @@
 //! ([`kfd_abi::criu::queue_type`]), an MQD of KFD's size for the type
 //! (2048 bytes per XCC for compute queues, 512 for SDMA queues) and, for a
 //! compute queue with a context save area, a control stack of the size the
-//! queue was created with (one per XCC).  The MQD's first bytes are the
-//! emulator's own ([`Mqd`]); a queue with a SET_CU_MASK mask gets version
-//! 2, whose mask ([`CuMask`]) follows, as KFD's MQD holds the CU mask; the
-//! rest is zero.  When PROCESS_INFO saved the waves of a kernel dispatch
-//! into the queue's context save area, the first control stack holds the
-//! CP's record of it (`gfx9::cwsr::stack`, ending at the stack's size; the
-//! MQD says how many bytes): RESTORE gives it back to the queue, which
-//! rebuilds the waves when it runs after RESUME.  The rest is zero.
+//! queue was created with (one per XCC), in Linux 6.18's layout
+//! (`checkpoint_mqd_v9_4_3`): the MQDs of XCC 0, 1, ... one after the
+//! other, then their control stacks in the same order.  Each MQD's first
+//! bytes are the emulator's own ([`Mqd`]); a queue with a SET_CU_MASK mask
+//! gets version 2, whose mask ([`CuMask`]) follows, as KFD's MQD holds the
+//! CU mask; the rest is zero.  When PROCESS_INFO saved the waves of a
+//! kernel dispatch into the queue's context save area, each XCC's control
+//! stack holds the CP's record of that XCC's waves (`gfx9::cwsr::stack`,
+//! ending at the stack's size; the XCC's MQD says how many bytes): RESTORE
+//! gives them back to the queue, which rebuilds the waves of every XCC when
+//! it runs after RESUME.  The rest is zero.
 //!
 //! RESTORE is as strict as a fixed kernel: an MQD size other than KFD's for
 //! the queue's type, a control stack on an SDMA queue or larger than the
@@ -33,7 +36,7 @@ use std::mem::{offset_of, size_of};
 use super::aql;
 use super::kfd;
 use super::mem::{user_read, user_write};
-use super::shader::{check_stack, SaveArea, SaveJob, Saved};
+use super::shader::{check_stacks, SaveArea, SaveJob, Saved};
 use super::state::bos::VaRanges;
 use super::state::svm as ranges;
 use super::state::{AqlState, BoKey, Done, Event, Gpu, MemoryException, Queue, State, R};
@@ -121,6 +124,16 @@ fn ioctl_type(kernel: u32, format: u32) -> R<u32> {
 /// The MQD bytes of a queue's record on GPU `g`: KFD's size for its type.
 fn mqd_size(q: &Queue, g: &Gpu) -> usize {
     criu::mqd_size(kernel_type(q.qtype).0, g.num_xcc).unwrap_or(0) as usize
+}
+
+/// The MQDs of a queue of kernel type `kernel` on GPU `g`: one per XCC
+/// for a compute queue, one for an SDMA queue.
+fn mqd_count(kernel: u32, g: &Gpu) -> usize {
+    if criu::queue_type::is_sdma(kernel) {
+        1
+    } else {
+        g.num_xcc as usize
+    }
 }
 
 /// The control stack bytes of a queue's record: one stack per XCC for a
@@ -267,6 +280,7 @@ pub fn process_info(
             lead,
             queue: id,
             area: aql::save_area(q),
+            xccs: st.devs.gpus[q.gpu].num_xcc as u16,
             vm: p.gpu_range(q.gpu, 0, aql::VA_TOP),
         })
         .collect())
@@ -286,9 +300,9 @@ pub fn saved(st: &mut State, lead: u32, ids: &[u32], outcomes: Vec<Saved>) -> R<
         };
         match outcome {
             Saved::Idle => {}
-            Saved::Stack(stack) => {
+            Saved::Stack(stacks) => {
                 q.aql.running = false;
-                q.aql.saved = stack;
+                q.aql.saved = stacks;
                 // Looked at again when the queue runs.
                 q.aql.waiting = true;
             }
@@ -344,7 +358,8 @@ pub fn unpause(st: &mut State, lead: u32) -> R<()> {
     Ok(())
 }
 
-fn encode_mqd(q: &Queue, g: &Gpu, wptr: u64) -> Mqd {
+/// The MQD of one XCC whose control stack holds `used` bytes.
+fn encode_mqd(q: &Queue, g: &Gpu, wptr: u64, used: usize) -> Mqd {
     Mqd {
         magic: MQD_MAGIC,
         version: if q.cu_mask.is_empty() { 1 } else { 2 },
@@ -361,7 +376,7 @@ fn encode_mqd(q: &Queue, g: &Gpu, wptr: u64) -> Mqd {
         } else {
             q.ctl_stack_size
         },
-        ctl_stack_used: q.aql.saved.len() as u32,
+        ctl_stack_used: used as u32,
         pad: [0; 4],
     }
 }
@@ -476,8 +491,9 @@ fn push_bos(p: &super::state::Proc, blob: &mut Vec<u8>) -> Vec<u8> {
     buckets
 }
 
-/// Queue `id`'s record into `blob`, then its MQD (and CU mask) and its
-/// control stacks, the first ending with the saved waves' record.
+/// Queue `id`'s record into `blob`, then its MQDs (each with the CU mask)
+/// and its control stacks, each XCC's ending with the record of the waves
+/// it saved.
 fn push_queue(p: &super::state::Proc, id: u32, q: &Queue, g: &Gpu, blob: &mut Vec<u8>) {
     let (type_, format) = kernel_type(q.qtype);
     let wptr = p.pdds[q.gpu]
@@ -510,27 +526,44 @@ fn push_queue(p: &super::state::Proc, id: u32, q: &Queue, g: &Gpu, blob: &mut Ve
         ..Default::default()
     };
     uapi::push(blob, &r);
-    let mqd_end = blob.len() + mqd_size(q, g);
-    uapi::push(blob, &encode_mqd(q, g, wptr));
-    if !q.cu_mask.is_empty() {
-        let mut mask = [0u32; 32];
-        mask[..q.cu_mask.len()].copy_from_slice(&q.cu_mask);
-        let m = CuMask {
-            words: q.cu_mask.len() as u32,
-            pad: 0,
-            mask,
-        };
-        uapi::push(blob, &m);
+    let start = blob.len();
+    blob.resize(start + queue_extra(q, g), 0);
+    let mqds = mqd_count(type_, g);
+    let per_mqd = mqd_size(q, g) / mqds;
+    for x in 0..mqds {
+        let used = q.aql.saved.get(x).map_or(0, Vec::len);
+        let at = start + x * per_mqd;
+        uapi::put(blob, at, &encode_mqd(q, g, wptr, used));
+        if let Some(m) = cu_mask_record(&q.cu_mask) {
+            uapi::put(blob, at + MQD_SIZE, &m);
+        }
     }
-    blob.resize(mqd_end + ctl_stack_bytes(q, g), 0);
-    // The first XCC's control stack ends at its `ctl_stack_size`.  A
-    // queue with no control stack in its record (SDMA queues, which
-    // libhsakmt 6.4 still gives a `ctl_stack_size` when it makes them
-    // by engine id) has no waves to save.
+    // Each XCC's control stack ends at its `ctl_stack_size`.  A queue
+    // with no control stack in its record (SDMA queues, which libhsakmt
+    // 6.4 still gives a `ctl_stack_size` when it makes them by engine id)
+    // has no waves to save.
     if ctl_stack_bytes(q, g) != 0 {
-        let end = mqd_end + q.ctl_stack_size as usize;
-        blob[end - q.aql.saved.len()..end].copy_from_slice(&q.aql.saved);
+        debug_assert!(q.aql.saved.len() <= mqds);
+        let (stacks, size) = (start + mqd_size(q, g), q.ctl_stack_size as usize);
+        for (x, stack) in q.aql.saved.iter().enumerate() {
+            let end = stacks + (x + 1) * size;
+            blob[end - stack.len()..end].copy_from_slice(stack);
+        }
     }
+}
+
+/// MQD version 2's CU mask record; None without a mask.
+fn cu_mask_record(cu_mask: &[u32]) -> Option<CuMask> {
+    if cu_mask.is_empty() {
+        return None;
+    }
+    let mut mask = [0u32; 32];
+    mask[..cu_mask.len()].copy_from_slice(cu_mask);
+    Some(CuMask {
+        words: cu_mask.len() as u32,
+        pad: 0,
+        mask,
+    })
 }
 
 /// The event records into `blob`; the first names the signal page BO.
@@ -965,12 +998,14 @@ fn plan_restore(
     ))
 }
 
-/// What a queue record's MQD and control stacks hold.
+/// What a queue record's MQDs and control stacks hold.
 struct QueueExtra {
+    /// XCC 0's MQD (the others agree with it).
     mqd: Mqd,
     cu_mask: Vec<u32>,
-    /// The used end of the first control stack (see [`Mqd`]).
-    saved: Vec<u8>,
+    /// The used end of each XCC's control stack (see [`Mqd`]); empty: no
+    /// saved dispatch.
+    saved: Vec<Vec<u8>>,
 }
 
 /// Refuses a queue record of process `lead`'s RESTORE: logs the process,
@@ -981,15 +1016,26 @@ fn refuse_queue(lead: u32, r: &layout::kfd_criu_queue_priv_data, why: std::fmt::
     libc::EINVAL
 }
 
-/// A queue record's MQD and control stacks, checked as a fixed kernel
-/// checks them before it copies any: the MQD of exactly KFD's size for the
-/// type, no control stack on an SDMA queue, one per XCC on a compute queue
-/// and none larger than the node's (the most a queue's allocation holds),
-/// and an MQD whose control stack size is the record's (per XCC; 0 where
-/// the record has none): the next checkpoint writes stacks of that size.
-/// The used control stack is decoded and checked ([`check_saved_stack`]);
-/// what only the queue's memory can tell (the packet at the read pointer,
-/// the wave blocks) is the CP's to check when the queue runs.
+/// "MQD" of XCC `x` of `n`, named where the GPU has several.
+fn mqd_name(x: usize, n: usize) -> String {
+    if n > 1 {
+        format!("XCC {x}: MQD")
+    } else {
+        "MQD".into()
+    }
+}
+
+/// A queue record's MQDs and control stacks, checked as a fixed kernel
+/// checks them before it copies any: MQDs of exactly KFD's size for the
+/// type on this GPU (one per XCC for a compute queue: a record of a GPU
+/// with another XCC count is refused), no control stack on an SDMA queue,
+/// one per XCC on a compute queue and none larger than the node's (the
+/// most a queue's allocation holds), and MQDs whose control stack size is
+/// the record's (per XCC; 0 where the record has none): the next checkpoint
+/// writes stacks of that size.  The used control stacks are decoded and
+/// checked ([`check_saved_stacks`]); what only the queue's memory can tell
+/// (the packet at the read pointer, the wave blocks) is the CP's to check
+/// when the queue runs.
 fn take_queue_extra(
     lead: u32,
     cur: &mut Cursor<'_>,
@@ -1005,40 +1051,47 @@ fn take_queue_extra(
     } else {
         ctl.is_multiple_of(g.num_xcc) && ctl / g.num_xcc <= g.ctl_stack_size
     };
-    if r.mqd_size != want || !ctl_ok {
-        return Err(libc::EINVAL);
-    }
-    let mqd = cur.take(want as usize)?;
-    let stacks = cur.take(ctl as usize)?;
-    let m: Mqd = uapi::decode(mqd);
-    let v2 = m.version == 2;
-    if m.magic != MQD_MAGIC || !(m.version == 1 || v2) {
-        return Err(libc::EINVAL);
-    }
-    let per_xcc = ctl / g.num_xcc;
-    if m.ctl_stack_size != per_xcc {
+    if r.mqd_size != want {
+        let mqd = r.mqd_size;
         return Err(refuse_queue(
             lead,
             r,
             format_args!(
-                "MQD ctl_stack_size {:#x}, the record's control stack is {per_xcc:#x} bytes per XCC",
-                m.ctl_stack_size
+                "mqd_size {mqd}, KFD's MQDs of this queue type on this GPU ({} XCC(s)) are {want} \
+                 bytes",
+                g.num_xcc
             ),
         ));
     }
-    let (size, used) = (m.ctl_stack_size as usize, m.ctl_stack_used as usize);
-    if used > size || (used > 0 && r.ctx_save_restore_area_address == 0) {
+    if !ctl_ok {
         return Err(libc::EINVAL);
     }
-    // No wave saved: nothing to read.
-    let saved = if used == 0 {
+    let mqds = cur.take(want as usize)?;
+    let stacks = cur.take(ctl as usize)?;
+    let n = mqd_count(kernel, g);
+    let per_mqd = want as usize / n;
+    let per_xcc = ctl / g.num_xcc;
+    let m: Vec<Mqd> = (0..n)
+        .map(|x| uapi::decode(&mqds[x * per_mqd..(x + 1) * per_mqd]))
+        .collect();
+    check_mqds(lead, r, &m, per_xcc)?;
+    let size = per_xcc as usize;
+    let saved: Vec<Vec<u8>> = m
+        .iter()
+        .enumerate()
+        .map(|(x, mx)| {
+            let used = mx.ctl_stack_used as usize;
+            stacks[x * size + size - used..(x + 1) * size].to_vec()
+        })
+        .collect();
+    let saved = if saved.iter().all(Vec::is_empty) {
         Vec::new()
     } else {
-        stacks[size - used..size].to_vec()
+        saved
     };
-    check_saved_stack(lead, r, g, &saved)?;
-    let cu_mask = if v2 {
-        let c: CuMask = uapi::decode(&mqd[MQD_SIZE..]);
+    check_saved_stacks(lead, r, g, &saved)?;
+    let cu_mask = if m[0].version == 2 {
+        let c: CuMask = uapi::decode(&mqds[MQD_SIZE..per_mqd]);
         if c.words == 0 || c.words > 32 {
             return Err(libc::EINVAL);
         }
@@ -1047,24 +1100,98 @@ fn take_queue_extra(
         Vec::new()
     };
     Ok(QueueExtra {
-        mqd: m,
+        mqd: m[0],
         cu_mask,
         saved,
     })
 }
 
-/// The used control stack of a queue record, checked as the CP will when
+/// Each XCC's MQD: ours (magic, version), its control stack size the
+/// record's per-XCC size, its used stack within it (none without a save
+/// area), and the queue state of XCC 0's MQD (all XCCs run one queue).
+fn check_mqds(lead: u32, r: &layout::kfd_criu_queue_priv_data, m: &[Mqd], per_xcc: u32) -> R<()> {
+    let n = m.len();
+    for (x, mx) in m.iter().enumerate() {
+        let name = mqd_name(x, n);
+        if mx.magic != MQD_MAGIC || !(mx.version == 1 || mx.version == 2) {
+            let (magic, version) = (mx.magic, mx.version);
+            return Err(refuse_queue(
+                lead,
+                r,
+                format_args!("{name} magic {magic:#x} version {version}: not the CP model's"),
+            ));
+        }
+        if mx.ctl_stack_size != per_xcc {
+            return Err(refuse_queue(
+                lead,
+                r,
+                format_args!(
+                    "{name} ctl_stack_size {:#x}, the record's control stack is {per_xcc:#x} \
+                     bytes per XCC",
+                    mx.ctl_stack_size
+                ),
+            ));
+        }
+        if mx.ctl_stack_used > per_xcc
+            || (mx.ctl_stack_used > 0 && r.ctx_save_restore_area_address == 0)
+        {
+            return Err(refuse_queue(
+                lead,
+                r,
+                format_args!(
+                    "{name} ctl_stack_used {:#x}: more than its {per_xcc:#x}-byte control stack \
+                     or a queue without a context save area",
+                    mx.ctl_stack_used
+                ),
+            ));
+        }
+        if let Some(field) = mqd_differs(&m[0], mx) {
+            return Err(refuse_queue(
+                lead,
+                r,
+                format_args!("{name} {field}: not XCC 0's (every XCC runs the one queue)"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The queue state field in which XCC MQD `m` differs from XCC 0's `m0`.
+fn mqd_differs(m0: &Mqd, m: &Mqd) -> Option<&'static str> {
+    let fields = [
+        ("version", m.version == m0.version),
+        ("rptr", m.rptr == m0.rptr),
+        ("wptr", m.wptr == m0.wptr),
+        ("ring_base", m.ring_base == m0.ring_base),
+        ("ring_size", m.ring_size == m0.ring_size),
+        ("halted", m.halted == m0.halted),
+    ];
+    fields.iter().find(|f| !f.1).map(|f| f.0)
+}
+
+/// The used control stacks of a queue record, checked as the CP will when
 /// the queue runs, as far as it can be without the queue's memory (see
-/// `shader::check_stack`): a damaged one fails the RESTORE (EINVAL, logged
-/// naming the field) rather than the queue after it.
-fn check_saved_stack(
+/// `shader::check_stacks`): every XCC's holds the dispatch, and a damaged
+/// one fails the RESTORE (EINVAL, logged naming the XCC and field) rather
+/// than the queue after it.
+fn check_saved_stacks(
     lead: u32,
     r: &layout::kfd_criu_queue_priv_data,
     g: &Gpu,
-    saved: &[u8],
+    saved: &[Vec<u8>],
 ) -> R<()> {
     if saved.is_empty() {
         return Ok(());
+    }
+    if let Some(x) = saved.iter().position(Vec::is_empty) {
+        return Err(refuse_queue(
+            lead,
+            r,
+            format_args!(
+                "XCC {x}: control stack: empty, while another XCC's holds a saved dispatch (every \
+                 XCC writes its own)"
+            ),
+        ));
     }
     let Some(target) = super::shader_target(g) else {
         return Err(refuse_queue(
@@ -1078,7 +1205,7 @@ fn check_saved_stack(
         size: r.ctx_save_restore_area_size,
         ctl_stack_size: r.ctl_stack_size / g.num_xcc,
     };
-    match check_stack(target, saved, area) {
+    match check_stacks(target, saved, area) {
         Ok(_) => Ok(()),
         Err(why) => Err(refuse_queue(lead, r, format_args!("{why}"))),
     }

@@ -185,11 +185,11 @@ pub struct AqlState {
     /// queue's scratch (queue error 1 raised, `queue_inactive_signal` not
     /// yet back to 0).
     pub scratch_wait: bool,
-    /// The control stack of the dispatch at the read pointer, whose waves
-    /// are in the queue's context save area (an eviction saved them): the
-    /// CP's companion pages of the MQD, which CHECKPOINT returns and
-    /// RESTORE writes back.  Empty: none.
-    pub saved: Vec<u8>,
+    /// The control stacks of the dispatch at the read pointer, one per
+    /// XCC of the GPU, whose waves are in the queue's context save area
+    /// (an eviction saved them): the CP's companion pages of each XCC's
+    /// MQD, which CHECKPOINT returns and RESTORE writes back.  Empty: none.
+    pub saved: Vec<Vec<u8>>,
     /// The packet whose start the CP stamped on its completion signal.
     pub started: Option<u64>,
 }

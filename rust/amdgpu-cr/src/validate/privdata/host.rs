@@ -326,6 +326,39 @@ mod tests {
         q
     }
 
+    /// An MI300X compute queue (gfx942, 304 CUs over 8 XCCs): 8 MQDs, 8
+    /// control stacks of 3 pages (38 CUs each) and one XCC's save area.
+    fn mi300x_compute() -> Vec<u8> {
+        let mut q = compute_queue(1);
+        put32(&mut q, offset_of!(QueueRec, mqd_size), 8 * 2048);
+        put32(&mut q, offset_of!(QueueRec, ctl_stack_size), 8 * 0x3000);
+        put32(
+            &mut q,
+            offset_of!(QueueRec, ctx_save_restore_area_size),
+            0x3000 + 38 * 0x9_5000,
+        );
+        q.resize(120 + 8 * 2048 + 8 * 0x3000, 0);
+        q
+    }
+
+    /// A multi-XCC queue passes on a host whose GPU has its XCCs and CUs,
+    /// and is refused, naming the field, on one of another XCC count or
+    /// with other CUs per XCC.
+    #[test]
+    fn a_multi_xcc_queue_needs_the_hosts_xccs() {
+        let q = [mi300x_compute()];
+        assert_eq!(verdict_on(&q, host_of(90402, 8, 304)), Ok(()));
+        let e = verdict_on(&q, host_of(90402, 4, 304)).unwrap_err();
+        for w in ["queues[0].mqd_size", "16384", "4 XCC(s)"] {
+            assert!(e.contains(w), "{e} lacks {w}");
+        }
+        let e = verdict_on(&q, host_of(90402, 8, 256)).unwrap_err();
+        assert!(
+            e.contains("queues[0].ctx_save_restore_area_size") && e.contains("per XCC"),
+            "{e}"
+        );
+    }
+
     #[test]
     fn what_this_hosts_kfd_writes_passes() {
         // MI100 (gfx908): 2560 waves of 8 bytes, 6 pages.

@@ -4,11 +4,19 @@
 //!
 //! Saving: between two rounds (every wave at an instruction boundary) the
 //! live waves of a dispatch go into the queue's context save area, the
-//! process memory libhsakmt registered at CREATE_QUEUE (one XCC's area, in
-//! the layout of `gfx9::cwsr`; its header at offset 0 is libhsakmt's), and
-//! the dispatch's progress and wave list into the control stack, which goes
-//! back to the CP model (the MQD's companion pages: CHECKPOINT returns it in
-//! the queue's private data). The dispatch then leaves the engine.
+//! process memory libhsakmt registered at CREATE_QUEUE (in the layout of
+//! `gfx9::cwsr`; its header at offset 0 is libhsakmt's), and the dispatch's
+//! progress and wave list into the control stack, which goes back to the CP
+//! model (the MQD's companion pages: CHECKPOINT returns it in the queue's
+//! private data). The dispatch then leaves the engine.
+//!
+//! On a GPU of several XCCs (MI300's partitions) the CP hands the
+//! dispatch's workgroups to the XCCs round-robin (XCC `x` of `n` runs the
+//! linear indices `x`, `x + n`, ...), KFD gives each XCC its own MQD and
+//! control stack and points XCC `x` at `x` times the per-XCC size into the
+//! save area: each XCC's waves go into its own slice and its own control
+//! stack (`gfx9::cwsr::Xcc`), and a restore rebuilds the waves of every
+//! XCC.
 //!
 //! Restoring: when the queue runs again (UNPAUSE, or RESUME after a
 //! RESTORE, on this emulator or another) the CP model hands the engine the
@@ -18,16 +26,17 @@
 //! the dispatch with [`Outcome::Restore`] naming the field: the queue gets
 //! a queue error, the daemon goes on.
 
-use gfx9::cwsr::{self, Alloc, ControlStack, Header, SaveWriter};
+use gfx9::cwsr::{self, Alloc, ControlStack, Header, SaveWriter, Xcc};
 use gfx9::launch::{self, Placement};
 
 use super::sched::{scratch_slot, Group, Run, Slot, State};
 use super::{Launch, Outcome};
 use crate::device::vm::GpuRange;
 
-/// A queue's context save area (one XCC's) in the process' GPU VM:
-/// CREATE_QUEUE's `ctx_save_restore_address` and `_size`, and the control
-/// stack size (the area's first `ctl_stack_size` bytes hold its header).
+/// A queue's context save area (XCC 0's) in the process' GPU VM:
+/// CREATE_QUEUE's `ctx_save_restore_address` and `_size` (one XCC's), and
+/// the control stack size (the area's first `ctl_stack_size` bytes hold
+/// its header).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SaveArea {
     pub addr: u64,
@@ -35,12 +44,25 @@ pub struct SaveArea {
     pub ctl_stack_size: u32,
 }
 
+impl SaveArea {
+    /// XCC `x`'s slice: KFD points XCC `x`'s MQD `x` per-XCC sizes into
+    /// the area libhsakmt allocated for all of them.
+    pub fn of_xcc(self, x: u16) -> SaveArea {
+        SaveArea {
+            addr: self.addr + u64::from(x) * u64::from(self.size),
+            ..self
+        }
+    }
+}
+
 /// Save the dispatch queue `queue` of process `lead` runs; `vm` is the
-/// process' GPU VM as the queue's GPU sees it now.
+/// process' GPU VM as the queue's GPU sees it now, `xccs` the XCCs of the
+/// queue's GPU.
 pub struct SaveJob {
     pub lead: u32,
     pub queue: u32,
     pub area: SaveArea,
+    pub xccs: u16,
     pub vm: GpuRange,
 }
 
@@ -49,8 +71,8 @@ pub struct SaveJob {
 pub enum Saved {
     /// The engine runs no dispatch of the queue (it ended meanwhile).
     Idle,
-    /// The waves are in the save area; the control stack.
-    Stack(Vec<u8>),
+    /// The waves are in the save area; the control stack of each XCC.
+    Stack(Vec<Vec<u8>>),
     /// The waves could not be saved (they run on): why.
     Failed(String),
 }
@@ -65,10 +87,59 @@ fn text(e: cwsr::Error) -> String {
     e.to_string()
 }
 
-/// Saves the live waves of `run` into the area of `job`; returns the
-/// control stack. Nothing of `run` changes: on an error it runs on.
-pub fn save(run: &Run, job: &SaveJob) -> Result<Vec<u8>, String> {
-    let a = job.area;
+/// XCC `index` of `count`.
+fn xcc(index: usize, count: usize) -> Xcc {
+    Xcc {
+        index: index as u16,
+        count: count as u16,
+    }
+}
+
+/// `what` about XCC `x`, named where the GPU has several.
+fn on_xcc(x: Xcc, what: String) -> String {
+    if x.count > 1 {
+        format!("XCC {}: {what}", x.index)
+    } else {
+        what
+    }
+}
+
+/// Saves the live waves of `run` into the area of `job`, each XCC's into
+/// its slice; returns the control stack of each XCC. Nothing of `run`
+/// changes: on an error it runs on.
+pub fn save(run: &Run, job: &SaveJob) -> Result<Vec<Vec<u8>>, String> {
+    let n = job.xccs.max(1) as usize;
+    (0..n)
+        .map(|x| save_xcc(run, job, xcc(x, n)).map_err(|e| on_xcc(xcc(x, n), e)))
+        .collect()
+}
+
+/// The running workgroups of `run` the CP handed XCC `x`, in order.
+fn groups_of(run: &Run, x: Xcc) -> Vec<&Group> {
+    let mut order: Vec<&Group> = run
+        .groups
+        .iter()
+        .filter(|g| x.owns(g.linear as u32))
+        .collect();
+    order.sort_by_key(|g| g.linear);
+    order
+}
+
+/// The live waves each of `n` XCCs runs of `run` (for the log).
+pub fn waves_per_xcc(run: &Run, n: usize) -> Vec<usize> {
+    (0..n)
+        .map(|x| {
+            groups_of(run, xcc(x, n))
+                .iter()
+                .map(|g| g.waves.iter().filter(|s| s.state != State::Done).count())
+                .sum()
+        })
+        .collect()
+}
+
+/// XCC `x`'s waves into its slice of the save area; its control stack.
+fn save_xcc(run: &Run, job: &SaveJob, x: Xcc) -> Result<Vec<u8>, String> {
+    let a = job.area.of_xcc(x.index);
     let mut area = vec![0u8; a.size as usize];
     let head = area
         .get_mut(..Header::SIZE)
@@ -81,18 +152,17 @@ pub fn save(run: &Run, job: &SaveJob) -> Result<Vec<u8>, String> {
     })?;
     let l = &run.launch;
     let alloc = alloc_of(l).map_err(text)?;
-    let mut w = SaveWriter::new(l.target, &mut area, a.ctl_stack_size).map_err(text)?;
-    let running = run.groups.len() as u64;
+    let mut w = SaveWriter::for_xcc(l.target, &mut area, a.ctl_stack_size, x).map_err(text)?;
+    let order = groups_of(run, x);
+    let started = x.below(run.next_group as u32);
     w.begin_dispatch(
         l.key.index,
         l.packet,
         alloc,
         run.next_group as u32,
-        (run.next_group - running) as u32,
+        started - order.len() as u32,
     )
     .map_err(text)?;
-    let mut order: Vec<&Group> = run.groups.iter().collect();
-    order.sort_by_key(|g| g.linear);
     for g in order {
         save_group(&mut w, g, alloc.lds_bytes as usize)?;
     }
@@ -122,31 +192,35 @@ fn save_group(w: &mut SaveWriter<'_>, g: &Group, lds_bytes: usize) -> Result<(),
 /// Rebuilds the dispatch `launch` describes from its control stack and the
 /// queue's save area (a launch without them starts afresh).
 pub fn restore(mut launch: Launch) -> Result<Run, Outcome> {
-    let Some((area, stack)) = launch.resume.take() else {
+    let Some((area, stacks)) = launch.resume.take() else {
         return Ok(Run::new(launch));
     };
     let damaged = |what| Outcome::Restore { what };
-    let (d, bytes) = read_saved(&launch, area, &stack).map_err(damaged)?;
-    let sa = cwsr::SaveArea::open(launch.target, &bytes, area.ctl_stack_size, &stack)
-        .map_err(|e| damaged(text(e)))?;
-    let groups = rebuild_groups(&launch, &sa, &d).map_err(damaged)?;
+    let saved = check_stacks(launch.target, &stacks, area).map_err(damaged)?;
+    let (mut groups, mut waves) = (Vec::new(), 0);
+    for (i, (stack, (d, end))) in stacks.iter().zip(&saved).enumerate() {
+        let x = xcc(i, stacks.len());
+        let on = |what| damaged(on_xcc(x, what));
+        let a = area.of_xcc(x.index);
+        let bytes = read_saved(&launch, a, *end).map_err(on)?;
+        let d = one_dispatch(d, &launch).map_err(on)?;
+        let sa = cwsr::SaveArea::open(launch.target, &bytes, a.ctl_stack_size, stack)
+            .map_err(|e| on(text(e)))?;
+        groups.extend(rebuild_groups(&launch, &sa, d).map_err(on)?);
+        waves += d.waves.len() as u64;
+    }
+    groups.sort_by_key(|g| g.linear);
     let mut run = Run::new(launch);
     run.groups = groups;
-    run.next_group = d.next_workgroup as u64;
-    run.waves = d.waves.len() as u64;
+    run.next_group = saved[0].0.next_workgroup as u64;
+    run.waves = waves;
     claim_scratch(&mut run).map_err(damaged)?;
     Ok(run)
 }
 
-/// The control stack's dispatch, and the used part of the save area (its
-/// header, the wave blocks the control stack lists) read from the VM.
-fn read_saved(
-    l: &Launch,
-    a: SaveArea,
-    stack: &[u8],
-) -> Result<(cwsr::DispatchState, Vec<u8>), String> {
-    let (d, end) = check_stack(l.target, stack, a)?;
-    let d = one_dispatch(d, l)?;
+/// The used part of one XCC's save area (its header, the wave blocks its
+/// control stack lists, which end at `end`) read from the VM.
+fn read_saved(l: &Launch, a: SaveArea, end: usize) -> Result<Vec<u8>, String> {
     let ctl = a.ctl_stack_size as usize;
     let mut area = vec![0u8; a.size as usize];
     let unreadable = |f| {
@@ -159,7 +233,59 @@ fn read_saved(
         .map_err(unreadable)?;
     l.vm.read(a.addr + ctl as u64, &mut area[ctl..end])
         .map_err(unreadable)?;
-    Ok((d, area))
+    Ok(area)
+}
+
+/// What the control stacks of a queue's XCCs say alone ([`check_stack`]
+/// each, against its XCC's slice of save area `a`), and that they tell of
+/// one dispatch: every XCC's record names its XCC and the XCC count, and
+/// the dispatch id, packet, allocation and next workgroup of XCC 0's.
+/// Returns each XCC's dispatch and the end of its used area.
+pub fn check_stacks(
+    target: gfx9::Target,
+    stacks: &[Vec<u8>],
+    a: SaveArea,
+) -> Result<Vec<(cwsr::DispatchState, usize)>, String> {
+    let n = stacks.len();
+    let mut out: Vec<(cwsr::DispatchState, usize)> = Vec::with_capacity(n);
+    for (i, stack) in stacks.iter().enumerate() {
+        let x = xcc(i, n);
+        let (d, end) = check_stack(target, stack, a.of_xcc(x.index)).map_err(|e| on_xcc(x, e))?;
+        if d.xcc != x {
+            return Err(on_xcc(
+                x,
+                format!(
+                    "control stack: dispatch[0].xcc: XCC {} of {}, the stack of XCC {i} of {n}",
+                    d.xcc.index, d.xcc.count
+                ),
+            ));
+        }
+        if let Some((d0, _)) = out.first() {
+            same_dispatch(d0, &d).map_err(|e| on_xcc(x, e))?;
+        }
+        out.push((d, end));
+    }
+    Ok(out)
+}
+
+/// XCC `d`'s record tells of XCC 0's dispatch `d0`.
+fn same_dispatch(d0: &cwsr::DispatchState, d: &cwsr::DispatchState) -> Result<(), String> {
+    let field = if d.dispatch_id != d0.dispatch_id {
+        "dispatch_id"
+    } else if d.packet != d0.packet {
+        "packet"
+    } else if d.alloc != d0.alloc {
+        "alloc"
+    } else if d.next_workgroup != d0.next_workgroup {
+        "next_workgroup"
+    } else {
+        return Ok(());
+    };
+    Err(format!(
+        "control stack: dispatch[0].{field}: not XCC 0's (dispatch {}, next workgroup {}; XCC \
+         0's: dispatch {}, next workgroup {})",
+        d.dispatch_id, d.next_workgroup, d0.dispatch_id, d0.next_workgroup
+    ))
 }
 
 /// What a control stack says alone, without the queue's memory (checked
@@ -195,7 +321,10 @@ pub fn check_stack(
 
 /// The control stack's only dispatch, which must be the launch's: the
 /// packet at the read pointer, with its kernel's allocation.
-fn one_dispatch(d: cwsr::DispatchState, l: &Launch) -> Result<cwsr::DispatchState, String> {
+fn one_dispatch<'d>(
+    d: &'d cwsr::DispatchState,
+    l: &Launch,
+) -> Result<&'d cwsr::DispatchState, String> {
     if d.dispatch_id != l.key.index {
         return Err(format!(
             "control stack: dispatch[0].dispatch_id: {}, the read pointer is at packet {}",

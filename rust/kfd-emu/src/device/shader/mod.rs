@@ -22,7 +22,7 @@ use gfx9::launch::{DispatchRegs, Grid, KernelCode};
 use gfx9::Target;
 
 use super::vm::GpuRange;
-pub use cwsr::{check_stack, SaveArea, SaveJob, Saved};
+pub use cwsr::{check_stacks, SaveArea, SaveJob, Saved};
 pub use worker::{Engine, Host, Refresh};
 
 /// Which dispatch: the process, the queue, the packet.
@@ -56,8 +56,9 @@ pub struct Launch {
     /// The process' GPU VM as the GPU sees it.
     pub vm: GpuRange,
     /// A dispatch saved at an eviction: its waves are rebuilt from the
-    /// queue's context save area and control stack instead of started.
-    pub resume: Option<(SaveArea, Vec<u8>)>,
+    /// queue's context save area and the control stack of each XCC
+    /// instead of started.
+    pub resume: Option<(SaveArea, Vec<Vec<u8>>)>,
 }
 
 /// How a dispatch ended.

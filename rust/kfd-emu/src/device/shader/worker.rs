@@ -170,10 +170,10 @@ fn save(runs: &mut Vec<Run>, jobs: &[SaveJob]) -> Vec<Saved> {
                 return Saved::Idle;
             };
             match cwsr::save(&runs[k], job) {
-                Ok(stack) => {
+                Ok(stacks) => {
                     let run = runs.remove(k);
-                    log_save(&run, stack.len());
-                    Saved::Stack(stack)
+                    log_save(&run, &stacks);
+                    Saved::Stack(stacks)
                 }
                 Err(why) => Saved::Failed(why),
             }
@@ -181,11 +181,30 @@ fn save(runs: &mut Vec<Run>, jobs: &[SaveJob]) -> Vec<Saved> {
         .collect()
 }
 
-fn log_save(run: &Run, stack: usize) {
+/// Logs a saved dispatch: its waves and, on a GPU of several XCCs, the
+/// waves each XCC saved.
+fn log_save(run: &Run, stacks: &[Vec<u8>]) {
     let k = &run.launch.key;
+    let bytes: usize = stacks.iter().map(Vec::len).sum();
+    let xccs = if stacks.len() > 1 {
+        let per = cwsr::waves_per_xcc(run, stacks.len());
+        let used = per.iter().filter(|&&w| w > 0).count();
+        let list: Vec<String> = per
+            .iter()
+            .enumerate()
+            .map(|(x, w)| format!("XCC {x}: {w}"))
+            .collect();
+        format!(
+            " ({used} of {} XCCs saved waves: {})",
+            stacks.len(),
+            list.join(", ")
+        )
+    } else {
+        String::new()
+    };
     log::info!(
         "kfd-emu: process {} queue {} packet {}: {} resident waves saved into the context save \
-         area, a {stack}-byte control stack",
+         area{xccs}, control stacks of {bytes} bytes",
         k.lead,
         k.queue,
         k.index,
