@@ -6,7 +6,7 @@
 #![allow(dead_code)]
 
 use std::collections::HashMap;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -113,24 +113,28 @@ pub fn queue_args(
     args(&fields, 88)
 }
 
-/// `len` bytes at offset `off` of the emulator's node `node`, mapped
-/// shared as a client maps them (used only through raw pointers).
-pub fn map_node(emu: &Emulator, node: NodeKind, off: u64, len: usize) -> *mut u8 {
-    let fd = emu.backing_fd(&node);
-    // SAFETY: a fresh shared mapping of the emulator's memfd, used only
-    // through raw pointer copies.
+/// `len` bytes at offset `off` of file `fd`, mapped shared (used only
+/// through raw pointers).
+pub fn map_fd(fd: RawFd, off: u64, len: usize) -> *mut u8 {
+    // SAFETY: a fresh shared mapping, used only through raw pointer copies.
     let p = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
             len,
             libc::PROT_READ | libc::PROT_WRITE,
             libc::MAP_SHARED,
-            fd.as_raw_fd(),
+            fd,
             off as i64,
         )
     };
     assert_ne!(p, libc::MAP_FAILED, "mmap of {len} bytes at {off:#x}");
     p.cast()
+}
+
+/// `len` bytes at offset `off` of the emulator's node `node`, mapped
+/// shared as a client maps them.
+pub fn map_node(emu: &Emulator, node: NodeKind, off: u64, len: usize) -> *mut u8 {
+    map_fd(emu.backing_fd(&node).as_raw_fd(), off, len)
 }
 
 /// The doorbell at /dev/kfd offset `off` (as CREATE_QUEUE answers it),
