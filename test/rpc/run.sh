@@ -277,24 +277,15 @@ ordered_cases() {
 }
 
 main() {
-	local name wanted=("$@") known=()
-	cases_init
-	trap 'exit 130' INT TERM HUP
-	mapfile -t known < <(ordered_cases)
-	[ ${#wanted[@]} = 0 ] && wanted=("${known[@]}")
-	for name in "${wanted[@]}"; do
-		declare -F "case_$name" >/dev/null || { echo "test/rpc/run.sh: no case $name (--list)" >&2; exit 2; }
-	done
+	cases_select test/rpc/run.sh "$@"
 	WORK=$(mktemp -d /tmp/criu-rocm-rpc-test.XXXXXX)
 	mkdir -p "$WORK/pb"
 	# The RPC's messages, from CRIU's own schema.
 	protoc --proto_path="$CRIU_TREE/images" --python_out="$WORK/pb" "$CRIU_TREE/images/rpc.proto" ||
 		{ echo "test/rpc/run.sh: protoc could not compile $CRIU_TREE/images/rpc.proto" >&2; exit 2; }
 	export WORK RPC_PB_DIR=$WORK/pb
-	echo "RPC tests: ${#wanted[@]} case(s), criu-rocm $CRIU, work directory $WORK"
-	for name in "${wanted[@]}"; do cases_run_one "$name"; done
-	if [ "$FAILED" = 0 ] && [ "${RPC_TEST_KEEP:-}" != 1 ]; then rm -rf "$WORK"; fi
-	cases_summary
+	echo "RPC tests: ${#WANTED[@]} case(s), criu-rocm $CRIU, work directory $WORK"
+	cases_run_all "${RPC_TEST_KEEP:-}"
 }
 
 cases_dispatch "$@"

@@ -6,6 +6,8 @@
 #   usage: test/sdma/run.sh CRIU_BINARY [CASE...]      (as root; `make test-sdma` runs it)
 #          test/sdma/run.sh --list
 #   env:   CARGO_TARGET_DIR   where kfd-emu and gpu-workload were built (rust/target)
+#          SDMA_TEST_TIMEOUT  seconds a case may take (300)
+#          SDMA_TEST_KEEP=1   keep the work directory even when everything passed
 #
 # Each case covers ONE dump -> restore pass: criu runs under a seccomp filter, and CRIU under
 # a filter cannot dump a process that has one (PTRACE_O_SUSPEND_SECCOMP is EPERM), while
@@ -17,11 +19,12 @@
 # plugin tells /dev/kfd from a render node by st_rdev), so images cannot be exchanged with it
 # on kfd-emu (rust/kfd-emu/README.md, Known gaps).
 #
-# Cases print PASS or FAIL (with the reason and the case's directory). A case marked with a
-# known bug (`known_bug`: the issue, and a regex of the failure it causes) that fails that
-# way is an XFAIL, counted as passed; failing otherwise is a FAIL; passing is an XPASS (also
-# passed) with a reminder to drop the mark. The last line is exactly "N passed, M failed";
-# the exit status is non-zero on any failure.
+# Each case runs in its own directory under the runner, the init of a pid namespace of its
+# own (scripts/lib/cases.sh), and prints PASS or FAIL (with the reason and where its logs
+# are). A case marked with a known bug (`known_bug`: the issue, and a regex of the failure
+# it causes) that fails that way is an XFAIL, counted as passed; failing otherwise is a
+# FAIL; passing is an XPASS (also passed) with a reminder to drop the mark. The last line is
+# exactly "N passed, M failed"; the exit status is non-zero on any failure.
 set -uo pipefail
 export LC_ALL=C
 
@@ -383,19 +386,19 @@ case_rocr_programs_4_gpus() {
 
 # ---------------------------------------------------------------------------------------
 
-# Inside a host: run the function named by the arguments.
-if [ "${1:-}" = __in ]; then
-	shift
-	"$@"
-	exit
-fi
+# Every case, in the order of their names (as declared: `--list`).
+ordered_cases() { declare -F | sed -n 's/^declare -f case_//p'; }
 
-cases=$(declare -F | sed -n 's/^declare -f case_//p')
-if [ "${1:-}" = --list ]; then
-	echo "$cases"
-	exit 0
-fi
-CRIU=$(realpath "${1:?usage: $0 CRIU_BINARY [CASE...]}")
+main() {
+	cases_select test/sdma/run.sh "$@"
+	WORK=$(mktemp -d /tmp/criu-rocm-sdma.XXXXXX)
+	export WORK
+	echo "SDMA tests: ${#WANTED[@]} case(s), criu-rocm $CRIU, work directory $WORK"
+	cases_run_all "${SDMA_TEST_KEEP:-}"
+}
+
+cases_dispatch "$@"
+CRIU=$(realpath "$1")
 shift
 [ "$(id -u)" = 0 ] || { echo "test/sdma/run.sh: needs root" >&2; exit 2; }
 target=${CARGO_TARGET_DIR:-$top/rust/target}/release
@@ -404,39 +407,6 @@ WORKLOAD=$target/gpu-workload
 for b in "$CRIU" "$KFD_EMU" "$WORKLOAD"; do
 	[ -x "$b" ] || { echo "test/sdma/run.sh: $b is missing (make kfd-tools build/criu-rocm)" >&2; exit 2; }
 done
-export CRIU KFD_EMU WORKLOAD
-[ $# -gt 0 ] && cases=$*
-work=$(mktemp -d /tmp/criu-rocm-sdma.XXXXXX)
-pass=0 failed=0
-for c in $cases; do
-	export CASE_DIR=$work/$c
-	mkdir -p "$CASE_DIR"
-	ok=0
-	timeout 300 "$self" __in "case_$c" >/dev/null 2>>"$CASE_DIR/case.err" && [ ! -s "$CASE_DIR/reason" ] && ok=1
-	[ $ok = 1 ] || [ -s "$CASE_DIR/reason" ] ||
-		echo "the case ended without saying why (see $CASE_DIR/case.err)" >"$CASE_DIR/reason"
-	why=$(head -c 400 "$CASE_DIR/reason" 2>/dev/null | paste -sd' ')
-	if [ -s "$CASE_DIR/known-bug" ]; then
-		bug=$(sed -n 1p "$CASE_DIR/known-bug")
-		if [ $ok = 1 ]; then
-			echo "XPASS $c (marked with $bug: drop the mark)"
-			pass=$((pass + 1))
-		elif grep -qE -- "$(sed -n 2p "$CASE_DIR/known-bug")" "$CASE_DIR/reason"; then
-			echo "XFAIL $c ($bug): $why"
-			pass=$((pass + 1))
-		else
-			echo "FAIL $c (marked with $bug, but failing otherwise): $why ($CASE_DIR)"
-			failed=$((failed + 1))
-		fi
-	elif [ $ok = 1 ]; then
-		echo "PASS $c"
-		[ -s "$CASE_DIR/notes" ] && sed 's/^/      /' "$CASE_DIR/notes"
-		pass=$((pass + 1))
-	else
-		echo "FAIL $c: $why ($CASE_DIR)"
-		failed=$((failed + 1))
-	fi
-done
-[ "$failed" = 0 ] && rm -rf "$work"
-echo "$pass passed, $failed failed"
-[ "$failed" = 0 ]
+CASE_TIMEOUT=${SDMA_TEST_TIMEOUT:-300}
+export CRIU KFD_EMU WORKLOAD CASE_TIMEOUT
+exec unshare --pid --fork --mount-proc --kill-child "$self" __main "$@"

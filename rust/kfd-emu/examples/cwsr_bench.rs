@@ -21,7 +21,7 @@ use kfd_emu::profile::Profile;
 
 #[path = "../tests/model/mod.rs"]
 mod model;
-use model::{kfd_iowr, me, Table};
+use model::{args, kfd_iowr, map_doorbell, map_node, me, queue_args, Table};
 
 const QUEUES: usize = 8;
 /// 128 waves of 64 work-items: the waves kfd-emu keeps resident per dispatch.
@@ -62,18 +62,6 @@ struct Gpu {
     gpu_id: u32,
 }
 
-fn args(fields: &[(usize, u64)], size: usize) -> Vec<u8> {
-    let mut v = vec![0u8; size];
-    for &(off, val) in fields {
-        if off % 8 == 0 && off + 8 <= size {
-            v[off..off + 8].copy_from_slice(&val.to_le_bytes());
-        } else {
-            v[off..off + 4].copy_from_slice(&(val as u32).to_le_bytes());
-        }
-    }
-    v
-}
-
 fn criu_op_args(op: u32) -> Vec<u8> {
     let mut a = vec![0u8; 56];
     a[48..52].copy_from_slice(&op.to_le_bytes());
@@ -112,22 +100,8 @@ impl Gpu {
         m[8..16].copy_from_slice(&((&self.gpu_id as *const u32) as u64).to_le_bytes());
         m[16..20].copy_from_slice(&1u32.to_le_bytes());
         self.call(nr::MAP_MEMORY_TO_GPU, &m)?;
-        let fd = self.emu.backing_fd(&NodeKind::Render { minor: self.minor });
-        // SAFETY: a fresh shared mapping of the emulator's memfd, used through raw pointers.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                size as usize,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                std::os::fd::AsRawFd::as_raw_fd(&fd),
-                offset as i64,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(format!("mmap of the BO at {va:#x}"));
-        }
-        Ok(p.cast())
+        let render = NodeKind::Render { minor: self.minor };
+        Ok(map_node(&self.emu, render, offset, size as usize))
     }
 }
 
@@ -140,24 +114,6 @@ fn put<T: Copy>(p: *mut u8, off: usize, v: T) {
 fn get<T: Copy>(p: *mut u8, off: usize) -> T {
     // SAFETY: as in `put`.
     unsafe { std::ptr::read_volatile(p.add(off).cast::<T>()) }
-}
-
-/// A doorbell of this process on /dev/kfd at mmap offset `off`.
-fn doorbell(g: &Gpu, off: u64) -> *mut u8 {
-    let fd = g.emu.backing_fd(&NodeKind::Kfd);
-    // SAFETY: a fresh shared mapping of the 8 KiB doorbell slice.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            8192,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            std::os::fd::AsRawFd::as_raw_fd(&fd),
-            (off & !8191) as i64,
-        )
-    };
-    assert_ne!(p, libc::MAP_FAILED, "doorbell mapping");
-    p.cast::<u8>().wrapping_add((off & 8191) as usize)
 }
 
 fn wait_until(what: &str, mut f: impl FnMut() -> bool) -> Result<(), String> {
@@ -211,29 +167,21 @@ fn start(g: &Gpu) -> Result<(*mut u8, *mut u8), String> {
         let off = q as u64 * 0x1000;
         let ring = g.bo(RING_VA + off, 0x1000)?;
         let aq = g.bo(AQ_VA + off, 0x1000)?;
-        g.bo(
-            CTX_VA + q as u64 * CTX_SIZE.next_multiple_of(1 << 20),
-            CTX_SIZE,
-        )?;
+        let ctx = CTX_VA + q as u64 * CTX_SIZE.next_multiple_of(1 << 20);
+        g.bo(ctx, CTX_SIZE)?;
         for i in 0..64 {
             put(ring, i * 64, 1u32);
         }
-        let fields = [
-            (0, RING_VA + off),
-            (8, AQ_VA + off + 56),
-            (16, AQ_VA + off + 128),
-            (32, 4096),
-            (36, g.gpu_id as u64),
-            (40, queue_type::COMPUTE_AQL as u64),
-            (44, 100),
-            (48, 7),
-            (72, CTX_VA + q as u64 * CTX_SIZE.next_multiple_of(1 << 20)),
-            (80, CTX_SIZE),
-            (84, CTL),
-        ];
-        let out = g.call(nr::CREATE_QUEUE, &args(&fields, 88))?;
-        let db = doorbell(
-            g,
+        let a = queue_args(
+            g.gpu_id,
+            queue_type::COMPUTE_AQL,
+            (RING_VA + off, 4096),
+            (AQ_VA + off + 56, AQ_VA + off + 128),
+            Some((ctx, CTX_SIZE, CTL)),
+        );
+        let out = g.call(nr::CREATE_QUEUE, &a)?;
+        let db = map_doorbell(
+            &g.emu,
             u64::from_le_bytes(out[24..32].try_into().expect("8 bytes")),
         );
         put(sigs, 64 * q + 8, 1i64);

@@ -9,6 +9,9 @@
 use std::ffi::CString;
 use std::process::Command;
 
+mod model;
+use model::map_fd as map;
+
 const ROLE: &str = "KFD_EMU_DEVICE_E2E_CLIENT";
 
 fn ioc(dir: u32, ty: u32, nr: u32, size: usize) -> u64 {
@@ -35,22 +38,6 @@ fn open(path: &str) -> i32 {
     let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
     assert!(fd >= 0, "open {path}: {}", std::io::Error::last_os_error());
     fd
-}
-
-fn map(fd: i32, off: u64, len: usize) -> *mut u8 {
-    // SAFETY: a fresh shared mapping; only used through raw pointers.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd,
-            off as i64,
-        )
-    };
-    assert_ne!(p, libc::MAP_FAILED, "mmap offset {off:#x}");
-    p as *mut u8
 }
 
 fn put(b: &mut [u8], off: usize, v: u64, width: usize) {

@@ -16,7 +16,7 @@ use kfd_emu::device::{Caller, Emulator, NodeKind, Replier};
 use kfd_emu::profile::Profile;
 
 mod model;
-use model::{kfd_iowr, me, replier, Table, Tx};
+use model::{args, kfd_iowr, map_doorbell, me, replier, Table, Tx};
 
 /// Another thread of this process, parked forever: the caller of waits the
 /// test leaves pending while it goes on issuing ioctls (a thread is in one
@@ -160,21 +160,7 @@ impl Dev {
     }
 
     fn map_node(&self, node: NodeKind, off: u64, len: usize) -> *mut u8 {
-        let fd = self.emu.backing_fd(&node);
-        // SAFETY: a fresh shared mapping of the emulator's memfd, used only
-        // through raw pointer copies in this test.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                off as i64,
-            )
-        };
-        assert_ne!(p, libc::MAP_FAILED);
-        p as *mut u8
+        model::map_node(&self.emu, node, off, len)
     }
 }
 
@@ -182,40 +168,11 @@ thread_local! {
     static KFD_FH: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
-/// An argument struct of `size` bytes; fields of 4 bytes when the offset
-/// is not 8-aligned or the value fits the slot after it.
-fn args(fields: &[(usize, u64)], size: usize) -> Vec<u8> {
-    let mut v = vec![0u8; size];
-    for &(off, val) in fields {
-        if off % 8 == 0 && off + 8 <= size && val > u32::MAX as u64 {
-            v[off..off + 8].copy_from_slice(&val.to_le_bytes());
-        } else {
-            v[off..off + 4].copy_from_slice(&(val as u32).to_le_bytes());
-        }
-    }
-    v
-}
-
 /// CREATE_QUEUE arguments as ROCr fills them: the ring at `RING_VA`, the
 /// write and read pointers at `CTL_VA + 8` and `CTL_VA`, 100 % of the
 /// queue time, priority 7.
 fn queue_args(gpu: u32, ty: u32, ring_size: u64) -> Vec<u8> {
-    queue_args_at(gpu, ty, ring_size, CTL_VA + 8, CTL_VA)
-}
-
-/// [`queue_args`] with the write and read pointers elsewhere.
-fn queue_args_at(gpu: u32, ty: u32, ring_size: u64, wptr: u64, rptr: u64) -> Vec<u8> {
-    let fields = [
-        (0, RING_VA),
-        (8, wptr),
-        (16, rptr),
-        (32, ring_size),
-        (36, gpu as u64),
-        (40, ty as u64),
-        (44, 100),
-        (48, 7),
-    ];
-    args(&fields, 88)
+    model::queue_args(gpu, ty, (RING_VA, ring_size), (CTL_VA + 8, CTL_VA), None)
 }
 
 /// MAP/UNMAP_MEMORY_TO_GPU arguments for `handle` on `gpus`.  The id
@@ -547,9 +504,7 @@ impl Rig {
             .unwrap();
         let dbo = u64_at(&q, 24);
         assert!(dbo < 1 << 63);
-        let base = d.map_node(NodeKind::Kfd, dbo & !8191, 8192);
-        // SAFETY: the doorbell lies inside the 8 KiB slice just mapped.
-        let doorbell = unsafe { base.add((dbo & 8191) as usize) };
+        let doorbell = map_doorbell(&d.emu, dbo);
         Rig {
             ring,
             ctl,
@@ -2525,19 +2480,16 @@ fn aql_barriers_run_and_a_bad_dispatch_stops_the_queue() {
     let q = d
         .call(
             nr::CREATE_QUEUE,
-            &queue_args_at(
+            &model::queue_args(
                 d.gpu_id,
                 queue_type::COMPUTE_AQL,
-                4096,
-                AQ_VA + 56,
-                AQ_VA + 128,
+                (RING_VA, 4096),
+                (AQ_VA + 56, AQ_VA + 128),
+                None,
             ),
         )
         .unwrap();
-    let dbo = u64_at(&q, 24);
-    let base = d.map_node(NodeKind::Kfd, dbo & !8191, 8192);
-    // SAFETY: the doorbell lies inside the 8 KiB slice just mapped.
-    let doorbell = unsafe { base.add((dbo & 8191) as usize) };
+    let doorbell = map_doorbell(&d.emu, u64_at(&q, 24));
     // Publishes packet `i` (its header last) and rings the doorbell.
     let submit = |i: usize, header: u32, deps: &[u64], completion: u64| {
         // SAFETY: packet i of the 64-packet ring; the aq and doorbell maps.
@@ -3065,8 +3017,7 @@ impl GpuProc {
     /// This process' doorbell, mapped from `d`'s /dev/kfd at the offset
     /// CREATE_QUEUE gave.
     fn map_doorbell(&self, d: &Dev) -> *mut u8 {
-        let base = d.map_node(NodeKind::Kfd, self.doorbell_off & !8191, 8192);
-        base.wrapping_add((self.doorbell_off & 8191) as usize)
+        map_doorbell(&d.emu, self.doorbell_off)
     }
 
     /// The doorbell's value, read through the process' own mapping.
@@ -3685,27 +3636,15 @@ impl Shader {
             if ctx {
                 map(area, CTX_SIZE * xccs);
             }
-            let ctx_fields = [
-                (72, if ctx { area } else { 0 }),
-                (80, if ctx { CTX_SIZE } else { 0 }),
-                (84, if ctx { CTX_CTL } else { 0 }),
-            ];
-            let fields = [
-                (0, RING_VA + 0x1000 * q as u64),
-                (8, base + 56),
-                (16, base + 128),
-                (32, 4096),
-                (36, d.gpu_id as u64),
-                (40, queue_type::COMPUTE_AQL as u64),
-                (44, 100),
-                (48, 7),
-            ];
-            let all: Vec<(usize, u64)> = fields.iter().chain(&ctx_fields).copied().collect();
-            let out = d.call(nr::CREATE_QUEUE, &args(&all, 88)).unwrap();
-            let dbo = u64_at(&out, 24);
-            let page = d.map_node(NodeKind::Kfd, dbo & !8191, 8192);
-            // SAFETY: the doorbell lies inside the 8 KiB slice just mapped.
-            *db = unsafe { page.add((dbo & 8191) as usize) };
+            let a = model::queue_args(
+                d.gpu_id,
+                queue_type::COMPUTE_AQL,
+                (RING_VA + 0x1000 * q as u64, 4096),
+                (base + 56, base + 128),
+                ctx.then_some((area, CTX_SIZE, CTX_CTL)),
+            );
+            let out = d.call(nr::CREATE_QUEUE, &a).unwrap();
+            *db = map_doorbell(&d.emu, u64_at(&out, 24));
         }
         Shader {
             d,
@@ -4122,10 +4061,13 @@ fn an_mqd_stack_size_other_than_the_records_is_refused_at_restore() {
 fn save_area_sizes_follow_the_node() {
     let (ctx, ctl) = (0x45e_1000u64, 0x9000u64);
     let try_sizes = |d: &Dev, size: u64, stack: u64| {
-        let mut a = queue_args(d.gpu_id, queue_type::COMPUTE_AQL, 4096);
-        for (at, v) in [(72, CTX_VA), (80, size), (84, stack)] {
-            a[at..at + 8.min(88 - at)].copy_from_slice(&v.to_le_bytes()[..8.min(88 - at)]);
-        }
+        let a = model::queue_args(
+            d.gpu_id,
+            queue_type::COMPUTE_AQL,
+            (RING_VA, 4096),
+            (CTL_VA + 8, CTL_VA),
+            Some((CTX_VA, size, stack)),
+        );
         d.call(nr::CREATE_QUEUE, &a).map(|_| ())
     };
     let d = Dev::new("");

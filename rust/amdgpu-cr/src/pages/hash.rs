@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 use xxhash_rust::xxh3::Xxh3;
 
 use crate::image::KfdImage;
+use crate::proto::{DrmBoEntry, KfdBoEntry};
 
 /// The unit in which a large BO is shared out among copy threads (a
 /// multiple of the extent it is hashed in), and the extent of images that
@@ -107,6 +108,43 @@ pub fn content_hashes(image: &KfdImage) -> BTreeMap<usize, ContentHash> {
             Some((i, ContentHash { value, extent }))
         })
         .collect()
+}
+
+/// A BO entry of an image that records the hash of its contents: KFD's
+/// and a render node's.
+pub trait HashedBo {
+    /// The BO's size in bytes.
+    fn size(&self) -> u64;
+    /// Sets `content_xxh3` and `content_hash_extent`.
+    fn set_hash(&mut self, value: u64, extent: Option<u64>);
+}
+
+macro_rules! hashed_bo {
+    ($($entry:ty),*) => {$(
+        impl HashedBo for $entry {
+            fn size(&self) -> u64 {
+                self.size
+            }
+            fn set_hash(&mut self, value: u64, extent: Option<u64>) {
+                self.content_xxh3 = Some(value);
+                self.content_hash_extent = extent;
+            }
+        }
+    )*};
+}
+hashed_bo!(KfdBoEntry, DrmBoEntry);
+
+/// Records the hashes a dump's workers computed (bucket index → hash) in
+/// an image's BO entries, as [`content_hashes`] reads them back.  The
+/// extent is said only where it matters: a BO of one extent has the plain
+/// hash of its bytes.
+pub fn record_hashes<B: HashedBo>(entries: &mut [B], hashes: &BTreeMap<usize, ContentHash>) {
+    for (&i, h) in hashes {
+        if let Some(b) = entries.get_mut(i) {
+            let extent = h.extent.filter(|&x| b.size() > x);
+            b.set_hash(h.value, extent);
+        }
+    }
 }
 
 #[cfg(test)]

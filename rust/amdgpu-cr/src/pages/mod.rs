@@ -38,7 +38,9 @@ use crate::ids::GpuId;
 use crate::image::{FileId, ImageError};
 use crate::proto::KfdBoEntry;
 
-pub use hash::{compose, content_hashes, ContentHash, ExtentHasher, CONTENT_EXTENT, HASH_EXTENT};
+pub use hash::{
+    compose, content_hashes, record_hashes, ContentHash, ExtentHasher, CONTENT_EXTENT, HASH_EXTENT,
+};
 pub use reader::{Overlay, PagesReader, Source, SparseFile};
 pub use writer::PagesWriter;
 pub use zstd::{Compress, Encoding, FrameError};

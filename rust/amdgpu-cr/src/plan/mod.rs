@@ -17,7 +17,7 @@ use crate::bo::BoRef;
 use crate::ids::{GpuId, GpuVa, MmapOffset, RenderMinor};
 use crate::image::{FileId, KfdImage, RenderImage, EXT_VERSION};
 use crate::matcher::GpuMap;
-use crate::pages::{ContentHash, Encoding};
+use crate::pages::{record_hashes, ContentHash, Encoding};
 use crate::proto::{CriuKfd, CriuRenderNode, KfdBoEntry};
 use crate::topology::{Topology, TopologyError};
 
@@ -332,14 +332,7 @@ impl DumpPlan {
     ) -> Result<KfdImage, PlanError> {
         let mut msg = self.image.clone();
         encoding.record(&mut msg);
-        for (&i, h) in hashes {
-            if let Some(e) = msg.bo_entries.get_mut(i) {
-                e.content_xxh3 = Some(h.value);
-                // Said only where it matters: a BO of one extent has the
-                // plain hash of its bytes.
-                e.content_hash_extent = h.extent.filter(|&x| e.size > x);
-            }
-        }
+        record_hashes(&mut msg.bo_entries, hashes);
         Ok(KfdImage::validate("(new kfd image)", msg)?)
     }
 }

@@ -114,12 +114,10 @@ pub(crate) fn save(
     let step = format!("saving the GEM BOs of {}", file_name(minor, id));
     let out = dump_contents_encoded(dir, id, jobs, copying.compress, &Default::default())
         .map_err(|e| SessionError::core(pid, step, e))?;
-    for (&i, h) in &out.hashes {
-        let b = &mut img.msg.bo_entries[i];
-        b.content_xxh3 = Some(h.value);
-        b.content_hash_extent = h.extent.filter(|&x| b.size > x);
-        if let Some(d) = out.extents.get(&i).filter(|d| d.len() > 1) {
-            b.content_extent_xxh3 = d.clone();
+    crate::pages::record_hashes(&mut img.msg.bo_entries, &out.hashes);
+    for i in out.hashes.keys() {
+        if let Some(d) = out.extents.get(i).filter(|d| d.len() > 1) {
+            img.msg.bo_entries[*i].content_extent_xxh3 = d.clone();
         }
     }
     let mut view = img.contents_view();

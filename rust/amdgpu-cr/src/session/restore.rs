@@ -192,8 +192,8 @@ struct RestoredKfd {
     kfd: OwnedFd,
     /// CRIU took the file already.
     handed_out: bool,
-    /// user gpu_id → the render node now serving it.
-    user_minor: BTreeMap<GpuId, RenderMinor>,
+    /// user gpu_id → the render node now serving it and its host gpu_id.
+    user_gpu: BTreeMap<GpuId, (RenderMinor, GpuId)>,
     /// The render fds given to RESTORE (they own the VM), by minor.
     render: BTreeMap<RenderMinor, OwnedFd>,
     fixups: VmaFixups,
@@ -465,10 +465,10 @@ impl RestoreSession {
             pid: image.msg.pid,
             kfd,
             handed_out: false,
-            user_minor: plan
+            user_gpu: plan
                 .devices
                 .iter()
-                .map(|d| (d.user, d.render_minor))
+                .map(|d| (d.user, (d.render_minor, d.actual)))
                 .collect(),
             render,
             fixups,
@@ -581,28 +581,25 @@ impl RestoreSession {
     ) -> Result<OwnedFd, SessionError> {
         let img = RenderImage::read(dir, id)
             .map_err(|e| SessionError::core(vpid, "reading the render-node image", e))?;
-        let (fd, minor) = self.open_render_file(vpid, id, &img, fd_floor, dir)?;
+        let (fd, gpu) = self.open_render_file(vpid, id, &img, fd_floor, dir)?;
         if img.has_gem_bos() {
-            self.restore_gem(vpid, id, &img, (fd.as_fd(), minor), fd_floor, dir)?;
+            self.restore_gem(vpid, id, &img, (fd.as_fd(), gpu), fd_floor, dir)?;
         }
         Ok(fd)
     }
 
     /// The GEM BOs of render image `img` on its restored file `fd` (render
-    /// node `minor` of this host), kept for [`Self::update_vma`] with a dup
-    /// of the file.
+    /// node `minor` of this host, host GPU `actual`), kept for
+    /// [`Self::update_vma`] with a dup of the file.
     fn restore_gem(
         &mut self,
         vpid: i32,
         id: FileId,
         img: &RenderImage,
-        (fd, minor): (BorrowedFd<'_>, RenderMinor),
+        (fd, (minor, actual)): (BorrowedFd<'_>, (RenderMinor, GpuId)),
         fd_floor: RawFd,
         dir: &Path,
     ) -> Result<(), SessionError> {
-        let host = Topology::parse_sysfs(&self.opts.sysfs_nodes)
-            .map_err(|e| SessionError::core(vpid, "reading the KFD topology", e))?;
-        let actual = super::gem::host_gpu(&host, minor, img);
         let copying = super::gem::Copying {
             policy: self.opts.policy,
             staging_cap: self.opts.staging_cap,
@@ -614,10 +611,10 @@ impl RestoreSession {
         Ok(())
     }
 
-    /// The file of render image `img` (CRIU file `id`) and the host render
-    /// minor it is of: the one KFD's VM is on when the task's KFD process
-    /// has this GPU (restored now if CRIU has not reached its file yet),
-    /// else a fresh open of the GPU's node.
+    /// The file of render image `img` (CRIU file `id`), the host render
+    /// minor it is of and that GPU's host gpu_id: the one KFD's VM is on when
+    /// the task's KFD process has this GPU (restored now if CRIU has not
+    /// reached its file yet), else a fresh open of the GPU's node.
     fn open_render_file(
         &mut self,
         vpid: i32,
@@ -625,7 +622,7 @@ impl RestoreSession {
         img: &RenderImage,
         fd_floor: RawFd,
         dir: &Path,
-    ) -> Result<(OwnedFd, RenderMinor), SessionError> {
+    ) -> Result<(OwnedFd, (RenderMinor, GpuId)), SessionError> {
         let user = img.gpu_id();
         if self.render_fd_for(user).is_none() {
             // The render fd comes before the KFD file in this task: restore
@@ -646,11 +643,11 @@ impl RestoreSession {
                 }
             }
         }
-        if let Some((fd, minor)) = self.render_fd_for(user) {
+        if let Some((fd, gpu)) = self.render_fd_for(user) {
             // Same open file as the one RESTORE gave KFD: the application's
             // render fd and its KFD VM share one drm_file, as before.
             let fd = dup_at_least(fd, fd_floor).map_err(os_step(vpid, "dup of a render node"))?;
-            return Ok((fd, minor));
+            return Ok((fd, gpu));
         }
         // No KFD process: a bare render-node fd keeps its GPU when the host
         // has it.
@@ -669,14 +666,15 @@ impl RestoreSession {
         ))?;
         let fd =
             dup_at_least(n.as_fd(), fd_floor).map_err(os_step(vpid, "moving a render node"))?;
-        Ok((fd, minor))
+        Ok((fd, (minor, node.gpu_id.unwrap_or(user))))
     }
 
-    /// The render file KFD's VM of GPU `user` is on, and its minor.
-    fn render_fd_for(&self, user: GpuId) -> Option<(BorrowedFd<'_>, RenderMinor)> {
+    /// The render file KFD's VM of GPU `user` is on, its minor and the host
+    /// gpu_id of that GPU.
+    fn render_fd_for(&self, user: GpuId) -> Option<(BorrowedFd<'_>, (RenderMinor, GpuId))> {
         self.kfds.iter().find_map(|k| {
-            let m = *k.user_minor.get(&user)?;
-            k.render.get(&m).map(|f| (f.as_fd(), m))
+            let (m, actual) = *k.user_gpu.get(&user)?;
+            k.render.get(&m).map(|f| (f.as_fd(), (m, actual)))
         })
     }
 
