@@ -1270,26 +1270,70 @@ gem_dump_stream_refused() {
 	gem_finish
 }
 
-# A BO held by two files of one GPU (review item G3): test/rocm/shared-bo.c, under `kfd-emu
-# supervise` (which hands out the dma-buf fd), exports a VRAM BO and imports the dma-buf on a
-# second open of renderD128: amdgpu gives the same BO back, not an import, so both holders list
-# it at one mmap offset, and a restore would make two BOs of it (a write through one holder
-# would no longer reach the other). Two render files (a GEM BO exported with PRIME) and KFD
-# with a render file (a KFD BO exported with EXPORT_DMABUF). The dump is refused naming both
-# holders and the BO's GPU, and the process runs on: a write through the first holder's
-# mapping still reads back through the second's.
-case_gem_shared_bo_refused() { on mi100 -- shared_bo_refused; }
-case_kfd_shared_bo_refused() { on mi100 -- shared_bo_refused --kfd; }
-shared_bo_refused() {
-	local img=$CASE_DIR/img out=$CASE_DIR/sb.out pid first second
-	pid=$(shared_bo_start "$out" --hold "$@") || exit 1
-	dump "$pid" "$img" && fail "the dump of shared-bo $pid succeeded although two files hold one BO"
-	second="pid $pid: render node /dev/dri/renderD128 \(file [0-9]+\), GEM handle 1 \(65536 bytes\)"
-	first=$second
-	[ "${1-}" = --kfd ] && first="pid $pid: fd [0-9]+ \(/dev/kfd\), BO 0 \(65536 bytes at GPU VA 0x[0-9a-f]+\)"
-	log_has "$img/dump.log" "amdgpu: pid $pid: one BO of GPU 0x[0-9a-f]+ \(mmap offset 0x[0-9a-f]+\) is held by ($first and by $second|$second and by $first) .*a restore would make two copies of it"
-	[ "${1-}" = --kfd ] && log_has "$img/dump.log" "amdgpu: pid $pid: GPU queues unpaused"
+# A BO held by two files of one GPU (review item G3, issue 29): test/rocm/shared-bo.c, under
+# `kfd-emu supervise` (which hands out the dma-buf fd), exports a VRAM BO and imports the
+# dma-buf on a second open of renderD128: amdgpu gives the same BO back, not an import, so
+# both holders list it at one mmap offset. Two render files (a GEM BO exported with PRIME) and
+# KFD with a render file (a KFD BO exported with EXPORT_DMABUF). The dump saves the BO once
+# and records the second holder as "the same BO as" the first; the restore (under `kfd-emu
+# supervise`, which hands out the dma-bufs of the restored BOs) creates it once and imports
+# it into the second holder: a write through the first holder's mapping reads back through
+# the second's. On the same host, and with KFD on another (other gpu_ids and render minors:
+# a render file without a KFD process keeps its GPU, which the other host lacks).
+case_gem_shared_bo_cr() { on mi100 -- shared_bo_cr; }
+case_kfd_shared_bo_cr() { on mi100 -- shared_bo_cr --kfd; }
+shared_bo_cr() {
+	shared_bo_dump "$@"
+	shared_bo_restore
+}
+case_kfd_shared_bo_cr_other_host() {
+	on mi100x2 -- shared_bo_dump --kfd
+	on mi100x2 --profile-file "$(host_file mi100x2-other)" -- shared_bo_restore
+}
+# shared_bo_dump [--kfd]: the dump saves the BO once, the second render file's as the first
+# holder's; shared-bo's pid in $CASE_DIR/sb.pid.
+shared_bo_dump() {
+	local img=$CASE_DIR/img pid first='render node /dev/dri/renderD128 \(file [0-9]+\), GEM handle 1 \(65536 bytes\)'
+	[ "${1-}" = --kfd ] && first='fd [0-9]+ \(/dev/kfd\), BO 0 \(65536 bytes at GPU VA 0x[0-9a-f]+\)'
+	pid=$(shared_bo_start "$CASE_DIR/sb.out" --hold "$@") || exit 1
+	echo "$pid" >"$CASE_DIR/sb.pid"
+	mkdir -p "$img"
+	dump "$pid" "$img" || fail "criu-rocm dump of shared-bo $pid failed: $(log_errors "$img/dump.log")"
+	wait_gone "$pid" 5 || fail "shared-bo $pid still runs after the dump"
+	log_has "$img/dump.log" "amdgpu: pid $pid: render node /dev/dri/renderD128 \(file [0-9]+\), GEM handle 1: the same BO as pid $pid: $first \(saved once, restored by importing it\)"
+}
+# shared_bo_restore: under the supervisor; the BO is imported into the second holder.
+shared_bo_restore() {
+	local img=$CASE_DIR/img log=$CASE_DIR/img/restore.log pid
+	pid=$(cat "$CASE_DIR/sb.pid")
+	gpu_check "$img"
+	[ "$GC_RC" = 0 ] || fail "gpu-check says the images cannot be restored here (exit $GC_RC): $(paste -sd' ' <<<"$GC_OUT")"
+	"$KFD_EMU" supervise -- "$CRIU" restore -D "$img" -o restore.log -v4 -d >>"$CASE_DIR/criu.out" 2>&1 ||
+		fail "criu-rocm restore of shared-bo $pid failed: $(log_errors "$log")"
+	log_has "$log" "GEM BO\(s\) restored with handles 1"
+	shared_bo_round_and_end "$pid" "$CASE_DIR/sb.out" "the restore"
+	note "$(grep -a -m1 -o 'the same BO as .* (saved' "$img/dump.log" | cut -c1-200)"
+}
+
+# One BO held by two processes (shared-bo --fork: a child imports the dma-buf on an open of
+# its own) is still refused: the restore of one process would wait for another's BO, which
+# criu-rocm does not order. The dump names both holders; the tree runs on.
+case_gem_shared_bo_two_procs_refused() { on mi100 -- shared_bo_two_procs_refused; }
+shared_bo_two_procs_refused() {
+	local img=$CASE_DIR/img out=$CASE_DIR/sb.out pid child i
+	local holder='render node /dev/dri/renderD128 \(file [0-9]+\), GEM handle 1 \(65536 bytes\)'
+	pid=$(shared_bo_start "$out" --hold --fork) || exit 1
+	for ((i = 0; i < 200; i++)); do
+		grep -q '^child [0-9]* ok$' "$out" && break
+		sleep 0.05
+	done
+	child=$(sed -n 's/^child \([0-9]*\) ok$/\1/p' "$out")
+	[ -n "$child" ] || fail "shared-bo's child did not import the BO: $(grep -v '^ok ' "$out" | tail -n 3 | paste -sd'|')"
+	dump "$pid" "$img" && fail "the dump of shared-bo $pid succeeded although two processes hold one BO"
+	log_has "$img/dump.log" "one BO of GPU 0x[0-9a-f]+ \(mmap offset 0x[0-9a-f]+\) is held by pid ($pid|$child): $holder and by pid ($pid|$child): $holder .*criu-rocm restores a BO shared by two processes as two copies"
+	alive "$child" || fail "shared-bo's child $child is gone after the refused dump"
 	shared_bo_round_and_end "$pid" "$out" "the refused dump"
+	kill -TERM "$child"
 	note "$(grep -a -m1 -o 'one BO of GPU .* is held by .*) and by .*)' "$img/dump.log" | cut -c1-300)"
 }
 

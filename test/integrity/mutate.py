@@ -55,6 +55,7 @@ RN_GPU_ID, RN_ID, RN_MINOR, RN_NUM_BOS, RN_BOS = 1, 2, 3, 4, 5
 # drm_bo_entry (criu-dev's numbers; content_xxh3 ours) and drm_vm_entry
 GEM_SIZE, GEM_OFFSET, GEM_DOMAINS, GEM_HANDLE, GEM_IMPORT, GEM_NUM_VMS = 2, 3, 6, 7, 8, 9
 GEM_VMS, GEM_XXH3 = 10, 1000
+GEM_SAME_FILE, GEM_SAME_INDEX = 1003, 1004  # criu-rocm: "the same BO as" (issue 29)
 GEM_VM_SIZE = 2
 
 VRAM, GTT = 1, 2
@@ -610,6 +611,28 @@ def mutants(img, seed):
                 gem("content_xxh3 xor 1", lambda b: put(b, GEM_XXH3, get(b, GEM_XXH3) ^ 1))
                 gem("content_xxh3 removed (a criu-dev BO)",
                     lambda b: b.__setitem__(slice(None), [x for x in b if x[0] != GEM_XXH3]))
+            # Made "the same BO as" another image's BO (is_import 1, same_bo_file,
+            # same_bo_index, no content fields) pointing to nothing, to a BO of another
+            # size, or to itself (a cycle): refused by both, naming the file and field.
+            def link(b, file, index):
+                b[:] = [x for x in b if x[0] not in (GEM_XXH3, 1001, 1002)]
+                put(b, GEM_IMPORT, 1)
+                b.append([GEM_SAME_FILE, 0, file])
+                b.append([GEM_SAME_INDEX, 0, index])
+            own = int(re.fullmatch(r"amdgpu-renderD-(-?\d+)\.img", f).group(1)) & U32
+            gem("the same BO as file 999999's BO 0 (no such image)",
+                lambda b: link(b, 999999, 0))
+            gem(f"the same BO as its own BO {k} (a cycle)", lambda b, v=own, i=k: link(b, v, i))
+            if img.kfd:
+                kid = int(re.fullmatch(r"amdgpu-kfd-(-?\d+)\.img", img.kfd[0]).group(1)) & U32
+                kbos = subs(img.msgs[img.kfd[0]], KFD_BOS)
+                sized = [i for i, (_, kb) in enumerate(kbos)
+                         if get(kb, BO_SIZE) != size and get(kb, BO_FLAGS, 0) & (VRAM | GTT)]
+                if sized:
+                    gem(f"the same BO as {img.kfd[0]}'s BO {sized[0]} (another size)",
+                        lambda b, v=kid, i=sized[0]: link(b, v, i))
+                gem(f"the same BO as {img.kfd[0]}'s BO {len(kbos)} (past its BOs)",
+                    lambda b, v=kid, i=len(kbos): link(b, v, i))
             for j, (vat, vm) in enumerate(subs(bo, GEM_VMS)[:1]):
                 def grow(b, vat=vat, vm=vm):
                     v = [list(x) for x in vm]

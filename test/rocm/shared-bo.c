@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: MIT
 /*
- * shared-bo: one GEM BO held by two render files of one GPU (review item G3), as a process
- * gets it when it exports a BO with PRIME and imports the dma-buf on another open of the
- * same render node: amdgpu hands back the same GEM object (not an import), so both files
+ * shared-bo: one GEM BO held by two render files of one GPU (review item G3, issue 29), as a
+ * process gets it when it exports a BO with PRIME and imports the dma-buf on another open of
+ * the same render node: amdgpu hands back the same GEM object (not an import), so both files
  * list it, at the same mmap offset.  A checkpoint that saved each holder's copy would
  * restore two BOs, and a write through one file would no longer reach the other.
  *
- *   usage: shared-bo --hold [--kfd]
+ *   usage: shared-bo --hold [--kfd | --fork]
  *          shared-bo --dmabuf [--kfd]
  *
  * Makes a 64 KiB VRAM BO with GEM_CREATE on a first open of /dev/dri/renderD128, exports it
@@ -15,6 +15,9 @@
  * --kfd: the BO is a KFD BO instead (ALLOC_MEMORY_OF_GPU on the first GPU, whose VM is on
  * the first open: ACQUIRE_VM), exported with AMDKFD_IOC_EXPORT_DMABUF (KFD 1.12) and
  * imported on the second open; the first holder is then /dev/kfd.
+ * --fork: a child process also imports the dma-buf, on an open of its own, checks that it
+ * reads the first round's bytes ("child PID ok") and waits for SIGTERM: one BO held by two
+ * processes.
  * Prints "ready PID", then on SIGUSR1 writes a new byte pattern through the first file's
  * mapping and reads it back through the second's ("round N: ok" or "round N: FAIL ..."),
  * and on SIGTERM does that once more and prints PASS or FAIL.
@@ -223,17 +226,56 @@ static int check_one(struct holder *h, unsigned n)
 	return check(h, h, n);
 }
 
+/* --fork: a child holding the BO through an open of its own (a dma-buf of a's BO imported),
+ * which reads round 0's bytes and waits for SIGTERM. */
+static int fork_holder(const char *node, struct holder *a)
+{
+	struct drm_prime_handle ex = { .handle = a->handle, .flags = DRM_CLOEXEC | DRM_RDWR };
+
+	if (ioctl(a->fd, DRM_IOCTL_PRIME_HANDLE_TO_FD, &ex))
+		return fail("PRIME_HANDLE_TO_FD for the child");
+	pid_t pid = fork();
+
+	if (pid < 0)
+		return fail("fork");
+	if (pid > 0) {
+		close(ex.fd);
+		return 0;
+	}
+	struct holder c = { .fd = open(node, O_RDWR | O_CLOEXEC) };
+	struct drm_prime_handle im = { .fd = ex.fd };
+	sigset_t none;
+
+	if (c.fd < 0 || ioctl(c.fd, DRM_IOCTL_PRIME_FD_TO_HANDLE, &im))
+		_exit(fail("the child's import"));
+	close(ex.fd);
+	c.handle = im.handle;
+	if (map_bo(&c))
+		_exit(1);
+	if (c.map[512] != (uint8_t)(0x40 ^ 1)) {
+		printf("FAIL child %d reads %#x, not round 0's byte\n", (int)getpid(), c.map[512]);
+		_exit(1);
+	}
+	printf("child %d ok\n", (int)getpid());
+	sigemptyset(&none);
+	while (!stop_req)
+		sigsuspend(&none);
+	_exit(0);
+}
+
 int main(int argc, char **argv)
 {
 	struct holder a = { 0 }, b = { 0 };
 	const char *node = "/dev/dri/renderD128";
 	bool kfd = argc == 3 && !strcmp(argv[2], "--kfd");
 	bool only = argc >= 2 && !strcmp(argv[1], "--dmabuf");
+	bool forked = argc == 3 && !strcmp(argv[2], "--fork");
 	unsigned n = 0;
 	int bad = 0, dmabuf = -1;
 
-	if (argc < 2 || argc > 3 || (strcmp(argv[1], "--hold") && !only) || (argc == 3 && !kfd)) {
-		fprintf(stderr, "usage: shared-bo --hold|--dmabuf [--kfd]\n");
+	if (argc < 2 || argc > 3 || (strcmp(argv[1], "--hold") && !only) ||
+	    (argc == 3 && !kfd && !(forked && !only))) {
+		fprintf(stderr, "usage: shared-bo --hold [--kfd | --fork] | --dmabuf [--kfd]\n");
 		return 2;
 	}
 	sigset_t block, wait_mask;
@@ -257,7 +299,8 @@ int main(int argc, char **argv)
 			return 1;
 		printf("ready %d dmabuf %d\n", (int)getpid(), dmabuf);
 	} else {
-		if (setup(node, kfd, &a, &b) || check(&a, &b, 0))
+		if (setup(node, kfd, &a, &b) || check(&a, &b, 0) ||
+		    (forked && fork_holder(node, &a)))
 			return 1;
 		printf("ready %d\n", (int)getpid());
 	}

@@ -619,19 +619,51 @@ fn check_gem_bo(b: &DrmBoEntry) -> Result<(), (&'static str, String)> {
             format!("{:#x} is no power of two", b.alignment),
         ));
     }
-    if b.is_import != 0 {
-        return Err((
-            ".is_import",
-            "a dma-buf imported from another device or process: criu-rocm does not \
-             restore imported GEM objects yet"
-                .into(),
-        ));
+    match (b.is_import, b.same_bo_file, b.same_bo_index) {
+        (0, None, None) => {}
+        (1, Some(_), Some(_)) => return check_gem_link(b),
+        (0, _, _) => {
+            return Err((
+                ".is_import",
+                "is 0 but same_bo_file/same_bo_index name the BO this one is".into(),
+            ))
+        }
+        (1, None, _) => {
+            return Err((
+                ".same_bo_file",
+                "missing: an imported BO (is_import 1) that names no image holding it, \
+                 as criu-dev writes an import from another device or process, which \
+                 criu-rocm does not restore"
+                    .into(),
+            ))
+        }
+        (1, Some(_), None) => {
+            return Err((
+                ".same_bo_index",
+                "missing: same_bo_file names an image but not which of its BOs this is".into(),
+            ))
+        }
+        (v, _, _) => return Err((".is_import", format!("is {v}, not 0 or 1"))),
     }
     if b.content_xxh3.is_none() {
         return Err((
             ".content_xxh3",
             "missing: a GEM BO saved by criu-dev, whose bytes are in its \
              amdgpu-drm-pages-* files, which criu-rocm does not read"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+/// A GEM BO that is another image's BO: its bytes are that one's, so it
+/// carries none of its own.
+fn check_gem_link(b: &DrmBoEntry) -> Result<(), (&'static str, String)> {
+    if b.content_xxh3.is_some() || b.content_hash_extent.is_some() {
+        return Err((
+            ".content_xxh3",
+            "is set on a BO that is the same BO as another image's (same_bo_file), whose \
+             bytes are saved there only"
                 .into(),
         ));
     }
@@ -784,7 +816,12 @@ impl RenderImage {
                 addr: b.vm_entries.first().map_or(0, |v| v.addr),
                 size: b.size,
                 offset: b.offset,
-                alloc_flags: bo::gem_alloc_flags(b.preferred_domains, b.alloc_flags),
+                // The same BO as another image's: its bytes are there.
+                alloc_flags: if b.same_bo_index.is_some() {
+                    0
+                } else {
+                    bo::gem_alloc_flags(b.preferred_domains, b.alloc_flags)
+                },
                 gpu_id: m.gpu_id,
                 content_xxh3: b.content_xxh3,
                 content_hash_extent: b.content_hash_extent,

@@ -52,6 +52,7 @@ use crate::plan::{DeviceKind, OffsetIndex};
 
 pub mod chain;
 pub mod digests;
+mod links;
 pub mod privdata;
 pub mod signature;
 
@@ -303,6 +304,7 @@ pub fn check_dir(dir: &Path, depth: Depth) -> std::io::Result<Report> {
     let ctx = Context::read(dir);
     let declared = check_kfd_images(dir, &files, manifest.as_ref(), &ctx, depth, &mut report);
     check_render_images(dir, &files, manifest.as_ref(), depth, &mut report);
+    report.other.extend(links::check(dir, &files));
     check_listing(dir, &files, manifest.as_ref(), declared, depth, &mut report);
     check_files_img(&files, &ctx, manifest.as_ref(), &mut report);
     Ok(report)

@@ -1,5 +1,5 @@
 //! BOs shared through dma-bufs between the files a dump saves (review item
-//! G3).
+//! G3, issue 29).
 //!
 //! amdgpu gives every BO one mmap offset in its device's address space
 //! (`drm_vma_offset_manager`, one per device), and a dma-buf of a BO
@@ -9,35 +9,87 @@
 //! EXPORT_DMABUF and imported into a render file, a render-node GEM BO
 //! exported with PRIME and imported by KFD (IMPORT_DMABUF) or by another
 //! render file of the GPU (of this process or another) is listed by every
-//! holder with the same offset.  Each holder's image records it as a BO of
-//! its own, and a restore would make two BOs of it: a write through one
-//! holder would no longer reach the other.  Until the images can say that
-//! two holders share one BO, such a dump is refused, naming both holders.
+//! holder with the same offset.
 //!
-//! [`SharedBos`] keeps, for one dump, every saved BO's range of the mmap
-//! offsets of its host GPU with the holder that saved it; a claim on a range
-//! another holder already has is the refusal.
+//! [`SharedBos`] keeps, for one dump (all its processes), every saved BO's
+//! range of the mmap offsets of its host GPU with the holder that saved it
+//! first.  A further holder of the same range, a render file of the same
+//! process, is recorded as "same BO as" the first one
+//! ([`Claim::Same`]: the render image's `same_bo_file`/`same_bo_index`,
+//! no second copy of the bytes), and the restore imports a dma-buf of the
+//! first holder's restored BO into it.  Refused, naming both holders
+//! ([`SharedBo`]): a range that overlaps another without being the same
+//! BO, a further holder in another process (the restore of one process
+//! would wait for another's, which criu-rocm does not order yet), and KFD
+//! as a further holder (KFD's RESTORE makes every BO of its own; it cannot
+//! import one).
 
 use std::collections::BTreeMap;
+use std::os::fd::RawFd;
 
-use crate::ids::GpuId;
+use crate::ids::{GpuId, RenderMinor};
+use crate::image::FileId;
 
-/// The holder of a BO in a dump, for messages: "pid 12: fd 4 (/dev/kfd),
-/// BO 3 (2097152 bytes at GPU VA 0x...)".
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The file a holder holds a BO through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum HeldIn {
+    /// KFD BO `index` (at GPU VA `va`) of the process whose `/dev/kfd` is
+    /// the task's fd `task_fd`.
+    Kfd { task_fd: RawFd, va: u64 },
+    /// A render file, GEM handle `handle`.
+    Render { minor: RenderMinor, handle: u32 },
+}
+
+/// The holder of a BO in a dump.  Formatted (on a refusal only) as
+/// "pid 12: fd 4 (/dev/kfd), BO 3 (2097152 bytes at GPU VA 0x...)" or
+/// "pid 12: render node /dev/dri/renderD128 (file 9), GEM handle 1 (65536
+/// bytes)".
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Holder {
     pub pid: i32,
-    /// The file and the BO in it, in words.
-    pub what: String,
+    /// The CRIU file whose image records the BO (None: a KFD file not
+    /// reached yet, whose BOs were claimed for a render file of its process
+    /// dumped before it).
+    pub file: Option<FileId>,
+    /// The BO's index in that image's `bo_entries`.
+    pub index: u32,
+    pub size: u64,
+    pub held_in: HeldIn,
 }
 
 impl std::fmt::Display for Holder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "pid {}: {}", self.pid, self.what)
+        match self.held_in {
+            HeldIn::Kfd { task_fd, va } => write!(
+                f,
+                "pid {}: fd {task_fd} (/dev/kfd), BO {} ({} bytes at GPU VA {va:#x})",
+                self.pid, self.index, self.size
+            ),
+            HeldIn::Render { minor, handle } => {
+                write!(f, "pid {}: render node {}", self.pid, minor.path())?;
+                if let Some(id) = self.file {
+                    write!(f, " (file {id})")?;
+                }
+                write!(f, ", GEM handle {handle} ({} bytes)", self.size)
+            }
+        }
     }
 }
 
-/// Two holders of one BO (see the module documentation).
+/// Why two holders of one range cannot be saved as one BO.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Why {
+    /// The ranges overlap but differ: not one BO as far as the dump can
+    /// tell.
+    Overlap,
+    /// The holders are two processes.
+    TwoProcesses,
+    /// The further holder is KFD.
+    KfdImports,
+}
+
+/// Two holders of one BO the dump cannot save as one (see the module
+/// documentation).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct SharedBo {
     pub gpu: GpuId,
@@ -45,6 +97,7 @@ pub(crate) struct SharedBo {
     pub offset: u64,
     pub first: Holder,
     pub second: Holder,
+    pub why: Why,
 }
 
 impl std::fmt::Display for SharedBo {
@@ -52,75 +105,126 @@ impl std::fmt::Display for SharedBo {
         write!(
             f,
             "one BO of GPU {} (mmap offset {:#x}) is held by {} and by {} (shared through a \
-             dma-buf: an export imported on the same GPU); a restore would make two copies of it, \
-             and a write through one holder would no longer reach the other; not dumping what \
-             could not be restored as it was",
+             dma-buf: an export imported on the same GPU); ",
             self.gpu, self.offset, self.first, self.second
-        )
+        )?;
+        f.write_str(match self.why {
+            Why::Overlap => {
+                "their ranges of the GPU's mmap offsets overlap without being one BO, so a \
+                 restore would make two copies of it"
+            }
+            Why::TwoProcesses => {
+                "criu-rocm restores a BO shared by two processes as two copies (a write through \
+                 one holder would no longer reach the other): a restore would make two copies \
+                 of it"
+            }
+            Why::KfdImports => {
+                "KFD imported it after the render file held it, and KFD's RESTORE cannot import \
+                 a BO: a restore would make two copies of it"
+            }
+        })?;
+        f.write_str("; not dumping what could not be restored as it was")
     }
+}
+
+/// What [`SharedBos::claim`] made of a BO.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Claim {
+    /// No other holder: this one saves the BO and its bytes.
+    First,
+    /// The same BO as this earlier holder's.
+    Same(Holder),
 }
 
 /// The BOs saved so far in one dump, by host GPU and mmap offset.
 #[derive(Debug, Default)]
 pub(crate) struct SharedBos {
-    /// GPU → start offset → (size, holder).
-    by_gpu: BTreeMap<GpuId, BTreeMap<u64, (u64, Holder)>>,
+    /// GPU → start offset → first holder.
+    by_gpu: BTreeMap<GpuId, BTreeMap<u64, Holder>>,
 }
 
 impl SharedBos {
-    /// The BO of `size` bytes at mmap offset `offset` of host GPU `gpu`,
-    /// saved by `holder`.  Err: another holder has (part of) that range.
-    /// A BO without an offset (size 0) claims nothing.
-    pub fn claim(
-        &mut self,
-        gpu: GpuId,
-        offset: u64,
-        size: u64,
-        holder: Holder,
-    ) -> Result<(), Box<SharedBo>> {
-        if size == 0 {
-            return Ok(());
+    /// The BO of `holder.size` bytes at mmap offset `offset` of host GPU
+    /// `gpu`, held by `holder`.  A BO without an offset (size 0) claims
+    /// nothing.  The holder that claimed the range already (a KFD BO claimed
+    /// early, see [`Self::set_file`]) is the first holder again.
+    pub fn claim(&mut self, gpu: GpuId, offset: u64, holder: Holder) -> Result<Claim, SharedBo> {
+        if holder.size == 0 {
+            return Ok(Claim::First);
         }
-        let end = offset.saturating_add(size);
+        let end = offset.saturating_add(holder.size);
         let map = self.by_gpu.entry(gpu).or_default();
         let clash = map
             .range(..end)
             .next_back()
-            .filter(|(&start, (len, _))| start.saturating_add(*len) > offset);
-        if let Some((&start, (_, first))) = clash {
-            return Err(Box::new(SharedBo {
-                gpu,
-                offset: start.max(offset),
-                first: first.clone(),
-                second: holder,
-            }));
+            .filter(|(&start, h)| start.saturating_add(h.size) > offset);
+        let Some((&start, &first)) = clash else {
+            map.insert(offset, holder);
+            return Ok(Claim::First);
+        };
+        if start == offset && first == holder {
+            return Ok(Claim::First);
         }
-        map.insert(offset, (size, holder));
-        Ok(())
+        let why = if start != offset || first.size != holder.size {
+            Why::Overlap
+        } else if first.pid != holder.pid {
+            Why::TwoProcesses
+        } else if matches!(holder.held_in, HeldIn::Kfd { .. }) {
+            Why::KfdImports
+        } else {
+            return Ok(Claim::Same(first));
+        };
+        Err(SharedBo {
+            gpu,
+            offset: start.max(offset),
+            first,
+            second: holder,
+            why,
+        })
     }
 
-    /// [`Self::claim`] of every BO of `bos` (host GPU, mmap offset, size,
-    /// holder), all or none: on a clash the ones claimed here are given
-    /// back.
-    pub fn claim_all(
-        &mut self,
-        bos: impl IntoIterator<Item = (GpuId, u64, u64, Holder)>,
-    ) -> Result<(), Box<SharedBo>> {
-        let mut done = Vec::new();
-        for (gpu, offset, size, holder) in bos {
-            if let Err(e) = self.claim(gpu, offset, size, holder) {
-                for (g, o) in done {
-                    if let Some(m) = self.by_gpu.get_mut(&g) {
-                        m.remove(&o);
-                    }
-                }
-                return Err(e);
-            }
-            if size > 0 {
-                done.push((gpu, offset));
+    /// The file of the KFD BOs of `pid` claimed before their file was
+    /// reached.
+    pub fn set_file(&mut self, pid: i32, file: FileId) {
+        for h in self.by_gpu.values_mut().flat_map(|m| m.values_mut()) {
+            if h.pid == pid && h.file.is_none() && matches!(h.held_in, HeldIn::Kfd { .. }) {
+                h.file = Some(file);
             }
         }
-        Ok(())
+    }
+
+    /// [`Self::claim`] of every BO of `bos` (host GPU, mmap offset,
+    /// holder), all or none: on a refusal the ones claimed here are given
+    /// back.  What each became, in order.
+    pub fn claim_all(
+        &mut self,
+        bos: impl IntoIterator<Item = (GpuId, u64, Holder)>,
+    ) -> Result<Vec<Claim>, Box<SharedBo>> {
+        let mut done = Vec::new();
+        let mut claims = Vec::new();
+        for (gpu, offset, holder) in bos {
+            let known = self
+                .by_gpu
+                .get(&gpu)
+                .is_some_and(|m| m.contains_key(&offset));
+            match self.claim(gpu, offset, holder) {
+                Ok(c) => {
+                    if c == Claim::First && holder.size > 0 && !known {
+                        done.push((gpu, offset));
+                    }
+                    claims.push(c);
+                }
+                Err(e) => {
+                    for (g, o) in done {
+                        if let Some(m) = self.by_gpu.get_mut(&g) {
+                            m.remove(&o);
+                        }
+                    }
+                    return Err(Box::new(e));
+                }
+            }
+        }
+        Ok(claims)
     }
 }
 
@@ -128,54 +232,112 @@ impl SharedBos {
 mod tests {
     use super::*;
 
-    fn h(pid: i32, what: &str) -> Holder {
+    fn render(pid: i32, file: u32, handle: u32, size: u64) -> Holder {
         Holder {
             pid,
-            what: what.into(),
+            file: Some(FileId(file)),
+            index: handle - 1,
+            size,
+            held_in: HeldIn::Render {
+                minor: RenderMinor(128),
+                handle,
+            },
+        }
+    }
+
+    fn kfd(pid: i32, index: u32, size: u64) -> Holder {
+        Holder {
+            pid,
+            file: None,
+            index,
+            size,
+            held_in: HeldIn::Kfd {
+                task_fd: 4,
+                va: 0x7f00_0000_0000,
+            },
         }
     }
 
     #[test]
-    fn a_range_held_twice_on_one_gpu_names_both_holders() {
+    fn a_further_holder_of_one_process_is_the_same_bo() {
         let mut s = SharedBos::default();
         let g = GpuId(0x3f2c);
-        s.claim(g, 0x10000, 0x4000, h(7, "fd 4 (/dev/kfd), BO 0"))
-            .unwrap();
-        s.claim(g, 0x14000, 0x1000, h(7, "render file 5, GEM handle 1"))
-            .unwrap();
+        let a = render(7, 5, 1, 0x4000);
+        assert_eq!(s.claim(g, 0x10000, a), Ok(Claim::First));
         // The same offsets on another GPU are another BO.
-        s.claim(GpuId(0x51e7), 0x10000, 0x4000, h(7, "fd 4, BO 1"))
-            .unwrap();
-        let e = s
-            .claim(g, 0x13000, 0x1000, h(8, "render file 9, GEM handle 2"))
-            .unwrap_err();
-        assert_eq!((e.gpu, e.offset), (g, 0x13000));
-        assert_eq!(e.first, h(7, "fd 4 (/dev/kfd), BO 0"));
-        let m = e.to_string();
-        assert!(m.contains("pid 7: fd 4 (/dev/kfd), BO 0"), "{m}");
-        assert!(m.contains("pid 8: render file 9, GEM handle 2"), "{m}");
-        assert!(m.contains("GPU 0x3f2c"), "{m}");
-        // A range that starts inside an earlier one.
-        let e = s
-            .claim(g, 0xf000, 0x2000, h(8, "render file 9, GEM handle 3"))
-            .unwrap_err();
-        assert_eq!(e.offset, 0x10000);
+        let other = render(7, 6, 1, 0x4000);
+        assert_eq!(s.claim(GpuId(0x51e7), 0x10000, other), Ok(Claim::First));
+        assert_eq!(
+            s.claim(g, 0x10000, render(7, 9, 2, 0x4000)),
+            Ok(Claim::Same(a))
+        );
+        // Another file with the same handle number is another holder.
+        assert_eq!(
+            s.claim(g, 0x10000, render(7, 10, 1, 0x4000)),
+            Ok(Claim::Same(a))
+        );
         // Next to it, no clash; no offset, no claim.
-        s.claim(g, 0x15000, 0x1000, h(8, "x")).unwrap();
-        s.claim(g, 0x10000, 0, h(8, "userptr")).unwrap();
+        assert_eq!(
+            s.claim(g, 0x14000, render(8, 9, 3, 0x1000)),
+            Ok(Claim::First)
+        );
+        assert_eq!(s.claim(g, 0x10000, render(8, 9, 4, 0)), Ok(Claim::First));
+    }
+
+    #[test]
+    fn what_cannot_be_one_bo_names_both_holders() {
+        let mut s = SharedBos::default();
+        let g = GpuId(0x3f2c);
+        s.claim(g, 0x10000, kfd(7, 0, 0x4000)).unwrap();
+        s.set_file(7, FileId(11));
+        let e = s.claim(g, 0x13000, render(7, 9, 2, 0x1000)).unwrap_err();
+        assert_eq!((e.gpu, e.offset, e.why), (g, 0x13000, Why::Overlap));
+        assert_eq!(e.first.file, Some(FileId(11)));
+        let m = e.to_string();
+        for want in [
+            "pid 7: fd 4 (/dev/kfd), BO 0 (16384 bytes at GPU VA 0x7f0000000000)",
+            "pid 7: render node /dev/dri/renderD128 (file 9), GEM handle 2 (4096 bytes)",
+            "GPU 0x3f2c",
+            "a restore would make two copies",
+        ] {
+            assert!(m.contains(want), "{want:?} not in {m}");
+        }
+        let e = s.claim(g, 0x10000, render(8, 9, 2, 0x4000)).unwrap_err();
+        assert_eq!(e.why, Why::TwoProcesses);
+        // A range that starts inside an earlier one.
+        let e = s.claim(g, 0xf000, render(7, 9, 3, 0x2000)).unwrap_err();
+        assert_eq!((e.offset, e.why), (0x10000, Why::Overlap));
+        // KFD as the further holder.
+        s.claim(g, 0x20000, render(7, 9, 1, 0x1000)).unwrap();
+        let e = s.claim(g, 0x20000, kfd(7, 1, 0x1000)).unwrap_err();
+        assert_eq!(e.why, Why::KfdImports);
+    }
+
+    #[test]
+    fn a_kfd_bo_claimed_early_is_its_own_first_holder() {
+        let mut s = SharedBos::default();
+        let g = GpuId(1);
+        s.claim(g, 0x8000, kfd(3, 0, 0x1000)).unwrap();
+        assert_eq!(s.claim(g, 0x8000, kfd(3, 0, 0x1000)), Ok(Claim::First));
     }
 
     #[test]
     fn a_refused_batch_claims_nothing() {
         let mut s = SharedBos::default();
         let g = GpuId(1);
-        s.claim(g, 0x8000, 0x1000, h(1, "a")).unwrap();
+        s.claim(g, 0x8000, render(1, 1, 1, 0x1000)).unwrap();
         let batch = vec![
-            (g, 0x1000, 0x1000, h(2, "b")),
-            (g, 0x8000, 0x1000, h(2, "c")),
+            (g, 0x1000, render(2, 2, 1, 0x1000)),
+            (g, 0x8000, render(2, 2, 2, 0x1000)),
         ];
-        assert_eq!(s.claim_all(batch).unwrap_err().first, h(1, "a"));
-        s.claim(g, 0x1000, 0x1000, h(3, "d"))
-            .expect("the batch's first claim was given back");
+        assert_eq!(
+            s.claim_all(batch).unwrap_err().first,
+            render(1, 1, 1, 0x1000)
+        );
+        assert_eq!(
+            s.claim(g, 0x1000, render(3, 3, 1, 0x1000)),
+            Ok(Claim::First),
+            "the batch's first claim was given back"
+        );
     }
 }

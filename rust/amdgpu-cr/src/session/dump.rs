@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use kfd_abi::handle::{Access, Kfd, Mapping, ProcessInfo};
 use kfd_abi::sys;
 
-use super::dmabuf::{Holder, SharedBos};
+use super::dmabuf::{Claim, HeldIn, Holder, SharedBos};
 use super::guardian::Guardian;
 use super::signals;
 use super::{gpu_jobs, human_bytes, log_gpu_stats, owned_dmabufs, HelperLog, SessionError};
@@ -40,13 +40,14 @@ use crate::bo;
 use crate::copy::{dump_contents_encoded, DumpOutcome};
 use crate::env::{self, EnginePolicy};
 use crate::ids::{GpuId, GpuVa, MmapOffset, RenderMinor};
-use crate::image::{FileId, KfdImage};
+use crate::image::{FileId, KfdImage, RenderImage};
 use crate::os::fd::{pidfd_getfd, same_open_file, task_fds};
 use crate::os::process::pidfd_open;
 use crate::plan::{
     plan_dump, render_image, stat_fd, stat_path, BoBucket, CheckpointData, DeviceBucket,
     DeviceIdentities, DeviceKind, DumpPlan, GpuWork, SharedMem, HSAKMT_SEMAPHORE_FILE, HSAKMT_SHM,
 };
+use crate::proto::DrmBoEntry;
 use crate::topology::{Topology, SYSFS_NODES};
 use crate::validate::digests::{self, Digests};
 use crate::validate::{self, chain};
@@ -137,8 +138,12 @@ pub struct DumpSession {
     digests: Digests,
     /// Pre-dump: how long the KFD processes' queues were paused, in all.
     pause_total: Duration,
-    /// The BOs saved so far, to refuse one held by two files.
+    /// The BOs saved so far, to save one held by two files once.
     shared: SharedBos,
+    /// Render images with a BO that is the same BO as one of a KFD file
+    /// of their process not dumped yet: written once that file is, with
+    /// its id ([`Self::write_pending`]).  (task, file id, image).
+    pending: Vec<(i32, FileId, RenderImage)>,
 }
 
 impl DumpSession {
@@ -155,6 +160,7 @@ impl DumpSession {
             digests: Digests::default(),
             pause_total: Duration::ZERO,
             shared: SharedBos::default(),
+            pending: Vec::new(),
         }
     }
 
@@ -536,7 +542,8 @@ impl DumpSession {
         let plan = plan_dump(topology, &p.ckpt, task_shared_mem(owner)?)
             .map_err(|e| SessionError::core(owner, "planning the GPU dump", e))?;
         if !live {
-            let held = kfd_holders(owner, p.task_fd, &plan.gpus, &p.ckpt.bos);
+            self.shared.set_file(owner, id);
+            let held = kfd_holders(owner, (p.task_fd, Some(id)), &plan.gpus, &p.ckpt.bos);
             self.claim(owner, held)?;
         }
         let p = &self.procs[i];
@@ -596,7 +603,51 @@ impl DumpSession {
             start.elapsed().as_secs_f64() * 1e3
         );
         self.procs[i].dumped = true;
+        self.write_pending(owner, id, dir)
+    }
+
+    /// The render images of `pid` that waited for its KFD file `id`
+    /// ([`Self::pending`]): their links to it completed, written.
+    fn write_pending(&mut self, pid: i32, id: FileId, dir: &Path) -> Result<(), SessionError> {
+        let (mine, rest) = std::mem::take(&mut self.pending)
+            .into_iter()
+            .partition(|(p, _, _)| *p == pid);
+        self.pending = rest;
+        for (_, rid, mut img) in mine {
+            for b in &mut img.msg.bo_entries {
+                if b.same_bo_index.is_some() && b.same_bo_file.is_none() {
+                    b.same_bo_file = Some(id.0);
+                }
+            }
+            self.write_render(pid, rid, &img, dir)?;
+        }
         Ok(())
+    }
+
+    fn write_render(
+        &mut self,
+        pid: i32,
+        id: FileId,
+        img: &RenderImage,
+        dir: &Path,
+    ) -> Result<(), SessionError> {
+        img.write(dir, id)
+            .map_err(|e| SessionError::core(pid, "writing the render-node image", e))?;
+        self.digests.add_render_in(dir, id, img);
+        Ok(())
+    }
+
+    /// Before a render file of `pid` is saved: the BOs of its KFD
+    /// processes not dumped yet claimed, so that a BO the render file
+    /// imported from KFD is recorded as the KFD BO ([`SharedBos`]).
+    fn claim_kfd_early(&mut self, pid: i32, topology: &Topology) -> Result<(), SessionError> {
+        let mut held = Vec::new();
+        for p in self.procs.iter().filter(|p| p.task == pid && !p.dumped) {
+            let plan = plan_dump(topology, &p.ckpt, task_shared_mem(pid)?)
+                .map_err(|e| SessionError::core(pid, "planning the GPU dump", e))?;
+            held.extend(kfd_holders(pid, (p.task_fd, None), &plan.gpus, &p.ckpt.bos));
+        }
+        self.claim(pid, held).map(|_| ())
     }
 
     /// The render image of file `fd`, with the GEM BOs it holds
@@ -626,20 +677,32 @@ impl DumpSession {
             staging_cap: self.opts.staging_cap,
             compress: self.opts.compress,
         };
-        super::gem::save(pid, fd, (minor, id, actual), &mut img, dir, copying)?;
-        let held = img.msg.bo_entries.iter().map(|b| {
-            let what = format!(
-                "render node {} (file {id}), GEM handle {} ({} bytes)",
-                minor.path(),
-                b.handle,
-                b.size
+        self.claim_kfd_early(pid, &topology)?;
+        let mut link = |bos: &mut [DrmBoEntry]| self.link_render(pid, (minor, id, actual), bos);
+        super::gem::save(
+            pid,
+            fd,
+            (minor, id, actual),
+            &mut img,
+            dir,
+            copying,
+            &mut link,
+        )?;
+        let waits = img
+            .msg
+            .bo_entries
+            .iter()
+            .any(|b| b.same_bo_index.is_some() && b.same_bo_file.is_none());
+        if waits {
+            log::info!(
+                "pid {pid}: render node {} (file {id}) holds a BO of a KFD file not dumped yet: \
+                 its image is written with that file's",
+                minor.path()
             );
-            (actual, b.offset, b.size, Holder { pid, what })
-        });
-        self.claim(pid, held)?;
-        img.write(dir, id)
-            .map_err(|e| SessionError::core(pid, "writing the render-node image", e))?;
-        self.digests.add_render_in(dir, id, &img);
+            self.pending.push((pid, id, img));
+            return Ok(());
+        }
+        self.write_render(pid, id, &img, dir)?;
         log::info!(
             "pid {pid}: render node {} saved as GPU {}",
             minor.path(),
@@ -648,19 +711,59 @@ impl DumpSession {
         Ok(())
     }
 
-    /// The BOs of a file `pid` holds, saved: refused if another file of
-    /// the dump holds one of them ([`SharedBos`]).
+    /// The BOs of a file `pid` holds, claimed ([`SharedBos`]): refused
+    /// where they cannot be saved as one BO with another file's.
     fn claim(
         &mut self,
         pid: i32,
-        held: impl IntoIterator<Item = (GpuId, u64, u64, Holder)>,
-    ) -> Result<(), SessionError> {
+        held: impl IntoIterator<Item = (GpuId, u64, Holder)>,
+    ) -> Result<Vec<Claim>, SessionError> {
         self.shared
             .claim_all(held)
             .map_err(|e| SessionError::State {
                 pid,
                 what: e.to_string(),
             })
+    }
+
+    /// The GEM BOs `bos` of render file `id` claimed: one another file of
+    /// the process saved already is recorded as that file's BO (criu-dev's
+    /// `is_import`, our `same_bo_file`/`same_bo_index`; no bytes saved).
+    fn link_render(
+        &mut self,
+        pid: i32,
+        (minor, id, actual): (RenderMinor, FileId, GpuId),
+        bos: &mut [DrmBoEntry],
+    ) -> Result<(), SessionError> {
+        let held = bos.iter().enumerate().map(|(i, b)| {
+            let holder = Holder {
+                pid,
+                file: Some(id),
+                index: i as u32,
+                size: b.size,
+                held_in: HeldIn::Render {
+                    minor,
+                    handle: b.handle,
+                },
+            };
+            (actual, b.offset, holder)
+        });
+        let held: Vec<_> = held.collect();
+        let claims = self.claim(pid, held)?;
+        for (b, c) in bos.iter_mut().zip(claims) {
+            if let Claim::Same(first) = c {
+                log::info!(
+                    "pid {pid}: render node {} (file {id}), GEM handle {}: the same BO as {first} \
+                     (saved once, restored by importing it)",
+                    minor.path(),
+                    b.handle
+                );
+                b.is_import = 1;
+                b.same_bo_file = first.file.map(|f| f.0);
+                b.same_bo_index = Some(first.index);
+            }
+        }
+        Ok(())
     }
 
     /// Once every image is written: records the size and digest of every
@@ -744,6 +847,15 @@ impl DumpSession {
     /// After all memory is dumped: every paused KFD process must have been
     /// saved.
     pub fn check_complete(&self) -> Result<(), SessionError> {
+        if let Some((pid, id, _)) = self.pending.first() {
+            return Err(SessionError::State {
+                pid: *pid,
+                what: format!(
+                    "render-node file {id} holds a BO of a KFD file of its process that was \
+                     never dumped; its image was not written"
+                ),
+            });
+        }
         match self.procs.iter().find(|p| !p.dumped) {
             None => Ok(()),
             Some(p) => Err(SessionError::State {
@@ -912,19 +1024,25 @@ fn real_pid_of(vpid: u32, like: i32) -> Option<i32> {
 /// `task_fd`) with their host GPU and mmap offset, for [`SharedBos`].
 fn kfd_holders(
     owner: i32,
-    task_fd: RawFd,
+    (task_fd, file): (RawFd, Option<FileId>),
     gpus: &[GpuWork],
     bos: &[BoBucket],
-) -> Vec<(GpuId, u64, u64, Holder)> {
+) -> Vec<(GpuId, u64, Holder)> {
     gpus.iter()
         .flat_map(|w| w.bos.iter().map(move |&i| (w.actual, i)))
         .filter_map(|(gpu, i)| {
             let b = bos.get(i)?;
-            let what = format!(
-                "fd {task_fd} (/dev/kfd), BO {i} ({} bytes at GPU VA {:#x})",
-                b.size, b.addr.0
-            );
-            Some((gpu, b.offset.0, b.size, Holder { pid: owner, what }))
+            let holder = Holder {
+                pid: owner,
+                file,
+                index: i as u32,
+                size: b.size,
+                held_in: HeldIn::Kfd {
+                    task_fd,
+                    va: b.addr.0,
+                },
+            };
+            Some((gpu, b.offset.0, holder))
         })
         .collect()
 }

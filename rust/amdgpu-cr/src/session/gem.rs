@@ -14,9 +14,14 @@
 //! fails the dump ([`refuse_contexts`]); every BO is waited idle
 //! (GEM_WAIT_IDLE) before its bytes are copied.
 //!
+//! A BO another file of the dump holds already (a dma-buf imported on the
+//! same GPU: see [`super::dmabuf`]) is recorded as that file's BO
+//! (`same_bo_file`, `same_bo_index`) and its bytes are not saved again.
+//!
 //! Restore ([`restore`], when CRIU opens the render file), in this order:
 //! 1. [`recreate`]: each object again with GEM_CREATE, in ascending handle
-//!    order.  The kernel gives the lowest free handle, so a file whose
+//!    order (a BO that is another file's: a dma-buf of it imported with
+//!    PRIME_FD_TO_HANDLE, which takes the lowest free handle the same way).  The kernel gives the lowest free handle, so a file whose
 //!    handles have no holes gets the same ones; a hole is renamed over with
 //!    GEM_CHANGE_HANDLE where the kernel has it (Linux 6.18.0 to 6.18.35),
 //!    and elsewhere (before 6.18, from 6.18.36 and 7.1 on: EINVAL) filled
@@ -30,7 +35,7 @@
 //!    mappings of the render file ([`super::restore::RestoreSession::update_vma`]).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 
 use kfd_abi::handle::RenderNode;
@@ -80,8 +85,14 @@ fn kfd_err(
     move |source| SessionError::Kfd { pid, step, source }
 }
 
+/// What a dump does with a render file's listed BOs before their bytes
+/// are saved: marks the ones another file of the dump holds as that file's
+/// (`same_bo_*`, whose bytes are then not saved again), or refuses.
+pub(crate) type Link<'a> = dyn FnMut(&mut [DrmBoEntry]) -> Result<(), SessionError> + 'a;
+
 /// Dump: the GEM objects of render file `fd` (CRIU file `id`, minor
-/// `minor`, of host GPU `actual`) into `img` and its pages file in `dir`.
+/// `minor`, of host GPU `actual`) into `img` and its pages file in `dir`;
+/// `link` sees them first.
 pub(crate) fn save(
     pid: i32,
     fd: BorrowedFd<'_>,
@@ -89,6 +100,7 @@ pub(crate) fn save(
     img: &mut RenderImage,
     dir: &Path,
     copying: Copying,
+    link: &mut Link<'_>,
 ) -> Result<(), SessionError> {
     let node = RenderNode::from_fd(fd);
     refuse_contexts(pid, &node, minor, id)?;
@@ -107,6 +119,7 @@ pub(crate) fn save(
     for e in &list {
         entries.push(describe(pid, &node, minor, id, e)?);
     }
+    link(&mut entries)?;
     wait_idle(pid, &node, minor, id, &list)?;
     img.msg.num_of_bos = Some(entries.len() as u64);
     img.msg.bo_entries = entries;
@@ -435,8 +448,9 @@ fn copy_jobs<'a>(
 }
 
 /// The copy work of a render image's GEM BOs on host GPU `actual` (its
-/// render node `minor`): every BO, in image order, at its mmap offset of
-/// the dump, or at `restored` ones.
+/// render node `minor`): every BO with bytes of its own (not one that is
+/// another image's BO), in image order, at its mmap offset of the dump, or
+/// at `restored` ones.
 fn contents_work(
     img: &RenderImage,
     actual: GpuId,
@@ -459,13 +473,16 @@ fn contents_work(
             dmabuf_fd: bo::KFD_INVALID_FD,
         })
         .collect();
+    let own = || buckets.iter().filter(|b| bo::has_contents(b.alloc_flags));
     let work = GpuWork {
         user: img.gpu_id(),
         actual,
         render_minor: minor,
-        bos: (0..buckets.len()).collect(),
-        total: buckets.iter().map(|b| b.size).sum(),
-        largest: buckets.iter().map(|b| b.size).max().unwrap_or(0),
+        bos: (0..buckets.len())
+            .filter(|&i| bo::has_contents(buckets[i].alloc_flags))
+            .collect(),
+        total: own().map(|b| b.size).sum(),
+        largest: own().map(|b| b.size).max().unwrap_or(0),
     };
     (work, buckets)
 }
@@ -551,9 +568,15 @@ impl std::fmt::Display for HandleMethod {
     }
 }
 
+/// Where a restore gets a BO that is another image's BO
+/// (`same_bo_file`/`same_bo_index`): a dma-buf of that BO, restored
+/// already, to import.
+pub(crate) type Source<'a> = dyn FnMut(&DrmBoEntry) -> Result<OwnedFd, SessionError> + 'a;
+
 /// Restore: the GEM objects of render image `img` (file `id`) on the
 /// restored render file `fd` of host GPU `actual` (render node `minor`),
 /// their GPU mappings and bytes; the new mmap offsets for the CPU mappings.
+/// A BO that is another image's is imported from `source`.
 pub(crate) fn restore(
     vpid: i32,
     fd: BorrowedFd<'_>,
@@ -561,9 +584,10 @@ pub(crate) fn restore(
     (minor, id, actual): (RenderMinor, FileId, GpuId),
     dir: &Path,
     copying: Copying,
+    source: &mut Source<'_>,
 ) -> Result<GemFixups, SessionError> {
     let node = RenderNode::from_fd(fd);
-    let (handles, method) = recreate(vpid, &node, img, minor, id)?;
+    let (handles, method) = recreate(vpid, &node, img, (minor, id), source)?;
     log::info!(
         "pid {vpid}: {}: {} GEM object(s) recreated; mapping them in the GPU VM and restoring \
          their bytes",
@@ -635,8 +659,8 @@ fn recreate(
     vpid: i32,
     node: &RenderNode<BorrowedFd<'_>>,
     img: &RenderImage,
-    minor: RenderMinor,
-    id: FileId,
+    (minor, id): (RenderMinor, FileId),
+    source: &mut Source<'_>,
 ) -> Result<(Vec<u32>, HandleMethod), SessionError> {
     let taken: BTreeSet<u32> = match node.gem_list_handles() {
         Ok(l) => l.iter().map(|e| e.gem_handle).collect(),
@@ -653,6 +677,7 @@ fn recreate(
         method: HandleMethod::default(),
         placeholders: Vec::new(),
         made: Vec::new(),
+        source,
     };
     let result = order.into_iter().try_for_each(|b| r.one(b, &taken));
     let freed = r.free_placeholders();
@@ -666,7 +691,7 @@ fn recreate(
 
 /// [`recreate`]'s state: the objects made so far and the placeholders that
 /// fill holes.
-struct Recreation<'n, 'f> {
+struct Recreation<'n, 'f, 's, 'x> {
     vpid: i32,
     node: &'n RenderNode<BorrowedFd<'f>>,
     minor: RenderMinor,
@@ -674,9 +699,32 @@ struct Recreation<'n, 'f> {
     method: HandleMethod,
     placeholders: Vec<u32>,
     made: Vec<u32>,
+    source: &'s mut Source<'x>,
 }
 
-impl Recreation<'_, '_> {
+impl Recreation<'_, '_, '_, '_> {
+    /// `b` made on the file: created, or imported when it is another
+    /// image's BO.  Its handle.
+    fn make(&mut self, b: &DrmBoEntry) -> Result<u32, SessionError> {
+        if b.same_bo_index.is_none() {
+            return create(self.vpid, self.node, b, self.minor, self.id);
+        }
+        let dmabuf = (self.source)(b)?;
+        self.node
+            .prime_fd_to_handle(dmabuf.as_fd())
+            .map_err(kfd_err(
+                self.vpid,
+                self.minor,
+                self.id,
+                format!(
+                    "PRIME_FD_TO_HANDLE of GEM handle {} (the same BO as BO {} of file {})",
+                    b.handle,
+                    b.same_bo_index.unwrap_or_default(),
+                    b.same_bo_file.unwrap_or_default()
+                ),
+            ))
+    }
+
     /// The refusal of `b`'s handle, for `why`.
     fn lost(&self, b: &DrmBoEntry, why: String) -> SessionError {
         SessionError::State {
@@ -700,7 +748,7 @@ impl Recreation<'_, '_> {
         if self.method.change_refused.is_some() {
             self.fill(b)?;
         }
-        let h = create(self.vpid, self.node, b, self.minor, self.id)?;
+        let h = self.make(b)?;
         self.made.push(h);
         if h == b.handle {
             return Ok(());
@@ -742,7 +790,7 @@ impl Recreation<'_, '_> {
             format!("closing handle {h}"),
         ))?;
         self.fill(b)?;
-        let h = create(self.vpid, self.node, b, self.minor, self.id)?;
+        let h = self.make(b)?;
         self.made.push(h);
         if h != b.handle {
             return Err(self.lost(

@@ -38,6 +38,7 @@ use crate::plan::{
     open_semaphore, plan_restore, same_file, stat_path, BoBucket, DeviceIdentities, DeviceKind,
     RestorePlan, SharedMem, VmaFixups, HSAKMT_SEMAPHORE, HSAKMT_SEMAPHORE_FILE, HSAKMT_SHM,
 };
+use crate::proto::DrmBoEntry;
 use crate::topology::{Topology, SYSFS_NODES};
 
 /// Oldest KFD interface with the CRIU ops.
@@ -201,12 +202,22 @@ struct RestoredKfd {
     posted: Option<Posted>,
 }
 
+/// A render file whose GEM BOs were restored in this task.
+struct RestoredGem {
+    fixups: super::gem::GemFixups,
+    /// A dup of the file, to map the BOs through.
+    file: OwnedFd,
+    id: FileId,
+    /// The BOs' handles, in image order.
+    handles: Vec<u32>,
+}
+
 /// A copy job on the writer's board, and the fds it names that only this
 /// task holds until the writer has taken them.
 struct Posted {
     slot: usize,
     _memfd: OwnedFd,
-    _dmabufs: Vec<Option<OwnedFd>>,
+    dmabufs: Vec<Option<OwnedFd>>,
     /// The writer's end of the gate channel (closed once the writer took
     /// it: from then on its end-of-file is the writer's death).
     _chan_writer: OwnedFd,
@@ -237,7 +248,7 @@ pub struct RestoreSession {
     task: Option<(i32, RawFd)>,
     /// The render files whose GEM BOs were restored: their new mmap
     /// offsets, and a dup of the file to map them through.
-    gems: Vec<(super::gem::GemFixups, OwnedFd)>,
+    gems: Vec<RestoredGem>,
     /// Files checked or recreated for the task (libhsakmt's shared memory
     /// and semaphore) by absolute path, held until its files and mappings
     /// are restored: CRIU opens those through these fds.
@@ -605,10 +616,70 @@ impl RestoreSession {
             staging_cap: self.opts.staging_cap,
             compress: None,
         };
-        let fixups = super::gem::restore(vpid, fd, img, (minor, id, actual), dir, copying)?;
+        let mut source = |b: &DrmBoEntry| self.same_bo(vpid, id, b);
+        let fixups = super::gem::restore(
+            vpid,
+            fd,
+            img,
+            (minor, id, actual),
+            dir,
+            copying,
+            &mut source,
+        )?;
         let file = dup_at_least(fd, fd_floor).map_err(os_step(vpid, "dup of a render node"))?;
-        self.gems.push((fixups, file));
+        self.gems.push(RestoredGem {
+            fixups,
+            file,
+            id,
+            handles: img.msg.bo_entries.iter().map(|b| b.handle).collect(),
+        });
         Ok(())
+    }
+
+    /// A dma-buf of the BO that GEM BO `b` of render file `id` is
+    /// (`same_bo_file`, `same_bo_index`), restored in this task already: a
+    /// KFD BO (the dma-buf KFD's RESTORE gave) or another render file's
+    /// (exported with PRIME).  A BO not restored yet fails the restore,
+    /// naming both.
+    fn same_bo(&self, vpid: i32, id: FileId, b: &DrmBoEntry) -> Result<OwnedFd, SessionError> {
+        let (file, index) = (
+            FileId(b.same_bo_file.unwrap_or_default()),
+            b.same_bo_index.unwrap_or_default(),
+        );
+        let what = format!(
+            "render-node file {id}, GEM handle {}: the same BO as BO {index} of file {file}",
+            b.handle
+        );
+        let missing = |why: &str| SessionError::State {
+            pid: vpid,
+            what: format!("{what}, which {why}"),
+        };
+        if let Some(k) = self.kfds.iter().find(|k| k.id == file) {
+            let dmabuf = k
+                .posted
+                .as_ref()
+                .and_then(|p| p.dmabufs.get(index as usize))
+                .and_then(|d| d.as_ref())
+                .ok_or_else(|| missing("KFD's RESTORE gave no dma-buf of"))?;
+            return dmabuf
+                .try_clone()
+                .map_err(os_step(vpid, format!("{what}: dup of its dma-buf")));
+        }
+        let g = self
+            .gems
+            .iter()
+            .find(|g| g.id == file)
+            .ok_or_else(|| missing("this task has not restored (files are restored in fd order; a BO held by another process is not restored)"))?;
+        let h = *g
+            .handles
+            .get(index as usize)
+            .ok_or_else(|| missing("its image does not have"))?;
+        RenderNode::from_fd(g.file.as_fd())
+            .prime_handle_to_fd(h, libc::O_CLOEXEC as u32 | libc::O_RDWR as u32)
+            .map_err(kfd_step(
+                vpid,
+                format!("{what}: PRIME_HANDLE_TO_FD of its handle {h}"),
+            ))
     }
 
     /// The file of render image `img` (CRIU file `id`), the host render
@@ -764,11 +835,12 @@ impl RestoreSession {
         pgoff: u64,
         len: u64,
     ) -> Result<Option<(u64, OwnedFd)>, SessionError> {
-        for (g, file) in &self.gems {
-            let Some((offset, handle)) = g.lookup(m.0, pgoff, len) else {
+        for g in &self.gems {
+            let Some((offset, handle)) = g.fixups.lookup(m.0, pgoff, len) else {
                 continue;
             };
-            let fd = file
+            let fd = g
+                .file
                 .try_clone()
                 .map_err(os_step(vpid, "dup for a device mapping"))?;
             log::debug!(
@@ -1015,7 +1087,7 @@ fn post_job(
     Ok(Posted {
         slot,
         _memfd: memfd,
-        _dmabufs: dmabufs,
+        dmabufs,
         _chan_writer: chan_writer,
         chan_task,
     })

@@ -1,0 +1,207 @@
+//! "Same BO as" records across images (issue 29): a render image's GEM BO
+//! that is another image's BO (`same_bo_file`, `same_bo_index`: a dma-buf
+//! of it imported into the render file) must point at a BO that exists,
+//! has its size and GPU, and holds bytes of its own (a BO that is itself
+//! another's is refused, so no chain and no cycle gets to a restore).
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use super::Refusal;
+use crate::bo;
+use crate::image::{kfd_image_name, render_image_name, FileId, KfdImage, RenderImage};
+
+/// What a link may point at: (size, user GPU, whether it is a BO with
+/// bytes of its own).
+type Target = (u64, u32, bool);
+
+/// Every link of the render images among `files` in `dir`: the refusals.
+pub(crate) fn check(dir: &Path, files: &BTreeSet<String>) -> Vec<Refusal> {
+    let mut out = Vec::new();
+    for name in files.iter().filter(|n| n.starts_with("amdgpu-renderD-")) {
+        let Some(id) = crate::image::render_image_id(name) else {
+            continue;
+        };
+        // An image that does not read is refused by its own check.
+        let Ok(img) = RenderImage::read(dir, id) else {
+            continue;
+        };
+        for (i, b) in img.msg.bo_entries.iter().enumerate() {
+            let (Some(file), Some(index)) = (b.same_bo_file, b.same_bo_index) else {
+                continue;
+            };
+            let field = |f: &str| format!("bo_entries[{i}].{f}");
+            let bad = |f: &str, why: String| {
+                Refusal::new(
+                    name.as_str(),
+                    Some(img.gpu_id()),
+                    field(f),
+                    format!("GEM handle {}: {why}", b.handle),
+                )
+            };
+            let why = match target(dir, files, FileId(file), index) {
+                Err(why) => Some(("same_bo_file", why)),
+                Ok(None) => Some((
+                    "same_bo_index",
+                    format!("file {file}'s image has no BO {index}"),
+                )),
+                Ok(Some((_, _, false))) => Some((
+                    "same_bo_index",
+                    format!(
+                        "BO {index} of file {file} is itself another BO's or holds no bytes: \
+                         a chain or cycle of \"same BO as\" records"
+                    ),
+                )),
+                Ok(Some((size, _, _))) if size != b.size => Some((
+                    "size",
+                    format!(
+                        "is {} but BO {index} of file {file}, the same BO, has {size} bytes",
+                        b.size
+                    ),
+                )),
+                Ok(Some((_, gpu, _))) if gpu != img.msg.gpu_id => Some((
+                    "same_bo_file",
+                    format!(
+                        "BO {index} of file {file} is of GPU {:#x}, not this image's",
+                        gpu
+                    ),
+                )),
+                Ok(Some(_)) => None,
+            };
+            if let Some((f, why)) = why {
+                out.push(bad(f, why));
+            }
+        }
+    }
+    out
+}
+
+/// BO `index` of file `file`'s image (a KFD image or a render image).
+/// `Err`: no such image, or one that does not read.
+fn target(
+    dir: &Path,
+    files: &BTreeSet<String>,
+    file: FileId,
+    index: u32,
+) -> Result<Option<Target>, String> {
+    let i = index as usize;
+    if files.contains(&kfd_image_name(file)) {
+        let img = KfdImage::read(dir, file).map_err(|e| e.to_string())?;
+        return Ok(img
+            .msg
+            .bo_entries
+            .get(i)
+            .map(|b| (b.size, b.gpu_id, bo::has_contents(b.alloc_flags))));
+    }
+    if files.contains(&render_image_name(file)) {
+        let img = RenderImage::read(dir, file).map_err(|e| e.to_string())?;
+        return Ok(img
+            .msg
+            .bo_entries
+            .get(i)
+            .map(|b| (b.size, img.msg.gpu_id, b.same_bo_index.is_none())));
+    }
+    Err(format!(
+        "names file {file}, but the directory has no GPU image of that file ({} or {})",
+        kfd_image_name(file),
+        render_image_name(file)
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::image::tests::{sample_kfd, tempdir};
+    use crate::proto::{CriuRenderNode, DrmBoEntry};
+
+    fn render(gpu: u32, bos: Vec<DrmBoEntry>) -> RenderImage {
+        RenderImage {
+            msg: CriuRenderNode {
+                gpu_id: gpu,
+                num_of_bos: Some(bos.len() as u64),
+                bo_entries: bos,
+                ..Default::default()
+            },
+        }
+    }
+
+    fn bo(size: u64, link: Option<(u32, u32)>) -> DrmBoEntry {
+        DrmBoEntry {
+            size,
+            offset: 0x1_0000_0000,
+            handle: 1,
+            preferred_domains: kfd_abi::sys::AMDGPU_GEM_DOMAIN_VRAM,
+            content_xxh3: link.is_none().then_some(7),
+            is_import: u32::from(link.is_some()),
+            same_bo_file: link.map(|l| l.0),
+            same_bo_index: link.map(|l| l.1),
+            ..Default::default()
+        }
+    }
+
+    /// The refusals of render image 9, whose only BO links to `link`
+    /// with `size` bytes; KFD image 5 (sample_kfd) and render image 6 (a
+    /// 64 KiB BO, and a BO that is KFD BO 0) beside it.
+    fn refusals(size: u64, link: (u32, u32)) -> Vec<String> {
+        let dir = tempdir();
+        KfdImage { msg: sample_kfd() }
+            .write(&dir, FileId(5))
+            .unwrap();
+        let mut six = render(
+            0x1a2b,
+            vec![bo(0x1_0000, None), bo(0x20_0000, Some((5, 0)))],
+        );
+        six.msg.bo_entries[1].handle = 2;
+        six.msg.bo_entries[1].offset = 0x2_0000_0000;
+        six.write(&dir, FileId(6)).unwrap();
+        render(0x1a2b, vec![bo(size, Some(link))])
+            .write(&dir, FileId(9))
+            .unwrap();
+        let files: BTreeSet<String> = ["amdgpu-kfd-5.img", "amdgpu-renderD-6.img"]
+            .into_iter()
+            .chain(["amdgpu-renderD-9.img"])
+            .map(String::from)
+            .collect();
+        let out = check(&dir, &files).iter().map(|r| r.to_string()).collect();
+        out
+    }
+
+    #[test]
+    fn a_link_to_a_bo_of_its_size_and_gpu_holds() {
+        assert_eq!(refusals(0x1_0000, (6, 0)), Vec::<String>::new());
+        assert_eq!(refusals(0x20_0000, (5, 0)), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_link_to_nothing_another_size_or_a_link_is_refused() {
+        for (size, link, want) in [
+            (
+                0x1_0000,
+                (7, 0),
+                "bo_entries[0].same_bo_file: GEM handle 1: names file 7",
+            ),
+            (
+                0x1_0000,
+                (6, 2),
+                "bo_entries[0].same_bo_index: GEM handle 1: file 6's image has no BO 2",
+            ),
+            (
+                0x2000,
+                (6, 0),
+                "bo_entries[0].size: GEM handle 1: is 8192 but BO 0 of file 6",
+            ),
+            (0x20_0000, (6, 1), "a chain or cycle"),
+            // The doorbell: a KFD BO without bytes.
+            (0x2000, (5, 1), "holds no bytes"),
+            (0x1_0000, (9, 0), "a chain or cycle"),
+        ] {
+            let got = refusals(size, link);
+            assert_eq!(got.len(), 1, "{got:?}");
+            assert!(
+                got[0].starts_with("amdgpu-renderD-9.img: GPU 0x1a2b: "),
+                "{got:?}"
+            );
+            assert!(got[0].contains(want), "{want:?} not in {got:?}");
+        }
+    }
+}
