@@ -304,6 +304,11 @@ fn amdgpu_attribute_entries(g: &Gpu, dir: &str, gtt_size: u64) -> Vec<Entry> {
     ]
     .map(|(name, text)| (name.to_owned(), text))
     .into();
+    if g.unique_id != 0 {
+        // The board's serial from its FRU EEPROM (absent without one);
+        // here the ASIC's serial number.
+        files.push(("serial_number".into(), format!("{:016X}", g.unique_id)));
+    }
     if is_mi300_class(g) {
         files.push(("current_compute_partition".into(), "SPX".into()));
         files.push(("current_memory_partition".into(), "NPS1".into()));
@@ -689,6 +694,8 @@ mod tests {
                 let gtt = file(devices, &format!("{dir}/mem_info_gtt_total")).unwrap();
                 assert_eq!(gtt, format!("{}\n", gtt_size(&p)));
                 assert!(gtt_size(&p) > 0);
+                let serial = file(devices, &format!("{dir}/serial_number")).unwrap();
+                assert_eq!(serial, format!("{:016X}\n", g.unique_id));
                 let hw = format!("{dir}/hwmon/hwmon{i}");
                 assert_eq!(file(devices, &format!("{hw}/name")), Some("amdgpu\n"));
                 assert_eq!(file(devices, &format!("{hw}/temp1_input")).is_some(), edge);
