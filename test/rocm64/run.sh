@@ -18,6 +18,11 @@
 #   rocminfo-P    rocminfo 7.2 on profile P lists the profile's GPU agents and their ISA
 #   rocm-smi-P    rocm-smi 6.4 (its default report and --showmeminfo vram) on profile P lists
 #                 every GPU with temperature and power, and the profile's VRAM total for each
+#   rocm-smi-live-P   a ROCr 6.4 process (test/rocm64/vram-hold.c) holds 64 MiB of VRAM and a
+#                 queue on every GPU of P: rocm-smi --showmeminfo vram shows each GPU's VRAM
+#                 used (at least that, and together exactly what the process holds), and
+#                 --showpids the process' pid, its GPUs and its VRAM; once it exited, 0 used on
+#                 every GPU and no KFD process
 #   hsa-P         ROCr 6.4 (test/rocm/hsa-test.c built in the chroot): agents, pools, SDMA
 #                 async copies host<->VRAM and GPU->GPU, every byte verified
 #   hsa-P-kfd1.16 the same with the profile at KFD 1.16 (SDMA queues not by engine id)
@@ -69,7 +74,7 @@ declare -A vram_gib=([mi100]=32 [mi100x2]=32 [mi210x4]=64 [mi250x8]=64 [mi300x8]
 cases() {
 	local p
 	for p in "${profiles[@]}"; do echo "rocminfo-$p"; done
-	echo rocm-smi-mi210x4 rocm-smi-mi300x8 | tr ' ' '\n'
+	echo rocm-smi-mi210x4 rocm-smi-mi300x8 rocm-smi-live-mi210x4 rocm-smi-live-mi300x8 | tr ' ' '\n'
 	for p in "${profiles[@]}"; do echo "hsa-$p"; done
 	echo hsa-mi210x4-kfd1.16 hsa-mi250x8-kfd1.16 cr-same cr-other cr-mi210x4 cr-mi300x8 cr-mi250x8-other | tr ' ' '\n'
 	echo hip-mi210x4 hip-mi300x8 cr-hip-mi210x4 cr-hip-mi300x8 cr-hip-mi210x4-other cr-hip-mi300x8-other | tr ' ' '\n'
@@ -228,11 +233,12 @@ echo "rocm64: chroot $ROOT ready in $(($(date +%s) - t0)) s"
 build_programs() {
 	local d=$ROOT/opt/criu-rocm-tests z=${CRIU_TREE:?}/test/zdtm
 	mkdir -p "$d/src"
-	cp "$top/test/rocm/hsa-test.c" "$top/test/rocm/report.h" "$d/src/" &&
+	cp "$top/test/rocm/hsa-test.c" "$top/test/rocm/report.h" "$here/vram-hold.c" "$d/src/" &&
 		cp "$top"/test/zdtm/static/{gpu_rocr_buffers.c,gpu_round.c,gpu_round.h,rocr_common.c,rocr_common.h,gpu_pattern.h} "$d/src/" &&
 		cp "$z"/lib/*.c "$z"/lib/*.h "$d/src/" && cp -r "$z"/lib/arch/x86/include/. "$d/src/" || return 1
 	chroot "$ROOT" sh -ec 'cd /opt/criu-rocm-tests/src
 		gcc -std=gnu11 -O2 -Wall -o ../hsa-test hsa-test.c -lhsa-runtime64
+		gcc -std=gnu11 -O2 -Wall -o ../vram-hold vram-hold.c -lhsa-runtime64
 		gcc -O2 -D_GNU_SOURCE -D_LARGEFILE64_SOURCE -iquote . -o ../gpu_rocr_buffers gpu_rocr_buffers.c \
 			gpu_round.c rocr_common.c datagen.c msg.c parseargs.c test.c streamutil.c lock.c ns.c tcp.c \
 			unix.c fs.c sysctl.c mem.c file.c mountinfo.c -lhsa-runtime64' >"$top/build/rocm64/programs.log" 2>&1
@@ -314,6 +320,47 @@ run_rocm_smi() { # PROFILE
 		result FAIL "$c" "$rows GPU rows, $sensed with temperature and power, $vram with $bytes B of VRAM (want ${gpus[$p]} each)${bad:+; $bad}; log ${log#"$top"/}"
 	else
 		result PASS "$c" "${gpus[$p]} GPUs listed with temperature and power, each with $bytes B of VRAM"
+	fi
+}
+
+# In the chroot: vram-hold MIB started, rocm-smi's memory and process reports while it holds,
+# "after", and the same once it exited and KFD let its memory go.
+# shellcheck disable=SC2016 # expanded by the chroot's shell
+smi_live_script='out=/tmp/rocm64-vram-hold.out
+/opt/criu-rocm-tests/vram-hold "$1" >$out 2>&1 &
+pid=$! i=0
+until grep -q "^vram-hold: holding" $out; do
+	i=$((i + 1))
+	{ [ $i -lt 600 ] && kill -0 $pid 2>/dev/null; } || { echo "vram-hold did not hold: $(cat $out)"; exit 1; }
+	sleep 0.1
+done
+echo "vram-hold pid $pid"
+rocm-smi --showmeminfo vram && rocm-smi --showpids || exit
+kill -USR1 $pid && wait $pid && tail -n 1 $out
+i=0
+while [ "$(cat /sys/class/drm/card*/device/mem_info_vram_used | sort -u)" != 0 ] && [ $i -lt 100 ]; do
+	i=$((i + 1)) && sleep 0.1
+done
+echo after
+rocm-smi --showmeminfo vram && rocm-smi --showpids'
+
+# The used VRAM lines of rocm-smi --showmeminfo vram on standard input, one number a line.
+vram_used() { sed -n 's/^GPU\[[0-9]*\][[:space:]]*: VRAM Total Used Memory (B): \([0-9]*\)$/\1/p'; }
+
+run_rocm_smi_live() { # PROFILE
+	local p=$1 c=rocm-smi-live-$1 log=$work/rocm-smi-live-$1.log mib=64 n=${gpus[$1]} pid held row used after
+	emu "$log" "$p" 1 sh -c "$smi_live_script" sh "$mib" ||
+		{ result FAIL "$c" "exit $?: $(grep -m 2 -iE 'error|not|fail' "$log" | paste -sd'|'); log ${log#"$top"/}"; return; }
+	pid=$(sed -n 's/^vram-hold pid \([0-9]*\)$/\1/p' "$log")
+	held=$(sed '/^after$/q' "$log" | vram_used | awk -v m=$((mib << 20)) '$1 >= m { n++; s += $1 } END { print n + 0, s + 0 }')
+	row=$(grep -E "^$pid[[:space:]]+[^[:space:]]+[[:space:]]+$n[[:space:]]+[0-9]+[[:space:]]+0[[:space:]]" "$log" | awk '{ print $4 }')
+	used=$(sed '/^after$/q' "$log" | vram_used | awk '{ s += $1 } END { print s + 0 }')
+	after=$(sed -n '/^after$/,$p' "$log" | vram_used | grep -c '^0$')
+	if [ -z "$pid" ] || [ "${held% *}" != "$n" ] || [ "$row" != "$used" ] || [ "$after" != "$n" ] ||
+		! grep -q 'No KFD PIDs currently running' "$log"; then
+		result FAIL "$c" "pid ${pid:-?}: ${held% *} of $n GPUs with >= $mib MiB used, its --showpids VRAM ${row:-none} (all GPUs' used: $used), $after GPUs at 0 after it exited; log ${log#"$top"/}"
+	else
+		result PASS "$c" "pid $pid held $mib MiB + ROCr's own on each of $n GPUs: rocm-smi showed $used B used, the same in --showpids; 0 on every GPU and no KFD process after"
 	fi
 }
 
@@ -400,6 +447,7 @@ mkdir -p "$work"
 for c in "${want[@]}"; do
 	case $c in
 	rocminfo-*) run_rocminfo "${c#rocminfo-}" ;;
+	rocm-smi-live-*) run_rocm_smi_live "${c#rocm-smi-live-}" ;;
 	rocm-smi-*) run_rocm_smi "${c#rocm-smi-}" ;;
 	hsa-*-kfd1.16)
 		p=${c#hsa-} && p=${p%-kfd1.16}

@@ -19,7 +19,10 @@
 //!    system calls in a seized task;
 //! 3. the listener is copied out with pidfd_getfd and closed in the
 //!    thread, whose registers are put back before it is let go (still
-//!    stopped: the caller sends SIGCONT).
+//!    stopped: the caller sends SIGCONT), and signals that reached the
+//!    thread meanwhile are sent to it again;
+//! 4. once every thread has a listener, and only then, the listeners go
+//!    to the daemon (see [`attach`]).
 //!
 //! A thread interrupted in a system call keeps it: its registers are
 //! restored as they were, and the kernel restarts the call when the
@@ -35,10 +38,30 @@ fn os_err(what: impl std::fmt::Display) -> io::Error {
     io::Error::new(e.kind(), format!("{what}: {e}"))
 }
 
-/// Gives every thread of `pid` a listener and hands each to the daemon of
+/// Gives every thread of `pid` a listener and hands them to the daemon of
 /// `state_dir`; returns how many threads got one.
+///
+/// All or nothing: every thread is given its filter first, and the
+/// listeners go to the daemon only once every thread has one.  When a
+/// thread fails, the listeners made so far are closed: the threads that
+/// got a filter have one more without a listener, which answers as the
+/// filter CRIU restored does (ENOSYS), so the process is as it was and
+/// `--attach` may be tried again.
 #[cfg(target_arch = "x86_64")]
 pub fn attach(state_dir: &Path, pid: i32) -> io::Result<usize> {
+    attach_with(state_dir, pid, &mut |_, _| Ok(()))
+}
+
+/// [`attach`], calling `seized(index, tid)` on each thread once it is
+/// seized, before its filter is installed: tests make a thread fail
+/// there, or send it a signal.
+#[doc(hidden)]
+#[cfg(target_arch = "x86_64")]
+pub fn attach_with(
+    state_dir: &Path,
+    pid: i32,
+    seized: &mut dyn FnMut(usize, i32) -> io::Result<()>,
+) -> io::Result<usize> {
     wait_stopped(pid)?;
     let syscall_at = vdso_syscall(pid)?;
     // SAFETY: pidfd_open takes a pid and flags.
@@ -48,20 +71,39 @@ pub fn attach(state_dir: &Path, pid: i32) -> io::Result<usize> {
     }
     // SAFETY: a fresh fd nobody else owns.
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd as i32) };
-    let mut n = 0;
-    for ent in std::fs::read_dir(format!("/proc/{pid}/task"))? {
-        let tid: i32 = ent?
-            .file_name()
-            .to_string_lossy()
-            .parse()
-            .map_err(|_| io::Error::other("a task id that is not a number"))?;
-        let listener = Seized::new(tid)?
-            .install_listener(syscall_at, &pidfd)
-            .map_err(|e| io::Error::new(e.kind(), format!("thread {tid} of {pid}: {e}")))?;
-        crate::supervise::hand_over(state_dir, listener)?;
-        n += 1;
+    let mut listeners = Vec::new();
+    for (i, tid) in threads(pid)?.into_iter().enumerate() {
+        let listener = Seized::new(pid, tid).and_then(|t| {
+            seized(i, tid)?;
+            t.install_listener(syscall_at, &pidfd)
+        });
+        listeners.push(listener.map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("thread {tid} of {pid}: {e}; no thread was given a listener"),
+            )
+        })?);
+    }
+    let n = listeners.len();
+    for l in listeners {
+        crate::supervise::hand_over(state_dir, l)?;
     }
     Ok(n)
+}
+
+/// The thread ids of `pid` (stopped: no thread comes or goes).
+#[cfg(target_arch = "x86_64")]
+fn threads(pid: i32) -> io::Result<Vec<i32>> {
+    let mut v = Vec::new();
+    for ent in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        v.push(
+            ent?.file_name()
+                .to_string_lossy()
+                .parse()
+                .map_err(|_| io::Error::other("a task id that is not a number"))?,
+        );
+    }
+    Ok(v)
 }
 
 #[cfg(not(target_arch = "x86_64"))]
@@ -117,10 +159,43 @@ fn vdso_syscall(pid: i32) -> io::Result<u64> {
 
 /// A thread seized with ptrace and stopped; let go (registers restored,
 /// detached) when dropped.
+///
+/// A signal that reaches the thread while it is seized stops it in
+/// signal-delivery-stop, and the ptrace restart that goes on with the
+/// injected call discards it: such signals are kept in `held` and sent to
+/// the thread again once it is let go (pending until the process
+/// continues; the sender's identity is ours then, the signal the same).
 #[cfg(target_arch = "x86_64")]
 struct Seized {
+    pid: i32,
     tid: i32,
     saved: libc::user_regs_struct,
+    held: std::cell::RefCell<Vec<i32>>,
+}
+
+/// What a ptrace stop of a seized thread is.
+#[cfg(target_arch = "x86_64")]
+#[derive(Debug, PartialEq, Eq)]
+enum Stop {
+    /// Entry or exit of a system call (PTRACE_O_TRACESYSGOOD).
+    Syscall,
+    /// PTRACE_EVENT_STOP: a group stop or PTRACE_INTERRUPT.
+    Event,
+    /// Signal-delivery-stop of this signal.
+    Signal(i32),
+    /// Another ptrace event (status given).
+    Other(i32),
+}
+
+#[cfg(target_arch = "x86_64")]
+fn stop_of(status: i32) -> Stop {
+    let sig = libc::WSTOPSIG(status);
+    match status >> 16 {
+        0 if sig == libc::SIGTRAP | 0x80 => Stop::Syscall,
+        0 => Stop::Signal(sig),
+        e if e == libc::PTRACE_EVENT_STOP => Stop::Event,
+        _ => Stop::Other(status),
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -149,7 +224,7 @@ impl Seized {
         Ok(status)
     }
 
-    fn new(tid: i32) -> io::Result<Self> {
+    fn new(pid: i32, tid: i32) -> io::Result<Self> {
         Self::ptrace(
             libc::PTRACE_SEIZE,
             tid,
@@ -157,12 +232,18 @@ impl Seized {
             libc::PTRACE_O_TRACESYSGOOD as usize,
         )?;
         let mut s = Seized {
+            pid,
             tid,
             // SAFETY: plain integers; overwritten by GETREGS below.
             saved: unsafe { std::mem::zeroed() },
+            held: Default::default(),
         };
         Self::ptrace(libc::PTRACE_INTERRUPT, tid, 0, 0)?;
-        Self::wait_stop(tid)?;
+        // The interrupt's stop, or a signal's delivery stop before it:
+        // either is a stop to work from.
+        if let Stop::Signal(sig) = stop_of(Self::wait_stop(tid)?) {
+            s.held.borrow_mut().push(sig);
+        }
         let regs = &mut s.saved as *mut libc::user_regs_struct as usize;
         Self::ptrace(libc::PTRACE_GETREGS, tid, 0, regs)?;
         Ok(s)
@@ -186,20 +267,24 @@ impl Seized {
         Self::ptrace(libc::PTRACE_SETREGS, self.tid, 0, p)?;
         // Syscall entry, then exit (TRACESYSGOOD marks both with 0x80).
         // A seized thread of a stopped process may report its group stop
-        // (PTRACE_EVENT_STOP) first: it is resumed past it.
+        // (PTRACE_EVENT_STOP) first: it is resumed past it.  A signal's
+        // delivery stop is resumed past too, the signal held (see
+        // [`Seized`]).
         let (mut syscall_stops, mut event_stops) = (0, 0);
         while syscall_stops < 2 {
             Self::ptrace(libc::PTRACE_SYSCALL, self.tid, 0, 0)?;
-            let st = Self::wait_stop(self.tid)?;
-            if libc::WSTOPSIG(st) == libc::SIGTRAP | 0x80 {
-                syscall_stops += 1;
-            } else if st >> 16 == libc::PTRACE_EVENT_STOP && event_stops < 4 {
-                event_stops += 1;
-            } else {
-                return Err(io::Error::other(format!(
-                    "thread {} stopped (status {st:#x}) during an injected system call",
-                    self.tid
-                )));
+            match stop_of(Self::wait_stop(self.tid)?) {
+                Stop::Syscall => syscall_stops += 1,
+                Stop::Event if event_stops < 4 => event_stops += 1,
+                Stop::Signal(sig) if self.held.borrow().len() < 64 => {
+                    self.held.borrow_mut().push(sig)
+                }
+                st => {
+                    return Err(io::Error::other(format!(
+                        "thread {} stopped ({st:?}) during an injected system call",
+                        self.tid
+                    )));
+                }
             }
         }
         Self::ptrace(libc::PTRACE_GETREGS, self.tid, 0, p)?;
@@ -286,5 +371,15 @@ impl Drop for Seized {
         }
         // A thread of a stopped process stays stopped after the detach.
         let _ = Self::ptrace(libc::PTRACE_DETACH, self.tid, 0, 0);
+        for &sig in self.held.borrow().iter() {
+            // SAFETY: tgkill takes integers.
+            if unsafe { libc::syscall(libc::SYS_tgkill, self.pid, self.tid, sig) } < 0 {
+                log::error!(
+                    "supervise --attach: thread {}: signal {sig} not sent again: {}",
+                    self.tid,
+                    io::Error::last_os_error()
+                );
+            }
+        }
     }
 }

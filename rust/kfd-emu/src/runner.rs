@@ -21,6 +21,7 @@ use std::process::Command;
 use crate::fuse;
 use crate::profile::Profile;
 use crate::serve::{Devices, NodeSpec};
+use crate::sysfs::live;
 
 /// Environment variables set for the command, for test scripts and
 /// humans.  Product code must not look at them.
@@ -187,35 +188,19 @@ fn add_entry(profile: &Profile, root: &Path, e: &crate::sysfs::Entry) -> io::Res
     }
 }
 
-/// Builds the namespace's /dev and sysfs (see [`crate::sysfs`]) and serves
-/// `nodes`.
+/// Builds the namespace's /dev and sysfs (see [`crate::sysfs`]), serves
+/// `nodes` and gives `live` the writable clones of its live overlays.
 fn build_namespace(
     profile: &Profile,
     nodes: Vec<NodeSpec>,
     threads: usize,
+    live: Option<&crate::serve::LiveSysfs>,
 ) -> io::Result<Vec<fuse::Mount>> {
-    let dev = Path::new("/dev");
-    let mut top: Vec<String> = Vec::new();
-    for n in &nodes {
-        let rel = n.path.strip_prefix(dev).map_err(|_| {
-            io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("device node {} is not under /dev", n.path.display()),
-            )
-        })?;
-        let first = rel.components().next().expect("non-empty").as_os_str();
-        top.push(first.to_string_lossy().into_owned());
-    }
-    let replace: Vec<&str> = top.iter().map(String::as_str).collect();
-    overlay_dir(dev, &replace, |_| {
-        for n in &nodes {
-            placeholder(&n.path)?;
-        }
-        Ok(())
-    })?;
+    dev_overlay(&nodes)?;
     let host = crate::sysfs::Host::probe();
     let backed = crate::sysfs::host_profile(profile, &host);
     let profile = &backed;
+    let mut clones = std::collections::HashMap::new();
     for o in crate::sysfs::overlays(profile, &host) {
         let dir = Path::new(&o.dir);
         let replace: Vec<&str> = o.replace.iter().map(String::as_str).collect();
@@ -225,14 +210,26 @@ fn build_namespace(
             }
             Ok(())
         })?;
-        // Read-only like sysfs; the bind mounts in it keep their own flags.
+        if [live::DEVICES, live::VIRTUAL].contains(&o.dir.as_str()) {
+            clones.insert(o.dir.clone(), live::clone_mount(&o.dir)?);
+        }
+        // Read-only like sysfs, this mount only (the clones stay
+        // writable); the bind mounts in it keep their own flags.
         mount(
             None,
             dir,
             None,
-            libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_NOSUID,
-            Some("mode=755"),
+            libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | libc::MS_NOSUID,
+            None,
         )?;
+    }
+    if let Some(l) = live {
+        let mut take = |d: &str| {
+            clones.remove(d).ok_or_else(|| {
+                io::Error::other(format!("no overlay of {d} to write live files in"))
+            })
+        };
+        l.attach(take(live::DEVICES)?, take(live::VIRTUAL)?)?;
     }
     let mut mounts = Vec::new();
     for n in nodes {
@@ -249,6 +246,29 @@ fn build_namespace(
         )?);
     }
     Ok(mounts)
+}
+
+/// `/dev` with a placeholder for each node to serve.
+fn dev_overlay(nodes: &[NodeSpec]) -> io::Result<()> {
+    let dev = Path::new("/dev");
+    let mut top: Vec<String> = Vec::new();
+    for n in nodes {
+        let rel = n.path.strip_prefix(dev).map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("device node {} is not under /dev", n.path.display()),
+            )
+        })?;
+        let first = rel.components().next().expect("non-empty").as_os_str();
+        top.push(first.to_string_lossy().into_owned());
+    }
+    let replace: Vec<&str> = top.iter().map(String::as_str).collect();
+    overlay_dir(dev, &replace, |_| {
+        for n in nodes {
+            placeholder(&n.path)?;
+        }
+        Ok(())
+    })
 }
 
 const FORWARDED: [i32; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
@@ -376,7 +396,12 @@ pub fn run(
     let (state_dir, own_state_dir) = state_dir(&opts)?;
     std::fs::write(state_dir.join("profile.toml"), opts.profile.to_toml())?;
     let devices = make(&opts.profile)?;
-    let mounts = build_namespace(&opts.profile, devices.nodes, opts.threads)?;
+    let mounts = build_namespace(
+        &opts.profile,
+        devices.nodes,
+        opts.threads,
+        devices.live.as_deref(),
+    )?;
     if let Some(h) = devices.supervisor {
         crate::supervise::listen(&state_dir, h)?;
     }

@@ -5,13 +5,14 @@
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::chardev;
 use crate::device::{self, Emulator, NodeKind};
 use crate::fuse::dmabuf::DmabufFs;
 use crate::fuse::{Caller, FileOps, IoctlReply};
 use crate::profile::Profile;
+use crate::sysfs::live;
 
 /// One device node to serve.
 pub struct NodeSpec {
@@ -29,18 +30,86 @@ pub struct Devices {
     /// What answers the calls `kfd-emu supervise` traps: listeners are
     /// taken on `STATE_DIR/supervise.sock` when there is one.
     pub supervisor: Option<Arc<dyn crate::supervise::Handler>>,
+    /// The live sysfs files, given their mounts once the runner made them.
+    pub live: Option<Arc<LiveSysfs>>,
+}
+
+/// The live sysfs files of a run ([`crate::sysfs::live`]), written again
+/// after every call that may change what they show, before the caller
+/// gets its answer: the opens and releases of the nodes, the /dev/kfd
+/// ioctls that allocate or free memory or make or destroy queues, every
+/// render-node ioctl (GEM objects) and every call `kfd-emu supervise`
+/// answers.  Until [`LiveSysfs::attach`], nothing is written.
+pub struct LiveSysfs {
+    emu: Arc<Emulator>,
+    profile: Profile,
+    trees: OnceLock<Mutex<(live::Tree, live::Tree)>>,
+}
+
+impl LiveSysfs {
+    /// Takes the writable clones of the mounts at [`live::DEVICES`] and
+    /// [`live::VIRTUAL`] and writes the files once.
+    pub fn attach(&self, devices: OwnedFd, virt: OwnedFd) -> io::Result<()> {
+        let trees = (
+            live::Tree::new(devices, ""),
+            live::Tree::new(virt, live::PROC_DIR),
+        );
+        if self.trees.set(Mutex::new(trees)).is_err() {
+            return Err(io::Error::other("live sysfs attached twice"));
+        }
+        self.write()
+    }
+
+    /// Writes what changed; a failure is logged (the call that caused it
+    /// has its own answer).
+    pub fn refresh(&self) {
+        if let Err(e) = self.write() {
+            log::error!("kfd-emu: {e}");
+        }
+    }
+
+    fn write(&self) -> io::Result<()> {
+        let Some(trees) = self.trees.get() else {
+            return Ok(());
+        };
+        let mut t = trees.lock().unwrap_or_else(|e| e.into_inner());
+        // Taken under the writer's lock: a later snapshot is written later.
+        let (devices, procs) = live::files(&self.profile, &self.emu.sysfs_snapshot());
+        t.0.apply(devices)?;
+        t.1.apply(procs)
+    }
+}
+
+/// /dev/kfd ioctls after which the live sysfs files may show something
+/// else (memory, queues, a restored process).
+fn kfd_changes_use(cmd: u32) -> bool {
+    use device::uapi::kfd as nr;
+    matches!(
+        cmd & 0xff,
+        nr::CREATE_QUEUE
+            | nr::DESTROY_QUEUE
+            | nr::ALLOC_MEMORY_OF_GPU
+            | nr::FREE_MEMORY_OF_GPU
+            | nr::IMPORT_DMABUF
+            | nr::CRIU_OP
+    )
 }
 
 struct NodeOps {
     emu: Arc<Emulator>,
     node: NodeKind,
+    live: Arc<LiveSysfs>,
 }
 
-/// Hands the transport's reply to the device model's `Replier`.
-struct Reply(IoctlReply);
+/// Hands the transport's reply to the device model's `Replier`, after
+/// the live sysfs files are written again when `refresh` names them.
+struct Reply(IoctlReply, Option<Arc<LiveSysfs>>);
 
 impl device::Replier for Reply {
     fn reply(self: Box<Self>, r: Result<Vec<u8>, i32>) {
+        if let Some(live) = &self.1 {
+            live.refresh();
+        }
         self.0.reply(r)
     }
 
@@ -74,11 +143,14 @@ fn device_caller(c: &Caller) -> device::Caller {
 
 impl FileOps for NodeOps {
     fn open(&self, caller: &Caller) -> Result<u64, i32> {
-        self.emu.open(&self.node, &device_caller(caller))
+        let r = self.emu.open(&self.node, &device_caller(caller));
+        self.live.refresh();
+        r
     }
 
     fn release(&self, fh: u64) {
-        self.emu.release(fh)
+        self.emu.release(fh);
+        self.live.refresh();
     }
 
     fn ioctl(
@@ -91,6 +163,7 @@ impl FileOps for NodeOps {
         out_size: u32,
         reply: IoctlReply,
     ) {
+        let changes = self.node != NodeKind::Kfd || kfd_changes_use(cmd);
         self.emu.ioctl(
             fh,
             &device_caller(caller),
@@ -98,7 +171,7 @@ impl FileOps for NodeOps {
             arg,
             input,
             out_size,
-            Box::new(Reply(reply)),
+            Box::new(Reply(reply, changes.then(|| self.live.clone()))),
         )
     }
 
@@ -119,6 +192,11 @@ pub fn node_path(node: &NodeKind) -> PathBuf {
 pub fn devices(profile: &Profile) -> io::Result<Devices> {
     let emu = Arc::new(Emulator::new(profile, Box::new(FuseResolver))?);
     emu.set_dmabuf_files(Box::new(DmabufFiles::default()));
+    let live = Arc::new(LiveSysfs {
+        emu: emu.clone(),
+        profile: profile.clone(),
+        trees: OnceLock::new(),
+    });
     let mut nodes = Vec::new();
     for node in emu.nodes() {
         nodes.push(NodeSpec {
@@ -127,6 +205,7 @@ pub fn devices(profile: &Profile) -> io::Result<Devices> {
             ops: Arc::new(NodeOps {
                 emu: emu.clone(),
                 node,
+                live: live.clone(),
             }),
         });
     }
@@ -139,7 +218,9 @@ pub fn devices(profile: &Profile) -> io::Result<Devices> {
             emu,
             nodes: nodes_of,
             ids: OnceLock::new(),
+            live: live.clone(),
         })),
+        live: Some(live),
     })
 }
 
@@ -169,6 +250,7 @@ struct Supervised {
     /// (st_dev, st_ino) of each node as mounted, taken on first use (the
     /// nodes are mounted after the devices are made).
     ids: OnceLock<Vec<(u64, u64)>>,
+    live: Arc<LiveSysfs>,
 }
 
 fn file_id(fd: BorrowedFd<'_>) -> Option<(u64, u64)> {
@@ -212,6 +294,16 @@ impl Supervised {
 
 impl crate::supervise::Handler for Supervised {
     fn handle(&self, n: &crate::supervise::Notice<'_>) -> crate::supervise::Verdict {
+        let v = self.answer(n);
+        if matches!(n.call, crate::supervise::Call::Ioctl { .. }) {
+            self.live.refresh();
+        }
+        v
+    }
+}
+
+impl Supervised {
+    fn answer(&self, n: &crate::supervise::Notice<'_>) -> crate::supervise::Verdict {
         use crate::supervise::{Call, Verdict};
         let ids = self.ids.get_or_init(|| {
             self.nodes

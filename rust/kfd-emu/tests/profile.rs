@@ -240,60 +240,61 @@ fn fnv1a(text: &str) -> u64 {
 /// machines show.  (To see what changed, diff `kfd-emu topology` output of
 /// the old and the new binary.)  The multi-CPU-node trees (mi210x4,
 /// mi250x8, mi300x8) changed once on purpose: they gained the p2p_links
-/// KFD derives on Linux 5.19 and later.
+/// KFD derives on Linux 5.19 and later; every tree changed once more when
+/// each GPU got its own `unique_id`.
 #[test]
 fn existing_profiles_render_byte_identical() {
     let hosts = concat!(env!("CARGO_MANIFEST_DIR"), "/../../test/gpu/hosts");
     // (profile, override in test/gpu/hosts, bytes, FNV-1a of the tree)
     let pinned: &[(&str, Option<&str>, usize, u64)] = &[
-        ("mi100", None, 99533, 0x0c3c9397830f6eb7),
-        ("mi100x2", None, 198225, 0x482f0b8df6572018),
-        ("mi210x4", None, 323268, 0xa3a6a4313f7d1342),
-        ("mi250x8", None, 713389, 0x02d986acaee69745),
-        ("mi300x8", None, 3844736, 0x77201cadf52d189e),
-        ("rx9070xt", None, 40175, 0xf0d0bb649c3607a8),
+        ("mi100", None, 99551, 0xf490fa3e673ce5b6),
+        ("mi100x2", None, 198261, 0x299b9b8ae3421a7f),
+        ("mi210x4", None, 323340, 0x782ca2f60c43eb44),
+        ("mi250x8", None, 713532, 0xa14205907e5f40e3),
+        ("mi300x8", None, 3844879, 0x8f409e7708b72650),
+        ("rx9070xt", None, 40193, 0xcb24ea378b49e678),
         (
             "rx9070xt",
             Some("rx9070xt-no-user-sdma"),
-            40175,
-            0xf0d0bb649c3607a8,
+            40193,
+            0xcb24ea378b49e678,
         ),
         (
             "mi100x2",
             Some("mi100x2-fw-first-older"),
-            198225,
-            0xf8d8914d99a1e719,
+            198261,
+            0xf0d567e3725cacd2,
         ),
         (
             "mi100x2",
             Some("mi100x2-fw-second-older"),
-            198225,
-            0xc7d1fa9ec9547613,
+            198261,
+            0x9703c0796c539a90,
         ),
         (
             "mi100x2",
             Some("mi100x2-old-fw"),
-            198225,
-            0x440df5c7c3fbdb12,
+            198261,
+            0x91667b9427a63cb5,
         ),
         (
             "mi100x2",
             Some("mi100x2-one-gpu"),
-            99533,
-            0x22dc368cbc6dec9a,
+            99551,
+            0x0ee9efd848d7ba43,
         ),
-        ("mi100x2", Some("mi100x2-other"), 198225, 0xcc740203dd2e5266),
+        ("mi100x2", Some("mi100x2-other"), 198261, 0xa01a8f7c8904279e),
         (
             "mi100x2",
             Some("mi100x2-small-vram"),
-            198225,
-            0x499c9ba8c6706cb2,
+            198261,
+            0x15bcdb0023bc0f69,
         ),
         (
             "mi250x8",
             Some("mi250x8-hives-swapped"),
-            713390,
-            0xb84aaf75edec0a2c,
+            713534,
+            0xb294a2c52f7bca24,
         ),
     ];
     let mut wrong = Vec::new();

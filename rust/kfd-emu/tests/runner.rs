@@ -44,6 +44,7 @@ fn run_role() -> ! {
             nodes,
             shutdown: Box::new(|| {}),
             supervisor: None,
+            live: None,
         })
     })
     .unwrap_or_else(|e| {

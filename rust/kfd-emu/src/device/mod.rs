@@ -12,6 +12,7 @@
 //!   (barriers, kernel dispatches, vendor packets, the CP's queue errors);
 //!   `shader`: the shader engine running dispatches' waves (the `gfx9`
 //!   crate) on a thread of its own, outside the state lock;
+//! * `live_sysfs`: what the live sysfs files show of the state;
 //! * `asic`: what amdgpu reports about each GPU; `dmabuf`: the emulated
 //!   dma-bufs; `devcgroup`: the opener's device cgroup;
 //! * `mem`: memfd, mapping, caller-memory and caller-fd backends.
@@ -36,6 +37,7 @@ mod dmabuf;
 pub use dmabuf::Files as DmabufFiles;
 mod gem;
 mod kfd;
+mod live_sysfs;
 mod mem;
 mod render;
 mod runtime;

@@ -116,6 +116,8 @@ pub struct Gpu {
     /// XGMI hive; 0 when the GPU is in no hive.  GPUs with equal non-zero
     /// hive ids get XGMI links to each other.
     pub hive_id: u64,
+    /// The ASIC's serial number (amdgpu's `unique_id`, the topology's
+    /// `unique_id`, from which ROCr makes the agent's UUID); 0: none.
     pub unique_id: u64,
     /// Bytes of VRAM (`mem_banks/0/properties: size_in_bytes`).
     pub vram_size: u64,
@@ -928,6 +930,22 @@ impl Profile {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every GPU of the built-in profiles has a serial number of its own.
+    #[test]
+    fn builtin_gpus_have_distinct_unique_ids() {
+        let mut seen = std::collections::BTreeSet::new();
+        for name in builtin_names() {
+            for g in &Profile::builtin(name).unwrap().gpus {
+                assert_ne!(g.unique_id, 0, "{name}: GPU {:#x}", g.gpu_id.0);
+                assert!(
+                    seen.insert(g.unique_id),
+                    "{name}: unique_id {:#x} twice",
+                    g.unique_id
+                );
+            }
+        }
+    }
 
     /// mi100x2 with two declared links (top-level keys go before the
     /// first table header).

@@ -25,9 +25,15 @@
 //!   CPU ([`host_profile`]): libhsakmt names a CPU node after the
 //!   `/proc/cpuinfo` entry with that id.
 //!
-//! Everything here is data ([`overlays`] is pure); the runner mounts it.
+//! * What changes as the GPUs are used (memory use, KFD's per-process
+//!   directories) is written again while the emulator runs: [`live`].
+//!
+//! Everything here but [`live::Tree`] is data ([`overlays`] is pure); the
+//! runner mounts it.
 
 use std::fmt::Write as _;
+
+pub mod live;
 
 use crate::profile::{Gpu, Profile};
 
@@ -263,9 +269,8 @@ fn has_fan(g: &Gpu) -> bool {
 
 /// amdgpu's device attributes beside the PCI ones, as rocm-smi reads them
 /// (an idle GPU: lowest DPM levels current, nothing busy). VRAM totals
-/// are the profile's; "used" stays 0 because these files are written once
-/// when the namespace is made (the emulator's allocations are not
-/// reflected). `gtt_size`: see [`gtt_size`].
+/// are the profile's; the "used" ones start at 0 and follow the device
+/// model's allocations ([`live`]). `gtt_size`: see [`gtt_size`].
 fn amdgpu_attribute_entries(g: &Gpu, dir: &str, gtt_size: u64) -> Vec<Entry> {
     let (link_speed, max_sclk, max_mclk) = (
         if is_mi300_class(g) { "32.0" } else { "16.0" },
@@ -299,6 +304,11 @@ fn amdgpu_attribute_entries(g: &Gpu, dir: &str, gtt_size: u64) -> Vec<Entry> {
     ]
     .map(|(name, text)| (name.to_owned(), text))
     .into();
+    if g.unique_id != 0 {
+        // The board's serial from its FRU EEPROM (absent without one);
+        // here the ASIC's serial number.
+        files.push(("serial_number".into(), format!("{:016X}", g.unique_id)));
+    }
     if is_mi300_class(g) {
         files.push(("current_compute_partition".into(), "SPX".into()));
         files.push(("current_memory_partition".into(), "NPS1".into()));
@@ -531,19 +541,21 @@ fn devices_overlay(p: &Profile) -> Overlay {
         pci.extend(pci_entries(g, i, gtt_size(p)));
     }
     Overlay {
-        dir: "/sys/devices".into(),
+        dir: live::DEVICES.into(),
         replace: roots,
         entries: pci,
     }
 }
 
-/// `/sys/devices/virtual/kfd`: the KFD device and its topology.
+/// `/sys/devices/virtual/kfd`: the KFD device, its topology and its
+/// (live) directory of processes.
 fn kfd_device_overlay() -> Overlay {
     Overlay {
-        dir: "/sys/devices/virtual".into(),
+        dir: live::VIRTUAL.into(),
         replace: vec!["kfd".into()],
         entries: vec![
             Entry::Topology("kfd/kfd/topology".into()),
+            Entry::Dir(live::PROC_DIR.into()),
             Entry::Symlink("kfd/kfd/subsystem".into(), "../../../../class/kfd".into()),
         ],
     }
@@ -682,6 +694,8 @@ mod tests {
                 let gtt = file(devices, &format!("{dir}/mem_info_gtt_total")).unwrap();
                 assert_eq!(gtt, format!("{}\n", gtt_size(&p)));
                 assert!(gtt_size(&p) > 0);
+                let serial = file(devices, &format!("{dir}/serial_number")).unwrap();
+                assert_eq!(serial, format!("{:016X}\n", g.unique_id));
                 let hw = format!("{dir}/hwmon/hwmon{i}");
                 assert_eq!(file(devices, &format!("{hw}/name")), Some("amdgpu\n"));
                 assert_eq!(file(devices, &format!("{hw}/temp1_input")).is_some(), edge);

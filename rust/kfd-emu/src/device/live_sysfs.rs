@@ -1,0 +1,75 @@
+//! What the live sysfs files show ([`crate::sysfs::live`]), read from the
+//! state under its lock: each GPU's memory use, and each process with
+//! /dev/kfd open with its VRAM and queues per GPU, as KFD's procfs shows
+//! them (the topology's gpu_id, not the process' own name for a GPU).
+
+use super::state::State;
+use super::uapi::{alloc, queue_type};
+use super::Emulator;
+use crate::sysfs::live::{self, GpuUse, ProcGpu, ProcUse, QueueUse, Snapshot};
+
+/// KFD's first PASID (amdgpu hands them out from 1 << 15 down the
+/// 16-bit range): the process in slot N has PASID 0x8000 + N - 1.
+const PASID_BASE: u32 = 0x8000;
+
+impl Emulator {
+    /// What the live sysfs files show now.
+    pub fn sysfs_snapshot(&self) -> Snapshot {
+        self.lock().sysfs_snapshot()
+    }
+}
+
+impl State {
+    fn sysfs_snapshot(&self) -> Snapshot {
+        let gpus = (0..self.devs.gpus.len())
+            .map(|g| {
+                let u = self.usage(g);
+                GpuUse {
+                    vram: u.vram,
+                    visible_vram: u.visible_vram,
+                    gtt: u.gtt,
+                }
+            })
+            .collect();
+        let mut procs: Vec<ProcUse> = self.procs.values().map(|p| self.proc_use(p)).collect();
+        procs.sort_by_key(|p| p.pid);
+        Snapshot { gpus, procs }
+    }
+
+    fn proc_use(&self, p: &super::state::Proc) -> ProcUse {
+        let id = |gpu: usize| self.devs.gpus[gpu].id;
+        let gpus = p
+            .present()
+            .map(|(gpu, _)| ProcGpu {
+                gpu_id: id(gpu),
+                vram: p
+                    .bos
+                    .iter()
+                    .filter(|(k, b)| k.gpu == gpu && b.mem_type() == alloc::VRAM)
+                    .map(|(_, b)| b.size)
+                    .sum(),
+            })
+            .collect();
+        let queues = p
+            .queues
+            .iter()
+            .map(|(qid, q)| QueueUse {
+                id: *qid,
+                gpu_id: id(q.gpu),
+                size: u64::from(q.ring_size),
+                qtype: match q.qtype {
+                    queue_type::SDMA => live::queue_type::SDMA,
+                    queue_type::SDMA_XGMI => live::queue_type::SDMA_XGMI,
+                    queue_type::SDMA_BY_ENG_ID => live::queue_type::SDMA_BY_ENG_ID,
+                    _ => live::queue_type::COMPUTE,
+                },
+            })
+            .collect();
+        ProcUse {
+            pid: p.lead,
+            pasid: PASID_BASE + p.slot - 1,
+            gpus,
+            queues,
+        }
+    }
+}
