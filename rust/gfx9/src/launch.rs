@@ -322,26 +322,51 @@ fn load_system_sgprs(
 /// gfx90a. Returns the number of live lanes.
 fn load_workitem_ids(w: &mut Wave, target: Target, code: &KernelCode, p: &Placement) -> u32 {
     let dims = code.workitem_dims();
-    let [ex, ey, _] = p.extent;
     let items: u32 = p.extent.iter().product();
     let first = p.wave * LANES as u32;
     let live = items.saturating_sub(first).min(LANES as u32);
-    for lane in 0..LANES {
-        let n = first + lane as u32;
-        let id = if (lane as u32) < live {
-            [n % ex, n / ex % ey, n / (ex * ey)]
-        } else {
-            [0; 3]
-        };
-        match target {
-            Target::Gfx90a | Target::Gfx942 => {
-                let packed = (0..dims).fold(0, |v, d| v | (id[d] & 0x3ff) << (10 * d));
-                w.set_lane(0, lane, packed);
+    let ids = workitem_ids(p.extent, first, live);
+    match target {
+        Target::Gfx90a | Target::Gfx942 => {
+            let mut packed = [0u32; LANES];
+            for (d, row) in ids.iter().enumerate().take(dims) {
+                for (v, id) in packed.iter_mut().zip(row) {
+                    *v |= (id & 0x3ff) << (10 * d);
+                }
             }
-            Target::Gfx908 => (0..dims).for_each(|d| w.set_lane(d, lane, id[d])),
+            *w.v_mut(0) = packed;
+        }
+        Target::Gfx908 => {
+            for (d, row) in ids.iter().enumerate().take(dims) {
+                *w.v_mut(d) = *row;
+            }
         }
     }
     live
+}
+
+/// The X, Y and Z work-item ids of the lanes of the wave whose first item is `first` in a
+/// workgroup of `extent`; lanes from `live` on (past the workgroup's last item) get zeros.
+/// Ids step from lane to lane (X fastest) instead of dividing per lane.
+fn workitem_ids(extent: [u32; 3], first: u32, live: u32) -> [[u32; LANES]; 3] {
+    let [ex, ey, _] = extent;
+    let mut ids = [[0u32; LANES]; 3];
+    let mut at = [first % ex, first / ex % ey, first / (ex * ey)];
+    for lane in 0..live as usize {
+        for (d, row) in ids.iter_mut().enumerate() {
+            row[lane] = at[d];
+        }
+        at[0] += 1;
+        if at[0] == ex {
+            at[0] = 0;
+            at[1] += 1;
+            if at[1] == ey {
+                at[1] = 0;
+                at[2] += 1;
+            }
+        }
+    }
+    ids
 }
 
 #[cfg(test)]
@@ -459,6 +484,34 @@ mod tests {
         let mut w = Wave::new(Target::Gfx908, 0);
         start_wave(&mut w, Target::Gfx908, 0x9000, &code, &GRID, &regs(), &p);
         assert_eq!((w.lane(0, 5), w.lane(1, 5)), (69, 1));
+    }
+
+    #[test]
+    fn stepped_workitem_ids_are_the_divided_ones() {
+        for extent in [[256, 1, 1], [5, 3, 7], [7, 1, 30], [1, 1, 1024], [3, 40, 2]] {
+            let items: u32 = extent.iter().product();
+            for wave in 0..items.div_ceil(64) {
+                let first = wave * 64;
+                let live = (items - first).min(64);
+                let ids = workitem_ids(extent, first, live);
+                for (lane, got) in (0..64)
+                    .map(|l| [ids[0][l], ids[1][l], ids[2][l]])
+                    .enumerate()
+                {
+                    let n = first + lane as u32;
+                    let want = if (lane as u32) < live {
+                        [
+                            n % extent[0],
+                            n / extent[0] % extent[1],
+                            n / (extent[0] * extent[1]),
+                        ]
+                    } else {
+                        [0; 3]
+                    };
+                    assert_eq!(got, want, "extent {extent:?}, wave {wave}, lane {lane}");
+                }
+            }
+        }
     }
 
     #[test]
