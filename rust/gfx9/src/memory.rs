@@ -3,6 +3,8 @@
 
 use std::fmt;
 
+use crate::regfile::LANES;
+
 /// A GPU virtual address that could not be accessed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Fault {
@@ -145,6 +147,33 @@ pub trait Memory {
         cmp: u64,
     ) -> Result<u64, Fault>;
 
+    /// Reads as [`Memory::read`] does, but sees memory as it is now: what a load that
+    /// bypasses the wave's caches (GLC) reads. Implementations that read ahead of the wave
+    /// neither use nor fill what they read ahead here.
+    fn read_fresh(&mut self, addr: u64, buf: &mut [u8]) -> Result<(), Fault> {
+        self.read(addr, buf)
+    }
+
+    /// The wave invalidates its caches (`buffer_wbinvl1`, `buffer_inv`, `s_dcache_inv`, ...):
+    /// reads after it see what other agents wrote before it. Data an implementation read
+    /// ahead of the wave may serve its reads until here (and must reflect the wave's own
+    /// writes); writes always reach memory at once.
+    fn acquire(&mut self) {}
+
+    /// The loads of one vector memory instruction: for each lane `l` of `mask`, in lane
+    /// order, `bytes` (at most 16) at `addrs[l]` into `buf[l * bytes..][..bytes]`; `fresh`
+    /// as [`Memory::read_fresh`]. The first fault stops it.
+    fn read_lanes(&mut self, lanes: &Lanes<'_>, fresh: bool, buf: &mut [u8]) -> Result<(), Fault> {
+        read_each_lane(self, lanes, fresh, buf)
+    }
+
+    /// The stores of one vector memory instruction: for each lane `l` of `mask`, in lane
+    /// order, `data[l * bytes..][..bytes]` at `addrs[l]`. The first fault stops it (the
+    /// lanes before it are written).
+    fn write_lanes(&mut self, lanes: &Lanes<'_>, data: &[u8]) -> Result<(), Fault> {
+        write_each_lane(self, lanes, data)
+    }
+
     /// The address of byte `offset` of `lane`'s private (scratch) memory, for scratch_* and
     /// flat accesses to the private aperture, given the wave's FLAT_SCRATCH base. The
     /// default is GFX9's swizzle: dwords of the 64 lanes interleaved.
@@ -152,6 +181,67 @@ pub trait Memory {
         let dword = (offset / 4) as u64;
         flat_scratch + dword * 256 + lane as u64 * 4 + (offset % 4) as u64
     }
+}
+
+/// Where the lanes of one vector memory instruction go: lane `l` of `mask` accesses `bytes`
+/// at `addrs[l]`.
+#[derive(Clone, Copy, Debug)]
+pub struct Lanes<'a> {
+    pub addrs: &'a [u64; LANES],
+    pub mask: u64,
+    pub bytes: usize,
+}
+
+impl Lanes<'_> {
+    /// The active lanes, in order.
+    pub fn iter(&self) -> impl Iterator<Item = usize> {
+        crate::regfile::lanes(self.mask)
+    }
+
+    /// The lowest address and the end of the highest access of the active lanes (None
+    /// without any, or when an access wraps past the top of the address space).
+    pub fn span(&self) -> Option<(u64, u64)> {
+        let (mut lo, mut hi) = (u64::MAX, 0u64);
+        for l in self.iter() {
+            let a = self.addrs[l];
+            lo = lo.min(a);
+            hi = hi.max(a.checked_add(self.bytes as u64)?);
+        }
+        (lo < hi).then_some((lo, hi))
+    }
+}
+
+/// [`Memory::read_lanes`] lane by lane through [`Memory::read`] (or `read_fresh`): its
+/// default, and the fallback of implementations with a faster path.
+pub fn read_each_lane<M: Memory + ?Sized>(
+    mem: &mut M,
+    lanes: &Lanes<'_>,
+    fresh: bool,
+    buf: &mut [u8],
+) -> Result<(), Fault> {
+    let n = lanes.bytes;
+    for l in lanes.iter() {
+        let to = &mut buf[l * n..(l + 1) * n];
+        if fresh {
+            mem.read_fresh(lanes.addrs[l], to)?;
+        } else {
+            mem.read(lanes.addrs[l], to)?;
+        }
+    }
+    Ok(())
+}
+
+/// [`Memory::write_lanes`] lane by lane through [`Memory::write`].
+pub fn write_each_lane<M: Memory + ?Sized>(
+    mem: &mut M,
+    lanes: &Lanes<'_>,
+    data: &[u8],
+) -> Result<(), Fault> {
+    let n = lanes.bytes;
+    for l in lanes.iter() {
+        mem.write(lanes.addrs[l], &data[l * n..(l + 1) * n])?;
+    }
+    Ok(())
 }
 
 /// A sparse memory of 4 KiB pages in a map: what tests, benches and examples run against.

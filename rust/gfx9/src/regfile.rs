@@ -23,6 +23,18 @@ thread_local! {
 
 static ZERO: [u32; LANES] = [0; LANES];
 
+/// Iterates the set bits of a lane mask.
+#[inline(always)]
+pub fn lanes(mut m: u64) -> impl Iterator<Item = usize> {
+    std::iter::from_fn(move || {
+        (m != 0).then(|| {
+            let l = m.trailing_zeros() as usize;
+            m &= m - 1;
+            l
+        })
+    })
+}
+
 /// One vector register file of `len` rows.
 #[derive(Debug)]
 pub(crate) struct RegFile {

@@ -357,3 +357,121 @@ fn coalesced_and_lane_by_lane_accesses_agree() {
         }
     }
 }
+
+/// A memory that counts how the engine reaches it: per-lane calls, batched lane calls,
+/// fresh (GLC) reads and acquires.
+#[derive(Default)]
+struct Counting {
+    mem: gfx9::VecMemory,
+    reads: usize,
+    fresh: usize,
+    writes: usize,
+    read_lanes: Vec<(u64, bool)>,
+    write_lanes: Vec<u64>,
+    acquires: usize,
+}
+
+impl Memory for Counting {
+    fn read(&mut self, addr: u64, buf: &mut [u8]) -> Result<(), gfx9::Fault> {
+        self.reads += 1;
+        self.mem.read(addr, buf)
+    }
+    fn read_fresh(&mut self, addr: u64, buf: &mut [u8]) -> Result<(), gfx9::Fault> {
+        self.fresh += 1;
+        self.mem.read(addr, buf)
+    }
+    fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), gfx9::Fault> {
+        self.writes += 1;
+        self.mem.write(addr, data)
+    }
+    fn atomic(
+        &mut self,
+        addr: u64,
+        size: usize,
+        op: gfx9::AtomicOp,
+        src: u64,
+        cmp: u64,
+    ) -> Result<u64, gfx9::Fault> {
+        self.mem.atomic(addr, size, op, src, cmp)
+    }
+    fn acquire(&mut self) {
+        self.acquires += 1;
+    }
+    fn read_lanes(
+        &mut self,
+        lanes: &gfx9::memory::Lanes<'_>,
+        fresh: bool,
+        buf: &mut [u8],
+    ) -> Result<(), gfx9::Fault> {
+        self.read_lanes.push((lanes.mask, fresh));
+        gfx9::memory::read_each_lane(self, lanes, fresh, buf)
+    }
+    fn write_lanes(
+        &mut self,
+        lanes: &gfx9::memory::Lanes<'_>,
+        data: &[u8],
+    ) -> Result<(), gfx9::Fault> {
+        self.write_lanes.push(lanes.mask);
+        gfx9::memory::write_each_lane(self, lanes, data)
+    }
+}
+
+/// Runs `code` and s_endpgm on `w` over `mem`.
+fn run_on(w: &mut gfx9::Wave, mem: &mut Counting, code: &[u32]) -> Stop {
+    let mut bytes: Vec<u8> = code.iter().flat_map(|w| w.to_le_bytes()).collect();
+    bytes.extend(ENDPGM.to_le_bytes());
+    mem.mem.load(CODE, &bytes);
+    let mut cache = gfx9::exec::CodeCache::new(6);
+    w.pc = CODE;
+    w.run(mem, &mut [], &mut cache, 100)
+}
+
+#[test]
+fn strided_lanes_go_in_one_call_glc_reads_fresh_and_invalidations_acquire() {
+    let mut mem = Counting::default();
+    mem.mem.map(BUF, 0x1000);
+    let mut w = gfx9::Wave::new(Target::Gfx90a, CODE);
+    w.set_sgpr64(2, BUF);
+    let odd = 0xaaaa_aaaa_aaaa_aaaa;
+    w.set_exec(odd);
+    for l in 0..64 {
+        w.set_lane(1, l, 12 * l as u32); // a 12-byte stride: no coalescing
+        w.set_lane(2, l, 0x100 + l as u32);
+        w.set_lane(3, l, 0x200 + l as u32);
+    }
+    // global_store_dwordx2 v1, v[2:3], s[2:3]; global_load_dwordx2 v[4:5], v1, s[2:3] glc.
+    let st = global(0x1d, 0, 1, 2, 2, 0, false);
+    let ld = global(0x15, 4, 1, 0, 2, 0, true);
+    assert_eq!(
+        run_on(&mut w, &mut mem, &[st[0], st[1], ld[0], ld[1]]),
+        Stop::Endpgm
+    );
+    assert_eq!(mem.write_lanes, [odd], "one batched store");
+    assert_eq!(mem.read_lanes, [(odd, true)], "one batched GLC load");
+    assert_eq!((mem.writes, mem.fresh), (32, 32), "lane by lane underneath");
+    for l in 0..64 {
+        let mut b = [0u8; 8];
+        mem.mem.read(BUF + 12 * l, &mut b).expect("mapped");
+        let want = if l % 2 == 1 {
+            (0x100 + l) | (0x200 + l) << 32
+        } else {
+            0
+        };
+        assert_eq!(u64::from_le_bytes(b), want, "lane {l}'s store");
+        let got = (w.lane(4, l as usize), w.lane(5, l as usize));
+        let want = if l % 2 == 1 {
+            (0x100 + l as u32, 0x200 + l as u32)
+        } else {
+            (0, 0)
+        };
+        assert_eq!(got, want, "lane {l}'s load");
+    }
+    // buffer_wbinvl1, buffer_wbinvl1_vol and s_dcache_inv invalidate; a plain load reads
+    // through the cacheable path.
+    let inv = smem(0x20, 0, 0, 0);
+    let ld = global(0x15, 4, 1, 0, 2, 0, false);
+    let code = [0xe0f8_0000, 0, 0xe0fc_0000, 0, inv[0], inv[1], ld[0], ld[1]];
+    assert_eq!(run_on(&mut w, &mut mem, &code), Stop::Endpgm);
+    assert_eq!(mem.acquires, 3);
+    assert_eq!(mem.read_lanes[1], (odd, false));
+}

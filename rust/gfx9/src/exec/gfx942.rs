@@ -4,8 +4,8 @@
 //!
 //! The memory instructions' cache bits are named sc0/sc1/nt on gfx942 where gfx90a has
 //! glc/scc/slc; they sit at the same bits and the engine reads them alike (sc0 of an atomic
-//! returns the old value, as glc does; coherence bits change nothing in an emulated memory
-//! that every access reaches at once).
+//! returns the old value, as glc does; a load with sc0 reads past what the memory read ahead,
+//! as one with glc does).
 
 use super::opdef::{def_on, OpDef};
 use super::valu::{v1, v3};
@@ -82,10 +82,8 @@ fn fma_k(cx: &mut Cx<'_>, i: &Instr, k_second: bool) -> Step {
     })
 }
 
-/// MUBUF: gfx940's L1/L2 invalidation (nothing to do where every access reaches memory).
-pub static MUBUF: &[OpDef] = &[def_on(Gfx942, 0x29, "buffer_inv", |_, _| {
-    Ok(super::Flow::Next)
-})];
+/// MUBUF: gfx940's L1/L2 invalidation.
+pub static MUBUF: &[OpDef] = &[def_on(Gfx942, 0x29, "buffer_inv", super::smem::invalidate)];
 
 /// VOP1 opcodes new on gfx940.
 pub static VOP1: &[OpDef] = &[def_on(Gfx942, 0x38, "v_mov_b64", |cx, i| {

@@ -3,6 +3,7 @@
 
 use super::opdef::{def, def_on, OpDef};
 use super::operand::s32;
+use super::smem::invalidate;
 use super::vmem::{atomic, dwords, load, narrow, store, Fmt, Loc};
 use super::{Abort, Cx, Flow, Step};
 use crate::decode::Instr;
@@ -128,9 +129,9 @@ pub static MUBUF: &[OpDef] = &[
     def(0x1e, "buffer_store_dwordx3", |cx, i| st(cx, i, 12)),
     def(0x1f, "buffer_store_dwordx4", |cx, i| st(cx, i, 16)),
     def_on(Target::Gfx90a, 0x28, "buffer_wbl2", nothing),
-    def_on(Target::Gfx90a, 0x29, "buffer_invl2", nothing),
-    def(0x3e, "buffer_wbinvl1", nothing),
-    def(0x3f, "buffer_wbinvl1_vol", nothing),
+    def_on(Target::Gfx90a, 0x29, "buffer_invl2", invalidate),
+    def(0x3e, "buffer_wbinvl1", invalidate),
+    def(0x3f, "buffer_wbinvl1_vol", invalidate),
     def(0x40, "buffer_atomic_swap", |cx, i| {
         at(cx, i, 4, AtomicOp::Swap)
     }),

@@ -33,7 +33,11 @@ fn load(cx: &mut Cx<'_>, i: &Instr, dwords: usize, buffer: bool) -> Step {
     };
     let addr = address(cx, i, base)? & !3;
     let mut buf = [0u8; 64];
-    cx.mem.read(addr, &mut buf[..dwords * 4])?;
+    if i.flags.glc {
+        cx.mem.read_fresh(addr, &mut buf[..dwords * 4])?;
+    } else {
+        cx.mem.read(addr, &mut buf[..dwords * 4])?;
+    }
     for k in 0..dwords {
         let v = u32::from_le_bytes([buf[4 * k], buf[4 * k + 1], buf[4 * k + 2], buf[4 * k + 3]]);
         set_s32(cx.w, i.dst + k as u16, v)?;
@@ -52,6 +56,14 @@ fn store(cx: &mut Cx<'_>, i: &Instr, dwords: usize) -> Step {
 }
 
 fn nothing(_: &mut Cx<'_>, _: &Instr) -> Step {
+    Ok(Flow::Next)
+}
+
+/// s_dcache_inv: what the wave read before may have changed ([`Memory::acquire`]).
+///
+/// [`Memory::acquire`]: crate::memory::Memory::acquire
+pub(super) fn invalidate(cx: &mut Cx<'_>, _: &Instr) -> Step {
+    cx.mem.acquire();
     Ok(Flow::Next)
 }
 
@@ -78,9 +90,9 @@ pub static SMEM: &[OpDef] = &[
     def(0x10, "s_store_dword", |cx, i| store(cx, i, 1)),
     def(0x11, "s_store_dwordx2", |cx, i| store(cx, i, 2)),
     def(0x12, "s_store_dwordx4", |cx, i| store(cx, i, 4)),
-    def(0x20, "s_dcache_inv", nothing),
+    def(0x20, "s_dcache_inv", invalidate),
     def(0x21, "s_dcache_wb", nothing),
-    def(0x22, "s_dcache_inv_vol", nothing),
+    def(0x22, "s_dcache_inv_vol", invalidate),
     def(0x23, "s_dcache_wb_vol", nothing),
     def(0x24, "s_memtime", memtime),
     def(0x25, "s_memrealtime", memtime),

@@ -276,17 +276,7 @@ fn source<'w>(w: &'w Wave, i: &Instr, n: usize, kind: Kind) -> Result<Src<'w>, A
     })
 }
 
-/// Iterates the set bits of a lane mask.
-#[inline(always)]
-pub fn lanes(mut m: u64) -> impl Iterator<Item = usize> {
-    std::iter::from_fn(move || {
-        (m != 0).then(|| {
-            let l = m.trailing_zeros() as usize;
-            m &= m - 1;
-            l
-        })
-    })
-}
+pub use crate::regfile::lanes;
 
 /// Calls `f` for each lane of `m`; a full mask takes a plain loop the compiler unrolls.
 #[inline(always)]

@@ -4,7 +4,7 @@
 use super::valu::lanes;
 use super::{bad, Abort, Cx, Flow, Step};
 use crate::decode::Instr;
-use crate::memory::AtomicOp;
+use crate::memory::{AtomicOp, Fault, Lanes};
 use crate::state::LANES;
 
 /// Where one lane's access goes.
@@ -69,9 +69,10 @@ fn private_piece(cx: &Cx<'_>, lane: u8, offset: u32, at: usize, len: usize) -> (
     (cx.mem.private_address(fs, lane as usize, o), n)
 }
 
-fn read_loc(cx: &mut Cx<'_>, loc: Loc, buf: &mut [u8]) -> Result<(), Abort> {
+/// Reads one lane's bytes; `fresh`: past the wave's caches (GLC).
+fn read_loc(cx: &mut Cx<'_>, loc: Loc, buf: &mut [u8], fresh: bool) -> Result<(), Abort> {
     match loc {
-        Loc::Va(a) => cx.mem.read(a, buf)?,
+        Loc::Va(a) => read_va(cx, a, buf, fresh)?,
         Loc::Lds(o) => super::ds::lds_read(cx.lds, o, buf),
         Loc::Private { lane, offset } => {
             let mut at = 0;
@@ -195,6 +196,48 @@ fn place(cx: &mut Cx<'_>, i: &Instr, f: Fmt, l: usize, buf: &[u8]) {
     }
 }
 
+fn read_va(cx: &mut Cx<'_>, a: u64, buf: &mut [u8], fresh: bool) -> Result<(), Fault> {
+    if fresh {
+        cx.mem.read_fresh(a, buf)
+    } else {
+        cx.mem.read(a, buf)
+    }
+}
+
+/// The lanes' VAs when every active lane reaches global memory (not LDS, scratch, or out
+/// of a buffer's range): one [`Memory`] call then serves them all.
+///
+/// [`Memory`]: crate::memory::Memory
+fn vas(at: &[Loc; LANES], mask: u64) -> Option<[u64; LANES]> {
+    let mut va = [0u64; LANES];
+    for l in lanes(mask) {
+        let Loc::Va(a) = at[l] else {
+            return None;
+        };
+        va[l] = a;
+    }
+    Some(va)
+}
+
+/// Puts the loaded bytes of the lanes of `mask` (`f.bytes` per lane, lane `l` at
+/// `l * f.bytes`) into their destination registers.
+fn place_lanes(cx: &mut Cx<'_>, i: &Instr, f: Fmt, mask: u64, all: &[u8]) {
+    if f.d16.is_some() || !f.bytes.is_multiple_of(4) {
+        for l in lanes(mask) {
+            place(cx, i, f, l, &all[l * f.bytes..(l + 1) * f.bytes]);
+        }
+        return;
+    }
+    let (r, acc) = (i.dst as usize, i.flags.acc);
+    for k in 0..f.bytes / 4 {
+        let row = cx.w.row_mut(acc, r + k);
+        for l in lanes(mask) {
+            let at = l * f.bytes + 4 * k;
+            row[l] = u32::from_le_bytes([all[at], all[at + 1], all[at + 2], all[at + 3]]);
+        }
+    }
+}
+
 /// Loads `f` per active lane into `i.dst` (VGPRs or AccVGPRs).
 pub fn load(
     cx: &mut Cx<'_>,
@@ -204,15 +247,27 @@ pub fn load(
 ) -> Step {
     check_tuple(i.dst as usize, regs(f.bytes), "vector load")?;
     let at = locate(cx, &loc)?;
+    let (mask, fresh) = (cx.w.exec(), i.flags.glc);
+    let mut all = [0u8; 16 * LANES];
+    let all = &mut all[..f.bytes * LANES];
     if let Some(base) = coalesced(cx, f.bytes, &at) {
-        let mut all = [0u8; 16 * LANES];
-        cx.mem.read(base, &mut all[..f.bytes * LANES])?;
-        place_all(cx, i, f, &all[..f.bytes * LANES]);
+        read_va(cx, base, all, fresh)?;
+        place_all(cx, i, f, all);
+        return Ok(Flow::Next);
+    }
+    if let Some(addrs) = vas(&at, mask) {
+        let lanes = Lanes {
+            addrs: &addrs,
+            mask,
+            bytes: f.bytes,
+        };
+        cx.mem.read_lanes(&lanes, fresh, all)?;
+        place_lanes(cx, i, f, mask, all);
         return Ok(Flow::Next);
     }
     let mut buf = [0u8; 16];
-    for l in lanes(cx.w.exec()) {
-        read_loc(cx, at[l], &mut buf[..f.bytes])?;
+    for l in lanes(mask) {
+        read_loc(cx, at[l], &mut buf[..f.bytes], fresh)?;
         place(cx, i, f, l, &buf[..f.bytes]);
     }
     Ok(Flow::Next)
@@ -257,14 +312,26 @@ pub fn store(
 ) -> Step {
     check_tuple(i.data as usize, regs(bytes), "vector store")?;
     let at = locate(cx, &loc)?;
+    let mask = cx.w.exec();
     if let Some(base) = coalesced(cx, bytes, &at) {
         let mut all = [0u8; 16 * LANES];
         gather_all(cx, i, bytes, hi, &mut all[..bytes * LANES]);
         cx.mem.write(base, &all[..bytes * LANES])?;
         return Ok(Flow::Next);
     }
+    if let Some(addrs) = vas(&at, mask) {
+        let mut all = [0u8; 16 * LANES];
+        gather_all(cx, i, bytes, hi, &mut all[..bytes * LANES]);
+        let lanes = Lanes {
+            addrs: &addrs,
+            mask,
+            bytes,
+        };
+        cx.mem.write_lanes(&lanes, &all[..bytes * LANES])?;
+        return Ok(Flow::Next);
+    }
     let mut buf = [0u8; 16];
-    for l in lanes(cx.w.exec()) {
+    for l in lanes(mask) {
         gather_store(cx, i, bytes, hi, l, &mut buf[..bytes]);
         write_loc(cx, at[l], &buf[..bytes])?;
     }
@@ -305,7 +372,7 @@ pub fn atomic(
             // A lane's private memory is its own: read, apply, write back.
             at @ Loc::Private { .. } => {
                 let mut b = [0u8; 8];
-                read_loc(cx, at, &mut b[..size])?;
+                read_loc(cx, at, &mut b[..size], true)?;
                 let old = u64::from_le_bytes(b);
                 let new = op.apply(size, old, src, cmp).to_le_bytes();
                 write_loc(cx, at, &new[..size])?;
