@@ -334,6 +334,16 @@ impl GpuRange {
         }
     }
 
+    /// The piece of the process' own memory (USERPTR, SVM) holding byte
+    /// `off` of the range: its offset in the range and its length.
+    pub fn user_piece(&self, off: u64) -> Option<(u64, u64)> {
+        let (p, _, _) = self.walk(off, 1).next()?;
+        match &p.backing {
+            Backing::Mem(Span::User(..)) => Some((p.va - self.va, p.len)),
+            _ => None,
+        }
+    }
+
     /// The pieces covering `[off, off+n)` of the range, each as (piece,
     /// offset into it, bytes), in order.  The caller checked the bounds.
     fn walk(&self, off: u64, n: u64) -> impl Iterator<Item = (&Piece, u64, u64)> {
