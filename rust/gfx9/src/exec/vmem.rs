@@ -169,11 +169,16 @@ fn place_all(cx: &mut Cx<'_>, i: &Instr, f: Fmt, all: &[u8]) {
     let (r, acc) = (i.dst as usize, i.flags.acc);
     for k in 0..f.bytes / 4 {
         let row = cx.w.row_mut(acc, r + k);
-        for (l, d) in row.iter_mut().enumerate() {
-            let at = l * f.bytes + 4 * k;
-            *d = u32::from_le_bytes([all[at], all[at + 1], all[at + 2], all[at + 3]]);
+        for (d, lane) in row.iter_mut().zip(all.chunks_exact(f.bytes)) {
+            *d = dword(&lane[4 * k..]);
         }
     }
+}
+
+/// The little-endian dword at the start of `b`.
+#[inline(always)]
+fn dword(b: &[u8]) -> u32 {
+    u32::from_le_bytes([b[0], b[1], b[2], b[3]])
 }
 
 /// Puts one lane's loaded bytes into its destination registers.
@@ -232,8 +237,7 @@ fn place_lanes(cx: &mut Cx<'_>, i: &Instr, f: Fmt, mask: u64, all: &[u8]) {
     for k in 0..f.bytes / 4 {
         let row = cx.w.row_mut(acc, r + k);
         for l in lanes(mask) {
-            let at = l * f.bytes + 4 * k;
-            row[l] = u32::from_le_bytes([all[at], all[at + 1], all[at + 2], all[at + 3]]);
+            row[l] = dword(&all[l * f.bytes + 4 * k..]);
         }
     }
 }
@@ -295,9 +299,8 @@ fn gather_all(cx: &Cx<'_>, i: &Instr, bytes: usize, hi: bool, all: &mut [u8]) {
     let (r, acc) = (i.data as usize, i.flags.acc);
     for k in 0..bytes / 4 {
         let row = cx.w.row(acc, r + k);
-        for (l, v) in row.iter().enumerate() {
-            let at = l * bytes + 4 * k;
-            all[at..at + 4].copy_from_slice(&v.to_le_bytes());
+        for (lane, v) in all.chunks_exact_mut(bytes).zip(row) {
+            lane[4 * k..4 * k + 4].copy_from_slice(&v.to_le_bytes());
         }
     }
 }
