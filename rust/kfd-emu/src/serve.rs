@@ -37,9 +37,9 @@ pub struct Devices {
 /// The live sysfs files of a run ([`crate::sysfs::live`]), written again
 /// after every call that may change what they show, before the caller
 /// gets its answer: the opens and releases of the nodes, the /dev/kfd
-/// ioctls that allocate or free memory or make or destroy queues, every
-/// render-node ioctl (GEM objects) and every call `kfd-emu supervise`
-/// answers.  Until [`LiveSysfs::attach`], nothing is written.
+/// ioctls that allocate or free memory or make or destroy queues, the
+/// render-node ioctls that make, free, import or move GEM objects, and
+/// every ioctl `kfd-emu supervise` answers.  Until [`LiveSysfs::attach`], nothing is written.
 pub struct LiveSysfs {
     emu: Arc<Emulator>,
     profile: Profile,
@@ -92,6 +92,24 @@ fn kfd_changes_use(cmd: u32) -> bool {
             | nr::FREE_MEMORY_OF_GPU
             | nr::IMPORT_DMABUF
             | nr::CRIU_OP
+    )
+}
+
+/// Render-node ioctls after which the live sysfs files may show something
+/// else (GEM objects made, freed, imported or moved between domains).  Not
+/// every render ioctl: a dump probes 4095 context ids per render file, and
+/// a snapshot of the whole model after each cost seconds per file on a tree
+/// of 64 processes.
+fn render_changes_use(cmd: u32) -> bool {
+    use device::uapi::drm as nr;
+    matches!(
+        cmd & 0xff,
+        nr::AMDGPU_GEM_CREATE
+            | nr::AMDGPU_GEM_USERPTR
+            | nr::GEM_CLOSE
+            | nr::PRIME_FD_TO_HANDLE
+            | nr::AMDGPU_GEM_OP
+            | nr::GEM_CHANGE_HANDLE
     )
 }
 
@@ -163,7 +181,10 @@ impl FileOps for NodeOps {
         out_size: u32,
         reply: IoctlReply,
     ) {
-        let changes = self.node != NodeKind::Kfd || kfd_changes_use(cmd);
+        let changes = match self.node {
+            NodeKind::Kfd => kfd_changes_use(cmd),
+            _ => render_changes_use(cmd),
+        };
         self.emu.ioctl(
             fh,
             &device_caller(caller),
