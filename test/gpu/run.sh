@@ -2739,8 +2739,8 @@ stream_same_host() {
 	grep -q '^amdgpu-kfd-' <<<"$sizes" && grep -q '^amdgpu-pages-' <<<"$sizes" &&
 		grep -q '^amdgpu-renderD-' <<<"$sizes" && grep -q '^amdgpu-digests.img ' <<<"$sizes" ||
 		fail "the stream lacks GPU images: $(paste -sd' ' <<<"$sizes")"
-	last=$(grep -a '^streamer: capture amdgpu-' "$dir/streamer-capture.log" | tail -n 1)
-	[[ $last == "streamer: capture amdgpu-digests.img "* ]] || fail "amdgpu-digests.img is not the last GPU file of the stream: $last"
+	last=$(grep -a '^streamer: request amdgpu-' "$dir/streamer-capture.log" | tail -n 1)
+	[[ $last == "streamer: request amdgpu-digests.img" ]] || fail "amdgpu-digests.img is not the last GPU file sent to the stream: $last"
 	log_has "$dir/dump.log" "sent [0-9]+ GPU metadata file\(s\), [0-9]+ bytes, to the image streamer"
 	stream_restore "$dir" "$stream" "$dir/restore.log" || fail "criu-rocm restore --stream failed: $(log_errors "$dir/restore.log")"
 	alive "$WL" || fail "after the restore gpu-workload $WL does not run"

@@ -27,8 +27,8 @@ whose name starts with PREFIX went through, the streamer kills itself (SIGKILL),
 moving that file's bytes for good (it keeps its pipe open).
 
 Both print "socket-init" on stdout once the socket listens (as the real tool does on its
-progress fd) and log every request on stderr ("serve NAME SIZE", "capture NAME SIZE",
-"missing NAME"). A file whose pipe did not end is left out of the stream (CRIU failed).
+progress fd) and log every request on stderr ("serve NAME SIZE", "request NAME" as a
+capture is asked for, "capture NAME SIZE" once its bytes are all in, "missing NAME"). A file whose pipe did not end is left out of the stream (CRIU failed).
 
 STREAM: "criu-rocm test stream 1\\n", then records: b"F" u32 id u16 len name (a file
 begins), b"D" u32 id u32 len bytes (its next bytes), b"E" u32 id (it ended whole).
@@ -153,6 +153,9 @@ def capture(images, stream):
         if name is None:
             break
         fd = recv_pipe(conn)
+        # In the order CRIU asked (each file's "capture" line comes when its
+        # thread has read it all, which can be in another order).
+        log("request", name)
         fid += 1
         raw = name.encode()
         with lock:
