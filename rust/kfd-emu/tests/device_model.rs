@@ -2350,20 +2350,35 @@ fn per_device_state_ioctls_follow_kfd() {
     assert_eq!(cu(qid, 0, mask.as_ptr() as u64), Err(libc::EINVAL));
     assert_eq!(cu(qid, 64, 8), Err(libc::EFAULT));
     assert_eq!(cu(77, 64, mask.as_ptr() as u64), Err(libc::EFAULT));
-    // Wave state: an active queue has none (EINVAL); suspended (0 %) it
-    // has an empty one; unknown queue: EFAULT.
-    let ws = |id: u64| {
-        d.call(
-            nr::GET_QUEUE_WAVE_STATE,
-            &args(&[(0, CTL_VA), (16, id)], 24),
-        )
+    // Wave state: an active queue has none (EINVAL), nor has an SDMA
+    // queue, active or not; unknown queue: EFAULT. Suspended (0 %), a
+    // queue without a save area reports its MQD's zeros: the header
+    // written at the address, no control stack; a bad address: EFAULT.
+    let mut header = [0xffu8; 16];
+    let ws = |id: u64, at: u64| d.call(nr::GET_QUEUE_WAVE_STATE, &args(&[(0, at), (16, id)], 24));
+    let at = header.as_mut_ptr() as u64;
+    assert_eq!(ws(qid, at), Err(libc::EINVAL));
+    assert_eq!(ws(77, at), Err(libc::EFAULT));
+    let suspend = |id: u64| {
+        let upd = args(&[(0, RING_VA), (8, id), (12, 4096), (16, 0), (20, 7)], 24);
+        d.call(nr::UPDATE_QUEUE, &upd).unwrap();
     };
-    assert_eq!(ws(qid), Err(libc::EINVAL));
-    assert_eq!(ws(77), Err(libc::EFAULT));
-    let upd = args(&[(0, RING_VA), (8, qid), (12, 4096), (16, 0), (20, 7)], 24);
-    d.call(nr::UPDATE_QUEUE, &upd).unwrap();
-    let w = ws(qid).unwrap();
+    let sq = d
+        .call(
+            nr::CREATE_QUEUE,
+            &queue_args(d.gpu_id, queue_type::SDMA, 256),
+        )
+        .unwrap();
+    let sdma = u32_at(&sq, 52) as u64;
+    assert_eq!(ws(sdma, at), Err(libc::EINVAL));
+    suspend(sdma);
+    assert_eq!(ws(sdma, at), Err(libc::EINVAL));
+    d.call(nr::DESTROY_QUEUE, &args(&[(0, sdma)], 8)).unwrap();
+    suspend(qid);
+    assert_eq!(ws(qid, 8), Err(libc::EFAULT));
+    let w = ws(qid, at).unwrap();
     assert_eq!((u32_at(&w, 8), u32_at(&w, 12)), (0, 0));
+    assert_eq!(header, [0; 16]);
     // GWS: one queue per process and GPU.
     let gws = |id: u64, n: u64| d.call(nr::ALLOC_QUEUE_GWS, &args(&[(0, id), (4, n)], 16));
     let c2 = d.call(nr::CREATE_QUEUE, &q).unwrap();
@@ -3943,6 +3958,69 @@ fn a_dispatch_in_flight_is_saved_at_process_info_and_runs_on_after_unpause() {
     }
 }
 
+/// GET_QUEUE_WAVE_STATE of queue 0 of `s` into a buffer as large as its
+/// save area (`s.xccs` slices): the used sizes returned, and each XCC's
+/// control stack, checked against the header KFD writes at its slice's
+/// start (control stack below `CTX_CTL`, wave area above it).
+fn wave_state_of(s: &Shader) -> ((u32, u32), Vec<gfx9::cwsr::ControlStack>) {
+    let mut buf = vec![0u8; (CTX_SIZE * s.xccs) as usize];
+    let a = args(&[(0, buf.as_mut_ptr() as u64), (16, 0)], 24);
+    let w = s.d.call(nr::GET_QUEUE_WAVE_STATE, &a).unwrap();
+    let stacks = (0..s.xccs as usize)
+        .map(|x| {
+            let slice = &buf[x * CTX_SIZE as usize..];
+            let (off, len) = (u32_at(slice, 0), u32_at(slice, 4));
+            let (wg, used) = (u32_at(slice, 8), u32_at(slice, 12));
+            assert_eq!(off + len, CTX_CTL as u32, "XCC {x}: the stack ends there");
+            assert_eq!(wg, CTX_CTL as u32 + used, "XCC {x}: the wave area's end");
+            let stack = &slice[off as usize..CTX_CTL as usize];
+            let stack = gfx9::cwsr::ControlStack::decode(gfx9::Target::Gfx908, stack).unwrap();
+            assert_eq!(stack.wave_area_used(), used as u64, "XCC {x}'s wave blocks");
+            if x == 0 {
+                assert_eq!(
+                    (u32_at(&w, 8), u32_at(&w, 12)),
+                    (len, used),
+                    "XCC 0's sizes"
+                );
+            }
+            stack
+        })
+        .collect();
+    ((u32_at(&w, 8), u32_at(&w, 12)), stacks)
+}
+
+/// A debugger's GET_QUEUE_WAVE_STATE on the queue whose dispatch in flight
+/// PROCESS_INFO saved (an active queue has no wave state: EINVAL): the
+/// used sizes match the waves saved, the control stack copied to the
+/// caller's address decodes to its 4 waves, and after UNPAUSE the kernel
+/// finishes with every work-item's result.
+#[test]
+fn get_queue_wave_state_reports_the_saved_waves_and_the_dispatch_runs_on() {
+    let s = held_dispatch();
+    let mut header = [0u8; 16];
+    let a = args(&[(0, header.as_mut_ptr() as u64), (16, 0)], 24);
+    assert_eq!(s.d.call(nr::GET_QUEUE_WAVE_STATE, &a), Err(libc::EINVAL));
+    let info = criu(criu_op::PROCESS_INFO, 0, 0, 0, 0, 0, 0, 0, 0);
+    s.d.call(nr::CRIU_OP, &info).unwrap();
+    let ((ctl, used), stacks) = wave_state_of(&s);
+    assert!(ctl > 0 && used > 0, "sizes {ctl}, {used}");
+    assert_eq!(stacks[0].dispatches.len(), 1);
+    let groups: Vec<u32> = stacks[0].dispatches[0]
+        .waves
+        .iter()
+        .map(|w| w.workgroup)
+        .collect();
+    assert_eq!(groups, [0, 0, 1, 1], "2 workgroups of 2 waves");
+    s.d.call(nr::CRIU_OP, &criu(criu_op::UNPAUSE, 0, 0, 0, 0, 0, 0, 0, 0))
+        .unwrap();
+    // SAFETY: the kernarg's flag.
+    unsafe { wr32(s.data, 8, 1) };
+    assert!(s.wait_for(0, 0), "the resumed dispatch completes");
+    for i in 0..256 {
+        assert_eq!(s.out(i), i as u32, "work-item {i}'s id through its LDS");
+    }
+}
+
 /// The dispatch checkpointed mid-flight is restored into a fresh emulator
 /// (other gpu_id, other render minor) from the private data and the BOs'
 /// bytes alone, and finishes there with every work-item's result.
@@ -4200,6 +4278,32 @@ fn a_dispatch_on_4_xccs_is_saved_per_xcc_and_resumes_on_another_host() {
         // SAFETY: the restored output buffer.
         let v = unsafe { rd32(data, 0x1000 + 4 * i) };
         assert_eq!(v, i as u32, "work-item {i}");
+    }
+}
+
+/// On 4 XCCs GET_QUEUE_WAVE_STATE writes each XCC's header and control
+/// stack into its slice (Linux 6.18's v9.4.3 path) and returns XCC 0's
+/// sizes; the dispatch then finishes after UNPAUSE.
+#[test]
+fn get_queue_wave_state_on_4_xccs_fills_each_xccs_slice() {
+    let s = held_dispatch_on_4_xccs();
+    let info = criu(criu_op::PROCESS_INFO, 0, 0, 0, 0, 0, 0, 0, 0);
+    s.d.call(nr::CRIU_OP, &info).unwrap();
+    let (_, stacks) = wave_state_of(&s);
+    for (x, stack) in stacks.iter().enumerate() {
+        let d = &stack.dispatches[0];
+        assert_eq!((d.xcc.index, d.xcc.count), (x as u16, 4));
+        let (a, b) = (x as u32, x as u32 + 4);
+        let groups: Vec<u32> = d.waves.iter().map(|w| w.workgroup).collect();
+        assert_eq!(groups, [a, a, b, b], "XCC {x}'s workgroups' waves");
+    }
+    s.d.call(nr::CRIU_OP, &criu(criu_op::UNPAUSE, 0, 0, 0, 0, 0, 0, 0, 0))
+        .unwrap();
+    // SAFETY: the kernarg's flag.
+    unsafe { wr32(s.data, 8, 1) };
+    assert!(s.wait_for(0, 0), "the resumed dispatch completes");
+    for i in 0..1024 {
+        assert_eq!(s.out(i), i as u32, "work-item {i}");
     }
 }
 

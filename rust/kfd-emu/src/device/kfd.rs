@@ -1128,21 +1128,81 @@ pub fn set_cu_mask(
     Ok(())
 }
 
-/// GET_QUEUE_WAVE_STATE: only an inactive compute queue has a saved wave
-/// state; no wave ever runs on the emulated GPU, so it is empty.
+/// GET_QUEUE_WAVE_STATE (KFD's `get_wave_state`): the saved waves of a
+/// compute queue that is not active (an eviction or UPDATE_QUEUE unmapped
+/// it; CRIU's PROCESS_INFO saved its dispatch in flight) on a GPU with
+/// CWSR. For each XCC `x` the MQD's view goes to `ctl_stack_address` plus
+/// `x` per-XCC save area sizes: the header's four `wave_state` fields at 0
+/// and the control stack where it lies in the area. The sizes returned
+/// are XCC 0's, as KFD's v9.4.3 path does. An unknown queue is EFAULT, an
+/// SDMA or active queue EINVAL; the queue runs on when it is active again.
 pub fn get_queue_wave_state(
     st: &mut State,
     lead: u32,
+    caller: &Caller,
     a: &mut sys::kfd_ioctl_get_queue_wave_state_args,
 ) -> R<()> {
+    let devs = st.devs.clone();
     let p = proc_mut(st, lead)?;
     let q = p.queues.get(&a.queue_id).ok_or(libc::EFAULT)?;
-    if q.is_sdma() || queue_active(p, q) {
+    let g = &devs.gpus[q.gpu];
+    if q.is_sdma() || queue_active(p, q) || g.cwsr_size == 0 {
         return Err(libc::EINVAL);
     }
-    a.ctl_stack_used_size = 0;
-    a.save_area_used_size = 0;
+    for x in 0..g.num_xcc.max(1) {
+        let (header, stack) =
+            mqd_wave_state(q, x as usize, super::shader_target(g)).map_err(|why| {
+                log::error!(
+                    "kfd-emu: process {lead} GPU {:#x} AQL queue {}: GET_QUEUE_WAVE_STATE \
+                     cannot read the saved control stack of XCC {x}: {why} (EINVAL)",
+                    p.pdds[q.gpu].user_id,
+                    a.queue_id
+                );
+                libc::EINVAL
+            })?;
+        let at = a.ctl_stack_address + u64::from(x) * u64::from(q.ctx_size);
+        let stack_at = at + u64::from(header.control_stack_offset);
+        let mut bytes = [0u8; 16];
+        header.write_wave_state(&mut bytes);
+        user_write(caller.tid, at, &bytes).map_err(|_| libc::EFAULT)?;
+        user_write(caller.tid, stack_at, stack).map_err(|_| libc::EFAULT)?;
+        if x == 0 {
+            a.ctl_stack_used_size = header.control_stack_size;
+            a.save_area_used_size = header.wave_state_size;
+        }
+    }
     Ok(())
+}
+
+/// XCC `x`'s MQD fields KFD reports for queue `q` (CP_HQD_CNTL_STACK_SIZE
+/// and _OFFSET, CP_HQD_WG_STATE_OFFSET, as `wave_state` header fields) and
+/// its control stack. Without a save area they stay 0, as KFD's MQD does;
+/// without saved waves the control stack and the wave area are empty.
+fn mqd_wave_state(
+    q: &Queue,
+    x: usize,
+    target: Option<gfx9::Target>,
+) -> Result<(gfx9::cwsr::Header, &[u8]), String> {
+    if q.ctx_addr == 0 {
+        return Ok((gfx9::cwsr::Header::default(), &[]));
+    }
+    let stack = q.aql.saved.get(x).map_or(&[][..], Vec::as_slice);
+    let ctl = q.ctl_stack_size;
+    let used = match (stack.is_empty(), target) {
+        (true, _) => 0,
+        (false, Some(t)) => gfx9::cwsr::ControlStack::decode(t, stack)
+            .map(|s| s.wave_area_used() as u32)
+            .map_err(|e| e.to_string())?,
+        (false, None) => return Err("the GPU runs no shaders".into()),
+    };
+    let header = gfx9::cwsr::Header {
+        control_stack_offset: ctl - stack.len() as u32,
+        control_stack_size: stack.len() as u32,
+        wave_state_offset: ctl + used,
+        wave_state_size: used,
+        ..Default::default()
+    };
+    Ok((header, stack))
 }
 
 /// ALLOC_QUEUE_GWS: binds (num_gws != 0) or releases the GPU's global wave

@@ -1069,7 +1069,7 @@ fn queue_call(st: &mut State, n: u32, c: Call) -> Option<state::R<Vec<u8>>> {
         nr::DESTROY_QUEUE => with(i, o, |a| kfd::destroy_queue(st, lead, a)),
         nr::UPDATE_QUEUE => with(i, o, |a| kfd::update_queue(st, lead, a)),
         nr::SET_CU_MASK => with(i, o, |a| kfd::set_cu_mask(st, lead, caller, a)),
-        nr::GET_QUEUE_WAVE_STATE => with(i, o, |a| kfd::get_queue_wave_state(st, lead, a)),
+        nr::GET_QUEUE_WAVE_STATE => with(i, o, |a| kfd::get_queue_wave_state(st, lead, caller, a)),
         nr::ALLOC_QUEUE_GWS => with(i, o, |a| kfd::alloc_queue_gws(st, lead, a)),
         _ => return None,
     })
