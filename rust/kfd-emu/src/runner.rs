@@ -171,14 +171,16 @@ fn add_entry(profile: &Profile, root: &Path, e: &crate::sysfs::Entry) -> io::Res
         }
     };
     let ctx = |p: &Path, e: io::Error| io::Error::new(e.kind(), format!("{}: {e}", p.display()));
+    let write_file = |f: &str, bytes: &[u8]| -> io::Result<()> {
+        let p = root.join(f);
+        parent_of(&p)?;
+        std::fs::write(&p, bytes).map_err(|e| ctx(&p, e))?;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o444))
+    };
     match e {
         Entry::Dir(d) => std::fs::create_dir_all(root.join(d)),
-        Entry::File(f, text) => {
-            let p = root.join(f);
-            parent_of(&p)?;
-            std::fs::write(&p, text).map_err(|e| ctx(&p, e))?;
-            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o444))
-        }
+        Entry::File(f, text) => write_file(f, text.as_bytes()),
+        Entry::Bytes(f, bytes) => write_file(f, bytes),
         Entry::Symlink(l, target) => {
             let p = root.join(l);
             parent_of(&p)?;

@@ -11,7 +11,8 @@
 //!   each GPU's bus is a root bus of its own.
 //!   Beside the PCI attributes: amdgpu's device attributes and its hwmon
 //!   device (`hwmon/hwmon<GPU index>`), what rocm-smi reads, with an idle
-//!   GPU's readings (`amdgpu_attribute_entries`, `hwmon_entries`).
+//!   GPU's readings (`amdgpu_attribute_entries`, `hwmon_entries`), and the
+//!   binary `gpu_metrics` table with the same readings (`metrics`).
 //! * With more than one CPU node in the profile, `/sys/devices/system/node`
 //!   lists that many nodes (libhsakmt reads `nodeN/cpu*/cache` for every CPU
 //!   node of the topology; libnuma counts the `node*` directories).  The
@@ -34,6 +35,7 @@
 use std::fmt::Write as _;
 
 pub mod live;
+mod metrics;
 
 use crate::profile::{Gpu, Profile};
 
@@ -45,6 +47,8 @@ pub const DRM_MAJOR: u32 = 226;
 pub enum Entry {
     Dir(String),
     File(String, String),
+    /// A binary file (`gpu_metrics`).
+    Bytes(String, Vec<u8>),
     Symlink(String, String),
     /// The KFD topology tree of the profile, rooted here.
     Topology(String),
@@ -252,6 +256,9 @@ fn pci_entries(g: &Gpu, index: usize, gtt_size: u64) -> Vec<Entry> {
         v.extend(drm_minor_entries(&dir, &func, name, m));
     }
     v.extend(amdgpu_attribute_entries(g, &dir, gtt_size));
+    if let Some(table) = metrics::gpu_metrics(g) {
+        v.push(Entry::Bytes(format!("{dir}/gpu_metrics"), table));
+    }
     v.extend(hwmon_entries(g, &dir, index));
     v
 }
@@ -330,6 +337,28 @@ fn files_in(dir: &str, files: Vec<(String, String)>) -> Vec<Entry> {
         .collect()
 }
 
+/// An idle GPU's temperature sensors: hwmon's `temp<n>`, label, reading
+/// and critical temperature in degrees Celsius (MI300-class parts lack
+/// the first, edge).
+const IDLE_TEMPS: [(u32, &str, u64, u64); 3] = [
+    (1, "edge", 35, 100),
+    (2, "junction", 40, 110),
+    (3, "mem", 38, 95),
+];
+
+/// An idle GPU's power: its cap and reading in watts, and the hwmon file
+/// of the reading (the average on earlier parts, the current draw on
+/// MI300-class ones).
+fn idle_power(g: &Gpu) -> (u64, u64, &'static str) {
+    if is_mi300_class(g) {
+        (750, 140, "power1_input")
+    } else if has_fan(g) {
+        (304, 15, "power1_average")
+    } else {
+        (300, 40, "power1_average")
+    }
+}
+
 /// The GPU's hwmon device `hwmon<index>` below its PCI function `dir`
 /// (amdgpu's sensors, idle readings): temperatures in millidegrees
 /// (edge, junction, memory; MI300-class parts have no edge sensor), power
@@ -339,12 +368,7 @@ fn files_in(dir: &str, files: Vec<(String, String)>) -> Vec<Entry> {
 fn hwmon_entries(g: &Gpu, dir: &str, index: usize) -> Vec<Entry> {
     let hw = format!("{dir}/hwmon/hwmon{index}");
     let mut files: Vec<(String, String)> = vec![("name".into(), "amdgpu".into())];
-    let temps = [
-        (1, "edge", 35, 100),
-        (2, "junction", 40, 110),
-        (3, "mem", 38, 95),
-    ];
-    for (n, label, now, crit) in temps {
+    for (n, label, now, crit) in IDLE_TEMPS {
         if n == 1 && is_mi300_class(g) {
             continue;
         }
@@ -356,13 +380,7 @@ fn hwmon_entries(g: &Gpu, dir: &str, index: usize) -> Vec<Entry> {
             ((crit + 5) * 1000).to_string(),
         ));
     }
-    let (cap_w, idle_w, reading) = if is_mi300_class(g) {
-        (750u64, 140u64, "power1_input")
-    } else if has_fan(g) {
-        (304, 15, "power1_average")
-    } else {
-        (300, 40, "power1_average")
-    };
+    let (cap_w, idle_w, reading) = idle_power(g);
     files.push((reading.into(), (idle_w * 1_000_000).to_string()));
     files.push(("power1_label".into(), "PPT".into()));
     for (name, w) in [

@@ -1,0 +1,313 @@
+//! amdgpu's `gpu_metrics` device attribute: the SMU's metrics table as a
+//! binary file in the layout of `kgd_pp_interface.h`, a
+//! `metrics_table_header` (`structure_size` u16, `format_revision` u8,
+//! `content_revision` u8) then the fields of `gpu_metrics_v<format>_<content>`
+//! at the offsets natural C alignment gives them (no packing), little
+//! endian. What `rocm-smi --showmetrics` and librocm_smi read.
+//!
+//! Each part gets the revision its SMU driver gives: MI100 (arcturus,
+//! gfx908) v1.1, MI200 (aldebaran, gfx90a) v1.3, MI300 (SMU 13.0.6, gfx
+//! 9.4.x) v1.5; other parts have no file here. As the kernel does, the
+//! whole table starts as 0xFF bytes (every field "not available": 0xFFFF,
+//! 0xFFFFFFFF, ...) and only what the part reports is set: the idle
+//! readings the other attributes show (temperatures and power as hwmon's,
+//! the current DPM clocks of `pp_dpm_*`, activity as `gpu_busy_percent`
+//! and `mem_busy_percent`, the PCIe link), zero throttling and zero
+//! accumulated counters. The file is written once: the timestamps
+//! (`system_clock_counter`, `firmware_timestamp`) stay "not available"
+//! rather than frozen (librocm_smi 6.4 scales the latter by 10 without
+//! checking, so rocm-smi prints it as a huge number), and so do sensors
+//! the emulator has no reading for (voltage regulators, HBM stacks, video
+//! engines, XGMI link, fan).
+
+use super::{idle_power, is_mi300_class, IDLE_TEMPS};
+use crate::profile::Gpu;
+
+/// A field of a layout: name, width in bytes (also its alignment), count.
+type Field = (&'static str, usize, usize);
+
+/// `gpu_metrics_v1_1`'s fields after the header, in declaration order.
+const V1_1: &[Field] = &[
+    ("temperature_edge", 2, 1),
+    ("temperature_hotspot", 2, 1),
+    ("temperature_mem", 2, 1),
+    ("temperature_vrgfx", 2, 1),
+    ("temperature_vrsoc", 2, 1),
+    ("temperature_vrmem", 2, 1),
+    ("average_gfx_activity", 2, 1),
+    ("average_umc_activity", 2, 1),
+    ("average_mm_activity", 2, 1),
+    ("average_socket_power", 2, 1),
+    ("energy_accumulator", 8, 1),
+    ("system_clock_counter", 8, 1),
+    ("average_gfxclk_frequency", 2, 1),
+    ("average_socclk_frequency", 2, 1),
+    ("average_uclk_frequency", 2, 1),
+    ("average_vclk0_frequency", 2, 1),
+    ("average_dclk0_frequency", 2, 1),
+    ("average_vclk1_frequency", 2, 1),
+    ("average_dclk1_frequency", 2, 1),
+    ("current_gfxclk", 2, 1),
+    ("current_socclk", 2, 1),
+    ("current_uclk", 2, 1),
+    ("current_vclk0", 2, 1),
+    ("current_dclk0", 2, 1),
+    ("current_vclk1", 2, 1),
+    ("current_dclk1", 2, 1),
+    ("throttle_status", 4, 1),
+    ("current_fan_speed", 2, 1),
+    ("pcie_link_width", 2, 1),
+    ("pcie_link_speed", 2, 1),
+    ("padding", 2, 1),
+    ("gfx_activity_acc", 4, 1),
+    ("mem_activity_acc", 4, 1),
+    ("temperature_hbm", 2, 4),
+];
+
+/// What `gpu_metrics_v1_3` adds to v1.1's fields (v1.2 added the first).
+const V1_3_TAIL: &[Field] = &[
+    ("firmware_timestamp", 8, 1),
+    ("voltage_soc", 2, 1),
+    ("voltage_gfx", 2, 1),
+    ("voltage_mem", 2, 1),
+    ("padding1", 2, 1),
+    ("indep_throttle_status", 8, 1),
+];
+
+/// `gpu_metrics_v1_5`'s fields after the header, in declaration order.
+const V1_5: &[Field] = &[
+    ("temperature_hotspot", 2, 1),
+    ("temperature_mem", 2, 1),
+    ("temperature_vrsoc", 2, 1),
+    ("curr_socket_power", 2, 1),
+    ("average_gfx_activity", 2, 1),
+    ("average_umc_activity", 2, 1),
+    ("vcn_activity", 2, 4),
+    ("jpeg_activity", 2, 32),
+    ("energy_accumulator", 8, 1),
+    ("system_clock_counter", 8, 1),
+    ("throttle_status", 4, 1),
+    ("gfxclk_lock_status", 4, 1),
+    ("pcie_link_width", 2, 1),
+    ("pcie_link_speed", 2, 1),
+    ("xgmi_link_width", 2, 1),
+    ("xgmi_link_speed", 2, 1),
+    ("gfx_activity_acc", 4, 1),
+    ("mem_activity_acc", 4, 1),
+    ("pcie_bandwidth_acc", 8, 1),
+    ("pcie_bandwidth_inst", 8, 1),
+    ("pcie_l0_to_recov_count_acc", 8, 1),
+    ("pcie_replay_count_acc", 8, 1),
+    ("pcie_replay_rover_count_acc", 8, 1),
+    ("pcie_nak_sent_count_acc", 4, 1),
+    ("pcie_nak_rcvd_count_acc", 4, 1),
+    ("xgmi_read_data_acc", 8, 8),
+    ("xgmi_write_data_acc", 8, 8),
+    ("firmware_timestamp", 8, 1),
+    ("current_gfxclk", 2, 8),
+    ("current_socclk", 2, 4),
+    ("current_vclk0", 2, 4),
+    ("current_dclk0", 2, 4),
+    ("current_uclk", 2, 1),
+    ("padding", 2, 1),
+];
+
+/// The header's size: the fields start after it.
+const HEADER: usize = 4;
+
+/// A metrics table being filled: its layout's field offsets and its bytes.
+struct Table {
+    fields: Vec<(&'static str, usize, usize, usize)>,
+    bytes: Vec<u8>,
+}
+
+impl Table {
+    /// A table of `fields` (after the header) of revision `format.content`,
+    /// every field all ones, the header set.
+    fn new(format: u8, content: u8, fields: &[Field]) -> Table {
+        let (mut off, mut align) = (HEADER, 2);
+        let mut laid = Vec::with_capacity(fields.len());
+        for &(name, width, count) in fields {
+            off = off.next_multiple_of(width);
+            align = align.max(width);
+            laid.push((name, off, width, count));
+            off += width * count;
+        }
+        let size = off.next_multiple_of(align);
+        let mut bytes = vec![0xff; size];
+        bytes[..2].copy_from_slice(&(size as u16).to_le_bytes());
+        bytes[2] = format;
+        bytes[3] = content;
+        Table {
+            fields: laid,
+            bytes,
+        }
+    }
+
+    /// Sets element `index` of field `name` (a name of the layout).
+    fn set_at(&mut self, name: &str, index: usize, v: u64) {
+        let &(_, off, width, count) = self
+            .fields
+            .iter()
+            .find(|f| f.0 == name)
+            .unwrap_or_else(|| panic!("gpu_metrics: no field {name}"));
+        assert!(index < count, "gpu_metrics: {name}[{index}] of {count}");
+        let at = off + index * width;
+        self.bytes[at..at + width].copy_from_slice(&v.to_le_bytes()[..width]);
+    }
+
+    /// Sets the first `n` elements of `name` (all of a scalar with n 1).
+    fn set_n(&mut self, name: &str, n: usize, v: u64) {
+        (0..n).for_each(|i| self.set_at(name, i, v));
+    }
+
+    fn set(&mut self, name: &str, v: u64) {
+        self.set_at(name, 0, v);
+    }
+}
+
+/// The idle clocks, MHz, of `pp_dpm_sclk`, `pp_dpm_socclk` and
+/// `pp_dpm_mclk`'s current (lowest) levels.
+const IDLE_CLOCKS: [(&str, u64); 3] = [("gfxclk", 500), ("socclk", 500), ("uclk", 400)];
+
+/// The `gpu_metrics` file of `g`, or `None` for parts it is not served for.
+pub fn gpu_metrics(g: &Gpu) -> Option<Vec<u8>> {
+    let mut t = match g.gfx_target_version {
+        90008 => Table::new(1, 1, V1_1),
+        90010 => Table::new(1, 3, &[V1_1, V1_3_TAIL].concat()),
+        _ if is_mi300_class(g) => Table::new(1, 5, V1_5),
+        _ => return None,
+    };
+    set_common(&mut t, g);
+    if is_mi300_class(g) {
+        set_v1_5(&mut t, g);
+    } else {
+        set_v1_1(&mut t, g);
+    }
+    Some(t.bytes)
+}
+
+/// hwmon's idle reading of the sensor `label`, degrees Celsius.
+fn idle_temp(label: &str) -> u64 {
+    let sensor = IDLE_TEMPS.iter().find(|e| e.1 == label);
+    sensor.unwrap_or_else(|| panic!("no {label} sensor")).2
+}
+
+/// The fields every layout has: temperatures but edge, activity, PCIe
+/// link, throttling and accumulated activity.
+fn set_common(t: &mut Table, g: &Gpu) {
+    t.set("temperature_hotspot", idle_temp("junction"));
+    t.set("temperature_mem", idle_temp("mem"));
+    for f in [
+        "average_gfx_activity",
+        "average_umc_activity",
+        "throttle_status",
+    ] {
+        t.set(f, 0);
+    }
+    for f in ["gfx_activity_acc", "mem_activity_acc", "energy_accumulator"] {
+        t.set(f, 0);
+    }
+    t.set("pcie_link_width", 16);
+    t.set("pcie_link_speed", if is_mi300_class(g) { 320 } else { 160 });
+}
+
+/// v1.1's and v1.3's own fields: edge temperature, average power, the
+/// average and current clocks.
+fn set_v1_1(t: &mut Table, g: &Gpu) {
+    t.set("temperature_edge", idle_temp("edge"));
+    t.set("average_mm_activity", 0);
+    t.set("average_socket_power", idle_power(g).1);
+    for (clk, mhz) in IDLE_CLOCKS {
+        t.set(&format!("average_{clk}_frequency"), mhz);
+        t.set(&format!("current_{clk}"), mhz);
+    }
+    if g.gfx_target_version == 90010 {
+        t.set("indep_throttle_status", 0);
+    }
+}
+
+/// v1.5's own fields: current power, a graphics clock per XCC, a SoC
+/// clock per AID (one per two XCCs), PCIe counters.
+fn set_v1_5(t: &mut Table, g: &Gpu) {
+    t.set("curr_socket_power", idle_power(g).1);
+    t.set("gfxclk_lock_status", 0);
+    let xccs = (g.num_xcc as usize).clamp(1, 8);
+    for (clk, mhz) in IDLE_CLOCKS {
+        let n = match clk {
+            "gfxclk" => xccs,
+            "socclk" => xccs.div_ceil(2).min(4),
+            _ => 1,
+        };
+        t.set_n(&format!("current_{clk}"), n, mhz);
+    }
+    for f in [
+        "pcie_bandwidth_acc",
+        "pcie_bandwidth_inst",
+        "pcie_l0_to_recov_count_acc",
+        "pcie_replay_count_acc",
+        "pcie_replay_rover_count_acc",
+        "pcie_nak_sent_count_acc",
+        "pcie_nak_rcvd_count_acc",
+    ] {
+        t.set(f, 0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::Profile;
+
+    fn gpu(profile: &str) -> Gpu {
+        Profile::builtin(profile).unwrap().gpus[0].clone()
+    }
+
+    fn u16_at(b: &[u8], off: usize) -> u16 {
+        u16::from_le_bytes([b[off], b[off + 1]])
+    }
+
+    #[test]
+    fn layouts_are_the_kernels() {
+        // sizeof kgd_pp_interface.h's v1_1, v1_3 and v1_5 (NUM_JPEG_ENG 32).
+        for (profile, size, rev) in [("mi100", 96, 1), ("mi210x4", 120, 3), ("mi300x8", 360, 5)] {
+            let b = gpu_metrics(&gpu(profile)).unwrap();
+            assert_eq!(b.len(), size, "{profile}");
+            assert_eq!(u16_at(&b, 0) as usize, size, "{profile}");
+            assert_eq!((b[2], b[3]), (1, rev), "{profile}");
+        }
+        // Offsets the header's comments and other fields pin down.
+        let v13 = Table::new(1, 3, &[V1_1, V1_3_TAIL].concat());
+        let off = |t: &Table, n: &str| t.fields.iter().find(|f| f.0 == n).unwrap().1;
+        assert_eq!(off(&v13, "energy_accumulator"), 24);
+        assert_eq!(off(&v13, "temperature_hbm"), 88);
+        assert_eq!(off(&v13, "indep_throttle_status"), 112);
+        let v15 = Table::new(1, 5, V1_5);
+        assert_eq!(off(&v15, "energy_accumulator"), 88);
+        assert_eq!(off(&v15, "xgmi_read_data_acc"), 176);
+        assert_eq!(off(&v15, "current_uclk"), 352);
+    }
+
+    #[test]
+    fn values_follow_the_other_attributes() {
+        let b = gpu_metrics(&gpu("mi210x4")).unwrap();
+        // edge 35 C, hotspot 40, mem 38, vrgfx not available, power 40 W.
+        assert_eq!(
+            [4, 6, 8, 10, 22].map(|o| u16_at(&b, o)),
+            [35, 40, 38, 0xffff, 40]
+        );
+        assert_eq!(u16_at(&b, 54), 500, "current_gfxclk");
+        assert_eq!(u16_at(&b, 76), 160, "pcie_link_speed");
+        assert_eq!(&b[32..40], &[0xff; 8], "system_clock_counter");
+        let b = gpu_metrics(&gpu("mi300x8")).unwrap();
+        // hotspot 40, mem 38, vrsoc n/a, current power 140 W, gfx 0 %.
+        assert_eq!(
+            [4, 6, 8, 10, 12].map(|o| u16_at(&b, o)),
+            [40, 38, 0xffff, 140, 0]
+        );
+        let gfxclk: Vec<u16> = (0..8).map(|i| u16_at(&b, 312 + 2 * i)).collect();
+        assert_eq!(gfxclk, [500; 8], "one per XCC");
+        assert_eq!(u16_at(&b, 328 + 2 * 3), 500, "the fourth AID's socclk");
+        assert!(gpu_metrics(&gpu("rx9070xt")).is_none());
+    }
+}
