@@ -16,8 +16,11 @@
 #
 # Cases:
 #   rocminfo-P    rocminfo 7.2 on profile P lists the profile's GPU agents and their ISA
-#   rocm-smi-P    rocm-smi 6.4 (its default report and --showmeminfo vram) on profile P lists
-#                 every GPU with temperature and power, and the profile's VRAM total for each
+#   rocm-smi-P    rocm-smi 6.4 (its default report, --showmeminfo vram and --showmetrics) on
+#                 profile P lists every GPU with temperature and power, the profile's VRAM
+#                 total for each, and each GPU's gpu_metrics table: amdgpu's revision and size
+#                 for the part (mi210x4 1.3, 120 B; mi300x8 1.5, 360 B) and the idle readings
+#                 (hotspot and memory temperature, socket power, gfx activity, gfx clock)
 #   rocm-smi-live-P   a ROCr 6.4 process (test/rocm64/vram-hold.c) holds 64 MiB of VRAM and a
 #                 queue on every GPU of P: rocm-smi --showmeminfo vram shows each GPU's VRAM
 #                 used (at least that, and together exactly what the process holds), and
@@ -306,20 +309,42 @@ run_rocminfo() { # PROFILE
 	fi
 }
 
+# The gpu_metrics revision and size amdgpu gives the profile's GPUs, and the --showmetrics
+# lines (after "GPU[N] : ") each GPU must show: kfd-emu's idle readings.
+declare -A metrics_rev=([mi210x4]='1.3 120' [mi300x8]='1.5 360')
+declare -A metrics_power=([mi210x4]='average_socket_power (W): 40' [mi300x8]='current_socket_power (W): 140')
+metrics_lines() { # PROFILE
+	printf '%s\n' "Metric Version and Size (Bytes): ${metrics_rev[$1]}" 'temperature_hotspot (C): 40' \
+		'temperature_mem (C): 38' "${metrics_power[$1]}" 'average_gfx_activity (%): 0'
+}
+
+# The GPUs whose --showmetrics shows every line of metrics_lines PROFILE, of the log LOG, and
+# the first line missing.
+metrics_shown() { # LOG PROFILE
+	local line n fewest=${gpus[$2]} missing=
+	while IFS= read -r line; do
+		n=$(grep -cF -- ": $line" "$1")
+		[ "$n" -ge "$fewest" ] || { fewest=$n && missing=${missing:-$line}; }
+	done < <(metrics_lines "$2")
+	echo "$fewest${missing:+ (missing: $missing)}"
+}
+
 # rocm-smi's default report has a row per GPU ("N  NODE  0xDID, GUID  TEMP  POWER ..."),
-# --showmeminfo vram a "VRAM Total Memory (B)" line per GPU.
+# --showmeminfo vram a "VRAM Total Memory (B)" line per GPU, --showmetrics metrics_lines.
 run_rocm_smi() { # PROFILE
-	local p=$1 c=rocm-smi-$1 log=$work/rocm-smi-$1.log rows sensed vram bytes=$((vram_gib[$1] << 30)) bad
-	emu "$log" "$p" 0 sh -c 'rocm-smi && rocm-smi --showmeminfo vram' ||
+	local p=$1 c=rocm-smi-$1 log=$work/rocm-smi-$1.log rows sensed vram bytes=$((vram_gib[$1] << 30)) bad metrics
+	emu "$log" "$p" 0 sh -c 'rocm-smi && rocm-smi --showmeminfo vram && rocm-smi --showmetrics' ||
 		{ result FAIL "$c" "exit $?: $(grep -m 2 -iE 'error|not found|fail' "$log" | paste -sd'|'); log ${log#"$top"/}"; return; }
 	rows=$(grep -cE '^[0-9]+ +[0-9]+ +0x[0-9a-f]+, +[0-9]+ ' "$log")
 	sensed=$(grep -cE '^[0-9]+ +[0-9]+ +0x[0-9a-f]+, +[0-9]+ +[0-9.]+°C +[0-9.]+W ' "$log")
 	vram=$(grep -cE "^GPU\[[0-9]+\][[:space:]]*: VRAM Total Memory \(B\): $bytes$" "$log")
-	bad=$(grep -m 2 -E 'Not supported|Unsupported|not found' "$log" | paste -sd'|')
-	if [ "$rows" != "${gpus[$p]}" ] || [ "$sensed" != "${gpus[$p]}" ] || [ "$vram" != "${gpus[$p]}" ] || [ -n "$bad" ]; then
-		result FAIL "$c" "$rows GPU rows, $sensed with temperature and power, $vram with $bytes B of VRAM (want ${gpus[$p]} each)${bad:+; $bad}; log ${log#"$top"/}"
+	metrics=$(metrics_shown "$log" "$p")
+	bad=$(grep -m 2 -E 'Not supported|Unsupported|not found|Failed to retrieve' "$log" | paste -sd'|')
+	if [ "$rows" != "${gpus[$p]}" ] || [ "$sensed" != "${gpus[$p]}" ] || [ "$vram" != "${gpus[$p]}" ] ||
+		[ "${metrics%% *}" != "${gpus[$p]}" ] || [ -n "$bad" ]; then
+		result FAIL "$c" "$rows GPU rows, $sensed with temperature and power, $vram with $bytes B of VRAM, $metrics with gpu_metrics (want ${gpus[$p]} each)${bad:+; $bad}; log ${log#"$top"/}"
 	else
-		result PASS "$c" "${gpus[$p]} GPUs listed with temperature and power, each with $bytes B of VRAM"
+		result PASS "$c" "${gpus[$p]} GPUs listed with temperature and power, each with $bytes B of VRAM and gpu_metrics ${metrics_rev[$p]% *}"
 	fi
 }
 
