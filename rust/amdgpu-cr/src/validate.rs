@@ -27,6 +27,11 @@
 //!   address and offset, and every mapping of a render node is of a BO;
 //! * every GPU file of `files.img` has its image when the inventory names
 //!   the AMD GPU plugin, and every KFD image belongs to a file;
+//! * a "same BO as" record points at a BO with bytes of its own, of its
+//!   size and GPU ([`links`]), and no two saved BOs of one GPU have
+//!   overlapping mmap-offset ranges unless one is such a record of the
+//!   other ([`overlaps`]: one BO saved twice, by images written before
+//!   criu-rocm recorded "same BO as", would restore as two);
 //! * with a digests file: every GPU image file it lists is present, with
 //!   its size and XXH3-64, and no other is.  An image that declares
 //!   extension version 3 or later requires the digests file.
@@ -53,6 +58,7 @@ use crate::plan::{DeviceKind, OffsetIndex};
 pub mod chain;
 pub mod digests;
 mod links;
+mod overlaps;
 pub mod privdata;
 pub mod signature;
 
@@ -305,6 +311,9 @@ pub fn check_dir(dir: &Path, depth: Depth) -> std::io::Result<Report> {
     let declared = check_kfd_images(dir, &files, manifest.as_ref(), &ctx, depth, &mut report);
     check_render_images(dir, &files, manifest.as_ref(), depth, &mut report);
     report.other.extend(links::check(dir, &files));
+    report
+        .other
+        .extend(overlaps::check(dir, &files, &report.kfd));
     check_listing(dir, &files, manifest.as_ref(), declared, depth, &mut report);
     check_files_img(&files, &ctx, manifest.as_ref(), &mut report);
     Ok(report)
