@@ -501,6 +501,16 @@ def mutants(img, seed):
                 edit_bo(k, "content_xxh3 removed",
                         lambda bo: bo.__setitem__(slice(None), [x for x in bo if x[0] != BO_XXH3]))
 
+        # Another BO's mmap offset (issue 29): two saved BOs of one GPU whose offset
+        # ranges overlap, as images written before "same BO as" hold one BO twice.
+        same_gpu = [(a, b) for a in data_bos for b in data_bos
+                    if a < b and get(bos[a][1], BO_GPU_ID) == get(bos[b][1], BO_GPU_ID)]
+        if same_gpu:
+            a, b = same_gpu[0]
+            off = get(bos[a][1], BO_OFFSET)
+            edit_bo(b, f"offset -> BO {a}'s {off:#x} (one BO saved twice)",
+                    lambda bo, v=off: put(bo, BO_OFFSET, v))
+
         def strip_hashes(m):
             for i, bo in subs(m, KFD_BOS):
                 m[i][2] = encode([x for x in bo if x[0] != BO_XXH3])
@@ -633,6 +643,18 @@ def mutants(img, seed):
                         lambda b, v=kid, i=sized[0]: link(b, v, i))
                 gem(f"the same BO as {img.kfd[0]}'s BO {len(kbos)} (past its BOs)",
                     lambda b, v=kid, i=len(kbos): link(b, v, i))
+            # A KFD BO's mmap offset on this render file's GPU (issue 29): the KFD BO
+            # saved twice, as images written before "same BO as" hold one.
+            for kf in img.kfd:
+                kbos = subs(img.msgs[kf], KFD_BOS)
+                same = [(i, get(kb, BO_OFFSET)) for i, (_, kb) in enumerate(kbos)
+                        if get(kb, BO_FLAGS, 0) & (VRAM | GTT)
+                        and get(kb, BO_GPU_ID) == get(base, RN_GPU_ID)]
+                if same:
+                    i, koff = same[0]
+                    gem(f"offset -> {kf}'s BO {i}'s {koff:#x} (one BO saved twice)",
+                        lambda b, v=koff: put(b, GEM_OFFSET, v))
+                    break
             for j, (vat, vm) in enumerate(subs(bo, GEM_VMS)[:1]):
                 def grow(b, vat=vat, vm=vm):
                     v = [list(x) for x in vm]
