@@ -4044,18 +4044,7 @@ fn a_dispatch_in_flight_resumes_on_another_host() {
         &criu(criu_op::RESUME, 0, 0, 0, 0, 0, 0, 0, pid),
     )
     .unwrap();
-    std::thread::sleep(Duration::from_millis(50));
-    // SAFETY: the restored signals.
-    let completion = unsafe { rd64(sigs, 8) };
-    assert_eq!(completion, 1, "the dispatch waits for its flag again");
-    // SAFETY: the restored kernarg's flag.
-    unsafe { wr32(data, 8, 1) };
-    assert!(poll_signal(sigs, 0, 0), "the restored dispatch completes");
-    for i in 0..256 {
-        // SAFETY: the restored output buffer.
-        let v = unsafe { rd32(data, 0x1000 + 4 * i) };
-        assert_eq!(v, i as u32, "work-item {i}");
-    }
+    released_dispatch_completes(sigs, data, 256);
 }
 
 /// A damaged control stack fails the RESTORE (EINVAL): a wrong magic,
@@ -4267,18 +4256,7 @@ fn a_dispatch_on_4_xccs_is_saved_per_xcc_and_resumes_on_another_host() {
     let pid = std::process::id();
     let resume = criu(criu_op::RESUME, 0, 0, 0, 0, 0, 0, 0, pid);
     d2.call_fh(fh2, &me(), nr::CRIU_OP, &resume).unwrap();
-    std::thread::sleep(Duration::from_millis(50));
-    // SAFETY: the restored signals.
-    let completion = unsafe { rd64(sigs, 8) };
-    assert_eq!(completion, 1, "the waves wait for the flag again");
-    // SAFETY: the restored kernarg's flag.
-    unsafe { wr32(data, 8, 1) };
-    assert!(poll_signal(sigs, 0, 0), "the restored dispatch completes");
-    for i in 0..1024 {
-        // SAFETY: the restored output buffer.
-        let v = unsafe { rd32(data, 0x1000 + 4 * i) };
-        assert_eq!(v, i as u32, "work-item {i}");
-    }
+    released_dispatch_completes(sigs, data, 1024);
 }
 
 /// On 4 XCCs GET_QUEUE_WAVE_STATE writes each XCC's header and control
@@ -4355,4 +4333,22 @@ fn damage_to_one_xcc_and_another_xcc_count_are_refused_at_restore() {
     assert_eq!(r, Err(libc::EINVAL), "a GPU of 2 XCCs");
     let (_, _, r) = restore_me_on(&s.d, &mut img, &blob, XCC4);
     r.unwrap();
+}
+
+/// After RESUME of a restored dispatch held on its flag: its completion
+/// signal still waits, and once the flag is set the dispatch completes with
+/// work-item i's id in output word i, for `items` work-items.
+fn released_dispatch_completes(sigs: *mut u8, data: *mut u8, items: usize) {
+    std::thread::sleep(Duration::from_millis(50));
+    // SAFETY: the restored signals.
+    let completion = unsafe { rd64(sigs, 8) };
+    assert_eq!(completion, 1, "the waves wait for their flag again");
+    // SAFETY: the restored kernarg's flag.
+    unsafe { wr32(data, 8, 1) };
+    assert!(poll_signal(sigs, 0, 0), "the restored dispatch completes");
+    for i in 0..items {
+        // SAFETY: the restored output buffer.
+        let v = unsafe { rd32(data, 0x1000 + 4 * i) };
+        assert_eq!(v, i as u32, "work-item {i}");
+    }
 }

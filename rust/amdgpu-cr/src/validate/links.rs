@@ -126,17 +126,7 @@ mod tests {
     }
 
     fn bo(size: u64, link: Option<(u32, u32)>) -> DrmBoEntry {
-        DrmBoEntry {
-            size,
-            offset: 0x1_0000_0000,
-            handle: 1,
-            preferred_domains: kfd_abi::sys::AMDGPU_GEM_DOMAIN_VRAM,
-            content_xxh3: link.is_none().then_some(7),
-            is_import: u32::from(link.is_some()),
-            same_bo_file: link.map(|l| l.0),
-            same_bo_index: link.map(|l| l.1),
-            ..Default::default()
-        }
+        super::super::overlaps::tests::gem(0x1_0000_0000, size, link)
     }
 
     /// The refusals of render image 9, whose only BO links to `link`

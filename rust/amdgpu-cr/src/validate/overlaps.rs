@@ -149,13 +149,16 @@ fn refusal(names: &[String], earlier: &Range, r: &Range) -> Refusal {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::image::tests::{sample_kfd, tempdir};
     use crate::image::{FileId, KfdImage};
     use crate::proto::{CriuRenderNode, DrmBoEntry};
 
-    fn gem(offset: u64, size: u64, link: Option<(u32, u32)>) -> DrmBoEntry {
+    /// A saved GEM BO of `size` bytes at mmap offset `offset` (VRAM, a
+    /// content hash), or with `link` (file, index) a "same BO as" link
+    /// without content fields.
+    pub(in crate::validate) fn gem(offset: u64, size: u64, link: Option<(u32, u32)>) -> DrmBoEntry {
         DrmBoEntry {
             size,
             offset,
