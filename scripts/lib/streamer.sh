@@ -10,6 +10,9 @@ streamer() { /usr/bin/python3 "$top/test/gpu/streamer.py" "$@"; }
 stream_start() {
 	local mode=$1 dir=$2 stream=$3 i
 	mkdir -p "$dir"
+	# A previous peer's "socket-init" must not be read as this one's: the
+	# background job truncates the file only once it runs.
+	rm -f "$dir/streamer-$mode.out"
 	streamer "$mode" "$dir" "$stream" >"$dir/streamer-$mode.out" 2>"$dir/streamer-$mode.log" &
 	STREAMER_PID=$!
 	for ((i = 0; i < 400; i++)); do
