@@ -11,6 +11,7 @@ use std::process::Command;
 
 mod model;
 use model::map_fd as map;
+use model::try_map_fd as try_map;
 
 const ROLE: &str = "KFD_EMU_DEVICE_E2E_CLIENT";
 
@@ -286,26 +287,6 @@ fn interrupted_wait_then_set_event_client() {
         "retried wait took {took:?}"
     );
     println!("e2e: SET_EVENT between EINTR and the retry reached the retry in {took:?}");
-}
-
-/// mmap of `len` bytes of `fd` at `off`: the address, or the errno.
-fn try_map(fd: i32, off: u64, len: usize) -> Result<*mut u8, i32> {
-    // SAFETY: a fresh shared mapping at a kernel-chosen address; only used
-    // through raw pointers.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd,
-            off as i64,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(std::io::Error::last_os_error().raw_os_error().unwrap());
-    }
-    Ok(p as *mut u8)
 }
 
 /// Under `kfd-emu supervise`: a BO maps only through the render file whose

@@ -3727,6 +3727,21 @@ impl Shader {
         // SAFETY: dword i of the output buffer (i < 1024).
         unsafe { rd32(self.data, 0x1000 + 4 * i) }
     }
+
+    /// After a checkpoint's pause of a dispatch held on its flag: UNPAUSE,
+    /// the flag set, and the dispatch on queue 0 completes with work-item
+    /// i's id (through its LDS) in output word i, for `items` work-items.
+    fn unpause_and_finish(&self, items: usize) {
+        self.d
+            .call(nr::CRIU_OP, &criu(criu_op::UNPAUSE, 0, 0, 0, 0, 0, 0, 0, 0))
+            .unwrap();
+        // SAFETY: the kernarg's flag.
+        unsafe { wr32(self.data, 8, 1) };
+        assert!(self.wait_for(0, 0), "the resumed dispatch completes");
+        for i in 0..items {
+            assert_eq!(self.out(i), i as u32, "work-item {i}'s id through its LDS");
+        }
+    }
 }
 
 const AQ_BASE: u64 = 0x5003_0000;
@@ -3948,14 +3963,7 @@ fn a_dispatch_in_flight_is_saved_at_process_info_and_runs_on_after_unpause() {
         wave_area.iter().any(|&b| b != 0),
         "the wave area holds the waves"
     );
-    s.d.call(nr::CRIU_OP, &criu(criu_op::UNPAUSE, 0, 0, 0, 0, 0, 0, 0, 0))
-        .unwrap();
-    // SAFETY: the kernarg's flag.
-    unsafe { wr32(s.data, 8, 1) };
-    assert!(s.wait_for(0, 0), "the resumed dispatch completes");
-    for i in 0..256 {
-        assert_eq!(s.out(i), i as u32, "work-item {i}'s id through its LDS");
-    }
+    s.unpause_and_finish(256);
 }
 
 /// GET_QUEUE_WAVE_STATE of queue 0 of `s` into a buffer as large as its
@@ -4011,14 +4019,7 @@ fn get_queue_wave_state_reports_the_saved_waves_and_the_dispatch_runs_on() {
         .map(|w| w.workgroup)
         .collect();
     assert_eq!(groups, [0, 0, 1, 1], "2 workgroups of 2 waves");
-    s.d.call(nr::CRIU_OP, &criu(criu_op::UNPAUSE, 0, 0, 0, 0, 0, 0, 0, 0))
-        .unwrap();
-    // SAFETY: the kernarg's flag.
-    unsafe { wr32(s.data, 8, 1) };
-    assert!(s.wait_for(0, 0), "the resumed dispatch completes");
-    for i in 0..256 {
-        assert_eq!(s.out(i), i as u32, "work-item {i}'s id through its LDS");
-    }
+    s.unpause_and_finish(256);
 }
 
 /// The dispatch checkpointed mid-flight is restored into a fresh emulator
@@ -4275,14 +4276,7 @@ fn get_queue_wave_state_on_4_xccs_fills_each_xccs_slice() {
         let groups: Vec<u32> = d.waves.iter().map(|w| w.workgroup).collect();
         assert_eq!(groups, [a, a, b, b], "XCC {x}'s workgroups' waves");
     }
-    s.d.call(nr::CRIU_OP, &criu(criu_op::UNPAUSE, 0, 0, 0, 0, 0, 0, 0, 0))
-        .unwrap();
-    // SAFETY: the kernarg's flag.
-    unsafe { wr32(s.data, 8, 1) };
-    assert!(s.wait_for(0, 0), "the resumed dispatch completes");
-    for i in 0..1024 {
-        assert_eq!(s.out(i), i as u32, "work-item {i}");
-    }
+    s.unpause_and_finish(1024);
 }
 
 /// Damage to one XCC's MQD or control stack fails the RESTORE (EINVAL): its

@@ -116,7 +116,14 @@ pub fn queue_args(
 /// `len` bytes at offset `off` of file `fd`, mapped shared (used only
 /// through raw pointers).
 pub fn map_fd(fd: RawFd, off: u64, len: usize) -> *mut u8 {
-    // SAFETY: a fresh shared mapping, used only through raw pointer copies.
+    try_map_fd(fd, off, len)
+        .unwrap_or_else(|e| panic!("mmap of {len} bytes at {off:#x}: errno {e}"))
+}
+
+/// mmap of `len` bytes of `fd` at `off`, shared: the address, or the errno.
+pub fn try_map_fd(fd: RawFd, off: u64, len: usize) -> Result<*mut u8, i32> {
+    // SAFETY: a fresh shared mapping at a kernel-chosen address; only used
+    // through raw pointers.
     let p = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
@@ -127,8 +134,10 @@ pub fn map_fd(fd: RawFd, off: u64, len: usize) -> *mut u8 {
             off as i64,
         )
     };
-    assert_ne!(p, libc::MAP_FAILED, "mmap of {len} bytes at {off:#x}");
-    p.cast()
+    if p == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
+    }
+    Ok(p.cast())
 }
 
 /// `len` bytes at offset `off` of the emulator's node `node`, mapped
