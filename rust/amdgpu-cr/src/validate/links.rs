@@ -109,12 +109,13 @@ fn target(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::image::tests::{sample_kfd, tempdir};
     use crate::proto::{CriuRenderNode, DrmBoEntry};
 
-    fn render(gpu: u32, bos: Vec<DrmBoEntry>) -> RenderImage {
+    /// A render image of GPU `gpu` holding `bos`.
+    pub(in crate::validate) fn render(gpu: u32, bos: Vec<DrmBoEntry>) -> RenderImage {
         RenderImage {
             msg: CriuRenderNode {
                 gpu_id: gpu,

@@ -153,7 +153,7 @@ pub(super) mod tests {
     use super::*;
     use crate::image::tests::{sample_kfd, tempdir};
     use crate::image::{FileId, KfdImage};
-    use crate::proto::{CriuRenderNode, DrmBoEntry};
+    use crate::proto::DrmBoEntry;
 
     /// A saved GEM BO of `size` bytes at mmap offset `offset` (VRAM, a
     /// content hash), or with `link` (file, index) a "same BO as" link
@@ -183,16 +183,9 @@ pub(super) mod tests {
         for (i, b) in bos.iter_mut().enumerate() {
             b.handle = i as u32 + 1;
         }
-        RenderImage {
-            msg: CriuRenderNode {
-                gpu_id: gpu,
-                num_of_bos: Some(bos.len() as u64),
-                bo_entries: bos,
-                ..Default::default()
-            },
-        }
-        .write(&dir, FileId(9))
-        .unwrap();
+        super::super::links::tests::render(gpu, bos)
+            .write(&dir, FileId(9))
+            .unwrap();
         // A render image that does not read would be left out unseen.
         RenderImage::read(&dir, FileId(9)).unwrap();
         let files: BTreeSet<String> = ["amdgpu-kfd-5.img", "amdgpu-renderD-9.img"]
