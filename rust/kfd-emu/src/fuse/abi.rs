@@ -205,6 +205,19 @@ pub struct StatfsOut {
     pub spare: [u32; 6],
 }
 
+impl StatfsOut {
+    /// What the emulator's file systems answer to statfs: no blocks or
+    /// inodes to count, 4 KiB blocks, 255-byte names.
+    pub fn empty() -> Self {
+        StatfsOut {
+            bsize: 4096,
+            frsize: 4096,
+            namelen: 255,
+            ..Default::default()
+        }
+    }
+}
+
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct InterruptIn {

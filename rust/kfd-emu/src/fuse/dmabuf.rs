@@ -382,15 +382,7 @@ impl FsConn {
             abi::op::OPEN => self.open(&h),
             abi::op::FLUSH | abi::op::RELEASE | abi::op::DESTROY => self.send(h.unique, 0, &[]),
             abi::op::IOCTL => self.send(h.unique, libc::ENOTTY, &[]),
-            abi::op::STATFS => {
-                let out = abi::StatfsOut {
-                    bsize: 4096,
-                    frsize: 4096,
-                    namelen: 255,
-                    ..Default::default()
-                };
-                self.send_pod(h.unique, &out);
-            }
+            abi::op::STATFS => self.send_pod(h.unique, &abi::StatfsOut::empty()),
             _ => self.send(h.unique, libc::ENOSYS, &[]),
         }
     }

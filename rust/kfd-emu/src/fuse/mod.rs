@@ -230,15 +230,7 @@ impl Conn {
                 };
                 self.send_pod(unique, &out);
             }
-            abi::op::STATFS => {
-                let out = abi::StatfsOut {
-                    bsize: 4096,
-                    frsize: 4096,
-                    namelen: 255,
-                    ..Default::default()
-                };
-                self.send_pod(unique, &out);
-            }
+            abi::op::STATFS => self.send_pod(unique, &abi::StatfsOut::empty()),
             abi::op::OPEN => {
                 let caller = self.caller(h.pid);
                 match self.ops.open(&caller) {
