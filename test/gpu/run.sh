@@ -1443,20 +1443,14 @@ gem_no_list_kfd_only() {
 # are unchanged, and the next restore works.
 case_gem_restore_killed() { on mi100 -- gem_restore_killed; }
 gem_restore_killed() {
-	local img=$CASE_DIR/img log=$CASE_DIR/restore-killed.log before cpid i st=
+	local img=$CASE_DIR/img log=$CASE_DIR/restore-killed.log before cpid st=
 	gem_start
 	gem_dump "$img"
 	before=$(img_sums "$img")
 	CRIU_ROCM_TEST_STOP_ON_LOG="GEM object(s) recreated" env --default-signal=HUP,INT,PIPE,TERM \
 		"$CRIU" restore -D "$img" -o "$log" -v4 -d >>"$CASE_DIR/criu.out" 2>&1 &
 	cpid=$!
-	for ((i = 0; i < 1200; i++)); do
-		st=$(proc_state "$GT")
-		[ "$st" = T ] && break
-		alive "$cpid" || break
-		sleep 0.05
-	done
-	[ "$st" = T ] || fail "the restored gem-test $GT never stopped in its GEM recreation: $(log_errors "$log")"
+	wait_stopped "$GT" "$cpid" || fail "the restored gem-test $GT never stopped in its GEM recreation: $(log_errors "$log")"
 	log_has "$log" "amdgpu: pid $GT: render node /dev/dri/renderD128 \(file [0-9]+\): 3 GEM object\(s\) recreated"
 	grep -aq "GEM BO(s) restored" "$log" && fail "the restore went past the kill point"
 	kill -KILL "$cpid"
@@ -1542,6 +1536,18 @@ proc_state() {
 	s=$(cat "/proc/$1/stat" 2>/dev/null) || return 0
 	s=${s##*) }
 	echo "${s%% *}"
+}
+
+# wait_stopped PID CPID: waits up to 60 s for PID to be stopped (state T) while CPID (the
+# criu-rocm that stops it) lives; fails if it never is.
+wait_stopped() {
+	local i
+	for ((i = 0; i < 1200; i++)); do
+		[ "$(proc_state "$1")" = T ] && return 0
+		alive "$2" || break
+		sleep 0.05
+	done
+	[ "$(proc_state "$1")" = T ]
 }
 
 # stopped_on_log CPID WHAT LOG: waits until criu-rocm CPID, started in the background with
@@ -2545,7 +2551,7 @@ orphan_start() {
 # and criu is killed there. No task of TASKS may be left, the images must be unchanged.
 kill_restore_untied() {
 	local what="criu killed before the restorers watch it ($1)" img=$2 stopper=$3 text=$4
-	local log=$CASE_DIR/restore-killed-$1.log cpid before p st up=() tasks
+	local log=$CASE_DIR/restore-killed-$1.log cpid before p up=() tasks
 	read -r -a tasks <<<"$5"
 	shift 5
 	before=$(img_sums "$img")
@@ -2553,13 +2559,7 @@ kill_restore_untied() {
 	CRIU_ROCM_TEST_STOP_ON_LOG=$text "$CRIU" restore -D "$img" -o "$log" -v4 -d "$@" >>"$CASE_DIR/criu.out" 2>&1 &
 	cpid=$!
 	[ "$stopper" = criu ] && stopper=$cpid
-	for ((p = 0; p < 1200; p++)); do
-		st=$(proc_state "$stopper")
-		[ "$st" = T ] && break
-		alive "$cpid" || break
-		sleep 0.05
-	done
-	[ "$st" = T ] || fail "$what: $stopper never stopped at /$text/: $(log_errors "$log")"
+	wait_stopped "$stopper" "$cpid" || fail "$what: $stopper never stopped at /$text/: $(log_errors "$log")"
 	kill -KILL "$cpid"
 	wait "$cpid" 2>/dev/null
 	# Stopped or let go, no task may stay; their pids stay taken while init reaps them.
