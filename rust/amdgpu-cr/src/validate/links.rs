@@ -4,7 +4,7 @@
 //! has its size and GPU, and holds bytes of its own (a BO that is itself
 //! another's is refused, so no chain and no cycle gets to a restore).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use super::Refusal;
@@ -18,6 +18,7 @@ type Target = (u64, u32, bool);
 /// Every link of the render images among `files` in `dir`: the refusals.
 pub(crate) fn check(dir: &Path, files: &BTreeSet<String>) -> Vec<Refusal> {
     let mut out = Vec::new();
+    let mut targets = Targets::default();
     for name in files.iter().filter(|n| n.starts_with("amdgpu-renderD-")) {
         let Some(id) = crate::image::render_image_id(name) else {
             continue;
@@ -39,7 +40,7 @@ pub(crate) fn check(dir: &Path, files: &BTreeSet<String>) -> Vec<Refusal> {
                     format!("GEM handle {}: {why}", b.handle),
                 )
             };
-            let why = match target(dir, files, FileId(file), index) {
+            let why = match targets.get(dir, files, FileId(file), index) {
                 Err(why) => Some(("same_bo_file", why)),
                 Ok(None) => Some((
                     "same_bo_index",
@@ -76,30 +77,52 @@ pub(crate) fn check(dir: &Path, files: &BTreeSet<String>) -> Vec<Refusal> {
     out
 }
 
-/// BO `index` of file `file`'s image (a KFD image or a render image).
-/// `Err`: no such image, or one that does not read.
-fn target(
-    dir: &Path,
-    files: &BTreeSet<String>,
-    file: FileId,
-    index: u32,
-) -> Result<Option<Target>, String> {
-    let i = index as usize;
+/// The BOs of the images links point at, each image read once however
+/// many links name it (a process can hold thousands of shared BOs, and a
+/// KFD image thousands of BOs).
+#[derive(Default)]
+struct Targets(BTreeMap<FileId, Result<Vec<Target>, String>>);
+
+impl Targets {
+    /// BO `index` of file `file`'s image (a KFD image or a render image).
+    /// `Err`: no such image, or one that does not read.
+    fn get(
+        &mut self,
+        dir: &Path,
+        files: &BTreeSet<String>,
+        file: FileId,
+        index: u32,
+    ) -> Result<Option<Target>, String> {
+        let bos = self.0.entry(file).or_insert_with(|| bos(dir, files, file));
+        Ok(bos
+            .as_ref()
+            .map_err(Clone::clone)?
+            .get(index as usize)
+            .copied())
+    }
+}
+
+/// Every BO of file `file`'s image as a link may see it.  `Err`: no such
+/// image, or one that does not read.
+fn bos(dir: &Path, files: &BTreeSet<String>, file: FileId) -> Result<Vec<Target>, String> {
     if files.contains(&kfd_image_name(file)) {
         let img = KfdImage::read(dir, file).map_err(|e| e.to_string())?;
         return Ok(img
             .msg
             .bo_entries
-            .get(i)
-            .map(|b| (b.size, b.gpu_id, bo::has_contents(b.alloc_flags))));
+            .iter()
+            .map(|b| (b.size, b.gpu_id, bo::has_contents(b.alloc_flags)))
+            .collect());
     }
     if files.contains(&render_image_name(file)) {
         let img = RenderImage::read(dir, file).map_err(|e| e.to_string())?;
+        let gpu = img.msg.gpu_id;
         return Ok(img
             .msg
             .bo_entries
-            .get(i)
-            .map(|b| (b.size, img.msg.gpu_id, b.same_bo_index.is_none())));
+            .iter()
+            .map(|b| (b.size, gpu, b.same_bo_index.is_none()))
+            .collect());
     }
     Err(format!(
         "names file {file}, but the directory has no GPU image of that file ({} or {})",
