@@ -4,7 +4,7 @@
 //! them (the topology's gpu_id, not the process' own name for a GPU).
 
 use super::state::State;
-use super::uapi::{alloc, queue_type};
+use super::uapi::queue_type;
 use super::Emulator;
 use crate::sysfs::live::{self, GpuUse, ProcGpu, ProcUse, QueueUse, Snapshot};
 
@@ -42,12 +42,7 @@ impl State {
             .present()
             .map(|(gpu, _)| ProcGpu {
                 gpu_id: id(gpu),
-                vram: p
-                    .bos
-                    .iter()
-                    .filter(|(k, b)| k.gpu == gpu && b.mem_type() == alloc::VRAM)
-                    .map(|(_, b)| b.size)
-                    .sum(),
+                vram: p.bos.bytes_on(gpu).vram,
             })
             .collect();
         let queues = p

@@ -782,9 +782,7 @@ impl State {
             + self
                 .procs
                 .values()
-                .flat_map(|p| p.bos.iter())
-                .filter(|(k, bo)| k.gpu == gpu && bo.flags & (alloc::GTT | alloc::USERPTR) != 0)
-                .map(|(_, bo)| bo.size)
+                .map(|p| p.bos.bytes_on(gpu).sysmem)
                 .sum::<u64>();
         Usage {
             vram,

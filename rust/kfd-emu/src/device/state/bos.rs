@@ -61,6 +61,35 @@ pub struct Bos {
     by_va: VaRanges<BoKey>,
     /// VRAM and GTT BOs by (GPU, render mmap offset).
     by_offset: BTreeMap<(usize, u64), BoKey>,
+    /// Bytes of the BOs by GPU index, kept in step too: what the live
+    /// sysfs files show after every allocation, without a walk of every BO.
+    bytes: BTreeMap<usize, Bytes>,
+}
+
+/// Bytes of a process' BOs on one GPU.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Bytes {
+    /// VRAM BOs.
+    pub vram: u64,
+    /// System-memory BOs the GPU's page tables map (GTT and userptr).
+    pub sysmem: u64,
+}
+
+impl Bytes {
+    fn of(bo: &Bo) -> Bytes {
+        Bytes {
+            vram: if bo.mem_type() == alloc::VRAM {
+                bo.size
+            } else {
+                0
+            },
+            sysmem: if bo.flags & (alloc::GTT | alloc::USERPTR) != 0 {
+                bo.size
+            } else {
+                0
+            },
+        }
+    }
 }
 
 impl std::ops::Deref for Bos {
@@ -96,6 +125,9 @@ impl Bos {
         if rendered(&bo) {
             self.by_offset.insert((key.gpu, bo.offset), key);
         }
+        let (add, sum) = (Bytes::of(&bo), self.bytes.entry(key.gpu).or_default());
+        sum.vram += add.vram;
+        sum.sysmem += add.sysmem;
         self.map.insert(key, bo);
     }
 
@@ -105,6 +137,9 @@ impl Bos {
         if rendered(&bo) {
             self.by_offset.remove(&(key.gpu, bo.offset));
         }
+        let (sub, sum) = (Bytes::of(&bo), self.bytes.entry(key.gpu).or_default());
+        sum.vram -= sub.vram;
+        sum.sysmem -= sub.sysmem;
         Some(bo)
     }
 
@@ -118,6 +153,11 @@ impl Bos {
         self.by_va
             .overlapping(va, end)
             .map(|(_, _, k)| self.map.get_key_value(&k).expect("indexed BOs exist"))
+    }
+
+    /// Bytes of the BOs on GPU index `gpu`.
+    pub fn bytes_on(&self, gpu: usize) -> Bytes {
+        self.bytes.get(&gpu).copied().unwrap_or_default()
     }
 
     /// The VRAM or GTT BO of GPU index `gpu` at render mmap offset
@@ -148,5 +188,59 @@ mod tests {
         assert!(!r.overlaps(0x4000, 0x4000));
         r.remove(0x5000);
         assert_eq!(over(&r, 0x0, u64::MAX), vec![1, 3]);
+    }
+
+    #[test]
+    fn bytes_follow_inserts_and_removes() {
+        let bo = |va: u64, size: u64, flags: u32| Bo {
+            va,
+            size,
+            flags,
+            offset: va,
+            user_addr: 0,
+            map: None,
+            mapped: Default::default(),
+        };
+        let key = |gpu: usize, idr: u32| BoKey { gpu, idr };
+        let mut b = Bos::default();
+        b.insert(key(0, 1), bo(0x1000, 0x1000, alloc::VRAM));
+        b.insert(key(0, 2), bo(0x2000, 0x3000, alloc::GTT));
+        b.insert(key(0, 3), bo(0x5000, 0x1000, alloc::USERPTR));
+        b.insert(key(0, 4), bo(0x6000, 0x1000, alloc::DOORBELL));
+        b.insert(key(1, 1), bo(0x7000, 0x2000, alloc::VRAM));
+        let sums = |b: &Bos, gpu| {
+            let walked = b.iter().filter(|(k, _)| k.gpu == gpu);
+            let walked = walked.fold(Bytes::default(), |s, (_, bo)| Bytes {
+                vram: s.vram + Bytes::of(bo).vram,
+                sysmem: s.sysmem + Bytes::of(bo).sysmem,
+            });
+            assert_eq!(b.bytes_on(gpu), walked, "GPU {gpu}: kept and walked");
+            walked
+        };
+        assert_eq!(
+            sums(&b, 0),
+            Bytes {
+                vram: 0x1000,
+                sysmem: 0x4000
+            }
+        );
+        assert_eq!(
+            sums(&b, 1),
+            Bytes {
+                vram: 0x2000,
+                sysmem: 0
+            }
+        );
+        b.remove(&key(0, 2));
+        b.remove(&key(1, 1));
+        assert_eq!(
+            sums(&b, 0),
+            Bytes {
+                vram: 0x1000,
+                sysmem: 0x1000
+            }
+        );
+        assert_eq!(sums(&b, 1), Bytes::default());
+        assert_eq!(sums(&b, 7), Bytes::default());
     }
 }
