@@ -17,7 +17,8 @@
 #          BENCH_CR_LARGE_RUNS=N  its counted runs (default 5)
 #          BENCH_CR_STAGING=S  KFD_MAX_BUFFER_SIZE of the RSS runs (default 32M; the VRAM
 #                              dumped is 4x this)
-#          BENCH_CR_TIME_LIMIT=S  seconds the whole run may take (default 900)
+#          BENCH_CR_TIME_LIMIT=S  seconds the whole run may take (default 900); a run it ends prints
+#                              the tables it measured before, says which it did not, and fails
 #          BENCH_CR_CRIU=PATH  the criu-rocm binary to measure (default build/criu-rocm)
 #          BENCH_CR_ONLY=incr  only the incremental dump (the "incr" row below, a few seconds):
 #                              no throughput runs, RSS, sparse or compression rows
@@ -558,9 +559,9 @@ preflight() {
 # The table, from the result lines of all runs: for each quantity the best run (the fastest
 # time), since the other users of this machine can only ever slow a run down.
 read -r -d '' TABLE <<'EOF' || true
-import statistics, sys
+import contextlib, io, statistics, sys
 
-tp, rss, mib, runs, staging, stg, const, sparse, rss8, zstd, incr, large, large_runs, only, scale, tck = sys.argv[1:17]
+tp, rss, mib, runs, staging, stg, const, sparse, rss8, zstd, incr, large, large_runs, only, scale, tck, partial = sys.argv[1:18]
 mib, runs, stg, const = int(mib), int(runs), int(stg), int(const)
 large, large_runs = int(large), int(large_runs)
 M = 1 << 20
@@ -592,6 +593,8 @@ def scale_table():
         b = best.setdefault((kind, int(n)), [None] * 4)
         for j, v in enumerate((int(d_us) / 1e6, int(d_t) / int(tck), int(r_us) / 1e6, int(r_t) / int(tck))):
             b[j] = v if b[j] is None else min(b[j], v)
+    if not best:
+        raise ValueError("no scale run finished")
     runs_ = len({l.split()[2] for l in open(scale)})
     print()
     print(f"  scale: one process on one GPU (mi100), best of {runs_} run(s); whole commands, seconds;")
@@ -620,13 +623,17 @@ if only == "incr":
 if only == "scale":
     scale_table()
     sys.exit(0)
+
 res = {}
-for line in open(tp):
-    k, size, run, dump_us, rest_us, nbytes, tool_us, rtool_us, frozen_us = line.split()
-    res[(k, int(size), int(run))] = dict(
-        dump=int(dump_us), rest=int(rest_us), bytes=int(nbytes), tool=int(tool_us), rtool=int(rtool_us),
-        frozen=int(frozen_us),
-    )
+
+
+def load_tp():
+    for line in open(tp):
+        k, size, run, dump_us, rest_us, nbytes, tool_us, rtool_us, frozen_us = line.split()
+        res[(k, int(size), int(run))] = dict(
+            dump=int(dump_us), rest=int(rest_us), bytes=int(nbytes), tool=int(tool_us), rtool=int(rtool_us),
+            frozen=int(frozen_us),
+        )
 RUNS = range(1, runs + 1)
 
 
@@ -678,130 +685,165 @@ def throughput_rows(size):
     return rows
 
 
-rows = throughput_rows(mib)
+
+def throughput():
+    load_tp()
+    rows = throughput_rows(mib)
 
 
-def ms(k, size, field):
-    return best(k, size, field)[0] / 1000
+    def ms(k, size, field):
+        return best(k, size, field)[0] / 1000
 
 
-print(f"  throughput: {mib} MiB per process, 1 GPU (mi100), best of {runs} run(s);")
-print("  MB/s = 10^6 bytes/s; ratio = GPU BOs / anonymous memory, target >= 1.0")
-print(line.format("MB/s", "GPU BOs", "anon memory", "ratio", ""))
-for r in rows:
-    print(line.format(*r))
-# GPU and CPU memory in one process against the two apart: 1.0 when restored one after
-# the other.
-t_both = ms("both", mib, "rest") - ms("gpu", 0, "rest")
-t_apart = ms("gpu", mib, "rest") - ms("gpu", 0, "rest") + ms("anon", mib, "rest") - ms("anon", 0, "rest")
-print(line.format(
-    "restore, GPU + CPU",
-    f"{t_both:.0f} ms",
-    f"{t_apart:.0f} ms",
-    f"{t_apart / t_both:.2f}" if t_both > 0 else "n/a",
-    f"({mib} MiB of each in one process / the two apart, marginal)",
-))
-# How long the process stays frozen (CRIU's Frozen time: from freezing it to the end of
-# the dump), per MiB of memory beyond a process with none: the downtime of a checkpoint.
-f_gpu = ms("gpu", mib, "frozen") - ms("gpu", 0, "frozen")
-f_anon = ms("anon", mib, "frozen") - ms("anon", 0, "frozen")
-print(line.format(
-    "frozen, marginal",
-    f"{f_gpu:.0f} ms",
-    f"{f_anon:.0f} ms",
-    f"{f_anon / f_gpu:.2f}" if f_gpu > 0 else "n/a",
-    f"(frozen time for {mib} MiB, N - none; ratio = anon / GPU, target >= 1.0)",
-))
-print(line.format(
-    "frozen ms N / 0",
-    f"{ms('gpu', mib, 'frozen'):.0f} / {ms('gpu', 0, 'frozen'):.0f}",
-    f"{ms('anon', mib, 'frozen'):.0f} / {ms('anon', 0, 'frozen'):.0f}",
-    "", "(CRIU's Frozen time, N MiB / none)",
-))
-for what, field in (("dump", "dump"), ("restore", "rest")):
-    print(line.format(
-        f"{what} ms N / 0",
-        f"{ms('gpu', mib, field):.0f} / {ms('gpu', 0, field):.0f}",
-        f"{ms('anon', mib, field):.0f} / {ms('anon', 0, field):.0f}",
-        "", "(whole command, N MiB / none)",
-    ))
-
-if large > 0 and large != mib:
-    print()
-    print(f"  throughput: {large} MiB per process, best of {large_runs} run(s); fixed costs from the runs above")
+    print(f"  throughput: {mib} MiB per process, 1 GPU (mi100), best of {runs} run(s);")
+    print("  MB/s = 10^6 bytes/s; ratio = GPU BOs / anonymous memory, target >= 1.0")
     print(line.format("MB/s", "GPU BOs", "anon memory", "ratio", ""))
-    for r in throughput_rows(large):
+    for r in rows:
         print(line.format(*r))
-print()
-print("  copy engines, GPU BOs in-tool MB/s: the CPU engine (maps the BOs) against the SDMA engine")
-print("  (dma-bufs, GEM_VA, CS; under kfd-emu supervise). The emulator's SDMA is a daemon thread")
-print("  copying with the CPU: these are the emulator's numbers, not a GPU's.")
-print(line.format("MB/s", "CPU eng.", "SDMA eng.", "SDMA/CPU", ""))
-for name, field in (("dump, in-tool", "tool"), ("restore, in-tool", "rtool")):
-    c, d = in_tool("gpu", field), in_tool("sdma", field)
-    print(line.format(name, fmt(c), fmt(d), fmt(d / c if c and d else None, "{:.2f}"), ""))
+    # GPU and CPU memory in one process against the two apart: 1.0 when restored one after
+    # the other.
+    t_both = ms("both", mib, "rest") - ms("gpu", 0, "rest")
+    t_apart = ms("gpu", mib, "rest") - ms("gpu", 0, "rest") + ms("anon", mib, "rest") - ms("anon", 0, "rest")
+    print(line.format(
+        "restore, GPU + CPU",
+        f"{t_both:.0f} ms",
+        f"{t_apart:.0f} ms",
+        f"{t_apart / t_both:.2f}" if t_both > 0 else "n/a",
+        f"({mib} MiB of each in one process / the two apart, marginal)",
+    ))
+    # How long the process stays frozen (CRIU's Frozen time: from freezing it to the end of
+    # the dump), per MiB of memory beyond a process with none: the downtime of a checkpoint.
+    f_gpu = ms("gpu", mib, "frozen") - ms("gpu", 0, "frozen")
+    f_anon = ms("anon", mib, "frozen") - ms("anon", 0, "frozen")
+    print(line.format(
+        "frozen, marginal",
+        f"{f_gpu:.0f} ms",
+        f"{f_anon:.0f} ms",
+        f"{f_anon / f_gpu:.2f}" if f_gpu > 0 else "n/a",
+        f"(frozen time for {mib} MiB, N - none; ratio = anon / GPU, target >= 1.0)",
+    ))
+    print(line.format(
+        "frozen ms N / 0",
+        f"{ms('gpu', mib, 'frozen'):.0f} / {ms('gpu', 0, 'frozen'):.0f}",
+        f"{ms('anon', mib, 'frozen'):.0f} / {ms('anon', 0, 'frozen'):.0f}",
+        "", "(CRIU's Frozen time, N MiB / none)",
+    ))
+    for what, field in (("dump", "dump"), ("restore", "rest")):
+        print(line.format(
+            f"{what} ms N / 0",
+            f"{ms('gpu', mib, field):.0f} / {ms('gpu', 0, field):.0f}",
+            f"{ms('anon', mib, field):.0f} / {ms('anon', 0, field):.0f}",
+            "", "(whole command, N MiB / none)",
+        ))
 
-peak = {}
-for line_ in open(rss):
-    k, size, run, kib, _ = line_.split()
-    peak[(k, int(run))] = int(kib) * 1024
-gpu = [peak[("gpu", r)] for r in RUNS]
-base = [peak[("anon", r)] for r in RUNS]
-extra = [g - b for g, b in zip(gpu, base)]
-bound = stg + (const << 20)
-print()
-print(f"  peak RSS of criu-rocm dump (ru_maxrss), KFD_MAX_BUFFER_SIZE={staging}, median and worst of {runs} run(s)")
-print(f"  {'no GPU memory (bench-anon 0)':<42} {statistics.median(base) / M:6.1f} MiB")
-print(f"  {f'{4 * stg // M} MiB of VRAM in one BO (gpu-workload)':<42} {statistics.median(gpu) / M:6.1f} MiB")
-state = "within" if max(extra) <= bound else "EXCEEDED"
-print(f"  {'extra = peak - baseline':<42} {statistics.median(extra) / M:6.1f} MiB (worst run {max(extra) / M:.1f})")
-print(f"  {'bound = KFD_MAX_BUFFER_SIZE + ' + str(const) + ' MiB':<42} {bound / M:6.1f} MiB: {state}")
+    if large > 0 and large != mib:
+        print()
+        print(f"  throughput: {large} MiB per process, best of {large_runs} run(s); fixed costs from the runs above")
+        print(line.format("MB/s", "GPU BOs", "anon memory", "ratio", ""))
+        for r in throughput_rows(large):
+            print(line.format(*r))
+    print()
+    print("  copy engines, GPU BOs in-tool MB/s: the CPU engine (maps the BOs) against the SDMA engine")
+    print("  (dma-bufs, GEM_VA, CS; under kfd-emu supervise). The emulator's SDMA is a daemon thread")
+    print("  copying with the CPU: these are the emulator's numbers, not a GPU's.")
+    print(line.format("MB/s", "CPU eng.", "SDMA eng.", "SDMA/CPU", ""))
+    for name, field in (("dump, in-tool", "tool"), ("restore, in-tool", "rtool")):
+        c, d = in_tool("gpu", field), in_tool("sdma", field)
+        print(line.format(name, fmt(c), fmt(d), fmt(d / c if c and d else None, "{:.2f}"), ""))
 
-p8 = {k: int(v) * 1024 for _, k, v in (l.split() for l in open(rss8))}
-extra8, budget8 = p8["gpu"] - p8["anon"], 64 * M
-print()
-print("  peak RSS of an 8-GPU dump (mi300x8, 1 GiB of BOs, KFD_MAX_BUFFER_SIZE unset: budget 64 MiB)")
-print(f"  {'no GPU memory (bench-anon 0)':<42} {p8['anon'] / M:6.1f} MiB")
-print(f"  {'8 x 128 MiB of BOs (gpu-workload)':<42} {p8['gpu'] / M:6.1f} MiB")
-print(f"  {'extra = peak - baseline':<42} {extra8 / M:6.1f} MiB: "
-      + ("within" if extra8 <= budget8 + const * M else "EXCEEDED")
-      + f" the budget + {const} MiB ({(budget8 + const * M) / M:.0f} MiB)")
 
-sp = {int(a): (int(b), int(c)) for a, b, c in (l.split() for l in open(sparse))}
-(z_log, z_disk), (n_log, n_disk) = sp[0], max((k, v) for k, v in sp.items() if k > 0)[1]
-big = max(sp)
-extra = n_disk - z_disk
-print()
-print(f"  sparse pages file: a BO of {big} MiB of zeros beside 1 MiB of pattern (one run)")
-print(f"  {'pages file, logical size':<42} {n_log / M:8.1f} MiB (without the zero BO {z_log / M:.1f})")
-print(f"  {'pages file, disk blocks (st_blocks*512)':<42} {n_disk / 1024:8.0f} KiB (without the zero BO {z_disk / 1024:.0f})")
-print(f"  {f'disk blocks of the {big} MiB zero BO':<42} {extra / 1024:8.0f} KiB: target <= 1024 KiB "
-      + ("met" if extra <= M else "NOT met"))
+def rss_tables():
+    peak = {}
+    for line_ in open(rss):
+        k, size, run, kib, _ = line_.split()
+        peak[(k, int(run))] = int(kib) * 1024
+    gpu = [peak[("gpu", r)] for r in RUNS]
+    base = [peak[("anon", r)] for r in RUNS]
+    extra = [g - b for g, b in zip(gpu, base)]
+    bound = stg + (const << 20)
+    print()
+    print(f"  peak RSS of criu-rocm dump (ru_maxrss), KFD_MAX_BUFFER_SIZE={staging}, median and worst of {runs} run(s)")
+    print(f"  {'no GPU memory (bench-anon 0)':<42} {statistics.median(base) / M:6.1f} MiB")
+    print(f"  {f'{4 * stg // M} MiB of VRAM in one BO (gpu-workload)':<42} {statistics.median(gpu) / M:6.1f} MiB")
+    state = "within" if max(extra) <= bound else "EXCEEDED"
+    print(f"  {'extra = peak - baseline':<42} {statistics.median(extra) / M:6.1f} MiB (worst run {max(extra) / M:.1f})")
+    print(f"  {'bound = KFD_MAX_BUFFER_SIZE + ' + str(const) + ' MiB':<42} {bound / M:6.1f} MiB: {state}")
 
-zs = {}
-for l in open(zstd):
-    fill, mode, run, d_us, r_us, nb = l.split()
-    zs.setdefault((fill, mode), []).append((int(d_us), int(r_us), int(nb)))
-print()
-print(f"  compression (KFD_COMPRESS=zstd, level 3): a {mib} MiB BO beside 1 MiB of pattern, compressed")
-print("  over uncompressed, best of 2; size = the pages files' bytes (st_size); times = whole commands")
-zl = "  {:<30} {:>10} {:>10} {:>10}"
-print(zl.format("data", "size", "dump time", "restore"))
-for fill, what in (("fp16", "fp16 weights"), ("pattern", "random pattern"),
-                   ("sparse", "zeros, a dword per MiB")):
-    n, z = zs[(fill, "none")], zs[(fill, "zstd")]
-    size = min(x[2] for x in z) / min(x[2] for x in n)
-    dump = min(x[0] for x in z) / min(x[0] for x in n)
-    rest = min(x[1] for x in z) / min(x[1] for x in n)
-    print(zl.format(what, f"{size:.3f}", f"{dump:.2f}", f"{rest:.2f}"))
-incr_table()
-scale_table()
+
+def rss8_table():
+    p8 = {k: int(v) * 1024 for _, k, v in (l.split() for l in open(rss8))}
+    extra8, budget8 = p8["gpu"] - p8["anon"], 64 * M
+    print()
+    print("  peak RSS of an 8-GPU dump (mi300x8, 1 GiB of BOs, KFD_MAX_BUFFER_SIZE unset: budget 64 MiB)")
+    print(f"  {'no GPU memory (bench-anon 0)':<42} {p8['anon'] / M:6.1f} MiB")
+    print(f"  {'8 x 128 MiB of BOs (gpu-workload)':<42} {p8['gpu'] / M:6.1f} MiB")
+    print(f"  {'extra = peak - baseline':<42} {extra8 / M:6.1f} MiB: "
+          + ("within" if extra8 <= budget8 + const * M else "EXCEEDED")
+          + f" the budget + {const} MiB ({(budget8 + const * M) / M:.0f} MiB)")
+
+
+def sparse_table():
+    sp = {int(a): (int(b), int(c)) for a, b, c in (l.split() for l in open(sparse))}
+    (z_log, z_disk), (n_log, n_disk) = sp[0], max((k, v) for k, v in sp.items() if k > 0)[1]
+    big = max(sp)
+    extra = n_disk - z_disk
+    print()
+    print(f"  sparse pages file: a BO of {big} MiB of zeros beside 1 MiB of pattern (one run)")
+    print(f"  {'pages file, logical size':<42} {n_log / M:8.1f} MiB (without the zero BO {z_log / M:.1f})")
+    print(f"  {'pages file, disk blocks (st_blocks*512)':<42} {n_disk / 1024:8.0f} KiB (without the zero BO {z_disk / 1024:.0f})")
+    print(f"  {f'disk blocks of the {big} MiB zero BO':<42} {extra / 1024:8.0f} KiB: target <= 1024 KiB "
+          + ("met" if extra <= M else "NOT met"))
+
+
+def zstd_table():
+    zs = {}
+    for l in open(zstd):
+        fill, mode, run, d_us, r_us, nb = l.split()
+        zs.setdefault((fill, mode), []).append((int(d_us), int(r_us), int(nb)))
+    print()
+    print(f"  compression (KFD_COMPRESS=zstd, level 3): a {mib} MiB BO beside 1 MiB of pattern, compressed")
+    print("  over uncompressed, best of 2; size = the pages files' bytes (st_size); times = whole commands")
+    zl = "  {:<30} {:>10} {:>10} {:>10}"
+    print(zl.format("data", "size", "dump time", "restore"))
+    for fill, what in (("fp16", "fp16 weights"), ("pattern", "random pattern"),
+                       ("sparse", "zeros, a dword per MiB")):
+        n, z = zs[(fill, "none")], zs[(fill, "zstd")]
+        size = min(x[2] for x in z) / min(x[2] for x in n)
+        dump = min(x[0] for x in z) / min(x[0] for x in n)
+        rest = min(x[1] for x in z) / min(x[1] for x in n)
+        print(zl.format(what, f"{size:.3f}", f"{dump:.2f}", f"{rest:.2f}"))
+
+def section(name, table):
+    """Prints one table. After a run the time limit ended (partial == "1"), a table whose
+    runs were not reached says so instead, and the ones measured before it still print."""
+    if partial != "1":
+        table()
+        return
+    buf = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buf):
+            table()
+    except (OSError, KeyError, ValueError, IndexError, ZeroDivisionError, statistics.StatisticsError) as e:
+        print(f"\n  {name}: not measured, the run ended before it ({type(e).__name__}: {e})")
+        return
+    print(buf.getvalue(), end="")
+
+
+section("throughput", throughput)
+section("peak RSS", rss_tables)
+section("peak RSS of an 8-GPU dump", rss8_table)
+section("sparse pages file", sparse_table)
+section("compression", zstd_table)
+section("incremental GPU dump", incr_table)
+section("scale", scale_table)
 EOF
 
+# table [partial]: the tables of the runs in $out; "partial" after the time limit ended the
+# run: the tables it reached print, the others say they were not measured.
 table() {
 	/usr/bin/python3 -c "$TABLE" "$out/tp.txt" "$out/rss.txt" "$mib" "$runs" "$staging" \
 		"$(size_bytes "$staging")" "$rss_const_mib" "$out/sparse.txt" "$out/rss8.txt" "$out/zstd.txt" "$out/incr.txt" \
-		"$large" "$large_runs" "$only" "$out/scale.txt" "$(getconf CLK_TCK)"
+		"$large" "$large_runs" "$only" "$out/scale.txt" "$(getconf CLK_TCK)" "${1:+1}"
 	echo "  raw numbers: ${out#"$top"/}/tp.txt, rss.txt and scale.txt; criu logs: ${out#"$top"/}/logs/"
 }
 
@@ -818,7 +860,12 @@ main() {
 		unshare --pid --fork --mount-proc --kill-child "$self" _pidns || rc=$?
 	case $rc in
 	0) ;;
-	124 | 137) die "the bench did not finish within $time_limit s; logs in ${out#"$top"/}/" ;;
+	124 | 137)
+		echo
+		echo "  the time limit ($time_limit s) ended the run; what it measured before:"
+		table partial || true
+		die "the bench did not finish within $time_limit s; logs in ${out#"$top"/}/"
+		;;
 	*) die "the bench failed (exit $rc); logs in ${out#"$top"/}/" ;;
 	esac
 	echo
