@@ -54,6 +54,8 @@ const DROPPED: &[&str] = &[
     "v_mfma_f32_4x4x2bf16",
     "v_mfma_f32_32x32x4bf16",
     "v_mfma_f32_16x16x8bf16",
+    "v_mfma_f64_16x16x4f64",
+    "v_mfma_f64_4x4x4f64",
 ];
 
 /// Whether gfx942 lacks gfx90a's entry `name`.

@@ -9,11 +9,21 @@
 //!   in register `4*(i / (4*L)) + i % 4` of the block, lane `j + n*((i / 4) % L)` with `L =
 //!   64/n` lane groups. n = 4: element (i, j) of block `b` in register `i`, lane `j + 4*b`.
 //!
-//! Products are accumulated in k order in f32 (i32 for i8), the hardware's internal order
-//! and precision are not specified beyond that; results may differ in the last bits. Partial
-//! EXEC and the broadcast controls (CBSZ, ABID, BLGP) are refused, not guessed.
+//! The f64 forms (gfx90a, gfx942) lay their operands out differently (AMD's matrix-cores
+//! lab notes, `mfma_fp64_*.cpp`): one f64 (a register pair) per lane and element;
+//! 16x16x4: A's lane `i + 16 k` holds A[i][k], B's lane `j + 16 k` holds B[k][j], pair `r`
+//! of lane `l` of C and D holds element (4 r + l / 16, l % 16). 4x4x4 (four blocks): A's
+//! lane `i + 4 b + 16 k` holds A[b][i][k], B's lane `j + 4 b + 16 k` holds B[b][k][j],
+//! C and D are one pair, lane `j + 4 b + 16 i` holding D[b][i][j].
+//!
+//! Products are accumulated in k order in f32 (i32 for i8, f64 for f64), each fused into
+//! the running sum (one rounding per step); the hardware's internal order and precision are
+//! not specified beyond that, so results may differ in the last bits unless every partial
+//! sum is exact (the tests keep them exact). Partial EXEC and the broadcast controls (CBSZ,
+//! ABID, BLGP) are refused, not guessed.
 
 use super::opdef::{def, def_on, OpDef};
+use super::operand::Kind;
 use super::{bad, Cx, Flow, Step};
 use crate::decode::{Instr, VGPR0};
 use crate::fp::f16_to_f32;
@@ -31,6 +41,8 @@ enum Elem {
     Bf16x4,
     /// Four i8 in one register, accumulated in i32.
     I8,
+    /// One f64 in a register pair, accumulated in f64 (the f64 layouts, above).
+    F64,
 }
 
 impl Elem {
@@ -41,6 +53,7 @@ impl Elem {
             Elem::F16 | Elem::Bf16x4 => (4, 2),
             Elem::Bf16x2 => (2, 1),
             Elem::I8 => (4, 1),
+            Elem::F64 => (1, 2),
         }
     }
 
@@ -52,14 +65,40 @@ impl Elem {
             Elem::F16 => Num::F(f16_to_f32(half(e))),
             Elem::Bf16x2 | Elem::Bf16x4 => Num::F(f32::from_bits((half(e) as u32) << 16)),
             Elem::I8 => Num::I((r[0] >> (8 * e)) as u8 as i8 as i32),
+            Elem::F64 => Num::D(f64::from_bits(pair(r[0], r[1]))),
         }
     }
+}
+
+fn pair(lo: u32, hi: u32) -> u64 {
+    lo as u64 | (hi as u64) << 32
 }
 
 #[derive(Clone, Copy)]
 enum Num {
     F(f32),
     I(i32),
+    D(f64),
+}
+
+impl Num {
+    fn neg(self) -> Num {
+        match self {
+            Num::F(x) => Num::F(-x),
+            Num::I(x) => Num::I(x.wrapping_neg()),
+            Num::D(x) => Num::D(-x),
+        }
+    }
+
+    /// `self + x * y`, the product fused into the sum (wrapping for i32).
+    fn fma(self, x: Num, y: Num) -> Num {
+        match (self, x, y) {
+            (Num::F(c), Num::F(x), Num::F(y)) => Num::F(x.mul_add(y, c)),
+            (Num::I(c), Num::I(x), Num::I(y)) => Num::I(c.wrapping_add(x.wrapping_mul(y))),
+            (Num::D(c), Num::D(x), Num::D(y)) => Num::D(x.mul_add(y, c)),
+            _ => unreachable!("one element kind per opcode"),
+        }
+    }
 }
 
 /// One MFMA opcode's shape: n x n blocks, `blocks` of them, `groups` k-groups per block.
@@ -68,12 +107,16 @@ struct Shape {
     n: usize,
     blocks: usize,
     groups: usize,
+    /// A's elements (and B's but for gfx942's mixed fp8/bf8 forms).
     elem: Elem,
+    elem_b: Elem,
 }
 
 impl Shape {
     fn regs_out(self) -> usize {
-        if self.n == 4 {
+        if self.elem == Elem::F64 {
+            2 * self.blocks * self.n * self.n / 64
+        } else if self.n == 4 {
             4
         } else {
             self.blocks * self.n * self.n / 64
@@ -86,11 +129,21 @@ impl Shape {
 
     /// The lane holding row/column `i` of block `b`, k-group `g` of A and B.
     fn ab_lane(self, i: usize, g: usize, b: usize) -> usize {
+        if self.elem == Elem::F64 {
+            return i + self.n * (b + self.blocks * g);
+        }
         i + self.n * (g + self.groups * b)
     }
 
-    /// Register and lane of element (i, j) of block `b` of C and D.
+    /// Register (the first of a pair for f64) and lane of element (i, j) of block `b` of C
+    /// and D.
     fn cd_at(self, b: usize, i: usize, j: usize) -> (usize, usize) {
+        if self.elem == Elem::F64 {
+            return match self.n {
+                4 => (0, j + 4 * b + 16 * i),
+                _ => (2 * (i / 4), j + 16 * (i % 4)),
+            };
+        }
         if self.n == 4 {
             return (i, j + 4 * b);
         }
@@ -131,14 +184,26 @@ fn ab_regs(
     Ok(v)
 }
 
-fn mfma(cx: &mut Cx<'_>, i: &Instr, s: Shape) -> Step {
+/// The negations gfx942 allows on the f64 forms (BLGP's bits: A, B, C), after refusing the
+/// broadcast controls and partial EXEC.
+fn controls(cx: &Cx<'_>, i: &Instr, s: Shape) -> Result<u8, super::Abort> {
     let abid = i.op_sel | ((i.op_sel_hi >> 2) & 1) << 3;
-    if i.neg_hi != 0 || abid != 0 || i.neg != 0 {
+    let neg = if s.elem == Elem::F64 && cx.w.target == Target::Gfx942 {
+        i.neg
+    } else {
+        0
+    };
+    if i.neg_hi != 0 || abid != 0 || i.neg != neg {
         return Err(bad("v_mfma", "CBSZ, ABID and BLGP are not modelled"));
     }
     if cx.w.exec() != u64::MAX {
         return Err(bad("v_mfma", "partial EXEC is not modelled"));
     }
+    Ok(neg)
+}
+
+fn mfma(cx: &mut Cx<'_>, i: &Instr, s: Shape) -> Step {
+    let neg = controls(cx, i, s)?;
     // gfx908: C and D are AccVGPRs; gfx90a: ACC_CD (the clamp bit's place) chooses.
     let cd_acc = cx.w.target == Target::Gfx908 || i.clamp;
     let nout = s.regs_out();
@@ -146,35 +211,27 @@ fn mfma(cx: &mut Cx<'_>, i: &Instr, s: Shape) -> Step {
         return Err(bad("v_mfma", "destination tuple runs past 255"));
     }
     let mut d = [[0u32; LANES]; 32];
-    load_c(cx, i, nout, cd_acc, &mut d)?;
-    let (per, regs) = s.elem.per_lane();
+    load_c(cx, i, nout, cd_acc, s.elem == Elem::F64, &mut d)?;
     for b in 0..s.blocks {
         for ii in 0..s.n {
             for j in 0..s.n {
                 let (r, l) = s.cd_at(b, ii, j);
                 let mut acc = match s.elem {
                     Elem::I8 => Num::I(d[r][l] as i32),
+                    Elem::F64 => Num::D(f64::from_bits(pair(d[r][l], d[r + 1][l]))),
                     _ => Num::F(f32::from_bits(d[r][l])),
                 };
-                for kk in 0..s.k() {
-                    let (g, e) = (kk / per, kk % per);
-                    let la = s.ab_lane(ii, g, b);
-                    let lb = s.ab_lane(j, g, b);
-                    let a = s
-                        .elem
-                        .get(&ab_regs(cx, i.src[0], i.op_sel_hi & 1 != 0, regs, la)?, e);
-                    let bv = s
-                        .elem
-                        .get(&ab_regs(cx, i.src[1], i.op_sel_hi & 2 != 0, regs, lb)?, e);
-                    acc = match (acc, a, bv) {
-                        (Num::F(c), Num::F(x), Num::F(y)) => Num::F(x.mul_add(y, c)),
-                        (Num::I(c), Num::I(x), Num::I(y)) => Num::I(c.wrapping_add(x * y)),
-                        _ => unreachable!("one element kind per opcode"),
-                    };
+                if neg & 4 != 0 {
+                    acc = acc.neg();
                 }
-                d[r][l] = match acc {
-                    Num::F(f) => f.to_bits(),
-                    Num::I(v) => v as u32,
+                acc = dot(cx, i, s, neg, (b, ii, j), acc)?;
+                match acc {
+                    Num::F(f) => d[r][l] = f.to_bits(),
+                    Num::I(v) => d[r][l] = v as u32,
+                    Num::D(f) => {
+                        d[r][l] = f.to_bits() as u32;
+                        d[r + 1][l] = (f.to_bits() >> 32) as u32;
+                    }
                 };
             }
         }
@@ -190,12 +247,45 @@ fn mfma(cx: &mut Cx<'_>, i: &Instr, s: Shape) -> Step {
     Ok(Flow::Next)
 }
 
-/// C: `nout` registers, or one scalar operand (an inline constant) for every element.
+/// `acc` plus row `ii` of block `b` of A times column `j` of B, in k order.
+fn dot(
+    cx: &Cx<'_>,
+    i: &Instr,
+    s: Shape,
+    neg: u8,
+    (b, ii, j): (usize, usize, usize),
+    mut acc: Num,
+) -> Result<Num, super::Abort> {
+    let (per, regs) = s.elem.per_lane();
+    for kk in 0..s.k() {
+        let (g, e) = (kk / per, kk % per);
+        let la = s.ab_lane(ii, g, b);
+        let lb = s.ab_lane(j, g, b);
+        let mut a = s
+            .elem
+            .get(&ab_regs(cx, i.src[0], i.op_sel_hi & 1 != 0, regs, la)?, e);
+        let mut bv = s
+            .elem_b
+            .get(&ab_regs(cx, i.src[1], i.op_sel_hi & 2 != 0, regs, lb)?, e);
+        if neg & 1 != 0 {
+            a = a.neg();
+        }
+        if neg & 2 != 0 {
+            bv = bv.neg();
+        }
+        acc = acc.fma(a, bv);
+    }
+    Ok(acc)
+}
+
+/// C: `nout` registers, or one scalar operand (an inline constant, 64 bits wide for the f64
+/// forms) for every element.
 fn load_c(
     cx: &Cx<'_>,
     i: &Instr,
     nout: usize,
     acc: bool,
+    wide: bool,
     d: &mut [[u32; LANES]; 32],
 ) -> Result<(), super::Abort> {
     match i.src[2].checked_sub(VGPR0) {
@@ -203,6 +293,13 @@ fn load_c(
         Some(r) => {
             for (k, out) in d.iter_mut().enumerate().take(nout) {
                 *out = *row(cx, acc, r as usize + k);
+            }
+            Ok(())
+        }
+        None if wide => {
+            let v = super::operand::scalar(cx.w, i, i.src[2], Kind::F64)?;
+            for (k, out) in d.iter_mut().enumerate().take(nout) {
+                *out = [(v >> (32 * (k % 2))) as u32; LANES];
             }
             Ok(())
         }
@@ -221,17 +318,17 @@ macro_rules! mfma_ops {
         &[$(mfma_ops!(@one $t $op $name $n $blocks $groups $elem)),*]
     };
     (@one both $op:literal $name:literal $n:literal $blocks:literal $groups:literal $elem:ident) => {
-        def($op, $name, |cx, i| mfma(cx, i, Shape { n: $n, blocks: $blocks, groups: $groups, elem: Elem::$elem }))
+        def($op, $name, |cx, i| mfma(cx, i, Shape { n: $n, blocks: $blocks, groups: $groups, elem: Elem::$elem, elem_b: Elem::$elem }))
     };
     (@one gfx90a $op:literal $name:literal $n:literal $blocks:literal $groups:literal $elem:ident) => {
-        def_on(Target::Gfx90a, $op, $name, |cx, i| mfma(cx, i, Shape { n: $n, blocks: $blocks, groups: $groups, elem: Elem::$elem }))
+        def_on(Target::Gfx90a, $op, $name, |cx, i| mfma(cx, i, Shape { n: $n, blocks: $blocks, groups: $groups, elem: Elem::$elem, elem_b: Elem::$elem }))
     };
     (@one gfx942 $op:literal $name:literal $n:literal $blocks:literal $groups:literal $elem:ident) => {
-        def_on(Target::Gfx942, $op, $name, |cx, i| mfma(cx, i, Shape { n: $n, blocks: $blocks, groups: $groups, elem: Elem::$elem }))
+        def_on(Target::Gfx942, $op, $name, |cx, i| mfma(cx, i, Shape { n: $n, blocks: $blocks, groups: $groups, elem: Elem::$elem, elem_b: Elem::$elem }))
     };
 }
 
-/// The MFMA opcodes (VOP3P 0x40..), f64 forms excepted.
+/// The MFMA opcodes (VOP3P 0x40..).
 pub static MFMA: &[OpDef] = mfma_ops! {
     both 0x40 "v_mfma_f32_32x32x1f32" 32 2 1 F32;
     both 0x41 "v_mfma_f32_16x16x1f32" 16 4 1 F32;
@@ -258,6 +355,8 @@ pub static MFMA: &[OpDef] = mfma_ops! {
     both 0x6b "v_mfma_f32_4x4x2bf16" 4 16 1 Bf16x2;
     both 0x6c "v_mfma_f32_32x32x4bf16" 32 1 2 Bf16x2;
     both 0x6d "v_mfma_f32_16x16x8bf16" 16 1 4 Bf16x2;
+    gfx90a 0x6e "v_mfma_f64_16x16x4f64" 16 1 4 F64;
+    gfx90a 0x6f "v_mfma_f64_4x4x4f64" 4 4 4 F64;
 };
 
 /// gfx942's names of the MFMA forms it kept from gfx90a (same shapes and layouts; the
@@ -281,4 +380,6 @@ pub static MFMA_GFX942: &[OpDef] = mfma_ops! {
     gfx942 0x5f "v_mfma_f32_4x4x4_16b_bf16" 4 16 1 Bf16x4;
     gfx942 0x60 "v_mfma_f32_32x32x8_bf16" 32 1 2 Bf16x4;
     gfx942 0x61 "v_mfma_f32_16x16x16_bf16" 16 1 4 Bf16x4;
+    gfx942 0x6e "v_mfma_f64_16x16x4_f64" 16 1 4 F64;
+    gfx942 0x6f "v_mfma_f64_4x4x4_4b_f64" 4 4 4 F64;
 };
