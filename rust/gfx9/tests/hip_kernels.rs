@@ -540,6 +540,54 @@ fn mfma_kernels_multiply_exactly() {
     }
 }
 
+/// test/hip/dgemm.hip's kernels (gfx90a: f64 MFMA) with dyadic inputs, every partial sum
+/// exact: C = A*B + C0 bit for bit against a plain host DGEMM.
+#[test]
+fn dgemm_kernels_multiply_exactly_on_gfx90a() {
+    // dgemm16: 64x48 result, K = 128, one wave per 16x16 tile; dgemm4: 32 batched 4x8 * 8x4.
+    let cases = [
+        ("_Z7dgemm16PKdS0_Pd", 1, 64, 48, 128, [3, 4, 1]),
+        ("_Z6dgemm4PKdS0_Pd", 32, 4, 4, 8, [8, 1, 1]),
+    ];
+    for (kernel, batch, m, n, k, grid) in cases {
+        let val = |x: usize, y: usize, m: usize, s: f64| {
+            ((x * 7 + y * 3) % m) as f64 * s - (m / 2) as f64 * s
+        };
+        let a: Vec<f64> = (0..batch * m * k)
+            .map(|i| val(i, 2, 17, 1.0 / 16.0))
+            .collect();
+        let b: Vec<f64> = (0..batch * k * n)
+            .map(|i| val(i, 5, 13, 1.0 / 8.0))
+            .collect();
+        let c0: Vec<f64> = (0..batch * m * n).map(|i| val(i, 1, 29, 1.0)).collect();
+        let mut g = Gpu::new("dgemm", Target::Gfx90a);
+        let (da, db, dc) = (
+            alloc_f64(&mut g, &a),
+            alloc_f64(&mut g, &b),
+            alloc_f64(&mut g, &c0),
+        );
+        g.launch(
+            kernel,
+            grid,
+            [64, 1, 1],
+            Args::default().ptr(da).ptr(db).ptr(dc),
+        );
+        let c = f64s(&mut g, dc, batch * m * n);
+        for t in 0..batch {
+            for i in 0..m {
+                for j in 0..n {
+                    let at = t * m * n + i * n + j;
+                    let want = c0[at]
+                        + (0..k)
+                            .map(|l| a[t * m * k + i * k + l] * b[t * k * n + l * n + j])
+                            .sum::<f64>();
+                    assert_eq!(c[at], want, "{kernel} C[{t}][{i}][{j}]");
+                }
+            }
+        }
+    }
+}
+
 /// `x` rounded to the nearest f16 (ties to even), as an f32: the host's __float2half.
 fn f16_round(x: f32) -> f32 {
     let a = x.abs();
