@@ -6,6 +6,7 @@
 mod dot;
 mod ds;
 mod flat;
+mod fp8;
 mod gfx942;
 mod mfma;
 mod mubuf;

@@ -79,9 +79,9 @@ static VOP3P: &[&[OpDef]] = &[
     super::mfma::MFMA,
     super::mfma::MFMA_GFX942,
 ];
-/// VOP1 and VOP3, with gfx942's additions.
-static VOP1: &[&[OpDef]] = &[super::vop::VOP1, super::gfx942::VOP1];
-static VOP3: &[&[OpDef]] = &[super::vop::VOP3, super::gfx942::VOP3];
+/// VOP1 and VOP3, with gfx942's additions (its fp8/bf8 conversions in `fp8.rs`).
+static VOP1: &[&[OpDef]] = &[super::vop::VOP1, super::gfx942::VOP1, super::fp8::VOP1];
+static VOP3: &[&[OpDef]] = &[super::vop::VOP3, super::gfx942::VOP3, super::fp8::VOP3];
 /// VOP2, with the accumulating dot products.
 static VOP2: &[&[OpDef]] = &[super::vop::VOP2, super::dot::VOP2_DOT, super::gfx942::VOP2];
 static MUBUF: &[&[OpDef]] = &[super::mubuf::MUBUF, super::gfx942::MUBUF];
