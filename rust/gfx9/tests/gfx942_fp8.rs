@@ -1,6 +1,8 @@
-//! gfx942's fp8/bf8 conversions against plain Rust references: the formats decoded from their
+//! gfx942's fp8/bf8 conversions and its new MFMA forms (xf32, 8-bit-per-lane i8, fp8/bf8)
+//! against plain Rust references: the formats decoded from their
 //! definitions (E4M3FNUZ, E5M2FNUZ), rounding to nearest even by searching all 255 codes
-//! for the nearest value, stochastic rounding by its bounds and its mean.
+//! for the nearest value, stochastic rounding by its bounds and its mean, and matrix
+//! products summed in f64 (inputs small enough that every partial sum is exact).
 
 mod common;
 use common::*;
@@ -254,6 +256,259 @@ fn conversions_are_illegal_before_gfx942() {
                 ),
                 "{t:?} {code:08x?}"
             );
+        }
+    }
+}
+
+/// One dense gfx942 MFMA: n x n output, k-groups, elements per lane, and how to pack them.
+struct Form {
+    op: u32,
+    name: &'static str,
+    n: usize,
+    groups: usize,
+    per: usize,
+    a: Elem,
+    b: Elem,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Elem {
+    Fp8,
+    Bf8,
+    I8,
+    Xf32,
+}
+
+impl Elem {
+    /// Packs small values (each exactly representable) into two registers; for xf32 the
+    /// low 13 bits are filled with noise the hardware drops.
+    fn pack(self, vals: &[f64]) -> [u32; 2] {
+        let mut r = [0u32; 2];
+        for (e, &x) in vals.iter().enumerate() {
+            match self {
+                Elem::Fp8 | Elem::Bf8 => {
+                    let fmt = if self == Elem::Fp8 { FP8 } else { BF8 };
+                    let c = nearest(x as f32, fmt);
+                    assert_eq!(
+                        value(c, fmt),
+                        Some(x),
+                        "{x} is no {}",
+                        ["fp8", "bf8"][(self == Elem::Bf8) as usize]
+                    );
+                    r[e / 4] |= (c as u32) << (8 * (e % 4));
+                }
+                Elem::I8 => r[e / 4] |= (x as i8 as u8 as u32) << (8 * (e % 4)),
+                Elem::Xf32 => r[e] = (x as f32).to_bits() | (0x1357 + e as u32 * 0x0a0a) & 0x1fff,
+            }
+        }
+        r
+    }
+}
+
+/// The C/D layout of the dense f32 forms: what register `q`, lane `l` holds.
+fn cd_element(n: usize, q: usize, l: usize) -> (usize, usize) {
+    let groups = 64 / n;
+    (q % 4 + 4 * (l / n) + 4 * groups * (q / 4), l % n)
+}
+
+fn mai(op: u32, neg: u32) -> [u32; 2] {
+    // vdst a0 (ACC_CD), A v[10:11], B v[20:21], C a0.
+    [
+        (0x1a7 << 23) | (op << 16) | (1 << 15),
+        v(10) | v(20) << 9 | v(0) << 18 | neg << 29,
+    ]
+}
+
+fn check(f: &Form) {
+    let k = f.groups * f.per;
+    let int = f.a == Elem::I8;
+    let small = |e: Elem, x: usize| -> f64 {
+        match e {
+            Elem::I8 => [-128.0, 127.0, -3.0, 5.0, 0.0, 1.0, -1.0][x % 7],
+            Elem::Bf8 => [0.5, -1.5, 2.0, -0.25, 3.0, 0.0][x % 6],
+            _ => [0.5, -1.5, 2.0, -0.25, 3.0, 0.0, 1.25][x % 7],
+        }
+    };
+    let a_val = |i: usize, kk: usize| small(f.a, i * 3 + kk * 5);
+    let b_val = |kk: usize, j: usize| small(f.b, kk * 2 + j * 7 + 1);
+    let c_val = |i: usize, j: usize| ((i * 11 + j * 13) % 17) as f64 - 8.0;
+    let mut r = Rig::new(Gfx942);
+    for l in 0..64 {
+        let (row, g) = (l % f.n, l / f.n);
+        let ks = (0..f.per).map(|e| g * f.per + e);
+        let pa =
+            f.a.pack(&ks.clone().map(|kk| a_val(row, kk)).collect::<Vec<_>>());
+        let pb = f.b.pack(&ks.map(|kk| b_val(kk, row)).collect::<Vec<_>>());
+        for q in 0..2 {
+            r.w.set_lane(10 + q, l, pa[q]);
+            r.w.set_lane(20 + q, l, pb[q]);
+        }
+    }
+    let enc = |x: f64| {
+        if int {
+            x as i32 as u32
+        } else {
+            (x as f32).to_bits()
+        }
+    };
+    let nout = f.n * f.n / 64;
+    for q in 0..nout {
+        for l in 0..64 {
+            let (i, j) = cd_element(f.n, q, l);
+            r.w.a_mut(q)[l] = enc(c_val(i, j));
+        }
+    }
+    r.w.set_exec(u64::MAX);
+    r.ok(&mai(f.op, 0));
+    for q in 0..nout {
+        for l in 0..64 {
+            let (i, j) = cd_element(f.n, q, l);
+            let want = c_val(i, j) + (0..k).map(|kk| a_val(i, kk) * b_val(kk, j)).sum::<f64>();
+            assert_eq!(
+                r.w.a(q)[l],
+                enc(want),
+                "{}: register {q} lane {l} = D[{i}][{j}]",
+                f.name
+            );
+        }
+    }
+}
+
+#[test]
+fn new_dense_mfma_forms_match_matrix_multiply() {
+    use Elem::*;
+    let forms = [
+        Form {
+            op: 0x3e,
+            name: "v_mfma_f32_16x16x8_xf32",
+            n: 16,
+            groups: 4,
+            per: 2,
+            a: Xf32,
+            b: Xf32,
+        },
+        Form {
+            op: 0x3f,
+            name: "v_mfma_f32_32x32x4_xf32",
+            n: 32,
+            groups: 2,
+            per: 2,
+            a: Xf32,
+            b: Xf32,
+        },
+        Form {
+            op: 0x56,
+            name: "v_mfma_i32_32x32x16_i8",
+            n: 32,
+            groups: 2,
+            per: 8,
+            a: I8,
+            b: I8,
+        },
+        Form {
+            op: 0x57,
+            name: "v_mfma_i32_16x16x32_i8",
+            n: 16,
+            groups: 4,
+            per: 8,
+            a: I8,
+            b: I8,
+        },
+        Form {
+            op: 0x70,
+            name: "v_mfma_f32_16x16x32_bf8_bf8",
+            n: 16,
+            groups: 4,
+            per: 8,
+            a: Bf8,
+            b: Bf8,
+        },
+        Form {
+            op: 0x71,
+            name: "v_mfma_f32_16x16x32_bf8_fp8",
+            n: 16,
+            groups: 4,
+            per: 8,
+            a: Bf8,
+            b: Fp8,
+        },
+        Form {
+            op: 0x72,
+            name: "v_mfma_f32_16x16x32_fp8_bf8",
+            n: 16,
+            groups: 4,
+            per: 8,
+            a: Fp8,
+            b: Bf8,
+        },
+        Form {
+            op: 0x73,
+            name: "v_mfma_f32_16x16x32_fp8_fp8",
+            n: 16,
+            groups: 4,
+            per: 8,
+            a: Fp8,
+            b: Fp8,
+        },
+        Form {
+            op: 0x74,
+            name: "v_mfma_f32_32x32x16_bf8_bf8",
+            n: 32,
+            groups: 2,
+            per: 8,
+            a: Bf8,
+            b: Bf8,
+        },
+        Form {
+            op: 0x75,
+            name: "v_mfma_f32_32x32x16_bf8_fp8",
+            n: 32,
+            groups: 2,
+            per: 8,
+            a: Bf8,
+            b: Fp8,
+        },
+        Form {
+            op: 0x76,
+            name: "v_mfma_f32_32x32x16_fp8_bf8",
+            n: 32,
+            groups: 2,
+            per: 8,
+            a: Fp8,
+            b: Bf8,
+        },
+        Form {
+            op: 0x77,
+            name: "v_mfma_f32_32x32x16_fp8_fp8",
+            n: 32,
+            groups: 2,
+            per: 8,
+            a: Fp8,
+            b: Fp8,
+        },
+    ];
+    for f in &forms {
+        check(f);
+    }
+}
+
+#[test]
+fn fp8_nan_in_a_product_gives_nan() {
+    // A = fp8 NaN (0x80) in lane 0's first element: row 0 of D is NaN, the rest finite.
+    let mut r = Rig::new(Gfx942);
+    r.set_v(10, |l| if l == 0 { 0x80 } else { 0x38 }); // 0x38 = 1.0
+    r.set_v(11, |_| 0x3838_3838);
+    r.set_v(20, |_| 0x3838_3838);
+    r.set_v(21, |_| 0x3838_3838);
+    for q in 0..4 {
+        r.w.a_mut(q).fill(0);
+    }
+    r.ok(&mai(0x73, 0));
+    for q in 0..4 {
+        for l in 0..64 {
+            let (i, _) = cd_element(16, q, l);
+            let d = f32::from_bits(r.w.a(q)[l]);
+            assert_eq!(d.is_nan(), i == 0, "register {q} lane {l}: {d}");
         }
     }
 }

@@ -21,7 +21,15 @@
 //! not specified beyond that, so results may differ in the last bits unless every partial
 //! sum is exact (the tests keep them exact). Partial EXEC and the broadcast controls (CBSZ,
 //! ABID, BLGP) are refused, not guessed.
+//!
+//! gfx942 adds dense forms with the f32/f16 forms' layouts and more elements per lane (MI300
+//! ISA guide): xf32 (two f32 in two registers, read with the low 13 mantissa bits dropped:
+//! the hardware truncates, as hipBLASLt's measurements show), i8 (eight in two registers)
+//! and fp8/bf8 (eight in two registers, A's format first in the name; `fp8.rs` has the
+//! formats; every product is exact in f32). On its f64 forms BLGP's three bits negate A, B
+//! and C (LLVM's `neg:[a,b,c]`). The sparse v_smfmac_* forms are not run.
 
+use super::fp8::F8;
 use super::opdef::{def, def_on, OpDef};
 use super::operand::Kind;
 use super::{bad, Cx, Flow, Step};
@@ -43,6 +51,13 @@ enum Elem {
     I8,
     /// One f64 in a register pair, accumulated in f64 (the f64 layouts, above).
     F64,
+    /// Eight i8 in two registers (gfx942), accumulated in i32.
+    I8x8,
+    /// Eight fp8 (E4M3FNUZ) or bf8 (E5M2FNUZ) in two registers (gfx942), exact in f32.
+    F8(F8),
+    /// Two f32 in two registers read as xf32 (gfx942): the low 13 mantissa bits are
+    /// dropped (truncation toward zero, as the hardware does; NaN stays NaN).
+    Xf32,
 }
 
 impl Elem {
@@ -54,6 +69,8 @@ impl Elem {
             Elem::Bf16x2 => (2, 1),
             Elem::I8 => (4, 1),
             Elem::F64 => (1, 2),
+            Elem::Xf32 => (2, 2),
+            Elem::I8x8 | Elem::F8(_) => (8, 2),
         }
     }
 
@@ -66,6 +83,16 @@ impl Elem {
             Elem::Bf16x2 | Elem::Bf16x4 => Num::F(f32::from_bits((half(e) as u32) << 16)),
             Elem::I8 => Num::I((r[0] >> (8 * e)) as u8 as i8 as i32),
             Elem::F64 => Num::D(f64::from_bits(pair(r[0], r[1]))),
+            Elem::I8x8 => Num::I((r[e / 4] >> (8 * (e % 4))) as u8 as i8 as i32),
+            Elem::F8(f) => Num::F(f.to_f32((r[e / 4] >> (8 * (e % 4))) as u8)),
+            Elem::Xf32 => {
+                let x = f32::from_bits(r[e]);
+                Num::F(if x.is_nan() {
+                    x
+                } else {
+                    f32::from_bits(r[e] & !0x1fff)
+                })
+            }
         }
     }
 }
@@ -217,7 +244,7 @@ fn mfma(cx: &mut Cx<'_>, i: &Instr, s: Shape) -> Step {
             for j in 0..s.n {
                 let (r, l) = s.cd_at(b, ii, j);
                 let mut acc = match s.elem {
-                    Elem::I8 => Num::I(d[r][l] as i32),
+                    Elem::I8 | Elem::I8x8 => Num::I(d[r][l] as i32),
                     Elem::F64 => Num::D(f64::from_bits(pair(d[r][l], d[r + 1][l]))),
                     _ => Num::F(f32::from_bits(d[r][l])),
                 };
@@ -382,4 +409,35 @@ pub static MFMA_GFX942: &[OpDef] = mfma_ops! {
     gfx942 0x61 "v_mfma_f32_16x16x16_bf16" 16 1 4 Bf16x4;
     gfx942 0x6e "v_mfma_f64_16x16x4_f64" 16 1 4 F64;
     gfx942 0x6f "v_mfma_f64_4x4x4_4b_f64" 4 4 4 F64;
+};
+
+const FP8: Elem = Elem::F8(F8::Fp8);
+const BF8: Elem = Elem::F8(F8::Bf8);
+
+macro_rules! mfma_gfx942 {
+    ($($op:literal $name:literal $n:literal $groups:literal $a:ident $b:ident;)*) => {
+        &[$(def_on(Target::Gfx942, $op, $name, |cx, i| {
+            mfma(cx, i, Shape { n: $n, blocks: 1, groups: $groups, elem: $a, elem_b: $b })
+        })),*]
+    };
+}
+
+const I8X8: Elem = Elem::I8x8;
+const XF32: Elem = Elem::Xf32;
+
+/// The dense MFMA forms new on gfx940: xf32, 8-bit-per-lane i8, and fp8/bf8 (A's format
+/// first in the name); the same layouts as the f32/f16 forms, 2 or 8 elements per lane.
+pub static MFMA_GFX942_NEW: &[OpDef] = mfma_gfx942! {
+    0x3e "v_mfma_f32_16x16x8_xf32" 16 4 XF32 XF32;
+    0x3f "v_mfma_f32_32x32x4_xf32" 32 2 XF32 XF32;
+    0x56 "v_mfma_i32_32x32x16_i8" 32 2 I8X8 I8X8;
+    0x57 "v_mfma_i32_16x16x32_i8" 16 4 I8X8 I8X8;
+    0x70 "v_mfma_f32_16x16x32_bf8_bf8" 16 4 BF8 BF8;
+    0x71 "v_mfma_f32_16x16x32_bf8_fp8" 16 4 BF8 FP8;
+    0x72 "v_mfma_f32_16x16x32_fp8_bf8" 16 4 FP8 BF8;
+    0x73 "v_mfma_f32_16x16x32_fp8_fp8" 16 4 FP8 FP8;
+    0x74 "v_mfma_f32_32x32x16_bf8_bf8" 32 2 BF8 BF8;
+    0x75 "v_mfma_f32_32x32x16_bf8_fp8" 32 2 BF8 FP8;
+    0x76 "v_mfma_f32_32x32x16_fp8_bf8" 32 2 FP8 BF8;
+    0x77 "v_mfma_f32_32x32x16_fp8_fp8" 32 2 FP8 FP8;
 };

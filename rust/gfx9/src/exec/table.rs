@@ -78,6 +78,7 @@ static VOP3P: &[&[OpDef]] = &[
     super::dot::VOP3P_DOT,
     super::mfma::MFMA,
     super::mfma::MFMA_GFX942,
+    super::mfma::MFMA_GFX942_NEW,
 ];
 /// VOP1 and VOP3, with gfx942's additions (its fp8/bf8 conversions in `fp8.rs`).
 static VOP1: &[&[OpDef]] = &[super::vop::VOP1, super::gfx942::VOP1, super::fp8::VOP1];
