@@ -1,4 +1,4 @@
-// f64 matrix cores (gfx90a): DGEMM C = A*B + C0 with __builtin_amdgcn_mfma_f64_16x16x4f64,
+// f64 matrix cores (gfx90a; gfx942 under HIP 6.4): DGEMM C = A*B + C0 with __builtin_amdgcn_mfma_f64_16x16x4f64,
 // one wave per 16x16 tile of a 64x48 result, K = 128 in steps of 4; and a batch of 4x4x8
 // products with __builtin_amdgcn_mfma_f64_4x4x4f64. Operand layouts as AMD's matrix-cores
 // lab notes give them: 16x16x4: A's lane i + 16k holds A[i][k], B's lane j + 16k holds
@@ -18,7 +18,7 @@ enum { M = 64, N = 48, K = 128, BATCH = 32, BK = 8 };
 
 __global__ void dgemm16(const double *a, const double *b, double *c)
 {
-#if defined(__gfx90a__)
+#if defined(__gfx90a__) || defined(__gfx942__)
 	int l = threadIdx.x, row0 = blockIdx.y * 16, col0 = blockIdx.x * 16;
 	double4_t d;
 	for (int r = 0; r < 4; r++)
@@ -38,7 +38,7 @@ __global__ void dgemm16(const double *a, const double *b, double *c)
 // Four blocks per wave: batch entry 4*blockIdx.x + b is a 4xBK times BKx4 product.
 __global__ void dgemm4(const double *a, const double *b, double *c)
 {
-#if defined(__gfx90a__)
+#if defined(__gfx90a__) || defined(__gfx942__)
 	int l = threadIdx.x, i = l % 4, blk = 4 * blockIdx.x + l / 4 % 4, k = l / 16;
 	int drow = l / 16, dcol = l % 4;
 	double d = c[blk * 16 + drow * 4 + dcol];
@@ -153,8 +153,8 @@ int main()
 	Check c("dgemm");
 	hipDeviceProp_t prop;
 	HIP_CHECK(hipGetDeviceProperties(&prop, 0));
-	if (strncmp(prop.gcnArchName, "gfx90a", 6) != 0) {
-		printf("dgemm: f64 MFMA needs gfx90a; device 0 is %s\n", prop.gcnArchName);
+	if (strncmp(prop.gcnArchName, "gfx90a", 6) != 0 && strncmp(prop.gcnArchName, "gfx942", 6) != 0) {
+		printf("dgemm: f64 MFMA needs gfx90a or gfx942; device 0 is %s\n", prop.gcnArchName);
 		return 1;
 	}
 	c.report("64x48x128 DGEMM with v_mfma_f64_16x16x4f64, dyadic inputs (bit for bit)",

@@ -38,8 +38,8 @@
 #                 again (`kfd-emu supervise --attach`), then the process resumes
 #   cr-mi250x8-other   the same restored on another mi250x8 (test/gpu/hosts/
 #                 mi250x8-hives-swapped.toml: every gpu_id, render minor and hive differs)
-#   hip-P         HIP 6.4 programs (test/hip's vector-add, reduce, in-flight and o0_calls, the
-#                 last at -O0: scratch stack, spills, recursive calls; built in the chroot by
+#   hip-P         HIP 6.4 programs (test/hip's vector-add, reduce, in-flight, o0_calls (at
+#                 -O0: scratch stack, spills, recursive calls) and dgemm (f64 MFMA); built in the chroot by
 #                 hipcc for gfx90a and gfx942) on profile P (mi210x4: gfx90a, mi300x8:
 #                 gfx942), each checking its results on the host
 #   cr-hip-P      a HIP 6.4 process with a kernel in flight on every GPU of P (in-flight
@@ -84,7 +84,7 @@ cases() {
 }
 
 # The HIP 6.4 programs (test/hip/*.hip) and the GPUs their code objects are built for.
-hip_programs=(vector-add reduce in-flight o0_calls)
+hip_programs=(vector-add reduce in-flight o0_calls dgemm)
 hip_arches=(gfx90a gfx942)
 
 # ---------------------------------------------------------------------------------------
