@@ -7,7 +7,7 @@
 // Checked on the host against a plain CPU DGEMM: bit for bit with dyadic inputs (every
 // partial sum exact, whatever order the hardware adds in), and within the rounding bound
 // (K + 2) * 2^-53 * (|c| + sum |a*b|) with random inputs.
-// hip-test: needs-isa gfx90a
+// hip-test: needs-isa gfx90a gfx942
 #include "check.h"
 
 #include <vector>

@@ -19,8 +19,8 @@
 #                                       which proves the daemon lives on
 #   // hip-test: needs-gpus N           it runs on profiles with N GPUs or more and is
 #                                       reported SKIP (with the reason) on the others
-#   // hip-test: needs-isa GFX          it runs on the profiles of that ISA (gfx90a) only
-#                                       and is reported SKIP (with the reason) on the others
+#   // hip-test: needs-isa GFX...       it runs on the profiles of those ISAs only and is
+#                                       reported SKIP (with the reason) on the others
 # Each (program, profile) prints PASS, FAIL with the reason and the log's tail, or SKIP with
 # the reason (never counted as passed). The last line is "N passed, M failed" (", K skipped");
 # the exit status is non-zero on any failure.
@@ -146,7 +146,7 @@ for prof in "${profiles[@]}"; do
 			continue
 		fi
 		isa=$(directive "$here/$name.hip" needs-isa)
-		if [ -n "$isa" ] && [ "$isa" != "$g" ]; then
+		if [ -n "$isa" ] && [[ " $isa " != *" $g "* ]]; then
 			result SKIP "$name" "$prof" "needs $isa, $prof is $g"
 			continue
 		fi

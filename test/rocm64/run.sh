@@ -39,7 +39,8 @@
 #   cr-mi250x8-other   the same restored on another mi250x8 (test/gpu/hosts/
 #                 mi250x8-hives-swapped.toml: every gpu_id, render minor and hive differs)
 #   hip-P         HIP 6.4 programs (test/hip's vector-add, reduce, in-flight, o0_calls (at
-#                 -O0: scratch stack, spills, recursive calls) and dgemm (f64 MFMA); built in the chroot by
+#                 -O0: scratch stack, spills, recursive calls), dgemm (f64 MFMA) and, on gfx942
+#                 only (its needs-isa line), fp8 (fp8 conversions, fp8 and xf32 MFMA); built in the chroot by
 #                 hipcc for gfx90a and gfx942) on profile P (mi210x4: gfx90a, mi300x8:
 #                 gfx942), each checking its results on the host
 #   cr-hip-P      a HIP 6.4 process with a kernel in flight on every GPU of P (in-flight
@@ -84,7 +85,7 @@ cases() {
 }
 
 # The HIP 6.4 programs (test/hip/*.hip) and the GPUs their code objects are built for.
-hip_programs=(vector-add reduce in-flight o0_calls dgemm)
+hip_programs=(vector-add reduce in-flight o0_calls dgemm fp8)
 hip_arches=(gfx90a gfx942)
 
 # ---------------------------------------------------------------------------------------
@@ -404,8 +405,13 @@ run_hsa() { # CASE PROFILE [--profile-file F]
 
 # HIP 6.4 programs on PROFILE, each checking its results on the host.
 run_hip() { # CASE PROFILE
-	local c=$1 p=$2 prog log ok=()
+	local c=$1 p=$2 prog log isa ok=()
 	for prog in "${hip_programs[@]}"; do
+		isa=$(sed -n 's|^// hip-test: needs-isa ||p' "$top/test/hip/$prog.hip")
+		if [ -n "$isa" ] && [[ " $isa " != *" ${gfx[$p]} "* ]]; then
+			ok+=("$prog (not run: needs $isa)")
+			continue
+		fi
 		log=$work/$c-$prog.log
 		emu "$log" "$p" 1 "/opt/criu-rocm-tests/hip/$prog" --hold-ms 100
 		if ! grep -q "^$prog: PASSED$" "$log"; then
