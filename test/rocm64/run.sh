@@ -349,9 +349,12 @@ run_rocm_smi() { # PROFILE
 }
 
 # In the chroot: vram-hold MIB started, rocm-smi's memory and process reports while it holds,
-# "after", and the same once it exited and KFD let its memory go.
+# "after", and the same once it exited and KFD let its memory go. Its output file is emptied
+# before it starts: the chroot's /tmp keeps the last run's "holding" line, and a background
+# job's redirection truncates only once the job runs, after the wait below may have read it.
 # shellcheck disable=SC2016 # expanded by the chroot's shell
 smi_live_script='out=/tmp/rocm64-vram-hold.out
+: >$out
 /opt/criu-rocm-tests/vram-hold "$1" >$out 2>&1 &
 pid=$! i=0
 until grep -q "^vram-hold: holding" $out; do
