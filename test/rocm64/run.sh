@@ -24,8 +24,8 @@
 #   rocm-smi-live-P   a ROCr 6.4 process (test/rocm64/vram-hold.c) holds 64 MiB of VRAM and a
 #                 queue on every GPU of P: rocm-smi --showmeminfo vram shows each GPU's VRAM
 #                 used (at least that, and together exactly what the process holds), and
-#                 --showpids the process' pid, its GPUs and its VRAM; once it exited, 0 used on
-#                 every GPU and no KFD process
+#                 --showpids the process' pid, its name (ps, which rocm-smi runs), its GPUs
+#                 and its VRAM; once it exited, 0 used on every GPU and no KFD process
 #   hsa-P         ROCr 6.4 (test/rocm/hsa-test.c built in the chroot): agents, pools, SDMA
 #                 async copies host<->VRAM and GPU->GPU, every byte verified
 #   hsa-P-kfd1.16 the same with the profile at KFD 1.16 (SDMA queues not by engine id)
@@ -381,14 +381,14 @@ run_rocm_smi_live() { # PROFILE
 		{ result FAIL "$c" "exit $?: $(grep -m 2 -iE 'error|not|fail' "$log" | paste -sd'|'); log ${log#"$top"/}"; return; }
 	pid=$(sed -n 's/^vram-hold pid \([0-9]*\)$/\1/p' "$log")
 	held=$(sed '/^after$/q' "$log" | vram_used | awk -v m=$((mib << 20)) '$1 >= m { n++; s += $1 } END { print n + 0, s + 0 }')
-	row=$(grep -E "^$pid[[:space:]]+[^[:space:]]+[[:space:]]+$n[[:space:]]+[0-9]+[[:space:]]+0[[:space:]]" "$log" | awk '{ print $4 }')
+	row=$(grep -E "^$pid[[:space:]]+vram-hold[[:space:]]+$n[[:space:]]+[0-9]+[[:space:]]+0[[:space:]]" "$log" | awk '{ print $4 }')
 	used=$(sed '/^after$/q' "$log" | vram_used | awk '{ s += $1 } END { print s + 0 }')
 	after=$(sed -n '/^after$/,$p' "$log" | vram_used | grep -c '^0$')
 	if [ -z "$pid" ] || [ "${held% *}" != "$n" ] || [ "$row" != "$used" ] || [ "$after" != "$n" ] ||
 		! grep -q 'No KFD PIDs currently running' "$log"; then
-		result FAIL "$c" "pid ${pid:-?}: ${held% *} of $n GPUs with >= $mib MiB used, its --showpids VRAM ${row:-none} (all GPUs' used: $used), $after GPUs at 0 after it exited; log ${log#"$top"/}"
+		result FAIL "$c" "pid ${pid:-?}: ${held% *} of $n GPUs with >= $mib MiB used, its --showpids VRAM ${row:-none} (a row naming vram-hold; all GPUs' used: $used), $after GPUs at 0 after it exited; log ${log#"$top"/}"
 	else
-		result PASS "$c" "pid $pid held $mib MiB + ROCr's own on each of $n GPUs: rocm-smi showed $used B used, the same in --showpids; 0 on every GPU and no KFD process after"
+		result PASS "$c" "pid $pid held $mib MiB + ROCr's own on each of $n GPUs: rocm-smi showed $used B used, the same in --showpids (named vram-hold); 0 on every GPU and no KFD process after"
 	fi
 }
 
