@@ -43,17 +43,26 @@ pub struct Devices {
 pub struct LiveSysfs {
     emu: Arc<Emulator>,
     profile: Profile,
-    trees: OnceLock<Mutex<(live::Tree, live::Tree)>>,
+    trees: OnceLock<Mutex<Written>>,
+}
+
+/// The live files' two trees and the snapshot they show.
+struct Written {
+    devices: live::Tree,
+    procs: live::Tree,
+    /// `None` until written once, and after a failed write.
+    shown: Option<live::Snapshot>,
 }
 
 impl LiveSysfs {
     /// Takes the writable clones of the mounts at [`live::DEVICES`] and
     /// [`live::VIRTUAL`] and writes the files once.
     pub fn attach(&self, devices: OwnedFd, virt: OwnedFd) -> io::Result<()> {
-        let trees = (
-            live::Tree::new(devices, ""),
-            live::Tree::new(virt, live::PROC_DIR),
-        );
+        let trees = Written {
+            devices: live::Tree::new(devices, ""),
+            procs: live::Tree::new(virt, live::PROC_DIR),
+            shown: None,
+        };
         if self.trees.set(Mutex::new(trees)).is_err() {
             return Err(io::Error::other("live sysfs attached twice"));
         }
@@ -74,9 +83,18 @@ impl LiveSysfs {
         };
         let mut t = trees.lock().unwrap_or_else(|e| e.into_inner());
         // Taken under the writer's lock: a later snapshot is written later.
-        let (devices, procs) = live::files(&self.profile, &self.emu.sysfs_snapshot());
-        t.0.apply(devices)?;
-        t.1.apply(procs)
+        let now = self.emu.sysfs_snapshot();
+        // Most calls that may change what the files show do not (a render
+        // file's GEM_OP, a node opened by a process already listed).
+        if t.shown.as_ref() == Some(&now) {
+            return Ok(());
+        }
+        t.shown = None;
+        let (devices, procs) = live::files(&self.profile, &now);
+        t.devices.apply(devices)?;
+        t.procs.apply(procs)?;
+        t.shown = Some(now);
+        Ok(())
     }
 }
 

@@ -288,15 +288,31 @@ impl Tree {
         std::fs::rename(self.path(&tmp), self.path(p)).map_err(|e| self.err(p, e))
     }
 
-    /// A file of `text`, read-only like a sysfs attribute.
+    /// A file of `text`, read-only like a sysfs attribute (made so by its
+    /// open: a refresh writes a few files after each allocation, and each
+    /// system call saved counts). Its directory is made only when missing.
     fn write_file(&self, rel: &str, text: &str) -> io::Result<()> {
-        use std::os::unix::fs::PermissionsExt;
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
         let path = self.path(rel);
-        if let Some(d) = path.parent() {
-            std::fs::create_dir_all(d)?;
-        }
-        std::fs::write(&path, text)?;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o444))
+        let open = || {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o444)
+                .open(&path)
+        };
+        let mut f = match open() {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                if let Some(d) = path.parent() {
+                    std::fs::create_dir_all(d)?;
+                }
+                open()?
+            }
+            r => r?,
+        };
+        f.write_all(text.as_bytes())
     }
 
     fn err(&self, rel: &str, e: io::Error) -> io::Error {
