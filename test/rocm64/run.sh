@@ -20,7 +20,9 @@
 #                 profile P lists every GPU with temperature and power, the profile's VRAM
 #                 total for each, and each GPU's gpu_metrics table: amdgpu's revision and size
 #                 for the part (mi210x4 1.3, 120 B; mi300x8 1.5, 360 B) and the idle readings
-#                 (hotspot and memory temperature, socket power, gfx activity, gfx clock)
+#                 (hotspot and memory temperature, socket power, gfx activity, gfx clock);
+#                 a second --showmetrics 2 s later: system_clock_counter, firmware_timestamp
+#                 and energy_accumulator grew on every GPU
 #   rocm-smi-live-P   a ROCr 6.4 process (test/rocm64/vram-hold.c) holds 64 MiB of VRAM and a
 #                 queue on every GPU of P: rocm-smi --showmeminfo vram shows each GPU's VRAM
 #                 used (at least that, and together exactly what the process holds), and
@@ -329,22 +331,38 @@ metrics_shown() { # LOG PROFILE
 	echo "$fewest${missing:+ (missing: $missing)}"
 }
 
+# The GPUs whose gpu_metrics system_clock_counter, firmware_timestamp and energy_accumulator
+# all grew from the first --showmetrics of LOG to the second (after a line "again").
+metrics_advanced() { # LOG
+	local f
+	for f in system_clock_counter firmware_timestamp energy_accumulator; do
+		awk -v f="$f" '/^again$/ { second = 1 }
+			match($0, /^GPU\[[0-9]+\]/) && index($0, ": " f " (") {
+				g = substr($0, 5, RLENGTH - 5); v = $NF
+				if (second) { if (v ~ /^[0-9]+$/ && v + 0 > first[g] + 0 && v + 0 < 2 ^ 63) print g }
+				else first[g] = v
+			}' "$1"
+	done | sort | uniq -c | awk '$1 == 3 { n++ } END { print n + 0 }'
+}
+
 # rocm-smi's default report has a row per GPU ("N  NODE  0xDID, GUID  TEMP  POWER ..."),
-# --showmeminfo vram a "VRAM Total Memory (B)" line per GPU, --showmetrics metrics_lines.
+# --showmeminfo vram a "VRAM Total Memory (B)" line per GPU, --showmetrics metrics_lines,
+# and a second --showmetrics two seconds later the timestamps and energy advanced.
 run_rocm_smi() { # PROFILE
-	local p=$1 c=rocm-smi-$1 log=$work/rocm-smi-$1.log rows sensed vram bytes=$((vram_gib[$1] << 30)) bad metrics
-	emu "$log" "$p" 0 sh -c 'rocm-smi && rocm-smi --showmeminfo vram && rocm-smi --showmetrics' ||
+	local p=$1 c=rocm-smi-$1 log=$work/rocm-smi-$1.log rows sensed vram bytes=$((vram_gib[$1] << 30)) bad metrics grew
+	emu "$log" "$p" 0 sh -c 'rocm-smi && rocm-smi --showmeminfo vram && rocm-smi --showmetrics && sleep 2 && echo again && rocm-smi --showmetrics' ||
 		{ result FAIL "$c" "exit $?: $(grep -m 2 -iE 'error|not found|fail' "$log" | paste -sd'|'); log ${log#"$top"/}"; return; }
 	rows=$(grep -cE '^[0-9]+ +[0-9]+ +0x[0-9a-f]+, +[0-9]+ ' "$log")
 	sensed=$(grep -cE '^[0-9]+ +[0-9]+ +0x[0-9a-f]+, +[0-9]+ +[0-9.]+°C +[0-9.]+W ' "$log")
 	vram=$(grep -cE "^GPU\[[0-9]+\][[:space:]]*: VRAM Total Memory \(B\): $bytes$" "$log")
 	metrics=$(metrics_shown "$log" "$p")
+	grew=$(metrics_advanced "$log")
 	bad=$(grep -m 2 -E 'Not supported|Unsupported|not found|Failed to retrieve' "$log" | paste -sd'|')
 	if [ "$rows" != "${gpus[$p]}" ] || [ "$sensed" != "${gpus[$p]}" ] || [ "$vram" != "${gpus[$p]}" ] ||
-		[ "${metrics%% *}" != "${gpus[$p]}" ] || [ -n "$bad" ]; then
-		result FAIL "$c" "$rows GPU rows, $sensed with temperature and power, $vram with $bytes B of VRAM, $metrics with gpu_metrics (want ${gpus[$p]} each)${bad:+; $bad}; log ${log#"$top"/}"
+		[ "${metrics%% *}" != "${gpus[$p]}" ] || [ "$grew" != "${gpus[$p]}" ] || [ -n "$bad" ]; then
+		result FAIL "$c" "$rows GPU rows, $sensed with temperature and power, $vram with $bytes B of VRAM, $metrics with gpu_metrics, $grew whose timestamps and energy advanced (want ${gpus[$p]} each)${bad:+; $bad}; log ${log#"$top"/}"
 	else
-		result PASS "$c" "${gpus[$p]} GPUs listed with temperature and power, each with $bytes B of VRAM and gpu_metrics ${metrics_rev[$p]% *}"
+		result PASS "$c" "${gpus[$p]} GPUs listed with temperature and power, each with $bytes B of VRAM and gpu_metrics ${metrics_rev[$p]% *} whose timestamps and energy advance"
 	fi
 }
 
