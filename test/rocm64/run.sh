@@ -20,12 +20,14 @@
 #                 profile P lists every GPU with temperature and power, the profile's VRAM
 #                 total for each, and each GPU's gpu_metrics table: amdgpu's revision and size
 #                 for the part (mi210x4 1.3, 120 B; mi300x8 1.5, 360 B) and the idle readings
-#                 (hotspot and memory temperature, socket power, gfx activity, gfx clock)
+#                 (hotspot and memory temperature, socket power, gfx activity, gfx clock);
+#                 a second --showmetrics 2 s later: system_clock_counter, firmware_timestamp
+#                 and energy_accumulator grew on every GPU
 #   rocm-smi-live-P   a ROCr 6.4 process (test/rocm64/vram-hold.c) holds 64 MiB of VRAM and a
 #                 queue on every GPU of P: rocm-smi --showmeminfo vram shows each GPU's VRAM
 #                 used (at least that, and together exactly what the process holds), and
-#                 --showpids the process' pid, its GPUs and its VRAM; once it exited, 0 used on
-#                 every GPU and no KFD process
+#                 --showpids the process' pid, its name (ps, which rocm-smi runs), its GPUs
+#                 and its VRAM; once it exited, 0 used on every GPU and no KFD process
 #   hsa-P         ROCr 6.4 (test/rocm/hsa-test.c built in the chroot): agents, pools, SDMA
 #                 async copies host<->VRAM and GPU->GPU, every byte verified
 #   hsa-P-kfd1.16 the same with the profile at KFD 1.16 (SDMA queues not by engine id)
@@ -330,29 +332,48 @@ metrics_shown() { # LOG PROFILE
 	echo "$fewest${missing:+ (missing: $missing)}"
 }
 
+# The GPUs whose gpu_metrics system_clock_counter, firmware_timestamp and energy_accumulator
+# all grew from the first --showmetrics of LOG to the second (after a line "again").
+metrics_advanced() { # LOG
+	local f
+	for f in system_clock_counter firmware_timestamp energy_accumulator; do
+		awk -v f="$f" '/^again$/ { second = 1 }
+			match($0, /^GPU\[[0-9]+\]/) && index($0, ": " f " (") {
+				g = substr($0, 5, RLENGTH - 5); v = $NF
+				if (second) { if (v ~ /^[0-9]+$/ && v + 0 > first[g] + 0 && v + 0 < 2 ^ 63) print g }
+				else first[g] = v
+			}' "$1"
+	done | sort | uniq -c | awk '$1 == 3 { n++ } END { print n + 0 }'
+}
+
 # rocm-smi's default report has a row per GPU ("N  NODE  0xDID, GUID  TEMP  POWER ..."),
-# --showmeminfo vram a "VRAM Total Memory (B)" line per GPU, --showmetrics metrics_lines.
+# --showmeminfo vram a "VRAM Total Memory (B)" line per GPU, --showmetrics metrics_lines,
+# and a second --showmetrics two seconds later the timestamps and energy advanced.
 run_rocm_smi() { # PROFILE
-	local p=$1 c=rocm-smi-$1 log=$work/rocm-smi-$1.log rows sensed vram bytes=$((vram_gib[$1] << 30)) bad metrics
-	emu "$log" "$p" 0 sh -c 'rocm-smi && rocm-smi --showmeminfo vram && rocm-smi --showmetrics' ||
+	local p=$1 c=rocm-smi-$1 log=$work/rocm-smi-$1.log rows sensed vram bytes=$((vram_gib[$1] << 30)) bad metrics grew
+	emu "$log" "$p" 0 sh -c 'rocm-smi && rocm-smi --showmeminfo vram && rocm-smi --showmetrics && sleep 2 && echo again && rocm-smi --showmetrics' ||
 		{ result FAIL "$c" "exit $?: $(grep -m 2 -iE 'error|not found|fail' "$log" | paste -sd'|'); log ${log#"$top"/}"; return; }
 	rows=$(grep -cE '^[0-9]+ +[0-9]+ +0x[0-9a-f]+, +[0-9]+ ' "$log")
 	sensed=$(grep -cE '^[0-9]+ +[0-9]+ +0x[0-9a-f]+, +[0-9]+ +[0-9.]+°C +[0-9.]+W ' "$log")
 	vram=$(grep -cE "^GPU\[[0-9]+\][[:space:]]*: VRAM Total Memory \(B\): $bytes$" "$log")
 	metrics=$(metrics_shown "$log" "$p")
+	grew=$(metrics_advanced "$log")
 	bad=$(grep -m 2 -E 'Not supported|Unsupported|not found|Failed to retrieve' "$log" | paste -sd'|')
 	if [ "$rows" != "${gpus[$p]}" ] || [ "$sensed" != "${gpus[$p]}" ] || [ "$vram" != "${gpus[$p]}" ] ||
-		[ "${metrics%% *}" != "${gpus[$p]}" ] || [ -n "$bad" ]; then
-		result FAIL "$c" "$rows GPU rows, $sensed with temperature and power, $vram with $bytes B of VRAM, $metrics with gpu_metrics (want ${gpus[$p]} each)${bad:+; $bad}; log ${log#"$top"/}"
+		[ "${metrics%% *}" != "${gpus[$p]}" ] || [ "$grew" != "${gpus[$p]}" ] || [ -n "$bad" ]; then
+		result FAIL "$c" "$rows GPU rows, $sensed with temperature and power, $vram with $bytes B of VRAM, $metrics with gpu_metrics, $grew whose timestamps and energy advanced (want ${gpus[$p]} each)${bad:+; $bad}; log ${log#"$top"/}"
 	else
-		result PASS "$c" "${gpus[$p]} GPUs listed with temperature and power, each with $bytes B of VRAM and gpu_metrics ${metrics_rev[$p]% *}"
+		result PASS "$c" "${gpus[$p]} GPUs listed with temperature and power, each with $bytes B of VRAM and gpu_metrics ${metrics_rev[$p]% *} whose timestamps and energy advance"
 	fi
 }
 
 # In the chroot: vram-hold MIB started, rocm-smi's memory and process reports while it holds,
-# "after", and the same once it exited and KFD let its memory go.
+# "after", and the same once it exited and KFD let its memory go. Its output file is emptied
+# before it starts: the chroot's /tmp keeps the last run's "holding" line, and a background
+# job's redirection truncates only once the job runs, after the wait below may have read it.
 # shellcheck disable=SC2016 # expanded by the chroot's shell
 smi_live_script='out=/tmp/rocm64-vram-hold.out
+: >$out
 /opt/criu-rocm-tests/vram-hold "$1" >$out 2>&1 &
 pid=$! i=0
 until grep -q "^vram-hold: holding" $out; do
@@ -379,14 +400,14 @@ run_rocm_smi_live() { # PROFILE
 		{ result FAIL "$c" "exit $?: $(grep -m 2 -iE 'error|not|fail' "$log" | paste -sd'|'); log ${log#"$top"/}"; return; }
 	pid=$(sed -n 's/^vram-hold pid \([0-9]*\)$/\1/p' "$log")
 	held=$(sed '/^after$/q' "$log" | vram_used | awk -v m=$((mib << 20)) '$1 >= m { n++; s += $1 } END { print n + 0, s + 0 }')
-	row=$(grep -E "^$pid[[:space:]]+[^[:space:]]+[[:space:]]+$n[[:space:]]+[0-9]+[[:space:]]+0[[:space:]]" "$log" | awk '{ print $4 }')
+	row=$(grep -E "^$pid[[:space:]]+vram-hold[[:space:]]+$n[[:space:]]+[0-9]+[[:space:]]+0[[:space:]]" "$log" | awk '{ print $4 }')
 	used=$(sed '/^after$/q' "$log" | vram_used | awk '{ s += $1 } END { print s + 0 }')
 	after=$(sed -n '/^after$/,$p' "$log" | vram_used | grep -c '^0$')
 	if [ -z "$pid" ] || [ "${held% *}" != "$n" ] || [ "$row" != "$used" ] || [ "$after" != "$n" ] ||
 		! grep -q 'No KFD PIDs currently running' "$log"; then
-		result FAIL "$c" "pid ${pid:-?}: ${held% *} of $n GPUs with >= $mib MiB used, its --showpids VRAM ${row:-none} (all GPUs' used: $used), $after GPUs at 0 after it exited; log ${log#"$top"/}"
+		result FAIL "$c" "pid ${pid:-?}: ${held% *} of $n GPUs with >= $mib MiB used, its --showpids VRAM ${row:-none} (a row naming vram-hold; all GPUs' used: $used), $after GPUs at 0 after it exited; log ${log#"$top"/}"
 	else
-		result PASS "$c" "pid $pid held $mib MiB + ROCr's own on each of $n GPUs: rocm-smi showed $used B used, the same in --showpids; 0 on every GPU and no KFD process after"
+		result PASS "$c" "pid $pid held $mib MiB + ROCr's own on each of $n GPUs: rocm-smi showed $used B used, the same in --showpids (named vram-hold); 0 on every GPU and no KFD process after"
 	fi
 }
 

@@ -43,21 +43,62 @@ pub struct Devices {
 pub struct LiveSysfs {
     emu: Arc<Emulator>,
     profile: Profile,
-    trees: OnceLock<Mutex<(live::Tree, live::Tree)>>,
+    trees: OnceLock<Mutex<Written>>,
+    /// When the emulator started: the SMU's clock in `gpu_metrics`.
+    start: std::time::Instant,
+}
+
+/// How often the `gpu_metrics` tables are taken again (amdgpu reads the
+/// SMU's at every read; a reader here sees them at most this old).
+const METRICS_PERIOD: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The live files' two trees and the snapshot they show.
+struct Written {
+    devices: live::Tree,
+    procs: live::Tree,
+    /// The `gpu_metrics` tables, on their own clock ([`LiveSysfs::tick`]).
+    metrics: live::Tree,
+    /// `None` until written once, and after a failed write.
+    shown: Option<live::Snapshot>,
 }
 
 impl LiveSysfs {
     /// Takes the writable clones of the mounts at [`live::DEVICES`] and
     /// [`live::VIRTUAL`] and writes the files once.
     pub fn attach(&self, devices: OwnedFd, virt: OwnedFd) -> io::Result<()> {
-        let trees = (
-            live::Tree::new(devices, ""),
-            live::Tree::new(virt, live::PROC_DIR),
-        );
+        let trees = Written {
+            metrics: live::Tree::new(devices.try_clone()?, ""),
+            devices: live::Tree::new(devices, ""),
+            procs: live::Tree::new(virt, live::PROC_DIR),
+            shown: None,
+        };
         if self.trees.set(Mutex::new(trees)).is_err() {
             return Err(io::Error::other("live sysfs attached twice"));
         }
+        self.write_metrics()?;
         self.write()
+    }
+
+    /// Takes the `gpu_metrics` tables again every [`METRICS_PERIOD`] while
+    /// `live` lives (a thread of its own).
+    fn tick(live: std::sync::Weak<LiveSysfs>) {
+        loop {
+            std::thread::sleep(METRICS_PERIOD);
+            let Some(l) = live.upgrade() else { return };
+            if let Err(e) = l.write_metrics() {
+                log::error!("kfd-emu: {e}");
+            }
+        }
+    }
+
+    fn write_metrics(&self) -> io::Result<()> {
+        let Some(trees) = self.trees.get() else {
+            return Ok(());
+        };
+        let clock = crate::sysfs::MetricsClock::since(self.start);
+        let files = live::metrics_files(&self.profile, clock);
+        let mut t = trees.lock().unwrap_or_else(|e| e.into_inner());
+        t.metrics.apply(files)
     }
 
     /// Writes what changed; a failure is logged (the call that caused it
@@ -74,9 +115,18 @@ impl LiveSysfs {
         };
         let mut t = trees.lock().unwrap_or_else(|e| e.into_inner());
         // Taken under the writer's lock: a later snapshot is written later.
-        let (devices, procs) = live::files(&self.profile, &self.emu.sysfs_snapshot());
-        t.0.apply(devices)?;
-        t.1.apply(procs)
+        let now = self.emu.sysfs_snapshot();
+        // Most calls that may change what the files show do not (a render
+        // file's GEM_OP, a node opened by a process already listed).
+        if t.shown.as_ref() == Some(&now) {
+            return Ok(());
+        }
+        t.shown = None;
+        let (devices, procs) = live::files(&self.profile, &now);
+        t.devices.apply(devices)?;
+        t.procs.apply(procs)?;
+        t.shown = Some(now);
+        Ok(())
     }
 }
 
@@ -217,7 +267,12 @@ pub fn devices(profile: &Profile) -> io::Result<Devices> {
         emu: emu.clone(),
         profile: profile.clone(),
         trees: OnceLock::new(),
+        start: std::time::Instant::now(),
     });
+    let weak = Arc::downgrade(&live);
+    std::thread::Builder::new()
+        .name("gpu-metrics".into())
+        .spawn(move || LiveSysfs::tick(weak))?;
     let mut nodes = Vec::new();
     for node in emu.nodes() {
         nodes.push(NodeSpec {

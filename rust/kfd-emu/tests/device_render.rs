@@ -433,6 +433,37 @@ fn memory_sizes_and_usage() {
     assert_eq!(gds.gds_gfx_partition_size, 0);
 }
 
+/// GEM_CREATE's GTT BOs count in the GPU's GTT use while a handle keeps
+/// them, and stop counting when the last goes (the emulator keeps the sum
+/// as they come and go).
+#[test]
+fn gem_gtt_bos_count_while_they_live() {
+    let n = Node::new("mi210x4", 1);
+    let gtt = || n.info::<u64>(sys::AMDGPU_INFO_GTT_USAGE, [0; 4]).unwrap();
+    let create = |size: u64, domain: u32| {
+        let mut c = [0u8; 32];
+        c[..8].copy_from_slice(&size.to_le_bytes());
+        c[16..24].copy_from_slice(&u64::from(domain).to_le_bytes());
+        let out = call(&n.emu, n.fh, &me(), ioctl::DRM_IOCTL_AMDGPU_GEM_CREATE, &c).unwrap();
+        u32_of(&out)
+    };
+    let close = |h: u32| {
+        let c = [h.to_le_bytes(), [0; 4]].concat();
+        call(&n.emu, n.fh, &me(), ioctl::DRM_IOCTL_GEM_CLOSE, &c).unwrap();
+    };
+    assert_eq!(gtt(), 0);
+    let a = create(1 << 20, sys::AMDGPU_GEM_DOMAIN_GTT);
+    let b = create(2 << 20, sys::AMDGPU_GEM_DOMAIN_GTT);
+    let v = create(4 << 20, sys::AMDGPU_GEM_DOMAIN_VRAM);
+    assert_eq!(gtt(), 3 << 20);
+    close(a);
+    assert_eq!(gtt(), 2 << 20);
+    close(v);
+    assert_eq!(gtt(), 2 << 20, "a VRAM BO is not GTT");
+    close(b);
+    assert_eq!(gtt(), 0);
+}
+
 #[test]
 fn read_mmr_reg_gives_gb_addr_config_only() {
     let read = |n: &Node, off: u32, count: u32, instance: u32, size: usize| {

@@ -623,6 +623,9 @@ pub struct State {
     /// The GEM_CREATE BOs by (GPU, render-memfd offset), while a handle,
     /// BO list or dma-buf keeps them (see [`State::sweep_gem`]).
     gem_bos: HashMap<(usize, u64), GemBo>,
+    /// Bytes of the GTT BOs of `gem_bos` per GPU, kept as they come and
+    /// go (the live sysfs files read it after every allocation).
+    gem_gtt: Vec<u64>,
     /// GPU resets per GPU (hung IBs and injected resets).
     pub resets: Vec<u64>,
     /// Render-memfd ranges of freed BOs (GPU, offset, bytes) whose pages
@@ -674,6 +677,7 @@ impl State {
             next_slot: 1,
             render: HashMap::new(),
             gem_bos: HashMap::new(),
+            gem_gtt: vec![0; gpus],
             resets: vec![0; gpus],
             freed: Vec::new(),
         }
@@ -772,13 +776,7 @@ impl State {
     /// system memory BOs (GTT and userptr) its page tables map.
     pub fn usage(&self, gpu: usize) -> Usage {
         let vram = self.gpu_alloc[gpu].vram_used;
-        let gem_gtt: u64 = self
-            .gem_bos
-            .iter()
-            .filter(|(k, b)| k.0 == gpu && !b.vram)
-            .map(|(_, b)| b.size)
-            .sum();
-        let gtt = gem_gtt
+        let gtt = self.gem_gtt[gpu]
             + self
                 .procs
                 .values()
@@ -1030,6 +1028,9 @@ impl State {
             plan.size,
             info,
         ));
+        if !vram {
+            self.gem_gtt[gpu] += plan.size;
+        }
         self.gem_bos.insert(
             (gpu, offset),
             GemBo {
@@ -1059,6 +1060,9 @@ impl State {
             .collect();
         for (gpu, offset) in dead {
             let b = self.gem_bos.remove(&(gpu, offset)).expect("listed");
+            if !b.vram {
+                self.gem_gtt[gpu] -= b.size;
+            }
             if self.devs.dmabufs.get(gpu, offset).is_some() {
                 continue;
             }

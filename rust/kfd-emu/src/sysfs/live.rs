@@ -14,7 +14,9 @@
 //!   `counters_<gpu_id>/{faults,page_in,page_out}` (SVM); and a directory
 //!   `queues/<queue id>/` per user queue with its `gpuid`, `size` (ring
 //!   bytes) and `type` (KFD's queue type), written without a newline as
-//!   KFD's queue attributes are.
+//!   KFD's queue attributes are;
+//! * each GPU's `gpu_metrics` table, whose timestamps and energy advance,
+//!   taken again every second on a clock of its own ([`metrics_files`]).
 //!
 //! [`files`] is pure: what a [`Snapshot`] of the device model shows.
 //! [`Tree`] writes such files into a tmpfs the runner mounted read-only
@@ -92,11 +94,36 @@ pub struct QueueUse {
     pub qtype: u32,
 }
 
-/// A file's text, or a directory (which may stay empty).
+/// A file's text or bytes, or a directory (which may stay empty).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Node {
     Dir,
     File(String),
+    Bytes(Vec<u8>),
+}
+
+impl Node {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Node::Dir => &[],
+            Node::File(text) => text.as_bytes(),
+            Node::Bytes(b) => b,
+        }
+    }
+}
+
+/// Each GPU's `gpu_metrics` table (the parts that have one) at `clock`,
+/// relative to a [`Tree`] of [`DEVICES`]: rewritten as time passes, as the
+/// SMU refreshes its metrics.
+pub fn metrics_files(p: &Profile, clock: super::MetricsClock) -> Files {
+    p.gpus
+        .iter()
+        .filter_map(|g| {
+            let (root, func) = pci_names(g);
+            let table = super::metrics::gpu_metrics(g, clock)?;
+            Some((format!("{root}/{func}/gpu_metrics"), Node::Bytes(table)))
+        })
+        .collect()
 }
 
 /// Paths relative to a [`Tree`]'s base, and what they are.
@@ -241,7 +268,7 @@ impl Tree {
             }
             let r = match self.written[p] {
                 Node::Dir => std::fs::remove_dir_all(self.path(p)),
-                Node::File(_) => std::fs::remove_file(self.path(p)),
+                Node::File(_) | Node::Bytes(_) => std::fs::remove_file(self.path(p)),
             };
             ignore_gone(r).map_err(|e| self.err(p, e))?;
         }
@@ -263,7 +290,7 @@ impl Tree {
     fn place(&self, p: &str, n: &Node, new: &Files) -> io::Result<()> {
         let tmp = hidden(p);
         match n {
-            Node::File(text) => self.write_file(&tmp, text)?,
+            Node::File(_) | Node::Bytes(_) => self.write_file(&tmp, n.bytes())?,
             Node::Dir => {
                 if self.written.contains_key(p) {
                     return Ok(()); // was a directory, still is
@@ -279,7 +306,7 @@ impl Tree {
                     let at = format!("{tmp}/{}", &q[prefix.len()..]);
                     match m {
                         Node::Dir => std::fs::create_dir_all(self.path(&at)),
-                        Node::File(text) => self.write_file(&at, text),
+                        file => self.write_file(&at, file.bytes()),
                     }
                     .map_err(|e| self.err(&at, e))?;
                 }
@@ -288,15 +315,31 @@ impl Tree {
         std::fs::rename(self.path(&tmp), self.path(p)).map_err(|e| self.err(p, e))
     }
 
-    /// A file of `text`, read-only like a sysfs attribute.
-    fn write_file(&self, rel: &str, text: &str) -> io::Result<()> {
-        use std::os::unix::fs::PermissionsExt;
+    /// A file of `text`, read-only like a sysfs attribute (made so by its
+    /// open: a refresh writes a few files after each allocation, and each
+    /// system call saved counts). Its directory is made only when missing.
+    fn write_file(&self, rel: &str, text: &[u8]) -> io::Result<()> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
         let path = self.path(rel);
-        if let Some(d) = path.parent() {
-            std::fs::create_dir_all(d)?;
-        }
-        std::fs::write(&path, text)?;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o444))
+        let open = || {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o444)
+                .open(&path)
+        };
+        let mut f = match open() {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                if let Some(d) = path.parent() {
+                    std::fs::create_dir_all(d)?;
+                }
+                open()?
+            }
+            r => r?,
+        };
+        f.write_all(text)
     }
 
     fn err(&self, rel: &str, e: io::Error) -> io::Error {

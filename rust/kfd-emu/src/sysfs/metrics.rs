@@ -13,14 +13,16 @@
 //! readings the other attributes show (temperatures and power as hwmon's,
 //! the current DPM clocks of `pp_dpm_*`, activity as `gpu_busy_percent`
 //! and `mem_busy_percent`, the PCIe link), zero throttling and zero
-//! accumulated counters. The file is written once: the timestamps
-//! (`system_clock_counter`, `firmware_timestamp`) stay "not available"
-//! rather than frozen (librocm_smi 6.4 scales the latter by 10 without
-//! checking, so rocm-smi prints it as a huge number), and so do sensors
-//! the emulator has no reading for (voltage regulators, HBM stacks, video
-//! engines, XGMI link, fan).
+//! accumulated activity. What advances with time advances
+//! ([`MetricsClock`]; the live files rewrite the table every second):
+//! `system_clock_counter` (CLOCK_BOOTTIME, ns, as amdgpu fills it in),
+//! `firmware_timestamp` (the SMU's, 10 ns units, from the emulator's
+//! start) and `energy_accumulator` (the idle socket power integrated over
+//! that time, in the SMU's 15.259 µJ units). Sensors the emulator has no
+//! reading for (voltage regulators, HBM stacks, video engines, XGMI link,
+//! fan) stay "not available".
 
-use super::{idle_power, is_mi300_class, IDLE_TEMPS};
+use super::{idle_power, is_mi300_class, MetricsClock, IDLE_TEMPS};
 use crate::profile::Gpu;
 
 /// A field of a layout: name, width in bytes (also its alignment), count.
@@ -164,14 +166,19 @@ impl Table {
     fn set(&mut self, name: &str, v: u64) {
         self.set_at(name, 0, v);
     }
+
+    fn has(&self, name: &str) -> bool {
+        self.fields.iter().any(|f| f.0 == name)
+    }
 }
 
 /// The idle clocks, MHz, of `pp_dpm_sclk`, `pp_dpm_socclk` and
 /// `pp_dpm_mclk`'s current (lowest) levels.
 const IDLE_CLOCKS: [(&str, u64); 3] = [("gfxclk", 500), ("socclk", 500), ("uclk", 400)];
 
-/// The `gpu_metrics` file of `g`, or `None` for parts it is not served for.
-pub fn gpu_metrics(g: &Gpu) -> Option<Vec<u8>> {
+/// The `gpu_metrics` file of `g` at `clock`, or `None` for parts it is
+/// not served for.
+pub fn gpu_metrics(g: &Gpu, clock: MetricsClock) -> Option<Vec<u8>> {
     let mut t = match g.gfx_target_version {
         90008 => Table::new(1, 1, V1_1),
         90010 => Table::new(1, 3, &[V1_1, V1_3_TAIL].concat()),
@@ -184,7 +191,22 @@ pub fn gpu_metrics(g: &Gpu) -> Option<Vec<u8>> {
     } else {
         set_v1_1(&mut t, g);
     }
+    set_clocked(&mut t, g, clock);
     Some(t.bytes)
+}
+
+/// The SMU's energy unit: 2^-16 J (15.259 µJ).
+const ENERGY_UNITS_PER_JOULE: u128 = 1 << 16;
+
+/// What advances with `clock`: the timestamps and the energy used.
+fn set_clocked(t: &mut Table, g: &Gpu, clock: MetricsClock) {
+    t.set("system_clock_counter", clock.boot_ns);
+    if t.has("firmware_timestamp") {
+        t.set("firmware_timestamp", clock.up_ns / 10);
+    }
+    let joules_e9 = u128::from(idle_power(g).1) * u128::from(clock.up_ns);
+    let energy = joules_e9 * ENERGY_UNITS_PER_JOULE / 1_000_000_000;
+    t.set("energy_accumulator", energy as u64);
 }
 
 /// hwmon's idle reading of the sensor `label`, degrees Celsius.
@@ -205,7 +227,7 @@ fn set_common(t: &mut Table, g: &Gpu) {
     ] {
         t.set(f, 0);
     }
-    for f in ["gfx_activity_acc", "mem_activity_acc", "energy_accumulator"] {
+    for f in ["gfx_activity_acc", "mem_activity_acc"] {
         t.set(f, 0);
     }
     t.set("pcie_link_width", 16);
@@ -271,7 +293,7 @@ mod tests {
     fn layouts_are_the_kernels() {
         // sizeof kgd_pp_interface.h's v1_1, v1_3 and v1_5 (NUM_JPEG_ENG 32).
         for (profile, size, rev) in [("mi100", 96, 1), ("mi210x4", 120, 3), ("mi300x8", 360, 5)] {
-            let b = gpu_metrics(&gpu(profile)).unwrap();
+            let b = gpu_metrics(&gpu(profile), MetricsClock::default()).unwrap();
             assert_eq!(b.len(), size, "{profile}");
             assert_eq!(u16_at(&b, 0) as usize, size, "{profile}");
             assert_eq!((b[2], b[3]), (1, rev), "{profile}");
@@ -290,7 +312,7 @@ mod tests {
 
     #[test]
     fn values_follow_the_other_attributes() {
-        let b = gpu_metrics(&gpu("mi210x4")).unwrap();
+        let b = gpu_metrics(&gpu("mi210x4"), MetricsClock::default()).unwrap();
         // edge 35 C, hotspot 40, mem 38, vrgfx not available, power 40 W.
         assert_eq!(
             [4, 6, 8, 10, 22].map(|o| u16_at(&b, o)),
@@ -298,8 +320,8 @@ mod tests {
         );
         assert_eq!(u16_at(&b, 54), 500, "current_gfxclk");
         assert_eq!(u16_at(&b, 76), 160, "pcie_link_speed");
-        assert_eq!(&b[32..40], &[0xff; 8], "system_clock_counter");
-        let b = gpu_metrics(&gpu("mi300x8")).unwrap();
+        assert_eq!(&b[32..40], &[0; 8], "system_clock_counter at 0");
+        let b = gpu_metrics(&gpu("mi300x8"), MetricsClock::default()).unwrap();
         // hotspot 40, mem 38, vrsoc n/a, current power 140 W, gfx 0 %.
         assert_eq!(
             [4, 6, 8, 10, 12].map(|o| u16_at(&b, o)),
@@ -308,6 +330,38 @@ mod tests {
         let gfxclk: Vec<u16> = (0..8).map(|i| u16_at(&b, 312 + 2 * i)).collect();
         assert_eq!(gfxclk, [500; 8], "one per XCC");
         assert_eq!(u16_at(&b, 328 + 2 * 3), 500, "the fourth AID's socclk");
-        assert!(gpu_metrics(&gpu("rx9070xt")).is_none());
+        assert!(gpu_metrics(&gpu("rx9070xt"), MetricsClock::default()).is_none());
+    }
+
+    fn u64_at(b: &[u8], off: usize) -> u64 {
+        u64::from_le_bytes(b[off..off + 8].try_into().unwrap())
+    }
+
+    #[test]
+    fn timestamps_and_energy_advance() {
+        let clock = MetricsClock {
+            boot_ns: 5_000_000_000,
+            up_ns: 2_000_000_000,
+        };
+        // v1.3: energy_accumulator 24, system_clock_counter 32,
+        // firmware_timestamp 96; 40 W for 2 s = 80 J.
+        let b = gpu_metrics(&gpu("mi210x4"), clock).unwrap();
+        assert_eq!(u64_at(&b, 32), 5_000_000_000);
+        assert_eq!(u64_at(&b, 96), 200_000_000, "10 ns units");
+        assert_eq!(u64_at(&b, 24), 80 << 16, "2^-16 J units");
+        // v1.5: energy 88, clock 96, firmware 280 (after xgmi_write_data_acc); 140 W.
+        let b = gpu_metrics(&gpu("mi300x8"), clock).unwrap();
+        assert_eq!(u64_at(&b, 96), 5_000_000_000);
+        assert_eq!(u64_at(&b, 88), 280 << 16);
+        let t = Table::new(1, 5, V1_5);
+        let fw = t
+            .fields
+            .iter()
+            .find(|f| f.0 == "firmware_timestamp")
+            .unwrap()
+            .1;
+        assert_eq!(u64_at(&b, fw), 200_000_000);
+        // v1.1 (MI100) has no firmware timestamp.
+        assert!(gpu_metrics(&gpu("mi100"), clock).is_some());
     }
 }

@@ -37,6 +37,29 @@ use std::fmt::Write as _;
 pub mod live;
 mod metrics;
 
+/// The moment a `gpu_metrics` table is taken at ([`metrics`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MetricsClock {
+    /// CLOCK_BOOTTIME, ns.
+    pub boot_ns: u64,
+    /// Since the emulator started (the SMU's uptime), ns.
+    pub up_ns: u64,
+}
+
+impl MetricsClock {
+    /// Now, for an emulator started at `start`.
+    pub fn since(start: std::time::Instant) -> MetricsClock {
+        // SAFETY: an all-zero timespec is valid; clock_gettime fills it.
+        let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+        // SAFETY: `ts` is writable; CLOCK_BOOTTIME always exists on Linux.
+        unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+        MetricsClock {
+            boot_ns: ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64,
+            up_ns: start.elapsed().as_nanos() as u64,
+        }
+    }
+}
+
 use crate::profile::{Gpu, Profile};
 
 /// DRM's character-device major.
@@ -256,7 +279,7 @@ fn pci_entries(g: &Gpu, index: usize, gtt_size: u64) -> Vec<Entry> {
         v.extend(drm_minor_entries(&dir, &func, name, m));
     }
     v.extend(amdgpu_attribute_entries(g, &dir, gtt_size));
-    if let Some(table) = metrics::gpu_metrics(g) {
+    if let Some(table) = metrics::gpu_metrics(g, MetricsClock::default()) {
         v.push(Entry::Bytes(format!("{dir}/gpu_metrics"), table));
     }
     v.extend(hwmon_entries(g, &dir, index));
