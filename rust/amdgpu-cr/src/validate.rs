@@ -296,8 +296,11 @@ fn gpu_files(dir: &Path) -> std::io::Result<BTreeSet<String>> {
 /// documentation).  Reads files only.  `Err`: the directory itself could
 /// not be listed.
 ///
-/// In steps: the digests file ([`read_manifest`]), each KFD image
-/// ([`check_kfd_images`]), each render-node image ([`check_render_images`]),
+/// In steps: the digests file ([`read_manifest`]), the render-node images
+/// read and decoded once for every step that needs them
+/// ([`read_render_files`]), each KFD image ([`check_kfd_images`]), each
+/// render-node image ([`check_render_images`]), their "same BO as" links
+/// ([`links`]) and overlaps ([`overlaps`]),
 /// the digests file against the directory ([`check_listing`]), `files.img`
 /// against the images ([`check_files_img`]).
 pub fn check_dir(dir: &Path, depth: Depth) -> std::io::Result<Report> {
@@ -307,13 +310,14 @@ pub fn check_dir(dir: &Path, depth: Depth) -> std::io::Result<Report> {
         ..Default::default()
     };
     let manifest = read_manifest(dir, &mut report);
-    let ctx = Context::read(dir);
+    let renders = read_render_files(dir, &files);
+    let ctx = Context::read(dir, &renders);
     let declared = check_kfd_images(dir, &files, manifest.as_ref(), &ctx, depth, &mut report);
-    check_render_images(dir, &files, manifest.as_ref(), depth, &mut report);
-    report.other.extend(links::check(dir, &files));
+    check_render_images(dir, &renders, manifest.as_ref(), depth, &mut report);
     report
         .other
-        .extend(overlaps::check(dir, &files, &report.kfd));
+        .extend(links::check(&files, &report.kfd, &renders));
+    report.other.extend(overlaps::check(&report.kfd, &renders));
     check_listing(dir, &files, manifest.as_ref(), declared, depth, &mut report);
     check_files_img(&files, &ctx, manifest.as_ref(), &mut report);
     Ok(report)
@@ -424,17 +428,53 @@ fn note_compression(name: &str, image: &KfdImage, report: &mut Report) {
     }
 }
 
+/// A render-node image of the directory, read and decoded once for the
+/// whole of [`check_dir`]: its own checks ([`check_render_images`]), the
+/// GEM BOs a process' mappings may be of ([`Context`]), the "same BO as"
+/// links ([`links`]) and the overlaps ([`overlaps`]) all use this one
+/// decoding (a dump of many processes has as many render images, a render
+/// image thousands of GEM BOs).
+pub(crate) struct RenderFile {
+    pub name: String,
+    /// Its CRIU file id (`None`: not named amdgpu-renderD-<file id>.img).
+    pub id: Option<FileId>,
+    /// The file's bytes (for the digests file's check) and its image;
+    /// `Err`: it does not read or decode.
+    pub read: Result<(Vec<u8>, RenderImage), Refusal>,
+}
+
+impl RenderFile {
+    /// The image, when the file read and decoded.
+    pub fn image(&self) -> Option<&RenderImage> {
+        self.read.as_ref().ok().map(|(_, img)| img)
+    }
+}
+
+/// The render-node images among `files`, each read and decoded.
+fn read_render_files(dir: &Path, files: &BTreeSet<String>) -> Vec<RenderFile> {
+    let names = files.iter().filter(|n| n.starts_with("amdgpu-renderD-"));
+    names
+        .map(|name| RenderFile {
+            name: name.clone(),
+            id: crate::image::render_image_id(name),
+            read: read_whole(&dir.join(name), None)
+                .and_then(|bytes| RenderImage::decode(name, &bytes).map(|img| (bytes, img)))
+                .map_err(Refusal::from),
+        })
+        .collect()
+}
+
 /// Render-node images: each must decode; the bytes of their GEM BOs are
 /// checked as a KFD image's.
 fn check_render_images(
     dir: &Path,
-    files: &BTreeSet<String>,
+    renders: &[RenderFile],
     manifest: Option<&digests::Digests>,
     depth: Depth,
     report: &mut Report,
 ) {
-    for name in files.iter().filter(|n| n.starts_with("amdgpu-renderD-")) {
-        if let Err(r) = check_render(dir, name, manifest, depth) {
+    for r in renders {
+        if let Err(r) = check_render(dir, r, manifest, depth) {
             report.other.push(r);
         }
     }
@@ -566,12 +606,12 @@ fn missing_image(
     ))
 }
 
+/// The render images' GEM BOs: their mmap offset ranges by render minor
+/// at dump, so that a mapping finds the one it falls in in log time.
+type GemRanges = OffsetIndex<u32>;
+
 /// The CRIU images a KFD image is checked against (each `None` when the
 /// directory lacks it; an unreadable one is a refusal where it matters).
-/// The render images' GEM BOs: mmap offset ranges `[start, end)` by
-/// render minor at dump.
-type GemRanges = BTreeMap<u32, Vec<(u64, u64)>>;
-
 struct Context {
     pids: Result<Option<BTreeSet<u32>>, String>,
     files: Option<Files>,
@@ -582,7 +622,7 @@ struct Context {
 }
 
 impl Context {
-    fn read(dir: &Path) -> Self {
+    fn read(dir: &Path, renders: &[RenderFile]) -> Self {
         let (files, files_err) = match criu_images::files(dir) {
             Ok(f) => (f, None),
             Err(e) => (None, Some(e)),
@@ -592,28 +632,20 @@ impl Context {
             files,
             files_err,
             plugins: criu_images::inventory_plugins(dir).ok().flatten(),
-            gem: gem_ranges(dir),
+            gem: gem_ranges(renders),
         }
     }
 }
 
 /// The mmap offset ranges of the render images' GEM BOs, by render minor
 /// at dump (a damaged render image is refused on its own).
-fn gem_ranges(dir: &Path) -> GemRanges {
-    let mut out: GemRanges = BTreeMap::new();
-    let Ok(files) = gpu_files(dir) else {
-        return out;
-    };
-    for name in files.iter().filter(|n| n.starts_with("amdgpu-renderD-")) {
-        let Ok(img) = read_whole(&dir.join(name), None).and_then(|b| RenderImage::decode(name, &b))
-        else {
-            continue;
-        };
+fn gem_ranges(renders: &[RenderFile]) -> GemRanges {
+    let images = renders.iter().filter_map(RenderFile::image);
+    OffsetIndex::any(images.flat_map(|img| {
         let minor = img.msg.drm_render_minor.unwrap_or(0);
-        let v = out.entry(minor).or_default();
-        v.extend(img.msg.bo_entries.iter().map(|b| (b.offset, b.size)));
-    }
-    out
+        let bos = img.msg.bo_entries.iter().enumerate();
+        bos.map(move |(i, b)| (minor, b.offset, b.size, i))
+    }))
 }
 
 /// The checks of one decoded KFD image against itself and the other files.
@@ -815,16 +847,17 @@ fn check_priv(name: &str, image: &KfdImage) -> Result<(), Refusal> {
 /// [`RenderImage::contents_view`]).
 fn check_render(
     dir: &Path,
-    name: &str,
+    render: &RenderFile,
     manifest: Option<&digests::Digests>,
     depth: Depth,
 ) -> Result<(), Refusal> {
-    let bytes = read_whole(&dir.join(name), None)?;
-    let image = RenderImage::decode(name, &bytes)?;
-    let id = crate::image::render_image_id(name)
+    let name = render.name.as_str();
+    let (bytes, image) = render.read.as_ref().map_err(Clone::clone)?;
+    let id = render
+        .id
         .ok_or_else(|| Refusal::new(name, None, "", "not named amdgpu-renderD-<file id>.img"))?;
     if let Some(m) = manifest {
-        m.check_render(id, &bytes, &image)?;
+        m.check_render(id, bytes, image)?;
     }
     if !image.has_gem_bos() {
         return Ok(());
@@ -1054,10 +1087,7 @@ fn in_gem_bo(gem: &GemRanges, device: DeviceKind, pgoff: u64, len: u64) -> bool 
     let DeviceKind::Render(minor) = device else {
         return false;
     };
-    gem.get(&minor.0).is_some_and(|v| {
-        v.iter()
-            .any(|&(o, size)| pgoff >= o && (pgoff - o).checked_add(len).is_some_and(|e| e <= size))
-    })
+    gem.find(minor.0, pgoff, len).is_some()
 }
 
 /// The BOs a device maps, by their offset in its file: contents BOs of

@@ -105,6 +105,15 @@ struct PausedProc {
     paused: bool,
     /// Its KFD image was written.
     dumped: bool,
+    /// Its dump plan, made once ([`PausedProc::make_plan`]): by
+    /// [`DumpSession::claim_kfd_early`] when a render file of the task is
+    /// dumped before its KFD file, else by [`DumpSession::save`], which
+    /// takes it.
+    plan: Option<DumpPlan>,
+    /// Its BOs were claimed before its KFD file was reached
+    /// ([`DumpSession::claim_kfd_early`]): a further render file of the
+    /// task claims nothing again.
+    claimed_early: bool,
     /// Further opens of /dev/kfd by the same process (task fd, our copy):
     /// one KFD process, paused once, saved once; these files only reopen.
     reopens: Vec<(RawFd, OwnedFd)>,
@@ -114,6 +123,21 @@ struct PausedProc {
     slot: Option<usize>,
     /// When PROCESS_INFO was called: its queues are paused from then on.
     paused_at: Instant,
+}
+
+impl PausedProc {
+    /// Its dump plan ([`plan_dump`]), made unless it was already: its
+    /// CHECKPOINT data was taken once, and the tree stays frozen from the
+    /// first render file to the KFD file (a pre-dump, whose tree runs
+    /// again, dumps no render file and plans in [`DumpSession::save`]).
+    fn make_plan(&mut self, topology: &Topology) -> Result<(), SessionError> {
+        if self.plan.is_none() {
+            let plan = plan_dump(topology, &self.ckpt, task_shared_mem(self.task)?)
+                .map_err(|e| SessionError::core(self.task, "planning the GPU dump", e))?;
+            self.plan = Some(plan);
+        }
+        Ok(())
+    }
 }
 
 /// What [`DumpSession::dump_file`] saved.
@@ -267,6 +291,8 @@ impl DumpSession {
             dmabufs: Vec::new(),
             paused: true,
             dumped: false,
+            plan: None,
+            claimed_early: false,
             reopens: Vec::new(),
             guard_id,
             slot,
@@ -536,11 +562,11 @@ impl DumpSession {
         topology: &Topology,
         live: bool,
     ) -> Result<(), SessionError> {
-        let p = &self.procs[i];
-        let owner = p.task;
+        let owner = self.procs[i].task;
         let start = Instant::now();
-        let plan = plan_dump(topology, &p.ckpt, task_shared_mem(owner)?)
-            .map_err(|e| SessionError::core(owner, "planning the GPU dump", e))?;
+        self.procs[i].make_plan(topology)?;
+        let plan = self.procs[i].plan.take().expect("made above");
+        let p = &self.procs[i];
         if !live {
             self.shared.set_file(owner, id);
             let held = kfd_holders(owner, (p.task_fd, Some(id)), &plan.gpus, &p.ckpt.bos);
@@ -640,14 +666,27 @@ impl DumpSession {
     /// Before a render file of `pid` is saved: the BOs of its KFD
     /// processes not dumped yet claimed, so that a BO the render file
     /// imported from KFD is recorded as the KFD BO ([`SharedBos`]).
+    /// Each KFD process is planned once and claimed once, however many
+    /// render files the task holds: its plan is kept for [`Self::save`].
     fn claim_kfd_early(&mut self, pid: i32, topology: &Topology) -> Result<(), SessionError> {
+        let early: Vec<usize> = (0..self.procs.len())
+            .filter(|&i| {
+                let p = &self.procs[i];
+                p.task == pid && !p.dumped && !p.claimed_early
+            })
+            .collect();
         let mut held = Vec::new();
-        for p in self.procs.iter().filter(|p| p.task == pid && !p.dumped) {
-            let plan = plan_dump(topology, &p.ckpt, task_shared_mem(pid)?)
-                .map_err(|e| SessionError::core(pid, "planning the GPU dump", e))?;
+        for &i in &early {
+            self.procs[i].make_plan(topology)?;
+            let p = &self.procs[i];
+            let plan = p.plan.as_ref().expect("made above");
             held.extend(kfd_holders(pid, (p.task_fd, None), &plan.gpus, &p.ckpt.bos));
         }
-        self.claim(pid, held).map(|_| ())
+        self.claim(pid, held)?;
+        for i in early {
+            self.procs[i].claimed_early = true;
+        }
+        Ok(())
     }
 
     /// The render image of file `fd`, with the GEM BOs it holds

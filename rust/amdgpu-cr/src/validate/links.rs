@@ -5,136 +5,141 @@
 //! another's is refused, so no chain and no cycle gets to a restore).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
 
-use super::Refusal;
+use super::{KfdVerdict, Refusal, RenderFile};
 use crate::bo;
-use crate::image::{kfd_image_name, render_image_name, FileId, KfdImage, RenderImage};
+use crate::image::{kfd_image_name, render_image_name, FileId, RenderImage};
 
 /// What a link may point at: (size, user GPU, whether it is a BO with
 /// bytes of its own).
 type Target = (u64, u32, bool);
 
-/// Every link of the render images among `files` in `dir`: the refusals.
-pub(crate) fn check(dir: &Path, files: &BTreeSet<String>) -> Vec<Refusal> {
+/// Every link of the render images `renders` (decoded once by
+/// [`super::read_render_files`]) to the KFD images `kfd` (decoded by
+/// [`super::check_kfd_images`]) and to each other, among the GPU image
+/// files `files`: the refusals.
+pub(crate) fn check(
+    files: &BTreeSet<String>,
+    kfd: &[KfdVerdict],
+    renders: &[RenderFile],
+) -> Vec<Refusal> {
+    let targets = Targets::new(files, kfd, renders);
     let mut out = Vec::new();
-    let mut targets = Targets::default();
-    for name in files.iter().filter(|n| n.starts_with("amdgpu-renderD-")) {
-        let Some(id) = crate::image::render_image_id(name) else {
-            continue;
-        };
+    for r in renders.iter().filter(|r| r.id.is_some()) {
         // An image that does not read is refused by its own check.
-        let Ok(img) = RenderImage::read(dir, id) else {
-            continue;
-        };
-        for (i, b) in img.msg.bo_entries.iter().enumerate() {
-            let (Some(file), Some(index)) = (b.same_bo_file, b.same_bo_index) else {
-                continue;
-            };
-            let field = |f: &str| format!("bo_entries[{i}].{f}");
-            let bad = |f: &str, why: String| {
-                Refusal::new(
-                    name.as_str(),
-                    Some(img.gpu_id()),
-                    field(f),
-                    format!("GEM handle {}: {why}", b.handle),
-                )
-            };
-            let why = match targets.get(dir, files, FileId(file), index) {
-                Err(why) => Some(("same_bo_file", why)),
-                Ok(None) => Some((
-                    "same_bo_index",
-                    format!("file {file}'s image has no BO {index}"),
-                )),
-                Ok(Some((_, _, false))) => Some((
-                    "same_bo_index",
-                    format!(
-                        "BO {index} of file {file} is itself another BO's or holds no bytes: \
-                         a chain or cycle of \"same BO as\" records"
-                    ),
-                )),
-                Ok(Some((size, _, _))) if size != b.size => Some((
-                    "size",
-                    format!(
-                        "is {} but BO {index} of file {file}, the same BO, has {size} bytes",
-                        b.size
-                    ),
-                )),
-                Ok(Some((_, gpu, _))) if gpu != img.msg.gpu_id => Some((
-                    "same_bo_file",
-                    format!(
-                        "BO {index} of file {file} is of GPU {:#x}, not this image's",
-                        gpu
-                    ),
-                )),
-                Ok(Some(_)) => None,
-            };
-            if let Some((f, why)) = why {
-                out.push(bad(f, why));
-            }
+        if let Some(img) = r.image() {
+            out.extend(check_image(&r.name, img, &targets));
         }
     }
     out
 }
 
-/// The BOs of the images links point at, each image read once however
-/// many links name it (a process can hold thousands of shared BOs, and a
-/// KFD image thousands of BOs).
-#[derive(Default)]
-struct Targets(BTreeMap<FileId, Result<Vec<Target>, String>>);
-
-impl Targets {
-    /// BO `index` of file `file`'s image (a KFD image or a render image).
-    /// `Err`: no such image, or one that does not read.
-    fn get(
-        &mut self,
-        dir: &Path,
-        files: &BTreeSet<String>,
-        file: FileId,
-        index: u32,
-    ) -> Result<Option<Target>, String> {
-        let bos = self.0.entry(file).or_insert_with(|| bos(dir, files, file));
-        Ok(bos
-            .as_ref()
-            .map_err(Clone::clone)?
-            .get(index as usize)
-            .copied())
+/// The links of render image `name`: one refusal per bad one.
+fn check_image(name: &str, img: &RenderImage, targets: &Targets<'_>) -> Vec<Refusal> {
+    let mut out = Vec::new();
+    for (i, b) in img.msg.bo_entries.iter().enumerate() {
+        let (Some(file), Some(index)) = (b.same_bo_file, b.same_bo_index) else {
+            continue;
+        };
+        let why = match targets.get(FileId(file), index) {
+            Err(why) => Some(("same_bo_file", why)),
+            Ok(None) => Some((
+                "same_bo_index",
+                format!("file {file}'s image has no BO {index}"),
+            )),
+            Ok(Some((_, _, false))) => Some((
+                "same_bo_index",
+                format!(
+                    "BO {index} of file {file} is itself another BO's or holds no bytes: \
+                     a chain or cycle of \"same BO as\" records"
+                ),
+            )),
+            Ok(Some((size, _, _))) if size != b.size => Some((
+                "size",
+                format!(
+                    "is {} but BO {index} of file {file}, the same BO, has {size} bytes",
+                    b.size
+                ),
+            )),
+            Ok(Some((_, gpu, _))) if gpu != img.msg.gpu_id => Some((
+                "same_bo_file",
+                format!(
+                    "BO {index} of file {file} is of GPU {:#x}, not this image's",
+                    gpu
+                ),
+            )),
+            Ok(Some(_)) => None,
+        };
+        if let Some((f, why)) = why {
+            out.push(Refusal::new(
+                name,
+                Some(img.gpu_id()),
+                format!("bo_entries[{i}].{f}"),
+                format!("GEM handle {}: {why}", b.handle),
+            ));
+        }
     }
+    out
 }
 
-/// Every BO of file `file`'s image as a link may see it.  `Err`: no such
-/// image, or one that does not read.
-fn bos(dir: &Path, files: &BTreeSet<String>, file: FileId) -> Result<Vec<Target>, String> {
-    if files.contains(&kfd_image_name(file)) {
-        let img = KfdImage::read(dir, file).map_err(|e| e.to_string())?;
-        return Ok(img
-            .msg
-            .bo_entries
-            .iter()
-            .map(|b| (b.size, b.gpu_id, bo::has_contents(b.alloc_flags)))
-            .collect());
+/// The images links may point at, already decoded: each BO found in log
+/// time however many links name it (a process can hold thousands of
+/// shared BOs, and a KFD image thousands of BOs).
+struct Targets<'a> {
+    files: &'a BTreeSet<String>,
+    /// In file id order ([`super::check_kfd_images`]).
+    kfd: &'a [KfdVerdict],
+    renders: BTreeMap<FileId, &'a RenderFile>,
+}
+
+impl<'a> Targets<'a> {
+    fn new(files: &'a BTreeSet<String>, kfd: &'a [KfdVerdict], renders: &'a [RenderFile]) -> Self {
+        let renders = renders.iter().filter_map(|r| Some((r.id?, r))).collect();
+        Targets {
+            files,
+            kfd,
+            renders,
+        }
     }
-    if files.contains(&render_image_name(file)) {
-        let img = RenderImage::read(dir, file).map_err(|e| e.to_string())?;
-        let gpu = img.msg.gpu_id;
-        return Ok(img
-            .msg
-            .bo_entries
-            .iter()
-            .map(|b| (b.size, gpu, b.same_bo_index.is_none()))
-            .collect());
+
+    /// BO `index` of file `file`'s image (a KFD image or a render image).
+    /// `Err`: no such image, or one that does not read.
+    fn get(&self, file: FileId, index: u32) -> Result<Option<Target>, String> {
+        let index = index as usize;
+        if self.files.contains(&kfd_image_name(file)) {
+            let v = self
+                .kfd
+                .binary_search_by_key(&file.0, |v| v.id.0)
+                .ok()
+                .map(|at| &self.kfd[at]);
+            let img = v.and_then(|v| v.image.as_ref()).ok_or_else(|| {
+                let why = v.and_then(|v| v.refusal.as_ref());
+                why.map_or_else(
+                    || format!("{} does not read", kfd_image_name(file)),
+                    |r| r.to_string(),
+                )
+            })?;
+            let b = img.msg.bo_entries.get(index);
+            return Ok(b.map(|b| (b.size, b.gpu_id, bo::has_contents(b.alloc_flags))));
+        }
+        if let Some(r) = self.renders.get(&file) {
+            let (_, img) = r.read.as_ref().map_err(|e| e.to_string())?;
+            let b = img.msg.bo_entries.get(index);
+            return Ok(b.map(|b| (b.size, img.msg.gpu_id, b.same_bo_index.is_none())));
+        }
+        Err(format!(
+            "names file {file}, but the directory has no GPU image of that file ({} or {})",
+            kfd_image_name(file),
+            render_image_name(file)
+        ))
     }
-    Err(format!(
-        "names file {file}, but the directory has no GPU image of that file ({} or {})",
-        kfd_image_name(file),
-        render_image_name(file)
-    ))
 }
 
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
     use crate::image::tests::{sample_kfd, tempdir};
+    use crate::image::KfdImage;
     use crate::proto::{CriuRenderNode, DrmBoEntry};
 
     /// A render image of GPU `gpu` holding `bos`.
@@ -158,9 +163,11 @@ pub(super) mod tests {
     /// 64 KiB BO, and a BO that is KFD BO 0) beside it.
     fn refusals(size: u64, link: (u32, u32)) -> Vec<String> {
         let dir = tempdir();
-        KfdImage { msg: sample_kfd() }
-            .write(&dir, FileId(5))
-            .unwrap();
+        let kfd = [KfdVerdict {
+            id: FileId(5),
+            image: Some(KfdImage { msg: sample_kfd() }),
+            refusal: None,
+        }];
         let mut six = render(
             0x1a2b,
             vec![bo(0x1_0000, None), bo(0x20_0000, Some((5, 0)))],
@@ -176,7 +183,11 @@ pub(super) mod tests {
             .chain(["amdgpu-renderD-9.img"])
             .map(String::from)
             .collect();
-        let out = check(&dir, &files).iter().map(|r| r.to_string()).collect();
+        let renders = super::super::read_render_files(&dir, &files);
+        let out = check(&files, &kfd, &renders)
+            .iter()
+            .map(|r| r.to_string())
+            .collect();
         out
     }
 

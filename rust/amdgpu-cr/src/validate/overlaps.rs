@@ -11,13 +11,10 @@
 //! Linear after a sort by (GPU, offset): a dump holds tens of thousands
 //! of BOs.
 
-use std::collections::BTreeSet;
-use std::path::Path;
-
-use super::{KfdVerdict, Refusal};
+use super::{KfdVerdict, Refusal, RenderFile};
 use crate::bo;
 use crate::ids::GpuId;
-use crate::image::{kfd_image_name, RenderImage};
+use crate::image::kfd_image_name;
 
 /// One saved BO's mmap-offset range.
 #[derive(Clone, Copy, Debug)]
@@ -34,14 +31,14 @@ struct Range {
 }
 
 /// The overlaps among the BOs of the KFD images `kfd` (decoded by
-/// [`super::check_kfd_images`]) and of the render images among `files` in
-/// `dir`: one refusal per BO that overlaps an earlier one (by GPU and
-/// offset) that is another BO.
-pub(crate) fn check(dir: &Path, files: &BTreeSet<String>, kfd: &[KfdVerdict]) -> Vec<Refusal> {
+/// [`super::check_kfd_images`]) and of the render images `renders`
+/// (decoded by [`super::read_render_files`]): one refusal per BO that
+/// overlaps an earlier one (by GPU and offset) that is another BO.
+pub(crate) fn check(kfd: &[KfdVerdict], renders: &[RenderFile]) -> Vec<Refusal> {
     let mut names = Vec::new();
     let mut ranges = Vec::new();
     kfd_ranges(kfd, &mut names, &mut ranges);
-    render_ranges(dir, files, &mut names, &mut ranges);
+    render_ranges(renders, &mut names, &mut ranges);
     ranges.sort_unstable_by_key(|r| (r.gpu, r.start, r.file, r.index));
     sweep(&ranges)
         .into_iter()
@@ -75,21 +72,13 @@ fn kfd_ranges(kfd: &[KfdVerdict], names: &mut Vec<String>, out: &mut Vec<Range>)
 
 /// The GEM BOs of the render images that read (one that does not is
 /// refused by its own check); a "same BO as" record is its target's BO.
-fn render_ranges(
-    dir: &Path,
-    files: &BTreeSet<String>,
-    names: &mut Vec<String>,
-    out: &mut Vec<Range>,
-) {
-    for name in files.iter().filter(|n| n.starts_with("amdgpu-renderD-")) {
-        let Some(id) = crate::image::render_image_id(name) else {
-            continue;
-        };
-        let Ok(img) = RenderImage::read(dir, id) else {
+fn render_ranges(renders: &[RenderFile], names: &mut Vec<String>, out: &mut Vec<Range>) {
+    for r in renders {
+        let (Some(id), Some(img)) = (r.id, r.image()) else {
             continue;
         };
         let file = names.len();
-        names.push(name.clone());
+        names.push(r.name.clone());
         let bos = img.msg.bo_entries.iter().enumerate();
         out.extend(bos.filter(|(_, b)| b.size > 0).map(|(i, b)| Range {
             gpu: img.msg.gpu_id,
@@ -150,6 +139,8 @@ fn refusal(names: &[String], earlier: &Range, r: &Range) -> Refusal {
 
 #[cfg(test)]
 pub(super) mod tests {
+    use std::collections::BTreeSet;
+
     use super::*;
     use crate::image::tests::{sample_kfd, tempdir};
     use crate::image::{FileId, KfdImage};
@@ -186,18 +177,19 @@ pub(super) mod tests {
         super::super::links::tests::render(gpu, bos)
             .write(&dir, FileId(9))
             .unwrap();
-        // A render image that does not read would be left out unseen.
-        RenderImage::read(&dir, FileId(9)).unwrap();
         let files: BTreeSet<String> = ["amdgpu-kfd-5.img", "amdgpu-renderD-9.img"]
             .into_iter()
             .map(String::from)
             .collect();
+        let renders = super::super::read_render_files(&dir, &files);
+        // A render image that does not read would be left out unseen.
+        assert!(renders[0].image().is_some());
         let verdicts = [KfdVerdict {
             id: FileId(5),
             image: Some(kfd),
             refusal: None,
         }];
-        check(&dir, &files, &verdicts)
+        check(&verdicts, &renders)
             .iter()
             .map(|r| r.to_string())
             .collect()
