@@ -127,7 +127,9 @@ impl HipRun {
     }
 }
 
-/// Launches of one hipcc kernel for at least `min` of wall time.
+/// Launches of one hipcc kernel for at least `min` of wall time (one at least: a `min` of 0
+/// launches it once, for counting the engine's own instructions under a tool such as
+/// callgrind).
 fn measure_hip(
     prog: &str,
     t: Target,
@@ -137,8 +139,11 @@ fn measure_hip(
     let mut g = launch::Gpu::new(prog, t);
     let run = setup(&mut g);
     let (start, cpu) = (Instant::now(), thread_cpu());
-    while start.elapsed() < min {
+    loop {
         run(&mut g);
+        if start.elapsed() >= min {
+            break;
+        }
     }
     HipRun {
         instructions: g.retired,

@@ -148,8 +148,9 @@ pub trait Memory {
     ) -> Result<u64, Fault>;
 
     /// Reads as [`Memory::read`] does, but sees memory as it is now: what a load that
-    /// bypasses the wave's caches (GLC) reads. Implementations that read ahead of the wave
-    /// neither use nor fill what they read ahead here.
+    /// bypasses the wave's caches (GLC, or gfx90a's SCC: system scope) reads.
+    /// Implementations that read ahead of the wave neither use nor fill what they read
+    /// ahead here.
     fn read_fresh(&mut self, addr: u64, buf: &mut [u8]) -> Result<(), Fault> {
         self.read(addr, buf)
     }

@@ -475,3 +475,38 @@ fn strided_lanes_go_in_one_call_glc_reads_fresh_and_invalidations_acquire() {
     assert_eq!(mem.acquires, 3);
     assert_eq!(mem.read_lanes[1], (odd, false));
 }
+
+#[test]
+fn system_scope_loads_read_fresh() {
+    // gfx90a's SCC (gfx942's sc1) alone marks a system-scope load, which must see what
+    // another agent (the CPU, a peer GPU) wrote: it bypasses what the memory read ahead as
+    // a GLC load does. FLAT/GLOBAL carry it in bit 25, MUBUF in bit 15.
+    let mut mem = Counting::default();
+    mem.mem.map(BUF, 0x1000);
+    let mut w = gfx9::Wave::new(Target::Gfx90a, CODE);
+    w.set_sgpr64(2, BUF);
+    // V# in s[8:11]: base BUF, stride 0, 4 KiB of records.
+    w.set_sgpr64(8, BUF);
+    w.sreg[10] = 0x1000;
+    w.sreg[11] = 0;
+    let odd = 0xaaaa_aaaa_aaaa_aaaa;
+    w.set_exec(odd);
+    for l in 0..64 {
+        w.set_lane(1, l, 12 * l as u32); // a 12-byte stride: no coalescing
+    }
+    // global_load_dwordx2 v[4:5], v1, s[2:3]; the same with scc;
+    // buffer_load_dword v2, v1, s[8:11], 0 offen scc.
+    let plain = global(0x15, 4, 1, 0, 2, 0, false);
+    let sys = [plain[0] | 1 << 25, plain[1]];
+    let buf = [
+        (0b111000 << 26) | (0x14 << 18) | (1 << 15) | (1 << 12),
+        1 | (2 << 8) | (2 << 16) | (128 << 24),
+    ];
+    let code = [plain[0], plain[1], sys[0], sys[1], buf[0], buf[1]];
+    assert_eq!(run_on(&mut w, &mut mem, &code), Stop::Endpgm);
+    assert_eq!(
+        mem.read_lanes,
+        [(odd, false), (odd, true), (odd, true)],
+        "a plain load may be served ahead, scc loads read memory now"
+    );
+}

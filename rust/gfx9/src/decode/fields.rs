@@ -149,6 +149,7 @@ fn flat(i: &mut Instr, w0: u32, w1: u32) {
     i.flags.lds = bit(w0, 13);
     i.flags.glc = bit(w0, 16);
     i.flags.slc = bit(w0, 17);
+    i.flags.scc = bit(w0, 25);
     i.op = bits(w0, 18, 7) as u16;
     i.addr = bits(w1, 0, 8) as u8;
     i.data = bits(w1, 8, 8) as u8;
@@ -162,6 +163,7 @@ fn mubuf(i: &mut Instr, w0: u32, w1: u32) {
     i.flags.offen = bit(w0, 12);
     i.flags.idxen = bit(w0, 13);
     i.flags.glc = bit(w0, 14);
+    i.flags.scc = bit(w0, 15);
     i.flags.lds = bit(w0, 16);
     i.flags.slc = bit(w0, 17);
     i.op = bits(w0, 18, 7) as u16;

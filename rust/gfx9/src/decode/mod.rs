@@ -149,6 +149,9 @@ pub struct Instr {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MemFlags {
     pub glc: bool,
+    /// gfx90a's SCC (gfx942's sc1) of FLAT/GLOBAL/SCRATCH and MUBUF: system scope. The bit
+    /// is reserved on gfx908, where code leaves it clear.
+    pub scc: bool,
     pub slc: bool,
     pub gds: bool,
     pub imm: bool,

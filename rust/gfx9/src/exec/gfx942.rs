@@ -4,8 +4,8 @@
 //!
 //! The memory instructions' cache bits are named sc0/sc1/nt on gfx942 where gfx90a has
 //! glc/scc/slc; they sit at the same bits and the engine reads them alike (sc0 of an atomic
-//! returns the old value, as glc does; a load with sc0 reads past what the memory read ahead,
-//! as one with glc does).
+//! returns the old value, as glc does; a load with sc0 or sc1 reads past what the memory read
+//! ahead, as one with glc or scc does).
 
 use super::opdef::{def_on, OpDef};
 use super::valu::{v1, v3};

@@ -242,6 +242,7 @@ pub fn with_ops<R>(
     Ok(f(&ops))
 }
 
+#[inline(always)]
 fn plain_ops<'w>(w: &'w Wave, i: &Instr, kinds: Kinds) -> Result<Ops<'w>, Abort> {
     let none = Src {
         from: From::Uniform(0),
@@ -260,6 +261,7 @@ fn plain_ops<'w>(w: &'w Wave, i: &Instr, kinds: Kinds) -> Result<Ops<'w>, Abort>
     Ok(ops)
 }
 
+#[inline(always)]
 fn source<'w>(w: &'w Wave, i: &Instr, n: usize, kind: Kind) -> Result<Src<'w>, Abort> {
     let code = i.src[n];
     let hi = (i.op_sel >> n) & 1 != 0 && matches!(kind, Kind::B16 | Kind::F16);
@@ -278,16 +280,6 @@ fn source<'w>(w: &'w Wave, i: &Instr, n: usize, kind: Kind) -> Result<Src<'w>, A
 
 pub use crate::regfile::lanes;
 
-/// Calls `f` for each lane of `m`; a full mask takes a plain loop the compiler unrolls.
-#[inline(always)]
-pub fn for_lanes(m: u64, f: impl FnMut(usize)) {
-    if m == u64::MAX {
-        (0..LANES).for_each(f);
-    } else {
-        lanes(m).for_each(f);
-    }
-}
-
 /// Writes `out` (lane values of kind `D`) to the VGPR destination of `i` for `active` lanes.
 pub fn write<D: Val>(
     w: &mut Wave,
@@ -301,23 +293,33 @@ pub fn write<D: Val>(
     }
     match D::KIND {
         Kind::B64 | Kind::F64 => {
-            let lo = w.v_mut(r);
-            for_lanes(active, |l| lo[l] = out[l] as u32);
-            let hi = w.v_mut(r + 1);
-            for_lanes(active, |l| hi[l] = (out[l] >> 32) as u32);
+            blend(w.v_mut(r), active, |l, _| out[l] as u32);
+            blend(w.v_mut(r + 1), active, |l, _| (out[l] >> 32) as u32);
         }
         Kind::B16 | Kind::F16 if i.op_sel & 8 != 0 => {
-            let row = w.v_mut(r);
-            for_lanes(active, |l| {
-                row[l] = (row[l] & 0xffff) | (out[l] as u32) << 16
+            blend(w.v_mut(r), active, |l, old| {
+                (old & 0xffff) | (out[l] as u32) << 16
             });
         }
-        _ => {
-            let row = w.v_mut(r);
-            for_lanes(active, |l| row[l] = out[l] as u32);
-        }
+        _ => blend(w.v_mut(r), active, |l, _| out[l] as u32),
     }
     Ok(())
+}
+
+/// Sets `row[l]` to `f(l, row[l])` for the lanes of `active`: a select over every lane,
+/// without a branch per lane, so that the loop vectorises.
+#[inline(always)]
+fn blend(row: &mut [u32; LANES], active: u64, f: impl Fn(usize, u32) -> u32) {
+    if active == u64::MAX {
+        for (l, d) in row.iter_mut().enumerate() {
+            *d = f(l, *d);
+        }
+        return;
+    }
+    for (l, d) in row.iter_mut().enumerate() {
+        let keep = ((active >> l) & 1).wrapping_sub(1) as u32;
+        *d = (f(l, *d) & !keep) | (*d & keep);
+    }
 }
 
 /// Checks a destination VGPR tuple stays within v0..v255.
@@ -326,12 +328,6 @@ pub fn check_dst(i: &Instr, regs: usize, name: &'static str) -> Result<(), Abort
         return Err(bad(name, "destination VGPR tuple runs past v255"));
     }
     Ok(())
-}
-
-fn finish<D: Val>(cx: &mut Cx<'_>, i: &Instr, active: u64, out: &[u64; LANES]) -> Step {
-    check_dst(i, if D::KIND.wide() { 2 } else { 1 }, "VALU")?;
-    write::<D>(cx.w, i, active, out)?;
-    Ok(Flow::Next)
 }
 
 /// All 64 lanes of source `n` as `T`, modifiers applied: one match per instruction, then
@@ -417,12 +413,19 @@ fn run_all<D: Val>(
         );
         ops.active
     })?;
-    if i.clamp || i.omod != 0 {
-        for v in out.iter_mut() {
-            *v = D::from_bits(*v).out_mod(i.clamp, i.omod).to_bits();
-        }
-    }
-    finish::<D>(cx, i, active, &out)
+    check_dst(i, if D::KIND.wide() { 2 } else { 1 }, "VALU")?;
+    fast(
+        #[inline(always)]
+        || {
+            if i.clamp || i.omod != 0 {
+                for v in out.iter_mut() {
+                    *v = D::from_bits(*v).out_mod(i.clamp, i.omod).to_bits();
+                }
+            }
+            write::<D>(cx.w, i, active, &out)
+        },
+    )?;
+    Ok(Flow::Next)
 }
 
 /// Three sources (of kinds `kinds`; unused ones read zero) and the lane number, for every

@@ -251,7 +251,9 @@ pub fn load(
 ) -> Step {
     check_tuple(i.dst as usize, regs(f.bytes), "vector load")?;
     let at = locate(cx, &loc)?;
-    let (mask, fresh) = (cx.w.exec(), i.flags.glc);
+    // GLC (agent scope) and SCC (system scope: another agent's write must be seen) both
+    // read past what the memory read ahead.
+    let (mask, fresh) = (cx.w.exec(), i.flags.glc || i.flags.scc);
     let mut all = [0u8; 16 * LANES];
     let all = &mut all[..f.bytes * LANES];
     if let Some(base) = coalesced(cx, f.bytes, &at) {

@@ -10,11 +10,12 @@
 //! Reads of the process' own memory (USERPTR, SVM: a system call each)
 //! are served from blocks read ahead, as the GPU's caches keep lines of
 //! system memory: until the wave invalidates its caches (an acquire), a
-//! load bypasses them (GLC), or the round ends; the dispatch starts with
-//! none.  The dispatch's own writes go through at once and update the
-//! blocks they hit; its atomics drop them.  A wave may thus miss what the
-//! process' CPU wrote since the block was read only where the memory model
-//! lets a GPU miss it: between two acquires, within one round.
+//! load bypasses them (GLC, or gfx90a's SCC: system scope), or the round
+//! ends; the dispatch starts with none.  The dispatch's own writes go
+//! through at once and update the blocks they hit; its atomics drop them.
+//! A wave may thus miss what the process' CPU wrote since the block was
+//! read only where the memory model lets a GPU miss it: between two
+//! acquires, within one round.
 
 use std::sync::Arc;
 
