@@ -1316,11 +1316,27 @@ shared_bo_restore() {
 }
 
 # One BO held by two processes (shared-bo --fork: a child imports the dma-buf on an open of
-# its own) is still refused: the restore of one process would wait for another's BO, which
-# criu-rocm does not order. The dump names both holders; the tree runs on.
-case_gem_shared_bo_two_procs_refused() { on mi100 -- shared_bo_two_procs_refused; }
-shared_bo_two_procs_refused() {
-	local img=$CASE_DIR/img out=$CASE_DIR/sb.out pid child i
+# its own, issue 29): the dump saves it once, with its first holder (the parent's render
+# file), and records the child's render file as "the same BO as" that holder, with its pid.
+# The restore of the parent hands a dma-buf of the restored BO to the child's restore
+# (session/xproc.rs), which imports it at its handle: a write through the parent's mapping
+# reads back through the child's. (A render file without a KFD process keeps its GPU, so
+# this one has no other-host variant.)
+case_gem_shared_bo_two_procs_cr() { on mi100 -- shared_bo_two_procs_cr; }
+shared_bo_two_procs_cr() {
+	local img=$CASE_DIR/img log=$CASE_DIR/img/restore.log pid child
+	shared_bo_two_procs_dump "$img"
+	read -r pid child <"$CASE_DIR/sb.pids"
+	"$KFD_EMU" supervise -- "$CRIU" restore -D "$img" -o restore.log -v4 -d >>"$CASE_DIR/criu.out" 2>&1 ||
+		fail "criu-rocm restore of shared-bo $pid and its child $child failed: $(log_errors "$log")"
+	log_has "$log" "amdgpu: pid $pid: BO 0 of file [0-9]+ handed to the process that imports it"
+	shared_bo_two_procs_end "$pid" "$child" "$CASE_DIR/sb.out" "the restore"
+	note "$(grep -a -m1 -o "pid $child: render node .* the same BO as .* (saved" "$img/dump.log" | cut -c1-240)"
+}
+# shared_bo_two_procs_dump DIR: shared-bo --fork dumped into DIR, the child's BO saved as the
+# parent's; "PID CHILD" in $CASE_DIR/sb.pids.
+shared_bo_two_procs_dump() {
+	local img=$1 out=$CASE_DIR/sb.out pid child i
 	local holder='render node /dev/dri/renderD128 \(file [0-9]+\), GEM handle 1 \(65536 bytes\)'
 	pid=$(shared_bo_start "$out" --hold --fork) || exit 1
 	for ((i = 0; i < 200; i++)); do
@@ -1329,12 +1345,87 @@ shared_bo_two_procs_refused() {
 	done
 	child=$(sed -n 's/^child \([0-9]*\) ok$/\1/p' "$out")
 	[ -n "$child" ] || fail "shared-bo's child did not import the BO: $(grep -v '^ok ' "$out" | tail -n 3 | paste -sd'|')"
-	dump "$pid" "$img" && fail "the dump of shared-bo $pid succeeded although two processes hold one BO"
-	log_has "$img/dump.log" "one BO of GPU 0x[0-9a-f]+ \(mmap offset 0x[0-9a-f]+\) is held by pid ($pid|$child): $holder and by pid ($pid|$child): $holder .*criu-rocm restores a BO shared by two processes as two copies"
-	alive "$child" || fail "shared-bo's child $child is gone after the refused dump"
-	shared_bo_round_and_end "$pid" "$out" "the refused dump"
+	echo "$pid $child" >"$CASE_DIR/sb.pids"
+	mkdir -p "$img"
+	dump "$pid" "$img" || fail "criu-rocm dump of shared-bo $pid and its child $child failed: $(log_errors "$img/dump.log")"
+	wait_gone "$pid" 5 || fail "shared-bo $pid still runs after the dump"
+	wait_gone "$child" 5 || fail "shared-bo's child $child still runs after the dump"
+	log_has "$img/dump.log" "amdgpu: pid $child: render node /dev/dri/renderD128 \(file [0-9]+\), GEM handle 1: the same BO as pid $pid: $holder \(saved once, restored by importing it\)"
+}
+# shared_bo_two_procs_end PID CHILD OUT WHAT: after WHAT the parent writes a round through its
+# first open and reads it through its second, the child reads it through its own open; both
+# end on SIGTERM, the parent's last check passing.
+shared_bo_two_procs_end() {
+	local pid=$1 child=$2 out=$3 what=$4 i
+	alive "$pid" || fail "shared-bo $pid is gone after $what"
+	alive "$child" || fail "shared-bo's child $child is gone after $what"
+	kill -USR1 "$pid"
+	for ((i = 0; i < 200; i++)); do
+		grep -qE '^round 1: (ok|FAIL)' "$out" && break
+		sleep 0.05
+	done
+	grep -q '^round 1: ok$' "$out" || fail "after $what: $(grep -v '^ok ' "$out" | tail -n 2 | paste -sd'|')"
+	kill -USR1 "$child"
+	for ((i = 0; i < 200; i++)); do
+		grep -qE '^(child reads round 1: ok|FAIL child)' "$out" && break
+		sleep 0.05
+	done
+	grep -q '^child reads round 1: ok$' "$out" ||
+		fail "after $what the child does not read the parent's write: $(grep -a 'child' "$out" | tail -n 2 | paste -sd'|')"
 	kill -TERM "$child"
-	note "$(grep -a -m1 -o 'one BO of GPU .* is held by .*) and by .*)' "$img/dump.log" | cut -c1-300)"
+	wait_gone "$child" 30 || fail "shared-bo's child $child did not end on SIGTERM"
+	kill -TERM "$pid"
+	wait_gone "$pid" 30 || fail "shared-bo $pid did not end on SIGTERM"
+	tail -n 1 "$out" | grep -q '^PASS$' || fail "shared-bo's last check failed: $(tail -n 2 "$out" | paste -sd'|')"
+}
+
+# A kill point in the hand-over: the parent's restored task stops (the test hook) right after
+# it handed its BO to the child's restore, and criu-rocm is killed (SIGKILL). Both tasks die
+# with criu and never run their own code; the images are unchanged, and the next restore
+# works.
+case_gem_shared_bo_two_procs_restore_killed() { on mi100 -- shared_bo_two_procs_restore_killed; }
+shared_bo_two_procs_restore_killed() {
+	local img=$CASE_DIR/img before cpid crpid pid child p st=
+	shared_bo_two_procs_dump "$img"
+	read -r pid child <"$CASE_DIR/sb.pids"
+	before=$(img_sums "$img")
+	CRIU_ROCM_TEST_STOP_ON_LOG="handed to the process that imports it" env --default-signal=HUP,INT,PIPE,TERM \
+		"$KFD_EMU" supervise -- "$CRIU" restore -D "$img" -o restore-killed.log -v4 -d >>"$CASE_DIR/criu.out" 2>&1 &
+	cpid=$!
+	wait_stopped "$pid" "$cpid" || fail "the restored shared-bo $pid never stopped at its hand-over: $(log_errors "$img/restore-killed.log")"
+	log_has "$img/restore-killed.log" "amdgpu: pid $pid: BO 0 of file [0-9]+ handed to the process that imports it"
+	# Under the supervisor criu is its child: SIGKILL to criu itself.
+	crpid=$(child_named "$cpid" 'criu*')
+	[ -n "$crpid" ] || fail "no criu-rocm under the supervisor $cpid"
+	kill -KILL "$crpid"
+	wait "$cpid"
+	for p in "$pid" "$child"; do
+		kill -CONT "$p" 2>/dev/null
+		if ! wait_gone "$p" 5; then
+			st=$(proc_state "$p")
+			kill -KILL "$p"
+			fail "the restored task $p outlived the killed criu-rocm (state $st; killed now)"
+		fi
+	done
+	grep -aq "^round 1:\|^child reads" "$CASE_DIR/sb.out" && fail "the killed restore's shared-bo ran its own code"
+	[ "$before" = "$(img_sums "$img")" ] || fail "the killed restore changed the images"
+	"$KFD_EMU" supervise -- "$CRIU" restore -D "$img" -o restore.log -v4 -d >>"$CASE_DIR/criu.out" 2>&1 ||
+		fail "the restore after the killed one failed: $(log_errors "$img/restore.log")"
+	shared_bo_two_procs_end "$pid" "$child" "$CASE_DIR/sb.out" "the restore after a killed one"
+}
+
+# child_named PID GLOB: the pid of a child of PID whose comm matches GLOB (none: nothing).
+child_named() {
+	local d s comm
+	for d in /proc/[0-9]*; do
+		s=$(cat "$d/stat" 2>/dev/null) || continue
+		comm=${s#*(}
+		comm=${comm%%)*}
+		s=${s##*) }
+		s=${s#* }
+		# shellcheck disable=SC2053 # GLOB is a pattern on purpose
+		[ "${s%% *}" = "$1" ] && [[ $comm == $2 ]] && echo "${d#/proc/}" && return 0
+	done
 }
 
 # Builds test/rocm/shared-bo.c and starts it under `kfd-emu supervise` with ARGS, its output

@@ -16,8 +16,10 @@
  * the first open: ACQUIRE_VM), exported with AMDKFD_IOC_EXPORT_DMABUF (KFD 1.12) and
  * imported on the second open; the first holder is then /dev/kfd.
  * --fork: a child process also imports the dma-buf, on an open of its own, checks that it
- * reads the first round's bytes ("child PID ok") and waits for SIGTERM: one BO held by two
- * processes.
+ * reads the first round's bytes ("child PID ok"), then on each SIGUSR1 reads the pattern the
+ * parent's last round wrote through its own mapping ("child reads round N: ok", or FAIL when
+ * the bytes are not one round's or did not change since its last read: two BOs), and ends
+ * on SIGTERM: one BO held by two processes.
  * Prints "ready PID", then on SIGUSR1 writes a new byte pattern through the first file's
  * mapping and reads it back through the second's ("round N: ok" or "round N: FAIL ..."),
  * and on SIGTERM does that once more and prints PASS or FAIL.
@@ -226,6 +228,28 @@ static int check_one(struct holder *h, unsigned n)
 	return check(h, h, n);
 }
 
+/* The child's check: its mapping holds one round's pattern (v at byte 0, v ^ (i >> 9) at byte
+ * i), a newer one than at its last read. */
+static int child_reads(struct holder *c, uint8_t *last)
+{
+	uint8_t v = c->map[0];
+	unsigned i;
+
+	if (v == *last) {
+		printf("FAIL child reads round %u's bytes again: the parent's write did not reach it\n",
+		       v - 0x40u);
+		return -1;
+	}
+	for (i = 0; i < SZ; i += 512)
+		if (c->map[i] != (uint8_t)(v ^ (i >> 9))) {
+			printf("FAIL child reads %#x at byte %#x, not round %u's\n", c->map[i], i, v - 0x40u);
+			return -1;
+		}
+	*last = v;
+	printf("child reads round %u: ok\n", v - 0x40u);
+	return 0;
+}
+
 /* --fork: a child holding the BO through an open of its own (a dma-buf of a's BO imported),
  * which reads round 0's bytes and waits for SIGTERM. */
 static int fork_holder(const char *node, struct holder *a)
@@ -258,8 +282,15 @@ static int fork_holder(const char *node, struct holder *a)
 	}
 	printf("child %d ok\n", (int)getpid());
 	sigemptyset(&none);
-	while (!stop_req)
+	uint8_t last = c.map[0];
+	while (!stop_req) {
 		sigsuspend(&none);
+		if (round_req) {
+			round_req = 0;
+			if (child_reads(&c, &last))
+				_exit(1);
+		}
+	}
 	_exit(0);
 }
 

@@ -13,6 +13,7 @@ use amdgpu_cr::plan::{DeviceIdentities, DeviceKind};
 use amdgpu_cr::session::dump::{DumpOptions, DumpSession, Dumped};
 use amdgpu_cr::session::restore::{self, RestoreOptions, RestoreSession};
 use amdgpu_cr::session::writer::{Writer, SLOTS};
+use amdgpu_cr::session::xproc::Exchange;
 use amdgpu_cr::session::HelperLog;
 use amdgpu_cr::session::SessionError;
 use amdgpu_cr::session::{gpu_check, incomplete};
@@ -442,6 +443,14 @@ pub extern "C" fn criu_gpu_restore_init(
             Ok(found) => found,
             Err(rc) => return rc,
         };
+        match Exchange::create(&image_dir(imgdir_fd)) {
+            Ok(Some(ex)) => session.use_exchange(ex),
+            Ok(None) => {}
+            Err(why) => {
+                log::error!("the GPU images cannot be restored: {why}");
+                return -libc::EINVAL;
+            }
+        }
         let writer = if kfd_images > 0 {
             match start_writer(&o, log_fd, log_start_us) {
                 Ok(w) => {

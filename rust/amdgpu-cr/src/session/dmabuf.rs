@@ -17,12 +17,15 @@
 //! process, is recorded as "same BO as" the first one
 //! ([`Claim::Same`]: the render image's `same_bo_file`/`same_bo_index`,
 //! no second copy of the bytes), and the restore imports a dma-buf of the
-//! first holder's restored BO into it.  Refused, naming both holders
-//! ([`SharedBo`]): a range that overlaps another without being the same
-//! BO, a further holder in another process (the restore of one process
-//! would wait for another's, which criu-rocm does not order yet), and KFD
-//! as a further holder (KFD's RESTORE makes every BO of its own; it cannot
-//! import one).
+//! first holder's restored BO into it.  A further render file of another
+//! process is recorded the same way, with the first holder's pid
+//! (`same_bo_pid`): the restore of that process hands the dma-buf over
+//! ([`super::xproc`]).  Refused, naming both holders ([`SharedBo`]): a
+//! range that overlaps another without being the same BO, KFD as a further
+//! holder (KFD's RESTORE makes every BO of its own; it cannot import one),
+//! and a further holder in another process whose first holder is a KFD
+//! file not dumped yet (its image would be written before the file it
+//! names has an id).
 
 use std::collections::BTreeMap;
 use std::os::fd::RawFd;
@@ -82,7 +85,8 @@ pub(crate) enum Why {
     /// The ranges overlap but differ: not one BO as far as the dump can
     /// tell.
     Overlap,
-    /// The holders are two processes.
+    /// The holders are two processes, and the first one's file has no id
+    /// yet.
     TwoProcesses,
     /// The further holder is KFD.
     KfdImports,
@@ -114,9 +118,9 @@ impl std::fmt::Display for SharedBo {
                  restore would make two copies of it"
             }
             Why::TwoProcesses => {
-                "criu-rocm restores a BO shared by two processes as two copies (a write through \
-                 one holder would no longer reach the other): a restore would make two copies \
-                 of it"
+                "the first holder is a KFD file of another process that is not dumped yet, so \
+                 the further holder's image cannot name it: a restore would make two copies of \
+                 it"
             }
             Why::KfdImports => {
                 "KFD imported it after the render file held it, and KFD's RESTORE cannot import \
@@ -167,10 +171,10 @@ impl SharedBos {
         }
         let why = if start != offset || first.size != holder.size {
             Why::Overlap
-        } else if first.pid != holder.pid {
-            Why::TwoProcesses
         } else if matches!(holder.held_in, HeldIn::Kfd { .. }) {
             Why::KfdImports
+        } else if first.pid != holder.pid && first.file.is_none() {
+            Why::TwoProcesses
         } else {
             return Ok(Claim::Same(first));
         };
@@ -302,7 +306,18 @@ mod tests {
         ] {
             assert!(m.contains(want), "{want:?} not in {m}");
         }
-        let e = s.claim(g, 0x10000, render(8, 9, 2, 0x4000)).unwrap_err();
+        // Another process' render file: the same BO as the first holder's.
+        let kfd7 = kfd(7, 0, 0x4000);
+        assert_eq!(
+            s.claim(g, 0x10000, render(8, 9, 2, 0x4000)),
+            Ok(Claim::Same(Holder {
+                file: Some(FileId(11)),
+                ..kfd7
+            }))
+        );
+        // A first holder of another process without a file id yet.
+        s.claim(g, 0x30000, kfd(9, 2, 0x1000)).unwrap();
+        let e = s.claim(g, 0x30000, render(8, 9, 5, 0x1000)).unwrap_err();
         assert_eq!(e.why, Why::TwoProcesses);
         // A range that starts inside an earlier one.
         let e = s.claim(g, 0xf000, render(7, 9, 3, 0x2000)).unwrap_err();
@@ -328,7 +343,8 @@ mod tests {
         s.claim(g, 0x8000, render(1, 1, 1, 0x1000)).unwrap();
         let batch = vec![
             (g, 0x1000, render(2, 2, 1, 0x1000)),
-            (g, 0x8000, render(2, 2, 2, 0x1000)),
+            // Overlapping the first without being it.
+            (g, 0x8800, render(2, 2, 2, 0x1000)),
         ];
         assert_eq!(
             s.claim_all(batch).unwrap_err().first,

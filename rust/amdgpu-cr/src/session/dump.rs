@@ -765,9 +765,10 @@ impl DumpSession {
             })
     }
 
-    /// The GEM BOs `bos` of render file `id` claimed: one another file of
-    /// the process saved already is recorded as that file's BO (criu-dev's
-    /// `is_import`, our `same_bo_file`/`same_bo_index`; no bytes saved).
+    /// The GEM BOs `bos` of render file `id` claimed: one another file
+    /// saved already is recorded as that file's BO (criu-dev's `is_import`,
+    /// our `same_bo_file`/`same_bo_index`, and `same_bo_pid` when that file
+    /// is another process'; no bytes saved).
     fn link_render(
         &mut self,
         pid: i32,
@@ -800,6 +801,7 @@ impl DumpSession {
                 b.is_import = 1;
                 b.same_bo_file = first.file.map(|f| f.0);
                 b.same_bo_index = Some(first.index);
+                b.same_bo_pid = (first.pid != pid).then_some(first.pid as u32);
             }
         }
         Ok(())

@@ -28,6 +28,7 @@ pub mod restore;
 pub mod signals;
 pub mod streamed;
 pub mod writer;
+pub mod xproc;
 
 use std::os::fd::BorrowedFd;
 use std::path::Path;

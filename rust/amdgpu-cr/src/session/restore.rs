@@ -27,6 +27,7 @@ use kfd_abi::handle::{Kfd, RenderNode};
 use kfd_abi::sys;
 
 use super::writer::{gate_channel, Job, JobOutcome, Mailbox};
+use super::xproc::{self, Exchange};
 use super::{human_bytes, kfd_image_ids, owned_dmabufs, SessionError};
 use crate::bo;
 use crate::env::{self, Checks, EnginePolicy};
@@ -253,6 +254,10 @@ pub struct RestoreSession {
     /// and semaphore) by absolute path, held until its files and mappings
     /// are restored: CRIU opens those through these fds.
     held: Vec<(PathBuf, OwnedFd)>,
+    /// BOs other processes import ([`xproc`]), when the images hold any.
+    exchange: Option<Exchange>,
+    /// The dma-bufs this task handed to them, kept until taken.
+    handed: xproc::Posted,
 }
 
 fn kfd_step(
@@ -294,7 +299,30 @@ impl RestoreSession {
             task: None,
             gems: Vec::new(),
             held: Vec::new(),
+            exchange: None,
+            handed: xproc::Posted::default(),
         }
+    }
+
+    /// Hands BOs to the processes that import them through `exchange`
+    /// (made in criu main before any task).
+    pub fn use_exchange(&mut self, exchange: Exchange) {
+        self.exchange = Some(exchange);
+    }
+
+    /// The BOs of file `id` other processes import, handed over: a dma-buf
+    /// of each from `export(index)`.
+    fn hand_over(
+        &mut self,
+        vpid: i32,
+        id: FileId,
+        fd_floor: RawFd,
+        export: impl FnMut(u32) -> Result<OwnedFd, SessionError>,
+    ) -> Result<(), SessionError> {
+        let Some(ex) = self.exchange else {
+            return Ok(());
+        };
+        self.handed.post_file(&ex, vpid, id, fd_floor, export)
     }
 
     /// The fd this task holds of the file CRIU is about to open as `path`
@@ -463,6 +491,24 @@ impl RestoreSession {
         let fixups = VmaFixups::from_restored(&plan, &restored)
             .map_err(|e| SessionError::core(vpid, "recording the new BO offsets", e))?;
         self.hold_thunk_files(vpid, &image, fd_floor);
+        self.hand_over(vpid, id, fd_floor, |index| {
+            posted
+                .dmabufs
+                .get(index as usize)
+                .and_then(|d| d.as_ref())
+                .ok_or_else(|| SessionError::State {
+                    pid: vpid,
+                    what: format!(
+                        "KFD file {id}: another process imports its BO {index}, of which \
+                         KFD's RESTORE gave no dma-buf"
+                    ),
+                })?
+                .try_clone()
+                .map_err(os_step(
+                    vpid,
+                    format!("KFD file {id}: dup of BO {index}'s dma-buf"),
+                ))
+        })?;
         log::info!(
             "pid {vpid}: KFD file {id} restored: {} GPU(s), {} BO(s), {} object(s) in {:.1} ms; \
              BO contents handed to the GPU memory writer",
@@ -627,11 +673,29 @@ impl RestoreSession {
             &mut source,
         )?;
         let file = dup_at_least(fd, fd_floor).map_err(os_step(vpid, "dup of a render node"))?;
+        let handles: Vec<u32> = img.msg.bo_entries.iter().map(|b| b.handle).collect();
+        self.hand_over(vpid, id, fd_floor, |index| {
+            let h = *handles
+                .get(index as usize)
+                .ok_or_else(|| SessionError::State {
+                    pid: vpid,
+                    what: format!(
+                        "render-node file {id}: another process imports its BO {index}, which \
+                         its image does not have"
+                    ),
+                })?;
+            RenderNode::from_fd(fd)
+                .prime_handle_to_fd(h, libc::O_CLOEXEC as u32 | libc::O_RDWR as u32)
+                .map_err(kfd_step(
+                    vpid,
+                    format!("render-node file {id}: PRIME_HANDLE_TO_FD of handle {h}"),
+                ))
+        })?;
         self.gems.push(RestoredGem {
             fixups,
             file,
             id,
-            handles: img.msg.bo_entries.iter().map(|b| b.handle).collect(),
+            handles,
         });
         Ok(())
     }
@@ -654,6 +718,21 @@ impl RestoreSession {
             pid: vpid,
             what: format!("{what}, which {why}"),
         };
+        let restored_here =
+            self.kfds.iter().any(|k| k.id == file) || self.gems.iter().any(|g| g.id == file);
+        if let (Some(pid), false) = (b.same_bo_pid, restored_here) {
+            let what = format!("{what} of pid {pid}");
+            let ex = self.exchange.ok_or_else(|| SessionError::State {
+                pid: vpid,
+                what: format!("{what}: the restore has no BO exchange between processes"),
+            })?;
+            return ex.take(vpid, (file, index), &what);
+        }
+        if let (Some(_), Some(ex)) = (b.same_bo_pid, self.exchange) {
+            // CRIU restored the other process' file here (a file both
+            // hold): imported from this task, not through the exchange.
+            ex.count_off((file, index));
+        }
         if let Some(k) = self.kfds.iter().find(|k| k.id == file) {
             let dmabuf = k
                 .posted
@@ -898,6 +977,10 @@ impl RestoreSession {
         vpid: i32,
         proc: Option<BorrowedFd<'_>>,
     ) -> Result<Option<Gate>, SessionError> {
+        // Every process that imports a BO of ours must hold it first.
+        if let Some(ex) = self.exchange {
+            self.handed.finish(&ex, vpid)?;
+        }
         // The writer must hold the fds a job names before ours close.
         if let Some(mailbox) = self.mailbox {
             for p in self.kfds.iter().filter_map(|k| k.posted.as_ref()) {
