@@ -1254,20 +1254,82 @@ gem_dump_killed() {
 	gem_finish
 }
 
-# What criu-rocm does not save yet still fails closed: a GEM BO in a streamed dump (--stream)
-# is refused, naming the render node, file and BO, and the process runs on.
-case_gem_dump_stream_refused() { on mi100 -- gem_dump_stream_refused; }
-gem_dump_stream_refused() {
-	local img=$CASE_DIR/img
+# --stream with GEM BOs: gem-test's render file goes through the image streamer, its GEM
+# BOs' pages file as the copy engines write it, read back in order at restore (its end and
+# every BO's hash checked before any task runs); on the same host, and with KFD on another
+# (other gpu_ids and render minors). Every GPU file is served once.
+case_gem_stream_same_host() { on mi100 -- gem_stream_same_host; }
+gem_stream_same_host() {
 	gem_start
-	stream_start capture "$img" "$CASE_DIR/stream"
-	"$CRIU" dump -t "$GT" -D "$img" -o dump.log -v4 --stream >>"$CASE_DIR/criu.out" 2>&1 &&
-		fail "the dump with --stream succeeded although gem-test holds GEM BOs"
-	kill "$STREAMER_PID" 2>/dev/null
-	log_has "$img/dump.log" "amdgpu: pid $GT: render node /dev/dri/renderD128 \(file [0-9]+\) holds 3 GEM object\(s\), e\.g\. handle 1 \(65536 bytes, domains 0x4, flags 0x[0-9a-f]+\): criu-rocm does not save render-node GEM objects into an image stream"
-	alive "$GT" || fail "gem-test $GT is gone after the refused dump"
-	gem_round 1
+	gem_stream_dump
+	gem_stream_restore "$CASE_DIR/restore.log"
 	gem_finish
+}
+case_gem_stream_other_host() {
+	on mi100x2 -- gem_stream_dump_for_later --kfd
+	on mi100x2 --profile-file "$(host_file mi100x2-other)" -- gem_stream_restore_other_host
+}
+gem_stream_dump_for_later() {
+	gem_start "$@"
+	gem_stream_dump
+}
+gem_stream_restore_other_host() {
+	GT=$(cat "$CASE_DIR/gt.pid")
+	gem_stream_restore "$CASE_DIR/restore.log"
+	log_has "$CASE_DIR/restore.log" 'GPU 0x3f2c \(renderD128\) -> host GPU 0x(51e7|a0c4) \(renderD13[01]\)' \
+		"amdgpu: pid $GT: GPU queues resumed"
+	gem_finish
+}
+# gem_stream_dump: gem-test dumped with --stream into $CASE_DIR/img.stream (image directory
+# $CASE_DIR/dir); the stream must hold the render image and its GEM BOs' pages file.
+gem_stream_dump() {
+	local dir=$CASE_DIR/dir sizes
+	stream_dump_ok "$GT" "$dir" "$CASE_DIR/img.stream"
+	wait_gone "$GT" 5 || fail "gem-test $GT still runs after the dump"
+	log_has "$dir/dump.log" "amdgpu: pid $GT: render node /dev/dri/renderD12[89] \(file [0-9]+\): 3 GEM BO\(s\) saved \(handles 1, 3-4\)"
+	sizes=$(streamer list "$CASE_DIR/img.stream" | grep '^amdgpu-')
+	local rid
+	rid=$(sed -n 's/^amdgpu-renderD-\([0-9]*\)\.img .*/\1/p' <<<"$sizes" | head -n 1)
+	[ -n "$rid" ] && grep -q "^amdgpu-pages-$rid-" <<<"$sizes" && grep -q '^amdgpu-digests.img ' <<<"$sizes" ||
+		fail "the stream lacks the render image or its GEM pages file: $(paste -sd' ' <<<"$sizes")"
+}
+# gem_stream_restore LOG: gem-test restored from $CASE_DIR/img.stream; it must pass a round.
+gem_stream_restore() {
+	stream_restore "$CASE_DIR/dir" "$CASE_DIR/img.stream" "$1" ||
+		fail "criu-rocm restore --stream of gem-test $GT failed: $(log_errors "$1")"
+	alive "$GT" || fail "after the restore gem-test $GT does not run: $(gem_reason)"
+	log_has "$1" "GEM BO\(s\) restored with handles 1, 3-4: created in ascending handle order, $GEM_PLACEHOLDER"
+	served_once "$CASE_DIR/dir"
+	gem_round 1
+	note "$(grep -a -m1 -o 'GEM BO(s) restored with handles.*' "$1")"
+}
+
+# A stream damaged in the render image, then in the GEM BOs' pages file: the restore refuses
+# the first before any task exists (amdgpu-digests.img), and fails the second before any
+# task runs (a BO's content hash, checked as the pages are read), naming the file; the
+# undamaged stream restores afterwards.
+case_gem_stream_damaged() { on mi100 -- gem_stream_damaged; }
+gem_stream_damaged() {
+	local dir=$CASE_DIR/dir what
+	gem_start
+	gem_stream_dump
+	for what in amdgpu-renderD- amdgpu-pages-; do
+		cp "$CASE_DIR/img.stream" "$CASE_DIR/bad.stream"
+		flip_in_stream "$CASE_DIR/bad.stream" "$what" || fail "no $what file in the stream"
+		if stream_restore "$dir" "$CASE_DIR/bad.stream" "$dir/restore-$what.log"; then
+			fail "a stream with a damaged $what file restored"
+		fi
+		wait_gone "$GT" 5 || fail "the refused restore left $GT running"
+		no_leftovers "damaged $what"
+	done
+	# The flipped byte breaks the message (refused as it is decoded) or a field (refused by
+	# its digest).
+	log_has "$dir/restore-amdgpu-renderD-.log" "amdgpu: amdgpu-renderD-[0-9]+\.img: " \
+		"the GPU images cannot be restored \(no task was created, no GPU device opened\)"
+	log_has "$dir/restore-amdgpu-pages-.log" "restoring the GEM BOs of render node /dev/dri/renderD128 \(file [0-9]+\): .*amdgpu-pages-[0-9]+-[0-9a-f]+\.img"
+	gem_stream_restore "$dir/restore.log"
+	gem_finish
+	note "render image: $(grep -a -m1 -oE 'amdgpu-renderD-[0-9]+\.img: .*' "$dir/restore-amdgpu-renderD-.log"); pages: $(grep -a -m1 -oE 'amdgpu-pages-[0-9]+-[0-9a-f]+\.img: .*' "$dir/restore-amdgpu-pages-.log")"
 }
 
 # A BO held by two files of one GPU (review item G3, issue 29): test/rocm/shared-bo.c, under

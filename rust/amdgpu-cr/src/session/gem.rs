@@ -7,7 +7,8 @@
 //! VA mappings; the render image records them as criu-dev's `drm_bo_entry`s
 //! and their bytes go through the copy engines into the file's pages file
 //! (`amdgpu-pages-<id>-<gpu>.img`), as a KFD image's: the same budget,
-//! holes, hashes and compression (through [`RenderImage::contents_view`]).
+//! holes, hashes and compression (through [`RenderImage::contents_view`]),
+//! into the image streamer with `--stream`.
 //! Kernels before Linux 6.18 cannot list a file's objects: there the file is
 //! saved only if none of its first 4095 handles names one
 //! ([`no_objects_before_618`]).  A file with an amdgpu submission context
@@ -29,7 +30,8 @@
 //!    handle that cannot be had fails the restore, before any task runs,
 //!    naming the render file and the BO.
 //! 2. [`map_gpu`]: every GPU VA mapping again (GEM_VA MAP).
-//! 3. the bytes from the pages file through the copy engines, at the new
+//! 3. the bytes from the pages file (with `--stream`, its pipe from the
+//!    image streamer, read in order) through the copy engines, at the new
 //!    mmap offsets.
 //! 4. [`GemFixups`]: the new mmap offsets, for CRIU's restore of the CPU
 //!    mappings of the render file ([`super::restore::RestoreSession::update_vma`]).
@@ -43,7 +45,7 @@ use kfd_abi::layout::gem618;
 
 use super::{gpu_jobs, log_gpu_stats, SessionError};
 use crate::bo;
-use crate::copy::{dump_contents_encoded, restore_contents_encoded, GpuJob, GpuStats};
+use crate::copy::{dump_contents_encoded, restore_contents_from, GpuJob, GpuStats, PagesFrom};
 use crate::env::EnginePolicy;
 use crate::ids::{GpuId, GpuVa, MmapOffset, RenderMinor};
 use crate::image::{FileId, RenderImage};
@@ -270,9 +272,8 @@ fn wait_idle(
 }
 
 /// What criu-rocm does not save yet fails the dump, naming the BO: GEM
-/// objects imported from a dma-buf, any GEM object of a streamed dump, and
-/// handles with more holes below them than a restore fills
-/// ([`crate::image::GEM_MAX_HOLES`]).
+/// objects imported from a dma-buf, and handles with more holes below them
+/// than a restore fills ([`crate::image::GEM_MAX_HOLES`]).
 fn refuse_unsupported(
     pid: i32,
     minor: RenderMinor,
@@ -298,12 +299,6 @@ fn refuse_unsupported(
             e,
             "it is a dma-buf imported from another device or process, and criu-rocm does not \
              save imported GEM objects yet",
-        ));
-    }
-    if crate::stream::active().is_some() {
-        return Err(refuse(
-            &list[0],
-            "criu-rocm does not save render-node GEM objects into an image stream (--stream) yet",
         ));
     }
     if let Some(e) = list.iter().max_by_key(|e| e.gem_handle) {
@@ -644,12 +639,46 @@ fn restore_bytes(
     let encoding = crate::pages::Encoding::of(&name, &view.msg)
         .map_err(|e| SessionError::core(vpid, name.clone(), e))?;
     let hashes = crate::pages::content_hashes(&view);
-    restore_contents_encoded(dir, id, jobs, &hashes, encoding, &BTreeMap::new()).map_err(|e| {
+    // With --stream, the pages file (one: the render node's GPU) is read
+    // from the stream in order, its end and every BO's hash checked before
+    // any task runs.
+    let from = match crate::stream::active() {
+        None => PagesFrom::Dir(dir),
+        Some(streamer) => {
+            let mut pipes = BTreeMap::new();
+            for j in &jobs {
+                pipes.insert(j.user, streamed_pages(vpid, &streamer, id, j.user)?);
+            }
+            PagesFrom::Stream(std::sync::Mutex::new(pipes))
+        }
+    };
+    restore_contents_from(&from, id, jobs, &hashes, encoding, &BTreeMap::new()).map_err(|e| {
         SessionError::core(
             vpid,
             format!("restoring the GEM BOs of {}", file_name(minor, id)),
             e,
         )
+    })
+}
+
+/// Restore with `--stream`: the pipe of render file `id`'s pages file of
+/// GPU `gpu` from the image streamer (which serves one file at a time: it
+/// is read whole at once).
+fn streamed_pages(
+    vpid: i32,
+    streamer: &crate::stream::Streamer,
+    id: FileId,
+    gpu: GpuId,
+) -> Result<crate::stream::Pipe, SessionError> {
+    let name = crate::pages::pages_image_name(id, gpu);
+    let pipe = streamer.open(&name).map_err(|source| SessionError::Os {
+        pid: vpid,
+        step: format!("asking the image streamer for {name}"),
+        source,
+    })?;
+    pipe.ok_or_else(|| SessionError::State {
+        pid: vpid,
+        what: format!("the image streamer has no {name}"),
     })
 }
 
