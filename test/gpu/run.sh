@@ -1174,8 +1174,7 @@ gem_dump() {
 # a regular expression) and gem-test pass a round.
 gem_restore() {
 	local log=$1/restore.log
-	gpu_check "$1"
-	[ "$GC_RC" = 0 ] || fail "gpu-check says the images cannot be restored here (exit $GC_RC): $(paste -sd' ' <<<"$GC_OUT")"
+	gem_gpu_check_ok "$1"
 	restore "$1" "$log" || fail "criu-rocm restore of gem-test $GT failed: $(log_errors "$log")"
 	alive "$GT" || fail "after the restore gem-test $GT does not run: $(gem_reason)"
 	log_has "$log" "GEM BO\(s\) restored with handles 1, 3-4: created in ascending handle order, $2"
@@ -1254,20 +1253,209 @@ gem_dump_killed() {
 	gem_finish
 }
 
-# What criu-rocm does not save yet still fails closed: a GEM BO in a streamed dump (--stream)
-# is refused, naming the render node, file and BO, and the process runs on.
-case_gem_dump_stream_refused() { on mi100 -- gem_dump_stream_refused; }
-gem_dump_stream_refused() {
-	local img=$CASE_DIR/img
+# --stream with GEM BOs: gem-test's render file goes through the image streamer, its GEM
+# BOs' pages file as the copy engines write it, read back in order at restore (its end and
+# every BO's hash checked before any task runs); on the same host, and with KFD on another
+# (other gpu_ids and render minors). Every GPU file is served once.
+case_gem_stream_same_host() { on mi100 -- gem_stream_same_host; }
+gem_stream_same_host() {
 	gem_start
-	stream_start capture "$img" "$CASE_DIR/stream"
-	"$CRIU" dump -t "$GT" -D "$img" -o dump.log -v4 --stream >>"$CASE_DIR/criu.out" 2>&1 &&
-		fail "the dump with --stream succeeded although gem-test holds GEM BOs"
-	kill "$STREAMER_PID" 2>/dev/null
-	log_has "$img/dump.log" "amdgpu: pid $GT: render node /dev/dri/renderD128 \(file [0-9]+\) holds 3 GEM object\(s\), e\.g\. handle 1 \(65536 bytes, domains 0x4, flags 0x[0-9a-f]+\): criu-rocm does not save render-node GEM objects into an image stream"
-	alive "$GT" || fail "gem-test $GT is gone after the refused dump"
+	gem_stream_dump
+	gem_stream_restore "$CASE_DIR/restore.log"
+	gem_finish
+}
+case_gem_stream_other_host() {
+	on mi100x2 -- gem_stream_dump_for_later --kfd
+	on mi100x2 --profile-file "$(host_file mi100x2-other)" -- gem_stream_restore_other_host
+}
+gem_stream_dump_for_later() {
+	gem_start "$@"
+	gem_stream_dump
+}
+gem_stream_restore_other_host() {
+	GT=$(cat "$CASE_DIR/gt.pid")
+	gem_stream_restore "$CASE_DIR/restore.log"
+	log_has "$CASE_DIR/restore.log" 'GPU 0x3f2c \(renderD128\) -> host GPU 0x(51e7|a0c4) \(renderD13[01]\)' \
+		"amdgpu: pid $GT: GPU queues resumed"
+	gem_finish
+}
+# gem_stream_dump: gem-test dumped with --stream into $CASE_DIR/img.stream (image directory
+# $CASE_DIR/dir); the stream must hold the render image and its GEM BOs' pages file.
+gem_stream_dump() {
+	local dir=$CASE_DIR/dir sizes
+	stream_dump_ok "$GT" "$dir" "$CASE_DIR/img.stream"
+	wait_gone "$GT" 5 || fail "gem-test $GT still runs after the dump"
+	log_has "$dir/dump.log" "amdgpu: pid $GT: render node /dev/dri/renderD12[89] \(file [0-9]+\): 3 GEM BO\(s\) saved \(handles 1, 3-4\)"
+	sizes=$(streamer list "$CASE_DIR/img.stream" | grep '^amdgpu-')
+	local rid
+	rid=$(sed -n 's/^amdgpu-renderD-\([0-9]*\)\.img .*/\1/p' <<<"$sizes" | head -n 1)
+	[ -n "$rid" ] && grep -q "^amdgpu-pages-$rid-" <<<"$sizes" && grep -q '^amdgpu-digests.img ' <<<"$sizes" ||
+		fail "the stream lacks the render image or its GEM pages file: $(paste -sd' ' <<<"$sizes")"
+}
+# gem_stream_restore LOG: gem-test restored from $CASE_DIR/img.stream; it must pass a round.
+gem_stream_restore() {
+	stream_restore "$CASE_DIR/dir" "$CASE_DIR/img.stream" "$1" ||
+		fail "criu-rocm restore --stream of gem-test $GT failed: $(log_errors "$1")"
+	alive "$GT" || fail "after the restore gem-test $GT does not run: $(gem_reason)"
+	log_has "$1" "GEM BO\(s\) restored with handles 1, 3-4: created in ascending handle order, $GEM_PLACEHOLDER"
+	served_once "$CASE_DIR/dir"
+	gem_round 1
+	note "$(grep -a -m1 -o 'GEM BO(s) restored with handles.*' "$1")"
+}
+
+# A stream damaged in the render image, then in the GEM BOs' pages file: the restore refuses
+# the first before any task exists (amdgpu-digests.img), and fails the second before any
+# task runs (a BO's content hash, checked as the pages are read), naming the file; the
+# undamaged stream restores afterwards.
+case_gem_stream_damaged() { on mi100 -- gem_stream_damaged; }
+gem_stream_damaged() {
+	local dir=$CASE_DIR/dir what
+	gem_start
+	gem_stream_dump
+	for what in amdgpu-renderD- amdgpu-pages-; do
+		cp "$CASE_DIR/img.stream" "$CASE_DIR/bad.stream"
+		flip_in_stream "$CASE_DIR/bad.stream" "$what" || fail "no $what file in the stream"
+		if stream_restore "$dir" "$CASE_DIR/bad.stream" "$dir/restore-$what.log"; then
+			fail "a stream with a damaged $what file restored"
+		fi
+		wait_gone "$GT" 5 || fail "the refused restore left $GT running"
+		no_leftovers "damaged $what"
+	done
+	# The flipped byte breaks the message (refused as it is decoded) or a field (refused by
+	# its digest).
+	log_has "$dir/restore-amdgpu-renderD-.log" "amdgpu: amdgpu-renderD-[0-9]+\.img: " \
+		"the GPU images cannot be restored \(no task was created, no GPU device opened\)"
+	log_has "$dir/restore-amdgpu-pages-.log" "restoring the GEM BOs of render node /dev/dri/renderD128 \(file [0-9]+\): .*amdgpu-pages-[0-9]+-[0-9a-f]+\.img"
+	gem_stream_restore "$dir/restore.log"
+	gem_finish
+	note "render image: $(grep -a -m1 -oE 'amdgpu-renderD-[0-9]+\.img: .*' "$dir/restore-amdgpu-renderD-.log"); pages: $(grep -a -m1 -oE 'amdgpu-pages-[0-9]+-[0-9a-f]+\.img: .*' "$dir/restore-amdgpu-pages-.log")"
+}
+
+# gem_pages DIR: the GEM BOs' pages file of DIR (the render image's), one path.
+gem_pages() {
+	local rid
+	rid=$(cd "$1" && ls amdgpu-renderD-*.img | head -n 1 | sed 's/amdgpu-renderD-\([0-9]*\)\.img/\1/')
+	[ -n "$rid" ] || fail "$1 holds no render image"
+	ls "$1"/amdgpu-pages-"$rid"-*.img 2>/dev/null | head -n 1
+}
+# gem_rewrite N: SIGUSR2; gem-test rewrites the next sixteenth of its --big BO ("rewrote N").
+gem_rewrite() {
+	local i
+	kill -USR2 "$GT" || fail "cannot signal gem-test $GT"
+	for ((i = 0; i < 600; i++)); do
+		grep -q "^rewrote $1\$" "$CASE_DIR/gt.out" && return 0
+		sleep 0.05
+	done
+	fail "gem-test did not rewrite a sixteenth of its --big BO: $(gem_reason)"
+}
+GEM_BIG_HANDLES='1, 3-5'
+
+# A mostly-zero GEM BO (gem-test --big 32 --sparse: one page of 32 MiB written) is written
+# as holes: its pages file takes a small part of its size on disk; it restores byte-exact.
+case_gem_sparse_holes() { on mi100 -- gem_sparse_holes; }
+gem_sparse_holes() {
+	local img=$CASE_DIR/img pages size disk
+	gem_start --big 32 --sparse
+	dump "$GT" "$img" || fail "criu-rocm dump of gem-test $GT failed: $(log_errors "$img/dump.log")"
+	wait_gone "$GT" 5 || fail "gem-test $GT still runs after the dump"
+	log_has "$img/dump.log" "GEM BO\(s\) saved \(handles $GEM_BIG_HANDLES\)"
+	pages=$(gem_pages "$img")
+	size=$(stat -c %s "$pages")
+	disk=$(du -B1 "$pages" | cut -f1)
+	[ "$size" -gt $((32 << 20)) ] && [ "$disk" -lt $((size / 8)) ] ||
+		fail "the GEM pages file of a mostly-zero 32 MiB BO is $size bytes, $disk on disk: not holes"
+	restore "$img" "$img/restore.log" || fail "criu-rocm restore of gem-test $GT failed: $(log_errors "$img/restore.log")"
+	log_has "$img/restore.log" "GEM BO\(s\) restored with handles $GEM_BIG_HANDLES"
 	gem_round 1
 	gem_finish
+	note "GEM pages file of $size bytes, $disk on disk"
+}
+
+# pre-dump -> dump chain of GEM BOs (gem-test --hold --big 32: 32 MiB written, handle 5):
+# the pre-dump saves the render file's GEM BOs while gem-test runs; a sixteenth of the big
+# BO is rewritten; the dump with --prev-images-dir (and --leave-running) writes only the
+# changed extents (its GEM pages take at most a quarter of the pre-dump's on disk) and
+# records the parent; restore and gpu-check follow the chain and gem-test finds every byte.
+# Refused by gpu-check and the restore alike, before any task exists: the parent missing,
+# a mismatched parent (a pre-dump taken after one more sixteenth changed), and a damaged
+# byte of the parent's GEM pages file. With ARG zstd: both compressed (KFD_COMPRESS).
+case_gem_predump_chain() { on mi100 -- gem_predump_chain; }
+case_gem_predump_chain_compressed() { on mi100 -- gem_predump_chain zstd; }
+gem_predump_chain() {
+	local pre=$CASE_DIR/pre img=$CASE_DIR/img later=$CASE_DIR/later knob=() pb ib line pp out_size
+	[ "${1-}" = zstd ] && knob=(--gpu-knob KFD_COMPRESS=zstd)
+	gem_start --big 32
+	cp "$CASE_DIR/gt.pid" "$CASE_DIR/wl.pid"
+	gem_pre_dump "$pre" "${knob[@]}"
+	gem_round 1
+	gem_rewrite 1
+	dump "$GT" "$img" --leave-running --prev-images-dir ../pre "${knob[@]}" ||
+		fail "criu-rocm dump --prev-images-dir of gem-test $GT failed: $(log_errors "$img/dump.log")"
+	line=$(grep -a -m1 -oE "render node /dev/dri/renderD128 \(file [0-9]+\): incremental GPU dump against parent/amdgpu-renderD-[0-9]+\.img: .*" "$img/dump.log") ||
+		fail "the dump says nothing of the GEM BOs' parent: $(log_errors "$img/dump.log")"
+	pp=$(gem_pages "$pre")
+	pb=$(du -B1 "$pp" | cut -f1)
+	ib=$(du -B1 "$(gem_pages "$img")" | cut -f1)
+	[ "$ib" -le $((pb / 4)) ] || fail "the incremental dump's GEM pages take $ib bytes of disk, the pre-dump's $pb"
+	[ "${1-}" != zstd ] || [ "$(stat -c %s "$pp")" -lt $((4 << 20)) ] ||
+		fail "the pre-dump's GEM pages file ($(stat -c %s "$pp") bytes for 32 MiB of a repeating pattern) is not compressed"
+	# A later state (one more sixteenth rewritten), then gem-test ends for the restores; its
+	# output file back to its size at the dump (CRIU checks it).
+	out_size=$(stat -c %s "$CASE_DIR/gt.out")
+	gem_rewrite 2
+	gem_pre_dump "$later" "${knob[@]}"
+	kill -KILL "$GT"
+	wait_gone "$GT" 5 || fail "gem-test $GT did not end on SIGKILL"
+	truncate -s "$out_size" "$CASE_DIR/gt.out"
+	gem_gpu_check_ok "$img"
+	mv "$pre" "$pre.away"
+	refused_alike "$img" "the parent moved away" "parent/: missing: the images take unchanged GPU memory"
+	mv "$pre.away" "$pre"
+	ln -sfn ../later "$img/parent"
+	refused_alike "$img" "the parent link pointing at a later pre-dump" \
+		"parent/amdgpu-renderD-[0-9]+\.img: GPU 0x[0-9a-f]+: bo_entries\[3\]\.content_extent_xxh3\[1\]: is [0-9a-f]+, but"
+	ln -sfn ../pre "$img/parent"
+	cp "$pp" "$CASE_DIR/pages.bak"
+	printf '\x5a' | dd of="$pp" bs=1 seek=$(($(stat -c %s "$pp") / 2)) conv=notrunc status=none
+	cmp -s "$pp" "$CASE_DIR/pages.bak" && fail "the damage left $pp as it was"
+	gem_damaged_parent "$img"
+	cp "$CASE_DIR/pages.bak" "$pp"
+	gem_gpu_check_ok "$img"
+	restore "$img" "$img/restore.log" || fail "criu-rocm restore of gem-test $GT from the chain failed: $(log_errors "$img/restore.log")"
+	alive "$GT" || fail "after the restore gem-test $GT does not run: $(gem_reason)"
+	log_has "$img/restore.log" "GEM BO\(s\) restored with handles $GEM_BIG_HANDLES"
+	gem_round 2
+	gem_finish
+	note "GEM pages on disk: pre-dump $pb bytes, incremental dump $ib bytes; ${line#*: incremental GPU dump against }"
+}
+# gem_gpu_check_ok DIR: gpu-check must find DIR restorable here.
+gem_gpu_check_ok() {
+	gpu_check "$1"
+	[ "$GC_RC" = 0 ] || fail "gpu-check says $1 cannot be restored here (exit $GC_RC): $(paste -sd' ' <<<"$GC_OUT")"
+}
+# gem_pre_dump DIR [ARG...]: a pre-dump of gem-test $GT into DIR; it runs on, its four GEM
+# BOs saved.
+gem_pre_dump() {
+	local dir=$1
+	shift
+	pre_dump "$GT" "$dir" "$@" || fail "criu-rocm pre-dump of gem-test $GT failed: $(log_errors "$dir/pre-dump.log")"
+	alive "$GT" || fail "the pre-dump did not leave gem-test $GT running"
+	log_has "$dir/pre-dump.log" "amdgpu: pid $GT: render node /dev/dri/renderD128 \(file [0-9]+\): 4 GEM BO\(s\) saved \(handles $GEM_BIG_HANDLES\)"
+	[ -e "$dir/amdgpu-digests.img" ] && [ ! -e "$dir/$INCOMPLETE" ] || fail "the pre-dump's images in $dir are incomplete"
+	guardian_gone "the GEM pre-dump"
+}
+# gem_damaged_parent IMG: a byte of the parent's GEM pages file changed. A plain pages file is
+# read as the restore copies (a BO hash mismatch, before any task runs); gpu-check reads every
+# byte; a compressed one's damage is in a frame.
+gem_damaged_parent() {
+	gpu_check "$1"
+	[ "$GC_RC" != 0 ] || fail "gpu-check accepted a chain whose parent's GEM pages changed: $(paste -sd' ' <<<"$GC_OUT")"
+	grep -q "NOT restorable here: .*amdgpu-pages-" <<<"$GC_OUT" ||
+		fail "gpu-check's refusal of the damaged parent does not name a pages file: $(paste -sd' ' <<<"$GC_OUT")"
+	restore_fails "$1" "$GT" "a byte of the parent's GEM pages file changed"
+	grep -aq "amdgpu-pages-[0-9]*-[0-9a-f]*\.img" "$LAST_RESTORE_LOG" ||
+		fail "the restore's refusal of the damaged parent does not name a pages file: $(log_errors "$LAST_RESTORE_LOG" 3)"
+	note "damaged parent: $(grep -m1 -o 'NOT restorable here: .*' <<<"$GC_OUT")"
 }
 
 # A BO held by two files of one GPU (review item G3, issue 29): test/rocm/shared-bo.c, under

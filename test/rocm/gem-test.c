@@ -9,7 +9,7 @@
  * GEM_CHANGE_HANDLE) issued raw.
  *
  *   usage: gem-test [--change-handle] [--kfd]
- *          gem-test --hold [--kfd] [--ctx]
+ *          gem-test --hold [--kfd] [--ctx] [--big MIB [--sparse]]
  *     --change-handle  the kernel renames GEM handles (6.18.0-6.18.35); without it, it
  *                      must refuse with EINVAL (7.1, 6.18.36+)
  *     --kfd            the process also uses KFD through libhsakmt (hsaKmtOpenKFD, a VRAM
@@ -24,6 +24,12 @@
  *                      "PASS" and exit 0 (or FAIL and 1)
  *     --ctx            with --hold: keeps a submission context (amdgpu_cs_ctx_create) all
  *                      along, which a dump must refuse (contexts are not saved)
+ *     --big MIB        with --hold: one more GTT BO of MIB MiB (handle 5), kept mapped by
+ *                      the CPU, filled in sixteenths; on each SIGUSR2 the next sixteenth is
+ *                      rewritten with new bytes ("rewrote N": for incremental dumps); every
+ *                      round checks all of it
+ *     --sparse         with --big: only the BO's first page is written, the rest stays
+ *                      zeros (a dump writes it as holes)
  *
  * Export and import need `kfd-emu supervise` (the dma-buf fds are handed out through it).
  * With two GPUs the import on the second runs in a child (`gem-test --import-on MINOR FD`).
@@ -462,12 +468,93 @@ static int kfd_start(void)
 	return 0;
 }
 
-/* --hold's state: the BOs (handles 1 VRAM, 3 GTT, 4 the copy target) and their VAs. */
+/* --hold's state: the BOs (handles 1 VRAM, 3 GTT, 4 the copy target, 5 --big's) and their
+ * VAs; --big's BO in sixteenths, each zeros (seed 0), its first page only (--sparse at
+ * setup) or whole with its seed's bytes. */
 struct held {
 	struct gpu *g;
-	amdgpu_bo_handle vram, gtt, dst;
+	amdgpu_bo_handle vram, gtt, dst, big;
 	uint64_t va_vram, va_gtt, va_dst;
+	uint8_t *big_p;
+	uint64_t big_size;
+	uint8_t seeds[16];
+	bool sparse;
+	unsigned rewrites;
 };
+
+/* The byte at offset I of a sixteenth written with SEED. */
+static uint8_t big_byte(uint8_t seed, uint64_t i)
+{
+	return (uint8_t)(seed + i * 7 + (i >> 12) * 13);
+}
+
+/* How many bytes of sixteenth K hold its seed's bytes (the rest: zeros). */
+static uint64_t big_written(struct held *h, unsigned k)
+{
+	if (!h->seeds[k])
+		return 0;
+	return h->sparse && k == 0 && h->rewrites == 0 ? 4096 : h->big_size / 16;
+}
+
+static void big_write(struct held *h, unsigned k, uint8_t seed)
+{
+	uint64_t part = h->big_size / 16, n;
+
+	h->seeds[k] = seed;
+	n = big_written(h, k);
+	for (uint64_t i = 0; i < part; i++)
+		h->big_p[k * part + i] = i < n ? big_byte(seed, i) : 0;
+}
+
+static int big_verify(struct held *h)
+{
+	uint64_t part = h->big_size / 16;
+
+	for (unsigned k = 0; k < 16; k++) {
+		uint64_t n = big_written(h, k);
+
+		for (uint64_t i = 0; i < part; i++) {
+			uint8_t want = i < n ? big_byte(h->seeds[k], i) : 0;
+
+			if (h->big_p[k * part + i] != want) {
+				fail("--big BO (handle 5): byte %" PRIu64 " is %#x, not %#x", k * part + i,
+				     h->big_p[k * part + i], want);
+				return -1;
+			}
+		}
+	}
+	return 0;
+}
+
+/* --big: the BO (handle 5), mapped by the CPU for good, its sixteenths written. */
+static int big_setup(struct held *h)
+{
+	struct amdgpu_bo_alloc_request req = {
+		.alloc_size = h->big_size,
+		.phys_alignment = 4096,
+		.preferred_heap = AMDGPU_GEM_DOMAIN_GTT,
+	};
+	uint32_t hb;
+
+	CHECK(!amdgpu_bo_alloc(h->g->dev, &req, &h->big), "amdgpu_bo_alloc(--big %" PRIu64 " bytes)",
+	      h->big_size);
+	CHECK(!amdgpu_bo_export(h->big, amdgpu_bo_handle_type_kms, &hb) && hb == 5,
+	      "--big BO: handle %u, not 5", hb);
+	CHECK(!amdgpu_bo_cpu_map(h->big, (void **)&h->big_p), "amdgpu_bo_cpu_map(--big)");
+	for (unsigned k = 0; k < 16; k++)
+		big_write(h, k, h->sparse && k ? 0 : (uint8_t)(0x31 + k));
+	return 0;
+}
+
+/* SIGUSR2: the next sixteenth of --big's BO rewritten with new bytes. */
+static void big_rewrite(struct held *h)
+{
+	unsigned k = h->rewrites % 16;
+
+	h->rewrites++;
+	big_write(h, k, (uint8_t)(0x90 + h->rewrites));
+	printf("rewrote %u\n", h->rewrites);
+}
 
 static int hold_setup(struct gpu *g, struct held *h)
 {
@@ -483,6 +570,8 @@ static int hold_setup(struct gpu *g, struct held *h)
 	    alloc_bo(g, AMDGPU_GEM_DOMAIN_GTT, 0, &h->dst, &hd))
 		return -1;
 	CHECK(hv == 1 && hh == 2 && hg == 3 && hd == 4, "handles %u %u %u %u, not 1-4", hv, hh, hg, hd);
+	if (h->big_size && big_setup(h))
+		return -1;
 	CHECK(!amdgpu_bo_free(hole), "amdgpu_bo_free(handle 2)");
 	if (fill(h->vram, 0x11) || fill(h->gtt, 0x22) || va_map(g, h->vram, &h->va_vram, &vh) ||
 	    va_map(g, h->gtt, &h->va_gtt, &vh) || va_map(g, h->dst, &h->va_dst, &vh))
@@ -498,16 +587,19 @@ static int hold_setup(struct gpu *g, struct held *h)
 static int hold_check(struct held *h)
 {
 	struct gem_list_entry e[8];
-	uint32_t n;
+	uint32_t n, want = h->big_size ? 4 : 3;
 	void *p;
 
 	if (verify(h->vram, 0x11, "VRAM BO (handle 1)") || verify(h->gtt, 0x22, "GTT BO (handle 3)"))
 		return -1;
+	if (h->big_size && big_verify(h))
+		return -1;
 	if (list_handles(h->g->fd, e, 8, &n))
 		return -1;
-	CHECK(n == 3 && e[0].gem_handle == 1 && e[1].gem_handle == 3 && e[2].gem_handle == 4,
-	      "GEM_LIST_HANDLES: %u handles (%u %u %u), not 1, 3, 4", n, n > 0 ? e[0].gem_handle : 0,
-	      n > 1 ? e[1].gem_handle : 0, n > 2 ? e[2].gem_handle : 0);
+	CHECK(n == want && e[0].gem_handle == 1 && e[1].gem_handle == 3 && e[2].gem_handle == 4 &&
+		      (want == 3 || (e[3].gem_handle == 5 && e[3].size == h->big_size)),
+	      "GEM_LIST_HANDLES: %u handles (%u %u %u), not 1, 3, 4%s", n, n > 0 ? e[0].gem_handle : 0,
+	      n > 1 ? e[1].gem_handle : 0, n > 2 ? e[2].gem_handle : 0, want == 3 ? "" : ", 5");
 	CHECK(e[0].size == SZ && e[0].preferred_domains == AMDGPU_GEM_DOMAIN_VRAM &&
 		      e[1].preferred_domains == AMDGPU_GEM_DOMAIN_GTT,
 	      "GEM_LIST_HANDLES: sizes or domains changed");
@@ -525,15 +617,21 @@ static int hold_check(struct held *h)
 /* --ctx: --hold keeps a submission context. */
 static bool keep_ctx;
 
-/* --hold: sets up, says ready, then answers SIGUSR1 (a round) and SIGTERM (the end). */
+/* --big, --sparse: --hold's big BO. */
+static uint64_t big_mib;
+static bool big_sparse;
+
+/* --hold: sets up, says ready, then answers SIGUSR1 (a round), SIGUSR2 (--big: a rewrite)
+ * and SIGTERM (the end). */
 static int hold(struct gpu *g)
 {
-	struct held h;
+	struct held h = { .big_size = big_mib << 20, .sparse = big_sparse };
 	sigset_t set;
 	int sig, round = 0;
 
 	sigemptyset(&set);
 	sigaddset(&set, SIGUSR1);
+	sigaddset(&set, SIGUSR2);
 	sigaddset(&set, SIGTERM);
 	sigprocmask(SIG_BLOCK, &set, NULL);
 	if (hold_setup(g, &h) || hold_check(&h))
@@ -548,6 +646,11 @@ static int hold(struct gpu *g)
 		sig = sigwaitinfo(&set, NULL);
 		if (sig < 0)
 			continue;
+		if (sig == SIGUSR2) {
+			if (h.big_size)
+				big_rewrite(&h);
+			continue;
+		}
 		failures = 0;
 		if (hold_check(&h) || failures) {
 			printf("round %d: FAIL\n", ++round);
@@ -586,8 +689,13 @@ int main(int argc, char **argv)
 			held = true;
 		else if (!strcmp(argv[i], "--ctx"))
 			keep_ctx = true;
+		else if (!strcmp(argv[i], "--big") && i + 1 < argc && atoi(argv[i + 1]) > 0)
+			big_mib = (uint64_t)atoi(argv[++i]);
+		else if (!strcmp(argv[i], "--sparse"))
+			big_sparse = true;
 		else {
-			fprintf(stderr, "usage: gem-test [--change-handle] [--kfd] | --hold [--kfd] [--ctx]\n");
+			fprintf(stderr, "usage: gem-test [--change-handle] [--kfd] | --hold [--kfd] [--ctx] "
+					"[--big MIB [--sparse]]\n");
 			return 2;
 		}
 	}

@@ -802,9 +802,10 @@ impl RenderImage {
 
     /// Its GEM BOs as the KFD image's shape the pages code reads: one
     /// `kfd_bo_entry` per `drm_bo_entry`, in order (the same index), at its
-    /// first GPU address (0 if unmapped) and mmap offset, with the KFD flags
-    /// its bytes are copied under ([`bo::gem_alloc_flags`]), its content
-    /// hashes, and the render file's pages encoding.  The pages file,
+    /// first GPU address (0 if unmapped), mmap offset and GEM handle, with
+    /// the KFD flags its bytes are copied under ([`bo::gem_alloc_flags`]),
+    /// its content hashes and parent extents, and the render file's pages
+    /// encoding, parent image and task pid.  The pages file,
     /// its digests, its hashes and its encoding are then one code path with
     /// a KFD image's.
     pub fn contents_view(&self) -> KfdImage {
@@ -826,7 +827,11 @@ impl RenderImage {
                 content_xxh3: b.content_xxh3,
                 content_hash_extent: b.content_hash_extent,
                 content_extent_xxh3: b.content_extent_xxh3.clone(),
-                ..Default::default()
+                // The GEM handle: an incremental dump's BOs are the parent's
+                // of the same handle too.
+                handle: Some(b.handle),
+                parent_extents: b.parent_extents.clone(),
+                parent_bo: b.parent_bo,
             })
             .collect();
         let gpu = crate::proto::KfdDeviceEntry {
@@ -843,6 +848,8 @@ impl RenderImage {
                 pages_compression: m.pages_compression,
                 pages_compression_level: m.pages_compression_level,
                 pages_compression_chunk: m.pages_compression_chunk,
+                pid: m.criu_rocm_pid.unwrap_or(0),
+                criu_rocm_parent: m.criu_rocm_parent.clone(),
                 ..Default::default()
             },
         }

@@ -687,7 +687,7 @@ fn check_kfd(
         check_pages(dir, id, &name, image, gpu, depth)?;
     }
     // An incremental dump: every link of its chain of parents.
-    chain::resolve(dir, id, image)?;
+    chain::resolve(dir, &name, image)?;
     check_kfd_mappings(dir, &name, image, ctx)
 }
 
@@ -862,7 +862,10 @@ fn check_render(
     if !image.has_gem_bos() {
         return Ok(());
     }
-    check_pages(dir, id, name, &image.contents_view(), image.gpu_id(), depth)
+    let view = image.contents_view();
+    check_pages(dir, id, name, &view, image.gpu_id(), depth)?;
+    // An incremental dump: every link of its chain of parents.
+    chain::resolve(dir, name, &view).map(drop)
 }
 
 /// One GPU's pages file: its size; at [`Depth::Contents`] every BO's
@@ -879,7 +882,7 @@ fn check_pages(
     let encoding = Encoding::of(name, &image.msg)?;
     let bos = content_bos(&image.msg.bo_entries, gpu);
     let overlay = match depth {
-        Depth::Contents => chain::resolve(dir, id, image)?.remove(&gpu),
+        Depth::Contents => chain::resolve(dir, name, image)?.remove(&gpu),
         Depth::Metadata => None,
         Depth::Streamed => return Ok(()),
     };

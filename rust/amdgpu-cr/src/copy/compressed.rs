@@ -585,7 +585,7 @@ mod tests {
             "the compressed child is {compressed} bytes"
         );
         for (n, (dir, image, out, want)) in links.iter().enumerate() {
-            let overlays = chain::resolve(dir, id, image).unwrap();
+            let overlays = chain::resolve(dir, &crate::image::kfd_image_name(id), image).unwrap();
             assert_eq!(overlays.is_empty(), n == 0, "link {n}");
             dev.write_all_at(&vec![0; size as usize], off).unwrap();
             restore_contents_encoded(dir, id, jobs(), &out.hashes, out.encoding, &overlays)

@@ -53,7 +53,8 @@ pub use dump::{dump_contents, dump_contents_encoded};
 pub use engine::{choose_engine, EngineKind, Engines};
 pub use lanes::MIN_LANE_BYTES;
 pub use restore::{
-    restore_contents, restore_contents_encoded, restore_contents_streamed, PagesFrom,
+    restore_contents, restore_contents_encoded, restore_contents_from, restore_contents_streamed,
+    PagesFrom,
 };
 
 use crate::ids::{GpuId, GpuVa, MmapOffset};

@@ -44,7 +44,7 @@ pub fn restore_contents_encoded(
     encoding: Encoding,
     overlays: &BTreeMap<GpuId, std::sync::Arc<crate::pages::Overlay>>,
 ) -> Result<Vec<GpuStats>, CopyError> {
-    restore_from(&PagesFrom::Dir(dir), id, jobs, hashes, encoding, overlays)
+    restore_contents_from(&PagesFrom::Dir(dir), id, jobs, hashes, encoding, overlays)
 }
 
 /// Where a restore reads its pages files.
@@ -67,12 +67,13 @@ pub fn restore_contents_streamed(
     encoding: Encoding,
 ) -> Result<Vec<GpuStats>, CopyError> {
     let from = PagesFrom::Stream(std::sync::Mutex::new([(job.user, pipe)].into()));
-    restore_from(&from, id, vec![job], hashes, encoding, &BTreeMap::new())
+    restore_contents_from(&from, id, vec![job], hashes, encoding, &BTreeMap::new())
 }
 
-/// The steps of a restore: the BOs' lanes, their readers opened, the
-/// copies run, the hashes checked.
-fn restore_from(
+/// The steps of a restore from `from` (a directory's pages files over
+/// `overlays`, or the image streamer's pipes): the BOs' lanes, their
+/// readers opened, the copies run, the hashes checked.
+pub fn restore_contents_from(
     from: &PagesFrom<'_>,
     id: FileId,
     jobs: Vec<GpuJob<'_>>,

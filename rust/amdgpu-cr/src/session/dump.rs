@@ -35,12 +35,15 @@ use kfd_abi::sys;
 use super::dmabuf::{Claim, HeldIn, Holder, SharedBos};
 use super::guardian::Guardian;
 use super::signals;
-use super::{gpu_jobs, human_bytes, log_gpu_stats, owned_dmabufs, HelperLog, SessionError};
+use super::{
+    gpu_jobs, human_bytes, log_gpu_stats, log_incremental, owned_dmabufs, record_extents,
+    HelperLog, SessionError,
+};
 use crate::bo;
-use crate::copy::{dump_contents_encoded, DumpOutcome};
+use crate::copy::dump_contents_encoded;
 use crate::env::{self, EnginePolicy};
 use crate::ids::{GpuId, GpuVa, MmapOffset, RenderMinor};
-use crate::image::{FileId, KfdImage, RenderImage};
+use crate::image::{FileId, RenderImage};
 use crate::os::fd::{pidfd_getfd, same_open_file, task_fds};
 use crate::os::process::pidfd_open;
 use crate::plan::{
@@ -608,12 +611,12 @@ impl DumpSession {
         let mut image = plan
             .finish_image(&out.hashes, out.encoding)
             .map_err(|e| SessionError::core(owner, "building the KFD image", e))?;
-        let kept = record_extents(&mut image, &out, &parent_bos);
+        let kept = record_extents(&mut image.msg.bo_entries, &out, &parent_bos);
         if let Some((name, _)) = &parent {
             if !out.inherited.is_empty() {
                 image.msg.criu_rocm_parent = Some(name.clone());
             }
-            log_incremental(owner, name, &out, kept, parent_bos.len());
+            log_incremental(&format!("pid {owner}"), name, &out, kept, parent_bos.len());
         }
         image
             .write(dir, id)
@@ -663,6 +666,83 @@ impl DumpSession {
         Ok(())
     }
 
+    /// A new render image `id` of `pid`'s render file on `minor` (user ids
+    /// of the task's KFD processes; a render fd without one keeps the host
+    /// id), its host GPU and the copy settings (`live`: a pre-dump).
+    fn render_setup(
+        &mut self,
+        pid: i32,
+        minor: RenderMinor,
+        id: FileId,
+        live: bool,
+    ) -> Result<(Topology, RenderImage, GpuId, super::gem::Copying), SessionError> {
+        let topology = self.topology(pid)?.clone();
+        let actual_to_user: BTreeMap<GpuId, GpuId> = self
+            .procs
+            .iter()
+            .filter(|p| p.task == pid)
+            .flat_map(|p| p.ckpt.devices.iter().map(|d| (d.actual, d.user)))
+            .collect();
+        let img = render_image(&topology, &actual_to_user, minor, id)
+            .map_err(|e| SessionError::core(pid, minor.path(), e))?;
+        let actual = super::gem::host_gpu(&topology, minor, &img);
+        let copying = super::gem::Copying {
+            policy: self.opts.policy,
+            staging_cap: self.opts.staging_cap,
+            compress: self.opts.compress,
+            live,
+        };
+        Ok((topology, img, actual, copying))
+    }
+
+    /// Pre-dump, the tree running again: the GEM BOs of every render file
+    /// met by [`Self::pre_dump_task`] (each open file once), read while
+    /// the process runs, as render images numbered from
+    /// [`PRE_DUMP_RENDER_IDS`] (above any pid, which names the KFD images),
+    /// which the next dump finds by task and render node.  Nothing is
+    /// claimed yet: a BO two files hold is saved by each, which the
+    /// pre-dump's validation refuses (two BOs at one mmap offset).
+    fn pre_dump_render(&mut self, dir: &Path) -> Result<(), SessionError> {
+        let files = self.distinct_render_files()?;
+        let mut id = PRE_DUMP_RENDER_IDS;
+        for (pid, minor, fd) in files {
+            let (_, mut img, actual, copying) = self.render_setup(pid, minor, FileId(id), true)?;
+            let mut keep = |_: &mut [DrmBoEntry]| Ok(());
+            let at = (minor, FileId(id), actual);
+            super::gem::save(pid, fd.as_fd(), at, &mut img, dir, copying, &mut keep)?;
+            if img.has_gem_bos() {
+                self.write_render(pid, FileId(id), &img, dir)?;
+                id += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// The render files met by [`Self::pause_task`], each open file once
+    /// (a file inherited or dup'ed is held at several fds): its first
+    /// task, render minor and a dup.
+    fn distinct_render_files(&self) -> Result<Vec<(i32, RenderMinor, OwnedFd)>, SessionError> {
+        let mut files: Vec<(i32, RenderMinor, OwnedFd)> = Vec::new();
+        for (&pid, fds) in &self.render_fds {
+            let os = |step: &str| {
+                let step = step.to_owned();
+                move |source| SessionError::Os { pid, step, source }
+            };
+            for (minor, fd) in fds {
+                let mut seen = false;
+                for (_, _, f) in &files {
+                    seen |= same_open_file(f.as_fd(), fd.as_fd())
+                        .map_err(os("kcmp of render-node files"))?;
+                }
+                if !seen {
+                    let copy = fd.try_clone().map_err(os("dup of a render-node file"))?;
+                    files.push((pid, *minor, copy));
+                }
+            }
+        }
+        Ok(files)
+    }
+
     /// Before a render file of `pid` is saved: the BOs of its KFD
     /// processes not dumped yet claimed, so that a BO the render file
     /// imported from KFD is recorded as the KFD BO ([`SharedBos`]).
@@ -699,23 +779,7 @@ impl DumpSession {
         id: FileId,
         dir: &Path,
     ) -> Result<(), SessionError> {
-        let topology = self.topology(pid)?.clone();
-        // The user ids of the process holding the fd; a render fd without a
-        // KFD process keeps the host id.
-        let actual_to_user: BTreeMap<GpuId, GpuId> = self
-            .procs
-            .iter()
-            .filter(|p| p.task == pid)
-            .flat_map(|p| p.ckpt.devices.iter().map(|d| (d.actual, d.user)))
-            .collect();
-        let mut img = render_image(&topology, &actual_to_user, minor, id)
-            .map_err(|e| SessionError::core(pid, minor.path(), e))?;
-        let actual = super::gem::host_gpu(&topology, minor, &img);
-        let copying = super::gem::Copying {
-            policy: self.opts.policy,
-            staging_cap: self.opts.staging_cap,
-            compress: self.opts.compress,
-        };
+        let (topology, mut img, actual, copying) = self.render_setup(pid, minor, id, false)?;
         self.claim_kfd_early(pid, &topology)?;
         let mut link = |bos: &mut [DrmBoEntry]| self.link_render(pid, (minor, id, actual), bos);
         super::gem::save(
@@ -997,6 +1061,7 @@ impl DumpSession {
             let topology = self.topology(p.task)?.clone();
             self.save(i, id, dir, &topology, true)?;
         }
+        self.pre_dump_render(dir)?;
         if !self.procs.is_empty() {
             log::info!(
                 "GPU pre-dump: {} KFD process(es) saved; their queues were paused {:.3} ms in all",
@@ -1036,6 +1101,10 @@ impl Drop for DumpSession {
         }
     }
 }
+
+/// The first file id of a pre-dump's render images: above any pid (2^22),
+/// the ids of its KFD images.
+const PRE_DUMP_RENDER_IDS: u32 = 1 << 30;
 
 /// The pid of task `pid` in its own pid namespace (the last `NSpid:`
 /// entry), which is what KFD's PROCESS_INFO reports.
@@ -1212,44 +1281,6 @@ fn render_owners<'f>(
         }
     }
     owners
-}
-
-/// Records in the image each BO's extent digests and, for an incremental
-/// dump, the extents left to the parent; returns the bytes left to it.
-fn record_extents(
-    image: &mut KfdImage,
-    out: &DumpOutcome,
-    parent_bos: &BTreeMap<usize, u32>,
-) -> u64 {
-    let mut kept = 0u64;
-    for (&i, d) in &out.extents {
-        let Some(b) = image.msg.bo_entries.get_mut(i) else {
-            continue;
-        };
-        if d.len() > 1 {
-            b.content_extent_xxh3 = d.clone();
-        }
-        if let Some(ks) = out.inherited.get(&i) {
-            let e = chain::dump_extent(b.size);
-            kept += ks.iter().map(|&k| e.min(b.size - k * e)).sum::<u64>();
-            b.parent_extents = Some(chain::bitmap(ks));
-            b.parent_bo = parent_bos.get(&i).copied();
-        }
-    }
-    kept
-}
-
-fn log_incremental(owner: i32, parent: &str, out: &DumpOutcome, kept: u64, matched: usize) {
-    let total: u64 = out.stats.iter().map(|s| s.bytes).sum();
-    log::info!(
-        "pid {owner}: incremental GPU dump against {}/{parent}: {} of {} written, {} \
-         unchanged left to the parent ({matched} of {} BO(s) matched)",
-        chain::PARENT_LINK,
-        human_bytes(out.written),
-        human_bytes(total),
-        human_bytes(kept),
-        out.extents.len()
-    );
 }
 
 /// The first of `files` through which the kernel lets us map the page at

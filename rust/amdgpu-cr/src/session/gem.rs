@@ -7,7 +7,11 @@
 //! VA mappings; the render image records them as criu-dev's `drm_bo_entry`s
 //! and their bytes go through the copy engines into the file's pages file
 //! (`amdgpu-pages-<id>-<gpu>.img`), as a KFD image's: the same budget,
-//! holes, hashes and compression (through [`RenderImage::contents_view`]).
+//! holes, hashes, compression and incremental extents (through
+//! [`RenderImage::contents_view`]; the parent a render image of the same
+//! task and render node, [`chain::dump_render_parent`]), into the image
+//! streamer with `--stream`.  A pre-dump saves them too, read while the
+//! process runs ([`Copying::live`]).
 //! Kernels before Linux 6.18 cannot list a file's objects: there the file is
 //! saved only if none of its first 4095 handles names one
 //! ([`no_objects_before_618`]).  A file with an amdgpu submission context
@@ -29,8 +33,10 @@
 //!    handle that cannot be had fails the restore, before any task runs,
 //!    naming the render file and the BO.
 //! 2. [`map_gpu`]: every GPU VA mapping again (GEM_VA MAP).
-//! 3. the bytes from the pages file through the copy engines, at the new
-//!    mmap offsets.
+//! 3. the bytes from the pages file (with `--stream`, its pipe from the
+//!    image streamer, read in order) through the copy engines, at the new
+//!    mmap offsets, an incremental dump's unchanged extents from
+//!    its parents' pages files.
 //! 4. [`GemFixups`]: the new mmap offsets, for CRIU's restore of the CPU
 //!    mappings of the render file ([`super::restore::RestoreSession::update_vma`]).
 
@@ -41,15 +47,16 @@ use std::path::Path;
 use kfd_abi::handle::RenderNode;
 use kfd_abi::layout::gem618;
 
-use super::{gpu_jobs, log_gpu_stats, SessionError};
+use super::{gpu_jobs, log_gpu_stats, log_incremental, record_extents, SessionError};
 use crate::bo;
-use crate::copy::{dump_contents_encoded, restore_contents_encoded, GpuJob, GpuStats};
+use crate::copy::{dump_contents_encoded, restore_contents_from, GpuJob, GpuStats, PagesFrom};
 use crate::env::EnginePolicy;
 use crate::ids::{GpuId, GpuVa, MmapOffset, RenderMinor};
 use crate::image::{FileId, RenderImage};
 use crate::plan::{BoBucket, GpuWork};
 use crate::proto::{DrmBoEntry, DrmVmEntry};
 use crate::topology::Topology;
+use crate::validate::chain;
 
 /// The copy settings of a dump or restore.
 #[derive(Clone, Copy, Debug)]
@@ -58,6 +65,9 @@ pub(crate) struct Copying {
     pub staging_cap: Option<u64>,
     /// zstd level and threads (dump only).
     pub compress: Option<(i32, Option<u32>)>,
+    /// A pre-dump: the process runs while its BOs are read (see
+    /// [`crate::copy::cpu::CpuEngine::live`]).
+    pub live: bool,
 }
 
 /// The host GPU of render node `minor` in `topology`: the GPU the GEM BOs
@@ -123,15 +133,53 @@ pub(crate) fn save(
     wait_idle(pid, &node, minor, id, &list)?;
     img.msg.num_of_bos = Some(entries.len() as u64);
     img.msg.bo_entries = entries;
-    let jobs = copy_jobs(pid, fd, img, (minor, actual), None, copying)?;
+    img.msg.criu_rocm_pid = u32::try_from(pid).ok();
+    save_contents(pid, fd, (minor, id, actual), img, dir, copying)?;
+    log::info!(
+        "pid {pid}: {}: {} GEM BO(s) saved (handles {})",
+        file_name(minor, id),
+        img.msg.bo_entries.len(),
+        handle_list(img.msg.bo_entries.iter().map(|b| b.handle))
+    );
+    Ok(())
+}
+
+/// The bytes of `img`'s GEM BOs through the copy engines into the pages
+/// file of render file `id` in `dir`, their hashes and the pages encoding
+/// into `img`.  Incremental (`--prev-images-dir`, or after a pre-dump): the
+/// extents whose digests are those of the same BO (same handle, size, flags
+/// and address) of the parent's render image of this task and render node
+/// are left out, as a KFD image's ([`chain::dump_render_parent`]).
+fn save_contents(
+    pid: i32,
+    fd: BorrowedFd<'_>,
+    (minor, id, actual): (RenderMinor, FileId, GpuId),
+    img: &mut RenderImage,
+    dir: &Path,
+    copying: Copying,
+) -> Result<(), SessionError> {
+    let mut jobs = copy_jobs(pid, fd, img, (minor, actual), None, copying)?;
+    if copying.live {
+        jobs.iter_mut().for_each(|j| j.engines.set_live());
+    }
+    let parent = u32::try_from(pid)
+        .ok()
+        .and_then(|p| chain::dump_render_parent(dir, p, minor.0));
+    let (parent_digests, parent_bos) = match &parent {
+        Some((_, p)) => chain::parent_digests(&img.contents_view().msg.bo_entries, p),
+        None => Default::default(),
+    };
     let step = format!("saving the GEM BOs of {}", file_name(minor, id));
-    let out = dump_contents_encoded(dir, id, jobs, copying.compress, &Default::default())
+    let out = dump_contents_encoded(dir, id, jobs, copying.compress, &parent_digests)
         .map_err(|e| SessionError::core(pid, step, e))?;
     crate::pages::record_hashes(&mut img.msg.bo_entries, &out.hashes);
-    for i in out.hashes.keys() {
-        if let Some(d) = out.extents.get(i).filter(|d| d.len() > 1) {
-            img.msg.bo_entries[*i].content_extent_xxh3 = d.clone();
+    let kept = record_extents(&mut img.msg.bo_entries, &out, &parent_bos);
+    if let Some((name, _)) = &parent {
+        if !out.inherited.is_empty() {
+            img.msg.criu_rocm_parent = Some(name.clone());
         }
+        let what = format!("pid {pid}: {}", file_name(minor, id));
+        log_incremental(&what, name, &out, kept, parent_bos.len());
     }
     let mut view = img.contents_view();
     out.encoding.record(&mut view.msg);
@@ -139,12 +187,6 @@ pub(crate) fn save(
     img.msg.pages_compression_level = view.msg.pages_compression_level;
     img.msg.pages_compression_chunk = view.msg.pages_compression_chunk;
     log_gpu_stats(pid, "saved", &out.stats);
-    log::info!(
-        "pid {pid}: {}: {} GEM BO(s) saved (handles {})",
-        file_name(minor, id),
-        img.msg.bo_entries.len(),
-        handle_list(img.msg.bo_entries.iter().map(|b| b.handle))
-    );
     Ok(())
 }
 
@@ -270,9 +312,8 @@ fn wait_idle(
 }
 
 /// What criu-rocm does not save yet fails the dump, naming the BO: GEM
-/// objects imported from a dma-buf, any GEM object of a streamed dump, and
-/// handles with more holes below them than a restore fills
-/// ([`crate::image::GEM_MAX_HOLES`]).
+/// objects imported from a dma-buf, and handles with more holes below them
+/// than a restore fills ([`crate::image::GEM_MAX_HOLES`]).
 fn refuse_unsupported(
     pid: i32,
     minor: RenderMinor,
@@ -298,12 +339,6 @@ fn refuse_unsupported(
             e,
             "it is a dma-buf imported from another device or process, and criu-rocm does not \
              save imported GEM objects yet",
-        ));
-    }
-    if crate::stream::active().is_some() {
-        return Err(refuse(
-            &list[0],
-            "criu-rocm does not save render-node GEM objects into an image stream (--stream) yet",
         ));
     }
     if let Some(e) = list.iter().max_by_key(|e| e.gem_handle) {
@@ -644,12 +679,58 @@ fn restore_bytes(
     let encoding = crate::pages::Encoding::of(&name, &view.msg)
         .map_err(|e| SessionError::core(vpid, name.clone(), e))?;
     let hashes = crate::pages::content_hashes(&view);
-    restore_contents_encoded(dir, id, jobs, &hashes, encoding, &BTreeMap::new()).map_err(|e| {
+    // With --stream, the pages file (one: the render node's GPU) is read
+    // from the stream in order, its end and every BO's hash checked before
+    // any task runs; a stream carries no parent.  Otherwise an incremental
+    // dump's unchanged extents come from its parents' pages files (the
+    // chain checked before any task ran, again here as the files are
+    // opened).
+    let (from, overlays) = match crate::stream::active() {
+        None => {
+            let overlays = chain::resolve(dir, &name, &view).map_err(|r| SessionError::State {
+                pid: vpid,
+                what: r.to_string(),
+            })?;
+            (PagesFrom::Dir(dir), overlays)
+        }
+        Some(streamer) => {
+            let mut pipes = BTreeMap::new();
+            for j in &jobs {
+                pipes.insert(j.user, streamed_pages(vpid, &streamer, id, j.user)?);
+            }
+            (
+                PagesFrom::Stream(std::sync::Mutex::new(pipes)),
+                BTreeMap::new(),
+            )
+        }
+    };
+    restore_contents_from(&from, id, jobs, &hashes, encoding, &overlays).map_err(|e| {
         SessionError::core(
             vpid,
             format!("restoring the GEM BOs of {}", file_name(minor, id)),
             e,
         )
+    })
+}
+
+/// Restore with `--stream`: the pipe of render file `id`'s pages file of
+/// GPU `gpu` from the image streamer (which serves one file at a time: it
+/// is read whole at once).
+fn streamed_pages(
+    vpid: i32,
+    streamer: &crate::stream::Streamer,
+    id: FileId,
+    gpu: GpuId,
+) -> Result<crate::stream::Pipe, SessionError> {
+    let name = crate::pages::pages_image_name(id, gpu);
+    let pipe = streamer.open(&name).map_err(|source| SessionError::Os {
+        pid: vpid,
+        step: format!("asking the image streamer for {name}"),
+        source,
+    })?;
+    pipe.ok_or_else(|| SessionError::State {
+        pid: vpid,
+        what: format!("the image streamer has no {name}"),
     })
 }
 

@@ -30,6 +30,7 @@ pub mod streamed;
 pub mod writer;
 pub mod xproc;
 
+use std::collections::BTreeMap;
 use std::os::fd::BorrowedFd;
 use std::path::Path;
 
@@ -37,6 +38,7 @@ use crate::copy::{drm::sdma_for, Engines, GpuJob};
 use crate::env::{self, EnginePolicy};
 use crate::image::FileId;
 use crate::plan::GpuWork;
+use crate::validate::chain;
 
 /// How criu main's log reaches a helper process (criu re-executed: the
 /// GPU memory writer, the GPU guardian): its fd and the boundary's
@@ -273,6 +275,89 @@ pub(crate) fn log_gpu_stats(pid: i32, verb: &str, stats: &[crate::copy::GpuStats
             s.sdma_bos
         );
     }
+}
+
+/// A BO entry of an image that records its extents (a KFD image's or a
+/// render image's).
+pub(crate) trait ExtentFields {
+    fn size(&self) -> u64;
+    /// Its extents' digests (a BO of more than one extent).
+    fn set_digests(&mut self, digests: Vec<u64>);
+    /// An incremental dump: the bitmap of the extents left to the parent,
+    /// and the parent's BO index.
+    fn set_parent(&mut self, extents: Vec<u8>, parent_bo: Option<u32>);
+}
+
+impl ExtentFields for crate::proto::KfdBoEntry {
+    fn size(&self) -> u64 {
+        self.size
+    }
+    fn set_digests(&mut self, digests: Vec<u64>) {
+        self.content_extent_xxh3 = digests;
+    }
+    fn set_parent(&mut self, extents: Vec<u8>, parent_bo: Option<u32>) {
+        self.parent_extents = Some(extents);
+        self.parent_bo = parent_bo;
+    }
+}
+
+impl ExtentFields for crate::proto::DrmBoEntry {
+    fn size(&self) -> u64 {
+        self.size
+    }
+    fn set_digests(&mut self, digests: Vec<u64>) {
+        self.content_extent_xxh3 = digests;
+    }
+    fn set_parent(&mut self, extents: Vec<u8>, parent_bo: Option<u32>) {
+        self.parent_extents = Some(extents);
+        self.parent_bo = parent_bo;
+    }
+}
+
+/// Records in `bos` (an image's entries, by bucket index) each dumped BO's
+/// extent digests and, for an incremental dump, the extents left to the
+/// parent (`parent_bos`: the parent's BO of each bucket); returns the
+/// bytes left to it.
+pub(crate) fn record_extents<B: ExtentFields>(
+    bos: &mut [B],
+    out: &crate::copy::DumpOutcome,
+    parent_bos: &BTreeMap<usize, u32>,
+) -> u64 {
+    let mut kept = 0u64;
+    for (&i, d) in &out.extents {
+        let Some(b) = bos.get_mut(i) else {
+            continue;
+        };
+        if d.len() > 1 {
+            b.set_digests(d.clone());
+        }
+        if let Some(ks) = out.inherited.get(&i) {
+            let (size, e) = (b.size(), chain::dump_extent(b.size()));
+            kept += ks.iter().map(|&k| e.min(size - k * e)).sum::<u64>();
+            b.set_parent(chain::bitmap(ks), parent_bos.get(&i).copied());
+        }
+    }
+    kept
+}
+
+/// The log line of an incremental dump of `what` against `parent`.
+pub(crate) fn log_incremental(
+    what: &str,
+    parent: &str,
+    out: &crate::copy::DumpOutcome,
+    kept: u64,
+    matched: usize,
+) {
+    let total: u64 = out.stats.iter().map(|s| s.bytes).sum();
+    log::info!(
+        "{what}: incremental GPU dump against {}/{parent}: {} of {} written, {} \
+         unchanged left to the parent ({matched} of {} BO(s) matched)",
+        chain::PARENT_LINK,
+        human_bytes(out.written),
+        human_bytes(total),
+        human_bytes(kept),
+        out.extents.len()
+    );
 }
 
 /// Whether KFD installed `dmabuf_fd` in our fd table for this bucket

@@ -661,6 +661,7 @@ impl RestoreSession {
             policy: self.opts.policy,
             staging_cap: self.opts.staging_cap,
             compress: None,
+            live: false,
         };
         let mut source = |b: &DrmBoEntry| self.same_bo(vpid, id, b);
         let fixups = super::gem::restore(

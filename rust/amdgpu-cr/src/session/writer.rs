@@ -678,10 +678,11 @@ pub(super) fn write_back<'a>(
     let image = crate::image::KfdImage::read(dir, job.id)
         .map_err(|e| SessionError::core(job.vpid, "reading the KFD image", e))?;
     let overlays =
-        crate::validate::chain::resolve(dir, job.id, &image).map_err(|r| SessionError::State {
-            pid: job.vpid,
-            what: r.to_string(),
-        })?;
+        crate::validate::chain::resolve(dir, &crate::image::kfd_image_name(job.id), &image)
+            .map_err(|r| SessionError::State {
+                pid: job.vpid,
+                what: r.to_string(),
+            })?;
     restore_contents_encoded(dir, job.id, jobs, hashes, encoding, &overlays)
         .map_err(|e| SessionError::core(job.vpid, "writing GPU memory back", e))
 }

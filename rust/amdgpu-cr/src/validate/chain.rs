@@ -1,6 +1,9 @@
 //! Incremental dumps: a KFD image whose BOs take unchanged extents from the
 //! same BOs of a parent image, found through CRIU's `parent` link (made by
 //! `--prev-images-dir`), which may take them from its own parent in turn.
+//! A render image's GEM BOs do the same, through its
+//! [`RenderImage::contents_view`] (the parent a render image of the same
+//! task and render node: [`dump_render_parent`]).
 //!
 //! The dump ([`dump_parent`], [`parent_digests`]) compares each extent's
 //! digest, read while frozen, with the parent's and leaves a hole where
@@ -22,7 +25,7 @@ use super::digests::{self, Digests};
 use super::Refusal;
 use crate::bo;
 use crate::ids::GpuId;
-use crate::image::{kfd_image_id, read_whole, FileId, KfdImage};
+use crate::image::{kfd_image_id, read_whole, render_image_id, FileId, KfdImage, RenderImage};
 use crate::incomplete;
 use crate::pages::zstd::{check_records, chunks, Chunk};
 use crate::pages::{
@@ -67,6 +70,9 @@ struct Link {
     /// How messages name the directory ("parent/", "parent/parent/", ...).
     shown: String,
     id: FileId,
+    /// The image's file name (a KFD or a render image).
+    name: String,
+    /// The KFD image, or a render image's contents view.
     image: KfdImage,
     /// Each BO's start in its GPU's pages file (in the uncompressed layout).
     starts: Vec<u64>,
@@ -86,7 +92,7 @@ impl Link {
     }
 
     fn name(&self) -> String {
-        crate::image::kfd_image_name(self.id)
+        self.name.clone()
     }
 }
 
@@ -107,8 +113,8 @@ fn starts(bos: &[KfdBoEntry]) -> Vec<u64> {
 }
 
 /// Reads and checks the image `name` in the parent directory `dir`:
-/// the dump that wrote it completed, and its KFD image and pages files are
-/// those its `amdgpu-digests.img` records.
+/// the dump that wrote it completed, and its KFD (or render) image and
+/// pages files are those its `amdgpu-digests.img` records.
 fn load_link(dir: &Path, shown: &str, name: &str) -> Result<Link, Refusal> {
     let at = LinkDir { dir, shown };
     let (id, bytes, image) = at.read_image(name)?;
@@ -130,6 +136,7 @@ fn load_link(dir: &Path, shown: &str, name: &str) -> Result<Link, Refusal> {
         dir: dir.to_owned(),
         shown: shown.to_owned(),
         id,
+        name: name.to_owned(),
         image,
         starts,
         records: match encoding {
@@ -167,8 +174,8 @@ impl LinkDir<'_> {
         x
     }
 
-    /// The directory is there and complete; its KFD image `name`, read
-    /// and decoded.
+    /// The directory is there and complete; its KFD image `name` (or
+    /// render image: its contents view), read and decoded.
     fn read_image(&self, name: &str) -> Result<(FileId, Vec<u8>, KfdImage), Refusal> {
         if !self.dir.is_dir() {
             return Err(self.refuse(
@@ -180,16 +187,24 @@ impl LinkDir<'_> {
             ));
         }
         incomplete::check(self.dir).map_err(|why| self.refuse(incomplete::MARKER, "", why))?;
-        let id = kfd_image_id(name).ok_or_else(|| {
-            self.refuse(
-                name,
-                "",
-                "is not the name of a KFD image (criu_rocm_parent of its child)".into(),
-            )
-        })?;
+        let id = kfd_image_id(name)
+            .or_else(|| render_image_id(name))
+            .ok_or_else(|| {
+                self.refuse(
+                    name,
+                    "",
+                    "is not the name of a KFD or render-node image (criu_rocm_parent of its \
+                     child)"
+                        .into(),
+                )
+            })?;
         let bytes =
             read_whole(&self.dir.join(name), None).map_err(|e| self.named(name, e.into()))?;
-        let image = KfdImage::decode(name, &bytes).map_err(|e| self.named(name, e.into()))?;
+        let image = match render_image_id(name) {
+            Some(_) => RenderImage::decode(name, &bytes).map(|r| r.contents_view()),
+            None => KfdImage::decode(name, &bytes),
+        };
+        let image = image.map_err(|e| self.named(name, e.into()))?;
         Ok((id, bytes, image))
     }
 
@@ -217,9 +232,13 @@ impl LinkDir<'_> {
                 format!("does not list {name}, which the child names as its parent"),
             ));
         }
-        manifest
-            .check_kfd(self.dir, id, bytes, image)
-            .map_err(|x| self.prefixed(x))
+        let checked = match render_image_id(name) {
+            Some(_) => RenderImage::decode(name, bytes)
+                .map_err(Refusal::from)
+                .and_then(|r| manifest.check_render(id, bytes, &r)),
+            None => manifest.check_kfd(self.dir, id, bytes, image),
+        };
+        checked.map_err(|x| self.prefixed(x))
     }
 
     /// A compressed pages file of GPU `gpu`: each chunk's record, walked
@@ -276,11 +295,40 @@ impl LinkDir<'_> {
 /// that cannot be used is logged and ignored: the dump then saves all GPU
 /// memory.
 pub fn dump_parent(dir: &Path, pid: u32) -> Option<(String, KfdImage)> {
+    let what = format!("pid {pid}");
+    find_parent(dir, &what, |name, bytes| {
+        kfd_image_id(name).is_some()
+            && KfdImage::decode(name, bytes)
+                .is_ok_and(|i| i.msg.pid == pid && i.msg.criu_rocm_reopen != Some(true))
+    })
+}
+
+/// [`dump_parent`] of the render file of task `pid` (as CRIU names it) on
+/// render minor `minor`: the parent's render image of that task and node
+/// with GEM BOs (its contents view).
+pub fn dump_render_parent(dir: &Path, pid: u32, minor: u32) -> Option<(String, KfdImage)> {
+    let what = format!("pid {pid}, render node renderD{minor}");
+    find_parent(dir, &what, |name, bytes| {
+        render_image_id(name).is_some()
+            && RenderImage::decode(name, bytes).is_ok_and(|r| {
+                r.msg.criu_rocm_pid == Some(pid)
+                    && r.msg.drm_render_minor == Some(minor)
+                    && r.has_gem_bos()
+            })
+    })
+}
+
+/// The one image of the parent link of `dir` that `pick` (name, bytes)
+/// chooses, loaded and checked; `what` names its owner in the log.
+fn find_parent(
+    dir: &Path,
+    what: &str,
+    pick: impl Fn(&str, &[u8]) -> bool,
+) -> Option<(String, KfdImage)> {
     let link = dir.join(PARENT_LINK);
     if std::fs::symlink_metadata(&link).is_err() {
         return None;
     }
-    let mut found = Vec::new();
     let entries = match std::fs::read_dir(&link) {
         Ok(e) => e,
         Err(e) => {
@@ -288,27 +336,19 @@ pub fn dump_parent(dir: &Path, pid: u32) -> Option<(String, KfdImage)> {
             return None;
         }
     };
-    for ent in entries.flatten() {
-        let Ok(name) = ent.file_name().into_string() else {
-            continue;
-        };
-        if kfd_image_id(&name).is_none() {
-            continue;
-        }
-        let Ok(image) =
-            read_whole(&link.join(&name), None).and_then(|b| KfdImage::decode(&name, &b))
-        else {
-            continue;
-        };
-        if image.msg.pid == pid && image.msg.criu_rocm_reopen != Some(true) {
-            found.push(name);
-        }
-    }
+    let found: Vec<String> = entries
+        .flatten()
+        .filter_map(|ent| ent.file_name().into_string().ok())
+        .filter(|name| {
+            (kfd_image_id(name).is_some() || render_image_id(name).is_some())
+                && read_whole(&link.join(name), None).is_ok_and(|b| pick(name, &b))
+        })
+        .collect();
     let name = match found.as_slice() {
         [] => {
             log::info!(
-                "pid {pid}: the parent images ({}) hold no GPU state of this process; its GPU \
-                 memory is saved whole",
+                "{what}: the parent images ({}) hold no GPU state of it; its GPU memory is \
+                 saved whole",
                 link.display()
             );
             return None;
@@ -316,8 +356,8 @@ pub fn dump_parent(dir: &Path, pid: u32) -> Option<(String, KfdImage)> {
         [one] => one.clone(),
         more => {
             log::warn!(
-                "pid {pid}: the parent images ({}) hold {} KFD images of this pid; its GPU \
-                 memory is saved whole",
+                "{what}: the parent images ({}) hold {} images of it; its GPU memory is saved \
+                 whole",
                 link.display(),
                 more.len()
             );
@@ -327,9 +367,7 @@ pub fn dump_parent(dir: &Path, pid: u32) -> Option<(String, KfdImage)> {
     match load_link(&link, &format!("{PARENT_LINK}/"), &name) {
         Ok(l) => Some((name, l.image)),
         Err(r) => {
-            log::warn!(
-                "pid {pid}: not using the parent images: {r}; its GPU memory is saved whole"
-            );
+            log::warn!("{what}: not using the parent images: {r}; its GPU memory is saved whole");
             None
         }
     }
@@ -337,18 +375,18 @@ pub fn dump_parent(dir: &Path, pid: u32) -> Option<(String, KfdImage)> {
 
 /// For the content BOs of a dump (`bos`, its image's entries, user
 /// gpu_ids), the digests of the same BO in `parent` (same GPU, address,
-/// size, flags and extent), and that BO's index there.
+/// size, flags, GEM handle and extent), and that BO's index there.
 pub fn parent_digests(
     bos: &[KfdBoEntry],
     parent: &KfdImage,
 ) -> (BTreeMap<usize, Vec<u64>>, BTreeMap<usize, u32>) {
-    let by_key: BTreeMap<(u32, u64, u64, u32), usize> = parent
+    let by_key: BTreeMap<BoKey, usize> = parent
         .msg
         .bo_entries
         .iter()
         .enumerate()
         .filter(|(_, b)| bo::has_contents(b.alloc_flags))
-        .map(|(j, b)| ((b.gpu_id, b.addr, b.size, b.alloc_flags), j))
+        .map(|(j, b)| (bo_key(b), j))
         .collect();
     let mut digests = BTreeMap::new();
     let mut index = BTreeMap::new();
@@ -356,7 +394,7 @@ pub fn parent_digests(
         if !bo::has_contents(b.alloc_flags) {
             continue;
         }
-        let Some(&j) = by_key.get(&(b.gpu_id, b.addr, b.size, b.alloc_flags)) else {
+        let Some(&j) = by_key.get(&bo_key(b)) else {
             continue;
         };
         let Some((e, d)) = extent_digests(&parent.msg.bo_entries[j]) else {
@@ -372,6 +410,14 @@ pub fn parent_digests(
     (digests, index)
 }
 
+/// What makes a BO of a parent the same BO: GPU, address, size, flags and
+/// GEM handle (a render image's; none for KFD's).
+type BoKey = (u32, u64, u64, u32, Option<u32>);
+
+fn bo_key(b: &KfdBoEntry) -> BoKey {
+    (b.gpu_id, b.addr, b.size, b.alloc_flags, b.handle)
+}
+
 /// Whether the image takes any extent from a parent.
 pub fn is_incremental(image: &KfdImage) -> bool {
     image.msg.bo_entries.iter().any(|b| {
@@ -381,8 +427,8 @@ pub fn is_incremental(image: &KfdImage) -> bool {
     })
 }
 
-/// Follows the chain of the KFD image `id` of `dir` (already validated
-/// itself) for every extent it takes from a parent: per GPU, the ranges of
+/// Follows the chain of the KFD image `name` of `dir` (or render image:
+/// its contents view; already validated itself) for every extent it takes from a parent: per GPU, the ranges of
 /// its pages file to read from an ancestor's instead.  Empty for an image
 /// that takes nothing.  Refuses, naming the file and field, a parent that
 /// is missing, damaged, incomplete, or not the one the image was made
@@ -395,13 +441,13 @@ pub fn is_incremental(image: &KfdImage) -> bool {
 /// bytes are in that link's pages file ([`Walk::source`]).
 pub fn resolve(
     dir: &Path,
-    id: FileId,
+    name: &str,
     image: &KfdImage,
 ) -> Result<BTreeMap<GpuId, Arc<Overlay>>, Refusal> {
     if !is_incremental(image) {
         return Ok(BTreeMap::new());
     }
-    let mut walk = Walk::new(dir, id, image);
+    let mut walk = Walk::new(dir, name, image);
     for (i, b) in image.msg.bo_entries.iter().enumerate() {
         walk.bo(i, b)?;
     }
@@ -440,7 +486,7 @@ struct Extent<'b> {
 }
 
 impl<'a> Walk<'a> {
-    fn new(dir: &'a Path, id: FileId, image: &'a KfdImage) -> Self {
+    fn new(dir: &'a Path, name: &str, image: &'a KfdImage) -> Self {
         let mut seen = BTreeSet::new();
         if let Ok(c) = dir.canonicalize() {
             seen.insert(c);
@@ -448,7 +494,7 @@ impl<'a> Walk<'a> {
         Walk {
             dir,
             image,
-            child_name: crate::image::kfd_image_name(id),
+            child_name: name.to_owned(),
             child_starts: starts(&image.msg.bo_entries),
             links: Vec::new(),
             seen,
@@ -581,11 +627,7 @@ impl<'a> Walk<'a> {
                 reason: format!("is {j}, but {}{} has no such BO", l.shown, l.name()),
             }
         })?;
-        let same = pb.gpu_id == b.gpu_id
-            && pb.addr == b.addr
-            && pb.size == b.size
-            && pb.alloc_flags == b.alloc_flags
-            && bo::has_contents(pb.alloc_flags);
+        let same = bo_key(pb) == bo_key(b) && bo::has_contents(pb.alloc_flags);
         if !same {
             return Err(l.refusal(
                 &l.name(),
@@ -698,5 +740,119 @@ impl<'a> Walk<'a> {
                 (g, Arc::new(o))
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::image::tests::tempdir;
+    use crate::pages::ExtentHasher;
+    use crate::proto::{CriuRenderNode, DrmBoEntry, DrmVmEntry};
+
+    const GPU: u32 = 0x1a2b;
+    const SIZE: u64 = 3 * CONTENT_EXTENT;
+
+    /// A render image of task 42 on renderD128 whose GEM BO (handle
+    /// `handle`, 6 MiB of GTT) holds `bytes`, written into `dir` as file
+    /// `id` with its pages file and digests; `parent`: the extents it
+    /// leaves to the parent's image `name` (holes in its pages file).
+    fn write_render(
+        dir: &Path,
+        id: FileId,
+        handle: u32,
+        bytes: &[u8],
+        parent: Option<(&[u64], &str)>,
+    ) -> RenderImage {
+        let mut h = ExtentHasher::new(Some(CONTENT_EXTENT));
+        h.update(bytes);
+        let digests = h.digests();
+        let mut b = DrmBoEntry {
+            size: SIZE,
+            offset: 0x10_0000,
+            alignment: 1,
+            preferred_domains: kfd_abi::sys::AMDGPU_GEM_DOMAIN_GTT,
+            handle,
+            num_of_vms: 1,
+            vm_entries: vec![DrmVmEntry {
+                addr: 0x4000_0000,
+                size: SIZE,
+                offset: 0,
+                flags: 0,
+            }],
+            content_xxh3: Some(crate::bo::compose(&digests)),
+            content_hash_extent: Some(CONTENT_EXTENT),
+            content_extent_xxh3: digests,
+            ..Default::default()
+        };
+        let mut msg = CriuRenderNode {
+            gpu_id: GPU,
+            drm_render_minor: Some(128),
+            num_of_bos: Some(1),
+            criu_rocm_pid: Some(42),
+            ..Default::default()
+        };
+        let mut pages = SIZE.to_le_bytes().to_vec();
+        pages.extend_from_slice(bytes);
+        if let Some((kept, name)) = parent {
+            b.parent_extents = Some(bitmap(kept));
+            b.parent_bo = Some(0);
+            msg.criu_rocm_parent = Some(name.to_owned());
+            for &k in kept {
+                let at = (8 + k * CONTENT_EXTENT) as usize;
+                pages[at..at + CONTENT_EXTENT as usize].fill(0);
+            }
+        }
+        msg.bo_entries = vec![b];
+        let img = RenderImage::decode(
+            "t",
+            &crate::image::frame(&prost::Message::encode_to_vec(&msg)),
+        )
+        .unwrap();
+        img.write(dir, id).unwrap();
+        std::fs::write(dir.join(pages_image_name(id, GpuId(GPU))), pages).unwrap();
+        let mut d = Digests::default();
+        d.add_render_in(dir, id, &img);
+        std::fs::write(dir.join(digests::FILE), d.encode()).unwrap();
+        img
+    }
+
+    /// A render image's GEM BO takes extents 0 and 2 from its parent's
+    /// render image (found by task and render minor), and restore follows
+    /// that chain; a parent whose BO has another handle, or another
+    /// digest for a taken extent, is refused naming the parent's field.
+    #[test]
+    fn a_render_image_takes_extents_from_its_parents() {
+        let root = tempdir();
+        let (pdir, dir) = (root.join("pre"), root.join("img"));
+        std::fs::create_dir_all(&pdir).unwrap();
+        std::fs::create_dir_all(&dir).unwrap();
+        std::os::unix::fs::symlink("../pre", dir.join(PARENT_LINK)).unwrap();
+        let pid_ = FileId(1 << 30);
+        let pname = crate::image::render_image_name(pid_);
+        let mut bytes: Vec<u8> = (0..SIZE).map(|i| (i % 251) as u8 | 1).collect();
+        write_render(&pdir, pid_, 5, &bytes, None);
+        let (found, view) = dump_render_parent(&dir, 42, 128).expect("the parent's render image");
+        assert_eq!(found, pname);
+        assert!(dump_render_parent(&dir, 43, 128).is_none(), "another task");
+        assert!(dump_render_parent(&dir, 42, 129).is_none(), "another node");
+        bytes[CONTENT_EXTENT as usize + 9] ^= 0xff;
+        let child = write_render(&dir, FileId(6), 5, &bytes, Some((&[0, 2], &pname)));
+        let (d, j) = parent_digests(&child.contents_view().msg.bo_entries, &view);
+        assert_eq!(j, BTreeMap::from([(0, 0)]));
+        assert_eq!(d[&0][0], child.msg.bo_entries[0].content_extent_xxh3[0]);
+        let name = crate::image::render_image_name(FileId(6));
+        let overlays = resolve(&dir, &name, &child.contents_view()).unwrap();
+        assert!(overlays.contains_key(&GpuId(GPU)), "{overlays:?}");
+        // The parent's BO with another handle: another BO.
+        write_render(&pdir, pid_, 7, &bytes, None);
+        let r = resolve(&dir, &name, &child.contents_view()).unwrap_err();
+        assert_eq!(r.file, format!("parent/{pname}"), "{r}");
+        assert!(r.reason.contains("is not the BO of"), "{r}");
+        // The same BO with other bytes in a taken extent.
+        bytes[9] ^= 0xff;
+        write_render(&pdir, pid_, 5, &bytes, None);
+        let r = resolve(&dir, &name, &child.contents_view()).unwrap_err();
+        assert_eq!(r.field, "bo_entries[0].content_extent_xxh3[0]", "{r}");
     }
 }
