@@ -4022,6 +4022,110 @@ fn get_queue_wave_state_reports_the_saved_waves_and_the_dispatch_runs_on() {
     s.unpause_and_finish(256);
 }
 
+/// UPDATE_QUEUE of queue 0 of `s`: its ring (at the rig's place, `size`
+/// bytes) and its share of the GPU.
+fn update_queue0(s: &Shader, size: u32, percent: u32) -> Result<Vec<u8>, i32> {
+    let a = args(
+        &[
+            (0, RING_VA),
+            (8, 0),
+            (12, size as u64),
+            (16, percent as u64),
+        ],
+        24,
+    );
+    s.d.call(nr::UPDATE_QUEUE, &a)
+}
+
+/// UPDATE_QUEUE unmapping a queue with a kernel in flight (a share of 0, or
+/// a ring of size 0 or base 0) preempts it with wavefront save, as KFD's
+/// HWS unmaps it: the waves (registers, LDS, a barrier) go into the
+/// queue's context save area (GET_QUEUE_WAVE_STATE shows them), none runs
+/// while the queue is unmapped, and mapped again the queue rebuilds them
+/// and the kernel finishes with every work-item's result.
+#[test]
+fn update_queue_unmapping_a_queue_saves_its_waves_and_mapping_it_resumes_them() {
+    for unmap in ["percent 0", "ring base 0"] {
+        let s = held_dispatch();
+        if unmap == "percent 0" {
+            update_queue0(&s, 4096, 0).unwrap();
+        } else {
+            let a = args(&[(0, 0), (8, 0), (12, 4096), (16, 100)], 24);
+            s.d.call(nr::UPDATE_QUEUE, &a).unwrap();
+        }
+        let ((ctl, used), stacks) = wave_state_of(&s);
+        assert!(ctl > 0 && used > 0, "{unmap}: sizes {ctl}, {used}");
+        assert_eq!(
+            stacks[0].dispatches[0].waves.len(),
+            4,
+            "{unmap}: 4 waves saved"
+        );
+        // SAFETY: the kernarg's flag.
+        unsafe { wr32(s.data, 8, 1) };
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(
+            s.sig_value(0),
+            1,
+            "{unmap}: no wave runs on the unmapped queue"
+        );
+        // Mapped again: the waves run on from where they were saved.
+        update_queue0(&s, 4096, 100).unwrap();
+        assert!(s.wait_for(0, 0), "{unmap}: the resumed dispatch completes");
+        for i in 0..256 {
+            assert_eq!(
+                s.out(i),
+                i as u32,
+                "{unmap}: work-item {i}'s id through its LDS"
+            );
+        }
+    }
+}
+
+/// A queue unmapped by UPDATE_QUEUE with its waves saved is checkpointed
+/// with them (its control stack in its record) and, restored on another
+/// host, stays unmapped until UPDATE_QUEUE maps it: then its kernel
+/// finishes there.
+#[test]
+fn an_unmapped_queue_with_saved_waves_is_checkpointed_and_resumed_elsewhere() {
+    let s = held_dispatch();
+    update_queue0(&s, 4096, 0).unwrap();
+    let fh = KFD_FH.with(|f| f.get());
+    let mut img = dump_me(&s.d, fh);
+    let magic = gfx9::cwsr::stack::MAGIC.to_le_bytes();
+    assert!(
+        img.blob.windows(4).any(|w| w == magic),
+        "the queue record holds the control stack"
+    );
+    let blob = img.blob.clone();
+    let (d2, fh2, r) = restore_me(&s.d, &mut img, &blob);
+    r.unwrap();
+    let (data, sigs) = (
+        restored_bo(&d2, &img, DATA_VA),
+        restored_bo(&d2, &img, SHADER_SIGS_VA),
+    );
+    let pid = std::process::id();
+    let call = |n, a: &[u8]| d2.call_fh(fh2, &me(), n, a);
+    call(
+        nr::CRIU_OP,
+        &criu(criu_op::RESUME, 0, 0, 0, 0, 0, 0, 0, pid),
+    )
+    .unwrap();
+    // SAFETY: the restored kernarg's flag.
+    unsafe { wr32(data, 8, 1) };
+    std::thread::sleep(Duration::from_millis(200));
+    // SAFETY: the restored completion signal.
+    let completion = unsafe { rd64(sigs, 8) };
+    assert_eq!(completion, 1, "the restored queue is still unmapped");
+    let a = args(&[(0, RING_VA), (8, 0), (12, 4096), (16, 100)], 24);
+    call(nr::UPDATE_QUEUE, &a).unwrap();
+    assert!(poll_signal(sigs, 0, 0), "the restored dispatch completes");
+    for i in 0..256 {
+        // SAFETY: the restored output buffer.
+        let v = unsafe { rd32(data, 0x1000 + 4 * i) };
+        assert_eq!(v, i as u32, "work-item {i}");
+    }
+}
+
 /// The dispatch checkpointed mid-flight is restored into a fresh emulator
 /// (other gpu_id, other render minor) from the private data and the BOs'
 /// bytes alone, and finishes there with every work-item's result.

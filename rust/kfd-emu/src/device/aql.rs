@@ -42,7 +42,7 @@ mod vendor;
 
 use gfx9::Target;
 
-use super::shader::{JobKey, Launch, Outcome, SaveArea};
+use super::shader::{JobKey, Launch, Outcome, SaveArea, SaveJob};
 use super::state::{Done, Proc, Queue};
 use super::uapi::queue_type;
 use ring::{error, Handled, COMPLETION_SIGNAL, PACKET};
@@ -157,6 +157,28 @@ pub fn save_area(q: &Queue) -> SaveArea {
         size: q.ctx_size,
         ctl_stack_size: q.ctl_stack_size,
     }
+}
+
+/// What the shader engine needs to save the waves of the dispatch queue
+/// `id` of process `p` has in flight, on a GPU of `xccs` XCCs.
+pub fn save_job(p: &Proc, id: u32, q: &Queue, xccs: u32) -> SaveJob {
+    SaveJob {
+        lead: p.lead,
+        queue: id,
+        area: save_area(q),
+        xccs: xccs as u16,
+        vm: p.gpu_range(q.gpu, 0, VA_TOP),
+    }
+}
+
+/// The waves of queue `q`'s dispatch in flight are in its context save
+/// area, `stacks` the control stack of each XCC: the dispatch waits at its
+/// packet, and the queue rebuilds it when it runs again.
+pub fn keep_saved(q: &mut Queue, stacks: Vec<Vec<u8>>) {
+    q.aql.running = false;
+    q.aql.saved = stacks;
+    // Looked at again when the queue runs.
+    q.aql.waiting = true;
 }
 
 /// The ring slot of packet `index`.
@@ -285,7 +307,7 @@ pub fn pass(p: &mut Proc, targets: &[Option<Target>], done: &mut Done) -> Pass {
             q.qtype == queue_type::COMPUTE_AQL
                 && !q.halted
                 && !q.aql.running
-                && q.percent > 0
+                && q.is_mappable()
                 && q.ring_size >= PACKET as u32
         })
         .map(|(&id, _)| id)

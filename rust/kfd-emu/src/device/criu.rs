@@ -276,13 +276,7 @@ pub fn process_info(
     Ok(p.queues
         .iter()
         .filter(|(_, q)| q.aql.running)
-        .map(|(&id, q)| SaveJob {
-            lead,
-            queue: id,
-            area: aql::save_area(q),
-            xccs: st.devs.gpus[q.gpu].num_xcc as u16,
-            vm: p.gpu_range(q.gpu, 0, aql::VA_TOP),
-        })
+        .map(|(&id, q)| aql::save_job(p, id, q, st.devs.gpus[q.gpu].num_xcc))
         .collect())
 }
 
@@ -300,12 +294,7 @@ pub fn saved(st: &mut State, lead: u32, ids: &[u32], outcomes: Vec<Saved>) -> R<
         };
         match outcome {
             Saved::Idle => {}
-            Saved::Stack(stacks) => {
-                q.aql.running = false;
-                q.aql.saved = stacks;
-                // Looked at again when the queue runs.
-                q.aql.waiting = true;
-            }
+            Saved::Stack(stacks) => aql::keep_saved(q, stacks),
             Saved::Failed(why) => {
                 log::error!(
                     "kfd-emu: process {lead} GPU {:#x} AQL queue {id}: the waves of its kernel \

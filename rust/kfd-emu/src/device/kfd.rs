@@ -6,7 +6,9 @@ use std::mem::size_of;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::aql;
 use super::mem::{user_read, user_write};
+use super::shader::{SaveJob, Saved};
 use super::state::{
     Answer, Bo, BoKey, Done, Event, Fired, MemoryException, Queue, SignalPage, State, WaitEnd,
     WaitReply, Waiter, R,
@@ -636,9 +638,19 @@ pub fn destroy_queue(
     Ok(())
 }
 
-/// UPDATE_QUEUE.
-pub fn update_queue(st: &mut State, lead: u32, a: &mut sys::kfd_ioctl_update_queue_args) -> R<()> {
-    let p = proc_mut(st, lead)?;
+/// UPDATE_QUEUE. A compute queue it unmaps (a ring of size 0 or base 0, a
+/// share of 0) while a dispatch runs on it is preempted as KFD's HWS
+/// unmaps it, with wavefront save: the returned job names the dispatch
+/// whose waves the shader engine must save into the queue's context save
+/// area ([`update_queue_saved`] takes the outcome); the queue rebuilds
+/// them when UPDATE_QUEUE maps it again.
+pub fn update_queue(
+    st: &mut State,
+    lead: u32,
+    a: &mut sys::kfd_ioctl_update_queue_args,
+) -> R<Option<SaveJob>> {
+    let devs = st.devs.clone();
+    let p = st.procs.get_mut(&lead).ok_or(libc::ESRCH)?;
     if a.queue_percentage > 100 || a.queue_priority > 15 {
         return Err(libc::EINVAL);
     }
@@ -648,11 +660,49 @@ pub fn update_queue(st: &mut State, lead: u32, a: &mut sys::kfd_ioctl_update_que
     }
     // An unknown queue is EFAULT here (pqm_update_queue_properties).
     let q = p.queues.get_mut(&a.queue_id).ok_or(libc::EFAULT)?;
+    let was_mapped = q.is_mappable();
     q.ring_base = a.ring_base_address;
     q.ring_size = rs.max(MIN_QUEUE_RING_SIZE);
     q.percent = a.queue_percentage;
     q.priority = a.queue_priority;
-    Ok(())
+    let preempt = was_mapped && !q.is_mappable() && q.aql.running;
+    let q = &p.queues[&a.queue_id];
+    if preempt && (q.ctx_addr == 0 || q.ctl_stack_size == 0) {
+        log::info!(
+            "kfd-emu: process {lead} AQL queue {}: unmapped by UPDATE_QUEUE with a kernel \
+             dispatch in flight and no context save area: its waves drain",
+            a.queue_id
+        );
+        return Ok(None);
+    }
+    let xccs = devs.gpus[q.gpu].num_xcc;
+    Ok(preempt.then(|| aql::save_job(p, a.queue_id, q, xccs)))
+}
+
+/// UPDATE_QUEUE's end, under the state lock again: the waves of queue
+/// `id`'s dispatch are saved (its control stack kept with its MQD until
+/// the queue is mapped again), or the dispatch ended meanwhile. Waves that
+/// cannot be saved (the save area is not in the GPU VM, too small) drain,
+/// as the CP finishes a dispatch it cannot preempt; the daemon says so.
+pub fn update_queue_saved(st: &mut State, lead: u32, id: u32, outcome: Saved) {
+    let Some(p) = st.procs.get_mut(&lead) else {
+        return;
+    };
+    let user_ids: Vec<u32> = p.pdds.iter().map(|d| d.user_id).collect();
+    let Some(q) = p.queues.get_mut(&id) else {
+        return;
+    };
+    match outcome {
+        Saved::Idle => {}
+        Saved::Stack(stacks) => aql::keep_saved(q, stacks),
+        Saved::Failed(why) => log::warn!(
+            "kfd-emu: process {lead} GPU {:#x} AQL queue {id}: unmapped by UPDATE_QUEUE, but \
+             the waves of its kernel dispatch cannot be saved into its context save area at \
+             {:#x}: {why}; they drain",
+            user_ids[q.gpu],
+            q.ctx_addr
+        ),
+    }
 }
 
 /// Attaches the signal page: the BO named by `handle`, or (handle 0) the
@@ -1093,7 +1143,7 @@ pub fn get_tile_config(
 /// Whether KFD counts queue `q` as active (mapped by the scheduler): a
 /// ring, a non-zero share and a process not evicted.
 fn queue_active(p: &super::state::Proc, q: &Queue) -> bool {
-    q.ring_size > 0 && q.ring_base != 0 && q.percent > 0 && !p.evicted()
+    q.is_mappable() && !p.evicted()
 }
 
 /// SET_CU_MASK: KFD's checks; the mask is recorded on the queue.

@@ -138,6 +138,14 @@ const BUSY_POLL: Duration = Duration::from_micros(50);
 const IDLE_POLL: Duration = Duration::from_millis(2);
 const NO_QUEUE_POLL: Duration = Duration::from_millis(20);
 
+/// Whether KFD request `n` may have the shader engine save waves, which it
+/// does without the state lock: CRIU_OP PROCESS_INFO and UPDATE_QUEUE.
+fn saves_waves(n: u32, input: &[u8]) -> bool {
+    n == nr::UPDATE_QUEUE
+        || n == nr::CRIU_OP
+            && uapi::decode::<sys::kfd_ioctl_criu_args>(input).op == uapi::criu_op::PROCESS_INFO
+}
+
 fn send(done: Done) {
     for (r, v) in done {
         r.reply(v);
@@ -861,10 +869,12 @@ impl Emulator {
             };
             st = self.quiesce(st, &[lead, other]);
         }
-        if n == nr::CRIU_OP
-            && uapi::decode::<sys::kfd_ioctl_criu_args>(input).op == uapi::criu_op::PROCESS_INFO
-        {
-            let (st, r) = self.process_info(st, lead, caller, input, out_size);
+        if saves_waves(n, input) {
+            let (st, r) = if n == nr::UPDATE_QUEUE {
+                self.update_queue(st, lead, input, out_size)
+            } else {
+                self.process_info(st, lead, caller, input, out_size)
+            };
             self.shared.wake.notify_all();
             self.unlock_then_finish(st, done);
             return Some((reply, r));
@@ -938,6 +948,34 @@ impl Emulator {
         };
         log_criu_op(a.op, caller, &r);
         (st, r.map(|()| criu::answer(&a, input, out_size)))
+    }
+
+    /// UPDATE_QUEUE: changes the queue under the lock; when that unmaps a
+    /// queue with a dispatch in flight, has the shader engine save its
+    /// waves without the lock (as PROCESS_INFO does), then records them
+    /// with the queue.
+    fn update_queue<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
+        lead: u32,
+        input: &[u8],
+        out_size: usize,
+    ) -> (MutexGuard<'a, State>, state::R<Vec<u8>>) {
+        let mut job = None;
+        let r = with(input, out_size, |a| {
+            job = kfd::update_queue(&mut st, lead, a)?;
+            Ok(())
+        });
+        if let Some(job) = job {
+            let id = job.queue;
+            drop(st);
+            let outcome = self.shared.shader.save(vec![job]).pop();
+            st = self.lock();
+            if let Some(o) = outcome {
+                kfd::update_queue_saved(&mut st, lead, id, o);
+            }
+        }
+        (st, r)
     }
 
     pub fn shutdown(&self) {
@@ -1067,7 +1105,6 @@ fn queue_call(st: &mut State, n: u32, c: Call) -> Option<state::R<Vec<u8>>> {
             with(i, o, |a| kfd::create_queue(st, lead, a, engine))
         }
         nr::DESTROY_QUEUE => with(i, o, |a| kfd::destroy_queue(st, lead, a)),
-        nr::UPDATE_QUEUE => with(i, o, |a| kfd::update_queue(st, lead, a)),
         nr::SET_CU_MASK => with(i, o, |a| kfd::set_cu_mask(st, lead, caller, a)),
         nr::GET_QUEUE_WAVE_STATE => with(i, o, |a| kfd::get_queue_wave_state(st, lead, caller, a)),
         nr::ALLOC_QUEUE_GWS => with(i, o, |a| kfd::alloc_queue_gws(st, lead, a)),

@@ -195,6 +195,13 @@ pub struct AqlState {
 }
 
 impl Queue {
+    /// Whether the queue's own properties let the scheduler map it (KFD's
+    /// QUEUE_IS_ACTIVE without the process' eviction): a ring, its base
+    /// and a non-zero share.  UPDATE_QUEUE unmaps a queue by clearing one.
+    pub fn is_mappable(&self) -> bool {
+        self.ring_size > 0 && self.ring_base != 0 && self.percent > 0
+    }
+
     pub fn is_sdma(&self) -> bool {
         matches!(
             self.qtype,
