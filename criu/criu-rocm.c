@@ -308,10 +308,22 @@ static int gpu_checkpoint_devices(int pid)
 	return 0;
 }
 
-/* DUMP_EXT_FILE (criu main): a GPU device fd of the tree. */
+/* The task and fd number of the file CRIU dumps now (criu_rocm_note_file_owner). */
+static struct {
+	pid_t pid;
+	int fd;
+} dumping_file = { .pid = -1, .fd = -1 };
+
+void criu_rocm_note_file_owner(pid_t pid, int fd)
+{
+	dumping_file.pid = pid;
+	dumping_file.fd = fd;
+}
+
+/* DUMP_EXT_FILE (criu main): a GPU device fd or dma-buf of the tree. */
 static int gpu_dump_ext_file(int fd, int id)
 {
-	int ret = criu_gpu_dump_file(fd, id, image_dir_fd());
+	int ret = criu_gpu_dump_file(fd, id, dumping_file.pid, dumping_file.fd, image_dir_fd());
 
 	if (ret == -ENOTSUP)
 		return ret;
@@ -338,16 +350,40 @@ static int real_pid_of_current(void)
 	return atoi(buf);
 }
 
-/* RESTORE_EXT_FILE (the restored task): the fd of GPU file id. */
+/* Whether the current task still has to restore file id (an fd it opens or receives). */
+static bool task_restores_file(u32 id)
+{
+	struct fdinfo_list_entry *fle;
+
+	list_for_each_entry(fle, &rsti(current)->fds, ps_list)
+		if (fle->desc->id == id && fle->stage < FLE_RESTORED)
+			return true;
+	return false;
+}
+
+/*
+ * RESTORE_EXT_FILE (the restored task): the fd of GPU file id. -EAGAIN: a dma-buf whose BO's
+ * holder, a file the task restores later, is not restored yet (CRIU tries it again after the
+ * task's other files, patch 0040); one whose holder the task does not restore fails.
+ */
 static int gpu_restore_ext_file(int id)
 {
 	pid_t pid = vpid(current);
+	u32 wait_for = 0;
 	int floor, fd;
 
 	floor = find_unused_fd_pid(pid);
 	if (floor < 0)
 		return -1;
-	fd = criu_gpu_restore_file(pid, real_pid_of_current(), id, floor, image_dir_fd());
+	fd = criu_gpu_restore_file(pid, real_pid_of_current(), id, floor, image_dir_fd(), &wait_for);
+	if (fd == -EAGAIN) {
+		if (task_restores_file(wait_for))
+			return fd;
+		pr_err("The dma-buf file %#x of %d is of a BO of GPU file %#x, which this task does "
+		       "not restore\n",
+		       id, pid, wait_for);
+		return -1;
+	}
 	if (fd < 0 && fd != -ENOTSUP)
 		pr_err("Can't restore the GPU file %#x of %d\n", id, pid);
 	return fd;

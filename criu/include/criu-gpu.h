@@ -138,11 +138,12 @@ int criu_gpu_pre_dump_task(int pid);
 int criu_gpu_pre_dump_memory(int imgdir_fd);
 
 /*
- Dumps device file `fd` (CRIU's copy of a task's file `id`) into the
- image directory `imgdir_fd`; the task is found by the open file.  `1`: a
- KFD file, `2`: a render node, `-ENOTSUP`: not a GPU file.
+ Dumps device file or dma-buf `fd` (CRIU's copy of file `id`, fd
+ `task_fd` of task `pid`) into the image directory `imgdir_fd`; a device
+ file's task is found by the open file.  `1`: a KFD file, `2`: a render
+ node, `3`: a dma-buf, `-ENOTSUP`: not a GPU file.
  */
-int criu_gpu_dump_file(int fd, uint32_t id, int imgdir_fd);
+int criu_gpu_dump_file(int fd, uint32_t id, int pid, int task_fd, int imgdir_fd);
 
 /*
  After every task's memory is dumped: every paused KFD process must have
@@ -211,9 +212,18 @@ int criu_gpu_restore_fini(void);
  In a restored task (pid `vpid` in its namespace, `real_pid` in criu
  main's): restores GPU file `id` and returns its fd, or `-ENOTSUP` when
  `id` is no GPU file.  Fds kept for later hooks are numbered `fd_floor` or
- above.
+ above.  `-EAGAIN`: the file (a dma-buf) waits for GPU file `*wait_for`,
+ which the task has not restored yet.
+
+ # Safety
+ `wait_for` points to a writable `u32`.
  */
-int criu_gpu_restore_file(int vpid, int real_pid, uint32_t id, int fd_floor, int imgdir_fd);
+int criu_gpu_restore_file(int vpid,
+                          int real_pid,
+                          uint32_t id,
+                          int fd_floor,
+                          int imgdir_fd,
+                          uint32_t *wait_for);
 
 /*
  In a restored task, before CRIU opens a regular file by its name

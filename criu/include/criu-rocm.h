@@ -35,6 +35,12 @@ extern int criu_rocm_init(void);
  */
 extern int criu_rocm_set_knob(const char *arg);
 
+/*
+ * The task (its pid in criu's namespace) and fd number of the file CRIU dumps next, for the
+ * GPU plugin's DUMP_EXT_FILE (a dma-buf's record and refusals name them).
+ */
+extern void criu_rocm_note_file_owner(pid_t pid, int fd);
+
 /* Prints criu-rocm's version and git revision after CRIU's own (--version). */
 extern void criu_rocm_print_version(void);
 

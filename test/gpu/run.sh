@@ -1652,26 +1652,96 @@ shared_bo_round_and_end() {
 }
 
 # A process holding a dma-buf fd (test/rocm/shared-bo.c --dmabuf: a GEM BO exported with
-# PRIME, a KFD BO exported with EXPORT_DMABUF, the fd kept) under `kfd-emu supervise`. The fd
-# is what the kernel's is to the process and to CRIU: its link reads /dmabuf: and no mount
-# of it is visible. criu-rocm saves no dma-buf fds, so its dump must fail, as upstream CRIU's
-# on a real kernel does (a file it cannot dump), rather than save the fd as some other file
-# and restore it cut from its BO; the process runs on.
-case_gem_dmabuf_fd_dump_refused() { on mi100 -- dmabuf_fd_dump_refused; }
-case_kfd_dmabuf_fd_dump_refused() { on mi100 -- dmabuf_fd_dump_refused --kfd; }
-dmabuf_fd_dump_refused() {
-	local img=$CASE_DIR/img out=$CASE_DIR/sb.out pid fd link
+# PRIME, a KFD BO exported with EXPORT_DMABUF, the fd kept, as HIP IPC's exporter and PRIME
+# clients do) under `kfd-emu supervise`. The fd is what the kernel's is to the process and to
+# CRIU: its link reads /dmabuf: and no mount of it is visible. The dump recognises it (CRIU
+# offers it to the plugins, patch 0040) as a BO the dump saves (imported into criu's own open
+# of the node: the same BO, at the same mmap offset) and records which (amdgpu-dmabuf_<id>.img,
+# criu-dev's message); the restore exports the restored BO again at the fd's number, after its
+# holder's file (CRIU retries the dma-buf). The process checks after the restore that the fd
+# still reads /dmabuf:, is close-on-exec and read-write, and is its BO: imported on the second
+# open of the node it made at the start (which holds the BO: "the same BO as" the first) it is
+# that open's handle, whose mapping reads what the first open wrote, and a GEM BO's dma-buf
+# imported on the first open is its own handle. On the same host, and with KFD on another
+# (other gpu_ids and render minors).
+case_gem_dmabuf_fd_cr() { on mi100 -- dmabuf_fd_cr; }
+case_kfd_dmabuf_fd_cr() { on mi100 -- dmabuf_fd_cr --kfd; }
+case_kfd_dmabuf_fd_cr_other_host() {
+	on mi100x2 -- dmabuf_fd_dump --kfd
+	on mi100x2 --profile-file "$(host_file mi100x2-other)" -- dmabuf_fd_restore
+}
+dmabuf_fd_cr() {
+	dmabuf_fd_dump "$@"
+	dmabuf_fd_restore
+}
+# dmabuf_fd_dump [--kfd]: the dump saves the dma-buf as its BO's; pid in $CASE_DIR/sb.pid.
+dmabuf_fd_dump() {
+	local img=$CASE_DIR/img out=$CASE_DIR/sb.out pid fd link held='render node /dev/dri/renderD128 \(file [0-9]+\), GEM handle 1 \(65536 bytes\)'
+	[ "${1-}" = --kfd ] && held='fd [0-9]+ \(/dev/kfd\), BO 0 \(65536 bytes at GPU VA 0x[0-9a-f]+\)'
 	pid=$(shared_bo_start "$out" --dmabuf "$@") || exit 1
+	echo "$pid" >"$CASE_DIR/sb.pid"
 	fd=$(sed -n 's/^ready [0-9]* dmabuf \([0-9]*\)$/\1/p' "$out")
 	link=$(readlink "/proc/$pid/fd/$fd") || fail "shared-bo $pid has no fd ${fd:-?}"
 	[ "$link" = /dmabuf: ] || fail "the dma-buf fd $fd of shared-bo $pid reads $link, not /dmabuf:"
-	dump "$pid" "$img" && fail "the dump of shared-bo $pid succeeded although it holds dma-buf fd $fd"
-	# Offered to the plugins as the kernel's (patch 0040 for kfd-emu's, whose inode says
-	# regular file), none of which takes it.
-	log_has "$img/dump.log" "Can't dump file $fd of that type \[100600\] \(dmabuf /dmabuf:\)"
-	[ "${1-}" = --kfd ] && log_has "$img/dump.log" "amdgpu: pid $pid: GPU queues unpaused"
-	shared_bo_round_and_end "$pid" "$out" "the failed dump"
-	note "$(grep -a -m1 -i 'dmabuf:' "$img/dump.log" | cut -c1-200)"
+	mkdir -p "$img"
+	dump "$pid" "$img" || fail "criu-rocm dump of shared-bo $pid failed: $(log_errors "$img/dump.log")"
+	wait_gone "$pid" 5 || fail "shared-bo $pid still runs after the dump"
+	log_has "$img/dump.log" "amdgpu: pid $pid: fd $fd \(dma-buf, file [0-9]+\) of a BO of GPU 0x[0-9a-f]+ \(/dev/dri/renderD128, mmap offset 0x[0-9a-f]+, 65536 bytes\): saved as BO [0-9]+ of pid $pid: $held"
+	ls "$img"/amdgpu-dmabuf_*.img >/dev/null 2>&1 || fail "the dump wrote no amdgpu-dmabuf_*.img"
+}
+# dmabuf_fd_restore: under the supervisor; the fd is the restored BO's export.
+dmabuf_fd_restore() {
+	local img=$CASE_DIR/img log=$CASE_DIR/img/restore.log pid
+	pid=$(cat "$CASE_DIR/sb.pid")
+	gpu_check "$img"
+	[ "$GC_RC" = 0 ] || fail "gpu-check says the images cannot be restored here (exit $GC_RC): $(paste -sd' ' <<<"$GC_OUT")"
+	"$KFD_EMU" supervise -- "$CRIU" restore -D "$img" -o restore.log -v4 -d >>"$CASE_DIR/criu.out" 2>&1 ||
+		fail "criu-rocm restore of shared-bo $pid failed: $(log_errors "$log")"
+	log_has "$log" "amdgpu: pid $pid: dma-buf file [0-9]+: BO [0-9]+ of file [0-9]+: exported again"
+	shared_bo_round_and_end "$pid" "$CASE_DIR/sb.out" "the restore"
+	note "$(grep -a -m1 -o 'fd [0-9]* (dma-buf.*saved as BO [0-9]* of' "$img/dump.log" | cut -c1-200)"
+}
+
+# A kill point right after the dma-buf fd was recreated (the restored task stops at the test
+# hook's log line, after its render file's GEM BO and the dma-buf exported again): criu-rocm
+# is killed (SIGKILL); the task dies with criu and never runs its own code, the images are
+# unchanged, and the next restore works.
+case_gem_dmabuf_fd_restore_killed() { on mi100 -- dmabuf_fd_restore_killed; }
+dmabuf_fd_restore_killed() {
+	local img=$CASE_DIR/img log=$CASE_DIR/restore-killed.log before cpid pid st=
+	dmabuf_fd_dump
+	pid=$(cat "$CASE_DIR/sb.pid")
+	before=$(img_sums "$img")
+	CRIU_ROCM_TEST_STOP_ON_LOG="exported again" env --default-signal=HUP,INT,PIPE,TERM \
+		"$KFD_EMU" supervise -- "$CRIU" restore -D "$img" -o "$log" -v4 -d >>"$CASE_DIR/criu.out" 2>&1 &
+	cpid=$!
+	wait_stopped "$pid" "$cpid" || fail "the restored shared-bo $pid never stopped after its dma-buf was recreated: $(log_errors "$log")"
+	log_has "$log" "amdgpu: pid $pid: dma-buf file [0-9]+: BO [0-9]+ of file [0-9]+: exported again"
+	kill -KILL "$cpid"
+	wait "$cpid"
+	kill -CONT "$pid" 2>/dev/null
+	if ! wait_gone "$pid" 5; then
+		st=$(proc_state "$pid")
+		kill -KILL "$pid"
+		fail "the restored shared-bo $pid outlived the killed criu-rocm (state $st; killed now)"
+	fi
+	grep -aq "^round 1:" "$CASE_DIR/sb.out" && fail "the killed restore's shared-bo ran its own code"
+	[ "$before" = "$(img_sums "$img")" ] || fail "the killed restore changed the images"
+	dmabuf_fd_restore
+}
+
+# A dma-buf whose BO no file of the dump holds (shared-bo --dmabuf --orphan: the GEM handle
+# closed once exported, the dma-buf alone keeps the BO) cannot be restored by exporting its BO
+# again: the dump fails naming the process, fd and why; the process runs on.
+case_gem_dmabuf_fd_orphan_refused() { on mi100 -- dmabuf_fd_orphan_refused; }
+dmabuf_fd_orphan_refused() {
+	local img=$CASE_DIR/img out=$CASE_DIR/sb.out pid fd
+	pid=$(shared_bo_start "$out" --dmabuf --orphan) || exit 1
+	fd=$(sed -n 's/^ready [0-9]* dmabuf \([0-9]*\)$/\1/p' "$out")
+	dump "$pid" "$img" && fail "the dump of shared-bo $pid succeeded although no file holds its dma-buf's BO"
+	log_has "$img/dump.log" "amdgpu: pid $pid: fd $fd \(dma-buf, file [0-9]+\) of a BO of GPU 0x[0-9a-f]+ .*: no file this dump saves holds its BO"
+	shared_bo_round_and_end "$pid" "$out" "the refused dump"
+	note "$(grep -a -m1 -o 'fd [0-9]* (dma-buf.*holds its BO' "$img/dump.log" | cut -c1-200)"
 }
 
 # What a render file holds that criu-rocm cannot save fails the dump closed, naming the

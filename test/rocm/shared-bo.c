@@ -7,7 +7,7 @@
  * restore two BOs, and a write through one file would no longer reach the other.
  *
  *   usage: shared-bo --hold [--kfd | --fork]
- *          shared-bo --dmabuf [--kfd]
+ *          shared-bo --dmabuf [--kfd | --orphan]
  *
  * Makes a 64 KiB VRAM BO with GEM_CREATE on a first open of /dev/dri/renderD128, exports it
  * (PRIME_HANDLE_TO_FD), imports it on a second open (PRIME_FD_TO_HANDLE), closes the
@@ -24,9 +24,20 @@
  * mapping and reads it back through the second's ("round N: ok" or "round N: FAIL ..."),
  * and on SIGTERM does that once more and prints PASS or FAIL.
  *
- * --dmabuf: exports the BO the same way but imports nothing and keeps the dma-buf fd: prints
- * "ready PID dmabuf FD", then on SIGUSR1 writes a new byte pattern through the BO's mapping
- * and reads it back ("round N: ok"), and on SIGTERM prints PASS or FAIL.
+ * --dmabuf: exports the BO the same way and keeps the dma-buf fd (as a HIP IPC exporter or
+ * a PRIME client does), moved to fd 0, below the files that hold the BO: prints "ready PID
+ * dmabuf FD", then on SIGUSR1
+ * writes a new byte pattern through the BO's mapping and reads it back through the dma-buf
+ * ("round N: ok"), and on SIGTERM does that once more and prints PASS or FAIL.  Reading
+ * through the dma-buf: the fd still reads /dmabuf:, is close-on-exec and read-write as
+ * exported, and imported (PRIME_FD_TO_HANDLE) on a second open of the node, made and mapped
+ * at the start (a restored process under kfd-emu cannot map files until the supervisor
+ * attaches again), it is the handle that open got at the start, whose mapping reads the
+ * bytes written through the first open; a GEM BO's dma-buf imported on the first open is its
+ * own handle again.
+ * --orphan (with --dmabuf): the GEM BO's handle is closed and its mapping unmapped once
+ * exported, so that only the dma-buf holds the BO; rounds import it on a new open each (kfd-emu
+ * cannot map a GEM BO whose last handle was closed, which the kernel can: not checked).
  *
  * PRIME export hands out an fd, which kfd-emu gives only under `kfd-emu supervise`.
  * Raw DRM ioctls only (the uapi headers of Debian's libdrm).
@@ -250,6 +261,70 @@ static int child_reads(struct holder *c, uint8_t *last)
 	return 0;
 }
 
+/* --dmabuf: dma-buf fd is still one of a's BO (see the usage); with orphan, a holds nothing
+ * and the pattern is written and read through the import. */
+static int check_dmabuf(const char *node, struct holder *a, struct holder *b, int fd, unsigned n,
+			bool orphan)
+{
+	char path[64], link[64] = "";
+	struct holder c = { .fd = orphan ? open(node, O_RDWR | O_CLOEXEC) : -1 };
+	struct drm_prime_handle im = { .fd = fd };
+	int rc = -1;
+
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+	if (readlink(path, link, sizeof(link) - 1) < 0 || strncmp(link, "/dmabuf:", 8)) {
+		printf("round %u: FAIL fd %d reads %s, not /dmabuf:\n", n, fd, link);
+		goto out;
+	}
+	if (!(fcntl(fd, F_GETFD) & FD_CLOEXEC) || (fcntl(fd, F_GETFL) & O_ACCMODE) != O_RDWR) {
+		printf("round %u: FAIL dma-buf fd %d is not close-on-exec and read-write\n", n, fd);
+		goto out;
+	}
+	if (!orphan) {
+		if (ioctl(b->fd, DRM_IOCTL_PRIME_FD_TO_HANDLE, &im) || im.handle != b->handle) {
+			printf("round %u: FAIL the dma-buf imported on the second open is handle %u, not "
+			       "%u, the BO's there\n",
+			       n, im.handle, b->handle);
+			return -1;
+		}
+		rc = check(a, b, n);
+	}
+	if (orphan) {
+		if (c.fd < 0 || ioctl(c.fd, DRM_IOCTL_PRIME_FD_TO_HANDLE, &im)) {
+			fail("PRIME_FD_TO_HANDLE of the dma-buf on a new open");
+			goto out;
+		}
+		rc = 0;
+	}
+	if (!rc && !orphan && a->handle) {
+		struct drm_prime_handle again = { .fd = fd };
+
+		if (ioctl(a->fd, DRM_IOCTL_PRIME_FD_TO_HANDLE, &again) || again.handle != a->handle) {
+			printf("round %u: FAIL the dma-buf imported on the first open is handle %u, "
+			       "not its BO's %u\n",
+			       n, again.handle, a->handle);
+			rc = -1;
+		}
+	}
+out:
+	if (c.fd >= 0)
+		close(c.fd);
+	return rc;
+}
+
+/* --orphan: a's handle closed and its mapping gone; the dma-buf alone holds the BO. */
+static int orphan_bo(struct holder *a)
+{
+	struct drm_gem_close cl = { .handle = a->handle };
+
+	munmap((void *)a->map, SZ);
+	if (ioctl(a->fd, DRM_IOCTL_GEM_CLOSE, &cl))
+		return fail("GEM_CLOSE");
+	a->handle = 0;
+	a->map = NULL;
+	return 0;
+}
+
 /* --fork: a child holding the BO through an open of its own (a dma-buf of a's BO imported),
  * which reads round 0's bytes and waits for SIGTERM. */
 static int fork_holder(const char *node, struct holder *a)
@@ -301,12 +376,14 @@ int main(int argc, char **argv)
 	bool kfd = argc == 3 && !strcmp(argv[2], "--kfd");
 	bool only = argc >= 2 && !strcmp(argv[1], "--dmabuf");
 	bool forked = argc == 3 && !strcmp(argv[2], "--fork");
+	bool orphan = only && argc == 3 && !strcmp(argv[2], "--orphan");
 	unsigned n = 0;
 	int bad = 0, dmabuf = -1;
 
 	if (argc < 2 || argc > 3 || (strcmp(argv[1], "--hold") && !only) ||
-	    (argc == 3 && !kfd && !(forked && !only))) {
-		fprintf(stderr, "usage: shared-bo --hold [--kfd | --fork] | --dmabuf [--kfd]\n");
+	    (argc == 3 && !kfd && !orphan && !(forked && !only))) {
+		fprintf(stderr,
+			"usage: shared-bo --hold [--kfd | --fork] | --dmabuf [--kfd | --orphan]\n");
 		return 2;
 	}
 	sigset_t block, wait_mask;
@@ -326,7 +403,27 @@ int main(int argc, char **argv)
 			return 1;
 		}
 		dmabuf = kfd ? kfd_export(&a) : gem_export(&a);
-		if (dmabuf < 0 || check_one(&a, 0))
+		if (dmabuf < 0 || check_one(&a, 0) || (orphan && orphan_bo(&a)))
+			return 1;
+		/* At fd 0 (stdin, /dev/null), before the files that hold its BO: CRIU restores
+		 * a task's files in fd order, so the dma-buf must wait for its holder. */
+		if (dup3(dmabuf, 0, O_CLOEXEC) < 0)
+			return fail("dup3 of the dma-buf to fd 0"), 1;
+		close(dmabuf);
+		dmabuf = 0;
+		if (!orphan) {
+			struct drm_prime_handle im = { .fd = dmabuf };
+
+			b.fd = open(node, O_RDWR | O_CLOEXEC);
+			if (b.fd < 0 || ioctl(b.fd, DRM_IOCTL_PRIME_FD_TO_HANDLE, &im)) {
+				fail("PRIME_FD_TO_HANDLE of the dma-buf on a second open");
+				return 1;
+			}
+			b.handle = im.handle;
+			if (map_bo(&b))
+				return 1;
+		}
+		if (check_dmabuf(node, &a, &b, dmabuf, 0, orphan))
 			return 1;
 		printf("ready %d dmabuf %d\n", (int)getpid(), dmabuf);
 	} else {
@@ -340,13 +437,13 @@ int main(int argc, char **argv)
 		if (round_req) {
 			round_req = 0;
 			n++;
-			if (only ? check_one(&a, n) : check(&a, &b, n))
+			if (only ? check_dmabuf(node, &a, &b, dmabuf, n, orphan) : check(&a, &b, n))
 				bad = 1;
 			else
 				printf("round %u: ok\n", n);
 		}
 	}
-	bad |= (only ? check_one(&a, n + 1) : check(&a, &b, n + 1)) != 0;
+	bad |= (only ? check_dmabuf(node, &a, &b, dmabuf, n + 1, orphan) : check(&a, &b, n + 1)) != 0;
 	printf("%s\n", bad ? "FAIL" : "PASS");
 	return bad;
 }

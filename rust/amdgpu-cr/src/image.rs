@@ -22,7 +22,7 @@ use prost::Message;
 
 use crate::bo;
 use crate::ids::GpuId;
-use crate::proto::{CriuKfd, CriuRenderNode, DrmBoEntry};
+use crate::proto::{CriuDmabufNode, CriuKfd, CriuRenderNode, DrmBoEntry};
 
 /// Version of our optional extensions written in `criu_kfd`
 /// (`criu_rocm_ext_version`).  1 = per-BO `content_xxh3`; 2 = and
@@ -81,6 +81,18 @@ pub fn render_image_name(id: FileId) -> String {
 /// The file id of a render-node image's name, `None` for any other name.
 pub fn render_image_id(name: &str) -> Option<FileId> {
     name.strip_prefix("amdgpu-renderD-")
+        .and_then(|n| n.strip_suffix(".img"))
+        .and_then(FileId::parse)
+}
+
+/// Name of the dma-buf image of file `id` (criu-dev's name).
+pub fn dmabuf_image_name(id: FileId) -> String {
+    format!("amdgpu-dmabuf_{id}.img")
+}
+
+/// The file id of a dma-buf image's name, `None` for any other name.
+pub fn dmabuf_image_id(name: &str) -> Option<FileId> {
+    name.strip_prefix("amdgpu-dmabuf_")
         .and_then(|n| n.strip_suffix(".img"))
         .and_then(FileId::parse)
 }
@@ -861,6 +873,78 @@ impl RenderImage {
     }
 }
 
+/// A decoded `amdgpu-dmabuf_<id>.img`: a dma-buf fd of the process and
+/// the BO it is of (`bo_file`, `bo_index`: an entry of another image of
+/// the dump).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DmabufImage {
+    pub msg: CriuDmabufNode,
+}
+
+impl DmabufImage {
+    /// Decodes a dma-buf image (`bytes` = whole file).  criu-rocm's fields
+    /// are required: criu-dev's image alone (a GEM handle of no named file)
+    /// does not say which file's BO it is.
+    pub fn decode(file: &str, bytes: &[u8]) -> Result<Self, ImageError> {
+        let payload = unframe(file, "criu_dmabuf_node message", bytes)?;
+        let msg = CriuDmabufNode::decode(payload).map_err(|source| ImageError::Decode {
+            file: file.to_owned(),
+            message: "criu_dmabuf_node",
+            source,
+        })?;
+        let missing = |field: &str| {
+            ImageError::invalid(
+                file,
+                field,
+                "is missing (criu-dev's dma-buf image names no file; criu-rocm restores a \
+                 dma-buf from the file whose BO it is)",
+            )
+        };
+        for (field, present) in [
+            ("bo_file", msg.bo_file.is_some()),
+            ("bo_index", msg.bo_index.is_some()),
+            ("gpu_id", msg.gpu_id.is_some()),
+            ("size", msg.size.is_some()),
+        ] {
+            if !present {
+                return Err(missing(field));
+            }
+        }
+        if msg.gpu_id == Some(0) {
+            return Err(ImageError::invalid(file, "gpu_id", "is 0 (a CPU id)"));
+        }
+        if msg.size == Some(0) {
+            return Err(ImageError::invalid(file, "size", "is 0 (no BO)"));
+        }
+        Ok(DmabufImage { msg })
+    }
+
+    /// Reads `amdgpu-dmabuf_<id>.img` from `dir`.
+    pub fn read(dir: &Path, id: FileId) -> Result<Self, ImageError> {
+        let path = dir.join(dmabuf_image_name(id));
+        let bytes = read_whole(&path, Some(4096))?;
+        Self::decode(&path.display().to_string(), &bytes)
+    }
+
+    /// Encodes the framed file contents.
+    pub fn encode(&self) -> Vec<u8> {
+        frame(&self.msg.encode_to_vec())
+    }
+
+    /// Writes `amdgpu-dmabuf_<id>.img` into `dir`.
+    pub fn write(&self, dir: &Path, id: FileId) -> Result<(), ImageError> {
+        write_framed(&dir.join(dmabuf_image_name(id)), &self.msg.encode_to_vec())
+    }
+
+    /// The file and index of the BO it is of.
+    pub fn bo(&self) -> (FileId, u32) {
+        (
+            FileId(self.msg.bo_file.unwrap_or_default()),
+            self.msg.bo_index.unwrap_or_default(),
+        )
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
 
@@ -1310,5 +1394,59 @@ pub(crate) mod tests {
 
     pub(crate) fn tempdir() -> TestDir {
         TestDir(crate::scratch::scratch_dir("test"))
+    }
+
+    #[test]
+    fn a_dmabuf_image_without_our_fields_is_refused_naming_the_field() {
+        let full = CriuDmabufNode {
+            gem_handle: 1,
+            bo_file: Some(6),
+            bo_index: Some(0),
+            gpu_id: Some(0x1a2b),
+            size: Some(4096),
+            file_flags: None,
+        };
+        let ok = DmabufImage { msg: full };
+        assert_eq!(DmabufImage::decode("d", &ok.encode()).unwrap(), ok);
+        // criu-dev's own image: the GEM handle alone.
+        let upstream = frame(
+            &CriuDmabufNode {
+                gem_handle: 3,
+                ..Default::default()
+            }
+            .encode_to_vec(),
+        );
+        let e = DmabufImage::decode("amdgpu-dmabuf_7.img", &upstream).unwrap_err();
+        assert!(e.to_string().contains("bo_file: is missing"), "{e}");
+        for (m, field) in [
+            (
+                CriuDmabufNode {
+                    gpu_id: Some(0),
+                    ..full
+                },
+                "gpu_id",
+            ),
+            (
+                CriuDmabufNode {
+                    size: Some(0),
+                    ..full
+                },
+                "size",
+            ),
+            (
+                CriuDmabufNode {
+                    bo_index: None,
+                    ..full
+                },
+                "bo_index",
+            ),
+        ] {
+            let e = DmabufImage::decode("d", &frame(&m.encode_to_vec())).unwrap_err();
+            assert!(e.to_string().contains(field), "{e}");
+        }
+        assert_eq!(
+            dmabuf_image_id(&dmabuf_image_name(FileId(-3i32 as u32))),
+            Some(FileId(-3i32 as u32))
+        );
     }
 }

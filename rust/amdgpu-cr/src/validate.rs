@@ -49,8 +49,8 @@ use crate::bo;
 use crate::criu_images::{self, FileMapping, Files};
 use crate::ids::GpuId;
 use crate::image::{
-    kfd_image_id, kfd_image_name, read_whole, render_image_name, FileId, ImageError, KfdImage,
-    RenderImage,
+    kfd_image_id, kfd_image_name, read_whole, render_image_name, DmabufImage, FileId, ImageError,
+    KfdImage, RenderImage,
 };
 use crate::pages::{content_bos, pages_image_name, pages_total, Encoding, FrameError, PagesReader};
 use crate::plan::{DeviceKind, OffsetIndex};
@@ -314,9 +314,13 @@ pub fn check_dir(dir: &Path, depth: Depth) -> std::io::Result<Report> {
     let ctx = Context::read(dir, &renders);
     let declared = check_kfd_images(dir, &files, manifest.as_ref(), &ctx, depth, &mut report);
     check_render_images(dir, &renders, manifest.as_ref(), depth, &mut report);
+    check_dmabuf_images(dir, &files, manifest.as_ref(), &mut report);
     report
         .other
         .extend(links::check(&files, &report.kfd, &renders));
+    report
+        .other
+        .extend(links::check_dmabufs(dir, &files, &report.kfd, &renders));
     report.other.extend(overlaps::check(&report.kfd, &renders));
     check_listing(dir, &files, manifest.as_ref(), declared, depth, &mut report);
     check_files_img(&files, &ctx, manifest.as_ref(), &mut report);
@@ -480,6 +484,25 @@ fn check_render_images(
     }
 }
 
+/// Dma-buf images: each must decode and match its digest; the BO each
+/// names is checked with the links ([`links::check_dmabufs`]).
+fn check_dmabuf_images(
+    dir: &Path,
+    files: &BTreeSet<String>,
+    manifest: Option<&digests::Digests>,
+    report: &mut Report,
+) {
+    for name in files.iter().filter(|n| n.starts_with("amdgpu-dmabuf_")) {
+        let checked = read_whole(&dir.join(name), Some(4096))
+            .and_then(|b| DmabufImage::decode(name, &b).map(|_| b))
+            .map_err(Refusal::from)
+            .and_then(|b| manifest.map_or(Ok(()), |m| m.check_whole(name, &b)));
+        if let Err(r) = checked {
+            report.other.push(r);
+        }
+    }
+}
+
 /// The digests file against the directory; without one, a refusal when
 /// an image declares it, else the warning of images without integrity
 /// data.
@@ -579,7 +602,8 @@ fn missing_image(
     manifest: Option<&digests::Digests>,
 ) -> Option<Refusal> {
     let (kfd, render) = (kfd_image_name(id), render_image_name(id));
-    if files.contains(&kfd) || files.contains(&render) {
+    let dmabuf = crate::image::dmabuf_image_name(id);
+    if files.contains(&kfd) || files.contains(&render) || files.contains(&dmabuf) {
         return None;
     }
     let pages = files
@@ -591,6 +615,7 @@ fn missing_image(
         match manifest {
             Some(m) if m.lists(&render) => render.clone(),
             Some(m) if m.lists(&kfd) => kfd.clone(),
+            Some(m) if m.lists(&dmabuf) => dmabuf.clone(),
             _ => format!("{kfd} (or {render})"),
         }
     };

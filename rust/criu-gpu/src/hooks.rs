@@ -309,11 +309,18 @@ pub extern "C" fn criu_gpu_pre_dump_memory(imgdir_fd: c_int) -> c_int {
     })
 }
 
-/// Dumps device file `fd` (CRIU's copy of a task's file `id`) into the
-/// image directory `imgdir_fd`; the task is found by the open file.  `1`: a
-/// KFD file, `2`: a render node, `-ENOTSUP`: not a GPU file.
+/// Dumps device file or dma-buf `fd` (CRIU's copy of file `id`, fd
+/// `task_fd` of task `pid`) into the image directory `imgdir_fd`; a device
+/// file's task is found by the open file.  `1`: a KFD file, `2`: a render
+/// node, `3`: a dma-buf, `-ENOTSUP`: not a GPU file.
 #[no_mangle]
-pub extern "C" fn criu_gpu_dump_file(fd: c_int, id: u32, imgdir_fd: c_int) -> c_int {
+pub extern "C" fn criu_gpu_dump_file(
+    fd: c_int,
+    id: u32,
+    pid: c_int,
+    task_fd: c_int,
+    imgdir_fd: c_int,
+) -> c_int {
     ffi_boundary("criu_gpu_dump_file", || {
         let mut g = lock(&DUMP);
         let Some(s) = g.as_mut() else {
@@ -321,10 +328,11 @@ pub extern "C" fn criu_gpu_dump_file(fd: c_int, id: u32, imgdir_fd: c_int) -> c_
         };
         // SAFETY: CRIU keeps `fd` open for the duration of the hook.
         let fd = unsafe { BorrowedFd::borrow_raw(fd) };
-        match s.dump_file(fd, FileId(id), &image_dir(imgdir_fd)) {
+        match s.dump_file(fd, FileId(id), (pid, task_fd), &image_dir(imgdir_fd)) {
             Ok(None) => -libc::ENOTSUP,
             Ok(Some(Dumped::Kfd)) => 1,
             Ok(Some(Dumped::Render(_))) => 2,
+            Ok(Some(Dumped::Dmabuf)) => 3,
             Err(e) => fail(e),
         }
     })
@@ -580,16 +588,25 @@ pub extern "C" fn criu_gpu_restore_fini() -> c_int {
 /// In a restored task (pid `vpid` in its namespace, `real_pid` in criu
 /// main's): restores GPU file `id` and returns its fd, or `-ENOTSUP` when
 /// `id` is no GPU file.  Fds kept for later hooks are numbered `fd_floor` or
-/// above.
+/// above.  `-EAGAIN`: the file (a dma-buf) waits for GPU file `*wait_for`,
+/// which the task has not restored yet.
+///
+/// # Safety
+/// `wait_for` points to a writable `u32`.
 #[no_mangle]
-pub extern "C" fn criu_gpu_restore_file(
+pub unsafe extern "C" fn criu_gpu_restore_file(
     vpid: c_int,
     real_pid: c_int,
     id: u32,
     fd_floor: c_int,
     imgdir_fd: c_int,
+    wait_for: *mut u32,
 ) -> c_int {
-    ffi_boundary("criu_gpu_restore_file", || {
+    if wait_for.is_null() {
+        log::error!("criu_gpu_restore_file: a NULL wait_for");
+        return -libc::EINVAL;
+    }
+    ffi_boundary("criu_gpu_restore_file", move || {
         let mut g = lock(&RESTORE);
         let Some(s) = g.as_mut() else {
             return -libc::ENOTSUP;
@@ -598,6 +615,13 @@ pub extern "C" fn criu_gpu_restore_file(
         match s.restore_file(vpid, FileId(id), fd_floor, &image_dir(imgdir_fd)) {
             Ok(Some(fd)) => fd.into_raw_fd(),
             Ok(None) => -libc::ENOTSUP,
+            Err(SessionError::Waits { file, what, .. }) => {
+                log::info!("{what}: retried after the task's other files");
+                // SAFETY: not NULL (checked above), and the caller passes a
+                // writable u32.
+                unsafe { *wait_for = file.0 };
+                -libc::EAGAIN
+            }
             Err(e) => fail(e),
         }
     })

@@ -187,6 +187,12 @@ impl SharedBos {
         })
     }
 
+    /// The first holder of the BO that starts at mmap offset `offset` of
+    /// host GPU `gpu`, if one is claimed.
+    pub fn holder_at(&self, gpu: GpuId, offset: u64) -> Option<Holder> {
+        self.by_gpu.get(&gpu)?.get(&offset).copied()
+    }
+
     /// The file of the KFD BOs of `pid` claimed before their file was
     /// reached.
     pub fn set_file(&mut self, pid: i32, file: FileId) {

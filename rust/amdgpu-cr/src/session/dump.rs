@@ -33,6 +33,7 @@ use kfd_abi::handle::{Access, Kfd, Mapping, ProcessInfo};
 use kfd_abi::sys;
 
 use super::dmabuf::{Claim, HeldIn, Holder, SharedBos};
+use super::dmabuf_fd::{self, DmabufFd, PendingDmabufs, Resolved};
 use super::guardian::Guardian;
 use super::signals;
 use super::{
@@ -148,6 +149,8 @@ impl PausedProc {
 pub enum Dumped {
     Kfd,
     Render(RenderMinor),
+    /// A dma-buf fd of a BO the dump saves.
+    Dmabuf,
 }
 
 /// The GPU state of one `criu dump`.
@@ -171,6 +174,8 @@ pub struct DumpSession {
     /// of their process not dumped yet: written once that file is, with
     /// its id ([`Self::write_pending`]).  (task, file id, image).
     pending: Vec<(i32, FileId, RenderImage)>,
+    /// dma-buf fds whose BO's holder was not saved yet.
+    dmabufs: PendingDmabufs,
 }
 
 impl DumpSession {
@@ -188,6 +193,7 @@ impl DumpSession {
             pause_total: Duration::ZERO,
             shared: SharedBos::default(),
             pending: Vec::new(),
+            dmabufs: PendingDmabufs::default(),
         }
     }
 
@@ -430,29 +436,104 @@ impl DumpSession {
         Ok(info)
     }
 
-    /// Dumps a device file CRIU found in the tree (our copy `fd`, CRIU file
-    /// id `id`) into `dir`.  `None`: not a GPU file.  The task holding it is
-    /// the one whose file, reached at the pause, is the same open file.
+    /// Dumps a device file or dma-buf CRIU found in the tree (our copy
+    /// `fd`, CRIU file id `id`, fd `owner.1` of task `owner.0`) into `dir`.
+    /// `None`: not a GPU file.  The task holding a device file is the one
+    /// whose file, reached at the pause, is the same open file.
     pub fn dump_file(
         &mut self,
         fd: BorrowedFd<'_>,
         id: FileId,
+        owner: (i32, RawFd),
         dir: &Path,
     ) -> Result<Option<Dumped>, SessionError> {
         let st = stat_fd(fd).map_err(|source| SessionError::Os {
-            pid: 0,
-            step: format!("fstat of file {id} to dump"),
+            pid: owner.0,
+            step: format!("fstat of file {id} (fd {}) to dump", owner.1),
             source,
         })?;
-        match self.devices.classify(&st) {
-            None => Ok(None),
-            Some(DeviceKind::Kfd) => self.dump_kfd(fd, id, dir).map(|_| Some(Dumped::Kfd)),
+        let dumped = match self.devices.classify(&st) {
+            None if dmabuf_fd::is_dmabuf(fd) => {
+                self.dump_dmabuf(fd, id, owner)?;
+                Dumped::Dmabuf
+            }
+            None => return Ok(None),
+            Some(DeviceKind::Kfd) => {
+                self.dump_kfd(fd, id, dir)?;
+                Dumped::Kfd
+            }
             Some(DeviceKind::Render(minor)) => {
                 let pid = self.render_owner(fd, id)?;
                 self.dump_render(pid, fd, minor, id, dir)?;
-                Ok(Some(Dumped::Render(minor)))
+                Dumped::Render(minor)
+            }
+        };
+        self.write_dmabufs(dir)?;
+        Ok(Some(dumped))
+    }
+
+    /// A dma-buf fd: which BO of which GPU it is ([`dmabuf_fd::identify`]),
+    /// kept until the file that holds the BO is saved.
+    fn dump_dmabuf(
+        &mut self,
+        fd: BorrowedFd<'_>,
+        id: FileId,
+        (pid, task_fd): (i32, RawFd),
+    ) -> Result<(), SessionError> {
+        let minors: Vec<RenderMinor> = self.devices.render_nodes.iter().map(|(m, _)| *m).collect();
+        let topology = self.topology(pid)?;
+        let gpus: Vec<(RenderMinor, GpuId)> = minors
+            .into_iter()
+            .filter_map(|m| Some((m, topology.gpu_by_render_minor(m)?.gpu_id?)))
+            .collect();
+        let (gpu, minor, offset, size) =
+            dmabuf_fd::identify(fd, &gpus).map_err(|said| SessionError::State {
+                pid,
+                what: dmabuf_fd::foreign(task_fd, id, &said),
+            })?;
+        let flags = dmabuf_fd::file_flags(fd).map_err(|source| SessionError::Os {
+            pid,
+            step: format!("F_GETFL of dma-buf fd {task_fd}"),
+            source,
+        })?;
+        self.dmabufs.push(DmabufFd {
+            pid,
+            task_fd,
+            id,
+            gpu,
+            minor,
+            offset,
+            size,
+            flags,
+        });
+        Ok(())
+    }
+
+    /// The dma-buf images whose BO's holder is saved now, written; a
+    /// dma-buf that cannot be saved fails the dump.
+    fn write_dmabufs(&mut self, dir: &Path) -> Result<(), SessionError> {
+        let procs = &self.procs;
+        let user_of = |pid: i32, actual: GpuId| {
+            procs
+                .iter()
+                .filter(|p| p.task == pid)
+                .flat_map(|p| p.ckpt.devices.iter())
+                .find(|d| d.actual == actual)
+                .map_or(actual, |d| d.user)
+        };
+        for r in self.dmabufs.resolve(&self.shared, user_of) {
+            match r {
+                Resolved::Refused(pid, what) => return Err(SessionError::State { pid, what }),
+                Resolved::Image(id, img) => {
+                    img.write(dir, id).map_err(|e| {
+                        SessionError::core(0, format!("writing the image of dma-buf file {id}"), e)
+                    })?;
+                    self.digests
+                        .add_whole(crate::image::dmabuf_image_name(id), &img.encode());
+                }
             }
         }
+        Ok(())
     }
 
     /// The task whose render-node fd, reached at the pause, is the open file
@@ -952,6 +1033,12 @@ impl DumpSession {
     /// After all memory is dumped: every paused KFD process must have been
     /// saved.
     pub fn check_complete(&self) -> Result<(), SessionError> {
+        if let Some(d) = self.dmabufs.first() {
+            return Err(SessionError::State {
+                pid: d.pid,
+                what: dmabuf_fd::unheld(d),
+            });
+        }
         if let Some((pid, id, _)) = self.pending.first() {
             return Err(SessionError::State {
                 pid: *pid,

@@ -17,6 +17,7 @@
 //! The C boundary (`criu-gpu`) only translates arguments into these calls.
 
 pub(crate) mod dmabuf;
+pub(crate) mod dmabuf_fd;
 pub mod dump;
 pub(crate) mod gem;
 pub mod gpu_check;
@@ -125,6 +126,14 @@ pub enum SessionError {
     /// The GPU memory writer (process `pid`) failed or died.
     #[error("the GPU memory writer (pid {pid}) {what}")]
     Writer { pid: i32, what: String },
+    /// The file waits for GPU file `file`, which the task has not
+    /// restored yet (CRIU retries it after the task's other files).
+    #[error("pid {pid}: {what}, which this task has not restored yet")]
+    Waits {
+        pid: i32,
+        file: FileId,
+        what: String,
+    },
 }
 
 impl SessionError {
@@ -136,6 +145,7 @@ impl SessionError {
             SessionError::Core { source, .. } => source.errno(),
             SessionError::State { .. } => libc::EINVAL,
             SessionError::Writer { .. } => libc::EIO,
+            SessionError::Waits { .. } => libc::EAGAIN,
         }
     }
 

@@ -32,7 +32,7 @@ use super::{human_bytes, kfd_image_ids, owned_dmabufs, SessionError};
 use crate::bo;
 use crate::env::{self, Checks, EnginePolicy};
 use crate::ids::{GpuId, MmapOffset, RenderMinor};
-use crate::image::{kfd_image_name, FileId, KfdImage, RenderImage};
+use crate::image::{kfd_image_name, DmabufImage, FileId, KfdImage, RenderImage};
 use crate::matcher::GpuMap;
 use crate::os::fd::dup_at_least;
 use crate::plan::{
@@ -386,6 +386,9 @@ impl RestoreSession {
             None if dir.join(crate::image::render_image_name(id)).exists() => {
                 return self.restore_render(vpid, id, fd_floor, dir).map(Some);
             }
+            None if super::dmabuf_fd::has_image(dir, id) => {
+                return self.restore_dmabuf(vpid, id, dir).map(Some);
+            }
             None if has_pages_of(dir, id) => {
                 return Err(SessionError::State {
                     pid: vpid,
@@ -715,10 +718,6 @@ impl RestoreSession {
             "render-node file {id}, GEM handle {}: the same BO as BO {index} of file {file}",
             b.handle
         );
-        let missing = |why: &str| SessionError::State {
-            pid: vpid,
-            what: format!("{what}, which {why}"),
-        };
         let restored_here =
             self.kfds.iter().any(|k| k.id == file) || self.gems.iter().any(|g| g.id == file);
         if let (Some(pid), false) = (b.same_bo_pid, restored_here) {
@@ -734,6 +733,30 @@ impl RestoreSession {
             // hold): imported from this task, not through the exchange.
             ex.count_off((file, index));
         }
+        self.bo_dmabuf(vpid, (file, index), &what)?
+            .ok_or_else(|| SessionError::State {
+                pid: vpid,
+                what: format!(
+                    "{what}, which this task has not restored (files are restored in fd order; \
+                     a BO held by another process is not restored)"
+                ),
+            })
+    }
+
+    /// A dma-buf of BO `index` of file `file` restored in this task: the
+    /// one KFD's RESTORE gave for a KFD BO, a PRIME export of a render
+    /// file's.  `None`: this task has not restored that file (yet).  `what`
+    /// names the asker in refusals.
+    fn bo_dmabuf(
+        &self,
+        vpid: i32,
+        (file, index): (FileId, u32),
+        what: &str,
+    ) -> Result<Option<OwnedFd>, SessionError> {
+        let missing = |why: &str| SessionError::State {
+            pid: vpid,
+            what: format!("{what}, which {why}"),
+        };
         if let Some(k) = self.kfds.iter().find(|k| k.id == file) {
             let dmabuf = k
                 .posted
@@ -743,23 +766,46 @@ impl RestoreSession {
                 .ok_or_else(|| missing("KFD's RESTORE gave no dma-buf of"))?;
             return dmabuf
                 .try_clone()
+                .map(Some)
                 .map_err(os_step(vpid, format!("{what}: dup of its dma-buf")));
         }
-        let g = self
-            .gems
-            .iter()
-            .find(|g| g.id == file)
-            .ok_or_else(|| missing("this task has not restored (files are restored in fd order; a BO held by another process is not restored)"))?;
+        let Some(g) = self.gems.iter().find(|g| g.id == file) else {
+            return Ok(None);
+        };
         let h = *g
             .handles
             .get(index as usize)
             .ok_or_else(|| missing("its image does not have"))?;
         RenderNode::from_fd(g.file.as_fd())
             .prime_handle_to_fd(h, libc::O_CLOEXEC as u32 | libc::O_RDWR as u32)
+            .map(Some)
             .map_err(kfd_step(
                 vpid,
                 format!("{what}: PRIME_HANDLE_TO_FD of its handle {h}"),
             ))
+    }
+
+    /// A dma-buf fd (CRIU file `id`): its BO exported again from the
+    /// restored holder ([`Self::bo_dmabuf`]), with the file's status flags
+    /// as dumped.  [`SessionError::Waits`]: the holder is not restored yet.
+    fn restore_dmabuf(&self, vpid: i32, id: FileId, dir: &Path) -> Result<OwnedFd, SessionError> {
+        let img = DmabufImage::read(dir, id)
+            .map_err(|e| SessionError::core(vpid, "reading the dma-buf image", e))?;
+        let (file, index) = img.bo();
+        let what = format!("dma-buf file {id}: BO {index} of file {file}");
+        let Some(fd) = self.bo_dmabuf(vpid, (file, index), &what)? else {
+            return Err(SessionError::Waits {
+                pid: vpid,
+                file,
+                what,
+            });
+        };
+        let nonblock = img.msg.file_flags.unwrap_or(0) & libc::O_NONBLOCK as u32 != 0;
+        if nonblock {
+            set_nonblock(fd.as_fd()).map_err(os_step(vpid, format!("{what}: F_SETFL")))?;
+        }
+        log::info!("pid {vpid}: {what}: exported again");
+        Ok(fd)
     }
 
     /// The file of render image `img` (CRIU file `id`), the host render
@@ -1026,6 +1072,16 @@ impl RestoreSession {
 
 /// `/dev/kfd` opened, its interface version checked for checkpoint/restore,
 /// and moved above CRIU's fds.
+/// Sets `O_NONBLOCK` on the open file `fd`.
+fn set_nonblock(fd: BorrowedFd<'_>) -> std::io::Result<()> {
+    let flags = super::dmabuf_fd::file_flags(fd)? as i32;
+    // SAFETY: F_SETFL on a valid fd with an int argument touches no memory.
+    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 fn open_kfd(vpid: i32, fd_floor: RawFd) -> Result<OwnedFd, SessionError> {
     let kfd = Kfd::open().map_err(kfd_step(vpid, "opening /dev/kfd"))?;
     let (major, minor) = kfd.get_version().map_err(kfd_step(vpid, "KFD version"))?;

@@ -50,9 +50,14 @@ const HEADER: &str = "criu-rocm GPU image digests 1";
 /// Whether `name` is a GPU image file that the digests cover.
 pub fn is_gpu_image(name: &str) -> bool {
     name.ends_with(".img")
-        && ["amdgpu-kfd-", "amdgpu-renderD-", "amdgpu-pages-"]
-            .iter()
-            .any(|p| name.starts_with(p))
+        && [
+            "amdgpu-kfd-",
+            "amdgpu-renderD-",
+            "amdgpu-pages-",
+            "amdgpu-dmabuf_",
+        ]
+        .iter()
+        .any(|p| name.starts_with(p))
 }
 
 /// What is recorded of one file.

@@ -3,12 +3,17 @@
 //! of it imported into the render file) must point at a BO that exists,
 //! has its size and GPU, and holds bytes of its own (a BO that is itself
 //! another's is refused, so no chain and no cycle gets to a restore).
+//! A dma-buf image (`bo_file`, `bo_index`: the BO a dma-buf fd of the
+//! process is of) is checked the same way.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
 
 use super::{KfdVerdict, Refusal, RenderFile};
 use crate::bo;
-use crate::image::{kfd_image_name, render_image_name, FileId, RenderImage};
+use crate::image::{
+    dmabuf_image_id, kfd_image_name, render_image_name, DmabufImage, FileId, RenderImage,
+};
 
 /// What a link may point at: (size, user GPU, whether it is a BO with
 /// bytes of its own).
@@ -80,6 +85,59 @@ fn check_image(name: &str, img: &RenderImage, targets: &Targets<'_>) -> Vec<Refu
         }
     }
     out
+}
+
+/// Every dma-buf image among `files` in `dir` against the BO it names in
+/// the KFD images `kfd` and render images `renders` (decoded once by
+/// check_dir): the refusals (an image that does not decode is refused by
+/// its own check).
+pub(crate) fn check_dmabufs(
+    dir: &Path,
+    files: &BTreeSet<String>,
+    kfd: &[KfdVerdict],
+    renders: &[RenderFile],
+) -> Vec<Refusal> {
+    let targets = Targets::new(files, kfd, renders);
+    let mut out = Vec::new();
+    for name in files.iter() {
+        let Some(id) = dmabuf_image_id(name) else {
+            continue;
+        };
+        let Ok(img) = DmabufImage::read(dir, id) else {
+            continue;
+        };
+        if let Some((field, why)) = dmabuf_target(&targets, &img) {
+            let gpu = img.msg.gpu_id.map(crate::ids::GpuId);
+            out.push(Refusal::new(name.as_str(), gpu, field, why));
+        }
+    }
+    out
+}
+
+/// What is wrong with the BO dma-buf image `img` names: the field and why.
+fn dmabuf_target(targets: &Targets<'_>, img: &DmabufImage) -> Option<(&'static str, String)> {
+    let (file, index) = img.bo();
+    let (size, gpu) = (img.msg.size.unwrap_or(0), img.msg.gpu_id.unwrap_or(0));
+    match targets.get(file, index) {
+        Err(why) => Some(("bo_file", why)),
+        Ok(None) => Some(("bo_index", format!("file {file}'s image has no BO {index}"))),
+        Ok(Some((_, _, false))) => Some((
+            "bo_index",
+            format!(
+                "BO {index} of file {file} is another BO's or holds no bytes: the dma-buf \
+                 must name the BO's first holder"
+            ),
+        )),
+        Ok(Some((s, _, _))) if s != size => Some((
+            "size",
+            format!("is {size} but BO {index} of file {file}, the dma-buf's BO, has {s} bytes"),
+        )),
+        Ok(Some((_, g, _))) if g != gpu => Some((
+            "gpu_id",
+            format!("is {gpu:#x} but BO {index} of file {file} is of GPU {g:#x}"),
+        )),
+        Ok(Some(_)) => None,
+    }
 }
 
 /// The images links may point at, already decoded: each BO found in log
@@ -226,6 +284,94 @@ pub(super) mod tests {
                 got[0].starts_with("amdgpu-renderD-9.img: GPU 0x1a2b: "),
                 "{got:?}"
             );
+            assert!(got[0].contains(want), "{want:?} not in {got:?}");
+        }
+    }
+
+    /// The refusals of dma-buf image 11 naming BO `index` of file `file`,
+    /// `size` bytes of GPU `gpu`, beside the images of [`refusals`].
+    fn dmabuf_refusals(file: u32, index: u32, size: u64, gpu: u32) -> Vec<String> {
+        let dir = tempdir();
+        let kfd = [KfdVerdict {
+            id: FileId(5),
+            image: Some(KfdImage { msg: sample_kfd() }),
+            refusal: None,
+        }];
+        let mut six = render(
+            0x1a2b,
+            vec![bo(0x1_0000, None), bo(0x20_0000, Some((5, 0)))],
+        );
+        six.msg.bo_entries[1].handle = 2;
+        six.msg.bo_entries[1].offset = 0x2_0000_0000;
+        six.write(&dir, FileId(6)).unwrap();
+        DmabufImage {
+            msg: crate::proto::CriuDmabufNode {
+                gem_handle: 1,
+                bo_file: Some(file),
+                bo_index: Some(index),
+                gpu_id: Some(gpu),
+                size: Some(size),
+                file_flags: Some(2),
+            },
+        }
+        .write(&dir, FileId(11))
+        .unwrap();
+        let files: BTreeSet<String> = [
+            "amdgpu-kfd-5.img",
+            "amdgpu-renderD-6.img",
+            "amdgpu-dmabuf_11.img",
+        ]
+        .into_iter()
+        .map(String::from)
+        .collect();
+        let renders = super::super::read_render_files(&dir, &files);
+        let out = check_dmabufs(&dir, &files, &kfd, &renders)
+            .iter()
+            .map(|r| r.to_string())
+            .collect();
+        out
+    }
+
+    #[test]
+    fn a_dmabuf_names_an_existing_bo_of_its_size_and_gpu() {
+        assert_eq!(
+            dmabuf_refusals(6, 0, 0x1_0000, 0x1a2b),
+            Vec::<String>::new()
+        );
+        let kfd = sample_kfd();
+        let b = &kfd.bo_entries[0];
+        assert_eq!(
+            dmabuf_refusals(5, 0, b.size, b.gpu_id),
+            Vec::<String>::new()
+        );
+        for (file, index, size, gpu, want) in [
+            (7, 0, 0x1_0000, 0x1a2b, "bo_file: names file 7"),
+            (
+                6,
+                2,
+                0x1_0000,
+                0x1a2b,
+                "bo_index: file 6's image has no BO 2",
+            ),
+            (
+                6,
+                1,
+                0x1_0000,
+                0x1a2b,
+                "bo_index: BO 1 of file 6 is another BO's",
+            ),
+            (6, 0, 0x2000, 0x1a2b, "size: is 8192 but BO 0 of file 6"),
+            (
+                6,
+                0,
+                0x1_0000,
+                0x5c3d,
+                "gpu_id: is 0x5c3d but BO 0 of file 6 is of GPU 0x1a2b",
+            ),
+        ] {
+            let got = dmabuf_refusals(file, index, size, gpu);
+            assert_eq!(got.len(), 1, "{got:?}");
+            assert!(got[0].starts_with("amdgpu-dmabuf_11.img: "), "{got:?}");
             assert!(got[0].contains(want), "{want:?} not in {got:?}");
         }
     }

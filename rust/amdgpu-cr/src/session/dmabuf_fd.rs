@@ -1,0 +1,335 @@
+//! dma-buf fds in a process' fd table (issues 29 and 30): HIP IPC's
+//! exporter keeps a dma-buf of the BO it exported, libdrm and VA-API
+//! clients keep PRIME fds.
+//!
+//! Dump: CRIU offers the file to the plugins (patch 0040); its link reads
+//! `/dmabuf:`.  Which BO of which GPU it is: the dma-buf is imported
+//! (PRIME_FD_TO_HANDLE) into an open of each render node of ours; amdgpu
+//! gives an exported BO back on its own device (`amdgpu_gem_prime_import`:
+//! not an import, so GEM_LIST_HANDLES does not flag it `IS_IMPORT`), whose
+//! mmap offset (GEM_MMAP) is the BO's, as every holder lists it.  That
+//! (GPU, offset) is looked up among the BOs this dump saves ([`SharedBos`]);
+//! the record names the holder's image and BO (`bo_file`, `bo_index`).  A
+//! dma-buf seen before its holder's file waits for it ([`PendingDmabufs`]);
+//! one whose BO no file of its process saves fails the dump, naming the
+//! process, fd and why.
+//!
+//! Restore: the BO is exported again from its restored holder (the dma-buf
+//! KFD's RESTORE gave for a KFD BO, PRIME_HANDLE_TO_FD for a render file's),
+//! which is the BO's one dma-buf file as on the kernel (KFD and PRIME keep
+//! one per BO and hand out fds of it).  A holder CRIU has not restored yet
+//! in the task makes CRIU retry the file after the task's other files.
+
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::path::Path;
+
+use kfd_abi::handle::RenderNode;
+use kfd_abi::layout::gem618;
+
+use super::dmabuf::{HeldIn, Holder, SharedBos};
+use crate::ids::{GpuId, RenderMinor};
+use crate::image::{DmabufImage, FileId};
+use crate::proto::CriuDmabufNode;
+
+/// The link of every dma-buf file (plus the name its exporter set).
+pub const LINK_PREFIX: &str = "/dmabuf:";
+
+/// Whether `fd` is a dma-buf by its link.
+pub fn is_dmabuf(fd: BorrowedFd<'_>) -> bool {
+    std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).is_ok_and(|l| {
+        l.as_os_str()
+            .as_encoded_bytes()
+            .starts_with(LINK_PREFIX.as_bytes())
+    })
+}
+
+/// A dma-buf fd of a process and the BO it is of.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct DmabufFd {
+    /// The process and its fd number.
+    pub pid: i32,
+    pub task_fd: RawFd,
+    /// CRIU's id of the file.
+    pub id: FileId,
+    pub gpu: GpuId,
+    pub minor: RenderMinor,
+    pub offset: u64,
+    pub size: u64,
+    /// `fcntl(F_GETFL)` of the file.
+    pub flags: u32,
+}
+
+impl std::fmt::Display for DmabufFd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "fd {} (dma-buf, file {}) of a BO of GPU {} ({}, mmap offset {:#x}, {} bytes)",
+            self.task_fd,
+            self.id,
+            self.gpu,
+            self.minor.path(),
+            self.offset,
+            self.size
+        )
+    }
+}
+
+/// Where the dma-buf's BO is, on one render node: its mmap offset and size;
+/// `Err`: why not there.
+fn probe(fd: BorrowedFd<'_>, minor: RenderMinor) -> Result<(u64, u64), String> {
+    let node = RenderNode::open(minor).map_err(|e| format!("{}: {e}", minor.path()))?;
+    let handle = node
+        .prime_fd_to_handle(fd)
+        .map_err(|e| format!("{}: PRIME_FD_TO_HANDLE: {e}", minor.path()))?;
+    let listed = node.gem_list_handles().map_err(|e| {
+        format!(
+            "{}: GEM_LIST_HANDLES: {e} (a kernel before 6.18 cannot tell an export of this GPU \
+             from an import)",
+            minor.path()
+        )
+    })?;
+    let entry = listed
+        .iter()
+        .find(|e| e.gem_handle == handle)
+        .ok_or_else(|| {
+            format!(
+                "{}: the imported handle {handle} is not listed",
+                minor.path()
+            )
+        })?;
+    if entry.flags & gem618::AMDGPU_GEM_LIST_HANDLES_FLAG_IS_IMPORT != 0 {
+        return Err(format!(
+            "{}: not a BO of this GPU (an import)",
+            minor.path()
+        ));
+    }
+    let offset = node
+        .gem_mmap(handle)
+        .map_err(|e| format!("{}: GEM_MMAP: {e}", minor.path()))?;
+    // Our open of the node is closed here, and the handle with it.
+    Ok((offset.0, entry.size))
+}
+
+/// Which host GPU's BO the dma-buf `fd` is, among `gpus` (render minor,
+/// host gpu_id): its GPU, node, mmap offset and size.  `Err`: of none (a
+/// BO of another device, or no GPU's), with what each node said.
+pub(crate) fn identify(
+    fd: BorrowedFd<'_>,
+    gpus: &[(RenderMinor, GpuId)],
+) -> Result<(GpuId, RenderMinor, u64, u64), String> {
+    let mut said = Vec::new();
+    for &(minor, gpu) in gpus {
+        match probe(fd, minor) {
+            Ok((offset, size)) => return Ok((gpu, minor, offset, size)),
+            Err(e) => said.push(e),
+        }
+    }
+    if said.is_empty() {
+        said.push("this host has no GPU render node".into());
+    }
+    Err(said.join("; "))
+}
+
+/// The file status flags of `fd` (`F_GETFL`).
+pub(crate) fn file_flags(fd: BorrowedFd<'_>) -> std::io::Result<u32> {
+    // SAFETY: F_GETFL reads the flags of a valid fd and touches no memory.
+    let r = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(r as u32)
+}
+
+/// The dump's dma-buf fds whose BO's holder was not saved yet.
+#[derive(Debug, Default)]
+pub(crate) struct PendingDmabufs(Vec<DmabufFd>);
+
+/// What became of a dma-buf fd at [`PendingDmabufs::resolve`].
+#[derive(Debug)]
+pub(crate) enum Resolved {
+    /// Its record, to write.
+    Image(FileId, DmabufImage),
+    /// It cannot be saved: the process, and why in words naming the fd.
+    Refused(i32, String),
+}
+
+impl PendingDmabufs {
+    pub fn push(&mut self, d: DmabufFd) {
+        self.0.push(d);
+    }
+
+    /// The dma-bufs whose holder `shared` now knows, taken out: their
+    /// records (with the user gpu_id `user_of` gives a host GPU of the
+    /// process), or why they cannot be saved.
+    pub fn resolve(
+        &mut self,
+        shared: &SharedBos,
+        user_of: impl Fn(i32, GpuId) -> GpuId,
+    ) -> Vec<Resolved> {
+        let mut out = Vec::new();
+        self.0.retain(|d| match resolve_one(d, shared, &user_of) {
+            None => true,
+            Some(r) => {
+                out.push(r);
+                false
+            }
+        });
+        out
+    }
+
+    /// The first dma-buf still waiting (at the end of the dump: its BO is
+    /// held by no file the dump saved).
+    pub fn first(&self) -> Option<&DmabufFd> {
+        self.0.first()
+    }
+}
+
+/// One dma-buf against the claimed BOs; `None`: its holder is not known
+/// yet.
+fn resolve_one(
+    d: &DmabufFd,
+    shared: &SharedBos,
+    user_of: &impl Fn(i32, GpuId) -> GpuId,
+) -> Option<Resolved> {
+    let h: Holder = shared.holder_at(d.gpu, d.offset)?;
+    let file = h.file?;
+    if h.pid != d.pid {
+        return Some(Resolved::Refused(
+            d.pid,
+            format!(
+            "{d}: the BO is held by {h}, another process: criu-rocm restores a dma-buf fd only \
+             from a BO its own process' files hold; not dumping what could not be restored as \
+             it was"
+        ),
+        ));
+    }
+    if h.size != d.size {
+        return Some(Resolved::Refused(
+            d.pid,
+            format!(
+            "{d}: the BO at that offset is {h}, of another size: not one BO as far as the dump \
+             can tell; not dumping what could not be restored as it was"
+        ),
+        ));
+    }
+    let gem_handle = match h.held_in {
+        HeldIn::Render { handle, .. } => handle,
+        HeldIn::Kfd { .. } => 0,
+    };
+    let msg = CriuDmabufNode {
+        gem_handle,
+        bo_file: Some(file.0),
+        bo_index: Some(h.index),
+        gpu_id: Some(user_of(d.pid, d.gpu).0),
+        size: Some(d.size),
+        file_flags: Some(d.flags),
+    };
+    log::info!("pid {}: {d}: saved as BO {} of {h}", d.pid, h.index);
+    Some(Resolved::Image(d.id, DmabufImage { msg }))
+}
+
+/// The refusal of a dma-buf whose BO no file of the dump holds.
+pub(crate) fn unheld(d: &DmabufFd) -> String {
+    format!(
+        "{d}: no file this dump saves holds its BO (a BO only the dma-buf keeps, or one of a \
+         process outside the dump): criu-rocm restores a dma-buf fd by exporting its BO again \
+         from the restored holder; not dumping what could not be restored as it was"
+    )
+}
+
+/// The refusal of a dma-buf of no GPU of this host.
+pub(crate) fn foreign(task_fd: RawFd, id: FileId, said: &str) -> String {
+    format!(
+        "fd {task_fd} (dma-buf, file {id}) is not a BO of any GPU of this host \
+         ({said}): criu-rocm saves dma-bufs of GPU BOs only; not dumping what could not be \
+         restored as it was"
+    )
+}
+
+/// Whether `dir` has a dma-buf image of file `id`.
+pub(crate) fn has_image(dir: &Path, id: FileId) -> bool {
+    dir.join(crate::image::dmabuf_image_name(id)).exists()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dfd(pid: i32, offset: u64, size: u64) -> DmabufFd {
+        DmabufFd {
+            pid,
+            task_fd: 9,
+            id: FileId(0x1f),
+            gpu: GpuId(0x3f2c),
+            minor: RenderMinor(128),
+            offset,
+            size,
+            flags: libc::O_RDWR as u32,
+        }
+    }
+
+    fn render(pid: i32, file: u32, handle: u32, size: u64) -> Holder {
+        Holder {
+            pid,
+            file: Some(FileId(file)),
+            index: handle - 1,
+            size,
+            held_in: HeldIn::Render {
+                minor: RenderMinor(128),
+                handle,
+            },
+        }
+    }
+
+    #[test]
+    fn a_dmabuf_waits_for_its_holder_then_names_it() {
+        let mut shared = SharedBos::default();
+        let mut p = PendingDmabufs::default();
+        p.push(dfd(7, 0x10000, 0x4000));
+        let user = |_: i32, g: GpuId| GpuId(g.0 + 1);
+        assert!(p.resolve(&shared, user).is_empty(), "no holder yet");
+        shared
+            .claim(GpuId(0x3f2c), 0x10000, render(7, 5, 2, 0x4000))
+            .unwrap();
+        let out = p.resolve(&shared, user);
+        let [Resolved::Image(id, img)] = out.as_slice() else {
+            panic!("{out:?}")
+        };
+        assert_eq!(*id, FileId(0x1f));
+        assert_eq!(img.bo(), (FileId(5), 1));
+        assert_eq!(img.msg.gem_handle, 2);
+        assert_eq!(img.msg.gpu_id, Some(0x3f2d));
+        assert!(p.first().is_none());
+    }
+
+    #[test]
+    fn another_process_bo_or_size_is_refused_naming_the_fd() {
+        let mut shared = SharedBos::default();
+        shared
+            .claim(GpuId(0x3f2c), 0x10000, render(8, 5, 1, 0x4000))
+            .unwrap();
+        shared
+            .claim(GpuId(0x3f2c), 0x20000, render(7, 6, 1, 0x2000))
+            .unwrap();
+        let mut p = PendingDmabufs::default();
+        p.push(dfd(7, 0x10000, 0x4000));
+        p.push(dfd(7, 0x20000, 0x4000));
+        let out = p.resolve(&shared, |_, g| g);
+        let words: Vec<String> = out
+            .iter()
+            .map(|r| match r {
+                Resolved::Refused(7, w) => w.clone(),
+                Resolved::Refused(..) => panic!("another pid"),
+                Resolved::Image(..) => panic!("saved"),
+            })
+            .collect();
+        assert!(
+            words[0].starts_with("fd 9 (dma-buf, file 31)"),
+            "{}",
+            words[0]
+        );
+        assert!(words[0].contains("another process"), "{}", words[0]);
+        assert!(words[1].contains("of another size"), "{}", words[1]);
+        assert!(unheld(&dfd(7, 0, 1)).contains("no file this dump saves holds its BO"));
+    }
+}
