@@ -209,6 +209,22 @@ pub struct DispatchRegs {
     pub apertures: Apertures,
 }
 
+impl DispatchRegs {
+    /// The registers of the waves of one XCC of a partition, whose slice of the queue's
+    /// scratch starts `offset` bytes in: the CP moves the flat scratch base and the private
+    /// segment buffer's 48-bit base (V# dword 0 and the low half of dword 1) alike.
+    pub fn with_scratch_at(&self, offset: u64) -> DispatchRegs {
+        const BASE_MASK: u64 = (1 << 48) - 1;
+        let [lo, hi, ..] = self.scratch_resource;
+        let base = (lo as u64 | ((hi & 0xffff) as u64) << 32).wrapping_add(offset) & BASE_MASK;
+        let mut r = *self;
+        r.scratch_base = self.scratch_base.wrapping_add(offset);
+        r.scratch_resource[0] = base as u32;
+        r.scratch_resource[1] = (hi & !0xffff) | (base >> 32) as u32;
+        r
+    }
+}
+
 /// Where one wave sits: its workgroup, the workgroup's extent, its index in the workgroup and
 /// its scratch byte offset from the queue's scratch base.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -512,6 +528,23 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn an_xccs_scratch_slice_moves_both_bases() {
+        let regs = DispatchRegs {
+            scratch_resource: [0xffff_f000, 0x8001_7fff, 0xc, 0xd],
+            scratch_base: 0x7fff_ffff_f000,
+            ..Default::default()
+        };
+        let r = regs.with_scratch_at(0x2000);
+        assert_eq!(r.scratch_base, 0x8000_0000_1000);
+        assert_eq!(
+            r.scratch_resource,
+            [0x1000, 0x8001_8000, 0xc, 0xd],
+            "carry into dword 1"
+        );
+        assert_eq!(regs.with_scratch_at(0), regs);
     }
 
     #[test]

@@ -3549,6 +3549,36 @@ const K_HOLD: &[u32] = &[
     0xdc708000, 0x00040302, // global_store_dword v2, v3, s[4:5]
     0xbf810000, // s_endpgm
 ];
+/// Each wave (workgroups of one wave) stores its workgroup id at its
+/// scratch address (flat scratch init plus its scratch wave offset) through
+/// a global store, spins until the flag is set, reads it back and stores
+/// {what it read, the address} to out[16 * group]: where the CP put each
+/// wave's scratch, and that it held through an eviction.  User SGPRs
+/// kernarg (s[0:1]) and flat scratch init (s[2:3]); workgroup id X in s4,
+/// the scratch wave offset in s5.
+const K_SCRATCH: &[u32] = &[
+    0xc0060180, 0x00000000, // s_load_dwordx2 s[6:7], s[0:1], 0x0
+    0x80080502, // s_add_u32 s8, s2, s5
+    0x82098003, // s_addc_u32 s9, s3, 0
+    0x7e020204, // v_mov_b32_e32 v1, s4
+    0x7e040280, // v_mov_b32_e32 v2, 0
+    0xdc708000, 0x00080102, // global_store_dword v2, v1, s[8:9]
+    0xbf8c0070, // s_waitcnt vmcnt(0) lgkmcnt(0)
+    0xc0030280, 0x00000008, // s_load_dword s10, s[0:1], 0x8 glc
+    0xbf8cc07f, // s_waitcnt lgkmcnt(0)
+    0xbf8e0001, // s_sleep 1
+    0xbf06800a, // s_cmp_eq_u32 s10, 0
+    0xbf85fffa, // s_cbranch_scc1 -6 (the load)
+    0xdc518000, 0x03080002, // global_load_dword v3, v2, s[8:9] glc
+    0x8e0b8404, // s_lshl_b32 s11, s4, 4
+    0x80060b06, // s_add_u32 s6, s6, s11
+    0x82078007, // s_addc_u32 s7, s7, 0
+    0x7e080208, // v_mov_b32_e32 v4, s8
+    0x7e0a0209, // v_mov_b32_e32 v5, s9
+    0xbf8c0f70, // s_waitcnt vmcnt(0)
+    0xdc788000, 0x00060302, // global_store_dwordx3 v2, v[3:5], s[6:7]
+    0xbf810000, // s_endpgm
+];
 const K_ILLEGAL: &[u32] = &[
     0xf0000f00,
     0x00000000, // image_load v[0:3], v0, s[0:7] dmask:0xf (graphics: no compute encoding)
@@ -3619,14 +3649,22 @@ impl Shader {
             .unwrap();
         let event = u32_at(&ev, 24);
         let mailbox = SIG_VA + u32_at(&ev, 28) as u64 * 8;
-        let kernels = [K_IDS, K_FAULT, K_TRAP, K_SPIN, K_ILLEGAL, K_HOLD];
+        let kernels = [K_IDS, K_FAULT, K_TRAP, K_SPIN, K_ILLEGAL, K_HOLD, K_SCRATCH];
         // SAFETY: every offset below lies inside the mappings just made.
         unsafe {
             for (k, words) in kernels.iter().enumerate() {
                 let kd = 0x400 * k;
+                let scratch = words.as_ptr() == K_SCRATCH.as_ptr();
                 wr64(code, kd + 16, 256); // entry offset
-                wr32(code, kd + 52, 2 << 1 | 1 << 7); // 2 user SGPRs, workgroup id X
-                wr32(code, kd + 56, 1 << 3); // kernarg segment ptr
+                if scratch {
+                    // 4 user SGPRs, workgroup id X, the scratch wave offset;
+                    // kernarg segment ptr and flat scratch init.
+                    wr32(code, kd + 52, 1 | 4 << 1 | 1 << 7);
+                    wr32(code, kd + 56, 1 << 3 | 1 << 5);
+                } else {
+                    wr32(code, kd + 52, 2 << 1 | 1 << 7); // 2 user SGPRs, workgroup id X
+                    wr32(code, kd + 56, 1 << 3); // kernarg segment ptr
+                }
                 for (i, w) in words.iter().enumerate() {
                     wr32(code, kd + 256 + 4 * i, *w);
                 }
@@ -3690,6 +3728,20 @@ impl Shader {
 
     /// As `dispatch`, with `lds` bytes of group segment.
     fn dispatch_lds(&self, q: usize, i: usize, k: usize, grid: u32, group: u16, lds: u32) {
+        self.dispatch_private(q, i, k, grid, group, (0, lds));
+    }
+
+    /// As `dispatch`, with `private` and `lds` bytes of private and group
+    /// segment.
+    fn dispatch_private(
+        &self,
+        q: usize,
+        i: usize,
+        k: usize,
+        grid: u32,
+        group: u16,
+        (private, lds): (u32, u32),
+    ) {
         let r = self.rings[q];
         // SAFETY: packet i of queue q's 64-packet ring, its amd_queue_t and
         // doorbell, signal q.
@@ -3700,7 +3752,7 @@ impl Shader {
             wr32(r, i * 64 + 12, grid);
             wr32(r, i * 64 + 16, 1);
             wr32(r, i * 64 + 20, 1);
-            wr64(r, i * 64 + 24, (lds as u64) << 32); // private and group segment sizes
+            wr64(r, i * 64 + 24, private as u64 | (lds as u64) << 32); // private, group sizes
             wr64(r, i * 64 + 32, CODE_VA + 0x400 * k as u64);
             wr64(r, i * 64 + 40, KERNARG);
             wr64(r, i * 64 + 56, Self::sig(q as u64));
@@ -4362,6 +4414,96 @@ fn a_dispatch_on_4_xccs_is_saved_per_xcc_and_resumes_on_another_host() {
     let resume = criu(criu_op::RESUME, 0, 0, 0, 0, 0, 0, 0, pid);
     d2.call_fh(fh2, &me(), nr::CRIU_OP, &resume).unwrap();
     released_dispatch_completes(sigs, data, 1024);
+}
+
+/// Queue 0's scratch: a GTT BO at `SCRATCH_VA` of 4 XCC slices of 4
+/// wave slots of 1 KiB (16 bytes per work-item), set in its `amd_queue_t`
+/// as ROCr 6 does on a GPU of 4 XCCs (`scratch_backing_memory_byte_size`
+/// and `compute_tmpring_size`'s WAVES per XCC).
+const SCRATCH_VA: u64 = 0x5200_0000;
+const SCRATCH_XCC: u64 = 0x1000;
+
+/// K_SCRATCH on queue 0 of a GPU of 4 XCCs: 16 workgroups of one wave, all
+/// resident, each holding a value at its scratch address.
+fn scratch_dispatch_on_4_xccs() -> Shader {
+    let d = Dev::new(&format!("{KFD_1_11}[[gpus]]\n{XCC4}"));
+    let s = Shader::on_xccs(d, true, 4);
+    let (h, _) =
+        s.d.alloc(SCRATCH_VA, 4 * SCRATCH_XCC, alloc::GTT, 0)
+            .unwrap();
+    s.d.map_gpu(h);
+    let aq = s.aqs[0];
+    // SAFETY: amd_queue_t fields of queue 0's mapping.
+    unsafe {
+        wr32(aq, 140, 4 | 1 << 12); // compute_tmpring_size: 4 waves per XCC of 1 KiB
+        wr64(aq, 160, SCRATCH_VA); // scratch_backing_memory_location
+        wr64(aq, 168, SCRATCH_XCC); // scratch_backing_memory_byte_size: per XCC
+        wr32(aq, 176, 16); // scratch_workitem_byte_size
+    }
+    s.dispatch_private(0, 0, 6, 16 * 64, 64, (16, 0));
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(s.sig_value(0), 1, "the dispatch waits for its flag");
+    s
+}
+
+/// After the flag: each wave of the scratch dispatch read back its own
+/// workgroup id from its scratch, which lies in its XCC's slice (the CP
+/// hands workgroup `g` to XCC `g % 4`), and no two waves shared it.
+fn scratch_per_xcc(data: *mut u8) {
+    let mut seen = std::collections::BTreeSet::new();
+    for g in 0..16u64 {
+        // SAFETY: out[16 * g] of the output buffer.
+        let (v, lo, hi) = unsafe {
+            let at = 0x1000 + 16 * g as usize;
+            (rd32(data, at), rd32(data, at + 4), rd32(data, at + 8))
+        };
+        let addr = (hi as u64) << 32 | lo as u64;
+        assert_eq!(v as u64, g, "workgroup {g}'s scratch held its value");
+        let slice = SCRATCH_VA + (g % 4) * SCRATCH_XCC;
+        assert!(
+            (slice..slice + SCRATCH_XCC).contains(&addr),
+            "workgroup {g} (XCC {}): scratch at {addr:#x}, its XCC's slice is {slice:#x}",
+            g % 4
+        );
+        assert!(
+            seen.insert(addr),
+            "workgroup {g}: scratch {addr:#x} taken twice"
+        );
+    }
+}
+
+/// On a GPU of 4 XCCs the CP gives each XCC's waves slots of that XCC's
+/// slice of the queue's scratch only: 16 resident waves, 4 per XCC, fill
+/// the 4 slices of 4 slots (one pool of 16 would put XCC 1's first wave in
+/// XCC 0's slice). Checkpointed with the waves holding their scratch and
+/// restored on another host of 4 XCCs, every wave reads back its value
+/// from its own slice.
+#[test]
+fn scratch_is_split_per_xcc_and_restored_with_the_waves() {
+    let s = scratch_dispatch_on_4_xccs();
+    let fh = KFD_FH.with(|f| f.get());
+    let mut img = dump_me(&s.d, fh);
+    let blob = img.blob.clone();
+    let (d2, fh2, r) = restore_me_on(&s.d, &mut img, &blob, XCC4);
+    r.unwrap();
+    let (data, sigs) = (
+        restored_bo(&d2, &img, DATA_VA),
+        restored_bo(&d2, &img, SHADER_SIGS_VA),
+    );
+    let pid = std::process::id();
+    let resume = criu(criu_op::RESUME, 0, 0, 0, 0, 0, 0, 0, pid);
+    d2.call_fh(fh2, &me(), nr::CRIU_OP, &resume).unwrap();
+    // SAFETY: the restored kernarg's flag.
+    unsafe { wr32(data, 8, 1) };
+    assert!(poll_signal(sigs, 0, 0), "the restored dispatch completes");
+    scratch_per_xcc(data);
+    // The original runs on after UNPAUSE, the same.
+    s.d.call(nr::CRIU_OP, &criu(criu_op::UNPAUSE, 0, 0, 0, 0, 0, 0, 0, 0))
+        .unwrap();
+    // SAFETY: the kernarg's flag.
+    unsafe { wr32(s.data, 8, 1) };
+    assert!(s.wait_for(0, 0), "the dispatch completes after UNPAUSE");
+    scratch_per_xcc(s.data);
 }
 
 /// On 4 XCCs GET_QUEUE_WAVE_STATE writes each XCC's header and control

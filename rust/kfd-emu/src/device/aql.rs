@@ -55,6 +55,15 @@ const TYPE_KERNEL_DISPATCH: u8 = 2;
 const TYPE_BARRIER_AND: u8 = 3;
 const TYPE_BARRIER_OR: u8 = 5;
 
+/// What the CP model needs of a GPU: the shader ISA the engine runs on it
+/// (None: one it does not run) and its XCCs, over which the CP spreads a
+/// dispatch's workgroups and splits the queue's scratch.
+#[derive(Clone, Copy, Debug)]
+pub struct Shaders {
+    pub target: Option<Target>,
+    pub xccs: u16,
+}
+
 /// Barrier packets: five dependency signals from byte 8.
 const BARRIER_DEPS: u64 = 8;
 
@@ -109,7 +118,7 @@ fn handle(
     p: &mut Proc,
     id: u32,
     q: &Queue,
-    target: Option<Target>,
+    gpu: Shaders,
     (ty, slot, index): (u8, u64, u64),
     done: &mut Done,
 ) -> Handled {
@@ -126,7 +135,7 @@ fn handle(
         // Reserved but not written yet.
         TYPE_INVALID => Handled::Wait,
         TYPE_BARRIER_AND | TYPE_BARRIER_OR => barrier(p, q, slot, ty == TYPE_BARRIER_AND),
-        TYPE_KERNEL_DISPATCH => match kernel::prepare(p, id, q, target, (slot, index), done) {
+        TYPE_KERNEL_DISPATCH => match kernel::prepare(p, id, q, gpu, (slot, index), done) {
             kernel::Prepared::Launch(mut l) => {
                 if let Some(qs) = p.queues.get_mut(&id).filter(|qs| !qs.aql.saved.is_empty()) {
                     l.resume = Some((save_area(q), std::mem::take(&mut qs.aql.saved)));
@@ -236,7 +245,7 @@ fn run_queue(
     p: &mut Proc,
     id: u32,
     q: &Queue,
-    target: Option<Target>,
+    gpu: Shaders,
     out: &mut Pass,
     done: &mut Done,
 ) -> bool {
@@ -258,7 +267,7 @@ fn run_queue(
             if hdr[0] != TYPE_INVALID {
                 stamp_start(p, id, q, slot, rptr);
             }
-            handle(p, id, q, target, (hdr[0], slot, rptr), done)
+            handle(p, id, q, gpu, (hdr[0], slot, rptr), done)
         } else {
             Handled::Error(
                 error::INVALID_PACKET_FORMAT,
@@ -293,9 +302,9 @@ fn run_queue(
     false
 }
 
-/// Runs the process' AQL queues as far as they go; `targets` gives each
-/// GPU's shader ISA (None: one the shader engine does not run).
-pub fn pass(p: &mut Proc, targets: &[Option<Target>], done: &mut Done) -> Pass {
+/// Runs the process' AQL queues as far as they go; `gpus` gives each
+/// GPU's shader ISA and XCCs.
+pub fn pass(p: &mut Proc, gpus: &[Shaders], done: &mut Done) -> Pass {
     let mut out = Pass::default();
     if p.evicted() {
         return out;
@@ -327,8 +336,11 @@ pub fn pass(p: &mut Proc, targets: &[Option<Target>], done: &mut Done) -> Pass {
             if let Some(qs) = p.queues.get_mut(&id) {
                 qs.aql.scratch_wait = false;
             }
-            let target = targets.get(q.gpu).copied().flatten();
-            run_queue(p, id, &q, target, &mut out, done)
+            let gpu = gpus.get(q.gpu).copied().unwrap_or(Shaders {
+                target: None,
+                xccs: 1,
+            });
+            run_queue(p, id, &q, gpu, &mut out, done)
         };
         if let Some(qs) = p.queues.get_mut(&id) {
             qs.aql.doorbell = doorbell;

@@ -118,8 +118,8 @@ struct Shared {
     devs: Arc<Devices>,
     /// The shader engine's work queue (its thread runs `shader::Engine::run`).
     shader: shader::Engine,
-    /// Each GPU's shader ISA, when the shader engine runs it.
-    targets: Vec<Option<gfx9::Target>>,
+    /// Each GPU's shader ISA (when the shader engine runs it) and XCCs.
+    targets: Vec<aql::Shaders>,
 }
 
 /// The emulated devices; shared by all transport threads.
@@ -259,7 +259,14 @@ impl Emulator {
             quiet: Condvar::new(),
             stop: AtomicBool::new(false),
             resolver,
-            targets: devs.gpus.iter().map(shader_target).collect(),
+            targets: devs
+                .gpus
+                .iter()
+                .map(|g| aql::Shaders {
+                    target: shader_target(g),
+                    xccs: g.num_xcc.max(1) as u16,
+                })
+                .collect(),
             devs,
             shader: shader::Engine::default(),
         });

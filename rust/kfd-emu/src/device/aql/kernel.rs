@@ -11,10 +11,10 @@
 
 use gfx9::launch::{self, DispatchRegs, Grid, KernelCode, ShapeError, KERNEL_OBJECT_BYTES};
 use gfx9::state::Apertures;
-use gfx9::Target;
 
 use super::ring::{self, amd_queue, error};
-use crate::device::shader::{JobKey, Launch};
+use super::Shaders;
+use crate::device::shader::{JobKey, Launch, ScratchSplit};
 use crate::device::state::{Done, Proc, Queue};
 use crate::device::uapi;
 
@@ -83,13 +83,12 @@ fn kernel_object(p: &Proc, gpu: usize, object: u64) -> Result<KernelCode, (i64, 
 }
 
 /// The queue's scratch as ROCr set it up: the buffer resource, the base,
-/// bytes per wave and how many waves fit; None when the dispatch's
-/// private segment does not fit.
+/// and its slice of each XCC; None when the dispatch's private segment
+/// does not fit.
 struct Scratch {
     resource: [u32; 4],
     base: u64,
-    wave_bytes: u64,
-    slots: u64,
+    split: ScratchSplit,
 }
 
 fn scratch(p: &Proc, q: &Queue, private_size: u32) -> Option<Scratch> {
@@ -97,34 +96,49 @@ fn scratch(p: &Proc, q: &Queue, private_size: u32) -> Option<Scratch> {
     let per_lane = ring::read_u32(p, q.gpu, at(amd_queue::SCRATCH_PER_LANE))?;
     let bytes = ring::read_u64(p, q.gpu, at(amd_queue::SCRATCH_BYTES))?;
     let base = ring::read_u64(p, q.gpu, at(amd_queue::SCRATCH_BACKING))?;
+    let tmpring = ring::read_u32(p, q.gpu, at(amd_queue::TMPRING_SIZE))?;
     let mut resource = [0u32; 4];
     for (k, r) in resource.iter_mut().enumerate() {
         *r = ring::read_u32(p, q.gpu, at(amd_queue::SCRATCH_RESOURCE + 4 * k as u64))?;
     }
-    let wave_bytes = launch::wave_scratch_bytes(per_lane);
-    let slots = bytes.checked_div(wave_bytes).unwrap_or(0);
-    if private_size > 0 && (private_size > per_lane || slots == 0) {
+    let split = split_scratch(bytes, launch::wave_scratch_bytes(per_lane), tmpring);
+    if private_size > 0 && (private_size > per_lane || split.slots == 0) {
         return None;
     }
     Some(Scratch {
         resource,
         base,
-        wave_bytes,
-        slots,
+        split,
     })
 }
 
+/// How the CP of each XCC uses the queue's scratch, in waves of
+/// `wave_bytes`: `xcc_bytes`, `scratch_backing_memory_byte_size`, is one
+/// XCC's slice (ROCr 6 stores `main_size / NumXcc` there; 1 XCC but on
+/// MI300), holding the wave slots that fit it, at most
+/// `compute_tmpring_size`'s WAVES (its slots per XCC) where the runtime
+/// set them.
+pub fn split_scratch(xcc_bytes: u64, wave_bytes: u64, tmpring: u32) -> ScratchSplit {
+    let fit = xcc_bytes.checked_div(wave_bytes).unwrap_or(0);
+    let waves = (tmpring & 0xfff) as u64;
+    ScratchSplit {
+        wave_bytes,
+        slots: if waves == 0 { fit } else { fit.min(waves) },
+        xcc_bytes,
+    }
+}
+
 /// Reads and checks the dispatch packet at `slot` (packet `index` of
-/// queue `id`) for a GPU of `target`.
+/// queue `id`) for GPU `gpu`.
 pub fn prepare(
     p: &mut Proc,
     id: u32,
     q: &Queue,
-    target: Option<Target>,
+    gpu: Shaders,
     (slot, index): (u64, u64),
     done: &mut Done,
 ) -> Prepared {
-    let Some(target) = target else {
+    let Some(target) = gpu.target else {
         let what = "kernel dispatch packet: the emulated GPU's ISA is not one the shader \
                     engine runs (gfx908, gfx90a, gfx942)";
         return Prepared::Error(error::INVALID_PACKET_FORMAT, what.into());
@@ -151,12 +165,14 @@ pub fn prepare(
     if pk.private_size > 0 {
         log::debug!(
             "kfd-emu: process {} AQL queue {id}: scratch at {:#x}, resource {:08x?}, {} bytes \
-             per wave, {} wave slots",
+             per wave, {} wave slots in each of {} XCC slices of {:#x} bytes",
             p.lead,
             s.base,
             s.resource,
-            s.wave_bytes,
-            s.slots
+            s.split.wave_bytes,
+            s.split.slots,
+            gpu.xccs,
+            s.split.xcc_bytes
         );
     }
     let regs = DispatchRegs {
@@ -187,7 +203,8 @@ pub fn prepare(
         grid: pk.grid,
         regs,
         lds,
-        scratch: (pk.private_size > 0).then_some((s.wave_bytes, s.slots)),
+        scratch: (pk.private_size > 0).then_some(s.split),
+        xccs: gpu.xccs.max(1),
         vm: p.gpu_range(q.gpu, 0, VA_TOP),
         resume: None,
     }))

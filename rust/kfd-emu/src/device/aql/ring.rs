@@ -13,8 +13,12 @@ pub const COMPLETION_SIGNAL: u64 = 56;
 pub mod amd_queue {
     /// The structure itself (the kernel's queue ptr).
     pub const BASE: i64 = -128;
+    /// COMPUTE_TMPRING_SIZE: WAVES (bits 11:0, per XCC) and WAVESIZE.
+    pub const TMPRING_SIZE: u64 = 12;
     pub const SCRATCH_RESOURCE: u64 = 16;
     pub const SCRATCH_BACKING: u64 = 32;
+    /// scratch_backing_memory_byte_size: one XCC's slice (ROCr 6 divides
+    /// its allocation by the XCC count).
     pub const SCRATCH_BYTES: u64 = 40;
     pub const SCRATCH_PER_LANE: u64 = 48;
     pub const INACTIVE_SIGNAL: u64 = 64;

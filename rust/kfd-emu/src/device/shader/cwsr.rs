@@ -406,12 +406,14 @@ fn rebuild_groups(
     Ok(groups)
 }
 
-/// The restored waves keep the scratch slots they had: each must be one the
-/// queue's scratch has, and no two the same; the others are free again.
+/// The restored waves keep the scratch slots they had: each must be one
+/// its XCC's slice of the queue's scratch has, and no two of an XCC the
+/// same; the others are free again.
 fn claim_scratch(run: &mut Run) -> Result<(), String> {
-    let slots = run.launch.scratch.map_or(0, |(_, n)| n);
-    let mut taken = vec![false; slots as usize];
+    let slots = run.launch.scratch.map_or(0, |sc| sc.slots);
+    let mut taken = vec![vec![false; slots as usize]; run.scratch.len()];
     for g in &run.groups {
+        let x = run.xcc_of(g.linear);
         for s in &g.waves {
             let Some(k) = s.scratch else {
                 if run.launch.scratch.is_some() {
@@ -423,17 +425,19 @@ fn claim_scratch(run: &mut Run) -> Result<(), String> {
                 }
                 continue;
             };
-            if k >= slots || std::mem::replace(&mut taken[k as usize], true) {
+            if k >= slots || std::mem::replace(&mut taken[x][k as usize], true) {
                 return Err(format!(
                     "workgroup {} wave {}: scratch slot {k} in TTMP13 is not a free one of the \
-                     queue's {slots}",
+                     {slots} of XCC {x}'s slice of the queue's scratch",
                     g.linear, s.wave.id_in_group
                 ));
             }
         }
     }
-    let top = taken.iter().rposition(|&t| t).map_or(0, |k| k as u64 + 1);
-    run.next_scratch = top;
-    run.free_scratch = (0..top).filter(|&k| !taken[k as usize]).collect();
+    for (pool, taken) in run.scratch.iter_mut().zip(taken) {
+        let top = taken.iter().rposition(|&t| t).map_or(0, |k| k as u64 + 1);
+        pool.next = top;
+        pool.free = (0..top).filter(|&k| !taken[k as usize]).collect();
+    }
     Ok(())
 }

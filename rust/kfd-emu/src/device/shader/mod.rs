@@ -50,15 +50,32 @@ pub struct Launch {
     pub regs: DispatchRegs,
     /// LDS bytes per workgroup.
     pub lds: usize,
-    /// Scratch bytes per wave and the wave slots the queue's scratch has;
-    /// None when the dispatch has no private segment.
-    pub scratch: Option<(u64, u64)>,
+    /// The queue's scratch as the CP splits it over the XCCs; None when
+    /// the dispatch has no private segment.
+    pub scratch: Option<ScratchSplit>,
+    /// The XCCs the CP hands the workgroups to, round-robin (1 but on
+    /// MI300's partitions).
+    pub xccs: u16,
     /// The process' GPU VM as the GPU sees it.
     pub vm: GpuRange,
     /// A dispatch saved at an eviction: its waves are rebuilt from the
     /// queue's context save area and the control stack of each XCC
     /// instead of started.
     pub resume: Option<(SaveArea, Vec<Vec<u8>>)>,
+}
+
+/// A queue's scratch as the CP of a partition of several XCCs splits it:
+/// XCC `x` gets the slice `x * xcc_bytes` bytes from the queue's scratch
+/// base (ROCr sizes `scratch_backing_memory_byte_size` and
+/// `compute_tmpring_size`'s WAVES per XCC), and its waves take slots of
+/// `wave_bytes` in that slice, never another XCC's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScratchSplit {
+    pub wave_bytes: u64,
+    /// Wave slots in each XCC's slice.
+    pub slots: u64,
+    /// Bytes of each XCC's slice.
+    pub xcc_bytes: u64,
 }
 
 /// How a dispatch ended.

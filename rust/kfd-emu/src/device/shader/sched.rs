@@ -1,5 +1,6 @@
 //! One dispatch's waves: workgroups are admitted while the emulated GPU
-//! has room for their waves (and the queue's scratch has slots for them),
+//! has room for their waves (and their XCC's slice of the queue's scratch
+//! has slots for them),
 //! each wave runs in turns of [`TURN`] instructions, `s_barrier` holds a
 //! wave until every live wave of its workgroup got there, `s_sleep` gives
 //! the rest of the slice away.  A spinning wave therefore never keeps the
@@ -60,6 +61,14 @@ pub(super) fn scratch_slot(w: &Wave) -> Option<u64> {
     w.sgpr(SCRATCH_SLOT_TTMP).checked_sub(1).map(u64::from)
 }
 
+/// The scratch wave slots of one XCC's slice: those free again, and the
+/// first never handed out.
+#[derive(Clone, Debug, Default)]
+pub(super) struct SlotPool {
+    pub free: Vec<u64>,
+    pub next: u64,
+}
+
 /// What a slice of a dispatch came to.
 pub enum Progress {
     /// Instructions retired in the slice (0: every wave slept or waited).
@@ -74,8 +83,8 @@ pub struct Run {
     pub(super) next_group: u64,
     group_count: u64,
     spare: Vec<Wave>,
-    pub(super) free_scratch: Vec<u64>,
-    pub(super) next_scratch: u64,
+    /// Each XCC's scratch wave slots.
+    pub(super) scratch: Vec<SlotPool>,
     pub instructions: u64,
     /// Lane operations of those instructions (gfx9's `Wave::lanes`).
     pub lanes: u64,
@@ -93,6 +102,7 @@ impl Run {
         let vm = std::mem::replace(&mut launch.vm, GpuRange::from_spans(0, 0, Vec::new()));
         let group_count = launch.grid.group_count();
         let mut mem = GpuMemory::new(vm);
+        let scratch = vec![SlotPool::default(); launch.xccs.max(1) as usize];
         mem.read_once(launch.regs.kernarg, launch.code.kernarg_size);
         mem.read_once(launch.regs.packet, Some(AQL_PACKET_BYTES));
         Run {
@@ -102,8 +112,7 @@ impl Run {
             next_group: 0,
             group_count,
             spare: Vec::new(),
-            free_scratch: Vec::new(),
-            next_scratch: 0,
+            scratch,
             instructions: 0,
             lanes: 0,
             waves: 0,
@@ -117,21 +126,29 @@ impl Run {
         self.groups.iter().map(|g| g.waves.len()).sum()
     }
 
-    /// A scratch slot for a new wave, if the queue's scratch has one.
-    fn scratch_slot(&mut self) -> Option<u64> {
-        let (_, slots) = self.launch.scratch?;
-        if let Some(s) = self.free_scratch.pop() {
+    /// The XCC the CP hands workgroup `linear` to: round-robin over the
+    /// partition's XCCs.
+    pub(super) fn xcc_of(&self, linear: u64) -> usize {
+        (linear % self.scratch.len() as u64) as usize
+    }
+
+    /// A scratch slot of XCC `x`'s slice for a new wave, if it has one.
+    fn scratch_slot(&mut self, x: usize) -> Option<u64> {
+        let slots = self.launch.scratch?.slots;
+        let pool = &mut self.scratch[x];
+        if let Some(s) = pool.free.pop() {
             return Some(s);
         }
-        (self.next_scratch < slots).then(|| {
-            self.next_scratch += 1;
-            self.next_scratch - 1
+        (pool.next < slots).then(|| {
+            pool.next += 1;
+            pool.next - 1
         })
     }
 
-    fn scratch_free(&self) -> u64 {
-        self.launch.scratch.map_or(u64::MAX, |(_, slots)| {
-            self.free_scratch.len() as u64 + (slots - self.next_scratch)
+    fn scratch_free(&self, x: usize) -> u64 {
+        self.launch.scratch.map_or(u64::MAX, |sc| {
+            let pool = &self.scratch[x];
+            pool.free.len() as u64 + (sc.slots - pool.next)
         })
     }
 
@@ -143,14 +160,14 @@ impl Run {
             let extent = self.launch.grid.extent(id);
             let n = Grid::waves(extent) as usize;
             let resident = self.resident();
-            if resident > 0 && (resident + n > RESIDENT_WAVES || self.scratch_free() < n as u64) {
+            let free = self.scratch_free(self.xcc_of(self.next_group));
+            if resident > 0 && (resident + n > RESIDENT_WAVES || free < n as u64) {
                 return Ok(());
             }
-            if self.scratch_free() < n as u64 {
+            if free < n as u64 {
                 return Err(Outcome::Illegal {
                     stop: format!(
-                        "the queue's scratch has {} wave slots, a workgroup needs {n}",
-                        self.scratch_free()
+                        "the queue's scratch has {free} wave slots per XCC, a workgroup needs {n}"
                     ),
                     pc: 0,
                 });
@@ -161,12 +178,21 @@ impl Run {
         Ok(())
     }
 
+    /// Starts workgroup `id` (the next one) with its `n` waves on its XCC,
+    /// each with a slot of that XCC's scratch slice.
     fn start_group(&mut self, id: [u32; 3], extent: [u32; 3], n: usize) {
         let target = self.launch.target;
-        let wave_bytes = self.launch.scratch.map_or(0, |(b, _)| b);
+        let x = self.xcc_of(self.next_group);
+        let (wave_bytes, regs) = match self.launch.scratch {
+            Some(sc) => (
+                sc.wave_bytes,
+                self.launch.regs.with_scratch_at(x as u64 * sc.xcc_bytes),
+            ),
+            None => (0, self.launch.regs),
+        };
         let mut waves = Vec::with_capacity(n);
         for k in 0..n {
-            let scratch = self.scratch_slot();
+            let scratch = self.scratch_slot(x);
             let mut wave = self.spare.pop().unwrap_or_else(|| Wave::new(target, 0));
             let at = Placement {
                 group: id,
@@ -175,7 +201,7 @@ impl Run {
                 scratch_offset: (scratch.unwrap_or(0) * wave_bytes) as u32,
             };
             let l = &self.launch;
-            launch::start_wave(&mut wave, target, l.object, &l.code, &l.grid, &l.regs, &at);
+            launch::start_wave(&mut wave, target, l.object, &l.code, &l.grid, &regs, &at);
             set_scratch_slot(&mut wave, scratch);
             waves.push(Slot {
                 wave,
@@ -299,8 +325,9 @@ impl Run {
         while k < self.groups.len() {
             if self.groups[k].waves.iter().all(|s| s.state == State::Done) {
                 let g = self.groups.swap_remove(k);
+                let x = self.xcc_of(g.linear);
                 for s in g.waves {
-                    self.free_scratch.extend(s.scratch);
+                    self.scratch[x].free.extend(s.scratch);
                     self.spare.push(s.wave);
                 }
             } else {
