@@ -51,6 +51,9 @@
 #                 The dump must have saved the waves of a kernel on every GPU (kfd-emu's
 #                 log) and, on a GPU of several XCCs (mi300x8), into more than one XCC's
 #                 slice of the save area and control stack
+#   cr-hip-o0-mi300x8   cr-hip-mi300x8 with in-flight built at -O0 (in-flight-o0): every
+#                 local of the kernel lives in its wave's scratch, which on MI300X is a slot of
+#                 its XCC's slice of the queue's scratch; saved and resumed with the waves
 #   cr-hip-P-other   the same restored on another host (test/gpu/hosts/P-other.toml: every
 #                 gpu_id and render minor differs, the GPUs listed in another order; on
 #                 mi300x8 the hive_id too)
@@ -83,7 +86,7 @@ cases() {
 	echo rocm-smi-mi210x4 rocm-smi-mi300x8 rocm-smi-live-mi210x4 rocm-smi-live-mi300x8 | tr ' ' '\n'
 	for p in "${profiles[@]}"; do echo "hsa-$p"; done
 	echo hsa-mi210x4-kfd1.16 hsa-mi250x8-kfd1.16 cr-same cr-other cr-mi210x4 cr-mi300x8 cr-mi250x8-other | tr ' ' '\n'
-	echo hip-mi210x4 hip-mi300x8 cr-hip-mi210x4 cr-hip-mi300x8 cr-hip-mi210x4-other cr-hip-mi300x8-other | tr ' ' '\n'
+	echo hip-mi210x4 hip-mi300x8 cr-hip-mi210x4 cr-hip-mi300x8 cr-hip-o0-mi300x8 cr-hip-mi210x4-other cr-hip-mi300x8-other | tr ' ' '\n'
 }
 
 # The HIP 6.4 programs (test/hip/*.hip) and the GPUs their code objects are built for.
@@ -157,12 +160,13 @@ host_restore() { # ROOT CASEDIR IMG CRIU SUPERVISE
 	exec /usr/bin/python3 "$top/scripts/lib/stop_and_reap.py" 120 program "$pid" "$cdir/exit-status"
 }
 
-# The HIP C/R program: test/hip/in-flight --signal, in a session of its own, its output in
-# the case directory; returns once every kernel waits for its flag.
+# The HIP C/R program: test/hip/in-flight --signal (the binary $HIP_PROG, in-flight unless
+# set), in a session of its own, its output in the case directory; returns once every kernel
+# waits for its flag.
 hip_host_start() { # CASEDIR SUPERVISE
 	local cdir=$1 sup=() i
 	[ "$2" = 1 ] && sup=("$KFD_EMU" supervise --)
-	setsid "${sup[@]}" chroot "$ROOT" /opt/criu-rocm-tests/hip/in-flight --signal \
+	setsid "${sup[@]}" chroot "$ROOT" "/opt/criu-rocm-tests/hip/${HIP_PROG:-in-flight}" --signal \
 		</dev/null >"$cdir/t.out" 2>&1 &
 	for ((i = 0; i < 1200; i++)); do
 		grep -q '^in-flight: [0-9]* GPUs$' "$cdir/t.out" && break
@@ -177,7 +181,7 @@ hip_host_start() { # CASEDIR SUPERVISE
 # its own copy at the same time, in its own chroot.
 in_flight_pid() {
 	local p
-	for p in $(pgrep -f '^/opt/criu-rocm-tests/hip/in-flight --signal'); do
+	for p in $(pgrep -f "^/opt/criu-rocm-tests/hip/${HIP_PROG:-in-flight} --signal"); do
 		[ "$(readlink "/proc/$p/root")" = "$ROOT" ] && echo "$p" && return 0
 	done
 	return 1
@@ -270,6 +274,10 @@ build_hip() {
 		in_chroot_proc hipcc $arches $flags -o "/opt/criu-rocm-tests/hip/$p" "/opt/criu-rocm-tests/hip/$p.hip" ||
 			return 1
 	done
+	# in-flight again at -O0 for cr-hip-o0-*: its kernel's locals in scratch.
+	[ "$d/in-flight-o0" -nt "$d/in-flight.hip" ] && [ "$d/in-flight-o0" -nt "$d/check.h" ] && return 0
+	# shellcheck disable=SC2086 # the arch flags are words
+	in_chroot_proc hipcc $arches -O0 -o /opt/criu-rocm-tests/hip/in-flight-o0 /opt/criu-rocm-tests/hip/in-flight.hip
 }
 
 # Runs a command in the chroot with /proc mounted (hipcc's clang reads it), in a mount
@@ -477,10 +485,10 @@ run_cr() {
 	t1=$(date +%s%N)
 	local level=${KFD_EMU_LOG:-}
 	[ "$HIP" = 1 ] && level=info # the log says whose waves the dump saved
-	why=$(HIP=$HIP KFD_EMU_LOG=$level "$KFD_EMU" run --profile "$p1" -- "$here/run.sh" --host-dump "$ROOT" "$cdir" "$img" "$CRIU" "$sup" 2>>"$cdir/emu.log") ||
+	why=$(HIP=$HIP HIP_PROG=${HIP_PROG:-} KFD_EMU_LOG=$level "$KFD_EMU" run --profile "$p1" -- "$here/run.sh" --host-dump "$ROOT" "$cdir" "$img" "$CRIU" "$sup" 2>>"$cdir/emu.log") ||
 		{ result FAIL "$c" "on $p1: ${why:-exit $?}; case ${cdir#"$top"/}"; return; }
 	t2=$(date +%s%N)
-	why=$(HIP=$HIP "$KFD_EMU" run --profile "$p2" "$@" -- "$here/run.sh" --host-restore "$ROOT" "$cdir" "$img" "$CRIU" "$sup" 2>>"$cdir/emu.log") ||
+	why=$(HIP=$HIP HIP_PROG=${HIP_PROG:-} "$KFD_EMU" run --profile "$p2" "$@" -- "$here/run.sh" --host-restore "$ROOT" "$cdir" "$img" "$CRIU" "$sup" 2>>"$cdir/emu.log") ||
 		{ result FAIL "$c" "on $p2: ${why:-exit $?}; case ${cdir#"$top"/}"; return; }
 	if [ "$(cat "$cdir/exit-status" 2>/dev/null)" != 0 ] || ! tail -n 1 "$cdir/t.out" 2>/dev/null | grep -qE ': PASS(ED)?$'; then
 		result FAIL "$c" "the restored program did not pass: $(tail -n 3 "$cdir/t.out" "$cdir/t.out.inprogress" 2>/dev/null | paste -sd'|')"
@@ -488,7 +496,7 @@ run_cr() {
 	fi
 	local what="ROCr 6.4 process (runtime enabled)" after="a round of new work and its final check passed"
 	if [ "$HIP" = 1 ]; then
-		what="HIP 6.4 process with $(grep -m1 -o '^in-flight: [0-9]* GPUs' "$cdir/t.out" | cut -d' ' -f2) kernels in flight"
+		what="HIP 6.4 process${HIP_PROG:+ ($HIP_PROG)} with $(grep -m1 -o '^in-flight: [0-9]* GPUs' "$cdir/t.out" | cut -d' ' -f2) kernels in flight"
 		why=$(waves_saved "$cdir" "$p1") || { result FAIL "$c" "$why"; return; }
 		after="every kernel finished with the host's result; $why"
 	fi
@@ -515,6 +523,8 @@ for c in "${want[@]}"; do
 		result FAIL "$c" "the HIP programs did not build in the chroot: $(tail -n 3 "$top/build/rocm64/hip-programs.log" | paste -sd'|')"
 	elif [ "${c#cr-}" = "$c" ]; then
 		run_hip "$c" "${c#hip-}"
+	elif [ "${c#cr-hip-o0-}" != "$c" ]; then
+		HIP=1 HIP_PROG=in-flight-o0 run_cr "$c" 1 "${c#cr-hip-o0-}" "${c#cr-hip-o0-}"
 	elif [ "${c%-other}" != "$c" ]; then
 		p=${c#cr-hip-} && p=${p%-other}
 		HIP=1 run_cr "$c" 1 "$p" "$p" --profile-file "$top/test/gpu/hosts/$p-other.toml"
