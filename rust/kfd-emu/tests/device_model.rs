@@ -2393,8 +2393,8 @@ fn per_device_state_ioctls_follow_kfd() {
     d.call(nr::DESTROY_QUEUE, &args(&[(0, qid2)], 8)).unwrap();
     gws(qid, 1).unwrap();
 
-    // dma-bufs: none is ever amdgpu's here: a closed fd is EBADF, any
-    // other file EINVAL.
+    // dma-bufs: a closed fd is EBADF, a file that is no dma-buf EINVAL
+    // (the emulator's own: own_dmabufs_are_described_and_imported).
     d.fds.insert(950, kfd);
     for n in [nr::GET_DMABUF_INFO, nr::IMPORT_DMABUF] {
         let (fd_off, len) = if n == nr::GET_DMABUF_INFO {
@@ -4591,4 +4591,61 @@ fn released_dispatch_completes(sigs: *mut u8, data: *mut u8, items: usize) {
         let v = unsafe { rd32(data, 0x1000 + 4 * i) };
         assert_eq!(v, i as u32, "work-item {i}");
     }
+}
+
+/// GET_DMABUF_INFO and IMPORT_DMABUF of the emulator's own dma-buf (an
+/// EXPORT_DMABUF fd, as HIP IPC hands it to another process): the BO's
+/// size, GPU and domain; an import at another VA is a BO of the same
+/// memory (its mmap offset the exporter's), mappable, and freeing it
+/// leaves the exported BO alone.
+#[test]
+fn own_dmabufs_are_described_and_imported() {
+    let d = Dev::new("");
+    let (kfd, _) = d.setup();
+    let (h, _) = d.alloc(0x1000_0000, 2 << 20, alloc::VRAM, 0).unwrap();
+    let inst = Install(std::cell::Cell::new(true));
+    let mut e = args(&[(0, h)], 16);
+    let cmd = kfd_abi::ioctl::AMDKFD_IOC_EXPORT_DMABUF;
+    assert_eq!(
+        d.emu
+            .fd_ioctl(kfd, &me(), cmd, e.as_mut_ptr() as u64, &inst),
+        Some(Ok(()))
+    );
+    let fd = u32_at(&e, 12) as u64;
+    let info = d.call(nr::GET_DMABUF_INFO, &args(&[(28, fd)], 32)).unwrap();
+    assert_eq!(u64_at(&info, 0), 2 << 20, "size");
+    assert_eq!(u32_at(&info, 20), d.gpu_id, "GPU");
+    assert_eq!(u32_at(&info, 24), alloc::VRAM, "flags");
+    assert_eq!(u32_at(&info, 16), 0, "no metadata");
+    let import = |va: u64, gpu: u32| {
+        d.call(
+            nr::IMPORT_DMABUF,
+            &args(&[(0, va), (16, gpu as u64), (20, fd)], 24),
+        )
+    };
+    assert_eq!(
+        import(0x3000_0000, 0x1234),
+        Err(libc::EINVAL),
+        "no such GPU"
+    );
+    assert_eq!(import(0x1010_0000, d.gpu_id), Err(libc::EINVAL), "VA taken");
+    let ih = u64_at(&import(0x3000_0000, d.gpu_id).unwrap(), 8);
+    assert_ne!(ih, h);
+    d.map_gpu(ih);
+    // CRIU's view: both BOs at the exporter's mmap offset.
+    let info = d
+        .call(
+            nr::CRIU_OP,
+            &criu(criu_op::PROCESS_INFO, 0, 0, 0, 0, 0, 0, 0, 0),
+        )
+        .unwrap();
+    assert_eq!(u32_at(&info, 36), 2, "two BOs");
+    d.call(nr::UNMAP_MEMORY_FROM_GPU, &map_args(ih, &[d.gpu_id]))
+        .unwrap();
+    d.call(nr::FREE_MEMORY_OF_GPU, &ih.to_le_bytes()).unwrap();
+    // The exported BO and its dma-buf live on: a second import.
+    let again = u64_at(&import(0x3000_0000, d.gpu_id).unwrap(), 8);
+    d.call(nr::FREE_MEMORY_OF_GPU, &again.to_le_bytes())
+        .unwrap();
+    d.call(nr::FREE_MEMORY_OF_GPU, &h.to_le_bytes()).unwrap();
 }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::aql;
+use super::dmabuf::Dmabuf;
 use super::mem::{user_read, user_write};
 use super::shader::{SaveJob, Saved};
 use super::state::{
@@ -154,25 +155,29 @@ pub fn create_bo(
     let slot = p.slot;
     let (offset, map) = bo_backing(st, gpu, slot, flags, size, user_addr)?;
     let p = proc_mut(st, lead)?;
-    let key = BoKey { gpu, idr };
-    p.bos.insert(
-        key,
-        Bo {
-            va,
-            size,
-            flags,
-            offset,
-            user_addr: if mem_type == alloc::USERPTR {
-                user_addr
-            } else {
-                0
-            },
-            map,
-            mapped: BTreeSet::new(),
+    let bo = Bo {
+        va,
+        size,
+        flags,
+        offset,
+        user_addr: if mem_type == alloc::USERPTR {
+            user_addr
+        } else {
+            0
         },
-    );
+        map,
+        mapped: BTreeSet::new(),
+        imported: false,
+    };
+    Ok((insert_bo(p, gpu, idr, bo), offset))
+}
+
+/// Puts `bo` in the process' IDR of `gpu` at `idr`.
+fn insert_bo(p: &mut super::state::Proc, gpu: usize, idr: u32, bo: Bo) -> BoKey {
+    let key = BoKey { gpu, idr };
+    p.bos.insert(key, bo);
     p.pdds[gpu].next_idr = p.pdds[gpu].next_idr.max(idr + 1);
-    Ok((key, offset))
+    key
 }
 
 /// A BO's size rounded up to pages, once its memory type (one bit) and
@@ -1290,14 +1295,94 @@ pub fn set_gws(p: &mut super::state::Proc, queue: u32, gpu: usize, on: bool) -> 
     }
 }
 
-/// GET_DMABUF_INFO and IMPORT_DMABUF: not modelled for the emulator's
-/// dma-bufs (GEM BOs' exports), so an fd is taken for a foreign file:
-/// EBADF for a closed fd (dma_buf_get), EINVAL for any other file.
-pub fn dmabuf_fd(res: &dyn FdResolver, caller: &Caller, fd: u32) -> R<()> {
+/// The dma-buf GET_DMABUF_INFO and IMPORT_DMABUF name: one of the
+/// emulator's (`own`: KFD's EXPORT_DMABUF, a GEM BO's PRIME export, a
+/// CRIU op's); EBADF for a closed fd (dma_buf_get), EINVAL for any other
+/// file, as KFD answers for a file that is no dma-buf or not amdgpu's.
+pub fn dmabuf_arg<'a>(
+    res: &dyn FdResolver,
+    own: Option<&'a Dmabuf>,
+    caller: &Caller,
+    fd: u32,
+) -> R<&'a Dmabuf> {
+    if let Some(d) = own {
+        return Ok(d);
+    }
     match res.open_of(caller.tgid, fd as i32) {
         Err(libc::EBADF) => Err(libc::EBADF),
         _ => Err(libc::EINVAL),
     }
+}
+
+/// The KFD allocation flags of a dma-buf's BO, as
+/// `amdgpu_amdkfd_get_dmabuf_info` and the import give them: VRAM or GTT
+/// by the BO's preferred domain (the PUBLIC bit of CPU-visible VRAM is not
+/// kept with the emulator's dma-bufs).
+fn dmabuf_flags(d: &Dmabuf) -> u32 {
+    if d.source.domain == sys::AMDGPU_GEM_DOMAIN_VRAM {
+        alloc::VRAM
+    } else {
+        alloc::GTT
+    }
+}
+
+/// GET_DMABUF_INFO: the BO's size, GPU (the caller's id of it) and
+/// flags; no metadata (the emulator keeps none with KFD BOs).
+pub fn get_dmabuf_info(
+    st: &mut State,
+    lead: u32,
+    d: &Dmabuf,
+    a: &mut sys::kfd_ioctl_get_dmabuf_info_args,
+) -> R<()> {
+    let p = proc_mut(st, lead)?;
+    a.gpu_id = p.pdds.get(d.source.gpu).ok_or(libc::EINVAL)?.user_id;
+    a.size = d.size;
+    a.flags = dmabuf_flags(d);
+    a.metadata_size = 0;
+    Ok(())
+}
+
+/// IMPORT_DMABUF (`kfd_ioctl_import_dmabuf`): a BO of the caller at
+/// `va_addr` on its GPU `gpu_id` whose memory is the dma-buf's BO (its
+/// mmap offset too, as KFD's CHECKPOINT reports an import), writable and
+/// executable.  EINVAL for a GPU the process lacks, ENODEV before
+/// ACQUIRE_VM; an import into another GPU than the BO's (a new GTT BO of
+/// the dma-buf's pages on KFD) is not modelled: EOPNOTSUPP.
+pub fn import_dmabuf(
+    st: &mut State,
+    lead: u32,
+    d: &Dmabuf,
+    a: &mut sys::kfd_ioctl_import_dmabuf_args,
+) -> R<()> {
+    let gpu = bound_pdd(st, lead, a.gpu_id, libc::ENODEV)?;
+    if gpu != d.source.gpu {
+        log::warn!(
+            "kfd-emu: AMDKFD_IOC_IMPORT_DMABUF from process {lead}: a dma-buf of GPU index {} \
+             imported on GPU index {gpu} is not modelled",
+            d.source.gpu
+        );
+        return Err(libc::EOPNOTSUPP);
+    }
+    let flags = dmabuf_flags(d) | alloc::WRITABLE | alloc::EXECUTABLE;
+    let size = checked_bo_range(a.va_addr, d.size, flags & alloc::TYPE_MASK)?;
+    let p = proc_mut(st, lead)?;
+    if p.bos.va_taken(a.va_addr, size) {
+        return Err(libc::EINVAL);
+    }
+    let idr = bo_idr(p, gpu, None)?;
+    let bo = Bo {
+        va: a.va_addr,
+        size,
+        flags,
+        offset: d.source.offset,
+        user_addr: 0,
+        map: Some(d.map.clone()),
+        mapped: BTreeSet::new(),
+        imported: true,
+    };
+    let key = insert_bo(p, gpu, idr, bo);
+    a.handle = p.handle(key);
+    Ok(())
 }
 
 /// SMI_EVENTS: KFD answers a new anonymous fd, which an ioctl served over

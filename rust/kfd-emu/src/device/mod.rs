@@ -94,8 +94,15 @@ pub trait FdResolver: Send + Sync {
 }
 
 /// Fds resolved before taking the state lock (resolution talks to the
-/// transport, and an fd drop may release an open).
-struct Resolved(Vec<(i32, Result<u64, i32>)>);
+/// transport, and an fd drop may release an open), and the emulator's
+/// dma-buf the fd of GET_DMABUF_INFO or IMPORT_DMABUF is, if it is one.
+struct Resolved(Vec<(i32, Result<u64, i32>)>, Option<Arc<dmabuf::Dmabuf>>);
+
+impl Resolved {
+    fn dmabuf(&self) -> Option<&dmabuf::Dmabuf> {
+        self.1.as_deref()
+    }
+}
 
 impl FdResolver for Resolved {
     fn open_of(&self, _tgid: u32, fd: i32) -> Result<u64, i32> {
@@ -815,11 +822,26 @@ impl Emulator {
             }
             _ => {}
         }
+        let dmabuf = match n {
+            nr::GET_DMABUF_INFO | nr::IMPORT_DMABUF => self.own_dmabuf(caller, fds[0]),
+            _ => None,
+        };
         Resolved(
             fds.into_iter()
                 .map(|fd| (fd, self.shared.resolver.open_of(caller.tgid, fd)))
                 .collect(),
+            dmabuf,
         )
+    }
+
+    /// The emulator's dma-buf the caller's `fd` is (None: a closed fd or
+    /// another file).
+    fn own_dmabuf(&self, caller: &Caller, fd: i32) -> Option<Arc<dmabuf::Dmabuf>> {
+        let file = mem::pull_fd(caller.tgid, fd).ok()?;
+        self.shared
+            .devs
+            .dmabufs
+            .lookup(std::os::fd::AsFd::as_fd(&file))
     }
 
     fn kfd_ioctl(
@@ -1085,10 +1107,12 @@ fn memory_call(st: &mut State, n: u32, c: Call) -> Option<state::R<Vec<u8>>> {
         nr::SET_MEMORY_POLICY => with(i, o, |a| kfd::set_memory_policy(st, lead, a)),
         nr::SET_SCRATCH_BACKING_VA => with(i, o, |a| kfd::set_scratch_backing_va(st, lead, a)),
         nr::GET_DMABUF_INFO => with(i, o, |a: &mut sys::kfd_ioctl_get_dmabuf_info_args| {
-            kfd::dmabuf_fd(resolved, caller, a.dmabuf_fd)
+            let d = kfd::dmabuf_arg(resolved, resolved.dmabuf(), caller, a.dmabuf_fd)?;
+            kfd::get_dmabuf_info(st, lead, d, a)
         }),
         nr::IMPORT_DMABUF => with(i, o, |a: &mut sys::kfd_ioctl_import_dmabuf_args| {
-            kfd::dmabuf_fd(resolved, caller, a.dmabuf_fd)
+            let d = kfd::dmabuf_arg(resolved, resolved.dmabuf(), caller, a.dmabuf_fd)?;
+            kfd::import_dmabuf(st, lead, d, a)
         }),
         nr::SVM => match st.procs.get_mut(&lead) {
             Some(p) => svm::ioctl(p, i, o),

@@ -120,6 +120,10 @@ pub struct Bo {
     pub map: Option<Arc<Mapping>>,
     /// GPU indices this BO is mapped on.
     pub mapped: BTreeSet<usize>,
+    /// An import of another BO's dma-buf (IMPORT_DMABUF): its memory is
+    /// that BO's (`offset` and `map` are the exporter's), which freeing
+    /// the import leaves alone.
+    pub imported: bool,
 }
 
 impl Bo {
@@ -1081,6 +1085,9 @@ impl State {
     }
 
     pub fn free_bo_memory(&mut self, gpu: usize, bo: &Bo) {
+        if bo.imported {
+            return;
+        }
         let t = bo.mem_type();
         if t == alloc::VRAM {
             self.gpu_alloc[gpu].vram_used -= bo.size;

@@ -132,6 +132,8 @@ pub mod alloc {
     pub const MMIO_REMAP: u32 = sys::KFD_IOC_ALLOC_MEM_FLAGS_MMIO_REMAP;
     pub const TYPE_MASK: u32 = VRAM | GTT | USERPTR | DOORBELL | MMIO_REMAP;
     pub const PUBLIC: u32 = sys::KFD_IOC_ALLOC_MEM_FLAGS_PUBLIC;
+    pub const WRITABLE: u32 = sys::KFD_IOC_ALLOC_MEM_FLAGS_WRITABLE;
+    pub const EXECUTABLE: u32 = sys::KFD_IOC_ALLOC_MEM_FLAGS_EXECUTABLE;
 }
 
 pub mod queue_type {

@@ -200,6 +200,7 @@ mod tests {
             user_addr: 0,
             map: None,
             mapped: Default::default(),
+            imported: false,
         };
         let key = |gpu: usize, idr: u32| BoKey { gpu, idr };
         let mut b = Bos::default();
