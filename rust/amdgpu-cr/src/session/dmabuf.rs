@@ -123,8 +123,9 @@ impl std::fmt::Display for SharedBo {
                  it"
             }
             Why::KfdImports => {
-                "KFD imported it after the render file held it, and KFD's RESTORE cannot import \
-                 a BO: a restore would make two copies of it"
+                "the further holder is KFD (an import of the first holder's dma-buf, as HIP \
+                 IPC's hipIpcOpenMemHandle makes), and KFD's RESTORE cannot import a BO: a \
+                 restore would make two copies of it"
             }
         })?;
         f.write_str("; not dumping what could not be restored as it was")
