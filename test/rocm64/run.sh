@@ -57,6 +57,19 @@
 #   cr-hip-P-other   the same restored on another host (test/gpu/hosts/P-other.toml: every
 #                 gpu_id and render minor differs, the GPUs listed in another order; on
 #                 mi300x8 the hive_id too)
+#   hip-ipc-P     HIP 6.4 IPC (test/rocm64/ipc-mem.hip) on profile P: an exporter's hipIpcGetMemHandle
+#                 (ROCr's dma-buf IPC, HSA_ENABLE_IPC_MODE_LEGACY=0: EXPORT_DMABUF, the fd
+#                 handed over its abstract unix socket @hsaPID), importers' hipIpcOpenMemHandle
+#                 (GET_DMABUF_INFO, IMPORT_DMABUF) reading the buffer, before and after the
+#                 exporter writes it again. ROCr 6.4's default (legacy) IPC needs the DKMS-only
+#                 AMDKFD_IOC_IPC_EXPORT_HANDLE, which Linux 6.18's KFD lacks: not tested
+#   cr-hip-ipc-P  the exporter alone (its IPC handle exported, an importer came and went)
+#                 dumped and restored on the same host (under `kfd-emu supervise`): its buffer
+#                 checked, a new importer opens the handle and reads it, the exporter writes
+#                 it again and another importer reads that
+#   cr-hip-ipc-tree-P   exporter and importer (the handle open) under one shell dumped as one
+#                 tree: refused at dump naming both holders, every process running on and
+#                 passing after
 # Each prints PASS, FAIL with the reason, or SKIP with the reason; the last line is
 # exactly "N passed, M failed" (", K skipped" when some were). Non-zero exit on failure.
 set -uo pipefail
@@ -87,10 +100,14 @@ cases() {
 	for p in "${profiles[@]}"; do echo "hsa-$p"; done
 	echo hsa-mi210x4-kfd1.16 hsa-mi250x8-kfd1.16 cr-same cr-other cr-mi210x4 cr-mi300x8 cr-mi250x8-other | tr ' ' '\n'
 	echo hip-mi210x4 hip-mi300x8 cr-hip-mi210x4 cr-hip-mi300x8 cr-hip-o0-mi300x8 cr-hip-mi210x4-other cr-hip-mi300x8-other | tr ' ' '\n'
+	echo hip-ipc-mi210x4 cr-hip-ipc-mi210x4 cr-hip-ipc-tree-mi210x4 | tr ' ' '\n'
 }
 
 # The HIP 6.4 programs (test/hip/*.hip) and the GPUs their code objects are built for.
 hip_programs=(vector-add reduce in-flight o0_calls dgemm fp8)
+# Built beside them for the IPC cases (hip-ipc-*, cr-hip-ipc-*), from test/rocm64 (HIP 5.2,
+# which test/hip's programs are for, has no IPC that Linux's KFD serves).
+hip_ipc='ipc-mem'
 hip_arches=(gfx90a gfx942)
 
 # ---------------------------------------------------------------------------------------
@@ -200,8 +217,142 @@ hip_host_finish() { # CASEDIR
 	echo 0 >"$cdir/exit-status"
 }
 
+# The IPC cases' steps (test/rocm64/ipc-mem.hip), on the host in `kfd-emu run` with the chroot's
+# view bound. Each program runs in the chroot under `kfd-emu supervise`, with ROCr's dma-buf
+# IPC, its output in CASEDIR/NAME.out; the handle file is CASEDIR/h.
+ipc_bin=/opt/criu-rocm-tests/hip/ipc-mem
+
+# The command words running a command in the chroot under supervise (set by host_ipc). Not a
+# function: bash would wait in a subshell for a background call and write "Killed" into the
+# exporter's output once the dump killed it, which CRIU then finds grown.
+ipc_cmd=()
+
+# wait_line FILE REGEX SECONDS: FILE has a line matching REGEX within SECONDS.
+wait_line() {
+	local i
+	for ((i = 0; i < $3 * 10; i++)); do
+		grep -qE "$2" "$1" 2>/dev/null && return 0
+		sleep 0.1
+	done
+	return 1
+}
+
+# ipc_reached FILE WORD SECONDS: FILE shows "ipc-mem: WORD" (or FAILED) within SECONDS, and
+# it is WORD.
+ipc_reached() {
+	wait_line "$1" "^ipc-mem: ($2|FAILED)\$" "$3" && grep -q "^ipc-mem: $2\$" "$1"
+}
+
+# The pid of the process chrooted in $ROOT whose command line starts with PREFIX.
+chrooted_pid() { # PREFIX
+	local p
+	for p in $(pgrep -f "^$1"); do
+		[ "$(readlink "/proc/$p/root")" = "$ROOT" ] && echo "$p" && return 0
+	done
+	return 1
+}
+
+# An importer run to its end: it read the buffer written with SEED and passed.
+ipc_import() { # CASEDIR NAME SEED
+	local cdir=$1 in=${1#"$ROOT"}
+	if ! "${ipc_cmd[@]}" "$ipc_bin" import "$in/h" --seed "$3" </dev/null >"$cdir/$2.out" 2>&1 ||
+		! grep -q '^ipc-mem: PASSED$' "$cdir/$2.out"; then
+		echo "importer $2 (seed $3): $(tail -n 2 "$cdir/$2.out" | paste -sd'|')"
+		return 1
+	fi
+}
+
+# The exporter, once let go (SIGUSR1): its buffer still as written, written again with seed 2
+# and read so by a new importer; then (SIGUSR1) it ends and passed.
+ipc_finish() { # CASEDIR PID
+	local cdir=$1 pid=$2
+	kill -USR1 "$pid"
+	ipc_reached "$cdir/e.out" refilled 60 ||
+		{ echo "exporter $pid did not write its buffer again: $(tail -n 3 "$cdir/e.out" | paste -sd'|')"; return 1; }
+	ipc_import "$cdir" i2 2 || return 1
+	kill -USR1 "$pid"
+	ipc_reached "$cdir/e.out" PASSED 60 ||
+		{ echo "exporter $pid: $(tail -n 3 "$cdir/e.out" | paste -sd'|')"; return 1; }
+	wait_gone "$pid" 30 || { echo "exporter $pid still runs after it passed"; return 1; }
+}
+
+# The exporter started in a session of its own, its handle written; pid in CASEDIR/t.pid.
+ipc_export() { # CASEDIR
+	local cdir=$1
+	setsid "${ipc_cmd[@]}" "$ipc_bin" export "${cdir#"$ROOT"}/h" </dev/null >"$cdir/e.out" 2>&1 &
+	wait_line "$cdir/e.out" '^ipc-mem: exported$' 120 ||
+		{ echo "the exporter did not export: $(tail -n 3 "$cdir/e.out" | paste -sd'|')"; return 1; }
+	chrooted_pid "$ipc_bin export" >"$cdir/t.pid" || { echo "no exporter chrooted in $ROOT"; return 1; }
+}
+
+host_ipc() { # ROOT STEP CASEDIR IMG CRIU
+	ROOT=$1
+	local step=$2 cdir=$3 img=$4 criu=$5 pid
+	ipc_cmd=("$KFD_EMU" supervise -- chroot "$ROOT" env HSA_ENABLE_IPC_MODE_LEGACY=0)
+	bind_host || exit 1
+	case $step in
+	run)
+		ipc_export "$cdir" && ipc_import "$cdir" i1 1 && ipc_finish "$cdir" "$(cat "$cdir/t.pid")" ;;
+	dump)
+		ipc_export "$cdir" && ipc_import "$cdir" i0 1 || exit 1
+		pid=$(cat "$cdir/t.pid")
+		"$criu" dump -t "$pid" -D "$img" -o dump.log -v4 >>"$cdir/criu.out" 2>&1 ||
+			{ echo "dump failed: $(log_errors "$img/dump.log")"; exit 1; }
+		wait_gone "$pid" 10 || { echo "$pid still runs after the dump"; exit 1; } ;;
+	restore)
+		pid=$(cat "$cdir/t.pid")
+		"$criu" restore -D "$img" -o restore.log -v4 -d --restore-sibling --leave-stopped >>"$cdir/criu.out" 2>&1 ||
+			{ echo "restore failed: $(log_errors "$img/restore.log")"; exit 1; }
+		"$KFD_EMU" supervise --attach "$pid" >>"$cdir/criu.out" 2>&1 ||
+			{ echo "supervise --attach $pid: $(tail -n 1 "$cdir/criu.out")"; exit 1; }
+		kill -CONT "$pid"
+		ipc_import "$cdir" i1 1 && ipc_finish "$cdir" "$pid" ;;
+	tree) ipc_tree "$cdir" "$img" "$criu" ;;
+	esac
+}
+
+# Exporter and importer (its handle open) children of one shell, dumped as one tree: the
+# dump must fail naming both, and every process run on: the importer reads the buffer
+# again, the exporter writes it again for a new importer, each passes.
+ipc_tree() { # CASEDIR IMG CRIU
+	local cdir=$1 img=$2 criu=$3 in=${1#"$ROOT"} e i sh pid
+	# shellcheck disable=SC2016 # expanded by the chroot's shell
+	setsid "${ipc_cmd[@]}" sh -c '
+		"$0" export "$1/h" >"$1/e.out" 2>&1 &
+		i=0
+		until grep -q "^ipc-mem: exported$" "$1/e.out"; do
+			i=$((i + 1)) && [ $i -lt 1200 ] || exit 1
+			sleep 0.1
+		done
+		"$0" import "$1/h" --hold >"$1/i.out" 2>&1 &
+		wait' "$ipc_bin" "$in" </dev/null >"$cdir/sh.out" 2>&1 &
+	ipc_reached "$cdir/i.out" imported 180 ||
+		{ echo "the importer did not open the handle: $(tail -n 3 "$cdir/e.out" "$cdir/i.out" | paste -sd'|')"; return 1; }
+	e=$(chrooted_pid "$ipc_bin export") || { echo "no exporter in $ROOT"; return 1; }
+	i=$(chrooted_pid "$ipc_bin import") || { echo "no importer in $ROOT"; return 1; }
+	sh=$(ps -o ppid= -p "$e" | tr -d ' ')
+	if "$criu" dump -t "$sh" -D "$img" -o dump.log -v4 >>"$cdir/criu.out" 2>&1; then
+		echo "the tree of $sh (exporter $e, importer $i) was dumped"
+		return 1
+	fi
+	local why
+	why=$(grep -a -m 1 'held by' "$img/dump.log")
+	[[ $why == *"pid $e"* && $why == *"pid $i"* ]] ||
+		{ echo "the refusal does not name both holders (pids $e, $i): $(log_errors "$img/dump.log")"; return 1; }
+	for pid in "$e" "$i"; do
+		alive "$pid" || { echo "$pid (exporter $e, importer $i) did not survive the refused dump"; return 1; }
+	done
+	kill -USR1 "$i"
+	ipc_reached "$cdir/i.out" PASSED 60 ||
+		{ echo "importer $i after the refused dump: $(tail -n 3 "$cdir/i.out" | paste -sd'|')"; return 1; }
+	ipc_finish "$cdir" "$e" || return 1
+	wait_gone "$sh" 30 || { echo "shell $sh still runs"; return 1; }
+	echo "$why" | sed 's/^([0-9.]*) //' | cut -c1-200 >"$cdir/refusal"
+}
+
 case ${1:-} in
 --in-host) shift && in_host "$@" ;;
+--host-ipc) shift && host_ipc "$@"; exit ;;
 --host-dump) shift && host_dump "$@" && exit 0 ;;
 --host-restore) shift && host_restore "$@" ;;
 --list) cases && exit 0 ;;
@@ -262,12 +413,14 @@ fi
 # The HIP programs, built by the chroot's hipcc (LLVM 21) for gfx90a and gfx942 when a source
 # is newer than its binary (about 20 s each here).
 build_hip() {
-	local d=$ROOT/opt/criu-rocm-tests/hip p arches flags
+	local d=$ROOT/opt/criu-rocm-tests/hip p src arches flags
 	arches=$(printf ' --offload-arch=%s' "${hip_arches[@]}")
 	mkdir -p "$d"
 	cp -p "$top/test/hip/check.h" "$d/" || return 1
-	for p in "${hip_programs[@]}"; do
-		cp -p "$top/test/hip/$p.hip" "$d/" || return 1
+	for p in "${hip_programs[@]}" "$hip_ipc"; do
+		src=$top/test/hip/$p.hip
+		[ "$p" = "$hip_ipc" ] && src=$here/$p.hip
+		cp -p "$src" "$d/" || return 1
 		[ "$d/$p" -nt "$d/$p.hip" ] && [ "$d/$p" -nt "$d/check.h" ] && continue
 		flags=$(hip_flags_of "$d/$p.hip")
 		# shellcheck disable=SC2086 # the arch and source flags are words
@@ -503,6 +656,25 @@ run_cr() {
 	result PASS "$c" "$what dumped on $p1 ($((($(date +%s%N) - t1) / 1000000)) ms all, dump step $(((t2 - t1) / 1000000)) ms), restored on $p2${*:+ ($(basename "${!#}" .toml))}, $after"
 }
 
+# The IPC cases: hip-ipc (no C/R), cr-hip-ipc (the exporter dumped and restored on the
+# same host), cr-hip-ipc-tree (exporter and importer dumped as one tree: refused).
+run_ipc() { # CASE PROFILE
+	local c=$1 p=$2 cdir=$ROOT/tmp/rocm64/$1 img=$work/$1/img why ipc=("$KFD_EMU" run --profile "$2" -- "$here/run.sh" --host-ipc "$ROOT")
+	rm -rf "${cdir:?}" "${work:?}/$c" && mkdir -p "$cdir" "$img"
+	case $c in
+	hip-ipc-*)
+		why=$("${ipc[@]}" run "$cdir" "$img" "$CRIU" 2>>"$cdir/emu.log") || { result FAIL "$c" "${why:-exit $?}; case ${cdir#"$top"/}"; return; }
+		result PASS "$c" "HIP 6.4 IPC on $p: importers read the exporter's buffer, before and after it wrote it again" ;;
+	cr-hip-ipc-tree-*)
+		why=$("${ipc[@]}" tree "$cdir" "$img" "$CRIU" 2>>"$cdir/emu.log") || { result FAIL "$c" "${why:-exit $?}; case ${cdir#"$top"/}"; return; }
+		result PASS "$c" "dump of exporter and importer refused, both ran on and passed: $(cat "$cdir/refusal")" ;;
+	cr-hip-ipc-*)
+		why=$("${ipc[@]}" dump "$cdir" "$img" "$CRIU" 2>>"$cdir/emu.log") || { result FAIL "$c" "on $p: ${why:-exit $?}; case ${cdir#"$top"/}"; return; }
+		why=$("${ipc[@]}" restore "$cdir" "$img" "$CRIU" 2>>"$cdir/emu.log") || { result FAIL "$c" "restored on $p: ${why:-exit $?}; case ${cdir#"$top"/}"; return; }
+		result PASS "$c" "HIP 6.4 IPC exporter dumped and restored on $p: its buffer intact, new importers opened its handle and read it, before and after it wrote it again" ;;
+	esac
+}
+
 mkdir -p "$work"
 for c in "${want[@]}"; do
 	case $c in
@@ -519,6 +691,11 @@ for c in "${want[@]}"; do
 	cr-other) run_cr "$c" 0 mi100 mi100x2 --profile-file "$top/test/gpu/hosts/mi100x2-one-gpu.toml" ;;
 	cr-mi210x4 | cr-mi300x8) run_cr "$c" 1 "${c#cr-}" "${c#cr-}" ;;
 	cr-mi250x8-other) run_cr "$c" 1 mi250x8 mi250x8 --profile-file "$top/test/gpu/hosts/mi250x8-hives-swapped.toml" ;;
+	hip-ipc-* | cr-hip-ipc-*) if [ "$hip_built" = 0 ]; then
+		result FAIL "$c" "the HIP programs did not build in the chroot: $(tail -n 3 "$top/build/rocm64/hip-programs.log" | paste -sd'|')"
+	else
+		run_ipc "$c" "${c##*-}"
+	fi ;;
 	hip-* | cr-hip-*) if [ "$hip_built" = 0 ]; then
 		result FAIL "$c" "the HIP programs did not build in the chroot: $(tail -n 3 "$top/build/rocm64/hip-programs.log" | paste -sd'|')"
 	elif [ "${c#cr-}" = "$c" ]; then
