@@ -1481,8 +1481,8 @@ case_kfd_shared_bo_cr_other_host() {
 # shared_bo_dump [--kfd]: the dump saves the BO once, the second render file's as the first
 # holder's; shared-bo's pid in $CASE_DIR/sb.pid.
 shared_bo_dump() {
-	local img=$CASE_DIR/img pid first='render node /dev/dri/renderD128 \(file [0-9]+\), GEM handle 1 \(65536 bytes\)'
-	[ "${1-}" = --kfd ] && first='fd [0-9]+ \(/dev/kfd\), BO 0 \(65536 bytes at GPU VA 0x[0-9a-f]+\)'
+	local img=$CASE_DIR/img pid first
+	first=$(shared_bo_first "$@")
 	pid=$(shared_bo_start "$CASE_DIR/sb.out" --hold "$@") || exit 1
 	echo "$pid" >"$CASE_DIR/sb.pid"
 	mkdir -p "$img"
@@ -1503,6 +1503,46 @@ shared_bo_restore() {
 	note "$(grep -a -m1 -o 'the same BO as .* (saved' "$img/dump.log" | cut -c1-200)"
 }
 
+# A pre-dump → dump chain of a BO held by two files (issue 29): the pre-dump records the
+# second holder as "the same BO as" the first, as the dump does (a KFD first holder by the
+# image its pid names), so it saves the BO once and its own validation accepts it; the dump
+# with --prev-images-dir, the BO unchanged, leaves its bytes to the first holder's image in
+# the pre-dump. The restore (under the supervisor) takes them from there: the BO holds the
+# last pattern written before the pre-dump, and a write through one holder reads back
+# through the other.
+case_gem_shared_bo_predump_cr() { on mi100 -- shared_bo_predump_cr; }
+case_kfd_shared_bo_predump_cr() { on mi100 -- shared_bo_predump_cr --kfd; }
+shared_bo_predump_cr() {
+	local pre=$CASE_DIR/pre img=$CASE_DIR/img pid line first parent='amdgpu-renderD-[0-9]+\.img'
+	local what="render node /dev/dri/renderD128 \(file [0-9]+\)"
+	first=$(shared_bo_first "$@")
+	[ "${1-}" = --kfd ] && parent='amdgpu-kfd-[0-9]+\.img' && what=
+	pid=$(shared_bo_start "$CASE_DIR/sb.out" --hold "$@") || exit 1
+	echo "$pid" >"$CASE_DIR/sb.pid"
+	pre_dump "$pid" "$pre" || fail "criu-rocm pre-dump of shared-bo $pid failed: $(log_errors "$pre/pre-dump.log")"
+	alive "$pid" || fail "the pre-dump did not leave shared-bo $pid running"
+	[ -e "$pre/amdgpu-digests.img" ] && [ ! -e "$pre/$INCOMPLETE" ] || fail "the pre-dump's images in $pre are incomplete"
+	log_has "$pre/pre-dump.log" "amdgpu: pid $pid: render node /dev/dri/renderD128 \(file [0-9]+\), GEM handle 1: the same BO as pid $pid: $first \(saved once"
+	guardian_gone "the pre-dump of shared-bo"
+	mkdir -p "$img"
+	dump "$pid" "$img" --prev-images-dir ../pre ||
+		fail "criu-rocm dump --prev-images-dir of shared-bo $pid failed: $(log_errors "$img/dump.log")"
+	wait_gone "$pid" 5 || fail "shared-bo $pid still runs after the dump"
+	log_has "$img/dump.log" "amdgpu: pid $pid: render node /dev/dri/renderD128 \(file [0-9]+\), GEM handle 1: the same BO as pid $pid: $first \(saved once"
+	line=$(grep -a -m1 -oE "amdgpu: pid $pid: ${what:+$what: }incremental GPU dump against parent/$parent: 0 B of 64\.0 KiB written, 64\.0 KiB unchanged left to the parent .*" "$img/dump.log") ||
+		fail "the dump did not leave the shared BO's bytes to the pre-dump: $(grep -a 'incremental GPU dump\|parent images' "$img/dump.log" | head -n 3 | paste -sd'|')"
+	shared_bo_restore
+	note "${line#*: incremental GPU dump against }"
+}
+# shared_bo_first [--kfd]: the first holder of shared-bo's BO, as a dump log names it.
+shared_bo_first() {
+	if [ "${1-}" = --kfd ]; then
+		echo 'fd [0-9]+ \(/dev/kfd\), BO 0 \(65536 bytes at GPU VA 0x[0-9a-f]+\)'
+	else
+		echo 'render node /dev/dri/renderD128 \(file [0-9]+\), GEM handle 1 \(65536 bytes\)'
+	fi
+}
+
 # One BO held by two processes (shared-bo --fork: a child imports the dma-buf on an open of
 # its own, issue 29): the dump saves it once, with its first holder (the parent's render
 # file), and records the child's render file as "the same BO as" that holder, with its pid.
@@ -1521,10 +1561,11 @@ shared_bo_two_procs_cr() {
 	shared_bo_two_procs_end "$pid" "$child" "$CASE_DIR/sb.out" "the restore"
 	note "$(grep -a -m1 -o "pid $child: render node .* the same BO as .* (saved" "$img/dump.log" | cut -c1-240)"
 }
-# shared_bo_two_procs_dump DIR: shared-bo --fork dumped into DIR, the child's BO saved as the
-# parent's; "PID CHILD" in $CASE_DIR/sb.pids.
+# shared_bo_two_procs_dump DIR [PRE]: shared-bo --fork dumped into DIR, the child's BO saved as
+# the parent's; "PID CHILD" in $CASE_DIR/sb.pids. With PRE: pre-dumped into PRE first (the
+# child's BO recorded the same way), and the dump, the BO unchanged, leaves its bytes to it.
 shared_bo_two_procs_dump() {
-	local img=$1 out=$CASE_DIR/sb.out pid child i
+	local img=$1 pre=${2-} out=$CASE_DIR/sb.out pid child i prev=()
 	local holder='render node /dev/dri/renderD128 \(file [0-9]+\), GEM handle 1 \(65536 bytes\)'
 	pid=$(shared_bo_start "$out" --hold --fork) || exit 1
 	for ((i = 0; i < 200; i++)); do
@@ -1535,10 +1576,30 @@ shared_bo_two_procs_dump() {
 	[ -n "$child" ] || fail "shared-bo's child did not import the BO: $(grep -v '^ok ' "$out" | tail -n 3 | paste -sd'|')"
 	echo "$pid $child" >"$CASE_DIR/sb.pids"
 	mkdir -p "$img"
-	dump "$pid" "$img" || fail "criu-rocm dump of shared-bo $pid and its child $child failed: $(log_errors "$img/dump.log")"
+	if [ -n "$pre" ]; then
+		pre_dump "$pid" "$pre" || fail "criu-rocm pre-dump of shared-bo $pid and its child $child failed: $(log_errors "$pre/pre-dump.log")"
+		alive "$pid" && alive "$child" || fail "the pre-dump did not leave shared-bo $pid and its child $child running"
+		[ -e "$pre/amdgpu-digests.img" ] && [ ! -e "$pre/$INCOMPLETE" ] || fail "the pre-dump's images in $pre are incomplete"
+		log_has "$pre/pre-dump.log" "amdgpu: pid $child: render node /dev/dri/renderD128 \(file [0-9]+\), GEM handle 1: the same BO as pid $pid: $holder \(saved once"
+		prev=(--prev-images-dir "../${pre##*/}")
+	fi
+	dump "$pid" "$img" "${prev[@]}" || fail "criu-rocm dump of shared-bo $pid and its child $child failed: $(log_errors "$img/dump.log")"
 	wait_gone "$pid" 5 || fail "shared-bo $pid still runs after the dump"
 	wait_gone "$child" 5 || fail "shared-bo's child $child still runs after the dump"
 	log_has "$img/dump.log" "amdgpu: pid $child: render node /dev/dri/renderD128 \(file [0-9]+\), GEM handle 1: the same BO as pid $pid: $holder \(saved once, restored by importing it\)"
+	[ -z "$pre" ] || log_has "$img/dump.log" "amdgpu: pid $pid: render node /dev/dri/renderD128 \(file [0-9]+\): incremental GPU dump against parent/amdgpu-renderD-[0-9]+\.img: 0 B of 64\.0 KiB written, 64\.0 KiB unchanged left to the parent"
+}
+# The same through a pre-dump → dump chain: the restore takes the BO's bytes from the
+# pre-dump's image of the parent's render file, and hands the BO to the child's restore.
+case_gem_shared_bo_two_procs_predump_cr() { on mi100 -- shared_bo_two_procs_predump_cr; }
+shared_bo_two_procs_predump_cr() {
+	local img=$CASE_DIR/img log=$CASE_DIR/img/restore.log pid child
+	shared_bo_two_procs_dump "$img" "$CASE_DIR/pre"
+	read -r pid child <"$CASE_DIR/sb.pids"
+	"$KFD_EMU" supervise -- "$CRIU" restore -D "$img" -o restore.log -v4 -d >>"$CASE_DIR/criu.out" 2>&1 ||
+		fail "criu-rocm restore of shared-bo $pid and its child $child from the chain failed: $(log_errors "$log")"
+	log_has "$log" "amdgpu: pid $pid: BO 0 of file [0-9]+ handed to the process that imports it"
+	shared_bo_two_procs_end "$pid" "$child" "$CASE_DIR/sb.out" "the restore from the chain"
 }
 # shared_bo_two_procs_end PID CHILD OUT WHAT: after WHAT the parent writes a round through its
 # first open and reads it through its second, the child reads it through its own open; both

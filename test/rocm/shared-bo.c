@@ -20,9 +20,10 @@
  * parent's last round wrote through its own mapping ("child reads round N: ok", or FAIL when
  * the bytes are not one round's or did not change since its last read: two BOs), and ends
  * on SIGTERM: one BO held by two processes.
- * Prints "ready PID", then on SIGUSR1 writes a new byte pattern through the first file's
- * mapping and reads it back through the second's ("round N: ok" or "round N: FAIL ..."),
- * and on SIGTERM does that once more and prints PASS or FAIL.
+ * Prints "ready PID", then on SIGUSR1 checks that the BO still holds the last pattern written,
+ * writes a new byte pattern through the first file's mapping and reads it back through the
+ * second's ("round N: ok" or "round N: FAIL ..."), and on SIGTERM does that once more and
+ * prints PASS or FAIL.
  *
  * --dmabuf: exports the BO the same way and keeps the dma-buf fd (as a HIP IPC exporter or
  * a PRIME client does), moved to fd 0, below the files that hold the BO: prints "ready PID
@@ -212,12 +213,21 @@ static int setup(const char *node, bool kfd, struct holder *a, struct holder *b)
 	return 0;
 }
 
-/* Writes pattern n through a's mapping, reads it through b's: whether they are one BO. */
+/* Writes pattern n through a's mapping, reads it through b's: whether they are one BO.  First
+ * (n > 0) the BO must still hold pattern n - 1, the last one written (through a checkpoint:
+ * its bytes restored as they were). */
 static int check(struct holder *a, struct holder *b, unsigned n)
 {
 	uint8_t v = (uint8_t)(0x40 + n);
 	unsigned i;
 
+	for (i = 0; n && i < SZ; i += 512)
+		if (b->map[i] != (uint8_t)((v - 1) ^ (i >> 9))) {
+			printf("round %u: FAIL byte %#x reads %#x, not round %u's %#x: the BO's bytes "
+			       "changed\n",
+			       n, i, b->map[i], n - 1, (uint8_t)((v - 1) ^ (i >> 9)));
+			return -1;
+		}
 	for (i = 0; i < SZ; i += 512)
 		a->map[i] = (uint8_t)(v ^ (i >> 9));
 	for (i = 0; i < SZ; i += 512) {

@@ -871,6 +871,15 @@ impl RenderImage {
     pub fn has_gem_bos(&self) -> bool {
         !self.msg.bo_entries.is_empty()
     }
+
+    /// Whether a GEM BO of the render file holds bytes of its own: one that
+    /// is not another image's BO (`same_bo_index`).
+    pub fn has_own_bos(&self) -> bool {
+        self.msg
+            .bo_entries
+            .iter()
+            .any(|b| b.same_bo_index.is_none())
+    }
 }
 
 /// A decoded `amdgpu-dmabuf_<id>.img`: a dma-buf fd of the process and

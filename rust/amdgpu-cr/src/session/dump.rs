@@ -651,11 +651,9 @@ impl DumpSession {
         self.procs[i].make_plan(topology)?;
         let plan = self.procs[i].plan.take().expect("made above");
         let p = &self.procs[i];
-        if !live {
-            self.shared.set_file(owner, id);
-            let held = kfd_holders(owner, (p.task_fd, Some(id)), &plan.gpus, &p.ckpt.bos);
-            self.claim(owner, held)?;
-        }
+        self.shared.set_file(owner, id);
+        let held = kfd_holders(owner, (p.task_fd, Some(id)), &plan.gpus, &p.ckpt.bos);
+        self.claim(owner, held)?;
         let p = &self.procs[i];
         let owners = render_owners(owner, &plan, &p.ckpt, self.render_fds.get(&owner));
         let render_fd =
@@ -780,17 +778,18 @@ impl DumpSession {
     /// met by [`Self::pre_dump_task`] (each open file once), read while
     /// the process runs, as render images numbered from
     /// [`PRE_DUMP_RENDER_IDS`] (above any pid, which names the KFD images),
-    /// which the next dump finds by task and render node.  Nothing is
-    /// claimed yet: a BO two files hold is saved by each, which the
-    /// pre-dump's validation refuses (two BOs at one mmap offset).
+    /// which the next dump finds by task and render node.  A BO another
+    /// file saved already (every KFD file is saved before them, as
+    /// `<its pid>`) is recorded as that file's, as a dump records it
+    /// ([`Self::link_render`]): its bytes are saved once.
     fn pre_dump_render(&mut self, dir: &Path) -> Result<(), SessionError> {
         let files = self.distinct_render_files()?;
         let mut id = PRE_DUMP_RENDER_IDS;
         for (pid, minor, fd) in files {
             let (_, mut img, actual, copying) = self.render_setup(pid, minor, FileId(id), true)?;
-            let mut keep = |_: &mut [DrmBoEntry]| Ok(());
             let at = (minor, FileId(id), actual);
-            super::gem::save(pid, fd.as_fd(), at, &mut img, dir, copying, &mut keep)?;
+            let mut link = |bos: &mut [DrmBoEntry]| self.link_render(pid, at, bos);
+            super::gem::save(pid, fd.as_fd(), at, &mut img, dir, copying, &mut link)?;
             if img.has_gem_bos() {
                 self.write_render(pid, FileId(id), &img, dir)?;
                 id += 1;

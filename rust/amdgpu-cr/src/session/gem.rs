@@ -164,6 +164,7 @@ fn save_contents(
     }
     let parent = u32::try_from(pid)
         .ok()
+        .filter(|_| img.has_own_bos())
         .and_then(|p| chain::dump_render_parent(dir, p, minor.0));
     let (parent_digests, parent_bos) = match &parent {
         Some((_, p)) => chain::parent_digests(&img.contents_view().msg.bo_entries, p),

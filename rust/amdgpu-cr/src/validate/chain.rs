@@ -305,7 +305,9 @@ pub fn dump_parent(dir: &Path, pid: u32) -> Option<(String, KfdImage)> {
 
 /// [`dump_parent`] of the render file of task `pid` (as CRIU names it) on
 /// render minor `minor`: the parent's render image of that task and node
-/// with GEM BOs (its contents view).
+/// with GEM BOs of its own (its contents view).  A render file whose BOs
+/// are all other files' (a dma-buf of a BO imported on a second open of the
+/// node) saves no bytes, so it is no parent and has none.
 pub fn dump_render_parent(dir: &Path, pid: u32, minor: u32) -> Option<(String, KfdImage)> {
     let what = format!("pid {pid}, render node renderD{minor}");
     find_parent(dir, &what, |name, bytes| {
@@ -313,7 +315,7 @@ pub fn dump_render_parent(dir: &Path, pid: u32, minor: u32) -> Option<(String, K
             && RenderImage::decode(name, bytes).is_ok_and(|r| {
                 r.msg.criu_rocm_pid == Some(pid)
                     && r.msg.drm_render_minor == Some(minor)
-                    && r.has_gem_bos()
+                    && r.has_own_bos()
             })
     })
 }
@@ -836,6 +838,14 @@ mod tests {
         assert_eq!(found, pname);
         assert!(dump_render_parent(&dir, 43, 128).is_none(), "another task");
         assert!(dump_render_parent(&dir, 42, 129).is_none(), "another node");
+        // A second render file of the task and node whose BO is the first's
+        // (a dma-buf imported on a second open) is no parent.
+        let mut second = RenderImage::read(&pdir, pid_).unwrap();
+        second.msg.bo_entries[0].same_bo_file = Some(pid_.0);
+        second.msg.bo_entries[0].same_bo_index = Some(0);
+        second.write(&pdir, FileId(pid_.0 + 1)).unwrap();
+        let (again, _) = dump_render_parent(&dir, 42, 128).expect("the render image with bytes");
+        assert_eq!(again, pname);
         bytes[CONTENT_EXTENT as usize + 9] ^= 0xff;
         let child = write_render(&dir, FileId(6), 5, &bytes, Some((&[0, 2], &pname)));
         let (d, j) = parent_digests(&child.contents_view().msg.bo_entries, &view);
