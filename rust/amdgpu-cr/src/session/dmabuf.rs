@@ -240,10 +240,12 @@ impl SharedBos {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn render(pid: i32, file: u32, handle: u32, size: u64) -> Holder {
+    /// The holder of GEM handle `handle` (BO `handle - 1`) of render file
+    /// `file` on renderD128.
+    pub(crate) fn render(pid: i32, file: u32, handle: u32, size: u64) -> Holder {
         Holder {
             pid,
             file: Some(FileId(file)),

@@ -254,6 +254,7 @@ pub(crate) fn has_image(dir: &Path, id: FileId) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::session::dmabuf::tests::render;
 
     fn dfd(pid: i32, offset: u64, size: u64) -> DmabufFd {
         DmabufFd {
@@ -265,19 +266,6 @@ mod tests {
             offset,
             size,
             flags: libc::O_RDWR as u32,
-        }
-    }
-
-    fn render(pid: i32, file: u32, handle: u32, size: u64) -> Holder {
-        Holder {
-            pid,
-            file: Some(FileId(file)),
-            index: handle - 1,
-            size,
-            held_in: HeldIn::Render {
-                minor: RenderMinor(128),
-                handle,
-            },
         }
     }
 

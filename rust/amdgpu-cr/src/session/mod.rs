@@ -298,31 +298,24 @@ pub(crate) trait ExtentFields {
     fn set_parent(&mut self, extents: Vec<u8>, parent_bo: Option<u32>);
 }
 
-impl ExtentFields for crate::proto::KfdBoEntry {
-    fn size(&self) -> u64 {
-        self.size
-    }
-    fn set_digests(&mut self, digests: Vec<u64>) {
-        self.content_extent_xxh3 = digests;
-    }
-    fn set_parent(&mut self, extents: Vec<u8>, parent_bo: Option<u32>) {
-        self.parent_extents = Some(extents);
-        self.parent_bo = parent_bo;
-    }
+/// The two BO entry messages carry the same extent fields.
+macro_rules! extent_fields {
+    ($($entry:ty),*) => {$(
+        impl ExtentFields for $entry {
+            fn size(&self) -> u64 {
+                self.size
+            }
+            fn set_digests(&mut self, digests: Vec<u64>) {
+                self.content_extent_xxh3 = digests;
+            }
+            fn set_parent(&mut self, extents: Vec<u8>, parent_bo: Option<u32>) {
+                self.parent_extents = Some(extents);
+                self.parent_bo = parent_bo;
+            }
+        }
+    )*};
 }
-
-impl ExtentFields for crate::proto::DrmBoEntry {
-    fn size(&self) -> u64 {
-        self.size
-    }
-    fn set_digests(&mut self, digests: Vec<u64>) {
-        self.content_extent_xxh3 = digests;
-    }
-    fn set_parent(&mut self, extents: Vec<u8>, parent_bo: Option<u32>) {
-        self.parent_extents = Some(extents);
-        self.parent_bo = parent_bo;
-    }
-}
+extent_fields!(crate::proto::KfdBoEntry, crate::proto::DrmBoEntry);
 
 /// Records in `bos` (an image's entries, by bucket index) each dumped BO's
 /// extent digests and, for an incremental dump, the extents left to the
