@@ -29,8 +29,6 @@ const GRID: u32 = 128 * 64;
 const GROUP: u32 = 256;
 /// COMPUTE_PGM_RSRC1.VGPRS 31: 128 VGPRs (and as many AccVGPRs on gfx908), 16 SGPRs.
 const RSRC1: u32 = 31;
-const CTL: u64 = 0x9000;
-const CTX_SIZE: u64 = CTL + (9 << 20);
 
 const CODE_VA: u64 = 0x5000_0000;
 const DATA_VA: u64 = 0x5001_0000;
@@ -60,6 +58,10 @@ struct Gpu {
     kfd: u64,
     minor: u32,
     gpu_id: u32,
+    /// The node's control stack and context save area sizes, which KFD
+    /// 1.17 and later require of a queue exactly (libhsakmt computes them).
+    ctl: u64,
+    ctx_size: u64,
 }
 
 fn criu_op_args(op: u32) -> Vec<u8> {
@@ -132,6 +134,9 @@ fn setup() -> Result<Gpu, String> {
     let fds = Table::default();
     let emu = Emulator::new(&p, Box::new(fds.clone())).map_err(|e| e.to_string())?;
     let (minor, gpu_id) = (p.gpus()[0].drm_render_minor.0, p.gpus()[0].gpu_id.0);
+    let props = p.gpus()[0].cwsr_props();
+    let ctl = kfd_abi::criu::ctl_stack_size(&props).ok_or("no control stack size for mi100")?;
+    let ctx_size = kfd_abi::criu::cwsr_size(&props).ok_or("no save area size for mi100")?;
     let kfd = emu
         .open(&NodeKind::Kfd, &me())
         .map_err(|e| format!("open: {e}"))?;
@@ -144,6 +149,8 @@ fn setup() -> Result<Gpu, String> {
         kfd,
         minor,
         gpu_id,
+        ctl: ctl.into(),
+        ctx_size: ctx_size.into(),
     };
     g.call(nr::ACQUIRE_VM, &args(&[(0, 900), (4, gpu_id as u64)], 8))?;
     Ok(g)
@@ -167,8 +174,8 @@ fn start(g: &Gpu) -> Result<(*mut u8, *mut u8), String> {
         let off = q as u64 * 0x1000;
         let ring = g.bo(RING_VA + off, 0x1000)?;
         let aq = g.bo(AQ_VA + off, 0x1000)?;
-        let ctx = CTX_VA + q as u64 * CTX_SIZE.next_multiple_of(1 << 20);
-        g.bo(ctx, CTX_SIZE)?;
+        let ctx = CTX_VA + q as u64 * g.ctx_size.next_multiple_of(1 << 20);
+        g.bo(ctx, g.ctx_size)?;
         for i in 0..64 {
             put(ring, i * 64, 1u32);
         }
@@ -177,7 +184,7 @@ fn start(g: &Gpu) -> Result<(*mut u8, *mut u8), String> {
             queue_type::COMPUTE_AQL,
             (RING_VA + off, 4096),
             (AQ_VA + off + 56, AQ_VA + off + 128),
-            Some((ctx, CTX_SIZE, CTL)),
+            Some((ctx, g.ctx_size, g.ctl)),
         );
         let out = g.call(nr::CREATE_QUEUE, &a)?;
         let db = map_doorbell(

@@ -249,8 +249,8 @@ impl Emulator {
                     uapi::RENDER_MEMFD_SIZE,
                 )?,
                 num_xcc: g.num_xcc.max(1),
-                ctl_stack_size: kfd_abi::criu::ctl_stack_size(&cwsr_props(g)).unwrap_or(0),
-                cwsr_size: kfd_abi::criu::cwsr_size(&cwsr_props(g)).unwrap_or(0),
+                ctl_stack_size: kfd_abi::criu::ctl_stack_size(&g.cwsr_props()).unwrap_or(0),
+                cwsr_size: kfd_abi::criu::cwsr_size(&g.cwsr_props()).unwrap_or(0),
             });
         }
         let devs = Arc::new(Devices {
@@ -1248,18 +1248,6 @@ fn sdma_pass(sh: &Shared) -> bool {
         send(done);
     }
     worked
-}
-
-/// What KFD sizes a node's control stacks and save areas by.
-fn cwsr_props(g: &crate::profile::Gpu) -> kfd_abi::criu::CwsrProps {
-    kfd_abi::criu::CwsrProps {
-        gfx_target_version: g.gfx_target_version,
-        simd_count: g.simd_count(),
-        simd_per_cu: g.simd_per_cu,
-        array_count: g.array_count,
-        simd_arrays_per_engine: g.simd_arrays_per_engine,
-        num_xcc: g.num_xcc.max(1),
-    }
 }
 
 /// The shader ISA of a GPU the shader engine runs: gfx908 (GC 9.4.1), gfx90a

@@ -164,6 +164,18 @@ impl Gpu {
         self.cu_count * self.simd_per_cu
     }
 
+    /// What KFD sizes a queue's control stack and context save area from.
+    pub fn cwsr_props(&self) -> kfd_abi::criu::CwsrProps {
+        kfd_abi::criu::CwsrProps {
+            gfx_target_version: self.gfx_target_version,
+            simd_count: self.simd_count(),
+            simd_per_cu: self.simd_per_cu,
+            array_count: self.array_count,
+            simd_arrays_per_engine: self.simd_arrays_per_engine,
+            num_xcc: self.num_xcc.max(1),
+        }
+    }
+
     pub fn caches_count(&self) -> u32 {
         self.caches.iter().map(|c| c.count).sum()
     }
