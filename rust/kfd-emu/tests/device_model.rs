@@ -4340,6 +4340,22 @@ type Damage = Box<dyn Fn(&mut Vec<u8>)>;
 /// MI100's CUs over 4 XCCs, as an MI300 partition has several.
 const XCC4: &str = "num_xcc = 4\n";
 
+/// `s`'s dump `img` restored on another 4-XCC GPU and RESUMEd there: the
+/// new device (kept alive by the caller) and its kernarg and signals BOs.
+fn resumed_on_xcc4(s: &Shader, img: &mut Image) -> (Dev, *mut u8, *mut u8) {
+    let blob = img.blob.clone();
+    let (d2, fh2, r) = restore_me_on(&s.d, img, &blob, XCC4);
+    r.unwrap();
+    let (data, sigs) = (
+        restored_bo(&d2, img, DATA_VA),
+        restored_bo(&d2, img, SHADER_SIGS_VA),
+    );
+    let pid = std::process::id();
+    let resume = criu(criu_op::RESUME, 0, 0, 0, 0, 0, 0, 0, pid);
+    d2.call_fh(fh2, &me(), nr::CRIU_OP, &resume).unwrap();
+    (d2, data, sigs)
+}
+
 /// A dispatch of 8 workgroups of 2 waves (K_HOLD: registers, LDS and a
 /// barrier) in flight on queue 0 of a GPU of 4 XCCs: the CP hands XCC `x`
 /// the workgroups `x` and `x + 4`.
@@ -4403,16 +4419,7 @@ fn a_dispatch_on_4_xccs_is_saved_per_xcc_and_resumes_on_another_host() {
             "XCC {x}'s slice holds its waves"
         );
     }
-    let blob = img.blob.clone();
-    let (d2, fh2, r) = restore_me_on(&s.d, &mut img, &blob, XCC4);
-    r.unwrap();
-    let (data, sigs) = (
-        restored_bo(&d2, &img, DATA_VA),
-        restored_bo(&d2, &img, SHADER_SIGS_VA),
-    );
-    let pid = std::process::id();
-    let resume = criu(criu_op::RESUME, 0, 0, 0, 0, 0, 0, 0, pid);
-    d2.call_fh(fh2, &me(), nr::CRIU_OP, &resume).unwrap();
+    let (_d2, data, sigs) = resumed_on_xcc4(&s, &mut img);
     released_dispatch_completes(sigs, data, 1024);
 }
 
@@ -4483,16 +4490,7 @@ fn scratch_is_split_per_xcc_and_restored_with_the_waves() {
     let s = scratch_dispatch_on_4_xccs();
     let fh = KFD_FH.with(|f| f.get());
     let mut img = dump_me(&s.d, fh);
-    let blob = img.blob.clone();
-    let (d2, fh2, r) = restore_me_on(&s.d, &mut img, &blob, XCC4);
-    r.unwrap();
-    let (data, sigs) = (
-        restored_bo(&d2, &img, DATA_VA),
-        restored_bo(&d2, &img, SHADER_SIGS_VA),
-    );
-    let pid = std::process::id();
-    let resume = criu(criu_op::RESUME, 0, 0, 0, 0, 0, 0, 0, pid);
-    d2.call_fh(fh2, &me(), nr::CRIU_OP, &resume).unwrap();
+    let (_d2, data, sigs) = resumed_on_xcc4(&s, &mut img);
     // SAFETY: the restored kernarg's flag.
     unsafe { wr32(data, 8, 1) };
     assert!(poll_signal(sigs, 0, 0), "the restored dispatch completes");

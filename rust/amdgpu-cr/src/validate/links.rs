@@ -216,23 +216,30 @@ pub(super) mod tests {
         super::super::overlaps::tests::gem(0x1_0000_0000, size, link)
     }
 
-    /// The refusals of render image 9, whose only BO links to `link`
-    /// with `size` bytes; KFD image 5 (sample_kfd) and render image 6 (a
-    /// 64 KiB BO, and a BO that is KFD BO 0) beside it.
-    fn refusals(size: u64, link: (u32, u32)) -> Vec<String> {
-        let dir = tempdir();
-        let kfd = [KfdVerdict {
-            id: FileId(5),
-            image: Some(KfdImage { msg: sample_kfd() }),
-            refusal: None,
-        }];
+    /// KFD image 5 (sample_kfd, decoded) and render image 6 (a 64 KiB BO,
+    /// and a BO that is KFD BO 0) written in `dir`: what the links of the
+    /// tests below point at.
+    fn targets(dir: &Path) -> [KfdVerdict; 1] {
         let mut six = render(
             0x1a2b,
             vec![bo(0x1_0000, None), bo(0x20_0000, Some((5, 0)))],
         );
         six.msg.bo_entries[1].handle = 2;
         six.msg.bo_entries[1].offset = 0x2_0000_0000;
-        six.write(&dir, FileId(6)).unwrap();
+        six.write(dir, FileId(6)).unwrap();
+        [KfdVerdict {
+            id: FileId(5),
+            image: Some(KfdImage { msg: sample_kfd() }),
+            refusal: None,
+        }]
+    }
+
+    /// The refusals of render image 9, whose only BO links to `link`
+    /// with `size` bytes; KFD image 5 (sample_kfd) and render image 6 (a
+    /// 64 KiB BO, and a BO that is KFD BO 0) beside it.
+    fn refusals(size: u64, link: (u32, u32)) -> Vec<String> {
+        let dir = tempdir();
+        let kfd = targets(&dir);
         render(0x1a2b, vec![bo(size, Some(link))])
             .write(&dir, FileId(9))
             .unwrap();
@@ -292,18 +299,7 @@ pub(super) mod tests {
     /// `size` bytes of GPU `gpu`, beside the images of [`refusals`].
     fn dmabuf_refusals(file: u32, index: u32, size: u64, gpu: u32) -> Vec<String> {
         let dir = tempdir();
-        let kfd = [KfdVerdict {
-            id: FileId(5),
-            image: Some(KfdImage { msg: sample_kfd() }),
-            refusal: None,
-        }];
-        let mut six = render(
-            0x1a2b,
-            vec![bo(0x1_0000, None), bo(0x20_0000, Some((5, 0)))],
-        );
-        six.msg.bo_entries[1].handle = 2;
-        six.msg.bo_entries[1].offset = 0x2_0000_0000;
-        six.write(&dir, FileId(6)).unwrap();
+        let kfd = targets(&dir);
         DmabufImage {
             msg: crate::proto::CriuDmabufNode {
                 gem_handle: 1,
