@@ -1492,15 +1492,21 @@ shared_bo_dump() {
 }
 # shared_bo_restore: under the supervisor; the BO is imported into the second holder.
 shared_bo_restore() {
+	shared_bo_restore_checking 'GEM BO\(s\) restored with handles 1' 'the same BO as .* (saved'
+}
+# shared_bo_restore_checking RESTORED NOTED: shared-bo's images restored under the supervisor,
+# the restore log matching RESTORED (@PID@ stands for the process' pid), a round and the end
+# checked; NOTED picks the dump log's line the case notes.
+shared_bo_restore_checking() {
 	local img=$CASE_DIR/img log=$CASE_DIR/img/restore.log pid
 	pid=$(cat "$CASE_DIR/sb.pid")
 	gpu_check "$img"
 	[ "$GC_RC" = 0 ] || fail "gpu-check says the images cannot be restored here (exit $GC_RC): $(paste -sd' ' <<<"$GC_OUT")"
 	"$KFD_EMU" supervise -- "$CRIU" restore -D "$img" -o restore.log -v4 -d >>"$CASE_DIR/criu.out" 2>&1 ||
 		fail "criu-rocm restore of shared-bo $pid failed: $(log_errors "$log")"
-	log_has "$log" "GEM BO\(s\) restored with handles 1"
+	log_has "$log" "${1//@PID@/$pid}"
 	shared_bo_round_and_end "$pid" "$CASE_DIR/sb.out" "the restore"
-	note "$(grep -a -m1 -o 'the same BO as .* (saved' "$img/dump.log" | cut -c1-200)"
+	note "$(grep -a -m1 -o "$2" "$img/dump.log" | cut -c1-200)"
 }
 
 # A pre-dump → dump chain of a BO held by two files (issue 29): the pre-dump records the
@@ -1752,15 +1758,8 @@ dmabuf_fd_dump() {
 }
 # dmabuf_fd_restore: under the supervisor; the fd is the restored BO's export.
 dmabuf_fd_restore() {
-	local img=$CASE_DIR/img log=$CASE_DIR/img/restore.log pid
-	pid=$(cat "$CASE_DIR/sb.pid")
-	gpu_check "$img"
-	[ "$GC_RC" = 0 ] || fail "gpu-check says the images cannot be restored here (exit $GC_RC): $(paste -sd' ' <<<"$GC_OUT")"
-	"$KFD_EMU" supervise -- "$CRIU" restore -D "$img" -o restore.log -v4 -d >>"$CASE_DIR/criu.out" 2>&1 ||
-		fail "criu-rocm restore of shared-bo $pid failed: $(log_errors "$log")"
-	log_has "$log" "amdgpu: pid $pid: dma-buf file [0-9]+: BO [0-9]+ of file [0-9]+: exported again"
-	shared_bo_round_and_end "$pid" "$CASE_DIR/sb.out" "the restore"
-	note "$(grep -a -m1 -o 'fd [0-9]* (dma-buf.*saved as BO [0-9]* of' "$img/dump.log" | cut -c1-200)"
+	shared_bo_restore_checking 'amdgpu: pid @PID@: dma-buf file [0-9]+: BO [0-9]+ of file [0-9]+: exported again' \
+		'fd [0-9]* (dma-buf.*saved as BO [0-9]* of'
 }
 
 # A kill point right after the dma-buf fd was recreated (the restored task stops at the test
