@@ -60,6 +60,14 @@ impl FileId {
     }
 }
 
+/// The file id in `name` between `prefix` and `.img`, as the image
+/// name functions below write it; `None` for any other name.
+fn image_id(name: &str, prefix: &str) -> Option<FileId> {
+    name.strip_prefix(prefix)
+        .and_then(|n| n.strip_suffix(".img"))
+        .and_then(FileId::parse)
+}
+
 /// Name of the KFD image of file `id`.
 pub fn kfd_image_name(id: FileId) -> String {
     format!("amdgpu-kfd-{id}.img")
@@ -68,9 +76,7 @@ pub fn kfd_image_name(id: FileId) -> String {
 /// The file id of a KFD image's name (`amdgpu-kfd-<id>.img`, as
 /// [`kfd_image_name`] writes it), `None` for any other name.
 pub fn kfd_image_id(name: &str) -> Option<FileId> {
-    name.strip_prefix("amdgpu-kfd-")
-        .and_then(|n| n.strip_suffix(".img"))
-        .and_then(FileId::parse)
+    image_id(name, "amdgpu-kfd-")
 }
 
 /// Name of the render-node image of file `id`.
@@ -80,9 +86,7 @@ pub fn render_image_name(id: FileId) -> String {
 
 /// The file id of a render-node image's name, `None` for any other name.
 pub fn render_image_id(name: &str) -> Option<FileId> {
-    name.strip_prefix("amdgpu-renderD-")
-        .and_then(|n| n.strip_suffix(".img"))
-        .and_then(FileId::parse)
+    image_id(name, "amdgpu-renderD-")
 }
 
 /// Name of the dma-buf image of file `id` (criu-dev's name).
@@ -92,9 +96,7 @@ pub fn dmabuf_image_name(id: FileId) -> String {
 
 /// The file id of a dma-buf image's name, `None` for any other name.
 pub fn dmabuf_image_id(name: &str) -> Option<FileId> {
-    name.strip_prefix("amdgpu-dmabuf_")
-        .and_then(|n| n.strip_suffix(".img"))
-        .and_then(FileId::parse)
+    image_id(name, "amdgpu-dmabuf_")
 }
 
 /// Errors reading or writing GPU images.  Every variant names the file.
