@@ -435,7 +435,7 @@ fn memory_sizes_and_usage() {
 
 /// GEM_CREATE's GTT BOs count in the GPU's GTT use while a handle keeps
 /// them, and stop counting when the last goes (the emulator keeps the sum
-/// as they come and go).
+/// as they come and go); a VRAM BO's memory is freed then too.
 #[test]
 fn gem_gtt_bos_count_while_they_live() {
     let n = Node::new("mi210x4", 1);
@@ -455,11 +455,14 @@ fn gem_gtt_bos_count_while_they_live() {
     let a = create(1 << 20, sys::AMDGPU_GEM_DOMAIN_GTT);
     let b = create(2 << 20, sys::AMDGPU_GEM_DOMAIN_GTT);
     let v = create(4 << 20, sys::AMDGPU_GEM_DOMAIN_VRAM);
+    let vram = || n.info::<u64>(sys::AMDGPU_INFO_VRAM_USAGE, [0; 4]).unwrap();
     assert_eq!(gtt(), 3 << 20);
+    assert_eq!(vram(), 4 << 20);
     close(a);
     assert_eq!(gtt(), 2 << 20);
     close(v);
     assert_eq!(gtt(), 2 << 20, "a VRAM BO is not GTT");
+    assert_eq!(vram(), 0, "the last handle's close frees a VRAM BO");
     close(b);
     assert_eq!(gtt(), 0);
 }

@@ -634,6 +634,9 @@ pub struct State {
     /// The GEM_CREATE BOs by (GPU, render-memfd offset), while a handle,
     /// BO list or dma-buf keeps them (see [`State::sweep_gem`]).
     gem_bos: HashMap<(usize, u64), GemBo>,
+    /// The BOs of `gem_bos` whose last reference went since the last
+    /// [`State::sweep_gem`].
+    gem_released: gem::Released,
     /// Bytes of the GTT BOs of `gem_bos` per GPU, kept as they come and
     /// go (the live sysfs files read it after every allocation).
     gem_gtt: Vec<u64>,
@@ -688,6 +691,7 @@ impl State {
             next_slot: 1,
             render: HashMap::new(),
             gem_bos: HashMap::new(),
+            gem_released: Default::default(),
             gem_gtt: vec![0; gpus],
             resets: vec![0; gpus],
             freed: Vec::new(),
@@ -1034,11 +1038,10 @@ impl State {
             align_pages: plan.align_pages,
             ..Default::default()
         };
-        let obj = Arc::new(gem::GemObj::new(
-            gem::GemKind::Bo { source, map },
-            plan.size,
-            info,
-        ));
+        let obj = Arc::new(
+            gem::GemObj::new(gem::GemKind::Bo { source, map }, plan.size, info)
+                .noting_release(self.gem_released.clone()),
+        );
         if !vram {
             self.gem_gtt[gpu] += plan.size;
         }
@@ -1060,17 +1063,16 @@ impl State {
     }
 
     /// Frees the GEM_CREATE BOs nothing refers to any more (no handle in
-    /// any file, no BO list) as the last drm_gem_object_put does.  One that
-    /// was exported keeps its memory (see `dmabuf`'s module comment).
+    /// any file, no BO list) as the last drm_gem_object_put does: those
+    /// whose object noted its release since the last sweep.  One that was
+    /// exported keeps its memory (see `dmabuf`'s module comment).
     pub fn sweep_gem(&mut self) {
-        let dead: Vec<(usize, u64)> = self
-            .gem_bos
-            .iter()
-            .filter(|(_, b)| b.obj.strong_count() == 0)
-            .map(|(&k, _)| k)
-            .collect();
-        for (gpu, offset) in dead {
-            let b = self.gem_bos.remove(&(gpu, offset)).expect("listed");
+        let dead =
+            std::mem::take(&mut *self.gem_released.lock().unwrap_or_else(|e| e.into_inner()));
+        for super::dmabuf::Source { gpu, offset, .. } in dead {
+            let Some(b) = self.gem_bos.remove(&(gpu, offset)) else {
+                continue;
+            };
             if !b.vram {
                 self.gem_gtt[gpu] -= b.size;
             }

@@ -99,7 +99,15 @@ pub struct GemObj {
     /// Bytes (a whole number of pages for GEM_CREATE's).
     pub size: u64,
     info: Mutex<BoInfo>,
+    /// Where a GEM_CREATE BO notes its memory when its last reference
+    /// goes ([`GemObj::noting_release`]).
+    released: Option<Released>,
 }
+
+/// The GEM_CREATE BOs whose last reference went (as the last
+/// drm_gem_object_put frees one), for the device to free their memory:
+/// it looks at these, not at every BO.
+pub type Released = Arc<Mutex<Vec<Source>>>;
 
 impl GemObj {
     pub fn new(kind: GemKind, size: u64, info: BoInfo) -> GemObj {
@@ -107,7 +115,14 @@ impl GemObj {
             kind,
             size,
             info: Mutex::new(info),
+            released: None,
         }
+    }
+
+    /// The object, noting its BO's memory in `released` when it goes.
+    pub fn noting_release(mut self, released: Released) -> GemObj {
+        self.released = Some(released);
+        self
     }
 
     /// The memory `off` bytes into the object.
@@ -138,6 +153,14 @@ impl GemObj {
     /// the BO itself).
     fn foreign(&self, gpu: usize) -> bool {
         matches!(&self.kind, GemKind::Dmabuf(d) if d.source.gpu != gpu)
+    }
+}
+
+impl Drop for GemObj {
+    fn drop(&mut self) {
+        if let (Some(r), GemKind::Bo { source, .. }) = (&self.released, &self.kind) {
+            r.lock().unwrap_or_else(|e| e.into_inner()).push(*source);
+        }
     }
 }
 
