@@ -146,6 +146,9 @@ pub(crate) enum Claim {
 pub(crate) struct SharedBos {
     /// GPU → start offset → first holder.
     by_gpu: BTreeMap<GpuId, BTreeMap<u64, Holder>>,
+    /// pid → where its KFD BOs claimed before their file was reached are
+    /// (GPU, start offset), for [`Self::set_file`].
+    unfiled: BTreeMap<i32, Vec<(GpuId, u64)>>,
 }
 
 impl SharedBos {
@@ -165,6 +168,12 @@ impl SharedBos {
             .filter(|(&start, h)| start.saturating_add(h.size) > offset);
         let Some((&start, &first)) = clash else {
             map.insert(offset, holder);
+            if holder.file.is_none() && matches!(holder.held_in, HeldIn::Kfd { .. }) {
+                self.unfiled
+                    .entry(holder.pid)
+                    .or_default()
+                    .push((gpu, offset));
+            }
             return Ok(Claim::First);
         };
         if start == offset && first == holder {
@@ -197,9 +206,15 @@ impl SharedBos {
     /// The file of the KFD BOs of `pid` claimed before their file was
     /// reached.
     pub fn set_file(&mut self, pid: i32, file: FileId) {
-        for h in self.by_gpu.values_mut().flat_map(|m| m.values_mut()) {
-            if h.pid == pid && h.file.is_none() && matches!(h.held_in, HeldIn::Kfd { .. }) {
-                h.file = Some(file);
+        for (gpu, offset) in self.unfiled.remove(&pid).unwrap_or_default() {
+            // A holder claim_all gave back, or another one claimed at that
+            // offset since, is not filed (the KFD BOs of `pid` left unfiled
+            // are all listed here).
+            let h = self.by_gpu.get_mut(&gpu).and_then(|m| m.get_mut(&offset));
+            if let Some(h) = h.filter(|h| h.pid == pid && h.file.is_none()) {
+                if matches!(h.held_in, HeldIn::Kfd { .. }) {
+                    h.file = Some(file);
+                }
             }
         }
     }
