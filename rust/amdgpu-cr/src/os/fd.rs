@@ -2,8 +2,9 @@
 //! file descriptions, keeping an fd out of the way of numbers CRIU will
 //! restore, memfds, and `SOCK_SEQPACKET` pairs carrying whole records.
 
+use std::cmp::Ordering;
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
 /// Takes ownership of what a call returning a new fd or -1 returned.
@@ -26,6 +27,13 @@ pub fn pidfd_getfd(pidfd: BorrowedFd<'_>, target: RawFd) -> io::Result<OwnedFd> 
 
 /// Whether two of our fds refer to the same open file description (`kcmp`).
 pub fn same_open_file(a: BorrowedFd<'_>, b: BorrowedFd<'_>) -> io::Result<bool> {
+    Ok(open_file_order(a, b)? == Ordering::Equal)
+}
+
+/// How the open file descriptions of two of our fds compare in the
+/// kernel's order of them (`kcmp` KCMP_FILE: equal, or the order of the
+/// obfuscated `struct file` pointers, the same for every call of one boot).
+pub fn open_file_order(a: BorrowedFd<'_>, b: BorrowedFd<'_>) -> io::Result<Ordering> {
     const KCMP_FILE: libc::c_int = 0;
     let me = super::process::getpid();
     // SAFETY: kcmp compares two fds of our own process, open for the
@@ -40,10 +48,80 @@ pub fn same_open_file(a: BorrowedFd<'_>, b: BorrowedFd<'_>) -> io::Result<bool> 
             b.as_raw_fd() as libc::c_ulong,
         )
     };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
+    match r {
+        0 => Ok(Ordering::Equal),
+        1 => Ok(Ordering::Less),
+        2 => Ok(Ordering::Greater),
+        r if r < 0 => Err(io::Error::last_os_error()),
+        // 3: not equal, and no order (never for KCMP_FILE).
+        _ => Err(io::Error::from_raw_os_error(libc::ENOTSUP)),
     }
-    Ok(r == 0)
+}
+
+/// Open file descriptions (each kept through a dup of one of its fds) with
+/// a value each, in [`open_file_order`]: finding the one an fd refers to
+/// among n takes log n `kcmp`s, not n.
+pub struct OpenFiles<T> {
+    files: Vec<(OwnedFd, T)>,
+}
+
+impl<T> Default for OpenFiles<T> {
+    fn default() -> Self {
+        OpenFiles { files: Vec::new() }
+    }
+}
+
+impl<T> OpenFiles<T> {
+    /// Where `fd`'s open file is kept (`Ok`), or would go (`Err`).
+    fn search(&self, fd: BorrowedFd<'_>) -> io::Result<Result<usize, usize>> {
+        let (mut lo, mut hi) = (0, self.files.len());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            match open_file_order(self.files[mid].0.as_fd(), fd)? {
+                Ordering::Equal => return Ok(Ok(mid)),
+                Ordering::Less => lo = mid + 1,
+                Ordering::Greater => hi = mid,
+            }
+        }
+        Ok(Err(lo))
+    }
+
+    /// The value of `fd`'s open file, if it is kept.
+    pub fn get(&self, fd: BorrowedFd<'_>) -> io::Result<Option<&T>> {
+        Ok(self.search(fd)?.ok().map(|i| &self.files[i].1))
+    }
+
+    /// The value of `fd`'s open file, kept first (through a dup of `fd`,
+    /// with the value `new` makes) if it was not.
+    pub fn entry(&mut self, fd: BorrowedFd<'_>, new: impl FnOnce() -> T) -> io::Result<&mut T> {
+        let i = match self.search(fd)? {
+            Ok(i) => i,
+            Err(i) => {
+                let dup = fd.try_clone_to_owned()?;
+                self.files.insert(i, (dup, new()));
+                i
+            }
+        };
+        Ok(&mut self.files[i].1)
+    }
+
+    /// How many open files are kept.
+    pub fn len(&self) -> usize {
+        self.files.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.files.is_empty()
+    }
+
+    /// Every open file kept (a dup of one of its fds) and its value.
+    pub fn iter(&self) -> impl Iterator<Item = (BorrowedFd<'_>, &T)> {
+        self.files.iter().map(|(f, v)| (f.as_fd(), v))
+    }
+
+    pub fn clear(&mut self) {
+        self.files.clear();
+    }
 }
 
 /// A duplicate of `fd` numbered `floor` or above (close-on-exec).
@@ -406,6 +484,32 @@ pub fn stdio_to_null() -> io::Result<()> {
 mod tests {
     use super::*;
     use std::os::fd::AsFd;
+
+    /// Open files found by any of their fds among many kept in kcmp's
+    /// order; a file not kept is not found, and one kept again is the
+    /// same entry.
+    #[test]
+    fn open_files_are_found_by_any_of_their_fds() {
+        let files: Vec<std::fs::File> = (0..40)
+            .map(|_| std::fs::File::open("/proc/self/status").unwrap())
+            .collect();
+        let mut kept = OpenFiles::default();
+        for (i, f) in files.iter().enumerate().filter(|(i, _)| i % 3 != 0) {
+            *kept.entry(f.as_fd(), || 0).unwrap() += i;
+        }
+        for (i, f) in files.iter().enumerate() {
+            let dup = f.try_clone().unwrap();
+            let want = (i % 3 != 0).then_some(i);
+            assert_eq!(kept.get(dup.as_fd()).unwrap().copied(), want, "file {i}");
+        }
+        *kept.entry(files[1].as_fd(), || 0).unwrap() += 100;
+        assert_eq!(kept.get(files[1].as_fd()).unwrap(), Some(&101));
+        assert_eq!(kept.iter().count(), files.len() - files.len().div_ceil(3));
+        let order: Vec<_> = kept.iter().map(|(f, _)| f).collect();
+        for w in order.windows(2) {
+            assert_eq!(open_file_order(w[0], w[1]).unwrap(), Ordering::Less);
+        }
+    }
 
     #[test]
     fn a_pidfd_copy_is_the_same_open_file() {

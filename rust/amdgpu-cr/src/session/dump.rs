@@ -45,7 +45,7 @@ use crate::copy::dump_contents_encoded;
 use crate::env::{self, EnginePolicy};
 use crate::ids::{GpuId, GpuVa, MmapOffset, RenderMinor};
 use crate::image::{FileId, RenderImage};
-use crate::os::fd::{pidfd_getfd, same_open_file, task_fds};
+use crate::os::fd::{pidfd_getfd, task_fds, OpenFiles};
 use crate::os::process::pidfd_open;
 use crate::plan::{
     plan_dump, render_image, stat_fd, stat_path, BoBucket, CheckpointData, DeviceBucket,
@@ -153,6 +153,15 @@ pub enum Dumped {
     Dmabuf,
 }
 
+/// A render-node open file met at the pause ([`DumpSession::pause_task`]).
+struct RenderFileSeen {
+    minor: RenderMinor,
+    /// The tasks holding it, ascending.
+    pids: Vec<i32>,
+    /// How many open files were met before it.
+    seen: usize,
+}
+
 /// The GPU state of one `criu dump`.
 pub struct DumpSession {
     opts: DumpOptions,
@@ -162,6 +171,12 @@ pub struct DumpSession {
     /// Each task's render-node fds (our copies), for CPU access to its BOs
     /// through the `drm_file` that owns them.
     render_fds: BTreeMap<i32, Vec<(RenderMinor, OwnedFd)>>,
+    /// The open files of `render_fds`, each once, with the tasks that
+    /// hold it.
+    render_files: OpenFiles<RenderFileSeen>,
+    /// The open files of the paused processes' KFD fds: the process (its
+    /// index in `procs`) and whether the file is one of its further opens.
+    kfd_files: OpenFiles<(usize, bool)>,
     /// Started before the first pause.
     guardian: Option<Guardian>,
     /// The GPU image files written so far, for [`Self::write_digests`].
@@ -188,6 +203,8 @@ impl DumpSession {
             topology: None,
             procs: Vec::new(),
             render_fds: BTreeMap::new(),
+            render_files: OpenFiles::default(),
+            kfd_files: OpenFiles::default(),
             guardian: None,
             digests: Digests::default(),
             pause_total: Duration::ZERO,
@@ -267,6 +284,8 @@ impl DumpSession {
             let copy = pidfd_getfd(pfd, fd).map_err(os(format!("pidfd_getfd of fd {fd}")))?;
             match kind {
                 DeviceKind::Render(minor) => {
+                    self.see_render_file(pid, minor, copy.as_fd())
+                        .map_err(os(format!("kcmp of render-node fd {fd}")))?;
                     self.render_fds.entry(pid).or_default().push((minor, copy));
                 }
                 DeviceKind::Kfd => {
@@ -277,6 +296,26 @@ impl DumpSession {
             }
         }
         Ok(new)
+    }
+
+    /// Task `pid`'s render-node file `fd` (of `minor`) among the open
+    /// files met so far: a new one, or one more holder of one.
+    fn see_render_file(
+        &mut self,
+        pid: i32,
+        minor: RenderMinor,
+        fd: BorrowedFd<'_>,
+    ) -> std::io::Result<()> {
+        let seen = self.render_files.len();
+        let f = self.render_files.entry(fd, || RenderFileSeen {
+            minor,
+            pids: Vec::new(),
+            seen,
+        })?;
+        if let Err(i) = f.pids.binary_search(&pid) {
+            f.pids.insert(i, pid);
+        }
+        Ok(())
     }
 
     /// PROCESS_INFO + CHECKPOINT on a task's KFD file; false when that open
@@ -291,6 +330,8 @@ impl DumpSession {
         let info = self.process_info(pid, fd, &copy, own, (guard_id, slot))?;
         // From here on the process is paused: record it first, so that
         // every later failure unpauses it.
+        let at = self.procs.len();
+        let kept = self.kfd_files.entry(copy.as_fd(), || (at, false)).map(drop);
         self.procs.push(PausedProc {
             task: pid,
             task_fd: fd,
@@ -307,6 +348,11 @@ impl DumpSession {
             slot,
             paused_at,
         });
+        kept.map_err(|source| SessionError::Os {
+            pid,
+            step: format!("keeping fd {fd} (/dev/kfd) among the paused files"),
+            source,
+        })?;
         if info.num_bos == 0 {
             // KFD's RESTORE rejects `num_bos == 0` (criu_restore), so these
             // images could never be restored: refuse now, while the process
@@ -352,15 +398,23 @@ impl DumpSession {
         // second PROCESS_INFO would evict its queues twice, and one UNPAUSE
         // would not bring them back.  The task's own KFD process is the one
         // whose PROCESS_INFO named the task itself.
-        if let Some(p) = self
+        if let Some(i) = self
             .procs
-            .iter_mut()
-            .find(|p| p.task == pid && Some(p.info.pid) == own)
+            .iter()
+            .position(|p| p.task == pid && Some(p.info.pid) == own)
         {
+            let p = &mut self.procs[i];
             log::info!(
                 "pid {pid}: fd {fd} is a further open of /dev/kfd (fd {} holds the state)",
                 p.task_fd
             );
+            self.kfd_files
+                .entry(copy.as_fd(), || (i, true))
+                .map_err(|source| SessionError::Os {
+                    pid,
+                    step: format!("keeping fd {fd} (/dev/kfd) among the paused files"),
+                    source,
+                })?;
             p.reopens.push((fd, copy));
             return Ok(None);
         }
@@ -463,7 +517,7 @@ impl DumpSession {
                 Dumped::Kfd
             }
             Some(DeviceKind::Render(minor)) => {
-                let pid = self.render_owner(fd, id)?;
+                let (pid, _) = self.render_owner(fd, id)?;
                 self.dump_render(pid, fd, minor, id, dir)?;
                 Dumped::Render(minor)
             }
@@ -537,27 +591,25 @@ impl DumpSession {
     }
 
     /// The task whose render-node fd, reached at the pause, is the open file
-    /// `fd`: one with a KFD process if several share it (inherited fds).
-    fn render_owner(&self, fd: BorrowedFd<'_>, id: FileId) -> Result<i32, SessionError> {
-        let mut holders = Vec::new();
-        for (&pid, fds) in &self.render_fds {
-            for (_, f) in fds {
-                let same = same_open_file(f.as_fd(), fd).map_err(|source| SessionError::Os {
-                    pid,
-                    step: "kcmp of render-node files".into(),
-                    source,
-                })?;
-                if same {
-                    holders.push(pid);
-                    break;
-                }
-            }
-        }
+    /// `fd`: one with a KFD process if several share it (inherited fds);
+    /// and the file's `seen`.
+    fn render_owner(&self, fd: BorrowedFd<'_>, id: FileId) -> Result<(i32, usize), SessionError> {
+        let file = self
+            .render_files
+            .get(fd)
+            .map_err(|source| SessionError::Os {
+                pid: 0,
+                step: format!("kcmp of render-node file {id}"),
+                source,
+            })?;
+        let holders = file.map(|f| f.pids.as_slice()).unwrap_or_default();
+        let seen = file.map_or(usize::MAX, |f| f.seen);
         holders
             .iter()
             .copied()
             .find(|&pid| self.procs.iter().any(|p| p.task == pid))
             .or_else(|| holders.first().copied())
+            .map(|pid| (pid, seen))
             .ok_or_else(|| SessionError::State {
                 pid: 0,
                 what: format!(
@@ -569,24 +621,12 @@ impl DumpSession {
     /// The paused process behind a KFD file, and whether the file is one
     /// of its further opens; `None` for a file not seen yet.
     fn locate(&self, pid: i32, fd: BorrowedFd<'_>) -> Result<Option<(usize, bool)>, SessionError> {
-        let same = |a: BorrowedFd<'_>| {
-            same_open_file(a, fd).map_err(|source| SessionError::Os {
-                pid,
-                step: "kcmp of KFD files".into(),
-                source,
-            })
-        };
-        for (i, p) in self.procs.iter().enumerate() {
-            if same(p.kfd.as_fd())? {
-                return Ok(Some((i, false)));
-            }
-            for (_, r) in &p.reopens {
-                if same(r.as_fd())? {
-                    return Ok(Some((i, true)));
-                }
-            }
-        }
-        Ok(None)
+        let found = self.kfd_files.get(fd).map_err(|source| SessionError::Os {
+            pid,
+            step: "kcmp of KFD files".into(),
+            source,
+        })?;
+        Ok(found.copied())
     }
 
     /// [`Self::locate`] for a file that must have been seen at the pause.
@@ -785,7 +825,7 @@ impl DumpSession {
     fn pre_dump_render(&mut self, dir: &Path) -> Result<(), SessionError> {
         let files = self.distinct_render_files()?;
         let mut id = PRE_DUMP_RENDER_IDS;
-        for (pid, minor, fd) in files {
+        for (pid, _, minor, fd) in files {
             let (_, mut img, actual, copying) = self.render_setup(pid, minor, FileId(id), true)?;
             let at = (minor, FileId(id), actual);
             let mut link = |bos: &mut [DrmBoEntry]| self.link_render(pid, at, bos);
@@ -800,27 +840,27 @@ impl DumpSession {
 
     /// The render files met by [`Self::pause_task`], each open file once
     /// (a file inherited or dup'ed is held at several fds): its first
-    /// task, render minor and a dup.
-    fn distinct_render_files(&self) -> Result<Vec<(i32, RenderMinor, OwnedFd)>, SessionError> {
-        let mut files: Vec<(i32, RenderMinor, OwnedFd)> = Vec::new();
-        for (&pid, fds) in &self.render_fds {
-            let os = |step: &str| {
-                let step = step.to_owned();
-                move |source| SessionError::Os { pid, step, source }
-            };
-            for (minor, fd) in fds {
-                let mut seen = false;
-                for (_, _, f) in &files {
-                    seen |= same_open_file(f.as_fd(), fd.as_fd())
-                        .map_err(os("kcmp of render-node files"))?;
-                }
-                if !seen {
-                    let copy = fd.try_clone().map_err(os("dup of a render-node file"))?;
-                    files.push((pid, *minor, copy));
-                }
-            }
-        }
-        Ok(files)
+    /// task, `seen`, render minor and a dup.
+    fn distinct_render_files(
+        &self,
+    ) -> Result<Vec<(i32, usize, RenderMinor, OwnedFd)>, SessionError> {
+        let mut files: Vec<_> = self
+            .render_files
+            .iter()
+            .filter_map(|(fd, f)| Some((f.pids.first().copied()?, f.seen, f.minor, fd)))
+            .collect();
+        files.sort_by_key(|&(pid, seen, ..)| (pid, seen));
+        files
+            .into_iter()
+            .map(|(pid, seen, minor, fd)| {
+                let copy = fd.try_clone_to_owned().map_err(|source| SessionError::Os {
+                    pid,
+                    step: "dup of a render-node file".into(),
+                    source,
+                })?;
+                Ok((pid, seen, minor, copy))
+            })
+            .collect()
     }
 
     /// Before a render file of `pid` is saved: the BOs of its KFD
@@ -1174,7 +1214,9 @@ impl DumpSession {
             }
         }
         self.procs.clear();
+        self.kfd_files.clear();
         self.render_fds.clear();
+        self.render_files.clear();
     }
 }
 
