@@ -627,6 +627,61 @@ mod tests {
             .find(|d| d.user == GpuId(0xaaaa))
             .unwrap();
         assert!(matches!(
+    /// Two processes of one dump see the dump host's GPUs by ids of their
+    /// own (77 restored before, its user ids in the other order of the
+    /// GPUs'; 78 started since, with the host's ids), and each KFD image is
+    /// matched to the restoring host by itself: every dump GPU (by its
+    /// render minor at dump) must still land on one host GPU for both, or a
+    /// BO one process hands the other would be of two GPUs.
+    #[test]
+    fn every_process_of_a_dump_maps_a_gpu_to_one_host_gpu() {
+        let restored = CheckpointData {
+            devices: vec![
+                DeviceBucket {
+                    user: GpuId(0xbbbb),
+                    actual: GpuId(0x2222),
+                },
+                DeviceBucket {
+                    user: GpuId(0xaaaa),
+                    actual: GpuId(0x3333),
+                },
+            ],
+            bos: vec![],
+            ..ckpt()
+        };
+        let fresh = CheckpointData {
+            pid: 78,
+            devices: [0x2222, 0x3333]
+                .map(|g| DeviceBucket {
+                    user: GpuId(g),
+                    actual: GpuId(g),
+                })
+                .to_vec(),
+            ..restored.clone()
+        };
+        // The restoring host: the same GPUs, other ids and minors, listed
+        // in the other order.
+        let new_host = Topology::new(vec![
+            cpu(0, &[(P, 5), (P, 6)]),
+            gpu(5, 0x6666, &[(P, 0)]),
+            gpu(6, 0x5555, &[(P, 0)]),
+        ]);
+        let by_minor = |c: &CheckpointData| {
+            let p = plan_dump(&host(), c, SharedMem::default()).unwrap();
+            let img = p.finish_image(&BTreeMap::new(), Encoding::Raw).unwrap();
+            let topo = Topology::from_image_entries(&img.msg.device_entries).unwrap();
+            let map = match_gpus(&topo, &new_host, &Checks::default()).unwrap();
+            let plan = plan_restore(&img, &new_host, &map).unwrap();
+            plan.devices
+                .iter()
+                .map(|d| (plan.old_minors[&d.user], d.actual))
+                .collect::<BTreeMap<_, _>>()
+        };
+        let (a, b) = (by_minor(&restored), by_minor(&fresh));
+        assert_eq!(a.len(), 2);
+        assert_eq!(a, b);
+    }
+
             a.render_minor,
             RenderMinor(133) | RenderMinor(134)
         ));
