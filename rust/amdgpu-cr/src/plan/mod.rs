@@ -358,13 +358,16 @@ pub fn render_image(
             what: "no GPU with this render minor in the topology".into(),
         })?;
     let actual = node.gpu_id.expect("gpu node");
-    let user = actual_to_user.get(&actual).copied().unwrap_or(actual);
+    let user = actual_to_user.get(&actual).copied();
     Ok(RenderImage {
         msg: CriuRenderNode {
-            gpu_id: user.0,
+            gpu_id: user.unwrap_or(actual).0,
             id: Some(id.0),
             drm_render_minor: Some(minor.0),
             num_of_bos: Some(0),
+            // No KFD process of the task has the GPU: no KFD image
+            // describes it, this does (session/render_gpu.rs).
+            criu_rocm_gpu: user.is_none().then(|| node.gpu_entry()),
             ..Default::default()
         },
     })
@@ -588,6 +591,7 @@ mod tests {
         let p = plan_dump(&host(), &ckpt(), SharedMem::default()).unwrap();
         let r = render_image(&host(), &p.actual_to_user, RenderMinor(131), FileId(9)).unwrap();
         assert_eq!(r.gpu_id(), GpuId(0xbbbb));
+        assert_eq!(r.msg.criu_rocm_gpu, None, "a KFD image describes the GPU");
         assert_eq!(r.msg.id, Some(9));
         let r = render_image(&host(), &p.actual_to_user, RenderMinor(129), FileId(9)).unwrap();
         assert_eq!(
@@ -595,6 +599,12 @@ mod tests {
             GpuId(0x1111),
             "GPU outside the KFD process keeps its id"
         );
+        let e = r
+            .msg
+            .criu_rocm_gpu
+            .as_ref()
+            .expect("the GPU's entry recorded");
+        assert_eq!((e.node_id, e.gpu_id, e.drm_render_minor), (1, 0x1111, 129));
         assert!(render_image(&host(), &p.actual_to_user, RenderMinor(140), FileId(9)).is_err());
     }
 
@@ -617,16 +627,6 @@ mod tests {
         (plan, restored)
     }
 
-    #[test]
-    fn restore_plan_and_vma_fixups() {
-        let (plan, restored) = restore_setup();
-        assert_eq!(plan.devices.len(), 2);
-        let a = plan
-            .devices
-            .iter()
-            .find(|d| d.user == GpuId(0xaaaa))
-            .unwrap();
-        assert!(matches!(
     /// Two processes of one dump see the dump host's GPUs by ids of their
     /// own (77 restored before, its user ids in the other order of the
     /// GPUs'; 78 started since, with the host's ids), and each KFD image is
@@ -682,6 +682,16 @@ mod tests {
         assert_eq!(a, b);
     }
 
+    #[test]
+    fn restore_plan_and_vma_fixups() {
+        let (plan, restored) = restore_setup();
+        assert_eq!(plan.devices.len(), 2);
+        let a = plan
+            .devices
+            .iter()
+            .find(|d| d.user == GpuId(0xaaaa))
+            .unwrap();
+        assert!(matches!(
             a.render_minor,
             RenderMinor(133) | RenderMinor(134)
         ));
