@@ -1554,12 +1554,36 @@ shared_bo_first() {
 # file), and records the child's render file as "the same BO as" that holder, with its pid.
 # The restore of the parent hands a dma-buf of the restored BO to the child's restore
 # (session/xproc.rs), which imports it at its handle: a write through the parent's mapping
-# reads back through the child's. (A render file without a KFD process keeps its GPU, so
-# this one has no other-host variant.)
+# reads back through the child's. On the same host, and on another (other gpu_ids and render
+# minors, the GPUs in the other order): neither process has KFD, so each render image records
+# its GPU's topology entry, and every task places the dump's GPUs alike: both render files
+# reopen the one host GPU the dump's renderD128 is matched to, and the BO is of it.
 case_gem_shared_bo_two_procs_cr() { on mi100 -- shared_bo_two_procs_cr; }
 shared_bo_two_procs_cr() {
+	shared_bo_two_procs_dump "$CASE_DIR/img"
+	shared_bo_two_procs_restore
+}
+case_gem_shared_bo_two_procs_cr_other_host() {
+	on mi100x2 -- shared_bo_two_procs_dump "$CASE_DIR/img"
+	on mi100x2 --profile-file "$(host_file mi100x2-other)" -- shared_bo_two_procs_restore_other_host
+}
+shared_bo_two_procs_restore_other_host() {
+	local log=$CASE_DIR/img/restore.log pid child line
+	read -r pid child <"$CASE_DIR/sb.pids"
+	gpu_check "$CASE_DIR/img"
+	[ "$GC_RC" = 0 ] || fail "gpu-check says the images cannot be restored here (exit $GC_RC): $(paste -sd' ' <<<"$GC_OUT")"
+	shared_bo_two_procs_restore
+	# Both tasks' render files on one host GPU of the other host, not renderD128.
+	line='render file [0-9]+: GPU 0x3f2c \(renderD128\) -> host GPU 0x(51e7|a0c4) \(renderD13[01]\): no KFD process of the task has it'
+	log_has "$log" "amdgpu: pid $pid: $line" "amdgpu: pid $child: $line"
+	[ "$(grep -aoE "$line" "$log" | sed 's/.*-> //' | sort -u | wc -l)" = 1 ] ||
+		fail "the parent's and the child's render files went to different host GPUs: $(grep -aoE "$line" "$log" | paste -sd'|')"
+	note "$(grep -a -m1 -oE "$line.*" "$log" | cut -c1-200)"
+}
+# shared_bo_two_procs_restore: the images of shared_bo_two_procs_dump restored under the
+# supervisor, the BO handed from the parent to the child, both checked to their end.
+shared_bo_two_procs_restore() {
 	local img=$CASE_DIR/img log=$CASE_DIR/img/restore.log pid child
-	shared_bo_two_procs_dump "$img"
 	read -r pid child <"$CASE_DIR/sb.pids"
 	"$KFD_EMU" supervise -- "$CRIU" restore -D "$img" -o restore.log -v4 -d >>"$CASE_DIR/criu.out" 2>&1 ||
 		fail "criu-rocm restore of shared-bo $pid and its child $child failed: $(log_errors "$log")"

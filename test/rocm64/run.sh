@@ -67,6 +67,11 @@
 #                 dumped and restored on the same host (under `kfd-emu supervise`): its buffer
 #                 checked, a new importer opens the handle and reads it, the exporter writes
 #                 it again and another importer reads that
+#   cr-hip-ipc-P-other   cr-hip-ipc-P restored on another host (test/gpu/hosts/P-other.toml:
+#                 every gpu_id and render minor differs, the GPUs listed in another order):
+#                 the handle names the exporter's pid and its socket @hsaPID, both restored
+#                 by CRIU, and its buffer is on the restored BO's GPU, which an importer on the
+#                 new host opens from its own first GPU
 #   cr-hip-ipc-tree-P   exporter and importer (the handle open) under one shell dumped as one
 #                 tree: refused at dump naming both holders, every process running on and
 #                 passing after
@@ -100,7 +105,7 @@ cases() {
 	for p in "${profiles[@]}"; do echo "hsa-$p"; done
 	echo hsa-mi210x4-kfd1.16 hsa-mi250x8-kfd1.16 cr-same cr-other cr-mi210x4 cr-mi300x8 cr-mi250x8-other | tr ' ' '\n'
 	echo hip-mi210x4 hip-mi300x8 cr-hip-mi210x4 cr-hip-mi300x8 cr-hip-o0-mi300x8 cr-hip-mi210x4-other cr-hip-mi300x8-other | tr ' ' '\n'
-	echo hip-ipc-mi210x4 cr-hip-ipc-mi210x4 cr-hip-ipc-tree-mi210x4 | tr ' ' '\n'
+	echo hip-ipc-mi210x4 cr-hip-ipc-mi210x4 cr-hip-ipc-mi210x4-other cr-hip-ipc-tree-mi210x4 | tr ' ' '\n'
 }
 
 # The HIP 6.4 programs (test/hip/*.hip) and the GPUs their code objects are built for.
@@ -660,6 +665,12 @@ run_cr() {
 # same host), cr-hip-ipc-tree (exporter and importer dumped as one tree: refused).
 run_ipc() { # CASE PROFILE
 	local c=$1 p=$2 cdir=$ROOT/tmp/rocm64/$1 img=$work/$1/img why ipc=("$KFD_EMU" run --profile "$2" -- "$here/run.sh" --host-ipc "$ROOT")
+	# cr-hip-ipc-P-other restores on another host.
+	local there=("${ipc[@]}") host=$p
+	if [ "${c%-other}" != "$c" ]; then
+		there=("$KFD_EMU" run --profile "$p" --profile-file "$top/test/gpu/hosts/$p-other.toml" -- "$here/run.sh" --host-ipc "$ROOT")
+		host="another $p ($p-other.toml)"
+	fi
 	rm -rf "${cdir:?}" "${work:?}/$c" && mkdir -p "$cdir" "$img"
 	case $c in
 	hip-ipc-*)
@@ -670,8 +681,8 @@ run_ipc() { # CASE PROFILE
 		result PASS "$c" "dump of exporter and importer refused, both ran on and passed: $(cat "$cdir/refusal")" ;;
 	cr-hip-ipc-*)
 		why=$("${ipc[@]}" dump "$cdir" "$img" "$CRIU" 2>>"$cdir/emu.log") || { result FAIL "$c" "on $p: ${why:-exit $?}; case ${cdir#"$top"/}"; return; }
-		why=$("${ipc[@]}" restore "$cdir" "$img" "$CRIU" 2>>"$cdir/emu.log") || { result FAIL "$c" "restored on $p: ${why:-exit $?}; case ${cdir#"$top"/}"; return; }
-		result PASS "$c" "HIP 6.4 IPC exporter dumped and restored on $p: its buffer intact, new importers opened its handle and read it, before and after it wrote it again" ;;
+		why=$("${there[@]}" restore "$cdir" "$img" "$CRIU" 2>>"$cdir/emu.log") || { result FAIL "$c" "restored on $host: ${why:-exit $?}; case ${cdir#"$top"/}"; return; }
+		result PASS "$c" "HIP 6.4 IPC exporter dumped on $p and restored on $host: its buffer intact, new importers opened its handle and read it, before and after it wrote it again" ;;
 	esac
 }
 
@@ -694,7 +705,7 @@ for c in "${want[@]}"; do
 	hip-ipc-* | cr-hip-ipc-*) if [ "$hip_built" = 0 ]; then
 		result FAIL "$c" "the HIP programs did not build in the chroot: $(tail -n 3 "$top/build/rocm64/hip-programs.log" | paste -sd'|')"
 	else
-		run_ipc "$c" "${c##*-}"
+		p=${c%-other} && run_ipc "$c" "${p##*-}"
 	fi ;;
 	hip-* | cr-hip-*) if [ "$hip_built" = 0 ]; then
 		result FAIL "$c" "the HIP programs did not build in the chroot: $(tail -n 3 "$top/build/rocm64/hip-programs.log" | paste -sd'|')"

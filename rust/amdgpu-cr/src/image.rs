@@ -757,6 +757,33 @@ fn check_gem_contents(file: &str, msg: &CriuRenderNode) -> Result<(), ImageError
     Ok(())
 }
 
+/// The GPU entry a render image records (`criu_rocm_gpu`) is of its GPU:
+/// the image's gpu_id and render minor, which the restore places it by.
+fn check_recorded_gpu(file: &str, msg: &CriuRenderNode) -> Result<(), ImageError> {
+    let Some(e) = &msg.criu_rocm_gpu else {
+        return Ok(());
+    };
+    if e.gpu_id != msg.gpu_id {
+        let why = format!(
+            "is {:#x} but the image's gpu_id is {:#x}",
+            e.gpu_id, msg.gpu_id
+        );
+        return Err(ImageError::invalid(file, "criu_rocm_gpu.gpu_id", why));
+    }
+    if Some(e.drm_render_minor) != msg.drm_render_minor {
+        let why = format!(
+            "is {} but the image's drm_render_minor is {:?}",
+            e.drm_render_minor, msg.drm_render_minor
+        );
+        return Err(ImageError::invalid(
+            file,
+            "criu_rocm_gpu.drm_render_minor",
+            why,
+        ));
+    }
+    Ok(())
+}
+
 /// A decoded `amdgpu-renderD-<id>.img`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RenderImage {
@@ -789,6 +816,7 @@ impl RenderImage {
             }
         }
         check_gem_bos(file, &msg)?;
+        check_recorded_gpu(file, &msg)?;
         Ok(RenderImage { msg })
     }
 
@@ -1168,6 +1196,33 @@ pub(crate) mod tests {
         }
         .encode_to_vec();
         assert_has(&scan_fields(&rn), 1..=1, "criu_render_node");
+    }
+
+    /// The GPU entry a render image records must be of its GPU: id and
+    /// render minor.
+    #[test]
+    fn render_image_recorded_gpu_is_its_own() {
+        let decode = |id: u32, minor: u32| {
+            let mut e = gpu_entry(1, id);
+            e.drm_render_minor = minor;
+            let img = RenderImage {
+                msg: CriuRenderNode {
+                    gpu_id: 0x1a2b,
+                    drm_render_minor: Some(128),
+                    criu_rocm_gpu: Some(e),
+                    ..Default::default()
+                },
+            };
+            RenderImage::decode("r.img", &img.encode()).map(|_| ())
+        };
+        assert!(decode(0x1a2b, 128).is_ok());
+        let e = decode(0x5c3d, 128).unwrap_err().to_string();
+        assert!(
+            e.contains("criu_rocm_gpu.gpu_id: is 0x5c3d but the image's gpu_id is 0x1a2b"),
+            "{e}"
+        );
+        let e = decode(0x1a2b, 129).unwrap_err().to_string();
+        assert!(e.contains("criu_rocm_gpu.drm_render_minor: is 129"), "{e}");
     }
 
     /// A render image's GEM BOs: criu-rocm's are accepted; criu-dev's

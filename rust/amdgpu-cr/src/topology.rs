@@ -173,6 +173,18 @@ impl Node {
     pub fn render_minor(&self) -> RenderMinor {
         RenderMinor(self.props.drm_render_minor)
     }
+
+    /// This node as an image's device entry without links: its node id,
+    /// gpu_id as the topology gives it, and properties.
+    pub fn gpu_entry(&self) -> KfdDeviceEntry {
+        let mut e = KfdDeviceEntry {
+            node_id: self.node_id,
+            gpu_id: self.gpu_id.map_or(0, |g| g.0),
+            ..Default::default()
+        };
+        self.props.fill_entry(&mut e);
+        e
+    }
 }
 
 /// The set of nodes, CPUs and GPUs, ordered by node id.

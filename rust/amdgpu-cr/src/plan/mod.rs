@@ -358,13 +358,16 @@ pub fn render_image(
             what: "no GPU with this render minor in the topology".into(),
         })?;
     let actual = node.gpu_id.expect("gpu node");
-    let user = actual_to_user.get(&actual).copied().unwrap_or(actual);
+    let user = actual_to_user.get(&actual).copied();
     Ok(RenderImage {
         msg: CriuRenderNode {
-            gpu_id: user.0,
+            gpu_id: user.unwrap_or(actual).0,
             id: Some(id.0),
             drm_render_minor: Some(minor.0),
             num_of_bos: Some(0),
+            // No KFD process of the task has the GPU: no KFD image
+            // describes it, this does (session/render_gpu.rs).
+            criu_rocm_gpu: user.is_none().then(|| node.gpu_entry()),
             ..Default::default()
         },
     })
@@ -588,6 +591,7 @@ mod tests {
         let p = plan_dump(&host(), &ckpt(), SharedMem::default()).unwrap();
         let r = render_image(&host(), &p.actual_to_user, RenderMinor(131), FileId(9)).unwrap();
         assert_eq!(r.gpu_id(), GpuId(0xbbbb));
+        assert_eq!(r.msg.criu_rocm_gpu, None, "a KFD image describes the GPU");
         assert_eq!(r.msg.id, Some(9));
         let r = render_image(&host(), &p.actual_to_user, RenderMinor(129), FileId(9)).unwrap();
         assert_eq!(
@@ -595,6 +599,12 @@ mod tests {
             GpuId(0x1111),
             "GPU outside the KFD process keeps its id"
         );
+        let e = r
+            .msg
+            .criu_rocm_gpu
+            .as_ref()
+            .expect("the GPU's entry recorded");
+        assert_eq!((e.node_id, e.gpu_id, e.drm_render_minor), (1, 0x1111, 129));
         assert!(render_image(&host(), &p.actual_to_user, RenderMinor(140), FileId(9)).is_err());
     }
 
@@ -615,6 +625,61 @@ mod tests {
             b.restored_offset = MmapOffset(0x9_0000_0000 + (i as u64) * 0x10_0000);
         }
         (plan, restored)
+    }
+
+    /// Two processes of one dump see the dump host's GPUs by ids of their
+    /// own (77 restored before, its user ids in the other order of the
+    /// GPUs'; 78 started since, with the host's ids), and each KFD image is
+    /// matched to the restoring host by itself: every dump GPU (by its
+    /// render minor at dump) must still land on one host GPU for both, or a
+    /// BO one process hands the other would be of two GPUs.
+    #[test]
+    fn every_process_of_a_dump_maps_a_gpu_to_one_host_gpu() {
+        let restored = CheckpointData {
+            devices: vec![
+                DeviceBucket {
+                    user: GpuId(0xbbbb),
+                    actual: GpuId(0x2222),
+                },
+                DeviceBucket {
+                    user: GpuId(0xaaaa),
+                    actual: GpuId(0x3333),
+                },
+            ],
+            bos: vec![],
+            ..ckpt()
+        };
+        let fresh = CheckpointData {
+            pid: 78,
+            devices: [0x2222, 0x3333]
+                .map(|g| DeviceBucket {
+                    user: GpuId(g),
+                    actual: GpuId(g),
+                })
+                .to_vec(),
+            ..restored.clone()
+        };
+        // The restoring host: the same GPUs, other ids and minors, listed
+        // in the other order.
+        let new_host = Topology::new(vec![
+            cpu(0, &[(P, 5), (P, 6)]),
+            gpu(5, 0x6666, &[(P, 0)]),
+            gpu(6, 0x5555, &[(P, 0)]),
+        ]);
+        let by_minor = |c: &CheckpointData| {
+            let p = plan_dump(&host(), c, SharedMem::default()).unwrap();
+            let img = p.finish_image(&BTreeMap::new(), Encoding::Raw).unwrap();
+            let topo = Topology::from_image_entries(&img.msg.device_entries).unwrap();
+            let map = match_gpus(&topo, &new_host, &Checks::default()).unwrap();
+            let plan = plan_restore(&img, &new_host, &map).unwrap();
+            plan.devices
+                .iter()
+                .map(|d| (plan.old_minors[&d.user], d.actual))
+                .collect::<BTreeMap<_, _>>()
+        };
+        let (a, b) = (by_minor(&restored), by_minor(&fresh));
+        assert_eq!(a.len(), 2);
+        assert_eq!(a, b);
     }
 
     #[test]

@@ -26,6 +26,7 @@ use std::time::Instant;
 use kfd_abi::handle::{Kfd, RenderNode};
 use kfd_abi::sys;
 
+use super::render_gpu::RenderGpus;
 use super::writer::{gate_channel, Job, JobOutcome, Mailbox};
 use super::xproc::{self, Exchange};
 use super::{human_bytes, kfd_image_ids, owned_dmabufs, SessionError};
@@ -258,6 +259,9 @@ pub struct RestoreSession {
     exchange: Option<Exchange>,
     /// The dma-bufs this task handed to them, kept until taken.
     handed: xproc::Posted,
+    /// The host GPUs of the dump's GPUs that render files without KFD are
+    /// of, once a file needed them.
+    render_gpus: Option<RenderGpus>,
 }
 
 fn kfd_step(
@@ -301,6 +305,7 @@ impl RestoreSession {
             held: Vec::new(),
             exchange: None,
             handed: xproc::Posted::default(),
+            render_gpus: None,
         }
     }
 
@@ -846,15 +851,8 @@ impl RestoreSession {
             let fd = dup_at_least(fd, fd_floor).map_err(os_step(vpid, "dup of a render node"))?;
             return Ok((fd, gpu));
         }
-        // No KFD process: a bare render-node fd keeps its GPU when the host
-        // has it.
-        let host = Topology::parse_sysfs(&self.opts.sysfs_nodes)
-            .map_err(|e| SessionError::core(vpid, "reading the KFD topology", e))?;
-        let node = host.gpu(user).ok_or_else(|| SessionError::State {
-            pid: vpid,
-            what: render_without_gpu(id, user).to_string(),
-        })?;
-        let minor = node.render_minor();
+        // No KFD process of the task has the GPU.
+        let (minor, gpu) = self.render_only_gpu(vpid, id, img, dir)?;
         let name = self.opts.reachable_nodes().get(&minor).copied();
         let path = self.opts.render_path(name.unwrap_or(minor));
         let n = open_render(&path).map_err(kfd_step(
@@ -863,7 +861,57 @@ impl RestoreSession {
         ))?;
         let fd =
             dup_at_least(n.as_fd(), fd_floor).map_err(os_step(vpid, "moving a render node"))?;
-        Ok((fd, (minor, node.gpu_id.unwrap_or(user))))
+        Ok((fd, (minor, gpu)))
+    }
+
+    /// The host render minor and gpu_id of the GPU of render image `img`
+    /// (CRIU file `id`), which no KFD process of the task has: where every
+    /// task places the dump's such GPUs ([`RenderGpus`], among the GPUs
+    /// whose node it has) when the image records its GPU, else the host's
+    /// GPU of its id.
+    fn render_only_gpu(
+        &mut self,
+        vpid: i32,
+        id: FileId,
+        img: &RenderImage,
+        dir: &Path,
+    ) -> Result<(RenderMinor, GpuId), SessionError> {
+        let user = img.gpu_id();
+        let mut host = Topology::parse_sysfs(&self.opts.sysfs_nodes)
+            .map_err(|e| SessionError::core(vpid, "reading the KFD topology", e))?;
+        let Some(at_dump) = img.msg.criu_rocm_gpu.as_ref().map(|e| e.drm_render_minor) else {
+            let node = host.gpu(user).ok_or_else(|| SessionError::State {
+                pid: vpid,
+                what: render_without_gpu(id, user).to_string(),
+            })?;
+            return Ok((node.render_minor(), node.gpu_id.unwrap_or(user)));
+        };
+        let reach = self.opts.reachable_nodes();
+        host.retain_gpus(|n| reach.contains_key(&n.render_minor()));
+        if self.render_gpus.is_none() {
+            let placed = RenderGpus::place(dir, &host, &self.opts.checks).map_err(|r| {
+                let why: Vec<String> = r.iter().map(ToString::to_string).collect();
+                SessionError::State {
+                    pid: vpid,
+                    what: why.join("; "),
+                }
+            })?;
+            self.render_gpus = Some(placed);
+        }
+        let placed = self.render_gpus.as_ref().and_then(|p| p.get(at_dump));
+        let node = placed.and_then(|(g, _)| host.gpu(g));
+        let (Some((gpu, how)), Some(node)) = (placed, node) else {
+            return Err(SessionError::State {
+                pid: vpid,
+                what: render_without_gpu(id, user).to_string(),
+            });
+        };
+        log::info!(
+            "pid {vpid}: render file {id}: GPU {user} (renderD{at_dump}) -> host GPU {gpu} \
+             (renderD{}): no KFD process of the task has it; {how}",
+            node.render_minor().0
+        );
+        Ok((node.render_minor(), gpu))
     }
 
     /// The render file KFD's VM of GPU `user` is on, its minor and the host
@@ -1449,7 +1497,9 @@ pub fn dry_run(dir: &Path, opts: &RestoreOptions) -> Result<DryRun, SessionError
         opts.verify_key.as_ref(),
     ));
     // A render-node fd of a GPU no KFD image restores is reopened on the
-    // host's GPU of that id, which must exist (as in `restore_render`).
+    // host GPU its recorded entry is placed on (`RenderGpus`), or without
+    // one on the host's GPU of its id, which must exist (as in
+    // `render_only_gpu`).
     let kfd_gpus: std::collections::BTreeSet<GpuId> = report
         .kfd
         .iter()
@@ -1468,13 +1518,26 @@ pub fn dry_run(dir: &Path, opts: &RestoreOptions) -> Result<DryRun, SessionError
             })
             .collect();
         ids.sort_by_key(|i| i.0);
+        let mut recorded = false;
         for id in ids {
             let Ok(img) = RenderImage::read(dir, id) else {
                 continue;
             };
             let user = img.gpu_id();
-            if !kfd_gpus.contains(&user) && host.gpu(user).is_none() {
+            recorded |= img.msg.criu_rocm_gpu.is_some();
+            if img.msg.criu_rocm_gpu.is_none()
+                && !kfd_gpus.contains(&user)
+                && host.gpu(user).is_none()
+            {
                 report.other.push(render_without_gpu(id, user));
+            }
+        }
+        if recorded {
+            let reach = opts.reachable_nodes();
+            let mut usable = host;
+            usable.retain_gpus(|n| reach.contains_key(&n.render_minor()));
+            if let Err(r) = RenderGpus::place(dir, &usable, &opts.checks) {
+                report.other.extend(r);
             }
         }
     }

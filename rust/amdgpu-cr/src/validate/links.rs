@@ -5,6 +5,15 @@
 //! another's is refused, so no chain and no cycle gets to a restore).
 //! A dma-buf image (`bo_file`, `bo_index`: the BO a dma-buf fd of the
 //! process is of) is checked the same way.
+//!
+//! "Its GPU": within one process, the user gpu_ids of both sides (the
+//! process' own ids).  Across processes (`same_bo_pid`) user ids do not
+//! compare: each process has its own (one restored from another host
+//! keeps that host's ids, one started since sees this host's, and two
+//! such may even give one id to two GPUs), so the link compares the
+//! render minor the dump host gave each side's GPU, which every image of
+//! one dump names alike (a render image's `drm_render_minor`, a KFD
+//! image's GPU entry of that user id).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -15,9 +24,35 @@ use crate::image::{
     dmabuf_image_id, kfd_image_name, render_image_name, DmabufImage, FileId, RenderImage,
 };
 
-/// What a link may point at: (size, user GPU, whether it is a BO with
-/// bytes of its own).
-type Target = (u64, u32, bool);
+/// The GPU of a BO as its image names it: the holding process' user
+/// gpu_id and the dump host's render minor of that GPU (`None`: the image
+/// does not say).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct GpuAt {
+    user: u32,
+    minor: Option<u32>,
+}
+
+impl GpuAt {
+    fn of_render(img: &RenderImage) -> Self {
+        GpuAt {
+            user: img.msg.gpu_id,
+            minor: img.msg.drm_render_minor,
+        }
+    }
+
+    /// "GPU 0x1a2b (renderD128 at dump)".
+    fn describe(self) -> String {
+        match self.minor {
+            Some(m) => format!("GPU {:#x} (renderD{m} at dump)", self.user),
+            None => format!("GPU {:#x}", self.user),
+        }
+    }
+}
+
+/// What a link may point at: (size, GPU, whether it is a BO with bytes
+/// of its own).
+type Target = (u64, GpuAt, bool);
 
 /// Every link of the render images `renders` (decoded once by
 /// [`super::read_render_files`]) to the KFD images `kfd` (decoded by
@@ -66,14 +101,10 @@ fn check_image(name: &str, img: &RenderImage, targets: &Targets<'_>) -> Vec<Refu
                     b.size
                 ),
             )),
-            Ok(Some((_, gpu, _))) if gpu != img.msg.gpu_id => Some((
-                "same_bo_file",
-                format!(
-                    "BO {index} of file {file} is of GPU {:#x}, not this image's",
-                    gpu
-                ),
-            )),
-            Ok(Some(_)) => None,
+            Ok(Some((_, gpu, _))) => {
+                other_gpu(GpuAt::of_render(img), (file, index, b.same_bo_pid), gpu)
+                    .map(|why| ("same_bo_file", why))
+            }
         };
         if let Some((f, why)) = why {
             out.push(Refusal::new(
@@ -85,6 +116,41 @@ fn check_image(name: &str, img: &RenderImage, targets: &Targets<'_>) -> Vec<Refu
         }
     }
     out
+}
+
+/// Why the BO of GPU `there` that a BO of GPU `here` links to (BO
+/// `index` of file `file`, of process `pid` when that is another one) is
+/// not of its GPU; `None` when it is.
+fn other_gpu(
+    here: GpuAt,
+    (file, index, pid): (u32, u32, Option<u32>),
+    there: GpuAt,
+) -> Option<String> {
+    let target = match pid {
+        Some(p) => format!("BO {index} of file {file} (pid {p})"),
+        None => format!("BO {index} of file {file}"),
+    };
+    match (pid, here.minor, there.minor) {
+        (_, Some(a), Some(b)) if a != b => Some(format!(
+            "{target} is of the dump host's {}, not this image's {}",
+            there.describe(),
+            here.describe()
+        )),
+        (None, _, _) if here.user != there.user => Some(format!(
+            "{target} is of GPU {:#x}, not this image's",
+            there.user
+        )),
+        (Some(_), None, _) | (Some(_), _, None) => Some(format!(
+            "{target} is another process' BO, whose user gpu_ids are its own, and {} \
+             names no render minor of the dump host to compare the GPUs by",
+            if here.minor.is_none() {
+                "this image"
+            } else {
+                "its image"
+            }
+        )),
+        _ => None,
+    }
 }
 
 /// Every dma-buf image among `files` in `dir` against the BO it names in
@@ -132,9 +198,13 @@ fn dmabuf_target(targets: &Targets<'_>, img: &DmabufImage) -> Option<(&'static s
             "size",
             format!("is {size} but BO {index} of file {file}, the dma-buf's BO, has {s} bytes"),
         )),
-        Ok(Some((_, g, _))) if g != gpu => Some((
+        // The BO is of the same process: its user ids compare.
+        Ok(Some((_, g, _))) if g.user != gpu => Some((
             "gpu_id",
-            format!("is {gpu:#x} but BO {index} of file {file} is of GPU {g:#x}"),
+            format!(
+                "is {gpu:#x} but BO {index} of file {file} is of GPU {:#x}",
+                g.user
+            ),
         )),
         Ok(Some(_)) => None,
     }
@@ -178,12 +248,27 @@ impl<'a> Targets<'a> {
                 )
             })?;
             let b = img.msg.bo_entries.get(index);
-            return Ok(b.map(|b| (b.size, b.gpu_id, bo::has_contents(b.alloc_flags))));
+            return Ok(b.map(|b| {
+                // The GPU entry of the BO's user id (a BO of no GPU of its
+                // image is refused by the KFD image's own check).
+                let minor = img
+                    .msg
+                    .device_entries
+                    .iter()
+                    .find(|d| d.gpu_id == b.gpu_id)
+                    .map(|d| d.drm_render_minor);
+                let gpu = GpuAt {
+                    user: b.gpu_id,
+                    minor,
+                };
+                (b.size, gpu, bo::has_contents(b.alloc_flags))
+            }));
         }
         if let Some(r) = self.renders.get(&file) {
             let (_, img) = r.read.as_ref().map_err(|e| e.to_string())?;
             let b = img.msg.bo_entries.get(index);
-            return Ok(b.map(|b| (b.size, img.msg.gpu_id, b.same_bo_index.is_none())));
+            let gpu = GpuAt::of_render(img);
+            return Ok(b.map(|b| (b.size, gpu, b.same_bo_index.is_none())));
         }
         Err(format!(
             "names file {file}, but the directory has no GPU image of that file ({} or {})",
@@ -216,20 +301,25 @@ pub(super) mod tests {
         super::super::overlaps::tests::gem(0x1_0000_0000, size, link)
     }
 
-    /// KFD image 5 (sample_kfd, decoded) and render image 6 (a 64 KiB BO,
-    /// and a BO that is KFD BO 0) written in `dir`: what the links of the
-    /// tests below point at.
+    /// KFD image 5 (sample_kfd, decoded; its GPUs 0x1a2b and 0x5c3d
+    /// renderD128 and renderD129 at dump) and render image 6 (of GPU
+    /// 0x1a2b, renderD128: a 64 KiB BO, and a BO that is KFD BO 0) written
+    /// in `dir`: what the links of the tests below point at.
     fn targets(dir: &Path) -> [KfdVerdict; 1] {
         let mut six = render(
             0x1a2b,
             vec![bo(0x1_0000, None), bo(0x20_0000, Some((5, 0)))],
         );
+        six.msg.drm_render_minor = Some(128);
         six.msg.bo_entries[1].handle = 2;
         six.msg.bo_entries[1].offset = 0x2_0000_0000;
         six.write(dir, FileId(6)).unwrap();
+        let mut msg = sample_kfd();
+        msg.device_entries[1].drm_render_minor = 128;
+        msg.device_entries[2].drm_render_minor = 129;
         [KfdVerdict {
             id: FileId(5),
-            image: Some(KfdImage { msg: sample_kfd() }),
+            image: Some(KfdImage { msg }),
             refusal: None,
         }]
     }
@@ -238,11 +328,15 @@ pub(super) mod tests {
     /// with `size` bytes; KFD image 5 (sample_kfd) and render image 6 (a
     /// 64 KiB BO, and a BO that is KFD BO 0) beside it.
     fn refusals(size: u64, link: (u32, u32)) -> Vec<String> {
+        refusals_of(render(0x1a2b, vec![bo(size, Some(link))]))
+    }
+
+    /// The refusals of render image `nine` written as file 9 beside the
+    /// images of [`targets`].
+    fn refusals_of(nine: RenderImage) -> Vec<String> {
         let dir = tempdir();
         let kfd = targets(&dir);
-        render(0x1a2b, vec![bo(size, Some(link))])
-            .write(&dir, FileId(9))
-            .unwrap();
+        nine.write(&dir, FileId(9)).unwrap();
         let files: BTreeSet<String> = ["amdgpu-kfd-5.img", "amdgpu-renderD-6.img"]
             .into_iter()
             .chain(["amdgpu-renderD-9.img"])
@@ -293,6 +387,83 @@ pub(super) mod tests {
             );
             assert!(got[0].contains(want), "{want:?} not in {got:?}");
         }
+    }
+
+    /// Render image 9 of process 7, which sees GPU `user` at render minor
+    /// `minor` at dump, its only BO the same as BO `index` of file `file`
+    /// of another process, pid `pid` (`None`: of process 7 itself).
+    fn linked(
+        user: u32,
+        minor: Option<u32>,
+        (file, index): (u32, u32),
+        pid: Option<u32>,
+    ) -> RenderImage {
+        let size = if file == 5 { 0x20_0000 } else { 0x1_0000 };
+        let mut nine = render(user, vec![bo(size, Some((file, index)))]);
+        nine.msg.drm_render_minor = minor;
+        nine.msg.criu_rocm_pid = Some(7);
+        nine.msg.bo_entries[0].same_bo_pid = pid;
+        nine
+    }
+
+    /// Processes of one dump see GPUs by ids of their own (one restored
+    /// from another host keeps that host's): a link to another process'
+    /// BO holds when the dump host's render minor of both sides is one,
+    /// whatever their user ids, and is refused when the minors differ,
+    /// even with equal user ids.
+    #[test]
+    fn a_link_across_processes_compares_the_dump_hosts_gpu() {
+        for link in [(6, 0), (5, 0)] {
+            // Process 7 sees renderD128's GPU as 0x7777; pid 42 as 0x1a2b.
+            assert_eq!(
+                refusals_of(linked(0x7777, Some(128), link, Some(42))),
+                Vec::<String>::new(),
+                "{link:?}"
+            );
+            // Its 0x1a2b is renderD129, another GPU than pid 42's 0x1a2b.
+            let got = refusals_of(linked(0x1a2b, Some(129), link, Some(42)));
+            assert_eq!(got.len(), 1, "{got:?}");
+            let want = format!(
+                "bo_entries[0].same_bo_file: GEM handle 1: BO 0 of file {} (pid 42) is of the \
+                 dump host's GPU 0x1a2b (renderD128 at dump), not this image's GPU 0x1a2b \
+                 (renderD129 at dump)",
+                link.0
+            );
+            assert!(got[0].contains(&want), "{want:?} not in {got:?}");
+        }
+    }
+
+    /// Without the render minor on either side a link across processes
+    /// cannot be checked and is refused; within a process the user ids
+    /// compare, and so do the minors where both images name one.
+    #[test]
+    fn a_link_whose_gpus_cannot_be_compared_is_refused() {
+        let got = refusals_of(linked(0x1a2b, None, (6, 0), Some(42)));
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert!(
+            got[0].contains("this image names no render minor"),
+            "{got:?}"
+        );
+        let got = refusals_of(linked(0x1a2b, Some(128), (6, 0), None));
+        assert_eq!(got, Vec::<String>::new());
+        let got = refusals_of(linked(0x1a2b, Some(129), (5, 0), None));
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert!(
+            got[0].contains("renderD128 at dump), not this image's GPU 0x1a2b (renderD129"),
+            "{got:?}"
+        );
+        let got = refusals_of(linked(0x5c3d, Some(128), (6, 0), None));
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert!(
+            got[0].ends_with("BO 0 of file 6 is of GPU 0x1a2b, not this image's"),
+            "{got:?}"
+        );
+        let got = refusals_of(linked(0x5c3d, None, (6, 0), None));
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert!(
+            got[0].ends_with("BO 0 of file 6 is of GPU 0x1a2b, not this image's"),
+            "{got:?}"
+        );
     }
 
     /// The refusals of dma-buf image 11 naming BO `index` of file `file`,
