@@ -223,8 +223,9 @@ test-gpu: $(BUILD)/criu-rocm $(BUILD)/crit kfd-tools
 test-sdma: $(BUILD)/criu-rocm kfd-tools
 	CARGO_TARGET_DIR=$(CARGO_TARGET) test/sdma/run.sh $(BUILD)/criu-rocm
 
-# GPU image integrity (test/integrity/run.py): ~400 seeded mutants of the GPU image files of
-# two dumps (one with compressed pages files), each refused by gpu-check and the restore for the same reason, or restored with every
+# GPU image integrity (test/integrity/run.py): ~700 seeded mutants of the GPU image files of
+# four dumps (one with compressed pages files, two of shared-bo's GEM, shared-BO and dma-buf
+# records), each refused by gpu-check and the restore for the same reason, or restored with every
 # byte verified by the process; no image modified. A suite of its own, not a test-gpu case:
 # one Python program with its own dump, its own table and a budget of its own (about a
 # minute), run and counted apart in CI.

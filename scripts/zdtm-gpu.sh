@@ -95,14 +95,19 @@ for f in "$top"/test/zdtm/static/*; do
 done
 mapfile -t names < <(printf '%s\n' "${lines[@]}" | awk '$4 != "skip:" { sub(".*/", "", $1); print $1 }' | sort -u)
 log=$tree/zdtm-gpu-build.log
-# The lock the Makefile takes for builds in this tree (see TREE_LOCK there).
+# The lock the Makefile takes for builds in this tree (see TREE_LOCK there). TMPDIR: a
+# scratch directory, removed afterwards (hipcc's clang leaves an empty directory per
+# offload arch of a HIP test there).
+hiptmp=$(mktemp -d)
 # shellcheck disable=SC2016 # expanded by the inner sh
-if ! flock "$(dirname "$tree")/.tree.lock" sh -c 'make -s -j2 -C "$1/test/zdtm/lib" && shift && make -s -j2 -C "$@"' \
+if ! TMPDIR=$hiptmp flock "$(dirname "$tree")/.tree.lock" sh -c 'make -s -j2 -C "$1/test/zdtm/lib" && shift && make -s -j2 -C "$@"' \
 	sh "$tree" "$static" "${names[@]}" >"$log" 2>&1; then
+	rm -rf "$hiptmp"
 	tail -n 30 "$log" >&2
 	echo "zdtm-gpu.sh: building the GPU tests failed (log: $log)" >&2
 	exit 1
 fi
+rm -rf "$hiptmp"
 
 # run_zdtm PROFILE TEST FLAVOURS [zdtm.py options...]: one zdtm.py run on a fresh emulator,
 # in a private mount namespace with an empty /dev/shm of its own, as a machine of its own

@@ -1236,18 +1236,8 @@ gem_dump_killed() {
 	local img=$CASE_DIR/img-killed
 	gem_start --kfd
 	dump_killed "$GT" "$img" "GEM BO(s) saved" KILL
-	local line="amdgpu: pid $GT: GPU queues unpaused by the GPU guardian \(criu-rocm [0-9]+ ended during the dump\)" i
-	for ((i = 0; i < 300; i++)); do
-		grep -aqE -- "$line" "$img/dump.log" && break
-		sleep 0.05
-	done
-	log_has "$img/dump.log" "GEM BO\(s\) saved" "$line"
-	guardian_gone "SIGKILL after the GEM BOs were saved"
-	alive "$GT" || fail "gem-test $GT is gone after the killed dump"
-	[ -f "$img/$INCOMPLETE" ] || fail "the killed dump's images are not marked incomplete"
-	gpu_check "$img"
-	[ "$GC_RC" != 0 ] && grep -q "NOT restorable: incomplete dump" <<<"$GC_OUT" ||
-		fail "gpu-check does not refuse the killed dump as incomplete: $(paste -sd' ' <<<"$GC_OUT")"
+	log_has "$img/dump.log" "GEM BO\(s\) saved"
+	killed_dump_left "$img" "the GEM BOs were saved" "$GT" --kfd
 	gem_dump "$CASE_DIR/img"
 	gem_restore "$CASE_DIR/img" "$GEM_PLACEHOLDER"
 	gem_finish
@@ -1595,16 +1585,10 @@ shared_bo_two_procs_restore() {
 # the parent's; "PID CHILD" in $CASE_DIR/sb.pids. With PRE: pre-dumped into PRE first (the
 # child's BO recorded the same way), and the dump, the BO unchanged, leaves its bytes to it.
 shared_bo_two_procs_dump() {
-	local img=$1 pre=${2-} out=$CASE_DIR/sb.out pid child i prev=()
+	local img=$1 pre=${2-} pid child prev=()
 	local holder='render node /dev/dri/renderD128 \(file [0-9]+\), GEM handle 1 \(65536 bytes\)'
-	pid=$(shared_bo_start "$out" --hold --fork) || exit 1
-	for ((i = 0; i < 200; i++)); do
-		grep -q '^child [0-9]* ok$' "$out" && break
-		sleep 0.05
-	done
-	child=$(sed -n 's/^child \([0-9]*\) ok$/\1/p' "$out")
-	[ -n "$child" ] || fail "shared-bo's child did not import the BO: $(grep -v '^ok ' "$out" | tail -n 3 | paste -sd'|')"
-	echo "$pid $child" >"$CASE_DIR/sb.pids"
+	shared_bo_two_procs_start
+	read -r pid child <"$CASE_DIR/sb.pids"
 	mkdir -p "$img"
 	if [ -n "$pre" ]; then
 		pre_dump "$pid" "$pre" || fail "criu-rocm pre-dump of shared-bo $pid and its child $child failed: $(log_errors "$pre/pre-dump.log")"
@@ -1618,6 +1602,19 @@ shared_bo_two_procs_dump() {
 	wait_gone "$child" 5 || fail "shared-bo's child $child still runs after the dump"
 	log_has "$img/dump.log" "amdgpu: pid $child: render node /dev/dri/renderD128 \(file [0-9]+\), GEM handle 1: the same BO as pid $pid: $holder \(saved once, restored by importing it\)"
 	[ -z "$pre" ] || log_has "$img/dump.log" "amdgpu: pid $pid: render node /dev/dri/renderD128 \(file [0-9]+\): incremental GPU dump against parent/amdgpu-renderD-[0-9]+\.img: 0 B of 64\.0 KiB written, 64\.0 KiB unchanged left to the parent"
+}
+# shared_bo_two_procs_start: shared-bo --hold --fork (output in $CASE_DIR/sb.out) with its
+# child holding the BO too; "PID CHILD" in $CASE_DIR/sb.pids.
+shared_bo_two_procs_start() {
+	local out=$CASE_DIR/sb.out pid child i
+	pid=$(shared_bo_start "$out" --hold --fork) || exit 1
+	for ((i = 0; i < 200; i++)); do
+		grep -q '^child [0-9]* ok$' "$out" && break
+		sleep 0.05
+	done
+	child=$(sed -n 's/^child \([0-9]*\) ok$/\1/p' "$out")
+	[ -n "$child" ] || fail "shared-bo's child did not import the BO: $(grep -v '^ok ' "$out" | tail -n 3 | paste -sd'|')"
+	echo "$pid $child" >"$CASE_DIR/sb.pids"
 }
 # The same through a pre-dump → dump chain: the restore takes the BO's bytes from the
 # pre-dump's image of the parent's render file, and hands the BO to the child's restore.
@@ -1710,19 +1707,25 @@ child_named() {
 # Builds test/rocm/shared-bo.c and starts it under `kfd-emu supervise` with ARGS, its output
 # in OUT; prints its pid once it is ready.
 shared_bo_start() {
-	local out=$1 prog=$CASE_DIR/shared-bo i pid
-	shift
+	supervised_start "$top/test/rocm/shared-bo.c" "$@"
+}
+# supervised_start SRC OUT [ARG...]: builds the C program SRC (on libdrm) and starts it under
+# `kfd-emu supervise` with ARGS, its output in OUT; prints the pid its "ready PID" line names.
+supervised_start() {
+	local src=$1 out=$2 prog i pid
+	shift 2
+	prog=$CASE_DIR/$(basename "$src" .c)
 	# shellcheck disable=SC2046 # pkg-config prints several words on purpose
-	cc -std=gnu11 -Wall -Wextra -Werror -O2 -o "$prog" "$top/test/rocm/shared-bo.c" \
+	cc -std=gnu11 -Wall -Wextra -Werror -O2 -o "$prog" "$src" \
 		$(pkg-config --cflags --libs libdrm) 2>"$CASE_DIR/cc.log" ||
-		fail "shared-bo.c does not build: $(head -n 3 "$CASE_DIR/cc.log" | paste -sd' ')"
+		fail "${src##*/} does not build: $(head -n 3 "$CASE_DIR/cc.log" | paste -sd' ')"
 	setsid "$KFD_EMU" supervise -- "$prog" "$@" </dev/null >"$out" 2>&1 &
 	for ((i = 0; i < 600; i++)); do
 		grep -q '^ready [0-9]*' "$out" && break
 		sleep 0.05
 	done
 	pid=$(sed -n 's/^ready \([0-9]*\).*$/\1/p' "$out")
-	[ -n "$pid" ] || fail "shared-bo did not get ready: $(grep -v '^ok ' "$out" | tail -n 3 | paste -sd'|')"
+	[ -n "$pid" ] || fail "${prog##*/} did not get ready: $(grep -v '^ok ' "$out" | tail -n 3 | paste -sd'|')"
 	echo "$pid"
 }
 
@@ -1826,6 +1829,69 @@ dmabuf_fd_orphan_refused() {
 	log_has "$img/dump.log" "amdgpu: pid $pid: fd $fd \(dma-buf, file [0-9]+\) of a BO of GPU 0x[0-9a-f]+ .*: no file this dump saves holds its BO"
 	shared_bo_round_and_end "$pid" "$out" "the refused dump"
 	note "$(grep -a -m1 -o 'fd [0-9]* (dma-buf.*holds its BO' "$img/dump.log" | cut -c1-200)"
+}
+
+# A dma-buf fd of another process' BO, that process not in the dump (test/gpu/progs/
+# dmabuf-peer.c: a parent's GEM BO exported, the dma-buf kept by its child alone; the child
+# dumped): no file the dump saves holds the BO, so the dma-buf cannot be restored by exporting
+# it again; the dump fails naming the process, fd and why, and the child runs on. (A dma-buf
+# that is not a GPU's cannot be made here: this kernel has no udmabuf, no dma-buf heaps and no
+# other exporter built in.)
+case_gem_dmabuf_fd_peer_refused() { on mi100 -- dmabuf_fd_peer_refused; }
+dmabuf_fd_peer_refused() {
+	local img=$CASE_DIR/img out=$CASE_DIR/dp.out pid fd parent i
+	pid=$(supervised_start "$here/progs/dmabuf-peer.c" "$out") || exit 1
+	fd=$(sed -n 's/^ready [0-9]* dmabuf \([0-9]*\)$/\1/p' "$out")
+	parent=$(sed -n 's/^parent \([0-9]*\)$/\1/p' "$out")
+	dump "$pid" "$img" && fail "the dump of dmabuf-peer's child $pid succeeded although its dma-buf's BO is its parent's"
+	log_has "$img/dump.log" "amdgpu: pid $pid: fd $fd \(dma-buf, file [0-9]+\) of a BO of GPU 0x[0-9a-f]+ .*: no file this dump saves holds its BO"
+	alive "$pid" || fail "dmabuf-peer's child $pid is gone after the refused dump"
+	kill -USR1 "$pid"
+	for ((i = 0; i < 200; i++)); do
+		grep -qE '^(alive 1|FAIL)' "$out" && break
+		sleep 0.05
+	done
+	grep -q '^alive 1$' "$out" || fail "after the refused dump: $(tail -n 2 "$out" | paste -sd'|')"
+	kill -TERM "$pid" "$parent"
+	wait_gone "$pid" 30 && wait_gone "$parent" 30 || fail "dmabuf-peer did not end on SIGTERM"
+	tail -n 1 "$out" | grep -q '^PASS$' || fail "dmabuf-peer's child's last check failed: $(tail -n 2 "$out" | paste -sd'|')"
+	note "$(grep -a -m1 -o 'fd [0-9]* (dma-buf.*holds its BO' "$img/dump.log" | cut -c1-200)"
+}
+
+# Kill points in the dump of a dma-buf fd (after its image was made: "saved as BO") and of a
+# BO held twice (after the second holder was found the first's: "the same BO as"), in one
+# process and across a parent and child: criu-rocm killed (SIGKILL) there leaves the
+# processes running (a KFD process' GPU unpaused by the GPU guardian), the images marked
+# incomplete; the processes pass a round through every holder and their last checks.
+case_gem_dmabuf_fd_dump_killed() { on mi100 -- dmabuf_fd_dump_killed; }
+case_kfd_dmabuf_fd_dump_killed() { on mi100 -- dmabuf_fd_dump_killed --kfd; }
+dmabuf_fd_dump_killed() {
+	local img=$CASE_DIR/img-killed pid
+	pid=$(shared_bo_start "$CASE_DIR/sb.out" --dmabuf "$@") || exit 1
+	dump_killed "$pid" "$img" "): saved as BO " KILL
+	log_has "$img/dump.log" "amdgpu: pid $pid: fd [0-9]+ \(dma-buf, file [0-9]+\) .*: saved as BO"
+	killed_dump_left "$img" "the dma-buf was saved" "$pid" "$@"
+	shared_bo_round_and_end "$pid" "$CASE_DIR/sb.out" "the killed dump"
+}
+case_kfd_shared_bo_dump_killed() { on mi100 -- shared_bo_dump_killed; }
+shared_bo_dump_killed() {
+	local img=$CASE_DIR/img-killed pid
+	pid=$(shared_bo_start "$CASE_DIR/sb.out" --hold --kfd) || exit 1
+	dump_killed "$pid" "$img" "the same BO as pid" KILL
+	log_has "$img/dump.log" "amdgpu: pid $pid: render node .*: the same BO as pid $pid"
+	killed_dump_left "$img" "the shared BO was found" "$pid" --kfd
+	shared_bo_round_and_end "$pid" "$CASE_DIR/sb.out" "the killed dump"
+}
+case_gem_shared_bo_two_procs_dump_killed() { on mi100 -- shared_bo_two_procs_dump_killed; }
+shared_bo_two_procs_dump_killed() {
+	local img=$CASE_DIR/img-killed pid child
+	shared_bo_two_procs_start
+	read -r pid child <"$CASE_DIR/sb.pids"
+	# The child's first line of its render file is its "same BO as" one.
+	dump_killed "$pid" "$img" "amdgpu: pid $child: render node" KILL
+	log_has "$img/dump.log" "amdgpu: pid $child: render node .*: the same BO as pid $pid"
+	killed_dump_left "$img" "the child's BO was found the parent's" "$pid" "$child"
+	shared_bo_two_procs_end "$pid" "$child" "$CASE_DIR/sb.out" "the killed dump"
 }
 
 # What a render file holds that criu-rocm cannot save fails the dump closed, naming the
@@ -2017,6 +2083,31 @@ dump_killed() {
 	wait "$cpid" || st=$?
 	[ "$st" = $((128 + $(kill -l "$sig"))) ] ||
 		fail "SIG$sig at /$text/: criu-rocm ended with status $st, not by the signal ($(log_errors "$dir/$CR_ACTION.log"))"
+}
+
+# killed_dump_left IMG WHERE PID... [--kfd]: a dump into IMG killed (SIGKILL) after WHERE left
+# each PID running (with --kfd: the first one's GPU queues unpaused by the GPU guardian, which
+# is gone), its images marked incomplete, and gpu-check refuses them as such.
+killed_dump_left() {
+	local img=$1 where=$2 kfd= p i line
+	shift 2
+	[ "${*: -1}" = --kfd ] && kfd=1 && set -- "${@:1:$#-1}"
+	if [ -n "$kfd" ]; then
+		line="amdgpu: pid $1: GPU queues unpaused by the GPU guardian \(criu-rocm [0-9]+ ended during the dump\)"
+		for ((i = 0; i < 300; i++)); do
+			grep -aqE -- "$line" "$img/dump.log" && break
+			sleep 0.05
+		done
+		log_has "$img/dump.log" "$line"
+	fi
+	guardian_gone "SIGKILL after $where"
+	for p in "$@"; do
+		alive "$p" || fail "$p is gone after the dump killed after $where"
+	done
+	[ -f "$img/$INCOMPLETE" ] || fail "the killed dump's images are not marked incomplete"
+	gpu_check "$img"
+	[ "$GC_RC" != 0 ] && grep -q "NOT restorable: incomplete dump" <<<"$GC_OUT" ||
+		fail "gpu-check does not refuse the killed dump as incomplete: $(paste -sd' ' <<<"$GC_OUT")"
 }
 
 # killed_at POINT TEXT SIG...: one process; for each signal a dump (CR_ACTION=pre-dump: a

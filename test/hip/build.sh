@@ -12,6 +12,17 @@ hip_flags_of() { # FILE
 	esac
 }
 
+# hipcc_scratch ARG...: hipcc ARGs with its temporary files in a directory of their own,
+# removed afterwards: Debian's clang makes one directory per offload arch in TMPDIR
+# (/tmp/PROG-XXXXXX) for the device objects and removes the objects but not the directories.
+hipcc_scratch() {
+	local tmp rc=0
+	tmp=$(mktemp -d "${TMPDIR:-/tmp}/hipcc.XXXXXX") || return 1
+	TMPDIR=$tmp hipcc "$@" || rc=$?
+	rm -rf "$tmp"
+	return $rc
+}
+
 # hip_build SRC BIN LOG [HEADER...]: builds SRC for gfx908 and gfx90a into BIN unless BIN
 # is newer than SRC, test/hip/check.h and each HEADER; the compiler's output goes to LOG.
 # Prints BIN, or fails.
@@ -27,7 +38,7 @@ hip_build() {
 		return 0
 	fi
 	# shellcheck disable=SC2046 # the flags are words
-	hipcc --offload-arch=gfx908 --offload-arch=gfx90a $(hip_flags_of "$src") -o "$bin.tmp" \
+	hipcc_scratch --offload-arch=gfx908 --offload-arch=gfx90a $(hip_flags_of "$src") -o "$bin.tmp" \
 		"$src" >"$log" 2>&1 || return 1
 	mv "$bin.tmp" "$bin" && echo "$bin"
 }

@@ -31,7 +31,7 @@ for src in "$top"/test/hip/*.hip; do
 	prog=$(basename "$src" .hip)
 	for arch in gfx908 gfx90a; do
 		# shellcheck disable=SC2046 # the flags are words
-		hipcc --offload-arch=$arch --cuda-device-only --no-gpu-bundle-output -c \
+		hipcc_scratch --offload-arch=$arch --cuda-device-only --no-gpu-bundle-output -c \
 			$(hip_flags_of "$src") -o "$dest/$prog-$arch.co" "$src"
 		if [ $check = 1 ] && ! cmp -s "$dest/$prog-$arch.co" "$out/$prog-$arch.co"; then
 			echo "fixtures: $out/$prog-$arch.co is not what $src compiles to" >&2

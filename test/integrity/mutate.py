@@ -56,7 +56,12 @@ RN_GPU_ID, RN_ID, RN_MINOR, RN_NUM_BOS, RN_BOS = 1, 2, 3, 4, 5
 GEM_SIZE, GEM_OFFSET, GEM_DOMAINS, GEM_HANDLE, GEM_IMPORT, GEM_NUM_VMS = 2, 3, 6, 7, 8, 9
 GEM_VMS, GEM_XXH3 = 10, 1000
 GEM_SAME_FILE, GEM_SAME_INDEX = 1003, 1004  # criu-rocm: "the same BO as" (issue 29)
+GEM_PARENT_EXTENTS, GEM_PARENT_BO, GEM_SAME_PID = 1005, 1006, 1007
 GEM_VM_SIZE = 2
+RN_PARENT, RN_PID = 1007, 1009
+# criu_dmabuf_node: criu-dev's gem_handle, criu-rocm's 1000-1004
+DMA_HANDLE, DMA_BO_FILE, DMA_BO_INDEX, DMA_GPU_ID, DMA_SIZE, DMA_FLAGS = 1, 1000, 1001, 1002, \
+    1003, 1004
 
 VRAM, GTT = 1, 2
 U32, U64 = (1 << 32) - 1, (1 << 64) - 1
@@ -338,25 +343,48 @@ def hostile_kfd(data, edit):
 # The image directory
 
 class Images:
-    def __init__(self, dir):
+    """The GPU image files of a dump directory, read and (KFD, render and dma-buf images)
+    parsed. kfd_needed: a dump of a KFD process (gpu-workload's); shared-bo's hold render
+    files only. The `parent` link of an incremental dump is read as Images of its own."""
+
+    def __init__(self, dir, kfd_needed=True):
         self.dir = dir
         names = sorted(os.listdir(dir))
         self.kfd = [n for n in names if re.fullmatch(r"amdgpu-kfd--?\d+\.img", n)]
         self.render = [n for n in names if re.fullmatch(r"amdgpu-renderD--?\d+\.img", n)]
         self.pages = [n for n in names if re.fullmatch(r"amdgpu-pages--?\d+-[0-9a-f]+\.img", n)]
+        self.dmabuf = [n for n in names if re.fullmatch(r"amdgpu-dmabuf_\d+\.img", n)]
         self.digests = [DIGESTS] if DIGESTS in names else []
-        if not self.kfd or not self.pages:
+        if (kfd_needed and not self.kfd) or not self.pages:
             raise Bad(f"{dir}: no KFD image or no pages file to mutate")
         self.data = {n: open(os.path.join(dir, n), "rb").read() for n in self.gpu_files()}
-        self.msgs = {n: parse(unframe(self.data[n])) for n in self.kfd + self.render}
+        self.msgs = {n: parse(unframe(self.data[n])) for n in self.kfd + self.render + self.dmabuf}
         if self.digests:
             # Check the digests as the dump wrote them (and our XXH3).
-            for n in self.kfd + self.render:
+            for n in self.kfd + self.render + self.dmabuf:
                 if forge_digests(self.data[DIGESTS], n, self.data[n]) != self.data[DIGESTS]:
                     raise Bad(f"{DIGESTS}: the line of {n} is not its size and XXH3-64")
+        link = os.path.join(dir, "parent")
+        self.parent = Images(os.path.realpath(link), False) if os.path.islink(link) else None
 
     def gpu_files(self):
-        return self.kfd + self.render + self.pages + self.digests
+        return self.kfd + self.render + self.pages + self.dmabuf + self.digests
+
+    def forged(self, files):
+        """files (name -> bytes; "parent/NAME" for the parent's) with each directory's
+        digests rewritten to match: only the cross-checks behind the digests can refuse."""
+        out = dict(files)
+        for img, pre in [(self, ""), (self.parent, "parent/")]:
+            if img is None or not img.digests:
+                continue
+            d = img.data[DIGESTS]
+            for n, data in files.items():
+                if n.startswith(pre) and "/" not in n[len(pre):] and \
+                        n[len(pre):] in img.msgs:
+                    d = forge_digests(d, n[len(pre):], data)
+            if d != img.data[DIGESTS]:
+                out[pre + DIGESTS] = d
+        return out
 
 
 class Mutant:
@@ -366,6 +394,7 @@ class Mutant:
         self.delete = list(delete)     # names removed
         self.swap = swap               # (a, b): contents exchanged
         self.opaque = False            # edits bytes only KFD interprets
+        self.scenario = "wl"           # the dump it is of (test/integrity/run.py SCENARIOS)
 
 
 def kind(name):
@@ -805,22 +834,239 @@ def zstd_mutants(img, seed):
     return out
 
 
+# ---------------------------------------------------------------------------
+# The GEM, shared-BO and dma-buf records (issue 29), of shared-bo's dumps
+
+def file_id(name):
+    """amdgpu-renderD-7.img, amdgpu-dmabuf_7.img -> 7 (CRIU's file id, as a u32)"""
+    return int(re.search(r"[-_](-?\d+)\.img$", name).group(1)) & U32
+
+
+def drop(fields, f):
+    fields[:] = [x for x in fields if x[0] != f]
+
+
+def gem_mutants(img, scenario, seed):
+    """Mutants of a shared-bo dump (test/integrity/run.py SCENARIOS), classes prefixed
+    gem-: each criu-rocm field of its render images' GEM BOs that links them to another
+    image (same_bo_file/index/pid, parent_extents, parent_bo), the render images'
+    criu_rocm_parent and criu_rocm_pid, the parent images' (of an incremental dump) bytes
+    and pid, and every field of its dma-buf images, edited and removed (field), the same
+    with the digests rewritten to match (forged, but for values the image of another live
+    state would hold: only the digests can tell those), and the dma-buf images' raw damage."""
+    rng = random.Random(seed + 2)
+    out = []
+
+    def add(cls, file, what, forgeable=True, **kw):
+        m = Mutant(f"gem-{scenario}-{cls}:{short(file.split('/')[-1])}:{len(out):03d}",
+                   "gem-" + cls, file, what, **kw)
+        m.scenario, m.forgeable = scenario, forgeable
+        out.append(m)
+
+    def edit(f, what, fn, forgeable=True):
+        src = img.parent if f.startswith("parent/") else img
+        m = [list(x) for x in src.msgs[f.split("/")[-1]]]
+        fn(m)
+        add("field", f, what, forgeable, files={f: frame(encode(m))})
+
+    def bo_edit(f, at, what, fn, forgeable=True):
+        def g(m):
+            b = parse(m[at][2])
+            fn(b)
+            m[at][2] = encode(b)
+        edit(f, f"bo_entries[{at_index(f, at)}] {what}", g, forgeable)
+
+    def at_index(f, at):
+        src = img.parent if f.startswith("parent/") else img
+        return [i for i, _ in subs(src.msgs[f.split("/")[-1]], RN_BOS)].index(at)
+
+    pids = {f: get(img.msgs[f], RN_PID) for f in img.render}
+    for f in img.render:
+        gem_render_mutants(img, f, pids, edit, bo_edit)
+    if img.parent:
+        for f in img.parent.render:
+            gem_parent_mutants(img.parent, f, edit, bo_edit)
+    for f in img.dmabuf:
+        dmabuf_mutants(img, f, edit, add, rng)
+    for m in [m for m in out if m.cls == "gem-field" and m.forgeable]:
+        add("forged", m.file, f"{m.what}; digests rewritten to match", files=img.forged(m.files))
+    return out
+
+
+def gem_render_mutants(img, f, pids, edit, bo_edit):
+    """The links of render image f's GEM BOs, its parent and pid."""
+    base = img.msgs[f]
+    own, pid = file_id(f), pids[f]
+    for at, bo in subs(base, RN_BOS):
+        spid, sfile = get(bo, GEM_SAME_PID), get(bo, GEM_SAME_FILE)
+        if spid is not None:
+            for v, why in [(spid + 1000, "no process of the dump"), (0, "pid 0"),
+                           (pid, "its own process, which does not hold that file")]:
+                bo_edit(f, at, f"same_bo_pid {spid} -> {v} ({why})",
+                        lambda b, v=v: put(b, GEM_SAME_PID, v))
+            bo_edit(f, at, f"same_bo_pid {spid} removed (file {sfile} taken as its own "
+                    f"process')", lambda b: drop(b, GEM_SAME_PID))
+            bo_edit(f, at, f"same_bo_file {sfile} -> {own} (itself, a cycle)",
+                    lambda b: put(b, GEM_SAME_FILE, own))
+            bo_edit(f, at, "same_bo_index + 1 (no such BO)",
+                    lambda b: put(b, GEM_SAME_INDEX, get(b, GEM_SAME_INDEX) + 1))
+        elif sfile is not None:
+            other = sorted({p for p in pids.values() if p not in (None, pid)})
+            if other:
+                bo_edit(f, at, f"same_bo_pid {other[0]} added (a process that does not "
+                        f"hold file {sfile})",
+                        lambda b, v=other[0]: b.append([GEM_SAME_PID, 0, v]))
+        gem_parent_fields(f, at, bo, bo_edit)
+    parent = get(base, RN_PARENT)
+    if parent is not None:
+        others = [n for n in (img.parent.render if img.parent else [])
+                  if n != parent.decode()]
+        edits = [(b"amdgpu-renderD-999999.img", "no such image"),
+                 (b"../../../etc/passwd", "a path out of the parent directory"),
+                 (b"amdgpu-kfd-1.img", "no such image, a KFD image's name")]
+        edits += [(n.encode(), "another render image of the parent") for n in others]
+        for v, why in edits:
+            edit(f, f"criu_rocm_parent {parent.decode()} -> {v.decode()} ({why})",
+                 lambda m, v=v: put(m, RN_PARENT, v))
+        edit(f, "criu_rocm_parent removed (parent extents without a parent)",
+             lambda m: drop(m, RN_PARENT))
+    if pid is not None:
+        # The next incremental dump finds its parent by it; the restore does not read it but
+        # where a "same BO as" record links images of two files (same_bo_pid names the
+        # first holder's task, or is absent when the task is the image's own).
+        for v in (pid + 1, 0):
+            edit(f, f"criu_rocm_pid {pid} -> {v}", lambda m, v=v: put(m, RN_PID, v))
+
+
+def gem_parent_fields(f, at, bo, bo_edit):
+    """A GEM BO's parent_extents and parent_bo (an incremental dump's), edited."""
+    ext, pbo = get(bo, GEM_PARENT_EXTENTS), get(bo, GEM_PARENT_BO)
+    if ext is None:
+        return
+    bo_edit(f, at, "parent_extents removed (its bytes taken from the pages file's hole)",
+            lambda b: drop(b, GEM_PARENT_EXTENTS))
+    bo_edit(f, at, f"parent_extents {ext.hex()} -> zeros (the same)",
+            lambda b: put(b, GEM_PARENT_EXTENTS, bytes(len(ext))))
+    past = ext + bytes([0xFF])
+    bo_edit(f, at, f"parent_extents {ext.hex()} -> {past.hex()} (extents past the BO)",
+            lambda b: put(b, GEM_PARENT_EXTENTS, past))
+    bo_edit(f, at, f"parent_extents {ext.hex()} -> empty",
+            lambda b: put(b, GEM_PARENT_EXTENTS, b""))
+    if pbo is not None:
+        for v in (pbo + 1, 999):
+            bo_edit(f, at, f"parent_bo {pbo} -> {v}", lambda b, v=v: put(b, GEM_PARENT_BO, v))
+    bo_edit(f, at, "parent_bo removed", lambda b: drop(b, GEM_PARENT_BO))
+
+
+def gem_parent_mutants(parent, f, edit, bo_edit):
+    """The parent's render image f (an incremental dump's parent/): its own BOs' bytes as
+    the child image takes them, and its pid."""
+    base = parent.msgs[f]
+    pf = "parent/" + f
+    for at, bo in subs(base, RN_BOS):
+        if get(bo, GEM_SAME_FILE) is not None:
+            continue
+        if get(bo, GEM_XXH3) is not None:
+            bo_edit(pf, at, "content_xxh3 xor 1", lambda b: put(b, GEM_XXH3, get(b, GEM_XXH3) ^ 1))
+        size = get(bo, GEM_SIZE)
+        bo_edit(pf, at, f"size {size} -> {size + 4096}",
+                lambda b, v=size + 4096: put(b, GEM_SIZE, v))
+    pid = get(base, RN_PID)
+    if pid is not None:
+        edit(pf, f"criu_rocm_pid {pid} -> {pid + 1} (harmless: only the next dump reads "
+             f"a parent's)",
+             lambda m: put(m, RN_PID, pid + 1))
+
+
+def dmabuf_mutants(img, f, edit, add, rng):
+    """Every field of dma-buf image f edited and removed, and its raw damage."""
+    base = img.msgs[f]
+    renders = [file_id(n) for n in img.render]
+    bfile, bidx = get(base, DMA_BO_FILE), get(base, DMA_BO_INDEX)
+    gpu, size, flags = get(base, DMA_GPU_ID), get(base, DMA_SIZE), get(base, DMA_FLAGS)
+    handle = get(base, DMA_HANDLE)
+    setf = lambda fld, v: lambda m: put(m, fld, v)  # noqa: E731
+    edit(f, f"gem_handle {handle} -> {handle + 7} (criu-dev's; criu-rocm restores from "
+         f"bo_file)", setf(DMA_HANDLE, handle + 7))
+    edit(f, f"bo_file {bfile} -> 999999 (no such file)", setf(DMA_BO_FILE, 999999))
+    edit(f, f"bo_file {bfile} -> {file_id(f)} (the dma-buf itself)",
+         setf(DMA_BO_FILE, file_id(f)))
+    for o in [r for r in renders if r != bfile][:1]:
+        edit(f, f"bo_file {bfile} -> {o} (the other render file, whose BO is the first's)",
+             setf(DMA_BO_FILE, o))
+    edit(f, f"bo_index {bidx} -> {bidx + 1} (no such BO)", setf(DMA_BO_INDEX, bidx + 1))
+    edit(f, f"gpu_id {gpu:#x} -> {gpu ^ 0x4000:#x} (no such GPU)", setf(DMA_GPU_ID, gpu ^ 0x4000))
+    edit(f, f"gpu_id {gpu:#x} -> 0", setf(DMA_GPU_ID, 0))
+    edit(f, f"size {size} -> {size + 4096}", setf(DMA_SIZE, size + 4096))
+    edit(f, f"size {size} -> {size // 2}", setf(DMA_SIZE, size // 2))
+    edit(f, f"size {size} -> 0", setf(DMA_SIZE, 0))
+    if flags is not None:
+        # O_RDONLY is what an export without DRM_RDWR gives: the image of another live
+        # state, which only the digests tell from this one (not forged).
+        edit(f, f"file_flags {flags:#x} -> 0 (O_RDONLY)", setf(DMA_FLAGS, 0), forgeable=False)
+        edit(f, f"file_flags {flags:#x} -> 0xffffffff (bits no dma-buf has)",
+             setf(DMA_FLAGS, U32))
+        edit(f, f"file_flags {flags:#x} -> {flags | 0o40000:#x} (O_DIRECT)",
+             setf(DMA_FLAGS, flags | 0o40000))
+    for fld, nm in [(DMA_BO_FILE, "bo_file"), (DMA_BO_INDEX, "bo_index"), (DMA_GPU_ID, "gpu_id"),
+                    (DMA_SIZE, "size"), (DMA_FLAGS, "file_flags")]:
+        if get(base, fld) is not None:
+            edit(f, f"{nm} removed", lambda m, fld=fld: drop(m, fld))
+    d = img.data[f]
+    n = len(d)
+    for _ in range(3):
+        off, mask = rng.randrange(n), rng.randrange(1, 256)
+        b = bytearray(d)
+        b[off] ^= mask
+        add("flip", f, f"byte {off} ^= {mask:#04x}", files={f: bytes(b)})
+    for keep in sorted({0, 8, n - 1}):
+        add("truncate", f, f"cut to {keep} of {n} bytes", files={f: d[:keep]})
+    add("extend", f, "1 zero byte appended", files={f: d + b"\0"})
+    add("zero", f, f"bytes 0..{n} zeroed", files={f: bytes(n)})
+    for new in (n - 8 + 1, n - 8 - 1):
+        add("size-prefix", f, f"size word {n - 8} -> {new}",
+            files={f: struct.pack("<Q", new) + d[8:]})
+    add("delete", f, f"{f} deleted", delete=[f])
+
+
 def write(img, m, dest):
+    """Mutant m of img in dest: unchanged files hard-linked, the parent link (an
+    incremental dump's) an absolute one to img's parent, or a directory of its own when m
+    changes a file there ("parent/NAME")."""
     os.makedirs(dest)
     for n in sorted(os.listdir(img.dir)):
         src = os.path.join(img.dir, n)
+        if n == "parent" and os.path.islink(src):
+            write_parent(os.path.realpath(src), m, os.path.join(dest, n))
+            continue
         if not os.path.isfile(src) or n in m.delete or n in m.files:
             continue
         if m.swap and n in m.swap:
             continue
         os.link(src, os.path.join(dest, n))
     for n, data in m.files.items():
+        if n.startswith("parent/"):
+            continue
         with open(os.path.join(dest, n), "wb") as fh:
             fh.write(data)
     if m.swap:
         a, b = m.swap
         shutil.copyfile(os.path.join(img.dir, b), os.path.join(dest, a))
         shutil.copyfile(os.path.join(img.dir, a), os.path.join(dest, b))
+
+
+def write_parent(src, m, dest):
+    mine = {n[len("parent/"):]: d for n, d in m.files.items() if n.startswith("parent/")}
+    if not mine:
+        os.symlink(src, dest)
+        return
+    os.makedirs(dest)
+    for n in sorted(os.listdir(src)):
+        if n in mine:
+            with open(os.path.join(dest, n), "wb") as fh:
+                fh.write(mine[n])
+        elif os.path.isfile(os.path.join(src, n)):
+            os.link(os.path.join(src, n), os.path.join(dest, n))
 
 
 def main(argv):

@@ -15,6 +15,8 @@ writes images would), and, of a second dump of the same process
 (--leave-running, KFD_COMPRESS=zstd), the zstd-* mutants of its compressed pages files
 (mutate.zstd_mutants: damage inside the frames, the records' length words, cut and
 extended files, exchanged frames, the compression fields edited and forged), and on a
+of shared-bo's dumps (SCENARIOS below) the gem-* mutants (mutate.gem_mutants: the GEM,
+shared-BO and dma-buf records' fields edited, removed and forged), and on a
 fresh mi100x2 host runs
 `criu-rocm gpu-check` and `criu-rocm restore` on every mutant (all of them:
 the ~250-350 restores take about a minute on 2 cores, well inside the
@@ -26,7 +28,9 @@ one of:
             restore's log; nothing runs afterwards;
   verified  both accept: the restore succeeds and the process checks every
             byte of its BOs, its SDMA counters and its event (gpu-workload's own
-            verification), then exits cleanly;
+            verification), then exits cleanly (shared-bo: a round written through
+            one holder reads back through every other, the child's too, and its
+            last check passes);
 
 and never modify an image file (every *.img is hashed before and after).
 The intact images go first, as a control: they must end "verified". The
@@ -61,6 +65,13 @@ PROFILE = "mi100x2"
 # that the corpus has a render image with a drm_bo_entry and the render file's pages file.
 WORKLOAD_ARGS = ["--mib", "2", "--bos", "3", "--small-bos", "2", "--events",
                  "--other-render-opens", "--gem-bo"]
+# shared-bo's dumps (test/rocm/shared-bo.c under `kfd-emu supervise`, issue 29), mutated by
+# mutate.gem_mutants: "fork", a GEM BO held by a parent's two render files and its child's
+# one (same_bo_file/index, same_bo_pid), pre-dumped and then dumped incrementally with
+# the BO unchanged (parent_extents, parent_bo, criu_rocm_parent, criu_rocm_pid);
+# "dmabuf", a GEM BO's dma-buf fd kept by the process (amdgpu-dmabuf_<id>.img). Their
+# restores run under the supervisor (which hands out the restored dma-bufs).
+SCENARIOS = {"fork": ["--hold", "--fork"], "dmabuf": ["--dmabuf"]}
 RESTORE_TIMEOUT = 120
 VERIFY_TIMEOUT = 60
 OUTCOMES = ["refused", "verified", "disagree", "silent", "modified"]
@@ -138,7 +149,7 @@ def leftovers():
             comm = open(f"/proc/{d}/comm").read().strip()
         except OSError:
             continue
-        if comm in ("gpu-workload", "criu-rocm", "criu", "criu-gpu-guard", "criu-rocm-gpuwr") \
+        if comm in ("gpu-workload", "shared-bo", "criu-rocm", "criu", "criu-gpu-guard", "criu-rocm-gpuwr") \
                 and alive(int(d)):
             out.append(f"{d} {comm}")
     return out
@@ -195,8 +206,70 @@ def in_dump(work):
     if r.returncode != 0:
         raise Fail(f"criu-rocm dump failed (exit {r.returncode}); see {img}/dump.log")
     wl.wait(timeout=10)
+    sb = {name: dump_shared_bo(work, name) for name in SCENARIOS}
     with open(os.path.join(work, "baseline.json"), "w") as fh:
-        json.dump({"pid": wl.pid, "line": base}, fh)
+        json.dump({"pid": wl.pid, "line": base, "sb": sb}, fh)
+
+
+def sb_out(work, name):
+    return os.path.join(work, f"sb-{name}.out")
+
+
+def wait_line(path, regex, secs, after=0):
+    """The first line of path past the first `after` that matches regex, or None."""
+    end = time.time() + secs
+    while time.time() < end:
+        ls = [ln for ln in open(path, errors="replace").read().splitlines()
+              if re.match(regex, ln)]
+        if len(ls) > after:
+            return ls[after]
+        time.sleep(0.05)
+    return None
+
+
+def count_lines(path, regex):
+    return sum(1 for ln in open(path, errors="replace").read().splitlines() if re.match(regex, ln))
+
+
+def dump_shared_bo(work, name):
+    """shared-bo SCENARIOS[name] started under the supervisor and dumped into img-NAME (the
+    fork scenario: pre-dumped into img-NAME-pre first, then dumped against it): its pids."""
+    criu, out = os.environ["CRIU"], sb_out(work, name)
+    with open(out, "ab") as o:
+        sup = subprocess.Popen([os.environ["KFD_EMU"], "supervise", "--",
+                                os.path.join(work, "shared-bo")] + SCENARIOS[name],
+                               stdin=subprocess.DEVNULL, stdout=o, stderr=o,
+                               start_new_session=True)
+    ready = wait_line(out, r"^ready \d+", 30)
+    if ready is None:
+        raise Fail(f"shared-bo {' '.join(SCENARIOS[name])} did not get ready: "
+                   f"{open(out, errors='replace').read()[-300:]}")
+    pids = [int(ready.split()[1])]
+    if name == "fork":
+        child = wait_line(out, r"^child \d+ ok$", 10)
+        if child is None:
+            raise Fail(f"shared-bo --fork's child did not import the BO: "
+                       f"{open(out, errors='replace').read()[-300:]}")
+        pids.append(int(child.split()[1]))
+    img = os.path.join(work, f"img-{name}")
+    prev = []
+    if name == "fork":
+        pre = img + "-pre"
+        os.makedirs(pre)
+        r = subprocess.run([criu, "pre-dump", "-t", str(pids[0]), "-D", pre, "-o",
+                            "pre-dump.log", "-v4"], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise Fail(f"criu-rocm pre-dump of shared-bo failed (exit {r.returncode}); "
+                       f"see {pre}/pre-dump.log")
+        prev = ["--prev-images-dir", "../" + os.path.basename(pre)]
+    os.makedirs(img)
+    r = subprocess.run([criu, "dump", "-t", str(pids[0]), "-D", img, "-o", "dump.log", "-v4"]
+                       + prev, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise Fail(f"criu-rocm dump of shared-bo failed (exit {r.returncode}); "
+                   f"see {img}/dump.log")
+    sup.wait(timeout=10)
+    return pids
 
 
 # ---------------------------------------------------------------------------
@@ -259,6 +332,67 @@ def restore_one(work, m, pid, baseline):
     return (None, bad) if bad else (True, "restored, every byte verified")
 
 
+def restore_sb(work, m, name, pids):
+    """Restores mutant m of shared-bo's dump `name` under the supervisor: (accepted,
+    detail)."""
+    criu = os.environ["CRIU"]
+    d = os.path.join(work, "mutants", m["dir"])
+    logf = os.path.join(work, "logs", m["dir"] + ".restore.log")
+    try:
+        r = subprocess.run([os.environ["KFD_EMU"], "supervise", "--", criu, "restore", "-D", d,
+                            "-o", logf, "-v4", "-d"], capture_output=True, text=True,
+                           timeout=RESTORE_TIMEOUT)
+        rc = r.returncode
+    except subprocess.TimeoutExpired:
+        rc = "timeout"
+    if rc != 0:
+        if not all(wait_gone(p, 5) for p in pids):
+            kill_all(pids)
+            return None, f"restore failed ({rc}) but pids {pids} run"
+        return False, f"restore failed ({rc})"
+    if not all(alive(p) for p in pids):
+        kill_all(pids)
+        return None, f"restore exit 0 but not all of {pids} run"
+    bad = sb_check(sb_out(work, name), pids)
+    kill_all(pids)
+    return (None, bad) if bad else (True, "restored, a round through every holder verified")
+
+
+def kill_all(pids):
+    for p in pids:
+        if alive(p):
+            os.kill(p, signal.SIGKILL)
+            wait_gone(p, 5)
+
+
+def sb_check(out, pids):
+    """shared-bo's own checks after a restore: a round written through the first holder and
+    read through the other (and, forked, the child's), then its last check on SIGTERM.
+    None, or what failed."""
+    steps = [(pids[0], signal.SIGUSR1, r"^round \d+: ", r"^round \d+: ok$")]
+    if len(pids) > 1:
+        steps += [(pids[1], signal.SIGUSR1, r"^(child reads round \d+|FAIL child)",
+                   r"^child reads round \d+: ok$"),
+                  (pids[1], signal.SIGTERM, None, None)]
+    steps += [(pids[0], signal.SIGTERM, r"^(PASS|FAIL)", r"^PASS$")]
+    for pid, sig, line, ok in steps:
+        n = count_lines(out, line) if line else 0
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return f"{pid} is gone before {signal.Signals(sig).name}"
+        if line is None:
+            if not wait_gone(pid, 15):
+                return f"{pid} still runs after SIGTERM"
+            continue
+        got = wait_line(out, line, VERIFY_TIMEOUT, n)
+        if got is None or not re.match(ok, got):
+            return f"after {signal.Signals(sig).name} to {pid}: {got or 'no line'}"
+    if not wait_gone(pids[0], 15):
+        return f"{pids[0]} still runs after its last check"
+    return None
+
+
 def in_check(work):
     man = json.load(open(os.path.join(work, "mutants", "manifest.json")))
     base = json.load(open(os.path.join(work, "baseline.json")))
@@ -286,7 +420,11 @@ def in_check(work):
     for x in results:
         m = x["m"]
         n_restores += 1
-        x["restored"], x["detail"] = restore_one(work, m, pid, baseline)
+        sc = m.get("scenario", "wl")
+        if sc == "wl":
+            x["restored"], x["detail"] = restore_one(work, m, pid, baseline)
+        else:
+            x["restored"], x["detail"] = restore_sb(work, m, sc, base["sb"][sc])
         left = leftovers()
         if left:
             x["restored"], x["detail"] = None, f"left behind: {'; '.join(left)}"
@@ -383,6 +521,18 @@ def report(work):
 
 # ---------------------------------------------------------------------------
 
+def build_shared_bo(work):
+    """test/rocm/shared-bo.c built into the work directory."""
+    try:
+        flags = subprocess.run(["pkg-config", "--cflags", "--libs", "libdrm"], check=True,
+                               capture_output=True, text=True).stdout.split()
+        subprocess.run(["cc", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O2", "-o",
+                        os.path.join(work, "shared-bo"), os.path.join(TOP, "test/rocm/shared-bo.c")]
+                       + flags, check=True, capture_output=True, text=True)
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise Fail(f"test/rocm/shared-bo.c does not build: {getattr(e, 'stderr', e)}")
+
+
 def on_host(work, *args):
     kfd_emu = os.environ["KFD_EMU"]
     with open(os.path.join(work, "kfd-emu.log"), "ab") as e:
@@ -407,6 +557,7 @@ def main(argv):
     log(f"GPU image integrity: criu-rocm {os.environ['CRIU']}, seed {seed}, "
         f"work directory {work}")
     try:
+        build_shared_bo(work)
         on_host(work, "__dump", work)
         img = mutate.Images(os.path.join(work, "img"))
         ms = mutate.mutants(img, seed)
@@ -423,23 +574,38 @@ def main(argv):
         ms.insert(0, mutate.Mutant("intact", "intact", None, "the images as dumped"))
         zms.insert(0, mutate.Mutant("zstd-intact", "intact", None,
                                     "the compressed images as dumped"))
+        gems = []
+        for name in SCENARIOS:
+            gimg = mutate.Images(os.path.join(work, f"img-{name}"), kfd_needed=False)
+            g = mutate.gem_mutants(gimg, name, seed)
+            if only:
+                g = [m for m in g if only.search(m.name)]
+            intact = mutate.Mutant(f"gem-{name}-intact", "intact", None,
+                                   f"shared-bo {' '.join(SCENARIOS[name])}'s images as dumped")
+            intact.scenario = name
+            gems += [(gimg, m) for m in [intact] + g]
         man = []
-        for k, (src, m) in enumerate([(img, m) for m in ms] + [(zimg, m) for m in zms]):
+        for k, (src, m) in enumerate([(img, m) for m in ms] + [(zimg, m) for m in zms] + gems):
             d = f"m{k:03d}"
             mutate.write(src, m, os.path.join(work, "mutants", d))
-            man.append({"name": m.name, "dir": d, "class": m.cls, "file": m.file, "what": m.what})
+            man.append({"name": m.name, "dir": d, "class": m.cls, "file": m.file, "what": m.what,
+                        "scenario": m.scenario})
         os.makedirs(os.path.join(work, "mutants"), exist_ok=True)
         with open(os.path.join(work, "mutants", "manifest.json"), "w") as fh:
             json.dump(man, fh, indent=1)
         classes = {}
-        for m in ms[1:] + zms[1:]:
+        for m in ms[1:] + zms[1:] + [m for _, m in gems if m.cls != "intact"]:
             classes[m.cls] = classes.get(m.cls, 0) + 1
         log(f"{len(ms)} mutants of {len(img.gpu_files())} GPU image files: "
             + ", ".join(f"{c} {n}" for c, n in sorted(classes.items())))
-        base = (img_hashes(img.dir), img_hashes(zimg.dir))
+        dumped = [img.dir, zimg.dir] + [d for name in SCENARIOS
+                                        for d in (os.path.join(work, f"img-{name}"),
+                                                  os.path.join(work, f"img-{name}-pre"))
+                                        if os.path.isdir(d)]
+        base = [img_hashes(d) for d in dumped]
         on_host(work, "__check", work)
         passed, failed = report(work)
-        if (img_hashes(img.dir), img_hashes(zimg.dir)) != base:
+        if [img_hashes(d) for d in dumped] != base:
             log("FAIL the dumped images changed (a restore wrote through a mutant's hard link)")
             failed += 1
     except Fail as e:

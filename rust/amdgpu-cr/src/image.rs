@@ -912,6 +912,24 @@ impl RenderImage {
     }
 }
 
+/// What is wrong with a dma-buf image's `file_flags`: only what F_GETFL
+/// reports of a dma-buf (an access mode, O_NONBLOCK, which the restore
+/// sets again, and O_LARGEFILE, 0o100000 on x86-64, which the kernel adds)
+/// is a dma-buf fd's.
+fn dmabuf_flags_fault(flags: u32) -> Option<String> {
+    const O_LARGEFILE: u32 = 0o100000;
+    let known = libc::O_ACCMODE as u32 | libc::O_NONBLOCK as u32 | O_LARGEFILE;
+    if flags & !known != 0 {
+        return Some(format!(
+            "is {flags:#x}: bits {:#x} are no dma-buf fd's status flags (the restore sets \
+             O_NONBLOCK only)",
+            flags & !known
+        ));
+    }
+    (flags & libc::O_ACCMODE as u32 == libc::O_ACCMODE as u32)
+        .then(|| format!("is {flags:#x}: access mode 3 is no file's"))
+}
+
 /// A decoded `amdgpu-dmabuf_<id>.img`: a dma-buf fd of the process and
 /// the BO it is of (`bo_file`, `bo_index`: an entry of another image of
 /// the dump).
@@ -954,6 +972,9 @@ impl DmabufImage {
         }
         if msg.size == Some(0) {
             return Err(ImageError::invalid(file, "size", "is 0 (no BO)"));
+        }
+        if let Some(why) = msg.file_flags.and_then(dmabuf_flags_fault) {
+            return Err(ImageError::invalid(file, "file_flags", why));
         }
         Ok(DmabufImage { msg })
     }
@@ -1514,5 +1535,32 @@ pub(crate) mod tests {
             dmabuf_image_id(&dmabuf_image_name(FileId(-3i32 as u32))),
             Some(FileId(-3i32 as u32))
         );
+    }
+
+    #[test]
+    fn dmabuf_file_flags_no_dmabuf_fd_has_are_refused() {
+        let with = |flags| DmabufImage {
+            msg: CriuDmabufNode {
+                gem_handle: 1,
+                bo_file: Some(6),
+                bo_index: Some(0),
+                gpu_id: Some(0x1a2b),
+                size: Some(4096),
+                file_flags: Some(flags),
+            },
+        };
+        // What the dump writes: O_RDWR | O_LARGEFILE, with O_NONBLOCK; O_RDONLY.
+        for flags in [0x8002, 0x8802, 0] {
+            let m = with(flags);
+            assert_eq!(DmabufImage::decode("d", &m.encode()).unwrap(), m);
+        }
+        for (flags, want) in [
+            (0xffff_ffff, "file_flags: is 0xffffffff: bits"),
+            (0o40002, "file_flags: is 0x4002: bits 0x4000"),
+            (3, "file_flags: is 0x3: access mode 3"),
+        ] {
+            let e = DmabufImage::decode("d", &with(flags).encode()).unwrap_err();
+            assert!(e.to_string().contains(want), "{e}");
+        }
     }
 }

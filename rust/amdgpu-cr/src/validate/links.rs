@@ -104,6 +104,10 @@ fn check_image(name: &str, img: &RenderImage, targets: &Targets<'_>) -> Vec<Refu
             Ok(Some((_, gpu, _))) => {
                 other_gpu(GpuAt::of_render(img), (file, index, b.same_bo_pid), gpu)
                     .map(|why| ("same_bo_file", why))
+                    .or_else(|| {
+                        pid_mismatch(img, b, targets.render_pid(FileId(file)))
+                            .map(|why| ("same_bo_pid", why))
+                    })
             }
         };
         if let Some((f, why)) = why {
@@ -148,6 +152,33 @@ fn other_gpu(
             } else {
                 "its image"
             }
+        )),
+        _ => None,
+    }
+}
+
+/// What is wrong with the `same_bo_pid` of BO `b` of render image `img`,
+/// whose first holder is a render file of task `holder` (both pids as the
+/// dump wrote them, `criu_rocm_pid`; unknown for a KFD image): it names
+/// that task when it is another than the image's own, and is absent when
+/// it is the same (the restore hands the BO over between processes by it).
+fn pid_mismatch(
+    img: &RenderImage,
+    b: &crate::proto::DrmBoEntry,
+    holder: Option<u32>,
+) -> Option<String> {
+    let (own, holder) = (img.msg.criu_rocm_pid?, holder?);
+    let file = b.same_bo_file?;
+    match (b.same_bo_pid, holder != own) {
+        (Some(p), true) if p != holder => Some(format!(
+            "is {p}, but file {file} is a render file of pid {holder}"
+        )),
+        (Some(p), false) => Some(format!(
+            "is {p}, but file {file} is a render file of this image's own pid {own}"
+        )),
+        (None, true) => Some(format!(
+            "is absent, but file {file} is a render file of pid {holder}, not of this \
+             image's pid {own}"
         )),
         _ => None,
     }
@@ -228,6 +259,13 @@ impl<'a> Targets<'a> {
             kfd,
             renders,
         }
+    }
+
+    /// The pid of the task that holds render file `file` (its image's
+    /// `criu_rocm_pid`): `None` for another file or an image without it.
+    fn render_pid(&self, file: FileId) -> Option<u32> {
+        let (_, img) = self.renders.get(&file)?.read.as_ref().ok()?;
+        img.msg.criu_rocm_pid
     }
 
     /// BO `index` of file `file`'s image (a KFD image or a render image).
@@ -348,6 +386,45 @@ pub(super) mod tests {
             .map(|r| r.to_string())
             .collect();
         out
+    }
+
+    /// The refusals of render image 9 of pid `own`, whose only BO is BO 0
+    /// of render image 6 of pid 40, with `same_bo_pid`.
+    fn pid_refusals(own: u32, same_bo_pid: Option<u32>) -> Vec<String> {
+        let dir = tempdir();
+        let mut six = render(0x1a2b, vec![bo(0x1_0000, None)]);
+        six.msg.criu_rocm_pid = Some(40);
+        six.write(&dir, FileId(6)).unwrap();
+        let mut nine = render(0x1a2b, vec![bo(0x1_0000, Some((6, 0)))]);
+        nine.msg.criu_rocm_pid = Some(own);
+        nine.msg.bo_entries[0].same_bo_pid = same_bo_pid;
+        nine.write(&dir, FileId(9)).unwrap();
+        let files: BTreeSet<String> = ["amdgpu-renderD-6.img", "amdgpu-renderD-9.img"]
+            .into_iter()
+            .map(String::from)
+            .collect();
+        let renders = super::super::read_render_files(&dir, &files);
+        check(&files, &[], &renders)
+            .iter()
+            .map(|r| r.to_string())
+            .collect()
+    }
+
+    #[test]
+    fn same_bo_pid_names_the_holders_task_when_it_is_another() {
+        assert_eq!(pid_refusals(41, Some(40)), Vec::<String>::new());
+        assert_eq!(pid_refusals(40, None), Vec::<String>::new());
+        for (own, pid, want) in [
+            (41, None, "same_bo_pid: GEM handle 1: is absent, but file 6 is a render file of pid 40"),
+            (41, Some(42), "same_bo_pid: GEM handle 1: is 42, but file 6 is a render file of pid 40"),
+            (40, Some(40), "same_bo_pid: GEM handle 1: is 40, but file 6 is a render file of this image's own pid 40"),
+        ] {
+            let got = pid_refusals(own, pid);
+            assert!(
+                got.len() == 1 && got[0].contains(want),
+                "own {own}, same_bo_pid {pid:?}: {got:?}"
+            );
+        }
     }
 
     #[test]
