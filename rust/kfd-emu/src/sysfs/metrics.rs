@@ -7,21 +7,24 @@
 //!
 //! Each part gets the revision its SMU driver gives: MI100 (arcturus,
 //! gfx908) v1.1, MI200 (aldebaran, gfx90a) v1.3, MI300 (SMU 13.0.6, gfx
-//! 9.4.x) v1.5; other parts have no file here. As the kernel does, the
-//! whole table starts as 0xFF bytes (every field "not available": 0xFFFF,
-//! 0xFFFFFFFF, ...) and only what the part reports is set: the readings
-//! the other attributes show (temperatures and power as hwmon's, idle;
-//! the DPM clocks of `pp_dpm_*`, current and averaged over the window;
-//! activity as `gpu_busy_percent` and `mem_busy_percent`, with its
-//! accumulators; the PCIe link) and zero throttling, the load being
-//! the last window's ([`Load`]). What advances with time advances
-//! ([`MetricsClock`]; the live files rewrite the table every second):
-//! `system_clock_counter` (CLOCK_BOOTTIME, ns, as amdgpu fills it in),
-//! `firmware_timestamp` (the SMU's, 10 ns units, from the emulator's
-//! start) and `energy_accumulator` (the idle socket power integrated over
-//! that time, in the SMU's 15.259 µJ units). Sensors the emulator has no
-//! reading for (voltage regulators, HBM stacks, video engines, XGMI link,
-//! fan) stay "not available".
+//! 9.4.x) v1.5, RDNA4 (SMU 14.0.2, gfx12) v1.3; other parts have no file
+//! here. As the kernel does, the whole table starts as 0xFF bytes (every
+//! field "not available": 0xFFFF, 0xFFFFFFFF, ...) and only what the
+//! part's driver reports is set: the readings the other attributes show
+//! (temperatures and power as hwmon's, idle; the DPM clocks of `pp_dpm_*`,
+//! current and averaged over the window; activity as `gpu_busy_percent`
+//! and `mem_busy_percent`, with its accumulators but on gfx12; the PCIe
+//! link; gfx12's fan) and zero throttling, the load being the last
+//! window's ([`Load`]). SMU 14.0.2's driver reports its average graphics
+//! clock as the current one and leaves the energy, the firmware timestamp
+//! and the accumulated activity "not available". What advances with
+//! time advances ([`MetricsClock`]; the live files rewrite the table
+//! every second): `system_clock_counter` (CLOCK_BOOTTIME, ns, as amdgpu
+//! fills it in), `firmware_timestamp` (the SMU's, 10 ns units, from the
+//! emulator's start) and `energy_accumulator` (the idle socket power
+//! integrated over that time, in the SMU's 15.259 µJ units). Sensors the
+//! emulator has no reading for (voltage regulators, HBM stacks, video
+//! engines, XGMI link, Instinct parts' fan) stay "not available".
 
 use super::load::Load;
 use super::{idle_power, is_mi300_class, MetricsClock, IDLE_TEMPS};
@@ -189,6 +192,7 @@ pub fn gpu_metrics(g: &Gpu, clock: MetricsClock, load: &Load) -> Option<Vec<u8>>
         90008 => Table::new(1, 1, V1_1),
         90010 => Table::new(1, 3, &[V1_1, V1_3_TAIL].concat()),
         _ if is_mi300_class(g) => Table::new(1, 5, V1_5),
+        _ if is_gfx12(g) => Table::new(1, 3, &[V1_1, V1_3_TAIL].concat()),
         _ => return None,
     };
     set_common(&mut t, g, load);
@@ -201,12 +205,21 @@ pub fn gpu_metrics(g: &Gpu, clock: MetricsClock, load: &Load) -> Option<Vec<u8>>
     Some(t.bytes)
 }
 
+/// RDNA4 (gfx12) parts: SMU 14.0.2, whose driver fills a v1.3 table but
+/// no energy, firmware timestamp or accumulated activity.
+fn is_gfx12(g: &Gpu) -> bool {
+    (120000..130000).contains(&g.gfx_target_version)
+}
+
 /// The SMU's energy unit: 2^-16 J (15.259 µJ).
 const ENERGY_UNITS_PER_JOULE: u128 = 1 << 16;
 
 /// What advances with `clock`: the timestamps and the energy used.
 fn set_clocked(t: &mut Table, g: &Gpu, clock: MetricsClock) {
     t.set("system_clock_counter", clock.boot_ns);
+    if is_gfx12(g) {
+        return;
+    }
     if t.has("firmware_timestamp") {
         t.set("firmware_timestamp", clock.up_ns / 10);
     }
@@ -222,33 +235,45 @@ fn idle_temp(label: &str) -> u64 {
 }
 
 /// The fields every layout has: temperatures but edge, activity, PCIe
-/// link, throttling and accumulated activity.
+/// link, throttling and (but on gfx12) accumulated activity.
 fn set_common(t: &mut Table, g: &Gpu, load: &Load) {
     t.set("temperature_hotspot", idle_temp("junction"));
     t.set("temperature_mem", idle_temp("mem"));
     t.set("average_gfx_activity", load.gfx.into());
     t.set("average_umc_activity", load.umc.into());
     t.set("throttle_status", 0);
-    // u32 counters that wrap, as the SMU's do.
-    t.set("gfx_activity_acc", load.gfx_acc & 0xffff_ffff);
-    t.set("mem_activity_acc", load.mem_acc & 0xffff_ffff);
+    if !is_gfx12(g) {
+        // u32 counters that wrap, as the SMU's do.
+        t.set("gfx_activity_acc", load.gfx_acc & 0xffff_ffff);
+        t.set("mem_activity_acc", load.mem_acc & 0xffff_ffff);
+    }
     t.set("pcie_link_width", 16);
     t.set("pcie_link_speed", if is_mi300_class(g) { 320 } else { 160 });
 }
 
 /// v1.1's and v1.3's own fields: edge temperature, average power, the
-/// average and current clocks.
+/// average and current clocks (gfx12's current graphics clock is its
+/// average, as its driver fills it), a fan on gfx12.
 fn set_v1_1(t: &mut Table, g: &Gpu, load: &Load) {
     t.set("temperature_edge", idle_temp("edge"));
     t.set("average_mm_activity", 0);
     t.set("average_socket_power", idle_power(g).1);
     for name in ["gfxclk", "socclk", "uclk"] {
         let c = clock(name);
-        t.set(&format!("average_{name}_frequency"), c.average(g, load));
-        t.set(&format!("current_{name}"), c.current(g, load, None));
+        let average = c.average(g, load);
+        t.set(&format!("average_{name}_frequency"), average);
+        let current = if is_gfx12(g) && name == "gfxclk" {
+            average
+        } else {
+            c.current(g, load, None)
+        };
+        t.set(&format!("current_{name}"), current);
     }
     if t.has("indep_throttle_status") {
         t.set("indep_throttle_status", 0);
+    }
+    if super::has_fan(g) {
+        t.set("current_fan_speed", super::IDLE_FAN_RPM);
     }
 }
 
@@ -345,8 +370,6 @@ mod tests {
         let gfxclk: Vec<u16> = (0..8).map(|i| u16_at(&b, 312 + 2 * i)).collect();
         assert_eq!(gfxclk, [500; 8], "one per XCC");
         assert_eq!(u16_at(&b, 328 + 2 * 3), 500, "the fourth AID's socclk");
-        let g = gpu("rx9070xt");
-        assert!(gpu_metrics(&g, MetricsClock::default(), &Load::idle(1)).is_none());
     }
 
     fn u64_at(b: &[u8], off: usize) -> u64 {
@@ -379,6 +402,25 @@ mod tests {
         assert_eq!(u64_at(&b, fw), 200_000_000);
         // v1.1 (MI100) has no firmware timestamp.
         assert!(idle_table("mi100", clock).is_some());
+    }
+
+    #[test]
+    fn rdna4_has_smu_14_0_2s_table() {
+        let clock = MetricsClock {
+            boot_ns: 5_000_000_000,
+            up_ns: 2_000_000_000,
+        };
+        let b = idle_table("rx9070xt", clock).unwrap();
+        assert_eq!((b.len(), u16_at(&b, 0), b[2], b[3]), (120, 120, 1, 3));
+        // edge 35 C, gfx 0 %, power 15 W, current gfxclk 500, fan 800 RPM.
+        assert_eq!(
+            [4, 16, 22, 54, 72].map(|o| u16_at(&b, o)),
+            [35, 0, 15, 500, 800]
+        );
+        assert_eq!(u64_at(&b, 32), 5_000_000_000, "system_clock_counter");
+        assert_eq!(u64_at(&b, 24), u64::MAX, "no energy on SMU 14.0.2");
+        assert_eq!(u64_at(&b, 96), u64::MAX, "nor a firmware timestamp");
+        assert_eq!(&b[80..88], &[0xff; 8], "nor accumulated activity");
     }
 
     /// A GPU whose XCCs 0 and 2 of 8 had waves the whole window (0 still

@@ -479,6 +479,9 @@ const IDLE_TEMPS: [(u32, &str, u64, u64); 3] = [
     (3, "mem", 38, 95),
 ];
 
+/// An RDNA board's fan at idle, RPM (hwmon's `fan1_input`).
+const IDLE_FAN_RPM: u64 = 800;
+
 /// An idle GPU's power: its cap and reading in watts, and the hwmon file
 /// of the reading (the average on earlier parts, the current draw on
 /// MI300-class ones).
@@ -525,8 +528,9 @@ fn hwmon_entries(g: &Gpu, dir: &str, index: usize) -> Vec<Entry> {
         files.push((name.into(), (w * 1_000_000).to_string()));
     }
     if has_fan(g) {
+        let rpm = IDLE_FAN_RPM.to_string();
         for (name, v) in [
-            ("fan1_input", "800"),
+            ("fan1_input", rpm.as_str()),
             ("fan1_max", "3300"),
             ("pwm1", "51"),
             ("pwm1_max", "255"),
