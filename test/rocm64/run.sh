@@ -23,6 +23,8 @@
 #                 (hotspot and memory temperature, socket power, gfx activity, gfx clock);
 #                 a second --showmetrics 2 s later: system_clock_counter, firmware_timestamp
 #                 and energy_accumulator grew on every GPU
+#                 (rx9070xt: SMU 14.0.2's 1.3, 120 B, whose driver leaves firmware_timestamp and
+#                 energy_accumulator "not available": only system_clock_counter must grow)
 #   rocm-smi-live-P   a ROCr 6.4 process (test/rocm64/vram-hold.c) holds 64 MiB of VRAM and a
 #                 queue on every GPU of P: rocm-smi --showmeminfo vram shows each GPU's VRAM
 #                 used (at least that, and together exactly what the process holds), and
@@ -96,7 +98,7 @@ declare -A vram_gib=([mi100]=32 [mi100x2]=32 [mi210x4]=64 [mi250x8]=64 [mi300x8]
 cases() {
 	local p
 	for p in "${profiles[@]}"; do echo "rocminfo-$p"; done
-	echo rocm-smi-mi210x4 rocm-smi-mi300x8 rocm-smi-live-mi210x4 rocm-smi-live-mi300x8 | tr ' ' '\n'
+	echo rocm-smi-mi210x4 rocm-smi-mi300x8 rocm-smi-rx9070xt rocm-smi-live-mi210x4 rocm-smi-live-mi300x8 | tr ' ' '\n'
 	for p in "${profiles[@]}"; do echo "hsa-$p"; done
 	echo hsa-mi210x4-kfd1.16 hsa-mi250x8-kfd1.16 cr-same cr-other cr-mi210x4 cr-mi300x8 cr-mi250x8-other | tr ' ' '\n'
 	echo hip-mi210x4 hip-mi300x8 cr-hip-mi210x4 cr-hip-mi300x8 cr-hip-o0-mi300x8 cr-hip-mi210x4-other cr-hip-mi300x8-other | tr ' ' '\n'
@@ -475,11 +477,17 @@ run_rocminfo() { # PROFILE
 
 # The gpu_metrics revision and size amdgpu gives the profile's GPUs, and the --showmetrics
 # lines (after "GPU[N] : ") each GPU must show: kfd-emu's idle readings.
-declare -A metrics_rev=([mi210x4]='1.3 120' [mi300x8]='1.5 360')
-declare -A metrics_power=([mi210x4]='average_socket_power (W): 40' [mi300x8]='current_socket_power (W): 140')
+declare -A metrics_rev=([mi210x4]='1.3 120' [mi300x8]='1.5 360' [rx9070xt]='1.3 120')
+declare -A metrics_power=([mi210x4]='average_socket_power (W): 40' [mi300x8]='current_socket_power (W): 140'
+	[rx9070xt]='average_socket_power (W): 15')
+# The gpu_metrics fields that advance with time on the part (the others' drivers fill all three),
+# and a line its driver leaves "not available".
+declare -A metrics_clocked=([rx9070xt]='system_clock_counter')
+declare -A metrics_na=([rx9070xt]='energy_accumulator (15.259uJ (2^-16)): N/A')
 metrics_lines() { # PROFILE
 	printf '%s\n' "Metric Version and Size (Bytes): ${metrics_rev[$1]}" 'temperature_hotspot (C): 40' \
 		'temperature_mem (C): 38' "${metrics_power[$1]}" 'average_gfx_activity (%): 0'
+	[ -z "${metrics_na[$1]:-}" ] || echo "${metrics_na[$1]}"
 }
 
 # The GPUs whose --showmetrics shows every line of metrics_lines PROFILE, of the log LOG, and
@@ -493,18 +501,20 @@ metrics_shown() { # LOG PROFILE
 	echo "$fewest${missing:+ (missing: $missing)}"
 }
 
-# The GPUs whose gpu_metrics system_clock_counter, firmware_timestamp and energy_accumulator
-# all grew from the first --showmetrics of LOG to the second (after a line "again").
-metrics_advanced() { # LOG
-	local f
-	for f in system_clock_counter firmware_timestamp energy_accumulator; do
+# The GPUs of PROFILE whose gpu_metrics fields that advance (metrics_clocked; by default
+# system_clock_counter, firmware_timestamp and energy_accumulator) all grew from the first
+# --showmetrics of LOG to the second (after a line "again").
+metrics_advanced() { # LOG PROFILE
+	local f fields=${metrics_clocked[$2]:-system_clock_counter firmware_timestamp energy_accumulator} want
+	want=$(wc -w <<<"$fields")
+	for f in $fields; do
 		awk -v f="$f" '/^again$/ { second = 1 }
 			match($0, /^GPU\[[0-9]+\]/) && index($0, ": " f " (") {
 				g = substr($0, 5, RLENGTH - 5); v = $NF
 				if (second) { if (v ~ /^[0-9]+$/ && v + 0 > first[g] + 0 && v + 0 < 2 ^ 63) print g }
 				else first[g] = v
 			}' "$1"
-	done | sort | uniq -c | awk '$1 == 3 { n++ } END { print n + 0 }'
+	done | sort | uniq -c | awk -v want="$want" '$1 == want { n++ } END { print n + 0 }'
 }
 
 # rocm-smi's default report has a row per GPU ("N  NODE  0xDID, GUID  TEMP  POWER ..."),
@@ -518,13 +528,13 @@ run_rocm_smi() { # PROFILE
 	sensed=$(grep -cE '^[0-9]+ +[0-9]+ +0x[0-9a-f]+, +[0-9]+ +[0-9.]+°C +[0-9.]+W ' "$log")
 	vram=$(grep -cE "^GPU\[[0-9]+\][[:space:]]*: VRAM Total Memory \(B\): $bytes$" "$log")
 	metrics=$(metrics_shown "$log" "$p")
-	grew=$(metrics_advanced "$log")
+	grew=$(metrics_advanced "$log" "$p")
 	bad=$(grep -m 2 -E 'Not supported|Unsupported|not found|Failed to retrieve' "$log" | paste -sd'|')
 	if [ "$rows" != "${gpus[$p]}" ] || [ "$sensed" != "${gpus[$p]}" ] || [ "$vram" != "${gpus[$p]}" ] ||
 		[ "${metrics%% *}" != "${gpus[$p]}" ] || [ "$grew" != "${gpus[$p]}" ] || [ -n "$bad" ]; then
 		result FAIL "$c" "$rows GPU rows, $sensed with temperature and power, $vram with $bytes B of VRAM, $metrics with gpu_metrics, $grew whose timestamps and energy advanced (want ${gpus[$p]} each)${bad:+; $bad}; log ${log#"$top"/}"
 	else
-		result PASS "$c" "${gpus[$p]} GPUs listed with temperature and power, each with $bytes B of VRAM and gpu_metrics ${metrics_rev[$p]% *} whose timestamps and energy advance"
+		result PASS "$c" "${gpus[$p]} GPUs listed with temperature and power, each with $bytes B of VRAM and gpu_metrics ${metrics_rev[$p]% *} whose ${metrics_clocked[$p]:-timestamps and energy} advance"
 	fi
 }
 
