@@ -23,6 +23,15 @@
 #                 (hotspot and memory temperature, socket power, gfx activity, gfx clock);
 #                 a second --showmetrics 2 s later: system_clock_counter, firmware_timestamp
 #                 and energy_accumulator grew on every GPU
+#                 (rx9070xt: SMU 14.0.2's 1.3, 120 B, whose driver leaves firmware_timestamp and
+#                 energy_accumulator "not available": only system_clock_counter must grow)
+#   rocm-smi-busy-P   HIP 6.4's in-flight --signal holds a kernel on every GPU of P: once every
+#                 GPU's gpu_busy_percent reads at least 50, rocm-smi --showuse, --showmemuse and
+#                 -c show every GPU at least 50 % busy, its memory at least 10 % and sclk at its
+#                 top level, --showpids details a CU occupancy on every GPU (mi300x8: every XCC's
+#                 current_gfxclk at the top clock in --showmetrics); once the kernels finished and
+#                 the busy readings fell to 0, at most 5 % and sclk at level 0, and the GFX
+#                 activity accumulators grew from the busy report to the idle one
 #   rocm-smi-live-P   a ROCr 6.4 process (test/rocm64/vram-hold.c) holds 64 MiB of VRAM and a
 #                 queue on every GPU of P: rocm-smi --showmeminfo vram shows each GPU's VRAM
 #                 used (at least that, and together exactly what the process holds), and
@@ -101,7 +110,8 @@ declare -A vram_gib=([mi100]=32 [mi100x2]=32 [mi210x4]=64 [mi250x8]=64 [mi300x8]
 cases() {
 	local p
 	for p in "${profiles[@]}"; do echo "rocminfo-$p"; done
-	echo rocm-smi-mi210x4 rocm-smi-mi300x8 rocm-smi-live-mi210x4 rocm-smi-live-mi300x8 | tr ' ' '\n'
+	echo rocm-smi-mi210x4 rocm-smi-mi300x8 rocm-smi-rx9070xt rocm-smi-live-mi210x4 rocm-smi-live-mi300x8 | tr ' ' '\n'
+	echo rocm-smi-busy-mi210x4 rocm-smi-busy-mi300x8 | tr ' ' '\n'
 	for p in "${profiles[@]}"; do echo "hsa-$p"; done
 	echo hsa-mi210x4-kfd1.16 hsa-mi250x8-kfd1.16 cr-same cr-other cr-mi210x4 cr-mi300x8 cr-mi250x8-other | tr ' ' '\n'
 	echo hip-mi210x4 hip-mi300x8 cr-hip-mi210x4 cr-hip-mi300x8 cr-hip-o0-mi300x8 cr-hip-mi210x4-other cr-hip-mi300x8-other | tr ' ' '\n'
@@ -448,7 +458,7 @@ in_chroot_proc() {
 hip_wanted() {
 	local c
 	for c in "${want[@]}"; do
-		case $c in hip-* | cr-hip-*) return 0 ;; esac
+		case $c in hip-* | cr-hip-* | rocm-smi-busy-*) return 0 ;; esac
 	done
 	return 1
 }
@@ -480,11 +490,17 @@ run_rocminfo() { # PROFILE
 
 # The gpu_metrics revision and size amdgpu gives the profile's GPUs, and the --showmetrics
 # lines (after "GPU[N] : ") each GPU must show: kfd-emu's idle readings.
-declare -A metrics_rev=([mi210x4]='1.3 120' [mi300x8]='1.5 360')
-declare -A metrics_power=([mi210x4]='average_socket_power (W): 40' [mi300x8]='current_socket_power (W): 140')
+declare -A metrics_rev=([mi210x4]='1.3 120' [mi300x8]='1.5 360' [rx9070xt]='1.3 120')
+declare -A metrics_power=([mi210x4]='average_socket_power (W): 40' [mi300x8]='current_socket_power (W): 140'
+	[rx9070xt]='average_socket_power (W): 15')
+# The gpu_metrics fields that advance with time on the part (the others' drivers fill all three),
+# and a line its driver leaves "not available".
+declare -A metrics_clocked=([rx9070xt]='system_clock_counter')
+declare -A metrics_na=([rx9070xt]='energy_accumulator (15.259uJ (2^-16)): N/A')
 metrics_lines() { # PROFILE
 	printf '%s\n' "Metric Version and Size (Bytes): ${metrics_rev[$1]}" 'temperature_hotspot (C): 40' \
 		'temperature_mem (C): 38' "${metrics_power[$1]}" 'average_gfx_activity (%): 0'
+	[ -z "${metrics_na[$1]:-}" ] || echo "${metrics_na[$1]}"
 }
 
 # The GPUs whose --showmetrics shows every line of metrics_lines PROFILE, of the log LOG, and
@@ -498,18 +514,20 @@ metrics_shown() { # LOG PROFILE
 	echo "$fewest${missing:+ (missing: $missing)}"
 }
 
-# The GPUs whose gpu_metrics system_clock_counter, firmware_timestamp and energy_accumulator
-# all grew from the first --showmetrics of LOG to the second (after a line "again").
-metrics_advanced() { # LOG
-	local f
-	for f in system_clock_counter firmware_timestamp energy_accumulator; do
+# The GPUs of PROFILE whose gpu_metrics fields that advance (metrics_clocked; by default
+# system_clock_counter, firmware_timestamp and energy_accumulator) all grew from the first
+# --showmetrics of LOG to the second (after a line "again").
+metrics_advanced() { # LOG PROFILE
+	local f fields=${metrics_clocked[$2]:-system_clock_counter firmware_timestamp energy_accumulator} want
+	want=$(wc -w <<<"$fields")
+	for f in $fields; do
 		awk -v f="$f" '/^again$/ { second = 1 }
 			match($0, /^GPU\[[0-9]+\]/) && index($0, ": " f " (") {
 				g = substr($0, 5, RLENGTH - 5); v = $NF
 				if (second) { if (v ~ /^[0-9]+$/ && v + 0 > first[g] + 0 && v + 0 < 2 ^ 63) print g }
 				else first[g] = v
 			}' "$1"
-	done | sort | uniq -c | awk '$1 == 3 { n++ } END { print n + 0 }'
+	done | sort | uniq -c | awk -v want="$want" '$1 == want { n++ } END { print n + 0 }'
 }
 
 # rocm-smi's default report has a row per GPU ("N  NODE  0xDID, GUID  TEMP  POWER ..."),
@@ -523,13 +541,13 @@ run_rocm_smi() { # PROFILE
 	sensed=$(grep -cE '^[0-9]+ +[0-9]+ +0x[0-9a-f]+, +[0-9]+ +[0-9.]+°C +[0-9.]+W ' "$log")
 	vram=$(grep -cE "^GPU\[[0-9]+\][[:space:]]*: VRAM Total Memory \(B\): $bytes$" "$log")
 	metrics=$(metrics_shown "$log" "$p")
-	grew=$(metrics_advanced "$log")
+	grew=$(metrics_advanced "$log" "$p")
 	bad=$(grep -m 2 -E 'Not supported|Unsupported|not found|Failed to retrieve' "$log" | paste -sd'|')
 	if [ "$rows" != "${gpus[$p]}" ] || [ "$sensed" != "${gpus[$p]}" ] || [ "$vram" != "${gpus[$p]}" ] ||
 		[ "${metrics%% *}" != "${gpus[$p]}" ] || [ "$grew" != "${gpus[$p]}" ] || [ -n "$bad" ]; then
 		result FAIL "$c" "$rows GPU rows, $sensed with temperature and power, $vram with $bytes B of VRAM, $metrics with gpu_metrics, $grew whose timestamps and energy advanced (want ${gpus[$p]} each)${bad:+; $bad}; log ${log#"$top"/}"
 	else
-		result PASS "$c" "${gpus[$p]} GPUs listed with temperature and power, each with $bytes B of VRAM and gpu_metrics ${metrics_rev[$p]% *} whose timestamps and energy advance"
+		result PASS "$c" "${gpus[$p]} GPUs listed with temperature and power, each with $bytes B of VRAM and gpu_metrics ${metrics_rev[$p]% *} whose ${metrics_clocked[$p]:-timestamps and energy} advance"
 	fi
 }
 
@@ -574,6 +592,76 @@ run_rocm_smi_live() { # PROFILE
 		result FAIL "$c" "pid ${pid:-?}: ${held% *} of $n GPUs with >= $mib MiB used, its --showpids VRAM ${row:-none} (a row naming vram-hold; all GPUs' used: $used), $after GPUs at 0 after it exited; log ${log#"$top"/}"
 	else
 		result PASS "$c" "pid $pid held $mib MiB + ROCr's own on each of $n GPUs: rocm-smi showed $used B used, the same in --showpids (named vram-hold); 0 on every GPU and no KFD process after"
+	fi
+}
+
+# In the chroot: in-flight --signal started (a kernel waiting on every GPU); once every GPU's
+# gpu_busy_percent reads at least 50, rocm-smi's use, memory use, clocks, processes and
+# metrics; the kernels let go; once every GPU's busy readings are 0, "idle" and the use,
+# memory use and clocks again. every_gpu ATTR TEST waits up to 60 s for every GPU's amdgpu
+# attribute ATTR to pass the test TEST ("-ge 50"): the readings average over a second.
+# shellcheck disable=SC2016 # expanded by the chroot's shell
+smi_busy_script='out=/tmp/rocm64-busy.out
+: >$out
+every_gpu() {
+	i=0
+	while :; do
+		ok=1
+		for f in /sys/class/drm/card*/device/$1; do [ "$(cat $f)" $2 ] || ok=0; done
+		[ $ok = 1 ] && return 0
+		i=$((i + 1))
+		[ $i -lt 600 ] || { echo "$1 not $2 on every GPU in 60 s: $(cat /sys/class/drm/card*/device/$1 | paste -sd " ")"; return 1; }
+		sleep 0.1
+	done
+}
+/opt/criu-rocm-tests/hip/in-flight --signal >$out 2>&1 &
+pid=$! i=0
+until grep -q "^in-flight: every kernel waits for its flag" $out; do
+	i=$((i + 1))
+	{ [ $i -lt 1200 ] && kill -0 $pid 2>/dev/null; } || { echo "in-flight did not get its kernels running: $(tail -n 3 $out)"; exit 1; }
+	sleep 0.1
+done
+every_gpu gpu_busy_percent "-ge 50" || exit 1
+rocm-smi --showuse --showmemuse -c && rocm-smi --showpids details && rocm-smi --showmetrics || exit
+kill -USR1 $pid && wait $pid
+tail -n 1 $out
+every_gpu gpu_busy_percent "-eq 0" && every_gpu mem_busy_percent "-eq 0" || exit 1
+echo idle
+rocm-smi --showuse --showmemuse -c'
+
+# The GPUs whose "GPU[N] : LABEL: V" rocm-smi line on standard input has V at least MIN and
+# at most MAX.
+smi_within() { # LABEL MIN MAX
+	grep -F ": $1: " | awk -v lo="$2" -v hi="$3" '$NF ~ /^[0-9]+$/ && $NF + 0 >= lo && $NF + 0 <= hi { n++ } END { print n + 0 }'
+}
+
+# The GPUs whose GFX Activity accumulator grew from the busy part of LOG to its idle part.
+smi_acc_grew() { # LOG
+	awk '/^idle$/ { idle = 1 }
+		match($0, /^GPU\[[0-9]+\]/) && index($0, ": GFX Activity: ") {
+			g = substr($0, 5, RLENGTH - 5)
+			if (idle) { if ($NF + 0 > busy[g] + 0) n++ } else busy[g] = $NF
+		}
+		END { print n + 0 }' "$1"
+}
+
+run_rocm_smi_busy() { # PROFILE
+	local p=$1 c=rocm-smi-busy-$1 log=$work/rocm-smi-busy-$1.log n=${gpus[$1]} busy idle use mem sclk cus xccs acc want_xccs=0
+	emu "$log" "$p" 1 sh -c "$smi_busy_script" ||
+		{ result FAIL "$c" "exit $?: $(grep -m 2 -iE 'error|not |fail|did not' "$log" | paste -sd'|'); log ${log#"$top"/}"; return; }
+	busy=$(sed '/^idle$/q' "$log") idle=$(sed -n '/^idle$/,$p' "$log")
+	use="$(smi_within 'GPU use (%)' 50 100 <<<"$busy")/$(smi_within 'GPU use (%)' 0 5 <<<"$idle")"
+	mem="$(smi_within 'GPU Memory Read/Write Activity (%)' 10 100 <<<"$busy")/$(smi_within 'GPU Memory Read/Write Activity (%)' 0 5 <<<"$idle")"
+	sclk="$(grep -c ': sclk clock level: 1: ' <<<"$busy")/$(grep -c ': sclk clock level: 0: ' <<<"$idle")"
+	cus=$(grep -E '^[0-9]+[[:space:]]+in-flight[[:space:]]' <<<"$busy" | awk '$NF ~ /^[0-9]+$/ && $NF > 0 { n++ } END { print n + 0 }')
+	acc=$(smi_acc_grew "$log")
+	[ "$p" = mi300x8 ] && want_xccs=$n
+	xccs=$(grep -cE ': current_gfxclks \(MHz\): \[2100(, 2100){7}\]$' <<<"$busy")
+	if [ "$use" != "$n/$n" ] || [ "$mem" != "$n/$n" ] || [ "$sclk" != "$n/$n" ] || [ "$cus" != "$n" ] ||
+		[ "$acc" != "$n" ] || [ "$xccs" != "$want_xccs" ] || ! grep -q '^in-flight: PASSED$' "$log"; then
+		result FAIL "$c" "of $n GPUs busy/idle: GPU use $use, memory $mem, sclk level $sclk; $cus with a CU occupancy, $acc whose GFX activity grew, $xccs with every XCC at the top gfxclk (want $want_xccs)$(grep -q '^in-flight: PASSED$' "$log" || echo "; in-flight did not pass"); log ${log#"$top"/}"
+	else
+		result PASS "$c" "a kernel on each of $n GPUs: rocm-smi showed each >= 50 % busy, memory >= 10 %, sclk at its top level, a CU occupancy$([ "$want_xccs" = 0 ] || echo ", all 8 XCCs at 2100 MHz"); after it, each <= 5 % at level 0 and the GFX activity accumulators grew"
 	fi
 }
 
@@ -690,6 +778,11 @@ mkdir -p "$work"
 for c in "${want[@]}"; do
 	case $c in
 	rocminfo-*) run_rocminfo "${c#rocminfo-}" ;;
+	rocm-smi-busy-*) if [ "$hip_built" = 0 ]; then
+		result FAIL "$c" "the HIP programs did not build in the chroot: $(tail -n 3 "$top/build/rocm64/hip-programs.log" | paste -sd'|')"
+	else
+		run_rocm_smi_busy "${c#rocm-smi-busy-}"
+	fi ;;
 	rocm-smi-live-*) run_rocm_smi_live "${c#rocm-smi-live-}" ;;
 	rocm-smi-*) run_rocm_smi "${c#rocm-smi-}" ;;
 	hsa-*-kfd1.16)

@@ -56,8 +56,12 @@ const METRICS_PERIOD: std::time::Duration = std::time::Duration::from_secs(1);
 struct Written {
     devices: live::Tree,
     procs: live::Tree,
-    /// The `gpu_metrics` tables, on their own clock ([`LiveSysfs::tick`]).
+    /// The `gpu_metrics` tables and the other files that follow the
+    /// engines' load, on their own clock ([`LiveSysfs::tick`]).
     metrics: live::Tree,
+    /// The engines' busy time when last written: the start of the window
+    /// the next write shows the load of.
+    totals: Vec<crate::sysfs::load::Totals>,
     /// `None` until written once, and after a failed write.
     shown: Option<live::Snapshot>,
 }
@@ -71,6 +75,7 @@ impl LiveSysfs {
             devices: live::Tree::new(devices, ""),
             procs: live::Tree::new(virt, live::PROC_DIR),
             shown: None,
+            totals: self.emu.load_totals(),
         };
         if self.trees.set(Mutex::new(trees)).is_err() {
             return Err(io::Error::other("live sysfs attached twice"));
@@ -79,8 +84,9 @@ impl LiveSysfs {
         self.write()
     }
 
-    /// Takes the `gpu_metrics` tables again every [`METRICS_PERIOD`] while
-    /// `live` lives (a thread of its own).
+    /// Takes the `gpu_metrics` tables and the load over the last period
+    /// again every [`METRICS_PERIOD`] while `live` lives (a thread of its
+    /// own), and the per-process files (their waves and SDMA time).
     fn tick(live: std::sync::Weak<LiveSysfs>) {
         loop {
             std::thread::sleep(METRICS_PERIOD);
@@ -88,17 +94,26 @@ impl LiveSysfs {
             if let Err(e) = l.write_metrics() {
                 log::error!("kfd-emu: {e}");
             }
+            l.refresh();
         }
     }
 
     fn write_metrics(&self) -> io::Result<()> {
+        use crate::sysfs::load;
         let Some(trees) = self.trees.get() else {
             return Ok(());
         };
-        let clock = crate::sysfs::MetricsClock::since(self.start);
-        let files = live::metrics_files(&self.profile, clock);
         let mut t = trees.lock().unwrap_or_else(|e| e.into_inner());
-        t.metrics.apply(files)
+        let clock = crate::sysfs::MetricsClock::since(self.start);
+        let now = self.emu.load_totals();
+        let prev = std::mem::replace(&mut t.totals, now.clone());
+        let loads: Vec<load::Load> = prev
+            .iter()
+            .zip(&now)
+            .map(|(a, b)| load::window(a, b))
+            .collect();
+        t.metrics
+            .apply(live::load_files(&self.profile, clock, &loads))
     }
 
     /// Writes what changed; a failure is logged (the call that caused it

@@ -1,12 +1,15 @@
 //! What the live sysfs files show ([`crate::sysfs::live`]), read from the
 //! state under its lock: each GPU's memory use, and each process with
-//! /dev/kfd open with its VRAM and queues per GPU, as KFD's procfs shows
-//! them (the topology's gpu_id, not the process' own name for a GPU).
+//! /dev/kfd open with its VRAM, resident waves, SDMA time and queues per
+//! GPU, as KFD's procfs shows them (the topology's gpu_id, not the
+//! process' own name for a GPU); and the engines' busy time.
 
+use super::activity::Activity;
 use super::state::State;
 use super::uapi::queue_type;
 use super::Emulator;
 use crate::sysfs::live::{self, GpuUse, ProcGpu, ProcUse, QueueUse, Snapshot};
+use crate::sysfs::load::Totals;
 
 /// KFD's first PASID (amdgpu hands them out from 1 << 15 down the
 /// 16-bit range): the process in slot N has PASID 0x8000 + N - 1.
@@ -15,12 +18,20 @@ const PASID_BASE: u32 = 0x8000;
 impl Emulator {
     /// What the live sysfs files show now.
     pub fn sysfs_snapshot(&self) -> Snapshot {
-        self.lock().sysfs_snapshot()
+        let st = self.lock();
+        let a = &self.shared.activity;
+        a.retain(|lead| st.procs.contains_key(&lead));
+        st.sysfs_snapshot(a)
+    }
+
+    /// Each GPU's engines' busy time so far.
+    pub fn load_totals(&self) -> Vec<Totals> {
+        self.shared.activity.totals()
     }
 }
 
 impl State {
-    fn sysfs_snapshot(&self) -> Snapshot {
+    fn sysfs_snapshot(&self, a: &Activity) -> Snapshot {
         let gpus = (0..self.devs.gpus.len())
             .map(|g| {
                 let u = self.usage(g);
@@ -31,18 +42,23 @@ impl State {
                 }
             })
             .collect();
-        let mut procs: Vec<ProcUse> = self.procs.values().map(|p| self.proc_use(p)).collect();
+        let mut procs: Vec<ProcUse> = self.procs.values().map(|p| self.proc_use(p, a)).collect();
         procs.sort_by_key(|p| p.pid);
         Snapshot { gpus, procs }
     }
 
-    fn proc_use(&self, p: &super::state::Proc) -> ProcUse {
+    fn proc_use(&self, p: &super::state::Proc, a: &Activity) -> ProcUse {
         let id = |gpu: usize| self.devs.gpus[gpu].id;
         let gpus = p
             .present()
-            .map(|(gpu, _)| ProcGpu {
-                gpu_id: id(gpu),
-                vram: p.bos.bytes_on(gpu).vram,
+            .map(|(gpu, _)| {
+                let (waves, sdma_us) = a.process(p.lead, gpu);
+                ProcGpu {
+                    gpu_id: id(gpu),
+                    vram: p.bos.bytes_on(gpu).vram,
+                    waves,
+                    sdma_us,
+                }
             })
             .collect();
         let queues = p

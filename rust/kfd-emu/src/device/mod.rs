@@ -13,6 +13,7 @@
 //!   `shader`: the shader engine running dispatches' waves (the `gfx9`
 //!   crate) on a thread of its own, outside the state lock;
 //! * `live_sysfs`: what the live sysfs files show of the state;
+//!   `activity`: the engines' busy time they show;
 //! * `asic`: what amdgpu reports about each GPU; `dmabuf`: the emulated
 //!   dma-bufs; `devcgroup`: the opener's device cgroup;
 //! * `mem`: memfd, mapping, caller-memory and caller-fd backends.
@@ -29,6 +30,7 @@
 //! doorbells, signal pages and MMIO pages at the offsets of
 //! [`uapi::kfd_off`] in the /dev/kfd memfd.
 
+mod activity;
 mod aql;
 mod asic;
 mod criu;
@@ -127,6 +129,8 @@ struct Shared {
     shader: shader::Engine,
     /// Each GPU's shader ISA (when the shader engine runs it) and XCCs.
     targets: Vec<aql::Shaders>,
+    /// The engines' busy time (`activity`).
+    activity: activity::Activity,
 }
 
 /// The emulated devices; shared by all transport threads.
@@ -274,6 +278,13 @@ impl Emulator {
                     xccs: g.num_xcc.max(1) as u16,
                 })
                 .collect(),
+            activity: activity::Activity::new(
+                &devs
+                    .gpus
+                    .iter()
+                    .map(|g| g.num_xcc.max(1) as usize)
+                    .collect::<Vec<_>>(),
+            ),
             devs,
             shader: shader::Engine::default(),
         });
@@ -1238,6 +1249,9 @@ fn sdma_pass(sh: &Shared) -> bool {
         drop(st);
         let busy = Busy(sh);
         let result = sdma::execute(work);
+        for (gpu, took) in result.iter().map(sdma::QueueDone::took) {
+            sh.activity.sdma_ran(lead, gpu, took);
+        }
         let mut done = Done::new();
         let mut st = sh.lock();
         if let Some(p) = st.procs.get_mut(&lead) {
@@ -1301,6 +1315,10 @@ impl shader::Host for Shared {
         drop(st);
         send(done);
         self.wake.notify_all();
+    }
+
+    fn busy(&self, start: Instant, end: Instant, r: &activity::Round) {
+        self.activity.shader_round(start, end, r);
     }
 }
 

@@ -765,6 +765,8 @@ fn no_swap(w: u32, a: u32, b: u32) -> Result<(), Halt> {
 /// The packets of one queue planned for a pass.
 pub struct QueueWork {
     id: u32,
+    /// The queue's GPU (index).
+    gpu: usize,
     /// The queue's read pointer when planned.
     start: u64,
     engine: EngineState,
@@ -777,6 +779,9 @@ pub struct QueueWork {
 /// What a pass did to one queue.
 pub struct QueueDone {
     id: u32,
+    gpu: usize,
+    /// How long its packets took to run.
+    took: std::time::Duration,
     start: u64,
     rptr: u64,
     halt: Option<(&'static str, Halt)>,
@@ -805,6 +810,7 @@ pub fn plan(p: &Proc, ips: &[IpVersion]) -> Vec<QueueWork> {
         };
         let mut w = QueueWork {
             id,
+            gpu: q.gpu,
             start: q.rptr,
             engine: q.engine.clone(),
             packets: Vec::new(),
@@ -849,31 +855,48 @@ pub fn plan(p: &Proc, ips: &[IpVersion]) -> Vec<QueueWork> {
 pub fn execute(work: Vec<QueueWork>) -> Vec<QueueDone> {
     work.into_iter()
         .map(|w| {
-            let mut d = QueueDone {
-                id: w.id,
-                start: w.start,
-                rptr: w.start,
-                halt: None,
-                fx: Effects {
-                    traps: Vec::new(),
-                    engine: w.engine,
-                },
-            };
-            for pk in &w.packets {
-                match pk.op.run(d.rptr, &mut d.fx) {
-                    Ok(Flow::Done) => {}
-                    Ok(Flow::Wait) => return d,
-                    Err(e) => {
-                        d.halt = Some((pk.name, e));
-                        return d;
-                    }
-                }
-                d.rptr += pk.bytes;
-            }
-            d.halt = w.halt;
+            let start = std::time::Instant::now();
+            let mut d = run_queue(w);
+            d.took = start.elapsed();
             d
         })
         .collect()
+}
+
+impl QueueDone {
+    /// The queue's GPU and how long its packets took to run.
+    pub fn took(&self) -> (usize, std::time::Duration) {
+        (self.gpu, self.took)
+    }
+}
+
+/// Runs one queue's planned packets.
+fn run_queue(w: QueueWork) -> QueueDone {
+    let mut d = QueueDone {
+        id: w.id,
+        gpu: w.gpu,
+        took: Default::default(),
+        start: w.start,
+        rptr: w.start,
+        halt: None,
+        fx: Effects {
+            traps: Vec::new(),
+            engine: w.engine,
+        },
+    };
+    for pk in &w.packets {
+        match pk.op.run(d.rptr, &mut d.fx) {
+            Ok(Flow::Done) => {}
+            Ok(Flow::Wait) => return d,
+            Err(e) => {
+                d.halt = Some((pk.name, e));
+                return d;
+            }
+        }
+        d.rptr += pk.bytes;
+    }
+    d.halt = w.halt;
+    d
 }
 
 /// Publishes a pass (under the state lock): read pointers, halts, TRAPs.

@@ -7,16 +7,20 @@
 //! * KFD's per-process directory `/sys/class/kfd/kfd/proc/<pid>/` while a
 //!   process has /dev/kfd open (`kfd_process.c`'s procfs), what
 //!   `rocm-smi --showpids` reads: `pasid`; per GPU `vram_<gpu_id>` (the
-//!   process' VRAM in bytes), `sdma_<gpu_id>` (SDMA activity, always 0
-//!   here: the emulated engines keep no activity counter),
+//!   process' VRAM in bytes), `sdma_<gpu_id>` (the SDMA engines' busy
+//!   time on its queues, µs, as KFD shows the engines' activity counter),
 //!   `stats_<gpu_id>/evicted_ms` and, on GFX9 parts (whose kfd2kgd reads
-//!   CU occupancy), `stats_<gpu_id>/cu_occupancy`, and
+//!   CU occupancy), `stats_<gpu_id>/cu_occupancy` (its resident waves
+//!   over the waves a CU holds, rounded up, as KFD counts CUs), and
 //!   `counters_<gpu_id>/{faults,page_in,page_out}` (SVM); and a directory
 //!   `queues/<queue id>/` per user queue with its `gpuid`, `size` (ring
 //!   bytes) and `type` (KFD's queue type), written without a newline as
 //!   KFD's queue attributes are;
 //! * each GPU's `gpu_metrics` table, whose timestamps and energy advance,
-//!   taken again every second on a clock of its own ([`metrics_files`]).
+//!   and the attributes that follow the engines' load (`gpu_busy_percent`,
+//!   `mem_busy_percent`, the `pp_dpm_*` current levels; see
+//!   [`super::load`]), taken again every second on a clock of their own
+//!   ([`load_files`]), as are the per-process files.
 //!
 //! [`files`] is pure: what a [`Snapshot`] of the device model shows.
 //! [`Tree`] writes such files into a tmpfs the runner mounted read-only
@@ -31,6 +35,7 @@ use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::PathBuf;
 
+use super::load::Load;
 use super::pci_names;
 use crate::profile::Profile;
 
@@ -82,6 +87,10 @@ pub struct ProcGpu {
     pub gpu_id: u32,
     /// The process' VRAM on it, bytes.
     pub vram: u64,
+    /// Its waves resident on the GPU now.
+    pub waves: u32,
+    /// The SDMA engines' busy time on its queues, µs.
+    pub sdma_us: u64,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -112,18 +121,23 @@ impl Node {
     }
 }
 
-/// Each GPU's `gpu_metrics` table (the parts that have one) at `clock`,
-/// relative to a [`Tree`] of [`DEVICES`]: rewritten as time passes, as the
-/// SMU refreshes its metrics.
-pub fn metrics_files(p: &Profile, clock: super::MetricsClock) -> Files {
-    p.gpus
-        .iter()
-        .filter_map(|g| {
-            let (root, func) = pci_names(g);
-            let table = super::metrics::gpu_metrics(g, clock)?;
-            Some((format!("{root}/{func}/gpu_metrics"), Node::Bytes(table)))
-        })
-        .collect()
+/// What follows the engines' load, relative to a [`Tree`] of [`DEVICES`]:
+/// each GPU's `gpu_metrics` table (the parts that have one) at `clock`,
+/// its `gpu_busy_percent`, `mem_busy_percent` and DPM clock levels, with
+/// `loads` (one per GPU of the profile, over the last window): rewritten
+/// as time passes, as the SMU refreshes its metrics.
+pub fn load_files(p: &Profile, clock: super::MetricsClock, loads: &[Load]) -> Files {
+    let mut out = Files::new();
+    for (g, load) in p.gpus.iter().zip(loads) {
+        let (root, func) = pci_names(g);
+        if let Some(table) = super::metrics::gpu_metrics(g, clock, load) {
+            out.insert(format!("{root}/{func}/gpu_metrics"), Node::Bytes(table));
+        }
+        for (name, text) in super::activity_files(g, load) {
+            out.insert(format!("{root}/{func}/{name}"), Node::File(text + "\n"));
+        }
+    }
+    out
 }
 
 /// Paths relative to a [`Tree`]'s base, and what they are.
@@ -153,11 +167,13 @@ pub fn files(p: &Profile, s: &Snapshot) -> (Files, Files) {
     (devices, procs)
 }
 
-/// GFX9 parts: KFD reads their CU occupancy (`stats_<id>/cu_occupancy`).
-fn reads_cu_occupancy(p: &Profile, gpu_id: u32) -> bool {
+/// The waves one CU holds at most, on GFX9 parts, whose CU occupancy KFD
+/// reads (`stats_<id>/cu_occupancy`): SIMDs per CU times waves per SIMD.
+fn waves_per_cu(p: &Profile, gpu_id: u32) -> Option<u32> {
     p.gpus
         .iter()
-        .any(|g| g.gpu_id.0 == gpu_id && (90000..100000).contains(&g.gfx_target_version))
+        .find(|g| g.gpu_id.0 == gpu_id && (90000..100000).contains(&g.gfx_target_version))
+        .map(|g| (g.simd_per_cu * g.max_waves_per_simd).max(1))
 }
 
 fn proc_files(p: &Profile, pr: &ProcUse, out: &mut Files) {
@@ -168,10 +184,12 @@ fn proc_files(p: &Profile, pr: &ProcUse, out: &mut Files) {
     for g in &pr.gpus {
         let id = g.gpu_id;
         file(format!("vram_{id}"), format!("{}\n", g.vram));
-        file(format!("sdma_{id}"), "0\n".into());
+        file(format!("sdma_{id}"), format!("{}\n", g.sdma_us));
         file(format!("stats_{id}/evicted_ms"), "0\n".into());
-        if reads_cu_occupancy(p, id) {
-            file(format!("stats_{id}/cu_occupancy"), "0\n".into());
+        if let Some(per_cu) = waves_per_cu(p, id) {
+            // KFD's count: the process' waves over a CU's, rounded up.
+            let cus = g.waves.div_ceil(per_cu);
+            file(format!("stats_{id}/cu_occupancy"), format!("{cus}\n"));
         }
         for c in ["faults", "page_in", "page_out"] {
             file(format!("counters_{id}/{c}"), "0\n".into());
@@ -403,6 +421,8 @@ mod tests {
                 gpus: vec![ProcGpu {
                     gpu_id: g0,
                     vram: 64 << 20,
+                    waves: 40,
+                    sdma_us: 1234,
                 }],
                 queues: vec![QueueUse {
                     id: 0,
@@ -433,10 +453,12 @@ mod tests {
         );
         assert_eq!(procs["42/queues/0/gpuid"], Node::File(g0.to_string()));
         assert_eq!(procs["42/queues/0/type"], Node::File("0".into()));
+        // 40 waves on gfx90a's CUs of 4 SIMDs of 8 waves: 2 CUs.
         assert_eq!(
             procs[&format!("42/stats_{g0}/cu_occupancy")],
-            Node::File("0\n".into())
+            Node::File("2\n".into())
         );
+        assert_eq!(procs[&format!("42/sdma_{g0}")], Node::File("1234\n".into()));
         for d in ["42", "42/queues", "42/queues/0", &format!("42/stats_{g0}")] {
             assert_eq!(procs[d], Node::Dir, "{d}");
         }

@@ -35,6 +35,7 @@
 use std::fmt::Write as _;
 
 pub mod live;
+pub mod load;
 mod metrics;
 
 /// The moment a `gpu_metrics` table is taken at ([`metrics`]).
@@ -279,7 +280,8 @@ fn pci_entries(g: &Gpu, index: usize, gtt_size: u64) -> Vec<Entry> {
         v.extend(drm_minor_entries(&dir, &func, name, m));
     }
     v.extend(amdgpu_attribute_entries(g, &dir, gtt_size));
-    if let Some(table) = metrics::gpu_metrics(g, MetricsClock::default()) {
+    let idle = load::Load::idle(g.num_xcc.max(1) as usize);
+    if let Some(table) = metrics::gpu_metrics(g, MetricsClock::default(), &idle) {
         v.push(Entry::Bytes(format!("{dir}/gpu_metrics"), table));
     }
     v.extend(hwmon_entries(g, &dir, index));
@@ -302,11 +304,7 @@ fn has_fan(g: &Gpu) -> bool {
 /// are the profile's; the "used" ones start at 0 and follow the device
 /// model's allocations ([`live`]). `gtt_size`: see [`gtt_size`].
 fn amdgpu_attribute_entries(g: &Gpu, dir: &str, gtt_size: u64) -> Vec<Entry> {
-    let (link_speed, max_sclk, max_mclk) = (
-        if is_mi300_class(g) { "32.0" } else { "16.0" },
-        g.max_engine_clk_fcompute.max(500),
-        g.vram_clk_max.max(400),
-    );
+    let link_speed = if is_mi300_class(g) { "32.0" } else { "16.0" };
     let mut files: Vec<(String, String)> = [
         ("mem_info_vram_total", g.vram_size.to_string()),
         ("mem_info_vram_used", "0".into()),
@@ -315,13 +313,7 @@ fn amdgpu_attribute_entries(g: &Gpu, dir: &str, gtt_size: u64) -> Vec<Entry> {
         ("mem_info_vram_vendor", "samsung".into()),
         ("mem_info_gtt_total", gtt_size.to_string()),
         ("mem_info_gtt_used", "0".into()),
-        ("gpu_busy_percent", "0".into()),
-        ("mem_busy_percent", "0".into()),
         ("power_dpm_force_performance_level", "auto".into()),
-        ("pp_dpm_sclk", format!("0: 500Mhz *\n1: {max_sclk}Mhz")),
-        ("pp_dpm_mclk", format!("0: 400Mhz *\n1: {max_mclk}Mhz")),
-        ("pp_dpm_fclk", "0: 400Mhz *\n1: 1200Mhz".into()),
-        ("pp_dpm_socclk", "0: 500Mhz *\n1: 1100Mhz".into()),
         ("pp_dpm_pcie", format!("0: {link_speed}GT/s, x16 *")),
         ("current_link_speed", format!("{link_speed} GT/s PCIe")),
         ("max_link_speed", format!("{link_speed} GT/s PCIe")),
@@ -334,6 +326,10 @@ fn amdgpu_attribute_entries(g: &Gpu, dir: &str, gtt_size: u64) -> Vec<Entry> {
     ]
     .map(|(name, text)| (name.to_owned(), text))
     .into();
+    files.extend(activity_files(
+        g,
+        &load::Load::idle(g.num_xcc.max(1) as usize),
+    ));
     if g.unique_id != 0 {
         // The board's serial from its FRU EEPROM (absent without one);
         // here the ASIC's serial number.
@@ -344,6 +340,120 @@ fn amdgpu_attribute_entries(g: &Gpu, dir: &str, gtt_size: u64) -> Vec<Entry> {
         files.push(("current_memory_partition".into(), "NPS1".into()));
     }
     files_in(dir, files)
+}
+
+/// What drives a clock's DPM level up: the shader engine or memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Follows {
+    Gfx,
+    Mem,
+}
+
+/// A clock domain with two DPM levels: its `pp_dpm_*` file, its name in
+/// `gpu_metrics`, its idle level (MHz) and what raises it to the other.
+#[derive(Clone, Copy, Debug)]
+pub struct DpmClock {
+    pub file: &'static str,
+    pub metrics: &'static str,
+    pub idle: u64,
+    pub follows: Follows,
+}
+
+/// The clocks amdgpu lists levels of: a busy engine runs its clock at the
+/// top level, an idle one at the lowest (as the SMU's DPM does under load).
+pub const DPM_CLOCKS: [DpmClock; 4] = [
+    DpmClock {
+        file: "pp_dpm_sclk",
+        metrics: "gfxclk",
+        idle: 500,
+        follows: Follows::Gfx,
+    },
+    DpmClock {
+        file: "pp_dpm_mclk",
+        metrics: "uclk",
+        idle: 400,
+        follows: Follows::Mem,
+    },
+    DpmClock {
+        file: "pp_dpm_fclk",
+        metrics: "fclk",
+        idle: 400,
+        follows: Follows::Mem,
+    },
+    DpmClock {
+        file: "pp_dpm_socclk",
+        metrics: "socclk",
+        idle: 500,
+        follows: Follows::Gfx,
+    },
+];
+
+impl DpmClock {
+    /// The top level, MHz: the profile's engine and memory clocks.
+    pub fn top(&self, g: &Gpu) -> u64 {
+        match self.metrics {
+            "gfxclk" => u64::from(g.max_engine_clk_fcompute).max(self.idle),
+            "uclk" => u64::from(g.vram_clk_max).max(self.idle),
+            "fclk" => 1200,
+            _ => 1100,
+        }
+    }
+
+    /// Whether its engine is busy now (the graphics clock: of XCC `xcc`,
+    /// or of any with `None`).
+    pub fn busy(&self, load: &load::Load, xcc: Option<usize>) -> bool {
+        match (self.follows, xcc) {
+            (Follows::Mem, _) => load.mem_now,
+            (Follows::Gfx, None) => load.gfx_now(),
+            (Follows::Gfx, Some(x)) => load.xcc_now.get(x).copied().unwrap_or(false),
+        }
+    }
+
+    /// The current clock, MHz (see [`DpmClock::busy`]).
+    pub fn current(&self, g: &Gpu, load: &load::Load, xcc: Option<usize>) -> u64 {
+        if self.busy(load, xcc) {
+            self.top(g)
+        } else {
+            self.idle
+        }
+    }
+
+    /// The average clock over the window: the levels weighted by the
+    /// engine's activity.
+    pub fn average(&self, g: &Gpu, load: &load::Load) -> u64 {
+        let pct = u64::from(match self.follows {
+            Follows::Gfx => load.gfx,
+            Follows::Mem => load.umc,
+        });
+        self.idle + (self.top(g) - self.idle) * pct / 100
+    }
+
+    /// Its `pp_dpm_*` text: the levels, the current one starred.
+    fn levels(&self, g: &Gpu, load: &load::Load) -> String {
+        let busy = self.busy(load, None);
+        let star = |on: bool| if on { " *" } else { "" };
+        format!(
+            "0: {}Mhz{}\n1: {}Mhz{}",
+            self.idle,
+            star(!busy),
+            self.top(g),
+            star(busy)
+        )
+    }
+}
+
+/// The attributes that follow the engines' load (as `(name, text)`, text
+/// without its newline): `gpu_busy_percent`, `mem_busy_percent` and the
+/// DPM levels of [`DPM_CLOCKS`].
+pub fn activity_files(g: &Gpu, load: &load::Load) -> Vec<(String, String)> {
+    let mut v = vec![
+        ("gpu_busy_percent".to_owned(), load.gfx.to_string()),
+        ("mem_busy_percent".to_owned(), load.umc.to_string()),
+    ];
+    for c in &DPM_CLOCKS {
+        v.push((c.file.to_owned(), c.levels(g, load)));
+    }
+    v
 }
 
 /// amdgpu's GTT size by default: three quarters of system memory (the
@@ -368,6 +478,9 @@ const IDLE_TEMPS: [(u32, &str, u64, u64); 3] = [
     (2, "junction", 40, 110),
     (3, "mem", 38, 95),
 ];
+
+/// An RDNA board's fan at idle, RPM (hwmon's `fan1_input`).
+const IDLE_FAN_RPM: u64 = 800;
 
 /// An idle GPU's power: its cap and reading in watts, and the hwmon file
 /// of the reading (the average on earlier parts, the current draw on
@@ -415,8 +528,9 @@ fn hwmon_entries(g: &Gpu, dir: &str, index: usize) -> Vec<Entry> {
         files.push((name.into(), (w * 1_000_000).to_string()));
     }
     if has_fan(g) {
+        let rpm = IDLE_FAN_RPM.to_string();
         for (name, v) in [
-            ("fan1_input", "800"),
+            ("fan1_input", rpm.as_str()),
             ("fan1_max", "3300"),
             ("pwm1", "51"),
             ("pwm1_max", "255"),

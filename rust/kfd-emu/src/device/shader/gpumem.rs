@@ -141,6 +141,8 @@ pub struct GpuMemory {
     fixed: Vec<Segment>,
     /// What the VM says of the last fault.
     pub last_fault: Option<vm::Fault>,
+    /// The waves' memory accesses so far (reads, writes, atomics).
+    pub accesses: u64,
 }
 
 impl GpuMemory {
@@ -151,6 +153,7 @@ impl GpuMemory {
             ahead: Ahead::default(),
             fixed: Vec::new(),
             last_fault: None,
+            accesses: 0,
         }
     }
 
@@ -275,6 +278,7 @@ fn rmw(op: AtomicOp, size: usize, src: u64, cmp: u64) -> impl Fn(u64) -> Option<
 
 impl Memory for GpuMemory {
     fn read(&mut self, addr: u64, buf: &mut [u8]) -> Result<(), Fault> {
+        self.accesses += 1;
         for s in &self.fixed {
             if let Some(r) = s.span(addr, buf.len()) {
                 buf.copy_from_slice(&s.bytes[r]);
@@ -293,6 +297,7 @@ impl Memory for GpuMemory {
     }
 
     fn read_fresh(&mut self, addr: u64, buf: &mut [u8]) -> Result<(), Fault> {
+        self.accesses += 1;
         self.read_now(addr, buf)
     }
 
@@ -301,6 +306,7 @@ impl Memory for GpuMemory {
     }
 
     fn read_lanes(&mut self, lanes: &Lanes<'_>, fresh: bool, buf: &mut [u8]) -> Result<(), Fault> {
+        self.accesses += 1;
         let n = lanes.bytes;
         let one_piece = self.lanes_direct(lanes).is_some_and(|(m, base, lo)| {
             lanes.iter().all(|l| {
@@ -315,6 +321,7 @@ impl Memory for GpuMemory {
     }
 
     fn write_lanes(&mut self, lanes: &Lanes<'_>, data: &[u8]) -> Result<(), Fault> {
+        self.accesses += 1;
         let n = lanes.bytes;
         if let Some((lo, hi)) = lanes.span() {
             self.forget(lo, (hi - lo) as usize);
@@ -334,6 +341,7 @@ impl Memory for GpuMemory {
     }
 
     fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), Fault> {
+        self.accesses += 1;
         self.forget(addr, data.len());
         if let Some((m, off)) = self.direct(addr, data.len()) {
             if m.write(off, data) {
@@ -354,6 +362,7 @@ impl Memory for GpuMemory {
         src: u64,
         cmp: u64,
     ) -> Result<u64, Fault> {
+        self.accesses += 1;
         self.forget(addr, size);
         self.ahead.drop_overlapping(addr, size);
         let f = rmw(op, size, src, cmp);

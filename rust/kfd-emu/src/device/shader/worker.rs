@@ -9,13 +9,14 @@
 use std::collections::HashMap;
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Condvar, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use gfx9::exec::CodeCache;
 
 use super::cwsr::{self, SaveJob, Saved};
 use super::sched::{Progress, Run};
 use super::{JobKey, Launch, Outcome};
+use crate::device::activity::Round;
 use crate::device::vm::GpuRange;
 
 /// log2 of the decoded-instruction cache entries per process and GPU.
@@ -43,6 +44,8 @@ pub trait Host {
     fn interrupt(&self, key: &JobKey, data: &[u32]);
     /// A dispatch ended.
     fn finish(&self, key: &JobKey, outcome: &Outcome);
+    /// A round from `start` to `end` kept `r` busy.
+    fn busy(&self, start: Instant, end: Instant, r: &Round);
 }
 
 #[derive(Default)]
@@ -153,7 +156,10 @@ impl Engine {
             for (jobs, tx) in new.saves {
                 let _ = tx.send(save(&mut runs, &jobs));
             }
-            let ran = round(host, &mut runs, &mut caches);
+            let start = Instant::now();
+            let mut busy = Round::default();
+            let ran = round(host, &mut runs, &mut caches, &mut busy);
+            host.busy(start, Instant::now(), &busy);
             pause = (ran == 0).then_some(IDLE_ROUND);
         }
     }
@@ -212,8 +218,36 @@ fn log_save(run: &Run, stacks: &[Vec<u8>]) {
     );
 }
 
-/// One slice of every dispatch; returns the instructions retired.
-fn round(host: &dyn Host, runs: &mut Vec<Run>, caches: &mut Caches) -> u64 {
+/// The XCCs with waves of `run` resident (each once).
+fn resident_xccs(run: &Run) -> Vec<usize> {
+    let mut v: Vec<usize> = run.groups.iter().map(|g| run.xcc_of(g.linear)).collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// What `run`, live in a round, kept busy: its XCCs (`before`: resident
+/// when the round began), its GPU's memory when its waves accessed it
+/// (`accesses`: the count before the slice), and what stays resident.
+fn note_busy(run: &Run, before: Vec<usize>, accesses: u64, r: &mut Round) {
+    let gpu = run.launch.key.gpu;
+    r.xccs.extend(before.into_iter().map(|x| (gpu, x)));
+    if run.mem.accesses != accesses {
+        r.mem.push(gpu);
+    }
+    r.after
+        .extend(resident_xccs(run).into_iter().map(|x| (gpu, x)));
+    let (lead, waves) = (run.launch.key.lead, run.resident() as u32);
+    match r.waves.iter_mut().find(|w| w.0 == lead && w.1 == gpu) {
+        Some(w) => w.2 += waves,
+        None if waves > 0 => r.waves.push((lead, gpu, waves)),
+        None => {}
+    }
+}
+
+/// One slice of every dispatch; returns the instructions retired, and
+/// notes in `busy` what the round kept busy.
+fn round(host: &dyn Host, runs: &mut Vec<Run>, caches: &mut Caches, busy: &mut Round) -> u64 {
     let keys: Vec<JobKey> = runs.iter().map(|r| r.launch.key).collect();
     let states = host.refresh(&keys);
     let mut ran = 0;
@@ -232,9 +266,11 @@ fn round(host: &dyn Host, runs: &mut Vec<Run>, caches: &mut Caches) -> u64 {
                 let cache = caches
                     .entry(key)
                     .or_insert_with(|| CodeCache::new(CACHE_BITS));
+                let (before, accesses) = (resident_xccs(run), run.mem.accesses);
                 let t = thread_cpu();
                 let p = run.slice(cache);
                 run.cpu += thread_cpu().saturating_sub(t);
+                note_busy(run, before, accesses, busy);
                 if !run.interrupts.is_empty() {
                     host.interrupt(&run.launch.key, &std::mem::take(&mut run.interrupts));
                 }
