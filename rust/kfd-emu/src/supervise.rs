@@ -378,9 +378,13 @@ pub enum Call {
         cmd: u32,
         arg: u64,
     },
-    /// An mmap of `len` bytes at file offset `offset`.
+    /// An mmap of `len` bytes at file offset `offset` (`addr`, `prot`
+    /// and `flags` as the caller passed them).
     Mmap {
+        addr: u64,
         len: u64,
+        prot: u64,
+        flags: u64,
         offset: u64,
     },
     /// A stat-family call; the notice's `fd` is its directory fd
@@ -436,6 +440,9 @@ pub enum Verdict {
     Return(i64),
     /// The call fails with this (positive) errno.
     Error(i32),
+    /// The handler carried the call out in the caller itself (its
+    /// notification is withdrawn): nothing to answer.
+    Done,
 }
 
 /// What answers trapped calls (the device model).
@@ -496,6 +503,7 @@ fn tgid_of(tid: u32) -> Option<u32> {
 
 fn respond(listener: BorrowedFd<'_>, id: u64, v: Verdict) {
     let (val, error, flags) = match v {
+        Verdict::Done => return,
         Verdict::Continue => (0, 0, libc::SECCOMP_USER_NOTIF_FLAG_CONTINUE as u32),
         Verdict::Return(v) => (v, 0, 0),
         Verdict::Error(e) => (0, -e, 0),
@@ -597,7 +605,10 @@ fn answer(listener: BorrowedFd<'_>, n: &libc::seccomp_notif, h: &dyn Handler) {
         libc::SYS_mmap => Some((
             a[4] as i32,
             Call::Mmap {
+                addr: a[0],
                 len: a[1],
+                prot: a[2],
+                flags: a[3],
                 offset: a[5],
             },
         )),

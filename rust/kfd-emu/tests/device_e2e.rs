@@ -442,3 +442,85 @@ fn bo_maps_only_through_the_owning_render_file_under_supervise() {
         &[emu, "supervise", "--"],
     );
 }
+
+/// Under `kfd-emu supervise`: a dma-buf the process exported
+/// (EXPORT_DMABUF) maps onto the BO's own pages, as amdgpu's does: what
+/// is written through the BO's render mapping is read through the
+/// dma-buf's and the other way round, and the mapping names `/dmabuf:`
+/// at the BO's render offset (the kernel adds the BO's fake offset).
+fn dmabuf_alias_client() {
+    let gpu: u64 = std::fs::read_to_string("/sys/class/kfd/kfd/topology/nodes/1/gpu_id")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let k = open("/dev/kfd");
+    let r = open("/dev/dri/renderD128");
+    let mut vm = [0u8; 8];
+    put(&mut vm, 0, r as u64, 4);
+    put(&mut vm, 4, gpu, 4);
+    ioctl(k, 1, 0x4b, 0x15, &mut vm).unwrap();
+    // GTT, then CPU-visible VRAM (PUBLIC).
+    for (va, flags) in [(0x1000_0000u64, 2u64), (0x2000_0000, 1 | 1 << 29)] {
+        let mut a = [0u8; 40];
+        put(&mut a, 0, va, 8);
+        put(&mut a, 8, 8192, 8);
+        put(&mut a, 32, gpu, 4);
+        put(&mut a, 36, flags, 4);
+        kfd(k, 0x16, &mut a).unwrap();
+        let (handle, off) = (get(&a, 16, 8), get(&a, 24, 8));
+        let bo = try_map(r, off, 8192).unwrap();
+        // struct kfd_ioctl_export_dmabuf_args { u64 handle; u32 flags; u32 dmabuf_fd; }
+        let mut e = [0u8; 16];
+        put(&mut e, 0, handle, 8);
+        put(&mut e, 8, libc::O_CLOEXEC as u64, 4);
+        kfd(k, 0x24, &mut e).unwrap();
+        let dmabuf = get(&e, 12, 4) as i32;
+        let db = try_map(dmabuf, 0, 8192).unwrap();
+        // Byte `i` of a mapping of 8192 bytes.
+        let at = |p: *mut u8, i: usize| p.wrapping_add(i);
+        // SAFETY: inside the BO's 8192-byte mapping.
+        unsafe { at(bo, 4097).write_volatile(0x5a) };
+        // SAFETY: inside the dma-buf's 8192-byte mapping.
+        let got = unsafe { at(db, 4097).read_volatile() };
+        assert_eq!(got, 0x5a, "BO write seen through the dma-buf");
+        // SAFETY: as above.
+        unsafe { at(db, 17).write_volatile(0xa5) };
+        // SAFETY: inside the BO's mapping.
+        let got = unsafe { at(bo, 17).read_volatile() };
+        assert_eq!(got, 0xa5, "dma-buf write seen through the BO");
+        // A mapping of the second page only, and one past the end.
+        let second = try_map(dmabuf, 4096, 4096).unwrap();
+        // SAFETY: the BO's second page.
+        let got = unsafe { second.wrapping_add(1).read_volatile() };
+        assert_eq!(got, 0x5a);
+        assert_eq!(
+            try_map(dmabuf, 4096, 8192),
+            Err(libc::EINVAL),
+            "past its end"
+        );
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let line = maps
+            .lines()
+            .find(|l| l.starts_with(&format!("{:x}-", db as usize)))
+            .unwrap();
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(u64::from_str_radix(fields[2], 16).unwrap(), off, "{line}");
+        assert!(line.ends_with("/dmabuf:"), "{line}");
+    }
+    println!("e2e: dma-buf mappings alias their BOs");
+}
+
+#[test]
+fn dmabuf_mapping_aliases_the_bo_under_supervise() {
+    if std::env::var_os(ROLE).is_some() {
+        dmabuf_alias_client();
+        return;
+    }
+    let emu = env!("CARGO_BIN_EXE_kfd-emu");
+    run_client_in(
+        "dmabuf_mapping_aliases_the_bo_under_supervise",
+        "e2e: dma-buf mappings alias their BOs",
+        &[emu, "supervise", "--"],
+    );
+}
