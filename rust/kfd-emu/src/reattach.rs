@@ -75,10 +75,11 @@ pub fn attach_with(
     // SAFETY: a fresh fd nobody else owns.
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd as i32) };
     let mut listeners = Vec::new();
+    let tag = crate::supervise::new_tag();
     for (i, tid) in threads(pid)?.into_iter().enumerate() {
         let listener = Seized::new(pid, tid, 0).and_then(|t| {
             seized(i, tid)?;
-            install_listener(&t, syscall_at, &pidfd)
+            install_releasing(state_dir, &t, syscall_at, &pidfd, tag)
         });
         listeners.push(listener.map_err(|e| {
             io::Error::new(
@@ -89,7 +90,7 @@ pub fn attach_with(
     }
     let n = listeners.len();
     for l in listeners {
-        crate::supervise::hand_over(state_dir, l)?;
+        crate::supervise::hand_over(state_dir, l, tag)?;
     }
     Ok(n)
 }
@@ -138,7 +139,7 @@ fn wait_stopped(pid: i32) -> io::Result<()> {
 #[cfg(target_arch = "x86_64")]
 /// Installs the supervisor's filter with a new listener in the thread
 /// and returns that listener (the thread's copy is closed).
-fn install_listener(t: &Seized, at: u64, pidfd: &OwnedFd) -> io::Result<OwnedFd> {
+fn install_listener(t: &Seized, at: u64, pidfd: &OwnedFd, tag: u32) -> io::Result<OwnedFd> {
     use std::os::fd::AsRawFd;
     use std::os::unix::fs::FileExt;
     let call = |nr: i64, args: &[u64], what: &str| t.call(at, nr, args, what);
@@ -146,7 +147,7 @@ fn install_listener(t: &Seized, at: u64, pidfd: &OwnedFd) -> io::Result<OwnedFd>
     let prot = (libc::PROT_READ | libc::PROT_WRITE) as u64;
     let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
     let scratch = call(libc::SYS_mmap, &[0, page, prot, flags, u64::MAX, 0], "mmap")?;
-    let prog = crate::supervise::filter();
+    let prog = crate::supervise::tagged_filter(tag);
     // struct sock_fprog { u16 len; (pad) struct sock_filter *filter; },
     // then the program.
     let mut bytes = Vec::with_capacity(16 + prog.len() * 8);
@@ -191,4 +192,74 @@ fn install_listener(t: &Seized, at: u64, pidfd: &OwnedFd) -> io::Result<OwnedFd>
     };
     call(libc::SYS_close, &[target_fd], "close")?;
     got
+}
+
+/// [`install_listener`]; when seccomp refuses (EBUSY: a filter of the
+/// thread has a listener, as one a supervised `criu restore` passed on to
+/// the tasks it forked has, under the filter restored from the image),
+/// the daemon's listeners of the thread's filters are released, oldest
+/// first, until the new one installs.  Releasing one ends its service to
+/// every task of its filter: those restored with it are attached too.
+#[cfg(target_arch = "x86_64")]
+fn install_releasing(
+    state_dir: &Path,
+    t: &Seized,
+    at: u64,
+    pidfd: &OwnedFd,
+    tag: u32,
+) -> io::Result<OwnedFd> {
+    let mut older: Option<Vec<u32>> = None;
+    loop {
+        match install_listener(t, at, pidfd, tag) {
+            Err(e) if e.kind() == io::ErrorKind::ResourceBusy => {}
+            r => return r,
+        }
+        if older.is_none() {
+            older = Some(filter_tags(t.tid())?);
+        }
+        let Some(old) = older.as_mut().and_then(|v| v.pop()) else {
+            return Err(io::Error::new(
+                io::ErrorKind::ResourceBusy,
+                "seccomp: a filter of the thread has a listener the emulator does not hold",
+            ));
+        };
+        if crate::supervise::release(state_dir, old)? {
+            log::info!(
+                "supervise --attach: thread {}: released the listener of its filter {old:#x}",
+                t.tid()
+            );
+        }
+    }
+}
+
+/// The tags of the supervisor's filters of seized thread `tid`, newest
+/// first (PTRACE_SECCOMP_GET_FILTER; other filters are left out).
+#[cfg(target_arch = "x86_64")]
+fn filter_tags(tid: i32) -> io::Result<Vec<u32>> {
+    const PTRACE_SECCOMP_GET_FILTER: libc::c_uint = 0x420c;
+    let mut tags = Vec::new();
+    for i in 0usize.. {
+        // SAFETY: a null buffer asks only for the instruction count.
+        let n = unsafe { libc::ptrace(PTRACE_SECCOMP_GET_FILTER, tid, i, 0usize) };
+        if n < 0 {
+            if io::Error::last_os_error().raw_os_error() == Some(libc::ENOENT) {
+                break;
+            }
+            return Err(os_err(format!("PTRACE_SECCOMP_GET_FILTER({tid}, {i})")));
+        }
+        let zero = libc::sock_filter {
+            code: 0,
+            jt: 0,
+            jf: 0,
+            k: 0,
+        };
+        let mut prog = vec![zero; n as usize];
+        // SAFETY: the kernel writes `n` instructions into `prog`.
+        let r = unsafe { libc::ptrace(PTRACE_SECCOMP_GET_FILTER, tid, i, prog.as_mut_ptr()) };
+        if r < 0 {
+            return Err(os_err(format!("PTRACE_SECCOMP_GET_FILTER({tid}, {i})")));
+        }
+        tags.extend(crate::supervise::tag_of(&prog));
+    }
+    Ok(tags)
 }

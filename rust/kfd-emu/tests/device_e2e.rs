@@ -524,3 +524,105 @@ fn dmabuf_mapping_aliases_the_bo_under_supervise() {
         &[emu, "supervise", "--"],
     );
 }
+
+/// A supervised process given a second filter of the supervisor's
+/// without a listener (what CRIU restores from an image into a task a
+/// supervised `criu restore` forked): its trapped calls fail ENOSYS, then
+/// it stops.
+fn restored_filter_child() {
+    let prog = kfd_emu::supervise::tagged_filter(0x5eed);
+    let fprog = libc::sock_fprog {
+        len: prog.len() as u16,
+        filter: prog.as_ptr() as *mut libc::sock_filter,
+    };
+    // SAFETY: seccomp reads `fprog` and the program, both live.
+    let r = unsafe { libc::syscall(libc::SYS_seccomp, libc::SECCOMP_SET_MODE_FILTER, 0, &fprog) };
+    assert_eq!(r, 0, "seccomp: {}", std::io::Error::last_os_error());
+    let exe = std::env::current_exe().unwrap();
+    let before = std::fs::metadata(&exe).map_err(|e| e.raw_os_error());
+    assert_eq!(
+        before.err(),
+        Some(Some(libc::ENOSYS)),
+        "stat before the attach"
+    );
+    // SAFETY: raise has no preconditions.
+    unsafe { libc::raise(libc::SIGSTOP) };
+    std::fs::metadata(&exe).expect("stat after the attach");
+    let f = std::fs::File::open(&exe).unwrap();
+    try_map_ro(&f).expect("mmap of a file after the attach");
+}
+
+fn try_map_ro(f: &std::fs::File) -> Result<(), i32> {
+    // SAFETY: a fresh private read-only mapping of a regular file.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ,
+            libc::MAP_PRIVATE,
+            std::os::fd::AsRawFd::as_raw_fd(f),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
+    }
+    // SAFETY: unmapping the mapping made above.
+    unsafe { libc::munmap(p, 4096) };
+    Ok(())
+}
+
+/// Starts [`restored_filter_child`] under `kfd-emu supervise` (whose
+/// listener stays live under the child's second filter: the kernel gives
+/// no thread a second, EBUSY), attaches it once it stopped (the daemon
+/// releases that listener) and lets it stat and map a file again.
+fn attach_under_live_listener_client() {
+    let dir = std::env::var_os("KFD_EMU_STATE_DIR").expect("run under kfd-emu run");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kfd-emu"))
+        .args(["supervise", "--"])
+        .arg(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "attach_releases_a_live_listener_under_the_restored_filter",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(ROLE, "child")
+        .spawn()
+        .unwrap();
+    let pid = child.id() as i32;
+    let t0 = std::time::Instant::now();
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        if stat
+            .rsplit_once(')')
+            .unwrap()
+            .1
+            .trim_start()
+            .starts_with('T')
+        {
+            break;
+        }
+        assert!(t0.elapsed().as_secs() < 30, "the child did not stop");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let n = kfd_emu::reattach::attach(std::path::Path::new(&dir), pid).expect("attach");
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    let st = child.wait().unwrap();
+    assert!(st.success(), "child: {st}");
+    println!("e2e: attached {n} thread(s) under a live listener");
+}
+
+#[test]
+fn attach_releases_a_live_listener_under_the_restored_filter() {
+    match std::env::var(ROLE).as_deref() {
+        Ok("child") => return restored_filter_child(),
+        Ok(_) => return attach_under_live_listener_client(),
+        Err(_) => {}
+    }
+    run_client(
+        "attach_releases_a_live_listener_under_the_restored_filter",
+        "e2e: attached",
+    );
+}
