@@ -51,6 +51,13 @@ fn get(b: &[u8], off: usize, width: usize) -> u64 {
 }
 
 fn client() {
+    client_with(false);
+}
+
+/// The SDMA copy; with `dmabuf` (under `kfd-emu supervise`) the
+/// destination BO is exported and its dma-buf mapped before the copy,
+/// and the copy is read through that mapping too.
+fn client_with(dmabuf: bool) {
     let gpu: u64 = std::fs::read_to_string("/sys/class/kfd/kfd/topology/nodes/1/gpu_id")
         .unwrap()
         .trim()
@@ -96,7 +103,15 @@ fn client() {
     let (_, ring) = alloc(ring_va, 4096, 2);
     let (_, _ctl) = alloc(ctl_va, 4096, 2);
     let (_, src) = alloc(src_va, 1 << 20, 1);
-    let (_, dst) = alloc(dst_va, 1 << 20, 1);
+    let (dst_h, dst) = alloc(dst_va, 1 << 20, 1);
+    let via_dmabuf = dmabuf.then(|| {
+        // struct kfd_ioctl_export_dmabuf_args { u64 handle; u32 flags; u32 dmabuf_fd; }
+        let mut e = [0u8; 16];
+        put(&mut e, 0, dst_h, 8);
+        put(&mut e, 8, libc::O_CLOEXEC as u64, 4);
+        kfd(k, 0x24, &mut e).unwrap();
+        try_map(get(&e, 12, 4) as i32, 0, 1 << 20).expect("mmap of the dma-buf")
+    });
     let (sig_h, _sig) = alloc(sig_va, 32768, 2);
     // SAFETY: src maps 1 MiB that only this slice accesses in this process.
     let src = unsafe { std::slice::from_raw_parts_mut(src, 1 << 20) };
@@ -165,6 +180,15 @@ fn client() {
     let dst = unsafe { std::slice::from_raw_parts(dst, 1 << 20) };
     for (i, b) in dst.iter().enumerate() {
         assert_eq!(*b, (i % 251) as u8, "byte {i}");
+    }
+    if let Some(p) = via_dmabuf {
+        // SAFETY: the dma-buf's mapping of the same 1 MiB.
+        let d = unsafe { std::slice::from_raw_parts(p, 1 << 20) };
+        assert!(
+            d == dst,
+            "the SDMA copy read through the dma-buf's mapping differs"
+        );
+        println!("e2e: the SDMA copy is seen through the dma-buf's mapping");
     }
     println!("e2e: 1 MiB SDMA copy + trap wait in {:?}", t.elapsed());
     interrupted_wait(k);
@@ -415,6 +439,20 @@ fn sdma_copy_and_trap_through_fuse() {
         return;
     }
     run_client("sdma_copy_and_trap_through_fuse", "e2e: 1 MiB");
+}
+
+#[test]
+fn sdma_copy_seen_through_a_dmabuf_under_supervise() {
+    if std::env::var_os(ROLE).is_some() {
+        client_with(true);
+        return;
+    }
+    let emu = env!("CARGO_BIN_EXE_kfd-emu");
+    run_client_in(
+        "sdma_copy_seen_through_a_dmabuf_under_supervise",
+        "e2e: the SDMA copy is seen through the dma-buf's mapping",
+        &[emu, "supervise", "--"],
+    );
 }
 
 #[test]
