@@ -30,11 +30,13 @@
 //!   process' queues run (only the pages written: BOs the GPU filled meanwhile
 //!   stay as the GPU left them), and the shadow's pages are given back.
 //!
-//! A mapping of a restore's dma-buf still held after RESUME reads zeros.
+//! A mapping of a restore's shadow still held after RESUME reads zeros.
 //!
-//! A dma-buf the process itself exported (EXPORT_DMABUF, or
-//! PRIME_HANDLE_TO_FD of a GEM BO made on a render node) is mapped as
-//! amdgpu maps one, onto the BO's own pages: `kfd-emu supervise` traps
+//! Outside those ops (a dma-buf the process itself exported with
+//! EXPORT_DMABUF or PRIME_HANDLE_TO_FD, whatever ops used it since; a
+//! RESTORE's after RESUME, which criu-rocm hands the restored process as
+//! its dma-buf fd), a mapping is made as
+//! amdgpu makes one, onto the BO's own pages: `kfd-emu supervise` traps
 //! every mmap of a file, and the supervisor maps instead the dma-buf's
 //! *window* ([`Registry::window`]: a second `dmabuf:` file, over the
 //! render node's memfd, one of this dma-buf by its inode too) at the
@@ -171,11 +173,12 @@ impl Dmabuf {
     }
 
     /// Where a CPU mapping of `len` bytes at dma-buf offset `offset` goes
-    /// in the render node's memfd: None while the dma-buf is not one the
-    /// process exported (its mapping is the shadow's), EINVAL past the
-    /// BO's end (`dma_buf_mmap_internal`).
+    /// in the render node's memfd: None while a CRIU op's shadow stands in
+    /// for the BO (a CHECKPOINT's snapshot, a RESTORE's until RESUME) and
+    /// the process did not export the dma-buf itself (the mapping is the
+    /// shadow's), EINVAL past the BO's end (`dma_buf_mmap_internal`).
     pub fn mapped_at(&self, offset: u64, len: u64) -> Option<Result<u64, i32>> {
-        if !self.exported.load(Ordering::Acquire) {
+        if !self.exported.load(Ordering::Acquire) && *self.lock() != Shadow::Empty {
             return None;
         }
         let end = offset.checked_add(len);
