@@ -1894,6 +1894,65 @@ shared_bo_two_procs_dump_killed() {
 	shared_bo_two_procs_end "$pid" "$child" "$CASE_DIR/sb.out" "the killed dump"
 }
 
+# A process mapping the dma-buf of its KFD BO (test/rocm/dmabuf-map.c, exported with
+# EXPORT_DMABUF) under `kfd-emu supervise`: every mapping it makes is the BO's memory (a write
+# through one mapping is read through the other, both ways). Dumped while it holds no such
+# mapping, restored under the supervisor (which the dma-buf fd's export needs) left stopped,
+# and attached again (`supervise --attach`: the restore's own listener is released, which
+# seccomp would otherwise refuse with EBUSY), its rounds map the dma-buf exported again onto
+# the restored BO. Holding a mapping of it, the dump fails (the mapping is not saved yet) and
+# the process runs on.
+case_kfd_dmabuf_map_cr() { on mi100 -- dmabuf_map_cr; }
+case_kfd_dmabuf_map_held_refused() { on mi100 -- dmabuf_map_held_refused; }
+# dmabuf_map_start OUT [--hold]: builds and starts dmabuf-map; prints its pid once ready.
+dmabuf_map_start() {
+	local out=$1 prog=$CASE_DIR/dmabuf-map i pid
+	shift
+	cc -std=gnu11 -Wall -Wextra -Werror -O2 -o "$prog" "$top/test/rocm/dmabuf-map.c" 2>"$CASE_DIR/cc.log" ||
+		fail "dmabuf-map.c does not build: $(head -n 3 "$CASE_DIR/cc.log" | paste -sd' ')"
+	setsid "$KFD_EMU" supervise -- "$prog" "$@" </dev/null >"$out" 2>&1 &
+	for ((i = 0; i < 600; i++)); do
+		grep -q '^ready [0-9]*$' "$out" && break
+		sleep 0.05
+	done
+	pid=$(sed -n 's/^ready \([0-9]*\)$/\1/p' "$out")
+	[ -n "$pid" ] || fail "dmabuf-map did not get ready: $(tail -n 3 "$out" | paste -sd'|')"
+	echo "$pid"
+}
+# dmabuf_map_round_and_end PID OUT WHAT: a round passes after WHAT, and the last on SIGTERM.
+dmabuf_map_round_and_end() {
+	local pid=$1 out=$2 what=$3 i
+	alive "$pid" || fail "dmabuf-map $pid is gone after $what"
+	kill -USR1 "$pid"
+	for ((i = 0; i < 200; i++)); do
+		grep -qE '^round 1: (ok|FAIL)' "$out" && break
+		sleep 0.05
+	done
+	grep -q '^round 1: ok$' "$out" || fail "after $what: $(tail -n 2 "$out" | paste -sd'|')"
+	kill -TERM "$pid"
+	wait_gone "$pid" 30 || fail "dmabuf-map $pid did not end on SIGTERM"
+	tail -n 1 "$out" | grep -q '^PASS$' || fail "dmabuf-map's last round failed: $(tail -n 2 "$out" | paste -sd'|')"
+}
+dmabuf_map_cr() {
+	local img=$CASE_DIR/img out=$CASE_DIR/dm.out pid
+	pid=$(dmabuf_map_start "$out") || exit 1
+	dump "$pid" "$img" || fail "criu-rocm dump of dmabuf-map $pid failed: $(log_errors "$img/dump.log")"
+	wait_gone "$pid" 5 || fail "dmabuf-map $pid still runs after the dump"
+	"$KFD_EMU" supervise -- "$CRIU" restore -D "$img" -o restore.log -v4 -d --leave-stopped \
+		>>"$CASE_DIR/criu.out" 2>&1 || fail "criu-rocm restore of dmabuf-map $pid failed: $(log_errors "$img/restore.log")"
+	"$KFD_EMU" supervise --attach "$pid" >>"$CASE_DIR/criu.out" 2>&1 ||
+		fail "supervise --attach $pid: $(tail -n 1 "$CASE_DIR/criu.out")"
+	kill -CONT "$pid"
+	dmabuf_map_round_and_end "$pid" "$out" "the restore"
+}
+dmabuf_map_held_refused() {
+	local img=$CASE_DIR/img out=$CASE_DIR/dm.out pid
+	pid=$(dmabuf_map_start "$out" --hold) || exit 1
+	dump "$pid" "$img" && fail "the dump of dmabuf-map $pid succeeded although it holds a mapping of its dma-buf"
+	dmabuf_map_round_and_end "$pid" "$out" "the refused dump"
+	note "$(grep -a -m1 -o 'Error.*' "$img/dump.log" | cut -c1-160)"
+}
+
 # What a render file holds that criu-rocm cannot save fails the dump closed, naming the
 # process, render node, file and what it holds; the process runs on and passes a round:
 # a submission context (gem-test --ctx; contexts, fences and BO lists are not saved); a

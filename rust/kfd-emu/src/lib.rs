@@ -23,6 +23,8 @@ pub mod chardev;
 pub mod device;
 pub mod fault;
 pub mod fuse;
+#[cfg(target_arch = "x86_64")]
+pub mod inject;
 pub mod profile;
 pub mod reattach;
 pub mod runner;

@@ -200,6 +200,49 @@ fn cmd_supervise(a: Args) -> Result<i32, String> {
     Err(kfd_emu::supervise::supervise(dir, &a.rest).to_string())
 }
 
+/// The daemon's helper (not in the usage): `kfd-emu inject-mmap PID TID
+/// ADDR LEN PROT FLAGS FD OFFSET` makes that mmap in thread TID of PID in
+/// place of the trapped one it waits in (`kfd_emu::inject::mmap_instead`)
+/// and prints its result.  A process of its own, so that the tracer's
+/// stops do not reach the daemon's reaper of orphans.
+const INJECT_MMAP: &str = "inject-mmap";
+
+#[cfg(target_arch = "x86_64")]
+fn cmd_inject_mmap(args: &[OsString]) -> ExitCode {
+    let n: Vec<u64> = args
+        .iter()
+        .filter_map(|a| a.to_str().and_then(|s| s.parse().ok()))
+        .collect();
+    let [pid, tid, addr, len, prot, flags, fd, offset] = n[..] else {
+        eprintln!("kfd-emu {INJECT_MMAP}: PID TID ADDR LEN PROT FLAGS FD OFFSET");
+        return ExitCode::from(2);
+    };
+    let map = kfd_emu::inject::Mmap {
+        addr,
+        len,
+        prot,
+        flags,
+        fd: fd as i32,
+        offset,
+    };
+    match kfd_emu::inject::mmap_instead(pid as i32, tid as i32, map) {
+        Ok(r) => {
+            println!("{r}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("kfd-emu {INJECT_MMAP}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn cmd_inject_mmap(_args: &[OsString]) -> ExitCode {
+    eprintln!("kfd-emu {INJECT_MMAP}: x86_64 only");
+    ExitCode::FAILURE
+}
+
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i]
@@ -264,6 +307,9 @@ fn main() -> ExitCode {
         eprintln!("{USAGE}");
         return ExitCode::from(2);
     };
+    if sub == INJECT_MMAP {
+        return cmd_inject_mmap(&args[1..]);
+    }
     let parsed = match parse(&args[1..]) {
         Ok(a) => a,
         Err(e) => {

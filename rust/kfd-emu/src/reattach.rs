@@ -33,6 +33,9 @@ use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::Path;
 
+#[cfg(target_arch = "x86_64")]
+use crate::inject::{vdso_syscall, Seized};
+
 fn os_err(what: impl std::fmt::Display) -> io::Error {
     let e = io::Error::last_os_error();
     io::Error::new(e.kind(), format!("{what}: {e}"))
@@ -72,10 +75,11 @@ pub fn attach_with(
     // SAFETY: a fresh fd nobody else owns.
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd as i32) };
     let mut listeners = Vec::new();
+    let tag = crate::supervise::new_tag();
     for (i, tid) in threads(pid)?.into_iter().enumerate() {
-        let listener = Seized::new(pid, tid).and_then(|t| {
+        let listener = Seized::new(pid, tid, 0).and_then(|t| {
             seized(i, tid)?;
-            t.install_listener(syscall_at, &pidfd)
+            install_releasing(state_dir, &t, syscall_at, &pidfd, tag)
         });
         listeners.push(listener.map_err(|e| {
             io::Error::new(
@@ -86,7 +90,7 @@ pub fn attach_with(
     }
     let n = listeners.len();
     for l in listeners {
-        crate::supervise::hand_over(state_dir, l)?;
+        crate::supervise::hand_over(state_dir, l, tag)?;
     }
     Ok(n)
 }
@@ -132,254 +136,130 @@ fn wait_stopped(pid: i32) -> io::Result<()> {
     )))
 }
 
-/// The address of a `syscall` instruction (0f 05) in the vDSO of `pid`.
 #[cfg(target_arch = "x86_64")]
-fn vdso_syscall(pid: i32) -> io::Result<u64> {
+/// Installs the supervisor's filter with a new listener in the thread
+/// and returns that listener (the thread's copy is closed).
+fn install_listener(t: &Seized, at: u64, pidfd: &OwnedFd, tag: u32) -> io::Result<OwnedFd> {
+    use std::os::fd::AsRawFd;
     use std::os::unix::fs::FileExt;
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
-    let (start, end) = maps
-        .lines()
-        .find(|l| l.ends_with("[vdso]"))
-        .and_then(|l| l.split_whitespace().next())
-        .and_then(|r| r.split_once('-'))
-        .and_then(|(a, b)| {
-            Some((
-                u64::from_str_radix(a, 16).ok()?,
-                u64::from_str_radix(b, 16).ok()?,
-            ))
-        })
-        .ok_or_else(|| io::Error::other(format!("process {pid} has no vDSO")))?;
-    let mut text = vec![0u8; (end - start) as usize];
-    std::fs::File::open(format!("/proc/{pid}/mem"))?.read_exact_at(&mut text, start)?;
-    text.windows(2)
-        .position(|w| w == [0x0f, 0x05])
-        .map(|i| start + i as u64)
-        .ok_or_else(|| io::Error::other(format!("no syscall instruction in the vDSO of {pid}")))
-}
-
-/// A thread seized with ptrace and stopped; let go (registers restored,
-/// detached) when dropped.
-///
-/// A signal that reaches the thread while it is seized stops it in
-/// signal-delivery-stop, and the ptrace restart that goes on with the
-/// injected call discards it: such signals are kept in `held` and sent to
-/// the thread again once it is let go (pending until the process
-/// continues; the sender's identity is ours then, the signal the same).
-#[cfg(target_arch = "x86_64")]
-struct Seized {
-    pid: i32,
-    tid: i32,
-    saved: libc::user_regs_struct,
-    held: std::cell::RefCell<Vec<i32>>,
-}
-
-/// What a ptrace stop of a seized thread is.
-#[cfg(target_arch = "x86_64")]
-#[derive(Debug, PartialEq, Eq)]
-enum Stop {
-    /// Entry or exit of a system call (PTRACE_O_TRACESYSGOOD).
-    Syscall,
-    /// PTRACE_EVENT_STOP: a group stop or PTRACE_INTERRUPT.
-    Event,
-    /// Signal-delivery-stop of this signal.
-    Signal(i32),
-    /// Another ptrace event (status given).
-    Other(i32),
-}
-
-#[cfg(target_arch = "x86_64")]
-fn stop_of(status: i32) -> Stop {
-    let sig = libc::WSTOPSIG(status);
-    match status >> 16 {
-        0 if sig == libc::SIGTRAP | 0x80 => Stop::Syscall,
-        0 => Stop::Signal(sig),
-        e if e == libc::PTRACE_EVENT_STOP => Stop::Event,
-        _ => Stop::Other(status),
+    let call = |nr: i64, args: &[u64], what: &str| t.call(at, nr, args, what);
+    let page = 4096u64;
+    let prot = (libc::PROT_READ | libc::PROT_WRITE) as u64;
+    let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
+    let scratch = call(libc::SYS_mmap, &[0, page, prot, flags, u64::MAX, 0], "mmap")?;
+    let prog = crate::supervise::tagged_filter(tag);
+    // struct sock_fprog { u16 len; (pad) struct sock_filter *filter; },
+    // then the program.
+    let mut bytes = Vec::with_capacity(16 + prog.len() * 8);
+    bytes.extend_from_slice(&(prog.len() as u64).to_ne_bytes());
+    bytes.extend_from_slice(&(scratch + 16).to_ne_bytes());
+    for i in &prog {
+        bytes.extend_from_slice(&i.code.to_ne_bytes());
+        bytes.extend_from_slice(&[i.jt, i.jf]);
+        bytes.extend_from_slice(&i.k.to_ne_bytes());
     }
-}
-
-#[cfg(target_arch = "x86_64")]
-impl Seized {
-    fn ptrace(req: libc::c_uint, tid: i32, addr: usize, data: usize) -> io::Result<()> {
-        // SAFETY: the requests used here read or write only `data`'s
-        // user_regs_struct (GETREGS/SETREGS), which the callers own.
-        if unsafe { libc::ptrace(req, tid, addr, data) } < 0 {
-            return Err(os_err(format!("ptrace({req}, {tid})")));
-        }
-        Ok(())
-    }
-
-    /// Waits for the next stop of the thread.
-    fn wait_stop(tid: i32) -> io::Result<i32> {
-        let mut status = 0;
-        // SAFETY: waitpid writes `status`.
-        if unsafe { libc::waitpid(tid, &mut status, libc::__WALL) } < 0 {
-            return Err(os_err(format!("waitpid({tid})")));
-        }
-        if !libc::WIFSTOPPED(status) {
-            return Err(io::Error::other(format!(
-                "thread {tid} ended while being attached (status {status:#x})"
-            )));
-        }
-        Ok(status)
-    }
-
-    fn new(pid: i32, tid: i32) -> io::Result<Self> {
-        Self::ptrace(
-            libc::PTRACE_SEIZE,
-            tid,
-            0,
-            libc::PTRACE_O_TRACESYSGOOD as usize,
-        )?;
-        let mut s = Seized {
-            pid,
-            tid,
-            // SAFETY: plain integers; overwritten by GETREGS below.
-            saved: unsafe { std::mem::zeroed() },
-            held: Default::default(),
-        };
-        Self::ptrace(libc::PTRACE_INTERRUPT, tid, 0, 0)?;
-        // The interrupt's stop, or a signal's delivery stop before it:
-        // either is a stop to work from.
-        if let Stop::Signal(sig) = stop_of(Self::wait_stop(tid)?) {
-            s.held.borrow_mut().push(sig);
-        }
-        let regs = &mut s.saved as *mut libc::user_regs_struct as usize;
-        Self::ptrace(libc::PTRACE_GETREGS, tid, 0, regs)?;
-        Ok(s)
-    }
-
-    /// Runs system call `nr` with `args` in the thread from the `syscall`
-    /// instruction at `at`; returns its result (-errno on failure).
-    fn syscall(&self, at: u64, nr: i64, args: &[u64]) -> io::Result<i64> {
-        let mut r = self.saved;
-        r.rip = at;
-        r.rax = nr as u64;
-        // No syscall to restart while the injected one runs.
-        r.orig_rax = u64::MAX;
-        let regs = [
-            &mut r.rdi, &mut r.rsi, &mut r.rdx, &mut r.r10, &mut r.r8, &mut r.r9,
-        ];
-        for (reg, &a) in regs.into_iter().zip(args) {
-            *reg = a;
-        }
-        let p = &mut r as *mut libc::user_regs_struct as usize;
-        Self::ptrace(libc::PTRACE_SETREGS, self.tid, 0, p)?;
-        // Syscall entry, then exit (TRACESYSGOOD marks both with 0x80).
-        // A seized thread of a stopped process may report its group stop
-        // (PTRACE_EVENT_STOP) first: it is resumed past it.  A signal's
-        // delivery stop is resumed past too, the signal held (see
-        // [`Seized`]).
-        let (mut syscall_stops, mut event_stops) = (0, 0);
-        while syscall_stops < 2 {
-            Self::ptrace(libc::PTRACE_SYSCALL, self.tid, 0, 0)?;
-            match stop_of(Self::wait_stop(self.tid)?) {
-                Stop::Syscall => syscall_stops += 1,
-                Stop::Event if event_stops < 4 => event_stops += 1,
-                Stop::Signal(sig) if self.held.borrow().len() < 64 => {
-                    self.held.borrow_mut().push(sig)
-                }
-                st => {
-                    return Err(io::Error::other(format!(
-                        "thread {} stopped ({st:?}) during an injected system call",
-                        self.tid
-                    )));
-                }
-            }
-        }
-        Self::ptrace(libc::PTRACE_GETREGS, self.tid, 0, p)?;
-        Ok(r.rax as i64)
-    }
-
-    /// Installs the supervisor's filter with a new listener in the thread
-    /// and returns that listener (the thread's copy is closed).
-    fn install_listener(&self, at: u64, pidfd: &OwnedFd) -> io::Result<OwnedFd> {
-        use std::os::fd::AsRawFd;
-        use std::os::unix::fs::FileExt;
-        let call = |nr: i64, args: &[u64], what: &str| -> io::Result<u64> {
-            let r = self.syscall(at, nr, args)?;
-            if (-4095..0).contains(&r) {
-                let e = io::Error::from_raw_os_error(-r as i32);
-                return Err(io::Error::new(
-                    e.kind(),
-                    format!("{what} in the thread: {e}"),
-                ));
-            }
-            Ok(r as u64)
-        };
-        let page = 4096u64;
-        let prot = (libc::PROT_READ | libc::PROT_WRITE) as u64;
-        let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
-        let scratch = call(libc::SYS_mmap, &[0, page, prot, flags, u64::MAX, 0], "mmap")?;
-        let prog = crate::supervise::filter();
-        // struct sock_fprog { u16 len; (pad) struct sock_filter *filter; },
-        // then the program.
-        let mut bytes = Vec::with_capacity(16 + prog.len() * 8);
-        bytes.extend_from_slice(&(prog.len() as u64).to_ne_bytes());
-        bytes.extend_from_slice(&(scratch + 16).to_ne_bytes());
-        for i in &prog {
-            bytes.extend_from_slice(&i.code.to_ne_bytes());
-            bytes.extend_from_slice(&[i.jt, i.jf]);
-            bytes.extend_from_slice(&i.k.to_ne_bytes());
-        }
-        let installed = std::fs::OpenOptions::new()
-            .write(true)
-            .open(format!("/proc/{}/mem", self.tid))
-            .and_then(|m| m.write_all_at(&bytes, scratch))
-            .and_then(|()| {
-                call(
-                    libc::SYS_seccomp,
-                    &[
-                        libc::SECCOMP_SET_MODE_FILTER as u64,
-                        libc::SECCOMP_FILTER_FLAG_NEW_LISTENER,
-                        scratch,
-                    ],
-                    "seccomp(SET_MODE_FILTER, NEW_LISTENER)",
-                )
-            });
-        call(libc::SYS_munmap, &[scratch, page], "munmap")?;
-        let target_fd = installed?;
-        // SAFETY: pidfd_getfd takes a pidfd, an fd number and flags.
-        let fd = unsafe {
-            libc::syscall(
-                libc::SYS_pidfd_getfd,
-                pidfd.as_raw_fd(),
-                target_fd as i32,
-                0,
+    let installed = std::fs::OpenOptions::new()
+        .write(true)
+        .open(format!("/proc/{}/mem", t.tid()))
+        .and_then(|m| m.write_all_at(&bytes, scratch))
+        .and_then(|()| {
+            call(
+                libc::SYS_seccomp,
+                &[
+                    libc::SECCOMP_SET_MODE_FILTER as u64,
+                    libc::SECCOMP_FILTER_FLAG_NEW_LISTENER,
+                    scratch,
+                ],
+                "seccomp(SET_MODE_FILTER, NEW_LISTENER)",
             )
-        };
-        let got = if fd < 0 {
-            Err(os_err("pidfd_getfd of the listener"))
-        } else {
-            // SAFETY: a fresh fd nobody else owns.
-            Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
-        };
-        call(libc::SYS_close, &[target_fd], "close")?;
-        got
-    }
+        });
+    call(libc::SYS_munmap, &[scratch, page], "munmap")?;
+    let target_fd = installed?;
+    // SAFETY: pidfd_getfd takes a pidfd, an fd number and flags.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_getfd,
+            pidfd.as_raw_fd(),
+            target_fd as i32,
+            0,
+        )
+    };
+    let got = if fd < 0 {
+        Err(os_err("pidfd_getfd of the listener"))
+    } else {
+        // SAFETY: a fresh fd nobody else owns.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    };
+    call(libc::SYS_close, &[target_fd], "close")?;
+    got
 }
 
+/// [`install_listener`]; when seccomp refuses (EBUSY: a filter of the
+/// thread has a listener, as one a supervised `criu restore` passed on to
+/// the tasks it forked has, under the filter restored from the image),
+/// the daemon's listeners of the thread's filters are released, oldest
+/// first, until the new one installs.  Releasing one ends its service to
+/// every task of its filter: those restored with it are attached too.
 #[cfg(target_arch = "x86_64")]
-impl Drop for Seized {
-    fn drop(&mut self) {
-        let regs = &mut self.saved as *mut libc::user_regs_struct as usize;
-        if Self::ptrace(libc::PTRACE_SETREGS, self.tid, 0, regs).is_err() {
-            log::error!(
-                "supervise --attach: thread {}: registers not put back",
-                self.tid
+fn install_releasing(
+    state_dir: &Path,
+    t: &Seized,
+    at: u64,
+    pidfd: &OwnedFd,
+    tag: u32,
+) -> io::Result<OwnedFd> {
+    let mut older: Option<Vec<u32>> = None;
+    loop {
+        match install_listener(t, at, pidfd, tag) {
+            Err(e) if e.kind() == io::ErrorKind::ResourceBusy => {}
+            r => return r,
+        }
+        if older.is_none() {
+            older = Some(filter_tags(t.tid())?);
+        }
+        let Some(old) = older.as_mut().and_then(|v| v.pop()) else {
+            return Err(io::Error::new(
+                io::ErrorKind::ResourceBusy,
+                "seccomp: a filter of the thread has a listener the emulator does not hold",
+            ));
+        };
+        if crate::supervise::release(state_dir, old)? {
+            log::info!(
+                "supervise --attach: thread {}: released the listener of its filter {old:#x}",
+                t.tid()
             );
         }
-        // A thread of a stopped process stays stopped after the detach.
-        let _ = Self::ptrace(libc::PTRACE_DETACH, self.tid, 0, 0);
-        for &sig in self.held.borrow().iter() {
-            // SAFETY: tgkill takes integers.
-            if unsafe { libc::syscall(libc::SYS_tgkill, self.pid, self.tid, sig) } < 0 {
-                log::error!(
-                    "supervise --attach: thread {}: signal {sig} not sent again: {}",
-                    self.tid,
-                    io::Error::last_os_error()
-                );
-            }
-        }
     }
+}
+
+/// The tags of the supervisor's filters of seized thread `tid`, newest
+/// first (PTRACE_SECCOMP_GET_FILTER; other filters are left out).
+#[cfg(target_arch = "x86_64")]
+fn filter_tags(tid: i32) -> io::Result<Vec<u32>> {
+    const PTRACE_SECCOMP_GET_FILTER: libc::c_uint = 0x420c;
+    let mut tags = Vec::new();
+    for i in 0usize.. {
+        // SAFETY: a null buffer asks only for the instruction count.
+        let n = unsafe { libc::ptrace(PTRACE_SECCOMP_GET_FILTER, tid, i, 0usize) };
+        if n < 0 {
+            if io::Error::last_os_error().raw_os_error() == Some(libc::ENOENT) {
+                break;
+            }
+            return Err(os_err(format!("PTRACE_SECCOMP_GET_FILTER({tid}, {i})")));
+        }
+        let zero = libc::sock_filter {
+            code: 0,
+            jt: 0,
+            jf: 0,
+            k: 0,
+        };
+        let mut prog = vec![zero; n as usize];
+        // SAFETY: the kernel writes `n` instructions into `prog`.
+        let r = unsafe { libc::ptrace(PTRACE_SECCOMP_GET_FILTER, tid, i, prog.as_mut_ptr()) };
+        if r < 0 {
+            return Err(os_err(format!("PTRACE_SECCOMP_GET_FILTER({tid}, {i})")));
+        }
+        tags.extend(crate::supervise::tag_of(&prog));
+    }
+    Ok(tags)
 }

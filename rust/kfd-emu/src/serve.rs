@@ -334,6 +334,33 @@ impl device::DmabufFiles for DmabufFiles {
     }
 }
 
+/// Runs `kfd-emu inject-mmap ARGS` (`crate::inject::mmap_instead`, in a
+/// process of its own: the daemon reaps orphans with waitpid(-1), which
+/// would take a tracer's stops).  Its exit is left to that reaper.
+fn inject_mmap(args: &[u64]) -> Result<(), String> {
+    let exe = std::env::current_exe().map_err(|e| format!("kfd-emu's own path: {e}"))?;
+    let child = std::process::Command::new(exe)
+        .arg("inject-mmap")
+        .args(args.iter().map(u64::to_string))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("kfd-emu inject-mmap: {e}"))?;
+    let (mut out, mut err) = (String::new(), String::new());
+    use std::io::Read;
+    if let Some(mut o) = child.stdout {
+        let _ = o.read_to_string(&mut out);
+    }
+    if let Some(mut e) = child.stderr {
+        let _ = e.read_to_string(&mut err);
+    }
+    match out.trim().parse::<i64>() {
+        Ok(_) => Ok(()),
+        Err(_) => Err(err.trim().to_string()),
+    }
+}
+
 /// Answers the calls `kfd-emu supervise` traps (see `crate::supervise`).
 struct Supervised {
     emu: Arc<Emulator>,
@@ -394,6 +421,72 @@ impl crate::supervise::Handler for Supervised {
 }
 
 impl Supervised {
+    /// A trapped mmap of a file that is no device node: a dma-buf the
+    /// process exported is mapped onto its BO (`device::dmabuf`) in the
+    /// caller; anything else is let through.
+    fn dmabuf_mmap(
+        &self,
+        n: &crate::supervise::Notice<'_>,
+        file: BorrowedFd<'_>,
+    ) -> crate::supervise::Verdict {
+        use crate::supervise::{Call, Verdict};
+        let Call::Mmap {
+            addr,
+            len,
+            prot,
+            flags,
+            offset,
+        } = n.call
+        else {
+            return Verdict::Continue;
+        };
+        let caller = device::Caller {
+            tid: n.tid,
+            tgid: n.tgid,
+        };
+        let (window, at) = match self.emu.dmabuf_mmap(file, &caller, offset, len) {
+            None => return Verdict::Continue,
+            Some(Err(e)) => return Verdict::Error(e),
+            Some(Ok(w)) => w,
+        };
+        let refuse = |why: String| {
+            log::warn!(
+                "kfd-emu: pid {} thread {}: mmap of dma-buf fd {} not mapped onto its BO \
+                 (ENODEV): {why}",
+                n.tgid,
+                n.tid,
+                n.fd
+            );
+            Verdict::Error(libc::ENODEV)
+        };
+        if cfg!(not(target_arch = "x86_64")) {
+            return refuse("implemented on x86_64 only".into());
+        }
+        #[cfg(target_arch = "x86_64")]
+        if crate::inject::traced(n.tid) {
+            return refuse("the thread is traced".into());
+        }
+        let fd = match n.addfd(window.as_fd(), true) {
+            Ok(fd) => fd,
+            // The call was withdrawn: it restarts, or the caller died.
+            Err(_) => return Verdict::Done,
+        };
+        let args = [
+            n.tgid as u64,
+            n.tid as u64,
+            addr,
+            len,
+            prot,
+            flags,
+            fd as u64,
+            at,
+        ];
+        match inject_mmap(&args) {
+            Ok(()) => Verdict::Done,
+            Err(e) => refuse(e),
+        }
+    }
+
     fn answer(&self, n: &crate::supervise::Notice<'_>) -> crate::supervise::Verdict {
         use crate::supervise::{Call, Verdict};
         let ids = self.ids.get_or_init(|| {
@@ -424,7 +517,7 @@ impl Supervised {
             .and_then(|id| ids.iter().position(|i| *i == id))
             .map(|i| self.nodes[i])
         else {
-            return Verdict::Continue;
+            return self.dmabuf_mmap(n, file.as_fd());
         };
         let Ok(fh) = crate::fuse::fh_of(file.as_fd()) else {
             return Verdict::Continue;
@@ -442,7 +535,7 @@ impl Supervised {
         let (cmd, arg) = match n.call {
             Call::Ioctl { cmd, arg } => (cmd, arg),
             Call::Stat(_) => unreachable!("answered above"),
-            Call::Mmap { len, offset } => {
+            Call::Mmap { len, offset, .. } => {
                 if node == NodeKind::Kfd {
                     return Verdict::Continue;
                 }

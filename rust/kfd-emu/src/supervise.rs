@@ -72,6 +72,9 @@ const BPF_JEQ_K: u16 = 0x15;
 const BPF_JSET_K: u16 = 0x45;
 /// BPF_RET (0x06) | BPF_K (0x00).
 const BPF_RET_K: u16 = 0x06;
+/// BPF_LDX (0x01) | BPF_W (0x00) | BPF_IMM (0x00): the tag's load into X,
+/// which nothing reads.
+const BPF_LDX_IMM: u16 = 0x01;
 
 // struct seccomp_data: int nr; __u32 arch; __u64 instruction_pointer;
 // __u64 args[6].
@@ -145,6 +148,37 @@ pub fn filter() -> Vec<libc::sock_filter> {
     f
 }
 
+/// [`filter`], tagged: its first instruction loads `tag` into X (read by
+/// nothing), so that the filter of a listener the daemon holds can be
+/// told among a thread's (PTRACE_SECCOMP_GET_FILTER; see [`tag_of`]).
+pub fn tagged_filter(tag: u32) -> Vec<libc::sock_filter> {
+    let mut f = filter();
+    // Every jump is forward and relative: prepending moves none.
+    f.insert(0, insn(BPF_LDX_IMM, 0, 0, tag));
+    f
+}
+
+/// The tag of a filter [`tagged_filter`] made, None for any other.
+pub fn tag_of(prog: &[libc::sock_filter]) -> Option<u32> {
+    let (first, rest) = prog.split_first()?;
+    let plain = filter();
+    let same = |a: &libc::sock_filter, b: &libc::sock_filter| {
+        (a.code, a.jt, a.jf, a.k) == (b.code, b.jt, b.jf, b.k)
+    };
+    let ours = first.code == BPF_LDX_IMM
+        && rest.len() == plain.len()
+        && rest.iter().zip(&plain).all(|(a, b)| same(a, b));
+    ours.then_some(first.k)
+}
+
+/// A new tag for a listener's filter (random, never 0).
+pub fn new_tag() -> u32 {
+    let mut b = [0u8; 4];
+    // SAFETY: getrandom writes at most 4 bytes into `b`.
+    unsafe { libc::getrandom(b.as_mut_ptr().cast(), 4, 0) };
+    u32::from_ne_bytes(b).max(1)
+}
+
 /// Runs the filter over one system call (tests: the program's meaning).
 pub fn run_filter(prog: &[libc::sock_filter], data: &libc::seccomp_data) -> u32 {
     let word = |off: u32| -> u32 {
@@ -174,6 +208,7 @@ pub fn run_filter(prog: &[libc::sock_filter], data: &libc::seccomp_data) -> u32 
                 pc += if acc & i.k != 0 { i.jt } else { i.jf } as usize;
             }
             BPF_RET_K => return i.k,
+            BPF_LDX_IMM => {}
             c => panic!("opcode {c:#x}"),
         }
         pc += 1;
@@ -197,8 +232,8 @@ fn has_sys_admin() -> bool {
 }
 
 /// Installs the filter on the calling thread (the process is
-/// single-threaded here) and returns its listener.
-fn install_filter() -> io::Result<OwnedFd> {
+/// single-threaded here), tagged `tag`, and returns its listener.
+fn install_filter(tag: u32) -> io::Result<OwnedFd> {
     if !has_sys_admin() {
         // seccomp() demands it of an unprivileged caller.
         // SAFETY: prctl with integer arguments.
@@ -206,7 +241,7 @@ fn install_filter() -> io::Result<OwnedFd> {
             return Err(os_err("PR_SET_NO_NEW_PRIVS"));
         }
     }
-    let prog = filter();
+    let prog = tagged_filter(tag);
     let fprog = libc::sock_fprog {
         len: prog.len() as u16,
         filter: prog.as_ptr() as *mut libc::sock_filter,
@@ -259,35 +294,56 @@ fn msghdr(iov: &mut libc::iovec, cm: &mut FdCmsg) -> libc::msghdr {
 }
 
 /// Sends `fd` with one data byte over `sock` (SCM_RIGHTS).
-fn send_fd(sock: &UnixStream, fd: BorrowedFd<'_>) -> io::Result<()> {
-    let byte = [b'L'];
+fn send_fd(sock: &UnixStream, fd: BorrowedFd<'_>, tag: u32) -> io::Result<()> {
+    let msg = request(b'L', tag);
     let mut iov = libc::iovec {
-        iov_base: byte.as_ptr() as *mut libc::c_void,
-        iov_len: 1,
+        iov_base: msg.as_ptr() as *mut libc::c_void,
+        iov_len: msg.len(),
     };
     let mut cm = fd_cmsg(fd.as_raw_fd());
     let msg = msghdr(&mut iov, &mut cm);
     // SAFETY: `msg` and everything it points to live across the call.
-    if unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, 0) } != 1 {
+    if unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, 0) } != REQUEST as isize {
         return Err(os_err("sending the seccomp listener"));
     }
     Ok(())
 }
 
-/// Receives one fd sent by [`send_fd`].
-fn recv_fd(sock: &UnixStream) -> io::Result<OwnedFd> {
-    let mut byte = [0u8];
+/// A request on the socket: a kind (`L`: the listener of the filter of
+/// this tag comes with it; `R`: release the listener of this tag) and the
+/// tag.
+const REQUEST: usize = 5;
+
+fn request(kind: u8, tag: u32) -> [u8; REQUEST] {
+    let t = tag.to_le_bytes();
+    [kind, t[0], t[1], t[2], t[3]]
+}
+
+/// What came on the socket.
+enum Request {
+    Listener(OwnedFd, u32),
+    Release(u32),
+}
+
+/// Receives one request ([`send_fd`], [`release`]).
+fn recv_request(sock: &UnixStream) -> io::Result<Request> {
+    let mut req = [0u8; REQUEST];
     let mut iov = libc::iovec {
-        iov_base: byte.as_mut_ptr().cast(),
-        iov_len: 1,
+        iov_base: req.as_mut_ptr().cast(),
+        iov_len: REQUEST,
     };
     let mut cm = fd_cmsg(-1);
     cm.hdr.cmsg_len = 0;
     let mut msg = msghdr(&mut iov, &mut cm);
     // SAFETY: `msg` and its buffers live across the call.
     let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    let tag = u32::from_le_bytes([req[1], req[2], req[3], req[4]]);
+    if n == REQUEST as isize && req[0] == b'R' && msg.msg_controllen == 0 {
+        return Ok(Request::Release(tag));
+    }
     let want = std::mem::size_of::<libc::cmsghdr>() + std::mem::size_of::<RawFd>();
-    let ok = n == 1
+    let ok = n == REQUEST as isize
+        && req[0] == b'L'
         && msg.msg_controllen >= want
         && cm.hdr.cmsg_level == libc::SOL_SOCKET
         && cm.hdr.cmsg_type == libc::SCM_RIGHTS
@@ -300,7 +356,10 @@ fn recv_fd(sock: &UnixStream) -> io::Result<OwnedFd> {
         ));
     }
     // SAFETY: the kernel installed this fd for us.
-    Ok(unsafe { OwnedFd::from_raw_fd(cm.fd) })
+    Ok(Request::Listener(
+        unsafe { OwnedFd::from_raw_fd(cm.fd) },
+        tag,
+    ))
 }
 
 /// `kfd-emu supervise -- CMD`: installs the filter, hands the listener to
@@ -313,20 +372,36 @@ pub fn supervise(state_dir: &Path, cmd: &[OsString]) -> io::Error {
         Ok(s) => s,
         Err(e) => return e,
     };
-    let listener = match install_filter() {
+    let tag = new_tag();
+    let listener = match install_filter(tag) {
         Ok(l) => l,
         Err(e) => return e,
     };
-    if let Err(e) = send_listener(sock, listener) {
+    if let Err(e) = send_listener(sock, listener, tag) {
         return e;
     }
     std::process::Command::new(prog).args(&cmd[1..]).exec()
 }
 
-/// Hands `listener` to the daemon of `state_dir` (`kfd-emu supervise
-/// --attach`, `crate::reattach`).
-pub fn hand_over(state_dir: &Path, listener: OwnedFd) -> io::Result<()> {
-    send_listener(connect(state_dir)?, listener)
+/// Hands `listener` (of a filter tagged `tag`) to the daemon of
+/// `state_dir` (`kfd-emu supervise --attach`, `crate::reattach`).
+pub fn hand_over(state_dir: &Path, listener: OwnedFd, tag: u32) -> io::Result<()> {
+    send_listener(connect(state_dir)?, listener, tag)
+}
+
+/// Asks the daemon of `state_dir` to close its listener of the filter
+/// tagged `tag` (the calls that filter traps fail ENOSYS from then on, as
+/// a restored filter's do); returns whether it held one.  Seccomp gives a
+/// thread no new listener while a filter of its own has one
+/// (`supervise --attach` of a process a supervised CRIU restored: it
+/// inherited that CRIU's filter, under the one restored from its image).
+pub fn release(state_dir: &Path, tag: u32) -> io::Result<bool> {
+    let mut sock = connect(state_dir)?;
+    sock.write_all(&request(b'R', tag))?;
+    let mut ack = [0u8];
+    sock.read_exact(&mut ack)
+        .map_err(|e| io::Error::new(e.kind(), format!("waiting for the emulator: {e}")))?;
+    Ok(ack[0] == b'+')
 }
 
 fn connect(state_dir: &Path) -> io::Result<UnixStream> {
@@ -344,8 +419,8 @@ fn connect(state_dir: &Path) -> io::Result<UnixStream> {
 
 /// Sends the listener (closing our copy) and waits for the daemon to
 /// take it.
-fn send_listener(sock: UnixStream, listener: OwnedFd) -> io::Result<()> {
-    send_fd(&sock, listener.as_fd())?;
+fn send_listener(sock: UnixStream, listener: OwnedFd, tag: u32) -> io::Result<()> {
+    send_fd(&sock, listener.as_fd(), tag)?;
     drop(listener);
     let mut ack = [0u8];
     (&sock)
@@ -378,9 +453,13 @@ pub enum Call {
         cmd: u32,
         arg: u64,
     },
-    /// An mmap of `len` bytes at file offset `offset`.
+    /// An mmap of `len` bytes at file offset `offset` (`addr`, `prot`
+    /// and `flags` as the caller passed them).
     Mmap {
+        addr: u64,
         len: u64,
+        prot: u64,
+        flags: u64,
         offset: u64,
     },
     /// A stat-family call; the notice's `fd` is its directory fd
@@ -436,6 +515,9 @@ pub enum Verdict {
     Return(i64),
     /// The call fails with this (positive) errno.
     Error(i32),
+    /// The handler carried the call out in the caller itself (its
+    /// notification is withdrawn): nothing to answer.
+    Done,
 }
 
 /// What answers trapped calls (the device model).
@@ -496,6 +578,7 @@ fn tgid_of(tid: u32) -> Option<u32> {
 
 fn respond(listener: BorrowedFd<'_>, id: u64, v: Verdict) {
     let (val, error, flags) = match v {
+        Verdict::Done => return,
         Verdict::Continue => (0, 0, libc::SECCOMP_USER_NOTIF_FLAG_CONTINUE as u32),
         Verdict::Return(v) => (v, 0, 0),
         Verdict::Error(e) => (0, -e, 0),
@@ -524,16 +607,23 @@ fn respond(listener: BorrowedFd<'_>, id: u64, v: Verdict) {
 }
 
 /// Answers the notifications of `listener` until no task uses its filter.
-pub fn serve(listener: OwnedFd, handler: Arc<dyn Handler>) {
+pub fn serve(listener: OwnedFd, handler: Arc<dyn Handler>, stop: Option<BorrowedFd<'_>>) {
     let listener = Arc::new(listener);
+    let stop = stop.map_or(-1, |s| s.as_raw_fd());
     loop {
-        let mut pfd = libc::pollfd {
-            fd: listener.as_raw_fd(),
+        // A negative fd is ignored by poll.
+        let mut pfds = [listener.as_raw_fd(), stop].map(|fd| libc::pollfd {
+            fd,
             events: libc::POLLIN,
             revents: 0,
-        };
-        // SAFETY: poll on one live pollfd.
-        let r = unsafe { libc::poll(&mut pfd, 1, -1) };
+        });
+        // SAFETY: poll on two pollfds of a live local array.
+        let r = unsafe { libc::poll(pfds.as_mut_ptr(), 2, -1) };
+        let pfd = pfds[0];
+        if pfds[1].revents != 0 {
+            // Released ([`release`]): the listener closes with us.
+            return;
+        }
         if r < 0 {
             if io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
                 continue;
@@ -597,7 +687,10 @@ fn answer(listener: BorrowedFd<'_>, n: &libc::seccomp_notif, h: &dyn Handler) {
         libc::SYS_mmap => Some((
             a[4] as i32,
             Call::Mmap {
+                addr: a[0],
                 len: a[1],
+                prot: a[2],
+                flags: a[3],
                 offset: a[5],
             },
         )),
@@ -637,28 +730,94 @@ pub fn listen(state_dir: &Path, handler: Arc<dyn Handler>) -> io::Result<()> {
     let sock = UnixListener::bind(&path)
         .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
     std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+    let live = Arc::new(Live::default());
     std::thread::Builder::new()
         .name("kfd-emu-supervise".into())
         .spawn(move || {
             for conn in sock.incoming() {
-                let Ok(mut conn) = conn else { continue };
-                let h = handler.clone();
+                let Ok(conn) = conn else { continue };
+                let (h, l) = (handler.clone(), live.clone());
                 let _ = std::thread::Builder::new()
                     .name("kfd-emu-listener".into())
-                    .spawn(move || match recv_fd(&conn).and_then(check_listener) {
-                        Ok(l) => {
-                            let _ = conn.write_all(b"+");
-                            drop(conn);
-                            serve(l, h);
-                        }
-                        Err(e) => {
-                            log::error!("supervise: {e}");
-                            let _ = conn.write_all(b"-");
-                        }
-                    });
+                    .spawn(move || take_request(conn, h, &l));
             }
         })?;
     Ok(())
+}
+
+/// The listeners being served, by their filter's tag: the eventfd that
+/// stops each one's [`serve`], and a channel on which it says it stopped.
+#[derive(Default)]
+struct Live(std::sync::Mutex<std::collections::HashMap<u32, Vec<Stopper>>>);
+
+struct Stopper {
+    stop: Arc<OwnedFd>,
+    stopped: std::sync::mpsc::Receiver<()>,
+}
+
+impl Live {
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<u32, Vec<Stopper>>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// One connection to the socket: a listener to serve, or a release.
+fn take_request(mut conn: UnixStream, h: Arc<dyn Handler>, live: &Live) {
+    match recv_request(&conn) {
+        Ok(Request::Listener(fd, tag)) => match check_listener(fd) {
+            Ok(l) => {
+                let _ = conn.write_all(b"+");
+                drop(conn);
+                serve_tagged(l, h, tag, live);
+            }
+            Err(e) => {
+                log::error!("supervise: {e}");
+                let _ = conn.write_all(b"-");
+            }
+        },
+        Ok(Request::Release(tag)) => {
+            let stoppers = live.lock().remove(&tag).unwrap_or_default();
+            for s in &stoppers {
+                // SAFETY: write of 8 bytes from a live local to an eventfd.
+                unsafe { libc::eventfd_write(s.stop.as_raw_fd(), 1) };
+                let _ = s.stopped.recv_timeout(std::time::Duration::from_secs(5));
+            }
+            log::info!(
+                "supervise: released {} listener(s) of filter tag {tag:#x}",
+                stoppers.len()
+            );
+            let _ = conn.write_all(if stoppers.is_empty() { b"-" } else { b"+" });
+        }
+        Err(e) => {
+            log::error!("supervise: {e}");
+            let _ = conn.write_all(b"-");
+        }
+    }
+}
+
+/// [`serve`], stoppable by a release of `tag`.
+fn serve_tagged(l: OwnedFd, h: Arc<dyn Handler>, tag: u32, live: &Live) {
+    // SAFETY: eventfd takes integers.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+    if fd < 0 {
+        log::error!(
+            "supervise: eventfd (the listener cannot be released): {}",
+            io::Error::last_os_error()
+        );
+        return serve(l, h, None);
+    }
+    // SAFETY: a fresh fd nobody else owns.
+    let stop = Arc::new(unsafe { OwnedFd::from_raw_fd(fd) });
+    let (tx, rx) = std::sync::mpsc::channel();
+    live.lock().entry(tag).or_default().push(Stopper {
+        stop: stop.clone(),
+        stopped: rx,
+    });
+    serve(l, h, Some(stop.as_fd()));
+    let _ = tx.send(());
+    if let Some(v) = live.lock().get_mut(&tag) {
+        v.retain(|s| !Arc::ptr_eq(&s.stop, &stop));
+    }
 }
 
 /// Accepts only a seccomp listener.
@@ -692,6 +851,23 @@ mod tests {
             arch: AUDIT_ARCH,
             instruction_pointer: 0,
             args: [0, 0x1000, 3, flags as u64, 5, 0x10_0000],
+        }
+    }
+
+    #[test]
+    fn a_tagged_filter_traps_as_the_plain_one_and_tells_its_tag() {
+        let (plain, tagged) = (filter(), tagged_filter(0x1234_5678));
+        assert_eq!(tag_of(&tagged), Some(0x1234_5678));
+        assert_eq!(tag_of(&plain), None, "an untagged filter");
+        assert_eq!(tag_of(&tagged[1..]), None);
+        for data in [
+            call(libc::SYS_ioctl, AUDIT_ARCH, AMDKFD_IOC_CRIU_OP as u64),
+            call(libc::SYS_ioctl, AUDIT_ARCH, 0x1234),
+            call(libc::SYS_fstat, AUDIT_ARCH, 0),
+            mmap(libc::MAP_SHARED),
+            mmap(libc::MAP_ANONYMOUS),
+        ] {
+            assert_eq!(run_filter(&plain, &data), run_filter(&tagged, &data));
         }
     }
 

@@ -51,6 +51,13 @@ fn get(b: &[u8], off: usize, width: usize) -> u64 {
 }
 
 fn client() {
+    client_with(false);
+}
+
+/// The SDMA copy; with `dmabuf` (under `kfd-emu supervise`) the
+/// destination BO is exported and its dma-buf mapped before the copy,
+/// and the copy is read through that mapping too.
+fn client_with(dmabuf: bool) {
     let gpu: u64 = std::fs::read_to_string("/sys/class/kfd/kfd/topology/nodes/1/gpu_id")
         .unwrap()
         .trim()
@@ -96,7 +103,15 @@ fn client() {
     let (_, ring) = alloc(ring_va, 4096, 2);
     let (_, _ctl) = alloc(ctl_va, 4096, 2);
     let (_, src) = alloc(src_va, 1 << 20, 1);
-    let (_, dst) = alloc(dst_va, 1 << 20, 1);
+    let (dst_h, dst) = alloc(dst_va, 1 << 20, 1);
+    let via_dmabuf = dmabuf.then(|| {
+        // struct kfd_ioctl_export_dmabuf_args { u64 handle; u32 flags; u32 dmabuf_fd; }
+        let mut e = [0u8; 16];
+        put(&mut e, 0, dst_h, 8);
+        put(&mut e, 8, libc::O_CLOEXEC as u64, 4);
+        kfd(k, 0x24, &mut e).unwrap();
+        try_map(get(&e, 12, 4) as i32, 0, 1 << 20).expect("mmap of the dma-buf")
+    });
     let (sig_h, _sig) = alloc(sig_va, 32768, 2);
     // SAFETY: src maps 1 MiB that only this slice accesses in this process.
     let src = unsafe { std::slice::from_raw_parts_mut(src, 1 << 20) };
@@ -165,6 +180,15 @@ fn client() {
     let dst = unsafe { std::slice::from_raw_parts(dst, 1 << 20) };
     for (i, b) in dst.iter().enumerate() {
         assert_eq!(*b, (i % 251) as u8, "byte {i}");
+    }
+    if let Some(p) = via_dmabuf {
+        // SAFETY: the dma-buf's mapping of the same 1 MiB.
+        let d = unsafe { std::slice::from_raw_parts(p, 1 << 20) };
+        assert!(
+            d == dst,
+            "the SDMA copy read through the dma-buf's mapping differs"
+        );
+        println!("e2e: the SDMA copy is seen through the dma-buf's mapping");
     }
     println!("e2e: 1 MiB SDMA copy + trap wait in {:?}", t.elapsed());
     interrupted_wait(k);
@@ -418,6 +442,20 @@ fn sdma_copy_and_trap_through_fuse() {
 }
 
 #[test]
+fn sdma_copy_seen_through_a_dmabuf_under_supervise() {
+    if std::env::var_os(ROLE).is_some() {
+        client_with(true);
+        return;
+    }
+    let emu = env!("CARGO_BIN_EXE_kfd-emu");
+    run_client_in(
+        "sdma_copy_seen_through_a_dmabuf_under_supervise",
+        "e2e: the SDMA copy is seen through the dma-buf's mapping",
+        &[emu, "supervise", "--"],
+    );
+}
+
+#[test]
 fn interrupted_wait_leaves_a_later_set_event_to_the_retry() {
     if std::env::var_os(ROLE).is_some() {
         interrupted_wait_then_set_event_client();
@@ -440,5 +478,189 @@ fn bo_maps_only_through_the_owning_render_file_under_supervise() {
         "bo_maps_only_through_the_owning_render_file_under_supervise",
         "e2e: BO mappings only through the owning render file",
         &[emu, "supervise", "--"],
+    );
+}
+
+/// Under `kfd-emu supervise`: a dma-buf the process exported
+/// (EXPORT_DMABUF) maps onto the BO's own pages, as amdgpu's does: what
+/// is written through the BO's render mapping is read through the
+/// dma-buf's and the other way round, and the mapping names `/dmabuf:`
+/// at the BO's render offset (the kernel adds the BO's fake offset).
+fn dmabuf_alias_client() {
+    let gpu: u64 = std::fs::read_to_string("/sys/class/kfd/kfd/topology/nodes/1/gpu_id")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let k = open("/dev/kfd");
+    let r = open("/dev/dri/renderD128");
+    let mut vm = [0u8; 8];
+    put(&mut vm, 0, r as u64, 4);
+    put(&mut vm, 4, gpu, 4);
+    ioctl(k, 1, 0x4b, 0x15, &mut vm).unwrap();
+    // GTT, then CPU-visible VRAM (PUBLIC).
+    for (va, flags) in [(0x1000_0000u64, 2u64), (0x2000_0000, 1 | 1 << 29)] {
+        let mut a = [0u8; 40];
+        put(&mut a, 0, va, 8);
+        put(&mut a, 8, 8192, 8);
+        put(&mut a, 32, gpu, 4);
+        put(&mut a, 36, flags, 4);
+        kfd(k, 0x16, &mut a).unwrap();
+        let (handle, off) = (get(&a, 16, 8), get(&a, 24, 8));
+        let bo = try_map(r, off, 8192).unwrap();
+        // struct kfd_ioctl_export_dmabuf_args { u64 handle; u32 flags; u32 dmabuf_fd; }
+        let mut e = [0u8; 16];
+        put(&mut e, 0, handle, 8);
+        put(&mut e, 8, libc::O_CLOEXEC as u64, 4);
+        kfd(k, 0x24, &mut e).unwrap();
+        let dmabuf = get(&e, 12, 4) as i32;
+        let db = try_map(dmabuf, 0, 8192).unwrap();
+        // Byte `i` of a mapping of 8192 bytes.
+        let at = |p: *mut u8, i: usize| p.wrapping_add(i);
+        // SAFETY: inside the BO's 8192-byte mapping.
+        unsafe { at(bo, 4097).write_volatile(0x5a) };
+        // SAFETY: inside the dma-buf's 8192-byte mapping.
+        let got = unsafe { at(db, 4097).read_volatile() };
+        assert_eq!(got, 0x5a, "BO write seen through the dma-buf");
+        // SAFETY: as above.
+        unsafe { at(db, 17).write_volatile(0xa5) };
+        // SAFETY: inside the BO's mapping.
+        let got = unsafe { at(bo, 17).read_volatile() };
+        assert_eq!(got, 0xa5, "dma-buf write seen through the BO");
+        // A mapping of the second page only, and one past the end.
+        let second = try_map(dmabuf, 4096, 4096).unwrap();
+        // SAFETY: the BO's second page.
+        let got = unsafe { second.wrapping_add(1).read_volatile() };
+        assert_eq!(got, 0x5a);
+        assert_eq!(
+            try_map(dmabuf, 4096, 8192),
+            Err(libc::EINVAL),
+            "past its end"
+        );
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let line = maps
+            .lines()
+            .find(|l| l.starts_with(&format!("{:x}-", db as usize)))
+            .unwrap();
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(u64::from_str_radix(fields[2], 16).unwrap(), off, "{line}");
+        assert!(line.ends_with("/dmabuf:"), "{line}");
+    }
+    println!("e2e: dma-buf mappings alias their BOs");
+}
+
+#[test]
+fn dmabuf_mapping_aliases_the_bo_under_supervise() {
+    if std::env::var_os(ROLE).is_some() {
+        dmabuf_alias_client();
+        return;
+    }
+    let emu = env!("CARGO_BIN_EXE_kfd-emu");
+    run_client_in(
+        "dmabuf_mapping_aliases_the_bo_under_supervise",
+        "e2e: dma-buf mappings alias their BOs",
+        &[emu, "supervise", "--"],
+    );
+}
+
+/// A supervised process given a second filter of the supervisor's
+/// without a listener (what CRIU restores from an image into a task a
+/// supervised `criu restore` forked): its trapped calls fail ENOSYS, then
+/// it stops.
+fn restored_filter_child() {
+    let prog = kfd_emu::supervise::tagged_filter(0x5eed);
+    let fprog = libc::sock_fprog {
+        len: prog.len() as u16,
+        filter: prog.as_ptr() as *mut libc::sock_filter,
+    };
+    // SAFETY: seccomp reads `fprog` and the program, both live.
+    let r = unsafe { libc::syscall(libc::SYS_seccomp, libc::SECCOMP_SET_MODE_FILTER, 0, &fprog) };
+    assert_eq!(r, 0, "seccomp: {}", std::io::Error::last_os_error());
+    let exe = std::env::current_exe().unwrap();
+    let before = std::fs::metadata(&exe).map_err(|e| e.raw_os_error());
+    assert_eq!(
+        before.err(),
+        Some(Some(libc::ENOSYS)),
+        "stat before the attach"
+    );
+    // SAFETY: raise has no preconditions.
+    unsafe { libc::raise(libc::SIGSTOP) };
+    std::fs::metadata(&exe).expect("stat after the attach");
+    let f = std::fs::File::open(&exe).unwrap();
+    try_map_ro(&f).expect("mmap of a file after the attach");
+}
+
+fn try_map_ro(f: &std::fs::File) -> Result<(), i32> {
+    // SAFETY: a fresh private read-only mapping of a regular file.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ,
+            libc::MAP_PRIVATE,
+            std::os::fd::AsRawFd::as_raw_fd(f),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
+    }
+    // SAFETY: unmapping the mapping made above.
+    unsafe { libc::munmap(p, 4096) };
+    Ok(())
+}
+
+/// Starts [`restored_filter_child`] under `kfd-emu supervise` (whose
+/// listener stays live under the child's second filter: the kernel gives
+/// no thread a second, EBUSY), attaches it once it stopped (the daemon
+/// releases that listener) and lets it stat and map a file again.
+fn attach_under_live_listener_client() {
+    let dir = std::env::var_os("KFD_EMU_STATE_DIR").expect("run under kfd-emu run");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kfd-emu"))
+        .args(["supervise", "--"])
+        .arg(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "attach_releases_a_live_listener_under_the_restored_filter",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(ROLE, "child")
+        .spawn()
+        .unwrap();
+    let pid = child.id() as i32;
+    let t0 = std::time::Instant::now();
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        if stat
+            .rsplit_once(')')
+            .unwrap()
+            .1
+            .trim_start()
+            .starts_with('T')
+        {
+            break;
+        }
+        assert!(t0.elapsed().as_secs() < 30, "the child did not stop");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let n = kfd_emu::reattach::attach(std::path::Path::new(&dir), pid).expect("attach");
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    let st = child.wait().unwrap();
+    assert!(st.success(), "child: {st}");
+    println!("e2e: attached {n} thread(s) under a live listener");
+}
+
+#[test]
+fn attach_releases_a_live_listener_under_the_restored_filter() {
+    match std::env::var(ROLE).as_deref() {
+        Ok("child") => return restored_filter_child(),
+        Ok(_) => return attach_under_live_listener_client(),
+        Err(_) => {}
+    }
+    run_client(
+        "attach_releases_a_live_listener_under_the_restored_filter",
+        "e2e: attached",
     );
 }

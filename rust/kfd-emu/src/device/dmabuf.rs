@@ -30,20 +30,30 @@
 //!   process' queues run (only the pages written: BOs the GPU filled meanwhile
 //!   stay as the GPU left them), and the shadow's pages are given back.
 //!
-//! A mapping of a restore's dma-buf still held after RESUME reads zeros.
+//! A mapping of a restore's shadow still held after RESUME reads zeros.
 //!
-//! PRIME_HANDLE_TO_FD of a GEM BO made on a render node (GEM_CREATE)
-//! hands out such a memfd too: imported into a render file (of any GPU)
-//! or a KFD process it reaches the BO's own memory, but a CPU mapping of
-//! the fd itself reaches only the shadow (zeros; what is written there
-//! never reaches the BO).  Applications map GEM BOs through the render
-//! file (GEM_MMAP), which is coherent.  The emulator cannot see the last
-//! close of a dma-buf fd: a GEM BO that was exported keeps its memory
-//! after its last handle is closed, until the emulator exits.
+//! Outside those ops (a dma-buf the process itself exported with
+//! EXPORT_DMABUF or PRIME_HANDLE_TO_FD, whatever ops used it since; a
+//! RESTORE's after RESUME, which criu-rocm hands the restored process as
+//! its dma-buf fd), a mapping is made as
+//! amdgpu makes one, onto the BO's own pages: `kfd-emu supervise` traps
+//! every mmap of a file, and the supervisor maps instead the dma-buf's
+//! *window* ([`Registry::window`]: a second `dmabuf:` file, over the
+//! render node's memfd, one of this dma-buf by its inode too) at the
+//! BO's offset in it, in the caller, with ptrace (`crate::inject`).  The
+//! mapping's file offset is then the BO's render mmap offset plus the
+//! offset asked, as the kernel's is (`drm_gem_prime_mmap` adds the BO's
+//! fake offset).  What the window cannot be is a file to map at offset 0
+//! by a process the supervisor does not see: unsupervised, an mmap of the
+//! fd reaches only the shadow (zeros; what is written there never
+//! reaches the BO).  The emulator cannot see the last close of a dma-buf
+//! fd: a GEM BO that was exported keeps its memory after its last handle
+//! is closed, until the emulator exits.
 
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use super::mem::{Mapping, Memfd};
@@ -65,11 +75,11 @@ pub enum Purpose {
     Checkpoint,
     Restore,
     /// PRIME_HANDLE_TO_FD of a render node's GEM BO: the shadow is not
-    /// used (an import reaches the BO; a CPU mapping of the fd reads
-    /// zeros, see the module comment).
+    /// used (an import reaches the BO; a supervised CPU mapping of the fd
+    /// maps the BO, see the module comment).
     Share,
     /// EXPORT_DMABUF by the process itself: the dma-buf for other devices
-    /// and processes to import (its CPU mapping is not kept coherent).
+    /// and processes to import (mapped as for `Share`).
     Export,
 }
 
@@ -107,6 +117,11 @@ pub struct Dmabuf {
     /// The daemon's mapping of the memfd (made before any seal).
     shadow: Mapping,
     state: Mutex<Shadow>,
+    /// Exported by a process itself (`Export`, `Share`): its CPU mappings
+    /// map the BO (see the module comment).
+    exported: AtomicBool,
+    /// The window onto the render node's memfd, made at the first mapping.
+    window: OnceLock<OwnedFd>,
 }
 
 /// The dmabufs handed out, by BO and by inode.
@@ -157,6 +172,22 @@ impl Dmabuf {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Where a CPU mapping of `len` bytes at dma-buf offset `offset` goes
+    /// in the render node's memfd: None while a CRIU op's shadow stands in
+    /// for the BO (a CHECKPOINT's snapshot, a RESTORE's until RESUME) and
+    /// the process did not export the dma-buf itself (the mapping is the
+    /// shadow's), EINVAL past the BO's end (`dma_buf_mmap_internal`).
+    pub fn mapped_at(&self, offset: u64, len: u64) -> Option<Result<u64, i32>> {
+        if !self.exported.load(Ordering::Acquire) && *self.lock() != Shadow::Empty {
+            return None;
+        }
+        let end = offset.checked_add(len);
+        Some(match end {
+            Some(e) if e <= self.size.next_multiple_of(4096) => Ok(self.source.offset + offset),
+            _ => Err(libc::EINVAL),
+        })
+    }
+
     /// CHECKPOINT: the shadow becomes a copy of the BO.
     fn snapshot(&self) -> io::Result<()> {
         let mut st = self.lock();
@@ -201,9 +232,13 @@ impl Registry {
     }
 
     fn open_file(&self, mem: &Memfd, size: u64) -> io::Result<OwnedFd> {
+        self.open_file_over(mem.fd(), size)
+    }
+
+    fn open_file_over(&self, fd: BorrowedFd<'_>, size: u64) -> io::Result<OwnedFd> {
         match self.files.get() {
-            Some(f) => f.open(mem.fd(), size),
-            None => mem.fd().try_clone_to_owned(),
+            Some(f) => f.open(fd, size),
+            None => fd.try_clone_to_owned(),
         }
     }
 
@@ -237,6 +272,8 @@ impl Registry {
                         mem,
                         shadow,
                         state: Mutex::new(Shadow::Empty),
+                        exported: AtomicBool::new(false),
+                        window: OnceLock::new(),
                     });
                     inner.by_bo.insert((gpu, offset), d.clone());
                     inner.by_id.insert(id, d.clone());
@@ -245,7 +282,7 @@ impl Registry {
             }
         };
         match purpose {
-            Purpose::Export => {}
+            Purpose::Export | Purpose::Share => d.exported.store(true, Ordering::Release),
             Purpose::Checkpoint => d.snapshot()?,
             Purpose::Restore => {
                 let mut st = d.lock();
@@ -253,9 +290,32 @@ impl Registry {
                     *st = Shadow::Filling;
                 }
             }
-            Purpose::Share => {}
         }
         Ok(d)
+    }
+
+    /// The window of dma-buf `d` onto `render` (the render node's memfd of
+    /// its GPU): a file handed out as a dma-buf whose
+    /// mappings reach `render` at their own offset, made once and known
+    /// as `d` by its inode (an IMPORT_DMABUF or a dump of a mapping of it
+    /// finds the BO).
+    pub fn window<'a>(
+        &self,
+        d: &'a Arc<Dmabuf>,
+        render: BorrowedFd<'_>,
+    ) -> io::Result<BorrowedFd<'a>> {
+        if d.window.get().is_none() {
+            let size = std::fs::File::from(render.try_clone_to_owned()?)
+                .metadata()?
+                .len();
+            let file = self.open_file_over(render, size)?;
+            let id = file_id(file.as_fd())?;
+            let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            if d.window.set(file).is_ok() {
+                inner.by_id.insert(id, d.clone());
+            }
+        }
+        Ok(d.window.get().expect("set above").as_fd())
     }
 
     /// The dmabuf `fd` (a descriptor of the daemon's) is, or None for any
@@ -286,6 +346,9 @@ impl Registry {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(d) = inner.by_bo.remove(&(gpu, offset)) {
             inner.by_id.remove(&d.id);
+            if let Some(id) = d.window.get().and_then(|w| file_id(w.as_fd()).ok()) {
+                inner.by_id.remove(&id);
+            }
         }
     }
 }

@@ -51,7 +51,7 @@ mod svm;
 pub mod uapi;
 mod vm;
 
-use std::os::fd::BorrowedFd;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -418,6 +418,46 @@ impl Emulator {
             );
         }
         r
+    }
+
+    /// A trapped mmap of `len` bytes at `offset` of `file` (a descriptor of
+    /// the daemon's): for a dma-buf the process exported (see `dmabuf`),
+    /// the file to map instead (the dma-buf's window onto the BO's render
+    /// memfd, a new fd of it) and the offset in it; None for any other
+    /// file (the kernel maps it).
+    pub fn dmabuf_mmap(
+        &self,
+        file: BorrowedFd<'_>,
+        caller: &Caller,
+        offset: u64,
+        len: u64,
+    ) -> Option<Result<(OwnedFd, u64), i32>> {
+        let devs = &self.shared.devs;
+        let d = devs.dmabufs.lookup(file)?;
+        let at = match d.mapped_at(offset, len)? {
+            Ok(at) => at,
+            Err(e) => {
+                log::info!(
+                    "kfd-emu: pid {}: mmap of {len} bytes at offset {offset:#x} of a dma-buf \
+                     of {} bytes refused (EINVAL): past its end",
+                    caller.tgid,
+                    d.size
+                );
+                return Some(Err(e));
+            }
+        };
+        let mem = &devs.gpus[d.source.gpu].mem;
+        let window = devs
+            .dmabufs
+            .window(&d, mem.fd())
+            .and_then(|w| w.try_clone_to_owned());
+        Some(match window {
+            Ok(w) => Ok((w, at)),
+            Err(e) => {
+                log::error!("kfd-emu: pid {}: dma-buf window: {e}", caller.tgid);
+                Err(libc::ENOMEM)
+            }
+        })
     }
 
     /// The caller of parked request `id` (see [`Replier::request_id`]) on
