@@ -3500,7 +3500,9 @@ fn supervised_checkpoint_hands_out_dmabufs_and_replays_an_interrupted_answer() {
 /// gfx90a (the words are the same on both).  Each kernel object is a
 /// kernel descriptor whose code starts 256 bytes after it; its only user
 /// SGPRs are the kernarg pointer (s[0:1]), then the workgroup id X (s2).
-/// Kernarg: {out: u64, flag: u32}.
+/// Kernarg: {out: u64, flag: u32}; the kernels that hold on the flag
+/// first add 1 per work-item to the arrival counter at kernarg + 256
+/// (`ARRIVED`), so a test sees when their waves run.
 const K_IDS: &[u32] = &[
     0xc0060100, 0x00000000, // s_load_dwordx2 s[4:5], s[0:1], 0x0
     0xd1fd0001, 0x04010e02, // v_lshl_add_u32 v1, s2, 7, v0
@@ -3527,15 +3529,19 @@ const K_SPIN: &[u32] = &[
     0xbf85fffa, // s_cbranch_scc1 -6 (the load)
     0xbf810000, // s_endpgm
 ];
-/// Each work-item puts its global id into the LDS, spins until the flag is
-/// set, meets its workgroup at a barrier, and stores what the LDS holds
-/// for it (its id again) to out[id]: registers, the LDS and a barrier that
-/// live through an eviction.  Workgroups of 128, 512 bytes of LDS.
+/// Each work-item puts its global id into the LDS, arrives, spins until
+/// the flag is set, meets its workgroup at a barrier, and stores what the
+/// LDS holds for it (its id again) to out[id]: registers, the LDS and a
+/// barrier that live through an eviction.  Workgroups of 128, 512 bytes of
+/// LDS.
 const K_HOLD: &[u32] = &[
     0xc0060100, 0x00000000, // s_load_dwordx2 s[4:5], s[0:1], 0x0
     0xd1fd0001, 0x04010e02, // v_lshl_add_u32 v1, s2, 7, v0
     0x24040082, // v_lshlrev_b32_e32 v2, 2, v0
     0xd81a0000, 0x00000102, // ds_write_b32 v2, v1
+    0x7e080280, // v_mov_b32_e32 v4, 0
+    0x7e0a0281, // v_mov_b32_e32 v5, 1
+    0xdd088100, 0x00000504, // global_atomic_add v4, v5, s[0:1] offset:256
     0xbf8cc07f, // s_waitcnt lgkmcnt(0)
     0xc00300c0, 0x00000008, // s_load_dword s3, s[0:1], 0x8 glc
     0xbf8cc07f, // s_waitcnt lgkmcnt(0)
@@ -3563,6 +3569,8 @@ const K_SCRATCH: &[u32] = &[
     0x7e020204, // v_mov_b32_e32 v1, s4
     0x7e040280, // v_mov_b32_e32 v2, 0
     0xdc708000, 0x00080102, // global_store_dword v2, v1, s[8:9]
+    0x7e0a0281, // v_mov_b32_e32 v5, 1
+    0xdd088100, 0x00000502, // global_atomic_add v2, v5, s[0:1] offset:256
     0xbf8c0070, // s_waitcnt vmcnt(0) lgkmcnt(0)
     0xc0030280, 0x00000008, // s_load_dword s10, s[0:1], 0x8 glc
     0xbf8cc07f, // s_waitcnt lgkmcnt(0)
@@ -3616,6 +3624,8 @@ const DATA_VA: u64 = 0x5001_0000;
 const SHADER_SIGS_VA: u64 = 0x5002_0000;
 const KERNARG: u64 = DATA_VA;
 const OUT: u64 = DATA_VA + 0x1000;
+/// The arrival counter's offset in the data BO (kernarg + 256).
+const ARRIVED: usize = 0x100;
 
 impl Shader {
     fn new() -> Shader {
@@ -3771,6 +3781,20 @@ impl Shader {
             }
             let (wa, _evs) = wait_args(&[self.event], false, 100);
             let _ = self.d.call(nr::WAIT_EVENTS, &wa);
+        }
+        true
+    }
+
+    /// Waits until `n` work-items of the held kernels arrived at their
+    /// spin (their waves run), per the counter they add to.
+    fn wait_arrived(&self, n: u32) -> bool {
+        let end = Instant::now() + Duration::from_secs(20);
+        // SAFETY: the counter word inside the data mapping.
+        while unsafe { rd32(self.data, ARRIVED) } < n {
+            if Instant::now() > end {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(2));
         }
         true
     }
@@ -3983,7 +4007,7 @@ fn poll_signal(sigs: *mut u8, i: usize, want: i64) -> bool {
 fn held_dispatch() -> Shader {
     let s = Shader::on(Dev::new(KFD_1_11), true);
     s.dispatch_lds(0, 0, 5, 256, 128, 512);
-    std::thread::sleep(Duration::from_millis(100));
+    assert!(s.wait_arrived(256), "every work-item holds at its flag");
     assert_eq!(s.sig_value(0), 1, "the dispatch waits for its flag");
     s
 }
@@ -4363,7 +4387,7 @@ fn held_dispatch_on_4_xccs() -> Shader {
     let d = Dev::new(&format!("{KFD_1_11}[[gpus]]\n{XCC4}"));
     let s = Shader::on_xccs(d, true, 4);
     s.dispatch_lds(0, 0, 5, 1024, 128, 512);
-    std::thread::sleep(Duration::from_millis(100));
+    assert!(s.wait_arrived(1024), "every work-item holds at its flag");
     assert_eq!(s.sig_value(0), 1, "the dispatch waits for its flag");
     s
 }
@@ -4448,7 +4472,7 @@ fn scratch_dispatch_on_4_xccs() -> Shader {
         wr32(aq, 176, 16); // scratch_workitem_byte_size
     }
     s.dispatch_private(0, 0, 6, 16 * 64, 64, (16, 0));
-    std::thread::sleep(Duration::from_millis(100));
+    assert!(s.wait_arrived(16 * 64), "every work-item holds at its flag");
     assert_eq!(s.sig_value(0), 1, "the dispatch waits for its flag");
     s
 }
