@@ -376,7 +376,7 @@ fn rebuild_groups(
             group: id,
             extent,
             wave: rec.wave_in_group as u32,
-            scratch_offset: 0,
+            ..Placement::default()
         };
         launch::seat_wave(&mut wave, &l.regs, &at);
         if first {

@@ -199,6 +199,7 @@ impl Run {
                 extent,
                 wave: k as u32,
                 scratch_offset: (scratch.unwrap_or(0) * wave_bytes) as u32,
+                ..Placement::default()
             };
             let l = &self.launch;
             launch::start_wave(&mut wave, target, l.object, &l.code, &l.grid, &regs, &at);
