@@ -3888,6 +3888,55 @@ fn a_spinning_wave_stalls_no_other_queue() {
     assert!(s.wait_for(0, 0), "the spinner ends once the flag is set");
 }
 
+/// KFD's MMU notifier: when the process replaces a USERPTR BO's pages (a
+/// new mapping over them) KFD evicts its queues, revalidates the BO onto
+/// the new pages and restores the queues, so the next kernel writes the new
+/// pages; when it takes them away (PROT_NONE) the revalidation fails and
+/// the GPU's access faults (the queue stops at the packet).  kfd-emu
+/// reaches USERPTR memory through the process' address space at every
+/// access, so a kernel sees what KFD's revalidation would give it.
+#[test]
+fn a_userptr_bo_follows_the_pages_the_process_maps_there() {
+    const UP_VA: u64 = 0x5300_0000;
+    let s = Shader::new();
+    let user = s.d.user_mem(UP_VA, 4096);
+    let remap = |prot| {
+        // SAFETY: replaces the USERPTR page this test mapped, which only
+        // it and the emulator (through process_vm_*) use.
+        let p = unsafe {
+            libc::mmap(
+                user.cast(),
+                4096,
+                prot,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                -1,
+                0,
+            )
+        };
+        assert_eq!(p, user.cast(), "the page replaced in place");
+    };
+    // SAFETY: the kernarg's out pointer.
+    unsafe { wr64(s.data, 0, UP_VA) };
+    s.dispatch(0, 0, 0, 128, 128);
+    assert!(s.wait_for(0, 0), "the kernel on the first pages");
+    // SAFETY: the USERPTR page.
+    assert_eq!(unsafe { rd32(user, 4 * 127) }, 127);
+    remap(libc::PROT_READ | libc::PROT_WRITE);
+    // SAFETY: the USERPTR page, new.
+    assert_eq!(unsafe { rd32(user, 4 * 127) }, 0, "a fresh page");
+    s.dispatch(0, 1, 0, 128, 128);
+    assert!(s.wait_for(0, 0), "the kernel on the new pages");
+    // SAFETY: the USERPTR page.
+    let v = unsafe { rd32(user, 4 * 127) };
+    assert_eq!(v, 127, "written to the new page");
+    remap(libc::PROT_NONE);
+    s.dispatch(0, 2, 0, 128, 128);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(s.sig_value(0), 1, "the faulting dispatch did not complete");
+    // SAFETY: queue 0's read pointer.
+    assert_eq!(unsafe { rd64(s.aqs[0], 128) }, 2, "the queue stays at it");
+}
+
 #[test]
 fn faults_traps_and_illegal_instructions_stop_the_queue_with_the_cps_errors() {
     let s = Shader::new();
