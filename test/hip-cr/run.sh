@@ -23,6 +23,9 @@
 #     with a last round and its exit.
 #   * test/hip-cr/busy.hip: a kernel on every GPU that computes (registers, LDS, barriers)
 #     until SIGTERM; then every value is checked against the host's.
+#   * test/hip-cr/cu-mask.hip: a stream with a CU mask (hipExtStreamCreateWithCUMask: ROCr's
+#     hsa_amd_queue_cu_set_mask) whose kernel's waves record their HW_ID and hold; then
+#     every wave must have run on the mask's one CU, no more resident at once than it holds.
 #   * test/hip-cr/wait-value.hip: on every GPU a stream held by hipStreamWaitValue32 (HIP
 #     5.2's wait kernel spins on a host word) and one waiting for its event, until SIGTERM;
 #     then what ran behind the waits is checked.
@@ -571,6 +574,15 @@ case_wait_value() {
 	running_case mi100x2 mi100x2-other "$WAIT_VALUE" '^wait-value: 2 GPUs waiting$'
 }
 
+# A stream with a CU mask of one CU (cu-mask) on mi100x2, dumped while the waves that
+# CU holds wait, restored on another mi100x2: every wave ran on that CU before and after the
+# restore (the queue keeps its mask), and no more were resident than the CU's wave slots.
+case_cu_mask() {
+	export KFD_EMU_LOG=info KERNELS_IN_FLIGHT=1
+	running_case mi100x2 mi100x2-other "$CU_MASK" '^cu-mask: [0-9]+ waves resident on 1 CU$'
+	note "$(p_out 1 | grep -o '[0-9]* waves resident on 1 CU')"
+}
+
 # running_case PROFILE RESTORE_HOST BIN READY: BIN started and dumped once its output has
 # the line READY (a regex), restored on RESTORE_HOST and released (SIGTERM): it must pass.
 running_case() {
@@ -644,8 +656,9 @@ build_programs() {
 	HOLD=$(prog_build "$here/hold.hip" "$top/build/hip-cr/hold" "$top/test/zdtm/static/hip_state.h") &&
 		MLP=$(prog_build "$top/test/hip/mlp.hip" "$top/build/hip/mlp") &&
 		BUSY=$(prog_build "$here/busy.hip" "$top/build/hip-cr/busy") &&
-		WAIT_VALUE=$(prog_build "$here/wait-value.hip" "$top/build/hip-cr/wait-value") || exit 2
-	export HOLD MLP BUSY WAIT_VALUE
+		WAIT_VALUE=$(prog_build "$here/wait-value.hip" "$top/build/hip-cr/wait-value") &&
+		CU_MASK=$(prog_build "$here/cu-mask.hip" "$top/build/hip-cr/cu-mask") || exit 2
+	export HOLD MLP BUSY WAIT_VALUE CU_MASK
 }
 
 preflight() {

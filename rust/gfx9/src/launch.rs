@@ -225,14 +225,46 @@ impl DispatchRegs {
     }
 }
 
-/// Where one wave sits: its workgroup, the workgroup's extent, its index in the workgroup and
-/// its scratch byte offset from the queue's scratch base.
+/// Where one wave sits: its workgroup, the workgroup's extent, its index in the workgroup, its
+/// scratch byte offset from the queue's scratch base and the hardware slot the SPI gave it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Placement {
     pub group: [u32; 3],
     pub extent: [u32; 3],
     pub wave: u32,
     pub scratch_offset: u32,
+    pub slot: HwSlot,
+}
+
+/// The hardware a wave runs on, as HW_ID and XCC_ID report it: the XCC, shader engine, shader
+/// array and CU, the SIMD of the CU and the wave slot of the SIMD.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HwSlot {
+    pub xcc: u8,
+    pub se: u8,
+    pub sh: u8,
+    pub cu: u8,
+    pub simd: u8,
+    pub wave: u8,
+}
+
+impl HwSlot {
+    /// HW_ID of GCN and CDNA: WAVE_ID 3:0, SIMD_ID 5:4, CU_ID 11:8, SH_ID 12, SE_ID from 13,
+    /// and the workgroup's TG_ID 19:16 (the low bits of its X id).
+    pub fn hw_id(&self, group_x: u32) -> u32 {
+        u32::from(self.wave & 0xf)
+            | u32::from(self.simd & 3) << 4
+            | u32::from(self.cu & 0xf) << 8
+            | u32::from(self.sh & 1) << 12
+            | u32::from(self.se & 7) << 13
+            | (group_x & 0xf) << 16
+    }
+
+    /// Gives `w`, of a workgroup whose X id is `group_x`, this slot's HW_ID and XCC_ID.
+    pub fn seat(&self, w: &mut Wave, group_x: u32) {
+        w.hw_id = self.hw_id(group_x);
+        w.xcc_id = u32::from(self.xcc);
+    }
 }
 
 /// Gives `w` the state of a new wave of `code` at `p` (any state it had is replaced, its
@@ -265,7 +297,7 @@ pub fn start_wave(
 pub fn seat_wave(w: &mut Wave, regs: &DispatchRegs, p: &Placement) {
     w.apertures = regs.apertures;
     w.id_in_group = p.wave;
-    w.hw_id = (p.wave & 0xf) | (p.wave >> 4 & 3) << 4 | (p.group[0] & 0xf) << 16;
+    p.slot.seat(w, p.group[0]);
 }
 
 /// The user SGPRs the kernel enables, from s0, as far as RSRC2.USER_SGPR reaches; returns
@@ -469,6 +501,7 @@ mod tests {
             extent: [44, 1, 1],
             wave: 0,
             scratch_offset: 0x800,
+            slot: HwSlot::default(),
         };
         start_wave(&mut w, Target::Gfx908, 0x9000, &code, &GRID, &regs(), &p);
         assert_eq!(w.pc, 0x9100);
@@ -491,6 +524,7 @@ mod tests {
             extent: [128, 2, 1],
             wave: 3,
             scratch_offset: 0,
+            slot: HwSlot::default(),
         };
         let mut w = Wave::new(Target::Gfx90a, 0);
         start_wave(&mut w, Target::Gfx90a, 0x9000, &code, &GRID, &regs(), &p);
@@ -557,6 +591,7 @@ mod tests {
             extent: [64, 1, 1],
             wave: 0,
             scratch_offset: 0x2000,
+            slot: HwSlot::default(),
         };
         let mut w = Wave::new(Target::Gfx942, 0);
         start_wave(&mut w, Target::Gfx942, 0x9000, &code, &GRID, &regs(), &p);

@@ -74,6 +74,8 @@ pub mod hwreg {
     pub const TBA_HI: u16 = 17;
     pub const TMA_LO: u16 = 18;
     pub const TMA_HI: u16 = 19;
+    /// The XCC a wave runs on (gfx940 and later: MI300's dies).
+    pub const XCC_ID: u16 = 20;
 }
 
 /// Apertures the inline operands 235..=238 read (SRC_SHARED_BASE ... SRC_PRIVATE_LIMIT):
@@ -100,6 +102,8 @@ pub struct Wave {
     pub trapsts: u32,
     /// HW_ID as s_getreg reads it (the CP model fills in wave, SIMD, CU ids).
     pub hw_id: u32,
+    /// XCC_ID as s_getreg reads it on gfx942 (the XCC the CP gave the wave).
+    pub xcc_id: u32,
     pub tba: u64,
     pub tma: u64,
     pub apertures: Apertures,
@@ -126,6 +130,7 @@ impl Wave {
             status: 0,
             trapsts: 0,
             hw_id: 0,
+            xcc_id: 0,
             tba: 0,
             tma: 0,
             apertures: Apertures::default(),
@@ -148,6 +153,7 @@ impl Wave {
         self.status = 0;
         self.trapsts = 0;
         self.hw_id = 0;
+        self.xcc_id = 0;
         self.tba = 0;
         self.tma = 0;
         self.apertures = Apertures::default();

@@ -393,3 +393,37 @@ fn getreg_sh_mem_bases_gives_the_aperture_bits() {
     assert_eq!(r.w.sreg[3], 1, "shared aperture bits 63:48");
     assert_eq!(r.w.sreg[4], 0x0001_0002);
 }
+
+#[test]
+fn getreg_hw_id_and_xcc_id_give_where_the_spi_placed_the_wave() {
+    use gfx9::launch::HwSlot;
+    let slot = HwSlot {
+        xcc: 5,
+        se: 3,
+        sh: 1,
+        cu: 9,
+        simd: 2,
+        wave: 7,
+    };
+    let hwreg = |id: u16, off: u16, size: u16| id | off << 6 | (size - 1) << 11;
+    let mut r = Rig::new(Target::Gfx942);
+    r.w.hw_id = slot.hw_id(0x13);
+    r.w.xcc_id = u32::from(slot.xcc);
+    // s_getreg_b32: WAVE_ID, SIMD_ID, CU_ID, SH_ID, SE_ID, TG_ID of HW_ID; XCC_ID.
+    r.ok(&[
+        sopk(0x11, 2, hwreg(4, 0, 4)),
+        sopk(0x11, 3, hwreg(4, 4, 2)),
+        sopk(0x11, 4, hwreg(4, 8, 4)),
+        sopk(0x11, 5, hwreg(4, 12, 1)),
+        sopk(0x11, 6, hwreg(4, 13, 2)),
+        sopk(0x11, 7, hwreg(4, 16, 4)),
+        sopk(0x11, 8, hwreg(20, 0, 4)),
+    ]);
+    assert_eq!(&r.w.sreg[2..9], &[7, 2, 9, 1, 3, 3, 5]);
+    // XCC_ID is gfx940's: gfx90a has no such register.
+    let mut r = Rig::new(Target::Gfx90a);
+    match r.run(&[sopk(0x11, 2, hwreg(20, 0, 4))]) {
+        Stop::Illegal { .. } => {}
+        other => panic!("s_getreg XCC_ID on gfx90a gave {other}"),
+    }
+}

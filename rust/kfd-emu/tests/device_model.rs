@@ -3500,7 +3500,9 @@ fn supervised_checkpoint_hands_out_dmabufs_and_replays_an_interrupted_answer() {
 /// gfx90a (the words are the same on both).  Each kernel object is a
 /// kernel descriptor whose code starts 256 bytes after it; its only user
 /// SGPRs are the kernarg pointer (s[0:1]), then the workgroup id X (s2).
-/// Kernarg: {out: u64, flag: u32}.
+/// Kernarg: {out: u64, flag: u32}; the kernels that hold on the flag
+/// first add 1 per work-item to the arrival counter at kernarg + 256
+/// (`ARRIVED`), so a test sees when their waves run.
 const K_IDS: &[u32] = &[
     0xc0060100, 0x00000000, // s_load_dwordx2 s[4:5], s[0:1], 0x0
     0xd1fd0001, 0x04010e02, // v_lshl_add_u32 v1, s2, 7, v0
@@ -3527,15 +3529,19 @@ const K_SPIN: &[u32] = &[
     0xbf85fffa, // s_cbranch_scc1 -6 (the load)
     0xbf810000, // s_endpgm
 ];
-/// Each work-item puts its global id into the LDS, spins until the flag is
-/// set, meets its workgroup at a barrier, and stores what the LDS holds
-/// for it (its id again) to out[id]: registers, the LDS and a barrier that
-/// live through an eviction.  Workgroups of 128, 512 bytes of LDS.
+/// Each work-item puts its global id into the LDS, arrives, spins until
+/// the flag is set, meets its workgroup at a barrier, and stores what the
+/// LDS holds for it (its id again) to out[id]: registers, the LDS and a
+/// barrier that live through an eviction.  Workgroups of 128, 512 bytes of
+/// LDS.
 const K_HOLD: &[u32] = &[
     0xc0060100, 0x00000000, // s_load_dwordx2 s[4:5], s[0:1], 0x0
     0xd1fd0001, 0x04010e02, // v_lshl_add_u32 v1, s2, 7, v0
     0x24040082, // v_lshlrev_b32_e32 v2, 2, v0
     0xd81a0000, 0x00000102, // ds_write_b32 v2, v1
+    0x7e080280, // v_mov_b32_e32 v4, 0
+    0x7e0a0281, // v_mov_b32_e32 v5, 1
+    0xdd088100, 0x00000504, // global_atomic_add v4, v5, s[0:1] offset:256
     0xbf8cc07f, // s_waitcnt lgkmcnt(0)
     0xc00300c0, 0x00000008, // s_load_dword s3, s[0:1], 0x8 glc
     0xbf8cc07f, // s_waitcnt lgkmcnt(0)
@@ -3563,6 +3569,8 @@ const K_SCRATCH: &[u32] = &[
     0x7e020204, // v_mov_b32_e32 v1, s4
     0x7e040280, // v_mov_b32_e32 v2, 0
     0xdc708000, 0x00080102, // global_store_dword v2, v1, s[8:9]
+    0x7e0a0281, // v_mov_b32_e32 v5, 1
+    0xdd088100, 0x00000502, // global_atomic_add v2, v5, s[0:1] offset:256
     0xbf8c0070, // s_waitcnt vmcnt(0) lgkmcnt(0)
     0xc0030280, 0x00000008, // s_load_dword s10, s[0:1], 0x8 glc
     0xbf8cc07f, // s_waitcnt lgkmcnt(0)
@@ -3577,6 +3585,33 @@ const K_SCRATCH: &[u32] = &[
     0x7e0a0209, // v_mov_b32_e32 v5, s9
     0xbf8c0f70, // s_waitcnt vmcnt(0)
     0xdc788000, 0x00060302, // global_store_dwordx3 v2, v[3:5], s[6:7]
+    0xbf810000, // s_endpgm
+];
+/// Workgroups of one wave: each stores its HW_ID (where the SPI placed
+/// it) to out[group], then arrives (so an arrived wave's HW_ID is there),
+/// spins until the flag is set, and stores
+/// HW_ID again to out[512 + group] (after an eviction: where its restore
+/// placed it).
+const K_HWID: &[u32] = &[
+    0xc0060100, 0x00000000, // s_load_dwordx2 s[4:5], s[0:1], 0x0
+    0xb886f804, // s_getreg_b32 s6, hwreg(HW_REG_HW_ID)
+    0x7e040202, // v_mov_b32_e32 v2, s2
+    0x24040482, // v_lshlrev_b32_e32 v2, 2, v2
+    0x7e060206, // v_mov_b32_e32 v3, s6
+    0x7e080280, // v_mov_b32_e32 v4, 0
+    0x7e0a0281, // v_mov_b32_e32 v5, 1
+    0xbf8cc07f, // s_waitcnt lgkmcnt(0)
+    0xdc708000, 0x00040302, // global_store_dword v2, v3, s[4:5]
+    0xbf8c0f70, // s_waitcnt vmcnt(0)
+    0xdd088100, 0x00000504, // global_atomic_add v4, v5, s[0:1] offset:256
+    0xc00300c0, 0x00000008, // s_load_dword s3, s[0:1], 0x8 glc
+    0xbf8cc07f, // s_waitcnt lgkmcnt(0)
+    0xbf8e0001, // s_sleep 1
+    0xbf068003, // s_cmp_eq_u32 s3, 0
+    0xbf85fffa, // s_cbranch_scc1 -6 (the load)
+    0xb886f804, // s_getreg_b32 s6, hwreg(HW_REG_HW_ID)
+    0x7e060206, // v_mov_b32_e32 v3, s6
+    0xdc708800, 0x00040302, // global_store_dword v2, v3, s[4:5] offset:2048
     0xbf810000, // s_endpgm
 ];
 const K_ILLEGAL: &[u32] = &[
@@ -3616,6 +3651,8 @@ const DATA_VA: u64 = 0x5001_0000;
 const SHADER_SIGS_VA: u64 = 0x5002_0000;
 const KERNARG: u64 = DATA_VA;
 const OUT: u64 = DATA_VA + 0x1000;
+/// The arrival counter's offset in the data BO (kernarg + 256).
+const ARRIVED: usize = 0x100;
 
 impl Shader {
     fn new() -> Shader {
@@ -3649,7 +3686,9 @@ impl Shader {
             .unwrap();
         let event = u32_at(&ev, 24);
         let mailbox = SIG_VA + u32_at(&ev, 28) as u64 * 8;
-        let kernels = [K_IDS, K_FAULT, K_TRAP, K_SPIN, K_ILLEGAL, K_HOLD, K_SCRATCH];
+        let kernels = [
+            K_IDS, K_FAULT, K_TRAP, K_SPIN, K_ILLEGAL, K_HOLD, K_SCRATCH, K_HWID,
+        ];
         // SAFETY: every offset below lies inside the mappings just made.
         unsafe {
             for (k, words) in kernels.iter().enumerate() {
@@ -3775,6 +3814,20 @@ impl Shader {
         true
     }
 
+    /// Waits until `n` work-items of the held kernels arrived at their
+    /// spin (their waves run), per the counter they add to.
+    fn wait_arrived(&self, n: u32) -> bool {
+        let end = Instant::now() + Duration::from_secs(20);
+        // SAFETY: the counter word inside the data mapping.
+        while unsafe { rd32(self.data, ARRIVED) } < n {
+            if Instant::now() > end {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        true
+    }
+
     fn out(&self, i: usize) -> u32 {
         // SAFETY: dword i of the output buffer (i < 1024).
         unsafe { rd32(self.data, 0x1000 + 4 * i) }
@@ -3833,6 +3886,55 @@ fn a_spinning_wave_stalls_no_other_queue() {
     // SAFETY: the kernarg's flag.
     unsafe { wr32(s.data, 8, 1) };
     assert!(s.wait_for(0, 0), "the spinner ends once the flag is set");
+}
+
+/// KFD's MMU notifier: when the process replaces a USERPTR BO's pages (a
+/// new mapping over them) KFD evicts its queues, revalidates the BO onto
+/// the new pages and restores the queues, so the next kernel writes the new
+/// pages; when it takes them away (PROT_NONE) the revalidation fails and
+/// the GPU's access faults (the queue stops at the packet).  kfd-emu
+/// reaches USERPTR memory through the process' address space at every
+/// access, so a kernel sees what KFD's revalidation would give it.
+#[test]
+fn a_userptr_bo_follows_the_pages_the_process_maps_there() {
+    const UP_VA: u64 = 0x5300_0000;
+    let s = Shader::new();
+    let user = s.d.user_mem(UP_VA, 4096);
+    let remap = |prot| {
+        // SAFETY: replaces the USERPTR page this test mapped, which only
+        // it and the emulator (through process_vm_*) use.
+        let p = unsafe {
+            libc::mmap(
+                user.cast(),
+                4096,
+                prot,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                -1,
+                0,
+            )
+        };
+        assert_eq!(p, user.cast(), "the page replaced in place");
+    };
+    // SAFETY: the kernarg's out pointer.
+    unsafe { wr64(s.data, 0, UP_VA) };
+    s.dispatch(0, 0, 0, 128, 128);
+    assert!(s.wait_for(0, 0), "the kernel on the first pages");
+    // SAFETY: the USERPTR page.
+    assert_eq!(unsafe { rd32(user, 4 * 127) }, 127);
+    remap(libc::PROT_READ | libc::PROT_WRITE);
+    // SAFETY: the USERPTR page, new.
+    assert_eq!(unsafe { rd32(user, 4 * 127) }, 0, "a fresh page");
+    s.dispatch(0, 1, 0, 128, 128);
+    assert!(s.wait_for(0, 0), "the kernel on the new pages");
+    // SAFETY: the USERPTR page.
+    let v = unsafe { rd32(user, 4 * 127) };
+    assert_eq!(v, 127, "written to the new page");
+    remap(libc::PROT_NONE);
+    s.dispatch(0, 2, 0, 128, 128);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(s.sig_value(0), 1, "the faulting dispatch did not complete");
+    // SAFETY: queue 0's read pointer.
+    assert_eq!(unsafe { rd64(s.aqs[0], 128) }, 2, "the queue stays at it");
 }
 
 #[test]
@@ -3983,7 +4085,7 @@ fn poll_signal(sigs: *mut u8, i: usize, want: i64) -> bool {
 fn held_dispatch() -> Shader {
     let s = Shader::on(Dev::new(KFD_1_11), true);
     s.dispatch_lds(0, 0, 5, 256, 128, 512);
-    std::thread::sleep(Duration::from_millis(100));
+    assert!(s.wait_arrived(256), "every work-item holds at its flag");
     assert_eq!(s.sig_value(0), 1, "the dispatch waits for its flag");
     s
 }
@@ -4204,6 +4306,154 @@ fn a_dispatch_in_flight_resumes_on_another_host() {
     released_dispatch_completes(sigs, data, 256);
 }
 
+/// SET_CU_MASK on queue 0 of `s` (`words` of mask).
+fn set_cu_mask(s: &Shader, words: &[u32]) -> Result<Vec<u8>, i32> {
+    let n = 32 * words.len() as u64;
+    let a = args(&[(0, 0), (4, n), (8, words.as_ptr() as u64)], 16);
+    s.d.call(nr::SET_CU_MASK, &a)
+}
+
+/// HW_ID's (SE, SH, CU) and (SIMD, wave slot).
+fn hw_id_cu(v: u32) -> ((u32, u32, u32), (u32, u32)) {
+    (
+        (v >> 13 & 7, v >> 12 & 1, v >> 8 & 0xf),
+        (v >> 4 & 3, v & 0xf),
+    )
+}
+
+/// K_HWID's `groups` one-wave workgroups on queue 0, held at the flag.
+fn hwid_dispatch(s: &Shader, groups: u32) {
+    s.dispatch(0, 0, 7, 64 * groups, 64);
+}
+
+/// The CU mask places the waves as the SPI does: on an MI100 (4 shader
+/// engines, 10 wave slots per SIMD) a queue masked to one CU (bit 0: SE0
+/// SH0 CU0) has at most that CU's 40 waves resident, each in its own SIMD
+/// slot, and every wave of the kernel runs there; masked to two CUs (bits
+/// 0 and 1: CU0 of SE0 and SE1) all 64 waves are resident at once, on
+/// those two CUs only.  A queue without a mask spreads them wider.
+#[test]
+fn a_cu_mask_decides_where_and_how_many_waves_run() {
+    let s = Shader::on(Dev::new(KFD_1_11), false);
+    set_cu_mask(&s, &[1, 0, 0, 0]).unwrap();
+    hwid_dispatch(&s, 64);
+    assert!(s.wait_arrived(40 * 64), "one CU's 40 waves run");
+    std::thread::sleep(Duration::from_millis(200));
+    // SAFETY: the arrival counter inside the data mapping.
+    let arrived = unsafe { rd32(s.data, ARRIVED) };
+    assert_eq!(arrived, 40 * 64, "no 41st wave is resident on one CU");
+    let first: std::collections::BTreeSet<_> = (0..64).map(|g| hw_id_cu(s.out(g))).collect();
+    assert_eq!(first.len(), 40, "the resident waves have a slot each");
+    assert!(first.iter().all(|(cu, _)| *cu == (0, 0, 0)), "{first:?}");
+    // SAFETY: the kernarg's flag.
+    unsafe { wr32(s.data, 8, 1) };
+    assert!(s.wait_for(0, 0), "the kernel completes");
+    for g in 0..64 {
+        assert_eq!(
+            hw_id_cu(s.out(g)).0,
+            (0, 0, 0),
+            "wave {g} ran on SE0 SH0 CU0"
+        );
+    }
+
+    let s = Shader::on(Dev::new(KFD_1_11), false);
+    set_cu_mask(&s, &[0b11]).unwrap();
+    hwid_dispatch(&s, 64);
+    assert!(s.wait_arrived(64 * 64), "two CUs hold all 64 waves");
+    let ses: std::collections::BTreeSet<_> = (0..64).map(|g| hw_id_cu(s.out(g)).0).collect();
+    assert_eq!(ses.into_iter().collect::<Vec<_>>(), [(0, 0, 0), (1, 0, 0)]);
+    // SAFETY: the kernarg's flag.
+    unsafe { wr32(s.data, 8, 1) };
+    assert!(s.wait_for(0, 0), "the kernel completes");
+
+    let s = Shader::on(Dev::new(KFD_1_11), false);
+    hwid_dispatch(&s, 64);
+    assert!(s.wait_arrived(64 * 64), "every CU: all 64 waves");
+    let cus: std::collections::BTreeSet<_> = (0..64).map(|g| hw_id_cu(s.out(g)).0).collect();
+    assert!(
+        cus.len() > 2,
+        "no mask: the waves spread over {} CUs",
+        cus.len()
+    );
+    // SAFETY: the kernarg's flag.
+    unsafe { wr32(s.data, 8, 1) };
+    assert!(s.wait_for(0, 0), "the kernel completes");
+}
+
+/// A mask of no CU at all is KFD's to take (only a mask of no bits is
+/// EINVAL): the queue's workgroups wait, as the hardware's queue hangs, and
+/// a mask enabling a CU again lets the next dispatch run.
+#[test]
+fn a_cu_mask_of_no_cu_holds_the_queue_s_workgroups() {
+    let s = Shader::new();
+    assert_eq!(set_cu_mask(&s, &[]), Err(libc::EINVAL));
+    set_cu_mask(&s, &[0, 0]).unwrap();
+    // SAFETY: the kernarg's flag: the waves would not wait.
+    unsafe { wr32(s.data, 8, 1) };
+    hwid_dispatch(&s, 1);
+    std::thread::sleep(Duration::from_millis(200));
+    // SAFETY: the arrival counter inside the data mapping.
+    assert_eq!(unsafe { rd32(s.data, ARRIVED) }, 0, "no wave ran");
+    assert_eq!(s.sig_value(0), 1, "the dispatch waits");
+}
+
+/// The CU mask is the queue's across a checkpoint: a dispatch masked to
+/// CU0 of SE1 is dumped in flight, restored on another host, and its
+/// rebuilt waves run on CU0 of SE1 there too (HW_ID after the restore).
+#[test]
+fn a_restored_queue_keeps_its_cu_mask() {
+    let s = Shader::on(Dev::new(KFD_1_11), true);
+    set_cu_mask(&s, &[0b10]).unwrap();
+    hwid_dispatch(&s, 8);
+    assert!(s.wait_arrived(8 * 64), "the 8 waves hold at their flag");
+    let fh = KFD_FH.with(|f| f.get());
+    let mut img = dump_me(&s.d, fh);
+    let blob = img.blob.clone();
+    let (d2, fh2, r) = restore_me(&s.d, &mut img, &blob);
+    r.unwrap();
+    let (data, sigs) = (
+        restored_bo(&d2, &img, DATA_VA),
+        restored_bo(&d2, &img, SHADER_SIGS_VA),
+    );
+    let pid = std::process::id();
+    let resume = criu(criu_op::RESUME, 0, 0, 0, 0, 0, 0, 0, pid);
+    d2.call_fh(fh2, &me(), nr::CRIU_OP, &resume).unwrap();
+    // SAFETY: the restored kernarg's flag.
+    unsafe { wr32(data, 8, 1) };
+    assert!(poll_signal(sigs, 0, 0), "the restored dispatch completes");
+    for g in 0..8 {
+        // SAFETY: the restored output buffer: HW_ID before and after.
+        let (before, after) = unsafe { (rd32(data, 0x1000 + 4 * g), rd32(data, 0x1800 + 4 * g)) };
+        assert_eq!(hw_id_cu(before).0, (1, 0, 0), "wave {g} before the dump");
+        assert_eq!(hw_id_cu(after).0, (1, 0, 0), "wave {g} after the restore");
+    }
+}
+
+/// On a GPU of 4 XCCs the mask's bits take turns over the XCCs (bit `i`
+/// is XCC `i % 4`'s): bits 0 and 5 enable CU0 of SE0 on XCC 0 and CU0 of
+/// SE1 on XCC 1 only, and XCC 2 and 3 have no CU, so the workgroups the
+/// CP hands them wait; the waves of XCC 0 and 1 run where the mask says.
+#[test]
+fn on_4_xccs_the_cu_mask_is_split_over_the_xccs() {
+    let d = Dev::new(&format!("{KFD_1_11}[[gpus]]\n{XCC4}"));
+    let s = Shader::on_xccs(d, false, 4);
+    set_cu_mask(&s, &[1 | 1 << 5]).unwrap();
+    hwid_dispatch(&s, 2);
+    assert!(s.wait_arrived(2 * 64), "workgroups 0 and 1 run");
+    assert_eq!(hw_id_cu(s.out(0)).0, (0, 0, 0), "XCC 0: SE0 CU0");
+    assert_eq!(hw_id_cu(s.out(1)).0, (1, 0, 0), "XCC 1: SE1 CU0");
+    // SAFETY: the kernarg's flag.
+    unsafe { wr32(s.data, 8, 1) };
+    assert!(s.wait_for(0, 0), "the kernel completes");
+    // Of 3 workgroups the third goes to XCC 2, which the mask leaves no CU.
+    s.dispatch(0, 1, 7, 64 * 3, 64);
+    assert!(s.wait_arrived(4 * 64), "workgroups 0 and 1 ran again");
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(s.sig_value(0), 1, "XCC 2's workgroup waits");
+    // SAFETY: the arrival counter inside the data mapping.
+    assert_eq!(unsafe { rd32(s.data, ARRIVED) }, 4 * 64, "it never ran");
+}
+
 /// A damaged control stack fails the RESTORE (EINVAL): a wrong magic,
 /// version or wave count, or a control stack longer than its MQD's.  A
 /// damaged wave block, which only the save area shows, is the queue's
@@ -4363,7 +4613,7 @@ fn held_dispatch_on_4_xccs() -> Shader {
     let d = Dev::new(&format!("{KFD_1_11}[[gpus]]\n{XCC4}"));
     let s = Shader::on_xccs(d, true, 4);
     s.dispatch_lds(0, 0, 5, 1024, 128, 512);
-    std::thread::sleep(Duration::from_millis(100));
+    assert!(s.wait_arrived(1024), "every work-item holds at its flag");
     assert_eq!(s.sig_value(0), 1, "the dispatch waits for its flag");
     s
 }
@@ -4448,7 +4698,7 @@ fn scratch_dispatch_on_4_xccs() -> Shader {
         wr32(aq, 176, 16); // scratch_workitem_byte_size
     }
     s.dispatch_private(0, 0, 6, 16 * 64, 64, (16, 0));
-    std::thread::sleep(Duration::from_millis(100));
+    assert!(s.wait_arrived(16 * 64), "every work-item holds at its flag");
     assert_eq!(s.sig_value(0), 1, "the dispatch waits for its flag");
     s
 }

@@ -4,7 +4,7 @@ use super::opdef::{def, OpDef};
 use super::operand::{s32, s64, set_s32, set_s64};
 use super::{bad, Cx, Flow, Step};
 use crate::decode::Instr;
-use crate::state::{hwreg, Wave};
+use crate::state::{hwreg, Target, Wave};
 
 type R32 = (u32, Option<bool>);
 type R64 = (u64, Option<bool>);
@@ -612,6 +612,7 @@ fn getreg(cx: &mut Cx<'_>, i: &Instr) -> Step {
         hwreg::TMA_LO => cx.w.tma as u32,
         hwreg::TMA_HI => (cx.w.tma >> 32) as u32,
         hwreg::SH_MEM_BASES => sh_mem_bases(cx.w),
+        hwreg::XCC_ID if cx.w.target == Target::Gfx942 => cx.w.xcc_id,
         hwreg::GPR_ALLOC | hwreg::LDS_ALLOC | hwreg::IB_STS => 0,
         _ => *hwreg_mut(cx, id)
             .ok_or_else(|| bad("s_getreg_b32", "hardware register not modelled"))?,

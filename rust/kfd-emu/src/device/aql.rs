@@ -42,7 +42,7 @@ mod vendor;
 
 use gfx9::Target;
 
-use super::shader::{JobKey, Launch, Outcome, SaveArea, SaveJob};
+use super::shader::{CuLayout, JobKey, Launch, Outcome, SaveArea, SaveJob};
 use super::state::{Done, Proc, Queue};
 use super::uapi::queue_type;
 use ring::{error, Handled, COMPLETION_SIGNAL, PACKET};
@@ -62,6 +62,8 @@ const TYPE_BARRIER_OR: u8 = 5;
 pub struct Shaders {
     pub target: Option<Target>,
     pub xccs: u16,
+    /// The CUs of its XCCs, which queues' CU masks select from.
+    pub cus: CuLayout,
 }
 
 /// Barrier packets: five dependency signals from byte 8.
@@ -339,6 +341,7 @@ pub fn pass(p: &mut Proc, gpus: &[Shaders], done: &mut Done) -> Pass {
             let gpu = gpus.get(q.gpu).copied().unwrap_or(Shaders {
                 target: None,
                 xccs: 1,
+                cus: CuLayout::default(),
             });
             run_queue(p, id, &q, gpu, &mut out, done)
         };

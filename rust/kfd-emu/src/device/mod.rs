@@ -276,6 +276,12 @@ impl Emulator {
                 .map(|g| aql::Shaders {
                     target: shader_target(g),
                     xccs: g.num_xcc.max(1) as u16,
+                    cus: shader::CuLayout::new(
+                        g.num_xcc,
+                        g.asic.shader_engines,
+                        g.asic.sh_per_se,
+                        g.asic.cu_bitmap(),
+                    ),
                 })
                 .collect(),
             activity: activity::Activity::new(

@@ -205,6 +205,7 @@ pub fn prepare(
         lds,
         scratch: (pk.private_size > 0).then_some(s.split),
         xccs: gpu.xccs.max(1),
+        cus: gpu.cus.enabled(&q.cu_mask),
         vm: p.gpu_range(q.gpu, 0, VA_TOP),
         resume: None,
     }))

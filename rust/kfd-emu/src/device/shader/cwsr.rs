@@ -215,7 +215,29 @@ pub fn restore(mut launch: Launch) -> Result<Run, Outcome> {
     run.next_group = saved[0].0.next_workgroup as u64;
     run.waves = waves;
     claim_scratch(&mut run).map_err(damaged)?;
+    seat_groups(&mut run).map_err(damaged)?;
     Ok(run)
+}
+
+/// The restored workgroups go to CUs of their XCC that the queue's CU
+/// mask (restored with the queue) enables, as the CP's restore places
+/// them: their waves read their new slots in HW_ID.
+fn seat_groups(run: &mut Run) -> Result<(), String> {
+    for g in 0..run.groups.len() {
+        let (linear, n) = (run.groups[g].linear, run.groups[g].waves.len());
+        let x = run.xcc_of(linear);
+        let seat = run.cus.reseat(x, n, run.launch.lds).ok_or_else(|| {
+            format!(
+                "workgroup {linear} was saved on XCC {x}, where the queue's CU mask enables no CU"
+            )
+        })?;
+        let group_x = run.launch.grid.group_id(linear)[0];
+        for (s, slot) in run.groups[g].waves.iter_mut().zip(&seat.waves) {
+            slot.seat(&mut s.wave, group_x);
+        }
+        run.groups[g].seat = seat;
+    }
+    Ok(())
 }
 
 /// The used part of one XCC's save area (its header, the wave blocks its
@@ -376,7 +398,7 @@ fn rebuild_groups(
             group: id,
             extent,
             wave: rec.wave_in_group as u32,
-            scratch_offset: 0,
+            ..Placement::default()
         };
         launch::seat_wave(&mut wave, &l.regs, &at);
         if first {
@@ -386,6 +408,7 @@ fn rebuild_groups(
                 linear: rec.workgroup as u64,
                 lds: group_lds,
                 waves: Vec::new(),
+                seat: Default::default(),
             });
         }
         let Some(g) = groups.last_mut() else {

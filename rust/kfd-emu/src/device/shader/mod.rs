@@ -11,6 +11,7 @@
 //! dispatches of an evicted queue into the queue's context save area
 //! (`cwsr`), and rebuilds a dispatch from there when the queue runs again.
 
+mod cus;
 mod cwsr;
 mod gpumem;
 mod sched;
@@ -18,10 +19,11 @@ mod worker;
 
 use std::fmt;
 
-use gfx9::launch::{DispatchRegs, Grid, KernelCode};
+use gfx9::launch::{DispatchRegs, Grid, HwSlot, KernelCode};
 use gfx9::Target;
 
 use super::vm::GpuRange;
+pub use cus::CuLayout;
 pub use cwsr::{check_stacks, SaveArea, SaveJob, Saved};
 pub use worker::{Engine, Host, Refresh};
 
@@ -56,6 +58,8 @@ pub struct Launch {
     /// The XCCs the CP hands the workgroups to, round-robin (1 but on
     /// MI300's partitions).
     pub xccs: u16,
+    /// The CUs of each XCC the queue's CU mask enables (`cus`).
+    pub cus: Vec<Vec<HwSlot>>,
     /// The process' GPU VM as the GPU sees it.
     pub vm: GpuRange,
     /// A dispatch saved at an eviction: its waves are rebuilt from the

@@ -1,6 +1,7 @@
 //! One dispatch's waves: workgroups are admitted while the emulated GPU
-//! has room for their waves (and their XCC's slice of the queue's scratch
-//! has slots for them),
+//! has room for their waves (a CU of their XCC the queue's CU mask enables
+//! has wave slots and LDS for them, `cus`, and their XCC's slice of the
+//! queue's scratch has slots for them),
 //! each wave runs in turns of [`TURN`] instructions, `s_barrier` holds a
 //! wave until every live wave of its workgroup got there, `s_sleep` gives
 //! the rest of the slice away.  A spinning wave therefore never keeps the
@@ -13,6 +14,7 @@ use gfx9::launch::{self, Grid, Placement};
 use gfx9::state::sreg;
 use gfx9::Wave;
 
+use super::cus::{Cus, Seat};
 use super::gpumem::GpuMemory;
 use super::{Launch, Outcome};
 use crate::device::vm::GpuRange;
@@ -43,6 +45,8 @@ pub(super) struct Group {
     pub linear: u64,
     pub lds: Vec<u8>,
     pub waves: Vec<Slot>,
+    /// Its CU and its waves' slots there (in the order of `waves`).
+    pub seat: Seat,
 }
 
 /// The TTMP in which the SPI model leaves a wave's scratch slot (plus one;
@@ -85,6 +89,10 @@ pub struct Run {
     spare: Vec<Wave>,
     /// Each XCC's scratch wave slots.
     pub(super) scratch: Vec<SlotPool>,
+    /// The CUs the queue's CU mask gives the dispatch, and their load.
+    pub(super) cus: Cus,
+    /// Whether the daemon said that a workgroup's XCC has no CU enabled.
+    starved: bool,
     pub instructions: u64,
     /// Lane operations of those instructions (gfx9's `Wave::lanes`).
     pub lanes: u64,
@@ -103,6 +111,7 @@ impl Run {
         let group_count = launch.grid.group_count();
         let mut mem = GpuMemory::new(vm);
         let scratch = vec![SlotPool::default(); launch.xccs.max(1) as usize];
+        let cus = Cus::new(launch.target, &launch.cus);
         mem.read_once(launch.regs.kernarg, launch.code.kernarg_size);
         mem.read_once(launch.regs.packet, Some(AQL_PACKET_BYTES));
         Run {
@@ -113,6 +122,8 @@ impl Run {
             group_count,
             spare: Vec::new(),
             scratch,
+            cus,
+            starved: false,
             instructions: 0,
             lanes: 0,
             waves: 0,
@@ -172,16 +183,37 @@ impl Run {
                     pc: 0,
                 });
             }
-            self.start_group(id, extent, n);
+            let x = self.xcc_of(self.next_group);
+            let Some(seat) = self.cus.place(x, n, self.launch.lds) else {
+                self.starve(x);
+                return Ok(());
+            };
+            self.start_group(id, extent, seat);
             self.next_group += 1;
         }
         Ok(())
     }
 
-    /// Starts workgroup `id` (the next one) with its `n` waves on its XCC,
-    /// each with a slot of that XCC's scratch slice.
-    fn start_group(&mut self, id: [u32; 3], extent: [u32; 3], n: usize) {
+    /// Says once that workgroups wait because the queue's CU mask enables
+    /// no CU of XCC `x` (the hardware's queue hangs so).
+    fn starve(&mut self, x: usize) {
+        if self.cus.any_on(x) || std::mem::replace(&mut self.starved, true) {
+            return;
+        }
+        let k = &self.launch.key;
+        log::warn!(
+            "kfd-emu: process {} queue {} packet {}: the queue's CU mask enables no CU of XCC              {x}: its workgroups wait",
+            k.lead,
+            k.queue,
+            k.index
+        );
+    }
+
+    /// Starts workgroup `id` (the next one) with its waves on its XCC, in
+    /// the slots of `seat`, each with a slot of that XCC's scratch slice.
+    fn start_group(&mut self, id: [u32; 3], extent: [u32; 3], seat: Seat) {
         let target = self.launch.target;
+        let n = seat.waves.len();
         let x = self.xcc_of(self.next_group);
         let (wave_bytes, regs) = match self.launch.scratch {
             Some(sc) => (
@@ -199,6 +231,7 @@ impl Run {
                 extent,
                 wave: k as u32,
                 scratch_offset: (scratch.unwrap_or(0) * wave_bytes) as u32,
+                slot: seat.waves[k],
             };
             let l = &self.launch;
             launch::start_wave(&mut wave, target, l.object, &l.code, &l.grid, &regs, &at);
@@ -214,6 +247,7 @@ impl Run {
             linear: self.next_group,
             lds: vec![0; self.launch.lds],
             waves,
+            seat,
         });
     }
 
@@ -326,6 +360,7 @@ impl Run {
             if self.groups[k].waves.iter().all(|s| s.state == State::Done) {
                 let g = self.groups.swap_remove(k);
                 let x = self.xcc_of(g.linear);
+                self.cus.release(x, &g.seat, self.launch.lds);
                 for s in g.waves {
                     self.scratch[x].free.extend(s.scratch);
                     self.spare.push(s.wave);
