@@ -390,7 +390,6 @@ pub struct Pdd {
     pub denied: bool,
     /// The render-node open whose VM this pdd adopted.
     pub vm: Option<u64>,
-    pub next_idr: u32,
     pub doorbells: Option<Mapping>,
     /// SET_SCRATCH_BACKING_VA: SH_HIDDEN_PRIVATE_BASE (the scratch backing
     /// VA >> 16 as the caller passes it).
@@ -743,7 +742,6 @@ impl State {
                         .as_deref()
                         .is_some_and(|l| !super::devcgroup::list_allows(l, g.minor)),
                     vm: None,
-                    next_idr: 1,
                     doorbells: None,
                     scratch_va: None,
                     trap: None,
