@@ -22,6 +22,7 @@ pub mod dump;
 pub(crate) mod gem;
 pub mod gpu_check;
 pub mod guardian;
+pub(crate) mod kfd_import;
 // Below the session: validation reads the mark too.
 pub use crate::incomplete;
 pub use crate::units::human_bytes;
