@@ -1,14 +1,17 @@
 // HIP 6.4 IPC: one process exports a device buffer (hipIpcGetMemHandle), another opens it
 // (hipIpcOpenMemHandle) and reads it; for test/rocm64/run.sh's IPC cases (built there by the
 // chroot's hipcc beside test/hip's check.h):
-//   ipc-mem export FILE   allocates a buffer on device 0, fills it by a kernel, writes its
-//                         IPC handle to FILE, prints "ipc-mem: exported" and waits for
-//                         SIGUSR1; then checks the buffer, fills it again with another seed
-//                         (which an importer started after that reads), checks it, prints
-//                         "ipc-mem: refilled" and ends at the next SIGUSR1
-//   ipc-mem import FILE [--seed S] [--hold]   opens the handle of FILE, checks the buffer
-//                         against seed S (default 1); with --hold prints "ipc-mem:
-//                         imported" and waits for SIGUSR1, then checks it again
+//   ipc-mem export FILE [--expect S]   allocates a buffer on device 0, fills it by a kernel
+//                         (seed 1), writes its IPC handle to FILE, prints "ipc-mem: exported"
+//                         and waits for SIGUSR1; then checks the buffer against seed S
+//                         (default 1: as it wrote it; an importer may have written it), fills
+//                         it again with seed 2 (which an importer started after that reads),
+//                         checks it, prints "ipc-mem: refilled" and ends at the next SIGUSR1
+//   ipc-mem import FILE [--seed S] [--hold] [--write W]   opens the handle of FILE, checks
+//                         the buffer against seed S (default 1); with --hold prints "ipc-mem:
+//                         imported" and waits for SIGUSR1, then checks it again and, with
+//                         --write, fills it by a kernel of its own with seed W and checks that
+//                         (the kernel run once on a buffer of its own before the wait)
 // Prints one line per check; exits 0 when everything matched, 1 on a mismatch, 2 on a HIP
 // error.
 #include "check.h"
@@ -64,7 +67,7 @@ static void fill_and_check(Check &c, unsigned *dev, unsigned seed, const char *w
 	c.report(what, mismatches(dev, seed), N);
 }
 
-static int exporter(const char *file)
+static int exporter(const char *file, unsigned expect)
 {
 	Check c("ipc-mem");
 	unsigned *dev;
@@ -80,7 +83,7 @@ static int exporter(const char *file)
 	printf("ipc-mem: exported\n");
 	fflush(stdout);
 	wait_usr1();
-	c.report("exporter's buffer after the wait (seed 1)", mismatches(dev, 1), N);
+	c.report("exporter's buffer after the wait (as the last writer left it)", mismatches(dev, expect), N);
 	go = 0;
 	fill_and_check(c, dev, 2, "exporter fills the buffer again (seed 2)");
 	printf("ipc-mem: refilled\n");
@@ -90,7 +93,7 @@ static int exporter(const char *file)
 	return c.finish();
 }
 
-static int importer(const char *file, unsigned seed, bool hold)
+static int importer(const char *file, unsigned seed, bool hold, unsigned write)
 {
 	Check c("ipc-mem");
 	hipIpcMemHandle_t h;
@@ -102,12 +105,22 @@ static int importer(const char *file, unsigned seed, bool hold)
 	}
 	fclose(f);
 	HIP_CHECK(hipIpcOpenMemHandle(&dev, h, hipIpcMemLazyEnablePeerAccess));
+	if (write) {
+		// The kernel loaded now, on a buffer of its own: the write after the wait
+		// only launches it.
+		unsigned *own;
+		HIP_CHECK(hipMalloc(&own, N * sizeof(unsigned)));
+		fill_and_check(c, own, write, "importer's kernel on a buffer of its own");
+		HIP_CHECK(hipFree(own));
+	}
 	c.report("importer reads the exporter's buffer", mismatches((unsigned *)dev, seed), N);
 	if (hold) {
 		printf("ipc-mem: imported\n");
 		fflush(stdout);
 		wait_usr1();
 		c.report("importer's view after the wait", mismatches((unsigned *)dev, seed), N);
+		if (write)
+			fill_and_check(c, (unsigned *)dev, write, "importer writes the exporter's buffer");
 	}
 	HIP_CHECK(hipIpcCloseMemHandle(dev));
 	return c.finish();
@@ -117,19 +130,20 @@ int main(int argc, char **argv)
 {
 	setvbuf(stdout, nullptr, _IOLBF, 0);
 	signal(SIGUSR1, on_usr1);
-	if (argc >= 3 && !strcmp(argv[1], "export"))
-		return exporter(argv[2]);
-	if (argc >= 3 && !strcmp(argv[1], "import")) {
-		unsigned seed = 1;
-		bool hold = false;
-		for (int i = 3; i < argc; i++) {
-			if (!strcmp(argv[i], "--hold"))
-				hold = true;
-			else if (!strcmp(argv[i], "--seed") && i + 1 < argc)
-				seed = strtoul(argv[++i], nullptr, 0);
-		}
-		return importer(argv[2], seed, hold);
+	unsigned seed = 1, write = 0;
+	bool hold = false;
+	for (int i = 3; i < argc; i++) {
+		if (!strcmp(argv[i], "--hold"))
+			hold = true;
+		else if ((!strcmp(argv[i], "--seed") || !strcmp(argv[i], "--expect")) && i + 1 < argc)
+			seed = strtoul(argv[++i], nullptr, 0);
+		else if (!strcmp(argv[i], "--write") && i + 1 < argc)
+			write = strtoul(argv[++i], nullptr, 0);
 	}
-	fprintf(stderr, "usage: ipc-mem export FILE | import FILE [--seed S] [--hold]\n");
+	if (argc >= 3 && !strcmp(argv[1], "export"))
+		return exporter(argv[2], seed);
+	if (argc >= 3 && !strcmp(argv[1], "import"))
+		return importer(argv[2], seed, hold, write);
+	fprintf(stderr, "usage: ipc-mem export FILE [--expect S] | import FILE [--seed S] [--hold] [--write W]\n");
 	return 2;
 }

@@ -82,8 +82,14 @@
 #                 by CRIU, and its buffer is on the restored BO's GPU, which an importer on the
 #                 new host opens from its own first GPU
 #   cr-hip-ipc-tree-P   exporter and importer (the handle open) under one shell dumped as one
-#                 tree: refused at dump naming both holders, every process running on and
-#                 passing after
+#                 tree and restored on the same host (under `kfd-emu supervise`): the importer's
+#                 KFD BO recorded as the exporter's (saved once) and imported again at restore
+#                 at its VA and handle; the importer reads the buffer and writes it (seed 3),
+#                 the exporter sees that write, writes it again and passes
+#   cr-hip-ipc-tree-killed-P   the same tree dumped, its restore killed at the importer's
+#                 import (the test hook stops its task there, after the exporter's RESTORE
+#                 handed it the BO; criu-rocm gets SIGKILL): no task outlives criu nor runs
+#                 its own code, the images unchanged
 # Each prints PASS, FAIL with the reason, or SKIP with the reason; the last line is
 # exactly "N passed, M failed" (", K skipped" when some were). Non-zero exit on failure.
 set -uo pipefail
@@ -115,7 +121,7 @@ cases() {
 	for p in "${profiles[@]}"; do echo "hsa-$p"; done
 	echo hsa-mi210x4-kfd1.16 hsa-mi250x8-kfd1.16 cr-same cr-other cr-mi210x4 cr-mi300x8 cr-mi250x8-other | tr ' ' '\n'
 	echo hip-mi210x4 hip-mi300x8 cr-hip-mi210x4 cr-hip-mi300x8 cr-hip-o0-mi300x8 cr-hip-mi210x4-other cr-hip-mi300x8-other | tr ' ' '\n'
-	echo hip-ipc-mi210x4 cr-hip-ipc-mi210x4 cr-hip-ipc-mi210x4-other cr-hip-ipc-tree-mi210x4 | tr ' ' '\n'
+	echo hip-ipc-mi210x4 cr-hip-ipc-mi210x4 cr-hip-ipc-mi210x4-other cr-hip-ipc-tree-mi210x4 cr-hip-ipc-tree-killed-mi210x4 | tr ' ' '\n'
 }
 
 # The HIP 6.4 programs (test/hip/*.hip) and the GPUs their code objects are built for.
@@ -323,46 +329,122 @@ host_ipc() { # ROOT STEP CASEDIR IMG CRIU
 		kill -CONT "$pid"
 		ipc_import "$cdir" i1 1 && ipc_finish "$cdir" "$pid" ;;
 	tree) ipc_tree "$cdir" "$img" "$criu" ;;
+	tree-killed) ipc_tree "$cdir" "$img" "$criu" killed ;;
 	esac
 }
 
-# Exporter and importer (its handle open) children of one shell, dumped as one tree: the
-# dump must fail naming both, and every process run on: the importer reads the buffer
-# again, the exporter writes it again for a new importer, each passes.
-ipc_tree() { # CASEDIR IMG CRIU
-	local cdir=$1 img=$2 criu=$3 in=${1#"$ROOT"} e i sh pid
+# Exporter and importer (its handle open) children of one shell, started; pids in
+# CASEDIR/tree.pids (exporter, importer, shell). The importer writes the buffer with seed 3
+# once let go, and the exporter expects that.
+ipc_tree_start() { # CASEDIR
+	local cdir=$1 in=${1#"$ROOT"} e i sh
 	# shellcheck disable=SC2016 # expanded by the chroot's shell
 	setsid "${ipc_cmd[@]}" sh -c '
-		"$0" export "$1/h" >"$1/e.out" 2>&1 &
+		bin=$1 in=$2
+		"$bin" export "$in/h" --expect 3 >"$in/e.out" 2>&1 &
 		i=0
-		until grep -q "^ipc-mem: exported$" "$1/e.out"; do
+		until grep -q "^ipc-mem: exported$" "$in/e.out"; do
 			i=$((i + 1)) && [ $i -lt 1200 ] || exit 1
 			sleep 0.1
 		done
-		"$0" import "$1/h" --hold >"$1/i.out" 2>&1 &
-		wait' "$ipc_bin" "$in" </dev/null >"$cdir/sh.out" 2>&1 &
+		"$bin" import "$in/h" --hold --write 3 >"$in/i.out" 2>&1 &
+		wait' sh "$ipc_bin" "$in" </dev/null >"$cdir/sh.out" 2>&1 &
 	ipc_reached "$cdir/i.out" imported 180 ||
 		{ echo "the importer did not open the handle: $(tail -n 3 "$cdir/e.out" "$cdir/i.out" | paste -sd'|')"; return 1; }
 	e=$(chrooted_pid "$ipc_bin export") || { echo "no exporter in $ROOT"; return 1; }
 	i=$(chrooted_pid "$ipc_bin import") || { echo "no importer in $ROOT"; return 1; }
 	sh=$(ps -o ppid= -p "$e" | tr -d ' ')
-	if "$criu" dump -t "$sh" -D "$img" -o dump.log -v4 >>"$cdir/criu.out" 2>&1; then
-		echo "the tree of $sh (exporter $e, importer $i) was dumped"
-		return 1
-	fi
-	local why
-	why=$(grep -a -m 1 'held by' "$img/dump.log")
-	[[ $why == *"pid $e"* && $why == *"pid $i"* ]] ||
-		{ echo "the refusal does not name both holders (pids $e, $i): $(log_errors "$img/dump.log")"; return 1; }
-	for pid in "$e" "$i"; do
-		alive "$pid" || { echo "$pid (exporter $e, importer $i) did not survive the refused dump"; return 1; }
-	done
+	echo "$e $i $sh" >"$cdir/tree.pids"
+}
+
+# The tree let go: the importer reads the buffer again, writes it (seed 3) and passes; the
+# exporter sees that write, writes the buffer again and passes; the shell ends.
+ipc_tree_finish() { # CASEDIR
+	local cdir=$1 e i sh
+	read -r e i sh <"$cdir/tree.pids"
 	kill -USR1 "$i"
 	ipc_reached "$cdir/i.out" PASSED 60 ||
-		{ echo "importer $i after the refused dump: $(tail -n 3 "$cdir/i.out" | paste -sd'|')"; return 1; }
-	ipc_finish "$cdir" "$e" || return 1
+		{ echo "importer $i: $(tail -n 3 "$cdir/i.out" | paste -sd'|')"; return 1; }
+	kill -USR1 "$e"
+	ipc_reached "$cdir/e.out" refilled 60 ||
+		{ echo "exporter $e: $(tail -n 3 "$cdir/e.out" | paste -sd'|')"; return 1; }
+	kill -USR1 "$e"
+	ipc_reached "$cdir/e.out" PASSED 60 ||
+		{ echo "exporter $e: $(tail -n 3 "$cdir/e.out" | paste -sd'|')"; return 1; }
 	wait_gone "$sh" 30 || { echo "shell $sh still runs"; return 1; }
-	echo "$why" | sed 's/^([0-9.]*) //' | cut -c1-200 >"$cdir/refusal"
+}
+
+# A kill point of the tree's restore: the importer's task stops (the test hook) at its
+# import, after the exporter's RESTORE handed it the BO, and criu-rocm is killed there. No
+# task outlives criu nor runs its own code (their outputs unchanged), the images unchanged.
+ipc_tree_killed_restore() { # CASEDIR IMG CRIU
+	local cdir=$1 img=$2 criu=$3 e i sh before outs cpid crpid pid k st
+	read -r e i sh <"$cdir/tree.pids"
+	before=$(img_sums "$img")
+	outs=$(cat "$cdir/e.out" "$cdir/i.out" | wc -l)
+	CRIU_ROCM_TEST_STOP_ON_LOG="importing the restored BO" env --default-signal=HUP,INT,PIPE,TERM \
+		"$KFD_EMU" supervise -- "$criu" restore -D "$img" -o restore-killed.log -v4 -d --restore-sibling --leave-stopped >>"$cdir/criu.out" 2>&1 &
+	cpid=$!
+	for ((k = 0; k < 1200; k++)); do
+		[ "$(proc_state "$i")" = T ] && break
+		alive "$cpid" || break
+		sleep 0.05
+	done
+	[ "$(proc_state "$i")" = T ] ||
+		{ echo "the restored importer $i never stopped at its import: $(log_errors "$img/restore-killed.log")"; return 1; }
+	grep -aq "pid $i: KFD file [0-9]*, BO at GPU VA .*: importing the restored BO" "$img/restore-killed.log" ||
+		{ echo "importer $i stopped elsewhere than at its import"; return 1; }
+	for crpid in $(pgrep -P "$cpid"); do
+		[[ $(cat "/proc/$crpid/comm" 2>/dev/null) == criu* ]] && kill -KILL "$crpid"
+	done
+	wait "$cpid"
+	for pid in "$e" "$i" "$sh"; do
+		kill -CONT "$pid" 2>/dev/null
+		if ! wait_gone "$pid" 5; then
+			st=$(proc_state "$pid")
+			kill -KILL "$pid"
+			echo "restored task $pid outlived the killed criu-rocm (state $st; killed now)"
+			return 1
+		fi
+	done
+	[ "$outs" = "$(cat "$cdir/e.out" "$cdir/i.out" | wc -l)" ] || { echo "the killed restore's tasks ran their own code"; return 1; }
+	[ "$before" = "$(img_sums "$img")" ] || { echo "the killed restore changed the images"; return 1; }
+}
+
+# The state of process PID (its /proc stat letter), nothing once it is gone.
+proc_state() {
+	local s
+	s=$(cat "/proc/$1/stat" 2>/dev/null) || return 0
+	s=${s##*) }
+	echo "${s%% *}"
+}
+
+# Exporter and importer dumped as one tree and restored on the same host: criu restores
+# under `kfd-emu supervise` (KFD's RESTORE hands the exporter's task the dma-buf of its
+# restored BO there, which the importer's task imports), the tree restored stopped, then
+# let go: each process passes (ipc_tree_finish). The restored tasks keep criu's filter:
+# seccomp gives a task one listener, so `supervise --attach` cannot give them another, and
+# what the filter CRIU restored notifies fails (ENOSYS): no new importer after the restore.
+# With "killed", the restore is killed at the importer's import instead
+# (ipc_tree_killed_restore).
+ipc_tree() { # CASEDIR IMG CRIU [killed]
+	local cdir=$1 img=$2 criu=$3 mode=${4:-} e i sh pid
+	ipc_tree_start "$cdir" || return 1
+	read -r e i sh <"$cdir/tree.pids"
+	"$criu" dump -t "$sh" -D "$img" -o dump.log -v4 >>"$cdir/criu.out" 2>&1 ||
+		{ echo "dump of the tree of $sh (exporter $e, importer $i) failed: $(log_errors "$img/dump.log")"; return 1; }
+	grep -aq "pid $i: /dev/kfd BO at GPU VA .*: the same BO as pid $e" "$img/dump.log" ||
+		{ echo "the dump did not record importer $i's KFD BO as exporter $e's"; return 1; }
+	for pid in "$e" "$i" "$sh"; do
+		wait_gone "$pid" 10 || { echo "$pid still runs after the dump"; return 1; }
+	done
+	[ "$mode" = killed ] && { ipc_tree_killed_restore "$cdir" "$img" "$criu"; return; }
+	"$KFD_EMU" supervise -- "$criu" restore -D "$img" -o restore.log -v4 -d --restore-sibling --leave-stopped >>"$cdir/criu.out" 2>&1 ||
+		{ echo "restore failed: $(log_errors "$img/restore.log")"; return 1; }
+	grep -aq "pid $i: KFD file [0-9]*: BO at GPU VA .* imported again from pid $e's BO" "$img/restore.log" ||
+		{ echo "the restore did not import importer $i's BO again from exporter $e"; return 1; }
+	kill -CONT "$sh" "$e" "$i"
+	ipc_tree_finish "$cdir"
 }
 
 case ${1:-} in
@@ -750,7 +832,7 @@ run_cr() {
 }
 
 # The IPC cases: hip-ipc (no C/R), cr-hip-ipc (the exporter dumped and restored on the
-# same host), cr-hip-ipc-tree (exporter and importer dumped as one tree: refused).
+# same host), cr-hip-ipc-tree (exporter and importer dumped as one tree and restored).
 run_ipc() { # CASE PROFILE
 	local c=$1 p=$2 cdir=$ROOT/tmp/rocm64/$1 img=$work/$1/img why ipc=("$KFD_EMU" run --profile "$2" -- "$here/run.sh" --host-ipc "$ROOT")
 	# cr-hip-ipc-P-other restores on another host.
@@ -764,9 +846,12 @@ run_ipc() { # CASE PROFILE
 	hip-ipc-*)
 		why=$("${ipc[@]}" run "$cdir" "$img" "$CRIU" 2>>"$cdir/emu.log") || { result FAIL "$c" "${why:-exit $?}; case ${cdir#"$top"/}"; return; }
 		result PASS "$c" "HIP 6.4 IPC on $p: importers read the exporter's buffer, before and after it wrote it again" ;;
+	cr-hip-ipc-tree-killed-*)
+		why=$("${ipc[@]}" tree-killed "$cdir" "$img" "$CRIU" 2>>"$cdir/emu.log") || { result FAIL "$c" "${why:-exit $?}; case ${cdir#"$top"/}"; return; }
+		result PASS "$c" "restore of HIP 6.4 IPC exporter and importer killed at the importer's import on $p: no task outlived criu or ran its code, the images unchanged" ;;
 	cr-hip-ipc-tree-*)
 		why=$("${ipc[@]}" tree "$cdir" "$img" "$CRIU" 2>>"$cdir/emu.log") || { result FAIL "$c" "${why:-exit $?}; case ${cdir#"$top"/}"; return; }
-		result PASS "$c" "dump of exporter and importer refused, both ran on and passed: $(cat "$cdir/refusal")" ;;
+		result PASS "$c" "HIP 6.4 IPC exporter and importer dumped as one tree and restored on $p: the importer's KFD BO imported again from the exporter's, the importer read and wrote it, the exporter saw the write" ;;
 	cr-hip-ipc-*)
 		why=$("${ipc[@]}" dump "$cdir" "$img" "$CRIU" 2>>"$cdir/emu.log") || { result FAIL "$c" "on $p: ${why:-exit $?}; case ${cdir#"$top"/}"; return; }
 		why=$("${there[@]}" restore "$cdir" "$img" "$CRIU" 2>>"$cdir/emu.log") || { result FAIL "$c" "restored on $host: ${why:-exit $?}; case ${cdir#"$top"/}"; return; }

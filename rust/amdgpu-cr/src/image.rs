@@ -1094,6 +1094,7 @@ pub(crate) mod tests {
             pages_compression_level: None,
             criu_rocm_parent: None,
             pages_compression_chunk: None,
+            criu_rocm_imports: Vec::new(),
         }
     }
 

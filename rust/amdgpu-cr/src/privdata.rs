@@ -1,6 +1,7 @@
-//! Read-only inspection of KFD's private CRIU blob (`criu_kfd.priv_data`).
+//! Inspection of KFD's private CRIU blob (`criu_kfd.priv_data`).
 //!
-//! The blob is the kernel's business and is stored verbatim.  Its layout
+//! The blob is the kernel's business and is stored verbatim, but for the BO
+//! records of BOs imported from another process ([`without_bos`]).  Its layout
 //! has one trap: the per-BO record holds `MAX_GPU_INSTANCE` gpu_ids, and
 //! kernels changed that constant from 16 to 64 without changing the blob
 //! version, so BO records are 80 or 272 bytes.  A restore on a kernel with
@@ -164,9 +165,102 @@ pub fn detect(
     }
 }
 
+/// One BO's record: its user address (userptr BOs), its id in the
+/// process' IDR of its GPU, and the user gpu_ids it is mapped on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BoRecord {
+    pub user_addr: u64,
+    pub idr_handle: u32,
+    pub mapped_gpu_ids: Vec<u32>,
+}
+
+/// Where the BO records start.
+fn bo_records_at(num_devices: u32) -> u64 {
+    PROCESS_RECORD + DEVICE_RECORD * u64::from(num_devices)
+}
+
+/// The `num_bos` BO records of a blob of `layout` (from [`detect`]).
+/// `None`: the blob is shorter than they are.
+pub fn bo_records(
+    blob: &[u8],
+    num_devices: u32,
+    num_bos: u64,
+    layout: &PrivLayout,
+) -> Option<Vec<BoRecord>> {
+    let start = bo_records_at(num_devices);
+    let size = layout.bo_record_size;
+    (0..num_bos)
+        .map(|i| {
+            let at = start.checked_add(i.checked_mul(size)?)?;
+            let from = usize::try_from(at).ok()?;
+            let r = blob.get(from..from.checked_add(usize::try_from(size).ok()?)?)?;
+            let mapped = r[12..]
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
+                .take_while(|&g| g != 0)
+                .collect();
+            Some(BoRecord {
+                user_addr: u64::from_le_bytes(r[0..8].try_into().ok()?),
+                idr_handle: u32_at(r, 8)?,
+                mapped_gpu_ids: mapped,
+            })
+        })
+        .collect()
+}
+
+/// The blob without the records of BOs `drop` (indices in bucket order),
+/// for a RESTORE of the other BOs.  `None`: the blob is shorter than its
+/// BO records.
+pub fn without_bos(
+    blob: &[u8],
+    num_devices: u32,
+    num_bos: u64,
+    layout: &PrivLayout,
+    drop: &std::collections::BTreeSet<usize>,
+) -> Option<Vec<u8>> {
+    let start = usize::try_from(bo_records_at(num_devices)).ok()?;
+    let size = usize::try_from(layout.bo_record_size).ok()?;
+    let end = start.checked_add(size.checked_mul(usize::try_from(num_bos).ok()?)?)?;
+    if end > blob.len() {
+        return None;
+    }
+    let mut out = blob[..start].to_vec();
+    for (i, r) in blob[start..end].chunks_exact(size).enumerate() {
+        if !drop.contains(&i) {
+            out.extend_from_slice(r);
+        }
+    }
+    out.extend_from_slice(&blob[end..]);
+    Some(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bo_records_read_and_leave_out() {
+        for stride in BO_RECORD_SIZES {
+            let mut b = blob(2, 3, stride, &[(16, 16)], 1, 0);
+            for i in 0..3u64 {
+                let at = (8 + 16 + i * stride) as usize;
+                b[at..at + 8].copy_from_slice(&(0x1000 * (i + 1)).to_le_bytes());
+                b[at + 8..at + 12].copy_from_slice(&(i as u32 + 4).to_le_bytes());
+                b[at + 12..at + 16].copy_from_slice(&0x3f2cu32.to_le_bytes());
+            }
+            let l = detect(&b, 2, 3, 2).unwrap();
+            let r = bo_records(&b, 2, 3, &l).unwrap();
+            assert_eq!(r[1].user_addr, 0x2000);
+            assert_eq!(r[1].idr_handle, 5);
+            assert_eq!(r[1].mapped_gpu_ids, vec![0x3f2c]);
+            let out = without_bos(&b, 2, 3, &l, &[1].into()).unwrap();
+            assert_eq!(out.len() as u64, b.len() as u64 - stride);
+            let l2 = detect(&out, 2, 2, 2).unwrap();
+            let r2 = bo_records(&out, 2, 2, &l2).unwrap();
+            assert_eq!((r2[0].idr_handle, r2[1].idr_handle), (4, 6));
+            assert!(bo_records(&b[..40], 2, 3, &l).is_none());
+        }
+    }
 
     /// Builds a blob the way the kernel lays it out.
     fn blob(

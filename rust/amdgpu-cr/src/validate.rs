@@ -321,6 +321,9 @@ pub fn check_dir(dir: &Path, depth: Depth) -> std::io::Result<Report> {
     report
         .other
         .extend(links::check_dmabufs(dir, &files, &report.kfd, &renders));
+    report
+        .other
+        .extend(links::check_kfd_imports(&files, &report.kfd, &renders));
     report.other.extend(overlaps::check(&report.kfd, &renders));
     check_listing(dir, &files, manifest.as_ref(), declared, depth, &mut report);
     check_files_img(&files, &ctx, manifest.as_ref(), &mut report);

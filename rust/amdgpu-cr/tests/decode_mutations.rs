@@ -100,6 +100,7 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         pages_compression_level: None,
         criu_rocm_parent: None,
         pages_compression_chunk: None,
+        criu_rocm_imports: Vec::new(),
     };
     let hives = CriuKfd {
         pid: 99,
@@ -133,6 +134,7 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         pages_compression_level: None,
         criu_rocm_parent: None,
         pages_compression_chunk: None,
+        criu_rocm_imports: Vec::new(),
     };
     let render = CriuRenderNode {
         gpu_id: 0x1a2b,

@@ -151,6 +151,7 @@ fn seed(host: &Host, second: bool, compressed: bool) -> Vec<u8> {
         pages_compression_level: compressed.then_some(3),
         criu_rocm_parent: None,
         pages_compression_chunk: compressed.then_some(2 << 20),
+        criu_rocm_imports: Vec::new(),
     };
     // The second process (a task holds one KFD process): another pid.
     let kfd2 = frame(

@@ -427,6 +427,19 @@ impl<F: AsFd> Kfd<F> {
         Ok(a.xnack_enabled)
     }
 
+    /// `AMDKFD_IOC_IMPORT_DMABUF`: a BO of the process on `gpu` at GPU VA
+    /// `va` whose memory is the dma-buf's BO; returns its handle.
+    pub fn import_dmabuf(&self, gpu: GpuId, va: u64, dmabuf: BorrowedFd<'_>) -> Result<BoHandle> {
+        let mut a = sys::kfd_ioctl_import_dmabuf_args {
+            va_addr: va,
+            handle: 0,
+            gpu_id: gpu.0,
+            dmabuf_fd: dmabuf.as_raw_fd() as u32,
+        };
+        self.io(AMDKFD_IOC_IMPORT_DMABUF, &mut a)?;
+        Ok(BoHandle(a.handle))
+    }
+
     /// Exports a BO as a dmabuf (KFD 1.12+); returns the new fd.
     pub fn export_dmabuf(&self, bo: BoHandle, flags: u32) -> Result<OwnedFd> {
         let mut a = kfd_ioctl_export_dmabuf_args {

@@ -88,6 +88,7 @@ kfd_ioctls! {
     AMDKFD_IOC_FREE_MEMORY_OF_GPU = iow(0x17, sys::kfd_ioctl_free_memory_of_gpu_args) => 0x4008_4b17;
     AMDKFD_IOC_MAP_MEMORY_TO_GPU = iowr(0x18, sys::kfd_ioctl_map_memory_to_gpu_args) => 0xc018_4b18;
     AMDKFD_IOC_UNMAP_MEMORY_FROM_GPU = iowr(0x19, sys::kfd_ioctl_unmap_memory_from_gpu_args) => 0xc018_4b19;
+    AMDKFD_IOC_IMPORT_DMABUF = iowr(0x1d, sys::kfd_ioctl_import_dmabuf_args) => 0xc018_4b1d;
     AMDKFD_IOC_SET_XNACK_MODE = iowr(0x21, sys::kfd_ioctl_set_xnack_mode_args) => 0xc004_4b21;
     AMDKFD_IOC_CRIU_OP = iowr(0x22, sys::kfd_ioctl_criu_args) => 0xc038_4b22;
     AMDKFD_IOC_AVAILABLE_MEMORY = iowr(0x23, sys::kfd_ioctl_get_available_memory_args) => 0xc010_4b23;

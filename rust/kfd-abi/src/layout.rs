@@ -412,6 +412,8 @@ layout!(sys::kfd_ioctl_alloc_memory_of_gpu_args, 40, va_addr @ 0, size @ 8, hand
 layout!(sys::kfd_ioctl_free_memory_of_gpu_args, 8, handle @ 0);
 layout!(sys::kfd_ioctl_map_memory_to_gpu_args, 24, handle @ 0, device_ids_array_ptr @ 8,
     n_devices @ 16, n_success @ 20);
+layout!(sys::kfd_ioctl_import_dmabuf_args, 24, va_addr @ 0, handle @ 8, gpu_id @ 16,
+    dmabuf_fd @ 20);
 layout!(sys::kfd_ioctl_unmap_memory_from_gpu_args, 24, handle @ 0, device_ids_array_ptr @ 8,
     n_devices @ 16, n_success @ 20);
 layout!(sys::kfd_ioctl_create_queue_args, 88, ring_base_address @ 0, write_pointer_address @ 8,

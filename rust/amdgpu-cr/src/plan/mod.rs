@@ -314,6 +314,7 @@ pub fn plan_dump(
             }
         },
         criu_rocm_reopen: None,
+        criu_rocm_imports: Vec::new(),
     };
     Ok(DumpPlan {
         actual_to_user,

@@ -20,12 +20,15 @@
 //! first holder's restored BO into it.  A further render file of another
 //! process is recorded the same way, with the first holder's pid
 //! (`same_bo_pid`): the restore of that process hands the dma-buf over
-//! ([`super::xproc`]).  Refused, naming both holders ([`SharedBo`]): a
+//! ([`super::xproc`]).  A further holder that is a KFD file of another
+//! process than a first holder's KFD file (HIP IPC's importer) is recorded
+//! in its KFD image as an import of that BO, and imported again at restore
+//! ([`super::kfd_import`]).  Refused, naming both holders ([`SharedBo`]): a
 //! range that overlaps another without being the same BO, KFD as a further
-//! holder (KFD's RESTORE makes every BO of its own; it cannot import one),
-//! and a further holder in another process whose first holder is a KFD
-//! file not dumped yet (its image would be written before the file it
-//! names has an id).
+//! holder of a render file's BO or of its own process' BO (KFD's RESTORE
+//! makes every BO of its own; it cannot import one), and a further holder
+//! in another process whose first holder is a KFD file not dumped yet (its
+//! image would be written before the file it names has an id).
 
 use std::collections::BTreeMap;
 use std::os::fd::RawFd;
@@ -123,9 +126,10 @@ impl std::fmt::Display for SharedBo {
                  it"
             }
             Why::KfdImports => {
-                "the further holder is KFD (an import of the first holder's dma-buf, as HIP \
-                 IPC's hipIpcOpenMemHandle makes), and KFD's RESTORE cannot import a BO: a \
-                 restore would make two copies of it"
+                "the further holder is KFD (an import of the first holder's dma-buf), and the \
+                 first holder is a render file or the same process: criu-rocm imports a BO \
+                 into KFD again only from another process' KFD BO, and KFD's RESTORE cannot \
+                 import one: a restore would make two copies of it"
             }
         })?;
         f.write_str("; not dumping what could not be restored as it was")
@@ -179,9 +183,10 @@ impl SharedBos {
         if start == offset && first == holder {
             return Ok(Claim::First);
         }
+        let kfd = |h: &Holder| matches!(h.held_in, HeldIn::Kfd { .. });
         let why = if start != offset || first.size != holder.size {
             Why::Overlap
-        } else if matches!(holder.held_in, HeldIn::Kfd { .. }) {
+        } else if kfd(&holder) && (!kfd(&first) || first.pid == holder.pid) {
             Why::KfdImports
         } else if first.pid != holder.pid && first.file.is_none() {
             Why::TwoProcesses
@@ -215,6 +220,17 @@ impl SharedBos {
                 if matches!(h.held_in, HeldIn::Kfd { .. }) {
                     h.file = Some(file);
                 }
+            }
+        }
+    }
+
+    /// The KFD BOs of `pid` after the buckets `dropped` (their indices,
+    /// taken out as imports, [`super::kfd_import`]) left its image: each
+    /// claimed index moved down by the dropped ones below it.
+    pub fn reindex_kfd(&mut self, pid: i32, dropped: &std::collections::BTreeSet<usize>) {
+        for h in self.by_gpu.values_mut().flat_map(|m| m.values_mut()) {
+            if h.pid == pid && matches!(h.held_in, HeldIn::Kfd { .. }) {
+                h.index -= dropped.range(..h.index as usize).count() as u32;
             }
         }
     }
@@ -346,10 +362,34 @@ pub(crate) mod tests {
         // A range that starts inside an earlier one.
         let e = s.claim(g, 0xf000, render(7, 9, 3, 0x2000)).unwrap_err();
         assert_eq!((e.offset, e.why), (0x10000, Why::Overlap));
-        // KFD as the further holder.
+        // KFD as the further holder of a render file's BO.
         s.claim(g, 0x20000, render(7, 9, 1, 0x1000)).unwrap();
         let e = s.claim(g, 0x20000, kfd(7, 1, 0x1000)).unwrap_err();
         assert_eq!(e.why, Why::KfdImports);
+        // KFD of another process as the further holder of a KFD BO: the
+        // same BO (HIP IPC), but not of the same process.
+        let e = s.claim(g, 0x10000, kfd(7, 3, 0x4000)).unwrap_err();
+        assert_eq!(e.why, Why::KfdImports);
+        assert_eq!(
+            s.claim(g, 0x10000, kfd(12, 3, 0x4000)),
+            Ok(Claim::Same(Holder {
+                file: Some(FileId(11)),
+                ..kfd7
+            }))
+        );
+    }
+
+    #[test]
+    fn dropped_imports_move_the_later_kfd_bos_down() {
+        let mut s = SharedBos::default();
+        let g = GpuId(1);
+        s.claim(g, 0x8000, kfd(3, 4, 0x1000)).unwrap();
+        s.claim(g, 0x9000, kfd(3, 1, 0x1000)).unwrap();
+        s.claim(g, 0xa000, render(3, 9, 5, 0x1000)).unwrap();
+        s.reindex_kfd(3, &[0, 2].into());
+        assert_eq!(s.holder_at(g, 0x8000).unwrap().index, 2);
+        assert_eq!(s.holder_at(g, 0x9000).unwrap().index, 0);
+        assert_eq!(s.holder_at(g, 0xa000).unwrap().index, 4);
     }
 
     #[test]

@@ -119,6 +119,9 @@ struct PausedProc {
     /// ([`DumpSession::claim_kfd_early`]): a further render file of the
     /// task claims nothing again.
     claimed_early: bool,
+    /// Its BOs imported from another process' KFD BO, taken out of `ckpt`
+    /// ([`super::kfd_import`]), for its image.
+    imports: Vec<crate::proto::KfdImportEntry>,
     /// Further opens of /dev/kfd by the same process (task fd, our copy):
     /// one KFD process, paused once, saved once; these files only reopen.
     reopens: Vec<(RawFd, OwnedFd)>,
@@ -353,6 +356,7 @@ impl DumpSession {
             dumped: false,
             plan: None,
             claimed_early: false,
+            imports: Vec::new(),
             reopens: Vec::new(),
             guard_id,
             slot,
@@ -699,12 +703,9 @@ impl DumpSession {
     ) -> Result<(), SessionError> {
         let owner = self.procs[i].task;
         let start = Instant::now();
-        self.procs[i].make_plan(topology)?;
-        let plan = self.procs[i].plan.take().expect("made above");
-        let p = &self.procs[i];
         self.shared.set_file(owner, id);
-        let held = kfd_holders(owner, (p.task_fd, Some(id)), &plan.gpus, &p.ckpt.bos);
-        self.claim(owner, held)?;
+        self.claim_kfd(i, Some(id), topology)?;
+        let plan = self.procs[i].plan.take().expect("made by claim_kfd");
         let p = &self.procs[i];
         let owners = render_owners(owner, &plan, &p.ckpt, self.render_fds.get(&owner));
         let render_fd =
@@ -741,6 +742,7 @@ impl DumpSession {
         let mut image = plan
             .finish_image(&out.hashes, out.encoding)
             .map_err(|e| SessionError::core(owner, "building the KFD image", e))?;
+        image.msg.criu_rocm_imports = p.imports.clone();
         let kept = record_extents(&mut image.msg.bo_entries, &out, &parent_bos);
         if let Some((name, _)) = &parent {
             if !out.inherited.is_empty() {
@@ -888,17 +890,56 @@ impl DumpSession {
                 p.task == pid && !p.dumped && !p.claimed_early
             })
             .collect();
-        let mut held = Vec::new();
-        for &i in &early {
-            self.procs[i].make_plan(topology)?;
-            let p = &self.procs[i];
-            let plan = p.plan.as_ref().expect("made above");
-            held.extend(kfd_holders(pid, (p.task_fd, None), &plan.gpus, &p.ckpt.bos));
-        }
-        self.claim(pid, held)?;
         for i in early {
+            self.claim_kfd(i, None, topology)?;
             self.procs[i].claimed_early = true;
         }
+        Ok(())
+    }
+
+    /// The KFD BOs of process `i` (of KFD file `file`; `None`: not reached
+    /// yet) claimed, its plan made: the ones that are another process' KFD
+    /// BO (HIP IPC's imports) are taken out of its CHECKPOINT data and
+    /// recorded as imports ([`super::kfd_import::take_imports`]), and the
+    /// plan made again without them.
+    fn claim_kfd(
+        &mut self,
+        i: usize,
+        file: Option<FileId>,
+        topology: &Topology,
+    ) -> Result<(), SessionError> {
+        self.procs[i].make_plan(topology)?;
+        let p = &self.procs[i];
+        let owner = p.task;
+        let plan = p.plan.as_ref().expect("made above");
+        let held = kfd_holders(owner, (p.task_fd, file), &plan.gpus, &p.ckpt.bos);
+        let claims = self.claim(owner, held.iter().copied())?;
+        let imports: BTreeMap<usize, Holder> = held
+            .iter()
+            .zip(claims)
+            .filter_map(|((_, _, h), c)| match c {
+                Claim::Same(first) => Some((h.index as usize, first)),
+                Claim::First => None,
+            })
+            .collect();
+        if imports.is_empty() {
+            return Ok(());
+        }
+        let p = &mut self.procs[i];
+        let taken = super::kfd_import::take_imports(owner, &mut p.ckpt, &mut p.dmabufs, &imports)?;
+        for (b, first) in taken.iter().zip(imports.values()) {
+            log::info!(
+                "pid {owner}: /dev/kfd BO at GPU VA {:#x} (handle {:#x}): the same BO as {first} \
+                 (saved once, imported again at restore)",
+                b.addr,
+                super::kfd_import::handle(b.gpu_id, b.idr_handle)
+            );
+        }
+        p.imports.extend(taken);
+        p.plan = None;
+        p.make_plan(topology)?;
+        self.shared
+            .reindex_kfd(owner, &imports.keys().copied().collect());
         Ok(())
     }
 

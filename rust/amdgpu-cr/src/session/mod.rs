@@ -23,6 +23,7 @@ pub mod dump;
 pub(crate) mod gem;
 pub mod gpu_check;
 pub mod guardian;
+pub(crate) mod kfd_import;
 mod render_gpu;
 // Below the session: validation reads the mark too.
 pub use crate::incomplete;

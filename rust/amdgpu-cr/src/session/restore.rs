@@ -517,11 +517,14 @@ impl RestoreSession {
                     format!("KFD file {id}: dup of BO {index}'s dma-buf"),
                 ))
         })?;
+        let imported =
+            super::kfd_import::import_all(vpid, id, &image, kfd.as_fd(), self.exchange.as_ref())?;
         log::info!(
-            "pid {vpid}: KFD file {id} restored: {} GPU(s), {} BO(s), {} object(s) in {:.1} ms; \
-             BO contents handed to the GPU memory writer",
+            "pid {vpid}: KFD file {id} restored: {} GPU(s), {} BO(s) ({imported} imported from \
+             other processes), {} object(s) in {:.1} ms; BO contents handed to the GPU memory \
+             writer",
             plan.devices.len(),
-            plan.bos.len(),
+            plan.bos.len() + imported,
             image.msg.num_of_objects,
             start.elapsed().as_secs_f64() * 1e3
         );

@@ -23,6 +23,9 @@
 //!   be posted and copies the fd out of the holder's table with
 //!   `pidfd_getfd` ([`Exchange::take`]), then imports it (`PRIME
 //!   FD_TO_HANDLE`) at the recorded handle; it counts itself off the slot.
+//!   A KFD file that imported the BO (HIP IPC's importer) takes it the same
+//!   way after its RESTORE and imports it with `IMPORT_DMABUF`
+//!   ([`super::kfd_import`]).
 //! * The holder keeps its fds until every importer took them: it waits in
 //!   [`Exchange::wait_taken`] once its files and mappings are restored,
 //!   before its restorer runs, so a task never reaches user code while
@@ -40,7 +43,7 @@ use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use super::SessionError;
-use crate::image::{render_image_id, FileId, RenderImage};
+use crate::image::{kfd_image_id, render_image_id, FileId, KfdImage, RenderImage};
 use crate::os::fd::pidfd_getfd;
 use crate::os::futex;
 use crate::os::process::{getpid, pidfd_open};
@@ -100,25 +103,38 @@ impl std::fmt::Debug for Exchange {
 /// A BO of the dump by its first holder: CRIU file, index in its image.
 pub type Key = (FileId, u32);
 
-/// The BOs the render images in `dir` import from another process: (first
-/// holder, its pid at dump) and how many files import each, in key order.
-/// `Err`: an image that does not read (the validation before has named
-/// it).
+/// The BOs the render and KFD images in `dir` import from another
+/// process (a render image's `same_bo_pid` entries, a KFD image's
+/// `criu_rocm_imports`): (first holder, its pid at dump) and how many files
+/// import each, in key order.  `Err`: an image that does not read (the
+/// validation before has named it).
 pub fn imports_in(dir: &Path) -> std::io::Result<Vec<(Key, u32, u32)>> {
     let mut out: std::collections::BTreeMap<Key, (u32, u32)> = Default::default();
+    let bad = |e: crate::image::ImageError| {
+        std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string())
+    };
     for e in std::fs::read_dir(dir)? {
         let name = e?.file_name();
-        let Some(id) = name.to_str().and_then(render_image_id) else {
+        let name = name.to_str().unwrap_or_default();
+        let links: Vec<(u32, u32, u32)> = if let Some(id) = render_image_id(name) {
+            let img = RenderImage::read(dir, id).map_err(bad)?;
+            img.msg
+                .bo_entries
+                .iter()
+                .filter_map(|b| Some((b.same_bo_file?, b.same_bo_index?, b.same_bo_pid?)))
+                .collect()
+        } else if let Some(id) = kfd_image_id(name) {
+            let img = KfdImage::read(dir, id).map_err(bad)?;
+            img.msg
+                .criu_rocm_imports
+                .iter()
+                .map(|i| (i.same_bo_file, i.same_bo_index, i.same_bo_pid))
+                .collect()
+        } else {
             continue;
         };
-        let img = RenderImage::read(dir, id)
-            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))?;
-        for b in &img.msg.bo_entries {
-            if let (Some(file), Some(index), Some(pid)) =
-                (b.same_bo_file, b.same_bo_index, b.same_bo_pid)
-            {
-                out.entry((FileId(file), index)).or_insert((pid, 0)).1 += 1;
-            }
+        for (file, index, pid) in links {
+            out.entry((FileId(file), index)).or_insert((pid, 0)).1 += 1;
         }
     }
     Ok(out.into_iter().map(|(k, (pid, n))| (k, pid, n)).collect())
@@ -128,7 +144,7 @@ impl Exchange {
     /// In criu main: the exchange for the images in `dir`, `None` when no
     /// process imports another's BO.  `Err`: the reason, for the log.
     pub fn create(dir: &Path) -> Result<Option<Exchange>, String> {
-        let imports = imports_in(dir).map_err(|e| format!("reading the render images: {e}"))?;
+        let imports = imports_in(dir).map_err(|e| format!("reading the GPU images: {e}"))?;
         if imports.is_empty() {
             return Ok(None);
         }

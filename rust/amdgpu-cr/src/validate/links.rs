@@ -211,6 +211,59 @@ pub(crate) fn check_dmabufs(
     out
 }
 
+/// Every BO a KFD image of `kfd` imports from another process
+/// (`criu_rocm_imports`) against the BO it names, as a render image's
+/// links: the refusals, each naming the image and the field.
+pub(crate) fn check_kfd_imports(
+    files: &BTreeSet<String>,
+    kfd: &[KfdVerdict],
+    renders: &[RenderFile],
+) -> Vec<Refusal> {
+    let targets = Targets::new(files, kfd, renders);
+    let mut out = Vec::new();
+    for v in kfd {
+        let Some(img) = &v.image else { continue };
+        for (i, e) in img.msg.criu_rocm_imports.iter().enumerate() {
+            let (file, index) = (FileId(e.same_bo_file), e.same_bo_index);
+            let why = match targets.get(file, index) {
+                Err(why) => Some(("same_bo_file", why)),
+                Ok(None) => Some((
+                    "same_bo_index",
+                    format!("file {file}'s image has no BO {index}"),
+                )),
+                Ok(Some((_, _, false))) => Some((
+                    "same_bo_index",
+                    format!("BO {index} of file {file} is another BO's or holds no bytes"),
+                )),
+                Ok(Some((size, _, _))) if size != e.size => Some((
+                    "size",
+                    format!(
+                        "is {} but BO {index} of file {file}, the same BO, has {size} bytes",
+                        e.size
+                    ),
+                )),
+                Ok(Some((_, g, _))) if g != e.gpu_id => Some((
+                    "gpu_id",
+                    format!(
+                        "is {:#x} but BO {index} of file {file} is of GPU {g:#x}",
+                        e.gpu_id
+                    ),
+                )),
+                Ok(Some(_)) => None,
+            };
+            if let Some((f, why)) = why {
+                out.push(Refusal::new(
+                    kfd_image_name(v.id),
+                    Some(crate::ids::GpuId(e.gpu_id)),
+                    format!("criu_rocm_imports[{i}].{f}"),
+                    format!("the BO imported at GPU VA {:#x}: {why}", e.addr),
+                ));
+            }
+        }
+    }
+    out
+}
+
 /// What is wrong with the BO dma-buf image `img` names: the field and why.
 fn dmabuf_target(targets: &Targets<'_>, img: &DmabufImage) -> Option<(&'static str, String)> {
     let (file, index) = img.bo();
@@ -616,6 +669,98 @@ pub(super) mod tests {
             let got = dmabuf_refusals(file, index, size, gpu);
             assert_eq!(got.len(), 1, "{got:?}");
             assert!(got[0].starts_with("amdgpu-dmabuf_11.img: "), "{got:?}");
+            assert!(got[0].contains(want), "{want:?} not in {got:?}");
+        }
+    }
+
+    /// The refusals of KFD image 12 (pid 43), importing BO `index` of file
+    /// `file` as `size` bytes of GPU `gpu`, beside the images of
+    /// [`refusals`].
+    fn import_refusals(file: u32, index: u32, size: u64, gpu: u32) -> Vec<String> {
+        let dir = tempdir();
+        let mut kfd = targets(&dir).to_vec();
+        let mut importer = sample_kfd();
+        importer.pid = 43;
+        importer.criu_rocm_imports = vec![crate::proto::KfdImportEntry {
+            addr: 0x7100_0000_0000,
+            size,
+            offset: 0x1_0000_0000,
+            alloc_flags: bo::ALLOC_VRAM | bo::ALLOC_WRITABLE,
+            gpu_id: gpu,
+            idr_handle: 3,
+            mapped_gpu_ids: vec![gpu],
+            same_bo_file: file,
+            same_bo_index: index,
+            same_bo_pid: 42,
+        }];
+        kfd.push(KfdVerdict {
+            id: FileId(12),
+            image: Some(KfdImage { msg: importer }),
+            refusal: None,
+        });
+        let files: BTreeSet<String> = [
+            "amdgpu-kfd-5.img",
+            "amdgpu-renderD-6.img",
+            "amdgpu-kfd-12.img",
+        ]
+        .into_iter()
+        .map(String::from)
+        .collect();
+        let renders = super::super::read_render_files(&dir, &files);
+        let out = check_kfd_imports(&files, &kfd, &renders)
+            .iter()
+            .map(|r| r.to_string())
+            .collect();
+        out
+    }
+
+    #[test]
+    fn a_kfd_import_names_an_existing_bo_of_its_size_and_gpu() {
+        let b = sample_kfd().bo_entries[0].clone();
+        assert_eq!(
+            import_refusals(5, 0, b.size, b.gpu_id),
+            Vec::<String>::new()
+        );
+        for (file, index, size, gpu, want) in [
+            (
+                7,
+                0,
+                b.size,
+                b.gpu_id,
+                "criu_rocm_imports[0].same_bo_file: ",
+            ),
+            (
+                5,
+                9,
+                b.size,
+                b.gpu_id,
+                "criu_rocm_imports[0].same_bo_index: ",
+            ),
+            (
+                5,
+                1,
+                0x2000,
+                b.gpu_id,
+                "criu_rocm_imports[0].same_bo_index: ",
+            ),
+            (
+                5,
+                0,
+                0x1000,
+                b.gpu_id,
+                "criu_rocm_imports[0].size: the BO imported at GPU VA 0x710000000000: is 4096",
+            ),
+            (
+                5,
+                0,
+                b.size,
+                0x5c3d,
+                "criu_rocm_imports[0].gpu_id: the BO imported at GPU VA 0x710000000000: is 0x5c3d",
+            ),
+        ] {
+            let got = import_refusals(file, index, size, gpu);
+            assert_eq!(got.len(), 1, "{got:?}");
+            assert!(got[0].starts_with("amdgpu-kfd-12.img: "), "{got:?}");
             assert!(got[0].contains(want), "{want:?} not in {got:?}");
         }
     }

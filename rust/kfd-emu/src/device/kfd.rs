@@ -176,7 +176,6 @@ pub fn create_bo(
 fn insert_bo(p: &mut super::state::Proc, gpu: usize, idr: u32, bo: Bo) -> BoKey {
     let key = BoKey { gpu, idr };
     p.bos.insert(key, bo);
-    p.pdds[gpu].next_idr = p.pdds[gpu].next_idr.max(idr + 1);
     key
 }
 
@@ -198,19 +197,15 @@ fn checked_bo_range(va: u64, size: u64, mem_type: u32) -> R<u64> {
     Ok(size)
 }
 
-/// The BO's IDR id on `gpu`: `idr` when free (CRIU RESTORE), else the
-/// first free one from the device's next.
-fn bo_idr(p: &super::state::Proc, gpu: usize, idr: Option<u32>) -> R<u32> {
+/// The BO's IDR id on `gpu`: `idr` when free (CRIU RESTORE's
+/// `idr_alloc(idr, idr + 1)`, ENOMEM when taken), else the lowest free id
+/// from 0, as `kfd_process_device_create_obj_handle`'s `idr_alloc(0, 0)`
+/// hands out (a freed BO's id is given again).
+fn bo_idr(p: &mut super::state::Proc, gpu: usize, idr: Option<u32>) -> R<u32> {
     match idr {
         Some(i) if p.bos.contains_key(&BoKey { gpu, idr: i }) => Err(libc::ENOMEM),
         Some(i) => Ok(i),
-        None => {
-            let mut i = p.pdds[gpu].next_idr;
-            while p.bos.contains_key(&BoKey { gpu, idr: i }) {
-                i += 1;
-            }
-            Ok(i)
-        }
+        None => p.bos.lowest_free_idr(gpu).ok_or(libc::ENOSPC),
     }
 }
 

@@ -390,7 +390,6 @@ pub struct Pdd {
     pub denied: bool,
     /// The render-node open whose VM this pdd adopted.
     pub vm: Option<u64>,
-    pub next_idr: u32,
     pub doorbells: Option<Mapping>,
     /// SET_SCRATCH_BACKING_VA: SH_HIDDEN_PRIVATE_BASE (the scratch backing
     /// VA >> 16 as the caller passes it).
@@ -747,7 +746,6 @@ impl State {
                         .as_deref()
                         .is_some_and(|l| !super::devcgroup::list_allows(l, g.minor)),
                     vm: None,
-                    next_idr: 1,
                     doorbells: None,
                     scratch_va: None,
                     trap: None,
@@ -953,7 +951,9 @@ impl State {
     /// BO's `vma_node` must admit the file (EACCES): the file whose VM the
     /// BO's process adopted when the BO was made (ACQUIRE_VM, or CRIU
     /// RESTORE's `drm_fd`: `drm_vma_node_allow` at allocation), or a file
-    /// holding a GEM handle of it (a PRIME import).  KFD makes none of its
+    /// holding a GEM handle of it (a PRIME import); a BO several processes
+    /// hold (an IMPORT_DMABUF keeps the exporter's offset) admits the file
+    /// of any of them, as its one `vma_node` does.  KFD makes none of its
     /// BOs `NO_CPU_ACCESS` (VRAM without the PUBLIC flag only lacks
     /// CPU_ACCESS_REQUIRED: what lies past the visible BAR faults when
     /// touched), so `amdgpu_gem_object_mmap` refuses none of them:
@@ -964,24 +964,27 @@ impl State {
             return Err(libc::EBADF);
         };
         let pages = len.div_ceil(uapi::PAGE);
-        let found = self
+        // Every KFD holder of the BO: its allocator and the processes
+        // that imported it (IMPORT_DMABUF keeps the exporter's offset).
+        let holders: Vec<_> = self
             .procs
             .values()
-            .find_map(|p| p.bos.at_offset(gpu, offset).map(|(_, b)| (p, b)));
-        let Some((p, bo)) = found else {
+            .filter_map(|p| p.bos.at_offset(gpu, offset).map(|(_, b)| (p, b)))
+            .collect();
+        let Some(&(_, bo)) = holders.first() else {
             return self.gem_mmap(fh, gpu, offset, pages);
         };
         if bo.size.div_ceil(uapi::PAGE) < pages {
             return Err(libc::EINVAL);
         }
-        let owner = p.pdds.get(gpu).and_then(|d| d.vm) == Some(fh);
-        let imported = || {
-            bo.map
-                .as_ref()
-                .zip(self.render.get(&fh))
-                .is_some_and(|(m, f)| f.holds(m))
+        let allowed = |(p, b): &(&Proc, &Bo)| {
+            p.pdds.get(gpu).and_then(|d| d.vm) == Some(fh)
+                || b.map
+                    .as_ref()
+                    .zip(self.render.get(&fh))
+                    .is_some_and(|(m, f)| f.holds(m))
         };
-        if !owner && !imported() {
+        if !holders.iter().any(allowed) {
             return Err(libc::EACCES);
         }
         Ok(())

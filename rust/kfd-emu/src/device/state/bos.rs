@@ -64,6 +64,9 @@ pub struct Bos {
     /// Bytes of the BOs by GPU index, kept in step too: what the live
     /// sysfs files show after every allocation, without a walk of every BO.
     bytes: BTreeMap<usize, Bytes>,
+    /// By GPU index: no IDR id below it is free (the next
+    /// [`Bos::lowest_free_idr`] looks from there).
+    free_from: BTreeMap<usize, u32>,
 }
 
 /// Bytes of a process' BOs on one GPU.
@@ -131,8 +134,30 @@ impl Bos {
         self.map.insert(key, bo);
     }
 
+    /// The lowest IDR id of GPU index `gpu` no BO holds, as
+    /// `idr_alloc(&pdd->alloc_idr, mem, 0, 0)` hands them out: a freed
+    /// BO's id is given to the next allocation or import.
+    pub fn lowest_free_idr(&mut self, gpu: usize) -> Option<u32> {
+        let from = self.free_from.entry(gpu).or_default();
+        let taken = self
+            .map
+            .range(BoKey { gpu, idr: *from }..=BoKey { gpu, idr: u32::MAX })
+            .map(|(k, _)| k.idr);
+        let mut id = *from;
+        for t in taken {
+            if t != id {
+                break;
+            }
+            id = id.checked_add(1)?;
+        }
+        *from = id;
+        (id <= i32::MAX as u32).then_some(id)
+    }
+
     pub fn remove(&mut self, key: &BoKey) -> Option<Bo> {
         let bo = self.map.remove(key)?;
+        let from = self.free_from.entry(key.gpu).or_default();
+        *from = (*from).min(key.idr);
         self.by_va.remove(bo.va);
         if rendered(&bo) {
             self.by_offset.remove(&(key.gpu, bo.offset));
