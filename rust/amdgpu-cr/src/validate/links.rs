@@ -242,14 +242,13 @@ pub(crate) fn check_kfd_imports(
                         e.size
                     ),
                 )),
-                Ok(Some((_, g, _))) if g != e.gpu_id => Some((
-                    "gpu_id",
-                    format!(
-                        "is {:#x} but BO {index} of file {file} is of GPU {g:#x}",
-                        e.gpu_id
-                    ),
-                )),
-                Ok(Some(_)) => None,
+                // Another process' BO: the dump host's render minors compare.
+                Ok(Some((_, g, _))) => other_gpu(
+                    kfd_gpu_at(img, e.gpu_id),
+                    (file.0, index, Some(e.same_bo_pid)),
+                    g,
+                )
+                .map(|why| ("gpu_id", why)),
             };
             if let Some((f, why)) = why {
                 out.push(Refusal::new(
@@ -262,6 +261,18 @@ pub(crate) fn check_kfd_imports(
         }
     }
     out
+}
+
+/// The GPU of user id `user` of KFD image `img`, with the dump host's
+/// render minor its GPU entry names (`None`: no entry has that id).
+fn kfd_gpu_at(img: &crate::image::KfdImage, user: u32) -> GpuAt {
+    let minor = img
+        .msg
+        .device_entries
+        .iter()
+        .find(|d| d.gpu_id == user)
+        .map(|d| d.drm_render_minor);
+    GpuAt { user, minor }
 }
 
 /// What is wrong with the BO dma-buf image `img` names: the field and why.
@@ -342,16 +353,7 @@ impl<'a> Targets<'a> {
             return Ok(b.map(|b| {
                 // The GPU entry of the BO's user id (a BO of no GPU of its
                 // image is refused by the KFD image's own check).
-                let minor = img
-                    .msg
-                    .device_entries
-                    .iter()
-                    .find(|d| d.gpu_id == b.gpu_id)
-                    .map(|d| d.drm_render_minor);
-                let gpu = GpuAt {
-                    user: b.gpu_id,
-                    minor,
-                };
+                let gpu = kfd_gpu_at(img, b.gpu_id);
                 (b.size, gpu, bo::has_contents(b.alloc_flags))
             }));
         }
