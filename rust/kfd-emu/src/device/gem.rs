@@ -562,9 +562,9 @@ mod tests {
         let d = Registry::default()
             .export(src, 8192, &map, crate::device::dmabuf::Purpose::Checkpoint)
             .unwrap();
-        let bo = f.import(d.clone());
+        let bo = f.import(d.clone()).unwrap();
         assert_eq!(bo, 1);
-        assert_eq!(f.import(d), bo, "one handle per dma-buf");
+        assert_eq!(f.import(d).unwrap(), bo, "one handle per dma-buf");
         bo
     }
 
@@ -827,12 +827,12 @@ mod tests {
         let mem = Memfd::new("t", 1 << 24).unwrap();
         let plan = create_plan(&create_in(8192, 65536, sys::AMDGPU_GEM_DOMAIN_VRAM, 0)).unwrap();
         let mut f = RenderFile::new(0);
-        let a = f.create(bo(&mem, 0, 2, &plan));
-        let b = f.create(bo(&mem, 1 << 20, 2, &plan));
-        let c = f.create(bo(&mem, 2 << 20, 2, &plan));
+        let a = f.create(bo(&mem, 0, 2, &plan)).unwrap();
+        let b = f.create(bo(&mem, 1 << 20, 2, &plan)).unwrap();
+        let c = f.create(bo(&mem, 2 << 20, 2, &plan)).unwrap();
         assert_eq!((a, b, c), (1, 2, 3));
         f.close(b).unwrap();
-        let d = f.create(bo(&mem, 3 << 20, 2, &plan));
+        let d = f.create(bo(&mem, 3 << 20, 2, &plan)).unwrap();
         assert_eq!(d, 2, "the lowest free handle");
 
         assert_list_handles(&f, pid, &plan);
@@ -843,7 +843,11 @@ mod tests {
         gem_va(&mut f, &va(c, sys::AMDGPU_VA_OP_MAP, 1 << 21, 8192), TOP).unwrap();
         f.change_handle(c, 7).unwrap();
         assert_eq!(f.object_size(c), Err(libc::ENOENT));
-        assert_eq!(f.create(bo(&mem, 4 << 20, 2, &plan)), 3, "3 is free again");
+        assert_eq!(
+            f.create(bo(&mem, 4 << 20, 2, &plan)).unwrap(),
+            3,
+            "3 is free again"
+        );
 
         // GET_MAPPING_INFO follows the renamed handle.
         let mut ents = [gem618::drm_amdgpu_gem_vm_entry::default(); 2];
@@ -914,8 +918,8 @@ mod tests {
         ))
         .unwrap();
         let mut f = RenderFile::new(0);
-        let h = f.create(bo(&mem, 1 << 20, 1, &plan));
-        let n = f.create(bo(&mem, 2 << 20, 1, &no_cpu));
+        let h = f.create(bo(&mem, 1 << 20, 1, &plan)).unwrap();
+        let n = f.create(bo(&mem, 2 << 20, 1, &no_cpu)).unwrap();
         let size = std::mem::size_of::<M>();
         let mut set = vec![0u8; size];
         set[0..4].copy_from_slice(&h.to_le_bytes());

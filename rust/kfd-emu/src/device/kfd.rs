@@ -201,7 +201,7 @@ fn checked_bo_range(va: u64, size: u64, mem_type: u32) -> R<u64> {
 /// `idr_alloc(idr, idr + 1)`, ENOMEM when taken), else the lowest free id
 /// from 0, as `kfd_process_device_create_obj_handle`'s `idr_alloc(0, 0)`
 /// hands out (a freed BO's id is given again).
-fn bo_idr(p: &mut super::state::Proc, gpu: usize, idr: Option<u32>) -> R<u32> {
+fn bo_idr(p: &super::state::Proc, gpu: usize, idr: Option<u32>) -> R<u32> {
     match idr {
         Some(i) if p.bos.contains_key(&BoKey { gpu, idr: i }) => Err(libc::ENOMEM),
         Some(i) => Ok(i),

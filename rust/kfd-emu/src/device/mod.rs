@@ -634,8 +634,8 @@ impl Emulator {
         match n {
             uapi::drm::PRIME_FD_TO_HANDLE => with(i, o, |a: &mut sys::drm_prime_handle| {
                 a.handle = match own {
-                    Some(obj) => f.import_object(obj),
-                    None => f.import(dmabuf.expect("resolved above")),
+                    Some(obj) => f.import_object(obj)?,
+                    None => f.import(dmabuf.expect("resolved above"))?,
                 };
                 Ok(())
             }),
@@ -835,7 +835,7 @@ impl Emulator {
                 let obj = st.gem_create(gpu, &plan)?;
                 let f = st.render.get_mut(&fh).ok_or(libc::EBADF)?;
                 // The union's `out`: the handle, then padding.
-                Ok(uapi::encode(&u64::from(f.create(obj)), o))
+                Ok(uapi::encode(&u64::from(f.create(obj)?), o))
             }
             uapi::drm::GEM_CLOSE => {
                 let f = st.render.get_mut(&fh).ok_or(libc::EBADF)?;

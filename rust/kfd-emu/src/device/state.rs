@@ -12,6 +12,7 @@ use super::Replier;
 
 pub mod bos;
 pub mod gem;
+pub mod idr;
 pub mod svm;
 
 /// A GPU as the emulator serves it (immutable after start).

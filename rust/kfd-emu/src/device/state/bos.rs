@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 
+use super::idr::Idr;
 use super::{Bo, BoKey};
 use crate::device::uapi::alloc;
 
@@ -64,9 +65,9 @@ pub struct Bos {
     /// Bytes of the BOs by GPU index, kept in step too: what the live
     /// sysfs files show after every allocation, without a walk of every BO.
     bytes: BTreeMap<usize, Bytes>,
-    /// By GPU index: no IDR id below it is free (the next
-    /// [`Bos::lowest_free_idr`] looks from there).
-    free_from: BTreeMap<usize, u32>,
+    /// By GPU index, the process device's `alloc_idr` (ids from 0), kept
+    /// in step too: the BOs' ids taken.
+    ids: BTreeMap<usize, Idr>,
 }
 
 /// Bytes of a process' BOs on one GPU.
@@ -131,33 +132,25 @@ impl Bos {
         let (add, sum) = (Bytes::of(&bo), self.bytes.entry(key.gpu).or_default());
         sum.vram += add.vram;
         sum.sysmem += add.sysmem;
+        self.ids
+            .entry(key.gpu)
+            .or_insert_with(|| Idr::from(0))
+            .take(key.idr);
         self.map.insert(key, bo);
     }
 
     /// The lowest IDR id of GPU index `gpu` no BO holds, as
     /// `idr_alloc(&pdd->alloc_idr, mem, 0, 0)` hands them out: a freed
     /// BO's id is given to the next allocation or import.
-    pub fn lowest_free_idr(&mut self, gpu: usize) -> Option<u32> {
-        let from = self.free_from.entry(gpu).or_default();
-        let taken = self
-            .map
-            .range(BoKey { gpu, idr: *from }..=BoKey { gpu, idr: u32::MAX })
-            .map(|(k, _)| k.idr);
-        let mut id = *from;
-        for t in taken {
-            if t != id {
-                break;
-            }
-            id = id.checked_add(1)?;
-        }
-        *from = id;
-        (id <= i32::MAX as u32).then_some(id)
+    pub fn lowest_free_idr(&self, gpu: usize) -> Option<u32> {
+        self.ids.get(&gpu).map_or(Some(0), Idr::lowest)
     }
 
     pub fn remove(&mut self, key: &BoKey) -> Option<Bo> {
         let bo = self.map.remove(key)?;
-        let from = self.free_from.entry(key.gpu).or_default();
-        *from = (*from).min(key.idr);
+        if let Some(ids) = self.ids.get_mut(&key.gpu) {
+            ids.free(key.idr);
+        }
         self.by_va.remove(bo.va);
         if rendered(&bo) {
             self.by_offset.remove(&(key.gpu, bo.offset));
@@ -216,7 +209,7 @@ mod tests {
     }
 
     #[test]
-    fn bytes_follow_inserts_and_removes() {
+    fn bytes_and_ids_follow_inserts_and_removes() {
         let bo = |va: u64, size: u64, flags: u32| Bo {
             va,
             size,
@@ -268,5 +261,12 @@ mod tests {
         );
         assert_eq!(sums(&b, 1), Bytes::default());
         assert_eq!(sums(&b, 7), Bytes::default());
+
+        // The lowest free id from 0: 0, never taken, then the removed BO's.
+        assert_eq!(b.lowest_free_idr(0), Some(0));
+        b.insert(key(0, 0), bo(0x9000, 0x1000, alloc::VRAM));
+        assert_eq!(b.lowest_free_idr(0), Some(2), "the removed BO's id");
+        assert_eq!(b.lowest_free_idr(1), Some(0));
+        assert_eq!(b.lowest_free_idr(7), Some(0), "a GPU without BOs");
     }
 }

@@ -11,7 +11,8 @@
 //!   BO again, of another GPU an import), userptr registrations
 //!   (GEM_USERPTR), GEM_CLOSE, GEM_OP, GEM_METADATA, GEM_LIST_HANDLES and
 //!   GEM_CHANGE_HANDLE.  Handles are the lowest free from 1, as the
-//!   file's idr hands them out.
+//!   file's idr hands them out (kept in an [`IdrMap`], so that creating N
+//!   objects does not walk every handle N times).
 //! * A GPU VM per file (GEM_VA MAP, UNMAP, CLEAR, REPLACE) that the SDMA
 //!   engine reaches IB operands through.  It is the file's own: a file
 //!   whose VM KFD adopted (ACQUIRE_VM) does not see KFD's BOs in it.
@@ -33,6 +34,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use kfd_abi::layout::gem618;
 use kfd_abi::sys;
 
+use super::idr::{Idr, IdrMap};
 use super::{Span, R};
 use crate::device::dmabuf::{Dmabuf, Source};
 use crate::device::mem::Mapping;
@@ -210,22 +212,13 @@ pub struct Ctx {
 pub struct RenderFile {
     /// The GPU's index in the profile.
     gpu: usize,
-    objects: BTreeMap<u32, Arc<GemObj>>,
+    /// By GEM handle (`object_idr`, from 1).
+    objects: IdrMap<Arc<GemObj>>,
     maps: BTreeMap<u64, VaMap>,
-    ctxs: BTreeMap<u32, Ctx>,
-    lists: BTreeMap<u32, Vec<Arc<GemObj>>>,
-}
-
-/// The lowest free id from 1 (`idr_alloc(..., 1, 0)`).
-fn lowest_free<T>(m: &BTreeMap<u32, T>) -> u32 {
-    let mut id = 1;
-    for &k in m.keys() {
-        if k != id {
-            break;
-        }
-        id += 1;
-    }
-    id
+    /// By context id (`ctx_handles`, 1 to `AMDGPU_VM_MAX_NUM_CTX - 1`).
+    ctxs: IdrMap<Ctx>,
+    /// By BO list handle (`bo_list_handles`, from 1).
+    lists: IdrMap<Vec<Arc<GemObj>>>,
 }
 
 /// A submission accepted under the lock: the fence it signals.
@@ -272,17 +265,16 @@ impl RenderFile {
     pub fn new(gpu: usize) -> RenderFile {
         RenderFile {
             gpu,
-            objects: BTreeMap::new(),
+            objects: IdrMap::new(Idr::from(1)),
             maps: BTreeMap::new(),
-            ctxs: BTreeMap::new(),
-            lists: BTreeMap::new(),
+            ctxs: IdrMap::new(Idr::new(1, gem618::AMDGPU_VM_MAX_NUM_CTX - 1)),
+            lists: IdrMap::new(Idr::from(1)),
         }
     }
 
-    fn add_object(&mut self, obj: Arc<GemObj>) -> u32 {
-        let h = lowest_free(&self.objects);
-        self.objects.insert(h, obj);
-        h
+    /// `obj` at the lowest free handle (ENOSPC: none below INT_MAX).
+    fn add_object(&mut self, obj: Arc<GemObj>) -> R<u32> {
+        self.objects.insert_lowest(obj).ok_or(libc::ENOSPC)
     }
 
     /// The object of `handle` (ENOENT: none).
@@ -292,7 +284,7 @@ impl RenderFile {
 
     /// GEM_CREATE's object (made by the caller in the GPU's memory):
     /// its handle.
-    pub fn create(&mut self, obj: Arc<GemObj>) -> u32 {
+    pub fn create(&mut self, obj: Arc<GemObj>) -> R<u32> {
         self.add_object(obj)
     }
 
@@ -339,13 +331,13 @@ impl RenderFile {
 
     /// PRIME_FD_TO_HANDLE of dma-buf `d` (resolved by the caller) that is
     /// not a GEM BO of this GPU (see [`Self::import_object`]).
-    pub fn import(&mut self, d: Arc<Dmabuf>) -> u32 {
+    pub fn import(&mut self, d: Arc<Dmabuf>) -> R<u32> {
         let same = self
             .objects
             .iter()
             .find(|(_, o)| matches!(&o.kind, GemKind::Dmabuf(e) if e.id == d.id));
         if let Some((&h, _)) = same {
-            return h;
+            return Ok(h);
         }
         let size = d.size;
         // amdgpu_dma_buf_create_obj: another device's BO is a GTT BO here.
@@ -364,9 +356,9 @@ impl RenderFile {
     /// PRIME_FD_TO_HANDLE of a dma-buf of `obj`, a GEM BO of this GPU:
     /// the object itself (drm_gem_prime_fd_to_handle finds the file's own
     /// handle; amdgpu_gem_prime_import gives its own BO back).
-    pub fn import_object(&mut self, obj: Arc<GemObj>) -> u32 {
+    pub fn import_object(&mut self, obj: Arc<GemObj>) -> R<u32> {
         match self.handle_of(&obj) {
-            Some(h) => h,
+            Some(h) => Ok(h),
             None => self.add_object(obj),
         }
     }
@@ -416,18 +408,18 @@ impl RenderFile {
             domains: sys::AMDGPU_GEM_DOMAIN_GTT.into(),
             ..Default::default()
         };
-        Ok(self.add_object(Arc::new(GemObj::new(
+        self.add_object(Arc::new(GemObj::new(
             GemKind::Userptr { pid, addr },
             size,
             info,
-        ))))
+        )))
     }
 
     /// GEM_CLOSE: the handle goes, and with it the object's mappings in
     /// this file's VM (amdgpu_gem_object_close).  BO lists keep the
     /// object.
     pub fn close(&mut self, handle: u32) -> R<()> {
-        self.objects.remove(&handle).ok_or(libc::EINVAL)?;
+        self.objects.remove(handle).ok_or(libc::EINVAL)?;
         self.maps.retain(|_, m| m.handle != handle);
         Ok(())
     }
@@ -536,33 +528,26 @@ impl RenderFile {
     /// CTX ALLOC_CTX; `resets` is the GPU's reset count.  Returns the id,
     /// below `AMDGPU_VM_MAX_NUM_CTX` (ENOSPC past it, as the idr's).
     pub fn ctx_alloc(&mut self, resets: u64) -> R<u32> {
-        let id = lowest_free(&self.ctxs);
-        if id >= gem618::AMDGPU_VM_MAX_NUM_CTX {
-            return Err(libc::ENOSPC);
-        }
-        self.ctxs.insert(
-            id,
-            Ctx {
-                entities: HashMap::new(),
-                guilty: false,
-                resets,
-                resets_queried: resets,
-                stable_pstate: 0,
-            },
-        );
-        Ok(id)
+        let ctx = Ctx {
+            entities: HashMap::new(),
+            guilty: false,
+            resets,
+            resets_queried: resets,
+            stable_pstate: 0,
+        };
+        self.ctxs.insert_lowest(ctx).ok_or(libc::ENOSPC)
     }
 
     /// CTX FREE_CTX (EINVAL: no such context).
     pub fn ctx_free(&mut self, id: u32) -> R<()> {
-        self.ctxs.remove(&id).ok_or(libc::EINVAL)?;
+        self.ctxs.remove(id).ok_or(libc::EINVAL)?;
         Ok(())
     }
 
     /// CTX QUERY_STATE: whether the GPU was reset since the context was
     /// made or last asked (`resets`: the GPU's reset count now).
     pub fn ctx_reset_since_query(&mut self, id: u32, resets: u64) -> R<bool> {
-        let c = self.ctxs.get_mut(&id).ok_or(libc::EINVAL)?;
+        let c = self.ctxs.get_mut(id).ok_or(libc::EINVAL)?;
         let reset = c.resets_queried != resets;
         c.resets_queried = resets;
         Ok(reset)
@@ -582,7 +567,7 @@ impl RenderFile {
 
     /// CTX SET_STABLE_PSTATE (flags checked).
     pub fn set_ctx_stable_pstate(&mut self, id: u32, flags: u32) -> R<()> {
-        self.ctxs.get_mut(&id).ok_or(libc::EINVAL)?.stable_pstate = flags;
+        self.ctxs.get_mut(id).ok_or(libc::EINVAL)?.stable_pstate = flags;
         Ok(())
     }
 
@@ -604,20 +589,18 @@ impl RenderFile {
     /// BO_LIST CREATE of `handles`; returns the list's handle.
     pub fn list_create(&mut self, handles: &[u32]) -> R<u32> {
         let objs = self.objects(handles)?;
-        let id = lowest_free(&self.lists);
-        self.lists.insert(id, objs);
-        Ok(id)
+        self.lists.insert_lowest(objs).ok_or(libc::ENOSPC)
     }
 
     /// BO_LIST DESTROY (an unknown list is no error).
     pub fn list_destroy(&mut self, id: u32) {
-        self.lists.remove(&id);
+        self.lists.remove(id);
     }
 
     /// BO_LIST UPDATE of list `id` to `handles`.
     pub fn list_update(&mut self, id: u32, handles: &[u32]) -> R<()> {
         let objs = self.objects(handles)?;
-        let l = self.lists.get_mut(&id).ok_or(libc::ENOENT)?;
+        let l = self.lists.get_mut(id).ok_or(libc::ENOENT)?;
         *l = objs;
         Ok(())
     }
@@ -664,7 +647,7 @@ impl RenderFile {
                 return Err(libc::EINVAL);
             }
         }
-        let c = self.ctxs.get_mut(&ctx).ok_or(libc::EINVAL)?;
+        let c = self.ctxs.get_mut(ctx).ok_or(libc::EINVAL)?;
         let e = c.entities.entry(entity).or_default();
         e.next = e.next.max(1);
         let seq = e.next;
@@ -675,7 +658,7 @@ impl RenderFile {
     /// The job's fence failed with `errno` (a hang: the context is
     /// guilty).
     pub fn fail(&mut self, ctx: u32, entity: (u32, u32), seq: u64, errno: i32) {
-        if let Some(c) = self.ctxs.get_mut(&ctx) {
+        if let Some(c) = self.ctxs.get_mut(ctx) {
             c.guilty = true;
             let e = c.entities.entry(entity).or_default();
             e.errors.insert(seq, errno);
@@ -699,7 +682,7 @@ impl RenderFile {
 
     /// Marks context `ctx` guilty of a GPU reset (fault injection).
     pub fn make_guilty(&mut self, ctx: u32) {
-        if let Some(c) = self.ctxs.get_mut(&ctx) {
+        if let Some(c) = self.ctxs.get_mut(ctx) {
             c.guilty = true;
         }
     }
@@ -794,8 +777,9 @@ impl RenderFile {
 
     /// GEM_CHANGE_HANDLE with Linux 6.18.0-6.18.35's semantics
     /// (drm_gem_change_handle_ioctl): `handle` becomes `new` (EINVAL above
-    /// INT_MAX, ENOENT for no object, ENOSPC for a taken handle); the
-    /// object's VM mappings and PRIME lookup follow it.
+    /// INT_MAX, ENOENT for no object, ENOSPC for a taken handle or 0, which
+    /// the idr from 1 does not hold); the object's VM mappings and PRIME
+    /// lookup follow it, and `handle` is free again.
     pub fn change_handle(&mut self, handle: u32, new: u32) -> R<()> {
         if new > i32::MAX as u32 {
             return Err(libc::EINVAL);
@@ -804,11 +788,9 @@ impl RenderFile {
         if handle == new {
             return Ok(());
         }
-        if self.objects.contains_key(&new) {
+        if !self.objects.rename(handle, new) {
             return Err(libc::ENOSPC);
         }
-        let obj = self.objects.remove(&handle).expect("looked up");
-        self.objects.insert(new, obj);
         for m in self.maps.values_mut().filter(|m| m.handle == handle) {
             m.handle = new;
         }
@@ -829,9 +811,135 @@ pub fn create_info(obj: &GemObj) -> sys::drm_amdgpu_gem_create_in {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
+    use super::super::idr::tests::{naive_lowest, Rng};
     use super::*;
     use crate::device::dmabuf::{Purpose, Registry};
     use crate::device::mem::Memfd;
+
+    /// What a render file's handles name, as a test keeps it beside the
+    /// file: by handle, the index of the object (below [`IMPORTED`]) or of
+    /// the dma-buf (from it) the test made.
+    #[derive(Default)]
+    struct Model(BTreeMap<u32, usize>);
+
+    const IMPORTED: usize = 1 << 20;
+
+    impl Model {
+        /// The handle a new object gets: the lowest free from 1, by a walk.
+        fn lowest(&self) -> u32 {
+            let held: BTreeSet<u32> = self.0.keys().copied().collect();
+            naive_lowest(&held, 1, i32::MAX as u32).unwrap()
+        }
+
+        /// The handle of `what`: the one held, else a new one.
+        fn handle_of(&mut self, what: usize) -> u32 {
+            match self.0.iter().find(|(_, &w)| w == what) {
+                Some((&h, _)) => h,
+                None => {
+                    let h = self.lowest();
+                    self.0.insert(h, what);
+                    h
+                }
+            }
+        }
+
+        /// GEM_CHANGE_HANDLE's answer, and the rename when it is one.
+        fn change_handle(&mut self, handle: u32, new: u32) -> R<()> {
+            let what = *self.0.get(&handle).ok_or(libc::ENOENT)?;
+            if handle != new {
+                if new == 0 || self.0.contains_key(&new) {
+                    return Err(libc::ENOSPC);
+                }
+                self.0.remove(&handle);
+                self.0.insert(new, what);
+            }
+            Ok(())
+        }
+    }
+
+    /// Under a pseudo-random sequence of GEM_CREATE, PRIME imports (of
+    /// another GPU's BOs, new or imported before, and of the file's own
+    /// BOs), GEM_CLOSE and GEM_CHANGE_HANDLE, every new handle is the
+    /// lowest free one a walk of the file's handles finds, every handle
+    /// held names what it named, and closes and renames answer as the
+    /// handles held say.
+    #[test]
+    fn handles_stay_lowest_free_under_any_sequence() {
+        let mem = Memfd::new("t", 1 << 20).unwrap();
+        let map = Arc::new(mem.map(0, 4096).unwrap());
+        let reg = Registry::default();
+        let (mut f, mut model, mut rng) = (RenderFile::new(0), Model::default(), Rng(0x5eed));
+        let (mut bos, mut bufs) = (Vec::new(), Vec::new());
+        for step in 0..4000 {
+            let top = model.0.keys().next_back().map_or(2, |&h| h + 2);
+            let (h, new) = (rng.below(top), rng.below(top));
+            let source = |gpu, n: usize| Source {
+                gpu,
+                offset: n as u64 * 4096,
+                domain: sys::AMDGPU_GEM_DOMAIN_GTT,
+            };
+            match rng.below(10) {
+                0..=2 => {
+                    let kind = GemKind::Bo {
+                        source: source(0, bos.len()),
+                        map: map.clone(),
+                    };
+                    bos.push(Arc::new(GemObj::new(kind, 4096, BoInfo::default())));
+                    let want = model.handle_of(bos.len() - 1);
+                    assert_eq!(f.create(bos[bos.len() - 1].clone()), Ok(want), "{step}");
+                }
+                3 => {
+                    let i = rng.below(bos.len() as u32 + 1) as usize;
+                    let Some(obj) = bos.get(i) else { continue };
+                    assert_eq!(
+                        f.import_object(obj.clone()),
+                        Ok(model.handle_of(i)),
+                        "{step}"
+                    );
+                }
+                4 | 5 => {
+                    let j = rng.below(bufs.len() as u32 + 2) as usize;
+                    if j >= bufs.len() {
+                        let d = reg.export(source(1, bufs.len()), 4096, &map, Purpose::Checkpoint);
+                        bufs.push(d.unwrap());
+                    }
+                    let j = j.min(bufs.len() - 1);
+                    let want = model.handle_of(IMPORTED + j);
+                    assert_eq!(f.import(bufs[j].clone()), Ok(want), "{step}");
+                }
+                6 | 7 => {
+                    let want = model.0.remove(&h).map(|_| ()).ok_or(libc::EINVAL);
+                    assert_eq!(f.close(h), want, "{step}: close {h}");
+                }
+                _ => {
+                    let want = model.change_handle(h, new);
+                    assert_eq!(f.change_handle(h, new), want, "{step}: {h} to {new}");
+                }
+            }
+            assert_named_as_modelled(&f, &model, &bos, &bufs);
+        }
+    }
+
+    /// Every handle of `f` names what `model` says, and no other is held.
+    fn assert_named_as_modelled(
+        f: &RenderFile,
+        model: &Model,
+        bos: &[Arc<GemObj>],
+        bufs: &[Arc<Dmabuf>],
+    ) {
+        assert!(f.objects.keys().eq(model.0.keys()));
+        for (h, &what) in &model.0 {
+            let o = f.object(*h).unwrap();
+            match what.checked_sub(IMPORTED) {
+                None => assert!(Arc::ptr_eq(o, &bos[what])),
+                Some(j) => {
+                    assert!(matches!(&o.kind, GemKind::Dmabuf(d) if Arc::ptr_eq(d, &bufs[j])))
+                }
+            }
+        }
+    }
 
     /// A file holding a GEM handle of a BO (a PRIME import of its dma-buf)
     /// is admitted to the BO's mmap offset; closing the handle ends that.
@@ -850,7 +958,7 @@ mod tests {
             .unwrap();
         let mut f = RenderFile::new(0);
         assert!(!f.holds(&map));
-        let h = f.import(d);
+        let h = f.import(d).unwrap();
         assert!(f.holds(&map) && !f.holds(&other));
         f.close(h).unwrap();
         assert!(!f.holds(&map));
