@@ -38,15 +38,26 @@ static void on_usr1(int)
 	go = 1;
 }
 
+// The mask main waits in: SIGUSR1 is blocked in every thread from the start (ROCr's threads
+// inherit main's mask), so only main's sigsuspend takes it. Blocked only around the wait, a
+// SIGUSR1 that came while main was not in sigsuspend went to a ROCr thread: main then slept
+// on. So it did when one came right after a restored main was let go (SIGCONT), before it
+// had entered its sigsuspend again, restarted with SIGUSR1 blocked.
+static sigset_t waiting;
+
+static void block_usr1()
+{
+	sigset_t usr1;
+	sigemptyset(&usr1);
+	sigaddset(&usr1, SIGUSR1);
+	sigprocmask(SIG_BLOCK, &usr1, &waiting);
+	sigdelset(&waiting, SIGUSR1);
+}
+
 static void wait_usr1()
 {
-	sigset_t block, old;
-	sigemptyset(&block);
-	sigaddset(&block, SIGUSR1);
-	sigprocmask(SIG_BLOCK, &block, &old);
 	while (!go)
-		sigsuspend(&old);
-	sigprocmask(SIG_SETMASK, &old, nullptr);
+		sigsuspend(&waiting);
 }
 
 static long mismatches(const unsigned *dev, unsigned seed)
@@ -130,6 +141,7 @@ int main(int argc, char **argv)
 {
 	setvbuf(stdout, nullptr, _IOLBF, 0);
 	signal(SIGUSR1, on_usr1);
+	block_usr1();
 	unsigned seed = 1, write = 0;
 	bool hold = false;
 	for (int i = 3; i < argc; i++) {

@@ -89,7 +89,9 @@
 #   cr-hip-ipc-tree-killed-P   the same tree dumped, its restore killed at the importer's
 #                 import (the test hook stops its task there, after the exporter's RESTORE
 #                 handed it the BO; criu-rocm gets SIGKILL): no task outlives criu nor runs
-#                 its own code, the images unchanged
+#                 its own code, the images unchanged; once their pids are free, the same
+#                 images restored again and let go as in cr-hip-ipc-tree-P (the next restore
+#                 works)
 # Each prints PASS, FAIL with the reason, or SKIP with the reason; the last line is
 # exactly "N passed, M failed" (", K skipped" when some were). Non-zero exit on failure.
 set -uo pipefail
@@ -425,10 +427,10 @@ proc_state() {
 # let go: each process passes (ipc_tree_finish). The restored tasks keep criu's filter:
 # seccomp gives a task one listener, so `supervise --attach` cannot give them another, and
 # what the filter CRIU restored notifies fails (ENOSYS): no new importer after the restore.
-# With "killed", the restore is killed at the importer's import instead
-# (ipc_tree_killed_restore).
+# With "killed", a restore killed at the importer's import comes first
+# (ipc_tree_killed_restore), then this one.
 ipc_tree() { # CASEDIR IMG CRIU [killed]
-	local cdir=$1 img=$2 criu=$3 mode=${4:-} e i sh pid
+	local cdir=$1 img=$2 criu=$3 mode=${4:-} e i sh pid why k
 	ipc_tree_start "$cdir" || return 1
 	read -r e i sh <"$cdir/tree.pids"
 	"$criu" dump -t "$sh" -D "$img" -o dump.log -v4 >>"$cdir/criu.out" 2>&1 ||
@@ -438,7 +440,25 @@ ipc_tree() { # CASEDIR IMG CRIU [killed]
 	for pid in "$e" "$i" "$sh"; do
 		wait_gone "$pid" 10 || { echo "$pid still runs after the dump"; return 1; }
 	done
-	[ "$mode" = killed ] && { ipc_tree_killed_restore "$cdir" "$img" "$criu"; return; }
+	if [ "$mode" = killed ]; then
+		ipc_tree_killed_restore "$cdir" "$img" "$criu" || return 1
+		# Gone is not reaped: the next restore forks its tasks at these pids.
+		for pid in "$e" "$i" "$sh"; do
+			k=0
+			while [ -e "/proc/$pid" ] && ((k++ < 200)); do sleep 0.05; done
+			[ -e "/proc/$pid" ] && { echo "pid $pid still taken 10 s after the killed restore"; return 1; }
+		done
+		why=$(ipc_tree_restore "$cdir" "$img" "$criu") || { echo "the restore after the killed one: $why"; return 1; }
+		return 0
+	fi
+	ipc_tree_restore "$cdir" "$img" "$criu"
+}
+
+# The tree restored from IMG under `kfd-emu supervise`, stopped, its importer's BO imported
+# again from the exporter's, then let go to its end (ipc_tree_finish).
+ipc_tree_restore() { # CASEDIR IMG CRIU
+	local cdir=$1 img=$2 criu=$3 e i sh
+	read -r e i sh <"$cdir/tree.pids"
 	"$KFD_EMU" supervise -- "$criu" restore -D "$img" -o restore.log -v4 -d --restore-sibling --leave-stopped >>"$cdir/criu.out" 2>&1 ||
 		{ echo "restore failed: $(log_errors "$img/restore.log")"; return 1; }
 	grep -aq "pid $i: KFD file [0-9]*: BO at GPU VA .* imported again from pid $e's BO" "$img/restore.log" ||
@@ -848,7 +868,7 @@ run_ipc() { # CASE PROFILE
 		result PASS "$c" "HIP 6.4 IPC on $p: importers read the exporter's buffer, before and after it wrote it again" ;;
 	cr-hip-ipc-tree-killed-*)
 		why=$("${ipc[@]}" tree-killed "$cdir" "$img" "$CRIU" 2>>"$cdir/emu.log") || { result FAIL "$c" "${why:-exit $?}; case ${cdir#"$top"/}"; return; }
-		result PASS "$c" "restore of HIP 6.4 IPC exporter and importer killed at the importer's import on $p: no task outlived criu or ran its code, the images unchanged" ;;
+		result PASS "$c" "restore of HIP 6.4 IPC exporter and importer killed at the importer's import on $p: no task outlived criu or ran its code, the images unchanged; restored again, the importer read and wrote the buffer, the exporter saw the write" ;;
 	cr-hip-ipc-tree-*)
 		why=$("${ipc[@]}" tree "$cdir" "$img" "$CRIU" 2>>"$cdir/emu.log") || { result FAIL "$c" "${why:-exit $?}; case ${cdir#"$top"/}"; return; }
 		result PASS "$c" "HIP 6.4 IPC exporter and importer dumped as one tree and restored on $p: the importer's KFD BO imported again from the exporter's, the importer read and wrote it, the exporter saw the write" ;;
