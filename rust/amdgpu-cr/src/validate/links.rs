@@ -242,6 +242,12 @@ pub(crate) fn check_kfd_imports(
                         e.size
                     ),
                 )),
+                Ok(Some(_)) if !img.msg.device_entries.iter().any(|d| d.gpu_id == e.gpu_id) => {
+                    Some((
+                        "gpu_id",
+                        format!("is {:#x}, a GPU this image does not have", e.gpu_id),
+                    ))
+                }
                 // Another process' BO: the dump host's render minors compare.
                 Ok(Some((_, g, _))) => other_gpu(
                     kfd_gpu_at(img, e.gpu_id),
@@ -449,9 +455,11 @@ pub(super) mod tests {
         let dir = tempdir();
         let mut six = render(0x1a2b, vec![bo(0x1_0000, None)]);
         six.msg.criu_rocm_pid = Some(40);
+        six.msg.drm_render_minor = Some(128);
         six.write(&dir, FileId(6)).unwrap();
         let mut nine = render(0x1a2b, vec![bo(0x1_0000, Some((6, 0)))]);
         nine.msg.criu_rocm_pid = Some(own);
+        nine.msg.drm_render_minor = Some(128);
         nine.msg.bo_entries[0].same_bo_pid = same_bo_pid;
         nine.write(&dir, FileId(9)).unwrap();
         let files: BTreeSet<String> = ["amdgpu-renderD-6.img", "amdgpu-renderD-9.img"]
@@ -683,6 +691,8 @@ pub(super) mod tests {
         let mut kfd = targets(&dir).to_vec();
         let mut importer = sample_kfd();
         importer.pid = 43;
+        importer.device_entries[1].drm_render_minor = 128;
+        importer.device_entries[2].drm_render_minor = 129;
         importer.criu_rocm_imports = vec![crate::proto::KfdImportEntry {
             addr: 0x7100_0000_0000,
             size,
@@ -757,7 +767,17 @@ pub(super) mod tests {
                 0,
                 b.size,
                 0x5c3d,
-                "criu_rocm_imports[0].gpu_id: the BO imported at GPU VA 0x710000000000: is 0x5c3d",
+                "criu_rocm_imports[0].gpu_id: the BO imported at GPU VA 0x710000000000: BO 0 of \
+                 file 5 (pid 42) is of the dump host's GPU 0x1a2b (renderD128 at dump), not this \
+                 image's GPU 0x5c3d (renderD129 at dump)",
+            ),
+            (
+                5,
+                0,
+                b.size,
+                0x7777,
+                "criu_rocm_imports[0].gpu_id: the BO imported at GPU VA 0x710000000000: is \
+                 0x7777, a GPU this image does not have",
             ),
         ] {
             let got = import_refusals(file, index, size, gpu);
