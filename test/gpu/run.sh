@@ -1759,6 +1759,12 @@ shared_bo_round_and_end() {
 # imported on the first open is its own handle. On the same host, and with KFD on another
 # (other gpu_ids and render minors).
 case_gem_dmabuf_fd_cr() { on mi100 -- dmabuf_fd_cr; }
+# The same with the GEM BO exported read-only (shared-bo --dmabuf --rdonly: PRIME without
+# DRM_RDWR; a writable shared mapping of the fd fails EACCES): the image's file_flags say
+# O_RDONLY, the restore exports the BO again without DRM_RDWR and checks the fd's F_GETFL
+# (its log names the mode), and the process finds the fd read-only after the restore, not
+# read-write.
+case_gem_dmabuf_fd_rdonly_cr() { on mi100 -- dmabuf_fd_rdonly_cr; }
 case_kfd_dmabuf_fd_cr() { on mi100 -- dmabuf_fd_cr --kfd; }
 case_kfd_dmabuf_fd_cr_other_host() {
 	on mi100x2 -- dmabuf_fd_dump --kfd
@@ -1768,7 +1774,13 @@ dmabuf_fd_cr() {
 	dmabuf_fd_dump "$@"
 	dmabuf_fd_restore
 }
-# dmabuf_fd_dump [--kfd]: the dump saves the dma-buf as its BO's; pid in $CASE_DIR/sb.pid.
+dmabuf_fd_rdonly_cr() {
+	dmabuf_fd_dump --rdonly
+	shared_bo_restore_checking 'amdgpu: pid @PID@: dma-buf file [0-9]+: BO [0-9]+ of file [0-9]+: exported again \(O_RDONLY\)' \
+		'fd [0-9]* (dma-buf.*saved as BO [0-9]* of'
+}
+# dmabuf_fd_dump [--kfd | --rdonly]: the dump saves the dma-buf as its BO's; pid in
+# $CASE_DIR/sb.pid.
 dmabuf_fd_dump() {
 	local img=$CASE_DIR/img out=$CASE_DIR/sb.out pid fd link held='render node /dev/dri/renderD128 \(file [0-9]+\), GEM handle 1 \(65536 bytes\)'
 	[ "${1-}" = --kfd ] && held='fd [0-9]+ \(/dev/kfd\), BO 0 \(65536 bytes at GPU VA 0x[0-9a-f]+\)'
@@ -1785,7 +1797,7 @@ dmabuf_fd_dump() {
 }
 # dmabuf_fd_restore: under the supervisor; the fd is the restored BO's export.
 dmabuf_fd_restore() {
-	shared_bo_restore_checking 'amdgpu: pid @PID@: dma-buf file [0-9]+: BO [0-9]+ of file [0-9]+: exported again' \
+	shared_bo_restore_checking 'amdgpu: pid @PID@: dma-buf file [0-9]+: BO [0-9]+ of file [0-9]+: exported again \(O_RDWR\)' \
 		'fd [0-9]* (dma-buf.*saved as BO [0-9]* of'
 }
 

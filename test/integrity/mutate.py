@@ -1008,6 +1008,8 @@ def dmabuf_mutants(img, f, edit, add, rng):
              setf(DMA_FLAGS, U32))
         edit(f, f"file_flags {flags:#x} -> {flags | 0o40000:#x} (O_DIRECT)",
              setf(DMA_FLAGS, flags | 0o40000))
+        edit(f, f"file_flags {flags:#x} -> {flags & ~3 | 1:#x} (O_WRONLY, which no export gives)",
+             setf(DMA_FLAGS, flags & ~3 | 1))
     for fld, nm in [(DMA_BO_FILE, "bo_file"), (DMA_BO_INDEX, "bo_index"), (DMA_GPU_ID, "gpu_id"),
                     (DMA_SIZE, "size"), (DMA_FLAGS, "file_flags")]:
         if get(base, fld) is not None:

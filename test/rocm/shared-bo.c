@@ -7,7 +7,7 @@
  * restore two BOs, and a write through one file would no longer reach the other.
  *
  *   usage: shared-bo --hold [--kfd | --fork]
- *          shared-bo --dmabuf [--kfd | --orphan]
+ *          shared-bo --dmabuf [--kfd | --orphan | --rdonly]
  *
  * Makes a 64 KiB VRAM BO with GEM_CREATE on a first open of /dev/dri/renderD128, exports it
  * (PRIME_HANDLE_TO_FD), imports it on a second open (PRIME_FD_TO_HANDLE), closes the
@@ -36,6 +36,10 @@
  * attaches again), it is the handle that open got at the start, whose mapping reads the
  * bytes written through the first open; a GEM BO's dma-buf imported on the first open is its
  * own handle again.
+ * --rdonly (with --dmabuf): the GEM BO is exported without DRM_RDWR, as a PRIME client that
+ * only reads does: the dma-buf is O_RDONLY, and a shared writable mapping of it fails EACCES
+ * (checked once, at the start: a restored process under kfd-emu maps a dma-buf only once the
+ * supervisor attaches again); every check then wants the fd O_RDONLY instead of read-write.
  * --orphan (with --dmabuf): the GEM BO's handle is closed and its mapping unmapped once
  * exported, so that only the dma-buf holds the BO; rounds import it on a new open each (kfd-emu
  * cannot map a GEM BO whose last handle was closed, which the kernel can: not checked).
@@ -101,11 +105,14 @@ static int map_bo(struct holder *h)
 }
 
 /* A GEM BO on a, exported with PRIME: the dma-buf fd. */
+/* --rdonly: the dma-buf is exported read-only. */
+static bool rdonly;
+
 static int gem_export(struct holder *a)
 {
 	union drm_amdgpu_gem_create c = { .in = { .bo_size = SZ, .alignment = 4096,
 						  .domains = AMDGPU_GEM_DOMAIN_VRAM } };
-	struct drm_prime_handle ex = { .flags = DRM_CLOEXEC | DRM_RDWR };
+	struct drm_prime_handle ex = { .flags = DRM_CLOEXEC | (rdonly ? 0 : DRM_RDWR) };
 
 	if (ioctl(a->fd, DRM_IOCTL_AMDGPU_GEM_CREATE, &c))
 		return fail("GEM_CREATE");
@@ -286,8 +293,10 @@ static int check_dmabuf(const char *node, struct holder *a, struct holder *b, in
 		printf("round %u: FAIL fd %d reads %s, not /dmabuf:\n", n, fd, link);
 		goto out;
 	}
-	if (!(fcntl(fd, F_GETFD) & FD_CLOEXEC) || (fcntl(fd, F_GETFL) & O_ACCMODE) != O_RDWR) {
-		printf("round %u: FAIL dma-buf fd %d is not close-on-exec and read-write\n", n, fd);
+	if (!(fcntl(fd, F_GETFD) & FD_CLOEXEC) ||
+	    (fcntl(fd, F_GETFL) & O_ACCMODE) != (rdonly ? O_RDONLY : O_RDWR)) {
+		printf("round %u: FAIL dma-buf fd %d is not close-on-exec and %s\n", n, fd,
+		       rdonly ? "read-only" : "read-write");
 		goto out;
 	}
 	if (!orphan) {
@@ -320,6 +329,24 @@ out:
 	if (c.fd >= 0)
 		close(c.fd);
 	return rc;
+}
+
+/* --rdonly: a shared writable mapping of the read-only dma-buf fails EACCES (do_mmap's check
+ * of the file's mode), a read-only one works. */
+static int check_rdonly_map(int fd)
+{
+	void *p = mmap(NULL, SZ, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+
+	if (p != MAP_FAILED || errno != EACCES) {
+		printf("FAIL a writable shared mapping of the read-only dma-buf %s\n",
+		       p != MAP_FAILED ? "was made" : strerror(errno));
+		return -1;
+	}
+	p = mmap(NULL, SZ, PROT_READ, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED)
+		return fail("read-only mmap of the read-only dma-buf");
+	munmap(p, SZ);
+	return 0;
 }
 
 /* --orphan: a's handle closed and its mapping gone; the dma-buf alone holds the BO. */
@@ -387,13 +414,15 @@ int main(int argc, char **argv)
 	bool only = argc >= 2 && !strcmp(argv[1], "--dmabuf");
 	bool forked = argc == 3 && !strcmp(argv[2], "--fork");
 	bool orphan = only && argc == 3 && !strcmp(argv[2], "--orphan");
+
+	rdonly = only && argc == 3 && !strcmp(argv[2], "--rdonly");
 	unsigned n = 0;
 	int bad = 0, dmabuf = -1;
 
 	if (argc < 2 || argc > 3 || (strcmp(argv[1], "--hold") && !only) ||
-	    (argc == 3 && !kfd && !orphan && !(forked && !only))) {
-		fprintf(stderr,
-			"usage: shared-bo --hold [--kfd | --fork] | --dmabuf [--kfd | --orphan]\n");
+	    (argc == 3 && !kfd && !orphan && !rdonly && !(forked && !only))) {
+		fprintf(stderr, "usage: shared-bo --hold [--kfd | --fork] | --dmabuf [--kfd | "
+				"--orphan | --rdonly]\n");
 		return 2;
 	}
 	sigset_t block, wait_mask;
@@ -413,7 +442,8 @@ int main(int argc, char **argv)
 			return 1;
 		}
 		dmabuf = kfd ? kfd_export(&a) : gem_export(&a);
-		if (dmabuf < 0 || check_one(&a, 0) || (orphan && orphan_bo(&a)))
+		if (dmabuf < 0 || check_one(&a, 0) || (orphan && orphan_bo(&a)) ||
+		    (rdonly && check_rdonly_map(dmabuf)))
 			return 1;
 		/* At fd 0 (stdin, /dev/null), before the files that hold its BO: CRIU restores
 		 * a task's files in fd order, so the dma-buf must wait for its holder. */

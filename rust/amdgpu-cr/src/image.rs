@@ -913,9 +913,9 @@ impl RenderImage {
 }
 
 /// What is wrong with a dma-buf image's `file_flags`: only what F_GETFL
-/// reports of a dma-buf (an access mode, O_NONBLOCK, which the restore
-/// sets again, and O_LARGEFILE, 0o100000 on x86-64, which the kernel adds)
-/// is a dma-buf fd's.
+/// reports of a dma-buf (an access mode an export gives, O_RDONLY or
+/// O_RDWR, O_NONBLOCK, which the restore sets again, and O_LARGEFILE,
+/// 0o100000 on x86-64, which the kernel adds) is a dma-buf fd's.
 fn dmabuf_flags_fault(flags: u32) -> Option<String> {
     const O_LARGEFILE: u32 = 0o100000;
     let known = libc::O_ACCMODE as u32 | libc::O_NONBLOCK as u32 | O_LARGEFILE;
@@ -926,8 +926,14 @@ fn dmabuf_flags_fault(flags: u32) -> Option<String> {
             flags & !known
         ));
     }
-    (flags & libc::O_ACCMODE as u32 == libc::O_ACCMODE as u32)
-        .then(|| format!("is {flags:#x}: access mode 3 is no file's"))
+    match flags & libc::O_ACCMODE as u32 {
+        3 => Some(format!("is {flags:#x}: access mode 3 is no file's")),
+        m if m == libc::O_WRONLY as u32 => Some(format!(
+            "is {flags:#x}: O_WRONLY, which no dma-buf export gives (PRIME_HANDLE_TO_FD and \
+             EXPORT_DMABUF make O_RDONLY or, with DRM_RDWR, O_RDWR files)"
+        )),
+        _ => None,
+    }
 }
 
 /// A decoded `amdgpu-dmabuf_<id>.img`: a dma-buf fd of the process and
@@ -1559,6 +1565,10 @@ pub(crate) mod tests {
             (0xffff_ffff, "file_flags: is 0xffffffff: bits"),
             (0o40002, "file_flags: is 0x4002: bits 0x4000"),
             (3, "file_flags: is 0x3: access mode 3"),
+            (
+                0x8001,
+                "file_flags: is 0x8001: O_WRONLY, which no dma-buf export gives",
+            ),
         ] {
             let e = DmabufImage::decode("d", &with(flags).encode()).unwrap_err();
             assert!(e.to_string().contains(want), "{e}");

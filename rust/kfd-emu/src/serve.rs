@@ -315,12 +315,28 @@ pub fn devices(profile: &Profile) -> io::Result<Devices> {
     })
 }
 
+/// Whether an mmap of `file` with `prot` and `flags` is a writable shared
+/// mapping of a file opened without write access (do_mmap: EACCES).
+fn writes_read_only(file: BorrowedFd<'_>, prot: u64, flags: u64) -> bool {
+    const MAP_TYPE: u64 = 0x0f;
+    let shared = matches!(
+        flags & MAP_TYPE,
+        f if f == libc::MAP_SHARED as u64 || f == libc::MAP_SHARED_VALIDATE as u64
+    );
+    // SAFETY: F_GETFL reads the flags of a valid fd and touches no memory.
+    let mode = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
+    shared
+        && prot & libc::PROT_WRITE as u64 != 0
+        && mode >= 0
+        && mode & libc::O_ACCMODE == libc::O_RDONLY
+}
+
 /// The dma-buf files (`fuse::dmabuf`), mounted at the first export.
 #[derive(Default)]
 struct DmabufFiles(OnceLock<Result<DmabufFs, String>>);
 
 impl device::DmabufFiles for DmabufFiles {
-    fn open(&self, memfd: BorrowedFd<'_>, size: u64) -> io::Result<OwnedFd> {
+    fn open(&self, memfd: BorrowedFd<'_>, size: u64, writable: bool) -> io::Result<OwnedFd> {
         let fs = self.0.get_or_init(|| {
             DmabufFs::mount().map_err(|e| {
                 log::error!("dma-buf files: {e}");
@@ -328,7 +344,7 @@ impl device::DmabufFiles for DmabufFiles {
             })
         });
         match fs {
-            Ok(fs) => fs.open(memfd, size),
+            Ok(fs) => fs.open(memfd, size, writable),
             Err(e) => Err(io::Error::other(e.clone())),
         }
     }
@@ -444,7 +460,18 @@ impl Supervised {
             tid: n.tid,
             tgid: n.tgid,
         };
-        let (window, at) = match self.emu.dmabuf_mmap(file, &caller, offset, len) {
+        let mapped = self.emu.dmabuf_mmap(file, &caller, offset, len);
+        if mapped.is_some() && writes_read_only(file, prot, flags) {
+            // do_mmap's check of the file's mode, before the dma-buf's own.
+            log::info!(
+                "kfd-emu: pid {}: writable shared mmap of read-only dma-buf fd {} refused \
+                 (EACCES)",
+                n.tgid,
+                n.fd
+            );
+            return Verdict::Error(libc::EACCES);
+        }
+        let (window, at) = match mapped {
             None => return Verdict::Continue,
             Some(Err(e)) => return Verdict::Error(e),
             Some(Ok(w)) => w,

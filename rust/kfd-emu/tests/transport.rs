@@ -464,8 +464,9 @@ fn daemon_death_gives_econnaborted() {
 /// kfd-emu's dma-buf files look like the kernel's to the process: the fd
 /// link reads `/dmabuf:`, no mount of theirs is visible, reads and
 /// mappings reach the memfd behind them (and writes through a mapping
-/// land there), each dma-buf is its own inode, lseek gives its size, and a
-/// reopen through /proc is refused.
+/// land there), each dma-buf is its own inode, lseek gives its size, a
+/// reopen through /proc is refused, and one opened read-only refuses a
+/// writable shared mapping (EACCES).
 #[test]
 fn dmabuf_files_read_dmabuf_and_reach_their_memfd() {
     if role().is_none() {
@@ -476,8 +477,8 @@ fn dmabuf_files_read_dmabuf_and_reach_their_memfd() {
     use std::os::unix::fs::{FileExt, MetadataExt};
     let mem = std::fs::File::from(memfd(8192));
     mem.write_all_at(b"bo bytes", 4096).unwrap();
-    let a = fs.open(mem.as_fd(), 8192).unwrap();
-    let b = fs.open(memfd(4096).as_fd(), 4096).unwrap();
+    let a = fs.open(mem.as_fd(), 8192, true).unwrap();
+    let b = fs.open(memfd(4096).as_fd(), 4096, true).unwrap();
     let link = std::fs::read_link(format!("/proc/self/fd/{}", a.as_raw_fd())).unwrap();
     assert_eq!(link, Path::new("/dmabuf:"));
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
@@ -526,7 +527,37 @@ fn dmabuf_files_read_dmabuf_and_reach_their_memfd() {
     let reopen = std::fs::File::open(format!("/proc/self/fd/{}", sa.as_raw_fd()));
     assert!(reopen.is_err(), "a reopen of a dma-buf file");
     drop(sb);
-    let c = fs.open(mem.as_fd(), 8192).unwrap();
+    let c = fs.open(mem.as_fd(), 8192, true).unwrap();
     let mc = std::fs::File::from(c).metadata().unwrap();
     assert_ne!(mc.ino(), ma.ino(), "a new dma-buf of the same memfd");
+    // One made read-only (PRIME without DRM_RDWR): O_RDONLY, and a shared
+    // writable mapping of it fails EACCES while a read-only one works.
+    let r = fs.open(mem.as_fd(), 8192, false).unwrap();
+    // SAFETY: F_GETFL on a live fd.
+    let fl = unsafe { libc::fcntl(r.as_raw_fd(), libc::F_GETFL) };
+    assert_eq!(fl & libc::O_ACCMODE, libc::O_RDONLY);
+    for (prot, want) in [
+        (libc::PROT_READ | libc::PROT_WRITE, Some(libc::EACCES)),
+        (libc::PROT_READ, None),
+    ] {
+        // SAFETY: a fresh shared mapping of a live fd, unmapped at once.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                8192,
+                prot,
+                libc::MAP_SHARED,
+                r.as_raw_fd(),
+                0,
+            )
+        };
+        let err = (p == libc::MAP_FAILED)
+            .then(|| std::io::Error::last_os_error().raw_os_error())
+            .flatten();
+        assert_eq!(err, want, "mmap with prot {prot:#x}");
+        if p != libc::MAP_FAILED {
+            // SAFETY: unmapping our mapping.
+            unsafe { libc::munmap(p, 8192) };
+        }
+    }
 }

@@ -15,9 +15,16 @@
 //! process, fd and why.
 //!
 //! Restore: the BO is exported again from its restored holder (the dma-buf
-//! KFD's RESTORE gave for a KFD BO, PRIME_HANDLE_TO_FD for a render file's),
+//! KFD's RESTORE gave for a KFD BO, PRIME_HANDLE_TO_FD for a render file's,
+//! with `DRM_RDWR` only when the image's `file_flags` are read-write),
 //! which is the BO's one dma-buf file as on the kernel (KFD and PRIME keep
-//! one per BO and hand out fds of it).  A holder CRIU has not restored yet
+//! one per BO and hand out fds of it, its access mode the first export's;
+//! the restore's exports of the BO for its other holders' imports ask for
+//! the same mode, as the kernel keeps that file while the BO has handles).
+//! The fd's `F_GETFL` is checked against `file_flags` (access mode,
+//! O_NONBLOCK): a dma-buf the export cannot give as dumped (a read-only
+//! one of a writable KFD BO, one whose BO was exported read-write for
+//! another holder first) fails the restore, naming the image and field.  A holder CRIU has not restored yet
 //! in the task makes CRIU retry the file after the task's other files.
 
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
@@ -28,7 +35,7 @@ use kfd_abi::layout::gem618;
 
 use super::dmabuf::{HeldIn, Holder, SharedBos};
 use crate::ids::{GpuId, RenderMinor};
-use crate::image::{DmabufImage, FileId};
+use crate::image::{dmabuf_image_id, DmabufImage, FileId, ImageError};
 use crate::proto::CriuDmabufNode;
 
 /// The link of every dma-buf file (plus the name its exporter set).
@@ -138,6 +145,75 @@ pub(crate) fn file_flags(fd: BorrowedFd<'_>) -> std::io::Result<u32> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(r as u32)
+}
+
+/// The status flags a restored dma-buf fd must have as dumped: its access
+/// mode (fixed when the BO's dma-buf file is made, by the export's
+/// `DRM_RDWR`) and `O_NONBLOCK` (set again by the restore).  Close-on-exec
+/// is the fd's, not the file's: CRIU's fdinfo restores it.
+const RESTORED_FLAGS: u32 = libc::O_ACCMODE as u32 | libc::O_NONBLOCK as u32;
+
+/// The access flag to export a BO again with for a dma-buf dumped with
+/// `file_flags` (`DRM_RDWR`, or none for O_RDONLY); an image without the
+/// field (before criu-rocm saved it) is restored read-write, as it was.
+pub(crate) fn export_access(file_flags: Option<u32>) -> u32 {
+    match file_flags.map(|f| f & libc::O_ACCMODE as u32) {
+        Some(mode) if mode == libc::O_RDONLY as u32 => 0,
+        _ => libc::O_RDWR as u32,
+    }
+}
+
+/// The access flag to export BO `bo` (image file, index) of the dump in
+/// `dir` with when the restore makes its dma-buf file for another holder's
+/// import: the mode its dma-buf fds had, as the dump's dma-buf images naming
+/// it record (the kernel keeps a BO's one dma-buf file while the BO has
+/// handles, so the imports were of that file too); `DRM_RDWR` when no image
+/// names it.
+pub(crate) fn bo_export_access(dir: &Path, bo: (FileId, u32)) -> Result<u32, ImageError> {
+    let listing = std::fs::read_dir(dir)
+        .map_err(|e| ImageError::io(&dir.display().to_string(), "listing", e))?;
+    for entry in listing.flatten() {
+        let Some(id) = entry.file_name().to_str().and_then(dmabuf_image_id) else {
+            continue;
+        };
+        let img = DmabufImage::read(dir, id)?;
+        if img.bo() == bo {
+            return Ok(export_access(img.msg.file_flags));
+        }
+    }
+    Ok(libc::O_RDWR as u32)
+}
+
+/// A file's status flags in words: access mode and O_NONBLOCK.
+pub(crate) fn flag_words(flags: u32) -> String {
+    let mode = match flags & libc::O_ACCMODE as u32 {
+        m if m == libc::O_RDONLY as u32 => "O_RDONLY",
+        m if m == libc::O_WRONLY as u32 => "O_WRONLY",
+        _ => "O_RDWR",
+    };
+    if flags & libc::O_NONBLOCK as u32 != 0 {
+        format!("{mode}|O_NONBLOCK")
+    } else {
+        mode.to_owned()
+    }
+}
+
+/// Whether the dma-buf `got` (F_GETFL of the fd exported again) is the
+/// file the image's `file_flags` describes; `Err`: why not, in words.
+pub(crate) fn check_restored(got: u32, file_flags: Option<u32>) -> Result<(), String> {
+    let want = file_flags.unwrap_or(libc::O_RDWR as u32);
+    if got & RESTORED_FLAGS == want & RESTORED_FLAGS {
+        return Ok(());
+    }
+    Err(format!(
+        "is {want:#x} ({}), but the BO exported again gives a dma-buf that is {got:#x} ({}): \
+         the BO's one dma-buf file keeps the access mode of its first export (a KFD BO's is \
+         read-write exactly when the BO is writable; a render BO exported read-write for \
+         another holder first stays read-write), so the export cannot reproduce the dumped \
+         file; not restoring it otherwise",
+        flag_words(want),
+        flag_words(got),
+    ))
 }
 
 /// The dump's dma-buf fds whose BO's holder was not saved yet.
@@ -288,6 +364,47 @@ mod tests {
         assert_eq!(img.msg.gem_handle, 2);
         assert_eq!(img.msg.gpu_id, Some(0x3f2d));
         assert!(p.first().is_none());
+    }
+
+    #[test]
+    fn a_dmabuf_is_exported_again_with_its_access_mode_and_checked() {
+        let (rd, rw, nb) = (
+            libc::O_RDONLY as u32,
+            libc::O_RDWR as u32,
+            libc::O_NONBLOCK as u32,
+        );
+        assert_eq!(export_access(Some(rd | 0o100000)), 0);
+        assert_eq!(export_access(Some(rw | 0o100000)), rw);
+        assert_eq!(export_access(None), rw);
+        check_restored(rd | 0o100000, Some(rd)).unwrap();
+        check_restored(rw | nb | 0o100000, Some(rw | nb)).unwrap();
+        check_restored(rw, None).unwrap();
+        let e = check_restored(rw, Some(rd)).unwrap_err();
+        assert!(e.starts_with("is 0x0 (O_RDONLY), but"), "{e}");
+        assert!(e.contains("0x2 (O_RDWR)"), "{e}");
+        let e = check_restored(rw, Some(rw | nb)).unwrap_err();
+        assert!(e.contains("(O_RDWR|O_NONBLOCK)"), "{e}");
+    }
+
+    #[test]
+    fn a_bo_is_exported_for_its_other_holders_as_its_dmabuf_fds_were() {
+        let dir = crate::image::tests::tempdir();
+        let img = |file: u32, flags| DmabufImage {
+            msg: CriuDmabufNode {
+                gem_handle: 1,
+                bo_file: Some(file),
+                bo_index: Some(0),
+                gpu_id: Some(0x1a2b),
+                size: Some(4096),
+                file_flags: Some(flags),
+            },
+        };
+        img(7, 0x8000).write(&dir, FileId(0x20)).unwrap();
+        img(8, 0x8002).write(&dir, FileId(0x21)).unwrap();
+        assert_eq!(bo_export_access(&dir, (FileId(7), 0)).unwrap(), 0);
+        let rw = libc::O_RDWR as u32;
+        assert_eq!(bo_export_access(&dir, (FileId(8), 0)).unwrap(), rw);
+        assert_eq!(bo_export_access(&dir, (FileId(7), 1)).unwrap(), rw);
     }
 
     #[test]

@@ -26,6 +26,7 @@ use std::time::Instant;
 use kfd_abi::handle::{Kfd, RenderNode};
 use kfd_abi::sys;
 
+use super::dmabuf_fd;
 use super::render_gpu::RenderGpus;
 use super::writer::{gate_channel, Job, JobOutcome, Mailbox};
 use super::xproc::{self, Exchange};
@@ -33,7 +34,9 @@ use super::{human_bytes, kfd_image_ids, owned_dmabufs, SessionError};
 use crate::bo;
 use crate::env::{self, Checks, EnginePolicy};
 use crate::ids::{GpuId, MmapOffset, RenderMinor};
-use crate::image::{kfd_image_name, DmabufImage, FileId, KfdImage, RenderImage};
+use crate::image::{
+    dmabuf_image_name, kfd_image_name, DmabufImage, FileId, ImageError, KfdImage, RenderImage,
+};
 use crate::matcher::GpuMap;
 use crate::os::fd::dup_at_least;
 use crate::plan::{
@@ -674,7 +677,7 @@ impl RestoreSession {
             compress: None,
             live: false,
         };
-        let mut source = |b: &DrmBoEntry| self.same_bo(vpid, id, b);
+        let mut source = |b: &DrmBoEntry| self.same_bo(vpid, id, b, dir);
         let fixups = super::gem::restore(
             vpid,
             fd,
@@ -687,6 +690,7 @@ impl RestoreSession {
         let file = dup_at_least(fd, fd_floor).map_err(os_step(vpid, "dup of a render node"))?;
         let handles: Vec<u32> = img.msg.bo_entries.iter().map(|b| b.handle).collect();
         self.hand_over(vpid, id, fd_floor, |index| {
+            let access = export_access(vpid, dir, (id, index))?;
             let h = *handles
                 .get(index as usize)
                 .ok_or_else(|| SessionError::State {
@@ -697,7 +701,7 @@ impl RestoreSession {
                     ),
                 })?;
             RenderNode::from_fd(fd)
-                .prime_handle_to_fd(h, libc::O_CLOEXEC as u32 | libc::O_RDWR as u32)
+                .prime_handle_to_fd(h, libc::O_CLOEXEC as u32 | access)
                 .map_err(kfd_step(
                     vpid,
                     format!("render-node file {id}: PRIME_HANDLE_TO_FD of handle {h}"),
@@ -715,9 +719,15 @@ impl RestoreSession {
     /// A dma-buf of the BO that GEM BO `b` of render file `id` is
     /// (`same_bo_file`, `same_bo_index`), restored in this task already: a
     /// KFD BO (the dma-buf KFD's RESTORE gave) or another render file's
-    /// (exported with PRIME).  A BO not restored yet fails the restore,
-    /// naming both.
-    fn same_bo(&self, vpid: i32, id: FileId, b: &DrmBoEntry) -> Result<OwnedFd, SessionError> {
+    /// (exported with PRIME, with the access mode the dump's dma-buf fds of
+    /// it had).  A BO not restored yet fails the restore, naming both.
+    fn same_bo(
+        &self,
+        vpid: i32,
+        id: FileId,
+        b: &DrmBoEntry,
+        dir: &Path,
+    ) -> Result<OwnedFd, SessionError> {
         let (file, index) = (
             FileId(b.same_bo_file.unwrap_or_default()),
             b.same_bo_index.unwrap_or_default(),
@@ -741,7 +751,8 @@ impl RestoreSession {
             // hold): imported from this task, not through the exchange.
             ex.count_off((file, index));
         }
-        self.bo_dmabuf(vpid, (file, index), &what)?
+        let access = export_access(vpid, dir, (file, index))?;
+        self.bo_dmabuf(vpid, (file, index), access, &what)?
             .ok_or_else(|| SessionError::State {
                 pid: vpid,
                 what: format!(
@@ -753,12 +764,14 @@ impl RestoreSession {
 
     /// A dma-buf of BO `index` of file `file` restored in this task: the
     /// one KFD's RESTORE gave for a KFD BO, a PRIME export of a render
-    /// file's.  `None`: this task has not restored that file (yet).  `what`
-    /// names the asker in refusals.
+    /// file's, read-write if `access` is `DRM_RDWR` when it makes the BO's
+    /// dma-buf file).  `None`: this task has not restored that file (yet).
+    /// `what` names the asker in refusals.
     fn bo_dmabuf(
         &self,
         vpid: i32,
         (file, index): (FileId, u32),
+        access: u32,
         what: &str,
     ) -> Result<Option<OwnedFd>, SessionError> {
         let missing = |why: &str| SessionError::State {
@@ -785,7 +798,7 @@ impl RestoreSession {
             .get(index as usize)
             .ok_or_else(|| missing("its image does not have"))?;
         RenderNode::from_fd(g.file.as_fd())
-            .prime_handle_to_fd(h, libc::O_CLOEXEC as u32 | libc::O_RDWR as u32)
+            .prime_handle_to_fd(h, libc::O_CLOEXEC as u32 | access)
             .map(Some)
             .map_err(kfd_step(
                 vpid,
@@ -795,24 +808,41 @@ impl RestoreSession {
 
     /// A dma-buf fd (CRIU file `id`): its BO exported again from the
     /// restored holder ([`Self::bo_dmabuf`]), with the file's status flags
-    /// as dumped.  [`SessionError::Waits`]: the holder is not restored yet.
+    /// as dumped, checked with `F_GETFL` (a dma-buf the export gives with
+    /// another access mode fails, naming the image's `file_flags`).
+    /// [`SessionError::Waits`]: the holder is not restored yet.
     fn restore_dmabuf(&self, vpid: i32, id: FileId, dir: &Path) -> Result<OwnedFd, SessionError> {
         let img = DmabufImage::read(dir, id)
             .map_err(|e| SessionError::core(vpid, "reading the dma-buf image", e))?;
         let (file, index) = img.bo();
         let what = format!("dma-buf file {id}: BO {index} of file {file}");
-        let Some(fd) = self.bo_dmabuf(vpid, (file, index), &what)? else {
+        let flags = img.msg.file_flags;
+        let access = dmabuf_fd::export_access(flags);
+        let Some(fd) = self.bo_dmabuf(vpid, (file, index), access, &what)? else {
             return Err(SessionError::Waits {
                 pid: vpid,
                 file,
                 what,
             });
         };
-        let nonblock = img.msg.file_flags.unwrap_or(0) & libc::O_NONBLOCK as u32 != 0;
+        let nonblock = flags.unwrap_or(0) & libc::O_NONBLOCK as u32 != 0;
         if nonblock {
             set_nonblock(fd.as_fd()).map_err(os_step(vpid, format!("{what}: F_SETFL")))?;
         }
-        log::info!("pid {vpid}: {what}: exported again");
+        let got =
+            dmabuf_fd::file_flags(fd.as_fd()).map_err(os_step(vpid, format!("{what}: F_GETFL")))?;
+        dmabuf_fd::check_restored(got, flags).map_err(|why| {
+            let image = dir.join(dmabuf_image_name(id)).display().to_string();
+            SessionError::core(
+                vpid,
+                what.clone(),
+                ImageError::invalid(&image, "file_flags", why),
+            )
+        })?;
+        log::info!(
+            "pid {vpid}: {what}: exported again ({})",
+            dmabuf_fd::flag_words(got)
+        );
         Ok(fd)
     }
 
@@ -1121,11 +1151,15 @@ impl RestoreSession {
     }
 }
 
-/// `/dev/kfd` opened, its interface version checked for checkpoint/restore,
-/// and moved above CRIU's fds.
+/// [`dmabuf_fd::bo_export_access`] of BO `bo` of the dump in `dir`.
+fn export_access(vpid: i32, dir: &Path, bo: (FileId, u32)) -> Result<u32, SessionError> {
+    dmabuf_fd::bo_export_access(dir, bo)
+        .map_err(|e| SessionError::core(vpid, "reading the dma-buf images", e))
+}
+
 /// Sets `O_NONBLOCK` on the open file `fd`.
 fn set_nonblock(fd: BorrowedFd<'_>) -> std::io::Result<()> {
-    let flags = super::dmabuf_fd::file_flags(fd)? as i32;
+    let flags = dmabuf_fd::file_flags(fd)? as i32;
     // SAFETY: F_SETFL on a valid fd with an int argument touches no memory.
     if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
         return Err(std::io::Error::last_os_error());
@@ -1133,6 +1167,8 @@ fn set_nonblock(fd: BorrowedFd<'_>) -> std::io::Result<()> {
     Ok(())
 }
 
+/// `/dev/kfd` opened, its interface version checked for checkpoint/restore,
+/// and moved above CRIU's fds.
 fn open_kfd(vpid: i32, fd_floor: RawFd) -> Result<OwnedFd, SessionError> {
     let kfd = Kfd::open().map_err(kfd_step(vpid, "opening /dev/kfd"))?;
     let (major, minor) = kfd.get_version().map_err(kfd_step(vpid, "KFD version"))?;

@@ -95,11 +95,13 @@ pub struct Source {
 }
 
 /// Opens the file handed out for a dma-buf: one whose reads, writes and
-/// mappings reach `memfd` (`size` bytes).  The transport's (set with
+/// mappings reach `memfd` (`size` bytes), O_RDWR if `writable`, else
+/// O_RDONLY (a shared writable mapping of it fails EACCES, as of a
+/// dma-buf exported without `DRM_RDWR`).  The transport's (set with
 /// [`Registry::set_files`]); without one the memfd itself is handed out
 /// (the model's own tests, which run no transport).
 pub trait Files: Send + Sync {
-    fn open(&self, memfd: BorrowedFd<'_>, size: u64) -> io::Result<OwnedFd>;
+    fn open(&self, memfd: BorrowedFd<'_>, size: u64, writable: bool) -> io::Result<OwnedFd>;
 }
 
 /// What a dmabuf of the emulator refers to.
@@ -120,6 +122,10 @@ pub struct Dmabuf {
     /// Exported by a process itself (`Export`, `Share`): its CPU mappings
     /// map the BO (see the module comment).
     exported: AtomicBool,
+    /// Whether its file is O_RDWR: the access mode of the export that made
+    /// it (PRIME's `DRM_RDWR`), kept by every later export, as the kernel's
+    /// one dma-buf file per BO does.
+    writable: bool,
     /// The window onto the render node's memfd, made at the first mapping.
     window: OnceLock<OwnedFd>,
 }
@@ -231,26 +237,43 @@ impl Registry {
         let _ = self.files.set(files);
     }
 
-    fn open_file(&self, mem: &Memfd, size: u64) -> io::Result<OwnedFd> {
-        self.open_file_over(mem.fd(), size)
+    fn open_file(&self, mem: &Memfd, size: u64, writable: bool) -> io::Result<OwnedFd> {
+        self.open_file_over(mem.fd(), size, writable)
     }
 
-    fn open_file_over(&self, fd: BorrowedFd<'_>, size: u64) -> io::Result<OwnedFd> {
+    fn open_file_over(&self, fd: BorrowedFd<'_>, size: u64, writable: bool) -> io::Result<OwnedFd> {
         match self.files.get() {
-            Some(f) => f.open(fd, size),
-            None => fd.try_clone_to_owned(),
+            Some(f) => f.open(fd, size, writable),
+            None if writable => fd.try_clone_to_owned(),
+            None => {
+                std::fs::File::open(format!("/proc/self/fd/{}", fd.as_raw_fd())).map(Into::into)
+            }
         }
     }
 
     /// The dmabuf of the BO at render-memfd `offset` of GPU `gpu` (the
-    /// existing one, or a new one over `map`), its shadow made ready for
-    /// `purpose`.
+    /// existing one, or a new one over `map`, read-write), its shadow made
+    /// ready for `purpose`.
     pub fn export(
         &self,
         source: Source,
         size: u64,
         map: &Arc<Mapping>,
         purpose: Purpose,
+    ) -> io::Result<Arc<Dmabuf>> {
+        self.export_as(source, size, map, purpose, true)
+    }
+
+    /// [`Self::export`], a new dmabuf's file O_RDWR if `writable`, else
+    /// O_RDONLY (an existing one keeps its own: the kernel's export makes
+    /// the BO's dma-buf file once).
+    pub fn export_as(
+        &self,
+        source: Source,
+        size: u64,
+        map: &Arc<Mapping>,
+        purpose: Purpose,
+        writable: bool,
     ) -> io::Result<Arc<Dmabuf>> {
         let (gpu, offset) = (source.gpu, source.offset);
         let d = {
@@ -261,7 +284,7 @@ impl Registry {
                     let mem = Memfd::with_flags("kfd-emu-dmabuf", size, libc::MFD_ALLOW_SEALING)?;
                     add_seals(mem.fd(), libc::F_SEAL_SHRINK | libc::F_SEAL_GROW)?;
                     let shadow = mem.map(0, size).map_err(io::Error::from_raw_os_error)?;
-                    let file = self.open_file(&mem, size)?;
+                    let file = self.open_file(&mem, size, writable)?;
                     let id = file_id(file.as_fd())?;
                     let d = Arc::new(Dmabuf {
                         size,
@@ -273,6 +296,7 @@ impl Registry {
                         shadow,
                         state: Mutex::new(Shadow::Empty),
                         exported: AtomicBool::new(false),
+                        writable,
                         window: OnceLock::new(),
                     });
                     inner.by_bo.insert((gpu, offset), d.clone());
@@ -308,7 +332,7 @@ impl Registry {
             let size = std::fs::File::from(render.try_clone_to_owned()?)
                 .metadata()?
                 .len();
-            let file = self.open_file_over(render, size)?;
+            let file = self.open_file_over(render, size, d.writable)?;
             let id = file_id(file.as_fd())?;
             let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
             if d.window.set(file).is_ok() {
@@ -380,6 +404,35 @@ mod tests {
             )
         }
         .cast()
+    }
+
+    #[test]
+    fn an_export_without_rdwr_makes_a_read_only_file_later_exports_keep() {
+        let mem = Memfd::new("t", 1 << 20).unwrap();
+        let bo = Arc::new(mem.map(0, 8192).unwrap());
+        let r = Registry::default();
+        let a = r
+            .export_as(src(0), 8192, &bo, Purpose::Share, false)
+            .unwrap();
+        let b = r.export(src(0), 8192, &bo, Purpose::Share).unwrap();
+        assert_eq!(a.id, b.id, "one dmabuf per BO");
+        for d in [&a, &b] {
+            // SAFETY: F_GETFL on a descriptor we hold.
+            let fl = unsafe { libc::fcntl(d.file().as_raw_fd(), libc::F_GETFL) };
+            assert_eq!(fl & libc::O_ACCMODE, libc::O_RDONLY);
+        }
+        assert_eq!(
+            map_fd(a.file(), libc::PROT_READ | libc::PROT_WRITE),
+            libc::MAP_FAILED.cast()
+        );
+        assert_eq!(
+            std::io::Error::last_os_error().raw_os_error(),
+            Some(libc::EACCES)
+        );
+        let p = map_fd(a.file(), libc::PROT_READ);
+        assert_ne!(p, libc::MAP_FAILED.cast());
+        // SAFETY: unmapping our mapping.
+        unsafe { libc::munmap(p.cast(), 8192) };
     }
 
     #[test]

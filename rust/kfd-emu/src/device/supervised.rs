@@ -170,8 +170,8 @@ impl Emulator {
 
     /// PRIME_HANDLE_TO_FD (drm_prime_handle_to_fd_ioctl): a new fd of the
     /// object's dma-buf (one per BO, made at the first export of a
-    /// GEM_CREATE BO; userptr and per-VM BOs, which amdgpu refuses to
-    /// export: EPERM).
+    /// GEM_CREATE BO, O_RDWR with `DRM_RDWR`, else O_RDONLY; userptr and
+    /// per-VM BOs, which amdgpu refuses to export: EPERM).
     fn prime_handle_to_fd(
         &self,
         fh: u64,
@@ -182,6 +182,7 @@ impl Emulator {
     ) -> Result<(), i32> {
         crate::fault::check(crate::fault::drm_op(uapi::drm::PRIME_HANDLE_TO_FD))?;
         let mut a: sys::drm_prime_handle = uapi::decode(input);
+        let writable = a.flags & super::gem::DRM_RDWR != 0;
         let d = {
             let st = self.lock();
             match super::gem::export(st.render.get(&fh).ok_or(libc::EBADF)?, &a)? {
@@ -189,7 +190,7 @@ impl Emulator {
                 Export::Bo { source, size, map } => st
                     .devs
                     .dmabufs
-                    .export(source, size, &map, Purpose::Share)
+                    .export_as(source, size, &map, Purpose::Share, writable)
                     .map_err(|e| e.raw_os_error().unwrap_or(libc::ENOMEM))?,
             }
         };

@@ -162,8 +162,9 @@ impl DmabufFs {
     }
 
     /// A new dma-buf file of `size` bytes whose reads, writes and mappings
-    /// go to `backing` (opened O_RDWR, close-on-exec in the daemon).
-    pub fn open(&self, backing: BorrowedFd<'_>, size: u64) -> io::Result<OwnedFd> {
+    /// go to `backing` (opened O_RDWR if `writable`, else O_RDONLY;
+    /// close-on-exec in the daemon).
+    pub fn open(&self, backing: BorrowedFd<'_>, size: u64, writable: bool) -> io::Result<OwnedFd> {
         let backing_id = super::open_backing(NAME, self.conn.fd.as_fd(), backing)?;
         let k = {
             let mut e = self.conn.lock();
@@ -180,7 +181,7 @@ impl DmabufFs {
             );
             k
         };
-        let file = self.open_in_clone(k);
+        let file = self.open_in_clone(k, writable);
         if let Some(e) = self.conn.lock().by_k.get_mut(&k) {
             e.opening = false;
             e.backing_id = None;
@@ -191,7 +192,12 @@ impl DmabufFs {
     }
 
     /// Opens `k/dmabuf:` through a detached clone of directory `k`.
-    fn open_in_clone(&self, k: u64) -> io::Result<OwnedFd> {
+    fn open_in_clone(&self, k: u64, writable: bool) -> io::Result<OwnedFd> {
+        let access = if writable {
+            libc::O_RDWR
+        } else {
+            libc::O_RDONLY
+        };
         let dir = CString::new(k.to_string()).expect("no NUL");
         // SAFETY: open_tree reads the NUL-terminated path under our mount fd.
         let tree = syscall_fd("open_tree", unsafe {
@@ -205,12 +211,7 @@ impl DmabufFs {
         let name = CString::new(FILE_NAME).expect("no NUL");
         // SAFETY: openat on a live directory fd with a valid C string.
         syscall_fd("opening a dma-buf file", unsafe {
-            libc::openat(
-                tree.as_raw_fd(),
-                name.as_ptr(),
-                libc::O_RDWR | libc::O_CLOEXEC,
-            )
-            .into()
+            libc::openat(tree.as_raw_fd(), name.as_ptr(), access | libc::O_CLOEXEC).into()
         })
     }
 }
