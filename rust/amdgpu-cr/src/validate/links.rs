@@ -436,13 +436,25 @@ pub(super) mod tests {
         let dir = tempdir();
         let kfd = targets(&dir);
         nine.write(&dir, FileId(9)).unwrap();
-        let files: BTreeSet<String> = ["amdgpu-kfd-5.img", "amdgpu-renderD-6.img"]
-            .into_iter()
-            .chain(["amdgpu-renderD-9.img"])
-            .map(String::from)
-            .collect();
-        let renders = super::super::read_render_files(&dir, &files);
-        let out = check(&files, &kfd, &renders)
+        let names = [
+            "amdgpu-kfd-5.img",
+            "amdgpu-renderD-6.img",
+            "amdgpu-renderD-9.img",
+        ];
+        run_check(&dir, &names, &kfd, |_, f, k, r| check(f, k, r))
+    }
+
+    /// Runs link check `step` over the image files `names` written in
+    /// `dir`, with the decoded KFD images `kfd`: its refusals as text.
+    fn run_check(
+        dir: &Path,
+        names: &[&str],
+        kfd: &[KfdVerdict],
+        step: impl Fn(&Path, &BTreeSet<String>, &[KfdVerdict], &[RenderFile]) -> Vec<Refusal>,
+    ) -> Vec<String> {
+        let files: BTreeSet<String> = names.iter().map(|n| n.to_string()).collect();
+        let renders = super::super::read_render_files(dir, &files);
+        let out = step(dir, &files, kfd, &renders)
             .iter()
             .map(|r| r.to_string())
             .collect();
@@ -462,15 +474,8 @@ pub(super) mod tests {
         nine.msg.drm_render_minor = Some(128);
         nine.msg.bo_entries[0].same_bo_pid = same_bo_pid;
         nine.write(&dir, FileId(9)).unwrap();
-        let files: BTreeSet<String> = ["amdgpu-renderD-6.img", "amdgpu-renderD-9.img"]
-            .into_iter()
-            .map(String::from)
-            .collect();
-        let renders = super::super::read_render_files(&dir, &files);
-        check(&files, &[], &renders)
-            .iter()
-            .map(|r| r.to_string())
-            .collect()
+        let names = ["amdgpu-renderD-6.img", "amdgpu-renderD-9.img"];
+        run_check(&dir, &names, &[], |_, f, k, r| check(f, k, r))
     }
 
     #[test]
@@ -623,20 +628,12 @@ pub(super) mod tests {
         }
         .write(&dir, FileId(11))
         .unwrap();
-        let files: BTreeSet<String> = [
+        let names = [
             "amdgpu-kfd-5.img",
             "amdgpu-renderD-6.img",
             "amdgpu-dmabuf_11.img",
-        ]
-        .into_iter()
-        .map(String::from)
-        .collect();
-        let renders = super::super::read_render_files(&dir, &files);
-        let out = check_dmabufs(&dir, &files, &kfd, &renders)
-            .iter()
-            .map(|r| r.to_string())
-            .collect();
-        out
+        ];
+        run_check(&dir, &names, &kfd, check_dmabufs)
     }
 
     #[test]
@@ -710,20 +707,12 @@ pub(super) mod tests {
             image: Some(KfdImage { msg: importer }),
             refusal: None,
         });
-        let files: BTreeSet<String> = [
+        let names = [
             "amdgpu-kfd-5.img",
             "amdgpu-renderD-6.img",
             "amdgpu-kfd-12.img",
-        ]
-        .into_iter()
-        .map(String::from)
-        .collect();
-        let renders = super::super::read_render_files(&dir, &files);
-        let out = check_kfd_imports(&files, &kfd, &renders)
-            .iter()
-            .map(|r| r.to_string())
-            .collect();
-        out
+        ];
+        run_check(&dir, &names, &kfd, |_, f, k, r| check_kfd_imports(f, k, r))
     }
 
     #[test]
