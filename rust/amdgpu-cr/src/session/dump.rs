@@ -32,7 +32,6 @@ use std::time::{Duration, Instant};
 use kfd_abi::handle::{Access, Kfd, Mapping, ProcessInfo};
 use kfd_abi::sys;
 
-use super::contexts::{self, ContextProbes};
 use super::dmabuf::{Claim, HeldIn, Holder, SharedBos};
 use super::dmabuf_fd::{self, DmabufFd, PendingDmabufs, Resolved};
 use super::guardian::Guardian;
@@ -178,8 +177,6 @@ pub struct DumpSession {
     /// The open files of `render_fds`, each once, with the tasks that
     /// hold it.
     render_files: OpenFiles<RenderFileSeen>,
-    /// Their context probes, started as they are met, by `seen`.
-    contexts: ContextProbes,
     /// The open files of the paused processes' KFD fds: the process (its
     /// index in `procs`) and whether the file is one of its further opens.
     kfd_files: OpenFiles<(usize, bool)>,
@@ -210,7 +207,6 @@ impl DumpSession {
             procs: Vec::new(),
             render_fds: BTreeMap::new(),
             render_files: OpenFiles::default(),
-            contexts: ContextProbes::default(),
             kfd_files: OpenFiles::default(),
             guardian: None,
             digests: Digests::default(),
@@ -306,8 +302,7 @@ impl DumpSession {
     }
 
     /// Task `pid`'s render-node file `fd` (of `minor`) among the open
-    /// files met so far: a new one (its context probe started), or one
-    /// more holder of one.
+    /// files met so far: a new one, or one more holder of one.
     fn see_render_file(
         &mut self,
         pid: i32,
@@ -322,11 +317,6 @@ impl DumpSession {
         })?;
         if let Err(i) = f.pids.binary_search(&pid) {
             f.pids.insert(i, pid);
-        }
-        if self.render_files.len() > seen {
-            if let Err(e) = self.contexts.start(seen, fd) {
-                log::debug!("pid {pid}: its render file's contexts are probed at its dump: {e}");
-            }
         }
         Ok(())
     }
@@ -531,9 +521,8 @@ impl DumpSession {
                 Dumped::Kfd
             }
             Some(DeviceKind::Render(minor)) => {
-                let (pid, seen) = self.render_owner(fd, id)?;
-                let contexts = self.contexts.take(seen);
-                self.dump_render(pid, fd, (minor, contexts), id, dir)?;
+                let (pid, _) = self.render_owner(fd, id)?;
+                self.dump_render(pid, fd, minor, id, dir)?;
                 Dumped::Render(minor)
             }
         };
@@ -838,13 +827,11 @@ impl DumpSession {
     fn pre_dump_render(&mut self, dir: &Path) -> Result<(), SessionError> {
         let files = self.distinct_render_files()?;
         let mut id = PRE_DUMP_RENDER_IDS;
-        for (pid, seen, minor, fd) in files {
+        for (pid, _, minor, fd) in files {
             let (_, mut img, actual, copying) = self.render_setup(pid, minor, FileId(id), true)?;
             let at = (minor, FileId(id), actual);
-            let contexts = self.contexts.take(seen);
             let mut link = |bos: &mut [DrmBoEntry]| self.link_render(pid, at, bos);
-            let checks = (contexts, &mut link as &mut super::gem::Link<'_>);
-            super::gem::save(pid, fd.as_fd(), at, &mut img, dir, copying, checks)?;
+            super::gem::save(pid, fd.as_fd(), at, &mut img, dir, copying, &mut link)?;
             if img.has_gem_bos() {
                 self.write_render(pid, FileId(id), &img, dir)?;
                 id += 1;
@@ -949,7 +936,7 @@ impl DumpSession {
         &mut self,
         pid: i32,
         fd: BorrowedFd<'_>,
-        (minor, contexts): (RenderMinor, Option<contexts::Outcome>),
+        minor: RenderMinor,
         id: FileId,
         dir: &Path,
     ) -> Result<(), SessionError> {
@@ -963,7 +950,7 @@ impl DumpSession {
             &mut img,
             dir,
             copying,
-            (contexts, &mut link),
+            &mut link,
         )?;
         let waits = img
             .msg
@@ -1271,7 +1258,6 @@ impl DumpSession {
         self.kfd_files.clear();
         self.render_fds.clear();
         self.render_files.clear();
-        self.contexts.clear();
     }
 }
 
