@@ -94,7 +94,7 @@ pub fn objects(
 ) -> Result<Vec<Object>, String> {
     let len = blob.len() as u64;
     u32_at(blob, 0).ok_or("no process record")?;
-    let mut off = PROCESS_RECORD + DEVICE_RECORD * u64::from(num_devices);
+    let mut off = bo_records_at(num_devices);
     off = num_bos
         .checked_mul(bo_record_size)
         .and_then(|b| b.checked_add(off))
@@ -142,7 +142,7 @@ pub fn detect(
     num_bos: u64,
     num_objects: u32,
 ) -> Result<PrivLayout, PrivError> {
-    let fixed = PROCESS_RECORD + DEVICE_RECORD * u64::from(num_devices);
+    let fixed = bo_records_at(num_devices);
     if (blob.len() as u64) < fixed {
         return Err(PrivError::TooShort {
             size: blob.len() as u64,
