@@ -49,8 +49,8 @@ use crate::bo;
 use crate::criu_images::{self, FileMapping, Files};
 use crate::ids::GpuId;
 use crate::image::{
-    kfd_image_id, kfd_image_name, read_whole, render_image_name, DmabufImage, FileId, ImageError,
-    KfdImage, RenderImage,
+    dmabuf_image_id, kfd_image_id, kfd_image_name, read_whole, render_image_name, DmabufImage,
+    FileId, ImageError, KfdImage, RenderImage,
 };
 use crate::pages::{content_bos, pages_image_name, pages_total, Encoding, FrameError, PagesReader};
 use crate::plan::{DeviceKind, OffsetIndex};
@@ -314,16 +314,10 @@ pub fn check_dir(dir: &Path, depth: Depth) -> std::io::Result<Report> {
     let ctx = Context::read(dir, &renders);
     let declared = check_kfd_images(dir, &files, manifest.as_ref(), &ctx, depth, &mut report);
     check_render_images(dir, &renders, manifest.as_ref(), depth, &mut report);
-    check_dmabuf_images(dir, &files, manifest.as_ref(), &mut report);
+    let dmabufs = check_dmabuf_images(dir, &files, manifest.as_ref(), &mut report);
     report
         .other
-        .extend(links::check(&files, &report.kfd, &renders));
-    report
-        .other
-        .extend(links::check_dmabufs(dir, &files, &report.kfd, &renders));
-    report
-        .other
-        .extend(links::check_kfd_imports(&files, &report.kfd, &renders));
+        .extend(links::check_all(&files, &report.kfd, &renders, &dmabufs));
     report.other.extend(overlaps::check(&report.kfd, &renders));
     check_listing(dir, &files, manifest.as_ref(), declared, depth, &mut report);
     check_files_img(&files, &ctx, manifest.as_ref(), &mut report);
@@ -488,22 +482,30 @@ fn check_render_images(
 }
 
 /// Dma-buf images: each must decode and match its digest; the BO each
-/// names is checked with the links ([`links::check_dmabufs`]).
+/// names is checked with the links ([`links::check_all`]), which take the
+/// images decoded here (those named as the dump names them).
 fn check_dmabuf_images(
     dir: &Path,
     files: &BTreeSet<String>,
     manifest: Option<&digests::Digests>,
     report: &mut Report,
-) {
+) -> Vec<(String, DmabufImage)> {
+    let mut decoded = Vec::new();
     for name in files.iter().filter(|n| n.starts_with("amdgpu-dmabuf_")) {
         let checked = read_whole(&dir.join(name), Some(4096))
-            .and_then(|b| DmabufImage::decode(name, &b).map(|_| b))
+            .and_then(|b| DmabufImage::decode(name, &b).map(|img| (b, img)))
             .map_err(Refusal::from)
-            .and_then(|b| manifest.map_or(Ok(()), |m| m.check_whole(name, &b)));
+            .and_then(|(b, img)| {
+                if dmabuf_image_id(name).is_some() {
+                    decoded.push((name.clone(), img));
+                }
+                manifest.map_or(Ok(()), |m| m.check_whole(name, &b))
+            });
         if let Err(r) = checked {
             report.other.push(r);
         }
     }
+    decoded
 }
 
 /// The digests file against the directory; without one, a refusal when

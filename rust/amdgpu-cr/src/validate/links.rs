@@ -16,13 +16,10 @@
 //! image's GPU entry of that user id).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
 
 use super::{KfdVerdict, Refusal, RenderFile};
 use crate::bo;
-use crate::image::{
-    dmabuf_image_id, kfd_image_name, render_image_name, DmabufImage, FileId, RenderImage,
-};
+use crate::image::{kfd_image_name, render_image_name, DmabufImage, FileId, RenderImage};
 
 /// The GPU of a BO as its image names it: the holding process' user
 /// gpu_id and the dump host's render minor of that GPU (`None`: the image
@@ -54,21 +51,32 @@ impl GpuAt {
 /// of its own).
 type Target = (u64, GpuAt, bool);
 
-/// Every link of the render images `renders` (decoded once by
-/// [`super::read_render_files`]) to the KFD images `kfd` (decoded by
-/// [`super::check_kfd_images`]) and to each other, among the GPU image
-/// files `files`: the refusals.
-pub(crate) fn check(
+/// Every link among the GPU image files `files` -- the render images'
+/// (`renders`, decoded once by [`super::read_render_files`]), the dma-buf
+/// images' (`dmabufs`, decoded once by check_dir) and the KFD images'
+/// imports (`kfd`, decoded by [`super::check_kfd_images`]) -- against the
+/// BOs they name, over one index of them: the refusals.
+pub(crate) fn check_all(
     files: &BTreeSet<String>,
     kfd: &[KfdVerdict],
     renders: &[RenderFile],
+    dmabufs: &[(String, DmabufImage)],
 ) -> Vec<Refusal> {
     let targets = Targets::new(files, kfd, renders);
+    let mut out = check(&targets, renders);
+    out.extend(check_dmabufs(&targets, dmabufs));
+    out.extend(check_kfd_imports(&targets));
+    out
+}
+
+/// Every link of the render images `renders` to the KFD images and to
+/// each other: the refusals.
+fn check(targets: &Targets<'_>, renders: &[RenderFile]) -> Vec<Refusal> {
     let mut out = Vec::new();
     for r in renders.iter().filter(|r| r.id.is_some()) {
         // An image that does not read is refused by its own check.
         if let Some(img) = r.image() {
-            out.extend(check_image(&r.name, img, &targets));
+            out.extend(check_image(&r.name, img, targets));
         }
     }
     out
@@ -184,26 +192,13 @@ fn pid_mismatch(
     }
 }
 
-/// Every dma-buf image among `files` in `dir` against the BO it names in
-/// the KFD images `kfd` and render images `renders` (decoded once by
-/// check_dir): the refusals (an image that does not decode is refused by
-/// its own check).
-pub(crate) fn check_dmabufs(
-    dir: &Path,
-    files: &BTreeSet<String>,
-    kfd: &[KfdVerdict],
-    renders: &[RenderFile],
-) -> Vec<Refusal> {
-    let targets = Targets::new(files, kfd, renders);
+/// Every dma-buf image of `dmabufs` (name, image; one that does not
+/// decode is refused by its own check) against the BO it names: the
+/// refusals.
+fn check_dmabufs(targets: &Targets<'_>, dmabufs: &[(String, DmabufImage)]) -> Vec<Refusal> {
     let mut out = Vec::new();
-    for name in files.iter() {
-        let Some(id) = dmabuf_image_id(name) else {
-            continue;
-        };
-        let Ok(img) = DmabufImage::read(dir, id) else {
-            continue;
-        };
-        if let Some((field, why)) = dmabuf_target(&targets, &img) {
+    for (name, img) in dmabufs {
+        if let Some((field, why)) = dmabuf_target(targets, img) {
             let gpu = img.msg.gpu_id.map(crate::ids::GpuId);
             out.push(Refusal::new(name.as_str(), gpu, field, why));
         }
@@ -214,17 +209,13 @@ pub(crate) fn check_dmabufs(
 /// Every BO a KFD image of `kfd` imports from another process
 /// (`criu_rocm_imports`) against the BO it names, as a render image's
 /// links: the refusals, each naming the image and the field.
-pub(crate) fn check_kfd_imports(
-    files: &BTreeSet<String>,
-    kfd: &[KfdVerdict],
-    renders: &[RenderFile],
-) -> Vec<Refusal> {
-    let targets = Targets::new(files, kfd, renders);
+fn check_kfd_imports(targets: &Targets<'_>) -> Vec<Refusal> {
     let mut out = Vec::new();
-    for v in kfd {
+    for v in targets.kfd {
         let Some(img) = &v.image else { continue };
         for (i, e) in img.msg.criu_rocm_imports.iter().enumerate() {
             let (file, index) = (FileId(e.same_bo_file), e.same_bo_index);
+            let here = kfd_gpu_at(img, e.gpu_id);
             let why = match targets.get(file, index) {
                 Err(why) => Some(("same_bo_file", why)),
                 Ok(None) => Some((
@@ -242,19 +233,13 @@ pub(crate) fn check_kfd_imports(
                         e.size
                     ),
                 )),
-                Ok(Some(_)) if !img.msg.device_entries.iter().any(|d| d.gpu_id == e.gpu_id) => {
-                    Some((
-                        "gpu_id",
-                        format!("is {:#x}, a GPU this image does not have", e.gpu_id),
-                    ))
-                }
+                Ok(Some(_)) if here.minor.is_none() => Some((
+                    "gpu_id",
+                    format!("is {:#x}, a GPU this image does not have", e.gpu_id),
+                )),
                 // Another process' BO: the dump host's render minors compare.
-                Ok(Some((_, g, _))) => other_gpu(
-                    kfd_gpu_at(img, e.gpu_id),
-                    (file.0, index, Some(e.same_bo_pid)),
-                    g,
-                )
-                .map(|why| ("gpu_id", why)),
+                Ok(Some((_, g, _))) => other_gpu(here, (file.0, index, Some(e.same_bo_pid)), g)
+                    .map(|why| ("gpu_id", why)),
             };
             if let Some((f, why)) = why {
                 out.push(Refusal::new(
@@ -380,9 +365,11 @@ impl<'a> Targets<'a> {
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
+    use crate::image::dmabuf_image_id;
     use crate::image::tests::{sample_kfd, tempdir};
     use crate::image::KfdImage;
     use crate::proto::{CriuRenderNode, DrmBoEntry};
+    use std::path::Path;
 
     /// A render image of GPU `gpu` holding `bos`.
     pub(in crate::validate) fn render(gpu: u32, bos: Vec<DrmBoEntry>) -> RenderImage {
@@ -441,7 +428,7 @@ pub(super) mod tests {
             "amdgpu-renderD-6.img",
             "amdgpu-renderD-9.img",
         ];
-        run_check(&dir, &names, &kfd, |_, f, k, r| check(f, k, r))
+        run_check(&dir, &names, &kfd, |t, r, _| check(t, r))
     }
 
     /// Runs link check `step` over the image files `names` written in
@@ -450,11 +437,16 @@ pub(super) mod tests {
         dir: &Path,
         names: &[&str],
         kfd: &[KfdVerdict],
-        step: impl Fn(&Path, &BTreeSet<String>, &[KfdVerdict], &[RenderFile]) -> Vec<Refusal>,
+        step: impl Fn(&Targets<'_>, &[RenderFile], &[(String, DmabufImage)]) -> Vec<Refusal>,
     ) -> Vec<String> {
         let files: BTreeSet<String> = names.iter().map(|n| n.to_string()).collect();
         let renders = super::super::read_render_files(dir, &files);
-        let out = step(dir, &files, kfd, &renders)
+        let dmabufs: Vec<(String, DmabufImage)> = files
+            .iter()
+            .filter_map(|n| Some((n.clone(), DmabufImage::read(dir, dmabuf_image_id(n)?).ok()?)))
+            .collect();
+        let targets = Targets::new(&files, kfd, &renders);
+        let out = step(&targets, &renders, &dmabufs)
             .iter()
             .map(|r| r.to_string())
             .collect();
@@ -475,7 +467,7 @@ pub(super) mod tests {
         nine.msg.bo_entries[0].same_bo_pid = same_bo_pid;
         nine.write(&dir, FileId(9)).unwrap();
         let names = ["amdgpu-renderD-6.img", "amdgpu-renderD-9.img"];
-        run_check(&dir, &names, &[], |_, f, k, r| check(f, k, r))
+        run_check(&dir, &names, &[], |t, r, _| check(t, r))
     }
 
     #[test]
@@ -633,7 +625,7 @@ pub(super) mod tests {
             "amdgpu-renderD-6.img",
             "amdgpu-dmabuf_11.img",
         ];
-        run_check(&dir, &names, &kfd, check_dmabufs)
+        run_check(&dir, &names, &kfd, |t, _, d| check_dmabufs(t, d))
     }
 
     #[test]
@@ -712,7 +704,7 @@ pub(super) mod tests {
             "amdgpu-renderD-6.img",
             "amdgpu-kfd-12.img",
         ];
-        run_check(&dir, &names, &kfd, |_, f, k, r| check_kfd_imports(f, k, r))
+        run_check(&dir, &names, &kfd, |t, _, _| check_kfd_imports(t))
     }
 
     #[test]
