@@ -916,10 +916,10 @@ impl DumpSession {
         let taken = super::kfd_import::take_imports(owner, &mut p.ckpt, &mut p.dmabufs, &imports)?;
         for (b, first) in taken.iter().zip(imports.values()) {
             log::info!(
-                "pid {owner}: /dev/kfd BO at GPU VA {:#x} (handle {:#x}): the same BO as {first} \
+                "pid {owner}: /dev/kfd BO at GPU VA {:#x} (handle {}): the same BO as {first} \
                  (saved once, imported again at restore)",
                 b.addr,
-                super::kfd_import::handle(b.gpu_id, b.idr_handle)
+                kfd_abi::ids::BoHandle::new(GpuId(b.gpu_id), b.idr_handle)
             );
         }
         p.imports.extend(taken);

@@ -35,6 +35,7 @@ use crate::image::{FileId, KfdImage};
 use crate::plan::CheckpointData;
 use crate::privdata::{self, BoRecord};
 use crate::proto::KfdImportEntry;
+use kfd_abi::ids::BoHandle;
 
 /// An import whose handle `IMPORT_DMABUF` would not give back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,18 +52,13 @@ impl std::fmt::Display for HandleClash {
         write!(
             f,
             "KFD's IMPORT_DMABUF hands the lowest free id of the GPU's IDR, {} once the \
-             process' other BOs are restored, not its id {} of the dump (handle {:#x}): a BO \
+             process' other BOs are restored, not its id {} of the dump (handle {}): a BO \
              below it was freed since",
             self.lowest,
             self.idr,
-            handle(self.gpu, self.idr)
+            BoHandle::new(GpuId(self.gpu), self.idr)
         )
     }
-}
-
-/// KFD's handle of IDR id `idr` on user GPU `gpu`.
-pub(crate) fn handle(gpu: u32, idr: u32) -> u64 {
-    (u64::from(gpu) << 32) | u64::from(idr)
 }
 
 /// Whether importing `imports` (user gpu_id, IDR id) in order, after the
@@ -156,9 +152,9 @@ pub(crate) fn take_imports(
         .collect();
     check_handles(held, &order).map_err(|c| {
         fail(format!(
-            "the /dev/kfd BO imported at handle {:#x} on GPU {:#x}: {c}; not dumping what could \
+            "the /dev/kfd BO imported at handle {} on GPU {:#x}: {c}; not dumping what could \
              not be restored as it was",
-            handle(c.gpu, c.idr),
+            BoHandle::new(GpuId(c.gpu), c.idr),
             c.gpu
         ))
     })?;
@@ -236,9 +232,9 @@ fn check_restored_handles(image: &KfdImage, order: &[&KfdImportEntry]) -> Result
     let order: Vec<(u32, u32)> = order.iter().map(|e| (e.gpu_id, e.idr_handle)).collect();
     check_handles(held, &order).map_err(|c| {
         format!(
-            "the BO imported from another process at handle {:#x} on GPU {:#x} cannot be \
+            "the BO imported from another process at handle {} on GPU {:#x} cannot be \
              imported again: {c}",
-            handle(c.gpu, c.idr),
+            BoHandle::new(GpuId(c.gpu), c.idr),
             c.gpu
         )
     })
@@ -253,9 +249,9 @@ fn import_one(
     kfd: BorrowedFd<'_>,
     ex: &Exchange,
 ) -> Result<(), SessionError> {
-    let h = handle(e.gpu_id, e.idr_handle);
+    let h = BoHandle::new(GpuId(e.gpu_id), e.idr_handle);
     let what = format!(
-        "KFD file {id}, BO at GPU VA {:#x} on GPU {:#x} (handle {h:#x}), imported from pid {}'s \
+        "KFD file {id}, BO at GPU VA {:#x} on GPU {:#x} (handle {h}), imported from pid {}'s \
          file {} BO {}",
         e.addr, e.gpu_id, e.same_bo_pid, e.same_bo_file, e.same_bo_index
     );
@@ -270,10 +266,10 @@ fn import_one(
             step: step("IMPORT_DMABUF"),
             source,
         })?;
-    if got.0 != h {
+    if got != h {
         return Err(SessionError::State {
             pid: vpid,
-            what: step(&format!("IMPORT_DMABUF gave handle {:#x}", got.0)),
+            what: step(&format!("IMPORT_DMABUF gave handle {got}")),
         });
     }
     let gpus: Vec<GpuId> = e.mapped_gpu_ids.iter().map(|&g| GpuId(g)).collect();
@@ -294,7 +290,7 @@ fn import_one(
     }
     log::info!(
         "pid {vpid}: KFD file {id}: BO at GPU VA {:#x} imported again from pid {}'s BO (handle \
-         {h:#x}, mapped on {} GPU(s))",
+         {h}, mapped on {} GPU(s))",
         e.addr,
         e.same_bo_pid,
         gpus.len()
