@@ -521,7 +521,7 @@ impl DumpSession {
                 Dumped::Kfd
             }
             Some(DeviceKind::Render(minor)) => {
-                let (pid, _) = self.render_owner(fd, id)?;
+                let pid = self.render_owner(fd, id)?;
                 self.dump_render(pid, fd, minor, id, dir)?;
                 Dumped::Render(minor)
             }
@@ -595,9 +595,8 @@ impl DumpSession {
     }
 
     /// The task whose render-node fd, reached at the pause, is the open file
-    /// `fd`: one with a KFD process if several share it (inherited fds);
-    /// and the file's `seen`.
-    fn render_owner(&self, fd: BorrowedFd<'_>, id: FileId) -> Result<(i32, usize), SessionError> {
+    /// `fd`: one with a KFD process if several share it (inherited fds).
+    fn render_owner(&self, fd: BorrowedFd<'_>, id: FileId) -> Result<i32, SessionError> {
         let file = self
             .render_files
             .get(fd)
@@ -607,13 +606,11 @@ impl DumpSession {
                 source,
             })?;
         let holders = file.map(|f| f.pids.as_slice()).unwrap_or_default();
-        let seen = file.map_or(usize::MAX, |f| f.seen);
         holders
             .iter()
             .copied()
             .find(|&pid| self.procs.iter().any(|p| p.task == pid))
             .or_else(|| holders.first().copied())
-            .map(|pid| (pid, seen))
             .ok_or_else(|| SessionError::State {
                 pid: 0,
                 what: format!(
@@ -827,7 +824,7 @@ impl DumpSession {
     fn pre_dump_render(&mut self, dir: &Path) -> Result<(), SessionError> {
         let files = self.distinct_render_files()?;
         let mut id = PRE_DUMP_RENDER_IDS;
-        for (pid, _, minor, fd) in files {
+        for (pid, minor, fd) in files {
             let (_, mut img, actual, copying) = self.render_setup(pid, minor, FileId(id), true)?;
             let at = (minor, FileId(id), actual);
             let mut link = |bos: &mut [DrmBoEntry]| self.link_render(pid, at, bos);
@@ -841,11 +838,10 @@ impl DumpSession {
     }
 
     /// The render files met by [`Self::pause_task`], each open file once
-    /// (a file inherited or dup'ed is held at several fds): its first
-    /// task, `seen`, render minor and a dup.
-    fn distinct_render_files(
-        &self,
-    ) -> Result<Vec<(i32, usize, RenderMinor, OwnedFd)>, SessionError> {
+    /// (a file inherited or dup'ed is held at several fds), by first task
+    /// and the order they were met in: its first task, render minor and a
+    /// dup.
+    fn distinct_render_files(&self) -> Result<Vec<(i32, RenderMinor, OwnedFd)>, SessionError> {
         let mut files: Vec<_> = self
             .render_files
             .iter()
@@ -854,13 +850,13 @@ impl DumpSession {
         files.sort_by_key(|&(pid, seen, ..)| (pid, seen));
         files
             .into_iter()
-            .map(|(pid, seen, minor, fd)| {
+            .map(|(pid, _, minor, fd)| {
                 let copy = fd.try_clone_to_owned().map_err(|source| SessionError::Os {
                     pid,
                     step: "dup of a render-node file".into(),
                     source,
                 })?;
-                Ok((pid, seen, minor, copy))
+                Ok((pid, minor, copy))
             })
             .collect()
     }
