@@ -27,6 +27,7 @@
 //! another holder first) fails the restore, naming the image and field.  A holder CRIU has not restored yet
 //! in the task makes CRIU retry the file after the task's other files.
 
+use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::path::Path;
 
@@ -163,25 +164,32 @@ pub(crate) fn export_access(file_flags: Option<u32>) -> u32 {
     }
 }
 
-/// The access flag to export BO `bo` (image file, index) of the dump in
+/// The access flag to export each BO (image file, index) of the dump in
 /// `dir` with when the restore makes its dma-buf file for another holder's
 /// import: the mode its dma-buf fds had, as the dump's dma-buf images naming
 /// it record (the kernel keeps a BO's one dma-buf file while the BO has
-/// handles, so the imports were of that file too); `DRM_RDWR` when no image
-/// names it.
-pub(crate) fn bo_export_access(dir: &Path, bo: (FileId, u32)) -> Result<u32, ImageError> {
+/// handles, so the imports were of that file too).  The images are read
+/// once; [`bo_export_access`] looks a BO up.
+pub(crate) fn export_modes(dir: &Path) -> Result<BTreeMap<(FileId, u32), u32>, ImageError> {
     let listing = std::fs::read_dir(dir)
         .map_err(|e| ImageError::io(&dir.display().to_string(), "listing", e))?;
+    let mut modes = BTreeMap::new();
     for entry in listing.flatten() {
         let Some(id) = entry.file_name().to_str().and_then(dmabuf_image_id) else {
             continue;
         };
         let img = DmabufImage::read(dir, id)?;
-        if img.bo() == bo {
-            return Ok(export_access(img.msg.file_flags));
-        }
+        modes
+            .entry(img.bo())
+            .or_insert_with(|| export_access(img.msg.file_flags));
     }
-    Ok(libc::O_RDWR as u32)
+    Ok(modes)
+}
+
+/// The access flag to export BO `bo` with, of the `modes` of
+/// [`export_modes`]: `DRM_RDWR` when no dma-buf image names it.
+pub(crate) fn bo_export_access(modes: &BTreeMap<(FileId, u32), u32>, bo: (FileId, u32)) -> u32 {
+    modes.get(&bo).copied().unwrap_or(libc::O_RDWR as u32)
 }
 
 /// A file's status flags in words: access mode and O_NONBLOCK.
@@ -401,10 +409,11 @@ mod tests {
         };
         img(7, 0x8000).write(&dir, FileId(0x20)).unwrap();
         img(8, 0x8002).write(&dir, FileId(0x21)).unwrap();
-        assert_eq!(bo_export_access(&dir, (FileId(7), 0)).unwrap(), 0);
+        let modes = export_modes(&dir).unwrap();
+        assert_eq!(bo_export_access(&modes, (FileId(7), 0)), 0);
         let rw = libc::O_RDWR as u32;
-        assert_eq!(bo_export_access(&dir, (FileId(8), 0)).unwrap(), rw);
-        assert_eq!(bo_export_access(&dir, (FileId(7), 1)).unwrap(), rw);
+        assert_eq!(bo_export_access(&modes, (FileId(8), 0)), rw);
+        assert_eq!(bo_export_access(&modes, (FileId(7), 1)), rw);
     }
 
     #[test]

@@ -677,7 +677,8 @@ impl RestoreSession {
             compress: None,
             live: false,
         };
-        let mut source = |b: &DrmBoEntry| self.same_bo(vpid, id, b, dir);
+        let mut modes = None;
+        let mut source = |b: &DrmBoEntry| self.same_bo(vpid, id, b, dir, &mut modes);
         let fixups = super::gem::restore(
             vpid,
             fd,
@@ -690,7 +691,7 @@ impl RestoreSession {
         let file = dup_at_least(fd, fd_floor).map_err(os_step(vpid, "dup of a render node"))?;
         let handles: Vec<u32> = img.msg.bo_entries.iter().map(|b| b.handle).collect();
         self.hand_over(vpid, id, fd_floor, |index| {
-            let access = export_access(vpid, dir, (id, index))?;
+            let access = export_access(vpid, dir, &mut modes, (id, index))?;
             let h = *handles
                 .get(index as usize)
                 .ok_or_else(|| SessionError::State {
@@ -727,6 +728,7 @@ impl RestoreSession {
         id: FileId,
         b: &DrmBoEntry,
         dir: &Path,
+        modes: &mut Option<ExportModes>,
     ) -> Result<OwnedFd, SessionError> {
         let (file, index) = (
             FileId(b.same_bo_file.unwrap_or_default()),
@@ -751,7 +753,7 @@ impl RestoreSession {
             // hold): imported from this task, not through the exchange.
             ex.count_off((file, index));
         }
-        let access = export_access(vpid, dir, (file, index))?;
+        let access = export_access(vpid, dir, modes, (file, index))?;
         self.bo_dmabuf(vpid, (file, index), access, &what)?
             .ok_or_else(|| SessionError::State {
                 pid: vpid,
@@ -1151,10 +1153,26 @@ impl RestoreSession {
     }
 }
 
-/// [`dmabuf_fd::bo_export_access`] of BO `bo` of the dump in `dir`.
-fn export_access(vpid: i32, dir: &Path, bo: (FileId, u32)) -> Result<u32, SessionError> {
-    dmabuf_fd::bo_export_access(dir, bo)
-        .map_err(|e| SessionError::core(vpid, "reading the dma-buf images", e))
+/// The dump's dma-buf export modes ([`dmabuf_fd::export_modes`]), read
+/// when a restore first needs one.
+type ExportModes = std::collections::BTreeMap<(FileId, u32), u32>;
+
+/// [`dmabuf_fd::bo_export_access`] of BO `bo` of the dump in `dir`, the
+/// images read into `modes` the first time.
+fn export_access(
+    vpid: i32,
+    dir: &Path,
+    modes: &mut Option<ExportModes>,
+    bo: (FileId, u32),
+) -> Result<u32, SessionError> {
+    let modes = match modes {
+        Some(m) => m,
+        None => modes.insert(
+            dmabuf_fd::export_modes(dir)
+                .map_err(|e| SessionError::core(vpid, "reading the dma-buf images", e))?,
+        ),
+    };
+    Ok(dmabuf_fd::bo_export_access(modes, bo))
 }
 
 /// Sets `O_NONBLOCK` on the open file `fd`.
