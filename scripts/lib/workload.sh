@@ -67,12 +67,21 @@ json_list() {
 	[[ $l =~ \"$2\":\[([0-9,]*)\] ]] && echo "${BASH_REMATCH[1]//,/ }"
 }
 
-# log_errors LOG [N]: the last N (4) error lines of a CRIU log, without their timestamps,
-# joined by '|' (CRIU's RLIMIT_NOFILE complaint, logged on every run here, left out).
+# log_errors LOG [N]: the error lines of a CRIU log, without their timestamps, joined by
+# '|': the last N (4); with N of 3 or more and more lines than N, the first one (usually
+# the cause: CRIU's later lines are each task giving up) then "..." then the last N-1.
+# CRIU's RLIMIT_NOFILE complaint, logged on every run here, is left out.
 log_errors() {
 	[ -f "$1" ] || return 0
-	grep -a -E 'Error|amdgpu:' "$1" | grep -v 'RLIMIT_NOFILE' | grep -a -E 'Error|rror|fail|FAIL' |
-		tail -n "${2:-4}" | sed 's/^([0-9. ]*) *//' | cut -c1-300 | paste -sd'|'
+	local n=${2:-4} lines
+	lines=$(grep -a -E 'Error|amdgpu:' "$1" | grep -v 'RLIMIT_NOFILE' | grep -a -E 'Error|rror|fail|FAIL' |
+		sed 's/^([0-9. ]*) *//' | cut -c1-300)
+	[ -n "$lines" ] || return 0
+	if [ "$n" -ge 3 ] && [ "$(wc -l <<<"$lines")" -gt "$n" ]; then
+		{ head -n 1 <<<"$lines"; echo ...; tail -n "$((n - 1))" <<<"$lines"; } | paste -sd'|'
+	else
+		tail -n "$n" <<<"$lines" | paste -sd'|'
+	fi
 }
 
 # The hashes of the image files of directory $1 (to show a step left them unchanged).
