@@ -231,6 +231,21 @@ pub fn unframe<'a>(
     Ok(rest)
 }
 
+/// Decodes the framed protobuf message `M` of image `file` (`bytes` =
+/// whole file): its size word, then the message named `message`.
+fn decode_framed<M: prost::Message + Default>(
+    file: &str,
+    message: &'static str,
+    field: &'static str,
+    bytes: &[u8],
+) -> Result<M, ImageError> {
+    M::decode(unframe(file, field, bytes)?).map_err(|source| ImageError::Decode {
+        file: file.to_owned(),
+        message,
+        source,
+    })
+}
+
 /// Reads a whole image file, allocating its size as `fstat` reports it
 /// and reading no more (a file that grows meanwhile is cut there, and its
 /// decoding finds it short).  `cap`: a larger file is refused before
@@ -395,12 +410,7 @@ fn check_bo_entry(
 impl KfdImage {
     /// Decodes and validates the payload of a KFD image (`bytes` = whole file).
     pub fn decode(file: &str, bytes: &[u8]) -> Result<Self, ImageError> {
-        let payload = unframe(file, "criu_kfd message", bytes)?;
-        let msg = CriuKfd::decode(payload).map_err(|source| ImageError::Decode {
-            file: file.to_owned(),
-            message: "criu_kfd",
-            source,
-        })?;
+        let msg: CriuKfd = decode_framed(file, "criu_kfd", "criu_kfd message", bytes)?;
         Self::validate(file, msg)
     }
 
@@ -794,12 +804,8 @@ impl RenderImage {
     /// Decodes a render-node image (`bytes` = whole file).
     pub fn decode(file: &str, bytes: &[u8]) -> Result<Self, ImageError> {
         // A render image holds one id (plus criu-dev's DRM BO list).
-        let payload = unframe(file, "criu_render_node message", bytes)?;
-        let msg = CriuRenderNode::decode(payload).map_err(|source| ImageError::Decode {
-            file: file.to_owned(),
-            message: "criu_render_node",
-            source,
-        })?;
+        let msg: CriuRenderNode =
+            decode_framed(file, "criu_render_node", "criu_render_node message", bytes)?;
         if msg.gpu_id == 0 {
             return Err(ImageError::invalid(file, "gpu_id", "is 0 (a CPU id)"));
         }
@@ -949,12 +955,8 @@ impl DmabufImage {
     /// are required: criu-dev's image alone (a GEM handle of no named file)
     /// does not say which file's BO it is.
     pub fn decode(file: &str, bytes: &[u8]) -> Result<Self, ImageError> {
-        let payload = unframe(file, "criu_dmabuf_node message", bytes)?;
-        let msg = CriuDmabufNode::decode(payload).map_err(|source| ImageError::Decode {
-            file: file.to_owned(),
-            message: "criu_dmabuf_node",
-            source,
-        })?;
+        let msg: CriuDmabufNode =
+            decode_framed(file, "criu_dmabuf_node", "criu_dmabuf_node message", bytes)?;
         let missing = |field: &str| {
             ImageError::invalid(
                 file,
