@@ -44,7 +44,7 @@ static int fail(const char *what)
 }
 
 /* The child: the dma-buf fd alone; a check per SIGUSR1, PASS on SIGTERM. */
-static int child(int dfd)
+static int child(int dfd, const sigset_t *wait_mask)
 {
 	char link[64], path[64];
 	unsigned int n = 0;
@@ -52,7 +52,7 @@ static int child(int dfd)
 
 	printf("ready %d dmabuf %d\n", getpid(), dfd);
 	while (!stop_req) {
-		pause();
+		sigsuspend(wait_mask);
 		if (!round_req)
 			continue;
 		round_req = 0;
@@ -77,10 +77,20 @@ int main(void)
 						  .domains = AMDGPU_GEM_DOMAIN_VRAM } };
 	struct drm_prime_handle ex = { .flags = DRM_CLOEXEC | DRM_RDWR };
 	struct sigaction sa = { .sa_handler = on_signal };
+	sigset_t block, wait_mask;
 	int fd;
 	pid_t pid;
 
 	setvbuf(stdout, NULL, _IOLBF, 0);
+	sigemptyset(&block);
+	sigaddset(&block, SIGUSR1);
+	sigaddset(&block, SIGTERM);
+	/*
+	 * Blocked in both processes (the child inherits the mask) but while they wait in
+	 * sigsuspend: a signal sent before a process reaches its wait stays pending, where
+	 * pause() would have slept through it.
+	 */
+	sigprocmask(SIG_BLOCK, &block, &wait_mask);
 	sigaction(SIGUSR1, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
 	fd = open("/dev/dri/renderD128", O_RDWR | O_CLOEXEC);
@@ -96,11 +106,11 @@ int main(void)
 		return fail("fork");
 	if (pid == 0) {
 		close(fd);
-		return child(ex.fd);
+		return child(ex.fd, &wait_mask);
 	}
 	close(ex.fd);
 	printf("parent %d\n", getpid());
 	while (!stop_req)
-		pause();
+		sigsuspend(&wait_mask);
 	return 0;
 }
