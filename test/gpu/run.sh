@@ -1853,8 +1853,11 @@ case_gem_dmabuf_fd_peer_refused() { on mi100 -- dmabuf_fd_peer_refused; }
 dmabuf_fd_peer_refused() {
 	local img=$CASE_DIR/img out=$CASE_DIR/dp.out pid fd parent i
 	pid=$(supervised_start "$here/progs/dmabuf-peer.c" "$out") || exit 1
-	fd=$(sed -n 's/^ready [0-9]* dmabuf \([0-9]*\)$/\1/p' "$out")
-	parent=$(sed -n 's/^parent \([0-9]*\)$/\1/p' "$out")
+	# Both from the line supervised_start waited for (the child writes it once forked).
+	fd=$(sed -n 's/^ready [0-9]* dmabuf \([0-9]*\) parent [0-9]*$/\1/p' "$out")
+	parent=$(sed -n 's/^ready [0-9]* dmabuf [0-9]* parent \([0-9]*\)$/\1/p' "$out")
+	[ -n "$fd" ] && [ -n "$parent" ] || fail "dmabuf-peer's ready line names no dma-buf fd or parent: $(grep -a '^ready' "$out")"
+	alive "$parent" || fail "dmabuf-peer's parent $parent is gone before the dump"
 	dump "$pid" "$img" && fail "the dump of dmabuf-peer's child $pid succeeded although its dma-buf's BO is its parent's"
 	log_has "$img/dump.log" "amdgpu: pid $pid: fd $fd \(dma-buf, file [0-9]+\) of a BO of GPU 0x[0-9a-f]+ .*: no file this dump saves holds its BO"
 	alive "$pid" || fail "dmabuf-peer's child $pid is gone after the refused dump"

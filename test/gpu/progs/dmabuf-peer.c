@@ -10,9 +10,11 @@
  *
  *   usage: dmabuf-peer       (under kfd-emu supervise, which hands out the dma-buf fd)
  *
- * The parent prints "parent PID", the child "ready PID dmabuf FD"; on SIGUSR1 the child
- * checks that its fd still reads /dmabuf: and prints "alive N" (or "FAIL ..."); both end on
- * SIGTERM, the child printing PASS. Raw DRM ioctls only (the uapi headers of Debian's libdrm).
+ * The child prints "ready PID dmabuf FD parent PPID", one line naming both processes: the
+ * suite reads the parent's pid from the line it waits for, never from a line the parent may
+ * not have written yet. On SIGUSR1 the child checks that its fd still reads /dmabuf: and
+ * prints "alive N" (or "FAIL ..."); both end on SIGTERM, the child printing PASS. Raw DRM
+ * ioctls only (the uapi headers of Debian's libdrm).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -44,13 +46,13 @@ static int fail(const char *what)
 }
 
 /* The child: the dma-buf fd alone; a check per SIGUSR1, PASS on SIGTERM. */
-static int child(int dfd, const sigset_t *wait_mask)
+static int child(int dfd, pid_t parent, const sigset_t *wait_mask)
 {
 	char link[64], path[64];
 	unsigned int n = 0;
 	ssize_t len;
 
-	printf("ready %d dmabuf %d\n", getpid(), dfd);
+	printf("ready %d dmabuf %d parent %d\n", getpid(), dfd, parent);
 	while (!stop_req) {
 		sigsuspend(wait_mask);
 		if (!round_req)
@@ -78,8 +80,8 @@ int main(void)
 	struct drm_prime_handle ex = { .flags = DRM_CLOEXEC | DRM_RDWR };
 	struct sigaction sa = { .sa_handler = on_signal };
 	sigset_t block, wait_mask;
+	pid_t pid, parent = getpid();
 	int fd;
-	pid_t pid;
 
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	sigemptyset(&block);
@@ -106,10 +108,9 @@ int main(void)
 		return fail("fork");
 	if (pid == 0) {
 		close(fd);
-		return child(ex.fd, &wait_mask);
+		return child(ex.fd, parent, &wait_mask);
 	}
 	close(ex.fd);
-	printf("parent %d\n", getpid());
 	while (!stop_req)
 		sigsuspend(&wait_mask);
 	return 0;
