@@ -45,7 +45,8 @@ top=$(cd "$(dirname "$(realpath "$0")")/../.." && pwd)
 host_file() { echo "$here/hosts/$1.toml"; }
 
 # ---------------------------------------------------------------------------------------
-# Processes (inside a host; alive and wait_gone come from scripts/lib/workload.sh)
+# Processes (inside a host; alive, wait_gone, proc_state and wait_stopped come from
+# scripts/lib/workload.sh)
 
 # gpu-workload's and criu-rocm's live processes (criu, its GPU guardian and GPU memory
 # writer, tasks it has forked and not yet named) in this pid namespace, as "pid comm state"
@@ -2102,26 +2103,6 @@ fault_dump_unpause_fails() {
 # (CRIU_ROCM_TEST_STOP_ON_LOG, a hook for tests only) and gets a signal there. Whatever the
 # signal, the process must run on with its GPU work going and its memory intact, the images
 # must say "incomplete dump" to restore and gpu-check, and no GPU guardian may stay.
-
-# The state letter of process $1 ("" when it is gone).
-proc_state() {
-	local s
-	s=$(cat "/proc/$1/stat" 2>/dev/null) || return 0
-	s=${s##*) }
-	echo "${s%% *}"
-}
-
-# wait_stopped PID CPID: waits up to 60 s for PID to be stopped (state T) while CPID (the
-# criu-rocm that stops it) lives; fails if it never is.
-wait_stopped() {
-	local i
-	for ((i = 0; i < 1200; i++)); do
-		[ "$(proc_state "$1")" = T ] && return 0
-		alive "$2" || break
-		sleep 0.05
-	done
-	[ "$(proc_state "$1")" = T ]
-}
 
 # stopped_on_log CPID WHAT LOG: waits until criu-rocm CPID, started in the background with
 # CRIU_ROCM_TEST_STOP_ON_LOG, has stopped itself at its line; fails saying WHAT, with the
