@@ -1496,7 +1496,7 @@ shared_bo_restore_checking() {
 	"$KFD_EMU" supervise -- "$CRIU" restore -D "$img" -o restore.log -v4 -d >>"$CASE_DIR/criu.out" 2>&1 ||
 		fail "criu-rocm restore of shared-bo $pid failed: $(log_errors "$log")"
 	log_has "$log" "${1//@PID@/$pid}"
-	shared_bo_round_and_end "$pid" "$CASE_DIR/sb.out" "the restore"
+	round_and_end shared-bo "$pid" "$CASE_DIR/sb.out" "the restore"
 	note "$(grep -a -m1 -o "$2" "$img/dump.log" | cut -c1-200)"
 }
 
@@ -1730,20 +1730,21 @@ supervised_start() {
 	echo "$pid"
 }
 
-# shared-bo PID (output in OUT) runs on after WHAT: a round passes, and its last check on
-# SIGTERM.
-shared_bo_round_and_end() {
-	local pid=$1 out=$2 what=$3 i
-	alive "$pid" || fail "shared-bo $pid is gone after $what"
+# round_and_end NAME PID OUT WHAT: the program NAME (shared-bo, dmabuf-map), PID, its output
+# in OUT, runs on after WHAT: a round on SIGUSR1 says "round 1: ok", and its last check on
+# SIGTERM PASS.
+round_and_end() {
+	local name=$1 pid=$2 out=$3 what=$4 i
+	alive "$pid" || fail "$name $pid is gone after $what"
 	kill -USR1 "$pid"
 	for ((i = 0; i < 200; i++)); do
 		grep -qE '^round 1: (ok|FAIL)' "$out" && break
 		sleep 0.05
 	done
-	grep -q '^round 1: ok$' "$out" || fail "after $what: $(grep -v '^ok ' "$out" | tail -n 2 | paste -sd'|')"
+	grep -q '^round 1: ok$' "$out" || fail "$name after $what: $(grep -v '^ok ' "$out" | tail -n 2 | paste -sd'|')"
 	kill -TERM "$pid"
-	wait_gone "$pid" 30 || fail "shared-bo $pid did not end on SIGTERM"
-	tail -n 1 "$out" | grep -q '^PASS$' || fail "shared-bo's last check failed: $(tail -n 2 "$out" | paste -sd'|')"
+	wait_gone "$pid" 30 || fail "$name $pid did not end on SIGTERM"
+	tail -n 1 "$out" | grep -q '^PASS$' || fail "$name's last check failed: $(tail -n 2 "$out" | paste -sd'|')"
 }
 
 # A process holding a dma-buf fd (test/rocm/shared-bo.c --dmabuf: a GEM BO exported with
@@ -1840,7 +1841,7 @@ dmabuf_fd_orphan_refused() {
 	fd=$(sed -n 's/^ready [0-9]* dmabuf \([0-9]*\)$/\1/p' "$out")
 	dump "$pid" "$img" && fail "the dump of shared-bo $pid succeeded although no file holds its dma-buf's BO"
 	log_has "$img/dump.log" "amdgpu: pid $pid: fd $fd \(dma-buf, file [0-9]+\) of a BO of GPU 0x[0-9a-f]+ .*: no file this dump saves holds its BO"
-	shared_bo_round_and_end "$pid" "$out" "the refused dump"
+	round_and_end shared-bo "$pid" "$out" "the refused dump"
 	note "$(grep -a -m1 -o 'fd [0-9]* (dma-buf.*holds its BO' "$img/dump.log" | cut -c1-200)"
 }
 
@@ -1887,7 +1888,7 @@ dmabuf_fd_dump_killed() {
 	dump_killed "$pid" "$img" "): saved as BO " KILL
 	log_has "$img/dump.log" "amdgpu: pid $pid: fd [0-9]+ \(dma-buf, file [0-9]+\) .*: saved as BO"
 	killed_dump_left "$img" "the dma-buf was saved" "$pid" "$@"
-	shared_bo_round_and_end "$pid" "$CASE_DIR/sb.out" "the killed dump"
+	round_and_end shared-bo "$pid" "$CASE_DIR/sb.out" "the killed dump"
 }
 case_kfd_shared_bo_dump_killed() { on mi100 -- shared_bo_dump_killed; }
 shared_bo_dump_killed() {
@@ -1896,7 +1897,7 @@ shared_bo_dump_killed() {
 	dump_killed "$pid" "$img" "the same BO as pid" KILL
 	log_has "$img/dump.log" "amdgpu: pid $pid: render node .*: the same BO as pid $pid"
 	killed_dump_left "$img" "the shared BO was found" "$pid" --kfd
-	shared_bo_round_and_end "$pid" "$CASE_DIR/sb.out" "the killed dump"
+	round_and_end shared-bo "$pid" "$CASE_DIR/sb.out" "the killed dump"
 }
 case_gem_shared_bo_two_procs_dump_killed() { on mi100 -- shared_bo_two_procs_dump_killed; }
 shared_bo_two_procs_dump_killed() {
@@ -1922,32 +1923,7 @@ case_kfd_dmabuf_map_cr() { on mi100 -- dmabuf_map_cr; }
 case_kfd_dmabuf_map_held_refused() { on mi100 -- dmabuf_map_held_refused; }
 # dmabuf_map_start OUT [--hold]: builds and starts dmabuf-map; prints its pid once ready.
 dmabuf_map_start() {
-	local out=$1 prog=$CASE_DIR/dmabuf-map i pid
-	shift
-	cc -std=gnu11 -Wall -Wextra -Werror -O2 -o "$prog" "$top/test/rocm/dmabuf-map.c" 2>"$CASE_DIR/cc.log" ||
-		fail "dmabuf-map.c does not build: $(head -n 3 "$CASE_DIR/cc.log" | paste -sd' ')"
-	setsid "$KFD_EMU" supervise -- "$prog" "$@" </dev/null >"$out" 2>&1 &
-	for ((i = 0; i < 600; i++)); do
-		grep -q '^ready [0-9]*$' "$out" && break
-		sleep 0.05
-	done
-	pid=$(sed -n 's/^ready \([0-9]*\)$/\1/p' "$out")
-	[ -n "$pid" ] || fail "dmabuf-map did not get ready: $(tail -n 3 "$out" | paste -sd'|')"
-	echo "$pid"
-}
-# dmabuf_map_round_and_end PID OUT WHAT: a round passes after WHAT, and the last on SIGTERM.
-dmabuf_map_round_and_end() {
-	local pid=$1 out=$2 what=$3 i
-	alive "$pid" || fail "dmabuf-map $pid is gone after $what"
-	kill -USR1 "$pid"
-	for ((i = 0; i < 200; i++)); do
-		grep -qE '^round 1: (ok|FAIL)' "$out" && break
-		sleep 0.05
-	done
-	grep -q '^round 1: ok$' "$out" || fail "after $what: $(tail -n 2 "$out" | paste -sd'|')"
-	kill -TERM "$pid"
-	wait_gone "$pid" 30 || fail "dmabuf-map $pid did not end on SIGTERM"
-	tail -n 1 "$out" | grep -q '^PASS$' || fail "dmabuf-map's last round failed: $(tail -n 2 "$out" | paste -sd'|')"
+	supervised_start "$top/test/rocm/dmabuf-map.c" "$@"
 }
 dmabuf_map_cr() {
 	local img=$CASE_DIR/img out=$CASE_DIR/dm.out pid
@@ -1959,13 +1935,13 @@ dmabuf_map_cr() {
 	"$KFD_EMU" supervise --attach "$pid" >>"$CASE_DIR/criu.out" 2>&1 ||
 		fail "supervise --attach $pid: $(tail -n 1 "$CASE_DIR/criu.out")"
 	kill -CONT "$pid"
-	dmabuf_map_round_and_end "$pid" "$out" "the restore"
+	round_and_end dmabuf-map "$pid" "$out" "the restore"
 }
 dmabuf_map_held_refused() {
 	local img=$CASE_DIR/img out=$CASE_DIR/dm.out pid
 	pid=$(dmabuf_map_start "$out" --hold) || exit 1
 	dump "$pid" "$img" && fail "the dump of dmabuf-map $pid succeeded although it holds a mapping of its dma-buf"
-	dmabuf_map_round_and_end "$pid" "$out" "the refused dump"
+	round_and_end dmabuf-map "$pid" "$out" "the refused dump"
 	note "$(grep -a -m1 -o 'Error.*' "$img/dump.log" | cut -c1-160)"
 }
 
