@@ -1917,8 +1917,8 @@ shared_bo_two_procs_dump_killed() {
 # mapping, restored under the supervisor (which the dma-buf fd's export needs) left stopped,
 # and attached again (`supervise --attach`: the restore's own listener is released, which
 # seccomp would otherwise refuse with EBUSY), its rounds map the dma-buf exported again onto
-# the restored BO. Holding a mapping of it, the dump fails (the mapping is not saved yet) and
-# the process runs on.
+# the restored BO. Holding a mapping of it, the dump fails there (the mapping is not saved
+# yet) and the process runs on.
 case_kfd_dmabuf_map_cr() { on mi100 -- dmabuf_map_cr; }
 case_kfd_dmabuf_map_held_refused() { on mi100 -- dmabuf_map_held_refused; }
 # dmabuf_map_start OUT [--hold]: builds and starts dmabuf-map; prints its pid once ready.
@@ -1937,10 +1937,18 @@ dmabuf_map_cr() {
 	kill -CONT "$pid"
 	round_and_end dmabuf-map "$pid" "$out" "the restore"
 }
+# Held: the dump must fail at that mapping, its first error (CRIU takes the mapping for
+# shared memory and cannot open it through /proc/PID/map_files), not merely fail.
 dmabuf_map_held_refused() {
-	local img=$CASE_DIR/img out=$CASE_DIR/dm.out pid
+	local img=$CASE_DIR/img out=$CASE_DIR/dm.out pid map first
 	pid=$(dmabuf_map_start "$out" --hold) || exit 1
+	map=$(awk '$6 == "/dmabuf:" { print $1 }' "/proc/$pid/maps")
+	[ "$(wc -w <<<"$map")" = 1 ] || fail "dmabuf-map $pid holds not one mapping of its dma-buf but: ${map:-none}"
 	dump "$pid" "$img" && fail "the dump of dmabuf-map $pid succeeded although it holds a mapping of its dma-buf"
+	log_has "$img/dump.log" "Handling VMA with the following smaps entry: $map rw-s .* /dmabuf:\$"
+	first=$(grep -a 'Error' "$img/dump.log" | grep -v RLIMIT_NOFILE | head -n 1)
+	grep -qE "Error \(criu/[a-z-]+\.c:[0-9]+\): Can't open $pid/map_files/$map on procfs" <<<"$first" ||
+		fail "the dump of dmabuf-map $pid failed, but not at its dma-buf mapping $map: ${first:-no error line}"
 	round_and_end dmabuf-map "$pid" "$out" "the refused dump"
 	note "$(grep -a -m1 -o 'Error.*' "$img/dump.log" | cut -c1-160)"
 }
