@@ -380,7 +380,7 @@ ipc_tree_finish() { # CASEDIR
 # import, after the exporter's RESTORE handed it the BO, and criu-rocm is killed there. No
 # task outlives criu nor runs its own code (their outputs unchanged), the images unchanged.
 ipc_tree_killed_restore() { # CASEDIR IMG CRIU
-	local cdir=$1 img=$2 criu=$3 e i sh before outs cpid crpid pid st
+	local cdir=$1 img=$2 criu=$3 e i sh before outs cpid pid st
 	read -r e i sh <"$cdir/tree.pids"
 	before=$(img_sums "$img")
 	outs=$(cat "$cdir/e.out" "$cdir/i.out" | wc -l)
@@ -391,9 +391,14 @@ ipc_tree_killed_restore() { # CASEDIR IMG CRIU
 		{ echo "the restored importer $i never stopped at its import: $(log_errors "$img/restore-killed.log")"; return 1; }
 	grep -aq "pid $i: KFD file [0-9]*, BO at GPU VA .*: importing the restored BO" "$img/restore-killed.log" ||
 		{ echo "importer $i stopped elsewhere than at its import"; return 1; }
-	for crpid in $(pgrep -P "$cpid"); do
-		[[ $(cat "/proc/$crpid/comm" 2>/dev/null) == criu* ]] && kill -KILL "$crpid"
-	done
+	# `kfd-emu supervise` execs its command: $cpid is criu-rocm itself (its children named
+	# criu* are the tasks it restores, not yet renamed). Bounded, so that a criu that does not
+	# end fails here with the reason, well before the host's `timeout 300` (emu) ends the step.
+	kill -KILL "$cpid"
+	if ! wait_gone "$cpid" 30; then
+		echo "criu-rocm $cpid did not end within 30 s of its SIGKILL (state $(proc_state "$cpid"))"
+		return 1
+	fi
 	wait "$cpid"
 	for pid in "$e" "$i" "$sh"; do
 		kill -CONT "$pid" 2>/dev/null
