@@ -1662,7 +1662,7 @@ shared_bo_two_procs_end() {
 # works.
 case_gem_shared_bo_two_procs_restore_killed() { on mi100 -- shared_bo_two_procs_restore_killed; }
 shared_bo_two_procs_restore_killed() {
-	local img=$CASE_DIR/img before cpid crpid pid child p st=
+	local img=$CASE_DIR/img before cpid pid child p st=
 	shared_bo_two_procs_dump "$img"
 	read -r pid child <"$CASE_DIR/sb.pids"
 	before=$(img_sums "$img")
@@ -1671,10 +1671,9 @@ shared_bo_two_procs_restore_killed() {
 	cpid=$!
 	wait_stopped "$pid" "$cpid" || fail "the restored shared-bo $pid never stopped at its hand-over: $(log_errors "$img/restore-killed.log")"
 	log_has "$img/restore-killed.log" "amdgpu: pid $pid: BO 0 of file [0-9]+ handed to the process that imports it"
-	# Under the supervisor criu is its child: SIGKILL to criu itself.
-	crpid=$(child_named "$cpid" 'criu*')
-	[ -n "$crpid" ] || fail "no criu-rocm under the supervisor $cpid"
-	kill -KILL "$crpid"
+	# `kfd-emu supervise` execs its command: $cpid is criu-rocm itself (its children named
+	# criu* are the tasks it restores, not yet renamed).
+	kill -KILL "$cpid"
 	wait "$cpid"
 	for p in "$pid" "$child"; do
 		kill -CONT "$p" 2>/dev/null
@@ -1689,20 +1688,6 @@ shared_bo_two_procs_restore_killed() {
 	"$KFD_EMU" supervise -- "$CRIU" restore -D "$img" -o restore.log -v4 -d >>"$CASE_DIR/criu.out" 2>&1 ||
 		fail "the restore after the killed one failed: $(log_errors "$img/restore.log")"
 	shared_bo_two_procs_end "$pid" "$child" "$CASE_DIR/sb.out" "the restore after a killed one"
-}
-
-# child_named PID GLOB: the pid of a child of PID whose comm matches GLOB (none: nothing).
-child_named() {
-	local d s comm
-	for d in /proc/[0-9]*; do
-		s=$(cat "$d/stat" 2>/dev/null) || continue
-		comm=${s#*(}
-		comm=${comm%%)*}
-		s=${s##*) }
-		s=${s#* }
-		# shellcheck disable=SC2053 # GLOB is a pattern on purpose
-		[ "${s%% *}" = "$1" ] && [[ $comm == $2 ]] && echo "${d#/proc/}" && return 0
-	done
 }
 
 # Builds test/rocm/shared-bo.c and starts it under `kfd-emu supervise` with ARGS, its output
