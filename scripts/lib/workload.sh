@@ -21,6 +21,26 @@ wait_gone() {
 	return 1
 }
 
+# The state letter of process $1 (its /proc stat field), nothing once it is gone.
+proc_state() {
+	local s
+	s=$(cat "/proc/$1/stat" 2>/dev/null) || return 0
+	s=${s##*) }
+	echo "${s%% *}"
+}
+
+# wait_stopped PID CPID: waits up to 60 s for PID to be stopped (state T) while CPID (the
+# criu-rocm that stops it) lives; fails if it never is.
+wait_stopped() {
+	local i
+	for ((i = 0; i < 1200; i++)); do
+		[ "$(proc_state "$1")" = T ] && return 0
+		alive "$2" || break
+		sleep 0.05
+	done
+	[ "$(proc_state "$1")" = T ]
+}
+
 # Waits up to $3 seconds for line $1 of file $4, which process $2 writes, and prints it.
 # Fails, saying why on stderr, when the time runs out or the process ends without it.
 file_line() {

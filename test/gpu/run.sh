@@ -45,7 +45,8 @@ top=$(cd "$(dirname "$(realpath "$0")")/../.." && pwd)
 host_file() { echo "$here/hosts/$1.toml"; }
 
 # ---------------------------------------------------------------------------------------
-# Processes (inside a host; alive and wait_gone come from scripts/lib/workload.sh)
+# Processes (inside a host; alive, wait_gone, proc_state and wait_stopped come from
+# scripts/lib/workload.sh)
 
 # gpu-workload's and criu-rocm's live processes (criu, its GPU guardian and GPU memory
 # writer, tasks it has forked and not yet named) in this pid namespace, as "pid comm state"
@@ -1495,7 +1496,7 @@ shared_bo_restore_checking() {
 	"$KFD_EMU" supervise -- "$CRIU" restore -D "$img" -o restore.log -v4 -d >>"$CASE_DIR/criu.out" 2>&1 ||
 		fail "criu-rocm restore of shared-bo $pid failed: $(log_errors "$log")"
 	log_has "$log" "${1//@PID@/$pid}"
-	shared_bo_round_and_end "$pid" "$CASE_DIR/sb.out" "the restore"
+	round_and_end shared-bo "$pid" "$CASE_DIR/sb.out" "the restore"
 	note "$(grep -a -m1 -o "$2" "$img/dump.log" | cut -c1-200)"
 }
 
@@ -1661,7 +1662,7 @@ shared_bo_two_procs_end() {
 # works.
 case_gem_shared_bo_two_procs_restore_killed() { on mi100 -- shared_bo_two_procs_restore_killed; }
 shared_bo_two_procs_restore_killed() {
-	local img=$CASE_DIR/img before cpid crpid pid child p st=
+	local img=$CASE_DIR/img before cpid pid child p st=
 	shared_bo_two_procs_dump "$img"
 	read -r pid child <"$CASE_DIR/sb.pids"
 	before=$(img_sums "$img")
@@ -1670,10 +1671,9 @@ shared_bo_two_procs_restore_killed() {
 	cpid=$!
 	wait_stopped "$pid" "$cpid" || fail "the restored shared-bo $pid never stopped at its hand-over: $(log_errors "$img/restore-killed.log")"
 	log_has "$img/restore-killed.log" "amdgpu: pid $pid: BO 0 of file [0-9]+ handed to the process that imports it"
-	# Under the supervisor criu is its child: SIGKILL to criu itself.
-	crpid=$(child_named "$cpid" 'criu*')
-	[ -n "$crpid" ] || fail "no criu-rocm under the supervisor $cpid"
-	kill -KILL "$crpid"
+	# `kfd-emu supervise` execs its command: $cpid is criu-rocm itself (its children named
+	# criu* are the tasks it restores, not yet renamed).
+	kill -KILL "$cpid"
 	wait "$cpid"
 	for p in "$pid" "$child"; do
 		kill -CONT "$p" 2>/dev/null
@@ -1688,20 +1688,6 @@ shared_bo_two_procs_restore_killed() {
 	"$KFD_EMU" supervise -- "$CRIU" restore -D "$img" -o restore.log -v4 -d >>"$CASE_DIR/criu.out" 2>&1 ||
 		fail "the restore after the killed one failed: $(log_errors "$img/restore.log")"
 	shared_bo_two_procs_end "$pid" "$child" "$CASE_DIR/sb.out" "the restore after a killed one"
-}
-
-# child_named PID GLOB: the pid of a child of PID whose comm matches GLOB (none: nothing).
-child_named() {
-	local d s comm
-	for d in /proc/[0-9]*; do
-		s=$(cat "$d/stat" 2>/dev/null) || continue
-		comm=${s#*(}
-		comm=${comm%%)*}
-		s=${s##*) }
-		s=${s#* }
-		# shellcheck disable=SC2053 # GLOB is a pattern on purpose
-		[ "${s%% *}" = "$1" ] && [[ $comm == $2 ]] && echo "${d#/proc/}" && return 0
-	done
 }
 
 # Builds test/rocm/shared-bo.c and starts it under `kfd-emu supervise` with ARGS, its output
@@ -1729,20 +1715,21 @@ supervised_start() {
 	echo "$pid"
 }
 
-# shared-bo PID (output in OUT) runs on after WHAT: a round passes, and its last check on
-# SIGTERM.
-shared_bo_round_and_end() {
-	local pid=$1 out=$2 what=$3 i
-	alive "$pid" || fail "shared-bo $pid is gone after $what"
+# round_and_end NAME PID OUT WHAT: the program NAME (shared-bo, dmabuf-map), PID, its output
+# in OUT, runs on after WHAT: a round on SIGUSR1 says "round 1: ok", and its last check on
+# SIGTERM PASS.
+round_and_end() {
+	local name=$1 pid=$2 out=$3 what=$4 i
+	alive "$pid" || fail "$name $pid is gone after $what"
 	kill -USR1 "$pid"
 	for ((i = 0; i < 200; i++)); do
 		grep -qE '^round 1: (ok|FAIL)' "$out" && break
 		sleep 0.05
 	done
-	grep -q '^round 1: ok$' "$out" || fail "after $what: $(grep -v '^ok ' "$out" | tail -n 2 | paste -sd'|')"
+	grep -q '^round 1: ok$' "$out" || fail "$name after $what: $(grep -v '^ok ' "$out" | tail -n 2 | paste -sd'|')"
 	kill -TERM "$pid"
-	wait_gone "$pid" 30 || fail "shared-bo $pid did not end on SIGTERM"
-	tail -n 1 "$out" | grep -q '^PASS$' || fail "shared-bo's last check failed: $(tail -n 2 "$out" | paste -sd'|')"
+	wait_gone "$pid" 30 || fail "$name $pid did not end on SIGTERM"
+	tail -n 1 "$out" | grep -q '^PASS$' || fail "$name's last check failed: $(tail -n 2 "$out" | paste -sd'|')"
 }
 
 # A process holding a dma-buf fd (test/rocm/shared-bo.c --dmabuf: a GEM BO exported with
@@ -1839,7 +1826,7 @@ dmabuf_fd_orphan_refused() {
 	fd=$(sed -n 's/^ready [0-9]* dmabuf \([0-9]*\)$/\1/p' "$out")
 	dump "$pid" "$img" && fail "the dump of shared-bo $pid succeeded although no file holds its dma-buf's BO"
 	log_has "$img/dump.log" "amdgpu: pid $pid: fd $fd \(dma-buf, file [0-9]+\) of a BO of GPU 0x[0-9a-f]+ .*: no file this dump saves holds its BO"
-	shared_bo_round_and_end "$pid" "$out" "the refused dump"
+	round_and_end shared-bo "$pid" "$out" "the refused dump"
 	note "$(grep -a -m1 -o 'fd [0-9]* (dma-buf.*holds its BO' "$img/dump.log" | cut -c1-200)"
 }
 
@@ -1853,8 +1840,11 @@ case_gem_dmabuf_fd_peer_refused() { on mi100 -- dmabuf_fd_peer_refused; }
 dmabuf_fd_peer_refused() {
 	local img=$CASE_DIR/img out=$CASE_DIR/dp.out pid fd parent i
 	pid=$(supervised_start "$here/progs/dmabuf-peer.c" "$out") || exit 1
-	fd=$(sed -n 's/^ready [0-9]* dmabuf \([0-9]*\)$/\1/p' "$out")
-	parent=$(sed -n 's/^parent \([0-9]*\)$/\1/p' "$out")
+	# Both from the line supervised_start waited for (the child writes it once forked).
+	fd=$(sed -n 's/^ready [0-9]* dmabuf \([0-9]*\) parent [0-9]*$/\1/p' "$out")
+	parent=$(sed -n 's/^ready [0-9]* dmabuf [0-9]* parent \([0-9]*\)$/\1/p' "$out")
+	[ -n "$fd" ] && [ -n "$parent" ] || fail "dmabuf-peer's ready line names no dma-buf fd or parent: $(grep -a '^ready' "$out")"
+	alive "$parent" || fail "dmabuf-peer's parent $parent is gone before the dump"
 	dump "$pid" "$img" && fail "the dump of dmabuf-peer's child $pid succeeded although its dma-buf's BO is its parent's"
 	log_has "$img/dump.log" "amdgpu: pid $pid: fd $fd \(dma-buf, file [0-9]+\) of a BO of GPU 0x[0-9a-f]+ .*: no file this dump saves holds its BO"
 	alive "$pid" || fail "dmabuf-peer's child $pid is gone after the refused dump"
@@ -1883,7 +1873,7 @@ dmabuf_fd_dump_killed() {
 	dump_killed "$pid" "$img" "): saved as BO " KILL
 	log_has "$img/dump.log" "amdgpu: pid $pid: fd [0-9]+ \(dma-buf, file [0-9]+\) .*: saved as BO"
 	killed_dump_left "$img" "the dma-buf was saved" "$pid" "$@"
-	shared_bo_round_and_end "$pid" "$CASE_DIR/sb.out" "the killed dump"
+	round_and_end shared-bo "$pid" "$CASE_DIR/sb.out" "the killed dump"
 }
 case_kfd_shared_bo_dump_killed() { on mi100 -- shared_bo_dump_killed; }
 shared_bo_dump_killed() {
@@ -1892,7 +1882,7 @@ shared_bo_dump_killed() {
 	dump_killed "$pid" "$img" "the same BO as pid" KILL
 	log_has "$img/dump.log" "amdgpu: pid $pid: render node .*: the same BO as pid $pid"
 	killed_dump_left "$img" "the shared BO was found" "$pid" --kfd
-	shared_bo_round_and_end "$pid" "$CASE_DIR/sb.out" "the killed dump"
+	round_and_end shared-bo "$pid" "$CASE_DIR/sb.out" "the killed dump"
 }
 case_gem_shared_bo_two_procs_dump_killed() { on mi100 -- shared_bo_two_procs_dump_killed; }
 shared_bo_two_procs_dump_killed() {
@@ -1912,38 +1902,13 @@ shared_bo_two_procs_dump_killed() {
 # mapping, restored under the supervisor (which the dma-buf fd's export needs) left stopped,
 # and attached again (`supervise --attach`: the restore's own listener is released, which
 # seccomp would otherwise refuse with EBUSY), its rounds map the dma-buf exported again onto
-# the restored BO. Holding a mapping of it, the dump fails (the mapping is not saved yet) and
-# the process runs on.
+# the restored BO. Holding a mapping of it, the dump fails there (the mapping is not saved
+# yet) and the process runs on.
 case_kfd_dmabuf_map_cr() { on mi100 -- dmabuf_map_cr; }
 case_kfd_dmabuf_map_held_refused() { on mi100 -- dmabuf_map_held_refused; }
 # dmabuf_map_start OUT [--hold]: builds and starts dmabuf-map; prints its pid once ready.
 dmabuf_map_start() {
-	local out=$1 prog=$CASE_DIR/dmabuf-map i pid
-	shift
-	cc -std=gnu11 -Wall -Wextra -Werror -O2 -o "$prog" "$top/test/rocm/dmabuf-map.c" 2>"$CASE_DIR/cc.log" ||
-		fail "dmabuf-map.c does not build: $(head -n 3 "$CASE_DIR/cc.log" | paste -sd' ')"
-	setsid "$KFD_EMU" supervise -- "$prog" "$@" </dev/null >"$out" 2>&1 &
-	for ((i = 0; i < 600; i++)); do
-		grep -q '^ready [0-9]*$' "$out" && break
-		sleep 0.05
-	done
-	pid=$(sed -n 's/^ready \([0-9]*\)$/\1/p' "$out")
-	[ -n "$pid" ] || fail "dmabuf-map did not get ready: $(tail -n 3 "$out" | paste -sd'|')"
-	echo "$pid"
-}
-# dmabuf_map_round_and_end PID OUT WHAT: a round passes after WHAT, and the last on SIGTERM.
-dmabuf_map_round_and_end() {
-	local pid=$1 out=$2 what=$3 i
-	alive "$pid" || fail "dmabuf-map $pid is gone after $what"
-	kill -USR1 "$pid"
-	for ((i = 0; i < 200; i++)); do
-		grep -qE '^round 1: (ok|FAIL)' "$out" && break
-		sleep 0.05
-	done
-	grep -q '^round 1: ok$' "$out" || fail "after $what: $(tail -n 2 "$out" | paste -sd'|')"
-	kill -TERM "$pid"
-	wait_gone "$pid" 30 || fail "dmabuf-map $pid did not end on SIGTERM"
-	tail -n 1 "$out" | grep -q '^PASS$' || fail "dmabuf-map's last round failed: $(tail -n 2 "$out" | paste -sd'|')"
+	supervised_start "$top/test/rocm/dmabuf-map.c" "$@"
 }
 dmabuf_map_cr() {
 	local img=$CASE_DIR/img out=$CASE_DIR/dm.out pid
@@ -1955,13 +1920,21 @@ dmabuf_map_cr() {
 	"$KFD_EMU" supervise --attach "$pid" >>"$CASE_DIR/criu.out" 2>&1 ||
 		fail "supervise --attach $pid: $(tail -n 1 "$CASE_DIR/criu.out")"
 	kill -CONT "$pid"
-	dmabuf_map_round_and_end "$pid" "$out" "the restore"
+	round_and_end dmabuf-map "$pid" "$out" "the restore"
 }
+# Held: the dump must fail at that mapping, its first error (CRIU takes the mapping for
+# shared memory and cannot open it through /proc/PID/map_files), not merely fail.
 dmabuf_map_held_refused() {
-	local img=$CASE_DIR/img out=$CASE_DIR/dm.out pid
+	local img=$CASE_DIR/img out=$CASE_DIR/dm.out pid map first
 	pid=$(dmabuf_map_start "$out" --hold) || exit 1
+	map=$(awk '$6 == "/dmabuf:" { print $1 }' "/proc/$pid/maps")
+	[ "$(wc -w <<<"$map")" = 1 ] || fail "dmabuf-map $pid holds not one mapping of its dma-buf but: ${map:-none}"
 	dump "$pid" "$img" && fail "the dump of dmabuf-map $pid succeeded although it holds a mapping of its dma-buf"
-	dmabuf_map_round_and_end "$pid" "$out" "the refused dump"
+	log_has "$img/dump.log" "Handling VMA with the following smaps entry: $map rw-s .* /dmabuf:\$"
+	first=$(grep -a 'Error' "$img/dump.log" | grep -v RLIMIT_NOFILE | head -n 1)
+	grep -qE "Error \(criu/[a-z-]+\.c:[0-9]+\): Can't open $pid/map_files/$map on procfs" <<<"$first" ||
+		fail "the dump of dmabuf-map $pid failed, but not at its dma-buf mapping $map: ${first:-no error line}"
+	round_and_end dmabuf-map "$pid" "$out" "the refused dump"
 	note "$(grep -a -m1 -o 'Error.*' "$img/dump.log" | cut -c1-160)"
 }
 
@@ -2099,26 +2072,6 @@ fault_dump_unpause_fails() {
 # (CRIU_ROCM_TEST_STOP_ON_LOG, a hook for tests only) and gets a signal there. Whatever the
 # signal, the process must run on with its GPU work going and its memory intact, the images
 # must say "incomplete dump" to restore and gpu-check, and no GPU guardian may stay.
-
-# The state letter of process $1 ("" when it is gone).
-proc_state() {
-	local s
-	s=$(cat "/proc/$1/stat" 2>/dev/null) || return 0
-	s=${s##*) }
-	echo "${s%% *}"
-}
-
-# wait_stopped PID CPID: waits up to 60 s for PID to be stopped (state T) while CPID (the
-# criu-rocm that stops it) lives; fails if it never is.
-wait_stopped() {
-	local i
-	for ((i = 0; i < 1200; i++)); do
-		[ "$(proc_state "$1")" = T ] && return 0
-		alive "$2" || break
-		sleep 0.05
-	done
-	[ "$(proc_state "$1")" = T ]
-}
 
 # stopped_on_log CPID WHAT LOG: waits until criu-rocm CPID, started in the background with
 # CRIU_ROCM_TEST_STOP_ON_LOG, has stopped itself at its line; fails saying WHAT, with the

@@ -27,35 +27,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "kfd-uapi.h"
+
 #define SZ (64u << 10)
 #define PAGE 4096u
-
-struct kfd_apertures {
-	uint64_t lds_base, lds_limit, scratch_base, scratch_limit, gpuvm_base, gpuvm_limit;
-	uint32_t gpu_id, pad;
-};
-struct kfd_apertures_args {
-	uint64_t ptr;
-	uint32_t num_of_nodes, pad;
-};
-struct kfd_acquire_vm_args {
-	uint32_t drm_fd, gpu_id;
-};
-struct kfd_alloc_args {
-	uint64_t va_addr, size, handle, mmap_offset;
-	uint32_t gpu_id, flags;
-};
-struct export_dmabuf_args {
-	uint64_t handle;
-	uint32_t flags, dmabuf_fd;
-};
-#define KFD_GET_PROCESS_APERTURES_NEW _IOWR('K', 0x14, struct kfd_apertures_args)
-#define KFD_ACQUIRE_VM _IOW('K', 0x15, struct kfd_acquire_vm_args)
-#define KFD_ALLOC_MEMORY_OF_GPU _IOWR('K', 0x16, struct kfd_alloc_args)
-#define KFD_EXPORT_DMABUF _IOWR('K', 0x24, struct export_dmabuf_args)
-#define KFD_ALLOC_VRAM (1u << 0)
-#define KFD_ALLOC_PUBLIC (1u << 29)
-#define KFD_ALLOC_WRITABLE (1u << 31)
 
 static volatile sig_atomic_t round_req, stop_req;
 

@@ -380,25 +380,25 @@ ipc_tree_finish() { # CASEDIR
 # import, after the exporter's RESTORE handed it the BO, and criu-rocm is killed there. No
 # task outlives criu nor runs its own code (their outputs unchanged), the images unchanged.
 ipc_tree_killed_restore() { # CASEDIR IMG CRIU
-	local cdir=$1 img=$2 criu=$3 e i sh before outs cpid crpid pid k st
+	local cdir=$1 img=$2 criu=$3 e i sh before outs cpid pid st
 	read -r e i sh <"$cdir/tree.pids"
 	before=$(img_sums "$img")
 	outs=$(cat "$cdir/e.out" "$cdir/i.out" | wc -l)
 	CRIU_ROCM_TEST_STOP_ON_LOG="importing the restored BO" env --default-signal=HUP,INT,PIPE,TERM \
 		"$KFD_EMU" supervise -- "$criu" restore -D "$img" -o restore-killed.log -v4 -d --restore-sibling --leave-stopped >>"$cdir/criu.out" 2>&1 &
 	cpid=$!
-	for ((k = 0; k < 1200; k++)); do
-		[ "$(proc_state "$i")" = T ] && break
-		alive "$cpid" || break
-		sleep 0.05
-	done
-	[ "$(proc_state "$i")" = T ] ||
+	wait_stopped "$i" "$cpid" ||
 		{ echo "the restored importer $i never stopped at its import: $(log_errors "$img/restore-killed.log")"; return 1; }
 	grep -aq "pid $i: KFD file [0-9]*, BO at GPU VA .*: importing the restored BO" "$img/restore-killed.log" ||
 		{ echo "importer $i stopped elsewhere than at its import"; return 1; }
-	for crpid in $(pgrep -P "$cpid"); do
-		[[ $(cat "/proc/$crpid/comm" 2>/dev/null) == criu* ]] && kill -KILL "$crpid"
-	done
+	# `kfd-emu supervise` execs its command: $cpid is criu-rocm itself (its children named
+	# criu* are the tasks it restores, not yet renamed). Bounded, so that a criu that does not
+	# end fails here with the reason, well before the host's `timeout 300` (emu) ends the step.
+	kill -KILL "$cpid"
+	if ! wait_gone "$cpid" 30; then
+		echo "criu-rocm $cpid did not end within 30 s of its SIGKILL (state $(proc_state "$cpid"))"
+		return 1
+	fi
 	wait "$cpid"
 	for pid in "$e" "$i" "$sh"; do
 		kill -CONT "$pid" 2>/dev/null
@@ -411,14 +411,6 @@ ipc_tree_killed_restore() { # CASEDIR IMG CRIU
 	done
 	[ "$outs" = "$(cat "$cdir/e.out" "$cdir/i.out" | wc -l)" ] || { echo "the killed restore's tasks ran their own code"; return 1; }
 	[ "$before" = "$(img_sums "$img")" ] || { echo "the killed restore changed the images"; return 1; }
-}
-
-# The state of process PID (its /proc stat letter), nothing once it is gone.
-proc_state() {
-	local s
-	s=$(cat "/proc/$1/stat" 2>/dev/null) || return 0
-	s=${s##*) }
-	echo "${s%% *}"
 }
 
 # Exporter and importer dumped as one tree and restored on the same host: criu restores

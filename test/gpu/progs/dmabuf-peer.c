@@ -10,9 +10,11 @@
  *
  *   usage: dmabuf-peer       (under kfd-emu supervise, which hands out the dma-buf fd)
  *
- * The parent prints "parent PID", the child "ready PID dmabuf FD"; on SIGUSR1 the child
- * checks that its fd still reads /dmabuf: and prints "alive N" (or "FAIL ..."); both end on
- * SIGTERM, the child printing PASS. Raw DRM ioctls only (the uapi headers of Debian's libdrm).
+ * The child prints "ready PID dmabuf FD parent PPID", one line naming both processes: the
+ * suite reads the parent's pid from the line it waits for, never from a line the parent may
+ * not have written yet. On SIGUSR1 the child checks that its fd still reads /dmabuf: and
+ * prints "alive N" (or "FAIL ..."); both end on SIGTERM, the child printing PASS. Raw DRM
+ * ioctls only (the uapi headers of Debian's libdrm).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -44,15 +46,15 @@ static int fail(const char *what)
 }
 
 /* The child: the dma-buf fd alone; a check per SIGUSR1, PASS on SIGTERM. */
-static int child(int dfd)
+static int child(int dfd, pid_t parent, const sigset_t *wait_mask)
 {
 	char link[64], path[64];
 	unsigned int n = 0;
 	ssize_t len;
 
-	printf("ready %d dmabuf %d\n", getpid(), dfd);
+	printf("ready %d dmabuf %d parent %d\n", getpid(), dfd, parent);
 	while (!stop_req) {
-		pause();
+		sigsuspend(wait_mask);
 		if (!round_req)
 			continue;
 		round_req = 0;
@@ -77,10 +79,20 @@ int main(void)
 						  .domains = AMDGPU_GEM_DOMAIN_VRAM } };
 	struct drm_prime_handle ex = { .flags = DRM_CLOEXEC | DRM_RDWR };
 	struct sigaction sa = { .sa_handler = on_signal };
+	sigset_t block, wait_mask;
+	pid_t pid, parent = getpid();
 	int fd;
-	pid_t pid;
 
 	setvbuf(stdout, NULL, _IOLBF, 0);
+	sigemptyset(&block);
+	sigaddset(&block, SIGUSR1);
+	sigaddset(&block, SIGTERM);
+	/*
+	 * Blocked in both processes (the child inherits the mask) but while they wait in
+	 * sigsuspend: a signal sent before a process reaches its wait stays pending, where
+	 * pause() would have slept through it.
+	 */
+	sigprocmask(SIG_BLOCK, &block, &wait_mask);
 	sigaction(SIGUSR1, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
 	fd = open("/dev/dri/renderD128", O_RDWR | O_CLOEXEC);
@@ -96,11 +108,10 @@ int main(void)
 		return fail("fork");
 	if (pid == 0) {
 		close(fd);
-		return child(ex.fd);
+		return child(ex.fd, parent, &wait_mask);
 	}
 	close(ex.fd);
-	printf("parent %d\n", getpid());
 	while (!stop_req)
-		pause();
+		sigsuspend(&wait_mask);
 	return 0;
 }
