@@ -39,7 +39,11 @@ pub struct Devices {
 /// gets its answer: the opens and releases of the nodes, the /dev/kfd
 /// ioctls that allocate or free memory or make or destroy queues, the
 /// render-node ioctls that make, free, import or move GEM objects, and
-/// every ioctl `kfd-emu supervise` answers.  Until [`LiveSysfs::attach`], nothing is written.
+/// every ioctl `kfd-emu supervise` answers.  The processes' resident waves
+/// and SDMA time (`stats_<gpu_id>/cu_occupancy`, `sdma_<gpu_id>`) change
+/// with the engines, not with those calls: they are taken on the tick
+/// ([`LiveSysfs::tick`]) and shown as then.  Until [`LiveSysfs::attach`],
+/// nothing is written.
 pub struct LiveSysfs {
     emu: Arc<Emulator>,
     profile: Profile,
@@ -84,17 +88,20 @@ impl LiveSysfs {
         self.write()
     }
 
-    /// Takes the `gpu_metrics` tables and the load over the last period
-    /// again every [`METRICS_PERIOD`] while `live` lives (a thread of its
-    /// own), and the per-process files (their waves and SDMA time).
+    /// Takes the processes' waves and SDMA time and writes the
+    /// per-process files, then the `gpu_metrics` tables and the load over
+    /// the last period, every [`METRICS_PERIOD`] while `live` lives (a
+    /// thread of its own).  A reader that sees the load of a period sees
+    /// the processes' files of the same tick or a later one.
     fn tick(live: std::sync::Weak<LiveSysfs>) {
         loop {
             std::thread::sleep(METRICS_PERIOD);
             let Some(l) = live.upgrade() else { return };
+            l.emu.sample_activity();
+            l.refresh();
             if let Err(e) = l.write_metrics() {
                 log::error!("kfd-emu: {e}");
             }
-            l.refresh();
         }
     }
 

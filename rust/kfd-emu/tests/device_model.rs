@@ -1370,6 +1370,38 @@ fn sdma_rocr_async_copy_sequence() {
     assert_eq!(u32_at(&out, 20), 0);
 }
 
+/// The SDMA time KFD's `sdma_<gpu_id>` shows, as the live sysfs files
+/// would: the engine's time on the process' queues as of the last sample
+/// (the live files' tick), forgotten when the process closes /dev/kfd.
+#[test]
+fn sdma_time_shows_when_sampled_and_goes_with_the_process() {
+    let d = Dev::new("");
+    let (kfd, _) = d.setup();
+    let mut r = Rig::new(&d);
+    // 64 copies of 64 KiB: well over a microsecond of the engine's time.
+    for _ in 0..64 {
+        r.push(&pkt::copy_linear(SRC_VA, DST_VA, 65536));
+    }
+    r.run();
+    let sdma_us = |d: &Dev| {
+        let s = d.emu.sysfs_snapshot();
+        let p = s.procs.iter().find(|p| p.pid == std::process::id());
+        p.and_then(|p| p.gpus.iter().find(|g| g.gpu_id == d.gpu_id))
+            .map(|g| g.sdma_us)
+    };
+    assert_eq!(sdma_us(&d), Some(0), "shown before it was sampled");
+    d.emu.sample_activity();
+    assert!(sdma_us(&d) > Some(0), "{:?} after a sample", sdma_us(&d));
+    // The process closes /dev/kfd; the next with its pid starts from
+    // nothing, whenever the next sample is taken.
+    d.emu.release(kfd);
+    assert_eq!(sdma_us(&d), None);
+    let again = d.emu.open(&NodeKind::Kfd, &me()).unwrap();
+    d.emu.sample_activity();
+    assert_eq!(sdma_us(&d), Some(0), "the ended process' time");
+    d.emu.release(again);
+}
+
 /// A TRAP signals an event only through its mailbox, as KFD's interrupt
 /// handler does: the slot of the TRAP's context id written → that event
 /// alone; otherwise (no such slot written) every event whose slot was

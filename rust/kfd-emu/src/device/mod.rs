@@ -506,7 +506,12 @@ impl Emulator {
     /// Lets go of the lock, then sends the answers `done` holds and gives
     /// back the pages of the BOs freed under it (see [`State::take_freed`]),
     /// so that a freed range reads as zero before the freeing call answers.
+    /// The engines' counts of a process that ended are forgotten under the
+    /// lock, so that a later process with its pid starts from nothing.
     fn unlock_then_finish(&self, mut st: MutexGuard<'_, State>, done: Done) {
+        for lead in st.take_ended() {
+            self.shared.activity.forget(lead);
+        }
         let freed = st.take_freed();
         drop(st);
         send(done);
