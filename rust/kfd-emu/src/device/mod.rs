@@ -275,12 +275,12 @@ impl Emulator {
                 .iter()
                 .map(|g| aql::Shaders {
                     target: shader_target(g),
-                    xccs: g.num_xcc.max(1) as u16,
                     cus: shader::CuLayout::new(
                         g.num_xcc,
                         g.asic.shader_engines,
                         g.asic.sh_per_se,
                         g.asic.cu_bitmap(),
+                        shader::WaveSlots::new(g.asic.simd_per_cu, g.asic.max_waves_per_simd),
                     ),
                 })
                 .collect(),

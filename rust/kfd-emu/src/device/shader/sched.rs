@@ -110,8 +110,8 @@ impl Run {
         let vm = std::mem::replace(&mut launch.vm, GpuRange::from_spans(0, 0, Vec::new()));
         let group_count = launch.grid.group_count();
         let mut mem = GpuMemory::new(vm);
-        let scratch = vec![SlotPool::default(); launch.xccs.max(1) as usize];
-        let cus = Cus::new(launch.target, &launch.cus);
+        let scratch = vec![SlotPool::default(); launch.cus.len().max(1)];
+        let cus = Cus::new(launch.wave_slots, &launch.cus);
         mem.read_once(launch.regs.kernarg, launch.code.kernarg_size);
         mem.read_once(launch.regs.packet, Some(AQL_PACKET_BYTES));
         Run {
