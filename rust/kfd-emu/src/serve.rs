@@ -451,6 +451,7 @@ impl Supervised {
         &self,
         n: &crate::supervise::Notice<'_>,
         file: BorrowedFd<'_>,
+        id: (u64, u64),
     ) -> crate::supervise::Verdict {
         use crate::supervise::{Call, Verdict};
         let Call::Mmap {
@@ -467,17 +468,9 @@ impl Supervised {
             tid: n.tid,
             tgid: n.tgid,
         };
-        let mapped = self.emu.dmabuf_mmap(file, &caller, offset, len);
-        if mapped.is_some() && writes_read_only(file, prot, flags) {
-            // do_mmap's check of the file's mode, before the dma-buf's own.
-            log::info!(
-                "kfd-emu: pid {}: writable shared mmap of read-only dma-buf fd {} refused \
-                 (EACCES)",
-                n.tgid,
-                n.fd
-            );
-            return Verdict::Error(libc::EACCES);
-        }
+        let mapped = self.emu.dmabuf_mmap(id, &caller, (offset, len), || {
+            writes_read_only(file, prot, flags)
+        });
         let (window, at) = match mapped {
             None => return Verdict::Continue,
             Some(Err(e)) => return Verdict::Error(e),
@@ -547,11 +540,12 @@ impl Supervised {
         if !n.valid() {
             return Verdict::Continue;
         }
-        let Some(node) = file_id(file.as_fd())
-            .and_then(|id| ids.iter().position(|i| *i == id))
-            .map(|i| self.nodes[i])
-        else {
-            return self.dmabuf_mmap(n, file.as_fd());
+        // A file that cannot be stat'ed is left to the kernel.
+        let Some(id) = file_id(file.as_fd()) else {
+            return Verdict::Continue;
+        };
+        let Some(node) = ids.iter().position(|i| *i == id).map(|i| self.nodes[i]) else {
+            return self.dmabuf_mmap(n, file.as_fd(), id);
         };
         let Ok(fh) = crate::fuse::fh_of(file.as_fd()) else {
             return Verdict::Continue;

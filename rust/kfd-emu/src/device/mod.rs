@@ -426,20 +426,33 @@ impl Emulator {
         r
     }
 
-    /// A trapped mmap of `len` bytes at `offset` of `file` (a descriptor of
-    /// the daemon's): for a dma-buf the process exported (see `dmabuf`),
-    /// the file to map instead (the dma-buf's window onto the BO's render
-    /// memfd, a new fd of it) and the offset in it; None for any other
-    /// file (the kernel maps it).
+    /// A trapped mmap of `len` bytes at `offset` of the file whose
+    /// `(st_dev, st_ino)` is `file`: for a dma-buf the process exported
+    /// (see `dmabuf`), the file to map instead (the dma-buf's window onto
+    /// the BO's render memfd, a new fd of it) and the offset in it; None
+    /// for any other file (the kernel maps it).  `writes_read_only` says
+    /// whether the mmap is a writable shared mapping of a file opened
+    /// read-only: asked of a dma-buf only, first, as do_mmap checks the
+    /// file's mode before the dma-buf is asked anything (EACCES).
     pub fn dmabuf_mmap(
         &self,
-        file: BorrowedFd<'_>,
+        file: (u64, u64),
         caller: &Caller,
-        offset: u64,
-        len: u64,
+        (offset, len): (u64, u64),
+        writes_read_only: impl FnOnce() -> bool,
     ) -> Option<Result<(OwnedFd, u64), i32>> {
         let devs = &self.shared.devs;
-        let d = devs.dmabufs.lookup(file)?;
+        let d = devs.dmabufs.lookup_id(file)?;
+        if writes_read_only() {
+            log::info!(
+                "kfd-emu: pid {}: writable shared mmap of a read-only dma-buf (a BO of {} \
+                 bytes of GPU {}) refused (EACCES)",
+                caller.tgid,
+                d.size,
+                devs.gpus[d.source.gpu].id
+            );
+            return Some(Err(libc::EACCES));
+        }
         let at = match d.mapped_at(offset, len)? {
             Ok(at) => at,
             Err(e) => {
