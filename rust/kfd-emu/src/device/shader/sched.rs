@@ -103,6 +103,9 @@ pub struct Run {
     /// M0 of the `s_sendmsg sendmsg(MSG_INTERRUPT)`s since the worker last
     /// delivered them.
     pub interrupts: Vec<u32>,
+    /// The XCCs with waves resident at the end of the last slice (None
+    /// before the first), which the worker's activity counts read.
+    pub(super) xccs_after: Option<Vec<usize>>,
 }
 
 impl Run {
@@ -130,6 +133,7 @@ impl Run {
             started: Instant::now(),
             cpu: Default::default(),
             interrupts: Vec::new(),
+            xccs_after: None,
         }
     }
 
