@@ -37,7 +37,7 @@ pub struct Round {
 struct Meters {
     xcc: Vec<Busy>,
     mem: Busy,
-    sdma: Busy,
+    sdma_ns: u64,
 }
 
 #[derive(Debug, Default)]
@@ -120,7 +120,7 @@ impl Activity {
     pub fn sdma_ran(&self, lead: u32, gpu: usize, took: Duration) {
         let mut i = self.lock();
         if let Some(m) = i.gpus.get_mut(gpu) {
-            m.sdma.ns += ns(took);
+            m.sdma_ns += ns(took);
         }
         *i.sdma.entry((lead, gpu)).or_default() += ns(took);
     }
@@ -146,7 +146,7 @@ impl Activity {
                 at_ns: ns(now.saturating_duration_since(self.start)),
                 xcc: m.xcc.iter().map(so_far).collect(),
                 mem: so_far(&m.mem),
-                sdma: m.sdma,
+                sdma_ns: m.sdma_ns,
             })
             .collect()
     }
@@ -246,7 +246,7 @@ mod tests {
         a.shader_round(ms(100), ms(101), &r);
         assert_eq!(a.totals_at(ms(30))[0].xcc[1].ns, 26_000_000);
         a.sdma_ran(7, 1, Duration::from_micros(1500));
-        assert_eq!(a.totals_at(ms(101))[1].sdma.ns, 1_500_000);
+        assert_eq!(a.totals_at(ms(101))[1].sdma_ns, 1_500_000);
         a.sample();
         assert_eq!(a.process(7, 1), (0, 1500));
         a.sdma_ran(8, 1, Duration::from_micros(500));
