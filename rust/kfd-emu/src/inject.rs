@@ -232,19 +232,6 @@ pub struct Mmap {
     pub offset: u64,
 }
 
-/// Whether `tid` has a tracer (a debugger, or CRIU dumping it): a second
-/// one cannot seize it.
-pub fn traced(tid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{tid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("TracerPid:"))
-                .map(|v| v.trim() != "0")
-        })
-        .unwrap_or(true)
-}
-
 /// Makes `map` in thread `tid` of `pid`, which waits in a seccomp-trapped
 /// `mmap` of another file (the interrupt withdraws that notification),
 /// closes `map.fd` there, and makes the trapped call return what the

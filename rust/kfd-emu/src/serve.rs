@@ -489,8 +489,9 @@ impl Supervised {
         if cfg!(not(target_arch = "x86_64")) {
             return refuse("implemented on x86_64 only".into());
         }
-        #[cfg(target_arch = "x86_64")]
-        if crate::inject::traced(n.tid) {
+        // A tracer (a debugger, or CRIU dumping it) keeps the injector
+        // from seizing the thread; so may a thread gone.
+        if device::tracer_of(n.tid).is_none_or(|t| t != 0) {
             return refuse("the thread is traced".into());
         }
         let fd = match n.addfd(window.as_fd(), true) {

@@ -218,7 +218,9 @@ fn start_in_stat(stat: &str) -> Option<u64> {
     rest.split_whitespace().nth(22 - 3)?.parse().ok()
 }
 
-fn tracer_of(pid: u32) -> Option<u32> {
+/// The tracer of `pid` (`TracerPid:`, 0 for none); None when its status
+/// cannot be read.
+pub fn tracer_of(pid: u32) -> Option<u32> {
     status_field(pid, "TracerPid:").and_then(|v| v.parse().ok())
 }
 
