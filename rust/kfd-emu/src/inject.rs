@@ -8,10 +8,7 @@
 
 use std::io;
 
-fn os_err(what: impl std::fmt::Display) -> io::Error {
-    let e = io::Error::last_os_error();
-    io::Error::new(e.kind(), format!("{what}: {e}"))
-}
+use crate::os_err;
 
 /// The address of a `syscall` instruction (0f 05) in the vDSO of `pid`.
 pub fn vdso_syscall(pid: i32) -> io::Result<u64> {
