@@ -11,8 +11,10 @@
 //!   BO again, of another GPU an import), userptr registrations
 //!   (GEM_USERPTR), GEM_CLOSE, GEM_OP, GEM_METADATA, GEM_LIST_HANDLES and
 //!   GEM_CHANGE_HANDLE.  Handles are the lowest free from 1, as the
-//!   file's idr hands them out (kept in an [`IdrMap`], so that creating N
-//!   objects does not walk every handle N times).
+//!   file's idr hands them out (an [`IdrMap`]: a new handle is found
+//!   without a walk of those taken).  A PRIME import still looks for the
+//!   file's handle of the object by a walk of every handle, and GEM_CLOSE
+//!   drops the handle's VA mappings by a walk of every mapping.
 //! * A GPU VM per file (GEM_VA MAP, UNMAP, CLEAR, REPLACE) that the SDMA
 //!   engine reaches IB operands through.  It is the file's own: a file
 //!   whose VM KFD adopted (ACQUIRE_VM) does not see KFD's BOs in it.
