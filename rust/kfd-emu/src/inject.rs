@@ -8,10 +8,7 @@
 
 use std::io;
 
-fn os_err(what: impl std::fmt::Display) -> io::Error {
-    let e = io::Error::last_os_error();
-    io::Error::new(e.kind(), format!("{what}: {e}"))
-}
+use crate::os_err;
 
 /// The address of a `syscall` instruction (0f 05) in the vDSO of `pid`.
 pub fn vdso_syscall(pid: i32) -> io::Result<u64> {
@@ -230,19 +227,6 @@ pub struct Mmap {
     /// The descriptor, in the thread's process.
     pub fd: i32,
     pub offset: u64,
-}
-
-/// Whether `tid` has a tracer (a debugger, or CRIU dumping it): a second
-/// one cannot seize it.
-pub fn traced(tid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{tid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("TracerPid:"))
-                .map(|v| v.trim() != "0")
-        })
-        .unwrap_or(true)
 }
 
 /// Makes `map` in thread `tid` of `pid`, which waits in a seccomp-trapped

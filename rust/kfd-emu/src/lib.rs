@@ -32,3 +32,10 @@ pub mod serve;
 pub mod supervise;
 pub mod sysfs;
 pub mod topology;
+
+/// The last OS error with the call that failed named in front of it (its
+/// errno kept), for the modules that make system calls of their own.
+pub(crate) fn os_err(what: impl std::fmt::Display) -> std::io::Error {
+    let e = std::io::Error::last_os_error();
+    std::io::Error::new(e.kind(), format!("{what}: {e}"))
+}

@@ -35,11 +35,7 @@ use std::path::Path;
 
 #[cfg(target_arch = "x86_64")]
 use crate::inject::{vdso_syscall, Seized};
-
-fn os_err(what: impl std::fmt::Display) -> io::Error {
-    let e = io::Error::last_os_error();
-    io::Error::new(e.kind(), format!("{what}: {e}"))
-}
+use crate::os_err;
 
 /// Gives every thread of `pid` a listener and hands them to the daemon of
 /// `state_dir`; returns how many threads got one.

@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::fuse;
+use crate::os_err;
 use crate::profile::Profile;
 use crate::serve::{Devices, NodeSpec};
 use crate::sysfs::live;
@@ -34,11 +35,6 @@ pub struct RunOptions {
     pub cmd: Vec<OsString>,
     /// FUSE worker threads per device node.
     pub threads: usize,
-}
-
-fn os_err(what: impl std::fmt::Display) -> io::Error {
-    let e = io::Error::last_os_error();
-    io::Error::new(e.kind(), format!("{what}: {e}"))
 }
 
 fn cstr(p: &Path) -> io::Result<CString> {

@@ -39,7 +39,11 @@ pub struct Devices {
 /// gets its answer: the opens and releases of the nodes, the /dev/kfd
 /// ioctls that allocate or free memory or make or destroy queues, the
 /// render-node ioctls that make, free, import or move GEM objects, and
-/// every ioctl `kfd-emu supervise` answers.  Until [`LiveSysfs::attach`], nothing is written.
+/// every ioctl `kfd-emu supervise` answers.  The processes' resident waves
+/// and SDMA time (`stats_<gpu_id>/cu_occupancy`, `sdma_<gpu_id>`) change
+/// with the engines, not with those calls: they are taken on the tick
+/// ([`LiveSysfs::tick`]) and shown as then.  Until [`LiveSysfs::attach`],
+/// nothing is written.
 pub struct LiveSysfs {
     emu: Arc<Emulator>,
     profile: Profile,
@@ -84,17 +88,20 @@ impl LiveSysfs {
         self.write()
     }
 
-    /// Takes the `gpu_metrics` tables and the load over the last period
-    /// again every [`METRICS_PERIOD`] while `live` lives (a thread of its
-    /// own), and the per-process files (their waves and SDMA time).
+    /// Takes the processes' waves and SDMA time and writes the
+    /// per-process files, then the `gpu_metrics` tables and the load over
+    /// the last period, every [`METRICS_PERIOD`] while `live` lives (a
+    /// thread of its own).  A reader that sees the load of a period sees
+    /// the processes' files of the same tick or a later one.
     fn tick(live: std::sync::Weak<LiveSysfs>) {
         loop {
             std::thread::sleep(METRICS_PERIOD);
             let Some(l) = live.upgrade() else { return };
+            l.emu.sample_activity();
+            l.refresh();
             if let Err(e) = l.write_metrics() {
                 log::error!("kfd-emu: {e}");
             }
-            l.refresh();
         }
     }
 
@@ -444,6 +451,7 @@ impl Supervised {
         &self,
         n: &crate::supervise::Notice<'_>,
         file: BorrowedFd<'_>,
+        id: (u64, u64),
     ) -> crate::supervise::Verdict {
         use crate::supervise::{Call, Verdict};
         let Call::Mmap {
@@ -460,17 +468,9 @@ impl Supervised {
             tid: n.tid,
             tgid: n.tgid,
         };
-        let mapped = self.emu.dmabuf_mmap(file, &caller, offset, len);
-        if mapped.is_some() && writes_read_only(file, prot, flags) {
-            // do_mmap's check of the file's mode, before the dma-buf's own.
-            log::info!(
-                "kfd-emu: pid {}: writable shared mmap of read-only dma-buf fd {} refused \
-                 (EACCES)",
-                n.tgid,
-                n.fd
-            );
-            return Verdict::Error(libc::EACCES);
-        }
+        let mapped = self.emu.dmabuf_mmap(id, &caller, (offset, len), || {
+            writes_read_only(file, prot, flags)
+        });
         let (window, at) = match mapped {
             None => return Verdict::Continue,
             Some(Err(e)) => return Verdict::Error(e),
@@ -489,8 +489,9 @@ impl Supervised {
         if cfg!(not(target_arch = "x86_64")) {
             return refuse("implemented on x86_64 only".into());
         }
-        #[cfg(target_arch = "x86_64")]
-        if crate::inject::traced(n.tid) {
+        // A tracer (a debugger, or CRIU dumping it) keeps the injector
+        // from seizing the thread; so may a thread gone.
+        if device::tracer_of(n.tid).is_none_or(|t| t != 0) {
             return refuse("the thread is traced".into());
         }
         let fd = match n.addfd(window.as_fd(), true) {
@@ -540,11 +541,12 @@ impl Supervised {
         if !n.valid() {
             return Verdict::Continue;
         }
-        let Some(node) = file_id(file.as_fd())
-            .and_then(|id| ids.iter().position(|i| *i == id))
-            .map(|i| self.nodes[i])
-        else {
-            return self.dmabuf_mmap(n, file.as_fd());
+        // A file that cannot be stat'ed is left to the kernel.
+        let Some(id) = file_id(file.as_fd()) else {
+            return Verdict::Continue;
+        };
+        let Some(node) = ids.iter().position(|i| *i == id).map(|i| self.nodes[i]) else {
+            return self.dmabuf_mmap(n, file.as_fd(), id);
         };
         let Ok(fh) = crate::fuse::fh_of(file.as_fd()) else {
             return Verdict::Continue;

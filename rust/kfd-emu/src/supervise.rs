@@ -48,6 +48,8 @@ use std::sync::Arc;
 
 use kfd_abi::ioctl::{AMDKFD_IOC_CRIU_OP, AMDKFD_IOC_EXPORT_DMABUF, DRM_IOCTL_PRIME_HANDLE_TO_FD};
 
+use crate::os_err;
+
 /// The socket in the state directory on which the daemon takes listeners.
 pub const SOCKET: &str = "supervise.sock";
 
@@ -213,11 +215,6 @@ pub fn run_filter(prog: &[libc::sock_filter], data: &libc::seccomp_data) -> u32 
         }
         pc += 1;
     }
-}
-
-fn os_err(what: impl std::fmt::Display) -> io::Error {
-    let e = io::Error::last_os_error();
-    io::Error::new(e.kind(), format!("{what}: {e}"))
 }
 
 fn has_sys_admin() -> bool {

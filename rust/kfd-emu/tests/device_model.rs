@@ -627,17 +627,21 @@ fn sdma_packets_events_and_waits() {
             (7, 8, 9)
         );
         assert_eq!(rd32(r.ctl, 16), 0x1234);
-        // The interrupt path re-armed the slot.
-        assert_eq!(
-            std::ptr::read_volatile(r.sig.add(r.event as usize * 8) as *const u64),
-            u64::MAX
-        );
     }
     let out = waiting
         .recv_timeout(Duration::from_secs(2))
         .expect("TRAP did not wake the wait")
         .unwrap();
     assert_eq!(u32_at(&out, 20), 0);
+    // The interrupt path re-armed the slot (after the read pointer's
+    // write-back, before the wait's answer).
+    // SAFETY: inside the signal page's mapping.
+    unsafe {
+        assert_eq!(
+            std::ptr::read_volatile(r.sig.add(r.event as usize * 8) as *const u64),
+            u64::MAX
+        );
+    }
     // Auto-reset: consumed by the waiter.
     let (wa, _e) = wait_args(&[r.event], false, 20);
     let t = Instant::now();
@@ -1368,6 +1372,38 @@ fn sdma_rocr_async_copy_sequence() {
         .expect("the TRAP did not wake the wait")
         .unwrap();
     assert_eq!(u32_at(&out, 20), 0);
+}
+
+/// The SDMA time KFD's `sdma_<gpu_id>` shows, as the live sysfs files
+/// would: the engine's time on the process' queues as of the last sample
+/// (the live files' tick), forgotten when the process closes /dev/kfd.
+#[test]
+fn sdma_time_shows_when_sampled_and_goes_with_the_process() {
+    let d = Dev::new("");
+    let (kfd, _) = d.setup();
+    let mut r = Rig::new(&d);
+    // 64 copies of 64 KiB: well over a microsecond of the engine's time.
+    for _ in 0..64 {
+        r.push(&pkt::copy_linear(SRC_VA, DST_VA, 65536));
+    }
+    r.run();
+    let sdma_us = |d: &Dev| {
+        let s = d.emu.sysfs_snapshot();
+        let p = s.procs.iter().find(|p| p.pid == std::process::id());
+        p.and_then(|p| p.gpus.iter().find(|g| g.gpu_id == d.gpu_id))
+            .map(|g| g.sdma_us)
+    };
+    assert_eq!(sdma_us(&d), Some(0), "shown before it was sampled");
+    d.emu.sample_activity();
+    assert!(sdma_us(&d) > Some(0), "{:?} after a sample", sdma_us(&d));
+    // The process closes /dev/kfd; the next with its pid starts from
+    // nothing, whenever the next sample is taken.
+    d.emu.release(kfd);
+    assert_eq!(sdma_us(&d), None);
+    let again = d.emu.open(&NodeKind::Kfd, &me()).unwrap();
+    d.emu.sample_activity();
+    assert_eq!(sdma_us(&d), Some(0), "the ended process' time");
+    d.emu.release(again);
 }
 
 /// A TRAP signals an event only through its mailbox, as KFD's interrupt

@@ -8,7 +8,10 @@
 //! one's end is busy time for every XCC that had waves resident in it, and
 //! memory busy time when any wave accessed memory; what is busy after a
 //! round counts as busy until the next ([`Activity::totals`]).  The SDMA engine
-//! reports the time each queue's packets took to run.
+//! reports the time each queue's packets took to run.  The per-process
+//! counts the live files show are those of the last [`Activity::sample`]
+//! (the live sysfs's tick), and a process' counts go when it ends
+//! ([`Activity::forget`]).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -34,7 +37,7 @@ pub struct Round {
 struct Meters {
     xcc: Vec<Busy>,
     mem: Busy,
-    sdma: Busy,
+    sdma_ns: u64,
 }
 
 #[derive(Debug, Default)]
@@ -45,6 +48,8 @@ struct Inner {
     /// Per (process, GPU): resident waves, SDMA busy ns.
     waves: HashMap<(u32, usize), u32>,
     sdma: HashMap<(u32, usize), u64>,
+    /// Both as of the last [`Activity::sample`].
+    sampled: HashMap<(u32, usize), (u32, u64)>,
 }
 
 /// The counts, shared by the engines and the live sysfs.
@@ -115,7 +120,7 @@ impl Activity {
     pub fn sdma_ran(&self, lead: u32, gpu: usize, took: Duration) {
         let mut i = self.lock();
         if let Some(m) = i.gpus.get_mut(gpu) {
-            m.sdma.ns += ns(took);
+            m.sdma_ns += ns(took);
         }
         *i.sdma.entry((lead, gpu)).or_default() += ns(took);
     }
@@ -141,26 +146,40 @@ impl Activity {
                 at_ns: ns(now.saturating_duration_since(self.start)),
                 xcc: m.xcc.iter().map(so_far).collect(),
                 mem: so_far(&m.mem),
-                sdma: m.sdma,
+                sdma_ns: m.sdma_ns,
             })
             .collect()
     }
 
+    /// Takes the per-process counts [`Activity::process`] shows.
+    pub fn sample(&self) {
+        let i = &mut *self.lock();
+        let (waves, sdma) = (&i.waves, &i.sdma);
+        i.sampled = waves
+            .keys()
+            .chain(sdma.keys())
+            .map(|k| {
+                let w = waves.get(k).copied().unwrap_or(0);
+                (*k, (w, sdma.get(k).copied().unwrap_or(0)))
+            })
+            .collect();
+    }
+
     /// Process `lead`'s resident waves on GPU `gpu` and its SDMA busy
-    /// time there, µs.
+    /// time there, µs, as of the last [`Activity::sample`].
     pub fn process(&self, lead: u32, gpu: usize) -> (u32, u64) {
         let i = self.lock();
-        let waves = i.waves.get(&(lead, gpu)).copied().unwrap_or(0);
-        let sdma = i.sdma.get(&(lead, gpu)).copied().unwrap_or(0);
+        let (waves, sdma) = i.sampled.get(&(lead, gpu)).copied().unwrap_or((0, 0));
         (waves, sdma / 1000)
     }
 
-    /// Forgets the processes `keep` does not name (gone: a new process
-    /// with the same pid starts from nothing).
-    pub fn retain(&self, keep: impl Fn(u32) -> bool) {
+    /// Forgets process `lead` (ended: a new process with its pid starts
+    /// from nothing).
+    pub fn forget(&self, lead: u32) {
         let mut i = self.lock();
-        i.sdma.retain(|k, _| keep(k.0));
-        i.waves.retain(|k, _| keep(k.0));
+        i.sdma.retain(|k, _| k.0 != lead);
+        i.waves.retain(|k, _| k.0 != lead);
+        i.sampled.retain(|k, _| k.0 != lead);
     }
 }
 
@@ -195,6 +214,9 @@ mod tests {
         // Read 4 ms into the next round: busy so far.
         assert_eq!(a.totals_at(ms(24))[0].xcc[1].ns, 24_000_000);
         assert_eq!(a.totals_at(ms(24))[0].xcc[0].ns, 0);
+        // A process' counts show once sampled.
+        assert_eq!(a.process(7, 0), (0, 0));
+        a.sample();
         assert_eq!(a.process(7, 0), (40, 0));
         // The last waves finish: busy in the round, idle after.
         let end = Round {
@@ -217,14 +239,21 @@ mod tests {
                 now: false
             }
         );
+        assert_eq!(a.process(7, 0), (40, 0), "until the next sample");
+        a.sample();
         assert_eq!(a.process(7, 0), (0, 0));
         // After an idle spell a round counts from its own start.
         a.shader_round(ms(100), ms(101), &r);
         assert_eq!(a.totals_at(ms(30))[0].xcc[1].ns, 26_000_000);
         a.sdma_ran(7, 1, Duration::from_micros(1500));
-        assert_eq!(a.totals_at(ms(101))[1].sdma.ns, 1_500_000);
+        assert_eq!(a.totals_at(ms(101))[1].sdma_ns, 1_500_000);
+        a.sample();
         assert_eq!(a.process(7, 1), (0, 1500));
-        a.retain(|p| p != 7);
+        a.sdma_ran(8, 1, Duration::from_micros(500));
+        a.forget(7);
         assert_eq!(a.process(7, 1), (0, 0));
+        a.sample();
+        assert_eq!(a.process(7, 1), (0, 0), "forgotten, not sampled again");
+        assert_eq!(a.process(8, 1), (0, 500));
     }
 }

@@ -56,13 +56,13 @@ const TYPE_BARRIER_AND: u8 = 3;
 const TYPE_BARRIER_OR: u8 = 5;
 
 /// What the CP model needs of a GPU: the shader ISA the engine runs on it
-/// (None: one it does not run) and its XCCs, over which the CP spreads a
-/// dispatch's workgroups and splits the queue's scratch.
+/// (None: one it does not run) and its CUs.
 #[derive(Clone, Copy, Debug)]
 pub struct Shaders {
     pub target: Option<Target>,
-    pub xccs: u16,
-    /// The CUs of its XCCs, which queues' CU masks select from.
+    /// The CUs of its XCCs, which queues' CU masks select from; its XCCs
+    /// (`cus.xccs`), over which the CP spreads a dispatch's workgroups and
+    /// splits the queue's scratch.
     pub cus: CuLayout,
 }
 
@@ -340,7 +340,6 @@ pub fn pass(p: &mut Proc, gpus: &[Shaders], done: &mut Done) -> Pass {
             }
             let gpu = gpus.get(q.gpu).copied().unwrap_or(Shaders {
                 target: None,
-                xccs: 1,
                 cus: CuLayout::default(),
             });
             run_queue(p, id, &q, gpu, &mut out, done)

@@ -88,6 +88,9 @@ pub struct Asic {
     pub shader_engines: u32,
     pub sh_per_se: u32,
     pub cu_per_sh: u32,
+    /// SIMDs of a CU, and wave slots of a SIMD.
+    pub simd_per_cu: u32,
+    pub max_waves_per_simd: u32,
     /// Active CUs of the whole GPU, and its XCCs (compute dies).
     pub cu_active: u32,
     pub xcc: u32,
@@ -239,6 +242,8 @@ impl Asic {
             shader_engines,
             sh_per_se,
             cu_per_sh: g.cu_per_simd_array,
+            simd_per_cu: g.simd_per_cu,
+            max_waves_per_simd: g.max_waves_per_simd,
             cu_active: g.cu_count,
             xcc,
             wave_front_size: g.wave_front_size,

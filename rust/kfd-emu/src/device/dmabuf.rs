@@ -345,7 +345,11 @@ impl Registry {
     /// The dmabuf `fd` (a descriptor of the daemon's) is, or None for any
     /// other file.
     pub fn lookup(&self, fd: BorrowedFd<'_>) -> Option<Arc<Dmabuf>> {
-        let id = file_id(fd).ok()?;
+        self.lookup_id(file_id(fd).ok()?)
+    }
+
+    /// The dmabuf of the file whose `(st_dev, st_ino)` is `id`, or None.
+    pub fn lookup_id(&self, id: (u64, u64)) -> Option<Arc<Dmabuf>> {
         let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         inner.by_id.get(&id).cloned()
     }

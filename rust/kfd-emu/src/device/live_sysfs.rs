@@ -16,12 +16,17 @@ use crate::sysfs::load::Totals;
 const PASID_BASE: u32 = 0x8000;
 
 impl Emulator {
-    /// What the live sysfs files show now.
+    /// What the live sysfs files show now: the processes' waves and SDMA
+    /// time as of the last [`Emulator::sample_activity`].
     pub fn sysfs_snapshot(&self) -> Snapshot {
         let st = self.lock();
-        let a = &self.shared.activity;
-        a.retain(|lead| st.procs.contains_key(&lead));
-        st.sysfs_snapshot(a)
+        st.sysfs_snapshot(&self.shared.activity)
+    }
+
+    /// Takes the processes' waves and SDMA time the live files show next
+    /// (on the live sysfs's tick, not at every call that writes them).
+    pub fn sample_activity(&self) {
+        self.shared.activity.sample();
     }
 
     /// Each GPU's engines' busy time so far.

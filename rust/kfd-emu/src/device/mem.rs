@@ -8,6 +8,8 @@ use std::mem::size_of;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
+use crate::os_err;
+
 /// One sparse memfd backing all opens of one device node.
 pub struct Memfd {
     fd: OwnedFd,
@@ -216,11 +218,6 @@ pub fn pull_fd(tgid: u32, fd: i32) -> io::Result<OwnedFd> {
     }
     // SAFETY: a fresh fd nobody else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(r as i32) })
-}
-
-fn os_err(what: impl std::fmt::Display) -> io::Error {
-    let e = io::Error::last_os_error();
-    io::Error::new(e.kind(), format!("{what}: {e}"))
 }
 
 /// Reads `buf.len()` bytes at `addr` of thread `tid` (EFAULT on failure).

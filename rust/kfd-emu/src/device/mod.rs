@@ -218,7 +218,9 @@ fn start_in_stat(stat: &str) -> Option<u64> {
     rest.split_whitespace().nth(22 - 3)?.parse().ok()
 }
 
-fn tracer_of(pid: u32) -> Option<u32> {
+/// The tracer of `pid` (`TracerPid:`, 0 for none); None when its status
+/// cannot be read.
+pub fn tracer_of(pid: u32) -> Option<u32> {
     status_field(pid, "TracerPid:").and_then(|v| v.parse().ok())
 }
 
@@ -275,12 +277,12 @@ impl Emulator {
                 .iter()
                 .map(|g| aql::Shaders {
                     target: shader_target(g),
-                    xccs: g.num_xcc.max(1) as u16,
                     cus: shader::CuLayout::new(
                         g.num_xcc,
                         g.asic.shader_engines,
                         g.asic.sh_per_se,
                         g.asic.cu_bitmap(),
+                        shader::WaveSlots::new(g.asic.simd_per_cu, g.asic.max_waves_per_simd),
                     ),
                 })
                 .collect(),
@@ -426,20 +428,33 @@ impl Emulator {
         r
     }
 
-    /// A trapped mmap of `len` bytes at `offset` of `file` (a descriptor of
-    /// the daemon's): for a dma-buf the process exported (see `dmabuf`),
-    /// the file to map instead (the dma-buf's window onto the BO's render
-    /// memfd, a new fd of it) and the offset in it; None for any other
-    /// file (the kernel maps it).
+    /// A trapped mmap of `len` bytes at `offset` of the file whose
+    /// `(st_dev, st_ino)` is `file`: for a dma-buf the process exported
+    /// (see `dmabuf`), the file to map instead (the dma-buf's window onto
+    /// the BO's render memfd, a new fd of it) and the offset in it; None
+    /// for any other file (the kernel maps it).  `writes_read_only` says
+    /// whether the mmap is a writable shared mapping of a file opened
+    /// read-only: asked of a dma-buf only, first, as do_mmap checks the
+    /// file's mode before the dma-buf is asked anything (EACCES).
     pub fn dmabuf_mmap(
         &self,
-        file: BorrowedFd<'_>,
+        file: (u64, u64),
         caller: &Caller,
-        offset: u64,
-        len: u64,
+        (offset, len): (u64, u64),
+        writes_read_only: impl FnOnce() -> bool,
     ) -> Option<Result<(OwnedFd, u64), i32>> {
         let devs = &self.shared.devs;
-        let d = devs.dmabufs.lookup(file)?;
+        let d = devs.dmabufs.lookup_id(file)?;
+        if writes_read_only() {
+            log::info!(
+                "kfd-emu: pid {}: writable shared mmap of a read-only dma-buf (a BO of {} \
+                 bytes of GPU {}) refused (EACCES)",
+                caller.tgid,
+                d.size,
+                devs.gpus[d.source.gpu].id
+            );
+            return Some(Err(libc::EACCES));
+        }
         let at = match d.mapped_at(offset, len)? {
             Ok(at) => at,
             Err(e) => {
@@ -506,7 +521,12 @@ impl Emulator {
     /// Lets go of the lock, then sends the answers `done` holds and gives
     /// back the pages of the BOs freed under it (see [`State::take_freed`]),
     /// so that a freed range reads as zero before the freeing call answers.
+    /// The engines' counts of a process that ended are forgotten under the
+    /// lock, so that a later process with its pid starts from nothing.
     fn unlock_then_finish(&self, mut st: MutexGuard<'_, State>, done: Done) {
+        for lead in st.take_ended() {
+            self.shared.activity.forget(lead);
+        }
         let freed = st.take_freed();
         drop(st);
         send(done);

@@ -645,6 +645,9 @@ pub struct State {
     /// Render-memfd ranges of freed BOs (GPU, offset, bytes) whose pages
     /// go back after the lock is dropped ([`State::take_freed`]).
     freed: Vec<(usize, u64, u64)>,
+    /// Processes ended since [`State::take_ended`] (their engine counts
+    /// go with them).
+    ended: Vec<u32>,
 }
 
 /// A GEM_CREATE BO as the device knows it.
@@ -695,6 +698,7 @@ impl State {
             gem_gtt: vec![0; gpus],
             resets: vec![0; gpus],
             freed: Vec::new(),
+            ended: Vec::new(),
         }
     }
 
@@ -855,6 +859,7 @@ impl State {
         // The slot is reused by a later process: give its doorbell, signal
         // and MMIO pages back now.
         self.punch_slot(p.slot);
+        self.ended.push(lead);
     }
 
     /// Zeroes the doorbell, events and MMIO ranges of `slot`.
@@ -1112,6 +1117,11 @@ impl State {
     /// have been placed in a range before it is punched.
     pub fn take_freed(&mut self) -> Vec<(usize, u64, u64)> {
         std::mem::take(&mut self.freed)
+    }
+
+    /// The processes ended since the last call (their leads).
+    pub fn take_ended(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.ended)
     }
 
     /// Punches the ranges [`State::take_freed`] returned (freed BOs read

@@ -81,7 +81,7 @@ pub struct DmabufFs {
 
 fn syscall_fd(what: &str, r: libc::c_long) -> io::Result<OwnedFd> {
     if r < 0 {
-        return Err(super::os_err(format!("dmabuf: {what}")));
+        return Err(crate::os_err(format!("dmabuf: {what}")));
     }
     // SAFETY: the syscall returned a fresh fd owned by nobody else.
     Ok(unsafe { OwnedFd::from_raw_fd(r as i32) })
@@ -109,7 +109,7 @@ fn fsconfig(
         )
     };
     if r < 0 {
-        return Err(super::os_err(format!("dmabuf: fsconfig {:?}", key)));
+        return Err(crate::os_err(format!("dmabuf: fsconfig {:?}", key)));
     }
     Ok(())
 }

@@ -30,6 +30,8 @@ use std::thread::JoinHandle;
 
 use abi::Pod;
 
+use crate::os_err;
+
 /// Largest write the kernel may send; we never take writes (passthrough),
 /// but ioctl payloads (at most 16 KiB restricted) must fit.
 const MAX_WRITE: u32 = 64 * 1024;
@@ -498,11 +500,6 @@ impl Mount {
 fn cstr(p: &Path) -> io::Result<CString> {
     CString::new(p.as_os_str().as_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))
-}
-
-fn os_err(what: impl std::fmt::Display) -> io::Error {
-    let e = io::Error::last_os_error();
-    io::Error::new(e.kind(), format!("{what}: {e}"))
 }
 
 /// Mounts a file-root FUSE fs over the existing regular file `target`,

@@ -31,15 +31,14 @@ pub struct Totals {
     pub xcc: Vec<Busy>,
     /// The waves' memory accesses.
     pub mem: Busy,
-    /// The SDMA engines' work.
-    pub sdma: Busy,
+    /// The SDMA engines' work, ns (a queue's packets run at once, so they
+    /// are never busy between two counts).
+    pub sdma_ns: u64,
 }
 
 /// One GPU's load over a window, percent (0 to 100).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Load {
-    /// Each XCC's GFX activity.
-    pub xcc: Vec<u16>,
     /// Which XCCs have waves resident now.
     pub xcc_now: Vec<bool>,
     /// The GPU's GFX activity (the mean of its XCCs').
@@ -58,7 +57,6 @@ impl Load {
     /// An idle GPU of `xccs` XCCs that has never been busy.
     pub fn idle(xccs: usize) -> Load {
         Load {
-            xcc: vec![0; xccs],
             xcc_now: vec![false; xccs],
             ..Load::default()
         }
@@ -94,17 +92,16 @@ pub fn window(prev: &Totals, now: &Totals) -> Load {
     let n = xcc.len().max(1) as u64;
     let gfx = (xcc.iter().map(|&p| u64::from(p)).sum::<u64>() / n) as u16;
     let umc = (percent(delta(&prev.mem, &now.mem), span)
-        + percent(delta(&prev.sdma, &now.sdma), span))
+        + percent(now.sdma_ns.saturating_sub(prev.sdma_ns), span))
     .min(100);
     let gfx_ns = now.xcc.iter().map(|b| b.ns).sum::<u64>() / n;
     Load {
-        xcc,
         xcc_now: now.xcc.iter().map(|b| b.now).collect(),
         gfx,
         umc,
-        mem_now: now.mem.now || now.sdma.now || umc > 0,
+        mem_now: now.mem.now || umc > 0,
         gfx_acc: gfx_ns / NS_PER_ACC,
-        mem_acc: (now.mem.ns + now.sdma.ns) / NS_PER_ACC,
+        mem_acc: (now.mem.ns + now.sdma_ns) / NS_PER_ACC,
     }
 }
 
@@ -122,17 +119,17 @@ mod tests {
             at_ns: 1_000_000_000,
             xcc: vec![busy(0, false), busy(500_000_000, true)],
             mem: busy(0, false),
-            sdma: busy(0, false),
+            sdma_ns: 0,
         };
         let now = Totals {
             at_ns: 2_000_000_000,
             xcc: vec![busy(1_000_000_000, true), busy(750_000_000, false)],
             mem: busy(300_000_000, true),
-            sdma: busy(900_000_000, false),
+            sdma_ns: 900_000_000,
         };
         let l = window(&prev, &now);
-        assert_eq!(l.xcc, [100, 25]);
         assert_eq!(l.xcc_now, [true, false]);
+        // The mean of 100 % and 25 %.
         assert_eq!(l.gfx, 62);
         assert!(l.gfx_now());
         assert_eq!(l.umc, 100, "30 % + 90 % capped");
@@ -145,7 +142,7 @@ mod tests {
             at_ns: 3_000_000_000,
             xcc: vec![busy(1_000_000_000, false), busy(750_000_000, false)],
             mem: busy(300_000_000, false),
-            sdma: busy(900_000_000, false),
+            sdma_ns: 900_000_000,
         };
         let l = window(&now, &later);
         assert_eq!((l.gfx, l.umc, l.gfx_now(), l.mem_now), (0, 0, false, false));

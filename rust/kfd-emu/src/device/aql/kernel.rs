@@ -171,7 +171,7 @@ pub fn prepare(
             s.resource,
             s.split.wave_bytes,
             s.split.slots,
-            gpu.xccs,
+            gpu.cus.xccs,
             s.split.xcc_bytes
         );
     }
@@ -204,8 +204,8 @@ pub fn prepare(
         regs,
         lds,
         scratch: (pk.private_size > 0).then_some(s.split),
-        xccs: gpu.xccs.max(1),
         cus: gpu.cus.enabled(&q.cu_mask),
+        wave_slots: gpu.cus.slots,
         vm: p.gpu_range(q.gpu, 0, VA_TOP),
         resume: None,
     }))

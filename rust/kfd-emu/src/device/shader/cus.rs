@@ -1,6 +1,6 @@
 //! Where the SPI puts a dispatch's workgroups: on the CUs of their XCC
 //! that the queue's CU mask (SET_CU_MASK) enables, a whole workgroup on
-//! one CU, each wave in a free slot of one of the CU's four SIMDs.
+//! one CU, each wave in a free slot of one of the CU's SIMDs.
 //!
 //! The mask's bits map to CUs as KFD maps them into the MQD's
 //! COMPUTE_STATIC_THREAD_MGMT_SE registers: bit `i` of the user's mask
@@ -9,17 +9,19 @@
 //! over CUs that exist; on a GPU of `n` XCCs (MI300) the bits take turns
 //! over the XCCs, XCC `x` reading bits `x`, `x + n`, `x + 2n`, ... A
 //! queue without a mask runs on every CU.  A CU holds as many waves as its
-//! SIMDs have wave slots (10 per SIMD on gfx908, 8 on gfx90a and gfx942)
-//! and workgroups while its 64 KiB of LDS lasts, so a queue masked to
-//! fewer CUs has fewer waves resident at once.
+//! SIMDs have wave slots (the profile's `simd_per_cu` × `max_waves_per_simd`:
+//! 4 × 10 on gfx908, 4 × 8 on gfx90a and gfx942) and workgroups while its
+//! 64 KiB of LDS lasts, so a queue masked to fewer CUs has fewer waves
+//! resident at once.
 
 use gfx9::launch::HwSlot;
-use gfx9::Target;
 
 /// LDS bytes of one CU.
 const CU_LDS: usize = 64 << 10;
-/// SIMDs of a CU.
-const SIMDS: usize = 4;
+/// SIMDs of a CU and wave slots of a SIMD at most: what HW_ID's SIMD_ID
+/// (2 bits) and WAVE_ID (4 bits) can name.
+const MAX_SIMDS: usize = 4;
+const MAX_WAVES_PER_SIMD: u8 = 16;
 /// Bits of the user's mask KFD reads at most (`num_cu_mask` above is
 /// dropped).
 const MASK_BITS: usize = 1024;
@@ -29,16 +31,39 @@ const MAX_SE: usize = 8;
 const MAX_SH: usize = 2;
 const CUS_PER_SH: u8 = 16;
 
-/// Wave slots of one SIMD.
-fn waves_per_simd(target: Target) -> u8 {
-    match target {
-        Target::Gfx908 => 10,
-        Target::Gfx90a | Target::Gfx942 => 8,
+/// The wave slots of one CU: its SIMDs, and each SIMD's slots.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WaveSlots {
+    simds: u8,
+    per_simd: u8,
+}
+
+impl WaveSlots {
+    /// A CU of `simds` SIMDs (the profile's `simd_per_cu`) of `per_simd`
+    /// wave slots each (`max_waves_per_simd`), each at least 1 and at
+    /// most what HW_ID can name.
+    pub fn new(simds: u32, per_simd: u32) -> WaveSlots {
+        WaveSlots {
+            simds: simds.clamp(1, MAX_SIMDS as u32) as u8,
+            per_simd: per_simd.clamp(1, MAX_WAVES_PER_SIMD.into()) as u8,
+        }
+    }
+
+    /// The waves one CU holds.
+    pub fn per_cu(self) -> u32 {
+        u32::from(self.simds) * u32::from(self.per_simd)
+    }
+}
+
+impl Default for WaveSlots {
+    fn default() -> Self {
+        WaveSlots::new(1, 1)
     }
 }
 
 /// One XCC's CUs, alike on every XCC: the active CUs of each shader
-/// array (CU_ID 0.. of each), as DEV_INFO's CU bitmap reports them.
+/// array (CU_ID 0.. of each), as DEV_INFO's CU bitmap reports them, and
+/// the wave slots of each.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CuLayout {
     pub xccs: u16,
@@ -46,12 +71,19 @@ pub struct CuLayout {
     pub sh_per_se: u8,
     /// Active CUs of `[se][sh]`.
     pub active: [[u8; MAX_SH]; MAX_SE],
+    pub slots: WaveSlots,
 }
 
 impl CuLayout {
     /// The layout of a GPU whose XCC 0 has `cu_bitmap` (DEV_INFO's,
-    /// `[se % 4][sh + se / 4]`).
-    pub fn new(xccs: u32, shader_engines: u32, sh_per_se: u32, cu_bitmap: [[u32; 4]; 4]) -> Self {
+    /// `[se % 4][sh + se / 4]`) and CUs of `slots`.
+    pub fn new(
+        xccs: u32,
+        shader_engines: u32,
+        sh_per_se: u32,
+        cu_bitmap: [[u32; 4]; 4],
+        slots: WaveSlots,
+    ) -> Self {
         let (ses, shs) = (
             (shader_engines as usize).min(MAX_SE),
             (sh_per_se as usize).min(MAX_SH),
@@ -67,6 +99,7 @@ impl CuLayout {
             shader_engines: ses as u8,
             sh_per_se: shs as u8,
             active,
+            slots,
         }
     }
 
@@ -112,7 +145,7 @@ impl CuLayout {
 struct CuLoad {
     at: HwSlot,
     /// Busy wave slots of each SIMD (bit `k`: slot `k`).
-    slots: [u16; SIMDS],
+    slots: [u16; MAX_SIMDS],
     lds: usize,
 }
 
@@ -122,9 +155,9 @@ impl CuLoad {
     }
 
     /// A free slot of the SIMD with the most free slots (None: all busy).
-    fn take_slot(&mut self, per_simd: u8) -> Option<HwSlot> {
-        let full = (1u16 << per_simd) - 1;
-        let simd = (0..SIMDS)
+    fn take_slot(&mut self, shape: WaveSlots) -> Option<HwSlot> {
+        let full = ((1u32 << shape.per_simd) - 1) as u16;
+        let simd = (0..usize::from(shape.simds))
             .filter(|&s| self.slots[s] != full)
             .min_by_key(|&s| self.slots[s].count_ones())?;
         let wave = (!self.slots[simd]).trailing_zeros() as u8;
@@ -148,15 +181,16 @@ pub struct Seat {
 /// The CUs a dispatch may use on each XCC, with what it has on them.
 pub struct Cus {
     xccs: Vec<Vec<CuLoad>>,
-    per_simd: u8,
+    shape: WaveSlots,
 }
 
 impl Cus {
-    /// `enabled`: each XCC's CUs the queue's mask enables.
-    pub fn new(target: Target, enabled: &[Vec<HwSlot>]) -> Cus {
+    /// `enabled`: each XCC's CUs the queue's mask enables, each of
+    /// `shape`'s wave slots.
+    pub fn new(shape: WaveSlots, enabled: &[Vec<HwSlot>]) -> Cus {
         let load = |&at: &HwSlot| CuLoad {
             at,
-            slots: [0; SIMDS],
+            slots: [0; MAX_SIMDS],
             lds: 0,
         };
         Cus {
@@ -164,7 +198,7 @@ impl Cus {
                 .iter()
                 .map(|c| c.iter().map(load).collect())
                 .collect(),
-            per_simd: waves_per_simd(target),
+            shape,
         }
     }
 
@@ -176,7 +210,7 @@ impl Cus {
     /// Seats a workgroup of `n` waves and `lds` bytes on the least loaded
     /// CU of XCC `x` with room for it; None when none has.
     pub fn place(&mut self, x: usize, n: usize, lds: usize) -> Option<Seat> {
-        let room = SIMDS as u32 * u32::from(self.per_simd);
+        let room = self.shape.per_cu();
         let cus = self.xccs.get_mut(x)?;
         let cu = (0..cus.len())
             .filter(|&c| cus[c].waves() + n as u32 <= room && cus[c].lds + lds <= CU_LDS)
@@ -195,14 +229,14 @@ impl Cus {
     }
 
     fn seat_on(&mut self, x: usize, cu: usize, n: usize, lds: usize) -> Seat {
-        let per_simd = self.per_simd;
+        let shape = self.shape;
         let load = &mut self.xccs[x][cu];
         load.lds += lds;
         let waves = (0..n)
             .map(|k| {
-                load.take_slot(per_simd).unwrap_or(HwSlot {
-                    simd: (k % SIMDS) as u8,
-                    wave: per_simd - 1,
+                load.take_slot(shape).unwrap_or(HwSlot {
+                    simd: (k % usize::from(shape.simds)) as u8,
+                    wave: shape.per_simd - 1,
                     ..load.at
                 })
             })
@@ -226,9 +260,20 @@ impl Cus {
 mod tests {
     use super::*;
 
+    /// gfx908's CUs: 4 SIMDs of 10 wave slots; gfx90a's: of 8.
+    const GFX908: WaveSlots = WaveSlots {
+        simds: 4,
+        per_simd: 10,
+    };
+    const GFX90A: WaveSlots = WaveSlots {
+        simds: 4,
+        per_simd: 8,
+    };
+
     /// MI100's XCC: 4 SEs of 2 arrays, 120 CUs: 15 per array.
     fn mi100() -> CuLayout {
-        CuLayout::new(1, 4, 2, [[0x7fff; 4]; 4].map(|r| [r[0], r[1], 0, 0]))
+        let bm = [[0x7fff; 4]; 4].map(|r| [r[0], r[1], 0, 0]);
+        CuLayout::new(1, 4, 2, bm, GFX908)
     }
 
     fn cus(v: &[HwSlot]) -> Vec<(u8, u8, u8)> {
@@ -257,7 +302,7 @@ mod tests {
             [0x1ff, 0, 0, 0],
             [0x1ff, 0, 0, 0],
         ];
-        let l = CuLayout::new(8, 4, 1, bm);
+        let l = CuLayout::new(8, 4, 1, bm, GFX90A);
         // Bits 0..7: CU0 of SE0 on XCC 0..7; bit 8: CU0 of SE1 on XCC 0.
         let e = l.enabled(&[0x0000_0105]);
         assert_eq!(cus(&e[0]), [(0, 0, 0), (1, 0, 0)]);
@@ -270,7 +315,7 @@ mod tests {
     #[test]
     fn a_cu_holds_its_simds_wave_slots_and_its_lds() {
         let l = mi100();
-        let mut c = Cus::new(Target::Gfx908, &l.enabled(&[1]));
+        let mut c = Cus::new(l.slots, &l.enabled(&[1]));
         // 40 wave slots: 2 workgroups of 16 waves fit, a third does not.
         let a = c.place(0, 16, 0).expect("first workgroup");
         let b = c.place(0, 16, 0).expect("second workgroup");
@@ -288,14 +333,14 @@ mod tests {
         assert!(c.place(0, 16, 40 << 10).is_some());
         assert!(c.place(0, 1, 40 << 10).is_none(), "64 KiB of LDS");
         // A queue with no CU of XCC 0 places nothing there.
-        let mut none = Cus::new(Target::Gfx908, &l.enabled(&[0]));
+        let mut none = Cus::new(l.slots, &l.enabled(&[0]));
         assert!(!none.any_on(0) && none.place(0, 1, 0).is_none());
     }
 
     #[test]
     fn workgroups_spread_over_the_enabled_cus() {
         let l = mi100();
-        let mut c = Cus::new(Target::Gfx90a, &l.enabled(&[0b11]));
+        let mut c = Cus::new(GFX90A, &l.enabled(&[0b11]));
         let seats: Vec<u8> = (0..4)
             .map(|_| c.place(0, 4, 0).unwrap().waves[0].se)
             .collect();

@@ -23,7 +23,7 @@ use gfx9::launch::{DispatchRegs, Grid, HwSlot, KernelCode};
 use gfx9::Target;
 
 use super::vm::GpuRange;
-pub use cus::CuLayout;
+pub use cus::{CuLayout, WaveSlots};
 pub use cwsr::{check_stacks, SaveArea, SaveJob, Saved};
 pub use worker::{Engine, Host, Refresh};
 
@@ -55,11 +55,11 @@ pub struct Launch {
     /// The queue's scratch as the CP splits it over the XCCs; None when
     /// the dispatch has no private segment.
     pub scratch: Option<ScratchSplit>,
-    /// The XCCs the CP hands the workgroups to, round-robin (1 but on
-    /// MI300's partitions).
-    pub xccs: u16,
-    /// The CUs of each XCC the queue's CU mask enables (`cus`).
+    /// The CUs of each XCC the queue's CU mask enables (`cus`), and
+    /// each one's wave slots: one list per XCC the CP hands the
+    /// workgroups to, round-robin (1 but on MI300's partitions).
     pub cus: Vec<Vec<HwSlot>>,
+    pub wave_slots: WaveSlots,
     /// The process' GPU VM as the GPU sees it.
     pub vm: GpuRange,
     /// A dispatch saved at an eviction: its waves are rebuilt from the

@@ -103,6 +103,9 @@ pub struct Run {
     /// M0 of the `s_sendmsg sendmsg(MSG_INTERRUPT)`s since the worker last
     /// delivered them.
     pub interrupts: Vec<u32>,
+    /// The XCCs with waves resident at the end of the last slice (None
+    /// before the first), which the worker's activity counts read.
+    pub(super) xccs_after: Option<Vec<usize>>,
 }
 
 impl Run {
@@ -110,8 +113,8 @@ impl Run {
         let vm = std::mem::replace(&mut launch.vm, GpuRange::from_spans(0, 0, Vec::new()));
         let group_count = launch.grid.group_count();
         let mut mem = GpuMemory::new(vm);
-        let scratch = vec![SlotPool::default(); launch.xccs.max(1) as usize];
-        let cus = Cus::new(launch.target, &launch.cus);
+        let scratch = vec![SlotPool::default(); launch.cus.len().max(1)];
+        let cus = Cus::new(launch.wave_slots, &launch.cus);
         mem.read_once(launch.regs.kernarg, launch.code.kernarg_size);
         mem.read_once(launch.regs.packet, Some(AQL_PACKET_BYTES));
         Run {
@@ -130,6 +133,7 @@ impl Run {
             started: Instant::now(),
             cpu: Default::default(),
             interrupts: Vec::new(),
+            xccs_after: None,
         }
     }
 
@@ -171,7 +175,8 @@ impl Run {
             let extent = self.launch.grid.extent(id);
             let n = Grid::waves(extent) as usize;
             let resident = self.resident();
-            let free = self.scratch_free(self.xcc_of(self.next_group));
+            let x = self.xcc_of(self.next_group);
+            let free = self.scratch_free(x);
             if resident > 0 && (resident + n > RESIDENT_WAVES || free < n as u64) {
                 return Ok(());
             }
@@ -183,12 +188,11 @@ impl Run {
                     pc: 0,
                 });
             }
-            let x = self.xcc_of(self.next_group);
             let Some(seat) = self.cus.place(x, n, self.launch.lds) else {
                 self.starve(x);
                 return Ok(());
             };
-            self.start_group(id, extent, seat);
+            self.start_group(id, extent, x, seat);
             self.next_group += 1;
         }
         Ok(())
@@ -202,19 +206,19 @@ impl Run {
         }
         let k = &self.launch.key;
         log::warn!(
-            "kfd-emu: process {} queue {} packet {}: the queue's CU mask enables no CU of XCC              {x}: its workgroups wait",
+            "kfd-emu: process {} queue {} packet {}: the queue's CU mask enables no CU of \
+             XCC {x}: its workgroups wait",
             k.lead,
             k.queue,
             k.index
         );
     }
 
-    /// Starts workgroup `id` (the next one) with its waves on its XCC, in
-    /// the slots of `seat`, each with a slot of that XCC's scratch slice.
-    fn start_group(&mut self, id: [u32; 3], extent: [u32; 3], seat: Seat) {
+    /// Starts workgroup `id` (the next one) with its waves on its XCC `x`,
+    /// in the slots of `seat`, each with a slot of that XCC's scratch slice.
+    fn start_group(&mut self, id: [u32; 3], extent: [u32; 3], x: usize, seat: Seat) {
         let target = self.launch.target;
         let n = seat.waves.len();
-        let x = self.xcc_of(self.next_group);
         let (wave_bytes, regs) = match self.launch.scratch {
             Some(sc) => (
                 sc.wave_bytes,

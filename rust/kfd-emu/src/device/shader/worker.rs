@@ -228,15 +228,15 @@ fn resident_xccs(run: &Run) -> Vec<usize> {
 
 /// What `run`, live in a round, kept busy: its XCCs (`before`: resident
 /// when the round began), its GPU's memory when its waves accessed it
-/// (`accesses`: the count before the slice), and what stays resident.
-fn note_busy(run: &Run, before: Vec<usize>, accesses: u64, r: &mut Round) {
+/// (`accesses`: the count before the slice), and what stays resident
+/// (`after`).
+fn note_busy(run: &Run, before: &[usize], after: &[usize], accesses: u64, r: &mut Round) {
     let gpu = run.launch.key.gpu;
-    r.xccs.extend(before.into_iter().map(|x| (gpu, x)));
+    r.xccs.extend(before.iter().map(|&x| (gpu, x)));
     if run.mem.accesses != accesses {
         r.mem.push(gpu);
     }
-    r.after
-        .extend(resident_xccs(run).into_iter().map(|x| (gpu, x)));
+    r.after.extend(after.iter().map(|&x| (gpu, x)));
     let (lead, waves) = (run.launch.key.lead, run.resident() as u32);
     match r.waves.iter_mut().find(|w| w.0 == lead && w.1 == gpu) {
         Some(w) => w.2 += waves,
@@ -266,11 +266,16 @@ fn round(host: &dyn Host, runs: &mut Vec<Run>, caches: &mut Caches, busy: &mut R
                 let cache = caches
                     .entry(key)
                     .or_insert_with(|| CodeCache::new(CACHE_BITS));
-                let (before, accesses) = (resident_xccs(run), run.mem.accesses);
+                // Only a slice changes what is resident: the XCCs after
+                // the last one are those before this one.
+                let before = run.xccs_after.take().unwrap_or_else(|| resident_xccs(run));
+                let accesses = run.mem.accesses;
                 let t = thread_cpu();
                 let p = run.slice(cache);
                 run.cpu += thread_cpu().saturating_sub(t);
-                note_busy(run, before, accesses, busy);
+                let after = resident_xccs(run);
+                note_busy(run, &before, &after, accesses, busy);
+                run.xccs_after = Some(after);
                 if !run.interrupts.is_empty() {
                     host.interrupt(&run.launch.key, &std::mem::take(&mut run.interrupts));
                 }

@@ -11,8 +11,10 @@
 //!   BO again, of another GPU an import), userptr registrations
 //!   (GEM_USERPTR), GEM_CLOSE, GEM_OP, GEM_METADATA, GEM_LIST_HANDLES and
 //!   GEM_CHANGE_HANDLE.  Handles are the lowest free from 1, as the
-//!   file's idr hands them out (kept in an [`IdrMap`], so that creating N
-//!   objects does not walk every handle N times).
+//!   file's idr hands them out (an [`IdrMap`]: a new handle is found
+//!   without a walk of those taken); a PRIME import finds the file's
+//!   handle of the object, and GEM_CLOSE the handle's VA mappings, by an
+//!   index kept beside them (`index`), not by a walk.
 //! * A GPU VM per file (GEM_VA MAP, UNMAP, CLEAR, REPLACE) that the SDMA
 //!   engine reaches IB operands through.  It is the file's own: a file
 //!   whose VM KFD adopted (ACQUIRE_VM) does not see KFD's BOs in it.
@@ -36,6 +38,9 @@ use kfd_abi::sys;
 
 use super::idr::{Idr, IdrMap};
 use super::{Span, R};
+use index::{Objects, VaMaps};
+
+mod index;
 use crate::device::dmabuf::{Dmabuf, Source};
 use crate::device::mem::Mapping;
 
@@ -213,8 +218,8 @@ pub struct RenderFile {
     /// The GPU's index in the profile.
     gpu: usize,
     /// By GEM handle (`object_idr`, from 1).
-    objects: IdrMap<Arc<GemObj>>,
-    maps: BTreeMap<u64, VaMap>,
+    objects: Objects,
+    maps: VaMaps,
     /// By context id (`ctx_handles`, 1 to `AMDGPU_VM_MAX_NUM_CTX - 1`).
     ctxs: IdrMap<Ctx>,
     /// By BO list handle (`bo_list_handles`, from 1).
@@ -265,8 +270,8 @@ impl RenderFile {
     pub fn new(gpu: usize) -> RenderFile {
         RenderFile {
             gpu,
-            objects: IdrMap::new(Idr::from(1)),
-            maps: BTreeMap::new(),
+            objects: Objects::new(),
+            maps: VaMaps::default(),
             ctxs: IdrMap::new(Idr::new(1, gem618::AMDGPU_VM_MAX_NUM_CTX - 1)),
             lists: IdrMap::new(Idr::from(1)),
         }
@@ -286,14 +291,6 @@ impl RenderFile {
     /// its handle.
     pub fn create(&mut self, obj: Arc<GemObj>) -> R<u32> {
         self.add_object(obj)
-    }
-
-    /// The handle the file has for `obj`, if any.
-    fn handle_of(&self, obj: &Arc<GemObj>) -> Option<u32> {
-        self.objects
-            .iter()
-            .find(|(_, o)| Arc::ptr_eq(o, obj))
-            .map(|(&h, _)| h)
     }
 
     /// `[va, va+len)` as the file's VM shows it: `(va, len, memory)` of
@@ -332,11 +329,7 @@ impl RenderFile {
     /// PRIME_FD_TO_HANDLE of dma-buf `d` (resolved by the caller) that is
     /// not a GEM BO of this GPU (see [`Self::import_object`]).
     pub fn import(&mut self, d: Arc<Dmabuf>) -> R<u32> {
-        let same = self
-            .objects
-            .iter()
-            .find(|(_, o)| matches!(&o.kind, GemKind::Dmabuf(e) if e.id == d.id));
-        if let Some((&h, _)) = same {
+        if let Some(h) = self.objects.import_of(d.id) {
             return Ok(h);
         }
         let size = d.size;
@@ -357,7 +350,7 @@ impl RenderFile {
     /// the object itself (drm_gem_prime_fd_to_handle finds the file's own
     /// handle; amdgpu_gem_prime_import gives its own BO back).
     pub fn import_object(&mut self, obj: Arc<GemObj>) -> R<u32> {
-        match self.handle_of(&obj) {
+        match self.objects.handle_of(&obj) {
             Some(h) => Ok(h),
             None => self.add_object(obj),
         }
@@ -420,7 +413,7 @@ impl RenderFile {
     /// object.
     pub fn close(&mut self, handle: u32) -> R<()> {
         self.objects.remove(handle).ok_or(libc::EINVAL)?;
-        self.maps.retain(|_, m| m.handle != handle);
+        self.maps.remove_handle(handle);
         Ok(())
     }
 
@@ -448,7 +441,7 @@ impl RenderFile {
             .map(|(&s, _)| s)
             .collect();
         for s in hit {
-            let m = self.maps.remove(&s).expect("listed");
+            let m = self.maps.remove(s).expect("listed");
             if s < va {
                 self.maps.insert(
                     s,
@@ -518,7 +511,7 @@ impl RenderFile {
     pub fn va_unmap(&mut self, handle: u32, start: u64) -> R<()> {
         match self.maps.get(&start) {
             Some(m) if m.handle == handle => {
-                self.maps.remove(&start);
+                self.maps.remove(start);
                 Ok(())
             }
             _ => Err(libc::ENOENT),
@@ -721,12 +714,11 @@ impl RenderFile {
     /// GEM_OP GET_MAPPING_INFO: the file's VM mappings of object
     /// `handle`, by address.
     pub fn mappings_of(&self, handle: u32) -> R<Vec<gem618::drm_amdgpu_gem_vm_entry>> {
-        let obj = self.object(handle)?;
+        self.object(handle)?;
         Ok(self
             .maps
-            .iter()
-            .filter(|(_, m)| Arc::ptr_eq(&m.obj, obj))
-            .map(|(&va, m)| gem618::drm_amdgpu_gem_vm_entry {
+            .of_handle(handle)
+            .map(|(va, m)| gem618::drm_amdgpu_gem_vm_entry {
                 addr: va,
                 size: m.size,
                 offset: m.offset,
@@ -791,9 +783,7 @@ impl RenderFile {
         if !self.objects.rename(handle, new) {
             return Err(libc::ENOSPC);
         }
-        for m in self.maps.values_mut().filter(|m| m.handle == handle) {
-            m.handle = new;
-        }
+        self.maps.rename(handle, new);
         Ok(())
     }
 }
@@ -861,10 +851,11 @@ mod tests {
 
     /// Under a pseudo-random sequence of GEM_CREATE, PRIME imports (of
     /// another GPU's BOs, new or imported before, and of the file's own
-    /// BOs), GEM_CLOSE and GEM_CHANGE_HANDLE, every new handle is the
-    /// lowest free one a walk of the file's handles finds, every handle
-    /// held names what it named, and closes and renames answer as the
-    /// handles held say.
+    /// BOs), GEM_CLOSE, GEM_CHANGE_HANDLE and GEM_VA MAP and CLEAR, every
+    /// new handle is the lowest free one a walk of the file's handles
+    /// finds, every handle held names what it named, closes and renames
+    /// answer as the handles held say, and each handle's VA mappings are
+    /// those of its object, as a walk of every mapping finds them.
     #[test]
     fn handles_stay_lowest_free_under_any_sequence() {
         let mem = Memfd::new("t", 1 << 20).unwrap();
@@ -880,7 +871,7 @@ mod tests {
                 offset: n as u64 * 4096,
                 domain: sys::AMDGPU_GEM_DOMAIN_GTT,
             };
-            match rng.below(10) {
+            match rng.below(12) {
                 0..=2 => {
                     let kind = GemKind::Bo {
                         source: source(0, bos.len()),
@@ -913,12 +904,24 @@ mod tests {
                     let want = model.0.remove(&h).map(|_| ()).ok_or(libc::EINVAL);
                     assert_eq!(f.close(h), want, "{step}: close {h}");
                 }
-                _ => {
+                8 | 9 => {
                     let want = model.change_handle(h, new);
                     assert_eq!(f.change_handle(h, new), want, "{step}: {h} to {new}");
                 }
+                10 => {
+                    // Pages of 64 KiB of VA, some mapped over and trimmed
+                    // by the CLEARs below.
+                    let va = u64::from(rng.below(256)) << 16;
+                    let r = f.va_map(h, (va, 0, 4096), 0, true);
+                    assert_eq!(r.is_ok(), model.0.contains_key(&h), "{step}: map {h}");
+                }
+                _ => {
+                    let va = u64::from(rng.below(256)) << 16;
+                    f.va_clear(va + 2048, u64::from(rng.below(4) + 1) << 16);
+                }
             }
             assert_named_as_modelled(&f, &model, &bos, &bufs);
+            assert_mappings_follow_their_objects(&f);
         }
     }
 
@@ -938,6 +941,31 @@ mod tests {
                     assert!(matches!(&o.kind, GemKind::Dmabuf(d) if Arc::ptr_eq(d, &bufs[j])))
                 }
             }
+        }
+    }
+
+    /// Every VA mapping's handle is held and names the mapping's object,
+    /// and GET_MAPPING_INFO of each handle lists what a walk of every
+    /// mapping finds of its object.
+    fn assert_mappings_follow_their_objects(f: &RenderFile) {
+        for (va, m) in f.maps.iter() {
+            let o = f.object(m.handle);
+            assert!(o.is_ok_and(|o| Arc::ptr_eq(o, &m.obj)), "{va:#x}");
+        }
+        for (&h, o) in f.objects.iter() {
+            let walk: Vec<(u64, u64, u64)> = f
+                .maps
+                .iter()
+                .filter(|(_, m)| Arc::ptr_eq(&m.obj, o))
+                .map(|(&va, m)| (va, m.size, m.offset))
+                .collect();
+            let listed: Vec<(u64, u64, u64)> = f
+                .mappings_of(h)
+                .unwrap()
+                .iter()
+                .map(|e| (e.addr, e.size, e.offset))
+                .collect();
+            assert_eq!(listed, walk, "handle {h}");
         }
     }
 
