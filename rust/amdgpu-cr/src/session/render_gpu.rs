@@ -29,10 +29,10 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use super::kfd_image_ids;
+use super::{kfd_image_ids, render_image_ids};
 use crate::env::Checks;
 use crate::ids::GpuId;
-use crate::image::{render_image_id, render_image_name, FileId, KfdImage, RenderImage};
+use crate::image::{render_image_name, FileId, KfdImage, RenderImage};
 use crate::matcher::MatchError;
 use crate::proto::KfdDeviceEntry;
 use crate::topology::Topology;
@@ -272,13 +272,9 @@ fn without_links<'a>(gpus: impl Iterator<Item = &'a KfdDeviceEntry>) -> Topology
 /// The GPU entries the render images of `dir` record (`criu_rocm_gpu`),
 /// by their render minor at dump, each with the first image naming it.
 fn recorded_gpus(dir: &Path) -> BTreeMap<u32, (FileId, KfdDeviceEntry)> {
-    let mut ids: Vec<FileId> = std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .filter_map(Result::ok)
-        .filter_map(|e| render_image_id(e.file_name().to_str()?))
-        .collect();
-    ids.sort_by_key(|i| i.0);
+    // A directory that does not list places nothing: each render file
+    // without KFD is then refused where it is restored.
+    let ids = render_image_ids(dir).unwrap_or_default();
     let mut out = BTreeMap::new();
     for id in ids {
         let Ok(img) = RenderImage::read(dir, id) else {
