@@ -1229,6 +1229,26 @@ gem_restore_other_host() {
 	gem_finish
 }
 
+# Without KFD on mi100x2, gem-test holds a render file of each GPU, and each render image
+# records its GPU's entry. Dumped where the first GPU has older firmware (60) than the
+# second (65), restored where the host's first GPU has 65 and its second 60: giving each GPU
+# of the dump, in render-minor order, the first host GPU left that accepts it would give
+# renderD128 (fw 60, fits either) the host's first and leave renderD129 (fw 65) none; the
+# placement crosses them, alike in gpu-check and the restore (session/render_gpu.rs).
+case_gem_cr_crossed_gpus() {
+	on mi100x2 --profile-file "$(host_file mi100x2-fw-first-older)" -- gem_dump_for_later
+	on mi100x2 --profile-file "$(host_file mi100x2-fw-second-older)" -- gem_restore_crossed
+}
+gem_restore_crossed() {
+	local log=$CASE_DIR/img/restore.log why
+	GT=$(cat "$CASE_DIR/gt.pid")
+	gem_restore "$CASE_DIR/img" "$GEM_PLACEHOLDER"
+	why='no KFD process of the task has it; the first host GPU left that its properties accept and that leaves the dump.s later GPUs one each'
+	log_has "$log" "amdgpu: pid $GT: render file [0-9]+: GPU 0x3f2c \(renderD128\) -> host GPU 0xa0c4 \(renderD130\): $why" \
+		"amdgpu: pid $GT: render file [0-9]+: GPU 0xd9b1 \(renderD129\) -> host GPU 0x51e7 \(renderD131\): $why"
+	gem_finish
+}
+
 # A kill point in the GEM BOs' dump: criu-rocm killed (SIGKILL) right after it saved a render
 # file's GEM BOs. The process (a KFD process too) runs on, unpaused by the GPU guardian, the
 # images say "incomplete dump", and a dump after that restores.

@@ -235,11 +235,43 @@ pub fn match_gpus(
     host: &Topology,
     checks: &Checks,
 ) -> Result<GpuMap, MatchError> {
+    match_counted(image, host, checks, Count::Equal)
+}
+
+/// [`match_gpus`] for image GPUs that need not take every host GPU: each
+/// gets one of its own, the others stay unused (the GPUs of render files
+/// without KFD, `session/render_gpu.rs`).  The search takes the image GPUs
+/// in node order and each one's host GPUs in node order, so the placement
+/// it finds is the first in that order: where giving each image GPU the
+/// first host GPU left that accepts it places them all, it is that one.
+pub(crate) fn match_gpus_into(
+    image: &Topology,
+    host: &Topology,
+    checks: &Checks,
+) -> Result<GpuMap, MatchError> {
+    match_counted(image, host, checks, Count::AtMost)
+}
+
+/// How many host GPUs the image GPUs must take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Count {
+    /// Every one (a KFD process is restored onto as many GPUs as it had).
+    Equal,
+    /// Any number: a host GPU may stay unused.
+    AtMost,
+}
+
+fn match_counted(
+    image: &Topology,
+    host: &Topology,
+    checks: &Checks,
+    count: Count,
+) -> Result<GpuMap, MatchError> {
     let mut fired = BTreeSet::new();
-    match match_with(image, host, checks, &mut fired) {
+    match match_with(image, host, checks, count, &mut fired) {
         Ok(map) => Ok(map),
         Err(e @ (MatchError::NoCandidate { .. } | MatchError::NoPlacement { .. })) => {
-            match knobs_that_help(image, host, checks, &fired) {
+            match knobs_that_help(image, host, checks, count, &fired) {
                 Some(knobs) => Err(e.with_hint(&knob_hint(&knobs))),
                 None => Err(e),
             }
@@ -255,6 +287,7 @@ fn knobs_that_help(
     image: &Topology,
     host: &Topology,
     checks: &Checks,
+    count: Count,
     fired: &BTreeSet<Knob>,
 ) -> Option<Vec<Knob>> {
     if fired.is_empty() {
@@ -265,7 +298,7 @@ fn knobs_that_help(
         for k in off {
             k.disable(&mut c);
         }
-        match_with(image, host, &c, &mut BTreeSet::new()).is_ok()
+        match_with(image, host, &c, count, &mut BTreeSet::new()).is_ok()
     };
     // Turning a check off can let the search reach checks it never got to
     // before: add the knobs that fire then, until it succeeds or no new
@@ -277,7 +310,7 @@ fn knobs_that_help(
             k.disable(&mut c);
         }
         let mut more = BTreeSet::new();
-        if match_with(image, host, &c, &mut more).is_ok() {
+        if match_with(image, host, &c, count, &mut more).is_ok() {
             break;
         }
         let before = off.len();
@@ -336,11 +369,14 @@ fn match_with(
     image: &Topology,
     host: &Topology,
     checks: &Checks,
+    count: Count,
     fired: &mut BTreeSet<Knob>,
 ) -> Result<GpuMap, MatchError> {
     let src_gpus: Vec<&Node> = image.gpus().collect();
     let dst_gpus: Vec<&Node> = host.gpus().collect();
-    check_gpu_count(src_gpus.len(), dst_gpus.len())?;
+    if count == Count::Equal {
+        check_gpu_count(src_gpus.len(), dst_gpus.len())?;
+    }
     // Unary compatibility first: it gives the clearest error.
     let candidates = candidates(&src_gpus, &dst_gpus, checks, fired)?;
     let src_hives = image.hives();
@@ -365,9 +401,8 @@ fn match_with(
         gpu_map: BTreeMap::new(),
         cpu_map: BTreeMap::new(),
         steps: 0,
-        deepest: 0,
-        reasons: Vec::new(),
-        more_reasons: 0,
+        failed: Reasons::default(),
+        taken: Reasons::default(),
         fired,
     };
     if !search.place(0)? {
@@ -403,29 +438,7 @@ fn candidates(
 ) -> Result<BTreeMap<u32, Vec<u32>>, MatchError> {
     let mut candidates = BTreeMap::new();
     for s in src_gpus {
-        let mut ok = Vec::new();
-        let mut detail = String::new();
-        for d in dst_gpus {
-            let bad = property_mismatches(&s.props, &d.props, checks);
-            fired.extend(bad.iter().filter_map(|m| m.knob));
-            if bad.is_empty() {
-                ok.push(d.node_id);
-                continue;
-            }
-            if !detail.is_empty() {
-                detail.push_str("; ");
-            }
-            let _ = write!(
-                detail,
-                "host GPU {} (node {}): {}",
-                gpu_of(d),
-                d.node_id,
-                bad.iter()
-                    .map(|m| m.what.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
-        }
+        let (ok, detail) = accepting(s, dst_gpus, checks, fired);
         if ok.is_empty() {
             return Err(MatchError::NoCandidate {
                 gpu: gpu_of(s),
@@ -436,6 +449,49 @@ fn candidates(
         candidates.insert(s.node_id, ok);
     }
     Ok(candidates)
+}
+
+/// The nodes of the host GPUs of `dst_gpus` whose properties accept image
+/// GPU `s` under `checks`, and why each other one does not ("host GPU
+/// 0x5c3d (node 1): simd_count 304 != 256; ...").  Adds the knobs whose
+/// checks rejected one to `fired`.
+fn accepting(
+    s: &Node,
+    dst_gpus: &[&Node],
+    checks: &Checks,
+    fired: &mut BTreeSet<Knob>,
+) -> (Vec<u32>, String) {
+    let mut ok = Vec::new();
+    let mut detail = String::new();
+    for d in dst_gpus {
+        let bad = property_mismatches(&s.props, &d.props, checks);
+        fired.extend(bad.iter().filter_map(|m| m.knob));
+        if bad.is_empty() {
+            ok.push(d.node_id);
+            continue;
+        }
+        if !detail.is_empty() {
+            detail.push_str("; ");
+        }
+        let _ = write!(
+            detail,
+            "host GPU {} (node {}): {}",
+            gpu_of(d),
+            d.node_id,
+            bad.iter()
+                .map(|m| m.what.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    (ok, detail)
+}
+
+/// Why each GPU of `host` whose properties do not accept image GPU `s`
+/// does not, as [`MatchError::NoCandidate`] says it; empty when all do.
+pub(crate) fn property_refusals(s: &Node, host: &Topology, checks: &Checks) -> String {
+    let dst_gpus: Vec<&Node> = host.gpus().collect();
+    accepting(s, &dst_gpus, checks, &mut BTreeSet::new()).1
 }
 
 fn check_hive_sizes(src_hives: &[Vec<u32>], dst_hives: &[Vec<u32>]) -> Result<(), MatchError> {
@@ -484,22 +540,55 @@ struct Search<'a> {
     /// image CPU node → host CPU node (only with the NUMA check).
     cpu_map: BTreeMap<u32, u32>,
     steps: u64,
-    deepest: usize,
-    reasons: Vec<String>,
-    more_reasons: usize,
+    /// Why candidates failed their hive or links.
+    failed: Reasons,
+    /// Candidates another image GPU had: quoted only when no candidate
+    /// failed otherwise (image GPUs left more than host GPUs accept).
+    taken: Reasons,
     /// Knobs whose checks rejected a candidate.
     fired: &'a mut BTreeSet<Knob>,
+}
+
+/// The distinct reasons why candidates failed at the deepest level of the
+/// search that one did (the GPU that could not be placed).
+#[derive(Default)]
+struct Reasons {
+    deepest: usize,
+    list: Vec<String>,
+    more: usize,
+}
+
+impl Reasons {
+    fn note(&mut self, depth: usize, reason: String) {
+        if depth > self.deepest {
+            self.deepest = depth;
+            self.list.clear();
+            self.more = 0;
+        }
+        if depth == self.deepest && !self.list.contains(&reason) {
+            if self.list.len() < MAX_REASONS {
+                self.list.push(reason);
+            } else {
+                self.more += 1;
+            }
+        }
+    }
 }
 
 impl Search<'_> {
     /// The error when no placement was found: the GPU the search could not
     /// place and why each of its candidates failed.
     fn no_placement(&self) -> MatchError {
-        let node = self.order[self.deepest];
+        let r = if self.failed.list.is_empty() {
+            &self.taken
+        } else {
+            &self.failed
+        };
+        let node = self.order[r.deepest];
         let s = self.image.node(node).expect("ordered node exists");
-        let mut detail = self.reasons.join("; ");
-        if self.more_reasons > 0 {
-            let _ = write!(detail, "; and {} more", self.more_reasons);
+        let mut detail = r.list.join("; ");
+        if r.more > 0 {
+            let _ = write!(detail, "; and {} more", r.more);
         }
         MatchError::NoPlacement {
             gpu: gpu_of(s),
@@ -508,21 +597,9 @@ impl Search<'_> {
         }
     }
 
-    /// Keeps the distinct reasons why candidates failed at the deepest
-    /// level the search reached (the GPU that could not be placed).
+    /// Keeps why a candidate failed at `depth`.
     fn note(&mut self, depth: usize, reason: String) {
-        if depth > self.deepest {
-            self.deepest = depth;
-            self.reasons.clear();
-            self.more_reasons = 0;
-        }
-        if depth == self.deepest && !self.reasons.contains(&reason) {
-            if self.reasons.len() < MAX_REASONS {
-                self.reasons.push(reason);
-            } else {
-                self.more_reasons += 1;
-            }
-        }
+        self.failed.note(depth, reason);
     }
 
     fn tick(&mut self) -> Result<(), MatchError> {
@@ -537,10 +614,20 @@ impl Search<'_> {
         let Some(&s) = self.order.get(depth) else {
             return Ok(true);
         };
-        let used: BTreeSet<u32> = self.gpu_map.values().copied().collect();
+        let used: BTreeMap<u32, u32> = self.gpu_map.iter().map(|(&s, &d)| (d, s)).collect();
         for &d in &self.candidates[&s] {
             self.tick()?;
-            if used.contains(&d) {
+            if let Some(&other) = used.get(&d) {
+                let host = self.host.node(d).expect("candidate exists");
+                let image = self.image.node(other).expect("placed node exists");
+                self.taken.note(
+                    depth,
+                    format!(
+                        "host GPU {} (node {d}): taken by image GPU {}",
+                        gpu_of(host),
+                        gpu_of(image)
+                    ),
+                );
                 continue;
             }
             if let Err(why) = self.hive_ok(s, d).and_then(|()| self.gpu_links_ok(s, d)) {
@@ -825,6 +912,71 @@ mod tests {
         ]);
         let e = match_gpus(&image, &single(0x3333), &Checks::default()).unwrap_err();
         assert_eq!(e, MatchError::TooFewGpus { image: 2, host: 1 });
+    }
+
+    /// Two image GPUs that only one host GPU accepts: the refusal names
+    /// the one left without, and why that host GPU does not do for it.
+    #[test]
+    fn a_host_gpu_another_image_gpu_took_is_named_taken() {
+        let image = Topology::new(vec![
+            cpu(0, &[(P, 1), (P, 2)]),
+            gpu(1, 0x1, &[(P, 0)]),
+            gpu(2, 0x2, &[(P, 0)]),
+        ]);
+        let mut old = gpu(2, 0xb, &[(P, 0)]);
+        old.props.fw_version = 100;
+        let host = Topology::new(vec![cpu(0, &[(P, 1), (P, 2)]), gpu(1, 0xa, &[(P, 0)]), old]);
+        let e = refusal(&image, &host, &Checks::default());
+        assert!(
+            e.starts_with(
+                "GPU 0x0002 (node 2): no host GPU keeps its links and hive: host GPU 0x000a \
+                 (node 1): taken by image GPU 0x0001; with KFD_FW_VER_CHECK=0"
+            ),
+            "{e}"
+        );
+    }
+
+    /// Fewer image GPUs than host GPUs: [`match_gpus`] refuses, while
+    /// [`match_gpus_into`] gives each the first host GPU (in node order)
+    /// that accepts it and leaves the others one each.
+    #[test]
+    fn into_leaves_host_gpus_unused_in_node_order() {
+        let mut small = gpu(1, 0x1, &[]);
+        small.props.vram_size = 16 << 30;
+        let image = Topology::new(vec![small, gpu(2, 0x2, &[])]);
+        let mut tiny = gpu(1, 0xa, &[(P, 0)]);
+        tiny.props.vram_size = 16 << 30;
+        let host = Topology::new(vec![
+            cpu(0, &[(P, 1), (P, 2), (P, 3)]),
+            tiny,
+            gpu(2, 0xb, &[(P, 0)]),
+            gpu(3, 0xc, &[(P, 0)]),
+        ]);
+        assert_eq!(
+            match_gpus(&image, &host, &Checks::default()).unwrap_err(),
+            MatchError::TooManyGpus { image: 2, host: 3 }
+        );
+        assert_eq!(
+            match_gpus_into(&image, &host, &Checks::default()).unwrap(),
+            m(&[(0x1, 0xa), (0x2, 0xb)])
+        );
+        // The first image GPU fits only the host's last: the second takes
+        // the first host GPU left that accepts it.
+        let mut big = gpu(3, 0xc, &[(P, 0)]);
+        big.props.vram_size = 128 << 30;
+        let mut first = gpu(1, 0x1, &[]);
+        first.props.vram_size = 128 << 30;
+        let image = Topology::new(vec![first, gpu(2, 0x2, &[])]);
+        let host = Topology::new(vec![
+            host.nodes[0].clone(),
+            host.nodes[1].clone(),
+            host.nodes[2].clone(),
+            big,
+        ]);
+        assert_eq!(
+            match_gpus_into(&image, &host, &Checks::default()).unwrap(),
+            m(&[(0x1, 0xc), (0x2, 0xb)])
+        );
     }
 
     #[test]

@@ -163,10 +163,21 @@ impl SessionError {
 /// Lists the KFD images (`amdgpu-kfd-<id>.img`) in an image directory, by
 /// file id, in id order.
 pub fn kfd_image_ids(dir: &Path) -> std::io::Result<Vec<FileId>> {
+    image_ids(dir, crate::image::kfd_image_id)
+}
+
+/// Lists the render images (`amdgpu-renderD-<id>.img`) in an image
+/// directory, by file id, in id order.
+pub fn render_image_ids(dir: &Path) -> std::io::Result<Vec<FileId>> {
+    image_ids(dir, crate::image::render_image_id)
+}
+
+/// The file ids of the names in `dir` that `id_of` takes, in id order.
+fn image_ids(dir: &Path, id_of: fn(&str) -> Option<FileId>) -> std::io::Result<Vec<FileId>> {
     let mut ids = Vec::new();
     for ent in std::fs::read_dir(dir)? {
         let name = ent?.file_name();
-        let Some(id) = name.to_str().and_then(crate::image::kfd_image_id) else {
+        let Some(id) = name.to_str().and_then(id_of) else {
             continue;
         };
         ids.push(id);

@@ -131,6 +131,20 @@ impl RestoreOptions {
         self.dev_dir.join(format!("dri/renderD{}", minor.0))
     }
 
+    /// Places the GPUs of `dir`'s render files without KFD
+    /// ([`RenderGpus`]) on the GPUs of `host` whose render node the task
+    /// reaches (`reach`, [`Self::reachable_nodes`]).
+    fn place_render_gpus(
+        &self,
+        dir: &Path,
+        host: &Topology,
+        reach: &BTreeMap<RenderMinor, RenderMinor>,
+    ) -> Result<RenderGpus, Vec<crate::validate::Refusal>> {
+        let mut usable = host.clone();
+        usable.retain_gpus(|n| reach.contains_key(&n.render_minor()));
+        RenderGpus::place(dir, &usable, &self.checks)
+    }
+
     /// In a restored task: host render minor → the name of its node in
     /// this task's `dev_dir` (see [`HostRenderNodes::reachable`]).
     fn reachable_nodes(&self) -> BTreeMap<RenderMinor, RenderMinor> {
@@ -887,8 +901,9 @@ impl RestoreSession {
             return Ok((fd, gpu));
         }
         // No KFD process of the task has the GPU.
-        let (minor, gpu) = self.render_only_gpu(vpid, id, img, dir)?;
-        let name = self.opts.reachable_nodes().get(&minor).copied();
+        let reach = self.opts.reachable_nodes();
+        let (minor, gpu) = self.render_only_gpu(vpid, id, img, dir, &reach)?;
+        let name = reach.get(&minor).copied();
         let path = self.opts.render_path(name.unwrap_or(minor));
         let n = open_render(&path).map_err(kfd_step(
             vpid,
@@ -902,17 +917,18 @@ impl RestoreSession {
     /// The host render minor and gpu_id of the GPU of render image `img`
     /// (CRIU file `id`), which no KFD process of the task has: where every
     /// task places the dump's such GPUs ([`RenderGpus`], among the GPUs
-    /// whose node it has) when the image records its GPU, else the host's
-    /// GPU of its id.
+    /// whose node it reaches, `reach`) when the image records its GPU,
+    /// else the host's GPU of its id.
     fn render_only_gpu(
         &mut self,
         vpid: i32,
         id: FileId,
         img: &RenderImage,
         dir: &Path,
+        reach: &BTreeMap<RenderMinor, RenderMinor>,
     ) -> Result<(RenderMinor, GpuId), SessionError> {
         let user = img.gpu_id();
-        let mut host = Topology::parse_sysfs(&self.opts.sysfs_nodes)
+        let host = Topology::parse_sysfs(&self.opts.sysfs_nodes)
             .map_err(|e| SessionError::core(vpid, "reading the KFD topology", e))?;
         let Some(at_dump) = img.msg.criu_rocm_gpu.as_ref().map(|e| e.drm_render_minor) else {
             let node = host.gpu(user).ok_or_else(|| SessionError::State {
@@ -921,16 +937,17 @@ impl RestoreSession {
             })?;
             return Ok((node.render_minor(), node.gpu_id.unwrap_or(user)));
         };
-        let reach = self.opts.reachable_nodes();
-        host.retain_gpus(|n| reach.contains_key(&n.render_minor()));
         if self.render_gpus.is_none() {
-            let placed = RenderGpus::place(dir, &host, &self.opts.checks).map_err(|r| {
-                let why: Vec<String> = r.iter().map(ToString::to_string).collect();
-                SessionError::State {
-                    pid: vpid,
-                    what: why.join("; "),
-                }
-            })?;
+            let placed = self
+                .opts
+                .place_render_gpus(dir, &host, reach)
+                .map_err(|r| {
+                    let why: Vec<String> = r.iter().map(ToString::to_string).collect();
+                    SessionError::State {
+                        pid: vpid,
+                        what: why.join("; "),
+                    }
+                })?;
             self.render_gpus = Some(placed);
         }
         let placed = self.render_gpus.as_ref().and_then(|p| p.get(at_dump));
@@ -1564,17 +1581,8 @@ pub fn dry_run(dir: &Path, opts: &RestoreOptions) -> Result<DryRun, SessionError
         .flat_map(|i| i.gpu_ids())
         .collect();
     if let Ok(host) = Topology::parse_sysfs(&opts.sysfs_nodes) {
-        let names =
-            std::fs::read_dir(dir).map_err(os_step(0, format!("listing {}", dir.display())))?;
-        let mut ids: Vec<FileId> = names
-            .filter_map(Result::ok)
-            .filter_map(|e| {
-                let n = e.file_name().into_string().ok()?;
-                let id = n.strip_prefix("amdgpu-renderD-")?.strip_suffix(".img")?;
-                FileId::parse(id)
-            })
-            .collect();
-        ids.sort_by_key(|i| i.0);
+        let ids = super::render_image_ids(dir)
+            .map_err(os_step(0, format!("listing {}", dir.display())))?;
         let mut recorded = false;
         for id in ids {
             let Ok(img) = RenderImage::read(dir, id) else {
@@ -1590,10 +1598,7 @@ pub fn dry_run(dir: &Path, opts: &RestoreOptions) -> Result<DryRun, SessionError
             }
         }
         if recorded {
-            let reach = opts.reachable_nodes();
-            let mut usable = host;
-            usable.retain_gpus(|n| reach.contains_key(&n.render_minor()));
-            if let Err(r) = RenderGpus::place(dir, &usable, &opts.checks) {
+            if let Err(r) = opts.place_render_gpus(dir, &host, &opts.reachable_nodes()) {
                 report.other.extend(r);
             }
         }
