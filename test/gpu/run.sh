@@ -1922,8 +1922,8 @@ shared_bo_two_procs_dump_killed() {
 # mapping, restored under the supervisor (which the dma-buf fd's export needs) left stopped,
 # and attached again (`supervise --attach`: the restore's own listener is released, which
 # seccomp would otherwise refuse with EBUSY), its rounds map the dma-buf exported again onto
-# the restored BO. Holding a mapping of it, the dump fails there (the mapping is not saved
-# yet) and the process runs on.
+# the restored BO. Holding a mapping of it, criu-rocm refuses the dump (the mapping is not
+# saved yet) and the process runs on.
 case_kfd_dmabuf_map_cr() { on mi100 -- dmabuf_map_cr; }
 case_kfd_dmabuf_map_held_refused() { on mi100 -- dmabuf_map_held_refused; }
 # dmabuf_map_start OUT [--hold]: builds and starts dmabuf-map; prints its pid once ready.
@@ -1942,20 +1942,28 @@ dmabuf_map_cr() {
 	kill -CONT "$pid"
 	round_and_end dmabuf-map "$pid" "$out" "the restore"
 }
-# Held: the dump must fail at that mapping, its first error (CRIU takes the mapping for
-# shared memory and cannot open it through /proc/PID/map_files), not merely fail.
+# Held: criu-rocm refuses the dump itself at the pause, before CRIU reads any memory (CRIU
+# would take the mapping for shared memory and fail at /proc/PID/map_files, naming neither
+# the dma-buf nor why). Its refusal is the dump's first error and names the process, the
+# mapping's range, the dma-buf's fd and the BO's GPU; nothing of the process was paused (no
+# GPU guardian stays), the images are marked incomplete, and the process runs on and passes
+# a round.
 dmabuf_map_held_refused() {
-	local img=$CASE_DIR/img out=$CASE_DIR/dm.out pid map first
+	local img=$CASE_DIR/img out=$CASE_DIR/dm.out pid map first re
 	pid=$(dmabuf_map_start "$out" --hold) || exit 1
 	map=$(awk '$6 == "/dmabuf:" { print $1 }' "/proc/$pid/maps")
 	[ "$(wc -w <<<"$map")" = 1 ] || fail "dmabuf-map $pid holds not one mapping of its dma-buf but: ${map:-none}"
 	dump "$pid" "$img" && fail "the dump of dmabuf-map $pid succeeded although it holds a mapping of its dma-buf"
-	log_has "$img/dump.log" "Handling VMA with the following smaps entry: $map rw-s .* /dmabuf:\$"
-	first=$(grep -a 'Error' "$img/dump.log" | grep -v RLIMIT_NOFILE | head -n 1)
-	grep -qE "Error \(criu/[a-z-]+\.c:[0-9]+\): Can't open $pid/map_files/$map on procfs" <<<"$first" ||
-		fail "the dump of dmabuf-map $pid failed, but not at its dma-buf mapping $map: ${first:-no error line}"
+	re="amdgpu: pid $pid: a CPU mapping $map \(rw-s\) of dma-buf fd [0-9]+ \(a BO of GPU 0x[0-9a-f]+, /dev/dri/renderD128, mmap offset 0x[0-9a-f]+, 65536 bytes\) is held: criu-rocm cannot restore a dma-buf mapping yet .*unmap it before the checkpoint"
+	first=$(grep -a -E "Error|amdgpu: pid $pid: a CPU mapping" "$img/dump.log" | grep -v RLIMIT_NOFILE | head -n 1)
+	grep -qE "$re" <<<"$first" ||
+		fail "the dump of dmabuf-map $pid failed, but not first at criu-rocm's refusal of its dma-buf mapping $map: ${first:-no error line}"
+	! grep -aqE "Handling VMA|amdgpu: pid $pid: GPU queues paused|GPU guardian started" "$img/dump.log" ||
+		fail "the dump of dmabuf-map $pid went on past its refusal: $(grep -a -m1 -E "Handling VMA|GPU queues paused|GPU guardian started" "$img/dump.log")"
+	[ -f "$img/$INCOMPLETE" ] || fail "the refused dump's images are not marked incomplete: $(ls "$img" | paste -sd' ')"
+	guardian_gone "the refused dump"
 	round_and_end dmabuf-map "$pid" "$out" "the refused dump"
-	note "$(grep -a -m1 -o 'Error.*' "$img/dump.log" | cut -c1-160)"
+	note "$(grep -a -m1 -oE "amdgpu: pid $pid: a CPU mapping .*" "$img/dump.log" | cut -c1-200)"
 }
 
 # What a render file holds that criu-rocm cannot save fails the dump closed, naming the

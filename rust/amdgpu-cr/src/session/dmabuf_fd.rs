@@ -330,6 +330,76 @@ pub(crate) fn foreign(task_fd: RawFd, id: FileId, said: &str) -> String {
     )
 }
 
+/// A CPU mapping of a dma-buf, a line of `/proc/PID/maps` whose file is
+/// one (issue 29): CRIU would take it for shared memory and fail at it
+/// (it cannot open the mapping through `/proc/PID/map_files`), and
+/// criu-rocm cannot restore one yet, so the dump refuses it first
+/// ([`mapping_held`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct DmabufMapping {
+    /// The address range as the maps line writes it (`start-end`, hex).
+    pub range: String,
+    /// Its permissions (`rw-s`).
+    pub perms: String,
+    /// Its file offset: on amdgpu the BO's mmap offset plus the offset
+    /// into the dma-buf (the GEM PRIME mmap adds the BO's offset).
+    pub offset: u64,
+    /// The dma-buf's device (major, minor) and inode number.
+    pub dev: (u32, u32),
+    pub ino: u64,
+}
+
+/// The dma-buf mappings among the lines of a `/proc/PID/maps` text.
+pub(crate) fn dmabuf_mappings(maps: &str) -> Vec<DmabufMapping> {
+    maps.lines().filter_map(dmabuf_mapping).collect()
+}
+
+/// One maps line (`start-end perms offset major:minor inode path`), when
+/// its file is a dma-buf.
+fn dmabuf_mapping(line: &str) -> Option<DmabufMapping> {
+    let mut rest = line;
+    let mut field = || {
+        let t = rest.trim_start();
+        let end = t.find(char::is_whitespace).unwrap_or(t.len());
+        let (f, r) = t.split_at(end);
+        rest = r;
+        f
+    };
+    let (range, perms, offset, dev, ino) = (field(), field(), field(), field(), field());
+    if !rest.trim_start().starts_with(LINK_PREFIX) {
+        return None;
+    }
+    let (major, minor) = dev.split_once(':')?;
+    Some(DmabufMapping {
+        range: range.to_owned(),
+        perms: perms.to_owned(),
+        offset: u64::from_str_radix(offset, 16).ok()?,
+        dev: (
+            u32::from_str_radix(major, 16).ok()?,
+            u32::from_str_radix(minor, 16).ok()?,
+        ),
+        ino: ino.parse().ok()?,
+    })
+}
+
+/// The refusal of a process holding the dma-buf mappings `maps` (not
+/// empty): the first is named, with `what` the dma-buf is (its fd and BO,
+/// in words), and how many more there are.
+pub(crate) fn mapping_held(maps: &[DmabufMapping], what: &str) -> String {
+    let m = &maps[0];
+    let more = match maps.len() {
+        1 => String::new(),
+        n => format!(" (and {} more dma-buf mapping(s))", n - 1),
+    };
+    format!(
+        "a CPU mapping {} ({}) of {what} is held{more}: criu-rocm cannot restore a dma-buf \
+         mapping yet (CRIU would take it for shared memory, which it cannot read through \
+         /proc/PID/map_files); unmap it before the checkpoint; not dumping what could not be \
+         restored",
+        m.range, m.perms
+    )
+}
+
 /// Whether `dir` has a dma-buf image of file `id`.
 pub(crate) fn has_image(dir: &Path, id: FileId) -> bool {
     dir.join(crate::image::dmabuf_image_name(id)).exists()
@@ -445,5 +515,48 @@ mod tests {
         assert!(words[0].contains("another process"), "{}", words[0]);
         assert!(words[1].contains("of another size"), "{}", words[1]);
         assert!(unheld(&dfd(7, 0, 1)).contains("no file this dump saves holds its BO"));
+    }
+
+    #[test]
+    fn dmabuf_mappings_are_found_in_maps_and_refused_by_range() {
+        let maps = "\
+00400000-00401000 r-xp 00000000 08:01 1234                               /usr/bin/dmabuf-map
+7f0000000000-7f0000010000 rw-s 100000000 00:06 77                        /dev/dri/renderD128
+7f1234560000-7f1234570000 rw-s 00000000 00:0e 4242                       /dmabuf:
+7f1234580000-7f1234581000 r--s 00001000 00:0e 4242                       /dmabuf:my name
+7f12345a0000-7f12345a1000 rw-s 00000000 00:01 99                         /memfd:dmabuf: (deleted)
+7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0                          [stack]
+";
+        let m = dmabuf_mappings(maps);
+        assert_eq!(
+            m,
+            vec![
+                DmabufMapping {
+                    range: "7f1234560000-7f1234570000".into(),
+                    perms: "rw-s".into(),
+                    offset: 0,
+                    dev: (0, 0xe),
+                    ino: 4242,
+                },
+                DmabufMapping {
+                    range: "7f1234580000-7f1234581000".into(),
+                    perms: "r--s".into(),
+                    offset: 0x1000,
+                    dev: (0, 0xe),
+                    ino: 4242,
+                },
+            ]
+        );
+        let w = mapping_held(&m, "dma-buf fd 5");
+        assert!(
+            w.starts_with(
+                "a CPU mapping 7f1234560000-7f1234570000 (rw-s) of dma-buf fd 5 is held \
+                 (and 1 more dma-buf mapping(s)): criu-rocm cannot restore a dma-buf mapping yet"
+            ),
+            "{w}"
+        );
+        assert!(w.contains("unmap it before the checkpoint"), "{w}");
+        assert!(!mapping_held(&m[..1], "x").contains("more"));
+        assert!(dmabuf_mappings("").is_empty());
     }
 }

@@ -264,6 +264,7 @@ impl DumpSession {
     /// Pauses the KFD process behind every KFD file task `pid` holds, and
     /// takes its CHECKPOINT metadata.  Returns how many were new.
     pub fn pause_task(&mut self, pid: i32) -> Result<usize, SessionError> {
+        self.refuse_dmabuf_mappings(pid)?;
         if self.devices.kfd.is_none() && self.devices.render_nodes.is_empty() {
             return Ok(0);
         }
@@ -299,6 +300,124 @@ impl DumpSession {
             }
         }
         Ok(new)
+    }
+
+    /// Refuses task `pid` when it holds a CPU mapping of a dma-buf (issue
+    /// 29): its first, named with the dma-buf's fd and BO when the task
+    /// holds an fd of it.  Runs before anything of the task is paused, so
+    /// the refusal leaves it running as it was.
+    fn refuse_dmabuf_mappings(&mut self, pid: i32) -> Result<(), SessionError> {
+        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).map_err(|source| {
+            SessionError::Os {
+                pid,
+                step: "reading /proc/<pid>/maps for dma-buf mappings".into(),
+                source,
+            }
+        })?;
+        let held = dmabuf_fd::dmabuf_mappings(&maps);
+        let Some(m) = held.first() else {
+            return Ok(());
+        };
+        let what = self.mapped_dmabuf(pid, m)?;
+        Err(SessionError::State {
+            pid,
+            what: dmabuf_fd::mapping_held(&held, &what),
+        })
+    }
+
+    /// What the dma-buf of mapping `m` of task `pid` is, in words: the
+    /// task's fd of it and its BO ([`dmabuf_fd::identify`]), or that the
+    /// task holds no fd of it.  The fd is the one of the mapping's device
+    /// and inode; failing that (a mapping of another file of the same
+    /// dma-buf), the one whose BO the mapping's offset falls in (amdgpu's
+    /// PRIME mmap offsets a mapping by its BO's mmap offset), when one
+    /// alone is.
+    fn mapped_dmabuf(
+        &mut self,
+        pid: i32,
+        m: &dmabuf_fd::DmabufMapping,
+    ) -> Result<String, SessionError> {
+        let os = |step: String| move |source| SessionError::Os { pid, step, source };
+        let mut same_inode = None;
+        let mut dmabufs = Vec::new();
+        for fd in task_fds(pid).map_err(os("listing /proc/<pid>/fd".into()))? {
+            let path = format!("/proc/{pid}/fd/{fd}");
+            let is_dmabuf = std::fs::read_link(&path).is_ok_and(|l| {
+                l.as_os_str()
+                    .as_encoded_bytes()
+                    .starts_with(dmabuf_fd::LINK_PREFIX.as_bytes())
+            });
+            if !is_dmabuf {
+                continue;
+            }
+            dmabufs.push(fd);
+            let Ok(st) = stat_path(Path::new(&path)) else {
+                continue;
+            };
+            if st.st_ino == m.ino && (libc::major(st.st_dev), libc::minor(st.st_dev)) == m.dev {
+                same_inode = Some(fd);
+            }
+        }
+        if dmabufs.is_empty() {
+            return Ok(format!(
+                "a dma-buf (inode {}) the process holds no fd of (closed after the mmap), so \
+                 not its GPU or BO either",
+                m.ino
+            ));
+        }
+        let pidfd = pidfd_open(pid).map_err(os("pidfd_open".into()))?;
+        let gpus = self.host_gpus(pid)?;
+        let mut found = Vec::new();
+        let mut said = Vec::new();
+        for fd in same_inode.map_or(dmabufs.clone(), |fd| vec![fd]) {
+            let copy =
+                pidfd_getfd(pidfd.as_fd(), fd).map_err(os(format!("pidfd_getfd of fd {fd}")))?;
+            match dmabuf_fd::identify(copy.as_fd(), &gpus) {
+                Ok((gpu, minor, offset, size)) => {
+                    let bo = format!(
+                        "dma-buf fd {fd} (a BO of GPU {gpu}, {}, mmap offset {offset:#x}, \
+                         {size} bytes)",
+                        minor.path()
+                    );
+                    if same_inode.is_some() || (offset..offset + size).contains(&m.offset) {
+                        found.push(bo);
+                    }
+                }
+                Err(why) => said.push(format!("fd {fd}: {why}")),
+            }
+        }
+        Ok(match (same_inode, &found[..]) {
+            (_, [one]) => one.clone(),
+            (Some(fd), _) => {
+                format!(
+                    "dma-buf fd {fd} (not a BO of any GPU of this host: {})",
+                    said.join("; ")
+                )
+            }
+            (None, []) => {
+                format!(
+                "a dma-buf (inode {}, offset {:#x}) that none of the process' dma-buf fds ({}) \
+                 is the file or BO of",
+                m.ino,
+                m.offset,
+                dmabufs.iter().map(|fd| fd.to_string()).collect::<Vec<_>>().join(", ")
+            )
+            }
+            (None, many) => format!("one of {}", many.join(", ")),
+        })
+    }
+
+    /// The host's GPUs with a render node: (render minor, gpu_id).
+    fn host_gpus(&mut self, pid: i32) -> Result<Vec<(RenderMinor, GpuId)>, SessionError> {
+        let minors: Vec<RenderMinor> = self.devices.render_nodes.iter().map(|(m, _)| *m).collect();
+        if minors.is_empty() {
+            return Ok(Vec::new());
+        }
+        let topology = self.topology(pid)?;
+        Ok(minors
+            .into_iter()
+            .filter_map(|m| Some((m, topology.gpu_by_render_minor(m)?.gpu_id?)))
+            .collect())
     }
 
     /// Task `pid`'s render-node file `fd` (of `minor`) among the open
@@ -538,12 +657,7 @@ impl DumpSession {
         id: FileId,
         (pid, task_fd): (i32, RawFd),
     ) -> Result<(), SessionError> {
-        let minors: Vec<RenderMinor> = self.devices.render_nodes.iter().map(|(m, _)| *m).collect();
-        let topology = self.topology(pid)?;
-        let gpus: Vec<(RenderMinor, GpuId)> = minors
-            .into_iter()
-            .filter_map(|m| Some((m, topology.gpu_by_render_minor(m)?.gpu_id?)))
-            .collect();
+        let gpus = self.host_gpus(pid)?;
         let (gpu, minor, offset, size) =
             dmabuf_fd::identify(fd, &gpus).map_err(|said| SessionError::State {
                 pid,
