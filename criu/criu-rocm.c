@@ -19,6 +19,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/time.h>
+#include <time.h>
 #include <compel/ptrace.h>
 
 #include "criu-log.h"
@@ -537,6 +538,25 @@ int criu_rocm_held_file(const char *path)
 		return -1;
 	fd = criu_gpu_restore_held_file(path);
 	return fd >= 0 ? fd : -1;
+}
+
+void criu_rocm_test_held_open_delay(void)
+{
+	static int ms = -1;
+	struct timespec left;
+	const char *v;
+
+	if (ms < 0) {
+		v = getenv("CRIU_ROCM_TEST_HELD_OPEN_DELAY_MS");
+		ms = v ? atoi(v) : 0;
+	}
+	if (ms <= 0)
+		return;
+	/* The whole wait, whatever signal (SIGCHLD) comes meanwhile. */
+	left.tv_sec = ms / 1000;
+	left.tv_nsec = (ms % 1000) * 1000000L;
+	while (nanosleep(&left, &left) && errno == EINTR)
+		;
 }
 
 /* --restore-sibling, criu main: its write end of the pipe that ties the root task to criu. */

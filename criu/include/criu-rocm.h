@@ -86,6 +86,13 @@ extern cr_plugin_desc_t criu_rocm_plugin;
  * criu-rocm's.
  */
 extern int criu_rocm_held_file(const char *path);
+/*
+ * For tests only: with CRIU_ROCM_TEST_HELD_OPEN_DELAY_MS=N in criu's
+ * environment, a task waits N ms right before it opens a file through the
+ * fd criu_rocm_held_file() gave, so that the tasks of a tree open the same
+ * file at the same time (test/rocm/cr.sh).  Without it nothing happens.
+ */
+extern void criu_rocm_test_held_open_delay(void);
 
 /* Dump, after all CPU memory is dumped: every paused GPU process was saved. */
 extern int criu_rocm_dump_late(void);

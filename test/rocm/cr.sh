@@ -377,6 +377,43 @@ case_rocr_tree_same_host() { same mi100x2 gpu_rocr_tree; }
 case_rocr_tree_other_host() { cross mi100x2 "" mi100x2-other gpu_rocr_tree; }
 case_rocr_tree_hives_swapped() { cross mi250x8 "" mi250x8-hives-swapped gpu_rocr_tree; }
 case_rocr_tree_five_cycles() { cycles mi100x2 "" mi100x2-other 5 gpu_rocr_tree; }
+
+# Both processes of the tree map libhsakmt's semaphore and shared memory, each file recorded
+# once for both, and each process opens its mappings of them through the file its own GPU
+# restore held (patch 0081), in parallel with the other. CRIU keeps its record of a regular
+# file in memory all restored tasks share: the open through a held fd once changed the
+# record's name to one on the task's own stack for the length of the open, and the other
+# process, opening the same file in that window, opened that garbage and failed ("Can't open
+# vma", once in CI at the first restore of rocr_tree_five_cycles). Here each task waits
+# HELD_OPEN_DELAY_MS right before each open through a held fd
+# (CRIU_ROCM_TEST_HELD_OPEN_DELAY_MS, a hook for tests only), which holds such a window open:
+# the two processes' opens of the semaphore must overlap (else the case fails: it could not
+# have seen the race), the restore must succeed and both processes run on.
+HELD_OPEN_DELAY_MS=500
+case_rocr_tree_held_files_opened_at_once() {
+	on mi100x2 -- start_dump gpu_rocr_tree
+	# shellcheck disable=SC2046 # the override is words
+	on mi100x2 $(other mi100x2-other) -- held_files_opened_at_once
+	t_passed
+	describe
+}
+held_files_opened_at_once() {
+	local log=$CASE_DIR/img-1/restore.log opens gap
+	t_pid
+	CRIU_ROCM_TEST_HELD_OPEN_DELAY_MS=$HELD_OPEN_DELAY_MS t_restore 1
+	# Each process' line "(SS.UUUUUU)    PID: Opening dev/shm/sem.hsakmt_semaphore through
+	# the GPU restore's fd N of it" as "PID MICROSECONDS" (its wait comes right after it).
+	opens=$(grep -a "Opening dev/shm/sem.hsakmt_semaphore through the GPU restore's fd" "$log" |
+		sed -n 's/^(\([0-9]*\)\.\([0-9]*\)) *\([0-9]*\): .*/\3 \1\2/p' | sort -u -k1,1n)
+	[ "$(wc -l <<<"$opens")" = 2 ] ||
+		fail "both processes of the tree must open their mapping of libhsakmt's semaphore through a held fd; the log ($log) has: $(paste -sd, <<<"$opens")"
+	gap=$(awk 'NR == 1 { a = $2 } NR == 2 { d = $2 - a; print d < 0 ? -d : d }' <<<"$opens")
+	[ "$gap" -lt $((HELD_OPEN_DELAY_MS * 1000)) ] ||
+		fail "the two processes opened libhsakmt's semaphore $gap us apart, more than the $HELD_OPEN_DELAY_MS ms each waited: the opens did not overlap ($log)"
+	note "the two processes' opens of libhsakmt's semaphore through held fds overlapped: $((gap / 1000)) ms apart, each waiting $HELD_OPEN_DELAY_MS ms"
+	t_round 1
+	t_finish
+}
 case_rocr_mi300x8() {
 	rocr_skip mi300x8
 	same mi300x8 gpu_rocr_buffers
