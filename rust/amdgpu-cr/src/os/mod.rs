@@ -7,7 +7,7 @@
 //! |---|---|
 //! | [`futex`] | waiting on and waking a shared `AtomicU32` |
 //! | [`shared`] | a zero-initialised `MAP_SHARED` object on a memfd, passed to a helper by fd |
-//! | [`process`] | pids and pidfds, reaping, ptrace, a helper started by re-executing this program (tied to us or detached) |
+//! | [`process`] | pids and pidfds, reaping, ptrace, a helper started by re-executing this program (tied to us or detached), a worker running a function in a copy of this process |
 //! | [`signal`] | one process-wide handler for caught signals, ignoring, dying of a signal |
 //! | [`fd`] | reaching another task's fds, comparing open files, fd numbering, memfds, socket pairs and records with an fd, polling |
 //! | [`file`] | `stat`/`fstat`, `/proc/<pid>` directories, POSIX named semaphores |

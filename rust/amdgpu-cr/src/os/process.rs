@@ -1,5 +1,6 @@
 //! Processes: our ids, pidfds, children reaped by pid (also those without
-//! an exit signal), and a helper started by re-executing this program.
+//! an exit signal), a helper started by re-executing this program, and a
+//! worker that runs a function in a copy of this process.
 
 use std::ffi::{c_char, CStr, CString};
 use std::io;
@@ -413,6 +414,110 @@ fn exit_as(helper: libc::pid_t, me: libc::pid_t) -> ! {
     exit_now(libc::WEXITSTATUS(st))
 }
 
+/// Fds a worker started by [`fork_worker`] may keep.
+const MAX_WORKER_FDS: usize = 8;
+
+/// Starts `work` in a copy of this process: our child without an exit
+/// signal (so, as with [`spawn_self`], no SIGCHLD handler hears of it, nor
+/// a `wait(-1)` without `__WALL`), holding only the fds `keep` of ours,
+/// dying with the calling thread (`PDEATHSIG`) and ignoring every signal
+/// that is not a fault.  Once `work` returns it closes all its fds and
+/// waits to be killed: it never ends on its own, so that a `wait4(-1,
+/// __WALL)` of CRIU's (compel's wait for its tracees to stop at a syscall,
+/// the reaping of a killed tree) cannot meet it ended.  End it with
+/// [`end_worker`].
+///
+/// # Safety
+/// `work` runs in a copy of a possibly multi-threaded process that skipped
+/// the C library's fork handling: it must make only raw system calls that
+/// touch no lock and no allocator (no logging, no panic), on memory made
+/// before the call or on its own stack.
+pub unsafe fn fork_worker(keep: &[RawFd], work: impl FnOnce()) -> io::Result<libc::pid_t> {
+    if keep.len() > MAX_WORKER_FDS {
+        return Err(io::Error::from_raw_os_error(libc::EMFILE));
+    }
+    let mut kept = [-1; MAX_WORKER_FDS];
+    kept[..keep.len()].copy_from_slice(keep);
+    kept.sort_unstable();
+    let parent = getpid();
+    // SAFETY: all-zero is a valid sigset_t; sigemptyset initialises it.
+    let mut unblocked: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `unblocked` is a valid sigset_t.
+    unsafe { libc::sigemptyset(&mut unblocked) };
+    // SAFETY: a fork-like clone (no flags, exit signal 0).  The child makes
+    // raw system calls on what was prepared above and runs `work`, whose
+    // caller promised the same, and never returns here.
+    let pid = unsafe { raw_fork(0) };
+    if pid < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if pid == 0 {
+        die_with(parent);
+        ignore_signals(&unblocked);
+        close_all_but(&kept);
+        work();
+        close_all_but(&[]);
+        loop {
+            // SAFETY: pause takes no arguments; nothing we do not ignore
+            // but SIGKILL reaches us, so it does not return.
+            unsafe { libc::pause() };
+        }
+    }
+    Ok(pid as libc::pid_t)
+}
+
+/// Ends worker `pid` of [`fork_worker`] (SIGKILL) and reaps it.
+pub fn end_worker(pid: libc::pid_t) -> ExitStatus {
+    // Our child, not reaped yet: the pid is still its.
+    let _ = kill(pid, libc::SIGKILL);
+    wait(pid)
+}
+
+/// Every signal but the faults (and SIGKILL, SIGSTOP) ignored, none
+/// blocked: a worker is ended by its parent or with it, not by a signal
+/// sent to the parent's process group.  Worker code (see [`fork_worker`]).
+fn ignore_signals(unblocked: &libc::sigset_t) {
+    const FAULTS: [libc::c_int; 7] = [
+        libc::SIGSEGV,
+        libc::SIGBUS,
+        libc::SIGILL,
+        libc::SIGFPE,
+        libc::SIGABRT,
+        libc::SIGTRAP,
+        libc::SIGSYS,
+    ];
+    for sig in 1..=libc::SIGSYS {
+        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+            continue;
+        }
+        let how = if FAULTS.contains(&sig) {
+            libc::SIG_DFL
+        } else {
+            libc::SIG_IGN
+        };
+        // SAFETY: signal() with SIG_DFL or SIG_IGN installs no code of ours.
+        unsafe { libc::signal(sig, how) };
+    }
+    // SAFETY: a valid sigset prepared before the clone.
+    unsafe { libc::sigprocmask(libc::SIG_SETMASK, unblocked, std::ptr::null_mut()) };
+}
+
+/// Closes every fd but the non-negative ones of `keep` (ascending).
+/// Worker code (see [`fork_worker`]).
+fn close_all_but(keep: &[RawFd]) {
+    let mut from: libc::c_uint = 0;
+    for &k in keep.iter().filter(|&&k| k >= 0) {
+        let k = k as libc::c_uint;
+        if k > from {
+            // SAFETY: closes fds [from, k - 1]; touches no memory.
+            unsafe { libc::syscall(libc::SYS_close_range, from, k - 1, 0) };
+        }
+        from = from.max(k + 1);
+    }
+    // SAFETY: closes every fd from `from` on; touches no memory.
+    unsafe { libc::syscall(libc::SYS_close_range, from, libc::c_uint::MAX, 0) };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -484,6 +589,38 @@ mod tests {
         let tid = super::super::signal::gettid();
         let kids = std::fs::read_to_string(format!("/proc/self/task/{tid}/children")).unwrap();
         assert_eq!(kids.trim(), "", "children of this thread");
+    }
+
+    /// A worker holds only the fds it keeps, closes them once its work is
+    /// done (its pipe reads end-of-file) and then waits to be ended: it is
+    /// reaped by pid, killed by SIGKILL.
+    #[test]
+    fn a_worker_keeps_its_fds_and_waits_to_be_ended() {
+        let (r, w) = crate::os::fd::pipe().unwrap();
+        let other = std::fs::File::open("/proc/self/status").unwrap();
+        let (wfd, ofd) = (w.as_raw_fd(), other.as_raw_fd());
+        let work = move || {
+            // SAFETY: F_GETFD of an fd number touches no memory.
+            let held = |fd| unsafe { libc::fcntl(fd, libc::F_GETFD) } >= 0;
+            let said = [u8::from(held(wfd)), u8::from(held(ofd))];
+            // SAFETY: write of the two bytes on our stack.
+            unsafe { libc::write(wfd, said.as_ptr().cast(), said.len()) };
+        };
+        // SAFETY: the work makes raw fcntl and write calls on its stack.
+        let pid = unsafe { fork_worker(&[wfd], work) }.unwrap();
+        drop(w);
+        let mut said = Vec::new();
+        std::io::Read::read_to_end(&mut std::fs::File::from(r), &mut said).unwrap();
+        assert_eq!(said, [1, 0], "the kept fd held, the other closed");
+        assert_eq!(wait_nohang(pid).unwrap(), None, "it waits to be ended");
+        let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .count();
+        assert_eq!(fds, 0, "no fd left once its work is done");
+        let st = end_worker(pid);
+        assert_eq!(st.describe(), "was killed by signal 9 (SIGKILL)");
+        let e = wait_nohang(pid).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ECHILD), "reaped");
     }
 
     #[test]

@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 use kfd_abi::handle::{Access, Kfd, Mapping, ProcessInfo};
 use kfd_abi::sys;
 
+use super::contexts::ContextProbes;
 use super::dmabuf::{Claim, HeldIn, Holder, SharedBos};
 use super::dmabuf_fd::{self, DmabufFd, PendingDmabufs, Resolved};
 use super::guardian::Guardian;
@@ -177,6 +178,8 @@ pub struct DumpSession {
     /// The open files of `render_fds`, each once, with the tasks that
     /// hold it.
     render_files: OpenFiles<RenderFileSeen>,
+    /// Their context probes, started as they are met, by `seen`.
+    contexts: ContextProbes,
     /// The open files of the paused processes' KFD fds: the process (its
     /// index in `procs`) and whether the file is one of its further opens.
     kfd_files: OpenFiles<(usize, bool)>,
@@ -207,6 +210,7 @@ impl DumpSession {
             procs: Vec::new(),
             render_fds: BTreeMap::new(),
             render_files: OpenFiles::default(),
+            contexts: ContextProbes::default(),
             kfd_files: OpenFiles::default(),
             guardian: None,
             digests: Digests::default(),
@@ -262,8 +266,17 @@ impl DumpSession {
     }
 
     /// Pauses the KFD process behind every KFD file task `pid` holds, and
-    /// takes its CHECKPOINT metadata.  Returns how many were new.
+    /// takes its CHECKPOINT metadata; then starts the context probes of the
+    /// render files met first here ([`ContextProbes`]), which run while the
+    /// tree is dumped.  Returns how many KFD processes were new.
     pub fn pause_task(&mut self, pid: i32) -> Result<usize, SessionError> {
+        self.pause_fds(pid, true)
+    }
+
+    /// [`Self::pause_task`]; `probe`: start the context probes (a
+    /// pre-dump probes its render files after the tree runs again, and a
+    /// probe beside the pause would only lengthen it).
+    fn pause_fds(&mut self, pid: i32, probe: bool) -> Result<usize, SessionError> {
         self.refuse_dmabuf_mappings(pid)?;
         if self.devices.kfd.is_none() && self.devices.render_nodes.is_empty() {
             return Ok(0);
@@ -272,6 +285,7 @@ impl DumpSession {
         let fds = task_fds(pid).map_err(os("listing /proc/<pid>/fd".into()))?;
         let mut pidfd = None;
         let mut new = 0;
+        let mut new_files = Vec::new();
         for fd in fds {
             // The task is frozen: its fd table cannot change under us, but
             // an fd CRIU cannot stat is not ours either.
@@ -288,14 +302,28 @@ impl DumpSession {
             let copy = pidfd_getfd(pfd, fd).map_err(os(format!("pidfd_getfd of fd {fd}")))?;
             match kind {
                 DeviceKind::Render(minor) => {
-                    self.see_render_file(pid, minor, copy.as_fd())
+                    let seen = self
+                        .see_render_file(pid, minor, copy.as_fd())
                         .map_err(os(format!("kcmp of render-node fd {fd}")))?;
+                    new_files.extend(seen);
                     self.render_fds.entry(pid).or_default().push((minor, copy));
                 }
                 DeviceKind::Kfd => {
                     if self.pause_kfd(pid, fd, copy)? {
                         new += 1;
                     }
+                }
+            }
+        }
+        if probe {
+            for (fd, f) in self.render_files.iter() {
+                if !new_files.contains(&f.seen) {
+                    continue;
+                }
+                if let Err(e) = self.contexts.start(f.seen, fd) {
+                    log::debug!(
+                        "pid {pid}: the contexts of its render file are probed at its dump: {e}"
+                    );
                 }
             }
         }
@@ -421,13 +449,14 @@ impl DumpSession {
     }
 
     /// Task `pid`'s render-node file `fd` (of `minor`) among the open
-    /// files met so far: a new one, or one more holder of one.
+    /// files met so far: a new one (its `seen` returned), or one more
+    /// holder of one.
     fn see_render_file(
         &mut self,
         pid: i32,
         minor: RenderMinor,
         fd: BorrowedFd<'_>,
-    ) -> std::io::Result<()> {
+    ) -> std::io::Result<Option<usize>> {
         let seen = self.render_files.len();
         let f = self.render_files.entry(fd, || RenderFileSeen {
             minor,
@@ -437,7 +466,7 @@ impl DumpSession {
         if let Err(i) = f.pids.binary_search(&pid) {
             f.pids.insert(i, pid);
         }
-        Ok(())
+        Ok((self.render_files.len() > seen).then_some(seen))
     }
 
     /// PROCESS_INFO + CHECKPOINT on a task's KFD file; false when that open
@@ -640,8 +669,9 @@ impl DumpSession {
                 Dumped::Kfd
             }
             Some(DeviceKind::Render(minor)) => {
-                let pid = self.render_owner(fd, id)?;
-                self.dump_render(pid, fd, minor, id, dir)?;
+                let (pid, seen) = self.render_owner(fd, id)?;
+                let contexts = self.contexts.take(seen);
+                self.dump_render(pid, fd, (minor, contexts), id, dir)?;
                 Dumped::Render(minor)
             }
         };
@@ -709,8 +739,9 @@ impl DumpSession {
     }
 
     /// The task whose render-node fd, reached at the pause, is the open file
-    /// `fd`: one with a KFD process if several share it (inherited fds).
-    fn render_owner(&self, fd: BorrowedFd<'_>, id: FileId) -> Result<i32, SessionError> {
+    /// `fd`: one with a KFD process if several share it (inherited fds);
+    /// and the file's `seen`.
+    fn render_owner(&self, fd: BorrowedFd<'_>, id: FileId) -> Result<(i32, usize), SessionError> {
         let file = self
             .render_files
             .get(fd)
@@ -720,11 +751,13 @@ impl DumpSession {
                 source,
             })?;
         let holders = file.map(|f| f.pids.as_slice()).unwrap_or_default();
+        let seen = file.map_or(usize::MAX, |f| f.seen);
         holders
             .iter()
             .copied()
             .find(|&pid| self.procs.iter().any(|p| p.task == pid))
             .or_else(|| holders.first().copied())
+            .map(|pid| (pid, seen))
             .ok_or_else(|| SessionError::State {
                 pid: 0,
                 what: format!(
@@ -942,7 +975,9 @@ impl DumpSession {
             let (_, mut img, actual, copying) = self.render_setup(pid, minor, FileId(id), true)?;
             let at = (minor, FileId(id), actual);
             let mut link = |bos: &mut [DrmBoEntry]| self.link_render(pid, at, bos);
-            super::gem::save(pid, fd.as_fd(), at, &mut img, dir, copying, &mut link)?;
+            // No probe was started at a pre-dump's pause (Self::pause_fds).
+            let checks = (None, &mut link as &mut super::gem::Link<'_>);
+            super::gem::save(pid, fd.as_fd(), at, &mut img, dir, copying, checks)?;
             if img.has_gem_bos() {
                 self.write_render(pid, FileId(id), &img, dir)?;
                 id += 1;
@@ -1046,7 +1081,7 @@ impl DumpSession {
         &mut self,
         pid: i32,
         fd: BorrowedFd<'_>,
-        minor: RenderMinor,
+        (minor, contexts): (RenderMinor, Option<Vec<u32>>),
         id: FileId,
         dir: &Path,
     ) -> Result<(), SessionError> {
@@ -1060,7 +1095,7 @@ impl DumpSession {
             &mut img,
             dir,
             copying,
-            &mut link,
+            (contexts, &mut link),
         )?;
         let waits = img
             .msg
@@ -1303,7 +1338,7 @@ impl DumpSession {
     /// hashes are unchanged.  Returns how many KFD processes were new.
     pub fn pre_dump_task(&mut self, pid: i32) -> Result<usize, SessionError> {
         let first = self.procs.len();
-        let new = self.pause_task(pid)?;
+        let new = self.pause_fds(pid, false)?;
         for i in first..self.procs.len() {
             let paused = self.unpause(i)?;
             log::info!(
@@ -1368,6 +1403,7 @@ impl DumpSession {
         self.kfd_files.clear();
         self.render_fds.clear();
         self.render_files.clear();
+        self.contexts.clear();
     }
 }
 

@@ -47,6 +47,7 @@ use std::path::Path;
 use kfd_abi::handle::RenderNode;
 use kfd_abi::layout::gem618;
 
+use super::contexts::{self, PROBED_IDS};
 use super::{gpu_jobs, log_gpu_stats, log_incremental, record_extents, SessionError};
 use crate::bo;
 use crate::copy::{dump_contents_encoded, restore_contents_from, GpuJob, GpuStats, PagesFrom};
@@ -102,7 +103,9 @@ pub(crate) type Link<'a> = dyn FnMut(&mut [DrmBoEntry]) -> Result<(), SessionErr
 
 /// Dump: the GEM objects of render file `fd` (CRIU file `id`, minor
 /// `minor`, of host GPU `actual`) into `img` and its pages file in `dir`;
-/// `link` sees them first.
+/// `link` sees them first; `contexts`: the context ids the file's probe
+/// reported if one was started at the pause ([`contexts::ContextProbes`]),
+/// else it is probed now.
 pub(crate) fn save(
     pid: i32,
     fd: BorrowedFd<'_>,
@@ -110,10 +113,11 @@ pub(crate) fn save(
     img: &mut RenderImage,
     dir: &Path,
     copying: Copying,
-    link: &mut Link<'_>,
+    (contexts, link): (Option<Vec<u32>>, &mut Link<'_>),
 ) -> Result<(), SessionError> {
     let node = RenderNode::from_fd(fd);
-    refuse_contexts(pid, &node, minor, id)?;
+    let probed = contexts.map_or_else(|| contexts::probe(fd), Ok);
+    refuse_contexts(pid, minor, id, probed)?;
     let list = match node.gem_list_handles() {
         Ok(l) => l,
         Err(e) if matches!(e.errno(), libc::EINVAL | libc::ENOTTY) => {
@@ -191,13 +195,6 @@ fn save_contents(
     Ok(())
 }
 
-/// The handles probed on a kernel that cannot list a file's GEM objects
-/// (before Linux 6.18), and the contexts probed on every render file: 1 to
-/// this.  The kernel hands both out lowest-free from 1 (the file's
-/// `object_idr`; `ctx_handles`, whose ids end below `AMDGPU_VM_MAX_NUM_CTX`,
-/// 4096).
-const PROBED_IDS: u32 = gem618::AMDGPU_VM_MAX_NUM_CTX - 1;
-
 /// How long a dump waits for the submissions that use a GEM BO to finish
 /// before it copies the BO's bytes: amdgpu's job timeout (10 s) ends any
 /// job by then.
@@ -206,25 +203,15 @@ const IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// A render file with a submission context fails the dump: contexts (and
 /// the fences, syncobjs and BO lists a client uses with them) are not
 /// saved, and a restored client's next command submission on its context
-/// would fail.  Every context id amdgpu can hand out is probed (CTX
-/// GET_STABLE_PSTATE, which only reads).
+/// would fail.  `probed`: the file's contexts ([`contexts::probe`]).
 fn refuse_contexts(
     pid: i32,
-    node: &RenderNode<BorrowedFd<'_>>,
     minor: RenderMinor,
     id: FileId,
+    probed: contexts::Outcome,
 ) -> Result<(), SessionError> {
-    let mut held = Vec::new();
-    for ctx in 1..=PROBED_IDS {
-        if node.ctx_exists(ctx).map_err(kfd_err(
-            pid,
-            minor,
-            id,
-            format!("probing context {ctx}"),
-        ))? {
-            held.push(ctx);
-        }
-    }
+    let held =
+        probed.map_err(|(ctx, e)| kfd_err(pid, minor, id, format!("probing context {ctx}"))(e))?;
     if held.is_empty() {
         return Ok(());
     }

@@ -16,6 +16,7 @@
 //!
 //! The C boundary (`criu-gpu`) only translates arguments into these calls.
 
+pub(crate) mod contexts;
 pub(crate) mod dmabuf;
 pub(crate) mod dmabuf_fd;
 pub mod dump;
