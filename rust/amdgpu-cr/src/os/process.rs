@@ -253,10 +253,7 @@ pub fn spawn_self(
         .max(FIRST_FD + plan.n as RawFd)
         + 1;
     let parent = getpid();
-    // SAFETY: all-zero is a valid sigset_t; sigemptyset initialises it.
-    let mut unblocked: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `unblocked` is a valid sigset_t.
-    unsafe { libc::sigemptyset(&mut unblocked) };
+    let unblocked = empty_set();
     // SAFETY: a fork-like clone (no flags, exit signal 0).  The child runs
     // `shim` only (see the soundness note above) and never returns here;
     // the parent goes on as before.
@@ -440,10 +437,7 @@ pub unsafe fn fork_worker(keep: &[RawFd], work: impl FnOnce()) -> io::Result<lib
     kept[..keep.len()].copy_from_slice(keep);
     kept.sort_unstable();
     let parent = getpid();
-    // SAFETY: all-zero is a valid sigset_t; sigemptyset initialises it.
-    let mut unblocked: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `unblocked` is a valid sigset_t.
-    unsafe { libc::sigemptyset(&mut unblocked) };
+    let unblocked = empty_set();
     // SAFETY: a fork-like clone (no flags, exit signal 0).  The child makes
     // raw system calls on what was prepared above and runs `work`, whose
     // caller promised the same, and never returns here.
@@ -516,6 +510,15 @@ fn close_all_but(keep: &[RawFd]) {
     }
     // SAFETY: closes every fd from `from` on; touches no memory.
     unsafe { libc::syscall(libc::SYS_close_range, from, libc::c_uint::MAX, 0) };
+}
+
+/// An empty signal set.
+pub(crate) fn empty_set() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain old data; sigemptyset initialises it.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid sigset_t.
+    unsafe { libc::sigemptyset(&mut set) };
+    set
 }
 
 #[cfg(test)]

@@ -64,14 +64,6 @@ impl Saved {
     }
 }
 
-fn empty_set() -> libc::sigset_t {
-    // SAFETY: sigset_t is plain old data; sigemptyset initialises it.
-    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `set` is a valid sigset_t.
-    unsafe { libc::sigemptyset(&mut set) };
-    set
-}
-
 fn current(sig: c_int) -> io::Result<libc::sigaction> {
     // SAFETY: sigaction is plain old data; all-zero is a valid value.
     let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
@@ -101,7 +93,7 @@ pub fn catch(sig: c_int, handler: Handler, block: &[c_int]) -> io::Result<Saved>
     let mut new: libc::sigaction = unsafe { std::mem::zeroed() };
     new.sa_sigaction = trampoline as *const () as libc::sighandler_t;
     new.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
-    new.sa_mask = empty_set();
+    new.sa_mask = super::process::empty_set();
     for &s in block {
         // SAFETY: adds a signal number to a valid set (an invalid number
         // is refused with EINVAL, leaving the set as it was).
@@ -134,7 +126,7 @@ pub fn die_of(sig: c_int) {
     unsafe { libc::sigaction(sig, &dfl, std::ptr::null_mut()) };
     // SAFETY: raise has no preconditions; the signal stays pending while blocked.
     unsafe { libc::raise(sig) };
-    let mut set = empty_set();
+    let mut set = super::process::empty_set();
     // SAFETY: adds a signal number to a valid set.
     unsafe { libc::sigaddset(&mut set, sig) };
     // SAFETY: unblocking delivers the pending signal.
