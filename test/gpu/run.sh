@@ -1973,6 +1973,24 @@ dmabuf_map_held_refused() {
 # file with one; a BO still in use by a submission after the dump's wait (GEM_WAIT_IDLE
 # reports it busy at the deadline).
 case_gem_dump_ctx_refused() { on mi100 -- gem_dump_refused "1 amdgpu submission context\(s\) \(ids 1\)" --ctx; }
+# The context probes' fallback: with every probe worker ending without a report (the test
+# hook), each render file's dump probes the file itself and comes to the same answer: the
+# held context still refused by name, and a KFD process' render files dumped and restored.
+case_gem_dump_ctx_probe_fallback() { on mi100 -- gem_probe_fallback; }
+gem_probe_fallback() {
+	local img=$CASE_DIR/img-kfd v0 v1
+	export CRIU_ROCM_TEST_PROBE_WORKER_SILENT=1
+	gem_dump_refused "1 amdgpu submission context\(s\) \(ids 1\)" --ctx
+	log_has "$CASE_DIR/img/dump.log" "the context probe worker \(pid [0-9]+\) gave no whole report"
+	wl_start wl --mib 2 --bos 2
+	v0=$(wl_verify "$WL") || exit 1
+	dump_ok "$WL" "$img"
+	log_has "$img/dump.log" "the context probe worker \(pid [0-9]+\) gave no whole report .*probed again"
+	restore_ok "$img" "$WL"
+	v1=$(wl_verify "$WL") || exit 1
+	same_bytes "$v0" "$v1"
+	wl_finish "$WL"
+}
 case_gem_dump_no_list_refused() {
 	# gem-test's own first call (its check before "ready") is let through, the dump's fails.
 	on mi100 --fail GEM_LIST_HANDLES:EINVAL:1:1 -- gem_dump_refused "GEM handle 1, and this kernel cannot list its GEM objects"

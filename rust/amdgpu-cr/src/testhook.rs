@@ -32,6 +32,16 @@ pub fn max_map_count() -> Option<u64> {
     std::env::var(MAX_MAP_COUNT_ENV).ok()?.trim().parse().ok()
 }
 
+/// The name of the variable that makes every render-file context probe
+/// worker end without a report, so that each file's dump probes it itself
+/// (the fallback a worker that fails or is killed leads to).
+pub const PROBE_WORKER_SILENT_ENV: &str = "CRIU_ROCM_TEST_PROBE_WORKER_SILENT";
+
+/// Whether the test asks the context probe workers to report nothing.
+pub fn probe_worker_silent() -> bool {
+    std::env::var_os(PROBE_WORKER_SILENT_ENV).is_some_and(|v| !v.is_empty())
+}
+
 /// A log line was produced; async-signal-safe once [`init`] ran.
 pub fn on_log_line(line: &[u8]) {
     let Some(Some(text)) = TEXT.get() else {

@@ -157,8 +157,15 @@ impl ContextProbes {
         );
         let mut keep = vec![fd, report, baton_w.as_raw_fd()];
         keep.extend(after);
+        let silent = crate::testhook::probe_worker_silent();
         // SAFETY: `work` makes only raw system calls on its own stack.
-        let pid = unsafe { fork_worker(&keep, move || work(fd, report, after))? };
+        let pid = unsafe {
+            fork_worker(&keep, move || {
+                if !silent {
+                    work(fd, report, after);
+                }
+            })?
+        };
         self.baton = Some(baton_r);
         self.pending.insert(
             key,
