@@ -1978,14 +1978,21 @@ case_gem_dump_ctx_refused() { on mi100 -- gem_dump_refused "1 amdgpu submission 
 # held context still refused by name, and a KFD process' render files dumped and restored.
 case_gem_dump_ctx_probe_fallback() { on mi100 -- gem_probe_fallback; }
 gem_probe_fallback() {
-	local img=$CASE_DIR/img-kfd v0 v1
+	local img=$CASE_DIR/img-kfd
 	export CRIU_ROCM_TEST_PROBE_WORKER_SILENT=1
 	gem_dump_refused "1 amdgpu submission context\(s\) \(ids 1\)" --ctx
 	log_has "$CASE_DIR/img/dump.log" "the context probe worker \(pid [0-9]+\) gave no whole report"
+	wl_cr_saying "$img" "the context probe worker \(pid [0-9]+\) gave no whole report .*probed again"
+}
+
+# wl_cr_saying IMG RE: a small gpu-workload (2 BOs, its render files) dumped into IMG, whose
+# dump log must match RE, restored and its bytes checked.
+wl_cr_saying() {
+	local img=$1 re=$2 v0 v1
 	wl_start wl --mib 2 --bos 2
 	v0=$(wl_verify "$WL") || exit 1
 	dump_ok "$WL" "$img"
-	log_has "$img/dump.log" "the context probe worker \(pid [0-9]+\) gave no whole report .*probed again"
+	log_has "$img/dump.log" "$re"
 	restore_ok "$img" "$WL"
 	v1=$(wl_verify "$WL") || exit 1
 	same_bytes "$v0" "$v1"
@@ -2014,15 +2021,7 @@ gem_dump_refused() {
 # render files (which hold none: KFD's BOs have no GEM handles) are probed, handle by handle.
 case_gem_no_list_kfd_only() { on mi100 --fail GEM_LIST_HANDLES:EINVAL -- gem_no_list_kfd_only; }
 gem_no_list_kfd_only() {
-	local img=$CASE_DIR/img v0 v1
-	wl_start wl --mib 2 --bos 2
-	v0=$(wl_verify "$WL") || exit 1
-	dump_ok "$WL" "$img"
-	log_has "$img/dump.log" "render node /dev/dri/renderD128 \(file [0-9]+\): the kernel cannot list GEM objects .*handles 1-4095 are free, so the file holds none"
-	restore_ok "$img" "$WL"
-	v1=$(wl_verify "$WL") || exit 1
-	same_bytes "$v0" "$v1"
-	wl_finish "$WL"
+	wl_cr_saying "$CASE_DIR/img" "render node /dev/dri/renderD128 \(file [0-9]+\): the kernel cannot list GEM objects .*handles 1-4095 are free, so the file holds none"
 }
 
 # A kill point inside the GEM objects' recreation: the restored task stops (the test hook)
