@@ -5,7 +5,8 @@
 //! pause, the tree frozen, each in a worker process of its own
 //! ([`ContextProbes`], [`crate::os::process::fork_worker`]): they run
 //! beside CRIU's dump of the tasks' memory and the copies of the KFD BOs
-//! instead of after them, and the render file's dump takes the outcome.
+//! instead of after them, on the CPU time those leave idle (`SCHED_IDLE`),
+//! and the render file's dump takes the outcome.
 //!
 //! Not a thread: CRIU later enters a container's mount namespace
 //! (`setns`) to dump its tmpfs, which a multi-threaded process cannot.  A
@@ -78,6 +79,7 @@ fn read_report(bytes: &[u8]) -> Result<Vec<u32>, String> {
 /// a pipe too small for it cuts it short, never stalls it).  Worker code
 /// ([`fork_worker`]): ioctls, reads and writes on its stack only.
 fn work(fd: RawFd, report: RawFd, baton: Option<RawFd>) {
+    yield_to_dump();
     if let Some(b) = baton {
         let mut byte = 0u8;
         loop {
@@ -123,6 +125,19 @@ fn work(fd: RawFd, report: RawFd, baton: Option<RawFd>) {
             return;
         }
     }
+}
+
+/// Puts the calling worker under `SCHED_IDLE`: it probes only on a CPU
+/// the dump leaves idle (the copies of the KFD BOs, CRIU's dump of the
+/// tasks' memory), and once the dump waits for its report
+/// ([`ContextProbes::take`]) it has a CPU to itself.  Left as it is if the
+/// kernel refuses (the probe then runs as before, beside the copies).
+/// Worker code ([`fork_worker`]).
+fn yield_to_dump() {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: sets the calling process' own policy from a parameter on
+    // our stack; no memory is handed to the kernel beyond the call.
+    unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
 }
 
 /// A started probe: the worker and the read end of its report.
