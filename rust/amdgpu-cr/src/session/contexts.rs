@@ -79,7 +79,6 @@ fn read_report(bytes: &[u8]) -> Result<Vec<u32>, String> {
 /// a pipe too small for it cuts it short, never stalls it).  Worker code
 /// ([`fork_worker`]): ioctls, reads and writes on its stack only.
 fn work(fd: RawFd, report: RawFd, baton: Option<RawFd>) {
-    yield_to_dump();
     if let Some(b) = baton {
         let mut byte = 0u8;
         loop {
@@ -127,17 +126,18 @@ fn work(fd: RawFd, report: RawFd, baton: Option<RawFd>) {
     }
 }
 
-/// Puts the calling worker under `SCHED_IDLE`: it probes only on a CPU
-/// the dump leaves idle (the copies of the KFD BOs, CRIU's dump of the
-/// tasks' memory), and once the dump waits for its report
-/// ([`ContextProbes::take`]) it has a CPU to itself.  Left as it is if the
-/// kernel refuses (the probe then runs as before, beside the copies).
-/// Worker code ([`fork_worker`]).
-fn yield_to_dump() {
+/// Puts worker `pid` under `policy`: `SCHED_IDLE` as it starts, so that it
+/// probes only on a CPU the dump leaves idle (the copies of the KFD BOs,
+/// CRIU's dump of the tasks' memory), and back to `SCHED_OTHER` once the
+/// dump waits for it ([`ContextProbes::take`]): under `SCHED_IDLE` each of
+/// a probe's 4095 round trips to the driver waits for an idle CPU.  Set by
+/// the dump, never by the worker itself, so the two never cross.  A
+/// refusal is ignored: the probe only runs at another priority.
+fn set_policy(pid: libc::pid_t, policy: libc::c_int) {
     let param = libc::sched_param { sched_priority: 0 };
-    // SAFETY: sets the calling process' own policy from a parameter on
-    // our stack; no memory is handed to the kernel beyond the call.
-    unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+    // SAFETY: sets the policy of our own child `pid`, not yet reaped, from
+    // a parameter on our stack.
+    unsafe { libc::sched_setscheduler(pid, policy, &param) };
 }
 
 /// A started probe: the worker and the read end of its report.
@@ -157,6 +157,9 @@ pub(crate) struct ContextProbes {
     /// started holds: the next one starts probing once it reads
     /// end-of-file.
     baton: Option<OwnedFd>,
+    /// The pending workers were put back under the dump's own policy
+    /// ([`Self::hurry`]).
+    hurried: bool,
 }
 
 impl ContextProbes {
@@ -181,6 +184,14 @@ impl ContextProbes {
                 }
             })?
         };
+        set_policy(
+            pid,
+            if self.hurried {
+                libc::SCHED_OTHER
+            } else {
+                libc::SCHED_IDLE
+            },
+        );
         self.baton = Some(baton_r);
         self.pending.insert(
             key,
@@ -196,6 +207,7 @@ impl ContextProbes {
     /// it is done; `None` if none was started or its report is not whole
     /// (logged): the caller probes itself.
     pub fn take(&mut self, key: usize) -> Option<Vec<u32>> {
+        self.hurry();
         let w = self.pending.remove(&key)?;
         let mut bytes = Vec::with_capacity(REPORT_BYTES);
         let read = File::from(w.report).read_to_end(&mut bytes);
@@ -217,6 +229,18 @@ impl ContextProbes {
         }
     }
 
+    /// Puts the workers still pending back under the dump's own policy
+    /// ([`set_policy`]), once a dump: the first file taken waits, and the
+    /// ones after it follow.
+    fn hurry(&mut self) {
+        if std::mem::replace(&mut self.hurried, true) {
+            return;
+        }
+        for w in self.pending.values() {
+            set_policy(w.pid, libc::SCHED_OTHER);
+        }
+    }
+
     /// Ends the workers whose outcome was not taken, each once it closed
     /// its fds (or [`FINISH_TIMEOUT`] after the first was waited for): a
     /// process killed with the render file open closes it as a dying
@@ -229,6 +253,7 @@ impl ContextProbes {
             end_worker(w.pid);
         }
         self.baton = None;
+        self.hurried = false;
     }
 }
 
@@ -281,6 +306,32 @@ mod tests {
         p.start(6, f.as_fd()).unwrap();
         p.clear();
         assert_eq!(p.take(6), None, "cleared");
+    }
+
+    /// A worker probes under `SCHED_IDLE` until the dump first waits for
+    /// one; then it and every worker started after run as the dump does.
+    #[test]
+    fn workers_idle_until_the_dump_waits_for_one() {
+        // SAFETY: reads the policy of our own child, not yet reaped.
+        let policy = |pid| unsafe { libc::sched_getscheduler(pid) };
+        let f = std::fs::File::open("/dev/null").unwrap();
+        let mut p = ContextProbes::default();
+        p.start(1, f.as_fd()).unwrap();
+        p.start(2, f.as_fd()).unwrap();
+        let (a, b) = (p.pending[&1].pid, p.pending[&2].pid);
+        assert_eq!((policy(a), policy(b)), (libc::SCHED_IDLE, libc::SCHED_IDLE));
+        assert_eq!(p.take(1), None);
+        assert_eq!(policy(b), libc::SCHED_OTHER, "put back at the first wait");
+        p.start(3, f.as_fd()).unwrap();
+        assert_eq!(
+            policy(p.pending[&3].pid),
+            libc::SCHED_OTHER,
+            "started after it"
+        );
+        p.clear();
+        p.start(4, f.as_fd()).unwrap();
+        assert_eq!(policy(p.pending[&4].pid), libc::SCHED_IDLE, "the next dump");
+        p.clear();
     }
 
     #[test]
