@@ -246,7 +246,10 @@ impl ContextProbes {
     /// process killed with the render file open closes it as a dying
     /// process, and amdgpu's flush of the file then stops the context
     /// entities it counts as that process' own (`drm_sched_entity_flush`).
+    /// The waits are the dump's: the workers run under its own policy
+    /// ([`Self::hurry`]).
     pub fn clear(&mut self) {
+        self.hurry();
         let deadline = Instant::now() + FINISH_TIMEOUT;
         for (_, w) in std::mem::take(&mut self.pending) {
             wait_closed(&File::from(w.report), deadline);
@@ -331,6 +334,8 @@ mod tests {
         p.clear();
         p.start(4, f.as_fd()).unwrap();
         assert_eq!(policy(p.pending[&4].pid), libc::SCHED_IDLE, "the next dump");
+        p.hurry();
+        assert_eq!(policy(p.pending[&4].pid), libc::SCHED_OTHER, "cleared");
         p.clear();
     }
 
