@@ -370,12 +370,7 @@ impl DumpSession {
         let mut dmabufs = Vec::new();
         for fd in task_fds(pid).map_err(os("listing /proc/<pid>/fd".into()))? {
             let path = format!("/proc/{pid}/fd/{fd}");
-            let is_dmabuf = std::fs::read_link(&path).is_ok_and(|l| {
-                l.as_os_str()
-                    .as_encoded_bytes()
-                    .starts_with(dmabuf_fd::LINK_PREFIX.as_bytes())
-            });
-            if !is_dmabuf {
+            if !dmabuf_fd::links_to_dmabuf(Path::new(&path)) {
                 continue;
             }
             dmabufs.push(fd);
