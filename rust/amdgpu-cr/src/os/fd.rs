@@ -91,6 +91,11 @@ impl<T> OpenFiles<T> {
         Ok(self.search(fd)?.ok().map(|i| &self.files[i].1))
     }
 
+    /// Where `fd`'s open file is in [`Self::iter`]'s order, if it is kept.
+    pub fn position(&self, fd: BorrowedFd<'_>) -> io::Result<Option<usize>> {
+        Ok(self.search(fd)?.ok())
+    }
+
     /// The value of `fd`'s open file, kept first (through a dup of `fd`,
     /// with the value `new` makes) if it was not.
     pub fn entry(&mut self, fd: BorrowedFd<'_>, new: impl FnOnce() -> T) -> io::Result<&mut T> {
@@ -509,6 +514,11 @@ mod tests {
         for w in order.windows(2) {
             assert_eq!(open_file_order(w[0], w[1]).unwrap(), Ordering::Less);
         }
+        for (at, (f, _)) in kept.iter().enumerate() {
+            let dup = f.try_clone_to_owned().unwrap();
+            assert_eq!(kept.position(dup.as_fd()).unwrap(), Some(at));
+        }
+        assert_eq!(kept.position(files[0].as_fd()).unwrap(), None);
     }
 
     #[test]

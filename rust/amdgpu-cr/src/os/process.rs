@@ -252,21 +252,15 @@ pub fn spawn_self(
         .unwrap_or(0)
         .max(FIRST_FD + plan.n as RawFd)
         + 1;
-    let parent = getpid();
-    let unblocked = empty_set();
-    // SAFETY: a fork-like clone (no flags, exit signal 0).  The child runs
-    // `shim` only (see the soundness note above) and never returns here;
-    // the parent goes on as before.
-    let pid = unsafe { raw_fork(0) };
-    if pid < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    if pid == 0 {
-        shim(parent, tie, &plan, &unblocked, c"/proc/self/exe", &argv);
-    }
-    Ok(Spawned {
-        shim: pid as libc::pid_t,
-    })
+    let setup = ChildSetup {
+        dies_with_parent: tie == Tie::Supervised,
+        signals: ChildSignals::Default,
+    };
+    // SAFETY: the child runs `shim` only (see the soundness note above),
+    // which makes raw system calls on what was prepared above and ends in
+    // `execve` or `_exit`.
+    let shim_pid = unsafe { fork_child(setup, || shim(tie, &plan, c"/proc/self/exe", &argv)) }?;
+    Ok(Spawned { shim: shim_pid })
 }
 
 /// The first fd number a helper is handed.
@@ -292,26 +286,60 @@ unsafe fn raw_fork(flags: libc::c_ulong) -> libc::c_long {
     unsafe { libc::syscall(libc::SYS_clone, flags, 0usize, 0usize, 0usize, 0usize) }
 }
 
+/// How a child of [`fork_child`] starts, before the code it was given.
+#[derive(Clone, Copy)]
+struct ChildSetup {
+    /// SIGKILL at the calling thread's death ([`die_with`]).
+    dies_with_parent: bool,
+    /// What becomes of the signals it inherited handlers for.
+    signals: ChildSignals,
+}
+
+/// The start of [`spawn_self`] and [`fork_worker`]: `child` run in a copy
+/// of this process, our child without an exit signal (a fork-like clone),
+/// set up first as `setup` says with what was prepared here before the
+/// clone (our pid, an empty signal set).  Returns the child's pid.
+/// `child` is not to return (the shim executes or exits, a worker waits
+/// to be killed); one that did would end the child with status 127, never
+/// returning here.
+///
+/// # Safety
+/// As [`raw_fork`]'s: `child` must only make raw system calls that touch
+/// no lock and no allocator, on memory made before the call or on its own
+/// stack, and leave through `execve`, `_exit` or a wait to be killed.
+unsafe fn fork_child(setup: ChildSetup, child: impl FnOnce()) -> io::Result<libc::pid_t> {
+    let parent = getpid();
+    let unblocked = empty_set();
+    // SAFETY: a fork-like clone (no flags, exit signal 0).  The child sets
+    // itself up with raw system calls on what was prepared above, then runs
+    // `child`, whose caller promised the same, and never returns here; the
+    // parent goes on as before.
+    let pid = unsafe { raw_fork(0) };
+    if pid < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if pid == 0 {
+        if setup.dies_with_parent {
+            die_with(parent);
+        }
+        set_signals(setup.signals, &unblocked);
+        child();
+        exit_now(127)
+    }
+    Ok(pid as libc::pid_t)
+}
+
 /// Ends the calling process at once, running no exit handler.
 fn exit_now(code: libc::c_int) -> ! {
     // SAFETY: _exit has no preconditions and runs nothing of this process.
     unsafe { libc::_exit(code) }
 }
 
-/// The shim of [`spawn_self`]: raw system calls on integers and on memory
-/// prepared before the clone; no allocation, no lock, no unwinding.
-fn shim(
-    parent: libc::pid_t,
-    tie: Tie,
-    plan: &FdPlan,
-    unblocked: &libc::sigset_t,
-    exe: &CStr,
-    argv: &[*const c_char],
-) -> ! {
-    if tie == Tie::Supervised {
-        die_with(parent);
-    }
-    reset_signals(unblocked);
+/// The shim of [`spawn_self`], once [`fork_child`] set it up (dying with
+/// its parent when supervised, every signal to its default): raw system
+/// calls on integers and on memory prepared before the clone; no
+/// allocation, no lock, no unwinding.
+fn shim(tie: Tie, plan: &FdPlan, exe: &CStr, argv: &[*const c_char]) -> ! {
     place_fds(plan);
     let me = getpid();
     // SAFETY: a fork-like clone with SIGCHLD as its exit signal; the child
@@ -342,7 +370,7 @@ fn shim(
 }
 
 /// Arms SIGKILL at the parent's death, and exits should `parent` have died
-/// before that.  Shim code (see [`shim`]).
+/// before that.  Child code (see [`fork_child`]).
 fn die_with(parent: libc::pid_t) {
     // SAFETY: prctl with integer arguments.
     unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
@@ -351,15 +379,43 @@ fn die_with(parent: libc::pid_t) {
     }
 }
 
-/// The parent's signal handlers (CRIU's SIGCHLD handler, for one) are not
-/// ours to run: every signal to its default, and the mask `unblocked`
-/// prepared before the clone (none blocked).  Shim code (see [`shim`]).
-fn reset_signals(unblocked: &libc::sigset_t) {
+/// What a child of [`fork_child`] makes of the signals: the parent's
+/// handlers (CRIU's SIGCHLD handler, for one) are not its to run.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ChildSignals {
+    /// Every signal to its default action: a shim, and the program it
+    /// executes.
+    Default,
+    /// Every signal but the faults ignored: a worker is ended by its
+    /// parent or with it, not by a signal sent to the parent's process
+    /// group.
+    IgnoredButFaults,
+}
+
+/// Every signal (but SIGKILL, SIGSTOP) as `how` says, and the mask
+/// `unblocked` prepared before the clone (none blocked).  Child code (see
+/// [`fork_child`]).
+fn set_signals(how: ChildSignals, unblocked: &libc::sigset_t) {
+    const FAULTS: [libc::c_int; 7] = [
+        libc::SIGSEGV,
+        libc::SIGBUS,
+        libc::SIGILL,
+        libc::SIGFPE,
+        libc::SIGABRT,
+        libc::SIGTRAP,
+        libc::SIGSYS,
+    ];
     for sig in 1..=libc::SIGSYS {
-        if sig != libc::SIGKILL && sig != libc::SIGSTOP {
-            // SAFETY: signal() with SIG_DFL installs no code of ours.
-            unsafe { libc::signal(sig, libc::SIG_DFL) };
+        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+            continue;
         }
+        let action = if how == ChildSignals::Default || FAULTS.contains(&sig) {
+            libc::SIG_DFL
+        } else {
+            libc::SIG_IGN
+        };
+        // SAFETY: signal() with SIG_DFL or SIG_IGN installs no code of ours.
+        unsafe { libc::signal(sig, action) };
     }
     // SAFETY: a valid sigset prepared before the clone.
     unsafe { libc::sigprocmask(libc::SIG_SETMASK, unblocked, std::ptr::null_mut()) };
@@ -436,28 +492,31 @@ pub unsafe fn fork_worker(keep: &[RawFd], work: impl FnOnce()) -> io::Result<lib
     let mut kept = [-1; MAX_WORKER_FDS];
     kept[..keep.len()].copy_from_slice(keep);
     kept.sort_unstable();
-    let parent = getpid();
-    let unblocked = empty_set();
-    // SAFETY: a fork-like clone (no flags, exit signal 0).  The child makes
-    // raw system calls on what was prepared above and runs `work`, whose
-    // caller promised the same, and never returns here.
-    let pid = unsafe { raw_fork(0) };
-    if pid < 0 {
-        return Err(io::Error::last_os_error());
+    let setup = ChildSetup {
+        dies_with_parent: true,
+        signals: ChildSignals::IgnoredButFaults,
+    };
+    // SAFETY: the child makes raw system calls on what was prepared above
+    // and runs `work`, whose caller promised the same, then waits to be
+    // killed.
+    unsafe {
+        fork_child(setup, move || {
+            close_all_but(&kept);
+            work();
+            close_all_but(&[]);
+            wait_to_be_killed()
+        })
     }
-    if pid == 0 {
-        die_with(parent);
-        ignore_signals(&unblocked);
-        close_all_but(&kept);
-        work();
-        close_all_but(&[]);
-        loop {
-            // SAFETY: pause takes no arguments; nothing we do not ignore
-            // but SIGKILL reaches us, so it does not return.
-            unsafe { libc::pause() };
-        }
+}
+
+/// Waits, never to return: nothing a worker does not ignore but SIGKILL
+/// reaches it.  Worker code (see [`fork_worker`]).
+fn wait_to_be_killed() -> ! {
+    loop {
+        // SAFETY: pause takes no arguments; nothing we do not ignore but
+        // SIGKILL reaches us, so it does not return.
+        unsafe { libc::pause() };
     }
-    Ok(pid as libc::pid_t)
 }
 
 /// Ends worker `pid` of [`fork_worker`] (SIGKILL) and reaps it.
@@ -465,35 +524,6 @@ pub fn end_worker(pid: libc::pid_t) -> ExitStatus {
     // Our child, not reaped yet: the pid is still its.
     let _ = kill(pid, libc::SIGKILL);
     wait(pid)
-}
-
-/// Every signal but the faults (and SIGKILL, SIGSTOP) ignored, none
-/// blocked: a worker is ended by its parent or with it, not by a signal
-/// sent to the parent's process group.  Worker code (see [`fork_worker`]).
-fn ignore_signals(unblocked: &libc::sigset_t) {
-    const FAULTS: [libc::c_int; 7] = [
-        libc::SIGSEGV,
-        libc::SIGBUS,
-        libc::SIGILL,
-        libc::SIGFPE,
-        libc::SIGABRT,
-        libc::SIGTRAP,
-        libc::SIGSYS,
-    ];
-    for sig in 1..=libc::SIGSYS {
-        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
-            continue;
-        }
-        let how = if FAULTS.contains(&sig) {
-            libc::SIG_DFL
-        } else {
-            libc::SIG_IGN
-        };
-        // SAFETY: signal() with SIG_DFL or SIG_IGN installs no code of ours.
-        unsafe { libc::signal(sig, how) };
-    }
-    // SAFETY: a valid sigset prepared before the clone.
-    unsafe { libc::sigprocmask(libc::SIG_SETMASK, unblocked, std::ptr::null_mut()) };
 }
 
 /// Closes every fd but the non-negative ones of `keep` (ascending).
@@ -615,6 +645,17 @@ mod tests {
         let mut said = Vec::new();
         std::io::Read::read_to_end(&mut std::fs::File::from(r), &mut said).unwrap();
         assert_eq!(said, [1, 0], "the kept fd held, the other closed");
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let mask = |name: &str| {
+            let line = status.lines().find_map(|l| l.strip_prefix(name));
+            u64::from_str_radix(line.expect(name).trim(), 16).unwrap()
+        };
+        // Of signals 1-31 (the realtime ones are left as inherited), all
+        // but SIGKILL, SIGSTOP and the seven faults (SIGILL, SIGTRAP,
+        // SIGABRT, SIGBUS, SIGFPE, SIGSEGV, SIGSYS).
+        let standard = 0x7fff_ffff;
+        assert_eq!(mask("SigIgn:") & standard, 0x3ffb_fa07, "ignored: {status}");
+        assert_eq!(mask("SigBlk:"), 0, "blocked: {status}");
         assert_eq!(wait_nohang(pid).unwrap(), None, "it waits to be ended");
         let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
             .unwrap()

@@ -40,15 +40,23 @@ use crate::image::{dmabuf_image_id, DmabufImage, FileId, ImageError};
 use crate::proto::CriuDmabufNode;
 
 /// The link of every dma-buf file (plus the name its exporter set).
-pub const LINK_PREFIX: &str = "/dmabuf:";
+const LINK_PREFIX: &str = "/dmabuf:";
+
+/// Whether a file's path as `/proc` writes it (an fd's link target, a
+/// maps line's path) is a dma-buf's.
+pub fn is_dmabuf_link(target: &[u8]) -> bool {
+    target.starts_with(LINK_PREFIX.as_bytes())
+}
+
+/// Whether the fd link `proc_fd` (`/proc/PID/fd/N`) reads a dma-buf's
+/// path; one that cannot be read is not.
+pub fn links_to_dmabuf(proc_fd: &Path) -> bool {
+    std::fs::read_link(proc_fd).is_ok_and(|l| is_dmabuf_link(l.as_os_str().as_encoded_bytes()))
+}
 
 /// Whether `fd` is a dma-buf by its link.
 pub fn is_dmabuf(fd: BorrowedFd<'_>) -> bool {
-    std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).is_ok_and(|l| {
-        l.as_os_str()
-            .as_encoded_bytes()
-            .starts_with(LINK_PREFIX.as_bytes())
-    })
+    links_to_dmabuf(Path::new(&format!("/proc/self/fd/{}", fd.as_raw_fd())))
 }
 
 /// A dma-buf fd of a process and the BO it is of.
@@ -366,7 +374,7 @@ fn dmabuf_mapping(line: &str) -> Option<DmabufMapping> {
         f
     };
     let (range, perms, offset, dev, ino) = (field(), field(), field(), field(), field());
-    if !rest.trim_start().starts_with(LINK_PREFIX) {
+    if !is_dmabuf_link(rest.trim_start().as_bytes()) {
         return None;
     }
     let (major, minor) = dev.split_once(':')?;
@@ -558,5 +566,24 @@ mod tests {
         assert!(w.contains("unmap it before the checkpoint"), "{w}");
         assert!(!mapping_held(&m[..1], "x").contains("more"));
         assert!(dmabuf_mappings("").is_empty());
+    }
+
+    #[test]
+    fn dmabuf_links_are_told_by_their_prefix() {
+        use std::os::fd::AsFd;
+        assert!(is_dmabuf_link(b"/dmabuf:"));
+        assert!(is_dmabuf_link(b"/dmabuf:my name"));
+        for other in [
+            &b"/dev/dri/renderD128"[..],
+            b"/memfd:dmabuf: (deleted)",
+            b"anon_inode:dmabuf",
+            b"/dmabuf",
+            b"",
+        ] {
+            assert!(!is_dmabuf_link(other), "{}", String::from_utf8_lossy(other));
+        }
+        let file = std::fs::File::open("/proc/self/status").unwrap();
+        assert!(!is_dmabuf(file.as_fd()));
+        assert!(!links_to_dmabuf(Path::new("/proc/self/fd/-1")));
     }
 }

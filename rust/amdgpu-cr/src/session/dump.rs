@@ -285,6 +285,8 @@ impl DumpSession {
         let fds = task_fds(pid).map_err(os("listing /proc/<pid>/fd".into()))?;
         let mut pidfd = None;
         let mut new = 0;
+        // The render files met first here: each one's `seen` and where our
+        // copy of it is in the task's `render_fds`.
         let mut new_files = Vec::new();
         for fd in fds {
             // The task is frozen: its fd table cannot change under us, but
@@ -305,8 +307,9 @@ impl DumpSession {
                     let seen = self
                         .see_render_file(pid, minor, copy.as_fd())
                         .map_err(os(format!("kcmp of render-node fd {fd}")))?;
-                    new_files.extend(seen);
-                    self.render_fds.entry(pid).or_default().push((minor, copy));
+                    let held = self.render_fds.entry(pid).or_default();
+                    new_files.extend(seen.map(|seen| (seen, held.len())));
+                    held.push((minor, copy));
                 }
                 DeviceKind::Kfd => {
                     if self.pause_kfd(pid, fd, copy)? {
@@ -316,18 +319,42 @@ impl DumpSession {
             }
         }
         if probe {
-            for (fd, f) in self.render_files.iter() {
-                if !new_files.contains(&f.seen) {
-                    continue;
-                }
-                if let Err(e) = self.contexts.start(f.seen, fd) {
-                    log::debug!(
-                        "pid {pid}: the contexts of its render file are probed at its dump: {e}"
-                    );
-                }
-            }
+            self.start_probes(pid, &new_files);
         }
         Ok(new)
+    }
+
+    /// Starts the context probes of the render files task `pid`'s walk met
+    /// first (`new`: each one's `seen` and index in the task's
+    /// `render_fds`), in the order `render_files` keeps them.  A probe
+    /// that cannot start leaves the file to be probed at its dump.
+    fn start_probes(&mut self, pid: i32, new: &[(usize, usize)]) {
+        let Some(held) = self.render_fds.get(&pid) else {
+            return;
+        };
+        let mut probes = Vec::with_capacity(new.len());
+        for &(seen, i) in new {
+            let fd = held[i].1.as_fd();
+            match self.render_files.position(fd) {
+                Ok(Some(at)) => probes.push((at, seen, fd)),
+                Ok(None) => log::debug!(
+                    "pid {pid}: the contexts of its render file are probed at its dump: \
+                     the file is not among those met"
+                ),
+                Err(e) => log::debug!(
+                    "pid {pid}: the contexts of its render file are probed at its dump: \
+                     kcmp: {e}"
+                ),
+            }
+        }
+        probes.sort_unstable_by_key(|&(at, ..)| at);
+        for (_, seen, fd) in probes {
+            if let Err(e) = self.contexts.start(seen, fd) {
+                log::debug!(
+                    "pid {pid}: the contexts of its render file are probed at its dump: {e}"
+                );
+            }
+        }
     }
 
     /// Refuses task `pid` when it holds a CPU mapping of a dma-buf (issue
@@ -370,12 +397,7 @@ impl DumpSession {
         let mut dmabufs = Vec::new();
         for fd in task_fds(pid).map_err(os("listing /proc/<pid>/fd".into()))? {
             let path = format!("/proc/{pid}/fd/{fd}");
-            let is_dmabuf = std::fs::read_link(&path).is_ok_and(|l| {
-                l.as_os_str()
-                    .as_encoded_bytes()
-                    .starts_with(dmabuf_fd::LINK_PREFIX.as_bytes())
-            });
-            if !is_dmabuf {
+            if !dmabuf_fd::links_to_dmabuf(Path::new(&path)) {
                 continue;
             }
             dmabufs.push(fd);

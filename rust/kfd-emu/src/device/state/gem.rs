@@ -13,8 +13,9 @@
 //!   GEM_CHANGE_HANDLE.  Handles are the lowest free from 1, as the
 //!   file's idr hands them out (an [`IdrMap`]: a new handle is found
 //!   without a walk of those taken); a PRIME import finds the file's
-//!   handle of the object, and GEM_CLOSE the handle's VA mappings, by an
-//!   index kept beside them (`index`), not by a walk.
+//!   handle of the object, a CPU mmap the object at its offset (or one
+//!   showing a KFD BO's memory), and GEM_CLOSE the handle's VA mappings,
+//!   by an index kept beside them (`index`), not by a walk.
 //! * A GPU VM per file (GEM_VA MAP, UNMAP, CLEAR, REPLACE) that the SDMA
 //!   engine reaches IB operands through.  It is the file's own: a file
 //!   whose VM KFD adopted (ACQUIRE_VM) does not see KFD's BOs in it.
@@ -319,11 +320,7 @@ impl RenderFile {
     /// (an import of its dma-buf): `drm_gem_handle_create` admits the
     /// file to the object's mmap offset.
     pub fn holds(&self, map: &Arc<crate::device::mem::Mapping>) -> bool {
-        self.objects.values().any(|o| match &o.kind {
-            GemKind::Dmabuf(d) => Arc::ptr_eq(&d.map, map),
-            GemKind::Bo { map: m, .. } => Arc::ptr_eq(m, map),
-            GemKind::Userptr { .. } => false,
-        })
+        self.objects.shows(map)
     }
 
     /// PRIME_FD_TO_HANDLE of dma-buf `d` (resolved by the caller) that is
@@ -705,10 +702,7 @@ impl RenderFile {
     /// Whether the file holds a handle of the object of the render node's
     /// memory at `offset` (its mmap offset), and that object.
     pub fn object_at(&self, offset: u64) -> Option<&Arc<GemObj>> {
-        self.objects.values().find(|o| {
-            o.source()
-                .is_some_and(|s| s.gpu == self.gpu && s.offset == offset)
-        })
+        self.objects.at_offset(self.gpu, offset)
     }
 
     /// GEM_OP GET_MAPPING_INFO: the file's VM mappings of object
@@ -860,6 +854,7 @@ mod tests {
     fn handles_stay_lowest_free_under_any_sequence() {
         let mem = Memfd::new("t", 1 << 20).unwrap();
         let map = Arc::new(mem.map(0, 4096).unwrap());
+        let unshown = Arc::new(mem.map(4096, 4096).unwrap());
         let reg = Registry::default();
         let (mut f, mut model, mut rng) = (RenderFile::new(0), Model::default(), Rng(0x5eed));
         let (mut bos, mut bufs) = (Vec::new(), Vec::new());
@@ -922,6 +917,9 @@ mod tests {
             }
             assert_named_as_modelled(&f, &model, &bos, &bufs);
             assert_mappings_follow_their_objects(&f);
+            let n = bos.len().max(bufs.len()) as u32 + 1;
+            let offsets = (0..4).map(|_| u64::from(rng.below(n)) * 4096);
+            assert_lookups_as_walked(&f, offsets, &[&map, &unshown]);
         }
     }
 
@@ -942,6 +940,179 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The object [`RenderFile::object_at`] must find at `offset`, by a
+    /// walk of the file's objects in handle order.
+    fn walk_object_at(f: &RenderFile, offset: u64) -> Option<&Arc<GemObj>> {
+        f.objects.values().find(|o| {
+            o.source()
+                .is_some_and(|s| s.gpu == f.gpu && s.offset == offset)
+        })
+    }
+
+    /// Whether [`RenderFile::holds`] must find `map`, by a walk.
+    fn walk_holds(f: &RenderFile, map: &Arc<Mapping>) -> bool {
+        f.objects.values().any(|o| match &o.kind {
+            GemKind::Dmabuf(d) => Arc::ptr_eq(&d.map, map),
+            GemKind::Bo { map: m, .. } => Arc::ptr_eq(m, map),
+            GemKind::Userptr { .. } => false,
+        })
+    }
+
+    /// The lookups of a CPU mmap find through the file's indexes what a
+    /// walk of its objects finds: the object at each of `offsets`, and
+    /// whether an object shows each of `maps`.
+    fn assert_lookups_as_walked(
+        f: &RenderFile,
+        offsets: impl IntoIterator<Item = u64>,
+        maps: &[&Arc<Mapping>],
+    ) {
+        for offset in offsets {
+            let (found, walked) = (f.object_at(offset), walk_object_at(f, offset));
+            let same = match (found, walked) {
+                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                (a, b) => a.is_none() && b.is_none(),
+            };
+            assert!(same, "offset {offset:#x}");
+        }
+        for (i, map) in maps.iter().enumerate() {
+            assert_eq!(f.holds(map), walk_holds(f, map), "mapping {i}");
+        }
+    }
+
+    /// Eight BOs' worth of GPU 0's render-node memory, each on a mapping
+    /// and at an mmap offset of its own (and a ninth offset no BO has),
+    /// for the tests of a CPU mmap's lookups.
+    struct MmapBos {
+        _mem: Memfd,
+        maps: Vec<Arc<Mapping>>,
+    }
+
+    impl MmapBos {
+        fn new() -> MmapBos {
+            let mem = Memfd::new("t", 1 << 20).unwrap();
+            let maps = (0..8)
+                .map(|i| Arc::new(mem.map(i * 4096, 4096).unwrap()))
+                .collect();
+            MmapBos { _mem: mem, maps }
+        }
+
+        /// BO `i`'s memory as GPU `gpu`'s.
+        fn source(gpu: usize, i: usize) -> Source {
+            Source {
+                gpu,
+                offset: 0x10_0000 + i as u64 * 4096,
+                domain: sys::AMDGPU_GEM_DOMAIN_VRAM,
+            }
+        }
+
+        /// A new GEM_CREATE object of BO `i`.
+        fn bo(&self, i: usize) -> Arc<GemObj> {
+            let kind = GemKind::Bo {
+                source: Self::source(0, i),
+                map: self.maps[i].clone(),
+            };
+            Arc::new(GemObj::new(kind, 4096, BoInfo::default()))
+        }
+
+        /// A dma-buf of BO `i`'s memory as GPU `gpu`'s, from `reg`.
+        fn dmabuf(&self, reg: &Registry, gpu: usize, i: usize) -> Arc<Dmabuf> {
+            let s = Self::source(gpu, i);
+            reg.export(s, 4096, &self.maps[i], Purpose::Checkpoint)
+                .unwrap()
+        }
+
+        /// `f` finds `want` at BO `i`'s offset and shows its memory; with
+        /// `None`, neither.  Then both lookups agree with a walk at every
+        /// offset and for every mapping.
+        fn assert_found(&self, f: &RenderFile, i: usize, want: Option<&Arc<GemObj>>) {
+            let found = f.object_at(Self::source(0, i).offset);
+            match want {
+                Some(o) => assert!(found.is_some_and(|x| Arc::ptr_eq(x, o)), "BO {i}"),
+                None => assert!(found.is_none(), "BO {i}"),
+            }
+            assert_eq!(f.holds(&self.maps[i]), want.is_some(), "BO {i}");
+            let offsets = (0..9).map(|i| Self::source(0, i).offset);
+            assert_lookups_as_walked(f, offsets, &self.maps.iter().collect::<Vec<_>>());
+        }
+    }
+
+    /// A CPU mmap's lookups (the object at an mmap offset, whether an
+    /// object shows a BO's memory) follow objects made, mapped into the
+    /// VM, closed, made again at the same offsets on the same memory (new
+    /// objects, found in place of the old) and renamed.
+    #[test]
+    fn mmap_lookups_follow_objects_made_closed_and_made_again() {
+        let bos = MmapBos::new();
+        let mut f = RenderFile::new(0);
+        let first: Vec<Arc<GemObj>> = (0..6).map(|i| bos.bo(i)).collect();
+        for (i, o) in first.iter().enumerate() {
+            let h = i as u32 + 1;
+            assert_eq!(f.create(o.clone()), Ok(h));
+            f.va_map(h, (i as u64 * 0x10000, 0, 4096), 0, false)
+                .unwrap();
+        }
+        // A userptr object shows no render-node memory.
+        assert_eq!(f.userptr(1, 0x7000_0000, 4096, false, false), Ok(7));
+        for (i, o) in first.iter().enumerate() {
+            bos.assert_found(&f, i, Some(o));
+        }
+        bos.assert_found(&f, 6, None);
+
+        for h in [2, 4, 6] {
+            f.close(h).unwrap();
+        }
+        for i in [1, 3, 5] {
+            bos.assert_found(&f, i, None);
+        }
+        bos.assert_found(&f, 2, Some(&first[2]));
+
+        let again: Vec<Arc<GemObj>> = [1, 3, 5].into_iter().map(|i| bos.bo(i)).collect();
+        for (o, (i, h)) in again.iter().zip([(1, 2), (3, 4), (5, 6)]) {
+            assert_eq!(f.create(o.clone()), Ok(h));
+            bos.assert_found(&f, i, Some(o));
+        }
+
+        f.change_handle(1, 100).unwrap();
+        bos.assert_found(&f, 0, Some(&first[0]));
+        f.close(100).unwrap();
+        bos.assert_found(&f, 0, None);
+    }
+
+    /// Of two objects on one BO (the BO, and an import of a dma-buf of
+    /// it), the lowest handle's is found at its offset; another GPU's
+    /// import at the same offset shows its memory but is not found there;
+    /// once every object is closed, nothing is found and no index entry
+    /// is left.
+    #[test]
+    fn mmap_lookups_find_the_lowest_handle_and_only_this_gpu() {
+        let (bos, reg) = (MmapBos::new(), Registry::default());
+        let mut f = RenderFile::new(0);
+        let bo = bos.bo(0);
+        assert_eq!(f.create(bos.bo(1)), Ok(1));
+        assert_eq!(f.create(bo.clone()), Ok(2));
+        f.close(1).unwrap();
+        assert_eq!(f.import(bos.dmabuf(&reg, 0, 0)), Ok(1));
+        let import = f.object(1).unwrap().clone();
+        bos.assert_found(&f, 0, Some(&import));
+        f.close(1).unwrap();
+        bos.assert_found(&f, 0, Some(&bo));
+
+        assert_eq!(f.import(bos.dmabuf(&reg, 1, 6)), Ok(1));
+        assert!(f.object_at(MmapBos::source(0, 6).offset).is_none());
+        assert!(f.holds(&bos.maps[6]));
+        let offsets = (0..9).map(|i| MmapBos::source(0, i).offset);
+        assert_lookups_as_walked(&f, offsets, &bos.maps.iter().collect::<Vec<_>>());
+
+        for h in [1, 2] {
+            f.close(h).unwrap();
+        }
+        assert!(f.objects.is_empty());
+        for i in 0..8 {
+            bos.assert_found(&f, i, None);
+        }
+        assert!(f.objects.offsets_and_memories_unindexed());
     }
 
     /// Every VA mapping's handle is held and names the mapping's object,
