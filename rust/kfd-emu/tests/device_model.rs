@@ -1712,6 +1712,28 @@ fn criu(
     a
 }
 
+/// PROCESS_INFO's answer: the private data size, then the device, BO and
+/// object counts.
+fn info_sizes(info: &[u8]) -> (u64, u32, u32, u32) {
+    (
+        u64_at(info, 24),
+        u32_at(info, 32),
+        u32_at(info, 36),
+        u32_at(info, 40),
+    )
+}
+
+/// PROCESS_INFO of the test process on `d`, as `info_sizes` reads it.
+fn process_info(d: &Dev) -> (u64, u32, u32, u32) {
+    let info = d
+        .call(
+            nr::CRIU_OP,
+            &criu(criu_op::PROCESS_INFO, 0, 0, 0, 0, 0, 0, 0, 0),
+        )
+        .unwrap();
+    info_sizes(&info)
+}
+
 #[test]
 fn criu_checkpoint_unpause_restore_resume() {
     let d = Dev::new("");
@@ -1731,12 +1753,7 @@ fn criu_checkpoint_unpause_restore_resume() {
             &criu(criu_op::PROCESS_INFO, 0, 0, 0, 0, 0, 0, 0, 0),
         )
         .unwrap();
-    let (psize, nd, nb, no) = (
-        u64_at(&info, 24),
-        u32_at(&info, 32),
-        u32_at(&info, 36),
-        u32_at(&info, 40),
-    );
+    let (psize, nd, nb, no) = info_sizes(&info);
     assert_eq!((nd, nb, no), (1, 5, 2));
     // KFD's sizes: a 512-byte SDMA MQD, no control stack.
     assert_eq!(psize, 8 + 8 + 5 * 272 + (120 + 512) + 64);
@@ -1807,13 +1824,7 @@ fn criu_checkpoint_unpause_restore_resume() {
     )
     .unwrap();
     // Checkpoint again for the restore, then the process "dies".
-    let info = d
-        .call(
-            nr::CRIU_OP,
-            &criu(criu_op::PROCESS_INFO, 0, 0, 0, 0, 0, 0, 0, 0),
-        )
-        .unwrap();
-    let psize = u64_at(&info, 24);
+    let (psize, ..) = process_info(&d);
     assert_eq!(psize, 8 + 8 + 5 * 272 + (120 + 512) + 64);
     let mut blob = vec![0u8; psize as usize];
     let pp = blob.as_mut_ptr() as u64;
@@ -2021,13 +2032,7 @@ fn criu_checkpoint_unpause_restore_resume() {
     d.call(nr::SET_EVENT, &r.event.to_le_bytes()).unwrap();
     assert_eq!(u32_at(&d.call(nr::WAIT_EVENTS, &wa).unwrap(), 20), 0);
     // The restored queue kept its CU mask: a new checkpoint shows it.
-    let info = d
-        .call(
-            nr::CRIU_OP,
-            &criu(criu_op::PROCESS_INFO, 0, 0, 0, 0, 0, 0, 0, 0),
-        )
-        .unwrap();
-    let (psize, nb, no) = (u64_at(&info, 24), u32_at(&info, 36), u32_at(&info, 40));
+    let (psize, _, nb, no) = process_info(&d);
     let mut bos = vec![0u8; 48 * nb as usize];
     let mut blob2 = vec![0u8; psize as usize];
     d.call(
@@ -2819,18 +2824,7 @@ fn svm_ranges_survive_checkpoint_and_resume() {
         ),
     )
     .unwrap();
-    let info = d
-        .call(
-            nr::CRIU_OP,
-            &criu(criu_op::PROCESS_INFO, 0, 0, 0, 0, 0, 0, 0, 0),
-        )
-        .unwrap();
-    let (psize, nd, nb, no) = (
-        u64_at(&info, 24),
-        u32_at(&info, 32),
-        u32_at(&info, 36),
-        u32_at(&info, 40),
-    );
+    let (psize, nd, nb, no) = process_info(&d);
     assert_eq!((nd, nb, no), (1, 0, 1));
     // Process and device records, then one SVM record: header and
     // 4 + 1 attributes.
@@ -2956,6 +2950,54 @@ struct Image {
     no: u32,
     /// The queue's write pointer at the checkpoint.
     wptr: u64,
+}
+
+impl Image {
+    /// Zeroed buffers for the PROCESS_INFO sizes `info_sizes` read.
+    fn sized((psize, nd, nb, no): (u64, u32, u32, u32), wptr: u64) -> Image {
+        Image {
+            devs: vec![0u8; 16 * nd as usize],
+            bos: vec![0u8; 48 * nb as usize],
+            blob: vec![0u8; psize as usize],
+            nb,
+            no,
+            wptr,
+        }
+    }
+
+    /// CHECKPOINT's arguments: write into this image's buffers.
+    fn checkpoint_args(&mut self) -> Vec<u8> {
+        let (psize, nd) = (self.blob.len() as u64, (self.devs.len() / 16) as u32);
+        criu(
+            criu_op::CHECKPOINT,
+            self.devs.as_mut_ptr() as u64,
+            self.bos.as_mut_ptr() as u64,
+            self.blob.as_mut_ptr() as u64,
+            psize,
+            nd,
+            self.nb,
+            self.no,
+            0,
+        )
+    }
+
+    /// RESTORE's arguments for one device: this image's device and BO
+    /// records, with `blob` for private data (its own, if not given).
+    fn restore_args(&mut self, blob: Option<&[u8]>) -> Vec<u8> {
+        let blob = blob.unwrap_or(&self.blob);
+        let (pp, psize) = (blob.as_ptr() as u64, blob.len() as u64);
+        criu(
+            criu_op::RESTORE,
+            self.devs.as_mut_ptr() as u64,
+            self.bos.as_mut_ptr() as u64,
+            pp,
+            psize,
+            1,
+            self.nb,
+            self.no,
+            0,
+        )
+    }
 }
 
 impl GpuProc {
@@ -3121,59 +3163,16 @@ impl GpuProc {
                 &criu(criu_op::PROCESS_INFO, 0, 0, 0, 0, 0, 0, 0, 0),
             )
             .unwrap();
-        let (psize, nd, nb, no) = (
-            u64_at(&info, 24),
-            u32_at(&info, 32),
-            u32_at(&info, 36),
-            u32_at(&info, 40),
-        );
-        let mut img = Image {
-            devs: vec![0u8; 16 * nd as usize],
-            bos: vec![0u8; 48 * nb as usize],
-            blob: vec![0u8; psize as usize],
-            nb,
-            no,
-            wptr: self.wptr,
-        };
-        self.call(
-            d,
-            nr::CRIU_OP,
-            &criu(
-                criu_op::CHECKPOINT,
-                img.devs.as_mut_ptr() as u64,
-                img.bos.as_mut_ptr() as u64,
-                img.blob.as_mut_ptr() as u64,
-                psize,
-                nd,
-                nb,
-                no,
-                0,
-            ),
-        )
-        .unwrap();
+        let mut img = Image::sized(info_sizes(&info), self.wptr);
+        self.call(d, nr::CRIU_OP, &img.checkpoint_args()).unwrap();
         img
     }
 
     /// RESTORE of `img` (with `blob` instead of its own, if given).
     fn restore(&self, d: &Dev, img: &mut Image, blob: Option<&[u8]>) -> Result<(), i32> {
         img.devs[8..12].copy_from_slice(&(self.fd as u32).to_le_bytes());
-        let blob = blob.unwrap_or(&img.blob);
-        self.call(
-            d,
-            nr::CRIU_OP,
-            &criu(
-                criu_op::RESTORE,
-                img.devs.as_mut_ptr() as u64,
-                img.bos.as_mut_ptr() as u64,
-                blob.as_ptr() as u64,
-                blob.len() as u64,
-                1,
-                img.nb,
-                img.no,
-                0,
-            ),
-        )
-        .map(|_| ())
+        self.call(d, nr::CRIU_OP, &img.restore_args(blob))
+            .map(|_| ())
     }
 
     /// After a RESTORE of `img`: maps the restored ring and control BOs
@@ -3399,18 +3398,7 @@ fn supervised_checkpoint_hands_out_dmabufs_and_replays_an_interrupted_answer() {
     let (_, vram_off) = d.alloc(0x1000_0000, 2 << 20, alloc::VRAM, 0).unwrap();
     let user = d.user_mem(0x2000_0000, 4096);
     assert!(!user.is_null());
-    let info = d
-        .call(
-            nr::CRIU_OP,
-            &criu(criu_op::PROCESS_INFO, 0, 0, 0, 0, 0, 0, 0, 0),
-        )
-        .unwrap();
-    let (psize, nd, nb, no) = (
-        u64_at(&info, 24),
-        u32_at(&info, 32),
-        u32_at(&info, 36),
-        u32_at(&info, 40),
-    );
+    let (psize, nd, nb, no) = process_info(&d);
     assert_eq!(nb, 2);
     let mut devs = vec![0u8; 16];
     let mut bos = vec![0u8; 48 * nb as usize];
@@ -4022,27 +4010,20 @@ fn buckets(img: &Image) -> Vec<(u64, u64, u64, u64, u32)> {
 fn dump_me(d: &Dev, fh: u64) -> Image {
     let call = |a: &[u8]| d.call_fh(fh, &me(), nr::CRIU_OP, a);
     let info = call(&criu(criu_op::PROCESS_INFO, 0, 0, 0, 0, 0, 0, 0, 0)).unwrap();
-    let (psize, nd, nb, no) = (
-        u64_at(&info, 24),
-        u32_at(&info, 32),
-        u32_at(&info, 36),
-        u32_at(&info, 40),
-    );
-    let mut img = Image {
-        devs: vec![0u8; 16 * nd as usize],
-        bos: vec![0u8; 48 * nb as usize],
-        blob: vec![0u8; psize as usize],
-        nb,
-        no,
-        wptr: 0,
-    };
-    let (dp, bp, pp) = (
-        img.devs.as_mut_ptr() as u64,
-        img.bos.as_mut_ptr() as u64,
-        img.blob.as_mut_ptr() as u64,
-    );
-    call(&criu(criu_op::CHECKPOINT, dp, bp, pp, psize, nd, nb, no, 0)).unwrap();
+    let mut img = Image::sized(info_sizes(&info), 0);
+    call(&img.checkpoint_args()).unwrap();
     img
+}
+
+/// The test process on `d` dumped and restored, unchanged, on another
+/// host (`restore_me`): its image, the new host and its /dev/kfd open there.
+fn moved(d: &Dev) -> (Image, Dev, u64) {
+    let fh = KFD_FH.with(|f| f.get());
+    let mut img = dump_me(d, fh);
+    let blob = img.blob.clone();
+    let (d2, fh2, r) = restore_me(d, &mut img, &blob);
+    r.unwrap();
+    (img, d2, fh2)
 }
 
 /// Another host (other gpu_id and render minor): the test process opens
@@ -4067,17 +4048,7 @@ fn restore_me_on(d: &Dev, img: &mut Image, blob: &[u8], gpu: &str) -> (Dev, u64,
     d2.fds.insert(900, render);
     img.devs[4..8].copy_from_slice(&d2.gpu_id.to_le_bytes());
     img.devs[8..12].copy_from_slice(&900u32.to_le_bytes());
-    let a = criu(
-        criu_op::RESTORE,
-        img.devs.as_mut_ptr() as u64,
-        img.bos.as_mut_ptr() as u64,
-        blob.as_ptr() as u64,
-        blob.len() as u64,
-        1,
-        img.nb,
-        img.no,
-        0,
-    );
+    let a = img.restore_args(Some(blob));
     let r = d2.call_fh(fh, &me(), nr::CRIU_OP, &a).map(|_| ());
     if r.is_ok() {
         for (_, size, old, new, flags) in buckets(img) {
@@ -4279,16 +4250,12 @@ fn update_queue_unmapping_a_queue_saves_its_waves_and_mapping_it_resumes_them() 
 fn an_unmapped_queue_with_saved_waves_is_checkpointed_and_resumed_elsewhere() {
     let s = held_dispatch();
     update_queue0(&s, 4096, 0).unwrap();
-    let fh = KFD_FH.with(|f| f.get());
-    let mut img = dump_me(&s.d, fh);
+    let (img, d2, fh2) = moved(&s.d);
     let magic = gfx9::cwsr::stack::MAGIC.to_le_bytes();
     assert!(
         img.blob.windows(4).any(|w| w == magic),
         "the queue record holds the control stack"
     );
-    let blob = img.blob.clone();
-    let (d2, fh2, r) = restore_me(&s.d, &mut img, &blob);
-    r.unwrap();
     let (data, sigs) = (
         restored_bo(&d2, &img, DATA_VA),
         restored_bo(&d2, &img, SHADER_SIGS_VA),
@@ -4322,11 +4289,7 @@ fn an_unmapped_queue_with_saved_waves_is_checkpointed_and_resumed_elsewhere() {
 #[test]
 fn a_dispatch_in_flight_resumes_on_another_host() {
     let s = held_dispatch();
-    let fh = KFD_FH.with(|f| f.get());
-    let mut img = dump_me(&s.d, fh);
-    let blob = img.blob.clone();
-    let (d2, fh2, r) = restore_me(&s.d, &mut img, &blob);
-    r.unwrap();
+    let (img, d2, fh2) = moved(&s.d);
     let (data, sigs) = (
         restored_bo(&d2, &img, DATA_VA),
         restored_bo(&d2, &img, SHADER_SIGS_VA),
@@ -4442,11 +4405,7 @@ fn a_restored_queue_keeps_its_cu_mask() {
     set_cu_mask(&s, &[0b10]).unwrap();
     hwid_dispatch(&s, 8);
     assert!(s.wait_arrived(8 * 64), "the 8 waves hold at their flag");
-    let fh = KFD_FH.with(|f| f.get());
-    let mut img = dump_me(&s.d, fh);
-    let blob = img.blob.clone();
-    let (d2, fh2, r) = restore_me(&s.d, &mut img, &blob);
-    r.unwrap();
+    let (img, d2, fh2) = moved(&s.d);
     let (data, sigs) = (
         restored_bo(&d2, &img, DATA_VA),
         restored_bo(&d2, &img, SHADER_SIGS_VA),
@@ -4523,11 +4482,7 @@ fn a_damaged_save_fails_the_restore_or_the_queue_at_resume() {
     let alloc = gfx9::cwsr::Alloc::from_descriptor(gfx9::Target::Gfx908, 0, 0, 512).unwrap();
     let pc_hi = CTX_CTL as usize + gfx9::cwsr::WaveBlock::of(&alloc).hwreg + 8;
     let s = held_dispatch();
-    let fh = KFD_FH.with(|f| f.get());
-    let mut img = dump_me(&s.d, fh);
-    let blob = img.blob.clone();
-    let (d2, fh2, r) = restore_me(&s.d, &mut img, &blob);
-    r.unwrap();
+    let (img, d2, fh2) = moved(&s.d);
     let area = restored_bo(&d2, &img, CTX_VA);
     // SAFETY: inside the restored save area.
     unsafe { wr32(area, pc_hi, 0x1_0000) };
@@ -4917,13 +4872,8 @@ fn own_dmabufs_are_described_and_imported() {
     assert_ne!(ih, h);
     d.map_gpu(ih);
     // CRIU's view: both BOs at the exporter's mmap offset.
-    let info = d
-        .call(
-            nr::CRIU_OP,
-            &criu(criu_op::PROCESS_INFO, 0, 0, 0, 0, 0, 0, 0, 0),
-        )
-        .unwrap();
-    assert_eq!(u32_at(&info, 36), 2, "two BOs");
+    let (_, _, nb, _) = process_info(&d);
+    assert_eq!(nb, 2, "two BOs");
     d.call(nr::UNMAP_MEMORY_FROM_GPU, &map_args(ih, &[d.gpu_id]))
         .unwrap();
     d.call(nr::FREE_MEMORY_OF_GPU, &ih.to_le_bytes()).unwrap();
