@@ -9,6 +9,9 @@
 //! `AMDGPU_CR_WRITE_SEEDS=1 cargo test -p amdgpu-cr --test decode_mutations`
 //! rewrites them.
 
+#[path = "../../test-support/rng.rs"]
+mod rng;
+
 use std::path::PathBuf;
 
 use amdgpu_cr::env::Checks;
@@ -17,6 +20,7 @@ use amdgpu_cr::matcher::{match_gpus, MatchError};
 use amdgpu_cr::proto::{CriuKfd, CriuRenderNode, DevIolink, KfdBoEntry, KfdDeviceEntry};
 use amdgpu_cr::topology::Topology;
 use prost::Message;
+use rng::Rng;
 
 fn gpu(node_id: u32, gpu_id: u32, links: &[(u32, u32)]) -> KfdDeviceEntry {
     KfdDeviceEntry {
@@ -148,21 +152,6 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         ("kfd-hives", frame(&hives.encode_to_vec())),
         ("render", frame(&render.encode_to_vec())),
     ]
-}
-
-/// xorshift64*: deterministic, no dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
 }
 
 fn mutate(rng: &mut Rng, input: &[u8]) -> Vec<u8> {

@@ -17,6 +17,8 @@
 #[allow(dead_code)]
 #[path = "../fuzz/harness.rs"]
 mod harness;
+#[path = "../../test-support/rng.rs"]
+mod rng;
 #[path = "../../test-support/scratch.rs"]
 mod scratch;
 
@@ -30,6 +32,7 @@ use amdgpu_cr::proto::{CriuKfd, CriuRenderNode, KfdBoEntry};
 use amdgpu_cr::topology::Topology;
 use harness::{check_privdata, pack, validate_dir, Host, HOST_GPU, PRIV_BO};
 use prost::Message;
+use rng::Rng;
 use scratch::scratch_dir;
 
 /// The largest single allocation the validation may make for inputs of a
@@ -204,21 +207,6 @@ fn seeds(host: &Host) -> Vec<(&'static str, Vec<u8>)> {
         ("two", seed(host, true, false)),
         ("zstd", seed(host, false, true)),
     ]
-}
-
-/// xorshift64*: deterministic, no dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
 }
 
 /// The offsets of the entries of an input: (kind at, data start, data end).
