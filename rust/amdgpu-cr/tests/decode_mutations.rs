@@ -96,15 +96,7 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         shared_mem_magic: 0,
         priv_data: vec![1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
         criu_rocm_ext_version: Some(1),
-        priv_bo_record_size: None,
-        criu_rocm_reopen: None,
-        shared_mem_mode: None,
-        semaphore_mode: None,
-        pages_compression: None,
-        pages_compression_level: None,
-        criu_rocm_parent: None,
-        pages_compression_chunk: None,
-        criu_rocm_imports: Vec::new(),
+        ..Default::default()
     };
     let hives = CriuKfd {
         pid: 99,
@@ -130,15 +122,7 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         shared_mem_magic: 0xcafe,
         priv_data: vec![1; 40],
         criu_rocm_ext_version: Some(1),
-        priv_bo_record_size: None,
-        criu_rocm_reopen: None,
-        shared_mem_mode: None,
-        semaphore_mode: None,
-        pages_compression: None,
-        pages_compression_level: None,
-        criu_rocm_parent: None,
-        pages_compression_chunk: None,
-        criu_rocm_imports: Vec::new(),
+        ..Default::default()
     };
     let render = CriuRenderNode {
         gpu_id: 0x1a2b,
