@@ -240,6 +240,13 @@ restore_mapping() {
 	grep -a -m1 -o 'amdgpu: pid [0-9]*: GPU 0x.* -> host GPU .*' "$1" | sed 's/^amdgpu: pid [0-9]*: //'
 }
 
+# restored_as_predicted MAP: the last restore mapped the GPUs as gpu-check predicted (MAP,
+# from gpu_check_restorable).
+restored_as_predicted() {
+	[ "$1" = "$(restore_mapping "$LAST_RESTORE_LOG")" ] ||
+		fail "gpu-check predicted '$1', the restore did '$(restore_mapping "$LAST_RESTORE_LOG")'"
+}
+
 
 # The user gpu_ids a workload started with, as %04x, from its ready line.
 wl_gpus_hex() {
@@ -2253,8 +2260,7 @@ restore_same_host() {
 	dump_ok "$WL" "$img"
 	map=$(gpu_check_restorable "$img") || exit 1
 	restore_ok "$img" "$WL"
-	[ "$map" = "$(restore_mapping "$LAST_RESTORE_LOG")" ] ||
-		fail "gpu-check predicted '$map', the restore did '$(restore_mapping "$LAST_RESTORE_LOG")'"
+	restored_as_predicted "$map"
 	[ "$(render_fds "$WL" | wc -l)" = 2 ] || fail "the restored process has $(render_fds "$WL" | wc -l) render-node fds, not 2"
 	# The BO contents went to criu main's GPU memory writer, which wrote them back beside
 	# the restorer, before the queues were resumed.
@@ -2294,8 +2300,7 @@ restore_other_host() {
 	pid=$(cat "$CASE_DIR/wl.pid")
 	map=$(gpu_check_restorable "$img") || exit 1
 	restore_ok "$img" "$pid"
-	[ "$map" = "$(restore_mapping "$LAST_RESTORE_LOG")" ] ||
-		fail "gpu-check predicted '$map', the restore did '$(restore_mapping "$LAST_RESTORE_LOG")'"
+	restored_as_predicted "$map"
 	grep -qE 'GPU 0x3f2c \(renderD128\) -> host GPU 0x(51e7|a0c4) \(renderD13[01]\)' <<<"$map" &&
 		grep -qE 'GPU 0xd9b1 \(renderD129\) -> host GPU 0x(51e7|a0c4) \(renderD13[01]\)' <<<"$map" ||
 		fail "unexpected GPU mapping on the other host: $map"
@@ -2496,8 +2501,7 @@ remap_restore() {
 	fi
 	map=$(gpu_check_restorable "$img") || exit 1
 	restore_ok "$img" "$pid"
-	[ "$map" = "$(restore_mapping "$LAST_RESTORE_LOG")" ] ||
-		fail "gpu-check predicted '$map', the restore did '$(restore_mapping "$LAST_RESTORE_LOG")'"
+	restored_as_predicted "$map"
 	n=$(wl_gpus_hex "$pid" | wc -l)
 	pycheck "$map" "$n" "$@" <<-'EOF' || fail "unexpected GPU mapping: $(tail -n1 "$CASE_DIR/py.err")"
 		import re, sys
