@@ -114,6 +114,20 @@ impl Dev {
         (kfd, render)
     }
 
+    /// The process "dies" (its /dev/kfd open `kfd` released) and comes back
+    /// as a restored one: /dev/kfd and the render node (fd 950) opened
+    /// afresh, before any RESTORE.
+    fn reopen_as_restored(&self, kfd: u64) {
+        self.emu.release(kfd);
+        let kfd = self.emu.open(&NodeKind::Kfd, &me()).unwrap();
+        KFD_FH.with(|f| f.set(kfd));
+        let render = self
+            .emu
+            .open(&NodeKind::Render { minor: self.minor }, &me())
+            .unwrap();
+        self.fds.insert(950, render);
+    }
+
     fn alloc(&self, va: u64, size: u64, flags: u32, offset_in: u64) -> Result<(u64, u64), i32> {
         let a = args(
             &[
@@ -1848,16 +1862,8 @@ fn criu_checkpoint_unpause_restore_resume() {
         .map(|i| unsafe_byte(r.ring, i))
         .collect();
     let old_offsets: Vec<u64> = r.handles.iter().map(|h| h.1).collect();
-    d.emu.release(kfd);
-
     // The restored process: fresh kfd and render opens.
-    let kfd2 = d.emu.open(&NodeKind::Kfd, &me()).unwrap();
-    KFD_FH.with(|f| f.set(kfd2));
-    let render2 = d
-        .emu
-        .open(&NodeKind::Render { minor: d.minor }, &me())
-        .unwrap();
-    d.fds.insert(950, render2);
+    d.reopen_as_restored(kfd);
     devs[8..12].copy_from_slice(&950u32.to_le_bytes());
     let restore = |blob: &[u8], size: u64, nd: u32, nb: u32| {
         d.call(
@@ -2863,15 +2869,7 @@ fn svm_ranges_survive_checkpoint_and_resume() {
             (IN_PLACE, g)
         ]
     );
-    d.emu.release(kfd);
-
-    let kfd2 = d.emu.open(&NodeKind::Kfd, &me()).unwrap();
-    KFD_FH.with(|f| f.set(kfd2));
-    let render2 = d
-        .emu
-        .open(&NodeKind::Render { minor: d.minor }, &me())
-        .unwrap();
-    d.fds.insert(950, render2);
+    d.reopen_as_restored(kfd);
     devs[8..12].copy_from_slice(&950u32.to_le_bytes());
     d.call(
         nr::CRIU_OP,
