@@ -1038,6 +1038,16 @@ impl Rig {
         unsafe { wr32(self.ctl, off, v) }
     }
 
+    /// The u64 at byte `off` of the control BO, as two u32 halves.
+    fn ctl64(&self, off: usize) -> u64 {
+        self.ctl32(off) as u64 | (self.ctl32(off + 4) as u64) << 32
+    }
+
+    fn set_ctl64(&self, off: usize, v: u64) {
+        self.set_ctl32(off, v as u32);
+        self.set_ctl32(off + 4, (v >> 32) as u32);
+    }
+
     /// Rings the doorbell and waits until the engine consumed everything.
     fn run(&self) {
         self.kick();
@@ -1131,6 +1141,42 @@ fn sdma_poll_regmem() {
     assert_eq!(r.ctl32(0x104), 4);
 }
 
+/// USERPTR memory of the test process, read and written as 64-bit words.
+struct UserWords {
+    p: *mut u8,
+    len: usize,
+}
+
+impl UserWords {
+    /// `len` bytes at `va`, allocated as a USERPTR BO on `d`.
+    fn new(d: &Dev, va: u64, len: usize) -> UserWords {
+        UserWords {
+            p: d.user_mem(va, len),
+            len,
+        }
+    }
+
+    fn get(&self, off: usize) -> u64 {
+        assert!(
+            off + 8 <= self.len,
+            "word {off:#x} outside {:#x} bytes",
+            self.len
+        );
+        // SAFETY: inside the mapping (checked above).
+        unsafe { rd64(self.p, off) }
+    }
+
+    fn set(&self, off: usize, v: u64) {
+        assert!(
+            off + 8 <= self.len,
+            "word {off:#x} outside {:#x} bytes",
+            self.len
+        );
+        // SAFETY: inside the mapping (checked above).
+        unsafe { wr64(self.p, off, v) }
+    }
+}
+
 /// ATOMIC applies its TC_OP operation atomically, on VRAM/GTT and on
 /// USERPTR memory: ROCr's completion-signal decrement (ADD64 of -1), the
 /// plain (non-returning) forms, 32-bit compare-and-swap, signed and
@@ -1142,29 +1188,16 @@ fn sdma_atomics() {
     let d = Dev::new("");
     d.setup();
     let mut r = Rig::new(&d);
-    let user = d.user_mem(U, 4096);
-    let u64_at_user = |off: usize| {
-        // SAFETY: inside the 4096-byte USERPTR mapping.
-        unsafe { std::ptr::read_volatile(user.add(off) as *const u64) }
-    };
-    let set_user = |off: usize, v: u64| {
-        // SAFETY: as above.
-        unsafe { std::ptr::write_volatile(user.add(off) as *mut u64, v) }
-    };
-    let ctl64 = |r: &Rig, off: usize| r.ctl32(off) as u64 | (r.ctl32(off + 4) as u64) << 32;
-    let set_ctl64 = |r: &Rig, off: usize, v: u64| {
-        r.set_ctl32(off, v as u32);
-        r.set_ctl32(off + 4, (v >> 32) as u32);
-    };
+    let user = UserWords::new(&d, U, 4096);
     // TC_OP codes (gfx9): ADD_RTN_64 0x2f, ADD_64 0x6f, CMPSWAP_RTN_32
     // 0x08, SUB_32 0x50, SMIN_RTN_32 0x11, UMAX_RTN_64 0x34, INC_RTN_32
     // 0x18, DEC_RTN_32 0x19, CMPSWAP_RTN_64 0x28.
-    set_user(0, 2);
-    set_ctl64(&r, 0x200, 10);
-    set_ctl64(&r, 0x208, 0x1111);
+    user.set(0, 2);
+    r.set_ctl64(0x200, 10);
+    r.set_ctl64(0x208, 0x1111);
     r.set_ctl32(0x210, 100);
     r.set_ctl32(0x214, (-5i32) as u32);
-    set_ctl64(&r, 0x218, 7);
+    r.set_ctl64(0x218, 7);
     r.set_ctl32(0x220, 9);
     r.set_ctl32(0x224, 0);
     r.push(&pkt::atomic(0x2f, false, U, u64::MAX, 0));
@@ -1183,28 +1216,24 @@ fn sdma_atomics() {
     r.push(&pkt::atomic(0x18, false, CTL_VA + 0x220, 9, 0)); // 9 >= 9: wraps to 0
     r.push(&pkt::atomic(0x19, false, CTL_VA + 0x224, 4, 0)); // 0: reloads 4
     r.run();
-    assert_eq!(
-        u64_at_user(0),
-        1,
-        "ROCr's signal decrement on USERPTR memory"
-    );
-    assert_eq!(ctl64(&r, 0x200), 15);
-    assert_eq!(ctl64(&r, 0x208), 0x2222);
+    assert_eq!(user.get(0), 1, "ROCr's signal decrement on USERPTR memory");
+    assert_eq!(r.ctl64(0x200), 15);
+    assert_eq!(r.ctl64(0x208), 0x2222);
     assert_eq!(r.ctl32(0x20c), 0, "a failed compare must not write");
     assert_eq!(r.ctl32(0x210), 70);
     assert_eq!(r.ctl32(0x214) as i32, -7);
-    assert_eq!(ctl64(&r, 0x218), 7);
+    assert_eq!(r.ctl64(0x218), 7);
     assert_eq!((r.ctl32(0x220), r.ctl32(0x224)), (0, 4));
 
     // Looping CMPSWAP64: waits until the word equals the compare value.
-    set_user(8, 1);
+    user.set(8, 1);
     let at = r.wptr;
     r.push(&pkt::atomic(0x28, true, U + 8, 0xabcd, 0x77));
     r.push(&pkt::fence(CTL_VA + 0x230, 1));
     r.run_stops_at(at);
-    set_user(8, 0x77);
+    user.set(8, 0x77);
     r.run();
-    assert_eq!(u64_at_user(8), 0xabcd);
+    assert_eq!(user.get(8), 0xabcd);
     assert_eq!(r.ctl32(0x230), 1);
 
     // A float atomic (FMIN_RTN_32, 0x02) is not modelled: the queue halts.
@@ -1227,7 +1256,6 @@ fn sdma_timestamps() {
             .unwrap();
         u64_at(&out, 0)
     };
-    let ctl64 = |r: &Rig, off: usize| r.ctl32(off) as u64 | (r.ctl32(off + 4) as u64) << 32;
     let t0 = clock();
     r.push(&pkt::timestamp_get(2, CTL_VA + 0x300));
     // Bits 2..0 of the address dword are not part of the address.
@@ -1240,10 +1268,10 @@ fn sdma_timestamps() {
     r.push(&pkt::timestamp_get(1, CTL_VA + 0x310));
     r.run();
     let t1 = clock();
-    let (a, b) = (ctl64(&r, 0x300), ctl64(&r, 0x328));
+    let (a, b) = (r.ctl64(0x300), r.ctl64(0x328));
     assert!(t0 <= a && a <= b && b <= t1, "{t0} {a} {b} {t1}");
     assert_eq!(r.ctl32(0x330), 0, "written at the unaligned address");
-    let local = ctl64(&r, 0x310);
+    let local = r.ctl64(0x310);
     assert!(
         (1_000_000..1_000_000 + (t1 - t0) + 1).contains(&local),
         "local timestamp {local}"
@@ -1341,19 +1369,11 @@ fn sdma_rocr_async_copy_sequence() {
     let d = Dev::new("");
     d.setup();
     let mut r = Rig::new(&d);
-    let user = d.user_mem(U, 4096);
-    let word = |off: usize| {
-        // SAFETY: inside the 4096-byte USERPTR mapping.
-        unsafe { std::ptr::read_volatile(user.add(off) as *const u64) }
-    };
-    let set = |off: usize, v: u64| {
-        // SAFETY: as above.
-        unsafe { std::ptr::write_volatile(user.add(off) as *mut u64, v) }
-    };
+    let user = UserWords::new(&d, U, 4096);
     // SAFETY: src maps 65536 bytes.
     unsafe { wr32(r.src, 0, 0x600d_c0de) };
-    set(0, 1); // dependency signal: not done yet
-    set(64, 1); // completion signal
+    user.set(0, 1); // dependency signal: not done yet
+    user.set(64, 1); // completion signal
     let (wa, _evs) = wait_args(&[r.event], false, u32::MAX);
     let waiting = d.start(&waiter(), nr::WAIT_EVENTS, &wa);
     let slot = SIG_VA + r.event as u64 * 8;
@@ -1376,11 +1396,11 @@ fn sdma_rocr_async_copy_sequence() {
     r.push(&pkt::fence(slot, r.event));
     r.push(&pkt::trap(r.event));
     r.run_stops_at(6 * 4 * 2 - 6 * 4);
-    set(0, 0);
+    user.set(0, 0);
     r.run();
-    assert_eq!(word(256) as u32, 0x600d_c0de);
-    assert_eq!(word(64), 0, "completion signal not decremented");
-    assert!(word(128) != 0 && word(128) <= word(136));
+    assert_eq!(user.get(256) as u32, 0x600d_c0de);
+    assert_eq!(user.get(64), 0, "completion signal not decremented");
+    assert!(user.get(128) != 0 && user.get(128) <= user.get(136));
     let out = waiting
         .recv_timeout(Duration::from_secs(2))
         .expect("the TRAP did not wake the wait")
