@@ -393,6 +393,12 @@ fn run_client(name: &str, marker: &str) {
     run_client_in(name, marker, &[]);
 }
 
+/// As [`run_client`], the client under `kfd-emu supervise`.
+fn run_client_supervised(name: &str, marker: &str) {
+    let emu = env!("CARGO_BIN_EXE_kfd-emu");
+    run_client_in(name, marker, &[emu, "supervise", "--"]);
+}
+
 /// As [`run_client`], the client started by `wrap` (a command line).
 fn run_client_in(name: &str, marker: &str, wrap: &[&str]) {
     // SAFETY: geteuid has no preconditions.
@@ -438,11 +444,9 @@ fn sdma_copy_seen_through_a_dmabuf_under_supervise() {
         client_with(true);
         return;
     }
-    let emu = env!("CARGO_BIN_EXE_kfd-emu");
-    run_client_in(
+    run_client_supervised(
         "sdma_copy_seen_through_a_dmabuf_under_supervise",
         "e2e: the SDMA copy is seen through the dma-buf's mapping",
-        &[emu, "supervise", "--"],
     );
 }
 
@@ -464,11 +468,9 @@ fn bo_maps_only_through_the_owning_render_file_under_supervise() {
         owning_file_client();
         return;
     }
-    let emu = env!("CARGO_BIN_EXE_kfd-emu");
-    run_client_in(
+    run_client_supervised(
         "bo_maps_only_through_the_owning_render_file_under_supervise",
         "e2e: BO mappings only through the owning render file",
-        &[emu, "supervise", "--"],
     );
 }
 
@@ -533,11 +535,9 @@ fn dmabuf_mapping_aliases_the_bo_under_supervise() {
         dmabuf_alias_client();
         return;
     }
-    let emu = env!("CARGO_BIN_EXE_kfd-emu");
-    run_client_in(
+    run_client_supervised(
         "dmabuf_mapping_aliases_the_bo_under_supervise",
         "e2e: dma-buf mappings alias their BOs",
-        &[emu, "supervise", "--"],
     );
 }
 
