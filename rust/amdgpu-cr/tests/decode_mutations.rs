@@ -11,6 +11,8 @@
 
 #[path = "../../test-support/rng.rs"]
 mod rng;
+#[path = "../../test-support/seeds.rs"]
+mod seeds;
 
 use std::path::PathBuf;
 
@@ -21,6 +23,7 @@ use amdgpu_cr::proto::{CriuKfd, CriuRenderNode, DevIolink, KfdBoEntry, KfdDevice
 use amdgpu_cr::topology::Topology;
 use prost::Message;
 use rng::Rng;
+use seeds::check_seed_corpus;
 
 fn gpu(node_id: u32, gpu_id: u32, links: &[(u32, u32)]) -> KfdDeviceEntry {
     KfdDeviceEntry {
@@ -233,19 +236,5 @@ fn mutated_images_never_panic() {
 #[test]
 fn seed_corpus_is_current() {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/decode_images");
-    let write = std::env::var_os("AMDGPU_CR_WRITE_SEEDS").is_some();
-    for (name, bytes) in seeds() {
-        let path = dir.join(format!("{name}.img"));
-        if write {
-            std::fs::create_dir_all(&dir).unwrap();
-            std::fs::write(&path, &bytes).unwrap();
-        }
-        let on_disk = std::fs::read(&path).unwrap_or_else(|e| {
-            panic!(
-                "{}: {e} (AMDGPU_CR_WRITE_SEEDS=1 writes it)",
-                path.display()
-            )
-        });
-        assert_eq!(on_disk, bytes, "{} is stale", path.display());
-    }
+    check_seed_corpus(&dir, "img", seeds());
 }
