@@ -25,6 +25,17 @@ use prost::Message;
 use rng::Rng;
 use seeds::check_seed_corpus;
 
+/// io_links of (type, node_to_id).
+fn iolinks(links: &[(u32, u32)]) -> Vec<DevIolink> {
+    links
+        .iter()
+        .map(|&(t, to)| DevIolink {
+            r#type: t,
+            node_to_id: to,
+        })
+        .collect()
+}
+
 fn gpu(node_id: u32, gpu_id: u32, links: &[(u32, u32)]) -> KfdDeviceEntry {
     KfdDeviceEntry {
         node_id,
@@ -38,13 +49,7 @@ fn gpu(node_id: u32, gpu_id: u32, links: &[(u32, u32)]) -> KfdDeviceEntry {
         drm_render_minor: 128 + node_id,
         vram_size: 192 << 30,
         vram_public: 1,
-        iolinks: links
-            .iter()
-            .map(|&(t, to)| DevIolink {
-                r#type: t,
-                node_to_id: to,
-            })
-            .collect(),
+        iolinks: iolinks(links),
         ..Default::default()
     }
 }
@@ -53,13 +58,7 @@ fn cpu(node_id: u32, links: &[(u32, u32)]) -> KfdDeviceEntry {
     KfdDeviceEntry {
         node_id,
         cpu_cores_count: 48,
-        iolinks: links
-            .iter()
-            .map(|&(t, to)| DevIolink {
-                r#type: t,
-                node_to_id: to,
-            })
-            .collect(),
+        iolinks: iolinks(links),
         ..Default::default()
     }
 }
