@@ -79,6 +79,22 @@ fn alloc_bo(k: i32, gpu: u64, va: u64, size: u64, flags: u64) -> (u64, u64) {
     (get(&a, 16, 8), get(&a, 24, 8))
 }
 
+/// A `struct kfd_event_data` naming `event`.
+fn event_data(event: u64) -> [u8; 48] {
+    let mut evd = [0u8; 48];
+    put(&mut evd, 40, event, 4);
+    evd
+}
+
+/// WAIT_EVENTS' arguments: the one event of `evd`, for up to `timeout_ms`.
+fn wait_args(evd: &mut [u8; 48], timeout_ms: u64) -> [u8; 24] {
+    let mut w = [0u8; 24];
+    put(&mut w, 0, evd.as_mut_ptr() as u64, 8);
+    put(&mut w, 8, 1, 4);
+    put(&mut w, 16, timeout_ms, 4);
+    w
+}
+
 fn client() {
     client_with(false);
 }
@@ -180,12 +196,8 @@ fn client_with(dmabuf: bool) {
     // SAFETY: doorbell points into a live mapping.
     unsafe { std::ptr::write_volatile(doorbell, pkts.len() as u64 * 4) };
     // Block in the daemon until the TRAP signals the event.
-    let mut evd = [0u8; 48];
-    put(&mut evd, 40, event, 4);
-    let mut w = [0u8; 24];
-    put(&mut w, 0, evd.as_ptr() as u64, 8);
-    put(&mut w, 8, 1, 4);
-    put(&mut w, 16, 10_000, 4);
+    let mut evd = event_data(event);
+    let mut w = wait_args(&mut evd, 10_000);
     let t = std::time::Instant::now();
     loop {
         match kfd(k, 0x0c, &mut w) {
@@ -238,12 +250,8 @@ fn interrupted_wait(k: i32) {
     let waiter = std::thread::spawn(move || {
         // SAFETY: gettid has no preconditions.
         tx.send(unsafe { libc::gettid() }).unwrap();
-        let mut evd = [0u8; 48];
-        put(&mut evd, 40, event, 4);
-        let mut w = [0u8; 24];
-        put(&mut w, 0, evd.as_ptr() as u64, 8);
-        put(&mut w, 8, 1, 4);
-        put(&mut w, 16, u32::MAX as u64, 4);
+        let mut evd = event_data(event);
+        let mut w = wait_args(&mut evd, u32::MAX as u64);
         let first = kfd(k, 0x0c, &mut w);
         let second = kfd(k, 0x0c, &mut w).map(|()| get(&w, 20, 4));
         (first, second)
@@ -288,12 +296,8 @@ fn interrupted_wait_then_set_event_client() {
     let waiter = std::thread::spawn(move || {
         // SAFETY: gettid has no preconditions.
         tid_tx.send(unsafe { libc::gettid() }).unwrap();
-        let mut evd = [0u8; 48];
-        put(&mut evd, 40, event, 4);
-        let mut w = [0u8; 24];
-        put(&mut w, 0, evd.as_ptr() as u64, 8);
-        put(&mut w, 8, 1, 4);
-        put(&mut w, 16, u32::MAX as u64, 4);
+        let mut evd = event_data(event);
+        let mut w = wait_args(&mut evd, u32::MAX as u64);
         first_tx.send(kfd(k, 0x0c, &mut w)).unwrap();
         go_rx.recv().unwrap();
         put(&mut w, 16, 5_000, 4);
