@@ -1661,6 +1661,18 @@ shared_bo_two_procs_predump_cr() {
 	log_has "$log" "amdgpu: pid $pid: BO 0 of file [0-9]+ handed to the process that imports it"
 	shared_bo_two_procs_end "$pid" "$child" "$CASE_DIR/sb.out" "the restore from the chain"
 }
+# usr1_round NAME PID OUT WHAT: the program NAME (shared-bo, dmabuf-map), PID, its output in
+# OUT, answers a SIGUSR1 after WHAT with a round that says "round 1: ok".
+usr1_round() {
+	local name=$1 pid=$2 out=$3 what=$4 i
+	kill -USR1 "$pid"
+	for ((i = 0; i < 200; i++)); do
+		grep -qE '^round 1: (ok|FAIL)' "$out" && break
+		sleep 0.05
+	done
+	grep -q '^round 1: ok$' "$out" || fail "$name after $what: $(grep -v '^ok ' "$out" | tail -n 2 | paste -sd'|')"
+}
+
 # shared_bo_two_procs_end PID CHILD OUT WHAT: after WHAT the parent writes a round through its
 # first open and reads it through its second, the child reads it through its own open; both
 # end on SIGTERM, the parent's last check passing.
@@ -1668,12 +1680,7 @@ shared_bo_two_procs_end() {
 	local pid=$1 child=$2 out=$3 what=$4 i
 	alive "$pid" || fail "shared-bo $pid is gone after $what"
 	alive "$child" || fail "shared-bo's child $child is gone after $what"
-	kill -USR1 "$pid"
-	for ((i = 0; i < 200; i++)); do
-		grep -qE '^round 1: (ok|FAIL)' "$out" && break
-		sleep 0.05
-	done
-	grep -q '^round 1: ok$' "$out" || fail "after $what: $(grep -v '^ok ' "$out" | tail -n 2 | paste -sd'|')"
+	usr1_round shared-bo "$pid" "$out" "$what"
 	kill -USR1 "$child"
 	for ((i = 0; i < 200; i++)); do
 		grep -qE '^(child reads round 1: ok|FAIL child)' "$out" && break
@@ -1751,14 +1758,9 @@ supervised_start() {
 # in OUT, runs on after WHAT: a round on SIGUSR1 says "round 1: ok", and its last check on
 # SIGTERM PASS.
 round_and_end() {
-	local name=$1 pid=$2 out=$3 what=$4 i
+	local name=$1 pid=$2 out=$3 what=$4
 	alive "$pid" || fail "$name $pid is gone after $what"
-	kill -USR1 "$pid"
-	for ((i = 0; i < 200; i++)); do
-		grep -qE '^round 1: (ok|FAIL)' "$out" && break
-		sleep 0.05
-	done
-	grep -q '^round 1: ok$' "$out" || fail "$name after $what: $(grep -v '^ok ' "$out" | tail -n 2 | paste -sd'|')"
+	usr1_round "$name" "$pid" "$out" "$what"
 	kill -TERM "$pid"
 	wait_gone "$pid" 30 || fail "$name $pid did not end on SIGTERM"
 	tail -n 1 "$out" | grep -q '^PASS$' || fail "$name's last check failed: $(tail -n 2 "$out" | paste -sd'|')"
