@@ -75,6 +75,11 @@ no_leftovers() {
 
 
 
+# counters_kept OLD NEW: no SDMA counter of line NEW went back from the one of OLD.
+counters_kept() {
+	counters_cmp "$1" "$2" ge || fail "counters went back: $(json_list "$1" counters) then $(json_list "$2" counters)"
+}
+
 # counters_cmp OLD NEW ge|gt: every SDMA counter of line NEW >= (or >) the one of OLD.
 counters_cmp() {
 	local a b i
@@ -238,6 +243,13 @@ gpu_check_refuses() {
 # The GPU mapping a restore logged ("GPU a (renderDx) -> host GPU b (renderDy), ...").
 restore_mapping() {
 	grep -a -m1 -o 'amdgpu: pid [0-9]*: GPU 0x.* -> host GPU .*' "$1" | sed 's/^amdgpu: pid [0-9]*: //'
+}
+
+# restored_as_predicted MAP: the last restore mapped the GPUs as gpu-check predicted (MAP,
+# from gpu_check_restorable).
+restored_as_predicted() {
+	[ "$1" = "$(restore_mapping "$LAST_RESTORE_LOG")" ] ||
+		fail "gpu-check predicted '$1', the restore did '$(restore_mapping "$LAST_RESTORE_LOG")'"
 }
 
 
@@ -514,7 +526,7 @@ dump_8_gpus() {
 	decode "$img" >/dev/null || fail "8-GPU images do not decode"
 	restore_ok "$img" "$WL"
 	v1=$(wl_verify "$WL") || exit 1
-	counters_cmp "$v0" "$v1" ge || fail "counters went back: $(json_list "$v0" counters) then $(json_list "$v1" counters)"
+	counters_kept "$v0" "$v1"
 	wl_finish "$WL"
 }
 
@@ -1649,6 +1661,18 @@ shared_bo_two_procs_predump_cr() {
 	log_has "$log" "amdgpu: pid $pid: BO 0 of file [0-9]+ handed to the process that imports it"
 	shared_bo_two_procs_end "$pid" "$child" "$CASE_DIR/sb.out" "the restore from the chain"
 }
+# usr1_round NAME PID OUT WHAT: the program NAME (shared-bo, dmabuf-map), PID, its output in
+# OUT, answers a SIGUSR1 after WHAT with a round that says "round 1: ok".
+usr1_round() {
+	local name=$1 pid=$2 out=$3 what=$4 i
+	kill -USR1 "$pid"
+	for ((i = 0; i < 200; i++)); do
+		grep -qE '^round 1: (ok|FAIL)' "$out" && break
+		sleep 0.05
+	done
+	grep -q '^round 1: ok$' "$out" || fail "$name after $what: $(grep -v '^ok ' "$out" | tail -n 2 | paste -sd'|')"
+}
+
 # shared_bo_two_procs_end PID CHILD OUT WHAT: after WHAT the parent writes a round through its
 # first open and reads it through its second, the child reads it through its own open; both
 # end on SIGTERM, the parent's last check passing.
@@ -1656,12 +1680,7 @@ shared_bo_two_procs_end() {
 	local pid=$1 child=$2 out=$3 what=$4 i
 	alive "$pid" || fail "shared-bo $pid is gone after $what"
 	alive "$child" || fail "shared-bo's child $child is gone after $what"
-	kill -USR1 "$pid"
-	for ((i = 0; i < 200; i++)); do
-		grep -qE '^round 1: (ok|FAIL)' "$out" && break
-		sleep 0.05
-	done
-	grep -q '^round 1: ok$' "$out" || fail "after $what: $(grep -v '^ok ' "$out" | tail -n 2 | paste -sd'|')"
+	usr1_round shared-bo "$pid" "$out" "$what"
 	kill -USR1 "$child"
 	for ((i = 0; i < 200; i++)); do
 		grep -qE '^(child reads round 1: ok|FAIL child)' "$out" && break
@@ -1739,14 +1758,9 @@ supervised_start() {
 # in OUT, runs on after WHAT: a round on SIGUSR1 says "round 1: ok", and its last check on
 # SIGTERM PASS.
 round_and_end() {
-	local name=$1 pid=$2 out=$3 what=$4 i
+	local name=$1 pid=$2 out=$3 what=$4
 	alive "$pid" || fail "$name $pid is gone after $what"
-	kill -USR1 "$pid"
-	for ((i = 0; i < 200; i++)); do
-		grep -qE '^round 1: (ok|FAIL)' "$out" && break
-		sleep 0.05
-	done
-	grep -q '^round 1: ok$' "$out" || fail "$name after $what: $(grep -v '^ok ' "$out" | tail -n 2 | paste -sd'|')"
+	usr1_round "$name" "$pid" "$out" "$what"
 	kill -TERM "$pid"
 	wait_gone "$pid" 30 || fail "$name $pid did not end on SIGTERM"
 	tail -n 1 "$out" | grep -q '^PASS$' || fail "$name's last check failed: $(tail -n 2 "$out" | paste -sd'|')"
@@ -2253,8 +2267,7 @@ restore_same_host() {
 	dump_ok "$WL" "$img"
 	map=$(gpu_check_restorable "$img") || exit 1
 	restore_ok "$img" "$WL"
-	[ "$map" = "$(restore_mapping "$LAST_RESTORE_LOG")" ] ||
-		fail "gpu-check predicted '$map', the restore did '$(restore_mapping "$LAST_RESTORE_LOG")'"
+	restored_as_predicted "$map"
 	[ "$(render_fds "$WL" | wc -l)" = 2 ] || fail "the restored process has $(render_fds "$WL" | wc -l) render-node fds, not 2"
 	# The BO contents went to criu main's GPU memory writer, which wrote them back beside
 	# the restorer, before the queues were resumed.
@@ -2263,7 +2276,7 @@ restore_same_host() {
 		"amdgpu: pid $WL: GPU 0x[0-9a-f]+ \(host 0x[0-9a-f]+\): restored [0-9]+ BO\(s\)"
 	v1=$(wl_verify "$WL") || exit 1
 	same_bytes "$v0" "$v1"
-	counters_cmp "$v0" "$v1" ge || fail "counters went back: $(json_list "$v0" counters) then $(json_list "$v1" counters)"
+	counters_kept "$v0" "$v1"
 	# The SET_EVENT left pending at the dump, then a FENCE+TRAP from SDMA.
 	[ "$(json_num "$v1" events)" -ge $(($(json_num "$v0" events) + 2)) ] || fail "events did not fire after the restore: $v0 / $v1"
 	[ "$(json_num "$v1" fresh)" = $(($(json_num "$v0" fresh) + 2)) ] || fail "new BOs and queues failed after the restore: $v1"
@@ -2294,8 +2307,7 @@ restore_other_host() {
 	pid=$(cat "$CASE_DIR/wl.pid")
 	map=$(gpu_check_restorable "$img") || exit 1
 	restore_ok "$img" "$pid"
-	[ "$map" = "$(restore_mapping "$LAST_RESTORE_LOG")" ] ||
-		fail "gpu-check predicted '$map', the restore did '$(restore_mapping "$LAST_RESTORE_LOG")'"
+	restored_as_predicted "$map"
 	grep -qE 'GPU 0x3f2c \(renderD128\) -> host GPU 0x(51e7|a0c4) \(renderD13[01]\)' <<<"$map" &&
 		grep -qE 'GPU 0xd9b1 \(renderD129\) -> host GPU 0x(51e7|a0c4) \(renderD13[01]\)' <<<"$map" ||
 		fail "unexpected GPU mapping on the other host: $map"
@@ -2496,8 +2508,7 @@ remap_restore() {
 	fi
 	map=$(gpu_check_restorable "$img") || exit 1
 	restore_ok "$img" "$pid"
-	[ "$map" = "$(restore_mapping "$LAST_RESTORE_LOG")" ] ||
-		fail "gpu-check predicted '$map', the restore did '$(restore_mapping "$LAST_RESTORE_LOG")'"
+	restored_as_predicted "$map"
 	n=$(wl_gpus_hex "$pid" | wc -l)
 	pycheck "$map" "$n" "$@" <<-'EOF' || fail "unexpected GPU mapping: $(tail -n1 "$CASE_DIR/py.err")"
 		import re, sys
@@ -3342,7 +3353,7 @@ stream_same_host() {
 	served_once "$dir"
 	v1=$(wl_verify "$WL") || exit 1
 	same_bytes "$v0" "$v1"
-	counters_cmp "$v0" "$v1" ge || fail "counters went back: $(json_list "$v0" counters) then $(json_list "$v1" counters)"
+	counters_kept "$v0" "$v1"
 	wl_finish "$WL"
 	note "stream of $(stat -c %s "$stream") bytes; GPU files: $(sed 's/ /:/' <<<"$sizes" | paste -sd' ')"
 }

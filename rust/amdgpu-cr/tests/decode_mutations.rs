@@ -9,6 +9,11 @@
 //! `AMDGPU_CR_WRITE_SEEDS=1 cargo test -p amdgpu-cr --test decode_mutations`
 //! rewrites them.
 
+#[path = "../../test-support/rng.rs"]
+mod rng;
+#[path = "../../test-support/seeds.rs"]
+mod seeds;
+
 use std::path::PathBuf;
 
 use amdgpu_cr::env::Checks;
@@ -17,6 +22,19 @@ use amdgpu_cr::matcher::{match_gpus, MatchError};
 use amdgpu_cr::proto::{CriuKfd, CriuRenderNode, DevIolink, KfdBoEntry, KfdDeviceEntry};
 use amdgpu_cr::topology::Topology;
 use prost::Message;
+use rng::Rng;
+use seeds::check_seed_corpus;
+
+/// io_links of (type, node_to_id).
+fn iolinks(links: &[(u32, u32)]) -> Vec<DevIolink> {
+    links
+        .iter()
+        .map(|&(t, to)| DevIolink {
+            r#type: t,
+            node_to_id: to,
+        })
+        .collect()
+}
 
 fn gpu(node_id: u32, gpu_id: u32, links: &[(u32, u32)]) -> KfdDeviceEntry {
     KfdDeviceEntry {
@@ -31,13 +49,7 @@ fn gpu(node_id: u32, gpu_id: u32, links: &[(u32, u32)]) -> KfdDeviceEntry {
         drm_render_minor: 128 + node_id,
         vram_size: 192 << 30,
         vram_public: 1,
-        iolinks: links
-            .iter()
-            .map(|&(t, to)| DevIolink {
-                r#type: t,
-                node_to_id: to,
-            })
-            .collect(),
+        iolinks: iolinks(links),
         ..Default::default()
     }
 }
@@ -46,13 +58,7 @@ fn cpu(node_id: u32, links: &[(u32, u32)]) -> KfdDeviceEntry {
     KfdDeviceEntry {
         node_id,
         cpu_cores_count: 48,
-        iolinks: links
-            .iter()
-            .map(|&(t, to)| DevIolink {
-                r#type: t,
-                node_to_id: to,
-            })
-            .collect(),
+        iolinks: iolinks(links),
         ..Default::default()
     }
 }
@@ -92,15 +98,7 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         shared_mem_magic: 0,
         priv_data: vec![1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
         criu_rocm_ext_version: Some(1),
-        priv_bo_record_size: None,
-        criu_rocm_reopen: None,
-        shared_mem_mode: None,
-        semaphore_mode: None,
-        pages_compression: None,
-        pages_compression_level: None,
-        criu_rocm_parent: None,
-        pages_compression_chunk: None,
-        criu_rocm_imports: Vec::new(),
+        ..Default::default()
     };
     let hives = CriuKfd {
         pid: 99,
@@ -126,15 +124,7 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         shared_mem_magic: 0xcafe,
         priv_data: vec![1; 40],
         criu_rocm_ext_version: Some(1),
-        priv_bo_record_size: None,
-        criu_rocm_reopen: None,
-        shared_mem_mode: None,
-        semaphore_mode: None,
-        pages_compression: None,
-        pages_compression_level: None,
-        criu_rocm_parent: None,
-        pages_compression_chunk: None,
-        criu_rocm_imports: Vec::new(),
+        ..Default::default()
     };
     let render = CriuRenderNode {
         gpu_id: 0x1a2b,
@@ -148,21 +138,6 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         ("kfd-hives", frame(&hives.encode_to_vec())),
         ("render", frame(&render.encode_to_vec())),
     ]
-}
-
-/// xorshift64*: deterministic, no dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
 }
 
 fn mutate(rng: &mut Rng, input: &[u8]) -> Vec<u8> {
@@ -260,19 +235,5 @@ fn mutated_images_never_panic() {
 #[test]
 fn seed_corpus_is_current() {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/decode_images");
-    let write = std::env::var_os("AMDGPU_CR_WRITE_SEEDS").is_some();
-    for (name, bytes) in seeds() {
-        let path = dir.join(format!("{name}.img"));
-        if write {
-            std::fs::create_dir_all(&dir).unwrap();
-            std::fs::write(&path, &bytes).unwrap();
-        }
-        let on_disk = std::fs::read(&path).unwrap_or_else(|e| {
-            panic!(
-                "{}: {e} (AMDGPU_CR_WRITE_SEEDS=1 writes it)",
-                path.display()
-            )
-        });
-        assert_eq!(on_disk, bytes, "{} is stale", path.display());
-    }
+    check_seed_corpus(&dir, "img", seeds());
 }

@@ -35,6 +35,16 @@ fn memfd() -> fs::File {
 }
 
 /// Writes a KFD sysfs tree: one CPU, GPUs `(node, gpu_id, minor)`.
+/// The engines of a GPU whose largest BO is `largest` bytes: chosen as
+/// `Auto` does, with a 64 KiB staging request and no SDMA engine.
+fn auto_engines(largest: u64) -> Engines<'static> {
+    Engines::new(
+        EnginePolicy::Auto,
+        staging_size(Some(64 << 10), largest),
+        None,
+    )
+}
+
 fn sysfs(root: &Path, gpus: &[(u32, u32, u32)]) {
     let node = |n: u32, gpu_id: u32, props: String, links: &[u32]| {
         let d = root.join(n.to_string());
@@ -152,11 +162,7 @@ fn checkpoint_then_restore_on_other_gpus() {
                 &[],
                 false,
             ),
-            engines: Engines::new(
-                EnginePolicy::Auto,
-                staging_size(Some(64 << 10), w.largest),
-                None,
-            ),
+            engines: auto_engines(w.largest),
         })
         .collect();
     let out = dump_contents(&images, FileId(5), jobs).unwrap();
@@ -203,11 +209,7 @@ fn checkpoint_then_restore_on_other_gpus() {
             user: w.user,
             actual: w.actual,
             bos: w.bo_refs(&restored, Some(new_node(w.user)), &[], true),
-            engines: Engines::new(
-                EnginePolicy::Auto,
-                staging_size(Some(64 << 10), w.largest),
-                None,
-            ),
+            engines: auto_engines(w.largest),
         })
         .collect();
     restore_contents(

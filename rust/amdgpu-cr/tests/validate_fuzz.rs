@@ -17,8 +17,12 @@
 #[allow(dead_code)]
 #[path = "../fuzz/harness.rs"]
 mod harness;
+#[path = "../../test-support/rng.rs"]
+mod rng;
 #[path = "../../test-support/scratch.rs"]
 mod scratch;
+#[path = "../../test-support/seeds.rs"]
+mod seeds;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::{Path, PathBuf};
@@ -30,7 +34,9 @@ use amdgpu_cr::proto::{CriuKfd, CriuRenderNode, KfdBoEntry};
 use amdgpu_cr::topology::Topology;
 use harness::{check_privdata, pack, validate_dir, Host, HOST_GPU, PRIV_BO};
 use prost::Message;
+use rng::Rng;
 use scratch::scratch_dir;
+use seeds::check_seed_corpus;
 
 /// The largest single allocation the validation may make for inputs of a
 /// few KiB: its fixed buffers (1 MiB for reading pages files) and the
@@ -206,21 +212,6 @@ fn seeds(host: &Host) -> Vec<(&'static str, Vec<u8>)> {
     ]
 }
 
-/// xorshift64*: deterministic, no dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
-
 /// The offsets of the entries of an input: (kind at, data start, data end).
 fn entries(b: &[u8]) -> Vec<(usize, usize, usize)> {
     let mut out = Vec::new();
@@ -392,21 +383,7 @@ fn validation_never_panics_and_allocates_within_bounds() {
 fn seed_corpus_is_current() {
     let root = scratch_dir("validate-seeds");
     let host = Host::new(root.path());
-    let write = std::env::var_os("AMDGPU_CR_WRITE_SEEDS").is_some();
-    for (name, bytes) in seeds(&host) {
-        let path = corpus_dir().join(format!("{name}.bin"));
-        if write {
-            std::fs::create_dir_all(corpus_dir()).unwrap();
-            std::fs::write(&path, &bytes).unwrap();
-        }
-        let on_disk = std::fs::read(&path).unwrap_or_else(|e| {
-            panic!(
-                "{}: {e} (AMDGPU_CR_WRITE_SEEDS=1 writes it)",
-                path.display()
-            )
-        });
-        assert_eq!(on_disk, bytes, "{} is stale", path.display());
-    }
+    check_seed_corpus(&corpus_dir(), "bin", seeds(&host));
 }
 
 /// Private data as KFD writes it for `check_privdata`'s process: an SDMA

@@ -123,6 +123,27 @@ unsafe fn release<H: Child, R>(h: *mut H, end: impl FnOnce(H) -> R) -> R {
     r
 }
 
+/// The body of an entry that frees a handle: NULL is a no-op, else [`release`] through
+/// `end`, whose error `err` turns into the entry's return value.
+///
+/// # Safety
+///
+/// `h` must be NULL or as [`release`] requires.
+unsafe fn end_child<H: Child, E>(
+    name: &str,
+    h: *mut H,
+    end: impl FnOnce(H) -> Result<(), E>,
+    err: fn(E) -> i32,
+) -> i32 {
+    guard(name, || {
+        if h.is_null() {
+            return 0;
+        }
+        // SAFETY: non-NULL, so from adopt and not released yet (the caller's promise).
+        unsafe { release(h, end) }.map_or_else(err, |()| 0)
+    })
+}
+
 /// Copies the last failure's text on this thread into `buf` (NUL-terminated, truncated to
 /// `len`). Returns the full length of the text.
 ///
@@ -405,13 +426,8 @@ pub unsafe extern "C" fn kfd_client_bo_alloc(
 /// `bo` must be NULL or a pointer from `kfd_client_bo_alloc` not freed yet.
 #[no_mangle]
 pub unsafe extern "C" fn kfd_client_bo_free(bo: *mut kfd_client_bo) -> i32 {
-    guard("kfd_client_bo_free", || {
-        if bo.is_null() {
-            return 0;
-        }
-        // SAFETY: `bo` came from kfd_client_bo_alloc (adopt) and is not freed yet.
-        unsafe { release(bo, |h| h.bo.free()) }.map_or_else(client_err, |()| 0)
-    })
+    // SAFETY: `bo` is NULL or came from kfd_client_bo_alloc (adopt) and is not freed yet.
+    unsafe { end_child("kfd_client_bo_free", bo, |h| h.bo.free(), client_err) }
 }
 
 /// Creates an SDMA queue with a `ring_size`-byte ring on `gpu_id`. The GPU's first queue
@@ -456,14 +472,16 @@ pub unsafe extern "C" fn kfd_client_sdma_queue_create(
 /// `q` must be NULL or a pointer from `kfd_client_sdma_queue_create` not destroyed yet.
 #[no_mangle]
 pub unsafe extern "C" fn kfd_client_sdma_queue_destroy(q: *mut kfd_client_queue) -> i32 {
-    guard("kfd_client_sdma_queue_destroy", || {
-        if q.is_null() {
-            return 0;
-        }
-        // SAFETY: `q` came from kfd_client_sdma_queue_create (adopt) and is not destroyed
-        // yet.
-        unsafe { release(q, |h| h.queue.destroy()) }.map_or_else(queue_err, |()| 0)
-    })
+    // SAFETY: `q` is NULL or came from kfd_client_sdma_queue_create (adopt) and is not
+    // destroyed yet.
+    unsafe {
+        end_child(
+            "kfd_client_sdma_queue_destroy",
+            q,
+            |h| h.queue.destroy(),
+            queue_err,
+        )
+    }
 }
 
 fn with_queue(

@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{kfd_emu, self_args};
+use common::{kfd_emu, run_inner_under_emu};
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -23,23 +23,7 @@ use kfd_client::{
 const PROFILE: &str = "mi100x2";
 
 fn run_inner(name: &str) {
-    let exe = std::env::current_exe().unwrap();
-    let out = Command::new(kfd_emu())
-        .args(["run", "--profile", PROFILE, "--"])
-        .arg(&exe)
-        .args(self_args(name))
-        .output()
-        .expect("spawn kfd-emu");
-    let text = format!(
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "{name} under kfd-emu failed:\n{text}");
-    assert!(
-        text.contains("1 passed"),
-        "{name} did not run under kfd-emu:\n{text}"
-    );
+    run_inner_under_emu(PROFILE, name);
 }
 
 #[test]

@@ -39,15 +39,35 @@ fn staticlib() -> PathBuf {
     }
 }
 
+/// `source` written to a fresh directory named `prefix`..., compiled (`$CC`, warnings as
+/// errors) and linked against the static library: the directory (removed when dropped) and
+/// the program's path.
+fn build_c(prefix: &str, source: &str) -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::Builder::new().prefix(prefix).tempdir().unwrap();
+    let (out, src) = (tmp.path().join("prog"), tmp.path().join("prog.c"));
+    std::fs::write(&src, source).unwrap();
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let st = Command::new(&cc)
+        .args(["-Wall", "-Werror", "-I"])
+        .arg(crate_dir().join("include"))
+        .arg(&src)
+        .arg(staticlib())
+        .args(["-lpthread", "-ldl", "-lm", "-o"])
+        .arg(&out)
+        .status()
+        .expect("run the C compiler");
+    assert!(
+        st.success(),
+        "{cc} could not compile {} and link it against libkfd_client.a",
+        src.display()
+    );
+    (tmp, out)
+}
+
 #[test]
 fn c_program_links_and_reports_errors() {
-    let tmp = tempfile::Builder::new()
-        .prefix("kfd-client-link-")
-        .tempdir()
-        .unwrap();
-    let (out, src) = (tmp.path().join("prog"), tmp.path().join("prog.c"));
-    std::fs::write(
-        &src,
+    let (_tmp, out) = build_c(
+        "kfd-client-link-",
         r#"#include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -74,23 +94,6 @@ int main(void)
 	return msg[0] ? 0 : 14;
 }
 "#,
-    )
-    .unwrap();
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let st = Command::new(&cc)
-        .arg("-Wall")
-        .arg("-Werror")
-        .arg("-I")
-        .arg(crate_dir().join("include"))
-        .arg(&src)
-        .arg(staticlib())
-        .args(["-lpthread", "-ldl", "-lm", "-o"])
-        .arg(&out)
-        .status()
-        .expect("run the C compiler");
-    assert!(
-        st.success(),
-        "{cc} could not compile/link against libkfd_client.a"
     );
     let run = Command::new(&out).output().unwrap();
     assert!(
@@ -127,13 +130,8 @@ fn kfd_emu() -> PathBuf {
 /// BO from the first queue on.
 #[test]
 fn c_program_copies_through_sdma_under_emulator() {
-    let tmp = tempfile::Builder::new()
-        .prefix("kfd-client-c-sdma-")
-        .tempdir()
-        .unwrap();
-    let (out, src) = (tmp.path().join("prog"), tmp.path().join("prog.c"));
-    std::fs::write(
-        &src,
+    let (_tmp, out) = build_c(
+        "kfd-client-c-sdma-",
         r#"#include <errno.h>
 #include <stdio.h>
 #include <stdint.h>
@@ -200,19 +198,7 @@ int main(void)
 	return 0;
 }
 "#,
-    )
-    .unwrap();
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let st = Command::new(&cc)
-        .args(["-Wall", "-Werror", "-I"])
-        .arg(crate_dir().join("include"))
-        .arg(&src)
-        .arg(staticlib())
-        .args(["-lpthread", "-ldl", "-lm", "-o"])
-        .arg(&out)
-        .status()
-        .expect("run the C compiler");
-    assert!(st.success(), "{cc} could not build the C SDMA program");
+    );
     let run = Command::new(kfd_emu())
         .args(["run", "--profile", "mi100x2", "--"])
         .arg(&out)

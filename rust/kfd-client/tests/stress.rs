@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{kfd_emu, self_args};
+use common::{run_inner_under_emu, self_args};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -33,19 +33,7 @@ impl Rng {
 #[test]
 fn eight_processes_under_emulator() {
     let t0 = Instant::now();
-    let out = Command::new(kfd_emu())
-        .args(["run", "--profile", PROFILE, "--"])
-        .arg(std::env::current_exe().unwrap())
-        .args(self_args("inner_stress_parent"))
-        .output()
-        .expect("spawn kfd-emu");
-    let text = format!(
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "stress under kfd-emu failed:\n{text}");
-    assert!(text.contains("1 passed"), "stress did not run:\n{text}");
+    run_inner_under_emu(PROFILE, "inner_stress_parent");
     assert!(
         t0.elapsed() < Duration::from_secs(60),
         "stress took {:?}",

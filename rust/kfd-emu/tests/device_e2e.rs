@@ -50,6 +50,51 @@ fn get(b: &[u8], off: usize, width: usize) -> u64 {
     u64::from_le_bytes(x)
 }
 
+/// The GPU's gpu_id, as KFD's topology gives it.
+fn gpu_id() -> u64 {
+    std::fs::read_to_string("/sys/class/kfd/kfd/topology/nodes/1/gpu_id")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// ACQUIRE_VM: the process' /dev/kfd `k` adopts the VM of render file `r`.
+fn acquire_vm(k: i32, r: i32, gpu: u64) {
+    let mut vm = [0u8; 8];
+    put(&mut vm, 0, r as u64, 4);
+    put(&mut vm, 4, gpu, 4);
+    ioctl(k, 1, 0x4b, 0x15, &mut vm).unwrap();
+}
+
+/// ALLOC_MEMORY_OF_GPU of `size` bytes at `va`: the BO's handle and its
+/// mmap offset.
+fn alloc_bo(k: i32, gpu: u64, va: u64, size: u64, flags: u64) -> (u64, u64) {
+    let mut a = [0u8; 40];
+    put(&mut a, 0, va, 8);
+    put(&mut a, 8, size, 8);
+    put(&mut a, 32, gpu, 4);
+    put(&mut a, 36, flags, 4);
+    kfd(k, 0x16, &mut a).unwrap();
+    (get(&a, 16, 8), get(&a, 24, 8))
+}
+
+/// A `struct kfd_event_data` naming `event`.
+fn event_data(event: u64) -> [u8; 48] {
+    let mut evd = [0u8; 48];
+    put(&mut evd, 40, event, 4);
+    evd
+}
+
+/// WAIT_EVENTS' arguments: the one event of `evd`, for up to `timeout_ms`.
+fn wait_args(evd: &mut [u8; 48], timeout_ms: u64) -> [u8; 24] {
+    let mut w = [0u8; 24];
+    put(&mut w, 0, evd.as_mut_ptr() as u64, 8);
+    put(&mut w, 8, 1, 4);
+    put(&mut w, 16, timeout_ms, 4);
+    w
+}
+
 fn client() {
     client_with(false);
 }
@@ -58,11 +103,7 @@ fn client() {
 /// destination BO is exported and its dma-buf mapped before the copy,
 /// and the copy is read through that mapping too.
 fn client_with(dmabuf: bool) {
-    let gpu: u64 = std::fs::read_to_string("/sys/class/kfd/kfd/topology/nodes/1/gpu_id")
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let gpu = gpu_id();
     let k = open("/dev/kfd");
     let r = open("/dev/dri/renderD128");
     let mut v = [0u8; 8];
@@ -77,13 +118,7 @@ fn client_with(dmabuf: bool) {
     assert_eq!(ioctl(k, 1, 0x4b, 0x15, &mut vm), Err(libc::EBUSY));
 
     let alloc = |va: u64, size: u64, flags: u64| {
-        let mut a = [0u8; 40];
-        put(&mut a, 0, va, 8);
-        put(&mut a, 8, size, 8);
-        put(&mut a, 32, gpu, 4);
-        put(&mut a, 36, flags, 4);
-        kfd(k, 0x16, &mut a).unwrap();
-        let handle = get(&a, 16, 8);
+        let (handle, off) = alloc_bo(k, gpu, va, size, flags);
         // MAP_MEMORY_TO_GPU: the GPU's engines reach only mapped BOs.
         let ids = [gpu as u32];
         let mut m = [0u8; 24];
@@ -91,7 +126,7 @@ fn client_with(dmabuf: bool) {
         put(&mut m, 8, ids.as_ptr() as u64, 8);
         put(&mut m, 16, 1, 4);
         kfd(k, 0x18, &mut m).unwrap();
-        (handle, map(r, get(&a, 24, 8), size as usize))
+        (handle, map(r, off, size as usize))
     };
     let (ring_va, ctl_va, src_va, dst_va, sig_va) = (
         0x1000_0000u64,
@@ -161,12 +196,8 @@ fn client_with(dmabuf: bool) {
     // SAFETY: doorbell points into a live mapping.
     unsafe { std::ptr::write_volatile(doorbell, pkts.len() as u64 * 4) };
     // Block in the daemon until the TRAP signals the event.
-    let mut evd = [0u8; 48];
-    put(&mut evd, 40, event, 4);
-    let mut w = [0u8; 24];
-    put(&mut w, 0, evd.as_ptr() as u64, 8);
-    put(&mut w, 8, 1, 4);
-    put(&mut w, 16, 10_000, 4);
+    let mut evd = event_data(event);
+    let mut w = wait_args(&mut evd, 10_000);
     let t = std::time::Instant::now();
     loop {
         match kfd(k, 0x0c, &mut w) {
@@ -196,15 +227,21 @@ fn client_with(dmabuf: bool) {
 
 extern "C" fn on_usr1(_: libc::c_int) {}
 
-/// A signal ends a parked WAIT_EVENTS with EINTR (the transport answers
-/// the FUSE interrupt); the thread's next wait is served normally and a
-/// later SET_EVENT reaches it, not the abandoned wait.
-fn interrupted_wait(k: i32) {
+/// Installs a no-op SIGUSR1 handler without SA_RESTART: the signal ends
+/// a blocked ioctl with EINTR.
+fn interrupt_with_usr1() {
     // SAFETY: sigaction is plain data; all-zero is a valid value.
     let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
     sa.sa_sigaction = on_usr1 as extern "C" fn(libc::c_int) as usize;
     // SAFETY: installing a no-op handler without SA_RESTART.
     unsafe { libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut()) };
+}
+
+/// A signal ends a parked WAIT_EVENTS with EINTR (the transport answers
+/// the FUSE interrupt); the thread's next wait is served normally and a
+/// later SET_EVENT reaches it, not the abandoned wait.
+fn interrupted_wait(k: i32) {
+    interrupt_with_usr1();
     let mut ev = [0u8; 32];
     put(&mut ev, 16, 1, 4);
     kfd(k, 0x08, &mut ev).unwrap();
@@ -213,12 +250,8 @@ fn interrupted_wait(k: i32) {
     let waiter = std::thread::spawn(move || {
         // SAFETY: gettid has no preconditions.
         tx.send(unsafe { libc::gettid() }).unwrap();
-        let mut evd = [0u8; 48];
-        put(&mut evd, 40, event, 4);
-        let mut w = [0u8; 24];
-        put(&mut w, 0, evd.as_ptr() as u64, 8);
-        put(&mut w, 8, 1, 4);
-        put(&mut w, 16, u32::MAX as u64, 4);
+        let mut evd = event_data(event);
+        let mut w = wait_args(&mut evd, u32::MAX as u64);
         let first = kfd(k, 0x0c, &mut w);
         let second = kfd(k, 0x0c, &mut w).map(|()| get(&w, 20, 4));
         (first, second)
@@ -251,11 +284,7 @@ fn in_ioctl(tid: libc::pid_t) -> bool {
 /// event in that window must stay signalled for the retried wait instead
 /// of being consumed by the abandoned one.
 fn interrupted_wait_then_set_event_client() {
-    // SAFETY: sigaction is plain data; all-zero is a valid value.
-    let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
-    sa.sa_sigaction = on_usr1 as extern "C" fn(libc::c_int) as usize;
-    // SAFETY: installing a no-op handler without SA_RESTART.
-    unsafe { libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut()) };
+    interrupt_with_usr1();
     let k = open("/dev/kfd");
     let mut ev = [0u8; 32];
     put(&mut ev, 16, 1, 4); // auto_reset, signal event, kfd events page
@@ -267,12 +296,8 @@ fn interrupted_wait_then_set_event_client() {
     let waiter = std::thread::spawn(move || {
         // SAFETY: gettid has no preconditions.
         tid_tx.send(unsafe { libc::gettid() }).unwrap();
-        let mut evd = [0u8; 48];
-        put(&mut evd, 40, event, 4);
-        let mut w = [0u8; 24];
-        put(&mut w, 0, evd.as_ptr() as u64, 8);
-        put(&mut w, 8, 1, 4);
-        put(&mut w, 16, u32::MAX as u64, 4);
+        let mut evd = event_data(event);
+        let mut w = wait_args(&mut evd, u32::MAX as u64);
         first_tx.send(kfd(k, 0x0c, &mut w)).unwrap();
         go_rx.recv().unwrap();
         put(&mut w, 16, 5_000, 4);
@@ -318,29 +343,16 @@ fn interrupted_wait_then_set_event_client() {
 /// node), only at the offset where it starts and not past its end (EINVAL),
 /// and VRAM only with CPU access (PUBLIC; else EPERM).
 fn owning_file_client() {
-    let gpu: u64 = std::fs::read_to_string("/sys/class/kfd/kfd/topology/nodes/1/gpu_id")
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let gpu = gpu_id();
     // The other file comes first, as a process' Mesa open would.
     let other = open("/dev/dri/renderD128");
     let k = open("/dev/kfd");
     let r = open("/dev/dri/renderD128");
-    let mut vm = [0u8; 8];
-    put(&mut vm, 0, r as u64, 4);
-    put(&mut vm, 4, gpu, 4);
-    ioctl(k, 1, 0x4b, 0x15, &mut vm).unwrap();
+    acquire_vm(k, r, gpu);
     let mut offsets = Vec::new();
     // GTT, then VRAM (CPU-visible: PUBLIC).
     for (va, flags) in [(0x1000_0000u64, 2u64), (0x2000_0000, 1 | 1 << 29)] {
-        let mut a = [0u8; 40];
-        put(&mut a, 0, va, 8);
-        put(&mut a, 8, 8192, 8);
-        put(&mut a, 32, gpu, 4);
-        put(&mut a, 36, flags, 4);
-        kfd(k, 0x16, &mut a).unwrap();
-        offsets.push(get(&a, 24, 8));
+        offsets.push(alloc_bo(k, gpu, va, 8192, flags).1);
     }
     for off in offsets {
         assert_eq!(
@@ -367,31 +379,14 @@ fn owning_file_client() {
     }
     // VRAM without PUBLIC: mapped after the ownership check, as Linux 6.x
     // maps it (KFD never marks its BOs NO_CPU_ACCESS).
-    let mut a = [0u8; 40];
-    put(&mut a, 0, 0x3000_0000, 8);
-    put(&mut a, 8, 8192, 8);
-    put(&mut a, 32, gpu, 4);
-    put(&mut a, 36, 1, 4);
-    kfd(k, 0x16, &mut a).unwrap();
-    let off = get(&a, 24, 8);
+    let (_, off) = alloc_bo(k, gpu, 0x3000_0000, 8192, 1);
     assert_eq!(try_map(other, off, 8192), Err(libc::EACCES));
     assert!(try_map(r, off, 8192).is_ok(), "VRAM without PUBLIC");
     // Nothing starts at the bottom of the offset space.
     assert_eq!(try_map(r, 0, 4096), Err(libc::EINVAL));
     // Other files map as ever.
     let f = std::fs::File::open(std::env::current_exe().unwrap()).unwrap();
-    // SAFETY: a fresh private read-only mapping of a regular file.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            4096,
-            libc::PROT_READ,
-            libc::MAP_PRIVATE,
-            std::os::fd::AsRawFd::as_raw_fd(&f),
-            0,
-        )
-    };
-    assert_ne!(p, libc::MAP_FAILED);
+    try_map_ro(&f).expect("mmap of a regular file");
     println!("e2e: BO mappings only through the owning render file");
 }
 
@@ -400,6 +395,12 @@ fn owning_file_client() {
 /// `marker`.
 fn run_client(name: &str, marker: &str) {
     run_client_in(name, marker, &[]);
+}
+
+/// As [`run_client`], the client under `kfd-emu supervise`.
+fn run_client_supervised(name: &str, marker: &str) {
+    let emu = env!("CARGO_BIN_EXE_kfd-emu");
+    run_client_in(name, marker, &[emu, "supervise", "--"]);
 }
 
 /// As [`run_client`], the client started by `wrap` (a command line).
@@ -447,11 +448,9 @@ fn sdma_copy_seen_through_a_dmabuf_under_supervise() {
         client_with(true);
         return;
     }
-    let emu = env!("CARGO_BIN_EXE_kfd-emu");
-    run_client_in(
+    run_client_supervised(
         "sdma_copy_seen_through_a_dmabuf_under_supervise",
         "e2e: the SDMA copy is seen through the dma-buf's mapping",
-        &[emu, "supervise", "--"],
     );
 }
 
@@ -473,11 +472,9 @@ fn bo_maps_only_through_the_owning_render_file_under_supervise() {
         owning_file_client();
         return;
     }
-    let emu = env!("CARGO_BIN_EXE_kfd-emu");
-    run_client_in(
+    run_client_supervised(
         "bo_maps_only_through_the_owning_render_file_under_supervise",
         "e2e: BO mappings only through the owning render file",
-        &[emu, "supervise", "--"],
     );
 }
 
@@ -487,26 +484,13 @@ fn bo_maps_only_through_the_owning_render_file_under_supervise() {
 /// dma-buf's and the other way round, and the mapping names `/dmabuf:`
 /// at the BO's render offset (the kernel adds the BO's fake offset).
 fn dmabuf_alias_client() {
-    let gpu: u64 = std::fs::read_to_string("/sys/class/kfd/kfd/topology/nodes/1/gpu_id")
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let gpu = gpu_id();
     let k = open("/dev/kfd");
     let r = open("/dev/dri/renderD128");
-    let mut vm = [0u8; 8];
-    put(&mut vm, 0, r as u64, 4);
-    put(&mut vm, 4, gpu, 4);
-    ioctl(k, 1, 0x4b, 0x15, &mut vm).unwrap();
+    acquire_vm(k, r, gpu);
     // GTT, then CPU-visible VRAM (PUBLIC).
     for (va, flags) in [(0x1000_0000u64, 2u64), (0x2000_0000, 1 | 1 << 29)] {
-        let mut a = [0u8; 40];
-        put(&mut a, 0, va, 8);
-        put(&mut a, 8, 8192, 8);
-        put(&mut a, 32, gpu, 4);
-        put(&mut a, 36, flags, 4);
-        kfd(k, 0x16, &mut a).unwrap();
-        let (handle, off) = (get(&a, 16, 8), get(&a, 24, 8));
+        let (handle, off) = alloc_bo(k, gpu, va, 8192, flags);
         let bo = try_map(r, off, 8192).unwrap();
         // struct kfd_ioctl_export_dmabuf_args { u64 handle; u32 flags; u32 dmabuf_fd; }
         let mut e = [0u8; 16];
@@ -555,11 +539,9 @@ fn dmabuf_mapping_aliases_the_bo_under_supervise() {
         dmabuf_alias_client();
         return;
     }
-    let emu = env!("CARGO_BIN_EXE_kfd-emu");
-    run_client_in(
+    run_client_supervised(
         "dmabuf_mapping_aliases_the_bo_under_supervise",
         "e2e: dma-buf mappings alias their BOs",
-        &[emu, "supervise", "--"],
     );
 }
 

@@ -114,6 +114,20 @@ impl Dev {
         (kfd, render)
     }
 
+    /// The process "dies" (its /dev/kfd open `kfd` released) and comes back
+    /// as a restored one: /dev/kfd and the render node (fd 950) opened
+    /// afresh, before any RESTORE.
+    fn reopen_as_restored(&self, kfd: u64) {
+        self.emu.release(kfd);
+        let kfd = self.emu.open(&NodeKind::Kfd, &me()).unwrap();
+        KFD_FH.with(|f| f.set(kfd));
+        let render = self
+            .emu
+            .open(&NodeKind::Render { minor: self.minor }, &me())
+            .unwrap();
+        self.fds.insert(950, render);
+    }
+
     fn alloc(&self, va: u64, size: u64, flags: u32, offset_in: u64) -> Result<(u64, u64), i32> {
         let a = args(
             &[
@@ -1024,6 +1038,16 @@ impl Rig {
         unsafe { wr32(self.ctl, off, v) }
     }
 
+    /// The u64 at byte `off` of the control BO, as two u32 halves.
+    fn ctl64(&self, off: usize) -> u64 {
+        self.ctl32(off) as u64 | (self.ctl32(off + 4) as u64) << 32
+    }
+
+    fn set_ctl64(&self, off: usize, v: u64) {
+        self.set_ctl32(off, v as u32);
+        self.set_ctl32(off + 4, (v >> 32) as u32);
+    }
+
     /// Rings the doorbell and waits until the engine consumed everything.
     fn run(&self) {
         self.kick();
@@ -1117,6 +1141,42 @@ fn sdma_poll_regmem() {
     assert_eq!(r.ctl32(0x104), 4);
 }
 
+/// USERPTR memory of the test process, read and written as 64-bit words.
+struct UserWords {
+    p: *mut u8,
+    len: usize,
+}
+
+impl UserWords {
+    /// `len` bytes at `va`, allocated as a USERPTR BO on `d`.
+    fn new(d: &Dev, va: u64, len: usize) -> UserWords {
+        UserWords {
+            p: d.user_mem(va, len),
+            len,
+        }
+    }
+
+    fn get(&self, off: usize) -> u64 {
+        assert!(
+            off + 8 <= self.len,
+            "word {off:#x} outside {:#x} bytes",
+            self.len
+        );
+        // SAFETY: inside the mapping (checked above).
+        unsafe { rd64(self.p, off) }
+    }
+
+    fn set(&self, off: usize, v: u64) {
+        assert!(
+            off + 8 <= self.len,
+            "word {off:#x} outside {:#x} bytes",
+            self.len
+        );
+        // SAFETY: inside the mapping (checked above).
+        unsafe { wr64(self.p, off, v) }
+    }
+}
+
 /// ATOMIC applies its TC_OP operation atomically, on VRAM/GTT and on
 /// USERPTR memory: ROCr's completion-signal decrement (ADD64 of -1), the
 /// plain (non-returning) forms, 32-bit compare-and-swap, signed and
@@ -1128,29 +1188,16 @@ fn sdma_atomics() {
     let d = Dev::new("");
     d.setup();
     let mut r = Rig::new(&d);
-    let user = d.user_mem(U, 4096);
-    let u64_at_user = |off: usize| {
-        // SAFETY: inside the 4096-byte USERPTR mapping.
-        unsafe { std::ptr::read_volatile(user.add(off) as *const u64) }
-    };
-    let set_user = |off: usize, v: u64| {
-        // SAFETY: as above.
-        unsafe { std::ptr::write_volatile(user.add(off) as *mut u64, v) }
-    };
-    let ctl64 = |r: &Rig, off: usize| r.ctl32(off) as u64 | (r.ctl32(off + 4) as u64) << 32;
-    let set_ctl64 = |r: &Rig, off: usize, v: u64| {
-        r.set_ctl32(off, v as u32);
-        r.set_ctl32(off + 4, (v >> 32) as u32);
-    };
+    let user = UserWords::new(&d, U, 4096);
     // TC_OP codes (gfx9): ADD_RTN_64 0x2f, ADD_64 0x6f, CMPSWAP_RTN_32
     // 0x08, SUB_32 0x50, SMIN_RTN_32 0x11, UMAX_RTN_64 0x34, INC_RTN_32
     // 0x18, DEC_RTN_32 0x19, CMPSWAP_RTN_64 0x28.
-    set_user(0, 2);
-    set_ctl64(&r, 0x200, 10);
-    set_ctl64(&r, 0x208, 0x1111);
+    user.set(0, 2);
+    r.set_ctl64(0x200, 10);
+    r.set_ctl64(0x208, 0x1111);
     r.set_ctl32(0x210, 100);
     r.set_ctl32(0x214, (-5i32) as u32);
-    set_ctl64(&r, 0x218, 7);
+    r.set_ctl64(0x218, 7);
     r.set_ctl32(0x220, 9);
     r.set_ctl32(0x224, 0);
     r.push(&pkt::atomic(0x2f, false, U, u64::MAX, 0));
@@ -1169,28 +1216,24 @@ fn sdma_atomics() {
     r.push(&pkt::atomic(0x18, false, CTL_VA + 0x220, 9, 0)); // 9 >= 9: wraps to 0
     r.push(&pkt::atomic(0x19, false, CTL_VA + 0x224, 4, 0)); // 0: reloads 4
     r.run();
-    assert_eq!(
-        u64_at_user(0),
-        1,
-        "ROCr's signal decrement on USERPTR memory"
-    );
-    assert_eq!(ctl64(&r, 0x200), 15);
-    assert_eq!(ctl64(&r, 0x208), 0x2222);
+    assert_eq!(user.get(0), 1, "ROCr's signal decrement on USERPTR memory");
+    assert_eq!(r.ctl64(0x200), 15);
+    assert_eq!(r.ctl64(0x208), 0x2222);
     assert_eq!(r.ctl32(0x20c), 0, "a failed compare must not write");
     assert_eq!(r.ctl32(0x210), 70);
     assert_eq!(r.ctl32(0x214) as i32, -7);
-    assert_eq!(ctl64(&r, 0x218), 7);
+    assert_eq!(r.ctl64(0x218), 7);
     assert_eq!((r.ctl32(0x220), r.ctl32(0x224)), (0, 4));
 
     // Looping CMPSWAP64: waits until the word equals the compare value.
-    set_user(8, 1);
+    user.set(8, 1);
     let at = r.wptr;
     r.push(&pkt::atomic(0x28, true, U + 8, 0xabcd, 0x77));
     r.push(&pkt::fence(CTL_VA + 0x230, 1));
     r.run_stops_at(at);
-    set_user(8, 0x77);
+    user.set(8, 0x77);
     r.run();
-    assert_eq!(u64_at_user(8), 0xabcd);
+    assert_eq!(user.get(8), 0xabcd);
     assert_eq!(r.ctl32(0x230), 1);
 
     // A float atomic (FMIN_RTN_32, 0x02) is not modelled: the queue halts.
@@ -1213,7 +1256,6 @@ fn sdma_timestamps() {
             .unwrap();
         u64_at(&out, 0)
     };
-    let ctl64 = |r: &Rig, off: usize| r.ctl32(off) as u64 | (r.ctl32(off + 4) as u64) << 32;
     let t0 = clock();
     r.push(&pkt::timestamp_get(2, CTL_VA + 0x300));
     // Bits 2..0 of the address dword are not part of the address.
@@ -1226,10 +1268,10 @@ fn sdma_timestamps() {
     r.push(&pkt::timestamp_get(1, CTL_VA + 0x310));
     r.run();
     let t1 = clock();
-    let (a, b) = (ctl64(&r, 0x300), ctl64(&r, 0x328));
+    let (a, b) = (r.ctl64(0x300), r.ctl64(0x328));
     assert!(t0 <= a && a <= b && b <= t1, "{t0} {a} {b} {t1}");
     assert_eq!(r.ctl32(0x330), 0, "written at the unaligned address");
-    let local = ctl64(&r, 0x310);
+    let local = r.ctl64(0x310);
     assert!(
         (1_000_000..1_000_000 + (t1 - t0) + 1).contains(&local),
         "local timestamp {local}"
@@ -1327,19 +1369,11 @@ fn sdma_rocr_async_copy_sequence() {
     let d = Dev::new("");
     d.setup();
     let mut r = Rig::new(&d);
-    let user = d.user_mem(U, 4096);
-    let word = |off: usize| {
-        // SAFETY: inside the 4096-byte USERPTR mapping.
-        unsafe { std::ptr::read_volatile(user.add(off) as *const u64) }
-    };
-    let set = |off: usize, v: u64| {
-        // SAFETY: as above.
-        unsafe { std::ptr::write_volatile(user.add(off) as *mut u64, v) }
-    };
+    let user = UserWords::new(&d, U, 4096);
     // SAFETY: src maps 65536 bytes.
     unsafe { wr32(r.src, 0, 0x600d_c0de) };
-    set(0, 1); // dependency signal: not done yet
-    set(64, 1); // completion signal
+    user.set(0, 1); // dependency signal: not done yet
+    user.set(64, 1); // completion signal
     let (wa, _evs) = wait_args(&[r.event], false, u32::MAX);
     let waiting = d.start(&waiter(), nr::WAIT_EVENTS, &wa);
     let slot = SIG_VA + r.event as u64 * 8;
@@ -1362,11 +1396,11 @@ fn sdma_rocr_async_copy_sequence() {
     r.push(&pkt::fence(slot, r.event));
     r.push(&pkt::trap(r.event));
     r.run_stops_at(6 * 4 * 2 - 6 * 4);
-    set(0, 0);
+    user.set(0, 0);
     r.run();
-    assert_eq!(word(256) as u32, 0x600d_c0de);
-    assert_eq!(word(64), 0, "completion signal not decremented");
-    assert!(word(128) != 0 && word(128) <= word(136));
+    assert_eq!(user.get(256) as u32, 0x600d_c0de);
+    assert_eq!(user.get(64), 0, "completion signal not decremented");
+    assert!(user.get(128) != 0 && user.get(128) <= user.get(136));
     let out = waiting
         .recv_timeout(Duration::from_secs(2))
         .expect("the TRAP did not wake the wait")
@@ -1712,6 +1746,28 @@ fn criu(
     a
 }
 
+/// PROCESS_INFO's answer: the private data size, then the device, BO and
+/// object counts.
+fn info_sizes(info: &[u8]) -> (u64, u32, u32, u32) {
+    (
+        u64_at(info, 24),
+        u32_at(info, 32),
+        u32_at(info, 36),
+        u32_at(info, 40),
+    )
+}
+
+/// PROCESS_INFO of the test process on `d`, as `info_sizes` reads it.
+fn process_info(d: &Dev) -> (u64, u32, u32, u32) {
+    let info = d
+        .call(
+            nr::CRIU_OP,
+            &criu(criu_op::PROCESS_INFO, 0, 0, 0, 0, 0, 0, 0, 0),
+        )
+        .unwrap();
+    info_sizes(&info)
+}
+
 #[test]
 fn criu_checkpoint_unpause_restore_resume() {
     let d = Dev::new("");
@@ -1731,12 +1787,7 @@ fn criu_checkpoint_unpause_restore_resume() {
             &criu(criu_op::PROCESS_INFO, 0, 0, 0, 0, 0, 0, 0, 0),
         )
         .unwrap();
-    let (psize, nd, nb, no) = (
-        u64_at(&info, 24),
-        u32_at(&info, 32),
-        u32_at(&info, 36),
-        u32_at(&info, 40),
-    );
+    let (psize, nd, nb, no) = info_sizes(&info);
     assert_eq!((nd, nb, no), (1, 5, 2));
     // KFD's sizes: a 512-byte SDMA MQD, no control stack.
     assert_eq!(psize, 8 + 8 + 5 * 272 + (120 + 512) + 64);
@@ -1807,13 +1858,7 @@ fn criu_checkpoint_unpause_restore_resume() {
     )
     .unwrap();
     // Checkpoint again for the restore, then the process "dies".
-    let info = d
-        .call(
-            nr::CRIU_OP,
-            &criu(criu_op::PROCESS_INFO, 0, 0, 0, 0, 0, 0, 0, 0),
-        )
-        .unwrap();
-    let psize = u64_at(&info, 24);
+    let (psize, ..) = process_info(&d);
     assert_eq!(psize, 8 + 8 + 5 * 272 + (120 + 512) + 64);
     let mut blob = vec![0u8; psize as usize];
     let pp = blob.as_mut_ptr() as u64;
@@ -1837,16 +1882,8 @@ fn criu_checkpoint_unpause_restore_resume() {
         .map(|i| unsafe_byte(r.ring, i))
         .collect();
     let old_offsets: Vec<u64> = r.handles.iter().map(|h| h.1).collect();
-    d.emu.release(kfd);
-
     // The restored process: fresh kfd and render opens.
-    let kfd2 = d.emu.open(&NodeKind::Kfd, &me()).unwrap();
-    KFD_FH.with(|f| f.set(kfd2));
-    let render2 = d
-        .emu
-        .open(&NodeKind::Render { minor: d.minor }, &me())
-        .unwrap();
-    d.fds.insert(950, render2);
+    d.reopen_as_restored(kfd);
     devs[8..12].copy_from_slice(&950u32.to_le_bytes());
     let restore = |blob: &[u8], size: u64, nd: u32, nb: u32| {
         d.call(
@@ -2021,13 +2058,7 @@ fn criu_checkpoint_unpause_restore_resume() {
     d.call(nr::SET_EVENT, &r.event.to_le_bytes()).unwrap();
     assert_eq!(u32_at(&d.call(nr::WAIT_EVENTS, &wa).unwrap(), 20), 0);
     // The restored queue kept its CU mask: a new checkpoint shows it.
-    let info = d
-        .call(
-            nr::CRIU_OP,
-            &criu(criu_op::PROCESS_INFO, 0, 0, 0, 0, 0, 0, 0, 0),
-        )
-        .unwrap();
-    let (psize, nb, no) = (u64_at(&info, 24), u32_at(&info, 36), u32_at(&info, 40));
+    let (psize, _, nb, no) = process_info(&d);
     let mut bos = vec![0u8; 48 * nb as usize];
     let mut blob2 = vec![0u8; psize as usize];
     d.call(
@@ -2819,18 +2850,7 @@ fn svm_ranges_survive_checkpoint_and_resume() {
         ),
     )
     .unwrap();
-    let info = d
-        .call(
-            nr::CRIU_OP,
-            &criu(criu_op::PROCESS_INFO, 0, 0, 0, 0, 0, 0, 0, 0),
-        )
-        .unwrap();
-    let (psize, nd, nb, no) = (
-        u64_at(&info, 24),
-        u32_at(&info, 32),
-        u32_at(&info, 36),
-        u32_at(&info, 40),
-    );
+    let (psize, nd, nb, no) = process_info(&d);
     assert_eq!((nd, nb, no), (1, 0, 1));
     // Process and device records, then one SVM record: header and
     // 4 + 1 attributes.
@@ -2869,15 +2889,7 @@ fn svm_ranges_survive_checkpoint_and_resume() {
             (IN_PLACE, g)
         ]
     );
-    d.emu.release(kfd);
-
-    let kfd2 = d.emu.open(&NodeKind::Kfd, &me()).unwrap();
-    KFD_FH.with(|f| f.set(kfd2));
-    let render2 = d
-        .emu
-        .open(&NodeKind::Render { minor: d.minor }, &me())
-        .unwrap();
-    d.fds.insert(950, render2);
+    d.reopen_as_restored(kfd);
     devs[8..12].copy_from_slice(&950u32.to_le_bytes());
     d.call(
         nr::CRIU_OP,
@@ -2956,6 +2968,54 @@ struct Image {
     no: u32,
     /// The queue's write pointer at the checkpoint.
     wptr: u64,
+}
+
+impl Image {
+    /// Zeroed buffers for the PROCESS_INFO sizes `info_sizes` read.
+    fn sized((psize, nd, nb, no): (u64, u32, u32, u32), wptr: u64) -> Image {
+        Image {
+            devs: vec![0u8; 16 * nd as usize],
+            bos: vec![0u8; 48 * nb as usize],
+            blob: vec![0u8; psize as usize],
+            nb,
+            no,
+            wptr,
+        }
+    }
+
+    /// CHECKPOINT's arguments: write into this image's buffers.
+    fn checkpoint_args(&mut self) -> Vec<u8> {
+        let (psize, nd) = (self.blob.len() as u64, (self.devs.len() / 16) as u32);
+        criu(
+            criu_op::CHECKPOINT,
+            self.devs.as_mut_ptr() as u64,
+            self.bos.as_mut_ptr() as u64,
+            self.blob.as_mut_ptr() as u64,
+            psize,
+            nd,
+            self.nb,
+            self.no,
+            0,
+        )
+    }
+
+    /// RESTORE's arguments for one device: this image's device and BO
+    /// records, with `blob` for private data (its own, if not given).
+    fn restore_args(&mut self, blob: Option<&[u8]>) -> Vec<u8> {
+        let blob = blob.unwrap_or(&self.blob);
+        let (pp, psize) = (blob.as_ptr() as u64, blob.len() as u64);
+        criu(
+            criu_op::RESTORE,
+            self.devs.as_mut_ptr() as u64,
+            self.bos.as_mut_ptr() as u64,
+            pp,
+            psize,
+            1,
+            self.nb,
+            self.no,
+            0,
+        )
+    }
 }
 
 impl GpuProc {
@@ -3121,59 +3181,16 @@ impl GpuProc {
                 &criu(criu_op::PROCESS_INFO, 0, 0, 0, 0, 0, 0, 0, 0),
             )
             .unwrap();
-        let (psize, nd, nb, no) = (
-            u64_at(&info, 24),
-            u32_at(&info, 32),
-            u32_at(&info, 36),
-            u32_at(&info, 40),
-        );
-        let mut img = Image {
-            devs: vec![0u8; 16 * nd as usize],
-            bos: vec![0u8; 48 * nb as usize],
-            blob: vec![0u8; psize as usize],
-            nb,
-            no,
-            wptr: self.wptr,
-        };
-        self.call(
-            d,
-            nr::CRIU_OP,
-            &criu(
-                criu_op::CHECKPOINT,
-                img.devs.as_mut_ptr() as u64,
-                img.bos.as_mut_ptr() as u64,
-                img.blob.as_mut_ptr() as u64,
-                psize,
-                nd,
-                nb,
-                no,
-                0,
-            ),
-        )
-        .unwrap();
+        let mut img = Image::sized(info_sizes(&info), self.wptr);
+        self.call(d, nr::CRIU_OP, &img.checkpoint_args()).unwrap();
         img
     }
 
     /// RESTORE of `img` (with `blob` instead of its own, if given).
     fn restore(&self, d: &Dev, img: &mut Image, blob: Option<&[u8]>) -> Result<(), i32> {
         img.devs[8..12].copy_from_slice(&(self.fd as u32).to_le_bytes());
-        let blob = blob.unwrap_or(&img.blob);
-        self.call(
-            d,
-            nr::CRIU_OP,
-            &criu(
-                criu_op::RESTORE,
-                img.devs.as_mut_ptr() as u64,
-                img.bos.as_mut_ptr() as u64,
-                blob.as_ptr() as u64,
-                blob.len() as u64,
-                1,
-                img.nb,
-                img.no,
-                0,
-            ),
-        )
-        .map(|_| ())
+        self.call(d, nr::CRIU_OP, &img.restore_args(blob))
+            .map(|_| ())
     }
 
     /// After a RESTORE of `img`: maps the restored ring and control BOs
@@ -3399,18 +3416,7 @@ fn supervised_checkpoint_hands_out_dmabufs_and_replays_an_interrupted_answer() {
     let (_, vram_off) = d.alloc(0x1000_0000, 2 << 20, alloc::VRAM, 0).unwrap();
     let user = d.user_mem(0x2000_0000, 4096);
     assert!(!user.is_null());
-    let info = d
-        .call(
-            nr::CRIU_OP,
-            &criu(criu_op::PROCESS_INFO, 0, 0, 0, 0, 0, 0, 0, 0),
-        )
-        .unwrap();
-    let (psize, nd, nb, no) = (
-        u64_at(&info, 24),
-        u32_at(&info, 32),
-        u32_at(&info, 36),
-        u32_at(&info, 40),
-    );
+    let (psize, nd, nb, no) = process_info(&d);
     assert_eq!(nb, 2);
     let mut devs = vec![0u8; 16];
     let mut bos = vec![0u8; 48 * nb as usize];
@@ -4022,27 +4028,20 @@ fn buckets(img: &Image) -> Vec<(u64, u64, u64, u64, u32)> {
 fn dump_me(d: &Dev, fh: u64) -> Image {
     let call = |a: &[u8]| d.call_fh(fh, &me(), nr::CRIU_OP, a);
     let info = call(&criu(criu_op::PROCESS_INFO, 0, 0, 0, 0, 0, 0, 0, 0)).unwrap();
-    let (psize, nd, nb, no) = (
-        u64_at(&info, 24),
-        u32_at(&info, 32),
-        u32_at(&info, 36),
-        u32_at(&info, 40),
-    );
-    let mut img = Image {
-        devs: vec![0u8; 16 * nd as usize],
-        bos: vec![0u8; 48 * nb as usize],
-        blob: vec![0u8; psize as usize],
-        nb,
-        no,
-        wptr: 0,
-    };
-    let (dp, bp, pp) = (
-        img.devs.as_mut_ptr() as u64,
-        img.bos.as_mut_ptr() as u64,
-        img.blob.as_mut_ptr() as u64,
-    );
-    call(&criu(criu_op::CHECKPOINT, dp, bp, pp, psize, nd, nb, no, 0)).unwrap();
+    let mut img = Image::sized(info_sizes(&info), 0);
+    call(&img.checkpoint_args()).unwrap();
     img
+}
+
+/// The test process on `d` dumped and restored, unchanged, on another
+/// host (`restore_me`): its image, the new host and its /dev/kfd open there.
+fn moved(d: &Dev) -> (Image, Dev, u64) {
+    let fh = KFD_FH.with(|f| f.get());
+    let mut img = dump_me(d, fh);
+    let blob = img.blob.clone();
+    let (d2, fh2, r) = restore_me(d, &mut img, &blob);
+    r.unwrap();
+    (img, d2, fh2)
 }
 
 /// Another host (other gpu_id and render minor): the test process opens
@@ -4067,17 +4066,7 @@ fn restore_me_on(d: &Dev, img: &mut Image, blob: &[u8], gpu: &str) -> (Dev, u64,
     d2.fds.insert(900, render);
     img.devs[4..8].copy_from_slice(&d2.gpu_id.to_le_bytes());
     img.devs[8..12].copy_from_slice(&900u32.to_le_bytes());
-    let a = criu(
-        criu_op::RESTORE,
-        img.devs.as_mut_ptr() as u64,
-        img.bos.as_mut_ptr() as u64,
-        blob.as_ptr() as u64,
-        blob.len() as u64,
-        1,
-        img.nb,
-        img.no,
-        0,
-    );
+    let a = img.restore_args(Some(blob));
     let r = d2.call_fh(fh, &me(), nr::CRIU_OP, &a).map(|_| ());
     if r.is_ok() {
         for (_, size, old, new, flags) in buckets(img) {
@@ -4279,16 +4268,12 @@ fn update_queue_unmapping_a_queue_saves_its_waves_and_mapping_it_resumes_them() 
 fn an_unmapped_queue_with_saved_waves_is_checkpointed_and_resumed_elsewhere() {
     let s = held_dispatch();
     update_queue0(&s, 4096, 0).unwrap();
-    let fh = KFD_FH.with(|f| f.get());
-    let mut img = dump_me(&s.d, fh);
+    let (img, d2, fh2) = moved(&s.d);
     let magic = gfx9::cwsr::stack::MAGIC.to_le_bytes();
     assert!(
         img.blob.windows(4).any(|w| w == magic),
         "the queue record holds the control stack"
     );
-    let blob = img.blob.clone();
-    let (d2, fh2, r) = restore_me(&s.d, &mut img, &blob);
-    r.unwrap();
     let (data, sigs) = (
         restored_bo(&d2, &img, DATA_VA),
         restored_bo(&d2, &img, SHADER_SIGS_VA),
@@ -4322,11 +4307,7 @@ fn an_unmapped_queue_with_saved_waves_is_checkpointed_and_resumed_elsewhere() {
 #[test]
 fn a_dispatch_in_flight_resumes_on_another_host() {
     let s = held_dispatch();
-    let fh = KFD_FH.with(|f| f.get());
-    let mut img = dump_me(&s.d, fh);
-    let blob = img.blob.clone();
-    let (d2, fh2, r) = restore_me(&s.d, &mut img, &blob);
-    r.unwrap();
+    let (img, d2, fh2) = moved(&s.d);
     let (data, sigs) = (
         restored_bo(&d2, &img, DATA_VA),
         restored_bo(&d2, &img, SHADER_SIGS_VA),
@@ -4442,11 +4423,7 @@ fn a_restored_queue_keeps_its_cu_mask() {
     set_cu_mask(&s, &[0b10]).unwrap();
     hwid_dispatch(&s, 8);
     assert!(s.wait_arrived(8 * 64), "the 8 waves hold at their flag");
-    let fh = KFD_FH.with(|f| f.get());
-    let mut img = dump_me(&s.d, fh);
-    let blob = img.blob.clone();
-    let (d2, fh2, r) = restore_me(&s.d, &mut img, &blob);
-    r.unwrap();
+    let (img, d2, fh2) = moved(&s.d);
     let (data, sigs) = (
         restored_bo(&d2, &img, DATA_VA),
         restored_bo(&d2, &img, SHADER_SIGS_VA),
@@ -4523,11 +4500,7 @@ fn a_damaged_save_fails_the_restore_or_the_queue_at_resume() {
     let alloc = gfx9::cwsr::Alloc::from_descriptor(gfx9::Target::Gfx908, 0, 0, 512).unwrap();
     let pc_hi = CTX_CTL as usize + gfx9::cwsr::WaveBlock::of(&alloc).hwreg + 8;
     let s = held_dispatch();
-    let fh = KFD_FH.with(|f| f.get());
-    let mut img = dump_me(&s.d, fh);
-    let blob = img.blob.clone();
-    let (d2, fh2, r) = restore_me(&s.d, &mut img, &blob);
-    r.unwrap();
+    let (img, d2, fh2) = moved(&s.d);
     let area = restored_bo(&d2, &img, CTX_VA);
     // SAFETY: inside the restored save area.
     unsafe { wr32(area, pc_hi, 0x1_0000) };
@@ -4917,13 +4890,8 @@ fn own_dmabufs_are_described_and_imported() {
     assert_ne!(ih, h);
     d.map_gpu(ih);
     // CRIU's view: both BOs at the exporter's mmap offset.
-    let info = d
-        .call(
-            nr::CRIU_OP,
-            &criu(criu_op::PROCESS_INFO, 0, 0, 0, 0, 0, 0, 0, 0),
-        )
-        .unwrap();
-    assert_eq!(u32_at(&info, 36), 2, "two BOs");
+    let (_, _, nb, _) = process_info(&d);
+    assert_eq!(nb, 2, "two BOs");
     d.call(nr::UNMAP_MEMORY_FROM_GPU, &map_args(ih, &[d.gpu_id]))
         .unwrap();
     d.call(nr::FREE_MEMORY_OF_GPU, &ih.to_le_bytes()).unwrap();

@@ -647,29 +647,14 @@ fn core_drm_ioctls_on_a_render_node() {
         call(&e.emu, e.fh, &me(), ioctl::DRM_IOCTL_GEM_CLOSE, &[0; 8]),
         Err(libc::EINVAL)
     );
-    let mut prime = [0u8; 12];
-    prime[8..].copy_from_slice(&0i32.to_le_bytes());
-    assert_eq!(
-        call(
-            &e.emu,
-            e.fh,
-            &me(),
-            ioctl::DRM_IOCTL_PRIME_FD_TO_HANDLE,
-            &prime
-        ),
-        Err(libc::EINVAL)
-    );
-    prime[8..].copy_from_slice(&999_999i32.to_le_bytes());
-    assert_eq!(
-        call(
-            &e.emu,
-            e.fh,
-            &me(),
-            ioctl::DRM_IOCTL_PRIME_FD_TO_HANDLE,
-            &prime
-        ),
-        Err(libc::EBADF)
-    );
+    let prime_import = |fd: i32| {
+        let mut prime = [0u8; 12];
+        prime[8..].copy_from_slice(&fd.to_le_bytes());
+        let cmd = ioctl::DRM_IOCTL_PRIME_FD_TO_HANDLE;
+        call(&e.emu, e.fh, &me(), cmd, &prime)
+    };
+    assert_eq!(prime_import(0), Err(libc::EINVAL));
+    assert_eq!(prime_import(999_999), Err(libc::EBADF));
     // Render-allowed but not modelled: GET_CAP; PRIME export returns an
     // fd, which only `kfd-emu supervise` can hand out.
     for cmd in [drm(3, 0x0c, 16), ioctl::DRM_IOCTL_PRIME_HANDLE_TO_FD] {

@@ -131,19 +131,23 @@ awk -v m="$m" '$1 == m {found = 1} END {exit !found}' /proc/self/mountinfo
 echo view-ok
 "#;
 
-fn namespace_view() -> Result<(), String> {
-    let out = runner_cmd("mi100x2", &["sh", "-c", VIEW_SCRIPT])
-        .output()
-        .unwrap();
+/// `script` run by `sh` in the runner on `profile` succeeds and prints
+/// `ok`; else an error that starts with `what` and shows its output.
+fn script_passes(profile: &str, script: &str, ok: &str, what: &str) -> Result<(), String> {
+    let out = runner_cmd(profile, &["sh", "-c", script]).output().unwrap();
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
     check(
-        out.status.success() && text.contains("view-ok"),
-        &format!("namespace view wrong ({:?}):\n{text}", out.status),
+        out.status.success() && text.contains(ok),
+        &format!("{what} ({:?}):\n{text}", out.status),
     )
+}
+
+fn namespace_view() -> Result<(), String> {
+    script_passes("mi100x2", VIEW_SCRIPT, "view-ok", "namespace view wrong")
 }
 
 fn side_by_side() -> Result<(), String> {
@@ -286,18 +290,7 @@ echo numa-ok
 "#;
 
 fn numa_view() -> Result<(), String> {
-    let out = runner_cmd("mi210x4", &["sh", "-c", NUMA_SCRIPT])
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    check(
-        out.status.success() && text.contains("numa-ok"),
-        &format!("NUMA node view wrong ({:?}):\n{text}", out.status),
-    )
+    script_passes("mi210x4", NUMA_SCRIPT, "numa-ok", "NUMA node view wrong")
 }
 
 fn main() {

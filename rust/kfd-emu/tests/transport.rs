@@ -276,6 +276,34 @@ fn parked_wait_is_interruptible() {
     tmp.close().unwrap();
 }
 
+extern "C" fn on_usr1(_: i32) {}
+
+/// An empty SIGUSR1 handler, so the signal interrupts a call without
+/// killing the process.
+fn catch_usr1() {
+    // SAFETY: installing a handler that does nothing.
+    unsafe { libc::signal(libc::SIGUSR1, on_usr1 as *const () as libc::sighandler_t) };
+}
+
+/// SIGUSR1 to thread `tid` of this process.
+fn usr1(tid: i32) {
+    // SAFETY: signalling a thread of this process.
+    unsafe { libc::syscall(libc::SYS_tgkill, std::process::id(), tid, libc::SIGUSR1) };
+}
+
+/// The 8-byte ioctl `cmd` on `fd`, made by a new thread: the thread
+/// (whose result is the value read back) and its tid.
+fn ioctl_in_thread(fd: i32, cmd: u32) -> (std::thread::JoinHandle<Result<u64, i32>>, i32) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let t = std::thread::spawn(move || {
+        // SAFETY: gettid has no preconditions.
+        tx.send(unsafe { libc::gettid() }).unwrap();
+        let mut b = [0u8; 8];
+        raw_ioctl(fd, cmd, &mut b).map(|_| u64::from_ne_bytes(b))
+    });
+    (t, rx.recv().unwrap())
+}
+
 #[test]
 fn interrupt_during_the_call() {
     if role().is_none() {
@@ -285,23 +313,12 @@ fn interrupt_during_the_call() {
     let dir = tmp.path();
     let (m, _backing) = serve(dir, Arc::new(Double::default()));
     let f = open_rw(m.target());
-    // SAFETY: an empty handler, so SIGUSR1 interrupts without killing.
-    unsafe { libc::signal(libc::SIGUSR1, on_usr1 as *const () as libc::sighandler_t) };
-    extern "C" fn on_usr1(_: i32) {}
+    catch_usr1();
 
     for (cmd, want) in [(SLOW, Ok(1u64)), (SLOW_PARK, Err(libc::EINTR))] {
-        let fd = f.as_raw_fd();
-        let (tx, rx) = std::sync::mpsc::channel();
-        let t = std::thread::spawn(move || {
-            // SAFETY: gettid has no preconditions.
-            tx.send(unsafe { libc::gettid() }).unwrap();
-            let mut b = [0u8; 8];
-            raw_ioctl(fd, cmd, &mut b).map(|_| u64::from_ne_bytes(b))
-        });
-        let tid = rx.recv().unwrap();
+        let (t, tid) = ioctl_in_thread(f.as_raw_fd(), cmd);
         std::thread::sleep(Duration::from_millis(100));
-        // SAFETY: signalling a thread of this process.
-        unsafe { libc::syscall(libc::SYS_tgkill, std::process::id(), tid, libc::SIGUSR1) };
+        usr1(tid);
         // A request the device completes in the call is not disturbed; one
         // it parks is answered EINTR as soon as the call returns.
         assert_eq!(t.join().unwrap(), want, "cmd {cmd:#x}");
@@ -329,37 +346,21 @@ fn interrupt_is_passed_to_the_device() {
     let (m, _backing) = serve(dir, double.clone());
     let f = open_rw(m.target());
     let g = open_rw(m.target());
-    // SAFETY: an empty handler, so SIGUSR1 interrupts without killing.
-    unsafe { libc::signal(libc::SIGUSR1, on_usr1 as *const () as libc::sighandler_t) };
-    extern "C" fn on_usr1(_: i32) {}
-    let start = |cmd: u32| {
-        let fd = f.as_raw_fd();
-        let (tx, rx) = std::sync::mpsc::channel();
-        let t = std::thread::spawn(move || {
-            // SAFETY: gettid has no preconditions.
-            tx.send(unsafe { libc::gettid() }).unwrap();
-            let mut b = [0u8; 8];
-            raw_ioctl(fd, cmd, &mut b).map(|_| u64::from_ne_bytes(b))
-        });
-        (t, rx.recv().unwrap())
-    };
-    let kick = |tid: i32| {
-        // SAFETY: signalling a thread of this process.
-        unsafe { libc::syscall(libc::SYS_tgkill, std::process::id(), tid, libc::SIGUSR1) };
-    };
+    catch_usr1();
+    let start = |cmd: u32| ioctl_in_thread(f.as_raw_fd(), cmd);
 
     *double.on_interrupt.lock().unwrap() = OnInterrupt::Cancel;
     // Parked, then interrupted.
     let (t, tid) = start(WAIT);
     assert!(wait_for(5, || m.parked() == 1), "WAIT never parked");
-    kick(tid);
+    usr1(tid);
     assert_eq!(t.join().unwrap(), Err(libc::EINTR));
     assert_eq!(double.held(), 0, "the device forgot the request");
     assert_eq!(double.interrupted.lock().unwrap().len(), 1);
     // Interrupted inside the call, parked by it afterwards.
     let (t, tid) = start(SLOW_PARK);
     std::thread::sleep(Duration::from_millis(100));
-    kick(tid);
+    usr1(tid);
     assert_eq!(t.join().unwrap(), Err(libc::EINTR));
     assert_eq!(double.held(), 0, "the device forgot the request");
     assert_eq!(double.interrupted.lock().unwrap().len(), 2);
@@ -370,7 +371,7 @@ fn interrupt_is_passed_to_the_device() {
     *double.on_interrupt.lock().unwrap() = OnInterrupt::Keep;
     let (t, tid) = start(WAIT);
     assert!(wait_for(5, || m.parked() == 1), "WAIT never parked");
-    kick(tid);
+    usr1(tid);
     assert!(wait_for(5, || double.interrupted.lock().unwrap().len() == 3));
     std::thread::sleep(Duration::from_millis(100));
     assert!(!t.is_finished(), "the transport answered over the device");

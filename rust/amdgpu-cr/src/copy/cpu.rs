@@ -221,6 +221,7 @@ pub(crate) mod tests {
     use crate::copy::tests::device;
     use crate::ids::{GpuId, GpuVa};
     use std::os::fd::AsFd;
+    use std::os::unix::fs::FileExt;
 
     fn pattern(len: usize, seed: u8) -> Vec<u8> {
         (0..len)
@@ -228,22 +229,33 @@ pub(crate) mod tests {
             .collect()
     }
 
-    #[test]
-    fn copies_in_bounded_windows() {
-        let dev = device(1 << 20);
-        let size = 5 * PAGE_SIZE;
-        let data = pattern(size as usize, 7);
-        use std::os::unix::fs::FileExt;
-        dev.write_all_at(&data, 0x4000).unwrap();
+    /// A VRAM BO of `size` bytes at offset `off` of `dev`, written with
+    /// `pattern(.., seed)`: the BO and those bytes.
+    fn patterned_vram_bo(
+        dev: &std::fs::File,
+        off: u64,
+        size: u64,
+        seed: u8,
+    ) -> (BoRef<'_>, Vec<u8>) {
+        let data = pattern(size as usize, seed);
+        dev.write_all_at(&data, off).unwrap();
         let bo = BoRef {
             index: 0,
             gpu: GpuId(1),
             addr: GpuVa(0x10000),
             size,
             alloc_flags: bo::ALLOC_VRAM,
-            cpu_map: Some((dev.as_fd(), MmapOffset(0x4000))),
+            cpu_map: Some((dev.as_fd(), MmapOffset(off))),
             dmabuf: None,
         };
+        (bo, data)
+    }
+
+    #[test]
+    fn copies_in_bounded_windows() {
+        let dev = device(1 << 20);
+        let size = 5 * PAGE_SIZE;
+        let (bo, data) = patterned_vram_bo(&dev, 0x4000, size, 7);
         let mut e = CpuEngine::new(2 * PAGE_SIZE);
         let mut out = Vec::new();
         e.read_bo(&bo, &mut out).unwrap();
@@ -286,18 +298,7 @@ pub(crate) mod tests {
     fn aligned_reads_hand_whole_units() {
         let dev = device(1 << 20);
         let size = 11 * PAGE_SIZE;
-        let data = pattern(size as usize, 3);
-        use std::os::unix::fs::FileExt;
-        dev.write_all_at(&data, 0x2000).unwrap();
-        let bo = BoRef {
-            index: 0,
-            gpu: GpuId(1),
-            addr: GpuVa(0x10000),
-            size,
-            alloc_flags: bo::ALLOC_VRAM,
-            cpu_map: Some((dev.as_fd(), MmapOffset(0x2000))),
-            dmabuf: None,
-        };
+        let (bo, data) = patterned_vram_bo(&dev, 0x2000, size, 3);
         let p = PAGE_SIZE as usize;
         for (window, unit, lens, maps) in [
             // Windows of 5 pages become windows of 4: units of 2 pages.

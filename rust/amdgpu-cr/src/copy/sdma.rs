@@ -1204,15 +1204,19 @@ mod tests {
         roundtrip(SdmaGen::Cpv);
     }
 
-    #[test]
-    fn sdma7_rejects_the_old_packet_and_vice_versa() {
-        // The 7-dword packet on an SDMA 7 engine (and the CPV packet on an
-        // older one) is refused by the model, as the CPV bit decides how
-        // the hardware reads the rest.
-        for (engine, written) in [
-            (SdmaGen::Cpv, SdmaGen::BytesMinusOne),
-            (SdmaGen::BytesMinusOne, SdmaGen::Cpv),
-        ] {
+    /// A model of `engine` with a 4096-byte dma-buf BO at 0x10_0000, and
+    /// an IB at 0x20_0000 and a destination at 0x30_0000 in user memory.
+    struct IbRig {
+        // First: dropped before the memory it was given.
+        model: Model,
+        bos: [GemHandle; 3],
+        ib_mem: Mapping,
+        _dst: Mapping,
+        _fd: std::fs::File,
+    }
+
+    impl IbRig {
+        fn new(engine: SdmaGen) -> IbRig {
             let mut model = Model::new(engine);
             let fd = std::fs::File::open("/dev/null").unwrap();
             model
@@ -1222,23 +1226,48 @@ mod tests {
             model.va_map(h, 0x10_0000, 4096, false).unwrap();
             let ib_mem = Mapping::anonymous(4096).unwrap();
             let dst = Mapping::anonymous(4096).unwrap();
-            // SAFETY: both buffers outlive the model's use in this test.
+            // SAFETY: both buffers live in the rig, dropped after the model.
             let ibh = unsafe { model.userptr(ib_mem.as_non_null(), 4096) }.unwrap();
             // SAFETY: as above.
             let dh = unsafe { model.userptr(dst.as_non_null(), 4096) }.unwrap();
             model.va_map(ibh, 0x20_0000, 4096, true).unwrap();
             model.va_map(dh, 0x30_0000, 4096, false).unwrap();
-            let ib = build_ib(written, 0x10_0000, 0x30_0000, 4096);
-            for (i, dw) in ib.iter().enumerate() {
-                ib_mem.as_volatile_slice().write_u32(4 * i, *dw);
+            IbRig {
+                model,
+                bos: [h, ibh, dh],
+                ib_mem,
+                _dst: dst,
+                _fd: fd,
             }
-            let e = model.submit(1, 0x20_0000, 8, &[h, ibh, dh]).unwrap_err();
+        }
+
+        /// The IB copying the BO to the destination, in `gen`'s packet.
+        fn copy(gen: SdmaGen) -> Vec<u32> {
+            build_ib(gen, 0x10_0000, 0x30_0000, 4096)
+        }
+
+        /// `ib` written to the IB memory and submitted.
+        fn submit(&mut self, ib: &[u32]) -> io::Result<u64> {
+            for (i, dw) in ib.iter().enumerate() {
+                self.ib_mem.as_volatile_slice().write_u32(4 * i, *dw);
+            }
+            self.model.submit(1, 0x20_0000, 8, &self.bos)
+        }
+    }
+
+    #[test]
+    fn sdma7_rejects_the_old_packet_and_vice_versa() {
+        // The 7-dword packet on an SDMA 7 engine (and the CPV packet on an
+        // older one) is refused by the model, as the CPV bit decides how
+        // the hardware reads the rest.
+        for (engine, written) in [
+            (SdmaGen::Cpv, SdmaGen::BytesMinusOne),
+            (SdmaGen::BytesMinusOne, SdmaGen::Cpv),
+        ] {
+            let mut rig = IbRig::new(engine);
+            let e = rig.submit(&IbRig::copy(written)).unwrap_err();
             assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "{engine:?}");
-            let ib = build_ib(engine, 0x10_0000, 0x30_0000, 4096);
-            for (i, dw) in ib.iter().enumerate() {
-                ib_mem.as_volatile_slice().write_u32(4 * i, *dw);
-            }
-            model.submit(1, 0x20_0000, 8, &[h, ibh, dh]).unwrap();
+            rig.submit(&IbRig::copy(engine)).unwrap();
         }
     }
 
@@ -1303,34 +1332,12 @@ mod tests {
         // The model interprets GFX9 counts as bytes−1; an IB built with the
         // pre-GFX9 encoding copies one byte too many and faults past the
         // end of the last mapping — the upstream defect.
-        let mut model = Model::new(SdmaGen::BytesMinusOne);
-        let fd = std::fs::File::open("/dev/null").unwrap();
-        model
-            .dmabufs
-            .insert(fd.as_raw_fd(), Arc::new(Mutex::new(vec![0; 4096])));
-        let h = model.import_dmabuf(fd.as_fd()).unwrap();
-        model.va_map(h, 0x10_0000, 4096, false).unwrap();
-        let ib_mem = Mapping::anonymous(4096).unwrap();
-        let dst = Mapping::anonymous(4096).unwrap();
-        // SAFETY: both buffers outlive the model's use in this test.
-        let ibh = unsafe { model.userptr(ib_mem.as_non_null(), 4096) }.unwrap();
-        // SAFETY: as above.
-        let dh = unsafe { model.userptr(dst.as_non_null(), 4096) }.unwrap();
-        model.va_map(ibh, 0x20_0000, 4096, true).unwrap();
-        model.va_map(dh, 0x30_0000, 4096, false).unwrap();
-        let mut ib = build_ib(SdmaGen::BytesCount, 0x10_0000, 0x30_0000, 4096);
+        let mut rig = IbRig::new(SdmaGen::BytesMinusOne);
+        let mut ib = IbRig::copy(SdmaGen::BytesCount);
         ib[1] = 4096; // what upstream writes on GFX9
-        for (i, dw) in ib.iter().enumerate() {
-            ib_mem.as_volatile_slice().write_u32(4 * i, *dw);
-        }
-        let e = model.submit(1, 0x20_0000, 8, &[h, ibh, dh]).unwrap_err();
+        let e = rig.submit(&ib).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::EFAULT));
-        let good = build_ib(SdmaGen::BytesMinusOne, 0x10_0000, 0x30_0000, 4096);
-        for (i, dw) in good.iter().enumerate() {
-            ib_mem.as_volatile_slice().write_u32(4 * i, *dw);
-        }
-        model.submit(1, 0x20_0000, 8, &[h, ibh, dh]).unwrap();
-        let _ = dst.as_volatile_slice();
+        rig.submit(&IbRig::copy(SdmaGen::BytesMinusOne)).unwrap();
     }
 
     #[test]

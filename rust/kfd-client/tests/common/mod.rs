@@ -2,6 +2,7 @@
 //! this binary inside its namespace.
 
 use std::path::PathBuf;
+use std::process::Command;
 
 /// The kfd-emu binary: `$KFD_EMU`, else the one built in the same target directory
 /// (`<target>/<profile>/deps/<test>-HASH` → `<target>/<profile>/kfd-emu`). Missing → the
@@ -23,6 +24,28 @@ pub fn kfd_emu() -> PathBuf {
             exe.display()
         ),
     }
+}
+
+/// Runs the ignored test `name` of this binary under `kfd-emu run --profile PROFILE`; it
+/// must pass (and run: "1 passed"). Returns its output.
+pub fn run_inner_under_emu(profile: &str, name: &str) -> String {
+    let out = Command::new(kfd_emu())
+        .args(["run", "--profile", profile, "--"])
+        .arg(std::env::current_exe().unwrap())
+        .args(self_args(name))
+        .output()
+        .expect("spawn kfd-emu");
+    let text = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{name} under kfd-emu failed:\n{text}");
+    assert!(
+        text.contains("1 passed"),
+        "{name} did not run under kfd-emu:\n{text}"
+    );
+    text
 }
 
 /// libtest arguments that run exactly the ignored test `name` of this binary.
