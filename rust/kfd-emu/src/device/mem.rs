@@ -251,7 +251,32 @@ pub fn user_read(tid: u32, addr: u64, buf: &mut [u8]) -> Result<(), i32> {
 /// process reaches its threads one by one), so none touches its memory
 /// again.  A process whose leader alone exited (pthread_exit) still has
 /// its memory in its other, running threads.
+///
+/// A thread that has just taken its SIGKILL is for a moment neither
+/// signalled nor exiting (the signal is off its pending set and PF_EXITING
+/// not yet set), while the memory an access needed may already be gone
+/// (the leader's, say): a process not seen exiting at once is looked at
+/// again for up to [`EXIT_GRACE`] before its memory counts as there.  Only
+/// a failed access asks, so only a fault waits.
 pub fn memory_gone(tgid: u32) -> bool {
+    let deadline = std::time::Instant::now() + EXIT_GRACE;
+    loop {
+        if exits_now(tgid) {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
+/// How long [`memory_gone`] watches a process whose access failed for
+/// signs of its exit.
+const EXIT_GRACE: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// [`memory_gone`]'s look at the process as it is now.
+fn exits_now(tgid: u32) -> bool {
     let Ok(dir) = std::fs::read_dir(format!("/proc/{tgid}/task")) else {
         return true;
     };
