@@ -97,15 +97,22 @@ impl Dev {
         self.call_fh(self.fh_kfd(&me()), &me(), n, input)
     }
 
-    /// Opens /dev/kfd and the render node, acquires the VM.
-    fn setup(&self) -> (u64, u64) {
+    /// Opens /dev/kfd (the file the calls go to) and the render node, as
+    /// fd `render_fd`; returns both file handles.
+    fn open_nodes(&self, render_fd: i32) -> (u64, u64) {
         let kfd = self.emu.open(&NodeKind::Kfd, &me()).unwrap();
         KFD_FH.with(|f| f.set(kfd));
         let render = self
             .emu
             .open(&NodeKind::Render { minor: self.minor }, &me())
             .unwrap();
-        self.fds.insert(900, render);
+        self.fds.insert(render_fd, render);
+        (kfd, render)
+    }
+
+    /// Opens /dev/kfd and the render node, acquires the VM.
+    fn setup(&self) -> (u64, u64) {
+        let (kfd, render) = self.open_nodes(900);
         self.call(
             nr::ACQUIRE_VM,
             &args(&[(0, 900), (4, self.gpu_id as u64)], 8),
@@ -119,13 +126,7 @@ impl Dev {
     /// afresh, before any RESTORE.
     fn reopen_as_restored(&self, kfd: u64) {
         self.emu.release(kfd);
-        let kfd = self.emu.open(&NodeKind::Kfd, &me()).unwrap();
-        KFD_FH.with(|f| f.set(kfd));
-        let render = self
-            .emu
-            .open(&NodeKind::Render { minor: self.minor }, &me())
-            .unwrap();
-        self.fds.insert(950, render);
+        self.open_nodes(950);
     }
 
     fn alloc(&self, va: u64, size: u64, flags: u32, offset_in: u64) -> Result<(u64, u64), i32> {
