@@ -21,6 +21,19 @@ wait_gone() {
 	return 1
 }
 
+# await_line OUT STOP PASS TRIES [PID]: waits, 0.05 s at a time and at most TRIES times (not
+# past PID's end, given one), until a line of file OUT matches the extended regex STOP (the
+# answer a program writes, passing or failing); succeeds if a line matches PASS.
+await_line() {
+	local out=$1 stop=$2 pass=$3 tries=$4 pid=${5:-} i
+	for ((i = 0; i < tries; i++)); do
+		grep -qE "$stop" "$out" && break
+		[ -z "$pid" ] || alive "$pid" || break
+		sleep 0.05
+	done
+	grep -qE "$pass" "$out"
+}
+
 # The state letter of process $1 (its /proc stat field), nothing once it is gone.
 proc_state() {
 	local s

@@ -1161,14 +1161,9 @@ gem_start() {
 gem_reason() { grep -v '^ok ' "$CASE_DIR/gt.out" | tail -n 3 | paste -sd'|'; }
 # gem_round N: SIGUSR1; gem-test must say "round N: ok".
 gem_round() {
-	local i
 	kill -USR1 "$GT" || fail "round $1: cannot signal gem-test $GT"
-	for ((i = 0; i < 600; i++)); do
-		grep -qE "^round $1: (ok|FAIL)\$" "$CASE_DIR/gt.out" && break
-		alive "$GT" || break
-		sleep 0.05
-	done
-	grep -q "^round $1: ok\$" "$CASE_DIR/gt.out" || fail "gem-test round $1 after the restore: $(gem_reason)"
+	await_line "$CASE_DIR/gt.out" "^round $1: (ok|FAIL)\$" "^round $1: ok\$" 600 "$GT" ||
+		fail "gem-test round $1 after the restore: $(gem_reason)"
 }
 # gem_finish: SIGTERM; gem-test checks once more and must say PASS and end.
 gem_finish() {
@@ -1664,29 +1659,21 @@ shared_bo_two_procs_predump_cr() {
 # usr1_round NAME PID OUT WHAT: the program NAME (shared-bo, dmabuf-map), PID, its output in
 # OUT, answers a SIGUSR1 after WHAT with a round that says "round 1: ok".
 usr1_round() {
-	local name=$1 pid=$2 out=$3 what=$4 i
+	local name=$1 pid=$2 out=$3 what=$4
 	kill -USR1 "$pid"
-	for ((i = 0; i < 200; i++)); do
-		grep -qE '^round 1: (ok|FAIL)' "$out" && break
-		sleep 0.05
-	done
-	grep -q '^round 1: ok$' "$out" || fail "$name after $what: $(grep -v '^ok ' "$out" | tail -n 2 | paste -sd'|')"
+	await_line "$out" '^round 1: (ok|FAIL)' '^round 1: ok$' 200 || fail "$name after $what: $(grep -v '^ok ' "$out" | tail -n 2 | paste -sd'|')"
 }
 
 # shared_bo_two_procs_end PID CHILD OUT WHAT: after WHAT the parent writes a round through its
 # first open and reads it through its second, the child reads it through its own open; both
 # end on SIGTERM, the parent's last check passing.
 shared_bo_two_procs_end() {
-	local pid=$1 child=$2 out=$3 what=$4 i
+	local pid=$1 child=$2 out=$3 what=$4
 	alive "$pid" || fail "shared-bo $pid is gone after $what"
 	alive "$child" || fail "shared-bo's child $child is gone after $what"
 	usr1_round shared-bo "$pid" "$out" "$what"
 	kill -USR1 "$child"
-	for ((i = 0; i < 200; i++)); do
-		grep -qE '^(child reads round 1: ok|FAIL child)' "$out" && break
-		sleep 0.05
-	done
-	grep -q '^child reads round 1: ok$' "$out" ||
+	await_line "$out" '^(child reads round 1: ok|FAIL child)' '^child reads round 1: ok$' 200 ||
 		fail "after $what the child does not read the parent's write: $(grep -a 'child' "$out" | tail -n 2 | paste -sd'|')"
 	kill -TERM "$child"
 	wait_gone "$child" 30 || fail "shared-bo's child $child did not end on SIGTERM"
@@ -1872,7 +1859,7 @@ dmabuf_fd_orphan_refused() {
 # other exporter built in.)
 case_gem_dmabuf_fd_peer_refused() { on mi100 -- dmabuf_fd_peer_refused; }
 dmabuf_fd_peer_refused() {
-	local img=$CASE_DIR/img out=$CASE_DIR/dp.out pid fd parent i
+	local img=$CASE_DIR/img out=$CASE_DIR/dp.out pid fd parent
 	pid=$(supervised_start "$here/progs/dmabuf-peer.c" "$out") || exit 1
 	# Both from the line supervised_start waited for (the child writes it once forked).
 	fd=$(sed -n 's/^ready [0-9]* dmabuf \([0-9]*\) parent [0-9]*$/\1/p' "$out")
@@ -1883,11 +1870,7 @@ dmabuf_fd_peer_refused() {
 	log_has "$img/dump.log" "amdgpu: pid $pid: fd $fd \(dma-buf, file [0-9]+\) of a BO of GPU 0x[0-9a-f]+ .*: no file this dump saves holds its BO"
 	alive "$pid" || fail "dmabuf-peer's child $pid is gone after the refused dump"
 	kill -USR1 "$pid"
-	for ((i = 0; i < 200; i++)); do
-		grep -qE '^(alive 1|FAIL)' "$out" && break
-		sleep 0.05
-	done
-	grep -q '^alive 1$' "$out" || fail "after the refused dump: $(tail -n 2 "$out" | paste -sd'|')"
+	await_line "$out" '^(alive 1|FAIL)' '^alive 1$' 200 || fail "after the refused dump: $(tail -n 2 "$out" | paste -sd'|')"
 	kill -TERM "$pid" "$parent"
 	wait_gone "$pid" 30 && wait_gone "$parent" 30 || fail "dmabuf-peer did not end on SIGTERM"
 	tail -n 1 "$out" | grep -q '^PASS$' || fail "dmabuf-peer's child's last check failed: $(tail -n 2 "$out" | paste -sd'|')"
@@ -3593,14 +3576,9 @@ hip_start() {
 # hip_finish PID GPUS: raises the flag; the kernel of each of the GPUS GPUs must end with
 # the host's result and the program exit.
 hip_finish() {
-	local pid=$1 gpus=$2 i n
+	local pid=$1 gpus=$2 n
 	kill -USR1 "$pid" || fail "in-flight $pid is gone"
-	for ((i = 0; i < 1200; i++)); do
-		grep -q "^in-flight: \(PASSED\|FAILED\)$" "$HIP_OUT" && break
-		alive "$pid" || break
-		sleep 0.05
-	done
-	grep -q "^in-flight: PASSED$" "$HIP_OUT" ||
+	await_line "$HIP_OUT" '^in-flight: (PASSED|FAILED)$' '^in-flight: PASSED$' 1200 "$pid" ||
 		fail "in-flight did not pass: $(tail -n 4 "$HIP_OUT" | paste -sd' ')"
 	n=$(grep -c "^in-flight: GPU [0-9]*'s kernel against the host: 8192 values checked, 0 mismatches: ok$" "$HIP_OUT")
 	[ "$n" = "$gpus" ] || fail "in-flight checked the kernels of $n GPUs, not $gpus"
