@@ -3,6 +3,8 @@
 //! * [`sys`]: bindings generated from the installed uapi headers, no logic.
 //! * [`ioctl`]: request numbers, checked at compile time against the kernel's values.
 //! * [`criu`]: the values KFD writes into its CRIU private blob.
+//! * [`exit`]: a process' exit as `/proc` shows it while it happens (KFD tears a process
+//!   down once it exits).
 //! * [`layout`]: the CRIU private blob and mmap offset encoding, which the headers lack,
 //!   and size/offset assertions for every struct passed to the kernel.
 //! * [`ids`]: newtypes for each id and address space.
@@ -11,6 +13,7 @@
 #![deny(missing_docs)]
 
 pub mod criu;
+pub mod exit;
 pub mod handle;
 pub mod ids;
 pub mod ioctl;

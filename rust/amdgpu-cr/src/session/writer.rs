@@ -53,6 +53,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
+use kfd_abi::exit;
+
 use super::{gpu_jobs, log_gpu_stats, HelperLog, SessionError};
 use crate::copy::{restore_contents_encoded, GpuStats};
 use crate::env::EnginePolicy;
@@ -1032,11 +1034,20 @@ impl Writer {
                 );
             }
         };
-        // A writer that died of its own (a signal) may not be reaped by its
-        // shim yet: its pidfd says so before the shim's status does.
-        let exited = self.pidfd.as_ref().is_some_and(|p| {
-            crate::os::fd::poll_one(p.as_fd(), libc::POLLIN, Duration::ZERO).unwrap_or(false)
-        });
+        // A writer that died on its own (a signal) may not be reaped by its
+        // shim yet, nor done with its last threads: its pidfd says so only
+        // once every thread is released, and before that every thread is
+        // exiting or has its SIGKILL pending.  (A thread that has just taken
+        // its SIGKILL is for a moment neither: looked at for a moment.)
+        let exited = status.is_none()
+            && self.pidfd.as_ref().is_some_and(|p| {
+                exit::seen_within(exit::EXIT_GRACE, || {
+                    // Not ended, so not reaped: the pid is still the writer's.
+                    crate::os::fd::poll_one(p.as_fd(), libc::POLLIN, Duration::ZERO)
+                        .unwrap_or(false)
+                        || exit::exiting(self.pid as u32)
+                })
+            });
         match status {
             Some(st) => died(st),
             None if exited => died(self.reap()),

@@ -8,6 +8,8 @@ use std::mem::size_of;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
+use kfd_abi::exit;
+
 use crate::os_err;
 
 /// One sparse memfd backing all opens of one device node.
@@ -256,33 +258,12 @@ pub fn user_read(tid: u32, addr: u64, buf: &mut [u8]) -> Result<(), i32> {
 /// signalled nor exiting (the signal is off its pending set and PF_EXITING
 /// not yet set), while the memory an access needed may already be gone
 /// (the leader's, say): a process not seen exiting at once is looked at
-/// again for up to [`EXIT_GRACE`] before its memory counts as there.  Only
+/// again for up to [`exit::EXIT_GRACE`] before its memory counts as there.  Only
 /// a failed access asks, so only a fault waits.
 pub fn memory_gone(tgid: u32) -> bool {
-    let deadline = std::time::Instant::now() + EXIT_GRACE;
-    loop {
-        if exits_now(tgid) {
-            return true;
-        }
-        if std::time::Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(2));
-    }
-}
-
-/// How long [`memory_gone`] watches a process whose access failed for
-/// signs of its exit.
-const EXIT_GRACE: std::time::Duration = std::time::Duration::from_millis(100);
-
-/// [`memory_gone`]'s look at the process as it is now.
-fn exits_now(tgid: u32) -> bool {
-    let Ok(dir) = std::fs::read_dir(format!("/proc/{tgid}/task")) else {
-        return true;
-    };
-    dir.flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .all(|tid| without_memory(tid) || killed(tgid, tid))
+    exit::seen_within(exit::EXIT_GRACE, || {
+        exit::every_thread(tgid, without_memory)
+    })
 }
 
 /// Whether thread `tid` has no address space (any address: a thread with
@@ -301,29 +282,6 @@ fn without_memory(tid: u32) -> bool {
     // the remote one is only interpreted by the kernel.
     let n = unsafe { libc::process_vm_readv(tid as libc::pid_t, &local, 1, &remote, 1, 0) };
     n < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
-}
-
-/// Whether thread `tid` of `tgid` is gone, exiting (PF_EXITING in its
-/// /proc stat flags) or has SIGKILL pending (its `SigPnd`).
-fn killed(tgid: u32, tid: u32) -> bool {
-    const PF_EXITING: u64 = 0x4;
-    let task = format!("/proc/{tgid}/task/{tid}");
-    let (Ok(stat), Ok(status)) = (
-        std::fs::read_to_string(format!("{task}/stat")),
-        std::fs::read_to_string(format!("{task}/status")),
-    ) else {
-        return true;
-    };
-    // Field 9, the flags: the 7th after the command's closing parenthesis.
-    let flags = stat
-        .rsplit_once(") ")
-        .and_then(|(_, rest)| rest.split(' ').nth(6)?.parse::<u64>().ok());
-    let pending = status
-        .lines()
-        .find_map(|l| l.strip_prefix("SigPnd:"))
-        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok());
-    flags.is_some_and(|f| f & PF_EXITING != 0)
-        || pending.is_some_and(|set| set & (1 << (libc::SIGKILL - 1)) != 0)
 }
 
 /// Writes `data` at `addr` of thread `tid` (EFAULT on failure).
