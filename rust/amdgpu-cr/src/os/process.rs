@@ -555,6 +555,12 @@ pub(crate) fn empty_set() -> libc::sigset_t {
 mod tests {
     use super::*;
 
+    /// The signal set `name` ("SigIgn:", ...) of a /proc status text.
+    fn sig_mask(status: &str, name: &str) -> u64 {
+        let line = status.lines().find_map(|l| l.strip_prefix(name));
+        u64::from_str_radix(line.expect(name).trim(), 16).unwrap()
+    }
+
     /// The test binary re-executed: `--list` lists its tests and exits 0
     /// (it ran our argv); it is reaped by pid although it has no exit signal.
     #[test]
@@ -646,10 +652,7 @@ mod tests {
         std::io::Read::read_to_end(&mut std::fs::File::from(r), &mut said).unwrap();
         assert_eq!(said, [1, 0], "the kept fd held, the other closed");
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-        let mask = |name: &str| {
-            let line = status.lines().find_map(|l| l.strip_prefix(name));
-            u64::from_str_radix(line.expect(name).trim(), 16).unwrap()
-        };
+        let mask = |name| sig_mask(&status, name);
         // Of signals 1-31 (the realtime ones are left as inherited), all
         // but SIGKILL, SIGSTOP and the seven faults (SIGILL, SIGTRAP,
         // SIGABRT, SIGBUS, SIGFPE, SIGSEGV, SIGSYS).
@@ -665,6 +668,73 @@ mod tests {
         assert_eq!(st.describe(), "was killed by signal 9 (SIGKILL)");
         let e = wait_nohang(pid).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::ECHILD), "reaped");
+    }
+
+    /// argv[0] of the helper [`supervised_helper_sleeps`] is started as.
+    const SLEEPER: &CStr = c"criu-rocm-sleeper";
+
+    /// Not a test: the helper of [`a_supervised_shim_ends_as_its_helper`],
+    /// which sleeps when started under [`SLEEPER`]'s name (and returns at
+    /// once when the test binary is run with `--ignored`).
+    #[test]
+    #[ignore]
+    fn supervised_helper_sleeps() {
+        if std::env::args_os().next().as_deref() == Some(std::ffi::OsStr::new("criu-rocm-sleeper"))
+        {
+            std::thread::sleep(std::time::Duration::from_secs(60));
+        }
+    }
+
+    /// The shim of a supervised helper holds none of our signal settings
+    /// (this test binary ignores SIGPIPE; no standard signal is ignored or
+    /// blocked in the shim), ends killed by the signal that killed its helper, and a
+    /// helper whose shim is killed dies with it.
+    #[test]
+    fn a_supervised_shim_ends_as_its_helper() {
+        let args = [
+            CString::new("--exact").unwrap(),
+            CString::new("os::process::tests::supervised_helper_sleeps").unwrap(),
+            CString::new("--ignored").unwrap(),
+        ];
+        let helper_of = |shim: libc::pid_t| {
+            let children = format!("/proc/{shim}/task/{shim}/children");
+            for _ in 0..1000 {
+                let kids = std::fs::read_to_string(&children).unwrap_or_default();
+                if let Some(pid) = kids.split_whitespace().next() {
+                    return pid.parse::<libc::pid_t>().unwrap();
+                }
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            panic!("shim {shim} never forked its helper");
+        };
+        let shim = spawn_self(SLEEPER, &args, &[], Tie::Supervised)
+            .unwrap()
+            .shim;
+        let helper = helper_of(shim);
+        let status = std::fs::read_to_string(format!("/proc/{shim}/status")).unwrap();
+        let mask = |name| sig_mask(&status, name);
+        // Signals 1-31 (the realtime ones are left as inherited).
+        assert_eq!(mask("SigIgn:") & 0x7fff_ffff, 0, "ignored: {status}");
+        assert_eq!(mask("SigBlk:"), 0, "blocked: {status}");
+        kill(helper, libc::SIGTERM).unwrap();
+        assert_eq!(wait(shim).describe(), "was killed by signal 15 (SIGTERM)");
+
+        let shim = spawn_self(SLEEPER, &args, &[], Tie::Supervised)
+            .unwrap()
+            .shim;
+        let helper = helper_of(shim);
+        let pidfd = pidfd_open(helper).unwrap();
+        kill(shim, libc::SIGKILL).unwrap();
+        assert_eq!(wait(shim).describe(), "was killed by signal 9 (SIGKILL)");
+        assert!(
+            crate::os::fd::poll_one(
+                std::os::fd::AsFd::as_fd(&pidfd),
+                libc::POLLIN,
+                std::time::Duration::from_secs(10)
+            )
+            .unwrap(),
+            "the helper outlived its shim by 10 s"
+        );
     }
 
     #[test]
