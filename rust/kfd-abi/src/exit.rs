@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 const PF_EXITING: u64 = 0x4;
 
 /// How long [`seen_within`] callers usually look: a thread that has just
-/// taken the SIGKILL another thread's `exit_group()` sent it is for a
-/// moment neither signalled nor exiting (the signal is off its pending
-/// set, `PF_EXITING` not yet set).
+/// taken the SIGKILL another thread's `exit_group()` (or fatal fault) sent
+/// it is for a moment neither signalled nor exiting (the signal is off its
+/// pending set, `PF_EXITING` not yet set, and no kill in the process' set).
 pub const EXIT_GRACE: Duration = Duration::from_millis(100);
 
 /// Whether thread `tid` of process `tgid` is gone, exiting (`PF_EXITING` in
@@ -41,7 +41,7 @@ pub fn thread_exiting(tgid: u32, tid: u32) -> bool {
             .lines()
             .find_map(|l| l.strip_prefix(set))
             .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-            .is_some_and(|set| set & (1 << (libc::SIGKILL - 1)) != 0)
+            .is_some_and(|mask| mask & (1 << (libc::SIGKILL - 1)) != 0)
     };
     flags.is_some_and(|f| f & PF_EXITING != 0) || kill_pending("SigPnd:") || kill_pending("ShdPnd:")
 }

@@ -679,7 +679,9 @@ mod tests {
     #[test]
     #[ignore]
     fn supervised_helper_sleeps() {
-        if std::env::args_os().next().as_deref() == Some(std::ffi::OsStr::new("criu-rocm-sleeper"))
+        if std::env::args_os()
+            .next()
+            .is_some_and(|a| a.as_encoded_bytes() == SLEEPER.to_bytes())
         {
             std::thread::sleep(std::time::Duration::from_secs(60));
         }
@@ -687,8 +689,8 @@ mod tests {
 
     /// The shim of a supervised helper holds none of our signal settings
     /// (this test binary ignores SIGPIPE; no standard signal is ignored or
-    /// blocked in the shim), ends killed by the signal that killed its helper, and a
-    /// helper whose shim is killed dies with it.
+    /// blocked in the shim), ends killed by the signal that killed its
+    /// helper, and a helper whose shim is killed dies with it.
     #[test]
     fn a_supervised_shim_ends_as_its_helper() {
         let args = [

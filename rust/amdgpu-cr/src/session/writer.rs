@@ -1037,8 +1037,8 @@ impl Writer {
         // A writer that died on its own (a signal) may not be reaped by its
         // shim yet, nor done with its last threads: its pidfd says so only
         // once every thread is released, and before that every thread is
-        // exiting or has its SIGKILL pending.  (A thread that has just taken
-        // its SIGKILL is for a moment neither: looked at for a moment.)
+        // exiting or has its SIGKILL pending.  (A writer that ended itself
+        // or faulted may for a moment show neither: looked at for a moment.)
         let exited = status.is_none()
             && self.pidfd.as_ref().is_some_and(|p| {
                 exit::seen_within(exit::EXIT_GRACE, || {

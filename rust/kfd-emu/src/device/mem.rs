@@ -254,12 +254,11 @@ pub fn user_read(tid: u32, addr: u64, buf: &mut [u8]) -> Result<(), i32> {
 /// again.  A process whose leader alone exited (pthread_exit) still has
 /// its memory in its other, running threads.
 ///
-/// A thread that has just taken its SIGKILL is for a moment neither
-/// signalled nor exiting (the signal is off its pending set and PF_EXITING
-/// not yet set), while the memory an access needed may already be gone
+/// A thread may for a moment show no sign of an exit under way (see
+/// [`exit::EXIT_GRACE`]) while the memory an access needed is already gone
 /// (the leader's, say): a process not seen exiting at once is looked at
-/// again for up to [`exit::EXIT_GRACE`] before its memory counts as there.  Only
-/// a failed access asks, so only a fault waits.
+/// again for up to that grace before its memory counts as there.  Only a
+/// failed access asks, so only a fault waits.
 pub fn memory_gone(tgid: u32) -> bool {
     exit::seen_within(exit::EXIT_GRACE, || {
         exit::every_thread(tgid, without_memory)
